@@ -1,0 +1,33 @@
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { ERROR_CODES, GatewayError, toGatewayError } from '../src/errors.js';
+
+describe('error codes', () => {
+  const doc = readFileSync(new URL('../docs/errors.md', import.meta.url), 'utf8');
+
+  it.each(Object.keys(ERROR_CODES))('%s is documented in docs/errors.md', (code) => {
+    expect(doc).toContain(`\`${code}\``);
+  });
+
+  it('docs/errors.md lists no code the gateway does not have', () => {
+    const documented = [...doc.matchAll(/`(GW_ERR_[A-Z0-9_]+)`/g)].map((m) => m[1]);
+    for (const code of documented) expect(Object.keys(ERROR_CODES)).toContain(code);
+  });
+
+  it('codes follow GW_ERR_<AREA>_<WHAT> and every one has a summary and a hint', () => {
+    for (const [code, spec] of Object.entries(ERROR_CODES)) {
+      expect(code).toMatch(/^GW_ERR_[A-Z0-9]+(_[A-Z0-9]+)*$/);
+      expect(spec.summary.length).toBeGreaterThan(10);
+      expect(spec.hint.length).toBeGreaterThan(10);
+    }
+  });
+
+  it('wraps foreign errors as internal errors, keeping the cause', () => {
+    const cause = new TypeError('boom');
+    const e = toGatewayError(cause);
+    expect(e).toBeInstanceOf(GatewayError);
+    expect(e.code).toBe('GW_ERR_INTERNAL');
+    expect(e.cause).toBe(cause);
+    expect(e.toJSON()).toEqual({ code: 'GW_ERR_INTERNAL', message: 'boom', hint: ERROR_CODES.GW_ERR_INTERNAL.hint });
+  });
+});
