@@ -1,0 +1,20 @@
+/**
+ * The gateway configuration file: YAML → validated, deeply frozen GatewayConfig. The keys, types, defaults and
+ * rules are declared once in schema.ts; docs/configuration.md is the reference for users.
+ */
+export { defaultConfig, enabledServices, loadConfigFile, parseConfig } from './parse.js';
+export { sampleConfig } from './sample.js';
+export { DEFAULT_SERVICES, SCHEMA, SERVICE_NAMES } from './schema.js';
+export type {
+  AuthServiceConfig,
+  GatewayConfig,
+  ListeningAgentConfig,
+  LogConfig,
+  LogSeverity,
+  ProcessConfig,
+  ProxyServiceConfig,
+  ServiceConfig,
+  ServiceName,
+  TunnelAgentConfig,
+  UpgradeChannelConfig,
+} from './types.js';
