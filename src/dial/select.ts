@@ -1,0 +1,196 @@
+/**
+ * Proxy selection from the environment: the one rule set every outbound connection of the gateway follows.
+ * The rules are written out in docs/dialing.md; this file is their only implementation.
+ *
+ *  1. A target that is localhost or a loopback IP is always dialled directly.
+ *  2. Which variable: an https:// URL uses HTTPS_PROXY, then https_proxy. A bare host:port (the gateway's own
+ *     dials: TLS, SSH, HTTPS on 3080 / 443 / 3024) uses HTTPS_PROXY, https_proxy, then HTTP_PROXY, http_proxy.
+ *     An http:// URL uses HTTP_PROXY, then http_proxy. Uppercase wins; an empty value counts as unset.
+ *  3. The value must be scheme://[user[:password]@]host[:port] with scheme http or https, or a bare host[:port]
+ *     (http:// is assumed); the port defaults to the scheme's (80 / 443). Anything else is an error naming the
+ *     variable, and so is a proxy host of localhost or 127.0.0.1 (or ::1): never a silent direct dial.
+ *  4. NO_PROXY (uppercase wins over no_proxy; empty counts as unset) exempts matching targets (see noproxy.ts).
+ */
+import { isIP } from 'node:net';
+import { AddrError, formatHostPort, isLoopbackHost, parseAddr, type HostPort } from '../addr.js';
+import { GatewayError } from '../errors.js';
+import { REDACTED, redactUserinfo, splitUserinfo } from '../redact.js';
+import { matchNoProxy, parseNoProxy } from './noproxy.js';
+
+export type TargetKind = 'gateway' | 'http' | 'https';
+
+export interface DialTarget extends HostPort {
+  /** 'gateway' for a bare host:port (the gateway's own TLS / SSH / HTTPS dials), else the URL's scheme. */
+  kind: TargetKind;
+  /** The target as the caller wrote it. */
+  text: string;
+}
+
+export interface ProxySpec {
+  protocol: 'http' | 'https';
+  host: string;
+  port: number;
+  /** Percent-decoded credentials from the URL, or undefined. Never log these. */
+  username?: string;
+  password?: string;
+  /** The proxy URL with the password replaced by "***": the only form that may be shown or logged. */
+  display: string;
+  /** The variable the value came from. */
+  source: string;
+}
+
+export interface ProxyDecision {
+  target: DialTarget;
+  /** null: dial directly. */
+  proxy: ProxySpec | null;
+  /** The variable that decided (HTTPS_PROXY, ..., NO_PROXY, no_proxy), or null when no variable was involved. */
+  source: string | null;
+  /** One sentence naming the rule or the NO_PROXY entry that decided. */
+  reason: string;
+  /** NO_PROXY entries that were ignored, one sentence each. */
+  warnings: string[];
+}
+
+type Env = Record<string, string | undefined>;
+
+/** The value of the first variable that is set and not blank. */
+function firstSet(env: Env, names: readonly string[]): { name: string; value: string } | undefined {
+  for (const name of names) {
+    const value = env[name];
+    if (value !== undefined && value.trim() !== '') return { name, value: value.trim() };
+  }
+  return undefined;
+}
+
+const PROXY_VARS: Record<TargetKind, readonly string[]> = {
+  https: ['HTTPS_PROXY', 'https_proxy'],
+  gateway: ['HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy'],
+  http: ['HTTP_PROXY', 'http_proxy'],
+};
+
+/** Parses "host:port", "[v6]:port" or an http(s):// URL into a dial target. */
+export function parseTarget(text: string): DialTarget {
+  const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(text);
+  const bad = (why: string) =>
+    new GatewayError('GW_ERR_DIAL_BAD_TARGET', `bad dial target "${text}": ${why}`, { details: { target: text } });
+  if (scheme) {
+    const kind = scheme[1]!.toLowerCase();
+    if (kind !== 'http' && kind !== 'https') throw bad(`scheme "${kind}" is not http or https`);
+    let url: URL;
+    try {
+      url = new URL(text);
+    } catch {
+      throw bad('not a valid URL');
+    }
+    try {
+      const { host } = parseAddr(url.hostname);
+      const port = url.port === '' ? (kind === 'https' ? 443 : 80) : Number(url.port);
+      return { kind, host, port, text };
+    } catch (err) {
+      throw bad(err instanceof AddrError ? err.message : String(err));
+    }
+  }
+  try {
+    const { host, port } = parseAddr(text);
+    if (port === undefined) throw new AddrError('a port is required (host:port)');
+    return { kind: 'gateway', host, port, text };
+  } catch (err) {
+    throw bad(err instanceof AddrError ? err.message : String(err));
+  }
+}
+
+/** Parses one proxy variable's value. Throws GW_ERR_DIAL_PROXY_ENV / GW_ERR_DIAL_PROXY_LOOPBACK naming the variable. */
+export function parseProxyValue(value: string, source: string): ProxySpec {
+  const raw = value.trim();
+  const envError = (why: string) =>
+    new GatewayError('GW_ERR_DIAL_PROXY_ENV', `${source}="${redactUserinfo(raw)}" is not a usable proxy: ${why}`, {
+      details: { variable: source },
+    });
+  const { scheme, userinfo, rest: afterUserinfo } = splitUserinfo(raw);
+  const protocol = scheme?.toLowerCase() ?? 'http';
+  if (protocol !== 'http' && protocol !== 'https') {
+    throw envError(`scheme "${protocol}" is not supported; use http:// or https://`);
+  }
+  // host[:port] ends at the first "/", "?" or "#"; only an empty path or "/" may follow.
+  const end = afterUserinfo.search(/[/?#]/);
+  const hostport = end < 0 ? afterUserinfo : afterUserinfo.slice(0, end);
+  const tail = end < 0 ? '' : afterUserinfo.slice(end);
+  if (tail !== '' && tail !== '/') throw envError(`a proxy URL takes no path, query or fragment ("${tail}")`);
+  if (hostport === '' || hostport.startsWith(':')) throw envError('the proxy host is missing');
+  if (!hostport.startsWith('[') && hostport.split(':').length > 2) {
+    throw envError('an IPv6 proxy address goes in brackets: http://[2001:db8::1]:3128');
+  }
+  let addr;
+  try {
+    addr = parseAddr(hostport);
+  } catch (err) {
+    throw envError(err instanceof AddrError ? err.message : String(err));
+  }
+  const port = addr.port ?? (protocol === 'https' ? 443 : 80);
+  const loopbackNames = new Set(['localhost', '127.0.0.1', '::1']);
+  if (loopbackNames.has(addr.host)) {
+    throw new GatewayError(
+      'GW_ERR_DIAL_PROXY_LOOPBACK',
+      `${source}="${redactUserinfo(raw)}": the proxy host cannot be ${isIP(addr.host) ? addr.host : 'localhost'}`,
+      { details: { variable: source } },
+    );
+  }
+  let username: string | undefined;
+  let password: string | undefined;
+  let shownUserinfo = '';
+  if (userinfo !== undefined) {
+    const colon = userinfo.indexOf(':');
+    const rawUser = colon < 0 ? userinfo : userinfo.slice(0, colon);
+    const rawPass = colon < 0 ? undefined : userinfo.slice(colon + 1);
+    try {
+      username = decodeURIComponent(rawUser);
+      password = rawPass === undefined ? undefined : decodeURIComponent(rawPass);
+    } catch {
+      throw envError('the user name or password has a bad percent-encoding');
+    }
+    shownUserinfo = `${rawUser}${rawPass === undefined ? '' : `:${REDACTED}`}@`;
+  }
+  const display = `${protocol}://${shownUserinfo}${formatHostPort(addr.host, port)}`;
+  return {
+    protocol,
+    host: addr.host,
+    port,
+    ...(username === undefined ? {} : { username }),
+    ...(password === undefined ? {} : { password }),
+    display,
+    source,
+  };
+}
+
+/** Decides how to reach target under env (process.env by default, read on every call). */
+export function selectProxy(target: DialTarget | string, env: Env = process.env): ProxyDecision {
+  const t = typeof target === 'string' ? parseTarget(target) : target;
+  const where = formatHostPort(t.host, t.port);
+  if (isLoopbackHost(t.host)) {
+    return { target: t, proxy: null, source: null, reason: `${t.host} is a loopback target, which is never proxied`, warnings: [] };
+  }
+  const names = PROXY_VARS[t.kind];
+  const chosen = firstSet(env, names);
+  if (!chosen) {
+    return { target: t, proxy: null, source: null, reason: `none of ${names.join(', ')} is set`, warnings: [] };
+  }
+  const proxy = parseProxyValue(chosen.value, chosen.name);
+  const noProxyVar = firstSet(env, ['NO_PROXY', 'no_proxy']);
+  const list = parseNoProxy(noProxyVar?.value);
+  const match = noProxyVar ? matchNoProxy(list, t.host, t.port) : undefined;
+  if (match && noProxyVar) {
+    const reason =
+      match.kind === 'all'
+        ? `${noProxyVar.name} contains "*", which turns proxying off`
+        : `${noProxyVar.name} entry "${match.text}" matches ${where}`;
+    return { target: t, proxy: null, source: noProxyVar.name, reason, warnings: list.warnings };
+  }
+  const unmatched = noProxyVar ? `no ${noProxyVar.name} entry matches ${where}` : 'NO_PROXY is not set';
+  return {
+    target: t,
+    proxy,
+    source: chosen.name,
+    reason: `${chosen.name} is set and ${unmatched}`,
+    warnings: list.warnings,
+  };
+}
