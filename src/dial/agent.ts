@@ -1,0 +1,103 @@
+/**
+ * HTTP(S) requests through the Dialer: an http.Agent (built on agent-base, the base of the proxy-agent family)
+ * whose connections come from Dialer.dial, so HTTPS calls (the agents' trust connection, forward_url fetches)
+ * follow exactly the same proxy selection and give the same errors as every other dial. Requests to http://
+ * targets are tunnelled with CONNECT too (documented in docs/dialing.md).
+ */
+import http from 'node:http';
+import https from 'node:https';
+import net from 'node:net';
+import tls from 'node:tls';
+import { Agent, type AgentConnectOpts } from 'agent-base';
+import { normalizeHost } from '../addr.js';
+import { GatewayError } from '../errors.js';
+import type { Dialer } from './dialer.js';
+
+export class DialerAgent extends Agent {
+  constructor(
+    private readonly dialer: Dialer,
+    options: http.AgentOptions = {},
+  ) {
+    super(options);
+  }
+
+  override async connect(_req: http.ClientRequest, opts: AgentConnectOpts) {
+    const host = normalizeHost(opts.host ?? 'localhost');
+    const port = opts.port ?? (opts.secureEndpoint ? 443 : 80);
+    const kind = opts.secureEndpoint ? 'https' : 'http';
+    const socket = await this.dialer.dial({ kind, host, port, text: `${kind}://${opts.host}:${port}` });
+    if (!opts.secureEndpoint) return socket;
+    const { host: _h, port: _p, path: _path, ...tlsOpts } = opts as tls.ConnectionOptions & { path?: string };
+    const servername = opts.servername ?? (net.isIP(host) ? undefined : host);
+    const secure = tls.connect({ ...tlsOpts, socket, host, ...(servername ? { servername } : {}) });
+    await new Promise<void>((resolve, reject) => {
+      secure.once('secureConnect', () => resolve());
+      secure.once('error', reject);
+    });
+    return secure;
+  }
+}
+
+export interface FetchOptions {
+  dialer: Dialer;
+  method?: string;
+  headers?: Record<string, string>;
+  /** Extra CA (PEM) trusted for the server, e.g. the cluster CA once pinned; or false to skip verification (only for fetching a CA that is then checked against a pin). */
+  ca?: string | Buffer | Array<string | Buffer>;
+  rejectUnauthorized?: boolean;
+  timeoutMs?: number;
+  /** Largest body accepted; bigger answers are an error rather than unbounded memory. */
+  maxBodyBytes?: number;
+  signal?: AbortSignal;
+}
+
+export interface FetchResult {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: Buffer;
+}
+
+/** A small HTTPS (or HTTP) request through the Dialer with a deadline and a bounded body. */
+export function fetchThroughDialer(url: string, options: FetchOptions): Promise<FetchResult> {
+  const maxBody = options.maxBodyBytes ?? 1024 * 1024;
+  const timeoutMs = options.timeoutMs ?? 15_000;
+  const agent = new DialerAgent(options.dialer);
+  const u = new URL(url);
+  return new Promise<FetchResult>((resolve, reject) => {
+    const request = u.protocol === 'http:' ? http.request : https.request;
+    const req = request(
+      {
+        protocol: u.protocol,
+        hostname: u.hostname,
+        port: u.port || undefined,
+        path: `${u.pathname}${u.search}`,
+        method: options.method ?? 'GET',
+        headers: options.headers,
+        agent,
+        ...(options.ca === undefined ? {} : { ca: options.ca }),
+        ...(options.rejectUnauthorized === undefined ? {} : { rejectUnauthorized: options.rejectUnauthorized }),
+        ...(options.signal ? { signal: options.signal } : {}),
+        timeout: timeoutMs,
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        let size = 0;
+        res.on('data', (chunk: Buffer) => {
+          size += chunk.length;
+          if (size > maxBody) {
+            req.destroy(new GatewayError('GW_ERR_HTTP_TOO_LARGE', `${u.origin}${u.pathname} answered more than ${maxBody} bytes`));
+            return;
+          }
+          chunks.push(chunk);
+        });
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
+        res.on('error', reject);
+      },
+    );
+    req.on('timeout', () =>
+      req.destroy(new GatewayError('GW_ERR_HTTP_TIMEOUT', `${u.origin}${u.pathname} did not answer within ${timeoutMs} ms`)),
+    );
+    req.on('error', (err) => reject(err instanceof GatewayError ? err : new GatewayError('GW_ERR_HTTP_FAILED', `request to ${u.origin}${u.pathname} failed: ${err.message}`, { cause: err })));
+    req.end();
+  }).finally(() => agent.destroy());
+}
