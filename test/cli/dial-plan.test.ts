@@ -1,0 +1,106 @@
+/** `gateway dial-plan` as a user runs it: the built binary, a controlled environment, stdout and exit status. */
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+const GATEWAY = fileURLToPath(new URL('../../dist/cli/gateway.js', import.meta.url));
+
+function run(args: string[], env: Record<string, string> = {}) {
+  // Only the variables given: the developer's own proxy settings must not leak into the test.
+  const r = spawnSync(process.execPath, [GATEWAY, ...args], { env: { PATH: process.env.PATH ?? '', ...env }, encoding: 'utf8' });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+function plan(targets: string[], env: Record<string, string>) {
+  const r = run(['dial-plan', '--json', ...targets], env);
+  return { status: r.status, stderr: r.stderr, rows: r.stdout.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>) };
+}
+
+describe('gateway dial-plan --json', () => {
+  it('prints one object per target with proxy, source and reason', () => {
+    const { status, rows } = plan(
+      ['proxy.example.com:3024', 'https://proxy.example.com/webapi/find', 'http://updates.example.com/', 'db.internal:5432', 'localhost:3080'],
+      { HTTPS_PROXY: 'http://alice:hunter22@squid.corp:3128', HTTP_PROXY: 'squid.corp:3129', NO_PROXY: '.internal' },
+    );
+    expect(status).toBe(0);
+    expect(rows).toEqual([
+      { target: 'proxy.example.com:3024', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String) },
+      { target: 'https://proxy.example.com/webapi/find', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String) },
+      { target: 'http://updates.example.com/', proxy: 'http://squid.corp:3129', source: 'HTTP_PROXY', reason: expect.any(String) },
+      { target: 'db.internal:5432', proxy: null, source: 'NO_PROXY', reason: expect.stringContaining('.internal') },
+      { target: 'localhost:3080', proxy: null, source: null, reason: expect.stringContaining('loopback') },
+    ]);
+  });
+
+  it('the reverse tunnel alone can be excluded with host:port, as the seed says', () => {
+    const { rows } = plan(['proxy.example.com:3024', 'proxy.example.com:3080'], {
+      https_proxy: 'squid.corp:3128',
+      NO_PROXY: 'proxy.example.com:3024',
+    });
+    expect(rows.map((r) => r.proxy)).toEqual([null, 'http://squid.corp:3128']);
+  });
+
+  it('a bad proxy value gives an error object for that target and exit status 1, without the password', () => {
+    const { status, rows } = plan(['proxy.example.com:443', 'localhost:443'], { HTTPS_PROXY: 'socks5://bob:topsecret@squid:1080' });
+    expect(status).toBe(1);
+    expect(rows[0]).toEqual({ target: 'proxy.example.com:443', error: { code: 'GW_ERR_DIAL_PROXY_ENV', message: expect.stringContaining('HTTPS_PROXY') } });
+    expect(rows[1]).toMatchObject({ target: 'localhost:443', proxy: null });
+    expect(JSON.stringify(rows)).not.toContain('topsecret');
+  });
+
+  it('refuses a localhost proxy', () => {
+    const { status, rows } = plan(['proxy.example.com:443'], { HTTPS_PROXY: 'localhost:3128' });
+    expect(status).toBe(1);
+    expect(rows[0]).toMatchObject({ error: { code: 'GW_ERR_DIAL_PROXY_LOOPBACK' } });
+  });
+
+  it('a target that is not host:port or a URL is an error', () => {
+    const { status, rows } = plan(['no-port.example.com'], {});
+    expect(status).toBe(1);
+    expect(rows[0]).toMatchObject({ error: { code: 'GW_ERR_DIAL_BAD_TARGET' } });
+  });
+
+  it('warns on stderr about NO_PROXY entries it ignores', () => {
+    const { status, stderr, rows } = plan(['a.example.com:443'], { HTTPS_PROXY: 'squid:3128', NO_PROXY: 'bad entry,example.com' });
+    expect(status).toBe(0);
+    expect(rows[0]).toMatchObject({ proxy: null, source: 'NO_PROXY' });
+    expect(stderr).toContain('bad entry');
+  });
+});
+
+describe('gateway dial-plan (text)', () => {
+  it('prints one readable line per target', () => {
+    const r = run(['dial-plan', 'proxy.example.com:443', 'db.internal:5432'], { HTTPS_PROXY: 'squid.corp:3128', NO_PROXY: 'db.internal' });
+    expect(r.status).toBe(0);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines).toHaveLength(2);
+    expect(lines[0]).toContain('through http://squid.corp:3128');
+    expect(lines[1]).toContain('direct');
+  });
+});
+
+describe('CLI errors', () => {
+  it('dial-plan without targets is a usage error with a hint and exit status 2', () => {
+    const r = run(['dial-plan']);
+    expect(r.status).toBe(2);
+    expect(r.stderr).toMatch(/^error: /m);
+    expect(r.stderr).toMatch(/^hint: /m);
+    expect(r.stderr).toContain('GW_ERR_USAGE');
+  });
+
+  it('an unknown command is a usage error', () => {
+    const r = run(['frobnicate']);
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain('GW_ERR_USAGE');
+  });
+
+  it.each(['gwctl', 'gwsh', 'gateway-upgrade'])('%s prints its usage', (bin) => {
+    const r = spawnSync(process.execPath, [fileURLToPath(new URL(`../../dist/cli/${bin}.js`, import.meta.url)), '--help'], { encoding: 'utf8' });
+    expect(r.status).toBe(0);
+    expect(r.stdout).toContain(`Usage: ${bin}`);
+  });
+
+  it('prints the version', () => {
+    expect(run(['--version']).stdout.trim()).toBe('17.0.0-dev');
+  });
+});
