@@ -127,6 +127,174 @@ export const ERROR_CODES = {
     summary: 'The dial was cancelled by the caller before it completed.',
     hint: 'Nothing to fix: the operation that needed the connection was stopped.',
   },
+
+  // --- storage backend (src/backend) ------------------------------------------------------------------------------
+  GW_ERR_BACKEND_OPEN: {
+    summary: 'The cluster-state backend cannot be opened (path is a directory, file is not a gateway database, permission denied, unsupported type).',
+    hint: 'Check that the backend path names a file in a directory this user can write, and that the file is a gateway backend (or move it aside).',
+  },
+  GW_ERR_BACKEND_CLOSED: {
+    summary: 'An operation was made on a backend after close().',
+    hint: 'This is a bug in the caller: stop using the backend once it is closed, or open it again.',
+  },
+  GW_ERR_BACKEND_EXISTS: {
+    summary: 'create() found the key already present in the backend.',
+    hint: 'Use update() or put() to change an existing item, or delete it first.',
+  },
+  GW_ERR_BACKEND_NOT_FOUND: {
+    summary: 'update() found no item at the key in the backend (it never existed, was deleted, or expired).',
+    hint: 'Use create() or put() for a new item.',
+  },
+  GW_ERR_BACKEND_CONFLICT: {
+    summary: 'A compare-and-swap or a condition of an atomic write did not hold: the item changed, appeared or disappeared.',
+    hint: 'Read the item again and retry the change on top of the current revision.',
+  },
+  GW_ERR_BACKEND_INVALID: {
+    summary: 'A backend call got an invalid argument (empty key, key or value with NUL or an unpaired surrogate, bad TTL, limit or revision).',
+    hint: 'This is a bug in the caller: keys are non-empty well-formed strings of at most 1024 UTF-8 bytes, TTLs positive numbers of ms.',
+  },
+  GW_ERR_BACKEND_FAILED: {
+    summary: 'The backend failed an operation (disk full, I/O error, database locked by another process for too long, corrupted file).',
+    hint: 'Check free disk space and the health of the disk holding the backend; restore the file from a backup if it is corrupted.',
+  },
+
+  // --- auth service, API, clients ----------------------------------------------------------------------------------
+  GW_ERR_AUTH_CLUSTER_NAME: {
+    summary: 'The configured cluster name differs from the one stored in the data directory.',
+    hint: 'A cluster cannot be renamed: set auth_service.cluster_name back, or start with a new data directory.',
+  },
+  GW_ERR_AUTH_UNAUTHENTICATED: {
+    summary: 'An API call that needs an identity came without a valid client certificate from this cluster.',
+    hint: "Sign in with 'gwsh login', or run gwctl on the Auth Service's machine with its data directory.",
+  },
+  GW_ERR_ACCESS_DENIED: {
+    summary: "The caller's roles do not allow the action (or a deny rule forbids it); the message names the missing rule.",
+    hint: 'Ask an administrator for a role with the missing rule, then sign out and in again.',
+  },
+  GW_ERR_AUTH_LOGIN_FAILED: {
+    summary: 'Wrong user name or password (the error does not say which).',
+    hint: 'Check the user name and password; repeated failures are rate limited.',
+  },
+  GW_ERR_AUTH_RATE_LIMITED: {
+    summary: 'Too many failed logins for this user from this address; further attempts wait.',
+    hint: 'Wait for the time shown, then try again with the right password.',
+  },
+  GW_ERR_AUTH_WEAK_PASSWORD: {
+    summary: 'A new password is shorter than 8 or longer than 1024 characters.',
+    hint: 'Choose a password of at least 8 characters.',
+  },
+  GW_ERR_AUTH_TOKEN_UNKNOWN: {
+    summary: 'The join token is not known to this cluster (mistyped, removed, or for another cluster).',
+    hint: "Create a new one with 'gwctl tokens add' and copy it exactly.",
+  },
+  GW_ERR_AUTH_TOKEN_EXPIRED: {
+    summary: 'The join token has expired.',
+    hint: "Create a new one with 'gwctl tokens add' (--ttl sets how long it lasts).",
+  },
+  GW_ERR_AUTH_TOKEN_USED: {
+    summary: 'The join token has been used as many times as it allows.',
+    hint: "Create a new one with 'gwctl tokens add' (--uses sets how many agents may join with it).",
+  },
+  GW_ERR_AUTH_TOKEN_WRONG_TYPE: {
+    summary: 'The join token is for other service types than the agent asked to join as.',
+    hint: "Create a token with the agent's types: gwctl tokens add --type=node,db,...",
+  },
+  GW_ERR_AUTH_PIN_MISMATCH: {
+    summary: "The cluster CA presented by the server does not match the --ca-pin given; nothing secret was sent.",
+    hint: "Check the pin ('gwctl status' prints it) and that the address is this cluster's Proxy.",
+  },
+  GW_ERR_RESOURCE_EXISTS: {
+    summary: 'The resource already exists.',
+    hint: 'Use gwctl create -f to overwrite it, or choose another name.',
+  },
+  GW_ERR_RESOURCE_NOT_FOUND: {
+    summary: 'No resource (user, role, token, ...) by that name.',
+    hint: "List what exists with 'gwctl get KIND'.",
+  },
+  GW_ERR_RESOURCE_KIND: {
+    summary: 'A resource kind that gwctl does not manage.',
+    hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, node.',
+  },
+  GW_ERR_RESOURCE_INVALID: {
+    summary: 'A resource manifest does not validate (YAML syntax, unknown kind or version, unknown key, wrong type or value); details.problems lists every problem with its document, key path, line and column.',
+    hint: 'Fix the key at the document, line and column shown; docs/resources.md lists every kind and field.',
+  },
+  GW_ERR_RESOURCE_DUPLICATE: {
+    summary: 'A manifest defines the same resource (kind and name) twice; reported as a problem inside GW_ERR_RESOURCE_INVALID.',
+    hint: 'Keep one definition of each resource in a manifest.',
+  },
+  GW_ERR_API_BAD_REQUEST: {
+    summary: 'An API request the server cannot understand (bad JSON, missing field, wrong method).',
+    hint: 'Check that the client and the server run the same version.',
+  },
+  GW_ERR_API_TOO_LARGE: {
+    summary: 'An API request body over the 1 MiB limit.',
+    hint: 'Split a large manifest into several files.',
+  },
+  GW_ERR_API_NOT_FOUND: {
+    summary: 'An API path the server does not have.',
+    hint: 'Check that the client and the server run the same version.',
+  },
+  GW_ERR_API_BAD_RESPONSE: {
+    summary: 'The server answered with something that is not a gateway API answer.',
+    hint: 'Check that the address is the Proxy or the Auth Service of a gateway cluster.',
+  },
+  GW_ERR_CLIENT_UNTRUSTED: {
+    summary: "The server's certificate is not trusted by this client.",
+    hint: "Pass --ca-pin sha256:... ('gwctl status' prints it) so that the cluster CA is trusted after it is checked.",
+  },
+  GW_ERR_CLIENT_NOT_LOGGED_IN: {
+    summary: 'gwsh has no profile: nobody is signed in.',
+    hint: "Run 'gwsh login --proxy=HOST:PORT --user=USER'.",
+  },
+  GW_ERR_CLIENT_PROFILE: {
+    summary: 'The gwsh profile in ~/.gwsh (or $GWSH_HOME) cannot be read or is damaged.',
+    hint: "Run 'gwsh logout' and 'gwsh login' again.",
+  },
+  GW_ERR_CLIENT_NO_CREDENTIALS: {
+    summary: 'gwctl found neither a gwsh profile nor a readable local admin identity.',
+    hint: "Sign in with 'gwsh login', or run gwctl on the Auth Service's machine (--data-dir if not /var/lib/gateway).",
+  },
+  GW_ERR_AGENT_IDENTITY: {
+    summary: "An agent has no usable host identity: it never joined, its stored identity is damaged, or it now runs services it did not join for.",
+    hint: "Join with --token, --ca-pin and --proxy as printed by 'gwctl tokens add'.",
+  },
+  GW_ERR_LISTEN: {
+    summary: 'A listener cannot bind its address (in use, permission for ports below 1024, address not on this machine).',
+    hint: 'The message names the configuration key; change the address or stop the other process.',
+  },
+
+  // --- identity: certificate authorities, certificates, CA pins (src/auth/pki.ts) -----------------------------
+  GW_ERR_AUTH_BAD_PIN: {
+    summary: 'A CA pin is not of the form sha256:<64 hexadecimal digits>.',
+    hint: "Copy the pin exactly as 'gwctl status' prints it (sha256: followed by 64 hex digits).",
+  },
+  GW_ERR_AUTH_BAD_CERT: {
+    summary: 'A certificate is missing, cannot be parsed, or carries no valid gateway identity.',
+    hint: 'Sign in again (gwsh login) or re-join the agent to get a fresh certificate from this cluster.',
+  },
+  GW_ERR_PKI_BAD_KEY: {
+    summary: 'A key is not in a form the gateway accepts, or a CA private key does not match its certificate.',
+    hint: 'Use PEM keys (PKCS#8 private, SPKI public) or OpenSSH public key lines; ECDSA P-256 keys work everywhere.',
+  },
+  GW_ERR_PKI_BAD_REQUEST: {
+    summary: 'A certificate request is invalid (empty name or principals, control characters, bad DNS name or IP, non-positive TTL).',
+    hint: 'The message names the field to correct.',
+  },
+  GW_ERR_PKI_CA_EXPIRED: {
+    summary: 'A certificate authority is outside its validity period and cannot issue certificates.',
+    hint: "Rotate the cluster's certificate authorities, or check this machine's clock.",
+  },
+
+  // --- files (src/fsutil.ts) -------------------------------------------------------------------------------------
+  GW_ERR_FS_WRITE: {
+    summary: 'A file the gateway keeps (key, certificate, state) cannot be written.',
+    hint: 'Check that the directory named in the message is writable by this user and that the disk is not full.',
+  },
+  GW_ERR_FS_READ: {
+    summary: 'A file the gateway keeps exists but cannot be read.',
+    hint: 'Check the permissions of the file named in the message; keys must be readable by the gateway user.',
+  },
 } as const satisfies Record<string, ErrorSpec>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

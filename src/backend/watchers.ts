@@ -1,0 +1,74 @@
+/**
+ * Delivery of watch events, shared by backend implementations. Events are published after their write commits
+ * and go through one queue, so every listener sees them in revision order even when a listener itself writes
+ * to the backend (its write's events are queued behind the ones being delivered, not delivered in between).
+ */
+import type { Logger } from '../log.js';
+import type { WatchEvent } from './types.js';
+
+interface Watcher {
+  readonly prefix: string;
+  readonly onEvent: (event: WatchEvent) => void;
+  active: boolean;
+}
+
+function keyOf(event: WatchEvent): string {
+  return event.type === 'put' ? event.item.key : event.key;
+}
+
+export class WatchHub {
+  private readonly watchers = new Set<Watcher>();
+  private queue: WatchEvent[] = [];
+  private delivering = false;
+
+  constructor(private readonly log: Logger) {}
+
+  get size(): number {
+    return this.watchers.size;
+  }
+
+  add(prefix: string, onEvent: (event: WatchEvent) => void): () => void {
+    const watcher: Watcher = { prefix, onEvent, active: true };
+    this.watchers.add(watcher);
+    return () => {
+      watcher.active = false;
+      this.watchers.delete(watcher);
+    };
+  }
+
+  /** Delivers events (of committed writes, in revision order) to the matching listeners. */
+  publish(events: readonly WatchEvent[]): void {
+    if (events.length === 0 || this.watchers.size === 0) return;
+    for (const e of events) this.queue.push(deepFreeze(e));
+    if (this.delivering) return; // an outer publish, up the stack, drains the queue
+    this.delivering = true;
+    try {
+      for (let i = 0; i < this.queue.length; i++) {
+        const event = this.queue[i]!;
+        const key = keyOf(event);
+        for (const w of [...this.watchers]) {
+          if (!w.active || !key.startsWith(w.prefix)) continue;
+          try {
+            w.onEvent(event);
+          } catch (err) {
+            this.log.error({ err, prefix: w.prefix, key }, 'backend watch listener threw; event skipped for it');
+          }
+        }
+      }
+    } finally {
+      this.queue = [];
+      this.delivering = false;
+    }
+  }
+
+  clear(): void {
+    for (const w of this.watchers) w.active = false;
+    this.watchers.clear();
+    this.queue = [];
+  }
+}
+
+function deepFreeze(event: WatchEvent): WatchEvent {
+  if (event.type === 'put') Object.freeze(event.item);
+  return Object.freeze(event);
+}
