@@ -231,7 +231,8 @@ export interface MapOf<V> extends Spec<Readonly<Record<string, V>>> {
 
 export type AnySpec = Leaf<any> | Section<Fields> | MapOf<any>;
 
-function leaf<T>(o: {
+/** A leaf from its parts; exported so that other schemas (resource manifests) can declare their own value types. */
+export function leaf<T>(o: {
   doc: string;
   type: string;
   default: T | Dynamic<T>;
@@ -442,6 +443,8 @@ export function section<F extends Fields>(
   o: {
     expected?: string;
     check?: (value: { readonly [K in keyof F]: Infer<F[K]> }, path: string, ctx: Ctx, at: Node | undefined) => void;
+    /** Keys that must be written when the section itself is (reported at the section's mapping). */
+    required?: readonly (keyof F & string)[];
   } = {},
 ): Section<F> {
   const known = Object.keys(fields);
@@ -454,6 +457,18 @@ export function section<F extends Fields>(
       const before = ctx.issues.length;
       const entries = n === undefined ? new Map<string, { key: Node; value: unknown }>() : ctx.entries(n, path, o.expected ?? 'a mapping');
       for (const [name, e] of entries) if (!Object.hasOwn(fields, name)) ctx.unknownKey(name, e.key, join(path, name), known);
+      if (o.required && n !== undefined && isMap(n)) {
+        const unknown = [...entries.keys()].filter((name) => !Object.hasOwn(fields, name));
+        for (const k of o.required) {
+          const e = entries.get(k);
+          // A misspelt key is reported once, as unknown (with "did you mean"), not also as missing.
+          if (e === undefined && unknown.some((name) => nearest(name, known) === k)) continue;
+          if (e === undefined || isNullish(e.value)) {
+            // A key written with no value counts as missing; point at the key then, else at the mapping.
+            ctx.report('GW_ERR_CONFIG_VALUE', join(path, k), e?.key ?? n, `missing required key \`${k}\``);
+          }
+        }
+      }
       const value = Object.fromEntries(
         known.map((k) => {
           const e = entries.get(k);
@@ -464,6 +479,100 @@ export function section<F extends Fields>(
       return value;
     },
   };
+}
+
+/** Absent, or written as an empty / null scalar (not an alias: that is resolved, and reported, by the field). */
+function isNullish(node: unknown): boolean {
+  return node === undefined || node === null || (isScalar(node) && node.value === null);
+}
+
+/** An integer in [min, max]; YAML integers only (2.5, "3" and true are type errors). */
+export function int(doc: string, o: { min: number; max: number; default: number }): Leaf<number>;
+export function int(doc: string, o: { min: number; max: number; defaultDoc?: string; example?: string }): Leaf<number | undefined>;
+export function int(
+  doc: string,
+  o: { min: number; max: number; default?: number; defaultDoc?: string; example?: string },
+): Leaf<number | undefined> {
+  const range = `an integer from ${o.min} to ${o.max}`;
+  return leaf<number | undefined>({
+    doc,
+    type: `integer ${o.min}..${o.max}`,
+    default: o.default,
+    defaultDoc: o.defaultDoc,
+    example: o.example,
+    render: (v) => (v === undefined ? '' : String(v)),
+    parse: (node) => {
+      if (!isScalar(node) || typeof node.value !== 'number') {
+        const hint = isScalar(node) && typeof node.value === 'string' && /^\s*-?\d+\s*$/.test(node.value) ? 'Write the number without quotes.' : undefined;
+        throw new Invalid(`expected ${range}, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE', hint);
+      }
+      if (!Number.isInteger(node.value)) throw new Invalid(`expected ${range}, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE');
+      if (node.value < o.min || node.value > o.max) throw new Invalid(`expected ${range}, got ${describeNode(node)}`);
+      return node.value;
+    },
+  });
+}
+
+/** A list whose items are resolved by one spec (a leaf or a section); a leaf to the docs, with the item's rows. */
+export interface ListOf<V> extends Leaf<V[] | undefined> {
+  readonly item: Spec<V>;
+}
+
+export function isListOf(spec: unknown): spec is ListOf<unknown> {
+  return typeof spec === 'object' && spec !== null && (spec as { kind?: unknown }).kind === 'leaf' && 'item' in spec;
+}
+
+/**
+ * A YAML sequence of items resolved by item. An empty (null) item is reported; an item that has a problem is left
+ * out of the value. min: fewest items; unique: the identity of an item (after normalisation) for a duplicate check;
+ * absent lists are undefined unless a default is given.
+ */
+export function listOf<V>(
+  doc: string,
+  item: Spec<V>,
+  o: { type: string; expected: string; min?: number; unique?: (v: V) => string; default?: V[]; defaultDoc?: string },
+): ListOf<V> {
+  const base = leaf<V[] | undefined>({
+    doc,
+    type: o.type,
+    default: o.default,
+    defaultDoc: o.defaultDoc,
+    render: (v) => (v === undefined ? '' : stringify(v, { flowCollectionPadding: false, collectionStyle: 'flow', lineWidth: 0 }).trimEnd()),
+    parse: (node, path, ctx) => {
+      if (!isSeq(node)) {
+        const source = isScalar(node) && node.value !== null ? ctx.sourceOf(node) : '';
+        const hint = source !== '' && source.length <= 60 && !source.includes('\n') ? `Write a list even for one item: [${source}]` : undefined;
+        throw new Invalid(`expected ${o.expected}, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE', hint);
+      }
+      const out: V[] = [];
+      const seen = new Map<string, number>();
+      node.items.forEach((raw, i) => {
+        const p = `${path}[${i}]`;
+        if (isNullish(raw)) {
+          ctx.report('GW_ERR_CONFIG_TYPE', p, isNode(raw) && raw.range ? raw : node, 'expected a value, got nothing');
+          return;
+        }
+        const before = ctx.issues.length;
+        const v = item.resolve(raw, p, ctx);
+        if (ctx.issues.length !== before || v === undefined) return;
+        if (o.unique) {
+          const id = o.unique(v);
+          const first = seen.get(id);
+          if (first !== undefined) {
+            ctx.report('GW_ERR_CONFIG_VALUE', p, raw, `duplicate value ${JSON.stringify(id)} (same as ${path}[${first}])`, 'Write each value once.');
+            return;
+          }
+          seen.set(id, i);
+        }
+        out.push(v);
+      });
+      if (o.min !== undefined && node.items.length < o.min) {
+        throw new Invalid(`expected at least ${o.min} item${o.min === 1 ? '' : 's'}, got ${node.items.length}`);
+      }
+      return out;
+    },
+  });
+  return { ...base, item };
 }
 
 /** A mapping from names the user chooses (checked by checkKey, which throws Invalid) to values of one spec. */
@@ -521,6 +630,9 @@ export function fieldRows(spec: AnySpec, path = ''): FieldRow[] {
     for (const [k, child] of Object.entries(spec.fields)) rows.push(...fieldRows(child as AnySpec, join(path, k)));
   } else if (spec.kind === 'map') {
     rows.push(...fieldRows(spec.value as AnySpec, join(path, spec.key)));
+  } else if (isListOf(spec)) {
+    // The items of a list of sections: `spec.allow.rules[].verbs`.
+    rows.push(...fieldRows(spec.item as AnySpec, `${path}[]`));
   }
   return rows;
 }

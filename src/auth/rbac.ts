@@ -1,0 +1,167 @@
+/**
+ * Role-based access control. A user holds a set of roles; each role allows and denies:
+ *
+ * - rules: verbs (list, read, create, update, delete, `*`) on resources of the cluster (role, user, token, ...,
+ *   cluster_maintenance_config, `*`), which gate `gwctl` and the Auth Service API: checkAccess();
+ * - label selectors: which nodes, databases, apps, Kubernetes clusters and desktops the user reaches: canAccess();
+ * - logins (and database names and users), with `{{internal.<trait>}}` templates: allowedLogins().
+ *
+ * Across all roles, deny wins over allow: one matching deny in any role refuses, whatever the others allow.
+ * docs/resources.md describes the semantics for administrators.
+ */
+import { expandTemplates, matchValue } from './resources/match.js';
+import type { Labels, RoleConditions, RoleResource, Rule, Traits, Verb } from './resources/types.js';
+
+export type { Verb } from './resources/types.js';
+export type Role = RoleResource;
+
+export type AccessDecision =
+  | { allowed: true }
+  | {
+      allowed: false;
+      /** For the user: which roles were consulted and what is missing (or which role denies). */
+      reason: string;
+      /** The rule a role would need: resources and verbs. */
+      missing: { resources: string[]; verbs: string[] };
+    };
+
+/** The kinds of resources users reach through the proxy, each selected by a label field of the role. */
+export type AccessKind = 'node' | 'db' | 'app' | 'kube_cluster' | 'windows_desktop';
+
+const LABEL_FIELDS = {
+  node: 'node_labels',
+  db: 'db_labels',
+  app: 'app_labels',
+  kube_cluster: 'kubernetes_labels',
+  windows_desktop: 'windows_desktop_labels',
+} as const satisfies Record<AccessKind, keyof RoleConditions>;
+
+// --- preset roles ------------------------------------------------------------------------------------------------
+
+const ALL: Labels = { '*': '*' };
+
+function deepFreeze<T>(value: T): T {
+  if (typeof value === 'object' && value !== null && !Object.isFrozen(value)) {
+    Object.freeze(value);
+    for (const v of Object.values(value)) deepFreeze(v);
+  }
+  return value;
+}
+
+/**
+ * The roles every cluster has (a stored role of the same name replaces one). None grants any verb on
+ * cluster_maintenance_config: managing the maintenance window needs a role made for it (docs/resources.md).
+ */
+export const PRESET_ROLES: Role[] = deepFreeze([
+  {
+    kind: 'role',
+    version: 'v7',
+    metadata: {
+      name: 'access',
+      description: "Reach every node, database, app, Kubernetes cluster and desktop, with the logins from the user's traits.",
+    },
+    spec: {
+      allow: {
+        logins: ['{{internal.logins}}'],
+        node_labels: { ...ALL },
+        db_labels: { ...ALL },
+        app_labels: { ...ALL },
+        kubernetes_labels: { ...ALL },
+        windows_desktop_labels: { ...ALL },
+        db_names: ['{{internal.db_names}}'],
+        db_users: ['{{internal.db_users}}'],
+      },
+    },
+  },
+  {
+    kind: 'role',
+    version: 'v7',
+    metadata: {
+      name: 'editor',
+      description: 'Manage users, roles, tokens, connectors and the inventory; read the audit log. Not cluster_maintenance_config.',
+    },
+    spec: {
+      allow: {
+        rules: [
+          {
+            resources: ['role', 'user', 'token', 'github', 'saml', 'oidc', 'node', 'db', 'app', 'kube_cluster', 'windows_desktop'],
+            verbs: ['*'],
+          },
+          { resources: ['event'], verbs: ['list', 'read'] },
+        ],
+      },
+    },
+  },
+  {
+    kind: 'role',
+    version: 'v7',
+    metadata: { name: 'auditor', description: 'Read the audit log.' },
+    spec: { allow: { rules: [{ resources: ['event'], verbs: ['list', 'read'] }] } },
+  },
+]);
+
+// --- rules -------------------------------------------------------------------------------------------------------
+
+function ruleMatches(rule: Rule, resource: string, verb: Verb): boolean {
+  return (rule.resources.includes('*') || rule.resources.includes(resource)) && (rule.verbs.includes('*') || rule.verbs.includes(verb));
+}
+
+/** Whether roles let their holder do verb on resource (a rule resource name such as role or cluster_maintenance_config). */
+export function checkAccess(roles: readonly Role[], resource: string, verb: Verb): AccessDecision {
+  const missing = { resources: [resource], verbs: [verb] };
+  for (const role of roles) {
+    if ((role.spec.deny?.rules ?? []).some((r) => ruleMatches(r, resource, verb))) {
+      return { allowed: false, reason: `role ${JSON.stringify(role.metadata.name)} denies "${verb}" on ${JSON.stringify(resource)}`, missing };
+    }
+  }
+  if (roles.some((role) => (role.spec.allow?.rules ?? []).some((r) => ruleMatches(r, resource, verb)))) return { allowed: true };
+  const names = [...new Set(roles.map((r) => r.metadata.name))];
+  const reason =
+    names.length === 0
+      ? `you have no roles, so nothing allows "${verb}" on ${JSON.stringify(resource)}`
+      : `none of your roles (${names.join(', ')}) allows "${verb}" on ${JSON.stringify(resource)}`;
+  return { allowed: false, reason, missing };
+}
+
+// --- labels ------------------------------------------------------------------------------------------------------
+
+/**
+ * Whether a role's label selector selects a resource: every key of the selector must be a label of the resource
+ * whose value matches one of the selector's values (exact, glob with `*`, or `^regex$`). `'*': '*'` selects every
+ * resource, even one without labels. An absent or empty selector selects nothing.
+ */
+export function matchLabels(roleLabels: Labels | undefined, resourceLabels: Readonly<Record<string, string>>): boolean {
+  const entries = Object.entries(roleLabels ?? {});
+  if (entries.length === 0) return false;
+  return entries.every(([key, value]) => {
+    const patterns = Array.isArray(value) ? value : [value];
+    if (key === '*') return patterns.includes('*');
+    const actual = Object.hasOwn(resourceLabels, key) ? resourceLabels[key] : undefined;
+    return typeof actual === 'string' && patterns.some((p) => matchValue(p, actual));
+  });
+}
+
+/** Whether roles reach a resource of kind with labels: some role allows it and no role denies it. */
+export function canAccess(roles: readonly Role[], kind: AccessKind, labels: Readonly<Record<string, string>>): boolean {
+  const field = LABEL_FIELDS[kind];
+  if (roles.some((r) => matchLabels(r.spec.deny?.[field], labels))) return false;
+  return roles.some((r) => matchLabels(r.spec.allow?.[field], labels));
+}
+
+// --- logins ------------------------------------------------------------------------------------------------------
+
+function allowedValues(roles: readonly Role[], field: 'logins' | 'db_names' | 'db_users', traits: Readonly<Traits>): string[] {
+  const allow = roles.flatMap((r) => expandTemplates(r.spec.allow?.[field], traits));
+  const deny = new Set(roles.flatMap((r) => expandTemplates(r.spec.deny?.[field], traits)));
+  return [...new Set(allow)].filter((v) => !deny.has(v)).sort();
+}
+
+/** OS logins the roles allow for a user with traits: allowed minus denied, templates expanded, sorted, unique. */
+export function allowedLogins(roles: readonly Role[], traits: Readonly<Traits>): string[] {
+  return allowedValues(roles, 'logins', traits);
+}
+
+/** Database names and users the roles allow, like allowedLogins. */
+export function allowedDatabaseAccess(roles: readonly Role[], traits: Readonly<Traits>): { names: string[]; users: string[] } {
+  return { names: allowedValues(roles, 'db_names', traits), users: allowedValues(roles, 'db_users', traits) };
+}

@@ -1,0 +1,629 @@
+/**
+ * The resource kinds declared with the configuration's schema kit (src/config/spec.ts): one table per kind, walked
+ * over the YAML AST so that every problem has a key path, line and column. manifest.ts picks the table by `kind`.
+ */
+import { isMap, isNode, isScalar, isSeq, type Node } from 'yaml';
+import {
+  Invalid,
+  describeNode,
+  int,
+  join,
+  keyIndex,
+  leaf,
+  listOf,
+  mapOf,
+  nearest,
+  section,
+  str,
+  type AnySpec,
+  type Ctx,
+  type Leaf,
+  type Spec,
+} from '../../config/spec.js';
+import { TEMPLATE, patternProblem } from './match.js';
+import {
+  CLUSTER_MAINTENANCE_CONFIG_NAME,
+  RESOURCE_KINDS,
+  RESOURCE_VERSIONS,
+  RULE_RESOURCES,
+  TOKEN_ROLES,
+  VERBS,
+  WEEKDAYS,
+  type ResourceKind,
+  type Weekday,
+} from './types.js';
+
+const quote = (s: string): string => JSON.stringify(s);
+
+// --- spec helpers ------------------------------------------------------------------------------------------------
+
+/** Absent, or an empty / null scalar. */
+export function isNullish(node: unknown): boolean {
+  return node === undefined || node === null || (isScalar(node) && node.value === null);
+}
+
+/** The same spec, but an absent or null value stays undefined (no default object, no empty map). */
+function optional<T>(spec: Spec<T>): Spec<T | undefined> {
+  return { ...spec, resolve: (node, path, ctx, at) => (isNullish(node) ? undefined : spec.resolve(node, path, ctx, at)) };
+}
+
+/** The same spec, but a null value (a key with nothing after it) is a problem. For map values. */
+function present<T>(spec: Spec<T>, expected: string): Spec<T> {
+  return {
+    ...spec,
+    resolve: (node, path, ctx, at) => {
+      if (node !== undefined && isNullish(node)) ctx.report('GW_ERR_CONFIG_TYPE', path, at ?? node, `expected ${expected}, got nothing`);
+      return spec.resolve(node, path, ctx, at);
+    },
+  };
+}
+
+/** The same spec with its value transformed (and, through ctx, checked once more) after resolving. */
+function mapped<A, B>(spec: Spec<A>, fn: (value: A, node: unknown, path: string, ctx: Ctx) => B): Spec<B> {
+  return { ...spec, resolve: (node, path, ctx, at) => fn(spec.resolve(node, path, ctx, at), node, path, ctx) } as Spec<B>;
+}
+
+/**
+ * The same spec with a cross-field check that runs when the value itself had no problem; unlike section's check it
+ * gets the mapping node, so that it can point at one of its keys (keyOf).
+ */
+function checked<T>(spec: Spec<T>, check: (value: NonNullable<T>, node: Node, path: string, ctx: Ctx) => void): Spec<T> {
+  return {
+    ...spec,
+    resolve: (node, path, ctx, at) => {
+      const before = ctx.issues.length;
+      const value = spec.resolve(node, path, ctx, at);
+      const n = ctx.deref(node, path);
+      if (ctx.issues.length === before && value !== undefined && value !== null && n !== undefined) check(value as NonNullable<T>, n, path, ctx);
+      return value;
+    },
+  };
+}
+
+/** The key node of key in a mapping node (to point at it), else the mapping itself. */
+function keyOf(node: Node, key: string): Node {
+  const pair = isMap(node) ? node.items.find((p) => isScalar(p.key) && p.key.value === key) : undefined;
+  return isNode(pair?.key) ? pair.key : node;
+}
+
+/** A value's shape, never its content: for secrets. */
+function shapeOf(node: Node): string {
+  if (isMap(node)) return 'a mapping';
+  if (isSeq(node)) return 'a list';
+  if (isScalar(node)) {
+    if (node.value === null) return 'nothing';
+    if (typeof node.value === 'number' || typeof node.value === 'bigint') return 'a number';
+    if (typeof node.value === 'boolean') return 'a boolean';
+    if (typeof node.value === 'string') return 'a string';
+  }
+  return 'another kind of value';
+}
+
+/** A string that never appears in a message: problems name its shape only. */
+function secret(doc: string, check?: (s: string) => void): Leaf<string | undefined> {
+  return leaf<string | undefined>({
+    doc,
+    type: 'string (secret)',
+    default: undefined,
+    defaultDoc: 'none',
+    render: (v) => (v === undefined ? '' : '***'),
+    parse: (node) => {
+      if (!isScalar(node) || typeof node.value !== 'string') {
+        throw new Invalid(`expected a string, got ${shapeOf(node)}`, 'GW_ERR_CONFIG_TYPE', 'Put the value in quotes to make it a string.');
+      }
+      if (node.value.trim() === '') throw new Invalid('expected a non-empty string, got an empty one');
+      check?.(node.value);
+      return node.value;
+    },
+  });
+}
+
+function strings(doc: string, item: Leaf<string | undefined>, what: string, o: { min?: number; default?: string[] } = {}) {
+  return listOf<string>(doc, item as Spec<string>, { type: `list of ${what}s`, expected: `a list of ${what}s`, ...o });
+}
+
+// --- value checks ------------------------------------------------------------------------------------------------
+
+const CONTROL = /[\u0000-\u001f\u007f]/;
+const SPACE_OR_CONTROL = /[\s\u0000-\u001f\u007f]/;
+
+/** Names of resources, roles and traits: non-empty, no spaces or control characters, at most 253 characters. */
+function name(what: string) {
+  return (s: string): string => {
+    if (s === '') throw new Invalid(`expected a ${what}, got an empty string`);
+    if (SPACE_OR_CONTROL.test(s)) throw new Invalid(`expected a ${what} without spaces or control characters, got ${quote(s)}`);
+    if (s.length > 253) throw new Invalid(`expected a ${what} of at most 253 characters, got ${s.length}`);
+    return s;
+  };
+}
+
+function text(what: string) {
+  return (s: string): string => {
+    if (s.trim() === '') throw new Invalid(`expected a ${what}, got an empty string`);
+    return s;
+  };
+}
+
+function httpUrl(s: string): string {
+  let url: URL | undefined;
+  try {
+    url = new URL(s);
+  } catch {
+    url = undefined;
+  }
+  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || url.hostname === '') {
+    // A URL may carry credentials: show only its scheme and host when it parses.
+    throw new Invalid(`expected an http:// or https:// URL, got ${url ? quote(`${url.protocol}//${url.host}/...`) : 'something else'}`);
+  }
+  return s;
+}
+
+const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(?:[Zz]|[+-](\d{2}):(\d{2}))$/;
+
+/** An RFC 3339 time stamp with a time zone: 2030-01-31T23:59:59Z, 2030-01-31T23:59:59.5+02:00. */
+export function checkRfc3339(s: string): string {
+  const m = RFC3339.exec(s);
+  const bad = (): never => {
+    throw new Invalid(`expected an RFC 3339 time such as 2030-01-31T23:59:59Z, got ${quote(s)}`);
+  };
+  if (!m) return bad();
+  const [year, month, day, hour, minute, second] = m.slice(1, 7).map(Number) as [number, number, number, number, number, number];
+  const daysInMonth = new Date(Date.UTC(year, month, 0)).getUTCDate();
+  const offsetOk = m[8] === undefined || (Number(m[8]) < 24 && Number(m[9]) < 60);
+  if (month < 1 || month > 12 || day < 1 || day > daysInMonth || hour > 23 || minute > 59 || second > 59 || !offsetOk) bad();
+  if (Number.isNaN(Date.parse(s.replace(' ', 'T')))) bad();
+  return s;
+}
+
+const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
+const DURATION = /^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+$/;
+
+/**
+ * A role duration (8h, 30m, 1h30m, 1.5h, 7d; units ms, s, m, h, d) in milliseconds; undefined when s is not one.
+ * The integer forms are those of src/duration.ts (the CLI's --ttl), so the two read the same text the same way.
+ */
+export function durationMs(s: string): number | undefined {
+  if (!DURATION.test(s)) return undefined;
+  let ms = 0;
+  for (const m of s.matchAll(/(\d+(?:\.\d+)?)(ms|s|m|h|d)/g)) ms += Number(m[1]) * DURATION_UNITS[m[2]!]!;
+  return ms;
+}
+
+function duration(s: string): string {
+  const ms = durationMs(s);
+  if (ms === undefined || ms <= 0) throw new Invalid(`expected a positive duration such as 8h, 30m or 1h30m, got ${quote(s)}`);
+  return s;
+}
+
+
+/** A login, database name or user: a literal, or one template that expands to the user's trait values. */
+function templated(what: string) {
+  return (s: string): string => {
+    if (s.includes('{') || s.includes('}')) {
+      if (!TEMPLATE.test(s)) {
+        throw new Invalid(`expected a ${what} or a template such as {{internal.logins}}, got ${quote(s)}`, 'GW_ERR_CONFIG_VALUE', 'Templates read user traits: {{internal.<trait>}} or {{external.<trait>}}.');
+      }
+      return s;
+    }
+    return name(what)(s);
+  };
+}
+
+/** A label or claim value: literal, glob with `*`, or `^regex$` (which must compile). */
+function pattern(s: string): string {
+  if (CONTROL.test(s)) throw new Invalid(`expected a value without control characters, got ${quote(s)}`);
+  const problem = patternProblem(s);
+  if (problem) throw new Invalid(problem);
+  return s;
+}
+
+function labelKey(s: string): void {
+  if (s === '' || SPACE_OR_CONTROL.test(s)) throw new Invalid(`expected a label name without spaces, got ${quote(s)}`);
+}
+
+const PEM = /-----BEGIN [A-Z0-9 ]+-----[\s\S]+-----END [A-Z0-9 ]+-----/;
+
+function pem(what: string) {
+  return (s: string): string => {
+    // Never echo the value: it may be a private key.
+    if (!PEM.test(s)) throw new Invalid(`expected a PEM-encoded ${what} (-----BEGIN ...-----), got something else`);
+    return s;
+  };
+}
+
+// --- fields ------------------------------------------------------------------------------------------------------
+
+const roleName = str('A role name.', { check: name('role name') });
+const roleNames = (min?: number) => strings('Role names.', roleName, 'role name', min === undefined ? {} : { min });
+
+/**
+ * One word of a fixed vocabulary (verbs, rule resources, join roles), matched without regard to case and stored in
+ * lowercase; a near miss gets a "did you mean" hint (a typo, or a prefix such as cluster_maintenance).
+ */
+function vocabulary(doc: string, values: readonly string[]): Spec<string> {
+  const allowed = values.join(', ');
+  return leaf<string | undefined>({
+    doc,
+    type: values.join(' | '),
+    default: undefined,
+    defaultDoc: 'none',
+    render: (v) => v ?? '',
+    parse: (node) => {
+      if (!isScalar(node) || typeof node.value !== 'string') throw new Invalid(`expected one of ${allowed}; got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE');
+      const s = node.value.toLowerCase();
+      if (values.includes(s)) return s;
+      const near = nearest(s, values) ?? (s.length >= 4 ? values.find((v) => v.startsWith(s)) : undefined);
+      throw new Invalid(`expected one of ${allowed}; got ${describeNode(node)}`, 'GW_ERR_CONFIG_VALUE', near ? `did you mean \`${near}\`?` : undefined);
+    },
+  }) as Spec<string>;
+}
+
+const rule = section(
+  'One rule: verbs granted (or denied) on resources.',
+  {
+    resources: listOf('Resource names, or * for all.', vocabulary('A resource name.', RULE_RESOURCES), {
+      type: 'list of resource names',
+      expected: 'a list of resource names',
+      min: 1,
+    }),
+    verbs: listOf('Verbs, or * for all.', vocabulary('A verb.', VERBS), {
+      type: 'list of verbs',
+      expected: 'a list of verbs',
+      min: 1,
+    }),
+  },
+  { required: ['resources', 'verbs'], expected: 'a rule (a mapping with resources and verbs)' },
+);
+
+/** One label value: a pattern, or a non-empty list of them. */
+const labelPattern = str('A label value: literal, glob with *, or ^regex$.', { check: pattern });
+const labelPatterns = strings('Label values.', labelPattern, 'label value', { min: 1 });
+const labelValue: Spec<string | string[] | undefined> = {
+  ...labelPattern,
+  type: 'string or list of strings',
+  resolve: (node, path, ctx, at) => {
+    const n = ctx.deref(node, path);
+    return isSeq(n) ? labelPatterns.resolve(n, path, ctx, at) : labelPattern.resolve(n, path, ctx, at);
+  },
+} as Leaf<string | string[] | undefined>;
+
+function labels(doc: string): Spec<Record<string, string | string[]> | undefined> {
+  const map = mapOf<string | string[] | undefined>(doc, {
+    type: 'map: label → value or list of values',
+    key: '<label>',
+    checkKey: labelKey,
+    value: present(labelValue, 'a label value'),
+    expected: 'a mapping of labels',
+    example: {},
+  });
+  return optional(
+    mapped(map, (value, node, path, ctx) => {
+      const star = Object.hasOwn(value, '*') ? value['*'] : undefined;
+      const onlyStar = star === '*' || (Array.isArray(star) && star.length > 0 && star.every((v) => v === '*'));
+      if (star !== undefined && !onlyStar) {
+        const n = ctx.deref(node, path);
+        const pair = isMap(n) ? n.items.find((p) => isScalar(p.key) && p.key.value === '*') : undefined;
+        ctx.report('GW_ERR_CONFIG_VALUE', join(path, '*'), isNode(pair?.value) ? pair.value : n, "the label name `*` only takes the value `*` ('*': '*' matches everything)");
+      }
+      return value as Record<string, string | string[]>;
+    }),
+  );
+}
+
+const conditions = (which: 'allow' | 'deny') =>
+  section(`What the role ${which === 'allow' ? 'grants' : 'forbids (deny wins over allow)'}.`, {
+    logins: strings('OS logins; {{internal.logins}} expands to the user\'s logins trait.', str('A login.', { check: templated('login') }), 'login'),
+    node_labels: labels('Labels of SSH nodes.'),
+    db_labels: labels('Labels of databases.'),
+    app_labels: labels('Labels of applications.'),
+    kubernetes_labels: labels('Labels of Kubernetes clusters.'),
+    windows_desktop_labels: labels('Labels of Windows desktops.'),
+    db_names: strings('Database names.', str('A database name.', { check: templated('database name') }), 'database name'),
+    db_users: strings('Database users.', str('A database user.', { check: templated('database user') }), 'database user'),
+    rules: listOf('Verbs on resources of the cluster (gwctl).', rule, { type: 'list of rules', expected: 'a list of rules' }),
+  });
+
+const roleSpec = section('The role.', {
+  allow: optional(conditions('allow')),
+  deny: optional(conditions('deny')),
+  options: optional(
+    section('Options.', {
+      max_session_ttl: str('Longest certificate lifetime for users with this role.', { type: 'duration', check: duration }),
+    }),
+  ),
+});
+
+const traits = optional(
+  mapOf<string[] | undefined>('Traits: name → values.', {
+    type: 'map: trait → list of strings',
+    key: '<trait>',
+    checkKey: (s) => void name('trait name')(s),
+    value: present(strings('Trait values.', str('A trait value.', { check: text('trait value') }), 'string'), 'a list of strings'),
+    expected: 'a mapping of traits',
+    example: {},
+  }),
+);
+
+const userSpec = section('The user.', {
+  roles: strings('Role names.', roleName, 'role name', { default: [] }),
+  traits,
+});
+
+const tokenSpec = section(
+  'The join token.',
+  {
+    roles: listOf('What the token joins as.', vocabulary('A join role.', TOKEN_ROLES), {
+      type: 'list of join roles',
+      expected: 'a list of join roles',
+      min: 1,
+      unique: (v) => v,
+    }),
+    uses: int('Joins allowed; 0 = unlimited until it expires.', { min: 0, max: Number.MAX_SAFE_INTEGER }),
+  },
+  { required: ['roles'] },
+);
+
+const keyPair = optional(
+  section(
+    'Key pair that signs requests to the identity provider.',
+    {
+      cert: str('PEM certificate.', { check: pem('certificate') }),
+      private_key: secret('PEM private key (secret).', (s) => void pem('private key')(s)),
+    },
+    { required: ['cert', 'private_key'] },
+  ),
+);
+
+const display = str('Name shown on the login button.', { check: text('display name') });
+const url = (doc: string) => str(doc, { type: 'URL', check: httpUrl });
+const mappingValue = str('Value to match: exact, glob with *, or ^regex$.', { check: pattern });
+
+const githubSpec = section(
+  'GitHub OAuth connector.',
+  {
+    client_id: str('OAuth app client ID.', { check: text('client ID') }),
+    client_secret: secret('OAuth app client secret.'),
+    redirect_url: url('Callback URL: https://<proxy>/v1/webapi/github/callback.'),
+    teams_to_roles: listOf(
+      'Team → roles mappings.',
+      section(
+        'Members of organization/team get roles.',
+        { organization: mappingValue, team: mappingValue, roles: roleNames(1) },
+        { required: ['organization', 'team', 'roles'] },
+      ),
+      { type: 'list of mappings', expected: 'a list of mappings (organization, team, roles)', min: 1 },
+    ),
+    display,
+    signing_key_pair: keyPair,
+  },
+  { required: ['client_id', 'client_secret', 'redirect_url', 'teams_to_roles'] },
+);
+
+const samlSpec = section(
+  'SAML connector.',
+  {
+    acs: url('Assertion consumer service URL: https://<proxy>/v1/webapi/saml/acs/<name>.'),
+    entity_descriptor: str("The identity provider's metadata XML.", { check: text('metadata XML') }),
+    entity_descriptor_url: url("URL of the identity provider's metadata XML."),
+    attributes_to_roles: listOf(
+      'Attribute → roles mappings.',
+      section(
+        'Users whose attribute name has a matching value get roles.',
+        { name: str('Attribute name.', { check: text('attribute name') }), value: mappingValue, roles: roleNames(1) },
+        { required: ['name', 'value', 'roles'] },
+      ),
+      { type: 'list of mappings', expected: 'a list of mappings (name, value, roles)', min: 1 },
+    ),
+    signing_key_pair: keyPair,
+    display,
+  },
+  { required: ['acs', 'attributes_to_roles'] },
+);
+
+const samlChecked = checked(samlSpec, (v, node, path, ctx) => {
+  if (v.entity_descriptor !== undefined && v.entity_descriptor_url !== undefined) {
+    ctx.report('GW_ERR_CONFIG_VALUE', join(path, 'entity_descriptor_url'), keyOf(node, 'entity_descriptor_url'), 'sets both entity_descriptor and entity_descriptor_url', 'Give exactly one of the two.');
+  } else if (v.entity_descriptor === undefined && v.entity_descriptor_url === undefined) {
+    ctx.report('GW_ERR_CONFIG_VALUE', join(path, 'entity_descriptor'), node, 'sets neither entity_descriptor nor entity_descriptor_url', 'Give exactly one of the two.');
+  }
+});
+
+const claimMapping = mapped(
+  checked(
+    section(
+      'Users whose claim has a matching value get roles.',
+      {
+        claim: str('Claim name (canonical key).', { check: text('claim name') }),
+        name: str('Claim name (alternative spelling of claim).', { check: text('claim name') }),
+        value: mappingValue,
+        roles: roleNames(1),
+      },
+      { required: ['value', 'roles'] },
+    ),
+    (v, node, path, ctx) => {
+      if (v.claim !== undefined && v.name !== undefined) {
+        ctx.report('GW_ERR_CONFIG_VALUE', join(path, 'name'), keyOf(node, 'name'), 'sets both claim and name (two spellings of the same key)', 'Keep `claim`, the canonical spelling.');
+      } else if (v.claim === undefined && v.name === undefined) {
+        ctx.report('GW_ERR_CONFIG_VALUE', join(path, 'claim'), node, 'missing required key `claim`', 'Name the claim to match: claim: groups.');
+      }
+    },
+  ),
+  (v) => ({ claim: v.claim ?? v.name, value: v.value, roles: v.roles }),
+);
+
+const oidcSpec = section(
+  'OIDC connector.',
+  {
+    issuer_url: url("The identity provider's issuer URL."),
+    client_id: str('Client ID.', { check: text('client ID') }),
+    client_secret: secret('Client secret.'),
+    redirect_url: url('Callback URL: https://<proxy>/v1/webapi/oidc/callback.'),
+    claims_to_roles: listOf('Claim → roles mappings.', claimMapping, {
+      type: 'list of mappings',
+      expected: 'a list of mappings (claim, value, roles)',
+      min: 1,
+    }),
+    signing_key_pair: keyPair,
+    display,
+  },
+  { required: ['issuer_url', 'client_id', 'client_secret', 'redirect_url', 'claims_to_roles'] },
+);
+
+const WEEKDAY_NAMES = new Map<string, Weekday | '*'>([['*', '*']]);
+for (const [i, short] of WEEKDAYS.entries()) {
+  WEEKDAY_NAMES.set(short.toLowerCase(), short);
+  WEEKDAY_NAMES.set(['sunday', 'monday', 'tuesday', 'wednesday', 'thursday', 'friday', 'saturday'][i]!, short);
+}
+
+const weekday = leaf<string | undefined>({
+  doc: 'A day: Sun..Sat or Sunday..Saturday (any case), or * for every day.',
+  type: 'weekday',
+  default: undefined,
+  defaultDoc: 'none',
+  render: (v) => v ?? '',
+  parse: (node) => {
+    const day = isScalar(node) && typeof node.value === 'string' ? WEEKDAY_NAMES.get(node.value.toLowerCase()) : undefined;
+    if (day !== undefined) return day;
+    throw new Invalid(
+      `expected a weekday (Sun, Mon, Tue, Wed, Thu, Fri, Sat, their long names, or "*"), got ${describeNode(node)}`,
+      isScalar(node) && typeof node.value === 'string' ? 'GW_ERR_CONFIG_VALUE' : 'GW_ERR_CONFIG_TYPE',
+    );
+  },
+});
+
+const weekdays = mapped(
+  listOf<string>('Days on which the window opens.', weekday as Spec<string>, {
+    type: 'list of weekdays',
+    expected: 'a list of weekdays',
+    min: 1,
+    unique: (v) => v,
+  }),
+  (value, node, path, ctx): Weekday[] | undefined => {
+    if (value === undefined) return undefined;
+    if (value.includes('*')) {
+      if (value.length > 1) {
+        ctx.report('GW_ERR_CONFIG_VALUE', path, ctx.deref(node, path), '"*" already means every day', 'Write "*" alone, or list the days.');
+      }
+      return [...WEEKDAYS];
+    }
+    return WEEKDAYS.filter((d) => value.includes(d));
+  },
+);
+
+const maintenanceSpec = section(
+  'The cluster maintenance configuration.',
+  {
+    agent_upgrades: section(
+      'When agents may upgrade: a one-hour window, weekly.',
+      {
+        utc_start_hour: int('Hour (UTC) at which the window opens; it lasts one hour.', { min: 0, max: 23 }),
+        weekdays,
+      },
+      { required: ['utc_start_hour', 'weekdays'] },
+    ),
+  },
+  { required: ['agent_upgrades'] },
+);
+
+// --- documents ---------------------------------------------------------------------------------------------------
+
+function versionOf(kind: ResourceKind) {
+  const supported = RESOURCE_VERSIONS[kind];
+  return leaf<string>({
+    doc: `Resource version: ${supported}.`,
+    type: supported,
+    default: supported,
+    render: (v) => v,
+    parse: (node) => {
+      if (!isScalar(node) || typeof node.value !== 'string') {
+        throw new Invalid(`expected the version ${supported}, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE', `Write version: ${supported}.`);
+      }
+      if (node.value !== supported) {
+        throw new Invalid(`unsupported version ${describeNode(node)} for kind ${kind}; the supported version is ${supported}`, 'GW_ERR_CONFIG_VALUE', `Write version: ${supported}.`);
+      }
+      return node.value;
+    },
+  });
+}
+
+function metadataOf(kind: ResourceKind) {
+  const nameSpec =
+    kind === 'token'
+      ? secret('The token itself (secret).', (s) => {
+          if (SPACE_OR_CONTROL.test(s)) throw new Invalid('expected a token without spaces or control characters');
+          if (s.length > 1024) throw new Invalid('expected a token of at most 1024 characters');
+        })
+      : kind === 'cluster_maintenance_config'
+        ? str('Always cluster-maintenance-config (a singleton).', {
+            default: CLUSTER_MAINTENANCE_CONFIG_NAME,
+            check: (s) => {
+              if (s !== CLUSTER_MAINTENANCE_CONFIG_NAME) {
+                throw new Invalid(
+                  `cluster_maintenance_config is a singleton named ${quote(CLUSTER_MAINTENANCE_CONFIG_NAME)}, got ${quote(s)}`,
+                  'GW_ERR_CONFIG_VALUE',
+                  'Leave metadata.name out, or write cluster-maintenance-config.',
+                );
+              }
+              return s;
+            },
+          })
+        : str(`Name of the ${kind}.`, { check: name(`${kind} name`) });
+  return section(
+    'Name, description, labels, expiry.',
+    {
+      name: nameSpec,
+      description: str('Free text.'),
+      labels: optional(
+        mapOf<string | undefined>('Labels of the resource.', {
+          type: 'map: label → string',
+          key: '<label>',
+          checkKey: labelKey,
+          value: present(str('A label value.'), 'a string'),
+          expected: 'a mapping of labels',
+          example: {},
+        }),
+      ),
+      expires: str('When the resource expires (RFC 3339).', { type: 'RFC 3339 time', check: checkRfc3339 }),
+    },
+    kind === 'cluster_maintenance_config' ? {} : { required: ['name'] },
+  );
+}
+
+const SPECS: Record<ResourceKind, Spec<unknown>> = {
+  role: roleSpec,
+  user: userSpec,
+  token: tokenSpec,
+  github: githubSpec,
+  saml: samlChecked,
+  oidc: oidcSpec,
+  cluster_maintenance_config: maintenanceSpec,
+};
+
+/** Kinds whose spec (and metadata, version) may be left out. */
+const SPEC_OPTIONAL: ReadonlySet<ResourceKind> = new Set(['role', 'user']);
+
+function documentOf(kind: ResourceKind) {
+  const singleton = kind === 'cluster_maintenance_config';
+  return section(
+    `A ${kind} resource.`,
+    {
+      kind: str('The resource kind.'),
+      version: versionOf(kind),
+      metadata: metadataOf(kind),
+      spec: SPECS[kind],
+    },
+    {
+      expected: 'a resource (a mapping with kind, version, metadata and spec)',
+      required: singleton ? ['spec'] : SPEC_OPTIONAL.has(kind) ? ['version', 'metadata'] : ['version', 'metadata', 'spec'],
+    },
+  );
+}
+
+/** The table of each kind: a section with kind, version, metadata and spec. */
+export const DOCUMENTS = Object.fromEntries(RESOURCE_KINDS.map((k) => [k, documentOf(k)])) as Record<ResourceKind, ReturnType<typeof documentOf>>;
+
+/** Field name → where it belongs, per kind, for "belongs under" hints. */
+export const KEY_INDEXES = Object.fromEntries(RESOURCE_KINDS.map((k) => [k, keyIndex(DOCUMENTS[k] as AnySpec)])) as Record<
+  ResourceKind,
+  Map<string, string[]>
+>;

@@ -1,0 +1,233 @@
+/**
+ * The resources `gwctl create / get / rm` manage: one interface per kind, and the fixed vocabularies (kinds and
+ * their versions, rule verbs, rule resource names, join roles, weekdays). The manifest validator (schema.ts) and
+ * the RBAC engine (../rbac.ts) read these tables; docs/resources.md describes them.
+ */
+
+/** Kinds a manifest may hold, with the one version of each that the gateway accepts. */
+export const RESOURCE_VERSIONS = {
+  role: 'v7',
+  user: 'v2',
+  token: 'v2',
+  github: 'v3',
+  saml: 'v2',
+  oidc: 'v3',
+  cluster_maintenance_config: 'v1',
+} as const;
+
+export type ResourceKind = keyof typeof RESOURCE_VERSIONS;
+export const RESOURCE_KINDS = Object.keys(RESOURCE_VERSIONS) as ResourceKind[];
+
+/** Verbs of role rules; `*` is every verb. */
+export const VERBS = ['list', 'read', 'create', 'update', 'delete', '*'] as const;
+export type Verb = (typeof VERBS)[number];
+
+/** Names that role rules may grant verbs on; `*` is every resource (cluster_maintenance_config included). */
+export const RULE_RESOURCES = [
+  'role',
+  'user',
+  'token',
+  'github',
+  'saml',
+  'oidc',
+  'cluster_maintenance_config',
+  'node',
+  'db',
+  'app',
+  'kube_cluster',
+  'windows_desktop',
+  'event',
+  '*',
+] as const;
+export type RuleResource = (typeof RULE_RESOURCES)[number];
+
+/** What a join token lets an agent (or proxy) join as. */
+export const TOKEN_ROLES = ['node', 'db', 'app', 'kube', 'desktop', 'proxy'] as const;
+export type TokenRole = (typeof TOKEN_ROLES)[number];
+
+/** Short weekday names in canonical order (the order weekdays are normalised to). */
+export const WEEKDAYS = ['Sun', 'Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat'] as const;
+export type Weekday = (typeof WEEKDAYS)[number];
+
+/** cluster_maintenance_config is a singleton: this is its only name. */
+export const CLUSTER_MAINTENANCE_CONFIG_NAME = 'cluster-maintenance-config';
+
+// --- the resources ---------------------------------------------------------------------------------------------
+
+export interface Metadata {
+  name: string;
+  description?: string;
+  labels?: Record<string, string>;
+  /** RFC 3339 time stamp, as written (2030-01-01T00:00:00Z). */
+  expires?: string;
+}
+
+/** Any resource; the kinds below narrow kind, version and spec. */
+export interface Resource<S = unknown> {
+  kind: string;
+  version: string;
+  metadata: Metadata;
+  spec: S;
+}
+
+/**
+ * Label selectors of a role: every key must match. A value is a literal, a glob with `*`, a regular expression
+ * written `^...$`, or a list of those (any may match). `'*': '*'` matches every resource, even one without labels.
+ */
+export type Labels = Record<string, string | string[]>;
+
+export interface Rule {
+  resources: string[];
+  verbs: Verb[];
+}
+
+export interface RoleConditions {
+  /** OS logins; `{{internal.<trait>}}` / `{{external.<trait>}}` expand to the user's trait values. */
+  logins?: string[];
+  node_labels?: Labels;
+  db_labels?: Labels;
+  app_labels?: Labels;
+  kubernetes_labels?: Labels;
+  windows_desktop_labels?: Labels;
+  db_names?: string[];
+  db_users?: string[];
+  rules?: Rule[];
+}
+
+export interface RoleOptions {
+  /** A duration such as 8h, 30m or 1h30m. */
+  max_session_ttl?: string;
+}
+
+export interface RoleSpec {
+  allow?: RoleConditions;
+  deny?: RoleConditions;
+  options?: RoleOptions;
+}
+
+export interface RoleResource extends Resource<RoleSpec> {
+  kind: 'role';
+  version: 'v7';
+}
+
+/** Trait name → values (logins, db_users, ...), as the local user database or an identity provider gives them. */
+export type Traits = Record<string, string[]>;
+
+export interface UserSpec {
+  roles: string[];
+  traits?: Traits;
+}
+
+export interface UserResource extends Resource<UserSpec> {
+  kind: 'user';
+  version: 'v2';
+}
+
+export interface TokenSpec {
+  roles: TokenRole[];
+  /** How many joins the token allows; 0 = unlimited until it expires. */
+  uses?: number;
+}
+
+/** metadata.name is the token itself: a secret (withoutSecrets replaces it with tokenId()). */
+export interface TokenResource extends Resource<TokenSpec> {
+  kind: 'token';
+  version: 'v2';
+}
+
+export interface SigningKeyPair {
+  cert: string;
+  /** Secret: only present when read with --with-secrets. */
+  private_key?: string;
+}
+
+export interface TeamMapping {
+  organization: string;
+  team: string;
+  roles: string[];
+}
+
+export interface GithubSpec {
+  client_id: string;
+  /** Secret: only present when read with --with-secrets. */
+  client_secret?: string;
+  redirect_url: string;
+  teams_to_roles: TeamMapping[];
+  display?: string;
+  signing_key_pair?: SigningKeyPair;
+}
+
+export interface GithubConnector extends Resource<GithubSpec> {
+  kind: 'github';
+  version: 'v3';
+}
+
+export interface AttributeMapping {
+  name: string;
+  value: string;
+  roles: string[];
+}
+
+export interface SamlSpec {
+  /** Assertion consumer service URL. */
+  acs: string;
+  /** The identity provider's metadata XML; exactly one of entity_descriptor and entity_descriptor_url. */
+  entity_descriptor?: string;
+  entity_descriptor_url?: string;
+  attributes_to_roles: AttributeMapping[];
+  signing_key_pair?: SigningKeyPair;
+  display?: string;
+}
+
+export interface SamlConnector extends Resource<SamlSpec> {
+  kind: 'saml';
+  version: 'v2';
+}
+
+/** `claim` is the canonical key; manifests may also write it `name` (the spelling of the seed's table). */
+export interface ClaimMapping {
+  claim: string;
+  value: string;
+  roles: string[];
+}
+
+export interface OidcSpec {
+  issuer_url: string;
+  client_id: string;
+  /** Secret: only present when read with --with-secrets. */
+  client_secret?: string;
+  redirect_url: string;
+  claims_to_roles: ClaimMapping[];
+  signing_key_pair?: SigningKeyPair;
+  display?: string;
+}
+
+export interface OidcConnector extends Resource<OidcSpec> {
+  kind: 'oidc';
+  version: 'v3';
+}
+
+export interface AgentUpgrades {
+  /** 0..23; the maintenance window is one hour from this hour (UTC). */
+  utc_start_hour: number;
+  /** Normalised: short names, canonical order, no duplicates. */
+  weekdays: Weekday[];
+}
+
+export interface ClusterMaintenanceSpec {
+  agent_upgrades: AgentUpgrades;
+}
+
+export interface ClusterMaintenanceConfig extends Resource<ClusterMaintenanceSpec> {
+  kind: 'cluster_maintenance_config';
+  version: 'v1';
+}
+
+export type AnyResource =
+  | RoleResource
+  | UserResource
+  | TokenResource
+  | GithubConnector
+  | SamlConnector
+  | OidcConnector
+  | ClusterMaintenanceConfig;
