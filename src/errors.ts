@@ -286,6 +286,24 @@ export const ERROR_CODES = {
     hint: "Rotate the cluster's certificate authorities, or check this machine's clock.",
   },
 
+  // --- version server for automatic agent upgrades (src/proxy/versions.ts) ------------------------------------
+  GW_ERR_VERSION_BAD_PATH: {
+    summary: 'A version-server request path is not .../channel/<channel>/version or .../critical (empty, "." or ".." segment, bad percent-encoding, no channel, other suffix).',
+    hint: 'Ask /v1/webapi/automaticupgrades/channel/<channel>/version (or /critical), e.g. .../channel/default/version.',
+  },
+  GW_ERR_VERSION_UNKNOWN_CHANNEL: {
+    summary: 'The version server has no channel by that name (only default and the channels in automatic_upgrades_channels exist).',
+    hint: 'Check the channel name in the agent\'s upgrader settings, or add the channel to proxy_service.automatic_upgrades_channels on every Proxy.',
+  },
+  GW_ERR_VERSION_UPSTREAM: {
+    summary: "A forward_url channel's upstream version server failed (unreachable, error status, or an answer that is not a version / yes / no); no cached value is served instead.",
+    hint: 'Check the forward_url and that the upstream answers <forward_url>/version through HTTPS_PROXY / NO_PROXY as this Proxy sees them.',
+  },
+  GW_ERR_VERSION_UPSTREAM_TIMEOUT: {
+    summary: "A forward_url channel's upstream version server did not answer within the deadline (5 s by default).",
+    hint: 'Check that the upstream is up and reachable from the Proxy (through the proxy in HTTPS_PROXY, if set); agents retry later.',
+  },
+
   // --- files (src/fsutil.ts) -------------------------------------------------------------------------------------
   GW_ERR_FS_WRITE: {
     summary: 'A file the gateway keeps (key, certificate, state) cannot be written.',
@@ -294,6 +312,20 @@ export const ERROR_CODES = {
   GW_ERR_FS_READ: {
     summary: 'A file the gateway keeps exists but cannot be read.',
     hint: 'Check the permissions of the file named in the message; keys must be readable by the gateway user.',
+  },
+
+  // --- multiplexer: sniffing, ClientHello, PROXY protocol (src/mux) -----------------------------------------------
+  GW_ERR_MUX_BAD_HELLO: {
+    summary: 'A connection on the TLS port sent a TLS ClientHello that is malformed (bad record, length past the end, bad server name or ALPN list); the message gives the reason.',
+    hint: 'The client is not speaking TLS correctly, or something between it and the Proxy alters the stream; check for a middlebox or a port scanner.',
+  },
+  GW_ERR_MUX_HELLO_TOO_LARGE: {
+    summary: 'A TLS ClientHello is larger than the multiplexer accepts (16 KiB plus record headers by default).',
+    hint: 'Real clients send far smaller hellos; if a legitimate client does, check for an unusual number of extensions or a huge server name.',
+  },
+  GW_ERR_MUX_BAD_PROXY_HEADER: {
+    summary: 'A PROXY protocol header (v1 text or v2 binary) from a load balancer is malformed, too long, or announces something the gateway refuses (UDP).',
+    hint: "Check the load balancer's PROXY protocol settings (version, TCP only) and that only it can reach this port.",
   },
 } as const satisfies Record<string, ErrorSpec>;
 

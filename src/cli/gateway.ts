@@ -2,7 +2,8 @@
 // The gateway daemon and its operator commands: start, configure, dial-plan.
 import { mkdirSync } from 'node:fs';
 import { formatHostPort } from '../addr.js';
-import { defaultConfig, enabledServices, loadConfigFile, sampleConfig, type GatewayConfig } from '../config/index.js';
+import { defaultConfig, loadConfigFile, sampleConfig, type GatewayConfig } from '../config/index.js';
+import { servicesFor, startDaemon, type StartFlags } from '../daemon.js';
 import { Dialer } from '../dial/dialer.js';
 import type { ProxyDecision } from '../dial/select.js';
 import { GatewayError, toGatewayError } from '../errors.js';
@@ -16,7 +17,12 @@ program
   .command('start')
   .description('start the services enabled in the configuration (auth + proxy with no configuration file)')
   .option('-c, --config <file>', 'YAML configuration file (see `gateway configure`)')
-  .action(async (opts: { config?: string }) => {
+  .option('--roles <roles>', 'run these roles instead of the configured ones: auth, proxy, node, db, app, kube, desktop')
+  .option('--token <token>', 'join token (first start of an agent; see `gwctl tokens add`)')
+  .option('--ca-pin <pin>', "the cluster's CA pin, sha256:<hex>, checked before the token is sent")
+  .option('--proxy <host:port>', "the Proxy's web address to join through")
+  .option('--auth-server <host:port>', "the Auth Service's address to join through, instead of --proxy")
+  .action(async (opts: { config?: string; roles?: string; token?: string; caPin?: string; proxy?: string; authServer?: string }) => {
     const config = opts.config ? loadConfigFile(opts.config) : defaultConfig();
     const { output, severity, format } = config.gateway.log;
     setRootLogger(
@@ -26,7 +32,13 @@ program
         destination: output === 'stdout' ? process.stdout : output === 'stderr' ? process.stderr : destination({ dest: output, mkdir: true }),
       }),
     );
-    await start(config);
+    await start(config, {
+      ...(opts.roles ? { roles: opts.roles.split(',') } : {}),
+      ...(opts.token ? { token: opts.token } : {}),
+      ...(opts.caPin ? { caPin: opts.caPin } : {}),
+      ...(opts.proxy ? { proxy: opts.proxy } : {}),
+      ...(opts.authServer ? { authServer: opts.authServer } : {}),
+    });
   });
 
 program
@@ -68,9 +80,9 @@ program
   });
 
 /** Runs the configured services until SIGINT / SIGTERM. */
-async function start(config: GatewayConfig): Promise<void> {
+async function start(config: GatewayConfig, flags: StartFlags): Promise<void> {
   const log = logger('gateway');
-  const services = enabledServices(config);
+  const services = servicesFor(config, flags.roles);
   if (services.length === 0) {
     throw new GatewayError('GW_ERR_CONFIG_VALUE', 'the configuration enables no service, so there is nothing to start', {
       hint: 'Set enabled: yes in at least one service section, or remove the sections to get the defaults (auth + proxy).',
@@ -84,22 +96,25 @@ async function start(config: GatewayConfig): Promise<void> {
       cause: err,
     });
   }
-  // Until services hold sockets open, this timer is what keeps the daemon's event loop alive.
+  // Signals first, so that a stop request during start-up is not lost.
+  let stopRequested: ((signal: string) => void) | undefined;
+  const stopped = new Promise<string>((resolve) => (stopRequested = resolve));
+  process.once('SIGINT', () => stopRequested?.('SIGINT'));
+  process.once('SIGTERM', () => stopRequested?.('SIGTERM'));
+  // Until every service holds sockets open, this timer is what keeps the daemon's event loop alive.
   const alive = setInterval(() => undefined, 1 << 30);
-  const stopped = new Promise<void>((resolve) => {
-    const stop = (signal: string) => {
-      log.info({ signal }, 'stopping');
-      clearInterval(alive);
-      resolve();
-    };
-    process.once('SIGINT', stop);
-    process.once('SIGTERM', stop);
-  });
-  log.info(
-    { nodename: config.gateway.nodename, data_dir: config.gateway.data_dir, services },
-    'configuration loaded; this build implements configuration and outbound dialing only, so no service listens yet',
-  );
-  await stopped;
+  try {
+    const daemon = await startDaemon(config, flags);
+    log.info(
+      { nodename: config.gateway.nodename, data_dir: config.gateway.data_dir, services: daemon.services, addresses: daemon.addresses, host_id: daemon.hostIdentity?.hostId },
+      'gateway started',
+    );
+    const signal = await stopped;
+    log.info({ signal }, 'stopping');
+    await daemon.stop();
+  } finally {
+    clearInterval(alive);
+  }
 }
 
 await runCli(program);

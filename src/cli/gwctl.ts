@@ -1,10 +1,182 @@
 #!/usr/bin/env node
-// Admin CLI: manage users, roles, tokens and cluster resources.
-// No subcommands yet: this prints its usage (see the open issues for what comes next).
+// Admin CLI: cluster status, join tokens, users, and resources (roles, connectors, cluster_maintenance_config).
+import { readFileSync } from 'node:fs';
+import type { Resource } from '../auth/resources/index.js';
+import { toJson, toYaml } from '../auth/resources/index.js';
+import type { ApiClient } from '../client/api.js';
+import { formatDuration, parseDuration } from '../duration.js';
+import { GatewayError } from '../errors.js';
+import { gwctlClient, type CredentialOptions } from './credentials.js';
+import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
 
-const program = newProgram('gwctl', 'Admin CLI: manage users, roles, tokens and cluster resources.');
-program.action(() => {
-  program.outputHelp();
-});
+const program = newProgram('gwctl', 'Admin CLI: manage users, roles, tokens and cluster resources.')
+  .option('--auth-server <host:port>', "the Auth Service's API address (uses the local admin identity of --data-dir)")
+  .option('-d, --data-dir <dir>', "the Auth Service's data directory, for its local admin identity (default /var/lib/gateway)")
+  .option('-c, --config <file>', "the gateway configuration file, to find the data directory");
+
+const client = (): ApiClient => gwctlClient(program.opts<CredentialOptions>());
+const out = (text: string): void => void process.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
+
+function list(value: string): string[] {
+  return value
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+}
+
+function table(rows: string[][]): string {
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length)));
+  return rows.map((r) => r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd()).join('\n');
+}
+
+program
+  .command('status')
+  .description('print the cluster name, version and CA pin; fails when the credentials do not work')
+  .action(async () => {
+    const s = await client().call<{ cluster_name: string; version: string; ca_pin: string; identity: { kind: string; name: string; roles: string[] } }>('GET', '/v1/status');
+    out(table([
+      ['Cluster:', s.cluster_name],
+      ['Version:', s.version],
+      ['CA pin:', s.ca_pin],
+      ['Identity:', s.identity.kind === 'admin' ? 'local admin (full permissions)' : `${s.identity.name} (roles: ${s.identity.roles.join(', ') || 'none'})`],
+    ]));
+  });
+
+const tokens = program.command('tokens').description('join tokens for agents');
+tokens
+  .command('add')
+  .description('create a join token and print it with the CA pin and a ready start command')
+  .requiredOption('--type <types>', 'comma-separated: node, db, app, kube, desktop, proxy')
+  .option('--ttl <duration>', 'how long the token is valid', '30m')
+  .option('--uses <n>', 'how many agents may join with it (0 = any number until it expires)', '1')
+  .option('--format <format>', 'text or json', 'text')
+  .action(async (opts: { type: string; ttl: string; uses: string; format: string }) => {
+    const ttlMs = parseDuration(opts.ttl, '--ttl');
+    if (!/^\d+$/.test(opts.uses)) throw new GatewayError('GW_ERR_USAGE', `--uses: "${opts.uses}" is not a whole number`);
+    const c = client();
+    const created = await c.call<{ token: string; id: string; expiresAt: string; roles: string[] }>('POST', '/v1/tokens', { roles: list(opts.type), ttl_ms: ttlMs, uses: Number(opts.uses) });
+    const status = await c.call<{ ca_pin: string; proxy_public_addr?: string }>('GET', '/v1/status');
+    const proxy = status.proxy_public_addr ?? '<proxy-host>:443';
+    const command = `gateway start --roles=${created.roles.join(',')} --token=${created.token} --ca-pin=${status.ca_pin} --proxy=${proxy}`;
+    if (opts.format === 'json') {
+      out(JSON.stringify({ token: created.token, id: created.id, roles: created.roles, expires: created.expiresAt, ca_pin: status.ca_pin, command }));
+      return;
+    }
+    out(
+      [
+        `The invite token: ${created.token}`,
+        `This token will expire in ${formatDuration(ttlMs)} (${created.expiresAt}) and can be used ${opts.uses === '0' ? 'any number of times' : `${opts.uses} time(s)`}.`,
+        `CA pin: ${status.ca_pin}`,
+        '',
+        'Run this on the new agent:',
+        '',
+        `  ${command}`,
+        '',
+        'Keep the token secret: whoever holds it can join the cluster until it expires.',
+      ].join('\n'),
+    );
+  });
+tokens
+  .command('ls')
+  .description('list join tokens (their ids; token values are never stored)')
+  .option('--format <format>', 'text or json', 'text')
+  .action(async (opts: { format: string }) => {
+    const { tokens: rows } = await client().call<{ tokens: Array<{ id: string; roles: string[]; expires: string; uses: number; used: number }> }>('GET', '/v1/tokens');
+    if (opts.format === 'json') return out(JSON.stringify(rows));
+    out(table([['Id', 'Types', 'Uses', 'Expires'], ...rows.map((t) => [t.id, t.roles.join(','), t.uses === 0 ? `${t.used}/any` : `${t.used}/${t.uses}`, t.expires])]));
+  });
+tokens
+  .command('rm')
+  .description('remove a join token, given its value or its id')
+  .argument('<token>')
+  .action(async (token: string) => {
+    await client().call('DELETE', `/v1/tokens/${encodeURIComponent(token)}`);
+    out('token removed');
+  });
+
+const users = program.command('users').description('local users');
+users
+  .command('add')
+  .description('create a user; the password is read from standard input, or prompted twice on a terminal')
+  .argument('<user>')
+  .requiredOption('--roles <roles>', 'comma-separated role names')
+  .action(async (user: string, opts: { roles: string }) => {
+    const password = await readPassword(`Password for ${user}: `, { confirm: true });
+    await client().call('POST', '/v1/users', { name: user, roles: list(opts.roles), password });
+    out(`user "${user}" has been created with roles ${list(opts.roles).join(', ')}`);
+  });
+users
+  .command('update')
+  .description("set a user's roles (takes effect when the user signs in again)")
+  .argument('<user>')
+  .requiredOption('--set-roles <roles>', 'comma-separated role names')
+  .action(async (user: string, opts: { setRoles: string }) => {
+    await client().call('PUT', `/v1/users/${encodeURIComponent(user)}/roles`, { roles: list(opts.setRoles) });
+    out(`user "${user}" now has roles ${list(opts.setRoles).join(', ')}; they take effect after 'gwsh logout' and 'gwsh login'`);
+  });
+users
+  .command('ls')
+  .description('list users')
+  .option('--format <format>', 'text or json', 'text')
+  .action(async (opts: { format: string }) => {
+    const { users: rows } = await client().call<{ users: Array<{ metadata: { name: string }; spec: { roles: string[] } }> }>('GET', '/v1/users');
+    if (opts.format === 'json') return out(JSON.stringify(rows));
+    out(table([['User', 'Roles'], ...rows.map((u) => [u.metadata.name, u.spec.roles.join(',')])]));
+  });
+users
+  .command('rm')
+  .description('remove a user')
+  .argument('<user>')
+  .action(async (user: string) => {
+    await client().call('DELETE', `/v1/users/${encodeURIComponent(user)}`);
+    out(`user "${user}" has been removed`);
+  });
+
+program
+  .command('create')
+  .description('create the resources of a YAML manifest (several documents allowed); all or nothing')
+  .argument('<file>', 'manifest file, or - for standard input')
+  .option('-f, --force', 'create or overwrite')
+  .action(async (file: string, opts: { force?: boolean }) => {
+    let manifest: string;
+    try {
+      manifest = file === '-' ? readFileSync(0, 'utf8') : readFileSync(file, 'utf8');
+    } catch (err) {
+      throw new GatewayError('GW_ERR_USAGE', `cannot read ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+    }
+    const { messages } = await client().call<{ messages: string[] }>('POST', '/v1/resources', { manifest, source: file, overwrite: opts.force === true });
+    for (const m of messages) out(m);
+  });
+
+program
+  .command('get')
+  .description('print resources: KIND (all of them) or KIND/NAME')
+  .argument('<ref>', 'role, user, token, github, saml, oidc, cluster_maintenance_config, node (KIND or KIND/NAME)')
+  .option('--format <format>', 'yaml or json', 'yaml')
+  .option('--with-secrets', "include secrets such as a connector's signing_key_pair.private_key")
+  .action(async (ref: string, opts: { format: string; withSecrets?: boolean }) => {
+    const slash = ref.indexOf('/');
+    const kind = slash < 0 ? ref : ref.slice(0, slash);
+    const name = slash < 0 ? undefined : ref.slice(slash + 1);
+    if (opts.format !== 'yaml' && opts.format !== 'json') throw new GatewayError('GW_ERR_USAGE', `--format: "${opts.format}" is not yaml or json`);
+    const path = `/v1/resources/${encodeURIComponent(kind)}${name === undefined ? '' : `/${encodeURIComponent(name)}`}${opts.withSecrets ? '?with_secrets=1' : ''}`;
+    const { resources } = await client().call<{ resources: Resource[] }>('GET', path);
+    out(opts.format === 'json' ? toJson(resources) : toYaml(resources));
+    if (opts.withSecrets) {
+      process.stderr.write('warning: this output contains secrets (private keys); delete any file you saved it to once you are done with it.\n');
+    }
+  });
+
+program
+  .command('rm')
+  .description('remove a resource')
+  .argument('<ref>', 'KIND/NAME')
+  .action(async (ref: string) => {
+    const slash = ref.indexOf('/');
+    if (slash < 1 || slash === ref.length - 1) throw new GatewayError('GW_ERR_USAGE', `"${ref}" is not KIND/NAME`);
+    await client().call('DELETE', `/v1/resources/${encodeURIComponent(ref.slice(0, slash))}/${encodeURIComponent(ref.slice(slash + 1))}`);
+    out(`${ref} has been removed`);
+  });
+
 await runCli(program);

@@ -5,7 +5,8 @@
 import { Command, CommanderError } from 'commander';
 import { GatewayError, toGatewayError } from '../errors.js';
 
-export const VERSION = '17.0.0-dev';
+export { VERSION } from '../version.js';
+import { VERSION } from '../version.js';
 
 /** Exit statuses: 1 for a failure of the operation, 2 for a command line that cannot be understood. */
 export const EXIT_FAILURE = 1;

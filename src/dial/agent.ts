@@ -45,6 +45,11 @@ export interface FetchOptions {
   /** Extra CA (PEM) trusted for the server, e.g. the cluster CA once pinned; or false to skip verification (only for fetching a CA that is then checked against a pin). */
   ca?: string | Buffer | Array<string | Buffer>;
   rejectUnauthorized?: boolean;
+  /** Client certificate and key (PEM) for mutual TLS. */
+  cert?: string;
+  key?: string;
+  /** Request body (sent with content-length). */
+  body?: string | Buffer;
   timeoutMs?: number;
   /** Largest body accepted; bigger answers are an error rather than unbounded memory. */
   maxBodyBytes?: number;
@@ -76,6 +81,7 @@ export function fetchThroughDialer(url: string, options: FetchOptions): Promise<
         agent,
         ...(options.ca === undefined ? {} : { ca: options.ca }),
         ...(options.rejectUnauthorized === undefined ? {} : { rejectUnauthorized: options.rejectUnauthorized }),
+        ...(options.cert === undefined ? {} : { cert: options.cert, key: options.key }),
         ...(options.signal ? { signal: options.signal } : {}),
         timeout: timeoutMs,
       },
@@ -98,6 +104,6 @@ export function fetchThroughDialer(url: string, options: FetchOptions): Promise<
       req.destroy(new GatewayError('GW_ERR_HTTP_TIMEOUT', `${u.origin}${u.pathname} did not answer within ${timeoutMs} ms`)),
     );
     req.on('error', (err) => reject(err instanceof GatewayError ? err : new GatewayError('GW_ERR_HTTP_FAILED', `request to ${u.origin}${u.pathname} failed: ${err.message}`, { cause: err })));
-    req.end();
+    req.end(options.body);
   }).finally(() => agent.destroy());
 }

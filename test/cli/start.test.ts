@@ -20,17 +20,17 @@ describe('gateway start', () => {
   it('loads a configuration, prepares the data directory, and stops cleanly on SIGTERM', async () => {
     const dataDir = join(dir, 'data');
     const file = join(dir, 'gateway.yaml');
-    await writeFile(file, `gateway:\n  nodename: node-1\n  data_dir: ${dataDir}\n  log:\n    format: json\nauth_service:\n  cluster_name: test\nproxy_service:\n  enabled: "yes"\n`);
+    await writeFile(file, `gateway:\n  nodename: node-1\n  data_dir: ${dataDir}\n  log:\n    format: json\nauth_service:\n  cluster_name: test\n  listen_addr: 127.0.0.1:0\nproxy_service:\n  enabled: "yes"\n  web_listen_addr: 127.0.0.1:0\n`);
     const child = spawn(process.execPath, [GATEWAY, 'start', '-c', file], { stdio: ['ignore', 'pipe', 'pipe'] });
     let stderr = '';
     await new Promise<void>((resolve, reject) => {
       child.stderr.on('data', (c: Buffer) => {
         stderr += c.toString();
-        if (stderr.includes('configuration loaded')) resolve();
+        if (stderr.includes('gateway started')) resolve();
       });
       child.once('exit', (code) => reject(new Error(`exited early with ${code}: ${stderr}`)));
     });
-    const line = JSON.parse(stderr.split('\n').find((l) => l.includes('configuration loaded'))!) as { services: string[]; nodename: string };
+    const line = JSON.parse(stderr.split('\n').find((l) => l.includes('gateway started'))!) as { services: string[]; nodename: string };
     expect(line.services).toEqual(['auth_service', 'proxy_service']);
     expect(line.nodename).toBe('node-1');
     expect((await stat(dataDir)).mode & 0o777).toBe(0o700);
@@ -73,14 +73,17 @@ describe('gateway configure', () => {
     expect(r.status).toBe(0);
     expect(r.stdout).toMatch(/^#/m);
     const file = join(dir, 'sample.yaml');
-    // Point the data directory somewhere writable; everything else as printed.
-    await writeFile(file, r.stdout.replace(/data_dir: .*/, `data_dir: ${join(dir, 'sample-data')}`));
+    // Point the data directory somewhere writable and listeners at free ports; everything else as printed.
+    const text = r.stdout
+      .replace(/data_dir: .*/, `data_dir: ${join(dir, 'sample-data')}`)
+      .replace(/^(\s*)(listen_addr|web_listen_addr): .*$/gm, '$1$2: 127.0.0.1:0');
+    await writeFile(file, text);
     const child = spawn(process.execPath, [GATEWAY, 'start', '-c', file], { stdio: ['ignore', 'ignore', 'pipe'] });
     let stderr = '';
     const outcome = await new Promise<string>((resolve) => {
       child.stderr.on('data', (c: Buffer) => {
         stderr += c.toString();
-        if (stderr.includes('configuration loaded')) resolve('started');
+        if (stderr.includes('gateway started')) resolve('started');
       });
       child.once('exit', (code) => resolve(`exited ${code}: ${stderr}`));
     });

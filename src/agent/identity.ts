@@ -1,0 +1,105 @@
+/**
+ * An agent's host identity: obtained once with a join token (the trust connection on the Proxy's web port,
+ * through the Dialer, the CA checked against the pin before the token is sent), then kept in
+ * <data_dir>/host/ so that a restart needs no token.
+ */
+import { mkdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { generateKeyPair, identityFromCert, type Identity } from '../auth/pki.js';
+import type { CertBundle, JoinRole } from '../auth/service.js';
+import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
+import type { Dialer } from '../dial/dialer.js';
+import { GatewayError } from '../errors.js';
+import { writePublicFile, writeSecretFile } from '../fsutil.js';
+import { logger } from '../log.js';
+
+export interface HostIdentity {
+  hostId: string;
+  cluster: string;
+  roles: JoinRole[];
+  nodename: string;
+  /** Where it joined: the Proxy (or Auth Service) address. */
+  server: string;
+  key: string;
+  cert: string;
+  sshCert: string;
+  hostCa: string;
+  userCa: string;
+  identity: Identity;
+}
+
+export interface JoinOptions {
+  dataDir: string;
+  server: string;
+  token: string;
+  caPin: string;
+  roles: JoinRole[];
+  nodename: string;
+  publicAddrs: string[];
+  dialer: Dialer;
+}
+
+const DIR = 'host';
+
+export function loadHostIdentity(dataDir: string): HostIdentity | undefined {
+  const dir = join(dataDir, DIR);
+  let meta: { hostId: string; cluster: string; roles: JoinRole[]; nodename: string; server: string };
+  try {
+    meta = JSON.parse(readFileSync(join(dir, 'identity.json'), 'utf8')) as typeof meta;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw new GatewayError('GW_ERR_AGENT_IDENTITY', `cannot read the host identity in ${dir}: ${(err as Error).message}`, {
+      hint: `Remove ${dir} and join again with a new token.`,
+    });
+  }
+  const cert = readFileSync(join(dir, 'cert.pem'), 'utf8');
+  return {
+    ...meta,
+    key: readFileSync(join(dir, 'key.pem'), 'utf8'),
+    cert,
+    sshCert: readFileSync(join(dir, 'ssh-cert.pub'), 'utf8').trim(),
+    hostCa: readFileSync(join(dir, 'host-ca.pem'), 'utf8'),
+    userCa: readFileSync(join(dir, 'user-ca.pem'), 'utf8'),
+    identity: identityFromCert(cert),
+  };
+}
+
+export async function joinCluster(options: JoinOptions): Promise<HostIdentity> {
+  const log = logger('join');
+  const server = normalizeAddress(options.server);
+  // 1. Trust: the CA, fetched without trusting the connection, must match the pin. Nothing secret is sent before.
+  const cas = await fetchPinnedCas(server, options.caPin, options.dialer);
+  log.info({ server, cluster: cas.cluster_name }, 'cluster CA matches the pin; joining');
+  // 2. Join over TLS verified against that CA.
+  const keys = generateKeyPair();
+  const client = new ApiClient({ address: server, dialer: options.dialer, ca: cas.host_ca });
+  const bundle = await client.call<CertBundle & { hostId: string }>('POST', '/webapi/join', {
+    token: options.token,
+    roles: options.roles,
+    nodename: options.nodename,
+    public_addrs: options.publicAddrs,
+    public_key: keys.publicKeyPem,
+    ssh_public_key: keys.sshPublicKey,
+  });
+  saveHostIdentity(options.dataDir, keys.privateKeyPem, bundle, { roles: options.roles, nodename: options.nodename, server });
+  log.info({ hostId: bundle.hostId, cluster: bundle.clusterName, roles: options.roles }, 'joined the cluster');
+  return loadHostIdentity(options.dataDir)!;
+}
+
+/** Writes what a join returned into <dataDir>/host/ (private key and certificates 0600). */
+export function saveHostIdentity(
+  dataDir: string,
+  privateKeyPem: string,
+  bundle: CertBundle & { hostId: string },
+  meta: { roles: JoinRole[]; nodename: string; server: string },
+): void {
+  const dir = join(dataDir, DIR);
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  writeSecretFile(join(dir, 'key.pem'), privateKeyPem);
+  writeSecretFile(join(dir, 'cert.pem'), bundle.tlsCert);
+  writeSecretFile(join(dir, 'ssh-cert.pub'), `${bundle.sshCert}\n`);
+  writePublicFile(join(dir, 'host-ca.pem'), bundle.hostCaPem);
+  writePublicFile(join(dir, 'user-ca.pem'), bundle.userCaPem);
+  const record = { hostId: bundle.hostId, cluster: bundle.clusterName, ...meta };
+  writeSecretFile(join(dir, 'identity.json'), `${JSON.stringify(record, null, 2)}\n`);
+}

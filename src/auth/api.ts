@@ -1,0 +1,269 @@
+/**
+ * The Auth Service over HTTPS: JSON in, JSON out, one router for both places it is served.
+ *
+ *   public (no client certificate needed)     authenticated (client certificate from this cluster)
+ *   GET  /webapi/ca                            GET    /v1/status
+ *   POST /webapi/join                          GET    /v1/users            POST /v1/users
+ *   POST /webapi/login                         PUT    /v1/users/:name/roles DELETE /v1/users/:name
+ *                                              GET    /v1/tokens           POST /v1/tokens   DELETE /v1/tokens/:id
+ *                                              POST   /v1/resources        (a YAML manifest; validated here)
+ *                                              GET    /v1/resources/:kind[/:name][?with_secrets=1]
+ *                                              DELETE /v1/resources/:kind/:name
+ *
+ * The Auth API on 3025 requires a client certificate for everything but the public routes; the Proxy's web
+ * port serves the same router (its TLS asks for, but does not require, a client certificate). Errors are
+ * {"error": {"code", "message", "hint"}} with an HTTP status chosen from the code.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { X509Certificate } from 'node:crypto';
+import type { TLSSocket } from 'node:tls';
+import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { logger } from '../log.js';
+import { clientAddress } from '../mux/clientaddr.js';
+import { identityFromCert, type Identity } from './pki.js';
+import { parseManifest } from './resources/index.js';
+import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
+
+const MAX_BODY = 1024 * 1024;
+
+const STATUS: Partial<Record<ErrorCode, number>> = {
+  GW_ERR_API_BAD_REQUEST: 400,
+  GW_ERR_RESOURCE_INVALID: 400,
+  GW_ERR_RESOURCE_KIND: 400,
+  GW_ERR_AUTH_WEAK_PASSWORD: 400,
+  GW_ERR_AUTH_UNAUTHENTICATED: 401,
+  GW_ERR_AUTH_LOGIN_FAILED: 401,
+  GW_ERR_AUTH_TOKEN_UNKNOWN: 401,
+  GW_ERR_AUTH_TOKEN_EXPIRED: 401,
+  GW_ERR_AUTH_TOKEN_USED: 401,
+  GW_ERR_AUTH_TOKEN_WRONG_TYPE: 403,
+  GW_ERR_ACCESS_DENIED: 403,
+  GW_ERR_API_NOT_FOUND: 404,
+  GW_ERR_RESOURCE_NOT_FOUND: 404,
+  GW_ERR_RESOURCE_EXISTS: 409,
+  GW_ERR_API_TOO_LARGE: 413,
+  GW_ERR_AUTH_RATE_LIMITED: 429,
+};
+
+export function statusFor(code: ErrorCode): number {
+  return STATUS[code] ?? 500;
+}
+
+type Handler = (ctx: Ctx) => Promise<unknown>;
+
+interface Ctx {
+  req: IncomingMessage;
+  params: Record<string, string>;
+  query: URLSearchParams;
+  body: () => Promise<Record<string, unknown>>;
+  caller: () => Identity;
+  source: string;
+}
+
+interface Route {
+  method: string;
+  pattern: RegExp;
+  keys: string[];
+  handler: Handler;
+}
+
+function route(method: string, path: string, handler: Handler): Route {
+  const keys: string[] = [];
+  const pattern = new RegExp(
+    `^${path.replace(/:([a-z_]+)\*?/g, (m, key: string) => {
+      keys.push(key);
+      return m.endsWith('*') ? '(.+)' : '([^/]+)';
+    })}$`,
+  );
+  return { method, pattern, keys, handler };
+}
+
+function bad(message: string): GatewayError {
+  return new GatewayError('GW_ERR_API_BAD_REQUEST', message);
+}
+
+function str(body: Record<string, unknown>, key: string, options: { optional?: boolean; max?: number } = {}): string {
+  const v = body[key];
+  if (v === undefined && options.optional) return '';
+  if (typeof v !== 'string') throw bad(`"${key}" must be a string`);
+  if (v.length > (options.max ?? 16_384)) throw bad(`"${key}" is too long`);
+  return v;
+}
+
+function strList(body: Record<string, unknown>, key: string): string[] {
+  const v = body[key];
+  if (!Array.isArray(v) || !v.every((x) => typeof x === 'string')) throw bad(`"${key}" must be a list of strings`);
+  return v as string[];
+}
+
+function joinRoles(body: Record<string, unknown>, key: string): JoinRole[] {
+  const roles = strList(body, key);
+  for (const r of roles) if (!JOIN_ROLES.includes(r as JoinRole)) throw bad(`"${r}" is not a service type (${JOIN_ROLES.join(', ')})`);
+  return roles as JoinRole[];
+}
+
+async function readBody(req: IncomingMessage): Promise<Record<string, unknown>> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req) {
+    size += (chunk as Buffer).length;
+    if (size > MAX_BODY) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body over ${MAX_BODY} bytes`);
+    chunks.push(chunk as Buffer);
+  }
+  if (size === 0) return {};
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+  } catch {
+    throw bad('the request body is not valid JSON');
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw bad('the request body must be a JSON object');
+  return parsed as Record<string, unknown>;
+}
+
+/** The caller's identity from its client certificate, checked against the CA that must have signed that kind. */
+export function peerIdentity(auth: AuthService, req: IncomingMessage): Identity {
+  const socket = req.socket as TLSSocket;
+  const unauthenticated = (why: string) =>
+    new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `no valid client certificate from this cluster: ${why}`, {
+      hint: "Sign in with 'gwsh login', or on the Auth Service's machine run gwctl with access to its data directory.",
+    });
+  if (typeof socket.getPeerCertificate !== 'function') throw unauthenticated('not a TLS connection');
+  const peer = socket.getPeerCertificate(true);
+  if (!peer || !peer.raw) throw unauthenticated('none was presented');
+  if (!socket.authorized) throw unauthenticated(String(socket.authorizationError ?? 'not signed by this cluster'));
+  const identity = identityFromCert(peer.raw);
+  const expectedCa = identity.kind === 'host' ? auth.host.tls.certPem : auth.user.tls.certPem;
+  const issuer = peer.issuerCertificate;
+  if (!issuer?.raw || new X509Certificate(issuer.raw).fingerprint256 !== new X509Certificate(expectedCa).fingerprint256) {
+    throw unauthenticated(`a ${identity.kind} certificate must be signed by the ${identity.kind === 'host' ? 'host' : 'user'} CA`);
+  }
+  if (identity.cluster !== auth.clusterName) throw unauthenticated(`certificate is for cluster "${identity.cluster}"`);
+  return identity;
+}
+
+export function createApiHandler(auth: AuthService): (req: IncomingMessage, res: ServerResponse) => void {
+  const log = logger('api');
+  const routes: Route[] = [
+    route('GET', '/webapi/ca', async () => auth.publicCas()),
+    route('POST', '/webapi/join', async ({ body, source }) => {
+      const b = await body();
+      const bundle = await auth.join({
+        token: str(b, 'token', { max: 512 }),
+        roles: joinRoles(b, 'roles'),
+        nodename: str(b, 'nodename', { max: 256 }),
+        publicAddrs: b.public_addrs === undefined ? [] : strList(b, 'public_addrs'),
+        publicKeyPem: str(b, 'public_key'),
+        sshPublicKey: str(b, 'ssh_public_key'),
+        source,
+      });
+      return bundle;
+    }),
+    route('POST', '/webapi/login', async ({ body, source }) => {
+      const b = await body();
+      const ttl = b.ttl_ms;
+      if (ttl !== undefined && (typeof ttl !== 'number' || !(ttl > 0))) throw bad('"ttl_ms" must be a positive number');
+      const bundle = await auth.login({
+        username: str(b, 'username', { max: 256 }),
+        password: str(b, 'password', { max: 4096 }),
+        publicKeyPem: str(b, 'public_key'),
+        sshPublicKey: str(b, 'ssh_public_key'),
+        ...(typeof ttl === 'number' ? { ttlMs: ttl } : {}),
+        source,
+      });
+      return bundle;
+    }),
+    route('GET', '/v1/status', async ({ caller }) => auth.status(caller())),
+    route('GET', '/v1/users', async ({ caller }) => ({ users: await auth.listUsers(caller()) })),
+    route('POST', '/v1/users', async ({ caller, body }) => {
+      const b = await body();
+      return { user: await auth.addUser(caller(), str(b, 'name', { max: 256 }), strList(b, 'roles'), str(b, 'password', { max: 4096 })) };
+    }),
+    route('PUT', '/v1/users/:name/roles', async ({ caller, body, params }) => ({
+      user: await auth.setUserRoles(caller(), params.name!, strList(await body(), 'roles')),
+    })),
+    route('DELETE', '/v1/users/:name', async ({ caller, params }) => {
+      await auth.removeUser(caller(), params.name!);
+      return { removed: params.name };
+    }),
+    route('GET', '/v1/tokens', async ({ caller }) => ({ tokens: await auth.listTokens(caller()) })),
+    route('POST', '/v1/tokens', async ({ caller, body }) => {
+      const b = await body();
+      const ttl = b.ttl_ms;
+      const uses = b.uses;
+      if (ttl !== undefined && typeof ttl !== 'number') throw bad('"ttl_ms" must be a number');
+      if (uses !== undefined && (typeof uses !== 'number' || !Number.isInteger(uses) || uses < 0)) throw bad('"uses" must be a whole number, 0 for unlimited');
+      return auth.addToken(caller(), {
+        roles: joinRoles(b, 'roles'),
+        ...(typeof ttl === 'number' ? { ttlMs: ttl } : {}),
+        ...(typeof uses === 'number' ? { uses } : {}),
+      });
+    }),
+    route('DELETE', '/v1/tokens/:id', async ({ caller, params }) => {
+      await auth.removeToken(caller(), params.id!);
+      return { removed: true };
+    }),
+    route('POST', '/v1/resources', async ({ caller, body }) => {
+      const b = await body();
+      const who = caller();
+      const resources = parseManifest(str(b, 'manifest', { max: MAX_BODY }), str(b, 'source', { optional: true, max: 1024 }) || 'manifest');
+      if (resources.length === 0) throw new GatewayError('GW_ERR_RESOURCE_INVALID', 'the manifest holds no resource');
+      return { messages: await auth.createResources(who, resources, b.overwrite === true) };
+    }),
+    route('GET', '/v1/resources/:kind', async ({ caller, params, query }) => ({
+      resources: await auth.getResources(caller(), params.kind!, undefined, query.get('with_secrets') === '1'),
+    })),
+    route('GET', '/v1/resources/:kind/:name*', async ({ caller, params, query }) => ({
+      resources: await auth.getResources(caller(), params.kind!, params.name!, query.get('with_secrets') === '1'),
+    })),
+    route('DELETE', '/v1/resources/:kind/:name*', async ({ caller, params }) => {
+      await auth.removeResource(caller(), params.kind!, params.name!);
+      return { removed: `${params.kind}/${params.name}` };
+    }),
+  ];
+
+  return (req, res) => {
+    const url = new URL(req.url ?? '/', 'https://gateway.invalid');
+    const source = clientAddress(req.socket).address;
+    const send = (status: number, payload: unknown) => {
+      const text = JSON.stringify(payload);
+      res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
+      res.end(text);
+    };
+    const pathMatches = routes.filter((r) => r.pattern.test(url.pathname));
+    const chosen = pathMatches.find((r) => r.method === req.method);
+    if (!chosen) {
+      const status = pathMatches.length === 0 ? 404 : 405;
+      const message = status === 404 ? `no such endpoint: ${url.pathname}` : `${req.method} is not allowed on ${url.pathname}`;
+      send(status, { error: { code: status === 404 ? 'GW_ERR_API_NOT_FOUND' : 'GW_ERR_API_BAD_REQUEST', message, hint: 'Check that the client and the server run the same version.' } });
+      return;
+    }
+    const found = chosen.pattern.exec(url.pathname)!;
+    const params: Record<string, string> = {};
+    try {
+      chosen.keys.forEach((k, i) => (params[k] = decodeURIComponent(found[i + 1]!)));
+    } catch {
+      send(400, { error: bad('the request path has a bad percent-encoding').toJSON() });
+      return;
+    }
+    let identity: Identity | undefined;
+    const ctx: Ctx = {
+      req,
+      params,
+      query: url.searchParams,
+      body: () => readBody(req),
+      caller: () => (identity ??= peerIdentity(auth, req)),
+      source,
+    };
+    chosen
+      .handler(ctx)
+      .then((result) => send(200, result))
+      .catch((err: unknown) => {
+        const e = toGatewayError(err);
+        const status = statusFor(e.code);
+        if (status >= 500) log.error({ err: e, path: url.pathname }, 'request failed');
+        else log.debug({ code: e.code, path: url.pathname }, 'request refused');
+        send(status, { error: e.toJSON() });
+      });
+  };
+}

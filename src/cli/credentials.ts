@@ -1,0 +1,54 @@
+/**
+ * Which identity gwctl acts with:
+ *  1. --auth-server, --data-dir or -c given: the Auth Service's local admin identity from the data directory
+ *     (full permissions; whoever can read <data_dir>/admin/ is an administrator), against the Auth API.
+ *  2. otherwise the gwsh profile (the signed-in user and their roles), against the Proxy's web port.
+ *  3. otherwise the local admin identity of the default data directory, if readable.
+ */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { ApiClient } from '../client/api.js';
+import { loadProfile } from '../client/profile.js';
+import { loadConfigFile } from '../config/index.js';
+import { GatewayError } from '../errors.js';
+
+export interface CredentialOptions {
+  authServer?: string;
+  dataDir?: string;
+  config?: string;
+}
+
+export const DEFAULT_DATA_DIR = '/var/lib/gateway';
+
+function adminClient(dataDir: string, authServer: string | undefined, explicit: boolean): ApiClient | undefined {
+  const dir = join(dataDir, 'admin');
+  try {
+    const key = readFileSync(join(dir, 'key.pem'), 'utf8');
+    const cert = readFileSync(join(dir, 'cert.pem'), 'utf8');
+    const ca = readFileSync(join(dir, 'host-ca.pem'), 'utf8');
+    const address = authServer ?? readFileSync(join(dir, 'auth-addr'), 'utf8').trim();
+    return new ApiClient({ address, ca, cert, key });
+  } catch (err) {
+    if (!explicit) return undefined;
+    const e = err as NodeJS.ErrnoException;
+    throw new GatewayError('GW_ERR_CLIENT_NO_CREDENTIALS', `cannot use the local admin identity in ${dir}: ${e.code ?? e.message}`, {
+      hint: e.code === 'EACCES' ? 'Run gwctl as the user that runs the Auth Service (often root).' : 'Start the Auth Service with this data directory first.',
+    });
+  }
+}
+
+export function gwctlClient(options: CredentialOptions): ApiClient {
+  if (options.authServer || options.dataDir || options.config) {
+    const dataDir = options.dataDir ?? (options.config ? loadConfigFile(options.config).gateway.data_dir : DEFAULT_DATA_DIR);
+    return adminClient(dataDir, options.authServer, true)!;
+  }
+  const profile = loadProfile();
+  if (profile) {
+    return new ApiClient({ address: profile.proxy, ca: profile.hostCa, cert: profile.cert, key: profile.key });
+  }
+  const local = adminClient(DEFAULT_DATA_DIR, undefined, false);
+  if (local) return local;
+  throw new GatewayError('GW_ERR_CLIENT_NO_CREDENTIALS', 'no credentials: not signed in, and no local Auth Service data directory is readable', {
+    hint: "Sign in with 'gwsh login --proxy=HOST:PORT --user=USER', or run gwctl on the Auth Service's machine (with --data-dir if it is not /var/lib/gateway).",
+  });
+}

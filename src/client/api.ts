@@ -1,0 +1,106 @@
+/**
+ * Calls to the gateway's HTTPS API (the Proxy's web port or the Auth API on 3025) through the Dialer, so they
+ * honour HTTPS_PROXY / NO_PROXY. Server errors come back as GatewayErrors with the server's code.
+ */
+import { Dialer } from '../dial/dialer.js';
+import { fetchThroughDialer } from '../dial/agent.js';
+import { formatHostPort, parseAddr } from '../addr.js';
+import { ERROR_CODES, GatewayError, type ErrorCode } from '../errors.js';
+import { pinMatches } from '../auth/pki.js';
+import type { PublicCas } from '../auth/service.js';
+
+export interface ApiClientOptions {
+  /** host:port of the Proxy's web port or the Auth API. */
+  address: string;
+  dialer?: Dialer;
+  /** Host CA (PEM) the server certificate must chain to; omit to use the system's CAs. */
+  ca?: string;
+  /** Client certificate and key for calls that need an identity. */
+  cert?: string;
+  key?: string;
+  timeoutMs?: number;
+}
+
+export class ApiClient {
+  readonly address: string;
+  private readonly dialer: Dialer;
+
+  constructor(private readonly options: ApiClientOptions) {
+    this.address = normalizeAddress(options.address);
+    this.dialer = options.dialer ?? new Dialer();
+  }
+
+  async call<T>(method: string, path: string, body?: unknown): Promise<T> {
+    const text = body === undefined ? undefined : JSON.stringify(body);
+    const res = await fetchThroughDialer(`https://${this.address}${path}`, {
+      dialer: this.dialer,
+      method,
+      headers: text === undefined ? {} : { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) },
+      ...(text === undefined ? {} : { body: text }),
+      ...(this.options.ca === undefined ? {} : { ca: this.options.ca }),
+      ...(this.options.cert === undefined ? {} : { cert: this.options.cert, key: this.options.key }),
+      timeoutMs: this.options.timeoutMs ?? 30_000,
+    }).catch((err: unknown) => {
+      throw untrustedHint(err, this.address);
+    });
+    let payload: unknown;
+    try {
+      payload = JSON.parse(res.body.toString('utf8'));
+    } catch {
+      throw new GatewayError('GW_ERR_API_BAD_RESPONSE', `${this.address}${path} answered ${res.status} with a body that is not JSON`, {
+        hint: 'The address may not be a gateway Proxy or Auth Service.',
+      });
+    }
+    if (res.status >= 400) {
+      const e = (payload as { error?: { code?: string; message?: string; hint?: string } }).error ?? {};
+      const code = (e.code && e.code in ERROR_CODES ? e.code : 'GW_ERR_API_BAD_RESPONSE') as ErrorCode;
+      throw new GatewayError(code, e.message ?? `HTTP ${res.status}`, { ...(e.hint ? { hint: e.hint } : {}), details: { status: res.status } });
+    }
+    return payload as T;
+  }
+}
+
+/** "host" → "host:443"; validates the form. */
+export function normalizeAddress(address: string): string {
+  try {
+    const { host, port } = parseAddr(address);
+    return formatHostPort(host, port ?? 443);
+  } catch (err) {
+    throw new GatewayError('GW_ERR_USAGE', `"${address}" is not a host:port address: ${(err as Error).message}`);
+  }
+}
+
+function untrustedHint(err: unknown, address: string): unknown {
+  if (!(err instanceof GatewayError) || err.code !== 'GW_ERR_HTTP_FAILED') return err;
+  const cause = err.cause as NodeJS.ErrnoException | undefined;
+  const tlsCodes = ['UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'SELF_SIGNED_CERT_IN_CHAIN', 'DEPTH_ZERO_SELF_SIGNED_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'ERR_TLS_CERT_ALTNAME_INVALID', 'CERT_HAS_EXPIRED'];
+  if (cause?.code && tlsCodes.includes(cause.code)) {
+    return new GatewayError('GW_ERR_CLIENT_UNTRUSTED', `the certificate of ${address} is not trusted: ${cause.message}`, {
+      hint: "Pass the cluster's CA pin with --ca-pin sha256:... ('gwctl status' prints it), so that the cluster CA is trusted after checking it.",
+      cause,
+    });
+  }
+  return err;
+}
+
+/**
+ * Fetches the cluster's CAs over an unverified TLS connection and accepts them only if the host CA matches the
+ * pin. Nothing secret is sent on that connection; everything after it verifies the server against the pinned CA.
+ */
+export async function fetchPinnedCas(address: string, pin: string, dialer?: Dialer): Promise<PublicCas> {
+  const addr = normalizeAddress(address);
+  const res = await fetchThroughDialer(`https://${addr}/webapi/ca`, { dialer: dialer ?? new Dialer(), rejectUnauthorized: false, timeoutMs: 30_000 });
+  let cas: PublicCas;
+  try {
+    cas = JSON.parse(res.body.toString('utf8')) as PublicCas;
+  } catch {
+    throw new GatewayError('GW_ERR_API_BAD_RESPONSE', `${addr} did not answer /webapi/ca with JSON`, { hint: 'Check that the address is the Proxy (or Auth Service) of the cluster.' });
+  }
+  if (typeof cas.host_ca !== 'string') throw new GatewayError('GW_ERR_API_BAD_RESPONSE', `${addr} sent no host CA`);
+  if (!pinMatches(cas.host_ca, pin)) {
+    throw new GatewayError('GW_ERR_AUTH_PIN_MISMATCH', `the CA of ${addr} does not match the pin ${pin}`, {
+      hint: "Check the pin ('gwctl status' on the cluster prints it) and that the address is the right cluster; nothing was sent to it.",
+    });
+  }
+  return cas;
+}

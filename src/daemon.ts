@@ -1,0 +1,268 @@
+/**
+ * `gateway start`: opens the roles the configuration (or --roles) enables, in one process.
+ *
+ *   auth    backend (SQLite in the data directory), AuthService, its API on auth_service.listen_addr (mTLS),
+ *           and the local admin identity in <data_dir>/admin/ for gwctl on this machine
+ *   proxy   the web port (web_listen_addr): the same API router (login, join, CA, gwctl calls with user certs);
+ *           needs the auth role in the same process for now
+ *   agents  a host identity: joined with --token/--ca-pin/--proxy (or issued locally when auth runs here)
+ */
+import https from 'node:https';
+import type { AddressInfo } from 'node:net';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { formatHostPort, type HostPort } from './addr.js';
+import { createApiHandler } from './auth/api.js';
+import { generateKeyPair } from './auth/pki.js';
+import { AuthService, JOIN_ROLES, type JoinRole } from './auth/service.js';
+import { joinCluster, loadHostIdentity, saveHostIdentity, type HostIdentity } from './agent/identity.js';
+import { openSqliteBackend, type Backend } from './backend/index.js';
+import type { GatewayConfig, ServiceName } from './config/index.js';
+import { enabledServices } from './config/index.js';
+import { Dialer } from './dial/dialer.js';
+import { GatewayError } from './errors.js';
+import { writePublicFile, writeSecretFile } from './fsutil.js';
+import { logger } from './log.js';
+import { startFrontDoor } from './proxy/frontdoor.js';
+import { VersionServer } from './proxy/versions.js';
+import { VERSION } from './version.js';
+import { readFileSync } from 'node:fs';
+import { X509Certificate, createPrivateKey } from 'node:crypto';
+
+export interface StartFlags {
+  /** --roles: node, db, app, kube, desktop, auth, proxy (overrides the services the configuration enables). */
+  roles?: string[];
+  token?: string;
+  caPin?: string;
+  /** The Proxy's web address to join through. */
+  proxy?: string;
+  /** Or the Auth Service's API address. */
+  authServer?: string;
+}
+
+export interface Daemon {
+  services: ServiceName[];
+  /** Bound addresses, by listener name (auth, web). */
+  addresses: Record<string, string>;
+  auth?: AuthService;
+  hostIdentity?: HostIdentity;
+  stop(): Promise<void>;
+}
+
+const ROLE_TO_SERVICE: Record<string, ServiceName> = {
+  auth: 'auth_service',
+  proxy: 'proxy_service',
+  node: 'ssh_service',
+  ssh: 'ssh_service',
+  db: 'db_service',
+  app: 'app_service',
+  kube: 'kube_service',
+  desktop: 'windows_desktop_service',
+};
+
+const SERVICE_TO_JOIN_ROLE: Partial<Record<ServiceName, JoinRole>> = {
+  ssh_service: 'node',
+  db_service: 'db',
+  app_service: 'app',
+  kube_service: 'kube',
+  windows_desktop_service: 'desktop',
+};
+
+export function servicesFor(config: GatewayConfig, roles: string[] | undefined): ServiceName[] {
+  if (!roles || roles.length === 0) return enabledServices(config);
+  const out = new Set<ServiceName>();
+  for (const role of roles) {
+    const service = ROLE_TO_SERVICE[role.trim().toLowerCase()];
+    if (!service) {
+      throw new GatewayError('GW_ERR_USAGE', `--roles: "${role}" is not a role`, { hint: `Roles: ${Object.keys(ROLE_TO_SERVICE).join(', ')}.` });
+    }
+    out.add(service);
+  }
+  return [...out];
+}
+
+/** Listens, turning bind failures into an error that names the address and why. */
+export function listen(server: https.Server, addr: HostPort, what: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const onError = (err: NodeJS.ErrnoException) => {
+      const where = formatHostPort(addr.host, addr.port);
+      const hint =
+        err.code === 'EADDRINUSE'
+          ? `Another process listens on ${where}: stop it or change ${what} in the configuration.`
+          : err.code === 'EACCES'
+            ? `Ports below 1024 need root or CAP_NET_BIND_SERVICE; run as root or choose a port of 1024 or more for ${what}.`
+            : err.code === 'EADDRNOTAVAIL'
+              ? `No interface of this machine has the address ${addr.host}; change ${what}.`
+              : `Check ${what} in the configuration.`;
+      reject(new GatewayError('GW_ERR_LISTEN', `cannot listen on ${where} (${what}): ${err.code ?? err.message}`, { hint, cause: err }));
+    };
+    server.once('error', onError);
+    server.listen(addr.port, addr.host, () => {
+      server.off('error', onError);
+      const a = server.address() as AddressInfo;
+      resolve(formatHostPort(a.address, a.port));
+    });
+  });
+}
+
+function close(server: https.Server): Promise<void> {
+  return new Promise((resolve) => {
+    server.close(() => resolve());
+    server.closeAllConnections();
+  });
+}
+
+/** Where a client on this machine reaches a listener bound to addr (0.0.0.0 → 127.0.0.1). */
+function localAddress(bound: string): string {
+  return bound.replace(/^0\.0\.0\.0:/, '127.0.0.1:').replace(/^\[::\]:/, '[::1]:');
+}
+
+export async function startDaemon(config: GatewayConfig, flags: StartFlags = {}): Promise<Daemon> {
+  const log = logger('gateway');
+  const services = servicesFor(config, flags.roles);
+  const dataDir = config.gateway.data_dir;
+  const addresses: Record<string, string> = {};
+  const servers: https.Server[] = [];
+  let backend: Backend | undefined;
+  let auth: AuthService | undefined;
+  let hostIdentity: HostIdentity | undefined;
+
+  const closers: Array<() => Promise<void>> = [];
+  const stop = async () => {
+    await Promise.all([...servers.map(close), ...closers.map((c) => c())]);
+    await backend?.close();
+  };
+
+  try {
+    if (services.includes('auth_service')) {
+      backend = openSqliteBackend({ path: join(dataDir, 'backend.sqlite') });
+      const proxy = config.proxy_service;
+      const proxyPublic = proxy.public_addr[0];
+      auth = await AuthService.open({
+        backend,
+        clusterName: config.auth_service.cluster_name,
+        ...(services.includes('proxy_service')
+          ? { proxyPublicAddr: proxyPublic ? formatHostPort(proxyPublic.host, proxyPublic.port) : formatHostPort(config.gateway.nodename, proxy.web_listen_addr.port) }
+          : {}),
+      });
+      const handler = createApiHandler(auth);
+      const names = [config.gateway.nodename, 'localhost', '127.0.0.1', '::1', ...config.auth_service.public_addr.map((a) => a.host)];
+      const keys = generateKeyPair();
+      const cert = await auth.issueServerCert(keys.publicKeyPem, names);
+      const tlsOptions = { key: keys.privateKeyPem, cert, ca: [auth.host.tls.certPem, auth.user.tls.certPem], requestCert: true, rejectUnauthorized: false };
+      const authServer = https.createServer(tlsOptions, handler);
+      servers.push(authServer);
+      addresses.auth = await listen(authServer, config.auth_service.listen_addr, 'auth_service.listen_addr');
+      log.info({ addr: addresses.auth }, 'auth API listening');
+
+      // The local admin identity: gwctl on this machine, with full permissions, for whoever can read the data dir.
+      const admin = generateKeyPair();
+      const adminDir = join(dataDir, 'admin');
+      mkdirSync(adminDir, { recursive: true, mode: 0o700 });
+      writeSecretFile(join(adminDir, 'key.pem'), admin.privateKeyPem);
+      writeSecretFile(join(adminDir, 'cert.pem'), await auth.issueAdminCert(admin.publicKeyPem));
+      writePublicFile(join(adminDir, 'host-ca.pem'), auth.host.tls.certPem);
+      writePublicFile(join(adminDir, 'auth-addr'), `${localAddress(addresses.auth)}\n`);
+
+      if (services.includes('proxy_service')) {
+        const webNames = [...names, ...config.proxy_service.public_addr.map((a) => a.host)];
+        const webTls = await webCertificate(config, async () => {
+          const webKeys = generateKeyPair();
+          return { key: webKeys.privateKeyPem, cert: await auth!.issueServerCert(webKeys.publicKeyPem, webNames, 'proxy') };
+        });
+        const frontDoor = await startFrontDoor({
+          config,
+          clusterName: auth.clusterName,
+          tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
+          api: handler,
+          versions: new VersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: new Dialer() }),
+        });
+        closers.push(() => frontDoor.close());
+        for (const [name, addr] of Object.entries(frontDoor.addresses)) addresses[name === 'web' ? 'web' : `proxy_${name}`] = addr;
+      }
+    } else if (services.includes('proxy_service')) {
+      throw new GatewayError('GW_ERR_CONFIG_VALUE', 'the proxy service needs the auth service in the same process in this version', {
+        hint: 'Enable auth_service next to proxy_service.',
+      });
+    }
+
+    const joinRoles = services.map((s) => SERVICE_TO_JOIN_ROLE[s]).filter((r): r is JoinRole => r !== undefined);
+    if (joinRoles.length > 0) {
+      hostIdentity = loadHostIdentity(dataDir);
+      const publicAddrs = services.flatMap((s) => (config[s] as { public_addr: readonly { host: string; port?: number }[] }).public_addr.map((a) => (a.port ? formatHostPort(a.host, a.port) : a.host)));
+      if (hostIdentity) {
+        const missing = joinRoles.filter((r) => !hostIdentity!.roles.includes(r));
+        if (missing.length > 0) {
+          throw new GatewayError('GW_ERR_AGENT_IDENTITY', `this agent joined as ${hostIdentity.roles.join(', ')} but now also runs ${missing.join(', ')}`, {
+            hint: `Remove ${join(dataDir, 'host')} and join again with a token for ${joinRoles.join(', ')}.`,
+          });
+        }
+        log.info({ hostId: hostIdentity.hostId, cluster: hostIdentity.cluster }, 'using the stored host identity');
+      } else if (flags.token) {
+        const server = flags.proxy ?? flags.authServer;
+        if (!server) throw new GatewayError('GW_ERR_USAGE', '--token needs --proxy host:port (or --auth-server host:port)');
+        if (!flags.caPin) {
+          throw new GatewayError('GW_ERR_USAGE', '--token needs --ca-pin sha256:...', {
+            hint: "'gwctl tokens add' prints the pin; it is what makes the first connection to the cluster safe.",
+          });
+        }
+        hostIdentity = await joinCluster({
+          dataDir,
+          server,
+          token: flags.token,
+          caPin: flags.caPin,
+          roles: joinRoles,
+          nodename: config.gateway.nodename,
+          publicAddrs,
+          dialer: new Dialer(),
+        });
+      } else if (auth) {
+        const keys = generateKeyPair();
+        const bundle = await auth.joinLocal({ roles: joinRoles, nodename: config.gateway.nodename, publicAddrs, publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey });
+        saveHostIdentity(dataDir, keys.privateKeyPem, bundle, { roles: joinRoles, nodename: config.gateway.nodename, server: 'local' });
+        hostIdentity = loadHostIdentity(dataDir);
+      } else {
+        throw new GatewayError('GW_ERR_AGENT_IDENTITY', 'this agent has not joined a cluster yet', {
+          hint: "Start it once with --token, --ca-pin and --proxy, as printed by 'gwctl tokens add'.",
+        });
+      }
+    }
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+
+  return { services, addresses, ...(auth ? { auth } : {}), ...(hostIdentity ? { hostIdentity } : {}), stop };
+}
+
+export { JOIN_ROLES };
+
+/**
+ * The web port's certificate: the operator's own (proxy_service.https_keypairs, e.g. from a public CA) when
+ * configured, else one from the cluster's host CA covering the node name and every public_addr.
+ */
+async function webCertificate(config: GatewayConfig, issue: () => Promise<{ key: string; cert: string }>): Promise<{ key: string; cert: string }> {
+  const pair = config.proxy_service.https_keypairs?.[0];
+  if (!pair?.cert_file || !pair.key_file) return issue();
+  const read = (file: string, what: string) => {
+    try {
+      return readFileSync(file, 'utf8');
+    } catch (err) {
+      throw new GatewayError('GW_ERR_CONFIG_VALUE', `proxy_service.https_keypairs: cannot read the ${what} ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`, {
+        hint: 'Check the path and that this user can read the file.',
+      });
+    }
+  };
+  const cert = read(pair.cert_file, 'certificate');
+  const key = read(pair.key_file, 'key');
+  try {
+    const x509 = new X509Certificate(cert);
+    if (!x509.checkPrivateKey(createPrivateKey(key))) throw new Error('the key does not belong to the certificate');
+    if (Date.parse(x509.validTo) < Date.now()) throw new Error(`the certificate expired on ${x509.validTo}`);
+  } catch (err) {
+    throw new GatewayError('GW_ERR_CONFIG_VALUE', `proxy_service.https_keypairs: ${pair.cert_file} / ${pair.key_file}: ${(err as Error).message}`, {
+      hint: 'Give a PEM certificate chain and the PEM private key that belongs to it.',
+    });
+  }
+  return { key, cert };
+}

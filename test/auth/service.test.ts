@@ -1,0 +1,180 @@
+/** The Auth Service's rules, with a real SQLite backend (in memory) and an injected clock. */
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { openSqliteBackend } from '../../src/backend/index.js';
+import { generateKeyPair, identityFromCert, parseSshCert, verifyCert, type Identity } from '../../src/auth/pki.js';
+import { AuthService } from '../../src/auth/service.js';
+import { parseManifest } from '../../src/auth/resources/index.js';
+import { GatewayError } from '../../src/errors.js';
+
+let now = Date.parse('2026-11-21T10:00:00Z');
+const clock = () => now;
+let backend: ReturnType<typeof openSqliteBackend>;
+let auth: AuthService;
+let admin: Identity;
+const keys = generateKeyPair();
+
+async function codeOf(p: Promise<unknown>): Promise<string> {
+  try {
+    await p;
+  } catch (err) {
+    expect(err).toBeInstanceOf(GatewayError);
+    return (err as GatewayError).code;
+  }
+  return 'no error';
+}
+
+const login = (username: string, password: string, source = '10.0.0.1') =>
+  auth.login({ username, password, publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source });
+
+const join = (token: string, roles: Array<'node' | 'db'> = ['node'], nodename = 'node-1') =>
+  auth.join({ token, roles, nodename, publicAddrs: ['node-1.example.com:3022', '10.1.2.3'], publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source: '10.0.0.9' });
+
+beforeEach(async () => {
+  now = Date.parse('2026-11-21T10:00:00Z');
+  backend = openSqliteBackend({ path: ':memory:', clock, sweepIntervalMs: 0 });
+  auth = await AuthService.open({ backend, clusterName: 'unit.example', clock });
+  admin = auth.adminIdentity();
+  await auth.addUser(admin, 'alice', ['access'], 'correct horse battery');
+});
+
+afterEach(async () => {
+  await backend.close();
+});
+
+describe('cluster identity', () => {
+  it('keeps the same cluster and CAs when opened again, and refuses a rename', async () => {
+    const again = await AuthService.open({ backend, clusterName: 'unit.example', clock });
+    expect(again.caPin()).toBe(auth.caPin());
+    expect(again.user.tls.certPem).toBe(auth.user.tls.certPem);
+    expect(await codeOf(AuthService.open({ backend, clusterName: 'renamed.example', clock }))).toBe('GW_ERR_AUTH_CLUSTER_NAME');
+  });
+});
+
+describe('login', () => {
+  it('issues user certificates with the roles, the cluster and a 12 h lifetime by default', async () => {
+    const bundle = await login('alice', 'correct horse battery');
+    const id = identityFromCert(bundle.tlsCert);
+    expect(id).toMatchObject({ kind: 'user', name: 'alice', cluster: 'unit.example', roles: ['access'] });
+    expect(Date.parse(bundle.validUntil) - now).toBe(12 * 3600_000);
+    expect(await verifyCert(bundle.tlsCert, auth.user.tls.certPem, now)).toBeUndefined();
+    expect(parseSshCert(bundle.sshCert, auth.user.ssh.publicKey)).toMatchObject({ certType: 'user', keyId: 'alice', signedByCa: true });
+  });
+
+  it('gives the same error for a wrong password and an unknown user', async () => {
+    expect(await codeOf(login('alice', 'wrong password'))).toBe('GW_ERR_AUTH_LOGIN_FAILED');
+    expect(await codeOf(login('mallory', 'wrong password'))).toBe('GW_ERR_AUTH_LOGIN_FAILED');
+  });
+
+  it('rate limits wrong passwords per user and source, then lets them in again after the window', async () => {
+    for (let i = 0; i < 5; i++) expect(await codeOf(login('alice', `wrong ${i}`))).toBe('GW_ERR_AUTH_LOGIN_FAILED');
+    // Even the right password waits now, from that source...
+    expect(await codeOf(login('alice', 'correct horse battery'))).toBe('GW_ERR_AUTH_RATE_LIMITED');
+    // ...but another source is not punished for it.
+    await expect(login('alice', 'correct horse battery', '10.0.0.2')).resolves.toBeDefined();
+    now += 5 * 60_000 + 1;
+    await expect(login('alice', 'correct horse battery')).resolves.toBeDefined();
+  });
+
+  it('a role change reaches certificates only at the next login', async () => {
+    const before = identityFromCert((await login('alice', 'correct horse battery')).tlsCert);
+    await auth.setUserRoles(admin, 'alice', ['access', 'editor']);
+    expect(before.roles).toEqual(['access']);
+    expect(identityFromCert((await login('alice', 'correct horse battery')).tlsCert).roles).toEqual(['access', 'editor']);
+  });
+});
+
+describe('access control', () => {
+  const alice = (): Identity => ({ kind: 'user', name: 'alice', cluster: 'unit.example', roles: ['access'] });
+  const maintenance = parseManifest('kind: cluster_maintenance_config\nspec:\n  agent_upgrades:\n    utc_start_hour: 3\n    weekdays: ["*"]\n', 'm.yaml');
+
+  it('no preset role may manage cluster_maintenance_config, not even editor', async () => {
+    for (const roles of [['access'], ['editor'], ['auditor'], ['access', 'editor', 'auditor']]) {
+      const who: Identity = { ...alice(), roles };
+      expect(await codeOf(auth.createResources(who, maintenance, false))).toBe('GW_ERR_ACCESS_DENIED');
+    }
+  });
+
+  it('a role with the seed\'s rule may, and a deny rule wins over it', async () => {
+    const roles = parseManifest(
+      [
+        'kind: role\nversion: v7\nmetadata: {name: maint}\nspec:\n  allow:\n    rules: [{resources: [cluster_maintenance_config], verbs: [create, read, update, delete]}]',
+        'kind: role\nversion: v7\nmetadata: {name: no-maint}\nspec:\n  deny:\n    rules: [{resources: [cluster_maintenance_config], verbs: ["*"]}]',
+      ].join('\n---\n'),
+      'roles.yaml',
+    );
+    await auth.createResources(admin, roles, false);
+    expect(await auth.createResources({ ...alice(), roles: ['maint'] }, maintenance, false)).toEqual(['maintenance window has been updated']);
+    expect(await codeOf(auth.createResources({ ...alice(), roles: ['maint', 'no-maint'] }, maintenance, true))).toBe('GW_ERR_ACCESS_DENIED');
+  });
+
+  it('identities of another cluster and host identities are refused', async () => {
+    expect(await codeOf(auth.listUsers({ ...alice(), cluster: 'other.example', roles: ['editor'] }))).toBe('GW_ERR_ACCESS_DENIED');
+    expect(await codeOf(auth.listUsers({ kind: 'host', name: 'h', cluster: 'unit.example', roles: ['node'] }))).toBe('GW_ERR_ACCESS_DENIED');
+  });
+
+  it('a manifest is all or nothing', async () => {
+    const two = parseManifest('kind: role\nversion: v7\nmetadata: {name: r1}\nspec: {}\n---\nkind: role\nversion: v7\nmetadata: {name: r2}\nspec: {}\n', 'two.yaml');
+    await auth.createResources(admin, [two[1]!], false);
+    expect(await codeOf(auth.createResources(admin, two, false))).toBe('GW_ERR_RESOURCE_EXISTS');
+    const names = (await auth.getResources(admin, 'role', undefined, false)).map((r) => r.metadata.name);
+    expect(names).not.toContain('r1');
+  });
+
+  it('connector private keys come back only with secrets asked for', async () => {
+    const key = '-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----';
+    const cert = '-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----';
+    const saml = parseManifest(
+      `kind: saml\nversion: v2\nmetadata: {name: okta}\nspec:\n  acs: https://proxy.example.com/v1/webapi/saml/acs\n  entity_descriptor_url: https://idp.example.com/metadata\n  attributes_to_roles: [{name: groups, value: admins, roles: [editor]}]\n  signing_key_pair:\n    cert: |\n${cert.split('\n').map((l) => `      ${l}`).join('\n')}\n    private_key: |\n${key.split('\n').map((l) => `      ${l}`).join('\n')}\n`,
+      'saml.yaml',
+    );
+    await auth.createResources(admin, saml, false);
+    expect(JSON.stringify(await auth.getResources(admin, 'saml', 'okta', false))).not.toContain('PRIVATE KEY');
+    expect(JSON.stringify(await auth.getResources(admin, 'saml', 'okta', true))).toContain('PRIVATE KEY');
+  });
+});
+
+describe('join tokens', () => {
+  it('a node token gives host certificates with the host id, node name and public addresses', async () => {
+    const { token } = await auth.addToken(admin, { roles: ['node'] });
+    const bundle = await join(token);
+    const id = identityFromCert(bundle.tlsCert);
+    expect(id).toMatchObject({ kind: 'host', name: bundle.hostId, roles: ['node'], nodename: 'node-1' });
+    const ssh = parseSshCert(bundle.sshCert, auth.host.ssh.publicKey);
+    expect(ssh.certType).toBe('host');
+    expect(ssh.principals).toEqual(expect.arrayContaining([bundle.hostId, 'node-1', 'node-1.example.com', '10.1.2.3']));
+  });
+
+  it('is single use by default; --uses allows more; 0 means until it expires', async () => {
+    const once = await auth.addToken(admin, { roles: ['node'] });
+    await join(once.token);
+    expect(await codeOf(join(once.token))).toBe('GW_ERR_AUTH_TOKEN_USED');
+    const many = await auth.addToken(admin, { roles: ['node'], uses: 0 });
+    for (let i = 0; i < 3; i++) await join(many.token, ['node'], `n${i}`);
+  });
+
+  it('two agents racing for the last use: exactly one wins', async () => {
+    const { token } = await auth.addToken(admin, { roles: ['node'], uses: 1 });
+    const results = await Promise.allSettled([join(token, ['node'], 'a'), join(token, ['node'], 'b'), join(token, ['node'], 'c')]);
+    expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+  });
+
+  it('expired, unknown and wrong-type tokens each get their own error', async () => {
+    const { token } = await auth.addToken(admin, { roles: ['node'], ttlMs: 60_000 });
+    expect(await codeOf(join(token, ['db']))).toBe('GW_ERR_AUTH_TOKEN_WRONG_TYPE');
+    now += 60_001;
+    expect(await codeOf(join(token))).toBe('GW_ERR_AUTH_TOKEN_EXPIRED');
+    expect(await codeOf(join('0'.repeat(32)))).toBe('GW_ERR_AUTH_TOKEN_UNKNOWN');
+  });
+
+  it('stores no token value: listing shows short ids, and a token can be removed by either', async () => {
+    const a = await auth.addToken(admin, { roles: ['node'] });
+    const b = await auth.addToken(admin, { roles: ['db'] });
+    const listed = await auth.listTokens(admin);
+    expect(JSON.stringify(listed)).not.toContain(a.token);
+    await auth.removeToken(admin, a.token);
+    await auth.removeToken(admin, b.id);
+    expect(await auth.listTokens(admin)).toHaveLength(0);
+    const all = await backend.range('/');
+    expect(JSON.stringify(all)).not.toContain(a.token);
+  });
+});
