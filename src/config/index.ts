@@ -6,6 +6,17 @@ export { defaultConfig, enabledServices, loadConfigFile, parseConfig } from './p
 export { sampleConfig } from './sample.js';
 export { DEFAULT_SERVICES, SCHEMA, SERVICE_NAMES } from './schema.js';
 export type {
+  AppConfig,
+  AppServiceConfig,
+  DatabaseConfig,
+  DatabaseProtocol,
+  DatabaseServiceConfig,
+  DesktopConfig,
+  KubeClusterConfig,
+  KubeServiceConfig,
+  Labels,
+  SshServiceConfig,
+  WindowsDesktopServiceConfig,
   AuthServiceConfig,
   GatewayConfig,
   ListeningAgentConfig,

@@ -4,7 +4,7 @@
  */
 import { defaultConfig } from './parse.js';
 import { SCHEMA } from './schema.js';
-import { Dynamic, defaultText, fieldRows, type AnySpec, type Leaf, type MapOf } from './spec.js';
+import { Dynamic, defaultText, fieldRows, isListOf, type AnySpec, type Leaf, type ListWithDefault, type MapOf } from './spec.js';
 
 interface Line {
   code: string;
@@ -47,6 +47,7 @@ function renderFields(spec: AnySpec, value: unknown, indent: string, out: Line[]
       renderExample(child, `${indent}  `, out);
     } else {
       out.push(renderLeaf(key, child, values[key], indent));
+      if (isListOf(child)) renderListExample(child as unknown as ListWithDefault<unknown>, `${indent}  `, out);
     }
   }
 }
@@ -72,6 +73,17 @@ function renderExample(spec: MapOf<unknown>, indent: string, out: Line[]): void 
       out.push({ code: `${indent}  # ${key}: ${text}`, ...(child ? { comment: child.doc } : {}) });
     }
   }
+}
+
+/** One entry of a list, commented out under its (empty) list: remove the "[]" and the "# " to use it. */
+function renderListExample(spec: ListWithDefault<unknown>, indent: string, out: Line[]): void {
+  if (spec.exampleItem === undefined) return;
+  const item = spec.item as AnySpec;
+  Object.entries(spec.exampleItem).forEach(([key, text], i) => {
+    const child = item.kind === 'section' ? (item.fields[key] as AnySpec | undefined) : undefined;
+    const comment = i === 0 ? `Example entry: remove "[]" above and the "# " to use it. ${child?.doc ?? ''}`.trim() : child?.doc;
+    out.push({ code: `${indent}# ${i === 0 ? '- ' : '  '}${key}: ${text}`, ...(comment ? { comment } : {}) });
+  });
 }
 
 export interface ReferenceRow {

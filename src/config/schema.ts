@@ -7,7 +7,33 @@ import { hostname } from 'node:os';
 import { isAbsolute } from 'node:path';
 import semver from 'semver';
 import { redactUrl } from '../redact.js';
-import { Dynamic, Invalid, addrs, flag, listen, mapOf, oneOf, section, str, type Ctx, type Fields, type Infer, type Spec } from './spec.js';
+import { isMap, isNode, isScalar } from 'yaml';
+import { AddrError, formatHostPort, isDnsName, isIpLiteral, normalizeHost, parseAddr, type ParsedAddr } from '../addr.js';
+import { formatDuration, parseDuration } from '../duration.js';
+import {
+  Dynamic,
+  Invalid,
+  addrs,
+  describeNode,
+  flag,
+  hostPort,
+  int,
+  itemSection,
+  join,
+  labels,
+  leaf,
+  listOf,
+  listWithDefault,
+  listen,
+  mapOf,
+  oneOf,
+  section,
+  str,
+  type Ctx,
+  type Fields,
+  type Infer,
+  type Spec,
+} from './spec.js';
 import type { GatewayConfig, ServiceName } from './types.js';
 
 export const SERVICE_NAMES: readonly ServiceName[] = [
@@ -56,6 +82,31 @@ function version(s: string): string {
   return s;
 }
 
+/** A duration such as 500ms, 5s, 2m; stored in milliseconds. */
+function duration(doc: string, def: string) {
+  const toMs = (text: string): number => {
+    let ms = 0;
+    try {
+      ms = parseDuration(text);
+    } catch {
+      ms = 0;
+    }
+    if (ms <= 0) throw new Invalid(`expected a duration such as 500ms, 5s or 2m, got ${quote(text)}`);
+    return ms;
+  };
+  return leaf<number>({
+    doc,
+    type: 'duration',
+    default: toMs(def),
+    defaultDoc: def,
+    render: (v) => (v % 1000 === 0 ? formatDuration(v) : `${v}ms`),
+    parse: (node) => {
+      if (!isScalar(node) || typeof node.value !== 'string') throw new Invalid(`expected a duration such as 5s, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE');
+      return toMs(node.value);
+    },
+  });
+}
+
 function httpUrl(s: string): string {
   let url: URL | undefined;
   try {
@@ -68,6 +119,84 @@ function httpUrl(s: string): string {
   }
   return s;
 }
+
+/** Names of an agent's resources (databases, apps, desktops, clusters): they end up in host names and commands. */
+const RESOURCE_NAME = /^[a-z][a-z0-9-]{0,62}$/;
+
+function resourceName(s: string): string {
+  if (!RESOURCE_NAME.test(s)) {
+    const hint = /^[A-Za-z][A-Za-z0-9-]{0,62}$/.test(s) ? `Write it in lowercase: ${s.toLowerCase()}` : undefined;
+    throw new Invalid(`expected a name of 1 to 63 lowercase letters, digits and "-" that starts with a letter, got ${quote(s)}`, 'GW_ERR_CONFIG_VALUE', hint);
+  }
+  return s;
+}
+
+type UriScheme = 'http' | 'https' | 'tcp';
+const DEFAULT_PORTS: Readonly<Record<UriScheme, number | undefined>> = { http: 80, https: 443, tcp: undefined };
+
+/**
+ * scheme://host[:port][/path] for the given schemes, normalised: scheme and DNS name in lowercase, no trailing
+ * dot, IPv6 in brackets, the scheme's default port and a lone "/" path dropped. tcp:// takes a port and no path.
+ * User names, passwords, queries and fragments are refused.
+ */
+function uri(schemes: readonly UriScheme[], what: string, hint: string) {
+  return (s: string): string => {
+    const shown = quote(redactUrl(s));
+    const m = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/([^/?#]*)(.*)$/s.exec(s.trim());
+    const scheme = m?.[1]?.toLowerCase() as UriScheme | undefined;
+    if (!m || scheme === undefined || !schemes.includes(scheme)) throw new Invalid(`expected ${what}, got ${shown}`, 'GW_ERR_CONFIG_VALUE', hint);
+    const authority = m[2]!;
+    const rest = m[3]!;
+    if (authority.includes('@')) throw new Invalid(`expected ${what} without a user name or password, got ${shown}`, 'GW_ERR_CONFIG_VALUE', hint);
+    let addr: ParsedAddr;
+    try {
+      addr = parseAddr(authority);
+    } catch (err) {
+      if (err instanceof AddrError) throw new Invalid(`expected ${what}, got ${shown} (${err.message})`, 'GW_ERR_CONFIG_ADDR', hint);
+      throw err;
+    }
+    if (scheme === 'tcp' && addr.port === undefined) throw new Invalid(`expected tcp://host:port, got ${shown} (the port is required)`, 'GW_ERR_CONFIG_ADDR', hint);
+    if (/[?#]/.test(rest)) throw new Invalid(`expected ${what} without a query or fragment, got ${shown}`, 'GW_ERR_CONFIG_VALUE', hint);
+    if (/[\s\u0000-\u001f\u007f]/.test(rest)) throw new Invalid(`expected ${what} without spaces, got ${shown}`, 'GW_ERR_CONFIG_VALUE', hint);
+    if (scheme === 'tcp' && rest !== '' && rest !== '/') throw new Invalid(`expected tcp://host:port without a path, got ${shown}`, 'GW_ERR_CONFIG_VALUE', hint);
+    const path = rest === '/' ? '' : rest;
+    const port = addr.port === DEFAULT_PORTS[scheme] ? undefined : addr.port;
+    const host = port !== undefined ? formatHostPort(addr.host, port) : isIpLiteral(addr.host) && addr.host.includes(':') ? `[${addr.host}]` : addr.host;
+    return `${scheme}://${host}${path}`;
+  };
+}
+
+const appUri = uri(
+  ['http', 'https', 'tcp'],
+  'an http://, https:// or tcp:// URI',
+  'Write http://host:port[/path] or https://host:port[/path] for a web app, tcp://host:port for a TCP app.',
+);
+const kubeApiServer = uri(['https'], 'an https:// URL', 'The Kubernetes API is reached over TLS only: write https://host[:port][/path].');
+
+/** A DNS name without a port: an HTTP app's name on the Proxy's web port. Stored in lowercase without a trailing dot. */
+function dnsName(s: string): string {
+  const t = s.trim();
+  const hint = 'Write a DNS name only, such as grafana.gateway.example.com: the Proxy serves the app on its web port.';
+  if (isIpLiteral(normalizeHost(t))) throw new Invalid(`expected a DNS name, got the IP address ${quote(s)}`, 'GW_ERR_CONFIG_ADDR', hint);
+  if (t.includes(':')) throw new Invalid(`expected a DNS name without a port, got ${quote(s)}`, 'GW_ERR_CONFIG_ADDR', hint);
+  if (!isDnsName(t)) throw new Invalid(`expected a DNS name, got ${quote(s)}`, 'GW_ERR_CONFIG_ADDR', hint);
+  return normalizeHost(t);
+}
+
+/** public_addr is for apps the Proxy serves over HTTP(S). */
+function httpAppOnly(app: { readonly uri: string; readonly public_addr: string | undefined }, path: string, ctx: Ctx, at: unknown): void {
+  if (app.public_addr === undefined || !app.uri.startsWith('tcp://')) return;
+  const node = isMap(at) ? at.get('public_addr', true) : undefined;
+  ctx.report(
+    'GW_ERR_CONFIG_VALUE',
+    join(path, 'public_addr'),
+    isNode(node) ? node : at,
+    'public_addr is for http:// and https:// apps, which the Proxy serves on its web port; this app is tcp://',
+    'Remove public_addr from this app.',
+  );
+}
+
+const resourceLabels = () => labels('Labels of this resource, matched by the roles that grant access to it.');
 
 const CHANNEL_NAME = /^[A-Za-z0-9._-]+(?:\/[A-Za-z0-9._-]+)*$/;
 
@@ -164,6 +293,11 @@ export const SCHEMA = section('The gateway configuration file.', {
       ['multiplex', 'separate'],
       'multiplex',
     ),
+    keep_alive_interval: duration(
+      'How often agents and proxies send heartbeats over a reverse tunnel. 20 s keeps at least two heartbeats inside the 60 s idle timeout that load balancers commonly use.',
+      '20s',
+    ),
+    keep_alive_count_max: int('Heartbeats missed in a row before the Proxy marks an agent offline and drops its tunnel.', { min: 1, max: 100, default: 3 }),
   }),
 
   proxy_service: service('proxy_service', 'Proxy Service: the public entry point (web, tunnels, protocols).', publicAddr(443, 'the web UI and API'), {
@@ -182,6 +316,24 @@ export const SCHEMA = section('The gateway configuration file.', {
     postgres_public_addr: publicAddr(5432, 'the Postgres proxy'),
     mysql_public_addr: publicAddr(3036, 'the MySQL proxy'),
     mongo_public_addr: publicAddr(27017, 'the MongoDB proxy'),
+    proxy_protocol: oneOf(
+      'on: accept one PROXY protocol header (v1 or v2) per connection from a load balancer, and use its client address; off: refuse such headers.',
+      ['on', 'off'],
+      'off',
+    ),
+    detect_timeout: duration('How long a new connection may take to show what protocol it speaks (and, for TLS, send its ClientHello).', '5s'),
+    https_keypairs: listWithDefault(
+      "Certificates for the web port instead of the one the cluster's host CA issues (e.g. from a public CA).",
+      itemSection('One certificate and its key.', {
+        cert_file: str('PEM certificate chain file.', { type: 'absolute path', check: absolutePath, defaultDoc: 'required' }),
+        key_file: str('PEM private key file.', { type: 'absolute path', check: absolutePath, defaultDoc: 'required' }),
+      }, { required: ['cert_file', 'key_file'], expected: 'a mapping with cert_file and key_file' }),
+      {
+        type: 'list of {cert_file, key_file}',
+        expected: 'a list of {cert_file, key_file} mappings',
+        exampleItem: { cert_file: '/etc/gateway/tls/fullchain.pem', key_file: '/etc/gateway/tls/privkey.pem' },
+      },
+    ),
     automatic_upgrades_channels: mapOf('Agent versions the version server serves, by channel name.', {
       type: 'map: channel name → channel',
       key: '<channel>',
@@ -197,15 +349,112 @@ export const SCHEMA = section('The gateway configuration file.', {
 
   ssh_service: service('ssh_service', 'SSH Service agent.', publicAddr(3022), {
     listen_addr: listen('Incoming SSH when the agent joins the Auth Service directly.', { port: 3022, default: '0.0.0.0:3022' }),
+    labels: labels('Labels of this node, which the SSH Service advertises; roles select nodes by them.'),
   }),
   // The Database and Application Services use reverse tunnels only: no listener, and public_addr has no port.
-  db_service: service('db_service', 'Database Service agent.', addrs('Extra names for this service (host or host:port).'), {}),
-  app_service: service('app_service', 'Application Service agent.', addrs('Extra names for this service (host or host:port).'), {}),
+  db_service: service('db_service', 'Database Service agent.', addrs('Extra names for this service (host or host:port).'), {
+    databases: listWithDefault(
+      'Databases this agent proxies.',
+      itemSection('One database.', {
+        name: str('Name of the database in the cluster: 1 to 63 of a-z, 0-9 and "-", starting with a letter; unique in the list.', {
+          type: 'name',
+          defaultDoc: 'required',
+          check: resourceName,
+        }),
+        protocol: oneOf('Protocol the database speaks.', ['postgres', 'mysql', 'mongodb', 'redis'], undefined, { defaultDoc: 'required', example: 'postgres' }),
+        uri: hostPort('Address of the database server, with its port.', { example: 'postgres.internal:5432', defaultDoc: 'required' }),
+        labels: resourceLabels(),
+      }, { required: ['name', 'protocol', 'uri'], expected: 'a mapping with name, protocol, uri and labels' }),
+      {
+        type: 'list of {name, protocol, uri, labels}',
+        expected: 'a list of {name, protocol, uri, labels} mappings',
+        unique: (db) => db.name,
+        exampleItem: { name: 'main', protocol: 'postgres', uri: 'postgres.internal:5432', labels: '{env: prod}' },
+      },
+    ),
+  }),
+  app_service: service('app_service', 'Application Service agent.', addrs('Extra names for this service (host or host:port).'), {
+    apps: listWithDefault(
+      'Applications this agent proxies.',
+      itemSection('One application.', {
+        name: str('Name of the app in the cluster: 1 to 63 of a-z, 0-9 and "-", starting with a letter; unique in the list.', {
+          type: 'name',
+          defaultDoc: 'required',
+          check: resourceName,
+        }),
+        uri: str('Where the app listens: http://host:port[/path], https://host:port[/path] or tcp://host:port.', {
+          type: 'URI',
+          defaultDoc: 'required',
+          example: 'http://localhost:3000',
+          check: appUri,
+        }),
+        public_addr: str("DNS name under which the Proxy's web port serves this HTTP app, e.g. grafana.gateway.example.com.", {
+          type: 'DNS name',
+          example: 'grafana.gateway.example.com',
+          check: dnsName,
+        }),
+        labels: resourceLabels(),
+      }, { required: ['name', 'uri'], expected: 'a mapping with name, uri, public_addr and labels', check: httpAppOnly }),
+      {
+        type: 'list of {name, uri, public_addr, labels}',
+        expected: 'a list of {name, uri, public_addr, labels} mappings',
+        unique: (app) => app.name,
+        exampleItem: { name: 'grafana', uri: 'http://localhost:3000', public_addr: 'grafana.gateway.example.com', labels: '{env: prod}' },
+      },
+    ),
+  }),
   kube_service: service('kube_service', 'Kubernetes Service agent.', publicAddr(3026), {
     listen_addr: listen('HTTPS to the Kubernetes API when the agent joins directly.', { port: 3026, default: '0.0.0.0:3026' }),
+    clusters: listWithDefault(
+      'Kubernetes clusters this agent proxies.',
+      itemSection('One Kubernetes cluster.', {
+        name: str('Name of the cluster in the gateway: 1 to 63 of a-z, 0-9 and "-", starting with a letter; unique in the list.', {
+          type: 'name',
+          defaultDoc: 'required',
+          check: resourceName,
+        }),
+        api_server: str("URL of the cluster's API server (https:// only).", {
+          type: 'https:// URL',
+          defaultDoc: 'required',
+          example: 'https://kube.internal:6443',
+          check: kubeApiServer,
+        }),
+        ca_file: str("PEM file with the CA that signs the API server's certificate.", {
+          type: 'absolute path',
+          defaultDoc: "none: the system's trusted CAs",
+          example: '/etc/gateway/kube-ca.pem',
+          check: absolutePath,
+        }),
+        labels: resourceLabels(),
+      }, { required: ['name', 'api_server'], expected: 'a mapping with name, api_server, ca_file and labels' }),
+      {
+        type: 'list of {name, api_server, ca_file, labels}',
+        expected: 'a list of {name, api_server, ca_file, labels} mappings',
+        unique: (cluster) => cluster.name,
+        exampleItem: { name: 'prod', api_server: 'https://kube.internal:6443', ca_file: '/etc/gateway/kube-ca.pem', labels: '{env: prod}' },
+      },
+    ),
   }),
   windows_desktop_service: service('windows_desktop_service', 'Windows Desktop Service agent.', publicAddr(3028), {
     listen_addr: listen('Desktop protocol when the agent joins directly.', { port: 3028, default: '0.0.0.0:3028' }),
+    desktops: listWithDefault(
+      'Windows desktops this agent proxies.',
+      itemSection('One desktop.', {
+        name: str('Name of the desktop in the cluster: 1 to 63 of a-z, 0-9 and "-", starting with a letter; unique in the list.', {
+          type: 'name',
+          defaultDoc: 'required',
+          check: resourceName,
+        }),
+        addr: hostPort('Address of the desktop (default port 3389).', { port: 3389, example: '10.0.0.20', defaultDoc: 'required' }),
+        labels: resourceLabels(),
+      }, { required: ['name', 'addr'], expected: 'a mapping with name, addr and labels' }),
+      {
+        type: 'list of {name, addr, labels}',
+        expected: 'a list of {name, addr, labels} mappings',
+        unique: (desktop) => desktop.name,
+        exampleItem: { name: 'build-win', addr: '10.0.0.20', labels: '{env: dev}' },
+      },
+    ),
   }),
 }, { expected: 'a mapping of sections (gateway:, auth_service:, proxy_service:, ...)' });
 

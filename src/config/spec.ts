@@ -654,3 +654,189 @@ export function defaultText(spec: Leaf<unknown>): string {
   if (spec.default === undefined) return spec.defaultDoc ?? 'none';
   return `\`${spec.render(spec.default)}\``;
 }
+
+// --- agents' resources: labels, addresses with a port, lists of named items ----------------------------------------
+
+/** Label names: letters, digits, ".", "_", "-" and "/" (`env`, `gateway.dev/team`). */
+const LABEL_NAME = /^[A-Za-z0-9._/-]+$/;
+/** Longest part of a label name between slashes. */
+export const LABEL_NAME_SEGMENT_MAX = 63;
+/** Longest label value, in characters. */
+export const LABEL_VALUE_MAX = 256;
+const LABEL_NAME_HINT = 'Label names are letters, digits, ".", "_", "-" and "/", each part between slashes 1 to 63 characters: env, gateway.dev/team.';
+const LABELS_HINT = 'Write labels as a mapping of names to strings: labels: {env: prod, team: "42"}';
+
+/**
+ * Labels of a resource: a mapping of label name → string, `{}` by default. Names are letters, digits, ".", "_",
+ * "-" and "/", with each part between slashes 1 to 63 characters; values are strings of at most 256 characters.
+ * Numbers and booleans are refused (quote them), as is a name written with no value. Each problem is reported
+ * at its own key or value.
+ */
+export function labels(doc: string): Leaf<Readonly<Record<string, string>>> {
+  return leaf<Readonly<Record<string, string>>>({
+    doc,
+    type: 'map: label name → string',
+    default: {},
+    render: (v) => (Object.keys(v).length === 0 ? '{}' : stringify(v, { flowCollectionPadding: false, collectionStyle: 'flow', lineWidth: 0 }).trimEnd()),
+    parse: (node, path, ctx) => {
+      if (!isMap(node)) throw new Invalid(`expected a mapping of label names to strings, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE', LABELS_HINT);
+      const out: Array<[string, string]> = [];
+      for (const [name, e] of ctx.entries(node, path, 'a mapping of label names to strings')) {
+        const p = join(path, name);
+        const bad = labelNameProblem(name);
+        if (bad !== undefined) {
+          ctx.report('GW_ERR_CONFIG_VALUE', p, e.key, bad, LABEL_NAME_HINT);
+          continue;
+        }
+        const before = ctx.issues.length;
+        const v = ctx.deref(e.value, p);
+        if (v === undefined) {
+          // A name with no value; an alias to no anchor has been reported by deref.
+          if (ctx.issues.length === before) ctx.report('GW_ERR_CONFIG_TYPE', p, e.key, 'expected a string, got nothing', 'Write "" for an empty value.');
+          continue;
+        }
+        if (!isScalar(v) || typeof v.value !== 'string') {
+          const hint = isScalar(v) ? `Put the value in quotes to make it a string: ${name}: "${ctx.sourceOf(v)}"` : LABELS_HINT;
+          ctx.report('GW_ERR_CONFIG_TYPE', p, v, `expected a string, got ${describeNode(v)}`, hint);
+          continue;
+        }
+        const length = [...v.value].length;
+        if (length > LABEL_VALUE_MAX) {
+          ctx.report('GW_ERR_CONFIG_VALUE', p, v, `a label value may have at most ${LABEL_VALUE_MAX} characters, this one has ${length}`);
+          continue;
+        }
+        out.push([name, v.value]);
+      }
+      // fromEntries defines own properties, so a name such as __proto__ stays a plain key.
+      return Object.fromEntries(out);
+    },
+  });
+}
+
+/** Why name is not a label name, or undefined when it is one. */
+export function labelNameProblem(name: string): string | undefined {
+  if (!LABEL_NAME.test(name)) return `label name ${JSON.stringify(name)} may only hold letters, digits, ".", "_", "-" and "/"`;
+  const parts = name.split('/');
+  if (parts.some((part) => part === '')) return `label name ${JSON.stringify(name)} has an empty part between slashes`;
+  const long = parts.find((part) => part.length > LABEL_NAME_SEGMENT_MAX);
+  if (long !== undefined) {
+    return `label name ${JSON.stringify(name)} has a part of ${long.length} characters; each part between slashes may have at most ${LABEL_NAME_SEGMENT_MAX}`;
+  }
+  return undefined;
+}
+
+/**
+ * The address of something an agent reaches: host:port (IP or DNS name), stored as {host, port}. With a default
+ * port the port may be left out (host[:port]); without one it is required. No default: list items require it.
+ */
+export function hostPort(doc: string, o: { port?: number; example: string; defaultDoc?: string }): Leaf<HostPort | undefined> {
+  const type = o.port === undefined ? 'host:port' : 'host[:port]';
+  const hint = o.port === undefined
+    ? `Write the host and its port, e.g. ${o.example}; IPv6 addresses in brackets: "[2001:db8::1]:5432".`
+    : `Write a host, or host:port, e.g. ${o.example}; IPv6 addresses with a port in brackets: "[2001:db8::1]:${o.port}".`;
+  return leaf<HostPort | undefined>({
+    doc,
+    type,
+    default: undefined,
+    defaultDoc: o.defaultDoc ?? 'none',
+    example: o.example,
+    render: (v) => (v === undefined ? '' : yamlString(formatHostPort(v.host, v.port))),
+    parse: (node) => {
+      const text = stringOf(node, type);
+      if (/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(text.trim())) {
+        throw new Invalid(`expected ${type}, got ${describeNode(node)} (write the address without a scheme)`, 'GW_ERR_CONFIG_ADDR', hint);
+      }
+      let a: ParsedAddr;
+      try {
+        a = parseAddr(text);
+      } catch (err) {
+        if (err instanceof AddrError) throw new Invalid(`expected ${type}, got ${describeNode(node)} (${err.message})`, 'GW_ERR_CONFIG_ADDR', hint);
+        throw err;
+      }
+      const port = a.port ?? o.port;
+      if (port === undefined) throw new Invalid(`expected host:port, got ${describeNode(node)} (the port is required)`, 'GW_ERR_CONFIG_ADDR', hint);
+      return { host: a.host, port };
+    },
+  });
+}
+
+/** The value of an item section whose required keys are typed as always set. */
+export type ItemValue<F extends Fields, R extends keyof F> = {
+  readonly [K in keyof F]: K extends R ? Exclude<Infer<F[K]>, undefined> : Infer<F[K]>;
+};
+
+export interface ItemSection<F extends Fields, R extends keyof F> extends Spec<ItemValue<F, R>> {
+  readonly kind: 'section';
+  readonly fields: F;
+}
+
+/**
+ * A section for the items of a list (listOf, listWithDefault): like section(), but the keys in `required` are
+ * typed without undefined. That holds because a missing one is always reported (also when the item is an alias
+ * to nothing), and a list leaves out an item that has a problem, and parseConfig() throws on any problem. Use it
+ * only as a list item: a section that is absent from the file is not checked for required keys.
+ */
+export function itemSection<F extends Fields, const R extends keyof F & string>(
+  doc: string,
+  fields: F,
+  o: {
+    required: readonly R[];
+    expected?: string;
+    check?: (value: ItemValue<F, R>, path: string, ctx: Ctx, at: Node | undefined) => void;
+  },
+): ItemSection<F, R> {
+  const inner = section(doc, fields, {
+    required: o.required,
+    expected: o.expected,
+    check: o.check as ((value: { readonly [K in keyof F]: Infer<F[K]> }, path: string, ctx: Ctx, at: Node | undefined) => void) | undefined,
+  });
+  return {
+    kind: 'section',
+    doc,
+    fields,
+    resolve(node, path, ctx, at) {
+      const before = ctx.issues.length;
+      const value = inner.resolve(node, path, ctx, at) as Record<string, unknown>;
+      if (ctx.issues.length === before) {
+        // Nothing reported, yet a required key is unset: the item is an alias to nothing (`- *empty`).
+        const n = ctx.deref(node, path);
+        const missing = o.required.filter((k) => value[k] === undefined);
+        if (n === undefined && missing.length > 0) {
+          ctx.report('GW_ERR_CONFIG_TYPE', path, isNode(node) ? node : at, `expected ${o.expected ?? 'a mapping'}, got nothing`);
+        } else {
+          for (const k of missing) ctx.report('GW_ERR_CONFIG_VALUE', join(path, k), n ?? at, `missing required key \`${k}\``);
+        }
+      }
+      return value as ItemValue<F, R>;
+    },
+  };
+}
+
+/** A list with a default: never undefined, and typed read-only (the configuration is deeply frozen). */
+export interface ListWithDefault<V> extends Leaf<readonly V[]> {
+  readonly item: Spec<V>;
+  /** One item as YAML text by key, for a commented-out example entry (sample file). */
+  readonly exampleItem?: Readonly<Record<string, string>>;
+}
+
+/**
+ * listOf() with a default (`[]` unless given): an absent, null or invalid list resolves to the default, so the
+ * value is always a list. Items, min and unique work as in listOf().
+ */
+export function listWithDefault<V>(
+  doc: string,
+  item: Spec<V>,
+  o: {
+    type: string;
+    expected: string;
+    min?: number;
+    unique?: (v: V) => string;
+    default?: readonly V[];
+    defaultDoc?: string;
+    exampleItem?: Readonly<Record<string, string>>;
+  },
+): ListWithDefault<V> {
+  const { exampleItem, ...rest } = o;
+  const inner = listOf(doc, item, { ...rest, default: [...(o.default ?? [])] });
+  return { ...(inner as unknown as Leaf<readonly V[]>), item, ...(exampleItem === undefined ? {} : { exampleItem }) };
+}

@@ -7,6 +7,9 @@
  * (the field's default port filled in), or of ParsedAddr (port undefined when not written) for the Database and
  * Application Services, which have no port of their own. formatHostPort() from src/addr.ts turns them back into
  * "host:port" text.
+ *
+ * Agents' resources (databases, apps, desktops, Kubernetes clusters) are read-only lists, empty by default; in each
+ * item the keys the file must set (name, uri, ...) are never undefined, since an item missing one is an error.
  */
 import type { HostPort, ParsedAddr } from '../addr.js';
 import type { LogFormat } from '../log.js';
@@ -39,6 +42,10 @@ export interface AuthServiceConfig extends ServiceConfig {
   readonly cluster_name: string;
   readonly listen_addr: HostPort;
   readonly proxy_listener_mode: 'multiplex' | 'separate';
+  /** Milliseconds between heartbeats on a reverse tunnel. */
+  readonly keep_alive_interval: number;
+  /** Heartbeats missed in a row (1..100) before the Proxy marks an agent offline. */
+  readonly keep_alive_count_max: number;
 }
 
 /** Exactly one of the two is set. static_version keeps its leading "v". */
@@ -64,6 +71,11 @@ export interface ProxyServiceConfig extends ServiceConfig {
   readonly postgres_public_addr: readonly HostPort[];
   readonly mysql_public_addr: readonly HostPort[];
   readonly mongo_public_addr: readonly HostPort[];
+  readonly proxy_protocol: 'on' | 'off';
+  /** Milliseconds. */
+  readonly detect_timeout: number;
+  /** Empty or undefined: the cluster's host CA issues the web certificate. */
+  readonly https_keypairs: readonly { readonly cert_file: string; readonly key_file: string }[];
   /** Channel name (may contain "/") → channel. The built-in `default` channel is not listed unless overridden. */
   readonly automatic_upgrades_channels: Readonly<Record<string, UpgradeChannelConfig>>;
 }
@@ -75,15 +87,81 @@ export interface ListeningAgentConfig extends ServiceConfig {
 /** The Database and Application Services use reverse tunnels only: no listener, public_addr ports optional. */
 export type TunnelAgentConfig = ServiceConfig<ParsedAddr>;
 
+/**
+ * Label name → value. Names: letters, digits, ".", "_", "-" and "/", each part between slashes 1 to 63
+ * characters; values: at most 256 characters.
+ */
+export type Labels = Readonly<Record<string, string>>;
+
+export interface SshServiceConfig extends ListeningAgentConfig {
+  /** Labels of this node, advertised by the SSH Service. */
+  readonly labels: Labels;
+}
+
+export type DatabaseProtocol = 'postgres' | 'mysql' | 'mongodb' | 'redis';
+
+/** Resource names (`name` below): 1-63 of a-z, 0-9 and "-", starting with a letter; unique within their list. */
+export interface DatabaseConfig {
+  readonly name: string;
+  readonly protocol: DatabaseProtocol;
+  /** The database server; the port is always written. */
+  readonly uri: HostPort;
+  readonly labels: Labels;
+}
+
+export interface DatabaseServiceConfig extends TunnelAgentConfig {
+  readonly databases: readonly DatabaseConfig[];
+}
+
+export interface AppConfig {
+  readonly name: string;
+  /**
+   * Normalised: `http://host[:port][/path]`, `https://...` or `tcp://host:port`; scheme and DNS name in lowercase,
+   * IPv6 in brackets, the scheme's default port and a lone "/" dropped.
+   */
+  readonly uri: string;
+  /** DNS name (lowercase, no trailing dot) under which the Proxy's web port serves an HTTP app; never set for tcp://. */
+  readonly public_addr: string | undefined;
+  readonly labels: Labels;
+}
+
+export interface AppServiceConfig extends TunnelAgentConfig {
+  readonly apps: readonly AppConfig[];
+}
+
+export interface KubeClusterConfig {
+  readonly name: string;
+  /** Normalised https:// URL (see AppConfig.uri). */
+  readonly api_server: string;
+  /** Absolute path of the API server's CA (PEM); undefined: the system's trusted CAs. */
+  readonly ca_file: string | undefined;
+  readonly labels: Labels;
+}
+
+export interface KubeServiceConfig extends ListeningAgentConfig {
+  readonly clusters: readonly KubeClusterConfig[];
+}
+
+export interface DesktopConfig {
+  readonly name: string;
+  /** Port 3389 unless written. */
+  readonly addr: HostPort;
+  readonly labels: Labels;
+}
+
+export interface WindowsDesktopServiceConfig extends ListeningAgentConfig {
+  readonly desktops: readonly DesktopConfig[];
+}
+
 export interface GatewayConfig {
   readonly gateway: ProcessConfig;
   readonly auth_service: AuthServiceConfig;
   readonly proxy_service: ProxyServiceConfig;
-  readonly ssh_service: ListeningAgentConfig;
-  readonly db_service: TunnelAgentConfig;
-  readonly app_service: TunnelAgentConfig;
-  readonly kube_service: ListeningAgentConfig;
-  readonly windows_desktop_service: ListeningAgentConfig;
+  readonly ssh_service: SshServiceConfig;
+  readonly db_service: DatabaseServiceConfig;
+  readonly app_service: AppServiceConfig;
+  readonly kube_service: KubeServiceConfig;
+  readonly windows_desktop_service: WindowsDesktopServiceConfig;
 }
 
 export type ServiceName = Exclude<keyof GatewayConfig, 'gateway'>;

@@ -32,6 +32,8 @@ describe('defaults', () => {
       cluster_name: hostname(),
       listen_addr: { host: '0.0.0.0', port: 3025 },
       proxy_listener_mode: 'multiplex',
+      keep_alive_interval: 20_000,
+      keep_alive_count_max: 3,
     });
     const p = c.proxy_service;
     const ports = Object.fromEntries(

@@ -25,6 +25,7 @@ describe('sampleConfig', () => {
     for (const { path } of referenceRows()) {
       const key = path.split('.').pop()!;
       if (key.startsWith('<')) continue; // a user-chosen name: shown through the example entries
+      if (path.includes('[]')) continue; // fields of list items: the list is shown (empty by default); docs/configuration.md has them
       expect(sample, path).toMatch(new RegExp(`^\\s*(# )?${key}:`, 'm'));
     }
     for (const section of Object.keys(SCHEMA.fields)) expect(sample).toMatch(new RegExp(`^${section}:$`, 'm'));
@@ -45,6 +46,28 @@ describe('sampleConfig', () => {
     expect(Object.keys(on.proxy_service.automatic_upgrades_channels).sort()).toEqual(['default', 'stable/rolling']);
     expect(on.gateway.nodename).toBe(defaultConfig().gateway.nodename);
     expect(enabledServices(on)).toEqual(['auth_service', 'proxy_service']);
+  });
+});
+
+describe('sampleConfig list examples', () => {
+  const sample = sampleConfig();
+
+  it.each([
+    ['databases', (c: ReturnType<typeof parseConfig>) => c.db_service.databases],
+    ['apps', (c: ReturnType<typeof parseConfig>) => c.app_service.apps],
+    ['clusters', (c: ReturnType<typeof parseConfig>) => c.kube_service.clusters],
+    ['desktops', (c: ReturnType<typeof parseConfig>) => c.windows_desktop_service.desktops],
+  ] as const)('%s: an empty list with one commented-out entry that parses when switched on', (key, get) => {
+    const lines = sample.split('\n');
+    const at = lines.findIndex((l) => new RegExp(`^  ${key}: \\[\\]`).test(l));
+    expect(at, key).toBeGreaterThan(0);
+    expect(lines[at + 1]).toMatch(/^    # - name: /);
+    // Switch it on as an operator would: drop "[]" and the "# " of the entry.
+    const on = lines.map((l, i) => (i === at ? l.replace(' []', '') : i > at && /^    # [ -] /.test(l) ? l.replace('# ', '') : l));
+    let end = at + 1;
+    while (/^    # [ -] /.test(lines[end] ?? '')) end++;
+    const edited = [...on.slice(0, end), ...lines.slice(end)].join('\n');
+    expect(get(parseConfig(edited, 'sample.yaml'))).toHaveLength(1);
   });
 });
 
