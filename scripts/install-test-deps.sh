@@ -9,6 +9,7 @@ declare -A NEED=(
   [socat]=socat          # the peer baseline in bench/ and a TLS front in tests
   [openssl]=openssl      # test certificate authorities
   [htpasswd]=apache2-utils  # squid basic-auth password files
+  [haproxy]=haproxy      # a real L4 load balancer (send-proxy-v2) in front of the Proxy, and the mux benchmark's peer
 )
 
 missing=()
@@ -33,4 +34,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # Debian starts squid as a system service on install where an init system runs; the tests run their own.
-if command -v service >/dev/null 2>&1; then service squid stop >/dev/null 2>&1 || true; fi
+if command -v service >/dev/null 2>&1; then
+  service squid stop >/dev/null 2>&1 || true
+  service haproxy stop >/dev/null 2>&1 || true
+fi

@@ -53,6 +53,8 @@ export interface RunningGateway {
   addresses: Record<string, string>;
   hostId?: string;
   logs(): string;
+  /** Resolves with the first log line containing text (output arrives asynchronously). */
+  waitForLog(text: string, timeoutMs?: number): Promise<string>;
   /** SIGTERM and wait; resolves with the exit code. */
   stop(): Promise<number | null>;
   process: ChildProcess;
@@ -99,6 +101,17 @@ export async function startGateway(
     addresses: started.addresses,
     ...(started.host_id ? { hostId: started.host_id } : {}),
     logs: () => output,
+    waitForLog: (text, timeoutMs = 10_000) =>
+      new Promise<string>((resolve, reject) => {
+        const deadline = Date.now() + timeoutMs;
+        const check = () => {
+          const line = output.split('\n').find((l) => l.includes(text));
+          if (line) return resolve(line);
+          if (Date.now() > deadline) return reject(new Error(`no log line with ${JSON.stringify(text)} within ${timeoutMs} ms`));
+          setTimeout(check, 50);
+        };
+        check();
+      }),
     process: child,
     async stop() {
       if (child.exitCode !== null) return child.exitCode;

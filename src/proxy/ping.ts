@@ -1,0 +1,87 @@
+/**
+ * What /webapi/ping and /webapi/find tell clients and agents about the Proxy's addresses (seed: "Shape of proxy
+ * in the ping response"). Pure: derived from the configuration and the bound listeners only.
+ *
+ * - The web public address is the first proxy_service.public_addr, else <nodename>:<web port>.
+ * - With TLS routing (multiplex), every public address is the web public address and every listen address is
+ *   the web listen address: clients reach every protocol through 443.
+ * - With separate listeners, each protocol has its own port: its *_public_addr when set (the first one), else
+ *   the web public host with that protocol's listen port.
+ */
+import { formatHostPort, type HostPort } from '../addr.js';
+import type { GatewayConfig } from '../config/index.js';
+import { VERSION } from '../version.js';
+
+export interface PingProxy {
+  kube: { enabled: boolean; public_addr: string; listen_addr: string };
+  ssh: { listen_addr: string; tunnel_listen_addr: string; web_listen_addr: string; public_addr: string; ssh_public_addr: string; ssh_tunnel_public_addr: string };
+  db: { postgres_public_addr: string; mysql_listen_addr: string; mysql_public_addr: string; mongo_public_addr: string };
+  tls_routing_enabled: boolean;
+}
+
+export interface PingResponse {
+  cluster_name: string;
+  server_version: string;
+  min_client_version: string;
+  auth: { type: 'local'; second_factor: 'off'; local: { name: string } };
+  proxy: PingProxy;
+}
+
+/** Clients older than this are told to upgrade (one major version back, as is usual). */
+export const MIN_CLIENT_VERSION = '16.0.0';
+
+const hp = (a: HostPort) => formatHostPort(a.host, a.port);
+
+/**
+ * bound: the addresses the listeners actually bound (useful with port 0); listen addresses fall back to the
+ * configuration's.
+ */
+export function pingProxy(config: GatewayConfig, bound: Partial<Record<'web' | 'ssh' | 'tunnel' | 'mysql' | 'kube', string>> = {}): PingProxy {
+  const p = config.proxy_service;
+  const multiplex = config.auth_service.proxy_listener_mode === 'multiplex';
+  const webListen = bound.web ?? hp(p.web_listen_addr);
+  const webPort = Number(/:(\d+)$/.exec(webListen)?.[1] ?? p.web_listen_addr.port);
+  const webPublic = p.public_addr[0] ? hp(p.public_addr[0]) : formatHostPort(config.gateway.nodename, webPort);
+  const webHost = p.public_addr[0]?.host ?? config.gateway.nodename;
+  const publicFor = (list: readonly HostPort[], listen: HostPort | string | undefined): string => {
+    if (multiplex) return webPublic;
+    if (list[0]) return hp(list[0]);
+    const port = typeof listen === 'string' ? Number(/:(\d+)$/.exec(listen)?.[1]) : listen?.port;
+    return port === undefined ? '' : formatHostPort(webHost, port);
+  };
+  const listenFor = (key: 'ssh' | 'tunnel' | 'mysql' | 'kube', addr: HostPort | undefined): string =>
+    multiplex ? webListen : (bound[key] ?? (addr ? hp(addr) : ''));
+  const kubeEnabled = multiplex || p.kube_listen_addr !== undefined;
+  return {
+    kube: {
+      enabled: kubeEnabled,
+      public_addr: kubeEnabled ? publicFor(p.kube_public_addr, bound.kube ?? p.kube_listen_addr) : '',
+      listen_addr: kubeEnabled ? listenFor('kube', p.kube_listen_addr) : '',
+    },
+    ssh: {
+      listen_addr: listenFor('ssh', p.listen_addr),
+      tunnel_listen_addr: listenFor('tunnel', p.tunnel_listen_addr),
+      web_listen_addr: webListen,
+      public_addr: webPublic,
+      ssh_public_addr: publicFor(p.ssh_public_addr, bound.ssh ?? p.listen_addr),
+      ssh_tunnel_public_addr: publicFor(p.tunnel_public_addr, bound.tunnel ?? p.tunnel_listen_addr),
+    },
+    db: {
+      postgres_public_addr: publicFor(p.postgres_public_addr, p.postgres_listen_addr),
+      mysql_listen_addr: listenFor('mysql', p.mysql_listen_addr),
+      mysql_public_addr: publicFor(p.mysql_public_addr, bound.mysql ?? p.mysql_listen_addr),
+      mongo_public_addr: publicFor(p.mongo_public_addr, p.mongo_listen_addr),
+    },
+    tls_routing_enabled: multiplex,
+  };
+}
+
+export function pingResponse(config: GatewayConfig, clusterName: string, bound: Parameters<typeof pingProxy>[1] = {}): PingResponse {
+  return {
+    cluster_name: clusterName,
+    server_version: VERSION,
+    min_client_version: MIN_CLIENT_VERSION,
+    auth: { type: 'local', second_factor: 'off', local: { name: '' } },
+    proxy: pingProxy(config, bound),
+  };
+}
