@@ -24,6 +24,10 @@ import { GatewayError } from './errors.js';
 import { writePublicFile, writeSecretFile } from './fsutil.js';
 import { logger } from './log.js';
 import { startFrontDoor } from './proxy/frontdoor.js';
+import { createAccessHandler } from './proxy/access.js';
+import { TunnelServer } from './tunnel/server.js';
+import { TunnelAgent, sshPrivateKey } from './tunnel/agent.js';
+import { agentResources, agentServices, resourceConnector } from './agent/resources.js';
 import { VersionServer } from './proxy/versions.js';
 import { VERSION } from './version.js';
 import { readFileSync } from 'node:fs';
@@ -42,6 +46,8 @@ export interface StartFlags {
 
 export interface Daemon {
   services: ServiceName[];
+  tunnelAgent?: TunnelAgent;
+  tunnels?: TunnelServer;
   /** Bound addresses, by listener name (auth, web). */
   addresses: Record<string, string>;
   auth?: AuthService;
@@ -126,6 +132,8 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
   let backend: Backend | undefined;
   let auth: AuthService | undefined;
   let hostIdentity: HostIdentity | undefined;
+  let tunnels: TunnelServer | undefined;
+  let tunnelAgent: TunnelAgent | undefined;
 
   const closers: Array<() => Promise<void>> = [];
   const stop = async () => {
@@ -165,19 +173,47 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
       writePublicFile(join(adminDir, 'auth-addr'), `${localAddress(addresses.auth)}\n`);
 
       if (services.includes('proxy_service')) {
-        const webNames = [...names, ...config.proxy_service.public_addr.map((a) => a.host)];
+        const webHost = config.proxy_service.web_listen_addr.host;
+        const webNames = [...names, ...config.proxy_service.public_addr.map((a) => a.host), ...(['', '0.0.0.0', '::'].includes(webHost) ? [] : [webHost])];
         const webTls = await webCertificate(config, async () => {
           const webKeys = generateKeyPair();
           return { key: webKeys.privateKeyPem, cert: await auth!.issueServerCert(webKeys.publicKeyPem, webNames, 'proxy') };
         });
+        const tunnelKey = generateKeyPair();
+        const publicWeb = config.proxy_service.public_addr[0];
+        tunnels = new TunnelServer({
+          auth,
+          hostKey: sshPrivateKey(tunnelKey.privateKeyPem),
+          heartbeatIntervalMs: config.auth_service.keep_alive_interval,
+          heartbeatCountMax: config.auth_service.keep_alive_count_max,
+          publicAddr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename,
+        });
+        const access = createAccessHandler(auth, tunnels);
+        const tunnelHostKey = tunnelKey.sshPublicKey;
         const frontDoor = await startFrontDoor({
           config,
           clusterName: auth.clusterName,
+          services: {
+            tls: {
+              'gateway-reversetunnel': tunnels.handle,
+              'gateway-postgres': access,
+              'gateway-mysql': access,
+              'gateway-mongodb': access,
+              'gateway-redis': access,
+              'gateway-tcp': access,
+            },
+            tunnel: tunnels.handle,
+          },
+          findExtras: () => ({ tunnel_host_keys: [tunnelHostKey] }),
           tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
           api: handler,
           versions: new VersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: new Dialer() }),
         });
-        closers.push(() => frontDoor.close());
+        const tunnelServer = tunnels;
+        closers.push(async () => {
+          await tunnelServer.close();
+          await frontDoor.close();
+        });
         for (const [name, addr] of Object.entries(frontDoor.addresses)) addresses[name === 'web' ? 'web' : `proxy_${name}`] = addr;
       }
     } else if (services.includes('proxy_service')) {
@@ -227,12 +263,33 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
         });
       }
     }
+    // The agent's reverse tunnel: out to the Proxy through the Dialer, then serve what it forwards. An agent
+    // whose identity was issued locally dials the web port of the Proxy in this same process.
+    const tunnelIdentity =
+      hostIdentity?.server === 'local' ? (addresses.web ? { ...hostIdentity, server: localAddress(addresses.web) } : undefined) : hostIdentity;
+    if (tunnelIdentity) {
+      const dialer = new Dialer();
+      const agent = new TunnelAgent({
+        identity: tunnelIdentity,
+        dialer,
+        services: agentServices(services),
+        resources: agentResources(config, services),
+        connectResource: resourceConnector(config, services, dialer),
+        heartbeatIntervalMs: config.auth_service.keep_alive_interval,
+        heartbeatCountMax: config.auth_service.keep_alive_count_max,
+      });
+      tunnelAgent = agent;
+      closers.unshift(async () => agent.stop());
+      agent.start();
+    } else if (hostIdentity) {
+      log.warn('agent services run next to an Auth Service without a Proxy: no reverse tunnel is opened');
+    }
   } catch (err) {
     await stop();
     throw err;
   }
 
-  return { services, addresses, ...(auth ? { auth } : {}), ...(hostIdentity ? { hostIdentity } : {}), stop };
+  return { services, addresses, ...(auth ? { auth } : {}), ...(hostIdentity ? { hostIdentity } : {}), ...(tunnelAgent ? { tunnelAgent } : {}), ...(tunnels ? { tunnels } : {}), stop };
 }
 
 export { JOIN_ROLES };

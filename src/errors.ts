@@ -327,6 +327,32 @@ export const ERROR_CODES = {
     summary: 'A PROXY protocol header (v1 text or v2 binary) from a load balancer is malformed, too long, or announces something the gateway refuses (UDP).',
     hint: "Check the load balancer's PROXY protocol settings (version, TCP only) and that only it can reach this port.",
   },
+
+  // --- reverse tunnels and routing to resources -------------------------------------------------------------------
+  GW_ERR_TUNNEL_PROTOCOL: {
+    summary: 'A peer broke the reverse-tunnel protocol (a header line that is not JSON, too long, or missing).',
+    hint: 'Check that the agent and the proxy run the same version.',
+  },
+  GW_ERR_TUNNEL_TIMEOUT: {
+    summary: 'A tunnel peer did not answer in time (hello, dial answer, route header).',
+    hint: 'The agent or the resource behind it may be overloaded or unreachable; check its logs.',
+  },
+  GW_ERR_TUNNEL_NOT_FOUND: {
+    summary: 'No connected agent serves the resource asked for (database, app, desktop, cluster or node).',
+    hint: "List what is reachable with 'gwsh db ls', 'gwsh apps ls' or 'gwctl get nodes'; the agent may be offline.",
+  },
+  GW_ERR_TUNNEL_DIAL_FAILED: {
+    summary: 'The agent could not connect to the resource behind it; the message names the resource, the agent and why.',
+    hint: "Check that the resource runs and that the address in the agent's configuration is right.",
+  },
+  GW_ERR_TUNNEL_AUTH: {
+    summary: 'The Proxy refused an agent (unknown host, wrong key, certificate from another cluster), or the agent refused the Proxy.',
+    hint: 'Join the agent again with a new token if its host identity was removed or belongs to another cluster.',
+  },
+  GW_ERR_TUNNEL_DOWN: {
+    summary: 'The reverse tunnel to the Proxy is not connected (the agent is reconnecting).',
+    hint: 'The agent retries by itself; check the network path and HTTPS_PROXY if it does not come back.',
+  },
 } as const satisfies Record<string, ErrorSpec>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -123,7 +123,11 @@ async function readBody(req: IncomingMessage): Promise<Record<string, unknown>> 
 
 /** The caller's identity from its client certificate, checked against the CA that must have signed that kind. */
 export function peerIdentity(auth: AuthService, req: IncomingMessage): Identity {
-  const socket = req.socket as TLSSocket;
+  return peerIdentityOf(auth, req.socket as TLSSocket);
+}
+
+/** The same for any TLS socket (routed database, app and kube connections). */
+export function peerIdentityOf(auth: AuthService, socket: TLSSocket): Identity {
   const unauthenticated = (why: string) =>
     new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `no valid client certificate from this cluster: ${why}`, {
       hint: "Sign in with 'gwsh login', or on the Auth Service's machine run gwctl with access to its data directory.",
@@ -174,6 +178,7 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
       return bundle;
     }),
     route('GET', '/v1/status', async ({ caller }) => auth.status(caller())),
+    route('GET', '/v1/inventory/:kind', async ({ caller, params }) => ({ items: await auth.inventory(caller(), params.kind!) })),
     route('GET', '/v1/users', async ({ caller }) => ({ users: await auth.listUsers(caller()) })),
     route('POST', '/v1/users', async ({ caller, body }) => {
       const b = await body();

@@ -22,7 +22,7 @@ import {
   type Identity,
 } from './pki.js';
 import { LoginRateLimiter } from './ratelimit.js';
-import { allowedLogins, checkAccess, PRESET_ROLES, type Verb } from './rbac.js';
+import { allowedLogins, canAccess, checkAccess, PRESET_ROLES, type AccessKind, type Verb } from './rbac.js';
 import { withoutSecrets, type Resource, type RoleResource, type TokenResource, type UserResource } from './resources/index.js';
 
 export const JOIN_ROLES = ['node', 'db', 'app', 'kube', 'desktop', 'proxy'] as const;
@@ -42,6 +42,7 @@ const KEYS = {
   connector: (kind: string, name: string) => `/connectors/${kind}/${name}`,
   maintenance: '/cluster_maintenance_config',
   node: (hostId: string) => `/nodes/${hostId}`,
+  presence: (hostId: string) => `/presence/${hostId}`,
   event: (time: number) => `/events/${String(time).padStart(15, '0')}-${randomBytes(4).toString('hex')}`,
 };
 
@@ -70,6 +71,29 @@ export interface NodeRecord {
   publicAddrs: string[];
   joinedAt: string;
   source?: string;
+  /** The SSH public key its host certificate certifies: what it must authenticate its reverse tunnel with. */
+  sshPublicKey?: string;
+}
+
+export interface InventoryItem {
+  name: string;
+  labels: Record<string, string>;
+  agent: string;
+  host_id: string;
+  connected_since: string;
+  protocol?: string;
+  public_addr?: string;
+}
+
+/** An agent connected to a proxy right now (written by the proxy's tunnel registry, expires unless refreshed). */
+export interface Presence {
+  hostId: string;
+  nodename: string;
+  proxyId: string;
+  services: string[];
+  resources: import('../tunnel/protocol.js').AgentResources;
+  connectedAt: string;
+  lastHeartbeat: string;
 }
 
 export interface CertBundle {
@@ -495,6 +519,7 @@ export class AuthService {
       publicAddrs: request.publicAddrs,
       joinedAt: new Date(this.clock()).toISOString(),
       source: request.source,
+      sshPublicKey: request.sshPublicKey,
     };
     await this.backend.put(KEYS.node(hostId), JSON.stringify(record));
     this.log.info({ hostId, nodename: request.nodename, roles: request.roles, token: request.token, source: request.source }, 'agent joined');
@@ -623,10 +648,26 @@ export class AuthService {
       }
       case 'node':
       case 'nodes':
-        found = (await this.backend.range('/nodes/')).map((i) => {
-          const n = JSON.parse(i.value) as NodeRecord;
-          return { kind: 'node', version: 'v2', metadata: { name: n.hostId }, spec: { hostname: n.nodename, roles: n.roles, public_addrs: n.publicAddrs, joined_at: n.joinedAt } } as unknown as Resource;
-        });
+        {
+          const online = new Map((await this.listPresence()).map((p) => [p.hostId, p]));
+          found = (await this.backend.range('/nodes/')).map((i) => {
+            const n = JSON.parse(i.value) as NodeRecord;
+            const p = online.get(n.hostId);
+            return {
+              kind: 'node',
+              version: 'v2',
+              metadata: { name: n.hostId, ...(p?.resources.node_labels ? { labels: p.resources.node_labels } : {}) },
+              spec: {
+                hostname: n.nodename,
+                roles: n.roles,
+                public_addrs: n.publicAddrs,
+                joined_at: n.joinedAt,
+                status: p ? 'online' : 'offline',
+                ...(p ? { connected_since: p.connectedAt, last_heartbeat: p.lastHeartbeat, proxy: p.proxyId, services: p.services } : {}),
+              },
+            } as unknown as Resource;
+          });
+        }
         break;
       default:
         throw new GatewayError('GW_ERR_RESOURCE_KIND', `unknown resource kind "${kind}"`, {
@@ -664,6 +705,60 @@ export class AuthService {
     }
     if (!(await this.backend.delete(key))) throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `${kind} "${name}" does not exist`);
     await this.audit(`${kind}.delete`, caller, { name });
+  }
+
+  async getNode(hostId: string): Promise<NodeRecord | undefined> {
+    return parseJson<NodeRecord>(await this.backend.get(KEYS.node(hostId)));
+  }
+
+  async setPresence(presence: Presence, ttlMs: number): Promise<void> {
+    await this.backend.put(KEYS.presence(presence.hostId), JSON.stringify(presence), { ttlMs });
+  }
+
+  /** Removes the presence record, unless another proxy wrote it meanwhile (the agent reconnected elsewhere). */
+  async clearPresence(hostId: string, proxyId: string): Promise<void> {
+    const item = await this.backend.get(KEYS.presence(hostId));
+    if (!item || (JSON.parse(item.value) as Presence).proxyId !== proxyId) return;
+    try {
+      await this.backend.atomicWrite([{ key: item.key, revision: item.revision }], [{ type: 'delete', key: item.key }]);
+    } catch (err) {
+      if (!(err instanceof GatewayError && err.code === 'GW_ERR_BACKEND_CONFLICT')) throw err;
+    }
+  }
+
+  async listPresence(): Promise<Presence[]> {
+    return (await this.backend.range('/presence/')).map((i) => JSON.parse(i.value) as Presence);
+  }
+
+  /**
+   * What the caller may reach right now, from the agents' presence: nodes, databases, apps, desktops or kube
+   * clusters, each with its labels, agent and since when it is connected. Filtered by the caller's roles.
+   */
+  async inventory(caller: Identity, kind: string): Promise<InventoryItem[]> {
+    const kinds: Record<string, AccessKind> = { node: 'node', nodes: 'node', db: 'db', app: 'app', apps: 'app', desktop: 'windows_desktop', desktops: 'windows_desktop', kube: 'kube_cluster' };
+    const accessKind = kinds[kind];
+    if (!accessKind) throw new GatewayError('GW_ERR_RESOURCE_KIND', `unknown inventory kind "${kind}"`, { hint: 'Kinds: node, db, app, desktop, kube.' });
+    if (caller.kind !== 'admin' && caller.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'host identities have no inventory');
+    if (caller.cluster !== this.clusterName && caller.kind !== 'admin') throw new GatewayError('GW_ERR_ACCESS_DENIED', `identity from cluster "${caller.cluster}"`);
+    const roles = caller.kind === 'admin' ? undefined : await this.rolesOf(caller.roles);
+    const allowed = (labels: Record<string, string>) => roles === undefined || canAccess(roles, accessKind, labels);
+    const items: InventoryItem[] = [];
+    for (const p of await this.listPresence()) {
+      const base = { agent: p.nodename, host_id: p.hostId, connected_since: p.connectedAt };
+      if (accessKind === 'node' && p.services.includes('ssh')) {
+        const labels = p.resources.node_labels ?? {};
+        if (allowed(labels)) items.push({ ...base, name: p.nodename, labels });
+      } else if (accessKind === 'db') {
+        for (const d of p.resources.databases) if (allowed(d.labels)) items.push({ ...base, name: d.name, protocol: d.protocol, labels: d.labels });
+      } else if (accessKind === 'app') {
+        for (const a of p.resources.apps) if (allowed(a.labels)) items.push({ ...base, name: a.name, protocol: a.kind, labels: a.labels, ...(a.public_addr ? { public_addr: a.public_addr } : {}) });
+      } else if (accessKind === 'windows_desktop') {
+        for (const d of p.resources.desktops) if (allowed(d.labels)) items.push({ ...base, name: d.name, labels: d.labels });
+      } else if (accessKind === 'kube_cluster') {
+        for (const k of p.resources.kube_clusters) if (allowed(k.labels)) items.push({ ...base, name: k.name, labels: k.labels });
+      }
+    }
+    return items.sort((a, b) => a.name.localeCompare(b.name));
   }
 
   status(caller: Identity): { cluster_name: string; version: string; ca_pin: string; identity: { kind: string; name: string; roles: string[] }; proxy_public_addr?: string } {

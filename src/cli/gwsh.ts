@@ -5,6 +5,11 @@ import type { CertBundle } from '../auth/service.js';
 import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
 import { loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
 import { parseDuration } from '../duration.js';
+import net from 'node:net';
+import { Dialer } from '../dial/dialer.js';
+import { fetchPing, openResource, routeAddress, type ResourceTarget } from '../client/resources.js';
+import { splice } from '../tunnel/lines.js';
+import { toGatewayError } from '../errors.js';
 import { GatewayError } from '../errors.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
@@ -52,6 +57,116 @@ program
   .action(() => {
     const had = removeProfile();
     process.stdout.write(had ? 'logged out\n' : 'not logged in\n');
+  });
+
+function requireProfile() {
+  const profile = loadProfile();
+  if (!profile) throw new GatewayError('GW_ERR_CLIENT_NOT_LOGGED_IN', 'not logged in', { hint: "Run 'gwsh login --proxy=HOST:PORT --user=USER'." });
+  return profile;
+}
+
+function apiFor(profile: ReturnType<typeof requireProfile>): ApiClient {
+  return new ApiClient({ address: profile.proxy, ca: profile.hostCa, cert: profile.cert, key: profile.key });
+}
+
+interface InventoryItem {
+  name: string;
+  labels: Record<string, string>;
+  agent: string;
+  connected_since: string;
+  protocol?: string;
+  public_addr?: string;
+}
+
+function printInventory(items: InventoryItem[], format: string, withProtocol: string): void {
+  if (format === 'json') {
+    process.stdout.write(`${JSON.stringify(items, null, 2)}\n`);
+    return;
+  }
+  const rows = [['Name', withProtocol, 'Labels', 'Agent', 'Connected since'], ...items.map((i) => [i.name, i.protocol ?? '', Object.entries(i.labels).map(([k, v]) => `${k}=${v}`).join(','), i.agent, i.connected_since])];
+  const widths = rows[0]!.map((_, c) => Math.max(...rows.map((r) => r[c]!.length)));
+  process.stdout.write(`${rows.map((r) => r.map((cell, c) => cell.padEnd(widths[c]!)).join('  ').trimEnd()).join('\n')}\n`);
+}
+
+for (const [name, kind, column, description] of [
+  ['db', 'db', 'Protocol', 'databases you may reach'],
+  ['apps', 'app', 'Type', 'applications you may reach'],
+  ['desktops', 'desktop', '', 'desktops you may reach'],
+  ['ls', 'node', '', 'servers (SSH nodes) you may reach'],
+] as const) {
+  const cmd = name === 'ls' ? program.command('ls') : program.command(name).command('ls');
+  cmd
+    .description(`list the ${description}, with their labels, agent and since when connected`)
+    .option('-f, --format <format>', 'text or json', 'text')
+    .action(async (opts: { format: string }) => {
+      const { items } = await apiFor(requireProfile()).call<{ items: InventoryItem[] }>('GET', `/v1/inventory/${kind}`);
+      printInventory(items, opts.format, column);
+    });
+}
+
+/** A local listener whose every connection is carried to the resource through the Proxy. */
+async function localProxy(target: ResourceTarget, port: string, what: string): Promise<void> {
+  const profile = requireProfile();
+  const dialer = new Dialer();
+  const ping = await fetchPing(profile, dialer);
+  const address = routeAddress(profile, ping, target.alpn);
+  // Fail now, not at the first client connection, when the resource is unknown or not allowed.
+  (await openResource(profile, address, target, dialer)).destroy();
+  if (!/^\d{1,5}$/.test(port) || Number(port) > 65535) throw new GatewayError('GW_ERR_USAGE', `--port: "${port}" is not a port number`);
+  const server = net.createServer({ allowHalfOpen: true, noDelay: true }, (local) => {
+    openResource(profile, address, target, dialer)
+      .then((remote) => splice(local, remote))
+      .catch((err: unknown) => {
+        const e = toGatewayError(err);
+        process.stderr.write(`error: ${e.message}\ncode: ${e.code}\n`);
+        local.destroy();
+      });
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (err: NodeJS.ErrnoException) =>
+      reject(new GatewayError('GW_ERR_LISTEN', `cannot listen on 127.0.0.1:${port}: ${err.code ?? err.message}`, { hint: 'Choose another --port.' })),
+    );
+    server.listen(Number(port), '127.0.0.1', () => resolve());
+  });
+  const bound = (server.address() as net.AddressInfo).port;
+  process.stdout.write(`Started a local proxy for ${what} on 127.0.0.1:${bound}\n`);
+  await new Promise<void>((resolve) => {
+    process.once('SIGINT', resolve);
+    process.once('SIGTERM', resolve);
+  });
+  server.close();
+}
+
+const proxyCmd = program.command('proxy').description('local listeners that carry connections to resources through the Proxy');
+proxyCmd
+  .command('db')
+  .description('listen on 127.0.0.1:PORT and carry each connection to the database (psql, mysql, redis-cli connect there)')
+  .argument('<name>', 'database name (see gwsh db ls)')
+  .option('--port <port>', 'local port (0 picks a free one)', '0')
+  .action(async (name: string, opts: { port: string }) => {
+    const profile = requireProfile();
+    const { items } = await apiFor(profile).call<{ items: InventoryItem[] }>('GET', '/v1/inventory/db');
+    const db = items.find((i) => i.name === name);
+    if (!db) {
+      throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no database "${name}" that you may reach is connected`, { hint: "List them with 'gwsh db ls'." });
+    }
+    await localProxy({ alpn: `gateway-${db.protocol}`, resource: name }, opts.port, `${db.protocol} database "${name}"`);
+  });
+proxyCmd
+  .command('app')
+  .description('listen on 127.0.0.1:PORT and carry each connection to the app (TCP, or HTTP spoken by a local client)')
+  .argument('<name>', 'app name (see gwsh apps ls)')
+  .option('--port <port>', 'local port (0 picks a free one)', '0')
+  .action(async (name: string, opts: { port: string }) => {
+    await localProxy({ alpn: 'gateway-tcp', resource: name, kind: 'app' }, opts.port, `app "${name}"`);
+  });
+proxyCmd
+  .command('desktop')
+  .description('listen on 127.0.0.1:PORT and carry each connection to the desktop (point an RDP client there)')
+  .argument('<name>', 'desktop name (see gwsh desktops ls)')
+  .option('--port <port>', 'local port (0 picks a free one)', '0')
+  .action(async (name: string, opts: { port: string }) => {
+    await localProxy({ alpn: 'gateway-tcp', resource: name, kind: 'desktop' }, opts.port, `desktop "${name}"`);
   });
 
 function printStatus(format: string): void {

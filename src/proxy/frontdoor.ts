@@ -58,6 +58,8 @@ export interface FrontDoorOptions {
   api: (req: http.IncomingMessage, res: http.ServerResponse) => void;
   versions: VersionServer;
   services?: ProtocolServices;
+  /** Extra members of the /webapi/find answer (the tunnel server's SSH host keys). */
+  findExtras?: () => Record<string, unknown>;
   /** WebSocket pings on upgraded connections, to keep L7 load balancers from closing idle streams. */
   upgradePingIntervalMs?: number;
   tlsHandshakeTimeoutMs?: number;
@@ -132,7 +134,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
       if (path === '/webapi/ping' || path === '/webapi/find') {
         if (req.method !== 'GET' && req.method !== 'HEAD') return sendJson(res, 405, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: `${req.method} is not allowed on ${path}`, hint: 'Use GET.' } });
         const ping = pingResponse(config, options.clusterName, { web: addresses.web ?? addresses.mux, ...(addresses.ssh ? { ssh: addresses.ssh } : {}), ...(addresses.tunnel ? { tunnel: addresses.tunnel } : {}), ...(addresses.mysql ? { mysql: addresses.mysql } : {}), ...(addresses.kube ? { kube: addresses.kube } : {}) });
-        return sendJson(res, 200, path === '/webapi/find' ? { proxy: ping.proxy, server_version: ping.server_version, cluster_name: ping.cluster_name } : ping);
+        return sendJson(res, 200, path === '/webapi/find' ? { proxy: ping.proxy, server_version: ping.server_version, cluster_name: ping.cluster_name, ...(options.findExtras?.() ?? {}) } : ping);
       }
       if (path === UPGRADE_PATH) {
         return sendJson(res, 426, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: 'connection upgrade needs a WebSocket upgrade request', hint: `Send GET ${UPGRADE_PATH} with Upgrade: websocket and the ALPN protocol as the subprotocol.` } });
@@ -154,6 +156,11 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
     const timer = setTimeout(() => socket.destroy(), handshakeTimeout);
     socket.once('secure', () => {
       clearTimeout(timer);
+      // A TLSSocket made by hand is not checked the way tls.Server checks its own (onServerSocketSecure):
+      // record the client certificate's verification here so that handlers can rely on .authorized.
+      const verifyError = (socket as unknown as { _handle?: { verifyError(): Error & { code?: string } | null } })._handle?.verifyError();
+      if (verifyError) socket.authorizationError = (verifyError.code ?? verifyError.message) as never;
+      else if (socket.getPeerCertificate()?.raw) socket.authorized = true;
       if (service) {
         service(socket, info);
         return;
@@ -228,7 +235,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
 
   try {
     if (multiplex) {
-      const server = net.createServer({ noDelay: true, pauseOnConnect: false }, mux.handleSocket);
+      const server = net.createServer({ noDelay: true, allowHalfOpen: true }, mux.handleSocket);
       servers.push(server);
       addresses.web = await listenOn(server, p.web_listen_addr, 'proxy_service.web_listen_addr');
       log.info({ addr: addresses.web, tls_routing: true }, 'proxy listening: every protocol on the web port');
@@ -239,15 +246,15 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
         ['ssh', p.listen_addr, 'proxy_service.listen_addr', (s) => raw('ssh', options.services?.ssh)(s, infoOf(s, 'ssh'))],
         ['tunnel', p.tunnel_listen_addr, 'proxy_service.tunnel_listen_addr', (s) => raw('tunnel', options.services?.tunnel)(s, infoOf(s, 'tunnel'))],
         ['peer', p.peer_listen_addr, 'proxy_service.peer_listen_addr', (s) => mux.handleSocket(s)],
-        ['mysql', p.mysql_listen_addr, 'proxy_service.mysql_listen_addr', (s) => raw('mysql', undefined)(s, infoOf(s, 'mysql'))],
-        ['postgres', p.postgres_listen_addr, 'proxy_service.postgres_listen_addr', (s) => raw('postgres', undefined)(s, infoOf(s, 'postgres'))],
-        ['mongo', p.mongo_listen_addr, 'proxy_service.mongo_listen_addr', (s) => raw('mongo', undefined)(s, infoOf(s, 'mongo'))],
-        ['redis', p.redis_listen_addr, 'proxy_service.redis_listen_addr', (s) => raw('redis', undefined)(s, infoOf(s, 'redis'))],
+        ['mysql', p.mysql_listen_addr, 'proxy_service.mysql_listen_addr', (s) => terminate('gateway-mysql', options.services?.tls?.['gateway-mysql'])(s, infoOf(s, 'gateway-mysql'))],
+        ['postgres', p.postgres_listen_addr, 'proxy_service.postgres_listen_addr', (s) => terminate('gateway-postgres', options.services?.tls?.['gateway-postgres'])(s, infoOf(s, 'gateway-postgres'))],
+        ['mongo', p.mongo_listen_addr, 'proxy_service.mongo_listen_addr', (s) => terminate('gateway-mongodb', options.services?.tls?.['gateway-mongodb'])(s, infoOf(s, 'gateway-mongodb'))],
+        ['redis', p.redis_listen_addr, 'proxy_service.redis_listen_addr', (s) => terminate('gateway-redis', options.services?.tls?.['gateway-redis'])(s, infoOf(s, 'gateway-redis'))],
         ['kube', p.kube_listen_addr, 'proxy_service.kube_listen_addr', (s) => terminate('kube', options.services?.tls?.kube)(s, infoOf(s, 'kube'))],
       ];
       for (const [name, addr, key, onConnection] of separate) {
         if (!addr) continue;
-        const server = net.createServer({ noDelay: true }, onConnection);
+        const server = net.createServer({ noDelay: true, allowHalfOpen: true }, onConnection);
         servers.push(server);
         addresses[name] = await listenOn(server, addr, key);
       }

@@ -226,8 +226,12 @@ describe('an agent joins with a token and the CA pin, through squid', () => {
       expect(agent.hostId).toMatch(/^[0-9a-f-]{36}$/);
       expect(statSync(join(agent.dataDir, 'host', 'key.pem')).mode & 0o777).toBe(0o600);
       await squid.waitForAccessLog((l) => l.includes(`CONNECT ${proxyAddr} 200`));
+      // Its reverse tunnel comes up through squid too, and gwctl get nodes shows it online.
+      await agent.waitForLog('reverse tunnel ready');
       const nodes = await gwctlAdmin(['get', 'nodes', '--format', 'json']);
-      expect(JSON.parse(nodes.stdout)).toContainEqual(expect.objectContaining({ metadata: { name: agent.hostId }, spec: expect.objectContaining({ hostname: 'node-1', roles: ['node'] }) }));
+      expect(JSON.parse(nodes.stdout)).toContainEqual(
+        expect.objectContaining({ metadata: expect.objectContaining({ name: agent.hostId }), spec: expect.objectContaining({ hostname: 'node-1', roles: ['node'], status: 'online' }) }),
+      );
       expect(agent.logs()).not.toContain(token);
       expect(cluster.logs()).not.toContain(token);
     } finally {

@@ -1,0 +1,103 @@
+/**
+ * What an agent serves (from its configuration) and how it reaches each resource when the Proxy forwards a
+ * connection: databases, TCP apps and desktops by direct TCP on the agent's own network (these are local
+ * resources: a corporate HTTPS_PROXY is for reaching the Proxy, not the database next door); HTTP(S) apps
+ * likewise; Kubernetes API servers through the Dialer, so HTTPS_PROXY / NO_PROXY apply as the seed says (the
+ * local cluster is dialled as kube.<cluster_name>.local, the entry an operator adds to NO_PROXY).
+ */
+import net from 'node:net';
+import type { Duplex } from 'node:stream';
+import { formatHostPort, type HostPort } from '../addr.js';
+import type { GatewayConfig, ServiceName } from '../config/index.js';
+import type { Dialer } from '../dial/dialer.js';
+import { GatewayError } from '../errors.js';
+import type { ResourceDialer } from '../tunnel/agent.js';
+import type { AgentResources, AppInfo, DialRequest, ServiceKind } from '../tunnel/protocol.js';
+
+const SERVICE_KINDS: Partial<Record<ServiceName, ServiceKind>> = {
+  ssh_service: 'ssh',
+  db_service: 'db',
+  app_service: 'app',
+  windows_desktop_service: 'desktop',
+  kube_service: 'kube',
+};
+
+export function agentServices(services: readonly ServiceName[]): ServiceKind[] {
+  return services.map((s) => SERVICE_KINDS[s]).filter((k): k is ServiceKind => k !== undefined);
+}
+
+function appKind(uri: string): AppInfo['kind'] {
+  return uri.startsWith('https://') ? 'https' : uri.startsWith('http://') ? 'http' : 'tcp';
+}
+
+export function agentResources(config: GatewayConfig, services: readonly ServiceName[]): AgentResources {
+  const on = (s: ServiceName) => services.includes(s);
+  return {
+    databases: on('db_service') ? config.db_service.databases.map((d) => ({ name: d.name, protocol: d.protocol, labels: { ...d.labels } })) : [],
+    apps: on('app_service')
+      ? config.app_service.apps.map((a) => ({ name: a.name, kind: appKind(a.uri), labels: { ...a.labels }, ...(a.public_addr ? { public_addr: a.public_addr } : {}) }))
+      : [],
+    desktops: on('windows_desktop_service') ? config.windows_desktop_service.desktops.map((d) => ({ name: d.name, labels: { ...d.labels } })) : [],
+    kube_clusters: on('kube_service') ? config.kube_service.clusters.map((k) => ({ name: k.name, labels: { ...k.labels } })) : [],
+    ...(on('ssh_service') ? { node_labels: { ...config.ssh_service.labels } } : {}),
+  };
+}
+
+/** host:port of an app URI (http://, https:// or tcp://). */
+export function appAddress(uri: string): HostPort {
+  const u = new URL(uri);
+  const port = u.port ? Number(u.port) : u.protocol === 'https:' ? 443 : 80;
+  return { host: u.hostname.replace(/^\[|\]$/g, ''), port };
+}
+
+/** A direct TCP connection with a deadline; half-close passes through. */
+export function connectTcp(to: HostPort, timeoutMs: number, what: string): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect({ host: to.host, port: to.port, allowHalfOpen: true, noDelay: true, keepAlive: true });
+    const timer = setTimeout(() => {
+      socket.destroy();
+      reject(new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `${what} at ${formatHostPort(to.host, to.port)}: no connection within ${timeoutMs} ms`));
+    }, timeoutMs);
+    socket.once('connect', () => {
+      clearTimeout(timer);
+      resolve(socket);
+    });
+    socket.once('error', (err: NodeJS.ErrnoException) => {
+      clearTimeout(timer);
+      reject(new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `${what} at ${formatHostPort(to.host, to.port)}: ${err.code ?? err.message}`));
+    });
+  });
+}
+
+export function resourceConnector(config: GatewayConfig, services: readonly ServiceName[], dialer: Dialer, timeoutMs = 10_000): ResourceDialer {
+  const on = (s: ServiceName) => services.includes(s);
+  return async (request: DialRequest): Promise<Duplex> => {
+    const notServed = () => new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `this agent serves no ${request.service} "${request.resource}"`);
+    switch (request.service) {
+      case 'db': {
+        const db = on('db_service') ? config.db_service.databases.find((d) => d.name === request.resource) : undefined;
+        if (!db) throw notServed();
+        return connectTcp(db.uri, timeoutMs, `database "${db.name}"`);
+      }
+      case 'app': {
+        const app = on('app_service') ? config.app_service.apps.find((a) => a.name === request.resource) : undefined;
+        if (!app) throw notServed();
+        return connectTcp(appAddress(app.uri), timeoutMs, `app "${app.name}"`);
+      }
+      case 'desktop': {
+        const desktop = on('windows_desktop_service') ? config.windows_desktop_service.desktops.find((d) => d.name === request.resource) : undefined;
+        if (!desktop) throw notServed();
+        return connectTcp(desktop.addr, timeoutMs, `desktop "${desktop.name}"`);
+      }
+      case 'kube': {
+        const cluster = on('kube_service') ? config.kube_service.clusters.find((k) => k.name === request.resource) : undefined;
+        if (!cluster) throw notServed();
+        const u = new URL(cluster.api_server);
+        // URL.hostname keeps IPv6 brackets, which is exactly the host:port form the Dialer takes.
+        return dialer.dial(`${u.hostname}:${u.port || 443}`);
+      }
+      default:
+        throw notServed();
+    }
+  };
+}

@@ -1,0 +1,72 @@
+/**
+ * gwsh's side of reaching a resource through the Proxy: TLS to the Proxy with the protocol's ALPN and the
+ * user's certificate (through the Dialer, so through HTTPS_PROXY), one route header line naming the resource,
+ * and one answer line from the Proxy: then the stream is the resource's.
+ *
+ * With TLS routing everything goes to the web address; with separate listeners databases use their own ports
+ * (from /webapi/ping) and apps and desktops still use gateway-tcp on the web port.
+ */
+import net from 'node:net';
+import type { Duplex } from 'node:stream';
+import tls from 'node:tls';
+import { parseAddr } from '../addr.js';
+import { Dialer } from '../dial/dialer.js';
+import { GatewayError, ERROR_CODES, type ErrorCode } from '../errors.js';
+import type { PingResponse } from '../proxy/ping.js';
+import { readJsonLine, writeJsonLine } from '../tunnel/lines.js';
+import type { DialAnswer } from '../tunnel/protocol.js';
+import { ApiClient } from './api.js';
+import type { Profile } from './profile.js';
+
+export type DbProtocol = 'postgres' | 'mysql' | 'mongodb' | 'redis';
+
+export interface ResourceTarget {
+  /** ALPN route: gateway-postgres, ..., gateway-tcp. */
+  alpn: string;
+  resource: string;
+  kind?: 'app' | 'desktop';
+}
+
+export async function fetchPing(profile: Profile, dialer: Dialer): Promise<PingResponse> {
+  return new ApiClient({ address: profile.proxy, dialer, ca: profile.hostCa }).call<PingResponse>('GET', '/webapi/ping');
+}
+
+/** Where a route's connections go: the web address with TLS routing, else the protocol's own port. */
+export function routeAddress(profile: Profile, ping: PingResponse, alpn: string): string {
+  if (ping.proxy.tls_routing_enabled) return profile.proxy;
+  const db = ping.proxy.db;
+  const byAlpn: Record<string, string> = {
+    'gateway-postgres': db.postgres_public_addr,
+    'gateway-mysql': db.mysql_public_addr,
+    'gateway-mongodb': db.mongo_public_addr,
+  };
+  return byAlpn[alpn] || profile.proxy;
+}
+
+export async function openResource(profile: Profile, address: string, target: ResourceTarget, dialer: Dialer = new Dialer()): Promise<Duplex> {
+  const raw = await dialer.dial(address);
+  const host = parseAddr(address).host;
+  const socket = tls.connect({
+    socket: raw,
+    ALPNProtocols: [target.alpn],
+    ca: profile.hostCa,
+    cert: profile.cert,
+    key: profile.key,
+    host,
+    ...(net.isIP(host) ? {} : { servername: host }),
+  });
+  await new Promise<void>((resolve, reject) => {
+    socket.once('secureConnect', resolve);
+    socket.once('error', (err) =>
+      reject(/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err),
+    );
+  });
+  writeJsonLine(socket, { resource: target.resource, ...(target.kind ? { kind: target.kind } : {}) });
+  const answer = await readJsonLine<DialAnswer>(socket, { what: "the Proxy's answer", timeoutMs: 60_000 });
+  if (!answer.ok) {
+    socket.destroy();
+    const code = (answer.error.code in ERROR_CODES ? answer.error.code : 'GW_ERR_TUNNEL_DIAL_FAILED') as ErrorCode;
+    throw new GatewayError(code, answer.error.message);
+  }
+  return socket;
+}

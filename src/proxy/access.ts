@@ -1,0 +1,100 @@
+/**
+ * Client → resource through the Proxy: a TLS connection with a protocol's ALPN (gateway-postgres,
+ * gateway-mysql, gateway-mongodb, gateway-redis, gateway-tcp) and the user's client certificate arrives from
+ * the front door already terminated. Then:
+ *
+ *   1. the identity is the user certificate (signed by the user CA of this cluster);
+ *   2. the client sends one JSON line naming the resource: {"resource": "<name>"} (gwsh does this);
+ *   3. the resource is looked up among the connected agents, and the user's roles must allow its labels;
+ *   4. the Proxy dials it through the agent's tunnel, answers one line ({"ok": true} or {"ok": false, "error":
+ *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close.
+ *
+ * The database keeps authenticating its own users: the Proxy only decides who may reach it.
+ */
+import type { Duplex } from 'node:stream';
+import type { TLSSocket } from 'node:tls';
+import { peerIdentityOf } from '../auth/api.js';
+import { canAccess, type AccessKind } from '../auth/rbac.js';
+import type { AuthService } from '../auth/service.js';
+import { GatewayError, toGatewayError } from '../errors.js';
+import { logger } from '../log.js';
+import type { ConnInfo } from '../mux/multiplexer.js';
+import { readJsonLine, splice, writeJsonLine } from '../tunnel/lines.js';
+import type { DialAnswer, ServiceKind } from '../tunnel/protocol.js';
+import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
+
+export interface RouteHeader {
+  resource: string;
+  /** For gateway-tcp: which kind of resource (app or desktop); databases are implied by the protocol. */
+  kind?: 'app' | 'desktop';
+}
+
+type Target = { agent: ConnectedAgent; service: ServiceKind; access: AccessKind; labels: Record<string, string> };
+
+export function findTarget(agents: ConnectedAgent[], route: string, header: RouteHeader): Target | undefined {
+  const protocol = route.startsWith('gateway-') ? route.slice('gateway-'.length) : route;
+  // Most recently connected first: a reconnected agent wins over a stale entry.
+  const sorted = [...agents].sort((a, b) => b.connectedAt.getTime() - a.connectedAt.getTime());
+  for (const agent of sorted) {
+    if (['postgres', 'mysql', 'mongodb', 'redis'].includes(protocol)) {
+      const db = agent.resources.databases.find((d) => d.name === header.resource && d.protocol === protocol);
+      if (db) return { agent, service: 'db', access: 'db', labels: db.labels };
+    } else if (protocol === 'tcp') {
+      if (header.kind !== 'desktop') {
+        const app = agent.resources.apps.find((a) => a.name === header.resource);
+        if (app) return { agent, service: 'app', access: 'app', labels: app.labels };
+      }
+      if (header.kind !== 'app') {
+        const desktop = agent.resources.desktops.find((d) => d.name === header.resource);
+        if (desktop) return { agent, service: 'desktop', access: 'windows_desktop', labels: desktop.labels };
+      }
+    }
+  }
+  return undefined;
+}
+
+export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (stream: Duplex, info: ConnInfo) => void {
+  const log = logger('access');
+  return (stream, info) => {
+    const socket = stream as TLSSocket;
+    const client = `${info.remoteAddress}:${info.remotePort}`;
+    const fail = (err: unknown) => {
+      const e = toGatewayError(err);
+      log.info({ route: info.route, client, code: e.code, err: e.message }, 'connection to a resource refused');
+      const answer: DialAnswer = { ok: false, error: { code: e.code, message: e.message } };
+      socket.end(`${JSON.stringify(answer)}\n`);
+    };
+    void (async () => {
+      const identity = peerIdentityOf(auth, socket);
+      if (identity.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach resources');
+      const header = await readJsonLine<RouteHeader>(socket, { what: 'route header', timeoutMs: 15_000, maxBytes: 4096 });
+      if (typeof header.resource !== 'string' || header.resource === '') throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the route header names no resource');
+      const target = findTarget(tunnels.list(), info.route, header);
+      if (!target) {
+        throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves ${describe(info.route)} "${header.resource}"`, {
+          hint: "List what is reachable with 'gwsh db ls' or 'gwsh apps ls'; the agent that serves it may be offline.",
+        });
+      }
+      const roles = await auth.rolesOf(identity.roles);
+      if (!canAccess(roles, target.access, target.labels)) {
+        throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles (${identity.roles.join(', ') || 'none'}) do not allow ${describe(info.route)} "${header.resource}" (labels ${JSON.stringify(target.labels)})`, {
+          hint: `Ask for a role whose ${target.access === 'db' ? 'db_labels' : target.access === 'app' ? 'app_labels' : 'windows_desktop_labels'} match these labels, then sign in again.`,
+        });
+      }
+      const channel = await tunnels.dial(target.agent.hostId, {
+        service: target.service,
+        resource: header.resource,
+        client_src: client,
+        client_dst: `${info.localAddress}:${info.localPort}`,
+        user: identity.name,
+      });
+      writeJsonLine(socket, { ok: true } satisfies DialAnswer);
+      log.info({ user: identity.name, route: info.route, resource: header.resource, agent: target.agent.nodename, client }, 'connection to a resource opened');
+      splice(socket, channel);
+    })().catch(fail);
+  };
+}
+
+function describe(route: string): string {
+  return route === 'gateway-tcp' ? 'app or desktop' : `${route.replace('gateway-', '')} database`;
+}

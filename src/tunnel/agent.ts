@@ -1,0 +1,321 @@
+/**
+ * The agent side of the reverse tunnel: dial out to the Proxy (through the Dialer, so through HTTPS_PROXY),
+ * keep one SSH connection up, heartbeat, and serve the connections the Proxy forwards by connecting to the
+ * resource each dial request names.
+ *
+ *   find     GET /webapi/find on the Proxy (TLS verified against the cluster's host CA, host certificate)
+ *   dial     TLS routing: the web address with ALPN gateway-reversetunnel (TLS client cert = host cert);
+ *            separate listeners: raw SSH to ssh_tunnel_public_addr
+ *   ssh      user = host ID, key = the host key; the Proxy's SSH host key must be the one /webapi/find lists
+ *   retry    with backoff and jitter: first retry within 0.25-0.5 s, doubling, capped at 5 s; a reconnect
+ *            notice from a Proxy that shuts down gracefully retries at once
+ */
+import { createPrivateKey } from 'node:crypto';
+import { EventEmitter } from 'node:events';
+import net from 'node:net';
+import type { Duplex } from 'node:stream';
+import tls from 'node:tls';
+import ssh2 from 'ssh2';
+import type { ClientChannel } from 'ssh2';
+import { parseAddr } from '../addr.js';
+import type { HostIdentity } from '../agent/identity.js';
+import { ApiClient } from '../client/api.js';
+import type { Dialer } from '../dial/dialer.js';
+import { GatewayError, toGatewayError } from '../errors.js';
+import { logger } from '../log.js';
+import type { PingProxy } from '../proxy/ping.js';
+import { readJsonLine, splice, writeJsonLine } from './lines.js';
+import {
+  CONTROL_SUBSYSTEM,
+  PROTOCOL_VERSION,
+  TUNNEL_BIND,
+  type AgentResources,
+  type ControlMessage,
+  type DialAnswer,
+  type DialRequest,
+  type ServiceKind,
+} from './protocol.js';
+
+/** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
+export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
+
+export interface TunnelAgentOptions {
+  identity: HostIdentity;
+  dialer: Dialer;
+  services: ServiceKind[];
+  resources: AgentResources;
+  connectResource: ResourceDialer;
+  /** Used until the Proxy's welcome says otherwise. */
+  heartbeatIntervalMs?: number;
+  heartbeatCountMax?: number;
+  backoff?: { firstMs?: number; maxMs?: number };
+  random?: () => number;
+}
+
+export interface FindResponse {
+  proxy: PingProxy;
+  cluster_name: string;
+  tunnel_host_keys?: string[];
+}
+
+export type TunnelState = 'connecting' | 'connected' | 'waiting' | 'stopped';
+
+/** OpenSSH/ssh2 accept EC keys as SEC1 ("EC PRIVATE KEY"), not PKCS#8. */
+export function sshPrivateKey(pkcs8Pem: string): string {
+  return createPrivateKey(pkcs8Pem).export({ type: 'sec1', format: 'pem' }) as string;
+}
+
+export class TunnelAgent extends EventEmitter {
+  private readonly log = logger('tunnel-agent');
+  private client: ssh2.Client | undefined;
+  private state: TunnelState = 'waiting';
+  private stopped = false;
+  private attempt = 0;
+  private retryTimer: NodeJS.Timeout | undefined;
+  private heartbeatTimer: NodeJS.Timeout | undefined;
+  private readonly channels = new Set<Duplex>();
+  private heartbeatIntervalMs: number;
+  private heartbeatCountMax: number;
+  private readonly random: () => number;
+
+  constructor(private readonly options: TunnelAgentOptions) {
+    super();
+    this.heartbeatIntervalMs = options.heartbeatIntervalMs ?? 20_000;
+    this.heartbeatCountMax = options.heartbeatCountMax ?? 3;
+    this.random = options.random ?? Math.random;
+  }
+
+  getState(): TunnelState {
+    return this.state;
+  }
+
+  start(): void {
+    this.stopped = false;
+    void this.connect();
+  }
+
+  /** The delay before retry number n (0-based): 0.25-0.5 s, then doubling with jitter, capped. */
+  backoffMs(n: number): number {
+    const first = this.options.backoff?.firstMs ?? 250;
+    const max = this.options.backoff?.maxMs ?? 5_000;
+    const base = Math.min(max, first * 2 ** n);
+    return Math.round(Math.min(max, base + this.random() * base));
+  }
+
+  private setState(state: TunnelState): void {
+    if (this.state === state) return;
+    this.state = state;
+    this.emit('state', state);
+  }
+
+  private scheduleRetry(immediate = false): void {
+    if (this.stopped) return;
+    const delay = immediate ? 0 : this.backoffMs(this.attempt++);
+    this.setState('waiting');
+    this.log.info({ retryInMs: delay }, 'reverse tunnel down; reconnecting');
+    this.retryTimer = setTimeout(() => void this.connect(), delay);
+  }
+
+  private async find(): Promise<FindResponse> {
+    const { identity } = this.options;
+    const api = new ApiClient({ address: identity.server, dialer: this.options.dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key, timeoutMs: 15_000 });
+    return api.call<FindResponse>('GET', '/webapi/find');
+  }
+
+  private async openTransport(find: FindResponse): Promise<Duplex> {
+    const { identity, dialer } = this.options;
+    if (find.proxy.tls_routing_enabled) {
+      const addr = find.proxy.ssh.public_addr || identity.server;
+      const raw = await dialer.dial(addr);
+      const servername = parseAddr(addr).host;
+      const socket = tls.connect({
+        socket: raw,
+        ALPNProtocols: ['gateway-reversetunnel'],
+        ca: identity.hostCa,
+        cert: identity.cert,
+        key: identity.key,
+        ...(net.isIP(servername) ? {} : { servername }),
+        host: servername,
+      });
+      await new Promise<void>((resolve, reject) => {
+        socket.once('secureConnect', () => (socket.alpnProtocol === 'gateway-reversetunnel' ? resolve() : reject(new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN gateway-reversetunnel`))));
+        socket.once('error', (err) => reject(new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err })));
+      });
+      return socket;
+    }
+    const addr = find.proxy.ssh.ssh_tunnel_public_addr;
+    if (!addr) throw new GatewayError('GW_ERR_TUNNEL_DOWN', 'the Proxy advertises no reverse-tunnel address');
+    return dialer.dial(addr);
+  }
+
+  private async connect(): Promise<void> {
+    if (this.stopped) return;
+    this.setState('connecting');
+    const { identity } = this.options;
+    let transport: Duplex;
+    let find: FindResponse;
+    try {
+      find = await this.find();
+      transport = await this.openTransport(find);
+    } catch (err) {
+      const e = toGatewayError(err);
+      this.log.warn({ code: e.code, err: e.message }, 'cannot reach the Proxy');
+      this.emit('failure', e);
+      this.scheduleRetry();
+      return;
+    }
+    const client = new ssh2.Client();
+    this.client = client;
+    let connectedOnce = false;
+    let closed = false;
+    const onClosed = (reason: string) => {
+      if (closed) return;
+      closed = true;
+      if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+      for (const ch of this.channels) ch.destroy();
+      this.channels.clear();
+      if (this.client === client) this.client = undefined;
+      if (connectedOnce) this.log.warn({ reason }, 'reverse tunnel closed');
+      this.emit('disconnected', reason);
+      this.scheduleRetry(reason === 'reconnect notice');
+    };
+    client.on('error', (err) => {
+      const hostKey = /host key/i.test(err.message);
+      const e = new GatewayError(hostKey ? 'GW_ERR_TUNNEL_AUTH' : 'GW_ERR_TUNNEL_DOWN', `reverse tunnel: ${err.message}`);
+      this.log.warn({ code: e.code, err: err.message }, 'reverse tunnel error');
+      this.emit('failure', e);
+      onClosed(err.message);
+    });
+    client.on('close', () => onClosed('connection closed'));
+    client.on('tcp connection', (info, accept, reject) => {
+      if (info.destIP !== TUNNEL_BIND.addr) return reject();
+      const channel = accept() as unknown as Duplex;
+      this.channels.add(channel);
+      channel.once('close', () => this.channels.delete(channel));
+      void this.serveChannel(channel);
+    });
+    client.on('ready', () => {
+      connectedOnce = true;
+      client.forwardIn(TUNNEL_BIND.addr, TUNNEL_BIND.port, (err) => {
+        if (err) {
+          this.log.error({ err: err.message }, 'the Proxy refused the tunnel forward');
+          client.end();
+          return;
+        }
+        client.subsys(CONTROL_SUBSYSTEM, (subErr, control) => {
+          if (subErr) {
+            this.log.error({ err: subErr.message }, 'the Proxy refused the control channel');
+            client.end();
+            return;
+          }
+          this.runControl(client, control);
+        });
+      });
+    });
+    const allowedKeys = (find.tunnel_host_keys ?? []).map((k) => ssh2.utils.parseKey(k)).filter((k): k is ssh2.ParsedKey => !(k instanceof Error) && !Array.isArray(k));
+    client.connect({
+      sock: transport as never,
+      username: identity.hostId,
+      privateKey: sshPrivateKey(identity.key),
+      readyTimeout: 20_000,
+      keepaliveInterval: this.heartbeatIntervalMs,
+      keepaliveCountMax: this.heartbeatCountMax,
+      hostVerifier: (key: Buffer) => {
+        // Over TLS the Proxy is already authenticated by its cluster certificate; on raw SSH its key must be listed.
+        if (find.proxy.tls_routing_enabled) return true;
+        const ok = allowedKeys.some((k) => k.getPublicSSH().equals(key));
+        if (!ok) this.log.error('the Proxy presented an SSH host key that the cluster does not list; refusing it');
+        return ok;
+      },
+    });
+  }
+
+  private runControl(client: ssh2.Client, control: ClientChannel): void {
+    const { identity } = this.options;
+    const send = (m: ControlMessage) => writeJsonLine(control, m);
+    send({
+      type: 'hello',
+      version: PROTOCOL_VERSION,
+      hostId: identity.hostId,
+      nodename: identity.nodename,
+      services: this.options.services,
+      resources: this.options.resources,
+    });
+    let seq = 0;
+    const beat = () => send({ type: 'heartbeat', seq: ++seq });
+    this.heartbeatTimer = setInterval(beat, this.heartbeatIntervalMs);
+    let pending = '';
+    control.on('data', (chunk: Buffer) => {
+      pending += chunk.toString('utf8');
+      let nl: number;
+      while ((nl = pending.indexOf('\n')) >= 0) {
+        const line = pending.slice(0, nl);
+        pending = pending.slice(nl + 1);
+        let m: ControlMessage;
+        try {
+          m = JSON.parse(line) as ControlMessage;
+        } catch {
+          continue;
+        }
+        if (m.type === 'welcome') {
+          this.attempt = 0;
+          this.heartbeatIntervalMs = m.heartbeatIntervalMs;
+          this.heartbeatCountMax = m.heartbeatCountMax;
+          if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+          this.heartbeatTimer = setInterval(beat, this.heartbeatIntervalMs);
+          this.setState('connected');
+          this.log.info({ proxyId: m.proxyId, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
+          this.emit('connected', m.proxyId);
+        } else if (m.type === 'reconnect') {
+          this.log.info({ reason: m.reason }, 'the Proxy asked agents to reconnect');
+          client.removeAllListeners('close');
+          client.once('close', () => undefined);
+          client.end();
+          this.emitClosedForReconnect();
+        } else if (m.type === 'discovery') {
+          this.emit('discovery', m.proxies);
+        }
+      }
+    });
+  }
+
+  private emitClosedForReconnect(): void {
+    if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    for (const ch of this.channels) ch.destroy();
+    this.channels.clear();
+    this.client = undefined;
+    this.emit('disconnected', 'reconnect notice');
+    this.scheduleRetry(true);
+  }
+
+  private async serveChannel(channel: Duplex): Promise<void> {
+    let request: DialRequest;
+    try {
+      request = await readJsonLine<DialRequest>(channel, { what: 'dial request', timeoutMs: 15_000 });
+    } catch {
+      channel.destroy();
+      return;
+    }
+    let target: Duplex;
+    try {
+      target = await this.options.connectResource(request);
+    } catch (err) {
+      const e = toGatewayError(err);
+      this.log.warn({ service: request.service, resource: request.resource, code: e.code, err: e.message }, 'cannot reach the resource');
+      const answer: DialAnswer = { ok: false, error: { code: e.code, message: e.message } };
+      channel.end(`${JSON.stringify(answer)}\n`);
+      return;
+    }
+    writeJsonLine(channel, { ok: true } satisfies DialAnswer);
+    splice(channel, target);
+  }
+
+  /** Stops and closes the tunnel; no more retries. */
+  stop(): void {
+    this.stopped = true;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    this.client?.end();
+    this.setState('stopped');
+  }
+}

@@ -1,0 +1,92 @@
+/**
+ * The reverse tunnel, mapped onto standard SSH (ssh2 opens only the standard channel types):
+ *
+ *   agent ──SSH (over TLS with ALPN gateway-reversetunnel on 443, or raw on 3024)──► proxy
+ *     user name = the agent's host ID; public-key authentication with the key its host certificate certifies
+ *
+ *   control: a "session" channel with subsystem "gateway-control", newline-delimited JSON both ways
+ *     agent → proxy   hello {hostId, nodename, services, resources, version}   heartbeat {seq}
+ *     proxy → agent   welcome {proxyId, heartbeatIntervalMs, heartbeatCountMax}  discovery {proxies}
+ *                     heartbeat {seq}   reconnect {reason}   (sent when the proxy shuts down gracefully)
+ *
+ *   each forwarded connection: the agent asks once for "tcpip-forward" of TUNNEL_BIND; the proxy then opens a
+ *     "forwarded-tcpip" channel per client connection. Its first line is a DialRequest (JSON); the agent answers
+ *     one line, DialAnswer, then the channel carries the connection's bytes both ways.
+ */
+export const CONTROL_SUBSYSTEM = 'gateway-control';
+export const TUNNEL_BIND = { addr: 'gateway-tunnel', port: 1 } as const;
+export const PROTOCOL_VERSION = 1;
+
+export type ServiceKind = 'ssh' | 'db' | 'app' | 'desktop' | 'kube';
+
+export interface DatabaseInfo {
+  name: string;
+  protocol: 'postgres' | 'mysql' | 'mongodb' | 'redis';
+  labels: Record<string, string>;
+}
+export interface AppInfo {
+  name: string;
+  /** http, https or tcp. */
+  kind: 'http' | 'https' | 'tcp';
+  public_addr?: string;
+  labels: Record<string, string>;
+}
+export interface DesktopInfo {
+  name: string;
+  labels: Record<string, string>;
+}
+export interface KubeClusterInfo {
+  name: string;
+  labels: Record<string, string>;
+}
+
+export interface AgentResources {
+  databases: DatabaseInfo[];
+  apps: AppInfo[];
+  desktops: DesktopInfo[];
+  kube_clusters: KubeClusterInfo[];
+  /** The SSH Service's node labels, when the agent runs one. */
+  node_labels?: Record<string, string>;
+}
+
+export interface HelloMessage {
+  type: 'hello';
+  version: number;
+  hostId: string;
+  nodename: string;
+  services: ServiceKind[];
+  resources: AgentResources;
+}
+export interface HeartbeatMessage {
+  type: 'heartbeat';
+  seq: number;
+}
+export interface WelcomeMessage {
+  type: 'welcome';
+  proxyId: string;
+  heartbeatIntervalMs: number;
+  heartbeatCountMax: number;
+}
+export interface DiscoveryMessage {
+  type: 'discovery';
+  proxies: Array<{ id: string; addr: string }>;
+}
+export interface ReconnectMessage {
+  type: 'reconnect';
+  reason: string;
+}
+export type ControlMessage = HelloMessage | HeartbeatMessage | WelcomeMessage | DiscoveryMessage | ReconnectMessage;
+
+export interface DialRequest {
+  service: ServiceKind;
+  /** Database, app, desktop or kube cluster name; for ssh, the login and port ("root@22"). */
+  resource: string;
+  /** The client's address as the proxy saw it, "ip:port". */
+  client_src: string;
+  /** The address the client connected to, "ip:port". */
+  client_dst: string;
+  /** Who asked (for the agent's own logs). */
+  user?: string;
+}
+
+export type DialAnswer = { ok: true } | { ok: false; error: { code: string; message: string } };

@@ -1,0 +1,349 @@
+/**
+ * The proxy side of reverse tunnels: an SSH server (ssh2) fed with streams from the front door (TLS with ALPN
+ * gateway-reversetunnel on 443, or raw SSH on 3024), a registry of connected agents and what they serve, and
+ * dialing through an agent's tunnel.
+ *
+ * Authentication: the SSH user name is the agent's host ID and its key must be the one its host certificate
+ * certifies (recorded at join). When the stream came over TLS with a client certificate, that certificate must
+ * name the same host of this cluster. Liveness: the agent sends a heartbeat every interval; after countMax
+ * intervals without one the proxy marks it offline and drops the connection.
+ */
+import { randomUUID } from 'node:crypto';
+import { EventEmitter } from 'node:events';
+import type { Duplex } from 'node:stream';
+import type { TLSSocket } from 'node:tls';
+import ssh2 from 'ssh2';
+import type { Connection, ServerChannel } from 'ssh2';
+import { identityFromCert } from '../auth/pki.js';
+import type { AuthService } from '../auth/service.js';
+import { GatewayError } from '../errors.js';
+import { logger } from '../log.js';
+import type { ConnInfo } from '../mux/multiplexer.js';
+import { readJsonLine, readLine, writeJsonLine } from './lines.js';
+import {
+  CONTROL_SUBSYSTEM,
+  PROTOCOL_VERSION,
+  TUNNEL_BIND,
+  type AgentResources,
+  type ControlMessage,
+  type DialAnswer,
+  type DialRequest,
+  type HelloMessage,
+  type ServiceKind,
+} from './protocol.js';
+
+export interface ConnectedAgent {
+  hostId: string;
+  nodename: string;
+  services: ServiceKind[];
+  resources: AgentResources;
+  connectedAt: Date;
+  lastHeartbeat: Date;
+  remote: string;
+  conn: Connection;
+  control: ServerChannel;
+}
+
+export interface TunnelServerOptions {
+  auth: AuthService;
+  /** SSH host key (SEC1 or OpenSSH PEM) of this proxy's tunnel server. */
+  hostKey: string;
+  heartbeatIntervalMs: number;
+  heartbeatCountMax: number;
+  proxyId?: string;
+  /** Address agents are told about in discovery. */
+  publicAddr: string;
+  helloTimeoutMs?: number;
+  dialTimeoutMs?: number;
+}
+
+export class TunnelServer extends EventEmitter {
+  readonly proxyId: string;
+  private readonly agents = new Map<string, ConnectedAgent>();
+  private readonly server: ssh2.Server;
+  private readonly log = logger('tunnel');
+  private closing = false;
+
+  constructor(private readonly options: TunnelServerOptions) {
+    super();
+    this.proxyId = options.proxyId ?? randomUUID();
+    this.server = new ssh2.Server({ hostKeys: [options.hostKey], ident: 'gateway-tunnel' }, (conn, info) => this.onConnection(conn, info));
+  }
+
+  /** For the front door: a stream that is (or carries) an agent's SSH connection. */
+  handle = (stream: Duplex, info: ConnInfo): void => {
+    if (this.closing) {
+      stream.destroy();
+      return;
+    }
+    const tlsIdentity = peerHostIdentity(stream as TLSSocket);
+    (stream as Duplex & { gatewayInfo?: unknown }).gatewayInfo = { info, tlsIdentity };
+    this.server.injectSocket(stream as never);
+  };
+
+  list(): ConnectedAgent[] {
+    return [...this.agents.values()];
+  }
+
+  get(hostId: string): ConnectedAgent | undefined {
+    return this.agents.get(hostId);
+  }
+
+  private onConnection(conn: Connection, info: { ip: string; port: number }): void {
+    const sock = (conn as unknown as { _sock?: Duplex & { gatewayInfo?: { info: ConnInfo; tlsIdentity?: { name: string; cluster: string } | Error } } })._sock;
+    const meta = sock?.gatewayInfo;
+    const remote = meta ? `${meta.info.remoteAddress}:${meta.info.remotePort}` : `${info.ip}:${info.port}`;
+    let hostId: string | undefined;
+    const refuse = (why: string) => this.log.warn({ remote, hostId, why }, 'agent refused');
+
+    conn.on('authentication', (ctx) => {
+      void (async () => {
+        if (ctx.method !== 'publickey') return ctx.reject(['publickey']);
+        const node = await this.options.auth.getNode(ctx.username).catch(() => undefined);
+        if (!node?.sshPublicKey) {
+          refuse('unknown host ID (never joined this cluster, or removed)');
+          return ctx.reject();
+        }
+        if (meta?.tlsIdentity instanceof Error) {
+          refuse(meta.tlsIdentity.message);
+          return ctx.reject();
+        }
+        if (meta?.tlsIdentity && (meta.tlsIdentity.name !== ctx.username || meta.tlsIdentity.cluster !== this.options.auth.clusterName)) {
+          refuse('the TLS client certificate names another host or cluster');
+          return ctx.reject();
+        }
+        const parsed = ssh2.utils.parseKey(node.sshPublicKey);
+        const key = Array.isArray(parsed) ? parsed[0] : parsed;
+        if (!key || key instanceof Error) return ctx.reject();
+        if (ctx.key.algo !== key.type || !ctx.key.data.equals(key.getPublicSSH())) {
+          refuse('the key is not the one its host certificate certifies');
+          return ctx.reject();
+        }
+        if (!ctx.signature) return ctx.accept(); // a query: "would this key do?"
+        if (key.verify(ctx.blob!, ctx.signature, ctx.hashAlgo) !== true) {
+          refuse('bad signature');
+          return ctx.reject();
+        }
+        hostId = ctx.username;
+        ctx.accept();
+      })().catch((err: unknown) => {
+        this.log.error({ err }, 'agent authentication failed');
+        ctx.reject();
+      });
+    });
+
+    conn.on('request', (accept, reject, name, data) => {
+      const bind = data as { bindAddr?: string; bindPort?: number };
+      if (name === 'tcpip-forward' && bind.bindAddr === TUNNEL_BIND.addr) return accept?.();
+      reject?.();
+    });
+
+    conn.on('ready', () => {
+      const helloTimer = setTimeout(() => {
+        this.log.warn({ remote, hostId }, 'agent sent no hello; closing');
+        conn.end();
+      }, this.options.helloTimeoutMs ?? 15_000);
+      conn.on('session', (acceptSession) => {
+        const session = acceptSession();
+        session.on('subsystem', (acceptSub, rejectSub, subInfo) => {
+          if (subInfo.name !== CONTROL_SUBSYSTEM || !acceptSub) return rejectSub?.();
+          const control = acceptSub();
+          readJsonLine<HelloMessage>(control as unknown as Duplex, { what: 'hello', timeoutMs: this.options.helloTimeoutMs ?? 15_000 })
+            .then((hello) => {
+              clearTimeout(helloTimer);
+              if (hello.type !== 'hello' || hello.hostId !== hostId) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the first control message must be a hello for the authenticated host');
+              this.register(conn, control, hello, remote);
+            })
+            .catch((err: unknown) => {
+              this.log.warn({ remote, hostId, err: (err as Error).message }, 'bad control channel; closing');
+              conn.end();
+            });
+        });
+        session.on('exec', (_a, reject) => reject?.());
+        session.on('shell', (_a, reject) => reject?.());
+        session.on('pty', (_a, reject) => reject?.());
+      });
+    });
+    conn.on('error', (err) => this.log.debug({ remote, hostId, err: err.message }, 'tunnel connection error'));
+  }
+
+  private register(conn: Connection, control: ServerChannel, hello: HelloMessage, remote: string): void {
+    const now = new Date();
+    const agent: ConnectedAgent = {
+      hostId: hello.hostId,
+      nodename: hello.nodename,
+      services: hello.services,
+      resources: normalizeResources(hello.resources),
+      connectedAt: now,
+      lastHeartbeat: now,
+      remote,
+      conn,
+      control,
+    };
+    const previous = this.agents.get(agent.hostId);
+    if (previous && previous.conn !== conn) previous.conn.end(); // the agent reconnected: the new tunnel wins
+    this.agents.set(agent.hostId, agent);
+    this.log.info({ hostId: agent.hostId, nodename: agent.nodename, services: agent.services, remote }, 'agent connected');
+    this.emit('agent', agent);
+    const send = (m: ControlMessage) => writeJsonLine(control, m);
+    send({ type: 'welcome', proxyId: this.proxyId, heartbeatIntervalMs: this.options.heartbeatIntervalMs, heartbeatCountMax: this.options.heartbeatCountMax });
+    send({ type: 'discovery', proxies: [{ id: this.proxyId, addr: this.options.publicAddr }] });
+    void this.writePresence(agent);
+
+    let gone = false;
+    const onGone = () => {
+      if (gone) return;
+      gone = true;
+      clearInterval(timer);
+      if (this.agents.get(agent.hostId) === agent) {
+        this.agents.delete(agent.hostId);
+        this.log.info({ hostId: agent.hostId, nodename: agent.nodename }, 'agent disconnected');
+        this.emit('agent-gone', agent);
+        void this.options.auth.clearPresence(agent.hostId, this.proxyId).catch(() => undefined);
+      }
+    };
+    let seq = 0;
+    const interval = this.options.heartbeatIntervalMs;
+    const timer = setInterval(() => {
+      const silentFor = Date.now() - agent.lastHeartbeat.getTime();
+      if (silentFor > interval * this.options.heartbeatCountMax) {
+        this.log.warn({ hostId: agent.hostId, nodename: agent.nodename, silentMs: silentFor }, 'agent missed its heartbeats; marking it offline');
+        onGone();
+        // The peer may be unreachable (no FIN will come): drop the transport now rather than wait for TCP.
+        (conn as unknown as { _sock?: Duplex })._sock?.destroy();
+        return;
+      }
+      send({ type: 'heartbeat', seq: ++seq });
+    }, interval);
+    timer.unref();
+
+    const onLine = (line: string) => {
+      let m: ControlMessage;
+      try {
+        m = JSON.parse(line) as ControlMessage;
+      } catch {
+        return;
+      }
+      if (m.type === 'heartbeat') {
+        agent.lastHeartbeat = new Date();
+        void this.writePresence(agent);
+      }
+    };
+    let pending = '';
+    control.on('data', (chunk: Buffer) => {
+      pending += chunk.toString('utf8');
+      if (pending.length > 1024 * 1024) {
+        conn.end();
+        return;
+      }
+      let nl: number;
+      while ((nl = pending.indexOf('\n')) >= 0) {
+        onLine(pending.slice(0, nl));
+        pending = pending.slice(nl + 1);
+      }
+    });
+    conn.once('close', onGone);
+    conn.once('end', onGone);
+    control.once('close', () => conn.end());
+  }
+
+  private async writePresence(agent: ConnectedAgent): Promise<void> {
+    try {
+      await this.options.auth.setPresence(
+        {
+          hostId: agent.hostId,
+          nodename: agent.nodename,
+          proxyId: this.proxyId,
+          services: agent.services,
+          resources: agent.resources,
+          connectedAt: agent.connectedAt.toISOString(),
+          lastHeartbeat: agent.lastHeartbeat.toISOString(),
+        },
+        this.options.heartbeatIntervalMs * (this.options.heartbeatCountMax + 1),
+      );
+    } catch (err) {
+      this.log.warn({ err: (err as Error).message }, 'cannot record agent presence');
+    }
+  }
+
+  /**
+   * Opens a connection to a resource through an agent's tunnel. Resolves with the channel once the agent has
+   * connected to the resource; rejects with an error that names the resource and the agent otherwise.
+   */
+  dial(hostId: string, request: DialRequest): Promise<Duplex> {
+    const agent = this.agents.get(hostId);
+    if (!agent) return Promise.reject(new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `agent ${hostId} is not connected`));
+    const [srcIp, srcPort] = splitHostPort(request.client_src);
+    return new Promise<Duplex>((resolve, reject) => {
+      agent.conn.forwardOut(TUNNEL_BIND.addr, TUNNEL_BIND.port, srcIp, srcPort, (err, channel) => {
+        if (err) {
+          reject(new GatewayError('GW_ERR_TUNNEL_DOWN', `cannot open a channel to agent "${agent.nodename}" (${hostId}): ${err.message}`));
+          return;
+        }
+        const stream = channel as unknown as Duplex;
+        writeJsonLine(stream, request);
+        readLine(stream, { what: 'dial answer', timeoutMs: this.options.dialTimeoutMs ?? 30_000 })
+          .then((line) => {
+            const answer = JSON.parse(line) as DialAnswer;
+            if (answer.ok) return resolve(stream);
+            stream.destroy();
+            reject(
+              new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `agent "${agent.nodename}" cannot reach ${request.service} "${request.resource}": ${answer.error.message}`, {
+                details: { agent: agent.nodename, hostId, resource: request.resource, agentCode: answer.error.code },
+              }),
+            );
+          })
+          .catch((e: unknown) => {
+            stream.destroy();
+            reject(e instanceof GatewayError ? e : new GatewayError('GW_ERR_TUNNEL_PROTOCOL', String(e)));
+          });
+      });
+    });
+  }
+
+  /** Graceful shutdown: tells every agent to reconnect (to another proxy, or to this one when it is back). */
+  async close(): Promise<void> {
+    this.closing = true;
+    for (const agent of this.agents.values()) {
+      writeJsonLine(agent.control, { type: 'reconnect', reason: 'proxy shutting down' });
+    }
+    await new Promise((r) => setTimeout(r, 50));
+    for (const agent of this.agents.values()) {
+      agent.conn.end();
+      await this.options.auth.clearPresence(agent.hostId, this.proxyId).catch(() => undefined);
+    }
+    this.agents.clear();
+  }
+}
+
+function splitHostPort(addr: string): [string, number] {
+  const m = /^\[?([^\]]*)\]?:(\d+)$/.exec(addr);
+  return m ? [m[1]!, Number(m[2])] : [addr, 0];
+}
+
+/** The host identity in a TLS client certificate, if the stream is TLS and presented one. */
+function peerHostIdentity(socket: TLSSocket): { name: string; cluster: string } | Error | undefined {
+  if (typeof socket.getPeerCertificate !== 'function') return undefined;
+  const peer = socket.getPeerCertificate();
+  if (!peer || !('raw' in peer) || !peer.raw) return undefined;
+  if (!socket.authorized) return new Error(`TLS client certificate not signed by this cluster: ${String(socket.authorizationError)}`);
+  try {
+    const id = identityFromCert(peer.raw);
+    if (id.kind !== 'host') return new Error('the TLS client certificate is not a host certificate');
+    return { name: id.name, cluster: id.cluster };
+  } catch (err) {
+    return err as Error;
+  }
+}
+
+function normalizeResources(r: Partial<AgentResources> | undefined): AgentResources {
+  return {
+    databases: Array.isArray(r?.databases) ? r.databases : [],
+    apps: Array.isArray(r?.apps) ? r.apps : [],
+    desktops: Array.isArray(r?.desktops) ? r.desktops : [],
+    kube_clusters: Array.isArray(r?.kube_clusters) ? r.kube_clusters : [],
+    ...(r?.node_labels ? { node_labels: r.node_labels } : {}),
+  };
+}
+
+export { PROTOCOL_VERSION };
