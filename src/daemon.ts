@@ -25,6 +25,8 @@ import { writePublicFile, writeSecretFile } from './fsutil.js';
 import { logger } from './log.js';
 import { startFrontDoor } from './proxy/frontdoor.js';
 import { createAccessHandler } from './proxy/access.js';
+import { createKubeHandler, createWebAppHandler } from './proxy/webapps.js';
+import { isIP } from 'node:net';
 import { TunnelServer } from './tunnel/server.js';
 import { TunnelAgent, sshPrivateKey } from './tunnel/agent.js';
 import { agentResources, agentServices, resourceConnector } from './agent/resources.js';
@@ -174,7 +176,14 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
 
       if (services.includes('proxy_service')) {
         const webHost = config.proxy_service.web_listen_addr.host;
-        const webNames = [...names, ...config.proxy_service.public_addr.map((a) => a.host), ...(['', '0.0.0.0', '::'].includes(webHost) ? [] : [webHost])];
+        // The wildcard covers HTTP apps under <app>.<proxy host> and kube-gateway-proxy-alpn.<proxy host>.
+        const publicHosts = config.proxy_service.public_addr.map((a) => a.host);
+        const webNames = [
+          ...names,
+          ...publicHosts,
+          ...publicHosts.filter((h) => isIP(h) === 0).map((h) => `*.${h}`),
+          ...(['', '0.0.0.0', '::'].includes(webHost) ? [] : [webHost]),
+        ];
         const webTls = await webCertificate(config, async () => {
           const webKeys = generateKeyPair();
           return { key: webKeys.privateKeyPem, cert: await auth!.issueServerCert(webKeys.publicKeyPem, webNames, 'proxy') };
@@ -193,8 +202,10 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
         const frontDoor = await startFrontDoor({
           config,
           clusterName: auth.clusterName,
+          webApps: createWebAppHandler(auth, tunnels),
           services: {
             tls: {
+              kube: createKubeHandler(auth, tunnels),
               'gateway-reversetunnel': tunnels.handle,
               'gateway-postgres': access,
               'gateway-mysql': access,
@@ -274,7 +285,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
         dialer,
         services: agentServices(services),
         resources: agentResources(config, services),
-        connectResource: resourceConnector(config, services, dialer),
+        connectResource: resourceConnector(config, services, dialer, tunnelIdentity.cluster),
         heartbeatIntervalMs: config.auth_service.keep_alive_interval,
         heartbeatCountMax: config.auth_service.keep_alive_count_max,
       });

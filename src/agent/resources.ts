@@ -5,7 +5,9 @@
  * likewise; Kubernetes API servers through the Dialer, so HTTPS_PROXY / NO_PROXY apply as the seed says (the
  * local cluster is dialled as kube.<cluster_name>.local, the entry an operator adds to NO_PROXY).
  */
+import { readFileSync } from 'node:fs';
 import net from 'node:net';
+import tls from 'node:tls';
 import type { Duplex } from 'node:stream';
 import { formatHostPort, type HostPort } from '../addr.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
@@ -69,7 +71,7 @@ export function connectTcp(to: HostPort, timeoutMs: number, what: string): Promi
   });
 }
 
-export function resourceConnector(config: GatewayConfig, services: readonly ServiceName[], dialer: Dialer, timeoutMs = 10_000): ResourceDialer {
+export function resourceConnector(config: GatewayConfig, services: readonly ServiceName[], dialer: Dialer, clusterName: string, timeoutMs = 10_000): ResourceDialer {
   const on = (s: ServiceName) => services.includes(s);
   return async (request: DialRequest): Promise<Duplex> => {
     const notServed = () => new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `this agent serves no ${request.service} "${request.resource}"`);
@@ -94,7 +96,19 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
         if (!cluster) throw notServed();
         const u = new URL(cluster.api_server);
         // URL.hostname keeps IPv6 brackets, which is exactly the host:port form the Dialer takes.
-        return dialer.dial(`${u.hostname}:${u.port || 443}`);
+        const raw = await dialer.dial(`${u.hostname}:${u.port || 443}`, { selectAs: `kube.${clusterName}.local:443` });
+        const host = u.hostname.replace(/^\[|\]$/g, '');
+        const socket = tls.connect({
+          socket: raw,
+          host,
+          ...(net.isIP(host) ? {} : { servername: host }),
+          ...(cluster.ca_file ? { ca: readFileSync(cluster.ca_file, 'utf8') } : {}),
+        });
+        await new Promise<void>((resolve, reject) => {
+          socket.once('secureConnect', resolve);
+          socket.once('error', (err) => reject(new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `Kubernetes API server of "${cluster.name}" at ${u.host}: ${err.message}`)));
+        });
+        return socket;
       }
       default:
         throw notServed();

@@ -32,6 +32,11 @@ export interface DialerOptions {
 
 export interface DialOptions {
   signal?: AbortSignal;
+  /**
+   * Decide direct-or-proxy as if dialing this target instead (host:port), but connect to the real one. The
+   * Kubernetes Service uses kube.<cluster_name>.local:443, the name the seed tells operators to put in NO_PROXY.
+   */
+  selectAs?: string;
 }
 
 export const DIALER_DEFAULTS = Object.freeze({
@@ -118,7 +123,8 @@ export class Dialer {
 
   /** Opens a connection to target, through the proxy the environment selects. */
   async dial(target: Target, options: DialOptions = {}): Promise<net.Socket> {
-    const decision = this.plan(target);
+    const real = toTarget(target);
+    const decision = options.selectAs ? { ...this.plan(options.selectAs), target: real } : this.plan(real);
     const t = decision.target;
     const where = formatHostPort(t.host, t.port);
     if (!decision.proxy) {

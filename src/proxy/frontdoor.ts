@@ -58,6 +58,8 @@ export interface FrontDoorOptions {
   api: (req: http.IncomingMessage, res: http.ServerResponse) => void;
   versions: VersionServer;
   services?: ProtocolServices;
+  /** HTTP apps served under their own host names on the web port; returns false when a request is not theirs. */
+  webApps?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
   /** Extra members of the /webapi/find answer (the tunnel server's SSH host keys). */
   findExtras?: () => Record<string, unknown>;
   /** WebSocket pings on upgraded connections, to keep L7 load balancers from closing idle streams. */
@@ -130,6 +132,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
     { key: options.tls.key, cert: options.tls.cert, ca: options.tls.ca, requestCert: true, rejectUnauthorized: false, handshakeTimeout, ALPNProtocols: ['http/1.1'] },
     (req, res) => {
       const path = (req.url ?? '/').split('?')[0]!;
+      if (options.webApps?.(req, res)) return;
       if (options.versions.handle(req, res)) return;
       if (path === '/webapi/ping' || path === '/webapi/find') {
         if (req.method !== 'GET' && req.method !== 'HEAD') return sendJson(res, 405, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: `${req.method} is not allowed on ${path}`, hint: 'Use GET.' } });

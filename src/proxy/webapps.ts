@@ -1,0 +1,146 @@
+/**
+ * HTTP through the tunnel, for the two resources that speak it:
+ *
+ *  - HTTP apps on the web port, under their public address: a request whose Host is an app's public_addr is
+ *    authenticated with the user's client certificate, checked against the app's labels, and forwarded to the
+ *    app through its agent's tunnel.
+ *  - Kubernetes, routed by SNI (kube-gateway-proxy-alpn.*): kubectl's server URL carries the cluster as a path
+ *    prefix, https://kube-gateway-proxy-alpn.<proxy host>:443/k8s/<cluster>; the Proxy authenticates the user by
+ *    certificate, checks kubernetes_labels, and forwards the request through the agent (which holds the TLS
+ *    connection to the API server) with Impersonate-User / Impersonate-Group set to the user and roles. Headers
+ *    a client sends to impersonate someone itself are removed first.
+ */
+import http from 'node:http';
+import type { Duplex } from 'node:stream';
+import type { TLSSocket } from 'node:tls';
+import { peerIdentityOf } from '../auth/api.js';
+import { canAccess } from '../auth/rbac.js';
+import type { Identity } from '../auth/pki.js';
+import type { AuthService } from '../auth/service.js';
+import { GatewayError, toGatewayError } from '../errors.js';
+import { logger } from '../log.js';
+import { clientAddress } from '../mux/clientaddr.js';
+import type { ConnInfo } from '../mux/multiplexer.js';
+import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
+import { statusFor } from '../auth/api.js';
+
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+
+function sendError(res: http.ServerResponse, err: unknown): void {
+  const e = toGatewayError(err);
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const body = JSON.stringify({ error: e.toJSON() });
+  res.writeHead(e.code === 'GW_ERR_TUNNEL_DIAL_FAILED' || e.code === 'GW_ERR_TUNNEL_DOWN' ? 502 : statusFor(e.code), {
+    'content-type': 'application/json',
+    'content-length': Buffer.byteLength(body),
+  });
+  res.end(body);
+}
+
+/** Sends req (with path and extra headers) over an already-open stream to the resource, and relays the answer. */
+function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Duplex, path: string, headers: http.OutgoingHttpHeaders): void {
+  const forwarded: http.OutgoingHttpHeaders = {};
+  for (const [k, v] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(k) && v !== undefined) forwarded[k] = v;
+  const upstream = http.request({ method: req.method, path, headers: { ...forwarded, ...headers, connection: 'close' }, createConnection: () => stream as never });
+  upstream.on('response', (answer) => {
+    const out: http.OutgoingHttpHeaders = {};
+    for (const [k, v] of Object.entries(answer.headers)) if (!HOP_BY_HOP.has(k) && v !== undefined) out[k] = v;
+    res.writeHead(answer.statusCode ?? 502, out);
+    answer.pipe(res);
+  });
+  upstream.on('error', (err) => sendError(res, new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `the upstream answer failed: ${err.message}`)));
+  req.pipe(upstream);
+}
+
+function newest(agents: ConnectedAgent[]): ConnectedAgent[] {
+  return [...agents].sort((a, b) => b.connectedAt.getTime() - a.connectedAt.getTime());
+}
+
+/** Returns a web-port request handler for HTTP apps, or false from handle() when the Host is not an app's. */
+export function createWebAppHandler(auth: AuthService, tunnels: TunnelServer) {
+  const log = logger('webapps');
+  return (req: http.IncomingMessage, res: http.ServerResponse): boolean => {
+    const host = (req.headers.host ?? '').toLowerCase().replace(/:\d+$/, '');
+    if (!host) return false;
+    let found: { agent: ConnectedAgent; name: string; labels: Record<string, string> } | undefined;
+    for (const agent of newest(tunnels.list())) {
+      const app = agent.resources.apps.find((a) => a.public_addr === host && a.kind !== 'tcp');
+      if (app) {
+        found = { agent, name: app.name, labels: app.labels };
+        break;
+      }
+    }
+    if (!found) return false;
+    const target = found;
+    void (async () => {
+      let identity: Identity;
+      try {
+        identity = peerIdentityOf(auth, req.socket as TLSSocket);
+      } catch {
+        throw new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `app "${target.name}" needs your gateway certificate`, {
+          hint: `Sign in with 'gwsh login', then present ~/.gwsh/cert.pem and key.pem, or use 'gwsh proxy app ${target.name}'.`,
+        });
+      }
+      if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), 'app', target.labels)) {
+        throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
+      }
+      const client = clientAddress(req.socket);
+      const stream = await tunnels.dial(target.agent.hostId, {
+        service: 'app',
+        resource: target.name,
+        client_src: `${client.address}:${client.port}`,
+        client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
+        user: identity.name,
+      });
+      log.info({ user: identity.name, app: target.name, method: req.method, path: req.url }, 'app request');
+      relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name });
+    })().catch((err: unknown) => sendError(res, err));
+    return true;
+  };
+}
+
+export const KUBE_PATH_PREFIX = '/k8s/';
+
+/** The kube route's service: an HTTP server over the user's TLS stream. */
+export function createKubeHandler(auth: AuthService, tunnels: TunnelServer): (stream: Duplex, info: ConnInfo) => void {
+  const log = logger('kube');
+  const server = http.createServer((req, res) => {
+    void (async () => {
+      const identity = peerIdentityOf(auth, req.socket as TLSSocket);
+      if (identity.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach Kubernetes clusters');
+      const url = req.url ?? '/';
+      if (!url.startsWith(KUBE_PATH_PREFIX)) {
+        throw new GatewayError('GW_ERR_API_NOT_FOUND', `Kubernetes requests go to ${KUBE_PATH_PREFIX}<cluster>/...`, {
+          hint: 'Set the kubeconfig server to https://kube-gateway-proxy-alpn.<proxy host>:<port>/k8s/<cluster>.',
+        });
+      }
+      const rest = url.slice(KUBE_PATH_PREFIX.length);
+      const slash = rest.indexOf('/');
+      const cluster = decodeURIComponent(slash < 0 ? rest : rest.slice(0, slash));
+      const path = slash < 0 ? '/' : rest.slice(slash);
+      const agent = newest(tunnels.list()).find((a) => a.resources.kube_clusters.some((k) => k.name === cluster));
+      const kube = agent?.resources.kube_clusters.find((k) => k.name === cluster);
+      if (!agent || !kube) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves the Kubernetes cluster "${cluster}"`);
+      if (!canAccess(await auth.rolesOf(identity.roles), 'kube_cluster', kube.labels)) {
+        throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow the Kubernetes cluster "${cluster}"`);
+      }
+      for (const h of Object.keys(req.headers)) if (h.startsWith('impersonate-')) delete req.headers[h];
+      const client = clientAddress(req.socket);
+      const stream = await tunnels.dial(agent.hostId, {
+        service: 'kube',
+        resource: cluster,
+        client_src: `${client.address}:${client.port}`,
+        client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
+        user: identity.name,
+      });
+      log.info({ user: identity.name, cluster, method: req.method, path }, 'kubernetes request');
+      relay(req, res, stream, path, { 'impersonate-user': identity.name, 'impersonate-group': identity.roles });
+    })().catch((err: unknown) => sendError(res, err));
+  });
+  return (stream) => {
+    server.emit('connection', stream);
+  };
+}

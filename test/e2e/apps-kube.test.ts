@@ -1,0 +1,256 @@
+/**
+ * HTTP apps under their public address on the web port, TCP apps and desktops through gwsh, and Kubernetes by
+ * SNI, all through an agent's reverse tunnel (real daemons on loopback).
+ *
+ * No Kubernetes API server can run here: the closest real thing is an HTTPS server with its own CA standing in
+ * for it, which answers every request with the path and the headers it received (so the test sees exactly
+ * what an API server would: the path after /k8s/<cluster> and the Impersonate-* headers). The agent's
+ * connection to it goes through the Dialer, decided as kube.<cluster_name>.local (the seed's NO_PROXY rule 4).
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import http from 'node:http';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import getPort from 'get-port';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { startHttpsServer, startEchoServer, type HttpTestServer, type TestServer } from '../helpers/servers.js';
+import { startSquid, type Squid } from '../helpers/squid.js';
+import { makeTestPki, type TestPki } from '../helpers/tls.js';
+
+const PROXY_IP = '127.0.0.3';
+const PROXY_NAME = 'proxy.gw.test';
+const RESOURCE_IP = '127.0.0.6';
+const PASSWORD = 'correct horse battery';
+
+let dir: string;
+let squid: Squid;
+let pki: TestPki;
+let cluster: RunningGateway;
+let agent: RunningGateway;
+let webPort: number;
+let pin: string;
+let app: http.Server;
+let appPort: number;
+let apiServer: HttpTestServer;
+let desktop: TestServer;
+let userEnv: Record<string, string>;
+const children: ChildProcess[] = [];
+
+/** curl, asynchronously: the app and the stand-in API server live in this process and must keep answering. */
+function curl(args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolveCurl) => {
+    const child = spawn('curl', ['-sS', '--max-time', '20', ...args], { env: { PATH: process.env.PATH ?? '' } });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+    child.on('close', (status) => resolveCurl({ status, stdout, stderr }));
+  });
+}
+
+async function until(check: () => Promise<boolean> | boolean, what: string, timeoutMs = 20_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'gw-e2e-apps-'));
+  await chmod(dir, 0o755);
+  await writeFile(join(dir, 'hosts'), `${PROXY_IP} ${PROXY_NAME}\n${RESOURCE_IP} k8s-api.gw.test\n`, { mode: 0o644 });
+  squid = await startSquid({ extraConfig: [`hosts_file ${join(dir, 'hosts')}`] });
+  pki = await makeTestPki();
+
+  // The resources behind the agent.
+  app = http.createServer((req, res) => res.end(JSON.stringify({ app: 'grafana', path: req.url, user: req.headers['x-gateway-user'] })));
+  await new Promise<void>((r) => app.listen(0, RESOURCE_IP, r));
+  appPort = (app.address() as net.AddressInfo).port;
+  const apiCert = await pki.serverCert({ names: ['k8s-api.gw.test'], ips: [] });
+  apiServer = await startHttpsServer({ cert: apiCert.certPem, key: apiCert.keyPem }, (req, res) => res.end(JSON.stringify({ path: req.url, headers: req.headers })), RESOURCE_IP);
+  desktop = await startEchoServer(RESOURCE_IP);
+
+  webPort = await getPort({ host: PROXY_IP });
+  cluster = await startGateway(
+    [
+      'gateway:',
+      '  nodename: proxy-1',
+      '  data_dir: DATA_DIR',
+      '  log: { format: json }',
+      'auth_service:',
+      '  cluster_name: apps.example',
+      '  listen_addr: 127.0.0.1:0',
+      '  keep_alive_interval: 1s',
+      'proxy_service:',
+      `  web_listen_addr: ${PROXY_IP}:${webPort}`,
+      `  public_addr: ${PROXY_NAME}:${webPort}`,
+      '',
+    ].join('\n'),
+  );
+  const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
+  pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
+  await writeFile(
+    join(dir, 'roles.yaml'),
+    [
+      'kind: role',
+      'version: v7',
+      'metadata: {name: dev-only}',
+      'spec:',
+      '  allow:',
+      '    app_labels: {env: dev}',
+      '    kubernetes_labels: {env: dev}',
+      '    windows_desktop_labels: {"*": "*"}',
+      '',
+    ].join('\n'),
+  );
+  expect((await admin(['create', join(dir, 'roles.yaml')])).status).toBe(0);
+  await admin(['users', 'add', 'alice', '--roles=dev-only'], `${PASSWORD}\n`);
+  const token = (JSON.parse((await admin(['tokens', 'add', '--type=app,kube,desktop', '--format', 'json'])).stdout) as { token: string }).token;
+
+  const caFile = join(dir, 'k8s-ca.pem');
+  await writeFile(caFile, pki.caPem);
+  agent = await startGateway(
+    [
+      'gateway:',
+      '  nodename: agent-apps',
+      '  data_dir: DATA_DIR',
+      '  log: { format: json }',
+      'app_service:',
+      '  enabled: yes',
+      '  apps:',
+      `    - { name: grafana, uri: "http://${RESOURCE_IP}:${appPort}", public_addr: grafana.${PROXY_NAME}, labels: {env: dev} }`,
+      `    - { name: prod-admin, uri: "http://${RESOURCE_IP}:${appPort}", public_addr: admin.${PROXY_NAME}, labels: {env: prod} }`,
+      `    - { name: echo-tcp, uri: "tcp://${RESOURCE_IP}:${desktop.port}", labels: {env: dev} }`,
+      'kube_service:',
+      '  enabled: yes',
+      '  clusters:',
+      `    - { name: dev, api_server: "https://k8s-api.gw.test:${apiServer.port}", ca_file: ${caFile}, labels: {env: dev} }`,
+      'windows_desktop_service:',
+      '  enabled: yes',
+      '  desktops:',
+      `    - { name: win-1, addr: "${RESOURCE_IP}:${desktop.port}" }`,
+      '',
+    ].join('\n'),
+    // The agent's only way out is squid; the Kubernetes API server's name is known only to squid as well.
+    { args: ['--token', token, '--ca-pin', pin, '--proxy', `${PROXY_NAME}:${webPort}`], env: { HTTPS_PROXY: squid.url } },
+  );
+  await agent.waitForLog('reverse tunnel ready');
+  userEnv = { HOME: dir, GWSH_HOME: join(dir, 'alice'), HTTPS_PROXY: squid.url };
+  const login = await runCli('gwsh', ['login', `--proxy=${PROXY_NAME}:${webPort}`, '--user=alice', `--ca-pin=${pin}`], { env: { ...userEnv, HTTPS_PROXY: squid.url }, input: `${PASSWORD}\n` });
+  expect(login.status).toBe(0);
+}, 90_000);
+
+afterAll(async () => {
+  for (const c of children) c.kill('SIGTERM');
+  await agent?.stop();
+  await cluster?.stop();
+  await squid?.stop();
+  app?.close();
+  await apiServer?.close();
+  await desktop?.close();
+  await pki?.cleanup();
+  await rm(dir, { recursive: true, force: true });
+});
+
+const userCert = () => ['--cert', join(userEnv.GWSH_HOME!, 'cert.pem'), '--key', join(userEnv.GWSH_HOME!, 'key.pem'), '--cacert', join(userEnv.GWSH_HOME!, 'host-ca.pem')];
+const resolve = (name: string) => ['--resolve', `${name}:${webPort}:${PROXY_IP}`];
+
+describe('HTTP apps on the web port', () => {
+  it('gwsh apps ls lists what alice may reach, with labels and agent', async () => {
+    const r = await runCli('gwsh', ['apps', 'ls', '-f', 'json'], { env: userEnv });
+    const names = (JSON.parse(r.stdout) as Array<{ name: string; agent: string }>).map((a) => [a.name, a.agent]);
+    expect(names).toEqual([
+      ['echo-tcp', 'agent-apps'],
+      ['grafana', 'agent-apps'],
+    ]);
+  });
+
+  it('serves an app under its public address to a user with the right certificate and role', async () => {
+    const r = await curl([...userCert(), ...resolve(`grafana.${PROXY_NAME}`), `https://grafana.${PROXY_NAME}:${webPort}/d/home?x=1`]);
+    expect(r.stderr).toBe('');
+    expect(JSON.parse(r.stdout)).toEqual({ app: 'grafana', path: '/d/home?x=1', user: 'alice' });
+  });
+
+  it('refuses without a certificate, and refuses an app her roles do not allow', async () => {
+    const noCert = await curl(['--cacert', join(userEnv.GWSH_HOME!, 'host-ca.pem'), ...resolve(`grafana.${PROXY_NAME}`), `https://grafana.${PROXY_NAME}:${webPort}/`]);
+    expect(JSON.parse(noCert.stdout)).toMatchObject({ error: { code: 'GW_ERR_AUTH_UNAUTHENTICATED' } });
+    const prod = await curl([...userCert(), ...resolve(`admin.${PROXY_NAME}`), `https://admin.${PROXY_NAME}:${webPort}/`]);
+    expect(JSON.parse(prod.stdout)).toMatchObject({ error: { code: 'GW_ERR_ACCESS_DENIED' } });
+  });
+});
+
+describe('TCP apps and desktops through gwsh', () => {
+  async function localProxy(args: string[]): Promise<number> {
+    const child = spawn(process.execPath, [BIN('gwsh'), 'proxy', ...args, '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...userEnv }, stdio: ['ignore', 'pipe', 'pipe'] });
+    children.push(child);
+    let out = '';
+    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (out += c.toString()));
+    await until(() => /127\.0\.0\.1:(\d+)/.test(out) || child.exitCode !== null, 'gwsh proxy to listen');
+    const m = /127\.0\.0\.1:(\d+)/.exec(out);
+    if (!m) throw new Error(`gwsh proxy failed: ${out}`);
+    return Number(m[1]);
+  }
+  // gwsh reaches the Proxy through squid here, and squid does not relay half-close: read the echo, then close.
+  async function echo(port: number, message: string): Promise<string> {
+    return new Promise((resolvePromise, reject) => {
+      const s = net.connect({ port, host: '127.0.0.1' }, () => s.write(message));
+      let got = '';
+      s.on('data', (c: Buffer) => {
+        got += c.toString();
+        if (got.length >= message.length) {
+          s.end();
+          resolvePromise(got);
+        }
+      });
+      s.on('error', reject);
+    });
+  }
+
+  it('a TCP app: bytes pass through', async () => {
+    const port = await localProxy(['app', 'echo-tcp']);
+    expect(await echo(port, 'tcp app says hi')).toBe('tcp app says hi');
+  });
+
+  it('a desktop, forwarded as TCP', async () => {
+    const port = await localProxy(['desktop', 'win-1']);
+    expect(await echo(port, 'rdp bytes')).toBe('rdp bytes');
+  });
+
+  it('an unknown app is a clear error, not a hang', async () => {
+    const r = await runCli('gwsh', ['proxy', 'app', 'nope', '--port', '0'], { env: userEnv });
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain('GW_ERR_TUNNEL_NOT_FOUND');
+    expect(r.stderr).toContain('nope');
+  });
+});
+
+describe('Kubernetes by SNI', () => {
+  const kubeHost = `kube-gateway-proxy-alpn.${PROXY_NAME}`;
+
+  it('forwards to the API server with the user impersonated, and strips impersonation from the client', async () => {
+    const r = await curl([...userCert(), ...resolve(kubeHost), '-H', 'Impersonate-User: admin', `https://${kubeHost}:${webPort}/k8s/dev/api/v1/namespaces`]);
+    expect(r.stderr).toBe('');
+    const seen = JSON.parse(r.stdout) as { path: string; headers: Record<string, string> };
+    expect(seen.path).toBe('/api/v1/namespaces');
+    expect(seen.headers['impersonate-user']).toBe('alice');
+    expect(seen.headers['impersonate-group']).toBe('dev-only');
+  });
+
+  it("the agent's connection to the API server went through squid (HTTPS_PROXY), decided as kube.<cluster>.local", async () => {
+    await squid.waitForAccessLog((l) => l.includes(`CONNECT k8s-api.gw.test:${apiServer.port}`));
+    const plan = await runCli('gateway', ['dial-plan', '--json', 'kube.apps.example.local:443'], {
+      env: { HTTPS_PROXY: squid.url, NO_PROXY: 'kube.apps.example.local' },
+    });
+    expect(JSON.parse(plan.stdout)).toMatchObject({ proxy: null, source: 'NO_PROXY' });
+  });
+
+  it('an unknown cluster and a request outside /k8s/ get clear errors', async () => {
+    expect(JSON.parse((await curl([...userCert(), ...resolve(kubeHost), `https://${kubeHost}:${webPort}/k8s/prod/api`])).stdout)).toMatchObject({ error: { code: 'GW_ERR_TUNNEL_NOT_FOUND' } });
+    expect(JSON.parse((await curl([...userCert(), ...resolve(kubeHost), `https://${kubeHost}:${webPort}/api`])).stdout)).toMatchObject({ error: { code: 'GW_ERR_API_NOT_FOUND' } });
+  });
+});
