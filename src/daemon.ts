@@ -30,7 +30,10 @@ import { isIP } from 'node:net';
 import { TunnelServer } from './tunnel/server.js';
 import { TunnelAgent, sshPrivateKey } from './tunnel/agent.js';
 import { agentResources, agentServices, resourceConnector } from './agent/resources.js';
-import { VersionServer } from './proxy/versions.js';
+import { SshService } from './agent/ssh.js';
+import type { Duplex } from 'node:stream';
+import type { DialRequest } from './tunnel/protocol.js';
+import { ReloadableVersionServer } from './reload.js';
 import { VERSION } from './version.js';
 import { readFileSync } from 'node:fs';
 import { X509Certificate, createPrivateKey } from 'node:crypto';
@@ -54,6 +57,11 @@ export interface Daemon {
   addresses: Record<string, string>;
   auth?: AuthService;
   hostIdentity?: HostIdentity;
+  /**
+   * SIGHUP (src/reload.ts): applies what can change without a restart, the version server's channels.
+   * Throws, changing nothing, when they are invalid. Listeners, tunnels and sessions are not touched.
+   */
+  reload(config: GatewayConfig): void;
   stop(): Promise<void>;
 }
 
@@ -136,6 +144,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
   let hostIdentity: HostIdentity | undefined;
   let tunnels: TunnelServer | undefined;
   let tunnelAgent: TunnelAgent | undefined;
+  let versionServer: ReloadableVersionServer | undefined;
 
   const closers: Array<() => Promise<void>> = [];
   const stop = async () => {
@@ -156,7 +165,16 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
           : {}),
       });
       const handler = createApiHandler(auth);
-      const names = [config.gateway.nodename, 'localhost', '127.0.0.1', '::1', ...config.auth_service.public_addr.map((a) => a.host)];
+      // The listen address too when it is a specific one: it is what <data_dir>/admin/auth-addr gives gwctl.
+      const authHost = config.auth_service.listen_addr.host;
+      const names = [
+        config.gateway.nodename,
+        'localhost',
+        '127.0.0.1',
+        '::1',
+        ...config.auth_service.public_addr.map((a) => a.host),
+        ...(['', '0.0.0.0', '::'].includes(authHost) ? [] : [authHost]),
+      ];
       const keys = generateKeyPair();
       const cert = await auth.issueServerCert(keys.publicKeyPem, names);
       const tlsOptions = { key: keys.privateKeyPem, cert, ca: [auth.host.tls.certPem, auth.user.tls.certPem], requestCert: true, rejectUnauthorized: false };
@@ -212,13 +230,14 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
               'gateway-mongodb': access,
               'gateway-redis': access,
               'gateway-tcp': access,
+              'gateway-proxy-ssh': access,
             },
             tunnel: tunnels.handle,
           },
           findExtras: () => ({ tunnel_host_keys: [tunnelHostKey] }),
           tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
           api: handler,
-          versions: new VersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: new Dialer() }),
+          versions: (versionServer = new ReloadableVersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: new Dialer() })),
         });
         const tunnelServer = tunnels;
         closers.push(async () => {
@@ -256,6 +275,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
         hostIdentity = await joinCluster({
           dataDir,
           server,
+          joinedVia: flags.proxy ? 'proxy' : 'auth',
           token: flags.token,
           caPin: flags.caPin,
           roles: joinRoles,
@@ -266,7 +286,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
       } else if (auth) {
         const keys = generateKeyPair();
         const bundle = await auth.joinLocal({ roles: joinRoles, nodename: config.gateway.nodename, publicAddrs, publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey });
-        saveHostIdentity(dataDir, keys.privateKeyPem, bundle, { roles: joinRoles, nodename: config.gateway.nodename, server: 'local' });
+        saveHostIdentity(dataDir, keys.privateKeyPem, bundle, { roles: joinRoles, nodename: config.gateway.nodename, server: 'local', joinedVia: 'local' });
         hostIdentity = loadHostIdentity(dataDir);
       } else {
         throw new GatewayError('GW_ERR_AGENT_IDENTITY', 'this agent has not joined a cluster yet', {
@@ -280,12 +300,27 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
       hostIdentity?.server === 'local' ? (addresses.web ? { ...hostIdentity, server: localAddress(addresses.web) } : undefined) : hostIdentity;
     if (tunnelIdentity) {
       const dialer = new Dialer();
+      const ssh = services.includes('ssh_service')
+        ? new SshService({ hostKeyPem: tunnelIdentity.key, userCa: tunnelIdentity.sshUserCa, nodename: config.gateway.nodename, onEvent: (e) => tunnelAgent?.sendEvent({ ...e }) })
+        : undefined;
+      if (ssh) {
+        const direct = config.ssh_service.listen_addr;
+        closers.push(async () => ssh.close());
+        // Agent-side listeners exist only when the agent joined the Auth Service directly (seed: self-hosted).
+        if (tunnelIdentity.joinedVia === 'auth') {
+          addresses.ssh = await ssh.listen(direct.host, direct.port);
+          log.info({ addr: addresses.ssh }, 'SSH Service listening directly');
+        }
+      }
+      const resources = agentResources(config, services);
+      if (ssh) resources.node_host_cert = tunnelIdentity.sshCert;
       const agent = new TunnelAgent({
         identity: tunnelIdentity,
         dialer,
         services: agentServices(services),
-        resources: agentResources(config, services),
+        resources,
         connectResource: resourceConnector(config, services, dialer, tunnelIdentity.cluster),
+        ...(ssh ? { serveSsh: (channel: Duplex, request: DialRequest) => ssh.inject(channel, request.client_src) } : {}),
         heartbeatIntervalMs: config.auth_service.keep_alive_interval,
         heartbeatCountMax: config.auth_service.keep_alive_count_max,
       });
@@ -300,7 +335,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
     throw err;
   }
 
-  return { services, addresses, ...(auth ? { auth } : {}), ...(hostIdentity ? { hostIdentity } : {}), ...(tunnelAgent ? { tunnelAgent } : {}), ...(tunnels ? { tunnels } : {}), stop };
+  return { services, addresses, ...(auth ? { auth } : {}), ...(hostIdentity ? { hostIdentity } : {}), ...(tunnelAgent ? { tunnelAgent } : {}), ...(tunnels ? { tunnels } : {}), reload: (next: GatewayConfig) => versionServer?.setChannels(next.proxy_service.automatic_upgrades_channels), stop };
 }
 
 export { JOIN_ROLES };

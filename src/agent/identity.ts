@@ -20,11 +20,15 @@ export interface HostIdentity {
   nodename: string;
   /** Where it joined: the Proxy (or Auth Service) address. */
   server: string;
+  /** proxy: through the Proxy's web port; auth: the Auth Service directly (self-hosted); local: same process. */
+  joinedVia: 'proxy' | 'auth' | 'local';
   key: string;
   cert: string;
   sshCert: string;
   hostCa: string;
   userCa: string;
+  /** The cluster's SSH user CA (OpenSSH public key line): who may log in to the SSH Service. */
+  sshUserCa: string;
   identity: Identity;
 }
 
@@ -37,13 +41,14 @@ export interface JoinOptions {
   nodename: string;
   publicAddrs: string[];
   dialer: Dialer;
+  joinedVia: 'proxy' | 'auth';
 }
 
 const DIR = 'host';
 
 export function loadHostIdentity(dataDir: string): HostIdentity | undefined {
   const dir = join(dataDir, DIR);
-  let meta: { hostId: string; cluster: string; roles: JoinRole[]; nodename: string; server: string };
+  let meta: { hostId: string; cluster: string; roles: JoinRole[]; nodename: string; server: string; joinedVia?: 'proxy' | 'auth' | 'local' };
   try {
     meta = JSON.parse(readFileSync(join(dir, 'identity.json'), 'utf8')) as typeof meta;
   } catch (err) {
@@ -55,11 +60,13 @@ export function loadHostIdentity(dataDir: string): HostIdentity | undefined {
   const cert = readFileSync(join(dir, 'cert.pem'), 'utf8');
   return {
     ...meta,
+    joinedVia: meta.joinedVia ?? (meta.server === 'local' ? 'local' : 'proxy'),
     key: readFileSync(join(dir, 'key.pem'), 'utf8'),
     cert,
     sshCert: readFileSync(join(dir, 'ssh-cert.pub'), 'utf8').trim(),
     hostCa: readFileSync(join(dir, 'host-ca.pem'), 'utf8'),
     userCa: readFileSync(join(dir, 'user-ca.pem'), 'utf8'),
+    sshUserCa: readFileSync(join(dir, 'ssh-user-ca.pub'), 'utf8').trim(),
     identity: identityFromCert(cert),
   };
 }
@@ -81,7 +88,7 @@ export async function joinCluster(options: JoinOptions): Promise<HostIdentity> {
     public_key: keys.publicKeyPem,
     ssh_public_key: keys.sshPublicKey,
   });
-  saveHostIdentity(options.dataDir, keys.privateKeyPem, bundle, { roles: options.roles, nodename: options.nodename, server });
+  saveHostIdentity(options.dataDir, keys.privateKeyPem, bundle, { roles: options.roles, nodename: options.nodename, server, joinedVia: options.joinedVia });
   log.info({ hostId: bundle.hostId, cluster: bundle.clusterName, roles: options.roles }, 'joined the cluster');
   return loadHostIdentity(options.dataDir)!;
 }
@@ -91,7 +98,7 @@ export function saveHostIdentity(
   dataDir: string,
   privateKeyPem: string,
   bundle: CertBundle & { hostId: string },
-  meta: { roles: JoinRole[]; nodename: string; server: string },
+  meta: { roles: JoinRole[]; nodename: string; server: string; joinedVia: 'proxy' | 'auth' | 'local' },
 ): void {
   const dir = join(dataDir, DIR);
   mkdirSync(dir, { recursive: true, mode: 0o700 });
@@ -100,6 +107,7 @@ export function saveHostIdentity(
   writeSecretFile(join(dir, 'ssh-cert.pub'), `${bundle.sshCert}\n`);
   writePublicFile(join(dir, 'host-ca.pem'), bundle.hostCaPem);
   writePublicFile(join(dir, 'user-ca.pem'), bundle.userCaPem);
+  writePublicFile(join(dir, 'ssh-user-ca.pub'), `${bundle.sshUserCa}\n`);
   const record = { hostId: bundle.hostId, cluster: bundle.clusterName, ...meta };
   writeSecretFile(join(dir, 'identity.json'), `${JSON.stringify(record, null, 2)}\n`);
 }

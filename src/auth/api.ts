@@ -182,7 +182,7 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
     route('GET', '/v1/users', async ({ caller }) => ({ users: await auth.listUsers(caller()) })),
     route('POST', '/v1/users', async ({ caller, body }) => {
       const b = await body();
-      return { user: await auth.addUser(caller(), str(b, 'name', { max: 256 }), strList(b, 'roles'), str(b, 'password', { max: 4096 })) };
+      return { user: await auth.addUser(caller(), str(b, 'name', { max: 256 }), strList(b, 'roles'), str(b, 'password', { max: 4096 }), b.logins === undefined ? [] : strList(b, 'logins')) };
     }),
     route('PUT', '/v1/users/:name/roles', async ({ caller, body, params }) => ({
       user: await auth.setUserRoles(caller(), params.name!, strList(await body(), 'roles')),

@@ -83,6 +83,8 @@ export interface InventoryItem {
   connected_since: string;
   protocol?: string;
   public_addr?: string;
+  /** Nodes: the SSH host certificate, for gwsh known-hosts. */
+  host_cert?: string;
 }
 
 /** An agent connected to a proxy right now (written by the proxy's tunnel registry, expires unless refreshed). */
@@ -280,12 +282,15 @@ export class AuthService {
 
   // --- users and login ---------------------------------------------------------------------------------------------
 
-  async addUser(caller: Identity, name: string, roles: string[], password: string): Promise<UserResource> {
+  async addUser(caller: Identity, name: string, roles: string[], password: string, logins: string[] = []): Promise<UserResource> {
     await this.authorize(caller, 'user', 'create');
     validateUserName(name);
     await this.requireRolesExist(roles);
     checkPasswordPolicy(password);
-    const resource: UserResource = { kind: 'user', version: 'v2', metadata: { name }, spec: { roles } };
+    for (const login of logins) {
+      if (!/^[a-z_][a-z0-9_.-]{0,31}$/i.test(login)) throw new GatewayError('GW_ERR_RESOURCE_INVALID', `"${login}" is not an OS login name`);
+    }
+    const resource: UserResource = { kind: 'user', version: 'v2', metadata: { name }, spec: { roles, ...(logins.length > 0 ? { traits: { logins } } : {}) } };
     const stored: StoredUser = { resource, passwordHash: await hashPassword(password), createdAt: new Date(this.clock()).toISOString() };
     try {
       await this.backend.create(KEYS.user(name), JSON.stringify(stored));
@@ -614,7 +619,7 @@ export class AuthService {
 
   /** Reads resources of a kind (all, or one by name). Secrets only with withSecrets. */
   async getResources(caller: Identity, kind: string, name: string | undefined, withSecrets: boolean): Promise<Resource[]> {
-    const rbacKind = kind === 'nodes' ? 'node' : kind;
+    const rbacKind = kind === 'nodes' ? 'node' : kind === 'events' ? 'event' : kind;
     // cluster_maintenance_config is a singleton: getting it is a read, as the seed's role (create/read/update/delete) expects.
     const singleton = kind === 'cluster_maintenance_config';
     await this.authorize(caller, rbacKind, name === undefined && !singleton ? 'list' : 'read');
@@ -646,6 +651,13 @@ export class AuthService {
         found = item ? [item] : [];
         break;
       }
+      case 'event':
+      case 'events':
+        found = (await this.backend.range('/events/')).map((i) => {
+          const e = JSON.parse(i.value) as Record<string, unknown>;
+          return { kind: 'event', version: 'v1', metadata: { name: i.key.slice('/events/'.length) }, spec: e } as unknown as Resource;
+        });
+        break;
       case 'node':
       case 'nodes':
         {
@@ -747,7 +759,7 @@ export class AuthService {
       const base = { agent: p.nodename, host_id: p.hostId, connected_since: p.connectedAt };
       if (accessKind === 'node' && p.services.includes('ssh')) {
         const labels = p.resources.node_labels ?? {};
-        if (allowed(labels)) items.push({ ...base, name: p.nodename, labels });
+        if (allowed(labels)) items.push({ ...base, name: p.nodename, labels, ...(p.resources.node_host_cert ? { host_cert: p.resources.node_host_cert } : {}) });
       } else if (accessKind === 'db') {
         for (const d of p.resources.databases) if (allowed(d.labels)) items.push({ ...base, name: d.name, protocol: d.protocol, labels: d.labels });
       } else if (accessKind === 'app') {
@@ -769,6 +781,14 @@ export class AuthService {
       identity: { kind: caller.kind, name: caller.name, roles: caller.roles },
       ...(this.options.proxyPublicAddr ? { proxy_public_addr: this.options.proxyPublicAddr } : {}),
     };
+  }
+
+  /** An audit event reported by an agent (SSH sessions); who reported it is recorded with it. */
+  async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void> {
+    const time = this.clock();
+    const text = JSON.stringify({ ...event, reported_by: { host_id: hostId, nodename } });
+    if (text.length > 64 * 1024) return;
+    await this.backend.put(KEYS.event(time), text, { ttlMs: 30 * 24 * 3600_000 });
   }
 
   private async audit(event: string, caller: Identity | undefined, fields: Record<string, unknown>): Promise<void> {

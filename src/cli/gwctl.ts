@@ -101,9 +101,10 @@ users
   .description('create a user; the password is read from standard input, or prompted twice on a terminal')
   .argument('<user>')
   .requiredOption('--roles <roles>', 'comma-separated role names')
-  .action(async (user: string, opts: { roles: string }) => {
+  .option('--logins <logins>', 'OS logins for this user (the trait {{internal.logins}} in roles such as access)')
+  .action(async (user: string, opts: { roles: string; logins?: string }) => {
     const password = await readPassword(`Password for ${user}: `, { confirm: true });
-    await client().call('POST', '/v1/users', { name: user, roles: list(opts.roles), password });
+    await client().call('POST', '/v1/users', { name: user, roles: list(opts.roles), password, ...(opts.logins ? { logins: list(opts.logins) } : {}) });
     out(`user "${user}" has been created with roles ${list(opts.roles).join(', ')}`);
   });
 users

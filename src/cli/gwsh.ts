@@ -6,6 +6,12 @@ import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
 import { loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
 import { parseDuration } from '../duration.js';
 import net from 'node:net';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { userInfo } from 'node:os';
+import { spawn as spawnChild } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { parseSshCert } from '../auth/pki.js';
 import { Dialer } from '../dial/dialer.js';
 import { fetchPing, openResource, routeAddress, type ResourceTarget } from '../client/resources.js';
 import { splice } from '../tunnel/lines.js';
@@ -14,7 +20,7 @@ import { GatewayError } from '../errors.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
 
-const program = newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.');
+const program = newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.').enablePositionalOptions();
 
 program
   .command('login')
@@ -167,6 +173,103 @@ proxyCmd
   .option('--port <port>', 'local port (0 picks a free one)', '0')
   .action(async (name: string, opts: { port: string }) => {
     await localProxy({ alpn: 'gateway-tcp', resource: name, kind: 'desktop' }, opts.port, `desktop "${name}"`);
+  });
+
+/** "[login@]node[:port]" → parts; the login defaults to the local user name. */
+function parseSshTarget(text: string): { login: string; node: string } {
+  const at = text.lastIndexOf('@');
+  const login = at < 0 ? userInfo().username : text.slice(0, at);
+  const node = (at < 0 ? text : text.slice(at + 1)).replace(/:\d+$/, '');
+  if (!login || !node) throw new GatewayError('GW_ERR_USAGE', `"${text}" is not [login@]node[:port]`);
+  return { login, node };
+}
+
+proxyCmd
+  .command('ssh')
+  .description("carry SSH to a node on standard input/output (OpenSSH's ProxyCommand)")
+  .argument('<target>', '[login@]node[:port]')
+  .action(async (targetText: string) => {
+    const profile = requireProfile();
+    const { login, node } = parseSshTarget(targetText);
+    const dialer = new Dialer();
+    const ping = await fetchPing(profile, dialer);
+    const stream = await openResource(profile, routeAddress(profile, ping, 'gateway-proxy-ssh'), { alpn: 'gateway-proxy-ssh', resource: node, login }, dialer);
+    process.stdin.pipe(stream);
+    stream.pipe(process.stdout);
+    await new Promise<void>((resolve) => {
+      stream.once('close', resolve);
+      stream.once('error', resolve);
+    });
+    process.stdin.destroy();
+  });
+
+program
+  .command('known-hosts')
+  .description("print a node's SSH host key after checking its certificate against the cluster's host CA (OpenSSH's KnownHostsCommand)")
+  .argument('<host>', 'node name as ssh was given it')
+  .action(async (host: string) => {
+    const profile = requireProfile();
+    const ca = readFileSync(join(profile.dir, 'ssh-host-ca.pub'), 'utf8').trim();
+    const { items } = await apiFor(profile).call<{ items: Array<InventoryItem & { host_cert?: string; host_id: string }> }>('GET', '/v1/inventory/node');
+    const node = items.find((i) => i.name === host || i.host_id === host);
+    // Always offer the CA itself too, so OpenSSH can check a host certificate where a server presents one.
+    process.stdout.write(`@cert-authority * ${ca}\n`);
+    if (!node?.host_cert) return;
+    const cert = parseSshCert(node.host_cert, ca);
+    if (cert.signedByCa !== true || cert.certType !== 'host' || !cert.principals.includes(node.name) || Date.now() >= cert.validBefore) {
+      throw new GatewayError('GW_ERR_TUNNEL_AUTH', `the host certificate of "${host}" is not valid for this cluster`);
+    }
+    process.stdout.write(`${host} ${cert.publicKey}\n`);
+  });
+
+function sshConfig(profile: ReturnType<typeof requireProfile>): string {
+  // gwsh runs from ssh with this profile whatever the caller's environment holds.
+  const gwsh = `/usr/bin/env GWSH_HOME="${profile.dir}" "${process.execPath}" "${fileURLToPath(import.meta.url)}"`;
+  const dir = profile.dir;
+  const proxyHost = profile.proxy.replace(/:\d+$/, '').replace(/^\[|\]$/g, '');
+  return [
+    `# SSH through the gateway cluster ${profile.cluster} (proxy ${profile.proxy}), written by 'gwsh config'.`,
+    `# Use it with: ssh -F <this file> login@node   (scp and sftp take -F too)`,
+    `Host * !${proxyHost}`,
+    `    ProxyCommand ${gwsh} proxy ssh %r@%h:%p`,
+    `    IdentityFile ${join(dir, 'ssh-key')}`,
+    `    CertificateFile ${join(dir, 'ssh-key-cert.pub')}`,
+    `    IdentitiesOnly yes`,
+    `    KnownHostsCommand ${gwsh} known-hosts %H`,
+    `    UserKnownHostsFile /dev/null`,
+    `    GlobalKnownHostsFile /dev/null`,
+    `    StrictHostKeyChecking yes`,
+    `    UpdateHostKeys no`,
+    `    ServerAliveInterval 20`,
+    `    SetEnv GATEWAY_CLUSTER=${profile.cluster}`,
+    '',
+  ].join('\n');
+}
+
+program
+  .command('config')
+  .description("print an OpenSSH client configuration block, so that ssh, scp and sftp reach nodes through the gateway")
+  .action(() => {
+    process.stdout.write(sshConfig(requireProfile()));
+  });
+
+program
+  .command('ssh')
+  .description('run a command on a node, or open an interactive shell (OpenSSH with the gateway configuration: every ssh flag works)')
+  .argument('<target>', '[login@]node')
+  .argument('[command...]', 'command to run')
+  .allowUnknownOption(true)
+  .passThroughOptions(true)
+  .action(async (target: string, command: string[], _opts: unknown, cmd: { args: string[] }) => {
+    const profile = requireProfile();
+    const configFile = join(profile.dir, 'ssh_config');
+    writeFileSync(configFile, sshConfig(profile), { mode: 0o600 });
+    const args = ['-F', configFile, ...cmd.args];
+    void target;
+    void command;
+    const child = spawnChild('ssh', args, { stdio: 'inherit' });
+    const code = await new Promise<number>((resolve) => child.once('exit', (c, sig) => resolve(c ?? (sig ? 255 : 0))));
+    process.exitCode = code;
   });
 
 function printStatus(format: string): void {

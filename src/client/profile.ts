@@ -5,7 +5,8 @@
 import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
-import { identityFromCert, type Identity } from '../auth/pki.js';
+import { createPrivateKey } from 'node:crypto';
+import { identityFromCert, sshPublicKeyFromPem, type Identity } from '../auth/pki.js';
 import type { CertBundle } from '../auth/service.js';
 import { GatewayError } from '../errors.js';
 import { writePublicFile, writeSecretFile } from '../fsutil.js';
@@ -35,6 +36,10 @@ export function saveProfile(dir: string, proxy: string, username: string, privat
   writeSecretFile(join(dir, 'key.pem'), privateKeyPem);
   writeSecretFile(join(dir, 'cert.pem'), bundle.tlsCert);
   writeSecretFile(join(dir, 'ssh-cert.pub'), `${bundle.sshCert}\n`);
+  // OpenSSH's own layout, so that ssh pairs the key with its certificate: ssh-key, ssh-key.pub, ssh-key-cert.pub.
+  writeSecretFile(join(dir, 'ssh-key'), createPrivateKey(privateKeyPem).export({ type: 'sec1', format: 'pem' }) as string);
+  writePublicFile(join(dir, 'ssh-key.pub'), `${sshPublicKeyFromPem(privateKeyPem)}\n`);
+  writePublicFile(join(dir, 'ssh-key-cert.pub'), `${bundle.sshCert}\n`);
   writePublicFile(join(dir, 'host-ca.pem'), bundle.hostCaPem);
   writePublicFile(join(dir, 'ssh-host-ca.pub'), `${bundle.sshHostCa}\n`);
   const file: ProfileFile = { proxy, username, cluster: bundle.clusterName, valid_until: bundle.validUntil };
@@ -71,7 +76,9 @@ export function loadProfile(dir = profileDir()): Profile | undefined {
 
 export function removeProfile(dir = profileDir()): boolean {
   const had = loadProfileQuiet(dir);
-  for (const f of ['profile.json', 'key.pem', 'cert.pem', 'ssh-cert.pub', 'host-ca.pem', 'ssh-host-ca.pub']) rmSync(join(dir, f), { force: true });
+  for (const f of ['profile.json', 'key.pem', 'cert.pem', 'ssh-cert.pub', 'host-ca.pem', 'ssh-host-ca.pub', 'ssh-key', 'ssh-key.pub', 'ssh-key-cert.pub', 'ssh_config']) {
+    rmSync(join(dir, f), { force: true });
+  }
   return had;
 }
 

@@ -25,6 +25,8 @@ export interface ResourceTarget {
   alpn: string;
   resource: string;
   kind?: 'app' | 'desktop';
+  /** gateway-proxy-ssh: the OS login. */
+  login?: string;
 }
 
 export async function fetchPing(profile: Profile, dialer: Dialer): Promise<PingResponse> {
@@ -61,7 +63,7 @@ export async function openResource(profile: Profile, address: string, target: Re
       reject(/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err),
     );
   });
-  writeJsonLine(socket, { resource: target.resource, ...(target.kind ? { kind: target.kind } : {}) });
+  writeJsonLine(socket, { resource: target.resource, ...(target.kind ? { kind: target.kind } : {}), ...(target.login ? { login: target.login } : {}) });
   const answer = await readJsonLine<DialAnswer>(socket, { what: "the Proxy's answer", timeoutMs: 60_000 });
   if (!answer.ok) {
     socket.destroy();

@@ -25,6 +25,8 @@ import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
 
 export interface RouteHeader {
   resource: string;
+  /** gateway-proxy-ssh: the OS login the client will ask the node for. */
+  login?: string;
   /** For gateway-tcp: which kind of resource (app or desktop); databases are implied by the protocol. */
   kind?: 'app' | 'desktop';
 }
@@ -36,7 +38,13 @@ export function findTarget(agents: ConnectedAgent[], route: string, header: Rout
   // Most recently connected first: a reconnected agent wins over a stale entry.
   const sorted = [...agents].sort((a, b) => b.connectedAt.getTime() - a.connectedAt.getTime());
   for (const agent of sorted) {
-    if (['postgres', 'mysql', 'mongodb', 'redis'].includes(protocol)) {
+    if (protocol === 'proxy-ssh') {
+      // A node by name, host ID, or host ID qualified with the cluster name.
+      const name = header.resource.replace(/:\d+$/, '');
+      if (agent.services.includes('ssh') && (agent.nodename === name || agent.hostId === name || name.startsWith(`${agent.hostId}.`))) {
+        return { agent, service: 'ssh', access: 'node', labels: agent.resources.node_labels ?? {} };
+      }
+    } else if (['postgres', 'mysql', 'mongodb', 'redis'].includes(protocol)) {
       const db = agent.resources.databases.find((d) => d.name === header.resource && d.protocol === protocol);
       if (db) return { agent, service: 'db', access: 'db', labels: db.labels };
     } else if (protocol === 'tcp') {
@@ -72,8 +80,16 @@ export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (
       const target = findTarget(tunnels.list(), info.route, header);
       if (!target) {
         throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves ${describe(info.route)} "${header.resource}"`, {
-          hint: "List what is reachable with 'gwsh db ls' or 'gwsh apps ls'; the agent that serves it may be offline.",
+          hint: "List what is reachable with 'gwsh ls', 'gwsh db ls' or 'gwsh apps ls'; the agent that serves it may be offline.",
         });
+      }
+      if (target.service === 'ssh') {
+        const login = header.login ?? '';
+        if (!login || !(identity.logins ?? []).includes(login)) {
+          throw new GatewayError('GW_ERR_ACCESS_DENIED', `login "${login}" is not allowed for ${identity.name} (allowed: ${(identity.logins ?? []).join(', ') || 'none'})`, {
+            hint: "Ask for a role whose logins include it, then sign in again; 'gwsh status' shows your logins.",
+          });
+        }
       }
       const roles = await auth.rolesOf(identity.roles);
       if (!canAccess(roles, target.access, target.labels)) {
@@ -83,7 +99,7 @@ export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (
       }
       const channel = await tunnels.dial(target.agent.hostId, {
         service: target.service,
-        resource: header.resource,
+        resource: target.service === 'ssh' ? `${header.login}@${target.agent.nodename}` : header.resource,
         client_src: client,
         client_dst: `${info.localAddress}:${info.localPort}`,
         user: identity.name,
@@ -96,5 +112,6 @@ export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (
 }
 
 function describe(route: string): string {
+  if (route === 'gateway-proxy-ssh') return 'node';
   return route === 'gateway-tcp' ? 'app or desktop' : `${route.replace('gateway-', '')} database`;
 }

@@ -45,6 +45,8 @@ export interface TunnelAgentOptions {
   services: ServiceKind[];
   resources: AgentResources;
   connectResource: ResourceDialer;
+  /** The SSH Service: gets the channel of each forwarded SSH connection (after the dial answer). */
+  serveSsh?: (channel: Duplex, request: DialRequest) => void;
   /** Used until the Proxy's welcome says otherwise. */
   heartbeatIntervalMs?: number;
   heartbeatCountMax?: number;
@@ -230,8 +232,25 @@ export class TunnelAgent extends EventEmitter {
     });
   }
 
+  private control: ClientChannel | undefined;
+  private readonly pendingEvents: Array<Record<string, unknown>> = [];
+
+  /** Sends an audit event to the Proxy (queued, at most 1 000, while the tunnel is down). */
+  sendEvent(event: Record<string, unknown>): void {
+    if (this.control && this.state === 'connected') {
+      writeJsonLine(this.control, { type: 'event', event } satisfies ControlMessage);
+      return;
+    }
+    this.pendingEvents.push(event);
+    if (this.pendingEvents.length > 1000) this.pendingEvents.shift();
+  }
+
   private runControl(client: ssh2.Client, control: ClientChannel): void {
     const { identity } = this.options;
+    this.control = control;
+    control.once('close', () => {
+      if (this.control === control) this.control = undefined;
+    });
     const send = (m: ControlMessage) => writeJsonLine(control, m);
     send({
       type: 'hello',
@@ -264,6 +283,7 @@ export class TunnelAgent extends EventEmitter {
           if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
           this.heartbeatTimer = setInterval(beat, this.heartbeatIntervalMs);
           this.setState('connected');
+          for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
           this.log.info({ proxyId: m.proxyId, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
           this.emit('connected', m.proxyId);
         } else if (m.type === 'reconnect') {
@@ -294,6 +314,11 @@ export class TunnelAgent extends EventEmitter {
       request = await readJsonLine<DialRequest>(channel, { what: 'dial request', timeoutMs: 15_000 });
     } catch {
       channel.destroy();
+      return;
+    }
+    if (request.service === 'ssh' && this.options.serveSsh) {
+      writeJsonLine(channel, { ok: true } satisfies DialAnswer);
+      this.options.serveSsh(channel, request);
       return;
     }
     let target: Duplex;

@@ -47,6 +47,8 @@ export interface AgentResources {
   kube_clusters: KubeClusterInfo[];
   /** The SSH Service's node labels, when the agent runs one. */
   node_labels?: Record<string, string>;
+  /** The SSH Service's host certificate (OpenSSH line): clients check it before trusting the node's key. */
+  node_host_cert?: string;
 }
 
 export interface HelloMessage {
@@ -75,7 +77,12 @@ export interface ReconnectMessage {
   type: 'reconnect';
   reason: string;
 }
-export type ControlMessage = HelloMessage | HeartbeatMessage | WelcomeMessage | DiscoveryMessage | ReconnectMessage;
+/** An audit event from the agent (SSH sessions), stored by the Proxy in the cluster's backend. */
+export interface EventMessage {
+  type: 'event';
+  event: Record<string, unknown>;
+}
+export type ControlMessage = HelloMessage | HeartbeatMessage | WelcomeMessage | DiscoveryMessage | ReconnectMessage | EventMessage;
 
 export interface DialRequest {
   service: ServiceKind;

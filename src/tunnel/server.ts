@@ -227,6 +227,8 @@ export class TunnelServer extends EventEmitter {
       if (m.type === 'heartbeat') {
         agent.lastHeartbeat = new Date();
         void this.writePresence(agent);
+      } else if (m.type === 'event' && m.event && typeof m.event === 'object') {
+        void this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
       }
     };
     let pending = '';
@@ -343,6 +345,7 @@ function normalizeResources(r: Partial<AgentResources> | undefined): AgentResour
     desktops: Array.isArray(r?.desktops) ? r.desktops : [],
     kube_clusters: Array.isArray(r?.kube_clusters) ? r.kube_clusters : [],
     ...(r?.node_labels ? { node_labels: r.node_labels } : {}),
+    ...(typeof r?.node_host_cert === 'string' ? { node_host_cert: r.node_host_cert } : {}),
   };
 }
 

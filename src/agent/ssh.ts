@@ -1,0 +1,282 @@
+/**
+ * The SSH Service: an SSH server (ssh2) on the agent, reached through the reverse tunnel (and, with
+ * ssh_service.listen_addr, directly on 3022 for self-hosted clusters where the Proxy dials agents).
+ *
+ * - Host key: the agent's host key, which its host certificate (signed by the cluster's host CA, principals:
+ *   host ID, node name, every public_addr) certifies. ssh2 cannot present the certificate itself in the key
+ *   exchange, so clients learn the key through `gwsh known-hosts`, which checks that certificate first.
+ * - Users: only OpenSSH user certificates from the cluster's user CA get in. The login asked for must be one
+ *   of the certificate's principals (the roles' `logins`); the certificate must be valid now. Which nodes a user
+ *   may reach (labels) is decided by the Proxy before the connection reaches this server.
+ * - Sessions: exec, an interactive shell with a pseudo-terminal (window changes, exit status and signals),
+ *   env requests, the sftp subsystem (the system's sftp-server), scp, and direct-tcpip (-L) when the
+ *   certificate carries permit-port-forwarding. Commands run as the requested OS user.
+ * - Every session is an audit event (who, node, login, start, end, exit code), sent to the Proxy.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import net from 'node:net';
+import type { Duplex } from 'node:stream';
+import ssh2 from 'ssh2';
+import type { Connection, ServerChannel } from 'ssh2';
+import { parseSshCert } from '../auth/pki.js';
+import { blobFromLine, sshVerify } from '../auth/pki/sshwire.js';
+import { logger } from '../log.js';
+import { sshPrivateKey } from '../tunnel/agent.js';
+
+export interface SessionEvent {
+  event: 'session.start' | 'session.end';
+  user: string;
+  login: string;
+  node: string;
+  session: string;
+  kind: 'exec' | 'shell' | 'subsystem';
+  command?: string;
+  exit_code?: number;
+  signal?: string;
+  client?: string;
+  time: string;
+}
+
+export interface SshServiceOptions {
+  hostKeyPem: string;
+  /** The cluster's user CA (OpenSSH public key line). */
+  userCa: string;
+  nodename: string;
+  onEvent?: (event: SessionEvent) => void;
+  clock?: () => number;
+  sftpServer?: string;
+}
+
+interface PasswdEntry {
+  uid: number;
+  gid: number;
+  home: string;
+  shell: string;
+}
+
+function lookupUser(login: string): PasswdEntry | undefined {
+  for (const line of readFileSync('/etc/passwd', 'utf8').split('\n')) {
+    const f = line.split(':');
+    if (f[0] === login && f.length >= 7) return { uid: Number(f[2]), gid: Number(f[3]), home: f[5]!, shell: f[6]! || '/bin/sh' };
+  }
+  return undefined;
+}
+
+const SIGNALS = new Set(['ABRT', 'ALRM', 'FPE', 'HUP', 'ILL', 'INT', 'KILL', 'PIPE', 'QUIT', 'SEGV', 'TERM', 'USR1', 'USR2']);
+
+let sessionSeq = 0;
+
+export class SshService {
+  private readonly server: ssh2.Server;
+  private readonly log = logger('ssh');
+  private listener: net.Server | undefined;
+
+  constructor(private readonly options: SshServiceOptions) {
+    this.server = new ssh2.Server({ hostKeys: [sshPrivateKey(options.hostKeyPem)], ident: 'gateway-ssh' }, (conn, info) => this.onConnection(conn, info));
+  }
+
+  /** A connection that arrived through the reverse tunnel. */
+  inject(stream: Duplex, client?: string): void {
+    (stream as Duplex & { gatewayClient?: string }).gatewayClient = client;
+    this.server.injectSocket(stream as never);
+  }
+
+  /** Direct mode: listen on ssh_service.listen_addr. */
+  async listen(host: string, port: number): Promise<string> {
+    await new Promise<void>((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(port, host, () => {
+        this.server.off('error', reject);
+        resolve();
+      });
+    });
+    const a = this.server.address() as net.AddressInfo;
+    return `${a.address}:${a.port}`;
+  }
+
+  close(): void {
+    this.listener?.close();
+    this.server.close();
+  }
+
+  private now(): number {
+    return (this.options.clock ?? Date.now)();
+  }
+
+  private onConnection(conn: Connection, info: { ip: string; port: number }): void {
+    const sock = (conn as unknown as { _sock?: { gatewayClient?: string } })._sock;
+    const client = sock?.gatewayClient ?? `${info.ip}:${info.port}`;
+    let user = '';
+    let login = '';
+    let portForwarding = false;
+
+    conn.on('authentication', (ctx) => {
+      if (ctx.method !== 'publickey') return ctx.reject(['publickey']);
+      if (!ctx.key.algo.endsWith('-cert-v01@openssh.com')) {
+        this.log.info({ client, login: ctx.username }, 'refused a plain key: only cluster user certificates are accepted');
+        return ctx.reject(['publickey']);
+      }
+      let cert;
+      try {
+        cert = parseSshCert(`${ctx.key.algo} ${ctx.key.data.toString('base64')}`, this.options.userCa);
+      } catch {
+        return ctx.reject(['publickey']);
+      }
+      const now = this.now();
+      const why =
+        cert.signedByCa !== true
+          ? 'certificate not signed by this cluster'
+          : cert.certType !== 'user'
+            ? 'not a user certificate'
+            : now < cert.validAfter || now >= cert.validBefore
+              ? 'certificate expired or not yet valid'
+              : !cert.principals.includes(ctx.username)
+                ? `login "${ctx.username}" is not allowed by the certificate (allowed: ${cert.principals.filter((p) => !p.startsWith('-gw-no-login')).join(', ') || 'none'})`
+                : undefined;
+      if (why) {
+        this.log.info({ client, user: cert.keyId, login: ctx.username, why }, 'SSH login refused');
+        return ctx.reject(['publickey']);
+      }
+      if (!ctx.signature) return ctx.accept();
+      const subject = blobFromLine(cert.publicKey).blob;
+      if (!sshVerify(subject, ctx.blob!, ctx.signature)) return ctx.reject(['publickey']);
+      if (!lookupUser(ctx.username)) {
+        this.log.info({ client, user: cert.keyId, login: ctx.username }, 'SSH login refused: no such OS user on this node');
+        return ctx.reject(['publickey']);
+      }
+      user = cert.keyId;
+      login = ctx.username;
+      portForwarding = cert.extensions.includes('permit-port-forwarding');
+      ctx.accept();
+    });
+
+    conn.on('ready', () => {
+      this.log.info({ client, user, login }, 'SSH login');
+      conn.on('session', (accept) => this.onSession(accept(), user, login, client));
+      conn.on('tcpip', (accept, reject, dest) => {
+        if (!portForwarding) {
+          this.log.info({ user, login, dest: `${dest.destIP}:${dest.destPort}` }, 'port forwarding refused: not permitted by the certificate');
+          return reject();
+        }
+        const socket = net.connect({ host: dest.destIP, port: dest.destPort, allowHalfOpen: true });
+        socket.once('connect', () => {
+          const channel = accept() as unknown as Duplex;
+          channel.pipe(socket).pipe(channel);
+          socket.once('error', () => channel.destroy());
+          channel.once('error', () => socket.destroy());
+        });
+        socket.once('error', () => reject());
+      });
+    });
+    conn.on('error', (err) => this.log.debug({ client, err: err.message }, 'SSH connection error'));
+  }
+
+  private onSession(session: ssh2.Session, user: string, login: string, client: string): void {
+    const env: Record<string, string> = {};
+    let pty: { term: string; cols: number; rows: number } | undefined;
+    let running: { resize?: (cols: number, rows: number) => void; kill: (signal: string) => void } | undefined;
+
+    session.on('pty', (accept, _reject, info) => {
+      pty = { term: info.term || 'xterm', cols: info.cols || 80, rows: info.rows || 24 };
+      accept?.();
+    });
+    session.on('window-change', (accept, _reject, info) => {
+      if (pty) {
+        pty.cols = info.cols;
+        pty.rows = info.rows;
+      }
+      running?.resize?.(info.cols, info.rows);
+      accept?.();
+    });
+    session.on('env', (accept, reject, info) => {
+      // Like OpenSSH's AcceptEnv LANG LC_*: only locale settings and our own variables.
+      if (/^(LANG|LC_[A-Z_]+|GATEWAY_[A-Z_]+)$/.test(info.key)) {
+        env[info.key] = info.val;
+        accept?.();
+      } else reject?.();
+    });
+    session.on('signal', (accept, _reject, info) => {
+      if (SIGNALS.has(info.name)) running?.kill(`SIG${info.name}`);
+      accept?.();
+    });
+    const start = (kind: SessionEvent['kind'], channel: ServerChannel, command: string | undefined, argv: string[]) => {
+      const id = `${Date.now().toString(36)}-${(++sessionSeq).toString(36)}`;
+      const account = lookupUser(login)!;
+      const base = { user, login, node: this.options.nodename, session: id, kind, ...(command ? { command } : {}), client };
+      this.options.onEvent?.({ event: 'session.start', ...base, time: new Date(this.now()).toISOString() });
+      const finish = (code: number | null, signal: string | null) => {
+        if (signal) channel.exit(signal.replace(/^SIG/, ''), false, '');
+        else channel.exit(code ?? 0);
+        channel.end();
+        this.options.onEvent?.({ event: 'session.end', ...base, ...(code === null ? {} : { exit_code: code }), ...(signal ? { signal } : {}), time: new Date(this.now()).toISOString() });
+      };
+      const childEnv = {
+        ...env,
+        HOME: account.home,
+        USER: login,
+        LOGNAME: login,
+        SHELL: account.shell,
+        PATH: '/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin',
+        ...(pty ? { TERM: pty.term } : {}),
+        SSH_CLIENT: client.replace(/:(\d+)$/, ' $1 22'),
+      };
+      if (pty) {
+        void import('node-pty').then(({ spawn: spawnPty }) => {
+          const term = spawnPty(argv[0]!, argv.slice(1), { name: pty!.term, cols: pty!.cols, rows: pty!.rows, cwd: account.home, env: childEnv, uid: account.uid, gid: account.gid });
+          running = { resize: (c, r) => term.resize(c, r), kill: (s) => term.kill(s) };
+          term.onData((d) => channel.write(d));
+          channel.on('data', (d: Buffer) => term.write(d.toString('utf8')));
+          term.onExit(({ exitCode, signal }) => finish(signal ? null : exitCode, signal ? signalName(signal) : null));
+        });
+        return;
+      }
+      const child: ChildProcess = spawn(argv[0]!, argv.slice(1), { cwd: account.home, env: childEnv, uid: account.uid, gid: account.gid, stdio: ['pipe', 'pipe', 'pipe'] });
+      running = { kill: (s) => child.kill(s as NodeJS.Signals) };
+      channel.pipe(child.stdin!);
+      child.stdout!.pipe(channel, { end: false });
+      child.stderr!.pipe(channel.stderr, { end: false });
+      child.once('error', (err) => {
+        channel.stderr.write(`gateway: cannot start ${argv[0]}: ${err.message}\n`);
+        finish(127, null);
+      });
+      let outputs = 2;
+      let exit: [number | null, string | null] | undefined;
+      const maybeFinish = () => {
+        if (outputs === 0 && exit) finish(exit[0], exit[1]);
+      };
+      child.stdout!.once('end', () => {
+        outputs--;
+        maybeFinish();
+      });
+      child.stderr!.once('end', () => {
+        outputs--;
+        maybeFinish();
+      });
+      child.once('exit', (code, signal) => {
+        exit = [code, signal];
+        maybeFinish();
+      });
+    };
+    session.on('exec', (accept, _reject, info) => {
+      const channel = accept();
+      const account = lookupUser(login)!;
+      start('exec', channel, info.command, [account.shell, '-c', info.command]);
+    });
+    session.on('shell', (accept) => {
+      const channel = accept();
+      const account = lookupUser(login)!;
+      start('shell', channel, undefined, [account.shell, '-l']);
+    });
+    session.on('subsystem', (accept, reject, info) => {
+      if (info.name !== 'sftp') return reject?.();
+      const channel = accept();
+      start('subsystem', channel, 'sftp', [this.options.sftpServer ?? '/usr/lib/openssh/sftp-server']);
+    });
+  }
+}
+
+function signalName(n: number): string {
+  const names: Record<number, string> = { 1: 'SIGHUP', 2: 'SIGINT', 3: 'SIGQUIT', 6: 'SIGABRT', 9: 'SIGKILL', 13: 'SIGPIPE', 14: 'SIGALRM', 15: 'SIGTERM' };
+  return names[n] ?? 'SIGTERM';
+}
