@@ -14,7 +14,7 @@ import { promisify } from 'node:util';
 import fc from 'fast-check';
 import ssh2 from 'ssh2';
 import sshpk from 'sshpk';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import {
   caPin,
   DEFAULT_USER_EXTENSIONS,
@@ -114,6 +114,30 @@ describe('key pairs', () => {
     const line = fromOpenssh.trim().split(/\s+/).slice(0, 2).join(' ');
     expect(line).toBe(keys.sshPublicKey);
     expect(await sh(`ssh-keygen -l -f ${file(`${keys.sshPublicKey}\n`)}`)).toMatch(/^256 SHA256:\S+ .*\(ECDSA\)/);
+  });
+
+  it('never export a key as JWK (Node 20 deadlocks when a GC hits the JWK export of a generated key)', async () => {
+    // KeyObject.export({ format: 'jwk' }) of a key from generateKeyPairSync hangs Node 20 for good if a garbage
+    // collection runs during the export (seen here: a 20000-iteration loop hangs every time). The PKI goes through
+    // SPKI DER instead; this checks that no code path of it asks for JWK.
+    const sample = generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
+    const spies = [Object.getPrototypeOf(sample.publicKey), Object.getPrototypeOf(sample.privateKey)].map((proto) =>
+      vi.spyOn(proto as { export: (o?: unknown) => unknown }, 'export'),
+    );
+    try {
+      const kp = generateKeyPair();
+      const ca = await generateAuthority('user', 'example.com');
+      await issueTlsCert(ca, { publicKeyPem: kp.publicKeyPem, identity: userIdentity(), ttlMs: HOUR, usage: 'client' });
+      const line = issueSshCert(ca, { publicKey: kp.sshPublicKey, certType: 'user', keyId: 'a', principals: ['a'], ttlMs: HOUR });
+      parseSshCert(line, ca.ssh.publicKey);
+      sshPublicKeyFromPem(kp.privateKeyPem);
+      sshPrivateKeyPem(kp.privateKeyPem);
+      const calls = spies.flatMap((spy) => spy.mock.calls);
+      expect(calls.length).toBeGreaterThan(0);
+      expect(calls.filter(([options]) => (options as { format?: string } | undefined)?.format === 'jwk')).toEqual([]);
+    } finally {
+      for (const spy of spies) spy.mockRestore();
+    }
   });
 
   it('ssh2 parses the private key (as SEC1: ssh2 does not read PKCS#8) and sees the same public key', () => {

@@ -49,7 +49,6 @@ export const implicitPrimitive = (n: number, content: Uint8Array): Buffer => tlv
 export const derTrue = (): Buffer => tlv(TAG.BOOLEAN, Buffer.from([0xff]));
 export const octetString = (content: Uint8Array): Buffer => tlv(TAG.OCTET_STRING, content);
 export const utf8String = (s: string): Buffer => tlv(TAG.UTF8_STRING, Buffer.from(s, 'utf8'));
-export const ia5String = (s: string): Buffer => tlv(TAG.IA5_STRING, Buffer.from(s, 'ascii'));
 export const bitString = (content: Uint8Array, unusedBits = 0): Buffer =>
   tlv(TAG.BIT_STRING, Buffer.concat([Buffer.from([unusedBits]), content]));
 

@@ -3,7 +3,8 @@
  * (RFC 5656 for ECDSA, RFC 8709 for Ed25519, RFC 8332 for RSA). Pure functions over Buffers and node:crypto
  * KeyObjects; everything is synchronous.
  */
-import { createPublicKey, sign, verify, type JsonWebKey, type KeyObject } from 'node:crypto';
+import { createPublicKey, sign, verify, type KeyObject } from 'node:crypto';
+import { bitString, children, oid, readOnly, seq, TAG, tlv, unsignedInteger } from './der.js';
 
 export class SshWireError extends Error {}
 
@@ -102,37 +103,30 @@ export class SshReader {
 }
 
 // --- public keys ---------------------------------------------------------------------------------------------
+//
+// Keys move between SSH blobs and node:crypto through SubjectPublicKeyInfo DER, never JWK: on Node 20,
+// KeyObject.export({ format: 'jwk' }) on a key made by generateKeyPairSync (or derived from one) deadlocks when a
+// garbage collection runs during the export (the KeyGenJob's destructor locks the mutex the export holds).
 
 const CURVES = {
-  'P-256': { ssh: 'nistp256', size: 32, hash: 'sha256' },
-  'P-384': { ssh: 'nistp384', size: 48, hash: 'sha384' },
-  'P-521': { ssh: 'nistp521', size: 66, hash: 'sha512' },
+  nistp256: { oid: '1.2.840.10045.3.1.7', size: 32, hash: 'sha256', openssl: 'prime256v1' },
+  nistp384: { oid: '1.3.132.0.34', size: 48, hash: 'sha384', openssl: 'secp384r1' },
+  nistp521: { oid: '1.3.132.0.35', size: 66, hash: 'sha512', openssl: 'secp521r1' },
 } as const;
-type Crv = keyof typeof CURVES;
+type Curve = keyof typeof CURVES;
 
-function curveBySshName(name: string): Crv | undefined {
-  return (Object.keys(CURVES) as Crv[]).find((c) => CURVES[c].ssh === name);
-}
+const OID_EC_PUBLIC_KEY = '1.2.840.10045.2.1';
+const OID_ED25519 = '1.3.101.112';
+const OID_RSA = '1.2.840.113549.1.1.1';
 
-const b64u = (s: string | undefined): Buffer => {
-  if (s === undefined) throw new SshWireError('incomplete key');
-  return Buffer.from(s, 'base64url');
-};
+const isCurve = (name: string): name is Curve => Object.prototype.hasOwnProperty.call(CURVES, name);
+
 const leftPad = (b: Buffer, size: number): Buffer => {
   if (b.length > size) throw new SshWireError('integer too large for the curve');
   return Buffer.concat([Buffer.alloc(size - b.length), b]);
 };
 
-/** Key types the gateway signs certificates for and accepts as CA keys. */
-export const SSH_KEY_TYPES = [
-  'ecdsa-sha2-nistp256',
-  'ecdsa-sha2-nistp384',
-  'ecdsa-sha2-nistp521',
-  'ssh-ed25519',
-  'ssh-rsa',
-] as const;
-
-/** Number of string/mpint fields after the type name in a public key blob, per key type. */
+/** Key types the gateway certifies and accepts as CA keys, with the number of fields after the type name. */
 export const SSH_KEY_FIELDS: Record<string, number> = {
   'ecdsa-sha2-nistp256': 2,
   'ecdsa-sha2-nistp384': 2,
@@ -144,53 +138,63 @@ export const SSH_KEY_FIELDS: Record<string, number> = {
 /** The SSH public key blob (type name and fields) of a public or private KeyObject. */
 export function sshBlobFromKey(key: KeyObject): Buffer {
   const pub = key.type === 'private' ? createPublicKey(key) : key;
-  const jwk = pub.export({ format: 'jwk' }) as JsonWebKey;
-  if (jwk.kty === 'EC' && jwk.crv !== undefined && jwk.crv in CURVES) {
-    const c = CURVES[jwk.crv as Crv];
-    const q = Buffer.concat([Buffer.from([4]), leftPad(b64u(jwk.x), c.size), leftPad(b64u(jwk.y), c.size)]);
-    return new SshWriter().string(`ecdsa-sha2-${c.ssh}`).string(c.ssh).string(q).toBuffer();
-  }
-  if (jwk.kty === 'OKP' && jwk.crv === 'Ed25519') {
-    return new SshWriter().string('ssh-ed25519').string(b64u(jwk.x)).toBuffer();
-  }
-  if (jwk.kty === 'RSA') {
-    return new SshWriter().string('ssh-rsa').mpint(b64u(jwk.e)).mpint(b64u(jwk.n)).toBuffer();
+  const spki = pub.export({ type: 'spki', format: 'der' });
+  try {
+    const [algorithm, bits] = children(readOnly(spki, TAG.SEQUENCE).content);
+    if (!algorithm || !bits || bits.tag !== TAG.BIT_STRING || bits.content[0] !== 0) throw new SshWireError('bad SPKI');
+    const [algOid, params] = children(algorithm.content);
+    const keyBytes = bits.content.subarray(1);
+    const alg = algOid?.raw;
+    if (alg?.equals(oid(OID_EC_PUBLIC_KEY))) {
+      const curve = (Object.keys(CURVES) as Curve[]).find((c) => params?.raw.equals(oid(CURVES[c].oid)));
+      if (!curve) throw new SshWireError('unsupported ECDSA curve');
+      if (keyBytes.length !== 1 + 2 * CURVES[curve].size || keyBytes[0] !== 4) throw new SshWireError('EC point is not uncompressed');
+      return new SshWriter().string(`ecdsa-sha2-${curve}`).string(curve).string(keyBytes).toBuffer();
+    }
+    if (alg?.equals(oid(OID_ED25519))) return new SshWriter().string('ssh-ed25519').string(keyBytes).toBuffer();
+    if (alg?.equals(oid(OID_RSA))) {
+      const [n, e] = children(readOnly(keyBytes, TAG.SEQUENCE).content);
+      if (!n || !e || n.tag !== TAG.INTEGER || e.tag !== TAG.INTEGER) throw new SshWireError('bad RSA key');
+      return new SshWriter().string('ssh-rsa').mpint(e.content).mpint(n.content).toBuffer();
+    }
+  } catch (err) {
+    if (err instanceof SshWireError) throw err;
+    throw new SshWireError('the key cannot be read');
   }
   throw new SshWireError(`key type ${pub.asymmetricKeyType ?? 'unknown'} has no SSH form the gateway supports`);
 }
 
-/** Reads the key fields of `type` from `r` (positioned after the type name) and returns a public KeyObject. */
-export function readKeyFields(type: string, r: SshReader): KeyObject {
-  let jwk: JsonWebKey;
-  if (type.startsWith('ecdsa-sha2-')) {
-    const crv = curveBySshName(type.slice('ecdsa-sha2-'.length));
-    const curveName = r.text();
-    if (!crv || curveName !== CURVES[crv].ssh) throw new SshWireError('ECDSA curve does not match the key type');
-    const q = r.bytes();
-    const size = CURVES[crv].size;
-    if (q.length !== 1 + 2 * size || q[0] !== 4) throw new SshWireError('ECDSA point is not uncompressed');
-    jwk = {
-      kty: 'EC',
-      crv,
-      x: q.subarray(1, 1 + size).toString('base64url'),
-      y: q.subarray(1 + size).toString('base64url'),
-    };
-  } else if (type === 'ssh-ed25519') {
-    const x = r.bytes();
-    if (x.length !== 32) throw new SshWireError('Ed25519 key is not 32 bytes');
-    jwk = { kty: 'OKP', crv: 'Ed25519', x: x.toString('base64url') };
-  } else if (type === 'ssh-rsa') {
-    const e = r.mpint();
-    const n = r.mpint();
-    jwk = { kty: 'RSA', e: e.toString('base64url'), n: n.toString('base64url') };
-  } else {
-    throw new SshWireError(`unsupported key type ${type}`);
-  }
+function publicKeyFromSpki(spki: Buffer): KeyObject {
   try {
-    return createPublicKey({ key: jwk, format: 'jwk' });
+    return createPublicKey({ key: spki, format: 'der', type: 'spki' });
   } catch {
     throw new SshWireError('the key is not a valid point or modulus');
   }
+}
+
+/** Reads the key fields of `type` from `r` (positioned after the type name) and returns a public KeyObject. */
+export function readKeyFields(type: string, r: SshReader): KeyObject {
+  if (type.startsWith('ecdsa-sha2-')) {
+    const curve = type.slice('ecdsa-sha2-'.length);
+    const curveName = r.text();
+    if (!isCurve(curve) || curveName !== curve) throw new SshWireError('ECDSA curve does not match the key type');
+    const q = r.bytes();
+    if (q.length !== 1 + 2 * CURVES[curve].size || q[0] !== 4) throw new SshWireError('ECDSA point is not uncompressed');
+    return publicKeyFromSpki(seq(seq(oid(OID_EC_PUBLIC_KEY), oid(CURVES[curve].oid)), bitString(q)));
+  }
+  if (type === 'ssh-ed25519') {
+    const x = r.bytes();
+    if (x.length !== 32) throw new SshWireError('Ed25519 key is not 32 bytes');
+    return publicKeyFromSpki(seq(seq(oid(OID_ED25519)), bitString(x)));
+  }
+  if (type === 'ssh-rsa') {
+    const e = r.mpint();
+    const n = r.mpint();
+    if (e.length === 0 || n.length === 0) throw new SshWireError('bad RSA key');
+    const rsa = seq(unsignedInteger(n), unsignedInteger(e));
+    return publicKeyFromSpki(seq(seq(oid(OID_RSA), tlv(0x05, Buffer.alloc(0))), bitString(rsa)));
+  }
+  throw new SshWireError(`unsupported key type ${type}`);
 }
 
 /** Parses a public key blob (type name + fields, nothing after). */
@@ -219,16 +223,13 @@ export const lineFromBlob = (blob: Buffer): string => `${new SshReader(blob).tex
 
 /** Signs `data` with a CA private key, returning the SSH signature blob (name + signature). */
 export function sshSign(privateKey: KeyObject, data: Buffer): Buffer {
-  const details = privateKey.asymmetricKeyDetails;
   if (privateKey.asymmetricKeyType === 'ec') {
-    const crv = (Object.keys(CURVES) as Crv[]).find(
-      (c) => ({ 'P-256': 'prime256v1', 'P-384': 'secp384r1', 'P-521': 'secp521r1' })[c] === details?.namedCurve,
-    );
-    if (!crv) throw new SshWireError('unsupported ECDSA curve');
-    const c = CURVES[crv];
+    const curve = (Object.keys(CURVES) as Curve[]).find((c) => CURVES[c].openssl === privateKey.asymmetricKeyDetails?.namedCurve);
+    if (!curve) throw new SshWireError('unsupported ECDSA curve');
+    const c = CURVES[curve];
     const rs = sign(c.hash, data, { key: privateKey, dsaEncoding: 'ieee-p1363' });
     const inner = new SshWriter().mpint(rs.subarray(0, c.size)).mpint(rs.subarray(c.size)).toBuffer();
-    return new SshWriter().string(`ecdsa-sha2-${c.ssh}`).string(inner).toBuffer();
+    return new SshWriter().string(`ecdsa-sha2-${curve}`).string(inner).toBuffer();
   }
   if (privateKey.asymmetricKeyType === 'ed25519') {
     return new SshWriter().string('ssh-ed25519').string(sign(null, data, privateKey)).toBuffer();
@@ -248,7 +249,7 @@ export function sshVerify(keyBlob: Buffer, data: Buffer, signature: Buffer): boo
   r.expectDone();
   if (type.startsWith('ecdsa-sha2-')) {
     if (sigType !== type) return false;
-    const c = CURVES[curveBySshName(type.slice('ecdsa-sha2-'.length)) as Crv];
+    const c = CURVES[type.slice('ecdsa-sha2-'.length) as Curve];
     const inner = new SshReader(sig);
     const rr = inner.mpint();
     const ss = inner.mpint();

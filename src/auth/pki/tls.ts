@@ -15,7 +15,6 @@ import {
   DerError,
   derTrue,
   explicit,
-  ia5String,
   implicitPrimitive,
   octetString,
   oid,
@@ -337,7 +336,7 @@ export async function issueTlsCert(ca: CertAuthority, options: IssueTlsCertOptio
     extension(OID.extKeyUsage, false, seq(...eku.map((u) => oid(u)))),
   ];
   if (dns.length + ips.length > 0) {
-    const names = [...dns.map((d) => tlv(0x82, Buffer.from(d, 'ascii'))), ...ips.map((ip) => implicitPrimitive(7, ip))];
+    const names = [...dns.map((d) => implicitPrimitive(2, Buffer.from(d, 'ascii'))), ...ips.map((ip) => implicitPrimitive(7, ip))]; // [2] dNSName, [7] iPAddress
     extensions.push(extension(OID.subjectAltName, false, seq(...names)));
   }
   extensions.push(
