@@ -1,10 +1,67 @@
 #!/usr/bin/env node
-// Automatic agent upgrader for systemd Linux hosts.
-// No subcommands yet: this prints its usage (see the open issues for what comes next).
-import { newProgram, runCli } from './run.js';
+// Automatic agent upgrader for systemd Linux hosts (docs/upgrades.md). Driven by gateway-upgrade.timer; the
+// commands below are also what an operator runs by hand. Results on standard output, warnings on standard error.
+import { Dialer } from '../dial/dialer.js';
+import { GatewayError } from '../errors.js';
+import { createLogger, setRootLogger, type LogLevel } from '../log.js';
+import { resolveSettings } from '../upgrade/settings.js';
+import { dryRun, runUpgrade, setRepoChannel, showRepo, type UpgraderContext } from '../upgrade/upgrader.js';
+import { newProgram, runCli, VERSION } from './run.js';
 
-const program = newProgram('gateway-upgrade', 'Automatic agent upgrader for systemd Linux hosts.');
-program.action(() => {
+const program = newProgram('gateway-upgrade', 'Automatic agent upgrader for systemd Linux hosts (apt, yum, dnf, zypper or tarball installs).');
+
+function context(): UpgraderContext {
+  const debug = program.opts<{ debug?: boolean }>().debug === true;
+  setRootLogger(createLogger({ level: debug ? 'debug' : ((process.env.GATEWAY_LOG_LEVEL as LogLevel | undefined) ?? 'warn') }));
+  return { settings: resolveSettings(process.env), dialer: new Dialer(), stdout: process.stdout, stderr: process.stderr };
+}
+
+program
+  .command('dry-run')
+  .description('ask the version server and report whether an upgrade is available, and the maintenance window')
+  .action(async () => {
+    await dryRun(context());
+  });
+
+program
+  .command('run')
+  .description('upgrade now if the versions differ and the release is critical or a maintenance window is open')
+  .option('--update-repo', 'move a per-major repository (stable/v<N>) to the target major version when needed')
+  .action(async (opts: { updateRepo?: boolean }) => {
+    await runUpgrade(context(), { updateRepo: opts.updateRepo === true });
+  });
+
+program
+  .command('version')
+  .description("print gateway-upgrade's own version")
+  .action(() => {
+    process.stdout.write(`gateway-upgrade v${VERSION}\n`);
+  });
+
+const repo = program.command('repo').description('the package repository entry (gateway.list / gateway.repo)');
+repo.action(() => {
+  repo.outputHelp();
+});
+repo
+  .command('show')
+  .description('print the repository entry and its channel')
+  .action(async () => {
+    await showRepo(context());
+  });
+repo
+  .command('set-channel')
+  .description('move the repository entry to a channel: stable/v<major> or stable/rolling (created when missing)')
+  .argument('<channel>', 'stable/v<major> or stable/rolling')
+  .action(async (channel: string) => {
+    await setRepoChannel(context(), channel);
+  });
+
+// No subcommand: the usage, on standard output, status 0 (as before the subcommands existed).
+program.usage('[options] [command]').argument('[command]').action((command: string | undefined) => {
+  if (command !== undefined) {
+    throw new GatewayError('GW_ERR_USAGE', `unknown command '${command}'`, { hint: "Commands: dry-run, run, version, repo show, repo set-channel. Run 'gateway-upgrade --help'." });
+  }
   program.outputHelp();
 });
+
 await runCli(program);

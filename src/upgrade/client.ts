@@ -1,0 +1,130 @@
+/**
+ * What the upgrader asks the Proxy, always through the Dialer (so HTTPS_PROXY / HTTP_PROXY / NO_PROXY apply):
+ *
+ *   GET https://<endpoint>/version    → "v17.0.2"        the channel's target version
+ *   GET https://<endpoint>/critical   → "yes" | "no"     whether it may skip the maintenance window
+ *   GET https://<host:port>/webapi/ping → {server_version} whether the cluster can drive automatic upgrades
+ *
+ * The server certificate is checked against the system's CAs plus the agent's stored cluster CA and any
+ * GATEWAY_UPGRADE_CA_FILE (settings.caFiles).
+ */
+import { readFileSync } from 'node:fs';
+import tls from 'node:tls';
+import semver from 'semver';
+import { fetchThroughDialer } from '../dial/agent.js';
+import type { Dialer } from '../dial/dialer.js';
+import { GatewayError, toGatewayError } from '../errors.js';
+import { normalizeVersion } from '../proxy/versions.js';
+import type { Endpoint } from './endpoint.js';
+
+export interface HttpDeps {
+  dialer: Dialer;
+  /** Extra trusted CAs (PEM); the system's stay trusted. */
+  ca?: string[];
+  timeoutMs?: number;
+}
+
+/** The CA list for https requests: undefined (system only) or the system's plus the extra ones. */
+export function trustedCas(extra: readonly string[] | undefined): string[] | undefined {
+  if (!extra || extra.length === 0) return undefined;
+  return [...tls.rootCertificates, ...extra];
+}
+
+/** Reads PEM files (missing files are an error naming them). */
+export function loadCaFiles(paths: readonly string[]): string[] {
+  return paths.map((p) => {
+    try {
+      return readFileSync(p, 'utf8');
+    } catch (err) {
+      throw new GatewayError('GW_ERR_FS_READ', `cannot read the CA file ${p} (${(err as NodeJS.ErrnoException).code ?? 'error'})`, { cause: err });
+    }
+  });
+}
+
+async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{ status: number; body: string }> {
+  const ca = trustedCas(deps.ca);
+  const r = await fetchThroughDialer(url, {
+    dialer: deps.dialer,
+    timeoutMs: deps.timeoutMs ?? 15_000,
+    maxBodyBytes,
+    headers: { accept: 'text/plain, application/json' },
+    ...(ca ? { ca } : {}),
+  });
+  return { status: r.status, body: r.body.toString('utf8') };
+}
+
+/** "17.0.2" (no leading v) from "v17.0.2\n"; undefined for anything that is not semver. */
+export function parseVersionText(text: string): string | undefined {
+  return normalizeVersion(text)?.slice(1);
+}
+
+export interface Target {
+  /** semver, no leading v. */
+  version: string;
+  critical: boolean;
+  /** Set when /critical could not be read (then critical is false). */
+  criticalProblem?: string;
+}
+
+/** Asks the channel's version and criticality. Throws GW_ERR_UPGRADE_VERSION_SERVER. */
+export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<Target> {
+  const url = `${endpoint.base}/version`;
+  let r: { status: number; body: string };
+  try {
+    r = await get(url, deps, 4096);
+  } catch (err) {
+    const e = toGatewayError(err);
+    throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `cannot ask the version server ${url}: ${e.message}`, { cause: e, details: { url, cause: e.code } });
+  }
+  if (r.status !== 200) {
+    let detail = '';
+    try {
+      const j = JSON.parse(r.body) as { error?: { message?: string } };
+      if (j.error?.message) detail = `: ${j.error.message}`;
+    } catch {
+      // not JSON
+    }
+    throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `the version server ${url} answered HTTP ${r.status}${detail}`, {
+      details: { url, status: r.status },
+      ...(r.status === 404 ? { hint: `Check the channel "${endpoint.channel}" in the endpoint file: the Proxy serves default and the channels in proxy_service.automatic_upgrades_channels.` } : {}),
+    });
+  }
+  const version = parseVersionText(r.body);
+  if (version === undefined) {
+    throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `the version server ${url} answered ${JSON.stringify(r.body.trim().slice(0, 40))}, not a version`, { details: { url } });
+  }
+  const criticalUrl = `${endpoint.base}/critical`;
+  try {
+    const c = await get(criticalUrl, deps, 4096);
+    const answer = c.body.trim().toLowerCase();
+    if (c.status === 200 && (answer === 'yes' || answer === 'no')) return { version, critical: answer === 'yes' };
+    return { version, critical: false, criticalProblem: `${criticalUrl} answered ${c.status === 200 ? JSON.stringify(answer.slice(0, 20)) : `HTTP ${c.status}`}; treated as not critical` };
+  } catch (err) {
+    return { version, critical: false, criticalProblem: `cannot ask ${criticalUrl} (${toGatewayError(err).message}); treated as not critical` };
+  }
+}
+
+/** The cluster's server_version from /webapi/ping, or undefined with the reason. Never throws. */
+export async function fetchClusterVersion(origin: string, deps: HttpDeps): Promise<{ version: string | undefined; problem?: string }> {
+  const url = `${origin}/webapi/ping`;
+  try {
+    const r = await get(url, deps, 256 * 1024);
+    if (r.status !== 200) return { version: undefined, problem: `${url} answered HTTP ${r.status}` };
+    const v = (JSON.parse(r.body) as { server_version?: unknown }).server_version;
+    return typeof v === 'string' ? { version: v } : { version: undefined, problem: `${url} has no server_version` };
+  } catch (err) {
+    return { version: undefined, problem: `cannot ask ${url}: ${toGatewayError(err).message}` };
+  }
+}
+
+/** The first version number in a command's output ("Gateway v17.0.1 git:..." → "17.0.1"). */
+export function versionInOutput(output: string): string | undefined {
+  const m = /\bv?(\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?)/.exec(output);
+  if (!m) return undefined;
+  return semver.valid(m[1]!) ?? undefined;
+}
+
+/** semver equality, pre-releases included, build metadata ignored. */
+export function sameVersion(a: string, b: string): boolean {
+  return semver.compare(a, b) === 0;
+}

@@ -1,0 +1,116 @@
+/**
+ * Streaming HTTPS downloads through the Dialer (HTTPS_PROXY / NO_PROXY apply), for release tarballs: the body
+ * goes to a file while its SHA-256 is computed, with a progress callback. Redirects (CDNs use them) are followed
+ * up to 5 times, never from https:// to http://.
+ */
+import { createHash } from 'node:crypto';
+import { createWriteStream } from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import { DialerAgent } from '../dial/agent.js';
+import type { Dialer } from '../dial/dialer.js';
+import { GatewayError, toGatewayError } from '../errors.js';
+import { trustedCas } from './client.js';
+
+export interface DownloadOptions {
+  dialer: Dialer;
+  ca?: string[];
+  /** Idle deadline: no byte for this long fails the download. */
+  idleTimeoutMs?: number;
+  /** Called with (bytes so far, total from content-length or undefined). */
+  onProgress?: (bytes: number, total: number | undefined) => void;
+  onStart?: (total: number | undefined) => void;
+}
+
+export interface Downloaded {
+  bytes: number;
+  sha256: string;
+}
+
+function fail(url: string, why: string, cause?: unknown): GatewayError {
+  return new GatewayError('GW_ERR_UPGRADE_DOWNLOAD', `cannot download ${url}: ${why}`, { ...(cause === undefined ? {} : { cause }), details: { url } });
+}
+
+function request(url: URL, options: DownloadOptions, agent: DialerAgent): Promise<http.IncomingMessage> {
+  const ca = trustedCas(options.ca);
+  return new Promise((resolve, reject) => {
+    const req = (url.protocol === 'http:' ? http : https).request(
+      {
+        protocol: url.protocol,
+        hostname: url.hostname,
+        port: url.port || undefined,
+        path: `${url.pathname}${url.search}`,
+        method: 'GET',
+        agent,
+        headers: { 'user-agent': 'gateway-upgrade' },
+        timeout: options.idleTimeoutMs ?? 30_000,
+        ...(ca ? { ca } : {}),
+      },
+      resolve,
+    );
+    req.on('timeout', () => req.destroy(fail(url.href, `no data for ${Math.round((options.idleTimeoutMs ?? 30_000) / 1000)} s`)));
+    req.on('error', (err) => reject(err instanceof GatewayError ? err : fail(url.href, toGatewayError(err).message, err)));
+    req.end();
+  });
+}
+
+/** Downloads url into dest (created or truncated). Throws GW_ERR_UPGRADE_DOWNLOAD. */
+export async function download(url: string, dest: string, options: DownloadOptions): Promise<Downloaded> {
+  const agent = new DialerAgent(options.dialer);
+  try {
+    let current = new URL(url);
+    for (let hop = 0; ; hop++) {
+      let res: http.IncomingMessage;
+      try {
+        res = await request(current, options, agent);
+      } catch (err) {
+        throw err instanceof GatewayError && err.code === 'GW_ERR_UPGRADE_DOWNLOAD' ? err : fail(current.href, toGatewayError(err).message, err);
+      }
+      const status = res.statusCode ?? 0;
+      if (status >= 300 && status < 400 && res.headers.location) {
+        res.resume();
+        if (hop >= 5) throw fail(url, 'too many redirects');
+        const next = new URL(res.headers.location, current);
+        if (current.protocol === 'https:' && next.protocol !== 'https:') throw fail(url, `redirected to ${next.protocol}// ${next.host}, which is not https`);
+        current = next;
+        continue;
+      }
+      if (status !== 200) {
+        res.resume();
+        throw fail(current.href, `HTTP ${status}`);
+      }
+      const length = Number(res.headers['content-length']);
+      const total = Number.isFinite(length) && length > 0 ? length : undefined;
+      options.onStart?.(total);
+      const hash = createHash('sha256');
+      let bytes = 0;
+      const out = createWriteStream(dest);
+      await new Promise<void>((resolve, reject) => {
+        const onError = (err: unknown) => {
+          res.destroy();
+          out.destroy();
+          reject(err instanceof GatewayError ? err : fail(current.href, toGatewayError(err).message, err));
+        };
+        res.on('data', (chunk: Buffer) => {
+          hash.update(chunk);
+          bytes += chunk.length;
+          options.onProgress?.(bytes, total);
+          if (!out.write(chunk)) {
+            res.pause();
+            out.once('drain', () => res.resume());
+          }
+        });
+        res.on('aborted', () => onError(fail(current.href, 'the connection closed before the end')));
+        res.on('error', onError);
+        out.on('error', onError);
+        res.on('end', () => {
+          if (total !== undefined && bytes !== total) return onError(fail(current.href, `got ${bytes} of ${total} bytes`));
+          out.end(() => resolve());
+        });
+      });
+      return { bytes, sha256: hash.digest('hex') };
+    }
+  } finally {
+    agent.destroy();
+  }
+}

@@ -1,0 +1,409 @@
+/**
+ * gateway-upgrade on a systemd Linux host (seed: "Upgrader behaviour on Linux", Errors, Versioning):
+ *
+ *   endpoint file ─► https://<endpoint>/version, /critical, and /webapi/ping (through the Dialer)
+ *   version command (gateway --version) ─► installed version
+ *   schedule file (exported by the agent) ─► inside a maintenance window now? when is the next one?
+ *
+ *   dry-run: prints "no upgrades available (<current> == <target>)" or "an upgrade is available (<current> ->
+ *   <target>)", then the channel and the window; warnings (invalid schedule, cluster too old) go to stderr.
+ *
+ *   run: under a lock, when the versions differ and (critical, or inside a window): install the target with the
+ *   package manager that installed the gateway (apt, dnf, yum, zypper) or from the release tarball, restart the
+ *   service, and wait until it is healthy and reports the target version. Any failure puts the previous version
+ *   back (reinstall it, or restore the tarball's binaries), restarts it, and reports what failed: never a
+ *   half-upgrade.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import semver from 'semver';
+import type { Dialer } from '../dial/dialer.js';
+import { GatewayError, toGatewayError } from '../errors.js';
+import { fetchClusterVersion, fetchTarget, loadCaFiles, sameVersion, versionInOutput, type Target } from './client.js';
+import { checkClusterVersion, type Enrollment } from './enrollment.js';
+import { readEndpointFile, type Endpoint } from './endpoint.js';
+import { describeExit, lastLines, runCommand, runShell, which } from './exec.js';
+import { acquireLock } from './lock.js';
+import { detectPackageManager, FIPS_PACKAGE, installCommands, installEnv, PACKAGE, packageSpec, type PackageManager } from './packages.js';
+import { channelHolds, readRepo, repoPath, setChannel, ROLLING_CHANNEL, type RepoEntry } from './repo.js';
+import { invalidScheduleWarning, readSchedule, type ScheduleStatus } from './schedule.js';
+import { tarballArch, type PackageManagerName, type UpgraderSettings } from './settings.js';
+import { fetchVerifiedTarball, installTarball, tarballName, type TarballInstall } from './tarball.js';
+import { formatIn, isoSeconds, nextWindowAfter, windowAt, type Window } from './windows.js';
+
+export interface UpgraderContext {
+  settings: Readonly<UpgraderSettings>;
+  dialer: Dialer;
+  stdout: NodeJS.WritableStream;
+  stderr: NodeJS.WritableStream & { isTTY?: boolean };
+  clock?: () => Date;
+  /** Environment for child processes (package managers, commands). */
+  env?: NodeJS.ProcessEnv;
+}
+
+export interface Installed {
+  version: string;
+  fips: boolean;
+}
+
+export interface Facts {
+  endpoint: Endpoint;
+  cluster: Enrollment;
+  target: Target;
+  installed: Installed;
+  schedule: ScheduleStatus;
+  now: Date;
+  /** The window open now. */
+  window: Window | undefined;
+  /** The next window to open after now. */
+  next: Window | undefined;
+}
+
+const env = (ctx: UpgraderContext) => ctx.env ?? process.env;
+const now = (ctx: UpgraderContext) => (ctx.clock ?? (() => new Date()))();
+
+function warn(ctx: UpgraderContext, message: string): void {
+  ctx.stderr.write(`warning: ${message}\n`);
+}
+
+function say(ctx: UpgraderContext, line: string): void {
+  ctx.stdout.write(`${line}\n`);
+}
+
+/** Runs the version command and finds the version in its output. Throws GW_ERR_UPGRADE_INSTALLED_VERSION. */
+export async function installedVersion(ctx: UpgraderContext): Promise<Installed> {
+  const cmd = ctx.settings.versionCommand;
+  const r = await runShell(cmd, { env: env(ctx), timeoutMs: 30_000 });
+  const output = `${r.stdout}\n${r.stderr}`;
+  const version = r.code === 0 ? versionInOutput(r.stdout) ?? versionInOutput(output) : undefined;
+  if (version === undefined) {
+    throw new GatewayError(
+      'GW_ERR_UPGRADE_INSTALLED_VERSION',
+      r.code === 0
+        ? `the version command \`${cmd}\` printed no version: ${JSON.stringify(output.trim().slice(0, 80))}`
+        : `the version command \`${cmd}\` failed (${describeExit(cmd.split(' ')[0]!, r)}): ${lastLines(r, 3) || 'no output'}`,
+      { details: { command: cmd } },
+    );
+  }
+  const fips = ctx.settings.fips === 'auto' ? /\bfips\b|boringcrypto/i.test(output) : ctx.settings.fips;
+  return { version, fips };
+}
+
+function httpDeps(ctx: UpgraderContext) {
+  const ca = loadCaFiles(ctx.settings.caFiles);
+  return { dialer: ctx.dialer, ...(ca.length ? { ca } : {}) };
+}
+
+/** Everything dry-run and run decide on. */
+export async function gatherFacts(ctx: UpgraderContext): Promise<Facts> {
+  const endpoint = await readEndpointFile(ctx.settings.endpointFile);
+  const deps = httpDeps(ctx);
+  const [target, ping, installed] = await Promise.all([fetchTarget(endpoint, deps), fetchClusterVersion(endpoint.origin, deps), installedVersion(ctx)]);
+  if (target.criticalProblem) warn(ctx, target.criticalProblem);
+  const cluster = checkClusterVersion(ping.version);
+  if (!cluster.ok && ping.problem) cluster.reason = `${cluster.reason}: ${ping.problem}`;
+  const t = now(ctx);
+  const schedule = await readSchedule(ctx.settings.scheduleFile, t);
+  const windows = schedule.state === 'ok' ? schedule.windows : [];
+  return { endpoint, cluster, target, installed, schedule, now: t, window: windowAt(t, windows), next: nextWindowAfter(t, windows) };
+}
+
+/** The seed's exact comparison message. */
+export function comparisonLine(current: string, target: string): string {
+  return sameVersion(current, target) ? `no upgrades available (${current} == ${target})` : `an upgrade is available (${current} -> ${target})`;
+}
+
+function windowLine(f: Facts): string {
+  if (f.window) return `maintenance window: inside one now, until ${isoSeconds(f.window.stop)}`;
+  if (f.next) return `maintenance window: not inside one now; the next starts at ${isoSeconds(f.next.start)} (${formatIn(f.next.start.getTime() - f.now.getTime())})`;
+  if (f.schedule.state === 'empty') return 'maintenance window: none (the cluster has no cluster_maintenance_config)';
+  return 'maintenance window: unknown (no valid schedule)';
+}
+
+function reportSchedule(ctx: UpgraderContext, s: ScheduleStatus): void {
+  if (s.state === 'invalid') warn(ctx, invalidScheduleWarning(s.problem));
+  else if (s.state === 'empty') warn(ctx, `the cluster has no maintenance window (${s.path} lists none); create a cluster_maintenance_config; until then only critical upgrades run`);
+  else if (s.old) warn(ctx, `${s.path} was last written ${isoSeconds(s.written)}; the agent refreshes it every 10 minutes: is the agent running?`);
+}
+
+function tooOld(cluster: Extract<Enrollment, { ok: false }>): GatewayError {
+  return new GatewayError('GW_ERR_UPGRADE_CLUSTER_TOO_OLD', `this agent is not enrolled in automatic upgrades: ${cluster.reason}`, {
+    hint: `Upgrade the cluster's Auth and Proxy Services to ${cluster.needed}; the agent enrolls by itself afterwards.`,
+  });
+}
+
+async function resolvePackageManager(ctx: UpgraderContext, pkg: string): Promise<PackageManagerName> {
+  if (ctx.settings.packageManager !== 'auto') return ctx.settings.packageManager;
+  return (await detectPackageManager([pkg], env(ctx))) ?? 'tarball';
+}
+
+function packageNameFor(ctx: UpgraderContext, installed: Installed): string {
+  return ctx.settings.packageName ?? (installed.fips ? FIPS_PACKAGE : PACKAGE);
+}
+
+function repoMoveError(entry: RepoEntry, target: string, move: string): GatewayError {
+  return new GatewayError(
+    'GW_ERR_UPGRADE_REPO',
+    `the target ${target} is a new major version, and the repository ${entry.path} is on ${entry.channel}, which holds only v${/v(\d+)$/.exec(entry.channel ?? '')?.[1] ?? '?'}; it must move to ${move} (or ${ROLLING_CHANNEL}) before this host can upgrade`,
+    { hint: `Run 'gateway-upgrade repo set-channel ${move}' (or ${ROLLING_CHANNEL}), or 'gateway-upgrade run --update-repo' to move it and upgrade.`, details: { path: entry.path, channel: entry.channel, move } },
+  );
+}
+
+export async function dryRun(ctx: UpgraderContext): Promise<void> {
+  const f = await gatherFacts(ctx);
+  say(ctx, comparisonLine(f.installed.version, f.target.version));
+  say(ctx, `channel: ${f.endpoint.channel} at ${f.endpoint.host}:${f.endpoint.port} (critical: ${f.target.critical ? 'yes' : 'no'})`);
+  say(ctx, windowLine(f));
+  reportSchedule(ctx, f.schedule);
+  if (!f.cluster.ok) warn(ctx, `${tooOld(f.cluster).message}; 'gateway-upgrade run' will not upgrade (needs ${f.cluster.needed})`);
+  if (sameVersion(f.installed.version, f.target.version)) return;
+  const pkg = packageNameFor(ctx, f.installed);
+  const pm = await resolvePackageManager(ctx, pkg).catch((err: unknown) => {
+    warn(ctx, toGatewayError(err).message);
+    return undefined;
+  });
+  if (pm === undefined) return;
+  if (pm === 'tarball') {
+    say(ctx, `install: tarball ${ctx.settings.downloadUrl}/${tarballName(f.target.version, tarballArch(ctx.settings.arch), f.installed.fips)}`);
+    return;
+  }
+  say(ctx, `install: ${pm} ${packageSpec(pm, pkg, f.target.version)}`);
+  const entry = await readRepo(pm, ctx.settings);
+  if (!entry) warn(ctx, `the package repository is not registered: ${repoPath(pm, ctx.settings)} does not exist`);
+  else {
+    const holds = channelHolds(entry.channel, f.target.version);
+    if (!holds.ok) warn(ctx, repoMoveError(entry, f.target.version, holds.move).message);
+  }
+}
+
+// --- installing ----------------------------------------------------------------------------------------------------
+
+interface Installer {
+  /** "apt-get (gateway=17.0.2)", "tarball gateway-ent-v17.0.2-linux-amd64-bin.tar.gz". */
+  describe(version: string): string;
+  /** Installs exactly `version`. Throws GW_ERR_UPGRADE_INSTALL / DOWNLOAD / CHECKSUM. */
+  install(version: string, downgrade: boolean): Promise<void>;
+  /** Puts `previous` back after a failed upgrade. */
+  rollback(previous: string): Promise<void>;
+}
+
+function packageInstaller(ctx: UpgraderContext, pm: PackageManager, pkg: string, repo: RepoEntry): Installer {
+  const install = async (version: string, downgrade: boolean) => {
+    const cmds = installCommands(pm, {
+      pkg,
+      version,
+      downgrade,
+      ...(pm === 'apt' ? { aptSourceList: repo.path } : {}),
+      ...(repo.repoId ? { repoId: repo.repoId } : {}),
+    });
+    for (const argv of cmds) {
+      ctx.stderr.write(`+ ${argv.join(' ')}\n`);
+      const r = await runCommand(argv, { env: { ...env(ctx), ...installEnv(pm) }, echo: ctx.stderr, timeoutMs: ctx.settings.commandTimeoutMs });
+      if (r.code !== 0) {
+        throw new GatewayError('GW_ERR_UPGRADE_INSTALL', `installing ${packageSpec(pm, pkg, version)} failed: \`${argv.slice(0, 2).join(' ')}\` ${describeExit(argv[0]!, r, ctx.settings.commandTimeoutMs)}: ${lastLines(r)}`, {
+          details: { command: argv, code: r.code },
+        });
+      }
+    }
+  };
+  return {
+    describe: (v) => `${pm} (${packageSpec(pm, pkg, v)})`,
+    install,
+    rollback: (previous) => install(previous, true),
+  };
+}
+
+function tarballInstaller(ctx: UpgraderContext, workDir: string, fips: boolean): Installer {
+  const ca = loadCaFiles(ctx.settings.caFiles);
+  const deps = {
+    dialer: ctx.dialer,
+    ...(ca.length ? { ca } : {}),
+    stderr: ctx.stderr,
+    downloadUrl: ctx.settings.downloadUrl,
+    arch: tarballArch(ctx.settings.arch),
+    fips,
+    binDir: ctx.settings.binDir,
+    workDir,
+    commandTimeoutMs: ctx.settings.commandTimeoutMs,
+    env: env(ctx),
+  };
+  let done: TarballInstall | undefined;
+  return {
+    describe: (v) => `tarball ${tarballName(v, deps.arch, fips)}`,
+    async install(version) {
+      const file = await fetchVerifiedTarball(version, deps);
+      done = await installTarball(file, deps);
+    },
+    async rollback() {
+      if (!done) throw new GatewayError('GW_ERR_UPGRADE_INSTALL', 'nothing to roll back: the tarball was not installed');
+      await done.restore();
+    },
+  };
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Restarts the service and waits until it is healthy and reports `expected`. Resolves with the reason on failure. */
+async function restartAndCheck(ctx: UpgraderContext, expected: string): Promise<string | undefined> {
+  const s = ctx.settings;
+  ctx.stderr.write(`+ ${s.restartCommand}\n`);
+  const r = await runShell(s.restartCommand, { env: env(ctx), timeoutMs: s.healthTimeoutMs + 30_000, echo: ctx.stderr });
+  if (r.code !== 0) return `the restart command \`${s.restartCommand}\` failed (${describeExit('sh', r)}): ${lastLines(r, 3) || 'no output'}`;
+  const deadline = Date.now() + s.healthTimeoutMs;
+  let why = 'no check ran';
+  for (;;) {
+    const h = await runShell(s.healthCommand, { env: env(ctx), timeoutMs: 30_000 });
+    if (h.code === 0) {
+      try {
+        const v = (await installedVersion(ctx)).version;
+        if (sameVersion(v, expected)) return undefined;
+        why = `the version command reports ${v}, not ${expected}`;
+      } catch (err) {
+        why = toGatewayError(err).message;
+      }
+    } else {
+      why = `the health check \`${s.healthCommand}\` failed (${describeExit('sh', h)})${lastLines(h, 2) ? `: ${lastLines(h, 2)}` : ''}`;
+    }
+    if (Date.now() >= deadline) return `the service did not come back with ${expected} within ${Math.round(s.healthTimeoutMs / 1000)} s: ${why}`;
+    await sleep(s.healthPollMs);
+  }
+}
+
+export interface RunOptions {
+  /** Move a per-major repository to the target's major channel when needed ("updates it only when told to"). */
+  updateRepo?: boolean;
+}
+
+export type RunOutcome = 'up-to-date' | 'waiting' | 'upgraded';
+
+export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {}): Promise<RunOutcome> {
+  const lock = await acquireLock(ctx.settings.lockFile);
+  let workDir: string | undefined;
+  try {
+    const f = await gatherFacts(ctx);
+    const current = f.installed.version;
+    const target = f.target.version;
+    say(ctx, comparisonLine(current, target));
+    if (sameVersion(current, target)) return 'up-to-date';
+    if (!f.cluster.ok) throw tooOld(f.cluster);
+    reportSchedule(ctx, f.schedule);
+    if (f.target.critical) say(ctx, `upgrading now: ${target} is a critical release, which does not wait for a maintenance window`);
+    else if (f.window) say(ctx, `upgrading: inside the maintenance window (until ${isoSeconds(f.window.stop)})`);
+    else {
+      const when = f.next ? `; the next starts at ${isoSeconds(f.next.start)} (${formatIn(f.next.start.getTime() - f.now.getTime())})` : '';
+      say(ctx, `not upgrading: outside the maintenance window${when}; critical releases go at once`);
+      return 'waiting';
+    }
+
+    const pkg = packageNameFor(ctx, f.installed);
+    const pm = await resolvePackageManager(ctx, pkg);
+    let installer: Installer;
+    let movedFrom: string | undefined;
+    let repo: RepoEntry | undefined;
+    if (pm === 'tarball') {
+      workDir = await mkdtemp(join(tmpdir(), 'gateway-upgrade-'));
+      installer = tarballInstaller(ctx, workDir, f.installed.fips);
+    } else {
+      repo = await readRepo(pm, ctx.settings);
+      if (!repo) {
+        throw new GatewayError('GW_ERR_UPGRADE_REPO', `the package repository is not registered: ${repoPath(pm, ctx.settings)} does not exist, and installing needs it`, {
+          hint: `Register it with 'gateway-upgrade repo set-channel stable/v${semver.major(current)}' (and the repository's signing key), as the install guide shows.`,
+        });
+      }
+      const holds = channelHolds(repo.channel, target);
+      if (!holds.ok) {
+        if (!options.updateRepo) throw repoMoveError(repo, target, holds.move);
+        movedFrom = repo.channel;
+        repo = await setChannel(pm, holds.move, ctx.settings);
+        say(ctx, `moved the repository ${repo.path} from ${movedFrom} to ${holds.move}`);
+      }
+      installer = packageInstaller(ctx, pm, pkg, repo);
+    }
+    const downgrade = semver.lt(target, current);
+    say(ctx, `installing ${installer.describe(target)}`);
+
+    const putBack = async (why: string, code: 'GW_ERR_UPGRADE_INSTALL' | 'GW_ERR_UPGRADE_HEALTH', cause?: unknown): Promise<never> => {
+      let outcome: string;
+      try {
+        if (movedFrom !== undefined && pm !== 'tarball') {
+          repo = await setChannel(pm, movedFrom, ctx.settings);
+          installer = packageInstaller(ctx, pm, pkg, repo);
+        }
+        ctx.stderr.write(`rolling back to ${current}\n`);
+        await installer.rollback(current);
+        const back = await restartAndCheck(ctx, current);
+        outcome = back === undefined ? `the previous version ${current} was put back and is running` : `the previous version ${current} was put back, but ${back}`;
+      } catch (err) {
+        outcome = `putting the previous version ${current} back failed too (${toGatewayError(err).message}); this host needs attention`;
+      }
+      throw new GatewayError(code, `the upgrade ${current} -> ${target} failed: ${why}; ${outcome}`, { ...(cause === undefined ? {} : { cause }) });
+    };
+
+    try {
+      await installer.install(target, downgrade);
+    } catch (err) {
+      const e = toGatewayError(err);
+      if (e.code === 'GW_ERR_UPGRADE_CHECKSUM' || e.code === 'GW_ERR_UPGRADE_DOWNLOAD') throw e; // nothing changed
+      if (pm === 'tarball') throw e; // the tarball installer has already put the binaries back
+      // A package manager may fail before or after it touched the files: check what is installed now.
+      const after = await installedVersion(ctx).catch(() => undefined);
+      if (after && sameVersion(after.version, current)) {
+        if (movedFrom !== undefined) await setChannel(pm, movedFrom, ctx.settings).catch(() => undefined);
+        throw new GatewayError('GW_ERR_UPGRADE_INSTALL', `${e.message}; ${current} is still installed and the service was not restarted`, { cause: e });
+      }
+      return await putBack(e.message, 'GW_ERR_UPGRADE_INSTALL', e);
+    }
+    const problem = await restartAndCheck(ctx, target);
+    if (problem !== undefined) await putBack(problem, 'GW_ERR_UPGRADE_HEALTH');
+    say(ctx, `upgraded ${pkg} ${current} -> ${target}; the service is running ${target}`);
+    return 'upgraded';
+  } finally {
+    await lock.release();
+    if (workDir) await rm(workDir, { recursive: true, force: true }).catch(() => undefined);
+  }
+}
+
+/** `gateway-upgrade repo show`: the entry and its channel. */
+export async function showRepo(ctx: UpgraderContext): Promise<void> {
+  const pm = await resolveRepoManager(ctx);
+  const entry = await readRepo(pm, ctx.settings);
+  if (!entry) {
+    say(ctx, `${repoPath(pm, ctx.settings)}: not registered`);
+    return;
+  }
+  say(ctx, `${entry.path}: channel ${entry.channel ?? 'unknown'}`);
+}
+
+/** `gateway-upgrade repo set-channel <channel>`: the explicit move. */
+export async function setRepoChannel(ctx: UpgraderContext, channel: string): Promise<void> {
+  const pm = await resolveRepoManager(ctx);
+  const before = await readRepo(pm, ctx.settings);
+  const after = await setChannel(pm, channel, ctx.settings);
+  say(ctx, before ? `${after.path}: channel ${before.channel ?? 'unknown'} -> ${after.channel ?? channel}` : `${after.path}: created on channel ${after.channel ?? channel}`);
+}
+
+async function resolveRepoManager(ctx: UpgraderContext): Promise<PackageManager> {
+  const s = ctx.settings;
+  let pm: PackageManagerName;
+  if (s.packageManager !== 'auto') pm = s.packageManager;
+  else {
+    const installed = await installedVersion(ctx).catch(() => ({ version: '0.0.0', fips: s.fips === true }));
+    pm = await resolvePackageManager(ctx, packageNameFor(ctx, installed));
+    if (pm === 'tarball') {
+      // Not installed from a package yet: pick the family by the tools present.
+      for (const cand of ['apt-get', 'dnf', 'yum', 'zypper'] as const) {
+        if (await which(cand, env(ctx))) {
+          pm = cand === 'apt-get' ? 'apt' : cand;
+          break;
+        }
+      }
+    }
+  }
+  if (pm === 'tarball') {
+    throw new GatewayError('GW_ERR_UPGRADE_PACKAGE_MANAGER', 'this host installs the gateway from tarballs, which have no package repository', {
+      hint: 'Set GATEWAY_UPGRADE_PACKAGE_MANAGER to apt, yum, dnf or zypper to manage a repository entry anyway.',
+    });
+  }
+  return pm;
+}

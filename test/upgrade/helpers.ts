@@ -1,0 +1,182 @@
+/**
+ * Test machinery for the upgrader:
+ *
+ * - an apt "lab": real .deb packages of a fake `gateway` (fixtures/upgrade/fake-gateway.sh) built with dpkg-deb,
+ *   indexed with apt-ftparchive into a `file:` repository laid out like the real one (dists/<codename>/stable/v<N>),
+ *   and a temporary root that apt-get and dpkg install into (APT_CONFIG points apt at it: Dir, the dpkg status
+ *   file, and dpkg --root / --admindir). Nothing of the real system's packages changes.
+ * - release tarballs of the same fake binary, with their .sha256 files.
+ */
+import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { chmod, copyFile, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+
+const run = promisify(execFile);
+const FIXTURES = new URL('../../fixtures/upgrade/', import.meta.url);
+
+export async function fakeGatewayScript(version: string, healthy = true): Promise<string> {
+  const tmpl = await readFile(new URL('fake-gateway.sh', FIXTURES), 'utf8');
+  return tmpl.replaceAll('@VERSION@', version).replaceAll('@HEALTHY@', healthy ? 'yes' : 'no');
+}
+
+export interface TestPackage {
+  version: string;
+  /** stable/v<major> by default. */
+  channel?: string;
+  /** false: `gateway health` fails (a build that does not come back after a restart). */
+  healthy?: boolean;
+}
+
+export interface AptLab {
+  dir: string;
+  repo: string;
+  /** The temporary root apt and dpkg install into. */
+  root: string;
+  /** Environment that points apt-get at the root (APT_CONFIG). */
+  env: Record<string, string>;
+  codename: string;
+  /** The gateway binary inside the root. */
+  binary: string;
+  /** The apt source line for a channel (trusted: the test repository is not signed). */
+  sourceLine(channel: string): string;
+  /** Installs a version directly with apt-get (test setup). */
+  install(version: string): Promise<void>;
+  /** What `<root>/usr/bin/gateway --version` says. */
+  installed(): Promise<string>;
+  cleanup(): Promise<void>;
+}
+
+async function buildDeb(out: string, work: string, pkg: TestPackage): Promise<void> {
+  const d = join(work, `pkg-${pkg.version}`);
+  await mkdir(join(d, 'DEBIAN'), { recursive: true });
+  await mkdir(join(d, 'usr/bin'), { recursive: true });
+  await writeFile(
+    join(d, 'DEBIAN/control'),
+    [
+      'Package: gateway',
+      `Version: ${pkg.version.replace('-', '~')}`,
+      'Architecture: all',
+      'Maintainer: Gateway tests <tests@gateway.example>',
+      'Description: fake gateway for the upgrader tests',
+      '',
+    ].join('\n'),
+  );
+  await writeFile(join(d, 'usr/bin/gateway'), await fakeGatewayScript(pkg.version, pkg.healthy !== false), { mode: 0o755 });
+  await chmod(join(d, 'usr/bin/gateway'), 0o755);
+  await run('dpkg-deb', ['--root-owner-group', '-Zgzip', '--build', d, out]);
+}
+
+export async function makeAptLab(packages: TestPackage[], codename = 'bookworm'): Promise<AptLab> {
+  const dir = await mkdtemp(join(tmpdir(), 'gw-apt-'));
+  await chmod(dir, 0o755);
+  const repo = join(dir, 'repo');
+  const root = join(dir, 'root');
+  const arch = (await run('dpkg', ['--print-architecture'])).stdout.trim();
+  const channels = new Map<string, TestPackage[]>();
+  for (const p of packages) {
+    const ch = p.channel ?? `stable/v${p.version.split('.')[0]}`;
+    channels.set(ch, [...(channels.get(ch) ?? []), p]);
+  }
+  for (const [ch, pkgs] of channels) {
+    const pool = join(repo, 'pool', ch);
+    await mkdir(pool, { recursive: true });
+    for (const p of pkgs) await buildDeb(join(pool, `gateway_${p.version}_all.deb`), join(dir, 'build'), p);
+    const bin = join(repo, 'dists', codename, ch, `binary-${arch}`);
+    await mkdir(bin, { recursive: true });
+    const { stdout } = await run('apt-ftparchive', ['packages', join('pool', ch)], { cwd: repo });
+    await writeFile(join(bin, 'Packages'), stdout);
+  }
+  const { stdout: release } = await run(
+    'apt-ftparchive',
+    [
+      '-o', `APT::FTPArchive::Release::Suite=${codename}`,
+      '-o', `APT::FTPArchive::Release::Codename=${codename}`,
+      '-o', `APT::FTPArchive::Release::Components=${[...channels.keys()].join(' ')}`,
+      '-o', `APT::FTPArchive::Release::Architectures=${arch}`,
+      'release', join('dists', codename),
+    ],
+    { cwd: repo },
+  );
+  await writeFile(join(repo, 'dists', codename, 'Release'), release);
+
+  for (const d of ['etc/apt/sources.list.d', 'etc/apt/apt.conf.d', 'etc/apt/preferences.d', 'var/lib/dpkg/info', 'var/lib/dpkg/updates', 'var/lib/apt/lists/partial', 'var/cache/apt/archives/partial', 'var/log/apt']) {
+    await mkdir(join(root, d), { recursive: true });
+  }
+  await writeFile(join(root, 'var/lib/dpkg/status'), '');
+  await writeFile(join(root, 'etc/os-release'), `ID=debian\nVERSION_ID="12"\nVERSION_CODENAME=${codename}\n`);
+  const aptConf = join(root, 'etc/apt/apt.conf');
+  await writeFile(
+    aptConf,
+    [
+      `Dir "${root}/";`,
+      `Dir::State::status "${root}/var/lib/dpkg/status";`,
+      `Dir::Etc::Parts "${root}/etc/apt/apt.conf.d";`,
+      `Dir::Etc::PreferencesParts "${root}/etc/apt/preferences.d";`,
+      `Dir::Log "${root}/var/log/apt";`,
+      `DPkg::Options { "--root=${root}"; "--admindir=${root}/var/lib/dpkg"; "--log=${root}/var/log/dpkg.log"; };`,
+      'APT::Sandbox::User "root";',
+      '',
+    ].join('\n'),
+  );
+  const env = { APT_CONFIG: aptConf };
+  const binary = join(root, 'usr/bin/gateway');
+  const sourceLine = (channel: string) => `deb [trusted=yes] file:${repo} ${codename} ${channel}\n`;
+  const aptEnv = { PATH: process.env.PATH ?? '', ...env, DEBIAN_FRONTEND: 'noninteractive' };
+  const lab: AptLab = {
+    dir,
+    repo,
+    root,
+    env,
+    codename,
+    binary,
+    sourceLine,
+    async install(version) {
+      const ch = `stable/v${version.split('.')[0]}`;
+      const tmpList = join(dir, `setup-${ch.replace('/', '-')}.list`);
+      await writeFile(tmpList, sourceLine(ch));
+      const only = ['-o', `Dir::Etc::SourceList=${tmpList}`, '-o', 'Dir::Etc::SourceParts=-', '-o', 'APT::Get::List-Cleanup=0'];
+      await run('apt-get', ['update', '-qq', ...only], { env: aptEnv });
+      await run('apt-get', ['install', '-y', '-qq', '--allow-downgrades', ...only, `gateway=${version.replace('-', '~')}`], { env: aptEnv });
+    },
+    async installed() {
+      return (await run(binary, ['--version'])).stdout.trim();
+    },
+    cleanup: () => rm(dir, { recursive: true, force: true }),
+  };
+  return lab;
+}
+
+export interface Tarball {
+  name: string;
+  body: Buffer;
+  sha256: string;
+}
+
+/** gateway-ent-v<version>-linux-<arch>-bin.tar.gz holding gateway/{install,gateway,README}. */
+export async function makeTarball(version: string, arch: string, options: { healthy?: boolean } = {}): Promise<Tarball> {
+  const dir = await mkdtemp(join(tmpdir(), 'gw-tarball-'));
+  try {
+    const top = join(dir, 'gateway');
+    await mkdir(top);
+    await writeFile(join(top, 'gateway'), await fakeGatewayScript(version, options.healthy !== false), { mode: 0o755 });
+    await copyFile(new URL('tarball-install.sh', FIXTURES), join(top, 'install'));
+    await chmod(join(top, 'install'), 0o755);
+    await writeFile(join(top, 'README'), `Gateway ${version}\n`);
+    const name = `gateway-ent-v${version}-linux-${arch}-bin.tar.gz`;
+    await run('tar', ['-czf', join(dir, name), '-C', dir, 'gateway']);
+    const body = await readFile(join(dir, name));
+    return { name, body, sha256: createHash('sha256').update(body).digest('hex') };
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+/** A shell script file (mode 0755). */
+export async function writeScript(path: string, body: string): Promise<string> {
+  await writeFile(path, `#!/bin/sh\n${body}\n`, { mode: 0o755 });
+  await chmod(path, 0o755);
+  return path;
+}
