@@ -178,6 +178,7 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
       return bundle;
     }),
     route('GET', '/v1/status', async ({ caller }) => auth.status(caller())),
+    route('GET', '/v1/agent/maintenance', async ({ caller }) => ({ config: (await auth.maintenanceForAgent(caller())) ?? null })),
     route('GET', '/v1/inventory/:kind', async ({ caller, params }) => ({ items: await auth.inventory(caller(), params.kind!) })),
     route('GET', '/v1/users', async ({ caller }) => ({ users: await auth.listUsers(caller()) })),
     route('POST', '/v1/users', async ({ caller, body }) => {

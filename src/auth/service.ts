@@ -783,6 +783,24 @@ export class AuthService {
     };
   }
 
+  /**
+   * The cluster_maintenance_config for agents (their upgraders need the windows): readable by any host
+   * identity of this cluster, and by callers with read on the resource.
+   */
+  async maintenanceForAgent(caller: Identity): Promise<Resource | undefined> {
+    if (caller.kind === 'host') {
+      if (caller.cluster !== this.clusterName) throw new GatewayError('GW_ERR_ACCESS_DENIED', `identity from cluster "${caller.cluster}"`);
+    } else {
+      await this.authorize(caller, 'cluster_maintenance_config', 'read');
+    }
+    return parseJson<Resource>(await this.backend.get(KEYS.maintenance));
+  }
+
+  /** Calls onChange after every write or removal of cluster_maintenance_config. Returns the unsubscribe function. */
+  watchMaintenance(onChange: () => void): () => void {
+    return this.backend.watch(KEYS.maintenance, () => onChange());
+  }
+
   /** An audit event reported by an agent (SSH sessions); who reported it is recorded with it. */
   async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void> {
     const time = this.clock();

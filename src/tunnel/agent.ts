@@ -173,6 +173,7 @@ export class TunnelAgent extends EventEmitter {
     const onClosed = (reason: string) => {
       if (closed) return;
       closed = true;
+      transport.destroy(); // a half-closed transport would otherwise stay open for ever
       if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
       for (const ch of this.channels) ch.destroy();
       this.channels.clear();
@@ -183,12 +184,19 @@ export class TunnelAgent extends EventEmitter {
     };
     client.on('error', (err) => {
       const hostKey = /host key/i.test(err.message);
-      const e = new GatewayError(hostKey ? 'GW_ERR_TUNNEL_AUTH' : 'GW_ERR_TUNNEL_DOWN', `reverse tunnel: ${err.message}`);
-      this.log.warn({ code: e.code, err: err.message }, 'reverse tunnel error');
+      const refused = (err as Error & { level?: string }).level === 'client-authentication';
+      const e = refused
+        ? refusedError(identity, find)
+        : new GatewayError(hostKey ? 'GW_ERR_TUNNEL_AUTH' : 'GW_ERR_TUNNEL_DOWN', `reverse tunnel: ${err.message}`);
+      this.log.warn({ code: e.code, err: e.message, ...(refused ? { hint: e.hint } : {}) }, refused ? 'the Proxy refused this agent' : 'reverse tunnel error');
       this.emit('failure', e);
       onClosed(err.message);
     });
     client.on('close', () => onClosed('connection closed'));
+    // The transport allows half-close (the Dialer's sockets do), so the far end closing shows up as 'end' only:
+    // ssh2 then stops using the connection (and its keepalives) without ever emitting 'close'. A CONNECT proxy
+    // that restarts, or closes the tunnel because the Proxy dropped it, ends the connection this way.
+    client.on('end', () => onClosed('connection ended by the other side'));
     client.on('tcp connection', (info, accept, reject) => {
       if (info.destIP !== TUNNEL_BIND.addr) return reject();
       const channel = accept() as unknown as Duplex;
@@ -285,15 +293,20 @@ export class TunnelAgent extends EventEmitter {
           this.setState('connected');
           for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
           this.log.info({ proxyId: m.proxyId, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
+          // Whatever changed while the tunnel was down: treat a new connection as a possible change.
+          this.emit('maintenance-changed');
           this.emit('connected', m.proxyId);
         } else if (m.type === 'reconnect') {
           this.log.info({ reason: m.reason }, 'the Proxy asked agents to reconnect');
           client.removeAllListeners('close');
+          client.removeAllListeners('end'); // this path schedules the retry itself
           client.once('close', () => undefined);
           client.end();
           this.emitClosedForReconnect();
         } else if (m.type === 'discovery') {
           this.emit('discovery', m.proxies);
+        } else if (m.type === 'maintenance-changed') {
+          this.emit('maintenance-changed');
         }
       }
     });
@@ -343,4 +356,24 @@ export class TunnelAgent extends EventEmitter {
     this.client?.end();
     this.setState('stopped');
   }
+}
+
+/**
+ * The Proxy refused the agent's SSH authentication. SSH does not say why; what the agent can tell is whether its
+ * identity is from the cluster the Proxy serves (GET /webapi/find names it).
+ */
+function refusedError(identity: HostIdentity, find: FindResponse): GatewayError {
+  const hint = 'Remove the host directory in the data directory and join this cluster again with a new token (gwctl tokens add).';
+  if (find.cluster_name && find.cluster_name !== identity.cluster) {
+    return new GatewayError(
+      'GW_ERR_TUNNEL_AUTH',
+      `the Proxy at ${identity.server} (cluster "${find.cluster_name}") refused this agent: its host identity ${identity.hostId} belongs to cluster "${identity.cluster}"`,
+      { hint },
+    );
+  }
+  return new GatewayError(
+    'GW_ERR_TUNNEL_AUTH',
+    `the Proxy at ${identity.server} refused this agent's host identity ${identity.hostId}: the cluster does not know this host (it was removed, or the identity was not issued by this cluster)`,
+    { hint },
+  );
 }

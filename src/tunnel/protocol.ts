@@ -73,6 +73,10 @@ export interface DiscoveryMessage {
   type: 'discovery';
   proxies: Array<{ id: string; addr: string }>;
 }
+/** Proxy → agent: cluster_maintenance_config changed; the agent re-exports its upgrade schedule. */
+export interface MaintenanceChangedMessage {
+  type: 'maintenance-changed';
+}
 export interface ReconnectMessage {
   type: 'reconnect';
   reason: string;
@@ -82,7 +86,7 @@ export interface EventMessage {
   type: 'event';
   event: Record<string, unknown>;
 }
-export type ControlMessage = HelloMessage | HeartbeatMessage | WelcomeMessage | DiscoveryMessage | ReconnectMessage | EventMessage;
+export type ControlMessage = HelloMessage | HeartbeatMessage | WelcomeMessage | DiscoveryMessage | ReconnectMessage | EventMessage | MaintenanceChangedMessage;
 
 export interface DialRequest {
   service: ServiceKind;

@@ -68,7 +68,12 @@ export class TunnelServer extends EventEmitter {
     super();
     this.proxyId = options.proxyId ?? randomUUID();
     this.server = new ssh2.Server({ hostKeys: [options.hostKey], ident: 'gateway-tunnel' }, (conn, info) => this.onConnection(conn, info));
+    this.unwatch = options.auth.watchMaintenance(() => {
+      for (const agent of this.agents.values()) writeJsonLine(agent.control, { type: 'maintenance-changed' } satisfies ControlMessage);
+    });
   }
+
+  private readonly unwatch: () => void;
 
   /** For the front door: a stream that is (or carries) an agent's SSH connection. */
   handle = (stream: Duplex, info: ConnInfo): void => {
@@ -306,6 +311,7 @@ export class TunnelServer extends EventEmitter {
   /** Graceful shutdown: tells every agent to reconnect (to another proxy, or to this one when it is back). */
   async close(): Promise<void> {
     this.closing = true;
+    this.unwatch();
     for (const agent of this.agents.values()) {
       writeJsonLine(agent.control, { type: 'reconnect', reason: 'proxy shutting down' });
     }
