@@ -221,13 +221,27 @@ export class SshService {
         ...(pty ? { TERM: pty.term } : {}),
         SSH_CLIENT: client.replace(/:(\d+)$/, ' $1 22'),
       };
+      let channelClosed = false;
+      channel.once('close', () => (channelClosed = true));
       if (pty) {
         void import('node-pty').then(({ spawn: spawnPty }) => {
           const term = spawnPty(argv[0]!, argv.slice(1), { name: pty!.term, cols: pty!.cols, rows: pty!.rows, cwd: account.home, env: childEnv, uid: account.uid, gid: account.gid });
+          let exited = false;
           running = { resize: (c, r) => term.resize(c, r), kill: (s) => term.kill(s) };
           term.onData((d) => channel.write(d));
-          channel.on('data', (d: Buffer) => term.write(d.toString('utf8')));
-          term.onExit(({ exitCode, signal }) => finish(signal ? null : exitCode, signal ? signalName(signal) : null));
+          // Bytes as they came: a multi-byte character split across two SSH packets must not be decoded half.
+          channel.on('data', (d: Buffer) => term.write(d));
+          term.onExit(({ exitCode, signal }) => {
+            exited = true;
+            finish(signal ? null : exitCode, signal ? signalName(signal) : null);
+          });
+          // The client went away (connection lost, ssh killed) while the session runs: hang up, as the kernel does
+          // for sshd when it closes the terminal; otherwise the shell and its jobs would outlive the session.
+          const hangUp = () => {
+            if (!exited) term.kill('SIGHUP');
+          };
+          if (channelClosed) hangUp();
+          else channel.once('close', hangUp);
         });
         return;
       }
@@ -255,6 +269,16 @@ export class SshService {
       });
       child.once('exit', (code, signal) => {
         exit = [code, signal];
+        maybeFinish();
+      });
+      // The client went away while the command runs: close its pipes, as sshd does (its next write gets SIGPIPE).
+      channel.once('close', () => {
+        if (exit) return;
+        child.stdin!.destroy();
+        child.stdout!.destroy();
+        child.stderr!.destroy();
+        // Destroyed pipes never end: the session ends (and is audited) when the command exits.
+        outputs = 0;
         maybeFinish();
       });
     };

@@ -94,7 +94,7 @@ export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (
       const roles = await auth.rolesOf(identity.roles);
       if (!canAccess(roles, target.access, target.labels)) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles (${identity.roles.join(', ') || 'none'}) do not allow ${describe(info.route)} "${header.resource}" (labels ${JSON.stringify(target.labels)})`, {
-          hint: `Ask for a role whose ${target.access === 'db' ? 'db_labels' : target.access === 'app' ? 'app_labels' : 'windows_desktop_labels'} match these labels, then sign in again.`,
+          hint: `Ask for a role whose ${LABEL_FIELD[target.access]} match these labels, then sign in again.`,
         });
       }
       const channel = await tunnels.dial(target.agent.hostId, {
@@ -110,6 +110,14 @@ export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (
     })().catch(fail);
   };
 }
+
+const LABEL_FIELD: Record<AccessKind, string> = {
+  node: 'node_labels',
+  db: 'db_labels',
+  app: 'app_labels',
+  kube_cluster: 'kubernetes_labels',
+  windows_desktop: 'windows_desktop_labels',
+};
 
 function describe(route: string): string {
   if (route === 'gateway-proxy-ssh') return 'node';
