@@ -10,11 +10,27 @@ declare -A NEED=(
   [openssl]=openssl      # test certificate authorities
   [htpasswd]=apache2-utils  # squid basic-auth password files
   [haproxy]=haproxy      # a real L4 load balancer (send-proxy-v2) in front of the Proxy, and the mux benchmark's peer
+  [apt-ftparchive]=apt-utils  # indexes the real apt repository the upgrader tests build (test/upgrade/helpers.ts)
+  [dpkg-deb]=dpkg            # builds the .deb packages of that repository
+  [systemd-analyze]=systemd  # `systemd-analyze verify` of the units `gateway install systemd` writes
+  # real databases behind an agent (test/helpers/databases.ts, test/e2e/tunnel.test.ts)
+  [postgres]=postgresql      # the server: not on PATH, looked for in /usr/lib/postgresql/*/bin
+  [psql]=postgresql-client
+  [mariadbd]=mariadb-server
+  [mariadb]=mariadb-client
+  [redis-server]=redis-server
+  [redis-cli]=redis-tools
 )
 
 missing=()
+present() {
+  case "$1" in
+    postgres) compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null ;;
+    *) command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] ;;
+  esac
+}
 for cmd in "${!NEED[@]}"; do
-  if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "/usr/sbin/$cmd" ]; then
+  if ! present "$cmd"; then
     missing+=("${NEED[$cmd]}")
   fi
 done
@@ -37,4 +53,8 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 if command -v service >/dev/null 2>&1; then
   service squid stop >/dev/null 2>&1 || true
   service haproxy stop >/dev/null 2>&1 || true
+  # the same for the databases: the tests start their own, with their own data directories
+  service postgresql stop >/dev/null 2>&1 || true
+  service mariadb stop >/dev/null 2>&1 || true
+  service redis-server stop >/dev/null 2>&1 || true
 fi
