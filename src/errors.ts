@@ -304,6 +304,56 @@ export const ERROR_CODES = {
     hint: 'Check that the upstream is up and reachable from the Proxy (through the proxy in HTTPS_PROXY, if set); agents retry later.',
   },
 
+  // --- automatic agent upgrades: windows, schedule export, gateway-upgrade (src/upgrade) --------------------------
+  GW_ERR_UPGRADE_ENDPOINT: {
+    summary: 'The upgrader endpoint file (/etc/gateway-upgrade.d/endpoint) is missing or its value is not <host>:<port>/v1/webapi/automaticupgrades/channel/<channel> (an https:// prefix, a /version suffix, no channel, several values).',
+    hint: 'Write one line such as proxy.example.com:443/v1/webapi/automaticupgrades/channel/default, with no https:// and no /version.',
+  },
+  GW_ERR_UPGRADE_VERSION_SERVER: {
+    summary: 'The version server (https://<endpoint>/version) could not be asked, or answered something that is not a version.',
+    hint: 'Check the endpoint file, that the Proxy is reachable from this host (through HTTPS_PROXY if set; NO_PROXY bypasses it) and that the channel exists.',
+  },
+  GW_ERR_UPGRADE_CLUSTER_TOO_OLD: {
+    summary: 'The cluster (its /webapi/ping server_version) is older than automatic agent upgrades need: v14.3.7 on v14, v15.1.3 on v15 and later; or its version cannot be read.',
+    hint: 'Upgrade the Auth and Proxy Services first (at least v14.3.7, or v15.1.3 on v15), then the agents enroll by themselves.',
+  },
+  GW_ERR_UPGRADE_INSTALLED_VERSION: {
+    summary: 'The upgrader cannot tell which gateway version is installed (the version command failed or printed no version).',
+    hint: 'Check that `gateway --version` works on this host, or set GATEWAY_UPGRADE_VERSION_COMMAND.',
+  },
+  GW_ERR_UPGRADE_LOCKED: {
+    summary: 'Another gateway-upgrade is running on this host (it holds the lock file); two upgraders never run at once.',
+    hint: 'Wait for it to finish; if no gateway-upgrade runs, the lock names a dead process and the next run removes it.',
+  },
+  GW_ERR_UPGRADE_PACKAGE_MANAGER: {
+    summary: 'No supported way to install the gateway was found (apt, yum, dnf, zypper or a tarball install), or the one configured is unknown.',
+    hint: 'Set GATEWAY_UPGRADE_PACKAGE_MANAGER to apt, yum, dnf, zypper or tarball.',
+  },
+  GW_ERR_UPGRADE_REPO: {
+    summary: 'The package repository entry (/etc/apt/sources.list.d/gateway.list, /etc/yum.repos.d/gateway.repo) is missing, unreadable, or on a channel that cannot hold the target version.',
+    hint: "Register the repository, or move it to the channel named in the message with 'gateway-upgrade repo set-channel <channel>'.",
+  },
+  GW_ERR_UPGRADE_DOWNLOAD: {
+    summary: 'Downloading the release tarball or its .sha256 file failed.',
+    hint: 'Check GATEWAY_UPGRADE_DOWNLOAD_URL and that the address is reachable from this host (through HTTPS_PROXY if set).',
+  },
+  GW_ERR_UPGRADE_CHECKSUM: {
+    summary: 'The downloaded tarball does not match its .sha256 file; nothing was extracted or installed.',
+    hint: 'Run the upgrade again; if it keeps failing, the download is being altered on the way (check proxies) or the release is broken.',
+  },
+  GW_ERR_UPGRADE_INSTALL: {
+    summary: 'Installing the target version failed (package manager or tarball install step); the previous version is still installed, or was put back (the message says which).',
+    hint: "The message quotes the installer's output; fix that cause (disk space, repository, network) and run 'gateway-upgrade run' again.",
+  },
+  GW_ERR_UPGRADE_HEALTH: {
+    summary: 'After installing the target version the service did not come back healthy with it; the upgrader put the previous version back.',
+    hint: "Check the service's logs (journalctl -u gateway); the message says whether the rollback succeeded.",
+  },
+  GW_ERR_UPGRADE_SCHEDULE: {
+    summary: 'The maintenance schedule file cannot be written, or (agent running as a non-root user) does not exist or belongs to another user.',
+    hint: 'Create the file and give it to the agent user: sudo install -o <user> -m 0644 /dev/null /etc/gateway-upgrade.d/schedule',
+  },
+
   // --- files (src/fsutil.ts) -------------------------------------------------------------------------------------
   GW_ERR_FS_WRITE: {
     summary: 'A file the gateway keeps (key, certificate, state) cannot be written.',
@@ -352,6 +402,34 @@ export const ERROR_CODES = {
   GW_ERR_TUNNEL_DOWN: {
     summary: 'The reverse tunnel to the Proxy is not connected (the agent is reconnecting).',
     hint: 'The agent retries by itself; check the network path and HTTPS_PROXY if it does not come back.',
+  },
+
+  // --- daemon under systemd: pid file, `gateway install systemd` (src/reload.ts, src/upgrade/systemd.ts) -------
+  GW_ERR_PID_FILE_BUSY: {
+    summary: 'The pid file given with --pid-file belongs to a gateway that is still running; a second one does not start.',
+    hint: 'Stop the running gateway first (systemctl stop gateway, or kill the pid named in the message), or give this one another --pid-file.',
+  },
+  GW_ERR_PID_FILE_WRITE: {
+    summary: 'The pid file given with --pid-file (or its directory) cannot be written.',
+    hint: 'Run as a user that can write there (/run needs root), or choose another --pid-file.',
+  },
+  GW_ERR_INSTALL_EXISTS: {
+    summary: '`gateway install systemd --output` would replace unit files that already exist; nothing was written.',
+    hint: 'Add --force to replace them, or choose another --output.',
+  },
+
+  // --- Kubernetes updater (src/upgrade/kube) ---------------------------------------------------------------------
+  GW_ERR_KUBE_CONFIG: {
+    summary: 'The Kubernetes updater cannot find how to reach the API server (not in a pod, no KUBECONFIG, or an unreadable kubeconfig).',
+    hint: 'Run it in the cluster with its service account (the gateway-kube-agent chart does), or set KUBECONFIG / --kubeconfig.',
+  },
+  GW_ERR_KUBE_API: {
+    summary: 'A Kubernetes API call of the updater failed (refused, forbidden, not found, conflict); the message names the call and the status.',
+    hint: 'Check the updater\'s RBAC (get, watch and patch on the agent StatefulSet or Deployment, get on its schedule Secret) and that the names are right.',
+  },
+  GW_ERR_KUBE_RESOURCE: {
+    summary: 'The agent StatefulSet or Deployment is not what the updater can update (no container of the expected name, or an image without a version tag).',
+    hint: 'Point --container at the agent container, whose image must be tagged with its version (e.g. registry/gateway:17.0.1).',
   },
 } as const satisfies Record<string, ErrorSpec>;
 
