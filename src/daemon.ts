@@ -35,7 +35,11 @@ import type { Duplex } from 'node:stream';
 import type { DialRequest } from './tunnel/protocol.js';
 import { ReloadableVersionServer } from './reload.js';
 import { VERSION } from './version.js';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { ApiClient } from './client/api.js';
+import { resolveSettings } from './upgrade/settings.js';
+import { startScheduleExport } from './upgrade/schedule.js';
+import type { ClusterMaintenanceConfig } from './auth/resources/types.js';
 import { X509Certificate, createPrivateKey } from 'node:crypto';
 
 export interface StartFlags {
@@ -327,6 +331,32 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
       tunnelAgent = agent;
       closers.unshift(async () => agent.stop());
       agent.start();
+
+      // Automatic upgrades: when this machine has the upgrader (its directory exists), keep its schedule file
+      // current: periodically, and whenever the Proxy says cluster_maintenance_config changed.
+      const upgraderDir = resolveSettings().etcDir;
+      const kubeStatePath = process.env.GATEWAY_KUBE_SCHEDULE_FILE;
+      // In Kubernetes the chart sets these: the schedule goes into the Secret the updater pod reads.
+      const kubeSecret = process.env.GATEWAY_KUBE_SCHEDULE_SECRET;
+      const kubeNamespace = process.env.POD_NAMESPACE;
+      if (existsSync(upgraderDir) || kubeStatePath || (kubeSecret && kubeNamespace)) {
+        const api = new ApiClient({ address: tunnelIdentity.server, dialer, ca: tunnelIdentity.hostCa, cert: tunnelIdentity.cert, key: tunnelIdentity.key });
+        const exporter = startScheduleExport({
+          fetchConfig: async () => (await api.call<{ config: ClusterMaintenanceConfig | null }>('GET', '/v1/agent/maintenance')).config ?? undefined,
+          clusterVersion: async () => (await api.call<{ server_version: string }>('GET', '/webapi/ping')).server_version,
+          ...(existsSync(upgraderDir) ? { dir: upgraderDir } : {}),
+          ...(kubeStatePath ? { kubeStatePath } : {}),
+          ...(kubeSecret && kubeNamespace
+            ? {
+                // Loaded only in Kubernetes: the client library is large and other agents never need it.
+                writeKubeState: async (json: string) =>
+                  (await import('./upgrade/kube/client.js')).kubeScheduleWriter({ namespace: kubeNamespace, secretName: kubeSecret })(json),
+              }
+            : {}),
+        });
+        agent.on('maintenance-changed', () => void exporter.refresh());
+        closers.unshift(async () => exporter.stop());
+      }
     } else if (hostIdentity) {
       log.warn('agent services run next to an Auth Service without a Proxy: no reverse tunnel is opened');
     }

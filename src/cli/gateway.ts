@@ -3,13 +3,16 @@
 import { mkdirSync } from 'node:fs';
 import { formatHostPort } from '../addr.js';
 import { defaultConfig, loadConfigFile, sampleConfig, type GatewayConfig } from '../config/index.js';
-import { servicesFor, startDaemon, type StartFlags } from '../daemon.js';
+import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
 import { Dialer } from '../dial/dialer.js';
 import type { ProxyDecision } from '../dial/select.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { destination } from 'pino';
 import { createLogger, logger, setRootLogger } from '../log.js';
 import { EXIT_FAILURE, newProgram, runCli } from './run.js';
+import { acquirePidFile, channelsChanged, followLogLevel, installReload } from '../reload.js';
+import { formatUnits, systemdUnits, UNIT_NAMES, writeUnits, type UnitName } from '../upgrade/systemd.js';
+import type { LogLevel } from '../log.js';
 
 const program = newProgram('gateway', 'Gateway daemon: runs the Auth Service, Proxy Service and agents.');
 
@@ -22,23 +25,25 @@ program
   .option('--ca-pin <pin>', "the cluster's CA pin, sha256:<hex>, checked before the token is sent")
   .option('--proxy <host:port>', "the Proxy's web address to join through")
   .option('--auth-server <host:port>', "the Auth Service's address to join through, instead of --proxy")
-  .action(async (opts: { config?: string; roles?: string; token?: string; caPin?: string; proxy?: string; authServer?: string }) => {
+  .option('--pid-file <file>', 'write the process id to this file and remove it on exit (the systemd unit uses /run/gateway.pid)')
+  .action(async (opts: { config?: string; roles?: string; token?: string; caPin?: string; proxy?: string; authServer?: string; pidFile?: string }) => {
     const config = opts.config ? loadConfigFile(opts.config) : defaultConfig();
     const { output, severity, format } = config.gateway.log;
-    setRootLogger(
-      createLogger({
-        level: program.opts<{ debug?: boolean }>().debug ? 'debug' : severity,
-        ...(format === undefined ? {} : { format }),
-        destination: output === 'stdout' ? process.stdout : output === 'stderr' ? process.stderr : destination({ dest: output, mkdir: true }),
-      }),
-    );
+    const debug = program.opts<{ debug?: boolean }>().debug === true;
+    const root = createLogger({
+      level: debug ? 'debug' : severity,
+      ...(format === undefined ? {} : { format }),
+      destination: output === 'stdout' ? process.stdout : output === 'stderr' ? process.stderr : destination({ dest: output, mkdir: true }),
+    });
+    const setLevel = followLogLevel(root); // before any child logger exists, so SIGHUP can change every one's level
+    setRootLogger(root);
     await start(config, {
       ...(opts.roles ? { roles: opts.roles.split(',') } : {}),
       ...(opts.token ? { token: opts.token } : {}),
       ...(opts.caPin ? { caPin: opts.caPin } : {}),
       ...(opts.proxy ? { proxy: opts.proxy } : {}),
       ...(opts.authServer ? { authServer: opts.authServer } : {}),
-    });
+    }, { configPath: opts.config, pidFile: opts.pidFile, setLevel: (level) => setLevel(debug ? 'debug' : level) });
   });
 
 program
@@ -46,6 +51,34 @@ program
   .description('print a commented sample configuration to standard output')
   .action(() => {
     process.stdout.write(sampleConfig());
+  });
+
+const install = program.command('install').description('files that run the gateway as a system service');
+
+install
+  .command('systemd')
+  .description(`print the systemd units (${UNIT_NAMES.join(', ')}), or write them with --output; see docs/systemd.md`)
+  .option('-o, --output <path>', 'write instead of printing: a directory (existing, or ending in /) gets every unit; a file gets the agent unit (or the --unit one) and the others go next to it')
+  .option('--unit <name>', `only this unit: ${UNIT_NAMES.join(', ')}`)
+  .option('--bin-dir <dir>', 'directory holding gateway and gateway-upgrade', '/usr/local/bin')
+  .option('-c, --config <file>', 'the configuration file the agent unit starts with', '/etc/gateway.yaml')
+  .option('--pid-file <file>', 'the pid file of the agent unit', '/run/gateway.pid')
+  .option('--env-file <file>', 'the optional environment file (HTTPS_PROXY, NO_PROXY, ...)', '/etc/default/gateway')
+  .option('--force', 'replace unit files that already exist')
+  .action((opts: { output?: string; unit?: string; binDir: string; config: string; pidFile: string; envFile: string; force?: boolean }) => {
+    let units = systemdUnits({ binDir: opts.binDir, configPath: opts.config, pidFile: opts.pidFile, environmentFile: opts.envFile });
+    if (opts.unit !== undefined) {
+      if (!(UNIT_NAMES as readonly string[]).includes(opts.unit)) {
+        throw new GatewayError('GW_ERR_USAGE', `--unit: "${opts.unit}" is not one of the units`, { hint: `Units: ${UNIT_NAMES.join(', ')}.` });
+      }
+      units = units.filter((u) => u.name === (opts.unit as UnitName));
+    }
+    if (opts.output === undefined) {
+      process.stdout.write(units.length === 1 ? units[0]!.content : formatUnits(units));
+      return;
+    }
+    for (const path of writeUnits(opts.output, units, { force: opts.force === true })) process.stdout.write(`wrote ${path}\n`);
+    process.stdout.write('next: systemctl daemon-reload && systemctl enable --now gateway.service gateway-upgrade.timer\n');
   });
 
 program
@@ -79,8 +112,15 @@ program
     if (failed) process.exitCode = EXIT_FAILURE;
   });
 
-/** Runs the configured services until SIGINT / SIGTERM. */
-async function start(config: GatewayConfig, flags: StartFlags): Promise<void> {
+/** What `start` adds for systemd (docs/systemd.md): the pid file and SIGHUP reloads of the -c file. */
+interface RunOptions {
+  configPath?: string | undefined;
+  pidFile?: string | undefined;
+  setLevel?: (level: LogLevel) => void;
+}
+
+/** Runs the configured services until SIGINT / SIGTERM; SIGHUP reloads the configuration (src/reload.ts). */
+async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions = {}): Promise<void> {
   const log = logger('gateway');
   const services = servicesFor(config, flags.roles);
   if (services.length === 0) {
@@ -101,18 +141,32 @@ async function start(config: GatewayConfig, flags: StartFlags): Promise<void> {
   const stopped = new Promise<string>((resolve) => (stopRequested = resolve));
   process.once('SIGINT', () => stopRequested?.('SIGINT'));
   process.once('SIGTERM', () => stopRequested?.('SIGTERM'));
+  const pidFile = run.pidFile ? acquirePidFile(run.pidFile) : undefined;
+  let starting: Promise<Daemon> | undefined;
+  const reloads = installReload({
+    configPath: run.configPath,
+    running: config,
+    onReload: async (next, plan) => {
+      const daemon = await starting!;
+      if (channelsChanged(plan)) daemon.reload(next); // first: it is the step that can refuse the new values
+      if (plan.live.includes('gateway.log.severity')) run.setLevel?.(next.gateway.log.severity);
+    },
+  });
   // Until every service holds sockets open, this timer is what keeps the daemon's event loop alive.
   const alive = setInterval(() => undefined, 1 << 30);
   try {
-    const daemon = await startDaemon(config, flags);
+    starting = startDaemon(config, flags);
+    const daemon = await starting;
     log.info(
-      { nodename: config.gateway.nodename, data_dir: config.gateway.data_dir, services: daemon.services, addresses: daemon.addresses, host_id: daemon.hostIdentity?.hostId },
+      { nodename: config.gateway.nodename, data_dir: config.gateway.data_dir, services: daemon.services, addresses: daemon.addresses, host_id: daemon.hostIdentity?.hostId, pid_file: pidFile?.path },
       'gateway started',
     );
     const signal = await stopped;
     log.info({ signal }, 'stopping');
     await daemon.stop();
   } finally {
+    reloads.close();
+    pidFile?.release();
     clearInterval(alive);
   }
 }

@@ -1,0 +1,101 @@
+{{/* The agent's name: the release name (the updater, Secrets and RBAC derive theirs from it). */}}
+{{- define "gateway-kube-agent.fullname" -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gateway-kube-agent.selectorLabels" -}}
+app.kubernetes.io/name: gateway-kube-agent
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gateway-kube-agent.labels" -}}
+{{ include "gateway-kube-agent.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "gateway-kube-agent.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "gateway-kube-agent.updaterImage" -}}
+{{ .Values.updater.image.repository | default .Values.image.repository }}:{{ .Values.updater.image.tag | default .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The Secret the agent exports its maintenance schedule to, and the updater reads. */}}
+{{- define "gateway-kube-agent.sharedState" -}}
+{{ include "gateway-kube-agent.fullname" . }}-shared-state
+{{- end -}}
+
+{{- define "gateway-kube-agent.tokenSecret" -}}
+{{ .Values.joinTokenSecret | default (printf "%s-join-token" (include "gateway-kube-agent.fullname" .)) }}
+{{- end -}}
+
+{{/* The agent's pod template, shared by the StatefulSet and the Deployment. */}}
+{{- define "gateway-kube-agent.podTemplate" -}}
+metadata:
+  labels:
+    {{- include "gateway-kube-agent.selectorLabels" . | nindent 4 }}
+  annotations:
+    checksum/config: {{ include (print $.Template.BasePath "/config.yaml") . | sha256sum }}
+    {{- with .Values.annotations.pod }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "gateway-kube-agent.fullname" . }}
+  containers:
+    - name: gateway
+      image: {{ include "gateway-kube-agent.image" . }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args:
+        - start
+        - -c
+        - /etc/gateway/gateway.yaml
+        - --token=$(GATEWAY_JOIN_TOKEN)
+        - --ca-pin={{ required "caPin is required (gwctl tokens add prints it)" .Values.caPin }}
+        - --proxy={{ required "proxyAddr is required (the Proxy's host:port)" .Values.proxyAddr }}
+      env:
+        - name: GATEWAY_JOIN_TOKEN
+          valueFrom:
+            secretKeyRef:
+              name: {{ include "gateway-kube-agent.tokenSecret" . }}
+              key: auth-token
+        - name: POD_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        # Where the agent exports its maintenance schedule for the updater (src/upgrade/kube/client.ts kubeScheduleWriter).
+        - name: GATEWAY_KUBE_SCHEDULE_SECRET
+          value: {{ include "gateway-kube-agent.sharedState" . }}
+      volumeMounts:
+        - name: config
+          mountPath: /etc/gateway
+          readOnly: true
+        - name: data
+          mountPath: /var/lib/gateway
+      {{- with .Values.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+  volumes:
+    - name: config
+      configMap:
+        name: {{ include "gateway-kube-agent.fullname" . }}
+    {{- if ne .Values.agentKind "StatefulSet" }}
+    - name: data
+      emptyDir: {}
+    {{- end }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}

@@ -1,0 +1,108 @@
+#!/usr/bin/env node
+// The Kubernetes agent updater (docs/kubernetes-updater.md): a controller that keeps the agent StatefulSet or
+// Deployment on its channel's version, inside the exported maintenance windows. The chart gateway-kube-agent
+// runs it as a Deployment next to the agent.
+import { readFileSync } from 'node:fs';
+import { Dialer } from '../dial/dialer.js';
+import { GatewayError } from '../errors.js';
+import { createLogger, logger, setRootLogger, LOG_LEVELS, type LogLevel } from '../log.js';
+import { ClientNodeKubeApi, loadKubeConfig } from '../upgrade/kube/client.js';
+import { KubeUpdater, SCHEDULE_SECRET_KEY, channelUrl, channelVersionSource } from '../upgrade/kube/controller.js';
+import { DEFAULT_CONTAINER, RESYNC_INTERVAL_MS, type WorkloadKind } from '../upgrade/kube/decide.js';
+import { newProgram, runCli } from './run.js';
+
+const program = newProgram('gateway-kube-updater', 'Keeps the Kubernetes agent on the version of its release channel, inside the maintenance windows.');
+
+interface Options {
+  namespace?: string;
+  agentName: string;
+  agentKind: string;
+  container: string;
+  proxyAddr?: string;
+  channel: string;
+  versionUrl?: string;
+  scheduleSecret?: string;
+  scheduleKey: string;
+  caFile?: string;
+  insecureSkipVerify?: boolean;
+  kubeconfig?: string;
+  once?: boolean;
+  dryRun?: boolean;
+  logLevel: string;
+}
+
+function kindOf(text: string): WorkloadKind {
+  const t = text.trim().toLowerCase();
+  if (t === 'statefulset' || t === 'sts') return 'StatefulSet';
+  if (t === 'deployment' || t === 'deploy') return 'Deployment';
+  throw new GatewayError('GW_ERR_USAGE', `--agent-kind: "${text}" is not statefulset or deployment`);
+}
+
+/** The pod's namespace: --namespace, POD_NAMESPACE (the chart sets it), or the service account's namespace file. */
+function namespaceOf(given: string | undefined): string {
+  if (given) return given;
+  if (process.env.POD_NAMESPACE) return process.env.POD_NAMESPACE;
+  try {
+    return readFileSync('/var/run/secrets/kubernetes.io/serviceaccount/namespace', 'utf8').trim();
+  } catch {
+    throw new GatewayError('GW_ERR_USAGE', 'the namespace of the agent is unknown', { hint: 'Give --namespace (or set POD_NAMESPACE).' });
+  }
+}
+
+program
+  .option('-n, --namespace <ns>', "the agent's namespace (default: POD_NAMESPACE, or the pod's own namespace)")
+  .requiredOption('--agent-name <name>', 'the agent StatefulSet or Deployment')
+  .option('--agent-kind <kind>', 'statefulset or deployment', 'statefulset')
+  .option('--container <name>', "the agent's container in the pod template", DEFAULT_CONTAINER)
+  .option('--proxy-addr <host:port>', "the Proxy's public web address; the version server is https://<proxy-addr>/v1/webapi/automaticupgrades/channel/<channel>")
+  .option('--channel <name>', 'the release channel (chart value updater.releaseChannel)', 'default')
+  .option('--version-url <url>', 'the channel URL itself, instead of --proxy-addr and --channel (…/channel/<channel>, no /version)')
+  .option('--schedule-secret <name>', 'the Secret holding the exported maintenance schedule (default: <agent-name>-shared-state)')
+  .option('--schedule-key <key>', 'its key', SCHEDULE_SECRET_KEY)
+  .option('--ca-file <file>', "a PEM CA trusted for the Proxy's certificate (besides the system's)")
+  .option('--insecure-skip-verify', "do not verify the Proxy's certificate (tests only)")
+  .option('--kubeconfig <file>', 'a kubeconfig; default: KUBECONFIG, ~/.kube/config, or the pod service account')
+  .option('--once', 'reconcile once and exit (status 0 whatever the decision)')
+  .option('--dry-run', 'decide and log, but never change the agent')
+  .option('--log-level <level>', `one of ${LOG_LEVELS.join(', ')}`, 'info')
+  .action(async (opts: Options) => {
+    if (!(LOG_LEVELS as readonly string[]).includes(opts.logLevel)) throw new GatewayError('GW_ERR_USAGE', `--log-level: "${opts.logLevel}" is not a level`);
+    const debug = program.opts<{ debug?: boolean }>().debug === true;
+    setRootLogger(createLogger({ level: debug ? 'debug' : (opts.logLevel as LogLevel) }));
+    if (!opts.versionUrl && !opts.proxyAddr) {
+      throw new GatewayError('GW_ERR_USAGE', 'the version server is unknown', { hint: 'Give --proxy-addr host:port (the chart sets it from proxyAddr), or --version-url.' });
+    }
+    const baseUrl = opts.versionUrl ?? channelUrl(opts.proxyAddr!, opts.channel);
+    const namespace = namespaceOf(opts.namespace);
+    const api = new ClientNodeKubeApi(loadKubeConfig(opts.kubeconfig ? { kubeconfig: opts.kubeconfig } : {}));
+    const updater = new KubeUpdater({
+      api,
+      target: { kind: kindOf(opts.agentKind), namespace, name: opts.agentName },
+      container: opts.container,
+      channel: channelVersionSource({
+        baseUrl,
+        dialer: new Dialer(),
+        ...(opts.caFile ? { ca: readFileSync(opts.caFile, 'utf8') } : {}),
+        ...(opts.insecureSkipVerify ? { rejectUnauthorized: false } : {}),
+      }),
+      scheduleSecret: { name: opts.scheduleSecret ?? `${opts.agentName}-shared-state`, key: opts.scheduleKey },
+      dryRun: opts.dryRun === true,
+      resyncMs: RESYNC_INTERVAL_MS,
+    });
+    const log = logger('kube-updater');
+    log.info({ version_url: baseUrl, channel: opts.channel }, 'asking the version server');
+    if (opts.once) {
+      await updater.reconcile('manual');
+      return;
+    }
+    const stopped = new Promise<string>((resolve) => {
+      process.once('SIGINT', () => resolve('SIGINT'));
+      process.once('SIGTERM', () => resolve('SIGTERM'));
+    });
+    await updater.start();
+    const signal = await stopped;
+    log.info({ signal }, 'stopping');
+    updater.stop();
+  });
+
+await runCli(program);

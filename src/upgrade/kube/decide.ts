@@ -1,0 +1,205 @@
+/**
+ * The Kubernetes updater's decisions, as pure functions (seed: "Upgrader behaviour on Kubernetes", Errors, Limits).
+ * Nothing here talks to Kubernetes or the network: controller.ts gathers the inputs and applies the result, and
+ * test/upgrade/kube.test.ts checks every rule here directly.
+ *
+ *   decide()        one reconciliation of the agent StatefulSet / Deployment:
+ *                     1. annotated <domain>/skipreconcile: "true"         → skip (suspended)
+ *                     2. no agent container / its tag is not a version    → skip
+ *                     3. the channel's version unknown (server down)      → skip, retried at the next resync
+ *                     4. target <= current                                → skip "no new version (current: v, next: v)"
+ *                     5. the channel marks the version critical           → update now, window or not
+ *                     6. no valid exported schedule                       → skip (warned: expected right after install)
+ *                     7. outside every maintenance window                 → skip until the next window opens
+ *                     8. otherwise                                        → update: same image repository, new tag
+ *   eventUrgency()  an event on the resource: a change of debug.<domain>/trigger-event reconciles at once, any
+ *                   other change after a short debounce (a rollout sends a burst of status updates).
+ *   nextReconcileDelay()  when to look again without an event: the 30-minute resync, or earlier when the next
+ *                   maintenance window opens before that.
+ */
+import semver from 'semver';
+import { normalizeVersion } from '../../proxy/versions.js';
+import { isoSeconds, nextWindowAfter, windowAt, type Window } from '../windows.js';
+
+/**
+ * The domain of the gateway's own annotations. Documented in docs/kubernetes-updater.md; the seed writes it as
+ * <gateway_domain>.
+ */
+export const GATEWAY_DOMAIN = 'gateway.dev';
+/** Set to "true" on the agent StatefulSet / Deployment: the updater leaves it alone. */
+export const SKIP_RECONCILE_ANNOTATION = `${GATEWAY_DOMAIN}/skipreconcile`;
+/** Change its value (e.g. to "1") on the agent resource: the updater reconciles at once. */
+export const TRIGGER_EVENT_ANNOTATION = `debug.${GATEWAY_DOMAIN}/trigger-event`;
+/** Seed, Limits: reconciliation every 30 minutes, or on a Kubernetes event. */
+export const RESYNC_INTERVAL_MS = 30 * 60 * 1000;
+/** Events other than the trigger annotation are merged over this long. */
+export const EVENT_DEBOUNCE_MS = 2_000;
+/** The agent's container in the chart's pod template. */
+export const DEFAULT_CONTAINER = 'gateway';
+
+export type WorkloadKind = 'StatefulSet' | 'Deployment';
+
+/** What the updater needs to know of the agent resource. */
+export interface AgentWorkload {
+  kind: WorkloadKind;
+  namespace: string;
+  name: string;
+  annotations: Readonly<Record<string, string>>;
+  /** The pod template's containers. */
+  containers: ReadonlyArray<{ name: string; image: string }>;
+}
+
+/** The channel's answer, or why there is none. */
+export type TargetInput = { version: string; critical: boolean } | { error: string };
+/** The exported maintenance windows, or why there are none. */
+export type ScheduleInput = { windows: readonly Window[] } | { error: string };
+
+export interface DecisionInput {
+  workload: AgentWorkload;
+  /** The agent container's name (DEFAULT_CONTAINER in the chart). */
+  container: string;
+  target: TargetInput;
+  schedule: ScheduleInput;
+  now: Date;
+}
+
+export type SkipReason = 'suspended' | 'no-container' | 'unknown-current' | 'no-target' | 'no-new-version' | 'no-schedule' | 'outside-window';
+
+export type Decision =
+  | { action: 'update'; reason: 'in-window' | 'critical'; message: string; current: string; next: string; container: string; image: string }
+  | {
+      action: 'skip';
+      reason: SkipReason;
+      message: string;
+      current?: string;
+      next?: string;
+      /** When the decision may change without an event (the next window's start). */
+      retryAt?: Date;
+    };
+
+// --- images -------------------------------------------------------------------------------------------------------
+
+export interface ImageRef {
+  /** Everything before the tag: registry, port, path, name (registry.example.com:5000/gateway/agent). */
+  repository: string;
+  tag: string | undefined;
+  digest: string | undefined;
+}
+
+/** Splits an image reference; the tag is after the last ":" that follows the last "/" (a registry port is not a tag). */
+export function parseImage(image: string): ImageRef {
+  let rest = image.trim();
+  let digest: string | undefined;
+  const at = rest.indexOf('@');
+  if (at >= 0) {
+    digest = rest.slice(at + 1);
+    rest = rest.slice(0, at);
+  }
+  const slash = rest.lastIndexOf('/');
+  const colon = rest.lastIndexOf(':');
+  if (colon > slash) return { repository: rest.slice(0, colon), tag: rest.slice(colon + 1), digest };
+  return { repository: rest, tag: undefined, digest };
+}
+
+/** The version an image's tag names ("17.0.1" or "v17.0.1" → "v17.0.1"), or undefined. */
+export function imageVersion(image: string): string | undefined {
+  const { tag } = parseImage(image);
+  return tag === undefined ? undefined : normalizeVersion(tag);
+}
+
+/**
+ * The same repository with the tag of `version`, written the way the current tag is (with or without the leading
+ * "v"). A digest is dropped: it would pin the old image.
+ */
+export function imageFor(currentImage: string, version: string): string {
+  const { repository, tag } = parseImage(currentImage);
+  const bare = version.replace(/^v/, '');
+  return `${repository}:${tag?.startsWith('v') ? `v${bare}` : bare}`;
+}
+
+// --- the decision -----------------------------------------------------------------------------------------------
+
+/** The seed's message when nothing is to do. */
+export function noNewVersionMessage(current: string, next: string): string {
+  return `no new version (current: ${current}, next: ${next})`;
+}
+
+function bare(v: string): string {
+  return v.replace(/^v/, '');
+}
+
+/** Whether the resource is annotated <domain>/skipreconcile: "true" (case and surrounding spaces ignored). */
+export function isSuspended(workload: Pick<AgentWorkload, 'annotations'>): boolean {
+  return workload.annotations[SKIP_RECONCILE_ANNOTATION]?.trim().toLowerCase() === 'true';
+}
+
+export function decide(input: DecisionInput): Decision {
+  const { workload, container, target, schedule, now } = input;
+  if (isSuspended(workload)) {
+    return { action: 'skip', reason: 'suspended', message: `reconciliation suspended: ${SKIP_RECONCILE_ANNOTATION} is "true"` };
+  }
+  const agent = workload.containers.find((c) => c.name === container);
+  if (!agent) {
+    const names = workload.containers.map((c) => c.name).join(', ') || 'none';
+    return { action: 'skip', reason: 'no-container', message: `the pod template has no container "${container}" (it has: ${names})` };
+  }
+  const current = imageVersion(agent.image);
+  if (current === undefined) {
+    return { action: 'skip', reason: 'unknown-current', message: `the image ${agent.image} has no version tag, so the current version is unknown` };
+  }
+  if ('error' in target) {
+    return { action: 'skip', reason: 'no-target', message: `the channel's version is unknown: ${target.error}`, current };
+  }
+  const next = normalizeVersion(target.version);
+  if (next === undefined) {
+    return { action: 'skip', reason: 'no-target', message: `the channel answered ${JSON.stringify(target.version)}, which is not a version`, current };
+  }
+  if (semver.lte(bare(next), bare(current))) {
+    return { action: 'skip', reason: 'no-new-version', message: noNewVersionMessage(current, next), current, next };
+  }
+  const update = (reason: 'in-window' | 'critical', message: string): Decision => ({
+    action: 'update',
+    reason,
+    message,
+    current,
+    next,
+    container,
+    image: imageFor(agent.image, next),
+  });
+  if (target.critical) return update('critical', `critical update ${current} -> ${next}: applied without waiting for a maintenance window`);
+  if ('error' in schedule) {
+    return { action: 'skip', reason: 'no-schedule', message: `invalid upgrade schedule: ${schedule.error} (expected until the agent has exported its maintenance schedule)`, current, next };
+  }
+  const open = windowAt(now, schedule.windows);
+  if (!open) {
+    const upcoming = nextWindowAfter(now, schedule.windows);
+    return {
+      action: 'skip',
+      reason: 'outside-window',
+      message: `update ${current} -> ${next} waits for the maintenance window${upcoming ? ` opening at ${isoSeconds(upcoming.start)}` : ' (none is scheduled)'}`,
+      current,
+      next,
+      ...(upcoming ? { retryAt: upcoming.start } : {}),
+    };
+  }
+  return update('in-window', `update ${current} -> ${next} in the maintenance window ${isoSeconds(open.start)}..${isoSeconds(open.stop)}`);
+}
+
+/** How long until the next reconciliation without an event: the resync interval, or the next window if sooner. */
+export function nextReconcileDelay(decision: Decision, now: Date, resyncMs: number = RESYNC_INTERVAL_MS): number {
+  if (decision.action === 'skip' && decision.retryAt) {
+    const until = decision.retryAt.getTime() - now.getTime();
+    if (until >= 0 && until < resyncMs) return until;
+  }
+  return resyncMs;
+}
+
+// --- events -----------------------------------------------------------------------------------------------------
+
+/**
+ * How soon an event on the agent resource is reconciled: 'now' when the trigger annotation's value changed
+ * (added, changed or removed), 'debounced' for any other change.
+ */
+export function eventUrgency(previous: Readonly<Record<string, string>> | undefined, next: Readonly<Record<string, string>>): 'now' | 'debounced' {
+  return (previous?.[TRIGGER_EVENT_ANNOTATION] ?? undefined) !== (next[TRIGGER_EVENT_ANNOTATION] ?? undefined) ? 'now' : 'debounced';
+}
