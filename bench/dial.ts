@@ -14,13 +14,14 @@
 import { spawn } from 'node:child_process';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import net from 'node:net';
-import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { Dialer } from '../src/dial/dialer.js';
 import { startEchoServer } from '../test/helpers/servers.js';
 import { startSquid } from '../test/helpers/squid.js';
 import { waitForPort } from '../test/helpers/netns.js';
+import { recordSection } from './record.js';
 
 const CONNECTS = Number(process.env.BENCH_CONNECTS ?? 300);
 const BYTES = Number(process.env.BENCH_MIB ?? 512) << 20;
@@ -172,20 +173,6 @@ async function main(): Promise<void> {
     await squid.stop();
     await rm(dir, { recursive: true, force: true });
   }
-}
-
-/** Replaces (or appends) one "## name" section of bench/RESULTS.md, keeping the others. */
-export async function recordSection(name: string, section: string): Promise<void> {
-  const path = new URL('./RESULTS.md', import.meta.url);
-  let text = '# Benchmark results\n\nEach section is rewritten by its `npm run bench:*` script; figures are from one run on the machine named.\n\n';
-  try {
-    text = await readFile(path, 'utf8');
-  } catch {
-    // first run
-  }
-  const re = new RegExp(`## ${name}\\n[\\s\\S]*?(?=\\n## |$)`);
-  text = re.test(text) ? text.replace(re, section.trimEnd() + '\n') : `${text.trimEnd()}\n\n${section}`;
-  await writeFile(path, text);
 }
 
 await main();
