@@ -23,7 +23,7 @@ import { Dialer } from './dial/dialer.js';
 import { GatewayError } from './errors.js';
 import { writePublicFile, writeSecretFile } from './fsutil.js';
 import { logger } from './log.js';
-import { startFrontDoor } from './proxy/frontdoor.js';
+import { listenOn, startFrontDoor } from './proxy/frontdoor.js';
 import { createAccessHandler } from './proxy/access.js';
 import { createKubeHandler, createWebAppHandler } from './proxy/webapps.js';
 import { isIP } from 'node:net';
@@ -101,29 +101,6 @@ export function servicesFor(config: GatewayConfig, roles: string[] | undefined):
   return [...out];
 }
 
-/** Listens, turning bind failures into an error that names the address and why. */
-export function listen(server: https.Server, addr: HostPort, what: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const onError = (err: NodeJS.ErrnoException) => {
-      const where = formatHostPort(addr.host, addr.port);
-      const hint =
-        err.code === 'EADDRINUSE'
-          ? `Another process listens on ${where}: stop it or change ${what} in the configuration.`
-          : err.code === 'EACCES'
-            ? `Ports below 1024 need root or CAP_NET_BIND_SERVICE; run as root or choose a port of 1024 or more for ${what}.`
-            : err.code === 'EADDRNOTAVAIL'
-              ? `No interface of this machine has the address ${addr.host}; change ${what}.`
-              : `Check ${what} in the configuration.`;
-      reject(new GatewayError('GW_ERR_LISTEN', `cannot listen on ${where} (${what}): ${err.code ?? err.message}`, { hint, cause: err }));
-    };
-    server.once('error', onError);
-    server.listen(addr.port, addr.host, () => {
-      server.off('error', onError);
-      const a = server.address() as AddressInfo;
-      resolve(formatHostPort(a.address, a.port));
-    });
-  });
-}
 
 function close(server: https.Server): Promise<void> {
   return new Promise((resolve) => {
@@ -184,7 +161,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
       const tlsOptions = { key: keys.privateKeyPem, cert, ca: [auth.host.tls.certPem, auth.user.tls.certPem], requestCert: true, rejectUnauthorized: false };
       const authServer = https.createServer(tlsOptions, handler);
       servers.push(authServer);
-      addresses.auth = await listen(authServer, config.auth_service.listen_addr, 'auth_service.listen_addr');
+      addresses.auth = await listenOn(authServer, config.auth_service.listen_addr, 'auth_service.listen_addr');
       log.info({ addr: addresses.auth }, 'auth API listening');
 
       // The local admin identity: gwctl on this machine, with full permissions, for whoever can read the data dir.

@@ -64,6 +64,17 @@ interface StoredToken {
   labels?: Record<string, string>;
 }
 
+/** What an agent sends to join (token, types, names, keys) and where it came from. */
+export interface HostRequest {
+  token: string;
+  roles: JoinRole[];
+  nodename: string;
+  publicAddrs: string[];
+  publicKeyPem: string;
+  sshPublicKey: string;
+  source: string;
+}
+
 export interface NodeRecord {
   hostId: string;
   nodename: string;
@@ -457,15 +468,7 @@ export class AuthService {
   }
 
   /** Exchanges a join token for host certificates. The token value never reaches a log line. */
-  async join(request: {
-    token: string;
-    roles: JoinRole[];
-    nodename: string;
-    publicAddrs: string[];
-    publicKeyPem: string;
-    sshPublicKey: string;
-    source: string;
-  }): Promise<CertBundle & { hostId: string }> {
+  async join(request: HostRequest): Promise<CertBundle & { hostId: string }> {
     const id = tokenId(request.token);
     const short = id.slice(0, 12);
     const refuse = (code: 'GW_ERR_AUTH_TOKEN_UNKNOWN' | 'GW_ERR_AUTH_TOKEN_EXPIRED' | 'GW_ERR_AUTH_TOKEN_USED' | 'GW_ERR_AUTH_TOKEN_WRONG_TYPE', message: string) => {
@@ -503,15 +506,7 @@ export class AuthService {
     return this.issueHost({ ...request, source: 'local', token: 'local' });
   }
 
-  private async issueHost(request: {
-    token: string;
-    roles: JoinRole[];
-    nodename: string;
-    publicAddrs: string[];
-    publicKeyPem: string;
-    sshPublicKey: string;
-    source: string;
-  }): Promise<CertBundle & { hostId: string }> {
+  private async issueHost(request: HostRequest): Promise<CertBundle & { hostId: string }> {
     const hostId = randomUUID();
     const publicHosts = request.publicAddrs.map(hostOf);
     const principals = [...new Set([hostId, `${hostId}.${this.clusterName}`, request.nodename, ...publicHosts])];

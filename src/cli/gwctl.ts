@@ -9,6 +9,7 @@ import { GatewayError } from '../errors.js';
 import { gwctlClient, type CredentialOptions } from './credentials.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
+import { table } from './table.js';
 
 const program = newProgram('gwctl', 'Admin CLI: manage users, roles, tokens and cluster resources.')
   .option('--auth-server <host:port>', "the Auth Service's API address (uses the local admin identity of --data-dir)")
@@ -23,11 +24,6 @@ function list(value: string): string[] {
     .split(',')
     .map((s) => s.trim())
     .filter(Boolean);
-}
-
-function table(rows: string[][]): string {
-  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length)));
-  return rows.map((r) => r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd()).join('\n');
 }
 
 program

@@ -19,6 +19,7 @@ import { toGatewayError } from '../errors.js';
 import { GatewayError } from '../errors.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
+import { table } from './table.js';
 
 const program = newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.').enablePositionalOptions();
 
@@ -90,8 +91,7 @@ function printInventory(items: InventoryItem[], format: string, withProtocol: st
     return;
   }
   const rows = [['Name', withProtocol, 'Labels', 'Agent', 'Connected since'], ...items.map((i) => [i.name, i.protocol ?? '', Object.entries(i.labels).map(([k, v]) => `${k}=${v}`).join(','), i.agent, i.connected_since])];
-  const widths = rows[0]!.map((_, c) => Math.max(...rows.map((r) => r[c]!.length)));
-  process.stdout.write(`${rows.map((r) => r.map((cell, c) => cell.padEnd(widths[c]!)).join('  ').trimEnd()).join('\n')}\n`);
+  process.stdout.write(`${table(rows)}\n`);
 }
 
 for (const [name, kind, column, description] of [

@@ -31,6 +31,7 @@ import {
   str,
   type Ctx,
   type Fields,
+  httpUrl,
   type Infer,
   type Spec,
 } from './spec.js';
@@ -107,18 +108,6 @@ function duration(doc: string, def: string) {
   });
 }
 
-function httpUrl(s: string): string {
-  let url: URL | undefined;
-  try {
-    url = new URL(s);
-  } catch {
-    url = undefined;
-  }
-  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || url.hostname === '') {
-    throw new Invalid(`expected an http:// or https:// URL, got ${quote(redactUrl(s))}`);
-  }
-  return s;
-}
 
 /** Names of an agent's resources (databases, apps, desktops, clusters): they end up in host names and commands. */
 const RESOURCE_NAME = /^[a-z][a-z0-9-]{0,62}$/;

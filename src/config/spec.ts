@@ -10,6 +10,7 @@
 import { isAlias, isMap, isNode, isScalar, isSeq, stringify, type Document, type LineCounter, type Node } from 'yaml';
 import { AddrError, formatHostPort, parseAddr, type HostPort, type ParsedAddr } from '../addr.js';
 import type { ErrorCode } from '../errors.js';
+import { redactUrl } from '../redact.js';
 
 // --- problems ----------------------------------------------------------------------------------------------------
 
@@ -839,4 +840,18 @@ export function listWithDefault<V>(
   const { exampleItem, ...rest } = o;
   const inner = listOf(doc, item, { ...rest, default: [...(o.default ?? [])] });
   return { ...(inner as unknown as Leaf<readonly V[]>), item, ...(exampleItem === undefined ? {} : { exampleItem }) };
+}
+
+/** Check for an http:// or https:// URL; the message shows it with any password replaced by "***". */
+export function httpUrl(s: string): string {
+  let url: URL | undefined;
+  try {
+    url = new URL(s);
+  } catch {
+    url = undefined;
+  }
+  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || url.hostname === '') {
+    throw new Invalid(`expected an http:// or https:// URL, got ${JSON.stringify(redactUrl(s))}`);
+  }
+  return s;
 }

@@ -16,6 +16,7 @@ import {
   section,
   str,
   type AnySpec,
+  httpUrl,
   type Ctx,
   type Leaf,
   type Spec,
@@ -142,20 +143,6 @@ function text(what: string) {
     if (s.trim() === '') throw new Invalid(`expected a ${what}, got an empty string`);
     return s;
   };
-}
-
-function httpUrl(s: string): string {
-  let url: URL | undefined;
-  try {
-    url = new URL(s);
-  } catch {
-    url = undefined;
-  }
-  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || url.hostname === '') {
-    // A URL may carry credentials: show only its scheme and host when it parses.
-    throw new Invalid(`expected an http:// or https:// URL, got ${url ? quote(`${url.protocol}//${url.host}/...`) : 'something else'}`);
-  }
-  return s;
 }
 
 const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(?:[Zz]|[+-](\d{2}):(\d{2}))$/;
