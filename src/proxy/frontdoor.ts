@@ -239,11 +239,13 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   try {
     if (multiplex) {
       const server = net.createServer({ noDelay: true, allowHalfOpen: true }, mux.handleSocket);
+      server.on('connection', track);
       servers.push(server);
       addresses.web = await listenOn(server, p.web_listen_addr, 'proxy_service.web_listen_addr');
       log.info({ addr: addresses.web, tls_routing: true }, 'proxy listening: every protocol on the web port');
     } else {
       servers.push(web);
+      web.on('connection', track);
       addresses.web = await listenOn(web, p.web_listen_addr, 'proxy_service.web_listen_addr');
       const separate: Array<[string, HostPort | undefined, string, (socket: net.Socket) => void]> = [
         ['ssh', p.listen_addr, 'proxy_service.listen_addr', (s) => raw('ssh', options.services?.ssh)(s, infoOf(s, 'ssh'))],
@@ -258,6 +260,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
       for (const [name, addr, key, onConnection] of separate) {
         if (!addr) continue;
         const server = net.createServer({ noDelay: true, allowHalfOpen: true }, onConnection);
+        server.on('connection', track);
         servers.push(server);
         addresses[name] = await listenOn(server, addr, key);
       }
@@ -272,9 +275,12 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
     addresses,
     mux,
     async close() {
+      // Stop accepting first, then drop every connection the listeners ever accepted (a client that reconnects
+      // at once, such as an agent told to reconnect, must not keep the shutdown waiting).
+      const closed = Promise.all([...servers.map(closeServer), closeServer(web), closeServer(redirect)]);
       for (const s of sockets) s.destroy();
       wss.close();
-      await Promise.all([...servers.map(closeServer), closeServer(web), closeServer(redirect)]);
+      await closed;
     },
   };
 }
