@@ -25,6 +25,7 @@ import { writePublicFile, writeSecretFile } from './fsutil.js';
 import { logger } from './log.js';
 import { listenOn, startFrontDoor } from './proxy/frontdoor.js';
 import { createAccessHandler } from './proxy/access.js';
+import { SshJumpServer } from './proxy/sshjump.js';
 import { createKubeHandler, createWebAppHandler } from './proxy/webapps.js';
 import { isIP } from 'node:net';
 import { TunnelServer } from './tunnel/server.js';
@@ -197,6 +198,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
           publicAddr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename,
         });
         const access = createAccessHandler(auth, tunnels);
+        const jump = new SshJumpServer(auth, tunnels, sshPrivateKey(tunnelKey.privateKeyPem));
         const tunnelHostKey = tunnelKey.sshPublicKey;
         const frontDoor = await startFrontDoor({
           config,
@@ -214,6 +216,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
               'gateway-proxy-ssh': access,
             },
             tunnel: tunnels.handle,
+            ssh: jump.handle,
           },
           findExtras: () => ({ tunnel_host_keys: [tunnelHostKey] }),
           tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },

@@ -19,8 +19,7 @@ import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
-import { parseSshCert } from '../auth/pki.js';
-import { blobFromLine, sshVerify } from '../auth/pki/sshwire.js';
+import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
 import { sshPrivateKey } from '../tunnel/agent.js';
 
@@ -113,41 +112,20 @@ export class SshService {
 
     conn.on('authentication', (ctx) => {
       if (ctx.method !== 'publickey') return ctx.reject(['publickey']);
-      if (!ctx.key.algo.endsWith('-cert-v01@openssh.com')) {
-        this.log.info({ client, login: ctx.username }, 'refused a plain key: only cluster user certificates are accepted');
+      const check = checkUserCertAuth(ctx, this.options.userCa, this.now(), ctx.username);
+      if (!check.ok) {
+        if (!check.cert) this.log.info({ client, login: ctx.username, why: check.why }, `refused ${check.why}`);
+        else this.log.info({ client, user: check.cert.keyId, login: ctx.username, why: check.why }, 'SSH login refused');
         return ctx.reject(['publickey']);
       }
-      let cert;
-      try {
-        cert = parseSshCert(`${ctx.key.algo} ${ctx.key.data.toString('base64')}`, this.options.userCa);
-      } catch {
-        return ctx.reject(['publickey']);
-      }
-      const now = this.now();
-      const why =
-        cert.signedByCa !== true
-          ? 'certificate not signed by this cluster'
-          : cert.certType !== 'user'
-            ? 'not a user certificate'
-            : now < cert.validAfter || now >= cert.validBefore
-              ? 'certificate expired or not yet valid'
-              : !cert.principals.includes(ctx.username)
-                ? `login "${ctx.username}" is not allowed by the certificate (allowed: ${cert.principals.filter((p) => !p.startsWith('-gw-no-login')).join(', ') || 'none'})`
-                : undefined;
-      if (why) {
-        this.log.info({ client, user: cert.keyId, login: ctx.username, why }, 'SSH login refused');
-        return ctx.reject(['publickey']);
-      }
-      if (!ctx.signature) return ctx.accept();
-      const subject = blobFromLine(cert.publicKey).blob;
-      if (!sshVerify(subject, ctx.blob!, ctx.signature)) return ctx.reject(['publickey']);
+      if (check.query) return ctx.accept();
       if (!lookupUser(ctx.username)) {
-        this.log.info({ client, user: cert.keyId, login: ctx.username }, 'SSH login refused: no such OS user on this node');
+        this.log.info({ client, user: check.cert.keyId, login: ctx.username }, 'SSH login refused: no such OS user on this node');
         return ctx.reject(['publickey']);
       }
-      user = cert.keyId;
+      user = check.cert.keyId;
       login = ctx.username;
-      portForwarding = cert.extensions.includes('permit-port-forwarding');
+      portForwarding = check.cert.extensions.includes('permit-port-forwarding');
       ctx.accept();
     });
 

@@ -329,6 +329,11 @@ export class AuthService {
     return stored.resource;
   }
 
+  /** A local user's current roles, or undefined when there is no such user (for the SSH jump host). */
+  async userRoles(name: string): Promise<string[] | undefined> {
+    return parseJson<StoredUser>(await this.backend.get(KEYS.user(name)))?.resource.spec.roles;
+  }
+
   async listUsers(caller: Identity): Promise<UserResource[]> {
     await this.authorize(caller, 'user', 'list');
     return (await this.backend.range('/users/')).map((i) => (JSON.parse(i.value) as StoredUser).resource);

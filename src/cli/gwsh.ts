@@ -210,8 +210,16 @@ program
   .action(async (host: string) => {
     const profile = requireProfile();
     const ca = readFileSync(join(profile.dir, 'ssh-host-ca.pub'), 'utf8').trim();
+    // OpenSSH's %H is "[host]:port" for a port other than 22: match on the host, print what ssh asked for.
+    const bare = /^\[(.*)\]:\d+$/.exec(host)?.[1] ?? host;
+    if (bare === profile.proxy.replace(/:\d+$/, '').replace(/^\[|\]$/g, '')) {
+      // The Proxy itself, as an SSH jump host (separate listeners): its keys, from /webapi/find over verified TLS.
+      const find = await new ApiClient({ address: profile.proxy, ca: profile.hostCa }).call<{ tunnel_host_keys?: string[] }>('GET', '/webapi/find');
+      for (const key of find.tunnel_host_keys ?? []) process.stdout.write(`${host} ${key}\n`);
+      return;
+    }
     const { items } = await apiFor(profile).call<{ items: Array<InventoryItem & { host_cert?: string; host_id: string }> }>('GET', '/v1/inventory/node');
-    const node = items.find((i) => i.name === host || i.host_id === host);
+    const node = items.find((i) => i.name === bare || i.host_id === bare);
     // Always offer the CA itself too, so OpenSSH can check a host certificate where a server presents one.
     process.stdout.write(`@cert-authority * ${ca}\n`);
     if (!node?.host_cert) return;
@@ -222,16 +230,35 @@ program
     process.stdout.write(`${host} ${cert.publicKey}\n`);
   });
 
-function sshConfig(profile: ReturnType<typeof requireProfile>): string {
+function sshConfig(profile: ReturnType<typeof requireProfile>, jumpAddr?: string): string {
   // gwsh runs from ssh with this profile whatever the caller's environment holds.
   const gwsh = `/usr/bin/env GWSH_HOME="${profile.dir}" "${process.execPath}" "${fileURLToPath(import.meta.url)}"`;
   const dir = profile.dir;
   const proxyHost = profile.proxy.replace(/:\d+$/, '').replace(/^\[|\]$/g, '');
+  const identity = [
+    `    IdentityFile ${join(dir, 'ssh-key')}`,
+    `    CertificateFile ${join(dir, 'ssh-key-cert.pub')}`,
+    `    IdentitiesOnly yes`,
+    `    KnownHostsCommand ${gwsh} known-hosts %H`,
+    `    UserKnownHostsFile /dev/null`,
+    `    GlobalKnownHostsFile /dev/null`,
+    `    StrictHostKeyChecking yes`,
+  ];
+  const jumpPort = jumpAddr ? /:(\d+)$/.exec(jumpAddr)?.[1] : undefined;
   return [
     `# SSH through the gateway cluster ${profile.cluster} (proxy ${profile.proxy}), written by 'gwsh config'.`,
     `# Use it with: ssh -F <this file> login@node   (scp and sftp take -F too)`,
-    `Host * !${proxyHost}`,
-    `    ProxyCommand ${gwsh} proxy ssh %r@%h:%p`,
+    ...(jumpAddr
+      ? [
+          `# The cluster uses separate listeners: the Proxy's SSH port is a jump host.`,
+          `Host ${proxyHost}`,
+          `    Port ${jumpPort}`,
+          `    User gateway`,
+          ...identity,
+          `Host * !${proxyHost}`,
+          `    ProxyJump gateway@${proxyHost}:${jumpPort}`,
+        ]
+      : [`Host * !${proxyHost}`, `    ProxyCommand ${gwsh} proxy ssh %r@%h:%p`]),
     `    IdentityFile ${join(dir, 'ssh-key')}`,
     `    CertificateFile ${join(dir, 'ssh-key-cert.pub')}`,
     `    IdentitiesOnly yes`,
@@ -246,11 +273,17 @@ function sshConfig(profile: ReturnType<typeof requireProfile>): string {
   ].join('\n');
 }
 
+/** The configuration for this cluster: ProxyCommand with TLS routing, ProxyJump to the SSH port without it. */
+async function sshConfigFor(profile: ReturnType<typeof requireProfile>): Promise<string> {
+  const ping = await fetchPing(profile, new Dialer());
+  return sshConfig(profile, ping.proxy.tls_routing_enabled ? undefined : ping.proxy.ssh.ssh_public_addr);
+}
+
 program
   .command('config')
   .description("print an OpenSSH client configuration block, so that ssh, scp and sftp reach nodes through the gateway")
-  .action(() => {
-    process.stdout.write(sshConfig(requireProfile()));
+  .action(async () => {
+    process.stdout.write(await sshConfigFor(requireProfile()));
   });
 
 program
@@ -263,7 +296,7 @@ program
   .action(async (target: string, command: string[], _opts: unknown, cmd: { args: string[] }) => {
     const profile = requireProfile();
     const configFile = join(profile.dir, 'ssh_config');
-    writeFileSync(configFile, sshConfig(profile), { mode: 0o600 });
+    writeFileSync(configFile, await sshConfigFor(profile), { mode: 0o600 });
     const args = ['-F', configFile, ...cmd.args];
     void target;
     void command;

@@ -1,0 +1,84 @@
+/**
+ * The Proxy's SSH entry for plain SSH clients: a jump host (OpenSSH's ProxyJump / `ssh -J`) on
+ * proxy_service.listen_addr (3023) with separate listeners, and for raw SSH sniffed on the one TLS port.
+ *
+ * The client authenticates with its user certificate from this cluster (any user name: the login that matters
+ * is the one the node is asked for, inside). It then asks for a direct-tcpip channel to "<node>:<port>"; the
+ * Proxy finds the node among connected agents (by name or host ID), checks the user's current roles allow its
+ * labels, and carries the channel to the node's SSH Service through the agent's tunnel. The node checks the
+ * login against the certificate's principals, as always.
+ */
+import type { Duplex } from 'node:stream';
+import ssh2 from 'ssh2';
+import type { Connection } from 'ssh2';
+import { canAccess } from '../auth/rbac.js';
+import type { AuthService } from '../auth/service.js';
+import { checkUserCertAuth } from '../auth/sshauth.js';
+import { logger } from '../log.js';
+import type { ConnInfo } from '../mux/multiplexer.js';
+import { splice } from '../tunnel/lines.js';
+import type { TunnelServer } from '../tunnel/server.js';
+import { findTarget } from './access.js';
+
+export class SshJumpServer {
+  private readonly server: ssh2.Server;
+  private readonly log = logger('ssh-jump');
+
+  constructor(
+    private readonly auth: AuthService,
+    private readonly tunnels: TunnelServer,
+    hostKeyPem: string,
+  ) {
+    this.server = new ssh2.Server({ hostKeys: [hostKeyPem], ident: 'gateway-proxy' }, (conn) => this.onConnection(conn));
+  }
+
+  handle = (stream: Duplex, info: ConnInfo): void => {
+    (stream as Duplex & { gatewayClient?: string }).gatewayClient = `${info.remoteAddress}:${info.remotePort}`;
+    this.server.injectSocket(stream as never);
+  };
+
+  private onConnection(conn: Connection): void {
+    const client = (conn as unknown as { _sock?: { gatewayClient?: string } })._sock?.gatewayClient ?? 'unknown';
+    let user = '';
+    conn.on('authentication', (ctx) => {
+      if (ctx.method !== 'publickey') return ctx.reject(['publickey']);
+      const check = checkUserCertAuth(ctx, this.auth.user.ssh.publicKey, Date.now());
+      if (!check.ok) {
+        this.log.info({ client, why: check.why }, 'SSH jump refused');
+        return ctx.reject(['publickey']);
+      }
+      if (!check.query) user = check.cert.keyId;
+      ctx.accept();
+    });
+    conn.on('ready', () => {
+      conn.on('session', (_accept, reject) => reject());
+      conn.on('tcpip', (accept, reject, dest) => {
+        void (async () => {
+          const node = dest.destIP;
+          const target = findTarget(this.tunnels.list(), 'gateway-proxy-ssh', { resource: node });
+          if (!target) {
+            this.log.info({ user, node, client }, 'SSH jump: no connected node by that name');
+            return reject();
+          }
+          const stored = await this.auth.userRoles(user);
+          if (!stored || !canAccess(await this.auth.rolesOf(stored), 'node', target.labels)) {
+            this.log.info({ user, node, client }, 'SSH jump: the user’s roles do not allow this node');
+            return reject();
+          }
+          const channel = await this.tunnels.dial(target.agent.hostId, {
+            service: 'ssh',
+            resource: `@${target.agent.nodename}`,
+            client_src: client,
+            client_dst: `${dest.destIP}:${dest.destPort}`,
+            user,
+          });
+          splice(accept() as unknown as Duplex, channel);
+        })().catch((err: unknown) => {
+          this.log.info({ user, node: dest.destIP, err: (err as Error).message }, 'SSH jump failed');
+          reject();
+        });
+      });
+    });
+    conn.on('error', () => undefined);
+  }
+}
