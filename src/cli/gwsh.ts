@@ -200,6 +200,18 @@ proxyCmd
       stream.once('close', resolve);
       stream.once('error', resolve);
     });
+    // Let ssh close its end first (it has the session's exit status by now): exiting while ssh may still write
+    // to us could hand it a broken pipe. Give it a moment, then go regardless.
+    if (!process.stdin.readableEnded) {
+      process.stdin.unpipe(stream);
+      process.stdin.resume();
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, 2_000);
+        timer.unref();
+        process.stdin.once('end', resolve);
+        process.stdin.once('close', resolve);
+      });
+    }
     process.stdin.destroy();
   });
 
