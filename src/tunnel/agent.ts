@@ -269,10 +269,23 @@ export class TunnelAgent extends EventEmitter {
       resources: this.options.resources,
     });
     let seq = 0;
-    const beat = () => send({ type: 'heartbeat', seq: ++seq });
+    let lastHeard = Date.now();
+    const beat = () => {
+      // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
+      // a balancer that dropped the flow without a reset). Drop the transport so that the retry starts now.
+      const silentMs = Date.now() - lastHeard;
+      if (silentMs > this.heartbeatIntervalMs * (this.heartbeatCountMax + 1)) {
+        this.log.warn({ silentMs }, 'the Proxy missed its heartbeats; reconnecting');
+        (client as unknown as { _sock?: { destroy(): void } })._sock?.destroy();
+        client.end();
+        return;
+      }
+      send({ type: 'heartbeat', seq: ++seq });
+    };
     this.heartbeatTimer = setInterval(beat, this.heartbeatIntervalMs);
     let pending = '';
     control.on('data', (chunk: Buffer) => {
+      lastHeard = Date.now();
       pending += chunk.toString('utf8');
       let nl: number;
       while ((nl = pending.indexOf('\n')) >= 0) {
