@@ -119,6 +119,8 @@ interface RunOptions {
   setLevel?: (level: LogLevel) => void;
 }
 
+const STOP_DEADLINE_MS = 5_000;
+
 /** Runs the configured services until SIGINT / SIGTERM; SIGHUP reloads the configuration (src/reload.ts). */
 async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions = {}): Promise<void> {
   const log = logger('gateway');
@@ -139,8 +141,18 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
   // Signals first, so that a stop request during start-up is not lost.
   let stopRequested: ((signal: string) => void) | undefined;
   const stopped = new Promise<string>((resolve) => (stopRequested = resolve));
-  process.once('SIGINT', () => stopRequested?.('SIGINT'));
-  process.once('SIGTERM', () => stopRequested?.('SIGTERM'));
+  // A second signal while stopping means "now": exit at once instead of waiting for the graceful stop.
+  let stopping = false;
+  const onSignal = (signal: string) => {
+    if (stopping) {
+      log.warn({ signal }, 'second stop signal: exiting now');
+      process.exit(1);
+    }
+    stopping = true;
+    stopRequested?.(signal);
+  };
+  process.on('SIGINT', () => onSignal('SIGINT'));
+  process.on('SIGTERM', () => onSignal('SIGTERM'));
   const pidFile = run.pidFile ? acquirePidFile(run.pidFile) : undefined;
   let starting: Promise<Daemon> | undefined;
   const reloads = installReload({
@@ -163,6 +175,14 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
     );
     const signal = await stopped;
     log.info({ signal }, 'stopping');
+    // Graceful, with a deadline: whatever still holds the process after it is logged and the process exits,
+    // rather than waiting for a service manager's SIGKILL.
+    const deadline = setTimeout(() => {
+      const open = (process as unknown as { _getActiveHandles(): object[] })._getActiveHandles().map((h) => h.constructor.name);
+      log.warn({ open }, `stop did not finish within ${STOP_DEADLINE_MS} ms; exiting`);
+      process.exit(0);
+    }, STOP_DEADLINE_MS);
+    deadline.unref();
     await daemon.stop();
   } finally {
     reloads.close();
