@@ -56,14 +56,8 @@ import { sniffProtocol } from '../src/mux/sniff.js';
 import { startSilentServer, type SilentServer } from '../test/helpers/servers.js';
 import { makeTestPki } from '../test/helpers/tls.js';
 import { recordSection } from './record.js';
+import { envNumber } from './common.js';
 
-function envNumber(name: string, fallback: number): number {
-  const raw = process.env[name];
-  if (raw === undefined || raw === '') return fallback;
-  const n = Number(raw);
-  if (!Number.isInteger(n) || n <= 0) throw new Error(`${name} must be a positive integer, got ${JSON.stringify(raw)}`);
-  return n;
-}
 
 const MIB = envNumber('BENCH_MIB', 512);
 const RUNS = envNumber('BENCH_RUNS', 3);

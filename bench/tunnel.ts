@@ -67,14 +67,8 @@ import { startEchoServer, type TestServer } from '../test/helpers/servers.js';
 import { startSquid, type Squid } from '../test/helpers/squid.js';
 import { waitForPort } from '../test/helpers/netns.js';
 import { recordSection } from './record.js';
+import { envNumber, spawnSshd } from './common.js';
 
-function envNumber(name: string, fallback: number, min = 1): number {
-  const raw = process.env[name];
-  if (raw === undefined || raw === '') return fallback;
-  const n = Number(raw);
-  if (!Number.isInteger(n) || n < min) throw new Error(`${name} must be an integer >= ${min}, got ${JSON.stringify(raw)}`);
-  return n;
-}
 
 const MIB = envNumber('BENCH_MIB', 512);
 const RUNS = envNumber('BENCH_RUNS', 3);
@@ -363,21 +357,7 @@ async function startSshd(dir: string): Promise<Sshd> {
       '',
     ].join('\n'),
   );
-  const child = spawn('/usr/sbin/sshd', ['-D', '-e', '-f', cfg], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let log = '';
-  child.stderr!.on('data', (c: Buffer) => (log = (log + c.toString()).slice(-8000)));
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`sshd did not start:\n${log}`)), 10_000);
-    child.once('exit', (code) => reject(new Error(`sshd exited with ${code}:\n${log}`)));
-    const check = () => {
-      if (log.includes('Server listening')) {
-        clearTimeout(timer);
-        child.stderr!.off('data', check);
-        resolve();
-      }
-    };
-    child.stderr!.on('data', check);
-  });
+  const child = await spawnSshd(cfg);
   return { pid: child.pid!, port, process: child, stop: () => stopChild(child) };
 }
 
