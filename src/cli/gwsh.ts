@@ -158,22 +158,19 @@ proxyCmd
     }
     await localProxy({ alpn: `gateway-${db.protocol}`, resource: name }, opts.port, `${db.protocol} database "${name}"`);
   });
-proxyCmd
-  .command('app')
-  .description('listen on 127.0.0.1:PORT and carry each connection to the app (TCP, or HTTP spoken by a local client)')
-  .argument('<name>', 'app name (see gwsh apps ls)')
-  .option('--port <port>', 'local port (0 picks a free one)', '0')
-  .action(async (name: string, opts: { port: string }) => {
-    await localProxy({ alpn: 'gateway-tcp', resource: name, kind: 'app' }, opts.port, `app "${name}"`);
-  });
-proxyCmd
-  .command('desktop')
-  .description('listen on 127.0.0.1:PORT and carry each connection to the desktop (point an RDP client there)')
-  .argument('<name>', 'desktop name (see gwsh desktops ls)')
-  .option('--port <port>', 'local port (0 picks a free one)', '0')
-  .action(async (name: string, opts: { port: string }) => {
-    await localProxy({ alpn: 'gateway-tcp', resource: name, kind: 'desktop' }, opts.port, `desktop "${name}"`);
-  });
+for (const [kind, use] of [
+  ['app', 'the app (TCP, or HTTP spoken by a local client)'],
+  ['desktop', 'the desktop (point an RDP client there)'],
+] as const) {
+  proxyCmd
+    .command(kind)
+    .description(`listen on 127.0.0.1:PORT and carry each connection to ${use}`)
+    .argument('<name>', `${kind} name (see gwsh ${kind}s ls)`)
+    .option('--port <port>', 'local port (0 picks a free one)', '0')
+    .action(async (name: string, opts: { port: string }) => {
+      await localProxy({ alpn: 'gateway-tcp', resource: name, kind }, opts.port, `${kind} "${name}"`);
+    });
+}
 
 /** "[login@]node[:port]" → parts; the login defaults to the local user name. */
 function parseSshTarget(text: string): { login: string; node: string } {
@@ -271,13 +268,7 @@ function sshConfig(profile: ReturnType<typeof requireProfile>, jumpAddr?: string
           `    ProxyJump gateway@${proxyHost}:${jumpPort}`,
         ]
       : [`Host * !${proxyHost}`, `    ProxyCommand ${gwsh} proxy ssh %r@%h:%p`]),
-    `    IdentityFile ${join(dir, 'ssh-key')}`,
-    `    CertificateFile ${join(dir, 'ssh-key-cert.pub')}`,
-    `    IdentitiesOnly yes`,
-    `    KnownHostsCommand ${gwsh} known-hosts %H`,
-    `    UserKnownHostsFile /dev/null`,
-    `    GlobalKnownHostsFile /dev/null`,
-    `    StrictHostKeyChecking yes`,
+    ...identity,
     `    UpdateHostKeys no`,
     `    ServerAliveInterval 20`,
     `    SetEnv GATEWAY_CLUSTER=${profile.cluster}`,
