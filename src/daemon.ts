@@ -23,7 +23,7 @@ import { Dialer } from './dial/dialer.js';
 import { GatewayError } from './errors.js';
 import { writePublicFile, writeSecretFile } from './fsutil.js';
 import { logger } from './log.js';
-import { listenOn, startFrontDoor } from './proxy/frontdoor.js';
+import { closeServer, listenOn, startFrontDoor } from './proxy/frontdoor.js';
 import { createAccessHandler } from './proxy/access.js';
 import { SshJumpServer } from './proxy/sshjump.js';
 import { createKubeHandler, createWebAppHandler } from './proxy/webapps.js';
@@ -103,13 +103,6 @@ export function servicesFor(config: GatewayConfig, roles: string[] | undefined):
 }
 
 
-function close(server: https.Server): Promise<void> {
-  return new Promise((resolve) => {
-    server.close(() => resolve());
-    server.closeAllConnections();
-  });
-}
-
 /** Where a client on this machine reaches a listener bound to addr (0.0.0.0 → 127.0.0.1). */
 function localAddress(bound: string): string {
   return bound.replace(/^0\.0\.0\.0:/, '127.0.0.1:').replace(/^\[::\]:/, '[::1]:');
@@ -130,7 +123,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
 
   const closers: Array<() => Promise<void>> = [];
   const stop = async () => {
-    await Promise.all([...servers.map(close), ...closers.map((c) => c())]);
+    await Promise.all([...servers.map(closeServer), ...closers.map((c) => c())]);
     await backend?.close();
   };
 

@@ -104,7 +104,8 @@ export function listenOn(server: net.Server, addr: HostPort, what: string): Prom
   });
 }
 
-function closeServer(server: net.Server): Promise<void> {
+/** Stops listening and closes open HTTP connections; resolves once the server has closed. */
+export function closeServer(server: net.Server): Promise<void> {
   return new Promise((resolve) => {
     server.close(() => resolve());
     if ('closeAllConnections' in server) (server as http.Server).closeAllConnections();
