@@ -23,7 +23,7 @@ import {
 } from './pki.js';
 import { LoginRateLimiter } from './ratelimit.js';
 import { allowedLogins, canAccess, checkAccess, PRESET_ROLES, type AccessKind, type Verb } from './rbac.js';
-import { withoutSecrets, type Resource, type RoleResource, type TokenResource, type UserResource } from './resources/index.js';
+import { tokenId as resourceTokenId, withoutSecrets, type Resource, type RoleResource, type TokenResource, type UserResource } from './resources/index.js';
 
 export const JOIN_ROLES = ['node', 'db', 'app', 'kube', 'desktop', 'proxy'] as const;
 export type JoinRole = (typeof JOIN_ROLES)[number];
@@ -148,10 +148,8 @@ function tokenId(token: string): string {
   return createHash('sha256').update(token, 'utf8').digest('hex');
 }
 
-/** The short, non-secret form of a token that logs, `gwctl tokens ls` and `rm` use. */
-export function tokenShortId(token: string): string {
-  return tokenId(token).slice(0, 12);
-}
+/** The short, non-secret form of a token that logs, `gwctl tokens ls` and `rm` use (the resources' token id). */
+export const tokenShortId = resourceTokenId;
 
 function parseJson<T>(item: Item | undefined): T | undefined {
   return item === undefined ? undefined : (JSON.parse(item.value) as T);
