@@ -29,6 +29,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createFirewall, startGatewayIn, type Firewall, type NsGateway } from '../helpers/firewall.js';
 import { BIN, runCli, type RunResult } from '../helpers/gateway.js';
 import { parseAccessLogLine, startSquid, type Squid } from '../helpers/squid.js';
+import { runCleanup } from '../helpers/cleanup.js';
 
 const PROXY_NAME = 'proxy.gw.test';
 const WEB_PORT = 443;
@@ -246,13 +247,7 @@ afterAll(async () => {
     },
     () => dir && rm(dir, { recursive: true, force: true }),
   ];
-  for (const step of steps) {
-    try {
-      await step();
-    } catch (err) {
-      console.error('clean-up step failed:', err);
-    }
-  }
+  await runCleanup(steps);
 }, 60_000);
 
 describe('the path: squid, one port, a node', () => {

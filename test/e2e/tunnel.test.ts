@@ -26,6 +26,7 @@ import { startMariadb, startPostgres, startRedis, type DatabaseServer } from '..
 import { createFirewall, startGatewayIn, startRestartableSquid, type Firewall, type NsGateway, type RestartableSquid } from '../helpers/firewall.js';
 import { BIN, runCli, startGateway, type RunResult } from '../helpers/gateway.js';
 import { parseAccessLogLine } from '../helpers/squid.js';
+import { runCleanup } from '../helpers/cleanup.js';
 
 const PROXY_NAME = 'proxy.gw.test';
 const WEB_PORT = 443;
@@ -276,13 +277,7 @@ afterAll(async () => {
     () => fw?.close(),
     () => dir && rm(dir, { recursive: true, force: true }),
   ];
-  for (const step of steps) {
-    try {
-      await step();
-    } catch (err) {
-      console.error('clean-up step failed:', err);
-    }
-  }
+  await runCleanup(steps);
 }, 60_000);
 
 describe('the firewall', () => {
