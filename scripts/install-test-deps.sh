@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real components the tests start (Debian packages), skipping what is already there.
 # Run as root (CI is); as another user it says what is missing and how to install it.
+# test/deps.test.ts fails when a test or a benchmark spawns a program that this list does not cover.
 set -euo pipefail
 
 # command -> Debian package
@@ -20,6 +21,14 @@ declare -A NEED=(
   [mariadb]=mariadb-client
   [redis-server]=redis-server
   [redis-cli]=redis-tools
+  # OpenSSH: the real clients in the SSH tests, sshd as the peer of bench:tunnel and bench:ssh
+  [ssh]=openssh-client       # also ssh-keygen, scp, sftp
+  [sshd]=openssh-server
+  # test hosts and firewalls in network namespaces (test/helpers/netns.ts, firewall.ts)
+  [ip]=iproute2
+  [ps]=procps                # process trees in the SSH and reload tests
+  [curl]=curl                # HTTP requests through squid and to the version server, as a user would send them
+  [tmux]=tmux                # a real terminal for the interactive SSH test
 )
 
 missing=()
@@ -57,4 +66,5 @@ if command -v service >/dev/null 2>&1; then
   service postgresql stop >/dev/null 2>&1 || true
   service mariadb stop >/dev/null 2>&1 || true
   service redis-server stop >/dev/null 2>&1 || true
+  service ssh stop >/dev/null 2>&1 || true   # the SSH tests and benchmarks start their own sshd
 fi

@@ -12,6 +12,7 @@ import {
 } from '../../src/backend/index.js';
 import { GatewayError } from '../../src/errors.js';
 import { createLogger } from '../../src/log.js';
+import { runAsUser, src } from '../helpers/asuser.js';
 import { codeOf, ManualClock, open, rejection, tempDir } from './helpers.js';
 
 const v = (x: unknown): string => JSON.stringify(x);
@@ -424,13 +425,13 @@ describe('sqlite backend: open errors', () => {
     const target = path.join(dir, 'sub', 'backend.sqlite');
     try {
       if (process.getuid?.() === 0) {
-        // Root ignores modes, so the check runs in a child process as "nobody", against the built module.
+        // Root ignores modes, so the check runs in a child process as "nobody", from a bundle that user can read.
         fs.chmodSync(dir, 0o505);
-        const moduleUrl = new URL('../../dist/backend/index.js', import.meta.url).href;
-        const script = `import { openSqliteBackend } from ${JSON.stringify(moduleUrl)};
+        const script = `import { openSqliteBackend } from ${JSON.stringify(src('backend/index.ts'))};
 try { openSqliteBackend({ path: ${JSON.stringify(target)}, sweepIntervalMs: 0 }); console.log('opened'); }
 catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }`;
-        const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { uid: 65534, gid: 65534, encoding: 'utf8' });
+        const r = runAsUser({ script, uid: 65534, gid: 65534, native: ['better-sqlite3'] });
+        expect(r.stderr).toBe('');
         const err = JSON.parse(r.stdout) as { code: string; message: string };
         expect(err.code).toBe('GW_ERR_BACKEND_OPEN');
         expect(err.message).toContain('permission denied');

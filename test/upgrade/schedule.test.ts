@@ -21,6 +21,7 @@ import {
   writeSchedule,
 } from '../../src/upgrade/schedule.js';
 import { nextWindows, type Window } from '../../src/upgrade/windows.js';
+import { runAsUser, src } from '../helpers/asuser.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -136,16 +137,13 @@ describe('ownership for a non-root agent', () => {
     await writeFile(join(d, 'schedule'), '');
     await chown(join(d, 'schedule'), NOBODY, NOBODY);
     await chmod(dir, 0o755);
-    // Run the writer as "nobody" in a child process: the directory is root's, the file nobody's.
-    const { spawnSync } = await import('node:child_process');
+    // Run the writer as "nobody" in a child process (from a bundle that user can read, wherever the checkout is):
+    // the directory is root's, the file nobody's.
     const script = `
-      import { writeSchedule } from ${JSON.stringify(new URL('../../src/upgrade/schedule.ts', import.meta.url).pathname)};
+      import { writeSchedule } from ${JSON.stringify(src('upgrade/schedule.ts'))};
       await writeSchedule(${JSON.stringify(d)}, [{ start: new Date('2026-01-05T02:00:00Z'), stop: new Date('2026-01-05T03:00:00Z') }]);
     `;
-    const tsx = new URL('../../node_modules/.bin/tsx', import.meta.url).pathname;
-    const scriptFile = join(dir, 'write-as-nobody.mts');
-    await writeFile(scriptFile, script, { mode: 0o644 });
-    const r = spawnSync(tsx, [scriptFile], { uid: NOBODY, gid: NOBODY, encoding: 'utf8', env: { PATH: process.env.PATH ?? '', HOME: '/tmp', GATEWAY_LOG_LEVEL: 'silent' } });
+    const r = runAsUser({ script, uid: NOBODY, gid: NOBODY });
     expect(r.stderr).toBe('');
     expect(r.status).toBe(0);
     const st = await stat(join(d, 'schedule'));

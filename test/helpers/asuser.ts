@@ -1,0 +1,77 @@
+/**
+ * Runs a piece of the project as another, unprivileged user.
+ *
+ * The checkout may live where that user cannot enter (a clone under /root is mode 0700), so nothing is run from
+ * it: esbuild bundles a small entry script and the project modules it imports into one file, in a fresh
+ * directory under the system's temporary directory that everyone can read. Native packages cannot be bundled;
+ * the ones named are copied beside the bundle, into its own node_modules.
+ */
+import { spawnSync, type SpawnSyncReturns } from 'node:child_process';
+import { chmodSync, cpSync, mkdtempSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { buildSync } from 'esbuild';
+
+const ROOT = new URL('../../', import.meta.url).pathname;
+
+/** Native packages and the pure-JS packages they load at run time, copied rather than bundled. */
+const NATIVE: Record<string, string[]> = {
+  'better-sqlite3': ['better-sqlite3', 'bindings', 'file-uri-to-path'],
+};
+
+export interface AsUserOptions {
+  /** ES module source; import project modules with `src(...)`-made absolute paths. */
+  script: string;
+  uid: number;
+  gid: number;
+  /** Keys of NATIVE that the script needs. */
+  native?: (keyof typeof NATIVE)[];
+  env?: NodeJS.ProcessEnv;
+  cwd?: string;
+}
+
+/** The absolute path of a source module, for an import in a script given to runAsUser. */
+export function src(relative: string): string {
+  return join(ROOT, 'src', relative);
+}
+
+function openUp(path: string): void {
+  const st = statSync(path);
+  chmodSync(path, st.isDirectory() ? 0o755 : st.mode | 0o444);
+  if (st.isDirectory()) for (const entry of readdirSync(path)) openUp(join(path, entry));
+}
+
+/** Bundles `script` into a directory every user can read and returns the bundle's path. */
+export function bundleForUser(script: string, native: (keyof typeof NATIVE)[] = []): string {
+  const dir = mkdtempSync(join(tmpdir(), 'gw-asuser-'));
+  const entry = join(dir, 'entry.mts');
+  writeFileSync(entry, script);
+  const packages = native.flatMap((n) => NATIVE[n]!);
+  buildSync({
+    entryPoints: [entry],
+    bundle: true,
+    platform: 'node',
+    format: 'esm',
+    target: 'node20',
+    outfile: join(dir, 'run.mjs'),
+    external: packages,
+    logLevel: 'silent',
+    // Bundled CommonJS packages call require(); give the ES module one.
+    banner: { js: "import { createRequire as __gwCreateRequire } from 'node:module'; const require = __gwCreateRequire(import.meta.url);" },
+  });
+  for (const p of packages) cpSync(join(ROOT, 'node_modules', p), join(dir, 'node_modules', p), { recursive: true });
+  openUp(dir);
+  return join(dir, 'run.mjs');
+}
+
+/** Runs `script` with node as uid/gid, from a bundle outside the checkout. */
+export function runAsUser(opts: AsUserOptions): SpawnSyncReturns<string> {
+  const bundle = bundleForUser(opts.script, opts.native);
+  return spawnSync(process.execPath, [bundle], {
+    uid: opts.uid,
+    gid: opts.gid,
+    encoding: 'utf8',
+    cwd: opts.cwd ?? tmpdir(),
+    env: opts.env ?? { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: tmpdir(), GATEWAY_LOG_LEVEL: 'silent' },
+  });
+}
