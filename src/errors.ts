@@ -266,7 +266,7 @@ export const ERROR_CODES = {
 
   // --- identity: certificate authorities, certificates, CA pins (src/auth/pki.ts) -----------------------------
   GW_ERR_AUTH_BAD_PIN: {
-    summary: 'A CA pin is not of the form sha256:<64 hexadecimal digits>.',
+    summary: 'A CA pin is not of the form sha256:<64 hexadecimal digits> (the prefix may be left out, but not given twice).',
     hint: "Copy the pin exactly as 'gwctl status' prints it (sha256: followed by 64 hex digits).",
   },
   GW_ERR_AUTH_BAD_CERT: {
@@ -408,6 +408,10 @@ export const ERROR_CODES = {
   GW_ERR_PID_FILE_BUSY: {
     summary: 'The pid file given with --pid-file belongs to a gateway that is still running; a second one does not start.',
     hint: 'Stop the running gateway first (systemctl stop gateway, or kill the pid named in the message), or give this one another --pid-file.',
+  },
+  GW_ERR_DATA_DIR_IN_USE: {
+    summary: 'Another running gateway uses this data directory; two daemons never share one (their keys, backend and identity would mix).',
+    hint: 'Give this gateway a data directory of its own: gateway.data_dir in its configuration or --data-dir (an agent on the Proxy\'s machine, e.g. /var/lib/gateway-agent).',
   },
   GW_ERR_PID_FILE_WRITE: {
     summary: 'The pid file given with --pid-file (or its directory) cannot be written.',

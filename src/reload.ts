@@ -144,6 +144,24 @@ export function acquirePidFile(path: string, options: { pid?: number; log?: Logg
   };
 }
 
+/**
+ * One daemon per data directory: `<data_dir>/gateway.lock` holds the pid of the gateway using it (the pid-file
+ * rules above: a stale lock is replaced). A second daemon on the same directory is refused with
+ * GW_ERR_DATA_DIR_IN_USE, never allowed to share it.
+ */
+export function acquireDataDirLock(dataDir: string, options: { pid?: number; log?: Logger } = {}): PidFile {
+  try {
+    return acquirePidFile(join(dataDir, 'gateway.lock'), options);
+  } catch (err) {
+    if (!(err instanceof GatewayError) || err.code !== 'GW_ERR_PID_FILE_BUSY') throw err;
+    const holder = (err.details as { pid?: number } | undefined)?.pid;
+    throw new GatewayError('GW_ERR_DATA_DIR_IN_USE', `the data directory ${dataDir} is in use by a running gateway (pid ${holder})`, {
+      hint: `Give this gateway a data directory of its own: set gateway.data_dir in its configuration or pass --data-dir (for an agent on this machine, e.g. --data-dir=/var/lib/gateway-agent). Or stop pid ${holder} first.`,
+      details: { data_dir: dataDir, pid: holder },
+    });
+  }
+}
+
 // --- what a reload changes ------------------------------------------------------------------------------------
 
 /** Configuration keys applied without a restart; every other change is logged as needing one. */

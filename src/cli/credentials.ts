@@ -11,6 +11,7 @@ import { ApiClient } from '../client/api.js';
 import { loadProfile } from '../client/profile.js';
 import { loadConfigFile } from '../config/index.js';
 import { GatewayError } from '../errors.js';
+import { defaultDataDir } from '../paths.js';
 
 export interface CredentialOptions {
   authServer?: string;
@@ -18,7 +19,6 @@ export interface CredentialOptions {
   config?: string;
 }
 
-export const DEFAULT_DATA_DIR = '/var/lib/gateway';
 
 function adminClient(dataDir: string, authServer: string | undefined, explicit: boolean): ApiClient | undefined {
   const dir = join(dataDir, 'admin');
@@ -39,16 +39,16 @@ function adminClient(dataDir: string, authServer: string | undefined, explicit: 
 
 export function gwctlClient(options: CredentialOptions): ApiClient {
   if (options.authServer || options.dataDir || options.config) {
-    const dataDir = options.dataDir ?? (options.config ? loadConfigFile(options.config).gateway.data_dir : DEFAULT_DATA_DIR);
+    const dataDir = options.dataDir ?? (options.config ? loadConfigFile(options.config).gateway.data_dir : defaultDataDir());
     return adminClient(dataDir, options.authServer, true)!;
   }
   const profile = loadProfile();
   if (profile) {
     return new ApiClient({ address: profile.proxy, ca: profile.hostCa, cert: profile.cert, key: profile.key });
   }
-  const local = adminClient(DEFAULT_DATA_DIR, undefined, false);
+  const local = adminClient(defaultDataDir(), undefined, false);
   if (local) return local;
   throw new GatewayError('GW_ERR_CLIENT_NO_CREDENTIALS', 'no credentials: not signed in, and no local Auth Service data directory is readable', {
-    hint: "Sign in with 'gwsh login --proxy=HOST:PORT --user=USER', or run gwctl on the Auth Service's machine (with --data-dir if it is not /var/lib/gateway).",
+    hint: `Sign in with 'gwsh login --proxy=HOST:PORT --user=USER', or run gwctl on the Auth Service's machine as the user that started it (with --data-dir if its data is not in ${defaultDataDir()}).`,
   });
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The gateway daemon and its operator commands: start, configure, dial-plan.
 import { mkdirSync } from 'node:fs';
+import { isAbsolute, resolve } from 'node:path';
 import { formatHostPort } from '../addr.js';
 import { defaultConfig, loadConfigFile, sampleConfig, type GatewayConfig } from '../config/index.js';
 import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
@@ -10,7 +11,8 @@ import { GatewayError, toGatewayError } from '../errors.js';
 import { destination } from 'pino';
 import { createLogger, logger, setRootLogger } from '../log.js';
 import { EXIT_FAILURE, newProgram, runCli } from './run.js';
-import { acquirePidFile, channelsChanged, followLogLevel, installReload } from '../reload.js';
+import { acquireDataDirLock, acquirePidFile, channelsChanged, followLogLevel, installReload, type PidFile } from '../reload.js';
+import { startBanner } from './banner.js';
 import { formatUnits, systemdUnits, UNIT_NAMES, writeUnits, type UnitName } from '../upgrade/systemd.js';
 import type { LogLevel } from '../log.js';
 
@@ -25,9 +27,11 @@ program
   .option('--ca-pin <pin>', "the cluster's CA pin, sha256:<hex>, checked before the token is sent")
   .option('--proxy <host:port>', "the Proxy's web address to join through")
   .option('--auth-server <host:port>', "the Auth Service's address to join through, instead of --proxy")
+  .option('--data-dir <dir>', "use this data directory instead of gateway.data_dir (every daemon on a machine needs its own)")
   .option('--pid-file <file>', 'write the process id to this file and remove it on exit (the systemd unit uses /run/gateway.pid)')
-  .action(async (opts: { config?: string; roles?: string; token?: string; caPin?: string; proxy?: string; authServer?: string; pidFile?: string }) => {
-    const config = opts.config ? loadConfigFile(opts.config) : defaultConfig();
+  .action(async (opts: { config?: string; roles?: string; token?: string; caPin?: string; proxy?: string; authServer?: string; dataDir?: string; pidFile?: string }) => {
+    const load = (path: string | undefined): GatewayConfig => withDataDir(path ? loadConfigFile(path) : defaultConfig(), opts.dataDir);
+    const config = load(opts.config);
     const { output, severity, format } = config.gateway.log;
     const debug = program.opts<{ debug?: boolean }>().debug === true;
     const root = createLogger({
@@ -43,8 +47,17 @@ program
       ...(opts.caPin ? { caPin: opts.caPin } : {}),
       ...(opts.proxy ? { proxy: opts.proxy } : {}),
       ...(opts.authServer ? { authServer: opts.authServer } : {}),
-    }, { configPath: opts.config, pidFile: opts.pidFile, setLevel: (level) => setLevel(debug ? 'debug' : level) });
+    }, { configPath: opts.config, load, pidFile: opts.pidFile, setLevel: (level) => setLevel(debug ? 'debug' : level) });
   });
+
+/** The configuration with --data-dir applied (an absolute path, as gateway.data_dir must be). */
+function withDataDir(config: GatewayConfig, dataDir: string | undefined): GatewayConfig {
+  if (dataDir === undefined) return config;
+  if (!isAbsolute(dataDir)) {
+    throw new GatewayError('GW_ERR_USAGE', `--data-dir: "${dataDir}" is not an absolute path`, { hint: `Give the whole path, e.g. --data-dir=${resolve(dataDir)}.` });
+  }
+  return Object.freeze({ ...config, gateway: Object.freeze({ ...config.gateway, data_dir: dataDir }) });
+}
 
 program
   .command('configure')
@@ -115,6 +128,7 @@ program
 /** What `start` adds for systemd (docs/systemd.md): the pid file and SIGHUP reloads of the -c file. */
 interface RunOptions {
   configPath?: string | undefined;
+  load?: (path: string) => GatewayConfig;
   pidFile?: string | undefined;
   setLevel?: (level: LogLevel) => void;
 }
@@ -153,10 +167,18 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
   };
   process.on('SIGINT', () => onSignal('SIGINT'));
   process.on('SIGTERM', () => onSignal('SIGTERM'));
-  const pidFile = run.pidFile ? acquirePidFile(run.pidFile) : undefined;
+  const dataLock = acquireDataDirLock(config.gateway.data_dir);
+  let pidFile: PidFile | undefined;
+  try {
+    pidFile = run.pidFile ? acquirePidFile(run.pidFile) : undefined;
+  } catch (err) {
+    dataLock.release();
+    throw err;
+  }
   let starting: Promise<Daemon> | undefined;
   const reloads = installReload({
     configPath: run.configPath,
+    ...(run.load ? { load: run.load } : {}),
     running: config,
     onReload: async (next, plan) => {
       const daemon = await starting!;
@@ -169,6 +191,7 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
   try {
     starting = startDaemon(config, flags);
     const daemon = await starting;
+    process.stdout.write(startBanner(config, daemon));
     log.info(
       { nodename: config.gateway.nodename, data_dir: config.gateway.data_dir, services: daemon.services, addresses: daemon.addresses, host_id: daemon.hostIdentity?.hostId, pid_file: pidFile?.path },
       'gateway started',
@@ -187,6 +210,7 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
   } finally {
     reloads.close();
     pidFile?.release();
+    dataLock.release();
     clearInterval(alive);
   }
 }

@@ -13,7 +13,7 @@ import { table } from './table.js';
 
 const program = newProgram('gwctl', 'Admin CLI: manage users, roles, tokens and cluster resources.')
   .option('--auth-server <host:port>', "the Auth Service's API address (uses the local admin identity of --data-dir)")
-  .option('-d, --data-dir <dir>', "the Auth Service's data directory, for its local admin identity (default /var/lib/gateway)")
+  .option('-d, --data-dir <dir>', "the Auth Service's data directory, for its local admin identity (default: /var/lib/gateway for root, ~/.local/state/gateway for other users)")
   .option('-c, --config <file>', "the gateway configuration file, to find the data directory");
 
 const client = (): ApiClient => gwctlClient(program.opts<CredentialOptions>());
@@ -39,6 +39,10 @@ program
     ]));
   });
 
+/** What the printed agent command uses: the configuration file and a data directory apart from the Proxy's. */
+const AGENT_CONFIG = '/etc/gateway.yaml';
+const AGENT_DATA_DIR = '/var/lib/gateway-agent';
+
 const tokens = program.command('tokens').description('join tokens for agents');
 tokens
   .command('add')
@@ -54,7 +58,9 @@ tokens
     const created = await c.call<{ token: string; id: string; expiresAt: string; roles: string[] }>('POST', '/v1/tokens', { roles: list(opts.type), ttl_ms: ttlMs, uses: Number(opts.uses) });
     const status = await c.call<{ ca_pin: string; proxy_public_addr?: string }>('GET', '/v1/status');
     const proxy = status.proxy_public_addr ?? '<proxy-host>:443';
-    const command = `gateway start --roles=${created.roles.join(',')} --token=${created.token} --ca-pin=${status.ca_pin} --proxy=${proxy}`;
+    // Complete and safe as printed: the agent's own configuration file (its resources) and a data directory of its
+    // own, so that run on the Proxy's machine it can never take the Proxy's (the data-dir lock would refuse it).
+    const command = `gateway start -c ${AGENT_CONFIG} --data-dir=${AGENT_DATA_DIR} --roles=${created.roles.join(',')} --token=${created.token} --ca-pin=${status.ca_pin} --proxy=${proxy}`;
     if (opts.format === 'json') {
       out(JSON.stringify({ token: created.token, id: created.id, roles: created.roles, expires: created.expiresAt, ca_pin: status.ca_pin, command }));
       return;
@@ -65,7 +71,7 @@ tokens
         `This token will expire in ${formatDuration(ttlMs)} (${created.expiresAt}) and can be used ${opts.uses === '0' ? 'any number of times' : `${opts.uses} time(s)`}.`,
         `CA pin: ${status.ca_pin}`,
         '',
-        'Run this on the new agent:',
+        `Run this on the new agent, once ${AGENT_CONFIG} lists its resources ('gateway configure' prints every key):`,
         '',
         `  ${command}`,
         '',

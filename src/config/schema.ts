@@ -6,6 +6,7 @@
 import { hostname } from 'node:os';
 import { isAbsolute } from 'node:path';
 import semver from 'semver';
+import { defaultDataDir, defaultWebPort, SYSTEM_DATA_DIR, UNPRIVILEGED_WEB_PORT } from '../paths.js';
 import { redactUrl } from '../redact.js';
 import { isMap, isNode, isScalar } from 'yaml';
 import { AddrError, formatHostPort, isDnsName, isIpLiteral, normalizeHost, parseAddr, type ParsedAddr } from '../addr.js';
@@ -254,7 +255,7 @@ export const SCHEMA = section('The gateway configuration file.', {
     }),
     data_dir: str('Directory for the embedded backend, keys and certificates.', {
       type: 'absolute path',
-      default: '/var/lib/gateway',
+      default: new Dynamic(`${SYSTEM_DATA_DIR} for root; $XDG_STATE_HOME/gateway (~/.local/state/gateway) for other users`, () => defaultDataDir()),
       check: absolutePath,
     }),
     log: section('Logging.', {
@@ -290,7 +291,10 @@ export const SCHEMA = section('The gateway configuration file.', {
   }),
 
   proxy_service: service('proxy_service', 'Proxy Service: the public entry point (web, tunnels, protocols).', publicAddr(443, 'the web UI and API'), {
-    web_listen_addr: listen('Web UI and HTTPS API; in multiplex mode every protocol.', { port: 443, default: '0.0.0.0:443' }),
+    web_listen_addr: listen('Web UI and HTTPS API; in multiplex mode every protocol.', {
+      port: 443,
+      default: new Dynamic(`0.0.0.0:443 for root; 0.0.0.0:${UNPRIVILEGED_WEB_PORT} for other users`, () => `0.0.0.0:${defaultWebPort()}`),
+    }),
     tunnel_listen_addr: listen('Reverse tunnels from agents (separate mode).', { port: 3024, default: '0.0.0.0:3024' }),
     listen_addr: listen('SSH port clients connect to (separate mode).', { port: 3023, default: '0.0.0.0:3023' }),
     peer_listen_addr: listen('Proxy Peering: other proxies reach agents through this one.', { port: 3021, default: '0.0.0.0:3021' }),

@@ -362,9 +362,9 @@ const LISTEN_HINT = 'Write listen addresses as host:port, :port (every interface
  * A listen address: "host:port", ":port" (every interface, stored as host 0.0.0.0), "[v6]:port", or a host alone
  * (takes the field's default port). Port 0 asks the OS for a free port.
  */
-export function listen(doc: string, o: { port: number; default: string }): Leaf<HostPort>;
+export function listen(doc: string, o: { port: number; default: string | Dynamic<string> }): Leaf<HostPort>;
 export function listen(doc: string, o: { port: number; defaultDoc: string }): Leaf<HostPort | undefined>;
-export function listen(doc: string, o: { port: number; default?: string; defaultDoc?: string }): Leaf<HostPort | undefined> {
+export function listen(doc: string, o: { port: number; default?: string | Dynamic<string>; defaultDoc?: string }): Leaf<HostPort | undefined> {
   const toHostPort = (text: string): HostPort => {
     const a = parseAddr(text, { allowEmptyHost: true, allowPortZero: true });
     return { host: a.host === '' ? '0.0.0.0' : a.host, port: a.port ?? o.port };
@@ -372,7 +372,12 @@ export function listen(doc: string, o: { port: number; default?: string; default
   return leaf<HostPort | undefined>({
     doc,
     type: 'host:port',
-    default: o.default === undefined ? undefined : toHostPort(o.default),
+    default:
+      o.default === undefined
+        ? undefined
+        : o.default instanceof Dynamic
+          ? new Dynamic(o.default.doc, (ctx, path) => toHostPort((o.default as Dynamic<string>).compute(ctx, path)))
+          : toHostPort(o.default),
     defaultDoc: o.defaultDoc,
     example: `0.0.0.0:${o.port}`,
     render: (v) => (v === undefined ? '' : yamlString(formatHostPort(v.host, v.port))),

@@ -1,10 +1,13 @@
 /** `gateway start` and `gateway configure` as an operator runs them. */
 import { spawn, spawnSync } from 'node:child_process';
+import { chownSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { publicCopyOfBuild } from '../helpers/asuser.js';
 
 const GATEWAY = fileURLToPath(new URL('../../dist/cli/gateway.js', import.meta.url));
 let dir: string;
@@ -64,6 +67,119 @@ describe('gateway start', () => {
     const r = spawnSync(process.execPath, [GATEWAY, 'start', '-c', file], { encoding: 'utf8' });
     expect(r.status).toBe(1);
     expect(r.stderr).toContain('GW_ERR_CONFIG_VALUE');
+  });
+});
+
+/** Starts `gateway start ARGS` and resolves with its output once the banner's CA pin line is out. */
+function startAndWait(args: string[], options: { uid?: number; gid?: number; env?: NodeJS.ProcessEnv; node?: string } = {}) {
+  const child = spawn(process.execPath, [options.node ?? GATEWAY, 'start', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    ...(options.uid !== undefined ? { uid: options.uid, gid: options.gid! } : {}),
+    ...(options.env ? { env: options.env } : {}),
+  });
+  let stdout = '';
+  let stderr = '';
+  const ready = new Promise<{ stdout: string; stderr: string }>((resolve, reject) => {
+    child.stdout.on('data', (c: Buffer) => {
+      stdout += c.toString();
+      if (/CA pin\s+sha256:[0-9a-f]{64}\n/.test(stdout)) resolve({ stdout, stderr });
+    });
+    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+    child.once('exit', (code) => reject(new Error(`exited early with ${code}: ${stdout}${stderr}`)));
+  });
+  const stop = async (): Promise<number | null> => {
+    if (child.exitCode !== null) return child.exitCode;
+    const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
+    child.kill('SIGTERM');
+    return exited;
+  };
+  return { child, ready, stop };
+}
+
+describe('one daemon per data directory', () => {
+  it('a second gateway on a data directory in use is refused, naming the directory, the pid and the fix', async () => {
+    const dataDir = join(dir, 'shared');
+    const file = join(dir, 'lock.yaml');
+    await writeFile(file, `gateway:\n  data_dir: ${dataDir}\nauth_service:\n  listen_addr: 127.0.0.1:0\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n`);
+    const first = startAndWait(['-c', file]);
+    try {
+      await first.ready;
+      // An agent from a configuration without data_dir would land here too, as root: the same refusal.
+      const second = spawnSync(process.execPath, [GATEWAY, 'start', '-c', file], { encoding: 'utf8', timeout: 20_000 });
+      expect(second.status).toBe(1);
+      expect(second.stderr).toContain('GW_ERR_DATA_DIR_IN_USE');
+      expect(second.stderr).toContain(dataDir);
+      expect(second.stderr).toContain(`pid ${first.child.pid}`);
+      expect(second.stderr).toMatch(/^hint: .*--data-dir/m);
+      // The running one lost nothing: its lock and its identity files are still there.
+      expect(readFileSync(join(dataDir, 'gateway.lock'), 'utf8').trim()).toBe(String(first.child.pid));
+      // --data-dir gives the second one a directory of its own.
+      const own = startAndWait(['-c', file, '--data-dir', join(dir, 'own')]);
+      const { stdout } = await own.ready;
+      expect(stdout).toContain(`data directory${' '.repeat(30)} ${join(dir, 'own')}`);
+      expect(await own.stop()).toBe(0);
+    } finally {
+      expect(await first.stop()).toBe(0);
+    }
+    expect(existsSync(join(dataDir, 'gateway.lock'))).toBe(false);
+  });
+
+  it('a lock left by a gateway that died is taken over', async () => {
+    const dataDir = join(dir, 'stale');
+    mkdirSync(dataDir, { recursive: true });
+    const dead = spawnSync('true').pid!; // a pid that no longer runs
+    writeFileSync(join(dataDir, 'gateway.lock'), `${dead}\n`);
+    const g = startAndWait(['--data-dir', dataDir, '-c', join(dir, 'lock.yaml')]);
+    await g.ready;
+    expect(await g.stop()).toBe(0);
+  });
+
+  it('--data-dir must be an absolute path', () => {
+    const r = spawnSync(process.execPath, [GATEWAY, 'start', '--data-dir', 'relative/dir'], { encoding: 'utf8' });
+    expect(r.status).toBe(2); // a usage error
+    expect(r.stderr).toContain('GW_ERR_USAGE');
+    expect(r.stderr).toContain('not an absolute path');
+  });
+});
+
+describe('gateway start as a normal user, with the embedded defaults', () => {
+  const NOBODY = 65534;
+  let copy: string;
+  let home: string;
+  beforeAll(() => {
+    // The checkout may be where nobody cannot enter (/root): run a copy of the build from a public directory.
+    copy = publicCopyOfBuild();
+    home = join(copy, 'home');
+    mkdirSync(home, { mode: 0o700 });
+    chownSync(home, NOBODY, NOBODY);
+  });
+  afterAll(() => rmSync(copy, { recursive: true, force: true }));
+
+  it('keeps its data under ~/.local/state/gateway, listens on 3080 and 3025, prints them and the CA pin; gwctl finds it', async () => {
+    for (const port of [3080, 3025]) {
+      // These are the defaults under test; a test of defaults cannot pick other ports.
+      const probe = net.createServer();
+      await new Promise<void>((resolve, reject) => probe.once('error', () => reject(new Error(`port ${port} is in use on this machine`))).listen(port, '0.0.0.0', resolve));
+      await new Promise((r) => probe.close(r));
+    }
+    const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home };
+    const g = startAndWait([], { uid: NOBODY, gid: NOBODY, env, node: join(copy, 'dist/cli/gateway.js') });
+    try {
+      const { stdout } = await g.ready;
+      const dataDir = join(home, '.local/state/gateway');
+      expect(stdout.split('\n')[0]).toMatch(/^Gateway \S+ started: auth_service, proxy_service$/);
+      expect(stdout).toMatch(/web, API and \(TLS routing\) every protocol\s+0\.0\.0\.0:3080\n/);
+      expect(stdout).toMatch(/Auth API \(mutual TLS\)\s+0\.0\.0\.0:3025\n/);
+      expect(stdout).toContain(`data directory${' '.repeat(30)} ${dataDir}`);
+      expect(statSync(dataDir).uid).toBe(NOBODY);
+      const pin = /CA pin\s+(sha256:[0-9a-f]{64})/.exec(stdout)![1];
+      // gwctl, as the same user and with no flags, uses that data directory's admin identity.
+      const status = spawnSync(process.execPath, [join(copy, 'dist/cli/gwctl.js'), 'status'], { uid: NOBODY, gid: NOBODY, env, encoding: 'utf8' });
+      expect(status.stderr).toBe('');
+      expect(status.stdout).toContain(pin);
+    } finally {
+      expect(await g.stop()).toBe(0);
+    }
   });
 });
 

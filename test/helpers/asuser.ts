@@ -64,6 +64,22 @@ export function bundleForUser(script: string, native: (keyof typeof NATIVE)[] = 
   return join(dir, 'run.mjs');
 }
 
+/**
+ * A copy of the built project (package.json, dist/, node_modules/) in a directory every user can read, for
+ * running the real CLIs as another user. node_modules is hard-linked where the file system allows it (fast, and
+ * the files keep their own modes), else copied. Call once per suite; remove the directory afterwards.
+ */
+export function publicCopyOfBuild(): string {
+  const dir = mkdtempSync(join(tmpdir(), 'gw-public-'));
+  chmodSync(dir, 0o755);
+  cpSync(join(ROOT, 'package.json'), join(dir, 'package.json'));
+  cpSync(join(ROOT, 'dist'), join(dir, 'dist'), { recursive: true });
+  const linked = spawnSync('cp', ['-al', join(ROOT, 'node_modules'), join(dir, 'node_modules')]);
+  if (linked.status !== 0) cpSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'), { recursive: true });
+  openUp(join(dir, 'dist'));
+  return dir;
+}
+
 /** Runs `script` with node as uid/gid, from a bundle outside the checkout. */
 export function runAsUser(opts: AsUserOptions): SpawnSyncReturns<string> {
   const bundle = bundleForUser(opts.script, opts.native);

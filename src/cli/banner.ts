@@ -1,0 +1,46 @@
+/**
+ * The first lines `gateway start` prints: what runs, where it listens, where its data is, the CA pin and the
+ * next command. A newcomer reads these; operators get the same facts in the "gateway started" log line.
+ */
+import { userInfo } from 'node:os';
+import { formatHostPort } from '../addr.js';
+import { caPin } from '../auth/pki/tls.js';
+import type { GatewayConfig } from '../config/index.js';
+import type { Daemon } from '../daemon.js';
+import { defaultDataDir, isRoot } from '../paths.js';
+import { VERSION } from '../version.js';
+
+const LISTENERS: Record<string, string> = {
+  web: 'web, API and (TLS routing) every protocol',
+  auth: 'Auth API (mutual TLS)',
+  proxy_tunnel: 'reverse tunnels',
+  proxy_ssh: 'SSH',
+  proxy_peer: 'proxy peering',
+  ssh: 'SSH Service (direct)',
+};
+
+/** Where clients and agents reach this Proxy: its first public_addr, else this node's name and the web port. */
+export function proxyAddressForClients(config: GatewayConfig, boundWeb: string): string {
+  const pub = config.proxy_service.public_addr[0];
+  if (pub) return formatHostPort(pub.host, pub.port);
+  const port = Number(boundWeb.slice(boundWeb.lastIndexOf(':') + 1));
+  return formatHostPort(config.gateway.nodename, port);
+}
+
+export function startBanner(config: GatewayConfig, daemon: Daemon): string {
+  const lines = [`Gateway ${VERSION} started: ${daemon.services.join(', ')}`];
+  for (const [name, addr] of Object.entries(daemon.addresses)) lines.push(`  ${(LISTENERS[name] ?? name).padEnd(44)} ${addr}`);
+  const dataDir = config.gateway.data_dir;
+  lines.push(`  ${'data directory'.padEnd(44)} ${dataDir}`);
+  const ca = daemon.auth?.host.tls.certPem ?? daemon.hostIdentity?.hostCa;
+  if (ca) lines.push(`  ${'CA pin'.padEnd(44)} ${caPin(ca)}`);
+  if (daemon.hostIdentity) lines.push(`  ${'host id'.padEnd(44)} ${daemon.hostIdentity.hostId} (cluster ${daemon.hostIdentity.cluster})`);
+  if (daemon.auth && daemon.addresses.web) {
+    const who = isRoot() ? 'root' : userInfo().username;
+    lines.push('');
+    lines.push(`Clients and agents reach this Proxy at ${proxyAddressForClients(config, daemon.addresses.web)} (set proxy_service.public_addr to the name they dial).`);
+    lines.push(`Admin commands on this machine, as ${who}: gwctl status, gwctl tokens add --type=db, gwctl users add NAME --roles=access`);
+    if (dataDir !== defaultDataDir()) lines.push(`  (this is not the default data directory: give gwctl --data-dir=${dataDir})`);
+  }
+  return `${lines.join('\n')}\n`;
+}
