@@ -116,8 +116,9 @@ async function localProxy(target: ResourceTarget, port: string, what: string): P
   const dialer = new Dialer();
   const ping = await fetchPing(profile, dialer);
   const address = routeAddress(profile, ping, target.alpn);
-  // Fail now, not at the first client connection, when the resource is unknown or not allowed.
-  (await openResource(profile, address, target, dialer)).destroy();
+  // Fail now, not at the first client connection, when the resource is unknown or not allowed. Only the Proxy
+  // is asked: the resource itself sees no connection until a client makes one.
+  (await openResource(profile, address, { ...target, check: true }, dialer)).destroy();
   if (!/^\d{1,5}$/.test(port) || Number(port) > 65535) throw new GatewayError('GW_ERR_USAGE', `--port: "${port}" is not a port number`);
   const server = net.createServer({ allowHalfOpen: true, noDelay: true }, (local) => {
     openResource(profile, address, target, dialer)

@@ -27,6 +27,8 @@ export interface ResourceTarget {
   kind?: 'app' | 'desktop';
   /** gateway-proxy-ssh: the OS login. */
   login?: string;
+  /** Ask the Proxy whether access would be allowed, without reaching the resource (the stream then ends). */
+  check?: boolean;
 }
 
 export async function fetchPing(profile: Profile, dialer: Dialer): Promise<PingResponse> {
@@ -63,7 +65,12 @@ export async function openResource(profile: Profile, address: string, target: Re
       reject(/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err),
     );
   });
-  writeJsonLine(socket, { resource: target.resource, ...(target.kind ? { kind: target.kind } : {}), ...(target.login ? { login: target.login } : {}) });
+  writeJsonLine(socket, {
+    resource: target.resource,
+    ...(target.kind ? { kind: target.kind } : {}),
+    ...(target.login ? { login: target.login } : {}),
+    ...(target.check ? { check: true } : {}),
+  });
   const answer = await readJsonLine<DialAnswer>(socket, { what: "the Proxy's answer", timeoutMs: 60_000 });
   if (!answer.ok) {
     socket.destroy();

@@ -4,7 +4,8 @@
  * the front door already terminated. Then:
  *
  *   1. the identity is the user certificate (signed by the user CA of this cluster);
- *   2. the client sends one JSON line naming the resource: {"resource": "<name>"} (gwsh does this);
+ *   2. the client sends one JSON line naming the resource: {"resource": "<name>"} (gwsh does this); with
+ *      "check": true the Proxy answers whether the connection would be allowed and dials nothing;
  *   3. the resource is looked up among the connected agents, and the user's roles must allow its labels;
  *   4. the Proxy dials it through the agent's tunnel, answers one line ({"ok": true} or {"ok": false, "error":
  *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close.
@@ -29,6 +30,12 @@ export interface RouteHeader {
   login?: string;
   /** For gateway-tcp: which kind of resource (app or desktop); databases are implied by the protocol. */
   kind?: 'app' | 'desktop';
+  /**
+   * Only ask: every check runs (identity, resource connected, login, roles) and the answer says whether a real
+   * connection would be allowed, but nothing is dialled. gwsh's local proxies ask this at start, so that a
+   * server taking one client at a time never sees a connection that is opened and closed at once.
+   */
+  check?: boolean;
 }
 
 type Target = { agent: ConnectedAgent; service: ServiceKind; access: AccessKind; labels: Record<string, string> };
@@ -96,6 +103,11 @@ export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles (${identity.roles.join(', ') || 'none'}) do not allow ${describe(info.route)} "${header.resource}" (labels ${JSON.stringify(target.labels)})`, {
           hint: `Ask for a role whose ${LABEL_FIELD[target.access]} match these labels, then sign in again.`,
         });
+      }
+      if (header.check === true) {
+        socket.end(`${JSON.stringify({ ok: true } satisfies DialAnswer)}\n`);
+        log.debug({ user: identity.name, route: info.route, resource: header.resource, client }, 'access check answered');
+        return;
       }
       const channel = await tunnels.dial(target.agent.hostId, {
         service: target.service,

@@ -33,7 +33,7 @@ import {
   type Identity,
   type KeyPair,
 } from '../../src/auth/pki.js';
-import { isGatewayError, type ErrorCode } from '../../src/errors.js';
+import { isGatewayError, type ErrorCode, type GatewayError } from '../../src/errors.js';
 import { readIfExists, writePublicFile, writeSecretFile } from '../../src/fsutil.js';
 
 const run = promisify(execFile);
@@ -504,20 +504,33 @@ describe('CA pins', () => {
     expect(pinMatches(hostCa.tls.certPem, caPin(userCa.tls.certPem))).toBe(false);
     const flipped = `${pin.slice(0, -1)}${pin.endsWith('0') ? '1' : '0'}`;
     expect(pinMatches(hostCa.tls.certPem, flipped)).toBe(false);
+    // The same pin without its prefix, or pasted with blanks around it, is the same pin.
+    for (const same of [pin.slice(7), pin.slice(7).toUpperCase(), ` ${pin}`, `${pin}\n`]) {
+      expect(pinMatches(hostCa.tls.certPem, same), JSON.stringify(same)).toBe(true);
+    }
+    expect(pinMatches(hostCa.tls.certPem, flipped.slice(7))).toBe(false);
     for (const bad of [
       '',
-      pin.slice(7),
       `sha1:${pin.slice(7)}`,
       pin.slice(0, -1),
       `${pin}0`,
       `${pin.slice(0, -1)}g`,
-      ` ${pin}`,
-      `${pin}\n`,
       'sha256:',
       `sha256:${pin.slice(7, 39)}`,
+      `sha256:${pin}`,
+      `${pin} ${pin}`,
     ]) {
       expect(codeOf(() => pinMatches(hostCa.tls.certPem, bad)), JSON.stringify(bad)).toBe('GW_ERR_AUTH_BAD_PIN');
     }
+    const doubled = (() => {
+      try {
+        pinMatches(hostCa.tls.certPem, `sha256:${pin}`);
+      } catch (err) {
+        return err as GatewayError;
+      }
+    })();
+    expect(doubled?.message).toContain('prefix twice');
+    expect(doubled?.hint).toContain('--ca-pin=sha256:');
   });
 
   it('of a non-certificate is GW_ERR_AUTH_BAD_CERT', () => {

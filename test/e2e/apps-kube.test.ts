@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
-import { startHttpsServer, startEchoServer, type HttpTestServer, type TestServer } from '../helpers/servers.js';
+import { startHttpsServer, startEchoServer, type EchoServer, type HttpTestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 
@@ -35,7 +35,7 @@ let pin: string;
 let app: http.Server;
 let appPort: number;
 let apiServer: HttpTestServer;
-let desktop: TestServer;
+let desktop: EchoServer;
 let userEnv: Record<string, string>;
 const children: ChildProcess[] = [];
 
@@ -214,6 +214,21 @@ describe('TCP apps and desktops through gwsh', () => {
   it('a TCP app: bytes pass through', async () => {
     const port = await localProxy(['app', 'echo-tcp']);
     expect(await echo(port, 'tcp app says hi')).toBe('tcp app says hi');
+  });
+
+  it('starts after asking the Proxy only: the app sees no connection until a client makes one', async () => {
+    // A server that takes one client at a time (iperf3) would count an opened-and-closed check as a failed client.
+    const before = desktop.connections();
+    const port = await localProxy(['app', 'echo-tcp']);
+    expect(desktop.connections()).toBe(before);
+    expect(await echo(port, 'first client')).toBe('first client');
+    expect(desktop.connections()).toBe(before + 1);
+  });
+
+  it('an app her roles do not allow is refused at start, by the same check', async () => {
+    const r = await runCli('gwsh', ['proxy', 'app', 'prod-admin', '--port', '0'], { env: userEnv });
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain('GW_ERR_ACCESS_DENIED');
   });
 
   it('a desktop, forwarded as TCP', async () => {

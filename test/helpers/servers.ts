@@ -78,12 +78,19 @@ async function listen(server: Listening, host: string): Promise<TestServer> {
 }
 
 /** TCP echo. Half-close passes through: when the client ends, the server ends after echoing. */
-export function startEchoServer(host = '127.0.0.1'): Promise<TestServer> {
+export interface EchoServer extends TestServer {
+  /** Connections accepted so far. */
+  connections(): number;
+}
+
+export async function startEchoServer(host = '127.0.0.1'): Promise<EchoServer> {
+  let accepted = 0;
   const server = net.createServer({ allowHalfOpen: true }, (s) => {
+    accepted++;
     s.on('error', () => {});
     s.pipe(s); // pipe() ends the writable side when the readable side ends
   });
-  return listen(server, host);
+  return { ...(await listen(server, host)), connections: () => accepted };
 }
 
 /** Reads everything and records the byte count and sha256 of each connection. */

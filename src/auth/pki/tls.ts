@@ -237,11 +237,17 @@ export function caPin(certPem: string): string {
   return `sha256:${createHash('sha256').update(parts.spki.raw).digest('hex')}`;
 }
 
-/** The 32 digest bytes of "sha256:<64 hex>" (prefix and hex in any case); GW_ERR_AUTH_BAD_PIN otherwise. */
+/**
+ * The 32 digest bytes of a CA pin: "sha256:<64 hex>" as printed, or the 64 hex digits alone (prefix and hex in any
+ * case, surrounding blanks ignored); GW_ERR_AUTH_BAD_PIN otherwise, with a hint for the usual slips.
+ */
 export function parsePin(pin: string): Buffer {
-  const m = typeof pin === 'string' ? /^sha256:([0-9a-f]{64})$/i.exec(pin) : null;
+  const text = typeof pin === 'string' ? pin.trim() : '';
+  const m = /^(?:sha256:)?([0-9a-f]{64})$/i.exec(text);
   if (!m) {
-    throw new GatewayError('GW_ERR_AUTH_BAD_PIN', 'the CA pin is not of the form sha256:<64 hexadecimal digits>', {
+    const doubled = /^sha256:sha256:/i.test(text);
+    throw new GatewayError('GW_ERR_AUTH_BAD_PIN', doubled ? 'the CA pin has its sha256: prefix twice' : 'the CA pin is not of the form sha256:<64 hexadecimal digits>', {
+      ...(doubled ? { hint: "Give the pin once, exactly as 'gwctl status' prints it: --ca-pin=sha256:<64 hex digits>." } : {}),
       details: { length: typeof pin === 'string' ? pin.length : undefined },
     });
   }
