@@ -2,7 +2,7 @@
 // The gateway daemon and its operator commands: start, configure, dial-plan.
 import { mkdirSync } from 'node:fs';
 import { isAbsolute, resolve } from 'node:path';
-import { formatHostPort } from '../addr.js';
+import { formatHostPort, parseAddr } from '../addr.js';
 import { defaultConfig, loadConfigFile, sampleConfig, type GatewayConfig } from '../config/index.js';
 import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
 import { Dialer } from '../dial/dialer.js';
@@ -28,9 +28,10 @@ program
   .option('--proxy <host:port>', "the Proxy's web address to join through")
   .option('--auth-server <host:port>', "the Auth Service's address to join through, instead of --proxy")
   .option('--data-dir <dir>', "use this data directory instead of gateway.data_dir (every daemon on a machine needs its own)")
+  .option('--public-addr <host:port>', "the Proxy's address as agents and users dial it (proxy_service.public_addr); its certificate names it")
   .option('--pid-file <file>', 'write the process id to this file and remove it on exit (the systemd unit uses /run/gateway.pid)')
-  .action(async (opts: { config?: string; roles?: string; token?: string; caPin?: string; proxy?: string; authServer?: string; dataDir?: string; pidFile?: string }) => {
-    const load = (path: string | undefined): GatewayConfig => withDataDir(path ? loadConfigFile(path) : defaultConfig(), opts.dataDir);
+  .action(async (opts: StartOptions) => {
+    const load = (path: string | undefined): GatewayConfig => withFlags(path ? loadConfigFile(path) : defaultConfig(), opts);
     const config = load(opts.config);
     const { output, severity, format } = config.gateway.log;
     const debug = program.opts<{ debug?: boolean }>().debug === true;
@@ -50,13 +51,40 @@ program
     }, { configPath: opts.config, load, pidFile: opts.pidFile, setLevel: (level) => setLevel(debug ? 'debug' : level) });
   });
 
-/** The configuration with --data-dir applied (an absolute path, as gateway.data_dir must be). */
-function withDataDir(config: GatewayConfig, dataDir: string | undefined): GatewayConfig {
-  if (dataDir === undefined) return config;
-  if (!isAbsolute(dataDir)) {
-    throw new GatewayError('GW_ERR_USAGE', `--data-dir: "${dataDir}" is not an absolute path`, { hint: `Give the whole path, e.g. --data-dir=${resolve(dataDir)}.` });
+interface StartOptions {
+  config?: string;
+  roles?: string;
+  token?: string;
+  caPin?: string;
+  proxy?: string;
+  authServer?: string;
+  dataDir?: string;
+  publicAddr?: string;
+  pidFile?: string;
+}
+
+/** The configuration with --data-dir (an absolute path) and --public-addr (host[:port], 443 by default) applied. */
+function withFlags(config: GatewayConfig, opts: StartOptions): GatewayConfig {
+  let out = config;
+  if (opts.dataDir !== undefined) {
+    if (!isAbsolute(opts.dataDir)) {
+      throw new GatewayError('GW_ERR_USAGE', `--data-dir: "${opts.dataDir}" is not an absolute path`, { hint: `Give the whole path, e.g. --data-dir=${resolve(opts.dataDir)}.` });
+    }
+    out = { ...out, gateway: Object.freeze({ ...out.gateway, data_dir: opts.dataDir }) };
   }
-  return Object.freeze({ ...config, gateway: Object.freeze({ ...config.gateway, data_dir: dataDir }) });
+  if (opts.publicAddr !== undefined) {
+    let addr: { host: string; port: number | undefined };
+    try {
+      addr = parseAddr(opts.publicAddr);
+    } catch (err) {
+      throw new GatewayError('GW_ERR_USAGE', `--public-addr: "${opts.publicAddr}" is not host[:port] (${(err as Error).message})`, {
+        hint: 'Give the DNS name or IP that agents and users dial, e.g. --public-addr=gateway.example.com:443.',
+      });
+    }
+    const publicAddr = Object.freeze([Object.freeze({ host: addr.host, port: addr.port ?? 443 })]);
+    out = { ...out, proxy_service: Object.freeze({ ...out.proxy_service, public_addr: publicAddr }) };
+  }
+  return Object.freeze(out);
 }
 
 program

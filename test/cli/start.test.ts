@@ -191,7 +191,7 @@ describe('gateway configure', () => {
     const file = join(dir, 'sample.yaml');
     // Point the data directory somewhere writable and listeners at free ports; everything else as printed.
     const text = r.stdout
-      .replace(/data_dir: .*/, `data_dir: ${join(dir, 'sample-data')}`)
+      .replace(/^(\s*)(?:# )?data_dir: .*$/m, `$1data_dir: ${join(dir, 'sample-data')}`)
       .replace(/^(\s*)(listen_addr|web_listen_addr): .*$/gm, '$1$2: 127.0.0.1:0');
     await writeFile(file, text);
     const child = spawn(process.execPath, [GATEWAY, 'start', '-c', file], { stdio: ['ignore', 'ignore', 'pipe'] });
@@ -205,5 +205,6 @@ describe('gateway configure', () => {
     });
     child.kill('SIGTERM');
     expect(outcome).toBe('started');
+    expect(existsSync(join(dir, 'sample-data', 'backend.sqlite'))).toBe(true);
   });
 });
