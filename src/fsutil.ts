@@ -92,6 +92,24 @@ export function writePublicFile(path: string, data: string | Uint8Array, mode: n
   writeAtomic(path, data, mode, PUBLIC_DIR_MODE);
 }
 
+/**
+ * Makes sure path exists as a file only its owner can read (mode 0600, whatever the umask; an existing file is
+ * tightened), for files other code appends to, such as the log file. Parent directories are created 0700.
+ */
+export function ensurePrivateFile(path: string): void {
+  try {
+    mkdirSync(dirname(path), { recursive: true, mode: SECRET_DIR_MODE });
+    const fd = openSync(path, 'a', SECRET_FILE_MODE);
+    try {
+      fchmodSync(fd, SECRET_FILE_MODE);
+    } finally {
+      closeSync(fd);
+    }
+  } catch (err) {
+    throw new GatewayError('GW_ERR_FS_WRITE', `cannot create ${path} (${errCode(err)})`, { cause: err, details: { path } });
+  }
+}
+
 /** The file's content as UTF-8 text, or undefined when it does not exist. Other failures: GW_ERR_FS_READ. */
 export function readIfExists(path: string): string | undefined {
   try {

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The gateway daemon and its operator commands: start, configure, dial-plan.
 import { mkdirSync } from 'node:fs';
+import { ensurePrivateFile } from '../fsutil.js';
 import { isAbsolute, resolve } from 'node:path';
 import { formatHostPort, parseAddr } from '../addr.js';
 import { defaultConfig, loadConfigFile, sampleConfig, type GatewayConfig } from '../config/index.js';
@@ -34,6 +35,8 @@ program
     const load = (path: string | undefined): GatewayConfig => withFlags(path ? loadConfigFile(path) : defaultConfig(), opts);
     const config = load(opts.config);
     const { output, severity, format } = config.gateway.log;
+    // A log file is private (0600) whatever the umask: log lines name users, addresses and resources.
+    if (output !== 'stdout' && output !== 'stderr') ensurePrivateFile(output);
     const debug = program.opts<{ debug?: boolean }>().debug === true;
     const root = createLogger({
       level: debug ? 'debug' : severity,

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Admin CLI: cluster status, join tokens, users, and resources (roles, connectors, cluster_maintenance_config).
-import { readFileSync } from 'node:fs';
+import { fchmodSync, fstatSync, readFileSync } from 'node:fs';
+import { writeSecretFile } from '../fsutil.js';
 import type { Resource } from '../auth/resources/index.js';
 import { toJson, toYaml } from '../auth/resources/index.js';
 import type { ApiClient } from '../client/api.js';
@@ -158,18 +159,35 @@ program
   .argument('<ref>', 'role, user, token, github, saml, oidc, cluster_maintenance_config, node (KIND or KIND/NAME)')
   .option('--format <format>', 'yaml or json', 'yaml')
   .option('--with-secrets', "include secrets such as a connector's signing_key_pair.private_key")
-  .action(async (ref: string, opts: { format: string; withSecrets?: boolean }) => {
+  .option('-o, --output <file>', 'write to this file (mode 0600, replaced atomically) instead of standard output')
+  .action(async (ref: string, opts: { format: string; withSecrets?: boolean; output?: string }) => {
     const slash = ref.indexOf('/');
     const kind = slash < 0 ? ref : ref.slice(0, slash);
     const name = slash < 0 ? undefined : ref.slice(slash + 1);
     if (opts.format !== 'yaml' && opts.format !== 'json') throw new GatewayError('GW_ERR_USAGE', `--format: "${opts.format}" is not yaml or json`);
     const path = `/v1/resources/${encodeURIComponent(kind)}${name === undefined ? '' : `/${encodeURIComponent(name)}`}${opts.withSecrets ? '?with_secrets=1' : ''}`;
     const { resources } = await client().call<{ resources: Resource[] }>('GET', path);
-    out(opts.format === 'json' ? toJson(resources) : toYaml(resources));
+    const text = opts.format === 'json' ? toJson(resources) : toYaml(resources);
+    if (opts.output !== undefined) {
+      writeSecretFile(opts.output, text.endsWith('\n') ? text : `${text}\n`);
+    } else {
+      // Redirected to a file (`> file`): the shell created it with the umask's mode; secrets make it private.
+      if (opts.withSecrets) tightenStdoutFile();
+      out(text);
+    }
     if (opts.withSecrets) {
       process.stderr.write('warning: this output contains secrets (private keys); delete any file you saved it to once you are done with it.\n');
     }
   });
+
+/** When standard output is a regular file, make it readable by its owner only (0600). */
+function tightenStdoutFile(): void {
+  try {
+    if (fstatSync(1).isFile()) fchmodSync(1, 0o600);
+  } catch {
+    // not ours to change (another user's file, or no file at all): the warning below still applies
+  }
+}
 
 program
   .command('rm')
