@@ -278,7 +278,13 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
     if (tunnelIdentity) {
       const dialer = new Dialer();
       const ssh = services.includes('ssh_service')
-        ? new SshService({ hostKeyPem: tunnelIdentity.key, userCa: tunnelIdentity.sshUserCa, nodename: config.gateway.nodename, onEvent: (e) => tunnelAgent?.sendEvent({ ...e }) })
+        ? new SshService({
+            hostKeyPem: tunnelIdentity.key,
+            userCa: tunnelIdentity.sshUserCa,
+            nodename: config.gateway.nodename,
+            sftpServer: config.ssh_service.sftp_server,
+            onEvent: (e) => tunnelAgent?.sendEvent({ ...e }),
+          })
         : undefined;
       if (ssh) {
         const direct = config.ssh_service.listen_addr;

@@ -404,6 +404,12 @@ export const ERROR_CODES = {
     hint: 'The agent retries by itself; check the network path and HTTPS_PROXY if it does not come back.',
   },
 
+  // --- SSH Service: the built-in sftp-server (src/agent/sftp) ---------------------------------------------------------
+  GW_ERR_SFTP_PROTOCOL: {
+    summary: 'The built-in sftp-server stopped: its client sent bytes that are not SFTP (a packet it cannot parse, or longer than 256 KiB), or its input or output failed.',
+    hint: 'Use an SFTP client (sftp, scp); `gateway sftp-server` is run by the SSH Service, not by hand.',
+  },
+
   // --- daemon under systemd: pid file, `gateway install systemd` (src/reload.ts, src/upgrade/systemd.ts) -------
   GW_ERR_PID_FILE_BUSY: {
     summary: 'The pid file given with --pid-file belongs to a gateway that is still running; a second one does not start.',

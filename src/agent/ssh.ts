@@ -9,14 +9,17 @@
  *   of the certificate's principals (the roles' `logins`); the certificate must be valid now. Which nodes a user
  *   may reach (labels) is decided by the Proxy before the connection reaches this server.
  * - Sessions: exec, an interactive shell with a pseudo-terminal (window changes, exit status and signals),
- *   env requests, the sftp subsystem (the system's sftp-server), scp, and direct-tcpip (-L) when the
- *   certificate carries permit-port-forwarding. Commands run as the requested OS user.
+ *   env requests, the sftp subsystem, scp, and direct-tcpip (-L) when the certificate carries
+ *   permit-port-forwarding. Commands run as the requested OS user.
+ * - sftp: this program itself (`gateway sftp-server`, src/agent/sftp/) run as the OS user like any command, so
+ *   nothing beyond the gateway has to be installed; or the system's sftp-server when one is configured.
  * - Every session is an audit event (who, node, login, start, end, exit code), sent to the Proxy.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
+import { fileURLToPath } from 'node:url';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
 import { checkUserCertAuth } from '../auth/sshauth.js';
@@ -44,8 +47,12 @@ export interface SshServiceOptions {
   nodename: string;
   onEvent?: (event: SessionEvent) => void;
   clock?: () => number;
-  sftpServer?: string;
+  /** The system's sftp-server to run for the sftp subsystem; unset: the built-in one. */
+  sftpServer?: string | undefined;
 }
+
+/** The built-in sftp-server: this program (dist/cli/gateway.js next to dist/agent/) with its hidden subcommand. */
+const BUILTIN_SFTP_SERVER = [process.execPath, fileURLToPath(new URL('../cli/gateway.js', import.meta.url)), 'sftp-server'];
 
 interface PasswdEntry {
   uid: number;
@@ -273,7 +280,7 @@ export class SshService {
     session.on('subsystem', (accept, reject, info) => {
       if (info.name !== 'sftp') return reject?.();
       const channel = accept();
-      start('subsystem', channel, 'sftp', [this.options.sftpServer ?? '/usr/lib/openssh/sftp-server']);
+      start('subsystem', channel, 'sftp', this.options.sftpServer ? [this.options.sftpServer] : BUILTIN_SFTP_SERVER);
     });
   }
 }

@@ -1,10 +1,12 @@
 #!/usr/bin/env node
-// The gateway daemon and its operator commands: start, configure, dial-plan.
+// The gateway daemon and its operator commands: start, configure, dial-plan (and the hidden sftp-server).
 import { mkdirSync } from 'node:fs';
-import { ensurePrivateFile } from '../fsutil.js';
+import { homedir } from 'node:os';
 import { isAbsolute, resolve } from 'node:path';
+import { ensurePrivateFile } from '../fsutil.js';
 import { formatHostPort, parseAddr } from '../addr.js';
 import { defaultConfig, loadConfigFile, sampleConfig, type GatewayConfig } from '../config/index.js';
+import { runSftpServer } from '../agent/sftp/server.js';
 import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
 import { Dialer } from '../dial/dialer.js';
 import type { ProxyDecision } from '../dial/select.js';
@@ -123,6 +125,17 @@ install
     }
     for (const path of writeUnits(opts.output, units, { force: opts.force === true })) process.stdout.write(`wrote ${path}\n`);
     process.stdout.write('next: systemctl daemon-reload && systemctl enable --now gateway.service gateway-upgrade.timer\n');
+  });
+
+// Not for people: the SSH Service runs it, as the login user, for the `sftp` subsystem (docs/ssh.md).
+program
+  .command('sftp-server', { hidden: true })
+  .description('speak SFTP on standard input and output as the current user; paths are relative to $HOME')
+  .action(async () => {
+    const failure = await runSftpServer(process.stdin, process.stdout, { home: homedir() });
+    if (failure) {
+      throw new GatewayError('GW_ERR_SFTP_PROTOCOL', `sftp-server stopped: ${failure.message}`, { cause: failure });
+    }
   });
 
 program

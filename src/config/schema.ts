@@ -343,6 +343,12 @@ export const SCHEMA = section('The gateway configuration file.', {
   ssh_service: service('ssh_service', 'SSH Service agent.', publicAddr(3022), {
     listen_addr: listen('Incoming SSH when the agent joins the Auth Service directly.', { port: 3022, default: '0.0.0.0:3022' }),
     labels: labels('Labels of this node, which the SSH Service advertises; roles select nodes by them.'),
+    sftp_server: str("Serve the sftp subsystem with this program (e.g. OpenSSH's) instead of the built-in server.", {
+      type: 'absolute path',
+      defaultDoc: 'none: the built-in sftp-server',
+      example: '/usr/lib/openssh/sftp-server',
+      check: absolutePath,
+    }),
   }),
   // The Database and Application Services use reverse tunnels only: no listener, and public_addr has no port.
   db_service: service('db_service', 'Database Service agent.', addrs('Extra names for this service (host or host:port).'), {

@@ -96,6 +96,8 @@ export type Labels = Readonly<Record<string, string>>;
 export interface SshServiceConfig extends ListeningAgentConfig {
   /** Labels of this node, advertised by the SSH Service. */
   readonly labels: Labels;
+  /** The system's sftp-server program for the sftp subsystem; undefined: the built-in one. */
+  readonly sftp_server: string | undefined;
 }
 
 export type DatabaseProtocol = 'postgres' | 'mysql' | 'mongodb' | 'redis';

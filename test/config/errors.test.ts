@@ -93,6 +93,7 @@ const cases: Case[] = [
   ['bad log format', 'gateway:\n  log:\n    format: xml\n', 'GW_ERR_CONFIG_VALUE', 'gateway.log.format', 3, 13],
   ['relative log file', 'gateway:\n  log:\n    output: gateway.log\n', 'GW_ERR_CONFIG_VALUE', 'gateway.log.output', 3, 13],
   ['relative data_dir', 'gateway:\n  data_dir: var/lib/gateway\n', 'GW_ERR_CONFIG_VALUE', 'gateway.data_dir', 2, 13],
+  ['relative sftp_server', 'ssh_service:\n  sftp_server: sftp-server\n', 'GW_ERR_CONFIG_VALUE', 'ssh_service.sftp_server', 2, 16],
   ['empty nodename', 'gateway:\n  nodename: ""\n', 'GW_ERR_CONFIG_VALUE', 'gateway.nodename', 2, 13],
   ['bad proxy_listener_mode', 'auth_service:\n  proxy_listener_mode: single\n', 'GW_ERR_CONFIG_VALUE', 'auth_service.proxy_listener_mode', 2, 24],
   ['enabled is neither yes nor no', 'ssh_service:\n  enabled: maybe\n', 'GW_ERR_CONFIG_VALUE', 'ssh_service.enabled', 2, 12],

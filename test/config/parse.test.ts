@@ -226,6 +226,11 @@ describe('other fields', () => {
     expect(parse('gateway:\n  log:\n    output: STDOUT\n').gateway.log.output).toBe('stdout');
   });
 
+  it('ssh_service.sftp_server: unset (the built-in server) by default, or a program', () => {
+    expect(defaultConfig().ssh_service.sftp_server).toBeUndefined();
+    expect(parse('ssh_service:\n  sftp_server: /usr/lib/openssh/sftp-server\n').ssh_service.sftp_server).toBe('/usr/lib/openssh/sftp-server');
+  });
+
   it('separate listener mode', () => {
     expect(parse('auth_service:\n  proxy_listener_mode: separate\n').auth_service.proxy_listener_mode).toBe('separate');
   });

@@ -10,9 +10,14 @@
  * whose KnownHostsCommand is `gwsh known-hosts`. The SSH server is the agent's (ssh2); commands run as the OS
  * user `alice`, created here (and removed afterwards).
  *
+ * The agent runs in a mount namespace of its own where /usr/lib/openssh is an empty directory: the node has no
+ * OpenSSH sftp-server, so sftp and scp work only through the agent's built-in one (`gateway sftp-server`, run
+ * as the login user). The system's sftp-server, configured with ssh_service.sftp_server, is tested too.
+ *
  * Covered: a command's output, standard error and exit code; `gwsh ls`, `gwsh ssh`, `gwsh known-hosts` and a
- * host key that does not match; 256 MiB byte-exact both ways (scp over SFTP up, legacy scp -O down, sha256 at
- * both ends) and an sftp batch; an interactive pty session in tmux that sees its window size change and exits
+ * host key that does not match; 256 MiB byte-exact both ways (scp over SFTP up and down, legacy scp -O down,
+ * sha256 at both ends, the file owned by the login user) and an sftp batch; the sftp server process and what it
+ * may touch; an interactive pty session in tmux that sees its window size change and exits
  * with 7; session audit events; refusals (a login the user does not have, a role whose node_labels do not
  * match, an expired certificate both at the Proxy and at the node, a plain key without a certificate); a node
  * whose link is cut and one whose agent stopped: a clear GW_ERR_TUNNEL_NOT_FOUND, not a hang.
@@ -22,7 +27,7 @@
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
-import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, copyFile, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -37,6 +42,8 @@ const PASSWORD = 'correct horse battery';
 const OS_USER = 'alice';
 const OS_USER_COMMENT = 'gateway e2e ssh test';
 const BIG = 256 * 1024 * 1024;
+/** Debian's sftp-server (package openssh-sftp-server), for the case that configures it. */
+const SYSTEM_SFTP_SERVER = '/usr/lib/openssh/sftp-server';
 
 let fw: Firewall;
 let dir: string;
@@ -149,6 +156,47 @@ function sha256File(file: string): Promise<string> {
   return run('sha256sum', [file], { timeoutMs: 60_000 }).then((r) => r.stdout.split(' ')[0]!);
 }
 
+/** The OS user's uid. */
+function osUid(): number {
+  return Number(spawnSync('id', ['-u', OS_USER], { encoding: 'utf8' }).stdout.trim());
+}
+
+/** The command lines of alice's processes that are an sftp server (of any kind). */
+async function sftpServerProcesses(): Promise<string[]> {
+  const r = await run('ps', ['-u', OS_USER, '-o', 'args=']);
+  const found = r.stdout.split('\n').filter((l) => l.includes('sftp-server'));
+  if (found.length === 0) throw new Error(`no sftp server among alice's processes:\n${r.stdout}`);
+  return found;
+}
+
+/** Runs fn while an sftp session of alice's is open (sftp reading commands from a pipe that stays open). */
+async function withSftpSession<T>(fn: () => Promise<T>): Promise<T> {
+  const child = spawn('sftp', ['-F', profiles.alice.config, '-o', 'BatchMode=yes', 'alice@web-1'], { env: { PATH: process.env.PATH ?? '', HOME: dir }, stdio: ['pipe', 'ignore', 'pipe'] });
+  const closed = new Promise<unknown>((resolve) => child.once('close', resolve));
+  try {
+    return await fn();
+  } finally {
+    child.stdin.end();
+    await closed;
+  }
+}
+
+/** Stops the agent, gives it this configuration, starts it again and waits until ssh reaches web-1 through it. */
+async function restartAgent(config: string): Promise<void> {
+  expect(await agent.stop()).toBe(0);
+  await writeFile(agent.configPath, config);
+  const since = agent.logs().length;
+  await agent.restart();
+  await agent.waitForLog('reverse tunnel ready', 20_000, since);
+  await eventually('ssh reaches web-1 again', async () => {
+    const r = await ssh(profiles.alice.config, ['alice@web-1', 'echo back'], { timeoutMs: 30_000 });
+    if (r.stdout !== 'back\n') throw new Error(r.stderr);
+  });
+}
+
+/** Run by `sh -c` with $0 an empty directory: hides /usr/lib/openssh (if the host has it), then runs the rest. */
+const HIDE_OPENSSH = 'if [ -d /usr/lib/openssh ]; then mount --bind "$0" /usr/lib/openssh || exit 1; fi; exec "$@"';
+
 const agentConfig = [
   'gateway:',
   '  nodename: web-1',
@@ -215,11 +263,14 @@ beforeAll(async () => {
   expect(tokenOut.status).toBe(0);
   const token = (JSON.parse(tokenOut.stdout) as { token: string }).token;
 
-  // web-1 joins through squid (its only way out) and opens its reverse tunnel through it.
+  // web-1 joins through squid (its only way out) and opens its reverse tunnel through it. It sees an empty
+  // /usr/lib/openssh (a bind mount in a mount namespace of its own), as on a node without OpenSSH's server.
+  await mkdir(join(dir, 'empty'));
   agent = await startGatewayIn(fw, fw.agentNs, agentConfig, {
     name: 'ssh-agent',
     args: ['--token', token, '--ca-pin', pin, '--proxy', `${PROXY_NAME}:${WEB_PORT}`],
     env: { HTTPS_PROXY: squid.url },
+    wrap: ['unshare', '--mount', '--propagation', 'private', '--', 'sh', '-c', HIDE_OPENSSH, join(dir, 'empty')],
   });
   await agent.waitForLog('reverse tunnel ready', 20_000);
 
@@ -337,7 +388,13 @@ describe('commands', () => {
 });
 
 describe('files: 256 MiB both ways', () => {
-  it('scp up (SFTP protocol) and scp -O down (the scp protocol), byte-exact, sha256 checked at both ends', async () => {
+  it('the node has no OpenSSH sftp-server: /usr/lib/openssh is empty for the agent and its sessions', async () => {
+    const r = await ssh(profiles.alice.config, ['alice@web-1', 'ls -A /usr/lib/openssh; echo end']);
+    expect(r.stderr).toBe('');
+    expect(r.stdout).toBe('end\n');
+  });
+
+  it('scp up and down (SFTP protocol) and scp -O down (the scp protocol): byte-exact, sha256 at both ends, owned by the login', async () => {
     const local = join(dir, 'big.bin');
     const back = join(dir, 'big.back');
     expect((await run('sh', ['-c', `head -c ${BIG} /dev/urandom > ${local}`])).status).toBe(0);
@@ -346,29 +403,92 @@ describe('files: 256 MiB both ways', () => {
     const up = await run('scp', ['-F', profiles.alice.config, '-o', 'BatchMode=yes', '-q', local, 'alice@web-1:big.bin'], { timeoutMs: 120_000 });
     expect(up.stderr).toBe('');
     expect(up.status).toBe(0);
-    const remote = await ssh(profiles.alice.config, ['alice@web-1', 'stat -c %s big.bin && sha256sum big.bin']);
-    expect(remote.stdout).toBe(`${BIG}\n${sum}  big.bin\n`);
+    const remote = await ssh(profiles.alice.config, ['alice@web-1', 'stat -c "%s %U" big.bin && sha256sum big.bin']);
+    expect(remote.stdout).toBe(`${BIG} ${OS_USER}\n${sum}  big.bin\n`);
+    // Written by the sftp server running as alice, not by the agent (root).
+    expect((await stat(`/home/${OS_USER}/big.bin`)).uid).toBe(osUid());
 
-    const down = await run('scp', ['-O', '-F', profiles.alice.config, '-o', 'BatchMode=yes', '-q', 'alice@web-1:big.bin', back], { timeoutMs: 120_000 });
+    const down = await run('scp', ['-F', profiles.alice.config, '-o', 'BatchMode=yes', '-q', 'alice@web-1:big.bin', back], { timeoutMs: 120_000 });
     expect(down.stderr).toBe('');
     expect(down.status).toBe(0);
     expect(await sha256File(back)).toBe(sum);
     await rm(back);
-  }, 240_000);
 
-  it('sftp: a batch that lists, uploads, downloads and removes', async () => {
+    const legacy = await run('scp', ['-O', '-F', profiles.alice.config, '-o', 'BatchMode=yes', '-q', 'alice@web-1:big.bin', back], { timeoutMs: 120_000 });
+    expect(legacy.stderr).toBe('');
+    expect(legacy.status).toBe(0);
+    expect(await sha256File(back)).toBe(sum);
+    await rm(back);
+  }, 360_000);
+
+  it('sftp: a batch that lists, uploads, downloads, makes a directory, renames, links and removes', async () => {
     await writeFile(join(dir, 'small.txt'), 'small file\n'.repeat(1000));
     await writeFile(
       join(dir, 'batch'),
-      [`put ${join(dir, 'small.txt')} small.txt`, 'ls -1', `get small.txt ${join(dir, 'small.back')}`, 'rm small.txt', 'rm big.bin', 'ls -1', ''].join('\n'),
+      [
+        `put ${join(dir, 'small.txt')} small.txt`,
+        'ls -1',
+        `get small.txt ${join(dir, 'small.back')}`,
+        'mkdir sub',
+        'rename small.txt sub/moved.txt',
+        'ln -s sub/moved.txt link',
+        'ls -1 sub',
+        '',
+      ].join('\n'),
     );
     const r = await run('sftp', ['-F', profiles.alice.config, '-o', 'BatchMode=yes', '-b', join(dir, 'batch'), 'alice@web-1']);
+    expect(r.stderr).toBe('');
     expect(r.status).toBe(0);
     expect(r.stdout).toContain('sftp> ls -1\nbig.bin\nsmall.txt\n');
+    expect(r.stdout).toContain('sftp> ls -1 sub\nsub/moved.txt\n');
     expect(await readFile(join(dir, 'small.back'), 'utf8')).toBe('small file\n'.repeat(1000));
-    expect(existsSync(`/home/${OS_USER}/small.txt`)).toBe(false);
-    expect(existsSync(`/home/${OS_USER}/big.bin`)).toBe(false);
+    const home = `/home/${OS_USER}`;
+    expect((await stat(`${home}/sub`)).uid).toBe(osUid());
+    expect((await stat(`${home}/sub/moved.txt`)).uid).toBe(osUid());
+    expect(readFileSync(`${home}/link`, 'utf8')).toBe('small file\n'.repeat(1000));
+
+    await writeFile(join(dir, 'batch-rm'), ['rm link', 'rm sub/moved.txt', 'rmdir sub', 'rm big.bin', 'ls -1', ''].join('\n'));
+    const rm2 = await run('sftp', ['-F', profiles.alice.config, '-o', 'BatchMode=yes', '-b', join(dir, 'batch-rm'), 'alice@web-1']);
+    expect(rm2.stderr).toBe('');
+    expect(rm2.status).toBe(0);
+    for (const name of ['link', 'sub', 'big.bin']) expect(existsSync(`${home}/${name}`)).toBe(false);
   });
+
+  it("the sftp server is the agent's built-in one, run as the login user, with only that user's rights", async () => {
+    const servers = await withSftpSession(() => eventually('an sftp server process of alice', sftpServerProcesses));
+    expect(servers).toEqual([`${process.execPath} ${BIN('gateway')} sftp-server`]);
+
+    // /root is 0700: root could, alice cannot.
+    await writeFile(join(dir, 'batch-denied'), ['-ls /root', `-put ${join(dir, 'small.txt')} /etc/gw-planted`, 'pwd', ''].join('\n'));
+    const r = await run('sftp', ['-F', profiles.alice.config, '-o', 'BatchMode=yes', '-b', join(dir, 'batch-denied'), 'alice@web-1']);
+    expect(r.status).toBe(0);
+    expect(r.stdout).toContain(`Remote working directory: /home/${OS_USER}\n`);
+    expect(r.stderr.match(/Permission denied/g)).toHaveLength(2);
+    expect(existsSync('/etc/gw-planted')).toBe(false);
+  });
+
+  it.skipIf(!existsSync(SYSTEM_SFTP_SERVER))(
+    `ssh_service.sftp_server: the system's sftp-server when configured (needs ${SYSTEM_SFTP_SERVER}, Debian package openssh-sftp-server)`,
+    async () => {
+      // The agent cannot see /usr/lib/openssh: it runs a copy of OpenSSH's program, from a path of its own.
+      const program = join(dir, 'system-sftp-server');
+      await copyFile(SYSTEM_SFTP_SERVER, program);
+      await chmod(program, 0o755);
+      const original = await readFile(agent.configPath, 'utf8');
+      await restartAgent(original.replace('ssh_service:\n', `ssh_service:\n  sftp_server: ${program}\n`));
+      try {
+        const servers = await withSftpSession(() => eventually('an sftp server process of alice', sftpServerProcesses));
+        expect(servers).toEqual([program]);
+        await writeFile(join(dir, 'batch-system'), [`put ${join(dir, 'small.txt')} by-system.txt`, 'rm by-system.txt', ''].join('\n'));
+        const r = await run('sftp', ['-F', profiles.alice.config, '-o', 'BatchMode=yes', '-b', join(dir, 'batch-system'), 'alice@web-1']);
+        expect(r.stderr).toBe('');
+        expect(r.status).toBe(0);
+      } finally {
+        await restartAgent(original);
+      }
+    },
+    120_000,
+  );
 });
 
 describe('an interactive session in a terminal (tmux)', () => {

@@ -325,7 +325,14 @@ export async function startGatewayIn(
   fw: Firewall,
   ns: string,
   configYaml: string,
-  options: { args?: string[]; env?: Record<string, string>; timeoutMs?: number; name?: string } = {},
+  options: {
+    args?: string[];
+    env?: Record<string, string>;
+    timeoutMs?: number;
+    name?: string;
+    /** A command the daemon runs under, inside the namespace (e.g. unshare); it must exec the rest of its arguments. */
+    wrap?: string[];
+  } = {},
 ): Promise<NsGateway> {
   const dir = await mkdtemp(join(tmpdir(), `${PREFIX}-${options.name ?? 'daemon'}-`));
   const dataDir = join(dir, 'data');
@@ -373,7 +380,8 @@ export async function startGatewayIn(
   };
   const launch = async () => {
     const from = output.length;
-    child = fw.spawnIn(ns, process.execPath, [BIN('gateway'), 'start', '-c', configPath, ...(options.args ?? [])], {
+    const argv = [...(options.wrap ?? []), process.execPath, BIN('gateway'), 'start', '-c', configPath, ...(options.args ?? [])];
+    child = fw.spawnIn(ns, argv[0]!, argv.slice(1), {
       env: { PATH: process.env.PATH ?? '', ...(options.env ?? {}) },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
