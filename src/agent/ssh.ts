@@ -16,7 +16,7 @@
  * - Every session is an audit event (who, node, login, start, end, exit code), sent to the Proxy.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import { fileURLToPath } from 'node:url';
@@ -51,6 +51,25 @@ export interface SshServiceOptions {
   sftpServer?: string | undefined;
 }
 
+/**
+ * The first directory on the way to path (or path itself) that other users cannot enter or read, if any: where the
+ * built-in sftp server, run as the login user, would fail to start (a checkout under /root, mode 0700).
+ */
+export function unreadableByOthers(path: string): string | undefined {
+  const parts = path.split('/').filter(Boolean);
+  for (let i = 1; i <= parts.length; i++) {
+    const p = `/${parts.slice(0, i).join('/')}`;
+    try {
+      const mode = statSync(p).mode;
+      const needed = i === parts.length ? 0o004 : 0o001;
+      if ((mode & needed) === 0) return p;
+    } catch {
+      return p;
+    }
+  }
+  return undefined;
+}
+
 /** The built-in sftp-server: this program (dist/cli/gateway.js next to dist/agent/) with its hidden subcommand. */
 const BUILTIN_SFTP_SERVER = [process.execPath, fileURLToPath(new URL('../cli/gateway.js', import.meta.url)), 'sftp-server'];
 
@@ -80,6 +99,15 @@ export class SshService {
 
   constructor(private readonly options: SshServiceOptions) {
     this.server = new ssh2.Server({ hostKeys: [sshPrivateKey(options.hostKeyPem)], ident: 'gateway-ssh' }, (conn, info) => this.onConnection(conn, info));
+    if (!options.sftpServer) {
+      const hidden = unreadableByOthers(BUILTIN_SFTP_SERVER[1]!);
+      if (hidden) {
+        this.log.warn(
+          { program: BUILTIN_SFTP_SERVER[1], not_readable: hidden },
+          'sftp and scp will fail: the built-in sftp server runs this program as the login user, who cannot read it; install the gateway where every user can read it (e.g. /usr/local/lib/gateway), or set ssh_service.sftp_server',
+        );
+      }
+    }
   }
 
   /** A connection that arrived through the reverse tunnel. */

@@ -35,6 +35,7 @@ import { createFirewall, startGatewayIn, type Firewall, type NsGateway } from '.
 import { BIN, runCli, type RunResult } from '../helpers/gateway.js';
 import { parseAccessLogLine, startSquid, type Squid } from '../helpers/squid.js';
 import { runCleanup } from '../helpers/cleanup.js';
+import { publicCopyOfBuild } from '../helpers/asuser.js';
 
 const PROXY_NAME = 'proxy.gw.test';
 const WEB_PORT = 443;
@@ -54,6 +55,7 @@ let pin: string;
 let webAddr: string;
 let createdOsUser = false;
 let tmuxSocket: string | undefined;
+let publicBuild: string | undefined;
 /** gwsh profiles (GWSH_HOME) and the OpenSSH configuration `gwsh config` printed for each. */
 const profiles: Record<'alice' | 'short' | 'carol', { env: Record<string, string>; config: string }> = {} as never;
 
@@ -266,8 +268,12 @@ beforeAll(async () => {
   // web-1 joins through squid (its only way out) and opens its reverse tunnel through it. It sees an empty
   // /usr/lib/openssh (a bind mount in a mount namespace of its own), as on a node without OpenSSH's server.
   await mkdir(join(dir, 'empty'));
+  // The built-in sftp server runs the agent's own program as the login user: run the agent from a copy of the
+  // build that every user can read, as an installed gateway is (the checkout may be under /root, mode 0700).
+  publicBuild = publicCopyOfBuild();
   agent = await startGatewayIn(fw, fw.agentNs, agentConfig, {
     name: 'ssh-agent',
+    program: join(publicBuild, 'dist/cli/gateway.js'),
     args: ['--token', token, '--ca-pin', pin, '--proxy', `${PROXY_NAME}:${WEB_PORT}`],
     env: { HTTPS_PROXY: squid.url },
     wrap: ['unshare', '--mount', '--propagation', 'private', '--', 'sh', '-c', HIDE_OPENSSH, join(dir, 'empty')],
@@ -287,6 +293,7 @@ afterAll(async () => {
   const steps: Array<() => Promise<unknown> | unknown> = [
     () => tmuxSocket && existsSync(tmuxSocket) && run('tmux', ['-S', tmuxSocket, 'kill-server'], { timeoutMs: 10_000 }),
     () => agent?.stop(true),
+    () => publicBuild && rm(publicBuild, { recursive: true, force: true }),
     () => proxy?.stop(true),
     () => squid?.stop(),
     () => fw?.close(),
@@ -456,7 +463,7 @@ describe('files: 256 MiB both ways', () => {
 
   it("the sftp server is the agent's built-in one, run as the login user, with only that user's rights", async () => {
     const servers = await withSftpSession(() => eventually('an sftp server process of alice', sftpServerProcesses));
-    expect(servers).toEqual([`${process.execPath} ${BIN('gateway')} sftp-server`]);
+    expect(servers).toEqual([`${process.execPath} ${join(publicBuild!, 'dist/cli/gateway.js')} sftp-server`]);
 
     // /root is 0700: root could, alice cannot.
     await writeFile(join(dir, 'batch-denied'), ['-ls /root', `-put ${join(dir, 'small.txt')} /etc/gw-planted`, 'pwd', ''].join('\n'));

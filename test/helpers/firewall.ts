@@ -332,6 +332,8 @@ export async function startGatewayIn(
     name?: string;
     /** A command the daemon runs under, inside the namespace (e.g. unshare); it must exec the rest of its arguments. */
     wrap?: string[];
+    /** The gateway program to run (default: this checkout's dist/cli/gateway.js), e.g. from publicCopyOfBuild(). */
+    program?: string;
   } = {},
 ): Promise<NsGateway> {
   const dir = await mkdtemp(join(tmpdir(), `${PREFIX}-${options.name ?? 'daemon'}-`));
@@ -380,7 +382,7 @@ export async function startGatewayIn(
   };
   const launch = async () => {
     const from = output.length;
-    const argv = [...(options.wrap ?? []), process.execPath, BIN('gateway'), 'start', '-c', configPath, ...(options.args ?? [])];
+    const argv = [...(options.wrap ?? []), process.execPath, options.program ?? BIN('gateway'), 'start', '-c', configPath, ...(options.args ?? [])];
     child = fw.spawnIn(ns, argv[0]!, argv.slice(1), {
       env: { PATH: process.env.PATH ?? '', ...(options.env ?? {}) },
       stdio: ['ignore', 'pipe', 'pipe'],
