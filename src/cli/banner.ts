@@ -11,13 +11,23 @@ import { defaultDataDir, isRoot } from '../paths.js';
 import { VERSION } from '../version.js';
 
 const LISTENERS: Record<string, string> = {
-  web: 'web, API and (TLS routing) every protocol',
+  web: 'web and API',
   auth: 'Auth API (mutual TLS)',
   proxy_tunnel: 'reverse tunnels',
   proxy_ssh: 'SSH',
   proxy_peer: 'proxy peering',
+  proxy_mysql: 'MySQL',
+  proxy_postgres: 'PostgreSQL',
+  proxy_mongo: 'MongoDB',
+  proxy_redis: 'Redis',
+  proxy_kube: 'Kubernetes',
   ssh: 'SSH Service (direct)',
 };
+
+function label(name: string, config: GatewayConfig): string {
+  if (name === 'web' && config.auth_service.proxy_listener_mode === 'multiplex') return 'web, API and (TLS routing) every protocol';
+  return LISTENERS[name] ?? name;
+}
 
 /** Where clients and agents reach this Proxy: its first public_addr, else this node's name and the web port. */
 export function proxyAddressForClients(config: GatewayConfig, boundWeb: string): string {
@@ -29,7 +39,7 @@ export function proxyAddressForClients(config: GatewayConfig, boundWeb: string):
 
 export function startBanner(config: GatewayConfig, daemon: Daemon): string {
   const lines = [`Gateway ${VERSION} started: ${daemon.services.join(', ')}`];
-  for (const [name, addr] of Object.entries(daemon.addresses)) lines.push(`  ${(LISTENERS[name] ?? name).padEnd(44)} ${addr}`);
+  for (const [name, addr] of Object.entries(daemon.addresses)) lines.push(`  ${label(name, config).padEnd(44)} ${addr}`);
   const dataDir = config.gateway.data_dir;
   lines.push(`  ${'data directory'.padEnd(44)} ${dataDir}`);
   const ca = daemon.auth?.host.tls.certPem ?? daemon.hostIdentity?.hostCa;
