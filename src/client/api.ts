@@ -4,7 +4,7 @@
  */
 import { Dialer } from '../dial/dialer.js';
 import { fetchThroughDialer } from '../dial/agent.js';
-import { formatHostPort, parseAddr } from '../addr.js';
+import { AddrError, formatHostPort, parseAddr } from '../addr.js';
 import { ERROR_CODES, GatewayError, type ErrorCode } from '../errors.js';
 import { pinMatches } from '../auth/pki.js';
 import type { PublicCas } from '../auth/service.js';
@@ -66,7 +66,8 @@ export function normalizeAddress(address: string): string {
     const { host, port } = parseAddr(address);
     return formatHostPort(host, port ?? 443);
   } catch (err) {
-    throw new GatewayError('GW_ERR_USAGE', `"${address}" is not a host:port address: ${(err as Error).message}`);
+    const hint = err instanceof AddrError ? err.hint : undefined;
+    throw new GatewayError('GW_ERR_USAGE', `"${address}" is not a host:port address: ${(err as Error).message}`, hint ? { hint } : {});
   }
 }
 

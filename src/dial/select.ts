@@ -12,7 +12,7 @@
  *  4. NO_PROXY (uppercase wins over no_proxy; empty counts as unset) exempts matching targets (see noproxy.ts).
  */
 import { isIP } from 'node:net';
-import { AddrError, formatHostPort, isLoopbackHost, parseAddr, type HostPort } from '../addr.js';
+import { AddrError, formatHostPort, isLoopbackHost, parseAddr, urlAuthority, type HostPort } from '../addr.js';
 import { GatewayError } from '../errors.js';
 import { REDACTED, redactUserinfo, splitUserinfo } from '../redact.js';
 import { matchNoProxy, parseNoProxy } from './noproxy.js';
@@ -71,11 +71,22 @@ const PROXY_VARS: Record<TargetKind, readonly string[]> = {
 /** Parses "host:port", "[v6]:port" or an http(s):// URL into a dial target. */
 export function parseTarget(text: string): DialTarget {
   const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(text);
-  const bad = (why: string) =>
-    new GatewayError('GW_ERR_DIAL_BAD_TARGET', `bad dial target "${text}": ${why}`, { details: { target: text } });
+  const bad = (why: string | AddrError) =>
+    new GatewayError('GW_ERR_DIAL_BAD_TARGET', `bad dial target "${text}": ${typeof why === 'string' ? why : why.message}`, {
+      details: { target: text },
+      ...(typeof why !== 'string' && why.hint ? { hint: why.hint } : {}),
+    });
   if (scheme) {
     const kind = scheme[1]!.toLowerCase();
     if (kind !== 'http' && kind !== 'https') throw bad(`scheme "${kind}" is not http or https`);
+    // The host as written, checked first (URL() reads "1.2.3" as 1.2.0.3); non-ASCII names in punycode form.
+    const authority = urlAuthority(text);
+    const written = authority !== undefined && /^[\x21-\x7e]*$/.test(authority) ? authority : undefined;
+    try {
+      if (written !== undefined) parseAddr(written);
+    } catch (err) {
+      throw bad(err instanceof AddrError ? err : String(err));
+    }
     let url: URL;
     try {
       url = new URL(text);
@@ -83,11 +94,11 @@ export function parseTarget(text: string): DialTarget {
       throw bad('not a valid URL');
     }
     try {
-      const { host } = parseAddr(url.hostname);
+      const { host } = parseAddr(written ?? url.host);
       const port = url.port === '' ? (kind === 'https' ? 443 : 80) : Number(url.port);
       return { kind, host, port, text };
     } catch (err) {
-      throw bad(err instanceof AddrError ? err.message : String(err));
+      throw bad(err instanceof AddrError ? err : String(err));
     }
   }
   try {
@@ -95,7 +106,7 @@ export function parseTarget(text: string): DialTarget {
     if (port === undefined) throw new AddrError('a port is required (host:port)');
     return { kind: 'gateway', host, port, text };
   } catch (err) {
-    throw bad(err instanceof AddrError ? err.message : String(err));
+    throw bad(err instanceof AddrError ? err : String(err));
   }
 }
 

@@ -169,6 +169,9 @@ describe('NO_PROXY', () => {
     ['example.com:443', 'exa mple.com, 10.0.0.0/33, ex*.com, example.com', false],
     ['example.com:443', 'exa mple.com', true],
     ['example.com:443', ' , ,', true],
+    // an entry that is neither an IPv4 address nor a name is ignored rather than taken as a name
+    ['example.com:443', '10.0.0.256, example.com', false],
+    ['10.0.0.25:443', '10.0.0.256', true],
   ] as Array<[string, string, boolean]>)('%s with NO_PROXY=%s: proxied=%s', (target, noProxy, expected) => {
     expect(proxied(target, noProxy)).toBe(expected);
   });
@@ -191,6 +194,7 @@ describe('NO_PROXY', () => {
     expect(d.reason).toContain('".internal"');
     expect(d.warnings).toHaveLength(1);
     expect(d.warnings[0]).toContain('bogus entry');
+    expect(selectProxy('a.example.com:443', { HTTPS_PROXY: 'squid:3128', NO_PROXY: '300.1.1.1' }).warnings[0]).toContain('over 255');
   });
 });
 
@@ -206,6 +210,17 @@ describe('targets', () => {
   });
   it.each(['proxy.example.com', 'ftp://x.com/', 'x.com:99999', '2001:db8::1:443', 'https://', ':443'])('%s is a bad target', (text) => {
     expect(() => parseTarget(text)).toThrow(expect.objectContaining({ code: 'GW_ERR_DIAL_BAD_TARGET' }));
+  });
+  // The host as written is checked by src/addr.ts, also inside URLs (URL() would read 1.2.3 as 1.2.0.3).
+  it.each([
+    ['10.0.0.256:443', 'over 255'],
+    ['1.2.3:443', 'four'],
+    ['foo_bar.example.com:443', '"_"'],
+    ['https://1.2.3/webapi', 'four'],
+    ['https://300.1.1.1/x', 'over 255'],
+    ['http://foo_bar.example.com/', '"_"'],
+  ])('%s is a bad target: %s', (text, why) => {
+    expect(() => parseTarget(text)).toThrow(expect.objectContaining({ code: 'GW_ERR_DIAL_BAD_TARGET', message: expect.stringContaining(why) }));
   });
 });
 
