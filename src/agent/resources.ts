@@ -12,6 +12,7 @@ import type { Duplex } from 'node:stream';
 import { formatHostPort, type HostPort } from '../addr.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
+import { tlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError } from '../errors.js';
 import type { ResourceDialer } from '../tunnel/agent.js';
 import type { AgentResources, AppInfo, DialRequest, ServiceKind } from '../tunnel/protocol.js';
@@ -106,7 +107,12 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
         });
         await new Promise<void>((resolve, reject) => {
           socket.once('secureConnect', resolve);
-          socket.once('error', (err) => reject(new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `Kubernetes API server of "${cluster.name}" at ${u.host}: ${err.message}`)));
+          socket.once('error', (err) =>
+            reject(
+              tlsVerifyError(err, { address: u.host, server: 'kube-api', name: cluster.name }) ??
+                new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `Kubernetes API server of "${cluster.name}" at ${u.host}: ${err.message}`),
+            ),
+          );
         });
         return socket;
       }
