@@ -240,8 +240,16 @@ export const ERROR_CODES = {
     hint: 'Check that the address is the Proxy or the Auth Service of a gateway cluster.',
   },
   GW_ERR_CLIENT_UNTRUSTED: {
-    summary: "The server's certificate is not trusted by this client.",
-    hint: "Pass --ca-pin sha256:... ('gwctl status' prints it) so that the cluster CA is trusted after it is checked.",
+    summary: "The server's certificate is not signed by a CA this side trusts (no --ca-pin was given and the system does not trust it, or it is another cluster's).",
+    hint: "Pass --ca-pin sha256:... ('gwctl status' prints it) so that the cluster CA is trusted after it is checked; the message's hint says what applies to the server dialled.",
+  },
+  GW_ERR_TLS_NAME_MISMATCH: {
+    summary: 'The server certificate is trusted but does not hold the name or IP address that was dialled; the message lists the DNS and IP names it holds.',
+    hint: "Set proxy_service.public_addr (auth_service.public_addr for the Auth Service) to include the address dialled and restart the service, which issues its certificate at start for every public_addr; or dial one of the names the certificate holds.",
+  },
+  GW_ERR_TLS_CERT_EXPIRED: {
+    summary: 'The server certificate has expired or is not valid yet.',
+    hint: 'Check the clocks of both machines (date -u); a Proxy or Auth Service issues a fresh certificate when it restarts, other servers need theirs renewed.',
   },
   GW_ERR_CLIENT_NOT_LOGGED_IN: {
     summary: 'gwsh has no profile: nobody is signed in.',

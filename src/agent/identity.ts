@@ -79,7 +79,7 @@ export async function joinCluster(options: JoinOptions): Promise<HostIdentity> {
   log.info({ server, cluster: cas.cluster_name }, 'cluster CA matches the pin; joining');
   // 2. Join over TLS verified against that CA.
   const keys = generateKeyPair();
-  const client = new ApiClient({ address: server, dialer: options.dialer, ca: cas.host_ca });
+  const client = new ApiClient({ address: server, dialer: options.dialer, ca: cas.host_ca, server: options.joinedVia });
   const bundle = await client.call<CertBundle & { hostId: string }>('POST', '/webapi/join', {
     token: options.token,
     roles: options.roles,

@@ -2,8 +2,8 @@
  * What an agent serves (from its configuration) and how it reaches each resource when the Proxy forwards a
  * connection: databases, TCP apps and desktops by direct TCP on the agent's own network (these are local
  * resources: a corporate HTTPS_PROXY is for reaching the Proxy, not the database next door); HTTP(S) apps
- * likewise; Kubernetes API servers through the Dialer, so HTTPS_PROXY / NO_PROXY apply as the seed says (the
- * local cluster is dialled as kube.<cluster_name>.local, the entry an operator adds to NO_PROXY).
+ * likewise; Kubernetes API servers through the Dialer, so HTTPS_PROXY / NO_PROXY apply: direct when NO_PROXY
+ * exempts the API server's address or kube.<cluster_name>.local (the rule is select.ts's, docs/dialing.md).
  */
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
@@ -12,6 +12,8 @@ import type { Duplex } from 'node:stream';
 import { formatHostPort, type HostPort } from '../addr.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
+import { kubeApiAlias, kubeApiTarget } from '../dial/select.js';
+import { tlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError } from '../errors.js';
 import type { ResourceDialer } from '../tunnel/agent.js';
 import type { AgentResources, AppInfo, DialRequest, ServiceKind } from '../tunnel/protocol.js';
@@ -94,10 +96,11 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
       case 'kube': {
         const cluster = on('kube_service') ? config.kube_service.clusters.find((k) => k.name === request.resource) : undefined;
         if (!cluster) throw notServed();
-        const u = new URL(cluster.api_server);
-        // URL.hostname keeps IPv6 brackets, which is exactly the host:port form the Dialer takes.
-        const raw = await dialer.dial(`${u.hostname}:${u.port || 443}`, { selectAs: `kube.${clusterName}.local:443` });
-        const host = u.hostname.replace(/^\[|\]$/g, '');
+        // Direct when NO_PROXY exempts the API server's address or kube.<cluster_name>.local (select.ts, rule 5).
+        const target = kubeApiTarget(cluster.api_server);
+        const address = formatHostPort(target.host, target.port);
+        const raw = await dialer.dial(target, { alias: kubeApiAlias(clusterName) });
+        const host = target.host;
         const socket = tls.connect({
           socket: raw,
           host,
@@ -106,7 +109,12 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
         });
         await new Promise<void>((resolve, reject) => {
           socket.once('secureConnect', resolve);
-          socket.once('error', (err) => reject(new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `Kubernetes API server of "${cluster.name}" at ${u.host}: ${err.message}`)));
+          socket.once('error', (err) =>
+            reject(
+              tlsVerifyError(err, { address, server: 'kube-api', name: cluster.name }) ??
+                new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `Kubernetes API server of "${cluster.name}" at ${address}: ${err.message}`),
+            ),
+          );
         });
         return socket;
       }

@@ -27,7 +27,7 @@ function adminClient(dataDir: string, authServer: string | undefined, explicit: 
     const cert = readFileSync(join(dir, 'cert.pem'), 'utf8');
     const ca = readFileSync(join(dir, 'host-ca.pem'), 'utf8');
     const address = authServer ?? readFileSync(join(dir, 'auth-addr'), 'utf8').trim();
-    return new ApiClient({ address, ca, cert, key });
+    return new ApiClient({ address, ca, cert, key, server: 'auth' });
   } catch (err) {
     if (!explicit) return undefined;
     const e = err as NodeJS.ErrnoException;

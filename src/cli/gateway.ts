@@ -4,15 +4,14 @@ import { mkdirSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { isAbsolute, resolve } from 'node:path';
 import { ensurePrivateFile } from '../fsutil.js';
-import { formatHostPort, parseAddr } from '../addr.js';
+import { parseAddr } from '../addr.js';
 import { defaultConfig, loadConfigFile, sampleConfig, type GatewayConfig } from '../config/index.js';
 import { runSftpServer } from '../agent/sftp/server.js';
 import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
-import { Dialer } from '../dial/dialer.js';
-import type { ProxyDecision } from '../dial/select.js';
-import { GatewayError, toGatewayError } from '../errors.js';
+import { GatewayError } from '../errors.js';
 import { destination } from 'pino';
 import { createLogger, logger, setRootLogger } from '../log.js';
+import { dialPlan, type DialPlanOptions } from './dialplan.js';
 import { EXIT_FAILURE, newProgram, runCli } from './run.js';
 import { acquireDataDirLock, acquirePidFile, channelsChanged, followLogLevel, installReload, type PidFile } from '../reload.js';
 import { startBanner } from './banner.js';
@@ -141,32 +140,12 @@ program
 program
   .command('dial-plan')
   .description('explain how each target would be dialled under the current HTTPS_PROXY / HTTP_PROXY / NO_PROXY')
-  .argument('<target...>', 'host:port (a dial of the gateway\'s own) or an http:// or https:// URL')
+  .argument('[target...]', 'host:port (a dial of the gateway\'s own) or an http:// or https:// URL')
   .option('--json', 'one JSON object per target per line')
-  .action((targets: string[], opts: { json?: boolean }) => {
-    const dialer = new Dialer();
-    let failed = false;
-    for (const target of targets) {
-      let decision: ProxyDecision;
-      try {
-        decision = dialer.plan(target);
-      } catch (err) {
-        failed = true;
-        const e = toGatewayError(err);
-        if (opts.json) process.stdout.write(`${JSON.stringify({ target, error: { code: e.code, message: e.message } })}\n`);
-        else process.stdout.write(`${target}: error ${e.code}: ${e.message}\n  hint: ${e.hint}\n`);
-        continue;
-      }
-      const proxy = decision.proxy?.display ?? null;
-      if (opts.json) {
-        process.stdout.write(`${JSON.stringify({ target, proxy, source: decision.source, reason: decision.reason })}\n`);
-      } else {
-        const how = proxy ? `through ${proxy}` : 'direct';
-        const t = formatHostPort(decision.target.host, decision.target.port);
-        process.stdout.write(`${target}: ${how} (to ${t}): ${decision.reason}\n`);
-      }
-    }
-    if (failed) process.exitCode = EXIT_FAILURE;
+  .option('--kube-api <url>', "also the Kubernetes Service's dial of this API server (kube_service.clusters[].api_server), with --cluster")
+  .option('--cluster <name>', "the gateway cluster's name, which makes kube.<name>.local (with --kube-api)")
+  .action((targets: string[], opts: DialPlanOptions) => {
+    if (!dialPlan(targets, opts)) process.exitCode = EXIT_FAILURE;
   });
 
 /** What `start` adds for systemd (docs/systemd.md): the pid file and SIGHUP reloads of the -c file. */

@@ -3,7 +3,7 @@
 import { generateKeyPair } from '../auth/pki.js';
 import type { CertBundle } from '../auth/service.js';
 import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
-import { loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
+import { knownCa, loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
 import { parseDuration } from '../duration.js';
 import net from 'node:net';
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -33,9 +33,11 @@ program
   .action(async (opts: { proxy: string; user: string; caPin?: string; ttl?: string }) => {
     const proxy = normalizeAddress(opts.proxy);
     const ttlMs = opts.ttl ? parseDuration(opts.ttl, '--ttl') : undefined;
-    // Trust: a pinned cluster CA, else the CA the previous login to this proxy pinned, else the system's CAs.
+    // Trust: a pinned cluster CA, else the CA kept for this proxy address by an earlier login (also across a
+    // logout), else the system's CAs.
     const previous = loadProfile();
-    const ca = opts.caPin ? (await fetchPinnedCas(proxy, opts.caPin)).host_ca : previous?.proxy === proxy ? previous.hostCa : undefined;
+    const kept = knownCa(profileDir(), proxy)?.host_ca ?? (previous?.proxy === proxy ? previous.hostCa : undefined);
+    const ca = opts.caPin ? (await fetchPinnedCas(proxy, opts.caPin)).host_ca : kept;
     const password = await readPassword(`Enter password for ${opts.user}: `);
     const keys = generateKeyPair();
     const bundle = await new ApiClient({ address: proxy, ...(ca ? { ca } : {}) }).call<CertBundle>('POST', '/webapi/login', {
@@ -60,10 +62,18 @@ program
 
 program
   .command('logout')
-  .description('remove the profile and its certificates')
+  .description("remove the profile, its keys and certificates (the cluster's CA stays trusted for the next login)")
   .action(() => {
+    let profile: ReturnType<typeof loadProfile>;
+    try {
+      profile = loadProfile();
+    } catch {
+      profile = undefined; // a damaged profile is removed all the same
+    }
     const had = removeProfile();
-    process.stdout.write(had ? 'logged out\n' : 'not logged in\n');
+    if (!had) process.stdout.write('not logged in\n');
+    else if (profile && knownCa(profileDir(), profile.proxy)) process.stdout.write(`logged out; the CA of cluster ${profile.cluster} stays trusted for ${profile.proxy}\n`);
+    else process.stdout.write('logged out\n');
   });
 
 function requireProfile() {

@@ -4,7 +4,8 @@
  */
 import { Dialer } from '../dial/dialer.js';
 import { fetchThroughDialer } from '../dial/agent.js';
-import { formatHostPort, parseAddr } from '../addr.js';
+import { UNTRUSTED_HINTS } from '../dial/tlsverify.js';
+import { AddrError, formatHostPort, parseAddr } from '../addr.js';
 import { ERROR_CODES, GatewayError, type ErrorCode } from '../errors.js';
 import { pinMatches } from '../auth/pki.js';
 import type { PublicCas } from '../auth/service.js';
@@ -19,6 +20,8 @@ export interface ApiClientOptions {
   cert?: string;
   key?: string;
   timeoutMs?: number;
+  /** Which service answers at address, for the hints of certificate errors: the Proxy unless said otherwise. */
+  server?: 'proxy' | 'auth';
 }
 
 export class ApiClient {
@@ -40,8 +43,12 @@ export class ApiClient {
       ...(this.options.ca === undefined ? {} : { ca: this.options.ca }),
       ...(this.options.cert === undefined ? {} : { cert: this.options.cert, key: this.options.key }),
       timeoutMs: this.options.timeoutMs ?? 30_000,
-    }).catch((err: unknown) => {
-      throw untrustedHint(err, this.address);
+      tlsPeer: {
+        server: this.options.server ?? 'proxy',
+        // With the cluster CA (pinned at login or join) an untrusted certificate is not this cluster's; without
+        // it, only the system's CAs were asked, and a pin is what is missing.
+        untrustedHint: this.options.ca === undefined ? UNTRUSTED_HINTS.noPin : UNTRUSTED_HINTS.clusterCa(this.address),
+      },
     });
     let payload: unknown;
     try {
@@ -66,21 +73,9 @@ export function normalizeAddress(address: string): string {
     const { host, port } = parseAddr(address);
     return formatHostPort(host, port ?? 443);
   } catch (err) {
-    throw new GatewayError('GW_ERR_USAGE', `"${address}" is not a host:port address: ${(err as Error).message}`);
+    const hint = err instanceof AddrError ? err.hint : undefined;
+    throw new GatewayError('GW_ERR_USAGE', `"${address}" is not a host:port address: ${(err as Error).message}`, hint ? { hint } : {});
   }
-}
-
-function untrustedHint(err: unknown, address: string): unknown {
-  if (!(err instanceof GatewayError) || err.code !== 'GW_ERR_HTTP_FAILED') return err;
-  const cause = err.cause as NodeJS.ErrnoException | undefined;
-  const tlsCodes = ['UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'SELF_SIGNED_CERT_IN_CHAIN', 'DEPTH_ZERO_SELF_SIGNED_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'ERR_TLS_CERT_ALTNAME_INVALID', 'CERT_HAS_EXPIRED'];
-  if (cause?.code && tlsCodes.includes(cause.code)) {
-    return new GatewayError('GW_ERR_CLIENT_UNTRUSTED', `the certificate of ${address} is not trusted: ${cause.message}`, {
-      hint: "Pass the cluster's CA pin with --ca-pin sha256:... ('gwctl status' prints it), so that the cluster CA is trusted after checking it.",
-      cause,
-    });
-  }
-  return err;
 }
 
 /**

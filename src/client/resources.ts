@@ -11,6 +11,7 @@ import type { Duplex } from 'node:stream';
 import tls from 'node:tls';
 import { parseAddr } from '../addr.js';
 import { Dialer } from '../dial/dialer.js';
+import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, ERROR_CODES, type ErrorCode } from '../errors.js';
 import type { PingResponse } from '../proxy/ping.js';
 import { readJsonLine, writeJsonLine } from '../tunnel/lines.js';
@@ -62,7 +63,10 @@ export async function openResource(profile: Profile, address: string, target: Re
   await new Promise<void>((resolve, reject) => {
     socket.once('secureConnect', resolve);
     socket.once('error', (err) =>
-      reject(/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err),
+      reject(
+        tlsVerifyError(err, { address, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(address) }) ??
+          (/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err),
+      ),
     );
   });
   writeJsonLine(socket, {

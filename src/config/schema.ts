@@ -9,7 +9,7 @@ import semver from 'semver';
 import { defaultDataDir, defaultWebPort, SYSTEM_DATA_DIR, UNPRIVILEGED_WEB_PORT } from '../paths.js';
 import { redactUrl } from '../redact.js';
 import { isMap, isNode, isScalar } from 'yaml';
-import { AddrError, formatHostPort, isDnsName, isIpLiteral, normalizeHost, parseAddr, type ParsedAddr } from '../addr.js';
+import { AddrError, dnsNameProblem, formatHostPort, isIpLiteral, normalizeHost, parseAddr, type ParsedAddr } from '../addr.js';
 import { formatDuration, parseDuration } from '../duration.js';
 import {
   Dynamic,
@@ -142,7 +142,7 @@ function uri(schemes: readonly UriScheme[], what: string, hint: string) {
     try {
       addr = parseAddr(authority);
     } catch (err) {
-      if (err instanceof AddrError) throw new Invalid(`expected ${what}, got ${shown} (${err.message})`, 'GW_ERR_CONFIG_ADDR', hint);
+      if (err instanceof AddrError) throw new Invalid(`expected ${what}, got ${shown} (${err.message})`, 'GW_ERR_CONFIG_ADDR', err.hint ?? hint);
       throw err;
     }
     if (scheme === 'tcp' && addr.port === undefined) throw new Invalid(`expected tcp://host:port, got ${shown} (the port is required)`, 'GW_ERR_CONFIG_ADDR', hint);
@@ -169,7 +169,8 @@ function dnsName(s: string): string {
   const hint = 'Write a DNS name only, such as grafana.gateway.example.com: the Proxy serves the app on its web port.';
   if (isIpLiteral(normalizeHost(t))) throw new Invalid(`expected a DNS name, got the IP address ${quote(s)}`, 'GW_ERR_CONFIG_ADDR', hint);
   if (t.includes(':')) throw new Invalid(`expected a DNS name without a port, got ${quote(s)}`, 'GW_ERR_CONFIG_ADDR', hint);
-  if (!isDnsName(t)) throw new Invalid(`expected a DNS name, got ${quote(s)}`, 'GW_ERR_CONFIG_ADDR', hint);
+  const problem = dnsNameProblem(t.endsWith('.') ? t.slice(0, -1) : t);
+  if (problem) throw new Invalid(`expected a DNS name, got ${quote(s)} (${problem.message})`, 'GW_ERR_CONFIG_ADDR', problem.hint ?? hint);
   return normalizeHost(t);
 }
 

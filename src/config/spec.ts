@@ -8,7 +8,7 @@
  * so one pass reports every problem in a file.
  */
 import { isAlias, isMap, isNode, isScalar, isSeq, stringify, type Document, type LineCounter, type Node } from 'yaml';
-import { AddrError, formatHostPort, parseAddr, type HostPort, type ParsedAddr } from '../addr.js';
+import { AddrError, formatHostPort, parseAddr, urlAuthority, type HostPort, type ParsedAddr } from '../addr.js';
 import type { ErrorCode } from '../errors.js';
 import { redactUrl } from '../redact.js';
 
@@ -387,7 +387,7 @@ export function listen(doc: string, o: { port: number; default?: string | Dynami
       try {
         return toHostPort(text);
       } catch (err) {
-        if (err instanceof AddrError) throw new Invalid(`expected host:port, got ${describeNode(node)} (${err.message})`, 'GW_ERR_CONFIG_ADDR', LISTEN_HINT);
+        if (err instanceof AddrError) throw new Invalid(`expected host:port, got ${describeNode(node)} (${err.message})`, 'GW_ERR_CONFIG_ADDR', err.hint ?? LISTEN_HINT);
         throw err;
       }
     },
@@ -408,7 +408,7 @@ export function addrs(doc: string, defaultPort?: number): Leaf<readonly ParsedAd
     } catch (err) {
       if (err instanceof Invalid) ctx.report(err.code, path, node, err.message, err.hint);
       else if (err instanceof AddrError) {
-        ctx.report('GW_ERR_CONFIG_ADDR', path, node, `expected a host or host:port, got ${describeNode(node)} (${err.message})`);
+        ctx.report('GW_ERR_CONFIG_ADDR', path, node, `expected a host or host:port, got ${describeNode(node)} (${err.message})`, err.hint);
       } else throw err;
       return undefined;
     }
@@ -756,7 +756,7 @@ export function hostPort(doc: string, o: { port?: number; example: string; defau
       try {
         a = parseAddr(text);
       } catch (err) {
-        if (err instanceof AddrError) throw new Invalid(`expected ${type}, got ${describeNode(node)} (${err.message})`, 'GW_ERR_CONFIG_ADDR', hint);
+        if (err instanceof AddrError) throw new Invalid(`expected ${type}, got ${describeNode(node)} (${err.message})`, 'GW_ERR_CONFIG_ADDR', err.hint ?? hint);
         throw err;
       }
       const port = a.port ?? o.port;
@@ -854,6 +854,18 @@ export function httpUrl(s: string): string {
     url = new URL(s);
   } catch {
     url = undefined;
+  }
+  // The host as written, checked like every address: URL() would read "1.2.3" as 1.2.0.3 and keeps "_".
+  // Non-ASCII names are checked in their punycode form.
+  const authority = urlAuthority(s);
+  const host = authority !== undefined && /^[\x21-\x7e]*$/.test(authority) ? authority : url?.host;
+  if (host) {
+    try {
+      parseAddr(host);
+    } catch (err) {
+      if (err instanceof AddrError) throw new Invalid(`expected an http:// or https:// URL, got ${JSON.stringify(redactUrl(s))} (${err.message})`, 'GW_ERR_CONFIG_ADDR', err.hint);
+      throw err;
+    }
   }
   if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || url.hostname === '') {
     throw new Invalid(`expected an http:// or https:// URL, got ${JSON.stringify(redactUrl(s))}`);

@@ -9,9 +9,10 @@ import https from 'node:https';
 import net from 'node:net';
 import tls from 'node:tls';
 import { Agent, type AgentConnectOpts } from 'agent-base';
-import { normalizeHost } from '../addr.js';
+import { formatHostPort, normalizeHost } from '../addr.js';
 import { GatewayError } from '../errors.js';
 import type { Dialer } from './dialer.js';
+import { tlsVerifyError, type TlsPeer } from './tlsverify.js';
 
 export class DialerAgent extends Agent {
   constructor(
@@ -54,6 +55,8 @@ export interface FetchOptions {
   /** Largest body accepted; bigger answers are an error rather than unbounded memory. */
   maxBodyBytes?: number;
   signal?: AbortSignal;
+  /** Who the server is, for the error when its certificate fails the check (src/dial/tlsverify.ts). */
+  tlsPeer?: Omit<TlsPeer, 'address'>;
 }
 
 export interface FetchResult {
@@ -103,7 +106,12 @@ export function fetchThroughDialer(url: string, options: FetchOptions): Promise<
     req.on('timeout', () =>
       req.destroy(new GatewayError('GW_ERR_HTTP_TIMEOUT', `${u.origin}${u.pathname} did not answer within ${timeoutMs} ms`)),
     );
-    req.on('error', (err) => reject(err instanceof GatewayError ? err : new GatewayError('GW_ERR_HTTP_FAILED', `request to ${u.origin}${u.pathname} failed: ${err.message}`, { cause: err })));
+    req.on('error', (err) => {
+      if (err instanceof GatewayError) return reject(err);
+      const address = formatHostPort(normalizeHost(u.hostname), Number(u.port || (u.protocol === 'http:' ? 80 : 443)));
+      const tlsError = tlsVerifyError(err, { address, ...(options.tlsPeer ?? { server: 'server' }) });
+      reject(tlsError ?? new GatewayError('GW_ERR_HTTP_FAILED', `request to ${u.origin}${u.pathname} failed: ${err.message}`, { cause: err }));
+    });
     req.end(options.body);
   }).finally(() => agent.destroy());
 }

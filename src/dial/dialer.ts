@@ -12,7 +12,7 @@ import { formatHostPort, type HostPort } from '../addr.js';
 import { GatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { buildConnectRequest, headerValue, parseConnectResponse, type ConnectResponse } from './connect.js';
-import { parseTarget, selectProxy, type DialTarget, type ProxyDecision, type ProxySpec } from './select.js';
+import { parseTarget, selectProxy, type DialAlias, type DialTarget, type ProxyDecision, type ProxySpec } from './select.js';
 
 export interface DialerOptions {
   /** Environment to read proxy variables from on each dial; process.env by default. */
@@ -33,10 +33,10 @@ export interface DialerOptions {
 export interface DialOptions {
   signal?: AbortSignal;
   /**
-   * Decide direct-or-proxy as if dialing this target instead (host:port), but connect to the real one. The
-   * Kubernetes Service uses kube.<cluster_name>.local:443, the name the seed tells operators to put in NO_PROXY.
+   * Another name of the destination that NO_PROXY may list instead of its address (select.ts, rule 5): the
+   * Kubernetes Service dials an API server with kubeApiAlias(cluster_name), kube.<cluster_name>.local:443.
    */
-  selectAs?: string;
+  alias?: DialAlias;
 }
 
 export const DIALER_DEFAULTS = Object.freeze({
@@ -111,8 +111,8 @@ export class Dialer {
   }
 
   /** The decision for target, without dialing (what `gateway dial-plan` prints). */
-  plan(target: Target): ProxyDecision {
-    const decision = selectProxy(toTarget(target), this.options.env ?? process.env);
+  plan(target: Target, alias?: DialAlias): ProxyDecision {
+    const decision = selectProxy(toTarget(target), this.options.env ?? process.env, alias);
     for (const warning of decision.warnings) {
       if (this.warned.has(warning)) continue;
       this.warned.add(warning);
@@ -124,7 +124,7 @@ export class Dialer {
   /** Opens a connection to target, through the proxy the environment selects. */
   async dial(target: Target, options: DialOptions = {}): Promise<net.Socket> {
     const real = toTarget(target);
-    const decision = options.selectAs ? { ...this.plan(options.selectAs), target: real } : this.plan(real);
+    const decision = this.plan(real, options.alias);
     const t = decision.target;
     const where = formatHostPort(t.host, t.port);
     if (!decision.proxy) {

@@ -14,7 +14,7 @@
  */
 import { BlockList, isIP } from 'node:net';
 import { Netmask } from 'netmask';
-import { AddrError, isDnsName, normalizeHost, parsePort } from '../addr.js';
+import { AddrError, dnsNameProblem, normalizeHost, parsePort } from '../addr.js';
 
 export type NoProxyEntry =
   | { kind: 'all'; text: string }
@@ -110,7 +110,9 @@ export function parseNoProxyEntry(raw: string): NoProxyEntry {
     subdomainsOnly = true;
   }
   if (name.endsWith('.')) name = name.slice(0, -1);
-  if (!isDnsName(name)) throw new AddrError(`"${body}" is not an IP address, CIDR range or domain name`);
+  // Names are matched as text, so "_" is allowed: the entry must match whatever kube.<cluster>.local is called.
+  const problem = dnsNameProblem(name, { allowUnderscore: true });
+  if (problem) throw new AddrError(`"${body}" is not an IP address, CIDR range or domain name: ${problem.message}`);
   return { kind: 'domain', text, name, subdomainsOnly, ...(port === undefined ? {} : { port }) };
 }
 

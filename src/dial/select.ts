@@ -10,9 +10,11 @@
  *     (http:// is assumed); the port defaults to the scheme's (80 / 443). Anything else is an error naming the
  *     variable, and so is a proxy host of localhost or 127.0.0.1 (or ::1): never a silent direct dial.
  *  4. NO_PROXY (uppercase wins over no_proxy; empty counts as unset) exempts matching targets (see noproxy.ts).
+ *  5. A dial with an alias (the Kubernetes Service's dial of an API server, alias kube.<cluster_name>.local:443)
+ *     is exempt when NO_PROXY exempts either the address dialled or the alias.
  */
 import { isIP } from 'node:net';
-import { AddrError, formatHostPort, isLoopbackHost, parseAddr, type HostPort } from '../addr.js';
+import { AddrError, formatHostPort, isLoopbackHost, parseAddr, urlAuthority, type HostPort } from '../addr.js';
 import { GatewayError } from '../errors.js';
 import { REDACTED, redactUserinfo, splitUserinfo } from '../redact.js';
 import { matchNoProxy, parseNoProxy } from './noproxy.js';
@@ -49,6 +51,8 @@ export interface ProxyDecision {
   reason: string;
   /** NO_PROXY entries that were ignored, one sentence each. */
   warnings: string[];
+  /** For a dial with an alias (a Kubernetes API server): the NO_PROXY check of its address and of the alias. */
+  checks?: NoProxyCheck[];
 }
 
 type Env = Record<string, string | undefined>;
@@ -71,11 +75,22 @@ const PROXY_VARS: Record<TargetKind, readonly string[]> = {
 /** Parses "host:port", "[v6]:port" or an http(s):// URL into a dial target. */
 export function parseTarget(text: string): DialTarget {
   const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(text);
-  const bad = (why: string) =>
-    new GatewayError('GW_ERR_DIAL_BAD_TARGET', `bad dial target "${text}": ${why}`, { details: { target: text } });
+  const bad = (why: string | AddrError) =>
+    new GatewayError('GW_ERR_DIAL_BAD_TARGET', `bad dial target "${text}": ${typeof why === 'string' ? why : why.message}`, {
+      details: { target: text },
+      ...(typeof why !== 'string' && why.hint ? { hint: why.hint } : {}),
+    });
   if (scheme) {
     const kind = scheme[1]!.toLowerCase();
     if (kind !== 'http' && kind !== 'https') throw bad(`scheme "${kind}" is not http or https`);
+    // The host as written, checked first (URL() reads "1.2.3" as 1.2.0.3); non-ASCII names in punycode form.
+    const authority = urlAuthority(text);
+    const written = authority !== undefined && /^[\x21-\x7e]*$/.test(authority) ? authority : undefined;
+    try {
+      if (written !== undefined) parseAddr(written);
+    } catch (err) {
+      throw bad(err instanceof AddrError ? err : String(err));
+    }
     let url: URL;
     try {
       url = new URL(text);
@@ -83,11 +98,11 @@ export function parseTarget(text: string): DialTarget {
       throw bad('not a valid URL');
     }
     try {
-      const { host } = parseAddr(url.hostname);
+      const { host } = parseAddr(written ?? url.host);
       const port = url.port === '' ? (kind === 'https' ? 443 : 80) : Number(url.port);
       return { kind, host, port, text };
     } catch (err) {
-      throw bad(err instanceof AddrError ? err.message : String(err));
+      throw bad(err instanceof AddrError ? err : String(err));
     }
   }
   try {
@@ -95,7 +110,7 @@ export function parseTarget(text: string): DialTarget {
     if (port === undefined) throw new AddrError('a port is required (host:port)');
     return { kind: 'gateway', host, port, text };
   } catch (err) {
-    throw bad(err instanceof AddrError ? err.message : String(err));
+    throw bad(err instanceof AddrError ? err : String(err));
   }
 }
 
@@ -162,10 +177,57 @@ export function parseProxyValue(value: string, source: string): ProxySpec {
   };
 }
 
-/** Decides how to reach target under env (process.env by default, read on every call). */
-export function selectProxy(target: DialTarget | string, env: Env = process.env): ProxyDecision {
+/**
+ * A second name for the destination of a dial, which NO_PROXY may list instead of its address. The Kubernetes
+ * Service's dial of an API server has one: kube.<cluster_name>.local:443 (kubeApiAlias below).
+ */
+export interface DialAlias {
+  host: string;
+  port: number;
+  /** What the alias names, for the reasons shown: "the name of cluster x's Kubernetes API". */
+  what: string;
+  /** What the real target is, for the reasons shown: "the Kubernetes API server". */
+  targetWhat: string;
+}
+
+/** One NO_PROXY check of a dial with an alias: the name checked and the entry that exempts it, or null. */
+export interface NoProxyCheck {
+  /** host:port checked. */
+  target: string;
+  what: string;
+  entry: string | null;
+}
+
+/**
+ * The Kubernetes Service's dial of an API server (kube_service.clusters[].api_server, an https:// URL, or a
+ * host[:port]): a TLS dial of the gateway's own kind, port 443 unless given.
+ */
+export function kubeApiTarget(apiServer: string): DialTarget {
+  const authority = /^[a-z][a-z0-9+.-]*:\/\//i.test(apiServer) ? urlAuthority(apiServer) : apiServer;
+  try {
+    const { host, port } = parseAddr(authority ?? '');
+    return { kind: 'gateway', host, port: port ?? 443, text: formatHostPort(host, port ?? 443) };
+  } catch (err) {
+    const hint = err instanceof AddrError && err.hint ? { hint: err.hint } : {};
+    throw new GatewayError('GW_ERR_DIAL_BAD_TARGET', `bad Kubernetes API server "${apiServer}": ${err instanceof Error ? err.message : String(err)}`, { details: { target: apiServer }, ...hint });
+  }
+}
+
+/**
+ * kube.<cluster_name>.local:443: the name operators put in NO_PROXY so that the Kubernetes Service reaches its
+ * local cluster directly (docs/dialing.md, rule 5). Compared as text, whatever the cluster is called.
+ */
+export function kubeApiAlias(clusterName: string): DialAlias {
+  return { host: `kube.${clusterName.toLowerCase()}.local`, port: 443, what: `the name of cluster ${clusterName}'s Kubernetes API`, targetWhat: 'the Kubernetes API server' };
+}
+
+/**
+ * Decides how to reach target under env (process.env by default, read on every call). With an alias the target
+ * is dialled directly when NO_PROXY exempts either its address or the alias; the decision then carries both
+ * checks.
+ */
+export function selectProxy(target: DialTarget | string, env: Env = process.env, alias?: DialAlias): ProxyDecision {
   const t = typeof target === 'string' ? parseTarget(target) : target;
-  const where = formatHostPort(t.host, t.port);
   if (isLoopbackHost(t.host)) {
     return { target: t, proxy: null, source: null, reason: `${t.host} is a loopback target, which is never proxied`, warnings: [] };
   }
@@ -177,20 +239,26 @@ export function selectProxy(target: DialTarget | string, env: Env = process.env)
   const proxy = parseProxyValue(chosen.value, chosen.name);
   const noProxyVar = firstSet(env, ['NO_PROXY', 'no_proxy']);
   const list = parseNoProxy(noProxyVar?.value);
-  const match = noProxyVar ? matchNoProxy(list, t.host, t.port) : undefined;
-  if (match && noProxyVar) {
-    const reason =
-      match.kind === 'all'
-        ? `${noProxyVar.name} contains "*", which turns proxying off`
-        : `${noProxyVar.name} entry "${match.text}" matches ${where}`;
-    return { target: t, proxy: null, source: noProxyVar.name, reason, warnings: list.warnings };
+  const match = (host: string, port: number) => (noProxyVar ? matchNoProxy(list, host, port) : undefined);
+  const where = formatHostPort(t.host, t.port);
+  const whatTarget = alias ? `${alias.targetWhat} ${where}` : where;
+  const exempt = match(t.host, t.port);
+  const aliasWhere = alias ? formatHostPort(alias.host, alias.port) : '';
+  const aliasMatch = alias ? match(alias.host, alias.port) : undefined;
+  const aliasExempt = exempt ? undefined : aliasMatch;
+  const checks: NoProxyCheck[] | undefined = alias
+    ? [
+        { target: where, what: alias.targetWhat, entry: exempt?.text ?? null },
+        { target: aliasWhere, what: alias.what, entry: aliasMatch?.text ?? null },
+      ]
+    : undefined;
+  const base = { target: t, warnings: list.warnings, ...(checks ? { checks } : {}) };
+  const varName = noProxyVar?.name ?? 'NO_PROXY';
+  if (exempt?.kind === 'all') return { ...base, proxy: null, source: varName, reason: `${varName} contains "*", which turns proxying off` };
+  if (exempt) return { ...base, proxy: null, source: varName, reason: `${varName} entry "${exempt.text}" matches ${whatTarget}` };
+  if (aliasExempt && alias) {
+    return { ...base, proxy: null, source: varName, reason: `${varName} entry "${aliasExempt.text}" matches ${aliasWhere}, ${alias.what} (${where} itself is not exempt)` };
   }
-  const unmatched = noProxyVar ? `no ${noProxyVar.name} entry matches ${where}` : 'NO_PROXY is not set';
-  return {
-    target: t,
-    proxy,
-    source: chosen.name,
-    reason: `${chosen.name} is set and ${unmatched}`,
-    warnings: list.warnings,
-  };
+  const unmatched = noProxyVar ? `no ${noProxyVar.name} entry matches ${whatTarget}${alias ? ` or ${aliasWhere}, ${alias.what}` : ''}` : 'NO_PROXY is not set';
+  return { ...base, proxy, source: chosen.name, reason: `${chosen.name} is set and ${unmatched}` };
 }

@@ -21,6 +21,7 @@ import { parseAddr } from '../addr.js';
 import type { HostIdentity } from '../agent/identity.js';
 import { ApiClient } from '../client/api.js';
 import type { Dialer } from '../dial/dialer.js';
+import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { PingProxy } from '../proxy/ping.js';
@@ -141,7 +142,12 @@ export class TunnelAgent extends EventEmitter {
       });
       await new Promise<void>((resolve, reject) => {
         socket.once('secureConnect', () => (socket.alpnProtocol === 'gateway-reversetunnel' ? resolve() : reject(new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN gateway-reversetunnel`))));
-        socket.once('error', (err) => reject(new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err })));
+        socket.once('error', (err) =>
+          reject(
+            tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
+              new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err }),
+          ),
+        );
       });
       return socket;
     }

@@ -13,6 +13,7 @@ import tls from 'node:tls';
 import semver from 'semver';
 import { fetchThroughDialer } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
+import { isTlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { normalizeVersion } from '../proxy/versions.js';
 import type { Endpoint } from './endpoint.js';
@@ -41,6 +42,9 @@ export function loadCaFiles(paths: readonly string[]): string[] {
   });
 }
 
+const UPGRADE_UNTRUSTED_HINT =
+  "Give the CA that signs the Proxy's certificate with GATEWAY_UPGRADE_CA_FILE (the agent's cluster CA in <data_dir>/host/host-ca.pem is trusted already), or check the host in the endpoint file.";
+
 async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{ status: number; body: string }> {
   const ca = trustedCas(deps.ca);
   const r = await fetchThroughDialer(url, {
@@ -49,6 +53,7 @@ async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{
     maxBodyBytes,
     headers: { accept: 'text/plain, application/json' },
     ...(ca ? { ca } : {}),
+    tlsPeer: { server: 'proxy', untrustedHint: UPGRADE_UNTRUSTED_HINT },
   });
   return { status: r.status, body: r.body.toString('utf8') };
 }
@@ -74,7 +79,9 @@ export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<T
     r = await get(url, deps, 4096);
   } catch (err) {
     const e = toGatewayError(err);
-    throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `cannot ask the version server ${url}: ${e.message}`, { cause: e, details: { url, cause: e.code } });
+    // A certificate problem keeps its own code and the fix for it; anything else is the version server's.
+    const code = isTlsVerifyError(e) ? e.code : 'GW_ERR_UPGRADE_VERSION_SERVER';
+    throw new GatewayError(code, `cannot ask the version server ${url}: ${e.message}`, { cause: e, details: { url, cause: e.code }, ...(isTlsVerifyError(e) ? { hint: e.hint } : {}) });
   }
   if (r.status !== 200) {
     let detail = '';

@@ -1,6 +1,6 @@
 /**
  * Maintenance windows (seed: "Resource cluster_maintenance_config", Limits): one hour from `utc_start_hour` UTC
- * on each of the `weekdays`; every day when the list is empty or `*`. Pure functions on UTC instants only, so
+ * on each of the `weekdays`; every day with `*`. An empty list is refused, as the resource validator refuses it. Pure functions on UTC instants only, so
  * month ends, year ends, leap days and daylight-saving changes need no special case: a day is always
  * Date.UTC(y, m, d + i), which normalises itself across months and years.
  */
@@ -21,17 +21,21 @@ export const WINDOW_LENGTH_MS = 60 * 60 * 1000;
 export type MaintenanceInput =
   | Pick<ClusterMaintenanceConfig, 'spec'>
   | AgentUpgrades
-  | { utc_start_hour: number; weekdays?: readonly string[] | undefined };
+  | { utc_start_hour: number; weekdays: readonly string[] };
 
 const LONG_NAMES = ['sunday', 'monday', 'tuesday', 'wednesday', 'thursday', 'friday', 'saturday'];
 
 /**
- * Weekday names → the set of UTC day numbers (0 = Sunday). Short or long names, any case; an empty list or `*`
- * means every day. Throws GW_ERR_CONFIG_VALUE for anything else.
+ * Weekday names → the set of UTC day numbers (0 = Sunday). Short or long names, any case; `*` means every day.
+ * Throws GW_ERR_CONFIG_VALUE for an empty list and for anything else.
  */
-export function weekdayNumbers(weekdays: readonly string[] | undefined): Set<number> {
+export function weekdayNumbers(weekdays: readonly string[]): Set<number> {
   const days = new Set<number>();
-  if (weekdays === undefined || weekdays.length === 0) return new Set([0, 1, 2, 3, 4, 5, 6]);
+  if (weekdays.length === 0) {
+    throw new GatewayError('GW_ERR_CONFIG_VALUE', 'cluster_maintenance_config: weekdays lists no day', {
+      hint: 'List the days on which upgrades may run, or write ["*"] for every day.',
+    });
+  }
   for (const raw of weekdays) {
     const name = raw.trim().toLowerCase();
     if (name === '*') return new Set([0, 1, 2, 3, 4, 5, 6]);
@@ -47,7 +51,7 @@ export function weekdayNumbers(weekdays: readonly string[] | undefined): Set<num
   return days;
 }
 
-function agentUpgradesOf(input: MaintenanceInput): { utc_start_hour: number; weekdays?: readonly string[] | undefined } {
+function agentUpgradesOf(input: MaintenanceInput): { utc_start_hour: number; weekdays: readonly string[] } {
   return 'spec' in input ? input.spec.agent_upgrades : input;
 }
 

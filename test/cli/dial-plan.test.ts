@@ -104,3 +104,54 @@ describe('CLI errors', () => {
     expect(run(['--version']).stdout.trim()).toBe('17.0.0-dev');
   });
 });
+
+describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial of an API server)', () => {
+  const env = { HTTPS_PROXY: 'http://squid.corp:3128', NO_PROXY: '10.0.0.0/8' };
+
+  it('--json: the decision, and both NO_PROXY checks behind it', () => {
+    const { status, rows } = plan(['--kube-api', 'https://10.96.0.1:443', '--cluster', 'example.com'], env);
+    expect(status).toBe(0);
+    expect(rows).toEqual([
+      {
+        target: 'https://10.96.0.1:443',
+        kube_cluster: 'example.com',
+        proxy: null,
+        source: 'NO_PROXY',
+        reason: 'NO_PROXY entry "10.0.0.0/8" matches the Kubernetes API server 10.96.0.1:443',
+        checks: [
+          { target: '10.96.0.1:443', what: 'the Kubernetes API server', no_proxy_entry: '10.0.0.0/8' },
+          { target: 'kube.example.com.local:443', what: "the name of cluster example.com's Kubernetes API", no_proxy_entry: null },
+        ],
+      },
+    ]);
+  });
+
+  it('text: one line for the decision and one per check; exempt by the kube.<cluster>.local name alone', () => {
+    const r = run(['dial-plan', 'proxy.example.com:443', '--kube-api', 'https://10.96.0.1', '--cluster', 'example.com'], { HTTPS_PROXY: 'squid.corp:3128', NO_PROXY: 'kube.example.com.local' });
+    expect(r.status).toBe(0);
+    expect(r.stdout.trim().split('\n')).toEqual([
+      'proxy.example.com:443: through http://squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY is set and no NO_PROXY entry matches proxy.example.com:443',
+      "Kubernetes API server https://10.96.0.1 (cluster example.com): direct (to 10.96.0.1:443): NO_PROXY entry \"kube.example.com.local\" matches kube.example.com.local:443, the name of cluster example.com's Kubernetes API (10.96.0.1:443 itself is not exempt)",
+      '  NO_PROXY check of 10.96.0.1:443 (the Kubernetes API server): no entry matches',
+      "  NO_PROXY check of kube.example.com.local:443 (the name of cluster example.com's Kubernetes API): exempt by \"kube.example.com.local\"",
+    ]);
+  });
+
+  it('neither exempt: through the proxy, and the reason names both', () => {
+    const { rows } = plan(['--kube-api', 'https://10.96.0.1:443', '--cluster', 'example.com'], { HTTPS_PROXY: 'squid.corp:3128', NO_PROXY: '192.168.0.0/16' });
+    expect(rows[0]).toMatchObject({ proxy: 'http://squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.stringContaining('10.96.0.1:443 or kube.example.com.local:443') });
+  });
+
+  it('--kube-api without --cluster, or nothing at all, is a usage error', () => {
+    const half = run(['dial-plan', '--kube-api', 'https://10.96.0.1'], env);
+    expect(half.status).toBe(2);
+    expect(half.stderr).toContain('--kube-api and --cluster go together');
+    expect(run(['dial-plan'], env).status).toBe(2);
+  });
+
+  it('a bad API server address is an error row for it', () => {
+    const { status, rows } = plan(['--kube-api', 'https://10.96.0.256', '--cluster', 'c'], env);
+    expect(status).toBe(1);
+    expect(rows[0]).toMatchObject({ target: 'https://10.96.0.256', error: { code: 'GW_ERR_DIAL_BAD_TARGET', message: expect.stringContaining('over 255') } });
+  });
+});

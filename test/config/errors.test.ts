@@ -180,6 +180,58 @@ const cases: Case[] = [
     7,
   ],
   ['per-protocol public addr', 'proxy_service:\n  postgres_public_addr: "pg.example.com:x"\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.postgres_public_addr', 2, 25],
+  // RFC 1123 host names and IPv4 literals only (src/addr.ts): each of these used to be accepted.
+  ['public_addr octet 256', 'proxy_service:\n  public_addr: 10.0.0.256\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.public_addr', 2, 16],
+  ['public_addr 999.999.999.999:443', 'proxy_service:\n  public_addr: "999.999.999.999:443"\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.public_addr', 2, 16],
+  ['public_addr 1.2.3', 'proxy_service:\n  public_addr: [proxy.example.com, 1.2.3]\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.public_addr[1]', 2, 36],
+  ['listen_addr 300.1.1.1', 'auth_service:\n  listen_addr: "300.1.1.1:3025"\n', 'GW_ERR_CONFIG_ADDR', 'auth_service.listen_addr', 2, 16],
+  ['public_addr with "_"', 'ssh_service:\n  public_addr: foo_bar.example.com\n', 'GW_ERR_CONFIG_ADDR', 'ssh_service.public_addr', 2, 16],
+  ['label over 63', `proxy_service:\n  public_addr: ${'x'.repeat(64)}.example.com\n`, 'GW_ERR_CONFIG_ADDR', 'proxy_service.public_addr', 2, 16],
+  ['name over 253', `proxy_service:\n  public_addr: ${Array(5).fill('a'.repeat(60)).join('.')}\n`, 'GW_ERR_CONFIG_ADDR', 'proxy_service.public_addr', 2, 16],
+  ['leading hyphen', 'proxy_service:\n  tunnel_public_addr: -proxy.example.com:3024\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.tunnel_public_addr', 2, 23],
+  ['trailing hyphen', 'proxy_service:\n  public_addr: proxy-.example.com\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.public_addr', 2, 16],
+  ['empty label', 'proxy_service:\n  public_addr: proxy..example.com\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.public_addr', 2, 16],
+  ['port over 65535', 'proxy_service:\n  public_addr: proxy.example.com:70000\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.public_addr', 2, 16],
+  [
+    'database uri with a bad octet',
+    'db_service:\n  databases:\n    - {name: pg, protocol: postgres, uri: "10.0.0.256:5432"}\n',
+    'GW_ERR_CONFIG_ADDR',
+    'db_service.databases[0].uri',
+    3,
+    43,
+  ],
+  [
+    'desktop addr with "_"',
+    'windows_desktop_service:\n  desktops:\n    - {name: w, addr: win_1.corp}\n',
+    'GW_ERR_CONFIG_ADDR',
+    'windows_desktop_service.desktops[0].addr',
+    3,
+    23,
+  ],
+  [
+    'app uri host 1.2.3',
+    'app_service:\n  apps:\n    - {name: a, uri: "http://1.2.3:8080"}\n',
+    'GW_ERR_CONFIG_ADDR',
+    'app_service.apps[0].uri',
+    3,
+    22,
+  ],
+  [
+    'kube api_server with "_"',
+    'kube_service:\n  clusters:\n    - {name: dev, api_server: "https://k8s_api.internal:6443"}\n',
+    'GW_ERR_CONFIG_ADDR',
+    'kube_service.clusters[0].api_server',
+    3,
+    31,
+  ],
+  [
+    'forward_url host 300.1.1.1',
+    'proxy_service:\n  automatic_upgrades_channels:\n    default: {forward_url: "https://300.1.1.1/v1/webapi/automaticupgrades/channel/default"}\n',
+    'GW_ERR_CONFIG_ADDR',
+    'proxy_service.automatic_upgrades_channels.default.forward_url',
+    3,
+    28,
+  ],
 
   // --- channels: exactly one of static_version / forward_url ---------------------------------------------------------
   [
@@ -229,6 +281,30 @@ describe('parseConfig errors', () => {
     expect(err.message).toContain(`config.yaml:${line}:${column}:`);
     if (path !== '') expect(err.message).toContain(path);
     expect(err.hint.length).toBeGreaterThan(0);
+  });
+
+  it('an address error names the value and gives the fix for that mistake', () => {
+    const underscore = failure('proxy_service:\n  public_addr: foo_bar.example.com\n');
+    expect(underscore.message).toContain('foo_bar.example.com');
+    expect(underscore.message).toContain('"_"');
+    expect(underscore.hint).toContain('Replace "_" with "-"');
+    const octet = failure('proxy_service:\n  public_addr: "999.999.999.999:443"\n');
+    expect(octet.message).toContain('over 255');
+    expect(octet.hint).toContain('four numbers from 0 to 255');
+    expect(failure('auth_service:\n  listen_addr: ":65536"\n').hint).toContain('1 to 65535');
+  });
+
+  it('keeps the names that are valid: localhost, kube.<cluster>.local, IPv6 with a port, a trailing dot', () => {
+    const config = parseConfig(
+      [
+        'auth_service:',
+        '  listen_addr: "[::1]:3025"',
+        '  public_addr: [localhost, "kube.e2e-cluster.local:443", auth.example.com., "[2001:db8::1]:3025", 10.0.0.255]',
+        '',
+      ].join('\n'),
+      'config.yaml',
+    );
+    expect(config.auth_service.public_addr.map((a) => a.host)).toEqual(['localhost', 'kube.e2e-cluster.local', 'auth.example.com', '2001:db8::1', '10.0.0.255']);
   });
 
   it('suggests the nearest known key when the distance is small', () => {

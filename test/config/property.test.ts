@@ -81,3 +81,39 @@ describe('parseConfig never throws anything but a configuration GatewayError', (
     checkParse('a: &x [*x]\nproxy_service:\n  public_addr: *x\n');
   });
 });
+
+describe('addresses in the configuration', () => {
+  const octet = fc.integer({ min: 0, max: 255 });
+  const ipv4 = fc.tuple(octet, octet, octet, octet).map((o) => o.join('.'));
+  const label = fc.stringMatching(/^[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?$/);
+  const name = fc.tuple(fc.array(label, { maxLength: 3 }), fc.stringMatching(/^[a-z]([a-z0-9-]{0,10}[a-z0-9])?$/)).map(([l, tld]) => [...l, tld].join('.'));
+  const withPort = (host: fc.Arbitrary<string>) => fc.tuple(host, fc.option(fc.integer({ min: 1, max: 65535 }), { nil: undefined })).map(([h, p]) => (p === undefined ? h : `${h}:${p}`));
+  const yaml = (addr: string) => `proxy_service:\n  public_addr: ["${addr}"]\nssh_service:\n  listen_addr: "${addr.includes(':') ? addr : `${addr}:3022`}"\n`;
+
+  it('generated IPv4 addresses and RFC 1123 names, with or without a port, are accepted as public_addr and listen_addr', () => {
+    fc.assert(
+      fc.property(withPort(fc.oneof(ipv4, name)), (addr) => {
+        const config = parseConfig(yaml(addr), 'gen.yaml');
+        expect(config.proxy_service.public_addr[0]!.host).toBe(addr.replace(/:\d+$/, ''));
+      }),
+    );
+  });
+
+  it('the same addresses with an octet over 255 or a "_" are refused with GW_ERR_CONFIG_ADDR at the key', () => {
+    const badOctet = fc.tuple(ipv4, fc.integer({ min: 0, max: 3 }), fc.integer({ min: 256, max: 999 })).map(([ip, i, n]) => ip.split('.').map((o, j) => (j === i ? String(n) : o)).join('.'));
+    const underscore = fc.tuple(name, fc.nat()).map(([n, at]) => `${n.slice(0, at % (n.length + 1))}_${n.slice(at % (n.length + 1))}`);
+    fc.assert(
+      fc.property(withPort(fc.oneof(badOctet, underscore)), (addr) => {
+        let err: unknown;
+        try {
+          parseConfig(yaml(addr), 'gen.yaml');
+        } catch (e) {
+          err = e;
+        }
+        expect(err).toBeInstanceOf(GatewayError);
+        expect((err as GatewayError).code).toBe('GW_ERR_CONFIG_ADDR');
+        expect((err as GatewayError).details).toMatchObject({ path: 'proxy_service.public_addr[0]', line: 2, column: 17 });
+      }),
+    );
+  });
+});

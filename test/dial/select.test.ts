@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { parseNoProxy, matchNoProxy } from '../../src/dial/noproxy.js';
-import { parseProxyValue, parseTarget, selectProxy } from '../../src/dial/select.js';
+import { kubeApiAlias, kubeApiTarget, parseProxyValue, parseTarget, selectProxy } from '../../src/dial/select.js';
 import { GatewayError } from '../../src/errors.js';
 
 type Env = Record<string, string>;
@@ -169,6 +169,9 @@ describe('NO_PROXY', () => {
     ['example.com:443', 'exa mple.com, 10.0.0.0/33, ex*.com, example.com', false],
     ['example.com:443', 'exa mple.com', true],
     ['example.com:443', ' , ,', true],
+    // an entry that is neither an IPv4 address nor a name is ignored rather than taken as a name
+    ['example.com:443', '10.0.0.256, example.com', false],
+    ['10.0.0.25:443', '10.0.0.256', true],
   ] as Array<[string, string, boolean]>)('%s with NO_PROXY=%s: proxied=%s', (target, noProxy, expected) => {
     expect(proxied(target, noProxy)).toBe(expected);
   });
@@ -191,6 +194,65 @@ describe('NO_PROXY', () => {
     expect(d.reason).toContain('".internal"');
     expect(d.warnings).toHaveLength(1);
     expect(d.warnings[0]).toContain('bogus entry');
+    expect(selectProxy('a.example.com:443', { HTTPS_PROXY: 'squid:3128', NO_PROXY: '300.1.1.1' }).warnings[0]).toContain('over 255');
+  });
+});
+
+describe('Kubernetes API server dials (rule 5): direct when NO_PROXY exempts the address or kube.<cluster>.local', () => {
+  const kube = (apiServer: string, env: Env, cluster = 'example.com') => selectProxy(kubeApiTarget(apiServer), { HTTPS_PROXY: 'http://squid:3128', ...env }, kubeApiAlias(cluster));
+
+  it.each([
+    // [NO_PROXY, proxied?, entry for the address, entry for kube.example.com.local]
+    ['10.0.0.0/8', false, '10.0.0.0/8', null],
+    ['10.96.0.1:443', false, '10.96.0.1:443', null],
+    ['kube.example.com.local', false, null, 'kube.example.com.local'],
+    ['.local', false, null, '.local'],
+    ['10.0.0.0/8,kube.example.com.local', false, '10.0.0.0/8', 'kube.example.com.local'],
+    ['192.168.0.0/16,example.org', true, null, null],
+    ['10.96.0.1:6443', true, null, null],
+  ] as Array<[string, boolean, string | null, string | null]>)('NO_PROXY=%s: proxied=%s', (noProxy, proxied, addressEntry, aliasEntry) => {
+    const d = kube('https://10.96.0.1:443', { NO_PROXY: noProxy });
+    expect(d.proxy !== null).toBe(proxied);
+    expect(d.checks).toEqual([
+      { target: '10.96.0.1:443', what: 'the Kubernetes API server', entry: addressEntry },
+      { target: 'kube.example.com.local:443', what: "the name of cluster example.com's Kubernetes API", entry: aliasEntry },
+    ]);
+  });
+
+  it('the reason names what decided', () => {
+    expect(kube('https://10.96.0.1', { NO_PROXY: '10.0.0.0/8' }).reason).toBe('NO_PROXY entry "10.0.0.0/8" matches the Kubernetes API server 10.96.0.1:443');
+    expect(kube('https://10.96.0.1', { NO_PROXY: 'kube.example.com.local' }).reason).toBe(
+      'NO_PROXY entry "kube.example.com.local" matches kube.example.com.local:443, the name of cluster example.com\'s Kubernetes API (10.96.0.1:443 itself is not exempt)',
+    );
+    expect(kube('https://10.96.0.1', { NO_PROXY: 'example.org' }).reason).toBe(
+      'HTTPS_PROXY is set and no NO_PROXY entry matches the Kubernetes API server 10.96.0.1:443 or kube.example.com.local:443, the name of cluster example.com\'s Kubernetes API',
+    );
+    const unset = kube('https://10.96.0.1', {});
+    expect(unset.reason).toBe('HTTPS_PROXY is set and NO_PROXY is not set');
+    expect(unset.checks?.map((c) => c.entry)).toEqual([null, null]);
+  });
+
+  it('a name API server and a cluster name with "_" or capitals are matched as written', () => {
+    expect(kube('https://k8s.internal:6443/', { NO_PROXY: '.internal' }).proxy).toBeNull();
+    expect(kube('https://k8s.example.org:6443/', { no_proxy: 'kube.my_cluster.local' }, 'My_Cluster').proxy).toBeNull();
+  });
+
+  it('a loopback API server is direct by rule 1, as any loopback target', () => {
+    const d = kube('https://127.0.0.1:6443', { NO_PROXY: 'example.org' });
+    expect(d.proxy).toBeNull();
+    expect(d.reason).toContain('loopback');
+  });
+
+  it('the dial is a TLS dial of the gateway\'s own kind: HTTP_PROXY applies when HTTPS_PROXY is unset', () => {
+    const d = selectProxy(kubeApiTarget('https://10.96.0.1'), { HTTP_PROXY: 'squid:3129' }, kubeApiAlias('c'));
+    expect(d.proxy?.display).toBe('http://squid:3129');
+  });
+
+  it('kubeApiTarget takes the api_server URL or host[:port], and refuses a bad address', () => {
+    expect(kubeApiTarget('https://[2001:db8::1]:6443/prefix')).toMatchObject({ kind: 'gateway', host: '2001:db8::1', port: 6443 });
+    expect(kubeApiTarget('https://K8S.internal')).toMatchObject({ host: 'k8s.internal', port: 443 });
+    expect(kubeApiTarget('10.96.0.1:443')).toMatchObject({ host: '10.96.0.1', port: 443 });
+    expect(() => kubeApiTarget('https://10.96.0.256')).toThrow(expect.objectContaining({ code: 'GW_ERR_DIAL_BAD_TARGET' }));
   });
 });
 
@@ -206,6 +268,17 @@ describe('targets', () => {
   });
   it.each(['proxy.example.com', 'ftp://x.com/', 'x.com:99999', '2001:db8::1:443', 'https://', ':443'])('%s is a bad target', (text) => {
     expect(() => parseTarget(text)).toThrow(expect.objectContaining({ code: 'GW_ERR_DIAL_BAD_TARGET' }));
+  });
+  // The host as written is checked by src/addr.ts, also inside URLs (URL() would read 1.2.3 as 1.2.0.3).
+  it.each([
+    ['10.0.0.256:443', 'over 255'],
+    ['1.2.3:443', 'four'],
+    ['foo_bar.example.com:443', '"_"'],
+    ['https://1.2.3/webapi', 'four'],
+    ['https://300.1.1.1/x', 'over 255'],
+    ['http://foo_bar.example.com/', '"_"'],
+  ])('%s is a bad target: %s', (text, why) => {
+    expect(() => parseTarget(text)).toThrow(expect.objectContaining({ code: 'GW_ERR_DIAL_BAD_TARGET', message: expect.stringContaining(why) }));
   });
 });
 

@@ -4,6 +4,8 @@
  * control channel). Real daemons on loopback; the upgrader's directory sits under GATEWAY_UPGRADE_ROOT.
  */
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
@@ -14,6 +16,8 @@ let dir: string;
 let cluster: RunningGateway;
 let agent: RunningGateway;
 let scheduleFile: string;
+let proxyPort: number;
+let pin: string;
 
 const admin = (args: string[]) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir } });
 
@@ -38,11 +42,11 @@ beforeAll(async () => {
   const upgradeRoot = join(dir, 'root');
   await mkdir(join(upgradeRoot, 'etc', 'gateway-upgrade.d'), { recursive: true });
   scheduleFile = join(upgradeRoot, 'etc', 'gateway-upgrade.d', 'schedule');
-  const port = await getPort({ host: '127.0.0.1' });
+  const port = (proxyPort = await getPort({ host: '127.0.0.1' }));
   cluster = await startGateway(
     ['gateway:', '  nodename: proxy-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'auth_service:', '  cluster_name: sched.example', '  listen_addr: 127.0.0.1:0', 'proxy_service:', `  web_listen_addr: 127.0.0.1:${port}`, `  public_addr: localhost:${port}`, ''].join('\n'),
   );
-  const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
+  pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
   const token = (JSON.parse((await admin(['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string }).token;
   agent = await startGateway(['gateway:', '  nodename: node-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'ssh_service:', '  enabled: yes', ''].join('\n'), {
     args: ['--token', token, '--ca-pin', pin, '--proxy', `localhost:${port}`],
@@ -74,5 +78,55 @@ describe('the agent exports the maintenance schedule for its upgrader', () => {
       expect(new Date(start * 1000).getUTCHours()).toBe(4);
     }
     expect(windows.length).toBeGreaterThanOrEqual(7);
+  });
+});
+
+describe('a Kubernetes agent (docs/kubernetes-updater.md: the schedule Secret writer is wired)', () => {
+  it('with POD_NAMESPACE and GATEWAY_KUBE_SCHEDULE_SECRET, as the chart sets them, it patches the windows into the Secret', async () => {
+    // A stand-in Kubernetes API server that records the agent's requests and answers a merge patch with the Secret.
+    const requests: Array<{ method: string; path: string; type: string; body: string }> = [];
+    const kube = http.createServer((req, res) => {
+      let body = '';
+      req.on('data', (c: Buffer) => (body += c.toString()));
+      req.on('end', () => {
+        requests.push({ method: req.method ?? '', path: req.url ?? '', type: req.headers['content-type'] ?? '', body });
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 'agent-shared-state', namespace: 'gateway' }, data: {} }));
+      });
+    });
+    await new Promise<void>((resolve) => kube.listen(0, '127.0.0.1', resolve));
+    const kubeconfig = join(dir, 'kubeconfig');
+    await writeFile(
+      kubeconfig,
+      [
+        'apiVersion: v1',
+        'kind: Config',
+        // Plain HTTP on loopback: client-node allows it only with TLS verification off, which it does not use then.
+        `clusters: [{name: c, cluster: {server: "http://127.0.0.1:${(kube.address() as AddressInfo).port}", insecure-skip-tls-verify: true}}]`,
+        'users: [{name: u, user: {token: not-a-secret}}]',
+        'contexts: [{name: x, context: {cluster: c, user: u, namespace: gateway}}]',
+        'current-context: x',
+        '',
+      ].join('\n'),
+    );
+    const token = (JSON.parse((await admin(['tokens', 'add', '--type=kube', '--format', 'json'])).stdout) as { token: string }).token;
+    const kubeAgent = await startGateway(['gateway:', '  nodename: kube-agent', '  data_dir: DATA_DIR', '  log: { format: json }', 'kube_service:', '  enabled: yes', ''].join('\n'), {
+      args: ['--token', token, '--ca-pin', pin, '--proxy', `localhost:${proxyPort}`],
+      env: { POD_NAMESPACE: 'gateway', GATEWAY_KUBE_SCHEDULE_SECRET: 'agent-shared-state', KUBECONFIG: kubeconfig, GATEWAY_UPGRADE_ROOT: join(dir, 'no-upgrader') },
+    });
+    try {
+      await until(async () => requests.some((r) => r.method === 'PATCH'), 'a PATCH of the schedule Secret');
+      const patch = requests.find((r) => r.method === 'PATCH')!;
+      expect(patch.path).toBe('/api/v1/namespaces/gateway/secrets/agent-shared-state');
+      expect(patch.type).toBe('application/merge-patch+json');
+      const data = (JSON.parse(patch.body) as { data: Record<string, string> }).data;
+      const exported = JSON.parse(Buffer.from(data['agent-maintenance-schedule']!, 'base64').toString('utf8')) as { windows: Array<{ start: string }> };
+      // The cluster_maintenance_config of the test above: every day at 04:00 UTC.
+      expect(exported.windows.length).toBeGreaterThanOrEqual(7);
+      for (const w of exported.windows) expect(new Date(w.start).getUTCHours()).toBe(4);
+    } finally {
+      await kubeAgent.stop();
+      await new Promise<void>((resolve) => kube.close(() => resolve()));
+    }
   });
 });

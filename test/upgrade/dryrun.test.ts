@@ -24,6 +24,8 @@ setRootLogger(createLogger({ level: 'silent' }));
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
+/** Another name of the Proxy's address, known to squid but not in the Proxy's certificate. */
+const OTHER_NAME = 'other.gw.test';
 const HOUR = 3_600_000;
 
 let dir: string;
@@ -40,7 +42,7 @@ let oldCluster: HttpTestServer;
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-dryrun-'));
   await chmod(dir, 0o755);
-  await writeFile(join(dir, 'hosts'), `${PROXY_IP} ${PROXY_NAME}\n`, { mode: 0o644 });
+  await writeFile(join(dir, 'hosts'), `${PROXY_IP} ${PROXY_NAME} ${OTHER_NAME}\n`, { mode: 0o644 });
   squid = await startSquid({ extraConfig: [`hosts_file ${join(dir, 'hosts')}`] });
   upstream = await startHttpServer((req, res) => {
     const answers: Record<string, string> = { '/rc/version': 'v17.1.0-rc.1', '/rc/critical': 'yes' };
@@ -193,6 +195,27 @@ describe('gateway-upgrade dry-run against the real version server', () => {
     expect(r.status).toBe(1);
     expect(r.stderr).toContain(`error: the version server https://${viaIp('nope')}/version answered HTTP 404: no channel "nope" on this proxy`);
     expect(r.stderr).toContain('code: GW_ERR_UPGRADE_VERSION_SERVER');
+  });
+
+  it("a Proxy certificate no trusted CA signed: GW_ERR_CLIENT_UNTRUSTED, and the hint's GATEWAY_UPGRADE_CA_FILE fixes it", async () => {
+    await endpoint(viaIp('stable/v17'));
+    const { GATEWAY_UPGRADE_CA_FILE: caFile, ...withoutCa } = baseEnv;
+    const r = await runCli('gateway-upgrade', ['dry-run'], { env: withoutCa });
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain('code: GW_ERR_CLIENT_UNTRUSTED');
+    expect(r.stderr).toMatch(/^hint: Give the CA that signs the Proxy's certificate with GATEWAY_UPGRADE_CA_FILE/m);
+    const fixed = await runCli('gateway-upgrade', ['dry-run'], { env: { ...withoutCa, GATEWAY_UPGRADE_CA_FILE: caFile! } });
+    expect(fixed.stdout).toContain('an upgrade is available');
+  });
+
+  it('an endpoint host the Proxy certificate does not hold: GW_ERR_TLS_NAME_MISMATCH with the names and the public_addr fix', async () => {
+    await endpoint(`${OTHER_NAME}:${port}/v1/webapi/automaticupgrades/channel/stable/v17`);
+    const r = await dryRun(throughSquid);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain('code: GW_ERR_TLS_NAME_MISMATCH');
+    expect(r.stderr).toContain(`the certificate of ${OTHER_NAME}:${port} does not hold the name ${OTHER_NAME}`);
+    expect(r.stderr).toContain(PROXY_NAME);
+    expect(r.stderr).toContain(`hint: Set proxy_service.public_addr on the Proxy to include ${OTHER_NAME}:${port}`);
   });
 
   it('the Proxy unreachable through the proxy: the Dialer\'s error, named', async () => {

@@ -22,6 +22,8 @@ import { VersionServer } from '../../src/proxy/versions.js';
 import { ClientNodeKubeApi, kubeScheduleWriter, loadKubeConfig, type WatchEventType } from '../../src/upgrade/kube/client.js';
 import { KubeUpdater, channelVersionSource } from '../../src/upgrade/kube/controller.js';
 import type { AgentWorkload } from '../../src/upgrade/kube/decide.js';
+import { startHttpsServer } from '../helpers/servers.js';
+import { makeTestPki } from '../helpers/tls.js';
 
 interface RecordedRequest {
   method: string;
@@ -351,6 +353,28 @@ describe('one reconciliation through the real client, replaying the exchange', (
       expect(gets.length).toBe(2);
     } finally {
       updater.stop();
+    }
+  });
+});
+
+describe("the updater's version source over https", () => {
+  it('a Proxy certificate it does not trust is GW_ERR_CLIENT_UNTRUSTED with the --ca-file hint, and that CA fixes it', async () => {
+    const pki = await makeTestPki();
+    const cert = await pki.serverCert({ names: ['proxy.gw.test'], ips: ['127.0.0.1'] });
+    const vs = new VersionServer({ ownVersion: '17.0.2', channels: {}, dialer: new Dialer({ env: {} }) });
+    const server = await startHttpsServer({ cert: cert.certPem, key: cert.keyPem }, (req, res) => {
+      if (!vs.handle(req, res)) res.writeHead(404).end();
+    });
+    try {
+      const baseUrl = `https://127.0.0.1:${server.port}/v1/webapi/automaticupgrades/channel/default`;
+      let err: unknown;
+      await channelVersionSource({ baseUrl, dialer: new Dialer({ env: {} }) })().catch((e: unknown) => (err = e));
+      expect(err).toMatchObject({ code: 'GW_ERR_CLIENT_UNTRUSTED', hint: expect.stringContaining('--ca-file') });
+      // What --ca-file gives channelVersionSource (src/cli/gateway-kube-updater.ts): the CA's PEM.
+      expect(await channelVersionSource({ baseUrl, dialer: new Dialer({ env: {} }), ca: pki.caPem })()).toMatchObject({ version: 'v17.0.2' });
+    } finally {
+      await server.close();
+      await pki.cleanup();
     }
   });
 });

@@ -222,7 +222,7 @@ describe('startScheduleExport', () => {
 
   it('checks the file at start for a non-root agent and reports the fix, and keeps the old file when the Auth Service fails', async () => {
     const d = join(dir, 'export-nonroot');
-    const exp = startScheduleExport({ fetchConfig: async () => config(1, []), dir: d, uid: NOBODY, intervalMs: 3_600_000 });
+    const exp = startScheduleExport({ fetchConfig: async () => config(1, ['*']), dir: d, uid: NOBODY, intervalMs: 3_600_000 });
     await exp.ready;
     exp.stop();
     expect(exp.problem?.fix).toContain('install -o');
@@ -232,7 +232,7 @@ describe('startScheduleExport', () => {
     const exp2 = startScheduleExport({
       fetchConfig: async () => {
         if (fail) throw new Error('auth unreachable');
-        return config(1, []);
+        return config(1, ['*']);
       },
       dir: d2,
       uid: 0,
@@ -257,7 +257,7 @@ describe('startScheduleExport', () => {
 
   it('does not enroll (exports nothing) when the cluster is too old', async () => {
     const d = join(dir, 'export-old');
-    const exp = startScheduleExport({ fetchConfig: async () => config(1, []), dir: d, uid: 0, clusterVersion: async () => '14.3.6', intervalMs: 3_600_000 });
+    const exp = startScheduleExport({ fetchConfig: async () => config(1, ['*']), dir: d, uid: 0, clusterVersion: async () => '14.3.6', intervalMs: 3_600_000 });
     await exp.ready;
     exp.stop();
     await expect(stat(join(d, 'schedule'))).rejects.toThrow(/ENOENT/);

@@ -10,8 +10,8 @@ const D = (s: string) => new Date(s);
 describe('nextWindows', () => {
   const cases: Array<{ name: string; hour: number; weekdays: string[]; from: string; count: number; want: string[] }> = [
     {
-      name: 'every day (empty list) from just before the hour',
-      hour: 2, weekdays: [], from: '2026-03-10T01:59:59Z', count: 2,
+      name: 'every day ("*") from just before the hour',
+      hour: 2, weekdays: ['*'], from: '2026-03-10T01:59:59Z', count: 2,
       want: ['2026-03-10T02:00:00.000Z/2026-03-10T03:00:00.000Z', '2026-03-11T02:00:00.000Z/2026-03-11T03:00:00.000Z'],
     },
     {
@@ -21,12 +21,12 @@ describe('nextWindows', () => {
     },
     {
       name: 'a window that just ended is not next (stop is exclusive)',
-      hour: 2, weekdays: [], from: '2026-03-10T03:00:00Z', count: 1,
+      hour: 2, weekdays: ['*'], from: '2026-03-10T03:00:00Z', count: 1,
       want: ['2026-03-11T02:00:00.000Z/2026-03-11T03:00:00.000Z'],
     },
     {
       name: 'start is inclusive',
-      hour: 2, weekdays: [], from: '2026-03-10T02:00:00Z', count: 1,
+      hour: 2, weekdays: ['*'], from: '2026-03-10T02:00:00Z', count: 1,
       want: ['2026-03-10T02:00:00.000Z/2026-03-10T03:00:00.000Z'],
     },
     {
@@ -46,7 +46,7 @@ describe('nextWindows', () => {
     },
     {
       name: 'no leap day in 2027: Feb 28 then Mar 1',
-      hour: 12, weekdays: [], from: '2027-02-28T13:00:00Z', count: 1,
+      hour: 12, weekdays: ['*'], from: '2027-02-28T13:00:00Z', count: 1,
       want: ['2027-03-01T12:00:00.000Z/2027-03-01T13:00:00.000Z'],
     },
     {
@@ -78,7 +78,7 @@ describe('nextWindows', () => {
     for (const hour of [-1, 24, 1.5, Number.NaN]) {
       let err: unknown;
       try {
-        nextWindows({ utc_start_hour: hour, weekdays: [] }, new Date(), 1);
+        nextWindows({ utc_start_hour: hour, weekdays: ['*'] }, new Date(), 1);
       } catch (e) {
         err = e;
       }
@@ -87,8 +87,19 @@ describe('nextWindows', () => {
     expect(() => weekdayNumbers(['Funday'])).toThrow(/Funday/);
   });
 
+  it('refuses an empty weekdays list, as the resource validator does ("*" is every day)', () => {
+    let err: unknown;
+    try {
+      nextWindows({ utc_start_hour: 2, weekdays: [] }, new Date(), 1);
+    } catch (e) {
+      err = e;
+    }
+    expect(isGatewayError(err, 'GW_ERR_CONFIG_VALUE')).toBe(true);
+    expect((err as Error & { hint: string }).hint).toContain('"*"');
+  });
+
   it('count 0 gives nothing', () => {
-    expect(nextWindows({ utc_start_hour: 1, weekdays: [] }, new Date(), 0)).toEqual([]);
+    expect(nextWindows({ utc_start_hour: 1, weekdays: ['*'] }, new Date(), 0)).toEqual([]);
   });
 
   it('properties: sorted, one hour long, at the hour, on an allowed day, ending after from, nothing skipped', () => {
@@ -96,13 +107,13 @@ describe('nextWindows', () => {
     fc.assert(
       fc.property(
         fc.integer({ min: 0, max: 23 }),
-        fc.subarray(days),
+        fc.subarray(days, { minLength: 1 }),
         fc.date({ min: D('1990-01-01T00:00:00Z'), max: D('2200-01-01T00:00:00Z'), noInvalidDate: true }),
         fc.integer({ min: 1, max: 20 }),
         (hour, weekdays, from, count) => {
           const ws = nextWindows({ utc_start_hour: hour, weekdays }, from, count);
           expect(ws).toHaveLength(count);
-          const allowed = weekdays.length === 0 ? days : weekdays;
+          const allowed = weekdays;
           for (let i = 0; i < ws.length; i++) {
             const w = ws[i]!;
             expect(w.stop.getTime() - w.start.getTime()).toBe(3_600_000);

@@ -266,7 +266,7 @@ export function pinMatches(certPem: string, pin: string): boolean {
 function checkNames(dnsNames: unknown, ipAddresses: unknown): { dns: string[]; ips: Buffer[] } {
   if (!Array.isArray(dnsNames) || !Array.isArray(ipAddresses)) throw badRequest('dnsNames and ipAddresses must be lists');
   const dns = dnsNames.map((n: unknown) => {
-    if (typeof n !== 'string' || isIP(n) !== 0 || !isDnsName(n.startsWith('*.') ? n.slice(2) : n)) {
+    if (typeof n !== 'string' || isIP(n) !== 0 || !isDnsName(n.startsWith('*.') ? n.slice(2) : n, { allowUnderscore: true })) {
       throw badRequest(`"${String(n).slice(0, 80)}" is not a DNS name (IP addresses go in ipAddresses)`);
     }
     return n;

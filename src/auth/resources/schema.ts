@@ -478,15 +478,20 @@ const weekday = leaf<string | undefined>({
   },
 });
 
+// An empty list is refused rather than read as "every day"; "*" says every day (why: docs/resources.md).
 const weekdays = mapped(
   listOf<string>('Days on which the window opens.', weekday as Spec<string>, {
     type: 'list of weekdays',
     expected: 'a list of weekdays',
-    min: 1,
     unique: (v) => v,
   }),
   (value, node, path, ctx): Weekday[] | undefined => {
     if (value === undefined) return undefined;
+    const n = ctx.deref(node, path);
+    if (isSeq(n) && n.items.length === 0) {
+      ctx.report('GW_ERR_CONFIG_VALUE', path, n, 'expected at least one day, got an empty list', 'List the days on which upgrades may run, or write ["*"] for every day.');
+      return undefined;
+    }
     if (value.includes('*')) {
       if (value.length > 1) {
         ctx.report('GW_ERR_CONFIG_VALUE', path, ctx.deref(node, path), '"*" already means every day', 'Write "*" alone, or list the days.');

@@ -342,6 +342,7 @@ export function channelVersionSource(options: {
       headers: { accept: 'text/plain' },
       ...(options.ca === undefined ? {} : { ca: options.ca }),
       ...(options.rejectUnauthorized === undefined ? {} : { rejectUnauthorized: options.rejectUnauthorized }),
+      tlsPeer: { server: 'proxy', untrustedHint: "Give the CA that signs the Proxy's certificate with --ca-file (the chart: updater.proxyCASecret)." },
     });
     if (r.status !== 200) throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `${base}/${what} answered HTTP ${r.status}`);
     return r.body.toString('utf8').trim();

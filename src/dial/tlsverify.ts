@@ -1,0 +1,185 @@
+/**
+ * What a failed server-certificate check means, said once for every client that verifies one (the gateway API
+ * client, HTTPS through the Dialer, the reverse tunnel, gwsh's resource connections, the Kubernetes dial, the
+ * upgraders). Node's verification error is turned into one of three codes, each with the fix for the server
+ * that was dialled:
+ *
+ *   GW_ERR_TLS_NAME_MISMATCH   the certificate is trusted but names other hosts than the address dialled; the
+ *                              message lists the DNS and IP names it holds
+ *   GW_ERR_TLS_CERT_EXPIRED    the certificate is outside its validity period
+ *   GW_ERR_CLIENT_UNTRUSTED    no CA this side trusts signed it (no pin given, or another cluster's)
+ *
+ * A CA that does not match a --ca-pin is found earlier, before anything is verified (GW_ERR_AUTH_PIN_MISMATCH in
+ * src/client/api.ts). Pure: no I/O.
+ */
+import type { PeerCertificate } from 'node:tls';
+import { formatHostPort, isIpLiteral, isLoopbackHost, parseAddr } from '../addr.js';
+import { GatewayError } from '../errors.js';
+
+/** Who answered: decides which setting the hints name. */
+export type TlsServerKind = 'proxy' | 'auth' | 'kube-api' | 'server';
+
+export interface TlsPeer {
+  /** host:port as it was dialled. */
+  address: string;
+  server: TlsServerKind;
+  /** For kube-api: the cluster's name in kube_service.clusters. */
+  name?: string;
+  /** What to do when no trusted CA signed the certificate: that depends on how the caller got its trust. */
+  untrustedHint?: string;
+}
+
+/** Hints for an untrusted certificate, by how the caller trusts the server. */
+export const UNTRUSTED_HINTS = {
+  noPin: "Pass the cluster's CA pin with --ca-pin sha256:... ('gwctl status' on the cluster prints it), so that the cluster CA is trusted after it is checked against the pin.",
+  clusterCa: (address: string) =>
+    `The certificate of ${address} is not signed by the cluster CA this side trusts. Check that ${address} is this cluster's Proxy (a TLS-inspecting proxy in between presents its own certificate: exempt the address with NO_PROXY); if the cluster was set up again with new CAs, sign in again with 'gwsh login --ca-pin' or join again with a new token and --ca-pin.`,
+} as const;
+
+const UNTRUSTED_CODES = new Set([
+  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+  'SELF_SIGNED_CERT_IN_CHAIN',
+  'DEPTH_ZERO_SELF_SIGNED_CERT',
+  'UNABLE_TO_GET_ISSUER_CERT',
+  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
+  'CERT_SIGNATURE_FAILURE',
+  'CERT_UNTRUSTED',
+  'CERT_REJECTED',
+]);
+const EXPIRED_CODES = new Set(['CERT_HAS_EXPIRED', 'CERT_NOT_YET_VALID']);
+const NAME_CODE = 'ERR_TLS_CERT_ALTNAME_INVALID';
+
+/** The codes this module produces. */
+export const TLS_VERIFY_CODES = ['GW_ERR_TLS_NAME_MISMATCH', 'GW_ERR_TLS_CERT_EXPIRED', 'GW_ERR_CLIENT_UNTRUSTED'] as const;
+
+export function isTlsVerifyError(err: unknown): err is GatewayError {
+  return err instanceof GatewayError && (TLS_VERIFY_CODES as readonly string[]).includes(err.code);
+}
+
+/** At most this many names of each kind are listed in a message. */
+const MAX_NAMES = 20;
+
+/** The DNS and IP subject alternative names of a peer certificate, as Node reports them. */
+export function certNames(cert: Pick<PeerCertificate, 'subjectaltname'> | undefined): { dns: string[]; ips: string[] } {
+  const dns: string[] = [];
+  const ips: string[] = [];
+  for (const entry of (cert?.subjectaltname ?? '').slice(0, 64 * 1024).split(', ')) {
+    const m = /^(DNS|IP Address):"?(.*?)"?$/.exec(entry);
+    if (!m) continue;
+    if (m[1] === 'DNS') dns.push(m[2]!.toLowerCase());
+    else ips.push(compressIp(m[2]!));
+  }
+  return { dns, ips };
+}
+
+/** Node prints IPv6 SANs uncompressed (0:0:0:0:0:0:0:1); URL() gives the canonical form (::1). */
+function compressIp(ip: string): string {
+  if (!ip.includes(':')) return ip;
+  try {
+    return new URL(`http://[${ip}]/`).hostname.slice(1, -1);
+  } catch {
+    return ip;
+  }
+}
+
+function listNames(names: { dns: string[]; ips: string[] }): string {
+  const show = (list: string[]) => (list.length > MAX_NAMES ? `${list.slice(0, MAX_NAMES).join(', ')} and ${list.length - MAX_NAMES} more` : list.join(', '));
+  const parts = [
+    ...(names.dns.length > 0 ? [`DNS names ${show(names.dns)}`] : []),
+    ...(names.ips.length > 0 ? [`IP addresses ${show(names.ips)}`] : []),
+  ];
+  return parts.length > 0 ? `it holds ${parts.join(' and ')}` : 'it holds no DNS or IP names';
+}
+
+/**
+ * A name of the certificate to suggest dialling instead: a fully qualified name first (a public_addr rather than
+ * a bare node name), then an IP address, loopback ones last; never a wildcard.
+ */
+function suggestion(names: { dns: string[]; ips: string[] }, port: number): string | undefined {
+  const dns = names.dns.filter((n) => !n.startsWith('*.'));
+  const order = [...dns.filter((n) => n.includes('.')), ...names.ips, ...dns.filter((n) => !n.includes('.'))];
+  const pick = order.find((n) => !isLoopbackHost(n)) ?? order[0];
+  return pick === undefined ? undefined : formatHostPort(pick, port);
+}
+
+function splitAddress(address: string): { host: string; port: number } {
+  try {
+    const a = parseAddr(address);
+    return { host: a.host, port: a.port ?? 443 };
+  } catch {
+    return { host: address, port: 443 };
+  }
+}
+
+function nameHint(peer: TlsPeer, host: string, port: number, instead: string | undefined): string {
+  const dialOther = instead ? ` Or dial a name the certificate holds, e.g. ${instead}.` : '';
+  const kind = isIpLiteral(host) ? 'IP address' : 'name';
+  switch (peer.server) {
+    case 'proxy':
+      return `Set proxy_service.public_addr on the Proxy to include ${formatHostPort(host, port)} and restart the Proxy: it issues its certificate when it starts, for its node name, its listen address and every public_addr (with proxy_service.https_keypairs, reissue that certificate with the ${kind} ${host} instead).${dialOther}`;
+    case 'auth':
+      return `Set auth_service.public_addr on the Auth Service to include ${formatHostPort(host, port)} and restart it: it issues its certificate when it starts, for its node name, its listen address and every public_addr.${dialOther}`;
+    case 'kube-api':
+      return `Write kube_service.clusters[].api_server of "${peer.name ?? '?'}" with a name the API server's certificate holds${instead ? `, e.g. https://${instead}` : ''}, or reissue the API server's certificate with the ${kind} ${host} among its names.`;
+    default:
+      return `Dial a name the certificate holds${instead ? `, e.g. ${instead}` : ''}, or have the server's certificate reissued with the ${kind} ${host} among its names.`;
+  }
+}
+
+function expiredHint(peer: TlsPeer): string {
+  switch (peer.server) {
+    case 'proxy':
+      return "Check the clocks of this machine and of the Proxy (date -u). The Proxy issues its certificate when it starts, so restarting it issues a fresh one (with proxy_service.https_keypairs, renew that certificate).";
+    case 'auth':
+      return 'Check the clocks of this machine and of the Auth Service (date -u). The Auth Service issues its certificate when it starts, so restarting it issues a fresh one.';
+    case 'kube-api':
+      return `Check the clocks of this machine and of the Kubernetes API server of "${peer.name ?? '?'}", and renew the API server's certificate if it has run out.`;
+    default:
+      return "Check the clocks of this machine and of the server (date -u), and renew the server's certificate if it has run out.";
+  }
+}
+
+function untrustedHint(peer: TlsPeer): string {
+  if (peer.untrustedHint) return peer.untrustedHint;
+  if (peer.server === 'kube-api') return `Set kube_service.clusters[].ca_file of "${peer.name ?? '?'}" to the CA that signs the API server's certificate.`;
+  if (peer.server === 'server') return "Trust the CA that signs the server's certificate (a CA file), or check that the address is the right server.";
+  return UNTRUSTED_HINTS.noPin;
+}
+
+/** The TLS verification error behind err (err itself or a cause a few levels down), if there is one. */
+function verifyCause(err: unknown): (Error & { code: string; cert?: PeerCertificate }) | undefined {
+  let e: unknown = err;
+  for (let depth = 0; depth < 4 && e instanceof Error; depth++) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (typeof code === 'string' && (code === NAME_CODE || EXPIRED_CODES.has(code) || UNTRUSTED_CODES.has(code))) {
+      return e as Error & { code: string; cert?: PeerCertificate };
+    }
+    e = e.cause;
+  }
+  return undefined;
+}
+
+/**
+ * The GatewayError for a failed server-certificate check while talking to peer, or undefined when err is not
+ * one (then the caller reports err its own way).
+ */
+export function tlsVerifyError(err: unknown, peer: TlsPeer): GatewayError | undefined {
+  if (isTlsVerifyError(err)) return err;
+  const cause = verifyCause(err);
+  if (!cause) return undefined;
+  const { host, port } = splitAddress(peer.address);
+  const details = { address: peer.address, server: peer.server, tls_code: cause.code };
+  if (cause.code === NAME_CODE) {
+    const names = certNames(cause.cert);
+    return new GatewayError('GW_ERR_TLS_NAME_MISMATCH', `the certificate of ${peer.address} does not hold the ${isIpLiteral(host) ? 'IP address' : 'name'} ${host} that was dialled: ${listNames(names)}`, {
+      hint: nameHint(peer, host, port, suggestion(names, port)),
+      cause,
+      details: { ...details, dns_names: names.dns.slice(0, MAX_NAMES), ip_addresses: names.ips.slice(0, MAX_NAMES) },
+    });
+  }
+  if (EXPIRED_CODES.has(cause.code)) {
+    const what = cause.code === 'CERT_HAS_EXPIRED' ? 'has expired' : 'is not valid yet';
+    return new GatewayError('GW_ERR_TLS_CERT_EXPIRED', `the certificate of ${peer.address} ${what}`, { hint: expiredHint(peer), cause, details });
+  }
+  return new GatewayError('GW_ERR_CLIENT_UNTRUSTED', `the certificate of ${peer.address} is not trusted: ${cause.message}`, { hint: untrustedHint(peer), cause, details });
+}
