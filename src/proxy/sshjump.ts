@@ -6,7 +6,8 @@
  * is the one the node is asked for, inside). It then asks for a direct-tcpip channel to "<node>:<port>"; the
  * Proxy finds the node among connected agents (by name or host ID), checks the user's current roles allow its
  * labels, and carries the channel to the node's SSH Service through the agent's tunnel. The node checks the
- * login against the certificate's principals, as always.
+ * login against the certificate's principals, as always. The user must still exist and not be locked
+ * (AuthService.resolveSshUser), and the connection is tracked in auth.sessions: a lock or a deletion ends it.
  */
 import type { Duplex } from 'node:stream';
 import ssh2 from 'ssh2';
@@ -51,6 +52,8 @@ export class SshJumpServer {
       ctx.accept();
     });
     conn.on('ready', () => {
+      const untrack = this.auth.sessions.track({ kind: 'user', name: user, cluster: this.auth.clusterName, roles: [] }, `ssh jump ${client}`, () => conn.end());
+      conn.once('close', untrack);
       conn.on('session', (_accept, reject) => reject());
       conn.on('tcpip', (accept, reject, dest) => {
         void (async () => {
@@ -60,8 +63,8 @@ export class SshJumpServer {
             this.log.info({ user, node, client }, 'SSH jump: no connected node by that name');
             return reject();
           }
-          const stored = await this.auth.userRoles(user);
-          if (!stored || !canAccess(await this.auth.rolesOf(stored), 'node', target.labels)) {
+          const current = await this.auth.resolveSshUser(user);
+          if (!canAccess(await this.auth.rolesOf(current.roles), 'node', target.labels)) {
             this.log.info({ user, node, client }, 'SSH jump: the user’s roles do not allow this node');
             return reject();
           }
