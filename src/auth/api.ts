@@ -25,7 +25,7 @@ import type { TLSSocket } from 'node:tls';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../mux/clientaddr.js';
-import { identityFromCert, type Identity } from './pki.js';
+import { CLOCK_SKEW_MS, identityFromCert, type Identity } from './pki.js';
 import { parseManifest, type LockTarget } from './resources/index.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 
@@ -176,7 +176,9 @@ export function peerIdentityOf(auth: AuthService, socket: TLSSocket): Identity {
     throw unauthenticated(`a ${identity.kind} certificate must be signed by the ${identity.kind === 'host' ? 'host' : 'user'} CA`);
   }
   if (identity.cluster !== auth.clusterName) throw unauthenticated(`certificate is for cluster "${identity.cluster}"`);
-  return identity;
+  // notBefore is the issue time moved back by the clock-skew allowance (pki/tls.ts).
+  const issuedAt = Date.parse(peer.valid_from) + CLOCK_SKEW_MS;
+  return Number.isNaN(issuedAt) ? identity : { ...identity, issuedAt };
 }
 
 export function createApiHandler(auth: AuthService): (req: IncomingMessage, res: ServerResponse) => void {

@@ -329,6 +329,12 @@ export class AuthService {
         hint: 'The user was removed after this certificate was issued; an administrator must create it again, then sign in again.',
       });
     }
+    // X.509 and OpenSSH times have whole seconds: a second of slack for a certificate issued just after creation.
+    if (caller.issuedAt !== undefined && caller.issuedAt + 1000 < Date.parse(stored.createdAt)) {
+      throw new GatewayError('GW_ERR_AUTH_IDENTITY_REVOKED', `user "${caller.name}" was removed and created again after this certificate was issued`, {
+        hint: "Sign in again (gwsh login): certificates of the removed user stay refused.",
+      });
+    }
     const now = stored.resource.spec.roles;
     await this.locks.check({ user: caller.name, roles: [...new Set([...caller.roles, ...now])] });
     const roles = caller.roles.filter((r) => now.includes(r));
@@ -344,9 +350,9 @@ export class AuthService {
    * A user named by an SSH certificate (which carries logins, not roles: the SSH jump host): the same existence
    * and lock checks, with the stored user's roles.
    */
-  async resolveSshUser(name: string): Promise<Identity> {
+  async resolveSshUser(name: string, issuedAt?: number): Promise<Identity> {
     const roles = (await this.userRoles(name)) ?? [];
-    return this.resolveCaller({ kind: 'user', name, cluster: this.clusterName, roles });
+    return this.resolveCaller({ kind: 'user', name, cluster: this.clusterName, roles, ...(issuedAt === undefined ? {} : { issuedAt }) });
   }
 
   /** Why an identity may no longer keep what it has open (a lock, or it was removed), or undefined. */

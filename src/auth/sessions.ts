@@ -42,7 +42,7 @@ export class SessionRegistry {
     const groups = new Map<string, TrackedSession[]>();
     for (const s of this.live) {
       if (!filter(s.identity)) continue;
-      const key = JSON.stringify([s.identity.kind, s.identity.name, s.identity.roles]);
+      const key = JSON.stringify([s.identity.kind, s.identity.name, s.identity.roles, s.identity.issuedAt ?? null]);
       groups.set(key, [...(groups.get(key) ?? []), s]);
     }
     const closed: TrackedSession[] = [];

@@ -12,6 +12,7 @@
 import type { Duplex } from 'node:stream';
 import ssh2 from 'ssh2';
 import type { Connection } from 'ssh2';
+import { CLOCK_SKEW_MS } from '../auth/pki.js';
 import { canAccess } from '../auth/rbac.js';
 import type { AuthService } from '../auth/service.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
@@ -41,6 +42,7 @@ export class SshJumpServer {
   private onConnection(conn: Connection): void {
     const client = (conn as unknown as { _sock?: { gatewayClient?: string } })._sock?.gatewayClient ?? 'unknown';
     let user = '';
+    let issuedAt: number | undefined;
     conn.on('authentication', (ctx) => {
       if (ctx.method !== 'publickey') return ctx.reject(['publickey']);
       const check = checkUserCertAuth(ctx, this.auth.user.ssh.publicKey, Date.now());
@@ -48,11 +50,15 @@ export class SshJumpServer {
         this.log.info({ client, why: check.why }, 'SSH jump refused');
         return ctx.reject(['publickey']);
       }
-      if (!check.query) user = check.cert.keyId;
+      if (!check.query) {
+        user = check.cert.keyId;
+        issuedAt = check.cert.validAfter + CLOCK_SKEW_MS;
+      }
       ctx.accept();
     });
     conn.on('ready', () => {
-      const untrack = this.auth.sessions.track({ kind: 'user', name: user, cluster: this.auth.clusterName, roles: [] }, `ssh jump ${client}`, () => conn.end());
+      const identity = { kind: 'user' as const, name: user, cluster: this.auth.clusterName, roles: [], ...(issuedAt === undefined ? {} : { issuedAt }) };
+      const untrack = this.auth.sessions.track(identity, `ssh jump ${client}`, () => conn.end());
       conn.once('close', untrack);
       conn.on('session', (_accept, reject) => reject());
       conn.on('tcpip', (accept, reject, dest) => {
@@ -63,7 +69,7 @@ export class SshJumpServer {
             this.log.info({ user, node, client }, 'SSH jump: no connected node by that name');
             return reject();
           }
-          const current = await this.auth.resolveSshUser(user);
+          const current = await this.auth.resolveSshUser(user, issuedAt);
           if (!canAccess(await this.auth.rolesOf(current.roles), 'node', target.labels)) {
             this.log.info({ user, node, client }, 'SSH jump: the user’s roles do not allow this node');
             return reject();

@@ -118,6 +118,19 @@ describe('locks', () => {
   });
 });
 
+describe('a user removed and created again under the same name', () => {
+  it('refuses the certificates issued before the new user existed, and accepts new ones', async () => {
+    const old: Identity = { ...user('bob', ['editor']), issuedAt: now };
+    await expect(auth.resolveCaller(old)).resolves.toBeDefined();
+    await auth.removeUser(admin, 'bob');
+    now += 10_000;
+    await auth.addUser(admin, 'bob', ['editor'], PASSWORD);
+    expect(await codeOf(auth.addToken(old, { roles: ['node'] }))).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
+    expect(await codeOf(auth.resolveSshUser('bob', old.issuedAt))).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
+    await expect(auth.addToken({ ...old, issuedAt: now }, { roles: ['node'] })).resolves.toBeDefined();
+  });
+});
+
 describe('roles and logins come from the stored user, intersected with the certificate', () => {
   it('logins the current roles no longer allow are dropped', async () => {
     await auth.addUser(admin, 'carol', ['access'], PASSWORD, ['carol', 'root']);

@@ -322,6 +322,7 @@ describe('hardening: a removed user keeps no power', () => {
     expect((await gwctlAdmin(['users', 'add', 'bob', '--roles=editor'], `${PASSWORD}\n`)).status).toBe(0);
     const login = await runCli('gwsh', ['login', `--proxy=${proxyAddr}`, '--user=bob', `--ca-pin=${pin}`], { env: bobEnv(), input: `${PASSWORD}\n` });
     expect(login.status).toBe(0);
+    const signedInAt = Date.now();
     // Before: an editor may do all three.
     expect((await gwctlBob(['tokens', 'add', '--type=node', '--format', 'json'])).status).toBe(0);
     expect((await gwctlBob(['get', 'github/github', '--with-secrets', '--format', 'json'])).stdout).toContain('s3cret-of-the-connector');
@@ -338,6 +339,14 @@ describe('hardening: a removed user keeps no power', () => {
     expect(secrets.stderr).toContain('GW_ERR_AUTH_IDENTITY_REVOKED');
     expect(secrets.stdout).not.toContain('s3cret-of-the-connector');
     expect((await gwctlAdmin(['users', 'ls', '--format', 'json'])).stdout).not.toContain('mallory');
+
+    // A new bob (certificate times have whole seconds: make sure a second has passed since the old login).
+    await new Promise((r) => setTimeout(r, Math.max(0, signedInAt + 2000 - Date.now())));
+    expect((await gwctlAdmin(['users', 'add', 'bob', '--roles=editor'], `${PASSWORD}\n`)).status).toBe(0);
+    const revived = await gwctlBob(['tokens', 'add', '--type=node', '--format', 'json']);
+    expect(revived.status).toBe(1);
+    expect(revived.stderr).toContain('GW_ERR_AUTH_IDENTITY_REVOKED');
+    expect(revived.stderr).toContain('created again');
   });
 });
 
