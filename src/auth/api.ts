@@ -181,9 +181,9 @@ export function peerIdentityOf(auth: AuthService, socket: TLSSocket): Identity {
   return Number.isNaN(issuedAt) ? identity : { ...identity, issuedAt };
 }
 
-export function createApiHandler(auth: AuthService): (req: IncomingMessage, res: ServerResponse) => void {
-  const log = logger('api');
-  const routes: Route[] = [
+/** Public: the CA, joining and logging in (no client certificate needed). */
+function publicRoutes(auth: AuthService): Route[] {
+  return [
     route('GET', '/webapi/ca', async () => auth.publicCas()),
     route('POST', '/webapi/join', async ({ body, source }) => {
       const b = await body();
@@ -212,6 +212,12 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
       });
       return bundle;
     }),
+  ];
+}
+
+/** The caller's status and inventory, users and join tokens. */
+function identityRoutes(auth: AuthService): Route[] {
+  return [
     route('GET', '/v1/status', async ({ caller }) => auth.status(await caller())),
     route('GET', '/v1/agent/maintenance', async ({ caller }) => ({ config: (await auth.maintenanceForAgent(await caller())) ?? null })),
     route('GET', '/v1/inventory/:kind', async ({ caller, params }) => ({ items: await auth.inventory(await caller(), params.kind!) })),
@@ -244,6 +250,12 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
       await auth.removeToken(await caller(), params.id!);
       return { removed: true };
     }),
+  ];
+}
+
+/** Resources from manifests, and locks. */
+function resourceRoutes(auth: AuthService): Route[] {
+  return [
     route('POST', '/v1/resources', async ({ caller, body }) => {
       const b = await body();
       const who = await caller();
@@ -272,6 +284,11 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
       return { removed: `${params.kind}/${params.name}` };
     }),
   ];
+}
+
+export function createApiHandler(auth: AuthService): (req: IncomingMessage, res: ServerResponse) => void {
+  const log = logger('api');
+  const routes: Route[] = [...publicRoutes(auth), ...identityRoutes(auth), ...resourceRoutes(auth)];
 
   return (req, res) => {
     const url = new URL(req.url ?? '/', 'https://gateway.invalid');
