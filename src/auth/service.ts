@@ -1,7 +1,10 @@
 /**
  * The Auth Service: owns the cluster's identity (name, certificate authorities), its users, roles, join tokens,
- * connectors and cluster_maintenance_config, and signs every certificate. All state is in the Backend; every
- * call made on behalf of someone is checked against that caller's roles (deny wins) before it touches state.
+ * connectors, locks and cluster_maintenance_config, and signs every certificate. All state is in the Backend;
+ * every call made on behalf of someone is checked against that caller as it stands now (resolveCaller: still
+ * exists, not locked, the certificate's roles that it still has) and those roles' rules (deny wins) before it
+ * touches state. Logins and joins are rate limited atomically (ratelimit.ts); locks and removals close what is
+ * open through the registry of sessions (sessions.ts) when the Backend's watch reports them (docs/security.md).
  *
  * Transport-agnostic: api.ts exposes these methods over HTTPS (mutual TLS on 3025, and the public subset on the
  * Proxy's web port).
@@ -458,7 +461,7 @@ export class AuthService {
     return stored.resource;
   }
 
-  /** A local user's current roles, or undefined when there is no such user (for the SSH jump host). */
+  /** A local user's current roles, or undefined when there is no such user. */
   async userRoles(name: string): Promise<string[] | undefined> {
     return parseJson<StoredUser>(await this.backend.get(KEYS.user(name)))?.resource.spec.roles;
   }
