@@ -171,13 +171,21 @@ export const ERROR_CODES = {
     summary: "The caller's roles do not allow the action (or a deny rule forbids it); the message names the missing rule.",
     hint: 'Ask an administrator for a role with the missing rule, then sign out and in again.',
   },
+  GW_ERR_ACCESS_LOCKED: {
+    summary: 'A lock refuses the identity: its user, one of its roles, or the agent is locked; the message names the lock, its message and until when.',
+    hint: "An administrator lifts the lock with 'gwctl unlock NAME' ('gwctl get locks' lists them); a lock with an expiry ends by itself.",
+  },
+  GW_ERR_AUTH_IDENTITY_REVOKED: {
+    summary: 'The certificate names a user or an agent that no longer exists in this cluster (removed after the certificate was issued).',
+    hint: 'A removed user must be created again and sign in again; a removed agent must join again with a new token.',
+  },
   GW_ERR_AUTH_LOGIN_FAILED: {
     summary: 'Wrong user name or password (the error does not say which).',
     hint: 'Check the user name and password; repeated failures are rate limited.',
   },
   GW_ERR_AUTH_RATE_LIMITED: {
-    summary: 'Too many failed logins for this user from this address; further attempts wait.',
-    hint: 'Wait for the time shown, then try again with the right password.',
+    summary: 'Too many failed (or still running) logins for this user from this address, or failed joins from this address; further attempts are refused until the window passes.',
+    hint: 'Wait for the time shown, then try again with the right password or a valid join token.',
   },
   GW_ERR_AUTH_WEAK_PASSWORD: {
     summary: 'A new password is shorter than 8 or longer than 1024 characters.',
@@ -213,7 +221,7 @@ export const ERROR_CODES = {
   },
   GW_ERR_RESOURCE_KIND: {
     summary: 'A resource kind that gwctl does not manage.',
-    hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, node.',
+    hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node.',
   },
   GW_ERR_RESOURCE_INVALID: {
     summary: 'A resource manifest does not validate (YAML syntax, unknown kind or version, unknown key, wrong type or value); details.problems lists every problem with its document, key path, line and column.',
@@ -226,6 +234,10 @@ export const ERROR_CODES = {
   GW_ERR_API_BAD_REQUEST: {
     summary: 'An API request the server cannot understand (bad JSON, missing field, wrong method).',
     hint: 'Check that the client and the server run the same version.',
+  },
+  GW_ERR_API_BAD_KEY: {
+    summary: 'A login or join request carries a public key the gateway cannot use (public_key is not a PEM public key, ssh_public_key not an OpenSSH public key line of a supported type); nothing was consumed.',
+    hint: 'Send the keys the gateway generated (gwsh and gateway start do); a join token stays valid after this refusal.',
   },
   GW_ERR_API_TOO_LARGE: {
     summary: 'An API request body over the 1 MiB limit.',

@@ -9,6 +9,11 @@
  *                                              POST   /v1/resources        (a YAML manifest; validated here)
  *                                              GET    /v1/resources/:kind[/:name][?with_secrets=1]
  *                                              DELETE /v1/resources/:kind/:name
+ *                                              POST   /v1/locks            DELETE /v1/locks[/:name][?user=|role=|node=]
+ *
+ * Every authenticated request is made by the caller as it stands now (AuthService.resolveCaller): a removed
+ * user or agent, or a locked one, is refused whatever its certificate says, and only the roles the user still
+ * has count.
  *
  * The Auth API on 3025 requires a client certificate for everything but the public routes; the Proxy's web
  * port serves the same router (its TLS asks for, but does not require, a client certificate). Errors are
@@ -20,24 +25,27 @@ import type { TLSSocket } from 'node:tls';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../mux/clientaddr.js';
-import { identityFromCert, type Identity } from './pki.js';
-import { parseManifest } from './resources/index.js';
+import { CLOCK_SKEW_MS, identityFromCert, type Identity } from './pki.js';
+import { parseManifest, type LockTarget } from './resources/index.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 
 const MAX_BODY = 1024 * 1024;
 
 const STATUS: Partial<Record<ErrorCode, number>> = {
   GW_ERR_API_BAD_REQUEST: 400,
+  GW_ERR_API_BAD_KEY: 400,
   GW_ERR_RESOURCE_INVALID: 400,
   GW_ERR_RESOURCE_KIND: 400,
   GW_ERR_AUTH_WEAK_PASSWORD: 400,
   GW_ERR_AUTH_UNAUTHENTICATED: 401,
+  GW_ERR_AUTH_IDENTITY_REVOKED: 401,
   GW_ERR_AUTH_LOGIN_FAILED: 401,
   GW_ERR_AUTH_TOKEN_UNKNOWN: 401,
   GW_ERR_AUTH_TOKEN_EXPIRED: 401,
   GW_ERR_AUTH_TOKEN_USED: 401,
   GW_ERR_AUTH_TOKEN_WRONG_TYPE: 403,
   GW_ERR_ACCESS_DENIED: 403,
+  GW_ERR_ACCESS_LOCKED: 403,
   GW_ERR_API_NOT_FOUND: 404,
   GW_ERR_RESOURCE_NOT_FOUND: 404,
   GW_ERR_RESOURCE_EXISTS: 409,
@@ -56,7 +64,8 @@ interface Ctx {
   params: Record<string, string>;
   query: URLSearchParams;
   body: () => Promise<Record<string, unknown>>;
-  caller: () => Identity;
+  /** The caller as it stands now (resolveCaller): certificate, then stored user or agent, then locks. */
+  caller: () => Promise<Identity>;
   source: string;
 }
 
@@ -102,6 +111,30 @@ function joinRoles(body: Record<string, unknown>, key: string): JoinRole[] {
   return roles as JoinRole[];
 }
 
+/** The body of POST /v1/locks: {target: {user | role | node}, message?, ttl_ms? | expires?, name?}. */
+function lockRequest(b: Record<string, unknown>): { target: LockTarget; message?: string; ttlMs?: number; expiresAt?: number; name?: string } {
+  const t = b.target;
+  if (t === null || typeof t !== 'object' || Array.isArray(t)) throw bad('"target" must be an object with one of user, role, node');
+  const target = t as Record<string, unknown>;
+  for (const [k, v] of Object.entries(target)) {
+    if (!['user', 'role', 'node'].includes(k) || typeof v !== 'string') throw bad(`"target.${k}" is not user, role or node with a string value`);
+  }
+  const ttl = b.ttl_ms;
+  if (ttl !== undefined && (typeof ttl !== 'number' || !(ttl > 0))) throw bad('"ttl_ms" must be a positive number');
+  if (ttl !== undefined && b.expires !== undefined) throw bad('give "ttl_ms" or "expires", not both');
+  const expires = b.expires === undefined ? undefined : Date.parse(str(b, 'expires', { max: 64 }));
+  if (expires !== undefined && Number.isNaN(expires)) throw bad('"expires" must be an RFC 3339 time such as 2030-01-31T23:59:59Z');
+  const message = str(b, 'message', { optional: true, max: 1024 });
+  const name = str(b, 'name', { optional: true, max: 128 });
+  return {
+    target: target as LockTarget,
+    ...(message ? { message } : {}),
+    ...(typeof ttl === 'number' ? { ttlMs: ttl } : {}),
+    ...(expires === undefined ? {} : { expiresAt: expires }),
+    ...(name ? { name } : {}),
+  };
+}
+
 async function readBody(req: IncomingMessage): Promise<Record<string, unknown>> {
   const chunks: Buffer[] = [];
   let size = 0;
@@ -143,12 +176,14 @@ export function peerIdentityOf(auth: AuthService, socket: TLSSocket): Identity {
     throw unauthenticated(`a ${identity.kind} certificate must be signed by the ${identity.kind === 'host' ? 'host' : 'user'} CA`);
   }
   if (identity.cluster !== auth.clusterName) throw unauthenticated(`certificate is for cluster "${identity.cluster}"`);
-  return identity;
+  // notBefore is the issue time moved back by the clock-skew allowance (pki/tls.ts).
+  const issuedAt = Date.parse(peer.valid_from) + CLOCK_SKEW_MS;
+  return Number.isNaN(issuedAt) ? identity : { ...identity, issuedAt };
 }
 
-export function createApiHandler(auth: AuthService): (req: IncomingMessage, res: ServerResponse) => void {
-  const log = logger('api');
-  const routes: Route[] = [
+/** Public: the CA, joining and logging in (no client certificate needed). */
+function publicRoutes(auth: AuthService): Route[] {
+  return [
     route('GET', '/webapi/ca', async () => auth.publicCas()),
     route('POST', '/webapi/join', async ({ body, source }) => {
       const b = await body();
@@ -177,56 +212,83 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
       });
       return bundle;
     }),
-    route('GET', '/v1/status', async ({ caller }) => auth.status(caller())),
-    route('GET', '/v1/agent/maintenance', async ({ caller }) => ({ config: (await auth.maintenanceForAgent(caller())) ?? null })),
-    route('GET', '/v1/inventory/:kind', async ({ caller, params }) => ({ items: await auth.inventory(caller(), params.kind!) })),
-    route('GET', '/v1/users', async ({ caller }) => ({ users: await auth.listUsers(caller()) })),
+  ];
+}
+
+/** The caller's status and inventory, users and join tokens. */
+function identityRoutes(auth: AuthService): Route[] {
+  return [
+    route('GET', '/v1/status', async ({ caller }) => auth.status(await caller())),
+    route('GET', '/v1/agent/maintenance', async ({ caller }) => ({ config: (await auth.maintenanceForAgent(await caller())) ?? null })),
+    route('GET', '/v1/inventory/:kind', async ({ caller, params }) => ({ items: await auth.inventory(await caller(), params.kind!) })),
+    route('GET', '/v1/users', async ({ caller }) => ({ users: await auth.listUsers(await caller()) })),
     route('POST', '/v1/users', async ({ caller, body }) => {
       const b = await body();
-      return { user: await auth.addUser(caller(), str(b, 'name', { max: 256 }), strList(b, 'roles'), str(b, 'password', { max: 4096 }), b.logins === undefined ? [] : strList(b, 'logins')) };
+      return { user: await auth.addUser(await caller(), str(b, 'name', { max: 256 }), strList(b, 'roles'), str(b, 'password', { max: 4096 }), b.logins === undefined ? [] : strList(b, 'logins')) };
     }),
     route('PUT', '/v1/users/:name/roles', async ({ caller, body, params }) => ({
-      user: await auth.setUserRoles(caller(), params.name!, strList(await body(), 'roles')),
+      user: await auth.setUserRoles(await caller(), params.name!, strList(await body(), 'roles')),
     })),
     route('DELETE', '/v1/users/:name', async ({ caller, params }) => {
-      await auth.removeUser(caller(), params.name!);
+      await auth.removeUser(await caller(), params.name!);
       return { removed: params.name };
     }),
-    route('GET', '/v1/tokens', async ({ caller }) => ({ tokens: await auth.listTokens(caller()) })),
+    route('GET', '/v1/tokens', async ({ caller }) => ({ tokens: await auth.listTokens(await caller()) })),
     route('POST', '/v1/tokens', async ({ caller, body }) => {
       const b = await body();
       const ttl = b.ttl_ms;
       const uses = b.uses;
       if (ttl !== undefined && typeof ttl !== 'number') throw bad('"ttl_ms" must be a number');
       if (uses !== undefined && (typeof uses !== 'number' || !Number.isInteger(uses) || uses < 0)) throw bad('"uses" must be a whole number, 0 for unlimited');
-      return auth.addToken(caller(), {
+      return auth.addToken(await caller(), {
         roles: joinRoles(b, 'roles'),
         ...(typeof ttl === 'number' ? { ttlMs: ttl } : {}),
         ...(typeof uses === 'number' ? { uses } : {}),
       });
     }),
     route('DELETE', '/v1/tokens/:id', async ({ caller, params }) => {
-      await auth.removeToken(caller(), params.id!);
+      await auth.removeToken(await caller(), params.id!);
       return { removed: true };
     }),
+  ];
+}
+
+/** Resources from manifests, and locks. */
+function resourceRoutes(auth: AuthService): Route[] {
+  return [
     route('POST', '/v1/resources', async ({ caller, body }) => {
       const b = await body();
-      const who = caller();
+      const who = await caller();
       const resources = parseManifest(str(b, 'manifest', { max: MAX_BODY }), str(b, 'source', { optional: true, max: 1024 }) || 'manifest');
       if (resources.length === 0) throw new GatewayError('GW_ERR_RESOURCE_INVALID', 'the manifest holds no resource');
       return { messages: await auth.createResources(who, resources, b.overwrite === true) };
     }),
     route('GET', '/v1/resources/:kind', async ({ caller, params, query }) => ({
-      resources: await auth.getResources(caller(), params.kind!, undefined, query.get('with_secrets') === '1'),
+      resources: await auth.getResources(await caller(), params.kind!, undefined, query.get('with_secrets') === '1'),
     })),
     route('GET', '/v1/resources/:kind/:name*', async ({ caller, params, query }) => ({
-      resources: await auth.getResources(caller(), params.kind!, params.name!, query.get('with_secrets') === '1'),
+      resources: await auth.getResources(await caller(), params.kind!, params.name!, query.get('with_secrets') === '1'),
     })),
+    route('POST', '/v1/locks', async ({ caller, body }) => {
+      const b = await body();
+      const who = await caller();
+      return { lock: await auth.createLock(who, lockRequest(b)) };
+    }),
+    route('DELETE', '/v1/locks', async ({ caller, query }) => {
+      const target = Object.fromEntries(['user', 'role', 'node'].filter((k) => query.has(k)).map((k) => [k, query.get(k)!]));
+      return { removed: await auth.removeLocks(await caller(), { target }) };
+    }),
+    route('DELETE', '/v1/locks/:name', async ({ caller, params }) => ({ removed: await auth.removeLocks(await caller(), { name: params.name! }) })),
     route('DELETE', '/v1/resources/:kind/:name*', async ({ caller, params }) => {
-      await auth.removeResource(caller(), params.kind!, params.name!);
+      await auth.removeResource(await caller(), params.kind!, params.name!);
       return { removed: `${params.kind}/${params.name}` };
     }),
   ];
+}
+
+export function createApiHandler(auth: AuthService): (req: IncomingMessage, res: ServerResponse) => void {
+  const log = logger('api');
+  const routes: Route[] = [...publicRoutes(auth), ...identityRoutes(auth), ...resourceRoutes(auth)];
 
   return (req, res) => {
     const url = new URL(req.url ?? '/', 'https://gateway.invalid');
@@ -252,13 +314,13 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
       send(400, { error: bad('the request path has a bad percent-encoding').toJSON() });
       return;
     }
-    let identity: Identity | undefined;
+    let identity: Promise<Identity> | undefined;
     const ctx: Ctx = {
       req,
       params,
       query: url.searchParams,
       body: () => readBody(req),
-      caller: () => (identity ??= peerIdentity(auth, req)),
+      caller: () => (identity ??= (async () => auth.resolveCaller(peerIdentity(auth, req)))()),
       source,
     };
     chosen

@@ -1,7 +1,14 @@
 /**
- * Failed-login limiter: after `maxFailures` wrong passwords for one (user, source) within `windowMs`, further
- * attempts from that source for that user are refused until the oldest failure leaves the window. The table is
- * bounded (oldest keys are evicted first) so a flood of made-up user names cannot grow memory without end.
+ * Failed-attempt limiter (logins per user and source, joins per source), atomic under concurrency.
+ *
+ * An attempt first *reserves* a slot, synchronously, before any asynchronous work (the scrypt password check, the
+ * token lookup): a reservation counts like a failure from that moment. When the attempt fails the slot stays a
+ * failure; when it succeeds the slot is released and the settled failures of that key are forgiven. So at most
+ * `maxFailures` attempts per key are ever in flight or failed within `windowMs`: 200 parallel wrong passwords
+ * give at most `maxFailures` password checks, and the rest are refused at once, the right password included.
+ *
+ * A key is free again when its oldest slot leaves the window. The table is bounded (oldest keys are evicted
+ * first) so a flood of made-up keys cannot grow memory without end.
  */
 export interface RateLimiterOptions {
   maxFailures?: number;
@@ -10,10 +17,28 @@ export interface RateLimiterOptions {
   clock?: () => number;
 }
 
-export class LoginRateLimiter {
-  private readonly failures = new Map<string, number[]>();
-  private readonly maxFailures: number;
-  private readonly windowMs: number;
+interface Slot {
+  at: number;
+  /** true while the attempt that reserved it is still running. */
+  pending: boolean;
+}
+
+/** A reserved attempt: settle it exactly once (later calls do nothing). */
+export interface Reservation {
+  /** The attempt failed: the slot stays, as a failure, until it leaves the window. */
+  fail(): void;
+  /** The attempt succeeded: the slot is released and the key's settled failures are forgiven. */
+  succeed(): void;
+  /** The attempt ended without saying anything about the secret (a bad request): the slot is released. */
+  release(): void;
+}
+
+export type ReserveResult = { ok: true; reservation: Reservation } | { ok: false; retryAfterMs: number };
+
+export class AttemptLimiter {
+  private readonly slots = new Map<string, Slot[]>();
+  readonly maxFailures: number;
+  readonly windowMs: number;
   private readonly maxKeys: number;
   private readonly clock: () => number;
 
@@ -24,31 +49,51 @@ export class LoginRateLimiter {
     this.clock = options.clock ?? Date.now;
   }
 
-  private recent(key: string): number[] {
+  private recent(key: string): Slot[] {
     const now = this.clock();
-    const list = (this.failures.get(key) ?? []).filter((t) => now - t < this.windowMs);
-    if (list.length === 0) this.failures.delete(key);
-    else this.failures.set(key, list);
+    const list = (this.slots.get(key) ?? []).filter((s) => s.pending || now - s.at < this.windowMs);
+    if (list.length === 0) this.slots.delete(key);
+    else this.slots.set(key, list);
     return list;
   }
 
-  /** Milliseconds to wait before the next attempt is allowed, or 0. */
-  retryAfterMs(user: string, source: string): number {
-    const list = this.recent(`${user}\u0000${source}`);
-    if (list.length < this.maxFailures) return 0;
-    return Math.max(1, list[0]! + this.windowMs - this.clock());
-  }
-
-  recordFailure(user: string, source: string): void {
-    const key = `${user}\u0000${source}`;
+  /** Reserves an attempt for key, or says how long to wait. Synchronous: the check and the count are one step. */
+  reserve(key: string): ReserveResult {
     const list = this.recent(key);
-    list.push(this.clock());
-    this.failures.delete(key); // re-insert: Map order is our eviction order
-    this.failures.set(key, list);
-    while (this.failures.size > this.maxKeys) this.failures.delete(this.failures.keys().next().value!);
+    if (list.length >= this.maxFailures) {
+      const settled = list.filter((s) => !s.pending).map((s) => s.at);
+      // Only attempts in flight: they settle within moments, so a short wait.
+      const oldest = settled.length > 0 ? Math.min(...settled) : this.clock();
+      return { ok: false, retryAfterMs: Math.max(1000, oldest + this.windowMs - this.clock()) };
+    }
+    const slot: Slot = { at: this.clock(), pending: true };
+    list.push(slot);
+    this.slots.delete(key); // re-insert: Map order is our eviction order
+    this.slots.set(key, list);
+    while (this.slots.size > this.maxKeys) this.slots.delete(this.slots.keys().next().value!);
+    let settled = false;
+    const settle = (action: 'fail' | 'succeed' | 'release') => {
+      if (settled) return;
+      settled = true;
+      const current = this.slots.get(key);
+      if (!current) return;
+      if (action === 'fail') {
+        slot.pending = false;
+        slot.at = this.clock();
+        return;
+      }
+      const kept = current.filter((s) => s !== slot && (action === 'release' || s.pending));
+      if (kept.length === 0) this.slots.delete(key);
+      else this.slots.set(key, kept);
+    };
+    return {
+      ok: true,
+      reservation: { fail: () => settle('fail'), succeed: () => settle('succeed'), release: () => settle('release') },
+    };
   }
+}
 
-  recordSuccess(user: string, source: string): void {
-    this.failures.delete(`${user}\u0000${source}`);
-  }
+/** Logins: keyed by (user, source). */
+export function loginKey(user: string, source: string): string {
+  return `${user}\u0000${source}`;
 }

@@ -78,13 +78,13 @@ export const PRESET_ROLES: Role[] = deepFreeze([
     version: 'v7',
     metadata: {
       name: 'editor',
-      description: 'Manage users, roles, tokens, connectors and the inventory; read the audit log. Not cluster_maintenance_config.',
+      description: 'Manage users, roles, tokens, connectors, locks and the inventory; read the audit log. Not cluster_maintenance_config.',
     },
     spec: {
       allow: {
         rules: [
           {
-            resources: ['role', 'user', 'token', 'github', 'saml', 'oidc', 'node', 'db', 'app', 'kube_cluster', 'windows_desktop'],
+            resources: ['role', 'user', 'token', 'github', 'saml', 'oidc', 'node', 'db', 'app', 'kube_cluster', 'windows_desktop', 'lock'],
             verbs: ['*'],
           },
           { resources: ['event'], verbs: ['list', 'read'] },

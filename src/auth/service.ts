@@ -1,7 +1,10 @@
 /**
  * The Auth Service: owns the cluster's identity (name, certificate authorities), its users, roles, join tokens,
- * connectors and cluster_maintenance_config, and signs every certificate. All state is in the Backend; every
- * call made on behalf of someone is checked against that caller's roles (deny wins) before it touches state.
+ * connectors, locks and cluster_maintenance_config, and signs every certificate. All state is in the Backend;
+ * every call made on behalf of someone is checked against that caller as it stands now (resolveCaller: still
+ * exists, not locked, the certificate's roles that it still has) and those roles' rules (deny wins) before it
+ * touches state. Logins and joins are rate limited atomically (ratelimit.ts); locks and removals close what is
+ * open through the registry of sessions (sessions.ts) when the Backend's watch reports them (docs/security.md).
  *
  * Transport-agnostic: api.ts exposes these methods over HTTPS (mutual TLS on 3025, and the public subset on the
  * Proxy's web port).
@@ -21,9 +24,22 @@ import {
   type CertAuthority,
   type Identity,
 } from './pki.js';
-import { LoginRateLimiter } from './ratelimit.js';
+import { LOCKS_PREFIX, LockStore, describeTarget, lockKey, targetOf } from './locks.js';
+import { loadPublicKey, sshPublicKeyFromPem } from './pki/keys.js';
+import { blobFromLine, keyFromBlob } from './pki/sshwire.js';
+import { AttemptLimiter, loginKey, type Reservation } from './ratelimit.js';
 import { allowedLogins, canAccess, checkAccess, PRESET_ROLES, type AccessKind, type Verb } from './rbac.js';
-import { tokenId as resourceTokenId, withoutSecrets, type Resource, type RoleResource, type TokenResource, type UserResource } from './resources/index.js';
+import {
+  tokenId as resourceTokenId,
+  withoutSecrets,
+  type LockResource,
+  type LockTarget,
+  type Resource,
+  type RoleResource,
+  type TokenResource,
+  type UserResource,
+} from './resources/index.js';
+import { SessionRegistry } from './sessions.js';
 
 export const JOIN_ROLES = ['node', 'db', 'app', 'kube', 'desktop', 'proxy'] as const;
 export type JoinRole = (typeof JOIN_ROLES)[number];
@@ -32,6 +48,15 @@ export const DEFAULT_USER_CERT_TTL_MS = 12 * 3600_000;
 export const HOST_CERT_TTL_MS = 365 * 24 * 3600_000;
 export const DEFAULT_TOKEN_TTL_MS = 30 * 60_000;
 const MAX_TOKEN_TTL_MS = 7 * 24 * 3600_000;
+
+/** Failed logins per (user, source): 5 in 5 minutes (docs/security.md). */
+export const LOGIN_LIMIT = { maxFailures: 5, windowMs: 5 * 60_000 } as const;
+/** Failed joins (unknown, expired, used-up or wrong-type token) per source: 10 in 10 minutes. */
+export const JOIN_LIMIT = { maxFailures: 10, windowMs: 10 * 60_000 } as const;
+
+const TOKEN_FAILURES: ReadonlySet<string> = new Set(['GW_ERR_AUTH_TOKEN_UNKNOWN', 'GW_ERR_AUTH_TOKEN_EXPIRED', 'GW_ERR_AUTH_TOKEN_USED', 'GW_ERR_AUTH_TOKEN_WRONG_TYPE']);
+/** The refusals that close what an identity has open. */
+const REVOCATIONS: ReadonlySet<string> = new Set(['GW_ERR_ACCESS_LOCKED', 'GW_ERR_AUTH_IDENTITY_REVOKED']);
 
 const KEYS = {
   clusterName: '/cluster/name',
@@ -157,8 +182,12 @@ function parseJson<T>(item: Item | undefined): T | undefined {
 
 export class AuthService {
   private readonly log = logger('auth');
-  private readonly limiter: LoginRateLimiter;
+  private readonly loginLimiter: AttemptLimiter;
+  private readonly joinLimiter: AttemptLimiter;
+  private readonly locks: LockStore;
   private readonly clock: () => number;
+  /** What is open on behalf of identities in this process; closed on lock or deletion (docs/security.md). */
+  readonly sessions = new SessionRegistry();
 
   private constructor(
     private readonly backend: Backend,
@@ -168,7 +197,9 @@ export class AuthService {
     private readonly options: AuthServiceOptions,
   ) {
     this.clock = options.clock ?? Date.now;
-    this.limiter = new LoginRateLimiter({ clock: this.clock });
+    this.loginLimiter = new AttemptLimiter({ ...LOGIN_LIMIT, clock: this.clock });
+    this.joinLimiter = new AttemptLimiter({ ...JOIN_LIMIT, clock: this.clock });
+    this.locks = new LockStore(backend, this.clock);
   }
 
   /** Opens the cluster's state, creating the name and the authorities on first start. */
@@ -205,6 +236,7 @@ export class AuthService {
       }
     }
     const service = new AuthService(backend, options.clusterName, authorities.host!, authorities.user!, options);
+    service.watchRevocations();
     service.log.info({ cluster: options.clusterName, ca_pin: service.caPin() }, 'auth service ready');
     return service;
   }
@@ -269,7 +301,108 @@ export class AuthService {
     return stored ?? PRESET_ROLES.find((r) => r.metadata.name === name);
   }
 
-  /** Throws GW_ERR_ACCESS_DENIED unless caller may do verb on resource. */
+  /**
+   * The caller as it stands now: every API request and every new connection the Proxy routes goes through this.
+   *
+   * - admin (the local admin identity): as is.
+   * - user: the stored user must still exist (GW_ERR_AUTH_IDENTITY_REVOKED), and no lock may name the user or a
+   *   role it holds, in the certificate or in the stored user (GW_ERR_ACCESS_LOCKED). The roles that count are
+   *   those of the certificate that the user still has: a role taken away stops working at once, a role given
+   *   works from the next login (certificates are never worth more than when they were issued). The logins
+   *   likewise: those of the certificate that the current roles and traits still allow.
+   * - host: its node record must still exist and no lock may name its host ID.
+   */
+  async resolveCaller(caller: Identity): Promise<Identity> {
+    if (caller.kind === 'admin') return caller;
+    if (caller.cluster !== this.clusterName) {
+      throw new GatewayError('GW_ERR_ACCESS_DENIED', `identity from cluster "${caller.cluster}" is not valid in "${this.clusterName}"`);
+    }
+    if (caller.kind === 'host') {
+      if (!(await this.getNode(caller.name))) {
+        throw new GatewayError('GW_ERR_AUTH_IDENTITY_REVOKED', `agent ${caller.name} is no longer a member of this cluster`, {
+          hint: "Join it again with a new token from 'gwctl tokens add'.",
+        });
+      }
+      await this.locks.check({ node: caller.name });
+      return caller;
+    }
+    const stored = parseJson<StoredUser>(await this.backend.get(KEYS.user(caller.name)));
+    if (!stored) {
+      throw new GatewayError('GW_ERR_AUTH_IDENTITY_REVOKED', `user "${caller.name}" no longer exists in this cluster`, {
+        hint: 'The user was removed after this certificate was issued; an administrator must create it again, then sign in again.',
+      });
+    }
+    // X.509 and OpenSSH times have whole seconds: a second of slack for a certificate issued just after creation.
+    if (caller.issuedAt !== undefined && caller.issuedAt + 1000 < Date.parse(stored.createdAt)) {
+      throw new GatewayError('GW_ERR_AUTH_IDENTITY_REVOKED', `user "${caller.name}" was removed and created again after this certificate was issued`, {
+        hint: "Sign in again (gwsh login): certificates of the removed user stay refused.",
+      });
+    }
+    const now = stored.resource.spec.roles;
+    await this.locks.check({ user: caller.name, roles: [...new Set([...caller.roles, ...now])] });
+    const roles = caller.roles.filter((r) => now.includes(r));
+    const resolved: Identity = { ...caller, roles };
+    if (caller.logins !== undefined) {
+      const allowed = new Set(allowedLogins(await this.rolesOf(roles), stored.resource.spec.traits ?? {}));
+      resolved.logins = caller.logins.filter((l) => allowed.has(l));
+    }
+    return resolved;
+  }
+
+  /**
+   * A user named by an SSH certificate (which carries logins, not roles: the SSH jump host): the same existence
+   * and lock checks, with the stored user's roles.
+   */
+  async resolveSshUser(name: string, issuedAt?: number): Promise<Identity> {
+    const roles = (await this.userRoles(name)) ?? [];
+    return this.resolveCaller({ kind: 'user', name, cluster: this.clusterName, roles, ...(issuedAt === undefined ? {} : { issuedAt }) });
+  }
+
+  /** Why an identity may no longer keep what it has open (a lock, or it was removed), or undefined. */
+  async revocationOf(identity: Identity): Promise<GatewayError | undefined> {
+    try {
+      await this.resolveCaller(identity);
+      return undefined;
+    } catch (err) {
+      if (err instanceof GatewayError && REVOCATIONS.has(err.code)) return err;
+      this.log.warn({ err: (err as Error).message, who: identity.name }, 'cannot re-check an identity; its sessions stay open');
+      return undefined;
+    }
+  }
+
+  /**
+   * Closes what is open on behalf of identities that a lock or a deletion concerns, as the Backend's watch
+   * reports them (a write by this process or, with a shared backend, by any other).
+   */
+  private watchRevocations(): void {
+    const recheck = (why: string, filter: (id: Identity) => boolean) => {
+      this.sessions
+        .revalidate((id) => this.revocationOf(id), filter)
+        .then((closed) => {
+          for (const s of closed) this.log.info({ who: s.identity.name, kind: s.identity.kind, what: s.what, why }, 'session closed: identity revoked');
+        })
+        .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot re-check open sessions'));
+    };
+    this.backend.watch(LOCKS_PREFIX, (event) => {
+      if (event.type !== 'put') return;
+      const { target } = (JSON.parse(event.item.value) as LockResource).spec;
+      const why = `lock ${event.item.key.slice(LOCKS_PREFIX.length)}`;
+      if (target.user !== undefined) recheck(why, (id) => id.kind === 'user' && id.name === target.user);
+      else if (target.role !== undefined) recheck(why, (id) => id.kind === 'user');
+      else recheck(why, (id) => id.kind === 'host' && id.name === target.node);
+    });
+    this.backend.watch('/users/', (event) => {
+      const name = (event.type === 'put' ? event.item.key : event.key).slice('/users/'.length);
+      recheck(event.type === 'put' ? 'user updated' : 'user removed', (id) => id.kind === 'user' && id.name === name);
+    });
+    this.backend.watch('/nodes/', (event) => {
+      if (event.type !== 'delete') return;
+      const hostId = event.key.slice('/nodes/'.length);
+      recheck('agent removed', (id) => id.kind === 'host' && id.name === hostId);
+    });
+  }
+
+  /** Throws GW_ERR_ACCESS_DENIED unless caller (as it stands now: resolveCaller) may do verb on resource. */
   async authorize(caller: Identity, resource: string, verb: Verb): Promise<void> {
     if (caller.kind === 'admin') return;
     if (caller.cluster !== this.clusterName) {
@@ -278,7 +411,8 @@ export class AuthService {
     if (caller.kind !== 'user') {
       throw new GatewayError('GW_ERR_ACCESS_DENIED', `host identities cannot ${verb} ${resource}`);
     }
-    const decision = checkAccess(await this.rolesOf(caller.roles), resource, verb);
+    const current = await this.resolveCaller(caller);
+    const decision = checkAccess(await this.rolesOf(current.roles), resource, verb);
     if (!decision.allowed) {
       throw new GatewayError('GW_ERR_ACCESS_DENIED', `access denied to user "${caller.name}": ${decision.reason}`, {
         hint:
@@ -327,7 +461,7 @@ export class AuthService {
     return stored.resource;
   }
 
-  /** A local user's current roles, or undefined when there is no such user (for the SSH jump host). */
+  /** A local user's current roles, or undefined when there is no such user. */
   async userRoles(name: string): Promise<string[] | undefined> {
     return parseJson<StoredUser>(await this.backend.get(KEYS.user(name)))?.resource.spec.roles;
   }
@@ -357,32 +491,52 @@ export class AuthService {
 
   /**
    * Checks a local user's password and signs short-lived user certificates for the given public key. A wrong
-   * user name and a wrong password give the same error; failures are rate limited per user and source.
+   * user name and a wrong password give the same error. Attempts are limited per user and source, atomically:
+   * the attempt is reserved before the password check and released only when it succeeds (ratelimit.ts). A
+   * locked user (or one holding a locked role) gets no certificate, whatever the password.
    */
   async login(request: { username: string; password: string; publicKeyPem: string; sshPublicKey: string; ttlMs?: number; source: string }): Promise<CertBundle> {
     const { username, source } = request;
-    const wait = this.limiter.retryAfterMs(username, source);
-    if (wait > 0) {
-      this.log.warn({ user: username, source }, 'login refused: too many failed attempts');
-      throw new GatewayError('GW_ERR_AUTH_RATE_LIMITED', `too many failed login attempts; try again in ${Math.ceil(wait / 1000)} s`, {
-        details: { retryAfterMs: wait },
-      });
+    checkRequestKeys(request.publicKeyPem, request.sshPublicKey);
+    const reservation = this.reserve(this.loginLimiter, loginKey(username, source), 'login', { user: username, source });
+    let stored: StoredUser | undefined;
+    let ok: boolean;
+    try {
+      stored = parseJson<StoredUser>(await this.backend.get(KEYS.user(username)));
+      ok = await verifyPassword(request.password, stored?.passwordHash);
+    } catch (err) {
+      reservation.release();
+      throw err;
     }
-    const stored = parseJson<StoredUser>(await this.backend.get(KEYS.user(username)));
-    const ok = await verifyPassword(request.password, stored?.passwordHash);
     if (!ok || !stored) {
-      this.limiter.recordFailure(username, source);
+      reservation.fail();
       await this.audit('user.login.failure', undefined, { user: username, source });
       throw new GatewayError('GW_ERR_AUTH_LOGIN_FAILED', 'invalid user name or password');
     }
-    this.limiter.recordSuccess(username, source);
-    const ttlMs = Math.min(request.ttlMs ?? this.options.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS, this.options.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS);
+    reservation.succeed();
     const roles = stored.resource.spec.roles;
+    await this.locks.check({ user: username, roles });
+    const ttlMs = Math.min(request.ttlMs ?? this.options.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS, this.options.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS);
     const logins = allowedLogins(await this.rolesOf(roles), stored.resource.spec.traits ?? {});
     const identity: Identity = { kind: 'user', name: username, cluster: this.clusterName, roles, logins };
     const bundle = await this.bundle(this.user, identity, request.publicKeyPem, request.sshPublicKey, ttlMs, 'client', [], logins.length > 0 ? logins : [`-gw-no-login-${username}`]);
     await this.audit('user.login', undefined, { user: username, source, roles });
     return bundle;
+  }
+
+  /** Reserves an attempt, or throws GW_ERR_AUTH_RATE_LIMITED (429) saying how long to wait. */
+  private reserve(limiter: AttemptLimiter, key: string, what: 'login' | 'join', fields: Record<string, string>): Reservation {
+    const reserved = limiter.reserve(key);
+    if (reserved.ok) return reserved.reservation;
+    const wait = Math.ceil(reserved.retryAfterMs / 1000);
+    this.log.warn({ ...fields }, `${what} refused: too many failed attempts`);
+    throw new GatewayError('GW_ERR_AUTH_RATE_LIMITED', `too many failed ${what}s${what === 'login' ? ' for this user' : ''} from this address; try again in ${wait} s`, {
+      hint:
+        what === 'login'
+          ? `At most ${limiter.maxFailures} wrong passwords per user and address in ${limiter.windowMs / 60_000} minutes; wait, then use the right password.`
+          : `At most ${limiter.maxFailures} failed joins per address in ${limiter.windowMs / 60_000} minutes; wait, then use a valid token from 'gwctl tokens add'.`,
+      details: { retryAfterMs: reserved.retryAfterMs },
+    });
   }
 
   private async bundle(
@@ -470,27 +624,50 @@ export class AuthService {
     throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `no token "${tokenOrId.length > 12 ? tokenShortId(tokenOrId) : tokenOrId}"`);
   }
 
-  /** Exchanges a join token for host certificates. The token value never reaches a log line. */
+  /**
+   * Exchanges a join token for host certificates. The token value never reaches a log line.
+   *
+   * Order, so that neither a bad request nor a guess costs anything it should not: (1) the whole request is
+   * validated (400, nothing looked up); (2) an attempt is reserved for the source (429 when too many failed);
+   * (3) the token is checked; (4) the certificates are made; (5) only then is a use of the token consumed.
+   */
   async join(request: HostRequest): Promise<CertBundle & { hostId: string }> {
-    const id = tokenId(request.token);
-    const short = id.slice(0, 12);
-    const refuse = (code: 'GW_ERR_AUTH_TOKEN_UNKNOWN' | 'GW_ERR_AUTH_TOKEN_EXPIRED' | 'GW_ERR_AUTH_TOKEN_USED' | 'GW_ERR_AUTH_TOKEN_WRONG_TYPE', message: string) => {
-      this.log.warn({ token: short, source: request.source, nodename: request.nodename, code }, 'join refused');
-      return new GatewayError(code, message);
-    };
-    if (request.roles.length === 0) throw refuse('GW_ERR_AUTH_TOKEN_WRONG_TYPE', 'the join request names no service type');
+    const short = tokenId(request.token).slice(0, 12);
+    if (request.roles.length === 0) throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_WRONG_TYPE', 'the join request names no service type');
     validateNodeName(request.nodename);
-    // Check-and-consume with compare-and-swap: two agents racing for the last use cannot both win.
+    checkRequestKeys(request.publicKeyPem, request.sshPublicKey);
+    const reservation = this.reserve(this.joinLimiter, request.source, 'join', { token: short, source: request.source, nodename: request.nodename });
+    try {
+      const joined = await this.consumeToken(request);
+      reservation.succeed();
+      return joined;
+    } catch (err) {
+      if (err instanceof GatewayError && TOKEN_FAILURES.has(err.code)) reservation.fail();
+      else reservation.release();
+      throw err;
+    }
+  }
+
+  private refuseJoin(request: HostRequest, code: 'GW_ERR_AUTH_TOKEN_UNKNOWN' | 'GW_ERR_AUTH_TOKEN_EXPIRED' | 'GW_ERR_AUTH_TOKEN_USED' | 'GW_ERR_AUTH_TOKEN_WRONG_TYPE', message: string): GatewayError {
+    this.log.warn({ token: tokenId(request.token).slice(0, 12), source: request.source, nodename: request.nodename, code }, 'join refused');
+    return new GatewayError(code, message);
+  }
+
+  /** Checks the token, makes the certificates, then consumes one use with compare-and-swap (racing joins: one wins). */
+  private async consumeToken(request: HostRequest): Promise<CertBundle & { hostId: string }> {
+    const id = tokenId(request.token);
+    let made: { bundle: CertBundle; record: NodeRecord } | undefined;
     for (;;) {
       const item = await this.backend.get(KEYS.token(id));
-      if (!item) throw refuse('GW_ERR_AUTH_TOKEN_UNKNOWN', 'the join token is not known to this cluster');
+      if (!item) throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_UNKNOWN', 'the join token is not known to this cluster');
       const record = JSON.parse(item.value) as StoredToken;
-      if (record.expiresAt <= this.clock()) throw refuse('GW_ERR_AUTH_TOKEN_EXPIRED', `the join token expired at ${new Date(record.expiresAt).toISOString()}`);
-      if (record.uses > 0 && record.used >= record.uses) throw refuse('GW_ERR_AUTH_TOKEN_USED', 'the join token has been used up');
+      if (record.expiresAt <= this.clock()) throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_EXPIRED', `the join token expired at ${new Date(record.expiresAt).toISOString()}`);
+      if (record.uses > 0 && record.used >= record.uses) throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_USED', 'the join token has been used up');
       const wrong = request.roles.filter((r) => !record.roles.includes(r));
       if (wrong.length > 0) {
-        throw refuse('GW_ERR_AUTH_TOKEN_WRONG_TYPE', `the join token is for ${record.roles.join(', ')}, not for ${wrong.join(', ')}`);
+        throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_WRONG_TYPE', `the join token is for ${record.roles.join(', ')}, not for ${wrong.join(', ')}`);
       }
+      made ??= await this.makeHost(request);
       const next = { ...record, used: record.used + 1 };
       try {
         await this.backend.compareAndSwap(KEYS.token(id), item.revision, JSON.stringify(next), { ttlMs: Math.max(1, record.expiresAt - this.clock()) + 3600_000 });
@@ -500,21 +677,33 @@ export class AuthService {
         throw err;
       }
     }
-    return this.issueHost({ ...request, token: short });
+    return this.recordHost(made, tokenId(request.token).slice(0, 12));
   }
 
   /** Host certificates for an agent running in this same process (no token: the process is trusted). */
   async joinLocal(request: { roles: JoinRole[]; nodename: string; publicAddrs: string[]; publicKeyPem: string; sshPublicKey: string }): Promise<CertBundle & { hostId: string }> {
     validateNodeName(request.nodename);
-    return this.issueHost({ ...request, source: 'local', token: 'local' });
+    return this.recordHost(await this.makeHost({ ...request, source: 'local', token: 'local' }), 'local');
   }
 
-  private async issueHost(request: HostRequest): Promise<CertBundle & { hostId: string }> {
+  /** The certificates of a new host; nothing is stored. A name the certificates cannot carry is the request's fault (400). */
+  private async makeHost(request: HostRequest): Promise<{ bundle: CertBundle; record: NodeRecord }> {
     const hostId = randomUUID();
     const publicHosts = request.publicAddrs.map(hostOf);
     const principals = [...new Set([hostId, `${hostId}.${this.clusterName}`, request.nodename, ...publicHosts])];
     const identity: Identity = { kind: 'host', name: hostId, cluster: this.clusterName, roles: request.roles, nodename: request.nodename };
-    const bundle = await this.bundle(this.host, identity, request.publicKeyPem, request.sshPublicKey, HOST_CERT_TTL_MS, 'both', principals, principals);
+    let bundle: CertBundle;
+    try {
+      bundle = await this.bundle(this.host, identity, request.publicKeyPem, request.sshPublicKey, HOST_CERT_TTL_MS, 'both', principals, principals);
+    } catch (err) {
+      if (err instanceof GatewayError && err.code === 'GW_ERR_PKI_BAD_REQUEST') {
+        throw new GatewayError('GW_ERR_API_BAD_REQUEST', `the join request cannot be certified: ${err.message}`, {
+          hint: 'Check gateway.nodename and every public_addr of the agent: DNS names or IP addresses.',
+          cause: err,
+        });
+      }
+      throw err;
+    }
     const record: NodeRecord = {
       hostId,
       nodename: request.nodename,
@@ -524,10 +713,15 @@ export class AuthService {
       source: request.source,
       sshPublicKey: request.sshPublicKey,
     };
-    await this.backend.put(KEYS.node(hostId), JSON.stringify(record));
-    this.log.info({ hostId, nodename: request.nodename, roles: request.roles, token: request.token, source: request.source }, 'agent joined');
-    await this.audit('host.join', undefined, { hostId, nodename: request.nodename, roles: request.roles, token: request.token });
-    return { ...bundle, hostId };
+    return { bundle, record };
+  }
+
+  private async recordHost(made: { bundle: CertBundle; record: NodeRecord }, token: string): Promise<CertBundle & { hostId: string }> {
+    const { record } = made;
+    await this.backend.put(KEYS.node(record.hostId), JSON.stringify(record));
+    this.log.info({ hostId: record.hostId, nodename: record.nodename, roles: record.roles, token, source: record.source }, 'agent joined');
+    await this.audit('host.join', undefined, { hostId: record.hostId, nodename: record.nodename, roles: record.roles, token });
+    return { ...made.bundle, hostId: record.hostId };
   }
 
   // --- resources through gwctl ---------------------------------------------------------------------------------
@@ -541,7 +735,7 @@ export class AuthService {
     const ops: Array<{ type: 'put'; key: string; value: string; ttlMs?: number }> = [];
     const messages: string[] = [];
     for (const resource of resources) {
-      const { key, value, ttlMs, rbacKind } = await this.storageFor(resource);
+      const { key, value, ttlMs, rbacKind } = await this.storageFor(resource, caller);
       const existing = await this.backend.get(key);
       await this.authorize(caller, rbacKind, existing ? 'update' : 'create');
       if (existing && !overwrite) {
@@ -571,8 +765,12 @@ export class AuthService {
     return messages;
   }
 
-  private async storageFor(resource: Resource): Promise<{ key: string; value: string; ttlMs?: number; rbacKind: string }> {
+  private async storageFor(resource: Resource, caller: Identity): Promise<{ key: string; value: string; ttlMs?: number; rbacKind: string }> {
     switch (resource.kind) {
+      case 'lock': {
+        const lock = this.prepareLock(caller, resource as LockResource);
+        return { key: lockKey(lock.metadata.name), value: JSON.stringify(lock), ...this.lockTtl(lock), rbacKind: 'lock' };
+      }
       case 'role':
         return { key: KEYS.role(resource.metadata.name), value: JSON.stringify(resource), rbacKind: 'role' };
       case 'user': {
@@ -617,7 +815,7 @@ export class AuthService {
 
   /** Reads resources of a kind (all, or one by name). Secrets only with withSecrets. */
   async getResources(caller: Identity, kind: string, name: string | undefined, withSecrets: boolean): Promise<Resource[]> {
-    const rbacKind = kind === 'nodes' ? 'node' : kind === 'events' ? 'event' : kind;
+    const rbacKind = kind === 'nodes' ? 'node' : kind === 'events' ? 'event' : kind === 'locks' ? 'lock' : kind;
     // cluster_maintenance_config is a singleton: getting it is a read, as the seed's role (create/read/update/delete) expects.
     const singleton = kind === 'cluster_maintenance_config';
     await this.authorize(caller, rbacKind, name === undefined && !singleton ? 'list' : 'read');
@@ -631,6 +829,10 @@ export class AuthService {
       }
       case 'user':
         found = (await this.backend.range('/users/')).map((i) => (JSON.parse(i.value) as StoredUser).resource);
+        break;
+      case 'lock':
+      case 'locks':
+        found = await this.locks.list();
         break;
       case 'token':
         found = (await this.backend.range('/tokens/')).map((i) => {
@@ -681,7 +883,7 @@ export class AuthService {
         break;
       default:
         throw new GatewayError('GW_ERR_RESOURCE_KIND', `unknown resource kind "${kind}"`, {
-          hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, node.',
+          hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node.',
         });
     }
     if (name !== undefined) {
@@ -692,7 +894,7 @@ export class AuthService {
   }
 
   async removeResource(caller: Identity, kind: string, name: string): Promise<void> {
-    await this.authorize(caller, kind, 'delete');
+    await this.authorize(caller, kind === 'locks' ? 'lock' : kind, 'delete');
     let key: string;
     switch (kind) {
       case 'role':
@@ -700,6 +902,10 @@ export class AuthService {
         break;
       case 'user':
         return this.removeUser(caller, name);
+      case 'lock':
+      case 'locks':
+        await this.removeLocks(caller, { name });
+        return;
       case 'token':
         return this.removeToken(caller, name);
       case 'github':
@@ -715,6 +921,89 @@ export class AuthService {
     }
     if (!(await this.backend.delete(key))) throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `${kind} "${name}" does not exist`);
     await this.audit(`${kind}.delete`, caller, { name });
+  }
+
+  // --- locks (locks.ts; docs/security.md) -------------------------------------------------------------------------
+
+  /**
+   * Creates a lock (gwctl lock) that lasts ttlMs, until expiresAt, or until removed. Everything the target has
+   * open is closed through the Backend's watch.
+   */
+  async createLock(caller: Identity, options: { target: LockTarget; message?: string; ttlMs?: number; expiresAt?: number; name?: string }): Promise<LockResource> {
+    await this.authorize(caller, 'lock', 'create');
+    const expiresAt = options.ttlMs === undefined ? options.expiresAt : this.clock() + options.ttlMs;
+    const lock = this.prepareLock(caller, {
+      kind: 'lock',
+      version: 'v2',
+      metadata: { name: options.name ?? randomUUID() },
+      spec: {
+        target: options.target,
+        ...(options.message ? { message: options.message } : {}),
+        ...(expiresAt === undefined ? {} : { expires: new Date(expiresAt).toISOString() }),
+      },
+    });
+    try {
+      await this.backend.create(lockKey(lock.metadata.name), JSON.stringify(lock), this.lockTtl(lock));
+    } catch (err) {
+      if (err instanceof GatewayError && err.code === 'GW_ERR_BACKEND_EXISTS') {
+        throw new GatewayError('GW_ERR_RESOURCE_EXISTS', `lock "${lock.metadata.name}" already exists`, { hint: 'Choose another --name, or leave it out for a generated one.' });
+      }
+      throw err;
+    }
+    this.log.info({ lock: lock.metadata.name, target: lock.spec.target, expires: lock.spec.expires, by: caller.name }, 'lock created');
+    await this.audit('lock.create', caller, { name: lock.metadata.name, target: lock.spec.target, ...(lock.spec.expires ? { expires: lock.spec.expires } : {}) });
+    return lock;
+  }
+
+  /** Removes one lock by name, or every lock on a target (gwctl unlock). Returns the names removed. */
+  async removeLocks(caller: Identity, which: { name: string } | { target: LockTarget }): Promise<string[]> {
+    await this.authorize(caller, 'lock', 'delete');
+    let names: string[];
+    if ('name' in which) {
+      names = [which.name];
+    } else {
+      const { kind, value } = targetOf(which.target);
+      names = (await this.locks.list()).filter((l) => l.spec.target[kind] === value).map((l) => l.metadata.name);
+    }
+    const removed: string[] = [];
+    for (const name of names) if (await this.backend.delete(lockKey(name))) removed.push(name);
+    if (removed.length === 0) {
+      throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', 'name' in which ? `lock "${which.name}" does not exist` : `no lock on ${describeTarget(which.target)}`, {
+        hint: "List locks with 'gwctl get locks'; an expired lock is gone by itself.",
+      });
+    }
+    this.log.info({ locks: removed, by: caller.name }, 'locks removed');
+    await this.audit('lock.delete', caller, { names: removed });
+    return removed;
+  }
+
+  /** A lock as it is stored: one valid target, a name, an expiry in the future; created_at/by set here. */
+  private prepareLock(caller: Identity, lock: LockResource): LockResource {
+    const { kind, value } = targetOf(lock.spec.target);
+    if (!LOCK_NAME.test(lock.metadata.name)) {
+      throw new GatewayError('GW_ERR_RESOURCE_INVALID', `"${lock.metadata.name}" is not a valid lock name`, { hint: 'Lock names are 1-128 letters, digits, ".", "_" or "-".' });
+    }
+    if (lock.spec.expires !== undefined && !(Date.parse(lock.spec.expires) > this.clock())) {
+      throw new GatewayError('GW_ERR_RESOURCE_INVALID', `lock "${lock.metadata.name}": its expiry ${lock.spec.expires} is not in the future`);
+    }
+    const message = lock.spec.message?.slice(0, 1024);
+    return {
+      kind: 'lock',
+      version: 'v2',
+      metadata: { ...lock.metadata },
+      spec: {
+        target: { [kind]: value },
+        ...(message ? { message } : {}),
+        ...(lock.spec.expires === undefined ? {} : { expires: new Date(Date.parse(lock.spec.expires)).toISOString() }),
+        created_at: new Date(this.clock()).toISOString(),
+        created_by: caller.kind === 'admin' ? 'admin' : caller.name,
+      },
+    };
+  }
+
+  /** The Backend TTL of a lock: its expiry, so that an expired lock is invisible to every reader at once. */
+  private lockTtl(lock: LockResource): { ttlMs?: number } {
+    return lock.spec.expires === undefined ? {} : { ttlMs: Math.max(1, Date.parse(lock.spec.expires) - this.clock()) };
   }
 
   async getNode(hostId: string): Promise<NodeRecord | undefined> {
@@ -750,7 +1039,7 @@ export class AuthService {
     if (!accessKind) throw new GatewayError('GW_ERR_RESOURCE_KIND', `unknown inventory kind "${kind}"`, { hint: 'Kinds: node, db, app, desktop, kube.' });
     if (caller.kind !== 'admin' && caller.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'host identities have no inventory');
     if (caller.cluster !== this.clusterName && caller.kind !== 'admin') throw new GatewayError('GW_ERR_ACCESS_DENIED', `identity from cluster "${caller.cluster}"`);
-    const roles = caller.kind === 'admin' ? undefined : await this.rolesOf(caller.roles);
+    const roles = caller.kind === 'admin' ? undefined : await this.rolesOf((await this.resolveCaller(caller)).roles);
     const allowed = (labels: Record<string, string>) => roles === undefined || canAccess(roles, accessKind, labels);
     const items: InventoryItem[] = [];
     for (const p of await this.listPresence()) {
@@ -788,6 +1077,7 @@ export class AuthService {
   async maintenanceForAgent(caller: Identity): Promise<Resource | undefined> {
     if (caller.kind === 'host') {
       if (caller.cluster !== this.clusterName) throw new GatewayError('GW_ERR_ACCESS_DENIED', `identity from cluster "${caller.cluster}"`);
+      await this.resolveCaller(caller);
     } else {
       await this.authorize(caller, 'cluster_maintenance_config', 'read');
     }
@@ -832,12 +1122,30 @@ function splitNames(names: string[]): { dnsNames: string[]; ipAddresses: string[
 }
 
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$/;
+const LOCK_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 function validateUserName(name: string): void {
   if (!NAME.test(name)) {
     throw new GatewayError('GW_ERR_RESOURCE_INVALID', `"${name}" is not a valid user name`, {
       hint: 'User names are 1-128 letters, digits, ".", "_", "@" or "-", starting with a letter or digit.',
     });
+  }
+}
+
+/**
+ * The keys of a login or join request, checked before anything else happens (no password check, no token
+ * lookup): GW_ERR_API_BAD_KEY names the field. Never echoes key text.
+ */
+function checkRequestKeys(publicKeyPem: string, sshPublicKey: string): void {
+  try {
+    loadPublicKey(publicKeyPem, 'public_key');
+  } catch {
+    throw new GatewayError('GW_ERR_API_BAD_KEY', '"public_key" is not a PEM public key (-----BEGIN PUBLIC KEY-----)');
+  }
+  try {
+    keyFromBlob(blobFromLine(sshPublicKey.includes('-----BEGIN') ? sshPublicKeyFromPem(sshPublicKey) : sshPublicKey).blob);
+  } catch {
+    throw new GatewayError('GW_ERR_API_BAD_KEY', '"ssh_public_key" is not an OpenSSH public key line of a supported type ("ecdsa-sha2-nistp256 AAAA...")');
   }
 }
 

@@ -117,7 +117,7 @@ users
   .requiredOption('--set-roles <roles>', 'comma-separated role names')
   .action(async (user: string, opts: { setRoles: string }) => {
     await client().call('PUT', `/v1/users/${encodeURIComponent(user)}/roles`, { roles: list(opts.setRoles) });
-    out(`user "${user}" now has roles ${list(opts.setRoles).join(', ')}; they take effect after 'gwsh logout' and 'gwsh login'`);
+    out(`user "${user}" now has roles ${list(opts.setRoles).join(', ')}; a role taken away stops working at once, a role given works after 'gwsh logout' and 'gwsh login'`);
   });
 users
   .command('ls')
@@ -130,7 +130,7 @@ users
   });
 users
   .command('rm')
-  .description('remove a user')
+  .description('remove a user: every certificate of the user is refused at once, and what it has open is closed')
   .argument('<user>')
   .action(async (user: string) => {
     await client().call('DELETE', `/v1/users/${encodeURIComponent(user)}`);
@@ -156,7 +156,7 @@ program
 program
   .command('get')
   .description('print resources: KIND (all of them) or KIND/NAME')
-  .argument('<ref>', 'role, user, token, github, saml, oidc, cluster_maintenance_config, node (KIND or KIND/NAME)')
+  .argument('<ref>', 'role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node (KIND or KIND/NAME)')
   .option('--format <format>', 'yaml or json', 'yaml')
   .option('--with-secrets', "include secrets such as a connector's signing_key_pair.private_key")
   .option('-o, --output <file>', 'write to this file (mode 0600, replaced atomically) instead of standard output')
@@ -188,6 +188,72 @@ function tightenStdoutFile(): void {
     // not ours to change (another user's file, or no file at all): the warning below still applies
   }
 }
+
+interface TargetOptions {
+  user?: string;
+  role?: string;
+  node?: string;
+}
+
+/** The one target of --user, --role, --node (a usage error unless exactly one is given). */
+function targetOption(opts: TargetOptions, command: string): Record<string, string> {
+  const given = (['user', 'role', 'node'] as const).filter((k) => opts[k] !== undefined);
+  if (given.length !== 1) {
+    throw new GatewayError('GW_ERR_USAGE', `${command} needs exactly one of --user, --role, --node${given.length > 1 ? ` (got ${given.map((k) => `--${k}`).join(' and ')})` : ''}`, {
+      hint: `One target per lock: gwctl ${command} --user bob, --role contractor or --node <host ID from 'gwctl get nodes'>.`,
+    });
+  }
+  return { [given[0]!]: opts[given[0]!]! };
+}
+
+program
+  .command('lock')
+  .description('lock a user, a role (every user holding it) or an agent: refused at once, and what it has open is closed')
+  .option('--user <name>', 'lock this user')
+  .option('--role <name>', 'lock every user holding this role')
+  .option('--node <host-id>', "lock this agent (its host ID, from 'gwctl get nodes'): its tunnel is dropped and refused")
+  .option('--message <text>', 'shown with every refusal')
+  .option('--ttl <duration>', 'the lock ends by itself after this long (90s, 30m, 12h, 7d)')
+  .option('--expires <time>', 'the lock ends by itself at this RFC 3339 time (2030-01-31T23:59:59Z)')
+  .option('--name <name>', 'the lock name (default: a generated UUID)')
+  .option('--format <format>', 'text or json', 'text')
+  .action(async (opts: TargetOptions & { message?: string; ttl?: string; expires?: string; name?: string; format: string }) => {
+    const target = targetOption(opts, 'lock');
+    if (opts.ttl !== undefined && opts.expires !== undefined) throw new GatewayError('GW_ERR_USAGE', 'give --ttl or --expires, not both');
+    if (opts.expires !== undefined && Number.isNaN(Date.parse(opts.expires))) {
+      throw new GatewayError('GW_ERR_USAGE', `--expires: "${opts.expires}" is not an RFC 3339 time`, { hint: 'Write it like 2030-01-31T23:59:59Z.' });
+    }
+    const body = {
+      target,
+      ...(opts.message ? { message: opts.message } : {}),
+      ...(opts.ttl === undefined ? {} : { ttl_ms: parseDuration(opts.ttl, '--ttl') }),
+      ...(opts.expires === undefined ? {} : { expires: opts.expires }),
+      ...(opts.name ? { name: opts.name } : {}),
+    };
+    const { lock } = await client().call<{ lock: { metadata: { name: string }; spec: { expires?: string } } }>('POST', '/v1/locks', body);
+    if (opts.format === 'json') return out(JSON.stringify(lock));
+    const [kind, value] = Object.entries(target)[0]!;
+    out(`lock "${lock.metadata.name}" created: ${kind} ${value} is locked ${lock.spec.expires ? `until ${lock.spec.expires}` : "until 'gwctl unlock' removes it"}`);
+  });
+
+program
+  .command('unlock')
+  .description('remove a lock by name, or every lock on a user, a role or an agent')
+  .argument('[name]', "the lock's name ('gwctl get locks')")
+  .option('--user <name>', 'remove every lock on this user')
+  .option('--role <name>', 'remove every lock on this role')
+  .option('--node <host-id>', 'remove every lock on this agent')
+  .action(async (name: string | undefined, opts: TargetOptions) => {
+    let path: string;
+    if (name !== undefined) {
+      if (opts.user ?? opts.role ?? opts.node) throw new GatewayError('GW_ERR_USAGE', 'give a lock name or one of --user, --role, --node, not both');
+      path = `/v1/locks/${encodeURIComponent(name)}`;
+    } else {
+      path = `/v1/locks?${new URLSearchParams(targetOption(opts, 'unlock')).toString()}`;
+    }
+    const { removed } = await client().call<{ removed: string[] }>('DELETE', path);
+    for (const n of removed) out(`lock "${n}" has been removed`);
+  });
 
 program
   .command('rm')

@@ -205,6 +205,9 @@ proxyCmd
     process.stdin.pipe(stream);
     stream.pipe(process.stdout);
     await new Promise<void>((resolve) => {
+      // 'end' too: when the Proxy ends the connection (a lock, a removed user) nothing more can come, and ssh
+      // only learns that the session is over when this process exits (pipe() never ends process.stdout).
+      stream.once('end', resolve);
       stream.once('close', resolve);
       stream.once('error', resolve);
     });

@@ -3,7 +3,9 @@
  * gateway-mysql, gateway-mongodb, gateway-redis, gateway-tcp) and the user's client certificate arrives from
  * the front door already terminated. Then:
  *
- *   1. the identity is the user certificate (signed by the user CA of this cluster);
+ *   1. the identity is the user certificate (signed by the user CA of this cluster), as it stands now: the user
+ *      must still exist and not be locked, and only the roles it still has count (AuthService.resolveCaller);
+ *      the connection is tracked in auth.sessions from here on, so a lock or a deletion closes it;
  *   2. the client sends one JSON line naming the resource: {"resource": "<name>"} (gwsh does this); with
  *      "check": true the Proxy answers whether the connection would be allowed and dials nothing;
  *   3. the resource is looked up among the connected agents, and the user's roles must allow its labels;
@@ -80,8 +82,16 @@ export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (
       socket.end(`${JSON.stringify(answer)}\n`);
     };
     void (async () => {
-      const identity = peerIdentityOf(auth, socket);
-      if (identity.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach resources');
+      const certified = peerIdentityOf(auth, socket);
+      if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach resources');
+      // Tracked before the checks: a lock that lands while they run still closes this connection.
+      const untrack = auth.sessions.track(certified, `${info.route} ${client}`, (why) => {
+        log.info({ user: certified.name, route: info.route, client, code: why.code }, 'connection closed: identity revoked');
+        socket.destroy();
+      });
+      socket.once('close', untrack);
+      if (socket.destroyed) untrack();
+      const identity = await auth.resolveCaller(certified);
       const header = await readJsonLine<RouteHeader>(socket, { what: 'route header', timeoutMs: 15_000, maxBytes: 4096 });
       if (typeof header.resource !== 'string' || header.resource === '') throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the route header names no resource');
       const target = findTarget(tunnels.list(), info.route, header);

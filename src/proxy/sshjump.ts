@@ -6,11 +6,13 @@
  * is the one the node is asked for, inside). It then asks for a direct-tcpip channel to "<node>:<port>"; the
  * Proxy finds the node among connected agents (by name or host ID), checks the user's current roles allow its
  * labels, and carries the channel to the node's SSH Service through the agent's tunnel. The node checks the
- * login against the certificate's principals, as always.
+ * login against the certificate's principals, as always. The user must still exist and not be locked
+ * (AuthService.resolveSshUser), and the connection is tracked in auth.sessions: a lock or a deletion ends it.
  */
 import type { Duplex } from 'node:stream';
 import ssh2 from 'ssh2';
 import type { Connection } from 'ssh2';
+import { CLOCK_SKEW_MS } from '../auth/pki.js';
 import { canAccess } from '../auth/rbac.js';
 import type { AuthService } from '../auth/service.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
@@ -40,6 +42,7 @@ export class SshJumpServer {
   private onConnection(conn: Connection): void {
     const client = (conn as unknown as { _sock?: { gatewayClient?: string } })._sock?.gatewayClient ?? 'unknown';
     let user = '';
+    let issuedAt: number | undefined;
     conn.on('authentication', (ctx) => {
       if (ctx.method !== 'publickey') return ctx.reject(['publickey']);
       const check = checkUserCertAuth(ctx, this.auth.user.ssh.publicKey, Date.now());
@@ -47,10 +50,16 @@ export class SshJumpServer {
         this.log.info({ client, why: check.why }, 'SSH jump refused');
         return ctx.reject(['publickey']);
       }
-      if (!check.query) user = check.cert.keyId;
+      if (!check.query) {
+        user = check.cert.keyId;
+        issuedAt = check.cert.validAfter + CLOCK_SKEW_MS;
+      }
       ctx.accept();
     });
     conn.on('ready', () => {
+      const identity = { kind: 'user' as const, name: user, cluster: this.auth.clusterName, roles: [], ...(issuedAt === undefined ? {} : { issuedAt }) };
+      const untrack = this.auth.sessions.track(identity, `ssh jump ${client}`, () => conn.end());
+      conn.once('close', untrack);
       conn.on('session', (_accept, reject) => reject());
       conn.on('tcpip', (accept, reject, dest) => {
         void (async () => {
@@ -60,8 +69,8 @@ export class SshJumpServer {
             this.log.info({ user, node, client }, 'SSH jump: no connected node by that name');
             return reject();
           }
-          const stored = await this.auth.userRoles(user);
-          if (!stored || !canAccess(await this.auth.rolesOf(stored), 'node', target.labels)) {
+          const current = await this.auth.resolveSshUser(user, issuedAt);
+          if (!canAccess(await this.auth.rolesOf(current.roles), 'node', target.labels)) {
             this.log.info({ user, node, client }, 'SSH jump: the user’s roles do not allow this node');
             return reject();
           }

@@ -9,6 +9,10 @@
  *    certificate, checks kubernetes_labels, and forwards the request through the agent (which holds the TLS
  *    connection to the API server) with Impersonate-User / Impersonate-Group set to the user and roles. Headers
  *    a client sends to impersonate someone itself are removed first.
+ *
+ * Both check the user as it stands now (AuthService.resolveCaller: still exists, not locked, the roles it still
+ * has) on every request, and track the request in auth.sessions while it runs, so that a lock or a deletion
+ * closes a long one (a watch, a stream) at once.
  */
 import http from 'node:http';
 import type { Duplex } from 'node:stream';
@@ -76,14 +80,16 @@ export function createWebAppHandler(auth: AuthService, tunnels: TunnelServer) {
     if (!found) return false;
     const target = found;
     void (async () => {
-      let identity: Identity;
+      let certified: Identity;
       try {
-        identity = peerIdentityOf(auth, req.socket as TLSSocket);
+        certified = peerIdentityOf(auth, req.socket as TLSSocket);
       } catch {
         throw new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `app "${target.name}" needs your gateway certificate`, {
           hint: `Sign in with 'gwsh login', then present ~/.gwsh/cert.pem and key.pem, or use 'gwsh proxy app ${target.name}'.`,
         });
       }
+      trackRequest(auth, certified, `app ${target.name}`, req, res);
+      const identity = await auth.resolveCaller(certified);
       if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), 'app', target.labels)) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
       }
@@ -102,6 +108,13 @@ export function createWebAppHandler(auth: AuthService, tunnels: TunnelServer) {
   };
 }
 
+/** Tracks a request in auth.sessions until its answer is done; a revocation drops the client's connection. */
+function trackRequest(auth: AuthService, identity: Identity, what: string, req: http.IncomingMessage, res: http.ServerResponse): void {
+  const untrack = auth.sessions.track(identity, what, () => req.socket.destroy());
+  res.once('close', untrack);
+  if (res.writableFinished || req.socket.destroyed) untrack();
+}
+
 export const KUBE_PATH_PREFIX = '/k8s/';
 
 /** The kube route's service: an HTTP server over the user's TLS stream. */
@@ -109,8 +122,10 @@ export function createKubeHandler(auth: AuthService, tunnels: TunnelServer): (st
   const log = logger('kube');
   const server = http.createServer((req, res) => {
     void (async () => {
-      const identity = peerIdentityOf(auth, req.socket as TLSSocket);
-      if (identity.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach Kubernetes clusters');
+      const certified = peerIdentityOf(auth, req.socket as TLSSocket);
+      if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach Kubernetes clusters');
+      trackRequest(auth, certified, 'kube', req, res);
+      const identity = await auth.resolveCaller(certified);
       const url = req.url ?? '/';
       if (!url.startsWith(KUBE_PATH_PREFIX)) {
         throw new GatewayError('GW_ERR_API_NOT_FOUND', `Kubernetes requests go to ${KUBE_PATH_PREFIX}<cluster>/...`, {

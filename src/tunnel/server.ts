@@ -5,7 +5,9 @@
  *
  * Authentication: the SSH user name is the agent's host ID and its key must be the one its host certificate
  * certifies (recorded at join). When the stream came over TLS with a client certificate, that certificate must
- * name the same host of this cluster. Liveness: the agent sends a heartbeat every interval; after countMax
+ * name the same host of this cluster. The agent must still be a member and not locked (AuthService.revocationOf);
+ * its tunnel is tracked in auth.sessions, so a lock on it drops the tunnel, and reconnects are refused while the
+ * lock lasts. Liveness: the agent sends a heartbeat every interval; after countMax
  * intervals without one the proxy marks it offline and drops the connection.
  */
 import { randomUUID } from 'node:crypto';
@@ -14,7 +16,7 @@ import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
-import { identityFromCert } from '../auth/pki.js';
+import { identityFromCert, type Identity } from '../auth/pki.js';
 import type { AuthService } from '../auth/service.js';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
@@ -127,6 +129,20 @@ export class TunnelServer extends EventEmitter {
         if (!ctx.signature) return ctx.accept(); // a query: "would this key do?"
         if (key.verify(ctx.blob!, ctx.signature, ctx.hashAlgo) !== true) {
           refuse('bad signature');
+          return ctx.reject();
+        }
+        // Tracked before the lock check: a lock that lands while it runs still drops this tunnel.
+        const identity: Identity = { kind: 'host', name: ctx.username, cluster: this.options.auth.clusterName, roles: node.roles };
+        const untrack = this.options.auth.sessions.track(identity, `agent tunnel ${remote}`, (why) => {
+          this.log.warn({ remote, hostId: identity.name, code: why.code, why: why.message }, 'agent tunnel dropped: identity revoked');
+          conn.end();
+          setTimeout(() => (conn as unknown as { _sock?: Duplex })._sock?.destroy(), 1000).unref();
+        });
+        conn.once('close', untrack);
+        const revoked = await this.options.auth.revocationOf(identity);
+        if (revoked) {
+          untrack();
+          refuse(revoked.message);
           return ctx.reject();
         }
         hostId = ctx.username;

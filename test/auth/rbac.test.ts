@@ -126,9 +126,9 @@ describe('preset roles', () => {
     for (const resource of RULE_RESOURCES) for (const verb of VERBS) expect(checkAccess([access], resource, verb).allowed).toBe(false);
   });
 
-  it('editor: every verb on users, roles, tokens, connectors and the inventory; reads events', () => {
+  it('editor: every verb on users, roles, tokens, connectors, locks and the inventory; reads events', () => {
     const editor = preset('editor');
-    for (const resource of ['role', 'user', 'token', 'github', 'saml', 'oidc', 'node', 'db', 'app', 'kube_cluster', 'windows_desktop']) {
+    for (const resource of ['role', 'user', 'token', 'github', 'saml', 'oidc', 'node', 'db', 'app', 'kube_cluster', 'windows_desktop', 'lock']) {
       for (const verb of CONCRETE_VERBS) expect(checkAccess([editor], resource, verb)).toEqual({ allowed: true });
     }
     expect(checkAccess([editor], 'event', 'list').allowed).toBe(true);

@@ -3,6 +3,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 import {
+  RESOURCE_KINDS,
   WEEKDAYS,
   durationMs,
   githubRoles,
@@ -291,7 +292,8 @@ describe('docs/resources.md', () => {
 
   it('has a valid example for every kind', () => {
     const kinds = examples.map((t) => parseManifest(t, 'docs/resources.md').map((r) => r.kind)).flat();
-    expect(new Set(kinds)).toEqual(new Set(['role', 'user', 'token', 'github', 'saml', 'oidc', 'cluster_maintenance_config']));
+    expect(new Set(kinds)).toEqual(new Set(RESOURCE_KINDS));
+    expect(RESOURCE_KINDS).toContain('lock');
   });
 
   it("shows the seed's role for cluster_maintenance_config", () => {

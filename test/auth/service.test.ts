@@ -103,6 +103,8 @@ describe('access control', () => {
       'roles.yaml',
     );
     await auth.createResources(admin, roles, false);
+    // Only roles the stored user still has count: alice holds both, each certificate names some.
+    await auth.setUserRoles(admin, 'alice', ['access', 'maint', 'no-maint']);
     expect(await auth.createResources({ ...alice(), roles: ['maint'] }, maintenance, false)).toEqual(['maintenance window has been updated']);
     expect(await codeOf(auth.createResources({ ...alice(), roles: ['maint', 'no-maint'] }, maintenance, true))).toBe('GW_ERR_ACCESS_DENIED');
   });
@@ -176,5 +178,86 @@ describe('join tokens', () => {
     expect(await auth.listTokens(admin)).toHaveLength(0);
     const all = await backend.range('/');
     expect(JSON.stringify(all)).not.toContain(a.token);
+  });
+});
+
+describe('hardening: atomic rate limits', () => {
+  it('200 parallel wrong logins: at most the limit is checked, the rest get 429, the right password in the burst too', async () => {
+    const attempts = Array.from({ length: 200 }, (_, i) => codeOf(login('alice', i === 100 ? 'correct horse battery' : `wrong ${i}`)));
+    const codes = await Promise.all(attempts);
+    const checked = codes.filter((c) => c === 'GW_ERR_AUTH_LOGIN_FAILED').length;
+    expect(checked).toBeGreaterThan(0);
+    expect(checked).toBeLessThanOrEqual(5);
+    expect(codes.filter((c) => c === 'GW_ERR_AUTH_RATE_LIMITED')).toHaveLength(200 - checked);
+    expect(codes[100]).toBe('GW_ERR_AUTH_RATE_LIMITED');
+    // Every password check that failed is in the audit log: no more than the limit ran.
+    const failures = (await backend.range('/events/')).filter((i) => i.value.includes('"user.login.failure"'));
+    expect(failures.length).toBe(checked);
+    // Still locked out a moment later; after the window the right password works again.
+    now += 60_000;
+    expect(await codeOf(login('alice', 'correct horse battery'))).toBe('GW_ERR_AUTH_RATE_LIMITED');
+    now += 5 * 60_000;
+    await expect(login('alice', 'correct horse battery')).resolves.toBeDefined();
+  }, 120_000);
+
+  it('200 parallel joins with wrong tokens from one source are limited; another source is not', async () => {
+    const bad = (i: number, source = '10.0.0.66') =>
+      codeOf(auth.join({ token: `wrong-${i}`, roles: ['node'], nodename: `n${i}`, publicAddrs: [], publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source }));
+    const codes = await Promise.all(Array.from({ length: 200 }, (_, i) => bad(i)));
+    const tried = codes.filter((c) => c === 'GW_ERR_AUTH_TOKEN_UNKNOWN').length;
+    expect(tried).toBeGreaterThan(0);
+    expect(tried).toBeLessThanOrEqual(10);
+    expect(codes.filter((c) => c === 'GW_ERR_AUTH_RATE_LIMITED')).toHaveLength(200 - tried);
+    // A real token from the limited source waits too; from another source it works.
+    const { token } = await auth.addToken(admin, { roles: ['node'], uses: 0 });
+    const good = (source: string) => auth.join({ token, roles: ['node'], nodename: 'ok', publicAddrs: [], publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source });
+    expect(await codeOf(good('10.0.0.66'))).toBe('GW_ERR_AUTH_RATE_LIMITED');
+    await expect(good('10.0.0.67')).resolves.toBeDefined();
+    now += 10 * 60_000 + 1;
+    await expect(good('10.0.0.66')).resolves.toBeDefined();
+  });
+});
+
+describe('hardening: a bad join request burns no token', () => {
+  const request = (token: string, over: Partial<Parameters<AuthService['join']>[0]>) =>
+    auth.join({ token, roles: ['node'], nodename: 'node-1', publicAddrs: [], publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source: '10.0.0.9', ...over });
+
+  it('a malformed public key, SSH key or address is refused with its own code, and the single-use token still works', async () => {
+    const { token } = await auth.addToken(admin, { roles: ['node'] });
+    expect(await codeOf(request(token, { publicKeyPem: '-----BEGIN PUBLIC KEY-----\nnot a key\n-----END PUBLIC KEY-----\n' }))).toBe('GW_ERR_API_BAD_KEY');
+    expect(await codeOf(request(token, { sshPublicKey: 'ssh-ed25519 AAAAnot-base64!' }))).toBe('GW_ERR_API_BAD_KEY');
+    expect(await codeOf(request(token, { publicAddrs: ['bad name with spaces'] }))).toBe('GW_ERR_API_BAD_REQUEST');
+    const bundle = await request(token, {});
+    expect(identityFromCert(bundle.tlsCert)).toMatchObject({ kind: 'host', name: bundle.hostId });
+    expect(await codeOf(request(token, {}))).toBe('GW_ERR_AUTH_TOKEN_USED');
+  });
+
+  it('a bad request is not counted as a failed join of its source', async () => {
+    const { token } = await auth.addToken(admin, { roles: ['node'] });
+    for (let i = 0; i < 30; i++) expect(await codeOf(request(token, { publicKeyPem: 'junk' }))).toBe('GW_ERR_API_BAD_KEY');
+    await expect(request(token, {})).resolves.toBeDefined();
+  });
+});
+
+describe('hardening: a removed user keeps no power', () => {
+  const bob = (): Identity => ({ kind: 'user', name: 'bob', cluster: 'unit.example', roles: ['editor'] });
+
+  it("a removed user's certificate is refused at once: tokens, users, connector secrets", async () => {
+    await auth.addUser(admin, 'bob', ['editor'], 'correct horse battery');
+    await expect(auth.addToken(bob(), { roles: ['node'] })).resolves.toBeDefined();
+    await auth.removeUser(admin, 'bob');
+    expect(await codeOf(auth.addToken(bob(), { roles: ['node'] }))).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
+    expect(await codeOf(auth.addUser(bob(), 'mallory', ['editor'], 'correct horse battery'))).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
+    expect(await codeOf(auth.getResources(bob(), 'github', undefined, true))).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
+    expect(await codeOf(login('mallory', 'correct horse battery'))).toBe('GW_ERR_AUTH_LOGIN_FAILED');
+  });
+
+  it('roles taken away apply at once; roles given apply at the next login (certificate ∩ stored user)', async () => {
+    await auth.addUser(admin, 'bob', ['editor'], 'correct horse battery');
+    await auth.setUserRoles(admin, 'bob', ['access']);
+    expect(await codeOf(auth.addToken(bob(), { roles: ['node'] }))).toBe('GW_ERR_ACCESS_DENIED');
+    await auth.setUserRoles(admin, 'bob', ['access', 'editor']);
+    const accessOnly: Identity = { ...bob(), roles: ['access'] };
+    expect(await codeOf(auth.addToken(accessOnly, { roles: ['node'] }))).toBe('GW_ERR_ACCESS_DENIED');
   });
 });

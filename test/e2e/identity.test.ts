@@ -2,7 +2,9 @@
  * Cluster identity end to end, with the real binaries: an admin on the auth machine creates a user with gwctl;
  * the user signs in with gwsh through a real squid; roles, the seed's cluster_maintenance_config rule and the
  * "sign out and in again" behaviour; an agent joins through squid with a token and the CA pin, and a wrong pin
- * or a used-up token is refused.
+ * or a used-up token is refused. Hardening: a removed user's certificate is refused at once; gwctl lock and
+ * unlock on users and roles, and a lock that expires; a bad join burns no token; parallel wrong joins and
+ * logins from one address are limited.
  */
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { existsSync, readFileSync, statSync } from 'node:fs';
@@ -13,6 +15,7 @@ import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, startGateway, startGatewayExpectingFailure, type RunningGateway } from '../helpers/gateway.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
+import { generateKeyPair } from '../../src/auth/pki.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
@@ -288,4 +291,184 @@ describe('certificates from another cluster', () => {
       await other.stop();
     }
   });
+});
+
+/** A raw HTTPS POST to the Proxy's web port from a chosen local address (the source the rate limits key on). */
+function post(path: string, body: unknown, localAddress: string): Promise<{ status: number; body: { error?: { code: string; message: string } } }> {
+  const port = Number(proxyAddr.slice(proxyAddr.lastIndexOf(':') + 1));
+  return new Promise((resolve, reject) => {
+    const text = JSON.stringify(body);
+    const req = https.request(
+      { host: PROXY_IP, port, servername: PROXY_NAME, path, method: 'POST', localAddress, rejectUnauthorized: false, agent: false, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) } },
+      (res) => {
+        let data = '';
+        res.on('data', (c: Buffer) => (data += c.toString()));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: JSON.parse(data) as { error?: { code: string; message: string } } }));
+      },
+    );
+    req.on('error', reject);
+    req.end(text);
+  });
+}
+
+describe('hardening: a removed user keeps no power', () => {
+  const bobEnv = () => ({ HOME: dir, GWSH_HOME: join(dir, 'bob-gwsh'), HTTPS_PROXY: squid.url });
+  const gwctlBob = (args: string[], input?: string) => runCli('gwctl', args, { env: bobEnv(), ...(input === undefined ? {} : { input }) });
+  const github = ['kind: github', 'version: v3', 'metadata: {name: github}', 'spec:', '  client_id: gw-client', '  client_secret: s3cret-of-the-connector', '  redirect_url: https://proxy.gw.test/v1/webapi/github/callback', '  teams_to_roles: [{organization: acme, team: admins, roles: [editor]}]', ''].join('\n');
+
+  it("bob's certificate is refused at once after 'gwctl users rm bob': tokens, users, --with-secrets", async () => {
+    await writeFile(join(dir, 'github.yaml'), github);
+    expect((await gwctlAdmin(['create', join(dir, 'github.yaml')])).status).toBe(0);
+    expect((await gwctlAdmin(['users', 'add', 'bob', '--roles=editor'], `${PASSWORD}\n`)).status).toBe(0);
+    const login = await runCli('gwsh', ['login', `--proxy=${proxyAddr}`, '--user=bob', `--ca-pin=${pin}`], { env: bobEnv(), input: `${PASSWORD}\n` });
+    expect(login.status).toBe(0);
+    const signedInAt = Date.now();
+    // Before: an editor may do all three.
+    expect((await gwctlBob(['tokens', 'add', '--type=node', '--format', 'json'])).status).toBe(0);
+    expect((await gwctlBob(['get', 'github/github', '--with-secrets', '--format', 'json'])).stdout).toContain('s3cret-of-the-connector');
+
+    expect((await gwctlAdmin(['users', 'rm', 'bob'])).status).toBe(0);
+    const token = await gwctlBob(['tokens', 'add', '--type=node', '--format', 'json']);
+    expect(token.status).toBe(1);
+    expect(token.stderr).toContain('GW_ERR_AUTH_IDENTITY_REVOKED');
+    const user = await gwctlBob(['users', 'add', 'mallory', '--roles=editor'], `${PASSWORD}\n`);
+    expect(user.status).toBe(1);
+    expect(user.stderr).toContain('GW_ERR_AUTH_IDENTITY_REVOKED');
+    const secrets = await gwctlBob(['get', 'github/github', '--with-secrets', '--format', 'json']);
+    expect(secrets.status).toBe(1);
+    expect(secrets.stderr).toContain('GW_ERR_AUTH_IDENTITY_REVOKED');
+    expect(secrets.stdout).not.toContain('s3cret-of-the-connector');
+    expect((await gwctlAdmin(['users', 'ls', '--format', 'json'])).stdout).not.toContain('mallory');
+
+    // A new bob (certificate times have whole seconds: make sure a second has passed since the old login).
+    await new Promise((r) => setTimeout(r, Math.max(0, signedInAt + 2000 - Date.now())));
+    expect((await gwctlAdmin(['users', 'add', 'bob', '--roles=editor'], `${PASSWORD}\n`)).status).toBe(0);
+    const revived = await gwctlBob(['tokens', 'add', '--type=node', '--format', 'json']);
+    expect(revived.status).toBe(1);
+    expect(revived.stderr).toContain('GW_ERR_AUTH_IDENTITY_REVOKED');
+    expect(revived.stderr).toContain('created again');
+  });
+});
+
+describe('hardening: gwctl lock and unlock', () => {
+  const carolEnv = () => ({ HOME: dir, GWSH_HOME: join(dir, 'carol-gwsh'), HTTPS_PROXY: squid.url });
+  const gwctlCarol = (args: string[]) => runCli('gwctl', args, { env: carolEnv() });
+
+  beforeAll(async () => {
+    expect((await gwctlAdmin(['users', 'add', 'carol', '--roles=editor'], `${PASSWORD}\n`)).status).toBe(0);
+    const login = await runCli('gwsh', ['login', `--proxy=${proxyAddr}`, '--user=carol', `--ca-pin=${pin}`], { env: carolEnv(), input: `${PASSWORD}\n` });
+    expect(login.status).toBe(0);
+  });
+
+  it('--user: her calls are refused with a code naming the lock; get locks lists it; login is refused; unlock restores', async () => {
+    const lock = await gwctlAdmin(['lock', '--user', 'carol', '--message', 'security review']);
+    expect(lock.stderr).toBe('');
+    const name = /lock "([^"]+)" created/.exec(lock.stdout)![1]!;
+    const status = await gwctlCarol(['status']);
+    expect(status.status).toBe(1);
+    expect(status.stderr).toContain('GW_ERR_ACCESS_LOCKED');
+    expect(status.stderr).toContain(name);
+    expect(status.stderr).toContain('security review');
+    const locks = JSON.parse((await gwctlAdmin(['get', 'locks', '--format', 'json'])).stdout) as Array<{ metadata: { name: string }; spec: Record<string, unknown> }>;
+    expect(locks).toEqual([expect.objectContaining({ kind: 'lock', metadata: { name }, spec: expect.objectContaining({ target: { user: 'carol' }, message: 'security review', created_by: 'admin' }) })]);
+    const login = await runCli('gwsh', ['login', `--proxy=${proxyAddr}`, '--user=carol', `--ca-pin=${pin}`], { env: { ...carolEnv(), GWSH_HOME: join(dir, 'carol-2') }, input: `${PASSWORD}\n` });
+    expect(login.status).toBe(1);
+    expect(login.stderr).toContain('GW_ERR_ACCESS_LOCKED');
+    // alice is not concerned.
+    expect((await gwctlAlice(['status'])).status).toBe(0);
+
+    const unlock = await gwctlAdmin(['unlock', '--user', 'carol']);
+    expect(unlock.stdout).toContain(`lock "${name}" has been removed`);
+    expect((await gwctlCarol(['status'])).status).toBe(0);
+    expect(JSON.parse((await gwctlAdmin(['get', 'locks', '--format', 'json'])).stdout)).toEqual([]);
+  });
+
+  it('--role: every user holding the role is refused; unlock by name restores', async () => {
+    expect((await gwctlAdmin(['lock', '--role', 'editor', '--name', 'no-editors'])).status).toBe(0);
+    const r = await gwctlCarol(['tokens', 'ls']);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain('GW_ERR_ACCESS_LOCKED');
+    expect(r.stderr).toContain('no-editors');
+    expect((await gwctlAlice(['status'])).status).toBe(0);
+    expect((await gwctlAdmin(['unlock', 'no-editors'])).status).toBe(0);
+    expect((await gwctlCarol(['tokens', 'ls'])).status).toBe(0);
+  });
+
+  it('--ttl: the lock ends by itself', async () => {
+    expect((await gwctlAdmin(['lock', '--user', 'carol', '--ttl', '2s'])).status).toBe(0);
+    expect((await gwctlCarol(['status'])).stderr).toContain('GW_ERR_ACCESS_LOCKED');
+    const deadline = Date.now() + 30_000;
+    let last = await gwctlCarol(['status']);
+    while (last.status !== 0 && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 500));
+      last = await gwctlCarol(['status']);
+    }
+    expect(last.stderr).toBe('');
+    expect(last.status).toBe(0);
+  });
+
+  it('refuses a lock without exactly one target, as a usage error', async () => {
+    const none = await gwctlAdmin(['lock']);
+    expect(none.status).toBe(2);
+    expect(none.stderr).toContain('GW_ERR_USAGE');
+    expect(none.stderr).toContain('exactly one of --user, --role, --node');
+    const two = await gwctlAdmin(['lock', '--user', 'carol', '--role', 'editor']);
+    expect(two.status).toBe(2);
+    expect(two.stderr).toContain('--user and --role');
+  });
+});
+
+describe('hardening: joins', () => {
+  const agentConfig = (name: string) => ['gateway:', `  nodename: ${name}`, '  data_dir: DATA_DIR', '  log: { format: json }', 'ssh_service:', '  enabled: yes', ''].join('\n');
+
+  it('a malformed public key answers 400 with a code, and the single-use token still works afterwards', async () => {
+    const { token } = JSON.parse((await gwctlAdmin(['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string };
+    const keys = generateKeyPair();
+    const bad = await post('/webapi/join', { token, roles: ['node'], nodename: 'bad-key', public_key: '-----BEGIN PUBLIC KEY-----\nnot a key\n-----END PUBLIC KEY-----\n', ssh_public_key: keys.sshPublicKey }, '127.0.0.1');
+    expect(bad.status).toBe(400);
+    expect(bad.body.error?.code).toBe('GW_ERR_API_BAD_KEY');
+    const badSsh = await post('/webapi/join', { token, roles: ['node'], nodename: 'bad-key', public_key: keys.publicKeyPem, ssh_public_key: 'ssh-ed25519 AAAA' }, '127.0.0.1');
+    expect(badSsh.status).toBe(400);
+    expect(badSsh.body.error?.code).toBe('GW_ERR_API_BAD_KEY');
+    const agent = await startGateway(agentConfig('node-after-bad-key'), { args: ['--token', token, '--ca-pin', pin, '--proxy', proxyAddr], env: { HTTPS_PROXY: squid.url } });
+    try {
+      expect(agent.hostId).toMatch(/^[0-9a-f-]{36}$/);
+    } finally {
+      await agent.stop();
+    }
+  });
+
+  it('200 parallel joins with wrong tokens from one address: a few are checked, the rest get 429', async () => {
+    const keys = generateKeyPair();
+    const attempt = (i: number) => post('/webapi/join', { token: `wrong-token-${i}`, roles: ['node'], nodename: `n${i}`, public_key: keys.publicKeyPem, ssh_public_key: keys.sshPublicKey }, '127.0.0.9');
+    const answers = await Promise.all(Array.from({ length: 200 }, (_, i) => attempt(i)));
+    const checked = answers.filter((a) => a.status === 401);
+    expect(checked.length).toBeGreaterThan(0);
+    expect(checked.length).toBeLessThanOrEqual(10);
+    expect(checked.every((a) => a.body.error?.code === 'GW_ERR_AUTH_TOKEN_UNKNOWN')).toBe(true);
+    const limited = answers.filter((a) => a.status === 429);
+    expect(limited).toHaveLength(200 - checked.length);
+    expect(limited.every((a) => a.body.error?.code === 'GW_ERR_AUTH_RATE_LIMITED')).toBe(true);
+    // A valid token from that address waits too.
+    const { token } = JSON.parse((await gwctlAdmin(['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string };
+    const valid = await post('/webapi/join', { token, roles: ['node'], nodename: 'late', public_key: keys.publicKeyPem, ssh_public_key: keys.sshPublicKey }, '127.0.0.9');
+    expect(valid.status).toBe(429);
+  }, 120_000);
+});
+
+describe('hardening: logins', () => {
+  it('200 parallel logins from one address with the right password among them: at most 5 checked, all others 429', async () => {
+    const keys = generateKeyPair();
+    const attempt = (i: number) =>
+      post('/webapi/login', { username: 'alice', password: i === 100 ? PASSWORD : `wrong password ${i}`, public_key: keys.publicKeyPem, ssh_public_key: keys.sshPublicKey }, '127.0.0.10');
+    const answers = await Promise.all(Array.from({ length: 200 }, (_, i) => attempt(i)));
+    const checked = answers.filter((a) => a.status === 401);
+    expect(checked.length).toBeGreaterThan(0);
+    expect(checked.length).toBeLessThanOrEqual(5);
+    expect(answers.filter((a) => a.status === 429)).toHaveLength(200 - checked.length);
+    expect(answers[100]!.status).toBe(429);
+    // The lockout is per address: alice signs in from her own.
+    const login = await runCli('gwsh', ['login', `--proxy=${proxyAddr}`, '--user=alice', `--ca-pin=${pin}`], { env: aliceEnv, input: `${PASSWORD}\n` });
+    expect(login.status).toBe(0);
+  }, 120_000);
 });

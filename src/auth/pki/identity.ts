@@ -15,6 +15,12 @@ export interface Identity {
   nodename?: string;
   /** Users: OS logins allowed, computed at issue time. */
   logins?: string[];
+  /**
+   * When the certificate that carries this identity was issued (ms since the epoch), as the server that checked
+   * it read it; never part of the certificate's identity extension. Lets the Auth Service refuse a certificate
+   * older than the user it names (a user removed and created again under the same name).
+   */
+  issuedAt?: number;
 }
 
 /**

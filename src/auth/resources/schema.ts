@@ -517,6 +517,43 @@ const maintenanceSpec = section(
   { required: ['agent_upgrades'] },
 );
 
+const lockTarget = section(
+  'Who is locked: exactly one of user, role or node.',
+  {
+    user: str('A user name: every request and connection of that user is refused.', { check: name('user name') }),
+    role: str('A role name: every user holding the role is refused.', { check: name('role name') }),
+    node: str("An agent's host ID (gwctl get nodes): its tunnel is dropped and refused.", { check: name('host ID') }),
+  },
+  { expected: 'a lock target (a mapping with one of user, role, node)' },
+);
+
+const lockSpec = checked(
+  section(
+    'The lock.',
+    {
+      target: lockTarget,
+      message: str('Shown with every refusal.', { check: text('message') }),
+      expires: str('When the lock ends by itself (RFC 3339); absent = until removed.', { type: 'RFC 3339 time', check: checkRfc3339 }),
+      created_at: str('Set by the Auth Service when the lock is stored.', { type: 'RFC 3339 time', check: checkRfc3339 }),
+      created_by: str('Set by the Auth Service when the lock is stored.'),
+    },
+    { required: ['target'] },
+  ),
+  (v, node, path, ctx) => {
+    const given = (['user', 'role', 'node'] as const).filter((k) => v.target[k] !== undefined);
+    if (given.length !== 1) {
+      const targetNode = isMap(node) ? node.items.find((p) => isScalar(p.key) && p.key.value === 'target')?.value : undefined;
+      ctx.report(
+        'GW_ERR_CONFIG_VALUE',
+        join(path, 'target'),
+        isNode(targetNode) ? targetNode : keyOf(node, 'target'),
+        given.length === 0 ? 'names nobody: give one of user, role or node' : `names ${given.join(' and ')}: a lock has exactly one target`,
+        'Write one lock per target.',
+      );
+    }
+  },
+);
+
 // --- documents ---------------------------------------------------------------------------------------------------
 
 function versionOf(kind: ResourceKind) {
@@ -589,6 +626,7 @@ const SPECS: Record<ResourceKind, Spec<unknown>> = {
   saml: samlChecked,
   oidc: oidcSpec,
   cluster_maintenance_config: maintenanceSpec,
+  lock: lockSpec,
 };
 
 /** Kinds whose spec (and metadata, version) may be left out. */
@@ -607,8 +645,17 @@ function documentOf(kind: ResourceKind) {
     {
       expected: 'a resource (a mapping with kind, version, metadata and spec)',
       required: singleton ? ['spec'] : SPEC_OPTIONAL.has(kind) ? ['version', 'metadata'] : ['version', 'metadata', 'spec'],
+      ...(kind === 'lock' ? { check: lockExpiryInSpec } : {}),
     },
   );
+}
+
+/** A lock ends at spec.expires (as in Teleport); metadata.expires would be a second, conflicting expiry. */
+function lockExpiryInSpec(value: { metadata?: { expires?: string } }, path: string, ctx: Ctx, at: Node | undefined): void {
+  if (value.metadata?.expires === undefined || at === undefined) return;
+  const metadata = isMap(at) ? at.items.find((p) => isScalar(p.key) && p.key.value === 'metadata')?.value : undefined;
+  const where = isNode(metadata) ? keyOf(metadata, 'expires') : at;
+  ctx.report('GW_ERR_CONFIG_VALUE', join(path, 'metadata.expires'), where, 'a lock expires at spec.expires, not metadata.expires', 'Move the time to spec.expires.');
 }
 
 /** The table of each kind: a section with kind, version, metadata and spec. */

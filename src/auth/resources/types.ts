@@ -13,6 +13,7 @@ export const RESOURCE_VERSIONS = {
   saml: 'v2',
   oidc: 'v3',
   cluster_maintenance_config: 'v1',
+  lock: 'v2',
 } as const;
 
 export type ResourceKind = keyof typeof RESOURCE_VERSIONS;
@@ -37,6 +38,7 @@ export const RULE_RESOURCES = [
   'kube_cluster',
   'windows_desktop',
   'event',
+  'lock',
   '*',
 ] as const;
 export type RuleResource = (typeof RULE_RESOURCES)[number];
@@ -223,6 +225,32 @@ export interface ClusterMaintenanceConfig extends Resource<ClusterMaintenanceSpe
   version: 'v1';
 }
 
+/** Who a lock locks: exactly one of a user (by name), a role (every user holding it) or an agent (host ID). */
+export interface LockTarget {
+  user?: string;
+  role?: string;
+  node?: string;
+}
+
+export const LOCK_TARGET_KINDS = ['user', 'role', 'node'] as const;
+export type LockTargetKind = (typeof LOCK_TARGET_KINDS)[number];
+
+export interface LockSpec {
+  target: LockTarget;
+  /** Shown to the locked identity with every refusal. */
+  message?: string;
+  /** RFC 3339; absent = until the lock is removed. */
+  expires?: string;
+  /** Set by the Auth Service when the lock is stored (a manifest's values are replaced). */
+  created_at?: string;
+  created_by?: string;
+}
+
+export interface LockResource extends Resource<LockSpec> {
+  kind: 'lock';
+  version: 'v2';
+}
+
 export type AnyResource =
   | RoleResource
   | UserResource
@@ -230,4 +258,5 @@ export type AnyResource =
   | GithubConnector
   | SamlConnector
   | OidcConnector
-  | ClusterMaintenanceConfig;
+  | ClusterMaintenanceConfig
+  | LockResource;
