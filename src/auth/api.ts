@@ -26,10 +26,16 @@ import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../mux/clientaddr.js';
 import { CLOCK_SKEW_MS, identityFromCert, type Identity } from './pki.js';
-import { parseManifest, type LockTarget } from './resources/index.js';
+import { jsonDepth, yamlNestingBound } from './bounds.js';
+import type { Verb } from './rbac.js';
+import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 
-const MAX_BODY = 1024 * 1024;
+/** Request body limits (bytes): a manifest may be large; everything else is a few fields. */
+const BODY = { manifest: 1024 * 1024, credentials: 64 * 1024, small: 16 * 1024 } as const;
+/** How deeply a JSON body, and a YAML manifest (an over-counting bound: bounds.ts), may nest. */
+const MAX_JSON_DEPTH = 32;
+const MAX_YAML_NESTING = 96;
 
 const STATUS: Partial<Record<ErrorCode, number>> = {
   GW_ERR_API_BAD_REQUEST: 400,
@@ -69,14 +75,27 @@ interface Ctx {
   source: string;
 }
 
+/**
+ * What a route's body may be, and the check that runs before it is read: an authenticated route resolves its
+ * caller first (a removed or locked identity is refused before a byte of the body is parsed), then `before`
+ * (the role check for what the body would ask), and only then reads at most maxBody bytes.
+ */
+interface BodyRule {
+  maxBody: number;
+  before?: (auth: AuthService, caller: Identity) => Promise<void>;
+}
+
 interface Route {
   method: string;
   pattern: RegExp;
   keys: string[];
   handler: Handler;
+  body: BodyRule;
+  /** Every route but the public /webapi/ ones needs a client certificate. */
+  authenticated: boolean;
 }
 
-function route(method: string, path: string, handler: Handler): Route {
+function route(method: string, path: string, handler: Handler, body: BodyRule = { maxBody: BODY.small }): Route {
   const keys: string[] = [];
   const pattern = new RegExp(
     `^${path.replace(/:([a-z_]+)\*?/g, (m, key: string) => {
@@ -84,8 +103,10 @@ function route(method: string, path: string, handler: Handler): Route {
       return m.endsWith('*') ? '(.+)' : '([^/]+)';
     })}$`,
   );
-  return { method, pattern, keys, handler };
+  return { method, pattern, keys, handler, body, authenticated: !path.startsWith('/webapi/') };
 }
+
+const may = (resource: string, verb: Verb): BodyRule['before'] => (auth, caller) => auth.authorize(caller, resource, verb);
 
 function bad(message: string): GatewayError {
   return new GatewayError('GW_ERR_API_BAD_REQUEST', message);
@@ -135,18 +156,22 @@ function lockRequest(b: Record<string, unknown>): { target: LockTarget; message?
   };
 }
 
-async function readBody(req: IncomingMessage): Promise<Record<string, unknown>> {
+async function readBody(req: IncomingMessage, maxBody: number): Promise<Record<string, unknown>> {
+  const declared = Number(req.headers['content-length']);
+  if (declared > maxBody) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body of ${declared} bytes is over this endpoint's ${maxBody}`);
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of req) {
     size += (chunk as Buffer).length;
-    if (size > MAX_BODY) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body over ${MAX_BODY} bytes`);
+    if (size > maxBody) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body over this endpoint's ${maxBody} bytes`);
     chunks.push(chunk as Buffer);
   }
   if (size === 0) return {};
+  const text = Buffer.concat(chunks).toString('utf8');
+  if (jsonDepth(text, MAX_JSON_DEPTH) > MAX_JSON_DEPTH) throw bad(`the request body nests deeper than ${MAX_JSON_DEPTH} levels`);
   let parsed: unknown;
   try {
-    parsed = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+    parsed = JSON.parse(text);
   } catch {
     throw bad('the request body is not valid JSON');
   }
@@ -197,7 +222,7 @@ function publicRoutes(auth: AuthService): Route[] {
         source,
       });
       return bundle;
-    }),
+    }, { maxBody: BODY.credentials }),
     route('POST', '/webapi/login', async ({ body, source }) => {
       const b = await body();
       const ttl = b.ttl_ms;
@@ -211,7 +236,7 @@ function publicRoutes(auth: AuthService): Route[] {
         source,
       });
       return bundle;
-    }),
+    }, { maxBody: BODY.credentials }),
   ];
 }
 
@@ -225,10 +250,10 @@ function identityRoutes(auth: AuthService): Route[] {
     route('POST', '/v1/users', async ({ caller, body }) => {
       const b = await body();
       return { user: await auth.addUser(await caller(), str(b, 'name', { max: 256 }), strList(b, 'roles'), str(b, 'password', { max: 4096 }), b.logins === undefined ? [] : strList(b, 'logins')) };
-    }),
+    }, { maxBody: BODY.small, before: may('user', 'create') }),
     route('PUT', '/v1/users/:name/roles', async ({ caller, body, params }) => ({
       user: await auth.setUserRoles(await caller(), params.name!, strList(await body(), 'roles')),
-    })),
+    }), { maxBody: BODY.small, before: may('user', 'update') }),
     route('DELETE', '/v1/users/:name', async ({ caller, params }) => {
       await auth.removeUser(await caller(), params.name!);
       return { removed: params.name };
@@ -245,7 +270,7 @@ function identityRoutes(auth: AuthService): Route[] {
         ...(typeof ttl === 'number' ? { ttlMs: ttl } : {}),
         ...(typeof uses === 'number' ? { uses } : {}),
       });
-    }),
+    }, { maxBody: BODY.small, before: may('token', 'create') }),
     route('DELETE', '/v1/tokens/:id', async ({ caller, params }) => {
       await auth.removeToken(await caller(), params.id!);
       return { removed: true };
@@ -259,10 +284,12 @@ function resourceRoutes(auth: AuthService): Route[] {
     route('POST', '/v1/resources', async ({ caller, body }) => {
       const b = await body();
       const who = await caller();
-      const resources = parseManifest(str(b, 'manifest', { max: MAX_BODY }), str(b, 'source', { optional: true, max: 1024 }) || 'manifest');
+      const manifest = str(b, 'manifest', { max: BODY.manifest });
+      if (yamlNestingBound(manifest, MAX_YAML_NESTING) > MAX_YAML_NESTING) throw bad(`the manifest nests deeper than ${MAX_YAML_NESTING} levels (indentation included)`);
+      const resources = parseManifest(manifest, str(b, 'source', { optional: true, max: 1024 }) || 'manifest');
       if (resources.length === 0) throw new GatewayError('GW_ERR_RESOURCE_INVALID', 'the manifest holds no resource');
       return { messages: await auth.createResources(who, resources, b.overwrite === true) };
-    }),
+    }, { maxBody: BODY.manifest + 4096, before: (auth, caller) => auth.authorizeAny(caller, RESOURCE_KINDS, ['create', 'update']) }),
     route('GET', '/v1/resources/:kind', async ({ caller, params, query }) => ({
       resources: await auth.getResources(await caller(), params.kind!, undefined, query.get('with_secrets') === '1'),
     })),
@@ -273,7 +300,7 @@ function resourceRoutes(auth: AuthService): Route[] {
       const b = await body();
       const who = await caller();
       return { lock: await auth.createLock(who, lockRequest(b)) };
-    }),
+    }, { maxBody: BODY.small, before: may('lock', 'create') }),
     route('DELETE', '/v1/locks', async ({ caller, query }) => {
       const target = Object.fromEntries(['user', 'role', 'node'].filter((k) => query.has(k)).map((k) => [k, query.get(k)!]));
       return { removed: await auth.removeLocks(await caller(), { target }) };
@@ -319,7 +346,13 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
       req,
       params,
       query: url.searchParams,
-      body: () => readBody(req),
+      body: async () => {
+        if (chosen.authenticated) {
+          const who = await ctx.caller();
+          await chosen.body.before?.(auth, who);
+        }
+        return readBody(req, chosen.body.maxBody);
+      },
       caller: () => (identity ??= (async () => auth.resolveCaller(peerIdentity(auth, req)))()),
       source,
     };

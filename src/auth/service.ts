@@ -402,6 +402,29 @@ export class AuthService {
     });
   }
 
+  /**
+   * Throws GW_ERR_ACCESS_DENIED unless caller may do at least one of verbs on at least one of resources: the
+   * check that runs before a manifest is parsed, when what it holds is not known yet.
+   */
+  async authorizeAny(caller: Identity, resources: readonly string[], verbs: readonly Verb[]): Promise<void> {
+    let first: unknown;
+    for (const resource of resources) {
+      for (const verb of verbs) {
+        try {
+          await this.authorize(caller, resource, verb);
+          return;
+        } catch (err) {
+          first ??= err;
+        }
+      }
+    }
+    if (!(first instanceof GatewayError) || first.code !== 'GW_ERR_ACCESS_DENIED') throw first;
+    throw new GatewayError('GW_ERR_ACCESS_DENIED', `access denied to ${caller.kind === 'user' ? `user "${caller.name}"` : `${caller.kind} identity "${caller.name}"`}: none of its roles allows ${verbs.join(' or ')} on any of ${resources.join(', ')}`, {
+      hint: 'Ask an administrator for a role with a rule on the kind you want to write (the request was refused before its body was read).',
+      details: { resources: [...resources], verbs: [...verbs] },
+    });
+  }
+
   /** Throws GW_ERR_ACCESS_DENIED unless caller (as it stands now: resolveCaller) may do verb on resource. */
   async authorize(caller: Identity, resource: string, verb: Verb): Promise<void> {
     if (caller.kind === 'admin') return;
