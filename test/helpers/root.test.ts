@@ -23,15 +23,16 @@ function runFixture(file: string): { status: number | null; lines: string[] } {
 }
 
 describe('the root reporter', () => {
-  it('counts each skipped suite or test that needs root once, and says so after the summary', () => {
+  it('lists each file with its count and reasons, counting a suite or test once, then the totals after the summary', () => {
     const { status, lines } = runFixture('skips.fixture.ts');
     expect(status).toBe(0);
-    const line = lines.findIndex((l) => l.startsWith('Skipped '));
-    expect(lines[line]).toBe(
-      `Skipped 2 suites and 1 test in 1 file because they need root and the tests run as ${userInfo().username}; each says` +
-        ' why in its name, "(needs root: ...)". To run everything: sudo npm test in a clone that root owns, as CI does.',
-    );
-    expect(line).toBeGreaterThan(lines.findIndex((l) => l.startsWith('Tests ')));
+    const user = userInfo().username;
+    const at = lines.indexOf(`Skipped as ${user} because they need root:`);
+    expect(at).toBeGreaterThan(lines.findIndex((l) => l.startsWith('Tests ')));
+    expect(lines.slice(at + 1, at + 3)).toEqual([
+      'skips.fixture.ts: 2 suites and 1 test (network namespaces, port 443, OS users of its own, chown to another user)',
+      `2 suites and 1 test in 1 file skipped because they need root (the tests run as ${user}). To run everything: sudo npm test in a clone that root owns, as CI does.`,
+    ]);
   });
 
   it('says nothing when nothing was skipped for root', () => {
