@@ -20,6 +20,7 @@ export const ROOT_NEEDS = {
   mountns: 'a mount namespace',
   port443: 'port 443',
   users: 'OS users of its own',
+  setuid: 'running as another user',
   dbUsers: 'databases as their system users',
   chown: 'chown to another user',
 } as const;
