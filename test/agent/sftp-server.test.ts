@@ -1,8 +1,8 @@
 /**
  * The built-in sftp-server (`gateway sftp-server`, src/agent/sftp/), with no SSH at all: Debian's own `sftp`
  * client runs it directly over stdio (`sftp -D <command>`), and a raw client (test/helpers/sftp.ts) sends the
- * requests and bytes no real client sends. Runs as root and, for permissions, as the user `nobody` (setpriv)
- * in a fresh directory under /tmp that nobody can enter.
+ * requests and bytes no real client sends. Runs as the user running the tests and, for permissions, as the user
+ * `nobody` (setpriv: root only) in a fresh directory under /tmp that nobody can enter.
  *
  * Covered: put/get byte-exact (sha256), ls, mkdir/rmdir, rename, remove, symlink/readlink, status codes from
  * errno (no such file, permission denied), the handle and read limits, hostile input (garbage, a huge length,
@@ -18,8 +18,13 @@ import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BIN, type RunResult } from '../helpers/gateway.js';
 import { FX, FXP, NO_ATTRS, PFLAG, bytesOf, firstName, packet, startRawServer, status, str, u32, u64 } from '../helpers/sftp.js';
+import { rootTest } from '../helpers/root.js';
 
 const NOBODY = 65534;
+/** The user running the tests: root in CI; the server runs as this user unless a test says asNobody. */
+const ME = process.getuid!();
+// Tests that run the server as nobody need root to switch to that user; for other users they are skipped.
+const itAsRoot = rootTest(['setuid']);
 let root: string;
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
@@ -65,7 +70,7 @@ afterAll(async () => {
 
 describe('with the real sftp client (sftp -D)', () => {
   it('put and get are byte-exact; ls lists what is there', async () => {
-    const home = await dirFor('home-put', 0);
+    const home = await dirFor('home-put', ME);
     const local = join(root, 'up.bin');
     const data = randomBytes(8 * 1024 * 1024 + 123);
     await writeFile(local, data);
@@ -78,7 +83,7 @@ describe('with the real sftp client (sftp -D)', () => {
   });
 
   it('mkdir, rename, ln -s, rm and rmdir', async () => {
-    const home = await dirFor('home-ops', 0);
+    const home = await dirFor('home-ops', ME);
     await writeFile(join(home, 'a.txt'), 'a\n');
     const r = await sftpBatch(home, ['mkdir d', 'rename a.txt d/b.txt', 'ln -s d/b.txt link', 'ls -1 d', 'pwd']);
     expect(r.stderr).toBe('');
@@ -98,7 +103,7 @@ describe('with the real sftp client (sftp -D)', () => {
     expect((await lstat(join(home, 'link')).catch(() => undefined))).toBeUndefined();
   });
 
-  it('as nobody: its own files are its own; what the OS denies it is "Permission denied"', async () => {
+  itAsRoot('as nobody: its own files are its own; what the OS denies it is "Permission denied"', async () => {
     const home = await dirFor('home-nobody', NOBODY);
     const secret = await dirFor('secret', 0, 0o700);
     await writeFile(join(secret, 'key'), 'root only\n');
@@ -119,7 +124,7 @@ describe('with the real sftp client (sftp -D)', () => {
 });
 
 describe('status codes and limits (raw requests)', () => {
-  it('errno becomes the SFTP status: NO_SUCH_FILE, PERMISSION_DENIED, FAILURE with the reason', async () => {
+  itAsRoot('errno becomes the SFTP status: NO_SUCH_FILE, PERMISSION_DENIED, FAILURE with the reason', async () => {
     const home = await dirFor('home-codes', NOBODY);
     const secret = await dirFor('secret-codes', 0, 0o700);
     const s = await startRawServer(home, { asNobody: true });
@@ -147,7 +152,7 @@ describe('status codes and limits (raw requests)', () => {
   });
 
   it('bad handles, offsets and paths are error statuses; reads are capped; at most 256 handles', async () => {
-    const home = await dirFor('home-limits', 0);
+    const home = await dirFor('home-limits', ME);
     await writeFile(join(home, 'big'), randomBytes(1024 * 1024));
     const s = await startRawServer(home);
     try {
@@ -189,13 +194,13 @@ describe('hostile input: an exit or an error status, never a hang or a crash', (
   };
 
   it('a length field over 256 KiB: it stops at once, with its input still open', async () => {
-    const a = await startRawServer(await dirFor('home-huge', 0));
+    const a = await startRawServer(await dirFor('home-huge', ME));
     a.send(Buffer.concat([u32(1024 * 1024), Buffer.from([FXP.OPEN])]));
     const r = await a.exited;
     protocolError(r);
     expect(r.stderr).toContain('exceeds max length');
     // 2^31 and more: ssh2's parser reads it as a negative number and throws; still a protocol error, no crash.
-    const b = await startRawServer(await dirFor('home-huger', 0));
+    const b = await startRawServer(await dirFor('home-huger', ME));
     b.send(Buffer.from([0xff, 0xff, 0xff, 0xff, FXP.OPEN]));
     const r2 = await b.exited;
     protocolError(r2);
@@ -203,10 +208,10 @@ describe('hostile input: an exit or an error status, never a hang or a crash', (
   });
 
   it('garbage instead of INIT, and requests before INIT', async () => {
-    const a = await startRawServer(await dirFor('home-garbage', 0), { init: false });
+    const a = await startRawServer(await dirFor('home-garbage', ME), { init: false });
     a.send(Buffer.concat([u32(64), randomBytes(64)]));
     protocolError(await a.exited);
-    const b = await startRawServer(await dirFor('home-noinit', 0), { init: false });
+    const b = await startRawServer(await dirFor('home-noinit', ME), { init: false });
     b.send(packet(FXP.OPEN, u32(1), str('x'), u32(PFLAG.READ), NO_ATTRS));
     const r = await b.exited;
     protocolError(r);
@@ -214,22 +219,22 @@ describe('hostile input: an exit or an error status, never a hang or a crash', (
   });
 
   it('a request whose fields run past its end, and an unknown packet type', async () => {
-    const a = await startRawServer(await dirFor('home-malformed', 0));
+    const a = await startRawServer(await dirFor('home-malformed', ME));
     a.send(packet(FXP.OPEN, u32(1), u32(1000), Buffer.from('short')));
     protocolError(await a.exited);
-    const b = await startRawServer(await dirFor('home-unknown', 0));
+    const b = await startRawServer(await dirFor('home-unknown', ME));
     b.send(packet(99, u32(1)));
     protocolError(await b.exited);
   });
 
   it('a packet cut short by the end of the input: a clean exit', async () => {
-    const s = await startRawServer(await dirFor('home-truncated', 0));
+    const s = await startRawServer(await dirFor('home-truncated', ME));
     s.send(packet(FXP.STAT, u32(1), str('.')).subarray(0, 9));
     s.child.stdin!.end();
     expect(await s.exited).toMatchObject({ code: 0, stderr: '' });
   });
 
-  it('random packets (as nobody): every run ends in a clean exit or GW_ERR_SFTP_PROTOCOL', async () => {
+  itAsRoot('random packets (as nobody): every run ends in a clean exit or GW_ERR_SFTP_PROTOCOL', async () => {
     const home = await dirFor('home-fuzz', NOBODY);
     const types = Object.values(FXP).filter((t) => t < 101 || t === 200);
     const field = fc.oneof(
@@ -265,7 +270,7 @@ describe('bounded memory', () => {
   };
 
   it('a flood of writes behind a request that blocks: the server stops reading, its memory does not grow with it', async () => {
-    const home = await dirFor('home-flood', 0);
+    const home = await dirFor('home-flood', ME);
     const fifo = join(home, 'fifo');
     expect(spawnSync('mkfifo', [fifo]).status).toBe(0);
     const s = await startRawServer(home);

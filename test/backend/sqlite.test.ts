@@ -13,6 +13,7 @@ import {
 import { GatewayError } from '../../src/errors.js';
 import { createLogger } from '../../src/log.js';
 import { runAsUser, src } from '../helpers/asuser.js';
+import { IS_ROOT } from '../helpers/root.js';
 import { codeOf, ManualClock, open, rejection, tempDir } from './helpers.js';
 
 const v = (x: unknown): string => JSON.stringify(x);
@@ -424,7 +425,7 @@ describe('sqlite backend: open errors', () => {
     fs.chmodSync(dir, 0o500);
     const target = path.join(dir, 'sub', 'backend.sqlite');
     try {
-      if (process.getuid?.() === 0) {
+      if (IS_ROOT) {
         // Root ignores modes, so the check runs in a child process as "nobody", from a bundle that user can read.
         fs.chmodSync(dir, 0o505);
         const script = `import { openSqliteBackend } from ${JSON.stringify(src('backend/index.ts'))};

@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { publicCopyOfBuild } from '../helpers/asuser.js';
+import { publicCopyOfBuild, UNPRIVILEGED_USER } from '../helpers/asuser.js';
 
 const GATEWAY = fileURLToPath(new URL('../../dist/cli/gateway.js', import.meta.url));
 let dir: string;
@@ -143,7 +143,8 @@ describe('one daemon per data directory', () => {
 });
 
 describe('gateway start as a normal user, with the embedded defaults', () => {
-  const NOBODY = 65534;
+  // As root (CI) the normal user is "nobody"; as anyone else, that user.
+  const { uid, gid } = UNPRIVILEGED_USER;
   let copy: string;
   let home: string;
   beforeAll(() => {
@@ -151,7 +152,7 @@ describe('gateway start as a normal user, with the embedded defaults', () => {
     copy = publicCopyOfBuild();
     home = join(copy, 'home');
     mkdirSync(home, { mode: 0o700 });
-    chownSync(home, NOBODY, NOBODY);
+    chownSync(home, uid, gid);
   });
   afterAll(() => rmSync(copy, { recursive: true, force: true }));
 
@@ -163,7 +164,7 @@ describe('gateway start as a normal user, with the embedded defaults', () => {
       await new Promise((r) => probe.close(r));
     }
     const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home };
-    const g = startAndWait([], { uid: NOBODY, gid: NOBODY, env, node: join(copy, 'dist/cli/gateway.js') });
+    const g = startAndWait([], { uid, gid, env, node: join(copy, 'dist/cli/gateway.js') });
     try {
       const { stdout } = await g.ready;
       const dataDir = join(home, '.local/state/gateway');
@@ -171,10 +172,10 @@ describe('gateway start as a normal user, with the embedded defaults', () => {
       expect(stdout).toMatch(/web, API and \(TLS routing\) every protocol\s+0\.0\.0\.0:3080\n/);
       expect(stdout).toMatch(/Auth API \(mutual TLS\)\s+0\.0\.0\.0:3025\n/);
       expect(stdout).toContain(`data directory${' '.repeat(30)} ${dataDir}`);
-      expect(statSync(dataDir).uid).toBe(NOBODY);
+      expect(statSync(dataDir).uid).toBe(uid);
       const pin = /CA pin\s+(sha256:[0-9a-f]{64})/.exec(stdout)![1];
       // gwctl, as the same user and with no flags, uses that data directory's admin identity.
-      const status = spawnSync(process.execPath, [join(copy, 'dist/cli/gwctl.js'), 'status'], { uid: NOBODY, gid: NOBODY, env, encoding: 'utf8' });
+      const status = spawnSync(process.execPath, [join(copy, 'dist/cli/gwctl.js'), 'status'], { uid, gid, env, encoding: 'utf8' });
       expect(status.stderr).toBe('');
       expect(status.stdout).toContain(pin);
     } finally {

@@ -1,7 +1,8 @@
 /**
  * The Dialer against a real squid (Debian package) on loopback. Targets are names that only squid's own hosts
  * file knows (so a direct dial could not reach them by accident: the Dialer's resolver is given the same names
- * only where a test wants a direct dial), plus a test host in a network namespace for IP / CIDR entries.
+ * only where a test wants a direct dial), plus a test host in a network namespace for IP / CIDR entries (root
+ * only: loopback targets are never proxied, so those entries need a target that is not loopback).
  */
 import { createHash } from 'node:crypto';
 import dns from 'node:dns';
@@ -15,7 +16,8 @@ import { fetchThroughDialer } from '../../src/dial/agent.js';
 import { Dialer, type DialerOptions } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
-import { createTestHost, type TestHost } from '../helpers/netns.js';
+import { createTestHost } from '../helpers/netns.js';
+import { rootTest } from '../helpers/root.js';
 import { pseudoRandomBytes, startEchoServer, startHttpsServer, startSinkServer, type SinkServer, type TestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
@@ -36,7 +38,7 @@ setRootLogger(
 );
 
 const TARGET_IP = '127.0.0.3';
-const NAMES = ['echo.gw.test', 'direct.gw.test', 'a.svc.gw.test', 'port.gw.test', 'sink.gw.test', 'web.gw.test', 'proxy.gw.test'];
+const NAMES = ['echo.gw.test', 'direct.gw.test', 'a.svc.gw.test', 'port.gw.test', 'marker.gw.test', 'sink.gw.test', 'web.gw.test', 'proxy.gw.test'];
 const PASSWORD = 'Sq%u1d-s3cret@pw';
 const PASSWORD_ENC = encodeURIComponent(PASSWORD);
 
@@ -52,7 +54,6 @@ let hostsFile: string;
 let pki: TestPki;
 let squid: Squid;
 let echo: TestServer;
-let testHost: TestHost;
 const cleanups: Array<() => Promise<unknown>> = [];
 
 async function squidWith(options: Parameters<typeof startSquid>[0] = {}): Promise<Squid> {
@@ -102,6 +103,26 @@ async function dialError(d: Dialer, target: string): Promise<GatewayError> {
   throw new Error(`dial ${target} unexpectedly succeeded`);
 }
 
+/**
+ * Dials each [target, NO_PROXY entry] with squid as HTTPS_PROXY and checks that it went direct: the plan says so,
+ * the echo answers, and squid's log has no line for it. A marker dial through squid to markerTarget (which no other
+ * test dials through this squid) comes last: once its line is there, anything from the direct dials would be too.
+ */
+async function expectDirect(cases: Array<[string, string]>, markerTarget: string): Promise<void> {
+  const before = (await squid.readAccessLog()).length;
+  for (const [target, noProxy] of cases) {
+    const d = dialer(squid.url, { NO_PROXY: `other.example, ${noProxy}` });
+    expect(d.plan(target).proxy, `${target} with NO_PROXY=${noProxy}`).toBeNull();
+    const socket = await d.dial(target);
+    expect(await echoRoundTrip(socket, `direct ${target}`)).toBe(`direct ${target}`);
+  }
+  const marker = await dialer(squid.url).dial(markerTarget);
+  expect(await echoRoundTrip(marker, 'marker')).toBe('marker');
+  await squid.waitForAccessLog((l) => l.includes(`CONNECT ${markerTarget} 200`));
+  const lines = (await squid.readAccessLog()).slice(before);
+  expect(lines).toHaveLength(1);
+}
+
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-dial-'));
   await chmod(dir, 0o755);
@@ -110,15 +131,12 @@ beforeAll(async () => {
   pki = await makeTestPki();
   cleanups.push(() => pki.cleanup());
   echo = await startEchoServer(TARGET_IP);
-  testHost = await createTestHost();
-  await testHost.startEcho(7000);
   squid = await squidWith();
 });
 
 afterAll(async () => {
   await Promise.allSettled(cleanups.map((c) => c()));
   await echo?.close();
-  await testHost?.close();
   await rm(dir, { recursive: true, force: true });
 });
 
@@ -130,28 +148,27 @@ describe('through squid', () => {
     expect(line).toContain('TCP_TUNNEL');
   });
 
-  it('each kind of NO_PROXY entry dials direct and squid logs nothing for it', async () => {
-    const cases: Array<[string, string]> = [
+  it('each kind of NO_PROXY name entry dials direct and squid logs nothing for it', async () => {
+    await expectDirect([
       [`direct.gw.test:${echo.port}`, 'direct.gw.test'], // host
       [`a.svc.gw.test:${echo.port}`, '.gw.test'], // domain (subdomains)
       [`a.svc.gw.test:${echo.port}`, 'svc.gw.test'], // domain (itself and subdomains)
       [`port.gw.test:${echo.port}`, `port.gw.test:${echo.port}`], // host:port
-      [`${testHost.ip}:7000`, '198.18.0.0/15'], // CIDR
-      [`${testHost.ip}:7000`, testHost.ip], // IP
-    ];
-    const before = (await squid.readAccessLog()).length;
-    for (const [target, noProxy] of cases) {
-      const d = dialer(squid.url, { NO_PROXY: `other.example, ${noProxy}` });
-      expect(d.plan(target).proxy, `${target} with NO_PROXY=${noProxy}`).toBeNull();
-      const socket = await d.dial(target);
-      expect(await echoRoundTrip(socket, `direct ${target}`)).toBe(`direct ${target}`);
+    ], `marker.gw.test:${echo.port}`);
+  });
+
+  rootTest(['netns'])('NO_PROXY IP and CIDR entries dial a host that is not loopback direct, and squid logs nothing for them', async () => {
+    const testHost = await createTestHost();
+    try {
+      await testHost.startEcho(7000);
+      const target = `${testHost.ip}:7000`;
+      await expectDirect([
+        [target, '198.18.0.0/15'], // CIDR
+        [target, testHost.ip], // IP
+      ], target);
+    } finally {
+      await testHost.close();
     }
-    // A marker through squid: once its line is there, anything from the direct dials would be too.
-    const marker = await dialer(squid.url).dial(`${testHost.ip}:7000`);
-    expect(await echoRoundTrip(marker, 'marker')).toBe('marker');
-    await squid.waitForAccessLog((l) => l.includes(`CONNECT ${testHost.ip}:7000 200`));
-    const lines = (await squid.readAccessLog()).slice(before);
-    expect(lines).toHaveLength(1);
   });
 
   it('hands over the first bytes of a server that speaks first, byte-exact', async () => {

@@ -10,7 +10,8 @@
  *   squid.corp.example:3128  the test's squid
  *   /etc/gateway.yaml, /var/lib/gateway-agent   files of the agent machine, kept in a temporary directory
  *   <token>, <pin>           what `gwctl tokens add` printed
- * Programs are looked up on the PATH the lines themselves set (export PATH="$PWD/bin:$PATH").
+ * Programs are looked up on the PATH the lines themselves set (export PATH="$PWD/bin:$PATH"). The walkthrough
+ * needs root (namespaces, port 443, PostgreSQL as its system user); "Start here" is checked for any user.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { accessSync, constants, readFileSync } from 'node:fs';
@@ -20,6 +21,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startPostgres, type DatabaseServer } from '../helpers/databases.js';
 import { createFirewall, type Firewall } from '../helpers/firewall.js';
+import { rootSuite } from '../helpers/root.js';
 import { codeBlocks, parseShell, type ShellLine } from '../helpers/shell.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 
@@ -101,28 +103,6 @@ function runInBackground(prefix: string[], argv: string[], env: Record<string, s
 
 const commands = (lines: ShellLine[]) => lines.filter((l): l is Extract<ShellLine, { kind: 'command' }> => l.kind === 'command');
 
-beforeAll(async () => {
-  fw = await createFirewall();
-  dir = await mkdtemp(join(tmpdir(), 'gw-readme-'));
-  await chmod(dir, 0o755);
-  squid = await startSquid({ host: fw.agentGatewayIp, extraConfig: [`acl agent_net src ${fw.agentIp}/32`, 'http_access allow agent_net'] });
-  pg = await startPostgres({ netns: fw.agentNs, port: 5432, user: 'orders_app', database: 'orders', password: DB_PASSWORD });
-  replace = [
-    ['/var/lib/gateway-agent', join(dir, 'agent-data')],
-    ['/etc/gateway.yaml', join(dir, 'agent-gateway.yaml')],
-    ['squid.corp.example:3128', `${fw.agentGatewayIp}:${squid.port}`],
-    ['gateway.example.com', fw.proxyIp],
-  ];
-}, 90_000);
-
-afterAll(async () => {
-  for (const c of background) c.kill('SIGTERM');
-  await pg?.stop();
-  await squid?.stop();
-  await fw?.close();
-  await rm(dir, { recursive: true, force: true });
-});
-
 describe('the README', () => {
   it('"Start here" runs the package scripts that exist, and puts bin/ with the four commands on PATH', () => {
     const blocks = codeBlocks(README, 'Start here').map((b) => b.body.trim());
@@ -135,8 +115,32 @@ describe('the README', () => {
       expect(which(name, { PATH: join(ROOT, 'bin') })).toBe(join(ROOT, 'bin', name));
     }
   });
+});
 
-  it('the walkthrough works as written: token, user, agent behind squid, gwsh login, db ls, proxy db, psql', async () => {
+rootSuite(['netns', 'mountns', 'port443', 'dbUsers'])('the README walkthrough', () => {
+  beforeAll(async () => {
+    fw = await createFirewall();
+    dir = await mkdtemp(join(tmpdir(), 'gw-readme-'));
+    await chmod(dir, 0o755);
+    squid = await startSquid({ host: fw.agentGatewayIp, extraConfig: [`acl agent_net src ${fw.agentIp}/32`, 'http_access allow agent_net'] });
+    pg = await startPostgres({ netns: fw.agentNs, port: 5432, user: 'orders_app', database: 'orders', password: DB_PASSWORD });
+    replace = [
+      ['/var/lib/gateway-agent', join(dir, 'agent-data')],
+      ['/etc/gateway.yaml', join(dir, 'agent-gateway.yaml')],
+      ['squid.corp.example:3128', `${fw.agentGatewayIp}:${squid.port}`],
+      ['gateway.example.com', fw.proxyIp],
+    ];
+  }, 90_000);
+
+  afterAll(async () => {
+    for (const c of background) c.kill('SIGTERM');
+    await pg?.stop();
+    await squid?.stop();
+    await fw?.close();
+    if (dir) await rm(dir, { recursive: true, force: true });
+  });
+
+  it('works as written: token, user, agent behind squid, gwsh login, db ls, proxy db, psql', async () => {
     const blocks = codeBlocks(README, WALKTHROUGH);
     expect(blocks.map((b) => b.lang)).toEqual(['sh', 'yaml', 'sh', 'sh']);
     const [proxyBlock, agentYaml, agentBlock, laptopBlock] = blocks as [typeof blocks[0], typeof blocks[0], typeof blocks[0], typeof blocks[0]];

@@ -1,17 +1,20 @@
 /**
  * Separate listeners: the agent's reverse tunnel uses raw SSH on the tunnel port (3024-style), and plain
  * OpenSSH reaches the node through the Proxy's SSH port (3023-style) as a jump host, with the configuration
- * `gwsh config` prints for such a cluster (ProxyJump instead of ProxyCommand). Real daemons on loopback.
+ * `gwsh config` prints for such a cluster (ProxyJump instead of ProxyCommand). Real daemons on loopback. The
+ * login is the user running the tests (root in CI): a node run by a normal user can only start its sessions as
+ * that user.
  */
 import { spawn } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 
 const HOST = '127.0.0.9';
+const LOGIN = userInfo().username;
 let dir: string;
 let cluster: RunningGateway;
 let agent: RunningGateway;
@@ -64,7 +67,7 @@ beforeAll(async () => {
   const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
   const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
   const token = (JSON.parse((await admin(['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string }).token;
-  await admin(['users', 'add', 'alice', '--roles=access', '--logins=root'], 'correct horse battery\n');
+  await admin(['users', 'add', 'alice', '--roles=access', `--logins=${LOGIN}`], 'correct horse battery\n');
   agent = await startGateway(['gateway:', '  nodename: web-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'ssh_service:', '  enabled: yes', ''].join('\n'), {
     args: ['--token', token, '--ca-pin', pin, '--proxy', `${HOST}:${webPort}`],
   });
@@ -90,14 +93,14 @@ describe('separate listeners: SSH through the jump host', () => {
     expect(config).toContain(`ProxyJump gateway@${HOST}:${sshPort}`);
     const file = join(dir, 'ssh_config');
     await writeFile(file, config);
-    const r = await ssh(['-F', file, 'root@web-1', 'echo ok; exit 4']);
+    const r = await ssh(['-F', file, `${LOGIN}@web-1`, 'echo ok; exit 4']);
     expect(r.stdout).toBe('ok\n');
     expect(r.status).toBe(4);
   });
 
   it('an unknown node is refused by the jump host', async () => {
     const file = join(dir, 'ssh_config');
-    const r = await ssh(['-F', file, '-o', 'ConnectTimeout=10', 'root@nope', 'echo never']);
+    const r = await ssh(['-F', file, '-o', 'ConnectTimeout=10', `${LOGIN}@nope`, 'echo never']);
     expect(r.status).toBe(255);
     expect(r.stdout).toBe('');
   });

@@ -30,12 +30,17 @@ import { existsSync, readFileSync } from 'node:fs';
 import { chmod, copyFile, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createFirewall, startGatewayIn, type Firewall, type NsGateway } from '../helpers/firewall.js';
 import { BIN, runCli, type RunResult } from '../helpers/gateway.js';
 import { parseAccessLogLine, startSquid, type Squid } from '../helpers/squid.js';
 import { runCleanup } from '../helpers/cleanup.js';
 import { publicCopyOfBuild } from '../helpers/asuser.js';
+import { rootSuite } from '../helpers/root.js';
+
+// Every suite here runs in the firewall's network namespaces, the agent in a mount namespace of its own, the
+// Proxy on port 443, and logs in as OS users of its own: as any user but root they are skipped, with that reason.
+const describeAsRoot = rootSuite(['netns', 'mountns', 'port443', 'users']);
 
 const PROXY_NAME = 'proxy.gw.test';
 const WEB_PORT = 443;
@@ -308,7 +313,7 @@ afterAll(async () => {
   await runCleanup(steps);
 }, 60_000);
 
-describe('the path: squid, one port, a node', () => {
+describeAsRoot('the path: squid, one port, a node', () => {
   it('the agent cannot reach the Proxy except through squid, whose log shows its CONNECT to port 443', async () => {
     expect(await fw.tcpConnectFrom(fw.agentNs, fw.proxyIp, WEB_PORT, 3000)).toMatchObject({ ok: false });
     const line = await squid.waitForAccessLog((l) => {
@@ -343,7 +348,7 @@ describe('the path: squid, one port, a node', () => {
   });
 });
 
-describe('commands', () => {
+describeAsRoot('commands', () => {
   it("ssh -F <gwsh config> alice@web-1 'echo ok' prints ok", async () => {
     const r = await ssh(profiles.alice.config, ['alice@web-1', 'echo ok']);
     expect(r.stderr).toBe('');
@@ -394,7 +399,7 @@ describe('commands', () => {
   });
 });
 
-describe('files: 256 MiB both ways', () => {
+describeAsRoot('files: 256 MiB both ways', () => {
   it('the node has no OpenSSH sftp-server: /usr/lib/openssh is empty for the agent and its sessions', async () => {
     const r = await ssh(profiles.alice.config, ['alice@web-1', 'ls -A /usr/lib/openssh; echo end']);
     expect(r.stderr).toBe('');
@@ -498,7 +503,7 @@ describe('files: 256 MiB both ways', () => {
   );
 });
 
-describe('an interactive session in a terminal (tmux)', () => {
+describeAsRoot('an interactive session in a terminal (tmux)', () => {
   it('a pty of the terminal size follows a window size change, and the exit status comes back', async () => {
     const command = `ssh -F ${profiles.alice.config} -tt alice@web-1`;
     const started = await tmux(['-f', join(dir, 'tmux.conf'), 'new-session', '-d', '-s', 'gw', '-x', '100', '-y', '30', command]);
@@ -561,7 +566,7 @@ describe('an interactive session in a terminal (tmux)', () => {
   });
 });
 
-describe('a client that goes away', () => {
+describeAsRoot('a client that goes away', () => {
   /** The command lines of the OS user's processes (all of them run on the node: the agent started them). */
   async function userProcesses(): Promise<string[]> {
     const r = await run('ps', ['-u', OS_USER, '-o', 'args=']);
@@ -609,7 +614,7 @@ describe('a client that goes away', () => {
   });
 });
 
-describe('refusals', () => {
+describeAsRoot('refusals', () => {
   it('a login not among the user’s logins: GW_ERR_ACCESS_DENIED from gwsh, ssh exits 255', async () => {
     const r = await ssh(profiles.alice.config, ['bob@web-1', 'echo should-not-run']);
     expect(r.status).toBe(255);
@@ -662,7 +667,7 @@ describe('refusals', () => {
   });
 });
 
-describe('a node that went offline', () => {
+describeAsRoot('a node that went offline', () => {
   it('its link cut: a clear GW_ERR_TUNNEL_NOT_FOUND once the Proxy notices, never a hang; back when the link is', async () => {
     fw.setAgentLink(false);
     try {

@@ -27,6 +27,11 @@ import { createFirewall, startGatewayIn, startRestartableSquid, type Firewall, t
 import { BIN, runCli, startGateway, type RunResult } from '../helpers/gateway.js';
 import { parseAccessLogLine } from '../helpers/squid.js';
 import { runCleanup } from '../helpers/cleanup.js';
+import { rootSuite } from '../helpers/root.js';
+
+// Every suite here runs in the firewall's network namespaces, with the Proxy on port 443, and the databases as
+// their system users: as any user but root they are skipped, with that reason.
+const describeAsRoot = rootSuite(['netns', 'port443', 'dbUsers']);
 
 const PROXY_NAME = 'proxy.gw.test';
 const WEB_PORT = 443;
@@ -280,7 +285,7 @@ afterAll(async () => {
   await runCleanup(steps);
 }, 60_000);
 
-describe('the firewall', () => {
+describeAsRoot('the firewall', () => {
   it('the agent cannot reach the Proxy directly: the root namespace does not forward', async () => {
     expect(readFileSync('/proc/sys/net/ipv4/ip_forward', 'utf8').trim()).toBe('0');
     // The agent's network has a route towards the Proxy's address (its default route, into the root namespace)...
@@ -306,7 +311,7 @@ describe('the firewall', () => {
   });
 });
 
-describe('databases and apps through the tunnel', () => {
+describeAsRoot('databases and apps through the tunnel', () => {
   it('gwctl get nodes shows the agent online with its roles', async () => {
     const node = await agentNode();
     expect(node.spec).toMatchObject({ hostname: 'agent-1', roles: ['db', 'app'], status: 'online', services: ['db', 'app'] });
@@ -386,7 +391,7 @@ describe('databases and apps through the tunnel', () => {
   }, 120_000);
 });
 
-describe('faults: the tunnel comes back by itself', () => {
+describeAsRoot('faults: the tunnel comes back by itself', () => {
   it('kill -9 of the agent; started again, it reconnects with its stored identity', async () => {
     const since = Date.now();
     await agent!.kill();
@@ -444,7 +449,7 @@ describe('faults: the tunnel comes back by itself', () => {
   });
 });
 
-describe('agents that must be refused say why', () => {
+describeAsRoot('agents that must be refused say why', () => {
   it('a wrong token', async () => {
     const r = await agentOnce('agent-bad-token', ['--token', 'f'.repeat(32), '--ca-pin', pin, '--proxy', proxyAddr]);
     expect(r.status).toBe(1);

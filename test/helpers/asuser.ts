@@ -11,6 +11,7 @@ import { chmodSync, cpSync, mkdtempSync, readdirSync, statSync, writeFileSync } 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildSync } from 'esbuild';
+import { IS_ROOT } from './root.js';
 
 const ROOT = new URL('../../', import.meta.url).pathname;
 
@@ -18,6 +19,13 @@ const ROOT = new URL('../../', import.meta.url).pathname;
 const NATIVE: Record<string, string[]> = {
   'better-sqlite3': ['better-sqlite3', 'bindings', 'file-uri-to-path'],
 };
+
+/**
+ * The unprivileged user a test acts as: "nobody" when the tests run as root (as in CI), else the user running
+ * them, who already is one. Spawning as its uid and gid works either way: setting one's own ids needs no
+ * privilege.
+ */
+export const UNPRIVILEGED_USER: { uid: number; gid: number } = IS_ROOT ? { uid: 65534, gid: 65534 } : { uid: process.getuid!(), gid: process.getgid!() };
 
 export interface AsUserOptions {
   /** ES module source; import project modules with `src(...)`-made absolute paths. */

@@ -29,7 +29,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { BIN, type RunResult } from './gateway.js';
-import { startSquid, type Squid, type SquidOptions } from './squid.js';
+import { squidArgs, startSquid, type Squid, type SquidOptions } from './squid.js';
 
 export const PREFIX = 'gwfw';
 const IP_FORWARD = '/proc/sys/net/ipv4/ip_forward';
@@ -460,7 +460,7 @@ export async function startRestartableSquid(options: SquidOptions): Promise<Rest
     },
     async restart() {
       await stopCurrent();
-      const child = spawn('/usr/sbin/squid', ['-N', '-f', join(first.dir, 'squid.conf')], { stdio: ['ignore', 'ignore', 'pipe'] });
+      const child = spawn('/usr/sbin/squid', squidArgs(first.dir), { stdio: ['ignore', 'ignore', 'pipe'] });
       let stderr = '';
       child.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
       current = child;

@@ -1,7 +1,8 @@
 /**
  * A test host in its own network namespace, joined to this one by a veth pair: the closest thing to "another
  * machine" a single box offers. Its address is not loopback, so the gateway's rule "loopback targets are never
- * proxied" does not apply and NO_PROXY IP / CIDR entries can be tested for real. Needs root (CI runs as root).
+ * proxied" does not apply and NO_PROXY IP / CIDR entries can be tested for real. Needs root: tests that use it
+ * are skipped for other users (test/helpers/root.ts).
  *
  * Addresses come from 198.18.0.0/15 (RFC 2544, set aside for benchmarking test networks), one /30 per host:
  * .1 on this side, .2 inside the namespace. Traffic never leaves the machine.
@@ -22,10 +23,6 @@ export interface TestHost {
   /** A TCP echo server (socat) inside the namespace; half-close is passed back. Resolves once it accepts. */
   startEcho(port?: number): Promise<number>;
   close(): Promise<void>;
-}
-
-export function canCreateNetns(): boolean {
-  return process.getuid?.() === 0 && spawnSync('ip', ['netns', 'list']).status === 0;
 }
 
 function ip(args: string[]): void {

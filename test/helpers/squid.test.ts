@@ -2,10 +2,11 @@
  * Self-test of the test helpers: real squids (plain, auth, CONNECT port
  * policy, https proxy) tunnelling by hand-written CONNECT to a real echo server.
  */
+import { readdirSync } from 'node:fs';
 import * as net from 'node:net';
 import * as tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseAccessLogLine, startSquid, type Squid, type SquidOptions } from './squid.js';
+import { parseAccessLogLine, squidArgs, startSquid, type Squid, type SquidOptions } from './squid.js';
 import { startEchoServer, startSinkServer, startSourceServer, type TestServer } from './servers.js';
 import { makeTestPki, type TestPki } from './tls.js';
 
@@ -97,6 +98,16 @@ describe('startSquid', () => {
     expect(entry.bytesToClient).toBeGreaterThan(0);
     // Readiness probes are not logged: the tunnel is the only line.
     expect(await proxy.readAccessLog()).toEqual([line]);
+  });
+
+  it('two at once each name their shared memory after a service of their own, so they never share a segment', async () => {
+    // With squid's default service name both would use /dev/shm/squid-*.shm: a squid of another user (or of an
+    // older run of these tests) then keeps this user's squid from starting at all.
+    const [a, b] = await Promise.all([squid(), squid()]);
+    const segments = readdirSync('/dev/shm');
+    const [nameA, nameB] = [a, b].map((s) => squidArgs(s.dir)[squidArgs(s.dir).indexOf('-n') + 1]!);
+    expect(nameA).not.toBe(nameB);
+    for (const name of [nameA, nameB]) expect(segments.filter((f) => f.startsWith(`${name}-`))).not.toEqual([]);
   });
 
   it('resolves localhost from /etc/hosts without DNS', async () => {

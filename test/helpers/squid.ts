@@ -17,7 +17,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { chown, copyFile, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import * as net from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { promisify } from 'node:util';
 import getPort from 'get-port';
 
@@ -189,6 +189,18 @@ async function tail(path: string, n = 30): Promise<string> {
   }
 }
 
+/**
+ * The command line of the squid whose files are in `dir` (made by startSquid): in the foreground, with its
+ * squid.conf, and with a service name of its own. Squid names its shared memory segments after the service
+ * (/dev/shm/<name>-*.shm); with the default name "squid", two squids at once collide. Root's squid removes the
+ * other's segment and carries on; any other user's cannot remove a segment it does not own and exits
+ * ("shm_open(/squid-cf__metadata.shm): File exists").
+ */
+export function squidArgs(dir: string): string[] {
+  const serviceName = `gwtest${basename(dir).replace(/[^A-Za-z0-9]/g, '')}`.slice(0, 32);
+  return ['-N', '-n', serviceName, '-f', join(dir, 'squid.conf')];
+}
+
 /** Starts squid; retries with new ports if a port was taken in the meantime. */
 export async function startSquid(options: SquidOptions = {}): Promise<Squid> {
   for (let attempt = 1; ; attempt++) {
@@ -223,7 +235,7 @@ async function startOnce(o: SquidOptions): Promise<Squid> {
   const owner = proxyUser();
   if (owner) for (const f of [dir, ...files]) await chown(f, owner.uid, owner.gid);
 
-  const child = spawn(SQUID, ['-N', '-f', conf], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(SQUID, squidArgs(dir), { stdio: ['ignore', 'ignore', 'pipe'] });
   running.add(child);
   let stderr = '';
   child.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));

@@ -4,7 +4,7 @@
  * - an apt "lab": real .deb packages of a fake `gateway` (fixtures/upgrade/fake-gateway.sh) built with dpkg-deb,
  *   indexed with apt-ftparchive into a `file:` repository laid out like the real one (dists/<codename>/stable/v<N>),
  *   and a temporary root that apt-get and dpkg install into (APT_CONFIG points apt at it: Dir, the dpkg status
- *   file, and dpkg --root / --admindir). Nothing of the real system's packages changes.
+ *   file, and dpkg --root / --admindir). Nothing of the real system's packages changes, and no root is needed.
  * - release tarballs of the same fake binary, with their .sha256 files.
  */
 import { execFile } from 'node:child_process';
@@ -116,7 +116,8 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
       `Dir::Etc::Parts "${root}/etc/apt/apt.conf.d";`,
       `Dir::Etc::PreferencesParts "${root}/etc/apt/preferences.d";`,
       `Dir::Log "${root}/var/log/apt";`,
-      `DPkg::Options { "--root=${root}"; "--admindir=${root}/var/lib/dpkg"; "--log=${root}/var/log/dpkg.log"; };`,
+      // --force-not-root: dpkg refuses to run for a normal user even with --root; into this root it can.
+      `DPkg::Options { "--force-not-root"; "--root=${root}"; "--admindir=${root}/var/lib/dpkg"; "--log=${root}/var/log/dpkg.log"; };`,
       'APT::Sandbox::User "root";',
       '',
     ].join('\n'),

@@ -1,9 +1,10 @@
 /**
  * The schedule the agent exports: the text format (round trip, malformed files), ownership checks for a non-root
- * agent (real files, real chown, run as root as CI is), the Kubernetes JSON form, and the export loop.
+ * agent (real files; the agent user is "nobody" when the tests run as root, as CI does, else the user running
+ * them), the Kubernetes JSON form, and the export loop.
  */
 import { chmod, chown, mkdir, mkdtemp, readFile, rm, stat, utimes, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
@@ -21,7 +22,8 @@ import {
   writeSchedule,
 } from '../../src/upgrade/schedule.js';
 import { nextWindows, type Window } from '../../src/upgrade/windows.js';
-import { runAsUser, src } from '../helpers/asuser.js';
+import { runAsUser, src, UNPRIVILEGED_USER } from '../helpers/asuser.js';
+import { rootTest } from '../helpers/root.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -118,40 +120,54 @@ describe('ownership for a non-root agent', () => {
     expect(p?.fix).toBe(`sudo install -d -m 0755 ${d} && sudo install -o gwagent -m 0644 /dev/null ${d}/schedule`);
   });
 
-  it('a file of another user: says whose and the chown that fixes it; then it is fine', async () => {
+  it('a file of another user: says whose and the chown that fixes it', async () => {
     const d = join(dir, 'own-wrong');
     await mkdir(d);
     await writeFile(join(d, 'schedule'), '');
+    const me = userInfo();
     const p = await checkScheduleFile(d, { uid: NOBODY, user: 'gwagent' });
-    expect(p?.problem).toContain('belongs to root (uid 0), not to the agent user gwagent (uid 65534)');
+    expect(p?.problem).toContain(`belongs to ${me.username} (uid ${me.uid}), not to the agent user gwagent (uid 65534)`);
     expect(p?.fix).toBe(`sudo chown gwagent ${d}/schedule`);
-    await chown(join(d, 'schedule'), NOBODY, NOBODY);
-    expect(await checkScheduleFile(d, { uid: NOBODY, user: 'gwagent' })).toBeUndefined();
+  });
+
+  it("the agent user's own file is fine; read-only, the fix is chmod u+w", async () => {
+    const agent = UNPRIVILEGED_USER;
+    const d = join(dir, 'own-right');
+    await mkdir(d);
+    await writeFile(join(d, 'schedule'), '');
+    await chown(join(d, 'schedule'), agent.uid, agent.gid);
+    expect(await checkScheduleFile(d, { uid: agent.uid, user: 'gwagent' })).toBeUndefined();
     await chmod(join(d, 'schedule'), 0o444);
-    expect((await checkScheduleFile(d, { uid: NOBODY, user: 'gwagent' }))?.fix).toBe(`sudo chmod u+w ${d}/schedule`);
+    expect((await checkScheduleFile(d, { uid: agent.uid, user: 'gwagent' }))?.fix).toBe(`sudo chmod u+w ${d}/schedule`);
   });
 
   it('a non-root agent rewrites its own file in place in a directory it cannot write', async () => {
+    const agent = UNPRIVILEGED_USER;
     const d = join(dir, 'own-inplace');
-    await mkdir(d, { mode: 0o755 });
+    await mkdir(d);
     await writeFile(join(d, 'schedule'), '');
-    await chown(join(d, 'schedule'), NOBODY, NOBODY);
+    await chown(join(d, 'schedule'), agent.uid, agent.gid);
     await chmod(dir, 0o755);
-    // Run the writer as "nobody" in a child process (from a bundle that user can read, wherever the checkout is):
-    // the directory is root's, the file nobody's.
-    const script = `
-      import { writeSchedule } from ${JSON.stringify(src('upgrade/schedule.ts'))};
-      await writeSchedule(${JSON.stringify(d)}, [{ start: new Date('2026-01-05T02:00:00Z'), stop: new Date('2026-01-05T03:00:00Z') }]);
-    `;
-    const r = runAsUser({ script, uid: NOBODY, gid: NOBODY });
-    expect(r.stderr).toBe('');
-    expect(r.status).toBe(0);
-    const st = await stat(join(d, 'schedule'));
-    expect(st.uid).toBe(NOBODY);
-    expect(await readFile(join(d, 'schedule'), 'utf8')).toContain('1767578400 1767582000');
+    await chmod(d, 0o555); // the agent cannot create files here (as root: the directory is root's besides)
+    try {
+      // The writer runs as the agent user in a child process, from a bundle that user can read wherever the
+      // checkout is.
+      const script = `
+        import { writeSchedule } from ${JSON.stringify(src('upgrade/schedule.ts'))};
+        await writeSchedule(${JSON.stringify(d)}, [{ start: new Date('2026-01-05T02:00:00Z'), stop: new Date('2026-01-05T03:00:00Z') }]);
+      `;
+      const r = runAsUser({ script, uid: agent.uid, gid: agent.gid });
+      expect(r.stderr).toBe('');
+      expect(r.status).toBe(0);
+      const st = await stat(join(d, 'schedule'));
+      expect(st.uid).toBe(agent.uid);
+      expect(await readFile(join(d, 'schedule'), 'utf8')).toContain('1767578400 1767582000');
+    } finally {
+      await chmod(d, 0o755); // so that the clean-up can remove the file
+    }
   });
 
-  it('root writing for an agent user gives the file to that user', async () => {
+  rootTest(['chown'])('root writing for an agent user gives the file to that user', async () => {
     const d = join(dir, 'own-chown');
     await writeSchedule(d, [], { uid: NOBODY, gid: NOBODY });
     expect((await stat(join(d, 'schedule'))).uid).toBe(NOBODY);
