@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { words as shellWords } from '../helpers/shell.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import type { ClusterMaintenanceConfig } from '../../src/auth/resources/types.js';
 import { GatewayError } from '../../src/errors.js';
@@ -128,13 +129,16 @@ describe('docs/cli.md: the step-by-step session runs as written', () => {
       'gwsh logout',
       'gwsh login',
       'gwctl create',
+      'gwctl lock',
+      'gwctl get',
+      'gwctl unlock',
     ]);
     const alice: Record<string, string> = { HOME: dir, GWSH_HOME: join(dir, 'alice') };
     // On the auth machine gwctl uses the local admin identity of the data directory (--data-dir here).
     const asAdmin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
     let pin = '';
     for (const { command, comment } of lines) {
-      const words = command.split(/\s+/);
+      const words = shellWords(command, {}); // quoting as a shell reads it: --message "incident 42: ...".
       const args = words.slice(1).map((w) => w.replace(`${PROXY_NAME}:443`, `${PROXY_NAME}:${webPort}`).replace('sha256:...', pin));
       let r: RunResult;
       if (words[0] === 'export') {

@@ -540,7 +540,8 @@ describeAsRoot('an interactive session in a terminal (tmux)', () => {
     await tmux(['send-keys', '-t', 'gw', 'exit 7', 'Enter']);
     const dead = await eventually('ssh exits', async () => {
       const r = await tmux(['display-message', '-p', '-t', 'gw', '#{pane_dead} #{pane_dead_status}']);
-      if (!r.stdout.startsWith('1 ')) throw new Error(r.stdout);
+      // tmux may show the pane dead a moment before it has the exit status: wait for both.
+      if (!/^1 \d+$/.test(r.stdout.trim())) throw new Error(r.stdout);
       return r.stdout.trim();
     });
     expect(dead).toBe('1 7');
