@@ -271,6 +271,16 @@ export const SCHEMA = section('The gateway configuration file.', {
         example: 'json',
       }),
     }),
+    limits: section('Deadlines and connection caps of every listener of this process: the web port, the Auth API, the SSH and tunnel ports (docs/security.md).', {
+      tls_handshake_timeout: duration('How long a TLS handshake may take, from the first byte of the ClientHello to the end of the handshake.', '10s'),
+      header_timeout: duration("How long an HTTP request's head may take to arrive (after the handshake, or after the previous answer), and the route header of a database, TCP or SSH connection.", '20s'),
+      request_timeout: duration("How long an HTTP request's body may take to arrive once its head has; raise it for large uploads to HTTP apps.", '2m'),
+      idle_timeout: duration('HTTP: how long a request or answer may move no bytes. SSH: how long an authenticated connection may stay with no channel open.', '5m'),
+      ssh_handshake_timeout: duration('How long an SSH client may take from connecting to being authenticated (version, key exchange, authentication).', '30s'),
+      half_close_linger: duration('Once either side of a connection has closed its sending direction, how long it may stay open with no bytes moving.', '30s'),
+      max_connections: int('Open connections each listener accepts; more are closed at once (lowered to fit the open-file limit, see docs/security.md).', { min: 1, max: 10_000_000, default: 10_000 }),
+      max_connections_per_source: int('Open connections one client address (IPv6: one /64) may hold on each listener.', { min: 1, max: 10_000_000, default: 1_000 }),
+    }),
   }),
 
   auth_service: service('auth_service', 'Auth Service: cluster state, certificate authorities, the API.', publicAddr(3025, 'the Auth Service'), {

@@ -27,6 +27,16 @@ describe('defaults', () => {
       nodename: hostname(),
       data_dir: defaultDataDir(),
       log: { output: 'stderr', severity: 'info', format: undefined },
+      limits: {
+        tls_handshake_timeout: 10_000,
+        header_timeout: 20_000,
+        request_timeout: 120_000,
+        idle_timeout: 300_000,
+        ssh_handshake_timeout: 30_000,
+        half_close_linger: 30_000,
+        max_connections: 10_000,
+        max_connections_per_source: 1_000,
+      },
     });
     expect(c.auth_service).toEqual({
       enabled: true,
