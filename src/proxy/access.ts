@@ -70,7 +70,8 @@ export function findTarget(agents: ConnectedAgent[], route: string, header: Rout
   return undefined;
 }
 
-export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (stream: Duplex, info: ConnInfo) => void {
+/** headerTimeoutMs: how long the client may take to send its route header (gateway.limits.header_timeout). */
+export function createAccessHandler(auth: AuthService, tunnels: TunnelServer, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
   const log = logger('access');
   return (stream, info) => {
     const socket = stream as TLSSocket;
@@ -92,7 +93,7 @@ export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (
       socket.once('close', untrack);
       if (socket.destroyed) untrack();
       const identity = await auth.resolveCaller(certified);
-      const header = await readJsonLine<RouteHeader>(socket, { what: 'route header', timeoutMs: 15_000, maxBytes: 4096 });
+      const header = await readJsonLine<RouteHeader>(socket, { what: 'route header', timeoutMs: headerTimeoutMs, maxBytes: 4096 });
       if (typeof header.resource !== 'string' || header.resource === '') throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the route header names no resource');
       const target = findTarget(tunnels.list(), info.route, header);
       if (!target) {
