@@ -7,8 +7,9 @@
  *           needs the auth role in the same process for now
  *   agents  a host identity: joined with --token/--ca-pin/--proxy (or issued locally when auth runs here)
  */
-import https from 'node:https';
-import type { AddressInfo } from 'node:net';
+import http from 'node:http';
+import type net from 'node:net';
+import { createSecureContext } from 'node:tls';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { formatHostPort, type HostPort } from './addr.js';
@@ -23,7 +24,11 @@ import { Dialer } from './dial/dialer.js';
 import { GatewayError } from './errors.js';
 import { writePublicFile, writeSecretFile } from './fsutil.js';
 import { logger } from './log.js';
-import { closeServer, listenOn, startFrontDoor } from './proxy/frontdoor.js';
+import { ConnectionLimits, limitSettings } from './net/deadlines.js';
+import { guardHttpServer } from './net/http.js';
+import { closeServer, guardedServer, listenOn } from './net/listen.js';
+import { terminateTls } from './net/tls.js';
+import { startFrontDoor } from './proxy/frontdoor.js';
 import { createAccessHandler } from './proxy/access.js';
 import { SshJumpServer } from './proxy/sshjump.js';
 import { createKubeHandler, createWebAppHandler } from './proxy/webapps.js';
@@ -60,6 +65,8 @@ export interface Daemon {
   tunnels?: TunnelServer;
   /** Bound addresses, by listener name (auth, web). */
   addresses: Record<string, string>;
+  /** Deadlines, caps and counters of the Auth API's and the Proxy's listeners (when either runs here). */
+  limits?: ConnectionLimits;
   auth?: AuthService;
   hostIdentity?: HostIdentity;
   /**
@@ -113,13 +120,14 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
   const services = servicesFor(config, flags.roles);
   const dataDir = config.gateway.data_dir;
   const addresses: Record<string, string> = {};
-  const servers: https.Server[] = [];
+  const servers: net.Server[] = [];
   let backend: Backend | undefined;
   let auth: AuthService | undefined;
   let hostIdentity: HostIdentity | undefined;
   let tunnels: TunnelServer | undefined;
   let tunnelAgent: TunnelAgent | undefined;
   let versionServer: ReloadableVersionServer | undefined;
+  let connectionLimits: ConnectionLimits | undefined;
 
   const closers: Array<() => Promise<void>> = [];
   const stop = async () => {
@@ -152,8 +160,13 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
       ];
       const keys = generateKeyPair();
       const cert = await auth.issueServerCert(keys.publicKeyPem, names);
-      const tlsOptions = { key: keys.privateKeyPem, cert, ca: [auth.host.tls.certPem, auth.user.tls.certPem], requestCert: true, rejectUnauthorized: false };
-      const authServer = https.createServer(tlsOptions, handler);
+      // The limits of every listener of this process: the Auth API's here, the Proxy's in its front door.
+      const limits = new ConnectionLimits(limitSettings(config));
+      limits.startSummary();
+      closers.push(async () => limits.close());
+      connectionLimits = limits;
+      const deadlines = limits.settings;
+      const authServer = authApiServer(limits, { key: keys.privateKeyPem, cert, ca: [auth.host.tls.certPem, auth.user.tls.certPem] }, handler);
       servers.push(authServer);
       addresses.auth = await listenOn(authServer, config.auth_service.listen_addr, 'auth_service.listen_addr');
       log.info({ addr: addresses.auth }, 'auth API listening');
@@ -188,10 +201,11 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
           hostKey: sshPrivateKey(tunnelKey.privateKeyPem),
           heartbeatIntervalMs: config.auth_service.keep_alive_interval,
           heartbeatCountMax: config.auth_service.keep_alive_count_max,
+          deadlines,
           publicAddr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename,
         });
-        const access = createAccessHandler(auth, tunnels);
-        const jump = new SshJumpServer(auth, tunnels, sshPrivateKey(tunnelKey.privateKeyPem));
+        const access = createAccessHandler(auth, tunnels, deadlines.headerMs);
+        const jump = new SshJumpServer(auth, tunnels, sshPrivateKey(tunnelKey.privateKeyPem), deadlines);
         const tunnelHostKey = tunnelKey.sshPublicKey;
         const frontDoor = await startFrontDoor({
           config,
@@ -199,7 +213,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
           webApps: createWebAppHandler(auth, tunnels),
           services: {
             tls: {
-              kube: createKubeHandler(auth, tunnels),
+              kube: createKubeHandler(auth, tunnels, deadlines),
               'gateway-reversetunnel': tunnels.handle,
               'gateway-postgres': access,
               'gateway-mysql': access,
@@ -214,6 +228,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
           findExtras: () => ({ tunnel_host_keys: [tunnelHostKey] }),
           tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
           api: handler,
+          limits,
           versions: (versionServer = new ReloadableVersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: new Dialer() })),
         });
         const tunnelServer = tunnels;
@@ -344,10 +359,20 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
     throw err;
   }
 
-  return { services, addresses, ...(auth ? { auth } : {}), ...(hostIdentity ? { hostIdentity } : {}), ...(tunnelAgent ? { tunnelAgent } : {}), ...(tunnels ? { tunnels } : {}), reload: (next: GatewayConfig) => versionServer?.setChannels(next.proxy_service.automatic_upgrades_channels), stop };
+  return { services, addresses, ...(connectionLimits ? { limits: connectionLimits } : {}), ...(auth ? { auth } : {}), ...(hostIdentity ? { hostIdentity } : {}), ...(tunnelAgent ? { tunnelAgent } : {}), ...(tunnels ? { tunnels } : {}), reload: (next: GatewayConfig) => versionServer?.setChannels(next.proxy_service.automatic_upgrades_channels), stop };
 }
 
 export { JOIN_ROLES };
+
+/**
+ * The Auth API's listener: mutual TLS (a client certificate is asked for, not required: the router checks the
+ * identity a call needs), then the router, with the deadlines and caps of gateway.limits like every listener.
+ */
+function authApiServer(limits: ConnectionLimits, tls: { key: string; cert: string; ca: string[] }, handler: http.RequestListener): net.Server {
+  const termination = { secureContext: createSecureContext(tls), alpn: [], handshakeMs: limits.settings.tlsHandshakeMs };
+  const toApi = guardHttpServer(http.createServer(handler), limits.settings);
+  return guardedServer(limits.listener('auth'), (socket) => terminateTls(socket, termination, toApi));
+}
 
 /**
  * The web port's certificate: the operator's own (proxy_service.https_keypairs, e.g. from a public CA) when

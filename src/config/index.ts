@@ -20,6 +20,7 @@ export type {
   AuthServiceConfig,
   GatewayConfig,
   ListeningAgentConfig,
+  LimitsConfig,
   LogConfig,
   LogSeverity,
   ProcessConfig,

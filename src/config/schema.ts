@@ -11,6 +11,7 @@ import { redactUrl } from '../redact.js';
 import { isMap, isNode, isScalar } from 'yaml';
 import { AddrError, dnsNameProblem, formatHostPort, isIpLiteral, normalizeHost, parseAddr, type ParsedAddr } from '../addr.js';
 import { formatDuration, parseDuration } from '../duration.js';
+import { defaultMaxConnections, defaultMaxConnectionsPerSource, readOpenFileLimit } from '../net/source.js';
 import {
   Dynamic,
   Invalid,
@@ -269,6 +270,25 @@ export const SCHEMA = section('The gateway configuration file.', {
       format: oneOf('json (one object per line) or text (readable).', ['json', 'text'], undefined, {
         defaultDoc: 'text on a terminal, json otherwise',
         example: 'json',
+      }),
+    }),
+    limits: section('Deadlines and connection caps of every listener of this process: the web port, the Auth API, the SSH and tunnel ports (docs/security.md).', {
+      tls_handshake_timeout: duration('How long a TLS handshake may take, from the first byte of the ClientHello to the end of the handshake.', '10s'),
+      header_timeout: duration("How long an HTTP request's head may take to arrive (after the handshake, or after the previous answer), and the route header of a database, TCP or SSH connection.", '20s'),
+      request_timeout: duration("How long an HTTP request's body may take to arrive once its head has; raise it for large uploads to HTTP apps.", '2m'),
+      idle_timeout: duration('HTTP: how long a request or answer may move no bytes. SSH: how long an authenticated connection may stay with no channel open.', '5m'),
+      ssh_handshake_timeout: duration('How long an SSH client may take from connecting to being authenticated (version, key exchange, authentication).', '30s'),
+      half_close_linger: duration('Once either side of a connection has closed its sending direction, how long it may stay open with no bytes moving.', '30s'),
+      max_connections: int('Open connections each listener accepts; more are closed at once.', {
+        min: 1,
+        max: 10_000_000,
+        default: new Dynamic('10000, or a quarter of the open-file limit above 128 when that is less', () => defaultMaxConnections(readOpenFileLimit())),
+      }),
+      max_connections_per_source: int('Open connections one client address (IPv6: one /64) may hold on each listener.', {
+        min: 1,
+        max: 10_000_000,
+        default: new Dynamic('1000, or a quarter of `max_connections` when that is less', (ctx) =>
+          defaultMaxConnectionsPerSource(Number(ctx.values.get('gateway.limits.max_connections')))),
       }),
     }),
   }),

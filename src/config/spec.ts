@@ -493,11 +493,11 @@ function isNullish(node: unknown): boolean {
 }
 
 /** An integer in [min, max]; YAML integers only (2.5, "3" and true are type errors). */
-export function int(doc: string, o: { min: number; max: number; default: number }): Leaf<number>;
+export function int(doc: string, o: { min: number; max: number; default: number | Dynamic<number> }): Leaf<number>;
 export function int(doc: string, o: { min: number; max: number; defaultDoc?: string; example?: string }): Leaf<number | undefined>;
 export function int(
   doc: string,
-  o: { min: number; max: number; default?: number; defaultDoc?: string; example?: string },
+  o: { min: number; max: number; default?: number | Dynamic<number>; defaultDoc?: string; example?: string },
 ): Leaf<number | undefined> {
   const range = `an integer from ${o.min} to ${o.max}`;
   return leaf<number | undefined>({

@@ -24,11 +24,24 @@ export interface LogConfig {
   readonly format: LogFormat | undefined;
 }
 
+/** Deadlines in milliseconds and caps in connections, for every listener (src/net/deadlines.ts, docs/security.md). */
+export interface LimitsConfig {
+  readonly tls_handshake_timeout: number;
+  readonly header_timeout: number;
+  readonly request_timeout: number;
+  readonly idle_timeout: number;
+  readonly ssh_handshake_timeout: number;
+  readonly half_close_linger: number;
+  readonly max_connections: number;
+  readonly max_connections_per_source: number;
+}
+
 export interface ProcessConfig {
   readonly nodename: string;
   /** Absolute path. */
   readonly data_dir: string;
   readonly log: LogConfig;
+  readonly limits: LimitsConfig;
 }
 
 /** What every service section has. */

@@ -13,13 +13,15 @@
  *   HTTP ─► plain-http route (a redirect to HTTPS)
  *   else ─► closed, logged at a limited rate
  *
- * A client that sends nothing, or trickles bytes, is closed when the deadline passes; nothing is buffered
- * beyond the largest ClientHello allowed.
+ * A client that sends nothing, or trickles bytes, is closed when the deadline passes (the connection's "detect"
+ * phase, src/net/deadlines.ts); nothing is buffered beyond the largest ClientHello allowed. Once the client's
+ * address is known (after a PROXY header, if any) the connection is counted against its source's cap.
  */
 import type { Duplex } from 'node:stream';
 import type net from 'node:net';
 import { GatewayError, isGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
+import { connectionOf } from '../net/deadlines.js';
 import { parseClientHello, DEFAULT_MAX_HELLO_BYTES } from './clienthello.js';
 import { setClientAddress } from './clientaddr.js';
 import { parseProxyHeader } from './proxyproto.js';
@@ -132,11 +134,12 @@ export class Multiplexer {
     let proxyHeaderSeen = false;
     let client = source;
     let done = false;
+    const conn = connectionOf(stream);
 
     const finish = () => {
       if (done) return false;
       done = true;
-      clearTimeout(timer);
+      conn.leave('detect');
       stream.off('readable', onReadable);
       stream.off('end', onEnd);
       stream.off('error', onError);
@@ -152,6 +155,9 @@ export class Multiplexer {
       stream.destroy();
     };
     const route = (name: string, handler: RouteHandler, info: Omit<ConnInfo, keyof Source | 'route'>) => {
+      if (done) return;
+      // The client's address is known now (a PROXY header names it): count it against its source's cap.
+      if (!conn.attribute(client.remoteAddress)) return refuse('source-cap', `${client.remoteAddress} holds as many connections as it may`);
       if (!finish()) return;
       this.stats.routed[name] = (this.stats.routed[name] ?? 0) + 1;
       const rest = buffered.subarray(consumed);
@@ -228,8 +234,9 @@ export class Multiplexer {
     const onEnd = () => refuse('closed-early');
     const onError = () => refuse('socket-error');
     const onClose = () => refuse('closed-early');
-    const timer = setTimeout(() => refuse('detect-timeout', `no decision within ${this.options.detectTimeoutMs} ms (${buffered.length} bytes)`), this.options.detectTimeoutMs);
-    timer.unref();
+    conn.enter('detect', this.options.detectTimeoutMs, {
+      onExpire: () => refuse('detect-timeout', `no decision within ${this.options.detectTimeoutMs} ms (${buffered.length} bytes)`),
+    });
     stream.on('readable', onReadable);
     stream.once('end', onEnd);
     stream.once('error', onError);

@@ -19,9 +19,10 @@ import type { TLSSocket } from 'node:tls';
 import { peerIdentityOf } from '../auth/api.js';
 import { canAccess, type AccessKind } from '../auth/rbac.js';
 import type { AuthService } from '../auth/service.js';
-import { GatewayError, toGatewayError } from '../errors.js';
+import { GatewayError, isGatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
+import { connectionOf } from '../net/deadlines.js';
 import { readJsonLine, splice, writeJsonLine } from '../tunnel/lines.js';
 import type { DialAnswer, ServiceKind } from '../tunnel/protocol.js';
 import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
@@ -70,7 +71,8 @@ export function findTarget(agents: ConnectedAgent[], route: string, header: Rout
   return undefined;
 }
 
-export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (stream: Duplex, info: ConnInfo) => void {
+/** headerTimeoutMs: how long the client may take to send its route header (gateway.limits.header_timeout). */
+export function createAccessHandler(auth: AuthService, tunnels: TunnelServer, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
   const log = logger('access');
   return (stream, info) => {
     const socket = stream as TLSSocket;
@@ -92,7 +94,11 @@ export function createAccessHandler(auth: AuthService, tunnels: TunnelServer): (
       socket.once('close', untrack);
       if (socket.destroyed) untrack();
       const identity = await auth.resolveCaller(certified);
-      const header = await readJsonLine<RouteHeader>(socket, { what: 'route header', timeoutMs: 15_000, maxBytes: 4096 });
+      const header = await readJsonLine<RouteHeader>(socket, { what: 'route header', timeoutMs: headerTimeoutMs, maxBytes: 4096 }).catch((err: unknown) => {
+        // The line reader enforces this deadline itself (so that the client is told why): count it with the others.
+        if (isGatewayError(err) && err.code === 'GW_ERR_TUNNEL_TIMEOUT') connectionOf(socket).count('route-header');
+        throw err;
+      });
       if (typeof header.resource !== 'string' || header.resource === '') throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the route header names no resource');
       const target = findTarget(tunnels.list(), info.route, header);
       if (!target) {

@@ -10,7 +10,6 @@
  * (AuthService.resolveSshUser), and the connection is tracked in auth.sessions: a lock or a deletion ends it.
  */
 import type { Duplex } from 'node:stream';
-import ssh2 from 'ssh2';
 import type { Connection } from 'ssh2';
 import { CLOCK_SKEW_MS } from '../auth/pki.js';
 import { canAccess } from '../auth/rbac.js';
@@ -18,29 +17,29 @@ import type { AuthService } from '../auth/service.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
+import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
 import { splice } from '../tunnel/lines.js';
 import type { TunnelServer } from '../tunnel/server.js';
 import { findTarget } from './access.js';
 
 export class SshJumpServer {
-  private readonly server: ssh2.Server;
+  private readonly endpoint: SshEndpoint<string>;
   private readonly log = logger('ssh-jump');
 
   constructor(
     private readonly auth: AuthService,
     private readonly tunnels: TunnelServer,
     hostKeyPem: string,
+    deadlines: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_000 },
   ) {
-    this.server = new ssh2.Server({ hostKeys: [hostKeyPem], ident: 'gateway-proxy' }, (conn) => this.onConnection(conn));
+    this.endpoint = new SshEndpoint({ hostKeys: [hostKeyPem], ident: 'gateway-proxy', deadlines, onConnection: (conn, client) => this.onConnection(conn, client ?? 'unknown') });
   }
 
   handle = (stream: Duplex, info: ConnInfo): void => {
-    (stream as Duplex & { gatewayClient?: string }).gatewayClient = `${info.remoteAddress}:${info.remotePort}`;
-    this.server.injectSocket(stream as never);
+    this.endpoint.inject(stream, `${info.remoteAddress}:${info.remotePort}`);
   };
 
-  private onConnection(conn: Connection): void {
-    const client = (conn as unknown as { _sock?: { gatewayClient?: string } })._sock?.gatewayClient ?? 'unknown';
+  private onConnection(conn: Connection, client: string): void {
     let user = '';
     let issuedAt: number | undefined;
     conn.on('authentication', (ctx) => {
@@ -81,7 +80,9 @@ export class SshJumpServer {
             client_dst: `${dest.destIP}:${dest.destPort}`,
             user,
           });
-          splice(accept() as unknown as Duplex, channel);
+          const accepted = accept();
+          this.endpoint.channelOpened(conn, accepted);
+          splice(accepted as unknown as Duplex, channel);
         })().catch((err: unknown) => {
           this.log.info({ user, node: dest.destIP, err: (err as Error).message }, 'SSH jump failed');
           reject();

@@ -25,6 +25,7 @@ import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../mux/clientaddr.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
+import { guardHttpServer, type HttpDeadlines } from '../net/http.js';
 import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
 import { statusFor } from '../auth/api.js';
 
@@ -117,8 +118,8 @@ function trackRequest(auth: AuthService, identity: Identity, what: string, req: 
 
 export const KUBE_PATH_PREFIX = '/k8s/';
 
-/** The kube route's service: an HTTP server over the user's TLS stream. */
-export function createKubeHandler(auth: AuthService, tunnels: TunnelServer): (stream: Duplex, info: ConnInfo) => void {
+/** The kube route's service: an HTTP server over the user's TLS stream, with the HTTP deadlines of gateway.limits. */
+export function createKubeHandler(auth: AuthService, tunnels: TunnelServer, deadlines: HttpDeadlines): (stream: Duplex, info: ConnInfo) => void {
   const log = logger('kube');
   const server = http.createServer((req, res) => {
     void (async () => {
@@ -155,7 +156,8 @@ export function createKubeHandler(auth: AuthService, tunnels: TunnelServer): (st
       relay(req, res, stream, path, { 'impersonate-user': identity.name, 'impersonate-group': identity.roles });
     })().catch((err: unknown) => sendError(res, err));
   });
-  return (stream) => {
-    server.emit('connection', stream);
-  };
+  // No idle deadline here: a watch (kubectl get -w) may stay silent for many minutes. Only authenticated users
+  // get answers long enough to back up; TCP keep-alive finds peers that vanished.
+  const accept = guardHttpServer(server, { ...deadlines, idleMs: 0 });
+  return (stream) => accept(stream);
 }

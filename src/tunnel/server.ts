@@ -21,6 +21,7 @@ import type { AuthService } from '../auth/service.js';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
+import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
 import { readJsonLine, readLine, writeJsonLine } from './lines.js';
 import {
   CONTROL_SUBSYSTEM,
@@ -57,19 +58,34 @@ export interface TunnelServerOptions {
   publicAddr: string;
   helloTimeoutMs?: number;
   dialTimeoutMs?: number;
+  /** SSH handshake and idle deadlines (gateway.limits); ssh2 has none of its own. */
+  deadlines?: SshDeadlines;
 }
+
+/** What the front door knows about a tunnel stream: where it came from and the TLS client certificate, if any. */
+interface TunnelMeta {
+  info: ConnInfo;
+  tlsIdentity?: { name: string; cluster: string } | Error;
+}
+
+const DEFAULT_DEADLINES: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_000 };
 
 export class TunnelServer extends EventEmitter {
   readonly proxyId: string;
   private readonly agents = new Map<string, ConnectedAgent>();
-  private readonly server: ssh2.Server;
+  private readonly endpoint: SshEndpoint<TunnelMeta | undefined>;
   private readonly log = logger('tunnel');
   private closing = false;
 
   constructor(private readonly options: TunnelServerOptions) {
     super();
     this.proxyId = options.proxyId ?? randomUUID();
-    this.server = new ssh2.Server({ hostKeys: [options.hostKey], ident: 'gateway-tunnel' }, (conn, info) => this.onConnection(conn, info));
+    this.endpoint = new SshEndpoint({
+      hostKeys: [options.hostKey],
+      ident: 'gateway-tunnel',
+      deadlines: options.deadlines ?? DEFAULT_DEADLINES,
+      onConnection: (conn, meta) => this.onConnection(conn, meta),
+    });
     this.unwatch = options.auth.watchMaintenance(() => {
       for (const agent of this.agents.values()) writeJsonLine(agent.control, { type: 'maintenance-changed' } satisfies ControlMessage);
     });
@@ -84,8 +100,7 @@ export class TunnelServer extends EventEmitter {
       return;
     }
     const tlsIdentity = peerHostIdentity(stream as TLSSocket);
-    (stream as Duplex & { gatewayInfo?: unknown }).gatewayInfo = { info, tlsIdentity };
-    this.server.injectSocket(stream as never);
+    this.endpoint.inject(stream, { info, ...(tlsIdentity ? { tlsIdentity } : {}) });
   };
 
   list(): ConnectedAgent[] {
@@ -96,10 +111,8 @@ export class TunnelServer extends EventEmitter {
     return this.agents.get(hostId);
   }
 
-  private onConnection(conn: Connection, info: { ip: string; port: number }): void {
-    const sock = (conn as unknown as { _sock?: Duplex & { gatewayInfo?: { info: ConnInfo; tlsIdentity?: { name: string; cluster: string } | Error } } })._sock;
-    const meta = sock?.gatewayInfo;
-    const remote = meta ? `${meta.info.remoteAddress}:${meta.info.remotePort}` : `${info.ip}:${info.port}`;
+  private onConnection(conn: Connection, meta: TunnelMeta | undefined): void {
+    const remote = meta ? `${meta.info.remoteAddress}:${meta.info.remotePort}` : 'unknown';
     let hostId: string | undefined;
     const refuse = (why: string) => this.log.warn({ remote, hostId, why }, 'agent refused');
 
@@ -136,7 +149,7 @@ export class TunnelServer extends EventEmitter {
         const untrack = this.options.auth.sessions.track(identity, `agent tunnel ${remote}`, (why) => {
           this.log.warn({ remote, hostId: identity.name, code: why.code, why: why.message }, 'agent tunnel dropped: identity revoked');
           conn.end();
-          setTimeout(() => (conn as unknown as { _sock?: Duplex })._sock?.destroy(), 1000).unref();
+          setTimeout(() => this.endpoint.destroy(conn), 1000).unref();
         });
         conn.once('close', untrack);
         const revoked = await this.options.auth.revocationOf(identity);
@@ -166,6 +179,7 @@ export class TunnelServer extends EventEmitter {
       }, this.options.helloTimeoutMs ?? 15_000);
       conn.on('session', (acceptSession) => {
         const session = acceptSession();
+        this.endpoint.channelOpened(conn, session);
         session.on('subsystem', (acceptSub, rejectSub, subInfo) => {
           if (subInfo.name !== CONTROL_SUBSYSTEM || !acceptSub) return rejectSub?.();
           const control = acceptSub();
@@ -231,7 +245,7 @@ export class TunnelServer extends EventEmitter {
         this.log.warn({ hostId: agent.hostId, nodename: agent.nodename, silentMs: silentFor }, 'agent missed its heartbeats; marking it offline');
         onGone();
         // The peer may be unreachable (no FIN will come): drop the transport now rather than wait for TCP.
-        (conn as unknown as { _sock?: Duplex })._sock?.destroy();
+        this.endpoint.destroy(conn);
         return;
       }
       send({ type: 'heartbeat', seq: ++seq });

@@ -10,6 +10,7 @@ import {
   SERVICE_NAMES,
   type GatewayConfig,
 } from '../../src/config/index.js';
+import { defaultMaxConnections, defaultMaxConnectionsPerSource, readOpenFileLimit } from '../../src/net/source.js';
 import { defaultDataDir, defaultWebPort } from '../../src/paths.js';
 
 const parse = (text: string): GatewayConfig => parseConfig(text, 'config.yaml');
@@ -27,6 +28,16 @@ describe('defaults', () => {
       nodename: hostname(),
       data_dir: defaultDataDir(),
       log: { output: 'stderr', severity: 'info', format: undefined },
+      limits: {
+        tls_handshake_timeout: 10_000,
+        header_timeout: 20_000,
+        request_timeout: 120_000,
+        idle_timeout: 300_000,
+        ssh_handshake_timeout: 30_000,
+        half_close_linger: 30_000,
+        max_connections: defaultMaxConnections(readOpenFileLimit()),
+        max_connections_per_source: defaultMaxConnectionsPerSource(defaultMaxConnections(readOpenFileLimit())),
+      },
     });
     expect(c.auth_service).toEqual({
       enabled: true,
@@ -257,5 +268,21 @@ describe('loadConfigFile', () => {
     const c = loadConfigFile(path);
     expect(c.gateway.nodename).toBe('from-file');
     expect(enabledServices(c)).toEqual(['auth_service', 'proxy_service']);
+  });
+});
+
+describe('gateway.limits caps', () => {
+  it('default to what the open-file limit can hold, and take written values as written', () => {
+    expect(defaultMaxConnections(undefined)).toBe(10_000);
+    expect(defaultMaxConnections(524_288)).toBe(10_000);
+    expect(defaultMaxConnections(1_024)).toBe(224);
+    expect(defaultMaxConnections(256)).toBe(32);
+    expect(defaultMaxConnectionsPerSource(10_000)).toBe(1_000);
+    expect(defaultMaxConnectionsPerSource(224)).toBe(56);
+    expect(defaultMaxConnectionsPerSource(2)).toBe(1);
+    const c = parse('gateway:\n  limits:\n    max_connections: 50000\n');
+    expect(c.gateway.limits.max_connections).toBe(50_000);
+    expect(c.gateway.limits.max_connections_per_source).toBe(1_000);
+    expect(parse('gateway:\n  limits:\n    max_connections: 40\n').gateway.limits.max_connections_per_source).toBe(10);
   });
 });

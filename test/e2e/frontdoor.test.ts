@@ -43,6 +43,9 @@ beforeAll(async () => {
       '  nodename: proxy-1',
       '  data_dir: DATA_DIR',
       '  log: { format: json, severity: debug }',
+      // The 10 000 idle connections below come from one address: caps above that, so that the detection
+      // deadline is what closes them (the caps have tests of their own in flood.test.ts).
+      '  limits: { max_connections: 20000, max_connections_per_source: 20000 }',
       'auth_service:',
       '  cluster_name: door.example',
       '  listen_addr: 127.0.0.1:0',

@@ -66,13 +66,22 @@ export interface RunningGateway {
  */
 export async function startGateway(
   configYaml: string,
-  options: { args?: string[]; env?: Record<string, string>; dataDir?: string; timeoutMs?: number } = {},
+  options: {
+    args?: string[];
+    env?: Record<string, string>;
+    dataDir?: string;
+    timeoutMs?: number;
+    /** Starts it under `ulimit -n` of this many descriptors (sh execs node, so the pid is the daemon's). */
+    openFiles?: number;
+  } = {},
 ): Promise<RunningGateway> {
   const dir = await mkdtemp(join(tmpdir(), 'gw-daemon-'));
   const dataDir = options.dataDir ?? join(dir, 'data');
   const configPath = join(dir, 'gateway.yaml');
   await writeFile(configPath, configYaml.replaceAll('DATA_DIR', dataDir));
-  const child = spawn(process.execPath, [BIN('gateway'), 'start', '-c', configPath, ...(options.args ?? [])], {
+  const argv = [process.execPath, BIN('gateway'), 'start', '-c', configPath, ...(options.args ?? [])];
+  const [command, ...args] = options.openFiles === undefined ? argv : ['sh', '-c', `ulimit -n ${options.openFiles} && exec "$@"`, 'sh', ...argv];
+  const child = spawn(command!, args, {
     env: { PATH: process.env.PATH ?? '', ...(options.env ?? {}) },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -1,0 +1,369 @@
+/**
+ * Deadlines and caps for every connection the gateway accepts (docs/security.md lists them with their keys).
+ *
+ * ConnectionLimits holds the settings (`gateway.limits`) and one ListenerGuard per listener. A guard admits each
+ * accepted socket against two caps, open connections on the listener and open connections from one source,
+ * and gives it a Connection: the one place that holds that connection's deadline. A connection is in at most
+ * one phase with a deadline at a time, and the code that drives its protocol moves it along:
+ *
+ *   detect ─► tls-handshake ─► http-headers ─► http-request ─► (answer) ─► http-headers ─► ...
+ *         │                 └► route-header (databases, TCP, SSH over TLS: one JSON line)
+ *         └► ssh-handshake (version, key exchange, authentication) ─► ssh-idle (authenticated, no channel open)
+ *
+ * When a deadline passes the connection is closed, every stream layered on it down to the socket, and counted.
+ * A stream layered on another (a TLS socket around the accepted socket) is linked to the same Connection, so
+ * code holding either finds it with connectionOf().
+ *
+ * Half-close: once either side has ended its direction (the peer's FIN, or our end()), the other direction may
+ * still carry data, but a connection that moves no bytes for half_close_linger is destroyed. So no socket waits
+ * in CLOSE-WAIT for a library that never ends its side, nor in FIN-WAIT for a peer that never ends its own (the
+ * listeners allow half-open connections so that spliced streams can pass a half-close through).
+ */
+import type net from 'node:net';
+import type { Duplex } from 'node:stream';
+import type { GatewayConfig } from '../config/index.js';
+import { logger, type Logger } from '../log.js';
+import { connectionBudget, readOpenFileLimit, sourceKey } from './source.js';
+
+export type Phase =
+  | 'detect'
+  | 'tls-handshake'
+  | 'http-headers'
+  | 'http-request'
+  | 'http-idle'
+  | 'route-header'
+  | 'ssh-handshake'
+  | 'ssh-idle'
+  | 'half-close';
+
+/** The settings, in milliseconds and connection counts (from gateway.limits). */
+export interface LimitSettings {
+  tlsHandshakeMs: number;
+  headerMs: number;
+  requestMs: number;
+  idleMs: number;
+  sshHandshakeMs: number;
+  halfCloseLingerMs: number;
+  maxConnections: number;
+  maxConnectionsPerSource: number;
+}
+
+/** The settings of a configuration's gateway.limits section. */
+export function limitSettings(config: GatewayConfig): LimitSettings {
+  const l = config.gateway.limits;
+  return {
+    tlsHandshakeMs: l.tls_handshake_timeout,
+    headerMs: l.header_timeout,
+    requestMs: l.request_timeout,
+    idleMs: l.idle_timeout,
+    sshHandshakeMs: l.ssh_handshake_timeout,
+    halfCloseLingerMs: l.half_close_linger,
+    maxConnections: l.max_connections,
+    maxConnectionsPerSource: l.max_connections_per_source,
+  };
+}
+
+export interface ListenerStats {
+  open: number;
+  accepted: number;
+  /** Connections closed at once because a cap was reached. */
+  refused: { total: number; per_source: number };
+  /** Connections closed because the deadline of a phase passed. */
+  deadlines: Partial<Record<Phase, number>>;
+}
+
+export type CapKind = keyof ListenerStats['refused'];
+
+const connections = new WeakMap<object, Connection>();
+
+/** The Connection a stream belongs to; a stream nobody admitted gets one of its own (deadlines, no accounting). */
+export function connectionOf(stream: Duplex): Connection {
+  return connections.get(stream) ?? new Connection(stream, undefined, DEFAULT_LINGER_MS);
+}
+
+const DEFAULT_LINGER_MS = 30_000;
+
+interface PhaseOptions {
+  /** Instead of destroying the connection (the multiplexer refuses it with its own log line). */
+  onExpire?: () => void;
+  /** Checked when the deadline passes: true means the phase is over after all, and nothing happens. */
+  unless?: () => boolean;
+}
+
+export class Connection {
+  private timer: NodeJS.Timeout | undefined;
+  private current: Phase | undefined;
+  private lingerTimer: NodeJS.Timeout | undefined;
+  private readonly layers: Duplex[] = [];
+  private closed = false;
+  /** The source key this connection is counted under for the per-source cap; undefined until known. */
+  source: string | undefined;
+
+  constructor(
+    readonly socket: Duplex,
+    private readonly guard: ListenerGuard | undefined,
+    private readonly lingerMs: number,
+  ) {
+    this.link(socket);
+  }
+
+  get phase(): Phase | undefined {
+    return this.current;
+  }
+
+  get listener(): string | undefined {
+    return this.guard?.name;
+  }
+
+  /** Enters a phase: its deadline replaces the current one. */
+  enter(phase: Phase, ms: number, options: PhaseOptions = {}): void {
+    this.leave();
+    if (this.closed || !(ms > 0)) return;
+    this.current = phase;
+    this.timer = setTimeout(() => this.expire(phase, options), ms);
+    this.timer.unref();
+  }
+
+  /** Leaves the current phase (only when it is `phase`, if given): no deadline until the next phase. */
+  leave(phase?: Phase): void {
+    if (phase !== undefined && this.current !== phase) return;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    this.current = undefined;
+  }
+
+  /** Links a stream layered on this connection (a TLS socket around the socket). */
+  link(stream: Duplex): void {
+    connections.set(stream, this);
+    this.layers.push(stream);
+    stream.once('end', () => this.linger());
+    stream.once('finish', () => this.linger());
+    stream.once('close', () => this.onClose());
+  }
+
+  /** Counts this connection against the per-source cap of its client's address (see ListenerGuard.attribute). */
+  attribute(address: string): boolean {
+    return this.guard ? this.guard.attribute(this, address) : true;
+  }
+
+  /** Counts a deadline that something else enforced (Node's own idle timer on an HTTP socket). */
+  count(phase: Phase): void {
+    this.guard?.counted(phase, this);
+  }
+
+  /** Destroys every layer, the outermost first, down to the socket. */
+  destroy(): void {
+    for (const layer of [...this.layers].reverse()) if (!layer.destroyed) layer.destroy();
+  }
+
+  private expire(phase: Phase, options: PhaseOptions): void {
+    this.timer = undefined;
+    this.current = undefined;
+    if (this.closed || options.unless?.()) return;
+    this.guard?.counted(phase, this);
+    if (options.onExpire) options.onExpire();
+    else this.destroy();
+  }
+
+  /** Once one direction has ended: destroyed when a linger passes in which no byte moved either way. */
+  private linger(): void {
+    if (this.lingerTimer || this.closed || !(this.lingerMs > 0)) return;
+    let moved = this.bytesMoved();
+    const check = () => {
+      if (this.closed) return;
+      const now = this.bytesMoved();
+      if (now > moved) {
+        moved = now;
+        this.lingerTimer = setTimeout(check, this.lingerMs).unref();
+        return;
+      }
+      this.guard?.counted('half-close', this);
+      this.destroy();
+    };
+    this.lingerTimer = setTimeout(check, this.lingerMs).unref();
+  }
+
+  private bytesMoved(): number {
+    return this.layers.reduce((sum, l) => sum + ((l as Partial<net.Socket>).bytesWritten ?? 0) + ((l as Partial<net.Socket>).bytesRead ?? 0), 0);
+  }
+
+  private onClose(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.leave();
+    if (this.lingerTimer) clearTimeout(this.lingerTimer);
+    this.destroy(); // a layer closed: the connection is over, whatever the others think
+    this.guard?.release(this);
+  }
+}
+
+/** Log lines at a bounded rate: the rest are counted, and the count is logged with the next line let through. */
+class LogBudget {
+  private windowStart = 0;
+  private used = 0;
+  private suppressed = 0;
+
+  constructor(private readonly perMinute: number) {}
+
+  /** undefined: do not log; else the number of lines suppressed since the last one. */
+  take(now = Date.now()): number | undefined {
+    if (now - this.windowStart >= 60_000) {
+      this.windowStart = now;
+      this.used = 0;
+    }
+    if (this.used >= this.perMinute) {
+      this.suppressed++;
+      return undefined;
+    }
+    this.used++;
+    const s = this.suppressed;
+    this.suppressed = 0;
+    return s;
+  }
+}
+
+export class ListenerGuard {
+  readonly stats: ListenerStats = { open: 0, accepted: 0, refused: { total: 0, per_source: 0 }, deadlines: {} };
+  private readonly bySource = new Map<string, number>();
+  private readonly capLog = new LogBudget(10);
+
+  constructor(
+    readonly name: string,
+    private readonly limits: ConnectionLimits,
+    /** false when the client's address is only known later (a PROXY header): the mux calls attribute(). */
+    private readonly sourceAtAccept: boolean,
+  ) {}
+
+  /** For a listener's 'connection' event: a Connection, or undefined when a cap refused (and closed) the socket. */
+  admit(socket: net.Socket): Connection | undefined {
+    const { maxConnections, maxConnectionsPerSource, halfCloseLingerMs } = this.limits.settings;
+    const key = sourceKey(socket.remoteAddress ?? '');
+    if (this.stats.open >= maxConnections) return this.refuse(socket, 'total', key);
+    if (this.sourceAtAccept && (this.bySource.get(key) ?? 0) >= maxConnectionsPerSource) return this.refuse(socket, 'per_source', key);
+    const conn = new Connection(socket, this, halfCloseLingerMs);
+    this.stats.open++;
+    this.stats.accepted++;
+    if (this.sourceAtAccept) this.hold(conn, key);
+    return conn;
+  }
+
+  /** Counts a stream that arrived inside an admitted connection (a connection upgrade) on this listener. */
+  adopt(stream: Duplex): Connection {
+    const conn = new Connection(stream, this, this.limits.settings.halfCloseLingerMs);
+    this.stats.open++;
+    this.stats.accepted++;
+    return conn;
+  }
+
+  /**
+   * Counts conn against the per-source cap of its client's address, once that is known. False when that
+   * source is at its cap: the connection is then destroyed, counted and logged.
+   */
+  attribute(conn: Connection, address: string): boolean {
+    if (conn.source !== undefined) return true;
+    const key = sourceKey(address);
+    const held = this.bySource.get(key) ?? 0;
+    if (held >= this.limits.settings.maxConnectionsPerSource) {
+      this.refuse(conn.socket, 'per_source', key);
+      return false;
+    }
+    this.hold(conn, key);
+    return true;
+  }
+
+  private hold(conn: Connection, key: string): void {
+    conn.source = key;
+    this.bySource.set(key, (this.bySource.get(key) ?? 0) + 1);
+  }
+
+  /** For Connection: it closed. */
+  release(conn: Connection): void {
+    this.stats.open--;
+    if (conn.source === undefined) return;
+    const left = (this.bySource.get(conn.source) ?? 1) - 1;
+    if (left > 0) this.bySource.set(conn.source, left);
+    else this.bySource.delete(conn.source);
+  }
+
+  /** For Connection: a deadline passed. */
+  counted(phase: Phase, conn: Connection): void {
+    this.stats.deadlines[phase] = (this.stats.deadlines[phase] ?? 0) + 1;
+    this.limits.log.debug({ listener: this.name, phase, source: conn.source }, 'connection closed: deadline passed');
+  }
+
+  private refuse(socket: Duplex, cap: CapKind, source: string): undefined {
+    this.stats.refused[cap]++;
+    const s = socket as Partial<net.Socket>;
+    if (typeof s.resetAndDestroy === 'function' && s.readyState === 'open') s.resetAndDestroy();
+    else socket.destroy();
+    const suppressed = this.capLog.take();
+    if (suppressed !== undefined) {
+      const { maxConnections, maxConnectionsPerSource } = this.limits.settings;
+      this.limits.log.warn(
+        { listener: this.name, cap, limit: cap === 'total' ? maxConnections : maxConnectionsPerSource, source, refused: this.stats.refused[cap], ...(suppressed > 0 ? { not_logged: suppressed } : {}) },
+        'connection refused: cap reached',
+      );
+    }
+    return undefined;
+  }
+}
+
+export interface ConnectionLimitsOptions {
+  /** The open-file limit to size caps against; undefined reads it from /proc/self/limits, null means unknown. */
+  openFiles?: number | null;
+  log?: Logger;
+}
+
+/** The settings and the guard of every listener of this process. */
+export class ConnectionLimits {
+  readonly settings: LimitSettings;
+  readonly log: Logger;
+  private readonly guards = new Map<string, ListenerGuard>();
+  private summaryTimer: NodeJS.Timeout | undefined;
+
+  constructor(settings: LimitSettings, options: ConnectionLimitsOptions = {}) {
+    this.log = options.log ?? logger('limits');
+    this.settings = settings;
+    // The defaults fit the open-file limit (src/config/schema.ts); values written in the file are used as
+    // written, but an operator should know when a flood could then take every descriptor.
+    const openFiles = options.openFiles === undefined ? readOpenFileLimit() : (options.openFiles ?? undefined);
+    const budget = connectionBudget(openFiles);
+    if (budget !== undefined && settings.maxConnections > budget) {
+      this.log.warn(
+        { open_files: openFiles, max_connections: settings.maxConnections, fits: budget },
+        'gateway.limits.max_connections is more than the open-file limit can hold for one listener while the others still accept: raise the limit (LimitNOFILE) or lower the cap',
+      );
+    }
+  }
+
+  /** The guard of a listener (created on first use). sourceAtAccept: false when a PROXY header names the client. */
+  listener(name: string, options: { sourceAtAccept?: boolean } = {}): ListenerGuard {
+    let guard = this.guards.get(name);
+    if (!guard) {
+      guard = new ListenerGuard(name, this, options.sourceAtAccept ?? true);
+      this.guards.set(name, guard);
+    }
+    return guard;
+  }
+
+  stats(): Record<string, ListenerStats> {
+    return Object.fromEntries([...this.guards].map(([name, g]) => [name, structuredClone(g.stats)]));
+  }
+
+  /** Logs the counters every intervalMs when they changed: the in-process metrics, in the log. */
+  startSummary(intervalMs = 60_000): void {
+    let last = '';
+    this.summaryTimer = setInterval(() => {
+      const stats = this.stats();
+      const text = JSON.stringify(stats);
+      if (text === last) return;
+      last = text;
+      this.log.info({ listeners: stats }, 'connection counters');
+    }, intervalMs);
+    this.summaryTimer.unref();
+  }
+
+  close(): void {
+    if (this.summaryTimer) clearInterval(this.summaryTimer);
+  }
+}

@@ -1,0 +1,56 @@
+/**
+ * Server-side TLS on a stream we hold (an accepted socket, a routed socket with its ClientHello pushed back, a
+ * stream inside a connection upgrade), with the handshake deadline of its connection (src/net/deadlines.ts).
+ * Every TLS endpoint of the gateway goes through here: the web port in both listener modes, every TLS route
+ * of the one port, the separate protocol ports and the Auth API.
+ */
+import type net from 'node:net';
+import type { Duplex } from 'node:stream';
+import tls, { type TLSSocket } from 'node:tls';
+import { connectionOf } from './deadlines.js';
+
+export interface TlsTermination {
+  secureContext: tls.SecureContext;
+  /** The ALPN protocols this endpoint selects from (none: no ALPN). */
+  alpn: string[];
+  handshakeMs: number;
+}
+
+/**
+ * Starts TLS as the server on stream, asking for (not requiring) a client certificate. onSecure gets the TLS
+ * socket once the handshake is done, with .authorized set as tls.Server would set it; a handshake that fails
+ * or passes its deadline closes the connection, and onError (if given) hears why.
+ */
+export function terminateTls(stream: Duplex, options: TlsTermination, onSecure: (socket: TLSSocket) => void, onError?: (err: Error) => void): TLSSocket {
+  const conn = connectionOf(stream);
+  const socket = new tls.TLSSocket(stream as net.Socket, {
+    isServer: true,
+    secureContext: options.secureContext,
+    requestCert: true,
+    rejectUnauthorized: false,
+    ALPNProtocols: options.alpn,
+  });
+  conn.link(socket);
+  conn.enter('tls-handshake', options.handshakeMs);
+  socket.once('secure', () => {
+    conn.leave('tls-handshake');
+    recordClientVerification(socket);
+    onSecure(socket);
+  });
+  socket.on('error', (err) => {
+    onError?.(err);
+    socket.destroy();
+  });
+  return socket;
+}
+
+/**
+ * A TLSSocket made by hand is not checked the way tls.Server checks its own (onServerSocketSecure): record
+ * the client certificate's verification here so that handlers can rely on .authorized and .authorizationError.
+ * Node offers no public call for it; the TLS handle's verifyError() is what tls.Server itself reads.
+ */
+function recordClientVerification(socket: TLSSocket): void {
+  const verifyError = (socket as unknown as { _handle?: { verifyError(): (Error & { code?: string }) | null } })._handle?.verifyError();
+  if (verifyError) socket.authorizationError = (verifyError.code ?? verifyError.message) as never;
+  else if (socket.getPeerCertificate()?.raw) socket.authorized = true;
+}
