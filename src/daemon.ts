@@ -9,7 +9,6 @@
  */
 import http from 'node:http';
 import type net from 'node:net';
-import { createSecureContext } from 'node:tls';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { formatHostPort, type HostPort } from './addr.js';
@@ -27,7 +26,7 @@ import { logger } from './log.js';
 import { ConnectionLimits, limitSettings } from './net/deadlines.js';
 import { guardHttpServer } from './net/http.js';
 import { closeServer, guardedServer, listenOn } from './net/listen.js';
-import { terminateTls } from './net/tls.js';
+import { serverSecureContext, terminateTls } from './net/tls.js';
 import { startFrontDoor } from './proxy/frontdoor.js';
 import { createAccessHandler } from './proxy/access.js';
 import { SshJumpServer } from './proxy/sshjump.js';
@@ -369,7 +368,7 @@ export { JOIN_ROLES };
  * identity a call needs), then the router, with the deadlines and caps of gateway.limits like every listener.
  */
 function authApiServer(limits: ConnectionLimits, tls: { key: string; cert: string; ca: string[] }, handler: http.RequestListener): net.Server {
-  const termination = { secureContext: createSecureContext(tls), alpn: [], handshakeMs: limits.settings.tlsHandshakeMs };
+  const termination = { secureContext: serverSecureContext(tls, 'auth'), alpn: [], handshakeMs: limits.settings.tlsHandshakeMs };
   const toApi = guardHttpServer(http.createServer(handler), limits.settings);
   return guardedServer(limits.listener('auth'), (socket) => terminateTls(socket, termination, toApi));
 }

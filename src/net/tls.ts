@@ -6,6 +6,7 @@
  */
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
+import { createHash } from 'node:crypto';
 import tls, { type TLSSocket } from 'node:tls';
 import { connectionOf } from './deadlines.js';
 
@@ -14,6 +15,16 @@ export interface TlsTermination {
   /** The ALPN protocols this endpoint selects from (none: no ALPN). */
   alpn: string[];
   handshakeMs: number;
+}
+
+/**
+ * A secure context for terminateTls. tls.Server gives its context a session ID context; a context made by hand
+ * has none, and with client certificates requested OpenSSL then refuses every resumed session (a session ID or
+ * ticket from an earlier connection, as undici, curl and browsers send) with an internal_error alert. `name`
+ * keeps the sessions of different endpoints apart.
+ */
+export function serverSecureContext(options: tls.SecureContextOptions, name: string): tls.SecureContext {
+  return tls.createSecureContext({ ...options, sessionIdContext: createHash('sha256').update(`gateway:${name}`).digest('hex').slice(0, 32) });
 }
 
 /**

@@ -23,7 +23,7 @@ import { alpnBase, Multiplexer, type ConnInfo, type RouteHandler } from '../mux/
 import { ConnectionLimits, limitSettings, type ListenerGuard } from '../net/deadlines.js';
 import { guardHttpServer } from '../net/http.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
-import { terminateTls } from '../net/tls.js';
+import { serverSecureContext, terminateTls } from '../net/tls.js';
 import { pingResponse } from './ping.js';
 import type { VersionServer } from './versions.js';
 
@@ -165,7 +165,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
     s.once('close', () => sockets.delete(s));
   };
 
-  const secureContext = tls.createSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: options.tls.ca });
+  const secureContext = serverSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: options.tls.ca }, 'proxy');
   const terminating = (alpn: string[]) => ({ secureContext, alpn, handshakeMs: deadlines.tlsHandshakeMs });
 
   // --- the web server: API, ping, find, version server, connection upgrade -----------------------------------
