@@ -224,8 +224,8 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
     // Graceful, with a deadline: whatever still holds the process after it is logged and the process exits,
     // rather than waiting for a service manager's SIGKILL.
     const deadline = setTimeout(() => {
-      const open = (process as unknown as { _getActiveHandles(): object[] })._getActiveHandles().map((h) => h.constructor.name);
-      log.warn({ open }, `stop did not finish within ${STOP_DEADLINE_MS} ms; exiting`);
+      // What still keeps the event loop alive, by kind (public API: TCPSocketWrap, Timeout, FSReqCallback...).
+      log.warn({ open: process.getActiveResourcesInfo() }, `stop did not finish within ${STOP_DEADLINE_MS} ms; exiting`);
       process.exit(0);
     }, STOP_DEADLINE_MS);
     deadline.unref();
