@@ -25,6 +25,7 @@ import { LockAdmin } from './lockadmin.js';
 import { LockStore } from './locks.js';
 import { Manifests } from './manifests.js';
 import type { CertAuthority, Identity } from './pki.js';
+import type { ProxyAuth } from './proxyauth.js';
 import { SessionRegistry } from './sessions.js';
 import { Users } from './users.js';
 
@@ -54,7 +55,7 @@ interface Parts {
   manifests: Manifests;
 }
 
-export class AuthService {
+export class AuthService implements ProxyAuth {
   /** What is open on behalf of identities in this process; closed on lock or deletion (docs/security.md). */
   readonly sessions = new SessionRegistry();
   readonly clusterName: string;
