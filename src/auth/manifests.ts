@@ -97,7 +97,7 @@ export class Manifests {
   /** Reads resources of a kind (all, or one by name). Secrets only with withSecrets. */
   async getResources(caller: Identity, kind: string, name: string | undefined, withSecrets: boolean): Promise<Resource[]> {
     const rbacKind = kind === 'nodes' ? 'node' : kind === 'events' ? 'event' : kind === 'locks' ? 'lock' : kind;
-    // cluster_maintenance_config is a singleton: getting it is a read, as the seed's role (create/read/update/delete) expects.
+    // cluster_maintenance_config is a singleton: getting it is a read, never a list.
     const singleton = kind === 'cluster_maintenance_config';
     await this.deps.callers.authorize(caller, rbacKind, name === undefined && !singleton ? 'list' : 'read');
     if (kind === 'token') {

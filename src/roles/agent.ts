@@ -147,7 +147,8 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): P
   let sshAddress: string | undefined;
   if (ssh) {
     lifecycle.onStop('agents', () => ssh.close());
-    // Agent-side listeners exist only when the agent joined the Auth Service directly (seed: self-hosted).
+    // An agent-side listener only for an agent that joined the Auth Service directly (a self-hosted cluster);
+    // one that joined through a Proxy is reached through its tunnel alone.
     if (identity.joinedVia === 'auth') {
       const direct = config.ssh_service.listen_addr;
       sshAddress = await ssh.listen(direct.host, direct.port);
