@@ -77,7 +77,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     config,
     clusterName: auth.clusterName,
     webApps: createWebAppHandler(auth, tunnels),
-    services: { tls: tlsServices(auth, tunnels, limits.settings), tunnel: tunnels.handle, ssh: jump.handle },
+    services: services(auth, tunnels, jump, limits.settings),
     findExtras: () => ({ tunnel_host_keys: [tunnelKey.sshPublicKey] }),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
     api: options.api,
@@ -89,19 +89,9 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   return { tunnels, addresses, setChannels: (channels) => versions.setChannels(channels) };
 }
 
-/** What each TLS route (by ALPN protocol) of the front door is handed to. */
-function tlsServices(auth: ProxyAuth, tunnels: TunnelServer, deadlines: LimitSettings): ProtocolServices['tls'] {
-  const access = createAccessHandler(auth, tunnels, deadlines.headerMs);
-  return {
-    kube: createKubeHandler(auth, tunnels, deadlines),
-    'gateway-reversetunnel': tunnels.handle,
-    'gateway-postgres': access,
-    'gateway-mysql': access,
-    'gateway-mongodb': access,
-    'gateway-redis': access,
-    'gateway-tcp': access,
-    'gateway-proxy-ssh': access,
-  };
+/** The services behind the front door, by route kind: the protocol table (src/proxy/protocols.ts) says which protocols each serves. */
+function services(auth: ProxyAuth, tunnels: TunnelServer, jump: SshJumpServer, deadlines: LimitSettings): ProtocolServices {
+  return { resource: createAccessHandler(auth, tunnels, deadlines.headerMs), kube: createKubeHandler(auth, tunnels, deadlines), tunnel: tunnels.handle, ssh: jump.handle };
 }
 
 /**
