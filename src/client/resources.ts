@@ -14,7 +14,7 @@ import { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, ERROR_CODES, type ErrorCode } from '../errors.js';
 import type { PingResponse } from '../proxy/ping.js';
-import { readJsonLine, writeJsonLine } from '../tunnel/lines.js';
+import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
 import { ApiClient } from './api.js';
 import type { Profile } from './profile.js';

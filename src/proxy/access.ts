@@ -23,7 +23,8 @@ import { GatewayError, isGatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { connectionOf } from '../net/deadlines.js';
-import { readJsonLine, splice, writeJsonLine } from '../tunnel/lines.js';
+import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { splice } from '../stream/splice.js';
 import type { DialAnswer, ServiceKind } from '../tunnel/protocol.js';
 import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
 

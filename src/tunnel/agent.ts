@@ -25,7 +25,8 @@ import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { PingProxy } from '../proxy/ping.js';
-import { readJsonLine, splice, writeJsonLine } from './lines.js';
+import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { splice } from '../stream/splice.js';
 import {
   CONTROL_SUBSYSTEM,
   PROTOCOL_VERSION,

@@ -22,7 +22,7 @@ import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
-import { readJsonLine, readLine, writeJsonLine } from './lines.js';
+import { readJsonLine, readLine, writeJsonLine } from '../stream/lines.js';
 import {
   CONTROL_SUBSYSTEM,
   PROTOCOL_VERSION,
