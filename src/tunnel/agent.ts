@@ -12,9 +12,7 @@
  */
 import { createPrivateKey } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import net from 'node:net';
 import type { Duplex } from 'node:stream';
-import tls from 'node:tls';
 import ssh2 from 'ssh2';
 import type { ClientChannel } from 'ssh2';
 import { parseAddr } from '../addr.js';
@@ -27,6 +25,7 @@ import { logger } from '../log.js';
 import type { PingProxy } from '../proxy/ping.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
+import { connectTls } from '../stream/tls.js';
 import {
   CONTROL_SUBSYSTEM,
   PROTOCOL_VERSION,
@@ -131,25 +130,13 @@ export class TunnelAgent extends EventEmitter {
     if (find.proxy.tls_routing_enabled) {
       const addr = find.proxy.ssh.public_addr || identity.server;
       const raw = await dialer.dial(addr);
-      const servername = parseAddr(addr).host;
-      const socket = tls.connect({
-        socket: raw,
-        ALPNProtocols: ['gateway-reversetunnel'],
-        ca: identity.hostCa,
-        cert: identity.cert,
-        key: identity.key,
-        ...(net.isIP(servername) ? {} : { servername }),
-        host: servername,
-      });
-      await new Promise<void>((resolve, reject) => {
-        socket.once('secureConnect', () => (socket.alpnProtocol === 'gateway-reversetunnel' ? resolve() : reject(new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN gateway-reversetunnel`))));
-        socket.once('error', (err) =>
-          reject(
-            tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
-              new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err }),
-          ),
+      const socket = await connectTls(raw, { ALPNProtocols: ['gateway-reversetunnel'], ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host }).catch((err: Error) => {
+        throw (
+          tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
+          new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err })
         );
       });
+      if (socket.alpnProtocol !== 'gateway-reversetunnel') throw new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN gateway-reversetunnel`);
       return socket;
     }
     const addr = find.proxy.ssh.ssh_tunnel_public_addr;
