@@ -23,7 +23,7 @@ import type { Identity } from '../auth/pki.js';
 import type { AuthService } from '../auth/service.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
-import { clientAddress } from '../mux/clientaddr.js';
+import { clientAddress } from '../stream/meta.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { guardHttpServer, type HttpDeadlines } from '../net/http.js';
 import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
