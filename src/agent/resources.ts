@@ -15,8 +15,8 @@ import { kubeApiAlias, kubeApiTarget } from '../dial/select.js';
 import { tlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError } from '../errors.js';
 import { connectTls } from '../stream/tls.js';
-import type { ResourceDialer } from '../tunnel/agent.js';
 import type { AgentResources, AppInfo, DialRequest, ServiceKind } from '../tunnel/protocol.js';
+import type { ResourceDialer } from './tunnel.js';
 
 const SERVICE_KINDS: Partial<Record<ServiceName, ServiceKind>> = {
   ssh_service: 'ssh',

@@ -22,11 +22,11 @@ import type { Duplex } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
+import { sshPrivateKeyPem } from '../auth/pki.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
 import { streamOf } from '../net/ssh.js';
 import { StreamMeta } from '../stream/meta.js';
-import { sshPrivateKey } from '../tunnel/agent.js';
 
 export interface SessionEvent {
   event: 'session.start' | 'session.end';
@@ -103,7 +103,7 @@ export class SshService {
   private listener: net.Server | undefined;
 
   constructor(private readonly options: SshServiceOptions) {
-    this.server = new ssh2.Server({ hostKeys: [sshPrivateKey(options.hostKeyPem)], ident: 'gateway-ssh' }, (conn, info) => this.onConnection(conn, info));
+    this.server = new ssh2.Server({ hostKeys: [sshPrivateKeyPem(options.hostKeyPem)], ident: 'gateway-ssh' }, (conn, info) => this.onConnection(conn, info));
     if (!options.sftpServer) {
       const hidden = unreadableByOthers(BUILTIN_SFTP_SERVER[1]!);
       if (hidden) {
