@@ -32,7 +32,7 @@ import { createAccessHandler } from './proxy/access.js';
 import { SshJumpServer } from './proxy/sshjump.js';
 import { createKubeHandler, createWebAppHandler } from './proxy/webapps.js';
 import { isIP } from 'node:net';
-import { TunnelServer } from './tunnel/server.js';
+import { TunnelServer } from './proxy/tunnel.js';
 import { TunnelAgent } from './agent/tunnel.js';
 import { agentResources, agentServices, resourceConnector } from './agent/resources.js';
 import { SshService } from './agent/ssh.js';

@@ -26,7 +26,7 @@ import { connectionOf } from '../net/deadlines.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
 import type { DialAnswer, ServiceKind } from '../tunnel/protocol.js';
-import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
+import type { ConnectedAgent, TunnelServer } from './tunnel.js';
 
 export interface RouteHeader {
   resource: string;

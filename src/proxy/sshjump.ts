@@ -19,7 +19,7 @@ import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
 import { splice } from '../stream/splice.js';
-import type { TunnelServer } from '../tunnel/server.js';
+import type { TunnelServer } from './tunnel.js';
 import { findTarget } from './access.js';
 
 export class SshJumpServer {

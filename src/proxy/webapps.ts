@@ -26,7 +26,7 @@ import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { guardHttpServer, type HttpDeadlines } from '../net/http.js';
-import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
+import type { ConnectedAgent, TunnelServer } from './tunnel.js';
 import { statusFor } from '../auth/api.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
