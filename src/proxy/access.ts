@@ -18,7 +18,7 @@ import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import { peerIdentityOf } from '../auth/api.js';
 import { canAccess, type AccessKind } from '../auth/rbac.js';
-import type { AuthService } from '../auth/service.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, isGatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
@@ -73,7 +73,7 @@ export function findTarget(agents: ConnectedAgent[], route: string, header: Rout
 }
 
 /** headerTimeoutMs: how long the client may take to send its route header (gateway.limits.header_timeout). */
-export function createAccessHandler(auth: AuthService, tunnels: TunnelServer, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
+export function createAccessHandler(auth: ProxyAuth, tunnels: TunnelServer, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
   const log = logger('access');
   return (stream, info) => {
     const socket = stream as TLSSocket;

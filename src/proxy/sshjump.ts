@@ -13,7 +13,7 @@ import type { Duplex } from 'node:stream';
 import type { Connection } from 'ssh2';
 import { CLOCK_SKEW_MS } from '../auth/pki.js';
 import { canAccess } from '../auth/rbac.js';
-import type { AuthService } from '../auth/service.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
@@ -27,7 +27,7 @@ export class SshJumpServer {
   private readonly log = logger('ssh-jump');
 
   constructor(
-    private readonly auth: AuthService,
+    private readonly auth: ProxyAuth,
     private readonly tunnels: TunnelServer,
     hostKeyPem: string,
     deadlines: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_000 },

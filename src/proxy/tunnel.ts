@@ -18,7 +18,7 @@ import type { TLSSocket } from 'node:tls';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
 import { identityFromCert, type Identity } from '../auth/pki.js';
-import type { AuthService } from '../auth/service.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
@@ -50,7 +50,7 @@ export interface ConnectedAgent {
 }
 
 export interface TunnelServerOptions {
-  auth: AuthService;
+  auth: ProxyAuth;
   /** SSH host key (SEC1 or OpenSSH PEM) of this proxy's tunnel server. */
   hostKey: string;
   heartbeatIntervalMs: number;

@@ -20,7 +20,7 @@ import type { TLSSocket } from 'node:tls';
 import { peerIdentityOf } from '../auth/api.js';
 import { canAccess } from '../auth/rbac.js';
 import type { Identity } from '../auth/pki.js';
-import type { AuthService } from '../auth/service.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
@@ -65,7 +65,7 @@ function newest(agents: ConnectedAgent[]): ConnectedAgent[] {
 }
 
 /** Returns a web-port request handler for HTTP apps, or false from handle() when the Host is not an app's. */
-export function createWebAppHandler(auth: AuthService, tunnels: TunnelServer) {
+export function createWebAppHandler(auth: ProxyAuth, tunnels: TunnelServer) {
   const log = logger('webapps');
   return (req: http.IncomingMessage, res: http.ServerResponse): boolean => {
     const host = (req.headers.host ?? '').toLowerCase().replace(/:\d+$/, '');
@@ -110,7 +110,7 @@ export function createWebAppHandler(auth: AuthService, tunnels: TunnelServer) {
 }
 
 /** Tracks a request in auth.sessions until its answer is done; a revocation drops the client's connection. */
-function trackRequest(auth: AuthService, identity: Identity, what: string, req: http.IncomingMessage, res: http.ServerResponse): void {
+function trackRequest(auth: ProxyAuth, identity: Identity, what: string, req: http.IncomingMessage, res: http.ServerResponse): void {
   const untrack = auth.sessions.track(identity, what, () => req.socket.destroy());
   res.once('close', untrack);
   if (res.writableFinished || req.socket.destroyed) untrack();
@@ -119,7 +119,7 @@ function trackRequest(auth: AuthService, identity: Identity, what: string, req: 
 export const KUBE_PATH_PREFIX = '/k8s/';
 
 /** The kube route's service: an HTTP server over the user's TLS stream, with the HTTP deadlines of gateway.limits. */
-export function createKubeHandler(auth: AuthService, tunnels: TunnelServer, deadlines: HttpDeadlines): (stream: Duplex, info: ConnInfo) => void {
+export function createKubeHandler(auth: ProxyAuth, tunnels: TunnelServer, deadlines: HttpDeadlines): (stream: Duplex, info: ConnInfo) => void {
   const log = logger('kube');
   const server = http.createServer((req, res) => {
     void (async () => {

@@ -17,6 +17,7 @@ import { join } from 'node:path';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BIN, type RunResult } from '../helpers/gateway.js';
+import { gatewayForAnyUser } from '../helpers/asuser.js';
 import { FX, FXP, NO_ATTRS, PFLAG, bytesOf, firstName, packet, startRawServer, status, str, u32, u64 } from '../helpers/sftp.js';
 import { rootTest } from '../helpers/root.js';
 
@@ -31,7 +32,8 @@ const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
 /** Debian's sftp client on a batch file, its server `gateway sftp-server` run directly (as nobody with asNobody). */
 function sftpBatch(home: string, lines: string[], options: { asNobody?: boolean } = {}): Promise<RunResult> {
-  const server = [process.execPath, BIN('gateway'), 'sftp-server'].join(' ');
+  // As nobody, from a copy of the build that nobody can read (the checkout may be under /root, mode 0700).
+  const server = [process.execPath, options.asNobody ? gatewayForAnyUser() : BIN('gateway'), 'sftp-server'].join(' ');
   const command = options.asNobody ? `setpriv --reuid=${NOBODY} --regid=${NOBODY} --clear-groups -- ${server}` : server;
   const batch = join(root, `batch-${randomBytes(4).toString('hex')}`);
   return writeFile(batch, lines.join('\n') + '\n').then(

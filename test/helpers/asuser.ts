@@ -7,7 +7,7 @@
  * the ones named are copied beside the bundle, into its own node_modules.
  */
 import { spawnSync, type SpawnSyncReturns } from 'node:child_process';
-import { chmodSync, cpSync, mkdtempSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, cpSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildSync } from 'esbuild';
@@ -86,6 +86,20 @@ export function publicCopyOfBuild(): string {
   if (linked.status !== 0) cpSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'), { recursive: true });
   openUp(join(dir, 'dist'));
   return dir;
+}
+
+let shared: string | undefined;
+/**
+ * The gateway program of one public copy of the build, made once per test process and removed when it exits:
+ * for tests that run `gateway ...` as another user (the checkout may be where that user cannot enter).
+ */
+export function gatewayForAnyUser(): string {
+  if (!shared) {
+    const dir = publicCopyOfBuild();
+    shared = dir;
+    process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
+  }
+  return join(shared, 'dist', 'cli', 'gateway.js');
 }
 
 /** Runs `script` with node as uid/gid, from a bundle outside the checkout. */

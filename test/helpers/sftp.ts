@@ -3,6 +3,7 @@
  * status codes or bytes no real client sends. Packets are built by hand (draft-ietf-secsh-filexfer-02).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { gatewayForAnyUser } from './asuser.js';
 import { BIN } from './gateway.js';
 
 export const FXP = {
@@ -84,7 +85,8 @@ export interface RawServer {
 
 /** `gateway sftp-server` with HOME=home, as root or (asNobody) as the user nobody; after INIT with `init`. */
 export async function startRawServer(home: string, options: { asNobody?: boolean; init?: boolean } = {}): Promise<RawServer> {
-  const node = [process.execPath, BIN('gateway'), 'sftp-server'];
+  // As nobody, from a copy of the build that nobody can read (the checkout may be under /root, mode 0700).
+  const node = [process.execPath, options.asNobody ? gatewayForAnyUser() : BIN('gateway'), 'sftp-server'];
   const argv = options.asNobody ? ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', '--', ...node] : node;
   const child = spawn(argv[0]!, argv.slice(1), { env: { PATH: process.env.PATH ?? '', HOME: home }, stdio: ['pipe', 'pipe', 'pipe'] });
   let stderr = '';
