@@ -23,7 +23,7 @@ import { startAuthRole } from './roles/auth.js';
 import type { DaemonEnvironment } from './roles/environment.js';
 import { Lifecycle } from './roles/lifecycle.js';
 import { startProxyRole } from './roles/proxy.js';
-import type { TunnelServer } from './tunnel/server.js';
+import type { TunnelServer } from './proxy/tunnel.js';
 
 export interface StartFlags extends JoinFlags {
   /** --roles: node, db, app, kube, desktop, auth, proxy (overrides the services the configuration enables). */

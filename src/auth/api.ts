@@ -24,7 +24,7 @@ import { X509Certificate } from 'node:crypto';
 import type { TLSSocket } from 'node:tls';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
-import { clientAddress } from '../mux/clientaddr.js';
+import { clientAddress } from '../stream/meta.js';
 import { CLOCK_SKEW_MS, identityFromCert, type Identity } from './pki.js';
 import { jsonDepth, yamlNestingBound } from './bounds.js';
 import type { Verb } from './rbac.js';

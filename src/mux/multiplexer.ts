@@ -24,7 +24,7 @@ import { GatewayError, isGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import { connectionOf, type Connection } from '../net/deadlines.js';
 import { parseClientHello, DEFAULT_MAX_HELLO_BYTES } from './clienthello.js';
-import { setClientAddress } from './clientaddr.js';
+import { setClientAddress } from '../stream/meta.js';
 import { parseProxyHeader } from './proxyproto.js';
 import { RouteTable, type Route } from './routes.js';
 import { sniffProtocol } from './sniff.js';

@@ -26,9 +26,10 @@ import { GatewayError, isGatewayError, toGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { connectionOf } from '../net/deadlines.js';
-import { readJsonLine, splice, writeJsonLine } from '../tunnel/lines.js';
+import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { splice } from '../stream/splice.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
-import type { TunnelServer } from '../tunnel/server.js';
+import type { TunnelServer } from './tunnel.js';
 import { protocolNamed } from './protocols.js';
 import { findTarget, type Target } from './resources.js';
 

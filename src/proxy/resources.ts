@@ -8,7 +8,7 @@
  */
 import type { AccessKind } from '../auth/rbac.js';
 import type { ServiceKind } from '../tunnel/protocol.js';
-import type { ConnectedAgent } from '../tunnel/server.js';
+import type { ConnectedAgent } from './tunnel.js';
 import { PROTOCOLS, protocolNamed, type Protocol } from './protocols.js';
 
 /** A resource found on an agent, with what the access check and the dial need. */

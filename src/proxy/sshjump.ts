@@ -18,8 +18,8 @@ import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
-import { splice } from '../tunnel/lines.js';
-import type { TunnelServer } from '../tunnel/server.js';
+import { splice } from '../stream/splice.js';
+import type { TunnelServer } from './tunnel.js';
 import { findTarget } from './resources.js';
 
 export class SshJumpServer {

@@ -22,7 +22,7 @@ import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
-import { TunnelAgent } from '../tunnel/agent.js';
+import { TunnelAgent } from '../agent/tunnel.js';
 import type { DialRequest } from '../tunnel/protocol.js';
 import { startScheduleExport } from '../upgrade/schedule.js';
 import type { DaemonEnvironment } from './environment.js';

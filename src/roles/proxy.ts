@@ -9,7 +9,7 @@ import type http from 'node:http';
 import { readFileSync } from 'node:fs';
 import { X509Certificate, createPrivateKey } from 'node:crypto';
 import { formatHostPort } from '../addr.js';
-import { generateKeyPair } from '../auth/pki.js';
+import { generateKeyPair, sshPrivateKeyPem as sshPrivateKey } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import type { GatewayConfig, UpgradeChannelConfig } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
@@ -20,8 +20,7 @@ import { startFrontDoor, type FrontDoor, type ProtocolServices } from '../proxy/
 import { SshJumpServer } from '../proxy/sshjump.js';
 import { createKubeHandler, createWebAppHandler } from '../proxy/webapps.js';
 import { ReloadableVersionServer } from '../reload.js';
-import { TunnelServer } from '../tunnel/server.js';
-import { sshPrivateKey } from '../tunnel/agent.js';
+import { TunnelServer } from '../proxy/tunnel.js';
 import { VERSION } from '../version.js';
 import type { Lifecycle } from './lifecycle.js';
 import { webServerNames } from './names.js';

@@ -26,7 +26,7 @@ import { closeServer, guardedServer } from '../../src/net/listen.js';
 import { createAccessHandler, ROUTE_HEADER_MAX_BYTES } from '../../src/proxy/access.js';
 import { findTarget, findWebApp } from '../../src/proxy/resources.js';
 import type { AgentResources, DialRequest, ServiceKind } from '../../src/tunnel/protocol.js';
-import type { ConnectedAgent, TunnelServer } from '../../src/tunnel/server.js';
+import type { ConnectedAgent, TunnelServer } from '../../src/proxy/tunnel.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 

@@ -30,7 +30,7 @@ import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { isGatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
-import { clientAddress } from '../../src/mux/clientaddr.js';
+import { clientAddress } from '../../src/stream/meta.js';
 import { parseClientHello } from '../../src/mux/clienthello.js';
 import type { ConnInfo, MultiplexerStats } from '../../src/mux/multiplexer.js';
 import { buildProxyHeaderV1, buildProxyHeaderV2 } from '../../src/mux/proxyproto.js';

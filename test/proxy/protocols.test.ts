@@ -17,7 +17,7 @@ import { startFrontDoor, type FrontDoor } from '../../src/proxy/frontdoor.js';
 import { alpnNames, PROTOCOLS, upgradeRouteFor, type Protocol } from '../../src/proxy/protocols.js';
 import { findTarget } from '../../src/proxy/resources.js';
 import { VersionServer } from '../../src/proxy/versions.js';
-import type { ConnectedAgent } from '../../src/tunnel/server.js';
+import type { ConnectedAgent } from '../../src/proxy/tunnel.js';
 import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
 
