@@ -191,131 +191,156 @@ export class SshService {
   }
 
   private onSession(session: ssh2.Session, user: string, login: string, client: string): void {
-    const env: Record<string, string> = {};
-    let pty: { term: string; cols: number; rows: number } | undefined;
-    let running: { resize?: (cols: number, rows: number) => void; kill: (signal: string) => void } | undefined;
-
+    const state: SessionState = { user, login, client, env: {}, pty: undefined, running: undefined };
     session.on('pty', (accept, _reject, info) => {
-      pty = { term: info.term || 'xterm', cols: info.cols || 80, rows: info.rows || 24 };
+      state.pty = { term: info.term || 'xterm', cols: info.cols || 80, rows: info.rows || 24 };
       accept?.();
     });
     session.on('window-change', (accept, _reject, info) => {
-      if (pty) {
-        pty.cols = info.cols;
-        pty.rows = info.rows;
+      if (state.pty) {
+        state.pty.cols = info.cols;
+        state.pty.rows = info.rows;
       }
-      running?.resize?.(info.cols, info.rows);
+      state.running?.resize?.(info.cols, info.rows);
       accept?.();
     });
     session.on('env', (accept, reject, info) => {
       // Like OpenSSH's AcceptEnv LANG LC_*: only locale settings and our own variables.
       if (/^(LANG|LC_[A-Z_]+|GATEWAY_[A-Z_]+)$/.test(info.key)) {
-        env[info.key] = info.val;
+        state.env[info.key] = info.val;
         accept?.();
       } else reject?.();
     });
     session.on('signal', (accept, _reject, info) => {
-      if (SIGNALS.has(info.name)) running?.kill(`SIG${info.name}`);
+      if (SIGNALS.has(info.name)) state.running?.kill(`SIG${info.name}`);
       accept?.();
     });
-    const start = (kind: SessionEvent['kind'], channel: ServerChannel, command: string | undefined, argv: string[]) => {
-      const id = `${Date.now().toString(36)}-${(++sessionSeq).toString(36)}`;
-      const account = lookupUser(login)!;
-      const base = { user, login, node: this.options.nodename, session: id, kind, ...(command ? { command } : {}), client };
-      this.options.onEvent?.({ event: 'session.start', ...base, time: new Date(this.now()).toISOString() });
-      const finish = (code: number | null, signal: string | null) => {
-        if (signal) channel.exit(signal.replace(/^SIG/, ''), false, '');
-        else channel.exit(code ?? 0);
-        channel.end();
-        this.options.onEvent?.({ event: 'session.end', ...base, ...(code === null ? {} : { exit_code: code }), ...(signal ? { signal } : {}), time: new Date(this.now()).toISOString() });
-      };
-      const childEnv = {
-        ...env,
-        HOME: account.home,
-        USER: login,
-        LOGNAME: login,
-        SHELL: account.shell,
-        PATH: '/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin',
-        ...(pty ? { TERM: pty.term } : {}),
-        SSH_CLIENT: client.replace(/:(\d+)$/, ' $1 22'),
-      };
-      let channelClosed = false;
-      channel.once('close', () => (channelClosed = true));
-      if (pty) {
-        void import('node-pty').then(({ spawn: spawnPty }) => {
-          const term = spawnPty(argv[0]!, argv.slice(1), { name: pty!.term, cols: pty!.cols, rows: pty!.rows, cwd: account.home, env: childEnv, uid: account.uid, gid: account.gid });
-          let exited = false;
-          running = { resize: (c, r) => term.resize(c, r), kill: (s) => term.kill(s) };
-          term.onData((d) => channel.write(d));
-          // Bytes as they came: a multi-byte character split across two SSH packets must not be decoded half.
-          channel.on('data', (d: Buffer) => term.write(d));
-          term.onExit(({ exitCode, signal }) => {
-            exited = true;
-            finish(signal ? null : exitCode, signal ? signalName(signal) : null);
-          });
-          // The client went away (connection lost, ssh killed) while the session runs: hang up, as the kernel does
-          // for sshd when it closes the terminal; otherwise the shell and its jobs would outlive the session.
-          const hangUp = () => {
-            if (!exited) term.kill('SIGHUP');
-          };
-          if (channelClosed) hangUp();
-          else channel.once('close', hangUp);
-        });
-        return;
-      }
-      const child: ChildProcess = spawn(argv[0]!, argv.slice(1), { cwd: account.home, env: childEnv, uid: account.uid, gid: account.gid, stdio: ['pipe', 'pipe', 'pipe'] });
-      running = { kill: (s) => child.kill(s as NodeJS.Signals) };
-      channel.pipe(child.stdin!);
-      child.stdout!.pipe(channel, { end: false });
-      child.stderr!.pipe(channel.stderr, { end: false });
-      child.once('error', (err) => {
-        channel.stderr.write(`gateway: cannot start ${argv[0]}: ${err.message}\n`);
-        finish(127, null);
-      });
-      let outputs = 2;
-      let exit: [number | null, string | null] | undefined;
-      const maybeFinish = () => {
-        if (outputs === 0 && exit) finish(exit[0], exit[1]);
-      };
-      child.stdout!.once('end', () => {
-        outputs--;
-        maybeFinish();
-      });
-      child.stderr!.once('end', () => {
-        outputs--;
-        maybeFinish();
-      });
-      child.once('exit', (code, signal) => {
-        exit = [code, signal];
-        maybeFinish();
-      });
-      // The client went away while the command runs: close its pipes, as sshd does (its next write gets SIGPIPE).
-      channel.once('close', () => {
-        if (exit) return;
-        child.stdin!.destroy();
-        child.stdout!.destroy();
-        child.stderr!.destroy();
-        // Destroyed pipes never end: the session ends (and is audited) when the command exits.
-        outputs = 0;
-        maybeFinish();
-      });
-    };
     session.on('exec', (accept, _reject, info) => {
       const channel = accept();
       const account = lookupUser(login)!;
-      start('exec', channel, info.command, [account.shell, '-c', info.command]);
+      this.startSession(state, 'exec', channel, info.command, [account.shell, '-c', info.command]);
     });
     session.on('shell', (accept) => {
       const channel = accept();
       const account = lookupUser(login)!;
-      start('shell', channel, undefined, [account.shell, '-l']);
+      this.startSession(state, 'shell', channel, undefined, [account.shell, '-l']);
     });
     session.on('subsystem', (accept, reject, info) => {
       if (info.name !== 'sftp') return reject?.();
       const channel = accept();
-      start('subsystem', channel, 'sftp', this.options.sftpServer ? [this.options.sftpServer] : BUILTIN_SFTP_SERVER);
+      this.startSession(state, 'subsystem', channel, 'sftp', this.options.sftpServer ? [this.options.sftpServer] : BUILTIN_SFTP_SERVER);
     });
   }
+
+  /** Runs argv as the login user for one session channel: audited at start and end, in a pty when one was asked for. */
+  private startSession(state: SessionState, kind: SessionEvent['kind'], channel: ServerChannel, command: string | undefined, argv: string[]): void {
+    const id = `${Date.now().toString(36)}-${(++sessionSeq).toString(36)}`;
+    const account = lookupUser(state.login)!;
+    const base = { user: state.user, login: state.login, node: this.options.nodename, session: id, kind, ...(command ? { command } : {}), client: state.client };
+    this.options.onEvent?.({ event: 'session.start', ...base, time: new Date(this.now()).toISOString() });
+    const finish: Finish = (code, signal) => {
+      if (signal) channel.exit(signal.replace(/^SIG/, ''), false, '');
+      else channel.exit(code ?? 0);
+      channel.end();
+      this.options.onEvent?.({ event: 'session.end', ...base, ...(code === null ? {} : { exit_code: code }), ...(signal ? { signal } : {}), time: new Date(this.now()).toISOString() });
+    };
+    const env = sessionEnv(state, account);
+    if (state.pty) runInPty(channel, argv, account, env, state.pty, finish, (r) => (state.running = r));
+    else state.running = runWithPipes(channel, argv, account, env, finish);
+  }
+}
+
+interface Running {
+  resize?: (cols: number, rows: number) => void;
+  kill: (signal: string) => void;
+}
+type Finish = (code: number | null, signal: string | null) => void;
+
+/** What the requests of one session (pty, env, signals) have set, shared by its exec/shell/subsystem. */
+interface SessionState {
+  user: string;
+  login: string;
+  client: string;
+  env: Record<string, string>;
+  pty: { term: string; cols: number; rows: number } | undefined;
+  running: Running | undefined;
+}
+
+/** The environment a session's command gets: the client's accepted variables, then the login's own. */
+function sessionEnv(state: SessionState, account: PasswdEntry): Record<string, string> {
+  return {
+    ...state.env,
+    HOME: account.home,
+    USER: state.login,
+    LOGNAME: state.login,
+    SHELL: account.shell,
+    PATH: '/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin',
+    ...(state.pty ? { TERM: state.pty.term } : {}),
+    SSH_CLIENT: state.client.replace(/:(\d+)$/, ' $1 22'),
+  };
+}
+
+/** The command in a pseudo-terminal (node-pty): resized with the window, hung up when the client goes away. */
+function runInPty(channel: ServerChannel, argv: string[], account: PasswdEntry, env: Record<string, string>, pty: NonNullable<SessionState['pty']>, finish: Finish, onRunning: (r: Running) => void): void {
+  let channelClosed = false;
+  channel.once('close', () => (channelClosed = true));
+  void import('node-pty').then(({ spawn: spawnPty }) => {
+    const term = spawnPty(argv[0]!, argv.slice(1), { name: pty.term, cols: pty.cols, rows: pty.rows, cwd: account.home, env, uid: account.uid, gid: account.gid });
+    let exited = false;
+    onRunning({ resize: (c, r) => term.resize(c, r), kill: (s) => term.kill(s) });
+    term.onData((d) => channel.write(d));
+    // Bytes as they came: a multi-byte character split across two SSH packets must not be decoded half.
+    channel.on('data', (d: Buffer) => term.write(d));
+    term.onExit(({ exitCode, signal }) => {
+      exited = true;
+      finish(signal ? null : exitCode, signal ? signalName(signal) : null);
+    });
+    // The client went away (connection lost, ssh killed) while the session runs: hang up, as the kernel does
+    // for sshd when it closes the terminal; otherwise the shell and its jobs would outlive the session.
+    const hangUp = () => {
+      if (!exited) term.kill('SIGHUP');
+    };
+    if (channelClosed) hangUp();
+    else channel.once('close', hangUp);
+  });
+}
+
+/** The command with pipes: the session ends when it has exited and both its outputs have ended. */
+function runWithPipes(channel: ServerChannel, argv: string[], account: PasswdEntry, env: Record<string, string>, finish: Finish): Running {
+  const child: ChildProcess = spawn(argv[0]!, argv.slice(1), { cwd: account.home, env, uid: account.uid, gid: account.gid, stdio: ['pipe', 'pipe', 'pipe'] });
+  channel.pipe(child.stdin!);
+  child.stdout!.pipe(channel, { end: false });
+  child.stderr!.pipe(channel.stderr, { end: false });
+  child.once('error', (err) => {
+    channel.stderr.write(`gateway: cannot start ${argv[0]}: ${err.message}\n`);
+    finish(127, null);
+  });
+  let outputs = 2;
+  let exit: [number | null, string | null] | undefined;
+  const maybeFinish = () => {
+    if (outputs === 0 && exit) finish(exit[0], exit[1]);
+  };
+  for (const out of [child.stdout!, child.stderr!]) {
+    out.once('end', () => {
+      outputs--;
+      maybeFinish();
+    });
+  }
+  child.once('exit', (code, signal) => {
+    exit = [code, signal];
+    maybeFinish();
+  });
+  // The client went away while the command runs: close its pipes, as sshd does (its next write gets SIGPIPE).
+  channel.once('close', () => {
+    if (exit) return;
+    child.stdin!.destroy();
+    child.stdout!.destroy();
+    child.stderr!.destroy();
+    // Destroyed pipes never end: the session ends (and is audited) when the command exits.
+    outputs = 0;
+    maybeFinish();
+  });
+  return { kill: (s) => child.kill(s as NodeJS.Signals) };
 }
 
 function signalName(n: number): string {
