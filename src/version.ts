@@ -1,2 +1,2 @@
-/** The product version: gwctl and gwsh are 17.0.0-dev or later (seed, Versioning 2). */
+/** The product version: gwctl and gwsh are 17.0.0-dev or later. */
 export const VERSION = '17.0.0-dev';

@@ -1,6 +1,5 @@
 /**
- * What /webapi/ping and /webapi/find tell clients and agents about the Proxy's addresses (seed: "Shape of proxy
- * in the ping response"). Pure: derived from the configuration and the bound listeners only.
+ * What /webapi/ping and /webapi/find tell clients and agents about the Proxy's addresses. Pure: derived from the configuration and the bound listeners only.
  *
  * - The web public address is the first proxy_service.public_addr, else <nodename>:<web port>.
  * - With TLS routing (multiplex), every public address is the web public address and every listen address is

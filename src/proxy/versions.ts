@@ -1,5 +1,5 @@
 /**
- * The Proxy's version server for automatic agent upgrades (seed: "Automatic-upgrade channels").
+ * The Proxy's version server for automatic agent upgrades.
  *
  *   GET|HEAD /v1/webapi/automaticupgrades/channel/<channel>/version   → 200 text/plain "v17.0.1" (no newline)
  *   GET|HEAD /v1/webapi/automaticupgrades/channel/<channel>/critical  → 200 text/plain "yes" | "no"

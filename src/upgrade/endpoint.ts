@@ -1,5 +1,5 @@
 /**
- * /etc/gateway-upgrade.d/endpoint (seed: "Linux upgrader files", Errors rule 1): one line
+ * /etc/gateway-upgrade.d/endpoint: one line
  *
  *   <host>:<port>/v1/webapi/automaticupgrades/channel/<channel>
  *

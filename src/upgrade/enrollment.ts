@@ -1,5 +1,5 @@
 /**
- * Whether a cluster can drive automatic agent upgrades (seed, Versioning 2): self-hosted clusters need at least
+ * Whether a cluster can drive automatic agent upgrades: self-hosted clusters need at least
  * v14.3.7 on v14, or v15.1.3 on v15 and later majors. Pre-releases count as below their release
  * (15.1.3-rc.1 < 15.1.3), as semver orders them.
  */

@@ -1,5 +1,5 @@
 /**
- * The package repository entry (seed: Upgrader behaviour on Linux 4, 8; Versioning 3, 4):
+ * The package repository entry:
  *
  *   apt:           /etc/apt/sources.list.d/gateway.list
  *                  deb [signed-by=/usr/share/keyrings/gateway-archive-keyring.asc] {repo_url}/debian bookworm stable/v17

@@ -1,5 +1,5 @@
 /**
- * The maintenance schedule an agent exports to its upgrader (seed: "Linux upgrader files").
+ * The maintenance schedule an agent exports to its upgrader.
  *
  * systemd agents: `/etc/gateway-upgrade.d/schedule`, plain text, documented in docs/upgrades.md:
  *
@@ -15,7 +15,7 @@
  * in the state file their updater reads.
  *
  * When the agent runs as a non-root user it cannot create files in /etc/gateway-upgrade.d: the file must exist
- * and belong to that user (seed). checkScheduleFile says what is wrong and the command that fixes it. Writes are
+ * and belong to that user. checkScheduleFile says what is wrong and the command that fixes it. Writes are
  * atomic (temp file + rename) where the directory allows it, and in place otherwise (the non-root case).
  */
 import { readFileSync } from 'node:fs';
@@ -80,7 +80,7 @@ export type ScheduleStatus =
 
 /**
  * Reads the schedule file. Missing, unreadable, malformed, or holding no window that ends after `now` (stale) are
- * all "invalid" with the reason: the seed's "warning about an invalid upgrade schedule".
+ * all "invalid" with the reason: the warning about an invalid upgrade schedule (docs/upgrades.md).
  */
 export async function readSchedule(path: string, now: Date = new Date()): Promise<ScheduleStatus> {
   let text: string;
@@ -104,7 +104,7 @@ export async function readSchedule(path: string, now: Date = new Date()): Promis
   return { state: 'ok', path, windows: parsed.windows, written, old: now.getTime() - written.getTime() > SCHEDULE_OLD_AFTER_MS };
 }
 
-/** The text of the warning for an invalid schedule (seed: expected right after install). */
+/** The text of the warning for an invalid schedule. */
 export function invalidScheduleWarning(problem: string): string {
   return (
     `invalid upgrade schedule: ${problem}. This is expected right after install, until the agent has exported ` +

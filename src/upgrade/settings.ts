@@ -14,7 +14,7 @@ export const PACKAGE_MANAGERS: readonly PackageManagerName[] = ['apt', 'yum', 'd
 
 export type TarballArch = 'amd64' | 'arm64' | 'arm';
 
-/** Placeholders for the seed's {repo_url} and {download_url}: set the real addresses in the environment. */
+/** Placeholders for {repo_url} and {download_url} (docs/upgrades.md): set the real addresses in the environment. */
 export const DEFAULT_APT_REPO_URL = 'https://apt.gateway.example';
 export const DEFAULT_YUM_REPO_URL = 'https://yum.gateway.example';
 export const DEFAULT_DOWNLOAD_URL = 'https://cdn.gateway.example';

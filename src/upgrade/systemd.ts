@@ -1,6 +1,5 @@
 /**
- * systemd units for package-manager installs (seed: "Environment variables for HTTP CONNECT tunneling", rule 5;
- * "Upgrader behaviour on Linux"; "Limits"). `gateway install systemd` prints or writes them; docs/systemd.md
+ * systemd units for package-manager installs. `gateway install systemd` prints or writes them; docs/systemd.md
  * explains each line.
  *
  *   gateway.service          the agent: EnvironmentFile=-/etc/default/gateway (HTTPS_PROXY, NO_PROXY, ...),
@@ -72,7 +71,7 @@ function resolved(options: UnitOptions): Required<UnitOptions> {
   return o;
 }
 
-/** The agent unit: exactly the settings of seed rule 5. */
+/** The agent unit: exactly the settings docs/systemd.md lists. */
 export function agentUnit(options: UnitOptions = {}): string {
   const o = resolved(options);
   return [
@@ -119,7 +118,7 @@ export function upgradeServiceUnit(options: UnitOptions = {}): string {
   ].join('\n');
 }
 
-/** The timer that drives the upgrader (seed: "Upgrader behaviour on Linux" 1 and 2). */
+/** The timer that drives the upgrader. */
 export function upgradeTimerUnit(): string {
   return [
     '# Starts gateway-upgrade.service every 30 minutes. `systemctl disable --now gateway-upgrade.timer` suspends',

@@ -1,5 +1,5 @@
 /**
- * Tarball installs (seed: Upgrader behaviour on Linux 6, 7):
+ * Tarball installs:
  *
  *   {download_url}/gateway-ent-v<version>-linux-<arch>[-fips]-bin.tar.gz   and the same name + ".sha256"
  *

@@ -1,5 +1,5 @@
 /**
- * gateway-upgrade on a systemd Linux host (seed: "Upgrader behaviour on Linux", Errors, Versioning):
+ * gateway-upgrade on a systemd Linux host:
  *
  *   endpoint file ─► https://<endpoint>/version, /critical, and /webapi/ping (through the Dialer)
  *   version command (gateway --version) ─► installed version
@@ -109,7 +109,7 @@ export async function gatherFacts(ctx: UpgraderContext): Promise<Facts> {
   return { endpoint, cluster, target, installed, schedule, now: t, window: windowAt(t, windows), next: nextWindowAfter(t, windows) };
 }
 
-/** The seed's exact comparison message. */
+/** The exact comparison message users see (docs/upgrades.md). */
 export function comparisonLine(current: string, target: string): string {
   return sameVersion(current, target) ? `no upgrades available (${current} == ${target})` : `an upgrade is available (${current} -> ${target})`;
 }

@@ -1,5 +1,5 @@
 /**
- * Maintenance windows (seed: "Resource cluster_maintenance_config", Limits): one hour from `utc_start_hour` UTC
+ * Maintenance windows: one hour from `utc_start_hour` UTC
  * on each of the `weekdays`; every day with `*`. An empty list is refused, as the resource validator refuses it. Pure functions on UTC instants only, so
  * month ends, year ends, leap days and daylight-saving changes need no special case: a day is always
  * Date.UTC(y, m, d + i), which normalises itself across months and years.
@@ -14,7 +14,7 @@ export interface Window {
   stop: Date;
 }
 
-/** The one-hour length of every window (seed, Limits). */
+/** The one-hour length of every window. */
 export const WINDOW_LENGTH_MS = 60 * 60 * 1000;
 
 /** What the windows are computed from: the resource, or its spec.agent_upgrades (weekdays in any accepted spelling). */

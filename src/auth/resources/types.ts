@@ -186,7 +186,7 @@ export interface SamlConnector extends Resource<SamlSpec> {
   version: 'v2';
 }
 
-/** `claim` is the canonical key; manifests may also write it `name` (the spelling of the seed's table). */
+/** `claim` is the canonical key; manifests may also write it `name` (the spelling of the specification's table). */
 export interface ClaimMapping {
   claim: string;
   value: string;

@@ -13,7 +13,7 @@
  *
  * Which API server: --kubeconfig / KUBECONFIG / ~/.kube/config when given, else the pod's service account
  * (KUBERNETES_SERVICE_HOST and /var/run/secrets/kubernetes.io/serviceaccount). The API server is reached
- * directly: HTTPS_PROXY does not apply to it (seed: NO_PROXY rule 4), only to the version server.
+ * directly: HTTPS_PROXY does not apply to it, only to the version server.
  */
 import { existsSync } from 'node:fs';
 import { homedir } from 'node:os';

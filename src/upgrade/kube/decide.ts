@@ -1,5 +1,5 @@
 /**
- * The Kubernetes updater's decisions, as pure functions (seed: "Upgrader behaviour on Kubernetes", Errors, Limits).
+ * The Kubernetes updater's decisions, as pure functions.
  * Nothing here talks to Kubernetes or the network: controller.ts gathers the inputs and applies the result, and
  * test/upgrade/kube.test.ts checks every rule here directly.
  *
@@ -22,8 +22,8 @@ import { normalizeVersion } from '../../proxy/versions.js';
 import { isoSeconds, nextWindowAfter, windowAt, type Window } from '../windows.js';
 
 /**
- * The domain of the gateway's own annotations. Documented in docs/kubernetes-updater.md; the seed writes it as
- * <gateway_domain>.
+ * The domain of the gateway's own annotations. Documented in docs/kubernetes-updater.md (written
+ * <gateway_domain> there).
  */
 export const GATEWAY_DOMAIN = 'gateway.dev';
 /** Set to "true" on the agent StatefulSet / Deployment: the updater leaves it alone. */
@@ -119,7 +119,7 @@ export function imageFor(currentImage: string, version: string): string {
 
 // --- the decision -----------------------------------------------------------------------------------------------
 
-/** The seed's message when nothing is to do. */
+/** The message when there is nothing to do (docs/kubernetes-updater.md). */
 export function noNewVersionMessage(current: string, next: string): string {
   return `no new version (current: ${current}, next: ${next})`;
 }
