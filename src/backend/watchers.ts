@@ -3,12 +3,14 @@
  * and go through one queue, so every listener sees them in revision order even when a listener itself writes
  * to the backend (its write's events are queued behind the ones being delivered, not delivered in between).
  */
+import type { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
-import type { WatchEvent } from './types.js';
+import type { WatchEvent, WatchOptions } from './types.js';
 
 interface Watcher {
   readonly prefix: string;
   readonly onEvent: (event: WatchEvent) => void;
+  readonly onError: WatchOptions['onError'];
   active: boolean;
 }
 
@@ -27,8 +29,8 @@ export class WatchHub {
     return this.watchers.size;
   }
 
-  add(prefix: string, onEvent: (event: WatchEvent) => void): () => void {
-    const watcher: Watcher = { prefix, onEvent, active: true };
+  add(prefix: string, onEvent: (event: WatchEvent) => void, onError?: WatchOptions['onError']): () => void {
+    const watcher: Watcher = { prefix, onEvent, onError, active: true };
     this.watchers.add(watcher);
     return () => {
       watcher.active = false;
@@ -58,6 +60,31 @@ export class WatchHub {
     } finally {
       this.queue = [];
       this.delivering = false;
+    }
+  }
+
+  /**
+   * Events were lost (err says why, e.g. GW_ERR_BACKEND_COMPACTED): watchers with onError get it and are ended
+   * (they re-list and watch again); the others are told in the log and go on with the events that follow.
+   */
+  gap(err: GatewayError): void {
+    let unwarned = 0;
+    for (const w of [...this.watchers]) {
+      if (!w.active) continue;
+      if (w.onError === undefined) {
+        unwarned++;
+        continue;
+      }
+      w.active = false;
+      this.watchers.delete(w);
+      try {
+        w.onError(err);
+      } catch (e) {
+        this.log.error({ err: e, prefix: w.prefix }, 'backend watch error handler threw');
+      }
+    }
+    if (unwarned > 0) {
+      this.log.error({ err, watchers: unwarned }, 'backend watchers without an error handler missed events; they go on with the events after the gap');
     }
   }
 
