@@ -48,6 +48,7 @@ export class ConnStringError extends Error {
 }
 
 const FORM = 'postgresql://user@host:5432/database?sslmode=verify-full';
+const EMPTY_HOST = 'no-host.invalid';
 
 function decode(part: string, what: string, display: string): string {
   try {
@@ -92,8 +93,8 @@ function timeoutOf(raw: string | undefined, display: string): number | undefined
 }
 
 /** Where to connect: the URL's host, or the host parameter (a socket directory); not both. */
-function hostOf(url: URL, socketDir: string | undefined, display: string): { host: string; socket: boolean } {
-  const urlHost = url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname;
+function hostOf(hostname: string, socketDir: string | undefined, display: string): { host: string; socket: boolean } {
+  const urlHost = hostname.startsWith('[') ? hostname.slice(1, -1) : hostname;
   if (socketDir !== undefined) {
     if (urlHost !== '') throw new ConnStringError(`the connection string ${display} names a host twice (in the address and as host=)`, 'Keep one of them.');
     if (!socketDir.startsWith('/')) {
@@ -115,14 +116,20 @@ export function parsePgConnString(text: string): PgConnSpec {
   }
   const display = redactUrl(text);
   let url: URL;
+  let emptyHost = false;
   try {
-    url = new URL(text);
+    // The WHATWG parser refuses a user name without a host (postgresql://gw@/db?host=/run/postgresql), which
+    // libpq allows for sockets: such a string is parsed with a stand-in host that is never used.
+    const m = /^([a-z]+:\/\/)([^/?#]*)(.*)$/is.exec(text)!;
+    const hostPart = m[2]!.slice(m[2]!.lastIndexOf('@') + 1);
+    emptyHost = hostPart === '' || hostPart.startsWith(':');
+    url = new URL(emptyHost ? `${m[1]}${m[2]!.slice(0, m[2]!.length - hostPart.length)}${EMPTY_HOST}${hostPart}${m[3]}` : text);
   } catch {
     throw new ConnStringError(`the connection string ${display} is not a valid URL`, `Write it as ${FORM}; percent-encode special characters in the password.`);
   }
   if (url.hash !== '') throw new ConnStringError(`the connection string ${display} has a #fragment`, `Write it as ${FORM}.`);
   const params = parseParameters(url, display);
-  const { host, socket } = hostOf(url, params.get('host'), display);
+  const { host, socket } = hostOf(emptyHost ? '' : url.hostname, params.get('host'), display);
   const port = url.port === '' ? 5432 : Number(url.port);
   const database = decode(url.pathname.replace(/^\//, ''), 'database name', display);
   if (database === '' || database.includes('/')) {
