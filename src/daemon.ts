@@ -136,7 +136,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags = {})
 
   try {
     if (services.includes('auth_service')) {
-      backend = openSqliteBackend({ path: join(dataDir, 'backend.sqlite') });
+      backend = await (await import('./backend/index.js')).openConfiguredBackend(config);
       const proxy = config.proxy_service;
       const proxyPublic = proxy.public_addr[0];
       auth = await AuthService.open({
