@@ -96,10 +96,10 @@ function timeoutOf(raw: string | undefined, display: string): number | undefined
 function hostOf(hostname: string, socketDir: string | undefined, display: string): { host: string; socket: boolean } {
   const urlHost = hostname.startsWith('[') ? hostname.slice(1, -1) : hostname;
   if (socketDir !== undefined) {
-    if (urlHost !== '') throw new ConnStringError(`the connection string ${display} names a host twice (in the address and as host=)`, 'Keep one of them.');
     if (!socketDir.startsWith('/')) {
       throw new ConnStringError(`the connection string ${display} has host=${socketDir}`, 'The host parameter names a unix socket directory: an absolute path such as /run/postgresql.');
     }
+    if (urlHost !== '') throw new ConnStringError(`the connection string ${display} names a host twice (in the address and as host=)`, 'Keep one of them.');
     return { host: socketDir, socket: true };
   }
   if (urlHost === '') throw new ConnStringError(`the connection string ${display} names no host`, `Write it as ${FORM}.`);

@@ -241,8 +241,9 @@ export class ChangeFollower {
 
   private advance(head: number, compacted: number, rows: ChangeRow[], skipToHead: boolean): void {
     if (compacted > this.delivered) {
+      // The events up to the horizon are gone; those after it are still in the log, for the watchers that go on.
       const next = this.delivered + 1;
-      this.delivered = head;
+      this.delivered = compacted;
       this.o.hub.gap(
         new GatewayError('GW_ERR_BACKEND_COMPACTED', `backend watch: the change log was trimmed through revision ${compacted}, past revision ${next} that the watchers needed next`, {
           details: { compactedRevision: compacted, nextRevision: next, headRevision: head },

@@ -177,6 +177,7 @@ function bounds(prefix: string): [string, string] {
 }
 
 interface LiveSnapshot {
+  /** Every live key read (asked for by name or found in a range), with its revision. */
   revisions: Map<string, number>;
   ranges: Map<string, string[]>;
 }
@@ -200,6 +201,8 @@ class PostgresBackendImpl implements PostgresBackend {
   private sweepTimer: NodeJS.Timeout | undefined;
   private closed = false;
   private closing: Promise<void> | undefined;
+  /** The highest revision a write of this backend committed: a watcher that comes later skips it and all before. */
+  private lastWritten = 0;
 
   constructor(
     private readonly spec: PgConnSpec,
@@ -296,8 +299,8 @@ class PostgresBackendImpl implements PostgresBackend {
     });
     for (const row of r.rows) {
       const index = Number(row.range);
-      if (index === 0) snapshot.revisions.set(row.key, Number(row.revision));
-      else snapshot.ranges.get(prefixes[index - 1]!)!.push(row.key);
+      snapshot.revisions.set(row.key, Number(row.revision));
+      if (index > 0) snapshot.ranges.get(prefixes[index - 1]!)!.push(row.key);
     }
     return snapshot;
   }
@@ -341,8 +344,13 @@ class PostgresBackendImpl implements PostgresBackend {
       await this.apply(client, head + 1, plan);
       return { revision: head + 1, head, plan };
     });
-    if (written.revision !== undefined) this.follower?.request();
+    if (written.revision !== undefined) this.committed(written.revision);
     return written;
+  }
+
+  private committed(revision: number): void {
+    this.lastWritten = Math.max(this.lastWritten, revision);
+    this.follower?.request();
   }
 
   private conflict(message: string, details: Record<string, unknown>): GatewayError {
@@ -401,21 +409,21 @@ class PostgresBackendImpl implements PostgresBackend {
       const n = await this.transaction(async (client) => {
         if (tryOnly) {
           const got = await client.query<{ ok: boolean }>('SELECT pg_try_advisory_xact_lock($1, $2) AS ok', [LOCK_SPACE, LOCK.sweep]);
-          if (!got.rows[0]!.ok) return -1;
+          if (!got.rows[0]!.ok) return undefined;
         } else {
           await client.query('SELECT pg_advisory_xact_lock($1, $2)', [LOCK_SPACE, LOCK.sweep]);
         }
         const head = await this.lock(client);
         const r = await client.query<{ key: string }>({ name: 'gateway_sweep', text: SQL.sweep, values: [now] });
         const keys = r.rows.map((row) => row.key).sort(compareKeys);
-        if (keys.length === 0) return 0;
+        if (keys.length === 0) return { n: 0, revision: undefined };
         await this.apply(client, head + 1, { events: keys.map((key) => ({ type: 'delete', key })), upserts: new Map(), deletes: new Set() });
-        return keys.length;
+        return { n: keys.length, revision: head + 1 };
       });
-      if (n < 0) return total;
-      if (n > 0) this.follower?.request();
-      total += n;
-      if (n < SWEEP_BATCH) return total;
+      if (n === undefined) return total;
+      if (n.revision !== undefined) this.committed(n.revision);
+      total += n.n;
+      if (n.n < SWEEP_BATCH) return total;
     }
   }
 
@@ -556,7 +564,9 @@ class PostgresBackendImpl implements PostgresBackend {
     this.guard();
     checkWatch(prefix, onEvent, options);
     this.follower?.watcherAdded();
-    return this.hub.add(prefix, onEvent, options.onError);
+    // Like SQLite, a watcher does not hear of writes this process made before it came; unlike SQLite, it may hear
+    // of other processes' writes committed shortly before (those the change feed had not delivered yet).
+    return this.hub.add(prefix, onEvent, options.onError, this.lastWritten);
   }
 
   sweepExpired(): Promise<number> {

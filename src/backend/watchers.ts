@@ -11,11 +11,17 @@ interface Watcher {
   readonly prefix: string;
   readonly onEvent: (event: WatchEvent) => void;
   readonly onError: WatchOptions['onError'];
+  /** Events at or below this revision are not for this watcher (their writes committed before it came). */
+  readonly after: number;
   active: boolean;
 }
 
 function keyOf(event: WatchEvent): string {
   return event.type === 'put' ? event.item.key : event.key;
+}
+
+function revisionOf(event: WatchEvent): number {
+  return event.type === 'put' ? event.item.revision : event.revision;
 }
 
 export class WatchHub {
@@ -29,8 +35,9 @@ export class WatchHub {
     return this.watchers.size;
   }
 
-  add(prefix: string, onEvent: (event: WatchEvent) => void, onError?: WatchOptions['onError']): () => void {
-    const watcher: Watcher = { prefix, onEvent, onError, active: true };
+  /** after: the revision of a write known to have committed before this watcher came (its events are skipped). */
+  add(prefix: string, onEvent: (event: WatchEvent) => void, onError?: WatchOptions['onError'], after = 0): () => void {
+    const watcher: Watcher = { prefix, onEvent, onError, after, active: true };
     this.watchers.add(watcher);
     return () => {
       watcher.active = false;
@@ -49,7 +56,7 @@ export class WatchHub {
         const event = this.queue[i]!;
         const key = keyOf(event);
         for (const w of [...this.watchers]) {
-          if (!w.active || !key.startsWith(w.prefix)) continue;
+          if (!w.active || !key.startsWith(w.prefix) || revisionOf(event) <= w.after) continue;
           try {
             w.onEvent(event);
           } catch (err) {
