@@ -4,11 +4,15 @@
  * saw must be exactly the model's events (model.ts), in order. And logging in over TLS: with a client
  * certificate and no password, or with a password over a verified connection, and each way it is refused.
  */
+import { existsSync } from 'node:fs';
+import https from 'node:https';
+import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { openPostgresBackend, type PostgresBackend, type PostgresBackendOptions, type WatchEvent } from '../../src/backend/index.js';
 import type { GatewayError } from '../../src/errors.js';
 import { startPostgres, type PostgresServer } from '../helpers/databases.js';
+import { startGateway, startGatewayExpectingFailure } from '../helpers/gateway.js';
 import { rootSuite } from '../helpers/root.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
 import { settle } from './harness.js';
@@ -43,6 +47,20 @@ function certLogin(cert: ServerCert = client, ca: TestPki = pki): Partial<Postgr
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** The cluster CA an Auth API serves at /webapi/ca. */
+function caOf(address: string): Promise<string> {
+  const port = Number(address.slice(address.lastIndexOf(':') + 1));
+  return new Promise((resolve, reject) => {
+    https
+      .get({ host: '127.0.0.1', port, path: '/webapi/ca', rejectUnauthorized: false }, (res) => {
+        let body = '';
+        res.on('data', (c: Buffer) => (body += c.toString()));
+        res.on('end', () => (res.statusCode === 200 ? resolve(body) : reject(new Error(`GET /webapi/ca: ${res.statusCode} ${body}`))));
+      })
+      .on('error', reject);
+  });
+}
 
 /**
  * Writes one op at a time (puts of new keys, every fifth a delete of an earlier one) and keeps the model in step.
@@ -139,6 +157,49 @@ rootSuite(['dbUsers'])('postgres backend faults (a real PostgreSQL server with T
         expect(err.code, JSON.stringify(options)).toBe(code);
         expect(`${err.message} ${err.hint}`, JSON.stringify(options)).toContain(words);
       }
+    });
+  });
+
+  describe('gateway start', () => {
+    const config = (connString: string, files: string[]) =>
+      [
+        'gateway:',
+        '  data_dir: DATA_DIR',
+        '  log: { format: json }',
+        '  storage:',
+        '    type: postgres',
+        `    conn_string: "${connString}"`,
+        ...files,
+        'auth_service:',
+        '  cluster_name: pg.example',
+        '  listen_addr: 127.0.0.1:0',
+        '',
+      ].join('\n');
+
+    it('runs two Auth Services on one database over TLS with client certificates; a refused login is named', async () => {
+      const location = await certDatabase();
+      const files = [`    ca_file: ${pki.caCertPath}`, `    cert_file: ${client.certPath}`, `    key_file: ${client.keyPath}`];
+      const first = await startGateway(config(location, files));
+      try {
+        const second = await startGateway(config(location, files));
+        try {
+          // The cluster lives in PostgreSQL: both use its one CA set, and neither made a SQLite file.
+          expect(existsSync(join(first.dataDir, 'backend.sqlite')) || existsSync(join(second.dataDir, 'backend.sqlite'))).toBe(false);
+          const count = await server.sql('SELECT count(*) FROM gateway_kv', new URL(location).pathname.slice(1));
+          expect(Number(count.trim())).toBeGreaterThan(0);
+          const [ca1, ca2] = await Promise.all([first, second].map((g) => caOf(g.addresses.auth!)));
+          expect(ca1).toBe(ca2);
+        } finally {
+          await second.stop();
+        }
+      } finally {
+        await first.stop();
+      }
+      const refused = await startGatewayExpectingFailure(config(server.url().replace(server.password, 'Wrong-pw-77'), []), []);
+      expect(refused.status).toBe(1);
+      expect(refused.stderr).toContain('code: GW_ERR_BACKEND_AUTH');
+      expect(refused.stderr).toContain(':***@127.0.0.1');
+      expect(refused.stderr).not.toContain('Wrong-pw-77');
     });
   });
 
