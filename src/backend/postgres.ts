@@ -145,6 +145,13 @@ const SQL = {
             c AS (INSERT INTO gateway_changes (revision, seq, key, value, expires_at)
                     SELECT $1::bigint, t.i, t.k, t.v, t.e FROM unnest($6::text[], $7::text[], $8::bigint[]) WITH ORDINALITY AS t(k, v, e, i))
           SELECT pg_notify('${CHANGE_CHANNEL}', ($1::bigint)::text)`,
+  /** put() alone: counter, row, change log and notification in one statement (blindPut). */
+  put: `WITH r AS (UPDATE gateway_meta SET value = value + 1 WHERE name = 'revision' RETURNING value),
+             u AS (INSERT INTO gateway_kv (key, value, revision, expires_at) SELECT $1::text, $2::text, r.value, $3::bigint FROM r
+                   ON CONFLICT (key) DO UPDATE
+                     SET value = EXCLUDED.value, revision = EXCLUDED.revision, expires_at = EXCLUDED.expires_at),
+             c AS (INSERT INTO gateway_changes (revision, seq, key, value, expires_at) SELECT r.value, 1, $1::text, $2::text, $3::bigint FROM r)
+        SELECT value, pg_notify('${CHANGE_CHANNEL}', value::text) FROM r`,
   anyExpired: `SELECT 1 FROM gateway_kv WHERE expires_at <= $1 LIMIT 1`,
   sweep: `DELETE FROM gateway_kv WHERE key IN
             (SELECT key FROM gateway_kv WHERE expires_at <= $1 ORDER BY expires_at LIMIT ${SWEEP_BATCH})
@@ -257,15 +264,17 @@ class PostgresBackendImpl implements PostgresBackend {
    * so the body runs once more on a fresh connection; a loss during COMMIT leaves the outcome unknown and is
    * reported (GW_ERR_BACKEND_UNREACHABLE says so).
    */
-  private async transaction<T>(body: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  private async transaction<T>(body: (client: pg.PoolClient, head: number) => Promise<T>, lockFirst = true): Promise<T> {
     this.guard();
     for (let attempt = 1; ; attempt++) {
       let client: pg.PoolClient | undefined;
       let committing = false;
       try {
         client = await this.pool.connect();
-        await client.query('BEGIN');
-        const result = await body(client);
+        // BEGIN and the write lock in one round trip (a simple query may hold several statements).
+        const begun = (await client.query(lockFirst ? `BEGIN; ${SQL.lock}` : 'BEGIN')) as unknown as pg.QueryResult<{ value: string }>[] | pg.QueryResult;
+        const head = Array.isArray(begun) ? Number(begun[1]!.rows[0]!.value) : -1;
+        const result = await body(client, head);
         committing = true;
         await client.query('COMMIT');
         client.release();
@@ -282,10 +291,36 @@ class PostgresBackendImpl implements PostgresBackend {
     }
   }
 
-  /** Takes the write lock (the counter row); returns the current revision. */
+  /** Takes the write lock (the counter row) inside a transaction begun without it; returns the current revision. */
   private async lock(client: pg.PoolClient): Promise<number> {
     const r = await client.query<{ value: string }>({ name: 'gateway_lock', text: SQL.lock });
     return Number(r.rows[0]!.value);
+  }
+
+  /**
+   * put() in one statement, which is its own transaction: the counter row is updated first (the other parts
+   * read its new value), so it takes the write lock first like every write, and holds it only while the
+   * statement runs and commits. A connection lost while it runs leaves the outcome unknown.
+   */
+  private async blindPut(key: string, value: string, expiresAt: number | undefined): Promise<number> {
+    this.guard();
+    let client: pg.PoolClient;
+    try {
+      client = await this.pool.connect();
+    } catch (err) {
+      if (!isConnectionLoss(err) || this.closed) throw this.failure(err);
+      client = await this.pool.connect().catch((again: unknown) => Promise.reject(this.failure(again)));
+    }
+    try {
+      const r = await client.query<{ value: string }>({ name: 'gateway_put', text: SQL.put, values: [key, value, expiresAt ?? null] });
+      client.release();
+      const revision = Number(r.rows[0]!.value);
+      this.committed(revision);
+      return revision;
+    } catch (err) {
+      client.release(isConnectionLoss(err) ? (err as Error) : undefined);
+      throw this.failure(err);
+    }
   }
 
   private async liveState(client: pg.PoolClient, keys: string[], prefixes: string[], now: number): Promise<LiveSnapshot> {
@@ -331,8 +366,7 @@ class PostgresBackendImpl implements PostgresBackend {
   private async writeOps(now: number, ops: WriteOp[], check?: WriteCheck, extraKeys: string[] = []): Promise<Written> {
     const keys = [...new Set([...extraKeys, ...ops.flatMap((o) => (o.type === 'delete' ? [o.key] : []))])];
     const prefixes = [...new Set(ops.flatMap((o) => (o.type === 'deleteRange' ? [o.prefix] : [])))];
-    const written = await this.transaction(async (client) => {
-      const head = await this.lock(client);
+    const written = await this.transaction(async (client, head) => {
       const state = await this.liveState(client, keys, prefixes, now);
       check?.(state.revisions);
       const plan = planWrite(
@@ -382,8 +416,13 @@ class PostgresBackendImpl implements PostgresBackend {
         });
       }
     };
+    if (mode === 'put') {
+      const expiresAt = expiryOf(ttlMs, now);
+      const revision = await this.blindPut(key, value, expiresAt);
+      return expiresAt === undefined ? { key, value, revision } : { key, value, revision, expiresAt };
+    }
     const op: WriteOp = ttlMs === undefined ? { type: 'put', key, value } : { type: 'put', key, value, ttlMs };
-    const { revision, plan } = await this.writeOps(now, [op], mode === 'put' ? undefined : check, mode === 'put' ? [] : [key]);
+    const { revision, plan } = await this.writeOps(now, [op], check, [key]);
     const put = plan.events[0] as Extract<WritePlan['events'][number], { type: 'put' }>;
     return put.expiresAt === undefined ? { key, value, revision: revision! } : { key, value, revision: revision!, expiresAt: put.expiresAt };
   }
@@ -407,6 +446,7 @@ class PostgresBackendImpl implements PostgresBackend {
       const now = this.clock();
       if (tryOnly && (await this.query('gateway_any_expired', SQL.anyExpired, [now])).length === 0) return total;
       const n = await this.transaction(async (client) => {
+        // The advisory lock first: a process that finds another one sweeping does not queue for the write lock.
         if (tryOnly) {
           const got = await client.query<{ ok: boolean }>('SELECT pg_try_advisory_xact_lock($1, $2) AS ok', [LOCK_SPACE, LOCK.sweep]);
           if (!got.rows[0]!.ok) return undefined;
@@ -419,7 +459,7 @@ class PostgresBackendImpl implements PostgresBackend {
         if (keys.length === 0) return { n: 0, revision: undefined };
         await this.apply(client, head + 1, { events: keys.map((key) => ({ type: 'delete', key })), upserts: new Map(), deletes: new Set() });
         return { n: keys.length, revision: head + 1 };
-      });
+      }, false);
       if (n === undefined) return total;
       if (n.revision !== undefined) this.committed(n.revision);
       total += n.n;
@@ -593,7 +633,7 @@ class PostgresBackendImpl implements PostgresBackend {
         if (upto === null || upto === undefined) return undefined;
         const c = await client.query<{ value: string }>({ name: 'gateway_compact', text: SQL.compact, values: [Number(upto)] });
         return Number(c.rows[0]!.value);
-      });
+      }, false);
       if (upto === undefined) return horizon;
       horizon = upto;
     }
