@@ -21,7 +21,7 @@ rootSuite(['dbUsers'])('postgres backend against a Map model', () => {
   it('agrees on every result, every watch event and the final state', async () => {
     await fc.assert(
       fc.asyncProperty(fc.array(op, { minLength: 1, maxLength: 40 }), (ops) => runSequence(h, ops)),
-      { numRuns: 150 },
+      { numRuns: 100 },
     );
   });
 });

@@ -142,6 +142,8 @@ export interface PostgresTlsOptions {
 export interface PostgresOptions extends DatabaseOptions {
   /** ssl=on with a certificate from pki, and a hostssl "cert" line for certUser in pg_hba.conf. */
   tls?: PostgresTlsOptions;
+  /** Server settings over the test defaults (e.g. fsync: 'on' for a benchmark; the default is off). */
+  settings?: Record<string, string>;
 }
 
 export interface PostgresServer extends DatabaseServer {
@@ -197,7 +199,7 @@ export async function startPostgres(o: PostgresOptions): Promise<PostgresServer>
     await rm(dir, { recursive: true, force: true });
     throw err;
   }
-  const command = [...asPg, join(bin, 'postgres'), '-D', data, '-k', sock, '-p', String(o.port), '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off', '-c', 'shared_buffers=16MB', '-c', 'max_connections=60', '-c', 'log_min_messages=warning', ...tlsArgs];
+  const command = [...asPg, join(bin, 'postgres'), '-D', data, '-k', sock, '-p', String(o.port), '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off', '-c', 'shared_buffers=16MB', '-c', 'max_connections=60', '-c', 'log_min_messages=warning', ...tlsArgs, ...Object.entries(o.settings ?? {}).flatMap(([k, v]) => ['-c', `${k}=${v}`])];
   let server = launch(o.netns, command, dir);
   const ready = () => waitReady(server.child, () => probe(join(bin, 'pg_isready'), ['-q', '-h', sock, '-p', String(o.port)]), o.startTimeoutMs ?? 30_000, 'postgres', server.output);
   /** Fast shutdown (SIGINT): sessions are ended, nothing is waited for. */
