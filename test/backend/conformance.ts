@@ -12,10 +12,23 @@ import { codeOf, ManualClock, rejection } from './helpers.js';
 
 const v = (x: unknown): string => JSON.stringify(x);
 
-export function describeConformance(h: BackendHarness): void {
-  /** A backend on new, empty storage. */
-  const fresh = async (options?: HarnessOptions): Promise<TestBackend> => h.open(await h.location(), options);
+/** A backend on new, empty storage. */
+type Fresh = (options?: HarnessOptions) => Promise<TestBackend>;
 
+export function describeConformance(h: BackendHarness): void {
+  const fresh: Fresh = async (options) => h.open(await h.location(), options);
+  describeCrud(h, fresh);
+  describeRange(h, fresh);
+  describeAtomicWrite(h, fresh);
+  describeAtomicRollback(h, fresh);
+  describePersistence(h, fresh);
+  describeClosed(h, fresh);
+  describeTtl(h, fresh);
+  describeWatch(h, fresh);
+  describeWatchLifecycle(h, fresh);
+}
+
+function describeCrud(h: BackendHarness, fresh: Fresh): void {
   describe(`${h.name} backend: CRUD`, () => {
     it('puts, gets, replaces and deletes items, with revisions from one counter', async () => {
       const b = await fresh();
@@ -99,7 +112,9 @@ export function describeConformance(h: BackendHarness): void {
       expect(await codeOf(b.put('x'.repeat(1023) + 'é', '1'))).toBe('GW_ERR_BACKEND_INVALID');
     });
   });
+}
 
+function describeRange(h: BackendHarness, fresh: Fresh): void {
   describe(`${h.name} backend: range`, () => {
     it('lists live items under a prefix in key order, with a limit', async () => {
       const b = await fresh();
@@ -166,7 +181,9 @@ export function describeConformance(h: BackendHarness): void {
       expect((await b.put('/n', '1')).revision).toBe(6); // 4 puts, one deleteRange, not the empty one
     });
   });
+}
 
+function describeAtomicWrite(h: BackendHarness, fresh: Fresh): void {
   describe(`${h.name} backend: atomicWrite`, () => {
     it('applies all ops with one revision when every condition holds', async () => {
       const b = await fresh();
@@ -224,30 +241,6 @@ export function describeConformance(h: BackendHarness): void {
       expect((await b.put('/d', '1')).revision).toBe(3);
     });
 
-    it('rolls back the ops already applied when a later op fails', async () => {
-      // A write the storage refuses half-way through the transaction: a trigger on one key.
-      const f = await h.location();
-      const b2 = await h.open(f);
-      await b2.put('/keep', '1');
-      await b2.close();
-      await h.refuseKey(f, '/boom');
-      const b3 = await h.open(f);
-      const events: WatchEvent[] = [];
-      b3.watch('', (e) => events.push(e));
-      const err = await rejection(
-        b3.atomicWrite([], [
-          { type: 'put', key: '/first', value: '1' },
-          { type: 'delete', key: '/keep' },
-          { type: 'put', key: '/boom', value: '1' },
-        ]),
-      );
-      expect(err.code).toBe('GW_ERR_BACKEND_FAILED');
-      await settle(b3);
-      expect(events).toEqual([]);
-      expect((await b3.range('')).map((i) => i.key)).toEqual(['/keep']);
-      expect((await b3.put('/next', '1')).revision).toBe(2);
-    });
-
     it('applies ops in order, so a later op sees an earlier one', async () => {
       const b = await fresh();
       const rev = await b.atomicWrite(
@@ -269,7 +262,9 @@ export function describeConformance(h: BackendHarness): void {
       expect(await b.atomicWrite([], [{ type: 'delete', key: '/none' }])).toBe(1);
     });
   });
+}
 
+function describePersistence(h: BackendHarness, fresh: Fresh): void {
   describe(`${h.name} backend: persistence`, () => {
     it('keeps items and the revision counter across close and reopen', async () => {
       const f = await h.location();
@@ -301,7 +296,9 @@ export function describeConformance(h: BackendHarness): void {
       expect(await codeOf(two.create('/one/0', '1'))).toBe('GW_ERR_BACKEND_EXISTS');
     });
   });
+}
 
+function describeClosed(h: BackendHarness, fresh: Fresh): void {
   describe(`${h.name} backend: closed`, () => {
     it('refuses every operation after close, and close is idempotent', async () => {
       const b = await fresh();
@@ -324,7 +321,9 @@ export function describeConformance(h: BackendHarness): void {
       expect(() => b.watch('/', () => {})).toThrowError(expect.objectContaining({ code: 'GW_ERR_BACKEND_CLOSED' }));
     });
   });
+}
 
+function describeTtl(h: BackendHarness, fresh: Fresh): void {
   describe(`${h.name} backend: TTL`, () => {
     it('hides an expired item at once from reads, conditions and writes; the sweep deletes it and emits delete', async () => {
       const clock = new ManualClock();
@@ -410,7 +409,9 @@ export function describeConformance(h: BackendHarness): void {
       }
     });
   });
+}
 
+function describeWatch(h: BackendHarness, fresh: Fresh): void {
   describe(`${h.name} backend: watch`, () => {
     afterEach(() => vi.restoreAllMocks());
 
@@ -484,7 +485,39 @@ export function describeConformance(h: BackendHarness): void {
       expect(lines.length).toBe(3);
       expect(JSON.parse(lines[0]!)).toMatchObject({ level: 50, key: '/a', err: { message: 'listener bug' } });
     });
+  });
+}
 
+function describeAtomicRollback(h: BackendHarness, fresh: Fresh): void {
+  describe(`${h.name} backend: atomicWrite rollback`, () => {
+    it('rolls back the ops already applied when a later op fails', async () => {
+      // A write the storage refuses half-way through the transaction: a trigger on one key.
+      const f = await h.location();
+      const b2 = await h.open(f);
+      await b2.put('/keep', '1');
+      await b2.close();
+      await h.refuseKey(f, '/boom');
+      const b3 = await h.open(f);
+      const events: WatchEvent[] = [];
+      b3.watch('', (e) => events.push(e));
+      const err = await rejection(
+        b3.atomicWrite([], [
+          { type: 'put', key: '/first', value: '1' },
+          { type: 'delete', key: '/keep' },
+          { type: 'put', key: '/boom', value: '1' },
+        ]),
+      );
+      expect(err.code).toBe('GW_ERR_BACKEND_FAILED');
+      await settle(b3);
+      expect(events).toEqual([]);
+      expect((await b3.range('')).map((i) => i.key)).toEqual(['/keep']);
+      expect((await b3.put('/next', '1')).revision).toBe(2);
+    });
+  });
+}
+
+function describeWatchLifecycle(h: BackendHarness, fresh: Fresh): void {
+  describe(`${h.name} backend: watch lifecycle`, () => {
     it('delivers frozen events', async () => {
       const b = await fresh();
       let event: WatchEvent | undefined;

@@ -130,6 +130,14 @@ rootSuite(['dbUsers'])('postgres backend faults (a real PostgreSQL server with T
     await otherPki?.cleanup();
   });
 
+  describeTls();
+
+  describeGatewayStart();
+
+  describeFaults();
+});
+
+function describeTls(): void {
   describe('TLS', () => {
     it('logs in with a client certificate and no password, and with a password over verified TLS', async () => {
       const location = await certDatabase();
@@ -159,7 +167,9 @@ rootSuite(['dbUsers'])('postgres backend faults (a real PostgreSQL server with T
       }
     });
   });
+}
 
+function describeGatewayStart(): void {
   describe('gateway start', () => {
     const config = (connString: string, files: string[]) =>
       [
@@ -202,7 +212,9 @@ rootSuite(['dbUsers'])('postgres backend faults (a real PostgreSQL server with T
       expect(refused.stderr).not.toContain('Wrong-pw-77');
     });
   });
+}
 
+function describeFaults(): void {
   describe('restart and dropped connections', () => {
     /** A writer and a watcher (two Auth Services) on a new database; checks the watcher against the model. */
     async function scenario(fault: (writer: ReturnType<typeof startWriter>['state']) => Promise<void>): Promise<void> {
@@ -247,4 +259,4 @@ rootSuite(['dbUsers'])('postgres backend faults (a real PostgreSQL server with T
       });
     });
   });
-});
+}

@@ -39,6 +39,14 @@ rootSuite(['dbUsers'])('postgres backend (a real PostgreSQL server)', () => {
 
   describeConformance(h);
 
+  describeSharedDatabase();
+
+  describeChangeLog();
+
+  describeOpening();
+});
+
+function describeSharedDatabase(): void {
   describe('postgres backend: several Auth Services on one database', () => {
     it('lets exactly one of two concurrent compare-and-swaps win', async () => {
       const location = await h.location();
@@ -92,7 +100,9 @@ rootSuite(['dbUsers'])('postgres backend (a real PostgreSQL server)', () => {
       expect(new Set(deleted.map(keyOf)).size).toBe(1500);
     });
   });
+}
 
+function describeChangeLog(): void {
   describe('postgres backend: the change log', () => {
     it('tells a watcher that fell behind the trimmed horizon, which then re-lists; the others go on', async () => {
       const location = await h.location();
@@ -148,7 +158,9 @@ rootSuite(['dbUsers'])('postgres backend (a real PostgreSQL server)', () => {
       }
     });
   });
+}
 
+function describeOpening(): void {
   describe('postgres backend: opening', () => {
     it('names each cause with its own code, never showing the password', async () => {
       const closedPort = await getPort({ host: '127.0.0.1' });
@@ -217,4 +229,4 @@ rootSuite(['dbUsers'])('postgres backend (a real PostgreSQL server)', () => {
       expect(await codeOf(openBackend({ type: 'postgres', connString: 'mysql://x' }))).toBe('GW_ERR_BACKEND_OPEN');
     });
   });
-});
+}

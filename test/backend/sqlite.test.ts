@@ -156,7 +156,9 @@ catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }
       fs.chmodSync(dir, 0o700);
     }
   });
+});
 
+describe('sqlite backend: openBackend', () => {
   it('openBackend opens sqlite, and refuses an unknown type', async () => {
     const dir = tempDir();
     const b = await openBackend({ type: 'sqlite', path: defaultSqlitePath(dir), sweepIntervalMs: 0 });
