@@ -58,11 +58,11 @@ export function eventOf(row: ChangeRow): WatchEvent {
   return { type: 'put', item };
 }
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms).unref());
-
 export class ChangeFollower {
   private delivered: number;
   private client: pg.Client | undefined;
+  /** A client still connecting (close() ends it rather than wait for its timeout). */
+  private connecting: pg.Client | undefined;
   private pending = true;
   private closed = false;
   private wake: (() => void) | undefined;
@@ -122,6 +122,7 @@ export class ChangeFollower {
     if (this.poller !== undefined) clearInterval(this.poller);
     this.wake?.();
     this.dropClient();
+    this.connecting?.end().catch(() => undefined);
     for (const w of this.waiters.splice(0)) w.reject(closedError());
     await this.loop;
   }
@@ -135,6 +136,7 @@ export class ChangeFollower {
     });
     client.on('error', () => this.lost(client));
     client.on('end', () => this.lost(client));
+    this.connecting = client;
     try {
       await client.connect();
       await client.query(`LISTEN ${CHANGE_CHANNEL}`);
@@ -143,9 +145,12 @@ export class ChangeFollower {
       client.on('error', () => undefined);
       void client.end().catch(() => undefined);
       throw err;
+    } finally {
+      this.connecting = undefined;
     }
     this.client = client;
     this.pending = true;
+    if (this.closed) this.dropClient();
   }
 
   /** The connection failed or ended: forget it; the loop reconnects. */
@@ -165,15 +170,19 @@ export class ChangeFollower {
     void client.end().catch(() => undefined);
   }
 
+  /** Until close: (re)connect, wait for a reason to look, catch up; back off after any failure. */
   private async run(): Promise<void> {
     while (!this.closed) {
       if (this.client === undefined) {
-        await this.reconnect();
+        try {
+          await this.connect();
+        } catch (err) {
+          await this.backOff(err, 'cannot connect');
+        }
         continue;
       }
       if (!this.pending) {
-        await new Promise<void>((resolve) => (this.wake = resolve));
-        this.wake = undefined;
+        await this.pause();
         continue;
       }
       this.pending = false;
@@ -181,28 +190,34 @@ export class ChangeFollower {
       try {
         await this.catchUp(client);
       } catch (err) {
-        if (this.closed) return;
-        this.o.log.warn({ err: this.o.describe(err, 'op').message }, 'backend change feed: read failed; reconnecting');
         if (this.client === client) this.dropClient();
         this.pending = true;
+        await this.backOff(err, 'read failed');
+        continue;
       }
+      if (this.failures > 0) this.o.log.info({ failures: this.failures }, 'backend change feed: connected again and caught up');
+      this.failures = 0;
+      this.backoffMs = BACKOFF_MIN_MS;
     }
   }
 
-  private async reconnect(): Promise<void> {
-    try {
-      await this.connect();
-      if (this.failures > 0) this.o.log.info({ after: this.failures }, 'backend change feed reconnected; catching up');
-      this.failures = 0;
-      this.backoffMs = BACKOFF_MIN_MS;
-    } catch (err) {
-      if (this.closed) return;
-      const level = this.failures === 0 ? 'warn' : 'debug';
-      this.o.log[level]({ err: this.o.describe(err, 'op').message, retryInMs: this.backoffMs }, 'backend change feed: cannot connect; retrying');
-      this.failures++;
-      await sleep(this.backoffMs);
-      this.backoffMs = Math.min(BACKOFF_MAX_MS, this.backoffMs * 2);
-    }
+  /** Waits for request() or close(), or at most ms. */
+  private async pause(ms?: number): Promise<void> {
+    await new Promise<void>((resolve) => {
+      this.wake = resolve;
+      if (ms !== undefined) setTimeout(resolve, ms).unref();
+    });
+    this.wake = undefined;
+  }
+
+  /** Logs a failure (a warning for the first of a row, then at debug level) and waits before the next try. */
+  private async backOff(err: unknown, what: string): Promise<void> {
+    if (this.closed) return;
+    const level = this.failures === 0 ? 'warn' : 'debug';
+    this.o.log[level]({ err: this.o.describe(err, 'op').message, retryInMs: this.backoffMs }, `backend change feed: ${what}; retrying`);
+    this.failures++;
+    await this.pause(this.backoffMs);
+    this.backoffMs = Math.min(BACKOFF_MAX_MS, this.backoffMs * 2);
   }
 
   /** One snapshot: the head, the horizon and the next events; hands them out and moves on. */
