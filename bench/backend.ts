@@ -5,7 +5,8 @@
  *               one database with synchronous_commit=off (the durability SQLite's NORMAL gives: a crash keeps the
  *               data consistent but may lose the last commits) and one with the default synchronous_commit=on
  *
- * writes/s: puts of ~200-byte JSON values to distinct keys, one at a time and with BENCH_CONCURRENCY in flight.
+ * writes/s: puts of ~200-byte JSON values to distinct keys, one at a time and with BENCH_CONCURRENCY in flight, and
+ * creates one at a time (the path every conditional write takes: read under the lock, check, write).
  * watch delivery latency: from calling put() until a watcher's listener has the event, one write at a time; on
  * the writing backend itself, and (PostgreSQL) on a second backend on the same database, as another Auth Service
  * would see it.
@@ -31,6 +32,7 @@ interface Row {
   name: string;
   sequential: number;
   concurrent: number;
+  creates: number;
   local: { p50: number; p99: number };
   remote?: { p50: number; p99: number };
 }
@@ -41,13 +43,13 @@ function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 }
 
-/** Writes per second: count puts of fresh keys, `inFlight` at a time. */
-async function writesPerSecond(b: Backend, prefix: string, inFlight: number): Promise<number> {
+/** Writes per second: count puts (or creates) of fresh keys, `inFlight` at a time. */
+async function writesPerSecond(b: Backend, prefix: string, inFlight: number, op: 'put' | 'create' = 'put'): Promise<number> {
   let next = 0;
   const t0 = now();
   await Promise.all(
     Array.from({ length: inFlight }, async () => {
-      for (let i = next++; i < WRITES; i = next++) await b.put(`${prefix}/${i}`, VALUE);
+      for (let i = next++; i < WRITES; i = next++) await b[op](`${prefix}/${i}`, VALUE);
     }),
   );
   return WRITES / ((now() - t0) / 1000);
@@ -85,6 +87,7 @@ async function measure(name: string, open: () => Promise<Backend>, second?: () =
       name,
       sequential: await writesPerSecond(b, '/seq', 1),
       concurrent: await writesPerSecond(b, '/con', CONCURRENCY),
+      creates: await writesPerSecond(b, '/create', 1, 'create'),
       local: await watchLatency(b, b, '/lat/local/'),
     };
     if (other) row.remote = await watchLatency(b, other, '/lat/remote/');
@@ -129,22 +132,22 @@ function report(rows: Row[], version: string, loadStart: number, loadEnd: number
   const section = [
     '## backend',
     '',
-    `Run ${new Date().toISOString()} with \`npm run bench:backend\` (${seconds.toFixed(0)} s): ${WRITES} puts of ${VALUE.length}-byte JSON values to new keys for each writes/s figure, ` +
+    `Run ${new Date().toISOString()} with \`npm run bench:backend\` (${seconds.toFixed(0)} s): ${WRITES} puts (or creates) of ${VALUE.length}-byte JSON values to new keys for each writes/s figure, ` +
       `one at a time and ${CONCURRENCY} in flight (from one process); watch latency: ${SAMPLES} writes one at a time, from calling put() until the listener has the event. ` +
-      `SQLite: a file in ${tmpdir()} (WAL, synchronous=NORMAL). PostgreSQL ${version} (Debian) on 127.0.0.1, fsync on, shared_buffers 128MB, over TCP without TLS, ` +
+      `SQLite: a file in ${tmpdir()} (WAL, synchronous=NORMAL). PostgreSQL ${version} on 127.0.0.1, its data in ${tmpdir()} too, fsync on, shared_buffers 128MB, over TCP without TLS, ` +
       'the backend\'s pool of 10 connections; "other backend" is a second backend on the same database (another Auth Service), which gets events through the change log and LISTEN/NOTIFY.',
     `Machine: ${cpu[0]?.model ?? 'unknown CPU'}, ${cpu.length} cores, ${(totalmem() / 2 ** 30).toFixed(1)} GiB memory, Node ${process.version}; load average ${loadStart.toFixed(2)} at the start, ${loadEnd.toFixed(2)} at the end (other work shared the machine).`,
     '',
-    '| backend | writes/s, 1 in flight | writes/s, ' + CONCURRENCY + ' in flight | watch p50, same backend (ms) | p99 (ms) | watch p50, other backend (ms) | p99 (ms) |',
-    '|---|---|---|---|---|---|---|',
+    '| backend | puts/s, 1 in flight | puts/s, ' + CONCURRENCY + ' in flight | creates/s, 1 in flight | watch p50, same backend (ms) | p99 (ms) | watch p50, other backend (ms) | p99 (ms) |',
+    '|---|---|---|---|---|---|---|---|',
     ...rows.map(
       (r) =>
-        `| ${r.name} | ${r.sequential.toFixed(0)} | ${r.concurrent.toFixed(0)} | ${ms(r.local.p50)} | ${ms(r.local.p99)} | ${r.remote ? ms(r.remote.p50) : '–'} | ${r.remote ? ms(r.remote.p99) : '–'} |`,
+        `| ${r.name} | ${r.sequential.toFixed(0)} | ${r.concurrent.toFixed(0)} | ${r.creates.toFixed(0)} | ${ms(r.local.p50)} | ${ms(r.local.p99)} | ${r.remote ? ms(r.remote.p50) : '–'} | ${r.remote ? ms(r.remote.p99) : '–'} |`,
     ),
     '',
-    `- PostgreSQL (synchronous_commit=off) against SQLite: writes/s ${(pgAsync.sequential / sqlite.sequential).toFixed(2)}x one at a time, ${(pgAsync.concurrent / sqlite.concurrent).toFixed(2)}x with ${CONCURRENCY} in flight; watch p99 on the same backend ${(pgAsync.local.p99 / sqlite.local.p99).toFixed(1)}x.`,
-    `- synchronous_commit=on waits for the WAL flush at every commit: ${pgSync.sequential.toFixed(0)} writes/s one at a time against ${pgAsync.sequential.toFixed(0)} with it off.`,
-    '- Every PostgreSQL write takes the one write lock (the revision counter row) until it commits. A put (measured here) is one statement, so one round trip, holding the lock only while the server runs and commits it; create, update, compareAndSwap, delete and atomicWrite are four (BEGIN with the lock, a read of the live state, one statement for rows, counter, change log and NOTIFY, COMMIT) and hold the lock across them. Writes in flight overlap their round trips and queue on the lock. SQLite writes are synchronous calls in this process.',
+    `- PostgreSQL (synchronous_commit=off) against SQLite: puts/s ${(pgAsync.sequential / sqlite.sequential).toFixed(2)}x one at a time, ${(pgAsync.concurrent / sqlite.concurrent).toFixed(2)}x with ${CONCURRENCY} in flight, creates/s ${(pgAsync.creates / sqlite.creates).toFixed(2)}x; watch p99 on the same backend ${(pgAsync.local.p99 / sqlite.local.p99).toFixed(1)}x.`,
+    `- synchronous_commit=on waits for the WAL flush at every commit: ${pgSync.sequential.toFixed(0)} writes/s one at a time against ${pgAsync.sequential.toFixed(0)} with it off, and ${pgSync.concurrent.toFixed(0)} with ${CONCURRENCY} in flight: each write holds the write lock through its flush, so writes cannot share a flush (no group commit) and more of them in flight do not help.`,
+    '- Every PostgreSQL write takes the one write lock (the revision counter row) until it commits. A put is one statement, so one round trip, holding the lock only while the server runs and commits it; create (measured here), update, compareAndSwap, delete and atomicWrite are four round trips (BEGIN with the lock, a read of the live state, one statement for rows, counter, change log and NOTIFY, COMMIT) and hold the lock across them. Writes in flight overlap their round trips and queue on the lock. SQLite writes are synchronous calls in this process.',
     '- A watcher on PostgreSQL gets an event after the commit, a wake-up (the local write or NOTIFY) and a read of the change log; SQLite hands the event to the listeners before put() returns.',
     '',
   ].join('\n');
