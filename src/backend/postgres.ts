@@ -7,11 +7,12 @@
  *   gateway_kv(key, value, revision, expires_at)                  one row per item; key COLLATE "C"
  *   gateway_changes(revision, seq, key, value, expires_at, written_at)   the change log, one row per event
  *
- * Every write is one READ COMMITTED transaction that first locks the counter row (SELECT ... FOR UPDATE): that
- * lock serialises all writers of all Auth Services, so conditions and compare-and-swap are checked against the
- * latest committed state, revisions are taken without gaps, and commits become visible in revision order. The
- * write reads the live state it needs, works out its rows and events (plan.ts) and applies them in one
- * statement: rows, counter, change-log rows and a NOTIFY, which PostgreSQL sends at commit. Watch events come
+ * Every write is one READ COMMITTED transaction that first locks the counter row (SELECT ... FOR UPDATE; a put,
+ * which needs no read, is one statement whose first part updates that row): that lock serialises all writers of
+ * all Auth Services, so conditions and compare-and-swap are checked against the latest committed state,
+ * revisions are taken without gaps, and commits become visible in revision order. The write reads the live
+ * state it needs, works out its rows and events (plan.ts) and applies them in one statement: rows, counter,
+ * change-log rows and a NOTIFY, which PostgreSQL sends at commit. Watch events come
  * from the change log, never from the write itself (pgfollow.ts), so this process's writes and every other
  * process's reach the watchers in one order.
  */
@@ -282,8 +283,10 @@ class PostgresBackendImpl implements PostgresBackend {
       } catch (err) {
         const lost = isConnectionLoss(err);
         if (client !== undefined) {
-          if (!lost && !committing) await client.query('ROLLBACK').catch(() => undefined);
-          client.release(lost ? (err as Error) : undefined);
+          // A connection that cannot even roll back is not given back to the pool.
+          let broken = lost;
+          if (!lost && !committing) await client.query('ROLLBACK').catch(() => (broken = true));
+          client.release(broken ? (err as Error) : undefined);
         }
         if (lost && !committing && attempt < 2 && !this.closed) continue;
         throw this.failure(err);
