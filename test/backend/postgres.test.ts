@@ -4,7 +4,7 @@
  * on one database, the change log's trimmed horizon, open errors by cause.
  */
 import getPort from 'get-port';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { openBackend, openPostgresBackend, type PostgresBackend, type WatchEvent } from '../../src/backend/index.js';
 import type { GatewayError } from '../../src/errors.js';
 import { createLogger } from '../../src/log.js';
@@ -137,6 +137,26 @@ function describeChangeLog(): void {
       expect(lines.map((l) => JSON.parse(l) as { level: number; msg: string })).toEqual([
         expect.objectContaining({ level: 50, msg: expect.stringContaining('without an error handler missed events') }),
       ]);
+    });
+
+    it('finds a change whose notification never came, by its poll', async () => {
+      const location = await h.location();
+      const b = (await openPostgresBackend({ connString: location, sweepIntervalMs: 0, pollIntervalMs: 50 })) as PostgresBackend;
+      try {
+        const events: WatchEvent[] = [];
+        b.watch('', (e) => events.push(e));
+        // A write done by hand, exactly as a backend writes, except for the NOTIFY.
+        await server.sql(
+          `UPDATE gateway_meta SET value = value + 1 WHERE name = 'revision';
+           INSERT INTO gateway_kv VALUES ('/silent', '"x"', (SELECT value FROM gateway_meta WHERE name = 'revision'), NULL);
+           INSERT INTO gateway_changes (revision, seq, key, value) VALUES ((SELECT value FROM gateway_meta WHERE name = 'revision'), 1, '/silent', '"x"');`,
+          new URL(location).pathname.slice(1),
+        );
+        // No settle() here: that would ask for a catch-up itself.
+        await vi.waitFor(() => expect(events).toEqual([{ type: 'put', item: { key: '/silent', value: '"x"', revision: 1 } }]), { timeout: 20_000 });
+      } finally {
+        await b.close();
+      }
     });
 
     it('trims entries older than the retention, never past the head', async () => {
