@@ -5,7 +5,6 @@
 import path from 'node:path';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
-import type { GatewayConfig } from '../config/types.js';
 import { openPostgresBackend, type PostgresBackend } from './postgres.js';
 import { openSqliteBackend, SQLITE_BACKEND_FILE, type SqliteBackend } from './sqlite.js';
 import type { Backend } from './types.js';
@@ -42,8 +41,25 @@ export function defaultSqlitePath(dataDir: string): string {
   return path.join(dataDir, SQLITE_BACKEND_FILE);
 }
 
+/**
+ * The part of the configuration (GatewayConfig) that says where the state is. Written out here rather than
+ * imported: config/ uses the backend's connection-string parser, and the two must not import each other.
+ */
+export interface StorageSource {
+  readonly gateway: {
+    readonly data_dir: string;
+    readonly storage: {
+      readonly type: 'sqlite' | 'postgres';
+      readonly conn_string: string | undefined;
+      readonly ca_file: string | undefined;
+      readonly cert_file: string | undefined;
+      readonly key_file: string | undefined;
+    };
+  };
+}
+
 /** The backend gateway.storage names: SQLite in the data directory, or PostgreSQL with its TLS files. Pure. */
-export function backendConfigOf(config: Pick<GatewayConfig, 'gateway'>): BackendConfig {
+export function backendConfigOf(config: StorageSource): BackendConfig {
   const { storage, data_dir: dataDir } = config.gateway;
   if (storage.type === 'sqlite') return { type: 'sqlite', path: defaultSqlitePath(dataDir) };
   return {
@@ -86,6 +102,6 @@ export async function openBackend(config: BackendConfig, options: OpenBackendOpt
 }
 
 /** openBackend(backendConfigOf(config)): what `gateway start` opens for the auth role. */
-export function openConfiguredBackend(config: Pick<GatewayConfig, 'gateway'>, options: OpenBackendOptions = {}): Promise<Backend> {
+export function openConfiguredBackend(config: StorageSource, options: OpenBackendOptions = {}): Promise<Backend> {
   return openBackend(backendConfigOf(config), options);
 }
