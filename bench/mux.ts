@@ -127,8 +127,10 @@ async function routerMain(args: string[]): Promise<void> {
     upstream.pipe(stream);
   };
   const mux = new Multiplexer({
-    alpn: new Map([[ALPN, passthrough]]),
-    web: (stream) => stream.destroy(),
+    routes: [
+      { name: ALPN, match: { alpn: [{ protocol: ALPN }] }, handler: passthrough },
+      { name: 'web', match: { alpn: [{ protocol: 'http/1.1' }, { protocol: 'h2' }], noAlpn: true }, handler: (stream) => stream.destroy() },
+    ],
     proxyProtocol: false,
     detectTimeoutMs: detectMs,
     log: createLogger({ level: 'warn' }),

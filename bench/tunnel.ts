@@ -61,7 +61,7 @@ import { loadProfile, type Profile } from '../src/client/profile.js';
 import { openResource } from '../src/client/resources.js';
 import { Dialer } from '../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../src/log.js';
-import { TunnelAgent } from '../src/tunnel/agent.js';
+import { TunnelAgent } from '../src/agent/tunnel.js';
 import { runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
 import { startEchoServer, type TestServer } from '../test/helpers/servers.js';
 import { startSquid, type Squid } from '../test/helpers/squid.js';

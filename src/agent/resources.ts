@@ -7,7 +7,6 @@
  */
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
-import tls from 'node:tls';
 import type { Duplex } from 'node:stream';
 import { formatHostPort, type HostPort } from '../addr.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
@@ -15,8 +14,9 @@ import type { Dialer } from '../dial/dialer.js';
 import { kubeApiAlias, kubeApiTarget } from '../dial/select.js';
 import { tlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError } from '../errors.js';
-import type { ResourceDialer } from '../tunnel/agent.js';
+import { connectTls } from '../stream/tls.js';
 import type { AgentResources, AppInfo, DialRequest, ServiceKind } from '../tunnel/protocol.js';
+import type { ResourceDialer } from './tunnel.js';
 
 const SERVICE_KINDS: Partial<Record<ServiceName, ServiceKind>> = {
   ssh_service: 'ssh',
@@ -100,23 +100,12 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
         const target = kubeApiTarget(cluster.api_server);
         const address = formatHostPort(target.host, target.port);
         const raw = await dialer.dial(target, { alias: kubeApiAlias(clusterName) });
-        const host = target.host;
-        const socket = tls.connect({
-          socket: raw,
-          host,
-          ...(net.isIP(host) ? {} : { servername: host }),
-          ...(cluster.ca_file ? { ca: readFileSync(cluster.ca_file, 'utf8') } : {}),
-        });
-        await new Promise<void>((resolve, reject) => {
-          socket.once('secureConnect', resolve);
-          socket.once('error', (err) =>
-            reject(
-              tlsVerifyError(err, { address, server: 'kube-api', name: cluster.name }) ??
-                new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `Kubernetes API server of "${cluster.name}" at ${address}: ${err.message}`),
-            ),
+        return connectTls(raw, { host: target.host, ...(cluster.ca_file ? { ca: readFileSync(cluster.ca_file, 'utf8') } : {}) }).catch((err: Error) => {
+          throw (
+            tlsVerifyError(err, { address, server: 'kube-api', name: cluster.name }) ??
+            new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `Kubernetes API server of "${cluster.name}" at ${address}: ${err.message}`)
           );
         });
-        return socket;
       }
       default:
         throw notServed();

@@ -22,9 +22,11 @@ import type { Duplex } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
+import { sshPrivateKeyPem } from '../auth/pki.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
-import { sshPrivateKey } from '../tunnel/agent.js';
+import { streamOf } from '../net/ssh.js';
+import { StreamMeta } from '../stream/meta.js';
 
 export interface SessionEvent {
   event: 'session.start' | 'session.end';
@@ -92,13 +94,16 @@ const SIGNALS = new Set(['ABRT', 'ALRM', 'FPE', 'HUP', 'ILL', 'INT', 'KILL', 'PI
 
 let sessionSeq = 0;
 
+/** The client address (as the Proxy saw it) of each connection that came through the reverse tunnel. */
+const tunnelClients = new StreamMeta<string>();
+
 export class SshService {
   private readonly server: ssh2.Server;
   private readonly log = logger('ssh');
   private listener: net.Server | undefined;
 
   constructor(private readonly options: SshServiceOptions) {
-    this.server = new ssh2.Server({ hostKeys: [sshPrivateKey(options.hostKeyPem)], ident: 'gateway-ssh' }, (conn, info) => this.onConnection(conn, info));
+    this.server = new ssh2.Server({ hostKeys: [sshPrivateKeyPem(options.hostKeyPem)], ident: 'gateway-ssh' }, (conn, info) => this.onConnection(conn, info));
     if (!options.sftpServer) {
       const hidden = unreadableByOthers(BUILTIN_SFTP_SERVER[1]!);
       if (hidden) {
@@ -110,9 +115,9 @@ export class SshService {
     }
   }
 
-  /** A connection that arrived through the reverse tunnel. */
+  /** A connection that arrived through the reverse tunnel; client: its address as the Proxy saw it. */
   inject(stream: Duplex, client?: string): void {
-    (stream as Duplex & { gatewayClient?: string }).gatewayClient = client;
+    if (client !== undefined) tunnelClients.set(stream, client);
     this.server.injectSocket(stream as never);
   }
 
@@ -139,8 +144,8 @@ export class SshService {
   }
 
   private onConnection(conn: Connection, info: { ip: string; port: number }): void {
-    const sock = (conn as unknown as { _sock?: { gatewayClient?: string } })._sock;
-    const client = sock?.gatewayClient ?? `${info.ip}:${info.port}`;
+    const stream = streamOf(conn);
+    const client = (stream && tunnelClients.get(stream)) ?? `${info.ip}:${info.port}`;
     let user = '';
     let login = '';
     let portForwarding = false;
@@ -174,7 +179,7 @@ export class SshService {
         }
         const socket = net.connect({ host: dest.destIP, port: dest.destPort, allowHalfOpen: true });
         socket.once('connect', () => {
-          const channel = accept() as unknown as Duplex;
+          const channel = accept();
           channel.pipe(socket).pipe(channel);
           socket.once('error', () => channel.destroy());
           channel.once('error', () => socket.destroy());

@@ -24,11 +24,12 @@ import { X509Certificate } from 'node:crypto';
 import type { TLSSocket } from 'node:tls';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
-import { clientAddress } from '../mux/clientaddr.js';
+import { clientAddress } from '../stream/meta.js';
 import { CLOCK_SKEW_MS, identityFromCert, type Identity } from './pki.js';
 import { jsonDepth, yamlNestingBound } from './bounds.js';
 import type { Verb } from './rbac.js';
 import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
+import type { ClusterTrust } from './proxyauth.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 
 /** Request body limits (bytes): a manifest may be large; everything else is a few fields. */
@@ -180,12 +181,12 @@ async function readBody(req: IncomingMessage, maxBody: number): Promise<Record<s
 }
 
 /** The caller's identity from its client certificate, checked against the CA that must have signed that kind. */
-export function peerIdentity(auth: AuthService, req: IncomingMessage): Identity {
-  return peerIdentityOf(auth, req.socket as TLSSocket);
+export function peerIdentity(trust: ClusterTrust, req: IncomingMessage): Identity {
+  return peerIdentityOf(trust, req.socket as TLSSocket);
 }
 
 /** The same for any TLS socket (routed database, app and kube connections). */
-export function peerIdentityOf(auth: AuthService, socket: TLSSocket): Identity {
+export function peerIdentityOf(trust: ClusterTrust, socket: TLSSocket): Identity {
   const unauthenticated = (why: string) =>
     new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `no valid client certificate from this cluster: ${why}`, {
       hint: "Sign in with 'gwsh login', or on the Auth Service's machine run gwctl with access to its data directory.",
@@ -195,12 +196,12 @@ export function peerIdentityOf(auth: AuthService, socket: TLSSocket): Identity {
   if (!peer || !peer.raw) throw unauthenticated('none was presented');
   if (!socket.authorized) throw unauthenticated(String(socket.authorizationError ?? 'not signed by this cluster'));
   const identity = identityFromCert(peer.raw);
-  const expectedCa = identity.kind === 'host' ? auth.host.tls.certPem : auth.user.tls.certPem;
+  const expectedCa = identity.kind === 'host' ? trust.host.tls.certPem : trust.user.tls.certPem;
   const issuer = peer.issuerCertificate;
   if (!issuer?.raw || new X509Certificate(issuer.raw).fingerprint256 !== new X509Certificate(expectedCa).fingerprint256) {
     throw unauthenticated(`a ${identity.kind} certificate must be signed by the ${identity.kind === 'host' ? 'host' : 'user'} CA`);
   }
-  if (identity.cluster !== auth.clusterName) throw unauthenticated(`certificate is for cluster "${identity.cluster}"`);
+  if (identity.cluster !== trust.clusterName) throw unauthenticated(`certificate is for cluster "${identity.cluster}"`);
   // notBefore is the issue time moved back by the clock-skew allowance (pki/tls.ts).
   const issuedAt = Date.parse(peer.valid_from) + CLOCK_SKEW_MS;
   return Number.isNaN(issuedAt) ? identity : { ...identity, issuedAt };

@@ -4,7 +4,7 @@
  *
  * Locks live in the Backend under /locks/<name>, with the backend TTL set to their expiry, so an expired lock
  * is invisible to every reader at once. Every check reads the Backend (no cache that could lag); the Backend's
- * watch is what tells the processes of the cluster to close what is already open (service.ts, sessions.ts).
+ * watch is what tells the processes of the cluster to close what is already open (callers.ts, sessions.ts).
  */
 import type { Backend } from '../backend/index.js';
 import { GatewayError } from '../errors.js';

@@ -10,6 +10,9 @@
  * A key is free again when its oldest slot leaves the window. The table is bounded (oldest keys are evicted
  * first) so a flood of made-up keys cannot grow memory without end.
  */
+import { GatewayError } from '../errors.js';
+import type { Logger } from '../log.js';
+
 export interface RateLimiterOptions {
   maxFailures?: number;
   windowMs?: number;
@@ -96,4 +99,19 @@ export class AttemptLimiter {
 /** Logins: keyed by (user, source). */
 export function loginKey(user: string, source: string): string {
   return `${user}\u0000${source}`;
+}
+
+/** Reserves an attempt, or throws GW_ERR_AUTH_RATE_LIMITED (429) saying how long to wait. */
+export function reserveOrRefuse(limiter: AttemptLimiter, key: string, what: 'login' | 'join', fields: Record<string, string>, log: Logger): Reservation {
+  const reserved = limiter.reserve(key);
+  if (reserved.ok) return reserved.reservation;
+  const wait = Math.ceil(reserved.retryAfterMs / 1000);
+  log.warn({ ...fields }, `${what} refused: too many failed attempts`);
+  throw new GatewayError('GW_ERR_AUTH_RATE_LIMITED', `too many failed ${what}s${what === 'login' ? ' for this user' : ''} from this address; try again in ${wait} s`, {
+    hint:
+      what === 'login'
+        ? `At most ${limiter.maxFailures} wrong passwords per user and address in ${limiter.windowMs / 60_000} minutes; wait, then use the right password.`
+        : `At most ${limiter.maxFailures} failed joins per address in ${limiter.windowMs / 60_000} minutes; wait, then use a valid token from 'gwctl tokens add'.`,
+    details: { retryAfterMs: reserved.retryAfterMs },
+  });
 }

@@ -28,7 +28,7 @@ export type AccessDecision =
 /** The kinds of resources users reach through the proxy, each selected by a label field of the role. */
 export type AccessKind = 'node' | 'db' | 'app' | 'kube_cluster' | 'windows_desktop';
 
-const LABEL_FIELDS = {
+export const LABEL_FIELDS = {
   node: 'node_labels',
   db: 'db_labels',
   app: 'app_labels',

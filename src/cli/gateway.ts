@@ -8,6 +8,7 @@ import { parseAddr } from '../addr.js';
 import { defaultConfig, loadConfigFile, sampleConfig, type GatewayConfig } from '../config/index.js';
 import { runSftpServer } from '../agent/sftp/server.js';
 import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
+import { daemonEnvironment } from '../roles/environment.js';
 import { GatewayError } from '../errors.js';
 import { destination } from 'pino';
 import { createLogger, logger, setRootLogger } from '../log.js';
@@ -212,7 +213,8 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
   // Until every service holds sockets open, this timer is what keeps the daemon's event loop alive.
   const alive = setInterval(() => undefined, 1 << 30);
   try {
-    starting = startDaemon(config, flags);
+    // The one place the daemon's environment variables are read (the Dialer keeps reading the proxy ones live).
+    starting = startDaemon(config, flags, daemonEnvironment(process.env));
     const daemon = await starting;
     process.stdout.write(startBanner(config, daemon));
     log.info(
@@ -224,8 +226,8 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
     // Graceful, with a deadline: whatever still holds the process after it is logged and the process exits,
     // rather than waiting for a service manager's SIGKILL.
     const deadline = setTimeout(() => {
-      const open = (process as unknown as { _getActiveHandles(): object[] })._getActiveHandles().map((h) => h.constructor.name);
-      log.warn({ open }, `stop did not finish within ${STOP_DEADLINE_MS} ms; exiting`);
+      // What still keeps the event loop alive, by kind (public API: TCPSocketWrap, Timeout, FSReqCallback...).
+      log.warn({ open: process.getActiveResourcesInfo() }, `stop did not finish within ${STOP_DEADLINE_MS} ms; exiting`);
       process.exit(0);
     }, STOP_DEADLINE_MS);
     deadline.unref();

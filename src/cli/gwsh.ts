@@ -14,7 +14,7 @@ import { fileURLToPath } from 'node:url';
 import { parseSshCert } from '../auth/pki.js';
 import { Dialer } from '../dial/dialer.js';
 import { fetchPing, openResource, routeAddress, type ResourceTarget } from '../client/resources.js';
-import { splice } from '../tunnel/lines.js';
+import { splice } from '../stream/splice.js';
 import { toGatewayError } from '../errors.js';
 import { GatewayError } from '../errors.js';
 import { readPassword } from './prompt.js';

@@ -6,15 +6,14 @@
  * With TLS routing everything goes to the web address; with separate listeners databases use their own ports
  * (from /webapi/ping) and apps and desktops still use gateway-tcp on the web port.
  */
-import net from 'node:net';
 import type { Duplex } from 'node:stream';
-import tls from 'node:tls';
 import { parseAddr } from '../addr.js';
 import { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, ERROR_CODES, type ErrorCode } from '../errors.js';
 import type { PingResponse } from '../proxy/ping.js';
-import { readJsonLine, writeJsonLine } from '../tunnel/lines.js';
+import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { connectTls } from '../stream/tls.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
 import { ApiClient } from './api.js';
 import type { Profile } from './profile.js';
@@ -51,22 +50,10 @@ export function routeAddress(profile: Profile, ping: PingResponse, alpn: string)
 export async function openResource(profile: Profile, address: string, target: ResourceTarget, dialer: Dialer = new Dialer()): Promise<Duplex> {
   const raw = await dialer.dial(address);
   const host = parseAddr(address).host;
-  const socket = tls.connect({
-    socket: raw,
-    ALPNProtocols: [target.alpn],
-    ca: profile.hostCa,
-    cert: profile.cert,
-    key: profile.key,
-    host,
-    ...(net.isIP(host) ? {} : { servername: host }),
-  });
-  await new Promise<void>((resolve, reject) => {
-    socket.once('secureConnect', resolve);
-    socket.once('error', (err) =>
-      reject(
-        tlsVerifyError(err, { address, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(address) }) ??
-          (/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err),
-      ),
+  const socket = await connectTls(raw, { ALPNProtocols: [target.alpn], ca: profile.hostCa, cert: profile.cert, key: profile.key, host }).catch((err: Error) => {
+    throw (
+      tlsVerifyError(err, { address, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(address) }) ??
+      (/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err)
     );
   });
   writeJsonLine(socket, {

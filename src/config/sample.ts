@@ -4,7 +4,7 @@
  */
 import { defaultConfig } from './parse.js';
 import { SCHEMA } from './schema.js';
-import { Dynamic, defaultText, fieldRows, isListOf, type AnySpec, type Leaf, type ListWithDefault, type MapOf } from './spec.js';
+import { Dynamic, defaultText, fieldRows, isListOf, type AnySpec, type Leaf, type ListOf, type ListWithDefault, type MapOf } from './spec.js';
 
 interface Line {
   code: string;
@@ -19,7 +19,7 @@ const COMMENT_COLUMN_MAX = 44;
  * Parsing it gives defaultConfig().
  */
 export function sampleConfig(): string {
-  const defaults = defaultConfig() as unknown as Record<string, Record<string, unknown>>;
+  const defaults: Readonly<Record<string, unknown>> = { ...defaultConfig() };
   const lines: Line[] = [
     { code: '# Gateway configuration, as written by `gateway configure`.' },
     { code: '# Every key is shown with its default. Keys that are commented out have no fixed default;' },
@@ -47,7 +47,7 @@ function renderFields(spec: AnySpec, value: unknown, indent: string, out: Line[]
       renderExample(child, `${indent}  `, out);
     } else {
       out.push(renderLeaf(key, child, values[key], indent));
-      if (isListOf(child)) renderListExample(child as unknown as ListWithDefault<unknown>, `${indent}  `, out);
+      if (isListOf(child)) renderListExample(child, `${indent}  `, out);
     }
   }
 }
@@ -76,7 +76,8 @@ function renderExample(spec: MapOf<unknown>, indent: string, out: Line[]): void 
 }
 
 /** One entry of a list, commented out under its (empty) list: remove the "[]" and the "# " to use it. */
-function renderListExample(spec: ListWithDefault<unknown>, indent: string, out: Line[]): void {
+/** A list's commented-out example entry, when its spec has one (listWithDefault's exampleItem). */
+function renderListExample(spec: ListOf<unknown> & Pick<ListWithDefault<unknown>, 'exampleItem'>, indent: string, out: Line[]): void {
   if (spec.exampleItem === undefined) return;
   const item = spec.item as AnySpec;
   Object.entries(spec.exampleItem).forEach(([key, text], i) => {

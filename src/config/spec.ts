@@ -844,7 +844,8 @@ export function listWithDefault<V>(
 ): ListWithDefault<V> {
   const { exampleItem, ...rest } = o;
   const inner = listOf(doc, item, { ...rest, default: [...(o.default ?? [])] });
-  return { ...(inner as unknown as Leaf<readonly V[]>), item, ...(exampleItem === undefined ? {} : { exampleItem }) };
+  // The default is always a list, so the value is never undefined: the leaf's type narrows accordingly.
+  return { ...(inner as Leaf<readonly V[]>), item, ...(exampleItem === undefined ? {} : { exampleItem }) };
 }
 
 /** Check for an http:// or https:// URL; the message shows it with any password replaced by "***". */

@@ -6,11 +6,11 @@
  */
 import http from 'node:http';
 import https from 'node:https';
-import net from 'node:net';
-import tls from 'node:tls';
+import type tls from 'node:tls';
 import { Agent, type AgentConnectOpts } from 'agent-base';
 import { formatHostPort, normalizeHost } from '../addr.js';
 import { GatewayError } from '../errors.js';
+import { connectTls } from '../stream/tls.js';
 import type { Dialer } from './dialer.js';
 import { tlsVerifyError, type TlsPeer } from './tlsverify.js';
 
@@ -29,13 +29,7 @@ export class DialerAgent extends Agent {
     const socket = await this.dialer.dial({ kind, host, port, text: `${kind}://${opts.host}:${port}` });
     if (!opts.secureEndpoint) return socket;
     const { host: _h, port: _p, path: _path, ...tlsOpts } = opts as tls.ConnectionOptions & { path?: string };
-    const servername = opts.servername ?? (net.isIP(host) ? undefined : host);
-    const secure = tls.connect({ ...tlsOpts, socket, host, ...(servername ? { servername } : {}) });
-    await new Promise<void>((resolve, reject) => {
-      secure.once('secureConnect', () => resolve());
-      secure.once('error', reject);
-    });
-    return secure;
+    return connectTls(socket, { ...tlsOpts, host });
   }
 }
 

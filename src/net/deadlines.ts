@@ -21,7 +21,6 @@
  */
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
-import type { GatewayConfig } from '../config/index.js';
 import { logger, type Logger } from '../log.js';
 import { connectionBudget, readOpenFileLimit, sourceKey } from './source.js';
 
@@ -48,8 +47,27 @@ export interface LimitSettings {
   maxConnectionsPerSource: number;
 }
 
+/**
+ * The keys of gateway.limits this module reads. Declared here rather than imported: config/ sits above the
+ * transport layer (its defaults come from net/source.ts), so net/ takes any configuration of this shape.
+ */
+export interface LimitsSection {
+  readonly gateway: {
+    readonly limits: {
+      readonly tls_handshake_timeout: number;
+      readonly header_timeout: number;
+      readonly request_timeout: number;
+      readonly idle_timeout: number;
+      readonly ssh_handshake_timeout: number;
+      readonly half_close_linger: number;
+      readonly max_connections: number;
+      readonly max_connections_per_source: number;
+    };
+  };
+}
+
 /** The settings of a configuration's gateway.limits section. */
-export function limitSettings(config: GatewayConfig): LimitSettings {
+export function limitSettings(config: LimitsSection): LimitSettings {
   const l = config.gateway.limits;
   return {
     tlsHandshakeMs: l.tls_handshake_timeout,

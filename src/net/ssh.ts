@@ -14,13 +14,15 @@
  *
  * ssh2 gives a Connection no public way back to the stream it runs on (its 'connection' event comes after the
  * client's version line, with an ip and port that are not the client's when a PROXY header or TLS came first).
- * This module is the one place that reads the private Connection._sock, to find the stream, its deadlines and
- * what the caller attached to it.
+ * This module is the one place that reads the private Connection._sock (streamOf), to find the stream, its
+ * deadlines and what the caller attached to it; the agent's SSH Service, which runs its own ssh2 Server, asks
+ * streamOf too. Client side, nothing needs it: a Client runs on the stream its caller handed to connect().
  */
 import type { EventEmitter } from 'node:events';
 import type { Duplex } from 'node:stream';
 import ssh2 from 'ssh2';
 import type { Connection as SshConnection } from 'ssh2';
+import { StreamMeta } from '../stream/meta.js';
 import { connectionOf, type LimitSettings } from './deadlines.js';
 
 export type SshDeadlines = Pick<LimitSettings, 'sshHandshakeMs' | 'idleMs'>;
@@ -35,7 +37,7 @@ export interface SshEndpointOptions<M> {
 
 export class SshEndpoint<M> {
   private readonly server: ssh2.Server;
-  private readonly meta = new WeakMap<object, M>();
+  private readonly meta = new StreamMeta<M>();
   private readonly openChannels = new WeakMap<SshConnection, number>();
 
   constructor(private readonly options: SshEndpointOptions<M>) {
@@ -85,6 +87,6 @@ export class SshEndpoint<M> {
 }
 
 /** The stream an ssh2 server Connection runs on (see the module comment for why this reads a private field). */
-function streamOf(conn: SshConnection): Duplex | undefined {
+export function streamOf(conn: SshConnection): Duplex | undefined {
   return (conn as unknown as { _sock?: Duplex })._sock;
 }

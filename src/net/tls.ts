@@ -8,6 +8,7 @@ import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import { createHash } from 'node:crypto';
 import tls, { type TLSSocket } from 'node:tls';
+import { wrapStream } from '../stream/meta.js';
 import { connectionOf } from './deadlines.js';
 
 export interface TlsTermination {
@@ -42,6 +43,7 @@ export function terminateTls(stream: Duplex, options: TlsTermination, onSecure: 
     ALPNProtocols: options.alpn,
   });
   conn.link(socket);
+  wrapStream(socket, stream); // the TLS socket sees the routed stream's metadata (its client address)
   conn.enter('tls-handshake', options.handshakeMs);
   socket.once('secure', () => {
     conn.leave('tls-handshake');

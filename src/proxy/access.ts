@@ -1,14 +1,16 @@
 /**
- * Client → resource through the Proxy: a TLS connection with a protocol's ALPN (gateway-postgres,
- * gateway-mysql, gateway-mongodb, gateway-redis, gateway-tcp) and the user's client certificate arrives from
- * the front door already terminated. Then:
+ * Client → resource through the Proxy: a TLS connection on one of the table's resource routes (protocols.ts:
+ * gateway-postgres, gateway-mysql, gateway-mongodb, gateway-redis, gateway-tcp, gateway-proxy-ssh) with the
+ * user's client certificate arrives from the front door already terminated. Then:
  *
  *   1. the identity is the user certificate (signed by the user CA of this cluster), as it stands now: the user
  *      must still exist and not be locked, and only the roles it still has count (AuthService.resolveCaller);
  *      the connection is tracked in auth.sessions from here on, so a lock or a deletion closes it;
  *   2. the client sends one JSON line naming the resource: {"resource": "<name>"} (gwsh does this); with
  *      "check": true the Proxy answers whether the connection would be allowed and dials nothing;
- *   3. the resource is looked up among the connected agents, and the user's roles must allow its labels;
+ *   3. the resource is looked up among the connected agents (resources.ts: the newest agent first, among the kinds
+ *      of resource the route reaches), a node only with a login the identity allows, and the user's roles must
+ *      allow the resource's labels;
  *   4. the Proxy dials it through the agent's tunnel, answers one line ({"ok": true} or {"ok": false, "error":
  *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close.
  *
@@ -17,15 +19,19 @@
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import { peerIdentityOf } from '../auth/api.js';
-import { canAccess, type AccessKind } from '../auth/rbac.js';
-import type { AuthService } from '../auth/service.js';
+import type { Identity } from '../auth/pki.js';
+import { canAccess, LABEL_FIELDS, type AccessKind } from '../auth/rbac.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, isGatewayError, toGatewayError } from '../errors.js';
-import { logger } from '../log.js';
+import { logger, type Logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { connectionOf } from '../net/deadlines.js';
-import { readJsonLine, splice, writeJsonLine } from '../tunnel/lines.js';
-import type { DialAnswer, ServiceKind } from '../tunnel/protocol.js';
-import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
+import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { splice } from '../stream/splice.js';
+import type { DialAnswer } from '../tunnel/protocol.js';
+import type { TunnelServer } from './tunnel.js';
+import { protocolNamed } from './protocols.js';
+import { findTarget, type Target } from './resources.js';
 
 export interface RouteHeader {
   resource: string;
@@ -41,113 +47,117 @@ export interface RouteHeader {
   check?: boolean;
 }
 
-type Target = { agent: ConnectedAgent; service: ServiceKind; access: AccessKind; labels: Record<string, string> };
+/** The route header is one JSON line of at most this many bytes. */
+export const ROUTE_HEADER_MAX_BYTES = 4096;
 
-export function findTarget(agents: ConnectedAgent[], route: string, header: RouteHeader): Target | undefined {
-  const protocol = route.startsWith('gateway-') ? route.slice('gateway-'.length) : route;
-  // Most recently connected first: a reconnected agent wins over a stale entry.
-  const sorted = [...agents].sort((a, b) => b.connectedAt.getTime() - a.connectedAt.getTime());
-  for (const agent of sorted) {
-    if (protocol === 'proxy-ssh') {
-      // A node by name, host ID, or host ID qualified with the cluster name.
-      const name = header.resource.replace(/:\d+$/, '');
-      if (agent.services.includes('ssh') && (agent.nodename === name || agent.hostId === name || name.startsWith(`${agent.hostId}.`))) {
-        return { agent, service: 'ssh', access: 'node', labels: agent.resources.node_labels ?? {} };
-      }
-    } else if (['postgres', 'mysql', 'mongodb', 'redis'].includes(protocol)) {
-      const db = agent.resources.databases.find((d) => d.name === header.resource && d.protocol === protocol);
-      if (db) return { agent, service: 'db', access: 'db', labels: db.labels };
-    } else if (protocol === 'tcp') {
-      if (header.kind !== 'desktop') {
-        const app = agent.resources.apps.find((a) => a.name === header.resource);
-        if (app) return { agent, service: 'app', access: 'app', labels: app.labels };
-      }
-      if (header.kind !== 'app') {
-        const desktop = agent.resources.desktops.find((d) => d.name === header.resource);
-        if (desktop) return { agent, service: 'desktop', access: 'windows_desktop', labels: desktop.labels };
-      }
-    }
-  }
-  return undefined;
+interface AccessContext {
+  auth: ProxyAuth;
+  tunnels: TunnelServer;
+  headerTimeoutMs: number;
+  log: Logger;
 }
 
 /** headerTimeoutMs: how long the client may take to send its route header (gateway.limits.header_timeout). */
-export function createAccessHandler(auth: AuthService, tunnels: TunnelServer, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
-  const log = logger('access');
+export function createAccessHandler(auth: ProxyAuth, tunnels: TunnelServer, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
+  const ctx: AccessContext = { auth, tunnels, headerTimeoutMs, log: logger('access') };
   return (stream, info) => {
     const socket = stream as TLSSocket;
-    const client = `${info.remoteAddress}:${info.remotePort}`;
-    const fail = (err: unknown) => {
-      const e = toGatewayError(err);
-      log.info({ route: info.route, client, code: e.code, err: e.message }, 'connection to a resource refused');
-      const answer: DialAnswer = { ok: false, error: { code: e.code, message: e.message } };
-      socket.end(`${JSON.stringify(answer)}\n`);
-    };
-    void (async () => {
-      const certified = peerIdentityOf(auth, socket);
-      if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach resources');
-      // Tracked before the checks: a lock that lands while they run still closes this connection.
-      const untrack = auth.sessions.track(certified, `${info.route} ${client}`, (why) => {
-        log.info({ user: certified.name, route: info.route, client, code: why.code }, 'connection closed: identity revoked');
-        socket.destroy();
-      });
-      socket.once('close', untrack);
-      if (socket.destroyed) untrack();
-      const identity = await auth.resolveCaller(certified);
-      const header = await readJsonLine<RouteHeader>(socket, { what: 'route header', timeoutMs: headerTimeoutMs, maxBytes: 4096 }).catch((err: unknown) => {
-        // The line reader enforces this deadline itself (so that the client is told why): count it with the others.
-        if (isGatewayError(err) && err.code === 'GW_ERR_TUNNEL_TIMEOUT') connectionOf(socket).count('route-header');
-        throw err;
-      });
-      if (typeof header.resource !== 'string' || header.resource === '') throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the route header names no resource');
-      const target = findTarget(tunnels.list(), info.route, header);
-      if (!target) {
-        throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves ${describe(info.route)} "${header.resource}"`, {
-          hint: "List what is reachable with 'gwsh ls', 'gwsh db ls' or 'gwsh apps ls'; the agent that serves it may be offline.",
-        });
-      }
-      if (target.service === 'ssh') {
-        const login = header.login ?? '';
-        if (!login || !(identity.logins ?? []).includes(login)) {
-          throw new GatewayError('GW_ERR_ACCESS_DENIED', `login "${login}" is not allowed for ${identity.name} (allowed: ${(identity.logins ?? []).join(', ') || 'none'})`, {
-            hint: "Ask for a role whose logins include it, then sign in again; 'gwsh status' shows your logins.",
-          });
-        }
-      }
-      const roles = await auth.rolesOf(identity.roles);
-      if (!canAccess(roles, target.access, target.labels)) {
-        throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles (${identity.roles.join(', ') || 'none'}) do not allow ${describe(info.route)} "${header.resource}" (labels ${JSON.stringify(target.labels)})`, {
-          hint: `Ask for a role whose ${LABEL_FIELD[target.access]} match these labels, then sign in again.`,
-        });
-      }
-      if (header.check === true) {
-        socket.end(`${JSON.stringify({ ok: true } satisfies DialAnswer)}\n`);
-        log.debug({ user: identity.name, route: info.route, resource: header.resource, client }, 'access check answered');
-        return;
-      }
-      const channel = await tunnels.dial(target.agent.hostId, {
-        service: target.service,
-        resource: target.service === 'ssh' ? `${header.login}@${target.agent.nodename}` : header.resource,
-        client_src: client,
-        client_dst: `${info.localAddress}:${info.localPort}`,
-        user: identity.name,
-      });
-      writeJsonLine(socket, { ok: true } satisfies DialAnswer);
-      log.info({ user: identity.name, route: info.route, resource: header.resource, agent: target.agent.nodename, client }, 'connection to a resource opened');
-      splice(socket, channel);
-    })().catch(fail);
+    connect(ctx, socket, info).catch((err: unknown) => refuse(ctx, socket, info, err));
   };
 }
 
-const LABEL_FIELD: Record<AccessKind, string> = {
-  node: 'node_labels',
-  db: 'db_labels',
-  app: 'app_labels',
-  kube_cluster: 'kubernetes_labels',
-  windows_desktop: 'windows_desktop_labels',
-};
+/** Steps 1 to 4 at the top of this file; a failure is thrown, and answered by refuse(). */
+async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): Promise<void> {
+  const client = clientOf(info);
+  const certified = peerIdentityOf(ctx.auth, socket);
+  if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach resources');
+  trackSession(ctx, socket, certified, info);
+  const identity = await ctx.auth.resolveCaller(certified);
+  const header = await readRouteHeader(socket, ctx.headerTimeoutMs);
+  const target = findTarget(ctx.tunnels.list(), info.route, header);
+  if (!target) {
+    throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves ${describe(info.route)} "${header.resource}"`, {
+      hint: "List what is reachable with 'gwsh ls', 'gwsh db ls' or 'gwsh apps ls'; the agent that serves it may be offline.",
+    });
+  }
+  if (target.service === 'ssh') checkLogin(identity, header.login);
+  await checkRoles(ctx.auth, identity, target, info.route, header.resource);
+  if (header.check === true) {
+    socket.end(`${JSON.stringify({ ok: true } satisfies DialAnswer)}\n`);
+    ctx.log.debug({ user: identity.name, route: info.route, resource: header.resource, client }, 'access check answered');
+    return;
+  }
+  const channel = await ctx.tunnels.dial(target.agent.hostId, {
+    service: target.service,
+    resource: target.service === 'ssh' ? `${header.login}@${target.agent.nodename}` : header.resource,
+    client_src: client,
+    client_dst: `${info.localAddress}:${info.localPort}`,
+    user: identity.name,
+  });
+  writeJsonLine(socket, { ok: true } satisfies DialAnswer);
+  ctx.log.info({ user: identity.name, route: info.route, resource: header.resource, agent: target.agent.nodename, client }, 'connection to a resource opened');
+  splice(socket, channel);
+}
 
+/** Tracked before the checks: a lock that lands while they run still closes this connection. */
+function trackSession(ctx: AccessContext, socket: TLSSocket, certified: Identity, info: ConnInfo): void {
+  const client = clientOf(info);
+  const untrack = ctx.auth.sessions.track(certified, `${info.route} ${client}`, (why) => {
+    ctx.log.info({ user: certified.name, route: info.route, client, code: why.code }, 'connection closed: identity revoked');
+    socket.destroy();
+  });
+  socket.once('close', untrack);
+  if (socket.destroyed) untrack();
+}
+
+/** The client's route header: one JSON object on one line, within the deadline, naming a resource. */
+async function readRouteHeader(socket: Duplex, timeoutMs: number): Promise<RouteHeader> {
+  const header = await readJsonLine<RouteHeader>(socket, { what: 'route header', timeoutMs, maxBytes: ROUTE_HEADER_MAX_BYTES }).catch((err: unknown) => {
+    // The line reader enforces this deadline itself (so that the client is told why): count it with the others.
+    if (isGatewayError(err) && err.code === 'GW_ERR_TUNNEL_TIMEOUT') connectionOf(socket).count('route-header');
+    throw err;
+  });
+  if (typeof header.resource !== 'string' || header.resource === '') throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the route header names no resource');
+  return header;
+}
+
+/** A node is reached as one of the OS logins the user's identity allows. */
+function checkLogin(identity: Identity, requested: string | undefined): void {
+  const login = requested ?? '';
+  if (!login || !(identity.logins ?? []).includes(login)) {
+    throw new GatewayError('GW_ERR_ACCESS_DENIED', `login "${login}" is not allowed for ${identity.name} (allowed: ${(identity.logins ?? []).join(', ') || 'none'})`, {
+      hint: "Ask for a role whose logins include it, then sign in again; 'gwsh status' shows your logins.",
+    });
+  }
+}
+
+/** The user's roles must allow the resource's labels (and none deny them). */
+async function checkRoles(auth: ProxyAuth, identity: Identity, target: Target, route: string, resource: string): Promise<void> {
+  const roles = await auth.rolesOf(identity.roles);
+  if (!canAccess(roles, target.access, target.labels)) {
+    throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles (${identity.roles.join(', ') || 'none'}) do not allow ${describe(route)} "${resource}" (labels ${JSON.stringify(target.labels)})`, {
+      hint: `Ask for a role whose ${LABEL_FIELDS[target.access]} match these labels, then sign in again.`,
+    });
+  }
+}
+
+/** A refusal is one answer line, then the end of the stream: never a hang. */
+function refuse(ctx: AccessContext, socket: TLSSocket, info: ConnInfo, err: unknown): void {
+  const e = toGatewayError(err);
+  ctx.log.info({ route: info.route, client: clientOf(info), code: e.code, err: e.message }, 'connection to a resource refused');
+  const answer: DialAnswer = { ok: false, error: { code: e.code, message: e.message } };
+  socket.end(`${JSON.stringify(answer)}\n`);
+}
+
+function clientOf(info: ConnInfo): string {
+  return `${info.remoteAddress}:${info.remotePort}`;
+}
+
+const NOUN: Record<AccessKind, string> = { node: 'node', db: 'database', app: 'app', windows_desktop: 'desktop', kube_cluster: 'Kubernetes cluster' };
+
+/** What a route's resources are called in messages: "node", "postgres database", "app or desktop". */
 function describe(route: string): string {
-  if (route === 'gateway-proxy-ssh') return 'node';
-  return route === 'gateway-tcp' ? 'app or desktop' : `${route.replace('gateway-', '')} database`;
+  const row = protocolNamed(route);
+  if (!row || row.access.length === 0) return route;
+  return row.access.map((kind) => (kind === 'db' && row.database ? `${row.database} ${NOUN.db}` : NOUN[kind])).join(' or ');
 }

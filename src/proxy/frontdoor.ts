@@ -1,57 +1,49 @@
 /**
  * The Proxy's front door: the web server (API, ping, version server, connection upgrade) and the listeners
- * that lead to it and to every other protocol.
+ * that lead to it and to every other protocol. What it serves is the protocol table (protocols.ts); this file
+ * only says how each kind of route is served:
+ *
+ *   web        TLS ends here (always HTTP/1.1), then the web server
+ *   redirect   plain HTTP: a redirect to https://
+ *   ssh        the raw stream, to the ssh service (the SSH jump host)
+ *   kube, tunnel, resource, peer
+ *              TLS ends here, with the ALPN the client chose, then the service of that kind
  *
  *   multiplex (TLS routing, default): one listener on web_listen_addr; the Multiplexer routes each connection
- *             by its first bytes, SNI and ALPN (see mux/multiplexer.ts).
- *   separate:  web on web_listen_addr, plus the seed's per-protocol listeners: 3023 SSH, 3024 reverse tunnels,
- *             3036 MySQL, 5432 Postgres, 27017 MongoDB, 6379 Redis, 3021 peering (kube_listen_addr if set).
+ *             by its first bytes, SNI and ALPN to the table's rows (see mux/multiplexer.ts).
+ *   separate:  the table's listeners: web on web_listen_addr, 3023 SSH, 3024 reverse tunnels, 3021 peering,
+ *             3036 MySQL, 5432 Postgres, 27017 MongoDB, 6379 Redis (kube_listen_addr if set).
  *
- * Protocol services (reverse tunnels, SSH, databases, kube, peering) plug in through `ProtocolServices`; a
- * protocol without a service yet completes its TLS handshake (so its ALPN is visible) and is closed with a log
- * line saying so.
+ * Services plug in by route kind through `ProtocolServices`; a kind without a service yet completes its TLS
+ * handshake (so its ALPN is visible) and is closed with a log line saying so.
  */
 import http from 'node:http';
 import type net from 'node:net';
-import tls from 'node:tls';
 import type { Duplex } from 'node:stream';
 import { createWebSocketStream, WebSocketServer, type WebSocket } from 'ws';
-import type { HostPort } from '../addr.js';
 import type { GatewayConfig } from '../config/index.js';
-import { logger } from '../log.js';
-import { alpnBase, Multiplexer, type ConnInfo, type RouteHandler } from '../mux/multiplexer.js';
+import { GatewayError } from '../errors.js';
+import { logger, type Logger } from '../log.js';
+import { Multiplexer, type ConnInfo, type MuxRoute, type RouteHandler } from '../mux/multiplexer.js';
 import { ConnectionLimits, limitSettings, type ListenerGuard } from '../net/deadlines.js';
 import { guardHttpServer } from '../net/http.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { serverSecureContext, terminateTls } from '../net/tls.js';
 import { pingResponse } from './ping.js';
+import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
 import type { VersionServer } from './versions.js';
 
 export { closeServer, listenOn };
 
-/** The ALPN protocols the Proxy routes (ARCHITECTURE.md, wire identifiers), besides the web's. */
-export const ALPN_ROUTES = [
-  'gateway-reversetunnel',
-  'gateway-proxy-ssh',
-  'gateway-postgres',
-  'gateway-mysql',
-  'gateway-mongodb',
-  'gateway-redis',
-  'gateway-tcp',
-  'gateway-peer',
-] as const;
-export type AlpnRoute = (typeof ALPN_ROUTES)[number];
-
-/** A service behind the front door: gets the stream after TLS (for TLS routes) or raw (ssh, separate ports). */
+/** A service behind the front door: gets the stream after TLS (for TLS routes) or raw (ssh, raw listeners). */
 export type ServiceHandler = (stream: Duplex, info: ConnInfo) => void;
 
-export interface ProtocolServices {
-  tls?: Partial<Record<AlpnRoute | 'kube', ServiceHandler>>;
-  /** Raw SSH (sniffed on the web port, or the separate 3023 listener). */
-  ssh?: ServiceHandler;
-  /** Raw SSH reverse tunnels on the separate 3024 listener. */
-  tunnel?: ServiceHandler;
-}
+/**
+ * The services behind the front door, by the kind of route they serve: every row of that kind goes to it
+ * (resource: every database, TCP and gateway-proxy-ssh route; tunnel: the reverse tunnels over TLS on the one
+ * port and raw on their separate listener).
+ */
+export type ProtocolServices = Partial<Record<ServiceKindOfRoute, ServiceHandler>>;
 
 export interface FrontDoorOptions {
   config: GatewayConfig;
@@ -70,6 +62,8 @@ export interface FrontDoorOptions {
   upgradePingIntervalMs?: number;
   /** Deadlines and caps of every listener (gateway.limits); made from the configuration when not given. */
   limits?: ConnectionLimits;
+  /** The protocols served; the table in protocols.ts unless a test says otherwise. */
+  protocols?: readonly Protocol[];
 }
 
 export interface FrontDoor {
@@ -123,14 +117,16 @@ function createRedirectServer(): http.Server {
  * Connection upgrade (L7 load balancers that end TLS themselves): the WebSocket stream is routed as if it had
  * arrived on the one port with the ALPN named as the subprotocol.
  */
-function serveUpgrades(web: http.Server, mux: Multiplexer, alpnRoutes: ReadonlyMap<string, RouteHandler>, guard: ListenerGuard, pingMs: number): WebSocketServer {
-  const wss = new WebSocketServer({ noServer: true, handleProtocols: (protocols) => [...protocols].find((pr) => alpnRoutes.has(alpnBase(pr))) ?? false });
+function serveUpgrades(web: http.Server, mux: Multiplexer, protocols: readonly Protocol[], guard: ListenerGuard, pingMs: number): WebSocketServer {
+  const routable = (pr: string) => upgradeRouteFor(pr, protocols) !== undefined;
+  const wss = new WebSocketServer({ noServer: true, handleProtocols: (offered) => [...offered].find(routable) ?? false });
   web.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
     const path = (req.url ?? '/').split('?')[0];
     const offered = String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((s) => s.trim()).filter(Boolean);
-    const protocol = offered.find((pr) => alpnRoutes.has(alpnBase(pr)));
-    if (path !== UPGRADE_PATH || (req.headers.upgrade ?? '').toLowerCase() !== 'websocket' || !protocol) {
-      const why = path !== UPGRADE_PATH ? 'no such upgrade endpoint' : !protocol ? `no routable protocol among ${JSON.stringify(offered)}` : 'only websocket upgrades are supported';
+    const protocol = offered.find(routable);
+    const route = protocol === undefined ? undefined : upgradeRouteFor(protocol, protocols);
+    if (path !== UPGRADE_PATH || (req.headers.upgrade ?? '').toLowerCase() !== 'websocket' || !route) {
+      const why = path !== UPGRADE_PATH ? 'no such upgrade endpoint' : !route ? `no routable protocol among ${JSON.stringify(offered)}` : 'only websocket upgrades are supported';
       socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n${why}\n`);
       return;
     }
@@ -144,97 +140,134 @@ function serveUpgrades(web: http.Server, mux: Multiplexer, alpnRoutes: ReadonlyM
       mux.handleStream(
         stream,
         { remoteAddress: s.remoteAddress ?? '', remotePort: s.remotePort ?? 0, localAddress: s.localAddress ?? '', localPort: s.localPort ?? 0 },
-        { route: alpnBase(protocol) },
+        { route: route.name },
       );
     });
   });
   return wss;
 }
 
+/** Every stream the door handed on, so that close() can drop them all. */
+class Streams {
+  private readonly open = new Set<Duplex>();
+
+  track = (s: Duplex): void => {
+    this.open.add(s);
+    s.once('close', () => this.open.delete(s));
+  };
+
+  destroyAll(): void {
+    for (const s of this.open) s.destroy();
+  }
+}
+
+/** How each kind of route is served (the list at the top of this file). */
+class RouteHandlers {
+  readonly redirect = createRedirectServer();
+  private readonly toWeb: (stream: Duplex) => void;
+  private readonly toRedirect: (stream: Duplex) => void;
+  private readonly secureContext;
+  private readonly services: ProtocolServices;
+
+  constructor(
+    options: FrontDoorOptions,
+    web: http.Server,
+    private readonly limits: ConnectionLimits,
+    private readonly streams: Streams,
+    private readonly log: Logger,
+  ) {
+    this.secureContext = serverSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: options.tls.ca }, 'proxy');
+    this.toWeb = guardHttpServer(web, limits.settings, { upgrades: true });
+    this.toRedirect = guardHttpServer(this.redirect, limits.settings);
+    this.services = options.services ?? {};
+  }
+
+  /** The handler of a row: what the multiplexer hands its connections to, and its TLS listener in separate mode. */
+  of(row: Protocol): RouteHandler {
+    switch (row.kind) {
+      case 'web':
+        return this.web;
+      case 'redirect':
+        return this.redirectRoute;
+      case 'ssh':
+        return this.raw(row.name, row);
+      default:
+        return this.terminate(row.name, this.services[row.kind]);
+    }
+  }
+
+  /** The raw bytes to the row's service, under the name `name` (a separate listener's). */
+  raw(name: string, row: Protocol): RouteHandler {
+    const service = row.kind === 'web' || row.kind === 'redirect' ? undefined : this.services[row.kind];
+    return (stream, info) => {
+      this.streams.track(stream);
+      if (service) return service(stream, info);
+      this.absent(name, info);
+      stream.destroy();
+    };
+  }
+
+  // Always HTTP/1.1, whatever the client offered (h2 among others routes here; h2 alone fails the handshake).
+  private readonly web: RouteHandler = (stream) => {
+    this.streams.track(stream);
+    terminateTls(stream, this.terminating(['http/1.1']), this.toWeb, (err) => this.log.debug({ err: err.message }, 'TLS on the web port failed'));
+  };
+
+  private readonly redirectRoute: RouteHandler = (stream) => {
+    this.streams.track(stream);
+    this.toRedirect(stream);
+  };
+
+  /** TLS ends here with the protocol the client chose (none on a separate listener), then the service. */
+  private terminate(name: string, service: ServiceHandler | undefined): RouteHandler {
+    return (stream, info) => {
+      this.streams.track(stream);
+      terminateTls(
+        stream,
+        this.terminating(info.alpn ? [info.alpn] : []),
+        (socket) => {
+          if (service) return service(socket, info);
+          this.absent(name, info);
+          socket.end();
+        },
+        (err) => this.log.debug({ route: name, err: err.message }, 'TLS on a routed connection failed'),
+      );
+    };
+  }
+
+  private terminating(alpn: string[]) {
+    return { secureContext: this.secureContext, alpn, handshakeMs: this.limits.settings.tlsHandshakeMs };
+  }
+
+  private absent(name: string, info: ConnInfo): void {
+    this.log.info({ route: name, client: `${info.remoteAddress}:${info.remotePort}` }, `no ${name} service runs behind this proxy yet; closing`);
+  }
+}
+
 export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDoor> {
   const log = logger('proxy');
-  const { config } = options;
-  const p = config.proxy_service;
-  const multiplex = config.auth_service.proxy_listener_mode === 'multiplex';
-  const limits = options.limits ?? new ConnectionLimits(limitSettings(config));
-  const deadlines = limits.settings;
+  const p = options.config.proxy_service;
+  const multiplex = options.config.auth_service.proxy_listener_mode === 'multiplex';
+  const protocols = options.protocols ?? PROTOCOLS;
+  const limits = options.limits ?? new ConnectionLimits(limitSettings(options.config));
   const addresses: Record<string, string> = {};
-  const sockets = new Set<Duplex>();
-  const track = (s: Duplex) => {
-    sockets.add(s);
-    s.once('close', () => sockets.delete(s));
-  };
+  const streams = new Streams();
 
-  const secureContext = serverSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: options.tls.ca }, 'proxy');
-  const terminating = (alpn: string[]) => ({ secureContext, alpn, handshakeMs: deadlines.tlsHandshakeMs });
-
-  // --- the web server: API, ping, find, version server, connection upgrade -----------------------------------
   const web = createWebServer(options, addresses);
-  const toWeb = guardHttpServer(web, deadlines, { upgrades: true });
-  // Always HTTP/1.1, whatever the client offered (h2 among others routes here; h2 alone fails the handshake).
-  const webRoute: RouteHandler = (stream) => {
-    track(stream);
-    terminateTls(stream, terminating(['http/1.1']), toWeb, (err) => log.debug({ err: err.message }, 'TLS on the web port failed'));
-  };
-
-  // --- TLS routes ---------------------------------------------------------------------------------------------
-  const terminate = (name: string, service: ServiceHandler | undefined): RouteHandler => (stream, info) => {
-    track(stream);
-    terminateTls(
-      stream,
-      terminating(info.alpn ? [info.alpn] : []),
-      (socket) => {
-        if (service) return service(socket, info);
-        log.info({ route: name, client: `${info.remoteAddress}:${info.remotePort}` }, `no ${name} service runs behind this proxy yet; closing`);
-        socket.end();
-      },
-      (err) => log.debug({ route: name, err: err.message }, 'TLS on a routed connection failed'),
-    );
-  };
-  const alpnRoutes = new Map<string, RouteHandler>(ALPN_ROUTES.map((r) => [r, terminate(r, options.services?.tls?.[r])]));
-  const raw = (name: string, service: ServiceHandler | undefined): RouteHandler => (stream, info) => {
-    track(stream);
-    if (service) return service(stream, info);
-    log.info({ route: name, client: `${info.remoteAddress}:${info.remotePort}` }, `no ${name} service runs behind this proxy yet; closing`);
-    stream.destroy();
-  };
-  const redirect = createRedirectServer();
-  const toRedirect = guardHttpServer(redirect, deadlines);
-
+  const routes = new RouteHandlers(options, web, limits, streams, log);
   const mux = new Multiplexer({
-    alpn: alpnRoutes,
-    web: webRoute,
-    kube: terminate('kube', options.services?.tls?.kube),
-    ssh: raw('ssh', options.services?.ssh),
-    http: (stream) => {
-      track(stream);
-      toRedirect(stream);
-    },
+    routes: protocols.map((row): MuxRoute => ({ name: row.name, match: muxMatchOf(row), handler: routes.of(row) })),
     proxyProtocol: p.proxy_protocol === 'on',
     detectTimeoutMs: p.detect_timeout,
   });
-  const wss = serveUpgrades(web, mux, alpnRoutes, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000);
+  const wss = serveUpgrades(web, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000);
 
-  const listeners = listenerTable(p, multiplex, { mux, webRoute, raw, terminate, services: options.services ?? {} });
-  const servers: net.Server[] = [];
-  try {
-    for (const [name, addr, key, onSocket] of listeners) {
-      if (!addr) continue;
-      // With PROXY headers on, the one port learns the client's address only from the header (the mux counts it).
-      const guard = limits.listener(name, { sourceAtAccept: !(multiplex && p.proxy_protocol === 'on') });
-      const server = guardedServer(guard, (socket) => {
-        track(socket);
-        onSocket(socket);
-      });
-      servers.push(server);
-      addresses[name] = await listenOn(server, addr, key);
-    }
-    if (multiplex) log.info({ addr: addresses.web, tls_routing: true }, 'proxy listening: every protocol on the web port');
-    else log.info({ addresses, tls_routing: false }, 'proxy listening on separate ports');
-  } catch (err) {
-    await Promise.all(servers.map(closeServer));
-    throw err;
-  }
+  const listeners = multiplex ? [onePort(protocols, mux)] : separateListeners(protocols, mux, routes);
+  // With PROXY headers on, the one port learns the client's address only from the header (the mux counts it).
+  const sourceAtAccept = !(multiplex && p.proxy_protocol === 'on');
+  const servers = await bindListeners(listeners, p, { limits, sourceAtAccept, streams, addresses });
+  if (multiplex) log.info({ addr: addresses.web, tls_routing: true }, 'proxy listening: every protocol on the web port');
+  else log.info({ addresses, tls_routing: false }, 'proxy listening on separate ports');
 
   return {
     addresses,
@@ -243,35 +276,70 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
     async close() {
       // Stop accepting first, then drop every connection the listeners ever accepted (a client that reconnects
       // at once, such as an agent told to reconnect, must not keep the shutdown waiting).
-      const closed = Promise.all([...servers.map(closeServer), closeServer(web), closeServer(redirect)]);
-      for (const s of sockets) s.destroy();
+      const closed = Promise.all([...servers.map(closeServer), closeServer(web), closeServer(routes.redirect)]);
+      streams.destroyAll();
       wss.close();
       await closed;
     },
   };
 }
 
-type Listener = [name: string, addr: HostPort | undefined, key: string, onSocket: (socket: net.Socket) => void];
+interface Listener extends SeparateListener {
+  onSocket: (socket: net.Socket) => void;
+}
 
-/** The listeners of a listener mode: the one port, or the seed's separate ports. */
-function listenerTable(
+/** TLS routing: every protocol on the web row's address, through the multiplexer. */
+function onePort(protocols: readonly Protocol[], mux: Multiplexer): Listener {
+  const web = protocols.find((row) => row.kind === 'web')?.listener;
+  if (!web) throw new GatewayError('GW_ERR_INTERNAL', 'the protocol table has no web listener for the one port');
+  return { ...web, accepts: 'mux', onSocket: (s) => mux.handleSocket(s) };
+}
+
+/** Separate listeners: each row's own, in the table's order. */
+function separateListeners(protocols: readonly Protocol[], mux: Multiplexer, routes: RouteHandlers): Listener[] {
+  return protocols.flatMap((row): Listener[] => {
+    const l = row.listener;
+    if (!l) return [];
+    switch (l.accepts) {
+      case 'mux':
+        return [{ ...l, onSocket: (s) => mux.handleSocket(s) }];
+      case 'tls': {
+        const handler = routes.of(row);
+        return [{ ...l, onSocket: (s) => handler(s, infoOf(s, row.name)) }];
+      }
+      case 'raw': {
+        // Raw bytes carry no ALPN: the connection is named after its listener ("tunnel").
+        const handler = routes.raw(l.name, row);
+        return [{ ...l, onSocket: (s) => handler(s, infoOf(s, l.name)) }];
+      }
+    }
+  });
+}
+
+/** Binds each listener that has an address; on a failure, closes those bound before it and throws. */
+async function bindListeners(
+  listeners: readonly Listener[],
   p: GatewayConfig['proxy_service'],
-  multiplex: boolean,
-  r: { mux: Multiplexer; webRoute: RouteHandler; raw: (name: string, service: ServiceHandler | undefined) => RouteHandler; terminate: (name: string, service: ServiceHandler | undefined) => RouteHandler; services: ProtocolServices },
-): Listener[] {
-  if (multiplex) return [['web', p.web_listen_addr, 'proxy_service.web_listen_addr', (s) => r.mux.handleSocket(s)]];
-  const tlsRoute = (route: AlpnRoute | 'kube') => (s: net.Socket) => r.terminate(route, r.services.tls?.[route])(s, infoOf(s, route));
-  return [
-    ['web', p.web_listen_addr, 'proxy_service.web_listen_addr', (s) => r.webRoute(s, infoOf(s, 'web'))],
-    ['ssh', p.listen_addr, 'proxy_service.listen_addr', (s) => r.raw('ssh', r.services.ssh)(s, infoOf(s, 'ssh'))],
-    ['tunnel', p.tunnel_listen_addr, 'proxy_service.tunnel_listen_addr', (s) => r.raw('tunnel', r.services.tunnel)(s, infoOf(s, 'tunnel'))],
-    ['peer', p.peer_listen_addr, 'proxy_service.peer_listen_addr', (s) => r.mux.handleSocket(s)],
-    ['mysql', p.mysql_listen_addr, 'proxy_service.mysql_listen_addr', tlsRoute('gateway-mysql')],
-    ['postgres', p.postgres_listen_addr, 'proxy_service.postgres_listen_addr', tlsRoute('gateway-postgres')],
-    ['mongo', p.mongo_listen_addr, 'proxy_service.mongo_listen_addr', tlsRoute('gateway-mongodb')],
-    ['redis', p.redis_listen_addr, 'proxy_service.redis_listen_addr', tlsRoute('gateway-redis')],
-    ['kube', p.kube_listen_addr, 'proxy_service.kube_listen_addr', tlsRoute('kube')],
-  ];
+  o: { limits: ConnectionLimits; sourceAtAccept: boolean; streams: Streams; addresses: Record<string, string> },
+): Promise<net.Server[]> {
+  const servers: net.Server[] = [];
+  try {
+    for (const l of listeners) {
+      const addr = p[l.key];
+      if (!addr) continue;
+      const guard = o.limits.listener(l.name, { sourceAtAccept: o.sourceAtAccept });
+      const server = guardedServer(guard, (socket) => {
+        o.streams.track(socket);
+        l.onSocket(socket);
+      });
+      servers.push(server);
+      o.addresses[l.name] = await listenOn(server, addr, `proxy_service.${l.key}`);
+    }
+  } catch (err) {
+    await Promise.all(servers.map(closeServer));
+    throw err;
+  }
+  return servers;
 }
 
 function infoOf(socket: net.Socket, route: string): ConnInfo {

@@ -13,21 +13,21 @@ import type { Duplex } from 'node:stream';
 import type { Connection } from 'ssh2';
 import { CLOCK_SKEW_MS } from '../auth/pki.js';
 import { canAccess } from '../auth/rbac.js';
-import type { AuthService } from '../auth/service.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
-import { splice } from '../tunnel/lines.js';
-import type { TunnelServer } from '../tunnel/server.js';
-import { findTarget } from './access.js';
+import { splice } from '../stream/splice.js';
+import type { TunnelServer } from './tunnel.js';
+import { findTarget } from './resources.js';
 
 export class SshJumpServer {
   private readonly endpoint: SshEndpoint<string>;
   private readonly log = logger('ssh-jump');
 
   constructor(
-    private readonly auth: AuthService,
+    private readonly auth: ProxyAuth,
     private readonly tunnels: TunnelServer,
     hostKeyPem: string,
     deadlines: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_000 },
@@ -63,13 +63,13 @@ export class SshJumpServer {
       conn.on('tcpip', (accept, reject, dest) => {
         void (async () => {
           const node = dest.destIP;
-          const target = findTarget(this.tunnels.list(), 'gateway-proxy-ssh', { resource: node });
+          const target = findTarget(this.tunnels.list(), 'ssh', { resource: node });
           if (!target) {
             this.log.info({ user, node, client }, 'SSH jump: no connected node by that name');
             return reject();
           }
           const current = await this.auth.resolveSshUser(user, issuedAt);
-          if (!canAccess(await this.auth.rolesOf(current.roles), 'node', target.labels)) {
+          if (!canAccess(await this.auth.rolesOf(current.roles), target.access, target.labels)) {
             this.log.info({ user, node, client }, 'SSH jump: the user’s roles do not allow this node');
             return reject();
           }

@@ -20,14 +20,16 @@ import type { TLSSocket } from 'node:tls';
 import { peerIdentityOf } from '../auth/api.js';
 import { canAccess } from '../auth/rbac.js';
 import type { Identity } from '../auth/pki.js';
-import type { AuthService } from '../auth/service.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
-import { clientAddress } from '../mux/clientaddr.js';
+import { clientAddress } from '../stream/meta.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { guardHttpServer, type HttpDeadlines } from '../net/http.js';
-import type { ConnectedAgent, TunnelServer } from '../tunnel/server.js';
+import type { TunnelServer } from './tunnel.js';
 import { statusFor } from '../auth/api.js';
+import { KUBE_SNI_PREFIX } from './protocols.js';
+import { findTarget, findWebApp } from './resources.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
 
@@ -60,26 +62,14 @@ function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Dupl
   req.pipe(upstream);
 }
 
-function newest(agents: ConnectedAgent[]): ConnectedAgent[] {
-  return [...agents].sort((a, b) => b.connectedAt.getTime() - a.connectedAt.getTime());
-}
-
 /** Returns a web-port request handler for HTTP apps, or false from handle() when the Host is not an app's. */
-export function createWebAppHandler(auth: AuthService, tunnels: TunnelServer) {
+export function createWebAppHandler(auth: ProxyAuth, tunnels: TunnelServer) {
   const log = logger('webapps');
   return (req: http.IncomingMessage, res: http.ServerResponse): boolean => {
     const host = (req.headers.host ?? '').toLowerCase().replace(/:\d+$/, '');
     if (!host) return false;
-    let found: { agent: ConnectedAgent; name: string; labels: Record<string, string> } | undefined;
-    for (const agent of newest(tunnels.list())) {
-      const app = agent.resources.apps.find((a) => a.public_addr === host && a.kind !== 'tcp');
-      if (app) {
-        found = { agent, name: app.name, labels: app.labels };
-        break;
-      }
-    }
-    if (!found) return false;
-    const target = found;
+    const target = findWebApp(tunnels.list(), host);
+    if (!target) return false;
     void (async () => {
       let certified: Identity;
       try {
@@ -91,12 +81,12 @@ export function createWebAppHandler(auth: AuthService, tunnels: TunnelServer) {
       }
       trackRequest(auth, certified, `app ${target.name}`, req, res);
       const identity = await auth.resolveCaller(certified);
-      if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), 'app', target.labels)) {
+      if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), target.access, target.labels)) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
       }
       const client = clientAddress(req.socket);
       const stream = await tunnels.dial(target.agent.hostId, {
-        service: 'app',
+        service: target.service,
         resource: target.name,
         client_src: `${client.address}:${client.port}`,
         client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
@@ -110,16 +100,18 @@ export function createWebAppHandler(auth: AuthService, tunnels: TunnelServer) {
 }
 
 /** Tracks a request in auth.sessions until its answer is done; a revocation drops the client's connection. */
-function trackRequest(auth: AuthService, identity: Identity, what: string, req: http.IncomingMessage, res: http.ServerResponse): void {
+function trackRequest(auth: ProxyAuth, identity: Identity, what: string, req: http.IncomingMessage, res: http.ServerResponse): void {
   const untrack = auth.sessions.track(identity, what, () => req.socket.destroy());
   res.once('close', untrack);
   if (res.writableFinished || req.socket.destroyed) untrack();
 }
 
 export const KUBE_PATH_PREFIX = '/k8s/';
+/** The protocol table's row for Kubernetes: which clusters its requests may reach. */
+const KUBE_ROUTE = 'kube';
 
 /** The kube route's service: an HTTP server over the user's TLS stream, with the HTTP deadlines of gateway.limits. */
-export function createKubeHandler(auth: AuthService, tunnels: TunnelServer, deadlines: HttpDeadlines): (stream: Duplex, info: ConnInfo) => void {
+export function createKubeHandler(auth: ProxyAuth, tunnels: TunnelServer, deadlines: HttpDeadlines): (stream: Duplex, info: ConnInfo) => void {
   const log = logger('kube');
   const server = http.createServer((req, res) => {
     void (async () => {
@@ -130,23 +122,22 @@ export function createKubeHandler(auth: AuthService, tunnels: TunnelServer, dead
       const url = req.url ?? '/';
       if (!url.startsWith(KUBE_PATH_PREFIX)) {
         throw new GatewayError('GW_ERR_API_NOT_FOUND', `Kubernetes requests go to ${KUBE_PATH_PREFIX}<cluster>/...`, {
-          hint: 'Set the kubeconfig server to https://kube-gateway-proxy-alpn.<proxy host>:<port>/k8s/<cluster>.',
+          hint: `Set the kubeconfig server to https://${KUBE_SNI_PREFIX}<proxy host>:<port>${KUBE_PATH_PREFIX}<cluster>.`,
         });
       }
       const rest = url.slice(KUBE_PATH_PREFIX.length);
       const slash = rest.indexOf('/');
       const cluster = decodeURIComponent(slash < 0 ? rest : rest.slice(0, slash));
       const path = slash < 0 ? '/' : rest.slice(slash);
-      const agent = newest(tunnels.list()).find((a) => a.resources.kube_clusters.some((k) => k.name === cluster));
-      const kube = agent?.resources.kube_clusters.find((k) => k.name === cluster);
-      if (!agent || !kube) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves the Kubernetes cluster "${cluster}"`);
-      if (!canAccess(await auth.rolesOf(identity.roles), 'kube_cluster', kube.labels)) {
+      const kube = findTarget(tunnels.list(), KUBE_ROUTE, { resource: cluster });
+      if (!kube) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves the Kubernetes cluster "${cluster}"`);
+      if (!canAccess(await auth.rolesOf(identity.roles), kube.access, kube.labels)) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow the Kubernetes cluster "${cluster}"`);
       }
       for (const h of Object.keys(req.headers)) if (h.startsWith('impersonate-')) delete req.headers[h];
       const client = clientAddress(req.socket);
-      const stream = await tunnels.dial(agent.hostId, {
-        service: 'kube',
+      const stream = await tunnels.dial(kube.agent.hostId, {
+        service: kube.service,
         resource: cluster,
         client_src: `${client.address}:${client.port}`,
         client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,

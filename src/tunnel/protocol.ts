@@ -5,9 +5,13 @@
  *     user name = the agent's host ID; public-key authentication with the key its host certificate certifies
  *
  *   control: a "session" channel with subsystem "gateway-control", newline-delimited JSON both ways
- *     agent → proxy   hello {hostId, nodename, services, resources, version}   heartbeat {seq}
+ *     agent → proxy   hello {hostId, nodename, services, resources, version}   heartbeat {seq}   event {event}
  *     proxy → agent   welcome {proxyId, heartbeatIntervalMs, heartbeatCountMax}  discovery {proxies}
  *                     heartbeat {seq}   reconnect {reason}   (sent when the proxy shuts down gracefully)
+ *                     maintenance-changed
+ *     A line longer than CONTROL_MAX_LINE_BYTES is a protocol error: the receiver closes the tunnel. A line
+ *     that is not a JSON object, or a message of a type the receiver does not know or with fields of other
+ *     types than declared here, is ignored (src/tunnel/control.ts enforces both).
  *
  *   each forwarded connection: the agent asks once for "tcpip-forward" of TUNNEL_BIND; the proxy then opens a
  *     "forwarded-tcpip" channel per client connection. Its first line is a DialRequest (JSON); the agent answers
@@ -16,6 +20,8 @@
 export const CONTROL_SUBSYSTEM = 'gateway-control';
 export const TUNNEL_BIND = { addr: 'gateway-tunnel', port: 1 } as const;
 export const PROTOCOL_VERSION = 1;
+/** The longest control line either end reads (the hello is a dial-request-sized line, see stream/lines.ts). */
+export const CONTROL_MAX_LINE_BYTES = 1024 * 1024;
 
 export type ServiceKind = 'ssh' | 'db' | 'app' | 'desktop' | 'kube';
 

@@ -4,9 +4,10 @@
  * sockets that send hostile bytes.
  *
  * Behind the door: a tiny `api` handler (stands for the auth router), a real VersionServer, and an echo service
- * per ALPN route and for kube (each gets the TLS socket after the handshake and echoes bytes back); ssh gets a
- * raw echo. Every service records what it was handed (ConnInfo, negotiated ALPN, client address), so tests can
- * check the routing decision, not only that bytes came back.
+ * per route kind (resource, tunnel, kube, peer get the TLS socket after the handshake, ssh and the raw tunnel
+ * listener the raw stream; each echoes bytes back). Every service records what it was handed (its kind,
+ * ConnInfo, negotiated ALPN, client address), so tests can check the routing decision, not only that bytes came
+ * back.
  *
  * The main door runs with TLS routing (multiplex), proxy_protocol on and detect_timeout 1s. The 10 000 idle
  * connections, HAProxy and curl-through-squid scenarios run against the real daemon in test/e2e/.
@@ -29,11 +30,11 @@ import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { isGatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
-import { clientAddress } from '../../src/mux/clientaddr.js';
+import { clientAddress } from '../../src/stream/meta.js';
 import { parseClientHello } from '../../src/mux/clienthello.js';
 import type { ConnInfo, MultiplexerStats } from '../../src/mux/multiplexer.js';
 import { buildProxyHeaderV1, buildProxyHeaderV2 } from '../../src/mux/proxyproto.js';
-import { ALPN_ROUTES, startFrontDoor, type FrontDoor, type FrontDoorOptions, type ServiceHandler } from '../../src/proxy/frontdoor.js';
+import { startFrontDoor, type FrontDoor, type FrontDoorOptions, type ServiceHandler } from '../../src/proxy/frontdoor.js';
 import { VersionServer } from '../../src/proxy/versions.js';
 import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
@@ -45,6 +46,17 @@ const run = promisify(execFile);
 const HOST = 'proxy.gw.test';
 const KUBE_SNI = `kube-gateway-proxy-alpn.${HOST}`;
 const CLUSTER = 'gw.test';
+/** The ALPN protocols routed besides the web's (ARCHITECTURE.md, wire identifiers), and the kind of service behind each. */
+const ALPN_ROUTES = {
+  'gateway-reversetunnel': 'tunnel',
+  'gateway-proxy-ssh': 'resource',
+  'gateway-postgres': 'resource',
+  'gateway-mysql': 'resource',
+  'gateway-mongodb': 'resource',
+  'gateway-redis': 'resource',
+  'gateway-tcp': 'resource',
+  'gateway-peer': 'peer',
+} as const;
 /** Protocols that take a "-ping" suffix (ARCHITECTURE.md, wire identifiers). */
 const PING_CAPABLE = ['gateway-postgres', 'gateway-mysql', 'gateway-mongodb', 'gateway-redis', 'gateway-tcp'] as const;
 const UPGRADE_PATH = '/webapi/connectionupgrade';
@@ -116,7 +128,10 @@ const config = (yaml: string): GatewayConfig => parseConfig(yaml, 'frontdoor.tes
 
 /** What a service was handed. */
 interface Seen {
+  /** The route's name (ConnInfo.route). */
   service: string;
+  /** Which service got it (ProtocolServices key). */
+  kind: string;
   info: ConnInfo;
   /** The ALPN protocol the service's TLS socket negotiated (false: none); undefined for raw services. */
   alpn?: string | false | null;
@@ -149,18 +164,11 @@ function waitSeen(pred: (s: Seen) => boolean): Promise<Seen> {
 /** The record of the connection whose client side is `local` (the service sees it as its remote end). */
 const seenFor = (local: { localPort?: number | undefined }) => waitSeen((s) => s.info.remotePort === local.localPort && s.info.remoteAddress === '127.0.0.1');
 
-function tlsEcho(name: string): ServiceHandler {
+/** Echoes what it gets; a TLS socket's negotiated ALPN is recorded (a raw socket has none: undefined). */
+function echo(kind: string): ServiceHandler {
   return (stream, info) => {
     const socket = stream as tls.TLSSocket;
-    record({ service: name, info, alpn: socket.alpnProtocol, client: clientAddress(socket) });
-    stream.on('error', () => undefined);
-    stream.pipe(stream);
-  };
-}
-
-function rawEcho(name: string): ServiceHandler {
-  return (stream, info) => {
-    record({ service: name, info, client: clientAddress(stream as net.Socket) });
+    record({ service: info.route, kind, info, alpn: socket.alpnProtocol, client: clientAddress(socket) });
     stream.on('error', () => undefined);
     stream.pipe(stream);
   };
@@ -184,14 +192,7 @@ async function startDoor(yaml: string, extra: Partial<FrontDoorOptions> = {}): P
       res.end(body);
     },
     versions,
-    services: {
-      tls: {
-        ...Object.fromEntries(ALPN_ROUTES.map((r) => [r, tlsEcho(r)])),
-        kube: tlsEcho('kube'),
-      },
-      ssh: rawEcho('ssh'),
-      tunnel: rawEcho('tunnel'),
-    },
+    services: { resource: echo('resource'), tunnel: echo('tunnel'), kube: echo('kube'), peer: echo('peer'), ssh: echo('ssh') },
     upgradePingIntervalMs: 100,
     ...extra,
   });
@@ -489,7 +490,7 @@ const refusedDelta = (before: MultiplexerStats, after: MultiplexerStats): Record
 // =================================================================================================================
 
 describe('ALPN routes (TLS routing on the web port)', () => {
-  it.each(ALPN_ROUTES.map((r) => [r]))('%s: negotiated exactly as offered, bytes echo through its service', async (route) => {
+  it.each(Object.entries(ALPN_ROUTES))('%s: negotiated exactly as offered, bytes echo through its %s service', async (route, kind) => {
     const s = await connectTls({ alpn: [route] });
     expect(s.alpnProtocol).toBe(route);
     expect(s.authorized).toBe(true);
@@ -497,6 +498,7 @@ describe('ALPN routes (TLS routing on the web port)', () => {
     expect((await roundTrip(s, payload)).equals(payload)).toBe(true);
     const got = await seenFor(s);
     expect(got.service).toBe(route);
+    expect(got.kind).toBe(kind);
     expect(got.alpn).toBe(route);
     expect(got.info).toMatchObject({ route, alpn: route, ping: false, serverName: HOST, clientAlpn: [route] });
     expect(got.info.upgraded).toBeUndefined();
@@ -956,13 +958,13 @@ describe('separate listeners (proxy_listener_mode: separate)', () => {
 
     const tunnel = await connectRaw(portOf(sep.addresses.tunnel!));
     expect((await roundTrip(tunnel, 'SSH-2.0-agent\r\n')).toString()).toBe('SSH-2.0-agent\r\n');
-    expect((await seenFor(tunnel)).service).toBe('tunnel');
+    expect(await seenFor(tunnel)).toMatchObject({ service: 'tunnel', kind: 'tunnel', alpn: undefined });
     tunnel.destroy();
 
     const peer = await connectTls({ port: portOf(sep.addresses.peer!), alpn: ['gateway-peer'] });
     expect(peer.alpnProtocol).toBe('gateway-peer');
     expect((await roundTrip(peer, 'peer')).toString()).toBe('peer');
-    expect((await seenFor(peer)).service).toBe('gateway-peer');
+    expect(await seenFor(peer)).toMatchObject({ service: 'gateway-peer', kind: 'peer' });
     peer.destroy();
 
     const kube = await connectTls({ port: portOf(sep.addresses.kube!) });

@@ -6,8 +6,9 @@
  * Why this reaches into ssh2: ssh2 has a complete SFTP v3 server-side parser and encoder, but no public API to
  * run it on anything but the `sftp` subsystem of one of its own SSH sessions. The package that once offered it
  * on a plain stream (ssh2-streams' SFTPStream) is ssh2's deprecated predecessor, and writing a second parser
- * for the same protocol would be the worse choice. This is the only file that touches ssh2 internals,
- * and it touches exactly these (ssh2 1.17.0, pinned in package.json, lib/protocol/SFTP.js):
+ * for the same protocol would be the worse choice. Apart from src/net/ssh.ts (a Connection's stream), this
+ * is the only file that touches ssh2 internals, and it touches exactly these (ssh2 1.17.0, pinned in
+ * package.json, lib/protocol/SFTP.js):
  *   - `new SFTP(client, chanInfo, { server: true })`, the class ssh2 hands to a session's `sftp` event.
  *     The constructor reads `client._protocol._remoteIdentRaw` (the peer's SSH version string: we pass
  *     OpenSSH's, see below) and keeps `chanInfo.outgoing`, the channel state its writes check (`state` 'open',

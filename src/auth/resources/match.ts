@@ -77,7 +77,7 @@ export function expandTemplates(values: readonly string[] | undefined, traits: R
       if (USABLE.test(v)) out.add(v);
       continue;
     }
-    const [, prefix, , trait, suffix] = m as unknown as [string, string, string, string, string];
+    const [, prefix = '', , trait = '', suffix = ''] = m; // every group of TEMPLATE takes part in a match
     const found = Object.hasOwn(traits, trait) ? traits[trait] : undefined;
     for (const t of Array.isArray(found) ? found : []) {
       const expanded = `${prefix}${String(t)}${suffix}`;

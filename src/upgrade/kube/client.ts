@@ -231,10 +231,10 @@ export class ClientNodeKubeApi implements KubeApi {
  * For a Kubernetes agent's schedule export (startScheduleExport's writeKubeState in src/upgrade/schedule.ts):
  * writes the JSON into the Secret the updater reads. In the pod, with the chart's Role for the agent.
  */
-export function kubeScheduleWriter(options: { namespace: string; secretName: string; key?: string; api?: KubeApi }): (json: string) => Promise<void> {
+export function kubeScheduleWriter(options: { namespace: string; secretName: string; key?: string; api?: KubeApi; env?: NodeJS.ProcessEnv }): (json: string) => Promise<void> {
   let api = options.api;
   return async (json) => {
-    api ??= new ClientNodeKubeApi(loadKubeConfig());
+    api ??= new ClientNodeKubeApi(loadKubeConfig(options.env ? { env: options.env } : {}));
     await api.writeSecretKey(options.namespace, options.secretName, options.key ?? 'agent-maintenance-schedule', json);
   };
 }

@@ -7,25 +7,27 @@
  *   dial     TLS routing: the web address with ALPN gateway-reversetunnel (TLS client cert = host cert);
  *            separate listeners: raw SSH to ssh_tunnel_public_addr
  *   ssh      user = host ID, key = the host key; the Proxy's SSH host key must be the one /webapi/find lists
+ *   control  hello, heartbeats and audit events out; welcome, discovery, maintenance-changed and reconnect in
+ *            (read through src/tunnel/control.ts: a line over the cap drops the tunnel, unknown lines are ignored)
  *   retry    with backoff and jitter: first retry within 0.25-0.5 s, doubling, capped at 5 s; a reconnect
  *            notice from a Proxy that shuts down gracefully retries at once
  */
-import { createPrivateKey } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import net from 'node:net';
 import type { Duplex } from 'node:stream';
-import tls from 'node:tls';
 import ssh2 from 'ssh2';
 import type { ClientChannel } from 'ssh2';
 import { parseAddr } from '../addr.js';
-import type { HostIdentity } from '../agent/identity.js';
+import { sshPrivateKeyPem } from '../auth/pki.js';
 import { ApiClient } from '../client/api.js';
 import type { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { PingProxy } from '../proxy/ping.js';
-import { readJsonLine, splice, writeJsonLine } from './lines.js';
+import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { splice } from '../stream/splice.js';
+import { connectTls } from '../stream/tls.js';
+import { Heartbeat, readControl } from '../tunnel/control.js';
 import {
   CONTROL_SUBSYSTEM,
   PROTOCOL_VERSION,
@@ -35,7 +37,8 @@ import {
   type DialAnswer,
   type DialRequest,
   type ServiceKind,
-} from './protocol.js';
+} from '../tunnel/protocol.js';
+import type { HostIdentity } from './identity.js';
 
 /** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
 export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
@@ -63,11 +66,6 @@ export interface FindResponse {
 
 export type TunnelState = 'connecting' | 'connected' | 'waiting' | 'stopped';
 
-/** OpenSSH/ssh2 accept EC keys as SEC1 ("EC PRIVATE KEY"), not PKCS#8. */
-export function sshPrivateKey(pkcs8Pem: string): string {
-  return createPrivateKey(pkcs8Pem).export({ type: 'sec1', format: 'pem' }) as string;
-}
-
 export class TunnelAgent extends EventEmitter {
   private readonly log = logger('tunnel-agent');
   private client: ssh2.Client | undefined;
@@ -75,7 +73,7 @@ export class TunnelAgent extends EventEmitter {
   private stopped = false;
   private attempt = 0;
   private retryTimer: NodeJS.Timeout | undefined;
-  private heartbeatTimer: NodeJS.Timeout | undefined;
+  private heartbeat: Heartbeat | undefined;
   private readonly channels = new Set<Duplex>();
   private heartbeatIntervalMs: number;
   private heartbeatCountMax: number;
@@ -130,25 +128,13 @@ export class TunnelAgent extends EventEmitter {
     if (find.proxy.tls_routing_enabled) {
       const addr = find.proxy.ssh.public_addr || identity.server;
       const raw = await dialer.dial(addr);
-      const servername = parseAddr(addr).host;
-      const socket = tls.connect({
-        socket: raw,
-        ALPNProtocols: ['gateway-reversetunnel'],
-        ca: identity.hostCa,
-        cert: identity.cert,
-        key: identity.key,
-        ...(net.isIP(servername) ? {} : { servername }),
-        host: servername,
-      });
-      await new Promise<void>((resolve, reject) => {
-        socket.once('secureConnect', () => (socket.alpnProtocol === 'gateway-reversetunnel' ? resolve() : reject(new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN gateway-reversetunnel`))));
-        socket.once('error', (err) =>
-          reject(
-            tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
-              new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err }),
-          ),
+      const socket = await connectTls(raw, { ALPNProtocols: ['gateway-reversetunnel'], ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host }).catch((err: Error) => {
+        throw (
+          tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
+          new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err })
         );
       });
+      if (socket.alpnProtocol !== 'gateway-reversetunnel') throw new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN gateway-reversetunnel`);
       return socket;
     }
     const addr = find.proxy.ssh.ssh_tunnel_public_addr;
@@ -180,7 +166,7 @@ export class TunnelAgent extends EventEmitter {
       if (closed) return;
       closed = true;
       transport.destroy(); // a half-closed transport would otherwise stay open for ever
-      if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+      this.heartbeat?.stop();
       for (const ch of this.channels) ch.destroy();
       this.channels.clear();
       if (this.client === client) this.client = undefined;
@@ -205,7 +191,7 @@ export class TunnelAgent extends EventEmitter {
     client.on('end', () => onClosed('connection ended by the other side'));
     client.on('tcp connection', (info, accept, reject) => {
       if (info.destIP !== TUNNEL_BIND.addr) return reject();
-      const channel = accept() as unknown as Duplex;
+      const channel = accept();
       this.channels.add(channel);
       channel.once('close', () => this.channels.delete(channel));
       void this.serveChannel(channel);
@@ -224,15 +210,15 @@ export class TunnelAgent extends EventEmitter {
             client.end();
             return;
           }
-          this.runControl(client, control);
+          this.runControl(client, control, transport);
         });
       });
     });
     const allowedKeys = (find.tunnel_host_keys ?? []).map((k) => ssh2.utils.parseKey(k)).filter((k): k is ssh2.ParsedKey => !(k instanceof Error) && !Array.isArray(k));
     client.connect({
-      sock: transport as never,
+      sock: transport,
       username: identity.hostId,
-      privateKey: sshPrivateKey(identity.key),
+      privateKey: sshPrivateKeyPem(identity.key),
       readyTimeout: 20_000,
       keepaliveInterval: this.heartbeatIntervalMs,
       keepaliveCountMax: this.heartbeatCountMax,
@@ -259,7 +245,12 @@ export class TunnelAgent extends EventEmitter {
     if (this.pendingEvents.length > 1000) this.pendingEvents.shift();
   }
 
-  private runControl(client: ssh2.Client, control: ClientChannel): void {
+  /** How long the Proxy may be silent: its whole heartbeat window, and one interval more. */
+  private silentAfterMs(): number {
+    return this.heartbeatIntervalMs * (this.heartbeatCountMax + 1);
+  }
+
+  private runControl(client: ssh2.Client, control: ClientChannel, transport: Duplex): void {
     const { identity } = this.options;
     this.control = control;
     control.once('close', () => {
@@ -274,65 +265,69 @@ export class TunnelAgent extends EventEmitter {
       services: this.options.services,
       resources: this.options.resources,
     });
-    let seq = 0;
-    let lastHeard = Date.now();
-    const beat = () => {
-      // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
-      // a balancer that dropped the flow without a reset). Drop the transport so that the retry starts now.
-      const silentMs = Date.now() - lastHeard;
-      if (silentMs > this.heartbeatIntervalMs * (this.heartbeatCountMax + 1)) {
-        this.log.warn({ silentMs }, 'the Proxy missed its heartbeats; reconnecting');
-        (client as unknown as { _sock?: { destroy(): void } })._sock?.destroy();
-        client.end();
-        return;
-      }
-      send({ type: 'heartbeat', seq: ++seq });
+    // Drop the transport we handed ssh2, not only the SSH connection: a dead path delivers no FIN, and ending
+    // SSH alone would wait on it. The retry starts when ssh2 reports the close.
+    const drop = () => {
+      transport.destroy();
+      client.end();
     };
-    this.heartbeatTimer = setInterval(beat, this.heartbeatIntervalMs);
-    let pending = '';
-    control.on('data', (chunk: Buffer) => {
-      lastHeard = Date.now();
-      pending += chunk.toString('utf8');
-      let nl: number;
-      while ((nl = pending.indexOf('\n')) >= 0) {
-        const line = pending.slice(0, nl);
-        pending = pending.slice(nl + 1);
-        let m: ControlMessage;
-        try {
-          m = JSON.parse(line) as ControlMessage;
-        } catch {
-          continue;
-        }
-        if (m.type === 'welcome') {
-          this.attempt = 0;
-          this.heartbeatIntervalMs = m.heartbeatIntervalMs;
-          this.heartbeatCountMax = m.heartbeatCountMax;
-          if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
-          this.heartbeatTimer = setInterval(beat, this.heartbeatIntervalMs);
-          this.setState('connected');
-          for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
-          this.log.info({ proxyId: m.proxyId, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
-          // Whatever changed while the tunnel was down: treat a new connection as a possible change.
-          this.emit('maintenance-changed');
-          this.emit('connected', m.proxyId);
-        } else if (m.type === 'reconnect') {
-          this.log.info({ reason: m.reason }, 'the Proxy asked agents to reconnect');
-          client.removeAllListeners('close');
-          client.removeAllListeners('end'); // this path schedules the retry itself
-          client.once('close', () => undefined);
-          client.end();
-          this.emitClosedForReconnect();
-        } else if (m.type === 'discovery') {
-          this.emit('discovery', m.proxies);
-        } else if (m.type === 'maintenance-changed') {
-          this.emit('maintenance-changed');
-        }
-      }
+    // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
+    // a balancer that dropped the flow without a reset). Anything it sends counts as a sign of life.
+    const heartbeat = new Heartbeat({
+      send: (seq) => send({ type: 'heartbeat', seq }),
+      onSilent: (silentMs) => {
+        this.log.warn({ silentMs }, 'the Proxy missed its heartbeats; reconnecting');
+        drop();
+      },
     });
+    this.heartbeat = heartbeat;
+    heartbeat.start(this.heartbeatIntervalMs, this.silentAfterMs());
+    control.on('data', () => heartbeat.heard());
+    readControl(
+      control,
+      (m) => this.onControlMessage(m, client, heartbeat, send),
+      (err) => {
+        this.log.warn({ code: err.code, err: err.message }, 'the Proxy broke the control protocol; reconnecting');
+        drop();
+      },
+    );
+  }
+
+  private onControlMessage(m: ControlMessage, client: ssh2.Client, heartbeat: Heartbeat, send: (m: ControlMessage) => void): void {
+    switch (m.type) {
+      case 'welcome':
+        this.attempt = 0;
+        this.heartbeatIntervalMs = m.heartbeatIntervalMs;
+        this.heartbeatCountMax = m.heartbeatCountMax;
+        heartbeat.start(this.heartbeatIntervalMs, this.silentAfterMs());
+        this.setState('connected');
+        for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
+        this.log.info({ proxyId: m.proxyId, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
+        // Whatever changed while the tunnel was down: treat a new connection as a possible change.
+        this.emit('maintenance-changed');
+        this.emit('connected', m.proxyId);
+        return;
+      case 'reconnect':
+        this.log.info({ reason: m.reason }, 'the Proxy asked agents to reconnect');
+        client.removeAllListeners('close');
+        client.removeAllListeners('end'); // this path schedules the retry itself
+        client.once('close', () => undefined);
+        client.end();
+        this.emitClosedForReconnect();
+        return;
+      case 'discovery':
+        this.emit('discovery', m.proxies);
+        return;
+      case 'maintenance-changed':
+        this.emit('maintenance-changed');
+        return;
+      default:
+        return; // hello and event go the other way; the Proxy's heartbeats matter only as data (heard above)
+    }
   }
 
   private emitClosedForReconnect(): void {
-    if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    this.heartbeat?.stop();
     for (const ch of this.channels) ch.destroy();
     this.channels.clear();
     this.client = undefined;
@@ -371,7 +366,7 @@ export class TunnelAgent extends EventEmitter {
   stop(): void {
     this.stopped = true;
     if (this.retryTimer) clearTimeout(this.retryTimer);
-    if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    this.heartbeat?.stop();
     this.client?.end();
     this.setState('stopped');
   }

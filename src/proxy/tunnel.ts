@@ -1,5 +1,5 @@
 /**
- * The proxy side of reverse tunnels: an SSH server (ssh2) fed with streams from the front door (TLS with ALPN
+ * The Proxy's end of reverse tunnels (the protocol: src/tunnel/): an SSH server (ssh2) fed with streams from the front door (TLS with ALPN
  * gateway-reversetunnel on 443, or raw SSH on 3024), a registry of connected agents and what they serve, and
  * dialing through an agent's tunnel.
  *
@@ -8,7 +8,8 @@
  * name the same host of this cluster. The agent must still be a member and not locked (AuthService.revocationOf);
  * its tunnel is tracked in auth.sessions, so a lock on it drops the tunnel, and reconnects are refused while the
  * lock lasts. Liveness: the agent sends a heartbeat every interval; after countMax
- * intervals without one the proxy marks it offline and drops the connection.
+ * intervals without one the proxy marks it offline and drops the connection. The control channel is read
+ * through src/tunnel/control.ts: a line over the cap closes the connection, unknown messages are ignored.
  */
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
@@ -17,12 +18,13 @@ import type { TLSSocket } from 'node:tls';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
 import { identityFromCert, type Identity } from '../auth/pki.js';
-import type { AuthService } from '../auth/service.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
-import { readJsonLine, readLine, writeJsonLine } from './lines.js';
+import { readLine, writeJsonLine } from '../stream/lines.js';
+import { Heartbeat, parseControlMessage, readControl } from '../tunnel/control.js';
 import {
   CONTROL_SUBSYSTEM,
   PROTOCOL_VERSION,
@@ -33,7 +35,7 @@ import {
   type DialRequest,
   type HelloMessage,
   type ServiceKind,
-} from './protocol.js';
+} from '../tunnel/protocol.js';
 
 export interface ConnectedAgent {
   hostId: string;
@@ -48,7 +50,7 @@ export interface ConnectedAgent {
 }
 
 export interface TunnelServerOptions {
-  auth: AuthService;
+  auth: ProxyAuth;
   /** SSH host key (SEC1 or OpenSSH PEM) of this proxy's tunnel server. */
   hostKey: string;
   heartbeatIntervalMs: number;
@@ -183,10 +185,11 @@ export class TunnelServer extends EventEmitter {
         session.on('subsystem', (acceptSub, rejectSub, subInfo) => {
           if (subInfo.name !== CONTROL_SUBSYSTEM || !acceptSub) return rejectSub?.();
           const control = acceptSub();
-          readJsonLine<HelloMessage>(control as unknown as Duplex, { what: 'hello', timeoutMs: this.options.helloTimeoutMs ?? 15_000 })
-            .then((hello) => {
+          readLine(control, { what: 'hello', timeoutMs: this.options.helloTimeoutMs ?? 15_000 })
+            .then((line) => {
               clearTimeout(helloTimer);
-              if (hello.type !== 'hello' || hello.hostId !== hostId) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the first control message must be a hello for the authenticated host');
+              const hello = parseControlMessage(line);
+              if (hello?.type !== 'hello' || hello.hostId !== hostId) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the first control message must be a hello for the authenticated host');
               this.register(conn, control, hello, remote);
             })
             .catch((err: unknown) => {
@@ -229,7 +232,7 @@ export class TunnelServer extends EventEmitter {
     const onGone = () => {
       if (gone) return;
       gone = true;
-      clearInterval(timer);
+      heartbeat.stop();
       if (this.agents.get(agent.hostId) === agent) {
         this.agents.delete(agent.hostId);
         this.log.info({ hostId: agent.hostId, nodename: agent.nodename }, 'agent disconnected');
@@ -237,47 +240,31 @@ export class TunnelServer extends EventEmitter {
         void this.options.auth.clearPresence(agent.hostId, this.proxyId).catch(() => undefined);
       }
     };
-    let seq = 0;
-    const interval = this.options.heartbeatIntervalMs;
-    const timer = setInterval(() => {
-      const silentFor = Date.now() - agent.lastHeartbeat.getTime();
-      if (silentFor > interval * this.options.heartbeatCountMax) {
-        this.log.warn({ hostId: agent.hostId, nodename: agent.nodename, silentMs: silentFor }, 'agent missed its heartbeats; marking it offline');
+    const { heartbeatIntervalMs, heartbeatCountMax } = this.options;
+    const heartbeat = new Heartbeat({
+      unref: true,
+      send: (seq) => send({ type: 'heartbeat', seq }),
+      onSilent: (silentMs) => {
+        this.log.warn({ hostId: agent.hostId, nodename: agent.nodename, silentMs }, 'agent missed its heartbeats; marking it offline');
         onGone();
         // The peer may be unreachable (no FIN will come): drop the transport now rather than wait for TCP.
         this.endpoint.destroy(conn);
-        return;
-      }
-      send({ type: 'heartbeat', seq: ++seq });
-    }, interval);
-    timer.unref();
+      },
+    });
+    heartbeat.start(heartbeatIntervalMs, heartbeatIntervalMs * heartbeatCountMax);
 
-    const onLine = (line: string) => {
-      let m: ControlMessage;
-      try {
-        m = JSON.parse(line) as ControlMessage;
-      } catch {
-        return;
-      }
+    const onMessage = (m: ControlMessage) => {
       if (m.type === 'heartbeat') {
         agent.lastHeartbeat = new Date();
+        heartbeat.heard();
         void this.writePresence(agent);
-      } else if (m.type === 'event' && m.event && typeof m.event === 'object') {
+      } else if (m.type === 'event') {
         void this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
       }
     };
-    let pending = '';
-    control.on('data', (chunk: Buffer) => {
-      pending += chunk.toString('utf8');
-      if (pending.length > 1024 * 1024) {
-        conn.end();
-        return;
-      }
-      let nl: number;
-      while ((nl = pending.indexOf('\n')) >= 0) {
-        onLine(pending.slice(0, nl));
-        pending = pending.slice(nl + 1);
-      }
+    readControl(control, onMessage, (err) => {
+      this.log.warn({ hostId: agent.hostId, nodename: agent.nodename, err: err.message }, 'agent broke the control protocol; closing');
+      conn.end();
     });
     conn.once('close', onGone);
     conn.once('end', onGone);
@@ -317,7 +304,7 @@ export class TunnelServer extends EventEmitter {
           reject(new GatewayError('GW_ERR_TUNNEL_DOWN', `cannot open a channel to agent "${agent.nodename}" (${hostId}): ${err.message}`));
           return;
         }
-        const stream = channel as unknown as Duplex;
+        const stream: Duplex = channel;
         writeJsonLine(stream, request);
         readLine(stream, { what: 'dial answer', timeoutMs: this.options.dialTimeoutMs ?? 30_000 })
           .then((line) => {

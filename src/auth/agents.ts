@@ -1,0 +1,124 @@
+/**
+ * What the cluster knows about its agents: their node records (written at join, joining.ts), their presence
+ * (written by the Proxies' tunnel registries, expiring unless refreshed), the inventory a user may reach through
+ * them, and the cluster_maintenance_config their upgraders read.
+ */
+import type { Backend } from '../backend/index.js';
+import { GatewayError, isGatewayError } from '../errors.js';
+import type { CallerCheck } from './callers.js';
+import type { Identity } from './pki.js';
+import { canAccess, type AccessKind } from './rbac.js';
+import { KEYS, readJson, type NodeRecord, type Presence } from './records.js';
+import type { Resource } from './resources/index.js';
+
+export interface InventoryItem {
+  name: string;
+  labels: Record<string, string>;
+  agent: string;
+  host_id: string;
+  connected_since: string;
+  protocol?: string;
+  public_addr?: string;
+  /** Nodes: the SSH host certificate, for gwsh known-hosts. */
+  host_cert?: string;
+}
+
+export class AgentDirectory {
+  constructor(
+    private readonly backend: Backend,
+    private readonly clusterName: string,
+    private readonly callers: CallerCheck,
+  ) {}
+
+  async setPresence(presence: Presence, ttlMs: number): Promise<void> {
+    await this.backend.put(KEYS.presence(presence.hostId), JSON.stringify(presence), { ttlMs });
+  }
+
+  /** Removes the presence record, unless another proxy wrote it meanwhile (the agent reconnected elsewhere). */
+  async clearPresence(hostId: string, proxyId: string): Promise<void> {
+    const item = await this.backend.get(KEYS.presence(hostId));
+    if (!item || (JSON.parse(item.value) as Presence).proxyId !== proxyId) return;
+    try {
+      await this.backend.atomicWrite([{ key: item.key, revision: item.revision }], [{ type: 'delete', key: item.key }]);
+    } catch (err) {
+      if (!isGatewayError(err, 'GW_ERR_BACKEND_CONFLICT')) throw err;
+    }
+  }
+
+  async listPresence(): Promise<Presence[]> {
+    return (await this.backend.range('/presence/')).map((i) => JSON.parse(i.value) as Presence);
+  }
+
+  /** Every node record with its presence, as `gwctl get nodes` shows them (unchecked: callers authorize first). */
+  async nodeResources(): Promise<Resource[]> {
+    const online = new Map((await this.listPresence()).map((p) => [p.hostId, p]));
+    return (await this.backend.range('/nodes/')).map((i) => {
+      const n = JSON.parse(i.value) as NodeRecord;
+      const p = online.get(n.hostId);
+      return {
+        kind: 'node',
+        version: 'v2',
+        metadata: { name: n.hostId, ...(p?.resources.node_labels ? { labels: p.resources.node_labels } : {}) },
+        spec: {
+          hostname: n.nodename,
+          roles: n.roles,
+          public_addrs: n.publicAddrs,
+          joined_at: n.joinedAt,
+          status: p ? 'online' : 'offline',
+          ...(p ? { connected_since: p.connectedAt, last_heartbeat: p.lastHeartbeat, proxy: p.proxyId, services: p.services } : {}),
+        },
+      } as unknown as Resource;
+    });
+  }
+
+  /**
+   * What the caller may reach right now, from the agents' presence: nodes, databases, apps, desktops or kube
+   * clusters, each with its labels, agent and since when it is connected. Filtered by the caller's roles.
+   */
+  async inventory(caller: Identity, kind: string): Promise<InventoryItem[]> {
+    const kinds: Record<string, AccessKind> = { node: 'node', nodes: 'node', db: 'db', app: 'app', apps: 'app', desktop: 'windows_desktop', desktops: 'windows_desktop', kube: 'kube_cluster' };
+    const accessKind = kinds[kind];
+    if (!accessKind) throw new GatewayError('GW_ERR_RESOURCE_KIND', `unknown inventory kind "${kind}"`, { hint: 'Kinds: node, db, app, desktop, kube.' });
+    if (caller.kind !== 'admin' && caller.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'host identities have no inventory');
+    if (caller.cluster !== this.clusterName && caller.kind !== 'admin') throw new GatewayError('GW_ERR_ACCESS_DENIED', `identity from cluster "${caller.cluster}"`);
+    const roles = caller.kind === 'admin' ? undefined : await this.callers.rolesOf((await this.callers.resolveCaller(caller)).roles);
+    const allowed = (labels: Record<string, string>) => roles === undefined || canAccess(roles, accessKind, labels);
+    const items: InventoryItem[] = [];
+    for (const p of await this.listPresence()) {
+      const base = { agent: p.nodename, host_id: p.hostId, connected_since: p.connectedAt };
+      if (accessKind === 'node' && p.services.includes('ssh')) {
+        const labels = p.resources.node_labels ?? {};
+        if (allowed(labels)) items.push({ ...base, name: p.nodename, labels, ...(p.resources.node_host_cert ? { host_cert: p.resources.node_host_cert } : {}) });
+      } else if (accessKind === 'db') {
+        for (const d of p.resources.databases) if (allowed(d.labels)) items.push({ ...base, name: d.name, protocol: d.protocol, labels: d.labels });
+      } else if (accessKind === 'app') {
+        for (const a of p.resources.apps) if (allowed(a.labels)) items.push({ ...base, name: a.name, protocol: a.kind, labels: a.labels, ...(a.public_addr ? { public_addr: a.public_addr } : {}) });
+      } else if (accessKind === 'windows_desktop') {
+        for (const d of p.resources.desktops) if (allowed(d.labels)) items.push({ ...base, name: d.name, labels: d.labels });
+      } else if (accessKind === 'kube_cluster') {
+        for (const k of p.resources.kube_clusters) if (allowed(k.labels)) items.push({ ...base, name: k.name, labels: k.labels });
+      }
+    }
+    return items.sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  /**
+   * The cluster_maintenance_config for agents (their upgraders need the windows): readable by any host
+   * identity of this cluster, and by callers with read on the resource.
+   */
+  async maintenanceForAgent(caller: Identity): Promise<Resource | undefined> {
+    if (caller.kind === 'host') {
+      if (caller.cluster !== this.clusterName) throw new GatewayError('GW_ERR_ACCESS_DENIED', `identity from cluster "${caller.cluster}"`);
+      await this.callers.resolveCaller(caller);
+    } else {
+      await this.callers.authorize(caller, 'cluster_maintenance_config', 'read');
+    }
+    return readJson<Resource>(this.backend, KEYS.maintenance);
+  }
+
+  /** Calls onChange after every write or removal of cluster_maintenance_config. Returns the unsubscribe function. */
+  watchMaintenance(onChange: () => void): () => void {
+    return this.backend.watch(KEYS.maintenance, () => onChange());
+  }
+}
+

@@ -1,0 +1,45 @@
+/**
+ * The audit log: one Backend record per event under /events/, kept 30 days. The Auth Service records what is
+ * done through it (who did it, when, to what); agents report their own events (SSH sessions), which are recorded
+ * with the agent that reported them.
+ */
+import type { Backend } from '../backend/index.js';
+import type { Identity } from './pki.js';
+import { KEYS } from './records.js';
+
+/** Audit events live 30 days in the backend. */
+export const AUDIT_TTL_MS = 30 * 24 * 3600_000;
+/** An agent's event larger than this is dropped. */
+const MAX_AGENT_EVENT = 64 * 1024;
+
+export interface AuditEvent {
+  /** The record's key under /events/: time-ordered. */
+  name: string;
+  event: Record<string, unknown>;
+}
+
+export class AuditLog {
+  constructor(
+    private readonly backend: Backend,
+    private readonly clock: () => number,
+  ) {}
+
+  /** Records an event done by caller (undefined: no caller, such as a login or a join). */
+  async record(event: string, caller: Identity | undefined, fields: Record<string, unknown>): Promise<void> {
+    const time = this.clock();
+    const record = { event, time: new Date(time).toISOString(), ...(caller ? { by: { kind: caller.kind, name: caller.name } } : {}), ...fields };
+    await this.backend.put(KEYS.event(time), JSON.stringify(record), { ttlMs: AUDIT_TTL_MS });
+  }
+
+  /** An audit event reported by an agent (SSH sessions); who reported it is recorded with it. */
+  async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void> {
+    const time = this.clock();
+    const text = JSON.stringify({ ...event, reported_by: { host_id: hostId, nodename } });
+    if (text.length > MAX_AGENT_EVENT) return;
+    await this.backend.put(KEYS.event(time), text, { ttlMs: AUDIT_TTL_MS });
+  }
+
+  async list(): Promise<AuditEvent[]> {
+    return (await this.backend.range('/events/')).map((i) => ({ name: i.key.slice('/events/'.length), event: JSON.parse(i.value) as Record<string, unknown> }));
+  }
+}

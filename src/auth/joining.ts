@@ -1,0 +1,233 @@
+/**
+ * Join tokens and joining: a token (stored hashed, with its service types, expiry and uses) is exchanged once
+ * per use for host certificates and a node record. Failed joins are rate limited per source (ratelimit.ts); the
+ * token value never reaches a log line.
+ */
+import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import type { Backend } from '../backend/index.js';
+import { GatewayError, isGatewayError } from '../errors.js';
+import type { Logger } from '../log.js';
+import type { AuditLog } from './audit.js';
+import { checkRequestKeys, hostOf, HOST_CERT_TTL_MS, type Authorities, type CertBundle } from './authorities.js';
+import type { CallerCheck } from './callers.js';
+import type { Identity } from './pki.js';
+import { AttemptLimiter, reserveOrRefuse } from './ratelimit.js';
+import { JOIN_ROLES, KEYS, NAME_PATTERN, type JoinRole, type NodeRecord, type StoredToken } from './records.js';
+import { tokenId as resourceTokenId, type TokenResource } from './resources/index.js';
+
+export const DEFAULT_TOKEN_TTL_MS = 30 * 60_000;
+const MAX_TOKEN_TTL_MS = 7 * 24 * 3600_000;
+/** A token is kept this long past its expiry, so that a late join hears "expired" rather than "unknown". */
+const KEEP_EXPIRED_MS = 3600_000;
+/** Failed joins (unknown, expired, used-up or wrong-type token) per source: 10 in 10 minutes. */
+export const JOIN_LIMIT = { maxFailures: 10, windowMs: 10 * 60_000 } as const;
+
+const TOKEN_FAILURES: ReadonlySet<string> = new Set(['GW_ERR_AUTH_TOKEN_UNKNOWN', 'GW_ERR_AUTH_TOKEN_EXPIRED', 'GW_ERR_AUTH_TOKEN_USED', 'GW_ERR_AUTH_TOKEN_WRONG_TYPE']);
+type TokenFailure = 'GW_ERR_AUTH_TOKEN_UNKNOWN' | 'GW_ERR_AUTH_TOKEN_EXPIRED' | 'GW_ERR_AUTH_TOKEN_USED' | 'GW_ERR_AUTH_TOKEN_WRONG_TYPE';
+
+/** What an agent sends to join (token, types, names, keys) and where it came from. */
+export interface HostRequest {
+  token: string;
+  roles: JoinRole[];
+  nodename: string;
+  publicAddrs: string[];
+  publicKeyPem: string;
+  sshPublicKey: string;
+  source: string;
+}
+
+/** A joining agent's certificates and its host ID. */
+export type JoinedHost = CertBundle & { hostId: string };
+
+/** The key a token is stored under: the SHA-256 of its value. */
+function tokenId(token: string): string {
+  return createHash('sha256').update(token, 'utf8').digest('hex');
+}
+
+/** The short, non-secret form of a token that logs, `gwctl tokens ls` and `rm` use (the resources' token id). */
+export const tokenShortId = resourceTokenId;
+
+export interface JoiningDeps {
+  backend: Backend;
+  clock: () => number;
+  callers: CallerCheck;
+  authorities: Authorities;
+  audit: AuditLog;
+  log: Logger;
+}
+
+export class Joining {
+  private readonly limiter: AttemptLimiter;
+
+  constructor(private readonly deps: JoiningDeps) {
+    this.limiter = new AttemptLimiter({ ...JOIN_LIMIT, clock: deps.clock });
+  }
+
+  async addToken(caller: Identity, options: { roles: JoinRole[]; ttlMs?: number; uses?: number; token?: string }): Promise<{ token: string; id: string; expiresAt: string; roles: JoinRole[] }> {
+    await this.deps.callers.authorize(caller, 'token', 'create');
+    if (options.roles.length === 0) throw new GatewayError('GW_ERR_RESOURCE_INVALID', 'a token needs at least one type', { hint: `Types: ${JOIN_ROLES.join(', ')}.` });
+    for (const role of options.roles) {
+      if (!JOIN_ROLES.includes(role)) {
+        throw new GatewayError('GW_ERR_RESOURCE_INVALID', `"${role}" is not a token type`, { hint: `Types: ${JOIN_ROLES.join(', ')}.` });
+      }
+    }
+    const ttlMs = options.ttlMs ?? DEFAULT_TOKEN_TTL_MS;
+    if (!(ttlMs > 0 && ttlMs <= MAX_TOKEN_TTL_MS)) {
+      throw new GatewayError('GW_ERR_RESOURCE_INVALID', `token TTL must be more than 0 and at most ${MAX_TOKEN_TTL_MS / 3600_000} h`);
+    }
+    const token = options.token ?? randomBytes(16).toString('hex');
+    const id = tokenId(token);
+    const now = this.deps.clock();
+    const record: StoredToken = { id: id.slice(0, 12), roles: [...new Set(options.roles)], expiresAt: now + ttlMs, uses: options.uses ?? 1, used: 0, createdAt: new Date(now).toISOString(), createdBy: caller.name };
+    await this.deps.backend.put(KEYS.token(id), JSON.stringify(record), { ttlMs: ttlMs + KEEP_EXPIRED_MS });
+    await this.deps.audit.record('token.create', caller, { token: record.id, roles: record.roles });
+    return { token, id: record.id, expiresAt: new Date(record.expiresAt).toISOString(), roles: record.roles };
+  }
+
+  async listTokens(caller: Identity): Promise<Array<Omit<StoredToken, 'expiresAt'> & { expires: string }>> {
+    await this.deps.callers.authorize(caller, 'token', 'list');
+    return (await this.stored()).map(({ expiresAt, ...rest }) => ({ ...rest, expires: new Date(expiresAt).toISOString() }));
+  }
+
+  /** Every stored token, unchecked (callers authorize first). */
+  async stored(): Promise<StoredToken[]> {
+    return (await this.deps.backend.range('/tokens/')).map((i) => JSON.parse(i.value) as StoredToken);
+  }
+
+  /** Removes a token given either its value or the short id that `tokens ls` shows. */
+  async removeToken(caller: Identity, tokenOrId: string): Promise<void> {
+    const { backend } = this.deps;
+    await this.deps.callers.authorize(caller, 'token', 'delete');
+    if (await backend.delete(KEYS.token(tokenId(tokenOrId)))) return;
+    for (const item of await backend.range('/tokens/')) {
+      if ((JSON.parse(item.value) as StoredToken).id === tokenOrId) {
+        await backend.delete(item.key);
+        return;
+      }
+    }
+    throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `no token "${tokenOrId.length > 12 ? tokenShortId(tokenOrId) : tokenOrId}"`);
+  }
+
+  /** A token from a manifest as it is stored (GW_ERR_RESOURCE_INVALID when it has expired already). */
+  fromManifest(token: TokenResource): { key: string; value: string; ttlMs: number } {
+    const now = this.deps.clock();
+    const expiresAt = token.metadata.expires ? Date.parse(token.metadata.expires) : now + DEFAULT_TOKEN_TTL_MS;
+    if (!(expiresAt > now)) {
+      throw new GatewayError('GW_ERR_RESOURCE_INVALID', `token ${tokenShortId(token.metadata.name)}: metadata.expires is in the past`);
+    }
+    const id = tokenId(token.metadata.name);
+    const record: StoredToken = { id: id.slice(0, 12), roles: token.spec.roles as JoinRole[], expiresAt, uses: token.spec.uses ?? 1, used: 0, createdAt: new Date(now).toISOString(), createdBy: 'manifest' };
+    return { key: KEYS.token(id), value: JSON.stringify(record), ttlMs: expiresAt - now + KEEP_EXPIRED_MS };
+  }
+
+  /**
+   * Exchanges a join token for host certificates. The token value never reaches a log line.
+   *
+   * Order, so that neither a bad request nor a guess costs anything it should not: (1) the whole request is
+   * validated (400, nothing looked up); (2) an attempt is reserved for the source (429 when too many failed);
+   * (3) the token is checked; (4) the certificates are made; (5) only then is a use of the token consumed.
+   */
+  async join(request: HostRequest): Promise<JoinedHost> {
+    const short = tokenId(request.token).slice(0, 12);
+    if (request.roles.length === 0) throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_WRONG_TYPE', 'the join request names no service type');
+    validateNodeName(request.nodename);
+    checkRequestKeys(request.publicKeyPem, request.sshPublicKey);
+    const reservation = reserveOrRefuse(this.limiter, request.source, 'join', { token: short, source: request.source, nodename: request.nodename }, this.deps.log);
+    try {
+      const joined = await this.consumeToken(request);
+      reservation.succeed();
+      return joined;
+    } catch (err) {
+      if (err instanceof GatewayError && TOKEN_FAILURES.has(err.code)) reservation.fail();
+      else reservation.release();
+      throw err;
+    }
+  }
+
+  /** Host certificates for an agent running in this same process (no token: the process is trusted). */
+  async joinLocal(request: { roles: JoinRole[]; nodename: string; publicAddrs: string[]; publicKeyPem: string; sshPublicKey: string }): Promise<JoinedHost> {
+    validateNodeName(request.nodename);
+    return this.recordHost(await this.makeHost({ ...request, source: 'local', token: 'local' }), 'local');
+  }
+
+  private refuseJoin(request: HostRequest, code: TokenFailure, message: string): GatewayError {
+    this.deps.log.warn({ token: tokenId(request.token).slice(0, 12), source: request.source, nodename: request.nodename, code }, 'join refused');
+    return new GatewayError(code, message);
+  }
+
+  /** Checks the token, makes the certificates, then consumes one use with compare-and-swap (racing joins: one wins). */
+  private async consumeToken(request: HostRequest): Promise<JoinedHost> {
+    const { backend, clock } = this.deps;
+    const id = tokenId(request.token);
+    let made: { bundle: CertBundle; record: NodeRecord } | undefined;
+    for (;;) {
+      const item = await backend.get(KEYS.token(id));
+      if (!item) throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_UNKNOWN', 'the join token is not known to this cluster');
+      const record = JSON.parse(item.value) as StoredToken;
+      if (record.expiresAt <= clock()) throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_EXPIRED', `the join token expired at ${new Date(record.expiresAt).toISOString()}`);
+      if (record.uses > 0 && record.used >= record.uses) throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_USED', 'the join token has been used up');
+      const wrong = request.roles.filter((r) => !record.roles.includes(r));
+      if (wrong.length > 0) {
+        throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_WRONG_TYPE', `the join token is for ${record.roles.join(', ')}, not for ${wrong.join(', ')}`);
+      }
+      made ??= await this.makeHost(request);
+      const next = { ...record, used: record.used + 1 };
+      try {
+        await backend.compareAndSwap(KEYS.token(id), item.revision, JSON.stringify(next), { ttlMs: Math.max(1, record.expiresAt - clock()) + KEEP_EXPIRED_MS });
+        break;
+      } catch (err) {
+        if (isGatewayError(err, 'GW_ERR_BACKEND_CONFLICT')) continue;
+        throw err;
+      }
+    }
+    return this.recordHost(made, tokenId(request.token).slice(0, 12));
+  }
+
+  /** The certificates of a new host; nothing is stored. A name the certificates cannot carry is the request's fault (400). */
+  private async makeHost(request: HostRequest): Promise<{ bundle: CertBundle; record: NodeRecord }> {
+    const hostId = randomUUID();
+    const { clusterName } = this.deps.authorities;
+    const publicHosts = request.publicAddrs.map(hostOf);
+    const principals = [...new Set([hostId, `${hostId}.${clusterName}`, request.nodename, ...publicHosts])];
+    const identity: Identity = { kind: 'host', name: hostId, cluster: clusterName, roles: request.roles, nodename: request.nodename };
+    let bundle: CertBundle;
+    try {
+      bundle = await this.deps.authorities.issueBundle('host', {
+        identity,
+        publicKeyPem: request.publicKeyPem,
+        sshPublicKey: request.sshPublicKey,
+        ttlMs: HOST_CERT_TTL_MS,
+        usage: 'both',
+        names: principals,
+        sshPrincipals: principals,
+      });
+    } catch (err) {
+      if (isGatewayError(err, 'GW_ERR_PKI_BAD_REQUEST')) {
+        throw new GatewayError('GW_ERR_API_BAD_REQUEST', `the join request cannot be certified: ${err.message}`, {
+          hint: 'Check gateway.nodename and every public_addr of the agent: DNS names or IP addresses.',
+          cause: err,
+        });
+      }
+      throw err;
+    }
+    const joinedAt = new Date(this.deps.clock()).toISOString();
+    const record: NodeRecord = { hostId, nodename: request.nodename, roles: request.roles, publicAddrs: request.publicAddrs, joinedAt, source: request.source, sshPublicKey: request.sshPublicKey };
+    return { bundle, record };
+  }
+
+  private async recordHost(made: { bundle: CertBundle; record: NodeRecord }, token: string): Promise<JoinedHost> {
+    const { record } = made;
+    await this.deps.backend.put(KEYS.node(record.hostId), JSON.stringify(record));
+    this.deps.log.info({ hostId: record.hostId, nodename: record.nodename, roles: record.roles, token, source: record.source }, 'agent joined');
+    await this.deps.audit.record('host.join', undefined, { hostId: record.hostId, nodename: record.nodename, roles: record.roles, token });
+    return { ...made.bundle, hostId: record.hostId };
+  }
+}
+
+function validateNodeName(name: string): void {
+  if (!NAME_PATTERN.test(name)) {
+    throw new GatewayError('GW_ERR_RESOURCE_INVALID', `"${name}" is not a valid node name`, {
+      hint: 'Set gateway.nodename to 1-128 letters, digits, ".", "_" or "-".',
+    });
+  }
+}

@@ -1,0 +1,51 @@
+/**
+ * What the Proxy uses of the Auth Service, and nothing more: the cluster's public trust anchors, the caller
+ * checks it makes on every connection it routes, the agent records its tunnel server keeps, and its own web
+ * certificate. The in-process AuthService implements it; a Proxy in its own process gets a client of a remote
+ * Auth Service implementing the same, so nothing here may hand out a private key.
+ */
+import type { GatewayError } from '../errors.js';
+import type { Identity } from './pki.js';
+import type { NodeRecord, Presence } from './records.js';
+import type { RoleResource } from './resources/index.js';
+import type { SessionRegistry } from './sessions.js';
+
+/** A certificate authority as a Proxy sees it: its certificate and SSH public key. */
+export interface PublicAuthority {
+  readonly tls: { readonly certPem: string };
+  readonly ssh: { readonly publicKey: string };
+}
+
+/** What tells whether a peer's certificate is from this cluster, and of which kind. */
+export interface ClusterTrust {
+  readonly clusterName: string;
+  readonly host: PublicAuthority;
+  readonly user: PublicAuthority;
+}
+
+/** The caller as it stands now (a removed or locked identity is refused), and what it has open. */
+export interface CallerChecks {
+  /** Sessions opened for identities; a lock or a deletion closes them. */
+  readonly sessions: SessionRegistry;
+  resolveCaller(caller: Identity): Promise<Identity>;
+  /** A user named by an SSH certificate, with its stored roles. */
+  resolveSshUser(name: string, issuedAt?: number): Promise<Identity>;
+  rolesOf(names: readonly string[]): Promise<RoleResource[]>;
+  /** Why an identity may no longer keep what it has open, or undefined. */
+  revocationOf(identity: Identity): Promise<GatewayError | undefined>;
+}
+
+/** What the tunnel server reads and writes about agents. */
+export interface AgentRecords {
+  getNode(hostId: string): Promise<NodeRecord | undefined>;
+  setPresence(presence: Presence, ttlMs: number): Promise<void>;
+  clearPresence(hostId: string, proxyId: string): Promise<void>;
+  recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void>;
+  /** Calls onChange after every change of cluster_maintenance_config; returns the unsubscribe function. */
+  watchMaintenance(onChange: () => void): () => void;
+}
+
+export interface ProxyAuth extends ClusterTrust, CallerChecks, AgentRecords {
+  /** A certificate for the Proxy's web port, signed by the host CA, naming names. */
+  issueServerCert(publicKeyPem: string, names: string[], hostId?: string): Promise<string>;
+}

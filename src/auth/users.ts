@@ -1,0 +1,173 @@
+/**
+ * Local users and logging in: users with roles, OS logins and a password hash (scrypt, passwords.ts), and the
+ * exchange of a password for short-lived user certificates. Logins are rate limited per (user, source),
+ * atomically (ratelimit.ts).
+ */
+import type { Backend } from '../backend/index.js';
+import { GatewayError, isGatewayError } from '../errors.js';
+import type { Logger } from '../log.js';
+import type { AuditLog } from './audit.js';
+import { checkRequestKeys, type Authorities, type CertBundle } from './authorities.js';
+import type { CallerCheck } from './callers.js';
+import type { LockStore } from './locks.js';
+import { checkPasswordPolicy, hashPassword, verifyPassword } from './passwords.js';
+import type { Identity } from './pki.js';
+import { AttemptLimiter, loginKey, reserveOrRefuse } from './ratelimit.js';
+import { allowedLogins } from './rbac.js';
+import { KEYS, NAME_PATTERN, readJson, type StoredUser } from './records.js';
+import type { UserResource } from './resources/index.js';
+
+export const DEFAULT_USER_CERT_TTL_MS = 12 * 3600_000;
+/** Failed logins per (user, source): 5 in 5 minutes (docs/security.md). */
+export const LOGIN_LIMIT = { maxFailures: 5, windowMs: 5 * 60_000 } as const;
+
+export interface LoginRequest {
+  username: string;
+  password: string;
+  publicKeyPem: string;
+  sshPublicKey: string;
+  ttlMs?: number;
+  source: string;
+}
+
+export interface UsersDeps {
+  backend: Backend;
+  clock: () => number;
+  callers: CallerCheck;
+  authorities: Authorities;
+  audit: AuditLog;
+  locks: LockStore;
+  log: Logger;
+  /** The longest (and default) lifetime of user certificates. */
+  userCertTtlMs?: number;
+}
+
+export class Users {
+  private readonly limiter: AttemptLimiter;
+
+  constructor(private readonly deps: UsersDeps) {
+    this.limiter = new AttemptLimiter({ ...LOGIN_LIMIT, clock: deps.clock });
+  }
+
+  async addUser(caller: Identity, name: string, roles: string[], password: string, logins: string[] = []): Promise<UserResource> {
+    const { backend, callers } = this.deps;
+    await callers.authorize(caller, 'user', 'create');
+    validateUserName(name);
+    await callers.requireRolesExist(roles);
+    checkPasswordPolicy(password);
+    for (const login of logins) {
+      if (!/^[a-z_][a-z0-9_.-]{0,31}$/i.test(login)) throw new GatewayError('GW_ERR_RESOURCE_INVALID', `"${login}" is not an OS login name`);
+    }
+    const resource: UserResource = { kind: 'user', version: 'v2', metadata: { name }, spec: { roles, ...(logins.length > 0 ? { traits: { logins } } : {}) } };
+    const stored: StoredUser = { resource, passwordHash: await hashPassword(password), createdAt: new Date(this.deps.clock()).toISOString() };
+    try {
+      await backend.create(KEYS.user(name), JSON.stringify(stored));
+    } catch (err) {
+      if (isGatewayError(err, 'GW_ERR_BACKEND_EXISTS')) {
+        throw new GatewayError('GW_ERR_RESOURCE_EXISTS', `user "${name}" already exists`, {
+          hint: `Use 'gwctl users update ${name} --set-roles ...' to change its roles.`,
+        });
+      }
+      throw err;
+    }
+    await this.deps.audit.record('user.create', caller, { user: name, roles });
+    return resource;
+  }
+
+  async setUserRoles(caller: Identity, name: string, roles: string[]): Promise<UserResource> {
+    const { backend, callers } = this.deps;
+    await callers.authorize(caller, 'user', 'update');
+    await callers.requireRolesExist(roles);
+    const item = await backend.get(KEYS.user(name));
+    if (!item) throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `user "${name}" does not exist`);
+    const stored = JSON.parse(item.value) as StoredUser;
+    stored.resource = { ...stored.resource, spec: { ...stored.resource.spec, roles } };
+    await backend.compareAndSwap(KEYS.user(name), item.revision, JSON.stringify(stored));
+    await this.deps.audit.record('user.update', caller, { user: name, roles });
+    return stored.resource;
+  }
+
+  async listUsers(caller: Identity): Promise<UserResource[]> {
+    await this.deps.callers.authorize(caller, 'user', 'list');
+    return this.all();
+  }
+
+  /** Every user, unchecked (callers authorize first). */
+  async all(): Promise<UserResource[]> {
+    return (await this.deps.backend.range('/users/')).map((i) => (JSON.parse(i.value) as StoredUser).resource);
+  }
+
+  async removeUser(caller: Identity, name: string): Promise<void> {
+    await this.deps.callers.authorize(caller, 'user', 'delete');
+    if (!(await this.deps.backend.delete(KEYS.user(name)))) {
+      throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `user "${name}" does not exist`);
+    }
+    await this.deps.audit.record('user.delete', caller, { user: name });
+  }
+
+  /** A user from a manifest as it is stored: an existing user keeps its password hash and creation time. */
+  async storedFromManifest(user: UserResource): Promise<{ key: string; value: string }> {
+    const existing = await readJson<StoredUser>(this.deps.backend, KEYS.user(user.metadata.name));
+    const stored: StoredUser = {
+      resource: user,
+      ...(existing?.passwordHash ? { passwordHash: existing.passwordHash } : {}),
+      createdAt: existing?.createdAt ?? new Date(this.deps.clock()).toISOString(),
+    };
+    await this.deps.callers.requireRolesExist(user.spec.roles);
+    return { key: KEYS.user(user.metadata.name), value: JSON.stringify(stored) };
+  }
+
+  /**
+   * Checks a local user's password and signs short-lived user certificates for the given public key. A wrong
+   * user name and a wrong password give the same error. Attempts are limited per user and source, atomically:
+   * the attempt is reserved before the password check and released only when it succeeds (ratelimit.ts). A
+   * locked user (or one holding a locked role) gets no certificate, whatever the password.
+   */
+  async login(request: LoginRequest): Promise<CertBundle> {
+    const { username, source } = request;
+    const { audit } = this.deps;
+    checkRequestKeys(request.publicKeyPem, request.sshPublicKey);
+    const reservation = reserveOrRefuse(this.limiter, loginKey(username, source), 'login', { user: username, source }, this.deps.log);
+    let stored: StoredUser | undefined;
+    let ok: boolean;
+    try {
+      stored = await readJson<StoredUser>(this.deps.backend, KEYS.user(username));
+      ok = await verifyPassword(request.password, stored?.passwordHash);
+    } catch (err) {
+      reservation.release();
+      throw err;
+    }
+    if (!ok || !stored) {
+      reservation.fail();
+      await audit.record('user.login.failure', undefined, { user: username, source });
+      throw new GatewayError('GW_ERR_AUTH_LOGIN_FAILED', 'invalid user name or password');
+    }
+    reservation.succeed();
+    const roles = stored.resource.spec.roles;
+    await this.deps.locks.check({ user: username, roles });
+    const longest = this.deps.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS;
+    const ttlMs = Math.min(request.ttlMs ?? longest, longest);
+    const logins = allowedLogins(await this.deps.callers.rolesOf(roles), stored.resource.spec.traits ?? {});
+    const identity: Identity = { kind: 'user', name: username, cluster: this.deps.authorities.clusterName, roles, logins };
+    const bundle = await this.deps.authorities.issueBundle('user', {
+      identity,
+      publicKeyPem: request.publicKeyPem,
+      sshPublicKey: request.sshPublicKey,
+      ttlMs,
+      usage: 'client',
+      names: [],
+      sshPrincipals: logins.length > 0 ? logins : [`-gw-no-login-${username}`],
+    });
+    await audit.record('user.login', undefined, { user: username, source, roles });
+    return bundle;
+  }
+}
+
+function validateUserName(name: string): void {
+  if (!NAME_PATTERN.test(name)) {
+    throw new GatewayError('GW_ERR_RESOURCE_INVALID', `"${name}" is not a valid user name`, {
+      hint: 'User names are 1-128 letters, digits, ".", "_", "@" or "-", starting with a letter or digit.',
+    });
+  }
+}
+

@@ -1,0 +1,101 @@
+/**
+ * Finding a resource among the connected agents, for every service of the Proxy (access.ts, webapps.ts,
+ * sshjump.ts). One rule for every lookup: the agents are asked most recently connected first, so that an agent
+ * that reconnected wins over a stale entry of itself, and the first that serves the resource is the one.
+ *
+ * What a route reaches is the protocol table's (protocols.ts): its access kinds, in order, and for databases the
+ * protocol the database must speak.
+ */
+import type { AccessKind } from '../auth/rbac.js';
+import type { ServiceKind } from '../tunnel/protocol.js';
+import type { ConnectedAgent } from './tunnel.js';
+import { PROTOCOLS, protocolNamed, type Protocol } from './protocols.js';
+
+/** A resource found on an agent, with what the access check and the dial need. */
+export interface Target {
+  agent: ConnectedAgent;
+  /** The resource's name (a node's is its node name). */
+  name: string;
+  /** The agent service that carries connections to it. */
+  service: ServiceKind;
+  access: AccessKind;
+  labels: Record<string, string>;
+}
+
+/** What a client asks for: a name and, for gateway-tcp, whether it means an app or a desktop. */
+export interface Wanted {
+  resource: string;
+  kind?: 'app' | 'desktop';
+}
+
+/** The agent service that carries each kind of resource. */
+const SERVICE_OF: Record<AccessKind, ServiceKind> = { node: 'ssh', db: 'db', app: 'app', windows_desktop: 'desktop', kube_cluster: 'kube' };
+
+/** The first answer `pick` gives, asking the agents most recently connected first. */
+export function findNewest<T>(agents: readonly ConnectedAgent[], pick: (agent: ConnectedAgent) => T | undefined): T | undefined {
+  const sorted = [...agents].sort((a, b) => b.connectedAt.getTime() - a.connectedAt.getTime());
+  for (const agent of sorted) {
+    const found = pick(agent);
+    if (found !== undefined) return found;
+  }
+  return undefined;
+}
+
+/**
+ * The resource named `wanted.resource` among the kinds route `route` reaches; on one agent, kinds are tried in
+ * the table's order. `wanted.kind` "app" rules out desktops and "desktop" rules out apps; any other value rules
+ * out nothing.
+ */
+export function findTarget(agents: readonly ConnectedAgent[], route: string, wanted: Wanted, table: readonly Protocol[] = PROTOCOLS): Target | undefined {
+  const row = protocolNamed(route, table);
+  if (!row) return undefined;
+  const ruledOut: AccessKind | undefined = wanted.kind === 'app' ? 'windows_desktop' : wanted.kind === 'desktop' ? 'app' : undefined;
+  const kinds = row.access.filter((k) => k !== ruledOut);
+  return findNewest(agents, (agent) => {
+    for (const kind of kinds) {
+      const found = resourceOn(agent, kind, wanted.resource, row);
+      if (found) return found;
+    }
+    return undefined;
+  });
+}
+
+/** An HTTP app (not a TCP one) whose public address is `host`. */
+export function findWebApp(agents: readonly ConnectedAgent[], host: string): Target | undefined {
+  return findNewest(agents, (agent) => {
+    const app = agent.resources.apps.find((a) => a.public_addr === host && a.kind !== 'tcp');
+    return app ? target(agent, 'app', app.name, app.labels) : undefined;
+  });
+}
+
+/** A resource of one kind on one agent, by name. */
+function resourceOn(agent: ConnectedAgent, kind: AccessKind, name: string, row: Protocol): Target | undefined {
+  const { resources } = agent;
+  const byName = <R extends { name: string }>(list: readonly R[]) => list.find((r) => r.name === name);
+  switch (kind) {
+    case 'node': {
+      // A node by name, host ID, or host ID qualified with the cluster name; a ":port" suffix is ignored.
+      const host = name.replace(/:\d+$/, '');
+      const isIt = agent.nodename === host || agent.hostId === host || host.startsWith(`${agent.hostId}.`);
+      return agent.services.includes('ssh') && isIt ? target(agent, kind, agent.nodename, resources.node_labels ?? {}) : undefined;
+    }
+    case 'db': {
+      const db = resources.databases.find((d) => d.name === name && d.protocol === row.database);
+      return db ? target(agent, kind, db.name, db.labels) : undefined;
+    }
+    case 'app':
+      return found(agent, kind, byName(resources.apps));
+    case 'windows_desktop':
+      return found(agent, kind, byName(resources.desktops));
+    case 'kube_cluster':
+      return found(agent, kind, byName(resources.kube_clusters));
+  }
+}
+
+function found(agent: ConnectedAgent, kind: AccessKind, resource: { name: string; labels: Record<string, string> } | undefined): Target | undefined {
+  return resource ? target(agent, kind, resource.name, resource.labels) : undefined;
+}
+
+function target(agent: ConnectedAgent, access: AccessKind, name: string, labels: Record<string, string>): Target {
+  return { agent, name, service: SERVICE_OF[access], access, labels };
+}

@@ -1,0 +1,202 @@
+/**
+ * The agent role (ssh_service, db_service, app_service, kube_service, windows_desktop_service): a host identity,
+ * then the reverse tunnel out to the Proxy through the Dialer, the services it forwards to (the SSH Service, the
+ * resources of the configuration), and the export of the maintenance schedule for the upgrader.
+ *
+ * The identity is the stored one; or, on the first start, one joined with a token (through a Proxy or an Auth
+ * Service anywhere), or one issued by an Auth Service in this same process (localAuth), whose tunnel then goes
+ * to the Proxy of this process (localProxy), if one runs here.
+ */
+import type { Duplex } from 'node:stream';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { formatHostPort } from '../addr.js';
+import { generateKeyPair } from '../auth/pki.js';
+import type { CertBundle, JoinRole } from '../auth/service.js';
+import type { ClusterMaintenanceConfig } from '../auth/resources/types.js';
+import { joinCluster, loadHostIdentity, saveHostIdentity, type HostIdentity } from '../agent/identity.js';
+import { agentResources, agentServices, resourceConnector } from '../agent/resources.js';
+import { SshService } from '../agent/ssh.js';
+import { ApiClient } from '../client/api.js';
+import type { GatewayConfig, ServiceName } from '../config/index.js';
+import type { Dialer } from '../dial/dialer.js';
+import { GatewayError } from '../errors.js';
+import { logger } from '../log.js';
+import { TunnelAgent } from '../agent/tunnel.js';
+import type { DialRequest } from '../tunnel/protocol.js';
+import { startScheduleExport } from '../upgrade/schedule.js';
+import type { DaemonEnvironment } from './environment.js';
+import type { Lifecycle } from './lifecycle.js';
+import { localAddress } from './names.js';
+
+/** How an agent joins on its first start (gateway start --token --ca-pin --proxy | --auth-server). */
+export interface JoinFlags {
+  token?: string;
+  caPin?: string;
+  /** The Proxy's web address to join through. */
+  proxy?: string;
+  /** Or the Auth Service's API address. */
+  authServer?: string;
+}
+
+/** An Auth Service in this process: it issues host identities without a token (the process is trusted). */
+export interface LocalJoiner {
+  joinLocal(request: { roles: JoinRole[]; nodename: string; publicAddrs: string[]; publicKeyPem: string; sshPublicKey: string }): Promise<CertBundle & { hostId: string }>;
+}
+
+export interface AgentRoleOptions {
+  config: GatewayConfig;
+  /** The services this process runs; the agent ones among them are what the host identity must cover. */
+  services: readonly ServiceName[];
+  join?: JoinFlags;
+  localAuth?: LocalJoiner;
+  /** The bound web address of a Proxy in this process. */
+  localProxy?: string;
+  /** The process's Dialer: joining, the tunnel, the resources, the schedule's API calls. */
+  dialer: Dialer;
+  environment: DaemonEnvironment;
+  /** Gets the tunnel, the SSH Service and the schedule export (agents phase). */
+  lifecycle: Lifecycle;
+}
+
+export interface AgentRole {
+  hostIdentity: HostIdentity;
+  /** No tunnel when the identity was issued here and no Proxy runs here. */
+  tunnelAgent?: TunnelAgent;
+  /** The SSH Service's own listener: only for agents that joined the Auth Service directly. */
+  sshAddress?: string;
+}
+
+const SERVICE_TO_JOIN_ROLE: Partial<Record<ServiceName, JoinRole>> = {
+  ssh_service: 'node',
+  db_service: 'db',
+  app_service: 'app',
+  kube_service: 'kube',
+  windows_desktop_service: 'desktop',
+};
+
+/** The join roles of the agent services among services: none means no agent runs. */
+export function agentJoinRoles(services: readonly ServiceName[]): JoinRole[] {
+  return services.map((s) => SERVICE_TO_JOIN_ROLE[s]).filter((r): r is JoinRole => r !== undefined);
+}
+
+export async function startAgentRole(options: AgentRoleOptions): Promise<AgentRole> {
+  const hostIdentity = await obtainIdentity(options);
+  // A locally issued identity's tunnel dials the web port of the Proxy in this same process.
+  const tunnelIdentity =
+    hostIdentity.server === 'local' ? (options.localProxy ? { ...hostIdentity, server: localAddress(options.localProxy) } : undefined) : hostIdentity;
+  if (!tunnelIdentity) {
+    logger('gateway').warn('agent services run next to an Auth Service without a Proxy: no reverse tunnel is opened');
+    return { hostIdentity };
+  }
+  return { hostIdentity, ...(await startTunnel(options, tunnelIdentity)) };
+}
+
+/** The stored identity (which must cover every agent service now run), else a new one. */
+async function obtainIdentity(options: AgentRoleOptions): Promise<HostIdentity> {
+  const { config, join: flags = {} } = options;
+  const dataDir = config.gateway.data_dir;
+  const joinRoles = agentJoinRoles(options.services);
+  const stored = loadHostIdentity(dataDir);
+  if (stored) {
+    const missing = joinRoles.filter((r) => !stored.roles.includes(r));
+    if (missing.length > 0) {
+      throw new GatewayError('GW_ERR_AGENT_IDENTITY', `this agent joined as ${stored.roles.join(', ')} but now also runs ${missing.join(', ')}`, {
+        hint: `Remove ${join(dataDir, 'host')} and join again with a token for ${joinRoles.join(', ')}.`,
+      });
+    }
+    logger('gateway').info({ hostId: stored.hostId, cluster: stored.cluster }, 'using the stored host identity');
+    return stored;
+  }
+  const publicAddrs = options.services.flatMap((s) => (config[s] as { public_addr: readonly { host: string; port?: number }[] }).public_addr.map((a) => (a.port ? formatHostPort(a.host, a.port) : a.host)));
+  const nodename = config.gateway.nodename;
+  if (flags.token) {
+    const server = flags.proxy ?? flags.authServer;
+    if (!server) throw new GatewayError('GW_ERR_USAGE', '--token needs --proxy host:port (or --auth-server host:port)');
+    if (!flags.caPin) {
+      throw new GatewayError('GW_ERR_USAGE', '--token needs --ca-pin sha256:...', {
+        hint: "'gwctl tokens add' prints the pin; it is what makes the first connection to the cluster safe.",
+      });
+    }
+    return joinCluster({ dataDir, server, joinedVia: flags.proxy ? 'proxy' : 'auth', token: flags.token, caPin: flags.caPin, roles: joinRoles, nodename, publicAddrs, dialer: options.dialer });
+  }
+  if (options.localAuth) {
+    const keys = generateKeyPair();
+    const bundle = await options.localAuth.joinLocal({ roles: joinRoles, nodename, publicAddrs, publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey });
+    saveHostIdentity(dataDir, keys.privateKeyPem, bundle, { roles: joinRoles, nodename, server: 'local', joinedVia: 'local' });
+    return loadHostIdentity(dataDir)!;
+  }
+  throw new GatewayError('GW_ERR_AGENT_IDENTITY', 'this agent has not joined a cluster yet', {
+    hint: "Start it once with --token, --ca-pin and --proxy, as printed by 'gwctl tokens add'.",
+  });
+}
+
+/** The reverse tunnel out to the Proxy, and what it forwards to. */
+async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): Promise<{ tunnelAgent: TunnelAgent; sshAddress?: string }> {
+  const { config, services, dialer, lifecycle } = options;
+  let agent: TunnelAgent | undefined;
+  const ssh = services.includes('ssh_service')
+    ? new SshService({
+        hostKeyPem: identity.key,
+        userCa: identity.sshUserCa,
+        nodename: config.gateway.nodename,
+        sftpServer: config.ssh_service.sftp_server,
+        onEvent: (e) => agent?.sendEvent({ ...e }),
+      })
+    : undefined;
+  let sshAddress: string | undefined;
+  if (ssh) {
+    lifecycle.onStop('agents', () => ssh.close());
+    // An agent-side listener only for an agent that joined the Auth Service directly (a self-hosted cluster);
+    // one that joined through a Proxy is reached through its tunnel alone.
+    if (identity.joinedVia === 'auth') {
+      const direct = config.ssh_service.listen_addr;
+      sshAddress = await ssh.listen(direct.host, direct.port);
+      logger('gateway').info({ addr: sshAddress }, 'SSH Service listening directly');
+    }
+  }
+  const resources = agentResources(config, services);
+  if (ssh) resources.node_host_cert = identity.sshCert;
+  agent = new TunnelAgent({
+    identity,
+    dialer,
+    services: agentServices(services),
+    resources,
+    connectResource: resourceConnector(config, services, dialer, identity.cluster),
+    ...(ssh ? { serveSsh: (channel: Duplex, request: DialRequest) => ssh.inject(channel, request.client_src) } : {}),
+    heartbeatIntervalMs: config.auth_service.keep_alive_interval,
+    heartbeatCountMax: config.auth_service.keep_alive_count_max,
+  });
+  const tunnelAgent = agent;
+  lifecycle.onStop('agents', () => tunnelAgent.stop());
+  tunnelAgent.start();
+  exportSchedule(options, identity, tunnelAgent);
+  return { tunnelAgent, ...(sshAddress ? { sshAddress } : {}) };
+}
+
+/**
+ * Automatic upgrades: when this machine has the upgrader (its directory exists), or in Kubernetes, keep the
+ * schedule current: periodically, and whenever the Proxy says cluster_maintenance_config changed.
+ */
+function exportSchedule(options: AgentRoleOptions, identity: HostIdentity, agent: TunnelAgent): void {
+  const { environment, dialer } = options;
+  const upgraderDir = environment.upgraderDir();
+  const { kubeScheduleFile, kubeScheduleSecret } = environment;
+  if (!existsSync(upgraderDir) && !kubeScheduleFile && !kubeScheduleSecret) return;
+  const api = new ApiClient({ address: identity.server, dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key });
+  const exporter = startScheduleExport({
+    fetchConfig: async () => (await api.call<{ config: ClusterMaintenanceConfig | null }>('GET', '/v1/agent/maintenance')).config ?? undefined,
+    clusterVersion: async () => (await api.call<{ server_version: string }>('GET', '/webapi/ping')).server_version,
+    ...(existsSync(upgraderDir) ? { dir: upgraderDir } : {}),
+    ...(kubeScheduleFile ? { kubeStatePath: kubeScheduleFile } : {}),
+    ...(kubeScheduleSecret
+      ? {
+          // In Kubernetes the chart sets these: the schedule goes into the Secret the updater pod reads. The client
+          // library is loaded only there: it is large and other agents never need it.
+          writeKubeState: async (json: string) => (await import('../upgrade/kube/client.js')).kubeScheduleWriter({ ...kubeScheduleSecret, env: environment.env })(json),
+        }
+      : {}),
+  });
+  agent.on('maintenance-changed', () => void exporter.refresh());
+  options.lifecycle.onStop('agents', () => exporter.stop());
+}

@@ -1,0 +1,45 @@
+/**
+ * The names the servers of this process are reached by, which their certificates must carry, and the local
+ * address of a listener.
+ */
+import { isIP } from 'node:net';
+import type { GatewayConfig } from '../config/index.js';
+
+const WILDCARD_HOSTS = ['', '0.0.0.0', '::'];
+
+/**
+ * The Auth API's names: this node, loopback, the Auth Service's public addresses, and its listen address when it
+ * is a specific one (it is what <data_dir>/admin/auth-addr gives gwctl).
+ */
+export function authServerNames(config: GatewayConfig): string[] {
+  const authHost = config.auth_service.listen_addr.host;
+  return [
+    config.gateway.nodename,
+    'localhost',
+    '127.0.0.1',
+    '::1',
+    ...config.auth_service.public_addr.map((a) => a.host),
+    ...(WILDCARD_HOSTS.includes(authHost) ? [] : [authHost]),
+  ];
+}
+
+/**
+ * The web port's names: those of the Auth API (the same router answers on both), every public address of the
+ * Proxy and, for a DNS name, its wildcard (HTTP apps under <app>.<proxy host> and
+ * kube-gateway-proxy-alpn.<proxy host>), and the web listen address when it is a specific one.
+ */
+export function webServerNames(config: GatewayConfig): string[] {
+  const webHost = config.proxy_service.web_listen_addr.host;
+  const publicHosts = config.proxy_service.public_addr.map((a) => a.host);
+  return [
+    ...authServerNames(config),
+    ...publicHosts,
+    ...publicHosts.filter((h) => isIP(h) === 0).map((h) => `*.${h}`),
+    ...(WILDCARD_HOSTS.includes(webHost) ? [] : [webHost]),
+  ];
+}
+
+/** Where a client on this machine reaches a listener bound to addr (0.0.0.0 → 127.0.0.1). */
+export function localAddress(bound: string): string {
+  return bound.replace(/^0\.0\.0\.0:/, '127.0.0.1:').replace(/^\[::\]:/, '[::1]:');
+}

@@ -1,0 +1,129 @@
+/**
+ * The control channel's reading and liveness, for both ends (src/agent/tunnel.ts, src/proxy/tunnel.ts).
+ *
+ *   parseControlMessage  pure: one line → the message, or undefined for a line the receiver ignores: not a
+ *                        JSON object, a type this version does not know (a newer peer may send more), or a
+ *                        known type whose fields do not have the types protocol.ts declares. Never throws.
+ *   ControlDecoder       pure and bounded: chunks → messages, through a LineSplitter capped at
+ *                        CONTROL_MAX_LINE_BYTES; a longer line throws GW_ERR_TUNNEL_PROTOCOL (nothing else).
+ *   readControl          a channel's 'data' through a decoder; on a line over the cap it stops reading and
+ *                        reports the error once: the caller closes the tunnel.
+ *   Heartbeat            every interval a heartbeat to the peer, unless the peer has been silent too long:
+ *                        then onSilent, once, and no more beats.
+ */
+import type { Readable } from 'node:stream';
+import type { GatewayError } from '../errors.js';
+import { LineSplitter } from '../stream/splitter.js';
+import { CONTROL_MAX_LINE_BYTES, type ControlMessage } from './protocol.js';
+
+type Fields = Record<string, unknown>;
+
+const isObject = (v: unknown): v is Fields => v !== null && typeof v === 'object' && !Array.isArray(v);
+const isString = (v: unknown): v is string => typeof v === 'string';
+const isNumber = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
+const isPositive = (v: unknown): v is number => isNumber(v) && v > 0;
+
+/** Per known type, whether a message's fields have the declared types. */
+const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
+  hello: (m) => isNumber(m.version) && isString(m.hostId) && isString(m.nodename) && Array.isArray(m.services) && m.services.every(isString) && isObject(m.resources),
+  heartbeat: (m) => isNumber(m.seq),
+  welcome: (m) => isString(m.proxyId) && isPositive(m.heartbeatIntervalMs) && isPositive(m.heartbeatCountMax),
+  discovery: (m) => Array.isArray(m.proxies) && m.proxies.every((p) => isObject(p) && isString(p.id) && isString(p.addr)),
+  reconnect: (m) => isString(m.reason),
+  event: (m) => isObject(m.event),
+  'maintenance-changed': () => true,
+};
+
+function isControlMessage(value: unknown): value is ControlMessage {
+  return isObject(value) && isString(value.type) && Object.hasOwn(VALID, value.type) && VALID[value.type as ControlMessage['type']](value);
+}
+
+export function parseControlMessage(line: Buffer | string): ControlMessage | undefined {
+  let value: unknown;
+  try {
+    value = JSON.parse(typeof line === 'string' ? line : line.toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  return isControlMessage(value) ? value : undefined;
+}
+
+export class ControlDecoder {
+  private readonly splitter: LineSplitter;
+
+  constructor(maxLineBytes = CONTROL_MAX_LINE_BYTES) {
+    this.splitter = new LineSplitter(maxLineBytes, 'control line');
+  }
+
+  /** Bytes held of an unfinished line. */
+  get pending(): number {
+    return this.splitter.pending;
+  }
+
+  /** The messages chunk completes, in order; lines to ignore are left out. */
+  push(chunk: Buffer): ControlMessage[] {
+    const out: ControlMessage[] = [];
+    for (const line of this.splitter.lines(chunk)) {
+      const message = parseControlMessage(line);
+      if (message) out.push(message);
+    }
+    return out;
+  }
+}
+
+export function readControl(channel: Readable, onMessage: (m: ControlMessage) => void, onError: (err: GatewayError) => void, maxLineBytes?: number): void {
+  const decoder = new ControlDecoder(maxLineBytes);
+  const onData = (chunk: Buffer) => {
+    let messages: ControlMessage[];
+    try {
+      messages = decoder.push(chunk);
+    } catch (err) {
+      channel.off('data', onData);
+      onError(err as GatewayError); // the decoder throws nothing but its GatewayError
+      return;
+    }
+    for (const m of messages) onMessage(m);
+  };
+  channel.on('data', onData);
+}
+
+export interface HeartbeatOptions {
+  send(seq: number): void;
+  /** The peer has been silent for more than the allowed time (silentMs): drop the tunnel. */
+  onSilent(silentMs: number): void;
+  /** Let the process exit while the timer runs. */
+  unref?: boolean;
+}
+
+export class Heartbeat {
+  private timer: NodeJS.Timeout | undefined;
+  private lastHeard = Date.now();
+  private seq = 0;
+
+  constructor(private readonly options: HeartbeatOptions) {}
+
+  /** The peer is alive now. */
+  heard(): void {
+    this.lastHeard = Date.now();
+  }
+
+  /** (Re)starts beating every intervalMs; the peer may be silent for silentAfterMs. The sequence goes on. */
+  start(intervalMs: number, silentAfterMs: number): void {
+    this.stop();
+    this.timer = setInterval(() => {
+      const silentMs = Date.now() - this.lastHeard;
+      if (silentMs > silentAfterMs) {
+        this.stop();
+        this.options.onSilent(silentMs);
+        return;
+      }
+      this.options.send(++this.seq);
+    }, intervalMs);
+    if (this.options.unref) this.timer.unref();
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+  }
+}

@@ -1,0 +1,148 @@
+/**
+ * gwsh's way to a resource (src/client/resources.ts) against a local TLS server standing in for the Proxy's
+ * route: ALPN, the route header, the answer line, then the stream; and each way it can fail.
+ */
+import { once } from 'node:events';
+import type net from 'node:net';
+import tls from 'node:tls';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { openResource, routeAddress, type ResourceTarget } from '../../src/client/resources.js';
+import type { Profile } from '../../src/client/profile.js';
+import { Dialer } from '../../src/dial/dialer.js';
+import { isGatewayError } from '../../src/errors.js';
+import type { PingResponse } from '../../src/proxy/ping.js';
+import { readJsonLine, writeJsonLine } from '../../src/stream/lines.js';
+import { makeTestPki, type TestPki } from '../helpers/tls.js';
+
+let pki: TestPki;
+let otherPki: TestPki;
+let serverCert: { certPem: string; keyPem: string };
+let userCert: { certPem: string; keyPem: string };
+
+beforeAll(async () => {
+  [pki, otherPki] = await Promise.all([makeTestPki(), makeTestPki()]);
+  serverCert = await pki.serverCert({ names: ['proxy.test'], ips: ['127.0.0.1'] });
+  userCert = await pki.serverCert({ names: ['alice'], ips: [] });
+});
+
+afterAll(async () => {
+  await pki.cleanup();
+  await otherPki.cleanup();
+});
+
+const servers: tls.Server[] = [];
+const sockets: tls.TLSSocket[] = [];
+afterEach(async () => {
+  for (const s of sockets.splice(0)) s.destroy();
+  for (const s of servers.splice(0)) await new Promise((resolve) => s.close(resolve));
+});
+
+interface Seen {
+  header: Record<string, unknown>;
+  alpn: string | false | null;
+  /** The CN of the client certificate the route was shown. */
+  clientCert: string | undefined;
+}
+
+/** A TLS server that reads the route header, answers with `answer` and then echoes. */
+async function fakeRoute(alpn: string[], answer: unknown): Promise<{ address: string; seen: Promise<Seen> }> {
+  let resolveSeen!: (s: Seen) => void;
+  const seen = new Promise<Seen>((resolve) => (resolveSeen = resolve));
+  const server = tls.createServer({ cert: serverCert.certPem, key: serverCert.keyPem, ca: pki.caPem, requestCert: true, rejectUnauthorized: false, ALPNProtocols: alpn }, (socket) => {
+    socket.on('error', () => undefined);
+    sockets.push(socket);
+    void readJsonLine<Record<string, unknown>>(socket).then((header) => {
+      resolveSeen({ header, alpn: socket.alpnProtocol, clientCert: String(socket.getPeerCertificate().subject?.CN) });
+      writeJsonLine(socket, answer);
+      socket.pipe(socket);
+    });
+  });
+  server.on('tlsClientError', () => undefined);
+  servers.push(server);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { address: `127.0.0.1:${(server.address() as net.AddressInfo).port}`, seen };
+}
+
+function profile(hostCa = pki.caPem): Profile {
+  return {
+    proxy: 'proxy.test:443',
+    username: 'alice',
+    cluster: 'test',
+    valid_until: new Date(Date.now() + 3600_000).toISOString(),
+    dir: '/nonexistent',
+    key: userCert.keyPem,
+    cert: userCert.certPem,
+    sshCert: '',
+    hostCa,
+    identity: { kind: 'user', name: 'alice', cluster: 'test', roles: [] },
+  };
+}
+
+const dialer = new Dialer({ env: {} });
+
+async function errorOf(p: Promise<unknown>): Promise<{ code: string; message: string }> {
+  const err = await p.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  if (!isGatewayError(err)) throw new Error(`expected a GatewayError, got ${String(err)}`);
+  return { code: err.code, message: err.message };
+}
+
+describe('openResource', () => {
+  it('speaks the route: its ALPN, the user certificate, one header line with the target; then the stream is the resource', async () => {
+    const route = await fakeRoute(['gateway-postgres'], { ok: true });
+    const target: ResourceTarget = { alpn: 'gateway-postgres', resource: 'main', login: 'alice', check: true };
+    const stream = await openResource(profile(), route.address, target, dialer);
+    expect(await route.seen).toEqual({ header: { resource: 'main', login: 'alice', check: true }, alpn: 'gateway-postgres', clientCert: 'alice' });
+    stream.write('SELECT 1');
+    const [echoed] = (await once(stream, 'data')) as [Buffer];
+    expect(echoed.toString()).toBe('SELECT 1');
+    stream.destroy();
+  });
+
+  it('puts the kind in the header for apps and desktops, and nothing that was not asked', async () => {
+    const route = await fakeRoute(['gateway-tcp'], { ok: true });
+    (await openResource(profile(), route.address, { alpn: 'gateway-tcp', resource: 'rdp-1', kind: 'desktop' }, dialer)).destroy();
+    expect((await route.seen).header).toEqual({ resource: 'rdp-1', kind: 'desktop' });
+  });
+
+  it("a refusal from the Proxy is a GatewayError with the Proxy's code (or the tunnel dial code for one it does not know)", async () => {
+    const known = await fakeRoute(['gateway-postgres'], { ok: false, error: { code: 'GW_ERR_TUNNEL_NOT_FOUND', message: 'no connected agent serves database "main"' } });
+    expect(await errorOf(openResource(profile(), known.address, { alpn: 'gateway-postgres', resource: 'main' }, dialer))).toEqual({
+      code: 'GW_ERR_TUNNEL_NOT_FOUND',
+      message: 'no connected agent serves database "main"',
+    });
+    const unknown = await fakeRoute(['gateway-postgres'], { ok: false, error: { code: 'GW_ERR_FROM_THE_FUTURE', message: 'something new' } });
+    expect((await errorOf(openResource(profile(), unknown.address, { alpn: 'gateway-postgres', resource: 'main' }, dialer))).code).toBe('GW_ERR_TUNNEL_DIAL_FAILED');
+  });
+
+  it('a Proxy that does not serve the protocol (no ALPN match) is GW_ERR_TUNNEL_NOT_FOUND naming it', async () => {
+    const route = await fakeRoute(['http/1.1'], { ok: true });
+    const e = await errorOf(openResource(profile(), route.address, { alpn: 'gateway-mysql', resource: 'main' }, dialer));
+    expect(e.code).toBe('GW_ERR_TUNNEL_NOT_FOUND');
+    expect(e.message).toContain(`the Proxy at ${route.address} does not serve gateway-mysql`);
+  });
+
+  it("a Proxy whose certificate is not from the profile's cluster CA is refused as untrusted", async () => {
+    const route = await fakeRoute(['gateway-postgres'], { ok: true });
+    const e = await errorOf(openResource(profile(otherPki.caPem), route.address, { alpn: 'gateway-postgres', resource: 'main' }, dialer));
+    expect(e.code).toBe('GW_ERR_CLIENT_UNTRUSTED');
+  });
+});
+
+describe('routeAddress', () => {
+  const ping = (tlsRouting: boolean) =>
+    ({ proxy: { tls_routing_enabled: tlsRouting, db: { postgres_public_addr: 'proxy.test:5432', mysql_public_addr: '', mongo_public_addr: 'proxy.test:27017' } } }) as unknown as PingResponse;
+
+  it('with TLS routing every route goes to the web address', () => {
+    expect(routeAddress(profile(), ping(true), 'gateway-postgres')).toBe('proxy.test:443');
+  });
+
+  it("with separate listeners a database goes to its protocol's port when the Proxy has one, anything else to the web address", () => {
+    expect(routeAddress(profile(), ping(false), 'gateway-postgres')).toBe('proxy.test:5432');
+    expect(routeAddress(profile(), ping(false), 'gateway-mongodb')).toBe('proxy.test:27017');
+    expect(routeAddress(profile(), ping(false), 'gateway-mysql')).toBe('proxy.test:443');
+    expect(routeAddress(profile(), ping(false), 'gateway-tcp')).toBe('proxy.test:443');
+  });
+});

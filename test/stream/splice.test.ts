@@ -1,0 +1,68 @@
+import net from 'node:net';
+import { afterEach, describe, expect, it } from 'vitest';
+import { splice } from '../../src/stream/splice.js';
+
+/** A connected pair of TCP sockets on loopback, both allowing half-close. */
+async function socketPair(): Promise<[net.Socket, net.Socket]> {
+  const server = net.createServer({ allowHalfOpen: true });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const accepted = new Promise<net.Socket>((resolve) => server.once('connection', resolve));
+  const client = net.connect({ port: (server.address() as net.AddressInfo).port, host: '127.0.0.1', allowHalfOpen: true });
+  const other = await accepted;
+  server.close();
+  return [client, other];
+}
+
+function collect(socket: net.Socket): { text: () => string; ended: Promise<void> } {
+  let text = '';
+  socket.on('data', (d: Buffer) => (text += d.toString()));
+  socket.on('error', () => undefined);
+  return {
+    text: () => text,
+    ended: new Promise((resolve) => socket.once('end', () => resolve())),
+  };
+}
+
+const open: net.Socket[] = [];
+afterEach(() => {
+  for (const s of open.splice(0)) s.destroy();
+});
+
+describe('splice', () => {
+  it('carries bytes both ways and passes a half-close on; the other direction keeps working', async () => {
+    const [left, a] = await socketPair();
+    const [b, right] = await socketPair();
+    open.push(left, a, b, right);
+    let closedBoth = false;
+    const done = new Promise<void>((resolve) =>
+      splice(a, b, () => {
+        closedBoth = true;
+        resolve();
+      }),
+    );
+    const atRight = collect(right);
+    const atLeft = collect(left);
+    left.end('from the left');
+    await atRight.ended;
+    expect(atRight.text()).toBe('from the left');
+    expect(closedBoth).toBe(false);
+    right.end('answer after the half-close');
+    await atLeft.ended;
+    expect(atLeft.text()).toBe('answer after the half-close');
+    await done;
+    expect(closedBoth).toBe(true);
+  });
+
+  it('a side that is reset takes the other down', async () => {
+    const [left, a] = await socketPair();
+    const [b, right] = await socketPair();
+    open.push(left, a, b, right);
+    splice(a, b);
+    const atRight = collect(right);
+    left.resetAndDestroy();
+    // b is destroyed, not ended after a clean end of a: the right side sees its peer go (a FIN, as destroy sends).
+    await atRight.ended;
+    expect(a.readableEnded).toBe(false);
+    expect(b.destroyed).toBe(true);
+  });
+});
