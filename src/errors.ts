@@ -130,7 +130,7 @@ export const ERROR_CODES = {
 
   // --- storage backend (src/backend) ------------------------------------------------------------------------------
   GW_ERR_BACKEND_OPEN: {
-    summary: 'The cluster-state backend cannot be opened (path is a directory, file is not a gateway database, permission denied, unsupported type).',
+    summary: 'The cluster-state backend cannot be opened (path is a directory, file is not a gateway database, permission denied, unsupported type; PostgreSQL: bad connection string, missing database, missing privilege, not UTF8, newer schema).',
     hint: 'Check that the backend path names a file in a directory this user can write, and that the file is a gateway backend (or move it aside).',
   },
   GW_ERR_BACKEND_CLOSED: {
@@ -154,8 +154,24 @@ export const ERROR_CODES = {
     hint: 'This is a bug in the caller: keys are non-empty well-formed strings of at most 1024 UTF-8 bytes, TTLs positive numbers of ms.',
   },
   GW_ERR_BACKEND_FAILED: {
-    summary: 'The backend failed an operation (disk full, I/O error, database locked by another process for too long, corrupted file).',
+    summary: 'The backend failed an operation (disk full, I/O error, database locked by another process for too long, corrupted file; PostgreSQL: the write lock held too long by another Auth Service, a server error).',
     hint: 'Check free disk space and the health of the disk holding the backend; restore the file from a backup if it is corrupted.',
+  },
+  GW_ERR_BACKEND_UNREACHABLE: {
+    summary: "The backend's PostgreSQL server cannot be reached (connection refused, unknown host, timeout, no free connection slot), or the connection was lost during an operation.",
+    hint: 'Check that PostgreSQL runs and listens at the address of gateway.storage.conn_string and that this machine can reach it. A write that failed this way may or may not have been applied: read the item again before retrying.',
+  },
+  GW_ERR_BACKEND_AUTH: {
+    summary: "PostgreSQL refused the backend's login: wrong password, no password given, no pg_hba.conf line for the user, or a client certificate that does not name the user.",
+    hint: "Check the user and its password or client certificate (gateway.storage.cert_file, whose CN is the user name) against the server's pg_hba.conf.",
+  },
+  GW_ERR_BACKEND_TLS: {
+    summary: "TLS to the backend's PostgreSQL server failed: the server does not accept TLS, refused the client certificate, or the TLS files cannot be read or used.",
+    hint: "Turn ssl on in the server's postgresql.conf, and check gateway.storage.ca_file, cert_file and key_file (a certificate the server's ssl_ca_file trusts and its key).",
+  },
+  GW_ERR_BACKEND_COMPACTED: {
+    summary: "A backend watcher fell behind the change log's trimmed horizon: events it had not received yet are gone (after a database outage longer than the log's retention).",
+    hint: 'Read the state again with range() and watch again; the Auth Service does this by itself.',
   },
 
   // --- auth service, API, clients ----------------------------------------------------------------------------------

@@ -5,10 +5,11 @@
 import path from 'node:path';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
+import { openPostgresBackend, type PostgresBackend } from './postgres.js';
 import { openSqliteBackend, SQLITE_BACKEND_FILE, type SqliteBackend } from './sqlite.js';
 import type { Backend } from './types.js';
 
-export type { Backend, Condition, Item, PutOptions, WatchEvent, WriteOp } from './types.js';
+export type { Backend, Condition, Item, PutOptions, WatchEvent, WatchOptions, WriteOp } from './types.js';
 export { compareKeys, prefixSuccessor, MAX_KEY_BYTES } from './keys.js';
 export {
   openSqliteBackend,
@@ -17,11 +18,17 @@ export {
   type SqliteBackend,
   type SqliteBackendOptions,
 } from './sqlite.js';
+export {
+  openPostgresBackend,
+  POSTGRES_BACKEND_DEFAULTS,
+  type PostgresBackend,
+  type PostgresBackendOptions,
+} from './postgres.js';
 
 export type BackendConfig =
   | { type: 'sqlite'; path: string; sweepIntervalMs?: number }
-  /** The shared backend for several proxies on one cluster: not implemented yet. */
-  | { type: 'postgres'; connString: string };
+  /** The shared backend for several Auth Services of one cluster. */
+  | { type: 'postgres'; connString: string; caFile?: string; certFile?: string; keyFile?: string; sweepIntervalMs?: number };
 
 export interface OpenBackendOptions {
   /** ms since the epoch; Date.now by default. */
@@ -34,29 +41,67 @@ export function defaultSqlitePath(dataDir: string): string {
   return path.join(dataDir, SQLITE_BACKEND_FILE);
 }
 
-/** Opens the backend the configuration names. Throws GW_ERR_BACKEND_OPEN. */
-export function openBackend(config: BackendConfig, options: OpenBackendOptions = {}): Backend {
+/**
+ * The part of the configuration (GatewayConfig) that says where the state is. Written out here rather than
+ * imported: config/ uses the backend's connection-string parser, and the two must not import each other.
+ */
+export interface StorageSource {
+  readonly gateway: {
+    readonly data_dir: string;
+    readonly storage: {
+      readonly type: 'sqlite' | 'postgres';
+      readonly conn_string: string | undefined;
+      readonly ca_file: string | undefined;
+      readonly cert_file: string | undefined;
+      readonly key_file: string | undefined;
+    };
+  };
+}
+
+/** The backend gateway.storage names: SQLite in the data directory, or PostgreSQL with its TLS files. Pure. */
+export function backendConfigOf(config: StorageSource): BackendConfig {
+  const { storage, data_dir: dataDir } = config.gateway;
+  if (storage.type === 'sqlite') return { type: 'sqlite', path: defaultSqlitePath(dataDir) };
+  return {
+    type: 'postgres',
+    connString: storage.conn_string ?? '',
+    ...(storage.ca_file === undefined ? {} : { caFile: storage.ca_file }),
+    ...(storage.cert_file === undefined ? {} : { certFile: storage.cert_file }),
+    ...(storage.key_file === undefined ? {} : { keyFile: storage.key_file }),
+  };
+}
+
+/**
+ * Opens the backend the configuration names. Throws GW_ERR_BACKEND_OPEN, and for PostgreSQL also
+ * GW_ERR_BACKEND_UNREACHABLE, GW_ERR_BACKEND_AUTH, GW_ERR_BACKEND_TLS or a TLS verification code.
+ */
+export async function openBackend(config: BackendConfig, options: OpenBackendOptions = {}): Promise<Backend> {
   const type = (config as { type?: unknown } | undefined)?.type;
+  const common = {
+    ...(config?.sweepIntervalMs === undefined ? {} : { sweepIntervalMs: config.sweepIntervalMs }),
+    ...(options.clock === undefined ? {} : { clock: options.clock }),
+    ...(options.logger === undefined ? {} : { logger: options.logger }),
+  };
   switch (type) {
     case 'sqlite': {
       const c = config as Extract<BackendConfig, { type: 'sqlite' }>;
-      const backend: SqliteBackend = openSqliteBackend({
-        path: c.path,
-        ...(c.sweepIntervalMs === undefined ? {} : { sweepIntervalMs: c.sweepIntervalMs }),
-        ...(options.clock === undefined ? {} : { clock: options.clock }),
-        ...(options.logger === undefined ? {} : { logger: options.logger }),
-      });
+      const backend: SqliteBackend = openSqliteBackend({ path: c.path, ...common });
       return backend;
     }
-    case 'postgres':
-      throw new GatewayError('GW_ERR_BACKEND_OPEN', 'cannot open the backend: postgres is not implemented yet', {
-        hint: 'Use the embedded sqlite backend (the default, in the data directory) until PostgreSQL support lands.',
-        details: { type },
-      });
+    case 'postgres': {
+      const { type: _type, sweepIntervalMs: _sweep, ...c } = config as Extract<BackendConfig, { type: 'postgres' }>;
+      const backend: PostgresBackend = await openPostgresBackend({ ...c, ...common });
+      return backend;
+    }
     default:
       throw new GatewayError('GW_ERR_BACKEND_OPEN', `cannot open the backend: unknown backend type ${JSON.stringify(type)}`, {
-        hint: 'Use type sqlite (embedded, the default) or postgres (shared, for several proxies; not implemented yet).',
+        hint: 'Use type sqlite (embedded, the default) or postgres (shared by several Auth Services).',
         details: { type },
       });
   }
+}
+
+/** openBackend(backendConfigOf(config)): what `gateway start` opens for the auth role. */
+export function openConfiguredBackend(config: StorageSource, options: OpenBackendOptions = {}): Promise<Backend> {
+  return openBackend(backendConfigOf(config), options);
 }

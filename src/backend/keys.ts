@@ -4,7 +4,7 @@
  * and '_' in keys are plain characters, and an index range scan serves it).
  */
 import { GatewayError } from '../errors.js';
-import type { Condition, WriteOp } from './types.js';
+import type { Condition, WatchEvent, WatchOptions, WriteOp } from './types.js';
 
 export const MAX_KEY_BYTES = 1024;
 
@@ -38,6 +38,13 @@ export function checkPrefix(prefix: unknown, nonEmpty = false): asserts prefix i
   if (nonEmpty && prefix.length === 0) {
     throw invalid('deleteRange needs a non-empty prefix (deleting the whole cluster state is refused)');
   }
+}
+
+export function checkWatch(prefix: unknown, onEvent: unknown, options: unknown): asserts onEvent is (event: WatchEvent) => void {
+  checkPrefix(prefix);
+  if (typeof onEvent !== 'function') throw invalid('watch needs a listener function');
+  const onError = (options as WatchOptions | undefined)?.onError;
+  if (onError !== undefined && typeof onError !== 'function') throw invalid('watch: onError must be a function');
 }
 
 export function checkValue(value: unknown): asserts value is string {

@@ -25,12 +25,13 @@ import {
   checkPrefix,
   checkRevision,
   checkValue,
+  checkWatch,
   checkWriteOp,
   compareKeys,
   expiryOf,
   prefixSuccessor,
 } from './keys.js';
-import type { Backend, Condition, Item, PutOptions, WatchEvent, WriteOp } from './types.js';
+import type { Backend, Condition, Item, PutOptions, WatchEvent, WatchOptions, WriteOp } from './types.js';
 import { WatchHub } from './watchers.js';
 
 export interface SqliteBackendOptions {
@@ -472,13 +473,11 @@ class SqliteBackendImpl implements SqliteBackend {
     });
   }
 
-  watch(prefix: string, onEvent: (event: WatchEvent) => void): () => void {
+  watch(prefix: string, onEvent: (event: WatchEvent) => void, options: WatchOptions = {}): () => void {
     return this.run(() => {
-      checkPrefix(prefix);
-      if (typeof onEvent !== 'function') {
-        throw new GatewayError('GW_ERR_BACKEND_INVALID', 'watch needs a listener function');
-      }
-      return this.hub.add(prefix, onEvent);
+      checkWatch(prefix, onEvent, options);
+      // SQLite keeps no change log and never loses an event, so onError is never called.
+      return this.hub.add(prefix, onEvent, options.onError);
     });
   }
 

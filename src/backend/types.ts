@@ -1,7 +1,7 @@
 /**
  * The cluster-state storage interface the Auth Service keeps users, roles, tokens, certificate authorities,
- * nodes and events in. One implementation today (SQLite, embedded, src/backend/sqlite.ts); a shared PostgreSQL
- * implementation for several proxies on one cluster implements the same interface later (docs/backend.md).
+ * nodes and events in. Two implementations: SQLite, embedded (src/backend/sqlite.ts), and PostgreSQL, shared by
+ * several Auth Services of one cluster (src/backend/postgres.ts); docs/backend.md.
  *
  * Semantics every implementation keeps (the model test in test/backend/model.test.ts pins them down):
  * - One cluster-wide `revision` counter, persisted, increased by one for every write that changes something;
@@ -47,6 +47,16 @@ export type WriteOp =
 
 export type WatchEvent = { type: 'put'; item: Item } | { type: 'delete'; key: string; revision: number };
 
+export interface WatchOptions {
+  /**
+   * Called (once) when the backend can no longer give this watcher every event in order, after which the watcher
+   * is ended: GW_ERR_BACKEND_COMPACTED when the backend fell behind the change log's trimmed horizon (PostgreSQL,
+   * after a connection outage longer than the log's retention). The caller re-lists with range() and watches
+   * again. Without onError such a gap is logged as an error and the watcher goes on with the events after it.
+   */
+  onError?: (err: Error & { code: string }) => void;
+}
+
 export interface Backend {
   /** The live item at key, or undefined. */
   get(key: string): Promise<Item | undefined>;
@@ -72,10 +82,12 @@ export interface Backend {
   atomicWrite(conditions: Condition[], ops: WriteOp[]): Promise<number>;
   /**
    * Events for keys under prefix ('' for all), delivered after commit, in revision order (events of one
-   * write in the order of its ops; a deleteRange or sweep in key order). Returns an unsubscribe function.
-   * A listener that throws is logged and does not affect the write or other listeners.
+   * write in the order of its ops; a deleteRange or sweep in key order), of every write committed after watch()
+   * returned (PostgreSQL: by any process sharing the database, and possibly a few committed just before).
+   * Returns an unsubscribe function. A listener that throws is logged and does not affect the write or other
+   * listeners.
    */
-  watch(prefix: string, onEvent: (event: WatchEvent) => void): () => void;
+  watch(prefix: string, onEvent: (event: WatchEvent) => void, options?: WatchOptions): () => void;
   /** Stops the sweep and the watchers and releases the storage; idempotent. Later calls give GW_ERR_BACKEND_CLOSED. */
   close(): Promise<void>;
 }

@@ -3,17 +3,25 @@
  * and go through one queue, so every listener sees them in revision order even when a listener itself writes
  * to the backend (its write's events are queued behind the ones being delivered, not delivered in between).
  */
+import type { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
-import type { WatchEvent } from './types.js';
+import type { WatchEvent, WatchOptions } from './types.js';
 
 interface Watcher {
   readonly prefix: string;
   readonly onEvent: (event: WatchEvent) => void;
+  readonly onError: WatchOptions['onError'];
+  /** Events at or below this revision are not for this watcher (their writes committed before it came). */
+  readonly after: number;
   active: boolean;
 }
 
 function keyOf(event: WatchEvent): string {
   return event.type === 'put' ? event.item.key : event.key;
+}
+
+function revisionOf(event: WatchEvent): number {
+  return event.type === 'put' ? event.item.revision : event.revision;
 }
 
 export class WatchHub {
@@ -27,8 +35,9 @@ export class WatchHub {
     return this.watchers.size;
   }
 
-  add(prefix: string, onEvent: (event: WatchEvent) => void): () => void {
-    const watcher: Watcher = { prefix, onEvent, active: true };
+  /** after: the revision of a write known to have committed before this watcher came (its events are skipped). */
+  add(prefix: string, onEvent: (event: WatchEvent) => void, onError?: WatchOptions['onError'], after = 0): () => void {
+    const watcher: Watcher = { prefix, onEvent, onError, after, active: true };
     this.watchers.add(watcher);
     return () => {
       watcher.active = false;
@@ -47,7 +56,7 @@ export class WatchHub {
         const event = this.queue[i]!;
         const key = keyOf(event);
         for (const w of [...this.watchers]) {
-          if (!w.active || !key.startsWith(w.prefix)) continue;
+          if (!w.active || !key.startsWith(w.prefix) || revisionOf(event) <= w.after) continue;
           try {
             w.onEvent(event);
           } catch (err) {
@@ -58,6 +67,31 @@ export class WatchHub {
     } finally {
       this.queue = [];
       this.delivering = false;
+    }
+  }
+
+  /**
+   * Events were lost (err says why, e.g. GW_ERR_BACKEND_COMPACTED): watchers with onError get it and are ended
+   * (they re-list and watch again); the others are told in the log and go on with the events that follow.
+   */
+  gap(err: GatewayError): void {
+    let unwarned = 0;
+    for (const w of [...this.watchers]) {
+      if (!w.active) continue;
+      if (w.onError === undefined) {
+        unwarned++;
+        continue;
+      }
+      w.active = false;
+      this.watchers.delete(w);
+      try {
+        w.onError(err);
+      } catch (e) {
+        this.log.error({ err: e, prefix: w.prefix }, 'backend watch error handler threw');
+      }
+    }
+    if (unwarned > 0) {
+      this.log.error({ err, watchers: unwarned }, 'backend watchers without an error handler missed events; they go on with the events after the gap');
     }
   }
 

@@ -27,6 +27,7 @@ export type {
   ProxyServiceConfig,
   ServiceConfig,
   ServiceName,
+  StorageConfig,
   TunnelAgentConfig,
   UpgradeChannelConfig,
 } from './types.js';

@@ -8,6 +8,7 @@ import { isAbsolute } from 'node:path';
 import semver from 'semver';
 import { defaultDataDir, defaultWebPort, SYSTEM_DATA_DIR, UNPRIVILEGED_WEB_PORT } from '../paths.js';
 import { redactUrl } from '../redact.js';
+import { ConnStringError, parsePgConnString } from '../backend/pgconn.js';
 import { isMap, isNode, isScalar } from 'yaml';
 import { AddrError, dnsNameProblem, formatHostPort, isIpLiteral, normalizeHost, parseAddr, type ParsedAddr } from '../addr.js';
 import { formatDuration, parseDuration } from '../duration.js';
@@ -213,6 +214,40 @@ function exactlyOneSource(
   if (neither) ctx.report('GW_ERR_CONFIG_CHANNEL', path, at, 'sets neither static_version nor forward_url');
 }
 
+/** A postgresql:// connection string the backend can use (src/backend/pgconn.ts); kept as written. */
+function pgConnString(s: string): string {
+  try {
+    parsePgConnString(s);
+  } catch (err) {
+    if (err instanceof ConnStringError) throw new Invalid(err.message, 'GW_ERR_CONFIG_VALUE', err.hint);
+    throw err;
+  }
+  return s;
+}
+
+/** postgres needs conn_string; the PostgreSQL keys mean nothing to sqlite; a client certificate comes with its key. */
+function storageRules(
+  storage: { readonly type: 'sqlite' | 'postgres'; readonly conn_string: string | undefined; readonly cert_file: string | undefined; readonly key_file: string | undefined; readonly ca_file: string | undefined },
+  path: string,
+  ctx: Ctx,
+  at: unknown,
+): void {
+  if (storage.type === 'postgres' && storage.conn_string === undefined) {
+    ctx.report('GW_ERR_CONFIG_VALUE', join(path, 'conn_string'), at, 'type postgres needs conn_string', 'Add conn_string: postgresql://user@host:5432/database');
+  }
+  if (storage.type === 'sqlite') {
+    for (const key of ['conn_string', 'ca_file', 'cert_file', 'key_file'] as const) {
+      if (storage[key] !== undefined) {
+        ctx.report('GW_ERR_CONFIG_VALUE', join(path, key), at, `${key} is for type postgres; this storage is sqlite`, 'Set type: postgres, or remove the key.');
+      }
+    }
+  }
+  if ((storage.cert_file === undefined) !== (storage.key_file === undefined)) {
+    const missing = storage.cert_file === undefined ? 'cert_file' : 'key_file';
+    ctx.report('GW_ERR_CONFIG_VALUE', join(path, missing), at, `a client certificate needs both cert_file and key_file; ${missing} is missing`, 'Set cert_file and key_file together.');
+  }
+}
+
 // --- the table ---------------------------------------------------------------------------------------------------
 
 function enabled(service: ServiceName) {
@@ -260,6 +295,28 @@ export const SCHEMA = section('The gateway configuration file.', {
       default: new Dynamic(`${SYSTEM_DATA_DIR} for root; $XDG_STATE_HOME/gateway (~/.local/state/gateway) for other users`, () => defaultDataDir()),
       check: absolutePath,
     }),
+    storage: section('Where the Auth Service keeps the cluster state (docs/backend.md).', {
+      type: oneOf('sqlite: embedded, in <data_dir>/backend.sqlite; postgres: a PostgreSQL database that several Auth Services share.', ['sqlite', 'postgres'], 'sqlite'),
+      conn_string: str('PostgreSQL connection string, postgres only: postgresql://user[:password]@host[:port]/database, parameters sslmode, host (socket directory), application_name, connect_timeout.', {
+        type: 'postgresql:// URL',
+        defaultDoc: 'required for postgres',
+        example: 'postgresql://gateway@db.internal:5432/gateway?sslmode=verify-full',
+        check: pgConnString,
+      }),
+      ca_file: str("PEM file of the CA that signs the PostgreSQL server's certificate; TLS is then verified (sslmode verify-full unless the connection string says otherwise).", {
+        type: 'absolute path',
+        defaultDoc: "none: TLS as sslmode says, verified against the system's CAs",
+        example: '/etc/gateway/postgres-ca.pem',
+        check: absolutePath,
+      }),
+      cert_file: str('PEM client certificate for PostgreSQL "cert" authentication (its CN is the database user); with key_file.', {
+        type: 'absolute path',
+        defaultDoc: 'none: password authentication',
+        example: '/etc/gateway/postgres-client.pem',
+        check: absolutePath,
+      }),
+      key_file: str('PEM private key of cert_file.', { type: 'absolute path', defaultDoc: 'none', example: '/etc/gateway/postgres-client-key.pem', check: absolutePath }),
+    }, { expected: 'a mapping with type, conn_string, ca_file, cert_file and key_file', check: storageRules }),
     log: section('Logging.', {
       output: str('Where log lines go: stderr, stdout or an absolute file path.', {
         type: 'stderr | stdout | path',

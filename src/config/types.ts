@@ -36,10 +36,24 @@ export interface LimitsConfig {
   readonly max_connections_per_source: number;
 }
 
+/**
+ * Where the Auth Service keeps the cluster state (docs/backend.md). sqlite: <data_dir>/backend.sqlite; postgres:
+ * the database of conn_string, with the TLS files (absolute paths) when set. The rest is undefined for sqlite.
+ */
+export interface StorageConfig {
+  readonly type: 'sqlite' | 'postgres';
+  /** As written (it may hold a password: show it only through redactUrl). */
+  readonly conn_string: string | undefined;
+  readonly ca_file: string | undefined;
+  readonly cert_file: string | undefined;
+  readonly key_file: string | undefined;
+}
+
 export interface ProcessConfig {
   readonly nodename: string;
   /** Absolute path. */
   readonly data_dir: string;
+  readonly storage: StorageConfig;
   readonly log: LogConfig;
   readonly limits: LimitsConfig;
 }

@@ -42,7 +42,7 @@ export interface AuthRole {
 export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole> {
   const { config, lifecycle } = options;
   const dataDir = config.gateway.data_dir;
-  const backend = openSqliteBackend({ path: join(dataDir, 'backend.sqlite') });
+  const backend = await (await import('../backend/index.js')).openConfiguredBackend(config);
   lifecycle.onStop('backend', () => backend.close());
   const auth = await AuthService.open({
     backend,

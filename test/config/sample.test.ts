@@ -40,7 +40,10 @@ describe('sampleConfig', () => {
   });
 
   it('still parses with the commented-out keys switched on', () => {
-    const on = parseConfig(uncommented(sample), 'sample.yaml');
+    // The PostgreSQL keys of gateway.storage come with type: postgres (for sqlite they are an error).
+    const on = parseConfig(uncommented(sample).replace(/^(\s+type: )sqlite\b/m, '$1postgres'), 'sample.yaml');
+    expect(on.gateway.storage.type).toBe('postgres');
+    expect(on.gateway.storage.conn_string).toBe('postgresql://gateway@db.internal:5432/gateway?sslmode=verify-full');
     expect(on.proxy_service.kube_listen_addr).toEqual({ host: '0.0.0.0', port: 3026 });
     expect(on.gateway.log.format).toBe('json');
     expect(Object.keys(on.proxy_service.automatic_upgrades_channels).sort()).toEqual(['default', 'stable/rolling']);

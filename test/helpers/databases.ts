@@ -3,7 +3,9 @@
  * running as its own system user, listening on 127.0.0.1 of a network namespace (or of this one):
  *
  *   PostgreSQL  initdb + postgres (/usr/lib/postgresql/<newest>/bin) as "postgres"; local socket trust (for the
- *               set-up), TCP scram-sha-256; a login role and a database of the same name
+ *               set-up), TCP scram-sha-256; a login role and a database of the same name. Optionally TLS (a test
+ *               CA's certificate, client certificates accepted for one role), and halt()/resume() of the server
+ *               on its data for restart tests
  *   MariaDB     mariadb-install-db + mariadbd, switching to "mysql"; socket, pid file and datadir in the temp
  *               dir; a user 'NAME'@'%' with a password and all rights on a database NAME
  *   Redis       redis-server as "redis" with a temp config: requirepass, no persistence, a unix socket
@@ -16,6 +18,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { chmod, chown, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import type { TestPki } from './tls.js';
 
 export interface DatabaseServer {
   kind: 'postgres' | 'mysql' | 'redis';
@@ -129,7 +132,52 @@ function stopper(child: ChildProcess, dir: string, signal: NodeJS.Signals = 'SIG
     })());
 }
 
-export async function startPostgres(o: DatabaseOptions): Promise<DatabaseServer> {
+export interface PostgresTlsOptions {
+  /** Signs the server's certificate (for 127.0.0.1 and localhost) and the client certificates it accepts. */
+  pki: TestPki;
+  /** A login role without a password, allowed in over TLS with a client certificate whose CN is its name. */
+  certUser: string;
+}
+
+export interface PostgresOptions extends DatabaseOptions {
+  /** ssl=on with a certificate from pki, and a hostssl "cert" line for certUser in pg_hba.conf. */
+  tls?: PostgresTlsOptions;
+  /** Server settings over the test defaults (e.g. fsync: 'on' for a benchmark; the default is off). */
+  settings?: Record<string, string>;
+}
+
+export interface PostgresServer extends DatabaseServer {
+  kind: 'postgres';
+  /** The unix socket directory (the superuser "postgres" logs in there without a password). */
+  socketDir: string;
+  /** postgresql://user:password@host:port/database (the server's own database unless named). */
+  url(database?: string): string;
+  /** Runs SQL as the superuser over the socket (psql -qAt); resolves with its output. */
+  sql(sql: string, database?: string): Promise<string>;
+  /** Stops the server (fast shutdown) and keeps its data directory; resume() starts it again on the same port. */
+  halt(): Promise<void>;
+  resume(): Promise<void>;
+}
+
+const PG_HBA_TLS = (certUser: string) => `local all all trust
+hostssl all ${certUser} 127.0.0.1/32 cert
+host all all 127.0.0.1/32 scram-sha-256
+`;
+
+/** Copies the server's TLS files into its data directory (the key must be the server user's, 0600) and says how to use them. */
+async function preparePostgresTls(tls: PostgresTlsOptions, data: string, pg: { uid: number; gid: number }): Promise<string[]> {
+  const cert = await tls.pki.serverCert({ names: ['localhost'], ips: ['127.0.0.1'] });
+  const files = { 'server.crt': cert.certPem, 'server.key': cert.keyPem, 'root.crt': tls.pki.caPem };
+  for (const [name, content] of Object.entries(files)) {
+    await writeFile(join(data, name), content, { mode: 0o600 });
+    await chown(join(data, name), pg.uid, pg.gid);
+  }
+  await writeFile(join(data, 'pg_hba.conf'), PG_HBA_TLS(tls.certUser));
+  await chown(join(data, 'pg_hba.conf'), pg.uid, pg.gid);
+  return ['-c', 'ssl=on', '-c', 'ssl_cert_file=server.crt', '-c', 'ssl_key_file=server.key', '-c', 'ssl_ca_file=root.crt'];
+}
+
+export async function startPostgres(o: PostgresOptions): Promise<PostgresServer> {
   const bin = postgresBinDir();
   const user = o.user ?? 'gwtest';
   const password = o.password ?? 'pg-secret-1';
@@ -143,28 +191,63 @@ export async function startPostgres(o: DatabaseOptions): Promise<DatabaseServer>
   for (const d of [dir, data, sock]) await chown(d, pg.uid, pg.gid);
   await chmod(dir, 0o755);
   const asPg = ['setpriv', `--reuid=${pg.uid}`, `--regid=${pg.gid}`, '--clear-groups', '--'];
+  let tlsArgs: string[] = [];
   try {
     await run(asPg[0]!, [...asPg.slice(1), join(bin, 'initdb'), '-D', data, '-U', 'postgres', '--auth-local=trust', '--auth-host=scram-sha-256', '-E', 'UTF8', '--locale=C', '--no-sync', '--no-instructions'], 'initdb', { cwd: dir });
+    if (o.tls) tlsArgs = await preparePostgresTls(o.tls, data, pg);
   } catch (err) {
     await rm(dir, { recursive: true, force: true });
     throw err;
   }
-  const { child, output } = launch(
-    o.netns,
-    [...asPg, join(bin, 'postgres'), '-D', data, '-k', sock, '-p', String(o.port), '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off', '-c', 'shared_buffers=16MB', '-c', 'max_connections=40', '-c', 'log_min_messages=warning'],
-    dir,
-  );
-  const stop = stopper(child, dir, 'SIGINT'); // SIGINT: "fast" shutdown
+  const command = [...asPg, join(bin, 'postgres'), '-D', data, '-k', sock, '-p', String(o.port), '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off', '-c', 'shared_buffers=16MB', '-c', 'max_connections=60', '-c', 'log_min_messages=warning', ...tlsArgs, ...Object.entries(o.settings ?? {}).flatMap(([k, v]) => ['-c', `${k}=${v}`])];
+  let server = launch(o.netns, command, dir);
+  const ready = () => waitReady(server.child, () => probe(join(bin, 'pg_isready'), ['-q', '-h', sock, '-p', String(o.port)]), o.startTimeoutMs ?? 30_000, 'postgres', server.output);
+  /** Fast shutdown (SIGINT): sessions are ended, nothing is waited for. */
+  const halt = async () => {
+    const { child } = server;
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise((r) => child.once('exit', r));
+    child.kill('SIGINT');
+    const killer = setTimeout(() => child.kill('SIGKILL'), 10_000);
+    await exited;
+    clearTimeout(killer);
+  };
+  let stopped: Promise<void> | undefined;
+  const stop = () => (stopped ??= halt().then(() => rm(dir, { recursive: true, force: true })));
+  const sql = (text: string, db = 'postgres') =>
+    run(join(bin, 'psql'), ['-h', sock, '-p', String(o.port), '-U', 'postgres', '-d', db, '-v', 'ON_ERROR_STOP=1', '-qAt', '-c', text], 'psql (set-up)');
   try {
-    await waitReady(child, () => probe(join(bin, 'pg_isready'), ['-q', '-h', sock, '-p', String(o.port)]), o.startTimeoutMs ?? 30_000, 'postgres', output);
-    const psql = (sql: string) => run(join(bin, 'psql'), ['-h', sock, '-p', String(o.port), '-U', 'postgres', '-d', 'postgres', '-v', 'ON_ERROR_STOP=1', '-qAt', '-c', sql], 'psql (set-up)');
-    await psql(`CREATE ROLE ${user} LOGIN PASSWORD '${password}'`);
-    await psql(`CREATE DATABASE ${database} OWNER ${user}`);
+    await ready();
+    await sql(`CREATE ROLE ${user} LOGIN PASSWORD '${password}'`);
+    await sql(`CREATE DATABASE ${database} OWNER ${user}`);
+    if (o.tls) await sql(`CREATE ROLE ${o.tls.certUser} LOGIN`);
   } catch (err) {
     await stop();
     throw err;
   }
-  return { kind: 'postgres', host: '127.0.0.1', port: o.port, user, password, database, dir, pid: child.pid!, log: output, stop };
+  return {
+    kind: 'postgres',
+    host: '127.0.0.1',
+    port: o.port,
+    user,
+    password,
+    database,
+    dir,
+    get pid() {
+      return server.child.pid!;
+    },
+    log: () => server.output(),
+    stop,
+    socketDir: sock,
+    url: (db = database) => `postgresql://${user}:${password}@127.0.0.1:${o.port}/${db}`,
+    sql,
+    halt,
+    resume: async () => {
+      if (server.child.exitCode === null && server.child.signalCode === null) return;
+      server = launch(o.netns, command, dir);
+      await ready();
+    },
+  };
 }
 
 export async function startMariadb(o: DatabaseOptions): Promise<DatabaseServer> {

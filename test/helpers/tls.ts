@@ -1,6 +1,6 @@
 /**
  * A throwaway PKI for tests, made with the `openssl` CLI: one CA and any
- * number of server certificates signed by it (ECDSA P-256, valid 2 days).
+ * number of server and client certificates signed by it (ECDSA P-256, valid 2 days).
  *
  * Used for the https:// proxy (squid `https_port`) and for TLS servers in
  * tests; clients trust `caPem` (e.g. `tls.connect({ ca: pki.caPem })`).
@@ -37,6 +37,8 @@ export interface TestPki {
    * subjectAltName DNS and IP entries and the serverAuth extended key usage.
    */
   serverCert(opts: { names: string[]; ips: string[] }): Promise<ServerCert>;
+  /** Issues a client certificate (CN = cn, clientAuth extended key usage), e.g. for a database user. */
+  clientCert(opts: { cn: string }): Promise<ServerCert>;
   /** Removes `dir`. */
   cleanup(): Promise<void>;
 }
@@ -72,21 +74,11 @@ export async function makeTestPki(dir?: string): Promise<TestPki> {
   const caKey = await readFile(caKeyPath, 'utf8');
   let issued = 0;
 
-  async function serverCert(opts: { names: string[]; ips: string[] }): Promise<ServerCert> {
-    const cn = opts.names[0] ?? opts.ips[0];
-    if (cn === undefined) throw new Error('serverCert: need at least one name or IP');
-    for (const ip of opts.ips) if (!isIP(ip)) throw new Error(`serverCert: not an IP: ${ip}`);
-    const base = join(root, `server-${++issued}`);
+  /** A key and a certificate signed by the CA, with the given extensions. */
+  async function issue(kind: string, cn: string, extensions: string): Promise<ServerCert> {
+    const base = join(root, `${kind}-${++issued}`);
     const [keyPath, csrPath, certPath, extPath] = ['.key', '.csr', '.crt', '.ext'].map((s) => base + s) as [string, string, string, string];
-    const san = [...opts.names.map((n) => `DNS:${n}`), ...opts.ips.map((ip) => `IP:${ip}`)].join(',');
-    await writeFile(
-      extPath,
-      'basicConstraints = critical,CA:FALSE\n' +
-        'keyUsage = critical,digitalSignature,keyEncipherment\n' +
-        'extendedKeyUsage = serverAuth\n' +
-        `subjectAltName = ${san}\n` +
-        'subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid,issuer\n',
-    );
+    await writeFile(extPath, extensions);
     await newKey(keyPath);
     await run('openssl', ['req', '-new', '-config', cnf, '-key', keyPath, '-subj', `/CN=${cn}`, '-out', csrPath]);
     await run('openssl', [
@@ -97,6 +89,33 @@ export async function makeTestPki(dir?: string): Promise<TestPki> {
     return { certPath, keyPath, certPem: await readFile(certPath, 'utf8'), keyPem: await readFile(keyPath, 'utf8') };
   }
 
+  async function serverCert(opts: { names: string[]; ips: string[] }): Promise<ServerCert> {
+    const cn = opts.names[0] ?? opts.ips[0];
+    if (cn === undefined) throw new Error('serverCert: need at least one name or IP');
+    for (const ip of opts.ips) if (!isIP(ip)) throw new Error(`serverCert: not an IP: ${ip}`);
+    const san = [...opts.names.map((n) => `DNS:${n}`), ...opts.ips.map((ip) => `IP:${ip}`)].join(',');
+    return issue(
+      'server',
+      cn,
+      'basicConstraints = critical,CA:FALSE\n' +
+        'keyUsage = critical,digitalSignature,keyEncipherment\n' +
+        'extendedKeyUsage = serverAuth\n' +
+        `subjectAltName = ${san}\n` +
+        'subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid,issuer\n',
+    );
+  }
+
+  async function clientCert(opts: { cn: string }): Promise<ServerCert> {
+    return issue(
+      'client',
+      opts.cn,
+      'basicConstraints = critical,CA:FALSE\n' +
+        'keyUsage = critical,digitalSignature,keyEncipherment\n' +
+        'extendedKeyUsage = clientAuth\n' +
+        'subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid,issuer\n',
+    );
+  }
+
   return {
     dir: root,
     caCert: caPem,
@@ -105,6 +124,7 @@ export async function makeTestPki(dir?: string): Promise<TestPki> {
     caKeyPath,
     caPem,
     serverCert,
+    clientCert,
     cleanup: () => rm(root, { recursive: true, force: true }),
   };
 }
