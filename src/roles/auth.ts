@@ -1,5 +1,5 @@
 /**
- * The auth role: the Backend (SQLite in the data directory), the AuthService on it, its API on
+ * The auth role: the Backend (gateway.storage: SQLite in the data directory by default, or PostgreSQL), the AuthService on it, its API on
  * auth_service.listen_addr (mutual TLS), and the local admin identity in <data_dir>/admin/ for gwctl on this
  * machine. Runs alone: it needs nothing of the other roles.
  */
@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { createApiHandler } from '../auth/api.js';
 import { generateKeyPair } from '../auth/pki.js';
 import { AuthService } from '../auth/service.js';
-import { openSqliteBackend } from '../backend/index.js';
+import { openConfiguredBackend } from '../backend/index.js';
 import type { GatewayConfig } from '../config/index.js';
 import { writePublicFile, writeSecretFile } from '../fsutil.js';
 import { logger } from '../log.js';
@@ -42,7 +42,7 @@ export interface AuthRole {
 export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole> {
   const { config, lifecycle } = options;
   const dataDir = config.gateway.data_dir;
-  const backend = await (await import('../backend/index.js')).openConfiguredBackend(config);
+  const backend = await openConfiguredBackend(config);
   lifecycle.onStop('backend', () => backend.close());
   const auth = await AuthService.open({
     backend,
