@@ -15,6 +15,7 @@
  * followLogLevel() makes a log severity change reach every child logger already handed out (pino children keep
  * the level they were created with); ReloadableVersionServer lets the Proxy swap its channels in place.
  */
+import { processAlive } from './proc.js';
 import { existsSync, linkSync, mkdirSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { randomBytes } from 'node:crypto';
@@ -32,16 +33,6 @@ export interface PidFile {
   readonly pid: number;
   /** Removes the file if it still holds our pid. Idempotent; never throws. */
   release(): void;
-}
-
-/** Whether a process with this pid exists (EPERM: it exists but belongs to another user). */
-function processAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 /**

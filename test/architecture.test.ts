@@ -24,7 +24,7 @@ const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: stri
   },
   { layer: 'services', units: ['config', 'backend'], why: 'what the roles stand on: the configuration and the storage' },
   { layer: 'transport', units: ['dial', 'mux', 'tunnel', 'net', 'stream'], why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers' },
-  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'fsutil', 'duration', 'redact', 'version'], why: 'small modules that import nothing above them' },
+  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version'], why: 'small modules that import nothing above them' },
 ];
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');

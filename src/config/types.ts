@@ -24,17 +24,8 @@ export interface LogConfig {
   readonly format: LogFormat | undefined;
 }
 
-/** Deadlines in milliseconds and caps in connections, for every listener (src/net/deadlines.ts, docs/security.md). */
-export interface LimitsConfig {
-  readonly tls_handshake_timeout: number;
-  readonly header_timeout: number;
-  readonly request_timeout: number;
-  readonly idle_timeout: number;
-  readonly ssh_handshake_timeout: number;
-  readonly half_close_linger: number;
-  readonly max_connections: number;
-  readonly max_connections_per_source: number;
-}
+export type { LimitsConfig } from '../net/deadlines.js';
+import type { LimitsConfig } from '../net/deadlines.js';
 
 /**
  * Where the Auth Service keeps the cluster state (docs/backend.md). sqlite: <data_dir>/backend.sqlite; postgres:

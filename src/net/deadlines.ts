@@ -48,22 +48,23 @@ export interface LimitSettings {
 }
 
 /**
- * The keys of gateway.limits this module reads. Declared here rather than imported: config/ sits above the
- * transport layer (its defaults come from net/source.ts), so net/ takes any configuration of this shape.
+ * The gateway.limits section: deadlines in milliseconds and caps in connections, for every listener
+ * (docs/security.md). Declared here, where it is read; config/ (a higher layer) imports it for its types.
  */
+export interface LimitsConfig {
+  readonly tls_handshake_timeout: number;
+  readonly header_timeout: number;
+  readonly request_timeout: number;
+  readonly idle_timeout: number;
+  readonly ssh_handshake_timeout: number;
+  readonly half_close_linger: number;
+  readonly max_connections: number;
+  readonly max_connections_per_source: number;
+}
+
+/** Any configuration with a gateway.limits section. */
 export interface LimitsSection {
-  readonly gateway: {
-    readonly limits: {
-      readonly tls_handshake_timeout: number;
-      readonly header_timeout: number;
-      readonly request_timeout: number;
-      readonly idle_timeout: number;
-      readonly ssh_handshake_timeout: number;
-      readonly half_close_linger: number;
-      readonly max_connections: number;
-      readonly max_connections_per_source: number;
-    };
-  };
+  readonly gateway: { readonly limits: LimitsConfig };
 }
 
 /** The settings of a configuration's gateway.limits section. */

@@ -6,19 +6,11 @@
 import { mkdir, open, readFile, stat, unlink } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { GatewayError } from '../errors.js';
+import { processAlive } from '../proc.js';
 
 export interface Lock {
   path: string;
   release(): Promise<void>;
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }
 
 export async function acquireLock(path: string): Promise<Lock> {
@@ -53,7 +45,7 @@ export async function acquireLock(path: string): Promise<Lock> {
     }
     const text = await readFile(path, 'utf8').catch(() => '');
     const pid = Number.parseInt(text, 10);
-    if (Number.isInteger(pid) && pid > 0 && alive(pid)) {
+    if (Number.isInteger(pid) && pid > 0 && processAlive(pid)) {
       throw new GatewayError('GW_ERR_UPGRADE_LOCKED', `another gateway-upgrade (pid ${pid}) is running: it holds ${path}`, { details: { pid, path } });
     }
     if (!(Number.isInteger(pid) && pid > 0)) {
