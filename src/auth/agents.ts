@@ -3,7 +3,7 @@
  * (written by the Proxies' tunnel registries, expiring unless refreshed), the inventory a user may reach through
  * them, and the cluster_maintenance_config their upgraders read.
  */
-import type { Backend } from '../backend/index.js';
+import { watchAcrossGaps, type Backend } from '../backend/index.js';
 import { GatewayError, isGatewayError } from '../errors.js';
 import type { CallerCheck } from './callers.js';
 import type { Identity } from './pki.js';
@@ -118,7 +118,8 @@ export class AgentDirectory {
 
   /** Calls onChange after every write or removal of cluster_maintenance_config. Returns the unsubscribe function. */
   watchMaintenance(onChange: () => void): () => void {
-    return this.backend.watch(KEYS.maintenance, () => onChange());
+    // After a gap in the backend's change log a change may have been missed: agents re-read it either way.
+    return watchAcrossGaps(this.backend, KEYS.maintenance, () => onChange(), () => onChange());
   }
 }
 

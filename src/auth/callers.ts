@@ -4,7 +4,7 @@
  * rules, deny wins) before it touches state. The Backend's watch on locks, users and nodes re-checks what is open
  * in the registry of sessions and closes what no longer passes.
  */
-import type { Backend } from '../backend/index.js';
+import { watchAcrossGaps, type Backend } from '../backend/index.js';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { LOCKS_PREFIX, type LockStore } from './locks.js';
@@ -141,23 +141,25 @@ export class CallerCheck {
         })
         .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot re-check open sessions'));
     };
-    this.backend.watch(LOCKS_PREFIX, (event) => {
+    // After a gap in the backend's change log a lock or a removal may have been missed: re-check every session.
+    const onGap = (err: Error) => recheck(`watch gap (${err.message})`, () => true);
+    watchAcrossGaps(this.backend, LOCKS_PREFIX, (event) => {
       if (event.type !== 'put') return;
       const { target } = (JSON.parse(event.item.value) as LockResource).spec;
       const why = `lock ${event.item.key.slice(LOCKS_PREFIX.length)}`;
       if (target.user !== undefined) recheck(why, (id) => id.kind === 'user' && id.name === target.user);
       else if (target.role !== undefined) recheck(why, (id) => id.kind === 'user');
       else recheck(why, (id) => id.kind === 'host' && id.name === target.node);
-    });
-    this.backend.watch('/users/', (event) => {
+    }, onGap);
+    watchAcrossGaps(this.backend, '/users/', (event) => {
       const name = (event.type === 'put' ? event.item.key : event.key).slice('/users/'.length);
       recheck(event.type === 'put' ? 'user updated' : 'user removed', (id) => id.kind === 'user' && id.name === name);
-    });
-    this.backend.watch('/nodes/', (event) => {
+    }, onGap);
+    watchAcrossGaps(this.backend, '/nodes/', (event) => {
       if (event.type !== 'delete') return;
       const hostId = event.key.slice('/nodes/'.length);
       recheck('agent removed', (id) => id.kind === 'host' && id.name === hostId);
-    });
+    }, onGap);
   }
 
   /**

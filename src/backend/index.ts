@@ -7,7 +7,7 @@ import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { openPostgresBackend, type PostgresBackend } from './postgres.js';
 import { openSqliteBackend, SQLITE_BACKEND_FILE, type SqliteBackend } from './sqlite.js';
-import type { Backend } from './types.js';
+import type { Backend, WatchEvent } from './types.js';
 
 export type { Backend, Condition, Item, PutOptions, WatchEvent, WatchOptions, WriteOp } from './types.js';
 export { compareKeys, prefixSuccessor, MAX_KEY_BYTES } from './keys.js';
@@ -104,4 +104,29 @@ export async function openBackend(config: BackendConfig, options: OpenBackendOpt
 /** openBackend(backendConfigOf(config)): what `gateway start` opens for the auth role. */
 export function openConfiguredBackend(config: StorageSource, options: OpenBackendOptions = {}): Promise<Backend> {
   return openBackend(backendConfigOf(config), options);
+}
+
+/**
+ * Watches prefix until the returned function is called, across a gap in the backend's change log: when the
+ * backend can no longer give every event (GW_ERR_BACKEND_COMPACTED, after an outage longer than the log's
+ * retention), onGap runs, so that the caller re-reads whatever it derives from the watched keys, and the watch
+ * starts again from now. Events are never silently missed.
+ */
+export function watchAcrossGaps(backend: Backend, prefix: string, onEvent: (event: WatchEvent) => void, onGap: (err: Error & { code: string }) => void): () => void {
+  let stopped = false;
+  let unsubscribe = (): void => undefined;
+  const start = (): void => {
+    unsubscribe = backend.watch(prefix, onEvent, {
+      onError: (err) => {
+        if (stopped) return;
+        onGap(err);
+        start();
+      },
+    });
+  };
+  start();
+  return () => {
+    stopped = true;
+    unsubscribe();
+  };
 }
