@@ -23,6 +23,18 @@ export interface InventoryItem {
   host_cert?: string;
 }
 
+/** The kinds `GET /v1/inventory/:kind` lists, and the access kind each is checked against. */
+const INVENTORY_KINDS: ReadonlyMap<string, AccessKind> = new Map([
+  ['node', 'node'],
+  ['nodes', 'node'],
+  ['db', 'db'],
+  ['app', 'app'],
+  ['apps', 'app'],
+  ['desktop', 'windows_desktop'],
+  ['desktops', 'windows_desktop'],
+  ['kube', 'kube_cluster'],
+]);
+
 export class AgentDirectory {
   constructor(
     private readonly backend: Backend,
@@ -76,8 +88,8 @@ export class AgentDirectory {
    * clusters, each with its labels, agent and since when it is connected. Filtered by the caller's roles.
    */
   async inventory(caller: Identity, kind: string): Promise<InventoryItem[]> {
-    const kinds: Record<string, AccessKind> = { node: 'node', nodes: 'node', db: 'db', app: 'app', apps: 'app', desktop: 'windows_desktop', desktops: 'windows_desktop', kube: 'kube_cluster' };
-    const accessKind = kinds[kind];
+    // A Map, not an object literal: "constructor" or "__proto__" must not name an inventory kind.
+    const accessKind = INVENTORY_KINDS.get(kind);
     if (!accessKind) throw new GatewayError('GW_ERR_RESOURCE_KIND', `unknown inventory kind "${kind}"`, { hint: 'Kinds: node, db, app, desktop, kube.' });
     if (caller.kind !== 'admin' && caller.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'host identities have no inventory');
     if (caller.cluster !== this.clusterName && caller.kind !== 'admin') throw new GatewayError('GW_ERR_ACCESS_DENIED', `identity from cluster "${caller.cluster}"`);

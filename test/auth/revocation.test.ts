@@ -190,3 +190,12 @@ describe('open sessions are closed on lock and deletion', () => {
     expect(stays).not.toHaveBeenCalled();
   });
 });
+
+describe('inventory kinds', () => {
+  it('names of Object.prototype members are unknown kinds, not an empty inventory', async () => {
+    for (const kind of ['constructor', '__proto__', 'toString', 'hasOwnProperty']) {
+      expect(await codeOf(auth.inventory(admin, kind)), kind).toBe('GW_ERR_RESOURCE_KIND');
+    }
+    await expect(auth.inventory(admin, 'nodes')).resolves.toEqual([]);
+  });
+});
