@@ -10,7 +10,8 @@
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { rootSuite } from '../helpers/root.js';
 import { resourceConnector } from '../../src/agent/resources.js';
 import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
@@ -64,7 +65,8 @@ afterAll(async () => {
   await host?.close();
 });
 
-describe("the Kubernetes Service's dial of its API server under HTTPS_PROXY", () => {
+// The API server's real address must not be loopback (NO_PROXY's CIDR entry is what is tested): a test host.
+rootSuite(['netns'])("the Kubernetes Service's dial of its API server under HTTPS_PROXY", () => {
   it('NO_PROXY exempting the real address (CIDR) or kube.<cluster>.local: direct, squid logs no CONNECT; neither: through squid', async () => {
     expect(await dialApi({ NO_PROXY: '198.18.0.0/15' })).toContain('v1.30.0');
     expect(await dialApi({ NO_PROXY: `${host.localIp}:${api.port}` })).toContain('v1.30.0');

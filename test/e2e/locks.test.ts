@@ -14,6 +14,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { rootTest } from '../helpers/root.js';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startEchoServer, type EchoServer } from '../helpers/servers.js';
 
@@ -151,7 +152,8 @@ afterAll(async () => {
 });
 
 describe('gwctl lock --user closes what the user has open', () => {
-  it('an app stream and an SSH session are closed, new ones refused with the lock named; unlock restores', async () => {
+  // The SSH session runs its shell as the login user: the agent must be root to start it.
+  rootTest(['setuid'])('an app stream and an SSH session are closed, new ones refused with the lock named; unlock restores', async () => {
     const proxy = await appProxy('bob');
     const stream = await openStream(proxy.port);
     const session = start('ssh', ['-F', join(dir, 'ssh_config-bob'), '-o', 'BatchMode=yes', `root@${NODE}`, 'echo session-open; exec cat'], { HOME: dir });
