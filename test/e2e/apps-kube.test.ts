@@ -19,6 +19,7 @@ import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gatew
 import { startHttpsServer, startEchoServer, type EchoServer, type HttpTestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
@@ -49,14 +50,6 @@ function curl(args: string[]): Promise<{ status: number | null; stdout: string; 
     child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
     child.on('close', (status) => resolveCurl({ status, stdout, stderr }));
   });
-}
-
-async function until(check: () => Promise<boolean> | boolean, what: string, timeoutMs = 20_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 beforeAll(async () => {
@@ -190,7 +183,7 @@ describe('TCP apps and desktops through gwsh', () => {
     let out = '';
     child.stdout.on('data', (c: Buffer) => (out += c.toString()));
     child.stderr.on('data', (c: Buffer) => (out += c.toString()));
-    await until(() => /127\.0\.0\.1:(\d+)/.test(out) || child.exitCode !== null, 'gwsh proxy to listen');
+    await waitUntil('gwsh proxy to listen', () => /127\.0\.0\.1:(\d+)/.test(out) || child.exitCode !== null);
     const m = /127\.0\.0\.1:(\d+)/.exec(out);
     if (!m) throw new Error(`gwsh proxy failed: ${out}`);
     return Number(m[1]);

@@ -15,6 +15,7 @@ import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rootTest } from '../helpers/root.js';
+import { waitUntil } from '../helpers/wait.js';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startEchoServer, type EchoServer } from '../helpers/servers.js';
 
@@ -34,14 +35,6 @@ const gwctl = (args: string[], input?: string) => runCli('gwctl', ['--data-dir',
 const envOf = (user: string) => ({ HOME: dir, GWSH_HOME: join(dir, `gwsh-${user}`) });
 const gwsh = (user: string, args: string[], input?: string) => runCli('gwsh', args, { env: envOf(user), ...(input === undefined ? {} : { input }) });
 
-async function until(what: string, check: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`not within ${timeoutMs} ms: ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
 /** A child process whose output is collected; exit resolves with its code. */
 function start(command: string, args: string[], env: Record<string, string>) {
   const child = spawn(command, args, { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['pipe', 'pipe', 'pipe'] });
@@ -56,7 +49,7 @@ function start(command: string, args: string[], env: Record<string, string>) {
 /** `gwsh proxy app echo-tcp` for a user; resolves with its local port and its output. */
 async function appProxy(user: string) {
   const p = start(process.execPath, [BIN('gwsh'), 'proxy', 'app', 'echo-tcp', '--port', '0'], envOf(user));
-  await until('gwsh proxy to listen', () => /127\.0\.0\.1:(\d+)/.test(p.output()) || p.exited());
+  await waitUntil('gwsh proxy to listen', () => /127\.0\.0\.1:(\d+)/.test(p.output()) || p.exited());
   const m = /127\.0\.0\.1:(\d+)/.exec(p.output());
   if (!m) throw new Error(`gwsh proxy failed: ${p.output()}`);
   return { ...p, port: Number(m[1]) };
@@ -70,7 +63,7 @@ async function openStream(port: number) {
   socket.on('data', (c: Buffer) => (got += c.toString()));
   const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
   socket.write('ping');
-  await until('the echo', () => got.includes('ping'), 20_000);
+  await waitUntil('the echo', () => got.includes('ping'), 20_000);
   return { socket, closed, received: () => got };
 }
 
@@ -157,7 +150,7 @@ describe('gwctl lock --user closes what the user has open', () => {
     const proxy = await appProxy('bob');
     const stream = await openStream(proxy.port);
     const session = start('ssh', ['-F', join(dir, 'ssh_config-bob'), '-o', 'BatchMode=yes', `root@${NODE}`, 'echo session-open; exec cat'], { HOME: dir });
-    await until('the SSH session to start', () => session.output().includes('session-open') || session.exited(), 30_000);
+    await waitUntil('the SSH session to start', () => session.output().includes('session-open') || session.exited(), 30_000);
     expect(session.output()).toContain('session-open');
 
     const lock = await gwctl(['lock', '--user', 'bob', '--message', 'incident 42', '--format', 'json']);
@@ -176,7 +169,7 @@ describe('gwctl lock --user closes what the user has open', () => {
     again.on('data', (c: Buffer) => (echoed += c.toString()));
     expect(await within(new Promise((r) => again.once('close', r)), 20_000)).toBe(true);
     expect(echoed).toBe('');
-    await until('gwsh proxy to print the refusal', () => proxy.output().includes('GW_ERR_ACCESS_LOCKED'), 10_000);
+    await waitUntil('gwsh proxy to print the refusal', () => proxy.output().includes('GW_ERR_ACCESS_LOCKED'), 10_000);
     expect(proxy.output()).toContain(name);
 
     const refused = await gwsh('bob', ['proxy', 'app', 'echo-tcp', '--port', '0']);
@@ -223,7 +216,7 @@ describe('gwctl lock --node', () => {
     expect(await nodeStatus()).toBe('online');
     const lock = await gwctl(['lock', '--node', agent.hostId!, '--message', 'compromised host']);
     expect(lock.status).toBe(0);
-    await until('the agent to be offline', async () => (await nodeStatus()) === 'offline');
+    await waitUntil('the agent to be offline', async () => (await nodeStatus()) === 'offline');
     // The agent keeps trying (every few seconds at most) and is refused each time while the lock lasts.
     await cluster.waitForLog('"agent refused"', 30_000);
     expect(cluster.logs()).toMatch(/is locked by lock.*"msg":"agent refused"/);
@@ -233,6 +226,6 @@ describe('gwctl lock --node', () => {
     expect(r.stderr).toContain('GW_ERR_TUNNEL_NOT_FOUND');
 
     expect((await gwctl(['unlock', '--node', agent.hostId!])).status).toBe(0);
-    await until('the agent to be back online', async () => (await nodeStatus()) === 'online', 60_000);
+    await waitUntil('the agent to be back online', async () => (await nodeStatus()) === 'online', 60_000);
   });
 });

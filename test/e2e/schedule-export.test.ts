@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { waitUntil } from '../helpers/wait.js';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 
 let dir: string;
@@ -26,14 +27,6 @@ async function scheduleLines(): Promise<string[]> {
     return (await readFile(scheduleFile, 'utf8')).split('\n').filter((l) => l.trim() !== '' && !l.startsWith('#'));
   } catch {
     return [];
-  }
-}
-
-async function until(check: () => Promise<boolean>, what: string): Promise<void> {
-  const deadline = Date.now() + 30_000;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
   }
 }
 
@@ -63,7 +56,7 @@ afterAll(async () => {
 
 describe('the agent exports the maintenance schedule for its upgrader', () => {
   it('writes the file with no window while the cluster has none', async () => {
-    await until(async () => (await readFile(scheduleFile, 'utf8').catch(() => '')).startsWith('#'), 'the schedule file');
+    await waitUntil('the schedule file', async () => (await readFile(scheduleFile, 'utf8').catch(() => '')).startsWith('#'));
     expect(await scheduleLines()).toEqual([]);
   });
 
@@ -71,7 +64,7 @@ describe('the agent exports the maintenance schedule for its upgrader', () => {
     const manifest = join(dir, 'maintenance.yaml');
     await writeFile(manifest, 'kind: cluster_maintenance_config\nspec:\n  agent_upgrades:\n    utc_start_hour: 4\n    weekdays: ["*"]\n');
     expect((await admin(['create', manifest])).stdout).toContain('maintenance window has been updated');
-    await until(async () => (await scheduleLines()).length > 0, 'windows in the schedule file');
+    await waitUntil('windows in the schedule file', async () => (await scheduleLines()).length > 0);
     const windows = (await scheduleLines()).map((l) => l.split(' ').map(Number) as [number, number]);
     for (const [start, stop] of windows) {
       expect(stop - start).toBe(3600);
@@ -115,7 +108,7 @@ describe('a Kubernetes agent (docs/kubernetes-updater.md: the schedule Secret wr
       env: { POD_NAMESPACE: 'gateway', GATEWAY_KUBE_SCHEDULE_SECRET: 'agent-shared-state', KUBECONFIG: kubeconfig, GATEWAY_UPGRADE_ROOT: join(dir, 'no-upgrader') },
     });
     try {
-      await until(async () => requests.some((r) => r.method === 'PATCH'), 'a PATCH of the schedule Secret');
+      await waitUntil('a PATCH of the schedule Secret', async () => requests.some((r) => r.method === 'PATCH'));
       const patch = requests.find((r) => r.method === 'PATCH')!;
       expect(patch.path).toBe('/api/v1/namespaces/gateway/secrets/agent-shared-state');
       expect(patch.type).toBe('application/merge-patch+json');
