@@ -72,11 +72,13 @@ export function servicesFor(config: GatewayConfig, roles: string[] | undefined):
   return [...out];
 }
 
-/** What `gwctl tokens add` prints as --proxy: the Proxy's first public address, else this node and the web port. */
-function proxyAddressForTokens(config: GatewayConfig): string {
-  const proxy = config.proxy_service;
-  const first = proxy.public_addr[0];
-  return first ? formatHostPort(first.host, first.port) : formatHostPort(config.gateway.nodename, proxy.web_listen_addr.port);
+/**
+ * Where clients and agents reach this Proxy (what `gwctl tokens add` prints as --proxy and the start banner names):
+ * its first public address, else this node and the web port (the bound one, when the configured port is 0).
+ */
+export function proxyAddressForClients(config: GatewayConfig, webPort: number = config.proxy_service.web_listen_addr.port): string {
+  const first = config.proxy_service.public_addr[0];
+  return first ? formatHostPort(first.host, first.port) : formatHostPort(config.gateway.nodename, webPort);
 }
 
 export async function startDaemon(config: GatewayConfig, flags: StartFlags, environment: DaemonEnvironment): Promise<Daemon> {
@@ -94,7 +96,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
     // The limits of every listener of this process: the Auth API's and the Proxy's.
     const limits = runs('auth_service') || runs('proxy_service') ? startLimits(config, lifecycle) : undefined;
     const auth = limits && runs('auth_service')
-      ? await startAuthRole({ config, limits, lifecycle, ...(runs('proxy_service') ? { proxyPublicAddr: proxyAddressForTokens(config) } : {}) })
+      ? await startAuthRole({ config, limits, lifecycle, ...(runs('proxy_service') ? { proxyPublicAddr: proxyAddressForClients(config) } : {}) })
       : undefined;
     if (auth) addresses.auth = auth.address;
     const proxy = limits && auth && runs('proxy_service') ? await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle }) : undefined;

@@ -3,10 +3,9 @@
  * next command. A newcomer reads these; operators get the same facts in the "gateway started" log line.
  */
 import { userInfo } from 'node:os';
-import { formatHostPort } from '../addr.js';
 import { caPin } from '../auth/pki/tls.js';
 import type { GatewayConfig } from '../config/index.js';
-import type { Daemon } from '../daemon.js';
+import { proxyAddressForClients, type Daemon } from '../daemon.js';
 import { defaultDataDir, isRoot } from '../paths.js';
 import { VERSION } from '../version.js';
 
@@ -29,14 +28,6 @@ function label(name: string, config: GatewayConfig): string {
   return LISTENERS[name] ?? name;
 }
 
-/** Where clients and agents reach this Proxy: its first public_addr, else this node's name and the web port. */
-export function proxyAddressForClients(config: GatewayConfig, boundWeb: string): string {
-  const pub = config.proxy_service.public_addr[0];
-  if (pub) return formatHostPort(pub.host, pub.port);
-  const port = Number(boundWeb.slice(boundWeb.lastIndexOf(':') + 1));
-  return formatHostPort(config.gateway.nodename, port);
-}
-
 export function startBanner(config: GatewayConfig, daemon: Daemon): string {
   const lines = [`Gateway ${VERSION} started: ${daemon.services.join(', ')}`];
   for (const [name, addr] of Object.entries(daemon.addresses)) lines.push(`  ${label(name, config).padEnd(44)} ${addr}`);
@@ -48,7 +39,7 @@ export function startBanner(config: GatewayConfig, daemon: Daemon): string {
   if (daemon.auth && daemon.addresses.web) {
     const who = isRoot() ? 'root' : userInfo().username;
     lines.push('');
-    lines.push(`Clients and agents reach this Proxy at ${proxyAddressForClients(config, daemon.addresses.web)} (set proxy_service.public_addr to the name they dial).`);
+    lines.push(`Clients and agents reach this Proxy at ${proxyAddressForClients(config, Number(daemon.addresses.web.slice(daemon.addresses.web.lastIndexOf(':') + 1)))} (set proxy_service.public_addr to the name they dial).`);
     lines.push(`Admin commands on this machine, as ${who}: gwctl status, gwctl tokens add --type=db, gwctl users add NAME --roles=access`);
     if (dataDir !== defaultDataDir()) lines.push(`  (this is not the default data directory: give gwctl --data-dir=${dataDir})`);
   }
