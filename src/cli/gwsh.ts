@@ -224,6 +224,9 @@ proxyCmd
       });
     }
     process.stdin.destroy();
+    // The session is over: after the Proxy's 'end' our side of the connection is still open (half-open sockets),
+    // and it would keep this process, and so ssh waiting for it, alive until the Proxy's half-close linger.
+    stream.destroy();
   });
 
 program
