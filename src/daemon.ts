@@ -10,7 +10,11 @@
  * The roles share one Dialer, one set of connection limits and one shutdown order (roles/lifecycle.ts: agents,
  * then the Proxy, then the Auth API, then the Backend). The environment comes from the caller (roles/environment.ts).
  */
+import { randomUUID } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import type { AuthService } from './auth/service.js';
+import { writePublicFile } from './fsutil.js';
 import type { HostIdentity } from './agent/identity.js';
 import { formatHostPort } from './addr.js';
 import type { GatewayConfig, ServiceName } from './config/index.js';
@@ -24,6 +28,7 @@ import type { DaemonEnvironment } from './roles/environment.js';
 import { Lifecycle } from './roles/lifecycle.js';
 import { startProxyRole } from './roles/proxy.js';
 import type { TunnelServer } from './proxy/tunnel.js';
+import type { ClusterView } from './proxy/cluster.js';
 
 export interface StartFlags extends JoinFlags {
   /** --roles: node, db, app, kube, desktop, auth, proxy (overrides the services the configuration enables). */
@@ -34,6 +39,8 @@ export interface Daemon {
   services: ServiceName[];
   tunnelAgent?: AgentRole['tunnelAgent'];
   tunnels?: TunnelServer;
+  /** The cluster's Proxies and where agents are, as this Proxy sees them. */
+  cluster?: ClusterView;
   /** Bound addresses, by listener name (auth, web). */
   addresses: Record<string, string>;
   /** Deadlines, caps and counters of the Auth API's and the Proxy's listeners (when either runs here). */
@@ -99,7 +106,9 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
       ? await startAuthRole({ config, limits, lifecycle, ...(runs('proxy_service') ? { proxyPublicAddr: proxyAddressForClients(config) } : {}) })
       : undefined;
     if (auth) addresses.auth = auth.address;
-    const proxy = limits && auth && runs('proxy_service') ? await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle }) : undefined;
+    const proxy = limits && auth && runs('proxy_service')
+      ? await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle, proxyId: localProxyId(config.gateway.data_dir) })
+      : undefined;
     Object.assign(addresses, proxy?.addresses);
     const agent = agentJoinRoles(services).length > 0
       ? await startAgentRole({ config, services, join: flags, ...(auth ? { localAuth: auth.auth } : {}), ...(addresses.web ? { localProxy: addresses.web } : {}), dialer, environment, lifecycle })
@@ -112,7 +121,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
       ...(auth ? { auth: auth.auth } : {}),
       ...(agent ? { hostIdentity: agent.hostIdentity } : {}),
       ...(agent?.tunnelAgent ? { tunnelAgent: agent.tunnelAgent } : {}),
-      ...(proxy ? { tunnels: proxy.tunnels } : {}),
+      ...(proxy ? { tunnels: proxy.tunnels, cluster: proxy.cluster } : {}),
       reload: (next) => proxy?.setChannels(next.proxy_service.automatic_upgrades_channels),
       stop: () => lifecycle.stop(),
     };
@@ -120,6 +129,20 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
     await lifecycle.stop();
     throw err;
   }
+}
+
+/** The host ID of a Proxy that runs next to its Auth Service: made once, kept in <data_dir>/proxy_id. */
+function localProxyId(dataDir: string): string {
+  const file = join(dataDir, 'proxy_id');
+  try {
+    const id = readFileSync(file, 'utf8').trim();
+    if (/^[0-9a-f-]{36}$/.test(id)) return id;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+  }
+  const id = randomUUID();
+  writePublicFile(file, `${id}\n`);
+  return id;
 }
 
 function startLimits(config: GatewayConfig, lifecycle: Lifecycle): ConnectionLimits {

@@ -8,7 +8,8 @@ import { GatewayError, isGatewayError } from '../errors.js';
 import type { CallerCheck } from './callers.js';
 import type { Identity } from './pki.js';
 import { canAccess, type AccessKind } from './rbac.js';
-import { KEYS, readJson, type NodeRecord, type Presence } from './records.js';
+import { KEYS, readJson, type NodeRecord, type Presence, type ProxyRecord, type TunnelStrategy } from './records.js';
+import type { ClusterWatchHandlers } from './proxyauth.js';
 import type { Resource } from './resources/index.js';
 
 export interface InventoryItem {
@@ -43,13 +44,17 @@ export class AgentDirectory {
   ) {}
 
   async setPresence(presence: Presence, ttlMs: number): Promise<void> {
-    await this.backend.put(KEYS.presence(presence.hostId), JSON.stringify(presence), { ttlMs });
+    await this.backend.put(KEYS.presence(presence.hostId, presence.proxyId), JSON.stringify(presence), { ttlMs });
   }
 
-  /** Removes the presence record, unless another proxy wrote it meanwhile (the agent reconnected elsewhere). */
-  async clearPresence(hostId: string, proxyId: string): Promise<void> {
-    const item = await this.backend.get(KEYS.presence(hostId));
-    if (!item || (JSON.parse(item.value) as Presence).proxyId !== proxyId) return;
+  /**
+   * Removes the presence record of an agent on one Proxy; with connectedAt, only the record of that tunnel (a
+   * reconnect to the same Proxy wrote a newer one meanwhile, which stays).
+   */
+  async clearPresence(hostId: string, proxyId: string, connectedAt?: string): Promise<void> {
+    const item = await this.backend.get(KEYS.presence(hostId, proxyId));
+    if (!item) return;
+    if (connectedAt !== undefined && (JSON.parse(item.value) as Presence).connectedAt !== connectedAt) return;
     try {
       await this.backend.atomicWrite([{ key: item.key, revision: item.revision }], [{ type: 'delete', key: item.key }]);
     } catch (err) {
@@ -57,13 +62,79 @@ export class AgentDirectory {
     }
   }
 
+  /** Every presence record: one per agent and Proxy that holds a tunnel of it. */
   async listPresence(): Promise<Presence[]> {
     return (await this.backend.range('/presence/')).map((i) => JSON.parse(i.value) as Presence);
   }
 
+  /** One presence per agent (the newest tunnel), with every Proxy that holds one. */
+  async agentsOnline(): Promise<Map<string, Presence & { proxies: string[] }>> {
+    const out = new Map<string, Presence & { proxies: string[] }>();
+    for (const p of await this.listPresence()) {
+      const seen = out.get(p.hostId);
+      const proxies = [...(seen?.proxies ?? []), p.proxyId].sort();
+      out.set(p.hostId, { ...(!seen || p.connectedAt > seen.connectedAt ? p : seen), proxies });
+    }
+    return out;
+  }
+
+  // --- the cluster's Proxies (ProxyRecord: written by each Proxy, expiring unless refreshed) ---------------------
+
+  async heartbeatProxy(record: ProxyRecord, ttlMs: number): Promise<void> {
+    await this.backend.put(KEYS.proxy(record.id), JSON.stringify(record), { ttlMs });
+  }
+
+  async removeProxy(id: string): Promise<void> {
+    await this.backend.delete(KEYS.proxy(id));
+  }
+
+  async listProxies(): Promise<ProxyRecord[]> {
+    return (await this.backend.range('/proxies/')).map((i) => JSON.parse(i.value) as ProxyRecord);
+  }
+
+  /** Every Proxy as `gwctl get proxies` shows it (unchecked: callers authorize first). */
+  async proxyResources(): Promise<Resource[]> {
+    return (await this.listProxies()).map((p) => ({
+      kind: 'proxy',
+      version: 'v2',
+      metadata: { name: p.id },
+      spec: { hostname: p.nodename, version: p.version, public_addr: p.public_addr, ...(p.peer_addr ? { peer_addr: p.peer_addr } : {}), channels_digest: p.channels_digest, started_at: p.started_at, last_heartbeat: p.last_heartbeat },
+    }) as unknown as Resource);
+  }
+
+  async setTunnelStrategy(strategy: TunnelStrategy): Promise<void> {
+    await this.backend.put(KEYS.networking, JSON.stringify({ tunnel_strategy: strategy }));
+  }
+
+  /** auth_service.tunnel_strategy as the Auth Service last wrote it; agent_mesh before any did. */
+  async tunnelStrategy(): Promise<TunnelStrategy> {
+    return (await readJson<{ tunnel_strategy: TunnelStrategy }>(this.backend, KEYS.networking))?.tunnel_strategy ?? { type: 'agent_mesh' };
+  }
+
+  /**
+   * Changes of the Proxies and of the agents' presence, for a Proxy's view of the cluster (src/proxy/cluster.ts).
+   * After a gap in the change log, onResync: the caller lists again.
+   */
+  watchCluster(handlers: ClusterWatchHandlers): () => void {
+    const presence = watchAcrossGaps(this.backend, '/presence/', (event) => {
+      if (event.type === 'put') handlers.presence({ type: 'put', presence: JSON.parse(event.item.value) as Presence });
+      else {
+        const [hostId = '', proxyId = ''] = event.key.slice('/presence/'.length).split('/');
+        handlers.presence({ type: 'delete', hostId, proxyId });
+      }
+    }, () => handlers.resync());
+    const proxies = watchAcrossGaps(this.backend, '/proxies/', () => handlers.proxies(), () => handlers.resync());
+    const networking = watchAcrossGaps(this.backend, KEYS.networking, () => handlers.proxies(), () => handlers.resync());
+    return () => {
+      presence();
+      proxies();
+      networking();
+    };
+  }
+
   /** Every node record with its presence, as `gwctl get nodes` shows them (unchecked: callers authorize first). */
   async nodeResources(): Promise<Resource[]> {
-    const online = new Map((await this.listPresence()).map((p) => [p.hostId, p]));
+    const online = await this.agentsOnline();
     return (await this.backend.range('/nodes/')).map((i) => {
       const n = JSON.parse(i.value) as NodeRecord;
       const p = online.get(n.hostId);
@@ -77,7 +148,7 @@ export class AgentDirectory {
           public_addrs: n.publicAddrs,
           joined_at: n.joinedAt,
           status: p ? 'online' : 'offline',
-          ...(p ? { connected_since: p.connectedAt, last_heartbeat: p.lastHeartbeat, proxy: p.proxyId, services: p.services } : {}),
+          ...(p ? { connected_since: p.connectedAt, last_heartbeat: p.lastHeartbeat, proxy: p.proxyId, proxies: p.proxies, services: p.services } : {}),
         },
       } as unknown as Resource;
     });
@@ -96,7 +167,7 @@ export class AgentDirectory {
     const roles = caller.kind === 'admin' ? undefined : await this.callers.rolesOf((await this.callers.resolveCaller(caller)).roles);
     const allowed = (labels: Record<string, string>) => roles === undefined || canAccess(roles, accessKind, labels);
     const items: InventoryItem[] = [];
-    for (const p of await this.listPresence()) {
+    for (const p of (await this.agentsOnline()).values()) {
       const base = { agent: p.nodename, host_id: p.hostId, connected_since: p.connectedAt };
       if (accessKind === 'node' && p.services.includes('ssh')) {
         const labels = p.resources.node_labels ?? {};

@@ -96,7 +96,7 @@ export class Manifests {
 
   /** Reads resources of a kind (all, or one by name). Secrets only with withSecrets. */
   async getResources(caller: Identity, kind: string, name: string | undefined, withSecrets: boolean): Promise<Resource[]> {
-    const rbacKind = kind === 'nodes' ? 'node' : kind === 'events' ? 'event' : kind === 'locks' ? 'lock' : kind;
+    const rbacKind = kind === 'nodes' ? 'node' : kind === 'events' ? 'event' : kind === 'locks' ? 'lock' : kind === 'proxies' ? 'proxy' : kind;
     // cluster_maintenance_config is a singleton: getting it is a read, never a list.
     const singleton = kind === 'cluster_maintenance_config';
     await this.deps.callers.authorize(caller, rbacKind, name === undefined && !singleton ? 'list' : 'read');
@@ -141,9 +141,12 @@ export class Manifests {
       case 'node':
       case 'nodes':
         return this.deps.agents.nodeResources();
+      case 'proxy':
+      case 'proxies':
+        return this.deps.agents.proxyResources();
       default:
         throw new GatewayError('GW_ERR_RESOURCE_KIND', `unknown resource kind "${kind}"`, {
-          hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node.',
+          hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node, proxy.',
         });
     }
   }

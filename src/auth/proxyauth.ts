@@ -6,7 +6,7 @@
  */
 import type { GatewayError } from '../errors.js';
 import type { Identity } from './pki.js';
-import type { NodeRecord, Presence } from './records.js';
+import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from './records.js';
 import type { RoleResource } from './resources/index.js';
 import type { SessionRegistry } from './sessions.js';
 
@@ -39,13 +39,36 @@ export interface CallerChecks {
 export interface AgentRecords {
   getNode(hostId: string): Promise<NodeRecord | undefined>;
   setPresence(presence: Presence, ttlMs: number): Promise<void>;
-  clearPresence(hostId: string, proxyId: string): Promise<void>;
+  /** With connectedAt: only the record of that tunnel (a newer one of the same agent on this Proxy stays). */
+  clearPresence(hostId: string, proxyId: string, connectedAt?: string): Promise<void>;
   recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void>;
   /** Calls onChange after every change of cluster_maintenance_config; returns the unsubscribe function. */
   watchMaintenance(onChange: () => void): () => void;
 }
 
-export interface ProxyAuth extends ClusterTrust, CallerChecks, AgentRecords {
+/** A change of an agent's presence on one Proxy. */
+export type PresenceEvent = { type: 'put'; presence: Presence } | { type: 'delete'; hostId: string; proxyId: string };
+
+export interface ClusterWatchHandlers {
+  presence(event: PresenceEvent): void;
+  /** A Proxy record or the tunnel strategy changed: list them again. */
+  proxies(): void;
+  /** Events may have been missed (a gap in the change log, a reconnect to a remote Auth Service): list everything again. */
+  resync(): void;
+}
+
+/** The cluster's Proxies and where its agents are: what a Proxy needs to tell agents about the others and to reach agents it does not hold. */
+export interface ProxyDirectory {
+  heartbeatProxy(record: ProxyRecord, ttlMs: number): Promise<void>;
+  removeProxy(id: string): Promise<void>;
+  listProxies(): Promise<ProxyRecord[]>;
+  listPresence(): Promise<Presence[]>;
+  tunnelStrategy(): Promise<TunnelStrategy>;
+  /** Returns the unsubscribe function. */
+  watchCluster(handlers: ClusterWatchHandlers): () => void;
+}
+
+export interface ProxyAuth extends ClusterTrust, CallerChecks, AgentRecords, ProxyDirectory {
   /** A certificate for the Proxy's web port, signed by the host CA, naming names. */
   issueServerCert(publicKeyPem: string, names: string[], hostId?: string): Promise<string>;
 }

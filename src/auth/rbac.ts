@@ -87,7 +87,7 @@ export const PRESET_ROLES: Role[] = deepFreeze([
             resources: ['role', 'user', 'token', 'github', 'saml', 'oidc', 'node', 'db', 'app', 'kube_cluster', 'windows_desktop', 'lock'],
             verbs: ['*'],
           },
-          { resources: ['event'], verbs: ['list', 'read'] },
+          { resources: ['event', 'proxy'], verbs: ['list', 'read'] },
         ],
       },
     },

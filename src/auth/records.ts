@@ -23,7 +23,12 @@ export const KEYS = {
   connector: (kind: string, name: string) => `/connectors/${kind}/${name}`,
   maintenance: '/cluster_maintenance_config',
   node: (hostId: string) => `/nodes/${hostId}`,
-  presence: (hostId: string) => `/presence/${hostId}`,
+  /** One record per agent and Proxy: an agent keeps a tunnel to several Proxies (agent_mesh, proxy_peering). */
+  presence: (hostId: string, proxyId: string) => `/presence/${hostId}/${proxyId}`,
+  /** A Proxy's own record, kept alive by its heartbeats (src/proxy/cluster.ts). */
+  proxy: (id: string) => `/proxies/${id}`,
+  /** auth_service.tunnel_strategy, written by the Auth Service at start, read by every Proxy. */
+  networking: '/cluster/networking',
   event: (time: number) => `/events/${String(time).padStart(15, '0')}-${randomBytes(4).toString('hex')}`,
 };
 
@@ -66,6 +71,29 @@ export interface Presence {
   connectedAt: string;
   lastHeartbeat: string;
 }
+
+/**
+ * A Proxy of the cluster as the others and the agents see it: written by the Proxy itself every heartbeat
+ * interval with a TTL of a few intervals, so a Proxy that dies drops out of every list on its own.
+ */
+export interface ProxyRecord {
+  /** Its host ID: the same in the agents' tunnel handshake (welcome), presence records and peering. */
+  id: string;
+  nodename: string;
+  version: string;
+  /** Where clients and agents reach it: its web public address (often the load balancer's). */
+  public_addr: string;
+  /** Where other Proxies reach it for peering (proxy_service.peer_public_addr, else its host and peer port). */
+  peer_addr?: string;
+  /** sha256 of its automatic_upgrades_channels (canonical JSON), and the channels themselves, for drift checks. */
+  channels_digest: string;
+  channels: Record<string, string>;
+  started_at: string;
+  last_heartbeat: string;
+}
+
+/** How agents keep their tunnels (auth_service.tunnel_strategy). */
+export type TunnelStrategy = { type: 'agent_mesh' } | { type: 'proxy_peering'; agent_connection_count: number };
 
 export function parseJson<T>(item: Item | undefined): T | undefined {
   return item === undefined ? undefined : (JSON.parse(item.value) as T);

@@ -32,7 +32,7 @@ import { Users } from './users.js';
 export { HOST_CERT_TTL_MS, type CertBundle, type PublicCas } from './authorities.js';
 export { type InventoryItem } from './agents.js';
 export { DEFAULT_TOKEN_TTL_MS, JOIN_LIMIT, tokenShortId, type HostRequest } from './joining.js';
-export { JOIN_ROLES, type JoinRole, type NodeRecord, type Presence } from './records.js';
+export { JOIN_ROLES, type JoinRole, type NodeRecord, type Presence, type ProxyRecord, type TunnelStrategy } from './records.js';
 export { DEFAULT_USER_CERT_TTL_MS, LOGIN_LIMIT } from './users.js';
 
 export interface AuthServiceOptions {
@@ -143,6 +143,12 @@ export class AuthService implements ProxyAuth {
   setPresence(...a: Parameters<AgentDirectory['setPresence']>) { return this.parts.agents.setPresence(...a); }
   clearPresence(...a: Parameters<AgentDirectory['clearPresence']>) { return this.parts.agents.clearPresence(...a); }
   listPresence(...a: Parameters<AgentDirectory['listPresence']>) { return this.parts.agents.listPresence(...a); }
+  heartbeatProxy(...a: Parameters<AgentDirectory['heartbeatProxy']>) { return this.parts.agents.heartbeatProxy(...a); }
+  removeProxy(...a: Parameters<AgentDirectory['removeProxy']>) { return this.parts.agents.removeProxy(...a); }
+  listProxies(...a: Parameters<AgentDirectory['listProxies']>) { return this.parts.agents.listProxies(...a); }
+  tunnelStrategy(...a: Parameters<AgentDirectory['tunnelStrategy']>) { return this.parts.agents.tunnelStrategy(...a); }
+  setTunnelStrategy(...a: Parameters<AgentDirectory['setTunnelStrategy']>) { return this.parts.agents.setTunnelStrategy(...a); }
+  watchCluster(...a: Parameters<AgentDirectory['watchCluster']>) { return this.parts.agents.watchCluster(...a); }
   inventory(...a: Parameters<AgentDirectory['inventory']>) { return this.parts.agents.inventory(...a); }
   maintenanceForAgent(...a: Parameters<AgentDirectory['maintenanceForAgent']>) { return this.parts.agents.maintenanceForAgent(...a); }
   watchMaintenance(...a: Parameters<AgentDirectory['watchMaintenance']>) { return this.parts.agents.watchMaintenance(...a); }

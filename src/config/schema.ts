@@ -366,6 +366,14 @@ export const SCHEMA = section('The gateway configuration file.', {
       '20s',
     ),
     keep_alive_count_max: int('Heartbeats missed in a row before the Proxy marks an agent offline and drops its tunnel.', { min: 1, max: 100, default: 3 }),
+    tunnel_strategy: section('How agents keep reverse tunnels when several Proxies run (docs/high-availability.md).', {
+      type: oneOf(
+        'agent_mesh: every agent keeps a tunnel to every Proxy; proxy_peering: agents keep agent_connection_count tunnels and Proxies carry clients to each other on peer_listen_addr.',
+        ['agent_mesh', 'proxy_peering'],
+        'agent_mesh',
+      ),
+      agent_connection_count: int('proxy_peering: how many Proxies each agent keeps a tunnel to.', { min: 1, max: 64, default: 1 }),
+    }),
   }),
 
   proxy_service: service('proxy_service', 'Proxy Service: the public entry point (web, tunnels, protocols).', publicAddr(443, 'the web UI and API'), {
@@ -387,6 +395,7 @@ export const SCHEMA = section('The gateway configuration file.', {
     postgres_public_addr: publicAddr(5432, 'the Postgres proxy'),
     mysql_public_addr: publicAddr(3036, 'the MySQL proxy'),
     mongo_public_addr: publicAddr(27017, 'the MongoDB proxy'),
+    peer_public_addr: addrs('Address other Proxies reach this one at for peering (host or host:port, default port 3021); else this node with the peering port.', 3021),
     proxy_protocol: oneOf(
       'on: accept one PROXY protocol header (v1 or v2) per connection from a load balancer, and use its client address; off: refuse such headers.',
       ['on', 'off'],

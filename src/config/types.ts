@@ -64,6 +64,7 @@ export interface AuthServiceConfig extends ServiceConfig {
   readonly keep_alive_interval: number;
   /** Heartbeats missed in a row (1..100) before the Proxy marks an agent offline. */
   readonly keep_alive_count_max: number;
+  readonly tunnel_strategy: { readonly type: 'agent_mesh' | 'proxy_peering'; readonly agent_connection_count: number };
 }
 
 /** Exactly one of the two is set. static_version keeps its leading "v". */
@@ -89,6 +90,7 @@ export interface ProxyServiceConfig extends ServiceConfig {
   readonly postgres_public_addr: readonly HostPort[];
   readonly mysql_public_addr: readonly HostPort[];
   readonly mongo_public_addr: readonly HostPort[];
+  readonly peer_public_addr: readonly HostPort[];
   readonly proxy_protocol: 'on' | 'off';
   /** Milliseconds. */
   readonly detect_timeout: number;

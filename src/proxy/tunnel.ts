@@ -23,6 +23,7 @@ import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
+import type { ClusterView } from './cluster.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
 import { Heartbeat, parseControlMessage, readControl } from '../tunnel/control.js';
 import {
@@ -62,6 +63,8 @@ export interface TunnelServerOptions {
   dialTimeoutMs?: number;
   /** SSH handshake and idle deadlines (gateway.limits); ssh2 has none of its own. */
   deadlines?: SshDeadlines;
+  /** The cluster's Proxies and tunnel strategy: what discovery tells agents (else this Proxy alone, agent_mesh). */
+  cluster?: Pick<ClusterView, 'proxies' | 'strategy' | 'on'>;
 }
 
 /** What the front door knows about a tunnel stream: where it came from and the TLS client certificate, if any. */
@@ -91,6 +94,18 @@ export class TunnelServer extends EventEmitter {
     this.unwatch = options.auth.watchMaintenance(() => {
       for (const agent of this.agents.values()) writeJsonLine(agent.control, { type: 'maintenance-changed' } satisfies ControlMessage);
     });
+    // A Proxy joined or left, or the strategy changed: every agent hears the new list.
+    options.cluster?.on('proxies', () => {
+      const discovery = this.discovery();
+      for (const agent of this.agents.values()) writeJsonLine(agent.control, discovery);
+    });
+  }
+
+  /** The discovery message: every live Proxy of the cluster and how agents keep their tunnels. */
+  discovery(): ControlMessage {
+    const cluster = this.options.cluster;
+    const proxies = cluster ? cluster.proxies().map((p) => ({ id: p.id, addr: p.public_addr })) : [{ id: this.proxyId, addr: this.options.publicAddr }];
+    return { type: 'discovery', proxies, strategy: cluster?.strategy() ?? { type: 'agent_mesh' } };
   }
 
   private readonly unwatch: () => void;
@@ -225,7 +240,7 @@ export class TunnelServer extends EventEmitter {
     this.emit('agent', agent);
     const send = (m: ControlMessage) => writeJsonLine(control, m);
     send({ type: 'welcome', proxyId: this.proxyId, heartbeatIntervalMs: this.options.heartbeatIntervalMs, heartbeatCountMax: this.options.heartbeatCountMax });
-    send({ type: 'discovery', proxies: [{ id: this.proxyId, addr: this.options.publicAddr }] });
+    send(this.discovery());
     void this.writePresence(agent);
 
     let gone = false;
@@ -237,7 +252,7 @@ export class TunnelServer extends EventEmitter {
         this.agents.delete(agent.hostId);
         this.log.info({ hostId: agent.hostId, nodename: agent.nodename }, 'agent disconnected');
         this.emit('agent-gone', agent);
-        void this.options.auth.clearPresence(agent.hostId, this.proxyId).catch(() => undefined);
+        void this.options.auth.clearPresence(agent.hostId, this.proxyId, agent.connectedAt.toISOString()).catch(() => undefined);
       }
     };
     const { heartbeatIntervalMs, heartbeatCountMax } = this.options;
@@ -335,7 +350,7 @@ export class TunnelServer extends EventEmitter {
     await new Promise((r) => setTimeout(r, 50));
     for (const agent of this.agents.values()) {
       agent.conn.end();
-      await this.options.auth.clearPresence(agent.hostId, this.proxyId).catch(() => undefined);
+      await this.options.auth.clearPresence(agent.hostId, this.proxyId, agent.connectedAt.toISOString()).catch(() => undefined);
     }
     this.agents.clear();
   }

@@ -49,6 +49,10 @@ export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole>
     clusterName: config.auth_service.cluster_name,
     ...(options.proxyPublicAddr === undefined ? {} : { proxyPublicAddr: options.proxyPublicAddr }),
   });
+  // Every Proxy reads it (discovery tells agents); the last Auth Service to start decides.
+  await auth.setTunnelStrategy(config.auth_service.tunnel_strategy.type === 'proxy_peering'
+    ? { type: 'proxy_peering', agent_connection_count: config.auth_service.tunnel_strategy.agent_connection_count }
+    : { type: 'agent_mesh' });
   const api = createApiHandler(auth);
   const keys = generateKeyPair();
   const cert = await auth.issueServerCert(keys.publicKeyPem, authServerNames(config));

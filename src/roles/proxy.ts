@@ -21,6 +21,7 @@ import { SshJumpServer } from '../proxy/sshjump.js';
 import { createKubeHandler, createWebAppHandler } from '../proxy/webapps.js';
 import { ReloadableVersionServer } from '../reload.js';
 import { TunnelServer } from '../proxy/tunnel.js';
+import { ClusterView } from '../proxy/cluster.js';
 import { VERSION } from '../version.js';
 import type { Lifecycle } from './lifecycle.js';
 import { webServerNames } from './names.js';
@@ -37,10 +38,14 @@ export interface ProxyRoleOptions {
   dialer: Dialer;
   /** Gets the tunnel server and the front door's listeners (proxy phase). */
   lifecycle: Lifecycle;
+  /** This Proxy's host ID: in its record, the agents' welcome, presence and peering. Stable across restarts. */
+  proxyId: string;
 }
 
 export interface ProxyRole {
   tunnels: TunnelServer;
+  /** The cluster's Proxies and where agents are. */
+  cluster: ClusterView;
   /** Bound addresses: web, and proxy_<name> for each separate listener. */
   addresses: Record<string, string>;
   /** SIGHUP (src/reload.ts): the version server's channels. Throws, changing nothing, when they are invalid. */
@@ -51,13 +56,23 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   const { config, auth, limits } = options;
   const webTls = await webCertificate(config, async () => {
     const keys = generateKeyPair();
-    return { key: keys.privateKeyPem, cert: await auth.issueServerCert(keys.publicKeyPem, webServerNames(config), 'proxy') };
+    return { key: keys.privateKeyPem, cert: await auth.issueServerCert(keys.publicKeyPem, webServerNames(config), options.proxyId) };
   });
   const tunnelKey = generateKeyPair();
   const hostKey = sshPrivateKey(tunnelKey.privateKeyPem);
   const publicWeb = config.proxy_service.public_addr[0];
+  const heartbeatMs = config.auth_service.keep_alive_interval;
+  const cluster = new ClusterView({
+    directory: auth,
+    self: { id: options.proxyId, nodename: config.gateway.nodename, version: VERSION, public_addr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename },
+    channels: config.proxy_service.automatic_upgrades_channels,
+    heartbeatMs,
+    ttlMs: heartbeatMs * (config.auth_service.keep_alive_count_max + 1),
+  });
   const tunnels = new TunnelServer({
     auth,
+    proxyId: options.proxyId,
+    cluster,
     hostKey,
     heartbeatIntervalMs: config.auth_service.keep_alive_interval,
     heartbeatCountMax: config.auth_service.keep_alive_count_max,
@@ -67,6 +82,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   let frontDoor: FrontDoor | undefined;
   // Agents are told to reconnect before the listeners drop their connections.
   options.lifecycle.onStop('proxy', async () => {
+    await cluster.close();
     await tunnels.close();
     await frontDoor?.close();
   });
@@ -77,7 +93,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     clusterName: auth.clusterName,
     webApps: createWebAppHandler(auth, tunnels),
     services: services(auth, tunnels, jump, limits.settings),
-    findExtras: () => ({ tunnel_host_keys: [tunnelKey.sshPublicKey] }),
+    findExtras: () => ({ tunnel_host_keys: [tunnelKey.sshPublicKey], proxies: cluster.proxies().map((p) => ({ id: p.id, nodename: p.nodename, public_addr: p.public_addr, version: p.version })) }),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
     api: options.api,
     limits,
@@ -85,7 +101,16 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   });
   const addresses: Record<string, string> = {};
   for (const [name, addr] of Object.entries(frontDoor.addresses)) addresses[name === 'web' ? 'web' : `proxy_${name}`] = addr;
-  return { tunnels, addresses, setChannels: (channels) => versions.setChannels(channels) };
+  await cluster.start();
+  return {
+    tunnels,
+    cluster,
+    addresses,
+    setChannels: (channels) => {
+      versions.setChannels(channels);
+      cluster.setChannels(channels);
+    },
+  };
 }
 
 /** The services behind the front door, by route kind: the protocol table (src/proxy/protocols.ts) says which protocols each serves. */

@@ -23,12 +23,15 @@ const isString = (v: unknown): v is string => typeof v === 'string';
 const isNumber = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
 const isPositive = (v: unknown): v is number => isNumber(v) && v > 0;
 
+const isStrategy = (v: unknown): boolean =>
+  isObject(v) && (v.type === 'agent_mesh' || (v.type === 'proxy_peering' && isPositive(v.agent_connection_count) && Number.isInteger(v.agent_connection_count)));
+
 /** Per known type, whether a message's fields have the declared types. */
 const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
   hello: (m) => isNumber(m.version) && isString(m.hostId) && isString(m.nodename) && Array.isArray(m.services) && m.services.every(isString) && isObject(m.resources),
   heartbeat: (m) => isNumber(m.seq),
   welcome: (m) => isString(m.proxyId) && isPositive(m.heartbeatIntervalMs) && isPositive(m.heartbeatCountMax),
-  discovery: (m) => Array.isArray(m.proxies) && m.proxies.every((p) => isObject(p) && isString(p.id) && isString(p.addr)),
+  discovery: (m) => Array.isArray(m.proxies) && m.proxies.every((p) => isObject(p) && isString(p.id) && isString(p.addr)) && (m.strategy === undefined || isStrategy(m.strategy)),
   reconnect: (m) => isString(m.reason),
   event: (m) => isObject(m.event),
   'maintenance-changed': () => true,

@@ -6,7 +6,7 @@
  *
  *   control: a "session" channel with subsystem "gateway-control", newline-delimited JSON both ways
  *     agent → proxy   hello {hostId, nodename, services, resources, version}   heartbeat {seq}   event {event}
- *     proxy → agent   welcome {proxyId, heartbeatIntervalMs, heartbeatCountMax}  discovery {proxies}
+ *     proxy → agent   welcome {proxyId, heartbeatIntervalMs, heartbeatCountMax}  discovery {proxies, strategy}
  *                     heartbeat {seq}   reconnect {reason}   (sent when the proxy shuts down gracefully)
  *                     maintenance-changed
  *     A line longer than CONTROL_MAX_LINE_BYTES is a protocol error: the receiver closes the tunnel. A line
@@ -77,7 +77,13 @@ export interface WelcomeMessage {
 }
 export interface DiscoveryMessage {
   type: 'discovery';
+  /** Every live Proxy of the cluster (its host ID, and its public address: often the load balancer's, shared). */
   proxies: Array<{ id: string; addr: string }>;
+  /**
+   * auth_service.tunnel_strategy: agent_mesh, a tunnel to every Proxy listed; proxy_peering, to
+   * agent_connection_count of them. Absent from Proxies of older versions: agent_mesh.
+   */
+  strategy?: { type: 'agent_mesh' } | { type: 'proxy_peering'; agent_connection_count: number };
 }
 /** Proxy → agent: cluster_maintenance_config changed; the agent re-exports its upgrade schedule. */
 export interface MaintenanceChangedMessage {

@@ -48,6 +48,7 @@ describe('defaults', () => {
       proxy_listener_mode: 'multiplex',
       keep_alive_interval: 20_000,
       keep_alive_count_max: 3,
+      tunnel_strategy: { type: 'agent_mesh', agent_connection_count: 1 },
     });
     const p = c.proxy_service;
     const ports = Object.fromEntries(

@@ -4,6 +4,7 @@
  * Service, with and without a Proxy. Each test checks what the role serves, then that stop() closes it in the
  * one order (a log of every closer the starters registered) and that its ports are closed afterwards.
  */
+import { randomUUID } from 'node:crypto';
 import https from 'node:https';
 import net from 'node:net';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
@@ -131,7 +132,13 @@ function onlyProxyAuth(role: AuthRole, issued: string[]): ProxyAuth {
     revocationOf: (id) => auth.revocationOf(id),
     getNode: (hostId) => auth.getNode(hostId),
     setPresence: (p, ttlMs) => auth.setPresence(p, ttlMs),
-    clearPresence: (hostId, proxyId) => auth.clearPresence(hostId, proxyId),
+    clearPresence: (hostId, proxyId, connectedAt) => auth.clearPresence(hostId, proxyId, connectedAt),
+    heartbeatProxy: (record, ttlMs) => auth.heartbeatProxy(record, ttlMs),
+    removeProxy: (id) => auth.removeProxy(id),
+    listProxies: () => auth.listProxies(),
+    listPresence: () => auth.listPresence(),
+    tunnelStrategy: () => auth.tunnelStrategy(),
+    watchCluster: (handlers) => auth.watchCluster(handlers),
     recordAgentEvent: (hostId, nodename, event) => auth.recordAgentEvent(hostId, nodename, event),
     watchMaintenance: (onChange) => auth.watchMaintenance(onChange),
     issueServerCert: (key, names, hostId) => {
@@ -157,9 +164,12 @@ describe('role starters, each alone in this process', () => {
   it('proxy: runs on a ProxyAuth that is only the interface, serves the router it is given, closes before the Auth API', async () => {
     const auth = await startAuth();
     const issued: string[] = [];
-    const proxy = await startProxyRole({ config, auth: onlyProxyAuth(auth, issued), api: auth.api, limits, dialer, lifecycle });
+    const proxyId = '7d4a5c3e-0000-4000-8000-00000000a001';
+    const proxy = await startProxyRole({ config, auth: onlyProxyAuth(auth, issued), api: auth.api, limits, dialer, lifecycle, proxyId });
     const web = proxy.addresses.web!;
-    expect(issued).toEqual(['proxy']);
+    expect(issued).toEqual([proxyId]);
+    // It registered itself: the cluster lists it, and /webapi/find names it.
+    expect((await auth.auth.listProxies()).map((p) => p.id)).toEqual([proxyId]);
     const ping = await getJson(web, '/webapi/ping', auth.auth.host.tls.certPem);
     expect(ping).toMatchObject({ status: 200, body: { cluster_name: 'roles.example' } });
     // The Auth API's router, through the web port.
@@ -183,7 +193,7 @@ describe('role starters, each alone in this process', () => {
 
   it('agent with a local Auth Service and Proxy: its tunnel reaches the Proxy, and it stops before the Proxy, the Auth API and the Backend', async () => {
     const auth = await startAuth();
-    const proxy = await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle });
+    const proxy = await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle, proxyId: randomUUID() });
     const agent = await startAgentRole({
       config,
       services: ['auth_service', 'proxy_service', 'ssh_service'],

@@ -39,6 +39,7 @@ export const RULE_RESOURCES = [
   'windows_desktop',
   'event',
   'lock',
+  'proxy',
   '*',
 ] as const;
 export type RuleResource = (typeof RULE_RESOURCES)[number];
