@@ -37,6 +37,7 @@ import { parseAccessLogLine, startSquid, type Squid } from '../helpers/squid.js'
 import { runCleanup } from '../helpers/cleanup.js';
 import { gatewayForAnyUser } from '../helpers/asuser.js';
 import { rootSuite } from '../helpers/root.js';
+import { eventually } from '../helpers/wait.js';
 
 // Every suite here runs in the firewall's network namespaces, the agent in a mount namespace of its own, the
 // Proxy on port 443, and logs in as OS users of its own: as any user but root they are skipped, with that reason.
@@ -94,20 +95,6 @@ const ssh = (config: string, args: string[], options: { input?: string; timeoutM
 const gwsh = (who: keyof typeof profiles, args: string[], input?: string) => runCli('gwsh', args, { env: profiles[who].env, ...(input === undefined ? {} : { input }) });
 const gwctl = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', proxy.dataDir, ...args], { env: { HOME: dir }, ...(input === undefined ? {} : { input }) });
 
-/** Polls fn until it resolves (rejections are retried) or the deadline passes. */
-async function eventually<T>(what: string, fn: () => Promise<T>, timeoutMs = 30_000, everyMs = 250): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      return await fn();
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`${what}: not within ${timeoutMs} ms; last: ${last instanceof Error ? last.message : String(last)}`);
-    await sleep(everyMs);
-  }
-}
 
 /** Signs a user in (root namespace, straight to the Proxy's address) and writes `gwsh config` to a file. */
 async function signIn(who: keyof typeof profiles, user: string, extra: string[] = []): Promise<void> {

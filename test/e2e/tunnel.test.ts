@@ -28,6 +28,7 @@ import { BIN, runCli, startGateway, type RunResult } from '../helpers/gateway.js
 import { parseAccessLogLine } from '../helpers/squid.js';
 import { runCleanup } from '../helpers/cleanup.js';
 import { rootSuite } from '../helpers/root.js';
+import { eventually } from '../helpers/wait.js';
 
 // Every suite here runs in the firewall's network namespaces, with the Proxy on port 443, and the databases as
 // their system users: as any user but root they are skipped, with that reason.
@@ -85,20 +86,6 @@ const mysql = (sql: string) =>
   client('mysql', ['--no-defaults', '-h', '127.0.0.1', '-P', String(local.maria), '-u', dbs.maria.user, `-p${dbs.maria.password}`, '--connect-timeout=10', '-N', '-s', dbs.maria.database, '-e', sql]);
 const redis = (...args: string[]) => client('redis-cli', ['-h', '127.0.0.1', '-p', String(local.cache), '-a', dbs.redis.password, '--no-auth-warning', ...args]);
 
-/** Polls fn until it resolves (rejections are retried) or the deadline passes. */
-async function eventually<T>(what: string, fn: () => Promise<T>, timeoutMs = BACK_WITHIN_MS): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      return await fn();
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`${what}: not within ${timeoutMs} ms; last: ${last instanceof Error ? last.message : String(last)}`);
-    await sleep(250);
-  }
-}
 
 interface NodeResource {
   metadata: { name: string };
