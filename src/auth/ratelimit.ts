@@ -36,7 +36,7 @@ export interface Reservation {
   release(): void;
 }
 
-export type ReserveResult = { ok: true; reservation: Reservation } | { ok: false; retryAfterMs: number };
+export type ReserveResult = { ok: true; reservation: Reservation } | { ok: false; retryAfterMs: number; inFlight?: true };
 
 export class AttemptLimiter {
   private readonly slots = new Map<string, Slot[]>();
@@ -65,9 +65,9 @@ export class AttemptLimiter {
     const list = this.recent(key);
     if (list.length >= this.maxFailures) {
       const settled = list.filter((s) => !s.pending).map((s) => s.at);
-      // Only attempts in flight: they settle within moments, so a short wait.
-      const oldest = settled.length > 0 ? Math.min(...settled) : this.clock();
-      return { ok: false, retryAfterMs: Math.max(1000, oldest + this.windowMs - this.clock()) };
+      // Only attempts in flight: they settle within moments, so a short wait (not a whole window).
+      if (settled.length === 0) return { ok: false, retryAfterMs: 1000, inFlight: true };
+      return { ok: false, retryAfterMs: Math.max(1000, Math.min(...settled) + this.windowMs - this.clock()) };
     }
     const slot: Slot = { at: this.clock(), pending: true };
     list.push(slot);
@@ -106,8 +106,9 @@ export function reserveOrRefuse(limiter: AttemptLimiter, key: string, what: 'log
   const reserved = limiter.reserve(key);
   if (reserved.ok) return reserved.reservation;
   const wait = Math.ceil(reserved.retryAfterMs / 1000);
-  log.warn({ ...fields }, `${what} refused: too many failed attempts`);
-  throw new GatewayError('GW_ERR_AUTH_RATE_LIMITED', `too many failed ${what}s${what === 'login' ? ' for this user' : ''} from this address; try again in ${wait} s`, {
+  log.warn({ ...fields }, `${what} refused: too many ${reserved.inFlight ? 'attempts in flight' : 'failed attempts'}`);
+  const why = reserved.inFlight ? `${limiter.maxFailures} ${what}s${what === 'login' ? ' for this user' : ''} from this address are in flight already` : `too many failed ${what}s${what === 'login' ? ' for this user' : ''} from this address`;
+  throw new GatewayError('GW_ERR_AUTH_RATE_LIMITED', `${why}; try again in ${wait} s`, {
     hint:
       what === 'login'
         ? `At most ${limiter.maxFailures} wrong passwords per user and address in ${limiter.windowMs / 60_000} minutes; wait, then use the right password.`

@@ -14,7 +14,8 @@ describe('AttemptLimiter', () => {
     const taken = [l.reserve('k'), l.reserve('k'), l.reserve('k')];
     expect(taken.every((r) => r.ok)).toBe(true);
     const fourth = l.reserve('k');
-    expect(fourth).toMatchObject({ ok: false });
+    // Only attempts in flight, none failed: they settle within moments, so "try again in a second", not a window.
+    expect(fourth).toEqual({ ok: false, retryAfterMs: 1000, inFlight: true });
     // Other keys are not affected.
     expect(l.reserve('other').ok).toBe(true);
   });
