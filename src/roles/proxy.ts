@@ -22,6 +22,7 @@ import { createKubeHandler, createWebAppHandler } from '../proxy/webapps.js';
 import { ReloadableVersionServer } from '../reload.js';
 import { TunnelServer } from '../proxy/tunnel.js';
 import { ClusterView } from '../proxy/cluster.js';
+import { watchChannelDrift } from '../proxy/drift.js';
 import { VERSION } from '../version.js';
 import type { Lifecycle } from './lifecycle.js';
 import { webServerNames } from './names.js';
@@ -87,7 +88,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     await frontDoor?.close();
   });
   const jump = new SshJumpServer(auth, tunnels, hostKey, limits.settings);
-  const versions = new ReloadableVersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: options.dialer });
+  const versions = new ReloadableVersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: options.dialer, proxyId: options.proxyId });
   frontDoor = await startFrontDoor({
     config,
     clusterName: auth.clusterName,
@@ -101,6 +102,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   });
   const addresses: Record<string, string> = {};
   for (const [name, addr] of Object.entries(frontDoor.addresses)) addresses[name === 'web' ? 'web' : `proxy_${name}`] = addr;
+  options.lifecycle.onStop('proxy', watchChannelDrift(cluster));
   await cluster.start();
   return {
     tunnels,
