@@ -25,6 +25,7 @@ import type { Connection, ServerChannel } from 'ssh2';
 import { sshPrivateKeyPem } from '../auth/pki.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
+import { connectionOf } from '../net/deadlines.js';
 import { streamOf } from '../net/ssh.js';
 import { StreamMeta } from '../stream/meta.js';
 
@@ -96,6 +97,8 @@ let sessionSeq = 0;
 
 /** The client address (as the Proxy saw it) of each connection that came through the reverse tunnel. */
 const tunnelClients = new StreamMeta<string>();
+/** Sockets of the direct listener (src/agent/direct.ts): their handshake deadline ends when the client is in. */
+const directSockets = new WeakSet<Duplex>();
 
 export class SshService {
   private readonly server: ssh2.Server;
@@ -119,6 +122,16 @@ export class SshService {
   inject(stream: Duplex, client?: string): void {
     if (client !== undefined) tunnelClients.set(stream, client);
     this.server.injectSocket(stream as never);
+  }
+
+  /**
+   * A connection accepted by the direct listener of an agent that joined the Auth Service directly (a guarded
+   * socket, src/agent/direct.ts): it must finish the SSH handshake and authenticate within handshakeMs.
+   */
+  injectDirect(socket: Duplex, handshakeMs: number): void {
+    directSockets.add(socket);
+    connectionOf(socket).enter('ssh-handshake', handshakeMs);
+    this.server.injectSocket(socket as never);
   }
 
   /** Direct mode: listen on ssh_service.listen_addr. */
@@ -146,6 +159,7 @@ export class SshService {
   private onConnection(conn: Connection, info: { ip: string; port: number }): void {
     const stream = streamOf(conn);
     const client = (stream && tunnelClients.get(stream)) ?? `${info.ip}:${info.port}`;
+    if (stream && directSockets.has(stream)) conn.once('ready', () => connectionOf(stream).leave('ssh-handshake'));
     let user = '';
     let login = '';
     let portForwarding = false;

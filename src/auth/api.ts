@@ -27,6 +27,7 @@ import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import { CLOCK_SKEW_MS, identityFromCert, type Identity } from './pki.js';
 import { jsonDepth, yamlNestingBound } from './bounds.js';
+import { agentRoutes } from './agentapi.js';
 import { clusterStatus } from './drift.js';
 import type { Verb } from './rbac.js';
 import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
@@ -317,7 +318,7 @@ function resourceRoutes(auth: AuthService): Route[] {
 
 export function createApiHandler(auth: AuthService): (req: IncomingMessage, res: ServerResponse) => void {
   const log = logger('api');
-  const routes: Route[] = [...publicRoutes(auth), ...identityRoutes(auth), ...resourceRoutes(auth)];
+  const routes: Route[] = [...publicRoutes(auth), ...identityRoutes(auth), ...resourceRoutes(auth), ...agentRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody }))];
 
   return (req, res) => {
     const url = new URL(req.url ?? '/', 'https://gateway.invalid');
