@@ -18,7 +18,7 @@ import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import { formatHostPort, type HostPort } from '../addr.js';
 import { identityFromCert } from '../auth/pki.js';
-import { GatewayError, toGatewayError } from '../errors.js';
+import { toGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import { connectionOf, type ConnectionLimits } from '../net/deadlines.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
@@ -141,8 +141,4 @@ export function advertisedAddr(bound: string, publicAddrs: readonly { host: stri
   if (!first) return bound;
   const port = first.port ?? Number(bound.slice(bound.lastIndexOf(':') + 1));
   return formatHostPort(first.host, port);
-}
-
-export function noListener(kind: string, nodename: string): GatewayError {
-  return new GatewayError('GW_ERR_DIRECT_NO_LISTENER', `agent "${nodename}" joined the Auth Service directly and has no ${kind} listener`);
 }

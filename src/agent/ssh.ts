@@ -103,7 +103,6 @@ const directSockets = new WeakSet<Duplex>();
 export class SshService {
   private readonly server: ssh2.Server;
   private readonly log = logger('ssh');
-  private listener: net.Server | undefined;
 
   constructor(private readonly options: SshServiceOptions) {
     this.server = new ssh2.Server({ hostKeys: [sshPrivateKeyPem(options.hostKeyPem)], ident: 'gateway-ssh' }, (conn, info) => this.onConnection(conn, info));
@@ -134,21 +133,7 @@ export class SshService {
     this.server.injectSocket(socket as never);
   }
 
-  /** Direct mode: listen on ssh_service.listen_addr. */
-  async listen(host: string, port: number): Promise<string> {
-    await new Promise<void>((resolve, reject) => {
-      this.server.once('error', reject);
-      this.server.listen(port, host, () => {
-        this.server.off('error', reject);
-        resolve();
-      });
-    });
-    const a = this.server.address() as net.AddressInfo;
-    return `${a.address}:${a.port}`;
-  }
-
   close(): void {
-    this.listener?.close();
     this.server.close();
   }
 
