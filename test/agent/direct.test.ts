@@ -29,6 +29,7 @@ import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
 import { dialDirect, type DirectDialDeps } from '../../src/proxy/direct.js';
 import { startAgentRole, type AgentRole } from '../../src/roles/agent.js';
 import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
+import { startProxyRole } from '../../src/roles/proxy.js';
 import { daemonEnvironment } from '../../src/roles/environment.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import type { DialRequest } from '../../src/tunnel/protocol.js';
@@ -217,6 +218,17 @@ describe('a direct-join agent', () => {
     expect(result.err).not.toContain('REMOTE HOST IDENTIFICATION');
     expect(result, result.err).toMatchObject({ code: 0, out: 'direct-ok\n' });
   }, 30_000);
+
+  it('the proxy role’s own direct dialer (a host certificate it is issued for its host ID) reaches the desktop', async () => {
+    const config = parseConfig(['gateway:', '  nodename: proxy-direct', `  data_dir: ${join(dir, 'auth')}`, 'auth_service:', '  cluster_name: direct.example', 'proxy_service:', '  web_listen_addr: 127.0.0.1:0', ''].join('\n'), 'proxy');
+    const limits = new ConnectionLimits(limitSettings(config));
+    authLife.onStop('backend', () => limits.close());
+    const proxy = await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle: authLife, proxyId: '7d4a5c3e-0000-4000-8000-0000000dd002' });
+    const stream = await proxy.direct(presence, request('desktop', 'win'));
+    const back = readAll(stream);
+    stream.end('through the proxy role');
+    expect((await back).toString()).toBe('through the proxy role');
+  });
 
   it('hostile: a user certificate or no certificate on the kube listener is refused with GW_ERR_DIRECT_AUTH, and reaches nothing', async () => {
     const [host, port] = [presence.direct!.kube!.split(':')[0]!, Number(presence.direct!.kube!.split(':')[1])];
