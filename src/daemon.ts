@@ -111,7 +111,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
       : undefined;
     Object.assign(addresses, proxy?.addresses);
     const agent = agentJoinRoles(services).length > 0
-      ? await startAgentRole({ config, services, join: flags, ...(auth ? { localAuth: auth.auth } : {}), ...(addresses.web ? { localProxy: addresses.web } : {}), dialer, environment, lifecycle })
+      ? await startAgentRole({ config, services, join: flags, ...(auth ? { localAuth: auth.auth } : {}), ...(addresses.web ? { localProxy: addresses.web } : {}), ...(limits ? { limits } : {}), dialer, environment, lifecycle })
       : undefined;
     if (agent?.sshAddress) addresses.ssh = agent.sshAddress;
     return {

@@ -440,6 +440,20 @@ export const ERROR_CODES = {
     hint: 'The agent retries by itself; check the network path and HTTPS_PROXY if it does not come back.',
   },
 
+  // --- direct-join agents: the Proxy dials the agent's own listeners (src/proxy/direct.ts, src/agent/direct.ts) ----
+  GW_ERR_DIRECT_NO_LISTENER: {
+    summary: 'The agent joined the Auth Service directly but advertises no listener for the service asked for (only SSH, Kubernetes and Windows Desktop Services have one).',
+    hint: 'Check that the service is enabled on the agent and that its listen_addr (ssh_service, kube_service or windows_desktop_service) is reachable from the Proxy; databases and apps need an agent that joined through a Proxy.',
+  },
+  GW_ERR_DIRECT_UNREACHABLE: {
+    summary: "The Proxy could not connect to a direct-join agent's listener in time; the message names the agent and the address.",
+    hint: "Check that the agent runs, that the Proxy can reach the address it advertises (its listen_addr, or the service's public_addr), and the firewall in between.",
+  },
+  GW_ERR_DIRECT_AUTH: {
+    summary: "Mutual TLS between the Proxy and a direct-join agent failed: the agent's certificate is not the host certificate of the agent expected, or the agent refused the caller (only Proxies of the cluster are accepted).",
+    hint: 'Check that both belong to the same cluster; an agent whose host identity was removed must join again with a new token.',
+  },
+
   // --- SSH Service: the built-in sftp-server (src/agent/sftp) ---------------------------------------------------------
   GW_ERR_SFTP_PROTOCOL: {
     summary: 'The built-in sftp-server stopped: its client sent bytes that are not SFTP (a packet it cannot parse, or longer than 256 KiB), or its input or output failed.',

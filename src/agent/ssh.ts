@@ -25,6 +25,7 @@ import type { Connection, ServerChannel } from 'ssh2';
 import { sshPrivateKeyPem } from '../auth/pki.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
+import { connectionOf } from '../net/deadlines.js';
 import { streamOf } from '../net/ssh.js';
 import { StreamMeta } from '../stream/meta.js';
 
@@ -96,11 +97,12 @@ let sessionSeq = 0;
 
 /** The client address (as the Proxy saw it) of each connection that came through the reverse tunnel. */
 const tunnelClients = new StreamMeta<string>();
+/** Sockets of the direct listener (src/agent/direct.ts): their handshake deadline ends when the client is in. */
+const directSockets = new WeakSet<Duplex>();
 
 export class SshService {
   private readonly server: ssh2.Server;
   private readonly log = logger('ssh');
-  private listener: net.Server | undefined;
 
   constructor(private readonly options: SshServiceOptions) {
     this.server = new ssh2.Server({ hostKeys: [sshPrivateKeyPem(options.hostKeyPem)], ident: 'gateway-ssh' }, (conn, info) => this.onConnection(conn, info));
@@ -121,21 +123,17 @@ export class SshService {
     this.server.injectSocket(stream as never);
   }
 
-  /** Direct mode: listen on ssh_service.listen_addr. */
-  async listen(host: string, port: number): Promise<string> {
-    await new Promise<void>((resolve, reject) => {
-      this.server.once('error', reject);
-      this.server.listen(port, host, () => {
-        this.server.off('error', reject);
-        resolve();
-      });
-    });
-    const a = this.server.address() as net.AddressInfo;
-    return `${a.address}:${a.port}`;
+  /**
+   * A connection accepted by the direct listener of an agent that joined the Auth Service directly (a guarded
+   * socket, src/agent/direct.ts): it must finish the SSH handshake and authenticate within handshakeMs.
+   */
+  injectDirect(socket: Duplex, handshakeMs: number): void {
+    directSockets.add(socket);
+    connectionOf(socket).enter('ssh-handshake', handshakeMs);
+    this.server.injectSocket(socket as never);
   }
 
   close(): void {
-    this.listener?.close();
     this.server.close();
   }
 
@@ -146,6 +144,7 @@ export class SshService {
   private onConnection(conn: Connection, info: { ip: string; port: number }): void {
     const stream = streamOf(conn);
     const client = (stream && tunnelClients.get(stream)) ?? `${info.ip}:${info.port}`;
+    if (stream && directSockets.has(stream)) conn.once('ready', () => connectionOf(stream).leave('ssh-handshake'));
     let user = '';
     let login = '';
     let portForwarding = false;

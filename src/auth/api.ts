@@ -27,6 +27,8 @@ import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import { CLOCK_SKEW_MS, identityFromCert, type Identity } from './pki.js';
 import { jsonDepth, yamlNestingBound } from './bounds.js';
+import { agentRoutes } from './agentapi.js';
+import { clusterStatus } from './drift.js';
 import type { Verb } from './rbac.js';
 import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
 import type { ClusterTrust } from './proxyauth.js';
@@ -244,7 +246,7 @@ function publicRoutes(auth: AuthService): Route[] {
 /** The caller's status and inventory, users and join tokens. */
 function identityRoutes(auth: AuthService): Route[] {
   return [
-    route('GET', '/v1/status', async ({ caller }) => auth.status(await caller())),
+    route('GET', '/v1/status', async ({ caller }) => clusterStatus(auth, await caller())),
     route('GET', '/v1/agent/maintenance', async ({ caller }) => ({ config: (await auth.maintenanceForAgent(await caller())) ?? null })),
     route('GET', '/v1/inventory/:kind', async ({ caller, params }) => ({ items: await auth.inventory(await caller(), params.kind!) })),
     route('GET', '/v1/users', async ({ caller }) => ({ users: await auth.listUsers(await caller()) })),
@@ -316,7 +318,7 @@ function resourceRoutes(auth: AuthService): Route[] {
 
 export function createApiHandler(auth: AuthService): (req: IncomingMessage, res: ServerResponse) => void {
   const log = logger('api');
-  const routes: Route[] = [...publicRoutes(auth), ...identityRoutes(auth), ...resourceRoutes(auth)];
+  const routes: Route[] = [...publicRoutes(auth), ...identityRoutes(auth), ...resourceRoutes(auth), ...agentRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody }))];
 
   return (req, res) => {
     const url = new URL(req.url ?? '/', 'https://gateway.invalid');

@@ -70,6 +70,21 @@ export interface Presence {
   resources: AgentResources;
   connectedAt: string;
   lastHeartbeat: string;
+  /**
+   * Only for an agent that joined the Auth Service directly (proxyId DIRECT_PRESENCE): where the Proxy dials its
+   * listeners (host:port), written by the agent's own heartbeat (src/auth/agentapi.ts).
+   */
+  direct?: DirectAddrs;
+}
+
+/** The proxyId of the presence record a direct-join agent writes itself: it has no tunnel to any Proxy. */
+export const DIRECT_PRESENCE = 'direct';
+
+/** The listeners of a direct-join agent, as host:port the Proxy dials. */
+export interface DirectAddrs {
+  ssh?: string;
+  kube?: string;
+  desktop?: string;
 }
 
 /**

@@ -27,17 +27,50 @@ function list(value: string): string[] {
     .filter(Boolean);
 }
 
+/** GET /v1/status: the service, and for callers who may list Proxies, the Proxies and their channel drift (src/auth/drift.ts). */
+interface StatusAnswer {
+  cluster_name: string;
+  version: string;
+  ca_pin: string;
+  identity: { kind: string; name: string; roles: string[] };
+  proxies?: Array<{ id: string; nodename: string; version: string; public_addr: string; channels_digest: string }>;
+  channel_drift?: { agree: boolean; channels: Array<{ channel: string; values: Array<{ value: string; proxies: Array<{ id: string; nodename: string }> }> }> };
+}
+
+/** The Proxies and the channel drift section of `gwctl status` (nothing when the caller may not list Proxies). */
+function proxyStatusLines(s: StatusAnswer): string[] {
+  if (!s.proxies) return [];
+  const lines = ['', `Proxies: ${s.proxies.length}`];
+  if (s.proxies.length > 0) {
+    lines.push(table([['ID', 'Nodename', 'Version', 'Public address', 'Channels'], ...s.proxies.map((p) => [p.id, p.nodename, p.version, p.public_addr, p.channels_digest.slice(0, 12)])]));
+  }
+  const drift = s.channel_drift;
+  if (!drift || drift.agree) {
+    lines.push('Upgrade channels: every Proxy serves the same automatic_upgrades_channels');
+    return lines;
+  }
+  lines.push('Upgrade channels: DRIFT: the Proxies serve different automatic_upgrades_channels (agents may flip versions)');
+  for (const c of drift.channels) {
+    lines.push(`  ${c.channel}:`);
+    for (const v of c.values) lines.push(`    ${v.value} on ${v.proxies.map((p) => `${p.nodename} (${p.id})`).join(', ')}`);
+  }
+  lines.push('  hint: give every Proxy the same proxy_service.automatic_upgrades_channels and reload them (SIGHUP)');
+  return lines;
+}
+
 program
   .command('status')
-  .description('print the cluster name, version and CA pin; fails when the credentials do not work')
+  .description('print the cluster name, version, CA pin, the Proxies and whether their upgrade channels agree; fails when the credentials do not work')
   .action(async () => {
-    const s = await client().call<{ cluster_name: string; version: string; ca_pin: string; identity: { kind: string; name: string; roles: string[] } }>('GET', '/v1/status');
+    const s = await client().call<StatusAnswer>('GET', '/v1/status');
     out(table([
       ['Cluster:', s.cluster_name],
       ['Version:', s.version],
       ['CA pin:', s.ca_pin],
       ['Identity:', s.identity.kind === 'admin' ? 'local admin (full permissions)' : `${s.identity.name} (roles: ${s.identity.roles.join(', ') || 'none'})`],
     ]));
+    const more = proxyStatusLines(s);
+    if (more.length > 0) out(more.join('\n'));
   });
 
 /** What the printed agent command uses: the configuration file and a data directory apart from the Proxy's. */

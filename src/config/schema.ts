@@ -428,7 +428,7 @@ export const SCHEMA = section('The gateway configuration file.', {
   }),
 
   ssh_service: service('ssh_service', 'SSH Service agent.', publicAddr(3022), {
-    listen_addr: listen('Incoming SSH when the agent joins the Auth Service directly.', { port: 3022, default: '0.0.0.0:3022' }),
+    listen_addr: listen('Agents joined to the Auth Service directly (no tunnel): SSH from the Proxy (or users), plain SSH to the SSH Service.', { port: 3022, default: '0.0.0.0:3022' }),
     labels: labels('Labels of this node, which the SSH Service advertises; roles select nodes by them.'),
     sftp_server: str("Serve the sftp subsystem with this program (e.g. OpenSSH's) instead of the built-in server.", {
       type: 'absolute path',
@@ -490,7 +490,7 @@ export const SCHEMA = section('The gateway configuration file.', {
     ),
   }),
   kube_service: service('kube_service', 'Kubernetes Service agent.', publicAddr(3026), {
-    listen_addr: listen('HTTPS to the Kubernetes API when the agent joins directly.', { port: 3026, default: '0.0.0.0:3026' }),
+    listen_addr: listen('Agents joined to the Auth Service directly (no tunnel): the Proxy dials it with mutual TLS (host certificates) to reach the Kubernetes clusters.', { port: 3026, default: '0.0.0.0:3026' }),
     clusters: listWithDefault(
       'Kubernetes clusters this agent proxies.',
       itemSection('One Kubernetes cluster.', {
@@ -522,7 +522,7 @@ export const SCHEMA = section('The gateway configuration file.', {
     ),
   }),
   windows_desktop_service: service('windows_desktop_service', 'Windows Desktop Service agent.', publicAddr(3028), {
-    listen_addr: listen('Desktop protocol when the agent joins directly.', { port: 3028, default: '0.0.0.0:3028' }),
+    listen_addr: listen('Agents joined to the Auth Service directly (no tunnel): the Proxy dials it with mutual TLS (host certificates) to reach the desktops.', { port: 3028, default: '0.0.0.0:3028' }),
     desktops: listWithDefault(
       'Windows desktops this agent proxies.',
       itemSection('One desktop.', {

@@ -12,7 +12,8 @@
  * <forward_url>/version and <forward_url>/critical through the Dialer (so HTTPS_PROXY / NO_PROXY apply), with a
  * short deadline, and cache each answer for cacheTtlMs per (channel, what); concurrent requests for a missing or
  * expired entry share one upstream fetch. A failed fetch is answered 502 (504 on a timeout) and is never covered
- * by a stale value. Every answer carries Cache-Control: no-store so no agent or intermediary keeps old versions.
+ * by a stale value. Every answer carries Cache-Control: no-store so no agent or intermediary keeps old versions,
+ * and x-gateway-proxy: <host ID> naming the Proxy that answered (JSON error bodies also carry "proxy").
  *
  * Documented in docs/version-server.md.
  */
@@ -25,6 +26,8 @@ import { logger } from '../log.js';
 
 export const VERSION_SERVER_PREFIX = '/v1/webapi/automaticupgrades/channel/';
 export const DEFAULT_CHANNEL = 'default';
+/** The response header that names the Proxy (its host ID) that answered. */
+export const PROXY_HEADER = 'x-gateway-proxy';
 
 export const VERSION_SERVER_DEFAULTS = Object.freeze({
   cacheTtlMs: 60_000,
@@ -51,6 +54,8 @@ export interface VersionServerOptions {
   upstreamTimeoutMs?: number;
   /** Extra CA (PEM) trusted for https upstreams, besides the system's. */
   ca?: string | Buffer;
+  /** This Proxy's host ID: every answer names it (x-gateway-proxy header; "proxy" in JSON bodies), to find drift. */
+  proxyId?: string;
 }
 
 type Channel =
@@ -107,6 +112,7 @@ export class VersionServer {
   private readonly upstreamTimeoutMs: number;
   private readonly dialer: Dialer;
   private readonly ca: string | Buffer | undefined;
+  private readonly proxyId: string | undefined;
   private readonly log = logger('version-server');
 
   constructor(options: VersionServerOptions) {
@@ -115,6 +121,7 @@ export class VersionServer {
     this.cacheTtlMs = options.cacheTtlMs ?? VERSION_SERVER_DEFAULTS.cacheTtlMs;
     this.upstreamTimeoutMs = options.upstreamTimeoutMs ?? VERSION_SERVER_DEFAULTS.upstreamTimeoutMs;
     this.ca = options.ca;
+    this.proxyId = options.proxyId;
 
     const own = normalizeVersion(options.ownVersion);
     if (own === undefined) throw new GatewayError('GW_ERR_INTERNAL', `the gateway's own version ${quote(options.ownVersion)} is not semver`);
@@ -293,6 +300,7 @@ export class VersionServer {
       'cache-control': 'no-store',
       pragma: 'no-cache',
       'x-content-type-options': 'nosniff',
+      ...(this.proxyId === undefined ? {} : { [PROXY_HEADER]: this.proxyId }),
       ...extra,
     });
     if (head) res.end();
@@ -303,7 +311,7 @@ export class VersionServer {
     const status = STATUS[err.code] ?? 500;
     if (status >= 500) this.log.warn({ code: err.code, details: err.details }, err.message);
     else this.log.debug({ code: err.code }, err.message);
-    this.send(res, head, status, 'application/json', JSON.stringify({ error: err.toJSON() }), extra);
+    this.send(res, head, status, 'application/json', JSON.stringify({ error: err.toJSON(), ...(this.proxyId === undefined ? {} : { proxy: this.proxyId }) }), extra);
   }
 }
 

@@ -16,12 +16,14 @@ import type { CertBundle, JoinRole } from '../auth/service.js';
 import type { ClusterMaintenanceConfig } from '../auth/resources/types.js';
 import { joinCluster, loadHostIdentity, saveHostIdentity, type HostIdentity } from '../agent/identity.js';
 import { agentResources, agentServices, resourceConnector } from '../agent/resources.js';
-import { SshService } from '../agent/ssh.js';
+import { startDirectJoin, type DirectJoinAgent } from '../agent/directjoin.js';
+import { SshService, type SessionEvent } from '../agent/ssh.js';
 import { ApiClient } from '../client/api.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
+import { ConnectionLimits, limitSettings } from '../net/deadlines.js';
 import { TunnelAgent } from '../agent/tunnel.js';
 import type { DialRequest } from '../tunnel/protocol.js';
 import { startScheduleExport } from '../upgrade/schedule.js';
@@ -57,6 +59,8 @@ export interface AgentRoleOptions {
   environment: DaemonEnvironment;
   /** Gets the tunnel, the SSH Service and the schedule export (agents phase). */
   lifecycle: Lifecycle;
+  /** The process's listener limits; a process of agents alone makes its own (direct-join listeners). */
+  limits?: ConnectionLimits;
 }
 
 export interface AgentRole {
@@ -65,6 +69,8 @@ export interface AgentRole {
   tunnelAgent?: TunnelAgent;
   /** The SSH Service's own listener: only for agents that joined the Auth Service directly. */
   sshAddress?: string;
+  /** Agents that joined the Auth Service directly: their listeners (bound) and what their presence advertises. */
+  direct?: Pick<DirectJoinAgent, 'bound' | 'advertised' | 'heartbeat'>;
 }
 
 const SERVICE_TO_JOIN_ROLE: Partial<Record<ServiceName, JoinRole>> = {
@@ -82,6 +88,8 @@ export function agentJoinRoles(services: readonly ServiceName[]): JoinRole[] {
 
 export async function startAgentRole(options: AgentRoleOptions): Promise<AgentRole> {
   const hostIdentity = await obtainIdentity(options);
+  // Joined the Auth Service directly: no tunnel (the Auth Service serves no /webapi/find); the Proxy dials its listeners.
+  if (hostIdentity.joinedVia === 'auth') return { hostIdentity, ...(await startDirect(options, hostIdentity)) };
   // A locally issued identity's tunnel dials the web port of the Proxy in this same process.
   const tunnelIdentity =
     hostIdentity.server === 'local' ? (options.localProxy ? { ...hostIdentity, server: localAddress(options.localProxy) } : undefined) : hostIdentity;
@@ -132,29 +140,12 @@ async function obtainIdentity(options: AgentRoleOptions): Promise<HostIdentity> 
 }
 
 /** The reverse tunnel out to the Proxy, and what it forwards to. */
-async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): Promise<{ tunnelAgent: TunnelAgent; sshAddress?: string }> {
+async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): Promise<{ tunnelAgent: TunnelAgent }> {
   const { config, services, dialer, lifecycle } = options;
   let agent: TunnelAgent | undefined;
-  const ssh = services.includes('ssh_service')
-    ? new SshService({
-        hostKeyPem: identity.key,
-        userCa: identity.sshUserCa,
-        nodename: config.gateway.nodename,
-        sftpServer: config.ssh_service.sftp_server,
-        onEvent: (e) => agent?.sendEvent({ ...e }),
-      })
-    : undefined;
-  let sshAddress: string | undefined;
-  if (ssh) {
-    lifecycle.onStop('agents', () => ssh.close());
-    // An agent-side listener only for an agent that joined the Auth Service directly (a self-hosted cluster);
-    // one that joined through a Proxy is reached through its tunnel alone.
-    if (identity.joinedVia === 'auth') {
-      const direct = config.ssh_service.listen_addr;
-      sshAddress = await ssh.listen(direct.host, direct.port);
-      logger('gateway').info({ addr: sshAddress }, 'SSH Service listening directly');
-    }
-  }
+  const ssh = services.includes('ssh_service') ? sshService(config, identity, (e) => agent?.sendEvent({ ...e })) : undefined;
+  // An agent that joined through a Proxy is reached through its tunnel alone (direct-join agents: startDirect).
+  if (ssh) lifecycle.onStop('agents', () => ssh.close());
   const resources = agentResources(config, services);
   if (ssh) resources.node_host_cert = identity.sshCert;
   agent = new TunnelAgent({
@@ -171,14 +162,40 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): P
   lifecycle.onStop('agents', () => tunnelAgent.stop());
   tunnelAgent.start();
   exportSchedule(options, identity, tunnelAgent);
-  return { tunnelAgent, ...(sshAddress ? { sshAddress } : {}) };
+  return { tunnelAgent };
+}
+
+function sshService(config: GatewayConfig, identity: HostIdentity, onEvent: (e: SessionEvent) => void): SshService {
+  return new SshService({ hostKeyPem: identity.key, userCa: identity.sshUserCa, nodename: config.gateway.nodename, sftpServer: config.ssh_service.sftp_server, onEvent });
+}
+
+/**
+ * A direct-join agent (src/agent/directjoin.ts): the SSH, Kubernetes and Windows Desktop listeners the Proxy
+ * dials, and its own presence heartbeat to the Auth Service. No reverse tunnel.
+ */
+async function startDirect(options: AgentRoleOptions, identity: HostIdentity): Promise<Pick<AgentRole, 'sshAddress' | 'direct'>> {
+  const { config, services, lifecycle } = options;
+  let limits = options.limits;
+  if (!limits) {
+    const own = new ConnectionLimits(limitSettings(config));
+    lifecycle.onStop('backend', () => own.close());
+    limits = own;
+  }
+  let direct: DirectJoinAgent | undefined;
+  const ssh = services.includes('ssh_service') ? sshService(config, identity, (e) => direct?.sendEvent({ ...e })) : undefined;
+  if (ssh) lifecycle.onStop('agents', () => ssh.close());
+  direct = await startDirectJoin({ config, services, identity, dialer: options.dialer, limits, ...(ssh ? { ssh } : {}) });
+  const running = direct;
+  lifecycle.onStop('agents', () => running.stop());
+  exportSchedule(options, identity);
+  return { ...(running.bound.ssh ? { sshAddress: running.bound.ssh } : {}), direct: running };
 }
 
 /**
  * Automatic upgrades: when this machine has the upgrader (its directory exists), or in Kubernetes, keep the
  * schedule current: periodically, and whenever the Proxy says cluster_maintenance_config changed.
  */
-function exportSchedule(options: AgentRoleOptions, identity: HostIdentity, agent: TunnelAgent): void {
+function exportSchedule(options: AgentRoleOptions, identity: HostIdentity, agent?: TunnelAgent): void {
   const { environment, dialer } = options;
   const upgraderDir = environment.upgraderDir();
   const { kubeScheduleFile, kubeScheduleSecret } = environment;
@@ -197,6 +214,6 @@ function exportSchedule(options: AgentRoleOptions, identity: HostIdentity, agent
         }
       : {}),
   });
-  agent.on('maintenance-changed', () => void exporter.refresh());
+  agent?.on('maintenance-changed', () => void exporter.refresh());
   options.lifecycle.onStop('agents', () => exporter.stop());
 }

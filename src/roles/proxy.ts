@@ -22,6 +22,11 @@ import { createKubeHandler, createWebAppHandler } from '../proxy/webapps.js';
 import { ReloadableVersionServer } from '../reload.js';
 import { TunnelServer } from '../proxy/tunnel.js';
 import { ClusterView } from '../proxy/cluster.js';
+import { watchChannelDrift } from '../proxy/drift.js';
+import { directDialer } from '../proxy/direct.js';
+import type { Presence } from '../auth/records.js';
+import type { DialRequest } from '../tunnel/protocol.js';
+import type { Duplex } from 'node:stream';
 import { VERSION } from '../version.js';
 import type { Lifecycle } from './lifecycle.js';
 import { webServerNames } from './names.js';
@@ -50,6 +55,8 @@ export interface ProxyRole {
   addresses: Record<string, string>;
   /** SIGHUP (src/reload.ts): the version server's channels. Throws, changing nothing, when they are invalid. */
   setChannels(channels: Readonly<Record<string, UpgradeChannelConfig>>): void;
+  /** Reaches an agent that joined the Auth Service directly by dialing its listener (src/proxy/direct.ts). */
+  direct: (presence: Presence, request: DialRequest) => Promise<Duplex>;
 }
 
 export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRole> {
@@ -87,7 +94,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     await frontDoor?.close();
   });
   const jump = new SshJumpServer(auth, tunnels, hostKey, limits.settings);
-  const versions = new ReloadableVersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: options.dialer });
+  const versions = new ReloadableVersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: options.dialer, proxyId: options.proxyId });
   frontDoor = await startFrontDoor({
     config,
     clusterName: auth.clusterName,
@@ -101,11 +108,13 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   });
   const addresses: Record<string, string> = {};
   for (const [name, addr] of Object.entries(frontDoor.addresses)) addresses[name === 'web' ? 'web' : `proxy_${name}`] = addr;
+  options.lifecycle.onStop('proxy', watchChannelDrift(cluster));
   await cluster.start();
   return {
     tunnels,
     cluster,
     addresses,
+    direct: directDialer((key) => auth.issueServerCert(key, [config.gateway.nodename], options.proxyId), { dialer: options.dialer, hostCa: auth.host.tls.certPem }),
     setChannels: (channels) => {
       versions.setChannels(channels);
       cluster.setChannels(channels);

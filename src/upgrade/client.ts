@@ -15,7 +15,7 @@ import { fetchThroughDialer } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
 import { isTlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
-import { normalizeVersion } from '../proxy/versions.js';
+import { normalizeVersion, PROXY_HEADER } from '../proxy/versions.js';
 import type { Endpoint } from './endpoint.js';
 
 export interface HttpDeps {
@@ -45,7 +45,7 @@ export function loadCaFiles(paths: readonly string[]): string[] {
 const UPGRADE_UNTRUSTED_HINT =
   "Give the CA that signs the Proxy's certificate with GATEWAY_UPGRADE_CA_FILE (the agent's cluster CA in <data_dir>/host/host-ca.pem is trusted already), or check the host in the endpoint file.";
 
-async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{ status: number; body: string }> {
+async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{ status: number; body: string; proxy?: string }> {
   const ca = trustedCas(deps.ca);
   const r = await fetchThroughDialer(url, {
     dialer: deps.dialer,
@@ -55,7 +55,8 @@ async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{
     ...(ca ? { ca } : {}),
     tlsPeer: { server: 'proxy', untrustedHint: UPGRADE_UNTRUSTED_HINT },
   });
-  return { status: r.status, body: r.body.toString('utf8') };
+  const proxy = r.headers[PROXY_HEADER];
+  return { status: r.status, body: r.body.toString('utf8'), ...(typeof proxy === 'string' && proxy ? { proxy: proxy.slice(0, 128) } : {}) };
 }
 
 /** "17.0.2" (no leading v) from "v17.0.2\n"; undefined for anything that is not semver. */
@@ -69,12 +70,14 @@ export interface Target {
   critical: boolean;
   /** Set when /critical could not be read (then critical is false). */
   criticalProblem?: string;
+  /** The host ID of the Proxy that answered /version (its x-gateway-proxy header), when it said. */
+  proxy?: string;
 }
 
 /** Asks the channel's version and criticality. Throws GW_ERR_UPGRADE_VERSION_SERVER. */
 export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<Target> {
   const url = `${endpoint.base}/version`;
-  let r: { status: number; body: string };
+  let r: { status: number; body: string; proxy?: string };
   try {
     r = await get(url, deps, 4096);
   } catch (err) {
@@ -91,8 +94,8 @@ export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<T
     } catch {
       // not JSON
     }
-    throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `the version server ${url} answered HTTP ${r.status}${detail}`, {
-      details: { url, status: r.status },
+    throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `the version server ${url} answered HTTP ${r.status}${detail}${r.proxy ? ` (Proxy ${r.proxy})` : ''}`, {
+      details: { url, status: r.status, ...(r.proxy ? { proxy: r.proxy } : {}) },
       ...(r.status === 404 ? { hint: `Check the channel "${endpoint.channel}" in the endpoint file: the Proxy serves default and the channels in proxy_service.automatic_upgrades_channels.` } : {}),
     });
   }
@@ -101,13 +104,14 @@ export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<T
     throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `the version server ${url} answered ${JSON.stringify(r.body.trim().slice(0, 40))}, not a version`, { details: { url } });
   }
   const criticalUrl = `${endpoint.base}/critical`;
+  const from = r.proxy ? { proxy: r.proxy } : {};
   try {
     const c = await get(criticalUrl, deps, 4096);
     const answer = c.body.trim().toLowerCase();
-    if (c.status === 200 && (answer === 'yes' || answer === 'no')) return { version, critical: answer === 'yes' };
-    return { version, critical: false, criticalProblem: `${criticalUrl} answered ${c.status === 200 ? JSON.stringify(answer.slice(0, 20)) : `HTTP ${c.status}`}; treated as not critical` };
+    if (c.status === 200 && (answer === 'yes' || answer === 'no')) return { version, critical: answer === 'yes', ...from };
+    return { version, critical: false, ...from, criticalProblem: `${criticalUrl} answered ${c.status === 200 ? JSON.stringify(answer.slice(0, 20)) : `HTTP ${c.status}`}; treated as not critical` };
   } catch (err) {
-    return { version, critical: false, criticalProblem: `cannot ask ${criticalUrl} (${toGatewayError(err).message}); treated as not critical` };
+    return { version, critical: false, ...from, criticalProblem: `cannot ask ${criticalUrl} (${toGatewayError(err).message}); treated as not critical` };
   }
 }
 

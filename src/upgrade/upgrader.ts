@@ -154,6 +154,8 @@ export async function dryRun(ctx: UpgraderContext): Promise<void> {
   const f = await gatherFacts(ctx);
   say(ctx, comparisonLine(f.installed.version, f.target.version));
   say(ctx, `channel: ${f.endpoint.channel} at ${f.endpoint.host}:${f.endpoint.port} (critical: ${f.target.critical ? 'yes' : 'no'})`);
+  // Which Proxy answered: behind a load balancer, Proxies with different channels are what makes agents flip.
+  if (f.target.proxy) say(ctx, `answered by: Proxy ${f.target.proxy}`);
   say(ctx, windowLine(f));
   reportSchedule(ctx, f.schedule);
   if (!f.cluster.ok) warn(ctx, `${tooOld(f.cluster).message}; 'gateway-upgrade run' will not upgrade (needs ${f.cluster.needed})`);

@@ -291,6 +291,10 @@ describe('SIGHUP reloads the configuration without dropping tunnels or sessions'
   it('before: the channel serves v17.0.1, the session echoes, the node is online', async () => {
     const v = await getVersion('stable/v17');
     expect(v).toMatchObject({ status: 200, body: 'v17.0.1' });
+    // gwctl status lists the one Proxy and finds no channel drift (two Proxies that differ: test/roles/drift.test.ts).
+    const status = (await gwctl(['status'])).stdout;
+    expect(status).toContain('Proxies: 1');
+    expect(status).toContain('Upgrade channels: every Proxy serves the same automatic_upgrades_channels');
     await roundTrip('before');
     const spec = await nodeSpec();
     expect(spec.status).toBe('online');

@@ -5,7 +5,7 @@
  * the schedule warning, and a cluster too old for automatic upgrades (an in-process version server and ping
  * behind https with a test CA).
  */
-import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
@@ -130,9 +130,11 @@ describe('gateway-upgrade dry-run against the real version server', () => {
     const lines = r.stdout.split('\n');
     expect(lines[0]).toBe('an upgrade is available (17.0.1 -> 17.0.2)');
     expect(lines[1]).toBe(`channel: stable/v17 at ${PROXY_NAME}:${port} (critical: no)`);
-    expect(lines[2]).toContain(`maintenance window: not inside one now; the next starts at ${next.start.toISOString().replace(/\.\d+Z$/, 'Z')} (in 4h 5`);
-    expect(lines[2]).toMatch(/\(in 4h 5\dm\)$/);
-    expect(lines[3]).toBe('install: tarball https://cdn.gateway.example/gateway-ent-v17.0.2-linux-amd64-bin.tar.gz');
+    // The Proxy that answered names itself (its host ID, <data_dir>/proxy_id): what tells Proxies apart behind a load balancer.
+    expect(lines[2]).toBe(`answered by: Proxy ${(await readFile(join(gw.dataDir, 'proxy_id'), 'utf8')).trim()}`);
+    expect(lines[3]).toContain(`maintenance window: not inside one now; the next starts at ${next.start.toISOString().replace(/\.\d+Z$/, 'Z')} (in 4h 5`);
+    expect(lines[3]).toMatch(/\(in 4h 5\dm\)$/);
+    expect(lines[4]).toBe('install: tarball https://cdn.gateway.example/gateway-ent-v17.0.2-linux-amd64-bin.tar.gz');
     const connects = (await squid.readAccessLog()).filter((l) => l.includes(`CONNECT ${PROXY_NAME}:${port}`));
     expect(connects.length).toBeGreaterThanOrEqual(2); // /version, /critical, /webapi/ping
   });

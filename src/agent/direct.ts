@@ -1,0 +1,144 @@
+/**
+ * An agent that joined the Auth Service directly (self-hosted, `--auth-server`): it opens no reverse tunnel (the
+ * Auth Service serves no /webapi/find, and no Proxy is named in its identity); instead the Proxy dials its
+ * listeners, and the agent writes its own presence through the Auth API (src/agent/directpresence.ts).
+ *
+ *   SSH 3022 (ssh_service.listen_addr)                plain SSH: the SSH Service itself, exactly as through a
+ *                                                    tunnel channel (the user's SSH session, end to end)
+ *   Kubernetes 3026 (kube_service.listen_addr)        mutual TLS (the cluster's host CA on both sides: the caller
+ *   Windows Desktop 3028 (windows_desktop_service...)  must be a Proxy of this cluster), then what a tunnel
+ *                                                    channel carries: a DialRequest line, the DialAnswer line,
+ *                                                    then the resource's bytes (resources.ts connectors)
+ *
+ * Every listener is guarded (src/net/): caps per listener and per client address, a TLS handshake deadline, a
+ * deadline for the dial request line (header_timeout), and the SSH handshake deadline. docs/tunnels.md.
+ */
+import type net from 'node:net';
+import type { Duplex } from 'node:stream';
+import type { TLSSocket } from 'node:tls';
+import { formatHostPort, type HostPort } from '../addr.js';
+import { identityFromCert } from '../auth/pki.js';
+import { toGatewayError } from '../errors.js';
+import { logger, type Logger } from '../log.js';
+import { connectionOf, type ConnectionLimits } from '../net/deadlines.js';
+import { closeServer, guardedServer, listenOn } from '../net/listen.js';
+import { serverSecureContext, terminateTls } from '../net/tls.js';
+import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { splice } from '../stream/splice.js';
+import type { DialAnswer, DialRequest } from '../tunnel/protocol.js';
+import type { HostIdentity } from './identity.js';
+import type { SshService } from './ssh.js';
+import type { ResourceDialer } from './tunnel.js';
+
+/** The dial request is one short JSON line. */
+const MAX_REQUEST_BYTES = 16 * 1024;
+
+export type DirectKind = 'kube' | 'desktop';
+
+export interface DirectListener {
+  /** The bound address. */
+  address: string;
+  close(): Promise<void>;
+}
+
+export interface DirectListenerOptions {
+  kind: DirectKind;
+  addr: HostPort;
+  /** The configuration key, for listen errors. */
+  configKey: string;
+  identity: Pick<HostIdentity, 'key' | 'cert' | 'hostCa' | 'cluster' | 'hostId'>;
+  connect: ResourceDialer;
+  limits: ConnectionLimits;
+  log?: Logger;
+}
+
+/**
+ * Why a TLS peer may not use a direct listener, or undefined when it may: it must present a host certificate
+ * signed by the cluster's host CA (the only CA the listener trusts) for this cluster with the proxy role.
+ */
+export function refuseCaller(socket: TLSSocket, cluster: string): string | undefined {
+  const peer = socket.getPeerCertificate();
+  if (!peer?.raw) return 'no client certificate';
+  if (!socket.authorized) return `the client certificate is not from this cluster's host CA (${String(socket.authorizationError)})`;
+  let identity;
+  try {
+    identity = identityFromCert(peer.raw);
+  } catch (err) {
+    return (err as Error).message;
+  }
+  if (identity.kind !== 'host' || !identity.roles.includes('proxy')) return `a ${identity.kind} certificate without the proxy role (${identity.name})`;
+  if (identity.cluster !== cluster) return `a certificate of cluster "${identity.cluster}"`;
+  return undefined;
+}
+
+/** The Kubernetes or Windows Desktop listener of a direct-join agent. */
+export async function startDirectListener(options: DirectListenerOptions): Promise<DirectListener> {
+  const { kind, identity, limits } = options;
+  const log = options.log ?? logger('direct');
+  const settings = limits.settings;
+  const secureContext = serverSecureContext({ key: identity.key, cert: identity.cert, ca: [identity.hostCa] }, `agent-${kind}`);
+  const server = guardedServer(limits.listener(`agent_${kind}`), (socket: net.Socket) => {
+    terminateTls(socket, { secureContext, alpn: [], handshakeMs: settings.tlsHandshakeMs }, (tls) => void serve(tls, options, settings.headerMs, log));
+  });
+  const address = await listenOn(server, options.addr, options.configKey);
+  log.info({ addr: address, service: kind }, 'listening for the Proxy (direct-join agent)');
+  return { address, close: () => closeServer(server) };
+}
+
+/** One connection after TLS: the caller check, the dial request, the resource. */
+async function serve(socket: TLSSocket, options: DirectListenerOptions, headerMs: number, log: Logger): Promise<void> {
+  const client = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? 0}`;
+  const refuse = (code: string, message: string) => {
+    const answer: DialAnswer = { ok: false, error: { code, message } };
+    socket.end(`${JSON.stringify(answer)}\n`);
+  };
+  const why = refuseCaller(socket, options.identity.cluster);
+  if (why !== undefined) {
+    log.warn({ client, service: options.kind, why }, 'direct listener: caller refused (only Proxies of this cluster may connect)');
+    return refuse('GW_ERR_DIRECT_AUTH', `this agent accepts only Proxies of cluster "${options.identity.cluster}": ${why}`);
+  }
+  const conn = connectionOf(socket);
+  conn.enter('route-header', headerMs);
+  let request: DialRequest;
+  try {
+    request = await readJsonLine<DialRequest>(socket, { what: 'dial request', timeoutMs: headerMs, maxBytes: MAX_REQUEST_BYTES });
+  } catch (err) {
+    log.info({ client, service: options.kind, err: (err as Error).message }, 'direct listener: no valid dial request');
+    socket.destroy();
+    return;
+  } finally {
+    conn.leave('route-header');
+  }
+  if (request.service !== options.kind || typeof request.resource !== 'string') {
+    return refuse('GW_ERR_TUNNEL_NOT_FOUND', `this listener serves ${options.kind} only, not ${String(request.service)}`);
+  }
+  let target: Duplex;
+  try {
+    target = await options.connect(request);
+  } catch (err) {
+    const e = toGatewayError(err);
+    log.warn({ service: request.service, resource: request.resource, code: e.code, err: e.message }, 'cannot reach the resource');
+    return refuse(e.code, e.message);
+  }
+  writeJsonLine(socket, { ok: true } satisfies DialAnswer);
+  splice(socket, target);
+}
+
+/** The SSH listener of a direct-join agent: guarded, then the SSH Service with its handshake deadline. */
+export async function startDirectSsh(ssh: SshService, addr: HostPort, limits: ConnectionLimits, log: Logger = logger('direct')): Promise<DirectListener> {
+  const server = guardedServer(limits.listener('agent_ssh'), (socket) => ssh.injectDirect(socket, limits.settings.sshHandshakeMs));
+  const address = await listenOn(server, addr, 'ssh_service.listen_addr');
+  log.info({ addr: address, service: 'ssh' }, 'SSH Service listening directly');
+  return { address, close: () => closeServer(server) };
+}
+
+/**
+ * What the agent advertises for a listener: the service's first public_addr (its port, or the listener's), else
+ * the bound address (a wildcard host is replaced by the Auth Service with the address it sees the agent from).
+ */
+export function advertisedAddr(bound: string, publicAddrs: readonly { host: string; port?: number | undefined }[]): string {
+  const first = publicAddrs[0];
+  if (!first) return bound;
+  const port = first.port ?? Number(bound.slice(bound.lastIndexOf(':') + 1));
+  return formatHostPort(first.host, port);
+}

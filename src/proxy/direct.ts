@@ -1,0 +1,147 @@
+/**
+ * The Proxy's end of direct-join agents (agents that joined the Auth Service directly and open no tunnel): it
+ * dials the listener the agent advertises in its presence record (Presence.direct, proxyId "direct") through the
+ * Proxy's Dialer and hands back a stream that carries what a tunnel channel would after its DialAnswer:
+ *
+ *   ssh      plain TCP to ssh_service.listen_addr: the stream is the SSH connection to the SSH Service (the user's
+ *            session, authenticated end to end by the user's certificate, exactly as through a tunnel channel)
+ *   kube,    mutual TLS with the Proxy's host certificate; the agent's certificate must be the host certificate of
+ *   desktop  the agent the presence names (not only any host of the cluster); then the DialRequest line out and
+ *            the DialAnswer line back; after an ok answer the stream carries the resource's bytes
+ *
+ * The router (src/proxy/router.ts) takes dialDirect as its `direct` way to reach an agent. docs/tunnels.md.
+ */
+import { X509Certificate } from 'node:crypto';
+import type { Duplex } from 'node:stream';
+import type { PeerCertificate, TLSSocket } from 'node:tls';
+import { parseAddr } from '../addr.js';
+import { generateKeyPair, identityFromCert } from '../auth/pki.js';
+import type { DirectAddrs, Presence } from '../auth/records.js';
+import type { Dialer } from '../dial/dialer.js';
+import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { readLine, writeJsonLine } from '../stream/lines.js';
+import { connectTls } from '../stream/tls.js';
+import type { DialAnswer, DialRequest, ServiceKind } from '../tunnel/protocol.js';
+
+export const DIRECT_DIAL_DEFAULTS = Object.freeze({ timeoutMs: 15_000 });
+
+export interface DirectDialDeps {
+  /** The Proxy's Dialer (HTTPS_PROXY / NO_PROXY apply as to every outbound dial). */
+  dialer: Dialer;
+  /** The Proxy's host certificate (cluster host CA, proxy role) and key: what the agent's listener accepts. */
+  cert: string;
+  key: string;
+  /** The cluster's host CA: the agent's certificate must chain to it. */
+  hostCa: string;
+  /** One deadline for connecting, TLS and the agent's answer. Default 15 s. */
+  timeoutMs?: number;
+}
+
+const LISTENER: Partial<Record<ServiceKind, keyof DirectAddrs>> = { ssh: 'ssh', kube: 'kube', desktop: 'desktop' };
+
+/** The agent's certificate must be a host certificate for exactly this host ID (an Error for tls otherwise). */
+function checkAgentCert(cert: PeerCertificate, hostId: string): Error | undefined {
+  try {
+    const identity = identityFromCert(cert.raw);
+    if (identity.kind === 'host' && identity.name === hostId) return undefined;
+    return new Error(`the certificate is for ${identity.kind} "${identity.name}", not agent ${hostId}`);
+  } catch (err) {
+    return err as Error;
+  }
+}
+
+/** Dials a direct-join agent's listener for request; resolves with the stream once the agent accepted it. */
+export function dialDirect(presence: Presence, request: DialRequest, deps: DirectDialDeps): Promise<Duplex> {
+  const kind = LISTENER[request.service];
+  const addr = kind ? presence.direct?.[kind] : undefined;
+  const agent = `agent "${presence.nodename}" (${presence.hostId})`;
+  if (!kind || !addr) {
+    return Promise.reject(
+      new GatewayError('GW_ERR_DIRECT_NO_LISTENER', `${agent} joined the Auth Service directly and advertises no ${request.service} listener`, {
+        details: { hostId: presence.hostId, service: request.service },
+      }),
+    );
+  }
+  const timeoutMs = deps.timeoutMs ?? DIRECT_DIAL_DEFAULTS.timeoutMs;
+  const controller = new AbortController();
+  let stream: Duplex | undefined;
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      controller.abort();
+      stream?.destroy();
+      reject(new GatewayError('GW_ERR_DIRECT_UNREACHABLE', `${agent} at ${addr}: its ${request.service} listener did not accept within ${timeoutMs} ms`, { details: { hostId: presence.hostId, addr } }));
+    }, timeoutMs);
+  });
+  const attempt = (async () => {
+    const raw = await deps.dialer.dial(addr, { signal: controller.signal }).catch((err: unknown) => {
+      throw new GatewayError('GW_ERR_DIRECT_UNREACHABLE', `${agent} at ${addr}: ${toGatewayError(err).message}`, { cause: err, details: { hostId: presence.hostId, addr } });
+    });
+    stream = raw;
+    if (request.service === 'ssh') return raw as Duplex;
+    const tls = await handshake(raw, addr, presence.hostId, agent, deps);
+    stream = tls;
+    return answer(tls, request, agent, timeoutMs);
+  })();
+  attempt.catch(() => stream?.destroy());
+  return Promise.race([attempt, deadline]).finally(() => clearTimeout(timer));
+}
+
+async function handshake(raw: Duplex, addr: string, hostId: string, agent: string, deps: DirectDialDeps): Promise<TLSSocket> {
+  try {
+    return await connectTls(raw, {
+      host: parseAddr(addr).host,
+      ca: deps.hostCa,
+      cert: deps.cert,
+      key: deps.key,
+      checkServerIdentity: (_host, cert) => checkAgentCert(cert, hostId),
+    });
+  } catch (err) {
+    throw new GatewayError('GW_ERR_DIRECT_AUTH', `mutual TLS with ${agent} at ${addr} failed: ${(err as Error).message}`, { cause: err, details: { hostId, addr } });
+  }
+}
+
+/** Sends the DialRequest and reads the DialAnswer: the stream on ok, else the agent's refusal as an error. */
+async function answer(tls: TLSSocket, request: DialRequest, agent: string, timeoutMs: number): Promise<Duplex> {
+  writeJsonLine(tls, request);
+  const line = await readLine(tls, { what: 'dial answer', timeoutMs, maxBytes: 64 * 1024 });
+  let parsed: DialAnswer;
+  try {
+    parsed = JSON.parse(line) as DialAnswer;
+  } catch {
+    throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', `${agent} answered the dial request with a line that is not JSON`);
+  }
+  if (parsed?.ok === true) return tls;
+  tls.destroy();
+  const code = parsed?.error?.code;
+  const message = String(parsed?.error?.message ?? 'refused');
+  const mine: ErrorCode = code === 'GW_ERR_DIRECT_AUTH' ? 'GW_ERR_DIRECT_AUTH' : code === 'GW_ERR_TUNNEL_NOT_FOUND' ? 'GW_ERR_TUNNEL_NOT_FOUND' : 'GW_ERR_TUNNEL_DIAL_FAILED';
+  throw new GatewayError(mine, `${agent} cannot reach ${request.service} "${request.resource}": ${message}`, { details: { resource: request.resource, agentCode: code } });
+}
+
+/**
+ * dialDirect with this Proxy's own client credentials: a host certificate for its host ID, issued once on first
+ * use (the web certificate may be the operator's, from a public CA, which the agents do not accept).
+ */
+export function directDialer(
+  issue: (publicKeyPem: string) => Promise<string>,
+  base: Omit<DirectDialDeps, 'cert' | 'key'>,
+): (presence: Presence, request: DialRequest) => Promise<Duplex> {
+  let creds: Promise<{ cert: string; key: string }> | undefined;
+  const credentials = () =>
+    (creds ??= (async () => {
+      const keys = generateKeyPair();
+      return { key: keys.privateKeyPem, cert: await issue(keys.publicKeyPem) };
+    })().catch((err: unknown) => {
+      creds = undefined;
+      throw err;
+    }));
+  return async (presence, request) => {
+    let c = await credentials();
+    if (Date.parse(new X509Certificate(c.cert).validTo) < Date.now()) {
+      creds = undefined;
+      c = await credentials();
+    }
+    return dialDirect(presence, request, { ...base, ...c });
+  };
+}

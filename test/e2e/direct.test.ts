@@ -1,0 +1,80 @@
+/**
+ * Direct-join agents as processes: `gateway start --auth-server` against a running auth + proxy daemon. The agent
+ * opens no reverse tunnel (before, it asked the Auth address for /webapi/find, got 404 and retried forever), opens
+ * its SSH and Windows Desktop listeners, and is online in `gwctl get nodes` through the presence it writes
+ * itself; a graceful stop removes that presence. What the Proxy does with those listeners is tested in
+ * test/agent/direct.test.ts.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { waitUntil } from '../helpers/wait.js';
+
+let dir: string;
+let cluster: RunningGateway;
+let agent: RunningGateway;
+let desktop: net.Server;
+
+const gwctl = (args: string[]) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir } });
+
+async function nodeStatus(hostId: string): Promise<string | undefined> {
+  const r = await gwctl(['get', 'nodes', '--format', 'json']);
+  const nodes = JSON.parse(r.stdout) as Array<{ metadata: { name: string }; spec: { status: string } }>;
+  return nodes.find((n) => n.metadata.name === hostId)?.spec.status;
+}
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'gw-e2e-direct-'));
+  desktop = net.createServer((s) => s.pipe(s));
+  await new Promise<void>((resolve) => desktop.listen(0, '127.0.0.1', resolve));
+  cluster = await startGateway(
+    ['gateway:', '  nodename: cluster-1', '  data_dir: DATA_DIR', '  log: { format: json, severity: info }', 'auth_service:', '  cluster_name: direct-e2e.example', '  listen_addr: 127.0.0.1:0', 'proxy_service:', '  web_listen_addr: 127.0.0.1:0', ''].join('\n'),
+  );
+  const pin = /CA pin:\s+(sha256:[0-9a-f]{64})/.exec((await gwctl(['status'])).stdout)![1]!;
+  const token = (JSON.parse((await gwctl(['tokens', 'add', '--type=node,desktop', '--ttl=10m', '--format', 'json'])).stdout) as { token: string }).token;
+  agent = await startGateway(
+    [
+      'gateway:',
+      '  nodename: direct-1',
+      '  data_dir: DATA_DIR',
+      '  log: { format: json, severity: info }',
+      'ssh_service:',
+      '  enabled: yes',
+      '  listen_addr: 127.0.0.1:0',
+      'windows_desktop_service:',
+      '  enabled: yes',
+      '  listen_addr: 127.0.0.1:0',
+      '  desktops:',
+      `    - { name: win, addr: "127.0.0.1:${(desktop.address() as net.AddressInfo).port}" }`,
+      '',
+    ].join('\n'),
+    { args: ['--token', token, '--ca-pin', pin, '--auth-server', cluster.addresses.auth!] },
+  );
+}, 120_000);
+
+afterAll(async () => {
+  await agent?.stop();
+  await cluster?.stop();
+  desktop?.close();
+  await rm(dir, { recursive: true, force: true });
+}, 60_000);
+
+describe('gateway start --auth-server (a direct-join agent)', () => {
+  it('opens its listeners and no tunnel, and is online through its own presence', async () => {
+    expect(agent.addresses.ssh).toMatch(/^127\.0\.0\.1:\d+$/);
+    await agent.waitForLog('"listening for the Proxy (direct-join agent)"');
+    await waitUntil('the node is online', async () => (await nodeStatus(agent.hostId!)) === 'online', 20_000);
+    const logs = agent.logs();
+    expect(logs).not.toContain('reverse tunnel');
+    expect(logs).not.toContain('cannot reach the Proxy');
+    expect(logs).not.toContain('/webapi/find');
+  });
+
+  it('a graceful stop removes its presence: the node goes offline at once, not after the TTL', async () => {
+    expect(await agent.stop()).toBe(0);
+    expect(await nodeStatus(agent.hostId!)).toBe('offline');
+  });
+});
