@@ -8,7 +8,8 @@ import { channelSummary } from '../../src/proxy/cluster.js';
 import { CHANNEL_NOT_SET, describeDrift, driftReport } from '../../src/proxy/drift.js';
 
 function record(id: string, nodename: string, channels: Record<string, { static_version?: string; forward_url?: string }>): ProxyRecord {
-  const summary = channelSummary(channels);
+  const full = Object.fromEntries(Object.entries(channels).map(([k, c]) => [k, { static_version: c.static_version, forward_url: c.forward_url }]));
+  const summary = channelSummary(full);
   return { id, nodename, version: '17.0.1', public_addr: `${nodename}:443`, channels: summary.channels, channels_digest: summary.digest, started_at: '', last_heartbeat: '' };
 }
 
