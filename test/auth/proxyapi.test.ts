@@ -308,6 +308,43 @@ describe('a Proxy role on a RemoteProxyAuth', () => {
   });
 });
 
+// Last: it stops the Auth Service of this file and starts it again on the same port and data directory.
+describe('RemoteProxyAuth while the Auth Service is down', () => {
+  it('fails calls with GW_ERR_AUTH_UNREACHABLE naming the address, keeps what is open, and resyncs when the Auth Service is back', async () => {
+    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer, maxBackoffMs: 500 });
+    try {
+      let resyncs = 0;
+      remote.watchCluster({ presence: () => undefined, proxies: () => undefined, resync: () => void resyncs++ });
+      await waitUntil('the first resync', () => resyncs > 0);
+      let closed: GatewayError | undefined;
+      remote.sessions.track(await remote.resolveCaller(identityFromCert(alice.cert)), 'test session', (reason) => (closed = reason));
+      const address = role.address;
+      await lifecycle.stop();
+      const err = await remote.listProxies().catch((e: unknown) => e);
+      expect(err).toMatchObject({ code: 'GW_ERR_AUTH_UNREACHABLE' });
+      expect((err as GatewayError).hint).toContain(address);
+      // A re-check that cannot be answered closes nothing.
+      expect(await remote.sessions.revalidate((id) => remote.revocationOf(id))).toEqual([]);
+      expect(closed).toBeUndefined();
+      const before = resyncs;
+      const port = address.slice(address.lastIndexOf(':') + 1);
+      const again = parseConfig(
+        ['gateway:', '  nodename: localhost', `  data_dir: ${join(dir, 'auth')}`, 'auth_service:', `  cluster_name: ${CLUSTER}`, `  listen_addr: 127.0.0.1:${port}`, ''].join('\n'),
+        'proxyapi test, restarted',
+      );
+      lifecycle = new Lifecycle();
+      const limits = new ConnectionLimits(limitSettings(again));
+      lifecycle.onStop('backend', () => limits.close());
+      role = await startAuthRole({ config: again, limits, lifecycle });
+      await waitUntil('a resync after the event stream reconnected', () => resyncs > before);
+      expect((await remote.listProxies()).length).toBeGreaterThanOrEqual(0);
+      expect(remote.sessions.count()).toBe(1);
+    } finally {
+      remote.close();
+    }
+  });
+});
+
 /** The local admin identity the Auth role wrote. */
 async function startAdmin(): Promise<Creds> {
   const { readFile } = await import('node:fs/promises');
