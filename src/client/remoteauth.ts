@@ -234,22 +234,22 @@ export class RemoteProxyAuth implements ProxyAuth {
     this.stream?.destroy();
   }
 
-  /** The event stream at the address of attempt `attempt` (the current one first), with backoff after failures. */
-  private openStream(attempt: number): void {
+  /** The event stream at the current address, after `failures` failed tries in a row (the backoff grows with them). */
+  private openStream(failures: number): void {
     if (this.closed) return;
-    const index = (this.current + attempt) % this.addresses.length;
+    const index = this.current % this.addresses.length;
     const address = this.addresses[index]!;
     let healthy = false;
     const retry = (why: string) => {
       if (this.closed || this.stream !== req) return;
       this.stream = undefined;
       clearTimeout(this.timer);
-      if (!healthy) this.log.warn({ addr: address, why }, 'Auth API event stream failed; reconnecting');
-      else this.log.warn({ addr: address, why }, 'Auth API event stream ended; reconnecting');
-      const next = healthy ? 0 : attempt + 1;
+      this.log.warn({ addr: address, why }, healthy ? 'Auth API event stream ended; reconnecting' : 'Auth API event stream failed; reconnecting');
+      // A stream that worked reconnects at once, to the same address first; a failed try moves to the next one.
       if (!healthy) this.current = (index + 1) % this.addresses.length;
-      const delay = healthy ? 100 : Math.min(this.options.maxBackoffMs ?? 5000, 250 * 2 ** Math.min(attempt, 6)) * (0.5 + Math.random() / 2);
-      this.timer = setTimeout(() => this.openStream(healthy ? 0 : next), delay);
+      const next = healthy ? 0 : failures + 1;
+      const delay = healthy ? 100 : Math.min(this.options.maxBackoffMs ?? 5000, 250 * 2 ** Math.min(failures, 6)) * (0.5 + Math.random() / 2);
+      this.timer = setTimeout(() => this.openStream(next), delay);
     };
     const req = this.requestStream(address, (res) => {
       if (res.statusCode !== 200) {

@@ -214,7 +214,8 @@ rootSuite(['dbUsers'])('Auth Services and a Proxy in separate processes', () => 
         s.socket.destroy();
       }
     }, 60_000, 500);
-    // The Proxy's event stream is now from auth-b: a lock there closes dave's open stream.
+    // The Proxy's event stream is now from auth-b (auth-a is gone): a lock there closes dave's open stream.
+    expect(await proxy.waitForLog('event stream reconnected', 30_000)).toContain(authB.addresses.auth);
     expect((await gwctlAt(authB, ['lock', '--user', 'dave', '--name', 'split-dave'])).status).toBe(0);
     expect(await within(daveStream.closed, 30_000)).toBe(true);
   }, 180_000);
