@@ -20,7 +20,7 @@ import { generateKeyPair } from '../../src/auth/pki.js';
 import { ApiClient, fetchPinnedCas } from '../../src/client/api.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { startPostgres, type PostgresServer } from '../helpers/databases.js';
-import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { BIN, runCli, startGateway, startGatewayExpectingFailure, type RunningGateway } from '../helpers/gateway.js';
 import { rootSuite } from '../helpers/root.js';
 import { pseudoRandomBytes, startEchoServer, type EchoServer } from '../helpers/servers.js';
 import { waitUntil } from '../helpers/wait.js';
@@ -220,4 +220,24 @@ rootSuite(['dbUsers'])('Auth Services and a Proxy in separate processes', () => 
     expect(await within(daveStream.closed, 30_000)).toBe(true);
   }, 180_000);
 
+
+  it('a Proxy-only start without a joined identity, or without an Auth address, says what is missing', async () => {
+    const proxyOnly = (authServer: string) => ['gateway:', '  data_dir: DATA_DIR', authServer, 'auth_service:', '  enabled: no', 'proxy_service:', '  web_listen_addr: 127.0.0.1:0', ''].join('\n');
+    const noToken = await startGatewayExpectingFailure(proxyOnly(`  auth_server: ${authB.addresses.auth}`), []);
+    expect(noToken.status).toBe(1);
+    expect(noToken.stderr).toContain('GW_ERR_AGENT_IDENTITY');
+    expect(noToken.stderr).toContain('--type=proxy');
+    const noAuth = await startGatewayExpectingFailure(proxyOnly(''), []);
+    expect(noAuth.status).toBe(1);
+    expect(noAuth.stderr).toContain('GW_ERR_CONFIG_VALUE');
+    expect(noAuth.stderr).toContain('gateway.auth_server');
+    // Hostile: a token of another type does not make a Proxy. At a third Auth Service on the same Backend: the
+    // refused joins of the token race count against this address at the other two.
+    const authC = await startGateway(authConfig('auth-c'), { args: ['--roles=auth'] });
+    const nodeToken = (JSON.parse((await gwctlAt(authC, ['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string }).token;
+    const wrong = await startGatewayExpectingFailure(proxyOnly(`  auth_server: ${authC.addresses.auth}`), ['--token', nodeToken, '--ca-pin', pin]);
+    await authC.stop();
+    expect(wrong.status).toBe(1);
+    expect(wrong.stderr).toContain('GW_ERR_AUTH_TOKEN_WRONG_TYPE');
+  });
 });
