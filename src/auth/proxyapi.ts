@@ -107,7 +107,7 @@ function presenceFrom(v: unknown): Presence {
 
 function proxyRecordFrom(v: unknown): ProxyRecord {
   const r = object(v, 'record');
-  for (const key of ['id', 'nodename', 'version', 'public_addr', 'channels_digest', 'started_at']) text(r[key], `record.${key}`);
+  for (const key of ['id', 'nodename', 'version', 'public_addr', 'channels_digest', 'started_at', 'last_heartbeat']) text(r[key], `record.${key}`);
   if (r.peer_addr !== undefined) text(r.peer_addr, 'record.peer_addr');
   object(r.channels, 'record.channels');
   return r as unknown as ProxyRecord;

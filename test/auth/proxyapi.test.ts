@@ -143,7 +143,7 @@ describe('the /v1/proxy/ routes', () => {
       expect((await remote.rolesOf(['access'])).map((r) => r.metadata.name)).toEqual(['access']);
       expect(await remote.getNode(agent.hostId)).toMatchObject({ hostId: agent.hostId });
       expect(await remote.getNode('no-such-host')).toBeUndefined();
-      const record = { id: proxy.hostId, nodename: 'proxy1', version: '1.0.0', public_addr: 'proxy1:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString() };
+      const record = { id: proxy.hostId, nodename: 'proxy1', version: '1.0.0', public_addr: 'proxy1:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString(), last_heartbeat: new Date().toISOString() };
       await remote.heartbeatProxy(record, 60_000);
       expect((await remote.listProxies()).map((p) => p.id)).toContain(proxy.hostId);
       expect(await remote.tunnelStrategy()).toMatchObject({ type: 'agent_mesh' });
@@ -257,7 +257,7 @@ describe('RemoteProxyAuth', () => {
       await role.auth.addUser(role.auth.adminIdentity(), 'bob', ['access'], PASSWORD);
       const bob = identityFromCert((await loginAt(role.auth, 'bob')).cert);
       remote.sessions.track(await remote.resolveCaller(bob), 'test session', (reason) => (closed = reason));
-      await remote.heartbeatProxy({ id: proxy.hostId, nodename: 'proxy1', version: '1.0.0', public_addr: 'p:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString() }, 60_000);
+      await remote.heartbeatProxy({ id: proxy.hostId, nodename: 'proxy1', version: '1.0.0', public_addr: 'p:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString(), last_heartbeat: new Date().toISOString() }, 60_000);
       await waitUntil('the proxies event', () => proxiesChanged > 0);
       await role.auth.createLock(role.auth.adminIdentity(), { target: { user: 'bob' } });
       await waitUntil('the session closed by the lock', () => closed !== undefined);
