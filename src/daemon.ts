@@ -3,8 +3,9 @@
  * starters of src/roles/:
  *
  *   auth    roles/auth.ts    Backend, AuthService, its API (mTLS), the local admin identity
- *   proxy   roles/proxy.ts   the front door, tunnel server, SSH jump host, version server; needs the auth role in
- *                            the same process for now (it is given the in-process AuthService as its ProxyAuth)
+ *   proxy   roles/proxy.ts   the front door, tunnel server, SSH jump host, version server; its ProxyAuth is the
+ *                            in-process AuthService, or, without the auth role here, a RemoteProxyAuth
+ *                            (roles/auth.ts connectRemoteAuth: mutual TLS to the Auth API, joined with a proxy token)
  *   agents  roles/agent.ts   a host identity, the reverse tunnel and what it forwards to, the schedule export
  *
  * The roles share one Dialer, one set of connection limits and one shutdown order (roles/lifecycle.ts: agents,
@@ -23,12 +24,13 @@ import { Dialer } from './dial/dialer.js';
 import { GatewayError } from './errors.js';
 import { ConnectionLimits, limitSettings } from './net/deadlines.js';
 import { agentJoinRoles, startAgentRole, type AgentRole, type JoinFlags } from './roles/agent.js';
-import { startAuthRole } from './roles/auth.js';
+import { connectRemoteAuth, startAuthRole } from './roles/auth.js';
 import type { DaemonEnvironment } from './roles/environment.js';
 import { Lifecycle } from './roles/lifecycle.js';
 import { startProxyRole } from './roles/proxy.js';
 import type { TunnelServer } from './proxy/tunnel.js';
 import type { ClusterView } from './proxy/cluster.js';
+import type { RemoteProxyAuth } from './client/remoteauth.js';
 
 export interface StartFlags extends JoinFlags {
   /** --roles: node, db, app, kube, desktop, auth, proxy (overrides the services the configuration enables). */
@@ -46,6 +48,9 @@ export interface Daemon {
   /** Deadlines, caps and counters of the Auth API's and the Proxy's listeners (when either runs here). */
   limits?: ConnectionLimits;
   auth?: AuthService;
+  /** A Proxy without the Auth Service in its process: its client of the Auth API. */
+  remoteAuth?: RemoteProxyAuth;
+  /** An agent's host identity, or a Proxy's that joined with a proxy token. */
   hostIdentity?: HostIdentity;
   /**
    * SIGHUP (src/reload.ts): applies what can change without a restart, the version server's channels.
@@ -95,9 +100,10 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
   const dialer = new Dialer({ env: environment.env });
   const addresses: Record<string, string> = {};
   try {
-    if (runs('proxy_service') && !runs('auth_service')) {
-      throw new GatewayError('GW_ERR_CONFIG_VALUE', 'the proxy service needs the auth service in the same process in this version', {
-        hint: 'Enable auth_service next to proxy_service.',
+    const remoteProxy = runs('proxy_service') && !runs('auth_service');
+    if (remoteProxy && agentJoinRoles(services).length > 0) {
+      throw new GatewayError('GW_ERR_CONFIG_VALUE', 'a Proxy without the auth service in its process runs no agent service next to it in this version', {
+        hint: 'Run the agent services in their own process (its own data directory), joined through this Proxy.',
       });
     }
     // The limits of every listener of this process: the Auth API's and the Proxy's.
@@ -106,8 +112,12 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
       ? await startAuthRole({ config, limits, lifecycle, ...(runs('proxy_service') ? { proxyPublicAddr: proxyAddressForClients(config) } : {}) })
       : undefined;
     if (auth) addresses.auth = auth.address;
-    const proxy = limits && auth && runs('proxy_service')
-      ? await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle, proxyId: localProxyId(config.gateway.data_dir) })
+    const remote = remoteProxy
+      ? await connectRemoteAuth({ config, dialer, lifecycle, ...(flags.authServer ? { authServers: flags.authServer } : {}), ...(flags.token ? { token: flags.token } : {}), ...(flags.caPin ? { caPin: flags.caPin } : {}) })
+      : undefined;
+    const proxyAuth = auth ? { auth: auth.auth, api: auth.api, proxyId: localProxyId(config.gateway.data_dir) } : remote ? { auth: remote.auth, api: remote.api, proxyId: remote.identity.hostId } : undefined;
+    const proxy = limits && proxyAuth && runs('proxy_service')
+      ? await startProxyRole({ config, ...proxyAuth, limits, dialer, lifecycle })
       : undefined;
     Object.assign(addresses, proxy?.addresses);
     const agent = agentJoinRoles(services).length > 0
@@ -119,7 +129,8 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
       addresses,
       ...(limits ? { limits } : {}),
       ...(auth ? { auth: auth.auth } : {}),
-      ...(agent ? { hostIdentity: agent.hostIdentity } : {}),
+      ...(agent ? { hostIdentity: agent.hostIdentity } : remote ? { hostIdentity: remote.identity } : {}),
+      ...(remote ? { remoteAuth: remote.auth } : {}),
       ...(agent?.tunnelAgent ? { tunnelAgent: agent.tunnelAgent } : {}),
       ...(proxy ? { tunnels: proxy.tunnels, cluster: proxy.cluster } : {}),
       reload: (next) => proxy?.setChannels(next.proxy_service.automatic_upgrades_channels),

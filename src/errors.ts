@@ -267,6 +267,14 @@ export const ERROR_CODES = {
     summary: 'The server answered with something that is not a gateway API answer.',
     hint: 'Check that the address is the Proxy or the Auth Service of a gateway cluster.',
   },
+  GW_ERR_API_TOO_MANY_STREAMS: {
+    summary: "A Proxy opened more event streams to the Auth API than its cap (4 per Proxy); the new one is refused, the open ones go on.",
+    hint: 'Check that two Proxy processes do not share one data directory (one host identity); a restarted Proxy gets its stream once the old ones close.',
+  },
+  GW_ERR_AUTH_UNREACHABLE: {
+    summary: 'A Proxy that runs without the Auth Service in its process cannot reach any Auth API address it was given; new connections that need the Auth Service fail, open ones stay open.',
+    hint: 'Check that the Auth Service at gateway.auth_server (or --auth-server) runs and that this machine reaches it on port 3025; the Proxy reconnects by itself.',
+  },
   GW_ERR_CLIENT_UNTRUSTED: {
     summary: "The server's certificate is not signed by a CA this side trusts (no --ca-pin was given and the system does not trust it, or it is another cluster's).",
     hint: "Pass --ca-pin sha256:... ('gwctl status' prints it) so that the cluster CA is trusted after it is checked; the message's hint says what applies to the server dialled.",

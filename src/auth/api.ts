@@ -21,6 +21,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { X509Certificate } from 'node:crypto';
+import { isIP } from 'node:net';
 import type { TLSSocket } from 'node:tls';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
@@ -32,6 +33,7 @@ import { clusterStatus } from './drift.js';
 import type { Verb } from './rbac.js';
 import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
 import type { ClusterTrust } from './proxyauth.js';
+import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 
 /** Request body limits (bytes): a manifest may be large; everything else is a few fields. */
@@ -60,6 +62,8 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   GW_ERR_RESOURCE_EXISTS: 409,
   GW_ERR_API_TOO_LARGE: 413,
   GW_ERR_AUTH_RATE_LIMITED: 429,
+  GW_ERR_API_TOO_MANY_STREAMS: 429,
+  GW_ERR_AUTH_UNREACHABLE: 503,
 };
 
 export function statusFor(code: ErrorCode): number {
@@ -70,11 +74,13 @@ type Handler = (ctx: Ctx) => Promise<unknown>;
 
 interface Ctx {
   req: IncomingMessage;
+  res: ServerResponse;
   params: Record<string, string>;
   query: URLSearchParams;
   body: () => Promise<Record<string, unknown>>;
   /** The caller as it stands now (resolveCaller): certificate, then stored user or agent, then locks. */
   caller: () => Promise<Identity>;
+  /** The client's address: the socket's, or the one a Proxy forwarded (FORWARDED). */
   source: string;
 }
 
@@ -316,14 +322,108 @@ function resourceRoutes(auth: AuthService): Route[] {
   ];
 }
 
-export function createApiHandler(auth: AuthService): (req: IncomingMessage, res: ServerResponse) => void {
+/**
+ * What a Proxy in its own process adds to a request it forwards from its web port (src/client/forward.ts):
+ * the client's verified certificate (base64 DER, absent when it sent none) and address. Honoured only when the
+ * caller is a Proxy of this cluster; the certificate is verified again here (forwardedIdentity).
+ */
+export const FORWARDED = { marker: 'x-gateway-forwarded', cert: 'x-gateway-forwarded-cert', addr: 'x-gateway-forwarded-for' } as const;
+const MAX_FORWARDED_CERT = 16 * 1024;
+
+/** Where a request comes from: its own socket, or, through a Proxy, the client the Proxy forwarded. */
+interface Origin {
+  source: string;
+  /** Through a Proxy: the client's certificate (DER), or null when it presented none. */
+  forwarded?: Buffer | null;
+}
+
+async function originOf(auth: AuthService, req: IncomingMessage): Promise<Origin> {
+  const own: Origin = { source: clientAddress(req.socket).address };
+  if (req.headers[FORWARDED.marker] === undefined) return own;
+  let proxy: Identity;
+  try {
+    proxy = await auth.resolveCaller(peerIdentity(auth, req));
+    requireProxy(proxy);
+  } catch {
+    return own; // Not a Proxy: the headers mean nothing (the caller is whoever its own certificate names).
+  }
+  const addr = req.headers[FORWARDED.addr];
+  const source = typeof addr === 'string' && isIP(addr) ? addr : `unknown-via-${proxy.name}`;
+  const cert = req.headers[FORWARDED.cert];
+  if (typeof cert !== 'string' || cert.length === 0) return { source, forwarded: null };
+  if (cert.length > MAX_FORWARDED_CERT) throw bad('the forwarded client certificate is too large');
+  return { source, forwarded: Buffer.from(cert, 'base64') };
+}
+
+/**
+ * The identity of a certificate a Proxy forwarded, verified here as if it had been presented to this server:
+ * signed by the CA of its kind, valid now, of this cluster. Never trusted because a Proxy sent it.
+ */
+export function forwardedIdentity(trust: ClusterTrust, der: Buffer): Identity {
+  const refuse = (why: string) =>
+    new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `the client certificate forwarded by the Proxy is not valid here: ${why}`, {
+      hint: "Sign in again with 'gwsh login'; the Proxy passes on the certificate the client presented.",
+    });
+  let cert: X509Certificate;
+  let identity: Identity;
+  try {
+    cert = new X509Certificate(der);
+    identity = identityFromCert(der);
+  } catch (err) {
+    throw refuse((err as Error).message);
+  }
+  const ca = new X509Certificate(identity.kind === 'host' ? trust.host.tls.certPem : trust.user.tls.certPem);
+  if (!cert.checkIssued(ca) || !cert.verify(ca.publicKey)) throw refuse(`not signed by the ${identity.kind === 'host' ? 'host' : 'user'} CA of this cluster`);
+  const now = Date.now();
+  if (now < Date.parse(cert.validFrom) || now > Date.parse(cert.validTo)) throw refuse(`valid from ${cert.validFrom} to ${cert.validTo}`);
+  if (identity.cluster !== trust.clusterName) throw refuse(`certificate is for cluster "${identity.cluster}"`);
+  return { ...identity, issuedAt: Date.parse(cert.validFrom) + CLOCK_SKEW_MS };
+}
+
+function callerOf(auth: AuthService, req: IncomingMessage, origin: Origin): Promise<Identity> {
+  if (origin.forwarded === undefined) return (async () => auth.resolveCaller(peerIdentity(auth, req)))();
+  if (origin.forwarded === null) {
+    return Promise.reject(new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', 'no valid client certificate from this cluster: none was presented to the Proxy', {
+      hint: "Sign in with 'gwsh login', or on the Auth Service's machine run gwctl with access to its data directory.",
+    }));
+  }
+  const der = origin.forwarded;
+  return (async () => auth.resolveCaller(forwardedIdentity(auth, der)))();
+}
+
+/** The /v1/proxy/ routes (proxyapi.ts) as routes of this router: the caller must be a Proxy before anything else. */
+function proxyApiRoutes(auth: AuthService, keepAliveMs: number): Route[] {
+  return proxyRoutes(auth, { keepAliveMs }).map((r) =>
+    route(r.method, r.path, async (ctx) => {
+      const proxy = await ctx.caller();
+      requireProxy(proxy);
+      return r.handle({ proxy, params: ctx.params, query: ctx.query, body: ctx.body, req: ctx.req, res: ctx.res });
+    }, { maxBody: r.maxBody, before: async (_auth, caller) => requireProxy(caller) }),
+  );
+}
+
+export interface ApiOptions {
+  /** Keep-alive interval of the Proxies' event streams: well under the listener's idle timeout. */
+  streamKeepAliveMs?: number;
+}
+
+export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (req: IncomingMessage, res: ServerResponse) => void {
   const log = logger('api');
-  const routes: Route[] = [...publicRoutes(auth), ...identityRoutes(auth), ...resourceRoutes(auth), ...agentRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody }))];
+  const routes: Route[] = [
+    ...publicRoutes(auth),
+    ...identityRoutes(auth),
+    ...resourceRoutes(auth),
+    ...agentRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody })),
+    ...proxyApiRoutes(auth, options.streamKeepAliveMs ?? 5000),
+  ];
 
   return (req, res) => {
     const url = new URL(req.url ?? '/', 'https://gateway.invalid');
-    const source = clientAddress(req.socket).address;
     const send = (status: number, payload: unknown) => {
+      if (res.headersSent) {
+        res.destroy();
+        return;
+      }
       const text = JSON.stringify(payload);
       res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
       res.end(text);
@@ -344,30 +444,36 @@ export function createApiHandler(auth: AuthService): (req: IncomingMessage, res:
       send(400, { error: bad('the request path has a bad percent-encoding').toJSON() });
       return;
     }
-    let identity: Promise<Identity> | undefined;
-    const ctx: Ctx = {
-      req,
-      params,
-      query: url.searchParams,
-      body: async () => {
-        if (chosen.authenticated) {
-          const who = await ctx.caller();
-          await chosen.body.before?.(auth, who);
-        }
-        return readBody(req, chosen.body.maxBody);
-      },
-      caller: () => (identity ??= (async () => auth.resolveCaller(peerIdentity(auth, req)))()),
-      source,
+    const fail = (err: unknown) => {
+      const e = toGatewayError(err);
+      const status = statusFor(e.code);
+      if (status >= 500) log.error({ err: e, path: url.pathname }, 'request failed');
+      else log.debug({ code: e.code, path: url.pathname }, 'request refused');
+      send(status, { error: e.toJSON() });
     };
-    chosen
-      .handler(ctx)
-      .then((result) => send(200, result))
-      .catch((err: unknown) => {
-        const e = toGatewayError(err);
-        const status = statusFor(e.code);
-        if (status >= 500) log.error({ err: e, path: url.pathname }, 'request failed');
-        else log.debug({ code: e.code, path: url.pathname }, 'request refused');
-        send(status, { error: e.toJSON() });
-      });
+    originOf(auth, req)
+      .then((origin) => {
+        let identity: Promise<Identity> | undefined;
+        const ctx: Ctx = {
+          req,
+          res,
+          params,
+          query: url.searchParams,
+          body: async () => {
+            if (chosen.authenticated) {
+              const who = await ctx.caller();
+              await chosen.body.before?.(auth, who);
+            }
+            return readBody(req, chosen.body.maxBody);
+          },
+          caller: () => (identity ??= callerOf(auth, req, origin)),
+          source: origin.source,
+        };
+        return chosen.handler(ctx);
+      })
+      .then((result) => {
+        if (result !== STREAMED) send(200, result);
+      })
+      .catch(fail);
   };
 }

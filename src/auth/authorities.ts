@@ -106,11 +106,15 @@ export class Authorities {
   }
 
   /** A certificate for a server of this process (the Auth API, the Proxy's web port). */
-  async issueServerCert(publicKeyPem: string, names: string[], hostId = 'auth'): Promise<string> {
+  /**
+   * A server certificate of the host CA. roles: ['auth', 'proxy'] for the Auth API and a Proxy in its process;
+   * a Proxy in its own process gets ['proxy'] only (src/auth/proxyapi.ts), never 'auth'.
+   */
+  async issueServerCert(publicKeyPem: string, names: string[], hostId = 'auth', roles: readonly string[] = ['auth', 'proxy']): Promise<string> {
     const { dnsNames, ipAddresses } = splitNames(names);
     return issueTlsCert(this.host, {
       publicKeyPem,
-      identity: { kind: 'host', name: hostId, cluster: this.clusterName, roles: ['auth', 'proxy'] },
+      identity: { kind: 'host', name: hostId, cluster: this.clusterName, roles: [...roles] },
       dnsNames,
       ipAddresses,
       ttlMs: HOST_CERT_TTL_MS,

@@ -17,6 +17,22 @@ import type { SessionRegistry } from './sessions.js';
 /** The refusals that close what an identity has open. */
 const REVOCATIONS: ReadonlySet<string> = new Set(['GW_ERR_ACCESS_LOCKED', 'GW_ERR_AUTH_IDENTITY_REVOKED']);
 
+/** Which open sessions a revocation event concerns: one user, every user (a role lock), one agent, or all. */
+export type RevocationScope = { kind: 'user'; name: string } | { kind: 'users' } | { kind: 'host'; name: string } | { kind: 'all' };
+
+export function scopeFilter(scope: RevocationScope): (id: Identity) => boolean {
+  switch (scope.kind) {
+    case 'user':
+      return (id) => id.kind === 'user' && id.name === scope.name;
+    case 'users':
+      return (id) => id.kind === 'user';
+    case 'host':
+      return (id) => id.kind === 'host' && id.name === scope.name;
+    default:
+      return () => true;
+  }
+}
+
 export class CallerCheck {
   constructor(
     private readonly backend: Backend,
@@ -133,34 +149,46 @@ export class CallerCheck {
    * reports them (a write by this process or, with a shared backend, by any other).
    */
   watchRevocations(sessions: SessionRegistry): void {
-    const recheck = (why: string, filter: (id: Identity) => boolean) => {
+    this.watchRevocationScopes((why, scope) => {
       sessions
-        .revalidate((id) => this.revocationOf(id), filter)
+        .revalidate((id) => this.revocationOf(id), scopeFilter(scope))
         .then((closed) => {
           for (const s of closed) this.log.info({ who: s.identity.name, kind: s.identity.kind, what: s.what, why }, 'session closed: identity revoked');
         })
         .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot re-check open sessions'));
-    };
+    });
+  }
+
+  /**
+   * Calls onScope with the identities to re-check after every lock, user change or agent removal (a Proxy in
+   * its own process gets these over its event stream). Returns the unsubscribe function.
+   */
+  watchRevocationScopes(onScope: (why: string, scope: RevocationScope) => void): () => void {
     // After a gap in the backend's change log a lock or a removal may have been missed: re-check every session.
-    const onGap = (err: Error) => recheck(`watch gap (${err.message})`, () => true);
-    watchAcrossGaps(this.backend, LOCKS_PREFIX, (event) => {
+    const onGap = (err: Error) => onScope(`watch gap (${err.message})`, { kind: 'all' });
+    const locks = watchAcrossGaps(this.backend, LOCKS_PREFIX, (event) => {
       if (event.type !== 'put') return;
       const { target } = (JSON.parse(event.item.value) as LockResource).spec;
       const why = `lock ${event.item.key.slice(LOCKS_PREFIX.length)}`;
-      if (target.user !== undefined) recheck(why, (id) => id.kind === 'user' && id.name === target.user);
-      else if (target.role !== undefined) recheck(why, (id) => id.kind === 'user');
-      else recheck(why, (id) => id.kind === 'host' && id.name === target.node);
+      if (target.user !== undefined) onScope(why, { kind: 'user', name: target.user });
+      else if (target.role !== undefined) onScope(why, { kind: 'users' });
+      else onScope(why, { kind: 'host', name: target.node ?? '' });
     }, onGap);
-    watchAcrossGaps(this.backend, '/users/', (event) => {
+    const users = watchAcrossGaps(this.backend, '/users/', (event) => {
       const name = (event.type === 'put' ? event.item.key : event.key).slice('/users/'.length);
-      recheck(event.type === 'put' ? 'user updated' : 'user removed', (id) => id.kind === 'user' && id.name === name);
+      onScope(event.type === 'put' ? 'user updated' : 'user removed', { kind: 'user', name });
     }, onGap);
-    watchAcrossGaps(this.backend, '/nodes/', (event) => {
+    const nodes = watchAcrossGaps(this.backend, '/nodes/', (event) => {
       if (event.type !== 'delete') return;
-      const hostId = event.key.slice('/nodes/'.length);
-      recheck('agent removed', (id) => id.kind === 'host' && id.name === hostId);
+      onScope('agent removed', { kind: 'host', name: event.key.slice('/nodes/'.length) });
     }, onGap);
+    return () => {
+      locks();
+      users();
+      nodes();
+    };
   }
+
 
   /**
    * Throws GW_ERR_ACCESS_DENIED unless caller may do at least one of verbs on at least one of resources: the

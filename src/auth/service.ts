@@ -113,6 +113,7 @@ export class AuthService implements ProxyAuth {
   resolveCaller(...a: Parameters<CallerCheck['resolveCaller']>) { return this.parts.callers.resolveCaller(...a); }
   resolveSshUser(...a: Parameters<CallerCheck['resolveSshUser']>) { return this.parts.callers.resolveSshUser(...a); }
   revocationOf(...a: Parameters<CallerCheck['revocationOf']>) { return this.parts.callers.revocationOf(...a); }
+  watchRevocationScopes(...a: Parameters<CallerCheck['watchRevocationScopes']>) { return this.parts.callers.watchRevocationScopes(...a); }
   authorize(...a: Parameters<CallerCheck['authorize']>) { return this.parts.callers.authorize(...a); }
   authorizeAny(...a: Parameters<CallerCheck['authorizeAny']>) { return this.parts.callers.authorizeAny(...a); }
   userRoles(...a: Parameters<CallerCheck['userRoles']>) { return this.parts.callers.userRoles(...a); }

@@ -29,7 +29,7 @@ program
   .option('--token <token>', 'join token (first start of an agent; see `gwctl tokens add`)')
   .option('--ca-pin <pin>', "the cluster's CA pin, sha256:<hex>, checked before the token is sent")
   .option('--proxy <host:port>', "the Proxy's web address to join through")
-  .option('--auth-server <host:port>', "the Auth Service's address to join through, instead of --proxy")
+  .option('--auth-server <host:port>', "the Auth Service's API address: an agent joins through it instead of --proxy; a Proxy without the auth role uses it (comma-separated for several)")
   .option('--data-dir <dir>', "use this data directory instead of gateway.data_dir (every daemon on a machine needs its own)")
   .option('--public-addr <host:port>', "the Proxy's address as agents and users dial it (proxy_service.public_addr); its certificate names it")
   .option('--pid-file <file>', 'write the process id to this file and remove it on exit (the systemd unit uses /run/gateway.pid)')

@@ -76,6 +76,8 @@ program
 /** What the printed agent command uses: the configuration file and a data directory apart from the Proxy's. */
 const AGENT_CONFIG = '/etc/gateway.yaml';
 const AGENT_DATA_DIR = '/var/lib/gateway-agent';
+/** And for a Proxy that runs without the Auth Service in its process. */
+const PROXY_DATA_DIR = '/var/lib/gateway-proxy';
 
 const tokens = program.command('tokens').description('join tokens for agents');
 tokens
@@ -94,7 +96,13 @@ tokens
     const proxy = status.proxy_public_addr ?? '<proxy-host>:443';
     // Complete and safe as printed: the agent's own configuration file (its resources) and a data directory of its
     // own, so that run on the Proxy's machine it can never take the Proxy's (the data-dir lock would refuse it).
-    const command = `gateway start -c ${AGENT_CONFIG} --data-dir=${AGENT_DATA_DIR} --roles=${created.roles.join(',')} --token=${created.token} --ca-pin=${status.ca_pin} --proxy=${proxy}`;
+    // A Proxy joins at the Auth API itself (it runs there without the Auth Service in its process): the address gwctl
+    // used when it is the Auth API, else a placeholder to fill in.
+    const forProxy = created.roles.includes('proxy');
+    const authAddr = c.server === 'auth' && !/^(127\.|\[?::1\]?:|localhost:)/.test(c.address) ? c.address : '<auth-host>:3025';
+    const command = forProxy
+      ? `gateway start --data-dir=${PROXY_DATA_DIR} --roles=${created.roles.join(',')} --auth-server=${authAddr} --token=${created.token} --ca-pin=${status.ca_pin}`
+      : `gateway start -c ${AGENT_CONFIG} --data-dir=${AGENT_DATA_DIR} --roles=${created.roles.join(',')} --token=${created.token} --ca-pin=${status.ca_pin} --proxy=${proxy}`;
     if (opts.format === 'json') {
       out(JSON.stringify({ token: created.token, id: created.id, roles: created.roles, expires: created.expiresAt, ca_pin: status.ca_pin, command }));
       return;
@@ -105,7 +113,9 @@ tokens
         `This token will expire in ${formatDuration(ttlMs)} (${created.expiresAt}) and can be used ${opts.uses === '0' ? 'any number of times' : `${opts.uses} time(s)`}.`,
         `CA pin: ${status.ca_pin}`,
         '',
-        `Run this on the new agent, once ${AGENT_CONFIG} lists its resources ('gateway configure' prints every key):`,
+        forProxy
+          ? `Run this on the new Proxy (add -c FILE for its proxy_service settings; gateway.auth_server may list every Auth Service):`
+          : `Run this on the new agent, once ${AGENT_CONFIG} lists its resources ('gateway configure' prints every key):`,
         '',
         `  ${command}`,
         '',

@@ -33,6 +33,11 @@ export class ApiClient {
     this.dialer = options.dialer ?? new Dialer();
   }
 
+  /** Which service answers at address: the Auth API or a Proxy's web port. */
+  get server(): 'proxy' | 'auth' {
+    return this.options.server ?? 'proxy';
+  }
+
   async call<T>(method: string, path: string, body?: unknown): Promise<T> {
     const text = body === undefined ? undefined : JSON.stringify(body);
     const res = await fetchThroughDialer(`https://${this.address}${path}`, {
@@ -68,14 +73,19 @@ export class ApiClient {
 }
 
 /** "host" → "host:443"; validates the form. */
-export function normalizeAddress(address: string): string {
+export function normalizeAddress(address: string, defaultPort = 443): string {
   try {
     const { host, port } = parseAddr(address);
-    return formatHostPort(host, port ?? 443);
+    return formatHostPort(host, port ?? defaultPort);
   } catch (err) {
     const hint = err instanceof AddrError ? err.hint : undefined;
     throw new GatewayError('GW_ERR_USAGE', `"${address}" is not a host:port address: ${(err as Error).message}`, hint ? { hint } : {});
   }
+}
+
+/** An Auth API address: "host" → "host:3025". */
+export function normalizeAuthAddress(address: string): string {
+  return normalizeAddress(address, 3025);
 }
 
 /**

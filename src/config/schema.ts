@@ -295,6 +295,7 @@ export const SCHEMA = section('The gateway configuration file.', {
       default: new Dynamic(`${SYSTEM_DATA_DIR} for root; $XDG_STATE_HOME/gateway (~/.local/state/gateway) for other users`, () => defaultDataDir()),
       check: absolutePath,
     }),
+    auth_server: addrs("Auth API address(es) (host or host:port, default port 3025) of a Proxy that runs without the Auth Service in its process; the Proxy fails over to the next one. --auth-server overrides it.", 3025),
     storage: section('Where the Auth Service keeps the cluster state (docs/backend.md).', {
       type: oneOf('sqlite: embedded, in <data_dir>/backend.sqlite; postgres: a PostgreSQL database that several Auth Services share.', ['sqlite', 'postgres'], 'sqlite'),
       conn_string: str('PostgreSQL connection string, postgres only: postgresql://user[:password]@host[:port]/database, parameters sslmode, host (socket directory), application_name, connect_timeout.', {

@@ -44,6 +44,8 @@ export interface ProcessConfig {
   readonly nodename: string;
   /** Absolute path. */
   readonly data_dir: string;
+  /** Auth API addresses of a Proxy-only process (docs/configuration.md). */
+  readonly auth_server: readonly HostPort[];
   readonly storage: StorageConfig;
   readonly log: LogConfig;
   readonly limits: LimitsConfig;

@@ -2,16 +2,26 @@
  * The auth role: the Backend (gateway.storage: SQLite in the data directory by default, or PostgreSQL), the AuthService on it, its API on
  * auth_service.listen_addr (mutual TLS), and the local admin identity in <data_dir>/admin/ for gwctl on this
  * machine. Runs alone: it needs nothing of the other roles.
+ *
+ * A Proxy without the Auth Service in its process gets connectRemoteAuth instead: a RemoteProxyAuth (the same
+ * ProxyAuth, over mutual TLS to the Auth API) and a forwarder as the API router of its web port.
  */
 import http from 'node:http';
 import type net from 'node:net';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { formatHostPort } from '../addr.js';
+import { joinCluster, loadHostIdentity, type HostIdentity } from '../agent/identity.js';
 import { createApiHandler } from '../auth/api.js';
 import { generateKeyPair } from '../auth/pki.js';
 import { AuthService } from '../auth/service.js';
 import { openConfiguredBackend } from '../backend/index.js';
+import { normalizeAuthAddress } from '../client/api.js';
+import { createAuthForwarder } from '../client/forward.js';
+import { RemoteProxyAuth } from '../client/remoteauth.js';
 import type { GatewayConfig } from '../config/index.js';
+import type { Dialer } from '../dial/dialer.js';
+import { GatewayError } from '../errors.js';
 import { writePublicFile, writeSecretFile } from '../fsutil.js';
 import { logger } from '../log.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
@@ -53,7 +63,8 @@ export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole>
   await auth.setTunnelStrategy(config.auth_service.tunnel_strategy.type === 'proxy_peering'
     ? { type: 'proxy_peering', agent_connection_count: config.auth_service.tunnel_strategy.agent_connection_count }
     : { type: 'agent_mesh' });
-  const api = createApiHandler(auth);
+  // The Proxies' event streams send a keep-alive line well within the listener's idle timeout.
+  const api = createApiHandler(auth, { streamKeepAliveMs: Math.max(250, Math.min(5000, Math.floor(options.limits.settings.idleMs / 3))) });
   const keys = generateKeyPair();
   const cert = await auth.issueServerCert(keys.publicKeyPem, authServerNames(config));
   const server = authApiServer(options.limits, { key: keys.privateKeyPem, cert, ca: [auth.host.tls.certPem, auth.user.tls.certPem] }, api);
@@ -83,4 +94,60 @@ async function writeAdminIdentity(dataDir: string, auth: AuthService, authAddres
   writeSecretFile(join(adminDir, 'cert.pem'), await auth.issueAdminCert(admin.publicKeyPem));
   writePublicFile(join(adminDir, 'host-ca.pem'), auth.host.tls.certPem);
   writePublicFile(join(adminDir, 'auth-addr'), `${localAddress(authAddress)}\n`);
+}
+
+export interface RemoteAuthOptions {
+  config: GatewayConfig;
+  /** --auth-server (comma-separated) overrides gateway.auth_server. */
+  authServers?: string;
+  /** The first start: a token of type proxy and the CA pin. */
+  token?: string;
+  caPin?: string;
+  dialer: Dialer;
+  /** Gets the event stream (auth phase: after the Proxy, which still writes its records while it stops). */
+  lifecycle: Lifecycle;
+}
+
+export interface RemoteAuthRole {
+  auth: RemoteProxyAuth;
+  /** The web port's API router: every request forwarded to the Auth API (src/client/forward.ts). */
+  api: http.RequestListener;
+  /** The Proxy's host identity in <data_dir>/host/; its host ID is the proxyId. */
+  identity: HostIdentity;
+}
+
+/**
+ * The auth role of a Proxy that runs without the Auth Service in its process: its host identity (joined once with
+ * a token of type proxy, directly at the Auth API, after the CA pin check), then a RemoteProxyAuth over mutual TLS.
+ */
+export async function connectRemoteAuth(options: RemoteAuthOptions): Promise<RemoteAuthRole> {
+  const { config, dialer } = options;
+  const configured = config.gateway.auth_server.map((a) => formatHostPort(a.host, a.port));
+  const addresses = options.authServers ? options.authServers.split(',').map((a) => normalizeAuthAddress(a.trim())) : configured;
+  if (addresses.length === 0) {
+    throw new GatewayError('GW_ERR_CONFIG_VALUE', 'the proxy service runs without the auth service here, but no Auth API address is given', {
+      hint: 'Set gateway.auth_server (host:3025 of an Auth Service, or a list), or pass --auth-server host:3025; or enable auth_service in this process.',
+    });
+  }
+  const dataDir = config.gateway.data_dir;
+  let identity = loadHostIdentity(dataDir);
+  if (identity && !identity.roles.includes('proxy')) {
+    throw new GatewayError('GW_ERR_AGENT_IDENTITY', `the host identity in ${join(dataDir, 'host')} is for ${identity.roles.join(', ')}, not for a Proxy`, {
+      hint: `Give this Proxy its own data directory (--data-dir), or remove ${join(dataDir, 'host')} and join again with a token of type proxy.`,
+    });
+  }
+  if (!identity) {
+    if (!options.token || !options.caPin) {
+      throw new GatewayError('GW_ERR_AGENT_IDENTITY', 'this Proxy has not joined the cluster yet', {
+        hint: "Start it once with --token and --ca-pin from 'gwctl tokens add --type=proxy' (and --auth-server host:3025).",
+      });
+    }
+    identity = await joinCluster({ dataDir, server: addresses[0]!, joinedVia: 'auth', token: options.token, caPin: options.caPin, roles: ['proxy'], nodename: config.gateway.nodename, publicAddrs: config.proxy_service.public_addr.map((a) => formatHostPort(a.host, a.port)), dialer });
+  } else {
+    logger('gateway').info({ hostId: identity.hostId, cluster: identity.cluster }, 'using the stored host identity of this Proxy');
+  }
+  const auth = await RemoteProxyAuth.connect({ addresses, credentials: { cert: identity.cert, key: identity.key, hostCa: identity.hostCa, hostId: identity.hostId }, dialer });
+  options.lifecycle.onStop('auth', () => auth.close());
+  logger('gateway').info({ auth: addresses, hostId: identity.hostId }, 'Proxy connected to the Auth Service');
+  return { auth, api: createAuthForwarder({ remote: auth, dialer }), identity };
 }

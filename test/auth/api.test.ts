@@ -155,6 +155,8 @@ const STATUS_OF: ReadonlyArray<readonly [ErrorCode, number]> = [
   ['GW_ERR_RESOURCE_EXISTS', 409],
   ['GW_ERR_API_TOO_LARGE', 413],
   ['GW_ERR_AUTH_RATE_LIMITED', 429],
+  ['GW_ERR_API_TOO_MANY_STREAMS', 429],
+  ['GW_ERR_AUTH_UNREACHABLE', 503],
 ];
 
 describe('statusFor', () => {

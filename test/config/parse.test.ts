@@ -27,6 +27,7 @@ describe('defaults', () => {
     expect(c.gateway).toEqual({
       nodename: hostname(),
       data_dir: defaultDataDir(),
+      auth_server: [],
       storage: { type: 'sqlite', conn_string: undefined, ca_file: undefined, cert_file: undefined, key_file: undefined },
       log: { output: 'stderr', severity: 'info', format: undefined },
       limits: {

@@ -1,0 +1,246 @@
+/**
+ * The Auth API of Proxies that run in their own process (src/client/remoteauth.ts is the other end): what a
+ * ProxyAuth does, as calls, plus one long-lived event stream.
+ *
+ *   POST   /v1/proxy/resolve-caller   {identity}                    → {identity}
+ *   POST   /v1/proxy/resolve-ssh-user {name, issued_at?}            → {identity}
+ *   POST   /v1/proxy/roles            {names}                       → {roles}
+ *   POST   /v1/proxy/revocation       {identity}                    → {error: {code, message, hint} | null}
+ *   GET    /v1/proxy/nodes/:host_id                                  → {node | null}
+ *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller)
+ *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
+ *   POST   /v1/proxy/agent-events     {host_id, nodename, event}
+ *   PUT    /v1/proxy/proxies/self     {record, ttl_ms}              (record.id must be the caller)
+ *   DELETE /v1/proxy/proxies/self
+ *   GET    /v1/proxy/proxies | /v1/proxy/presence | /v1/proxy/strategy
+ *   POST   /v1/proxy/server-cert      {public_key, names}           → {cert} for the caller's host ID, roles [proxy]
+ *   GET    /v1/proxy/events           newline-delimited JSON: hello, keepalive, maintenance, presence, proxies,
+ *                                     resync, revoke {scope}; at most MAX_STREAMS_PER_PROXY per caller
+ *
+ * Only a Proxy of this cluster (a host certificate with the role proxy, as it stands now: its node record
+ * exists and no lock targets it) or the local admin may call them: requireProxy.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { GatewayError } from '../errors.js';
+import type { Identity } from './pki.js';
+import { canonicalIdentity } from './pki/identity.js';
+import type { Presence, ProxyRecord } from './records.js';
+import type { AuthService } from './service.js';
+
+/** Event streams one Proxy may hold open at once (a restart overlaps the old stream briefly). */
+export const MAX_STREAMS_PER_PROXY = 4;
+/** How much an event stream may buffer for a Proxy that does not read before it is cut (the Proxy resyncs). */
+const MAX_STREAM_BUFFER = 1024 * 1024;
+
+/** What a handler returns when it has answered on the response itself (the event stream). */
+export const STREAMED: unique symbol = Symbol('streamed');
+
+export interface ProxyCall {
+  /** The calling Proxy (or the local admin), as it stands now. */
+  proxy: Identity;
+  params: Record<string, string>;
+  query: URLSearchParams;
+  body(): Promise<Record<string, unknown>>;
+  req: IncomingMessage;
+  res: ServerResponse;
+}
+
+export interface ProxyRoute {
+  method: string;
+  path: string;
+  maxBody: number;
+  handle(call: ProxyCall): Promise<unknown>;
+}
+
+const SMALL = 16 * 1024;
+const LARGE = 256 * 1024;
+
+/** Refuses anyone but a Proxy of this cluster (host certificate with role proxy) or the local admin. */
+export function requireProxy(caller: Identity): void {
+  if (caller.kind === 'admin') return;
+  if (caller.kind === 'host' && caller.roles.includes('proxy')) return;
+  throw new GatewayError('GW_ERR_ACCESS_DENIED', `${caller.kind} ${caller.name} is not a Proxy of this cluster: /v1/proxy/ is for Proxies only`, {
+    hint: "Only a Proxy joined with a token of type proxy ('gwctl tokens add --type proxy') calls these routes.",
+  });
+}
+
+function bad(message: string): GatewayError {
+  return new GatewayError('GW_ERR_API_BAD_REQUEST', message);
+}
+
+function object(v: unknown, what: string): Record<string, unknown> {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) throw bad(`"${what}" must be an object`);
+  return v as Record<string, unknown>;
+}
+
+function text(v: unknown, what: string, max = 1024): string {
+  if (typeof v !== 'string' || v.length > max) throw bad(`"${what}" must be a string of at most ${max} characters`);
+  return v;
+}
+
+function positive(v: unknown, what: string): number {
+  if (typeof v !== 'number' || !(v > 0) || v > 24 * 3600_000) throw bad(`"${what}" must be a positive number of milliseconds (at most a day)`);
+  return v;
+}
+
+/** An identity a Proxy read from a certificate it verified, sent back for the checks of the Auth Service. */
+export function identityFromBody(v: unknown): Identity {
+  const identity = canonicalIdentity(v, (reason) => bad(`"identity": ${reason}`));
+  const issuedAt = (v as Record<string, unknown>).issuedAt;
+  if (issuedAt !== undefined && (typeof issuedAt !== 'number' || !Number.isFinite(issuedAt))) throw bad('"identity.issuedAt" must be a number');
+  return typeof issuedAt === 'number' ? { ...identity, issuedAt } : identity;
+}
+
+/** A Proxy writes its own records only (the admin may write any). */
+function own(call: ProxyCall, id: string, what: string): void {
+  if (call.proxy.kind === 'admin' || call.proxy.name === id) return;
+  throw new GatewayError('GW_ERR_ACCESS_DENIED', `Proxy ${call.proxy.name} may not write the ${what} of ${id}`, { hint: 'A Proxy writes only its own records.' });
+}
+
+function presenceFrom(v: unknown): Presence {
+  const p = object(v, 'presence');
+  for (const key of ['hostId', 'nodename', 'proxyId', 'connectedAt', 'lastHeartbeat']) text(p[key], `presence.${key}`);
+  if (!Array.isArray(p.services) || !p.services.every((s) => typeof s === 'string')) throw bad('"presence.services" must be a list of strings');
+  object(p.resources, 'presence.resources');
+  return p as unknown as Presence;
+}
+
+function proxyRecordFrom(v: unknown): ProxyRecord {
+  const r = object(v, 'record');
+  for (const key of ['id', 'nodename', 'version', 'public_addr', 'channels_digest', 'started_at', 'last_heartbeat']) text(r[key], `record.${key}`);
+  if (r.peer_addr !== undefined) text(r.peer_addr, 'record.peer_addr');
+  object(r.channels, 'record.channels');
+  return r as unknown as ProxyRecord;
+}
+
+/** The calls of CallerChecks. */
+function callerRoutes(auth: AuthService): ProxyRoute[] {
+  return [
+    { method: 'POST', path: '/v1/proxy/resolve-caller', maxBody: SMALL * 4, handle: async (c) => ({ identity: await auth.resolveCaller(identityFromBody((await c.body()).identity)) }) },
+    {
+      method: 'POST', path: '/v1/proxy/resolve-ssh-user', maxBody: SMALL, handle: async (c) => {
+        const b = await c.body();
+        const issuedAt = b.issued_at;
+        if (issuedAt !== undefined && typeof issuedAt !== 'number') throw bad('"issued_at" must be a number');
+        return { identity: await auth.resolveSshUser(text(b.name, 'name', 256), issuedAt) };
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/roles', maxBody: SMALL * 4, handle: async (c) => {
+        const names = (await c.body()).names;
+        if (!Array.isArray(names) || names.length > 1024 || !names.every((n) => typeof n === 'string')) throw bad('"names" must be a list of strings');
+        return { roles: await auth.rolesOf(names as string[]) };
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/revocation', maxBody: SMALL * 4, handle: async (c) => {
+        const reason = await auth.revocationOf(identityFromBody((await c.body()).identity));
+        return { error: reason ? reason.toJSON() : null };
+      },
+    },
+  ];
+}
+
+/** The calls of AgentRecords and ProxyDirectory, and the Proxy's web certificate. */
+function directoryRoutes(auth: AuthService): ProxyRoute[] {
+  return [
+    { method: 'GET', path: '/v1/proxy/nodes/:host_id', maxBody: 0, handle: async (c) => ({ node: (await auth.getNode(c.params.host_id!)) ?? null }) },
+    {
+      method: 'PUT', path: '/v1/proxy/presence', maxBody: LARGE, handle: async (c) => {
+        const b = await c.body();
+        const presence = presenceFrom(b.presence);
+        own(c, presence.proxyId, 'presence');
+        await auth.setPresence(presence, positive(b.ttl_ms, 'ttl_ms'));
+        return { ok: true };
+      },
+    },
+    {
+      method: 'DELETE', path: '/v1/proxy/presence/:host_id', maxBody: 0, handle: async (c) => {
+        const connectedAt = c.query.get('connected_at') ?? undefined;
+        await auth.clearPresence(c.params.host_id!, c.query.get('proxy_id') && c.proxy.kind === 'admin' ? c.query.get('proxy_id')! : c.proxy.name, connectedAt);
+        return { ok: true };
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/agent-events', maxBody: SMALL * 4, handle: async (c) => {
+        const b = await c.body();
+        await auth.recordAgentEvent(text(b.host_id, 'host_id', 256), text(b.nodename, 'nodename', 256), object(b.event, 'event'));
+        return { ok: true };
+      },
+    },
+    {
+      method: 'PUT', path: '/v1/proxy/proxies/self', maxBody: SMALL * 4, handle: async (c) => {
+        const b = await c.body();
+        const record = proxyRecordFrom(b.record);
+        own(c, record.id, 'Proxy record');
+        await auth.heartbeatProxy(record, positive(b.ttl_ms, 'ttl_ms'));
+        return { ok: true };
+      },
+    },
+    { method: 'DELETE', path: '/v1/proxy/proxies/self', maxBody: 0, handle: async (c) => { await auth.removeProxy(c.proxy.name); return { ok: true }; } },
+    { method: 'GET', path: '/v1/proxy/proxies', maxBody: 0, handle: async () => ({ proxies: await auth.listProxies() }) },
+    { method: 'GET', path: '/v1/proxy/presence', maxBody: 0, handle: async () => ({ presence: await auth.listPresence() }) },
+    { method: 'GET', path: '/v1/proxy/strategy', maxBody: 0, handle: async () => ({ strategy: await auth.tunnelStrategy() }) },
+    {
+      method: 'POST', path: '/v1/proxy/server-cert', maxBody: SMALL, handle: async (c) => {
+        const b = await c.body();
+        const names = b.names;
+        if (!Array.isArray(names) || names.length > 64 || !names.every((n) => typeof n === 'string' && n.length <= 253)) throw bad('"names" must be a list of at most 64 names');
+        // The caller's own host ID, and the role proxy only: a Proxy never gets a certificate that says auth.
+        return { cert: await auth.issueServerCert(text(b.public_key, 'public_key', 8192), names as string[], c.proxy.name, ['proxy']) };
+      },
+    },
+  ];
+}
+
+/** One long-lived stream of everything a Proxy watches; every (re)connect means "anything may have changed". */
+function eventRoute(auth: AuthService, keepAliveMs: number): ProxyRoute {
+  const open = new Map<string, number>();
+  return {
+    method: 'GET', path: '/v1/proxy/events', maxBody: 0, handle: async ({ proxy, res, req }) => {
+      const held = open.get(proxy.name) ?? 0;
+      if (held >= MAX_STREAMS_PER_PROXY) {
+        throw new GatewayError('GW_ERR_API_TOO_MANY_STREAMS', `Proxy ${proxy.name} already holds ${held} event streams`);
+      }
+      open.set(proxy.name, held + 1);
+      res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
+      const stops: Array<() => void> = [];
+      const write = (event: Record<string, unknown>) => {
+        if (res.destroyed || res.writableEnded) return;
+        // A Proxy that does not read: cut it; it reconnects and lists everything again.
+        if (res.writableLength > MAX_STREAM_BUFFER) res.destroy();
+        else res.write(`${JSON.stringify(event)}\n`);
+      };
+      const timer = setInterval(() => write({ type: 'keepalive' }), keepAliveMs);
+      const end = () => {
+        clearInterval(timer);
+        for (const stop of stops.splice(0)) stop();
+        const left = (open.get(proxy.name) ?? 1) - 1;
+        if (left <= 0) open.delete(proxy.name);
+        else open.set(proxy.name, left);
+      };
+      let ended = false;
+      const once = () => {
+        if (ended) return;
+        ended = true;
+        end();
+      };
+      res.once('close', once);
+      req.once('close', () => { if (res.destroyed) once(); });
+      stops.push(auth.watchMaintenance(() => write({ type: 'maintenance' })));
+      stops.push(auth.watchCluster({
+        presence: (event) => write({ type: 'presence', event }),
+        proxies: () => write({ type: 'proxies' }),
+        resync: () => write({ type: 'resync' }),
+      }));
+      stops.push(auth.watchRevocationScopes((why, scope) => write({ type: 'revoke', why, scope })));
+      write({ type: 'hello', keepalive_ms: keepAliveMs });
+      if (ended) for (const stop of stops.splice(0)) stop();
+      return STREAMED;
+    },
+  };
+}
+
+export function proxyRoutes(auth: AuthService, options: { keepAliveMs: number }): ProxyRoute[] {
+  return [...callerRoutes(auth), ...directoryRoutes(auth), eventRoute(auth, options.keepAliveMs)];
+}

@@ -1,0 +1,362 @@
+/**
+ * A Proxy in its own process: ProxyAuth over mutual TLS to the Auth API on 3025 (src/auth/proxyapi.ts), with the
+ * Proxy's host certificate, through the process's Dialer.
+ *
+ *   calls       resolveCaller, resolveSshUser, rolesOf, revocationOf, getNode, setPresence, clearPresence,
+ *               recordAgentEvent, heartbeatProxy, removeProxy, listProxies, listPresence, tunnelStrategy,
+ *               issueServerCert: one HTTPS request each, to the current Auth address; a failure to reach it moves
+ *               on to the next address (gateway.auth_server may list several), and when none answers the call
+ *               fails with GW_ERR_AUTH_UNREACHABLE naming them.
+ *   events      ONE long-lived GET /v1/proxy/events (newline-delimited JSON, a keep-alive line every few seconds)
+ *               feeds watchMaintenance, watchCluster and the revocations of the local SessionRegistry. On every
+ *               (re)connect everything may have changed: every tracked session is re-checked, maintenance
+ *               watchers fire and cluster watchers resync. It reconnects with backoff; while no Auth Service
+ *               answers, what is open stays open.
+ */
+import https from 'node:https';
+import type { IncomingMessage } from 'node:http';
+import { formatHostPort, normalizeHost, parseAddr } from '../addr.js';
+import { scopeFilter, type RevocationScope } from '../auth/callers.js';
+import type { Identity } from '../auth/pki.js';
+import type { ClusterWatchHandlers, PresenceEvent, ProxyAuth, PublicAuthority } from '../auth/proxyauth.js';
+import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from '../auth/records.js';
+import type { RoleResource } from '../auth/resources/index.js';
+import type { PublicCas } from '../auth/service.js';
+import { SessionRegistry } from '../auth/sessions.js';
+import { DialerAgent } from '../dial/agent.js';
+import type { Dialer } from '../dial/dialer.js';
+import { ERROR_CODES, GatewayError, isGatewayError, type ErrorCode } from '../errors.js';
+import { logger } from '../log.js';
+import { LineSplitter } from '../stream/splitter.js';
+import { ApiClient, normalizeAuthAddress } from './api.js';
+
+/** The Proxy's own identity: its host certificate and key, and the host CA the Auth API's certificate chains to. */
+export interface RemoteCredentials {
+  cert: string;
+  key: string;
+  hostCa: string;
+  /** This Proxy's host ID (its proxyId). */
+  hostId: string;
+}
+
+export interface RemoteProxyAuthOptions {
+  /** Auth API addresses (host:port, default port 3025), tried in order. */
+  addresses: readonly string[];
+  credentials: RemoteCredentials;
+  dialer: Dialer;
+  /** Longest wait between reconnects of the event stream (ms). */
+  maxBackoffMs?: number;
+  /** A call's deadline (ms). */
+  timeoutMs?: number;
+}
+
+/** Longest event line accepted (a presence record with its resources). */
+const MAX_EVENT_LINE = 512 * 1024;
+
+type StreamEvent =
+  | { type: 'hello'; keepalive_ms?: number }
+  | { type: 'keepalive' }
+  | { type: 'maintenance' }
+  | { type: 'presence'; event: PresenceEvent }
+  | { type: 'proxies' }
+  | { type: 'resync' }
+  | { type: 'revoke'; why?: string; scope: RevocationScope };
+
+export class RemoteProxyAuth implements ProxyAuth {
+  readonly sessions = new SessionRegistry();
+  readonly addresses: string[];
+  private current = 0;
+  private readonly clients: ApiClient[];
+  private readonly maintenanceWatchers = new Set<() => void>();
+  private readonly clusterWatchers = new Set<ClusterWatchHandlers>();
+  private readonly log = logger('remoteauth');
+  private stream: { destroy(): void } | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private closed = false;
+  private connectedOnce = false;
+  private trust!: { clusterName: string; host: PublicAuthority; user: PublicAuthority };
+
+  private constructor(private readonly options: RemoteProxyAuthOptions) {
+    if (options.addresses.length === 0) {
+      throw new GatewayError('GW_ERR_USAGE', 'a Proxy without the Auth Service in its process needs the Auth API address', {
+        hint: 'Set gateway.auth_server (or pass --auth-server host:3025).',
+      });
+    }
+    this.addresses = options.addresses.map(normalizeAuthAddress);
+    const { cert, key, hostCa } = options.credentials;
+    this.clients = this.addresses.map((address) => new ApiClient({ address, dialer: options.dialer, ca: hostCa, cert, key, server: 'auth', timeoutMs: options.timeoutMs ?? 15_000 }));
+  }
+
+  /** Connects: the cluster's public CAs from the first Auth address that answers, then the event stream. */
+  static async connect(options: RemoteProxyAuthOptions): Promise<RemoteProxyAuth> {
+    const remote = new RemoteProxyAuth(options);
+    const cas = await remote.call<PublicCas>('GET', '/webapi/ca');
+    remote.trust = {
+      clusterName: cas.cluster_name,
+      host: { tls: { certPem: cas.host_ca }, ssh: { publicKey: cas.ssh_host_ca } },
+      user: { tls: { certPem: cas.user_ca }, ssh: { publicKey: cas.ssh_user_ca } },
+    };
+    remote.openStream(0);
+    return remote;
+  }
+
+  get clusterName(): string {
+    return this.trust.clusterName;
+  }
+
+  get host(): PublicAuthority {
+    return this.trust.host;
+  }
+
+  get user(): PublicAuthority {
+    return this.trust.user;
+  }
+
+  /** The Auth API address calls go to now. */
+  get address(): string {
+    return this.addresses[this.current]!;
+  }
+
+  /** The credentials and address the web port's forwarder uses (src/client/forward.ts). */
+  upstream(): { address: string; addresses: readonly string[]; cert: string; key: string; ca: string } {
+    const { cert, key, hostCa } = this.options.credentials;
+    return { address: this.address, addresses: this.addresses, cert, key, ca: hostCa };
+  }
+
+  /** Tells the forwarder an address did not answer: the next call starts at the next one. */
+  failedOver(address: string): void {
+    if (this.address === address && this.addresses.length > 1) this.current = (this.current + 1) % this.addresses.length;
+  }
+
+  /**
+   * One call to the Auth API, at the current address and then at each other one while the failure is that it
+   * could not be reached (an answer, even a refusal, ends the tries).
+   */
+  async call<T>(method: string, path: string, body?: unknown): Promise<T> {
+    let last: unknown;
+    for (let i = 0; i < this.addresses.length; i++) {
+      const index = (this.current + i) % this.addresses.length;
+      try {
+        const result = await this.clients[index]!.call<T>(method, path, body);
+        this.current = index;
+        return result;
+      } catch (err) {
+        if (answered(err)) throw err;
+        last = err;
+        this.log.debug({ addr: this.addresses[index], err: (err as Error).message }, 'Auth API not reachable');
+      }
+    }
+    throw unreachable(this.addresses, last);
+  }
+
+  resolveCaller(caller: Identity): Promise<Identity> {
+    return this.call<{ identity: Identity }>('POST', '/v1/proxy/resolve-caller', { identity: caller }).then((r) => r.identity);
+  }
+
+  resolveSshUser(name: string, issuedAt?: number): Promise<Identity> {
+    return this.call<{ identity: Identity }>('POST', '/v1/proxy/resolve-ssh-user', { name, ...(issuedAt === undefined ? {} : { issued_at: issuedAt }) }).then((r) => r.identity);
+  }
+
+  rolesOf(names: readonly string[]): Promise<RoleResource[]> {
+    return this.call<{ roles: RoleResource[] }>('POST', '/v1/proxy/roles', { names }).then((r) => r.roles);
+  }
+
+  /** Undefined when the Auth Service cannot say (unreachable): what is open stays open. */
+  async revocationOf(identity: Identity): Promise<GatewayError | undefined> {
+    try {
+      const { error } = await this.call<{ error: { code: string; message: string; hint?: string } | null }>('POST', '/v1/proxy/revocation', { identity });
+      if (!error) return undefined;
+      const code = (error.code in ERROR_CODES ? error.code : 'GW_ERR_AUTH_IDENTITY_REVOKED') as ErrorCode;
+      return new GatewayError(code, error.message, error.hint ? { hint: error.hint } : {});
+    } catch (err) {
+      this.log.warn({ err: (err as Error).message, who: identity.name }, 'cannot re-check an identity; its sessions stay open');
+      return undefined;
+    }
+  }
+
+  getNode(hostId: string): Promise<NodeRecord | undefined> {
+    return this.call<{ node: NodeRecord | null }>('GET', `/v1/proxy/nodes/${encodeURIComponent(hostId)}`).then((r) => r.node ?? undefined);
+  }
+
+  async setPresence(presence: Presence, ttlMs: number): Promise<void> {
+    await this.call('PUT', '/v1/proxy/presence', { presence, ttl_ms: ttlMs });
+  }
+
+  async clearPresence(hostId: string, _proxyId: string, connectedAt?: string): Promise<void> {
+    // The Auth Service clears this Proxy's record only (the caller's host ID is its proxyId).
+    const query = connectedAt === undefined ? '' : `?connected_at=${encodeURIComponent(connectedAt)}`;
+    await this.call('DELETE', `/v1/proxy/presence/${encodeURIComponent(hostId)}${query}`);
+  }
+
+  async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void> {
+    await this.call('POST', '/v1/proxy/agent-events', { host_id: hostId, nodename, event });
+  }
+
+  async heartbeatProxy(record: ProxyRecord, ttlMs: number): Promise<void> {
+    await this.call('PUT', '/v1/proxy/proxies/self', { record, ttl_ms: ttlMs });
+  }
+
+  async removeProxy(_id: string): Promise<void> {
+    await this.call('DELETE', '/v1/proxy/proxies/self');
+  }
+
+  listProxies(): Promise<ProxyRecord[]> {
+    return this.call<{ proxies: ProxyRecord[] }>('GET', '/v1/proxy/proxies').then((r) => r.proxies);
+  }
+
+  listPresence(): Promise<Presence[]> {
+    return this.call<{ presence: Presence[] }>('GET', '/v1/proxy/presence').then((r) => r.presence);
+  }
+
+  tunnelStrategy(): Promise<TunnelStrategy> {
+    return this.call<{ strategy: TunnelStrategy }>('GET', '/v1/proxy/strategy').then((r) => r.strategy);
+  }
+
+  /** For this Proxy's own host ID, with the role proxy only, whatever hostId says. */
+  issueServerCert(publicKeyPem: string, names: string[]): Promise<string> {
+    return this.call<{ cert: string }>('POST', '/v1/proxy/server-cert', { public_key: publicKeyPem, names }).then((r) => r.cert);
+  }
+
+  watchMaintenance(onChange: () => void): () => void {
+    this.maintenanceWatchers.add(onChange);
+    return () => void this.maintenanceWatchers.delete(onChange);
+  }
+
+  watchCluster(handlers: ClusterWatchHandlers): () => void {
+    this.clusterWatchers.add(handlers);
+    return () => void this.clusterWatchers.delete(handlers);
+  }
+
+  /** Ends the event stream (what is open on the Proxy is closed by its own stop order). */
+  close(): void {
+    this.closed = true;
+    clearTimeout(this.timer);
+    this.stream?.destroy();
+  }
+
+  /** The event stream at the current address, after `failures` failed tries in a row (the backoff grows with them). */
+  private openStream(failures: number): void {
+    if (this.closed) return;
+    const index = this.current % this.addresses.length;
+    const address = this.addresses[index]!;
+    let healthy = false;
+    const retry = (why: string) => {
+      if (this.closed || this.stream !== req) return;
+      this.stream = undefined;
+      clearTimeout(this.timer);
+      this.log.warn({ addr: address, why }, healthy ? 'Auth API event stream ended; reconnecting' : 'Auth API event stream failed; reconnecting');
+      // A stream that worked reconnects at once, to the same address first; a failed try moves to the next one.
+      if (!healthy) this.current = (index + 1) % this.addresses.length;
+      const next = healthy ? 0 : failures + 1;
+      const delay = healthy ? 100 : Math.min(this.options.maxBackoffMs ?? 5000, 250 * 2 ** Math.min(failures, 6)) * (0.5 + Math.random() / 2);
+      this.timer = setTimeout(() => this.openStream(next), delay);
+    };
+    const req = this.requestStream(address, (res) => {
+      if (res.statusCode !== 200) {
+        res.resume();
+        res.once('end', () => retry(`status ${res.statusCode}`));
+        return;
+      }
+      const splitter = new LineSplitter(MAX_EVENT_LINE, 'event line');
+      let watchdog: NodeJS.Timeout | undefined;
+      const arm = (ms: number) => {
+        clearTimeout(watchdog);
+        watchdog = setTimeout(() => req.destroy(new Error(`no keep-alive within ${ms} ms`)), ms);
+      };
+      let keepAliveMs = 5000;
+      arm(keepAliveMs * 3);
+      res.on('data', (chunk: Buffer) => {
+        let rest = chunk;
+        try {
+          for (;;) {
+            const r = splitter.feed(rest);
+            if (r.kind === 'need-more') break;
+            rest = r.rest;
+            const event = JSON.parse(r.line.toString('utf8')) as StreamEvent;
+            if (event.type === 'hello') {
+              healthy = true;
+              this.current = index;
+              if (typeof event.keepalive_ms === 'number' && event.keepalive_ms > 0) keepAliveMs = event.keepalive_ms;
+            }
+            arm(keepAliveMs * 3);
+            this.dispatch(event);
+          }
+        } catch (err) {
+          req.destroy(err as Error);
+        }
+      });
+      res.once('close', () => {
+        clearTimeout(watchdog);
+        retry('the stream closed');
+      });
+    });
+    this.stream = req;
+    req.on('error', (err) => retry(err.message));
+    req.on('close', () => retry('the connection closed'));
+  }
+
+  private requestStream(address: string, onResponse: (res: IncomingMessage) => void): ReturnType<typeof https.request> {
+    const { host, port } = parseAddr(address);
+    const { cert, key, hostCa } = this.options.credentials;
+    const agent = new DialerAgent(this.options.dialer);
+    const req = https.request({ hostname: normalizeHost(host), port: port ?? 3025, path: '/v1/proxy/events', method: 'GET', agent, ca: hostCa, cert, key, timeout: this.options.timeoutMs ?? 15_000 }, (res) => {
+      req.setTimeout(0);
+      onResponse(res);
+    });
+    req.on('timeout', () => req.destroy(new Error('no answer')));
+    req.on('close', () => agent.destroy());
+    req.end();
+    return req;
+  }
+
+  private dispatch(event: StreamEvent): void {
+    switch (event.type) {
+      case 'hello':
+        // Connected (again): anything may have changed while this Proxy was not listening.
+        if (this.connectedOnce) this.log.info({ addr: this.address }, 'Auth API event stream reconnected; re-checking everything');
+        this.connectedOnce = true;
+        this.revalidate({ kind: 'all' }, 'event stream (re)connected');
+        for (const w of [...this.maintenanceWatchers]) w();
+        for (const h of [...this.clusterWatchers]) h.resync();
+        return;
+      case 'maintenance':
+        for (const w of [...this.maintenanceWatchers]) w();
+        return;
+      case 'presence':
+        for (const h of [...this.clusterWatchers]) h.presence(event.event);
+        return;
+      case 'proxies':
+        for (const h of [...this.clusterWatchers]) h.proxies();
+        return;
+      case 'resync':
+        for (const h of [...this.clusterWatchers]) h.resync();
+        return;
+      case 'revoke':
+        this.revalidate(event.scope, event.why ?? 'revocation');
+        return;
+      default:
+    }
+  }
+
+  private revalidate(scope: RevocationScope, why: string): void {
+    this.sessions
+      .revalidate((id) => this.revocationOf(id), scopeFilter(scope))
+      .then((closed) => {
+        for (const s of closed) this.log.info({ who: s.identity.name, kind: s.identity.kind, what: s.what, why }, 'session closed: identity revoked');
+      })
+      .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot re-check open sessions'));
+  }
+}
+
+/** An answer from an Auth Service (a refusal included), as opposed to not reaching one. */
+function answered(err: unknown): boolean {
+  return isGatewayError(err) && typeof (err.details as { status?: unknown } | undefined)?.status === 'number';
+}
+
+export function unreachable(addresses: readonly string[], cause: unknown): GatewayError {
+  const why = cause instanceof Error ? cause.message : String(cause);
+  return new GatewayError('GW_ERR_AUTH_UNREACHABLE', `this Proxy cannot reach the Auth Service at ${addresses.join(', ')}: ${why}`, {
+    hint: `Check that the Auth Service at ${addresses.map((a) => formatHostPort(parseAddr(a).host, parseAddr(a).port ?? 3025)).join(' or ')} runs and that this machine reaches it; the Proxy reconnects by itself, open connections stay open.`,
+    ...(cause instanceof Error ? { cause } : {}),
+  });
+}

@@ -1,0 +1,352 @@
+/**
+ * The Auth API of Proxies in their own process (src/auth/proxyapi.ts) and its client (src/client/remoteauth.ts),
+ * on a real Auth API listener (mutual TLS on loopback) with a Proxy joined with a token of type proxy, an agent
+ * joined with a node token and a user signed in: the routes, who may call them, the forwarded identity of the
+ * web port's forwarder and the hostile cases (a user or an agent calling the routes, a user sending the
+ * forwarding headers itself, a forged certificate forwarded by a Proxy).
+ */
+import { X509Certificate } from 'node:crypto';
+import https from 'node:https';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { joinCluster, type HostIdentity } from '../../src/agent/identity.js';
+import { FORWARDED } from '../../src/auth/api.js';
+import { generateKeyPair, identityFromCert } from '../../src/auth/pki.js';
+import { MAX_STREAMS_PER_PROXY } from '../../src/auth/proxyapi.js';
+import { AuthService } from '../../src/auth/service.js';
+import { openSqliteBackend } from '../../src/backend/index.js';
+import { RemoteProxyAuth } from '../../src/client/remoteauth.js';
+import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
+import { Dialer } from '../../src/dial/dialer.js';
+import { GatewayError } from '../../src/errors.js';
+import { createLogger, setRootLogger } from '../../src/log.js';
+import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
+import { connectRemoteAuth, startAuthRole, type AuthRole } from '../../src/roles/auth.js';
+import { Lifecycle } from '../../src/roles/lifecycle.js';
+import { startProxyRole } from '../../src/roles/proxy.js';
+import { waitUntil } from '../helpers/wait.js';
+
+const PASSWORD = 'correct horse battery';
+const CLUSTER = 'proxyapi.example';
+const dialer = new Dialer({ env: {} });
+
+interface Answer {
+  status: number;
+  body: { error?: { code: string } } & Record<string, unknown>;
+}
+
+interface Creds {
+  cert: string;
+  key: string;
+}
+
+/** One HTTPS request with full control of the client certificate and the headers. */
+function request(addr: string, options: { method?: string; path: string; creds?: Creds; headers?: Record<string, string>; body?: unknown; ca: string }): Promise<Answer> {
+  const i = addr.lastIndexOf(':');
+  const text = options.body === undefined ? undefined : JSON.stringify(options.body);
+  return new Promise((resolve, reject) => {
+    const req = https.request(
+      {
+        host: addr.slice(0, i),
+        port: Number(addr.slice(i + 1)),
+        method: options.method ?? 'GET',
+        path: options.path,
+        ca: options.ca,
+        agent: false,
+        headers: { ...(text === undefined ? {} : { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) }), ...options.headers },
+        ...(options.creds ?? {}),
+      },
+      (res) => {
+        let body = '';
+        res.on('data', (c: Buffer) => (body += c.toString()));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: JSON.parse(body) as Answer['body'] }));
+      },
+    );
+    req.once('error', reject);
+    req.end(text);
+  });
+}
+
+/** The first line of the event stream, or the JSON error. */
+function openStream(addr: string, creds: Creds, ca: string): Promise<{ status: number; first: string; close: () => void }> {
+  const i = addr.lastIndexOf(':');
+  return new Promise((resolve, reject) => {
+    const req = https.request({ host: addr.slice(0, i), port: Number(addr.slice(i + 1)), path: '/v1/proxy/events', ca, agent: false, ...creds }, (res) => {
+      res.once('data', (c: Buffer) => resolve({ status: res.statusCode ?? 0, first: c.toString().split('\n')[0]!, close: () => req.destroy() }));
+    });
+    req.once('error', reject);
+    req.end();
+  });
+}
+
+let dir: string;
+let config: GatewayConfig;
+let lifecycle: Lifecycle;
+let role: AuthRole;
+let ca: string;
+let proxy: HostIdentity;
+let agent: HostIdentity;
+let alice: Creds;
+let forged: Creds;
+
+async function joinWith(roles: Array<'proxy' | 'node'>, name: string): Promise<HostIdentity> {
+  const { token } = await role.auth.addToken(role.auth.adminIdentity(), { roles });
+  return joinCluster({ dataDir: join(dir, name), server: role.address, joinedVia: 'auth', token, caPin: role.auth.caPin(), roles, nodename: name, publicAddrs: [], dialer });
+}
+
+async function loginAt(auth: AuthService, username: string): Promise<Creds> {
+  const keys = generateKeyPair();
+  const bundle = await auth.login({ username, password: PASSWORD, publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source: '192.0.2.1' });
+  return { cert: bundle.tlsCert, key: keys.privateKeyPem };
+}
+
+const proxyCreds = (): Creds => ({ cert: proxy.cert, key: proxy.key });
+const derB64 = (pem: string) => new X509Certificate(pem).raw.toString('base64');
+
+beforeAll(async () => {
+  setRootLogger(createLogger({ level: 'silent' }));
+  dir = await mkdtemp(join(tmpdir(), 'gw-proxyapi-'));
+  config = parseConfig(
+    ['gateway:', '  nodename: localhost', `  data_dir: ${join(dir, 'auth')}`, 'auth_service:', `  cluster_name: ${CLUSTER}`, '  listen_addr: 127.0.0.1:0', 'proxy_service:', '  web_listen_addr: 127.0.0.1:0', ''].join('\n'),
+    'proxyapi test',
+  );
+  lifecycle = new Lifecycle();
+  const limits = new ConnectionLimits(limitSettings(config));
+  lifecycle.onStop('backend', () => limits.close());
+  role = await startAuthRole({ config, limits, lifecycle });
+  ca = role.auth.host.tls.certPem;
+  await role.auth.addUser(role.auth.adminIdentity(), 'alice', ['access'], PASSWORD);
+  alice = await loginAt(role.auth, 'alice');
+  proxy = await joinWith(['proxy'], 'proxy1');
+  agent = await joinWith(['node'], 'agent1');
+  // A certificate of a look-alike cluster (same name, its own CAs): valid in form, signed by the wrong CA.
+  const other = await AuthService.open({ backend: openSqliteBackend({ path: ':memory:', sweepIntervalMs: 0 }), clusterName: CLUSTER });
+  await other.addUser(other.adminIdentity(), 'alice', ['editor'], PASSWORD);
+  forged = await loginAt(other, 'alice');
+});
+
+afterAll(async () => {
+  await lifecycle?.stop();
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe('the /v1/proxy/ routes', () => {
+  it('serve a Proxy joined with a proxy token: calls, its own records, a server certificate for its own host ID with the role proxy only', async () => {
+    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer });
+    try {
+      expect(remote.clusterName).toBe(CLUSTER);
+      expect(remote.user.tls.certPem).toBe(role.auth.user.tls.certPem);
+      const who = await remote.resolveCaller(identityFromCert(alice.cert));
+      expect(who).toMatchObject({ kind: 'user', name: 'alice', roles: ['access'] });
+      expect((await remote.rolesOf(['access'])).map((r) => r.metadata.name)).toEqual(['access']);
+      expect(await remote.getNode(agent.hostId)).toMatchObject({ hostId: agent.hostId });
+      expect(await remote.getNode('no-such-host')).toBeUndefined();
+      const record = { id: proxy.hostId, nodename: 'proxy1', version: '1.0.0', public_addr: 'proxy1:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString(), last_heartbeat: new Date().toISOString() };
+      await remote.heartbeatProxy(record, 60_000);
+      expect((await remote.listProxies()).map((p) => p.id)).toContain(proxy.hostId);
+      expect(await remote.tunnelStrategy()).toMatchObject({ type: 'agent_mesh' });
+      const cert = new X509Certificate(await remote.issueServerCert(generateKeyPair().publicKeyPem, ['proxy1.example']));
+      expect(identityFromCert(cert.raw)).toMatchObject({ kind: 'host', name: proxy.hostId, roles: ['proxy'] });
+      // Hostile: another Proxy's record.
+      await expect(remote.heartbeatProxy({ ...record, id: 'someone-else' }, 60_000)).rejects.toMatchObject({ code: 'GW_ERR_ACCESS_DENIED' });
+      await expect(remote.setPresence({ hostId: agent.hostId, nodename: 'agent1', proxyId: 'someone-else', services: [], resources: {}, connectedAt: 'x', lastHeartbeat: 'y' } as never, 60_000)).rejects.toMatchObject({ code: 'GW_ERR_ACCESS_DENIED' });
+      await remote.removeProxy(proxy.hostId);
+    } finally {
+      remote.close();
+    }
+  });
+
+  it('refuse a user certificate, an agent host certificate and no certificate', async () => {
+    const user = await request(role.address, { method: 'POST', path: '/v1/proxy/server-cert', creds: alice, ca, body: { public_key: generateKeyPair().publicKeyPem, names: ['x'] } });
+    expect(user.status).toBe(403);
+    expect(user.body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
+    const host = await request(role.address, { path: '/v1/proxy/proxies', creds: { cert: agent.cert, key: agent.key }, ca });
+    expect(host.body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
+    const stream = await openStream(role.address, { cert: agent.cert, key: agent.key }, ca);
+    expect(stream.status).toBe(403);
+    const none = await request(role.address, { path: '/v1/proxy/proxies', ca });
+    expect(none.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
+  });
+
+  it('refuse a body over the bound', async () => {
+    const big = await request(role.address, { method: 'POST', path: '/v1/proxy/roles', creds: proxyCreds(), ca, body: { names: ['x'.repeat(200_000)] } });
+    expect(big.body.error?.code).toBe('GW_ERR_API_TOO_LARGE');
+  });
+
+  it('cap the event streams of one Proxy', async () => {
+    const open = [];
+    for (let i = 0; i < MAX_STREAMS_PER_PROXY; i++) {
+      const s = await openStream(role.address, proxyCreds(), ca);
+      expect(s.status).toBe(200);
+      expect(JSON.parse(s.first)).toMatchObject({ type: 'hello' });
+      open.push(s);
+    }
+    const over = await openStream(role.address, proxyCreds(), ca);
+    expect(over.status).toBe(429);
+    expect(over.first).toContain('GW_ERR_API_TOO_MANY_STREAMS');
+    for (const s of open) s.close();
+    // Once closed, the Proxy gets a stream again.
+    await waitUntil('a stream after the others closed', async () => {
+      const again = await openStream(role.address, proxyCreds(), ca);
+      again.close();
+      return again.status === 200;
+    });
+  });
+});
+
+describe('the forwarded identity', () => {
+  const status = (headers: Record<string, string>, creds?: Creds) => request(role.address, { path: '/v1/status', ca, headers, ...(creds ? { creds } : {}) });
+
+  it('from a Proxy: the forwarded certificate is the caller, verified here; none forwarded means no caller', async () => {
+    const ok = await status({ [FORWARDED.marker]: '1', [FORWARDED.cert]: derB64(alice.cert), [FORWARDED.addr]: '198.51.100.7' }, proxyCreds());
+    expect(ok.status).toBe(200);
+    expect(ok.body.identity).toMatchObject({ kind: 'user', name: 'alice' });
+    const none = await status({ [FORWARDED.marker]: '1', [FORWARDED.addr]: '198.51.100.7' }, proxyCreds());
+    expect(none.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
+  });
+
+  it('hostile: a forged certificate forwarded by a Proxy is refused', async () => {
+    const res = await status({ [FORWARDED.marker]: '1', [FORWARDED.cert]: derB64(forged.cert) }, proxyCreds());
+    expect(res.status).toBe(401);
+    expect(res.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
+    const garbage = await status({ [FORWARDED.marker]: '1', [FORWARDED.cert]: Buffer.from('not a certificate').toString('base64') }, proxyCreds());
+    expect(garbage.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
+  });
+
+  it('hostile: the headers from a user or an agent mean nothing', async () => {
+    // A user forwarding "the admin": still itself.
+    const admin = await startAdmin();
+    const asUser = await status({ [FORWARDED.marker]: '1', [FORWARDED.cert]: derB64(admin.cert) }, alice);
+    expect(asUser.body.identity).toMatchObject({ kind: 'user', name: 'alice' });
+    // No client certificate but a forwarded one: unauthenticated.
+    const anonymous = await status({ [FORWARDED.marker]: '1', [FORWARDED.cert]: derB64(alice.cert) });
+    expect(anonymous.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
+    const asAgent = await status({ [FORWARDED.marker]: '1', [FORWARDED.cert]: derB64(alice.cert) }, { cert: agent.cert, key: agent.key });
+    expect(asAgent.body.identity).toMatchObject({ kind: 'host', name: agent.hostId });
+  });
+
+  it('the forwarded address is what login attempts are limited by, only when a Proxy forwards it', async () => {
+    const keys = generateKeyPair();
+    await role.auth.addUser(role.auth.adminIdentity(), 'carol', ['access'], PASSWORD);
+    const login = (headers: Record<string, string>, creds?: Creds) =>
+      request(role.address, { method: 'POST', path: '/webapi/login', ca, headers, ...(creds ? { creds } : {}), body: { username: 'carol', password: 'wrong password!', public_key: keys.publicKeyPem, ssh_public_key: keys.sshPublicKey } });
+    const via = (addr: string) => ({ [FORWARDED.marker]: '1', [FORWARDED.addr]: addr });
+    const codes: string[] = [];
+    for (let i = 0; i < 6; i++) codes.push((await login(via('198.51.100.20'), proxyCreds())).body.error!.code);
+    expect(codes.slice(0, 5)).toEqual(Array(5).fill('GW_ERR_AUTH_LOGIN_FAILED'));
+    expect(codes[5]).toBe('GW_ERR_AUTH_RATE_LIMITED');
+    // Another client behind the same Proxy is not limited by the first one's failures.
+    expect((await login(via('198.51.100.21'), proxyCreds())).body.error?.code).toBe('GW_ERR_AUTH_LOGIN_FAILED');
+    // A user naming a fresh address itself, directly: its own address counts (the loopback one, still free here).
+    for (let i = 0; i < 5; i++) await login(via(`203.0.113.${i}`), alice);
+    expect((await login(via('203.0.113.99'), alice)).body.error?.code).toBe('GW_ERR_AUTH_RATE_LIMITED');
+  });
+});
+
+describe('RemoteProxyAuth', () => {
+  it('closes a tracked session when a lock arrives over the event stream, and watchers hear of changes', async () => {
+    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer });
+    try {
+      let resyncs = 0;
+      let proxiesChanged = 0;
+      remote.watchCluster({ presence: () => undefined, proxies: () => void proxiesChanged++, resync: () => void resyncs++ });
+      await waitUntil('the first resync (the stream connected)', () => resyncs > 0);
+      let closed: GatewayError | undefined;
+      await role.auth.addUser(role.auth.adminIdentity(), 'bob', ['access'], PASSWORD);
+      const bob = identityFromCert((await loginAt(role.auth, 'bob')).cert);
+      remote.sessions.track(await remote.resolveCaller(bob), 'test session', (reason) => (closed = reason));
+      await remote.heartbeatProxy({ id: proxy.hostId, nodename: 'proxy1', version: '1.0.0', public_addr: 'p:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString(), last_heartbeat: new Date().toISOString() }, 60_000);
+      await waitUntil('the proxies event', () => proxiesChanged > 0);
+      await role.auth.createLock(role.auth.adminIdentity(), { target: { user: 'bob' } });
+      await waitUntil('the session closed by the lock', () => closed !== undefined);
+      expect(closed?.code).toBe('GW_ERR_ACCESS_LOCKED');
+    } finally {
+      remote.close();
+    }
+  });
+
+  it('fails with GW_ERR_AUTH_UNREACHABLE naming the address when no Auth Service answers', async () => {
+    const err = await RemoteProxyAuth.connect({ addresses: ['127.0.0.1:1'], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(GatewayError);
+    expect((err as GatewayError).code).toBe('GW_ERR_AUTH_UNREACHABLE');
+    expect((err as GatewayError).hint).toContain('127.0.0.1:1');
+  });
+});
+
+describe('a Proxy role on a RemoteProxyAuth', () => {
+  it('serves the Auth API router on its web port through the forwarder, and drops forwarding headers a client sends', async () => {
+    const proxyDir = join(dir, 'proxy1');
+    const proxyConfig = parseConfig(
+      ['gateway:', '  nodename: localhost', `  data_dir: ${proxyDir}`, `  auth_server: ${role.address}`, 'auth_service:', '  enabled: no', 'proxy_service:', '  web_listen_addr: 127.0.0.1:0', ''].join('\n'),
+      'proxy-only test',
+    );
+    const own = new Lifecycle();
+    try {
+      const limits = new ConnectionLimits(limitSettings(proxyConfig));
+      own.onStop('backend', () => limits.close());
+      const remote = await connectRemoteAuth({ config: proxyConfig, dialer, lifecycle: own });
+      expect(remote.identity.hostId).toBe(proxy.hostId);
+      const started = await startProxyRole({ config: proxyConfig, auth: remote.auth, api: remote.api, limits, dialer, lifecycle: own, proxyId: remote.identity.hostId });
+      const web = started.addresses.web!;
+      expect((await request(web, { path: '/webapi/ca', ca })).body.cluster_name).toBe(CLUSTER);
+      expect((await request(web, { path: '/v1/status', ca, creds: alice })).body.identity).toMatchObject({ kind: 'user', name: 'alice' });
+      // Hostile: no certificate, but the forwarding headers naming alice: the forwarder drops them.
+      const spoofed = await request(web, { path: '/v1/status', ca, headers: { [FORWARDED.marker]: '1', [FORWARDED.cert]: derB64(alice.cert) } });
+      expect(spoofed.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
+      // Hostile: a forged certificate presented to the web port is refused there or at the Auth API.
+      const forgedAnswer = await request(web, { path: '/v1/status', ca, creds: forged }).catch(() => undefined);
+      if (forgedAnswer) expect(forgedAnswer.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
+      const keys = generateKeyPair();
+      const login = await request(web, { method: 'POST', path: '/webapi/login', ca, body: { username: 'alice', password: PASSWORD, public_key: keys.publicKeyPem, ssh_public_key: keys.sshPublicKey } });
+      expect(login.status).toBe(200);
+      expect(identityFromCert(login.body.tlsCert as string)).toMatchObject({ kind: 'user', name: 'alice' });
+    } finally {
+      await own.stop();
+    }
+  });
+});
+
+// Last: it stops the Auth Service of this file and starts it again on the same port and data directory.
+describe('RemoteProxyAuth while the Auth Service is down', () => {
+  it('fails calls with GW_ERR_AUTH_UNREACHABLE naming the address, keeps what is open, and resyncs when the Auth Service is back', async () => {
+    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer, maxBackoffMs: 500 });
+    try {
+      let resyncs = 0;
+      remote.watchCluster({ presence: () => undefined, proxies: () => undefined, resync: () => void resyncs++ });
+      await waitUntil('the first resync', () => resyncs > 0);
+      let closed: GatewayError | undefined;
+      remote.sessions.track(await remote.resolveCaller(identityFromCert(alice.cert)), 'test session', (reason) => (closed = reason));
+      const address = role.address;
+      await lifecycle.stop();
+      const err = await remote.listProxies().catch((e: unknown) => e);
+      expect(err).toMatchObject({ code: 'GW_ERR_AUTH_UNREACHABLE' });
+      expect((err as GatewayError).hint).toContain(address);
+      // A re-check that cannot be answered closes nothing.
+      expect(await remote.sessions.revalidate((id) => remote.revocationOf(id))).toEqual([]);
+      expect(closed).toBeUndefined();
+      const before = resyncs;
+      const port = address.slice(address.lastIndexOf(':') + 1);
+      const again = parseConfig(
+        ['gateway:', '  nodename: localhost', `  data_dir: ${join(dir, 'auth')}`, 'auth_service:', `  cluster_name: ${CLUSTER}`, `  listen_addr: 127.0.0.1:${port}`, ''].join('\n'),
+        'proxyapi test, restarted',
+      );
+      lifecycle = new Lifecycle();
+      const limits = new ConnectionLimits(limitSettings(again));
+      lifecycle.onStop('backend', () => limits.close());
+      role = await startAuthRole({ config: again, limits, lifecycle });
+      await waitUntil('a resync after the event stream reconnected', () => resyncs > before);
+      expect((await remote.listProxies()).length).toBeGreaterThanOrEqual(0);
+      expect(remote.sessions.count()).toBe(1);
+    } finally {
+      remote.close();
+    }
+  });
+});
+
+/** The local admin identity the Auth role wrote. */
+async function startAdmin(): Promise<Creds> {
+  const { readFile } = await import('node:fs/promises');
+  return { cert: await readFile(join(dir, 'auth', 'admin', 'cert.pem'), 'utf8'), key: await readFile(join(dir, 'auth', 'admin', 'key.pem'), 'utf8') };
+}
