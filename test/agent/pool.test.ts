@@ -14,6 +14,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync } from 'node:fs';
+import https from 'node:https';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
@@ -241,11 +242,24 @@ describe('several Proxies behind HAProxy (TCP, round robin)', () => {
     expect(held()).toBe(live());
   });
 
-  it('the cluster lists the agent on each Proxy, and `gwctl get nodes` shows it once with them all', async () => {
+  it('the cluster lists the agent on each Proxy, /webapi/find lists every Proxy, and `gwctl get nodes` shows the agent once with them all', async () => {
     await waitUntil('presence on each Proxy', async () => {
       const mine = (await auth.auth.listPresence()).filter((p) => p.hostId === identity.hostId);
       return mine.map((p) => p.proxyId).sort().join(',') === live();
     });
+    // /webapi/find through the balancer (whichever Proxy answers) names them all.
+    const find = await new Promise<{ proxies: Array<{ id: string; public_addr: string }> }>((resolve, reject) => {
+      const [host, port] = lbAddr.split(':');
+      https
+        .get({ host, port: Number(port), path: '/webapi/find', ca: auth.auth.host.tls.certPem, agent: false }, (res) => {
+          let text = '';
+          res.on('data', (c: Buffer) => (text += c.toString()));
+          res.on('end', () => resolve(JSON.parse(text) as { proxies: Array<{ id: string; public_addr: string }> }));
+        })
+        .once('error', reject);
+    });
+    expect(find.proxies.map((p) => p.id).sort().join(',')).toBe(live());
+    expect(new Set(find.proxies.map((p) => p.public_addr))).toEqual(new Set([lbAddr]));
     if (!existsSync(BIN('gwctl'))) throw new Error('dist/ is missing: run npm run build first (the test runs the built gwctl)');
     const r = await runCli('gwctl', ['--auth-server', auth.address, '--data-dir', join(dir, 'data'), 'get', 'nodes', '--format', 'json']);
     expect(r.stderr).toBe('');
