@@ -39,6 +39,7 @@ import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
 import { FakeProxy, fakeIdentity, type ControlSession } from './fakeproxy.js';
 
+// POOL_LOG=debug shows the pool's, the tunnels' and the Proxies' logs (JSON lines on standard error).
 setRootLogger(createLogger({ level: (process.env.POOL_LOG as 'debug' | undefined) ?? 'silent' }));
 
 const LB_IP = '127.0.0.4';
