@@ -3,7 +3,8 @@
  * keep one SSH connection up, heartbeat, and serve the connections the Proxy forwards by connecting to the
  * resource each dial request names.
  *
- *   find     GET /webapi/find on the Proxy (TLS verified against the cluster's host CA, host certificate)
+ *   find     GET /webapi/find on the Proxy (TLS verified against the cluster's host CA, host certificate); the
+ *            answer is kept for later attempts until one fails before SSH is up
  *   dial     TLS routing: the web address with ALPN gateway-reversetunnel (TLS client cert = host cert);
  *            separate listeners: raw SSH to ssh_tunnel_public_addr
  *   ssh      user = host ID, key = the host key; the Proxy's SSH host key must be the one /webapi/find lists
@@ -11,6 +12,11 @@
  *            (read through src/tunnel/control.ts: a line over the cap drops the tunnel, unknown lines are ignored)
  *   retry    with backoff and jitter: first retry within 0.25-0.5 s, doubling, capped at 5 s; a reconnect
  *            notice from a Proxy that shuts down gracefully retries at once
+ *
+ * One TunnelAgent keeps one tunnel. Several Proxies behind a load balancer: src/agent/pool.ts runs one per
+ * tunnel and gives each the Proxies the others hold (`holds`, sent in the hello: a Proxy already holding this
+ * agent answers `duplicate` instead of replacing that tunnel), a shared dial rate (`gate`), and drop() for a
+ * tunnel it no longer wants. The Proxy a tunnel reached is the host ID its welcome names (proxyId).
  */
 import { EventEmitter } from 'node:events';
 import type { Duplex } from 'node:stream';
@@ -56,6 +62,10 @@ export interface TunnelAgentOptions {
   heartbeatCountMax?: number;
   backoff?: { firstMs?: number; maxMs?: number };
   random?: () => number;
+  /** The Proxies (host IDs) the agent already holds a tunnel to through others: sent in the hello. */
+  holds?: () => string[];
+  /** Waited for before every dial (the pool's dial rate). */
+  gate?: () => Promise<void>;
 }
 
 export interface FindResponse {
@@ -78,6 +88,12 @@ export class TunnelAgent extends EventEmitter {
   private heartbeatIntervalMs: number;
   private heartbeatCountMax: number;
   private readonly random: () => number;
+  /** The Proxy the tunnel is up to (its welcome), while it is. */
+  private heldProxy: string | undefined;
+  /** The last answer of /webapi/find, until an attempt fails before SSH is up. */
+  private found: FindResponse | undefined;
+  /** Closes the connection of the attempt in progress or up (then a retry follows, unless stopped). */
+  private closeCurrent: ((reason?: string) => void) | undefined;
 
   constructor(private readonly options: TunnelAgentOptions) {
     super();
@@ -88,6 +104,27 @@ export class TunnelAgent extends EventEmitter {
 
   getState(): TunnelState {
     return this.state;
+  }
+
+  /** The host ID of the Proxy this tunnel is up to (from its welcome), or undefined while it is not up. */
+  get proxyId(): string | undefined {
+    return this.heldProxy;
+  }
+
+  /**
+   * Closes the tunnel (or the attempt in progress) and connects again after the backoff: for a Proxy that left
+   * the cluster, or a tunnel a newer one to the same Proxy replaced.
+   */
+  drop(reason: string): void {
+    if (this.stopped) return;
+    this.log.info({ proxyId: this.heldProxy, reason }, 'dropping the reverse tunnel');
+    this.heldProxy = undefined;
+    this.closeCurrent?.();
+  }
+
+  /** The events queued while down, handed over (to another tunnel) and forgotten here. */
+  takePending(): Array<Record<string, unknown>> {
+    return this.pendingEvents.splice(0);
   }
 
   start(): void {
@@ -144,20 +181,38 @@ export class TunnelAgent extends EventEmitter {
 
   private async connect(): Promise<void> {
     if (this.stopped) return;
+    await this.options.gate?.();
+    if (this.stopped) return;
     this.setState('connecting');
-    const { identity } = this.options;
     let transport: Duplex;
     let find: FindResponse;
+    let aborted = false;
+    this.closeCurrent = () => (aborted = true);
     try {
-      find = await this.find();
+      // Asked once and kept while tunnels come up: behind a load balancer every dial counts (and a round robin
+      // that alternated find and tunnel connections would send the tunnels to every other Proxy only).
+      find = this.found ?? (await this.find());
+      this.found = find;
       transport = await this.openTransport(find);
     } catch (err) {
+      this.found = undefined;
       const e = toGatewayError(err);
       this.log.warn({ code: e.code, err: e.message }, 'cannot reach the Proxy');
       this.emit('failure', e);
       this.scheduleRetry();
       return;
     }
+    if (aborted || this.stopped) {
+      transport.destroy();
+      if (!this.stopped) this.scheduleRetry();
+      return;
+    }
+    this.openSsh(find, transport);
+  }
+
+  /** SSH over the transport, then the forward and the control channel; a retry is scheduled when it closes. */
+  private openSsh(find: FindResponse, transport: Duplex): void {
+    const { identity } = this.options;
     const client = new ssh2.Client();
     this.client = client;
     let connectedOnce = false;
@@ -169,10 +224,20 @@ export class TunnelAgent extends EventEmitter {
       this.heartbeat?.stop();
       for (const ch of this.channels) ch.destroy();
       this.channels.clear();
-      if (this.client === client) this.client = undefined;
-      if (connectedOnce) this.log.warn({ reason }, 'reverse tunnel closed');
+      if (this.client === client) {
+        this.client = undefined;
+        this.heldProxy = undefined;
+        this.closeCurrent = undefined;
+      }
+      if (!connectedOnce) this.found = undefined; // no SSH session: ask again where the tunnel is, and how
+      else if (reason !== 'duplicate') this.log.warn({ reason }, 'reverse tunnel closed');
       this.emit('disconnected', reason);
       this.scheduleRetry(reason === 'reconnect notice');
+    };
+    this.closeCurrent = (reason = 'dropped by the agent') => {
+      transport.destroy();
+      client.end();
+      onClosed(reason);
     };
     client.on('error', (err) => {
       const hostKey = /host key/i.test(err.message);
@@ -264,6 +329,7 @@ export class TunnelAgent extends EventEmitter {
       nodename: identity.nodename,
       services: this.options.services,
       resources: this.options.resources,
+      ...(this.options.holds ? { holds: this.options.holds() } : {}),
     });
     // Drop the transport we handed ssh2, not only the SSH connection: a dead path delivers no FIN, and ending
     // SSH alone would wait on it. The retry starts when ssh2 reports the close.
@@ -300,6 +366,7 @@ export class TunnelAgent extends EventEmitter {
         this.heartbeatIntervalMs = m.heartbeatIntervalMs;
         this.heartbeatCountMax = m.heartbeatCountMax;
         heartbeat.start(this.heartbeatIntervalMs, this.silentAfterMs());
+        this.heldProxy = m.proxyId;
         this.setState('connected');
         for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
         this.log.info({ proxyId: m.proxyId, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
@@ -315,8 +382,15 @@ export class TunnelAgent extends EventEmitter {
         client.end();
         this.emitClosedForReconnect();
         return;
+      case 'duplicate':
+        // The Proxy already holds a tunnel of this agent (another of its pool's): this one closes, and the
+        // pool's backoff decides when to dial the balancer again.
+        this.log.debug({ proxyId: m.proxyId }, 'landed on a Proxy this agent already holds a tunnel to');
+        this.emit('duplicate', m.proxyId);
+        this.closeCurrent?.('duplicate');
+        return;
       case 'discovery':
-        this.emit('discovery', m.proxies);
+        this.emit('discovery', m.proxies, m.strategy);
         return;
       case 'maintenance-changed':
         this.emit('maintenance-changed');
@@ -331,6 +405,8 @@ export class TunnelAgent extends EventEmitter {
     for (const ch of this.channels) ch.destroy();
     this.channels.clear();
     this.client = undefined;
+    this.heldProxy = undefined;
+    this.closeCurrent = undefined;
     this.emit('disconnected', 'reconnect notice');
     this.scheduleRetry(true);
   }
@@ -368,6 +444,7 @@ export class TunnelAgent extends EventEmitter {
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.heartbeat?.stop();
     this.client?.end();
+    this.heldProxy = undefined;
     this.setState('stopped');
   }
 }

@@ -7,7 +7,9 @@
  * certifies (recorded at join). When the stream came over TLS with a client certificate, that certificate must
  * name the same host of this cluster. The agent must still be a member and not locked (AuthService.revocationOf);
  * its tunnel is tracked in auth.sessions, so a lock on it drops the tunnel, and reconnects are refused while the
- * lock lasts. Liveness: the agent sends a heartbeat every interval; after countMax
+ * lock lasts. An agent keeps one tunnel per Proxy: a new one replaces the one it had here, unless its hello says
+ * it still holds that one (holds: an agent pool behind a load balancer that landed here again), then the new
+ * one is answered `duplicate` and closed. Liveness: the agent sends a heartbeat every interval; after countMax
  * intervals without one the proxy marks it offline and drops the connection. The control channel is read
  * through src/tunnel/control.ts: a line over the cap closes the connection, unknown messages are ignored.
  */
@@ -234,6 +236,15 @@ export class TunnelServer extends EventEmitter {
       control,
     };
     const previous = this.agents.get(agent.hostId);
+    if (previous && previous.conn !== conn && hello.holds?.includes(this.proxyId)) {
+      // The agent's pool already holds a tunnel here (it dialed a load balancer and landed on this Proxy again):
+      // the live tunnel stays, with the client connections it carries; the new one is told so and closed.
+      this.log.debug({ hostId: agent.hostId, remote }, 'agent already holds a tunnel to this Proxy; closing the new one');
+      writeJsonLine(control, { type: 'duplicate', proxyId: this.proxyId } satisfies ControlMessage);
+      control.end();
+      conn.end();
+      return;
+    }
     if (previous && previous.conn !== conn) previous.conn.end(); // the agent reconnected: the new tunnel wins
     this.agents.set(agent.hostId, agent);
     this.log.info({ hostId: agent.hostId, nodename: agent.nodename, services: agent.services, remote }, 'agent connected');

@@ -24,7 +24,7 @@ import type { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { ConnectionLimits, limitSettings } from '../net/deadlines.js';
-import { TunnelAgent } from '../agent/tunnel.js';
+import { AgentPool } from '../agent/pool.js';
 import type { DialRequest } from '../tunnel/protocol.js';
 import { startScheduleExport } from '../upgrade/schedule.js';
 import type { DaemonEnvironment } from './environment.js';
@@ -65,8 +65,8 @@ export interface AgentRoleOptions {
 
 export interface AgentRole {
   hostIdentity: HostIdentity;
-  /** No tunnel when the identity was issued here and no Proxy runs here. */
-  tunnelAgent?: TunnelAgent;
+  /** The agent's tunnels (one per Proxy behind its address, src/agent/pool.ts). None when the identity was issued here and no Proxy runs here. */
+  tunnelAgent?: AgentPool;
   /** The SSH Service's own listener: only for agents that joined the Auth Service directly. */
   sshAddress?: string;
   /** Agents that joined the Auth Service directly: their listeners (bound) and what their presence advertises. */
@@ -140,15 +140,17 @@ async function obtainIdentity(options: AgentRoleOptions): Promise<HostIdentity> 
 }
 
 /** The reverse tunnel out to the Proxy, and what it forwards to. */
-async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): Promise<{ tunnelAgent: TunnelAgent }> {
+async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): Promise<{ tunnelAgent: AgentPool }> {
   const { config, services, dialer, lifecycle } = options;
-  let agent: TunnelAgent | undefined;
+  let agent: AgentPool | undefined;
   const ssh = services.includes('ssh_service') ? sshService(config, identity, (e) => agent?.sendEvent({ ...e })) : undefined;
   // An agent that joined through a Proxy is reached through its tunnel alone (direct-join agents: startDirect).
   if (ssh) lifecycle.onStop('agents', () => ssh.close());
   const resources = agentResources(config, services);
   if (ssh) resources.node_host_cert = identity.sshCert;
-  agent = new TunnelAgent({
+  agent = new AgentPool({
+    // An identity issued in this process dials the Proxy of this process: the only one it can reach.
+    ...(identity.joinedVia === 'local' ? { maxLinks: 1 } : {}),
     identity,
     dialer,
     services: agentServices(services),
@@ -195,7 +197,7 @@ async function startDirect(options: AgentRoleOptions, identity: HostIdentity): P
  * Automatic upgrades: when this machine has the upgrader (its directory exists), or in Kubernetes, keep the
  * schedule current: periodically, and whenever the Proxy says cluster_maintenance_config changed.
  */
-function exportSchedule(options: AgentRoleOptions, identity: HostIdentity, agent?: TunnelAgent): void {
+function exportSchedule(options: AgentRoleOptions, identity: HostIdentity, agent?: AgentPool): void {
   const { environment, dialer } = options;
   const upgraderDir = environment.upgraderDir();
   const { kubeScheduleFile, kubeScheduleSecret } = environment;

@@ -28,13 +28,21 @@ const isStrategy = (v: unknown): boolean =>
 
 /** Per known type, whether a message's fields have the declared types. */
 const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
-  hello: (m) => isNumber(m.version) && isString(m.hostId) && isString(m.nodename) && Array.isArray(m.services) && m.services.every(isString) && isObject(m.resources),
+  hello: (m) =>
+    isNumber(m.version) &&
+    isString(m.hostId) &&
+    isString(m.nodename) &&
+    Array.isArray(m.services) &&
+    m.services.every(isString) &&
+    isObject(m.resources) &&
+    (m.holds === undefined || (Array.isArray(m.holds) && m.holds.every(isString))),
   heartbeat: (m) => isNumber(m.seq),
   welcome: (m) => isString(m.proxyId) && isPositive(m.heartbeatIntervalMs) && isPositive(m.heartbeatCountMax),
   discovery: (m) => Array.isArray(m.proxies) && m.proxies.every((p) => isObject(p) && isString(p.id) && isString(p.addr)) && (m.strategy === undefined || isStrategy(m.strategy)),
   reconnect: (m) => isString(m.reason),
   event: (m) => isObject(m.event),
   'maintenance-changed': () => true,
+  duplicate: (m) => isString(m.proxyId),
 };
 
 function isControlMessage(value: unknown): value is ControlMessage {

@@ -5,10 +5,14 @@
  *     user name = the agent's host ID; public-key authentication with the key its host certificate certifies
  *
  *   control: a "session" channel with subsystem "gateway-control", newline-delimited JSON both ways
- *     agent → proxy   hello {hostId, nodename, services, resources, version}   heartbeat {seq}   event {event}
+ *     agent → proxy   hello {hostId, nodename, services, resources, version, holds?}   heartbeat {seq}   event {event}
  *     proxy → agent   welcome {proxyId, heartbeatIntervalMs, heartbeatCountMax}  discovery {proxies, strategy}
  *                     heartbeat {seq}   reconnect {reason}   (sent when the proxy shuts down gracefully)
  *                     maintenance-changed
+ *                     duplicate {proxyId}   (instead of a welcome: the hello's holds names this Proxy, which
+ *                     already has a live tunnel of the agent; the proxy then closes the new connection)
+ *     The Proxy a tunnel reached is the host ID in its welcome (or duplicate): how an agent behind a load
+ *     balancer tells Proxies apart (src/agent/pool.ts).
  *     A line longer than CONTROL_MAX_LINE_BYTES is a protocol error: the receiver closes the tunnel. A line
  *     that is not a JSON object, or a message of a type the receiver does not know or with fields of other
  *     types than declared here, is ignored (src/tunnel/control.ts enforces both).
@@ -64,6 +68,11 @@ export interface HelloMessage {
   nodename: string;
   services: ServiceKind[];
   resources: AgentResources;
+  /**
+   * The Proxies (host IDs) this agent already holds a tunnel to (its pool's other tunnels). A Proxy named here
+   * that holds a live tunnel of the agent keeps it and answers `duplicate`; absent: the new tunnel replaces it.
+   */
+  holds?: string[];
 }
 export interface HeartbeatMessage {
   type: 'heartbeat';
@@ -89,6 +98,11 @@ export interface DiscoveryMessage {
 export interface MaintenanceChangedMessage {
   type: 'maintenance-changed';
 }
+/** Proxy → agent, instead of a welcome: this Proxy already holds the tunnel the hello's holds names. */
+export interface DuplicateMessage {
+  type: 'duplicate';
+  proxyId: string;
+}
 export interface ReconnectMessage {
   type: 'reconnect';
   reason: string;
@@ -98,7 +112,15 @@ export interface EventMessage {
   type: 'event';
   event: Record<string, unknown>;
 }
-export type ControlMessage = HelloMessage | HeartbeatMessage | WelcomeMessage | DiscoveryMessage | ReconnectMessage | EventMessage | MaintenanceChangedMessage;
+export type ControlMessage =
+  | HelloMessage
+  | HeartbeatMessage
+  | WelcomeMessage
+  | DiscoveryMessage
+  | ReconnectMessage
+  | EventMessage
+  | MaintenanceChangedMessage
+  | DuplicateMessage;
 
 export interface DialRequest {
   service: ServiceKind;

@@ -16,10 +16,12 @@ const EXAMPLES: ControlMessage[] = [
   { type: 'reconnect', reason: 'proxy shutting down' },
   { type: 'event', event: { event: 'session.start', user: 'alice' } },
   { type: 'maintenance-changed' },
+  { type: 'duplicate', proxyId: 'p-1' },
+  { type: 'hello', version: 1, hostId: 'h-1', nodename: 'web-1', services: [], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, holds: ['p-1', 'p-2'] },
 ];
 
 describe('parseControlMessage', () => {
-  it.each(EXAMPLES.map((m) => [m.type, m]))('reads a %s message', (_type, m) => {
+  it.each(EXAMPLES.map((m, i) => [`${m.type} (${i})`, m]))('reads a %s message', (_type, m) => {
     expect(parseControlMessage(line(m).trimEnd())).toEqual(m);
     expect(parseControlMessage(Buffer.from(JSON.stringify(m)))).toEqual(m);
   });
@@ -39,6 +41,8 @@ describe('parseControlMessage', () => {
     ['a discovery whose proxies are not {id, addr}', '{"type":"discovery","proxies":[{"id":1}]}'],
     ['an event that is not an object', '{"type":"event","event":[1]}'],
     ['a hello without resources', '{"type":"hello","version":1,"hostId":"h","nodename":"n","services":[]}'],
+    ['a hello whose holds are not strings', '{"type":"hello","version":1,"hostId":"h","nodename":"n","services":[],"resources":{},"holds":[1]}'],
+    ['a duplicate without a proxyId', '{"type":"duplicate"}'],
   ])('ignores %s', (_what, text) => {
     expect(parseControlMessage(text)).toBeUndefined();
   });

@@ -1,0 +1,270 @@
+/**
+ * The agent pool: the reverse tunnels of one agent when several Proxies run behind one address (a load
+ * balancer's). The agent can only dial that address; which Proxy a connection lands on is the balancer's
+ * choice. So, as Teleport's agent pool does, it dials again and again until it holds the tunnels it wants:
+ *
+ *   identify  the Proxy a tunnel reached is the host ID in its welcome (Teleport reads the Proxy's host ID from
+ *             its host certificate in the SSH handshake). The connection is already authenticated: over TLS by
+ *             the Proxy's certificate from the cluster's host CA, on raw SSH by a host key /webapi/find lists.
+ *   how many  from the newest discovery (every live Proxy and auth_service.tunnel_strategy): agent_mesh, one
+ *             tunnel per Proxy listed; proxy_peering, agent_connection_count of them (no more than are listed).
+ *             Before any discovery: one. Never more than maxLinks (MAX_POOL_LINKS, 32), whatever a discovery
+ *             says: a list of 10 000 Proxies, or a count of a billion, opens at most 32 tunnels.
+ *   duplicate each tunnel (a TunnelAgent) sends in its hello the Proxies the others hold; a Proxy named there
+ *             answers `duplicate` and the tunnel closes and dials again after its backoff (0.25 s doubling to
+ *             5 s, with jitter). A welcome from a Proxy another tunnel holds (a Proxy that lost the old one
+ *             without noticing yet) replaces that one, as the Proxy itself does.
+ *   rate      every dial of every tunnel waits for the pool's DialGate (a token bucket: dialsPerSecond, 4 by
+ *             default, bursts of dialBurst, 4): a pool that keeps landing on Proxies it holds does not hammer
+ *             the balancer.
+ *   leave     a Proxy missing from the newest discovery has its tunnel dropped, and the pool shrinks to what the
+ *             discovery asks for: no tunnel keeps redialling a Proxy that is gone. A discovery that does not
+ *             list the Proxy that sent it is ignored (a Proxy always lists itself once its view is loaded).
+ *   die       a tunnel that dies dials again (TunnelAgent's own retry); a reconnect notice (graceful shutdown of
+ *             a Proxy) dials again at once, and lands on another Proxy or is refused.
+ *
+ * To its users (src/roles/agent.ts) the pool is what one TunnelAgent was: start, stop, getState ('connected'
+ * while at least one tunnel is), sendEvent (over one live tunnel, queued while none is), and the events
+ * 'connected' (proxyId), 'disconnected', 'state', 'failure', 'maintenance-changed', 'discovery'; plus 'links'
+ * (the Proxy IDs held, whenever they change) and links() for tests and the log line "agent tunnels".
+ */
+import { EventEmitter } from 'node:events';
+import { GatewayError } from '../errors.js';
+import { logger } from '../log.js';
+import type { DiscoveryMessage } from '../tunnel/protocol.js';
+import { TunnelAgent, type TunnelAgentOptions, type TunnelState } from './tunnel.js';
+
+/** The most tunnels one agent keeps, whatever a discovery lists: more Proxies than this want proxy_peering. */
+export const MAX_POOL_LINKS = 32;
+const MAX_QUEUED_EVENTS = 1000;
+
+export interface AgentPoolOptions extends Omit<TunnelAgentOptions, 'holds' | 'gate'> {
+  /** At most this many tunnels (default MAX_POOL_LINKS; 1 for an agent whose only Proxy is in its process). */
+  maxLinks?: number;
+  /** Dials per second of the whole pool (the balancer's address), and the burst allowed. */
+  dialsPerSecond?: number;
+  dialBurst?: number;
+}
+
+/** What the pool knows of the cluster: the newest valid discovery. */
+export interface PoolView {
+  ids: ReadonlySet<string>;
+  strategy: NonNullable<DiscoveryMessage['strategy']>;
+}
+
+/** How many tunnels the pool wants for a view (pure): see the file comment. */
+export function desiredLinks(view: PoolView | undefined, maxLinks = MAX_POOL_LINKS): number {
+  const cap = Math.max(1, Math.floor(maxLinks));
+  if (!view) return 1;
+  const listed = Math.max(1, view.ids.size);
+  const want = view.strategy.type === 'proxy_peering' ? Math.min(Math.max(1, view.strategy.agent_connection_count), listed) : listed;
+  return Math.min(want, cap);
+}
+
+/** A token bucket for dials: wait() resolves when a dial may start. close() lets every waiter go. */
+export class DialGate {
+  private tokens: number;
+  private last = Date.now();
+  private readonly waiters: Array<() => void> = [];
+  private timer: NodeJS.Timeout | undefined;
+  private closed = false;
+
+  constructor(
+    private readonly perSecond: number,
+    private readonly burst: number,
+  ) {
+    if (!(perSecond > 0) || !(burst >= 1)) throw new GatewayError('GW_ERR_INTERNAL', `dial gate: ${perSecond}/s with bursts of ${burst}`);
+    this.tokens = burst;
+  }
+
+  wait(): Promise<void> {
+    if (this.closed) return Promise.resolve();
+    return new Promise((resolve) => {
+      this.waiters.push(resolve);
+      this.drain();
+    });
+  }
+
+  private drain(): void {
+    const now = Date.now();
+    this.tokens = Math.min(this.burst, this.tokens + ((now - this.last) * this.perSecond) / 1000);
+    this.last = now;
+    while (this.waiters.length > 0 && this.tokens >= 1) {
+      this.tokens -= 1;
+      this.waiters.shift()!();
+    }
+    if (this.waiters.length > 0 && !this.timer) {
+      this.timer = setTimeout(() => {
+        this.timer = undefined;
+        this.drain();
+      }, Math.ceil(((1 - this.tokens) * 1000) / this.perSecond));
+    }
+  }
+
+  close(): void {
+    this.closed = true;
+    if (this.timer) clearTimeout(this.timer);
+    for (const release of this.waiters.splice(0)) release();
+  }
+}
+
+export class AgentPool extends EventEmitter {
+  private readonly log = logger('agent-pool');
+  private readonly slots: TunnelAgent[] = [];
+  /** proxyId → the tunnel that holds it. */
+  private readonly holders = new Map<string, TunnelAgent>();
+  private readonly gate: DialGate;
+  private readonly maxLinks: number;
+  private view: PoolView | undefined;
+  private readonly pending: Array<Record<string, unknown>> = [];
+  private state: TunnelState = 'waiting';
+  private stopped = true;
+  private logged = '';
+
+  constructor(private readonly options: AgentPoolOptions) {
+    super();
+    this.maxLinks = Math.max(1, Math.min(options.maxLinks ?? MAX_POOL_LINKS, MAX_POOL_LINKS));
+    this.gate = new DialGate(options.dialsPerSecond ?? 4, options.dialBurst ?? 4);
+  }
+
+  start(): void {
+    this.stopped = false;
+    this.reconcile();
+  }
+
+  /** Stops every tunnel; no more dials. */
+  stop(): void {
+    this.stopped = true;
+    this.gate.close();
+    for (const slot of this.slots.splice(0)) this.retire(slot);
+    this.holders.clear();
+    this.updateState();
+  }
+
+  getState(): TunnelState {
+    return this.state;
+  }
+
+  /** The Proxies (host IDs) this agent holds a tunnel to, sorted. */
+  links(): string[] {
+    return [...this.holders.keys()].sort();
+  }
+
+  /** Tunnels kept, up or dialling: what the pool wants now. */
+  get size(): number {
+    return this.slots.length;
+  }
+
+  /** What the pool knows of the cluster (the newest valid discovery). */
+  cluster(): PoolView | undefined {
+    return this.view;
+  }
+
+  /** Sends an audit event over one live tunnel (queued, at most 1 000, while none is). */
+  sendEvent(event: Record<string, unknown>): void {
+    const live = this.slots.find((s) => s.getState() === 'connected');
+    if (live) return live.sendEvent(event);
+    this.pending.push(event);
+    if (this.pending.length > MAX_QUEUED_EVENTS) this.pending.shift();
+  }
+
+  private addSlot(): void {
+    const slot: TunnelAgent = new TunnelAgent({
+      ...this.options,
+      holds: () => [...this.holders.entries()].filter(([, s]) => s !== slot).map(([id]) => id),
+      gate: () => this.gate.wait(),
+    });
+    slot.on('connected', (proxyId: string) => this.onConnected(slot, proxyId));
+    slot.on('disconnected', (reason: string) => {
+      this.release(slot);
+      this.emit('disconnected', reason);
+      this.updateState();
+    });
+    slot.on('discovery', (proxies: DiscoveryMessage['proxies'], strategy: DiscoveryMessage['strategy']) => this.onDiscovery(slot, proxies, strategy));
+    slot.on('duplicate', (proxyId: string) => this.emit('duplicate', proxyId));
+    slot.on('failure', (err: GatewayError) => this.emit('failure', err));
+    slot.on('maintenance-changed', () => this.emit('maintenance-changed'));
+    slot.on('state', () => this.updateState());
+    this.slots.push(slot);
+    slot.start();
+  }
+
+  /** Stops a tunnel for good; what it had queued goes to the pool's queue. */
+  private retire(slot: TunnelAgent): void {
+    this.release(slot);
+    slot.stop();
+    slot.removeAllListeners();
+    for (const event of slot.takePending()) this.sendEvent(event);
+  }
+
+  private release(slot: TunnelAgent): void {
+    for (const [id, s] of this.holders) if (s === slot) this.holders.delete(id);
+    this.logLinks();
+  }
+
+  private onConnected(slot: TunnelAgent, proxyId: string): void {
+    const other = this.holders.get(proxyId);
+    this.release(slot);
+    if (other && other !== slot) {
+      // The Proxy took this tunnel as the agent's current one: it has closed (or will close) the older one.
+      this.holders.delete(proxyId);
+      other.drop('a newer tunnel to the same Proxy replaced it');
+    }
+    this.holders.set(proxyId, slot);
+    for (const event of this.pending.splice(0)) slot.sendEvent(event);
+    this.emit('connected', proxyId);
+    this.updateState();
+    this.reconcile();
+  }
+
+  private onDiscovery(slot: TunnelAgent, proxies: DiscoveryMessage['proxies'], strategy: DiscoveryMessage['strategy']): void {
+    const sender = slot.proxyId;
+    if (!sender || !proxies.some((p) => p.id === sender)) {
+      this.log.debug({ sender, listed: proxies.length }, 'discovery that does not list its sender; ignored');
+      return;
+    }
+    this.view = { ids: new Set(proxies.map((p) => p.id)), strategy: strategy ?? { type: 'agent_mesh' } };
+    this.emit('discovery', proxies);
+    this.reconcile();
+  }
+
+  /** Drops tunnels to Proxies that left, then grows or shrinks the pool to what the view asks for. */
+  private reconcile(): void {
+    if (this.stopped) return;
+    const view = this.view;
+    if (view) {
+      for (const [id, slot] of [...this.holders]) {
+        if (view.ids.has(id)) continue;
+        this.holders.delete(id);
+        slot.drop('the Proxy left the cluster');
+      }
+    }
+    const want = desiredLinks(view, this.maxLinks);
+    while (this.slots.length > want) {
+      // Idle or dialling tunnels go first; then (proxy_peering asks for fewer) the newest live ones.
+      const victim = this.slots.find((s) => s.proxyId === undefined) ?? this.slots[this.slots.length - 1]!;
+      this.slots.splice(this.slots.indexOf(victim), 1);
+      this.retire(victim);
+    }
+    while (this.slots.length < want) this.addSlot();
+    this.logLinks();
+    this.updateState();
+  }
+
+  private logLinks(): void {
+    const links = this.links();
+    const line = JSON.stringify([links, this.slots.length]);
+    if (line === this.logged) return;
+    this.logged = line;
+    this.log.info({ proxies: links, want: this.slots.length, strategy: this.view?.strategy.type ?? 'agent_mesh' }, 'agent tunnels');
+    this.emit('links', links);
+  }
+
+  private updateState(): void {
+    const states = this.slots.map((s) => s.getState());
+    const next: TunnelState = this.stopped ? 'stopped' : states.includes('connected') ? 'connected' : states.includes('connecting') ? 'connecting' : 'waiting';
+    if (next === this.state) return;
+    this.state = next;
+    this.emit('state', next);
+  }
+}
