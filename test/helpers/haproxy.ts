@@ -46,7 +46,7 @@ export async function startBalancer(options: BalancerOptions): Promise<Balancer>
     cfg,
     [
       'global',
-      '  maxconn 20000',
+      '  maxconn 4000',
       `  stats socket ${socket} mode 600 level admin`,
       'defaults',
       '  mode tcp',
