@@ -11,11 +11,10 @@
  * Against a fake Proxy that says what no real one says (hostile): a discovery of 10 000 Proxies, a count of a
  * billion, garbage; the pool keeps at most MAX_POOL_LINKS tunnels. And the duplicate answer, step by step.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync } from 'node:fs';
 import https from 'node:https';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -34,9 +33,9 @@ import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole, type ProxyRole } from '../../src/roles/proxy.js';
 import { BIN, runCli } from '../helpers/gateway.js';
-import { waitForPort } from '../helpers/netns.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
+import { startBalancer, type Balancer } from '../helpers/haproxy.js';
 import { FakeProxy, fakeIdentity, type ControlSession } from './fakeproxy.js';
 
 // POOL_LOG=debug shows the pool's, the tunnels' and the Proxies' logs (JSON lines on standard error).
@@ -114,7 +113,7 @@ describe('several Proxies behind HAProxy (TCP, round robin)', () => {
   let limits: ConnectionLimits;
   const authLife = new Lifecycle();
   let auth: AuthRole;
-  let haproxy: ChildProcess;
+  let balancer: Balancer | undefined;
   let lbAddr: string;
   const ports: number[] = [];
   const proxies = new Map<string, { role: ProxyRole; life: Lifecycle }>();
@@ -158,31 +157,13 @@ describe('several Proxies behind HAProxy (TCP, round robin)', () => {
     authLife.onStop('backend', () => limits.close());
     auth = await startAuthRole({ config: base, limits, lifecycle: authLife });
     // Four servers from the start: the fourth refuses until its Proxy runs, and HAProxy sends that dial elsewhere.
-    const cfg = join(dir, 'haproxy.cfg');
-    await writeFile(
-      cfg,
-      [
-        'global',
-        '  maxconn 1000',
-        'defaults',
-        '  mode tcp',
-        '  timeout connect 2s',
-        '  timeout client 120s',
-        '  timeout server 120s',
-        '  retries 2',
-        '  option redispatch 1',
-        'frontend fe',
-        `  bind ${lbAddr}`,
-        '  default_backend be',
-        'backend be',
-        '  balance roundrobin',
-        `  source ${LB_SOURCE}`,
-        ...ports.map((p, i) => `  server p${i + 1} 127.0.0.1:${p}`),
-        '',
-      ].join('\n'),
-    );
-    haproxy = spawn('/usr/sbin/haproxy', ['-f', cfg, '-db'], { stdio: ['ignore', 'ignore', 'pipe'] });
-    await waitForPort(LB_IP, Number(lbAddr.split(':')[1]));
+    balancer = await startBalancer({
+      dir,
+      bind: { host: LB_IP, port: Number(lbAddr.split(':')[1]) },
+      servers: Object.fromEntries(ports.map((p, i) => [`p${i + 1}`, `127.0.0.1:${p}`])),
+      source: LB_SOURCE,
+      idleTimeout: '120s',
+    });
     for (const n of [1, 2, 3]) await startProxy(n);
     // The agent's identity, issued by the Auth Service; its server is the balancer, nothing else.
     const keys = generateKeyPair();
@@ -195,7 +176,7 @@ describe('several Proxies behind HAProxy (TCP, round robin)', () => {
   afterAll(async () => {
     pool?.stop();
     for (const { life } of proxies.values()) await life.stop().catch(() => undefined);
-    haproxy?.kill('SIGKILL');
+    await balancer?.stop();
     await authLife.stop().catch(() => undefined);
     await rm(dir, { recursive: true, force: true });
   });

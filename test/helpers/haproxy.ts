@@ -33,6 +33,8 @@ export interface BalancerOptions {
   spawn?: (command: string, args: string[], options: SpawnOptions) => ChildProcess;
   /** Servers that start out of rotation (put them in with setServer). */
   disabled?: readonly string[];
+  /** The address HAProxy connects to the servers from (its `source`), e.g. to tell its connections apart. */
+  source?: string;
 }
 
 export async function startBalancer(options: BalancerOptions): Promise<Balancer> {
@@ -58,6 +60,7 @@ export async function startBalancer(options: BalancerOptions): Promise<Balancer>
       '  default_backend be',
       'backend be',
       '  balance roundrobin',
+      ...(options.source ? [`  source ${options.source}`] : []),
       // A connection to a server that just died goes to another one instead of failing.
       '  option redispatch',
       '  retries 3',
