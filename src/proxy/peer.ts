@@ -33,7 +33,7 @@ import { logger } from '../log.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
 import { connectionOf } from '../net/deadlines.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
-import { serverSecureContext, terminateTls } from '../net/tls.js';
+import { tlsTerminator } from '../net/tls.js';
 import { splice } from '../stream/splice.js';
 import type { DialRequest, ServiceKind } from '../tunnel/protocol.js';
 import type { ClusterView } from './cluster.js';
@@ -73,12 +73,18 @@ export interface PeerServerOptions {
 /** The peering listener: other Proxies ask it for streams to agents whose tunnels this Proxy holds. */
 export class PeerServer {
   private readonly log = logger('peer');
-  private readonly secureContext: tls.SecureContext;
+  private readonly terminate: ReturnType<typeof tlsTerminator>;
   private server: net.Server | undefined;
-  private readonly sessions = new Set<http2.ServerHttp2Session>();
+  /** Each open peer connection: its session and its Connection (every layer down to the socket). */
+  private readonly sessions = new Map<http2.ServerHttp2Session, ReturnType<typeof connectionOf>>();
 
   constructor(private readonly options: PeerServerOptions) {
-    this.secureContext = serverSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: [options.tls.ca] }, 'peer');
+    this.terminate = tlsTerminator({
+      credentials: { key: options.tls.key, cert: options.tls.cert, ca: [options.tls.ca] },
+      name: 'peer',
+      alpn: [PEER_ALPN],
+      handshakeMs: options.limits.settings.tlsHandshakeMs,
+    });
   }
 
   /** Binds the listener; resolves with the bound address. */
@@ -92,16 +98,20 @@ export class PeerServer {
 
   /** Stops listening and drops every peer connection (their clients see the streams reset). */
   async close(): Promise<void> {
-    for (const s of this.sessions) s.destroy();
-    if (this.server) await closeServer(this.server);
+    const closing = this.server ? closeServer(this.server) : Promise.resolve();
+    for (const [session, conn] of this.sessions) {
+      session.destroy();
+      conn.destroy();
+    }
+    this.sessions.clear();
+    await closing;
     this.server = undefined;
   }
 
   private accept(socket: net.Socket): void {
     const client = `${socket.remoteAddress}:${socket.remotePort}`;
-    terminateTls(
+    this.terminate(
       socket,
-      { secureContext: this.secureContext, alpn: [PEER_ALPN], handshakeMs: this.options.limits.settings.tlsHandshakeMs },
       (secure) => {
         const why = this.refusal(secure);
         if (why) {
@@ -133,15 +143,22 @@ export class PeerServer {
   private serve(socket: TLSSocket, client: string): void {
     const conn = connectionOf(socket);
     const { headerMs, idleMs } = this.options.limits.settings;
-    conn.enter('peer-first-stream', headerMs);
     const session = http2.performServerHandshake(socket, { settings: SESSION_SETTINGS, maxSessionMemory: 64 });
-    this.sessions.add(session);
+    // The session holds the socket: a deadline ends the session first, then every layer of the connection.
+    const expire = {
+      onExpire: () => {
+        session.destroy();
+        conn.destroy();
+      },
+    };
+    conn.enter('peer-first-stream', headerMs, expire);
+    this.sessions.set(session, conn);
     let open = 0;
     session.on('stream', (stream, headers) => {
       open++;
       conn.leave();
       stream.once('close', () => {
-        if (--open === 0) conn.enter('peer-idle', idleMs);
+        if (--open === 0) conn.enter('peer-idle', idleMs, expire);
       });
       stream.on('error', () => undefined);
       this.onStream(stream, headers, client).catch((err: unknown) => answerError(stream, toGatewayError(err)));

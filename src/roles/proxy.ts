@@ -171,12 +171,15 @@ async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tun
   });
   let bound: string | undefined;
   let starting: Promise<string> | undefined;
+  // stop() is kept until start(): a change of the cluster does not bring the listener back.
+  let held = false;
   const control: PeeringControl = {
     server,
     client,
     address: () => bound,
-    start: () =>
-      (starting ??= server.listen(config.proxy_service.peer_listen_addr).then(
+    start: () => {
+      held = false;
+      return (starting ??= server.listen(config.proxy_service.peer_listen_addr).then(
         (addr) => {
           bound = addr;
           cluster.setPeerAddr(peerAddrOf(config, addr));
@@ -186,8 +189,10 @@ async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tun
           starting = undefined;
           throw err;
         },
-      )),
+      ));
+    },
     stop: async () => {
+      held = true;
       starting = undefined;
       bound = undefined;
       cluster.setPeerAddr(undefined);
@@ -196,7 +201,7 @@ async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tun
     startWhenNeeded: async (addresses) => {
       const needed = () => config.auth_service.proxy_listener_mode === 'separate' || cluster.strategy().type === 'proxy_peering';
       const run = async () => {
-        if (!needed() || bound) return;
+        if (!needed() || bound || held) return;
         addresses.proxy_peer = await control.start();
       };
       cluster.on('proxies', () => void run().catch((err: unknown) => logger('peer').error({ err: (err as Error).message }, 'cannot start the peering listener')));
