@@ -311,6 +311,8 @@ export class PeerClient implements PeerDialer {
     });
     const session = http2.connect(`https://${formatHostPort(host, 443)}`, { createConnection: () => socket, settings: SESSION_SETTINGS, maxSessionMemory: 64 });
     session.on('error', (err) => this.log.debug({ proxy: proxy.id, err: err.message }, 'peering session error'));
+    // The Dialer's sockets allow half-open connections: a peer that closes must end the session here.
+    for (const layer of [raw, socket]) layer.once('end', () => session.destroy()).once('close', () => session.destroy());
     session.setTimeout(this.options.idleMs, () => {
       // No frame for idle_timeout: close once the streams still open (silent but alive) are done.
       this.sessions.delete(proxy.id);
