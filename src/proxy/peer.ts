@@ -52,7 +52,13 @@ const HOST_HEADER = 'x-gateway-host';
 const DIAL_HEADER = 'x-gateway-dial';
 const ERROR_HEADER = 'x-gateway-error';
 const SERVICES: readonly ServiceKind[] = ['ssh', 'db', 'app', 'desktop', 'kube'];
-const SESSION_SETTINGS: http2.Settings = { maxConcurrentStreams: PEER_MAX_STREAMS, maxHeaderListSize: PEER_MAX_HEADER_BYTES, enablePush: false };
+/**
+ * HTTP/2 flow control is the back-pressure of every stream. A window of 1 MiB per stream (8 MiB per connection)
+ * instead of the default 64 KiB keeps one fast stream from waiting for WINDOW_UPDATEs (bench/RESULTS.md "peer").
+ */
+export const PEER_STREAM_WINDOW = 1024 * 1024;
+const PEER_SESSION_WINDOW = 8 * PEER_STREAM_WINDOW;
+const SESSION_SETTINGS: http2.Settings = { maxConcurrentStreams: PEER_MAX_STREAMS, maxHeaderListSize: PEER_MAX_HEADER_BYTES, enablePush: false, initialWindowSize: PEER_STREAM_WINDOW };
 
 /** This Proxy's peering certificate (host kind, role proxy, name = its host ID) and the host CA. */
 export interface PeerTls {
@@ -144,6 +150,7 @@ export class PeerServer {
     const conn = connectionOf(socket);
     const { headerMs, idleMs } = this.options.limits.settings;
     const session = http2.performServerHandshake(socket, { settings: SESSION_SETTINGS, maxSessionMemory: 64 });
+    session.once('localSettings', () => session.setLocalWindowSize(PEER_SESSION_WINDOW));
     // The session holds the socket: a deadline ends the session first, then every layer of the connection.
     const expire = {
       onExpire: () => {
@@ -311,6 +318,7 @@ export class PeerClient implements PeerDialer {
     });
     const session = http2.connect(`https://${formatHostPort(host, 443)}`, { createConnection: () => socket, settings: SESSION_SETTINGS, maxSessionMemory: 64 });
     session.on('error', (err) => this.log.debug({ proxy: proxy.id, err: err.message }, 'peering session error'));
+    session.once('localSettings', () => session.setLocalWindowSize(PEER_SESSION_WINDOW));
     // The Dialer's sockets allow half-open connections: a peer that closes must end the session here.
     for (const layer of [raw, socket]) layer.once('end', () => session.destroy()).once('close', () => session.destroy());
     session.setTimeout(this.options.idleMs, () => {

@@ -19,7 +19,7 @@ import { Router } from '../../src/proxy/router.js';
 import { waitUntil } from '../helpers/wait.js';
 import { echoDigest, sha256, splitAddr, startPeerCluster, type PeerCluster } from './peering-harness.js';
 
-setRootLogger(createLogger({ level: process.env.PEER_LOG ?? 'silent' }));
+setRootLogger(createLogger({ level: process.env.PEER_LOG === 'debug' ? 'debug' : 'silent' }));
 
 let c: PeerCluster;
 const DIAL = { service: 'app', resource: 'echo', client_src: '192.0.2.1:1', client_dst: '192.0.2.2:443' } as const;
