@@ -91,7 +91,9 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     deadlines: limits.settings,
     publicAddr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename,
   });
-  const peering = await startPeering(options, cluster, tunnels);
+  // The web certificate serves peering too when it is the cluster's (host kind, role proxy, name = this Proxy).
+  const ownWebCert = !config.proxy_service.https_keypairs?.[0]?.cert_file;
+  const peering = await startPeering(options, cluster, tunnels, ownWebCert ? webTls : undefined);
   const router = new Router({ tunnels, cluster, peers: peering.client, ...(options.direct ? { direct: options.direct } : {}) });
   let frontDoor: FrontDoor | undefined;
   // Agents are told to reconnect before the listeners drop their connections.
@@ -156,10 +158,13 @@ export interface PeeringControl {
  * Proxy's host ID: the web port's may be the operator's, from another CA). The listener runs in separate mode
  * (3021 is one of the separate ports), and in multiplex mode when auth_service.tunnel_strategy is proxy_peering.
  */
-async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tunnels: TunnelServer): Promise<PeeringControl> {
+async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tunnels: TunnelServer, webTls?: { key: string; cert: string }): Promise<PeeringControl> {
   const { config, auth, limits } = options;
-  const keys = generateKeyPair();
-  const tls: PeerTls = { key: keys.privateKeyPem, cert: await auth.issueServerCert(keys.publicKeyPem, webServerNames(config), options.proxyId), ca: auth.host.tls.certPem };
+  const issue = async () => {
+    const keys = generateKeyPair();
+    return { key: keys.privateKeyPem, cert: await auth.issueServerCert(keys.publicKeyPem, webServerNames(config), options.proxyId) };
+  };
+  const tls: PeerTls = { ...(webTls ?? (await issue())), ca: auth.host.tls.certPem };
   const server = new PeerServer({ trust: auth, tls, cluster, tunnels, limits });
   const client = new PeerClient({
     tls,
