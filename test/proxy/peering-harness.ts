@@ -42,8 +42,8 @@ export interface PeerCluster {
 
 export interface PeerClusterOptions {
   limits?: string[];
-  /** Extra agents' tunnels are not made here; this many apps named app-<i> are served besides echo. */
-  logLevel?: string;
+  /** auth_service.keep_alive_interval: Proxy records' and agents' heartbeats (1s for tests: quick TTLs). */
+  keepAlive?: string;
 }
 
 export const splitAddr = (addr: string): { host: string; port: number } => {
@@ -62,7 +62,7 @@ export async function startPeerCluster(options: PeerClusterOptions = {}): Promis
       'auth_service:',
       '  cluster_name: peering.example',
       '  listen_addr: 127.0.0.1:0',
-      '  keep_alive_interval: 1s',
+      `  keep_alive_interval: ${options.keepAlive ?? '1s'}`,
       '  tunnel_strategy: { type: proxy_peering, agent_connection_count: 1 }',
       'proxy_service:',
       '  web_listen_addr: 127.0.0.1:0',
@@ -115,7 +115,7 @@ export async function startPeerCluster(options: PeerClusterOptions = {}): Promis
         const s = net.connect({ port, host: '127.0.0.1', allowHalfOpen: true }, () => resolve(s));
         s.once('error', reject);
       }),
-    heartbeatIntervalMs: 1000,
+    heartbeatIntervalMs: config.auth_service.keep_alive_interval,
   });
   lifecycle.onStop('agents', () => agent.stop());
   const connected = new Promise<void>((r) => agent.once('connected', () => r()));
