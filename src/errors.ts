@@ -447,6 +447,14 @@ export const ERROR_CODES = {
     summary: 'The reverse tunnel to the Proxy is not connected (the agent is reconnecting).',
     hint: 'The agent retries by itself; check the network path and HTTPS_PROXY if it does not come back.',
   },
+  GW_ERR_PEER_UNREACHABLE: {
+    summary: "Proxy peering: this Proxy cannot reach the Proxy that holds the agent's tunnel (TCP, TLS or the peering session failed, or it refused this Proxy).",
+    hint: "Check that the other Proxy's peering address ('gwctl get proxies'; proxy_service.peer_public_addr) is reachable from this one on peer_listen_addr (3021), and NO_PROXY if HTTPS_PROXY is set.",
+  },
+  GW_ERR_PEER_PROTOCOL: {
+    summary: 'A Proxy broke the peering protocol (a stream without a target host or dial request, a header over the cap, or no answer in time).',
+    hint: 'Check that both Proxies run the same version.',
+  },
 
   // --- direct-join agents: the Proxy dials the agent's own listeners (src/proxy/direct.ts, src/agent/direct.ts) ----
   GW_ERR_DIRECT_NO_LISTENER: {

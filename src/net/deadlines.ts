@@ -9,6 +9,7 @@
  *   detect ─► tls-handshake ─► http-headers ─► http-request ─► (answer) ─► http-headers ─► ...
  *         │                 └► route-header (databases, TCP, SSH over TLS: one JSON line)
  *         └► ssh-handshake (version, key exchange, authentication) ─► ssh-idle (authenticated, no channel open)
+ *   peering (3021): tls-handshake ─► peer-first-stream ─► peer-idle (no stream open; src/proxy/peer.ts)
  *
  * When a deadline passes the connection is closed, every stream layered on it down to the socket, and counted.
  * A stream layered on another (a TLS socket around the accepted socket) is linked to the same Connection, so
@@ -33,6 +34,8 @@ export type Phase =
   | 'route-header'
   | 'ssh-handshake'
   | 'ssh-idle'
+  | 'peer-first-stream'
+  | 'peer-idle'
   | 'half-close';
 
 /** The settings, in milliseconds and connection counts (from gateway.limits). */

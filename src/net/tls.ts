@@ -67,3 +67,35 @@ function recordClientVerification(socket: TLSSocket): void {
   if (verifyError) socket.authorizationError = (verifyError.code ?? verifyError.message) as never;
   else if (socket.getPeerCertificate()?.raw) socket.authorized = true;
 }
+
+/**
+ * Server-side TLS through a tls.Server that never listens, for endpoints whose protocol library needs the socket
+ * tls.Server makes (node:http2 stalls on a hand-made server TLSSocket: Proxy peering, src/proxy/peer.ts). Same
+ * deadline as terminateTls; the client certificate is requested, not required, and .authorized is tls.Server's.
+ */
+export function tlsTerminator(
+  options: Omit<TlsTermination, 'secureContext'> & { credentials: tls.SecureContextOptions; name: string },
+): (stream: net.Socket, onSecure: (socket: TLSSocket) => void, onError?: (err: Error) => void) => void {
+  const sessionIdContext = createHash('sha256').update(`gateway:${options.name}`).digest('hex').slice(0, 32);
+  const server = tls.createServer({ ...options.credentials, sessionIdContext, requestCert: true, rejectUnauthorized: false, ALPNProtocols: options.alpn });
+  const pending = new WeakMap<net.Socket, { onSecure: (socket: TLSSocket) => void; onError?: (err: Error) => void }>();
+  server.on('secureConnection', (socket: TLSSocket) => {
+    const raw = (socket as unknown as { _parent?: net.Socket })._parent;
+    const handlers = raw ? pending.get(raw) : undefined;
+    if (!raw || !handlers) return void socket.destroy();
+    connectionOf(raw).leave('tls-handshake');
+    connectionOf(raw).link(socket);
+    socket.on('error', () => socket.destroy());
+    handlers.onSecure(socket);
+  });
+  server.on('tlsClientError', (err: Error, socket: TLSSocket) => {
+    const raw = (socket as unknown as { _parent?: net.Socket })._parent;
+    if (raw) pending.get(raw)?.onError?.(err);
+    socket.destroy();
+  });
+  return (stream, onSecure, onError) => {
+    pending.set(stream, { onSecure, ...(onError ? { onError } : {}) });
+    connectionOf(stream).enter('tls-handshake', options.handshakeMs);
+    server.emit('connection', stream);
+  };
+}

@@ -8,10 +8,10 @@
  *      the connection is tracked in auth.sessions from here on, so a lock or a deletion closes it;
  *   2. the client sends one JSON line naming the resource: {"resource": "<name>"} (gwsh does this); with
  *      "check": true the Proxy answers whether the connection would be allowed and dials nothing;
- *   3. the resource is looked up among the connected agents (resources.ts: the newest agent first, among the kinds
+ *   3. the resource is looked up among the agents this Proxy reaches (router.ts, resources.ts: the newest agent first, among the kinds
  *      of resource the route reaches), a node only with a login the identity allows, and the user's roles must
  *      allow the resource's labels;
- *   4. the Proxy dials it through the agent's tunnel, answers one line ({"ok": true} or {"ok": false, "error":
+ *   4. the Proxy dials it through the agent's tunnel (its own, or another Proxy's over peering: router.ts), answers one line ({"ok": true} or {"ok": false, "error":
  *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close.
  *
  * The database keeps authenticating its own users: the Proxy only decides who may reach it.
@@ -29,7 +29,7 @@ import { connectionOf } from '../net/deadlines.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
-import type { TunnelServer } from './tunnel.js';
+import type { AgentSource } from './router.js';
 import { protocolNamed } from './protocols.js';
 import { findTarget, type Target } from './resources.js';
 
@@ -52,14 +52,14 @@ export const ROUTE_HEADER_MAX_BYTES = 4096;
 
 interface AccessContext {
   auth: ProxyAuth;
-  tunnels: TunnelServer;
+  agents: AgentSource;
   headerTimeoutMs: number;
   log: Logger;
 }
 
 /** headerTimeoutMs: how long the client may take to send its route header (gateway.limits.header_timeout). */
-export function createAccessHandler(auth: ProxyAuth, tunnels: TunnelServer, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
-  const ctx: AccessContext = { auth, tunnels, headerTimeoutMs, log: logger('access') };
+export function createAccessHandler(auth: ProxyAuth, agents: AgentSource, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
+  const ctx: AccessContext = { auth, agents, headerTimeoutMs, log: logger('access') };
   return (stream, info) => {
     const socket = stream as TLSSocket;
     connect(ctx, socket, info).catch((err: unknown) => refuse(ctx, socket, info, err));
@@ -74,7 +74,7 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): P
   trackSession(ctx, socket, certified, info);
   const identity = await ctx.auth.resolveCaller(certified);
   const header = await readRouteHeader(socket, ctx.headerTimeoutMs);
-  const target = findTarget(ctx.tunnels.list(), info.route, header);
+  const target = findTarget(ctx.agents.agents(), info.route, header);
   if (!target) {
     throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves ${describe(info.route)} "${header.resource}"`, {
       hint: "List what is reachable with 'gwsh ls', 'gwsh db ls' or 'gwsh apps ls'; the agent that serves it may be offline.",
@@ -87,7 +87,7 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): P
     ctx.log.debug({ user: identity.name, route: info.route, resource: header.resource, client }, 'access check answered');
     return;
   }
-  const channel = await ctx.tunnels.dial(target.agent.hostId, {
+  const channel = await ctx.agents.dial(target.agent.hostId, {
     service: target.service,
     resource: target.service === 'ssh' ? `${header.login}@${target.agent.nodename}` : header.resource,
     client_src: client,

@@ -18,6 +18,9 @@ import type { Presence, ProxyRecord, TunnelStrategy } from '../auth/records.js';
 import type { UpgradeChannelConfig } from '../config/index.js';
 import { logger } from '../log.js';
 
+/** The proxyId of the presence an agent joined directly writes (direct.ts): live without any Proxy record. */
+export const DIRECT_PROXY_ID = 'direct';
+
 export interface ClusterViewOptions {
   directory: ProxyDirectory;
   /** This Proxy's record without the times: the view adds started_at and last_heartbeat. */
@@ -52,6 +55,7 @@ export class ClusterView extends EventEmitter {
   private unwatch: (() => void) | undefined;
   private pending: PresenceEvent[] | undefined;
   private closed = false;
+  private peerAddr: string | undefined;
 
   constructor(private readonly options: ClusterViewOptions) {
     super();
@@ -83,7 +87,8 @@ export class ClusterView extends EventEmitter {
   /** This Proxy's record as it is written now. */
   selfRecord(): ProxyRecord {
     const now = new Date(this.now()).toISOString();
-    return { ...this.options.self, channels: this.channels.channels, channels_digest: this.channels.digest, started_at: this.startedAt, last_heartbeat: now };
+    const peer = this.peerAddr ?? this.options.self.peer_addr;
+    return { ...this.options.self, ...(peer ? { peer_addr: peer } : {}), channels: this.channels.channels, channels_digest: this.channels.digest, started_at: this.startedAt, last_heartbeat: now };
   }
 
   /** SIGHUP: the version server's channels changed; the next heartbeat publishes them (this one now). */
@@ -165,16 +170,32 @@ export class ClusterView extends EventEmitter {
     return this.strategyNow;
   }
 
-  /** The Proxies that hold a tunnel of the agent right now (live ones only). */
+  /** Where other Proxies reach this one for peering: set once the peering listener is bound (the next heartbeat publishes it). */
+  setPeerAddr(addr: string | undefined): void {
+    this.peerAddr = addr;
+    void this.heartbeat();
+  }
+
+  /** A presence counts while its Proxy is live; an agent joined directly has no Proxy and counts while its record lives. */
+  private live(proxyId: string): boolean {
+    return proxyId === DIRECT_PROXY_ID || this.proxyMap.has(proxyId);
+  }
+
+  /** The Proxies that hold a tunnel of the agent right now (live ones only; "direct" is not a Proxy). */
   locations(hostId: string): string[] {
     return [...(this.presence.get(hostId)?.keys() ?? [])].filter((id) => this.proxyMap.has(id));
+  }
+
+  /** The agent's presence on one Proxy (or DIRECT_PROXY_ID), when live. */
+  presenceOf(hostId: string, proxyId: string): Presence | undefined {
+    return this.live(proxyId) ? this.presence.get(hostId)?.get(proxyId) : undefined;
   }
 
   /** One presence per agent (its newest tunnel anywhere), with every live Proxy holding one. */
   agents(): Array<Presence & { proxies: string[] }> {
     const out: Array<Presence & { proxies: string[] }> = [];
     for (const byProxy of this.presence.values()) {
-      const live = [...byProxy.values()].filter((p) => this.proxyMap.has(p.proxyId));
+      const live = [...byProxy.values()].filter((p) => this.live(p.proxyId));
       if (live.length === 0) continue;
       const newest = live.reduce((a, b) => (b.connectedAt > a.connectedAt ? b : a));
       out.push({ ...newest, proxies: live.map((p) => p.proxyId).sort() });

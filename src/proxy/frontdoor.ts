@@ -6,16 +6,17 @@
  *   web        TLS ends here (always HTTP/1.1), then the web server
  *   redirect   plain HTTP: a redirect to https://
  *   ssh        the raw stream, to the ssh service (the SSH jump host)
- *   kube, tunnel, resource, peer
+ *   kube, tunnel, resource
  *              TLS ends here, with the ALPN the client chose, then the service of that kind
  *
  *   multiplex (TLS routing, default): one listener on web_listen_addr; the Multiplexer routes each connection
  *             by its first bytes, SNI and ALPN to the table's rows (see mux/multiplexer.ts).
- *   separate:  the table's listeners: web on web_listen_addr, 3023 SSH, 3024 reverse tunnels, 3021 peering,
+ *   separate:  the table's listeners: web on web_listen_addr, 3023 SSH, 3024 reverse tunnels,
  *             3036 MySQL, 5432 Postgres, 27017 MongoDB, 6379 Redis (kube_listen_addr if set).
  *
  * Services plug in by route kind through `ProtocolServices`; a kind without a service yet completes its TLS
- * handshake (so its ALPN is visible) and is closed with a log line saying so.
+ * handshake (so its ALPN is visible) and is closed with a log line saying so. Proxy peering (3021) is not the
+ * front door's: it has its own listener in both modes (peer.ts, started by src/roles/proxy.ts).
  */
 import http from 'node:http';
 import type net from 'node:net';

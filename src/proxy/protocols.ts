@@ -13,6 +13,9 @@
  *   database  for a database route: the protocol the database must speak
  *   listener  proxy_listener_mode separate: the listener that serves it and what that listener expects
  *
+ * Proxy peering is not a row: it has its own listener (peer_listen_addr, 3021) in both listener modes and is
+ * never reached through the one port (src/proxy/peer.ts).
+ *
  * Rows are in the order the separate listeners bind. Which row the one port picks does not depend on the order:
  * two rows may not claim the same ALPN name or server-name prefix (src/mux/routes.ts refuses such a table).
  */
@@ -34,9 +37,7 @@ export type RouteKind =
   /** TLS ends here; then a route header and a resource through its agent's tunnel (access.ts). */
   | 'resource'
   /** Raw SSH: the SSH jump host (sshjump.ts). */
-  | 'ssh'
-  /** Proxy peering. */
-  | 'peer';
+  | 'ssh';
 
 /** The kinds served by a service the daemon plugs in (the front door serves web and redirect itself). */
 export type ServiceKindOfRoute = Exclude<RouteKind, 'web' | 'redirect'>;
@@ -80,8 +81,6 @@ export const PROTOCOLS: readonly Protocol[] = Object.freeze([
   { name: 'web', kind: 'web', on: { alpn: ['http/1.1', 'h2'], noAlpn: true }, ping: false, access: ['app'], listener: { name: 'web', key: 'web_listen_addr', accepts: 'tls' } },
   { name: 'ssh', kind: 'ssh', on: { sniffed: 'ssh' }, ping: false, access: ['node'], listener: { name: 'ssh', key: 'listen_addr', accepts: 'raw' } },
   { name: 'gateway-reversetunnel', kind: 'tunnel', on: { alpn: ['gateway-reversetunnel'] }, ping: false, access: [], listener: { name: 'tunnel', key: 'tunnel_listen_addr', accepts: 'raw' } },
-  // The peering listener runs the multiplexer, as the one port does.
-  { name: 'gateway-peer', kind: 'peer', on: { alpn: ['gateway-peer'] }, ping: false, access: [], listener: { name: 'peer', key: 'peer_listen_addr', accepts: 'mux' } },
   database('mysql', 'mysql'),
   database('postgres', 'postgres'),
   database('mongodb', 'mongo'),

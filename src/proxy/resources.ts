@@ -1,19 +1,28 @@
 /**
- * Finding a resource among the connected agents, for every service of the Proxy (access.ts, webapps.ts,
- * sshjump.ts). One rule for every lookup: the agents are asked most recently connected first, so that an agent
+ * Finding a resource among the agents this Proxy can reach (router.ts: its own tunnels, those of the other live
+ * Proxies, agents joined directly), for every service of the Proxy (access.ts, webapps.ts, sshjump.ts). One rule
+ * for every lookup: the agents are asked most recently connected first, so that an agent
  * that reconnected wins over a stale entry of itself, and the first that serves the resource is the one.
  *
  * What a route reaches is the protocol table's (protocols.ts): its access kinds, in order, and for databases the
  * protocol the database must speak.
  */
 import type { AccessKind } from '../auth/rbac.js';
-import type { ServiceKind } from '../tunnel/protocol.js';
-import type { ConnectedAgent } from './tunnel.js';
+import type { AgentResources, ServiceKind } from '../tunnel/protocol.js';
 import { PROTOCOLS, protocolNamed, type Protocol } from './protocols.js';
+
+/** An agent as a lookup sees it, wherever its tunnel is (a ReachableAgent of this Proxy is one). */
+export interface ReachableAgent {
+  hostId: string;
+  nodename: string;
+  services: readonly ServiceKind[];
+  resources: AgentResources;
+  connectedAt: Date;
+}
 
 /** A resource found on an agent, with what the access check and the dial need. */
 export interface Target {
-  agent: ConnectedAgent;
+  agent: ReachableAgent;
   /** The resource's name (a node's is its node name). */
   name: string;
   /** The agent service that carries connections to it. */
@@ -32,7 +41,7 @@ export interface Wanted {
 const SERVICE_OF: Record<AccessKind, ServiceKind> = { node: 'ssh', db: 'db', app: 'app', windows_desktop: 'desktop', kube_cluster: 'kube' };
 
 /** The first answer `pick` gives, asking the agents most recently connected first. */
-export function findNewest<T>(agents: readonly ConnectedAgent[], pick: (agent: ConnectedAgent) => T | undefined): T | undefined {
+export function findNewest<T>(agents: readonly ReachableAgent[], pick: (agent: ReachableAgent) => T | undefined): T | undefined {
   const sorted = [...agents].sort((a, b) => b.connectedAt.getTime() - a.connectedAt.getTime());
   for (const agent of sorted) {
     const found = pick(agent);
@@ -46,7 +55,7 @@ export function findNewest<T>(agents: readonly ConnectedAgent[], pick: (agent: C
  * the table's order. `wanted.kind` "app" rules out desktops and "desktop" rules out apps; any other value rules
  * out nothing.
  */
-export function findTarget(agents: readonly ConnectedAgent[], route: string, wanted: Wanted, table: readonly Protocol[] = PROTOCOLS): Target | undefined {
+export function findTarget(agents: readonly ReachableAgent[], route: string, wanted: Wanted, table: readonly Protocol[] = PROTOCOLS): Target | undefined {
   const row = protocolNamed(route, table);
   if (!row) return undefined;
   const ruledOut: AccessKind | undefined = wanted.kind === 'app' ? 'windows_desktop' : wanted.kind === 'desktop' ? 'app' : undefined;
@@ -61,7 +70,7 @@ export function findTarget(agents: readonly ConnectedAgent[], route: string, wan
 }
 
 /** An HTTP app (not a TCP one) whose public address is `host`. */
-export function findWebApp(agents: readonly ConnectedAgent[], host: string): Target | undefined {
+export function findWebApp(agents: readonly ReachableAgent[], host: string): Target | undefined {
   return findNewest(agents, (agent) => {
     const app = agent.resources.apps.find((a) => a.public_addr === host && a.kind !== 'tcp');
     return app ? target(agent, 'app', app.name, app.labels) : undefined;
@@ -69,7 +78,7 @@ export function findWebApp(agents: readonly ConnectedAgent[], host: string): Tar
 }
 
 /** A resource of one kind on one agent, by name. */
-function resourceOn(agent: ConnectedAgent, kind: AccessKind, name: string, row: Protocol): Target | undefined {
+function resourceOn(agent: ReachableAgent, kind: AccessKind, name: string, row: Protocol): Target | undefined {
   const { resources } = agent;
   const byName = <R extends { name: string }>(list: readonly R[]) => list.find((r) => r.name === name);
   switch (kind) {
@@ -92,10 +101,10 @@ function resourceOn(agent: ConnectedAgent, kind: AccessKind, name: string, row: 
   }
 }
 
-function found(agent: ConnectedAgent, kind: AccessKind, resource: { name: string; labels: Record<string, string> } | undefined): Target | undefined {
+function found(agent: ReachableAgent, kind: AccessKind, resource: { name: string; labels: Record<string, string> } | undefined): Target | undefined {
   return resource ? target(agent, kind, resource.name, resource.labels) : undefined;
 }
 
-function target(agent: ConnectedAgent, access: AccessKind, name: string, labels: Record<string, string>): Target {
+function target(agent: ReachableAgent, access: AccessKind, name: string, labels: Record<string, string>): Target {
   return { agent, name, service: SERVICE_OF[access], access, labels };
 }

@@ -4,8 +4,8 @@
  *
  * The client authenticates with its user certificate from this cluster (any user name: the login that matters
  * is the one the node is asked for, inside). It then asks for a direct-tcpip channel to "<node>:<port>"; the
- * Proxy finds the node among connected agents (by name or host ID), checks the user's current roles allow its
- * labels, and carries the channel to the node's SSH Service through the agent's tunnel. The node checks the
+ * Proxy finds the node among the agents it reaches (router.ts; by name or host ID), checks the user's current roles allow its
+ * labels, and carries the channel to the node's SSH Service through the agent's tunnel (or a peer's). The node checks the
  * login against the certificate's principals, as always. The user must still exist and not be locked
  * (AuthService.resolveSshUser), and the connection is tracked in auth.sessions: a lock or a deletion ends it.
  */
@@ -19,7 +19,7 @@ import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
 import { splice } from '../stream/splice.js';
-import type { TunnelServer } from './tunnel.js';
+import type { AgentSource } from './router.js';
 import { findTarget } from './resources.js';
 
 export class SshJumpServer {
@@ -28,7 +28,7 @@ export class SshJumpServer {
 
   constructor(
     private readonly auth: ProxyAuth,
-    private readonly tunnels: TunnelServer,
+    private readonly agents: AgentSource,
     hostKeyPem: string,
     deadlines: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_000 },
   ) {
@@ -63,7 +63,7 @@ export class SshJumpServer {
       conn.on('tcpip', (accept, reject, dest) => {
         void (async () => {
           const node = dest.destIP;
-          const target = findTarget(this.tunnels.list(), 'ssh', { resource: node });
+          const target = findTarget(this.agents.agents(), 'ssh', { resource: node });
           if (!target) {
             this.log.info({ user, node, client }, 'SSH jump: no connected node by that name');
             return reject();
@@ -73,7 +73,7 @@ export class SshJumpServer {
             this.log.info({ user, node, client }, 'SSH jump: the user’s roles do not allow this node');
             return reject();
           }
-          const channel = await this.tunnels.dial(target.agent.hostId, {
+          const channel = await this.agents.dial(target.agent.hostId, {
             service: 'ssh',
             resource: `@${target.agent.nodename}`,
             client_src: client,

@@ -26,7 +26,7 @@ import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { guardHttpServer, type HttpDeadlines } from '../net/http.js';
-import type { TunnelServer } from './tunnel.js';
+import type { AgentSource } from './router.js';
 import { statusFor } from '../auth/api.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
@@ -63,12 +63,12 @@ function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Dupl
 }
 
 /** Returns a web-port request handler for HTTP apps, or false from handle() when the Host is not an app's. */
-export function createWebAppHandler(auth: ProxyAuth, tunnels: TunnelServer) {
+export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
   const log = logger('webapps');
   return (req: http.IncomingMessage, res: http.ServerResponse): boolean => {
     const host = (req.headers.host ?? '').toLowerCase().replace(/:\d+$/, '');
     if (!host) return false;
-    const target = findWebApp(tunnels.list(), host);
+    const target = findWebApp(agents.agents(), host);
     if (!target) return false;
     void (async () => {
       let certified: Identity;
@@ -85,7 +85,7 @@ export function createWebAppHandler(auth: ProxyAuth, tunnels: TunnelServer) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
       }
       const client = clientAddress(req.socket);
-      const stream = await tunnels.dial(target.agent.hostId, {
+      const stream = await agents.dial(target.agent.hostId, {
         service: target.service,
         resource: target.name,
         client_src: `${client.address}:${client.port}`,
@@ -111,7 +111,7 @@ export const KUBE_PATH_PREFIX = '/k8s/';
 const KUBE_ROUTE = 'kube';
 
 /** The kube route's service: an HTTP server over the user's TLS stream, with the HTTP deadlines of gateway.limits. */
-export function createKubeHandler(auth: ProxyAuth, tunnels: TunnelServer, deadlines: HttpDeadlines): (stream: Duplex, info: ConnInfo) => void {
+export function createKubeHandler(auth: ProxyAuth, agents: AgentSource, deadlines: HttpDeadlines): (stream: Duplex, info: ConnInfo) => void {
   const log = logger('kube');
   const server = http.createServer((req, res) => {
     void (async () => {
@@ -129,14 +129,14 @@ export function createKubeHandler(auth: ProxyAuth, tunnels: TunnelServer, deadli
       const slash = rest.indexOf('/');
       const cluster = decodeURIComponent(slash < 0 ? rest : rest.slice(0, slash));
       const path = slash < 0 ? '/' : rest.slice(slash);
-      const kube = findTarget(tunnels.list(), KUBE_ROUTE, { resource: cluster });
+      const kube = findTarget(agents.agents(), KUBE_ROUTE, { resource: cluster });
       if (!kube) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves the Kubernetes cluster "${cluster}"`);
       if (!canAccess(await auth.rolesOf(identity.roles), kube.access, kube.labels)) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow the Kubernetes cluster "${cluster}"`);
       }
       for (const h of Object.keys(req.headers)) if (h.startsWith('impersonate-')) delete req.headers[h];
       const client = clientAddress(req.socket);
-      const stream = await tunnels.dial(kube.agent.hostId, {
+      const stream = await agents.dial(kube.agent.hostId, {
         service: kube.service,
         resource: cluster,
         client_src: `${client.address}:${client.port}`,

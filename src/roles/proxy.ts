@@ -8,9 +8,10 @@
 import type http from 'node:http';
 import { readFileSync } from 'node:fs';
 import { X509Certificate, createPrivateKey } from 'node:crypto';
-import { formatHostPort } from '../addr.js';
+import { formatHostPort, parseAddr } from '../addr.js';
 import { generateKeyPair, sshPrivateKeyPem as sshPrivateKey } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
+import type { Presence } from '../auth/records.js';
 import type { GatewayConfig, UpgradeChannelConfig } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
@@ -24,10 +25,12 @@ import { TunnelServer } from '../proxy/tunnel.js';
 import { ClusterView } from '../proxy/cluster.js';
 import { watchChannelDrift } from '../proxy/drift.js';
 import { directDialer } from '../proxy/direct.js';
-import type { Presence } from '../auth/records.js';
+import { PeerClient, PeerServer, type PeerTls } from '../proxy/peer.js';
+import { Router } from '../proxy/router.js';
 import type { DialRequest } from '../tunnel/protocol.js';
 import type { Duplex } from 'node:stream';
 import { VERSION } from '../version.js';
+import { logger } from '../log.js';
 import type { Lifecycle } from './lifecycle.js';
 import { webServerNames } from './names.js';
 
@@ -45,12 +48,18 @@ export interface ProxyRoleOptions {
   lifecycle: Lifecycle;
   /** This Proxy's host ID: in its record, the agents' welcome, presence and peering. Stable across restarts. */
   proxyId: string;
+  /** Reaches agents joined directly; by default src/proxy/direct.ts with a certificate naming this Proxy. */
+  direct?: (presence: Presence, request: DialRequest) => Promise<Duplex>;
 }
 
 export interface ProxyRole {
   tunnels: TunnelServer;
   /** The cluster's Proxies and where agents are. */
   cluster: ClusterView;
+  /** How this Proxy reaches an agent: its own tunnels, a peer's, or directly (src/proxy/router.ts). */
+  router: Router;
+  /** The peering listener (src/proxy/peer.ts): its bound address is addresses.proxy_peer once it runs. */
+  peer: PeeringControl;
   /** Bound addresses: web, and proxy_<name> for each separate listener. */
   addresses: Record<string, string>;
   /** SIGHUP (src/reload.ts): the version server's channels. Throws, changing nothing, when they are invalid. */
@@ -86,20 +95,28 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     deadlines: limits.settings,
     publicAddr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename,
   });
+  // The web certificate serves peering too when it is the cluster's (host kind, role proxy, name = this Proxy).
+  const ownWebCert = !config.proxy_service.https_keypairs?.[0]?.cert_file;
+  const peering = await startPeering(options, cluster, tunnels, ownWebCert ? webTls : undefined);
+  // Agents that joined the Auth Service directly: their listeners, with a certificate naming this Proxy.
+  const direct = options.direct ?? directDialer((key) => auth.issueServerCert(key, [config.gateway.nodename], options.proxyId), { dialer: options.dialer, hostCa: auth.host.tls.certPem });
+  const router = new Router({ tunnels, cluster, peers: peering.client, direct });
   let frontDoor: FrontDoor | undefined;
   // Agents are told to reconnect before the listeners drop their connections.
   options.lifecycle.onStop('proxy', async () => {
     await cluster.close();
+    await peering.stop();
+    peering.client.close();
     await tunnels.close();
     await frontDoor?.close();
   });
-  const jump = new SshJumpServer(auth, tunnels, hostKey, limits.settings);
+  const jump = new SshJumpServer(auth, router, hostKey, limits.settings);
   const versions = new ReloadableVersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: options.dialer, proxyId: options.proxyId });
   frontDoor = await startFrontDoor({
     config,
     clusterName: auth.clusterName,
-    webApps: createWebAppHandler(auth, tunnels),
-    services: services(auth, tunnels, jump, limits.settings),
+    webApps: createWebAppHandler(auth, router),
+    services: services(auth, router, tunnels, jump, limits.settings),
     findExtras: () => ({ tunnel_host_keys: [tunnelKey.sshPublicKey], proxies: cluster.proxies().map((p) => ({ id: p.id, nodename: p.nodename, public_addr: p.public_addr, version: p.version })) }),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
     api: options.api,
@@ -110,11 +127,14 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   for (const [name, addr] of Object.entries(frontDoor.addresses)) addresses[name === 'web' ? 'web' : `proxy_${name}`] = addr;
   options.lifecycle.onStop('proxy', watchChannelDrift(cluster));
   await cluster.start();
+  await peering.startWhenNeeded(addresses);
   return {
     tunnels,
     cluster,
+    router,
+    peer: peering,
     addresses,
-    direct: directDialer((key) => auth.issueServerCert(key, [config.gateway.nodename], options.proxyId), { dialer: options.dialer, hostCa: auth.host.tls.certPem }),
+    direct,
     setChannels: (channels) => {
       versions.setChannels(channels);
       cluster.setChannels(channels);
@@ -123,8 +143,94 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
 }
 
 /** The services behind the front door, by route kind: the protocol table (src/proxy/protocols.ts) says which protocols each serves. */
-function services(auth: ProxyAuth, tunnels: TunnelServer, jump: SshJumpServer, deadlines: LimitSettings): ProtocolServices {
-  return { resource: createAccessHandler(auth, tunnels, deadlines.headerMs), kube: createKubeHandler(auth, tunnels, deadlines), tunnel: tunnels.handle, ssh: jump.handle };
+function services(auth: ProxyAuth, router: Router, tunnels: TunnelServer, jump: SshJumpServer, deadlines: LimitSettings): ProtocolServices {
+  return { resource: createAccessHandler(auth, router, deadlines.headerMs), kube: createKubeHandler(auth, router, deadlines), tunnel: tunnels.handle, ssh: jump.handle };
+}
+
+/** The peering listener and client of one Proxy; tests stop and start the listener to cut and restore the link. */
+export interface PeeringControl {
+  server: PeerServer;
+  client: PeerClient;
+  /** The bound peering address, while the listener runs. */
+  address(): string | undefined;
+  /** Binds proxy_service.peer_listen_addr (again) and publishes the peering address in this Proxy's record. */
+  start(): Promise<string>;
+  /** Stops the listener (peers' streams to this Proxy are reset) and withdraws the address. */
+  stop(): Promise<void>;
+  /** Starts now when the listener mode is separate or the cluster's strategy is proxy_peering, else when the strategy becomes it. */
+  startWhenNeeded(addresses: Record<string, string>): Promise<void>;
+}
+
+/**
+ * Proxy peering (src/proxy/peer.ts) with a certificate of its own from the host CA (role proxy, name = this
+ * Proxy's host ID: the web port's may be the operator's, from another CA). The listener runs in separate mode
+ * (3021 is one of the separate ports), and in multiplex mode when auth_service.tunnel_strategy is proxy_peering.
+ */
+async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tunnels: TunnelServer, webTls?: { key: string; cert: string }): Promise<PeeringControl> {
+  const { config, auth, limits } = options;
+  const issue = async () => {
+    const keys = generateKeyPair();
+    return { key: keys.privateKeyPem, cert: await auth.issueServerCert(keys.publicKeyPem, webServerNames(config), options.proxyId) };
+  };
+  const tls: PeerTls = { ...(webTls ?? (await issue())), ca: auth.host.tls.certPem };
+  const server = new PeerServer({ trust: auth, tls, cluster, tunnels, limits });
+  const client = new PeerClient({
+    tls,
+    clusterName: auth.clusterName,
+    dialer: options.dialer,
+    tlsHandshakeMs: limits.settings.tlsHandshakeMs,
+    dialTimeoutMs: 30_000,
+    idleMs: limits.settings.idleMs,
+  });
+  let bound: string | undefined;
+  let starting: Promise<string> | undefined;
+  // stop() is kept until start(): a change of the cluster does not bring the listener back.
+  let held = false;
+  const control: PeeringControl = {
+    server,
+    client,
+    address: () => bound,
+    start: () => {
+      held = false;
+      return (starting ??= server.listen(config.proxy_service.peer_listen_addr).then(
+        (addr) => {
+          bound = addr;
+          cluster.setPeerAddr(peerAddrOf(config, addr));
+          return addr;
+        },
+        (err: unknown) => {
+          starting = undefined;
+          throw err;
+        },
+      ));
+    },
+    stop: async () => {
+      held = true;
+      starting = undefined;
+      bound = undefined;
+      cluster.setPeerAddr(undefined);
+      await server.close();
+    },
+    startWhenNeeded: async (addresses) => {
+      const needed = () => config.auth_service.proxy_listener_mode === 'separate' || cluster.strategy().type === 'proxy_peering';
+      const run = async () => {
+        if (!needed() || bound || held) return;
+        addresses.proxy_peer = await control.start();
+      };
+      cluster.on('proxies', () => void run().catch((err: unknown) => logger('peer').error({ err: (err as Error).message }, 'cannot start the peering listener')));
+      await run();
+    },
+  };
+  return control;
+}
+
+/** Where other Proxies reach this one: peer_public_addr, else the bound address (this node's name when bound to every interface). */
+function peerAddrOf(config: GatewayConfig, bound: string): string {
+  const pub = config.proxy_service.peer_public_addr[0];
+  if (pub) return formatHostPort(pub.host, pub.port);
+  const { host, port } = parseAddr(bound);
+  const wildcard = host === '0.0.0.0' || host === '::' || host === '';
+  return formatHostPort(wildcard ? config.gateway.nodename : host, port ?? 3021);
 }
 
 /**

@@ -118,7 +118,7 @@ describe('openssl s_client on the one port', () => {
   const sClient = (args: string[]) =>
     spawnSync('openssl', ['s_client', '-connect', `${PROXY_IP}:${webPort}`, '-servername', PROXY_NAME, '-CAfile', caFile, ...args], { input: '', encoding: 'utf8', timeout: 20_000 });
 
-  it.each(['gateway-reversetunnel', 'gateway-proxy-ssh', 'gateway-postgres', 'gateway-mysql', 'gateway-mongodb', 'gateway-redis', 'gateway-tcp', 'gateway-peer', 'gateway-postgres-ping'])(
+  it.each(['gateway-reversetunnel', 'gateway-proxy-ssh', 'gateway-postgres', 'gateway-mysql', 'gateway-mongodb', 'gateway-redis', 'gateway-tcp', 'gateway-postgres-ping'])(
     'ALPN %s is negotiated and routed',
     (alpn) => {
       const r = sClient(['-alpn', alpn]);
@@ -130,6 +130,11 @@ describe('openssl s_client on the one port', () => {
   it('no ALPN gets the web; an ALPN nobody serves fails the handshake', () => {
     expect(sClient([]).stdout).toContain('Verify return code: 0 (ok)');
     const refused = sClient(['-alpn', 'imap']);
+    expect(`${refused.stdout}${refused.stderr}`).toMatch(/no application protocol/i);
+  });
+
+  it('gateway-peer is not routed on the one port (peering has its own listener, 3021)', () => {
+    const refused = sClient(['-alpn', 'gateway-peer']);
     expect(`${refused.stdout}${refused.stderr}`).toMatch(/no application protocol/i);
   });
 });

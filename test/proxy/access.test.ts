@@ -26,7 +26,8 @@ import { closeServer, guardedServer } from '../../src/net/listen.js';
 import { createAccessHandler, ROUTE_HEADER_MAX_BYTES } from '../../src/proxy/access.js';
 import { findTarget, findWebApp } from '../../src/proxy/resources.js';
 import type { AgentResources, DialRequest, ServiceKind } from '../../src/tunnel/protocol.js';
-import type { ConnectedAgent, TunnelServer } from '../../src/proxy/tunnel.js';
+import type { AgentSource } from '../../src/proxy/router.js';
+import type { ConnectedAgent } from '../../src/proxy/tunnel.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -198,17 +199,17 @@ async function start(route: string, fakes: Fakes = {}, identity: Identity | null
     rolesOf: async (names: readonly string[]) => (fakes.roles ?? [DBA, OPS]).filter((r) => names.includes(r.metadata.name)),
   } as unknown as ProxyAuth;
   const dials: Run['dials'] = [];
-  const tunnels = {
-    list: () => fakes.agents ?? [],
+  const agents: AgentSource = {
+    agents: () => fakes.agents ?? [],
     dial: async (hostId: string, req: DialRequest) => {
       if (fakes.dial) return fakes.dial(hostId, req);
       const [agentEnd, handlerEnd] = await socketPair('channel');
       dials.push({ hostId, req, agentEnd });
       return handlerEnd;
     },
-  } as unknown as TunnelServer;
+  };
   const info: ConnInfo = { remoteAddress: '192.0.2.7', remotePort: 40000, localAddress: '192.0.2.1', localPort: 443, route };
-  createAccessHandler(auth, tunnels, fakes.headerTimeoutMs ?? 20_000)(server, info);
+  createAccessHandler(auth, agents, fakes.headerTimeoutMs ?? 20_000)(server, info);
 
   let received = '';
   const ended = once(client, 'end').then(() => undefined);

@@ -4,7 +4,7 @@
  * sockets that send hostile bytes.
  *
  * Behind the door: a tiny `api` handler (stands for the auth router), a real VersionServer, and an echo service
- * per route kind (resource, tunnel, kube, peer get the TLS socket after the handshake, ssh and the raw tunnel
+ * per route kind (resource, tunnel, kube get the TLS socket after the handshake, ssh and the raw tunnel
  * listener the raw stream; each echoes bytes back). Every service records what it was handed (its kind,
  * ConnInfo, negotiated ALPN, client address), so tests can check the routing decision, not only that bytes came
  * back.
@@ -55,7 +55,6 @@ const ALPN_ROUTES = {
   'gateway-mongodb': 'resource',
   'gateway-redis': 'resource',
   'gateway-tcp': 'resource',
-  'gateway-peer': 'peer',
 } as const;
 /** Protocols that take a "-ping" suffix (ARCHITECTURE.md, wire identifiers). */
 const PING_CAPABLE = ['gateway-postgres', 'gateway-mysql', 'gateway-mongodb', 'gateway-redis', 'gateway-tcp'] as const;
@@ -192,7 +191,7 @@ async function startDoor(yaml: string, extra: Partial<FrontDoorOptions> = {}): P
       res.end(body);
     },
     versions,
-    services: { resource: echo('resource'), tunnel: echo('tunnel'), kube: echo('kube'), peer: echo('peer'), ssh: echo('ssh') },
+    services: { resource: echo('resource'), tunnel: echo('tunnel'), kube: echo('kube'), ssh: echo('ssh') },
     upgradePingIntervalMs: 100,
     ...extra,
   });
@@ -528,7 +527,12 @@ describe('ALPN routes (TLS routing on the web port)', () => {
   });
 
   it('a -ping suffix on a protocol that takes none is not routed', async () => {
-    const err = await handshakeError({ alpn: ['gateway-peer-ping'] });
+    const err = await handshakeError({ alpn: ['gateway-reversetunnel-ping'] });
+    expect(err.code).toBe('ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL');
+  });
+
+  it('gateway-peer is not a route of the one port (peering has its own listener, 3021): the handshake is refused', async () => {
+    const err = await handshakeError({ alpn: ['gateway-peer'] });
     expect(err.code).toBe('ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL');
   });
 
@@ -796,9 +800,9 @@ describe('connection upgrade (/webapi/connectionupgrade)', () => {
     expect(answer.body).toContain('no routable protocol');
   });
 
-  it('a -ping suffix the direct TLS path refuses (gateway-peer-ping) is refused by the upgrade too', async () => {
-    expect((await handshakeError({ alpn: ['gateway-peer-ping'] })).code).toBe('ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL');
-    const answer = await refusedUpgrade(UPGRADE_PATH, ['gateway-peer-ping']);
+  it('a -ping suffix the direct TLS path refuses (gateway-reversetunnel-ping) is refused by the upgrade too', async () => {
+    expect((await handshakeError({ alpn: ['gateway-reversetunnel-ping'] })).code).toBe('ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL');
+    const answer = await refusedUpgrade(UPGRADE_PATH, ['gateway-reversetunnel-ping']);
     expect(answer.status).toBe(400);
   });
 
@@ -918,8 +922,8 @@ describe('separate listeners (proxy_listener_mode: separate)', () => {
     sep = await startDoor(separateYaml());
   });
 
-  it('binds every listener (kube too, since kube_listen_addr is set)', () => {
-    expect(Object.keys(sep.addresses).sort()).toEqual(['kube', 'mongo', 'mysql', 'peer', 'postgres', 'redis', 'ssh', 'tunnel', 'web']);
+  it('binds every listener of the table (kube too, since kube_listen_addr is set); peering is not one of them', () => {
+    expect(Object.keys(sep.addresses).sort()).toEqual(['kube', 'mongo', 'mysql', 'postgres', 'redis', 'ssh', 'tunnel', 'web']);
     for (const addr of Object.values(sep.addresses)) expect(addr).toMatch(/^127\.0\.0\.1:\d+$/);
   });
 
@@ -946,7 +950,7 @@ describe('separate listeners (proxy_listener_mode: separate)', () => {
     expect(err.code).toBe('ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL');
   });
 
-  it('the other listeners accept connections; ssh, tunnel, peer and kube reach their services', async () => {
+  it('the other listeners accept connections; ssh, tunnel and kube reach their services', async () => {
     for (const name of ['mysql', 'postgres', 'mongo', 'redis']) {
       const s = await connectRaw(portOf(sep.addresses[name]!));
       s.destroy();
@@ -960,12 +964,6 @@ describe('separate listeners (proxy_listener_mode: separate)', () => {
     expect((await roundTrip(tunnel, 'SSH-2.0-agent\r\n')).toString()).toBe('SSH-2.0-agent\r\n');
     expect(await seenFor(tunnel)).toMatchObject({ service: 'tunnel', kind: 'tunnel', alpn: undefined });
     tunnel.destroy();
-
-    const peer = await connectTls({ port: portOf(sep.addresses.peer!), alpn: ['gateway-peer'] });
-    expect(peer.alpnProtocol).toBe('gateway-peer');
-    expect((await roundTrip(peer, 'peer')).toString()).toBe('peer');
-    expect(await seenFor(peer)).toMatchObject({ service: 'gateway-peer', kind: 'peer' });
-    peer.destroy();
 
     const kube = await connectTls({ port: portOf(sep.addresses.kube!) });
     expect((await roundTrip(kube, 'kube')).toString()).toBe('kube');

@@ -41,7 +41,6 @@ const WIRE_ALPNS = [
   'gateway-redis-ping',
   'gateway-tcp',
   'gateway-tcp-ping',
-  'gateway-peer',
 ];
 
 const tableAlpns = (table: readonly Protocol[]) => table.flatMap(alpnNames).map((a) => a.protocol);
@@ -165,7 +164,7 @@ describe('the multiplexer routes what the table lists, and nothing else', () => 
     const d = await door(PROTOCOLS, 'separate');
     const expected = PROTOCOLS.flatMap((row) => (row.listener && row.listener.key !== 'kube_listen_addr' ? [row.listener.name] : []));
     expect(Object.keys(d.addresses)).toEqual(expected);
-    expect(expected).toEqual(['web', 'ssh', 'tunnel', 'peer', 'mysql', 'postgres', 'mongo', 'redis']);
+    expect(expected).toEqual(['web', 'ssh', 'tunnel', 'mysql', 'postgres', 'mongo', 'redis']);
   });
 });
 
@@ -174,7 +173,9 @@ describe('connection upgrades', () => {
     for (const row of PROTOCOLS) {
       for (const { protocol } of alpnNames(row)) expect(upgradeRouteFor(protocol)?.name).toBe(row.kind === 'web' ? undefined : row.name);
     }
-    expect(upgradeRouteFor('gateway-peer-ping')).toBeUndefined();
+    expect(upgradeRouteFor('gateway-reversetunnel-ping')).toBeUndefined();
+    // Peering is not the front door's: its own listener (3021), never an upgrade or a route of the one port.
+    expect(upgradeRouteFor('gateway-peer')).toBeUndefined();
     expect(upgradeRouteFor('kube')).toBeUndefined();
   });
 });

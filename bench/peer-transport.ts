@@ -1,0 +1,183 @@
+/**
+ * bench/peer-transport.ts — which transport carries Proxy peering (src/proxy/peer.ts): node:http2 streams or the
+ * ssh2 channel protocol the reverse tunnels use, each over TLS on loopback, measured in the same run.
+ *
+ *   http2   TLS 1.3 (ALPN h2) -> one http2 session -> one POST stream per connection; the server pipes it to a
+ *           sink (throughput) or echoes it (round trip)
+ *   ssh2    TLS 1.3 -> ssh2 Client/Server (aes128-gcm@openssh.com, the tunnels' cipher) -> one forwarded-tcpip
+ *           channel per connection, same sink / echo
+ *
+ * Figures: single-stream throughput (BENCH_MIB MiB, median of BENCH_RUNS, transports interleaved) and 64-byte
+ * round trip p50/p99 (BENCH_RTTS samples on one established stream). Everything runs in this process: what is
+ * compared is the protocol stacks' cost, not a network. Prints a section; BENCH_RECORD=1 writes it to
+ * bench/RESULTS.md ("peer-transport").
+ */
+import http2 from 'node:http2';
+import net from 'node:net';
+import { loadavg } from 'node:os';
+import type { Duplex } from 'node:stream';
+import tls from 'node:tls';
+import ssh2 from 'ssh2';
+import { generateAuthority, generateKeyPair, issueTlsCert, sshPrivateKeyPem } from '../src/auth/pki.js';
+import { envNumber } from './common.js';
+import { recordSection } from './record.js';
+
+const MIB = envNumber('BENCH_MIB', 256);
+const RUNS = envNumber('BENCH_RUNS', 3);
+const RTTS = envNumber('BENCH_RTTS', 3000);
+const CHUNK = Buffer.alloc(64 * 1024, 7);
+
+type Opener = (mode: 'sink' | 'echo') => Promise<Duplex>;
+
+interface Transport {
+  name: string;
+  open: Opener;
+  close(): void;
+}
+
+async function tlsMaterial(): Promise<{ key: string; cert: string; ca: string }> {
+  const ca = await generateAuthority('host', 'bench');
+  const keys = generateKeyPair();
+  const cert = await issueTlsCert(ca, { publicKeyPem: keys.publicKeyPem, identity: { kind: 'host', name: 'p', cluster: 'bench', roles: ['proxy'] }, dnsNames: ['localhost'], ttlMs: 3600_000, usage: 'both' });
+  return { key: keys.privateKeyPem, cert, ca: ca.tls.certPem };
+}
+
+/** Server side of both: a sink counts bytes then ends; an echo writes back what it reads. */
+function serve(stream: Duplex, mode: string): void {
+  if (mode === 'echo') stream.pipe(stream);
+  else {
+    stream.on('data', () => undefined);
+    stream.on('end', () => stream.end());
+  }
+}
+
+async function startHttp2(m: { key: string; cert: string; ca: string }): Promise<Transport> {
+  const server = http2.createSecureServer({ key: m.key, cert: m.cert, ca: m.ca, requestCert: true, rejectUnauthorized: true });
+  server.on('stream', (stream, headers) => {
+    stream.respond({ ':status': 200 });
+    serve(stream, String(headers['x-mode']));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const port = (server.address() as net.AddressInfo).port;
+  const session = http2.connect(`https://localhost:${port}`, { key: m.key, cert: m.cert, ca: m.ca });
+  await new Promise<void>((r, j) => session.once('connect', () => r()).once('error', j));
+  return {
+    name: 'http2',
+    open: async (mode) => {
+      const req = session.request({ ':method': 'POST', ':path': '/', 'x-mode': mode });
+      await new Promise<void>((r) => req.once('response', () => r()));
+      return req;
+    },
+    close: () => {
+      session.destroy();
+      server.close();
+    },
+  };
+}
+
+async function startSsh2(m: { key: string; cert: string; ca: string }): Promise<Transport> {
+  const hostKey = sshPrivateKeyPem(generateKeyPair().privateKeyPem);
+  const algorithms = { cipher: ['aes128-gcm@openssh.com' as const] };
+  const sshServer = new ssh2.Server({ hostKeys: [hostKey], algorithms }, (conn) => {
+    conn.on('authentication', (ctx) => ctx.accept());
+    conn.on('tcpip', (accept, _reject, info) => serve(accept() as unknown as Duplex, info.destIP));
+    conn.on('error', () => undefined);
+  });
+  const tlsServer = tls.createServer({ key: m.key, cert: m.cert, ca: m.ca, requestCert: true, rejectUnauthorized: true }, (s) => sshServer.injectSocket(s as never));
+  await new Promise<void>((r) => tlsServer.listen(0, '127.0.0.1', r));
+  const port = (tlsServer.address() as net.AddressInfo).port;
+  const sock = tls.connect({ port, host: '127.0.0.1', servername: 'localhost', key: m.key, cert: m.cert, ca: m.ca });
+  await new Promise<void>((r, j) => sock.once('secureConnect', () => r()).once('error', j));
+  const client = new ssh2.Client();
+  await new Promise<void>((r, j) => client.once('ready', () => r()).once('error', j).connect({ sock, username: 'p', algorithms }));
+  return {
+    name: 'ssh2',
+    open: (mode) => new Promise((r, j) => client.forwardOut('127.0.0.1', 1, mode, 1, (err, ch) => (err ? j(err) : r(ch as unknown as Duplex)))),
+    close: () => {
+      client.end();
+      tlsServer.close();
+    },
+  };
+}
+
+/** MiB/s of pushing MIB MiB on one stream until the far end has read them all (it ends its side then). */
+async function throughput(t: Transport): Promise<number> {
+  const stream = await t.open('sink');
+  const total = MIB * 1024 * 1024;
+  const start = process.hrtime.bigint();
+  let sent = 0;
+  await new Promise<void>((resolve, reject) => {
+    stream.on('error', reject);
+    stream.on('data', () => undefined);
+    stream.once('end', () => resolve());
+    const pump = () => {
+      while (sent < total) {
+        sent += CHUNK.length;
+        if (!stream.write(CHUNK)) return void stream.once('drain', pump);
+      }
+      stream.end();
+    };
+    pump();
+  });
+  const s = Number(process.hrtime.bigint() - start) / 1e9;
+  stream.destroy();
+  return MIB / s;
+}
+
+/** 64-byte round trips on one stream, µs. */
+async function roundTrips(t: Transport): Promise<number[]> {
+  const stream = await t.open('echo');
+  const msg = Buffer.alloc(64, 1);
+  const out: number[] = [];
+  for (let i = 0; i < RTTS; i++) {
+    const start = process.hrtime.bigint();
+    await new Promise<void>((resolve) => {
+      let got = 0;
+      const on = (c: Buffer) => {
+        got += c.length;
+        if (got >= 64) {
+          stream.off('data', on);
+          resolve();
+        }
+      };
+      stream.on('data', on);
+      stream.write(msg);
+    });
+    out.push(Number(process.hrtime.bigint() - start) / 1000);
+  }
+  stream.destroy();
+  return out.sort((a, b) => a - b);
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const pct = (xs: number[], p: number) => xs[Math.min(xs.length - 1, Math.floor((xs.length * p) / 100))]!;
+
+async function main(): Promise<void> {
+  const load = loadavg()[0]!.toFixed(2);
+  const m = await tlsMaterial();
+  const transports = [await startHttp2(m), await startSsh2(m)];
+  const tp = new Map<string, number[]>(transports.map((t) => [t.name, []]));
+  for (let run = 0; run < RUNS; run++) for (const t of transports) tp.get(t.name)!.push(await throughput(t));
+  const rtt = new Map<string, number[]>();
+  for (const t of transports) rtt.set(t.name, await roundTrips(t));
+  for (const t of transports) t.close();
+  const rows = transports.map((t) => `| ${t.name} | ${median(tp.get(t.name)!).toFixed(0)} | ${pct(rtt.get(t.name)!, 50).toFixed(1)} | ${pct(rtt.get(t.name)!, 99).toFixed(1)} |`);
+  const [h, s] = [transports[0]!.name, transports[1]!.name];
+  const section = [
+    '## peer-transport',
+    '',
+    `Run ${new Date().toISOString()} with \`npx tsx bench/peer-transport.ts\`: both transports over TLS 1.3 with client certificates on loopback, client and server in one process; ${MIB} MiB per run on one stream (median of ${RUNS}, interleaved), ${RTTS} round trips of 64 bytes on one stream. ssh2 uses aes128-gcm@openssh.com (the tunnels' cipher) inside TLS. Load average ${load} at the start, ${loadavg()[0]!.toFixed(2)} at the end (other work shared the machine).`,
+    '',
+    '| transport | throughput, 1 stream (MiB/s) | 64-byte round trip p50 (µs) | p99 (µs) |',
+    '|---|---|---|---|',
+    ...rows,
+    '',
+    `- ${h} / ${s}: throughput ${(median(tp.get(h)!) / median(tp.get(s)!)).toFixed(2)}x, round trip p50 ${(pct(rtt.get(h)!, 50) / pct(rtt.get(s)!, 50)).toFixed(2)}x.`,
+    '',
+  ].join('\n');
+  process.stdout.write(section);
+  if (process.env.BENCH_RECORD === '1') await recordSection('peer-transport', section);
+}
+
+await main();
+process.exit(0);

@@ -1,0 +1,366 @@
+/**
+ * bench:peer — one stream through Proxy peering against the same stream without it, in the same run:
+ *
+ *   direct   client -> Proxy B (gateway-tcp, TLS) -> B's reverse tunnel -> agent -> sink / echo
+ *   peered   client -> Proxy A (gateway-tcp, TLS) -> A's router -> HTTP/2 over TLS on B's 3021 -> B -> agent -> ...
+ *
+ * Both Proxies, the Auth Service and the agent (a real TunnelAgent) run in this process
+ * (test/proxy/peering-harness.ts: startProxyRole twice on one in-process Auth Service), so the figures compare
+ * the paths' protocol work on one Node.js thread, not a network. Goals (issue 13): throughput ratio >= 0.8x,
+ * round-trip p50 ratio <= 1.3x.
+ *
+ * Figures: single-stream throughput (BENCH_MIB MiB pushed to the sink until it ends its side, median of
+ * BENCH_RUNS, paths interleaved) and 64-byte round trips on one established stream (BENCH_RTTS samples, p50 and
+ * p99), plus the time to open a stream (TLS + route header + dial answer, BENCH_OPENS samples, p50).
+ * Scale (BENCH_AGENTS simulated agents, default 1000; issue 13 asks for 10 000, which needs an open-file limit
+ * above 2 x 10 000 + a few hundred: both ends of every tunnel are in this process): TunnelAgent instances in this
+ * process, joined locally, connected half to A and half to B in batches of 50 (real TLS + SSH + control channel
+ * each, no resources behind them). Figures: the time from B registering an agent's tunnel to the other Proxy's cluster
+ * view listing its location (p50/p99 over the agents B holds), and the process's heap + external memory per
+ * agent after a GC (with --expose-gc; it includes the agents' own ends, so it is an upper bound for a Proxy).
+ * Settings: BENCH_MIB (256), BENCH_RUNS (3), BENCH_RTTS (3000), BENCH_OPENS (200), BENCH_AGENTS (1000; 0 skips
+ * the scale part), BENCH_RECORD (0: print only).
+ */
+import { cpus, loadavg, totalmem } from 'node:os';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { loadHostIdentity, saveHostIdentity } from '../src/agent/identity.js';
+import { TunnelAgent } from '../src/agent/tunnel.js';
+import { generateKeyPair } from '../src/auth/pki.js';
+import { Dialer } from '../src/dial/dialer.js';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import getPort from 'get-port';
+import { loadProfile } from '../src/client/profile.js';
+import { openResource } from '../src/client/resources.js';
+import { startPostgres } from '../test/helpers/databases.js';
+import { runCli, startGateway } from '../test/helpers/gateway.js';
+import { startEchoServer, startSinkServer } from '../test/helpers/servers.js';
+import type { Duplex } from 'node:stream';
+import { createLogger, setRootLogger } from '../src/log.js';
+import { startPeerCluster, type PeerCluster } from '../test/proxy/peering-harness.js';
+import { waitUntil } from '../test/helpers/wait.js';
+import { envNumber } from './common.js';
+import { recordSection } from './record.js';
+
+const MIB = envNumber('BENCH_MIB', 256);
+const RUNS = envNumber('BENCH_RUNS', 3);
+const RTTS = envNumber('BENCH_RTTS', 3000);
+const OPENS = envNumber('BENCH_OPENS', 200);
+const AGENTS = envNumber('BENCH_AGENTS', 1000, 0);
+const CHUNK = Buffer.alloc(64 * 1024, 7);
+
+/** Progress on stderr (the section goes to stdout). */
+const say = (what: string) => process.stderr.write(`[bench:peer ${new Date().toISOString().slice(11, 19)}] ${what}\n`);
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const pct = (xs: number[], p: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor((s.length * p) / 100))]!;
+};
+
+type Opener = (web: string, resource?: 'echo' | 'sink') => Promise<Duplex>;
+
+async function throughput(open: Opener, web: string): Promise<number> {
+  const stream = await open(web, 'sink');
+  const total = MIB * 1024 * 1024;
+  const start = process.hrtime.bigint();
+  let sent = 0;
+  await new Promise<void>((resolve, reject) => {
+    stream.on('error', reject);
+    stream.resume();
+    stream.once('end', () => resolve());
+    const pump = () => {
+      while (sent < total) {
+        sent += CHUNK.length;
+        if (!stream.write(CHUNK)) return void stream.once('drain', pump);
+      }
+      stream.end();
+    };
+    pump();
+  });
+  const s = Number(process.hrtime.bigint() - start) / 1e9;
+  stream.destroy();
+  return MIB / s;
+}
+
+async function roundTrips(stream: Duplex): Promise<number[]> {
+  const msg = Buffer.alloc(64, 1);
+  const out: number[] = [];
+  for (let i = 0; i < RTTS; i++) {
+    const start = process.hrtime.bigint();
+    await new Promise<void>((resolve) => {
+      let got = 0;
+      const on = (chunk: Buffer) => {
+        got += chunk.length;
+        if (got >= 64) {
+          stream.off('data', on);
+          resolve();
+        }
+      };
+      stream.on('data', on);
+      stream.write(msg);
+    });
+    out.push(Number(process.hrtime.bigint() - start) / 1000);
+  }
+  return out;
+}
+
+async function opens(openStream: Opener, web: string): Promise<number[]> {
+  const out: number[] = [];
+  for (let i = 0; i < OPENS; i++) {
+    const start = process.hrtime.bigint();
+    const s = await openStream(web);
+    out.push(Number(process.hrtime.bigint() - start) / 1e6);
+    s.destroy();
+  }
+  return out;
+}
+
+function withTimeout<T>(what: string, p: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const t = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`not within ${ms} ms: ${what}`)), ms)));
+  return Promise.race([p, t]).finally(() => clearTimeout(timer));
+}
+
+interface Scale {
+  agents: number;
+  connectSecs: number;
+  propagation: number[];
+  bytesPerAgent: number;
+}
+
+function memoryNow(): number {
+  (globalThis as { gc?: () => void }).gc?.();
+  const m = process.memoryUsage();
+  return m.heapUsed + m.external + m.arrayBuffers;
+}
+
+/** BENCH_AGENTS TunnelAgents, half to A and half to B; how long B's agents take to show up in A's cluster view. */
+async function scale(c: PeerCluster): Promise<Scale> {
+  const dialer = new Dialer({ env: {} });
+  const identities = [];
+  for (let i = 0; i < AGENTS; i++) {
+    const keys = generateKeyPair();
+    const nodename = `sim-${i}`;
+    const bundle = await c.auth.auth.joinLocal({ roles: ['app'], nodename, publicAddrs: [], publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey });
+    const dir = join(c.dir, 'sim', String(i));
+    mkdirSync(dir, { recursive: true });
+    const toB = i % 2 === 0;
+    saveHostIdentity(dir, keys.privateKeyPem, bundle, { roles: ['app'], nodename, server: (toB ? c.b : c.a).addresses.web!, joinedVia: 'proxy' });
+    identities.push(loadHostIdentity(dir)!);
+  }
+  say(`scale: ${AGENTS} identities joined`);
+  const before = memoryNow();
+  const waiting = new Map<string, number>();
+  const propagation: number[] = [];
+  const check = () => {
+    for (const [hostId, at] of waiting) {
+      if (c.a.cluster.locations(hostId).includes(c.b.id)) {
+        propagation.push(performance.now() - at);
+        waiting.delete(hostId);
+      }
+    }
+  };
+  c.a.cluster.on('agents', check);
+  // From B registering the agent (its presence is written right after) to A's view listing it at B.
+  const registered = (agent: { hostId: string }) => void waiting.set(agent.hostId, performance.now());
+  c.b.tunnels.on('agent', registered);
+  const agents: TunnelAgent[] = [];
+  const t0 = Date.now();
+  for (let i = 0; i < identities.length; i += 50) {
+    const batch = identities.slice(i, i + 50).map((identity) => {
+      const agent = new TunnelAgent({ identity, dialer, services: ['app'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, connectResource: () => Promise.reject(new Error('simulated agent')) });
+      agents.push(agent);
+      return new Promise<void>((resolve) => {
+        agent.once('connected', () => resolve());
+        agent.start();
+      });
+    });
+    await withTimeout(`agents ${i}..${i + 49} connecting`, Promise.all(batch), 60_000);
+  }
+  const connectSecs = (Date.now() - t0) / 1000;
+  say(`scale: ${AGENTS} agents connected in ${connectSecs.toFixed(1)} s; ${waiting.size} not yet seen by A`);
+  await waitUntil('A sees every agent B holds', () => (check(), waiting.size === 0), 120_000, 50);
+  c.a.cluster.off('agents', check);
+  c.b.tunnels.off('agent', registered);
+  await new Promise((r) => setTimeout(r, 2000));
+  const after = memoryNow();
+  for (const a of agents) a.stop();
+  return { agents: AGENTS, connectSecs, propagation, bytesPerAgent: (after - before) / AGENTS };
+}
+
+interface Setup {
+  /** How the paths were run, for the section. */
+  label: string;
+  open: Opener;
+  webA: string;
+  webB: string;
+  stop(): Promise<void>;
+  cluster?: PeerCluster;
+}
+
+interface Figures {
+  label: string;
+  tp: number[][];
+  rtt: number[][];
+  open: number[][];
+}
+
+const PATHS = ['direct (client -> B -> agent)', 'peered (client -> A -> 3021 -> B -> agent)'];
+
+async function measure(setup: Setup): Promise<Figures> {
+  const webs = [setup.webB, setup.webA];
+  say(`measuring: ${setup.label.split(' (')[0]}`);
+  // Warm-up: JIT, the peering connection.
+  for (const web of webs) (await setup.open(web)).destroy();
+  const tp = webs.map(() => [] as number[]);
+  for (let run = 0; run < RUNS; run++) for (const [i, web] of webs.entries()) tp[i]!.push(await throughput(setup.open, web));
+  const rtt: number[][] = [];
+  for (const web of webs) {
+    const s = await setup.open(web);
+    rtt.push(await roundTrips(s));
+    s.destroy();
+  }
+  const open: number[][] = [];
+  for (const web of webs) open.push(await opens(setup.open, web));
+  return { label: setup.label, tp, rtt, open };
+}
+
+function table(f: Figures): string[] {
+  const ratioTp = median(f.tp[1]!) / median(f.tp[0]!);
+  const ratioRtt = pct(f.rtt[1]!, 50) / pct(f.rtt[0]!, 50);
+  return [
+    `### ${f.label}`,
+    '',
+    '| path | throughput, 1 stream (MiB/s) | 64-byte round trip p50 (µs) | p99 (µs) | stream open p50 (ms) |',
+    '|---|---|---|---|---|',
+    ...PATHS.map((name, i) => `| ${name} | ${median(f.tp[i]!).toFixed(0)} | ${pct(f.rtt[i]!, 50).toFixed(1)} | ${pct(f.rtt[i]!, 99).toFixed(1)} | ${pct(f.open[i]!, 50).toFixed(2)} |`),
+    '',
+    `- Peered / direct: throughput ${ratioTp.toFixed(2)}x (goal >= 0.8x: ${ratioTp >= 0.8 ? 'met' : 'not met'}), round trip p50 ${ratioRtt.toFixed(2)}x (goal <= 1.3x: ${ratioRtt <= 1.3 ? 'met' : 'not met'}), stream open p50 ${(pct(f.open[1]!, 50) / pct(f.open[0]!, 50)).toFixed(2)}x.`,
+    '',
+  ];
+}
+
+async function inProcess(): Promise<Setup> {
+  // Every simulated agent comes from 127.0.0.1: the per-source cap must hold them all (and the file limit, with ulimit -n).
+  const cap = String(Math.max(10_000, 2 * AGENTS + 1000));
+  const c = await startPeerCluster({ keepAlive: '20s', limits: [`max_connections: ${cap}`, `max_connections_per_source: ${cap}`] });
+  await waitUntil('A sees the agent at B', () => c.a.cluster.locations(c.agentIdentity.hostId).includes(c.b.id) && !!c.a.cluster.proxy(c.b.id)?.peer_addr);
+  return {
+    label: 'in one process (both Proxies, the Auth Service, the agent and the client on one Node.js thread)',
+    open: (web, resource) => c.open(web, resource),
+    webA: c.a.addresses.web!,
+    webB: c.b.addresses.web!,
+    stop: () => c.stop(),
+    cluster: c,
+  };
+}
+
+const proxyYaml = (name: string, web: number, peer: number, conn: string) =>
+  [
+    'gateway:',
+    `  nodename: ${name}`,
+    '  data_dir: DATA_DIR',
+    '  log: { format: json }',
+    `  storage: { type: postgres, conn_string: "${conn}" }`,
+    'auth_service:',
+    '  cluster_name: peer-bench.example',
+    '  listen_addr: 127.0.0.1:0',
+    '  tunnel_strategy: { type: proxy_peering, agent_connection_count: 1 }',
+    'proxy_service:',
+    `  web_listen_addr: 127.0.0.1:${web}`,
+    `  public_addr: localhost:${web}`,
+    `  peer_listen_addr: 127.0.0.1:${peer}`,
+    '',
+  ].join('\n');
+
+/** Real daemons: A and B (`gateway start`, auth + proxy) on one PostgreSQL, an app agent joined through B; sink and echo here. */
+async function daemons(): Promise<Setup> {
+  const dir = await mkdtemp(join(tmpdir(), 'gw-bench-peer-'));
+  const stops: Array<() => Promise<unknown>> = [async () => rm(dir, { recursive: true, force: true })];
+  const stop = async () => {
+    for (const s of stops.reverse()) await s().catch(() => undefined);
+  };
+  try {
+    const pg = await startPostgres({ port: await getPort({ host: '127.0.0.1' }) });
+    stops.push(() => pg.stop());
+    const [sink, echo] = [await startSinkServer(), await startEchoServer()];
+    stops.push(async () => sink.close(), async () => echo.close());
+    const port = () => getPort({ host: '127.0.0.1' });
+    const [webA, webB] = [await port(), await port()];
+    const a = await startGateway(proxyYaml('proxy-a', webA, await port(), pg.url()));
+    stops.push(() => a.stop());
+    const b = await startGateway(proxyYaml('proxy-b', webB, await port(), pg.url()));
+    stops.push(() => b.stop());
+    const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', b.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
+    const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
+    const token = (JSON.parse((await admin(['tokens', 'add', '--type=app', '--format', 'json'])).stdout) as { token: string }).token;
+    await admin(['users', 'add', 'alice', '--roles=access'], 'correct horse battery\n');
+    const apps = ['app_service:', '  enabled: yes', '  apps:', `    - { name: sink, uri: "tcp://127.0.0.1:${sink.port}" }`, `    - { name: echo, uri: "tcp://127.0.0.1:${echo.port}" }`];
+    const agent = await startGateway(['gateway:', '  nodename: agent-b', '  data_dir: DATA_DIR', '  log: { format: json }', ...apps, ''].join('\n'), { args: ['--token', token, '--ca-pin', pin, '--proxy', `localhost:${webB}`] });
+    stops.push(() => agent.stop());
+    await agent.waitForLog('reverse tunnel ready');
+    const gwshHome = join(dir, 'alice');
+    const login = await runCli('gwsh', ['login', `--proxy=localhost:${webA}`, '--user=alice', `--ca-pin=${pin}`], { env: { HOME: dir, GWSH_HOME: gwshHome }, input: 'correct horse battery\n' });
+    if (login.status !== 0) throw new Error(`gwsh login: ${login.stderr}`);
+    const profile = loadProfile(gwshHome)!;
+    const dialer = new Dialer({ env: {} });
+    say('daemons: A, B and the agent started');
+    const open: Opener = (web, resource = 'echo') => openResource(profile, web, { alpn: 'gateway-tcp', resource, kind: 'app' }, dialer);
+    await waitUntil('A reaches the agent B holds', () => open(`localhost:${webA}`).then((s) => (s.destroy(), true), () => false), 60_000, 250);
+    return { label: 'real daemons (A, B and the agent each a `gateway start` process; A and B share one PostgreSQL; the client, sink and echo in the bench process)', open, webA: `localhost:${webA}`, webB: `localhost:${webB}`, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+async function main(): Promise<void> {
+  setRootLogger(createLogger({ level: 'silent' }));
+  const loadStart = loadavg()[0]!.toFixed(2);
+  const t0 = Date.now();
+  const modes = (process.env.BENCH_MODES ?? 'daemons,inprocess').split(',');
+  const figures: Figures[] = [];
+  let sc: Scale | undefined;
+  for (const mode of modes) {
+    const setup = mode === 'daemons' ? await daemons() : await inProcess();
+    try {
+      figures.push(await measure(setup));
+      if (setup.cluster && AGENTS > 0) sc = await scale(setup.cluster);
+    } finally {
+      await setup.stop();
+    }
+  }
+  const mem = (totalmem() / 1024 ** 3).toFixed(1);
+  const scaleLines = sc
+    ? [
+        `### Scale: ${sc.agents} simulated agents`,
+        '',
+        `TunnelAgent instances in the in-process setup, each with its own TLS + SSH connection and control channel (no resources), half with their tunnel to A and half to B, connected in ${sc.connectSecs.toFixed(1)} s in batches of 50.`,
+        '',
+        '| figure | value |',
+        '|---|---|',
+        `| a new agent's location reaching the other Proxy (from B registering the agent's tunnel to A's cluster view listing it at B), p50 / p99 (ms) | ${pct(sc.propagation, 50).toFixed(1)} / ${pct(sc.propagation, 99).toFixed(1)} |`,
+        `| memory per agent, whole process (both Proxies, the Auth Service and the agents' own ends; heap + external${(globalThis as { gc?: unknown }).gc ? ' after GC' : ', no forced GC'}) (KiB) | ${(sc.bytesPerAgent / 1024).toFixed(1)} |`,
+        '| client connect through a peer | stream open p50, peered row above |',
+        '',
+      ]
+    : [];
+  const section = [
+    '## peer',
+    '',
+    `Run ${new Date().toISOString()} with \`npm run bench:peer\` (${Math.round((Date.now() - t0) / 1000)} s). One stream client -> Proxy A -> A's router -> HTTP/2 over mutual TLS on B's peer_listen_addr -> Proxy B -> B's reverse tunnel -> agent (peered) against client -> Proxy B -> agent (direct), the agent's tunnel being to B only; the client opens gateway-tcp streams (TLS 1.3, a user certificate) to a sink or echo app behind the agent. Throughput: ${MIB} MiB per run on one stream, median of ${RUNS}, paths interleaved; round trip: ${RTTS} samples of 64 bytes on one established stream; open: ${OPENS} sequential stream opens (TLS, route header, dial answer).`,
+    `Machine: ${cpus()[0]?.model.split(' ').slice(0, 2).join(' ') ?? 'unknown'}, ${cpus().length} cores, ${mem} GiB memory, Node ${process.version}; load average ${loadStart} at the start, ${loadavg()[0]!.toFixed(2)} at the end (other work shared the machine).`,
+    '',
+    ...figures.flatMap(table),
+    ...scaleLines,
+    '- With every process of a path on two shared cores, a stream goes as fast as the CPU left to its hops allows: the peered path adds a TLS termination and HTTP/2 framing in A and HTTP/2 and TLS in B (two more encryptions and decryptions of every byte). In one process all of it is on one thread, so that figure is a lower bound of the ratio two Proxies on their own machines reach.',
+    '',
+  ].join('\n');
+  process.stdout.write(section);
+  if (process.env.BENCH_RECORD === '1') await recordSection('peer', section);
+}
+
+await main();
+process.exit(0);

@@ -1,0 +1,167 @@
+/**
+ * Proxy peering between two real daemons: Proxy A and Proxy B (each `gateway start` with auth + proxy) share one
+ * PostgreSQL (test/helpers/databases.ts), so they are one cluster with auth_service.tunnel_strategy proxy_peering.
+ * An app agent joins through B and keeps its only tunnel there; a user logged in through A reaches the agent's
+ * TCP app (gwsh proxy app) through A, which carries the stream over B's peering listener (3021). Bytes are
+ * checked end to end, one large transfer and many concurrent streams. B's peering port refuses a client without
+ * a certificate and garbage; the in-process suite (test/proxy/peer.test.ts) has every other hostile case.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdtemp, rm } from 'node:fs/promises';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import tls from 'node:tls';
+import getPort from 'get-port';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { startPostgres, type PostgresServer } from '../helpers/databases.js';
+import { waitUntil } from '../helpers/wait.js';
+import { rootSuite } from '../helpers/root.js';
+
+let dir: string;
+let pg: PostgresServer;
+let a: RunningGateway;
+let b: RunningGateway;
+let agent: RunningGateway;
+let echo: net.Server;
+let localPort: number;
+let peerPortB: number;
+const children: ChildProcess[] = [];
+
+const proxyYaml = (name: string, web: number, peer: number, conn: string) =>
+  [
+    'gateway:',
+    `  nodename: ${name}`,
+    '  data_dir: DATA_DIR',
+    '  log: { format: json, severity: debug }',
+    '  limits: { tls_handshake_timeout: 2s, header_timeout: 2s }',
+    `  storage: { type: postgres, conn_string: "${conn}" }`,
+    'auth_service:',
+    '  cluster_name: peering.example',
+    '  listen_addr: 127.0.0.1:0',
+    '  tunnel_strategy: { type: proxy_peering, agent_connection_count: 1 }',
+    'proxy_service:',
+    `  web_listen_addr: 127.0.0.1:${web}`,
+    `  public_addr: localhost:${web}`,
+    `  peer_listen_addr: 127.0.0.1:${peer}`,
+    '',
+  ].join('\n');
+
+/** Sends `data` through a fresh connection to gwsh's local listener and resolves with the sha256 of the echo. */
+function echoThrough(data: Buffer): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const hash = createHash('sha256');
+    let got = 0;
+    const s = net.connect({ port: localPort, host: '127.0.0.1' }, () => s.write(data));
+    s.on('data', (c: Buffer) => {
+      hash.update(c);
+      got += c.length;
+      if (got >= data.length) {
+        s.destroy();
+        resolve(hash.digest('hex'));
+      }
+    });
+    s.once('error', reject);
+    s.once('close', () => got < data.length && reject(new Error(`closed after ${got} of ${data.length} bytes`)));
+  });
+}
+
+/** gwsh proxy app echo in its own process: resolves with its local port, rejects when it exits (not reachable yet). */
+function startGwshProxy(env: Record<string, string>): Promise<number> {
+  const gwsh = spawn(process.execPath, [BIN('gwsh'), 'proxy', 'app', 'echo', '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(gwsh);
+  return new Promise<number>((resolve, reject) => {
+    let out = '';
+    gwsh.stdout.on('data', (c: Buffer) => {
+      out += c.toString();
+      const m = /127\.0\.0\.1:(\d+)/.exec(out);
+      if (m) resolve(Number(m[1]));
+    });
+    gwsh.once('exit', (code) => reject(new Error(`gwsh proxy app exited with ${code}: ${out}`)));
+  });
+}
+
+const sha256 = (d: Buffer) => createHash('sha256').update(d).digest('hex');
+
+rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', () => {
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'gw-e2e-peer-'));
+    pg = await startPostgres({ port: await getPort({ host: '127.0.0.1' }) });
+    echo = net.createServer((s) => {
+      s.on('error', () => undefined);
+      s.pipe(s);
+    });
+    await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
+    const [webA, webB, peerA] = [await getPort({ host: '127.0.0.1' }), await getPort({ host: '127.0.0.1' }), await getPort({ host: '127.0.0.1' })];
+    peerPortB = await getPort({ host: '127.0.0.1' });
+    a = await startGateway(proxyYaml('proxy-a', webA, peerA, pg.url()));
+    b = await startGateway(proxyYaml('proxy-b', webB, peerPortB, pg.url()));
+    const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', b.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
+    const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
+    const token = (JSON.parse((await admin(['tokens', 'add', '--type=app', '--format', 'json'])).stdout) as { token: string }).token;
+    await admin(['users', 'add', 'alice', '--roles=access'], 'correct horse battery\n');
+    const echoPort = (echo.address() as net.AddressInfo).port;
+    agent = await startGateway(
+      ['gateway:', '  nodename: agent-b', '  data_dir: DATA_DIR', '  log: { format: json }', 'app_service:', '  enabled: yes', '  apps:', `    - { name: echo, uri: "tcp://127.0.0.1:${echoPort}" }`, ''].join('\n'),
+      { args: ['--token', token, '--ca-pin', pin, '--proxy', `localhost:${webB}`] },
+    );
+    await agent.waitForLog('reverse tunnel ready');
+    const env = { HOME: dir, GWSH_HOME: join(dir, 'alice') };
+    expect((await runCli('gwsh', ['login', `--proxy=localhost:${webA}`, '--user=alice', `--ca-pin=${pin}`], { env, input: 'correct horse battery\n' })).status).toBe(0);
+    // A learns from the shared backend that B holds the agent's tunnel; until then gwsh's start check is refused.
+    await waitUntil('gwsh proxy app reaches the app through A', async () => {
+      const port = await startGwshProxy(env).catch(() => undefined);
+      if (port !== undefined) localPort = port;
+      return port !== undefined;
+    }, 30_000, 250);
+  }, 120_000);
+
+  afterAll(async () => {
+    for (const c of children) c.kill('SIGTERM');
+    await agent?.stop();
+    await a?.stop();
+    await b?.stop();
+    echo?.close();
+    await pg?.stop();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  describe('a client through A reaches the agent whose tunnel B holds', () => {
+    it('8 MiB come back byte for byte, and A carried them over peering', async () => {
+      const data = randomBytes(8 * 1024 * 1024);
+      expect(await echoThrough(data)).toBe(sha256(data));
+      expect(a.logs()).not.toContain('"msg":"agent connected"');
+      expect(b.logs()).toContain('peered stream opened');
+    }, 60_000);
+
+    it('30 concurrent streams each get their own bytes back', async () => {
+      const results = await Promise.all(
+        Array.from({ length: 30 }, async (_, i) => {
+          const data = randomBytes(32 * 1024 + i);
+          return (await echoThrough(data)) === sha256(data);
+        }),
+      );
+      expect(results.every(Boolean)).toBe(true);
+    }, 60_000);
+  });
+
+  describe("B's peering port (3021) is not open to anyone", () => {
+    it('a TLS client without a certificate is closed', async () => {
+      const s = tls.connect({ host: '127.0.0.1', port: peerPortB, rejectUnauthorized: false, ALPNProtocols: ['gateway-peer'] });
+      s.on('error', () => undefined);
+      s.resume();
+      await new Promise((r) => s.once('close', r));
+      await b.waitForLog('peer refused');
+    });
+
+    it('garbage bytes are closed', async () => {
+      const s = net.connect(peerPortB, '127.0.0.1');
+      s.on('error', () => undefined);
+      s.resume();
+      s.write(randomBytes(2048));
+      await new Promise((r) => s.once('close', r));
+    });
+  });
+});

@@ -1,0 +1,205 @@
+/**
+ * Proxy peering (src/proxy/peer.ts, router.ts): two Proxies of one cluster in this process, an agent whose only
+ * tunnel is to B, and a client that reaches the agent's app through A: A's router finds the agent in the cluster
+ * view and carries the stream over B's peering listener. Bytes are checked end to end (a large transfer, many
+ * concurrent streams). Hostile cases on B's 3021: a user certificate, an agent's host certificate, one from
+ * another cluster, one of a host that is not a live Proxy, none, garbage bytes, slowloris (before and after
+ * TLS); all are closed, the deadlines counted. The link is cut and restored; an agent B no longer holds gets a
+ * clear error, never a loop.
+ */
+import { randomBytes } from 'node:crypto';
+import http2 from 'node:http2';
+import net from 'node:net';
+import tls from 'node:tls';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { generateAuthority, generateKeyPair, issueTlsCert } from '../../src/auth/pki.js';
+import { createLogger, setRootLogger } from '../../src/log.js';
+import { PEER_ALPN, PEER_PATH } from '../../src/proxy/peer.js';
+import { Router } from '../../src/proxy/router.js';
+import { waitUntil } from '../helpers/wait.js';
+import { echoDigest, sha256, splitAddr, startPeerCluster, type PeerCluster } from './peering-harness.js';
+
+setRootLogger(createLogger({ level: process.env.PEER_LOG === 'debug' ? 'debug' : 'silent' }));
+
+let c: PeerCluster;
+const DIAL = { service: 'app', resource: 'echo', client_src: '192.0.2.1:1', client_dst: '192.0.2.2:443' } as const;
+
+beforeAll(async () => {
+  c = await startPeerCluster({ limits: ['tls_handshake_timeout: 1s', 'header_timeout: 1s', 'idle_timeout: 30s'] });
+  // A learns from the cluster view that B holds the agent's tunnel.
+  await waitUntil('A sees the agent at B', () => c.a.cluster.locations(c.agentIdentity.hostId).includes(c.b.id) && !!c.a.cluster.proxy(c.b.id)?.peer_addr);
+}, 60_000);
+
+afterAll(async () => {
+  await c?.stop();
+});
+
+/** A TLS client on B's peering listener, with the certificate given (or none); resolves with its HTTP/2 outcome. */
+async function peerAttempt(cred: { key: string; cert: string } | undefined, headers: http2.OutgoingHttpHeaders = {}): Promise<{ status?: number; error?: string; closed: boolean }> {
+  const { host, port } = splitAddr(c.b.peer.address()!);
+  const socket = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN], checkServerIdentity: () => undefined, ...(cred ?? {}) });
+  socket.on('error', () => undefined);
+  const secure = await new Promise<boolean>((resolve) => {
+    socket.once('secureConnect', () => resolve(true));
+    socket.once('close', () => resolve(false));
+  });
+  if (!secure) return { closed: true };
+  const session = http2.connect(`https://${host}`, { createConnection: () => socket });
+  session.on('error', () => undefined);
+  const req = session.request({ ':method': 'POST', ':path': PEER_PATH, 'x-gateway-host': c.agentIdentity.hostId, 'x-gateway-dial': JSON.stringify(DIAL), ...headers });
+  req.on('error', () => undefined);
+  const out = await new Promise<{ status?: number; error?: string; closed: boolean }>((resolve) => {
+    req.once('response', (h) => resolve({ status: Number(h[':status']), ...(typeof h['x-gateway-error'] === 'string' ? { error: h['x-gateway-error'] } : {}), closed: false }));
+    req.once('close', () => resolve({ closed: true }));
+    session.once('close', () => resolve({ closed: true }));
+  });
+  session.destroy();
+  return out;
+}
+
+async function hostCert(name: string, roles: string[], ca = c.auth.auth.host): Promise<{ key: string; cert: string }> {
+  const keys = generateKeyPair();
+  const cert = await issueTlsCert(ca as never, { publicKeyPem: keys.publicKeyPem, identity: { kind: 'host', name, cluster: ca.clusterName ?? 'peering.example', roles }, dnsNames: ['localhost'], ttlMs: 3600_000, usage: 'both' });
+  return { key: keys.privateKeyPem, cert };
+}
+
+/** A's own peering credentials: a live Proxy's host certificate, as B must accept. */
+async function liveProxyCert(): Promise<{ key: string; cert: string }> {
+  const keys = generateKeyPair();
+  return { key: keys.privateKeyPem, cert: await c.auth.auth.issueServerCert(keys.publicKeyPem, ['localhost'], c.a.id) };
+}
+
+describe('a client through A reaches the agent whose tunnel B holds', () => {
+  it('the router plans peering to B, with its reason', () => {
+    expect(c.a.tunnels.get(c.agentIdentity.hostId)).toBeUndefined();
+    const plan = c.a.router.plan(c.agentIdentity.hostId);
+    expect(plan.map((d) => d.via)).toEqual(['peer', 'none']);
+    expect(plan[0]).toMatchObject({ proxyId: c.b.id, peerAddr: c.b.peer.address() });
+    expect(plan[0]!.reason).toContain(`Proxy ${c.b.id} holds a tunnel`);
+    expect(c.b.router.plan(c.agentIdentity.hostId)[0]).toMatchObject({ via: 'local' });
+    // Lookups see the agent on A too (from B's presence record).
+    expect(c.a.router.agents().map((a) => a.nodename)).toContain('agent-b');
+  });
+
+  it('a large transfer through A → 3021 → B → agent comes back byte for byte', async () => {
+    const data = randomBytes(24 * 1024 * 1024);
+    const stream = await c.open(c.a.addresses.web!);
+    expect(await echoDigest(stream, data)).toBe(sha256(data));
+  });
+
+  it('many concurrent streams share one peering connection, each with its own bytes', async () => {
+    const results = await Promise.all(
+      Array.from({ length: 40 }, async (_, i) => {
+        const data = randomBytes(64 * 1024 + i);
+        const stream = await c.open(c.a.addresses.web!);
+        return (await echoDigest(stream, data)) === sha256(data);
+      }),
+    );
+    expect(results.every(Boolean)).toBe(true);
+    expect(c.limits.stats().peer?.accepted).toBeGreaterThanOrEqual(1);
+  });
+
+  it("half-close passes through to the agent's resource: a sink sees the client's end and ends its own", async () => {
+    const stream = await c.open(c.a.addresses.web!, 'sink');
+    stream.resume();
+    const ended = new Promise((r) => stream.once('end', r));
+    stream.end(randomBytes(1024 * 1024));
+    await ended;
+  });
+});
+
+describe('hostile peers on 3021 are refused', () => {
+  it('a valid live Proxy certificate is served (the control case)', async () => {
+    expect(await peerAttempt(await liveProxyCert())).toMatchObject({ status: 200 });
+  });
+
+  it('a user certificate', async () => {
+    expect(await peerAttempt(c.user)).toMatchObject({ closed: true });
+  });
+
+  it("an agent's host certificate (no proxy role)", async () => {
+    expect(await peerAttempt({ key: c.agentIdentity.key, cert: c.agentIdentity.cert })).toMatchObject({ closed: true });
+  });
+
+  it('a proxy certificate from another cluster', async () => {
+    const other = await generateAuthority('host', 'other.example');
+    expect(await peerAttempt(await hostCert(c.a.id, ['proxy'], other))).toMatchObject({ closed: true });
+  });
+
+  it('a proxy-role host certificate of this cluster whose host is not a live Proxy', async () => {
+    const keys = generateKeyPair();
+    const cert = await c.auth.auth.issueServerCert(keys.publicKeyPem, ['localhost'], '00000000-dead-4000-8000-000000000000');
+    expect(await peerAttempt({ key: keys.privateKeyPem, cert })).toMatchObject({ closed: true });
+  });
+
+  it('no certificate', async () => {
+    expect(await peerAttempt(undefined)).toMatchObject({ closed: true });
+  });
+
+  it('garbage bytes are closed', async () => {
+    const { host, port } = splitAddr(c.b.peer.address()!);
+    const s = net.connect(port, host);
+    s.on('error', () => undefined);
+    s.write(randomBytes(4096));
+    await new Promise((r) => s.once('close', r));
+  });
+
+  it('slowloris before TLS and after it are closed by their deadlines', async () => {
+    const before = c.limits.stats().peer?.deadlines ?? {};
+    const { host, port } = splitAddr(c.b.peer.address()!);
+    const slow = net.connect(port, host);
+    slow.on('error', () => undefined);
+    slow.write(Buffer.from([0x16]));
+    // A live Proxy's certificate, TLS done, then silence: no HTTP/2 preface, no stream.
+    const cred = await liveProxyCert();
+    const silent = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN], checkServerIdentity: () => undefined, ...cred });
+    silent.on('error', () => undefined);
+    silent.resume(); // what the server sends (its SETTINGS) is read, so that its end is seen
+    await Promise.all([new Promise((r) => slow.once('close', r)), new Promise((r) => silent.once('close', r))]);
+    const after = c.limits.stats().peer!.deadlines;
+    expect(after['tls-handshake'] ?? 0).toBeGreaterThan(before['tls-handshake'] ?? 0);
+    expect(after['peer-first-stream'] ?? 0).toBeGreaterThan(before['peer-first-stream'] ?? 0);
+  });
+
+  it('a stream without a well-formed dial request is answered GW_ERR_PEER_PROTOCOL', async () => {
+    const out = await peerAttempt(await liveProxyCert(), { 'x-gateway-dial': '{"service":"nope"}' });
+    expect(out.status).toBe(400);
+    expect(JSON.parse(out.error!)).toMatchObject({ code: 'GW_ERR_PEER_PROTOCOL' });
+  });
+});
+
+describe('the link and the agent change', () => {
+  it('an agent B does not hold: B answers a clear error and forwards nowhere (no loop)', async () => {
+    const out = await peerAttempt(await liveProxyCert(), { 'x-gateway-host': 'ghost-host' });
+    expect(out.status).toBe(404);
+    expect(JSON.parse(out.error!)).toMatchObject({ code: 'GW_ERR_TUNNEL_NOT_FOUND' });
+    expect(JSON.parse(out.error!).message).toContain(`Proxy ${c.b.id} holds no tunnel of agent ghost-host`);
+  });
+
+  it("A's router, told by a stale presence that B holds an agent, reports B's answer", async () => {
+    const now = new Date().toISOString();
+    await c.auth.auth.setPresence({ hostId: 'ghost-host', nodename: 'ghost', proxyId: c.b.id, services: ['app'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, connectedAt: now, lastHeartbeat: now }, 60_000);
+    await waitUntil('A sees the ghost at B', () => c.a.cluster.locations('ghost-host').includes(c.b.id));
+    const err = await c.a.router.dial('ghost-host', DIAL).then(() => undefined, (e: unknown) => e as { code: string; message: string });
+    expect(err).toMatchObject({ code: 'GW_ERR_TUNNEL_NOT_FOUND' });
+    expect(err!.message).toContain(`through Proxy ${c.b.id}: Proxy ${c.b.id} holds no tunnel of agent ghost-host`);
+    await c.auth.auth.clearPresence('ghost-host', c.b.id);
+  });
+
+  it('an agent nobody holds: GW_ERR_TUNNEL_NOT_FOUND naming it and why', async () => {
+    const r = new Router({ tunnels: c.a.tunnels, cluster: c.a.cluster });
+    await expect(r.dial('nobody', DIAL)).rejects.toMatchObject({ code: 'GW_ERR_TUNNEL_NOT_FOUND', message: expect.stringContaining('agent nobody is not reachable from this Proxy: no tunnel to this Proxy') });
+  });
+
+  it("cut (B's peering listener stops) and restored: new client connections work again", async () => {
+    await c.b.peer.stop();
+    const refused = await c.refusal(c.a.addresses.web!);
+    expect(['GW_ERR_PEER_UNREACHABLE', 'GW_ERR_TUNNEL_NOT_FOUND']).toContain(refused.code);
+    await c.b.peer.start();
+    // B publishes its new peering address with its next heartbeat; A picks it up from the cluster view.
+    await waitUntil("A sees B's new peering address", () => c.a.cluster.proxy(c.b.id)?.peer_addr === c.b.peer.address());
+    const data = randomBytes(256 * 1024);
+    const stream = await c.open(c.a.addresses.web!);
+    expect(await echoDigest(stream, data)).toBe(sha256(data));
+  });
+});
