@@ -100,6 +100,8 @@ export interface ProxyRecord {
   public_addr: string;
   /** Where other Proxies reach it for peering (proxy_service.peer_public_addr, else its host and peer port). */
   peer_addr?: string;
+  /** The SSH host key of its reverse-tunnel server (OpenSSH line): /webapi/find lists every live Proxy's. */
+  tunnel_host_key?: string;
   /** sha256 of its automatic_upgrades_channels (canonical JSON), and the channels themselves, for drift checks. */
   channels_digest: string;
   channels: Record<string, string>;

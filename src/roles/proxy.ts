@@ -80,7 +80,13 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   const heartbeatMs = config.auth_service.keep_alive_interval;
   const cluster = new ClusterView({
     directory: auth,
-    self: { id: options.proxyId, nodename: config.gateway.nodename, version: VERSION, public_addr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename },
+    self: {
+      id: options.proxyId,
+      nodename: config.gateway.nodename,
+      version: VERSION,
+      public_addr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename,
+      tunnel_host_key: tunnelKey.sshPublicKey,
+    },
     channels: config.proxy_service.automatic_upgrades_channels,
     heartbeatMs,
     ttlMs: heartbeatMs * (config.auth_service.keep_alive_count_max + 1),
@@ -117,7 +123,8 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     clusterName: auth.clusterName,
     webApps: createWebAppHandler(auth, router),
     services: services(auth, router, tunnels, jump, limits.settings),
-    findExtras: () => ({ tunnel_host_keys: [tunnelKey.sshPublicKey], proxies: cluster.proxies().map((p) => ({ id: p.id, nodename: p.nodename, public_addr: p.public_addr, version: p.version })) }),
+    // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
+    findExtras: () => ({ tunnel_host_keys: [...new Set([tunnelKey.sshPublicKey, ...cluster.proxies().flatMap((p) => (p.tunnel_host_key ? [p.tunnel_host_key] : []))])], proxies: cluster.proxies().map((p) => ({ id: p.id, nodename: p.nodename, public_addr: p.public_addr, version: p.version })) }),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
     api: options.api,
     limits,

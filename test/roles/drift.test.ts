@@ -129,3 +129,23 @@ describe('channel drift between two Proxies', () => {
     expect((await get(proxyB.addresses.web!, '/v1/webapi/automaticupgrades/channel/stable/cloud/version', ca)).body).toBe('v17.0.1');
   });
 });
+
+describe('/webapi/find behind a balancer', () => {
+  it("lists every live Proxy and every Proxy's tunnel host key (a raw SSH tunnel may land on any of them)", async () => {
+    const configA = config('proxy-a', 'v17.0.1');
+    const limits = new ConnectionLimits(limitSettings(configA));
+    lifecycle.onStop('backend', () => limits.close());
+    const auth = await startAuthRole({ config: configA, limits, lifecycle });
+    const proxyA = await startProxyRole({ config: configA, auth: auth.auth, api: auth.api, limits, dialer, lifecycle, proxyId: A });
+    await startProxyRole({ config: config('proxy-b', 'v17.0.1'), auth: auth.auth, api: auth.api, limits, dialer, lifecycle, proxyId: B });
+    const records = await auth.auth.listProxies();
+    const keys = records.map((r) => r.tunnel_host_key);
+    expect(keys.every((k) => /^ecdsa-sha2-nistp256 /.test(k ?? ''))).toBe(true);
+    expect(new Set(keys).size).toBe(2);
+    const ca = auth.auth.host.tls.certPem;
+    await waitUntil('A has heard of B', async () => (JSON.parse((await get(proxyA.addresses.web!, '/webapi/find', ca)).body) as { proxies: unknown[] }).proxies.length === 2);
+    const find = JSON.parse((await get(proxyA.addresses.web!, '/webapi/find', ca)).body) as { proxies: Array<{ id: string }>; tunnel_host_keys: string[] };
+    expect(find.proxies.map((p) => p.id)).toEqual([A, B]);
+    expect([...find.tunnel_host_keys].sort()).toEqual([...keys].sort());
+  });
+});
