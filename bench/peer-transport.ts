@@ -100,6 +100,39 @@ async function startSsh2(m: { key: string; cert: string; ca: string }): Promise<
   };
 }
 
+/** A TLS connection per stream (no multiplexing): its first line says sink or echo. */
+async function startTlsPerStream(m: { key: string; cert: string; ca: string }): Promise<Transport> {
+  const server = tls.createServer({ key: m.key, cert: m.cert, ca: m.ca, requestCert: true, rejectUnauthorized: true }, (s) => {
+    let head = Buffer.alloc(0);
+    const onData = (d: Buffer) => {
+      head = Buffer.concat([head, d]);
+      const nl = head.indexOf(10);
+      if (nl < 0) return;
+      s.off('data', onData);
+      s.pause();
+      const rest = head.subarray(nl + 1);
+      if (rest.length) s.unshift(rest);
+      serve(s, head.subarray(0, nl).toString());
+      s.resume();
+    };
+    s.on('data', onData);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const port = (server.address() as net.AddressInfo).port;
+  return {
+    name: 'tls',
+    open: (mode) =>
+      new Promise((r, j) => {
+        const sock = tls.connect({ port, host: '127.0.0.1', servername: 'localhost', key: m.key, cert: m.cert, ca: m.ca });
+        sock.once('secureConnect', () => {
+          sock.write(`${mode}\n`);
+          r(sock);
+        }).once('error', j);
+      }),
+    close: () => server.close(),
+  };
+}
+
 /** MiB/s of pushing MIB MiB on one stream until the far end has read them all (it ends its side then). */
 async function throughput(t: Transport): Promise<number> {
   const stream = await t.open('sink');
@@ -155,7 +188,7 @@ const pct = (xs: number[], p: number) => xs[Math.min(xs.length - 1, Math.floor((
 async function main(): Promise<void> {
   const load = loadavg()[0]!.toFixed(2);
   const m = await tlsMaterial();
-  const transports = [await startHttp2(m), await startSsh2(m)];
+  const transports = [await startHttp2(m), await startSsh2(m), ...(process.env.BENCH_TLS ? [await startTlsPerStream(m)] : [])];
   const tp = new Map<string, number[]>(transports.map((t) => [t.name, []]));
   for (let run = 0; run < RUNS; run++) for (const t of transports) tp.get(t.name)!.push(await throughput(t));
   const rtt = new Map<string, number[]>();
