@@ -329,6 +329,8 @@ function resourceRoutes(auth: AuthService): Route[] {
  */
 export const FORWARDED = { marker: 'x-gateway-forwarded', cert: 'x-gateway-forwarded-cert', addr: 'x-gateway-forwarded-for' } as const;
 const MAX_FORWARDED_CERT = 16 * 1024;
+/** Extended key usage id-kp-clientAuth: user certificates carry it (pki/tls.ts). */
+const CLIENT_AUTH_EKU = '1.3.6.1.5.5.7.3.2';
 
 /** Where a request comes from: its own socket, or, through a Proxy, the client the Proxy forwarded. */
 interface Origin {
@@ -340,13 +342,18 @@ interface Origin {
 async function originOf(auth: AuthService, req: IncomingMessage): Promise<Origin> {
   const own: Origin = { source: clientAddress(req.socket).address };
   if (req.headers[FORWARDED.marker] === undefined) return own;
-  let proxy: Identity;
+  let certified: Identity;
   try {
-    proxy = await auth.resolveCaller(peerIdentity(auth, req));
-    requireProxy(proxy);
+    certified = peerIdentity(auth, req);
   } catch {
-    return own; // Not a Proxy: the headers mean nothing (the caller is whoever its own certificate names).
+    return own; // No certificate of this cluster: the headers mean nothing, the request is anonymous.
   }
+  // Not a Proxy's certificate: the headers mean nothing (the caller is whoever its own certificate names).
+  if (certified.kind !== 'host' || !certified.roles.includes('proxy')) return own;
+  // A Proxy's certificate: from here on, fail closed. Were a failed check (a backend hiccup) to fall back to the
+  // socket's identity, an anonymous client forwarded by this Proxy would act as the Proxy itself.
+  const proxy = await auth.resolveCaller(certified);
+  requireProxy(proxy);
   const addr = req.headers[FORWARDED.addr];
   const source = typeof addr === 'string' && isIP(addr) ? addr : `unknown-via-${proxy.name}`;
   const cert = req.headers[FORWARDED.cert];
@@ -372,8 +379,12 @@ export function forwardedIdentity(trust: ClusterTrust, der: Buffer): Identity {
   } catch (err) {
     throw refuse((err as Error).message);
   }
-  const ca = new X509Certificate(identity.kind === 'host' ? trust.host.tls.certPem : trust.user.tls.certPem);
-  if (!cert.checkIssued(ca) || !cert.verify(ca.publicKey)) throw refuse(`not signed by the ${identity.kind === 'host' ? 'host' : 'user'} CA of this cluster`);
+  // Only users come through a Proxy's web port: a host or admin certificate (public, and seen by every Proxy)
+  // forwarded here would let one Proxy act as another Proxy, an agent or the admin.
+  if (identity.kind !== 'user') throw refuse(`a ${identity.kind} certificate cannot come through a Proxy; only user certificates do`);
+  if (!cert.keyUsage?.includes(CLIENT_AUTH_EKU)) throw refuse('the certificate is not for client authentication');
+  const ca = new X509Certificate(trust.user.tls.certPem);
+  if (!cert.checkIssued(ca) || !cert.verify(ca.publicKey)) throw refuse('not signed by the user CA of this cluster');
   const now = Date.now();
   if (now < Date.parse(cert.validFrom) || now > Date.parse(cert.validTo)) throw refuse(`valid from ${cert.validFrom} to ${cert.validTo}`);
   if (identity.cluster !== trust.clusterName) throw refuse(`certificate is for cluster "${identity.cluster}"`);

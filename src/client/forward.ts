@@ -20,8 +20,9 @@ import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import { unreachable, type RemoteProxyAuth } from './remoteauth.js';
 
-/** The largest body forwarded: the Auth API's largest (a manifest) and some room. */
+/** The largest body forwarded: the Auth API's largest (a manifest) and some room; for a client without a verified certificate, the largest a public route takes (login, join: 64 KiB). */
 const MAX_FORWARDED_BODY = 1024 * 1024 + 8 * 1024;
+const MAX_ANONYMOUS_BODY = 64 * 1024;
 /** Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1), and ours. */
 const DROPPED = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'host', FORWARDED.marker, FORWARDED.cert, FORWARDED.addr]);
 
@@ -44,7 +45,7 @@ export function createAuthForwarder(options: ForwarderOptions): http.RequestList
       res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
       res.end(text);
     };
-    readBounded(req)
+    readBounded(req, hasVerifiedCert(req) ? MAX_FORWARDED_BODY : MAX_ANONYMOUS_BODY)
       .then(async (body) => {
         const upstream = options.remote.upstream();
         const headers = forwardedHeaders(req, body.length);
@@ -75,14 +76,20 @@ export function createAuthForwarder(options: ForwarderOptions): http.RequestList
   };
 }
 
-async function readBounded(req: http.IncomingMessage): Promise<Buffer> {
+/** Whether this port's TLS verified a client certificate against the cluster's CAs. */
+function hasVerifiedCert(req: http.IncomingMessage): boolean {
+  const socket = req.socket as TLSSocket;
+  return typeof socket.getPeerCertificate === 'function' && socket.authorized === true;
+}
+
+async function readBounded(req: http.IncomingMessage, max: number): Promise<Buffer> {
   const declared = Number(req.headers['content-length']);
-  if (declared > MAX_FORWARDED_BODY) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body of ${declared} bytes is over ${MAX_FORWARDED_BODY}`);
+  if (declared > max) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body of ${declared} bytes is over ${max}${max === MAX_ANONYMOUS_BODY ? ' (without a client certificate)' : ''}`);
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of req) {
     size += (chunk as Buffer).length;
-    if (size > MAX_FORWARDED_BODY) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body over ${MAX_FORWARDED_BODY} bytes`);
+    if (size > max) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body over ${max} bytes`);
     chunks.push(chunk as Buffer);
   }
   return Buffer.concat(chunks);
@@ -98,10 +105,9 @@ function forwardedHeaders(req: http.IncomingMessage, bodyLength: number): Record
   out['content-length'] = String(bodyLength);
   out[FORWARDED.marker] = '1';
   out[FORWARDED.addr] = clientAddress(req.socket).address;
-  const socket = req.socket as TLSSocket;
   // Only a certificate that this port's TLS verified against the cluster's CAs; the Auth API checks it again.
-  if (typeof socket.getPeerCertificate === 'function' && socket.authorized) {
-    const peer = socket.getPeerCertificate();
+  if (hasVerifiedCert(req)) {
+    const peer = (req.socket as TLSSocket).getPeerCertificate();
     if (peer?.raw) out[FORWARDED.cert] = peer.raw.toString('base64');
   }
   return out;

@@ -227,6 +227,44 @@ describe('the forwarded identity', () => {
     expect(asAgent.body.identity).toMatchObject({ kind: 'host', name: agent.hostId });
   });
 
+  it("hostile: a Proxy forwarding another host's or the admin's certificate gets nothing of theirs", async () => {
+    // Host certificates are public (every Proxy sees its peers' and the agents'): forwarded, they would make one
+    // Proxy another Proxy, an agent or the admin.
+    const otherProxy = await joinWith(['proxy'], 'proxy-other');
+    const admin = await startAdmin();
+    for (const cert of [otherProxy.cert, agent.cert, admin.cert]) {
+      const res = await status({ [FORWARDED.marker]: '1', [FORWARDED.cert]: derB64(cert) }, proxyCreds());
+      expect(res.status).toBe(401);
+      expect((res.body.error as { message?: string } | undefined)?.message).toMatch(/cannot come through a Proxy/);
+    }
+    // Nor may it write the other Proxy's record that way.
+    const heartbeat = await request(role.address, {
+      method: 'PUT', path: '/v1/proxy/proxies/self', ca, creds: proxyCreds(),
+      headers: { [FORWARDED.marker]: '1', [FORWARDED.cert]: derB64(otherProxy.cert) },
+      body: { record: { id: otherProxy.hostId, nodename: 'x', version: '1', public_addr: 'evil.example:443', channels_digest: '', channels: {}, started_at: '', last_heartbeat: '' }, ttl_ms: 10_000 },
+    });
+    expect(heartbeat.status).toBeGreaterThanOrEqual(400);
+    expect((await role.auth.listProxies()).find((p) => p.id === otherProxy.hostId)).toBeUndefined();
+  });
+
+  it('hostile: when checking the Proxy fails (a backend hiccup), a forwarded request fails; it is never the Proxy itself', async () => {
+    const auth = role.auth as unknown as { resolveCaller: (id: unknown) => Promise<unknown> };
+    const real = auth.resolveCaller;
+    auth.resolveCaller = async () => {
+      auth.resolveCaller = real;
+      throw new GatewayError('GW_ERR_BACKEND_UNREACHABLE', 'injected: the backend did not answer');
+    };
+    try {
+      // An anonymous client forwarded by the Proxy asks for a server certificate: with the old fallback it got one as the Proxy.
+      const keys = generateKeyPair();
+      const res = await request(role.address, { method: 'POST', path: '/v1/proxy/server-cert', ca, creds: proxyCreds(), headers: { [FORWARDED.marker]: '1' }, body: { public_key: keys.publicKeyPem, names: ['x.example'] } });
+      expect(res.status).toBeGreaterThanOrEqual(500);
+      expect(res.body.tlsCert ?? res.body.cert).toBeUndefined();
+    } finally {
+      auth.resolveCaller = real;
+    }
+  });
+
   it('the forwarded address is what login attempts are limited by, only when a Proxy forwards it', async () => {
     const keys = generateKeyPair();
     await role.auth.addUser(role.auth.adminIdentity(), 'carol', ['access'], PASSWORD);
@@ -295,6 +333,12 @@ describe('a Proxy role on a RemoteProxyAuth', () => {
       // Hostile: no certificate, but the forwarding headers naming alice: the forwarder drops them.
       const spoofed = await request(web, { path: '/v1/status', ca, headers: { [FORWARDED.marker]: '1', [FORWARDED.cert]: derB64(alice.cert) } });
       expect(spoofed.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
+      // Hostile: without a client certificate a body is bounded by what public routes take (64 KiB), not 1 MiB.
+      const big = await request(web, { method: 'POST', path: '/webapi/login', ca, body: { username: 'alice', password: 'x'.repeat(100 * 1024) } });
+      expect(big.status).toBe(413);
+      expect(big.body.error?.code).toBe('GW_ERR_API_TOO_LARGE');
+      // Refused by the forwarder itself, before buffering it all and sending it on.
+      expect((big.body.error as { message?: string }).message).toMatch(/without a client certificate/);
       // Hostile: a forged certificate presented to the web port is refused there or at the Auth API.
       const forgedAnswer = await request(web, { path: '/v1/status', ca, creds: forged }).catch(() => undefined);
       if (forgedAnswer) expect(forgedAnswer.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
