@@ -105,12 +105,12 @@ export class Authorities {
     return { ...ADMIN, cluster: this.clusterName };
   }
 
-  /** A certificate for a server of this process (the Auth API, the Proxy's web port). */
   /**
-   * A server certificate of the host CA. roles: ['auth', 'proxy'] for the Auth API and a Proxy in its process;
-   * a Proxy in its own process gets ['proxy'] only (src/auth/proxyapi.ts), never 'auth'.
+   * A server certificate of the host CA (usage both: it also serves as the client certificate of peering and
+   * of calls to the Auth API). The Auth API's own (host ID "auth") says role auth, which the clients of the Auth
+   * API require (src/client/api.ts authServerIdentity); every other, a Proxy's, says proxy only, never auth.
    */
-  async issueServerCert(publicKeyPem: string, names: string[], hostId = 'auth', roles: readonly string[] = ['auth', 'proxy']): Promise<string> {
+  async issueServerCert(publicKeyPem: string, names: string[], hostId = 'auth', roles: readonly string[] = hostId === 'auth' ? ['auth'] : ['proxy']): Promise<string> {
     const { dnsNames, ipAddresses } = splitNames(names);
     return issueTlsCert(this.host, {
       publicKeyPem,

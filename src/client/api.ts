@@ -7,7 +7,8 @@ import { fetchThroughDialer } from '../dial/agent.js';
 import { UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { AddrError, formatHostPort, parseAddr } from '../addr.js';
 import { ERROR_CODES, GatewayError, type ErrorCode } from '../errors.js';
-import { pinMatches } from '../auth/pki.js';
+import { checkServerIdentity as checkServerName, type PeerCertificate } from 'node:tls';
+import { identityFromCert, pinMatches } from '../auth/pki.js';
 import type { PublicCas } from '../auth/service.js';
 
 export interface ApiClientOptions {
@@ -47,6 +48,8 @@ export class ApiClient {
       ...(text === undefined ? {} : { body: text }),
       ...(this.options.ca === undefined ? {} : { ca: this.options.ca }),
       ...(this.options.cert === undefined ? {} : { cert: this.options.cert, key: this.options.key }),
+      // The Auth API, verified against the cluster's host CA: its certificate must also say it is an Auth Service.
+      ...(this.options.server === 'auth' && this.options.ca !== undefined ? { checkServerIdentity: authServerIdentity } : {}),
       timeoutMs: this.options.timeoutMs ?? 30_000,
       tlsPeer: {
         server: this.options.server ?? 'proxy',
@@ -69,6 +72,23 @@ export class ApiClient {
       throw new GatewayError(code, e.message ?? `HTTP ${res.status}`, { ...(e.hint ? { hint: e.hint } : {}), details: { status: res.status } });
     }
     return payload as T;
+  }
+}
+
+/**
+ * The server-certificate check for the Auth API: the name check Node makes, and then the certificate's identity
+ * must be a host of the cluster with the role auth. Any host certificate (an agent's, a Proxy's) chains to the
+ * same host CA, so without this an agent with a network position could answer as the Auth Service.
+ */
+export function authServerIdentity(host: string, cert: PeerCertificate): Error | undefined {
+  const nameError = checkServerName(host, cert);
+  if (nameError) return nameError;
+  try {
+    const identity = identityFromCert(cert.raw);
+    if (identity.kind === 'host' && identity.roles.includes('auth')) return undefined;
+    return new Error(`the certificate at ${host} is a ${identity.kind} certificate with the roles ${identity.roles.join(', ') || 'none'}, not an Auth Service's`);
+  } catch (err) {
+    return new Error(`the certificate at ${host} carries no cluster identity: ${(err as Error).message}`);
   }
 }
 

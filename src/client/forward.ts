@@ -19,6 +19,7 @@ import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import { unreachable, type RemoteProxyAuth } from './remoteauth.js';
+import { authServerIdentity } from './api.js';
 
 /** The largest body forwarded: the Auth API's largest (a manifest) and some room; for a client without a verified certificate, the largest a public route takes (login, join: 64 KiB). */
 const MAX_FORWARDED_BODY = 1024 * 1024 + 8 * 1024;
@@ -127,7 +128,7 @@ function forwardTo(address: string, up: Upstream, req: http.IncomingMessage, hea
   const agent = new DialerAgent(up.dialer);
   return new Promise<void>((resolve, reject) => {
     const upstream = https.request(
-      { hostname: normalizeHost(host), port: port ?? 3025, method: req.method, path: req.url ?? '/', headers, agent, ca: up.ca, cert: up.cert, key: up.key, timeout: up.timeoutMs },
+      { hostname: normalizeHost(host), port: port ?? 3025, method: req.method, path: req.url ?? '/', headers, agent, ca: up.ca, cert: up.cert, key: up.key, checkServerIdentity: authServerIdentity, timeout: up.timeoutMs },
       (answer) => {
         upstream.setTimeout(0);
         const out: Record<string, string | string[]> = {};

@@ -28,7 +28,7 @@ import type { Dialer } from '../dial/dialer.js';
 import { ERROR_CODES, GatewayError, isGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { LineSplitter } from '../stream/splitter.js';
-import { ApiClient, normalizeAuthAddress } from './api.js';
+import { ApiClient, authServerIdentity, normalizeAuthAddress } from './api.js';
 
 /** The Proxy's own identity: its host certificate and key, and the host CA the Auth API's certificate chains to. */
 export interface RemoteCredentials {
@@ -299,7 +299,7 @@ export class RemoteProxyAuth implements ProxyAuth {
     const { host, port } = parseAddr(address);
     const { cert, key, hostCa } = this.options.credentials;
     const agent = new DialerAgent(this.options.dialer);
-    const req = https.request({ hostname: normalizeHost(host), port: port ?? 3025, path: '/v1/proxy/events', method: 'GET', agent, ca: hostCa, cert, key, timeout: this.options.timeoutMs ?? 15_000 }, (res) => {
+    const req = https.request({ hostname: normalizeHost(host), port: port ?? 3025, path: '/v1/proxy/events', method: 'GET', agent, ca: hostCa, cert, key, checkServerIdentity: authServerIdentity, timeout: this.options.timeoutMs ?? 15_000 }, (res) => {
       req.setTimeout(0);
       onResponse(res);
     });

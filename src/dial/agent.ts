@@ -6,6 +6,7 @@
  */
 import http from 'node:http';
 import https from 'node:https';
+import type { PeerCertificate } from 'node:tls';
 import type tls from 'node:tls';
 import { Agent, type AgentConnectOpts } from 'agent-base';
 import { formatHostPort, normalizeHost } from '../addr.js';
@@ -51,6 +52,8 @@ export interface FetchOptions {
   signal?: AbortSignal;
   /** Who the server is, for the error when its certificate fails the check (src/dial/tlsverify.ts). */
   tlsPeer?: Omit<TlsPeer, 'address'>;
+  /** A check of the server's certificate after the chain (Node's tls option of that name). */
+  checkServerIdentity?: (host: string, cert: PeerCertificate) => Error | undefined;
 }
 
 export interface FetchResult {
@@ -80,6 +83,7 @@ export function fetchThroughDialer(url: string, options: FetchOptions): Promise<
         ...(options.rejectUnauthorized === undefined ? {} : { rejectUnauthorized: options.rejectUnauthorized }),
         ...(options.cert === undefined ? {} : { cert: options.cert, key: options.key }),
         ...(options.signal ? { signal: options.signal } : {}),
+        ...(options.checkServerIdentity ? { checkServerIdentity: options.checkServerIdentity } : {}),
         timeout: timeoutMs,
       },
       (res) => {
