@@ -161,17 +161,22 @@ export class RemoteProxyAuth implements ProxyAuth {
     return this.call<{ roles: RoleResource[] }>('POST', '/v1/proxy/roles', { names }).then((r) => r.roles);
   }
 
-  /** Undefined when the Auth Service cannot say (unreachable): what is open stays open. */
+  /** Undefined when the Auth Service cannot say (unreachable): what is open stays open (revalidate retries). */
   async revocationOf(identity: Identity): Promise<GatewayError | undefined> {
     try {
-      const { error } = await this.call<{ error: { code: string; message: string; hint?: string } | null }>('POST', '/v1/proxy/revocation', { identity });
-      if (!error) return undefined;
-      const code = (error.code in ERROR_CODES ? error.code : 'GW_ERR_AUTH_IDENTITY_REVOKED') as ErrorCode;
-      return new GatewayError(code, error.message, error.hint ? { hint: error.hint } : {});
+      return await this.checkRevocation(identity);
     } catch (err) {
       this.log.warn({ err: (err as Error).message, who: identity.name }, 'cannot re-check an identity; its sessions stay open');
       return undefined;
     }
+  }
+
+  /** Why the identity may no longer keep what it has open, or undefined; throws when the Auth Service cannot say. */
+  private async checkRevocation(identity: Identity): Promise<GatewayError | undefined> {
+    const { error } = await this.call<{ error: { code: string; message: string; hint?: string } | null }>('POST', '/v1/proxy/revocation', { identity });
+    if (!error) return undefined;
+    const code = (error.code in ERROR_CODES ? error.code : 'GW_ERR_AUTH_IDENTITY_REVOKED') as ErrorCode;
+    return new GatewayError(code, error.message, error.hint ? { hint: error.hint } : {});
   }
 
   getNode(hostId: string): Promise<NodeRecord | undefined> {
@@ -338,11 +343,29 @@ export class RemoteProxyAuth implements ProxyAuth {
     }
   }
 
-  private revalidate(scope: RevocationScope, why: string): void {
+  /**
+   * Re-checks the open sessions in scope. An identity the Auth Service could not check (a 503, a timeout, a
+   * fail-over) is not taken as cleared: the check runs again, backing off to every 30 s, until it gets an answer,
+   * so a lock that lands while the Auth Service is failing over still closes what it names.
+   */
+  private revalidate(scope: RevocationScope, why: string, attempt = 0): void {
+    let unanswered = 0;
+    const check = async (id: Identity): Promise<GatewayError | undefined> => {
+      try {
+        return await this.checkRevocation(id);
+      } catch {
+        unanswered++;
+        return undefined;
+      }
+    };
     this.sessions
-      .revalidate((id) => this.revocationOf(id), scopeFilter(scope))
+      .revalidate(check, scopeFilter(scope))
       .then((closed) => {
         for (const s of closed) this.log.info({ who: s.identity.name, kind: s.identity.kind, what: s.what, why }, 'session closed: identity revoked');
+        if (unanswered === 0 || this.closed) return;
+        const delay = Math.min(30_000, 500 * 2 ** attempt);
+        this.log.warn({ unanswered, why, retryInMs: delay }, 'cannot re-check some open sessions; trying again');
+        setTimeout(() => this.revalidate(scope, why, attempt + 1), delay).unref();
       })
       .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot re-check open sessions'));
   }

@@ -305,6 +305,34 @@ describe('RemoteProxyAuth', () => {
     }
   });
 
+  it('hostile timing: a lock whose first re-check fails (the Auth Service hiccups) still closes the session', async () => {
+    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer });
+    const auth = role.auth as unknown as { revocationOf: (id: unknown) => Promise<unknown> };
+    const real = auth.revocationOf;
+    try {
+      let resyncs = 0;
+      remote.watchCluster({ presence: () => undefined, proxies: () => undefined, resync: () => void resyncs++ });
+      await waitUntil('the stream connected', () => resyncs > 0);
+      await role.auth.addUser(role.auth.adminIdentity(), 'erin', ['access'], PASSWORD);
+      const erin = identityFromCert((await loginAt(role.auth, 'erin')).cert);
+      let closed: GatewayError | undefined;
+      remote.sessions.track(await remote.resolveCaller(erin), 'test session', (reason) => (closed = reason));
+      // The next two re-checks fail on the Auth side (as during a fail-over); the lock must still land.
+      let failures = 2;
+      auth.revocationOf = async (id: unknown) => {
+        if (failures-- > 0) throw new GatewayError('GW_ERR_BACKEND_UNREACHABLE', 'injected: the backend did not answer');
+        return real.call(role.auth, id);
+      };
+      await role.auth.createLock(role.auth.adminIdentity(), { target: { user: 'erin' } });
+      await waitUntil('the session closed by the lock, after the failed re-checks', () => closed !== undefined, 20_000);
+      expect(closed?.code).toBe('GW_ERR_ACCESS_LOCKED');
+      expect(failures).toBeLessThan(0);
+    } finally {
+      auth.revocationOf = real;
+      remote.close();
+    }
+  });
+
   it('fails with GW_ERR_AUTH_UNREACHABLE naming the address when no Auth Service answers', async () => {
     const err = await RemoteProxyAuth.connect({ addresses: ['127.0.0.1:1'], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(GatewayError);
