@@ -35,7 +35,7 @@ import type { Duplex } from 'node:stream';
 import tls, { type TLSSocket } from 'node:tls';
 import { formatHostPort, isIpLiteral, parseAddr, type HostPort } from '../addr.js';
 import { peerIdentityOf } from '../auth/api.js';
-import { identityFromCert } from '../auth/pki.js';
+import { identityFromCert, type Identity } from '../auth/pki.js';
 import type { ClusterTrust } from '../auth/proxyauth.js';
 import type { ProxyRecord } from '../auth/records.js';
 import { ERROR_CODES, GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
@@ -69,6 +69,8 @@ export const PEER_POOL_IDLE_MS = 30_000;
 export const PEER_MAX_STREAMS = 1024;
 /** Header bytes of one HTTP/2 stream (SETTINGS_MAX_HEADER_LIST_SIZE). */
 export const PEER_MAX_HEADER_BYTES = 8 * 1024;
+/** Peer certificates whose identity a server keeps (a cluster has a few Proxies, each with one or two). */
+const PEER_IDENTITY_CACHE = 256;
 /** The system role a peering certificate must carry. */
 export const PEER_ROLE = 'proxy';
 
@@ -113,6 +115,9 @@ export class PeerServer {
   private server: net.Server | undefined;
   /** Each open peer connection: its Connection (every layer down to the socket), and its HTTP/2 session if any. */
   private readonly open = new Map<TLSSocket, { conn: ReturnType<typeof connectionOf>; session?: http2.ServerHttp2Session }>();
+  /** Identities already read from peers' certificates (by SHA-256 fingerprint), for the host CA they were checked against. */
+  private readonly identities = new Map<string, Identity>();
+  private identitiesCa = '';
 
   constructor(private readonly options: PeerServerOptions) {
     this.terminate = tlsTerminator({
@@ -169,7 +174,7 @@ export class PeerServer {
     if (socket.alpnProtocol !== PEER_ALPN && socket.alpnProtocol !== PEER_ALPN_H2) return `ALPN ${JSON.stringify(socket.alpnProtocol || 'none')} is not ${PEER_ALPN}`;
     let id;
     try {
-      id = peerIdentityOf(this.options.trust, socket);
+      id = this.identityOf(socket);
     } catch (err) {
       return (err as Error).message;
     }
@@ -177,6 +182,25 @@ export class PeerServer {
     if (!id.roles.includes(PEER_ROLE)) return `host ${id.name} has no "${PEER_ROLE}" role (roles: ${id.roles.join(', ') || 'none'})`;
     if (!this.options.cluster.proxy(id.name)) return `host ${id.name} is not a live Proxy of this cluster`;
     return undefined;
+  }
+
+  /**
+   * The peer's identity (peerIdentityOf). A connection per stream would read the same certificate again and
+   * again; what follows from its bytes and the host CA is kept by fingerprint, while OpenSSL's verification of
+   * this connection (socket.authorized) and the liveness of the Proxy (refusal) are checked every time.
+   */
+  private identityOf(socket: TLSSocket): Identity {
+    const ca = this.options.trust.host.tls.certPem;
+    if (ca !== this.identitiesCa || this.identities.size >= PEER_IDENTITY_CACHE) {
+      this.identities.clear();
+      this.identitiesCa = ca;
+    }
+    const fingerprint = socket.authorized ? socket.getPeerX509Certificate()?.fingerprint256 : undefined;
+    const known = fingerprint ? this.identities.get(fingerprint) : undefined;
+    if (known) return known;
+    const id = peerIdentityOf(this.options.trust, socket);
+    if (fingerprint) this.identities.set(fingerprint, id);
+    return id;
   }
 
   /** gateway-peer: one request line (idle, then request deadline, size cap), the answer line, then the bytes. */
@@ -337,9 +361,12 @@ export class PeerClient implements PeerDialer {
   private readonly pools = new Map<string, PeerPool>();
   private readonly sessions = new Map<string, Promise<http2.ClientHttp2Session>>();
   private closed = false;
+  /** Made once: a context per connection would parse the key, certificate and CA again each time. */
+  private readonly context: tls.SecureContext;
 
   constructor(private readonly options: PeerClientOptions) {
     this.transport = options.transport ?? peerTransportFromEnv();
+    this.context = tls.createSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: [options.tls.ca] });
   }
 
   async dial(proxy: ProxyRecord, hostId: string, request: DialRequest): Promise<Duplex> {
@@ -349,7 +376,8 @@ export class PeerClient implements PeerDialer {
     const line = `${JSON.stringify({ hostId, request })}\n`;
     for (let attempt = 0; ; attempt++) {
       const { socket, pooled } = await pool.take();
-      const answer = await this.ask(socket, proxy, hostId, line);
+      // Refilled once the peer answered: the new connection's handshake does not delay this stream's answer.
+      const answer = await this.ask(socket, proxy, hostId, line).finally(() => pool.refill());
       // A pooled connection the peer closed while it waited (its idle deadline, a restart): once more on a new one.
       if (answer === 'closed' && pooled && attempt === 0) continue;
       if (answer === 'closed') throw new GatewayError('GW_ERR_PEER_UNREACHABLE', `the peering connection to Proxy ${proxy.id} closed before its answer`);
@@ -413,9 +441,7 @@ export class PeerClient implements PeerDialer {
     const host = parseAddr(addr).host;
     const socket = tls.connect({
       socket: raw,
-      key: this.options.tls.key,
-      cert: this.options.tls.cert,
-      ca: [this.options.tls.ca],
+      secureContext: this.context,
       ALPNProtocols: [alpn],
       ...(session ? { session } : {}),
       ...(isIpLiteral(host) ? {} : { servername: host }),
@@ -513,7 +539,7 @@ export class PeerClient implements PeerDialer {
 
 /**
  * The gateway-peer connections to one peer address: the latest TLS session (resumed by every new connection)
- * and up to PEER_POOL_SIZE connections established ahead. Each take() refills the pool; a pooled connection
+ * and up to PEER_POOL_SIZE connections established ahead. Each stream refills the pool; a pooled connection
  * unused for idleMs, or that the peer closed or wrote to, is dropped and not replaced.
  */
 class PeerPool {
@@ -533,12 +559,9 @@ class PeerPool {
     for (const [socket, unpark] of this.idle) {
       unpark();
       if (socket.destroyed || socket.readableEnded) continue;
-      this.refill();
       return { socket, pooled: true };
     }
-    const socket = await this.open();
-    this.refill();
-    return { socket, pooled: false };
+    return { socket: await this.open(), pooled: false };
   }
 
   close(): void {
@@ -553,7 +576,8 @@ class PeerPool {
     return this.connect(this.session, (s) => (this.session = s));
   }
 
-  private refill(): void {
+  /** Opens connections ahead until PEER_POOL_SIZE are pooled or opening. */
+  refill(): void {
     while (!this.closed && this.idle.size + this.opening < PEER_POOL_SIZE) {
       this.opening++;
       this.open().then(
