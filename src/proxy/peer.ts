@@ -2,30 +2,30 @@
  * Proxy peering (docs/proxy.md, "Proxy peering"): a Proxy reaches an agent whose tunnel another Proxy holds by
  * asking that Proxy, on its peering listener (proxy_service.peer_listen_addr, 3021).
  *
- *   transport   one mutual-TLS 1.3 connection per client stream, ALPN gateway-peer (the default), chosen by
- *               measurement end to end (bench/peer.ts) and per transport (bench/peer-transport.ts) against
- *               HTTP/2 (one connection per pair of Proxies, a stream per client connection; ALPN
- *               gateway-peer-h2), which the listener still serves and a client uses with
- *               GATEWAY_PEER_TRANSPORT=http2 (bench/RESULTS.md "peer", "peer-transport").
+ *   transport   HTTP/2 (node:http2) over TLS 1.3, ALPN gateway-peer (the default): one connection per pair of
+ *               Proxies, one stream per client connection. Or, with GATEWAY_PEER_TRANSPORT=tls on the asking
+ *               Proxy, a mutual-TLS connection per client stream, ALPN gateway-peer-tls; the listener serves
+ *               both. HTTP/2 stays the default by measurement end to end (bench/peer.ts, bench/RESULTS.md
+ *               "peer"): a connection per stream moves bytes for less CPU but opens streams more slowly.
  *   identity    mutual TLS with the cluster's host CA, checked on every connection (a resumed session too). The
  *               server accepts only a host certificate of this cluster with the system role "proxy" whose host
  *               ID is a live Proxy (cluster.ts); the client accepts only a server certificate naming the host
  *               ID of the Proxy it meant to reach, with the same role (a session is resumed only with the Proxy
  *               whose certificate was checked when it was made).
- *   a stream    gateway-peer: the first line is the JSON {"hostId", "request"} (the DialRequest, the same JSON
+ *   a stream    gateway-peer-tls: the first line is the JSON {"hostId", "request"} (the DialRequest, the same JSON
  *               as the tunnel's: src/tunnel/protocol.ts); the answer one JSON line, {"ok":true} once the agent
  *               reached the resource, else {"ok":false,"error":{code,message,hint}}. Then raw bytes both ways:
  *               TCP and TLS are the back-pressure, the TLS end (close_notify, FIN) the half-close.
- *               gateway-peer-h2: POST PEER_PATH with x-gateway-host and x-gateway-dial; :status 200, or an
+ *               gateway-peer: POST PEER_PATH with x-gateway-host and x-gateway-dial; :status 200, or an
  *               error status with x-gateway-error; HTTP/2 flow control, END_STREAM.
  *   no loops    the server answers from this Proxy's own tunnels only, never over peering again.
- *   deadlines   tls-handshake; gateway-peer: peer-idle (idle_timeout) until the request's first byte (a pooled
- *               connection waits here), peer-request (header_timeout) until its line is whole; gateway-peer-h2:
- *               peer-request until the first stream, then peer-idle whenever no stream is open. The dial answer
+ *   deadlines   tls-handshake; gateway-peer-tls: peer-idle (idle_timeout) until the request's first byte (a
+ *               pooled connection waits here), peer-request (header_timeout) until its line is whole;
+ *               gateway-peer: peer-request until the first stream, then peer-idle whenever no stream is open. The dial answer
  *               within dialTimeoutMs on the client.
  *   caps        the listener's connection caps (gateway.limits), PEER_MAX_REQUEST_BYTES of request line,
  *               PEER_MAX_STREAMS concurrent HTTP/2 streams per connection, PEER_MAX_HEADER_BYTES of headers.
- *   the client  keeps the latest TLS session ticket of each peer (a new connection resumes: no certificate
+ *   tls client  keeps the latest TLS session ticket of each peer (a new connection resumes: no certificate
  *               exchange) and up to PEER_POOL_SIZE connections established ahead, each closed after
  *               PEER_POOL_IDLE_MS unused; a pooled connection the peer closed meanwhile is replaced once.
  */
@@ -51,10 +51,10 @@ import type { DialRequest, ServiceKind } from '../tunnel/protocol.js';
 import type { ClusterView } from './cluster.js';
 import type { LocalTunnels, PeerDialer } from './router.js';
 
-/** A TLS connection per stream: the default transport. */
+/** HTTP/2, one connection per pair of Proxies: the default transport. */
 export const PEER_ALPN = 'gateway-peer';
-/** HTTP/2, one connection per pair of Proxies: kept for measurement (GATEWAY_PEER_TRANSPORT=http2). */
-export const PEER_ALPN_H2 = 'gateway-peer-h2';
+/** A TLS connection per stream (GATEWAY_PEER_TRANSPORT=tls). */
+export const PEER_ALPN_TLS = 'gateway-peer-tls';
 export const PEER_PATH = '/gateway.peer.v1/dial';
 export type PeerTransport = 'tls' | 'http2';
 /** The request line of a gateway-peer connection; a DialRequest is a few hundred bytes. */
@@ -87,9 +87,9 @@ export const PEER_STREAM_WINDOW = 1024 * 1024;
 const PEER_SESSION_WINDOW = 8 * PEER_STREAM_WINDOW;
 const SESSION_SETTINGS: http2.Settings = { maxConcurrentStreams: PEER_MAX_STREAMS, maxHeaderListSize: PEER_MAX_HEADER_BYTES, enablePush: false, initialWindowSize: PEER_STREAM_WINDOW };
 
-/** The transport GATEWAY_PEER_TRANSPORT names (tls, the default, or http2). */
+/** The transport GATEWAY_PEER_TRANSPORT names: http2 (the default) or tls (a connection per stream). */
 export function peerTransportFromEnv(env: NodeJS.ProcessEnv = process.env): PeerTransport {
-  return env.GATEWAY_PEER_TRANSPORT === 'http2' ? 'http2' : 'tls';
+  return env.GATEWAY_PEER_TRANSPORT === 'tls' ? 'tls' : 'http2';
 }
 
 /** This Proxy's peering certificate (host kind, role proxy, name = its host ID) and the host CA. */
@@ -123,7 +123,7 @@ export class PeerServer {
     this.terminate = tlsTerminator({
       credentials: { key: options.tls.key, cert: options.tls.cert, ca: [options.tls.ca] },
       name: 'peer',
-      alpn: [PEER_ALPN, PEER_ALPN_H2],
+      alpn: [PEER_ALPN, PEER_ALPN_TLS],
       handshakeMs: options.limits.settings.tlsHandshakeMs,
     });
   }
@@ -162,8 +162,8 @@ export class PeerServer {
         }
         this.open.set(secure, { conn: connectionOf(secure) });
         secure.once('close', () => this.open.delete(secure));
-        if (secure.alpnProtocol === PEER_ALPN_H2) this.serveH2(secure, client);
-        else this.serveStream(secure, client);
+        if (secure.alpnProtocol === PEER_ALPN_TLS) this.serveStream(secure, client);
+        else this.serveH2(secure, client);
       },
       (err) => this.log.debug({ client, err: err.message }, 'TLS on the peering listener failed'),
     );
@@ -171,7 +171,7 @@ export class PeerServer {
 
   /** Why this TLS client may not peer, or undefined when it is a live Proxy of this cluster. */
   private refusal(socket: TLSSocket): string | undefined {
-    if (socket.alpnProtocol !== PEER_ALPN && socket.alpnProtocol !== PEER_ALPN_H2) return `ALPN ${JSON.stringify(socket.alpnProtocol || 'none')} is not ${PEER_ALPN}`;
+    if (socket.alpnProtocol !== PEER_ALPN && socket.alpnProtocol !== PEER_ALPN_TLS) return `ALPN ${JSON.stringify(socket.alpnProtocol || 'none')} is neither ${PEER_ALPN} nor ${PEER_ALPN_TLS}`;
     let id;
     try {
       id = this.identityOf(socket);
@@ -203,7 +203,7 @@ export class PeerServer {
     return id;
   }
 
-  /** gateway-peer: one request line (idle, then request deadline, size cap), the answer line, then the bytes. */
+  /** gateway-peer-tls: one request line (idle, then request deadline, size cap), the answer line, then the bytes. */
   private serveStream(socket: TLSSocket, client: string): void {
     const conn = connectionOf(socket);
     const { headerMs, idleMs } = this.options.limits.settings;
@@ -290,7 +290,7 @@ export class PeerServer {
 
 const badRequest = (why: string) => new GatewayError('GW_ERR_PEER_PROTOCOL', `bad peering request: ${why}`);
 
-/** The target and DialRequest of a gateway-peer request line; a GW_ERR_PEER_PROTOCOL error when not well formed. */
+/** The target and DialRequest of a gateway-peer-tls request line; a GW_ERR_PEER_PROTOCOL error when not well formed. */
 export function parsePeerRequest(line: string): { hostId: string; request: DialRequest } {
   let r: { hostId?: unknown; request?: unknown };
   try {
@@ -327,7 +327,7 @@ function dialRequestOf(value: unknown): DialRequest {
   return { service: r.service!, resource: r.resource!, client_src: r.client_src!, client_dst: r.client_dst!, ...(r.user === undefined ? {} : { user: r.user }) };
 }
 
-/** The error answer of a gateway-peer connection; the connection ends after it. */
+/** The error answer of a gateway-peer-tls connection; the connection ends after it. */
 function answerLine(socket: TLSSocket, err: GatewayError): void {
   if (socket.destroyed || !socket.writable) return void socket.destroy();
   socket.end(`${JSON.stringify({ ok: false, error: err.toJSON() })}\n`);
@@ -354,7 +354,7 @@ export interface PeerClientOptions {
   transport?: PeerTransport;
 }
 
-/** The client side: a TLS connection per stream (pooled ahead, sessions resumed), or one HTTP/2 connection per peer. */
+/** The client side: one HTTP/2 connection per peer, or a TLS connection per stream (pooled ahead, sessions resumed). */
 export class PeerClient implements PeerDialer {
   readonly transport: PeerTransport;
   private readonly log = logger('peer');
@@ -424,7 +424,7 @@ export class PeerClient implements PeerDialer {
     if (known && known.addr === proxy.peer_addr) return known;
     known?.close();
     const idleMs = Math.min(PEER_POOL_IDLE_MS, this.options.idleMs / 2);
-    const pool = new PeerPool(proxy.peer_addr!, (session, onSession) => this.connect(proxy, PEER_ALPN, session, onSession), idleMs, (err) =>
+    const pool = new PeerPool(proxy.peer_addr!, (session, onSession) => this.connect(proxy, PEER_ALPN_TLS, session, onSession), idleMs, (err) =>
       this.log.debug({ proxy: proxy.id, err: err.message }, 'cannot open a peering connection ahead'),
     );
     this.pools.set(proxy.id, pool);
@@ -505,9 +505,14 @@ export class PeerClient implements PeerDialer {
     throw remoteError(proxy, parsed, `status ${String(headers[':status'])} without an error`);
   }
 
-  private session(proxy: ProxyRecord): Promise<http2.ClientHttp2Session> {
+  private async session(proxy: ProxyRecord): Promise<http2.ClientHttp2Session> {
     const known = this.sessions.get(proxy.id);
-    if (known) return known;
+    // A session whose connection ended (the peer restarted, a cut) may not have emitted 'close' yet.
+    const usable = await known?.then((s) => (s.destroyed || s.closed ? undefined : s), () => undefined);
+    if (usable) return usable;
+    if (known && this.sessions.get(proxy.id) === known) this.sessions.delete(proxy.id);
+    const again = this.sessions.get(proxy.id);
+    if (again) return again;
     const opening = this.connectH2(proxy).then((session) => {
       session.once('close', () => {
         if (this.sessions.get(proxy.id) === opening) this.sessions.delete(proxy.id);
@@ -520,7 +525,7 @@ export class PeerClient implements PeerDialer {
   }
 
   private async connectH2(proxy: ProxyRecord): Promise<http2.ClientHttp2Session> {
-    const socket = await this.connect(proxy, PEER_ALPN_H2);
+    const socket = await this.connect(proxy, PEER_ALPN);
     const host = parseAddr(proxy.peer_addr!).host;
     const session = http2.connect(`https://${formatHostPort(host, 443)}`, { createConnection: () => socket, settings: SESSION_SETTINGS, maxSessionMemory: 64 });
     session.on('error', (err) => this.log.debug({ proxy: proxy.id, err: err.message }, 'peering session error'));
@@ -538,7 +543,7 @@ export class PeerClient implements PeerDialer {
 }
 
 /**
- * The gateway-peer connections to one peer address: the latest TLS session (resumed by every new connection)
+ * The gateway-peer-tls connections to one peer address: the latest TLS session (resumed by every new connection)
  * and up to PEER_POOL_SIZE connections established ahead. Each stream refills the pool; a pooled connection
  * unused for idleMs, or that the peer closed or wrote to, is dropped and not replaced.
  */

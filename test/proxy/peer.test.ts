@@ -1,13 +1,13 @@
 /**
  * Proxy peering (src/proxy/peer.ts, router.ts): two Proxies of one cluster in this process, an agent whose only
  * tunnel is to B, and a client that reaches the agent's app through A: A's router finds the agent in the cluster
- * view and carries the stream over B's peering listener (a TLS connection per stream, ALPN gateway-peer). Bytes
- * are checked end to end (a large transfer, many concurrent streams, half-close). Hostile cases on B's 3021: a
+ * view and carries the stream over B's peering listener. Bytes are checked end to end (a large transfer, many
+ * concurrent streams, half-close), through A and with a PeerClient on each transport (HTTP/2, gateway-peer; a TLS
+ * connection per stream, gateway-peer-tls). Hostile cases on B's 3021: a
  * user certificate, an agent's host certificate, one from another cluster, one of a host that is not a live
  * Proxy, none, another ALPN, garbage bytes, slowloris (before TLS, silence after it, half a request line), a
  * request line over the cap, malformed requests; all are closed or answered GW_ERR_PEER_PROTOCOL, the
- * deadlines counted. A resumed TLS session is served with the identity checked again. The HTTP/2 transport
- * (gateway-peer-h2) is checked too. The link is cut and restored; an agent B no longer holds gets a
+ * deadlines counted, on both transports. A resumed TLS session is served with the identity checked again. The link is cut and restored; an agent B no longer holds gets a
  * clear error, never a loop.
  */
 import { randomBytes } from 'node:crypto';
@@ -17,7 +17,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateAuthority, generateKeyPair, issueTlsCert } from '../../src/auth/pki.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
-import { PEER_ALPN, PEER_ALPN_H2, PEER_MAX_REQUEST_BYTES, PEER_PATH, PeerClient } from '../../src/proxy/peer.js';
+import { PEER_ALPN, PEER_ALPN_TLS, PEER_MAX_REQUEST_BYTES, PEER_PATH, PeerClient } from '../../src/proxy/peer.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { readLine } from '../../src/stream/lines.js';
 import { Router } from '../../src/proxy/router.js';
@@ -41,10 +41,10 @@ afterAll(async () => {
 
 type Attempt = { answer?: { ok: boolean; error?: { code: string; message: string } }; closed: boolean; reused?: boolean; session?: Buffer };
 
-/** A TLS connection on B's peering listener (gateway-peer) with the certificate given (or none): the request line, then the answer line. */
+/** A TLS connection on B's peering listener (gateway-peer-tls) with the certificate given (or none): the request line, then the answer line. */
 async function peerAttempt(cred: { key: string; cert: string } | undefined, request: object | string = { hostId: c.agentIdentity.hostId, request: DIAL }, session?: Buffer): Promise<Attempt> {
   const { host, port } = splitAddr(c.b.peer.address()!);
-  const socket = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN], checkServerIdentity: () => undefined, ...(cred ?? {}), ...(session ? { session } : {}) });
+  const socket = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN_TLS], checkServerIdentity: () => undefined, ...(cred ?? {}), ...(session ? { session } : {}) });
   socket.on('error', () => undefined);
   let ticket: Buffer | undefined;
   socket.on('session', (s: Buffer) => (ticket = s));
@@ -65,10 +65,10 @@ async function peerAttempt(cred: { key: string; cert: string } | undefined, requ
   return { ...out, ...(ticket ? { session: ticket } : {}) };
 }
 
-/** The same on the HTTP/2 transport (ALPN gateway-peer-h2), which the listener still serves. */
+/** The same on the HTTP/2 transport (ALPN gateway-peer). */
 async function h2Attempt(cred: { key: string; cert: string } | undefined, headers: http2.OutgoingHttpHeaders = {}): Promise<{ status?: number; error?: string; closed: boolean }> {
   const { host, port } = splitAddr(c.b.peer.address()!);
-  const socket = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN_H2], checkServerIdentity: () => undefined, ...(cred ?? {}) });
+  const socket = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN], checkServerIdentity: () => undefined, ...(cred ?? {}) });
   socket.on('error', () => undefined);
   const secure = await new Promise<boolean>((resolve) => {
     socket.once('secureConnect', () => resolve(true));
@@ -118,7 +118,7 @@ describe('a client through A reaches the agent whose tunnel B holds', () => {
     expect(await echoDigest(stream, data)).toBe(sha256(data));
   });
 
-  it('many concurrent streams, each on a peering connection of its own, each with its own bytes', async () => {
+  it('many concurrent streams through A, each with its own bytes', async () => {
     const results = await Promise.all(
       Array.from({ length: 40 }, async (_, i) => {
         const data = randomBytes(64 * 1024 + i);
@@ -136,6 +136,42 @@ describe('a client through A reaches the agent whose tunnel B holds', () => {
     const ended = new Promise((r) => stream.once('end', r));
     stream.end(randomBytes(1024 * 1024));
     await ended;
+  });
+});
+
+describe.each(['http2', 'tls'] as const)('a PeerClient on the %s transport', (transport) => {
+  let client: PeerClient;
+  beforeAll(async () => {
+    client = new PeerClient({ tls: { ...(await liveProxyCert()), ca: c.auth.auth.host.tls.certPem }, clusterName: 'peering.example', dialer: new Dialer({ env: {} }), tlsHandshakeMs: 5000, dialTimeoutMs: 10_000, idleMs: 30_000, transport });
+  });
+  afterAll(() => client?.close());
+  const dial = (resource = 'echo') => client.dial(c.a.cluster.proxy(c.b.id)!, c.agentIdentity.hostId, { ...DIAL, resource });
+
+  it('carries a large transfer through B to the agent and back', async () => {
+    const data = randomBytes(16 * 1024 * 1024);
+    expect(await echoDigest(await dial(), data)).toBe(sha256(data));
+  });
+
+  it('carries concurrent streams, each with its own bytes', async () => {
+    const ok = await Promise.all(
+      Array.from({ length: 30 }, async (_, i) => {
+        const data = randomBytes(32 * 1024 + i);
+        return (await echoDigest(await dial(), data)) === sha256(data);
+      }),
+    );
+    expect(ok.every(Boolean)).toBe(true);
+  });
+
+  it('passes a half-close through: the sink sees the end and ends its own side', async () => {
+    const stream = await dial('sink');
+    stream.resume();
+    const ended = new Promise((r) => stream.once('end', r));
+    stream.end(randomBytes(512 * 1024));
+    await ended;
+  });
+
+  it("reports B's answer for an agent B does not hold", async () => {
+    await expect(client.dial(c.a.cluster.proxy(c.b.id)!, 'ghost-host', DIAL)).rejects.toMatchObject({ code: 'GW_ERR_TUNNEL_NOT_FOUND', message: expect.stringContaining(`through Proxy ${c.b.id}: Proxy ${c.b.id} holds no tunnel of agent ghost-host`) });
   });
 });
 
@@ -196,7 +232,7 @@ describe('hostile peers on 3021 are refused', () => {
     // A live Proxy's certificate, TLS done, then silence (idle_timeout) or half a request line (header_timeout).
     const cred = await liveProxyCert();
     const open = () => {
-      const s = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN], checkServerIdentity: () => undefined, ...cred });
+      const s = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN_TLS], checkServerIdentity: () => undefined, ...cred });
       s.on('error', () => undefined);
       s.resume();
       return s;
@@ -224,7 +260,7 @@ describe('hostile peers on 3021 are refused', () => {
     }
   });
 
-  it('the HTTP/2 transport (gateway-peer-h2) serves a live Proxy, refuses a user certificate and a malformed stream', async () => {
+  it('the HTTP/2 transport (gateway-peer) serves a live Proxy, refuses a user certificate and a malformed stream', async () => {
     expect(await h2Attempt(await liveProxyCert())).toMatchObject({ status: 200 });
     expect(await h2Attempt(c.user)).toMatchObject({ closed: true });
     const out = await h2Attempt(await liveProxyCert(), { 'x-gateway-dial': '{"service":"nope"}' });
@@ -232,17 +268,6 @@ describe('hostile peers on 3021 are refused', () => {
     expect(JSON.parse(out.error!)).toMatchObject({ code: 'GW_ERR_PEER_PROTOCOL' });
     const ghost = await h2Attempt(await liveProxyCert(), { 'x-gateway-host': 'ghost-host' });
     expect(ghost.status).toBe(404);
-  });
-
-  it('a PeerClient on the HTTP/2 transport carries bytes through B to the agent', async () => {
-    const client = new PeerClient({ tls: { ...(await liveProxyCert()), ca: c.auth.auth.host.tls.certPem }, clusterName: 'peering.example', dialer: new Dialer({ env: {} }), tlsHandshakeMs: 5000, dialTimeoutMs: 10_000, idleMs: 30_000, transport: 'http2' });
-    try {
-      const data = randomBytes(2 * 1024 * 1024);
-      const stream = await client.dial(c.a.cluster.proxy(c.b.id)!, c.agentIdentity.hostId, DIAL);
-      expect(await echoDigest(stream, data)).toBe(sha256(data));
-    } finally {
-      client.close();
-    }
   });
 });
 
