@@ -54,7 +54,7 @@ const OPENS = envNumber('BENCH_OPENS', 200);
 const AGENTS = envNumber('BENCH_AGENTS', 1000, 0);
 const CHUNK = Buffer.alloc(64 * 1024, 7);
 const TRANSPORTS = (process.env.BENCH_PEER_TRANSPORTS ?? 'tls,http2').split(',') as Array<'tls' | 'http2'>;
-const TRANSPORT_NAMES = { tls: 'a TLS connection per stream (gateway-peer)', http2: 'HTTP/2 (gateway-peer-h2)' };
+const TRANSPORT_NAMES = { tls: 'a TLS connection per stream (gateway-peer-tls)', http2: 'HTTP/2 (gateway-peer)' };
 
 /** CPU seconds (user + system) a process has used so far: /proc/<pid>/stat, or this process's own. */
 function cpuSeconds(pid?: number): number {
@@ -419,7 +419,7 @@ async function main(): Promise<void> {
     '',
     ...figures.flatMap(table),
     ...scaleLines,
-    '- With every process of a path on two shared cores, a stream goes as fast as the CPU left to its hops allows: the peered path adds a TLS termination and HTTP/2 framing in A and HTTP/2 and TLS in B (two more encryptions and decryptions of every byte). In one process all of it is on one thread, so that figure is a lower bound of the ratio two Proxies on their own machines reach.',
+    '- With every process of a path on two shared cores, a stream goes as fast as the CPU left to its hops allows: the peered path adds a TLS termination in A and one more TLS connection between A and B (two more encryptions and decryptions of every byte), with HTTP/2 framing on both Proxies or not (a TLS connection per stream). The CPU tables say what one GiB costs each process; their sum is what the two cores must give. In one process all of it is on one thread, so that figure is a lower bound of the ratio two Proxies on their own machines reach.',
     '',
   ].join('\n');
   process.stdout.write(section);
