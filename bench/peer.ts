@@ -2,8 +2,12 @@
  * bench:peer — one stream through Proxy peering against the same stream without it, in the same run:
  *
  *   direct   client -> Proxy B (gateway-tcp, TLS) -> B's reverse tunnel -> agent -> sink / echo
- *   peered   client -> Proxy A (gateway-tcp, TLS) -> A's router -> HTTP/2 over TLS on B's 3021 -> B -> agent -> ...
+ *   peered   client -> Proxy A (gateway-tcp, TLS) -> A's router -> B's 3021 -> B -> agent -> ...
  *
+ * once per peering transport A uses (BENCH_PEER_TRANSPORTS, default "tls,http2": a TLS connection per stream,
+ * and HTTP/2; GATEWAY_PEER_TRANSPORT in A's environment, src/proxy/peer.ts). With real daemons the CPU seconds
+ * each process spends per GiB pushed through each path are read from /proc (utime + stime) around the
+ * throughput runs: where the time goes when every hop shares the machine's cores.
  * Both Proxies, the Auth Service and the agent (a real TunnelAgent) run in this process
  * (test/proxy/peering-harness.ts: startProxyRole twice on one in-process Auth Service), so the figures compare
  * the paths' protocol work on one Node.js thread, not a network. Goals (issue 13): throughput ratio >= 0.8x,
@@ -19,10 +23,10 @@
  * view listing its location (p50/p99 over the agents B holds), and the process's heap + external memory per
  * agent after a GC (with --expose-gc; it includes the agents' own ends, so it is an upper bound for a Proxy).
  * Settings: BENCH_MIB (256), BENCH_RUNS (3), BENCH_RTTS (3000), BENCH_OPENS (200), BENCH_AGENTS (1000; 0 skips
- * the scale part), BENCH_RECORD (0: print only).
+ * the scale part), BENCH_MODES (daemons,inprocess), BENCH_PEER_TRANSPORTS (tls,http2), BENCH_RECORD (0: print only).
  */
 import { cpus, loadavg, totalmem } from 'node:os';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadHostIdentity, saveHostIdentity } from '../src/agent/identity.js';
 import { TunnelAgent } from '../src/agent/tunnel.js';
@@ -49,6 +53,18 @@ const RTTS = envNumber('BENCH_RTTS', 3000);
 const OPENS = envNumber('BENCH_OPENS', 200);
 const AGENTS = envNumber('BENCH_AGENTS', 1000, 0);
 const CHUNK = Buffer.alloc(64 * 1024, 7);
+const TRANSPORTS = (process.env.BENCH_PEER_TRANSPORTS ?? 'tls,http2').split(',') as Array<'tls' | 'http2'>;
+const TRANSPORT_NAMES = { tls: 'a TLS connection per stream (gateway-peer-tls)', http2: 'HTTP/2 (gateway-peer)' };
+
+/** CPU seconds (user + system) a process has used so far: /proc/<pid>/stat, or this process's own. */
+function cpuSeconds(pid?: number): number {
+  if (pid === undefined) {
+    const u = process.cpuUsage();
+    return (u.user + u.system) / 1e6;
+  }
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / 100; // utime, stime in clock ticks (USER_HZ 100)
+}
 
 /** Progress on stderr (the section goes to stdout). */
 const say = (what: string) => process.stderr.write(`[bench:peer ${new Date().toISOString().slice(11, 19)}] ${what}\n`);
@@ -194,28 +210,42 @@ interface Setup {
   /** How the paths were run, for the section. */
   label: string;
   open: Opener;
-  webA: string;
-  webB: string;
+  /** The paths measured, interleaved: the direct one first, each ratio is against it. */
+  paths: Array<{ name: string; web: string }>;
   stop(): Promise<void>;
   cluster?: PeerCluster;
+  /** The daemons' process IDs, for CPU seconds per GiB; the bench process is measured as "bench". */
+  pids?: Record<string, number>;
 }
 
 interface Figures {
   label: string;
+  paths: string[];
   tp: number[][];
   rtt: number[][];
   open: number[][];
+  /** Per path: CPU seconds per GiB pushed, per process. */
+  cpu?: Array<Record<string, number>>;
 }
 
-const PATHS = ['direct (client -> B -> agent)', 'peered (client -> A -> 3021 -> B -> agent)'];
+const DIRECT = 'direct (client -> B -> agent)';
+const peeredPath = (transport: 'tls' | 'http2', a = 'A') => `peered, ${transport === 'tls' ? 'TLS per stream' : 'HTTP/2'} (client -> ${a} -> 3021 -> B -> agent)`;
 
 async function measure(setup: Setup): Promise<Figures> {
-  const webs = [setup.webB, setup.webA];
+  const webs = setup.paths.map((p) => p.web);
   say(`measuring: ${setup.label.split(' (')[0]}`);
   // Warm-up: JIT, the peering connection.
   for (const web of webs) (await setup.open(web)).destroy();
   const tp = webs.map(() => [] as number[]);
-  for (let run = 0; run < RUNS; run++) for (const [i, web] of webs.entries()) tp[i]!.push(await throughput(setup.open, web));
+  const procs: Record<string, number | undefined> = { ...(setup.pids ?? {}), bench: undefined };
+  const cpu = webs.map(() => Object.fromEntries(Object.keys(procs).map((k) => [k, 0])) as Record<string, number>);
+  for (let run = 0; run < RUNS; run++) {
+    for (const [i, web] of webs.entries()) {
+      const before = Object.entries(procs).map(([k, pid]) => [k, cpuSeconds(pid)] as const);
+      tp[i]!.push(await throughput(setup.open, web));
+      for (const [k, t] of before) cpu[i]![k]! += (cpuSeconds(procs[k]) - t) / ((RUNS * MIB) / 1024);
+    }
+  }
   const rtt: number[][] = [];
   for (const web of webs) {
     const s = await setup.open(web);
@@ -224,34 +254,54 @@ async function measure(setup: Setup): Promise<Figures> {
   }
   const open: number[][] = [];
   for (const web of webs) open.push(await opens(setup.open, web));
-  return { label: setup.label, tp, rtt, open };
+  return { label: setup.label, paths: setup.paths.map((p) => p.name), tp, rtt, open, ...(setup.pids ? { cpu } : {}) };
 }
 
 function table(f: Figures): string[] {
-  const ratioTp = median(f.tp[1]!) / median(f.tp[0]!);
-  const ratioRtt = pct(f.rtt[1]!, 50) / pct(f.rtt[0]!, 50);
+  const ratios = f.paths.slice(1).map((name, j) => {
+    const i = j + 1;
+    const ratioTp = median(f.tp[i]!) / median(f.tp[0]!);
+    const ratioRtt = pct(f.rtt[i]!, 50) / pct(f.rtt[0]!, 50);
+    return `- ${name.split(' (')[0]} / direct: throughput ${ratioTp.toFixed(2)}x (goal >= 0.8x: ${ratioTp >= 0.8 ? 'met' : 'not met'}), round trip p50 ${ratioRtt.toFixed(2)}x (goal <= 1.3x: ${ratioRtt <= 1.3 ? 'met' : 'not met'}), stream open p50 ${(pct(f.open[i]!, 50) / pct(f.open[0]!, 50)).toFixed(2)}x.`;
+  });
   return [
     `### ${f.label}`,
     '',
     '| path | throughput, 1 stream (MiB/s) | 64-byte round trip p50 (µs) | p99 (µs) | stream open p50 (ms) |',
     '|---|---|---|---|---|',
-    ...PATHS.map((name, i) => `| ${name} | ${median(f.tp[i]!).toFixed(0)} | ${pct(f.rtt[i]!, 50).toFixed(1)} | ${pct(f.rtt[i]!, 99).toFixed(1)} | ${pct(f.open[i]!, 50).toFixed(2)} |`),
+    ...f.paths.map((name, i) => `| ${name} | ${median(f.tp[i]!).toFixed(0)} | ${pct(f.rtt[i]!, 50).toFixed(1)} | ${pct(f.rtt[i]!, 99).toFixed(1)} | ${pct(f.open[i]!, 50).toFixed(2)} |`),
     '',
-    `- Peered / direct: throughput ${ratioTp.toFixed(2)}x (goal >= 0.8x: ${ratioTp >= 0.8 ? 'met' : 'not met'}), round trip p50 ${ratioRtt.toFixed(2)}x (goal <= 1.3x: ${ratioRtt <= 1.3 ? 'met' : 'not met'}), stream open p50 ${(pct(f.open[1]!, 50) / pct(f.open[0]!, 50)).toFixed(2)}x.`,
+    ...ratios,
+    '',
+    ...(f.cpu ? cpuTable(f.paths, f.cpu) : []),
+  ];
+}
+
+/** CPU seconds per GiB of each process on each path, and their sum: what one GiB costs the machine's cores. */
+function cpuTable(paths: string[], cpu: Array<Record<string, number>>): string[] {
+  const names = Object.keys(cpu[0]!);
+  const total = (r: Record<string, number>) => Object.values(r).reduce((a, b) => a + b, 0);
+  return [
+    `| CPU s per GiB pushed (throughput runs) | ${names.join(' | ')} | all |`,
+    `|---|${names.map(() => '---|').join('')}---|`,
+    ...paths.map((name, i) => `| ${name.split(' (')[0]} | ${names.map((k) => cpu[i]![k]!.toFixed(2)).join(' | ')} | ${total(cpu[i]!).toFixed(2)} |`),
     '',
   ];
 }
 
-async function inProcess(): Promise<Setup> {
+async function inProcess(transport: 'tls' | 'http2'): Promise<Setup> {
+  process.env.GATEWAY_PEER_TRANSPORT = transport; // read by each Proxy's PeerClient when it is made
   // Every simulated agent comes from 127.0.0.1: the per-source cap must hold them all (and the file limit, with ulimit -n).
   const cap = String(Math.max(10_000, 2 * AGENTS + 1000));
   const c = await startPeerCluster({ keepAlive: '20s', limits: [`max_connections: ${cap}`, `max_connections_per_source: ${cap}`] });
   await waitUntil('A sees the agent at B', () => c.a.cluster.locations(c.agentIdentity.hostId).includes(c.b.id) && !!c.a.cluster.proxy(c.b.id)?.peer_addr);
   return {
-    label: 'in one process (both Proxies, the Auth Service, the agent and the client on one Node.js thread)',
+    label: `in one process (both Proxies, the Auth Service, the agent and the client on one Node.js thread), peering over ${TRANSPORT_NAMES[transport]}`,
     open: (web, resource) => c.open(web, resource),
-    webA: c.a.addresses.web!,
-    webB: c.b.addresses.web!,
+    paths: [
+      { name: DIRECT, web: c.b.addresses.web! },
+      { name: peeredPath(transport), web: c.a.addresses.web! },
+    ],
     stop: () => c.stop(),
     cluster: c,
   };
@@ -275,7 +325,10 @@ const proxyYaml = (name: string, web: number, peer: number, conn: string) =>
     '',
   ].join('\n');
 
-/** Real daemons: A and B (`gateway start`, auth + proxy) on one PostgreSQL, an app agent joined through B; sink and echo here. */
+/**
+ * Real daemons: B and one A per peering transport (`gateway start`, auth + proxy, GATEWAY_PEER_TRANSPORT) on one
+ * PostgreSQL, an app agent joined through B; sink and echo here. Every path is measured in the same run.
+ */
 async function daemons(): Promise<Setup> {
   const dir = await mkdtemp(join(tmpdir(), 'gw-bench-peer-'));
   const stops: Array<() => Promise<unknown>> = [async () => rm(dir, { recursive: true, force: true })];
@@ -288,11 +341,17 @@ async function daemons(): Promise<Setup> {
     const [sink, echo] = [await startSinkServer(), await startEchoServer()];
     stops.push(async () => sink.close(), async () => echo.close());
     const port = () => getPort({ host: '127.0.0.1' });
-    const [webA, webB] = [await port(), await port()];
-    const a = await startGateway(proxyYaml('proxy-a', webA, await port(), pg.url()));
-    stops.push(() => a.stop());
+    const webB = await port();
     const b = await startGateway(proxyYaml('proxy-b', webB, await port(), pg.url()));
     stops.push(() => b.stop());
+    const as: Array<{ transport: 'tls' | 'http2'; web: number; pid: number }> = [];
+    for (const transport of TRANSPORTS) {
+      const web = await port();
+      const a = await startGateway(proxyYaml(`proxy-a-${transport}`, web, await port(), pg.url()), { env: { GATEWAY_PEER_TRANSPORT: transport } });
+      stops.push(() => a.stop());
+      as.push({ transport, web, pid: a.process.pid! });
+    }
+    const webA = as[0]!.web;
     const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', b.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
     const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
     const token = (JSON.parse((await admin(['tokens', 'add', '--type=app', '--format', 'json'])).stdout) as { token: string }).token;
@@ -306,10 +365,13 @@ async function daemons(): Promise<Setup> {
     if (login.status !== 0) throw new Error(`gwsh login: ${login.stderr}`);
     const profile = loadProfile(gwshHome)!;
     const dialer = new Dialer({ env: {} });
-    say('daemons: A, B and the agent started');
+    say(`daemons: ${as.length} A, B and the agent started`);
     const open: Opener = (web, resource = 'echo') => openResource(profile, web, { alpn: 'gateway-tcp', resource, kind: 'app' }, dialer);
-    await waitUntil('A reaches the agent B holds', () => open(`localhost:${webA}`).then((s) => (s.destroy(), true), () => false), 60_000, 250);
-    return { label: 'real daemons (A, B and the agent each a `gateway start` process; A and B share one PostgreSQL; the client, sink and echo in the bench process)', open, webA: `localhost:${webA}`, webB: `localhost:${webB}`, stop };
+    for (const a of as) await waitUntil('A reaches the agent B holds', () => open(`localhost:${a.web}`).then((s) => (s.destroy(), true), () => false), 60_000, 250);
+    const pids = { B: b.process.pid!, agent: agent.process.pid!, ...Object.fromEntries(as.map((a) => [`A ${a.transport}`, a.pid])) };
+    const label = `real daemons (B, one A per peering transport (${as.map((a) => TRANSPORT_NAMES[a.transport]).join('; ')}) and the agent each a \`gateway start\` process sharing one PostgreSQL; the client, sink and echo in the bench process)`;
+    const paths = [{ name: DIRECT, web: `localhost:${webB}` }, ...as.map((a) => ({ name: peeredPath(a.transport, `A ${a.transport}`), web: `localhost:${a.web}` }))];
+    return { label, open, paths, stop, pids };
   } catch (err) {
     await stop();
     throw err;
@@ -324,12 +386,14 @@ async function main(): Promise<void> {
   const figures: Figures[] = [];
   let sc: Scale | undefined;
   for (const mode of modes) {
-    const setup = mode === 'daemons' ? await daemons() : await inProcess();
-    try {
-      figures.push(await measure(setup));
-      if (setup.cluster && AGENTS > 0) sc = await scale(setup.cluster);
-    } finally {
-      await setup.stop();
+    for (const transport of mode === 'daemons' ? ['all' as const] : TRANSPORTS) {
+      const setup = transport === 'all' ? await daemons() : await inProcess(transport);
+      try {
+        figures.push(await measure(setup));
+        if (setup.cluster && AGENTS > 0 && !sc) sc = await scale(setup.cluster);
+      } finally {
+        await setup.stop();
+      }
     }
   }
   const mem = (totalmem() / 1024 ** 3).toFixed(1);
@@ -350,12 +414,12 @@ async function main(): Promise<void> {
   const section = [
     '## peer',
     '',
-    `Run ${new Date().toISOString()} with \`npm run bench:peer\` (${Math.round((Date.now() - t0) / 1000)} s). One stream client -> Proxy A -> A's router -> HTTP/2 over mutual TLS on B's peer_listen_addr -> Proxy B -> B's reverse tunnel -> agent (peered) against client -> Proxy B -> agent (direct), the agent's tunnel being to B only; the client opens gateway-tcp streams (TLS 1.3, a user certificate) to a sink or echo app behind the agent. Throughput: ${MIB} MiB per run on one stream, median of ${RUNS}, paths interleaved; round trip: ${RTTS} samples of 64 bytes on one established stream; open: ${OPENS} sequential stream opens (TLS, route header, dial answer).`,
+    `Run ${new Date().toISOString()} with \`npm run bench:peer\` (${Math.round((Date.now() - t0) / 1000)} s). One stream client -> Proxy A -> A's router -> mutual TLS on B's peer_listen_addr (a TLS connection per stream, or HTTP/2 streams on one connection) -> Proxy B -> B's reverse tunnel -> agent (peered) against client -> Proxy B -> agent (direct), the agent's tunnel being to B only; the client opens gateway-tcp streams (TLS 1.3, a user certificate) to a sink or echo app behind the agent. Throughput: ${MIB} MiB per run on one stream, median of ${RUNS}, paths interleaved; round trip: ${RTTS} samples of 64 bytes on one established stream; open: ${OPENS} sequential stream opens (TLS, route header, dial answer).`,
     `Machine: ${cpus()[0]?.model.split(' ').slice(0, 2).join(' ') ?? 'unknown'}, ${cpus().length} cores, ${mem} GiB memory, Node ${process.version}; load average ${loadStart} at the start, ${loadavg()[0]!.toFixed(2)} at the end (other work shared the machine).`,
     '',
     ...figures.flatMap(table),
     ...scaleLines,
-    '- With every process of a path on two shared cores, a stream goes as fast as the CPU left to its hops allows: the peered path adds a TLS termination and HTTP/2 framing in A and HTTP/2 and TLS in B (two more encryptions and decryptions of every byte). In one process all of it is on one thread, so that figure is a lower bound of the ratio two Proxies on their own machines reach.',
+    '- With every process of a path on two shared cores, a stream goes as fast as the CPU left to its hops allows: the peered path adds a TLS termination in A and one more TLS connection between A and B (two more encryptions and decryptions of every byte), with HTTP/2 framing on both Proxies or not (a TLS connection per stream). The CPU tables say what one GiB costs each process; their sum is what the two cores must give. In one process all of it is on one thread, so that figure is a lower bound of the ratio two Proxies on their own machines reach.',
     '',
   ].join('\n');
   process.stdout.write(section);

@@ -9,7 +9,8 @@
  *   detect ─► tls-handshake ─► http-headers ─► http-request ─► (answer) ─► http-headers ─► ...
  *         │                 └► route-header (databases, TCP, SSH over TLS: one JSON line)
  *         └► ssh-handshake (version, key exchange, authentication) ─► ssh-idle (authenticated, no channel open)
- *   peering (3021): tls-handshake ─► peer-first-stream ─► peer-idle (no stream open; src/proxy/peer.ts)
+ *   peering (3021): tls-handshake ─► peer-idle (no request yet) ─► peer-request (its line) ─► (answer, bytes)
+ *                   HTTP/2 peering: tls-handshake ─► peer-request (first stream) ─► peer-idle (no stream open)
  *
  * When a deadline passes the connection is closed, every stream layered on it down to the socket, and counted.
  * A stream layered on another (a TLS socket around the accepted socket) is linked to the same Connection, so
@@ -34,7 +35,7 @@ export type Phase =
   | 'route-header'
   | 'ssh-handshake'
   | 'ssh-idle'
-  | 'peer-first-stream'
+  | 'peer-request'
   | 'peer-idle'
   | 'half-close';
 

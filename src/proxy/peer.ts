@@ -2,22 +2,32 @@
  * Proxy peering (docs/proxy.md, "Proxy peering"): a Proxy reaches an agent whose tunnel another Proxy holds by
  * asking that Proxy, on its peering listener (proxy_service.peer_listen_addr, 3021).
  *
- *   transport   HTTP/2 (node:http2) over TLS 1.3 with ALPN gateway-peer: one connection per pair of Proxies,
- *               one stream per client connection. Chosen by measurement against the ssh2 channel protocol the
- *               tunnels use (bench/peer-transport.ts, bench/RESULTS.md "peer-transport").
- *   identity    mutual TLS with the cluster's host CA. The server accepts only a host certificate of this cluster
- *               with the system role "proxy" whose host ID is a live Proxy (cluster.ts); the client accepts only
- *               a server certificate naming the host ID of the Proxy it meant to reach, with the same role.
- *   a stream    POST PEER_PATH with headers x-gateway-host (the agent's host ID) and x-gateway-dial (the
- *               DialRequest, the same JSON as the tunnel's: src/tunnel/protocol.ts). Answer: :status 200 once the
- *               agent reached the resource, else an error status with x-gateway-error ({code, message, hint}).
- *               Then the stream carries the connection's bytes both ways (HTTP/2 flow control is the
- *               back-pressure; END_STREAM is the half-close).
+ *   transport   HTTP/2 (node:http2) over TLS 1.3, ALPN gateway-peer (the default): one connection per pair of
+ *               Proxies, one stream per client connection. Or, with GATEWAY_PEER_TRANSPORT=tls on the asking
+ *               Proxy, a mutual-TLS connection per client stream, ALPN gateway-peer-tls; the listener serves
+ *               both. HTTP/2 stays the default by measurement end to end (bench/peer.ts, bench/RESULTS.md
+ *               "peer"): a connection per stream moves bytes for less CPU but opens streams more slowly.
+ *   identity    mutual TLS with the cluster's host CA, checked on every connection (a resumed session too). The
+ *               server accepts only a host certificate of this cluster with the system role "proxy" whose host
+ *               ID is a live Proxy (cluster.ts); the client accepts only a server certificate naming the host
+ *               ID of the Proxy it meant to reach, with the same role (a session is resumed only with the Proxy
+ *               whose certificate was checked when it was made).
+ *   a stream    gateway-peer-tls: the first line is the JSON {"hostId", "request"} (the DialRequest, the same JSON
+ *               as the tunnel's: src/tunnel/protocol.ts); the answer one JSON line, {"ok":true} once the agent
+ *               reached the resource, else {"ok":false,"error":{code,message,hint}}. Then raw bytes both ways:
+ *               TCP and TLS are the back-pressure, the TLS end (close_notify, FIN) the half-close.
+ *               gateway-peer: POST PEER_PATH with x-gateway-host and x-gateway-dial; :status 200, or an
+ *               error status with x-gateway-error; HTTP/2 flow control, END_STREAM.
  *   no loops    the server answers from this Proxy's own tunnels only, never over peering again.
- *   deadlines   tls-handshake, then peer-first-stream (header_timeout) until the first stream, then peer-idle
- *               (idle_timeout) whenever no stream is open; the dial answer within dialTimeoutMs on the client.
- *   caps        the listener's connection caps (gateway.limits), PEER_MAX_STREAMS concurrent streams per
- *               connection, PEER_MAX_HEADER_BYTES of headers per stream.
+ *   deadlines   tls-handshake; gateway-peer-tls: peer-idle (idle_timeout) until the request's first byte (a
+ *               pooled connection waits here), peer-request (header_timeout) until its line is whole;
+ *               gateway-peer: peer-request until the first stream, then peer-idle whenever no stream is open. The dial answer
+ *               within dialTimeoutMs on the client.
+ *   caps        the listener's connection caps (gateway.limits), PEER_MAX_REQUEST_BYTES of request line,
+ *               PEER_MAX_STREAMS concurrent HTTP/2 streams per connection, PEER_MAX_HEADER_BYTES of headers.
+ *   tls client  keeps the latest TLS session ticket of each peer (a new connection resumes: no certificate
+ *               exchange) and up to PEER_POOL_SIZE connections established ahead, each closed after
+ *               PEER_POOL_IDLE_MS unused; a pooled connection the peer closed meanwhile is replaced once.
  */
 import http2 from 'node:http2';
 import type net from 'node:net';
@@ -25,7 +35,7 @@ import type { Duplex } from 'node:stream';
 import tls, { type TLSSocket } from 'node:tls';
 import { formatHostPort, isIpLiteral, parseAddr, type HostPort } from '../addr.js';
 import { peerIdentityOf } from '../auth/api.js';
-import { identityFromCert } from '../auth/pki.js';
+import { identityFromCert, type Identity } from '../auth/pki.js';
 import type { ClusterTrust } from '../auth/proxyauth.js';
 import type { ProxyRecord } from '../auth/records.js';
 import { ERROR_CODES, GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
@@ -34,31 +44,53 @@ import type { ConnectionLimits } from '../net/deadlines.js';
 import { connectionOf } from '../net/deadlines.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { tlsTerminator } from '../net/tls.js';
+import { readLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
+import { LineSplitter } from '../stream/splitter.js';
 import type { DialRequest, ServiceKind } from '../tunnel/protocol.js';
 import type { ClusterView } from './cluster.js';
 import type { LocalTunnels, PeerDialer } from './router.js';
 
+/** HTTP/2, one connection per pair of Proxies: the default transport. */
 export const PEER_ALPN = 'gateway-peer';
+/** A TLS connection per stream (GATEWAY_PEER_TRANSPORT=tls). */
+export const PEER_ALPN_TLS = 'gateway-peer-tls';
 export const PEER_PATH = '/gateway.peer.v1/dial';
-/** Concurrent streams one peer connection may carry (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). */
+export type PeerTransport = 'tls' | 'http2';
+/** The request line of a gateway-peer connection; a DialRequest is a few hundred bytes. */
+export const PEER_MAX_REQUEST_BYTES = 8 * 1024;
+/** The answer line (an error with its message and hint). */
+const PEER_MAX_ANSWER_BYTES = 16 * 1024;
+/** Connections a client keeps established ahead, per peer Proxy. */
+export const PEER_POOL_SIZE = 2;
+/** How long a pooled connection may wait unused (at most half the client's idle_timeout). */
+export const PEER_POOL_IDLE_MS = 30_000;
+/** Concurrent streams one HTTP/2 peer connection may carry (SETTINGS_MAX_CONCURRENT_STREAMS). */
 export const PEER_MAX_STREAMS = 1024;
-/** Header bytes of one stream (SETTINGS_MAX_HEADER_LIST_SIZE); a DialRequest is a few hundred. */
+/** Header bytes of one HTTP/2 stream (SETTINGS_MAX_HEADER_LIST_SIZE). */
 export const PEER_MAX_HEADER_BYTES = 8 * 1024;
+/** Peer certificates whose identity a server keeps (a cluster has a few Proxies, each with one or two). */
+const PEER_IDENTITY_CACHE = 256;
 /** The system role a peering certificate must carry. */
 export const PEER_ROLE = 'proxy';
 
 const HOST_HEADER = 'x-gateway-host';
 const DIAL_HEADER = 'x-gateway-dial';
 const ERROR_HEADER = 'x-gateway-error';
+const OK_LINE = '{"ok":true}\n';
 const SERVICES: readonly ServiceKind[] = ['ssh', 'db', 'app', 'desktop', 'kube'];
 /**
- * HTTP/2 flow control is the back-pressure of every stream. A window of 1 MiB per stream (8 MiB per connection)
- * instead of the default 64 KiB keeps one fast stream from waiting for WINDOW_UPDATEs (bench/RESULTS.md "peer").
+ * HTTP/2 flow control is the back-pressure of every HTTP/2 stream. A window of 1 MiB per stream (8 MiB per
+ * connection) instead of the default 64 KiB keeps one fast stream from waiting for WINDOW_UPDATEs.
  */
 export const PEER_STREAM_WINDOW = 1024 * 1024;
 const PEER_SESSION_WINDOW = 8 * PEER_STREAM_WINDOW;
 const SESSION_SETTINGS: http2.Settings = { maxConcurrentStreams: PEER_MAX_STREAMS, maxHeaderListSize: PEER_MAX_HEADER_BYTES, enablePush: false, initialWindowSize: PEER_STREAM_WINDOW };
+
+/** The transport GATEWAY_PEER_TRANSPORT names: http2 (the default) or tls (a connection per stream). */
+export function peerTransportFromEnv(env: NodeJS.ProcessEnv = process.env): PeerTransport {
+  return env.GATEWAY_PEER_TRANSPORT === 'tls' ? 'tls' : 'http2';
+}
 
 /** This Proxy's peering certificate (host kind, role proxy, name = its host ID) and the host CA. */
 export interface PeerTls {
@@ -81,14 +113,17 @@ export class PeerServer {
   private readonly log = logger('peer');
   private readonly terminate: ReturnType<typeof tlsTerminator>;
   private server: net.Server | undefined;
-  /** Each open peer connection: its session and its Connection (every layer down to the socket). */
-  private readonly sessions = new Map<http2.ServerHttp2Session, ReturnType<typeof connectionOf>>();
+  /** Each open peer connection: its Connection (every layer down to the socket), and its HTTP/2 session if any. */
+  private readonly open = new Map<TLSSocket, { conn: ReturnType<typeof connectionOf>; session?: http2.ServerHttp2Session }>();
+  /** Identities already read from peers' certificates (by SHA-256 fingerprint), for the host CA they were checked against. */
+  private readonly identities = new Map<string, Identity>();
+  private identitiesCa = '';
 
   constructor(private readonly options: PeerServerOptions) {
     this.terminate = tlsTerminator({
       credentials: { key: options.tls.key, cert: options.tls.cert, ca: [options.tls.ca] },
       name: 'peer',
-      alpn: [PEER_ALPN],
+      alpn: [PEER_ALPN, PEER_ALPN_TLS],
       handshakeMs: options.limits.settings.tlsHandshakeMs,
     });
   }
@@ -105,11 +140,11 @@ export class PeerServer {
   /** Stops listening and drops every peer connection (their clients see the streams reset). */
   async close(): Promise<void> {
     const closing = this.server ? closeServer(this.server) : Promise.resolve();
-    for (const [session, conn] of this.sessions) {
-      session.destroy();
+    for (const { conn, session } of this.open.values()) {
+      session?.destroy();
       conn.destroy();
     }
-    this.sessions.clear();
+    this.open.clear();
     await closing;
     this.server = undefined;
   }
@@ -125,7 +160,10 @@ export class PeerServer {
           secure.destroy();
           return;
         }
-        this.serve(secure, client);
+        this.open.set(secure, { conn: connectionOf(secure) });
+        secure.once('close', () => this.open.delete(secure));
+        if (secure.alpnProtocol === PEER_ALPN_TLS) this.serveStream(secure, client);
+        else this.serveH2(secure, client);
       },
       (err) => this.log.debug({ client, err: err.message }, 'TLS on the peering listener failed'),
     );
@@ -133,10 +171,10 @@ export class PeerServer {
 
   /** Why this TLS client may not peer, or undefined when it is a live Proxy of this cluster. */
   private refusal(socket: TLSSocket): string | undefined {
-    if (socket.alpnProtocol !== PEER_ALPN) return `ALPN ${JSON.stringify(socket.alpnProtocol || 'none')} is not ${PEER_ALPN}`;
+    if (socket.alpnProtocol !== PEER_ALPN && socket.alpnProtocol !== PEER_ALPN_TLS) return `ALPN ${JSON.stringify(socket.alpnProtocol || 'none')} is neither ${PEER_ALPN} nor ${PEER_ALPN_TLS}`;
     let id;
     try {
-      id = peerIdentityOf(this.options.trust, socket);
+      id = this.identityOf(socket);
     } catch (err) {
       return (err as Error).message;
     }
@@ -146,7 +184,70 @@ export class PeerServer {
     return undefined;
   }
 
-  private serve(socket: TLSSocket, client: string): void {
+  /**
+   * The peer's identity (peerIdentityOf). A connection per stream would read the same certificate again and
+   * again; what follows from its bytes and the host CA is kept by fingerprint, while OpenSSL's verification of
+   * this connection (socket.authorized) and the liveness of the Proxy (refusal) are checked every time.
+   */
+  private identityOf(socket: TLSSocket): Identity {
+    const ca = this.options.trust.host.tls.certPem;
+    if (ca !== this.identitiesCa || this.identities.size >= PEER_IDENTITY_CACHE) {
+      this.identities.clear();
+      this.identitiesCa = ca;
+    }
+    const fingerprint = socket.authorized ? socket.getPeerX509Certificate()?.fingerprint256 : undefined;
+    const known = fingerprint ? this.identities.get(fingerprint) : undefined;
+    if (known) return known;
+    const id = peerIdentityOf(this.options.trust, socket);
+    if (fingerprint) this.identities.set(fingerprint, id);
+    return id;
+  }
+
+  /** gateway-peer-tls: one request line (idle, then request deadline, size cap), the answer line, then the bytes. */
+  private serveStream(socket: TLSSocket, client: string): void {
+    const conn = connectionOf(socket);
+    const { headerMs, idleMs } = this.options.limits.settings;
+    conn.enter('peer-idle', idleMs);
+    const splitter = new LineSplitter(PEER_MAX_REQUEST_BYTES, 'peering request');
+    const onData = (chunk: Buffer) => {
+      if (conn.phase === 'peer-idle') conn.enter('peer-request', headerMs);
+      let result;
+      try {
+        result = splitter.feed(chunk);
+      } catch (err) {
+        socket.off('data', onData);
+        conn.leave('peer-request');
+        return void answerLine(socket, new GatewayError('GW_ERR_PEER_PROTOCOL', `bad peering request: ${(err as Error).message}`));
+      }
+      if (result.kind !== 'line') return;
+      socket.off('data', onData);
+      socket.pause();
+      conn.leave('peer-request');
+      if (result.rest.length > 0) socket.unshift(result.rest);
+      this.onRequest(socket, result.line.toString('utf8'), client).catch((err: unknown) => answerLine(socket, toGatewayError(err)));
+    };
+    socket.on('data', onData);
+  }
+
+  private async onRequest(socket: TLSSocket, line: string, client: string): Promise<void> {
+    const { hostId, request } = parsePeerRequest(line);
+    const channel = await this.dialLocal(hostId, request);
+    if (socket.destroyed) {
+      channel.destroy();
+      return;
+    }
+    socket.write(OK_LINE);
+    this.log.debug({ client, hostId, service: request.service, resource: request.resource }, 'peered stream opened');
+    splice(socket, channel);
+  }
+
+  /** A channel to the agent through this Proxy's own tunnel: never forwarded again (the asking Proxy tries the next holder). */
+  private async dialLocal(hostId: string, request: DialRequest): Promise<Duplex> {
+    if (!this.options.tunnels.get(hostId)) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `Proxy ${this.options.cluster.selfId} holds no tunnel of agent ${hostId}`);
+    return this.options.tunnels.dial(hostId, request);
+  }
+
+  private serveH2(socket: TLSSocket, client: string): void {
     const conn = connectionOf(socket);
     const { headerMs, idleMs } = this.options.limits.settings;
     const session = http2.performServerHandshake(socket, { settings: SESSION_SETTINGS, maxSessionMemory: 64 });
@@ -158,8 +259,8 @@ export class PeerServer {
         conn.destroy();
       },
     };
-    conn.enter('peer-first-stream', headerMs, expire);
-    this.sessions.set(session, conn);
+    conn.enter('peer-request', headerMs, expire);
+    this.open.set(socket, { conn, session });
     let open = 0;
     session.on('stream', (stream, headers) => {
       open++;
@@ -168,53 +269,71 @@ export class PeerServer {
         if (--open === 0) conn.enter('peer-idle', idleMs, expire);
       });
       stream.on('error', () => undefined);
-      this.onStream(stream, headers, client).catch((err: unknown) => answerError(stream, toGatewayError(err)));
+      this.onH2Stream(stream, headers, client).catch((err: unknown) => answerH2Error(stream, toGatewayError(err)));
     });
     session.on('error', (err) => this.log.debug({ client, err: err.message }, 'peering session error'));
-    session.once('close', () => {
-      this.sessions.delete(session);
-      socket.destroy();
-    });
+    session.once('close', () => socket.destroy());
   }
 
-  private async onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, client: string): Promise<void> {
+  private async onH2Stream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, client: string): Promise<void> {
     const { hostId, request } = parseStreamHeaders(headers);
-    if (!this.options.tunnels.get(hostId)) {
-      // Never forwarded again: the asking Proxy tries the next holder itself.
-      throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `Proxy ${this.options.cluster.selfId} holds no tunnel of agent ${hostId}`);
-    }
-    const channel = await this.options.tunnels.dial(hostId, request);
+    const channel = await this.dialLocal(hostId, request);
     if (stream.destroyed) {
       channel.destroy();
       return;
     }
     stream.respond({ ':status': 200 });
-    this.log.debug({ client, hostId, service: request.service, resource: request.resource }, 'peered stream opened');
+    this.log.debug({ client, hostId, service: request.service, resource: request.resource }, 'peered stream opened (HTTP/2)');
     splice(stream, channel);
   }
 }
 
-/** The target and DialRequest of a peered stream; a GW_ERR_PEER_PROTOCOL error when they are not well formed. */
-export function parseStreamHeaders(headers: http2.IncomingHttpHeaders): { hostId: string; request: DialRequest } {
-  const bad = (why: string) => new GatewayError('GW_ERR_PEER_PROTOCOL', `bad peering stream: ${why}`);
-  if (headers[':method'] !== 'POST' || headers[':path'] !== PEER_PATH) throw bad(`expected POST ${PEER_PATH}`);
-  const hostId = headers[HOST_HEADER];
-  const raw = headers[DIAL_HEADER];
-  if (typeof hostId !== 'string' || hostId === '') throw bad(`no ${HOST_HEADER}`);
-  if (typeof raw !== 'string') throw bad(`no ${DIAL_HEADER}`);
-  let r: Partial<DialRequest>;
+const badRequest = (why: string) => new GatewayError('GW_ERR_PEER_PROTOCOL', `bad peering request: ${why}`);
+
+/** The target and DialRequest of a gateway-peer-tls request line; a GW_ERR_PEER_PROTOCOL error when not well formed. */
+export function parsePeerRequest(line: string): { hostId: string; request: DialRequest } {
+  let r: { hostId?: unknown; request?: unknown };
   try {
-    r = JSON.parse(raw) as Partial<DialRequest>;
+    r = JSON.parse(line) as typeof r;
   } catch {
-    throw bad(`${DIAL_HEADER} is not JSON`);
+    throw badRequest('the request line is not JSON');
   }
-  if (typeof r !== 'object' || r === null || !SERVICES.includes(r.service as ServiceKind)) throw bad('the dial request names no known service');
-  for (const k of ['resource', 'client_src', 'client_dst'] as const) if (typeof r[k] !== 'string') throw bad(`the dial request has no ${k}`);
-  if (r.user !== undefined && typeof r.user !== 'string') throw bad('user is not a string');
-  return { hostId, request: { service: r.service!, resource: r.resource!, client_src: r.client_src!, client_dst: r.client_dst!, ...(r.user === undefined ? {} : { user: r.user }) } };
+  if (typeof r !== 'object' || r === null) throw badRequest('the request line is not a JSON object');
+  if (typeof r.hostId !== 'string' || r.hostId === '') throw badRequest('no hostId');
+  return { hostId: r.hostId, request: dialRequestOf(r.request) };
 }
 
-function answerError(stream: http2.ServerHttp2Stream, err: GatewayError): void {
+/** The target and DialRequest of an HTTP/2 peered stream; a GW_ERR_PEER_PROTOCOL error when not well formed. */
+export function parseStreamHeaders(headers: http2.IncomingHttpHeaders): { hostId: string; request: DialRequest } {
+  if (headers[':method'] !== 'POST' || headers[':path'] !== PEER_PATH) throw badRequest(`expected POST ${PEER_PATH}`);
+  const hostId = headers[HOST_HEADER];
+  const raw = headers[DIAL_HEADER];
+  if (typeof hostId !== 'string' || hostId === '') throw badRequest(`no ${HOST_HEADER}`);
+  if (typeof raw !== 'string') throw badRequest(`no ${DIAL_HEADER}`);
+  let r: unknown;
+  try {
+    r = JSON.parse(raw);
+  } catch {
+    throw badRequest(`${DIAL_HEADER} is not JSON`);
+  }
+  return { hostId, request: dialRequestOf(r) };
+}
+
+function dialRequestOf(value: unknown): DialRequest {
+  const r = value as Partial<DialRequest> | null;
+  if (typeof r !== 'object' || r === null || !SERVICES.includes(r.service as ServiceKind)) throw badRequest('the dial request names no known service');
+  for (const k of ['resource', 'client_src', 'client_dst'] as const) if (typeof r[k] !== 'string') throw badRequest(`the dial request has no ${k}`);
+  if (r.user !== undefined && typeof r.user !== 'string') throw badRequest('user is not a string');
+  return { service: r.service!, resource: r.resource!, client_src: r.client_src!, client_dst: r.client_dst!, ...(r.user === undefined ? {} : { user: r.user }) };
+}
+
+/** The error answer of a gateway-peer-tls connection; the connection ends after it. */
+function answerLine(socket: TLSSocket, err: GatewayError): void {
+  if (socket.destroyed || !socket.writable) return void socket.destroy();
+  socket.end(`${JSON.stringify({ ok: false, error: err.toJSON() })}\n`);
+}
+
+function answerH2Error(stream: http2.ServerHttp2Stream, err: GatewayError): void {
   if (stream.destroyed) return;
   const status = err.code === 'GW_ERR_TUNNEL_NOT_FOUND' ? 404 : err.code === 'GW_ERR_PEER_PROTOCOL' ? 400 : 502;
   if (stream.headersSent) return void stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
@@ -229,19 +348,134 @@ export interface PeerClientOptions {
   tlsHandshakeMs: number;
   /** How long a Proxy may take to answer a stream (the agent's dial included). */
   dialTimeoutMs: number;
-  /** A connection to a peer with no stream for this long is closed (idle_timeout). */
+  /** idle_timeout: a pooled connection waits at most half of it; an HTTP/2 connection with no frame for it is closed. */
   idleMs: number;
+  /** How this Proxy asks its peers; peerTransportFromEnv() when not given. */
+  transport?: PeerTransport;
 }
 
-/** The client side: one HTTP/2 connection per peer Proxy, every client stream multiplexed on it. */
+/** The client side: one HTTP/2 connection per peer, or a TLS connection per stream (pooled ahead, sessions resumed). */
 export class PeerClient implements PeerDialer {
+  readonly transport: PeerTransport;
   private readonly log = logger('peer');
+  private readonly pools = new Map<string, PeerPool>();
   private readonly sessions = new Map<string, Promise<http2.ClientHttp2Session>>();
   private closed = false;
+  /** Made once: a context per connection would parse the key, certificate and CA again each time. */
+  private readonly context: tls.SecureContext;
 
-  constructor(private readonly options: PeerClientOptions) {}
+  constructor(private readonly options: PeerClientOptions) {
+    this.transport = options.transport ?? peerTransportFromEnv();
+    this.context = tls.createSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: [options.tls.ca] });
+  }
 
   async dial(proxy: ProxyRecord, hostId: string, request: DialRequest): Promise<Duplex> {
+    if (this.closed) throw new GatewayError('GW_ERR_PEER_UNREACHABLE', 'this Proxy is shutting down');
+    if (this.transport === 'http2') return this.dialH2(proxy, hostId, request);
+    const pool = this.pool(proxy);
+    const line = `${JSON.stringify({ hostId, request })}\n`;
+    for (let attempt = 0; ; attempt++) {
+      const { socket, pooled } = await pool.take();
+      // Refilled once the peer answered: the new connection's handshake does not delay this stream's answer.
+      const answer = await this.ask(socket, proxy, hostId, line).finally(() => pool.refill());
+      // A pooled connection the peer closed while it waited (its idle deadline, a restart): once more on a new one.
+      if (answer === 'closed' && pooled && attempt === 0) continue;
+      if (answer === 'closed') throw new GatewayError('GW_ERR_PEER_UNREACHABLE', `the peering connection to Proxy ${proxy.id} closed before its answer`);
+      return answer;
+    }
+  }
+
+  /** Drops every peer connection (their streams are reset). */
+  close(): void {
+    this.closed = true;
+    for (const p of this.pools.values()) p.close();
+    this.pools.clear();
+    for (const s of this.sessions.values()) void s.then((session) => session.destroy(), () => undefined);
+    this.sessions.clear();
+  }
+
+  /** Sends the request line and reads the answer: the connection once it is {"ok":true}; 'closed' when cut before any answer. */
+  private async ask(socket: TLSSocket, proxy: ProxyRecord, hostId: string, line: string): Promise<TLSSocket | 'closed'> {
+    socket.write(line);
+    let answer: string;
+    try {
+      answer = await readLine(socket, { maxBytes: PEER_MAX_ANSWER_BYTES, timeoutMs: this.options.dialTimeoutMs, what: `answer of Proxy ${proxy.id}` });
+    } catch (err) {
+      const cut = socket.destroyed || socket.readableEnded;
+      socket.destroy();
+      if (cut) return 'closed';
+      const e = toGatewayError(err);
+      if (e.code === 'GW_ERR_TUNNEL_TIMEOUT') throw new GatewayError('GW_ERR_PEER_PROTOCOL', `Proxy ${proxy.id} did not answer for agent ${hostId} within ${this.options.dialTimeoutMs} ms`);
+      throw new GatewayError('GW_ERR_PEER_PROTOCOL', `Proxy ${proxy.id}: ${e.message}`);
+    }
+    if (answer === OK_LINE.trimEnd()) return socket;
+    socket.destroy();
+    let parsed: { ok?: unknown; error?: unknown } = {};
+    try {
+      parsed = JSON.parse(answer) as typeof parsed;
+    } catch {
+      // reported below as a protocol error
+    }
+    throw remoteError(proxy, parsed?.error, 'an answer that is neither ok nor an error');
+  }
+
+  private pool(proxy: ProxyRecord): PeerPool {
+    const known = this.pools.get(proxy.id);
+    if (known && known.addr === proxy.peer_addr) return known;
+    known?.close();
+    const idleMs = Math.min(PEER_POOL_IDLE_MS, this.options.idleMs / 2);
+    const pool = new PeerPool(proxy.peer_addr!, (session, onSession) => this.connect(proxy, PEER_ALPN_TLS, session, onSession), idleMs, (err) =>
+      this.log.debug({ proxy: proxy.id, err: err.message }, 'cannot open a peering connection ahead'),
+    );
+    this.pools.set(proxy.id, pool);
+    return pool;
+  }
+
+  /** A TLS connection to the peer, its certificate checked (or its session, from a checked one, resumed). */
+  private async connect(proxy: ProxyRecord, alpn: string, session?: Buffer, onSession?: (s: Buffer) => void): Promise<TLSSocket> {
+    const addr = proxy.peer_addr!;
+    const unreachable = (why: string, cause?: unknown) => new GatewayError('GW_ERR_PEER_UNREACHABLE', `cannot peer with Proxy ${proxy.id} at ${addr}: ${why}`, { cause });
+    const raw = await this.options.dialer.dial(addr).catch((err: unknown) => {
+      throw unreachable(toGatewayError(err).message, err);
+    });
+    const host = parseAddr(addr).host;
+    const socket = tls.connect({
+      socket: raw,
+      secureContext: this.context,
+      ALPNProtocols: [alpn],
+      ...(session ? { session } : {}),
+      ...(isIpLiteral(host) ? {} : { servername: host }),
+      // Node checks this on a full handshake only: a session is resumed only with the Proxy it was made with.
+      checkServerIdentity: (_host, cert) => checkPeerCert(cert.raw, proxy.id, this.options.clusterName),
+    });
+    if (onSession) socket.on('session', onSession);
+    socket.on('error', () => undefined);
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(unreachable(`no TLS handshake within ${this.options.tlsHandshakeMs} ms`)), this.options.tlsHandshakeMs);
+      socket.once('secureConnect', () => {
+        clearTimeout(timer);
+        resolve();
+      });
+      socket.once('error', (err) => {
+        clearTimeout(timer);
+        reject(unreachable(err.message, err));
+      });
+      socket.once('close', () => {
+        clearTimeout(timer);
+        reject(unreachable('the connection closed during the TLS handshake'));
+      });
+    }).catch((err: unknown) => {
+      socket.destroy();
+      throw err;
+    });
+    if (socket.alpnProtocol !== alpn) {
+      socket.destroy();
+      throw unreachable(`the peer does not speak ${alpn} (an older version?)`);
+    }
+    return socket;
+  }
+
+  private async dialH2(proxy: ProxyRecord, hostId: string, request: DialRequest): Promise<Duplex> {
     const session = await this.session(proxy);
     const stream = session.request({ ':method': 'POST', ':path': PEER_PATH, [HOST_HEADER]: hostId, [DIAL_HEADER]: JSON.stringify(request) });
     stream.on('error', () => undefined);
@@ -261,21 +495,25 @@ export class PeerClient implements PeerDialer {
     });
     if (Number(headers[':status']) === 200) return stream;
     stream.destroy();
-    throw remoteError(proxy, headers);
+    const raw = headers[ERROR_HEADER];
+    let parsed: unknown;
+    try {
+      if (typeof raw === 'string' && raw.length <= PEER_MAX_HEADER_BYTES) parsed = JSON.parse(raw);
+    } catch {
+      // reported below as a protocol error
+    }
+    throw remoteError(proxy, parsed, `status ${String(headers[':status'])} without an error`);
   }
 
-  /** Drops every peer connection (their streams are reset). */
-  close(): void {
-    this.closed = true;
-    for (const s of this.sessions.values()) void s.then((session) => session.destroy(), () => undefined);
-    this.sessions.clear();
-  }
-
-  private session(proxy: ProxyRecord): Promise<http2.ClientHttp2Session> {
+  private async session(proxy: ProxyRecord): Promise<http2.ClientHttp2Session> {
     const known = this.sessions.get(proxy.id);
-    if (known) return known;
-    if (this.closed) return Promise.reject(new GatewayError('GW_ERR_PEER_UNREACHABLE', 'this Proxy is shutting down'));
-    const opening = this.connect(proxy).then((session) => {
+    // A session whose connection ended (the peer restarted, a cut) may not have emitted 'close' yet.
+    const usable = await known?.then((s) => (s.destroyed || s.closed ? undefined : s), () => undefined);
+    if (usable) return usable;
+    if (known && this.sessions.get(proxy.id) === known) this.sessions.delete(proxy.id);
+    const again = this.sessions.get(proxy.id);
+    if (again) return again;
+    const opening = this.connectH2(proxy).then((session) => {
       session.once('close', () => {
         if (this.sessions.get(proxy.id) === opening) this.sessions.delete(proxy.id);
       });
@@ -286,48 +524,99 @@ export class PeerClient implements PeerDialer {
     return opening;
   }
 
-  private async connect(proxy: ProxyRecord): Promise<http2.ClientHttp2Session> {
-    const addr = proxy.peer_addr!;
-    const unreachable = (why: string, cause?: unknown) => new GatewayError('GW_ERR_PEER_UNREACHABLE', `cannot peer with Proxy ${proxy.id} at ${addr}: ${why}`, { cause });
-    const raw = await this.options.dialer.dial(addr).catch((err: unknown) => {
-      throw unreachable(toGatewayError(err).message, err);
-    });
-    const host = parseAddr(addr).host;
-    const socket = tls.connect({
-      socket: raw,
-      key: this.options.tls.key,
-      cert: this.options.tls.cert,
-      ca: [this.options.tls.ca],
-      ALPNProtocols: [PEER_ALPN],
-      ...(isIpLiteral(host) ? {} : { servername: host }),
-      checkServerIdentity: (_host, cert) => checkPeerCert(cert.raw, proxy.id, this.options.clusterName),
-    });
-    await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(unreachable(`no TLS handshake within ${this.options.tlsHandshakeMs} ms`)), this.options.tlsHandshakeMs);
-      socket.once('secureConnect', () => {
-        clearTimeout(timer);
-        resolve();
-      });
-      socket.once('error', (err) => {
-        clearTimeout(timer);
-        reject(unreachable(err.message, err));
-      });
-    }).catch((err: unknown) => {
-      socket.destroy();
-      throw err;
-    });
+  private async connectH2(proxy: ProxyRecord): Promise<http2.ClientHttp2Session> {
+    const socket = await this.connect(proxy, PEER_ALPN);
+    const host = parseAddr(proxy.peer_addr!).host;
     const session = http2.connect(`https://${formatHostPort(host, 443)}`, { createConnection: () => socket, settings: SESSION_SETTINGS, maxSessionMemory: 64 });
     session.on('error', (err) => this.log.debug({ proxy: proxy.id, err: err.message }, 'peering session error'));
     session.once('localSettings', () => session.setLocalWindowSize(PEER_SESSION_WINDOW));
     // The Dialer's sockets allow half-open connections: a peer that closes must end the session here.
-    for (const layer of [raw, socket]) layer.once('end', () => session.destroy()).once('close', () => session.destroy());
+    socket.once('end', () => session.destroy()).once('close', () => session.destroy());
     session.setTimeout(this.options.idleMs, () => {
       // No frame for idle_timeout: close once the streams still open (silent but alive) are done.
       this.sessions.delete(proxy.id);
       session.close();
     });
-    this.log.debug({ proxy: proxy.id, addr }, 'peering connection open');
+    this.log.debug({ proxy: proxy.id, addr: proxy.peer_addr }, 'peering connection open (HTTP/2)');
     return session;
+  }
+}
+
+/**
+ * The gateway-peer-tls connections to one peer address: the latest TLS session (resumed by every new connection)
+ * and up to PEER_POOL_SIZE connections established ahead. Each stream refills the pool; a pooled connection
+ * unused for idleMs, or that the peer closed or wrote to, is dropped and not replaced.
+ */
+class PeerPool {
+  private readonly idle = new Map<TLSSocket, () => void>();
+  private opening = 0;
+  private session: Buffer | undefined;
+  private closed = false;
+
+  constructor(
+    readonly addr: string | undefined,
+    private readonly connect: (session: Buffer | undefined, onSession: (s: Buffer) => void) => Promise<TLSSocket>,
+    private readonly idleMs: number,
+    private readonly onRefillError: (err: Error) => void,
+  ) {}
+
+  async take(): Promise<{ socket: TLSSocket; pooled: boolean }> {
+    for (const [socket, unpark] of this.idle) {
+      unpark();
+      if (socket.destroyed || socket.readableEnded) continue;
+      return { socket, pooled: true };
+    }
+    return { socket: await this.open(), pooled: false };
+  }
+
+  close(): void {
+    this.closed = true;
+    for (const [socket, unpark] of this.idle) {
+      unpark();
+      socket.destroy();
+    }
+  }
+
+  private open(): Promise<TLSSocket> {
+    return this.connect(this.session, (s) => (this.session = s));
+  }
+
+  /** Opens connections ahead until PEER_POOL_SIZE are pooled or opening. */
+  refill(): void {
+    while (!this.closed && this.idle.size + this.opening < PEER_POOL_SIZE) {
+      this.opening++;
+      this.open().then(
+        (socket) => {
+          this.opening--;
+          if (this.closed) socket.destroy();
+          else this.park(socket);
+        },
+        (err: Error) => {
+          this.opening--;
+          this.onRefillError(err);
+        },
+      );
+    }
+  }
+
+  /** Holds an established connection until take(); it reads meanwhile, so that the peer's end is seen at once. */
+  private park(socket: TLSSocket): void {
+    const drop = () => {
+      unpark();
+      socket.destroy();
+    };
+    const timer = setTimeout(drop, this.idleMs);
+    timer.unref();
+    const unpark = () => {
+      this.idle.delete(socket);
+      clearTimeout(timer);
+      socket.off('data', drop).off('end', drop).off('close', drop);
+      socket.pause();
+    };
+    // The peer sends nothing before the request: data here is a protocol error.
+    socket.on('data', drop).once('end', drop).once('close', drop);
+    socket.resume();
+    this.idle.set(socket, unpark);
   }
 }
 
@@ -344,16 +633,10 @@ function checkPeerCert(raw: Buffer, proxyId: string, clusterName: string): Error
   }
 }
 
-/** The error a peer answered, as this Proxy reports it. */
-function remoteError(proxy: ProxyRecord, headers: http2.IncomingHttpHeaders): GatewayError {
-  const raw = headers[ERROR_HEADER];
-  let parsed: { code?: string; message?: string; hint?: string } = {};
-  try {
-    if (typeof raw === 'string' && raw.length <= PEER_MAX_HEADER_BYTES) parsed = JSON.parse(raw) as typeof parsed;
-  } catch {
-    // reported below as a protocol error
-  }
+/** The error a peer answered ({code, message, hint}), as this Proxy reports it. */
+function remoteError(proxy: ProxyRecord, raw: unknown, fallback: string): GatewayError {
+  const parsed = (typeof raw === 'object' && raw !== null ? raw : {}) as { code?: unknown; message?: unknown; hint?: unknown };
   const code = typeof parsed.code === 'string' && parsed.code in ERROR_CODES ? (parsed.code as ErrorCode) : 'GW_ERR_PEER_PROTOCOL';
-  const message = typeof parsed.message === 'string' ? parsed.message : `status ${String(headers[':status'])} without an error`;
+  const message = typeof parsed.message === 'string' ? parsed.message : fallback;
   return new GatewayError(code, `through Proxy ${proxy.id}: ${message}`, typeof parsed.hint === 'string' ? { hint: parsed.hint } : {});
 }

@@ -3,8 +3,8 @@
  * PostgreSQL (test/helpers/databases.ts), so they are one cluster with auth_service.tunnel_strategy proxy_peering.
  * An app agent joins through B and keeps its only tunnel there; a user logged in through A reaches the agent's
  * TCP app (gwsh proxy app) through A, which carries the stream over B's peering listener (3021). Bytes are
- * checked end to end, one large transfer and many concurrent streams. B's peering port refuses a client without
- * a certificate and garbage; the in-process suite (test/proxy/peer.test.ts) has every other hostile case.
+ * checked end to end, one large transfer and many concurrent streams (the default transport, HTTP/2). B's peering
+ * port refuses a client without a certificate on either transport (gateway-peer, gateway-peer-tls) and garbage; the in-process suite (test/proxy/peer.test.ts) has every other hostile case.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
@@ -148,12 +148,14 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
   });
 
   describe("B's peering port (3021) is not open to anyone", () => {
-    it('a TLS client without a certificate is closed', async () => {
-      const s = tls.connect({ host: '127.0.0.1', port: peerPortB, rejectUnauthorized: false, ALPNProtocols: ['gateway-peer'] });
+    it.each(['gateway-peer', 'gateway-peer-tls'])('a TLS client without a certificate is closed (ALPN %s)', async (alpn) => {
+      const refusals = b.logs().split('peer refused').length;
+      const s = tls.connect({ host: '127.0.0.1', port: peerPortB, rejectUnauthorized: false, ALPNProtocols: [alpn] });
       s.on('error', () => undefined);
       s.resume();
+      if (alpn === 'gateway-peer-tls') s.once('secureConnect', () => s.write('{"hostId":"x","request":{}}\n'));
       await new Promise((r) => s.once('close', r));
-      await b.waitForLog('peer refused');
+      await waitUntil('B logs the refusal', () => b.logs().split('peer refused').length > refusals);
     });
 
     it('garbage bytes are closed', async () => {

@@ -2,9 +2,12 @@
  * Proxy peering (src/proxy/peer.ts, router.ts): two Proxies of one cluster in this process, an agent whose only
  * tunnel is to B, and a client that reaches the agent's app through A: A's router finds the agent in the cluster
  * view and carries the stream over B's peering listener. Bytes are checked end to end (a large transfer, many
- * concurrent streams). Hostile cases on B's 3021: a user certificate, an agent's host certificate, one from
- * another cluster, one of a host that is not a live Proxy, none, garbage bytes, slowloris (before and after
- * TLS); all are closed, the deadlines counted. The link is cut and restored; an agent B no longer holds gets a
+ * concurrent streams, half-close), through A and with a PeerClient on each transport (HTTP/2, gateway-peer; a TLS
+ * connection per stream, gateway-peer-tls). Hostile cases on B's 3021: a
+ * user certificate, an agent's host certificate, one from another cluster, one of a host that is not a live
+ * Proxy, none, another ALPN, garbage bytes, slowloris (before TLS, silence after it, half a request line), a
+ * request line over the cap, malformed requests; all are closed or answered GW_ERR_PEER_PROTOCOL, the
+ * deadlines counted, on both transports. A resumed TLS session is served with the identity checked again. The link is cut and restored; an agent B no longer holds gets a
  * clear error, never a loop.
  */
 import { randomBytes } from 'node:crypto';
@@ -14,7 +17,9 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateAuthority, generateKeyPair, issueTlsCert } from '../../src/auth/pki.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
-import { PEER_ALPN, PEER_PATH } from '../../src/proxy/peer.js';
+import { PEER_ALPN, PEER_ALPN_TLS, PEER_MAX_REQUEST_BYTES, PEER_PATH, PeerClient } from '../../src/proxy/peer.js';
+import { Dialer } from '../../src/dial/dialer.js';
+import { readLine } from '../../src/stream/lines.js';
 import { Router } from '../../src/proxy/router.js';
 import { waitUntil } from '../helpers/wait.js';
 import { echoDigest, sha256, splitAddr, startPeerCluster, type PeerCluster } from './peering-harness.js';
@@ -25,7 +30,7 @@ let c: PeerCluster;
 const DIAL = { service: 'app', resource: 'echo', client_src: '192.0.2.1:1', client_dst: '192.0.2.2:443' } as const;
 
 beforeAll(async () => {
-  c = await startPeerCluster({ limits: ['tls_handshake_timeout: 1s', 'header_timeout: 1s', 'idle_timeout: 30s'] });
+  c = await startPeerCluster({ limits: ['tls_handshake_timeout: 1s', 'header_timeout: 1s', 'idle_timeout: 3s'] });
   // A learns from the cluster view that B holds the agent's tunnel.
   await waitUntil('A sees the agent at B', () => c.a.cluster.locations(c.agentIdentity.hostId).includes(c.b.id) && !!c.a.cluster.proxy(c.b.id)?.peer_addr);
 }, 60_000);
@@ -34,8 +39,34 @@ afterAll(async () => {
   await c?.stop();
 });
 
-/** A TLS client on B's peering listener, with the certificate given (or none); resolves with its HTTP/2 outcome. */
-async function peerAttempt(cred: { key: string; cert: string } | undefined, headers: http2.OutgoingHttpHeaders = {}): Promise<{ status?: number; error?: string; closed: boolean }> {
+type Attempt = { answer?: { ok: boolean; error?: { code: string; message: string } }; closed: boolean; reused?: boolean; session?: Buffer };
+
+/** A TLS connection on B's peering listener (gateway-peer-tls) with the certificate given (or none): the request line, then the answer line. */
+async function peerAttempt(cred: { key: string; cert: string } | undefined, request: object | string = { hostId: c.agentIdentity.hostId, request: DIAL }, session?: Buffer): Promise<Attempt> {
+  const { host, port } = splitAddr(c.b.peer.address()!);
+  const socket = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN_TLS], checkServerIdentity: () => undefined, ...(cred ?? {}), ...(session ? { session } : {}) });
+  socket.on('error', () => undefined);
+  let ticket: Buffer | undefined;
+  socket.on('session', (s: Buffer) => (ticket = s));
+  const secure = await new Promise<boolean>((resolve) => {
+    socket.once('secureConnect', () => resolve(true));
+    socket.once('close', () => resolve(false));
+  });
+  if (!secure) return { closed: true };
+  const reused = socket.isSessionReused();
+  socket.write(typeof request === 'string' ? request : `${JSON.stringify(request)}\n`);
+  const out = await readLine(socket, { timeoutMs: 10_000 }).then(
+    (line) => ({ answer: JSON.parse(line) as Attempt['answer'], closed: false, reused }),
+    () => ({ closed: true, reused }),
+  );
+  // The ticket comes after the handshake; give it a moment when the answer did not carry it along.
+  if (!ticket && !out.closed) await new Promise((r) => setTimeout(r, 50));
+  socket.destroy();
+  return { ...out, ...(ticket ? { session: ticket } : {}) };
+}
+
+/** The same on the HTTP/2 transport (ALPN gateway-peer). */
+async function h2Attempt(cred: { key: string; cert: string } | undefined, headers: http2.OutgoingHttpHeaders = {}): Promise<{ status?: number; error?: string; closed: boolean }> {
   const { host, port } = splitAddr(c.b.peer.address()!);
   const socket = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN], checkServerIdentity: () => undefined, ...(cred ?? {}) });
   socket.on('error', () => undefined);
@@ -87,7 +118,7 @@ describe('a client through A reaches the agent whose tunnel B holds', () => {
     expect(await echoDigest(stream, data)).toBe(sha256(data));
   });
 
-  it('many concurrent streams share one peering connection, each with its own bytes', async () => {
+  it('many concurrent streams through A, each with its own bytes', async () => {
     const results = await Promise.all(
       Array.from({ length: 40 }, async (_, i) => {
         const data = randomBytes(64 * 1024 + i);
@@ -108,9 +139,49 @@ describe('a client through A reaches the agent whose tunnel B holds', () => {
   });
 });
 
+describe.each(['http2', 'tls'] as const)('a PeerClient on the %s transport', (transport) => {
+  let client: PeerClient;
+  beforeAll(async () => {
+    client = new PeerClient({ tls: { ...(await liveProxyCert()), ca: c.auth.auth.host.tls.certPem }, clusterName: 'peering.example', dialer: new Dialer({ env: {} }), tlsHandshakeMs: 5000, dialTimeoutMs: 10_000, idleMs: 30_000, transport });
+  });
+  afterAll(() => client?.close());
+  const dial = (resource = 'echo') => client.dial(c.a.cluster.proxy(c.b.id)!, c.agentIdentity.hostId, { ...DIAL, resource });
+
+  it('carries a large transfer through B to the agent and back', async () => {
+    const data = randomBytes(16 * 1024 * 1024);
+    expect(await echoDigest(await dial(), data)).toBe(sha256(data));
+  });
+
+  it('carries concurrent streams, each with its own bytes', async () => {
+    const ok = await Promise.all(
+      Array.from({ length: 30 }, async (_, i) => {
+        const data = randomBytes(32 * 1024 + i);
+        return (await echoDigest(await dial(), data)) === sha256(data);
+      }),
+    );
+    expect(ok.every(Boolean)).toBe(true);
+  });
+
+  it('passes a half-close through: the sink sees the end and ends its own side', async () => {
+    const stream = await dial('sink');
+    stream.resume();
+    const ended = new Promise((r) => stream.once('end', r));
+    stream.end(randomBytes(512 * 1024));
+    await ended;
+  });
+
+  it("reports B's answer for an agent B does not hold", async () => {
+    await expect(client.dial(c.a.cluster.proxy(c.b.id)!, 'ghost-host', DIAL)).rejects.toMatchObject({ code: 'GW_ERR_TUNNEL_NOT_FOUND', message: expect.stringContaining(`through Proxy ${c.b.id}: Proxy ${c.b.id} holds no tunnel of agent ghost-host`) });
+  });
+});
+
 describe('hostile peers on 3021 are refused', () => {
-  it('a valid live Proxy certificate is served (the control case)', async () => {
-    expect(await peerAttempt(await liveProxyCert())).toMatchObject({ status: 200 });
+  it('a valid live Proxy certificate is served (the control case), and its TLS session resumes with the identity checked again', async () => {
+    const cred = await liveProxyCert();
+    const first = await peerAttempt(cred);
+    expect(first).toMatchObject({ answer: { ok: true }, reused: false });
+    expect(first.session).toBeDefined();
+    expect(await peerAttempt(cred, undefined, first.session)).toMatchObject({ answer: { ok: true }, reused: true });
   });
 
   it('a user certificate', async () => {
@@ -136,6 +207,14 @@ describe('hostile peers on 3021 are refused', () => {
     expect(await peerAttempt(undefined)).toMatchObject({ closed: true });
   });
 
+  it('an ALPN that is not peering (or none) is closed', async () => {
+    const { host, port } = splitAddr(c.b.peer.address()!);
+    const s = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: ['h2'], checkServerIdentity: () => undefined, ...(await liveProxyCert()) });
+    s.on('error', () => undefined);
+    s.resume();
+    await new Promise((r) => s.once('close', r));
+  });
+
   it('garbage bytes are closed', async () => {
     const { host, port } = splitAddr(c.b.peer.address()!);
     const s = net.connect(port, host);
@@ -144,36 +223,59 @@ describe('hostile peers on 3021 are refused', () => {
     await new Promise((r) => s.once('close', r));
   });
 
-  it('slowloris before TLS and after it are closed by their deadlines', async () => {
+  it('slowloris before TLS, silence after it and half a request line are closed by their deadlines', async () => {
     const before = c.limits.stats().peer?.deadlines ?? {};
     const { host, port } = splitAddr(c.b.peer.address()!);
     const slow = net.connect(port, host);
     slow.on('error', () => undefined);
     slow.write(Buffer.from([0x16]));
-    // A live Proxy's certificate, TLS done, then silence: no HTTP/2 preface, no stream.
+    // A live Proxy's certificate, TLS done, then silence (idle_timeout) or half a request line (header_timeout).
     const cred = await liveProxyCert();
-    const silent = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN], checkServerIdentity: () => undefined, ...cred });
-    silent.on('error', () => undefined);
-    silent.resume(); // what the server sends (its SETTINGS) is read, so that its end is seen
-    await Promise.all([new Promise((r) => slow.once('close', r)), new Promise((r) => silent.once('close', r))]);
+    const open = () => {
+      const s = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN_TLS], checkServerIdentity: () => undefined, ...cred });
+      s.on('error', () => undefined);
+      s.resume();
+      return s;
+    };
+    const silent = open();
+    const half = open();
+    half.once('secureConnect', () => half.write('{"hostId":"'));
+    await Promise.all([slow, silent, half].map((s) => new Promise((r) => s.once('close', r))));
     const after = c.limits.stats().peer!.deadlines;
     expect(after['tls-handshake'] ?? 0).toBeGreaterThan(before['tls-handshake'] ?? 0);
-    expect(after['peer-first-stream'] ?? 0).toBeGreaterThan(before['peer-first-stream'] ?? 0);
+    expect(after['peer-idle'] ?? 0).toBeGreaterThan(before['peer-idle'] ?? 0);
+    expect(after['peer-request'] ?? 0).toBeGreaterThan(before['peer-request'] ?? 0);
   });
 
-  it('a stream without a well-formed dial request is answered GW_ERR_PEER_PROTOCOL', async () => {
-    const out = await peerAttempt(await liveProxyCert(), { 'x-gateway-dial': '{"service":"nope"}' });
+  it('a request line over the cap is answered GW_ERR_PEER_PROTOCOL and closed', async () => {
+    const out = await peerAttempt(await liveProxyCert(), 'x'.repeat(PEER_MAX_REQUEST_BYTES + 1024));
+    expect(out.answer).toMatchObject({ ok: false, error: { code: 'GW_ERR_PEER_PROTOCOL' } });
+    expect(out.answer!.error!.message).toContain(`longer than ${PEER_MAX_REQUEST_BYTES} bytes`);
+  });
+
+  it('a request without a well-formed dial request is answered GW_ERR_PEER_PROTOCOL', async () => {
+    for (const bad of [{ hostId: c.agentIdentity.hostId, request: { service: 'nope' } }, { request: DIAL }, 'not json\n', '[1]\n']) {
+      const out = await peerAttempt(await liveProxyCert(), bad);
+      expect(out.answer).toMatchObject({ ok: false, error: { code: 'GW_ERR_PEER_PROTOCOL' } });
+    }
+  });
+
+  it('the HTTP/2 transport (gateway-peer) serves a live Proxy, refuses a user certificate and a malformed stream', async () => {
+    expect(await h2Attempt(await liveProxyCert())).toMatchObject({ status: 200 });
+    expect(await h2Attempt(c.user)).toMatchObject({ closed: true });
+    const out = await h2Attempt(await liveProxyCert(), { 'x-gateway-dial': '{"service":"nope"}' });
     expect(out.status).toBe(400);
     expect(JSON.parse(out.error!)).toMatchObject({ code: 'GW_ERR_PEER_PROTOCOL' });
+    const ghost = await h2Attempt(await liveProxyCert(), { 'x-gateway-host': 'ghost-host' });
+    expect(ghost.status).toBe(404);
   });
 });
 
 describe('the link and the agent change', () => {
   it('an agent B does not hold: B answers a clear error and forwards nowhere (no loop)', async () => {
-    const out = await peerAttempt(await liveProxyCert(), { 'x-gateway-host': 'ghost-host' });
-    expect(out.status).toBe(404);
-    expect(JSON.parse(out.error!)).toMatchObject({ code: 'GW_ERR_TUNNEL_NOT_FOUND' });
-    expect(JSON.parse(out.error!).message).toContain(`Proxy ${c.b.id} holds no tunnel of agent ghost-host`);
+    const out = await peerAttempt(await liveProxyCert(), { hostId: 'ghost-host', request: DIAL });
+    expect(out.answer).toMatchObject({ ok: false, error: { code: 'GW_ERR_TUNNEL_NOT_FOUND' } });
+    expect(out.answer!.error!.message).toContain(`Proxy ${c.b.id} holds no tunnel of agent ghost-host`);
   });
 
   it("A's router, told by a stale presence that B holds an agent, reports B's answer", async () => {
