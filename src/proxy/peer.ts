@@ -2,11 +2,12 @@
  * Proxy peering (docs/proxy.md, "Proxy peering"): a Proxy reaches an agent whose tunnel another Proxy holds by
  * asking that Proxy, on its peering listener (proxy_service.peer_listen_addr, 3021).
  *
- *   transport   HTTP/2 (node:http2) over TLS 1.3, ALPN gateway-peer (the default): one connection per pair of
- *               Proxies, one stream per client connection. Or, with GATEWAY_PEER_TRANSPORT=tls on the asking
- *               Proxy, a mutual-TLS connection per client stream, ALPN gateway-peer-tls; the listener serves
- *               both. HTTP/2 stays the default by measurement end to end (bench/peer.ts, bench/RESULTS.md
- *               "peer"): a connection per stream moves bytes for less CPU but opens streams more slowly.
+ *   transport   a mutual-TLS connection per client stream, ALPN gateway-peer-tls (the default), pooled ahead and
+ *               resumed; or, with GATEWAY_PEER_TRANSPORT=http2 on the asking Proxy, HTTP/2 (node:http2) over
+ *               TLS 1.3, ALPN gateway-peer: one connection per pair of Proxies, one stream per client connection.
+ *               The listener serves both. The default is chosen by measurement end to end (bench/peer.ts,
+ *               bench/RESULTS.md "peer"): a connection per stream moves bytes for less CPU (every run) and
+ *               faster (most runs), for 0.2-0.4 ms more per stream open.
  *   identity    mutual TLS with the cluster's host CA, checked on every connection (a resumed session too). The
  *               server accepts only a host certificate of this cluster with the system role "proxy" whose host
  *               ID is a live Proxy (cluster.ts); the client accepts only a server certificate naming the host
@@ -51,9 +52,9 @@ import type { DialRequest, ServiceKind } from '../tunnel/protocol.js';
 import type { ClusterView } from './cluster.js';
 import type { LocalTunnels, PeerDialer } from './router.js';
 
-/** HTTP/2, one connection per pair of Proxies: the default transport. */
+/** HTTP/2, one connection per pair of Proxies (GATEWAY_PEER_TRANSPORT=http2). */
 export const PEER_ALPN = 'gateway-peer';
-/** A TLS connection per stream (GATEWAY_PEER_TRANSPORT=tls). */
+/** A TLS connection per stream: the default transport. */
 export const PEER_ALPN_TLS = 'gateway-peer-tls';
 export const PEER_PATH = '/gateway.peer.v1/dial';
 export type PeerTransport = 'tls' | 'http2';
@@ -87,9 +88,9 @@ export const PEER_STREAM_WINDOW = 1024 * 1024;
 const PEER_SESSION_WINDOW = 8 * PEER_STREAM_WINDOW;
 const SESSION_SETTINGS: http2.Settings = { maxConcurrentStreams: PEER_MAX_STREAMS, maxHeaderListSize: PEER_MAX_HEADER_BYTES, enablePush: false, initialWindowSize: PEER_STREAM_WINDOW };
 
-/** The transport GATEWAY_PEER_TRANSPORT names: http2 (the default) or tls (a connection per stream). */
+/** The transport GATEWAY_PEER_TRANSPORT names: tls (a connection per stream, the default) or http2. */
 export function peerTransportFromEnv(env: NodeJS.ProcessEnv = process.env): PeerTransport {
-  return env.GATEWAY_PEER_TRANSPORT === 'tls' ? 'tls' : 'http2';
+  return env.GATEWAY_PEER_TRANSPORT === 'http2' ? 'http2' : 'tls';
 }
 
 /** This Proxy's peering certificate (host kind, role proxy, name = its host ID) and the host CA. */
