@@ -1,4 +1,5 @@
-/** Pieces the benchmarks share: integer parameters from the environment, and an sshd run in the foreground. */
+/** Pieces the benchmarks share: integer parameters from the environment, an sshd run in the foreground, pushing to a sink and echo round trips. */
+import type { Duplex } from 'node:stream';
 import { spawn, type ChildProcess } from 'node:child_process';
 
 /** An integer parameter from the environment (BENCH_*), or the fallback; anything else stops the bench. */
@@ -28,4 +29,47 @@ export async function spawnSshd(configPath: string): Promise<ChildProcess> {
     child.stderr!.on('data', check);
   });
   return child;
+}
+
+/**
+ * Pushes totalBytes in chunks of `chunk` on stream with back-pressure, ends it, and resolves once the far end
+ * has ended its side (a sink ends once it has read everything): MiB/s, measured from the first write.
+ */
+export async function pushToSink(stream: Duplex, totalBytes: number, chunk: Buffer): Promise<number> {
+  const start = process.hrtime.bigint();
+  let sent = 0;
+  await new Promise<void>((resolve, reject) => {
+    stream.on('error', reject);
+    stream.resume();
+    stream.once('end', () => resolve());
+    const pump = () => {
+      while (sent < totalBytes) {
+        sent += chunk.length;
+        if (!stream.write(chunk)) return void stream.once('drain', pump);
+      }
+      stream.end();
+    };
+    pump();
+  });
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  stream.destroy();
+  return totalBytes / (1024 * 1024) / seconds;
+}
+
+/** One 64-byte message written to an echo stream and read back; µs. */
+export async function echoOnce(stream: Duplex, msg: Buffer = Buffer.alloc(64, 1)): Promise<number> {
+  const start = process.hrtime.bigint();
+  await new Promise<void>((resolve) => {
+    let got = 0;
+    const on = (c: Buffer) => {
+      got += c.length;
+      if (got >= msg.length) {
+        stream.off('data', on);
+        resolve();
+      }
+    };
+    stream.on('data', on);
+    stream.write(msg);
+  });
+  return Number(process.hrtime.bigint() - start) / 1000;
 }

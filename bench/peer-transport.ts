@@ -22,7 +22,7 @@ import type { Duplex } from 'node:stream';
 import tls from 'node:tls';
 import ssh2 from 'ssh2';
 import { generateAuthority, generateKeyPair, issueTlsCert, sshPrivateKeyPem } from '../src/auth/pki.js';
-import { envNumber } from './common.js';
+import { envNumber, echoOnce, pushToSink } from './common.js';
 import { recordSection } from './record.js';
 
 const MIB = envNumber('BENCH_MIB', 256);
@@ -144,26 +144,7 @@ async function startTlsPerStream(m: { key: string; cert: string; ca: string }): 
 
 /** MiB/s of pushing MIB MiB on one stream until the far end has read them all (it ends its side then). */
 async function throughput(t: Transport): Promise<number> {
-  const stream = await t.open('sink');
-  const total = MIB * 1024 * 1024;
-  const start = process.hrtime.bigint();
-  let sent = 0;
-  await new Promise<void>((resolve, reject) => {
-    stream.on('error', reject);
-    stream.on('data', () => undefined);
-    stream.once('end', () => resolve());
-    const pump = () => {
-      while (sent < total) {
-        sent += CHUNK.length;
-        if (!stream.write(CHUNK)) return void stream.once('drain', pump);
-      }
-      stream.end();
-    };
-    pump();
-  });
-  const s = Number(process.hrtime.bigint() - start) / 1e9;
-  stream.destroy();
-  return MIB / s;
+  return pushToSink(await t.open('sink'), MIB * 1024 * 1024, CHUNK);
 }
 
 /** ms to open an echo stream and get a first 64 bytes back, OPENS times in a row. */
@@ -190,24 +171,8 @@ async function opens(t: Transport): Promise<number[]> {
 /** 64-byte round trips on one stream, µs. */
 async function roundTrips(t: Transport): Promise<number[]> {
   const stream = await t.open('echo');
-  const msg = Buffer.alloc(64, 1);
   const out: number[] = [];
-  for (let i = 0; i < RTTS; i++) {
-    const start = process.hrtime.bigint();
-    await new Promise<void>((resolve) => {
-      let got = 0;
-      const on = (c: Buffer) => {
-        got += c.length;
-        if (got >= 64) {
-          stream.off('data', on);
-          resolve();
-        }
-      };
-      stream.on('data', on);
-      stream.write(msg);
-    });
-    out.push(Number(process.hrtime.bigint() - start) / 1000);
-  }
+  for (let i = 0; i < RTTS; i++) out.push(await echoOnce(stream));
   stream.destroy();
   return out.sort((a, b) => a - b);
 }

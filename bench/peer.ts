@@ -44,7 +44,7 @@ import type { Duplex } from 'node:stream';
 import { createLogger, setRootLogger } from '../src/log.js';
 import { startPeerCluster, type PeerCluster } from '../test/proxy/peering-harness.js';
 import { waitUntil } from '../test/helpers/wait.js';
-import { envNumber } from './common.js';
+import { envNumber, echoOnce, pushToSink } from './common.js';
 import { recordSection } from './record.js';
 
 const MIB = envNumber('BENCH_MIB', 256);
@@ -78,47 +78,12 @@ const pct = (xs: number[], p: number) => {
 type Opener = (web: string, resource?: 'echo' | 'sink') => Promise<Duplex>;
 
 async function throughput(open: Opener, web: string): Promise<number> {
-  const stream = await open(web, 'sink');
-  const total = MIB * 1024 * 1024;
-  const start = process.hrtime.bigint();
-  let sent = 0;
-  await new Promise<void>((resolve, reject) => {
-    stream.on('error', reject);
-    stream.resume();
-    stream.once('end', () => resolve());
-    const pump = () => {
-      while (sent < total) {
-        sent += CHUNK.length;
-        if (!stream.write(CHUNK)) return void stream.once('drain', pump);
-      }
-      stream.end();
-    };
-    pump();
-  });
-  const s = Number(process.hrtime.bigint() - start) / 1e9;
-  stream.destroy();
-  return MIB / s;
+  return pushToSink(await open(web, 'sink'), MIB * 1024 * 1024, CHUNK);
 }
 
 async function roundTrips(stream: Duplex): Promise<number[]> {
-  const msg = Buffer.alloc(64, 1);
   const out: number[] = [];
-  for (let i = 0; i < RTTS; i++) {
-    const start = process.hrtime.bigint();
-    await new Promise<void>((resolve) => {
-      let got = 0;
-      const on = (chunk: Buffer) => {
-        got += chunk.length;
-        if (got >= 64) {
-          stream.off('data', on);
-          resolve();
-        }
-      };
-      stream.on('data', on);
-      stream.write(msg);
-    });
-    out.push(Number(process.hrtime.bigint() - start) / 1000);
-  }
+  for (let i = 0; i < RTTS; i++) out.push(await echoOnce(stream));
   return out;
 }
 
