@@ -270,6 +270,14 @@ export class PeerServer {
         if (--open === 0) conn.enter('peer-idle', idleMs, expire);
       });
       stream.on('error', () => undefined);
+      // A session outlives the check made at its handshake: each stream checks again that the peer is a live Proxy.
+      const refused = this.refusal(socket);
+      if (refused) {
+        this.log.warn({ client, why: refused }, 'peer refused');
+        answerH2Error(stream, new GatewayError('GW_ERR_ACCESS_DENIED', `peering refused: ${refused}`));
+        session.close();
+        return;
+      }
       this.onH2Stream(stream, headers, client).catch((err: unknown) => answerH2Error(stream, toGatewayError(err)));
     });
     session.on('error', (err) => this.log.debug({ client, err: err.message }, 'peering session error'));

@@ -269,6 +269,32 @@ describe('hostile peers on 3021 are refused', () => {
     const ghost = await h2Attempt(await liveProxyCert(), { 'x-gateway-host': 'ghost-host' });
     expect(ghost.status).toBe(404);
   });
+  it('hostile: an HTTP/2 session of a Proxy that has since left the cluster serves no more streams', async () => {
+    const id = 'peer-that-leaves';
+    const now = new Date().toISOString();
+    await c.auth.auth.heartbeatProxy({ id, nodename: 'leaving', version: '1', public_addr: 'leaving:443', channels: {}, channels_digest: '', started_at: now, last_heartbeat: now }, 60_000);
+    await waitUntil('B sees the Proxy', () => c.b.cluster.proxy(id) !== undefined);
+    const cred = await hostCert(id, ['proxy']);
+    const { host, port } = splitAddr(c.b.peer.address()!);
+    const socket = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN], checkServerIdentity: () => undefined, ...cred });
+    socket.on('error', () => undefined);
+    await new Promise((r) => socket.once('secureConnect', r));
+    const session = http2.connect(`https://${host}`, { createConnection: () => socket });
+    session.on('error', () => undefined);
+    const ask = () =>
+      new Promise<number | 'closed'>((resolve) => {
+        const req = session.request({ ':method': 'POST', ':path': PEER_PATH, 'x-gateway-host': 'ghost-host', 'x-gateway-dial': JSON.stringify(DIAL) });
+        req.on('error', () => resolve('closed'));
+        req.once('response', (h) => resolve(Number(h[':status'])));
+        req.once('close', () => resolve('closed'));
+        req.end();
+      });
+    expect(await ask()).toBe(404); // served: B holds no tunnel of that agent
+    await c.auth.auth.removeProxy(id);
+    await waitUntil('B no longer lists the Proxy', () => c.b.cluster.proxy(id) === undefined);
+    expect(await ask()).not.toBe(404); // refused (403) or the session closed: nothing is served any more
+    session.destroy();
+  });
 });
 
 describe('the link and the agent change', () => {
