@@ -470,6 +470,19 @@ export const ERROR_CODES = {
     hint: 'Check that both belong to the same cluster; an agent whose host identity was removed must join again with a new token.',
   },
 
+  GW_ERR_DIRECT_ADDR_REFUSED: {
+    summary: "The Auth Service refused a listener address in a direct-join agent's presence: its host is neither a wildcard, the address the heartbeat came from, nor one of the agent's public addresses from its join, or it is a loopback, link-local, unspecified or multicast address (the Proxy would dial it).",
+    hint: "Set the service's listen_addr to a wildcard (0.0.0.0:port) or to the address the agent reaches the Auth Service from, or its public_addr to one given at join (--public-addr); a Proxy never dials loopback or link-local addresses.",
+  },
+  GW_ERR_DIRECT_FORWARDED: {
+    summary: "An agent's own Auth API call (/v1/agent/*) came through a Proxy's web port; the Auth Service takes these only on its own listener, from the agent's socket.",
+    hint: 'Point the agent at the Auth Service itself (--auth-server host:3025); an agent that joined through a Proxy uses its reverse tunnel and writes no presence itself.',
+  },
+  GW_ERR_DIRECT_CLOCK: {
+    summary: "A direct-join agent's presence has a connected_at more than a minute in the future, or more than a minute before the agent joined.",
+    hint: "Check the agent's clock (NTP): it must agree with the Auth Service's within a minute.",
+  },
+
   // --- SSH Service: the built-in sftp-server (src/agent/sftp) ---------------------------------------------------------
   GW_ERR_SFTP_PROTOCOL: {
     summary: 'The built-in sftp-server stopped: its client sent bytes that are not SFTP (a packet it cannot parse, or longer than 256 KiB), or its input or output failed.',

@@ -3,12 +3,15 @@
  * Auth Service serves no /webapi/find, and no Proxy is named in its identity); instead the Proxy dials its
  * listeners, and the agent writes its own presence through the Auth API (src/agent/directpresence.ts).
  *
- *   SSH 3022 (ssh_service.listen_addr)                plain SSH: the SSH Service itself, exactly as through a
- *                                                    tunnel channel (the user's SSH session, end to end)
- *   Kubernetes 3026 (kube_service.listen_addr)        mutual TLS (the cluster's host CA on both sides: the caller
- *   Windows Desktop 3028 (windows_desktop_service...)  must be a Proxy of this cluster), then what a tunnel
- *                                                    channel carries: a DialRequest line, the DialAnswer line,
- *                                                    then the resource's bytes (resources.ts connectors)
+ *   SSH 3022 (ssh_service.listen_addr)                mutual TLS (the cluster's host CA on both sides: the caller
+ *   Kubernetes 3026 (kube_service.listen_addr)        must be a Proxy of this cluster), then what a tunnel
+ *   Windows Desktop 3028 (windows_desktop_service...)  channel carries: a DialRequest line, the DialAnswer line,
+ *                                                    then for ssh the user's SSH connection, handed to the SSH
+ *                                                    Service as a tunnel channel is (SshService.inject), else
+ *                                                    the resource's bytes (resources.ts connectors)
+ *
+ * SSH rides inside mutual TLS too, not plain on 3022: locks, removals and the roles' node labels are decided by
+ * the Proxy, and a plain listener would let a user with a still-valid SSH certificate skip them.
  *
  * Every listener is guarded (src/net/): caps per listener and per client address, a TLS handshake deadline, a
  * deadline for the dial request line (header_timeout), and the SSH handshake deadline. docs/tunnels.md.
@@ -33,7 +36,7 @@ import type { ResourceDialer } from './tunnel.js';
 /** The dial request is one short JSON line. */
 const MAX_REQUEST_BYTES = 16 * 1024;
 
-export type DirectKind = 'kube' | 'desktop';
+export type DirectKind = 'ssh' | 'kube' | 'desktop';
 
 export interface DirectListener {
   /** The bound address. */
@@ -48,6 +51,8 @@ export interface DirectListenerOptions {
   configKey: string;
   identity: Pick<HostIdentity, 'key' | 'cert' | 'hostCa' | 'cluster' | 'hostId'>;
   connect: ResourceDialer;
+  /** The SSH Service: required for kind ssh, gets the stream after the DialAnswer. */
+  ssh?: Pick<SshService, 'injectDirect'>;
   limits: ConnectionLimits;
   log?: Logger;
 }
@@ -71,14 +76,15 @@ export function refuseCaller(socket: TLSSocket, cluster: string): string | undef
   return undefined;
 }
 
-/** The Kubernetes or Windows Desktop listener of a direct-join agent. */
+/** The SSH, Kubernetes or Windows Desktop listener of a direct-join agent. */
 export async function startDirectListener(options: DirectListenerOptions): Promise<DirectListener> {
   const { kind, identity, limits } = options;
   const log = options.log ?? logger('direct');
   const settings = limits.settings;
   const secureContext = serverSecureContext({ key: identity.key, cert: identity.cert, ca: [identity.hostCa] }, `agent-${kind}`);
+  if (kind === 'ssh' && !options.ssh) throw new Error('the direct ssh listener needs the SSH Service');
   const server = guardedServer(limits.listener(`agent_${kind}`), (socket: net.Socket) => {
-    terminateTls(socket, { secureContext, alpn: [], handshakeMs: settings.tlsHandshakeMs }, (tls) => void serve(tls, options, settings.headerMs, log));
+    terminateTls(socket, { secureContext, alpn: [], handshakeMs: settings.tlsHandshakeMs }, (tls) => void serve(tls, options, settings, log));
   });
   const address = await listenOn(server, options.addr, options.configKey);
   log.info({ addr: address, service: kind }, 'listening for the Proxy (direct-join agent)');
@@ -86,7 +92,8 @@ export async function startDirectListener(options: DirectListenerOptions): Promi
 }
 
 /** One connection after TLS: the caller check, the dial request, the resource. */
-async function serve(socket: TLSSocket, options: DirectListenerOptions, headerMs: number, log: Logger): Promise<void> {
+async function serve(socket: TLSSocket, options: DirectListenerOptions, settings: ConnectionLimits['settings'], log: Logger): Promise<void> {
+  const headerMs = settings.headerMs;
   const client = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? 0}`;
   const refuse = (code: string, message: string) => {
     const answer: DialAnswer = { ok: false, error: { code, message } };
@@ -112,6 +119,12 @@ async function serve(socket: TLSSocket, options: DirectListenerOptions, headerMs
   if (request.service !== options.kind || typeof request.resource !== 'string') {
     return refuse('GW_ERR_TUNNEL_NOT_FOUND', `this listener serves ${options.kind} only, not ${String(request.service)}`);
   }
+  if (options.kind === 'ssh') {
+    // As through a tunnel channel: the answer, then the user's SSH connection for the SSH Service.
+    writeJsonLine(socket, { ok: true } satisfies DialAnswer);
+    options.ssh!.injectDirect(socket, settings.sshHandshakeMs, typeof request.client_src === 'string' ? request.client_src : undefined);
+    return;
+  }
   let target: Duplex;
   try {
     target = await options.connect(request);
@@ -122,14 +135,6 @@ async function serve(socket: TLSSocket, options: DirectListenerOptions, headerMs
   }
   writeJsonLine(socket, { ok: true } satisfies DialAnswer);
   splice(socket, target);
-}
-
-/** The SSH listener of a direct-join agent: guarded, then the SSH Service with its handshake deadline. */
-export async function startDirectSsh(ssh: SshService, addr: HostPort, limits: ConnectionLimits, log: Logger = logger('direct')): Promise<DirectListener> {
-  const server = guardedServer(limits.listener('agent_ssh'), (socket) => ssh.injectDirect(socket, limits.settings.sshHandshakeMs));
-  const address = await listenOn(server, addr, 'ssh_service.listen_addr');
-  log.info({ addr: address, service: 'ssh' }, 'SSH Service listening directly');
-  return { address, close: () => closeServer(server) };
 }
 
 /**

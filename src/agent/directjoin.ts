@@ -12,7 +12,7 @@ import type { Dialer } from '../dial/dialer.js';
 import { toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
-import { advertisedAddr, startDirectListener, startDirectSsh, type DirectListener } from './direct.js';
+import { advertisedAddr, startDirectListener, type DirectListener } from './direct.js';
 import type { HostIdentity } from './identity.js';
 import { agentResources, agentServices, resourceConnector } from './resources.js';
 import type { SshService } from './ssh.js';
@@ -47,13 +47,13 @@ export async function startDirectJoin(options: DirectJoinOptions): Promise<Direc
   const bound: DirectAddrs = {};
   const advertised: DirectAddrs = {};
   try {
+    const connect = resourceConnector(config, services, options.dialer, identity.cluster);
     if (ssh) {
-      const l = await startDirectSsh(ssh, config.ssh_service.listen_addr, limits, log);
+      const l = await startDirectListener({ kind: 'ssh', addr: config.ssh_service.listen_addr, configKey: 'ssh_service.listen_addr', identity, connect, ssh, limits, log });
       listeners.push(l);
       bound.ssh = l.address;
       advertised.ssh = advertisedAddr(l.address, config.ssh_service.public_addr);
     }
-    const connect = resourceConnector(config, services, options.dialer, identity.cluster);
     const kinds = [
       ['kube', 'kube_service', config.kube_service] as const,
       ['desktop', 'windows_desktop_service', config.windows_desktop_service] as const,

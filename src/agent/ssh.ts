@@ -125,9 +125,11 @@ export class SshService {
 
   /**
    * A connection accepted by the direct listener of an agent that joined the Auth Service directly (a guarded
-   * socket, src/agent/direct.ts): it must finish the SSH handshake and authenticate within handshakeMs.
+   * socket after mutual TLS with a Proxy and its dial request, src/agent/direct.ts): it must finish the SSH
+   * handshake and authenticate within handshakeMs; client: the user's address as the Proxy saw it.
    */
-  injectDirect(socket: Duplex, handshakeMs: number): void {
+  injectDirect(socket: Duplex, handshakeMs: number, client?: string): void {
+    if (client !== undefined) tunnelClients.set(socket, client);
     directSockets.add(socket);
     connectionOf(socket).enter('ssh-handshake', handshakeMs);
     this.server.injectSocket(socket as never);

@@ -429,7 +429,7 @@ export const SCHEMA = section('The gateway configuration file.', {
   }),
 
   ssh_service: service('ssh_service', 'SSH Service agent.', publicAddr(3022), {
-    listen_addr: listen('Agents joined to the Auth Service directly (no tunnel): SSH from the Proxy (or users), plain SSH to the SSH Service.', { port: 3022, default: '0.0.0.0:3022' }),
+    listen_addr: listen('Agents joined to the Auth Service directly (no tunnel): where the Proxy reaches the SSH Service (mutual TLS, Proxies of the cluster only, then SSH).', { port: 3022, default: '0.0.0.0:3022' }),
     labels: labels('Labels of this node, which the SSH Service advertises; roles select nodes by them.'),
     sftp_server: str("Serve the sftp subsystem with this program (e.g. OpenSSH's) instead of the built-in server.", {
       type: 'absolute path',

@@ -3,11 +3,11 @@
  * dials the listener the agent advertises in its presence record (Presence.direct, proxyId "direct") through the
  * Proxy's Dialer and hands back a stream that carries what a tunnel channel would after its DialAnswer:
  *
- *   ssh      plain TCP to ssh_service.listen_addr: the stream is the SSH connection to the SSH Service (the user's
- *            session, authenticated end to end by the user's certificate, exactly as through a tunnel channel)
- *   kube,    mutual TLS with the Proxy's host certificate; the agent's certificate must be the host certificate of
- *   desktop  the agent the presence names (not only any host of the cluster); then the DialRequest line out and
- *            the DialAnswer line back; after an ok answer the stream carries the resource's bytes
+ *   ssh, kube, desktop: mutual TLS with the Proxy's host certificate; the agent's certificate must be the host
+ *   certificate of the agent the presence names (not only any host of the cluster); then the DialRequest line out
+ *   and the DialAnswer line back; after an ok answer the stream carries the user's SSH connection to the SSH
+ *   Service (ssh, as a tunnel channel does) or the resource's bytes. SSH is never plain TCP: the agent's listener
+ *   accepts only Proxies, so a user cannot skip the locks and roles the Proxy checks.
  *
  * The router (src/proxy/router.ts) takes dialDirect as its `direct` way to reach an agent. docs/tunnels.md.
  */
@@ -15,6 +15,7 @@ import { X509Certificate } from 'node:crypto';
 import type { Duplex } from 'node:stream';
 import type { PeerCertificate, TLSSocket } from 'node:tls';
 import { parseAddr } from '../addr.js';
+import { refusedDialHost } from '../auth/agentapi.js';
 import { generateKeyPair, identityFromCert } from '../auth/pki.js';
 import type { DirectAddrs, Presence } from '../auth/records.js';
 import type { Dialer } from '../dial/dialer.js';
@@ -62,6 +63,20 @@ export function dialDirect(presence: Presence, request: DialRequest, deps: Direc
       }),
     );
   }
+  // The Auth Service refuses these when the presence is written; a record from before that check is refused here.
+  let why: string | undefined;
+  try {
+    why = refusedDialHost(parseAddr(addr).host);
+  } catch (err) {
+    why = (err as Error).message;
+  }
+  if (why !== undefined) {
+    return Promise.reject(
+      new GatewayError('GW_ERR_DIRECT_ADDR_REFUSED', `${agent} advertises ${addr} for ${request.service}: the Proxy does not dial it (${why})`, {
+        details: { hostId: presence.hostId, addr },
+      }),
+    );
+  }
   const timeoutMs = deps.timeoutMs ?? DIRECT_DIAL_DEFAULTS.timeoutMs;
   const controller = new AbortController();
   let stream: Duplex | undefined;
@@ -78,7 +93,6 @@ export function dialDirect(presence: Presence, request: DialRequest, deps: Direc
       throw new GatewayError('GW_ERR_DIRECT_UNREACHABLE', `${agent} at ${addr}: ${toGatewayError(err).message}`, { cause: err, details: { hostId: presence.hostId, addr } });
     });
     stream = raw;
-    if (request.service === 'ssh') return raw as Duplex;
     const tls = await handshake(raw, addr, presence.hostId, agent, deps);
     stream = tls;
     return answer(tls, request, agent, timeoutMs);

@@ -1,10 +1,15 @@
 /**
  * Direct-join agents: an agent that joined the Auth Service directly (--auth-server) opens no tunnel, opens its
  * SSH, Kubernetes and Windows Desktop listeners, and writes its own presence (proxyId "direct") through the Auth
- * API; the Proxy's dialDirect reaches each service through them: a real SSH session with OpenSSH, a stand-in
- * Kubernetes API server over HTTPS, an RDP-like TCP server, byte-exact. Hostile callers: a user certificate or
- * none on the agent's listener, a Proxy that expects another agent, a user writing presence, a client that
- * never sends its dial request (closed at the deadline, counted).
+ * API; the Proxy's dialDirect reaches each service through them, each over mutual TLS: a real SSH session with
+ * OpenSSH, a stand-in Kubernetes API server over HTTPS, an RDP-like TCP server, byte-exact. Hostile callers: a
+ * user certificate or none on the agent's listeners, OpenSSH straight to the SSH listener (it would skip the
+ * Proxy's locks and roles), a Proxy that expects another agent, a user writing presence, an agent advertising
+ * addresses the Proxy must not dial (loopback, link-local, another host), a client that never sends its dial
+ * request (closed at the deadline, counted).
+ *
+ * Everything listens on this machine's first non-loopback IPv4 address: the Auth Service refuses loopback
+ * listener addresses (the Proxy would dial itself).
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -12,12 +17,13 @@ import { writeFileSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import https from 'node:https';
 import net from 'node:net';
-import { tmpdir, userInfo } from 'node:os';
+import { networkInterfaces, tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateKeyPair } from '../../src/auth/pki.js';
+import { FORWARDED } from '../../src/auth/api.js';
 import { parseSshCert } from '../../src/auth/pki/ssh.js';
 import type { Presence } from '../../src/auth/records.js';
 import { ApiClient } from '../../src/client/api.js';
@@ -37,6 +43,10 @@ import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
 
 const LOGIN = userInfo().username;
+/** A non-loopback address of this machine: where the agent and the Auth Service listen. */
+const HOST_IP = Object.values(networkInterfaces())
+  .flat()
+  .find((i) => i && i.family === 'IPv4' && !i.internal)?.address;
 const dialer = new Dialer({ env: {} });
 
 let dir: string;
@@ -63,17 +73,17 @@ function agentConfig(kubePort: number, desktopPort: number): GatewayConfig {
       '    ssh_handshake_timeout: 2s',
       'ssh_service:',
       '  enabled: yes',
-      '  listen_addr: 127.0.0.1:0',
+      `  listen_addr: ${HOST_IP}:0`,
       'kube_service:',
       '  enabled: yes',
-      '  listen_addr: 127.0.0.1:0',
+      `  listen_addr: ${HOST_IP}:0`,
       '  clusters:',
       '    - name: prod',
       `      api_server: https://127.0.0.1:${kubePort}`,
       `      ca_file: ${pki.caCertPath}`,
       'windows_desktop_service:',
       '  enabled: yes',
-      '  listen_addr: 127.0.0.1:0',
+      `  listen_addr: ${HOST_IP}:0`,
       '  desktops:',
       '    - name: win',
       `      addr: 127.0.0.1:${desktopPort}`,
@@ -98,11 +108,25 @@ function readAll(stream: Duplex): Promise<Buffer> {
   });
 }
 
+/** `ssh <login>@host -p port echo direct-ok` with alice's profile in home (key, certificate, known_hosts). */
+function openSsh(home: string, host: string, port: number): Promise<{ code: number | null; out: string; err: string }> {
+  const args = ['-F', '/dev/null', '-p', String(port), '-i', join(home, 'ssh-key'), '-o', `CertificateFile=${join(home, 'ssh-key-cert.pub')}`, '-o', `UserKnownHostsFile=${join(home, 'known_hosts')}`, '-o', 'StrictHostKeyChecking=yes', '-o', 'BatchMode=yes', '-o', 'HostKeyAlias=direct-node', '-o', 'ConnectTimeout=20', `${LOGIN}@${host}`, 'echo direct-ok'];
+  return new Promise((resolve) => {
+    const child = spawn('ssh', args, { env: { PATH: process.env.PATH ?? '', HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (err += c.toString()));
+    child.once('close', (code) => resolve({ code, out, err }));
+  });
+}
+
 function closed(stream: Duplex): Promise<void> {
   return new Promise((resolve) => (stream.destroyed ? resolve() : stream.once('close', () => resolve())));
 }
 
 beforeAll(async () => {
+  if (!HOST_IP) return;
   setRootLogger(createLogger({ level: process.env.DEBUG_DIRECT ? 'debug' : 'silent' }));
   dir = await mkdtemp(join(tmpdir(), 'gw-direct-'));
   pki = await makeTestPki();
@@ -115,7 +139,7 @@ beforeAll(async () => {
   desktop = net.createServer({ allowHalfOpen: true }, (s) => s.pipe(s));
   const [kubePort, desktopPort] = [await listen(kubeApi), await listen(desktop)];
 
-  const authConfig = parseConfig(['gateway:', `  data_dir: ${join(dir, 'auth')}`, 'auth_service:', '  cluster_name: direct.example', '  listen_addr: 127.0.0.1:0', ''].join('\n'), 'auth');
+  const authConfig = parseConfig(['gateway:', `  data_dir: ${join(dir, 'auth')}`, 'auth_service:', '  cluster_name: direct.example', `  listen_addr: ${HOST_IP}:0`, ''].join('\n'), 'auth');
   authLife = new Lifecycle();
   const authLimits = new ConnectionLimits(limitSettings(authConfig));
   authLife.onStop('backend', () => authLimits.close());
@@ -152,7 +176,8 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-describe('a direct-join agent', () => {
+// Without a non-loopback address, no listener address would be accepted by the Auth Service.
+describe.skipIf(!HOST_IP)('a direct-join agent', () => {
   it('opens no tunnel, opens its three listeners, and writes its presence with proxyId "direct" and their addresses', () => {
     expect(agent.hostIdentity.joinedVia).toBe('auth');
     expect(agent.tunnelAgent).toBeUndefined();
@@ -205,18 +230,19 @@ describe('a direct-join agent', () => {
       );
     });
     const port = await listen(front);
-    const args = ['-F', '/dev/null', '-p', String(port), '-i', join(home, 'ssh-key'), '-o', `CertificateFile=${join(home, 'ssh-key-cert.pub')}`, '-o', `UserKnownHostsFile=${join(home, 'known_hosts')}`, '-o', 'StrictHostKeyChecking=yes', '-o', 'BatchMode=yes', '-o', 'HostKeyAlias=direct-node', `${LOGIN}@127.0.0.1`, 'echo direct-ok'];
-    const result = await new Promise<{ code: number | null; out: string; err: string }>((resolve) => {
-      const child = spawn('ssh', args, { env: { PATH: process.env.PATH ?? '', HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
-      let out = '';
-      let err = '';
-      child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-      child.stderr.on('data', (c: Buffer) => (err += c.toString()));
-      child.once('close', (code) => resolve({ code, out, err }));
-    });
+    const result = await openSsh(home, '127.0.0.1', port);
     front.close();
     expect(result.err).not.toContain('REMOTE HOST IDENTIFICATION');
     expect(result, result.err).toMatchObject({ code: 0, out: 'direct-ok\n' });
+  }, 30_000);
+
+  it('hostile: OpenSSH straight to the agent’s SSH listener (a user certificate that still verifies, skipping the Proxy’s locks and roles) gets no session', async () => {
+    const addr = presence.direct!.ssh!;
+    const i = addr.lastIndexOf(':');
+    const result = await openSsh(join(dir, 'alice'), addr.slice(0, i), Number(addr.slice(i + 1)));
+    expect(result.code, result.err).not.toBe(0);
+    expect(result.err).toMatch(/kex_exchange_identification|Connection (closed|reset)/);
+    expect(result.out).not.toContain('direct-ok');
   }, 30_000);
 
   it('the proxy role’s own direct dialer (a host certificate it is issued for its host ID) reaches the desktop', async () => {
@@ -230,19 +256,28 @@ describe('a direct-join agent', () => {
     expect((await back).toString()).toBe('through the proxy role');
   });
 
-  it('hostile: a user certificate or no certificate on the kube listener is refused with GW_ERR_DIRECT_AUTH, and reaches nothing', async () => {
-    const [host, port] = [presence.direct!.kube!.split(':')[0]!, Number(presence.direct!.kube!.split(':')[1])];
+  it('hostile: a user certificate or no certificate on the kube and ssh listeners is refused with GW_ERR_DIRECT_AUTH, and reaches nothing', async () => {
     const keys = generateKeyPair();
     const userBundle = await auth.auth.login({ username: 'alice', password: 'correct horse battery staple 42', publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source: '127.0.0.1' });
-    for (const creds of [{ cert: userBundle.tlsCert, key: keys.privateKeyPem }, {}]) {
-      const socket = tls.connect({ host, port, ca: auth.auth.host.tls.certPem, checkServerIdentity: () => undefined, ...creds });
-      socket.on('error', () => undefined);
-      socket.write(`${JSON.stringify(request('kube', 'prod'))}\n`);
-      const answer = JSON.parse((await readAll(socket)).toString().split('\n')[0]!) as { ok: boolean; error: { code: string } };
-      expect(answer).toMatchObject({ ok: false, error: { code: 'GW_ERR_DIRECT_AUTH' } });
+    for (const [service, resource] of [['kube', 'prod'], ['ssh', `${LOGIN}@22`]] as const) {
+      const [host, port] = [presence.direct![service]!.split(':')[0]!, Number(presence.direct![service]!.split(':')[1])];
+      for (const creds of [{ cert: userBundle.tlsCert, key: keys.privateKeyPem }, {}]) {
+        const socket = tls.connect({ host, port, ca: auth.auth.host.tls.certPem, checkServerIdentity: () => undefined, ...creds });
+        socket.on('error', () => undefined);
+        socket.write(`${JSON.stringify(request(service, resource))}\n`);
+        const answer = JSON.parse((await readAll(socket)).toString().split('\n')[0]!) as { ok: boolean; error: { code: string } };
+        expect(answer, service).toMatchObject({ ok: false, error: { code: 'GW_ERR_DIRECT_AUTH' } });
+      }
+      // The same user key as if it were the Proxy's: dialDirect reports the refusal with its code.
+      await expect(dialDirect(presence, request(service, resource), { ...proxyDeps, cert: userBundle.tlsCert, key: keys.privateKeyPem })).rejects.toMatchObject({ code: 'GW_ERR_DIRECT_AUTH' });
     }
-    // The same user key as if it were the Proxy's: dialDirect reports the refusal with its code.
-    await expect(dialDirect(presence, request('kube', 'prod'), { ...proxyDeps, cert: userBundle.tlsCert, key: keys.privateKeyPem })).rejects.toMatchObject({ code: 'GW_ERR_DIRECT_AUTH' });
+  });
+
+  it('hostile: a presence naming a loopback or link-local address (written before the Auth Service checked) is not dialled', async () => {
+    for (const addr of ['127.0.0.1:5432', '169.254.169.254:80', '[fe80::1]:22', '0.0.0.0:22']) {
+      const stale = { ...presence, direct: { ssh: addr, desktop: addr } };
+      await expect(dialDirect(stale, request('desktop', 'win'), proxyDeps), addr).rejects.toMatchObject({ code: 'GW_ERR_DIRECT_ADDR_REFUSED' });
+    }
   });
 
   it('hostile: a presence that names another agent at this address fails the Proxy’s check of the agent’s certificate', async () => {
@@ -260,12 +295,12 @@ describe('a direct-join agent', () => {
     slow.write('{"service":"desk'); // and never the rest
     const silent = net.connect(port, host);
     silent.on('error', () => undefined);
-    // The SSH listener: a client that sends its version line and nothing more.
+    // The SSH listener: a Proxy whose client sends its version line and nothing more after the dial request.
     const sshAddr = presence.direct!.ssh!;
-    const sshSlow = net.connect(Number(sshAddr.slice(sshAddr.lastIndexOf(':') + 1)), sshAddr.slice(0, sshAddr.lastIndexOf(':')));
+    const sshSlow = tls.connect({ host: sshAddr.slice(0, sshAddr.lastIndexOf(':')), port: Number(sshAddr.slice(sshAddr.lastIndexOf(':') + 1)), ca: auth.auth.host.tls.certPem, cert: proxyDeps.cert, key: proxyDeps.key, checkServerIdentity: () => undefined });
     sshSlow.on('error', () => undefined);
-    sshSlow.resume(); // reads the server's version and key exchange, so that its end is seen
-    sshSlow.write('SSH-2.0-slow\r\n');
+    sshSlow.resume(); // reads the answer, the server's version and key exchange, so that its end is seen
+    sshSlow.write(`${JSON.stringify(request('ssh', `${LOGIN}@22`))}\nSSH-2.0-slow\r\n`);
     await Promise.all([closed(slow), closed(silent), closed(sshSlow)]);
     const stats = agentLimits.stats();
     expect(stats.agent_desktop!.deadlines['route-header']).toBeGreaterThanOrEqual(1);
@@ -280,12 +315,54 @@ describe('a direct-join agent', () => {
     await expect(asAdmin.call('PUT', '/v1/agent/presence', body)).rejects.toMatchObject({ code: 'GW_ERR_ACCESS_DENIED' });
     const id = agent.hostIdentity;
     const asAgent = new ApiClient({ address: auth.address, dialer, ca: id.hostCa, cert: id.cert, key: id.key, server: 'auth' });
-    await expect(asAgent.call('PUT', '/v1/agent/presence', { ...body, direct: { rdp: '127.0.0.1:1' } })).rejects.toMatchObject({ code: 'GW_ERR_API_BAD_REQUEST' });
+    await expect(asAgent.call('PUT', '/v1/agent/presence', { ...body, direct: { rdp: `${HOST_IP}:1` } })).rejects.toMatchObject({ code: 'GW_ERR_API_BAD_REQUEST' });
     await expect(asAgent.call('PUT', '/v1/agent/presence', { ...body, direct: { ssh: 'not an address' } })).rejects.toMatchObject({ code: 'GW_ERR_API_BAD_REQUEST' });
     const written = await asAgent.call<{ presence: { direct: { ssh: string } } }>('PUT', '/v1/agent/presence', body);
-    expect(written.presence.direct.ssh).toBe('127.0.0.1:3022');
+    expect(written.presence.direct.ssh).toBe(`${HOST_IP}:3022`);
     await agent.direct!.heartbeat(); // the agent's own heartbeat puts its real addresses back
     expect((await auth.auth.listPresence()).find((p) => p.hostId === id.hostId)!.direct).toEqual(agent.direct!.bound);
+  });
+
+  it('hostile: an agent cannot make the Proxy dial loopback, link-local, multicast or another host (SSRF)', async () => {
+    const id = agent.hostIdentity;
+    const asAgent = new ApiClient({ address: auth.address, dialer, ca: id.hostCa, cert: id.cert, key: id.key, server: 'auth' });
+    const body = { services: ['ssh'], resources: {}, connected_at: new Date().toISOString(), ttl_ms: 60_000 };
+    const refused = ['169.254.169.254:80', '127.0.0.1:3025', 'localhost:5432', '[::1]:22', '[fe80::1]:22', '224.0.0.1:22', '[ff02::1]:22', '0.0.0.1:22', '192.0.2.250:5432', 'db.internal.example:5432'];
+    for (const addr of refused) {
+      await expect(asAgent.call('PUT', '/v1/agent/presence', { ...body, direct: { ssh: addr } }), addr).rejects.toMatchObject({ code: 'GW_ERR_DIRECT_ADDR_REFUSED' });
+    }
+    const stored = (await auth.auth.listPresence()).find((p) => p.hostId === id.hostId)!;
+    expect(stored.direct).toEqual(agent.direct!.bound);
+  });
+
+  it('hostile: /v1/agent/ calls forwarded by a Proxy (the FORWARDED headers) are refused, whoever sends them', async () => {
+    const id = agent.hostIdentity;
+    const [host, port] = [auth.address.slice(0, auth.address.lastIndexOf(':')), Number(auth.address.slice(auth.address.lastIndexOf(':') + 1))];
+    const payload = JSON.stringify({ services: ['ssh'], resources: {}, direct: { ssh: '0.0.0.0:3022' }, connected_at: new Date().toISOString(), ttl_ms: 60_000 });
+    const answer = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+      const req = https.request(
+        { host, port, method: 'PUT', path: '/v1/agent/presence', ca: id.hostCa, cert: id.cert, key: id.key, checkServerIdentity: () => undefined, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload), [FORWARDED.marker]: '1', [FORWARDED.addr]: '169.254.169.254' } },
+        (res) => readAll(res).then((b) => resolve({ status: res.statusCode ?? 0, body: b.toString() }), reject),
+      );
+      req.once('error', reject);
+      req.end(payload);
+    });
+    expect(JSON.parse(answer.body)).toMatchObject({ error: { code: 'GW_ERR_DIRECT_FORWARDED' } });
+    expect((await auth.auth.listPresence()).find((p) => p.hostId === id.hostId)!.direct).toEqual(agent.direct!.bound);
+  });
+
+  it('hostile: a connected_at far in the future (to win "newest agent" lookups) or before the join is refused; db and app resources are dropped', async () => {
+    const id = agent.hostIdentity;
+    const asAgent = new ApiClient({ address: auth.address, dialer, ca: id.hostCa, cert: id.cert, key: id.key, server: 'auth' });
+    const body = { services: ['ssh', 'db', 'app'], resources: { databases: [{ name: 'main' }], apps: [{ name: 'grafana' }], kube_clusters: [{ name: 'prod', labels: {} }] }, direct: { ssh: '0.0.0.0:3022' }, ttl_ms: 60_000 };
+    for (const at of ['9999-12-31T00:00:00.000Z', new Date(Date.now() + 5 * 60_000).toISOString(), '2000-01-01T00:00:00.000Z']) {
+      await expect(asAgent.call('PUT', '/v1/agent/presence', { ...body, connected_at: at }), at).rejects.toMatchObject({ code: 'GW_ERR_DIRECT_CLOCK' });
+    }
+    await asAgent.call('PUT', '/v1/agent/presence', { ...body, connected_at: new Date().toISOString() });
+    const stored = (await auth.auth.listPresence()).find((p) => p.hostId === id.hostId)!;
+    expect(stored.services).toEqual(['ssh']);
+    expect(stored.resources).toMatchObject({ databases: [], apps: [], kube_clusters: [{ name: 'prod', labels: {} }] });
+    await agent.direct!.heartbeat();
   });
 
   it('graceful stop removes its presence and closes its listeners', async () => {
