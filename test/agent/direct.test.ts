@@ -19,7 +19,7 @@ import https from 'node:https';
 import net from 'node:net';
 import { networkInterfaces, tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
-import type { Duplex } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateKeyPair } from '../../src/auth/pki.js';
@@ -99,7 +99,7 @@ function listen(server: net.Server): Promise<number> {
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve((server.address() as net.AddressInfo).port)));
 }
 
-function readAll(stream: Duplex): Promise<Buffer> {
+function readAll(stream: Readable): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     stream.on('data', (c: Buffer) => chunks.push(c));
