@@ -3,8 +3,11 @@
  * PostgreSQL (test/helpers/databases.ts), so they are one cluster with auth_service.tunnel_strategy proxy_peering.
  * An app agent joins through B and keeps its only tunnel there; a user logged in through A reaches the agent's
  * TCP app (gwsh proxy app) through A, which carries the stream over B's peering listener (3021). Bytes are
- * checked end to end, one large transfer and many concurrent streams (the default transport, HTTP/2). B's peering
- * port refuses a client without a certificate on either transport (gateway-peer, gateway-peer-tls) and garbage; the in-process suite (test/proxy/peer.test.ts) has every other hostile case.
+ * checked end to end, one large transfer and many concurrent streams (the default transport, a TLS connection per
+ * stream). The link between A and B's peering port runs through a relay B publishes as its peer_public_addr: cut
+ * (new connections through A fail with a clear error) and restored (they work again). B's peering port refuses a
+ * client without a certificate on either transport (gateway-peer, gateway-peer-tls) and garbage; the in-process
+ * suite (test/proxy/peer.test.ts) has every other hostile case.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
@@ -30,7 +33,42 @@ let localPort: number;
 let peerPortB: number;
 const children: ChildProcess[] = [];
 
-const proxyYaml = (name: string, web: number, peer: number, conn: string) =>
+/**
+ * The link between A and B's peering port: a TCP relay whose address B publishes as its peer_public_addr, so
+ * that A's every peering connection crosses it. cut() drops what crosses it and refuses new connections;
+ * restore() lets them through again.
+ */
+class PeerLink {
+  private readonly sockets = new Set<net.Socket>();
+  private server: net.Server | undefined;
+  constructor(readonly port: number, private readonly target: () => number) {}
+
+  async restore(): Promise<void> {
+    this.server = net.createServer((inbound) => {
+      const outbound = net.connect(this.target(), '127.0.0.1');
+      for (const s of [inbound, outbound]) {
+        this.sockets.add(s);
+        s.on('error', () => undefined);
+        s.once('close', () => this.sockets.delete(s));
+      }
+      inbound.pipe(outbound).pipe(inbound);
+      inbound.once('close', () => outbound.destroy());
+      outbound.once('close', () => inbound.destroy());
+    });
+    await new Promise<void>((r) => this.server!.listen(this.port, '127.0.0.1', r));
+  }
+
+  async cut(): Promise<void> {
+    const closed = new Promise((r) => (this.server ? this.server.close(r) : r(undefined)));
+    for (const s of this.sockets) s.destroy();
+    await closed;
+    this.server = undefined;
+  }
+}
+
+let link: PeerLink;
+
+const proxyYaml = (name: string, web: number, peer: number, conn: string, peerPublic?: number) =>
   [
     'gateway:',
     `  nodename: ${name}`,
@@ -46,6 +84,7 @@ const proxyYaml = (name: string, web: number, peer: number, conn: string) =>
     `  web_listen_addr: 127.0.0.1:${web}`,
     `  public_addr: localhost:${web}`,
     `  peer_listen_addr: 127.0.0.1:${peer}`,
+    ...(peerPublic ? [`  peer_public_addr: 127.0.0.1:${peerPublic}`] : []),
     '',
   ].join('\n');
 
@@ -96,8 +135,10 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
     await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
     const [webA, webB, peerA] = [await getPort({ host: '127.0.0.1' }), await getPort({ host: '127.0.0.1' }), await getPort({ host: '127.0.0.1' })];
     peerPortB = await getPort({ host: '127.0.0.1' });
+    link = new PeerLink(await getPort({ host: '127.0.0.1' }), () => peerPortB);
+    await link.restore();
     a = await startGateway(proxyYaml('proxy-a', webA, peerA, pg.url()));
-    b = await startGateway(proxyYaml('proxy-b', webB, peerPortB, pg.url()));
+    b = await startGateway(proxyYaml('proxy-b', webB, peerPortB, pg.url(), link.port));
     const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', b.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
     const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
     const token = (JSON.parse((await admin(['tokens', 'add', '--type=app', '--format', 'json'])).stdout) as { token: string }).token;
@@ -125,6 +166,7 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
     await b?.stop();
     echo?.close();
     await pg?.stop();
+    await link?.cut();
     await rm(dir, { recursive: true, force: true });
   });
 
@@ -145,6 +187,20 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
       );
       expect(results.every(Boolean)).toBe(true);
     }, 60_000);
+  });
+
+  describe('the 3021 link between A and B', () => {
+    it('cut: a new client connection through A fails (nothing reaches the agent); restored: bytes flow again, byte for byte', async () => {
+      const data = randomBytes(256 * 1024);
+      expect(await echoThrough(data)).toBe(sha256(data));
+      await link.cut();
+      await expect(echoThrough(randomBytes(1024))).rejects.toThrow();
+      expect(a.logs()).toMatch(/GW_ERR_PEER_UNREACHABLE|GW_ERR_TUNNEL_NOT_FOUND/);
+      await link.restore();
+      await waitUntil('a new connection through A works again', async () => (await echoThrough(data).catch(() => '')) === sha256(data), 30_000, 250);
+      const after = randomBytes(4 * 1024 * 1024);
+      expect(await echoThrough(after)).toBe(sha256(after));
+    }, 90_000);
   });
 
   describe("B's peering port (3021) is not open to anyone", () => {
