@@ -161,7 +161,9 @@ function waitSeen(pred: (s: Seen) => boolean): Promise<Seen> {
 }
 
 /** The record of the connection whose client side is `local` (the service sees it as its remote end). */
-const seenFor = (local: { localPort?: number | undefined }) => waitSeen((s) => s.info.remotePort === local.localPort && s.info.remoteAddress === '127.0.0.1');
+// By both ends: the same client port may serve connections to different listeners one after the other.
+const seenFor = (local: { localPort?: number | undefined; remotePort?: number | undefined }) =>
+  waitSeen((s) => s.info.remotePort === local.localPort && s.info.remoteAddress === '127.0.0.1' && (local.remotePort === undefined || s.info.localPort === local.remotePort));
 
 /** Echoes what it gets; a TLS socket's negotiated ALPN is recorded (a raw socket has none: undefined). */
 function echo(kind: string): ServiceHandler {
