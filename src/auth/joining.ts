@@ -11,7 +11,7 @@ import type { AuditLog } from './audit.js';
 import { checkRequestKeys, hostOf, HOST_CERT_TTL_MS, type Authorities, type CertBundle } from './authorities.js';
 import type { CallerCheck } from './callers.js';
 import type { Identity } from './pki.js';
-import { AttemptLimiter, reserveOrRefuse } from './ratelimit.js';
+import { AttemptLimiter, joinKey, reserveOrRefuse } from './ratelimit.js';
 import { JOIN_ROLES, KEYS, NAME_PATTERN, type JoinRole, type NodeRecord, type StoredToken } from './records.js';
 import { tokenId as resourceTokenId, type TokenResource } from './resources/index.js';
 
@@ -132,7 +132,7 @@ export class Joining {
     if (request.roles.length === 0) throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_WRONG_TYPE', 'the join request names no service type');
     validateNodeName(request.nodename);
     checkRequestKeys(request.publicKeyPem, request.sshPublicKey);
-    const reservation = reserveOrRefuse(this.limiter, request.source, 'join', { token: short, source: request.source, nodename: request.nodename }, this.deps.log);
+    const reservation = reserveOrRefuse(this.limiter, joinKey(request.source), 'join', { token: short, source: request.source, nodename: request.nodename }, this.deps.log);
     try {
       const joined = await this.consumeToken(request);
       reservation.succeed();

@@ -11,6 +11,7 @@
  * first) so a flood of made-up keys cannot grow memory without end.
  */
 import { GatewayError } from '../errors.js';
+import { sourceKey } from '../net/source.js';
 import type { Logger } from '../log.js';
 
 export interface RateLimiterOptions {
@@ -96,9 +97,14 @@ export class AttemptLimiter {
   }
 }
 
-/** Logins: keyed by (user, source). */
+/** Logins: keyed by (user, source); the source as connection caps count it (an IPv6 address by its /64). */
 export function loginKey(user: string, source: string): string {
-  return `${user}\u0000${source}`;
+  return `${user}\u0000${sourceKey(source)}`;
+}
+
+/** Joins: keyed by source, an IPv6 address by its /64 (a site is given a whole /64: one key per address would let it guess 2^64 times as often). */
+export function joinKey(source: string): string {
+  return sourceKey(source);
 }
 
 /** Reserves an attempt, or throws GW_ERR_AUTH_RATE_LIMITED (429) saying how long to wait. */

@@ -1,6 +1,6 @@
 /** The attempt limiter on its own, with a fake clock: reservations count at once, success releases. */
 import { describe, expect, it } from 'vitest';
-import { AttemptLimiter } from '../../src/auth/ratelimit.js';
+import { AttemptLimiter, joinKey, loginKey } from '../../src/auth/ratelimit.js';
 
 function limiter(max = 3, windowMs = 60_000) {
   let now = 1_000_000;
@@ -74,5 +74,16 @@ describe('AttemptLimiter', () => {
     }
     expect(l.reserve('a').ok).toBe(true); // evicted
     expect(l.reserve('c').ok).toBe(false);
+  });
+});
+
+describe('rate-limit keys', () => {
+  it('count an IPv6 address by its /64, as connection caps do; IPv4 (mapped or not) by the address', () => {
+    expect(joinKey('2001:db8:1:2::1')).toBe(joinKey('2001:db8:1:2:ffff::99'));
+    expect(joinKey('2001:db8:1:2::1')).not.toBe(joinKey('2001:db8:1:3::1'));
+    expect(loginKey('alice', '2001:db8::1')).toBe(loginKey('alice', '2001:db8::abcd'));
+    expect(loginKey('alice', '::ffff:192.0.2.1')).toBe(loginKey('alice', '192.0.2.1'));
+    expect(loginKey('alice', '192.0.2.1')).not.toBe(loginKey('alice', '192.0.2.2'));
+    expect(loginKey('alice', '192.0.2.1')).not.toBe(loginKey('bob', '192.0.2.1'));
   });
 });
