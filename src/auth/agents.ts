@@ -8,7 +8,7 @@ import { GatewayError, isGatewayError } from '../errors.js';
 import type { CallerCheck } from './callers.js';
 import type { Identity } from './pki.js';
 import { canAccess, type AccessKind } from './rbac.js';
-import { KEYS, readJson, type NodeRecord, type Presence, type ProxyRecord, type TunnelStrategy } from './records.js';
+import { KEYS, newestPerAgent, readJson, type AgentPresence, type NodeRecord, type Presence, type ProxyRecord, type TunnelStrategy } from './records.js';
 import type { ClusterWatchHandlers } from './proxyauth.js';
 import type { Resource } from './resources/index.js';
 
@@ -68,14 +68,8 @@ export class AgentDirectory {
   }
 
   /** One presence per agent (the newest tunnel), with every Proxy that holds one. */
-  async agentsOnline(): Promise<Map<string, Presence & { proxies: string[] }>> {
-    const out = new Map<string, Presence & { proxies: string[] }>();
-    for (const p of await this.listPresence()) {
-      const seen = out.get(p.hostId);
-      const proxies = [...(seen?.proxies ?? []), p.proxyId].sort();
-      out.set(p.hostId, { ...(!seen || p.connectedAt > seen.connectedAt ? p : seen), proxies });
-    }
-    return out;
+  async agentsOnline(): Promise<Map<string, AgentPresence>> {
+    return newestPerAgent(await this.listPresence());
   }
 
   // --- the cluster's Proxies (ProxyRecord: written by each Proxy, expiring unless refreshed) ---------------------

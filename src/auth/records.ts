@@ -109,6 +109,24 @@ export interface ProxyRecord {
   last_heartbeat: string;
 }
 
+/** An agent's newest presence, with every Proxy that holds a tunnel of it. */
+export type AgentPresence = Presence & { proxies: string[] };
+
+/**
+ * One entry per agent: its newest presence (the first one seen wins a tie) and the sorted IDs of every Proxy
+ * (or "direct") of the presences given. What `gwctl get nodes`, the inventory and each Proxy's view of the cluster
+ * show of an agent.
+ */
+export function newestPerAgent(presences: Iterable<Presence>): Map<string, AgentPresence> {
+  const out = new Map<string, AgentPresence>();
+  for (const p of presences) {
+    const seen = out.get(p.hostId);
+    const proxies = [...(seen?.proxies ?? []), p.proxyId].sort();
+    out.set(p.hostId, { ...(!seen || p.connectedAt > seen.connectedAt ? p : seen), proxies });
+  }
+  return out;
+}
+
 /** How agents keep their tunnels (auth_service.tunnel_strategy). */
 export type TunnelStrategy = { type: 'agent_mesh' } | { type: 'proxy_peering'; agent_connection_count: number };
 

@@ -14,7 +14,7 @@
 import { createHash } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import type { PresenceEvent, ProxyDirectory } from '../auth/proxyauth.js';
-import type { Presence, ProxyRecord, TunnelStrategy } from '../auth/records.js';
+import { newestPerAgent, type AgentPresence, type Presence, type ProxyRecord, type TunnelStrategy } from '../auth/records.js';
 import type { UpgradeChannelConfig } from '../config/index.js';
 import { logger } from '../log.js';
 
@@ -192,22 +192,9 @@ export class ClusterView extends EventEmitter {
   }
 
   /** One presence per agent (its newest tunnel anywhere), with every live Proxy holding one. */
-  agents(): Array<Presence & { proxies: string[] }> {
-    const out: Array<Presence & { proxies: string[] }> = [];
-    for (const byProxy of this.presence.values()) {
-      const live = [...byProxy.values()].filter((p) => this.live(p.proxyId));
-      if (live.length === 0) continue;
-      const newest = live.reduce((a, b) => (b.connectedAt > a.connectedAt ? b : a));
-      out.push({ ...newest, proxies: live.map((p) => p.proxyId).sort() });
-    }
-    return out;
-  }
-
-  /** Proxies whose automatic_upgrades_channels differ from the majority's (empty when they all agree). */
-  channelDrift(): { digests: Map<string, ProxyRecord[]> } {
-    const digests = new Map<string, ProxyRecord[]>();
-    for (const p of this.proxies()) digests.set(p.channels_digest, [...(digests.get(p.channels_digest) ?? []), p]);
-    return { digests };
+  agents(): AgentPresence[] {
+    const live = [...this.presence.values()].flatMap((byProxy) => [...byProxy.values()]).filter((p) => this.live(p.proxyId));
+    return [...newestPerAgent(live).values()];
   }
 
   /** Stops the heartbeat and the watch and removes this Proxy's record (a graceful leave: agents drop their tunnel to it). */
