@@ -70,13 +70,11 @@ export interface ProxyRole {
 
 export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRole> {
   const { config, auth, limits } = options;
-  const webTls = await webCertificate(config, async () => {
-    const keys = generateKeyPair();
-    return { key: keys.privateKeyPem, cert: await auth.issueServerCert(keys.publicKeyPem, webServerNames(config), options.proxyId) };
-  });
+  const webTls = await webCertificate(config, () => clusterCertificate(options));
   const tunnelKey = generateKeyPair();
   const hostKey = sshPrivateKey(tunnelKey.privateKeyPem);
   const publicWeb = config.proxy_service.public_addr[0];
+  const publicAddr = publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename;
   const heartbeatMs = config.auth_service.keep_alive_interval;
   const cluster = new ClusterView({
     directory: auth,
@@ -84,7 +82,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
       id: options.proxyId,
       nodename: config.gateway.nodename,
       version: VERSION,
-      public_addr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename,
+      public_addr: publicAddr,
       tunnel_host_key: tunnelKey.sshPublicKey,
     },
     channels: config.proxy_service.automatic_upgrades_channels,
@@ -99,11 +97,11 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     heartbeatIntervalMs: config.auth_service.keep_alive_interval,
     heartbeatCountMax: config.auth_service.keep_alive_count_max,
     deadlines: limits.settings,
-    publicAddr: publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename,
+    publicAddr,
   });
   // The web certificate serves peering too when it is the cluster's (host kind, role proxy, name = this Proxy).
   const ownWebCert = !config.proxy_service.https_keypairs?.[0]?.cert_file;
-  const peering = await startPeering(options, cluster, tunnels, ownWebCert ? webTls : undefined);
+  const peering = await startPeering(options, cluster, tunnels, ownWebCert ? webTls : await clusterCertificate(options));
   // Agents that joined the Auth Service directly: their listeners, with a certificate naming this Proxy.
   const direct = options.direct ?? directDialer((key) => auth.issueServerCert(key, [config.gateway.nodename], options.proxyId), { dialer: options.dialer, hostCa: auth.host.tls.certPem });
   const router = new Router({ tunnels, cluster, peers: peering.client, direct });
@@ -168,18 +166,20 @@ export interface PeeringControl {
   startWhenNeeded(addresses: Record<string, string>): Promise<void>;
 }
 
+/** A new key and its certificate from the cluster's host CA: host kind, role proxy, named by this Proxy's host ID. */
+async function clusterCertificate(options: ProxyRoleOptions): Promise<{ key: string; cert: string }> {
+  const keys = generateKeyPair();
+  return { key: keys.privateKeyPem, cert: await options.auth.issueServerCert(keys.publicKeyPem, webServerNames(options.config), options.proxyId) };
+}
+
 /**
- * Proxy peering (src/proxy/peer.ts) with a certificate of its own from the host CA (role proxy, name = this
- * Proxy's host ID: the web port's may be the operator's, from another CA). The listener runs in separate mode
+ * Proxy peering (src/proxy/peer.ts) with a certificate from the host CA (role proxy, name = this Proxy's host ID:
+ * the web port's when it is the cluster's, else one of its own, for the web port's may be the operator's). The listener runs in separate mode
  * (3021 is one of the separate ports), and in multiplex mode when auth_service.tunnel_strategy is proxy_peering.
  */
-async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tunnels: TunnelServer, webTls?: { key: string; cert: string }): Promise<PeeringControl> {
+async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tunnels: TunnelServer, cert: { key: string; cert: string }): Promise<PeeringControl> {
   const { config, auth, limits } = options;
-  const issue = async () => {
-    const keys = generateKeyPair();
-    return { key: keys.privateKeyPem, cert: await auth.issueServerCert(keys.publicKeyPem, webServerNames(config), options.proxyId) };
-  };
-  const tls: PeerTls = { ...(webTls ?? (await issue())), ca: auth.host.tls.certPem };
+  const tls: PeerTls = { ...cert, ca: auth.host.tls.certPem };
   const server = new PeerServer({ trust: auth, tls, cluster, tunnels, limits });
   const client = new PeerClient({
     tls,
