@@ -10,6 +10,9 @@
  *
  * The roles share one Dialer, one set of connection limits and one shutdown order (roles/lifecycle.ts: agents,
  * then the Proxy, then the Auth API, then the Backend). The environment comes from the caller (roles/environment.ts).
+ *
+ * A role's starter, and all it imports, is loaded only when the role runs: an agent's start does not load the Auth
+ * Service, its Backend or the Proxy (start-up time).
  */
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -23,11 +26,10 @@ import { enabledServices } from './config/index.js';
 import { Dialer } from './dial/dialer.js';
 import { GatewayError } from './errors.js';
 import { ConnectionLimits, limitSettings } from './net/deadlines.js';
-import { agentJoinRoles, startAgentRole, type AgentRole, type JoinFlags } from './roles/agent.js';
-import { connectRemoteAuth, startAuthRole } from './roles/auth.js';
+import type { AgentRole, JoinFlags } from './roles/agent.js';
 import type { DaemonEnvironment } from './roles/environment.js';
 import { Lifecycle } from './roles/lifecycle.js';
-import { startProxyRole } from './roles/proxy.js';
+import { agentJoinRoles } from './roles/names.js';
 import type { TunnelServer } from './proxy/tunnel.js';
 import type { ClusterView } from './proxy/cluster.js';
 import type { RemoteProxyAuth } from './client/remoteauth.js';
@@ -101,27 +103,32 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
   const addresses: Record<string, string> = {};
   try {
     const remoteProxy = runs('proxy_service') && !runs('auth_service');
-    if (remoteProxy && agentJoinRoles(services).length > 0) {
+    const agents = agentJoinRoles(services).length > 0;
+    if (remoteProxy && agents) {
       throw new GatewayError('GW_ERR_CONFIG_VALUE', 'a Proxy without the auth service in its process runs no agent service next to it in this version', {
         hint: 'Run the agent services in their own process (its own data directory), joined through this Proxy.',
       });
     }
+    // The starters of the roles that run, loading side by side from here on.
+    const authRole = runs('auth_service') || remoteProxy ? loading(import('./roles/auth.js')) : undefined;
+    const proxyRole = runs('proxy_service') ? loading(import('./roles/proxy.js')) : undefined;
+    const agentRole = agents ? loading(import('./roles/agent.js')) : undefined;
     // The limits of every listener of this process: the Auth API's and the Proxy's.
     const limits = runs('auth_service') || runs('proxy_service') ? startLimits(config, lifecycle) : undefined;
     const auth = limits && runs('auth_service')
-      ? await startAuthRole({ config, limits, lifecycle, ...(runs('proxy_service') ? { proxyPublicAddr: proxyAddressForClients(config) } : {}) })
+      ? await (await authRole!).startAuthRole({ config, limits, lifecycle, ...(runs('proxy_service') ? { proxyPublicAddr: proxyAddressForClients(config) } : {}) })
       : undefined;
     if (auth) addresses.auth = auth.address;
     const remote = remoteProxy
-      ? await connectRemoteAuth({ config, dialer, lifecycle, ...(flags.authServer ? { authServers: flags.authServer } : {}), ...(flags.token ? { token: flags.token } : {}), ...(flags.caPin ? { caPin: flags.caPin } : {}) })
+      ? await (await authRole!).connectRemoteAuth({ config, dialer, lifecycle, ...(flags.authServer ? { authServers: flags.authServer } : {}), ...(flags.token ? { token: flags.token } : {}), ...(flags.caPin ? { caPin: flags.caPin } : {}) })
       : undefined;
     const proxyAuth = auth ? { auth: auth.auth, api: auth.api, proxyId: localProxyId(config.gateway.data_dir) } : remote ? { auth: remote.auth, api: remote.api, proxyId: remote.identity.hostId } : undefined;
     const proxy = limits && proxyAuth && runs('proxy_service')
-      ? await startProxyRole({ config, ...proxyAuth, limits, dialer, lifecycle })
+      ? await (await proxyRole!).startProxyRole({ config, ...proxyAuth, limits, dialer, lifecycle })
       : undefined;
     Object.assign(addresses, proxy?.addresses);
-    const agent = agentJoinRoles(services).length > 0
-      ? await startAgentRole({ config, services, join: flags, ...(auth ? { localAuth: auth.auth } : {}), ...(addresses.web ? { localProxy: addresses.web } : {}), ...(limits ? { limits } : {}), dialer, environment, lifecycle })
+    const agent = agentRole
+      ? await (await agentRole).startAgentRole({ config, services, join: flags, ...(auth ? { localAuth: auth.auth } : {}), ...(addresses.web ? { localProxy: addresses.web } : {}), ...(limits ? { limits } : {}), dialer, environment, lifecycle })
       : undefined;
     if (agent?.sshAddress) addresses.ssh = agent.sshAddress;
     return {
@@ -140,6 +147,12 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
     await lifecycle.stop();
     throw err;
   }
+}
+
+/** A module being loaded: awaited later, or not at all when an earlier step fails (which must not be an unhandled rejection). */
+function loading<T>(module: Promise<T>): Promise<T> {
+  module.catch(() => undefined);
+  return module;
 }
 
 /** The host ID of a Proxy that runs next to its Auth Service: made once, kept in <data_dir>/proxy_id. */

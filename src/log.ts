@@ -2,8 +2,12 @@
  * Logging: pino, one child logger per component. JSON lines by default; readable text when the output is a
  * terminal (or GATEWAY_LOG_FORMAT=text). Known secret-bearing fields are redacted by pino itself.
  */
+import { createRequire } from 'node:module';
 import { pino, type DestinationStream, type Logger, type LoggerOptions } from 'pino';
-import pretty from 'pino-pretty';
+import type PinoPretty from 'pino-pretty';
+
+/** pino-pretty, loaded (synchronously: it is CommonJS) only for text output: JSON logs, the daemon's usual, never need it. */
+const pretty = (options: PinoPretty.PrettyOptions): PinoPretty.PrettyStream => (createRequire(import.meta.url)('pino-pretty') as typeof PinoPretty)(options);
 
 export type { Logger } from 'pino';
 
@@ -51,13 +55,17 @@ export function createLogger(settings: LogSettings = {}): Logger {
   return pino(options, destination as DestinationStream);
 }
 
-/** The process-wide root logger; CLIs replace it once they know the configured level and format. */
-let root: Logger = createLogger({ level: (process.env.GATEWAY_LOG_LEVEL as LogLevel | undefined) ?? 'info' });
+/**
+ * The process-wide root logger; CLIs replace it once they know the configured level and format. Made on first
+ * use: a command that logs nothing makes none (and loads no pino-pretty when standard error is a terminal).
+ */
+let root: Logger | undefined;
 
 export function setRootLogger(logger: Logger): void {
   root = logger;
 }
 
 export function logger(component: string): Logger {
+  root ??= createLogger({ level: (process.env.GATEWAY_LOG_LEVEL as LogLevel | undefined) ?? 'info' });
   return root.child({ component });
 }

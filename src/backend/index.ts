@@ -1,11 +1,12 @@
 /**
  * Cluster-state storage (docs/backend.md). Callers depend on the Backend interface only; openBackend picks the
- * implementation from the configuration.
+ * implementation from the configuration. The PostgreSQL one (and its client library, pg) is loaded only when it
+ * is opened: a cluster on SQLite, and every process without the Auth Service, never needs it.
  */
 import path from 'node:path';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { openPostgresBackend, type PostgresBackend } from './postgres.js';
+import type { PostgresBackend, PostgresBackendOptions } from './postgres.js';
 import { openSqliteBackend, SQLITE_BACKEND_FILE, type SqliteBackend } from './sqlite.js';
 import type { Backend, WatchEvent } from './types.js';
 
@@ -18,12 +19,12 @@ export {
   type SqliteBackend,
   type SqliteBackendOptions,
 } from './sqlite.js';
-export {
-  openPostgresBackend,
-  POSTGRES_BACKEND_DEFAULTS,
-  type PostgresBackend,
-  type PostgresBackendOptions,
-} from './postgres.js';
+export type { PostgresBackend, PostgresBackendOptions } from './postgres.js';
+
+/** src/backend/postgres.ts's openPostgresBackend, loaded on first use. */
+export async function openPostgresBackend(options: PostgresBackendOptions): Promise<PostgresBackend> {
+  return (await import('./postgres.js')).openPostgresBackend(options);
+}
 
 export type BackendConfig =
   | { type: 'sqlite'; path: string; sweepIntervalMs?: number }

@@ -6,6 +6,9 @@
  * The identity is the stored one; or, on the first start, one joined with a token (through a Proxy or an Auth
  * Service anywhere), or one issued by an Auth Service in this same process (localAuth), whose tunnel then goes
  * to the Proxy of this process (localProxy), if one runs here.
+ *
+ * What only some agents run is loaded when they run it (start-up time): the SSH Service, the listeners of a
+ * direct-join agent, the schedule export for the upgrader. The tunnel is dialed before any optional work.
  */
 import type { Duplex } from 'node:stream';
 import { existsSync } from 'node:fs';
@@ -16,9 +19,8 @@ import type { CertBundle, JoinRole } from '../auth/service.js';
 import type { ClusterMaintenanceConfig } from '../auth/resources/types.js';
 import { joinCluster, loadHostIdentity, saveHostIdentity, type HostIdentity } from '../agent/identity.js';
 import { agentResources, agentServices, resourceConnector } from '../agent/resources.js';
-import { startDirectJoin, type DirectJoinAgent } from '../agent/directjoin.js';
-import { SshService, type SessionEvent } from '../agent/ssh.js';
-import { ApiClient } from '../client/api.js';
+import type { DirectJoinAgent } from '../agent/directjoin.js';
+import type { SessionEvent, SshService } from '../agent/ssh.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
@@ -26,10 +28,9 @@ import { logger } from '../log.js';
 import { ConnectionLimits, limitSettings } from '../net/deadlines.js';
 import { AgentPool } from '../agent/pool.js';
 import type { DialRequest } from '../tunnel/protocol.js';
-import { startScheduleExport } from '../upgrade/schedule.js';
 import type { DaemonEnvironment } from './environment.js';
 import type { Lifecycle } from './lifecycle.js';
-import { localAddress } from './names.js';
+import { agentJoinRoles, localAddress } from './names.js';
 
 /** How an agent joins on its first start (gateway start --token --ca-pin --proxy | --auth-server). */
 export interface JoinFlags {
@@ -71,19 +72,6 @@ export interface AgentRole {
   sshAddress?: string;
   /** Agents that joined the Auth Service directly: their listeners (bound) and what their presence advertises. */
   direct?: Pick<DirectJoinAgent, 'bound' | 'advertised' | 'heartbeat'>;
-}
-
-const SERVICE_TO_JOIN_ROLE: Partial<Record<ServiceName, JoinRole>> = {
-  ssh_service: 'node',
-  db_service: 'db',
-  app_service: 'app',
-  kube_service: 'kube',
-  windows_desktop_service: 'desktop',
-};
-
-/** The join roles of the agent services among services: none means no agent runs. */
-export function agentJoinRoles(services: readonly ServiceName[]): JoinRole[] {
-  return services.map((s) => SERVICE_TO_JOIN_ROLE[s]).filter((r): r is JoinRole => r !== undefined);
 }
 
 export async function startAgentRole(options: AgentRoleOptions): Promise<AgentRole> {
@@ -143,7 +131,7 @@ async function obtainIdentity(options: AgentRoleOptions): Promise<HostIdentity> 
 async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): Promise<{ tunnelAgent: AgentPool }> {
   const { config, services, dialer, lifecycle } = options;
   let agent: AgentPool | undefined;
-  const ssh = services.includes('ssh_service') ? sshService(config, identity, (e) => agent?.sendEvent({ ...e })) : undefined;
+  const ssh = services.includes('ssh_service') ? await sshService(config, identity, (e) => agent?.sendEvent({ ...e })) : undefined;
   // An agent that joined through a Proxy is reached through its tunnel alone (direct-join agents: startDirect).
   if (ssh) lifecycle.onStop('agents', () => ssh.close());
   const resources = agentResources(config, services);
@@ -163,11 +151,12 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): P
   const tunnelAgent = agent;
   lifecycle.onStop('agents', () => tunnelAgent.stop());
   tunnelAgent.start();
-  exportSchedule(options, identity, tunnelAgent);
+  await exportSchedule(options, identity, tunnelAgent);
   return { tunnelAgent };
 }
 
-function sshService(config: GatewayConfig, identity: HostIdentity, onEvent: (e: SessionEvent) => void): SshService {
+async function sshService(config: GatewayConfig, identity: HostIdentity, onEvent: (e: SessionEvent) => void): Promise<SshService> {
+  const { SshService } = await import('../agent/ssh.js');
   return new SshService({ hostKeyPem: identity.key, userCa: identity.sshUserCa, nodename: config.gateway.nodename, sftpServer: config.ssh_service.sftp_server, onEvent });
 }
 
@@ -184,12 +173,13 @@ async function startDirect(options: AgentRoleOptions, identity: HostIdentity): P
     limits = own;
   }
   let direct: DirectJoinAgent | undefined;
-  const ssh = services.includes('ssh_service') ? sshService(config, identity, (e) => direct?.sendEvent({ ...e })) : undefined;
+  const ssh = services.includes('ssh_service') ? await sshService(config, identity, (e) => direct?.sendEvent({ ...e })) : undefined;
   if (ssh) lifecycle.onStop('agents', () => ssh.close());
+  const { startDirectJoin } = await import('../agent/directjoin.js');
   direct = await startDirectJoin({ config, services, identity, dialer: options.dialer, limits, ...(ssh ? { ssh } : {}) });
   const running = direct;
   lifecycle.onStop('agents', () => running.stop());
-  exportSchedule(options, identity);
+  await exportSchedule(options, identity);
   return { ...(running.bound.ssh ? { sshAddress: running.bound.ssh } : {}), direct: running };
 }
 
@@ -197,11 +187,12 @@ async function startDirect(options: AgentRoleOptions, identity: HostIdentity): P
  * Automatic upgrades: when this machine has the upgrader (its directory exists), or in Kubernetes, keep the
  * schedule current: periodically, and whenever the Proxy says cluster_maintenance_config changed.
  */
-function exportSchedule(options: AgentRoleOptions, identity: HostIdentity, agent?: AgentPool): void {
+async function exportSchedule(options: AgentRoleOptions, identity: HostIdentity, agent?: AgentPool): Promise<void> {
   const { environment, dialer } = options;
   const upgraderDir = environment.upgraderDir();
   const { kubeScheduleFile, kubeScheduleSecret } = environment;
   if (!existsSync(upgraderDir) && !kubeScheduleFile && !kubeScheduleSecret) return;
+  const [{ ApiClient }, { startScheduleExport }] = await Promise.all([import('../client/api.js'), import('../upgrade/schedule.js')]);
   const api = new ApiClient({ address: identity.server, dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key });
   const exporter = startScheduleExport({
     fetchConfig: async () => (await api.call<{ config: ClusterMaintenanceConfig | null }>('GET', '/v1/agent/maintenance')).config ?? undefined,

@@ -1,9 +1,10 @@
 /**
- * The names the servers of this process are reached by, which their certificates must carry, and the local
- * address of a listener.
+ * The names the servers of this process are reached by, which their certificates must carry, the local address
+ * of a listener, and the join roles of the agent services.
  */
 import { isIP } from 'node:net';
-import type { GatewayConfig } from '../config/index.js';
+import type { JoinRole } from '../auth/service.js';
+import type { GatewayConfig, ServiceName } from '../config/index.js';
 
 const WILDCARD_HOSTS = ['', '0.0.0.0', '::'];
 
@@ -42,4 +43,17 @@ export function webServerNames(config: GatewayConfig): string[] {
 /** Where a client on this machine reaches a listener bound to addr (0.0.0.0 → 127.0.0.1). */
 export function localAddress(bound: string): string {
   return bound.replace(/^0\.0\.0\.0:/, '127.0.0.1:').replace(/^\[::\]:/, '[::1]:');
+}
+
+const SERVICE_TO_JOIN_ROLE: Partial<Record<ServiceName, JoinRole>> = {
+  ssh_service: 'node',
+  db_service: 'db',
+  app_service: 'app',
+  kube_service: 'kube',
+  windows_desktop_service: 'desktop',
+};
+
+/** The join roles of the agent services among services: none means no agent runs. */
+export function agentJoinRoles(services: readonly ServiceName[]): JoinRole[] {
+  return services.map((s) => SERVICE_TO_JOIN_ROLE[s]).filter((r): r is JoinRole => r !== undefined);
 }

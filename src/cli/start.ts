@@ -1,0 +1,167 @@
+/**
+ * `gateway start`: the configuration with the command line's flags, logging, the data-directory lock, the pid file,
+ * SIGHUP reloads, then the daemon (src/daemon.ts) until SIGINT / SIGTERM. src/cli/gateway.ts loads this module
+ * only when `start` runs: it and what it imports are most of the code, which no other command needs.
+ */
+import { mkdirSync } from 'node:fs';
+import { isAbsolute, resolve } from 'node:path';
+import { destination } from 'pino';
+import { parseAddr } from '../addr.js';
+import { defaultConfig, loadConfigFile, type GatewayConfig } from '../config/index.js';
+import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
+import { GatewayError } from '../errors.js';
+import { ensurePrivateFile } from '../fsutil.js';
+import { createLogger, logger, setRootLogger, type LogLevel } from '../log.js';
+import { acquireDataDirLock, acquirePidFile, channelsChanged, followLogLevel, installReload, type PidFile } from '../reload.js';
+import { daemonEnvironment } from '../roles/environment.js';
+import { startBanner } from './banner.js';
+
+export interface StartOptions {
+  config?: string;
+  roles?: string;
+  token?: string;
+  caPin?: string;
+  proxy?: string;
+  authServer?: string;
+  dataDir?: string;
+  publicAddr?: string;
+  pidFile?: string;
+}
+
+/** The configuration with --data-dir (an absolute path) and --public-addr (host[:port], 443 by default) applied. */
+function withFlags(config: GatewayConfig, opts: StartOptions): GatewayConfig {
+  let out = config;
+  if (opts.dataDir !== undefined) {
+    if (!isAbsolute(opts.dataDir)) {
+      throw new GatewayError('GW_ERR_USAGE', `--data-dir: "${opts.dataDir}" is not an absolute path`, { hint: `Give the whole path, e.g. --data-dir=${resolve(opts.dataDir)}.` });
+    }
+    out = { ...out, gateway: Object.freeze({ ...out.gateway, data_dir: opts.dataDir }) };
+  }
+  if (opts.publicAddr !== undefined) {
+    let addr: { host: string; port: number | undefined };
+    try {
+      addr = parseAddr(opts.publicAddr);
+    } catch (err) {
+      throw new GatewayError('GW_ERR_USAGE', `--public-addr: "${opts.publicAddr}" is not host[:port] (${(err as Error).message})`, {
+        hint: 'Give the DNS name or IP that agents and users dial, e.g. --public-addr=gateway.example.com:443.',
+      });
+    }
+    const publicAddr = Object.freeze([Object.freeze({ host: addr.host, port: addr.port ?? 443 })]);
+    out = { ...out, proxy_service: Object.freeze({ ...out.proxy_service, public_addr: publicAddr }) };
+  }
+  return Object.freeze(out);
+}
+
+/** The `start` command: its options as commander gives them, and --debug. */
+export async function runStart(opts: StartOptions, debug: boolean): Promise<void> {
+  const load = (path: string | undefined): GatewayConfig => withFlags(path ? loadConfigFile(path) : defaultConfig(), opts);
+  const config = load(opts.config);
+  const { output, severity, format } = config.gateway.log;
+  // A log file is private (0600) whatever the umask: log lines name users, addresses and resources.
+  if (output !== 'stdout' && output !== 'stderr') ensurePrivateFile(output);
+  const root = createLogger({
+    level: debug ? 'debug' : severity,
+    ...(format === undefined ? {} : { format }),
+    destination: output === 'stdout' ? process.stdout : output === 'stderr' ? process.stderr : destination({ dest: output, mkdir: true }),
+  });
+  const setLevel = followLogLevel(root); // before any child logger exists, so SIGHUP can change every one's level
+  setRootLogger(root);
+  await start(config, {
+    ...(opts.roles ? { roles: opts.roles.split(',') } : {}),
+    ...(opts.token ? { token: opts.token } : {}),
+    ...(opts.caPin ? { caPin: opts.caPin } : {}),
+    ...(opts.proxy ? { proxy: opts.proxy } : {}),
+    ...(opts.authServer ? { authServer: opts.authServer } : {}),
+  }, { configPath: opts.config, load, pidFile: opts.pidFile, setLevel: (level) => setLevel(debug ? 'debug' : level) });
+}
+
+/** What `start` adds for systemd (docs/systemd.md): the pid file and SIGHUP reloads of the -c file. */
+interface RunOptions {
+  configPath?: string | undefined;
+  load?: (path: string) => GatewayConfig;
+  pidFile?: string | undefined;
+  setLevel?: (level: LogLevel) => void;
+}
+
+const STOP_DEADLINE_MS = 5_000;
+
+/** Runs the configured services until SIGINT / SIGTERM; SIGHUP reloads the configuration (src/reload.ts). */
+async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions = {}): Promise<void> {
+  const log = logger('gateway');
+  const services = servicesFor(config, flags.roles);
+  if (services.length === 0) {
+    throw new GatewayError('GW_ERR_CONFIG_VALUE', 'the configuration enables no service, so there is nothing to start', {
+      hint: 'Set enabled: yes in at least one service section, or remove the sections to get the defaults (auth + proxy).',
+    });
+  }
+  try {
+    mkdirSync(config.gateway.data_dir, { recursive: true, mode: 0o700 });
+  } catch (err) {
+    throw new GatewayError('GW_ERR_CONFIG_VALUE', `cannot create data directory ${config.gateway.data_dir}: ${(err as Error).message}`, {
+      hint: 'Set gateway.data_dir to a directory this user can write, or run as a user that can create it.',
+      cause: err,
+    });
+  }
+  // Signals first, so that a stop request during start-up is not lost.
+  let stopRequested: ((signal: string) => void) | undefined;
+  const stopped = new Promise<string>((resolve) => (stopRequested = resolve));
+  // A second signal while stopping means "now": exit at once instead of waiting for the graceful stop.
+  let stopping = false;
+  const onSignal = (signal: string) => {
+    if (stopping) {
+      log.warn({ signal }, 'second stop signal: exiting now');
+      process.exit(1);
+    }
+    stopping = true;
+    stopRequested?.(signal);
+  };
+  process.on('SIGINT', () => onSignal('SIGINT'));
+  process.on('SIGTERM', () => onSignal('SIGTERM'));
+  const dataLock = acquireDataDirLock(config.gateway.data_dir);
+  let pidFile: PidFile | undefined;
+  try {
+    pidFile = run.pidFile ? acquirePidFile(run.pidFile) : undefined;
+  } catch (err) {
+    dataLock.release();
+    throw err;
+  }
+  let starting: Promise<Daemon> | undefined;
+  const reloads = installReload({
+    configPath: run.configPath,
+    ...(run.load ? { load: run.load } : {}),
+    running: config,
+    onReload: async (next, plan) => {
+      const daemon = await starting!;
+      if (channelsChanged(plan)) daemon.reload(next); // first: it is the step that can refuse the new values
+      if (plan.live.includes('gateway.log.severity')) run.setLevel?.(next.gateway.log.severity);
+    },
+  });
+  // Until every service holds sockets open, this timer is what keeps the daemon's event loop alive.
+  const alive = setInterval(() => undefined, 1 << 30);
+  try {
+    // The one place the daemon's environment variables are read (the Dialer keeps reading the proxy ones live).
+    starting = startDaemon(config, flags, daemonEnvironment(process.env));
+    const daemon = await starting;
+    process.stdout.write(startBanner(config, daemon));
+    log.info(
+      { nodename: config.gateway.nodename, data_dir: config.gateway.data_dir, services: daemon.services, addresses: daemon.addresses, host_id: daemon.hostIdentity?.hostId, pid_file: pidFile?.path },
+      'gateway started',
+    );
+    const signal = await stopped;
+    log.info({ signal }, 'stopping');
+    // Graceful, with a deadline: whatever still holds the process after it is logged and the process exits,
+    // rather than waiting for a service manager's SIGKILL.
+    const deadline = setTimeout(() => {
+      // What still keeps the event loop alive, by kind (public API: TCPSocketWrap, Timeout, FSReqCallback...).
+      log.warn({ open: process.getActiveResourcesInfo() }, `stop did not finish within ${STOP_DEADLINE_MS} ms; exiting`);
+      process.exit(0);
+    }, STOP_DEADLINE_MS);
+    deadline.unref();
+    await daemon.stop();
+  } finally {
+    reloads.close();
+    pidFile?.release();
+    dataLock.release();
+    clearInterval(alive);
+  }
+}
