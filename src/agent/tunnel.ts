@@ -84,7 +84,7 @@ interface ControlSide {
   /** Drop the transport (a dead path sends no FIN); the retry follows the close. */
   drop(): void;
   /** The Proxy asked for a reconnect: close and retry at once. */
-  reconnect(): void;
+  reconnect(reason: string): void;
   /** The Proxy refused this agent (v2). */
   refused(): void;
 }
@@ -280,8 +280,8 @@ export class TunnelAgent extends EventEmitter {
     this.runControl({
       control: session.control,
       drop: () => session.destroy(),
-      reconnect: () => {
-        this.log.info('the Proxy asked agents to reconnect');
+      reconnect: (reason) => {
+        this.log.info({ reason }, 'the Proxy asked agents to reconnect');
         onClosed('reconnect notice');
       },
       refused: () => {
@@ -358,24 +358,7 @@ export class TunnelAgent extends EventEmitter {
             client.end();
             return;
           }
-          this.runControl({
-            control,
-            // Drop the transport we handed ssh2, not only the SSH connection: a dead path delivers no FIN, and
-            // ending SSH alone would wait on it. The retry starts when ssh2 reports the close.
-            drop: () => {
-              transport.destroy();
-              client.end();
-            },
-            reconnect: () => {
-              this.log.info('the Proxy asked agents to reconnect');
-              client.removeAllListeners('close');
-              client.removeAllListeners('end'); // this path schedules the retry itself
-              client.once('close', () => undefined);
-              client.end();
-              this.emitClosedForReconnect();
-            },
-            refused: () => undefined, // v2 only
-          });
+          this.runControl(this.sshSide(client, control, transport));
         });
       });
     });
@@ -395,6 +378,28 @@ export class TunnelAgent extends EventEmitter {
         return ok;
       },
     });
+  }
+
+  /** The SSH connection as the control protocol drives it. */
+  private sshSide(client: ssh2.Client, control: Duplex, transport: Duplex): ControlSide {
+    return {
+      control,
+      // Drop the transport we handed ssh2, not only the SSH connection: a dead path delivers no FIN, and ending
+      // SSH alone would wait on it. The retry starts when ssh2 reports the close.
+      drop: () => {
+        transport.destroy();
+        client.end();
+      },
+      reconnect: (reason) => {
+        this.log.info({ reason }, 'the Proxy asked agents to reconnect');
+        client.removeAllListeners('close');
+        client.removeAllListeners('end'); // this path schedules the retry itself
+        client.once('close', () => undefined);
+        client.end();
+        this.emitClosedForReconnect();
+      },
+      refused: () => undefined, // v2 only
+    };
   }
 
   private control: Duplex | undefined;
@@ -470,7 +475,7 @@ export class TunnelAgent extends EventEmitter {
         this.emit('connected', m.proxyId);
         return;
       case 'reconnect':
-        side.reconnect();
+        side.reconnect(m.reason);
         return;
       case 'refused':
         side.refused();

@@ -219,14 +219,15 @@ export class TunnelServer extends EventEmitter {
     if (!node?.sshPublicKey) return refuse('unknown host ID (never joined this cluster, or removed)');
     if (!sameKey(socket, node.sshPublicKey)) return refuse('the key is not the one its host certificate certifies');
     const identity: Identity = { kind: 'host', name: hostId, cluster: this.options.auth.clusterName, roles: node.roles };
-    return (await this.trackAgent(identity, remote, link)) ? hostId : refuse('locked');
+    const revoked = await this.trackAgent(identity, remote, link);
+    return revoked ? refuse(revoked.message) : hostId;
   }
 
   /**
    * Tracks the agent's tunnel in auth.sessions (a lock drops it) before the lock check, so that a lock landing
-   * while the check runs still drops it. False when the identity is revoked now (logged).
+   * while the check runs still drops it. Why the identity is revoked now (then it is not tracked), if it is.
    */
-  private async trackAgent(identity: Identity, remote: string, link: Pick<AgentLink, 'end' | 'destroy' | 'onGone'>): Promise<boolean> {
+  private async trackAgent(identity: Identity, remote: string, link: Pick<AgentLink, 'end' | 'destroy' | 'onGone'>): Promise<GatewayError | undefined> {
     const untrack = this.options.auth.sessions.track(identity, `agent tunnel ${remote}`, (why) => {
       this.log.warn({ remote, hostId: identity.name, code: why.code, why: why.message }, 'agent tunnel dropped: identity revoked');
       link.end();
@@ -234,10 +235,8 @@ export class TunnelServer extends EventEmitter {
     });
     link.onGone(untrack);
     const revoked = await this.options.auth.revocationOf(identity);
-    if (!revoked) return true;
-    untrack();
-    this.log.warn({ remote, hostId: identity.name, why: revoked.message }, 'agent refused');
-    return false;
+    if (revoked) untrack();
+    return revoked;
   }
 
   // --- v1: SSH ---------------------------------------------------------------------------------------------------
@@ -318,7 +317,8 @@ export class TunnelServer extends EventEmitter {
     if (key.verify(ctx.blob!, ctx.signature, ctx.hashAlgo) !== true) return refuse('bad signature');
     const identity: Identity = { kind: 'host', name: ctx.username, cluster: this.options.auth.clusterName, roles: node.roles };
     const link = { end: () => conn.end(), destroy: () => this.endpoint.destroy(conn), onGone: (fn: () => void) => void conn.once('close', fn) };
-    return (await this.trackAgent(identity, remote, link)) ? ctx.username : undefined;
+    const revoked = await this.trackAgent(identity, remote, link);
+    return revoked ? refuse(revoked.message) : ctx.username;
   }
 
   // --- the registry and the control protocol ------------------------------------------------------------------
