@@ -519,6 +519,11 @@ export class TunnelAgent extends EventEmitter {
     }
     if (request.service === 'ssh' && this.options.serveSsh) {
       writeJsonLine(channel, { ok: true } satisfies DialAnswer);
+      // SSH has no half-close: the user's connection ending its side ends the session (ssh2 would wait for ever
+      // on a v2 stream, which keeps the other half open; a v1 channel closed whole).
+      channel.once('end', () => {
+        if (!channel.writableEnded) channel.end();
+      });
       this.options.serveSsh(channel, request);
       return;
     }
