@@ -5,11 +5,13 @@
  *                   (onStream). Stream 0, `control`, exists from the start at both ends (JSON lines).
  *   TunnelStream    a node:stream Duplex per stream, so pipe()/splice() and the line helpers work unchanged.
  *
- * Flow control: every stream (control included) starts with `window` bytes of credit in each direction. The
- * receiver gives credit back (WINDOW) only for bytes its consumer has taken out of the stream's buffer, once a
- * quarter of the window has been taken: a consumer that stops reading stops the sender after `window` bytes,
- * whatever the sender does (more is a protocol error that closes the tunnel). The sender sends at most its credit
- * and holds the rest, and the write callback of the chunk waits for it.
+ * Flow control: every stream (control included) starts with INITIAL_WINDOW bytes of credit in each direction, a
+ * constant of the protocol. Each receiver chooses its own window (`window`, 2 MiB by default) and grants the
+ * difference in a WINDOW frame as the stream opens, so the two ends need not agree on it. Then it gives credit
+ * back only for bytes its consumer has taken out of the stream's buffer, once a quarter of the window has been
+ * taken: a consumer that stops reading stops the sender after `window` bytes, whatever the sender does (more is
+ * a protocol error that closes the tunnel). The sender sends at most its credit and holds the rest, and the
+ * write callback of the chunk waits for it.
  *
  * The connection: frames of every stream are written to the socket as they come, corked for the rest of the tick
  * (one TLS write for many frames); a payload is written as is after its 9-byte header, never copied. When the
@@ -28,6 +30,8 @@ import { Duplex } from 'node:stream';
 import { GatewayError } from '../errors.js';
 import { CONTROL_STREAM, FrameDecoder, frameHeader, FrameType, MAX_FRAME_PAYLOAD, MAX_STREAM_ID, rstFrame, windowFrame, type FrameSink } from './frames.js';
 
+/** The credit every stream starts with, each way: part of the protocol, never changed (docs/tunnels.md). */
+export const INITIAL_WINDOW = 256 * 1024;
 export const DEFAULT_STREAM_WINDOW = 2 * 1024 * 1024;
 export const DEFAULT_MAX_STREAMS = 1024;
 /** The most credit a sender may hold (a WINDOW past it is a protocol error). */
@@ -36,7 +40,7 @@ const MAX_CREDIT = 0xffff_ffff;
 export interface TunnelSessionOptions {
   /** proxy: opens streams; agent: accepts the Proxy's OPENs. */
   role: 'proxy' | 'agent';
-  /** Initial credit of each stream, both ways (both ends must agree: it is not negotiated). */
+  /** The most this end buffers per stream (its receive window), at least INITIAL_WINDOW. */
   window?: number;
   /** Open streams (control excluded) beyond which an OPEN is refused with RST. */
   maxStreams?: number;
@@ -68,10 +72,9 @@ export class TunnelStream extends Duplex {
   constructor(
     readonly id: number,
     private readonly session: TunnelSession,
-    window: number,
   ) {
     super({ allowHalfOpen: true });
-    this.sendCredit = window;
+    this.sendCredit = INITIAL_WINDOW;
   }
 
   override _write(chunk: Buffer, _encoding: BufferEncoding, cb: WriteCallback): void {
@@ -168,11 +171,12 @@ export class TunnelSession implements FrameSink {
     readonly socket: Duplex,
     private readonly options: TunnelSessionOptions,
   ) {
-    this.streamWindow = options.window ?? DEFAULT_STREAM_WINDOW;
+    this.streamWindow = Math.max(INITIAL_WINDOW, Math.min(MAX_CREDIT, options.window ?? DEFAULT_STREAM_WINDOW));
     this.creditThreshold = Math.max(1, Math.floor(this.streamWindow / 4));
     this.maxStreams = options.maxStreams ?? DEFAULT_MAX_STREAMS;
-    this.control = new TunnelStream(CONTROL_STREAM, this, this.streamWindow);
+    this.control = new TunnelStream(CONTROL_STREAM, this);
     this.streams.set(CONTROL_STREAM, this.control);
+    this.grantWindow(CONTROL_STREAM);
     socket.on('data', this.onData);
     socket.on('drain', this.onDrain);
     socket.once('end', this.onEnd);
@@ -195,9 +199,10 @@ export class TunnelSession implements FrameSink {
     if (this.closed) throw new GatewayError('GW_ERR_TUNNEL_DOWN', 'the tunnel is closed');
     if (this.lastId >= MAX_STREAM_ID) throw new GatewayError('GW_ERR_TUNNEL_DOWN', 'the tunnel has used every stream ID; it must reconnect');
     const id = ++this.lastId;
-    const stream = new TunnelStream(id, this, this.streamWindow);
+    const stream = new TunnelStream(id, this);
     this.streams.set(id, stream);
     this.write(frameHeader(FrameType.OPEN, id, 0));
+    this.grantWindow(id);
     return stream;
   }
 
@@ -218,6 +223,11 @@ export class TunnelSession implements FrameSink {
   sendData(id: number, payload: Buffer): void {
     this.write(frameHeader(FrameType.DATA, id, payload.length));
     this.write(payload);
+  }
+
+  /** A new stream: the credit of this end's window beyond the protocol's initial one. */
+  private grantWindow(id: number): void {
+    if (this.streamWindow > INITIAL_WINDOW) this.sendWindow(id, this.streamWindow - INITIAL_WINDOW);
   }
 
   sendWindow(id: number, credit: number): void {
@@ -305,8 +315,9 @@ export class TunnelSession implements FrameSink {
       this.write(rstFrame(id, `too many streams (at most ${this.maxStreams})`));
       return;
     }
-    const stream = new TunnelStream(id, this, this.streamWindow);
+    const stream = new TunnelStream(id, this);
     this.streams.set(id, stream);
+    this.grantWindow(id);
     this.options.onStream?.(stream);
   }
 

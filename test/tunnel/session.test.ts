@@ -12,7 +12,7 @@ import type { Duplex } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { GatewayError } from '../../src/errors.js';
 import { frameHeader, FrameType, MAX_FRAME_PAYLOAD, windowFrame } from '../../src/tunnel/frames.js';
-import { TunnelSession, type TunnelSessionOptions, type TunnelStream } from '../../src/tunnel/session.js';
+import { INITIAL_WINDOW, TunnelSession, type TunnelSessionOptions, type TunnelStream } from '../../src/tunnel/session.js';
 import { waitUntil } from '../helpers/wait.js';
 
 const cleanups: Array<() => void> = [];
@@ -103,6 +103,18 @@ async function drain(r: Duplex): Promise<{ digest: string; bytes: number }> {
 }
 
 describe('TunnelSession over TCP', () => {
+  it('each end chooses its own window: a small one at one end, a large one at the other, both hold', async () => {
+    const [a, b] = await socketPair();
+    const proxy = new TunnelSession(a, { role: 'proxy', window: INITIAL_WINDOW });
+    let got: Promise<{ digest: string; bytes: number }> | undefined;
+    new TunnelSession(b, { role: 'agent', window: 8 * 1024 * 1024, onStream: (s) => void (got = drain(s)) });
+    const s = proxy.openStream();
+    s.resume();
+    const sent = await pump(s, 8 * 1024 * 1024);
+    await waitUntil('the stream arrived', () => got !== undefined);
+    expect((await got!).digest).toBe(sent);
+  });
+
   it('the control stream carries lines both ways from the start', async () => {
     const p = await pair();
     p.proxy.control.write('{"type":"welcome"}\n');
@@ -225,7 +237,7 @@ describe('TunnelSession over TCP', () => {
 });
 
 /** A session facing raw bytes from a peer the test plays. */
-async function facing(role: 'proxy' | 'agent', window = 1024 * 1024): Promise<{ session: TunnelSession; peer: net.Socket; closed: () => GatewayError | 'clean' | undefined; accepted: TunnelStream[] }> {
+async function facing(role: 'proxy' | 'agent', window = INITIAL_WINDOW): Promise<{ session: TunnelSession; peer: net.Socket; closed: () => GatewayError | 'clean' | undefined; accepted: TunnelStream[] }> {
   const [mine, peer] = await socketPair();
   let closed: GatewayError | 'clean' | undefined;
   const accepted: TunnelStream[] = [];
@@ -238,7 +250,7 @@ const data = (id: number, payload: Buffer) => Buffer.concat([frameHeader(FrameTy
 
 describe('hostile peers: protocol errors close the tunnel with GW_ERR_TUNNEL_PROTOCOL', () => {
   it.each([
-    ['DATA beyond the window', 'agent', () => Buffer.concat([frameHeader(FrameType.OPEN, 1, 0), data(1, Buffer.alloc(60_000)), data(1, Buffer.alloc(10_000))]), /beyond the window/],
+    ['DATA beyond the window', 'agent', () => Buffer.concat([frameHeader(FrameType.OPEN, 1, 0), data(1, Buffer.alloc(INITIAL_WINDOW - 10)), data(1, Buffer.alloc(11))]), /beyond the window/],
     ['DATA on a stream never opened', 'agent', () => data(5, Buffer.from('x')), /never opened/],
     ['a WINDOW for a stream never opened', 'proxy', () => windowFrame(9, 100), /never opened/],
     ['an OPEN from the agent', 'proxy', () => frameHeader(FrameType.OPEN, 1, 0), /OPEN from the agent/],
@@ -249,7 +261,7 @@ describe('hostile peers: protocol errors close the tunnel with GW_ERR_TUNNEL_PRO
     ['a window overflow', 'agent', () => Buffer.concat([windowFrame(0, 0xffff_0000), windowFrame(0, 0xffff_0000)]), /overflow/],
     ['garbage after the handshake', 'agent', () => Buffer.from('GET / HTTP/1.1\r\nHost: x\r\n\r\n'), /unknown frame type|at most/],
   ] as const)('%s', async (_what, role, bytes, message) => {
-    const f = await facing(role, 64 * 1024);
+    const f = await facing(role);
     f.peer.write(bytes());
     await waitUntil('the session closed', () => f.closed() !== undefined);
     const err = f.closed();
