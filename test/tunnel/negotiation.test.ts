@@ -10,10 +10,13 @@
  *   - hostile: a v2 agent with a certificate of another cluster, of a host the cluster does not know, of its own
  *     host ID with another key, or of a locked host, is refused: the agent reports GW_ERR_TUNNEL_AUTH with a hint,
  *     and the Proxy holds no tunnel for it.
+ *   - hostile v2 peers with a valid certificate: garbage, an OPEN from the agent, an oversize frame, a first control
+ *     line that is not a hello, a hello for another host: the Proxy closes the connection and registers nobody.
  */
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
+import tls from 'node:tls';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
@@ -33,7 +36,8 @@ import { VersionServer } from '../../src/proxy/versions.js';
 import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole, type ProxyRole } from '../../src/roles/proxy.js';
-import { TUNNEL_ALPN_V1 } from '../../src/tunnel/protocol.js';
+import { frameHeader, FrameType } from '../../src/tunnel/frames.js';
+import { TUNNEL_ALPN_V1, TUNNEL_ALPN_V2 } from '../../src/tunnel/protocol.js';
 import { VERSION } from '../../src/version.js';
 import { waitUntil } from '../helpers/wait.js';
 
@@ -221,5 +225,43 @@ describe('v2 authentication refuses (hostile)', () => {
     await auth.auth.createLock(auth.auth.adminIdentity(), { target: { node: identity.hostId } });
     const { failures } = startAgent(identity, { tunnelProtocols: ['v1'] });
     await waitUntil('a refusal', () => failures.some((f) => f.code === 'GW_ERR_TUNNEL_AUTH'));
+  });
+});
+
+describe('v2 hostile peers at the Proxy', () => {
+  /** A TLS connection as the agent makes it (its certificate, ALPN v2), then bytes of the test's choosing. */
+  async function connectAs(identity: HostIdentity): Promise<tls.TLSSocket> {
+    const [host, port] = proxyAddr.split(':');
+    const socket = tls.connect({ host, port: Number(port), ALPNProtocols: [TUNNEL_ALPN_V2], ca: identity.hostCa, cert: identity.cert, key: identity.key, servername: 'localhost', checkServerIdentity: () => undefined });
+    socket.on('error', () => undefined);
+    await once(socket, 'secureConnect');
+    expect(socket.alpnProtocol).toBe(TUNNEL_ALPN_V2);
+    return socket;
+  }
+
+  it.each([
+    ['garbage after the handshake', Buffer.from('SSH-2.0-OpenSSH_9.2\r\n')],
+    ['an OPEN from the agent', frameHeader(FrameType.OPEN, 1, 0)],
+    ['a frame over the cap', frameHeader(FrameType.DATA, 0, 0x7fff_ffff)],
+    ['a first control line that is not a hello', Buffer.concat([frameHeader(FrameType.DATA, 0, 21), Buffer.from('{"type":"heartbeat"}\n')])],
+  ])('%s: the Proxy closes the connection, and no agent is registered', async (_what, bytes) => {
+    const identity = await joinHost(proxyAddr);
+    const socket = await connectAs(identity);
+    socket.resume();
+    socket.write(bytes);
+    await waitUntil('the Proxy closed the connection', () => socket.destroyed || socket.readableEnded);
+    expect(proxy.tunnels.get(identity.hostId)).toBeUndefined();
+  });
+
+  it('a hello for another host than the certificate names is refused, the host of the certificate stays unregistered', async () => {
+    const identity = await joinHost(proxyAddr);
+    const other = await joinHost(proxyAddr);
+    const socket = await connectAs(identity);
+    socket.resume();
+    const hello = Buffer.from(`${JSON.stringify({ type: 'hello', version: 1, hostId: other.hostId, nodename: 'x', services: ['db'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] } })}\n`);
+    socket.write(Buffer.concat([frameHeader(FrameType.DATA, 0, hello.length), hello]));
+    await waitUntil('the Proxy closed the connection', () => socket.destroyed || socket.readableEnded);
+    expect(proxy.tunnels.get(identity.hostId)).toBeUndefined();
+    expect(proxy.tunnels.get(other.hostId)).toBeUndefined();
   });
 });
