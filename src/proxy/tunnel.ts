@@ -47,7 +47,7 @@ import {
   type HelloMessage,
   type ServiceKind,
 } from '../tunnel/protocol.js';
-import { TunnelSession } from '../tunnel/session.js';
+import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 
 /** One agent's tunnel as the registry uses it, whichever protocol carries it. */
 export interface AgentLink {
@@ -465,6 +465,9 @@ export class TunnelServer extends EventEmitter {
       answer = JSON.parse(line) as DialAnswer;
     } catch (e) {
       stream.destroy();
+      // A v2 stream the agent reset says why (too many streams on the tunnel, for one).
+      const reset = (stream as Partial<TunnelStream>).resetReason;
+      if (reset !== undefined) throw new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `agent "${agent.nodename}" reset the stream to ${request.service} "${request.resource}": ${reset}`);
       throw e instanceof GatewayError ? e : new GatewayError('GW_ERR_TUNNEL_PROTOCOL', String(e));
     }
     if (answer.ok) return stream;
