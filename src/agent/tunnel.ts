@@ -1,13 +1,17 @@
 /**
  * The agent side of the reverse tunnel: dial out to the Proxy (through the Dialer, so through HTTPS_PROXY),
- * keep one SSH connection up, heartbeat, and serve the connections the Proxy forwards by connecting to the
- * resource each dial request names.
+ * keep one tunnel up, heartbeat, and serve the connections the Proxy forwards by connecting to the resource
+ * each dial request names.
  *
  *   find     GET /webapi/find on the Proxy (TLS verified against the cluster's host CA, host certificate); the
- *            answer is kept for later attempts until one fails before SSH is up
- *   dial     TLS routing: the web address with ALPN gateway-reversetunnel (TLS client cert = host cert);
+ *            answer is kept for later attempts until one fails before the tunnel is up
+ *   dial     TLS routing: the web address, offering ALPN gateway-reversetunnel-v2 then gateway-reversetunnel
+ *            (TLS client cert = host cert; the Proxy's certificate must be from the cluster's host CA);
  *            separate listeners: raw SSH to ssh_tunnel_public_addr
- *   ssh      user = host ID, key = the host key; the Proxy's SSH host key must be the one /webapi/find lists
+ *   v2       the Proxy chose gateway-reversetunnel-v2: frames over that TLS connection (src/tunnel/session.ts),
+ *            the agent authenticated by its certificate alone; a refusal arrives as `refused`
+ *   ssh      otherwise (a Proxy of an earlier version, or 3024): SSH, user = host ID, key = the host key; on raw
+ *            SSH the Proxy's SSH host key must be the one /webapi/find lists
  *   control  hello, heartbeats and audit events out; welcome, discovery, maintenance-changed and reconnect in
  *            (read through src/tunnel/control.ts: a line over the cap drops the tunnel, unknown lines are ignored)
  *   retry    with backoff and jitter: first retry within 0.25-0.5 s, doubling, capped at 5 s; a reconnect
@@ -21,7 +25,6 @@
 import { EventEmitter } from 'node:events';
 import type { Duplex } from 'node:stream';
 import ssh2 from 'ssh2';
-import type { ClientChannel } from 'ssh2';
 import { parseAddr } from '../addr.js';
 import { sshPrivateKeyPem } from '../auth/pki.js';
 import { ApiClient } from '../client/api.js';
@@ -37,6 +40,8 @@ import { Heartbeat, readControl } from '../tunnel/control.js';
 import {
   CONTROL_SUBSYSTEM,
   PROTOCOL_VERSION,
+  TUNNEL_ALPN_V1,
+  TUNNEL_ALPN_V2,
   TUNNEL_BIND,
   type AgentResources,
   type ControlMessage,
@@ -44,6 +49,7 @@ import {
   type DialRequest,
   type ServiceKind,
 } from '../tunnel/protocol.js';
+import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import type { HostIdentity } from './identity.js';
 
 /** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
@@ -66,6 +72,21 @@ export interface TunnelAgentOptions {
   holds?: () => string[];
   /** Waited for before every dial (the pool's dial rate). */
   gate?: () => Promise<void>;
+  /** The tunnel protocols offered over TLS, preferred first (default v2, v1; tests play an older agent with v1). */
+  tunnelProtocols?: ReadonlyArray<'v1' | 'v2'>;
+  /** v2 streams' initial credit, both ways (src/tunnel/session.ts). */
+  streamWindow?: number;
+}
+
+/** The tunnel that is up, as the control protocol drives it (SSH or v2). */
+interface ControlSide {
+  control: Duplex;
+  /** Drop the transport (a dead path sends no FIN); the retry follows the close. */
+  drop(): void;
+  /** The Proxy asked for a reconnect: close and retry at once. */
+  reconnect(reason: string): void;
+  /** The Proxy refused this agent (v2). */
+  refused(): void;
 }
 
 export interface FindResponse {
@@ -79,6 +100,7 @@ export type TunnelState = 'connecting' | 'connected' | 'waiting' | 'stopped';
 export class TunnelAgent extends EventEmitter {
   private readonly log = logger('tunnel-agent');
   private client: ssh2.Client | undefined;
+  private session: TunnelSession | undefined;
   private state: TunnelState = 'waiting';
   private stopped = false;
   private attempt = 0;
@@ -160,23 +182,28 @@ export class TunnelAgent extends EventEmitter {
     return api.call<FindResponse>('GET', '/webapi/find');
   }
 
-  private async openTransport(find: FindResponse): Promise<Duplex> {
+  /** The transport to the Proxy, and whether it speaks v2 (the Proxy chose its ALPN) or SSH. */
+  private async openTransport(find: FindResponse): Promise<{ transport: Duplex; v2: boolean }> {
     const { identity, dialer } = this.options;
     if (find.proxy.tls_routing_enabled) {
       const addr = find.proxy.ssh.public_addr || identity.server;
+      const offered: string[] = (this.options.tunnelProtocols ?? ['v2', 'v1']).map((v) => (v === 'v2' ? TUNNEL_ALPN_V2 : TUNNEL_ALPN_V1));
       const raw = await dialer.dial(addr);
-      const socket = await connectTls(raw, { ALPNProtocols: ['gateway-reversetunnel'], ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host }).catch((err: Error) => {
+      const socket = await connectTls(raw, { ALPNProtocols: offered, ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host }).catch((err: Error) => {
         throw (
           tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
           new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err })
         );
       });
-      if (socket.alpnProtocol !== 'gateway-reversetunnel') throw new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN gateway-reversetunnel`);
-      return socket;
+      if (!socket.alpnProtocol || !offered.includes(socket.alpnProtocol)) {
+        socket.destroy();
+        throw new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN ${offered.join(' or ')}`);
+      }
+      return { transport: socket, v2: socket.alpnProtocol === TUNNEL_ALPN_V2 };
     }
     const addr = find.proxy.ssh.ssh_tunnel_public_addr;
     if (!addr) throw new GatewayError('GW_ERR_TUNNEL_DOWN', 'the Proxy advertises no reverse-tunnel address');
-    return dialer.dial(addr);
+    return { transport: await dialer.dial(addr), v2: false };
   }
 
   private async connect(): Promise<void> {
@@ -185,6 +212,7 @@ export class TunnelAgent extends EventEmitter {
     if (this.stopped) return;
     this.setState('connecting');
     let transport: Duplex;
+    let v2: boolean;
     let find: FindResponse;
     let aborted = false;
     this.closeCurrent = () => (aborted = true);
@@ -193,7 +221,7 @@ export class TunnelAgent extends EventEmitter {
       // that alternated find and tunnel connections would send the tunnels to every other Proxy only).
       find = this.found ?? (await this.find());
       this.found = find;
-      transport = await this.openTransport(find);
+      ({ transport, v2 } = await this.openTransport(find));
     } catch (err) {
       this.found = undefined;
       const e = toGatewayError(err);
@@ -207,7 +235,62 @@ export class TunnelAgent extends EventEmitter {
       if (!this.stopped) this.scheduleRetry();
       return;
     }
-    this.openSsh(find, transport);
+    if (v2) this.openSession(find, transport);
+    else this.openSsh(find, transport);
+  }
+
+  /** v2: a TunnelSession on the TLS connection; the Proxy's streams are served as SSH channels are. */
+  private openSession(find: FindResponse, socket: Duplex): void {
+    let closed = false;
+    const onClosed = (reason: string) => {
+      if (closed) return;
+      closed = true;
+      socket.destroy();
+      this.heartbeat?.stop();
+      for (const ch of this.channels) ch.destroy();
+      this.channels.clear();
+      if (this.session === session) {
+        this.session = undefined;
+        this.heldProxy = undefined;
+        this.closeCurrent = undefined;
+      }
+      if (reason === 'refused') this.found = undefined; // as when SSH refuses: ask again where the tunnel is, and how
+      else if (reason !== 'duplicate' && reason !== 'reconnect notice') this.log.warn({ reason }, 'reverse tunnel closed');
+      this.emit('disconnected', reason);
+      this.scheduleRetry(reason === 'reconnect notice');
+    };
+    const session = new TunnelSession(socket, {
+      role: 'agent',
+      ...(this.options.streamWindow ? { window: this.options.streamWindow } : {}),
+      onStream: (stream: TunnelStream) => {
+        this.channels.add(stream);
+        stream.once('close', () => this.channels.delete(stream));
+        void this.serveChannel(stream);
+      },
+      onClose: (err) => {
+        if (err) {
+          this.log.warn({ code: err.code, err: err.message }, 'the Proxy broke the tunnel protocol; reconnecting');
+          this.emit('failure', err);
+        }
+        onClosed(err ? err.message : 'connection closed');
+      },
+    });
+    this.session = session;
+    this.closeCurrent = (reason = 'dropped by the agent') => onClosed(reason);
+    this.runControl({
+      control: session.control,
+      drop: () => session.destroy(),
+      reconnect: (reason) => {
+        this.log.info({ reason }, 'the Proxy asked agents to reconnect');
+        onClosed('reconnect notice');
+      },
+      refused: () => {
+        const e = refusedError(this.options.identity, find);
+        this.log.warn({ code: e.code, err: e.message, hint: e.hint }, 'the Proxy refused this agent');
+        this.emit('failure', e);
+        onClosed('refused');
+      },
+    });
   }
 
   /** SSH over the transport, then the forward and the control channel; a retry is scheduled when it closes. */
@@ -275,7 +358,7 @@ export class TunnelAgent extends EventEmitter {
             client.end();
             return;
           }
-          this.runControl(client, control, transport);
+          this.runControl(this.sshSide(client, control, transport));
         });
       });
     });
@@ -297,7 +380,29 @@ export class TunnelAgent extends EventEmitter {
     });
   }
 
-  private control: ClientChannel | undefined;
+  /** The SSH connection as the control protocol drives it. */
+  private sshSide(client: ssh2.Client, control: Duplex, transport: Duplex): ControlSide {
+    return {
+      control,
+      // Drop the transport we handed ssh2, not only the SSH connection: a dead path delivers no FIN, and ending
+      // SSH alone would wait on it. The retry starts when ssh2 reports the close.
+      drop: () => {
+        transport.destroy();
+        client.end();
+      },
+      reconnect: (reason) => {
+        this.log.info({ reason }, 'the Proxy asked agents to reconnect');
+        client.removeAllListeners('close');
+        client.removeAllListeners('end'); // this path schedules the retry itself
+        client.once('close', () => undefined);
+        client.end();
+        this.emitClosedForReconnect();
+      },
+      refused: () => undefined, // v2 only
+    };
+  }
+
+  private control: Duplex | undefined;
   private readonly pendingEvents: Array<Record<string, unknown>> = [];
 
   /** Sends an audit event to the Proxy (queued, at most 1 000, while the tunnel is down). */
@@ -315,8 +420,9 @@ export class TunnelAgent extends EventEmitter {
     return this.heartbeatIntervalMs * (this.heartbeatCountMax + 1);
   }
 
-  private runControl(client: ssh2.Client, control: ClientChannel, transport: Duplex): void {
+  private runControl(side: ControlSide): void {
     const { identity } = this.options;
+    const { control, drop } = side;
     this.control = control;
     control.once('close', () => {
       if (this.control === control) this.control = undefined;
@@ -331,12 +437,6 @@ export class TunnelAgent extends EventEmitter {
       resources: this.options.resources,
       ...(this.options.holds ? { holds: this.options.holds() } : {}),
     });
-    // Drop the transport we handed ssh2, not only the SSH connection: a dead path delivers no FIN, and ending
-    // SSH alone would wait on it. The retry starts when ssh2 reports the close.
-    const drop = () => {
-      transport.destroy();
-      client.end();
-    };
     // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
     // a balancer that dropped the flow without a reset). Anything it sends counts as a sign of life.
     const heartbeat = new Heartbeat({
@@ -351,7 +451,7 @@ export class TunnelAgent extends EventEmitter {
     control.on('data', () => heartbeat.heard());
     readControl(
       control,
-      (m) => this.onControlMessage(m, client, heartbeat, send),
+      (m) => this.onControlMessage(m, side, heartbeat, send),
       (err) => {
         this.log.warn({ code: err.code, err: err.message }, 'the Proxy broke the control protocol; reconnecting');
         drop();
@@ -359,7 +459,7 @@ export class TunnelAgent extends EventEmitter {
     );
   }
 
-  private onControlMessage(m: ControlMessage, client: ssh2.Client, heartbeat: Heartbeat, send: (m: ControlMessage) => void): void {
+  private onControlMessage(m: ControlMessage, side: ControlSide, heartbeat: Heartbeat, send: (m: ControlMessage) => void): void {
     switch (m.type) {
       case 'welcome':
         this.attempt = 0;
@@ -375,12 +475,10 @@ export class TunnelAgent extends EventEmitter {
         this.emit('connected', m.proxyId);
         return;
       case 'reconnect':
-        this.log.info({ reason: m.reason }, 'the Proxy asked agents to reconnect');
-        client.removeAllListeners('close');
-        client.removeAllListeners('end'); // this path schedules the retry itself
-        client.once('close', () => undefined);
-        client.end();
-        this.emitClosedForReconnect();
+        side.reconnect(m.reason);
+        return;
+      case 'refused':
+        side.refused();
         return;
       case 'duplicate':
         // The Proxy already holds a tunnel of this agent (another of its pool's): this one closes, and the
@@ -421,6 +519,11 @@ export class TunnelAgent extends EventEmitter {
     }
     if (request.service === 'ssh' && this.options.serveSsh) {
       writeJsonLine(channel, { ok: true } satisfies DialAnswer);
+      // SSH has no half-close: the user's connection ending its side ends the session (ssh2 would wait for ever
+      // on a v2 stream, which keeps the other half open; a v1 channel closed whole).
+      channel.once('end', () => {
+        if (!channel.writableEnded) channel.end();
+      });
       this.options.serveSsh(channel, request);
       return;
     }
@@ -444,13 +547,14 @@ export class TunnelAgent extends EventEmitter {
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.heartbeat?.stop();
     this.client?.end();
+    this.session?.end();
     this.heldProxy = undefined;
     this.setState('stopped');
   }
 }
 
 /**
- * The Proxy refused the agent's SSH authentication. SSH does not say why; what the agent can tell is whether its
+ * The Proxy refused the agent (SSH authentication, or `refused` on v2). Neither says why; what the agent can tell is whether its
  * identity is from the cluster the Proxy serves (GET /webapi/find names it).
  */
 function refusedError(identity: HostIdentity, find: FindResponse): GatewayError {

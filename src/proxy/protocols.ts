@@ -80,7 +80,9 @@ export const PROTOCOLS: readonly Protocol[] = Object.freeze([
   // HTTP apps under their public address are the web route's resources.
   { name: 'web', kind: 'web', on: { alpn: ['http/1.1', 'h2'], noAlpn: true }, ping: false, access: ['app'], listener: { name: 'web', key: 'web_listen_addr', accepts: 'tls' } },
   { name: 'ssh', kind: 'ssh', on: { sniffed: 'ssh' }, ping: false, access: ['node'], listener: { name: 'ssh', key: 'listen_addr', accepts: 'raw' } },
-  { name: 'gateway-reversetunnel', kind: 'tunnel', on: { alpn: ['gateway-reversetunnel'] }, ping: false, access: [], listener: { name: 'tunnel', key: 'tunnel_listen_addr', accepts: 'raw' } },
+  // Reverse tunnels: v2 (frames over mutual TLS) and v1 (SSH over TLS, agents of earlier versions); an agent offers
+  // both, v2 first, and the client's order decides. The separate listener (3024) is raw SSH, v1.
+  { name: 'gateway-reversetunnel', kind: 'tunnel', on: { alpn: ['gateway-reversetunnel-v2', 'gateway-reversetunnel'] }, ping: false, access: [], listener: { name: 'tunnel', key: 'tunnel_listen_addr', accepts: 'raw' } },
   database('mysql', 'mysql'),
   database('postgres', 'postgres'),
   database('mongodb', 'mongo'),

@@ -1,25 +1,32 @@
 /**
- * The Proxy's end of reverse tunnels (the protocol: src/tunnel/): an SSH server (ssh2) fed with streams from the front door (TLS with ALPN
- * gateway-reversetunnel on 443, or raw SSH on 3024), a registry of connected agents and what they serve, and
- * dialing through an agent's tunnel.
+ * The Proxy's end of reverse tunnels (the protocol: src/tunnel/), fed with streams from the front door, a registry
+ * of connected agents and what they serve, and dialing through an agent's tunnel. Two protocols, by the ALPN the
+ * agent and the front door agreed on:
  *
- * Authentication: the SSH user name is the agent's host ID and its key must be the one its host certificate
- * certifies (recorded at join). When the stream came over TLS with a client certificate, that certificate must
- * name the same host of this cluster. The agent must still be a member and not locked (AuthService.revocationOf);
+ *   v2  gateway-reversetunnel-v2 (443): frames straight over the mutual-TLS connection (src/tunnel/session.ts).
+ *       The TLS client certificate, verified against the cluster's CAs, must be a host certificate of this
+ *       cluster whose key is the one recorded at join.
+ *   v1  gateway-reversetunnel (443, agents of earlier versions) and raw SSH on 3024: an SSH server (ssh2). The SSH
+ *       user name is the agent's host ID and its key must be the one its host certificate certifies; over TLS
+ *       with a client certificate, that certificate must name the same host of this cluster.
+ *
+ * Both register the same ConnectedAgent (its `link`: the control channel, streams, end, destroy). The agent
+ * must still be a member and not locked (AuthService.revocationOf);
  * its tunnel is tracked in auth.sessions, so a lock on it drops the tunnel, and reconnects are refused while the
  * lock lasts. An agent keeps one tunnel per Proxy: a new one replaces the one it had here, unless its hello says
  * it still holds that one (holds: an agent pool behind a load balancer that landed here again), then the new
  * one is answered `duplicate` and closed. Liveness: the agent sends a heartbeat every interval; after countMax
- * intervals without one the proxy marks it offline and drops the connection. The control channel is read
+ * intervals without one the proxy marks it offline and drops the connection. One timer of the TunnelServer
+ * sends every agent its heartbeat and drops the silent ones (not one timer per agent). The control channel is read
  * through src/tunnel/control.ts: a line over the cap closes the connection, unknown messages are ignored.
  */
-import { randomUUID } from 'node:crypto';
+import { randomUUID, X509Certificate } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
-import { identityFromCert, type Identity } from '../auth/pki.js';
+import { identityFromCert, sshPublicKeyFromPem, type Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
@@ -27,10 +34,11 @@ import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
 import type { ClusterView } from './cluster.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
-import { Heartbeat, parseControlMessage, readControl } from '../tunnel/control.js';
+import { parseControlMessage, readControl } from '../tunnel/control.js';
 import {
   CONTROL_SUBSYSTEM,
   PROTOCOL_VERSION,
+  TUNNEL_ALPN_V2,
   TUNNEL_BIND,
   type AgentResources,
   type ControlMessage,
@@ -39,6 +47,22 @@ import {
   type HelloMessage,
   type ServiceKind,
 } from '../tunnel/protocol.js';
+import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
+
+/** One agent's tunnel as the registry uses it, whichever protocol carries it. */
+export interface AgentLink {
+  readonly protocol: 1 | 2;
+  /** The control channel: JSON lines both ways. */
+  readonly control: Duplex;
+  /** A new stream to the agent for one client connection (the caller writes the DialRequest next). */
+  open(srcIp: string, srcPort: number): Promise<Duplex>;
+  /** Ends the tunnel after what is queued. */
+  end(): void;
+  /** Drops the transport now (a peer that stopped answering sends no FIN). */
+  destroy(): void;
+  /** fn runs once the tunnel is gone (possibly more than once: callers guard). */
+  onGone(fn: () => void): void;
+}
 
 export interface ConnectedAgent {
   hostId: string;
@@ -48,8 +72,7 @@ export interface ConnectedAgent {
   connectedAt: Date;
   lastHeartbeat: Date;
   remote: string;
-  conn: Connection;
-  control: ServerChannel;
+  link: AgentLink;
 }
 
 export interface TunnelServerOptions {
@@ -67,6 +90,8 @@ export interface TunnelServerOptions {
   deadlines?: SshDeadlines;
   /** The cluster's Proxies and tunnel strategy: what discovery tells agents (else this Proxy alone, agent_mesh). */
   cluster?: Pick<ClusterView, 'proxies' | 'strategy' | 'on'>;
+  /** v2 streams' initial credit, both ways (src/tunnel/session.ts). */
+  streamWindow?: number;
 }
 
 /** What the front door knows about a tunnel stream: where it came from and the TLS client certificate, if any. */
@@ -75,14 +100,24 @@ interface TunnelMeta {
   tlsIdentity?: { name: string; cluster: string } | Error;
 }
 
+/** An agent in the registry, with what the heartbeat sweep needs. */
+interface Registered {
+  agent: ConnectedAgent;
+  lastHeardMs: number;
+  gone: () => void;
+}
+
 const DEFAULT_DEADLINES: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_000 };
 
 export class TunnelServer extends EventEmitter {
   readonly proxyId: string;
-  private readonly agents = new Map<string, ConnectedAgent>();
+  private readonly agents = new Map<string, Registered>();
   private readonly endpoint: SshEndpoint<TunnelMeta | undefined>;
   private readonly log = logger('tunnel');
   private closing = false;
+  /** The one heartbeat timer of every agent's tunnel (runs while any agent is connected). */
+  private sweepTimer: NodeJS.Timeout | undefined;
+  private heartbeatSeq = 0;
 
   constructor(private readonly options: TunnelServerOptions) {
     super();
@@ -93,14 +128,13 @@ export class TunnelServer extends EventEmitter {
       deadlines: options.deadlines ?? DEFAULT_DEADLINES,
       onConnection: (conn, meta) => this.onConnection(conn, meta),
     });
-    this.unwatch = options.auth.watchMaintenance(() => {
-      for (const agent of this.agents.values()) writeJsonLine(agent.control, { type: 'maintenance-changed' } satisfies ControlMessage);
-    });
+    this.unwatch = options.auth.watchMaintenance(() => this.broadcast({ type: 'maintenance-changed' }));
     // A Proxy joined or left, or the strategy changed: every agent hears the new list.
-    options.cluster?.on('proxies', () => {
-      const discovery = this.discovery();
-      for (const agent of this.agents.values()) writeJsonLine(agent.control, discovery);
-    });
+    options.cluster?.on('proxies', () => this.broadcast(this.discovery()));
+  }
+
+  private broadcast(m: ControlMessage): void {
+    for (const { agent } of this.agents.values()) writeJsonLine(agent.link.control, m);
   }
 
   /** The discovery message: every live Proxy of the cluster and how agents keep their tunnels. */
@@ -112,88 +146,125 @@ export class TunnelServer extends EventEmitter {
 
   private readonly unwatch: () => void;
 
-  /** For the front door: a stream that is (or carries) an agent's SSH connection. */
+  /** For the front door: a stream that is (or carries) an agent's tunnel; v2 by its TLS ALPN, else SSH. */
   handle = (stream: Duplex, info: ConnInfo): void => {
     if (this.closing) {
       stream.destroy();
       return;
     }
+    if ((stream as TLSSocket).alpnProtocol === TUNNEL_ALPN_V2) return this.acceptV2(stream as TLSSocket, info);
     const tlsIdentity = peerHostIdentity(stream as TLSSocket);
     this.endpoint.inject(stream, { info, ...(tlsIdentity ? { tlsIdentity } : {}) });
   };
 
   list(): ConnectedAgent[] {
-    return [...this.agents.values()];
+    return [...this.agents.values()].map((r) => r.agent);
   }
 
   get(hostId: string): ConnectedAgent | undefined {
-    return this.agents.get(hostId);
+    return this.agents.get(hostId)?.agent;
   }
+
+  /** How many agents hold a tunnel of each protocol (tests, benchmarks). */
+  protocols(): { v1: number; v2: number } {
+    let v2 = 0;
+    for (const { agent } of this.agents.values()) if (agent.link.protocol === 2) v2++;
+    return { v1: this.agents.size - v2, v2 };
+  }
+
+  // --- v2: frames over mutual TLS ------------------------------------------------------------------------------
+
+  private acceptV2(socket: TLSSocket, info: ConnInfo): void {
+    const remote = `${info.remoteAddress}:${info.remotePort}`;
+    const link = new SessionLink(socket, this.options.streamWindow, (err) => {
+      if (err) this.log.warn({ remote, err: err.message }, 'agent broke the tunnel protocol; closing');
+    });
+    const timeoutMs = this.options.helloTimeoutMs ?? 15_000;
+    const hello = readLine(link.control, { what: 'hello', timeoutMs }).then((line) => parseControlMessage(line));
+    hello.catch(() => undefined); // read below, after the authentication
+    this.authenticateV2(socket, remote, link)
+      .then(async (hostId) => {
+        if (hostId === undefined) {
+          writeJsonLine(link.control, { type: 'refused' } satisfies ControlMessage);
+          link.end();
+          return;
+        }
+        const m = await hello;
+        if (m?.type !== 'hello' || m.hostId !== hostId) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the first control message must be a hello for the authenticated host');
+        this.register(link, m, remote);
+      })
+      .catch((err: unknown) => {
+        this.log.warn({ remote, err: (err as Error).message }, 'bad control channel; closing');
+        link.end();
+      });
+  }
+
+  /**
+   * The agent of a v2 tunnel: its TLS client certificate must be a host certificate of this cluster (verified by
+   * the front door against the cluster's CAs) for a host that joined with this very key, and is neither removed
+   * nor locked. Resolves with its host ID, or undefined when refused (the reason is logged).
+   */
+  private async authenticateV2(socket: TLSSocket, remote: string, link: AgentLink): Promise<string | undefined> {
+    const tlsIdentity = peerHostIdentity(socket);
+    let hostId: string | undefined;
+    const refuse = (why: string) => {
+      this.log.warn({ remote, hostId, why }, 'agent refused');
+      return undefined;
+    };
+    if (!tlsIdentity) return refuse('no TLS client certificate');
+    if (tlsIdentity instanceof Error) return refuse(tlsIdentity.message);
+    hostId = tlsIdentity.name;
+    if (tlsIdentity.cluster !== this.options.auth.clusterName) return refuse(`the TLS client certificate is of cluster "${tlsIdentity.cluster}"`);
+    const node = await this.options.auth.getNode(hostId).catch(() => undefined);
+    if (!node?.sshPublicKey) return refuse('unknown host ID (never joined this cluster, or removed)');
+    if (!sameKey(socket, node.sshPublicKey)) return refuse('the key is not the one its host certificate certifies');
+    const identity: Identity = { kind: 'host', name: hostId, cluster: this.options.auth.clusterName, roles: node.roles };
+    const revoked = await this.trackAgent(identity, remote, link);
+    return revoked ? refuse(revoked.message) : hostId;
+  }
+
+  /**
+   * Tracks the agent's tunnel in auth.sessions (a lock drops it) before the lock check, so that a lock landing
+   * while the check runs still drops it. Why the identity is revoked now (then it is not tracked), if it is.
+   */
+  private async trackAgent(identity: Identity, remote: string, link: Pick<AgentLink, 'end' | 'destroy' | 'onGone'>): Promise<GatewayError | undefined> {
+    const untrack = this.options.auth.sessions.track(identity, `agent tunnel ${remote}`, (why) => {
+      this.log.warn({ remote, hostId: identity.name, code: why.code, why: why.message }, 'agent tunnel dropped: identity revoked');
+      link.end();
+      setTimeout(() => link.destroy(), 1000).unref();
+    });
+    link.onGone(untrack);
+    const revoked = await this.options.auth.revocationOf(identity);
+    if (revoked) untrack();
+    return revoked;
+  }
+
+  // --- v1: SSH ---------------------------------------------------------------------------------------------------
 
   private onConnection(conn: Connection, meta: TunnelMeta | undefined): void {
     const remote = meta ? `${meta.info.remoteAddress}:${meta.info.remotePort}` : 'unknown';
-    let hostId: string | undefined;
-    const refuse = (why: string) => this.log.warn({ remote, hostId, why }, 'agent refused');
-
+    const state: { hostId?: string; link?: SshLink } = {};
     conn.on('authentication', (ctx) => {
-      void (async () => {
-        if (ctx.method !== 'publickey') return ctx.reject(['publickey']);
-        const node = await this.options.auth.getNode(ctx.username).catch(() => undefined);
-        if (!node?.sshPublicKey) {
-          refuse('unknown host ID (never joined this cluster, or removed)');
-          return ctx.reject();
-        }
-        if (meta?.tlsIdentity instanceof Error) {
-          refuse(meta.tlsIdentity.message);
-          return ctx.reject();
-        }
-        if (meta?.tlsIdentity && (meta.tlsIdentity.name !== ctx.username || meta.tlsIdentity.cluster !== this.options.auth.clusterName)) {
-          refuse('the TLS client certificate names another host or cluster');
-          return ctx.reject();
-        }
-        const parsed = ssh2.utils.parseKey(node.sshPublicKey);
-        const key = Array.isArray(parsed) ? parsed[0] : parsed;
-        if (!key || key instanceof Error) return ctx.reject();
-        if (ctx.key.algo !== key.type || !ctx.key.data.equals(key.getPublicSSH())) {
-          refuse('the key is not the one its host certificate certifies');
-          return ctx.reject();
-        }
-        if (!ctx.signature) return ctx.accept(); // a query: "would this key do?"
-        if (key.verify(ctx.blob!, ctx.signature, ctx.hashAlgo) !== true) {
-          refuse('bad signature');
-          return ctx.reject();
-        }
-        // Tracked before the lock check: a lock that lands while it runs still drops this tunnel.
-        const identity: Identity = { kind: 'host', name: ctx.username, cluster: this.options.auth.clusterName, roles: node.roles };
-        const untrack = this.options.auth.sessions.track(identity, `agent tunnel ${remote}`, (why) => {
-          this.log.warn({ remote, hostId: identity.name, code: why.code, why: why.message }, 'agent tunnel dropped: identity revoked');
-          conn.end();
-          setTimeout(() => this.endpoint.destroy(conn), 1000).unref();
+      this.authenticateSsh(conn, ctx, meta, remote)
+        .then((hostId) => {
+          if (hostId === undefined) return ctx.reject(ctx.method === 'publickey' ? undefined : ['publickey']);
+          if (hostId === '') return ctx.accept(); // a query: "would this key do?"
+          state.hostId = hostId;
+          ctx.accept();
+        })
+        .catch((err: unknown) => {
+          this.log.error({ err }, 'agent authentication failed');
+          ctx.reject();
         });
-        conn.once('close', untrack);
-        const revoked = await this.options.auth.revocationOf(identity);
-        if (revoked) {
-          untrack();
-          refuse(revoked.message);
-          return ctx.reject();
-        }
-        hostId = ctx.username;
-        ctx.accept();
-      })().catch((err: unknown) => {
-        this.log.error({ err }, 'agent authentication failed');
-        ctx.reject();
-      });
     });
-
     conn.on('request', (accept, reject, name, data) => {
       const bind = data as { bindAddr?: string; bindPort?: number };
       if (name === 'tcpip-forward' && bind.bindAddr === TUNNEL_BIND.addr) return accept?.();
       reject?.();
     });
-
     conn.on('ready', () => {
       const helloTimer = setTimeout(() => {
-        this.log.warn({ remote, hostId }, 'agent sent no hello; closing');
+        this.log.warn({ remote, hostId: state.hostId }, 'agent sent no hello; closing');
         conn.end();
       }, this.options.helloTimeoutMs ?? 15_000);
       conn.on('session', (acceptSession) => {
@@ -206,11 +277,11 @@ export class TunnelServer extends EventEmitter {
             .then((line) => {
               clearTimeout(helloTimer);
               const hello = parseControlMessage(line);
-              if (hello?.type !== 'hello' || hello.hostId !== hostId) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the first control message must be a hello for the authenticated host');
-              this.register(conn, control, hello, remote);
+              if (hello?.type !== 'hello' || hello.hostId !== state.hostId) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the first control message must be a hello for the authenticated host');
+              this.register(new SshLink(conn, control, this.endpoint), hello, remote);
             })
             .catch((err: unknown) => {
-              this.log.warn({ remote, hostId, err: (err as Error).message }, 'bad control channel; closing');
+              this.log.warn({ remote, hostId: state.hostId, err: (err as Error).message }, 'bad control channel; closing');
               conn.end();
             });
         });
@@ -219,10 +290,40 @@ export class TunnelServer extends EventEmitter {
         session.on('pty', (_a, reject) => reject?.());
       });
     });
-    conn.on('error', (err) => this.log.debug({ remote, hostId, err: err.message }, 'tunnel connection error'));
+    conn.on('error', (err) => this.log.debug({ remote, hostId: state.hostId, err: err.message }, 'tunnel connection error'));
   }
 
-  private register(conn: Connection, control: ServerChannel, hello: HelloMessage, remote: string): void {
+  /**
+   * One SSH authentication attempt: the host ID when accepted, '' for a key query that may go on, undefined when
+   * refused (logged, but for a method other than publickey).
+   */
+  private async authenticateSsh(conn: Connection, ctx: ssh2.AuthContext, meta: TunnelMeta | undefined, remote: string): Promise<string | undefined> {
+    if (ctx.method !== 'publickey') return undefined;
+    const refuse = (why: string) => {
+      this.log.warn({ remote, hostId: ctx.username, why }, 'agent refused');
+      return undefined;
+    };
+    const node = await this.options.auth.getNode(ctx.username).catch(() => undefined);
+    if (!node?.sshPublicKey) return refuse('unknown host ID (never joined this cluster, or removed)');
+    if (meta?.tlsIdentity instanceof Error) return refuse(meta.tlsIdentity.message);
+    if (meta?.tlsIdentity && (meta.tlsIdentity.name !== ctx.username || meta.tlsIdentity.cluster !== this.options.auth.clusterName)) {
+      return refuse('the TLS client certificate names another host or cluster');
+    }
+    const parsed = ssh2.utils.parseKey(node.sshPublicKey);
+    const key = Array.isArray(parsed) ? parsed[0] : parsed;
+    if (!key || key instanceof Error) return undefined;
+    if (ctx.key.algo !== key.type || !ctx.key.data.equals(key.getPublicSSH())) return refuse('the key is not the one its host certificate certifies');
+    if (!ctx.signature) return '';
+    if (key.verify(ctx.blob!, ctx.signature, ctx.hashAlgo) !== true) return refuse('bad signature');
+    const identity: Identity = { kind: 'host', name: ctx.username, cluster: this.options.auth.clusterName, roles: node.roles };
+    const link = { end: () => conn.end(), destroy: () => this.endpoint.destroy(conn), onGone: (fn: () => void) => void conn.once('close', fn) };
+    const revoked = await this.trackAgent(identity, remote, link);
+    return revoked ? refuse(revoked.message) : ctx.username;
+  }
+
+  // --- the registry and the control protocol ------------------------------------------------------------------
+
+  private register(link: AgentLink, hello: HelloMessage, remote: string): void {
     const now = new Date();
     const agent: ConnectedAgent = {
       hostId: hello.hostId,
@@ -232,69 +333,96 @@ export class TunnelServer extends EventEmitter {
       connectedAt: now,
       lastHeartbeat: now,
       remote,
-      conn,
-      control,
+      link,
     };
     const previous = this.agents.get(agent.hostId);
-    if (previous && previous.conn !== conn && hello.holds?.includes(this.proxyId)) {
+    if (previous && hello.holds?.includes(this.proxyId)) {
       // The agent's pool already holds a tunnel here (it dialed a load balancer and landed on this Proxy again):
       // the live tunnel stays, with the client connections it carries; the new one is told so and closed.
       this.log.debug({ hostId: agent.hostId, remote }, 'agent already holds a tunnel to this Proxy; closing the new one');
-      writeJsonLine(control, { type: 'duplicate', proxyId: this.proxyId } satisfies ControlMessage);
-      control.end();
-      conn.end();
+      writeJsonLine(link.control, { type: 'duplicate', proxyId: this.proxyId } satisfies ControlMessage);
+      link.control.end();
+      link.end();
       return;
     }
-    if (previous && previous.conn !== conn) previous.conn.end(); // the agent reconnected: the new tunnel wins
-    this.agents.set(agent.hostId, agent);
-    this.log.info({ hostId: agent.hostId, nodename: agent.nodename, services: agent.services, remote }, 'agent connected');
+    if (previous) previous.agent.link.end(); // the agent reconnected: the new tunnel wins
+    let gone = false;
+    const entry: Registered = {
+      agent,
+      lastHeardMs: now.getTime(),
+      gone: () => {
+        if (gone) return;
+        gone = true;
+        this.unregister(entry);
+      },
+    };
+    this.agents.set(agent.hostId, entry);
+    this.log.info({ hostId: agent.hostId, nodename: agent.nodename, services: agent.services, remote, protocol: link.protocol }, 'agent connected');
     this.emit('agent', agent);
-    const send = (m: ControlMessage) => writeJsonLine(control, m);
+    const send = (m: ControlMessage) => writeJsonLine(link.control, m);
     send({ type: 'welcome', proxyId: this.proxyId, heartbeatIntervalMs: this.options.heartbeatIntervalMs, heartbeatCountMax: this.options.heartbeatCountMax });
     send(this.discovery());
     void this.writePresence(agent);
-
-    let gone = false;
-    const onGone = () => {
-      if (gone) return;
-      gone = true;
-      heartbeat.stop();
-      if (this.agents.get(agent.hostId) === agent) {
-        this.agents.delete(agent.hostId);
-        this.log.info({ hostId: agent.hostId, nodename: agent.nodename }, 'agent disconnected');
-        this.emit('agent-gone', agent);
-        void this.options.auth.clearPresence(agent.hostId, this.proxyId, agent.connectedAt.toISOString()).catch(() => undefined);
-      }
-    };
-    const { heartbeatIntervalMs, heartbeatCountMax } = this.options;
-    const heartbeat = new Heartbeat({
-      unref: true,
-      send: (seq) => send({ type: 'heartbeat', seq }),
-      onSilent: (silentMs) => {
-        this.log.warn({ hostId: agent.hostId, nodename: agent.nodename, silentMs }, 'agent missed its heartbeats; marking it offline');
-        onGone();
-        // The peer may be unreachable (no FIN will come): drop the transport now rather than wait for TCP.
-        this.endpoint.destroy(conn);
+    this.startSweep();
+    readControl(
+      link.control,
+      (m) => this.onControlMessage(entry, m),
+      (err) => {
+        this.log.warn({ hostId: agent.hostId, nodename: agent.nodename, err: err.message }, 'agent broke the control protocol; closing');
+        link.end();
       },
-    });
-    heartbeat.start(heartbeatIntervalMs, heartbeatIntervalMs * heartbeatCountMax);
+    );
+    link.onGone(entry.gone);
+  }
 
-    const onMessage = (m: ControlMessage) => {
-      if (m.type === 'heartbeat') {
-        agent.lastHeartbeat = new Date();
-        heartbeat.heard();
-        void this.writePresence(agent);
-      } else if (m.type === 'event') {
-        void this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
+  private onControlMessage(entry: Registered, m: ControlMessage): void {
+    const { agent } = entry;
+    if (m.type === 'heartbeat') {
+      entry.lastHeardMs = Date.now();
+      agent.lastHeartbeat = new Date(entry.lastHeardMs);
+      void this.writePresence(agent);
+    } else if (m.type === 'event') {
+      void this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
+    }
+  }
+
+  private unregister(entry: Registered): void {
+    const { agent } = entry;
+    if (this.agents.get(agent.hostId) !== entry) return;
+    this.agents.delete(agent.hostId);
+    if (this.agents.size === 0) this.stopSweep();
+    this.log.info({ hostId: agent.hostId, nodename: agent.nodename }, 'agent disconnected');
+    this.emit('agent-gone', agent);
+    void this.options.auth.clearPresence(agent.hostId, this.proxyId, agent.connectedAt.toISOString()).catch(() => undefined);
+  }
+
+  private startSweep(): void {
+    if (this.sweepTimer || this.closing) return;
+    this.sweepTimer = setInterval(() => this.sweep(), this.options.heartbeatIntervalMs);
+    this.sweepTimer.unref();
+  }
+
+  private stopSweep(): void {
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
+    this.sweepTimer = undefined;
+  }
+
+  /** Every interval: a heartbeat to each agent, and the agents silent for the whole window are dropped. */
+  private sweep(): void {
+    const now = Date.now();
+    const silentAfterMs = this.options.heartbeatIntervalMs * this.options.heartbeatCountMax;
+    const beat = `${JSON.stringify({ type: 'heartbeat', seq: ++this.heartbeatSeq } satisfies ControlMessage)}\n`;
+    for (const entry of [...this.agents.values()]) {
+      const silentMs = now - entry.lastHeardMs;
+      if (silentMs <= silentAfterMs) {
+        entry.agent.link.control.write(beat);
+        continue;
       }
-    };
-    readControl(control, onMessage, (err) => {
-      this.log.warn({ hostId: agent.hostId, nodename: agent.nodename, err: err.message }, 'agent broke the control protocol; closing');
-      conn.end();
-    });
-    conn.once('close', onGone);
-    conn.once('end', onGone);
-    control.once('close', () => conn.end());
+      this.log.warn({ hostId: entry.agent.hostId, nodename: entry.agent.nodename, silentMs }, 'agent missed its heartbeats; marking it offline');
+      entry.gone();
+      // The peer may be unreachable (no FIN will come): drop the transport now rather than wait for TCP.
+      entry.agent.link.destroy();
+    }
   }
 
   private async writePresence(agent: ConnectedAgent): Promise<void> {
@@ -317,53 +445,119 @@ export class TunnelServer extends EventEmitter {
   }
 
   /**
-   * Opens a connection to a resource through an agent's tunnel. Resolves with the channel once the agent has
+   * Opens a connection to a resource through an agent's tunnel. Resolves with the stream once the agent has
    * connected to the resource; rejects with an error that names the resource and the agent otherwise.
    */
-  dial(hostId: string, request: DialRequest): Promise<Duplex> {
-    const agent = this.agents.get(hostId);
-    if (!agent) return Promise.reject(new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `agent ${hostId} is not connected`));
+  async dial(hostId: string, request: DialRequest): Promise<Duplex> {
+    const agent = this.agents.get(hostId)?.agent;
+    if (!agent) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `agent ${hostId} is not connected`);
     const [srcIp, srcPort] = splitHostPort(request.client_src);
-    return new Promise<Duplex>((resolve, reject) => {
-      agent.conn.forwardOut(TUNNEL_BIND.addr, TUNNEL_BIND.port, srcIp, srcPort, (err, channel) => {
-        if (err) {
-          reject(new GatewayError('GW_ERR_TUNNEL_DOWN', `cannot open a channel to agent "${agent.nodename}" (${hostId}): ${err.message}`));
-          return;
-        }
-        const stream: Duplex = channel;
-        writeJsonLine(stream, request);
-        readLine(stream, { what: 'dial answer', timeoutMs: this.options.dialTimeoutMs ?? 30_000 })
-          .then((line) => {
-            const answer = JSON.parse(line) as DialAnswer;
-            if (answer.ok) return resolve(stream);
-            stream.destroy();
-            reject(
-              new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `agent "${agent.nodename}" cannot reach ${request.service} "${request.resource}": ${answer.error.message}`, {
-                details: { agent: agent.nodename, hostId, resource: request.resource, agentCode: answer.error.code },
-              }),
-            );
-          })
-          .catch((e: unknown) => {
-            stream.destroy();
-            reject(e instanceof GatewayError ? e : new GatewayError('GW_ERR_TUNNEL_PROTOCOL', String(e)));
-          });
-      });
+    let stream: Duplex;
+    try {
+      stream = await agent.link.open(srcIp, srcPort);
+    } catch (err) {
+      throw new GatewayError('GW_ERR_TUNNEL_DOWN', `cannot open a channel to agent "${agent.nodename}" (${hostId}): ${(err as Error).message}`);
+    }
+    writeJsonLine(stream, request);
+    let answer: DialAnswer;
+    try {
+      const line = await readLine(stream, { what: 'dial answer', timeoutMs: this.options.dialTimeoutMs ?? 30_000 });
+      answer = JSON.parse(line) as DialAnswer;
+    } catch (e) {
+      stream.destroy();
+      // A v2 stream the agent reset says why (too many streams on the tunnel, for one).
+      const reset = (stream as Partial<TunnelStream>).resetReason;
+      if (reset !== undefined) throw new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `agent "${agent.nodename}" reset the stream to ${request.service} "${request.resource}": ${reset}`);
+      throw e instanceof GatewayError ? e : new GatewayError('GW_ERR_TUNNEL_PROTOCOL', String(e));
+    }
+    if (answer.ok) return stream;
+    stream.destroy();
+    throw new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `agent "${agent.nodename}" cannot reach ${request.service} "${request.resource}": ${answer.error.message}`, {
+      details: { agent: agent.nodename, hostId, resource: request.resource, agentCode: answer.error.code },
     });
   }
 
   /** Graceful shutdown: tells every agent to reconnect (to another proxy, or to this one when it is back). */
   async close(): Promise<void> {
     this.closing = true;
+    this.stopSweep();
     this.unwatch();
-    for (const agent of this.agents.values()) {
-      writeJsonLine(agent.control, { type: 'reconnect', reason: 'proxy shutting down' });
-    }
+    this.broadcast({ type: 'reconnect', reason: 'proxy shutting down' });
     await new Promise((r) => setTimeout(r, 50));
-    for (const agent of this.agents.values()) {
-      agent.conn.end();
+    for (const { agent } of this.agents.values()) {
+      agent.link.end();
       await this.options.auth.clearPresence(agent.hostId, this.proxyId, agent.connectedAt.toISOString()).catch(() => undefined);
     }
     this.agents.clear();
+  }
+}
+
+/** v1: an SSH connection and its control channel; a stream is a forwarded-tcpip channel. */
+class SshLink implements AgentLink {
+  readonly protocol = 1;
+
+  constructor(
+    private readonly conn: Connection,
+    readonly control: ServerChannel,
+    private readonly endpoint: SshEndpoint<TunnelMeta | undefined>,
+  ) {
+    control.once('close', () => conn.end());
+  }
+
+  open(srcIp: string, srcPort: number): Promise<Duplex> {
+    return new Promise((resolve, reject) => this.conn.forwardOut(TUNNEL_BIND.addr, TUNNEL_BIND.port, srcIp, srcPort, (err, channel) => (err ? reject(err) : resolve(channel))));
+  }
+
+  end(): void {
+    this.conn.end();
+  }
+
+  destroy(): void {
+    this.endpoint.destroy(this.conn);
+  }
+
+  onGone(fn: () => void): void {
+    this.conn.once('close', fn);
+    this.conn.once('end', fn);
+  }
+}
+
+/** v2: a TunnelSession on the TLS socket. */
+class SessionLink implements AgentLink {
+  readonly protocol = 2;
+  readonly control: Duplex;
+  private readonly session: TunnelSession;
+  private goneFns: Array<() => void> | undefined = [];
+
+  constructor(socket: TLSSocket, window: number | undefined, onProtocolError: (err: GatewayError | undefined) => void) {
+    this.session = new TunnelSession(socket, {
+      role: 'proxy',
+      ...(window ? { window } : {}),
+      onClose: (err) => {
+        onProtocolError(err);
+        const fns = this.goneFns;
+        this.goneFns = undefined;
+        for (const fn of fns ?? []) fn();
+      },
+    });
+    this.control = this.session.control;
+  }
+
+  open(): Promise<Duplex> {
+    return Promise.resolve(this.session.openStream());
+  }
+
+  end(): void {
+    this.session.end();
+  }
+
+  destroy(): void {
+    this.session.destroy();
+  }
+
+  onGone(fn: () => void): void {
+    if (this.goneFns) this.goneFns.push(fn);
+    else fn();
   }
 }
 
@@ -384,6 +578,18 @@ function peerHostIdentity(socket: TLSSocket): { name: string; cluster: string } 
     return { name: id.name, cluster: id.cluster };
   } catch (err) {
     return err as Error;
+  }
+}
+
+/** Whether the TLS client certificate's key is the SSH public key recorded when the host joined. */
+function sameKey(socket: TLSSocket, sshPublicKey: string): boolean {
+  try {
+    const pem = new X509Certificate(socket.getPeerCertificate().raw).publicKey.export({ type: 'spki', format: 'pem' }).toString();
+    const [algo, blob] = sshPublicKeyFromPem(pem).trim().split(/\s+/);
+    const [recordedAlgo, recordedBlob] = sshPublicKey.trim().split(/\s+/);
+    return algo === recordedAlgo && blob === recordedBlob && blob !== undefined;
+  } catch {
+    return false;
   }
 }
 

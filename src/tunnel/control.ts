@@ -43,6 +43,7 @@ const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
   event: (m) => isObject(m.event),
   'maintenance-changed': () => true,
   duplicate: (m) => isString(m.proxyId),
+  refused: () => true,
 };
 
 function isControlMessage(value: unknown): value is ControlMessage {

@@ -1,5 +1,13 @@
 /**
- * The reverse tunnel, mapped onto standard SSH (ssh2 opens only the standard channel types):
+ * The reverse tunnel's messages, and how two protocols carry them (the ALPN on the one port decides which):
+ *
+ *   v2 (ALPN gateway-reversetunnel-v2): frames straight over the mutual-TLS connection (src/tunnel/frames.ts,
+ *      session.ts). The agent is its TLS client certificate. The control channel is stream 0; each forwarded
+ *      connection is a stream the Proxy OPENs, whose first line is a DialRequest, as below. A refused agent
+ *      gets `refused` on the control stream, and the connection ends.
+ *   v1 (ALPN gateway-reversetunnel, and raw SSH on 3024), agents of earlier versions, as follows.
+ *
+ * v1 maps the tunnel onto standard SSH (ssh2 opens only the standard channel types):
  *
  *   agent ──SSH (over TLS with ALPN gateway-reversetunnel on 443, or raw on 3024)──► proxy
  *     user name = the agent's host ID; public-key authentication with the key its host certificate certifies
@@ -22,6 +30,9 @@
  *     one line, DialAnswer, then the channel carries the connection's bytes both ways.
  */
 export const CONTROL_SUBSYSTEM = 'gateway-control';
+/** The ALPN names of the two protocols on the one port; an agent offers both, v2 first. */
+export const TUNNEL_ALPN_V1 = 'gateway-reversetunnel';
+export const TUNNEL_ALPN_V2 = 'gateway-reversetunnel-v2';
 export const TUNNEL_BIND = { addr: 'gateway-tunnel', port: 1 } as const;
 export const PROTOCOL_VERSION = 1;
 /** The longest control line either end reads (the hello is a dial-request-sized line, see stream/lines.ts). */
@@ -103,6 +114,10 @@ export interface DuplicateMessage {
   type: 'duplicate';
   proxyId: string;
 }
+/** Proxy → agent on v2, instead of a welcome: the agent's certificate, host or key was refused (the Proxy logs why). */
+export interface RefusedMessage {
+  type: 'refused';
+}
 export interface ReconnectMessage {
   type: 'reconnect';
   reason: string;
@@ -120,7 +135,8 @@ export type ControlMessage =
   | ReconnectMessage
   | EventMessage
   | MaintenanceChangedMessage
-  | DuplicateMessage;
+  | DuplicateMessage
+  | RefusedMessage;
 
 export interface DialRequest {
   service: ServiceKind;

@@ -30,6 +30,8 @@ const WIRE_ALPNS = [
   'http/1.1',
   'h2',
   'gateway-reversetunnel',
+  // Tunnel protocol v2 (docs/tunnels.md): added by issue 14, next to v1 for agents of earlier versions.
+  'gateway-reversetunnel-v2',
   'gateway-proxy-ssh',
   'gateway-postgres',
   'gateway-postgres-ping',
