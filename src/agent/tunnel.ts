@@ -24,7 +24,7 @@
  */
 import { EventEmitter } from 'node:events';
 import type { Duplex } from 'node:stream';
-import ssh2 from 'ssh2';
+import type ssh2 from 'ssh2';
 import { parseAddr } from '../addr.js';
 import { sshPrivateKeyPem } from '../auth/pki.js';
 import { ApiClient } from '../client/api.js';
@@ -51,6 +51,12 @@ import {
 } from '../tunnel/protocol.js';
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import type { HostIdentity } from './identity.js';
+
+/**
+ * ssh2, loaded only for a tunnel that speaks SSH (v1: a Proxy of an earlier version, or raw SSH on 3024): v2 needs
+ * none of it, and loading it took some 20 ms of an agent's start (docs/architecture.md, "Start-up").
+ */
+let sshModule: typeof ssh2 | undefined;
 
 /** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
 export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
@@ -222,6 +228,7 @@ export class TunnelAgent extends EventEmitter {
       find = this.found ?? (await this.find());
       this.found = find;
       ({ transport, v2 } = await this.openTransport(find));
+      if (!v2) sshModule ??= (await import('ssh2')).default;
     } catch (err) {
       this.found = undefined;
       const e = toGatewayError(err);
@@ -296,7 +303,7 @@ export class TunnelAgent extends EventEmitter {
   /** SSH over the transport, then the forward and the control channel; a retry is scheduled when it closes. */
   private openSsh(find: FindResponse, transport: Duplex): void {
     const { identity } = this.options;
-    const client = new ssh2.Client();
+    const client = new sshModule!.Client();
     this.client = client;
     let connectedOnce = false;
     let closed = false;
@@ -362,7 +369,7 @@ export class TunnelAgent extends EventEmitter {
         });
       });
     });
-    const allowedKeys = (find.tunnel_host_keys ?? []).map((k) => ssh2.utils.parseKey(k)).filter((k): k is ssh2.ParsedKey => !(k instanceof Error) && !Array.isArray(k));
+    const allowedKeys = (find.tunnel_host_keys ?? []).map((k) => sshModule!.utils.parseKey(k)).filter((k): k is ssh2.ParsedKey => !(k instanceof Error) && !Array.isArray(k));
     client.connect({
       sock: transport,
       username: identity.hostId,

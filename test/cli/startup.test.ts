@@ -66,7 +66,7 @@ const pkg = (name: string) => new RegExp(`/node_modules/${name}/`);
 const matching = (files: string[], pattern: RegExp) => files.filter((f) => pattern.test(f));
 
 describe('start-up loads what runs', () => {
-  it('an agent (app_service) loads the agent role, and no Auth Service, Proxy, SQLite, pg or SFTP server', async () => {
+  it('an agent (app_service) loads the agent role, and no Auth Service, Proxy, SQLite, pg, SFTP server or ssh2 (tunnel v2 needs none)', async () => {
     const file = join(dir, 'agent.yaml');
     await writeFile(file, `gateway:\n  nodename: agent-1\n  data_dir: ${join(dir, 'agent-data')}\n  log: { format: json }\napp_service:\n  enabled: yes\n  apps:\n    - { name: web, uri: "http://127.0.0.1:9" }\n`);
     // No stored identity and no token: it stops in the agent role, once that role is loaded.
@@ -74,7 +74,7 @@ describe('start-up loads what runs', () => {
     expect(r.stderr).toContain('GW_ERR_AGENT_IDENTITY');
     expect(r.status).toBe(1);
     expect(matching(r.files, starter('agent'))).toHaveLength(1);
-    for (const unwanted of [starter('auth'), starter('proxy'), starter('postgres'), starter('server'), pkg('better-sqlite3'), pkg('pg'), pkg('@kubernetes/client-node'), pkg('pino-pretty')]) {
+    for (const unwanted of [starter('auth'), starter('proxy'), starter('postgres'), starter('server'), pkg('better-sqlite3'), pkg('pg'), pkg('@kubernetes/client-node'), pkg('pino-pretty'), pkg('ssh2')]) {
       expect(matching(r.files, unwanted), String(unwanted)).toEqual([]);
     }
   });
