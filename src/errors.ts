@@ -424,8 +424,8 @@ export const ERROR_CODES = {
 
   // --- reverse tunnels and routing to resources -------------------------------------------------------------------
   GW_ERR_TUNNEL_PROTOCOL: {
-    summary: 'A peer broke the reverse-tunnel protocol (a header line that is not JSON, too long, or missing).',
-    hint: 'Check that the agent and the proxy run the same version.',
+    summary: 'A peer broke the reverse-tunnel protocol (a header line that is not JSON, too long, or missing; a v2 frame that is malformed, over its cap or beyond the granted window).',
+    hint: 'Agents and Proxies of different versions negotiate the tunnel protocol (ALPN), so a break is a bug or something rewriting the bytes in between (a TLS-inspecting proxy): check the log of the other end, and that nothing on the path terminates TLS.',
   },
   GW_ERR_TUNNEL_TIMEOUT: {
     summary: 'A tunnel peer did not answer in time (hello, dial answer, route header).',
