@@ -147,7 +147,9 @@ describe('FrameDecoder', () => {
   it('a whole DATA frame in one chunk is handed on as a view of that chunk, not a copy', () => {
     const chunk = encode({ type: 'data', id: 5, payload: Buffer.from('hello') });
     const seen: Buffer[] = [];
-    new FrameDecoder().push(chunk, { ...new Collect(), dataHeader: () => undefined, data: (_id, p) => void seen.push(p) } as FrameSink);
+    const sink = new Collect();
+    sink.data = (_id, p) => void seen.push(p);
+    new FrameDecoder().push(chunk, sink);
     expect(seen).toHaveLength(1);
     expect(seen[0]!.buffer).toBe(chunk.buffer);
     expect(seen[0]!.toString()).toBe('hello');
