@@ -46,7 +46,8 @@
  * BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the .cpuprofile files to, for Chrome DevTools),
  * BENCH_TUNNEL_ONLY (userpath: set up, run the user path and print it; idle: the idle-memory phase alone; neither is
  * recorded), BENCH_IDLE_PROFILE (a directory: the idle Proxy profiled while the last half of the agents connect),
- * BENCH_DAEMON_NODE_OPTIONS (Node options for the data path's Proxy and
+ * BENCH_GWSH_BEFORE (another build's gwsh.js, e.g. a copy of dist/ kept inside the repository: run as a third path
+ * of the user path, for before/after figures in one run; printed, not recorded), BENCH_DAEMON_NODE_OPTIONS (Node options for the data path's Proxy and
  * agent daemons, e.g. "--max-semi-space-size=32"; recorded in the section when set), BENCH_RECORD (0: print the
  * section, do not write bench/RESULTS.md).
  *
@@ -717,8 +718,8 @@ interface LocalProxy {
 }
 
 /** A real `gwsh proxy app <name> --port 0` with the given profile directory; resolves once it listens. */
-async function startGwshProxy(gwshHome: string, home: string, app: string, env: Record<string, string> = {}): Promise<LocalProxy> {
-  const child = spawn(process.execPath, [BIN('gwsh'), 'proxy', 'app', app, '--port', '0'], {
+async function startGwshProxy(gwshHome: string, home: string, app: string, env: Record<string, string> = {}, bin = BIN('gwsh')): Promise<LocalProxy> {
+  const child = spawn(process.execPath, [bin, 'proxy', 'app', app, '--port', '0'], {
     env: { PATH: process.env.PATH ?? '', HOME: home, GWSH_HOME: gwshHome, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -762,7 +763,11 @@ async function connectAndEcho(host: string, port: number): Promise<number> {
   return ms;
 }
 
-type UserPathName = 'gateway (gwsh proxy app)' | 'OpenSSH ssh -R';
+/** The two paths, and with BENCH_GWSH_BEFORE a third: the same gateway through another build of gwsh. */
+type UserPathName = 'gateway (gwsh proxy app)' | 'OpenSSH ssh -R' | 'gateway (BENCH_GWSH_BEFORE)';
+
+/** Another gwsh.js (e.g. a copy of dist/ before a change) run as a third path, for before/after figures in one run. */
+const GWSH_BEFORE = process.env.BENCH_GWSH_BEFORE ?? '';
 
 interface UserPathRoute {
   name: UserPathName;
@@ -781,6 +786,8 @@ interface UserPathFigures {
   rtt: Map<UserPathName, { p50: number; p99: number }>;
   /** ms, connect + first echo + close, median and samples. */
   connect: Map<UserPathName, number[]>;
+  /** CPU ms per new connection, by component (from /proc: 10 ms ticks, averaged over BENCH_CONNECTS). */
+  connectCpu: Map<UserPathName, Record<string, number>>;
 }
 
 const IPERF_SECONDS = envNumber('BENCH_IPERF_SECONDS', 3);
@@ -822,11 +829,18 @@ async function measureUserPath(routes: UserPathRoute[], say: (s: string) => void
       });
     rtt.set(r.name, await roundTrips(direct, Math.min(RTTS, 2000)));
   }
+  const connectCpu = new Map<UserPathName, Record<string, number>>();
   for (let i = 0; i < CONNECTS; i++) {
-    for (const r of routes) connect.set(r.name, [...(connect.get(r.name) ?? []), await connectAndEcho(r.echo.host, r.echo.port)]);
+    for (const r of routes) {
+      const before = cpuSnapshot(r.cpu);
+      connect.set(r.name, [...(connect.get(r.name) ?? []), await connectAndEcho(r.echo.host, r.echo.port)]);
+      const acc = connectCpu.get(r.name) ?? {};
+      for (const [k, v] of Object.entries(cpuDelta(before, r.cpu))) acc[k] = (acc[k] ?? 0) + (v * 1000) / CONNECTS;
+      connectCpu.set(r.name, acc);
+    }
   }
   for (const r of routes) say(`user path ${r.name}: round trip p50 ${rtt.get(r.name)!.p50.toFixed(1)} µs; new connection + echo ${median(connect.get(r.name)!).toFixed(2)} ms`);
-  return { seconds: IPERF_SECONDS, runs: RUNS, rates, cpuPerGiB, rtt, connect };
+  return { seconds: IPERF_SECONDS, runs: RUNS, rates, cpuPerGiB, rtt, connect, connectCpu };
 }
 
 const GW_USER: UserPathName = 'gateway (gwsh proxy app)';
@@ -853,6 +867,10 @@ function userPathText(u: UserPathFigures, gwsh: ReturnType<typeof summarizeProfi
     Object.entries(u.cpuPerGiB.get(p)!)
       .map(([k, v]) => `${k} ${v.toFixed(2)}`)
       .join(', ');
+  const perConnection = (p: UserPathName) =>
+    Object.entries(u.connectCpu.get(p)!)
+      .map(([k, v]) => `${k} ${v.toFixed(2)}`)
+      .join(', ');
   const each = (streams: number, p: UserPathName) => u.rates.get(streams)!.get(p)!.map((r) => (r / 8 / 1.048576).toFixed(0)).join(', ');
   const groups = gwsh
     ? Object.entries(gwsh.groups)
@@ -868,7 +886,8 @@ function userPathText(u: UserPathFigures, gwsh: ReturnType<typeof summarizeProfi
     `1 stream gateway ${each(1, GW_USER)}, OpenSSH ${each(1, SSH_USER)}; ${STREAMS} streams gateway ${each(STREAMS, GW_USER)}, OpenSSH ${each(STREAMS, SSH_USER)}. ` +
     `iperf3 opens its control connection first, through the same path. Round trips: a second \`gwsh proxy app echo\` against ssh -R's echo forward, one connection; ` +
     `new connection: connect, one 64-byte echo, close, alternating paths (for gwsh: a TCP and TLS connection to the Proxy and a route per accepted connection). ` +
-    `CPU seconds per GiB received, single-stream runs, by process: gateway ${components(GW_USER)}; OpenSSH ${components(SSH_USER)}.` +
+    `CPU seconds per GiB received, single-stream runs, by process: gateway ${components(GW_USER)}; OpenSSH ${components(SSH_USER)}. ` +
+    `CPU ms per new connection (from /proc, 10 ms ticks averaged over ${CONNECTS}): gateway ${perConnection(GW_USER)}; OpenSSH ${perConnection(SSH_USER)}.` +
     (gwsh
       ? ` gwsh under \`--cpu-prof\` (one ${u.seconds} s single-stream run, shares of its busy time): ${gwsh.top
           .slice(0, 5)
@@ -1295,7 +1314,24 @@ async function main(): Promise<void> {
         cpu: { sshd: () => processTree(sshd!.pid), squid: () => [squid!.pid], 'ssh + socat': () => processTree(ssh!.process.pid!), 'iperf3 -s': () => [iperfSsh!.pid] },
       },
     ];
+    if (GWSH_BEFORE) {
+      const before = [await startGwshProxy(userHome, dir, 'iperf', {}, GWSH_BEFORE), await startGwshProxy(userHome, dir, 'echo', {}, GWSH_BEFORE)];
+      gwshProxies.push(...before);
+      userRoutes.push({
+        ...userRoutes[0]!,
+        name: 'gateway (BENCH_GWSH_BEFORE)',
+        iperf: { host: '127.0.0.1', port: before[0]!.port },
+        echo: { host: '127.0.0.1', port: before[1]!.port },
+        cpu: { ...userRoutes[0]!.cpu, gwsh: () => before.map((g) => g.process.pid!) },
+      });
+    }
     const user = await measureUserPath(userRoutes, say);
+    if (GWSH_BEFORE) {
+      const total = (p: UserPathName) => Object.values(user.cpuPerGiB.get(p)!).reduce((a, b) => a + b, 0);
+      for (const p of [GW_USER, 'gateway (BENCH_GWSH_BEFORE)'] as const) {
+        say(`${p}: gwsh ${user.cpuPerGiB.get(p)!.gwsh!.toFixed(3)} CPU-s/GiB, ${user.connectCpu.get(p)!.gwsh!.toFixed(2)} CPU-ms per connection, path ${total(p).toFixed(2)}; MiB/s 1 stream ${user.rates.get(1)!.get(p)!.map((r) => (r / 8.388608).toFixed(0)).join(' ')}, ${STREAMS} streams ${user.rates.get(STREAMS)!.get(p)!.map((r) => (r / 8.388608).toFixed(0)).join(' ')}; rtt p50 ${user.rtt.get(p)!.p50.toFixed(1)} µs; connect ${median(user.connect.get(p)!).toFixed(2)} ms`);
+      }
+    }
     let gwshProfile: ReturnType<typeof summarizeProfile> | undefined;
     if (PROFILE) {
       // gwsh again under the sampler, for one single-stream iperf3 run (started after a warm-up run).
