@@ -82,6 +82,7 @@ import { startEchoServer, type TestServer } from '../test/helpers/servers.js';
 import { startSquid, type Squid } from '../test/helpers/squid.js';
 import { waitForPort } from '../test/helpers/netns.js';
 import { recordSection } from './record.js';
+import { measureTlsFloor, type TlsFloor } from './tlsfloor.js';
 import { echoOnce, envNumber, spawnSshd } from './common.js';
 
 
@@ -1073,7 +1074,12 @@ interface IdleMemory {
   readings: Array<{ agents: number; rssKiB: number }>;
   allUp: boolean;
   openFiles: number;
+  /** bench/tlsfloor.ts: a bare Node.js TLS server's VmRSS per idle connection, measured after this phase. */
+  floor?: TlsFloor;
 }
+
+/** Connections of the TLS floor (its per-connection figure does not depend on the count much; the run time does). */
+const TLS_FLOOR_CONNECTIONS = 2000;
 
 /** The idle-memory phase: a fresh Proxy daemon, AGENTS identities joined, then connected in steps. */
 async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, say: (s: string) => void, track: Tracked): Promise<IdleMemory> {
@@ -1442,6 +1448,11 @@ async function main(): Promise<void> {
 
     // --- memory per idle agent at BENCH_AGENTS agents ------------------------------------------------------------
     const mem = await measureIdleMemory(dir, adminEnv, say, track);
+    // The floor under it: a bare Node.js TLS server holding idle connections, with the agent's own host certificate.
+    const hostFile = (f: string) => readFile(join(agentDataDir, 'host', f), 'utf8');
+    const [hostCert, hostKey, hostCa] = await Promise.all([hostFile('cert.pem'), hostFile('key.pem'), hostFile('host-ca.pem')]);
+    mem.floor = await measureTlsFloor({ serverCert: hostCert, serverKey: hostKey, ca: hostCa, clientCert: hostCert, clientKey: hostKey, connections: Math.min(AGENTS, TLS_FLOOR_CONNECTIONS) });
+    say(`memory floor: a bare TLS server ${mem.floor.mtlsKiB.toFixed(1)} KiB per connection with a client certificate, ${mem.floor.tlsKiB.toFixed(1)} without`);
 
     // --- the section ------------------------------------------------------------------------------------------
     const med = (m: Map<PathName, number[]>, n: PathName) => median(m.get(n)!);
@@ -1464,6 +1475,11 @@ async function main(): Promise<void> {
       `| agent start -> tunnel ready (ms, median of ${STARTS}) | – | ${f0(median(starts.map((s) => s.readyMs)))} | ${f0(median(sshStarts))} | ${ratio(median(starts.map((s) => s.readyMs)), median(sshStarts))} | – |`,
       ...userPathRows(user),
       ...idleMemoryRows(mem),
+      ...(mem.floor
+        ? [
+            `| floor: a bare Node.js TLS server per idle connection with a client certificate, ${mem.floor.connections} connections (KiB of VmRSS, bench/tlsfloor.ts) | – | ${mem.floor.mtlsKiB.toFixed(1)} | – | – | – |`,
+          ]
+        : []),
     ];
     const wins = rows.map(([label, get, , better]) => ({ label, win: better === 'higher' ? get(G) > get(O) : get(G) < get(O) }));
     const components = (p: PathName) =>
@@ -1553,9 +1569,12 @@ function perAgent(mem: IdleMemory, n: number): { overall: number; secondHalf: nu
   return { overall: (at.rssKiB - mem.rssBefore) / n, secondHalf: half ? (at.rssKiB - half.rssKiB) / (n - half.agents) : NaN };
 }
 
-/** The table rows: per agent at half of BENCH_AGENTS and at all of them, overall and over the second half. */
+/**
+ * The table rows: per agent at all of BENCH_AGENTS (first: the README's headline takes the first "Proxy memory
+ * per idle" row) and at half of them, overall and over the second half.
+ */
 function idleMemoryRows(mem: IdleMemory): string[] {
-  return [Math.floor(mem.agents / 2), mem.agents].flatMap((n) => {
+  return [mem.agents, Math.floor(mem.agents / 2)].flatMap((n) => {
     const f = perAgent(mem, n);
     if (!f || n === 0) return [];
     return [
@@ -1578,7 +1597,11 @@ function idleMemoryText(mem: IdleMemory): string {
     `(not through squid: what is measured is the Proxy) from ${AGENTS_PER_SOURCE} agents per loopback source address. ` +
     `The ${mem.agents} identities were joined first through POST /webapi/join with one --uses=0 token (${mem.joinSecs.toFixed(1)} s, 8 joins in flight per process, ` +
     `each worker from its own source address), before the first reading; the agents connected in ${mem.connectSecs.toFixed(1)} s (32 in flight per process); ` +
-    `all still connected at the last reading: ${mem.allUp ? 'yes' : 'no'}. The second-half figure leaves out what start-up and the joins left in the heap. Kernel socket buffers are not in RSS.`
+    `all still connected at the last reading: ${mem.allUp ? 'yes' : 'no'}. The second-half figure leaves out what start-up and the joins left in the heap. Kernel socket buffers are not in RSS.` +
+    (mem.floor
+      ? ` The floor (bench/tlsfloor.ts, same run, the agent's host certificate on both ends): a bare Node.js TLS server holds ${mem.floor.mtlsKiB.toFixed(1)} KiB per idle connection ` +
+        `with a client certificate and ${mem.floor.tlsKiB.toFixed(1)} KiB without (${mem.floor.connections} connections, VmRSS after gc).`
+      : '')
   );
 }
 
