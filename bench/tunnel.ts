@@ -22,19 +22,32 @@
  *   tunnel ready      from spawning the agent daemon (stored identity, no token) to its "reverse tunnel ready" log
  *                     line (and the Proxy's "agent connected"); for OpenSSH from spawning ssh to both "remote
  *                     forward success" lines. Median of BENCH_STARTS.
- *   idle memory       a fresh Proxy daemon; BENCH_AGENTS host identities joined with one multi-use token through
- *                     POST /webapi/join; then BENCH_AGENTS TunnelAgent instances in this process (direct, not through
- *                     squid: what is measured is the Proxy) connect to it in batches of 50; the Proxy's VmRSS
- *                     before, with half of them and with all of them connected and idle: per agent overall and
- *                     over the second half (which leaves out what the joins left in the heap).
+ *   user path         what a user runs: `iperf3 -c` -> a real `gwsh proxy app iperf` process (its own profile,
+ *                     signed in to the Proxy's listen address) -> Proxy -> tunnel through squid -> agent -> `iperf3
+ *                     -s` (a tcp:// app), against `iperf3 -c` -> a third forward of the same `ssh -R` -> `iperf3 -s`
+ *                     (a second server: one per path). iperf3's sum_received (-J) for 1 and BENCH_STREAMS streams,
+ *                     BENCH_RUNS runs of BENCH_IPERF_SECONDS alternating the paths (median), CPU seconds per GiB of
+ *                     every process of each path, round trips through `gwsh proxy app echo`, and BENCH_CONNECTS new
+ *                     connections (connect, one echo, close). With BENCH_PROFILE, gwsh under the sampler for a run.
+ *   idle memory       a fresh Proxy daemon (its open-file limit raised to the hard limit, max_connections written);
+ *                     BENCH_AGENTS host identities joined with one multi-use token through POST /webapi/join, then
+ *                     as many TunnelAgent instances connected (direct, not through squid: what is measured is the
+ *                     Proxy), all in BENCH_AGENT_PROCS child processes (this file with BENCH_TUNNEL_CHILD=idle-agents,
+ *                     each from its own loopback source addresses); the Proxy's VmRSS before and at a quarter, half
+ *                     and all of them connected and idle: per agent overall and over the second half (which leaves
+ *                     out what the joins left in the heap), at half and at all.
  *   profile           (BENCH_PROFILE=1, the default) the Proxy and the agent restarted under the V8 sampling
  *                     profiler (what --cpu-prof uses; started by a preload, see PROFILER_PRELOAD), one
  *                     single-stream run of BENCH_PROFILE_MIB MiB and 2 000 round trips; the heaviest self-time
  *                     frames of each are recorded. Its figures are not the measured ones.
  *
  * Settings (environment): BENCH_MIB (512), BENCH_RUNS (3), BENCH_STREAMS (8), BENCH_RTTS (5000), BENCH_STARTS (3),
- * BENCH_AGENTS (1000), BENCH_PROFILE (1), BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the two
- * .cpuprofile files to, for Chrome DevTools), BENCH_DAEMON_NODE_OPTIONS (Node options for the data path's Proxy and
+ * BENCH_AGENTS (10000), BENCH_AGENT_PROCS (2), BENCH_IPERF_SECONDS (3), BENCH_CONNECTS (50), BENCH_PROFILE (1),
+ * BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the .cpuprofile files to, for Chrome DevTools),
+ * BENCH_TUNNEL_ONLY (userpath: set up, run the user path and print it; idle: the idle-memory phase alone; neither is
+ * recorded), BENCH_IDLE_PROFILE (a directory: the idle Proxy profiled while the last half of the agents connect),
+ * BENCH_GWSH_BEFORE (another build's gwsh.js, e.g. a copy of dist/ kept inside the repository: run as a third path
+ * of the user path, for before/after figures in one run; printed, not recorded), BENCH_DAEMON_NODE_OPTIONS (Node options for the data path's Proxy and
  * agent daemons, e.g. "--max-semi-space-size=32"; recorded in the section when set), BENCH_RECORD (0: print the
  * section, do not write bench/RESULTS.md).
  *
@@ -50,10 +63,12 @@ import { chmod, copyFile, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:f
 import net from 'node:net';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { basename, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import getPort from 'get-port';
 import type { HostIdentity } from '../src/agent/identity.js';
+import { parseAddr } from '../src/addr.js';
 import { generateKeyPair, identityFromCert } from '../src/auth/pki.js';
 import type { CertBundle } from '../src/auth/service.js';
 import { ApiClient, fetchPinnedCas } from '../src/client/api.js';
@@ -62,12 +77,13 @@ import { openResource } from '../src/client/resources.js';
 import { Dialer } from '../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../src/log.js';
 import { TunnelAgent } from '../src/agent/tunnel.js';
-import { runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
+import { BIN, runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
 import { startEchoServer, type TestServer } from '../test/helpers/servers.js';
 import { startSquid, type Squid } from '../test/helpers/squid.js';
 import { waitForPort } from '../test/helpers/netns.js';
 import { recordSection } from './record.js';
-import { envNumber, spawnSshd } from './common.js';
+import { measureTlsFloor, type TlsFloor } from './tlsfloor.js';
+import { echoOnce, envNumber, spawnSshd } from './common.js';
 
 
 const MIB = envNumber('BENCH_MIB', 512);
@@ -75,7 +91,10 @@ const RUNS = envNumber('BENCH_RUNS', 3);
 const STREAMS = envNumber('BENCH_STREAMS', 8);
 const RTTS = envNumber('BENCH_RTTS', 5000);
 const STARTS = envNumber('BENCH_STARTS', 3);
-const AGENTS = envNumber('BENCH_AGENTS', 1000);
+const AGENTS = envNumber('BENCH_AGENTS', 10_000);
+const AGENT_PROCS = envNumber('BENCH_AGENT_PROCS', 2);
+/** BENCH_TUNNEL_ONLY=idle: the idle-memory phase alone, printed and not recorded (for work on the Proxy's memory). */
+const ONLY = process.env.BENCH_TUNNEL_ONLY ?? '';
 const PROFILE = envNumber('BENCH_PROFILE', 1, 0) > 0;
 const PROFILE_MIB = envNumber('BENCH_PROFILE_MIB', 256);
 const MSG = 64;
@@ -419,12 +438,13 @@ async function startSshTunnel(dir: string, squid: Squid, sshd: Sshd, cipher: str
 // ---------------------------------------------------------------------------------------------------------------
 // gateway
 
-function proxyConfig(cluster: string, webPort: number): string {
+function proxyConfig(cluster: string, webPort: number, maxConnections?: number): string {
   return [
     'gateway:',
     '  nodename: proxy-1',
     '  data_dir: DATA_DIR',
     '  log: { format: json, severity: info }',
+    ...(maxConnections === undefined ? [] : [`  limits: { max_connections: ${maxConnections} }`]),
     'auth_service:',
     `  cluster_name: ${cluster}`,
     '  listen_addr: 127.0.0.1:0',
@@ -435,7 +455,7 @@ function proxyConfig(cluster: string, webPort: number): string {
   ].join('\n');
 }
 
-function agentConfig(sinkPort: number, echoPort: number): string {
+function agentConfig(sinkPort: number, echoPort: number, iperfPort: number): string {
   return [
     'gateway:',
     '  nodename: agent-1',
@@ -446,6 +466,7 @@ function agentConfig(sinkPort: number, echoPort: number): string {
     '  apps:',
     `    - { name: sink, uri: "tcp://${TARGET_IP}:${sinkPort}" }`,
     `    - { name: echo, uri: "tcp://${TARGET_IP}:${echoPort}" }`,
+    `    - { name: iperf, uri: "tcp://${TARGET_IP}:${iperfPort}" }`,
     '',
   ].join('\n');
 }
@@ -576,7 +597,8 @@ function summarizeProfile(path: string): {
 /**
  * A preload (NODE_OPTIONS=--require; Node 20 refuses --cpu-prof there, and the daemons are started by the test
  * helper) that starts the inspector's CPU profiler (the sampler --cpu-prof uses) on SIGUSR2, so start-up is left
- * out, and writes $BENCH_CPU_PROF_DIR/<pid>.cpuprofile when the process exits.
+ * out, and writes $BENCH_CPU_PROF_DIR/<pid>.cpuprofile on the next SIGUSR2 or when the process exits, whichever
+ * comes first (gwsh proxy app may be kept alive by a connection the Proxy lets linger).
  */
 const PROFILER_PRELOAD = `
 const { Session } = require('node:inspector');
@@ -585,21 +607,23 @@ const dir = process.env.BENCH_CPU_PROF_DIR;
 const session = new Session();
 session.connect();
 session.post('Profiler.enable');
-let started = false;
-process.on('SIGUSR2', () => {
-  if (started) return;
-  started = true;
-  session.post('Profiler.start');
-});
-process.once('exit', () => {
-  if (!started) return;
+let state = 'idle';
+const write = () => {
+  if (state !== 'started') return;
+  state = 'written';
   // A session in the same thread answers synchronously, so this runs before the process is gone.
   session.post('Profiler.stop', (err, res) => {
     if (err || !res) return;
     mkdirSync(dir, { recursive: true });
     writeFileSync(dir + '/' + process.pid + '.cpuprofile', JSON.stringify(res.profile));
   });
+};
+process.on('SIGUSR2', () => {
+  if (state !== 'idle') return write();
+  state = 'started';
+  session.post('Profiler.start');
 });
+process.once('exit', write);
 `;
 
 /** Extra Node options for the Proxy and agent daemons of the data path (BENCH_DAEMON_NODE_OPTIONS), e.g. GC settings. */
@@ -621,6 +645,510 @@ function newestProfile(dir: string): string | undefined {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// the user's path: a native client (iperf3) -> `gwsh proxy app` -> Proxy -> tunnel -> agent -> iperf3 -s, against
+// iperf3 -> the forwarded port of `ssh -R` -> iperf3 -s
+
+interface Iperf3Server {
+  pid: number;
+  port: number;
+  stop(): Promise<void>;
+}
+
+/** `iperf3 -s` on TARGET_IP (one test at a time; the paths take turns). */
+async function startIperf3Server(): Promise<Iperf3Server> {
+  const port = await getPort({ host: TARGET_IP });
+  const child = spawn('iperf3', ['-s', '-B', TARGET_IP, '-p', String(port)], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  child.stderr!.on('data', (c: Buffer) => (log = (log + c.toString()).slice(-4000)));
+  const up = await Promise.race([waitForPort(TARGET_IP, port).then(() => true), exited(child).then(() => false)]);
+  if (!up) throw new Error(`iperf3 -s did not start:\n${log}`);
+  return { pid: child.pid!, port, stop: () => stopChild(child) };
+}
+
+interface IperfResult {
+  /** sum_received: what the server got, bits per second and bytes. */
+  bitsPerSecond: number;
+  bytes: number;
+}
+
+/**
+ * One `iperf3 -c -J` test. A server still finishing the previous test (its connections are closed through the
+ * path, which can take a moment) answers "busy": tried again for up to 30 s.
+ */
+async function runIperf3(host: string, port: number, streams: number, seconds: number): Promise<IperfResult> {
+  for (let i = 0; ; i++) {
+    try {
+      return await runIperf3Once(host, port, streams, seconds);
+    } catch (err) {
+      if (!/busy/.test((err as Error).message) || i >= 60) throw err;
+      await sleep(500);
+    }
+  }
+}
+
+/** One `iperf3 -c -J` test; rejects with its error or output when it fails. */
+async function runIperf3Once(host: string, port: number, streams: number, seconds: number): Promise<IperfResult> {
+  const child = spawn('iperf3', ['-c', host, '-p', String(port), '-J', '-t', String(seconds), '-P', String(streams)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  child.stdout!.on('data', (c: Buffer) => (out += c.toString()));
+  child.stderr!.on('data', (c: Buffer) => (err += c.toString()));
+  const code = await withTimeout('iperf3 -c', new Promise<number | null>((r) => child.once('close', r)), (seconds + 60) * 1000);
+  let json: { error?: string; end?: { sum_received?: { bits_per_second: number; bytes: number } } } = {};
+  try {
+    json = JSON.parse(out) as typeof json;
+  } catch {
+    // not JSON: reported below
+  }
+  const sum = json.end?.sum_received;
+  if (code !== 0 || !sum) throw new Error(`iperf3 -c ${host}:${port} -P ${streams} failed (exit ${code}): ${json.error ?? (err || out.slice(0, 2000))}`);
+  return { bitsPerSecond: sum.bits_per_second, bytes: sum.bytes };
+}
+
+/** CPU seconds (user + system) of this process's children that have exited and been waited for. */
+function reapedChildrenCpuSeconds(): number {
+  const stat = readFileSync('/proc/self/stat', 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return (Number(fields[13]) + Number(fields[14])) / CLK_TCK; // cutime, cstime (fields 16 and 17)
+}
+
+interface LocalProxy {
+  process: ChildProcess;
+  port: number;
+  stop(): Promise<void>;
+}
+
+/** A real `gwsh proxy app <name> --port 0` with the given profile directory; resolves once it listens. */
+async function startGwshProxy(gwshHome: string, home: string, app: string, env: Record<string, string> = {}, bin = BIN('gwsh')): Promise<LocalProxy> {
+  const child = spawn(process.execPath, [bin, 'proxy', 'app', app, '--port', '0'], {
+    env: { PATH: process.env.PATH ?? '', HOME: home, GWSH_HOME: gwshHome, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  child.stdout!.on('data', (c: Buffer) => (out += c.toString()));
+  child.stderr!.on('data', (c: Buffer) => (out = (out + c.toString()).slice(-8000)));
+  const port = await withTimeout(
+    `gwsh proxy app ${app}`,
+    new Promise<number>((resolve, reject) => {
+      const check = () => {
+        const m = /on 127\.0\.0\.1:(\d+)/.exec(out);
+        if (m) resolve(Number(m[1]));
+      };
+      child.stdout!.on('data', check);
+      child.once('exit', (code) => reject(new Error(`gwsh proxy app ${app} exited with ${code}:\n${out}`)));
+    }),
+    30_000,
+  );
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    // SIGINT: gwsh closes its listener and exits once its connections are gone; one the Proxy lets linger after
+    // the resource closed (half_close_linger) would keep it for up to 30 s.
+    child.kill('SIGINT');
+    const killer = setTimeout(() => child.kill('SIGKILL'), 2_000);
+    await exited(child);
+    clearTimeout(killer);
+  };
+  return { process: child, port, stop };
+}
+
+/** Opening a new connection through the path and one 64-byte echo on it, then closing it: ms. */
+async function connectAndEcho(host: string, port: number): Promise<number> {
+  const t0 = process.hrtime.bigint();
+  const s = await new Promise<net.Socket>((resolve, reject) => {
+    const c = net.connect({ host, port, noDelay: true }, () => resolve(c));
+    c.once('error', reject);
+  });
+  await withTimeout('echo through a new connection', echoOnce(s, Buffer.alloc(MSG, 0x62)), 30_000);
+  const ms = Number(process.hrtime.bigint() - t0) / 1e6;
+  s.destroy();
+  return ms;
+}
+
+/** The two paths, and with BENCH_GWSH_BEFORE a third: the same gateway through another build of gwsh. */
+type UserPathName = 'gateway (gwsh proxy app)' | 'OpenSSH ssh -R' | 'gateway (BENCH_GWSH_BEFORE)';
+
+/** Another gwsh.js (e.g. a copy of dist/ before a change) run as a third path, for before/after figures in one run. */
+const GWSH_BEFORE = process.env.BENCH_GWSH_BEFORE ?? '';
+
+interface UserPathRoute {
+  name: UserPathName;
+  iperf: { host: string; port: number };
+  echo: { host: string; port: number };
+  cpu: CpuProbe;
+}
+
+interface UserPathFigures {
+  seconds: number;
+  runs: number;
+  /** Mbit/s per run, by stream count then path. */
+  rates: Map<number, Map<UserPathName, number[]>>;
+  /** CPU seconds per GiB received, single-stream runs, by component (the iperf3 client included). */
+  cpuPerGiB: Map<UserPathName, Record<string, number>>;
+  rtt: Map<UserPathName, { p50: number; p99: number }>;
+  /** ms, connect + first echo + close, median and samples. */
+  connect: Map<UserPathName, number[]>;
+  /** CPU ms per new connection, by component (from /proc: 10 ms ticks, averaged over BENCH_CONNECTS). */
+  connectCpu: Map<UserPathName, Record<string, number>>;
+}
+
+const IPERF_SECONDS = envNumber('BENCH_IPERF_SECONDS', 3);
+const CONNECTS = envNumber('BENCH_CONNECTS', 50);
+
+/** iperf3 through both paths, alternating, 1 and STREAMS streams; then round trips and new connections. */
+async function measureUserPath(routes: UserPathRoute[], say: (s: string) => void): Promise<UserPathFigures> {
+  const rates = new Map<number, Map<UserPathName, number[]>>();
+  const cpuPerGiB = new Map<UserPathName, Record<string, number>>();
+  const gib = new Map<UserPathName, number>();
+  for (const r of routes) await runIperf3(r.iperf.host, r.iperf.port, 1, 1); // warm-up
+  for (let run = 0; run < RUNS; run++) {
+    for (const streams of [1, STREAMS]) {
+      const byPath = rates.get(streams) ?? new Map<UserPathName, number[]>();
+      rates.set(streams, byPath);
+      for (const r of routes) {
+        const before = cpuSnapshot(r.cpu);
+        const client0 = reapedChildrenCpuSeconds();
+        const res = await runIperf3(r.iperf.host, r.iperf.port, streams, IPERF_SECONDS);
+        const used = { ...cpuDelta(before, r.cpu), 'iperf3 -c': reapedChildrenCpuSeconds() - client0 };
+        byPath.set(r.name, [...(byPath.get(r.name) ?? []), res.bitsPerSecond / 1e6]);
+        if (streams !== 1) continue;
+        const acc = cpuPerGiB.get(r.name) ?? {};
+        for (const [k, v] of Object.entries(used)) acc[k] = (acc[k] ?? 0) + v;
+        cpuPerGiB.set(r.name, acc);
+        gib.set(r.name, (gib.get(r.name) ?? 0) + res.bytes / 2 ** 30);
+      }
+      say(`user path run ${run + 1}, ${streams} stream(s): ${routes.map((r) => `${r.name} ${byPath.get(r.name)!.at(-1)!.toFixed(0)}`).join(', ')} Mbit/s`);
+    }
+  }
+  for (const [name, acc] of cpuPerGiB) for (const k of Object.keys(acc)) acc[k] = acc[k]! / gib.get(name)!;
+  const rtt = new Map<UserPathName, { p50: number; p99: number }>();
+  const connect = new Map<UserPathName, number[]>();
+  for (const r of routes) {
+    const direct: Connect = () =>
+      new Promise((resolve, reject) => {
+        const s = net.connect({ host: r.echo.host, port: r.echo.port, noDelay: true }, () => resolve(s));
+        s.once('error', reject);
+      });
+    rtt.set(r.name, await roundTrips(direct, Math.min(RTTS, 2000)));
+  }
+  const connectCpu = new Map<UserPathName, Record<string, number>>();
+  for (let i = 0; i < CONNECTS; i++) {
+    for (const r of routes) {
+      const before = cpuSnapshot(r.cpu);
+      connect.set(r.name, [...(connect.get(r.name) ?? []), await connectAndEcho(r.echo.host, r.echo.port)]);
+      const acc = connectCpu.get(r.name) ?? {};
+      for (const [k, v] of Object.entries(cpuDelta(before, r.cpu))) acc[k] = (acc[k] ?? 0) + (v * 1000) / CONNECTS;
+      connectCpu.set(r.name, acc);
+    }
+  }
+  for (const r of routes) say(`user path ${r.name}: round trip p50 ${rtt.get(r.name)!.p50.toFixed(1)} µs; new connection + echo ${median(connect.get(r.name)!).toFixed(2)} ms`);
+  return { seconds: IPERF_SECONDS, runs: RUNS, rates, cpuPerGiB, rtt, connect, connectCpu };
+}
+
+const GW_USER: UserPathName = 'gateway (gwsh proxy app)';
+const SSH_USER: UserPathName = 'OpenSSH ssh -R';
+
+/** The user path's rows of the tunnel table (raw TCP and gateway / raw do not apply). */
+function userPathRows(u: UserPathFigures): string[] {
+  const mibs = (streams: number, p: UserPathName) => median(u.rates.get(streams)!.get(p)!) / 8 / 1.048576;
+  const total = (p: UserPathName) => Object.values(u.cpuPerGiB.get(p)!).reduce((a, b) => a + b, 0);
+  const rows: Array<[string, (p: UserPathName) => number, number]> = [
+    [`user path: iperf3 throughput, 1 stream (MiB/s, median of ${u.runs} runs of ${u.seconds} s)`, (p) => mibs(1, p), 0],
+    [`user path: iperf3 throughput, ${STREAMS} streams (MiB/s aggregate, median of ${u.runs} runs of ${u.seconds} s)`, (p) => mibs(STREAMS, p), 0],
+    ['user path: 64-byte round trip p50 (µs)', (p) => u.rtt.get(p)!.p50, 1],
+    ['user path: 64-byte round trip p99 (µs)', (p) => u.rtt.get(p)!.p99, 1],
+    [`user path: new connection + first 64-byte echo (ms, median of ${u.connect.get(GW_USER)!.length})`, (p) => median(u.connect.get(p)!), 2],
+    ['user path: CPU seconds per GiB, every process of the path (1 stream)', total, 2],
+  ];
+  return rows.map(([label, get, digits]) => `| ${label} | – | ${get(GW_USER).toFixed(digits)} | ${get(SSH_USER).toFixed(digits)} | ${(get(GW_USER) / get(SSH_USER)).toFixed(2)}x | – |`);
+}
+
+/** The user path's paragraph: what runs, the CPU split, the gwsh profile. */
+function userPathText(u: UserPathFigures, gwsh: ReturnType<typeof summarizeProfile> | undefined): string {
+  const components = (p: UserPathName) =>
+    Object.entries(u.cpuPerGiB.get(p)!)
+      .map(([k, v]) => `${k} ${v.toFixed(2)}`)
+      .join(', ');
+  const perConnection = (p: UserPathName) =>
+    Object.entries(u.connectCpu.get(p)!)
+      .map(([k, v]) => `${k} ${v.toFixed(2)}`)
+      .join(', ');
+  const each = (streams: number, p: UserPathName) => u.rates.get(streams)!.get(p)!.map((r) => (r / 8 / 1.048576).toFixed(0)).join(', ');
+  const groups = gwsh
+    ? Object.entries(gwsh.groups)
+        .filter(([k]) => k !== 'ssh2')
+        .map(([k, v]) => `${k} ${(v * 100).toFixed(0)}%`)
+        .join(', ')
+    : '';
+  return (
+    `- User path (what a user runs): \`iperf3 -c 127.0.0.1 -p <port> -J -t ${u.seconds}\` -> a real \`gwsh proxy app iperf --port 0\` process (signed in to the Proxy's ` +
+    `listen address ${PROXY_IP}) -> the Proxy daemon -> the reverse tunnel through squid -> the agent daemon -> \`iperf3 -s\` on ${TARGET_IP} (a tcp:// app); ` +
+    `peer: the same iperf3 client -> a third forward of the same \`ssh -R\` on ${SSHD_IP} -> a second \`iperf3 -s\` on ${TARGET_IP} (one server per path: a test waits for none of the other path's). ` +
+    `Throughput is iperf3's sum_received; runs alternate gateway / OpenSSH, 1 stream then ${STREAMS} (\`-P ${STREAMS}\`); each run's MiB/s: ` +
+    `1 stream gateway ${each(1, GW_USER)}, OpenSSH ${each(1, SSH_USER)}; ${STREAMS} streams gateway ${each(STREAMS, GW_USER)}, OpenSSH ${each(STREAMS, SSH_USER)}. ` +
+    `iperf3 opens its control connection first, through the same path. Round trips: a second \`gwsh proxy app echo\` against ssh -R's echo forward, one connection; ` +
+    `new connection: connect, one 64-byte echo, close, alternating paths (for gwsh: a TCP and TLS connection to the Proxy and a route per accepted connection). ` +
+    `CPU seconds per GiB received, single-stream runs, by process: gateway ${components(GW_USER)}; OpenSSH ${components(SSH_USER)}. ` +
+    `CPU ms per new connection (from /proc, 10 ms ticks averaged over ${CONNECTS}): gateway ${perConnection(GW_USER)}; OpenSSH ${perConnection(SSH_USER)}.` +
+    (gwsh
+      ? ` gwsh under \`--cpu-prof\` (one ${u.seconds} s single-stream run, shares of its busy time): ${gwsh.top
+          .slice(0, 5)
+          .map((t) => `\`${t.frame}\` ${(t.share * 100).toFixed(0)}%`)
+          .join(', ')}; by group ${groups}.`
+      : '')
+  );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// idle agents: real TunnelAgent instances in BENCH_AGENT_PROCS child processes (this same file, run with
+// BENCH_TUNNEL_CHILD=idle-agents), each from its own loopback source addresses
+
+/** Agents per source address: well under the Proxy's default max_connections_per_source (1000). */
+const AGENTS_PER_SOURCE = 400;
+
+/**
+ * The direct leg of the Dialer (TCP, Nagle off, keep-alive, half-close) from a chosen loopback source address, and
+ * the Proxy's name resolved as only squid's hosts file does. Everything above the TCP connection (TLS, the
+ * tunnel) is the product's.
+ */
+class SourceDialer extends Dialer {
+  constructor(private readonly source: string) {
+    super({ env: {} });
+  }
+
+  override dial(target: Parameters<Dialer['dial']>[0]): Promise<net.Socket> {
+    const { host, port } = typeof target === 'string' ? parseAddr(target) : target;
+    return new Promise((resolve, reject) => {
+      const s = net.connect({ host: host === PROXY_NAME ? PROXY_IP : host, port: Number(port), localAddress: this.source, noDelay: true, allowHalfOpen: true, keepAlive: true, keepAliveInitialDelay: 30_000 });
+      s.once('error', reject);
+      s.once('connect', () => {
+        s.off('error', reject);
+        resolve(s);
+      });
+    });
+  }
+}
+
+type ToChild =
+  | { op: 'join'; addr: string; token: string; pin: string; names: string[]; sourceBase: string; concurrency: number }
+  | { op: 'connect'; count: number; concurrency: number }
+  | { op: 'check' };
+type FromChild = { op: 'done'; ms: number; connected: number; total: number } | { op: 'error'; message: string };
+
+/** Runs fn over items with at most `concurrency` in flight. */
+async function pool<T>(items: T[], concurrency: number, fn: (item: T, worker: number) => Promise<void>): Promise<void> {
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: Math.min(concurrency, items.length) }, async (_, worker) => {
+      for (let i = next++; i < items.length; i = next++) await fn(items[i]!, worker);
+    }),
+  );
+}
+
+/** The child's side: joins its identities, then starts their agents on request; answers each request once. */
+async function idleAgentsChild(): Promise<void> {
+  const identities: HostIdentity[] = [];
+  const agents: TunnelAgent[] = [];
+  let sourceBase = '127.1.0';
+  const send = (m: FromChild) => process.send!(m);
+  const status = (t0: number): FromChild => ({ op: 'done', ms: Date.now() - t0, connected: agents.filter((a) => a.getState() === 'connected').length, total: agents.length });
+  const join = async (m: Extract<ToChild, { op: 'join' }>) => {
+    sourceBase = m.sourceBase;
+    // Joins come from their own addresses (one per worker): failed joins are limited per source.
+    const joinDialers = Array.from({ length: m.concurrency }, (_, w) => new SourceDialer(`${m.sourceBase}.${200 + w}`));
+    const cas = await fetchPinnedCas(m.addr, m.pin, joinDialers[0]!);
+    identities.length = 0;
+    await pool(m.names, m.concurrency, async (nodename, w) => {
+      const keys = generateKeyPair();
+      const bundle = await new ApiClient({ address: m.addr, dialer: joinDialers[w]!, ca: cas.host_ca }).call<CertBundle & { hostId: string }>('POST', '/webapi/join', {
+        token: m.token,
+        roles: ['app'],
+        nodename,
+        public_addrs: [],
+        public_key: keys.publicKeyPem,
+        ssh_public_key: keys.sshPublicKey,
+      });
+      identities.push({
+        hostId: bundle.hostId,
+        cluster: bundle.clusterName,
+        roles: ['app'],
+        nodename,
+        server: m.addr,
+        joinedVia: 'proxy',
+        key: keys.privateKeyPem,
+        cert: bundle.tlsCert,
+        sshCert: bundle.sshCert,
+        hostCa: bundle.hostCaPem,
+        userCa: bundle.userCaPem,
+        sshUserCa: bundle.sshUserCa,
+        identity: identityFromCert(bundle.tlsCert),
+      });
+    });
+  };
+  const connect = async (m: Extract<ToChild, { op: 'connect' }>) => {
+    const from = agents.length;
+    const batch = identities.slice(from, from + m.count).map((identity, i) => {
+      const source = `${sourceBase}.${1 + Math.floor((from + i) / AGENTS_PER_SOURCE)}`;
+      return new TunnelAgent({
+        identity,
+        dialer: new SourceDialer(source),
+        services: ['app'],
+        resources: { databases: [], apps: [{ name: `app-${identity.nodename}`, kind: 'tcp', labels: {} }], desktops: [], kube_clusters: [] },
+        connectResource: () => Promise.reject(new Error('idle agent')),
+      });
+    });
+    agents.push(...batch);
+    await pool(batch, m.concurrency, (a) => {
+      const connected = new Promise<void>((r) => a.once('connected', () => r()));
+      a.start();
+      return withTimeout('an idle agent connecting', connected, 120_000);
+    });
+  };
+  process.on('message', (m: ToChild) => {
+    const t0 = Date.now();
+    const work = m.op === 'join' ? join(m) : m.op === 'connect' ? connect(m) : Promise.resolve();
+    work.then(
+      () => send(status(t0)),
+      (err: unknown) => send({ op: 'error', message: (err as Error).stack ?? String(err) }),
+    );
+  });
+  process.once('disconnect', () => {
+    for (const a of agents) a.stop();
+    setTimeout(() => process.exit(0), 200).unref();
+  });
+}
+
+/** The hard open-file limit of this process (soft can be raised to it without privileges). */
+function hardOpenFileLimit(): number {
+  const m = /^Max open files\s+\S+\s+(\S+)/m.exec(readFileSync('/proc/self/limits', 'utf8'));
+  return !m || m[1] === 'unlimited' ? 1_048_576 : Number(m[1]);
+}
+
+interface AgentHolder {
+  child: ChildProcess;
+  ask(m: ToChild): Promise<Extract<FromChild, { op: 'done' }>>;
+  stop(): Promise<void>;
+}
+
+/** A child process holding idle agents, with its open-file limit raised to the hard limit. */
+function startAgentHolder(): AgentHolder {
+  const argv = [process.execPath, ...process.execArgv, fileURLToPath(import.meta.url)];
+  const child = spawn('sh', ['-c', `ulimit -n ${hardOpenFileLimit()} && exec "$@"`, 'sh', ...argv], {
+    env: { ...process.env, BENCH_TUNNEL_CHILD: 'idle-agents' },
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  });
+  let pending: { resolve: (m: Extract<FromChild, { op: 'done' }>) => void; reject: (e: Error) => void } | undefined;
+  child.on('message', (m: FromChild) => {
+    const p = pending;
+    pending = undefined;
+    if (m.op === 'done') p?.resolve(m);
+    else p?.reject(new Error(`idle agents: ${m.message}`));
+  });
+  child.once('exit', (code) => pending?.reject(new Error(`the idle agents' process exited with ${code}`)));
+  return {
+    child,
+    ask: (m) =>
+      new Promise((resolve, reject) => {
+        pending = { resolve, reject };
+        child.send(m);
+      }),
+    stop: async () => {
+      if (child.connected) child.disconnect();
+      await stopChild(child);
+    },
+  };
+}
+
+/** What main's cleanup stops if a phase fails half-way. */
+interface Tracked {
+  memProxy?: RunningGateway;
+  holders: AgentHolder[];
+}
+
+interface IdleMemory {
+  agents: number;
+  procs: number;
+  joinSecs: number;
+  connectSecs: number;
+  /** VmRSS (KiB) of the Proxy before the first agent, then at each checkpoint (agents connected). */
+  rssBefore: number;
+  readings: Array<{ agents: number; rssKiB: number }>;
+  allUp: boolean;
+  openFiles: number;
+  /** bench/tlsfloor.ts: a bare Node.js TLS server's VmRSS per idle connection, measured after this phase. */
+  floor?: TlsFloor;
+}
+
+/** Connections of the TLS floor (its per-connection figure does not depend on the count much; the run time does). */
+const TLS_FLOOR_CONNECTIONS = 2000;
+
+/** The idle-memory phase: a fresh Proxy daemon, AGENTS identities joined, then connected in steps. */
+async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, say: (s: string) => void, track: Tracked): Promise<IdleMemory> {
+  const openFiles = hardOpenFileLimit();
+  if (openFiles < AGENTS + 2000) throw new Error(`BENCH_AGENTS=${AGENTS} needs an open-file limit above ${AGENTS + 2000} (the Proxy holds one connection per agent); the hard limit here is ${openFiles}`);
+  const memPort = await getPort({ host: PROXY_IP });
+  const memAddr = `${PROXY_NAME}:${memPort}`;
+  const memDataDir = join(dir, 'mem-data');
+  // One listener holds every agent: its cap is written (an operator with this many agents does the same).
+  const profDir = process.env.BENCH_IDLE_PROFILE;
+  if (profDir) await writeFile(join(dir, 'profiler.cjs'), PROFILER_PRELOAD);
+  const memProxy = await startGateway(proxyConfig('idle.example', memPort, AGENTS + 1000), {
+    dataDir: memDataDir,
+    openFiles,
+    ...(profDir ? { env: { NODE_OPTIONS: `--require ${join(dir, 'profiler.cjs')}`, BENCH_CPU_PROF_DIR: profDir } } : {}),
+  });
+  track.memProxy = memProxy;
+  const memPid = memProxy.process.pid!;
+  const r = await runCli('gwctl', ['--data-dir', memDataDir, 'tokens', 'add', '--type=app', '--uses=0', '--ttl=1h', '--format', 'json'], { env: adminEnv });
+  if (r.status !== 0) throw new Error(`gwctl tokens add: ${r.stderr}`);
+  const memToken = JSON.parse(r.stdout) as { token: string; ca_pin: string };
+  for (let c = 0; c < AGENT_PROCS; c++) track.holders.push(startAgentHolder());
+  const share = (c: number, n: number) => Math.floor(n / AGENT_PROCS) + (c < n % AGENT_PROCS ? 1 : 0);
+  const tJoin = Date.now();
+  await Promise.all(
+    track.holders.map((h, c) =>
+      h.ask({
+        op: 'join',
+        addr: memAddr,
+        token: memToken.token,
+        pin: memToken.ca_pin,
+        names: Array.from({ length: share(c, AGENTS) }, (_, i) => `idle-${c}-${i}`),
+        sourceBase: `127.${10 + c}.0`,
+        concurrency: 8,
+      }),
+    ),
+  );
+  const joinSecs = (Date.now() - tJoin) / 1000;
+  say(`memory: ${AGENTS} identities joined in ${joinSecs.toFixed(1)} s by ${AGENT_PROCS} processes; CPU s: Proxy ${cpuSeconds(memPid).toFixed(1)}, agents ${track.holders.map((h) => processTree(h.child.pid!).map((p) => cpuSeconds(p)).reduce((a, b) => a + b, 0).toFixed(1)).join(', ')}`);
+  await sleep(2000);
+  const rssBefore = await rssKiB(memPid);
+  const checkpoints = [...new Set([Math.floor(AGENTS / 4), Math.floor(AGENTS / 2), AGENTS])].filter((n) => n > 0);
+  const readings: IdleMemory['readings'] = [];
+  let connectSecs = 0;
+  let have = 0;
+  let allUp = true;
+  for (const target of checkpoints) {
+    if (profDir && target === AGENTS) memProxy.process.kill('SIGUSR2');
+    const t0 = Date.now();
+    const answers = await Promise.all(track.holders.map((h, c) => h.ask({ op: 'connect', count: share(c, target) - share(c, have), concurrency: 32 })));
+    connectSecs += (Date.now() - t0) / 1000;
+    have = target;
+    await sleep(3000);
+    const rss = await rssKiB(memPid);
+    readings.push({ agents: target, rssKiB: rss });
+    const up = answers.reduce((a, m) => a + m.connected, 0);
+    allUp = up === target;
+    say(`memory: ${target} agents connected (${up} up) after ${connectSecs.toFixed(1)} s: Proxy VmRSS ${(rss / 1024).toFixed(1)} MiB; CPU s: Proxy ${cpuSeconds(memPid).toFixed(1)}, agents ${track.holders.map((h) => processTree(h.child.pid!).map((p) => cpuSeconds(p)).reduce((a, b) => a + b, 0).toFixed(1)).join(', ')}`);
+  }
+  // Still all up after the last reading?
+  const last = await Promise.all(track.holders.map((h) => h.ask({ op: 'check' })));
+  allUp &&= last.reduce((a, m) => a + m.connected, 0) === AGENTS;
+  for (const h of track.holders.splice(0)) await h.stop();
+  await stopGateway(memProxy);
+  track.memProxy = undefined;
+  return { agents: AGENTS, procs: AGENT_PROCS, joinSecs, connectSecs, rssBefore, readings, allUp, openFiles };
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 
 async function main(): Promise<void> {
   const began = Date.now();
@@ -636,17 +1164,34 @@ async function main(): Promise<void> {
   let squid: Squid | undefined;
   let proxy: RunningGateway | undefined;
   let agent: RunningGateway | undefined;
-  let memProxy: RunningGateway | undefined;
+  const track: Tracked = { holders: [] };
   let sshd: Sshd | undefined;
   let ssh: SshTunnel | undefined;
+  let iperf: Iperf3Server | undefined;
+  let iperfSsh: Iperf3Server | undefined;
+  const gwshProxies: LocalProxy[] = [];
   const servers: TestServer[] = [];
-  const idleAgents: TunnelAgent[] = [];
   const say = (s: string) => process.stdout.write(`[${((Date.now() - began) / 1000).toFixed(1)} s] ${s}\n`);
+  if (ONLY === 'idle') {
+    // The idle-memory phase alone (BENCH_TUNNEL_ONLY=idle): printed, never recorded.
+    try {
+      const mem = await measureIdleMemory(dir, { HOME: dir }, say, track);
+      process.stdout.write(`\n${[...idleMemoryRows(mem), '', idleMemoryText(mem)].join('\n')}\n`);
+    } finally {
+      for (const h of track.holders) await h.stop();
+      await stopGateway(track.memProxy);
+      await rm(dir, { recursive: true, force: true });
+    }
+    return;
+  }
   try {
     squid = await startSquid({ extraConfig: [`hosts_file ${join(dir, 'hosts')}`] });
     const sink = await startCountingSink(TARGET_IP);
     const echo = await startEchoServer(TARGET_IP);
     servers.push(sink, echo);
+    // One iperf3 server per path, so that one path's test never waits for the other's to be wound up.
+    iperf = await startIperf3Server();
+    iperfSsh = await startIperf3Server();
 
     // --- the gateway: Proxy, a user, a join token, the agent (joined once through squid, then restarted) -------
     const webPort = await getPort({ host: PROXY_IP });
@@ -671,7 +1216,7 @@ async function main(): Promise<void> {
     const profile: Profile = loadProfile(gwshHome)!;
     const token = (JSON.parse(await gwctl(['tokens', 'add', '--type=app', '--uses=0', '--ttl=1h', '--format', 'json'])) as { token: string }).token;
 
-    const agentYaml = agentConfig(sink.port, echo.port);
+    const agentYaml = agentConfig(sink.port, echo.port, iperf.port);
     const agentDataDir = join(dir, 'agent-data');
     await mkdir(agentDataDir, { recursive: true });
     agent = await startGateway(agentYaml, { dataDir: agentDataDir, args: ['--token', token, '--ca-pin', pin, '--proxy', proxyAddr], env: { HTTPS_PROXY: squid.url } });
@@ -702,11 +1247,13 @@ async function main(): Promise<void> {
     spawnSync('ssh-keygen', ['-q', '-t', 'ecdsa', '-b', '256', '-N', '', '-f', join(dir, 'user_key')]);
     await writeFile(join(dir, 'authorized_keys'), await readFile(join(dir, 'user_key.pub')));
     sshd = await startSshd(dir);
-    const fwd = { sink: await getPort({ host: SSHD_IP, exclude: [sshd.port] }), echo: 0 };
+    const fwd = { sink: await getPort({ host: SSHD_IP, exclude: [sshd.port] }), echo: 0, iperf: 0 };
     fwd.echo = await getPort({ host: SSHD_IP, exclude: [sshd.port, fwd.sink] });
+    fwd.iperf = await getPort({ host: SSHD_IP, exclude: [sshd.port, fwd.sink, fwd.echo] });
     const forwards = [
       { listen: fwd.sink, to: sink.port },
       { listen: fwd.echo, to: echo.port },
+      { listen: fwd.iperf, to: iperfSsh!.port },
     ];
     const sshStarts: number[] = [];
     for (let i = 0; i < STARTS; i++) {
@@ -743,6 +1290,82 @@ async function main(): Promise<void> {
         cpu: { 'client+sink (bench)': () => 'self', sshd: () => processTree(sshd!.pid), squid: () => [squid!.pid], 'ssh + socat': () => processTree(ssh!.process.pid!) },
       },
     ];
+
+    // --- the user's path: iperf3 -> gwsh proxy app -> ... against iperf3 -> ssh -R's forward ---------------------
+    // gwsh signs in to the Proxy's listen address (its certificate names it), as a user on the Proxy's network would:
+    // the client leg goes straight to the Proxy, as ssh -R's client leg goes straight to sshd's forward.
+    const userHome = join(dir, 'gwsh-user');
+    const userLogin = await runCli('gwsh', ['login', `--proxy=${PROXY_IP}:${webPort}`, '--user=bench', `--ca-pin=${pin}`], { env: { HOME: dir, GWSH_HOME: userHome }, input: `${PASSWORD}\n` });
+    if (userLogin.status !== 0) throw new Error(`gwsh login: ${userLogin.stderr}`);
+    const gwshIperf = await startGwshProxy(userHome, dir, 'iperf');
+    const gwshEcho = await startGwshProxy(userHome, dir, 'echo');
+    gwshProxies.push(gwshIperf, gwshEcho);
+    const userRoutes: UserPathRoute[] = [
+      {
+        name: 'gateway (gwsh proxy app)',
+        iperf: { host: '127.0.0.1', port: gwshIperf.port },
+        echo: { host: '127.0.0.1', port: gwshEcho.port },
+        cpu: {
+          gwsh: () => [gwshIperf.process.pid!, gwshEcho.process.pid!],
+          'Proxy daemon': () => [proxy!.process.pid!],
+          squid: () => [squid!.pid],
+          'agent daemon': () => [agent!.process.pid!],
+          'iperf3 -s': () => [iperf!.pid],
+        },
+      },
+      {
+        name: 'OpenSSH ssh -R',
+        iperf: { host: SSHD_IP, port: fwd.iperf },
+        echo: { host: SSHD_IP, port: fwd.echo },
+        cpu: { sshd: () => processTree(sshd!.pid), squid: () => [squid!.pid], 'ssh + socat': () => processTree(ssh!.process.pid!), 'iperf3 -s': () => [iperfSsh!.pid] },
+      },
+    ];
+    if (GWSH_BEFORE) {
+      const before = [await startGwshProxy(userHome, dir, 'iperf', {}, GWSH_BEFORE), await startGwshProxy(userHome, dir, 'echo', {}, GWSH_BEFORE)];
+      gwshProxies.push(...before);
+      userRoutes.push({
+        ...userRoutes[0]!,
+        name: 'gateway (BENCH_GWSH_BEFORE)',
+        iperf: { host: '127.0.0.1', port: before[0]!.port },
+        echo: { host: '127.0.0.1', port: before[1]!.port },
+        cpu: { ...userRoutes[0]!.cpu, gwsh: () => before.map((g) => g.process.pid!) },
+      });
+    }
+    const user = await measureUserPath(userRoutes, say);
+    if (GWSH_BEFORE) {
+      const total = (p: UserPathName) => Object.values(user.cpuPerGiB.get(p)!).reduce((a, b) => a + b, 0);
+      for (const p of [GW_USER, 'gateway (BENCH_GWSH_BEFORE)'] as const) {
+        say(`${p}: gwsh ${user.cpuPerGiB.get(p)!.gwsh!.toFixed(3)} CPU-s/GiB, ${user.connectCpu.get(p)!.gwsh!.toFixed(2)} CPU-ms per connection, path ${total(p).toFixed(2)}; MiB/s 1 stream ${user.rates.get(1)!.get(p)!.map((r) => (r / 8.388608).toFixed(0)).join(' ')}, ${STREAMS} streams ${user.rates.get(STREAMS)!.get(p)!.map((r) => (r / 8.388608).toFixed(0)).join(' ')}; rtt p50 ${user.rtt.get(p)!.p50.toFixed(1)} µs; connect ${median(user.connect.get(p)!).toFixed(2)} ms`);
+      }
+    }
+    let gwshProfile: ReturnType<typeof summarizeProfile> | undefined;
+    if (PROFILE) {
+      // gwsh again under the sampler, for one single-stream iperf3 run (started after a warm-up run).
+      await gwshIperf.stop();
+      const profDir = join(dir, 'prof-gwsh');
+      const preload = join(dir, 'profiler.cjs');
+      await writeFile(preload, PROFILER_PRELOAD);
+      const profiled = await startGwshProxy(userHome, dir, 'iperf', { NODE_OPTIONS: `--require ${preload}`, BENCH_CPU_PROF_DIR: profDir });
+      gwshProxies.push(profiled);
+      await runIperf3('127.0.0.1', profiled.port, 1, 1);
+      profiled.process.kill('SIGUSR2');
+      await runIperf3('127.0.0.1', profiled.port, 1, IPERF_SECONDS);
+      profiled.process.kill('SIGUSR2');
+      for (let i = 0; i < 100 && !newestProfile(profDir); i++) await sleep(50);
+      const gp = newestProfile(profDir);
+      const keep = process.env.BENCH_PROFILE_KEEP;
+      if (gp && keep) {
+        await mkdir(keep, { recursive: true });
+        await copyFile(gp, join(keep, 'gwsh.cpuprofile'));
+      }
+      gwshProfile = gp ? summarizeProfile(gp) : undefined;
+      say(`gwsh profile: ${JSON.stringify(gwshProfile, null, 1)}`);
+    }
+    for (const g of gwshProxies.splice(0)) await g.stop();
+    if (ONLY === 'userpath') {
+      process.stdout.write(`\n${[...userPathRows(user), '', userPathText(user, gwshProfile)].join('\n')}\n`);
+      return;
+    }
 
     // --- throughput (paths interleaved run by run) -----------------------------------------------------------
     const bytes = MIB * 2 ** 20;
@@ -824,105 +1447,12 @@ async function main(): Promise<void> {
     }
 
     // --- memory per idle agent at BENCH_AGENTS agents ------------------------------------------------------------
-    const memPort = await getPort({ host: PROXY_IP });
-    const memAddr = `${PROXY_NAME}:${memPort}`;
-    const memDataDir = join(dir, 'mem-data');
-    memProxy = await startGateway(proxyConfig('idle.example', memPort), { dataDir: memDataDir });
-    const memPid = memProxy.process.pid!;
-    const memGwctl = async (args: string[]) => {
-      const r = await runCli('gwctl', ['--data-dir', memDataDir, ...args], { env: adminEnv });
-      if (r.status !== 0) throw new Error(`gwctl ${args.join(' ')}: ${r.stderr}`);
-      return r.stdout;
-    };
-    const memToken = JSON.parse(await memGwctl(['tokens', 'add', '--type=app', '--uses=0', '--ttl=1h', '--format', 'json'])) as { token: string; ca_pin: string };
-    const agentDialer = new Dialer({ env: {}, lookup: benchLookup });
-    const cas = await fetchPinnedCas(memAddr, memToken.ca_pin, agentDialer);
-    const identities: HostIdentity[] = new Array(AGENTS);
-    let next = 0;
-    const tJoin = Date.now();
-    await Promise.all(
-      Array.from({ length: 16 }, async () => {
-        for (let i = next++; i < AGENTS; i = next++) {
-          const keys = generateKeyPair();
-          const nodename = `idle-${i}`;
-          const bundle = await new ApiClient({ address: memAddr, dialer: agentDialer, ca: cas.host_ca }).call<CertBundle & { hostId: string }>('POST', '/webapi/join', {
-            token: memToken.token,
-            roles: ['app'],
-            nodename,
-            public_addrs: [],
-            public_key: keys.publicKeyPem,
-            ssh_public_key: keys.sshPublicKey,
-          });
-          identities[i] = {
-            hostId: bundle.hostId,
-            cluster: bundle.clusterName,
-            roles: ['app'],
-            nodename,
-            server: memAddr,
-            joinedVia: 'proxy',
-            key: keys.privateKeyPem,
-            cert: bundle.tlsCert,
-            sshCert: bundle.sshCert,
-            hostCa: bundle.hostCaPem,
-            userCa: bundle.userCaPem,
-            sshUserCa: bundle.sshUserCa,
-            identity: identityFromCert(bundle.tlsCert),
-          };
-        }
-      }),
-    );
-    say(`memory: ${AGENTS} identities joined in ${((Date.now() - tJoin) / 1000).toFixed(1)} s`);
-    await sleep(2000);
-    const rssBefore = await rssKiB(memPid);
-    let tConnect = Date.now();
-    const BATCH = 50;
-    const half = Math.floor(AGENTS / 2 / BATCH) * BATCH;
-    let rssHalf: number | undefined;
-    let connectSecs = 0;
-    for (let i = 0; i < AGENTS; i += BATCH) {
-      if (i === half && half > 0) {
-        // Midway reading: the slope between it and the last one leaves out whatever the joins left in the heap.
-        connectSecs += (Date.now() - tConnect) / 1000;
-        await sleep(3000);
-        rssHalf = await rssKiB(memPid);
-        tConnect = Date.now();
-      }
-      const batch = identities.slice(i, i + BATCH).map(
-        (identity) =>
-          new TunnelAgent({
-            identity,
-            dialer: agentDialer,
-            services: ['app'],
-            resources: { databases: [], apps: [{ name: `app-${identity.nodename}`, kind: 'tcp', labels: {} }], desktops: [], kube_clusters: [] },
-            connectResource: () => Promise.reject(new Error('idle agent')),
-          }),
-      );
-      idleAgents.push(...batch);
-      await withTimeout(
-        'idle agents connecting',
-        Promise.all(
-          batch.map((a) => {
-            const connected = new Promise<void>((r) => a.once('connected', () => r()));
-            a.start();
-            return connected;
-          }),
-        ),
-        120_000,
-      );
-    }
-    connectSecs += (Date.now() - tConnect) / 1000;
-    say(`memory: ${AGENTS} agents connected in ${connectSecs.toFixed(1)} s`);
-    await sleep(3000);
-    const allUp = idleAgents.every((a) => a.getState() === 'connected');
-    const rssAfter = await rssKiB(memPid);
-    const perAgentKiB = (rssAfter - rssBefore) / AGENTS;
-    const slopeKiB = rssHalf === undefined ? NaN : (rssAfter - rssHalf) / (AGENTS - half);
-    say(`memory: Proxy RSS ${rssBefore} KiB -> ${rssHalf ?? '-'} KiB at ${half} -> ${rssAfter} KiB at ${AGENTS}: ${perAgentKiB.toFixed(1)} KiB per agent, ${slopeKiB.toFixed(1)} KiB per agent over the second half (all connected: ${allUp})`);
-    for (const a of idleAgents) a.stop();
-    idleAgents.length = 0;
-    await sleep(500);
-    await stopGateway(memProxy);
-    memProxy = undefined;
+    const mem = await measureIdleMemory(dir, adminEnv, say, track);
+    // The floor under it: a bare Node.js TLS server holding idle connections, with the agent's own host certificate.
+    const hostFile = (f: string) => readFile(join(agentDataDir, 'host', f), 'utf8');
+    const [hostCert, hostKey, hostCa] = await Promise.all([hostFile('cert.pem'), hostFile('key.pem'), hostFile('host-ca.pem')]);
+    mem.floor = await measureTlsFloor({ serverCert: hostCert, serverKey: hostKey, ca: hostCa, clientCert: hostCert, clientKey: hostKey, connections: Math.min(AGENTS, TLS_FLOOR_CONNECTIONS) });
+    say(`memory floor: a bare TLS server ${mem.floor.mtlsKiB.toFixed(1)} KiB per connection with a client certificate, ${mem.floor.tlsKiB.toFixed(1)} without`);
 
     // --- the section ------------------------------------------------------------------------------------------
     const med = (m: Map<PathName, number[]>, n: PathName) => median(m.get(n)!);
@@ -943,7 +1473,13 @@ async function main(): Promise<void> {
       '|---|---|---|---|---|---|',
       ...rows.map(([label, get, fmt]) => `| ${label} | ${fmt(get(R))} | ${fmt(get(G))} | ${fmt(get(O))} | ${ratio(get(G), get(O))} | ${ratio(get(G), get(R))} |`),
       `| agent start -> tunnel ready (ms, median of ${STARTS}) | – | ${f0(median(starts.map((s) => s.readyMs)))} | ${f0(median(sshStarts))} | ${ratio(median(starts.map((s) => s.readyMs)), median(sshStarts))} | – |`,
-      `| Proxy memory per idle connected agent at ${AGENTS} agents (KiB of VmRSS) | – | ${f1(perAgentKiB)} | – | – | – |`,
+      ...userPathRows(user),
+      ...idleMemoryRows(mem),
+      ...(mem.floor
+        ? [
+            `| floor: a bare Node.js TLS server per idle connection with a client certificate, ${mem.floor.connections} connections (KiB of VmRSS, bench/tlsfloor.ts) | – | ${mem.floor.mtlsKiB.toFixed(1)} | – | – | – |`,
+          ]
+        : []),
     ];
     const wins = rows.map(([label, get, , better]) => ({ label, win: better === 'higher' ? get(G) > get(O) : get(G) < get(O) }));
     const components = (p: PathName) =>
@@ -980,10 +1516,8 @@ async function main(): Promise<void> {
       `- Ratios: throughput above 1 and times below 1 are better for the gateway. The gateway ${lost.length === 0 ? 'beats OpenSSH on every throughput and latency figure' : `does not beat OpenSSH on: ${lost.join('; ')}`}.`,
       `- Tunnel ready: spawn -> "gateway started" ${f0(startMed.started)} ms (Node start, configuration, stored identity), -> "reverse tunnel ready" ${f0(startMed.ready)} ms, ` +
         `the Proxy logged "agent connected" at ${f0(startMed.proxy)} ms (each start: ${starts.map((s) => f0(s.readyMs)).join(', ')} ms; ssh: ${sshStarts.map(f0).join(', ')} ms).`,
-      `- Idle memory: a fresh Proxy daemon went from ${(rssBefore / 1024).toFixed(1)} MiB to ${(rssAfter / 1024).toFixed(1)} MiB VmRSS with ${AGENTS} idle agents connected ` +
-        `(${rssHalf === undefined ? '' : `${(rssHalf / 1024).toFixed(1)} MiB at ${half}, so ${f1(slopeKiB)} KiB per agent over the second half; `}` +
-        `identities joined through POST /webapi/join with one --uses=0 token before the first reading; the agents are TunnelAgent instances in the bench process, dialing the Proxy directly ` +
-        `(TLS with ALPN gateway-reversetunnel, SSH, control channel), connected in ${f1(connectSecs)} s in batches of 50; all still connected at the last reading: ${allUp ? 'yes' : 'no'}). Kernel socket buffers are not in RSS.`,
+      userPathText(user, gwshProfile),
+      idleMemoryText(mem),
       `- CPU seconds per GiB moved (single stream, by process): gateway ${components(G)} (total ${cpuTotal(G).toFixed(2)}); ` +
         `OpenSSH ${components(O)} (total ${cpuTotal(O).toFixed(2)}); raw TCP ${components(R)}.`,
       ...(profiles.proxy && profiles.agent
@@ -1012,16 +1546,63 @@ async function main(): Promise<void> {
     process.stdout.write(`\n${text}\n`);
     if (process.env.BENCH_RECORD !== '0') await recordSection('tunnel', text);
   } finally {
-    for (const a of idleAgents) a.stop();
+    for (const h of track.holders) await h.stop();
     await ssh?.stop();
     await sshd?.stop();
+    for (const g of gwshProxies) await g.stop();
+    await iperf?.stop();
+    await iperfSsh?.stop();
     await stopGateway(agent);
     await stopGateway(proxy);
-    await stopGateway(memProxy);
+    await stopGateway(track.memProxy);
     for (const s of servers) await s.close();
     await squid?.stop();
     await rm(dir, { recursive: true, force: true });
   }
+}
+
+/** Per idle agent at a checkpoint: overall (from the reading before any agent) and over its second half. */
+function perAgent(mem: IdleMemory, n: number): { overall: number; secondHalf: number } | undefined {
+  const at = mem.readings.find((r) => r.agents === n);
+  const half = mem.readings.find((r) => r.agents === Math.floor(n / 2));
+  if (!at) return undefined;
+  return { overall: (at.rssKiB - mem.rssBefore) / n, secondHalf: half ? (at.rssKiB - half.rssKiB) / (n - half.agents) : NaN };
+}
+
+/**
+ * The table rows: per agent at all of BENCH_AGENTS (first: the README's headline takes the first "Proxy memory
+ * per idle" row) and at half of them, overall and over the second half.
+ */
+function idleMemoryRows(mem: IdleMemory): string[] {
+  return [mem.agents, Math.floor(mem.agents / 2)].flatMap((n) => {
+    const f = perAgent(mem, n);
+    if (!f || n === 0) return [];
+    return [
+      `| Proxy memory per idle connected agent at ${n} agents, overall (KiB of VmRSS) | – | ${f.overall.toFixed(1)} | – | – | – |`,
+      `| Proxy memory per idle connected agent at ${n} agents, over the second half (KiB of VmRSS) | – | ${f.secondHalf.toFixed(1)} | – | – | – |`,
+    ];
+  });
+}
+
+function idleMemoryText(mem: IdleMemory): string {
+  const mib = (kib: number) => `${(kib / 1024).toFixed(1)} MiB`;
+  const last = perAgent(mem, mem.agents);
+  return (
+    `- Idle memory (goal: at most 30 KiB of Proxy memory per idle agent at 10 000): a fresh Proxy daemon (auth + proxy in one process, as above; ` +
+    `\`gateway.limits.max_connections\` written to ${mem.agents + 1000}, open-file limit ${mem.openFiles}) went from ${mib(mem.rssBefore)} VmRSS ` +
+    mem.readings.map((r) => `to ${mib(r.rssKiB)} at ${r.agents}`).join(', ') +
+    ` idle agents connected${last ? ` (${last.overall.toFixed(1)} KiB per agent overall, ${last.secondHalf.toFixed(1)} over the second half)` : ''}. ` +
+    `The agents are real TunnelAgent instances (each its own host identity, TLS to the Proxy with its certificate, then the tunnel's handshake and control channel, ` +
+    `heartbeats while idle), so the figure includes each connection's TLS state; they run in ${mem.procs} child processes of the bench, dial the Proxy directly ` +
+    `(not through squid: what is measured is the Proxy) from ${AGENTS_PER_SOURCE} agents per loopback source address. ` +
+    `The ${mem.agents} identities were joined first through POST /webapi/join with one --uses=0 token (${mem.joinSecs.toFixed(1)} s, 8 joins in flight per process, ` +
+    `each worker from its own source address), before the first reading; the agents connected in ${mem.connectSecs.toFixed(1)} s (32 in flight per process); ` +
+    `all still connected at the last reading: ${mem.allUp ? 'yes' : 'no'}. The second-half figure leaves out what start-up and the joins left in the heap. Kernel socket buffers are not in RSS.` +
+    (mem.floor
+      ? ` The floor (bench/tlsfloor.ts, same run, the agent's host certificate on both ends): a bare Node.js TLS server holds ${mem.floor.mtlsKiB.toFixed(1)} KiB per idle connection ` +
+        `with a client certificate and ${mem.floor.tlsKiB.toFixed(1)} KiB without (${mem.floor.connections} connections, VmRSS after gc).`
+      : '')
+  );
 }
 
 /** One honest paragraph from the measured CPU split and the profiles. */
@@ -1080,4 +1661,5 @@ function whereTheTimeGoes(d: {
   return parts.join(' ');
 }
 
-await main();
+if (process.env.BENCH_TUNNEL_CHILD === 'idle-agents') await idleAgentsChild();
+else await main();

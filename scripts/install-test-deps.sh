@@ -29,6 +29,7 @@ declare -A NEED=(
   [ps]=procps                # process trees in the SSH and reload tests
   [curl]=curl                # HTTP requests through squid and to the version server, as a user would send them
   [tmux]=tmux                # a real terminal for the interactive SSH test
+  [iperf3]=iperf3            # the native client and server of bench:tunnel's user path (iperf3 -> gwsh proxy app -> ...)
 )
 
 missing=()
@@ -67,4 +68,5 @@ if command -v service >/dev/null 2>&1; then
   service mariadb stop >/dev/null 2>&1 || true
   service redis-server stop >/dev/null 2>&1 || true
   service ssh stop >/dev/null 2>&1 || true   # the SSH tests and benchmarks start their own sshd
+  service iperf3 stop >/dev/null 2>&1 || true  # bench:tunnel starts its own iperf3 -s
 fi

@@ -13,7 +13,7 @@ import { spawn as spawnChild } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { parseSshCert } from '../auth/pki.js';
 import { Dialer } from '../dial/dialer.js';
-import { fetchPing, openResource, routeAddress, type ResourceTarget } from '../client/resources.js';
+import { fetchPing, openResource, resourceTlsContext, routeAddress, type ResourceTarget } from '../client/resources.js';
 import { splice } from '../stream/splice.js';
 import { toGatewayError } from '../errors.js';
 import { GatewayError } from '../errors.js';
@@ -123,15 +123,17 @@ for (const [name, kind, column, description] of [
 /** A local listener whose every connection is carried to the resource through the Proxy. */
 async function localProxy(target: ResourceTarget, port: string, what: string): Promise<void> {
   const profile = requireProfile();
+  // One Dialer, one ping and one TLS context for every connection this listener carries.
   const dialer = new Dialer();
+  const context = resourceTlsContext(profile);
   const ping = await fetchPing(profile, dialer);
   const address = routeAddress(profile, ping, target.alpn);
   // Fail now, not at the first client connection, when the resource is unknown or not allowed. Only the Proxy
   // is asked: the resource itself sees no connection until a client makes one.
-  (await openResource(profile, address, { ...target, check: true }, dialer)).destroy();
+  (await openResource(profile, address, { ...target, check: true }, dialer, context)).destroy();
   if (!/^\d{1,5}$/.test(port) || Number(port) > 65535) throw new GatewayError('GW_ERR_USAGE', `--port: "${port}" is not a port number`);
   const server = net.createServer({ allowHalfOpen: true, noDelay: true }, (local) => {
-    openResource(profile, address, target, dialer)
+    openResource(profile, address, target, dialer, context)
       .then((remote) => splice(local, remote))
       .catch((err: unknown) => {
         const e = toGatewayError(err);

@@ -7,6 +7,7 @@
  * (from /webapi/ping) and apps and desktops still use gateway-tcp on the web port.
  */
 import type { Duplex } from 'node:stream';
+import tls from 'node:tls';
 import { parseAddr } from '../addr.js';
 import { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
@@ -47,10 +48,25 @@ export function routeAddress(profile: Profile, ping: PingResponse, alpn: string)
   return byAlpn[alpn] || profile.proxy;
 }
 
-export async function openResource(profile: Profile, address: string, target: ResourceTarget, dialer: Dialer = new Dialer()): Promise<Duplex> {
+/**
+ * The profile's trust and certificate as one TLS context, for a caller that opens many connections (gwsh proxy
+ * app|db): parsing the CA, the certificate and the key again for every connection costs about a millisecond.
+ */
+export function resourceTlsContext(profile: Profile): tls.SecureContext {
+  return tls.createSecureContext({ ca: profile.hostCa, cert: profile.cert, key: profile.key });
+}
+
+export async function openResource(
+  profile: Profile,
+  address: string,
+  target: ResourceTarget,
+  dialer: Dialer = new Dialer(),
+  secureContext?: tls.SecureContext,
+): Promise<Duplex> {
   const raw = await dialer.dial(address);
   const host = parseAddr(address).host;
-  const socket = await connectTls(raw, { ALPNProtocols: [target.alpn], ca: profile.hostCa, cert: profile.cert, key: profile.key, host }).catch((err: Error) => {
+  const credentials = secureContext ? { secureContext } : { ca: profile.hostCa, cert: profile.cert, key: profile.key };
+  const socket = await connectTls(raw, { ALPNProtocols: [target.alpn], ...credentials, host }).catch((err: Error) => {
     throw (
       tlsVerifyError(err, { address, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(address) }) ??
       (/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err)

@@ -6,7 +6,7 @@ import { once } from 'node:events';
 import type net from 'node:net';
 import tls from 'node:tls';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { openResource, routeAddress, type ResourceTarget } from '../../src/client/resources.js';
+import { openResource, resourceTlsContext, routeAddress, type ResourceTarget } from '../../src/client/resources.js';
 import type { Profile } from '../../src/client/profile.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { isGatewayError } from '../../src/errors.js';
@@ -127,6 +127,20 @@ describe('openResource', () => {
   it("a Proxy whose certificate is not from the profile's cluster CA is refused as untrusted", async () => {
     const route = await fakeRoute(['gateway-postgres'], { ok: true });
     const e = await errorOf(openResource(profile(otherPki.caPem), route.address, { alpn: 'gateway-postgres', resource: 'main' }, dialer));
+    expect(e.code).toBe('GW_ERR_CLIENT_UNTRUSTED');
+  });
+
+  it('one TLS context for many connections (gwsh proxy): the same route and certificate each time, and the same refusal of an untrusted Proxy', async () => {
+    const context = resourceTlsContext(profile());
+    for (const resource of ['first', 'second']) {
+      const route = await fakeRoute(['gateway-tcp'], { ok: true });
+      const stream = await openResource(profile(), route.address, { alpn: 'gateway-tcp', resource, kind: 'app' }, dialer, context);
+      expect(await route.seen).toEqual({ header: { resource, kind: 'app' }, alpn: 'gateway-tcp', clientCert: 'alice' });
+      stream.destroy();
+    }
+    const untrusted = resourceTlsContext(profile(otherPki.caPem));
+    const route = await fakeRoute(['gateway-tcp'], { ok: true });
+    const e = await errorOf(openResource(profile(otherPki.caPem), route.address, { alpn: 'gateway-tcp', resource: 'x', kind: 'app' }, dialer, untrusted));
     expect(e.code).toBe('GW_ERR_CLIENT_UNTRUSTED');
   });
 });

@@ -1,4 +1,5 @@
 import net from 'node:net';
+import { Duplex } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
 import { splice } from '../../src/stream/splice.js';
 
@@ -65,4 +66,27 @@ describe('splice', () => {
     expect(a.readableEnded).toBe(false);
     expect(b.destroyed).toBe(true);
   });
+
+  it('a side that ended and then closed while the other still sends takes the other down (its bytes have nowhere to go)', async () => {
+    const [left, a] = await socketPair();
+    open.push(left, a);
+    // b stands for a tunnel channel: the agent ends it (EOF) and closes it, with no error, while the client still sends.
+    const b = new Duplex({ allowHalfOpen: true, read() {}, write: (_chunk, _enc, cb) => setTimeout(cb, 1) });
+    splice(a, b);
+    left.on('error', () => undefined);
+    const leftGone = new Promise<void>((resolve) => left.once('close', () => resolve()));
+    const chunk = Buffer.alloc(64 * 1024, 0x61);
+    const pump = () => {
+      while (!left.destroyed && left.write(chunk));
+    };
+    left.on('drain', pump);
+    left.resume();
+    pump();
+    b.push(null);
+    await new Promise<void>((resolve) => b.once('end', () => resolve()));
+    b.destroy();
+    // Without the rule a stays paused with the left's bytes unread until something times it out.
+    await leftGone;
+    expect(a.destroyed).toBe(true);
+  }, 10_000);
 });
