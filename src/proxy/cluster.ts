@@ -111,6 +111,7 @@ export class ClusterView extends EventEmitter {
     try {
       const list = await this.options.directory.listPresence();
       this.presence.clear();
+      this.version++;
       for (const p of list) this.put(p);
     } catch (err) {
       this.log.warn({ err: (err as Error).message }, 'cannot list where agents are');
@@ -131,7 +132,10 @@ export class ClusterView extends EventEmitter {
       for (const p of list) this.proxyMap.set(p.id, p);
       if (!this.closed) this.proxyMap.set(this.selfId, this.proxyMap.get(this.selfId) ?? this.selfRecord());
       this.strategyNow = strategy;
-      if (this.signature() !== before) this.emit('proxies');
+      if (this.signature() !== before) {
+        this.version++;
+        this.emit('proxies');
+      }
     } catch (err) {
       this.log.warn({ err: (err as Error).message }, 'cannot list the Proxies');
     }
@@ -141,9 +145,17 @@ export class ClusterView extends EventEmitter {
     return JSON.stringify([[...this.proxyMap.values()].map((p) => [p.id, p.public_addr, p.peer_addr, p.channels_digest]).sort(), this.strategyNow]);
   }
 
+  /**
+   * Changes when the set of agents or what they serve may have changed (a presence added, removed, or from a new
+   * connection: the hello is the only place an agent's resources come from), or the live Proxies: not on the
+   * heartbeats that only renew a presence. The Router keeps its list of agents between changes.
+   */
+  version = 0;
+
   private put(p: Presence): void {
     let byProxy = this.presence.get(p.hostId);
     if (!byProxy) this.presence.set(p.hostId, (byProxy = new Map()));
+    if (byProxy.get(p.proxyId)?.connectedAt !== p.connectedAt) this.version++;
     byProxy.set(p.proxyId, p);
   }
 
@@ -151,7 +163,7 @@ export class ClusterView extends EventEmitter {
     if (event.type === 'put') this.put(event.presence);
     else {
       const byProxy = this.presence.get(event.hostId);
-      byProxy?.delete(event.proxyId);
+      if (byProxy?.delete(event.proxyId)) this.version++;
       if (byProxy?.size === 0) this.presence.delete(event.hostId);
     }
     this.emit('agents');

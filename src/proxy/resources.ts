@@ -40,14 +40,23 @@ export interface Wanted {
 /** The agent service that carries each kind of resource. */
 const SERVICE_OF: Record<AccessKind, ServiceKind> = { node: 'ssh', db: 'db', app: 'app', windows_desktop: 'desktop', kube_cluster: 'kube' };
 
-/** The first answer `pick` gives, asking the agents most recently connected first. */
+/**
+ * The first answer `pick` gives, asking the agents most recently connected first (of agents connected at the same
+ * time, the one listed first). One pass, no sort: an agent no newer than the best answer so far is not asked.
+ */
 export function findNewest<T>(agents: readonly ReachableAgent[], pick: (agent: ReachableAgent) => T | undefined): T | undefined {
-  const sorted = [...agents].sort((a, b) => b.connectedAt.getTime() - a.connectedAt.getTime());
-  for (const agent of sorted) {
+  let best: T | undefined;
+  let bestAt = -Infinity;
+  for (const agent of agents) {
+    const at = agent.connectedAt.getTime();
+    if (best !== undefined && at <= bestAt) continue;
     const found = pick(agent);
-    if (found !== undefined) return found;
+    if (found !== undefined) {
+      best = found;
+      bestAt = at;
+    }
   }
-  return undefined;
+  return best;
 }
 
 /**

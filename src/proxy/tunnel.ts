@@ -157,6 +157,9 @@ export class TunnelServer extends EventEmitter {
     this.endpoint.inject(stream, { info, ...(tlsIdentity ? { tlsIdentity } : {}) });
   };
 
+  /** Changes whenever an agent is added or removed: lets the Router keep its list between changes. */
+  version = 0;
+
   list(): ConnectedAgent[] {
     return [...this.agents.values()].map((r) => r.agent);
   }
@@ -357,6 +360,7 @@ export class TunnelServer extends EventEmitter {
       },
     };
     this.agents.set(agent.hostId, entry);
+    this.version++;
     this.log.info({ hostId: agent.hostId, nodename: agent.nodename, services: agent.services, remote, protocol: link.protocol }, 'agent connected');
     this.emit('agent', agent);
     const send = (m: ControlMessage) => writeJsonLine(link.control, m);
@@ -390,6 +394,7 @@ export class TunnelServer extends EventEmitter {
     const { agent } = entry;
     if (this.agents.get(agent.hostId) !== entry) return;
     this.agents.delete(agent.hostId);
+    this.version++;
     if (this.agents.size === 0) this.stopSweep();
     this.log.info({ hostId: agent.hostId, nodename: agent.nodename }, 'agent disconnected');
     this.emit('agent-gone', agent);
@@ -489,6 +494,7 @@ export class TunnelServer extends EventEmitter {
       await this.options.auth.clearPresence(agent.hostId, this.proxyId, agent.connectedAt.toISOString()).catch(() => undefined);
     }
     this.agents.clear();
+    this.version++;
   }
 }
 

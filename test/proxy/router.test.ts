@@ -78,6 +78,42 @@ function localTunnels(agents: Array<Partial<ConnectedAgent> & { hostId: string }
 }
 
 describe('Router', () => {
+  it('keeps its list of agents while nothing changes (heartbeats renew presences) and builds it again when something does', async () => {
+    let handlers: ClusterWatchHandlers | undefined;
+    const directory: ProxyDirectory = {
+      heartbeatProxy: async () => undefined,
+      removeProxy: async () => undefined,
+      listProxies: async () => [proxy('p1')],
+      listPresence: async () => [presence('h1', 'p1')],
+      tunnelStrategy: async () => ({ type: 'agent_mesh' }),
+      watchCluster: (h) => {
+        handlers = h;
+        return () => undefined;
+      },
+    };
+    const cluster = new ClusterView({ directory, self: { id: 'self', nodename: 'self', version: '1', public_addr: 'self:443' }, channels: {}, heartbeatMs: 60_000, ttlMs: 180_000 });
+    await cluster.start();
+    const tunnels = Object.assign(localTunnels([{ hostId: 'local' }]), { version: 0 });
+    const r = new Router({ tunnels, cluster });
+    const first = r.agents();
+    expect(first.map((a) => a.hostId).sort()).toEqual(['h1', 'local']);
+    // A heartbeat: the same connection, renewed.
+    handlers!.presence({ type: 'put', presence: presence('h1', 'p1', '2026-01-01T00:00:00.000Z', { lastHeartbeat: '2026-01-01T00:00:20.000Z' }) });
+    expect(r.agents()).toBe(first);
+    // A new agent, a reconnect (new resources come with a new connection), a removal, a local tunnel: each is seen.
+    handlers!.presence({ type: 'put', presence: presence('h2', 'p1') });
+    const second = r.agents();
+    expect(second.map((a) => a.hostId).sort()).toEqual(['h1', 'h2', 'local']);
+    handlers!.presence({ type: 'put', presence: presence('h1', 'p1', '2026-01-02T00:00:00.000Z', { resources: { ...NONE, apps: [{ name: 'renamed', kind: 'tcp', labels: {} }] } }) });
+    expect(r.agents().find((a) => a.hostId === 'h1')?.resources.apps[0]?.name).toBe('renamed');
+    handlers!.presence({ type: 'delete', hostId: 'h2', proxyId: 'p1' });
+    expect(r.agents().map((a) => a.hostId).sort()).toEqual(['h1', 'local']);
+    tunnels.version++;
+    (tunnels.list() as ConnectedAgent[]).push({ hostId: 'local-2', nodename: 'local-2', services: ['app'], resources: NONE, connectedAt: new Date(0) } as unknown as ConnectedAgent);
+    expect(r.agents().map((a) => a.hostId).sort()).toEqual(['h1', 'local', 'local-2']);
+    await cluster.close();
+  });
+
   it('sees local agents and those other live Proxies hold; a local tunnel stands for its agent', async () => {
     const cluster = await view([proxy('p1', 'p1:3021'), proxy('gone-later')], [presence('h1', 'p1'), presence('h2', 'p1'), presence('h3', 'not-live'), presence('h4', DIRECT_PROXY_ID)]);
     const r = new Router({ tunnels: localTunnels([{ hostId: 'h2', nodename: 'local-h2' }]), cluster });
