@@ -3,7 +3,8 @@
  *
  *   raw TCP    client -> sink/echo server on 127.0.0.3 (the floor)
  *   gateway    client (this process: openResource, TLS with ALPN gateway-tcp and a gwsh profile) -> Proxy daemon
- *              (auth + proxy, real `gateway start`) -> the agent's reverse tunnel (SSH over TLS over squid CONNECT)
+ *              (auth + proxy, real `gateway start`) -> the agent's reverse tunnel (protocol v2: frames over mutual TLS,
+ *              over squid CONNECT; the section names what the two negotiated)
  *              -> agent daemon (real `gateway start`, app_service with tcp:// apps) -> sink/echo
  *   OpenSSH    client -> sshd (own config, 127.0.0.4) -> `ssh -N -R` (ProxyCommand socat PROXY: through the same
  *              squid) -> sink/echo. The peer.
@@ -497,6 +498,8 @@ interface AgentStart {
   readyMs: number;
   /** spawn -> "agent connected" in the Proxy's log. */
   proxyMs: number;
+  /** The tunnel protocol the two negotiated, as the Proxy logged it (v2, or v1: SSH). */
+  protocol: string;
 }
 
 async function startAgent(proxy: RunningGateway, yaml: string, dataDir: string, squid: Squid, env: Record<string, string> = {}): Promise<AgentStart> {
@@ -513,7 +516,15 @@ async function startAgent(proxy: RunningGateway, yaml: string, dataDir: string, 
     connected = proxy.logs().slice(from).split('\n').find((l) => l.includes('"agent connected"'));
     if (!connected) await sleep(20);
   }
-  return { agent, startedMs: logTime(started) - t0, readyMs: logTime(ready) - t0, proxyMs: connected ? logTime(connected) - t0 : NaN };
+  const protocol = connected ? `v${(JSON.parse(connected) as { protocol?: number }).protocol ?? 1}` : 'unknown';
+  return { agent, startedMs: logTime(started) - t0, readyMs: logTime(ready) - t0, proxyMs: connected ? logTime(connected) - t0 : NaN, protocol };
+}
+
+/** What the agent's starts negotiated, in words for the section. */
+function tunnelProtocolText(starts: AgentStart[]): string {
+  const seen = [...new Set(starts.map((s) => s.protocol))];
+  const words: Record<string, string> = { v2: 'protocol v2: frames straight over mutual TLS, ALPN gateway-reversetunnel-v2', v1: 'protocol v1: SSH over TLS, ALPN gateway-reversetunnel' };
+  return seen.map((p) => words[p] ?? `protocol ${p}`).join('; ');
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1501,7 +1512,7 @@ async function main(): Promise<void> {
       `Run ${new Date(began).toISOString()} with \`npm run bench:tunnel\` (${Math.round((Date.now() - began) / 1000)} s). ` +
         `Client in the bench process; sink and echo servers on ${TARGET_IP} (same process); squid 5 (Debian) on ${squid.host}; ` +
         `gateway: real \`gateway start\` daemons, the Proxy (auth + proxy) on ${PROXY_IP} and an app_service agent whose reverse tunnel ` +
-        `(SSH over TLS, ALPN gateway-reversetunnel) goes through squid to ${PROXY_NAME}, a name only squid resolves; the client opens ` +
+        `(${tunnelProtocolText(starts)}) goes through squid to ${PROXY_NAME}, a name only squid resolves; the client opens ` +
         `gateway-tcp streams with a gwsh profile (openResource, ${clientTls}). ` +
         `Peer: ${sshVersion} \`sshd\` on ${SSHD_IP} and \`ssh -N -R\` with \`ProxyCommand=socat - PROXY:\` through the same squid ` +
         `to ${SSHD_NAME}; the client connects to the forwarded port. Both SSH connections: ${cipher}, ECDSA P-256 keys. ` +
