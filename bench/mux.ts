@@ -4,8 +4,11 @@
  *
  *   direct       client TLS (ALPN gateway-tcp) -> backend
  *   multiplexer  client TLS -> a net.Server running `Multiplexer` whose gateway-tcp route passes the bytes
- *                through (net.connect + pipe, no termination) -> backend. What is measured is the router alone:
- *                sniff + ClientHello parse + route + byte pump.
+ *                through (net.connect + src/mux/pump.ts, no termination) -> backend. What is measured is the router
+ *                alone: sniff + ClientHello parse + route + byte pump. The router process loads the multiplexer from
+ *                dist/ (what `gateway start` runs, built by `npm run bench:mux`), not through tsx: tsx wraps every
+ *                closure in a __name() call that gives it a property of its own, which cost the router about a
+ *                quarter of its heap per connection and some of its CPU.
  *   HAProxy      client TLS -> haproxy (Debian package, TCP mode, `req_ssl_hello_type` + `req_ssl_sni` +
  *                `req.ssl_alpn` routing, passthrough) -> backend. The peer.
  *
@@ -27,7 +30,9 @@
  *   round trip       64 bytes written and echoed back over one established connection, BENCH_RTTS samples
  *   connect          TCP + TLS handshake until one byte has been echoed back, sequential, BENCH_CONNECTS samples
  *   connections/s    BENCH_CONNS connections of connect + handshake + 1-byte echo + close, BENCH_CONCURRENCY in
- *                    flight
+ *                    flight. Connect and connections/s come after BENCH_WARM connections through each path, so that
+ *                    they measure a Proxy that has run for a while: before that, V8 is still compiling the
+ *                    connection path on background threads, which share the router's CPU
  *   router CPU       user+system CPU of the router process during the throughput and connections/s phases
  *   idle memory      RSS growth of a fresh router process per idle connection, BENCH_IDLE connections that sent
  *                    half a ClientHello (waiting in detection), then, in another fresh process, connections
@@ -35,7 +40,7 @@
  *                    buffers are not in any RSS.
  *
  * Settings (environment): BENCH_MIB (512), BENCH_RUNS (3), BENCH_RTTS (5000), BENCH_CONNECTS (500), BENCH_CONNS (2000),
- * BENCH_CONCURRENCY (8), BENCH_IDLE (5000), BENCH_CPU (0), BENCH_ROUTER_CPU (= BENCH_CPU), BENCH_HAPROXY_THREADS (1),
+ * BENCH_CONCURRENCY (8), BENCH_IDLE (5000), BENCH_WARM (2000), BENCH_CPU (0), BENCH_ROUTER_CPU (= BENCH_CPU), BENCH_HAPROXY_THREADS (1),
  * BENCH_HAPROXY (/usr/sbin/haproxy), BENCH_ROUTER_NODE_ARGS (extra node flags for the multiplexer's process, e.g.
  * "--cpu-prof --cpu-prof-dir=/tmp/prof" to see where its time goes).
  *
@@ -51,7 +56,8 @@ import { fileURLToPath } from 'node:url';
 import getPort from 'get-port';
 import { createLogger } from '../src/log.js';
 import { parseClientHello } from '../src/mux/clienthello.js';
-import { Multiplexer, type RouteHandler } from '../src/mux/multiplexer.js';
+import type { Multiplexer as MultiplexerClass, RouteHandler } from '../src/mux/multiplexer.js';
+import type { passThrough as PassThrough } from '../src/mux/pump.js';
 import { sniffProtocol } from '../src/mux/sniff.js';
 import { startSilentServer, type SilentServer } from '../test/helpers/servers.js';
 import { makeTestPki } from '../test/helpers/tls.js';
@@ -66,6 +72,7 @@ const CONNECTS = envNumber('BENCH_CONNECTS', 500);
 const CONNS = envNumber('BENCH_CONNS', 2000);
 const CONCURRENCY = envNumber('BENCH_CONCURRENCY', 8);
 const IDLE = envNumber('BENCH_IDLE', 5000);
+const WARM_CONNS = envNumber('BENCH_WARM', 2000, 0);
 const HAPROXY_THREADS = envNumber('BENCH_HAPROXY_THREADS', 1);
 const HAPROXY = process.env.BENCH_HAPROXY || '/usr/sbin/haproxy';
 /** CPU list (taskset -c) for this process (client and backend), or "any". */
@@ -107,24 +114,16 @@ function readRssOf(pid: number | 'self'): Promise<number> {
 
 async function routerMain(args: string[]): Promise<void> {
   const [tlsPort, idlePort, detectMs] = args.map(Number) as [number, number, number];
+  // The shipped build (see the top of this file); a path in a variable, so that tsc does not resolve it.
+  const dist = new URL('../dist/mux/', import.meta.url).href;
+  const { Multiplexer } = (await import(`${dist}multiplexer.js`)) as { Multiplexer: typeof MultiplexerClass };
+  const { passThrough } = (await import(`${dist}pump.js`)) as { passThrough: typeof PassThrough };
   let open = 0; // routed connections not closed yet
+  const closed = () => void open--;
   const passthrough: RouteHandler = (stream, info) => {
     const upstream = net.connect({ host: BACKEND_IP, port: info.serverName === NAMES.idle ? idlePort : tlsPort, noDelay: true });
     open++;
-    let closed = false;
-    const close = () => {
-      if (closed) return;
-      closed = true;
-      open--;
-      stream.destroy();
-      upstream.destroy();
-    };
-    stream.on('error', close);
-    upstream.on('error', close);
-    stream.once('close', close);
-    upstream.once('close', close);
-    stream.pipe(upstream);
-    upstream.pipe(stream);
+    passThrough(stream, upstream, closed);
   };
   const mux = new Multiplexer({
     routes: [
@@ -562,6 +561,8 @@ async function main(): Promise<void> {
       }
     }
     for (const ch of channels) ch.close();
+    // Warm the connection path up (see the top of this file), the paths taking turns batch by batch.
+    for (let round = 0; round < 4 && WARM_CONNS > 0; round++) for (const p of paths) await connectionBatch(p, Math.ceil(WARM_CONNS / 4));
     const conn = paths.map((): number[] => []);
     for (let i = 0; i < 30 + CONNECTS; i++) {
       for (const [k, p] of paths.entries()) {
@@ -763,7 +764,8 @@ async function main(): Promise<void> {
         `ALPN ${ALPN}, ECDSA P-256 test certificate) to a Node TLS echo/sink backend on ${BACKEND_IP}, straight, through the ` +
         `Multiplexer (passthrough route, own process) and through HAProxy (TCP mode, routing on req_ssl_sni / req.ssl_alpn, ` +
         `passthrough, nbthread ${HAPROXY_THREADS}). The paths take turns throughout. Throughput: median of ${RUNS} runs of ${MIB} MiB; round trip: ` +
-        `${RTTS} samples; connect: ${CONNECTS} sequential; connections/s: ${CONNS} connect + handshake + 1-byte echo + close, ${CONCURRENCY} in flight; ` +
+        `${RTTS} samples; connect: ${CONNECTS} sequential; connections/s: ${CONNS} connect + handshake + 1-byte echo + close, ${CONCURRENCY} in flight, both after ${WARM_CONNS} ` +
+        `warm-up connections per path; the multiplexer runs from dist/ (the shipped build); ` +
         `memory: ${IDLE} idle connections, each case in a fresh router process.`,
       `Machine: ${cpu[0]?.model ?? 'unknown CPU'}, ${cpu.length} cores, ${(totalmem() / 2 ** 30).toFixed(1)} GiB memory, Node ${process.version}, ` +
         `${haproxyVersion} (Debian); load average ${loadBefore.toFixed(2)} at the start, ${loadavg()[0]!.toFixed(2)} at the end.`,

@@ -117,15 +117,10 @@ export class Multiplexer {
     return structuredClone(this.stats);
   }
 
-  /** For net.Server 'connection'. */
+  /** For net.Server 'connection'. The socket's addresses are read when they are needed (routing, a refusal). */
   handleSocket = (socket: net.Socket): void => {
     socket.setNoDelay(true);
-    this.handleStream(socket, {
-      remoteAddress: socket.remoteAddress ?? '',
-      remotePort: socket.remotePort ?? 0,
-      localAddress: socket.localAddress ?? '',
-      localPort: socket.localPort ?? 0,
-    });
+    new Detection(this.context, socket, undefined, undefined).start();
   };
 
   /**
@@ -138,62 +133,87 @@ export class Multiplexer {
 }
 
 /**
- * One connection from its first byte to its route (or its refusal). Every byte read is kept until the decision,
- * then pushed back onto the stream for the route.
+ * The detection in progress on each stream. Its listeners are the four functions below, shared by every
+ * connection: a connection in detection holds this one object and no closure, timer or once() wrapper of its own
+ * (its deadline is a node on its Connection's list, src/net/deadlines.ts).
+ */
+const detections = new WeakMap<Duplex, Detection>();
+
+function onReadable(this: Duplex): void {
+  detections.get(this)?.read();
+}
+function onEnd(this: Duplex): void {
+  detections.get(this)?.refuse('closed-early');
+}
+function onError(this: Duplex): void {
+  detections.get(this)?.refuse('socket-error');
+}
+function onClose(this: Duplex): void {
+  detections.get(this)?.refuse('closed-early');
+}
+
+/** The addresses of an accepted socket, as ConnInfo gives them. */
+function sourceOf(socket: Duplex): Source {
+  const s = socket as Partial<net.Socket>;
+  return { remoteAddress: s.remoteAddress ?? '', remotePort: s.remotePort ?? 0, localAddress: s.localAddress ?? '', localPort: s.localPort ?? 0 };
+}
+
+/**
+ * One connection from its first byte to its route (or its refusal). Every byte read is kept until the decision
+ * (the first read as it came, without a copy), then the bytes after any PROXY header are pushed back onto the
+ * stream for the route. The stream is read in paused mode ('readable'), so that once detection lets go of it the
+ * route finds it as a fresh stream: the first 'data' listener or pipe() starts its flow.
  */
 class Detection {
-  private buffered: Buffer = Buffer.alloc(0);
-  /** Bytes of PROXY header already taken off the front. */
+  private buffered: Buffer | undefined;
+  /** Bytes of PROXY header already taken off the front (more than 0 once a header was taken). */
   private consumed = 0;
-  private proxyHeaderSeen = false;
-  private client: Source;
   private done = false;
   private readonly conn: Connection;
 
   constructor(
     private readonly mux: MuxContext,
     private readonly stream: Duplex,
-    source: Source,
+    /** The client, once known: given with the stream, or from a PROXY header; else the socket's own addresses. */
+    private client: Source | undefined,
     private readonly upgrade: { route: string } | undefined,
   ) {
-    this.client = source;
     this.conn = connectionOf(stream);
   }
 
   start(): void {
     this.mux.stats.accepted++;
     this.mux.stats.detecting++;
-    const ms = this.mux.detectTimeoutMs;
-    this.conn.enter('detect', ms, {
-      onExpire: () => this.refuse('detect-timeout', `no decision within ${ms} ms (${this.buffered.length} bytes)`),
-    });
-    this.stream.on('readable', this.onReadable);
-    this.stream.once('end', this.onEnd);
-    this.stream.once('error', this.onError);
-    this.stream.once('close', this.onClose);
+    detections.set(this.stream, this);
+    this.conn.enter('detect', this.mux.detectTimeoutMs, this);
+    this.stream.on('readable', onReadable);
+    this.stream.on('end', onEnd);
+    this.stream.on('error', onError);
+    this.stream.on('close', onClose);
   }
 
-  private readonly onReadable = (): void => {
+  /** For the detect phase of the Connection: its deadline passed. */
+  onExpire(): void {
+    this.refuse('detect-timeout', `no decision within ${this.mux.detectTimeoutMs} ms (${this.buffered?.length ?? 0} bytes)`);
+  }
+
+  read(): void {
     let chunk: Buffer | null;
     while (!this.done && (chunk = this.stream.read() as Buffer | null) !== null) {
-      this.buffered = this.buffered.length === 0 ? chunk : Buffer.concat([this.buffered, chunk]);
-      if (this.buffered.length - this.consumed > this.mux.maxHello + 5) {
-        // Larger than any acceptable first message: the hello parser would say so too; stop buffering now.
-        this.decide();
-        if (!this.done) this.refuse('too-large', `${this.buffered.length} bytes without a decision`);
-        return;
+      const buffered = this.buffered === undefined ? chunk : Buffer.concat([this.buffered, chunk]);
+      this.buffered = buffered;
+      this.decide(buffered);
+      if (!this.done && buffered.length - this.consumed > this.mux.maxHello + 5) {
+        // Larger than any acceptable first message (the hello parser would say so too): stop buffering now.
+        this.refuse('too-large', `${buffered.length} bytes without a decision`);
       }
-      this.decide();
     }
-  };
-  private readonly onEnd = (): void => this.refuse('closed-early');
-  private readonly onError = (): void => this.refuse('socket-error');
-  private readonly onClose = (): void => this.refuse('closed-early');
+  }
 
   /** Looks at what has arrived (after any PROXY header) and routes, refuses, or waits for more. */
-  private decide(): void {
+  private decide(buffered: Buffer): void {
     for (;;) {
-      const view = this.buffered.subarray(this.consumed);
+      const view = this.consumed === 0 ? buffered : buffered.subarray(this.consumed);
       const sniffed = sniffProtocol(view);
       switch (sniffed.kind) {
         case 'need-more':
@@ -208,7 +228,7 @@ class Detection {
         case 'http': {
           const route = this.mux.routes.forSniffed(sniffed.kind, this.upgrade?.route);
           if (!route) return this.refuse(`${sniffed.kind}-not-served`);
-          return this.route(route, {});
+          return this.route(route, undefined, view);
         }
         case 'tls':
           return this.routeTls(view);
@@ -220,7 +240,7 @@ class Detection {
   private takeProxyHeader(view: Buffer): boolean {
     const unwanted = !this.mux.proxyProtocol
       ? ['proxy-protocol-off', 'a PROXY header arrived but proxy_protocol is off']
-      : this.proxyHeaderSeen
+      : this.consumed > 0
         ? ['proxy-protocol-twice', 'a second PROXY header on one connection']
         : this.upgrade
           ? ['proxy-protocol-in-upgrade']
@@ -237,7 +257,6 @@ class Detection {
       return false;
     }
     if (header.kind === 'need-more') return false;
-    this.proxyHeaderSeen = true;
     this.consumed += header.length;
     if (header.command === 'PROXY' && header.source && header.destination) {
       this.client = {
@@ -261,38 +280,48 @@ class Detection {
     if (hello.kind === 'need-more') return;
     const choice = this.mux.routes.forHello(hello, this.upgrade?.route);
     if (!choice) return this.refuse('no-application-protocol', `offered ${JSON.stringify(hello.alpn)}`, NO_APPLICATION_PROTOCOL_ALERT);
-    this.route(choice.route, {
-      clientAlpn: hello.alpn,
-      ...(hello.serverName ? { serverName: hello.serverName } : {}),
-      ...(choice.alpn === undefined ? {} : { alpn: choice.alpn, ping: choice.ping === true }),
-    });
+    const details: RouteDetails = { clientAlpn: hello.alpn };
+    if (hello.serverName) details.serverName = hello.serverName;
+    if (choice.alpn !== undefined) {
+      details.alpn = choice.alpn;
+      details.ping = choice.ping === true;
+    }
+    this.route(choice.route, details, view);
   }
 
-  private route(route: MuxRoute, details: RouteDetails): void {
+  /** Hands the stream to its route, with `rest` (what arrived after any PROXY header) pushed back onto it. */
+  private route(route: MuxRoute, details: RouteDetails | undefined, rest: Buffer): void {
     if (this.done) return;
-    const { client, stream } = this;
+    const { stream } = this;
+    const given = this.client;
+    const client = given ?? sourceOf(stream);
     // The client's address is known now (a PROXY header names it): count it against its source's cap.
     if (!this.conn.attribute(client.remoteAddress)) return this.refuse('source-cap', `${client.remoteAddress} holds as many connections as it may`);
     if (!this.finish()) return;
     const { name } = route;
-    this.mux.stats.routed[name] = (this.mux.stats.routed[name] ?? 0) + 1;
-    const rest = this.buffered.subarray(this.consumed);
+    const { stats, log } = this.mux;
+    stats.routed[name] = (stats.routed[name] ?? 0) + 1;
     if (rest.length > 0) stream.unshift(rest);
-    setClientAddress(stream, client.remoteAddress, client.remotePort);
-    this.mux.log.debug({ route: name, client: `${client.remoteAddress}:${client.remotePort}`, ...(details.alpn ? { alpn: details.alpn } : {}), ...(details.serverName ? { sni: details.serverName } : {}) }, 'connection routed');
-    this.buffered = Buffer.alloc(0);
+    // Only a stream that is not the client's own socket needs the address recorded (clientAddress() falls back to
+    // the socket's peer).
+    if (given) setClientAddress(stream, client.remoteAddress, client.remotePort);
+    if (log.isLevelEnabled('debug')) {
+      log.debug({ route: name, client: `${client.remoteAddress}:${client.remotePort}`, alpn: details?.alpn, sni: details?.serverName }, 'connection routed');
+    }
+    const info: ConnInfo = { ...client, ...details, route: name };
+    if (this.upgrade) info.upgraded = true;
     try {
-      route.handler(stream, { ...client, ...details, route: name, ...(this.upgrade ? { upgraded: true } : {}) });
+      route.handler(stream, info);
     } catch (err) {
-      this.mux.log.error({ err, route: name }, 'route handler failed');
+      log.error({ err, route: name }, 'route handler failed');
       stream.destroy();
     }
   }
 
-  private refuse(reason: string, detail?: string, reply?: Buffer): void {
+  refuse(reason: string, detail?: string, reply?: Buffer): void {
     if (!this.finish()) return;
     this.mux.stats.refused[reason] = (this.mux.stats.refused[reason] ?? 0) + 1;
-    this.mux.refusals.note(reason, this.client, detail);
+    this.mux.refusals.note(reason, this.client ?? (this.stream as Partial<net.Socket>), detail);
     if (reply) this.stream.end(reply);
     this.stream.destroy();
   }
@@ -301,11 +330,13 @@ class Detection {
   private finish(): boolean {
     if (this.done) return false;
     this.done = true;
+    this.buffered = undefined;
     this.conn.leave('detect');
-    this.stream.off('readable', this.onReadable);
-    this.stream.off('end', this.onEnd);
-    this.stream.off('error', this.onError);
-    this.stream.off('close', this.onClose);
+    detections.delete(this.stream);
+    this.stream.off('readable', onReadable);
+    this.stream.off('end', onEnd);
+    this.stream.off('error', onError);
+    this.stream.off('close', onClose);
     this.mux.stats.detecting--;
     return true;
   }
@@ -322,7 +353,8 @@ class RefusalLog {
     private readonly perMinute: number,
   ) {}
 
-  note(reason: string, client: Source, detail?: string): void {
+  /** client: the client's address, or the socket it is read from (only when the line is logged). */
+  note(reason: string, client: { remoteAddress?: string | undefined; remotePort?: number | undefined }, detail?: string): void {
     const now = Date.now();
     if (now - this.windowStart >= 60_000) {
       if (this.suppressed > 0) this.log.warn({ suppressed: this.suppressed }, 'refused connections not logged in the last minute');
@@ -335,6 +367,6 @@ class RefusalLog {
       return;
     }
     this.logged++;
-    this.log.info({ reason, client: `${client.remoteAddress}:${client.remotePort}`, ...(detail ? { detail } : {}) }, 'connection refused');
+    this.log.info({ reason, client: `${client.remoteAddress ?? ''}:${client.remotePort ?? 0}`, ...(detail ? { detail } : {}) }, 'connection refused');
   }
 }

@@ -106,17 +106,106 @@ export function connectionOf(stream: Duplex): Connection {
 
 const DEFAULT_LINGER_MS = 30_000;
 
+/**
+ * What happens when a phase's deadline passes. Called as methods of the object given to enter(), so an object
+ * that already exists for the connection (the multiplexer's detection) can be passed as it is, without a closure.
+ */
 interface PhaseOptions {
   /** Instead of destroying the connection (the multiplexer refuses it with its own log line). */
-  onExpire?: () => void;
+  onExpire?(): void;
   /** Checked when the deadline passes: true means the phase is over after all, and nothing happens. */
-  unless?: () => boolean;
+  unless?(): boolean;
+}
+
+const NO_OPTIONS: PhaseOptions = Object.freeze({});
+
+/**
+ * One pending deadline: a node of the DeadlineList of its duration. A connection has at most two, its phase's
+ * and its half-close linger's, each made once and linked and unlinked as phases come and go.
+ */
+class Deadline {
+  due = 0;
+  prev: Deadline | undefined;
+  next: Deadline | undefined;
+  list: DeadlineList | undefined;
+
+  constructor(
+    readonly conn: Connection,
+    readonly linger: boolean,
+  ) {}
+}
+
+/**
+ * Every pending deadline of one duration, soonest first (appending keeps the order, since all have the same
+ * duration), with one unref'd timer for the head. A deadline per connection and phase thus costs no Timeout, no
+ * closure and no timer-list work of its own: entering and leaving a phase link and unlink one node.
+ */
+class DeadlineList {
+  private head: Deadline | undefined;
+  private tail: Deadline | undefined;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly ms: number) {}
+
+  add(d: Deadline): void {
+    d.due = performance.now() + this.ms;
+    d.list = this;
+    d.prev = this.tail;
+    d.next = undefined;
+    if (this.tail) this.tail.next = d;
+    else this.head = d;
+    this.tail = d;
+    if (!this.timer) this.arm(this.ms);
+  }
+
+  remove(d: Deadline): void {
+    if (d.list !== this) return;
+    if (d.prev) d.prev.next = d.next;
+    else this.head = d.next;
+    if (d.next) d.next.prev = d.prev;
+    else this.tail = d.prev;
+    d.prev = d.next = d.list = undefined;
+  }
+
+  private arm(ms: number): void {
+    this.timer = setTimeout(this.fire, ms);
+    this.timer.unref();
+  }
+
+  private readonly fire = (): void => {
+    this.timer = undefined;
+    const now = performance.now();
+    for (let d = this.head; d && d.due <= now; d = this.head) {
+      this.remove(d);
+      d.conn.expired(d);
+    }
+    if (this.head) this.arm(Math.max(1, Math.ceil(this.head.due - now)));
+  };
+}
+
+const deadlineLists = new Map<number, DeadlineList>();
+
+function deadlineList(ms: number): DeadlineList {
+  let list = deadlineLists.get(ms);
+  if (!list) deadlineLists.set(ms, (list = new DeadlineList(ms)));
+  return list;
+}
+
+/** A layer's events, one function each for every connection (no closure per layer). */
+function onLayerEnded(this: Duplex): void {
+  connections.get(this)?.linger();
+}
+function onLayerClose(this: Duplex): void {
+  connections.get(this)?.closeAll();
 }
 
 export class Connection {
-  private timer: NodeJS.Timeout | undefined;
   private current: Phase | undefined;
-  private lingerTimer: NodeJS.Timeout | undefined;
+  private options: PhaseOptions = NO_OPTIONS;
+  private deadline: Deadline | undefined;
+  private lingering: Deadline | undefined;
+  /** Bytes moved (both ways, every layer) when the half-close linger last started. */
+  private moved = 0;
   private readonly layers: Duplex[] = [];
   private closed = false;
   /** The source key this connection is counted under for the per-source cap; undefined until known. */
@@ -139,29 +228,29 @@ export class Connection {
   }
 
   /** Enters a phase: its deadline replaces the current one. */
-  enter(phase: Phase, ms: number, options: PhaseOptions = {}): void {
+  enter(phase: Phase, ms: number, options: PhaseOptions = NO_OPTIONS): void {
     this.leave();
     if (this.closed || !(ms > 0)) return;
     this.current = phase;
-    this.timer = setTimeout(() => this.expire(phase, options), ms);
-    this.timer.unref();
+    this.options = options;
+    deadlineList(ms).add((this.deadline ??= new Deadline(this, false)));
   }
 
   /** Leaves the current phase (only when it is `phase`, if given): no deadline until the next phase. */
   leave(phase?: Phase): void {
     if (phase !== undefined && this.current !== phase) return;
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = undefined;
+    this.deadline?.list?.remove(this.deadline);
     this.current = undefined;
+    this.options = NO_OPTIONS;
   }
 
   /** Links a stream layered on this connection (a TLS socket around the socket). */
   link(stream: Duplex): void {
     connections.set(stream, this);
     this.layers.push(stream);
-    stream.once('end', () => this.linger());
-    stream.once('finish', () => this.linger());
-    stream.once('close', () => this.onClose());
+    stream.on('end', onLayerEnded);
+    stream.on('finish', onLayerEnded);
+    stream.on('close', onLayerClose);
   }
 
   /** Counts this connection against the per-source cap of its client's address (see ListenerGuard.attribute). */
@@ -179,43 +268,51 @@ export class Connection {
     for (const layer of [...this.layers].reverse()) if (!layer.destroyed) layer.destroy();
   }
 
-  private expire(phase: Phase, options: PhaseOptions): void {
-    this.timer = undefined;
+  /** For DeadlineList: a deadline of this connection passed. */
+  expired(d: Deadline): void {
+    if (this.closed) return;
+    if (d.linger) return this.lingerExpired();
+    const phase = this.current!;
+    const options = this.options;
     this.current = undefined;
-    if (this.closed || options.unless?.()) return;
+    this.options = NO_OPTIONS;
+    if (options.unless?.()) return;
     this.guard?.counted(phase, this);
     if (options.onExpire) options.onExpire();
     else this.destroy();
   }
 
   /** Once one direction has ended: destroyed when a linger passes in which no byte moved either way. */
-  private linger(): void {
-    if (this.lingerTimer || this.closed || !(this.lingerMs > 0)) return;
-    let moved = this.bytesMoved();
-    const check = () => {
-      if (this.closed) return;
-      const now = this.bytesMoved();
-      if (now > moved) {
-        moved = now;
-        this.lingerTimer = setTimeout(check, this.lingerMs).unref();
-        return;
-      }
-      this.guard?.counted('half-close', this);
-      this.destroy();
-    };
-    this.lingerTimer = setTimeout(check, this.lingerMs).unref();
+  linger(): void {
+    if (this.lingering || this.closed || !(this.lingerMs > 0)) return;
+    this.moved = this.bytesMoved();
+    deadlineList(this.lingerMs).add((this.lingering = new Deadline(this, true)));
+  }
+
+  private lingerExpired(): void {
+    const now = this.bytesMoved();
+    if (now > this.moved) {
+      this.moved = now;
+      deadlineList(this.lingerMs).add(this.lingering!);
+      return;
+    }
+    this.guard?.counted('half-close', this);
+    this.destroy();
   }
 
   private bytesMoved(): number {
-    return this.layers.reduce((sum, l) => sum + ((l as Partial<net.Socket>).bytesWritten ?? 0) + ((l as Partial<net.Socket>).bytesRead ?? 0), 0);
+    let sum = 0;
+    for (const l of this.layers as Array<Partial<net.Socket>>) sum += (l.bytesWritten ?? 0) + (l.bytesRead ?? 0);
+    return sum;
   }
 
-  private onClose(): void {
+  /** A layer closed: the connection is over, whatever the others think. */
+  closeAll(): void {
     if (this.closed) return;
     this.closed = true;
     this.leave();
-    if (this.lingerTimer) clearTimeout(this.lingerTimer);
-    this.destroy(); // a layer closed: the connection is over, whatever the others think
+    this.lingering?.list?.remove(this.lingering);
+    this.destroy();
     this.guard?.release(this);
   }
 }
