@@ -49,7 +49,8 @@
  * recorded), BENCH_IDLE_PROFILE (a directory: the idle Proxy profiled while the last half of the agents connect),
  * BENCH_GWSH_BEFORE (another build's gwsh.js, e.g. a copy of dist/ kept inside the repository: run as a third path
  * of the user path, for before/after figures in one run; printed, not recorded), BENCH_DAEMON_NODE_OPTIONS (Node options for the data path's Proxy and
- * agent daemons, e.g. "--max-semi-space-size=32"; recorded in the section when set), BENCH_RECORD (0: print the
+ * agent daemons, e.g. "--max-semi-space-size=32"; recorded in the section when set), BENCH_DAEMON_GLIBC_TUNABLES (glibc
+ * malloc settings for the same daemons, passed as GLIBC_TUNABLES; recorded when set), BENCH_RECORD (0: print the
  * section, do not write bench/RESULTS.md).
  *
  * Writes the figures, ratios and the machine to bench/RESULTS.md (section "tunnel"). Runs as root (sshd; creates
@@ -640,9 +641,12 @@ process.once('exit', write);
 /** Extra Node options for the Proxy and agent daemons of the data path (BENCH_DAEMON_NODE_OPTIONS), e.g. GC settings. */
 const DAEMON_NODE_OPTIONS = process.env.BENCH_DAEMON_NODE_OPTIONS?.trim() ?? '';
 
+/** glibc malloc settings for the same daemons (BENCH_DAEMON_GLIBC_TUNABLES, passed as GLIBC_TUNABLES). */
+const DAEMON_GLIBC_TUNABLES = process.env.BENCH_DAEMON_GLIBC_TUNABLES?.trim() ?? '';
+
 function daemonEnv(extraNodeOptions = ''): Record<string, string> {
   const opts = [DAEMON_NODE_OPTIONS, extraNodeOptions].filter(Boolean).join(' ');
-  return opts ? { NODE_OPTIONS: opts } : {};
+  return { ...(opts ? { NODE_OPTIONS: opts } : {}), ...(DAEMON_GLIBC_TUNABLES ? { GLIBC_TUNABLES: DAEMON_GLIBC_TUNABLES } : {}) };
 }
 
 function profilerEnv(preload: string, dir: string): Record<string, string> {
@@ -1518,7 +1522,8 @@ async function main(): Promise<void> {
         `to ${SSHD_NAME}; the client connects to the forwarded port. Both SSH connections: ${cipher}, ECDSA P-256 keys. ` +
         `Throughput: ${MIB} MiB per run (${STREAMS} streams share it in the parallel case), median of ${RUNS}, paths interleaved; ` +
         `round trip: ${RTTS} samples of ${MSG} bytes on one established stream; nothing pinned to a CPU` +
-        `${DAEMON_NODE_OPTIONS ? `; daemons run with NODE_OPTIONS="${DAEMON_NODE_OPTIONS}"` : ''}.`,
+        `${DAEMON_NODE_OPTIONS ? `; daemons run with NODE_OPTIONS="${DAEMON_NODE_OPTIONS}"` : ''}` +
+        `${DAEMON_GLIBC_TUNABLES ? `; daemons run with GLIBC_TUNABLES="${DAEMON_GLIBC_TUNABLES}"` : ''}.`,
       `Machine: ${cpu[0]?.model ?? 'unknown CPU'}, ${cpu.length} cores, ${(totalmem() / 2 ** 30).toFixed(1)} GiB memory, Node ${process.version}, ${sshVersion}, ` +
         `cipher ${cipher}; load average ${load0.toFixed(2)} at the start, ${load1.toFixed(2)} after the data-path figures (other work shared the machine).`,
       '',
@@ -1552,6 +1557,7 @@ async function main(): Promise<void> {
       multi: med(multi, G) / med(multi, O),
       p50: rtt.get(G)!.p50 / rtt.get(O)!.p50,
       p99: rtt.get(G)!.p99 / rtt.get(O)!.p99,
+      v2: starts.every((s) => s.protocol === 'v2'),
     });
     const text = section.replace('WHERE_PLACEHOLDER', where);
     process.stdout.write(`\n${text}\n`);
@@ -1629,27 +1635,29 @@ function whereTheTimeGoes(d: {
   multi: number;
   p50: number;
   p99: number;
+  /** The tunnel protocol negotiated: v2 (frames over TLS) or v1 (SSH over TLS). */
+  v2: boolean;
 }): string {
   const total = (r: Record<string, number>) => Object.values(r).reduce((a, b) => a + b, 0);
   const pct = (n: number) => `${(n * 100).toFixed(0)}%`;
   const x = (n: number) => `${n.toFixed(2)}x`;
   const cpuRatio = total(d.G) / total(d.O);
-  const gatewayCipher = 4 * d.aes[256] + 2 * d.aes[128];
+  const gatewayCipher = 4 * d.aes[256] + (d.v2 ? 0 : 2 * d.aes[128]);
   const opensshCipher = 2 * d.aes[128];
   const cipherShare = (gatewayCipher - opensshCipher) / Math.max(1e-9, total(d.G) - total(d.O));
   const latency =
     d.p50 <= 1
       ? `The median round trip is at or below OpenSSH's (${x(d.p50)}): a 64-byte message costs little CPU, and both paths cross a similar chain of processes each way (Proxy, squid, agent against sshd, squid, socat, ssh)`
       : d.p50 < 1.25
-        ? `The median round trip is close to OpenSSH's (${x(d.p50)}): a 64-byte message costs little CPU, and both paths cross a similar chain of processes each way (Proxy, squid, agent against sshd, squid, socat, ssh); the extra is the gateway's per-message work (two TLS records and an SSH packet in the Proxy, the same again in the agent)`
-        : `The median round trip is ${x(d.p50)} OpenSSH's: each message is a TLS record from the client, an SSH packet inside a TLS record to the agent and the same back, each step a JavaScript callback chain in the Proxy and the agent`;
+        ? `The median round trip is close to OpenSSH's (${x(d.p50)}): a 64-byte message costs little CPU, and both paths cross a similar chain of processes each way (Proxy, squid, agent against sshd, squid, socat, ssh); the extra is the gateway's per-message work (${d.v2 ? 'two TLS records and a frame header in the Proxy, a TLS record in the agent' : 'two TLS records and an SSH packet in the Proxy, the same again in the agent'})`
+        : `The median round trip is ${x(d.p50)} OpenSSH's: each message is a TLS record from the client, ${d.v2 ? 'a frame' : 'an SSH packet'} inside a TLS record to the agent and the same back, each step a JavaScript callback chain in the Proxy and the agent`;
   const tail = `; p99 (${x(d.p99)}) is mostly scheduling: the path's processes share two cores with each other${d.p99 > 1.5 || d.p99 < 0.67 ? ' and with whatever else runs, so it swings from run to run' : ''}.`;
   const parts = [
     `${d.lost.length === 0 ? 'the gateway is ahead on every data-path figure, though ' : ''}per GiB moved the gateway's path uses ${total(d.G).toFixed(2)} CPU-s against OpenSSH's ${total(d.O).toFixed(2)} ` +
       `(${cpuRatio.toFixed(2)}x): the Proxy daemon ${(d.G['Proxy daemon'] ?? 0).toFixed(2)} s and the agent ${(d.G['agent daemon'] ?? 0).toFixed(2)} s, ` +
       `where sshd uses ${(d.O.sshd ?? 0).toFixed(2)} s and ssh + socat ${(d.O['ssh + socat'] ?? 0).toFixed(2)} s. With every process of the path on two cores, ` +
       `a stream goes as fast as the CPU left to its hops allows: one stream reached ${x(d.single)} OpenSSH's rate, ${STREAMS} streams ${x(d.multi)}. ` +
-      `Parallel streams add no thread to either tunnel: all of them share one SSH connection, so one JavaScript thread in the Proxy and one in the agent (one sshd session process and one ssh) carry them all.`,
+      `Parallel streams add no thread to either tunnel: all of them share one tunnel connection, so one JavaScript thread in the Proxy and one in the agent (one sshd session process and one ssh) carry them all.`,
     latency + tail,
   ];
   const p = d.profiles.proxy;
@@ -1660,13 +1668,16 @@ function whereTheTimeGoes(d: {
     parts.push(
       `The Proxy spends ${split(p)}; the agent ${split(a)}. "Socket writes" are the native writev/writeBuffer: for the tunnel's TLS socket the record encryption and then the write ` +
         'syscall, for a plain socket the syscall alone, which on loopback also runs the receiving side\'s TCP input. ' +
-        `In the agent ${pct(a.splicedWrites)} of that write time is the plain write() of each packet's bytes to the resource; in the Proxy ${pct(1 - p.splicedWrites)} is the tunnel's TLS socket (SSH packets, written at once or queued and flushed with writev). ` +
+        `In the agent ${pct(a.splicedWrites)} of that write time is the plain write() of each ${d.v2 ? 'frame' : 'packet'}'s bytes to the resource; in the Proxy ${pct(1 - p.splicedWrites)} is the tunnel's TLS socket (${d.v2 ? 'frames, corked for the rest of the tick and flushed with writev' : 'SSH packets, written at once or queued and flushed with writev'}). ` +
         `The ciphers are ${cipherShare < 0.4 ? 'a small' : cipherShare < 0.7 ? 'a large' : 'most of the'} part of the difference: at the AES-GCM speed \`openssl speed\` measures on this machine (${(1 / d.aes[256]).toFixed(1)} GiB/s per core for AES-256, ${(1 / d.aes[128]).toFixed(1)} for AES-128), ` +
-        `the gateway's six passes over each byte (encrypt and decrypt of the client's TLS, of SSH and of the tunnel's TLS) cost ${gatewayCipher.toFixed(2)} CPU-s per GiB and OpenSSH's two ${opensshCipher.toFixed(2)}, ` +
+        `the gateway's ${d.v2 ? 'four' : 'six'} passes over each byte (encrypt and decrypt of the client's TLS${d.v2 ? '' : ', of SSH'} and of the tunnel's TLS) cost ${gatewayCipher.toFixed(2)} CPU-s per GiB and OpenSSH's two ${opensshCipher.toFixed(2)}, ` +
         `${(gatewayCipher - opensshCipher).toFixed(2)} of the ${(total(d.G) - total(d.O)).toFixed(2)} CPU-s difference. The rest is per chunk: ` +
-        'the client\'s TLS socket delivers 16 KiB records, each becomes one 16 KiB SSH packet (a fresh Buffer, random padding, a cipher call, a TLS record and a write in the Proxy), ' +
-        'and the agent decrypts it and makes one write() to the resource per packet, while sshd and ssh move up to 32 KiB packets through buffered C code. ' +
-        'ssh -R\'s client leg is plain TCP, and its tunnel is SSH alone, with no TLS around it.',
+        (d.v2
+          ? 'the client\'s TLS socket delivers 16 KiB records (Node\'s TLS hands JavaScript at most 16 KiB per read), each becomes one frame (a 9-byte header and the bytes as they came) in a TLS record to the agent, ' +
+            'and the agent makes one write() to the resource per frame, while sshd and ssh move up to 32 KiB packets through buffered C code. '
+          : 'the client\'s TLS socket delivers 16 KiB records, each becomes one 16 KiB SSH packet (a fresh Buffer, random padding, a cipher call, a TLS record and a write in the Proxy), ' +
+            'and the agent decrypts it and makes one write() to the resource per packet, while sshd and ssh move up to 32 KiB packets through buffered C code. ') +
+        'ssh -R\'s client leg is plain TCP, and its tunnel is SSH alone, with no TLS around it: the gateway\'s client leg is TLS because the user\'s certificate is checked there.',
     );
   }
   return parts.join(' ');
