@@ -1086,7 +1086,9 @@ interface IdleMemory {
   connectSecs: number;
   /** VmRSS (KiB) of the Proxy before the first agent, then at each checkpoint (agents connected). */
   rssBefore: number;
-  readings: Array<{ agents: number; rssKiB: number }>;
+  readings: Array<{ agents: number; rssKiB: number; gc: { rssKiB: number; heapKiB: number; externalKiB: number } }>;
+  /** The same before the first agent, after a full gc. */
+  gcBefore: { rssKiB: number; heapKiB: number; externalKiB: number };
   allUp: boolean;
   openFiles: number;
   /** bench/tlsfloor.ts: a bare Node.js TLS server's VmRSS per idle connection, measured after this phase. */
@@ -1097,6 +1099,37 @@ interface IdleMemory {
 const TLS_FLOOR_CONNECTIONS = 2000;
 
 /** The idle-memory phase: a fresh Proxy daemon, AGENTS identities joined, then connected in steps. */
+/**
+ * A preload for the idle-memory Proxy (bench only): on SIGPWR, a full garbage collection, then the process's memory
+ * figures written to BENCH_GC_OUT. The TLS floor is read after gc, so the Proxy is too; and the JS heap against
+ * VmRSS tells the gateway's own objects from what its TLS connections hold natively.
+ */
+const GC_PRELOAD = `
+const v8 = require('node:v8');
+const vm = require('node:vm');
+const { writeFileSync } = require('node:fs');
+v8.setFlagsFromString('--expose-gc');
+const gc = vm.runInNewContext('gc');
+process.on('SIGPWR', () => {
+  gc();
+  const m = process.memoryUsage();
+  const rss = Number(/VmRSS:\\s+(\\d+)/.exec(require('node:fs').readFileSync('/proc/self/status', 'utf8'))[1]);
+  writeFileSync(process.env.BENCH_GC_OUT, JSON.stringify({ rssKiB: rss, heapKiB: m.heapUsed / 1024, externalKiB: m.external / 1024 }));
+});
+`;
+
+/** The Proxy's memory after a full gc (through GC_PRELOAD). */
+async function afterGc(pid: number, out: string): Promise<{ rssKiB: number; heapKiB: number; externalKiB: number }> {
+  await rm(out, { force: true });
+  process.kill(pid, 'SIGPWR');
+  for (let i = 0; i < 300; i++) {
+    await sleep(100);
+    const text = await readFile(out, 'utf8').catch(() => '');
+    if (text) return JSON.parse(text) as { rssKiB: number; heapKiB: number; externalKiB: number };
+  }
+  throw new Error('the Proxy did not answer the gc signal');
+}
+
 async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, say: (s: string) => void, track: Tracked): Promise<IdleMemory> {
   const openFiles = hardOpenFileLimit();
   if (openFiles < AGENTS + 2000) throw new Error(`BENCH_AGENTS=${AGENTS} needs an open-file limit above ${AGENTS + 2000} (the Proxy holds one connection per agent); the hard limit here is ${openFiles}`);
@@ -1106,10 +1139,13 @@ async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, 
   // One listener holds every agent: its cap is written (an operator with this many agents does the same).
   const profDir = process.env.BENCH_IDLE_PROFILE;
   if (profDir) await writeFile(join(dir, 'profiler.cjs'), PROFILER_PRELOAD);
+  await writeFile(join(dir, 'gc.cjs'), GC_PRELOAD);
+  const gcOut = join(dir, 'gc.json');
+  const preloads = [`--require ${join(dir, 'gc.cjs')}`, ...(profDir ? [`--require ${join(dir, 'profiler.cjs')}`] : [])].join(' ');
   const memProxy = await startGateway(proxyConfig('idle.example', memPort, AGENTS + 1000), {
     dataDir: memDataDir,
     openFiles,
-    ...(profDir ? { env: { NODE_OPTIONS: `--require ${join(dir, 'profiler.cjs')}`, BENCH_CPU_PROF_DIR: profDir } } : {}),
+    env: { NODE_OPTIONS: preloads, BENCH_GC_OUT: gcOut, ...(profDir ? { BENCH_CPU_PROF_DIR: profDir } : {}) },
   });
   track.memProxy = memProxy;
   const memPid = memProxy.process.pid!;
@@ -1136,6 +1172,7 @@ async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, 
   say(`memory: ${AGENTS} identities joined in ${joinSecs.toFixed(1)} s by ${AGENT_PROCS} processes; CPU s: Proxy ${cpuSeconds(memPid).toFixed(1)}, agents ${track.holders.map((h) => processTree(h.child.pid!).map((p) => cpuSeconds(p)).reduce((a, b) => a + b, 0).toFixed(1)).join(', ')}`);
   await sleep(2000);
   const rssBefore = await rssKiB(memPid);
+  const gcBefore = await afterGc(memPid, gcOut);
   const checkpoints = [...new Set([Math.floor(AGENTS / 4), Math.floor(AGENTS / 2), AGENTS])].filter((n) => n > 0);
   const readings: IdleMemory['readings'] = [];
   let connectSecs = 0;
@@ -1149,7 +1186,7 @@ async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, 
     have = target;
     await sleep(3000);
     const rss = await rssKiB(memPid);
-    readings.push({ agents: target, rssKiB: rss });
+    readings.push({ agents: target, rssKiB: rss, gc: await afterGc(memPid, gcOut) });
     const up = answers.reduce((a, m) => a + m.connected, 0);
     allUp = up === target;
     say(`memory: ${target} agents connected (${up} up) after ${connectSecs.toFixed(1)} s: Proxy VmRSS ${(rss / 1024).toFixed(1)} MiB; CPU s: Proxy ${cpuSeconds(memPid).toFixed(1)}, agents ${track.holders.map((h) => processTree(h.child.pid!).map((p) => cpuSeconds(p)).reduce((a, b) => a + b, 0).toFixed(1)).join(', ')}`);
@@ -1160,7 +1197,7 @@ async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, 
   for (const h of track.holders.splice(0)) await h.stop();
   await stopGateway(memProxy);
   track.memProxy = undefined;
-  return { agents: AGENTS, procs: AGENT_PROCS, joinSecs, connectSecs, rssBefore, readings, allUp, openFiles };
+  return { agents: AGENTS, procs: AGENT_PROCS, joinSecs, connectSecs, rssBefore, gcBefore, readings, allUp, openFiles };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1597,8 +1634,19 @@ function idleMemoryRows(mem: IdleMemory): string[] {
     return [
       `| Proxy memory per idle connected agent at ${n} agents, overall (KiB of VmRSS) | – | ${f.overall.toFixed(1)} | – | – | – |`,
       `| Proxy memory per idle connected agent at ${n} agents, over the second half (KiB of VmRSS) | – | ${f.secondHalf.toFixed(1)} | – | – | – |`,
+      ...gcRows(mem, n),
     ];
   });
+}
+
+/** After a full gc (as the floor is read): VmRSS and the JS heap per agent, overall. */
+function gcRows(mem: IdleMemory, n: number): string[] {
+  const at = mem.readings.find((r) => r.agents === n);
+  if (!at) return [];
+  return [
+    `| Proxy memory per idle connected agent at ${n} agents, after a full gc (KiB of VmRSS) | – | ${((at.gc.rssKiB - mem.gcBefore.rssKiB) / n).toFixed(1)} | – | – | – |`,
+    `| of which the JavaScript heap, after a full gc (KiB per agent) | – | ${((at.gc.heapKiB - mem.gcBefore.heapKiB) / n).toFixed(1)} | – | – | – |`,
+  ];
 }
 
 function idleMemoryText(mem: IdleMemory): string {
@@ -1608,6 +1656,9 @@ function idleMemoryText(mem: IdleMemory): string {
     `- Idle memory (goal: at most 30 KiB of Proxy memory per idle agent at 10 000): a fresh Proxy daemon (auth + proxy in one process, as above; ` +
     `\`gateway.limits.max_connections\` written to ${mem.agents + 1000}, open-file limit ${mem.openFiles}) went from ${mib(mem.rssBefore)} VmRSS ` +
     mem.readings.map((r) => `to ${mib(r.rssKiB)} at ${r.agents}`).join(', ') +
+    ` (after a full gc, through a bench-only preload: ${mib(mem.gcBefore.rssKiB)} with a ${mib(mem.gcBefore.heapKiB)} JS heap, then ` +
+    mem.readings.map((r) => `${mib(r.gc.rssKiB)} with ${mib(r.gc.heapKiB)} at ${r.agents}`).join(', ') +
+    ')' +
     ` idle agents connected${last ? ` (${last.overall.toFixed(1)} KiB per agent overall, ${last.secondHalf.toFixed(1)} over the second half)` : ''}. ` +
     `The agents are real TunnelAgent instances (each its own host identity, TLS to the Proxy with its certificate, then the tunnel's handshake and control channel, ` +
     `heartbeats while idle), so the figure includes each connection's TLS state; they run in ${mem.procs} child processes of the bench, dial the Proxy directly ` +
