@@ -1145,7 +1145,7 @@ async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, 
   const memProxy = await startGateway(proxyConfig('idle.example', memPort, AGENTS + 1000), {
     dataDir: memDataDir,
     openFiles,
-    env: { NODE_OPTIONS: preloads, BENCH_GC_OUT: gcOut, ...(profDir ? { BENCH_CPU_PROF_DIR: profDir } : {}) },
+    env: { NODE_OPTIONS: preloads, BENCH_GC_OUT: gcOut, ...(profDir ? { BENCH_CPU_PROF_DIR: profDir } : {}), ...(DAEMON_GLIBC_TUNABLES ? { GLIBC_TUNABLES: DAEMON_GLIBC_TUNABLES } : {}) },
   });
   track.memProxy = memProxy;
   const memPid = memProxy.process.pid!;
@@ -1646,6 +1646,7 @@ function gcRows(mem: IdleMemory, n: number): string[] {
   return [
     `| Proxy memory per idle connected agent at ${n} agents, after a full gc (KiB of VmRSS) | – | ${((at.gc.rssKiB - mem.gcBefore.rssKiB) / n).toFixed(1)} | – | – | – |`,
     `| of which the JavaScript heap, after a full gc (KiB per agent) | – | ${((at.gc.heapKiB - mem.gcBefore.heapKiB) / n).toFixed(1)} | – | – | – |`,
+    `| of which Node's external memory (Buffers, ArrayBuffers), after a full gc (KiB per agent) | – | ${((at.gc.externalKiB - mem.gcBefore.externalKiB) / n).toFixed(1)} | – | – | – |`,
   ];
 }
 
