@@ -1086,9 +1086,9 @@ interface IdleMemory {
   connectSecs: number;
   /** VmRSS (KiB) of the Proxy before the first agent, then at each checkpoint (agents connected). */
   rssBefore: number;
-  readings: Array<{ agents: number; rssKiB: number; gc: { rssKiB: number; heapKiB: number; externalKiB: number } }>;
+  readings: Array<{ agents: number; rssKiB: number; gc: GcReading }>;
   /** The same before the first agent, after a full gc. */
-  gcBefore: { rssKiB: number; heapKiB: number; externalKiB: number };
+  gcBefore: GcReading;
   allUp: boolean;
   openFiles: number;
   /** bench/tlsfloor.ts: a bare Node.js TLS server's VmRSS per idle connection, measured after this phase. */
@@ -1114,18 +1114,32 @@ process.on('SIGPWR', () => {
   gc();
   const m = process.memoryUsage();
   const rss = Number(/VmRSS:\\s+(\\d+)/.exec(require('node:fs').readFileSync('/proc/self/status', 'utf8'))[1]);
-  writeFileSync(process.env.BENCH_GC_OUT, JSON.stringify({ rssKiB: rss, heapKiB: m.heapUsed / 1024, externalKiB: m.external / 1024 }));
+  const status = require('node:fs').readFileSync('/proc/self/status', 'utf8');
+  const kib = (name) => Number((new RegExp(name + ':\\s+(\\d+)').exec(status) || [0, 0])[1]);
+  writeFileSync(process.env.BENCH_GC_OUT, JSON.stringify({ rssKiB: rss, heapKiB: m.heapUsed / 1024, heapTotalKiB: m.heapTotal / 1024, externalKiB: m.external / 1024, anonKiB: kib('RssAnon'), fileKiB: kib('RssFile'), shmemKiB: kib('RssShmem') }));
 });
 `;
 
+/** The Proxy's memory after a full gc (through GC_PRELOAD), KiB: VmRSS and its anonymous, file-backed and shared parts. */
+interface GcReading {
+  rssKiB: number;
+  heapKiB: number;
+  /** What V8 holds for its heap (used and free pages it keeps). */
+  heapTotalKiB: number;
+  externalKiB: number;
+  anonKiB: number;
+  fileKiB: number;
+  shmemKiB: number;
+}
+
 /** The Proxy's memory after a full gc (through GC_PRELOAD). */
-async function afterGc(pid: number, out: string): Promise<{ rssKiB: number; heapKiB: number; externalKiB: number }> {
+async function afterGc(pid: number, out: string): Promise<GcReading> {
   await rm(out, { force: true });
   process.kill(pid, 'SIGPWR');
   for (let i = 0; i < 300; i++) {
     await sleep(100);
     const text = await readFile(out, 'utf8').catch(() => '');
-    if (text) return JSON.parse(text) as { rssKiB: number; heapKiB: number; externalKiB: number };
+    if (text) return JSON.parse(text) as GcReading;
   }
   throw new Error('the Proxy did not answer the gc signal');
 }
@@ -1646,7 +1660,9 @@ function gcRows(mem: IdleMemory, n: number): string[] {
   return [
     `| Proxy memory per idle connected agent at ${n} agents, after a full gc (KiB of VmRSS) | – | ${((at.gc.rssKiB - mem.gcBefore.rssKiB) / n).toFixed(1)} | – | – | – |`,
     `| of which the JavaScript heap, after a full gc (KiB per agent) | – | ${((at.gc.heapKiB - mem.gcBefore.heapKiB) / n).toFixed(1)} | – | – | – |`,
+    `| V8's whole heap (used and kept free pages), after a full gc (KiB per agent) | – | ${((at.gc.heapTotalKiB - mem.gcBefore.heapTotalKiB) / n).toFixed(1)} | – | – | – |`,
     `| of which Node's external memory (Buffers, ArrayBuffers), after a full gc (KiB per agent) | – | ${((at.gc.externalKiB - mem.gcBefore.externalKiB) / n).toFixed(1)} | – | – | – |`,
+    `| of which file-backed or shared pages (SQLite's files, code), after a full gc (KiB per agent) | – | ${((at.gc.fileKiB + at.gc.shmemKiB - mem.gcBefore.fileKiB - mem.gcBefore.shmemKiB) / n).toFixed(1)} | – | – | – |`,
   ];
 }
 
