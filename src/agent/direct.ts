@@ -111,6 +111,9 @@ async function serve(socket: TLSSocket, options: DirectListenerOptions, settings
     request = await readJsonLine<DialRequest>(socket, { what: 'dial request', timeoutMs: headerMs, maxBytes: MAX_REQUEST_BYTES });
   } catch (err) {
     log.info({ client, service: options.kind, err: (err as Error).message }, 'direct listener: no valid dial request');
+    // The line's own timer and the connection's deadline have the same length: whichever fires first, it is this
+    // phase's deadline that passed, and it is counted once (the deadline's own expiry counts itself).
+    if (toGatewayError(err).code === 'GW_ERR_TUNNEL_TIMEOUT') conn.count('route-header');
     socket.destroy();
     return;
   } finally {
