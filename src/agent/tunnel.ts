@@ -253,18 +253,11 @@ export class TunnelAgent extends EventEmitter {
       if (closed) return;
       closed = true;
       socket.destroy();
-      this.heartbeat?.stop();
-      for (const ch of this.channels) ch.destroy();
-      this.channels.clear();
-      if (this.session === session) {
-        this.session = undefined;
-        this.heldProxy = undefined;
-        this.closeCurrent = undefined;
-      }
+      const current = this.session === session;
+      if (current) this.session = undefined;
       if (reason === 'refused') this.found = undefined; // as when SSH refuses: ask again where the tunnel is, and how
       else if (reason !== 'duplicate' && reason !== 'reconnect notice') this.log.warn({ reason }, 'reverse tunnel closed');
-      this.emit('disconnected', reason);
-      this.scheduleRetry(reason === 'reconnect notice');
+      this.tunnelClosed(reason, current);
     };
     const session = new TunnelSession(socket, {
       role: 'agent',
@@ -311,18 +304,11 @@ export class TunnelAgent extends EventEmitter {
       if (closed) return;
       closed = true;
       transport.destroy(); // a half-closed transport would otherwise stay open for ever
-      this.heartbeat?.stop();
-      for (const ch of this.channels) ch.destroy();
-      this.channels.clear();
-      if (this.client === client) {
-        this.client = undefined;
-        this.heldProxy = undefined;
-        this.closeCurrent = undefined;
-      }
+      const current = this.client === client;
+      if (current) this.client = undefined;
       if (!connectedOnce) this.found = undefined; // no SSH session: ask again where the tunnel is, and how
       else if (reason !== 'duplicate') this.log.warn({ reason }, 'reverse tunnel closed');
-      this.emit('disconnected', reason);
-      this.scheduleRetry(reason === 'reconnect notice');
+      this.tunnelClosed(reason, current);
     };
     this.closeCurrent = (reason = 'dropped by the agent') => {
       transport.destroy();
@@ -506,14 +492,24 @@ export class TunnelAgent extends EventEmitter {
   }
 
   private emitClosedForReconnect(): void {
+    this.client = undefined;
+    this.tunnelClosed('reconnect notice', true);
+  }
+
+  /**
+   * A tunnel (v2 or SSH) is over: its heartbeat and channels go, the Proxy it reached is forgotten when it was the
+   * tunnel in use (`current`), and a retry follows (at once after a reconnect notice).
+   */
+  private tunnelClosed(reason: string, current: boolean): void {
     this.heartbeat?.stop();
     for (const ch of this.channels) ch.destroy();
     this.channels.clear();
-    this.client = undefined;
-    this.heldProxy = undefined;
-    this.closeCurrent = undefined;
-    this.emit('disconnected', 'reconnect notice');
-    this.scheduleRetry(true);
+    if (current) {
+      this.heldProxy = undefined;
+      this.closeCurrent = undefined;
+    }
+    this.emit('disconnected', reason);
+    this.scheduleRetry(reason === 'reconnect notice');
   }
 
   private async serveChannel(channel: Duplex): Promise<void> {
