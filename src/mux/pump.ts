@@ -12,7 +12,10 @@
  *                  soon as its peer's FIN arrives, and its upstream would otherwise wait for a FIN of its own)
  *   errors         destroy the side that failed (never thrown at the process); its 'close' takes the other down
  *
- * These are the rules of src/stream/splice.ts, which joins the tunnel's streams.
+ * src/stream/splice.ts joins the tunnel's streams by the same rules with pipe(), with one difference: when a side
+ * that ended cleanly closes while the other has not ended its own reading, splice destroys the other at once,
+ * where this lets it finish writing first. The Proxy's own routes all end TLS and use neither here: this serves a
+ * Multiplexer route that passes bytes through (bench:mux's router).
  */
 import type { Duplex } from 'node:stream';
 
