@@ -1107,16 +1107,15 @@ const TLS_FLOOR_CONNECTIONS = 2000;
 const GC_PRELOAD = `
 const v8 = require('node:v8');
 const vm = require('node:vm');
-const { writeFileSync } = require('node:fs');
+const { readFileSync, writeFileSync } = require('node:fs');
 v8.setFlagsFromString('--expose-gc');
 const gc = vm.runInNewContext('gc');
 process.on('SIGPWR', () => {
   gc();
   const m = process.memoryUsage();
-  const rss = Number(/VmRSS:\\s+(\\d+)/.exec(require('node:fs').readFileSync('/proc/self/status', 'utf8'))[1]);
-  const status = require('node:fs').readFileSync('/proc/self/status', 'utf8');
-  const kib = (name) => Number((new RegExp(name + ':\\s+(\\d+)').exec(status) || [0, 0])[1]);
-  writeFileSync(process.env.BENCH_GC_OUT, JSON.stringify({ rssKiB: rss, heapKiB: m.heapUsed / 1024, heapTotalKiB: m.heapTotal / 1024, externalKiB: m.external / 1024, anonKiB: kib('RssAnon'), fileKiB: kib('RssFile'), shmemKiB: kib('RssShmem') }));
+  const status = readFileSync('/proc/self/status', 'utf8');
+  const kib = (name) => Number((new RegExp(name + ':\\\\s+(\\\\d+)').exec(status) || [0, 0])[1]);
+  writeFileSync(process.env.BENCH_GC_OUT, JSON.stringify({ rssKiB: kib('VmRSS'), heapKiB: m.heapUsed / 1024, heapTotalKiB: m.heapTotal / 1024, externalKiB: m.external / 1024, anonKiB: kib('RssAnon'), fileKiB: kib('RssFile'), shmemKiB: kib('RssShmem') }));
 });
 `;
 
