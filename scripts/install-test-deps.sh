@@ -30,18 +30,34 @@ declare -A NEED=(
   [curl]=curl                # HTTP requests through squid and to the version server, as a user would send them
   [tmux]=tmux                # a real terminal for the interactive SSH test
   [iperf3]=iperf3            # the native client and server of bench:tunnel's user path (iperf3 -> gwsh proxy app -> ...)
+  # the Web UI tests' real browser (test/helpers/browser.ts): Debian's Chromium driven by playwright-core (which
+  # never downloads a browser), and the NSS tools that make the browser's own database trusting the test cluster's CA
+  [chromium]=chromium
+  [certutil]=libnss3-tools
+)
+
+# file -> Debian package, for what the tests need that is not a command
+declare -A NEED_FILES=(
+  # a font for Chromium's pages, so that the screenshots the browser tests save are readable
+  [/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf]=fonts-dejavu-core
 )
 
 missing=()
 present() {
   case "$1" in
     postgres) compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null ;;
+    /*) [ -e "$1" ] ;;
     *) command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] ;;
   esac
 }
 for cmd in "${!NEED[@]}"; do
   if ! present "$cmd"; then
     missing+=("${NEED[$cmd]}")
+  fi
+done
+for file in "${!NEED_FILES[@]}"; do
+  if ! present "$file"; then
+    missing+=("${NEED_FILES[$file]}")
   fi
 done
 

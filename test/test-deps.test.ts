@@ -116,7 +116,7 @@ describe('test dependencies', () => {
   const scriptPackages = new Set(script.values());
 
   it('the scan finds the programs the suites are known to start (so that it cannot pass by finding nothing)', () => {
-    for (const p of ['squid', 'haproxy', 'sshd', 'ssh', 'scp', 'openssl', 'ip', 'socat', 'psql', 'initdb', 'mariadbd', 'tmux']) {
+    for (const p of ['squid', 'haproxy', 'sshd', 'ssh', 'scp', 'openssl', 'ip', 'socat', 'psql', 'initdb', 'mariadbd', 'tmux', 'chromium', 'certutil']) {
       expect(programs.has(p), p).toBe(true);
     }
   });
@@ -135,6 +135,17 @@ describe('test dependencies', () => {
       uncovered.push(`${program} (${from}; in ${where.map((f) => f.slice(ROOT.length)).join(', ')})`);
     }
     expect(uncovered, 'add these to NEED in scripts/install-test-deps.sh').toEqual([]);
+  });
+
+  it('each file the install script looks for (NEED_FILES: fonts for the browser) belongs to the package it installs', () => {
+    const text = readFileSync(join(ROOT, 'scripts/install-test-deps.sh'), 'utf8');
+    const files = [...text.matchAll(/^\s*\[(\/[^\]]+)\]=([a-z0-9.+-]+)/gm)].map((m) => ({ path: m[1]!, pkg: m[2]! }));
+    expect(files.map((f) => f.pkg)).toContain('fonts-dejavu-core');
+    for (const { path, pkg } of files) {
+      if (!existsSync(path)) continue; // not installed here: the script installs it (as root) or names it
+      const owner = spawnSync('dpkg', ['-S', path], { encoding: 'utf8' }).stdout.split(':')[0];
+      expect(owner, path).toBe(pkg);
+    }
   });
 
   it('reads a program out of each way of starting one', () => {

@@ -1,0 +1,161 @@
+/**
+ * A real browser for the Web UI tests: Debian's Chromium (`/usr/bin/chromium`, installed by
+ * scripts/install-test-deps.sh) driven by playwright-core. Nothing downloads a browser.
+ *
+ * TLS is checked as a user's browser checks it: the browser gets a HOME of its own whose NSS database
+ * ($HOME/.pki/nssdb, where Chromium on Linux reads locally trusted roots) holds the test cluster's CA, made with
+ * `certutil` (libnss3-tools). HTTPS errors are never ignored, so a page whose certificate the cluster's CA did
+ * not issue (or whose name it does not hold) fails to load, as it would for a user.
+ *
+ * Host names: `--host-resolver-rules` maps names (by default `*.gateway.test`) to an address, so that the Proxy's
+ * name and the HTTP apps' public names (SNI, Host) reach the Proxy's web port without /etc/hosts.
+ *
+ * Screenshots go to test-results/web/<suite>/<NN>-<step>.png (git-ignored); `step()` saves one after each step,
+ * and one named `<step>-failed` when the step throws, so a failing run shows what was on the screen.
+ *
+ * One browser per test file; pages are reused between steps; waits are for selectors, never fixed sleeps.
+ */
+import { execFile } from 'node:child_process';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+
+const run = promisify(execFile);
+
+/** Debian's package `chromium`; its launcher script sources /etc/chromium.d and execs /usr/lib/chromium/chromium. */
+export const CHROMIUM = '/usr/bin/chromium';
+
+/** Where screenshots go: <repo>/test-results/web/. */
+export const SCREENSHOT_ROOT = new URL('../../test-results/web/', import.meta.url).pathname;
+
+export interface BrowserOptions {
+  /** Names the screenshot directory: test-results/web/<suite>/. */
+  suite: string;
+  /** PEM CA certificates the browser trusts (besides none: the NSS database starts empty). */
+  trust?: string[];
+  /** Host name patterns (Chromium's syntax: `*.gateway.test`, `proxy.gw.test`) → address. */
+  hosts?: Record<string, string>;
+  /** Viewport of every page; 1280x800 unless given. */
+  viewport?: { width: number; height: number };
+}
+
+export interface PageLog {
+  /** console.error messages and uncaught exceptions of the page, e.g. a Content-Security-Policy violation. */
+  errors: string[];
+}
+
+export interface TestBrowser {
+  browser: Browser;
+  /** The first context's page, for tests that need one only. */
+  page: Page;
+  context: BrowserContext;
+  /** A new context (its own cookies and storage: another user) with one page. */
+  newPage(): Promise<{ context: BrowserContext; page: Page }>;
+  /** What each page logged as an error (see PageLog). */
+  log(page: Page): PageLog;
+  /** Saves a full-page screenshot as test-results/web/<suite>/<NN>-<name>.png and returns its path. */
+  shot(page: Page, name: string): Promise<string>;
+  /** Runs fn, then saves a screenshot of page named after the step; on a throw, `<name>-failed`, and rethrows. */
+  step<T>(page: Page, name: string, fn: () => Promise<T>): Promise<T>;
+  /** The browser's HOME (its NSS database). */
+  home: string;
+  close(): Promise<void>;
+}
+
+/** A fresh NSS database under home/.pki/nssdb trusting each CA for TLS servers (trust flags C,,). */
+export async function makeNssDb(home: string, cas: string[]): Promise<string> {
+  const db = join(home, '.pki', 'nssdb');
+  await mkdir(db, { recursive: true, mode: 0o700 });
+  await run('certutil', ['-N', '-d', `sql:${db}`, '--empty-password']);
+  for (const [i, pem] of cas.entries()) {
+    const file = join(home, `ca-${i}.pem`);
+    await writeFile(file, pem);
+    await run('certutil', ['-A', '-d', `sql:${db}`, '-n', `gateway-test-ca-${i}`, '-t', 'C,,', '-i', file]);
+  }
+  return db;
+}
+
+/** Chromium's flags: headless, quiet (no background fetches, no updates, no sync), nothing shared between runs. */
+export function chromiumArgs(hosts: Record<string, string>): string[] {
+  const rules = Object.entries(hosts).map(([pattern, address]) => `MAP ${pattern} ${address}`);
+  return [
+    '--headless',
+    // The sandbox needs user namespaces Chromium refuses to use as root; tests run as root in CI.
+    ...(process.getuid?.() === 0 ? ['--no-sandbox'] : []),
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--no-default-browser-check',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+    '--disable-dev-shm-usage',
+    '--no-proxy-server',
+    '--password-store=basic',
+    ...(rules.length > 0 ? [`--host-resolver-rules=${rules.join(', ')}`] : []),
+  ];
+}
+
+/** Launches Chromium with its own HOME and a fresh user data directory; close() removes both. */
+export async function launchBrowser(options: BrowserOptions): Promise<TestBrowser> {
+  const home = await mkdtemp(join(tmpdir(), 'gw-browser-'));
+  await makeNssDb(home, options.trust ?? []);
+  const shotDir = join(SCREENSHOT_ROOT, options.suite);
+  await rm(shotDir, { recursive: true, force: true });
+  await mkdir(shotDir, { recursive: true });
+  const browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    // Playwright gives Chromium a fresh --user-data-dir of its own (a temporary directory it removes on close).
+    args: chromiumArgs(options.hosts ?? { '*.gateway.test': '127.0.0.1' }),
+    // Only what Chromium needs: its HOME (the NSS database), no proxy variables of the developer's shell.
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home, LANG: 'C.UTF-8', TZ: 'UTC' },
+    timeout: 60_000,
+  });
+  const logs = new WeakMap<Page, PageLog>();
+  const viewport = options.viewport ?? { width: 1280, height: 800 };
+  const newPage = async (): Promise<{ context: BrowserContext; page: Page }> => {
+    // ignoreHTTPSErrors stays false: the NSS database is what makes the cluster's certificate trusted.
+    const context = await browser.newContext({ viewport, ignoreHTTPSErrors: false, locale: 'en-US', timezoneId: 'UTC' });
+    const page = await context.newPage();
+    const log: PageLog = { errors: [] };
+    page.on('console', (m) => {
+      if (m.type() === 'error') log.errors.push(m.text());
+    });
+    page.on('pageerror', (e) => log.errors.push(String(e)));
+    logs.set(page, log);
+    return { context, page };
+  };
+  const first = await newPage();
+  let count = 0;
+  const shot = async (page: Page, name: string): Promise<string> => {
+    const path = join(shotDir, `${String(++count).padStart(2, '0')}-${name.replace(/[^a-z0-9._-]+/gi, '-')}.png`);
+    await page.screenshot({ path, fullPage: true });
+    return path;
+  };
+  return {
+    browser,
+    page: first.page,
+    context: first.context,
+    newPage,
+    log: (page) => logs.get(page) ?? { errors: [] },
+    shot,
+    async step(page, name, fn) {
+      try {
+        const result = await fn();
+        await shot(page, name);
+        return result;
+      } catch (err) {
+        await shot(page, `${name}-failed`).catch(() => undefined);
+        throw err;
+      }
+    },
+    home,
+    async close() {
+      await browser.close().catch(() => undefined);
+      await rm(home, { recursive: true, force: true });
+    },
+  };
+}
