@@ -185,6 +185,7 @@ export class AuthService implements ProxyAuth {
   createAppLaunch(id: string, bearer: string | undefined, app: string): Promise<{ token: string }> { return this.parts.webSessions.createAppLaunch(id, bearer, app); }
   redeemAppLaunch(token: string, app: string): Promise<{ sessionId: string; expiresAt: number }> { return this.parts.webSessions.redeemAppLaunch(token, app); }
   resolveAppSession(sessionId: string, app: string): Promise<WebSessionView> { return this.parts.webSessions.resolveAppSession(sessionId, app); }
+  webAcl(...a: Parameters<WebSessions['acl']>) { return this.parts.webSessions.acl(...a); }
   /** The newest audit events first, at most limit (the caller needs event list). */
   async listEvents(caller: Identity, limit: number) {
     await this.parts.callers.authorize(caller, 'event', 'list');

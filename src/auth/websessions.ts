@@ -24,6 +24,7 @@ import type { Authorities } from './authorities.js';
 import type { CallerCheck } from './callers.js';
 import { issueSshCert, type Identity } from './pki.js';
 import { blobFromLine, keyFromBlob } from './pki/sshwire.js';
+import { checkAccess, type Verb } from './rbac.js';
 import { KEYS, readJson, type StoredUser } from './records.js';
 
 /** The cookie of a web session; `__Host-`: Secure, Path=/, no Domain, so no other host can set or read it. */
@@ -107,6 +108,13 @@ interface StoredAppLaunch {
   parent: string;
   user: string;
   expiresAt: number;
+}
+
+/** What the page shows and offers, from the user's rules (the API enforces them anyway). */
+export interface WebAcl {
+  maintenance: { read: boolean; update: boolean };
+  tokens: { list: boolean; create: boolean; delete: boolean };
+  events: { list: boolean };
 }
 
 export interface WebSessionsDeps {
@@ -382,5 +390,16 @@ export class WebSessions {
     this.checkExpiry(JSON.parse(parentItem.value) as StoredWebSession);
     // The app session counts from its own creation: a user removed and created again since is refused.
     return this.view(sessionId!, record);
+  }
+
+  /** The page's view of the rules of identity's roles (as resolved now). */
+  async acl(identity: Identity): Promise<WebAcl> {
+    const roles = await this.deps.callers.rolesOf(identity.roles);
+    const may = (resource: string, verb: Verb) => checkAccess(roles, resource, verb).allowed;
+    return {
+      maintenance: { read: may('cluster_maintenance_config', 'read'), update: may('cluster_maintenance_config', 'update') },
+      tokens: { list: may('token', 'list'), create: may('token', 'create'), delete: may('token', 'delete') },
+      events: { list: may('event', 'list') },
+    };
   }
 }
