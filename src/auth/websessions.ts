@@ -156,7 +156,8 @@ const MAX_COOKIE_HEADER = 8192;
 export function cookieValue(header: string | string[] | undefined, name: string): string | undefined {
   if (header === undefined) return undefined;
   const text = Array.isArray(header) ? header.join('; ') : header;
-  if (text.length > MAX_COOKIE_HEADER) return '';
+  // Not read at length: a value of no session's form, refused as malformed.
+  if (text.length > MAX_COOKIE_HEADER) return 'too-large';
   for (const part of text.split(';')) {
     const eq = part.indexOf('=');
     if (eq < 0) continue;
