@@ -124,7 +124,7 @@ describe('signing in on the web', () => {
     expect(answer.headers['set-cookie']).toBeUndefined();
     expectCode(await call('POST', '/webapi/sessions', { body: { user: 'nobody', password: PASSWORD } }), 401, 'GW_ERR_AUTH_LOGIN_FAILED');
     // A user written by a manifest (as SSO users are) has no password hash: no password signs it in.
-    await auth.createResources(auth.adminIdentity(), [{ kind: 'user', version: 'v2', metadata: { name: 'carol' }, spec: { roles: ['access'] } }]);
+    await auth.createResources(auth.adminIdentity(), [{ kind: 'user', version: 'v2', metadata: { name: 'carol' }, spec: { roles: ['access'] } }], false);
     expectCode(await call('POST', '/webapi/sessions', { body: { user: 'carol', password: '' } }), 401, 'GW_ERR_AUTH_LOGIN_FAILED');
     expectCode(await call('POST', '/webapi/sessions', { body: { user: 'carol', password: PASSWORD } }), 401, 'GW_ERR_AUTH_LOGIN_FAILED');
   });
