@@ -35,6 +35,7 @@ import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/inde
 import type { ClusterTrust } from './proxyauth.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
+import { ssoRoutes } from './ssoapi.js';
 
 /** Request body limits (bytes): a manifest may be large; everything else is a few fields. */
 const BODY = { manifest: 1024 * 1024, credentials: 64 * 1024, small: 16 * 1024 } as const;
@@ -62,6 +63,11 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   GW_ERR_RESOURCE_EXISTS: 409,
   GW_ERR_API_TOO_LARGE: 413,
   GW_ERR_AUTH_RATE_LIMITED: 429,
+  GW_ERR_SSO_CONNECTOR_UNKNOWN: 404,
+  GW_ERR_SSO_STATE_INVALID: 400,
+  GW_ERR_SSO_TOKEN_INVALID: 401,
+  GW_ERR_SSO_IDP_ERROR: 502,
+  GW_ERR_SSO_NO_ROLES: 403,
   GW_ERR_DIRECT_ADDR_REFUSED: 403,
   GW_ERR_DIRECT_FORWARDED: 403,
   GW_ERR_DIRECT_CLOCK: 400,
@@ -428,6 +434,7 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     ...identityRoutes(auth),
     ...resourceRoutes(auth),
     ...agentRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody })),
+    ...ssoRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody })),
     ...proxyApiRoutes(auth, options.streamKeepAliveMs ?? 5000),
   ];
 
