@@ -19,8 +19,7 @@ import { STREAMED } from './proxyapi.js';
 import type { AuthService } from './service.js';
 import { MAX_SAML_RESPONSE, SSO_KINDS, type SsoKind } from './sso/index.js';
 
-/** The web session's cookie (web-contract: A's sessions) and the sign-in's browser binding. */
-export const SESSION_COOKIE = '__Host-gw_session';
+/** The sign-in's browser binding (the session's own cookie is websessions.ts's). */
 export const BINDING_COOKIE = '__Host-gw_sso';
 const BINDING_MAX_AGE_S = 600;
 /** Where the page picks up its bearer after a web sign-in. */
@@ -139,9 +138,7 @@ async function finish(auth: AuthService, ctx: SsoCtx, kind: SsoKind, callback: {
   const browserBinding = cookieValue(ctx.req, BINDING_COOKIE);
   const result = await auth.sso.finish(kind, { ...callback, ...(browserBinding ? { browserBinding } : {}), source: ctx.source });
   if (result.mode === 'console') return redirect(ctx.res, result.location, [bindingCookie('', 0)]);
-  const maxAge = Math.max(0, Math.floor((result.session.expiresAt - Date.now()) / 1000));
-  const session = `${SESSION_COOKIE}=${result.session.id}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=${maxAge}`;
-  return redirect(ctx.res, `${SSO_COMPLETE_PATH}?redirect=${encodeURIComponent(result.redirect)}`, [session, bindingCookie('', 0)]);
+  return redirect(ctx.res, `${SSO_COMPLETE_PATH}?redirect=${encodeURIComponent(result.redirect)}`, [result.session.cookie, bindingCookie('', 0)]);
 }
 
 export function ssoRoutes(auth: AuthService): SsoRoute[] {

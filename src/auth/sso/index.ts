@@ -23,7 +23,7 @@ import type { Identity } from '../pki.js';
 import { AttemptLimiter, type Reservation } from '../ratelimit.js';
 import { allowedLogins } from '../rbac.js';
 import { KEYS, readJson, type StoredUser } from '../records.js';
-import { githubRoles, oidcRoles, samlRoles, type GithubConnector, type OidcConnector, type SamlConnector, type Traits } from '../resources/index.js';
+import { githubRoles, oidcRoles, samlRoles, type GithubConnector, type OidcConnector, type SamlConnector } from '../resources/index.js';
 import { idpFetch, type IdpFetch } from './fetch.js';
 import { GithubFlows } from './github.js';
 import { OidcFlows, type IdpIdentity } from './oidc.js';
@@ -36,18 +36,9 @@ export { MAX_SAML_RESPONSE } from './saml.js';
 
 type AnyConnector = OidcConnector | SamlConnector | GithubConnector;
 
-/** The session a web sign-in creates (A's web sessions, src/auth/websessions.ts). */
-export interface WebSessionInput {
-  user: string;
-  roles: string[];
-  logins: string[];
-  traits: Traits;
-  connector: { kind: SsoKind; name: string };
-  source: string;
-  ttlMs: number;
-}
+/** What a web sign-in creates its session with (src/auth/websessions.ts). */
 export interface WebSessionMaker {
-  createWebSession(input: WebSessionInput): Promise<{ id: string; expiresAt: number }>;
+  create(identity: Identity, source: string, options: { connector: { kind: SsoKind; name: string }; ttlMs: number }): Promise<{ id: string; expiresAt: number; cookie: string }>;
 }
 
 export interface AuthPreference {
@@ -78,7 +69,8 @@ const CONSOLE_REDIRECT = /^http:\/\/127\.0\.0\.1:(\d{1,5})\/callback$/;
 /** The web mode's result: the session to set as a cookie, and where the browser goes. */
 export interface WebFinish {
   mode: 'web';
-  session: { id: string; expiresAt: number };
+  /** The session's Set-Cookie value (websessions.ts). */
+  session: { id: string; expiresAt: number; cookie: string };
   redirect: string;
 }
 export interface ConsoleFinish {
@@ -306,7 +298,8 @@ export class SsoService {
       return { mode: 'console', location: location.href };
     }
     if (!deps.webSessions) throw new GatewayError('GW_ERR_INTERNAL', 'web sessions are not available in this Auth Service');
-    const session = await deps.webSessions.createWebSession({ user: idp.username, roles, logins, traits, connector, source: request.source, ttlMs });
+    const identity: Identity = { kind: 'user', name: idp.username, cluster: deps.authorities.clusterName, roles, logins };
+    const session = await deps.webSessions.create(identity, request.source, { connector, ttlMs });
     return { mode: 'web', session, redirect: request.redirect ?? '/web/' };
   }
 
