@@ -55,9 +55,24 @@ function checkOf(err: { code?: string; message: string; cause?: unknown }): stri
   }
 }
 
+/**
+ * openid-client wraps oauth4webapi's errors in its own (a generic message, the original as cause): the innermost
+ * error with a code says which check failed.
+ */
+function innermost(err: unknown): unknown {
+  let e = err as { code?: string; cause?: unknown };
+  for (let depth = 0; depth < 4; depth++) {
+    const inner = e?.cause as { code?: string; message?: unknown } | undefined;
+    if (!inner || typeof inner !== 'object' || typeof inner.message !== 'string' || typeof inner.code !== 'string') break;
+    e = inner;
+  }
+  return e;
+}
+
 /** Any failure of openid-client as a GatewayError. */
-export function oidcError(issuer: string, err: unknown): GatewayError {
-  if (isGatewayError(err)) return err;
+export function oidcError(issuer: string, outer: unknown): GatewayError {
+  if (isGatewayError(outer)) return outer;
+  const err = innermost(outer);
   const e = err as { code?: string; message: string; cause?: unknown; error?: string; error_description?: string; name?: string };
   if (e.name === 'AuthorizationResponseError' || e.name === 'ResponseBodyError') {
     return idpAnswered(issuer, `the error ${e.error ?? 'unknown'}${e.error_description ? ` (${e.error_description})` : ''}`);
@@ -94,6 +109,9 @@ export class OidcFlows {
     } catch (err) {
       throw oidcError(spec.issuer_url, err);
     }
+    // The code flow's ID token comes over TLS from the token endpoint, which OIDC lets clients trust without checking
+    // its signature; we check it anyway (a compromised or spoofed endpoint must not mint identities).
+    client.enableNonRepudiationChecks(config);
     this.configs.set(key, { config, at: this.clock() });
     while (this.configs.size > MAX_CONFIGS) this.configs.delete(this.configs.keys().next().value!);
     return config;
