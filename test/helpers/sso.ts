@@ -1,0 +1,211 @@
+/**
+ * Identity providers for the single sign-on tests, real ones started by the test:
+ *
+ * - an OpenID provider (the `oidc-provider` package) on HTTPS with the test CA, its development login and consent
+ *   pages driven with plain HTTP requests (a real browser comes in the browser tests), behind a man in the middle
+ *   of the test's own that passes everything through, or rewrites the ID token of the token endpoint's answer
+ *   (re-signed with another key, or with the provider's own key after changing aud / iss / nonce / exp);
+ * - a tiny user agent: a cookie jar and requests that never follow redirects, so each hop is seen.
+ */
+import { createPrivateKey, generateKeyPairSync, randomBytes, sign, type KeyObject } from 'node:crypto';
+import http from 'node:http';
+import https from 'node:https';
+import type { AddressInfo } from 'node:net';
+import Provider from 'oidc-provider';
+import type { TestPki } from './tls.js';
+
+export interface Answer {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  text: string;
+  json: () => Record<string, any>;
+  location?: string;
+}
+
+/** One request, no redirect followed. */
+export function request(url: string, options: { method?: string; headers?: Record<string, string>; body?: string; ca?: string | string[] } = {}): Promise<Answer> {
+  const u = new URL(url);
+  const mod = u.protocol === 'https:' ? https : http;
+  return new Promise((resolve, reject) => {
+    const req = mod.request(
+      { method: options.method ?? 'GET', hostname: u.hostname, port: u.port, path: `${u.pathname}${u.search}`, headers: options.headers ?? {}, ...(options.ca ? { ca: options.ca } : {}), agent: false, servername: 'localhost' },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          const text = Buffer.concat(chunks).toString();
+          const location = res.headers.location ? new URL(res.headers.location, url).href : undefined;
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, text, json: () => JSON.parse(text) as Record<string, any>, ...(location ? { location } : {}) });
+        });
+      },
+    );
+    req.on('error', reject);
+    req.end(options.body);
+  });
+}
+
+/** Cookies by host:port (paths ignored: the provider's are all on one host). */
+export class CookieJar {
+  private readonly jars = new Map<string, Map<string, string>>();
+
+  header(url: string): string {
+    return [...(this.jars.get(new URL(url).host) ?? new Map()).entries()].map(([k, v]) => `${k}=${v}`).join('; ');
+  }
+
+  store(url: string, answer: Answer): void {
+    const host = new URL(url).host;
+    const jar = this.jars.get(host) ?? new Map<string, string>();
+    this.jars.set(host, jar);
+    for (const line of ([] as string[]).concat(answer.headers['set-cookie'] ?? [])) {
+      const [pair] = line.split(';');
+      const eq = pair!.indexOf('=');
+      const name = pair!.slice(0, eq).trim();
+      const value = pair!.slice(eq + 1).trim();
+      if (/max-age=0\b|expires=Thu, 01 Jan 1970/i.test(line) || value === '') jar.delete(name);
+      else jar.set(name, value);
+    }
+  }
+
+  async send(url: string, options: { method?: string; headers?: Record<string, string>; body?: string; ca?: string | string[] } = {}): Promise<Answer> {
+    const cookie = this.header(url);
+    const answer = await request(url, { ...options, headers: { ...(options.headers ?? {}), ...(cookie ? { cookie } : {}) } });
+    this.store(url, answer);
+    return answer;
+  }
+}
+
+// --- the OpenID provider and the man in the middle -----------------------------------------------------------------
+
+export type TokenTamper = 'none' | 'other-key' | 'aud' | 'iss' | 'nonce' | 'exp';
+
+export interface OidcIdp {
+  /** The issuer (the man in the middle's address: everyone reaches the provider through it). */
+  issuer: string;
+  clientId: string;
+  clientSecret: string;
+  /** What the man in the middle does to the next token answers. */
+  tamper: TokenTamper;
+  /** Logs in as user at the provider's pages and consents: from the authorization URL to our callback URL. */
+  signIn(authUrl: string, user: string, jar?: CookieJar): Promise<string>;
+  close(): Promise<void>;
+}
+
+const b64url = (b: Buffer | string) => Buffer.from(b).toString('base64url');
+
+function resign(jwt: string, key: KeyObject, kid: string, change: (claims: Record<string, unknown>) => void): string {
+  const [, payload] = jwt.split('.');
+  const claims = JSON.parse(Buffer.from(payload!, 'base64url').toString()) as Record<string, unknown>;
+  change(claims);
+  const head = b64url(JSON.stringify({ alg: 'RS256', kid, typ: 'JWT' }));
+  const body = b64url(JSON.stringify(claims));
+  return `${head}.${body}.${b64url(sign('sha256', Buffer.from(`${head}.${body}`), key))}`;
+}
+
+function tamperToken(text: string, mode: TokenTamper, own: { key: KeyObject; kid: string }, other: KeyObject): string {
+  const answer = JSON.parse(text) as { id_token?: string };
+  if (!answer.id_token || mode === 'none') return text;
+  const id = answer.id_token;
+  switch (mode) {
+    case 'other-key':
+      answer.id_token = resign(id, other, own.kid, () => undefined);
+      break;
+    case 'aud':
+      answer.id_token = resign(id, own.key, own.kid, (c) => void (c.aud = 'someone-else'));
+      break;
+    case 'iss':
+      answer.id_token = resign(id, own.key, own.kid, (c) => void (c.iss = 'https://evil.example'));
+      break;
+    case 'nonce':
+      answer.id_token = resign(id, own.key, own.kid, (c) => void (c.nonce = 'a-nonce-of-another-sign-in'));
+      break;
+    case 'exp':
+      answer.id_token = resign(id, own.key, own.kid, (c) => {
+        c.iat = Math.floor(Date.now() / 1000) - 7200;
+        c.exp = Math.floor(Date.now() / 1000) - 3600;
+      });
+      break;
+  }
+  return JSON.stringify(answer);
+}
+
+/**
+ * Starts the provider (HTTPS, the test CA's certificate for 127.0.0.1) and the man in the middle in front of it.
+ * groups(user) gives the `groups` claim.
+ */
+export async function startOidcIdp(pki: TestPki, options: { redirectUri: string; groups: (user: string) => string[] }): Promise<OidcIdp> {
+  const cert = await pki.serverCert({ names: ['localhost'], ips: ['127.0.0.1'] });
+  const tls = { key: cert.keyPem, cert: cert.certPem };
+  const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+  const other = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey;
+  const kid = 'idp-key-1';
+  const jwk = { ...privateKey.export({ format: 'jwk' }), kid, use: 'sig', alg: 'RS256' };
+  const front = https.createServer(tls);
+  await new Promise<void>((r) => front.listen(0, '127.0.0.1', r));
+  const issuer = `https://127.0.0.1:${(front.address() as AddressInfo).port}`;
+  const clientId = 'gateway';
+  const clientSecret = randomBytes(16).toString('hex');
+  const provider = new Provider(issuer, {
+    clients: [{ client_id: clientId, client_secret: clientSecret, redirect_uris: [options.redirectUri], response_types: ['code'], grant_types: ['authorization_code'], token_endpoint_auth_method: 'client_secret_basic' }],
+    findAccount: async (_ctx: unknown, id: string) => ({ accountId: id, claims: async () => ({ sub: id, email: `${id}@example.com`, groups: options.groups(id) }) }),
+    claims: { openid: ['sub'], email: ['email'], groups: ['groups'] },
+    scopes: ['openid', 'email', 'groups', 'profile'],
+    jwks: { keys: [jwk] },
+    cookies: { keys: [randomBytes(16).toString('hex')] },
+    features: { devInteractions: { enabled: true } },
+    conformIdTokenClaims: false,
+  } as never);
+  provider.on('server_error', () => undefined);
+  const back = https.createServer(tls, provider.callback());
+  await new Promise<void>((r) => back.listen(0, '127.0.0.1', r));
+  const backPort = (back.address() as AddressInfo).port;
+  const idp: OidcIdp = {
+    issuer, clientId, clientSecret, tamper: 'none',
+    signIn: (authUrl, user, jar = new CookieJar()) => driveProvider(jar, authUrl, user, pki.caPem, issuer),
+    close: async () => {
+      await new Promise<void>((r) => front.close(() => r()));
+      await new Promise<void>((r) => back.close(() => r()));
+    },
+  };
+  const own = { key: createPrivateKey(privateKey.export({ format: 'pem', type: 'pkcs8' })), kid };
+  front.on('request', (req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const up = https.request({ host: '127.0.0.1', port: backPort, method: req.method, path: req.url, headers: req.headers, ca: pki.caPem, servername: 'localhost' }, (answer) => {
+        const body: Buffer[] = [];
+        answer.on('data', (c: Buffer) => body.push(c));
+        answer.on('end', () => {
+          let text = Buffer.concat(body);
+          if (req.url?.startsWith('/token') && answer.statusCode === 200) text = Buffer.from(tamperToken(text.toString(), idp.tamper, own, other));
+          const headers = { ...answer.headers, 'content-length': String(text.length) };
+          delete headers['transfer-encoding'];
+          res.writeHead(answer.statusCode ?? 502, headers);
+          res.end(text);
+        });
+      });
+      up.on('error', () => res.destroy());
+      up.end(Buffer.concat(chunks));
+    });
+  });
+  return idp;
+}
+
+/** From the authorization URL through login and consent to the Location of our callback. */
+async function driveProvider(jar: CookieJar, authUrl: string, user: string, ca: string, issuer: string): Promise<string> {
+  let url = authUrl;
+  for (let hop = 0; hop < 20; hop++) {
+    if (!url.startsWith(issuer)) return url;
+    const page = await jar.send(url, { ca });
+    if (page.location) {
+      url = page.location;
+      continue;
+    }
+    if (page.status !== 200) throw new Error(`the provider answered ${page.status} at ${url}: ${page.text.slice(0, 300)}`);
+    const prompt = /name="prompt" value="(\w+)"/.exec(page.text)?.[1];
+    const body = prompt === 'login' ? new URLSearchParams({ prompt, login: user, password: 'any' }) : new URLSearchParams({ prompt: prompt ?? 'consent' });
+    const posted = await jar.send(url, { method: 'POST', ca, headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: body.toString() });
+    if (!posted.location) throw new Error(`the provider answered ${posted.status} to the ${prompt} form: ${posted.text.slice(0, 300)}`);
+    url = posted.location;
+  }
+  throw new Error('too many redirects at the provider');
+}
