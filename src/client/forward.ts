@@ -100,7 +100,8 @@ async function readBounded(req: http.IncomingMessage, max: number): Promise<Buff
 function forwardedHeaders(req: http.IncomingMessage, bodyLength: number): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
   for (const [name, value] of Object.entries(req.headers)) {
-    if (value === undefined || DROPPED.has(name) || name.startsWith('x-gateway-')) continue;
+    // A name starting with ':' is an HTTP/2 pseudo-header of the client's request (the web port speaks h2).
+    if (value === undefined || DROPPED.has(name) || name.startsWith('x-gateway-') || name.startsWith(':')) continue;
     out[name] = value;
   }
   out['content-length'] = String(bodyLength);
@@ -132,7 +133,7 @@ function forwardTo(address: string, up: Upstream, req: http.IncomingMessage, hea
       (answer) => {
         upstream.setTimeout(0);
         const out: Record<string, string | string[]> = {};
-        for (const [name, value] of Object.entries(answer.headers)) if (value !== undefined && !DROPPED.has(name)) out[name] = value;
+        for (const [name, value] of Object.entries(answer.headers)) if (value !== undefined && !DROPPED.has(name) && !name.startsWith(':')) out[name] = value;
         res.writeHead(answer.statusCode ?? 502, out);
         answer.pipe(res);
         answer.once('end', () => resolve());
