@@ -1,9 +1,9 @@
 /**
- * xterm.js's DOM renderer writes its per-terminal rules (colours, cell size, cursor) into <style> elements it
+ * xterm.js's DOM renderer writes its per-terminal rules (colours, cell size, cursor) into style elements it
  * creates. The page's Content-Security-Policy (style-src 'self', no 'unsafe-inline') refuses those. The build
- * (web/build/xterm-csp.ts) makes xterm create <gw-xterm-style> instead; this element keeps the text xterm writes
- * in a constructed stylesheet adopted by the document: rules set through the CSSOM from our own script, which
- * the policy allows, and no inline style anywhere.
+ * (web/build/xterm-csp.ts) makes xterm create gw-xterm-style elements instead; this element keeps the text
+ * xterm writes in a constructed stylesheet adopted by the document: rules set through the CSSOM from our own
+ * script, which the policy allows, and no inline style anywhere.
  */
 
 export const TAG = 'gw-xterm-style';

@@ -21,7 +21,12 @@ export function eventSummary(row: { name: string; event: Record<string, unknown>
   const { event: name, time, by, reported_by: reportedBy, ...rest } = row.event ?? {};
   const who = by as { kind?: string; name?: string } | undefined;
   const reporter = reportedBy as { nodename?: string } | undefined;
-  const byText = who?.name ? `${who.name}${who.kind && who.kind !== 'user' ? ` (${who.kind})` : ''}` : reporter?.nodename ? `${String(rest.user ?? '')}${rest.user ? ' on ' : ''}${reporter.nodename}` : '';
+  const user = typeof rest.user === 'string' ? rest.user : '';
+  const byText = who?.name
+    ? `${who.name}${who.kind && who.kind !== 'user' ? ` (${who.kind})` : ''}`
+    : reporter?.nodename
+      ? `${user}${user ? ' on ' : ''}${reporter.nodename}`
+      : user;
   const details = Object.entries(rest).map(([k, v]) => `${k}=${flat(v)}`).join(' ');
   return {
     name: typeof name === 'string' ? name : '(unnamed)',
