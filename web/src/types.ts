@@ -15,7 +15,8 @@ export interface Acl {
 export interface CurrentSession {
   user: SessionUser;
   expires_at: string;
-  connector?: string | { kind: string; name: string; display?: string };
+  /** The SSO connector the user signed in through (absent for a local user). */
+  connector?: { kind: string; name: string };
   acl: Acl;
 }
 
@@ -43,6 +44,7 @@ export interface Labeled {
 }
 
 export interface NodeResource extends Labeled {
+  host_id?: string;
   hostname?: string;
   agent?: string;
   online?: boolean;
@@ -76,7 +78,8 @@ export interface AgentRow {
   host_id: string;
   nodename: string;
   services: string[];
-  version: string;
+  /** null: the agent did not report its version (an older agent). */
+  version: string | null;
   channel?: string | null;
   target_version?: string | null;
   outdated?: boolean;

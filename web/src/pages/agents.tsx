@@ -37,7 +37,7 @@ export function AgentsPage() {
   const [query, setQuery] = useUrlState('q');
   const now = Date.now();
   const agents = data?.agents ?? [];
-  const rows = filterItems(agents.map((a) => ({ a, name: a.nodename, text: [a.host_id, a.version, a.channel ?? '', a.services.join(' '), a.outdated ? 'outdated' : ''] })), query).map((x) => x.a);
+  const rows = filterItems(agents.map((a) => ({ a, name: a.nodename, text: [a.host_id, a.version ?? '', a.channel ?? '', a.services.join(' '), a.outdated ? 'outdated' : ''] })), query).map((x) => x.a);
   return (
     <>
       <PageHeader title="Agents" subtitle={data ? schedule(data.maintenance) : 'Versions, upgrade channels and maintenance windows.'}>
@@ -71,7 +71,7 @@ function AgentTable({ rows, now }: { rows: AgentRow[]; now: number }) {
             <td>{a.services.join(', ')}</td>
             <td>{a.online ? <Badge kind="ok">online</Badge> : <Badge kind="bad">offline</Badge>}</td>
             <td class="mono">
-              {a.version}{' '}
+              {a.version ?? <span class="muted" title="The agent did not report its version">unknown</span>}{' '}
               {a.outdated ? <Badge kind="warn" testid={`agent-outdated-${a.nodename}`}>out of date</Badge> : a.target_version ? <Badge kind="neutral">up to date</Badge> : null}
             </td>
             <td>{a.channel ?? <span class="muted">—</span>}</td>

@@ -6,7 +6,7 @@ import { FitAddon } from '@xterm/addon-fit';
 import { Terminal } from '@xterm/xterm';
 import '@xterm/xterm/css/xterm.css';
 import { useEffect, useRef, useState } from 'preact/hooks';
-import { bearer } from '../api.js';
+import { api, bearer } from '../api.js';
 import { Badge, ErrorBox } from '../components/ui.js';
 import { ApiError } from '../lib/errors.js';
 import { exitLine, parseServerMessage, resizeMessage, subprotocols, terminalUrl } from '../lib/terminal.js';
@@ -23,7 +23,9 @@ function openSocket(term: Terminal, node: string, login: string, setStatus: (s: 
   const ws = new WebSocket(terminalUrl(location, node, login, term.cols, term.rows), subprotocols(token));
   ws.binaryType = 'arraybuffer';
   let ended = false;
+  let opened = false;
   ws.onopen = () => {
+    opened = true;
     setStatus('connected');
     ws.send(resizeMessage(term.cols, term.rows));
     term.focus();
@@ -45,6 +47,9 @@ function openSocket(term: Terminal, node: string, login: string, setStatus: (s: 
   };
   ws.onclose = (ev: CloseEvent) => {
     setStatus('closed');
+    // Refused before it opened: the browser does not say why. If the session has ended, asking for it sends the
+    // page to the sign-in page with the reason (api.ts); otherwise the message below stands.
+    if (!opened) void api.current().catch(() => undefined);
     if (!ended) {
       const why = ev.reason || (ev.code === 1006 ? 'the connection to the Proxy was lost or refused' : `closed (${ev.code})`);
       term.write(`\r\n\x1b[2m[disconnected: ${why}]\x1b[0m\r\n`);
