@@ -35,7 +35,7 @@ import { connectionOf, type LimitSettings } from '../net/deadlines.js';
 import { clientAddress } from '../stream/meta.js';
 import type { AgentSource } from './router.js';
 import { findTarget, type Target } from './resources.js';
-import { checkOrigin, credentialsOf, webError, webStatus, type WebCredentials, type WebProxyAuth, type WebSessionView } from './web.js';
+import { checkOrigin, credentialsOf, webStatus, type WebCredentials, type WebProxyAuth, type WebSessionView } from './web.js';
 
 export const TERMINAL_PATH = '/webapi/terminal';
 export const TERMINAL_PROTOCOL = 'gateway-terminal';
@@ -121,7 +121,7 @@ export class TerminalServer {
       return true;
     }
     if (!this.reserve(creds.id)) {
-      refuseUpgrade(socket, webError('GW_ERR_WEB_TERMINAL_LIMIT', `this web session already has ${MAX_TERMINALS_PER_SESSION} terminals open`, 'Close some terminals first.'));
+      refuseUpgrade(socket, new GatewayError('GW_ERR_WEB_TERMINAL_LIMIT', `this web session already has ${MAX_TERMINALS_PER_SESSION} terminals open`));
       return true;
     }
     let released = false;
@@ -176,7 +176,7 @@ export class TerminalServer {
     ws.once('close', untrack);
     const expires = typeof session.expiresAt === 'number' ? session.expiresAt : Date.parse(session.expiresAt);
     const left = Math.max(0, Math.min(expires - (this.options.clock ?? Date.now)(), 2 ** 31 - 1));
-    const timer = Number.isFinite(left) ? setTimeout(() => sendError(ws, webError('GW_ERR_WEB_SESSION_EXPIRED', 'the web session ended', 'Sign in again.')), left) : undefined;
+    const timer = Number.isFinite(left) ? setTimeout(() => sendError(ws, new GatewayError('GW_ERR_WEB_SESSION_EXPIRED', 'the web session ended while the terminal was open', { hint: 'Sign in again on the web page.' })), left) : undefined;
     timer?.unref();
     ws.once('close', () => clearTimeout(timer));
     try {

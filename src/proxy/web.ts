@@ -26,88 +26,54 @@ import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import type { LimitSettings } from '../net/deadlines.js';
 import type { AgentPresence } from '../auth/records.js';
+import { APP_SESSION_COOKIE, bearerOf, cookieValue, sessionInvalid, sessionMissing, WEB_SESSION_COOKIE, type WebSessionView } from '../auth/websessions.js';
 import type { AgentSource } from './router.js';
 import { TerminalServer } from './terminal.js';
 
-/** A web session as the Proxy sees it (ProxyAuth.resolveWebSession / resolveAppSession). */
-export interface WebSessionView {
-  id: string;
-  /** The session's user as resolveCaller gives it now. */
-  identity: Identity;
-  /** When the session ends: ms since the epoch or an ISO date. */
-  expiresAt: number | string;
-}
+/** ProxyAuth with the web sessions (src/auth/websessions.ts): what the routes here and webapps.ts use. */
+export type WebProxyAuth = ProxyAuth;
+export type { WebSessionView };
 
-/** What the Proxy uses of the web sessions (src/auth/, helper A's): the contract's ProxyAuth members. */
-export interface WebSessionAuth {
-  resolveWebSession(id: string, bearer: string | undefined): Promise<WebSessionView>;
-  webSessionSshCert(id: string, bearer: string, sshPublicKey: string): Promise<{ ssh_cert: string }>;
-  createAppLaunch(id: string, bearer: string, app: string): Promise<{ token: string }>;
-  redeemAppLaunch(token: string, app: string): Promise<{ sessionId: string; expiresAt: number | string }>;
-  resolveAppSession(sessionId: string, app: string): Promise<WebSessionView>;
-}
+export const SESSION_COOKIE = WEB_SESSION_COOKIE;
+export const APP_COOKIE = APP_SESSION_COOKIE;
+export { bearerOf, cookieValue };
 
-export type WebProxyAuth = ProxyAuth & WebSessionAuth;
-
-export const SESSION_COOKIE = '__Host-gw_session';
-export const APP_COOKIE = '__Host-gw_app';
-/** The longest Cookie or Authorization header read (a browser's cookie header stays far below). */
-const MAX_CREDENTIAL_HEADER = 8192;
-
-/** The codes of the web session (src/errors.ts) and their HTTP status where api.ts's table does not have them. */
-const STATUS: Partial<Record<string, number>> = {
-  GW_ERR_WEB_SESSION_MISSING: 401,
-  GW_ERR_WEB_SESSION_EXPIRED: 401,
-  GW_ERR_WEB_SESSION_INVALID: 401,
-  GW_ERR_WEB_CSRF: 403,
+/** HTTP statuses of the web routes where api.ts's table has none. */
+const STATUS: Partial<Record<ErrorCode, number>> = {
   GW_ERR_WEB_TERMINAL_LIMIT: 429,
   GW_ERR_TUNNEL_NOT_FOUND: 404,
   GW_ERR_TUNNEL_DIAL_FAILED: 502,
   GW_ERR_TUNNEL_DOWN: 502,
 };
 
-export function webStatus(code: string): number {
-  return STATUS[code] ?? statusFor(code as ErrorCode);
+export function webStatus(code: ErrorCode): number {
+  return STATUS[code] ?? statusFor(code);
 }
 
-/** A web-session error: the code is the contract's (src/errors.ts), the hint always given here. */
-export function webError(code: string, message: string, hint: string): GatewayError {
-  return new GatewayError(code as ErrorCode, message, { hint });
-}
-
-/** One cookie's value from a Cookie header (bounded; the first occurrence wins), or undefined. */
-export function cookieValue(header: string | undefined, name: string): string | undefined {
-  if (!header || header.length > MAX_CREDENTIAL_HEADER) return undefined;
-  for (const part of header.split(';')) {
-    const eq = part.indexOf('=');
-    if (eq < 0) continue;
-    if (part.slice(0, eq).trim() === name) {
-      const value = part.slice(eq + 1).trim();
-      return /^[A-Za-z0-9_-]{1,256}$/.test(value) ? value : undefined;
-    }
+/** The page's own origin: https:// and the Host the browser used (":authority" under HTTP/2), normalised. */
+function ownOrigin(req: http.IncomingMessage): string | undefined {
+  try {
+    return new URL(`https://${String(req.headers.host ?? req.headers[':authority'] ?? '')}`).origin;
+  } catch {
+    return undefined;
   }
-  return undefined;
 }
 
-/** The bearer of an Authorization header, or undefined. */
-export function bearerOf(header: string | undefined): string | undefined {
-  if (!header || header.length > MAX_CREDENTIAL_HEADER) return undefined;
-  const m = /^Bearer\s+([A-Za-z0-9_-]{1,256})\s*$/i.exec(header);
-  return m?.[1];
-}
-
-/** The page's own origin: https:// and the Host the browser used (":authority" under HTTP/2). */
-export function ownOrigin(req: http.IncomingMessage): string {
-  const host = String(req.headers.host ?? req.headers[':authority'] ?? '').toLowerCase();
-  return `https://${host}`;
-}
-
-/** Refuses a request whose Origin is present and is not the page's own (GW_ERR_WEB_CSRF). */
+/** Refuses a request whose Origin is present and is not the page's own (GW_ERR_WEB_CSRF), as api.ts does. */
 export function checkOrigin(req: http.IncomingMessage): void {
-  const origin = req.headers.origin;
-  if (origin === undefined) return;
-  if (String(origin).toLowerCase() === ownOrigin(req)) return;
-  throw webError('GW_ERR_WEB_CSRF', `a request from the origin ${JSON.stringify(String(origin).slice(0, 200))} is not allowed here`, 'Use the Web UI on the Proxy\'s own address; other sites may not act with your session.');
+  const given = req.headers.origin;
+  if (given === undefined) return;
+  let theirs: string | undefined;
+  try {
+    theirs = typeof given === 'string' && given.length <= 1024 ? new URL(given).origin : undefined;
+  } catch {
+    theirs = undefined;
+  }
+  const own = ownOrigin(req);
+  if (own !== undefined && theirs === own) return;
+  throw new GatewayError('GW_ERR_WEB_CSRF', `refused a ${req.method ?? 'request'} from another origin: ${JSON.stringify(String(given).slice(0, 200))}`, {
+    hint: `Use the Web UI from its own address${own ? ` (${own})` : ''}; requests from other sites are refused.`,
+  });
 }
 
 /** The session's credentials on a request: cookie id and bearer (header, or a WebSocket subprotocol). */
@@ -118,8 +84,8 @@ export interface WebCredentials {
 
 export function credentialsOf(req: http.IncomingMessage, bearer: string | undefined): WebCredentials {
   const id = cookieValue(req.headers.cookie, SESSION_COOKIE);
-  if (!id) throw webError('GW_ERR_WEB_SESSION_MISSING', 'this request carries no web session', 'Sign in to the Web UI first.');
-  if (!bearer) throw webError('GW_ERR_WEB_SESSION_INVALID', 'the web session cookie came without the bearer token of its session', 'Reload the Web UI (it sends the bearer with every request), or sign in again.');
+  if (!id) throw sessionMissing();
+  if (!bearer) throw sessionInvalid('the cookie came without the bearer token of its session (the page sends it with every request)');
   return { id, bearer };
 }
 

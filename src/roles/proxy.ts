@@ -27,7 +27,7 @@ import { watchChannelDrift } from '../proxy/drift.js';
 import { directDialer } from '../proxy/direct.js';
 import { PeerClient, PeerServer, type PeerTls } from '../proxy/peer.js';
 import { Router } from '../proxy/router.js';
-import { createWebRoutes, type WebProxyAuth } from '../proxy/web.js';
+import { createWebRoutes } from '../proxy/web.js';
 import type { ClusterMaintenanceConfig } from '../auth/resources/index.js';
 import { nextWindows } from '../upgrade/windows.js';
 import type { DialRequest } from '../tunnel/protocol.js';
@@ -120,7 +120,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   const jump = new SshJumpServer(auth, router, hostKey, limits.settings);
   const versions = new ReloadableVersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: options.dialer, proxyId: options.proxyId });
   const web = createWebRoutes({
-    auth: auth as WebProxyAuth,
+    auth,
     agents: router,
     presence: () => cluster.agents(),
     targetVersion: (channel) => versions.resolve(channel, 'version'),
@@ -135,7 +135,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     config,
     clusterName: auth.clusterName,
     web,
-    webApps: createWebAppHandler(auth as WebProxyAuth, router),
+    webApps: createWebAppHandler(auth, router),
     services: services(auth, router, tunnels, jump, limits.settings),
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
     findExtras: () => ({ tunnel_host_keys: [...new Set([tunnelKey.sshPublicKey, ...cluster.proxies().flatMap((p) => (p.tunnel_host_key ? [p.tunnel_host_key] : []))])], proxies: cluster.proxies().map((p) => ({ id: p.id, nodename: p.nodename, public_addr: p.public_addr, version: p.version })) }),
