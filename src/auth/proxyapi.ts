@@ -10,6 +10,7 @@
  *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller)
  *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
  *   POST   /v1/proxy/agent-events     {host_id, nodename, event}
+ *   GET    /v1/proxy/maintenance                                     → {config: cluster_maintenance_config | null}
  *   PUT    /v1/proxy/proxies/self     {record, ttl_ms}              (record.id must be the caller)
  *   DELETE /v1/proxy/proxies/self
  *   GET    /v1/proxy/proxies | /v1/proxy/presence | /v1/proxy/strategy
@@ -176,6 +177,7 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
         return { ok: true };
       },
     },
+    { method: 'GET', path: '/v1/proxy/maintenance', maxBody: 0, handle: async () => ({ config: (await auth.maintenanceConfig()) ?? null }) },
     {
       method: 'PUT', path: '/v1/proxy/proxies/self', maxBody: SMALL * 4, handle: async (c) => {
         const b = await c.body();

@@ -7,7 +7,7 @@
 import type { GatewayError } from '../errors.js';
 import type { Identity } from './pki.js';
 import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from './records.js';
-import type { RoleResource } from './resources/index.js';
+import type { Resource, RoleResource } from './resources/index.js';
 import type { SessionRegistry } from './sessions.js';
 import type { AuthPreference } from './sso/index.js';
 import type { WebSessionView } from './websessions.js';
@@ -48,6 +48,8 @@ export interface AgentRecords {
   recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void>;
   /** Calls onChange after every change of cluster_maintenance_config; returns the unsubscribe function. */
   watchMaintenance(onChange: () => void): () => void;
+  /** The cluster_maintenance_config resource, or undefined when none is set (the Web UI's agents view). */
+  maintenanceConfig(): Promise<Resource | undefined>;
 }
 
 /** A change of an agent's presence on one Proxy. */

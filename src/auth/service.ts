@@ -177,6 +177,8 @@ export class AuthService implements ProxyAuth {
   inventory(...a: Parameters<AgentDirectory['inventory']>) { return this.parts.agents.inventory(...a); }
   maintenanceForAgent(...a: Parameters<AgentDirectory['maintenanceForAgent']>) { return this.parts.agents.maintenanceForAgent(...a); }
   watchMaintenance(...a: Parameters<AgentDirectory['watchMaintenance']>) { return this.parts.agents.watchMaintenance(...a); }
+  /** For the Proxy (ProxyAuth): read with this process's own authority, as agents read it. */
+  maintenanceConfig() { return this.parts.agents.maintenanceForAgent({ kind: 'admin', name: 'proxy', cluster: this.clusterName, roles: [] }); }
   recordAgentEvent(...a: Parameters<AuditLog['recordAgentEvent']>) { return this.parts.audit.recordAgentEvent(...a); }
 
   // --- the web: sessions of the browser, the web terminal, app launches (websessions.ts) ---------------------------
