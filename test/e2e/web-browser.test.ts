@@ -1,27 +1,73 @@
 /**
  * The Web UI in a real browser: Debian's Chromium driven by playwright-core (test/helpers/browser.ts), against a
- * real daemon (auth + proxy, TLS routing on one port) and a real agent (ssh_service) joined through the Proxy.
+ * real daemon (auth + proxy, TLS routing on one port) and two real agents joined through the Proxy (`web-1`: SSH,
+ * an HTTP app and a database entry; `db-2`: SSH), as a user meets it:
+ *
+ * sign-in with a local user (and a wrong password refused, its message on screen); the resources with their labels
+ * and the filter, and what a narrower role does not show; the agents; the terminal (xterm.js over the WebSocket,
+ * through the Proxy and the tunnel) running a command whose output appears on the screen, and a resize the shell
+ * sees; an HTTP app opened from the page; the maintenance window edited by an allowed user (read back with gwctl)
+ * and refused to a user without the rule (the error on screen, and the server's refusal of a save the page never
+ * offered); a join token created and revoked; the audit log; sign-out; an expired session back at sign-in with
+ * its message. Every page's console is checked for errors (a Content-Security-Policy violation shows there).
  *
  * The browser trusts the cluster's host CA through an NSS database of its own (never ignoreHTTPSErrors) and
  * reaches the Proxy by the name `proxy.gateway.test` (host resolver rules), as a user's browser reaches it by DNS.
- * Screenshots of each step: test-results/web/web-browser/.
+ * Screenshots of each step: test-results/web/web-browser/. Waits are for selectors; nothing asserts timing.
  */
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
 import { createServer, type Server } from 'node:https';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import type { AddressInfo } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
+import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { launchBrowser, type TestBrowser } from '../helpers/browser.js';
-import { startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { makeTestPki } from '../helpers/tls.js';
 
 const PROXY_NAME = 'proxy.gateway.test';
+/** Apps live under the Proxy's name: its web certificate holds `*.<public name>` (as for apps-kube.test.ts). */
+const APP_NAME = `grafana.${PROXY_NAME}`;
 const LOGIN = userInfo().username;
+const PASSWORD = 'correct horse battery';
 let dir: string;
 let cluster: RunningGateway;
+const agents: RunningGateway[] = [];
+let app: HttpServer;
 let browser: TestBrowser;
 let origin: string;
+
+const gwctl = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir }, ...(input === undefined ? {} : { input }) });
+
+async function gwctlOk(args: string[], input?: string): Promise<string> {
+  const r = await gwctl(args, input);
+  if (r.status !== 0) throw new Error(`gwctl ${args.join(' ')}: ${r.status}\n${r.stderr}`);
+  return r.stdout;
+}
+
+/** The roles and users of the test: alice may do everything the page offers, bob reaches env=dev nodes only. */
+const ROLES = `kind: role
+version: v7
+metadata: { name: maintenance-admin }
+spec:
+  allow:
+    rules:
+      - resources: [cluster_maintenance_config]
+        verbs: [create, read, update, delete]
+---
+kind: role
+version: v7
+metadata: { name: dev-access }
+spec:
+  allow:
+    logins: ['{{internal.logins}}']
+    node_labels: { env: dev }
+`;
+
+const agentYaml = (name: string, services: string[]) => ['gateway:', `  nodename: ${name}`, '  data_dir: DATA_DIR', '  log: { format: json }', ...services, ''].join('\n');
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-web-'));
@@ -37,20 +83,69 @@ beforeAll(async () => {
       '  listen_addr: 127.0.0.1:0',
       'proxy_service:',
       `  web_listen_addr: 127.0.0.1:${port}`,
-      `  public_addr: ${PROXY_NAME}:${port}`,
+      // Agents dial the first address (their resolver does not know the test's names); the browser uses the name.
+      `  public_addr: [127.0.0.1:${port}, ${PROXY_NAME}:${port}]`,
       '',
     ].join('\n'),
   );
   origin = `https://${PROXY_NAME}:${port}`;
+  // The HTTP app behind web-1: answers who asked for what, so the page it shows is ours.
+  app = createHttpServer((req, res) => {
+    res.setHeader('content-type', 'text/html; charset=utf-8');
+    res.end(`<!doctype html><title>Grafana (test)</title><h1 data-testid="app-page">hello from the app behind web-1</h1><p>${req.method} ${String(req.url).replace(/[<>&]/g, '')}</p>`);
+  });
+  await new Promise<void>((r) => app.listen(0, '127.0.0.1', r));
+  const appPort = (app.address() as AddressInfo).port;
+
+  await writeFile(join(dir, 'roles.yaml'), ROLES);
+  await gwctlOk(['create', join(dir, 'roles.yaml')]);
+  await gwctlOk(['users', 'add', 'alice', '--roles=access,editor,auditor,maintenance-admin', `--logins=${LOGIN}`], `${PASSWORD}\n`);
+  await gwctlOk(['users', 'add', 'bob', '--roles=dev-access', `--logins=${LOGIN}`], `${PASSWORD}\n`);
+  const pin = /CA pin:\s+(\S+)/.exec(await gwctlOk(['status']))![1]!;
+  const token = (JSON.parse(await gwctlOk(['tokens', 'add', '--type=node,app,db', '--uses=0', '--format', 'json'])) as { token: string }).token;
+  const join_ = ['--token', token, '--ca-pin', pin, '--proxy', `127.0.0.1:${port}`];
+  const started = await Promise.all([
+    startGateway(
+      agentYaml('web-1', [
+        'ssh_service:',
+        '  labels: { env: dev, team: web }',
+        'app_service:',
+        '  apps:',
+        `    - { name: grafana, uri: "http://127.0.0.1:${appPort}", public_addr: ${APP_NAME}, labels: { env: dev, team: web } }`,
+        'db_service:',
+        '  databases:',
+        '    - { name: orders-db, protocol: postgres, uri: "127.0.0.1:5432", labels: { env: prod, team: data } }',
+      ]),
+      { args: join_ },
+    ),
+    startGateway(agentYaml('db-2', ['ssh_service:', '  labels: { env: prod, team: data }']), { args: join_ }),
+  ]);
+  agents.push(...started);
+  await Promise.all(agents.map((a) => a.waitForLog('reverse tunnel ready', 30_000).catch((err: Error) => Promise.reject(new Error(`${err.message}\n${a.logs().slice(-3000)}`)))));
   const ca = await readFile(join(cluster.dataDir, 'admin', 'host-ca.pem'), 'utf8');
   browser = await launchBrowser({ suite: 'web-browser', trust: [ca] });
-}, 60_000);
+}, 120_000);
 
 afterAll(async () => {
   await browser?.close();
+  await Promise.all(agents.map((a) => a.stop()));
   await cluster?.stop();
+  await new Promise((r) => (app ? app.close(r) : r(undefined)));
   if (dir) await rm(dir, { recursive: true, force: true });
 });
+
+/** Fills the sign-in form and submits it. */
+async function signIn(page: Page, user: string, password: string): Promise<void> {
+  await page.goto(`${origin}/web/login`);
+  await page.getByTestId('login-user').fill(user);
+  await page.getByTestId('login-password').fill(password);
+  await page.getByTestId('login-submit').click();
+}
+
+/** The text of the terminal's screen (xterm's DOM renderer: one element per row). */
+async function screenText(page: Page): Promise<string> {
+  return page.locator('.xterm-rows').innerText();
+}
 
 describe('the browser harness', () => {
   it("loads /webapi/ping over TLS the browser checks against the cluster's CA (no certificate error ignored)", async () => {
@@ -60,11 +155,10 @@ describe('the browser harness', () => {
     const ping = JSON.parse((await page.textContent('body')) ?? '') as { cluster_name: string; auth: { type: string } };
     expect(ping.cluster_name).toBe('web.example');
     expect(ping.auth.type).toBe('local');
-    expect(LOGIN).not.toBe('');
   });
 
   it('refuses a server whose certificate another CA issued, and a name the Proxy certificate does not hold', async () => {
-    const { page } = browser;
+    const { context, page } = await browser.newPage();
     // A real HTTPS server with a certificate from a CA the browser does not trust.
     const pki = await makeTestPki();
     const cert = await pki.serverCert({ names: ['other.gateway.test'], ips: [] });
@@ -80,6 +174,230 @@ describe('the browser harness', () => {
     // The Proxy's own port under a name its certificate does not hold.
     const wrong = origin.replace(PROXY_NAME, 'not-the-proxy.gateway.test');
     await expect(page.goto(`${wrong}/webapi/ping`)).rejects.toThrow(/ERR_CERT_COMMON_NAME_INVALID/);
+    await context.close();
   });
 });
 
+describe('a local user in the Web UI', () => {
+  it('a wrong password is refused with its message on the sign-in page', async () => {
+    const { page } = browser;
+    await browser.step(page, 'login-wrong-password', async () => {
+      await signIn(page, 'alice', 'not the password');
+      await page.getByTestId('login-error').waitFor();
+    });
+    expect(await page.getByTestId('login-error').innerText()).toMatch(/user name or password/i);
+    expect(await page.getByTestId('login-error-code').innerText()).toBe('GW_ERR_AUTH_LOGIN_FAILED');
+    expect(new URL(page.url()).pathname).toBe('/web/login');
+  });
+
+  it('signs in with the password, over HTTP/2, and lands on the resources with their labels', async () => {
+    const { page } = browser;
+    await browser.step(page, 'resources', async () => {
+      await signIn(page, 'alice', PASSWORD);
+      await page.getByTestId('resource-row-web-1').waitFor();
+      await page.getByTestId('resource-row-db-2').waitFor();
+    });
+    expect(new URL(page.url()).pathname).toBe('/web/');
+    expect(await page.getByTestId('current-user').innerText()).toContain('alice');
+    expect(await page.getByTestId('resource-row-web-1').innerText()).toMatch(/env=dev[\s\S]*team=web/);
+    expect(await page.getByTestId('resource-row-db-2').innerText()).toMatch(/env=prod[\s\S]*team=data/);
+    const protocol = await page.evaluate(() => (performance.getEntriesByType('navigation')[0] as PerformanceNavigationTiming).nextHopProtocol);
+    expect(protocol).toBe('h2');
+    // The session cookie as the browser keeps it: HttpOnly, Secure, SameSite=Strict, and the page cannot read it.
+    const cookie = (await browser.context.cookies(origin)).find((c) => c.name === '__Host-gw_session');
+    expect(cookie).toMatchObject({ httpOnly: true, secure: true, sameSite: 'Strict', path: '/' });
+    expect(await page.evaluate(() => document.cookie)).not.toContain('gw_session');
+  });
+
+  it('filters the resources by label, and shows the databases and apps in their tabs', async () => {
+    const { page } = browser;
+    await browser.step(page, 'resources-filtered', async () => {
+      await page.getByTestId('filter').fill('env=prod');
+      await page.getByTestId('resource-row-web-1').waitFor({ state: 'detached' });
+    });
+    expect(await page.getByTestId('resource-row-db-2').isVisible()).toBe(true);
+    expect(new URL(page.url()).searchParams.get('q')).toBe('env=prod');
+    await browser.step(page, 'resources-filter-nothing', async () => {
+      await page.getByTestId('filter').fill('team=nobody');
+      await page.getByTestId('resources-empty').waitFor();
+    });
+    await page.getByTestId('filter').fill('');
+    await browser.step(page, 'resources-databases', async () => {
+      await page.getByTestId('resource-tab-databases').click();
+      await page.getByTestId('resource-row-orders-db').waitFor();
+    });
+    expect(await page.getByTestId('resource-row-orders-db').innerText()).toMatch(/postgres[\s\S]*env=prod/);
+    await browser.step(page, 'resources-apps', async () => {
+      await page.getByTestId('resource-tab-apps').click();
+      await page.getByTestId('resource-row-grafana').waitFor();
+    });
+  });
+
+  it('opens the HTTP app from the page: launched on its own host name, with its own cookie', async () => {
+    const { page } = browser;
+    await browser.step(page, 'app-opened', async () => {
+      await page.getByTestId('app-open-grafana').click();
+      await page.getByTestId('app-page').waitFor();
+    });
+    expect(new URL(page.url()).hostname).toBe(APP_NAME);
+    expect(await page.locator('body').innerText()).toContain('hello from the app behind web-1');
+    const appCookie = (await browser.context.cookies(`https://${APP_NAME}${new URL(origin).port ? `:${new URL(origin).port}` : ''}`)).find((c) => c.name === '__Host-gw_app');
+    expect(appCookie).toMatchObject({ httpOnly: true, secure: true, sameSite: 'Strict' });
+  });
+
+  it('shows the agents with their version and online state', async () => {
+    const { page } = browser;
+    await browser.step(page, 'agents', async () => {
+      await page.goto(`${origin}/web/agents`);
+      await page.getByTestId('agent-row-web-1').waitFor();
+      await page.getByTestId('agent-row-db-2').waitFor();
+    });
+    expect(await page.getByTestId('agent-row-web-1').innerText()).toContain('17.0.0-dev');
+  });
+
+  it('opens a terminal on web-1: a command typed in the browser runs there and its output is on the screen', async () => {
+    const { page } = browser;
+    await page.goto(`${origin}/web/`);
+    await browser.step(page, 'terminal', async () => {
+      await page.getByTestId('resource-connect-web-1').click();
+      await page.locator('[data-testid="terminal-status"][data-status="connected"]').waitFor();
+      await page.locator('.xterm').click();
+      await page.keyboard.type('echo browser-$RANDOM\n');
+      await expect.poll(() => screenText(page), { timeout: 30_000 }).toMatch(/^browser-\d+\s*$/m);
+    });
+    expect(await page.getByTestId('terminal-title').innerText()).toBe(`${LOGIN}@web-1`);
+    // A resize reaches the shell: its window size changes with the browser's.
+    await page.keyboard.type('clear; stty size\n');
+    await expect.poll(() => screenText(page), { timeout: 30_000 }).toMatch(/^\d+ \d+\s*$/m);
+    const before = /^(\d+ \d+)\s*$/m.exec(await screenText(page))![1];
+    await page.setViewportSize({ width: 900, height: 600 });
+    await browser.step(page, 'terminal-resized', async () => {
+      await expect
+        .poll(async () => {
+          await page.keyboard.type('clear; stty size\n');
+          return /^(\d+ \d+)\s*$/m.exec(await screenText(page))?.[1];
+        }, { timeout: 30_000, intervals: [500] })
+        .not.toBe(before);
+    });
+    await page.setViewportSize({ width: 1280, height: 800 });
+    await page.keyboard.type('exit 3\n');
+    await page.locator('[data-testid="terminal-status"][data-status="closed"]').waitFor();
+    expect(await screenText(page)).toContain('exited with status 3');
+  });
+
+  it('edits the maintenance window; gwctl reads back what was saved', async () => {
+    const { page } = browser;
+    await page.goto(`${origin}/web/maintenance`);
+    await page.getByTestId('maint-form').waitFor();
+    await browser.step(page, 'maintenance-saved', async () => {
+      for (const day of ['Tue', 'Thu']) {
+        if (!(await page.getByTestId(`maint-weekday-${day}`).isChecked())) await page.getByTestId(`maint-weekday-${day}`).check();
+      }
+      await page.getByTestId('maint-hour').selectOption('3');
+      await page.getByTestId('maint-save').click();
+      await page.getByTestId('maint-saved').waitFor();
+      await expect.poll(() => page.getByTestId('maint-current').innerText()).toContain('03:00');
+    });
+    const stored = JSON.parse(await gwctlOk(['get', 'cluster_maintenance_config', '--format', 'json'])) as Array<{ spec: { agent_upgrades: { utc_start_hour: number; weekdays: string[] } } }>;
+    expect(stored[0]!.spec.agent_upgrades).toEqual({ utc_start_hour: 3, weekdays: ['Tue', 'Thu'] });
+  });
+
+  it('creates a join token, sees it listed, and revokes it', async () => {
+    const { page } = browser;
+    const tokenIds = async () => (JSON.parse(await gwctlOk(['tokens', 'ls', '--format', 'json'])) as Array<{ id: string }>).map((t) => t.id);
+    const before = await tokenIds();
+    await page.goto(`${origin}/web/tokens`);
+    await page.getByTestId('token-form').waitFor();
+    const value = await browser.step(page, 'token-created', async () => {
+      await page.getByTestId('token-type-node').check();
+      await page.getByTestId('token-create').click();
+      await page.getByTestId('token-value').waitFor();
+      return page.getByTestId('token-value').innerText();
+    });
+    expect(value).toMatch(/^[0-9a-f]{16,}$/i);
+    const created = (await tokenIds()).filter((id) => !before.includes(id));
+    expect(created).toHaveLength(1);
+    const id = created[0]!;
+    await page.getByTestId(`token-row-${id}`).waitFor();
+    page.once('dialog', (d) => void d.accept());
+    await browser.step(page, 'token-revoked', async () => {
+      await page.getByTestId(`token-revoke-${id}`).click();
+      await page.getByTestId(`token-row-${id}`).waitFor({ state: 'detached' });
+    });
+    expect(await tokenIds()).toEqual(before);
+  });
+
+  it('shows the audit log with the web sign-in', async () => {
+    const { page } = browser;
+    await browser.step(page, 'audit', async () => {
+      await page.goto(`${origin}/web/audit`);
+      await page.locator('[data-event="user.login"]').first().waitFor();
+    });
+  });
+
+  it('signs out: the session is gone on the server, and the page is back at sign-in', async () => {
+    const { page } = browser;
+    const cookie = (await browser.context.cookies(origin)).find((c) => c.name === '__Host-gw_session')!;
+    await page.goto(`${origin}/web/`);
+    await browser.step(page, 'signed-out', async () => {
+      await page.getByTestId('signout').click();
+      await page.getByTestId('login-form').waitFor();
+    });
+    expect((await browser.context.cookies(origin)).find((c) => c.name === '__Host-gw_session')).toBeUndefined();
+    // The old cookie, replayed, is refused by the server.
+    const replay = await page.evaluate(async (id) => {
+      const r = await fetch('/webapi/sessions/current', { headers: { cookie: `__Host-gw_session=${id}` } });
+      return { status: r.status, body: await r.text() };
+    }, cookie.value);
+    expect(replay.status).toBe(401);
+    await page.goto(`${origin}/web/`);
+    await page.getByTestId('login-form').waitFor();
+  });
+
+  it('no page logged a console error (a Content-Security-Policy violation would)', () => {
+    // Expected: the 401s of the wrong password and of the replayed cookie, and Chromium's own /favicon.ico for the
+    // JSON document of /webapi/ping (the page itself declares its icon).
+    const expected = (e: string) => /status of 401/.test(e) || /\/favicon\.ico\)$/.test(e);
+    expect(browser.log(browser.page).errors.filter((e) => !expected(e))).toEqual([]);
+  });
+});
+
+describe('a user whose roles allow less', () => {
+  let page: Page;
+  beforeAll(async () => {
+    ({ page } = await browser.newPage());
+  });
+
+  it('sees only the servers their role selects (env=dev), and no admin pages in the navigation', async () => {
+    await browser.step(page, 'bob-resources', async () => {
+      await signIn(page, 'bob', PASSWORD);
+      await page.getByTestId('resource-row-web-1').waitFor();
+    });
+    expect(await page.getByTestId('resource-row-db-2').count()).toBe(0);
+    expect(await page.getByTestId('nav-maintenance').count()).toBe(0);
+    expect(await page.getByTestId('nav-tokens').count()).toBe(0);
+  });
+
+  it('is refused the maintenance window, with the reason on screen', async () => {
+    await browser.step(page, 'bob-maintenance-refused', async () => {
+      await page.goto(`${origin}/web/maintenance`);
+      await page.getByTestId('maint-error').waitFor();
+    });
+    expect(await page.getByTestId('maint-error-code').innerText()).toBe('GW_ERR_ACCESS_DENIED');
+    expect(await page.getByTestId('maint-error').innerText()).toContain('cluster_maintenance_config');
+  });
+
+  it('and the server refuses the save the page does not offer (the same request, sent from the page by hand)', async () => {
+    const answer = await page.evaluate(async () => {
+      const bearer = Object.values(sessionStorage).find((v) => /^[A-Za-z0-9_-]{43}$/.test(v)) ?? '';
+      const manifest = 'kind: cluster_maintenance_config\nspec:\n  agent_upgrades:\n    utc_start_hour: 5\n    weekdays: ["*"]\n';
+      const body = JSON.stringify({ manifest, overwrite: true, source: 'web' });
+      const r = await fetch('/v1/resources', { method: 'POST', headers: { authorization: `Bearer ${bearer}`, 'content-type': 'application/json' }, body });
+      return { status: r.status, body: (await r.json()) as { error?: { code: string } } };
+    });
+    expect(answer.status).toBe(403);
+    expect(answer.body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
+    const stored = JSON.parse(await gwctlOk(['get', 'cluster_maintenance_config', '--format', 'json'])) as Array<{ spec: { agent_upgrades: { utc_start_hour: number } } }>;
+    expect(stored[0]!.spec.agent_upgrades.utc_start_hour).toBe(3);
+  });
+});

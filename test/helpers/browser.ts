@@ -44,6 +44,8 @@ export interface BrowserOptions {
 export interface PageLog {
   /** console.error messages and uncaught exceptions of the page, e.g. a Content-Security-Policy violation. */
   errors: string[];
+  /** Every answer of status 400 or more (`<status> <method> <url>`), and every request that failed outright. */
+  failed: string[];
 }
 
 export interface TestBrowser {
@@ -120,11 +122,15 @@ export async function launchBrowser(options: BrowserOptions): Promise<TestBrowse
     // ignoreHTTPSErrors stays false: the NSS database is what makes the cluster's certificate trusted.
     const context = await browser.newContext({ viewport, ignoreHTTPSErrors: false, locale: 'en-US', timezoneId: 'UTC' });
     const page = await context.newPage();
-    const log: PageLog = { errors: [] };
+    const log: PageLog = { errors: [], failed: [] };
     page.on('console', (m) => {
-      if (m.type() === 'error') log.errors.push(m.text());
+      if (m.type() === 'error') log.errors.push(`${m.text()}${m.location().url ? ` (${m.location().url})` : ''}`);
     });
     page.on('pageerror', (e) => log.errors.push(String(e)));
+    page.on('response', (r) => {
+      if (r.status() >= 400) log.failed.push(`${r.status()} ${r.request().method()} ${r.url()}`);
+    });
+    page.on('requestfailed', (r) => log.failed.push(`${r.failure()?.errorText ?? 'failed'} ${r.method()} ${r.url()}`));
     logs.set(page, log);
     return { context, page };
   };
@@ -140,7 +146,7 @@ export async function launchBrowser(options: BrowserOptions): Promise<TestBrowse
     page: first.page,
     context: first.context,
     newPage,
-    log: (page) => logs.get(page) ?? { errors: [] },
+    log: (page) => logs.get(page) ?? { errors: [], failed: [] },
     shot,
     async step(page, name, fn) {
       try {
