@@ -276,7 +276,7 @@ describe('a local user in the Web UI', () => {
         .poll(async () => {
           await page.keyboard.type('clear; stty size\n');
           return /^(\d+ \d+)\s*$/m.exec(await screenText(page))?.[1];
-        }, { timeout: 30_000, intervals: [500] })
+        }, { timeout: 30_000, interval: 500 })
         .not.toBe(before);
     });
     await page.setViewportSize({ width: 1280, height: 800 });
