@@ -15,12 +15,14 @@
  * reaches the Proxy by the name `proxy.gateway.test` (host resolver rules), as a user's browser reaches it by DNS.
  * Screenshots of each step: test-results/web/web-browser/. Waits are for selectors; nothing asserts timing.
  */
+import { createHash } from 'node:crypto';
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
 import { createServer, type Server } from 'node:https';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
+import Database from 'better-sqlite3';
 import getPort from 'get-port';
 import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -399,5 +401,38 @@ describe('a user whose roles allow less', () => {
     expect(answer.body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
     const stored = JSON.parse(await gwctlOk(['get', 'cluster_maintenance_config', '--format', 'json'])) as Array<{ spec: { agent_upgrades: { utc_start_hour: number } } }>;
     expect(stored[0]!.spec.agent_upgrades.utc_start_hour).toBe(3);
+  });
+});
+
+describe('session expiry', () => {
+  it('a session that has expired sends the page back to sign-in with the reason, and signing in again works', async () => {
+    const { context, page } = await browser.newPage();
+    await signIn(page, 'alice', PASSWORD);
+    await page.getByTestId('resource-row-web-1').waitFor();
+    // The daemon's clock cannot be moved from outside: the session's end is moved into the past in its record
+    // (the Backend's SQLite file, written as the Auth Service writes it), which is what the server sees once the
+    // lifetime has passed. The page still believes the session runs for hours.
+    const id = (await context.cookies(origin)).find((c) => c.name === '__Host-gw_session')!.value;
+    const db = new Database(join(cluster.dataDir, 'backend.sqlite'), { timeout: 10_000 });
+    try {
+      const key = `/web_sessions/${createHash('sha256').update(id).digest('hex')}`;
+      const changed = db.prepare(`UPDATE gateway_kv SET value = json_set(value, '$.expiresAt', ?) WHERE key = ?`).run(Date.now() - 1000, key);
+      expect(changed.changes).toBe(1);
+    } finally {
+      db.close();
+    }
+    await browser.step(page, 'session-expired', async () => {
+      await page.getByTestId('resources-refresh').click();
+      await page.getByTestId('login-message').waitFor();
+    });
+    expect(await page.getByTestId('login-message').innerText()).toMatch(/session expired/i);
+    const url = new URL(page.url());
+    expect(url.pathname).toBe('/web/login');
+    expect(url.searchParams.get('redirect')).toBe('/web/');
+    await page.getByTestId('login-user').fill('alice');
+    await page.getByTestId('login-password').fill(PASSWORD);
+    await page.getByTestId('login-submit').click();
+    await page.getByTestId('resource-row-web-1').waitFor();
+    await context.close();
   });
 });
