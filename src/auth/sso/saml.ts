@@ -69,7 +69,8 @@ function samlCheck(message: string): string {
   if (/audience/i.test(message)) return 'audience';
   if (/expired|too old/i.test(message)) return 'expired';
   if (/not yet valid/i.test(message)) return 'not_before';
-  if (/subject confirmation/i.test(message)) return 'subject_confirmation';
+  // node-saml picks a SubjectConfirmation by its time window only: none found means every one is out of its window.
+  if (/subject confirmation/i.test(message)) return 'expired';
   if (/issuer/i.test(message)) return 'issuer';
   if (/assertion/i.test(message)) return 'assertion';
   return 'response';
