@@ -30,13 +30,25 @@ export interface Answer {
   location?: string;
 }
 
+/** Names only this test's "browser" resolves (as squid's hosts_file does for the gateway): name → IP. */
+export const TEST_HOSTS = new Map<string, string>();
+
 /** One request, no redirect followed. */
 export function request(url: string, options: { method?: string; headers?: Record<string, string>; body?: string; ca?: string | string[] } = {}): Promise<Answer> {
   const u = new URL(url);
   const mod = u.protocol === 'https:' ? https : http;
   return new Promise((resolve, reject) => {
     const req = mod.request(
-      { method: options.method ?? 'GET', hostname: u.hostname, port: u.port, path: `${u.pathname}${u.search}`, headers: options.headers ?? {}, ...(options.ca ? { ca: options.ca } : {}), agent: false, servername: 'localhost' },
+      {
+        method: options.method ?? 'GET',
+        hostname: TEST_HOSTS.get(u.hostname) ?? u.hostname,
+        port: u.port,
+        path: `${u.pathname}${u.search}`,
+        headers: { host: u.host, ...(options.headers ?? {}) },
+        ...(options.ca ? { ca: options.ca } : {}),
+        agent: false,
+        servername: /^[\d.]+$/.test(u.hostname) ? 'localhost' : u.hostname,
+      },
       (res) => {
         const chunks: Buffer[] = [];
         res.on('data', (c: Buffer) => chunks.push(c));
@@ -140,16 +152,17 @@ function tamperToken(text: string, mode: TokenTamper, own: { key: KeyObject; kid
  * Starts the provider (HTTPS, the test CA's certificate for 127.0.0.1) and the man in the middle in front of it.
  * groups(user) gives the `groups` claim.
  */
-export async function startOidcIdp(pki: TestPki, options: { redirectUri: string; groups: (user: string) => string[] }): Promise<OidcIdp> {
-  const cert = await pki.serverCert({ names: ['localhost'], ips: ['127.0.0.1'] });
+export async function startOidcIdp(pki: TestPki, options: { redirectUri: string; groups: (user: string) => string[]; host?: { name: string; ip: string } }): Promise<OidcIdp> {
+  const cert = await pki.serverCert({ names: ['localhost', ...(options.host ? [options.host.name] : [])], ips: ['127.0.0.1', ...(options.host ? [options.host.ip] : [])] });
   const tls = { key: cert.keyPem, cert: cert.certPem };
   const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
   const other = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey;
   const kid = 'idp-key-1';
   const jwk = { ...privateKey.export({ format: 'jwk' }), kid, use: 'sig', alg: 'RS256' };
   const front = https.createServer(tls);
-  await new Promise<void>((r) => front.listen(0, '127.0.0.1', r));
-  const issuer = `https://127.0.0.1:${(front.address() as AddressInfo).port}`;
+  await new Promise<void>((r) => front.listen(0, options.host?.ip ?? '127.0.0.1', r));
+  const issuer = `https://${options.host?.name ?? '127.0.0.1'}:${(front.address() as AddressInfo).port}`;
+  if (options.host) TEST_HOSTS.set(options.host.name, options.host.ip);
   const clientId = 'gateway';
   const clientSecret = randomBytes(16).toString('hex');
   const provider = new Provider(issuer, {
