@@ -10,7 +10,7 @@ import { GatewayError } from '../../errors.js';
 import { KEYS, NAME_PATTERN, type StoredUser } from '../records.js';
 import type { Traits, UserResource } from '../resources/index.js';
 import type { SsoKind } from './requests.js';
-import { tokenInvalid } from './oidc.js';
+import { tokenInvalid } from './checks.js';
 
 /** Bounds of what is kept of the identity provider's claims as traits. */
 const MAX_TRAITS = 64;
