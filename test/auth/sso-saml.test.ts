@@ -143,6 +143,13 @@ describe('SAML: what is refused', () => {
     expect(refused.status).toBe(403);
   });
 
+  it('a response over the ACS\'s size cap is refused before it is parsed → GW_ERR_API_TOO_LARGE', async () => {
+    const s = await start();
+    const huge = await post({ SAMLResponse: 'A'.repeat(300 * 1024), RelayState: new URL(s.url).searchParams.get('RelayState')! }, s.binding);
+    expect(codeOf(huge)).toBe('GW_ERR_API_TOO_LARGE');
+    expect(huge.status).toBe(413);
+  });
+
   it('garbage instead of a response, and no RelayState, are refused with codes', async () => {
     const s = await start();
     const garbage = await post({ SAMLResponse: Buffer.from('<not-saml/>').toString('base64'), RelayState: new URL(s.url).searchParams.get('RelayState')! }, s.binding);

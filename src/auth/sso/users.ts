@@ -59,5 +59,8 @@ export async function saveSsoUser(backend: Backend, now: number, user: SsoUser, 
     spec: { roles: user.roles, traits: user.traits, created_by: { connector: user.connector, kind: user.kind, time: new Date(now).toISOString() } },
   };
   const record: StoredUser = { resource, createdAt: stored?.createdAt ?? new Date(now).toISOString() };
-  await backend.put(key, JSON.stringify(record), { ttlMs: Math.max(1000, until - now) });
+  // Written only over what was read: a local user created meanwhile (or a concurrent sign-in) makes this fail
+  // closed with GW_ERR_BACKEND_CONFLICT rather than be overwritten.
+  const condition = existing ? { key, revision: existing.revision } : { key, exists: false as const };
+  await backend.atomicWrite([condition], [{ type: 'put', key, value: JSON.stringify(record), ttlMs: Math.max(1000, until - now) }]);
 }
