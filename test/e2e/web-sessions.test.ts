@@ -7,7 +7,8 @@
  *
  * Per Proxy: the browser's sign-in and the page's requests, each refusal by its code (no bearer, another
  * session's bearer, tampered cookie, another Origin, a lock, a deleted user), a huge Cookie header, the brute
- * force limit shared with gwsh's login (by the client's address, forwarded by the split Proxy), sign-out; and
+ * force limit shared with gwsh's login (by the client's address, forwarded by the split Proxy), sign-out, the
+ * bearer handout after SSO, expiry, a role taken away; and
  * ProxyAuth's web calls (what the Proxy's terminal and apps use) with their hostile cases. Nothing asserts time.
  */
 import https from 'node:https';
@@ -25,6 +26,7 @@ import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
 import { connectRemoteAuth, startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole } from '../../src/roles/proxy.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const PASSWORD = 'correct horse battery';
 const CLUSTER = 'websessions.example';
@@ -103,6 +105,7 @@ beforeAll(async () => {
     await role.auth.addUser(admin, `${prefix}-alice`, ['access', 'editor'], PASSWORD, ['alice']);
     await role.auth.addUser(admin, `${prefix}-brute`, ['access'], PASSWORD);
     await role.auth.addUser(admin, `${prefix}-gone`, ['access'], PASSWORD);
+    await role.auth.addUser(admin, `${prefix}-demoted`, ['access', 'editor'], PASSWORD);
   }
   const inProcess = await startProxyRole({ config, auth: role.auth, api: role.api, limits, dialer, lifecycle, proxyId: 'in-process-proxy' });
   targets.push({ name: 'one', web: inProcess.addresses.web!, auth: role.auth });
@@ -203,6 +206,41 @@ describe.each(['one', 'split'])('through the %s-process Proxy', (name) => {
     const gone = await signIn(user('gone'));
     await role.auth.removeUser(role.auth.adminIdentity(), user('gone'));
     expect((await request(web, { path: '/webapi/sessions/current', headers: creds(gone) })).body.error?.code).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
+  });
+
+  it('after SSO: the bearer is handed out once to the page (its Origin through this Proxy), and the session expires with its code', async () => {
+    const { web } = target(name);
+    const identity = { kind: 'user' as const, name: user('alice'), cluster: CLUSTER, roles: ['access'], logins: ['alice'] };
+    const created = await role.auth.createWebSession(identity, '127.0.0.1', { connector: { kind: 'oidc', name: 'corp' } });
+    const cookie = { cookie: `__Host-gw_session=${created.id}` };
+    expect((await request(web, { method: 'POST', path: '/webapi/sessions/bearer', headers: { ...cookie, origin: 'https://evil.example' } })).body.error?.code).toBe('GW_ERR_WEB_CSRF');
+    const handed = await request(web, { method: 'POST', path: '/webapi/sessions/bearer', headers: { ...cookie, ...sameOrigin() } });
+    expect(handed.status, JSON.stringify(handed.body)).toBe(200);
+    expect(handed.body).toMatchObject({ user: { name: user('alice') }, connector: { kind: 'oidc', name: 'corp' } });
+    const again = await request(web, { method: 'POST', path: '/webapi/sessions/bearer', headers: { ...cookie, ...sameOrigin() } });
+    expect(again.body.error?.code).toBe('GW_ERR_WEB_SESSION_INVALID');
+    expect((await request(web, { path: '/webapi/sessions/current', headers: creds({ id: created.id, bearer: handed.body.token as string }) })).status).toBe(200);
+
+    // A session of one second (an SSO assertion that ends soon): wait for the refusal, whenever it comes; what
+    // matters is its code.
+    const brief = await role.auth.createWebSession(identity, '127.0.0.1', { ttlMs: 1000 });
+    let last: Answer | undefined;
+    await waitUntil('the session to expire', async () => {
+      last = await request(web, { path: '/webapi/sessions/current', headers: creds(brief) });
+      return last.status !== 200;
+    });
+    expect(last!.status).toBe(401);
+    expect(last!.body.error?.code).toBe('GW_ERR_WEB_SESSION_EXPIRED');
+  });
+
+  it('a role taken away stops counting at once for the open session', async () => {
+    const { web } = target(name);
+    const s = await signIn(user('demoted'));
+    expect((await request(web, { path: '/v1/tokens', headers: creds(s) })).status).toBe(200);
+    await role.auth.setUserRoles(role.auth.adminIdentity(), user('demoted'), ['access']);
+    const denied = await request(web, { path: '/v1/tokens', headers: creds(s) });
+    expect(denied.body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
+    expect((await request(web, { path: '/webapi/sessions/current', headers: creds(s) })).body).toMatchObject({ user: { roles: ['access'] }, acl: { tokens: { list: false } } });
   });
 
   it('brute force: the web login and gwsh login share one limit per user and client address', async () => {
