@@ -109,7 +109,7 @@ describe('OIDC sign-in on the web', () => {
     const current = (await api('/webapi/sessions/current', { headers: { cookie: `__Host-gw_session=${session}`, authorization: `Bearer ${handout.json().token}` } })).json();
     expect(current.user).toMatchObject({ name: 'alice@example.com', roles: ['editor', 'access'] });
     expect(current.connector).toEqual({ kind: 'oidc', name: 'corp' });
-    const [user] = (await auth.getResources(auth.adminIdentity(), 'user', 'alice@example.com')) as Array<{ spec: Record<string, any>; metadata: Record<string, any> }>;
+    const [user] = (await auth.getResources(auth.adminIdentity(), 'user', 'alice@example.com', false)) as Array<{ spec: Record<string, any>; metadata: Record<string, any> }>;
     expect(user!.spec.created_by).toMatchObject({ connector: 'corp', kind: 'oidc' });
     expect(user!.spec.traits.groups).toEqual(['admins', 'developers']);
     expect(Date.parse(user!.metadata.expires)).toBeGreaterThan(Date.now());

@@ -5,13 +5,21 @@
  *   pages driven with plain HTTP requests (a real browser comes in the browser tests), behind a man in the middle
  *   of the test's own that passes everything through, or rewrites the ID token of the token endpoint's answer
  *   (re-signed with another key, or with the provider's own key after changing aud / iss / nonce / exp);
+ * - samlify acting as a SAML identity provider (schema validator @authenio/samlify-node-xmllint), answering our
+ *   AuthnRequest well or in one of the ways an attacker would (another key, altered after signing, another
+ *   audience or issuer, expired, unsolicited);
  * - a tiny user agent: a cookie jar and requests that never follow redirects, so each hop is seen.
  */
 import { createPrivateKey, generateKeyPairSync, randomBytes, sign, type KeyObject } from 'node:crypto';
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
 import type { AddressInfo } from 'node:net';
+import * as xmllint from '@authenio/samlify-node-xmllint';
+// @ts-expect-error oidc-provider ships no type declarations (a test peer only)
 import Provider from 'oidc-provider';
+import * as samlify from 'samlify';
 import type { TestPki } from './tls.js';
 
 export interface Answer {
@@ -22,13 +30,25 @@ export interface Answer {
   location?: string;
 }
 
+/** Names only this test's "browser" resolves (as squid's hosts_file does for the gateway): name → IP. */
+export const TEST_HOSTS = new Map<string, string>();
+
 /** One request, no redirect followed. */
 export function request(url: string, options: { method?: string; headers?: Record<string, string>; body?: string; ca?: string | string[] } = {}): Promise<Answer> {
   const u = new URL(url);
   const mod = u.protocol === 'https:' ? https : http;
   return new Promise((resolve, reject) => {
     const req = mod.request(
-      { method: options.method ?? 'GET', hostname: u.hostname, port: u.port, path: `${u.pathname}${u.search}`, headers: options.headers ?? {}, ...(options.ca ? { ca: options.ca } : {}), agent: false, servername: 'localhost' },
+      {
+        method: options.method ?? 'GET',
+        hostname: TEST_HOSTS.get(u.hostname) ?? u.hostname,
+        port: u.port,
+        path: `${u.pathname}${u.search}`,
+        headers: { host: u.host, ...(options.headers ?? {}) },
+        ...(options.ca ? { ca: options.ca } : {}),
+        agent: false,
+        servername: /^[\d.]+$/.test(u.hostname) ? 'localhost' : u.hostname,
+      },
       (res) => {
         const chunks: Buffer[] = [];
         res.on('data', (c: Buffer) => chunks.push(c));
@@ -132,16 +152,17 @@ function tamperToken(text: string, mode: TokenTamper, own: { key: KeyObject; kid
  * Starts the provider (HTTPS, the test CA's certificate for 127.0.0.1) and the man in the middle in front of it.
  * groups(user) gives the `groups` claim.
  */
-export async function startOidcIdp(pki: TestPki, options: { redirectUri: string; groups: (user: string) => string[] }): Promise<OidcIdp> {
-  const cert = await pki.serverCert({ names: ['localhost'], ips: ['127.0.0.1'] });
+export async function startOidcIdp(pki: TestPki, options: { redirectUri: string; groups: (user: string) => string[]; host?: { name: string; ip: string } }): Promise<OidcIdp> {
+  const cert = await pki.serverCert({ names: ['localhost', ...(options.host ? [options.host.name] : [])], ips: ['127.0.0.1', ...(options.host ? [options.host.ip] : [])] });
   const tls = { key: cert.keyPem, cert: cert.certPem };
   const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
   const other = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey;
   const kid = 'idp-key-1';
   const jwk = { ...privateKey.export({ format: 'jwk' }), kid, use: 'sig', alg: 'RS256' };
   const front = https.createServer(tls);
-  await new Promise<void>((r) => front.listen(0, '127.0.0.1', r));
-  const issuer = `https://127.0.0.1:${(front.address() as AddressInfo).port}`;
+  await new Promise<void>((r) => front.listen(0, options.host?.ip ?? '127.0.0.1', r));
+  const issuer = `https://${options.host?.name ?? '127.0.0.1'}:${(front.address() as AddressInfo).port}`;
+  if (options.host) TEST_HOSTS.set(options.host.name, options.host.ip);
   const clientId = 'gateway';
   const clientSecret = randomBytes(16).toString('hex');
   const provider = new Provider(issuer, {
@@ -208,4 +229,103 @@ async function driveProvider(jar: CookieJar, authUrl: string, user: string, ca: 
     url = posted.location;
   }
   throw new Error('too many redirects at the provider');
+}
+
+// --- the SAML identity provider ------------------------------------------------------------------------------------
+
+export interface SamlAnswer {
+  SAMLResponse: string;
+  RelayState: string;
+}
+
+/** How the identity provider's answer departs from a good one, for the hostile tests. */
+export interface SamlTamper {
+  /** Signed by a key that is not in the metadata. */
+  otherKey?: boolean;
+  audience?: string;
+  issuer?: string;
+  /** The assertion's time window moved this many ms (negative: expired). */
+  shiftMs?: number;
+  /** No InResponseTo at all (an unsolicited response). */
+  unsolicited?: boolean;
+  /** Applied to the signed XML (altered after signing). */
+  alter?: (xml: string) => string;
+}
+
+export interface SamlIdp {
+  /** The identity provider's metadata XML (entity_descriptor of the connector). */
+  metadata: string;
+  entityId: string;
+  /** What the identity provider answers, after its login page, to the AuthnRequest in authUrl. */
+  respond(authUrl: string, user: string, groups: string[], tamper?: SamlTamper): Promise<SamlAnswer>;
+}
+
+function rsaKeyPair(dir: string, name: string): { key: string; cert: string } {
+  const keyPath = `${dir}/${name}.key`;
+  const certPath = `${dir}/${name}.crt`;
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-subj', `/CN=${name}`, '-days', '2', '-keyout', keyPath, '-out', certPath], { stdio: 'ignore' });
+  return { key: readFileSync(keyPath, 'utf8'), cert: readFileSync(certPath, 'utf8') };
+}
+
+const SAML_SSO_URL = 'https://idp.example/sso';
+
+/**
+ * samlify acting as the identity provider (its schema validator: @authenio/samlify-node-xmllint), with an RSA
+ * key of its own and another one for forged answers. Its login page is not served: respond() is what it answers
+ * once the user has signed in there.
+ */
+export async function startSamlIdp(dir: string, sp: { entityId: string; acs: string }): Promise<SamlIdp> {
+  samlify.setSchemaValidator(xmllint);
+  const own = rsaKeyPair(dir, 'saml-idp');
+  const forger = rsaKeyPair(dir, 'saml-forger');
+  const entityId = 'https://idp.example/metadata';
+  const make = (k: { key: string; cert: string }) =>
+    samlify.IdentityProvider({
+      entityID: entityId,
+      privateKey: k.key,
+      signingCert: k.cert,
+      wantAuthnRequestsSigned: false,
+      nameIDFormat: ['urn:oasis:names:tc:SAML:1.1:nameid-format:unspecified'],
+      singleSignOnService: [{ Binding: samlify.Constants.namespace.binding.redirect, Location: SAML_SSO_URL }],
+    });
+  const idp = make(own);
+  const forged = make(forger);
+  const provider = samlify.ServiceProvider({
+    entityID: sp.entityId,
+    assertionConsumerService: [{ Binding: samlify.Constants.namespace.binding.post, Location: sp.acs }],
+    wantAssertionsSigned: true,
+  });
+  const respond = async (authUrl: string, user: string, groups: string[], tamper: SamlTamper = {}): Promise<SamlAnswer> => {
+    const url = new URL(authUrl);
+    const query = Object.fromEntries(url.searchParams);
+    const { extract } = await idp.parseLoginRequest(provider, 'redirect', { query, octetString: url.search.slice(1) });
+    const now = Date.now() + (tamper.shiftMs ?? 0);
+    const iso = (ms: number) => new Date(ms).toISOString();
+    const attributes = `<saml:AttributeStatement><saml:Attribute Name="groups">${groups.map((g) => `<saml:AttributeValue xsi:type="xs:string">${g}</saml:AttributeValue>`).join('')}</saml:Attribute></saml:AttributeStatement>`;
+    const signer = tamper.otherKey ? forged : idp;
+    const { context } = await signer.createLoginResponse(provider, { extract }, 'post', { email: user }, (template: string) => {
+      const values = {
+        ID: `_${randomBytes(16).toString('hex')}`,
+        AssertionID: `_${randomBytes(16).toString('hex')}`,
+        Destination: sp.acs,
+        Audience: tamper.audience ?? sp.entityId,
+        SubjectRecipient: sp.acs,
+        Issuer: tamper.issuer ?? entityId,
+        IssueInstant: iso(now),
+        StatusCode: 'urn:oasis:names:tc:SAML:2.0:status:Success',
+        ConditionsNotBefore: iso(now - 60_000),
+        ConditionsNotOnOrAfter: iso(now + 5 * 60_000),
+        SubjectConfirmationDataNotOnOrAfter: iso(now + 5 * 60_000),
+        NameIDFormat: 'urn:oasis:names:tc:SAML:1.1:nameid-format:unspecified',
+        NameID: user,
+        InResponseTo: tamper.unsolicited ? undefined : (extract.request?.id as string),
+      };
+      const withAttributes = template.replace('{AttributeStatement}', attributes).replace('{AuthnStatement}', '');
+      return { id: values.ID, context: samlify.SamlLib.replaceTagsByValue(withAttributes, values as never) };
+    });
+    let xml = Buffer.from(context, 'base64').toString();
+    if (tamper.alter) xml = tamper.alter(xml);
+    return { SAMLResponse: Buffer.from(xml).toString('base64'), RelayState: query.RelayState ?? '' };
+  };
+  return { metadata: idp.getMetadata(), entityId, respond };
 }

@@ -7,7 +7,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import type { GithubConnector } from '../resources/index.js';
 import { getJson, idpAnswered, type IdpFetch } from './fetch.js';
-import { tokenInvalid, type IdpIdentity } from './oidc.js';
+import { tokenInvalid, type IdpIdentity } from './checks.js';
 
 const DEFAULT_ENDPOINT = 'https://github.com';
 const DEFAULT_API = 'https://api.github.com';

@@ -26,13 +26,15 @@ import { KEYS, readJson, type StoredUser } from '../records.js';
 import { githubRoles, oidcRoles, samlRoles, type GithubConnector, type OidcConnector, type SamlConnector } from '../resources/index.js';
 import { idpFetch, type IdpFetch } from './fetch.js';
 import { GithubFlows } from './github.js';
-import { OidcFlows, type IdpIdentity } from './oidc.js';
+import type { IdpIdentity } from './checks.js';
+import type { OidcFlows } from './oidc.js';
 import { randomId, sha256, SSO_KINDS, SsoRequests, type ConsoleRequest, type SsoKind, type SsoRequest } from './requests.js';
-import { SamlFlows } from './saml.js';
+import type { SamlFlows } from './saml.js';
 import { saveSsoUser, traitsOf } from './users.js';
 
 export { SSO_KINDS, type SsoKind } from './requests.js';
-export { MAX_SAML_RESPONSE } from './saml.js';
+/** Largest SAMLResponse (base64) the ACS reads. */
+export const MAX_SAML_RESPONSE = 256 * 1024;
 
 type AnyConnector = OidcConnector | SamlConnector | GithubConnector;
 
@@ -91,22 +93,30 @@ function unknownConnector(kind: string, name: string): GatewayError {
 
 export class SsoService {
   readonly requests: SsoRequests;
-  private readonly oidc: OidcFlows;
-  private readonly saml: SamlFlows;
+  // openid-client and node-saml (with its XML stack) are loaded on the first sign-in of their kind, not at start.
+  private oidcFlows?: Promise<OidcFlows>;
+  private samlFlows?: Promise<SamlFlows>;
   private readonly github: GithubFlows;
+  private readonly fetchFor: (ca: string | undefined) => IdpFetch;
   private readonly starts = new AttemptLimiter({ ...START_LIMIT });
   private readonly finishes: AttemptLimiter;
 
   constructor(private readonly deps: SsoDeps) {
     this.requests = new SsoRequests(deps.backend);
-    const fetchFor = (ca: string | undefined): IdpFetch => {
+    this.fetchFor = (ca: string | undefined): IdpFetch => {
       if (!deps.dialer) throw new GatewayError('GW_ERR_SSO_IDP_ERROR', 'this Auth Service has no dialer to reach identity providers');
       return idpFetch(deps.dialer, ca);
     };
-    this.oidc = new OidcFlows(fetchFor, deps.clock);
-    this.saml = new SamlFlows(fetchFor, deps.clock);
-    this.github = new GithubFlows(fetchFor);
+    this.github = new GithubFlows(this.fetchFor);
     this.finishes = new AttemptLimiter({ ...FINISH_LIMIT, clock: deps.clock });
+  }
+
+  private oidc(): Promise<OidcFlows> {
+    return (this.oidcFlows ??= import('./oidc.js').then((m) => new m.OidcFlows(this.fetchFor, this.deps.clock)));
+  }
+
+  private saml(): Promise<SamlFlows> {
+    return (this.samlFlows ??= import('./saml.js').then((m) => new m.SamlFlows(this.fetchFor, this.deps.clock)));
   }
 
   /** Connectors users may sign in with (no secrets), and the configured default. */
@@ -166,14 +176,14 @@ export class SsoService {
       case 'oidc': {
         // The state is the request's key: store first, with what the start gives, under a state chosen now.
         const state = randomId();
-        const start = await this.oidc.start(c, state);
+        const start = await (await this.oidc()).start(c, state);
         await this.requests.saveAs(state, { ...base, verifier: start.verifier, nonce: start.nonce });
         return start.url;
       }
       case 'saml': {
         const state = randomId();
         const samlRequestId = `_${randomId()}`;
-        const url = await this.saml.start(c, state, samlRequestId);
+        const url = await (await this.saml()).start(c, state, samlRequestId);
         await this.requests.saveAs(state, { ...base, samlRequestId });
         return url;
       }
@@ -214,10 +224,10 @@ export class SsoService {
   private async verify(c: AnyConnector, request: SsoRequest, state: string, callback: { query?: URLSearchParams; samlResponse?: string }): Promise<IdpIdentity> {
     switch (c.kind) {
       case 'oidc':
-        return this.oidc.finish(c, callback.query ?? new URLSearchParams(), { state, verifier: request.verifier!, nonce: request.nonce! });
+        return (await this.oidc()).finish(c, callback.query ?? new URLSearchParams(), { state, verifier: request.verifier!, nonce: request.nonce! });
       case 'saml':
         if (!callback.samlResponse) throw new GatewayError('GW_ERR_API_BAD_REQUEST', 'the ACS request carries no SAMLResponse');
-        return this.saml.finish(c, callback.samlResponse, { requestId: request.samlRequestId!, createdAt: request.createdAt });
+        return (await this.saml()).finish(c, callback.samlResponse, { requestId: request.samlRequestId!, createdAt: request.createdAt });
       case 'github':
         return this.github.finish(c, callback.query ?? new URLSearchParams(), request.verifier!);
     }

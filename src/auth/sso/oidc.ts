@@ -7,6 +7,7 @@
 import * as client from 'openid-client';
 import { GatewayError, isGatewayError } from '../../errors.js';
 import type { OidcConnector } from '../resources/index.js';
+import { tokenInvalid, type IdpIdentity } from './checks.js';
 import { idpAnswered, type IdpFetch } from './fetch.js';
 import { sha256 } from './requests.js';
 
@@ -18,19 +19,6 @@ export interface OidcStart {
   url: string;
   verifier: string;
   nonce: string;
-}
-
-export interface IdpIdentity {
-  username: string;
-  /** What the mapping reads: OIDC claims, SAML attributes, or teams. */
-  claims: Record<string, unknown>;
-}
-
-export function tokenInvalid(check: string, detail: string, hint?: string): GatewayError {
-  return new GatewayError('GW_ERR_SSO_TOKEN_INVALID', `the identity provider's answer failed the ${check} check: ${detail}`, {
-    hint: hint ?? "Sign in again. If it keeps failing, compare the connector's settings (issuer, client ID, entity IDs, certificate) with the identity provider's, and check both clocks; a forged answer is refused on purpose.",
-    details: { check },
-  });
 }
 
 /** openid-client's (oauth4webapi's) error → which check failed. */

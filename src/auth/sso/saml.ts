@@ -11,7 +11,7 @@ import { SAML, ValidateInResponseTo, type CacheProvider, type Profile } from '@n
 import { GatewayError, isGatewayError } from '../../errors.js';
 import type { SamlConnector } from '../resources/index.js';
 import { getText, type IdpFetch } from './fetch.js';
-import { tokenInvalid, type IdpIdentity } from './oidc.js';
+import { tokenInvalid, type IdpIdentity } from './checks.js';
 
 const MD = 'urn:oasis:names:tc:SAML:2.0:metadata';
 const DS = 'http://www.w3.org/2000/09/xmldsig#';
@@ -19,8 +19,6 @@ const REDIRECT_BINDING = 'urn:oasis:names:tc:SAML:2.0:bindings:HTTP-Redirect';
 const METADATA_TTL_MS = 5 * 60_000;
 /** Clock difference tolerated between us and the identity provider for the assertion's time window. */
 const CLOCK_SKEW_MS = 60_000;
-/** Largest SAMLResponse (base64) we read. */
-export const MAX_SAML_RESPONSE = 256 * 1024;
 
 /** What we use of the identity provider's metadata. */
 export interface IdpMetadata {
@@ -69,7 +67,8 @@ function samlCheck(message: string): string {
   if (/audience/i.test(message)) return 'audience';
   if (/expired|too old/i.test(message)) return 'expired';
   if (/not yet valid/i.test(message)) return 'not_before';
-  if (/subject confirmation/i.test(message)) return 'subject_confirmation';
+  // node-saml picks a SubjectConfirmation by its time window only: none found means every one is out of its window.
+  if (/subject confirmation/i.test(message)) return 'expired';
   if (/issuer/i.test(message)) return 'issuer';
   if (/assertion/i.test(message)) return 'assertion';
   return 'response';

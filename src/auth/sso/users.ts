@@ -10,7 +10,7 @@ import { GatewayError } from '../../errors.js';
 import { KEYS, NAME_PATTERN, type StoredUser } from '../records.js';
 import type { Traits, UserResource } from '../resources/index.js';
 import type { SsoKind } from './requests.js';
-import { tokenInvalid } from './oidc.js';
+import { tokenInvalid } from './checks.js';
 
 /** Bounds of what is kept of the identity provider's claims as traits. */
 const MAX_TRAITS = 64;
@@ -59,5 +59,8 @@ export async function saveSsoUser(backend: Backend, now: number, user: SsoUser, 
     spec: { roles: user.roles, traits: user.traits, created_by: { connector: user.connector, kind: user.kind, time: new Date(now).toISOString() } },
   };
   const record: StoredUser = { resource, createdAt: stored?.createdAt ?? new Date(now).toISOString() };
-  await backend.put(key, JSON.stringify(record), { ttlMs: Math.max(1000, until - now) });
+  // Written only over what was read: a local user created meanwhile (or a concurrent sign-in) makes this fail
+  // closed with GW_ERR_BACKEND_CONFLICT rather than be overwritten.
+  const condition = existing ? { key, revision: existing.revision } : { key, exists: false as const };
+  await backend.atomicWrite([condition], [{ type: 'put', key, value: JSON.stringify(record), ttlMs: Math.max(1000, until - now) }]);
 }
