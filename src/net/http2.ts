@@ -38,7 +38,7 @@ import { Connection, connectionOf, type LimitSettings, type ProtocolCap } from '
 import { enterHttp1, leaveOnUpgrade, requestPhases } from './http.js';
 import { innerStream } from './tls.js';
 
-const { NGHTTP2_CANCEL, NGHTTP2_ENHANCE_YOUR_CALM, NGHTTP2_STREAM_STATE_HALF_CLOSED_REMOTE, NGHTTP2_STREAM_STATE_CLOSED } = http2.constants;
+const { NGHTTP2_NO_ERROR, NGHTTP2_CANCEL, NGHTTP2_ENHANCE_YOUR_CALM, NGHTTP2_STREAM_STATE_HALF_CLOSED_REMOTE, NGHTTP2_STREAM_STATE_CLOSED } = http2.constants;
 /** nghttp2's NGHTTP2_ERR_FLOODED: the peer made it queue too many answers (SETTINGS or PING acks, resets). */
 const NGHTTP2_ERR_FLOODED = -904;
 
@@ -134,13 +134,13 @@ class SessionState {
     watchStream(stream, this);
   }
 
-  closed(): void {
+  closed(stream: http2.ServerHttp2Stream): void {
+    if (stream.rstCode !== undefined && stream.rstCode !== NGHTTP2_NO_ERROR && !ourResets.has(stream)) this.reset();
     if (--this.open === 0 && !this.session.closed && !this.session.destroyed) this.idle();
   }
 
-  /** A stream cancelled before its answer was done: over maxResetsPerSecond in one second closes the session. */
-  aborted(stream: http2.ServerHttp2Stream): void {
-    if (ourResets.has(stream)) return;
+  /** A stream the client reset (RST_STREAM): over maxResetsPerSecond in one second closes the session. */
+  private reset(): void {
     const now = performance.now();
     if (now - this.resetWindow >= 1000) {
       this.resetWindow = now;
@@ -154,7 +154,7 @@ class SessionState {
     if (this.ending) return;
     this.ending = true;
     this.conn.closedFor(cap);
-    if (!this.session.destroyed) this.session.destroy(undefined, NGHTTP2_ENHANCE_YOUR_CALM);
+    if (!this.session.destroyed) this.session.destroy(NGHTTP2_ENHANCE_YOUR_CALM);
   }
 
   /** A session error (Node closes the session): counted when a cap caused it. */
@@ -215,7 +215,6 @@ function watchStream(stream: http2.ServerHttp2Stream, state: SessionState): void
     stream.setTimeout(idleMs);
     stream.once('timeout', onStreamTimeout);
   }
-  stream.once('aborted', onStreamAborted);
   stream.once('close', onStreamClose);
 }
 
@@ -226,12 +225,8 @@ function onStreamTimeout(this: http2.ServerHttp2Stream): void {
   resetStream(this);
 }
 
-function onStreamAborted(this: http2.ServerHttp2Stream): void {
-  streamStates.get(this)?.aborted(this);
-}
-
 function onStreamClose(this: http2.ServerHttp2Stream): void {
-  streamStates.get(this)?.closed();
+  streamStates.get(this)?.closed(this);
 }
 
 function resetStream(stream: http2.ServerHttp2Stream): void {
@@ -265,7 +260,7 @@ export function createWebServer(options: WebServerOptions, listener: WebRequestL
   server.setTimeout(settings.idleMs);
   (server as unknown as { keepAliveTimeout: number }).keepAliveTimeout = HTTP1_KEEP_ALIVE_MS;
   const sessions = new Map<http2.ServerHttp2Session, SessionState>();
-  let handing: { conn: Connection; raw: Duplex } | undefined;
+  let handing: { conn: Connection; raw: Duplex; socket: TLSSocket } | undefined;
 
   // Before Node's own listener, which starts the session (or HTTP/1.1) at once.
   server.prependListener('secureConnection', (socket: TLSSocket) => {
@@ -276,7 +271,7 @@ export function createWebServer(options: WebServerOptions, listener: WebRequestL
     conn.link(socket);
     wrapStream(socket, raw);
     socket.on('error', () => socket.destroy());
-    if (socket.alpnProtocol === 'h2') handing = { conn, raw };
+    if (socket.alpnProtocol === 'h2') handing = { conn, raw, socket };
     else enterHttp1(socket, settings);
   });
   server.on('session', (session: http2.ServerHttp2Session) => {
@@ -290,6 +285,9 @@ export function createWebServer(options: WebServerOptions, listener: WebRequestL
       state.opened(stream);
     });
     session.once('close', () => sessions.delete(session));
+    // The listeners allow half-open connections, so the TLS socket does not end itself when the client ends its
+    // side, and node:http2 waits for 'close': a client gone (curl exiting) would hold the session until a deadline.
+    h.socket.once('end', () => session.close());
   });
   server.on('sessionError', (err: Error, session: http2.ServerHttp2Session) => sessions.get(session)?.failed(err));
   server.on('timeout', (target: http2.ServerHttp2Session | Duplex) => {
