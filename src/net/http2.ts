@@ -154,7 +154,7 @@ class SessionState {
     if (this.ending) return;
     this.ending = true;
     this.conn.closedFor(cap);
-    if (!this.session.destroyed) this.session.destroy(NGHTTP2_ENHANCE_YOUR_CALM);
+    if (!this.session.destroyed) this.session.destroy(new Error(`HTTP/2 cap reached: ${cap}`), NGHTTP2_ENHANCE_YOUR_CALM);
   }
 
   /** A session error (Node closes the session): counted when a cap caused it. */
