@@ -24,8 +24,8 @@
  *                                 the session closed
  * Caps (HTTP2_CAPS): SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_MAX_HEADER_LIST_SIZE and header pairs, session
  * memory, SETTINGS entries, and what closes a session: streams the client cancels at a rapid rate (the "rapid
- * reset" attack: closed with GOAWAY ENHANCE_YOUR_CALM), a flood of frames that need an answer (SETTINGS, PING,
- * RST_STREAM: nghttp2's outbound queue), invalid frames and refused streams over Node's caps. Each such close is
+ * reset" attack: closed with GOAWAY ENHANCE_YOUR_CALM), a flood of frames that need an answer (PING and SETTINGS
+ * per second; nghttp2's outbound queue), invalid frames and refused streams over Node's caps. Each such close is
  * counted on the listener (ListenerStats.closed).
  */
 import { createHash } from 'node:crypto';
@@ -53,6 +53,8 @@ export interface Http2Caps {
   maxSessionMemoryMiB: number;
   /** Streams of one session the client may cancel in one second (rapid reset); more close the session. */
   maxResetsPerSecond: number;
+  /** PING and SETTINGS frames of one session in one second (each asks for an answer); more close the session. */
+  maxControlFramesPerSecond: number;
   /** Invalid frames in one session before it is closed. */
   maxInvalidFrames: number;
   /** Streams refused (over the concurrent cap or the memory cap) in one session before it is closed. */
@@ -67,6 +69,7 @@ export const HTTP2_CAPS: Readonly<Http2Caps> = Object.freeze({
   maxHeaderPairs: 128,
   maxSessionMemoryMiB: 16,
   maxResetsPerSecond: 100,
+  maxControlFramesPerSecond: 100,
   maxInvalidFrames: 100,
   maxRefusedStreams: 100,
   maxSettings: 32,
@@ -105,8 +108,8 @@ const ourResets = new WeakSet<http2.ServerHttp2Stream>();
 /** What the web server knows of one HTTP/2 session: its connection, the stream under the TLS, its streams. */
 class SessionState {
   private open = 0;
-  private resets = 0;
-  private resetWindow = 0;
+  private readonly resets = new PerSecond();
+  private readonly controlFrames = new PerSecond();
   private ending = false;
 
   constructor(
@@ -141,12 +144,16 @@ class SessionState {
 
   /** A stream the client reset (RST_STREAM): over maxResetsPerSecond in one second closes the session. */
   private reset(): void {
-    const now = performance.now();
-    if (now - this.resetWindow >= 1000) {
-      this.resetWindow = now;
-      this.resets = 0;
-    }
-    if (++this.resets > this.caps.maxResetsPerSecond) this.closeFor('h2-rapid-reset');
+    if (this.resets.over(this.caps.maxResetsPerSecond)) this.closeFor('h2-rapid-reset');
+  }
+
+  /**
+   * A PING or SETTINGS frame: each makes the server answer (an ACK), and Node writes the answers out whether or
+   * not the client reads them, so a flood of them would pile up in memory; nghttp2's own flood check only sees
+   * answers it still holds. Over maxControlFramesPerSecond in one second closes the session.
+   */
+  controlFrame(): void {
+    if (this.controlFrames.over(this.caps.maxControlFramesPerSecond)) this.closeFor('h2-flood');
   }
 
   /** Counts the cap on the listener and closes the session with GOAWAY ENHANCE_YOUR_CALM. */
@@ -175,6 +182,22 @@ class SessionState {
 
   get streamSettings(): WebServerOptions['settings'] {
     return this.settings;
+  }
+}
+
+/** Events in fixed one-second windows: O(1) memory, whatever the rate. */
+class PerSecond {
+  private start = 0;
+  private count = 0;
+
+  /** Counts one event; true when the window now holds more than max. */
+  over(max: number): boolean {
+    const now = performance.now();
+    if (now - this.start >= 1000) {
+      this.start = now;
+      this.count = 0;
+    }
+    return ++this.count > max;
   }
 }
 
@@ -284,6 +307,8 @@ export function createWebServer(options: WebServerOptions, listener: WebRequestL
       streamStates.set(stream, state);
       state.opened(stream);
     });
+    session.on('ping', () => state.controlFrame());
+    session.on('remoteSettings', () => state.controlFrame());
     session.once('close', () => sessions.delete(session));
     // The listeners allow half-open connections, so the TLS socket does not end itself when the client ends its
     // side, and node:http2 waits for 'close': a client gone (curl exiting) would hold the session until a deadline.

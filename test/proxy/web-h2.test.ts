@@ -470,6 +470,31 @@ describe('hostile HTTP/2 clients', () => {
     expect(one.stats().closed['h2-flood']).toBe(before + 1);
   }, BOUND_MS);
 
+  it('a SETTINGS frame of more entries than the cap, and a PING flood, close their sessions', async () => {
+    const big = await RawH2.open(one.port, { settings: false });
+    const entries = Buffer.concat(Array.from({ length: 40 }, (_, i) => Buffer.from([0, 1, 0, 0, 0x10, i])));
+    big.send(PREFACE, frame(T.SETTINGS, 0, 0, entries));
+    await big.closed;
+    // nghttp2 ends that session itself (GOAWAY, no ACK) and reads nothing more; the socket goes at the next deadline.
+    expect(big.goaway?.code).toBe(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM);
+    expect(big.frames.some((f) => f.type === T.SETTINGS && (f.flags & ACK) !== 0)).toBe(false);
+
+    const before = one.stats().closed['h2-flood'] ?? 0;
+    const pings = await RawH2.open(one.port);
+    pings.socket.pause();
+    const ping = frame(T.PING, 0, 0, Buffer.alloc(8));
+    const chunk = Buffer.concat(Array.from({ length: 10_000 }, () => ping));
+    for (let i = 0; i < 20 && !pings.socket.destroyed; i++) {
+      pings.socket.write(chunk);
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    pings.socket.resume();
+    await pings.closed;
+    // Far fewer answers than PINGs sent: the session was closed early in the flood.
+    expect(pings.frames.filter((f) => f.type === T.PING).length).toBeLessThan(1000);
+    expect(one.stats().closed['h2-flood']).toBe(before + 1);
+  }, BOUND_MS);
+
   it('after all of it, every connection is gone from the listener', async () => {
     await expect.poll(() => one.stats().open, { timeout: BOUND_MS }).toBe(0);
   }, BOUND_MS);
