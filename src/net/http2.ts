@@ -24,8 +24,8 @@
  *                                 the session closed
  * Caps (HTTP2_CAPS): SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_MAX_HEADER_LIST_SIZE and header pairs, session
  * memory, SETTINGS entries, and what closes a session: streams the client cancels at a rapid rate (the "rapid
- * reset" attack: closed with GOAWAY ENHANCE_YOUR_CALM), a flood of frames that need an answer (SETTINGS, PING,
- * RST_STREAM: nghttp2's outbound queue), invalid frames and refused streams over Node's caps. Each such close is
+ * reset" attack: closed with GOAWAY ENHANCE_YOUR_CALM), a flood of frames that need an answer (PING and SETTINGS
+ * per second; nghttp2's outbound queue), invalid frames and refused streams over Node's caps. Each such close is
  * counted on the listener (ListenerStats.closed).
  */
 import { createHash } from 'node:crypto';
@@ -38,7 +38,7 @@ import { Connection, connectionOf, type LimitSettings, type ProtocolCap } from '
 import { enterHttp1, leaveOnUpgrade, requestPhases } from './http.js';
 import { innerStream } from './tls.js';
 
-const { NGHTTP2_CANCEL, NGHTTP2_ENHANCE_YOUR_CALM, NGHTTP2_STREAM_STATE_HALF_CLOSED_REMOTE, NGHTTP2_STREAM_STATE_CLOSED } = http2.constants;
+const { NGHTTP2_NO_ERROR, NGHTTP2_CANCEL, NGHTTP2_ENHANCE_YOUR_CALM, NGHTTP2_STREAM_STATE_HALF_CLOSED_REMOTE, NGHTTP2_STREAM_STATE_CLOSED } = http2.constants;
 /** nghttp2's NGHTTP2_ERR_FLOODED: the peer made it queue too many answers (SETTINGS or PING acks, resets). */
 const NGHTTP2_ERR_FLOODED = -904;
 
@@ -53,6 +53,8 @@ export interface Http2Caps {
   maxSessionMemoryMiB: number;
   /** Streams of one session the client may cancel in one second (rapid reset); more close the session. */
   maxResetsPerSecond: number;
+  /** PING and SETTINGS frames of one session in one second (each asks for an answer); more close the session. */
+  maxControlFramesPerSecond: number;
   /** Invalid frames in one session before it is closed. */
   maxInvalidFrames: number;
   /** Streams refused (over the concurrent cap or the memory cap) in one session before it is closed. */
@@ -67,6 +69,7 @@ export const HTTP2_CAPS: Readonly<Http2Caps> = Object.freeze({
   maxHeaderPairs: 128,
   maxSessionMemoryMiB: 16,
   maxResetsPerSecond: 100,
+  maxControlFramesPerSecond: 100,
   maxInvalidFrames: 100,
   maxRefusedStreams: 100,
   maxSettings: 32,
@@ -105,8 +108,8 @@ const ourResets = new WeakSet<http2.ServerHttp2Stream>();
 /** What the web server knows of one HTTP/2 session: its connection, the stream under the TLS, its streams. */
 class SessionState {
   private open = 0;
-  private resets = 0;
-  private resetWindow = 0;
+  private readonly resets = new PerSecond();
+  private readonly controlFrames = new PerSecond();
   private ending = false;
 
   constructor(
@@ -134,19 +137,23 @@ class SessionState {
     watchStream(stream, this);
   }
 
-  closed(): void {
+  closed(stream: http2.ServerHttp2Stream): void {
+    if (stream.rstCode !== undefined && stream.rstCode !== NGHTTP2_NO_ERROR && !ourResets.has(stream)) this.reset();
     if (--this.open === 0 && !this.session.closed && !this.session.destroyed) this.idle();
   }
 
-  /** A stream cancelled before its answer was done: over maxResetsPerSecond in one second closes the session. */
-  aborted(stream: http2.ServerHttp2Stream): void {
-    if (ourResets.has(stream)) return;
-    const now = performance.now();
-    if (now - this.resetWindow >= 1000) {
-      this.resetWindow = now;
-      this.resets = 0;
-    }
-    if (++this.resets > this.caps.maxResetsPerSecond) this.closeFor('h2-rapid-reset');
+  /** A stream the client reset (RST_STREAM): over maxResetsPerSecond in one second closes the session. */
+  private reset(): void {
+    if (this.resets.over(this.caps.maxResetsPerSecond)) this.closeFor('h2-rapid-reset');
+  }
+
+  /**
+   * A PING or SETTINGS frame: each makes the server answer (an ACK), and Node writes the answers out whether or
+   * not the client reads them, so a flood of them would pile up in memory; nghttp2's own flood check only sees
+   * answers it still holds. Over maxControlFramesPerSecond in one second closes the session.
+   */
+  controlFrame(): void {
+    if (this.controlFrames.over(this.caps.maxControlFramesPerSecond)) this.closeFor('h2-flood');
   }
 
   /** Counts the cap on the listener and closes the session with GOAWAY ENHANCE_YOUR_CALM. */
@@ -154,7 +161,7 @@ class SessionState {
     if (this.ending) return;
     this.ending = true;
     this.conn.closedFor(cap);
-    if (!this.session.destroyed) this.session.destroy(undefined, NGHTTP2_ENHANCE_YOUR_CALM);
+    if (!this.session.destroyed) this.session.destroy(new Error(`HTTP/2 cap reached: ${cap}`), NGHTTP2_ENHANCE_YOUR_CALM);
   }
 
   /** A session error (Node closes the session): counted when a cap caused it. */
@@ -175,6 +182,22 @@ class SessionState {
 
   get streamSettings(): WebServerOptions['settings'] {
     return this.settings;
+  }
+}
+
+/** Events in fixed one-second windows: O(1) memory, whatever the rate. */
+class PerSecond {
+  private start = 0;
+  private count = 0;
+
+  /** Counts one event; true when the window now holds more than max. */
+  over(max: number): boolean {
+    const now = performance.now();
+    if (now - this.start >= 1000) {
+      this.start = now;
+      this.count = 0;
+    }
+    return ++this.count > max;
   }
 }
 
@@ -215,7 +238,6 @@ function watchStream(stream: http2.ServerHttp2Stream, state: SessionState): void
     stream.setTimeout(idleMs);
     stream.once('timeout', onStreamTimeout);
   }
-  stream.once('aborted', onStreamAborted);
   stream.once('close', onStreamClose);
 }
 
@@ -226,12 +248,8 @@ function onStreamTimeout(this: http2.ServerHttp2Stream): void {
   resetStream(this);
 }
 
-function onStreamAborted(this: http2.ServerHttp2Stream): void {
-  streamStates.get(this)?.aborted(this);
-}
-
 function onStreamClose(this: http2.ServerHttp2Stream): void {
-  streamStates.get(this)?.closed();
+  streamStates.get(this)?.closed(this);
 }
 
 function resetStream(stream: http2.ServerHttp2Stream): void {
@@ -265,7 +283,7 @@ export function createWebServer(options: WebServerOptions, listener: WebRequestL
   server.setTimeout(settings.idleMs);
   (server as unknown as { keepAliveTimeout: number }).keepAliveTimeout = HTTP1_KEEP_ALIVE_MS;
   const sessions = new Map<http2.ServerHttp2Session, SessionState>();
-  let handing: { conn: Connection; raw: Duplex } | undefined;
+  let handing: { conn: Connection; raw: Duplex; socket: TLSSocket } | undefined;
 
   // Before Node's own listener, which starts the session (or HTTP/1.1) at once.
   server.prependListener('secureConnection', (socket: TLSSocket) => {
@@ -276,7 +294,7 @@ export function createWebServer(options: WebServerOptions, listener: WebRequestL
     conn.link(socket);
     wrapStream(socket, raw);
     socket.on('error', () => socket.destroy());
-    if (socket.alpnProtocol === 'h2') handing = { conn, raw };
+    if (socket.alpnProtocol === 'h2') handing = { conn, raw, socket };
     else enterHttp1(socket, settings);
   });
   server.on('session', (session: http2.ServerHttp2Session) => {
@@ -289,7 +307,12 @@ export function createWebServer(options: WebServerOptions, listener: WebRequestL
       streamStates.set(stream, state);
       state.opened(stream);
     });
+    session.on('ping', () => state.controlFrame());
+    session.on('remoteSettings', () => state.controlFrame());
     session.once('close', () => sessions.delete(session));
+    // The listeners allow half-open connections, so the TLS socket does not end itself when the client ends its
+    // side, and node:http2 waits for 'close': a client gone (curl exiting) would hold the session until a deadline.
+    h.socket.once('end', () => session.close());
   });
   server.on('sessionError', (err: Error, session: http2.ServerHttp2Session) => sessions.get(session)?.failed(err));
   server.on('timeout', (target: http2.ServerHttp2Session | Duplex) => {

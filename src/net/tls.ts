@@ -1,8 +1,9 @@
 /**
  * Server-side TLS on a stream we hold (an accepted socket, a routed socket with its ClientHello pushed back, a
  * stream inside a connection upgrade), with the handshake deadline of its connection (src/net/deadlines.ts).
- * Every TLS endpoint of the gateway goes through here: the web port in both listener modes, every TLS route
- * of the one port, the separate protocol ports and the Auth API.
+ * Every TLS endpoint of the gateway goes through here: every TLS route of the one port, the separate protocol
+ * ports and the Auth API; peering and the web port (src/net/http2.ts) through a tls.Server that never listens,
+ * paired with their streams by innerStream().
  */
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
