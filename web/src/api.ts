@@ -39,7 +39,6 @@ export async function call<T>(method: string, path: string, body?: unknown, opti
       headers,
       credentials: 'same-origin',
       cache: 'no-store',
-      redirect: 'error',
       ...(body === undefined ? {} : { body: JSON.stringify(body) }),
       ...(options.signal ? { signal: options.signal } : {}),
     });
