@@ -5,7 +5,7 @@ import { useLoad } from '../components/load.js';
 import { Badge, Chips, Empty, ErrorBox, PageHeader, Spinner } from '../components/ui.js';
 import { addChipToQuery, filterItems, type Filterable } from '../lib/filter.js';
 import { navigate } from '../nav.js';
-import type { AppResource, CurrentSession, DatabaseResource, DesktopResource, KubeResource, NodeResource, Resources } from '../types.js';
+import type { AppResource, CurrentSession, DatabaseResource, DesktopResource, KubeResource, NodeResource } from '../types.js';
 import { FilterBox, useUrlState } from './filterbox.js';
 
 type Kind = 'nodes' | 'databases' | 'apps' | 'desktops' | 'kube_clusters';
@@ -170,4 +170,3 @@ function SimpleTable<T extends { name: string; labels?: Record<string, string> }
   );
 }
 
-export type { Resources };
