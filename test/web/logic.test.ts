@@ -63,6 +63,7 @@ describe('times and maintenance windows', () => {
     expect(relative(now + 30_000, now)).toBe('now');
     expect(relative(now + 2 * 86_400_000, now)).toBe('in 2 d');
     expect(utcStamp('2026-11-24T03:05:00Z')).toBe('Tue 2026-11-24 03:05 UTC');
+    expect(utcStamp('2026-11-24T03:05:07Z', { seconds: true })).toBe('Tue 2026-11-24 03:05:07 UTC');
     expect(utcStamp('not a time')).toBe('—');
   });
 
@@ -232,6 +233,7 @@ describe('audit rows', () => {
     expect(eventSummary({ name: '2', event: { event: 'user.login', user: 'bob', method: 'web' } }).by).toBe('bob');
     expect(eventSummary({ name: '3', event: { event: 'session.start', user: 'bob', reported_by: { host_id: 'h', nodename: 'web-1' } } }).by).toBe('bob on web-1');
     expect(eventSummary({ name: '4', event: { event: 'x', by: { kind: 'host', name: 'h1' } } }).by).toBe('h1 (host)');
+    expect(eventSummary({ name: '4', event: { event: 'x', by: { kind: 'admin', name: 'admin' } } }).by).toBe('admin');
   });
 
   it('hostile: deep or huge events are cut, a missing name does not throw', () => {

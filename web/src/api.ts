@@ -6,7 +6,7 @@
  */
 import { BearerStore } from './lib/bearer.js';
 import { ApiError, failureFrom, signInReason, unreachable } from './lib/errors.js';
-import type { AgentRow, Agents, AuditRow, Connector, CurrentSession, Ping, Resources, SessionCreated, TokenCreated, TokenRow } from './types.js';
+import type { Agents, AuditRow, Connector, CurrentSession, Ping, Resources, SessionCreated, TokenCreated, TokenRow } from './types.js';
 
 function sessionStore(): Storage | undefined {
   try {
@@ -39,7 +39,6 @@ export async function call<T>(method: string, path: string, body?: unknown, opti
       headers,
       credentials: 'same-origin',
       cache: 'no-store',
-      redirect: 'error',
       ...(body === undefined ? {} : { body: JSON.stringify(body) }),
       ...(options.signal ? { signal: options.signal } : {}),
     });
@@ -83,4 +82,3 @@ export const api = {
   events: (limit: number) => call<{ events: AuditRow[] }>('GET', `/v1/events?limit=${limit}`),
 };
 
-export type { AgentRow };

@@ -147,7 +147,7 @@ interface NavItem {
 
 const NAV: readonly NavItem[] = [
   { page: 'resources', href: '/web/', label: 'Resources', show: () => true },
-  { page: 'agents', href: '/web/agents', label: 'Agents', show: () => true },
+  { page: 'agents', href: '/web/agents', label: 'Agents', show: (s) => s.acl?.agents?.list !== false },
   { page: 'maintenance', href: '/web/maintenance', label: 'Maintenance window', show: (s) => s.acl?.maintenance?.read === true },
   { page: 'tokens', href: '/web/tokens', label: 'Join tokens', show: (s) => s.acl?.tokens?.list === true },
   { page: 'audit', href: '/web/audit', label: 'Audit log', show: (s) => s.acl?.events?.list === true },

@@ -10,6 +10,8 @@ export interface Acl {
   maintenance: { read: boolean; update: boolean };
   tokens: { list: boolean; create: boolean; delete: boolean };
   events: { list: boolean };
+  /** Whether the agents page is offered (node list or read); absent from older servers: offered, the server decides. */
+  agents?: { list: boolean };
 }
 
 export interface CurrentSession {

@@ -30,7 +30,6 @@ export function useLoad<T>(load: () => Promise<T>, deps: readonly unknown[] = []
         setLoading(false);
       },
     );
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, deps);
   useEffect(() => {
     run();

@@ -23,7 +23,7 @@ export function eventSummary(row: { name: string; event: Record<string, unknown>
   const reporter = reportedBy as { nodename?: string } | undefined;
   const user = typeof rest.user === 'string' ? rest.user : '';
   const byText = who?.name
-    ? `${who.name}${who.kind && who.kind !== 'user' ? ` (${who.kind})` : ''}`
+    ? `${who.name}${who.kind && who.kind !== 'user' && who.kind !== who.name ? ` (${who.kind})` : ''}`
     : reporter?.nodename
       ? `${user}${user ? ' on ' : ''}${reporter.nodename}`
       : user;

@@ -23,12 +23,13 @@ export function relative(target: number, now: number): string {
   return diff > 0 ? `in ${text}` : `${text} ago`;
 }
 
-/** "Tue 2026-11-24 03:00 UTC". Invalid input gives "—". */
-export function utcStamp(time: string | number): string {
+/** "Tue 2026-11-24 03:00 UTC" (with seconds: "03:00:07"). Invalid input gives "—". */
+export function utcStamp(time: string | number, options: { seconds?: boolean } = {}): string {
   const ms = typeof time === 'number' ? time : Date.parse(time);
   if (!Number.isFinite(ms)) return '—';
   const d = new Date(ms);
-  return `${WEEKDAYS[d.getUTCDay()]} ${d.getUTCFullYear()}-${pad(d.getUTCMonth() + 1)}-${pad(d.getUTCDate())} ${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())} UTC`;
+  const secs = options.seconds ? `:${pad(d.getUTCSeconds())}` : '';
+  return `${WEEKDAYS[d.getUTCDay()]} ${d.getUTCFullYear()}-${pad(d.getUTCMonth() + 1)}-${pad(d.getUTCDate())} ${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())}${secs} UTC`;
 }
 
 /** A window {start, end} as "Tue 2026-11-24 03:00–04:00 UTC (in 5 h)"; null or invalid gives "none". */

@@ -45,7 +45,7 @@ export function AgentsPage() {
       </PageHeader>
       <ErrorBox error={error} testid="agents-error" />
       {data ? <Summary agents={agents} now={now} /> : null}
-      <div class="card card-table">
+      <div class={error && !data ? 'hidden' : 'card card-table'}>
         <div class="toolbar"><FilterBox value={query} onChange={setQuery} placeholder="Filter by name, version, channel or 'outdated'" /></div>
         {loading && !data ? <Spinner /> : null}
         {data && rows.length === 0 ? <Empty testid="agents-empty">{agents.length === 0 ? 'No agent has joined this cluster yet.' : 'No agent matches the filter.'}</Empty> : null}

@@ -45,7 +45,7 @@ function AuditTable({ rows }: { rows: AuditRow[] }) {
           const s = eventSummary(r);
           return (
             <tr key={r.name} data-testid={`audit-row-${r.name}`} data-event={s.name}>
-              <td class="mono nowrap">{s.time ? utcStamp(s.time).replace(/ UTC$/, '') : ''}</td>
+              <td class="mono nowrap">{s.time ? utcStamp(s.time, { seconds: true }).replace(/ UTC$/, '') : ''}</td>
               <td class="mono strong">{s.name}</td>
               <td>{s.by}</td>
               <td class="mono small details">{s.details}</td>

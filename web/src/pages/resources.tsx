@@ -5,7 +5,7 @@ import { useLoad } from '../components/load.js';
 import { Badge, Chips, Empty, ErrorBox, PageHeader, Spinner } from '../components/ui.js';
 import { addChipToQuery, filterItems, type Filterable } from '../lib/filter.js';
 import { navigate } from '../nav.js';
-import type { AppResource, CurrentSession, DatabaseResource, DesktopResource, KubeResource, NodeResource, Resources } from '../types.js';
+import type { AppResource, CurrentSession, DatabaseResource, DesktopResource, KubeResource, NodeResource } from '../types.js';
 import { FilterBox, useUrlState } from './filterbox.js';
 
 type Kind = 'nodes' | 'databases' | 'apps' | 'desktops' | 'kube_clusters';
@@ -65,11 +65,11 @@ function ResourceTable({ kind, rows, total, session, onPick }: { kind: Kind; row
     case 'nodes':
       return <NodeTable rows={rows as NodeResource[]} logins={session.user.logins} onPick={onPick} />;
     case 'databases':
-      return <SimpleTable rows={rows as DatabaseResource[]} extra={['Protocol', (r) => r.protocol ?? '']} onPick={onPick} />;
+      return <SimpleTable rows={rows as DatabaseResource[]} extra={['Protocol', (r) => r.protocol ?? '']} command={(r) => `gwsh proxy db ${r.name}`} onPick={onPick} />;
     case 'apps':
       return <AppTable rows={rows as AppResource[]} onPick={onPick} />;
     case 'desktops':
-      return <SimpleTable rows={rows as DesktopResource[]} extra={['Address', (r) => r.addr ?? '']} onPick={onPick} />;
+      return <SimpleTable rows={rows as DesktopResource[]} extra={['Address', (r) => r.addr ?? '']} command={(r) => `gwsh proxy desktop ${r.name}`} onPick={onPick} />;
     default:
       return <SimpleTable rows={rows as KubeResource[]} onPick={onPick} />;
   }
@@ -153,16 +153,18 @@ function AppTable({ rows, onPick }: { rows: AppResource[]; onPick: (c: string) =
   );
 }
 
-function SimpleTable<T extends { name: string; labels?: Record<string, string> }>({ rows, extra, onPick }: { rows: T[]; extra?: [string, (r: T) => string]; onPick: (c: string) => void }) {
+/** Databases, desktops and Kubernetes clusters: reached with gwsh (the command is shown to copy). */
+function SimpleTable<T extends { name: string; labels?: Record<string, string> }>({ rows, extra, command, onPick }: { rows: T[]; extra?: [string, (r: T) => string]; command?: (r: T) => string; onPick: (c: string) => void }) {
   return (
     <table class="table">
-      <thead><tr><th>Name</th>{extra ? <th>{extra[0]}</th> : null}<th>Labels</th></tr></thead>
+      <thead><tr><th>Name</th>{extra ? <th>{extra[0]}</th> : null}<th>Labels</th>{command ? <th>Connect with</th> : null}</tr></thead>
       <tbody>
         {rows.map((r) => (
           <tr key={r.name} data-testid={`resource-row-${r.name}`}>
             <td class="strong">{r.name}</td>
             {extra ? <td class="mono">{extra[1](r)}</td> : null}
             <td><Chips labels={r.labels} onPick={onPick} /></td>
+            {command ? <td><code class="cli">{command(r)}</code></td> : null}
           </tr>
         ))}
       </tbody>
@@ -170,4 +172,3 @@ function SimpleTable<T extends { name: string; labels?: Record<string, string> }
   );
 }
 
-export type { Resources };
