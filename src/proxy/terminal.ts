@@ -135,6 +135,10 @@ export class TerminalServer {
       (session) => {
         if (socket.destroyed) return release();
         this.wss.handleUpgrade(req, socket, head, (ws) => {
+          // What the page sends before the shell is up (keys, a resize) waits in the socket, not in memory here.
+          ws.pause();
+          // A protocol error (a message over the cap: 1009) closes the socket; ws reports it here.
+          ws.on('error', (err) => this.log.info({ user: session.identity.name, err: err.message }, 'web terminal closed: WebSocket error'));
           this.open.add(ws);
           ws.once('close', () => {
             this.open.delete(ws);
@@ -281,6 +285,7 @@ function certifiedKey(privateKeyPem: string, certLine: string): ParsedKey {
 
 function sendError(ws: WebSocket, err: GatewayError): void {
   if (ws.readyState !== ws.OPEN) return;
+  ws.resume(); // the closing handshake reads the page's answer
   ws.send(JSON.stringify({ type: 'error', ...err.toJSON() }));
   ws.close(err.code === 'GW_ERR_ACCESS_DENIED' || err.code === 'GW_ERR_ACCESS_LOCKED' ? 1008 : 1011, err.code);
 }
@@ -338,4 +343,5 @@ function pump(ws: WebSocket, channel: ClientChannel, conn: ReturnType<typeof con
     conn.leave('ssh-idle');
     channel.close();
   });
+  ws.resume();
 }
