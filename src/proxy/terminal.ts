@@ -19,7 +19,8 @@
  * handshake share the SSH handshake deadline, a terminal with no byte either way for the idle timeout is closed,
  * a web session holds at most MAX_TERMINALS_PER_SESSION at once, and output is paused while the WebSocket's
  * buffer holds more than OUTPUT_HIGH_WATER bytes (the node's shell then blocks on SSH's window). The terminal is
- * tracked in auth.sessions: a lock or the user's removal closes it; so does the end of the web session.
+ * tracked in auth.sessions: a lock or the user's removal closes it; so does the end of the web session (its
+ * expiry, and a sign-out, which a terminal sees within 15 s: it asks for its session again that often).
  */
 import type http from 'node:http';
 import { createPrivateKey } from 'node:crypto';
@@ -51,6 +52,8 @@ export interface TerminalServerOptions {
   agents: AgentSource;
   limits: LimitSettings;
   clock?: () => number;
+  /** How often an open terminal checks that its web session still exists (sign-out ends it). Default 15 s. */
+  recheckMs?: number;
 }
 
 interface Request {
@@ -182,7 +185,12 @@ export class TerminalServer {
     const left = Math.max(0, Math.min(expires - (this.options.clock ?? Date.now)(), 2 ** 31 - 1));
     const timer = Number.isFinite(left) ? setTimeout(() => sendError(ws, new GatewayError('GW_ERR_WEB_SESSION_EXPIRED', 'the web session ended while the terminal was open', { hint: 'Sign in again on the web page.' })), left) : undefined;
     timer?.unref();
-    ws.once('close', () => clearTimeout(timer));
+    const recheck = setInterval(() => void this.recheck(ws, creds), this.options.recheckMs ?? 15_000);
+    recheck.unref();
+    ws.once('close', () => {
+      clearTimeout(timer);
+      clearInterval(recheck);
+    });
     try {
       const target = await this.check(identity, request);
       const channel = await this.openShell(ws, creds, identity, target, request, `${client.address}:${client.port}`, `${req.socket.localAddress}:${req.socket.localPort}`);
@@ -193,6 +201,16 @@ export class TerminalServer {
       const e = toGatewayError(err);
       this.log.info({ user: identity.name, node: request.node, login: request.login, code: e.code, err: e.message }, 'web terminal refused');
       sendError(ws, e);
+    }
+  }
+
+  /** A signed-out (deleted) or expired web session ends its terminals; an Auth Service that cannot say keeps them. */
+  private async recheck(ws: WebSocket, creds: WebCredentials): Promise<void> {
+    try {
+      await this.options.auth.resolveWebSession(creds.id, creds.bearer);
+    } catch (err) {
+      const e = toGatewayError(err);
+      if (e.code.startsWith('GW_ERR_WEB_SESSION_') || e.code === 'GW_ERR_ACCESS_LOCKED' || e.code === 'GW_ERR_AUTH_IDENTITY_REVOKED') sendError(ws, e);
     }
   }
 

@@ -314,6 +314,17 @@ describe('the terminal', () => {
     expect((await gwctl(['unlock', '--user', 'lena'])).status).toBe(0);
   }, 60_000);
 
+  rootTest(['setuid'])('signing out of the web session closes its open terminals', async () => {
+    const alice = await webLogin('alice');
+    const term = await openTerminal(alice, `node=${NODE}&login=root`);
+    term.type('echo still-$((5+5))\n');
+    await term.waitFor(/still-10/, 'the shell');
+    expect((await call('DELETE', '/webapi/sessions', { headers: creds(alice, { origin: ORIGIN() }) })).status).toBe(200);
+    const closed = await term.closed;
+    expect(closed.code).toBe(1011);
+    expect(term.messages).toContainEqual(expect.objectContaining({ type: 'error', code: expect.stringMatching(/^GW_ERR_WEB_SESSION_/) }));
+  }, 60_000);
+
   rootTest(['setuid'])('hostile: a message over 64 KiB closes the socket (1009)', async () => {
     const alice = await webLogin('alice');
     const term = await openTerminal(alice, `node=${NODE}&login=root`);
