@@ -29,11 +29,6 @@ const MAX_ANONYMOUS_BODY = 64 * 1024;
 /** Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1), and ours. */
 const DROPPED = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'host', FORWARDED.marker, FORWARDED.cert, FORWARDED.addr, FORWARDED.host]);
 
-/** Whether a header is never passed on: hop-by-hop, ours, or an HTTP/2 pseudo-header. */
-function dropped(name: string): boolean {
-  return DROPPED.has(name) || name.startsWith(':');
-}
-
 export interface ForwarderOptions {
   remote: RemoteProxyAuth;
   dialer: Dialer;
@@ -107,7 +102,8 @@ async function readBounded(req: http.IncomingMessage, max: number): Promise<Buff
 function forwardedHeaders(req: http.IncomingMessage, bodyLength: number): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
   for (const [name, value] of Object.entries(req.headers)) {
-    if (value === undefined || dropped(name) || name.startsWith('x-gateway-')) continue;
+    // A name starting with ':' is an HTTP/2 pseudo-header of the client's request (the web port speaks h2).
+    if (value === undefined || DROPPED.has(name) || name.startsWith('x-gateway-') || name.startsWith(':')) continue;
     out[name] = value;
   }
   out['content-length'] = String(bodyLength);
@@ -141,7 +137,7 @@ function forwardTo(address: string, up: Upstream, req: http.IncomingMessage, hea
       (answer) => {
         upstream.setTimeout(0);
         const out: Record<string, string | string[]> = {};
-        for (const [name, value] of Object.entries(answer.headers)) if (value !== undefined && !dropped(name)) out[name] = value;
+        for (const [name, value] of Object.entries(answer.headers)) if (value !== undefined && !DROPPED.has(name) && !name.startsWith(':')) out[name] = value;
         res.writeHead(answer.statusCode ?? 502, out);
         answer.pipe(res);
         answer.once('end', () => resolve());

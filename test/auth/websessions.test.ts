@@ -124,9 +124,18 @@ describe('signing in on the web', () => {
     expect(answer.headers['set-cookie']).toBeUndefined();
     expectCode(await call('POST', '/webapi/sessions', { body: { user: 'nobody', password: PASSWORD } }), 401, 'GW_ERR_AUTH_LOGIN_FAILED');
     // A user written by a manifest (as SSO users are) has no password hash: no password signs it in.
-    await auth.createResources(auth.adminIdentity(), [{ kind: 'user', version: 'v2', metadata: { name: 'carol' }, spec: { roles: ['access'] } }]);
+    await auth.createResources(auth.adminIdentity(), [{ kind: 'user', version: 'v2', metadata: { name: 'carol' }, spec: { roles: ['access'] } }], false);
     expectCode(await call('POST', '/webapi/sessions', { body: { user: 'carol', password: '' } }), 401, 'GW_ERR_AUTH_LOGIN_FAILED');
     expectCode(await call('POST', '/webapi/sessions', { body: { user: 'carol', password: PASSWORD } }), 401, 'GW_ERR_AUTH_LOGIN_FAILED');
+  });
+
+  it('hostile bodies: over 64 KiB is GW_ERR_API_TOO_LARGE, fields of the wrong type are GW_ERR_API_BAD_REQUEST, neither counts as a failed login', async () => {
+    expectCode(await call('POST', '/webapi/sessions', { body: { user: 'bob', password: 'x'.repeat(70 * 1024) } }), 413, 'GW_ERR_API_TOO_LARGE');
+    for (const body of [{ user: 'bob' }, { user: ['bob'], password: PASSWORD }, { user: 'bob', password: 12345678 }]) {
+      expectCode(await call('POST', '/webapi/sessions', { body }), 400, 'GW_ERR_API_BAD_REQUEST');
+    }
+    for (let i = 0; i < 4; i++) expectCode(await call('POST', '/webapi/sessions', { body: { user: 'bob', password: `wrong ${i}` } }), 401, 'GW_ERR_AUTH_LOGIN_FAILED');
+    expect((await call('POST', '/webapi/sessions', { body: { user: 'bob', password: PASSWORD } })).status).toBe(200);
   });
 
   it('the lifetime is the user certificate TTL, capped', async () => {
@@ -333,6 +342,14 @@ describe('the web terminal and apps (ProxyAuth)', () => {
     // Signing out of the page ends the app session.
     expect((await call('DELETE', '/webapi/sessions', { headers: creds(alice) })).status).toBe(200);
     await expect(auth.resolveAppSession(app.sessionId, 'grafana')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+  });
+
+  it('ten concurrent redemptions of one launch token: exactly one app session', async () => {
+    const alice = await webLogin('alice');
+    const { token } = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana');
+    const results = await Promise.allSettled(Array.from({ length: 10 }, () => auth.redeemAppLaunch(token, 'grafana')));
+    expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+    for (const r of results) if (r.status === 'rejected') expect(r.reason).toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
   });
 
   it('a launch token lives 60 s; an app session expires with its parent', async () => {

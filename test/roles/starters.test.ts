@@ -146,6 +146,11 @@ function onlyProxyAuth(role: AuthRole, issued: string[]): ProxyAuth {
       issued.push(hostId ?? 'auth');
       return auth.issueServerCert(key, names, hostId);
     },
+    resolveWebSession: (id, bearer) => auth.resolveWebSession(id, bearer),
+    webSessionSshCert: (id, bearer, key) => auth.webSessionSshCert(id, bearer, key),
+    createAppLaunch: (id, bearer, app) => auth.createAppLaunch(id, bearer, app),
+    redeemAppLaunch: (token, app) => auth.redeemAppLaunch(token, app),
+    resolveAppSession: (sessionId, app) => auth.resolveAppSession(sessionId, app),
   };
 }
 
