@@ -25,12 +25,17 @@ import { startProxyRole } from '../../src/roles/proxy.js';
 import { launchPath } from '../../src/proxy/webapps.js';
 import { terminalRequest } from '../../src/proxy/terminal.js';
 import { checkOrigin, isOutdated } from '../../src/proxy/web.js';
+import WebSocket from 'ws';
+import { joinCluster } from '../../src/agent/identity.js';
+import { connectRemoteAuth } from '../../src/roles/auth.js';
+import { rootTest } from '../helpers/root.js';
 import { waitUntil } from '../helpers/wait.js';
 
 const PASSWORD = 'correct horse battery';
 const ADMIN = { kind: 'admin' as const, name: 'admin', cluster: 'webroutes.example', roles: [] };
 
 let dir: string;
+let upgradeRoot: string;
 let lifecycle: Lifecycle;
 let auth: AuthRole;
 let web: string;
@@ -41,10 +46,10 @@ interface Answer {
   json: Record<string, any>;
 }
 
-function call(method: string, path: string, headers: Record<string, string> = {}): Promise<Answer> {
-  const i = web.lastIndexOf(':');
+function call(method: string, path: string, headers: Record<string, string> = {}, at = web): Promise<Answer> {
+  const i = at.lastIndexOf(':');
   return new Promise((resolve, reject) => {
-    const req = https.request({ host: web.slice(0, i), port: Number(web.slice(i + 1)), method, path, ca, agent: false, headers: { host: 'localhost', ...headers } }, (res) => {
+    const req = https.request({ host: at.slice(0, i), port: Number(at.slice(i + 1)), method, path, ca, agent: false, headers: { host: 'localhost', ...headers } }, (res) => {
       let text = '';
       res.on('data', (c: Buffer) => (text += c.toString()));
       res.on('end', () => resolve({ status: res.statusCode ?? 0, json: text ? (JSON.parse(text) as Record<string, any>) : {} }));
@@ -62,7 +67,7 @@ async function session(user: string): Promise<Record<string, string>> {
 beforeAll(async () => {
   setRootLogger(createLogger({ level: 'silent' }));
   dir = await mkdtemp(join(tmpdir(), 'gw-webroutes-'));
-  const upgradeRoot = join(dir, 'upgrade-root');
+  upgradeRoot = join(dir, 'upgrade-root');
   await mkdir(join(upgradeRoot, 'etc', 'gateway-upgrade.d'), { recursive: true });
   await writeFile(join(upgradeRoot, 'etc', 'gateway-upgrade.d', 'endpoint'), 'localhost:443/v1/webapi/automaticupgrades/channel/beta\n');
   const config = parseConfig(
@@ -130,6 +135,48 @@ describe('/webapi/agents', () => {
     if (agent.in_window_now) expect(Date.parse(agent.next_window.start)).toBeLessThanOrEqual(Date.now());
     expect(Date.parse(agent.next_window.end) - Date.parse(agent.next_window.start)).toBe(3600_000);
   });
+});
+
+describe('a Proxy in its own process (RemoteProxyAuth)', () => {
+  // The shell runs as root on the in-process agent's SSH Service.
+  rootTest(['setuid'])('lists agents with their software and opens a terminal: sessions, certificates and the window over /v1/proxy/', async () => {
+    const own = new Lifecycle();
+    try {
+      const { token } = await auth.auth.addToken(auth.auth.adminIdentity(), { roles: ['proxy'] });
+      await joinCluster({ dataDir: join(dir, 'proxy2'), server: auth.address, joinedVia: 'auth', token, caPin: auth.auth.caPin(), roles: ['proxy'], nodename: 'localhost', publicAddrs: [], dialer: new Dialer({ env: {} }) });
+      const proxyConfig = parseConfig(
+        ['gateway:', '  nodename: localhost', `  data_dir: ${join(dir, 'proxy2')}`, `  auth_server: ${auth.address}`, 'auth_service:', '  enabled: no', 'proxy_service:', '  web_listen_addr: 127.0.0.1:0', '  automatic_upgrades_channels:', '    beta: { static_version: v99.0.0 }', ''].join('\n'),
+        'split proxy',
+      );
+      const limits = new ConnectionLimits(limitSettings(proxyConfig));
+      own.onStop('backend', () => limits.close());
+      const dialer = new Dialer({ env: {} });
+      const remote = await connectRemoteAuth({ config: proxyConfig, dialer, lifecycle: own });
+      const split = await startProxyRole({ config: proxyConfig, auth: remote.auth, api: remote.api, limits, dialer, lifecycle: own, proxyId: remote.identity.hostId });
+      const splitWeb = split.addresses.web!;
+      const agentConfig = parseConfig(['gateway:', '  nodename: split-node', `  data_dir: ${join(dir, 'agent2')}`, 'ssh_service:', '  enabled: yes', ''].join('\n'), 'split agent');
+      await startAgentRole({ config: agentConfig, services: ['ssh_service'], localAuth: auth.auth, localProxy: splitWeb, dialer, environment: daemonEnvironment({ GATEWAY_UPGRADE_ROOT: upgradeRoot }), lifecycle: own });
+      await waitUntil('the agent at the split Proxy', () => split.tunnels.list().some((a) => a.nodename === 'split-node'));
+
+      const olga = await session('olga');
+      const agents = await call('GET', '/webapi/agents', olga, splitWeb);
+      expect(agents.status, JSON.stringify(agents.json)).toBe(200);
+      // Its own version server says v99.0.0 for beta; the version and channel crossed /v1/proxy/presence.
+      expect((agents.json.agents as Array<Record<string, unknown>>).find((a) => a.nodename === 'split-node')).toMatchObject({ channel: 'beta', target_version: 'v99.0.0', outdated: true });
+      expect(agents.json.maintenance).toMatchObject({ agent_upgrades: { weekdays: expect.any(Array) } });
+
+      const s = await auth.auth.webLogin('olga', PASSWORD, '127.0.0.1');
+      const ws = new WebSocket(`wss://${splitWeb}/webapi/terminal?node=split-node&login=root`, ['gateway-terminal', `bearer.${s.bearer}`], { ca, servername: 'localhost', headers: { cookie: `__Host-gw_session=${s.id}` } });
+      let output = '';
+      ws.on('message', (data: Buffer, binary: boolean) => (binary ? (output += data.toString()) : undefined));
+      await new Promise<void>((resolve, reject) => ws.once('open', () => resolve()).once('error', reject));
+      ws.send(Buffer.from('echo split-$((20+1))\n'), { binary: true });
+      await waitUntil('the echo through the split Proxy', () => output.includes('split-21'));
+      ws.close();
+    } finally {
+      await own.stop().catch(() => undefined);
+    }
+  }, 60_000);
 });
 
 describe('hostile and malformed requests', () => {
