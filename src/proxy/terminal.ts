@@ -19,7 +19,8 @@
  * handshake share the SSH handshake deadline, a terminal with no byte either way for the idle timeout is closed,
  * a web session holds at most MAX_TERMINALS_PER_SESSION at once, and output is paused while the WebSocket's
  * buffer holds more than OUTPUT_HIGH_WATER bytes (the node's shell then blocks on SSH's window). The terminal is
- * tracked in auth.sessions: a lock or the user's removal closes it; so does the end of the web session.
+ * tracked in auth.sessions: a lock or the user's removal closes it; so does the end of the web session (its
+ * expiry, and a sign-out, which a terminal sees within 15 s: it asks for its session again that often).
  */
 import type http from 'node:http';
 import { createPrivateKey } from 'node:crypto';
@@ -51,6 +52,8 @@ export interface TerminalServerOptions {
   agents: AgentSource;
   limits: LimitSettings;
   clock?: () => number;
+  /** How often an open terminal checks that its web session still exists (sign-out ends it). Default 15 s. */
+  recheckMs?: number;
 }
 
 interface Request {
@@ -135,6 +138,10 @@ export class TerminalServer {
       (session) => {
         if (socket.destroyed) return release();
         this.wss.handleUpgrade(req, socket, head, (ws) => {
+          // What the page sends before the shell is up (keys, a resize) waits in the socket, not in memory here.
+          ws.pause();
+          // A protocol error (a message over the cap: 1009) closes the socket; ws reports it here.
+          ws.on('error', (err) => this.log.info({ user: session.identity.name, err: err.message }, 'web terminal closed: WebSocket error'));
           this.open.add(ws);
           ws.once('close', () => {
             this.open.delete(ws);
@@ -178,7 +185,12 @@ export class TerminalServer {
     const left = Math.max(0, Math.min(expires - (this.options.clock ?? Date.now)(), 2 ** 31 - 1));
     const timer = Number.isFinite(left) ? setTimeout(() => sendError(ws, new GatewayError('GW_ERR_WEB_SESSION_EXPIRED', 'the web session ended while the terminal was open', { hint: 'Sign in again on the web page.' })), left) : undefined;
     timer?.unref();
-    ws.once('close', () => clearTimeout(timer));
+    const recheck = setInterval(() => void this.recheck(ws, creds), this.options.recheckMs ?? 15_000);
+    recheck.unref();
+    ws.once('close', () => {
+      clearTimeout(timer);
+      clearInterval(recheck);
+    });
     try {
       const target = await this.check(identity, request);
       const channel = await this.openShell(ws, creds, identity, target, request, `${client.address}:${client.port}`, `${req.socket.localAddress}:${req.socket.localPort}`);
@@ -189,6 +201,16 @@ export class TerminalServer {
       const e = toGatewayError(err);
       this.log.info({ user: identity.name, node: request.node, login: request.login, code: e.code, err: e.message }, 'web terminal refused');
       sendError(ws, e);
+    }
+  }
+
+  /** A signed-out (deleted) or expired web session ends its terminals; an Auth Service that cannot say keeps them. */
+  private async recheck(ws: WebSocket, creds: WebCredentials): Promise<void> {
+    try {
+      await this.options.auth.resolveWebSession(creds.id, creds.bearer);
+    } catch (err) {
+      const e = toGatewayError(err);
+      if (e.code.startsWith('GW_ERR_WEB_SESSION_') || e.code === 'GW_ERR_ACCESS_LOCKED' || e.code === 'GW_ERR_AUTH_IDENTITY_REVOKED') sendError(ws, e);
     }
   }
 
@@ -281,6 +303,7 @@ function certifiedKey(privateKeyPem: string, certLine: string): ParsedKey {
 
 function sendError(ws: WebSocket, err: GatewayError): void {
   if (ws.readyState !== ws.OPEN) return;
+  ws.resume(); // the closing handshake reads the page's answer
   ws.send(JSON.stringify({ type: 'error', ...err.toJSON() }));
   ws.close(err.code === 'GW_ERR_ACCESS_DENIED' || err.code === 'GW_ERR_ACCESS_LOCKED' ? 1008 : 1011, err.code);
 }
@@ -338,4 +361,5 @@ function pump(ws: WebSocket, channel: ClientChannel, conn: ReturnType<typeof con
     conn.leave('ssh-idle');
     channel.close();
   });
+  ws.resume();
 }
