@@ -410,6 +410,13 @@ async function originOf(auth: AuthService, req: IncomingMessage): Promise<Origin
 const STATE_CHANGING: ReadonlySet<string> = new Set(['POST', 'PUT', 'PATCH', 'DELETE']);
 
 /**
+ * Routes that other sites POST to by design, so their Origin is never ours: the SAML ACS (the identity provider's
+ * HTTP-POST binding form). It uses no session cookie; RelayState, the browser-binding cookie and InResponseTo
+ * tie the answer to the sign-in this browser started.
+ */
+const CROSS_SITE_POSTS: ReadonlySet<string> = new Set(['/webapi/sso/saml/acs']);
+
+/**
  * GW_ERR_WEB_CSRF for a state-changing request whose Origin header is present and is not the origin of the host
  * it addressed (https only). Without an Origin header (gwsh, gwctl, agents) nothing is checked here: the cookie
  * is SameSite=Strict and every cookie-authenticated request needs the session's bearer as well.
@@ -596,7 +603,7 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     };
     originOf(auth, req)
       .then((origin) => {
-        checkOrigin(req, origin);
+        if (!CROSS_SITE_POSTS.has(url.pathname)) checkOrigin(req, origin);
         const web = webCredentials(req);
         let identity: Promise<Identity> | undefined;
         const ctx: Ctx = {
