@@ -263,6 +263,8 @@ describe('a local user in the Web UI', () => {
     await browser.step(page, 'terminal', async () => {
       await page.getByTestId('resource-connect-web-1').click();
       await page.locator('[data-testid="terminal-status"][data-status="connected"]').waitFor();
+      // The shell's prompt first, so that what is typed is not echoed ahead of it.
+      await expect.poll(() => screenText(page), { timeout: 30_000 }).toMatch(/[#$] *$/m);
       await page.locator('.xterm').click();
       await page.keyboard.type('echo browser-$RANDOM\n');
       await expect.poll(() => screenText(page), { timeout: 30_000 }).toMatch(/^browser-\d+\s*$/m);
