@@ -35,6 +35,7 @@ let pki: TestPki;
 let oidc: OidcIdp;
 let saml: SamlIdp;
 let cluster: RunningGateway;
+let agent: RunningGateway;
 let browser: TestBrowser;
 let origin: string;
 
@@ -63,7 +64,8 @@ beforeAll(async () => {
       '  authentication: { type: oidc, connector_name: corp }',
       'proxy_service:',
       `  web_listen_addr: 127.0.0.1:${port}`,
-      `  public_addr: ${PROXY_NAME}:${port}`,
+      // The agent dials the first address (its resolver does not know the test's names); the browser the name.
+      `  public_addr: [127.0.0.1:${port}, ${PROXY_NAME}:${port}]`,
       '',
     ].join('\n'),
   );
@@ -103,12 +105,21 @@ beforeAll(async () => {
   );
   const created = await runCli('gwctl', ['--data-dir', cluster.dataDir, 'create', manifest], { env: { HOME: dir } });
   expect(created.status, created.stderr).toBe(0);
+  // One agent, so that the pages after sign-in show what the mapped roles reach.
+  const admin = (args: string[]) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir } });
+  const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
+  const token = (JSON.parse((await admin(['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string }).token;
+  agent = await startGateway(['gateway:', '  nodename: web-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'ssh_service:', '  labels: { env: dev }', ''].join('\n'), {
+    args: ['--token', token, '--ca-pin', pin, '--proxy', `127.0.0.1:${port}`],
+  });
+  await agent.waitForLog('reverse tunnel ready', 30_000);
   const hostCa = await readFile(join(cluster.dataDir, 'admin', 'host-ca.pem'), 'utf8');
   browser = await launchBrowser({ suite: 'sso-browser', trust: [hostCa, pki.caPem] });
 }, 90_000);
 
 afterAll(async () => {
   await browser?.close();
+  await agent?.stop();
   await cluster?.stop();
   await oidc?.close();
   await pki?.cleanup();
@@ -149,7 +160,7 @@ describe('OIDC in the browser', () => {
     const { page } = browser;
     await oidcSignIn(page, 'alice', true);
     await browser.step(page, 'oidc-signed-in', async () => {
-      await page.getByTestId('current-user').waitFor();
+      await page.getByTestId('resource-row-web-1').waitFor();
       await expect.poll(() => page.getByTestId('current-user').innerText()).toContain('alice@example.com');
     });
     const header = await page.locator('header').innerText();
@@ -214,7 +225,7 @@ describe('SAML in the browser', () => {
     await page.locator('button[type="submit"]').click();
     await page.locator('#saml-post button').click();
     await browser.step(page, 'saml-signed-in', async () => {
-      await page.getByTestId('current-user').waitFor();
+      await page.getByTestId('resource-row-web-1').waitFor();
       await expect.poll(() => page.getByTestId('current-user').innerText()).toContain('carol@example.com');
     });
     expect(await page.locator('header').innerText()).toContain('access, auditor');

@@ -183,6 +183,10 @@ describe('the browser harness', () => {
 describe('a local user in the Web UI', () => {
   it('a wrong password is refused with its message on the sign-in page', async () => {
     const { page } = browser;
+    await browser.step(page, 'login', async () => {
+      await page.goto(`${origin}/web/login`);
+      await page.getByTestId('login-form').waitFor();
+    });
     await browser.step(page, 'login-wrong-password', async () => {
       await signIn(page, 'alice', 'not the password');
       await page.getByTestId('login-error').waitFor();
