@@ -18,6 +18,7 @@ import { AuthService } from '../../src/auth/service.js';
 import { parseIdpMetadata } from '../../src/auth/sso/saml.js';
 import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
+import { makeTestPki } from '../helpers/tls.js';
 import { request, startSamlIdp, type Answer, type SamlAnswer, type SamlIdp, type SamlTamper } from '../helpers/sso.js';
 
 const ACS = 'https://gateway.example/webapi/sso/saml/acs';
@@ -101,6 +102,29 @@ describe('SAML sign-in', () => {
     const session = /__Host-gw_session=([A-Za-z0-9_-]{43})/.exec(String(done.headers['set-cookie']))![1]!;
     const handout = await api('/webapi/sessions/bearer', { method: 'POST', headers: { cookie: `__Host-gw_session=${session}`, origin: base } });
     expect(handout.json().user).toMatchObject({ name: 'carol', roles: ['editor', 'access'] });
+  });
+});
+
+describe('SAML metadata from entity_descriptor_url (through the Dialer, the connector\'s ca trusted)', () => {
+  it('is fetched over HTTPS and used; a metadata server that is down → GW_ERR_SSO_IDP_ERROR', async () => {
+    const pki = await makeTestPki();
+    try {
+      const cert = await pki.serverCert({ names: ['localhost'], ips: ['127.0.0.1'] });
+      const md = https.createServer({ key: cert.keyPem, cert: cert.certPem }, (_req, res) => res.writeHead(200, { 'content-type': 'application/xml' }).end(idp.metadata));
+      await new Promise<void>((r) => md.listen(0, '127.0.0.1', r));
+      const url = `https://127.0.0.1:${(md.address() as AddressInfo).port}/metadata`;
+      const spec = { acs: ACS, service_provider_issuer: SP_ENTITY, entity_descriptor_url: url, ca: pki.caPem, attributes_to_roles: [{ name: 'groups', value: 'dev*', roles: ['access'] }] };
+      await auth.createResources(auth.adminIdentity(), [{ kind: 'saml', version: 'v2', metadata: { name: 'by-url' }, spec } as never], false);
+      const started = await api('/webapi/sso/saml/by-url/login');
+      expect(started.status, started.text).toBe(302);
+      expect(started.location!.startsWith('https://idp.example/sso?SAMLRequest=')).toBe(true);
+      await new Promise<void>((r) => md.close(() => r()));
+      await auth.createResources(auth.adminIdentity(), [{ kind: 'saml', version: 'v2', metadata: { name: 'down' }, spec: { ...spec, entity_descriptor_url: `${url}?down` } } as never], false);
+      const down = await api('/webapi/sso/saml/down/login');
+      expect(codeOf(down)).toBe('GW_ERR_SSO_IDP_ERROR');
+    } finally {
+      await pki.cleanup();
+    }
   });
 });
 
