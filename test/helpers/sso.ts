@@ -167,8 +167,8 @@ export async function startOidcIdp(pki: TestPki, options: { redirectUri: string;
   const clientSecret = randomBytes(16).toString('hex');
   const provider = new Provider(issuer, {
     clients: [{ client_id: clientId, client_secret: clientSecret, redirect_uris: [options.redirectUri], response_types: ['code'], grant_types: ['authorization_code'], token_endpoint_auth_method: 'client_secret_basic' }],
-    findAccount: async (_ctx: unknown, id: string) => ({ accountId: id, claims: async () => ({ sub: id, email: `${id}@example.com`, groups: options.groups(id) }) }),
-    claims: { openid: ['sub'], email: ['email'], groups: ['groups'] },
+    findAccount: async (_ctx: unknown, id: string) => ({ accountId: id, claims: async () => ({ sub: id, email: `${id}@example.com`, email_verified: !id.startsWith('unverified'), groups: options.groups(id) }) }),
+    claims: { openid: ['sub'], email: ['email', 'email_verified'], groups: ['groups'] },
     scopes: ['openid', 'email', 'groups', 'profile'],
     jwks: { keys: [jwk] },
     cookies: { keys: [randomBytes(16).toString('hex')] },
