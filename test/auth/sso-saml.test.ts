@@ -5,6 +5,7 @@
  * altered after signing, for another audience, from another issuer, expired, unsolicited (no InResponseTo),
  * replayed; a mapping without a role. Every refusal is checked by its code and the check it names.
  */
+import { createVerify } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import https from 'node:https';
 import type { AddressInfo } from 'node:net';
@@ -19,7 +20,7 @@ import { parseIdpMetadata } from '../../src/auth/sso/saml.js';
 import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { makeTestPki } from '../helpers/tls.js';
-import { request, startSamlIdp, type Answer, type SamlAnswer, type SamlIdp, type SamlTamper } from '../helpers/sso.js';
+import { rsaKeyPair, request, startSamlIdp, type Answer, type SamlAnswer, type SamlIdp, type SamlTamper } from '../helpers/sso.js';
 
 const ACS = 'https://gateway.example/webapi/sso/saml/acs';
 const SP_ENTITY = 'https://gateway.example/saml/sp';
@@ -93,6 +94,18 @@ describe('SAML sign-in', () => {
     expect(xml).toContain(`AssertionConsumerServiceURL="${ACS}"`);
     expect(xml).toContain(`>${SP_ENTITY}</saml:Issuer>`);
     expect(u.searchParams.get('RelayState')).toMatch(/^[A-Za-z0-9_-]{43}$/);
+  });
+
+  it('with signing_key_pair the AuthnRequest is signed (RSA-SHA256 over the redirect binding\'s query)', async () => {
+    const pair = rsaKeyPair(dir, 'sp-signing');
+    await auth.createResources(auth.adminIdentity(), [{
+      kind: 'saml', version: 'v2', metadata: { name: 'signed' },
+      spec: { acs: ACS, service_provider_issuer: SP_ENTITY, entity_descriptor: idp.metadata, signing_key_pair: { cert: pair.cert, private_key: pair.key }, attributes_to_roles: [{ name: 'groups', value: 'x', roles: ['access'] }] },
+    } as never], false);
+    const u = new URL((await api('/webapi/sso/saml/signed/login')).location!);
+    expect(u.searchParams.get('SigAlg')).toBe('http://www.w3.org/2001/04/xmldsig-more#rsa-sha256');
+    const signed = u.search.slice(1).split('&').filter((p) => !p.startsWith('Signature=')).join('&');
+    expect(createVerify('RSA-SHA256').update(signed).verify(pair.cert, u.searchParams.get('Signature')!, 'base64')).toBe(true);
   });
 
   it('a signed assertion for us creates the web session with the mapped roles', async () => {

@@ -260,7 +260,7 @@ export interface SamlIdp {
   respond(authUrl: string, user: string, groups: string[], tamper?: SamlTamper): Promise<SamlAnswer>;
 }
 
-function rsaKeyPair(dir: string, name: string): { key: string; cert: string } {
+export function rsaKeyPair(dir: string, name: string): { key: string; cert: string } {
   const keyPath = `${dir}/${name}.key`;
   const certPath = `${dir}/${name}.crt`;
   execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-subj', `/CN=${name}`, '-days', '2', '-keyout', keyPath, '-out', certPath], { stdio: 'ignore' });
