@@ -161,7 +161,7 @@ export function ssoRoutes(auth: AuthService): SsoRoute[] {
     },
     {
       method: 'POST', path: '/webapi/sso/saml/acs', maxBody: MAX_SAML_RESPONSE + 4096, handler: (ctx) => browser(ctx, async () => {
-        const form = await formBody(ctx.req, MAX_SAML_RESPONSE + 4096);
+        const form = await formBody(ctx.req, MAX_SAML_RESPONSE + 4 * 1024);
         const samlResponse = form.get('SAMLResponse') ?? undefined;
         return finish(auth, ctx, 'saml', { state: form.get('RelayState'), ...(samlResponse ? { samlResponse } : {}) });
       }),

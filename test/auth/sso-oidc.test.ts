@@ -58,7 +58,7 @@ const codeOf = (a: Answer) => a.json().error?.code as string;
 
 beforeAll(async () => {
   pki = await makeTestPki();
-  idp = await startOidcIdp(pki, { redirectUri: REDIRECT, groups: (u) => (u === 'alice' ? ['admins', 'developers'] : u === 'dave' ? ['developers'] : ['marketing']) });
+  idp = await startOidcIdp(pki, { redirectUri: REDIRECT, groups: (u) => (u === 'alice' || u === 'unverified' ? ['admins', 'developers'] : u === 'dave' ? ['developers'] : ['marketing']) });
 });
 
 afterAll(async () => {
@@ -139,6 +139,13 @@ describe('OIDC: what is refused', () => {
     expect(refused.status).toBe(401);
     expect(refused.json().error.message).toContain(`the ${check} check`);
     expect(refused.headers['set-cookie'] ?? []).not.toContainEqual(expect.stringMatching(/^__Host-gw_session=/));
+  });
+
+  it('an e-mail address the provider has not verified names nobody → GW_ERR_SSO_TOKEN_INVALID (email_verified)', async () => {
+    const { callback: url, binding } = await toCallback('unverified');
+    const refused = await callback(url, binding);
+    expect(codeOf(refused)).toBe('GW_ERR_SSO_TOKEN_INVALID');
+    expect(refused.json().error.message).toContain('the email_verified check');
   });
 
   it('a replayed callback → GW_ERR_SSO_STATE_INVALID (the request was taken by the first)', async () => {

@@ -5,6 +5,7 @@
  * altered after signing, for another audience, from another issuer, expired, unsolicited (no InResponseTo),
  * replayed; a mapping without a role. Every refusal is checked by its code and the check it names.
  */
+import { createVerify } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import https from 'node:https';
 import type { AddressInfo } from 'node:net';
@@ -18,7 +19,8 @@ import { AuthService } from '../../src/auth/service.js';
 import { parseIdpMetadata } from '../../src/auth/sso/saml.js';
 import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
-import { request, startSamlIdp, type Answer, type SamlAnswer, type SamlIdp, type SamlTamper } from '../helpers/sso.js';
+import { makeTestPki } from '../helpers/tls.js';
+import { rsaKeyPair, request, startSamlIdp, type Answer, type SamlAnswer, type SamlIdp, type SamlTamper } from '../helpers/sso.js';
 
 const ACS = 'https://gateway.example/webapi/sso/saml/acs';
 const SP_ENTITY = 'https://gateway.example/saml/sp';
@@ -94,6 +96,18 @@ describe('SAML sign-in', () => {
     expect(u.searchParams.get('RelayState')).toMatch(/^[A-Za-z0-9_-]{43}$/);
   });
 
+  it('with signing_key_pair the AuthnRequest is signed (RSA-SHA256 over the redirect binding\'s query)', async () => {
+    const pair = rsaKeyPair(dir, 'sp-signing');
+    await auth.createResources(auth.adminIdentity(), [{
+      kind: 'saml', version: 'v2', metadata: { name: 'signed' },
+      spec: { acs: ACS, service_provider_issuer: SP_ENTITY, entity_descriptor: idp.metadata, signing_key_pair: { cert: pair.cert, private_key: pair.key }, attributes_to_roles: [{ name: 'groups', value: 'x', roles: ['access'] }] },
+    } as never], false);
+    const u = new URL((await api('/webapi/sso/saml/signed/login')).location!);
+    expect(u.searchParams.get('SigAlg')).toBe('http://www.w3.org/2001/04/xmldsig-more#rsa-sha256');
+    const signed = u.search.slice(1).split('&').filter((p) => !p.startsWith('Signature=')).join('&');
+    expect(createVerify('RSA-SHA256').update(signed).verify(pair.cert, u.searchParams.get('Signature')!, 'base64')).toBe(true);
+  });
+
   it('a signed assertion for us creates the web session with the mapped roles', async () => {
     const done = await signIn('carol', ['admins', 'developers']);
     expect(done.status, done.text).toBe(302);
@@ -101,6 +115,29 @@ describe('SAML sign-in', () => {
     const session = /__Host-gw_session=([A-Za-z0-9_-]{43})/.exec(String(done.headers['set-cookie']))![1]!;
     const handout = await api('/webapi/sessions/bearer', { method: 'POST', headers: { cookie: `__Host-gw_session=${session}`, origin: base } });
     expect(handout.json().user).toMatchObject({ name: 'carol', roles: ['editor', 'access'] });
+  });
+});
+
+describe('SAML metadata from entity_descriptor_url (through the Dialer, the connector\'s ca trusted)', () => {
+  it('is fetched over HTTPS and used; a metadata server that is down → GW_ERR_SSO_IDP_ERROR', async () => {
+    const pki = await makeTestPki();
+    try {
+      const cert = await pki.serverCert({ names: ['localhost'], ips: ['127.0.0.1'] });
+      const md = https.createServer({ key: cert.keyPem, cert: cert.certPem }, (_req, res) => res.writeHead(200, { 'content-type': 'application/xml' }).end(idp.metadata));
+      await new Promise<void>((r) => md.listen(0, '127.0.0.1', r));
+      const url = `https://127.0.0.1:${(md.address() as AddressInfo).port}/metadata`;
+      const spec = { acs: ACS, service_provider_issuer: SP_ENTITY, entity_descriptor_url: url, ca: pki.caPem, attributes_to_roles: [{ name: 'groups', value: 'dev*', roles: ['access'] }] };
+      await auth.createResources(auth.adminIdentity(), [{ kind: 'saml', version: 'v2', metadata: { name: 'by-url' }, spec } as never], false);
+      const started = await api('/webapi/sso/saml/by-url/login');
+      expect(started.status, started.text).toBe(302);
+      expect(started.location!.startsWith('https://idp.example/sso?SAMLRequest=')).toBe(true);
+      await new Promise<void>((r) => md.close(() => r()));
+      await auth.createResources(auth.adminIdentity(), [{ kind: 'saml', version: 'v2', metadata: { name: 'down' }, spec: { ...spec, entity_descriptor_url: `${url}?down` } } as never], false);
+      const down = await api('/webapi/sso/saml/down/login');
+      expect(codeOf(down)).toBe('GW_ERR_SSO_IDP_ERROR');
+    } finally {
+      await pki.cleanup();
+    }
   });
 });
 

@@ -134,6 +134,15 @@ describe('single sign-on through the real daemon', () => {
     expect(replay.text).toContain('GW_ERR_SSO_STATE_INVALID');
   }, 60_000);
 
+  it('gwsh login --auth gives up when the browser never comes back (its deadline), leaving no profile', async () => {
+    const home = join(dir, 'never');
+    const r = await runCli('gwsh', ['login', `--proxy=${web}`, '--auth=corp', `--ca-pin=${pin}`], { env: { HOME: dir, GWSH_HOME: home, GWSH_SSO_TIMEOUT_MS: '300' } });
+    expect(r.stdout).toContain('Open this URL in your browser: ');
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain('did not come back from the identity provider');
+    expect((await runCli('gwsh', ['status'], { env: { HOME: dir, GWSH_HOME: home } })).stderr).toContain('GW_ERR_CLIENT_NOT_LOGGED_IN');
+  });
+
   it('gwsh login --auth with a connector that does not exist fails with its code', async () => {
     const r = await runCli('gwsh', ['login', `--proxy=${web}`, '--auth=nope', `--ca-pin=${pin}`], { env: { HOME: dir, GWSH_HOME: join(dir, 'x') } });
     expect(r.status).toBe(1);

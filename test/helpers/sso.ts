@@ -167,8 +167,8 @@ export async function startOidcIdp(pki: TestPki, options: { redirectUri: string;
   const clientSecret = randomBytes(16).toString('hex');
   const provider = new Provider(issuer, {
     clients: [{ client_id: clientId, client_secret: clientSecret, redirect_uris: [options.redirectUri], response_types: ['code'], grant_types: ['authorization_code'], token_endpoint_auth_method: 'client_secret_basic' }],
-    findAccount: async (_ctx: unknown, id: string) => ({ accountId: id, claims: async () => ({ sub: id, email: `${id}@example.com`, groups: options.groups(id) }) }),
-    claims: { openid: ['sub'], email: ['email'], groups: ['groups'] },
+    findAccount: async (_ctx: unknown, id: string) => ({ accountId: id, claims: async () => ({ sub: id, email: `${id}@example.com`, email_verified: !id.startsWith('unverified'), groups: options.groups(id) }) }),
+    claims: { openid: ['sub'], email: ['email', 'email_verified'], groups: ['groups'] },
     scopes: ['openid', 'email', 'groups', 'profile'],
     jwks: { keys: [jwk] },
     cookies: { keys: [randomBytes(16).toString('hex')] },
@@ -260,7 +260,7 @@ export interface SamlIdp {
   respond(authUrl: string, user: string, groups: string[], tamper?: SamlTamper): Promise<SamlAnswer>;
 }
 
-function rsaKeyPair(dir: string, name: string): { key: string; cert: string } {
+export function rsaKeyPair(dir: string, name: string): { key: string; cert: string } {
   const keyPath = `${dir}/${name}.key`;
   const certPath = `${dir}/${name}.crt`;
   execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-subj', `/CN=${name}`, '-days', '2', '-keyout', keyPath, '-out', certPath], { stdio: 'ignore' });

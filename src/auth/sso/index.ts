@@ -33,8 +33,11 @@ import type { SamlFlows } from './saml.js';
 import { saveSsoUser, traitsOf } from './users.js';
 
 export { SSO_KINDS, type SsoKind } from './requests.js';
-/** Largest SAMLResponse (base64) the ACS reads. */
-export const MAX_SAML_RESPONSE = 256 * 1024;
+/**
+ * Largest SAMLResponse (base64) the ACS reads: with the form's other fields within the 64 KiB that a Proxy in its
+ * own process forwards for a client without a certificate (src/client/forward.ts). Responses are a few KiB.
+ */
+export const MAX_SAML_RESPONSE = 60 * 1024;
 
 type AnyConnector = OidcConnector | SamlConnector | GithubConnector;
 

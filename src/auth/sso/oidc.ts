@@ -161,7 +161,12 @@ function usernameOf(claims: Record<string, unknown>, configured: string | undefi
   const order = configured ? [configured] : ['email', 'preferred_username', 'sub'];
   for (const name of order) {
     const v = claims[name];
-    if (typeof v === 'string' && v !== '') return v;
+    if (typeof v !== 'string' || v === '') continue;
+    // An address the provider says it has not verified names nobody: anyone could have typed it.
+    if (name === 'email' && claims.email_verified === false) {
+      throw tokenInvalid('email_verified', `the provider has not verified the e-mail address ${v}`, 'Verify the address at the identity provider, or set the connector\'s username_claim to another claim.');
+    }
+    return v;
   }
   throw tokenInvalid('username', `the ID token and userinfo carry no ${order.join(' / ')} claim to name the user`, "Set the connector's username_claim to a claim the provider sends, or ask the provider for that scope.");
 }
