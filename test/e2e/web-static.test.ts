@@ -363,4 +363,18 @@ describe('the daemon (dist/)', () => {
       expect(JSON.parse(api.stdout)).toMatchObject({ error: { code: 'GW_ERR_API_NOT_FOUND' } });
     }
   }, 60_000);
+
+  it('over HTTP/2 the API router reads the client certificate (src/auth/api.ts peerIdentity); the version server answers', async () => {
+    const webPort = gw.addresses.web!.split(':').pop()!;
+    const admin = join(gw.dataDir, 'admin');
+    const base = ['-sS', '--http2', '-w', '\n%{http_version}', '--cacert', join(admin, 'host-ca.pem'), '--resolve', `localhost:${webPort}:127.0.0.1`];
+    const status = await run('curl', [...base, '--cert', join(admin, 'cert.pem'), '--key', join(admin, 'key.pem'), `https://localhost:${webPort}/v1/status`], { encoding: 'utf8' });
+    const [body, version] = status.stdout.split('\n');
+    expect(version).toBe('2');
+    expect(JSON.parse(body!)).toMatchObject({ ca_pin: expect.any(String), identity: { kind: 'admin' } });
+    const anonymous = await run('curl', [...base, `https://localhost:${webPort}/v1/status`], { encoding: 'utf8' });
+    expect(JSON.parse(anonymous.stdout.split('\n')[0]!)).toMatchObject({ error: { code: 'GW_ERR_AUTH_UNAUTHENTICATED' } });
+    const v = await run('curl', [...base, `https://localhost:${webPort}/v1/webapi/automaticupgrades/channel/default/version`], { encoding: 'utf8' });
+    expect(v.stdout).toMatch(/^v\d+\.\d+\.\d+\S*\n2$/);
+  }, 60_000);
 });
