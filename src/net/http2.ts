@@ -57,7 +57,7 @@ export interface Http2Caps {
   maxControlFramesPerSecond: number;
   /** Invalid frames in one session before it is closed. */
   maxInvalidFrames: number;
-  /** Streams refused (over the concurrent cap or the memory cap) in one session before it is closed. */
+  /** Streams refused for the memory cap in one session before it is closed (Node's maxSessionRejectedStreams). */
   maxRefusedStreams: number;
   /** Entries in one SETTINGS frame. */
   maxSettings: number;

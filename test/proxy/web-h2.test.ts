@@ -26,6 +26,7 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { buildProxyHeaderV1 } from '../../src/mux/proxyproto.js';
 import { ConnectionLimits, type LimitSettings, type ListenerStats } from '../../src/net/deadlines.js';
+import type { Http2Caps } from '../../src/net/http2.js';
 import { clientAddress } from '../../src/stream/meta.js';
 import { startFrontDoor, type FrontDoor } from '../../src/proxy/frontdoor.js';
 import { PROTOCOLS } from '../../src/proxy/protocols.js';
@@ -84,7 +85,7 @@ afterAll(async () => {
   if (webRoot) await rm(webRoot, { recursive: true, force: true });
 });
 
-async function startDoor(mode: 'multiplex' | 'separate', o: { proxyProtocol?: boolean } = {}): Promise<Door> {
+async function startDoor(mode: 'multiplex' | 'separate', o: { proxyProtocol?: boolean; caps?: Partial<Http2Caps> } = {}): Promise<Door> {
   const yaml = `gateway:
   nodename: ${HOST}
 auth_service:
@@ -108,7 +109,7 @@ proxy_service:
     // In separate mode only the web listener is bound (the others would take fixed ports).
     ...(mode === 'separate' ? { protocols: PROTOCOLS.filter((row) => row.kind === 'web') } : {}),
     // Lowered so that the caps are reached with few frames; the defaults are HTTP2_CAPS.
-    http2Caps: { maxConcurrentStreams: 32, maxRefusedStreams: 50, maxResetsPerSecond: 50 },
+    http2Caps: { maxConcurrentStreams: 32, maxRefusedStreams: 50, maxResetsPerSecond: 50, ...o.caps },
   });
   cleanups.push(() => door.close());
   const port = Number(/:(\d+)$/.exec(door.addresses.web!)![1]);
@@ -434,6 +435,14 @@ describe('hostile HTTP/2 clients', () => {
     // nghttp2 takes a stream over SETTINGS_MAX_CONCURRENT_STREAMS for an invalid frame: Node's cap on those closes.
     expect(delta).toEqual({ 'h2-invalid-frames': 1 });
     expect((await curl(one.port, '/webapi/ping', '--http2')).status).toBe(200);
+
+    // A client that acknowledged the cap and still exceeds it breaks the protocol: the session is closed at once.
+    const before2 = one.stats().closed['h2-protocol'] ?? 0;
+    const acked = await RawH2.open(one.port);
+    await acked.acknowledgeSettings();
+    acked.send(...burst.slice(0, 300));
+    await acked.closed;
+    expect(one.stats().closed['h2-protocol']).toBe(before2 + 1);
   }, BOUND_MS);
 
   it('huge headers: a header list over the cap is refused (the stream, or 431 on HTTP/1.1); the server goes on', async () => {
