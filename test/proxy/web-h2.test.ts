@@ -504,6 +504,19 @@ describe('hostile HTTP/2 clients', () => {
     expect(one.stats().closed['h2-flood']).toBe(before + 1);
   }, BOUND_MS);
 
+  it('a CONTINUATION flood (one header block spread over thousands of frames) closes the session at once', async () => {
+    const before = one.stats().closed['h2-protocol'] ?? 0;
+    const c = await RawH2.open(one.port);
+    await c.acknowledgeSettings();
+    const block = Buffer.concat([literal(':method', 'GET'), literal(':scheme', 'https'), literal(':path', '/v1/cont'), literal(':authority', HOST)]);
+    const continuations = Array.from({ length: 5000 }, (_, i) => frame(9, 0, 1, literal(`x-h${i}`, 'v')));
+    c.send(frame(T.HEADERS, END_STREAM, 1, block), ...continuations);
+    await c.closed;
+    expect(c.goaway).toBeDefined();
+    expect(c.frames.some((f) => statusOf(f) && f.stream === 1)).toBe(false);
+    expect(one.stats().closed['h2-protocol']).toBe(before + 1);
+  }, BOUND_MS);
+
   it('after all of it, every connection is gone from the listener', async () => {
     await expect.poll(() => one.stats().open, { timeout: BOUND_MS }).toBe(0);
   }, BOUND_MS);
