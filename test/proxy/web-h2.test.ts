@@ -422,6 +422,20 @@ describe('hostile HTTP/2 clients', () => {
     expect((await curl(one.port, '/webapi/ping', '--http2')).status).toBe(200);
   }, BOUND_MS);
 
+  it('a client that leaves with many requests in flight is no rapid reset', async () => {
+    const d = await startDoor('multiplex', { caps: { maxResetsPerSecond: 10 } });
+    const c = await RawH2.open(d.port);
+    await c.acknowledgeSettings();
+    c.send(...Array.from({ length: 30 }, (_, i) => requestHeaders(2 * i + 1, 'POST', '/v1/upload', { endStream: false })));
+    await expect.poll(() => d.door.limits.stats().web!.open).toBe(1);
+    // Let the streams open on the server (each answers nothing until its body ends), then leave.
+    c.send(requestHeaders(61, 'GET', '/v1/marker'));
+    await c.until((f) => statusOf(f) && f.stream === 61);
+    c.socket.destroy();
+    await expect.poll(() => d.stats().open, { timeout: BOUND_MS }).toBe(0);
+    expect(d.stats().closed).toEqual({});
+  }, BOUND_MS);
+
   it('1000 streams at once: those over the concurrent cap are refused, then the session is closed; others are served', async () => {
     const before = one.stats().closed;
     const c = await RawH2.open(one.port);
