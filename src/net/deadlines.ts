@@ -98,7 +98,7 @@ export interface ListenerStats {
 }
 
 /** The protocol caps that close a connection (src/net/http2.ts for HTTP/2). */
-export type ProtocolCap = 'h2-rapid-reset' | 'h2-flood' | 'h2-invalid-frames' | 'h2-refused-streams' | 'h2-protocol';
+export type ProtocolCap = 'h2-rapid-reset' | 'h2-flood' | 'h2-invalid-frames' | 'h2-protocol';
 
 export type CapKind = keyof ListenerStats['refused'];
 

@@ -57,7 +57,7 @@ export interface Http2Caps {
   maxControlFramesPerSecond: number;
   /** Invalid frames in one session before it is closed. */
   maxInvalidFrames: number;
-  /** Streams refused (over the concurrent cap or the memory cap) in one session before it is closed. */
+  /** Streams refused for the memory cap in one session before it is closed (Node's maxSessionRejectedStreams). */
   maxRefusedStreams: number;
   /** Entries in one SETTINGS frame. */
   maxSettings: number;
@@ -138,7 +138,9 @@ class SessionState {
   }
 
   closed(stream: http2.ServerHttp2Stream): void {
-    if (stream.rstCode !== undefined && stream.rstCode !== NGHTTP2_NO_ERROR && !ourResets.has(stream)) this.reset();
+    // Not when the session itself is going (the socket closed: Node cancels every stream still open).
+    const going = this.ending || this.session.closed || this.session.destroyed;
+    if (!going && stream.rstCode !== undefined && stream.rstCode !== NGHTTP2_NO_ERROR && !ourResets.has(stream)) this.reset();
     if (--this.open === 0 && !this.session.closed && !this.session.destroyed) this.idle();
   }
 

@@ -329,6 +329,22 @@ describe('the pieces', () => {
   });
 });
 
+describe('scripts/precompress-web.mjs (what the build runs after vite build)', () => {
+  it('writes .br and .gz next to text files worth compressing, and no other', async () => {
+    const out = join(dir, 'precompress');
+    await mkdir(join(out, 'assets'), { recursive: true });
+    await writeFile(join(out, 'assets', 'big-1.js'), APP_JS);
+    await writeFile(join(out, 'small.css'), 'a{}');
+    await writeFile(join(out, 'logo.png'), Buffer.alloc(4096, 7));
+    await writeFile(join(out, 'small.css.br'), 'stale');
+    await run(process.execPath, [join(import.meta.dirname, '..', '..', 'scripts', 'precompress-web.mjs'), out]);
+    const { brotliDecompressSync, gunzipSync } = await import('node:zlib');
+    expect(brotliDecompressSync(await readFile(join(out, 'assets', 'big-1.js.br'))).toString()).toBe(APP_JS);
+    expect(gunzipSync(await readFile(join(out, 'assets', 'big-1.js.gz'))).toString()).toBe(APP_JS);
+    for (const none of ['small.css.br', 'small.css.gz', 'logo.png.br', 'logo.png.gz']) await expect(readFile(join(out, none))).rejects.toThrow();
+  });
+});
+
 describe('not built', () => {
   it('/web/ says to run npm run build (503, the same headers); / still redirects', async () => {
     const page = await curl('/web/', '--unbuilt', '--http2');
@@ -362,5 +378,19 @@ describe('the daemon (dist/)', () => {
       const api = await run('curl', [...base, flag, `https://localhost:${webPort}/webapi/nothing-here`], { encoding: 'utf8' });
       expect(JSON.parse(api.stdout)).toMatchObject({ error: { code: 'GW_ERR_API_NOT_FOUND' } });
     }
+  }, 60_000);
+
+  it('over HTTP/2 the API router reads the client certificate (src/auth/api.ts peerIdentity); the version server answers', async () => {
+    const webPort = gw.addresses.web!.split(':').pop()!;
+    const admin = join(gw.dataDir, 'admin');
+    const base = ['-sS', '--http2', '-w', '\n%{http_version}', '--cacert', join(admin, 'host-ca.pem'), '--resolve', `localhost:${webPort}:127.0.0.1`];
+    const status = await run('curl', [...base, '--cert', join(admin, 'cert.pem'), '--key', join(admin, 'key.pem'), `https://localhost:${webPort}/v1/status`], { encoding: 'utf8' });
+    const [body, version] = status.stdout.split('\n');
+    expect(version).toBe('2');
+    expect(JSON.parse(body!)).toMatchObject({ ca_pin: expect.any(String), identity: { kind: 'admin' } });
+    const anonymous = await run('curl', [...base, `https://localhost:${webPort}/v1/status`], { encoding: 'utf8' });
+    expect(JSON.parse(anonymous.stdout.split('\n')[0]!)).toMatchObject({ error: { code: 'GW_ERR_AUTH_UNAUTHENTICATED' } });
+    const v = await run('curl', [...base, `https://localhost:${webPort}/v1/webapi/automaticupgrades/channel/default/version`], { encoding: 'utf8' });
+    expect(v.stdout).toMatch(/^v\d+\.\d+\.\d+\S*\n2$/);
   }, 60_000);
 });

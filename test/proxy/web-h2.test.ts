@@ -26,6 +26,7 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { buildProxyHeaderV1 } from '../../src/mux/proxyproto.js';
 import { ConnectionLimits, type LimitSettings, type ListenerStats } from '../../src/net/deadlines.js';
+import type { Http2Caps } from '../../src/net/http2.js';
 import { clientAddress } from '../../src/stream/meta.js';
 import { startFrontDoor, type FrontDoor } from '../../src/proxy/frontdoor.js';
 import { PROTOCOLS } from '../../src/proxy/protocols.js';
@@ -84,7 +85,7 @@ afterAll(async () => {
   if (webRoot) await rm(webRoot, { recursive: true, force: true });
 });
 
-async function startDoor(mode: 'multiplex' | 'separate', o: { proxyProtocol?: boolean } = {}): Promise<Door> {
+async function startDoor(mode: 'multiplex' | 'separate', o: { proxyProtocol?: boolean; caps?: Partial<Http2Caps> } = {}): Promise<Door> {
   const yaml = `gateway:
   nodename: ${HOST}
 auth_service:
@@ -108,7 +109,7 @@ proxy_service:
     // In separate mode only the web listener is bound (the others would take fixed ports).
     ...(mode === 'separate' ? { protocols: PROTOCOLS.filter((row) => row.kind === 'web') } : {}),
     // Lowered so that the caps are reached with few frames; the defaults are HTTP2_CAPS.
-    http2Caps: { maxConcurrentStreams: 32, maxRefusedStreams: 50, maxResetsPerSecond: 50 },
+    http2Caps: { maxConcurrentStreams: 32, maxRefusedStreams: 50, maxResetsPerSecond: 50, ...o.caps },
   });
   cleanups.push(() => door.close());
   const port = Number(/:(\d+)$/.exec(door.addresses.web!)![1]);
@@ -421,6 +422,20 @@ describe('hostile HTTP/2 clients', () => {
     expect((await curl(one.port, '/webapi/ping', '--http2')).status).toBe(200);
   }, BOUND_MS);
 
+  it('a client that leaves with many requests in flight is no rapid reset', async () => {
+    const d = await startDoor('multiplex', { caps: { maxResetsPerSecond: 10 } });
+    const c = await RawH2.open(d.port);
+    await c.acknowledgeSettings();
+    c.send(...Array.from({ length: 30 }, (_, i) => requestHeaders(2 * i + 1, 'POST', '/v1/upload', { endStream: false })));
+    await expect.poll(() => d.door.limits.stats().web!.open).toBe(1);
+    // Let the streams open on the server (each answers nothing until its body ends), then leave.
+    c.send(requestHeaders(61, 'GET', '/v1/marker'));
+    await c.until((f) => statusOf(f) && f.stream === 61);
+    c.socket.destroy();
+    await expect.poll(() => d.stats().open, { timeout: BOUND_MS }).toBe(0);
+    expect(d.stats().closed).toEqual({});
+  }, BOUND_MS);
+
   it('1000 streams at once: those over the concurrent cap are refused, then the session is closed; others are served', async () => {
     const before = one.stats().closed;
     const c = await RawH2.open(one.port);
@@ -434,6 +449,14 @@ describe('hostile HTTP/2 clients', () => {
     // nghttp2 takes a stream over SETTINGS_MAX_CONCURRENT_STREAMS for an invalid frame: Node's cap on those closes.
     expect(delta).toEqual({ 'h2-invalid-frames': 1 });
     expect((await curl(one.port, '/webapi/ping', '--http2')).status).toBe(200);
+
+    // A client that acknowledged the cap and still exceeds it breaks the protocol: the session is closed at once.
+    const before2 = one.stats().closed['h2-protocol'] ?? 0;
+    const acked = await RawH2.open(one.port);
+    await acked.acknowledgeSettings();
+    acked.send(...burst.slice(0, 300));
+    await acked.closed;
+    expect(one.stats().closed['h2-protocol']).toBe(before2 + 1);
   }, BOUND_MS);
 
   it('huge headers: a header list over the cap is refused (the stream, or 431 on HTTP/1.1); the server goes on', async () => {
@@ -493,6 +516,19 @@ describe('hostile HTTP/2 clients', () => {
     // Far fewer answers than PINGs sent: the session was closed early in the flood.
     expect(pings.frames.filter((f) => f.type === T.PING).length).toBeLessThan(1000);
     expect(one.stats().closed['h2-flood']).toBe(before + 1);
+  }, BOUND_MS);
+
+  it('a CONTINUATION flood (one header block spread over thousands of frames) closes the session at once', async () => {
+    const before = one.stats().closed['h2-protocol'] ?? 0;
+    const c = await RawH2.open(one.port);
+    await c.acknowledgeSettings();
+    const block = Buffer.concat([literal(':method', 'GET'), literal(':scheme', 'https'), literal(':path', '/v1/cont'), literal(':authority', HOST)]);
+    const continuations = Array.from({ length: 5000 }, (_, i) => frame(9, 0, 1, literal(`x-h${i}`, 'v')));
+    c.send(frame(T.HEADERS, END_STREAM, 1, block), ...continuations);
+    await c.closed;
+    expect(c.goaway).toBeDefined();
+    expect(c.frames.some((f) => statusOf(f) && f.stream === 1)).toBe(false);
+    expect(one.stats().closed['h2-protocol']).toBe(before + 1);
   }, BOUND_MS);
 
   it('after all of it, every connection is gone from the listener', async () => {
