@@ -30,8 +30,6 @@ import { APP_SESSION_COOKIE, bearerOf, cookieValue, sessionInvalid, sessionMissi
 import type { AgentSource } from './router.js';
 import { TerminalServer } from './terminal.js';
 
-/** ProxyAuth with the web sessions (src/auth/websessions.ts): what the routes here and webapps.ts use. */
-export type WebProxyAuth = ProxyAuth;
 export type { WebSessionView };
 
 export const SESSION_COOKIE = WEB_SESSION_COOKIE;
@@ -90,7 +88,7 @@ export function credentialsOf(req: http.IncomingMessage, bearer: string | undefi
 }
 
 export interface WebRoutesOptions {
-  auth: WebProxyAuth;
+  auth: ProxyAuth;
   agents: AgentSource;
   /** Every agent of the cluster with its presence (cluster.ts), for /webapi/agents. */
   presence: () => AgentPresence[];
