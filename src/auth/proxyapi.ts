@@ -7,6 +7,7 @@
  *   POST   /v1/proxy/roles            {names}                       → {roles}
  *   POST   /v1/proxy/revocation       {identity}                    → {error: {code, message, hint} | null}
  *   GET    /v1/proxy/nodes/:host_id                                  → {node | null}
+ *   GET    /v1/proxy/nodes                                           → {nodes}
  *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller)
  *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
  *   POST   /v1/proxy/agent-events     {host_id, nodename, event}
@@ -153,6 +154,7 @@ function callerRoutes(auth: AuthService): ProxyRoute[] {
 /** The calls of AgentRecords and ProxyDirectory, and the Proxy's web certificate. */
 function directoryRoutes(auth: AuthService): ProxyRoute[] {
   return [
+    { method: 'GET', path: '/v1/proxy/nodes', maxBody: 0, handle: async () => ({ nodes: await auth.listNodes() }) },
     { method: 'GET', path: '/v1/proxy/nodes/:host_id', maxBody: 0, handle: async (c) => ({ node: (await auth.getNode(c.params.host_id!)) ?? null }) },
     {
       method: 'PUT', path: '/v1/proxy/presence', maxBody: LARGE, handle: async (c) => {

@@ -42,6 +42,8 @@ export interface CallerChecks {
 /** What the tunnel server reads and writes about agents. */
 export interface AgentRecords {
   getNode(hostId: string): Promise<NodeRecord | undefined>;
+  /** Every agent that joined (its node record), online or not: the Web UI's agents view lists the offline ones. */
+  listNodes(): Promise<NodeRecord[]>;
   setPresence(presence: Presence, ttlMs: number): Promise<void>;
   /** With connectedAt: only the record of that tunnel (a newer one of the same agent on this Proxy stays). */
   clearPresence(hostId: string, proxyId: string, connectedAt?: string): Promise<void>;

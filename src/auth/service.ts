@@ -28,6 +28,7 @@ import { LockStore } from './locks.js';
 import { Manifests } from './manifests.js';
 import type { CertAuthority, Identity } from './pki.js';
 import type { ProxyAuth } from './proxyauth.js';
+import type { NodeRecord } from './records.js';
 import { SessionRegistry } from './sessions.js';
 import { SsoService, type AuthPreference } from './sso/index.js';
 import { DEFAULT_USER_CERT_TTL_MS, Users } from './users.js';
@@ -142,6 +143,13 @@ export class AuthService implements ProxyAuth {
   authorizeAny(...a: Parameters<CallerCheck['authorizeAny']>) { return this.parts.callers.authorizeAny(...a); }
   userRoles(...a: Parameters<CallerCheck['userRoles']>) { return this.parts.callers.userRoles(...a); }
   getNode(...a: Parameters<CallerCheck['getNode']>) { return this.parts.callers.getNode(...a); }
+  /** For the Proxy (ProxyAuth): the node records, as `gwctl get nodes` reads them. */
+  async listNodes(): Promise<NodeRecord[]> {
+    return (await this.parts.agents.nodeResources()).map((r) => {
+      const spec = r.spec as { hostname: string; roles: NodeRecord['roles']; public_addrs: string[]; joined_at: string };
+      return { hostId: r.metadata.name, nodename: spec.hostname, roles: spec.roles, publicAddrs: spec.public_addrs, joinedAt: spec.joined_at };
+    });
+  }
 
   // --- users and login (users.ts) ----------------------------------------------------------------------------------
   addUser(...a: Parameters<Users['addUser']>) { return this.parts.users.addUser(...a); }

@@ -186,6 +186,10 @@ export class RemoteProxyAuth implements ProxyAuth {
     return new GatewayError(code, error.message, error.hint ? { hint: error.hint } : {});
   }
 
+  listNodes(): Promise<NodeRecord[]> {
+    return this.call<{ nodes: NodeRecord[] }>('GET', '/v1/proxy/nodes').then((r) => r.nodes);
+  }
+
   getNode(hostId: string): Promise<NodeRecord | undefined> {
     return this.call<{ node: NodeRecord | null }>('GET', `/v1/proxy/nodes/${encodeURIComponent(hostId)}`).then((r) => r.node ?? undefined);
   }

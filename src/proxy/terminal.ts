@@ -29,6 +29,7 @@ import ssh2, { type ClientChannel, type ParsedKey, type PublicKeyAuthMethod } fr
 import { WebSocketServer, type WebSocket } from 'ws';
 import { generateKeyPair, parseSshCert, sshPrivateKeyPem, type Identity } from '../auth/pki.js';
 import { blobFromLine, sshSign } from '../auth/pki/sshwire.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
 import { canAccess } from '../auth/rbac.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
@@ -36,7 +37,7 @@ import { connectionOf, type LimitSettings } from '../net/deadlines.js';
 import { clientAddress } from '../stream/meta.js';
 import type { AgentSource } from './router.js';
 import { findTarget, type Target } from './resources.js';
-import { checkOrigin, credentialsOf, webStatus, type WebCredentials, type WebProxyAuth, type WebSessionView } from './web.js';
+import { checkOrigin, credentialsOf, webStatus, type WebCredentials, type WebSessionView } from './web.js';
 
 export const TERMINAL_PATH = '/webapi/terminal';
 export const TERMINAL_PROTOCOL = 'gateway-terminal';
@@ -46,9 +47,10 @@ export const TERMINAL_MAX_MESSAGE = 64 * 1024;
 export const OUTPUT_HIGH_WATER = 1024 * 1024;
 export const MAX_TERMINALS_PER_SESSION = 32;
 const MAX_DIMENSION = 1000;
+const PING_MS = 30_000;
 
 export interface TerminalServerOptions {
-  auth: WebProxyAuth;
+  auth: ProxyAuth;
   agents: AgentSource;
   limits: LimitSettings;
   clock?: () => number;
@@ -187,9 +189,13 @@ export class TerminalServer {
     timer?.unref();
     const recheck = setInterval(() => void this.recheck(ws, creds), this.options.recheckMs ?? 15_000);
     recheck.unref();
+    // WebSocket pings keep L7 load balancers from closing a quiet terminal (they do not count as activity here).
+    const ping = setInterval(() => ws.ping(), PING_MS);
+    ping.unref();
     ws.once('close', () => {
       clearTimeout(timer);
       clearInterval(recheck);
+      clearInterval(ping);
     });
     try {
       const target = await this.check(identity, request);

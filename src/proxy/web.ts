@@ -30,8 +30,6 @@ import { APP_SESSION_COOKIE, bearerOf, cookieValue, sessionInvalid, sessionMissi
 import type { AgentSource } from './router.js';
 import { TerminalServer } from './terminal.js';
 
-/** ProxyAuth with the web sessions (src/auth/websessions.ts): what the routes here and webapps.ts use. */
-export type WebProxyAuth = ProxyAuth;
 export type { WebSessionView };
 
 export const SESSION_COOKIE = WEB_SESSION_COOKIE;
@@ -90,7 +88,7 @@ export function credentialsOf(req: http.IncomingMessage, bearer: string | undefi
 }
 
 export interface WebRoutesOptions {
-  auth: WebProxyAuth;
+  auth: ProxyAuth;
   agents: AgentSource;
   /** Every agent of the cluster with its presence (cluster.ts), for /webapi/agents. */
   presence: () => AgentPresence[];
@@ -241,8 +239,11 @@ async function agentsOf(options: WebRoutesOptions, maintenance: MaintenanceCache
     if (!targets.has(channel)) targets.set(channel, options.targetVersion(channel).then((v) => v, () => undefined));
     return targets.get(channel)!;
   };
-  const agents = await Promise.all(
-    options.presence().map(async (p) => {
+  const window_ = window ? { start: window.start.toISOString(), end: window.end.toISOString() } : null;
+  const inWindowNow = !!window && window.start <= now && now < window.end;
+  const online = options.presence();
+  const agents: Array<Record<string, unknown> & { host_id: string; nodename: string }> = await Promise.all(
+    online.map(async (p) => {
       const channel = p.channel ?? 'default';
       const targetVersion = await target(channel);
       return {
@@ -257,11 +258,17 @@ async function agentsOf(options: WebRoutesOptions, maintenance: MaintenanceCache
         proxy: p.proxyId,
         proxies: p.proxies,
         connected_since: p.connectedAt,
-        next_window: window ? { start: window.start.toISOString(), end: window.end.toISOString() } : null,
-        in_window_now: !!window && window.start <= now && now < window.end,
+        next_window: window_,
+        in_window_now: inWindowNow,
       };
     }),
   );
+  // Agents that joined and are not connected anywhere (Proxies' own records are not agents).
+  const seen = new Set(online.map((p) => p.hostId));
+  for (const n of await options.auth.listNodes()) {
+    if (seen.has(n.hostId) || n.roles.every((r) => r === 'proxy')) continue;
+    agents.push({ host_id: n.hostId, nodename: n.nodename, services: [], version: null, channel: null, target_version: null, outdated: false, online: false, proxy: null, next_window: window_, in_window_now: inWindowNow });
+  }
   agents.sort((a, b) => a.nodename.localeCompare(b.nodename) || a.host_id.localeCompare(b.host_id));
   return { agents, maintenance: config ? ((config as { spec?: unknown }).spec ?? null) : null };
 }

@@ -29,7 +29,7 @@ import { guardHttpServer, type HttpDeadlines } from '../net/http.js';
 import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
-import { APP_COOKIE, cookieValue, SESSION_COOKIE, webStatus, type WebProxyAuth } from './web.js';
+import { APP_COOKIE, cookieValue, SESSION_COOKIE, webStatus } from './web.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
 
@@ -73,7 +73,7 @@ export const APP_AUTH_PATH = '/x-gateway-auth';
  * caller is the user's client certificate, or else the app session of the Web UI (the cookie __Host-gw_app, bound
  * to this app and to the web session it was launched from: ProxyAuth.resolveAppSession), checked on every request.
  */
-export function createWebAppHandler(auth: WebProxyAuth, agents: AgentSource) {
+export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
   const log = logger('webapps');
   return (req: http.IncomingMessage, res: http.ServerResponse): boolean => {
     const host = (req.headers.host ?? '').toLowerCase().replace(/:\d+$/, '');
@@ -106,7 +106,7 @@ export function createWebAppHandler(auth: WebProxyAuth, agents: AgentSource) {
 }
 
 /** The caller of an app request, as it stands now and tracked while the request runs: certificate, else app cookie. */
-async function appCaller(auth: WebProxyAuth, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<Identity> {
+async function appCaller(auth: ProxyAuth, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<Identity> {
   let certified: Identity | undefined;
   try {
     certified = peerIdentityOf(auth, req.socket as TLSSocket);
@@ -152,7 +152,7 @@ const HTML_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '
  * GET /x-gateway-auth?token=&path= on the app's host: the one-use launch token (bound to this app) becomes the app
  * session's cookie, and a tiny page moves on to the path with a same-site navigation (so the Strict cookie is sent).
  */
-async function redeemLaunch(auth: WebProxyAuth, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+async function redeemLaunch(auth: ProxyAuth, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
   req.resume();
   if (req.method !== 'GET') throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${APP_AUTH_PATH}`, { hint: 'Open the launch URL the Web UI gives.' });
   const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '');

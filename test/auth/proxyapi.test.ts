@@ -144,6 +144,7 @@ describe('the /v1/proxy/ routes', () => {
       expect((await remote.rolesOf(['access'])).map((r) => r.metadata.name)).toEqual(['access']);
       expect(await remote.getNode(agent.hostId)).toMatchObject({ hostId: agent.hostId });
       expect(await remote.getNode('no-such-host')).toBeUndefined();
+      expect((await remote.listNodes()).map((n) => n.hostId)).toEqual(expect.arrayContaining([agent.hostId, proxy.hostId]));
       const record = { id: proxy.hostId, nodename: 'proxy1', version: '1.0.0', public_addr: 'proxy1:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString(), last_heartbeat: new Date().toISOString() };
       await remote.heartbeatProxy(record, 60_000);
       expect((await remote.listProxies()).map((p) => p.id)).toContain(proxy.hostId);

@@ -176,6 +176,15 @@ describe('a Proxy in its own process (RemoteProxyAuth)', () => {
     } finally {
       await own.stop().catch(() => undefined);
     }
+    // Stopped, the agent is still listed (its node record), offline, with nothing it reported.
+    await waitUntil('the stopped agent offline', async () => {
+      const agents = (await call('GET', '/webapi/agents', await session('olga'))).json.agents as Array<Record<string, unknown>>;
+      return agents.some((a) => a.nodename === 'split-node' && a.online === false);
+    });
+    const rows = (await call('GET', '/webapi/agents', await session('olga'))).json.agents as Array<Record<string, unknown>>;
+    expect(rows.find((a) => a.nodename === 'split-node')).toMatchObject({ online: false, version: null, outdated: false, services: [] });
+    // A Proxy's own node record is not an agent.
+    expect(rows.map((a) => a.nodename)).toEqual(['localhost', 'split-node']);
   }, 60_000);
 });
 
