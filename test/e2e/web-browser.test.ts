@@ -270,8 +270,8 @@ describe('a local user in the Web UI', () => {
       // The shell's prompt first, so that what is typed is not echoed ahead of it.
       await expect.poll(() => screenText(page), { timeout: 30_000 }).toMatch(/[#$] *$/m);
       await page.locator('.xterm').click();
-      await page.keyboard.type('echo browser-$RANDOM\n');
-      await expect.poll(() => screenText(page), { timeout: 30_000 }).toMatch(/^browser-\d+\s*$/m);
+      await page.keyboard.type('echo browser_under_$RANDOM\n');
+      await expect.poll(() => screenText(page), { timeout: 30_000 }).toMatch(/^browser_under_\d+\s*$/m);
     });
     expect(await page.getByTestId('terminal-title').innerText()).toBe(`${LOGIN}@web-1`);
     // A resize reaches the shell: its window size changes with the browser's.
@@ -290,7 +290,8 @@ describe('a local user in the Web UI', () => {
     await page.setViewportSize({ width: 1280, height: 800 });
     await page.keyboard.type('exit 3\n');
     await page.locator('[data-testid="terminal-status"][data-status="closed"]').waitFor();
-    expect(await screenText(page)).toContain('exited with status 3');
+    // xterm.js renders what is written on its next frame: poll the screen.
+    await expect.poll(() => screenText(page)).toContain('exited with status 3');
   });
 
   it('edits the maintenance window; gwctl reads back what was saved', async () => {
@@ -407,6 +408,30 @@ describe('a user whose roles allow less', () => {
     expect(answer.body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
     const stored = JSON.parse(await gwctlOk(['get', 'cluster_maintenance_config', '--format', 'json'])) as Array<{ spec: { agent_upgrades: { utc_start_hour: number } } }>;
     expect(stored[0]!.spec.agent_upgrades.utc_start_hour).toBe(3);
+  });
+});
+
+describe('a lock in the middle of a terminal', () => {
+  it("closes bob's open terminal with the lock's message, and refuses his next request", async () => {
+    const { context, page } = await browser.newPage();
+    await signIn(page, 'bob', PASSWORD);
+    await page.getByTestId('resource-connect-web-1').click();
+    await page.locator('[data-testid="terminal-status"][data-status="connected"]').waitFor();
+    await expect.poll(() => screenText(page), { timeout: 30_000 }).toMatch(/[#$] *$/m);
+    await gwctlOk(['lock', '--user', 'bob', '--message', 'incident 42: call security']);
+    try {
+      await browser.step(page, 'terminal-locked', async () => {
+        await page.locator('[data-testid="terminal-status"][data-status="closed"]').waitFor();
+        await expect.poll(() => screenText(page)).toContain('incident 42');
+      });
+      await page.goto(`${origin}/web/`);
+      await browser.step(page, 'locked-resources', async () => {
+        await page.getByText('GW_ERR_ACCESS_LOCKED').first().waitFor();
+      });
+    } finally {
+      await gwctlOk(['unlock', '--user', 'bob']);
+      await context.close();
+    }
   });
 });
 

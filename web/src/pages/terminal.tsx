@@ -69,7 +69,7 @@ export function TerminalPage({ node, session }: { node: string; session: Current
   useEffect(() => {
     if (!host.current || !login) return;
     defineXtermStyle();
-    const term = new Terminal({ cursorBlink: true, fontSize: 14, fontFamily: 'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", monospace', theme: THEME, scrollback: 5000 });
+    const term = new Terminal({ cursorBlink: true, fontSize: 14, lineHeight: 1.2, fontFamily: 'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", monospace', theme: THEME, scrollback: 5000 });
     const fit = new FitAddon();
     term.loadAddon(fit);
     term.open(host.current);
