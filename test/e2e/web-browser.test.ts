@@ -8,8 +8,11 @@
  * through the Proxy and the tunnel) running a command whose output appears on the screen, and a resize the shell
  * sees; an HTTP app opened from the page; the maintenance window edited by an allowed user (read back with gwctl)
  * and refused to a user without the rule (the error on screen, and the server's refusal of a save the page never
- * offered); a join token created and revoked; the audit log; sign-out; an expired session back at sign-in with
- * its message. Every page's console is checked for errors (a Content-Security-Policy violation shows there).
+ * offered) and the agents view refused to that user; a join token created and revoked; the audit log; sign-out
+ * (the old cookie refused); a lock closing an open terminal with its message; an expired session back at sign-in
+ * with its message. The page's console is checked for errors (a Content-Security-Policy violation shows there).
+ * Looking at the screenshots found what the DOM could not: underscores invisible in the terminal (fixed with
+ * xterm's line height), hence the underscores in the command the terminal test runs.
  *
  * The browser trusts the cluster's host CA through an NSS database of its own (never ignoreHTTPSErrors) and
  * reaches the Proxy by the name `proxy.gateway.test` (host resolver rules), as a user's browser reaches it by DNS.
@@ -394,6 +397,14 @@ describe('a user whose roles allow less', () => {
     });
     expect(await page.getByTestId('maint-error-code').innerText()).toBe('GW_ERR_ACCESS_DENIED');
     expect(await page.getByTestId('maint-error').innerText()).toContain('cluster_maintenance_config');
+  });
+
+  it('is refused the agents view (no rule on node), with the reason on screen', async () => {
+    await browser.step(page, 'bob-agents-refused', async () => {
+      await page.goto(`${origin}/web/agents`);
+      await page.getByTestId('agents-error').waitFor();
+    });
+    expect(await page.getByTestId('agents-error').innerText()).toContain('GW_ERR_ACCESS_DENIED');
   });
 
   it('and the server refuses the save the page does not offer (the same request, sent from the page by hand)', async () => {
