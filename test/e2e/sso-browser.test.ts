@@ -2,6 +2,9 @@
  * Single sign-on in a real browser (Debian's Chromium through playwright-core, test/helpers/browser.ts) against the
  * real daemon, with the identity providers of the SSO tests (test/helpers/sso.ts):
  *
+ * The Proxy runs with separate listeners and the browser speaks HTTP/1.1 only (web-browser.test.ts covers TLS
+ * routing on one port and HTTP/2), so that the Web UI is seen working in both modes and both protocols.
+ *
  * - OIDC: a real OpenID provider (the `oidc-provider` package) on HTTPS with the test CA. The browser goes from
  *   the sign-in page's connector button to the provider, fills the provider's own login form and consent page,
  *   comes back through our callback and /web/sso-complete to the resources, signed in as the provider's user with
@@ -45,7 +48,7 @@ const block = (text: string, indent: string) => text.trim().split('\n').map((l) 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-sso-browser-'));
   pki = await makeTestPki();
-  const port = await getPort({ host: '127.0.0.1' });
+  const [port, tunnelPort, sshPort] = await Promise.all([0, 1, 2].map(() => getPort({ host: '127.0.0.1' }))) as [number, number, number];
   origin = `https://${PROXY_NAME}:${port}`;
   oidc = await startOidcIdp(pki, {
     redirectUri: `${origin}/webapi/sso/oidc/callback`,
@@ -62,10 +65,20 @@ beforeAll(async () => {
       '  cluster_name: sso.example',
       '  listen_addr: 127.0.0.1:0',
       '  authentication: { type: oidc, connector_name: corp }',
+      // Separate listeners here (web-browser.test.ts has TLS routing on one port): the web port serves the page alone.
+      '  proxy_listener_mode: separate',
       'proxy_service:',
       `  web_listen_addr: 127.0.0.1:${port}`,
       // The agent dials the first address (its resolver does not know the test's names); the browser the name.
       `  public_addr: [127.0.0.1:${port}, ${PROXY_NAME}:${port}]`,
+      `  listen_addr: 127.0.0.1:${sshPort}`,
+      `  tunnel_listen_addr: 127.0.0.1:${tunnelPort}`,
+      `  tunnel_public_addr: 127.0.0.1:${tunnelPort}`,
+      '  peer_listen_addr: 127.0.0.1:0',
+      '  mysql_listen_addr: 127.0.0.1:0',
+      '  postgres_listen_addr: 127.0.0.1:0',
+      '  mongo_listen_addr: 127.0.0.1:0',
+      '  redis_listen_addr: 127.0.0.1:0',
       '',
     ].join('\n'),
   );
@@ -114,7 +127,8 @@ beforeAll(async () => {
   });
   await agent.waitForLog('reverse tunnel ready', 30_000);
   const hostCa = await readFile(join(cluster.dataDir, 'admin', 'host-ca.pem'), 'utf8');
-  browser = await launchBrowser({ suite: 'sso-browser', trust: [hostCa, pki.caPem] });
+  // HTTP/1.1 only here (web-browser.test.ts is served over HTTP/2): the page and the sign-ins work with both.
+  browser = await launchBrowser({ suite: 'sso-browser', trust: [hostCa, pki.caPem], args: ['--disable-http2'] });
 }, 90_000);
 
 afterAll(async () => {
@@ -154,6 +168,8 @@ describe('OIDC in the browser', () => {
       await page.getByTestId('connector-okta').waitFor();
     });
     expect(await page.getByTestId('connector-corp').innerText()).toContain('Corporate SSO');
+    const protocol = await page.evaluate(() => (performance.getEntriesByType('navigation')[0] as PerformanceNavigationTiming).nextHopProtocol);
+    expect(protocol).toBe('http/1.1');
   });
 
   it("signs in at the provider's own pages and lands with the roles its groups map to", async () => {

@@ -37,6 +37,8 @@ export interface BrowserOptions {
   trust?: string[];
   /** Host name patterns (Chromium's syntax: `*.gateway.test`, `proxy.gw.test`) → address. */
   hosts?: Record<string, string>;
+  /** More Chromium flags, e.g. `--disable-http2` to speak HTTP/1.1 only. */
+  args?: string[];
   /** Viewport of every page; 1280x800 unless given. */
   viewport?: { width: number; height: number };
 }
@@ -111,7 +113,7 @@ export async function launchBrowser(options: BrowserOptions): Promise<TestBrowse
     executablePath: CHROMIUM,
     headless: true,
     // Playwright gives Chromium a fresh --user-data-dir of its own (a temporary directory it removes on close).
-    args: chromiumArgs(options.hosts ?? { '*.gateway.test': '127.0.0.1' }),
+    args: [...chromiumArgs(options.hosts ?? { '*.gateway.test': '127.0.0.1' }), ...(options.args ?? [])],
     // Only what Chromium needs: its HOME (the NSS database), no proxy variables of the developer's shell.
     env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home, LANG: 'C.UTF-8', TZ: 'UTC' },
     timeout: 60_000,
