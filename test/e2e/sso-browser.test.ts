@@ -11,6 +11,8 @@
  *   the roles of the connector's `claims_to_roles`. Hostile: a user whom no mapping gives a role (the error page,
  *   with its code, and no session), and the provider's answer replayed in the browser (refused: the sign-in
  *   request was used).
+ * - gwsh login --auth=corp: gwsh prints the provider's URL, the browser opens it and signs in, our callback sends
+ *   it to gwsh's one-request listener on 127.0.0.1, and gwsh ends with the SSO user's certificates and roles.
  * - SAML: samlify acting as the identity provider. Its SSO URL (https://idp.example/sso, from its metadata) is
  *   served to the browser by the test through Playwright's request routing: a login form, then the HTTP-POST
  *   binding's form that the browser submits to our ACS, carrying the assertion samlify signed for the
@@ -19,6 +21,7 @@
  * The browser trusts the cluster's host CA and the test CA (the OpenID provider's) through its own NSS database;
  * no certificate error is ignored. Screenshots: test-results/web/sso-browser/. Nothing asserts timing.
  */
+import { spawn } from 'node:child_process';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -26,7 +29,7 @@ import getPort from 'get-port';
 import type { Page, Route } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { launchBrowser, type TestBrowser } from '../helpers/browser.js';
-import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startOidcIdp, startSamlIdp, type OidcIdp, type SamlIdp } from '../helpers/sso.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 
@@ -215,6 +218,48 @@ describe('OIDC in the browser', () => {
       await page.getByText('GW_ERR_SSO_STATE_INVALID').waitFor();
     });
     await context.close();
+  });
+});
+
+describe('gwsh login --auth with the browser', () => {
+  it('gwsh prints the URL; the browser signs in at the provider and lands on gwsh\'s page on 127.0.0.1; gwsh has the roles', async () => {
+    const admin = await runCli('gwctl', ['--data-dir', cluster.dataDir, 'status'], { env: { HOME: dir } });
+    const pin = /CA pin:\s+(\S+)/.exec(admin.stdout)![1]!;
+    const env = { PATH: process.env.PATH ?? '', HOME: dir, GWSH_HOME: join(dir, 'gwsh-alice') };
+    const proxyAddr = new URL(origin).host.replace(PROXY_NAME, '127.0.0.1');
+    const child = spawn(process.execPath, [BIN('gwsh'), 'login', `--proxy=${proxyAddr}`, '--auth=corp', `--ca-pin=${pin}`], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (err += c.toString()));
+    const exited = new Promise<number | null>((r) => child.once('close', r));
+    try {
+      const url = await new Promise<string>((resolve, reject) => {
+        const check = () => {
+          const m = /Open this URL in your browser: (\S+)/.exec(out);
+          if (m) resolve(m[1]!);
+        };
+        child.stdout.on('data', check);
+        child.once('close', () => reject(new Error(`gwsh ended first:\n${out}\n${err}`)));
+      });
+      const { context, page } = await browser.newPage();
+      await page.goto(url);
+      await page.locator('input[name="login"]').fill('alice');
+      await page.locator('input[name="password"]').fill('any password');
+      await page.locator('button[type="submit"]').click();
+      await page.waitForURL((u) => u.origin !== oidc.issuer || u.pathname.includes('/interaction/'));
+      if (new URL(page.url()).origin === oidc.issuer) await page.locator('button[type="submit"]').click();
+      await browser.step(page, 'gwsh-login-done', async () => {
+        await page.waitForURL((u) => u.hostname === '127.0.0.1' && u.pathname === '/callback');
+        await page.getByText('Signed in').first().waitFor();
+      });
+      await context.close();
+      expect(await exited, err).toBe(0);
+      const status = await runCli('gwsh', ['status', '--format', 'json'], { env });
+      expect(JSON.parse(status.stdout).active).toMatchObject({ username: 'alice@example.com', roles: ['editor', 'access'] });
+    } finally {
+      if (child.exitCode === null) child.kill('SIGTERM');
+    }
   });
 });
 
