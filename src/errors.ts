@@ -325,6 +325,10 @@ export const ERROR_CODES = {
     summary: "A state-changing request came from another site: its Origin header is not the page's own origin.",
     hint: 'Use the web UI from its own address; requests from other sites are refused.',
   },
+  GW_ERR_WEB_TERMINAL_LIMIT: {
+    summary: 'A web session asked for more terminals at once than the Proxy allows one session (32); the open ones go on.',
+    hint: 'Close some terminal tabs of the web page first.',
+  },
 
   // --- identity: certificate authorities, certificates, CA pins (src/auth/pki.ts) -----------------------------
   GW_ERR_AUTH_BAD_PIN: {

@@ -7,9 +7,11 @@
  *   POST   /v1/proxy/roles            {names}                       → {roles}
  *   POST   /v1/proxy/revocation       {identity}                    → {error: {code, message, hint} | null}
  *   GET    /v1/proxy/nodes/:host_id                                  → {node | null}
+ *   GET    /v1/proxy/nodes                                           → {nodes}
  *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller)
  *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
  *   POST   /v1/proxy/agent-events     {host_id, nodename, event}
+ *   GET    /v1/proxy/maintenance                                     → {config: cluster_maintenance_config | null}
  *   PUT    /v1/proxy/proxies/self     {record, ttl_ms}              (record.id must be the caller)
  *   DELETE /v1/proxy/proxies/self
  *   GET    /v1/proxy/proxies | /v1/proxy/presence | /v1/proxy/strategy
@@ -152,6 +154,7 @@ function callerRoutes(auth: AuthService): ProxyRoute[] {
 /** The calls of AgentRecords and ProxyDirectory, and the Proxy's web certificate. */
 function directoryRoutes(auth: AuthService): ProxyRoute[] {
   return [
+    { method: 'GET', path: '/v1/proxy/nodes', maxBody: 0, handle: async () => ({ nodes: await auth.listNodes() }) },
     { method: 'GET', path: '/v1/proxy/nodes/:host_id', maxBody: 0, handle: async (c) => ({ node: (await auth.getNode(c.params.host_id!)) ?? null }) },
     {
       method: 'PUT', path: '/v1/proxy/presence', maxBody: LARGE, handle: async (c) => {
@@ -176,6 +179,7 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
         return { ok: true };
       },
     },
+    { method: 'GET', path: '/v1/proxy/maintenance', maxBody: 0, handle: async () => ({ config: (await auth.maintenanceConfig()) ?? null }) },
     {
       method: 'PUT', path: '/v1/proxy/proxies/self', maxBody: SMALL * 4, handle: async (c) => {
         const b = await c.body();

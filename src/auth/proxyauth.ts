@@ -7,7 +7,7 @@
 import type { GatewayError } from '../errors.js';
 import type { Identity } from './pki.js';
 import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from './records.js';
-import type { RoleResource } from './resources/index.js';
+import type { Resource, RoleResource } from './resources/index.js';
 import type { SessionRegistry } from './sessions.js';
 import type { WebSessionView } from './websessions.js';
 
@@ -41,12 +41,16 @@ export interface CallerChecks {
 /** What the tunnel server reads and writes about agents. */
 export interface AgentRecords {
   getNode(hostId: string): Promise<NodeRecord | undefined>;
+  /** Every agent that joined (its node record), online or not: the Web UI's agents view lists the offline ones. */
+  listNodes(): Promise<NodeRecord[]>;
   setPresence(presence: Presence, ttlMs: number): Promise<void>;
   /** With connectedAt: only the record of that tunnel (a newer one of the same agent on this Proxy stays). */
   clearPresence(hostId: string, proxyId: string, connectedAt?: string): Promise<void>;
   recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void>;
   /** Calls onChange after every change of cluster_maintenance_config; returns the unsubscribe function. */
   watchMaintenance(onChange: () => void): () => void;
+  /** The cluster_maintenance_config resource, or undefined when none is set (the Web UI's agents view). */
+  maintenanceConfig(): Promise<Resource | undefined>;
 }
 
 /** A change of an agent's presence on one Proxy. */

@@ -27,6 +27,7 @@ import { LockStore } from './locks.js';
 import { Manifests } from './manifests.js';
 import type { CertAuthority, Identity } from './pki.js';
 import type { ProxyAuth } from './proxyauth.js';
+import type { NodeRecord } from './records.js';
 import { SessionRegistry } from './sessions.js';
 import { DEFAULT_USER_CERT_TTL_MS, Users } from './users.js';
 import { WebSessions, type CreatedWebSession, type CreateWebSessionOptions, type WebSessionView } from './websessions.js';
@@ -123,6 +124,13 @@ export class AuthService implements ProxyAuth {
   authorizeAny(...a: Parameters<CallerCheck['authorizeAny']>) { return this.parts.callers.authorizeAny(...a); }
   userRoles(...a: Parameters<CallerCheck['userRoles']>) { return this.parts.callers.userRoles(...a); }
   getNode(...a: Parameters<CallerCheck['getNode']>) { return this.parts.callers.getNode(...a); }
+  /** For the Proxy (ProxyAuth): the node records, as `gwctl get nodes` reads them. */
+  async listNodes(): Promise<NodeRecord[]> {
+    return (await this.parts.agents.nodeResources()).map((r) => {
+      const spec = r.spec as { hostname: string; roles: NodeRecord['roles']; public_addrs: string[]; joined_at: string };
+      return { hostId: r.metadata.name, nodename: spec.hostname, roles: spec.roles, publicAddrs: spec.public_addrs, joinedAt: spec.joined_at };
+    });
+  }
 
   // --- users and login (users.ts) ----------------------------------------------------------------------------------
   addUser(...a: Parameters<Users['addUser']>) { return this.parts.users.addUser(...a); }
@@ -158,6 +166,8 @@ export class AuthService implements ProxyAuth {
   inventory(...a: Parameters<AgentDirectory['inventory']>) { return this.parts.agents.inventory(...a); }
   maintenanceForAgent(...a: Parameters<AgentDirectory['maintenanceForAgent']>) { return this.parts.agents.maintenanceForAgent(...a); }
   watchMaintenance(...a: Parameters<AgentDirectory['watchMaintenance']>) { return this.parts.agents.watchMaintenance(...a); }
+  /** For the Proxy (ProxyAuth): read with this process's own authority, as agents read it. */
+  maintenanceConfig() { return this.parts.agents.maintenanceForAgent({ kind: 'admin', name: 'proxy', cluster: this.clusterName, roles: [] }); }
   recordAgentEvent(...a: Parameters<AuditLog['recordAgentEvent']>) { return this.parts.audit.recordAgentEvent(...a); }
 
   // --- the web: sessions of the browser, the web terminal, app launches (websessions.ts) ---------------------------

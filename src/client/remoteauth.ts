@@ -21,7 +21,7 @@ import { scopeFilter, type RevocationScope } from '../auth/callers.js';
 import type { Identity } from '../auth/pki.js';
 import type { ClusterWatchHandlers, PresenceEvent, ProxyAuth, PublicAuthority, WebSessionView } from '../auth/proxyauth.js';
 import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from '../auth/records.js';
-import type { RoleResource } from '../auth/resources/index.js';
+import type { Resource, RoleResource } from '../auth/resources/index.js';
 import type { PublicCas } from '../auth/service.js';
 import { SessionRegistry } from '../auth/sessions.js';
 import { DialerAgent } from '../dial/agent.js';
@@ -180,6 +180,10 @@ export class RemoteProxyAuth implements ProxyAuth {
     return new GatewayError(code, error.message, error.hint ? { hint: error.hint } : {});
   }
 
+  listNodes(): Promise<NodeRecord[]> {
+    return this.call<{ nodes: NodeRecord[] }>('GET', '/v1/proxy/nodes').then((r) => r.nodes);
+  }
+
   getNode(hostId: string): Promise<NodeRecord | undefined> {
     return this.call<{ node: NodeRecord | null }>('GET', `/v1/proxy/nodes/${encodeURIComponent(hostId)}`).then((r) => r.node ?? undefined);
   }
@@ -226,6 +230,10 @@ export class RemoteProxyAuth implements ProxyAuth {
   watchMaintenance(onChange: () => void): () => void {
     this.maintenanceWatchers.add(onChange);
     return () => void this.maintenanceWatchers.delete(onChange);
+  }
+
+  maintenanceConfig(): Promise<Resource | undefined> {
+    return this.call<{ config: Resource | null }>('GET', '/v1/proxy/maintenance').then((r) => r.config ?? undefined);
   }
 
   watchCluster(handlers: ClusterWatchHandlers): () => void {

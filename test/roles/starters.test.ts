@@ -141,6 +141,8 @@ function onlyProxyAuth(role: AuthRole, issued: string[]): ProxyAuth {
     watchCluster: (handlers) => auth.watchCluster(handlers),
     recordAgentEvent: (hostId, nodename, event) => auth.recordAgentEvent(hostId, nodename, event),
     watchMaintenance: (onChange) => auth.watchMaintenance(onChange),
+    maintenanceConfig: () => auth.maintenanceConfig(),
+    listNodes: () => auth.listNodes(),
     issueServerCert: (key, names, hostId) => {
       issued.push(hostId ?? 'auth');
       return auth.issueServerCert(key, names, hostId);
