@@ -308,6 +308,28 @@ export const ERROR_CODES = {
     hint: 'The message names the configuration key; change the address or stop the other process.',
   },
 
+  // --- the web: sessions of the browser (src/auth/websessions.ts) -------------------------------------------------
+  GW_ERR_WEB_SESSION_MISSING: {
+    summary: 'A request from the browser carries no web session cookie (not signed in, or the browser dropped the expired cookie).',
+    hint: 'Sign in on the web page; the cookie is sent only over HTTPS to the very host that set it.',
+  },
+  GW_ERR_WEB_SESSION_EXPIRED: {
+    summary: 'The web session has expired (it lasts as long as a user certificate would).',
+    hint: 'Sign in again on the web page.',
+  },
+  GW_ERR_WEB_SESSION_INVALID: {
+    summary: 'The web session is unknown (signed out, tampered cookie), or the request lacks the bearer token of that very session, or a one-time token (bearer handout, app launch) was used already, expired or is for another app.',
+    hint: 'Sign in again on the web page; an app is opened again from the resources page.',
+  },
+  GW_ERR_WEB_CSRF: {
+    summary: "A state-changing request came from another site: its Origin header is not the page's own origin.",
+    hint: 'Use the web UI from its own address; requests from other sites are refused.',
+  },
+  GW_ERR_WEB_TERMINAL_LIMIT: {
+    summary: 'A web session asked for more terminals at once than the Proxy allows one session (32); the open ones go on.',
+    hint: 'Close some terminal tabs of the web page first.',
+  },
+
   // --- identity: certificate authorities, certificates, CA pins (src/auth/pki.ts) -----------------------------
   GW_ERR_AUTH_BAD_PIN: {
     summary: 'A CA pin is not of the form sha256:<64 hexadecimal digits> (the prefix may be left out, but not given twice).',

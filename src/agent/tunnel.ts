@@ -23,6 +23,7 @@
  * tunnel it no longer wants. The Proxy a tunnel reached is the host ID its welcome names (proxyId).
  */
 import { EventEmitter } from 'node:events';
+import { readFileSync } from 'node:fs';
 import type { Duplex } from 'node:stream';
 import type ssh2 from 'ssh2';
 import { parseAddr } from '../addr.js';
@@ -50,6 +51,9 @@ import {
   type ServiceKind,
 } from '../tunnel/protocol.js';
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
+import { parseEndpoint } from '../upgrade/endpoint.js';
+import { resolveSettings } from '../upgrade/settings.js';
+import { VERSION } from '../version.js';
 import type { HostIdentity } from './identity.js';
 
 /**
@@ -82,6 +86,28 @@ export interface TunnelAgentOptions {
   tunnelProtocols?: ReadonlyArray<'v1' | 'v2'>;
   /** v2 streams' initial credit, both ways (src/tunnel/session.ts). */
   streamWindow?: number;
+  /** What the hello says of the agent's software: its version and upgrade channel (default: upgradeSoftware()). */
+  software?: () => { version: string; channel: string };
+}
+
+/**
+ * This agent's version, and the upgrade channel its upgrader follows: the channel the endpoint file names
+ * (/etc/gateway-upgrade.d/endpoint under GATEWAY_UPGRADE_ROOT, src/upgrade/settings.ts), "default" without a
+ * readable one. Read at every hello, so a changed endpoint shows at the next reconnect.
+ */
+export function upgradeSoftware(env: NodeJS.ProcessEnv = process.env): { version: string; channel: string } {
+  let channel = 'default';
+  try {
+    const file = resolveSettings(env).endpointFile;
+    channel = parseEndpoint(readFileSync(file, 'utf8'), file).channel;
+  } catch {
+    // No endpoint (the upgrader is not enrolled), or not one it could use: the channel it would fall back to.
+  }
+  return { version: VERSION, channel };
+}
+
+function softwareFields(s: { version: string; channel: string }): { software_version: string; upgrade_channel: string } {
+  return { software_version: s.version, upgrade_channel: s.channel };
 }
 
 /** The tunnel that is up, as the control protocol drives it (SSH or v2). */
@@ -429,6 +455,7 @@ export class TunnelAgent extends EventEmitter {
       services: this.options.services,
       resources: this.options.resources,
       ...(this.options.holds ? { holds: this.options.holds() } : {}),
+      ...softwareFields((this.options.software ?? upgradeSoftware)()),
     });
     // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
     // a balancer that dropped the flow without a reset). Anything it sends counts as a sign of life.

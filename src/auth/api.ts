@@ -1,11 +1,14 @@
 /**
  * The Auth Service over HTTPS: JSON in, JSON out, one router for both places it is served.
  *
- *   public (no client certificate needed)     authenticated (client certificate from this cluster)
+ *   public (no client certificate needed)     authenticated (client certificate, or web session: below)
  *   GET  /webapi/ca                            GET    /v1/status
  *   POST /webapi/join                          GET    /v1/users            POST /v1/users
  *   POST /webapi/login                         PUT    /v1/users/:name/roles DELETE /v1/users/:name
- *                                              GET    /v1/tokens           POST /v1/tokens   DELETE /v1/tokens/:id
+ *   POST /webapi/sessions      (web login)     GET    /v1/tokens           POST /v1/tokens   DELETE /v1/tokens/:id
+ *   GET  /webapi/sessions/current              GET    /v1/events?limit=N   (newest first)
+ *   DELETE /webapi/sessions    (sign out)
+ *   POST /webapi/sessions/bearer (after SSO)
  *                                              POST   /v1/resources        (a YAML manifest; validated here)
  *                                              GET    /v1/resources/:kind[/:name][?with_secrets=1]
  *                                              DELETE /v1/resources/:kind/:name
@@ -13,7 +16,10 @@
  *
  * Every authenticated request is made by the caller as it stands now (AuthService.resolveCaller): a removed
  * user or agent, or a locked one, is refused whatever its certificate says, and only the roles the user still
- * has count.
+ * has count. The caller is the client certificate when one is presented, else the web session of the browser
+ * (the `__Host-gw_session` cookie and, on every request, `Authorization: Bearer` of that same session:
+ * websessions.ts), resolved the same way. A state-changing request whose Origin header is present and is not the
+ * page's own origin is refused (GW_ERR_WEB_CSRF); no CORS header is ever sent.
  *
  * The Auth API on 3025 requires a client certificate for everything but the public routes; the Proxy's web
  * port serves the same router (its TLS asks for, but does not require, a client certificate). Errors are
@@ -35,6 +41,7 @@ import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/inde
 import type { ClusterTrust } from './proxyauth.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
+import { bearerOf, clearedCookie, cookieValue, WEB_SESSION_COOKIE, type WebSessionView } from './websessions.js';
 
 /** Request body limits (bytes): a manifest may be large; everything else is a few fields. */
 const BODY = { manifest: 1024 * 1024, credentials: 64 * 1024, small: 16 * 1024 } as const;
@@ -67,6 +74,10 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   GW_ERR_DIRECT_CLOCK: 400,
   GW_ERR_API_TOO_MANY_STREAMS: 429,
   GW_ERR_AUTH_UNREACHABLE: 503,
+  GW_ERR_WEB_SESSION_MISSING: 401,
+  GW_ERR_WEB_SESSION_EXPIRED: 401,
+  GW_ERR_WEB_SESSION_INVALID: 401,
+  GW_ERR_WEB_CSRF: 403,
 };
 
 export function statusFor(code: ErrorCode): number {
@@ -85,6 +96,22 @@ interface Ctx {
   caller: () => Promise<Identity>;
   /** The client's address: the socket's, or the one a Proxy forwarded (FORWARDED). */
   source: string;
+  /** The browser's web session credentials, as sent (unchecked). */
+  web: WebCredentials;
+  /** Adds a header to the answer (Set-Cookie). */
+  setHeader: (name: string, value: string) => void;
+}
+
+/** The web session cookie and the bearer of a request, as sent. */
+interface WebCredentials {
+  id?: string;
+  bearer?: string;
+}
+
+function webCredentials(req: IncomingMessage): WebCredentials {
+  const id = cookieValue(req.headers.cookie, WEB_SESSION_COOKIE);
+  const bearer = bearerOf(req.headers.authorization);
+  return { ...(id === undefined ? {} : { id }), ...(bearer === undefined ? {} : { bearer }) };
 }
 
 /**
@@ -330,7 +357,7 @@ function resourceRoutes(auth: AuthService): Route[] {
  * the client's verified certificate (base64 DER, absent when it sent none) and address. Honoured only when the
  * caller is a Proxy of this cluster; the certificate is verified again here (forwardedIdentity).
  */
-export const FORWARDED = { marker: 'x-gateway-forwarded', cert: 'x-gateway-forwarded-cert', addr: 'x-gateway-forwarded-for' } as const;
+export const FORWARDED = { marker: 'x-gateway-forwarded', cert: 'x-gateway-forwarded-cert', addr: 'x-gateway-forwarded-for', host: 'x-gateway-forwarded-host' } as const;
 const MAX_FORWARDED_CERT = 16 * 1024;
 /** Extended key usage id-kp-clientAuth: user certificates carry it (pki/tls.ts). */
 const CLIENT_AUTH_EKU = '1.3.6.1.5.5.7.3.2';
@@ -340,10 +367,17 @@ interface Origin {
   source: string;
   /** Through a Proxy: the client's certificate (DER), or null when it presented none. */
   forwarded?: Buffer | null;
+  /** The host the client addressed (Host, or HTTP/2's :authority; through a Proxy, the one it forwarded). */
+  host?: string;
+}
+
+function hostHeader(value: string | string[] | undefined): string | undefined {
+  return typeof value === 'string' && value.length > 0 && value.length <= 1024 ? value : undefined;
 }
 
 async function originOf(auth: AuthService, req: IncomingMessage): Promise<Origin> {
-  const own: Origin = { source: clientAddress(req.socket).address };
+  const addressed = hostHeader(req.headers.host) ?? hostHeader(req.headers[':authority']);
+  const own: Origin = { source: clientAddress(req.socket).address, ...(addressed ? { host: addressed } : {}) };
   if (req.headers[FORWARDED.marker] === undefined) return own;
   let certified: Identity;
   try {
@@ -359,10 +393,39 @@ async function originOf(auth: AuthService, req: IncomingMessage): Promise<Origin
   requireProxy(proxy);
   const addr = req.headers[FORWARDED.addr];
   const source = typeof addr === 'string' && isIP(addr) ? addr : `unknown-via-${proxy.name}`;
+  const forwardedHost = hostHeader(req.headers[FORWARDED.host]);
+  const host = forwardedHost ? { host: forwardedHost } : {};
   const cert = req.headers[FORWARDED.cert];
-  if (typeof cert !== 'string' || cert.length === 0) return { source, forwarded: null };
+  if (typeof cert !== 'string' || cert.length === 0) return { source, forwarded: null, ...host };
   if (cert.length > MAX_FORWARDED_CERT) throw bad('the forwarded client certificate is too large');
-  return { source, forwarded: Buffer.from(cert, 'base64') };
+  return { source, forwarded: Buffer.from(cert, 'base64'), ...host };
+}
+
+const STATE_CHANGING: ReadonlySet<string> = new Set(['POST', 'PUT', 'PATCH', 'DELETE']);
+
+/**
+ * GW_ERR_WEB_CSRF for a state-changing request whose Origin header is present and is not the origin of the host
+ * it addressed (https only). Without an Origin header (gwsh, gwctl, agents) nothing is checked here: the cookie
+ * is SameSite=Strict and every cookie-authenticated request needs the session's bearer as well.
+ */
+function checkOrigin(req: IncomingMessage, origin: Origin): void {
+  const given = req.headers.origin;
+  if (given === undefined || !STATE_CHANGING.has(req.method ?? '')) return;
+  const refuse = (why: string) =>
+    new GatewayError('GW_ERR_WEB_CSRF', `refused a ${req.method} from another origin: ${why}`, {
+      hint: `Use the web UI from its own address${origin.host ? ` (https://${origin.host})` : ''}; requests from other sites are refused.`,
+    });
+  if (typeof given !== 'string' || given.length > 1024) throw refuse('the Origin header is malformed');
+  if (!origin.host) throw refuse('the request names no host to compare the Origin with');
+  let own: string;
+  let theirs: string;
+  try {
+    own = new URL(`https://${origin.host}`).origin;
+    theirs = new URL(given).origin;
+  } catch {
+    throw refuse(`Origin "${given.slice(0, 200)}" is not an origin`);
+  }
+  if (theirs !== own) throw refuse(`Origin ${theirs === 'null' ? '"null"' : theirs} is not ${own}`);
 }
 
 /**
@@ -394,7 +457,17 @@ export function forwardedIdentity(trust: ClusterTrust, der: Buffer): Identity {
   return { ...identity, issuedAt: Date.parse(cert.validFrom) + CLOCK_SKEW_MS };
 }
 
-function callerOf(auth: AuthService, req: IncomingMessage, origin: Origin): Promise<Identity> {
+/** Whether the client presented a certificate (valid or not): then it, not a web session, names the caller. */
+function certificatePresented(req: IncomingMessage, origin: Origin): boolean {
+  if (origin.forwarded !== undefined) return origin.forwarded !== null;
+  const socket = req.socket as TLSSocket;
+  return typeof socket.getPeerCertificate === 'function' && Boolean(socket.getPeerCertificate()?.raw);
+}
+
+function callerOf(auth: AuthService, req: IncomingMessage, origin: Origin, web: WebCredentials): Promise<Identity> {
+  if (!certificatePresented(req, origin) && (web.id !== undefined || web.bearer !== undefined)) {
+    return auth.resolveWebSession(web.id ?? '', web.bearer).then((view) => view.identity);
+  }
   if (origin.forwarded === undefined) return (async () => auth.resolveCaller(peerIdentity(auth, req)))();
   if (origin.forwarded === null) {
     return Promise.reject(new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', 'no valid client certificate from this cluster: none was presented to the Proxy', {
@@ -403,6 +476,52 @@ function callerOf(auth: AuthService, req: IncomingMessage, origin: Origin): Prom
   }
   const der = origin.forwarded;
   return (async () => auth.resolveCaller(forwardedIdentity(auth, der)))();
+}
+
+/** The user a page shows: name, roles and logins as they stand now. */
+function userView(identity: Identity): { name: string; roles: string[]; logins: string[] } {
+  return { name: identity.name, roles: identity.roles, logins: identity.logins ?? [] };
+}
+
+function sessionAnswer(view: Pick<WebSessionView, 'identity' | 'expiresAt' | 'connector'>): Record<string, unknown> {
+  return { user: userView(view.identity), expires_at: new Date(view.expiresAt).toISOString(), ...(view.connector ? { connector: view.connector } : {}) };
+}
+
+/** Largest page of GET /v1/events. */
+const MAX_EVENTS = 500;
+
+/** The browser's sessions (websessions.ts) and the audit log for the page. */
+function webRoutes(auth: AuthService): Route[] {
+  return [
+    route('POST', '/webapi/sessions', async ({ body, source, setHeader }) => {
+      const b = await body();
+      const session = await auth.webLogin(str(b, 'user', { max: 256 }), str(b, 'password', { max: 4096 }), source);
+      setHeader('set-cookie', session.cookie);
+      return { token: session.bearer, ...sessionAnswer(session) };
+    }, { maxBody: BODY.credentials }),
+    route('GET', '/webapi/sessions/current', async ({ web }) => {
+      const view = await auth.resolveWebSession(web.id ?? '', web.bearer);
+      return { ...sessionAnswer(view), acl: await auth.webAcl(view.identity) };
+    }),
+    route('DELETE', '/webapi/sessions', async ({ web, setHeader }) => {
+      await auth.deleteWebSession(web.id, web.bearer);
+      setHeader('set-cookie', clearedCookie());
+      return { ok: true };
+    }),
+    // After an SSO redirect the page has the cookie and no bearer: it gets it here, once (the cookie is
+    // SameSite=Strict and the Origin must be this page's: checkOrigin, and required here).
+    route('POST', '/webapi/sessions/bearer', async ({ req, web }) => {
+      if (req.headers.origin === undefined) throw new GatewayError('GW_ERR_WEB_CSRF', 'the bearer handout needs the Origin header of the page', { hint: 'Only the web page itself, from its own origin, may ask for its bearer token.' });
+      const { view, bearer } = await auth.handoutWebBearer(web.id);
+      return { token: bearer, ...sessionAnswer(view) };
+    }),
+    route('GET', '/v1/events', async ({ caller, query }) => {
+      const given = query.get('limit');
+      const limit = given === null ? 100 : Number(given);
+      if (!Number.isInteger(limit) || limit < 1 || limit > MAX_EVENTS) throw bad(`"limit" must be a whole number from 1 to ${MAX_EVENTS}`);
+      return { events: await auth.listEvents(await caller(), limit) };
+    }),
+  ];
 }
 
 /** The /v1/proxy/ routes (proxyapi.ts) as routes of this router: the caller must be a Proxy before anything else. */
@@ -429,17 +548,20 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     ...resourceRoutes(auth),
     ...agentRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody })),
     ...proxyApiRoutes(auth, options.streamKeepAliveMs ?? 5000),
+    ...webRoutes(auth),
   ];
 
   return (req, res) => {
     const url = new URL(req.url ?? '/', 'https://gateway.invalid');
+    const extra: Record<string, string> = {};
     const send = (status: number, payload: unknown) => {
       if (res.headersSent) {
         res.destroy();
         return;
       }
       const text = JSON.stringify(payload);
-      res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
+      const headers = status < 400 ? extra : {};
+      res.writeHead(status, { ...headers, 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
       res.end(text);
     };
     const pathMatches = routes.filter((r) => r.pattern.test(url.pathname));
@@ -467,6 +589,8 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     };
     originOf(auth, req)
       .then((origin) => {
+        checkOrigin(req, origin);
+        const web = webCredentials(req);
         let identity: Promise<Identity> | undefined;
         const ctx: Ctx = {
           req,
@@ -480,8 +604,10 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
             }
             return readBody(req, chosen.body.maxBody);
           },
-          caller: () => (identity ??= callerOf(auth, req, origin)),
+          caller: () => (identity ??= callerOf(auth, req, origin, web)),
           source: origin.source,
+          web,
+          setHeader: (name, value) => void (extra[name.toLowerCase()] = value),
         };
         return chosen.handler(ctx);
       })

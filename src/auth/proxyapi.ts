@@ -7,13 +7,20 @@
  *   POST   /v1/proxy/roles            {names}                       → {roles}
  *   POST   /v1/proxy/revocation       {identity}                    → {error: {code, message, hint} | null}
  *   GET    /v1/proxy/nodes/:host_id                                  → {node | null}
+ *   GET    /v1/proxy/nodes                                           → {nodes}
  *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller)
  *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
  *   POST   /v1/proxy/agent-events     {host_id, nodename, event}
+ *   GET    /v1/proxy/maintenance                                     → {config: cluster_maintenance_config | null}
  *   PUT    /v1/proxy/proxies/self     {record, ttl_ms}              (record.id must be the caller)
  *   DELETE /v1/proxy/proxies/self
  *   GET    /v1/proxy/proxies | /v1/proxy/presence | /v1/proxy/strategy
  *   POST   /v1/proxy/server-cert      {public_key, names}           → {cert} for the caller's host ID, roles [proxy]
+ *   POST   /v1/proxy/web-sessions/resolve  {id, bearer?}          → {session: WebSessionView}
+ *   POST   /v1/proxy/web-sessions/ssh-cert {id, bearer?, ssh_public_key} → {ssh_cert}
+ *   POST   /v1/proxy/app-launches     {id, bearer?, app}            → {token}
+ *   POST   /v1/proxy/app-launches/redeem {token, app}               → {session_id, expires_at}
+ *   POST   /v1/proxy/app-sessions/resolve {session_id, app}         → {session: WebSessionView}
  *   GET    /v1/proxy/events           newline-delimited JSON: hello, keepalive, maintenance, presence, proxies,
  *                                     resync, revoke {scope}; at most MAX_STREAMS_PER_PROXY per caller
  *
@@ -147,6 +154,7 @@ function callerRoutes(auth: AuthService): ProxyRoute[] {
 /** The calls of AgentRecords and ProxyDirectory, and the Proxy's web certificate. */
 function directoryRoutes(auth: AuthService): ProxyRoute[] {
   return [
+    { method: 'GET', path: '/v1/proxy/nodes', maxBody: 0, handle: async () => ({ nodes: await auth.listNodes() }) },
     { method: 'GET', path: '/v1/proxy/nodes/:host_id', maxBody: 0, handle: async (c) => ({ node: (await auth.getNode(c.params.host_id!)) ?? null }) },
     {
       method: 'PUT', path: '/v1/proxy/presence', maxBody: LARGE, handle: async (c) => {
@@ -171,6 +179,7 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
         return { ok: true };
       },
     },
+    { method: 'GET', path: '/v1/proxy/maintenance', maxBody: 0, handle: async () => ({ config: (await auth.maintenanceConfig()) ?? null }) },
     {
       method: 'PUT', path: '/v1/proxy/proxies/self', maxBody: SMALL * 4, handle: async (c) => {
         const b = await c.body();
@@ -244,6 +253,48 @@ function eventRoute(auth: AuthService, keepAliveMs: number): ProxyRoute {
   };
 }
 
+/** The optional bearer of a web session call: a string when given. */
+function optionalBearer(b: Record<string, unknown>): string | undefined {
+  return b.bearer === undefined ? undefined : text(b.bearer, 'bearer', 512);
+}
+
+/** The calls of the web (websessions.ts): secrets travel in bodies only, never in paths or logs. */
+function webRoutes(auth: AuthService): ProxyRoute[] {
+  return [
+    {
+      method: 'POST', path: '/v1/proxy/web-sessions/resolve', maxBody: SMALL, handle: async (c) => {
+        const b = await c.body();
+        return { session: await auth.resolveWebSession(text(b.id, 'id', 512), optionalBearer(b)) };
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/web-sessions/ssh-cert', maxBody: SMALL, handle: async (c) => {
+        const b = await c.body();
+        return auth.webSessionSshCert(text(b.id, 'id', 512), optionalBearer(b), text(b.ssh_public_key, 'ssh_public_key', 8192));
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/app-launches', maxBody: SMALL, handle: async (c) => {
+        const b = await c.body();
+        return auth.createAppLaunch(text(b.id, 'id', 512), optionalBearer(b), text(b.app, 'app', 256));
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/app-launches/redeem', maxBody: SMALL, handle: async (c) => {
+        const b = await c.body();
+        const r = await auth.redeemAppLaunch(text(b.token, 'token', 512), text(b.app, 'app', 256));
+        return { session_id: r.sessionId, expires_at: r.expiresAt };
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/app-sessions/resolve', maxBody: SMALL, handle: async (c) => {
+        const b = await c.body();
+        return { session: await auth.resolveAppSession(text(b.session_id, 'session_id', 512), text(b.app, 'app', 256)) };
+      },
+    },
+  ];
+}
+
 export function proxyRoutes(auth: AuthService, options: { keepAliveMs: number }): ProxyRoute[] {
-  return [...callerRoutes(auth), ...directoryRoutes(auth), eventRoute(auth, options.keepAliveMs)];
+  return [...callerRoutes(auth), ...directoryRoutes(auth), eventRoute(auth, options.keepAliveMs), ...webRoutes(auth)];
 }

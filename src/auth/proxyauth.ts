@@ -7,8 +7,11 @@
 import type { GatewayError } from '../errors.js';
 import type { Identity } from './pki.js';
 import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from './records.js';
-import type { RoleResource } from './resources/index.js';
+import type { Resource, RoleResource } from './resources/index.js';
 import type { SessionRegistry } from './sessions.js';
+import type { WebSessionView } from './websessions.js';
+
+export type { WebSessionView } from './websessions.js';
 
 /** A certificate authority as a Proxy sees it: its certificate and SSH public key. */
 export interface PublicAuthority {
@@ -38,12 +41,16 @@ export interface CallerChecks {
 /** What the tunnel server reads and writes about agents. */
 export interface AgentRecords {
   getNode(hostId: string): Promise<NodeRecord | undefined>;
+  /** Every agent that joined (its node record), online or not: the Web UI's agents view lists the offline ones. */
+  listNodes(): Promise<NodeRecord[]>;
   setPresence(presence: Presence, ttlMs: number): Promise<void>;
   /** With connectedAt: only the record of that tunnel (a newer one of the same agent on this Proxy stays). */
   clearPresence(hostId: string, proxyId: string, connectedAt?: string): Promise<void>;
   recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void>;
   /** Calls onChange after every change of cluster_maintenance_config; returns the unsubscribe function. */
   watchMaintenance(onChange: () => void): () => void;
+  /** The cluster_maintenance_config resource, or undefined when none is set (the Web UI's agents view). */
+  maintenanceConfig(): Promise<Resource | undefined>;
 }
 
 /** A change of an agent's presence on one Proxy. */
@@ -71,4 +78,20 @@ export interface ProxyDirectory {
 export interface ProxyAuth extends ClusterTrust, CallerChecks, AgentRecords, ProxyDirectory {
   /** A certificate for the Proxy's web port, signed by the host CA, naming names. */
   issueServerCert(publicKeyPem: string, names: string[], hostId?: string): Promise<string>;
+
+  // --- the web (src/auth/websessions.ts) ----------------------------------------------------------------------------
+  /**
+   * The caller of a web session (cookie id + bearer of the SAME session), as it stands now: GW_ERR_WEB_SESSION_*
+   * when the pair is missing, wrong or expired, and refused as for certificates when the user was removed or is
+   * locked. A bearer of undefined is always refused (app sessions have their own call).
+   */
+  resolveWebSession(id: string, bearer: string | undefined): Promise<WebSessionView>;
+  /** An SSH user certificate for the session's user (principals: its logins), until min(session end, 1 h). */
+  webSessionSshCert(id: string, bearer: string | undefined, sshPublicKey: string): Promise<{ ssh_cert: string }>;
+  /** A launch token for app (single use, 60 s). The Proxy checks the user may reach the app first. */
+  createAppLaunch(id: string, bearer: string | undefined, app: string): Promise<{ token: string }>;
+  /** Spends a launch token: an app session bound to app and to its parent web session (which ends it). */
+  redeemAppLaunch(token: string, app: string): Promise<{ sessionId: string; expiresAt: number }>;
+  /** The caller of an app session (the `__Host-gw_app` cookie) for app, while its parent web session lives. */
+  resolveAppSession(sessionId: string, app: string): Promise<WebSessionView>;
 }

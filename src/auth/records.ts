@@ -75,6 +75,9 @@ export interface Presence {
    * listeners (host:port), written by the agent's own heartbeat (src/auth/agentapi.ts).
    */
   direct?: DirectAddrs;
+  /** The agent's software version and upgrade channel, from its tunnel hello (absent for agents of earlier versions). */
+  version?: string;
+  channel?: string;
 }
 
 /** The proxyId of the presence record a direct-join agent writes itself: it has no tunnel to any Proxy. */

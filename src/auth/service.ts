@@ -8,6 +8,7 @@
  *   users.ts        users, passwords, login                   joining.ts    join tokens, joining, node records
  *   lockadmin.ts    creating and removing locks (locks.ts reads them)
  *   agents.ts       presence, inventory, maintenance config   audit.ts      the audit log
+ *   websessions.ts  the browser's sessions, the web terminal's SSH certificates, app launches and app sessions
  *   manifests.ts    resources through gwctl (create -f, get, rm), stored by the module that owns each kind
  *
  * Transport-agnostic: api.ts exposes these methods over HTTPS (mutual TLS on 3025, and the public subset on the
@@ -26,14 +27,17 @@ import { LockStore } from './locks.js';
 import { Manifests } from './manifests.js';
 import type { CertAuthority, Identity } from './pki.js';
 import type { ProxyAuth } from './proxyauth.js';
+import type { NodeRecord } from './records.js';
 import { SessionRegistry } from './sessions.js';
-import { Users } from './users.js';
+import { DEFAULT_USER_CERT_TTL_MS, Users } from './users.js';
+import { WebSessions, type CreatedWebSession, type CreateWebSessionOptions, type WebSessionView } from './websessions.js';
 
 export { HOST_CERT_TTL_MS, type CertBundle, type PublicCas } from './authorities.js';
 export { type InventoryItem } from './agents.js';
 export { DEFAULT_TOKEN_TTL_MS, JOIN_LIMIT, tokenShortId, type HostRequest } from './joining.js';
 export { JOIN_ROLES, type JoinRole, type NodeRecord, type Presence, type ProxyRecord, type TunnelStrategy } from './records.js';
 export { DEFAULT_USER_CERT_TTL_MS, LOGIN_LIMIT } from './users.js';
+export { type CreatedWebSession, type CreateWebSessionOptions, type WebSessionView } from './websessions.js';
 
 export interface AuthServiceOptions {
   backend: Backend;
@@ -53,6 +57,7 @@ interface Parts {
   agents: AgentDirectory;
   audit: AuditLog;
   manifests: Manifests;
+  webSessions: WebSessions;
 }
 
 export class AuthService implements ProxyAuth {
@@ -85,7 +90,8 @@ export class AuthService implements ProxyAuth {
     const lockAdmin = new LockAdmin({ backend, clock, callers, audit, store: locks, log });
     const agents = new AgentDirectory(backend, options.clusterName, callers);
     const manifests = new Manifests({ backend, callers, audit, users, joining, lockAdmin, locks, agents });
-    const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests }, options.proxyPublicAddr);
+    const webSessions = new WebSessions({ backend, clock, callers, authorities, audit, log, userCertTtlMs: options.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS });
+    const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests, webSessions }, options.proxyPublicAddr);
     callers.watchRevocations(service.sessions);
     log.info({ cluster: options.clusterName, ca_pin: service.caPin() }, 'auth service ready');
     return service;
@@ -118,6 +124,13 @@ export class AuthService implements ProxyAuth {
   authorizeAny(...a: Parameters<CallerCheck['authorizeAny']>) { return this.parts.callers.authorizeAny(...a); }
   userRoles(...a: Parameters<CallerCheck['userRoles']>) { return this.parts.callers.userRoles(...a); }
   getNode(...a: Parameters<CallerCheck['getNode']>) { return this.parts.callers.getNode(...a); }
+  /** For the Proxy (ProxyAuth): the node records, as `gwctl get nodes` reads them. */
+  async listNodes(): Promise<NodeRecord[]> {
+    return (await this.parts.agents.nodeResources()).map((r) => {
+      const spec = r.spec as { hostname: string; roles: NodeRecord['roles']; public_addrs: string[]; joined_at: string };
+      return { hostId: r.metadata.name, nodename: spec.hostname, roles: spec.roles, publicAddrs: spec.public_addrs, joinedAt: spec.joined_at };
+    });
+  }
 
   // --- users and login (users.ts) ----------------------------------------------------------------------------------
   addUser(...a: Parameters<Users['addUser']>) { return this.parts.users.addUser(...a); }
@@ -153,5 +166,39 @@ export class AuthService implements ProxyAuth {
   inventory(...a: Parameters<AgentDirectory['inventory']>) { return this.parts.agents.inventory(...a); }
   maintenanceForAgent(...a: Parameters<AgentDirectory['maintenanceForAgent']>) { return this.parts.agents.maintenanceForAgent(...a); }
   watchMaintenance(...a: Parameters<AgentDirectory['watchMaintenance']>) { return this.parts.agents.watchMaintenance(...a); }
+  /** For the Proxy (ProxyAuth): read with this process's own authority, as agents read it. */
+  maintenanceConfig() { return this.parts.agents.maintenanceForAgent({ kind: 'admin', name: 'proxy', cluster: this.clusterName, roles: [] }); }
   recordAgentEvent(...a: Parameters<AuditLog['recordAgentEvent']>) { return this.parts.audit.recordAgentEvent(...a); }
+
+  // --- the web: sessions of the browser, the web terminal, app launches (websessions.ts) ---------------------------
+  /**
+   * A new web session for a user that has just proved who it is (a password on the web, an SSO callback): the
+   * secrets and the Set-Cookie value. The page gets the bearer from the answer of a password login, or once with
+   * the cookie alone after an SSO redirect (POST /webapi/sessions/bearer).
+   */
+  createWebSession(identity: Identity, source: string, options: CreateWebSessionOptions = {}): Promise<CreatedWebSession> {
+    return this.parts.webSessions.create(identity, source, options);
+  }
+
+  /** The web login: the CLI login's password check and limiter, then a web session (audit user.login, method web). */
+  async webLogin(username: string, password: string, source: string): Promise<CreatedWebSession & { identity: Identity }> {
+    const identity = await this.parts.users.authenticate(username, password, source, 'web');
+    const session = await this.parts.webSessions.create(identity, source, { bearerHandout: false });
+    await this.parts.audit.record('user.login', undefined, { user: username, source, roles: identity.roles, method: 'web' });
+    return { ...session, identity };
+  }
+
+  resolveWebSession(id: string, bearer: string | undefined): Promise<WebSessionView> { return this.parts.webSessions.resolve(id, bearer); }
+  deleteWebSession(...a: Parameters<WebSessions['delete']>) { return this.parts.webSessions.delete(...a); }
+  handoutWebBearer(...a: Parameters<WebSessions['handoutBearer']>) { return this.parts.webSessions.handoutBearer(...a); }
+  webSessionSshCert(id: string, bearer: string | undefined, sshPublicKey: string): Promise<{ ssh_cert: string }> { return this.parts.webSessions.sshCert(id, bearer, sshPublicKey); }
+  createAppLaunch(id: string, bearer: string | undefined, app: string): Promise<{ token: string }> { return this.parts.webSessions.createAppLaunch(id, bearer, app); }
+  redeemAppLaunch(token: string, app: string): Promise<{ sessionId: string; expiresAt: number }> { return this.parts.webSessions.redeemAppLaunch(token, app); }
+  resolveAppSession(sessionId: string, app: string): Promise<WebSessionView> { return this.parts.webSessions.resolveAppSession(sessionId, app); }
+  webAcl(...a: Parameters<WebSessions['acl']>) { return this.parts.webSessions.acl(...a); }
+  /** The newest audit events first, at most limit (the caller needs event list). */
+  async listEvents(caller: Identity, limit: number) {
+    await this.parts.callers.authorize(caller, 'event', 'list');
+    return (await this.parts.audit.list()).slice(-limit).reverse();
+  }
 }

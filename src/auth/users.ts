@@ -21,6 +21,9 @@ export const DEFAULT_USER_CERT_TTL_MS = 12 * 3600_000;
 /** Failed logins per (user, source): 5 in 5 minutes (docs/security.md). */
 export const LOGIN_LIMIT = { maxFailures: 5, windowMs: 5 * 60_000 } as const;
 
+/** How a user signed in with a password, as the audit log records it. */
+export type LoginMethod = 'cli' | 'web';
+
 export interface LoginRequest {
   username: string;
   password: string;
@@ -118,37 +121,44 @@ export class Users {
   }
 
   /**
-   * Checks a local user's password and signs short-lived user certificates for the given public key. A wrong
+   * Checks a local user's password: the one check of the CLI login and the web login, with one limiter. A wrong
    * user name and a wrong password give the same error. Attempts are limited per user and source, atomically:
    * the attempt is reserved before the password check and released only when it succeeds (ratelimit.ts). A
-   * locked user (or one holding a locked role) gets no certificate, whatever the password.
+   * locked user (or one holding a locked role) is refused, whatever the password. Returns the user's identity
+   * (roles and logins as stored now).
    */
-  async login(request: LoginRequest): Promise<CertBundle> {
-    const { username, source } = request;
+  async authenticate(username: string, password: string, source: string, method: LoginMethod): Promise<Identity> {
     const { audit } = this.deps;
-    checkRequestKeys(request.publicKeyPem, request.sshPublicKey);
     const reservation = reserveOrRefuse(this.limiter, loginKey(username, source), 'login', { user: username, source }, this.deps.log);
     let stored: StoredUser | undefined;
     let ok: boolean;
     try {
       stored = await readJson<StoredUser>(this.deps.backend, KEYS.user(username));
-      ok = await verifyPassword(request.password, stored?.passwordHash);
+      ok = await verifyPassword(password, stored?.passwordHash);
     } catch (err) {
       reservation.release();
       throw err;
     }
     if (!ok || !stored) {
       reservation.fail();
-      await audit.record('user.login.failure', undefined, { user: username, source });
+      await audit.record('user.login.failure', undefined, { user: username, source, method });
       throw new GatewayError('GW_ERR_AUTH_LOGIN_FAILED', 'invalid user name or password');
     }
     reservation.succeed();
     const roles = stored.resource.spec.roles;
     await this.deps.locks.check({ user: username, roles });
+    const logins = allowedLogins(await this.deps.callers.rolesOf(roles), stored.resource.spec.traits ?? {});
+    return { kind: 'user', name: username, cluster: this.deps.authorities.clusterName, roles, logins };
+  }
+
+  /** The password login of gwsh: short-lived user certificates for the given public key. */
+  async login(request: LoginRequest): Promise<CertBundle> {
+    const { username, source } = request;
+    checkRequestKeys(request.publicKeyPem, request.sshPublicKey);
+    const identity = await this.authenticate(username, request.password, source, 'cli');
     const longest = this.deps.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS;
     const ttlMs = Math.min(request.ttlMs ?? longest, longest);
-    const logins = allowedLogins(await this.deps.callers.rolesOf(roles), stored.resource.spec.traits ?? {});
-    const identity: Identity = { kind: 'user', name: username, cluster: this.deps.authorities.clusterName, roles, logins };
+    const logins = identity.logins ?? [];
     const bundle = await this.deps.authorities.issueBundle('user', {
       identity,
       publicKeyPem: request.publicKeyPem,
@@ -158,7 +168,7 @@ export class Users {
       names: [],
       sshPrincipals: logins.length > 0 ? logins : [`-gw-no-login-${username}`],
     });
-    await audit.record('user.login', undefined, { user: username, source, roles });
+    await this.deps.audit.record('user.login', undefined, { user: username, source, roles: identity.roles, method: 'cli' });
     return bundle;
   }
 }

@@ -3,7 +3,9 @@
  * with a user certificate, /webapi/ca) is forwarded to the Auth API over mutual TLS with the Proxy's own
  * certificate, with the client's verified certificate and address in the FORWARDED headers (src/auth/api.ts).
  * The Auth API honours them only from a Proxy and verifies the certificate again; headers of those names that
- * a client sends are dropped here.
+ * a client sends are dropped here. The browser's Cookie, Authorization and Origin go as they came, with the host
+ * it addressed (for the Auth API's Origin check), and the answer's Set-Cookie comes back as it is. HTTP/2
+ * pseudo-headers (`:authority`, ...) are never forwarded, either way.
  *
  * The request body is read here first (bounded), so that a request the current Auth Service does not take can
  * go to the next address; the answer is streamed back.
@@ -25,7 +27,7 @@ import { authServerIdentity } from './api.js';
 const MAX_FORWARDED_BODY = 1024 * 1024 + 8 * 1024;
 const MAX_ANONYMOUS_BODY = 64 * 1024;
 /** Headers that belong to one connection, never forwarded (RFC 9110 section 7.6.1), and ours. */
-const DROPPED = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'host', FORWARDED.marker, FORWARDED.cert, FORWARDED.addr]);
+const DROPPED = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'host', FORWARDED.marker, FORWARDED.cert, FORWARDED.addr, FORWARDED.host]);
 
 export interface ForwarderOptions {
   remote: RemoteProxyAuth;
@@ -107,6 +109,8 @@ function forwardedHeaders(req: http.IncomingMessage, bodyLength: number): Record
   out['content-length'] = String(bodyLength);
   out[FORWARDED.marker] = '1';
   out[FORWARDED.addr] = clientAddress(req.socket).address;
+  const host = req.headers.host ?? req.headers[':authority'];
+  if (typeof host === 'string' && host.length > 0) out[FORWARDED.host] = host;
   // Only a certificate that this port's TLS verified against the cluster's CAs; the Auth API checks it again.
   if (hasVerifiedCert(req)) {
     const peer = (req.socket as TLSSocket).getPeerCertificate();

@@ -4,7 +4,8 @@
  *
  *   calls       resolveCaller, resolveSshUser, rolesOf, revocationOf, getNode, setPresence, clearPresence,
  *               recordAgentEvent, heartbeatProxy, removeProxy, listProxies, listPresence, tunnelStrategy,
- *               issueServerCert: one HTTPS request each, to the current Auth address; a failure to reach it moves
+ *               issueServerCert, and the web's resolveWebSession, webSessionSshCert, createAppLaunch,
+ *               redeemAppLaunch, resolveAppSession: one HTTPS request each, to the current Auth address; a failure to reach it moves
  *               on to the next address (gateway.auth_server may list several), and when none answers the call
  *               fails with GW_ERR_AUTH_UNREACHABLE naming them.
  *   events      ONE long-lived GET /v1/proxy/events (newline-delimited JSON, a keep-alive line every few seconds)
@@ -18,9 +19,9 @@ import type { IncomingMessage } from 'node:http';
 import { formatHostPort, normalizeHost, parseAddr } from '../addr.js';
 import { scopeFilter, type RevocationScope } from '../auth/callers.js';
 import type { Identity } from '../auth/pki.js';
-import type { ClusterWatchHandlers, PresenceEvent, ProxyAuth, PublicAuthority } from '../auth/proxyauth.js';
+import type { ClusterWatchHandlers, PresenceEvent, ProxyAuth, PublicAuthority, WebSessionView } from '../auth/proxyauth.js';
 import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from '../auth/records.js';
-import type { RoleResource } from '../auth/resources/index.js';
+import type { Resource, RoleResource } from '../auth/resources/index.js';
 import type { PublicCas } from '../auth/service.js';
 import { SessionRegistry } from '../auth/sessions.js';
 import { DialerAgent } from '../dial/agent.js';
@@ -179,6 +180,10 @@ export class RemoteProxyAuth implements ProxyAuth {
     return new GatewayError(code, error.message, error.hint ? { hint: error.hint } : {});
   }
 
+  listNodes(): Promise<NodeRecord[]> {
+    return this.call<{ nodes: NodeRecord[] }>('GET', '/v1/proxy/nodes').then((r) => r.nodes);
+  }
+
   getNode(hostId: string): Promise<NodeRecord | undefined> {
     return this.call<{ node: NodeRecord | null }>('GET', `/v1/proxy/nodes/${encodeURIComponent(hostId)}`).then((r) => r.node ?? undefined);
   }
@@ -225,6 +230,10 @@ export class RemoteProxyAuth implements ProxyAuth {
   watchMaintenance(onChange: () => void): () => void {
     this.maintenanceWatchers.add(onChange);
     return () => void this.maintenanceWatchers.delete(onChange);
+  }
+
+  maintenanceConfig(): Promise<Resource | undefined> {
+    return this.call<{ config: Resource | null }>('GET', '/v1/proxy/maintenance').then((r) => r.config ?? undefined);
   }
 
   watchCluster(handlers: ClusterWatchHandlers): () => void {
@@ -368,6 +377,27 @@ export class RemoteProxyAuth implements ProxyAuth {
         setTimeout(() => this.revalidate(scope, why, attempt + 1), delay).unref();
       })
       .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot re-check open sessions'));
+  }
+
+  // --- the web (src/auth/websessions.ts): the secrets go in bodies, never in paths -----------------------------------
+  resolveWebSession(id: string, bearer: string | undefined): Promise<WebSessionView> {
+    return this.call<{ session: WebSessionView }>('POST', '/v1/proxy/web-sessions/resolve', { id, ...(bearer === undefined ? {} : { bearer }) }).then((r) => r.session);
+  }
+
+  webSessionSshCert(id: string, bearer: string | undefined, sshPublicKey: string): Promise<{ ssh_cert: string }> {
+    return this.call<{ ssh_cert: string }>('POST', '/v1/proxy/web-sessions/ssh-cert', { id, ...(bearer === undefined ? {} : { bearer }), ssh_public_key: sshPublicKey });
+  }
+
+  createAppLaunch(id: string, bearer: string | undefined, app: string): Promise<{ token: string }> {
+    return this.call<{ token: string }>('POST', '/v1/proxy/app-launches', { id, ...(bearer === undefined ? {} : { bearer }), app });
+  }
+
+  redeemAppLaunch(token: string, app: string): Promise<{ sessionId: string; expiresAt: number }> {
+    return this.call<{ session_id: string; expires_at: number }>('POST', '/v1/proxy/app-launches/redeem', { token, app }).then((r) => ({ sessionId: r.session_id, expiresAt: r.expires_at }));
+  }
+
+  resolveAppSession(sessionId: string, app: string): Promise<WebSessionView> {
+    return this.call<{ session: WebSessionView }>('POST', '/v1/proxy/app-sessions/resolve', { session_id: sessionId, app }).then((r) => r.session);
   }
 }
 

@@ -60,6 +60,8 @@ export interface FrontDoorOptions {
   services?: ProtocolServices;
   /** HTTP apps served under their own host names on the web port; returns false when a request is not theirs. */
   webApps?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
+  /** The Web UI's routes of the Proxy (web.ts): requests before the API router, the terminal's WebSocket upgrades. */
+  web?: { handle(req: http.IncomingMessage, res: http.ServerResponse): boolean; upgrade(req: http.IncomingMessage, socket: Duplex, head: Buffer): boolean };
   /** Extra members of the /webapi/find answer (the tunnel server's SSH host keys). */
   findExtras?: () => Record<string, unknown>;
   /** WebSocket pings on upgraded connections, to keep L7 load balancers from closing idle streams. */
@@ -104,6 +106,7 @@ function webRequests(options: FrontDoorOptions, addresses: Record<string, string
     if (path === UPGRADE_PATH) {
       return sendJson(res, 426, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: 'connection upgrade needs a WebSocket upgrade request', hint: `Send GET ${UPGRADE_PATH} with Upgrade: websocket and the ALPN protocol as the subprotocol.` } });
     }
+    if (options.web?.handle(req, res)) return;
     if (site.handle(req, res)) return;
     options.api(req, res);
   };
@@ -126,10 +129,11 @@ function createRedirectServer(): http.Server {
  * Connection upgrade (L7 load balancers that end TLS themselves): the WebSocket stream is routed as if it had
  * arrived on the one port with the ALPN named as the subprotocol.
  */
-function serveUpgrades(web: WebServer['server'], mux: Multiplexer, protocols: readonly Protocol[], guard: ListenerGuard, pingMs: number): WebSocketServer {
+function serveUpgrades(web: WebServer['server'], mux: Multiplexer, protocols: readonly Protocol[], guard: ListenerGuard, pingMs: number, webRoutes?: FrontDoorOptions['web']): WebSocketServer {
   const routable = (pr: string) => upgradeRouteFor(pr, protocols) !== undefined;
   const wss = new WebSocketServer({ noServer: true, handleProtocols: (offered) => [...offered].find(routable) ?? false });
   web.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
+    if (webRoutes?.upgrade(req, socket, head)) return;
     const path = (req.url ?? '/').split('?')[0];
     const offered = String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((s) => s.trim()).filter(Boolean);
     const protocol = offered.find(routable);
@@ -277,7 +281,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
     proxyProtocol: p.proxy_protocol === 'on',
     detectTimeoutMs: p.detect_timeout,
   });
-  const wss = serveUpgrades(web.server, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000);
+  const wss = serveUpgrades(web.server, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000, options.web);
 
   const listeners = multiplex ? [onePort(protocols, mux)] : separateListeners(protocols, mux, routes);
   // With PROXY headers on, the one port learns the client's address only from the header (the mux counts it).

@@ -44,6 +44,7 @@ import {
   type ControlMessage,
   type DialAnswer,
   type DialRequest,
+  HELLO_SOFTWARE_MAX,
   type HelloMessage,
   type ServiceKind,
 } from '../tunnel/protocol.js';
@@ -73,6 +74,9 @@ export interface ConnectedAgent {
   lastHeartbeat: Date;
   remote: string;
   link: AgentLink;
+  /** From the hello: the agent's software version and upgrade channel (agents of earlier versions send neither). */
+  version?: string;
+  channel?: string;
 }
 
 export interface TunnelServerOptions {
@@ -337,6 +341,7 @@ export class TunnelServer extends EventEmitter {
       lastHeartbeat: now,
       remote,
       link,
+      ...softwareOf(hello),
     };
     const previous = this.agents.get(agent.hostId);
     if (previous && hello.holds?.includes(this.proxyId)) {
@@ -441,6 +446,8 @@ export class TunnelServer extends EventEmitter {
           resources: agent.resources,
           connectedAt: agent.connectedAt.toISOString(),
           lastHeartbeat: agent.lastHeartbeat.toISOString(),
+          ...(agent.version === undefined ? {} : { version: agent.version }),
+          ...(agent.channel === undefined ? {} : { channel: agent.channel }),
         },
         this.options.heartbeatIntervalMs * (this.options.heartbeatCountMax + 1),
       );
@@ -611,3 +618,9 @@ function normalizeResources(r: Partial<AgentResources> | undefined): AgentResour
 }
 
 export { PROTOCOL_VERSION };
+
+/** The hello's software fields, kept only when they are short printable strings (anything else is dropped). */
+function softwareOf(hello: HelloMessage): { version?: string; channel?: string } {
+  const ok = (v: unknown): v is string => typeof v === 'string' && v.length > 0 && v.length <= HELLO_SOFTWARE_MAX && /^[\x21-\x7e]+$/.test(v);
+  return { ...(ok(hello.software_version) ? { version: hello.software_version } : {}), ...(ok(hello.upgrade_channel) ? { channel: hello.upgrade_channel } : {}) };
+}

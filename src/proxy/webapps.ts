@@ -27,9 +27,9 @@ import { clientAddress } from '../stream/meta.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { guardHttpServer, type HttpDeadlines } from '../net/http.js';
 import type { AgentSource } from './router.js';
-import { statusFor } from '../auth/api.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
+import { APP_COOKIE, cookieValue, SESSION_COOKIE, webStatus } from './web.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
 
@@ -43,7 +43,7 @@ function sendError(res: http.ServerResponse, err: unknown): void {
     return;
   }
   const body = JSON.stringify({ error: e.toJSON() });
-  res.writeHead(e.code === 'GW_ERR_TUNNEL_DIAL_FAILED' || e.code === 'GW_ERR_TUNNEL_DOWN' ? 502 : statusFor(e.code), {
+  res.writeHead(webStatus(e.code), {
     'content-type': 'application/json',
     'content-length': Buffer.byteLength(body),
   });
@@ -65,7 +65,14 @@ function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Dupl
   req.pipe(upstream);
 }
 
-/** Returns a web-port request handler for HTTP apps, or false from handle() when the Host is not an app's. */
+/** The path on an app's host where a launch token from the Web UI is redeemed for the app's cookie. */
+export const APP_AUTH_PATH = '/x-gateway-auth';
+
+/**
+ * Returns a web-port request handler for HTTP apps, or false from handle() when the Host is not an app's. The
+ * caller is the user's client certificate, or else the app session of the Web UI (the cookie __Host-gw_app, bound
+ * to this app and to the web session it was launched from: ProxyAuth.resolveAppSession), checked on every request.
+ */
 export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
   const log = logger('webapps');
   return (req: http.IncomingMessage, res: http.ServerResponse): boolean => {
@@ -73,17 +80,12 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
     if (!host) return false;
     const target = findWebApp(agents.agents(), host);
     if (!target) return false;
+    if ((req.url ?? '/').split('?')[0] === APP_AUTH_PATH) {
+      redeemLaunch(auth, target.name, req, res).catch((err: unknown) => sendError(res, err));
+      return true;
+    }
     void (async () => {
-      let certified: Identity;
-      try {
-        certified = peerIdentityOf(auth, req.socket as TLSSocket);
-      } catch {
-        throw new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `app "${target.name}" needs your gateway certificate`, {
-          hint: `Sign in with 'gwsh login', then present ~/.gwsh/cert.pem and key.pem, or use 'gwsh proxy app ${target.name}'.`,
-        });
-      }
-      trackRequest(auth, certified, `app ${target.name}`, req, res);
-      const identity = await auth.resolveCaller(certified);
+      const identity = await appCaller(auth, target.name, req, res);
       if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), target.access, target.labels)) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
       }
@@ -96,10 +98,82 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
         user: identity.name,
       });
       log.info({ user: identity.name, app: target.name, method: req.method, path: req.url }, 'app request');
+      withoutGatewayCookies(req);
       relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name });
     })().catch((err: unknown) => sendError(res, err));
     return true;
   };
+}
+
+/** The caller of an app request, as it stands now and tracked while the request runs: certificate, else app cookie. */
+async function appCaller(auth: ProxyAuth, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<Identity> {
+  let certified: Identity | undefined;
+  try {
+    certified = peerIdentityOf(auth, req.socket as TLSSocket);
+  } catch {
+    certified = undefined;
+  }
+  if (certified) {
+    trackRequest(auth, certified, `app ${app}`, req, res);
+    return auth.resolveCaller(certified);
+  }
+  const sessionId = cookieValue(req.headers.cookie, APP_COOKIE);
+  if (!sessionId) {
+    throw new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `app "${app}" needs your gateway certificate or a session of the Web UI`, {
+      hint: `Open the app from the Web UI's resources page, or sign in with 'gwsh login' and use 'gwsh proxy app ${app}'.`,
+    });
+  }
+  const view = await auth.resolveAppSession(sessionId, app);
+  trackRequest(auth, view.identity, `app ${app} (web)`, req, res);
+  return view.identity;
+}
+
+/** The gateway's own cookies never reach the app (the app session would let the app act as the user here). */
+function withoutGatewayCookies(req: http.IncomingMessage): void {
+  const cookie = req.headers.cookie;
+  if (!cookie) return;
+  const kept = cookie.split(';').filter((c) => {
+    const name = c.slice(0, Math.max(0, c.indexOf('='))).trim();
+    return name !== APP_COOKIE && name !== SESSION_COOKIE;
+  });
+  if (kept.length === 0) delete req.headers.cookie;
+  else req.headers.cookie = kept.join(';').trim();
+}
+
+/** A same-site path to go to after the launch: "/..." but never "//host" or a backslash trick; "/" otherwise. */
+export function launchPath(raw: string | null): string {
+  if (!raw || raw.length > 2048 || !raw.startsWith('/') || raw.startsWith('//') || /[\\\x00-\x1f\x7f]/.test(raw)) return '/';
+  return raw;
+}
+
+const HTML_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' };
+
+/**
+ * GET /x-gateway-auth?token=&path= on the app's host: the one-use launch token (bound to this app) becomes the app
+ * session's cookie, and a tiny page moves on to the path with a same-site navigation (so the Strict cookie is sent).
+ */
+async function redeemLaunch(auth: ProxyAuth, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+  req.resume();
+  if (req.method !== 'GET') throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${APP_AUTH_PATH}`, { hint: 'Open the launch URL the Web UI gives.' });
+  const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '');
+  const token = query.get('token') ?? '';
+  if (!/^[A-Za-z0-9_-]{1,256}$/.test(token)) throw new GatewayError('GW_ERR_API_BAD_REQUEST', 'the launch URL carries no valid token', { hint: "Open the app again from the Web UI's resources page." });
+  const { sessionId, expiresAt } = await auth.redeemAppLaunch(token, app);
+  const ends = typeof expiresAt === 'number' ? expiresAt : Date.parse(expiresAt);
+  const maxAge = Math.max(0, Math.floor((ends - Date.now()) / 1000));
+  const path = launchPath(query.get('path')).replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]!);
+  const body = `<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="0;url=${path}"><title>Opening ${app.replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]!)}</title></head><body></body></html>\n`;
+  res.writeHead(200, {
+    'content-type': 'text/html; charset=utf-8',
+    'cache-control': 'no-store',
+    'referrer-policy': 'no-referrer',
+    'content-security-policy': "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    'x-frame-options': 'DENY',
+    'x-content-type-options': 'nosniff',
+    'set-cookie': `${APP_COOKIE}=${sessionId}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=${maxAge}`,
+    'content-length': Buffer.byteLength(body),
+  });
+  res.end(body);
 }
 
 /** Tracks a request in auth.sessions until its answer is done; a revocation drops the client's connection. */

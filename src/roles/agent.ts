@@ -27,6 +27,7 @@ import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { ConnectionLimits, limitSettings } from '../net/deadlines.js';
 import { AgentPool } from '../agent/pool.js';
+import { upgradeSoftware } from '../agent/tunnel.js';
 import type { DialRequest } from '../tunnel/protocol.js';
 import type { DaemonEnvironment } from './environment.js';
 import type { Lifecycle } from './lifecycle.js';
@@ -147,6 +148,8 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): P
     ...(ssh ? { serveSsh: (channel: Duplex, request: DialRequest) => ssh.inject(channel, request.client_src) } : {}),
     heartbeatIntervalMs: config.auth_service.keep_alive_interval,
     heartbeatCountMax: config.auth_service.keep_alive_count_max,
+    // The hello's version and upgrade channel, from the daemon's environment (GATEWAY_UPGRADE_*).
+    software: () => upgradeSoftware(options.environment.env),
   });
   const tunnelAgent = agent;
   lifecycle.onStop('agents', () => tunnelAgent.stop());

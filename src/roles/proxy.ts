@@ -27,6 +27,9 @@ import { watchChannelDrift } from '../proxy/drift.js';
 import { directDialer } from '../proxy/direct.js';
 import { PeerClient, PeerServer, type PeerTls } from '../proxy/peer.js';
 import { Router } from '../proxy/router.js';
+import { createWebRoutes } from '../proxy/web.js';
+import type { ClusterMaintenanceConfig } from '../auth/resources/index.js';
+import { nextWindows } from '../upgrade/windows.js';
 import type { DialRequest } from '../tunnel/protocol.js';
 import type { Duplex } from 'node:stream';
 import { VERSION } from '../version.js';
@@ -116,9 +119,22 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   });
   const jump = new SshJumpServer(auth, router, hostKey, limits.settings);
   const versions = new ReloadableVersionServer({ channels: config.proxy_service.automatic_upgrades_channels, ownVersion: VERSION, dialer: options.dialer, proxyId: options.proxyId });
+  const web = createWebRoutes({
+    auth,
+    agents: router,
+    presence: () => cluster.agents(),
+    targetVersion: (channel) => versions.resolve(channel, 'version'),
+    nextWindow: (maintenance, now) => {
+      const next = nextWindows(maintenance as ClusterMaintenanceConfig, now, 1)[0];
+      return next ? { start: next.start, end: next.stop } : undefined;
+    },
+    limits: limits.settings,
+  });
+  options.lifecycle.onStop('proxy', () => web.close());
   frontDoor = await startFrontDoor({
     config,
     clusterName: auth.clusterName,
+    web,
     webApps: createWebAppHandler(auth, router),
     services: services(auth, router, tunnels, jump, limits.settings),
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.

@@ -13,7 +13,8 @@
  *     user name = the agent's host ID; public-key authentication with the key its host certificate certifies
  *
  *   control: a "session" channel with subsystem "gateway-control", newline-delimited JSON both ways
- *     agent → proxy   hello {hostId, nodename, services, resources, version, holds?}   heartbeat {seq}   event {event}
+ *     agent → proxy   hello {hostId, nodename, services, resources, version, holds?, software_version?,
+ *                            upgrade_channel?}   heartbeat {seq}   event {event}
  *     proxy → agent   welcome {proxyId, heartbeatIntervalMs, heartbeatCountMax}  discovery {proxies, strategy}
  *                     heartbeat {seq}   reconnect {reason}   (sent when the proxy shuts down gracefully)
  *                     maintenance-changed
@@ -84,7 +85,16 @@ export interface HelloMessage {
    * that holds a live tunnel of the agent keeps it and answers `duplicate`; absent: the new tunnel replaces it.
    */
   holds?: string[];
+  /** The agent's software version ("1.4.0", src/version.ts); absent from agents of earlier versions. */
+  software_version?: string;
+  /**
+   * The upgrade channel of the agent's upgrader: the channel its endpoint file names
+   * (/etc/gateway-upgrade.d/endpoint), or "default" without one. Absent from agents of earlier versions.
+   */
+  upgrade_channel?: string;
 }
+/** The longest software_version / upgrade_channel a Proxy keeps from a hello (longer ones are dropped). */
+export const HELLO_SOFTWARE_MAX = 128;
 export interface HeartbeatMessage {
   type: 'heartbeat';
   seq: number;

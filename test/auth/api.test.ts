@@ -160,6 +160,10 @@ const STATUS_OF: ReadonlyArray<readonly [ErrorCode, number]> = [
   ['GW_ERR_DIRECT_CLOCK', 400],
   ['GW_ERR_API_TOO_MANY_STREAMS', 429],
   ['GW_ERR_AUTH_UNREACHABLE', 503],
+  ['GW_ERR_WEB_SESSION_MISSING', 401],
+  ['GW_ERR_WEB_SESSION_EXPIRED', 401],
+  ['GW_ERR_WEB_SESSION_INVALID', 401],
+  ['GW_ERR_WEB_CSRF', 403],
 ];
 
 describe('statusFor', () => {

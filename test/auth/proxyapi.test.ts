@@ -15,6 +15,7 @@ import { joinCluster, type HostIdentity } from '../../src/agent/identity.js';
 import { FORWARDED } from '../../src/auth/api.js';
 import { generateKeyPair, identityFromCert } from '../../src/auth/pki.js';
 import { MAX_STREAMS_PER_PROXY } from '../../src/auth/proxyapi.js';
+import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
 import { openSqliteBackend } from '../../src/backend/index.js';
 import { RemoteProxyAuth } from '../../src/client/remoteauth.js';
@@ -143,6 +144,7 @@ describe('the /v1/proxy/ routes', () => {
       expect((await remote.rolesOf(['access'])).map((r) => r.metadata.name)).toEqual(['access']);
       expect(await remote.getNode(agent.hostId)).toMatchObject({ hostId: agent.hostId });
       expect(await remote.getNode('no-such-host')).toBeUndefined();
+      expect((await remote.listNodes()).map((n) => n.hostId)).toEqual(expect.arrayContaining([agent.hostId, proxy.hostId]));
       const record = { id: proxy.hostId, nodename: 'proxy1', version: '1.0.0', public_addr: 'proxy1:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString(), last_heartbeat: new Date().toISOString() };
       await remote.heartbeatProxy(record, 60_000);
       expect((await remote.listProxies()).map((p) => p.id)).toContain(proxy.hostId);
@@ -153,6 +155,12 @@ describe('the /v1/proxy/ routes', () => {
       await expect(remote.heartbeatProxy({ ...record, id: 'someone-else' }, 60_000)).rejects.toMatchObject({ code: 'GW_ERR_ACCESS_DENIED' });
       await expect(remote.setPresence({ hostId: agent.hostId, nodename: 'agent1', proxyId: 'someone-else', services: [], resources: {}, connectedAt: 'x', lastHeartbeat: 'y' } as never, 60_000)).rejects.toMatchObject({ code: 'GW_ERR_ACCESS_DENIED' });
       await remote.removeProxy(proxy.hostId);
+      // The maintenance window, for the Web UI's agents view.
+      expect(await remote.maintenanceConfig()).toBeUndefined();
+      const maintenance = parseManifest('kind: cluster_maintenance_config\nversion: v1\nspec:\n  agent_upgrades:\n    utc_start_hour: 4\n    weekdays: [Tue]\n', 'm.yaml');
+      await role.auth.createResources({ kind: 'admin', name: 'admin', cluster: CLUSTER, roles: [] }, maintenance, true);
+      expect(await remote.maintenanceConfig()).toMatchObject({ kind: 'cluster_maintenance_config', spec: { agent_upgrades: { utc_start_hour: 4 } } });
+      await role.auth.removeResource({ kind: 'admin', name: 'admin', cluster: CLUSTER, roles: [] }, 'cluster_maintenance_config', 'cluster_maintenance_config');
     } finally {
       remote.close();
     }

@@ -141,10 +141,17 @@ function onlyProxyAuth(role: AuthRole, issued: string[]): ProxyAuth {
     watchCluster: (handlers) => auth.watchCluster(handlers),
     recordAgentEvent: (hostId, nodename, event) => auth.recordAgentEvent(hostId, nodename, event),
     watchMaintenance: (onChange) => auth.watchMaintenance(onChange),
+    maintenanceConfig: () => auth.maintenanceConfig(),
+    listNodes: () => auth.listNodes(),
     issueServerCert: (key, names, hostId) => {
       issued.push(hostId ?? 'auth');
       return auth.issueServerCert(key, names, hostId);
     },
+    resolveWebSession: (id, bearer) => auth.resolveWebSession(id, bearer),
+    webSessionSshCert: (id, bearer, key) => auth.webSessionSshCert(id, bearer, key),
+    createAppLaunch: (id, bearer, app) => auth.createAppLaunch(id, bearer, app),
+    redeemAppLaunch: (token, app) => auth.redeemAppLaunch(token, app),
+    resolveAppSession: (sessionId, app) => auth.resolveAppSession(sessionId, app),
   };
 }
 

@@ -1,0 +1,256 @@
+/**
+ * The Proxy's web routes (src/proxy/web.ts, terminal.ts, webapps.ts) in one process: the real Auth, Proxy and
+ * agent starters (an SSH Service and two apps, one HTTP and one TCP), the agent's upgrader on the channel "beta"
+ * (its endpoint file under GATEWAY_UPGRADE_ROOT, as the daemon's environment gives it). What the end-to-end test
+ * (test/e2e/web-terminal.test.ts) does not: an agent newer than its channel's target is not out of date, the
+ * window that is open now, the refusals of malformed and hostile requests by their codes, and the parsers.
+ */
+import { randomUUID } from 'node:crypto';
+import https from 'node:https';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { IncomingMessage } from 'node:http';
+import { parseManifest } from '../../src/auth/resources/index.js';
+import { parseConfig } from '../../src/config/index.js';
+import { Dialer } from '../../src/dial/dialer.js';
+import { createLogger, setRootLogger } from '../../src/log.js';
+import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
+import { startAgentRole } from '../../src/roles/agent.js';
+import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
+import { daemonEnvironment } from '../../src/roles/environment.js';
+import { Lifecycle } from '../../src/roles/lifecycle.js';
+import { startProxyRole } from '../../src/roles/proxy.js';
+import { launchPath } from '../../src/proxy/webapps.js';
+import { terminalRequest } from '../../src/proxy/terminal.js';
+import { checkOrigin, isOutdated } from '../../src/proxy/web.js';
+import WebSocket from 'ws';
+import { joinCluster } from '../../src/agent/identity.js';
+import { connectRemoteAuth } from '../../src/roles/auth.js';
+import { rootTest } from '../helpers/root.js';
+import { waitUntil } from '../helpers/wait.js';
+
+const PASSWORD = 'correct horse battery';
+const ADMIN = { kind: 'admin' as const, name: 'admin', cluster: 'webroutes.example', roles: [] };
+
+let dir: string;
+let upgradeRoot: string;
+let lifecycle: Lifecycle;
+let auth: AuthRole;
+let web: string;
+let ca: string;
+
+interface Answer {
+  status: number;
+  json: Record<string, any>;
+}
+
+function call(method: string, path: string, headers: Record<string, string> = {}, at = web): Promise<Answer> {
+  const i = at.lastIndexOf(':');
+  return new Promise((resolve, reject) => {
+    const req = https.request({ host: at.slice(0, i), port: Number(at.slice(i + 1)), method, path, ca, agent: false, headers: { host: 'localhost', ...headers } }, (res) => {
+      let text = '';
+      res.on('data', (c: Buffer) => (text += c.toString()));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, json: text ? (JSON.parse(text) as Record<string, any>) : {} }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+async function session(user: string): Promise<Record<string, string>> {
+  const s = await auth.auth.webLogin(user, PASSWORD, '127.0.0.1');
+  return { cookie: `__Host-gw_session=${s.id}`, authorization: `Bearer ${s.bearer}` };
+}
+
+beforeAll(async () => {
+  setRootLogger(createLogger({ level: 'silent' }));
+  dir = await mkdtemp(join(tmpdir(), 'gw-webroutes-'));
+  upgradeRoot = join(dir, 'upgrade-root');
+  await mkdir(join(upgradeRoot, 'etc', 'gateway-upgrade.d'), { recursive: true });
+  await writeFile(join(upgradeRoot, 'etc', 'gateway-upgrade.d', 'endpoint'), 'localhost:443/v1/webapi/automaticupgrades/channel/beta\n');
+  const config = parseConfig(
+    [
+      'gateway:',
+      '  nodename: localhost',
+      `  data_dir: ${join(dir, 'data')}`,
+      'auth_service:',
+      '  cluster_name: webroutes.example',
+      '  listen_addr: 127.0.0.1:0',
+      'proxy_service:',
+      '  web_listen_addr: 127.0.0.1:0',
+      '  automatic_upgrades_channels:',
+      '    beta: { static_version: v0.0.1 }',
+      'ssh_service:',
+      '  enabled: yes',
+      '  labels: { env: dev }',
+      'app_service:',
+      '  enabled: yes',
+      '  apps:',
+      '    - { name: wiki, uri: "http://127.0.0.1:9", public_addr: wiki.localhost, labels: {env: dev} }',
+      '    - { name: raw, uri: "tcp://127.0.0.1:9", labels: {env: dev} }',
+      '',
+    ].join('\n'),
+    'web routes test',
+  );
+  lifecycle = new Lifecycle();
+  const limits = new ConnectionLimits(limitSettings(config));
+  lifecycle.onStop('backend', () => limits.close());
+  const dialer = new Dialer({ env: {} });
+  auth = await startAuthRole({ config, limits, lifecycle });
+  ca = auth.auth.host.tls.certPem;
+  const proxy = await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle, proxyId: randomUUID() });
+  web = proxy.addresses.web!;
+  await startAgentRole({
+    config,
+    services: ['auth_service', 'proxy_service', 'ssh_service', 'app_service'],
+    localAuth: auth.auth,
+    localProxy: web,
+    dialer,
+    environment: daemonEnvironment({ GATEWAY_UPGRADE_ROOT: upgradeRoot }),
+    lifecycle,
+  });
+  await waitUntil('the agent in the cluster view', () => proxy.cluster.agents().length === 1);
+  await auth.auth.addUser(auth.auth.adminIdentity(), 'olga', ['editor', 'access'], PASSWORD, ['root']);
+  await auth.auth.addUser(auth.auth.adminIdentity(), 'alice', ['access'], PASSWORD, ['root']);
+  // Every day from the current hour: the window is open now.
+  const hour = new Date().getUTCHours();
+  await auth.auth.createResources(ADMIN, parseManifest(`kind: cluster_maintenance_config\nversion: v1\nspec:\n  agent_upgrades:\n    utc_start_hour: ${hour}\n    weekdays: ["*"]\n`, 'm.yaml'), true);
+}, 60_000);
+
+afterAll(async () => {
+  await lifecycle?.stop().catch(() => undefined);
+  if (dir) await rm(dir, { recursive: true, force: true });
+});
+
+describe('/webapi/agents', () => {
+  it('an agent newer than its channel target is not out of date; the window open now is reported', async () => {
+    const answer = await call('GET', '/webapi/agents', await session('olga'));
+    expect(answer.status, JSON.stringify(answer.json)).toBe(200);
+    expect(answer.json.agents).toHaveLength(1);
+    const agent = answer.json.agents[0];
+    expect(agent).toMatchObject({ nodename: 'localhost', channel: 'beta', target_version: 'v0.0.1', outdated: false, online: true });
+    // The window may close between the two readings of the clock only at the hour's end: then it is the next one.
+    if (agent.in_window_now) expect(Date.parse(agent.next_window.start)).toBeLessThanOrEqual(Date.now());
+    expect(Date.parse(agent.next_window.end) - Date.parse(agent.next_window.start)).toBe(3600_000);
+  });
+});
+
+describe('a Proxy in its own process (RemoteProxyAuth)', () => {
+  // The shell runs as root on the in-process agent's SSH Service.
+  rootTest(['setuid'])('lists agents with their software and opens a terminal: sessions, certificates and the window over /v1/proxy/', async () => {
+    const own = new Lifecycle();
+    try {
+      const { token } = await auth.auth.addToken(auth.auth.adminIdentity(), { roles: ['proxy'] });
+      await joinCluster({ dataDir: join(dir, 'proxy2'), server: auth.address, joinedVia: 'auth', token, caPin: auth.auth.caPin(), roles: ['proxy'], nodename: 'localhost', publicAddrs: [], dialer: new Dialer({ env: {} }) });
+      const proxyConfig = parseConfig(
+        ['gateway:', '  nodename: localhost', `  data_dir: ${join(dir, 'proxy2')}`, `  auth_server: ${auth.address}`, 'auth_service:', '  enabled: no', 'proxy_service:', '  web_listen_addr: 127.0.0.1:0', '  automatic_upgrades_channels:', '    beta: { static_version: v99.0.0 }', ''].join('\n'),
+        'split proxy',
+      );
+      const limits = new ConnectionLimits(limitSettings(proxyConfig));
+      own.onStop('backend', () => limits.close());
+      const dialer = new Dialer({ env: {} });
+      const remote = await connectRemoteAuth({ config: proxyConfig, dialer, lifecycle: own });
+      const split = await startProxyRole({ config: proxyConfig, auth: remote.auth, api: remote.api, limits, dialer, lifecycle: own, proxyId: remote.identity.hostId });
+      const splitWeb = split.addresses.web!;
+      const agentConfig = parseConfig(['gateway:', '  nodename: split-node', `  data_dir: ${join(dir, 'agent2')}`, 'ssh_service:', '  enabled: yes', ''].join('\n'), 'split agent');
+      await startAgentRole({ config: agentConfig, services: ['ssh_service'], localAuth: auth.auth, localProxy: splitWeb, dialer, environment: daemonEnvironment({ GATEWAY_UPGRADE_ROOT: upgradeRoot }), lifecycle: own });
+      await waitUntil('the agent at the split Proxy', () => split.tunnels.list().some((a) => a.nodename === 'split-node'));
+
+      const olga = await session('olga');
+      const agents = await call('GET', '/webapi/agents', olga, splitWeb);
+      expect(agents.status, JSON.stringify(agents.json)).toBe(200);
+      // Its own version server says v99.0.0 for beta; the version and channel crossed /v1/proxy/presence.
+      expect((agents.json.agents as Array<Record<string, unknown>>).find((a) => a.nodename === 'split-node')).toMatchObject({ channel: 'beta', target_version: 'v99.0.0', outdated: true });
+      expect(agents.json.maintenance).toMatchObject({ agent_upgrades: { weekdays: expect.any(Array) } });
+
+      const s = await auth.auth.webLogin('olga', PASSWORD, '127.0.0.1');
+      const ws = new WebSocket(`wss://${splitWeb}/webapi/terminal?node=split-node&login=root`, ['gateway-terminal', `bearer.${s.bearer}`], { ca, servername: 'localhost', headers: { cookie: `__Host-gw_session=${s.id}` } });
+      let output = '';
+      ws.on('message', (data: Buffer, binary: boolean) => (binary ? (output += data.toString()) : undefined));
+      await new Promise<void>((resolve, reject) => ws.once('open', () => resolve()).once('error', reject));
+      ws.send(Buffer.from('echo split-$((20+1))\n'), { binary: true });
+      await waitUntil('the echo through the split Proxy', () => output.includes('split-21'));
+      ws.close();
+    } finally {
+      await own.stop().catch(() => undefined);
+    }
+    // Stopped, the agent is still listed (its node record), offline, with nothing it reported.
+    await waitUntil('the stopped agent offline', async () => {
+      const agents = (await call('GET', '/webapi/agents', await session('olga'))).json.agents as Array<Record<string, unknown>>;
+      return agents.some((a) => a.nodename === 'split-node' && a.online === false);
+    });
+    const rows = (await call('GET', '/webapi/agents', await session('olga'))).json.agents as Array<Record<string, unknown>>;
+    expect(rows.find((a) => a.nodename === 'split-node')).toMatchObject({ online: false, version: null, outdated: false, services: [] });
+    // A Proxy's own node record is not an agent.
+    expect(rows.map((a) => a.nodename)).toEqual(['localhost', 'split-node']);
+  }, 60_000);
+});
+
+describe('hostile and malformed requests', () => {
+  it('are refused by their codes', async () => {
+    const olga = await session('olga');
+    expect((await call('POST', '/webapi/resources', olga)).json.error.code).toBe('GW_ERR_API_BAD_REQUEST');
+    expect((await call('GET', '/webapi/apps/wiki/launch', olga)).json.error.code).toBe('GW_ERR_API_BAD_REQUEST');
+    const unknown = await call('POST', '/webapi/apps/nope/launch', olga);
+    expect([unknown.status, unknown.json.error.code]).toEqual([404, 'GW_ERR_RESOURCE_NOT_FOUND']);
+    // A TCP app has no page to open.
+    expect((await call('POST', '/webapi/apps/raw/launch', olga)).json.error.code).toBe('GW_ERR_RESOURCE_NOT_FOUND');
+    // A cookie header over the 8 KiB read (under Node's header limit): no session is read from it.
+    const huge = await call('GET', '/webapi/resources', { cookie: `${olga.cookie!}; a=${'x'.repeat(9_000)}`, authorization: olga.authorization! });
+    expect(huge.status).toBe(401);
+    expect(huge.json.error.code).toMatch(/^GW_ERR_WEB_SESSION_(MISSING|INVALID)$/);
+    // A session id of the wrong form, and a bearer of the wrong form.
+    expect((await call('GET', '/webapi/resources', { cookie: '__Host-gw_session=../../etc', authorization: olga.authorization! })).status).toBe(401);
+    expect((await call('GET', '/webapi/resources', { cookie: olga.cookie!, authorization: 'Bearer ' })).status).toBe(401);
+    // The terminal's path without a WebSocket upgrade is not the API's.
+    expect((await call('GET', '/webapi/terminal?node=localhost&login=root', olga)).status).not.toBe(200);
+  });
+
+  it('the launch of an app refuses another origin and a user whose roles do not allow it', async () => {
+    const olga = await session('olga');
+    const cross = await call('POST', '/webapi/apps/wiki/launch', { ...olga, origin: 'https://localhost.evil.example' });
+    expect([cross.status, cross.json.error.code]).toEqual([403, 'GW_ERR_WEB_CSRF']);
+    const ok = await call('POST', '/webapi/apps/wiki/launch', { ...olga, origin: 'https://localhost' });
+    expect(ok.status, JSON.stringify(ok.json)).toBe(200);
+    expect(ok.json.url).toMatch(/^https:\/\/wiki\.localhost\/x-gateway-auth\?token=[A-Za-z0-9_-]+&path=%2F$/);
+  });
+});
+
+describe('the parsers', () => {
+  it('isOutdated compares versions, and unknown ones are never out of date', () => {
+    expect(isOutdated('1.2.3', 'v1.2.4')).toBe(true);
+    expect(isOutdated('v1.2.4', 'v1.2.4')).toBe(false);
+    expect(isOutdated('2.0.0', 'v1.9.9')).toBe(false);
+    expect(isOutdated('17.0.0-dev', 'v17.0.0')).toBe(true); // a pre-release comes before its release
+    expect(isOutdated('17.0.0-dev', 'v17.0.0-dev')).toBe(false);
+    expect(isOutdated(undefined, 'v1.0.0')).toBe(false);
+    expect(isOutdated('garbage', 'v1.0.0')).toBe(false);
+    expect(isOutdated('1.0.0', undefined)).toBe(false);
+  });
+
+  it('terminalRequest checks names and the window size', () => {
+    expect(terminalRequest('/webapi/terminal?node=web-1&login=root&cols=120&rows=40')).toEqual({ node: 'web-1', login: 'root', cols: 120, rows: 40 });
+    expect(terminalRequest('/webapi/terminal?node=web-1&login=root')).toEqual({ node: 'web-1', login: 'root', cols: 80, rows: 24 });
+    for (const bad of ['node=&login=root', 'node=a&login=', 'node=../x&login=root', 'node=a&login=root&cols=0', 'node=a&login=root&rows=100000', 'node=a&login=root&cols=1.5', `node=${'a'.repeat(200)}&login=root`]) {
+      expect(() => terminalRequest(`/webapi/terminal?${bad}`), bad).toThrow(expect.objectContaining({ code: 'GW_ERR_API_BAD_REQUEST' }));
+    }
+  });
+
+  it('launchPath keeps same-site paths only', () => {
+    expect(launchPath('/dashboards?x=1')).toBe('/dashboards?x=1');
+    for (const bad of [null, '', 'https://evil.example/', '//evil.example/', '/\\evil.example', 'javascript:alert(1)', '/a\nb', `/${'a'.repeat(3000)}`]) expect(launchPath(bad), String(bad)).toBe('/');
+  });
+
+  it('checkOrigin accepts the page own origin (default port or not) and refuses any other', () => {
+    const req = (headers: Record<string, string>) => ({ headers, method: 'POST' }) as unknown as IncomingMessage;
+    expect(() => checkOrigin(req({ host: 'proxy.example' }))).not.toThrow();
+    expect(() => checkOrigin(req({ host: 'proxy.example', origin: 'https://proxy.example' }))).not.toThrow();
+    expect(() => checkOrigin(req({ host: 'proxy.example:443', origin: 'https://proxy.example' }))).not.toThrow();
+    expect(() => checkOrigin(req({ host: 'proxy.example:3080', origin: 'https://proxy.example:3080' }))).not.toThrow();
+    for (const origin of ['https://evil.example', 'http://proxy.example', 'https://proxy.example:8443', 'null', 'https://proxy.example.evil.example']) {
+      expect(() => checkOrigin(req({ host: 'proxy.example', origin })), origin).toThrow(expect.objectContaining({ code: 'GW_ERR_WEB_CSRF' }));
+    }
+  });
+});
