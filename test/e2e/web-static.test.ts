@@ -329,22 +329,6 @@ describe('the pieces', () => {
   });
 });
 
-describe('scripts/precompress-web.mjs (what the build runs after vite build)', () => {
-  it('writes .br and .gz next to text files worth compressing, and no other', async () => {
-    const out = join(dir, 'precompress');
-    await mkdir(join(out, 'assets'), { recursive: true });
-    await writeFile(join(out, 'assets', 'big-1.js'), APP_JS);
-    await writeFile(join(out, 'small.css'), 'a{}');
-    await writeFile(join(out, 'logo.png'), Buffer.alloc(4096, 7));
-    await writeFile(join(out, 'small.css.br'), 'stale');
-    await run(process.execPath, [join(import.meta.dirname, '..', '..', 'scripts', 'precompress-web.mjs'), out]);
-    const { brotliDecompressSync, gunzipSync } = await import('node:zlib');
-    expect(brotliDecompressSync(await readFile(join(out, 'assets', 'big-1.js.br'))).toString()).toBe(APP_JS);
-    expect(gunzipSync(await readFile(join(out, 'assets', 'big-1.js.gz'))).toString()).toBe(APP_JS);
-    for (const none of ['small.css.br', 'small.css.gz', 'logo.png.br', 'logo.png.gz']) await expect(readFile(join(out, none))).rejects.toThrow();
-  });
-});
-
 describe('not built', () => {
   it('/web/ says to run npm run build (503, the same headers); / still redirects', async () => {
     const page = await curl('/web/', '--unbuilt', '--http2');
