@@ -116,7 +116,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
     // The limits of every listener of this process: the Auth API's and the Proxy's.
     const limits = runs('auth_service') || runs('proxy_service') ? startLimits(config, lifecycle) : undefined;
     const auth = limits && runs('auth_service')
-      ? await (await authRole!).startAuthRole({ config, limits, lifecycle, ...(runs('proxy_service') ? { proxyPublicAddr: proxyAddressForClients(config) } : {}) })
+      ? await (await authRole!).startAuthRole({ config, limits, lifecycle, dialer, ...(runs('proxy_service') ? { proxyPublicAddr: proxyAddressForClients(config) } : {}) })
       : undefined;
     if (auth) addresses.auth = auth.address;
     const remote = remoteProxy

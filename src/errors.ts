@@ -308,6 +308,28 @@ export const ERROR_CODES = {
     hint: 'The message names the configuration key; change the address or stop the other process.',
   },
 
+  // --- single sign-on: OIDC, SAML and the code-hosting OAuth connector (src/auth/sso) -------------------------------
+  GW_ERR_SSO_CONNECTOR_UNKNOWN: {
+    summary: 'No connector of that kind and name exists (or sign-in through it is not possible), so there is nothing to sign in with.',
+    hint: "List the connectors with 'gwctl get oidc', 'gwctl get saml' or 'gwctl get github', and use one of their names.",
+  },
+  GW_ERR_SSO_STATE_INVALID: {
+    summary: 'The single sign-on callback names a sign-in request that does not exist: unknown, already used (a replayed callback), expired (10 minutes), or of another connector.',
+    hint: 'Start the sign-in again from the login page (or gwsh login --auth=NAME) and finish it within 10 minutes, in the same browser.',
+  },
+  GW_ERR_SSO_TOKEN_INVALID: {
+    summary: "The identity provider's answer failed a check; the message names it: signature, audience, issuer, nonce, expired, in_response_to, ...",
+    hint: "Check the connector's issuer_url / metadata, client_id and entity IDs against the identity provider, and the clocks of both machines; a forged answer is refused on purpose.",
+  },
+  GW_ERR_SSO_IDP_ERROR: {
+    summary: 'The identity provider answered with an error, or could not be reached (through HTTPS_PROXY if set).',
+    hint: "Check that the identity provider is up and reachable from the Auth Service (and its proxy settings), and the connector's client ID and secret.",
+  },
+  GW_ERR_SSO_NO_ROLES: {
+    summary: "The connector's mapping gives the user no role, so the sign-in is refused.",
+    hint: "Add the user to a group, team or attribute value that the connector's claims_to_roles / attributes_to_roles / teams_to_roles maps to a role.",
+  },
+
   // --- the web: sessions of the browser (src/auth/websessions.ts) -------------------------------------------------
   GW_ERR_WEB_SESSION_MISSING: {
     summary: 'A request from the browser carries no web session cookie (not signed in, or the browser dropped the expired cookie).',

@@ -41,6 +41,7 @@ import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/inde
 import type { ClusterTrust } from './proxyauth.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
+import { ssoRoutes } from './ssoapi.js';
 import { bearerOf, clearedCookie, cookieValue, WEB_SESSION_COOKIE, type WebSessionView } from './websessions.js';
 
 /** Request body limits (bytes): a manifest may be large; everything else is a few fields. */
@@ -69,6 +70,11 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   GW_ERR_RESOURCE_EXISTS: 409,
   GW_ERR_API_TOO_LARGE: 413,
   GW_ERR_AUTH_RATE_LIMITED: 429,
+  GW_ERR_SSO_CONNECTOR_UNKNOWN: 404,
+  GW_ERR_SSO_STATE_INVALID: 400,
+  GW_ERR_SSO_TOKEN_INVALID: 401,
+  GW_ERR_SSO_IDP_ERROR: 502,
+  GW_ERR_SSO_NO_ROLES: 403,
   GW_ERR_DIRECT_ADDR_REFUSED: 403,
   GW_ERR_DIRECT_FORWARDED: 403,
   GW_ERR_DIRECT_CLOCK: 400,
@@ -547,6 +553,7 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     ...identityRoutes(auth),
     ...resourceRoutes(auth),
     ...agentRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody })),
+    ...ssoRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody })),
     ...proxyApiRoutes(auth, options.streamKeepAliveMs ?? 5000),
     ...webRoutes(auth),
   ];

@@ -193,6 +193,7 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
     { method: 'GET', path: '/v1/proxy/proxies', maxBody: 0, handle: async () => ({ proxies: await auth.listProxies() }) },
     { method: 'GET', path: '/v1/proxy/presence', maxBody: 0, handle: async () => ({ presence: await auth.listPresence() }) },
     { method: 'GET', path: '/v1/proxy/strategy', maxBody: 0, handle: async () => ({ strategy: await auth.tunnelStrategy() }) },
+    { method: 'GET', path: '/v1/proxy/auth-preference', maxBody: 0, handle: async () => ({ preference: await auth.authPreference() }) },
     {
       method: 'POST', path: '/v1/proxy/server-cert', maxBody: SMALL, handle: async (c) => {
         const b = await c.body();

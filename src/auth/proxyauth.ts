@@ -9,6 +9,7 @@ import type { Identity } from './pki.js';
 import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from './records.js';
 import type { Resource, RoleResource } from './resources/index.js';
 import type { SessionRegistry } from './sessions.js';
+import type { AuthPreference } from './sso/index.js';
 import type { WebSessionView } from './websessions.js';
 
 export type { WebSessionView } from './websessions.js';
@@ -76,6 +77,9 @@ export interface ProxyDirectory {
 }
 
 export interface ProxyAuth extends ClusterTrust, CallerChecks, AgentRecords, ProxyDirectory {
+  /** How users sign in (auth_service.authentication with its connector's display name), for /webapi/ping. */
+  authPreference(): Promise<AuthPreference>;
+
   /** A certificate for the Proxy's web port, signed by the host CA, naming names. */
   issueServerCert(publicKeyPem: string, names: string[], hostId?: string): Promise<string>;
 

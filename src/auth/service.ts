@@ -15,6 +15,7 @@
  * Proxy's web port); proxyauth.ts names what the Proxy uses of it.
  */
 import type { Backend } from '../backend/index.js';
+import type { Dialer } from '../dial/dialer.js';
 import { logger } from '../log.js';
 import { VERSION } from '../version.js';
 import { AgentDirectory } from './agents.js';
@@ -29,6 +30,7 @@ import type { CertAuthority, Identity } from './pki.js';
 import type { ProxyAuth } from './proxyauth.js';
 import type { NodeRecord } from './records.js';
 import { SessionRegistry } from './sessions.js';
+import { SsoService, type AuthPreference } from './sso/index.js';
 import { DEFAULT_USER_CERT_TTL_MS, Users } from './users.js';
 import { WebSessions, type CreatedWebSession, type CreateWebSessionOptions, type WebSessionView } from './websessions.js';
 
@@ -46,6 +48,10 @@ export interface AuthServiceOptions {
   userCertTtlMs?: number;
   /** What `gwctl tokens add` prints as --proxy: the first proxy public address, if the proxy runs here. */
   proxyPublicAddr?: string;
+  /** Outbound requests to identity providers (single sign-on) go through it. */
+  dialer?: Dialer;
+  /** auth_service.authentication: what /webapi/ping and the login page offer first. */
+  authentication?: { type: 'local' | 'oidc' | 'saml' | 'github'; connector_name: string };
 }
 
 interface Parts {
@@ -57,6 +63,7 @@ interface Parts {
   agents: AgentDirectory;
   audit: AuditLog;
   manifests: Manifests;
+  sso: SsoService;
   webSessions: WebSessions;
 }
 
@@ -91,7 +98,14 @@ export class AuthService implements ProxyAuth {
     const agents = new AgentDirectory(backend, options.clusterName, callers);
     const manifests = new Manifests({ backend, callers, audit, users, joining, lockAdmin, locks, agents });
     const webSessions = new WebSessions({ backend, clock, callers, authorities, audit, log, userCertTtlMs: options.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS });
-    const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests, webSessions }, options.proxyPublicAddr);
+    const sso = new SsoService({
+      backend, clock, callers, authorities, audit, locks, log,
+      userCertTtlMs: options.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS,
+      authentication: options.authentication ?? { type: 'local', connector_name: '' },
+      webSessions,
+      ...(options.dialer ? { dialer: options.dialer } : {}),
+    });
+    const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests, sso, webSessions }, options.proxyPublicAddr);
     callers.watchRevocations(service.sessions);
     log.info({ cluster: options.clusterName, ca_pin: service.caPin() }, 'auth service ready');
     return service;
@@ -113,6 +127,11 @@ export class AuthService implements ProxyAuth {
   adminIdentity(...a: Parameters<Authorities['adminIdentity']>) { return this.parts.authorities.adminIdentity(...a); }
   issueServerCert(...a: Parameters<Authorities['issueServerCert']>) { return this.parts.authorities.issueServerCert(...a); }
   issueAdminCert(...a: Parameters<Authorities['issueAdminCert']>) { return this.parts.authorities.issueAdminCert(...a); }
+
+  /** Single sign-on through the connectors (sso/index.ts; routes in ssoapi.ts). */
+  get sso(): SsoService { return this.parts.sso; }
+  /** auth_service.authentication as /webapi/ping reports it (ProxyAuth). */
+  authPreference(): Promise<AuthPreference> { return this.parts.sso.authPreference(); }
 
   // --- the caller as it stands now, and rules (callers.ts) -------------------------------------------------------
   rolesOf(...a: Parameters<CallerCheck['rolesOf']>) { return this.parts.callers.rolesOf(...a); }

@@ -1,6 +1,8 @@
 #!/usr/bin/env node
 // Client CLI: sign in to a cluster through its Proxy and show the profile.
-import { generateKeyPair } from '../auth/pki.js';
+import { createHash, randomBytes } from 'node:crypto';
+import http from 'node:http';
+import { generateKeyPair, identityFromCert } from '../auth/pki.js';
 import type { CertBundle } from '../auth/service.js';
 import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
 import { knownCa, loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
@@ -25,31 +27,97 @@ const program = newProgram('gwsh', 'Client CLI: log in and reach servers, databa
 
 program
   .command('login')
-  .description('sign in and receive short-lived certificates (password from the terminal, or standard input)')
+  .description('sign in and receive short-lived certificates (password from the terminal or standard input, or --auth=CONNECTOR through the browser)')
   .requiredOption('--proxy <host:port>', "the Proxy's public web address")
-  .requiredOption('--user <user>', 'user name')
+  .option('--user <user>', 'user name (a local user; not with --auth)')
+  .option('--auth <connector>', 'sign in through a single sign-on connector (oidc, saml or github; kind/name if names repeat): prints the URL to open')
   .option('--ca-pin <pin>', "the cluster's CA pin (sha256:...), to trust a cluster whose certificate is not publicly trusted")
-  .option('--ttl <duration>', 'certificate lifetime (at most what the cluster allows, 12h by default)')
-  .action(async (opts: { proxy: string; user: string; caPin?: string; ttl?: string }) => {
+  .option('--ttl <duration>', 'certificate lifetime (at most what the cluster allows, 12h by default; with --auth the session\'s)')
+  .action(async (opts: { proxy: string; user?: string; auth?: string; caPin?: string; ttl?: string }) => {
     const proxy = normalizeAddress(opts.proxy);
+    if (!opts.auth && !opts.user) throw new GatewayError('GW_ERR_USAGE', 'give --user for a local user, or --auth=CONNECTOR to sign in through single sign-on');
+    if (opts.auth && opts.user) throw new GatewayError('GW_ERR_USAGE', '--user and --auth exclude each other: the identity provider names the user');
     const ttlMs = opts.ttl ? parseDuration(opts.ttl, '--ttl') : undefined;
     // Trust: a pinned cluster CA, else the CA kept for this proxy address by an earlier login (also across a
     // logout), else the system's CAs.
     const previous = loadProfile();
     const kept = knownCa(profileDir(), proxy)?.host_ca ?? (previous?.proxy === proxy ? previous.hostCa : undefined);
     const ca = opts.caPin ? (await fetchPinnedCas(proxy, opts.caPin)).host_ca : kept;
-    const password = await readPassword(`Enter password for ${opts.user}: `);
+    const client = new ApiClient({ address: proxy, ...(ca ? { ca } : {}) });
     const keys = generateKeyPair();
-    const bundle = await new ApiClient({ address: proxy, ...(ca ? { ca } : {}) }).call<CertBundle>('POST', '/webapi/login', {
+    if (opts.auth) {
+      const bundle = await ssoLogin(client, opts.auth, keys);
+      saveProfile(profileDir(), proxy, identityFromCert(bundle.tlsCert).name, keys.privateKeyPem, bundle);
+      printStatus('text');
+      return;
+    }
+    const password = await readPassword(`Enter password for ${opts.user}: `);
+    const bundle = await client.call<CertBundle>('POST', '/webapi/login', {
       username: opts.user,
       password,
       public_key: keys.publicKeyPem,
       ssh_public_key: keys.sshPublicKey,
       ...(ttlMs === undefined ? {} : { ttl_ms: ttlMs }),
     });
-    saveProfile(profileDir(), proxy, opts.user, keys.privateKeyPem, bundle);
+    saveProfile(profileDir(), proxy, opts.user!, keys.privateKeyPem, bundle);
     printStatus('text');
   });
+
+/** How long gwsh waits for the browser to come back from the identity provider (GWSH_SSO_TIMEOUT_MS overrides). */
+const SSO_CALLBACK_MS = 3 * 60_000;
+
+/**
+ * gwsh login --auth: a one-request listener on 127.0.0.1 for the browser's return, the URL to open printed, the
+ * one-time code from the callback exchanged (with a secret that never left this process) for certificates.
+ */
+async function ssoLogin(client: ApiClient, connector: string, keys: ReturnType<typeof generateKeyPair>): Promise<CertBundle> {
+  const secret = randomBytes(32).toString('base64url');
+  const callback = await loopbackCallback(Number(process.env.GWSH_SSO_TIMEOUT_MS) || SSO_CALLBACK_MS);
+  try {
+    const started = await client.call<{ auth_url: string; request_id: string }>('POST', '/webapi/sso/console', {
+      connector,
+      public_key: keys.publicKeyPem,
+      ssh_public_key: keys.sshPublicKey,
+      redirect_url: callback.url,
+      secret_hash: createHash('sha256').update(secret).digest('hex'),
+    });
+    process.stdout.write(`Open this URL in your browser: ${started.auth_url}\n`);
+    const code = await callback.code;
+    return await client.call<CertBundle>('POST', '/webapi/sso/console/exchange', { request_id: started.request_id, code, secret });
+  } finally {
+    callback.close();
+  }
+}
+
+/** Listens on 127.0.0.1:<random> for GET /callback?code=...: the first such request ends it, or the deadline does. */
+async function loopbackCallback(deadlineMs: number): Promise<{ url: string; code: Promise<string>; close(): void }> {
+  let settle!: { resolve: (code: string) => void; reject: (err: Error) => void };
+  const code = new Promise<string>((resolve, reject) => (settle = { resolve, reject }));
+  const server = http.createServer((req, res) => {
+    const url = new URL(req.url ?? '/', 'http://127.0.0.1');
+    const value = url.searchParams.get('code');
+    if (req.method !== 'GET' || url.pathname !== '/callback' || !value || value.length > 256) {
+      res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
+      return;
+    }
+    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', connection: 'close' })
+      .end('<!doctype html><title>Signed in</title><p>Signed in: you may close this window and go back to the terminal.</p>');
+    settle.resolve(value);
+  });
+  server.headersTimeout = 10_000;
+  server.requestTimeout = 10_000;
+  server.maxHeadersCount = 64;
+  await new Promise<void>((resolve, reject) => server.once('error', reject).listen(0, '127.0.0.1', resolve));
+  const timer = setTimeout(() => settle.reject(new GatewayError('GW_ERR_SSO_STATE_INVALID', `the browser did not come back from the identity provider within ${Math.round(deadlineMs / 1000)} s`, {
+    hint: 'Run gwsh login --auth again and finish the sign-in in the browser in time.',
+  })), deadlineMs);
+  const close = () => {
+    clearTimeout(timer);
+    server.close();
+    server.closeAllConnections();
+  };
+  return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/callback`, code, close };
+}
 
 program
   .command('status')

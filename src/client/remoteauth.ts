@@ -24,6 +24,7 @@ import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from '../auth/
 import type { Resource, RoleResource } from '../auth/resources/index.js';
 import type { PublicCas } from '../auth/service.js';
 import { SessionRegistry } from '../auth/sessions.js';
+import type { AuthPreference } from '../auth/sso/index.js';
 import { DialerAgent } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
 import { ERROR_CODES, GatewayError, isGatewayError, type ErrorCode } from '../errors.js';
@@ -111,6 +112,11 @@ export class RemoteProxyAuth implements ProxyAuth {
 
   get user(): PublicAuthority {
     return this.trust.user;
+  }
+
+  /** auth_service.authentication of the cluster, for /webapi/ping (the front door caches it a few seconds). */
+  authPreference(): Promise<AuthPreference> {
+    return this.call<{ preference: AuthPreference }>('GET', '/v1/proxy/auth-preference').then((r) => r.preference);
   }
 
   /** The Auth API address calls go to now. */

@@ -375,6 +375,14 @@ export const SCHEMA = section('The gateway configuration file.', {
       ),
       agent_connection_count: int('proxy_peering: how many Proxies each agent keeps a tunnel to.', { min: 1, max: 64, default: 1 }),
     }),
+    authentication: section('How users sign in: what /webapi/ping and the login page offer first (docs/sso.md).', {
+      type: oneOf(
+        'local: user name and password; oidc, saml, github: the connector connector_name of that kind (local users can still sign in).',
+        ['local', 'oidc', 'saml', 'github'],
+        'local',
+      ),
+      connector_name: str('The connector offered by default (oidc, saml, github); empty: the first of that kind.', { default: '' }),
+    }),
   }),
 
   proxy_service: service('proxy_service', 'Proxy Service: the public entry point (web, tunnels, protocols).', publicAddr(443, 'the web UI and API'), {

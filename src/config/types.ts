@@ -67,6 +67,8 @@ export interface AuthServiceConfig extends ServiceConfig {
   /** Heartbeats missed in a row (1..100) before the Proxy marks an agent offline. */
   readonly keep_alive_count_max: number;
   readonly tunnel_strategy: { readonly type: 'agent_mesh' | 'proxy_peering'; readonly agent_connection_count: number };
+  /** How users sign in (docs/sso.md): local, or the connector of that kind named connector_name ('' = the first). */
+  readonly authentication: { readonly type: 'local' | 'oidc' | 'saml' | 'github'; readonly connector_name: string };
 }
 
 /** Exactly one of the two is set. static_version keeps its leading "v". */

@@ -30,6 +30,7 @@ import { ConnectionLimits, limitSettings, type ListenerGuard } from '../net/dead
 import { guardHttpServer } from '../net/http.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { serverSecureContext, terminateTls } from '../net/tls.js';
+import type { AuthPreference } from '../auth/sso/index.js';
 import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
 import type { VersionServer } from './versions.js';
@@ -59,6 +60,8 @@ export interface FrontDoorOptions {
   webApps?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
   /** The Web UI's routes of the Proxy (web.ts): requests before the API router, the terminal's WebSocket upgrades. */
   web?: { handle(req: http.IncomingMessage, res: http.ServerResponse): boolean; upgrade(req: http.IncomingMessage, socket: Duplex, head: Buffer): boolean };
+  /** How users sign in, for /webapi/ping (cachedAuthPreference in ping.ts); local when not given. */
+  authPreference?: () => Promise<AuthPreference>;
   /** Extra members of the /webapi/find answer (the tunnel server's SSH host keys). */
   findExtras?: () => Record<string, unknown>;
   /** WebSocket pings on upgraded connections, to keep L7 load balancers from closing idle streams. */
@@ -93,8 +96,11 @@ function createWebServer(options: FrontDoorOptions, addresses: Record<string, st
     if (options.versions.handle(req, res)) return;
     if (path === '/webapi/ping' || path === '/webapi/find') {
       if (req.method !== 'GET' && req.method !== 'HEAD') return sendJson(res, 405, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: `${req.method} is not allowed on ${path}`, hint: 'Use GET.' } });
-      const ping = pingResponse(config, options.clusterName, { web: addresses.web ?? addresses.mux, ...(addresses.ssh ? { ssh: addresses.ssh } : {}), ...(addresses.tunnel ? { tunnel: addresses.tunnel } : {}), ...(addresses.mysql ? { mysql: addresses.mysql } : {}), ...(addresses.kube ? { kube: addresses.kube } : {}) });
-      return sendJson(res, 200, path === '/webapi/find' ? { proxy: ping.proxy, server_version: ping.server_version, cluster_name: ping.cluster_name, ...(options.findExtras?.() ?? {}) } : ping);
+      const bound = { web: addresses.web ?? addresses.mux, ...(addresses.ssh ? { ssh: addresses.ssh } : {}), ...(addresses.tunnel ? { tunnel: addresses.tunnel } : {}), ...(addresses.mysql ? { mysql: addresses.mysql } : {}), ...(addresses.kube ? { kube: addresses.kube } : {}) };
+      const ping = pingResponse(config, options.clusterName, bound);
+      if (path === '/webapi/find') return sendJson(res, 200, { proxy: ping.proxy, server_version: ping.server_version, cluster_name: ping.cluster_name, ...(options.findExtras?.() ?? {}) });
+      if (!options.authPreference) return sendJson(res, 200, ping);
+      return void options.authPreference().then((p) => sendJson(res, 200, pingResponse(config, options.clusterName, bound, p)));
     }
     if (path === UPGRADE_PATH) {
       return sendJson(res, 426, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: 'connection upgrade needs a WebSocket upgrade request', hint: `Send GET ${UPGRADE_PATH} with Upgrade: websocket and the ALPN protocol as the subprotocol.` } });

@@ -9,6 +9,7 @@
  */
 import { formatHostPort, type HostPort } from '../addr.js';
 import type { GatewayConfig } from '../config/index.js';
+import type { AuthPreference } from '../auth/sso/index.js';
 import { VERSION } from '../version.js';
 
 export interface PingProxy {
@@ -18,11 +19,19 @@ export interface PingProxy {
   tls_routing_enabled: boolean;
 }
 
+/** How users sign in: local, or the connector auth_service.authentication names (docs/sso.md). */
+export interface PingAuth {
+  type: AuthPreference['type'];
+  second_factor: 'off';
+  local: { name: string };
+  connector?: { kind: string; name: string; display: string };
+}
+
 export interface PingResponse {
   cluster_name: string;
   server_version: string;
   min_client_version: string;
-  auth: { type: 'local'; second_factor: 'off'; local: { name: string } };
+  auth: PingAuth;
   proxy: PingProxy;
 }
 
@@ -75,12 +84,35 @@ export function pingProxy(config: GatewayConfig, bound: Partial<Record<'web' | '
   };
 }
 
-export function pingResponse(config: GatewayConfig, clusterName: string, bound: Parameters<typeof pingProxy>[1] = {}): PingResponse {
+export function pingResponse(config: GatewayConfig, clusterName: string, bound: Parameters<typeof pingProxy>[1] = {}, preference: AuthPreference = { type: 'local' }): PingResponse {
   return {
     cluster_name: clusterName,
     server_version: VERSION,
     min_client_version: MIN_CLIENT_VERSION,
-    auth: { type: 'local', second_factor: 'off', local: { name: '' } },
+    auth: { type: preference.type, second_factor: 'off', local: { name: '' }, ...(preference.connector ? { connector: preference.connector } : {}) },
     proxy: pingProxy(config, bound),
+  };
+}
+
+/** How long the Proxy reuses the Auth Service's answer on how users sign in. */
+export const AUTH_PREFERENCE_CACHE_MS = 10_000;
+
+/**
+ * The authentication preference, asked of the Auth Service at most every AUTH_PREFERENCE_CACHE_MS; while it cannot
+ * be asked, the last answer (or local) is reported: ping must answer even when the Auth Service does not.
+ */
+export function cachedAuthPreference(ask: () => Promise<AuthPreference>, clock: () => number = Date.now): () => Promise<AuthPreference> {
+  let last: AuthPreference = { type: 'local' };
+  let at = -Infinity;
+  let pending: Promise<AuthPreference> | undefined;
+  return () => {
+    if (clock() - at < AUTH_PREFERENCE_CACHE_MS) return Promise.resolve(last);
+    pending ??= ask()
+      .then((p) => (last = p), () => last)
+      .finally(() => {
+        at = clock();
+        pending = undefined;
+      });
+    return pending;
   };
 }

@@ -39,6 +39,8 @@ export interface AuthRoleOptions {
   lifecycle: Lifecycle;
   /** What `gwctl tokens add` prints as --proxy: set when a Proxy runs in this process. */
   proxyPublicAddr?: string;
+  /** Requests to identity providers (single sign-on) go through the process's Dialer. */
+  dialer?: Dialer;
 }
 
 export interface AuthRole {
@@ -58,6 +60,8 @@ export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole>
     backend,
     clusterName: config.auth_service.cluster_name,
     ...(options.proxyPublicAddr === undefined ? {} : { proxyPublicAddr: options.proxyPublicAddr }),
+    ...(options.dialer ? { dialer: options.dialer } : {}),
+    authentication: config.auth_service.authentication,
   });
   // Every Proxy reads it (discovery tells agents); the last Auth Service to start decides.
   await auth.setTunnelStrategy(config.auth_service.tunnel_strategy.type === 'proxy_peering'

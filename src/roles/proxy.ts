@@ -18,6 +18,7 @@ import { GatewayError } from '../errors.js';
 import type { ConnectionLimits, LimitSettings } from '../net/deadlines.js';
 import { createAccessHandler } from '../proxy/access.js';
 import { startFrontDoor, type FrontDoor, type ProtocolServices } from '../proxy/frontdoor.js';
+import { cachedAuthPreference } from '../proxy/ping.js';
 import { SshJumpServer } from '../proxy/sshjump.js';
 import { createKubeHandler, createWebAppHandler } from '../proxy/webapps.js';
 import { ReloadableVersionServer } from '../reload.js';
@@ -141,6 +142,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     findExtras: () => ({ tunnel_host_keys: [...new Set([tunnelKey.sshPublicKey, ...cluster.proxies().flatMap((p) => (p.tunnel_host_key ? [p.tunnel_host_key] : []))])], proxies: cluster.proxies().map((p) => ({ id: p.id, nodename: p.nodename, public_addr: p.public_addr, version: p.version })) }),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
     api: options.api,
+    authPreference: cachedAuthPreference(() => auth.authPreference()),
     limits,
     versions,
   });

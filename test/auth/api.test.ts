@@ -164,6 +164,11 @@ const STATUS_OF: ReadonlyArray<readonly [ErrorCode, number]> = [
   ['GW_ERR_WEB_SESSION_EXPIRED', 401],
   ['GW_ERR_WEB_SESSION_INVALID', 401],
   ['GW_ERR_WEB_CSRF', 403],
+  ['GW_ERR_SSO_CONNECTOR_UNKNOWN', 404],
+  ['GW_ERR_SSO_STATE_INVALID', 400],
+  ['GW_ERR_SSO_TOKEN_INVALID', 401],
+  ['GW_ERR_SSO_IDP_ERROR', 502],
+  ['GW_ERR_SSO_NO_ROLES', 403],
 ];
 
 describe('statusFor', () => {

@@ -149,6 +149,7 @@ describe('the /v1/proxy/ routes', () => {
       await remote.heartbeatProxy(record, 60_000);
       expect((await remote.listProxies()).map((p) => p.id)).toContain(proxy.hostId);
       expect(await remote.tunnelStrategy()).toMatchObject({ type: 'agent_mesh' });
+      expect(await remote.authPreference()).toEqual({ type: 'local' });
       const cert = new X509Certificate(await remote.issueServerCert(generateKeyPair().publicKeyPem, ['proxy1.example']));
       expect(identityFromCert(cert.raw)).toMatchObject({ kind: 'host', name: proxy.hostId, roles: ['proxy'] });
       // Hostile: another Proxy's record.

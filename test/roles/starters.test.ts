@@ -125,6 +125,7 @@ function onlyProxyAuth(role: AuthRole, issued: string[]): ProxyAuth {
     clusterName: auth.clusterName,
     host: pub(auth.host),
     user: pub(auth.user),
+    authPreference: () => auth.authPreference(),
     sessions: auth.sessions,
     resolveCaller: (c) => auth.resolveCaller(c),
     resolveSshUser: (name, issuedAt) => auth.resolveSshUser(name, issuedAt),

@@ -362,6 +362,7 @@ const keyPair = optional(
 );
 
 const display = str('Name shown on the login button.', { check: text('display name') });
+const idpCa = str("PEM CA certificate(s) trusted for the identity provider's HTTPS endpoints, besides the system's.", { check: pem('certificate') });
 const url = (doc: string) => str(doc, { type: 'URL', check: httpUrl });
 const mappingValue = str('Value to match: exact, glob with *, or ^regex$.', { check: pattern });
 
@@ -370,7 +371,10 @@ const githubSpec = section(
   {
     client_id: str('OAuth app client ID.', { check: text('client ID') }),
     client_secret: secret('OAuth app client secret.'),
-    redirect_url: url('Callback URL: https://<proxy>/v1/webapi/github/callback.'),
+    redirect_url: url('Callback URL: https://<proxy>/webapi/sso/github/callback.'),
+    endpoint_url: url('Web address of the code-hosting service (its OAuth pages); default https://github.com.'),
+    api_endpoint_url: url('Address of its REST API; default https://api.github.com.'),
+    ca: idpCa,
     teams_to_roles: listOf(
       'Team → roles mappings.',
       section(
@@ -389,7 +393,9 @@ const githubSpec = section(
 const samlSpec = section(
   'SAML connector.',
   {
-    acs: url('Assertion consumer service URL: https://<proxy>/v1/webapi/saml/acs/<name>.'),
+    acs: url('Assertion consumer service URL: https://<proxy>/webapi/sso/saml/acs.'),
+    service_provider_issuer: str('Entity ID of the gateway as service provider (the audience of assertions); default the acs URL.', { check: text('entity ID') }),
+    ca: idpCa,
     entity_descriptor: str("The identity provider's metadata XML.", { check: text('metadata XML') }),
     entity_descriptor_url: url("URL of the identity provider's metadata XML."),
     attributes_to_roles: listOf(
@@ -444,7 +450,10 @@ const oidcSpec = section(
     issuer_url: url("The identity provider's issuer URL."),
     client_id: str('Client ID.', { check: text('client ID') }),
     client_secret: secret('Client secret.'),
-    redirect_url: url('Callback URL: https://<proxy>/v1/webapi/oidc/callback.'),
+    redirect_url: url('Callback URL: https://<proxy>/webapi/sso/oidc/callback.'),
+    username_claim: str('Claim that names the user; default email (then preferred_username, then sub).', { check: text('claim name') }),
+    scope: strings('Scopes asked for besides openid (e.g. email, groups).', str('A scope.', { check: name('scope') }), 'scope'),
+    ca: idpCa,
     claims_to_roles: listOf('Claim → roles mappings.', claimMapping, {
       type: 'list of mappings',
       expected: 'a list of mappings (claim, value, roles)',

@@ -116,9 +116,18 @@ export interface RoleResource extends Resource<RoleSpec> {
 /** Trait name → values (logins, db_users, ...), as the local user database or an identity provider gives them. */
 export type Traits = Record<string, string[]>;
 
+/** Set on users that a single sign-on created (src/auth/sso): the connector that vouched for them. */
+export interface UserCreatedBy {
+  connector: string;
+  kind: 'oidc' | 'saml' | 'github';
+  /** RFC 3339: the sign-in that last wrote the record. */
+  time: string;
+}
+
 export interface UserSpec {
   roles: string[];
   traits?: Traits;
+  created_by?: UserCreatedBy;
 }
 
 export interface UserResource extends Resource<UserSpec> {
@@ -155,6 +164,12 @@ export interface GithubSpec {
   /** Secret: only present when read with --with-secrets. */
   client_secret?: string;
   redirect_url: string;
+  /** The code-hosting service's web address (its OAuth pages); default https://github.com. */
+  endpoint_url?: string;
+  /** Its REST API; default https://api.github.com. */
+  api_endpoint_url?: string;
+  /** PEM CA certificate(s) trusted for the identity provider, besides the system's. */
+  ca?: string;
   teams_to_roles: TeamMapping[];
   display?: string;
   signing_key_pair?: SigningKeyPair;
@@ -174,6 +189,10 @@ export interface AttributeMapping {
 export interface SamlSpec {
   /** Assertion consumer service URL. */
   acs: string;
+  /** The gateway's entity ID as service provider (the audience of assertions); default the acs URL. */
+  service_provider_issuer?: string;
+  /** PEM CA certificate(s) trusted for entity_descriptor_url, besides the system's. */
+  ca?: string;
   /** The identity provider's metadata XML; exactly one of entity_descriptor and entity_descriptor_url. */
   entity_descriptor?: string;
   entity_descriptor_url?: string;
@@ -200,6 +219,12 @@ export interface OidcSpec {
   /** Secret: only present when read with --with-secrets. */
   client_secret?: string;
   redirect_url: string;
+  /** The claim naming the user; default email, then preferred_username, then sub. */
+  username_claim?: string;
+  /** Scopes asked for besides openid; default email and profile. */
+  scope?: string[];
+  /** PEM CA certificate(s) trusted for the identity provider, besides the system's. */
+  ca?: string;
   claims_to_roles: ClaimMapping[];
   signing_key_pair?: SigningKeyPair;
   display?: string;
