@@ -93,7 +93,12 @@ export interface ListenerStats {
   refused: { total: number; per_source: number };
   /** Connections closed because the deadline of a phase passed. */
   deadlines: Partial<Record<Phase, number>>;
+  /** Connections closed because the client broke a protocol's cap (HTTP/2: resets, floods, invalid frames). */
+  closed: Partial<Record<ProtocolCap, number>>;
 }
+
+/** The protocol caps that close a connection (src/net/http2.ts for HTTP/2). */
+export type ProtocolCap = 'h2-rapid-reset' | 'h2-flood' | 'h2-invalid-frames' | 'h2-protocol';
 
 export type CapKind = keyof ListenerStats['refused'];
 
@@ -263,6 +268,11 @@ export class Connection {
     this.guard?.counted(phase, this);
   }
 
+  /** Counts a close for a protocol cap the client broke (the protocol's code closes the connection). */
+  closedFor(cap: ProtocolCap): void {
+    this.guard?.closedFor(cap, this);
+  }
+
   /** Destroys every layer, the outermost first, down to the socket. */
   destroy(): void {
     for (const layer of [...this.layers].reverse()) if (!layer.destroyed) layer.destroy();
@@ -343,7 +353,7 @@ class LogBudget {
 }
 
 export class ListenerGuard {
-  readonly stats: ListenerStats = { open: 0, accepted: 0, refused: { total: 0, per_source: 0 }, deadlines: {} };
+  readonly stats: ListenerStats = { open: 0, accepted: 0, refused: { total: 0, per_source: 0 }, deadlines: {}, closed: {} };
   private readonly bySource = new Map<string, number>();
   private readonly capLog = new LogBudget(10);
 
@@ -409,6 +419,12 @@ export class ListenerGuard {
   counted(phase: Phase, conn: Connection): void {
     this.stats.deadlines[phase] = (this.stats.deadlines[phase] ?? 0) + 1;
     this.limits.log.debug({ listener: this.name, phase, source: conn.source }, 'connection closed: deadline passed');
+  }
+
+  /** For Connection: a protocol cap closed it. */
+  closedFor(cap: ProtocolCap, conn: Connection): void {
+    this.stats.closed[cap] = (this.stats.closed[cap] ?? 0) + 1;
+    this.limits.log.debug({ listener: this.name, cap, source: conn.source }, 'connection closed: protocol cap');
   }
 
   private refuse(socket: Duplex, cap: CapKind, source: string): undefined {

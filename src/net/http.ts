@@ -28,10 +28,35 @@ export type HttpDeadlines = Pick<LimitSettings, 'headerMs' | 'requestMs' | 'idle
  */
 export function guardHttpServer(server: http.Server, settings: HttpDeadlines, options: { upgrades?: boolean } = {}): (socket: Duplex) => void {
   server.timeout = settings.idleMs;
-  const inFlight = new WeakMap<object, number>();
-
   // Before the application's own listener, so that the phase is set whatever the handler does synchronously.
-  server.prependListener('request', (req: http.IncomingMessage, res: http.ServerResponse) => {
+  server.prependListener('request', requestPhases(settings));
+  if (options.upgrades) server.prependListener('upgrade', leaveOnUpgrade);
+
+  return (socket) => {
+    enterHttp1(socket, settings);
+    server.emit('connection', socket);
+  };
+}
+
+/** An upgrade request: the connection leaves HTTP and its phases (the upgraded protocol has its own). */
+export function leaveOnUpgrade(req: http.IncomingMessage): void {
+  connectionOf(req.socket).leave();
+}
+
+/** An HTTP/1.1 connection handed over: its first request head is due within header_timeout. */
+export function enterHttp1(socket: Duplex, settings: HttpDeadlines): void {
+  const conn = connectionOf(socket);
+  conn.enter('http-headers', settings.headerMs);
+  socket.on('timeout', () => conn.count('http-idle'));
+}
+
+/**
+ * The 'request' listener that moves an HTTP/1.1 connection through its phases: http-request until the body is
+ * complete, then, once every answer on the connection is done, http-headers for the next request.
+ */
+export function requestPhases(settings: HttpDeadlines): (req: http.IncomingMessage, res: http.ServerResponse) => void {
+  const inFlight = new WeakMap<object, number>();
+  return (req, res) => {
     const socket = req.socket;
     const conn = connectionOf(socket);
     inFlight.set(socket, (inFlight.get(socket) ?? 0) + 1);
@@ -47,13 +72,5 @@ export function guardHttpServer(server: http.Server, settings: HttpDeadlines, op
     };
     res.once('finish', done);
     res.once('close', done);
-  });
-  if (options.upgrades) server.prependListener('upgrade', (req: http.IncomingMessage) => connectionOf(req.socket).leave());
-
-  return (socket) => {
-    const conn = connectionOf(socket);
-    conn.enter('http-headers', settings.headerMs);
-    socket.on('timeout', () => conn.count('http-idle'));
-    server.emit('connection', socket);
   };
 }

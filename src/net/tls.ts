@@ -1,8 +1,9 @@
 /**
  * Server-side TLS on a stream we hold (an accepted socket, a routed socket with its ClientHello pushed back, a
  * stream inside a connection upgrade), with the handshake deadline of its connection (src/net/deadlines.ts).
- * Every TLS endpoint of the gateway goes through here: the web port in both listener modes, every TLS route
- * of the one port, the separate protocol ports and the Auth API.
+ * Every TLS endpoint of the gateway goes through here: every TLS route of the one port, the separate protocol
+ * ports and the Auth API; peering and the web port (src/net/http2.ts) through a tls.Server that never listens,
+ * paired with their streams by innerStream().
  */
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
@@ -80,7 +81,7 @@ export function tlsTerminator(
   const server = tls.createServer({ ...options.credentials, sessionIdContext, requestCert: true, rejectUnauthorized: false, ALPNProtocols: options.alpn });
   const pending = new WeakMap<net.Socket, { onSecure: (socket: TLSSocket) => void; onError?: (err: Error) => void }>();
   server.on('secureConnection', (socket: TLSSocket) => {
-    const raw = (socket as unknown as { _parent?: net.Socket })._parent;
+    const raw = innerStream(socket) as net.Socket | undefined;
     const handlers = raw ? pending.get(raw) : undefined;
     if (!raw || !handlers) return void socket.destroy();
     connectionOf(raw).leave('tls-handshake');
@@ -89,7 +90,7 @@ export function tlsTerminator(
     handlers.onSecure(socket);
   });
   server.on('tlsClientError', (err: Error, socket: TLSSocket) => {
-    const raw = (socket as unknown as { _parent?: net.Socket })._parent;
+    const raw = innerStream(socket) as net.Socket | undefined;
     if (raw) pending.get(raw)?.onError?.(err);
     socket.destroy();
   });
@@ -98,4 +99,13 @@ export function tlsTerminator(
     connectionOf(stream).enter('tls-handshake', options.handshakeMs);
     server.emit('connection', stream);
   };
+}
+
+/**
+ * The stream a TLS socket made by a tls.Server runs on: the one handed to the server with emit('connection').
+ * Node keeps it in the private `_parent` and offers no public way to pair the two; the servers that are fed our
+ * streams (tlsTerminator, the web port's HTTP/2 server in src/net/http2.ts) need the pair for the deadlines.
+ */
+export function innerStream(socket: TLSSocket): Duplex | undefined {
+  return (socket as unknown as { _parent?: Duplex | null })._parent ?? undefined;
 }

@@ -3,7 +3,8 @@
  * that lead to it and to every other protocol. What it serves is the protocol table (protocols.ts); this file
  * only says how each kind of route is served:
  *
- *   web        TLS ends here (always HTTP/1.1), then the web server
+ *   web        TLS ends here (ALPN h2, http/1.1, or none: HTTP/1.1), then the web server (src/net/http2.ts):
+ *              API, ping, find, version server, the Web UI's files (static.ts), connection upgrade
  *   redirect   plain HTTP: a redirect to https://
  *   ssh        the raw stream, to the ssh service (the SSH jump host)
  *   kube, tunnel, resource
@@ -28,11 +29,13 @@ import { logger, type Logger } from '../log.js';
 import { Multiplexer, type ConnInfo, type MuxRoute, type RouteHandler } from '../mux/multiplexer.js';
 import { ConnectionLimits, limitSettings, type ListenerGuard } from '../net/deadlines.js';
 import { guardHttpServer } from '../net/http.js';
+import { createWebServer, type Http2Caps, type WebServer } from '../net/http2.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { serverSecureContext, terminateTls } from '../net/tls.js';
 import type { AuthPreference } from '../auth/sso/index.js';
 import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
+import { StaticSite } from './static.js';
 import type { VersionServer } from './versions.js';
 
 export { closeServer, listenOn };
@@ -70,6 +73,10 @@ export interface FrontDoorOptions {
   limits?: ConnectionLimits;
   /** The protocols served; the table in protocols.ts unless a test says otherwise. */
   protocols?: readonly Protocol[];
+  /** The Web UI's files: dist/web of this installation unless a test says otherwise. */
+  webRoot?: string;
+  /** HTTP/2 caps of the web port (HTTP2_CAPS unless a test lowers them). */
+  http2Caps?: Partial<Http2Caps>;
 }
 
 export interface FrontDoor {
@@ -87,10 +94,10 @@ function sendJson(res: http.ServerResponse, status: number, body: unknown): void
   res.end(text);
 }
 
-/** The web server: API, ping, find, version server (connection upgrades are added by the caller). */
-function createWebServer(options: FrontDoorOptions, addresses: Record<string, string>): http.Server {
+/** The web server's requests: API, ping, find, version server, the Web UI (connection upgrades are the caller's). */
+function webRequests(options: FrontDoorOptions, addresses: Record<string, string>, site: StaticSite): http.RequestListener {
   const { config } = options;
-  return http.createServer((req, res) => {
+  return (req, res) => {
     const path = (req.url ?? '/').split('?')[0]!;
     if (options.webApps?.(req, res)) return;
     if (options.versions.handle(req, res)) return;
@@ -106,8 +113,9 @@ function createWebServer(options: FrontDoorOptions, addresses: Record<string, st
       return sendJson(res, 426, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: 'connection upgrade needs a WebSocket upgrade request', hint: `Send GET ${UPGRADE_PATH} with Upgrade: websocket and the ALPN protocol as the subprotocol.` } });
     }
     if (options.web?.handle(req, res)) return;
+    if (site.handle(req, res)) return;
     options.api(req, res);
-  });
+  };
 }
 
 /** Plain HTTP on the one port: a redirect to https:// and the same path. */
@@ -127,7 +135,7 @@ function createRedirectServer(): http.Server {
  * Connection upgrade (L7 load balancers that end TLS themselves): the WebSocket stream is routed as if it had
  * arrived on the one port with the ALPN named as the subprotocol.
  */
-function serveUpgrades(web: http.Server, mux: Multiplexer, protocols: readonly Protocol[], guard: ListenerGuard, pingMs: number, webRoutes?: FrontDoorOptions['web']): WebSocketServer {
+function serveUpgrades(web: WebServer['server'], mux: Multiplexer, protocols: readonly Protocol[], guard: ListenerGuard, pingMs: number, webRoutes?: FrontDoorOptions['web']): WebSocketServer {
   const routable = (pr: string) => upgradeRouteFor(pr, protocols) !== undefined;
   const wss = new WebSocketServer({ noServer: true, handleProtocols: (offered) => [...offered].find(routable) ?? false });
   web.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
@@ -175,20 +183,18 @@ class Streams {
 /** How each kind of route is served (the list at the top of this file). */
 class RouteHandlers {
   readonly redirect = createRedirectServer();
-  private readonly toWeb: (stream: Duplex) => void;
   private readonly toRedirect: (stream: Duplex) => void;
   private readonly secureContext;
   private readonly services: ProtocolServices;
 
   constructor(
     options: FrontDoorOptions,
-    web: http.Server,
+    private readonly webServer: WebServer,
     private readonly limits: ConnectionLimits,
     private readonly streams: Streams,
     private readonly log: Logger,
   ) {
     this.secureContext = serverSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: options.tls.ca }, 'proxy');
-    this.toWeb = guardHttpServer(web, limits.settings, { upgrades: true });
     this.toRedirect = guardHttpServer(this.redirect, limits.settings);
     this.services = options.services ?? {};
   }
@@ -218,10 +224,10 @@ class RouteHandlers {
     };
   }
 
-  // Always HTTP/1.1, whatever the client offered (h2 among others routes here; h2 alone fails the handshake).
+  // h2 or http/1.1 (the client's choice among them; none offered: HTTP/1.1), TLS and all in src/net/http2.ts.
   private readonly web: RouteHandler = (stream) => {
     this.streams.track(stream);
-    terminateTls(stream, this.terminating(['http/1.1']), this.toWeb, (err) => this.log.debug({ err: err.message }, 'TLS on the web port failed'));
+    this.webServer.accept(stream);
   };
 
   private readonly redirectRoute: RouteHandler = (stream) => {
@@ -264,14 +270,24 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   const addresses: Record<string, string> = {};
   const streams = new Streams();
 
-  const web = createWebServer(options, addresses);
+  const site = await StaticSite.load({ ...(options.webRoot ? { root: options.webRoot } : {}), log });
+  const web = createWebServer(
+    {
+      credentials: { key: options.tls.key, cert: options.tls.cert, ca: options.tls.ca },
+      name: 'proxy-web',
+      settings: limits.settings,
+      ...(options.http2Caps ? { caps: options.http2Caps } : {}),
+      onTlsError: (err) => log.debug({ err: err.message }, 'TLS on the web port failed'),
+    },
+    webRequests(options, addresses, site),
+  );
   const routes = new RouteHandlers(options, web, limits, streams, log);
   const mux = new Multiplexer({
     routes: protocols.map((row): MuxRoute => ({ name: row.name, match: muxMatchOf(row), handler: routes.of(row) })),
     proxyProtocol: p.proxy_protocol === 'on',
     detectTimeoutMs: p.detect_timeout,
   });
-  const wss = serveUpgrades(web, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000, options.web);
+  const wss = serveUpgrades(web.server, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000, options.web);
 
   const listeners = multiplex ? [onePort(protocols, mux)] : separateListeners(protocols, mux, routes);
   // With PROXY headers on, the one port learns the client's address only from the header (the mux counts it).
@@ -287,7 +303,8 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
     async close() {
       // Stop accepting first, then drop every connection the listeners ever accepted (a client that reconnects
       // at once, such as an agent told to reconnect, must not keep the shutdown waiting).
-      const closed = Promise.all([...servers.map(closeServer), closeServer(web), closeServer(routes.redirect)]);
+      const closed = Promise.all([...servers.map(closeServer), closeServer(routes.redirect)]);
+      web.close();
       streams.destroyAll();
       wss.close();
       await closed;

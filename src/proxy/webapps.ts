@@ -31,7 +31,10 @@ import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
 import { APP_COOKIE, cookieValue, SESSION_COOKIE, webStatus } from './web.js';
 
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
+
+/** Whether a header is relayed: not hop-by-hop, and not an HTTP/2 pseudo-header (:method, :path, ...). */
+const relayed = (name: string): boolean => !HOP_BY_HOP.has(name) && !name.startsWith(':');
 
 function sendError(res: http.ServerResponse, err: unknown): void {
   const e = toGatewayError(err);
@@ -50,11 +53,11 @@ function sendError(res: http.ServerResponse, err: unknown): void {
 /** Sends req (with path and extra headers) over an already-open stream to the resource, and relays the answer. */
 function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Duplex, path: string, headers: http.OutgoingHttpHeaders): void {
   const forwarded: http.OutgoingHttpHeaders = {};
-  for (const [k, v] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(k) && v !== undefined) forwarded[k] = v;
+  for (const [k, v] of Object.entries(req.headers)) if (relayed(k) && v !== undefined) forwarded[k] = v;
   const upstream = http.request({ method: req.method, path, headers: { ...forwarded, ...headers, connection: 'close' }, createConnection: () => stream as never });
   upstream.on('response', (answer) => {
     const out: http.OutgoingHttpHeaders = {};
-    for (const [k, v] of Object.entries(answer.headers)) if (!HOP_BY_HOP.has(k) && v !== undefined) out[k] = v;
+    for (const [k, v] of Object.entries(answer.headers)) if (relayed(k) && v !== undefined) out[k] = v;
     res.writeHead(answer.statusCode ?? 502, out);
     answer.pipe(res);
   });

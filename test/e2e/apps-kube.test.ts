@@ -168,6 +168,17 @@ describe('HTTP apps on the web port', () => {
     expect(JSON.parse(r.stdout)).toEqual({ app: 'grafana', path: '/d/home?x=1', user: 'alice' });
   });
 
+  it('over HTTP/2 and HTTP/1.1 alike: no pseudo-header (:method, :path, ...) reaches the app', async () => {
+    for (const flag of ['--http2', '--http1.1']) {
+      const r = await curl([flag, '-w', '\n%{http_version}', ...userCert(), ...resolve(`grafana.${PROXY_NAME}`), `https://grafana.${PROXY_NAME}:${webPort}/d/h2`]);
+      expect(r.stderr).toBe('');
+      const [body, version] = r.stdout.split('\n');
+      expect(version).toBe(flag === '--http2' ? '2' : '1.1');
+      // A pseudo-header relayed to the app's HTTP/1.1 request would fail it (not a header name): 502.
+      expect(JSON.parse(body!)).toEqual({ app: 'grafana', path: '/d/h2', user: 'alice' });
+    }
+  });
+
   it('refuses without a certificate, and refuses an app her roles do not allow', async () => {
     const noCert = await curl(['--cacert', join(userEnv.GWSH_HOME!, 'host-ca.pem'), ...resolve(`grafana.${PROXY_NAME}`), `https://grafana.${PROXY_NAME}:${webPort}/`]);
     expect(JSON.parse(noCert.stdout)).toMatchObject({ error: { code: 'GW_ERR_AUTH_UNAUTHENTICATED' } });

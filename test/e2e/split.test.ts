@@ -9,7 +9,7 @@
  *
  * Nothing here asserts how fast: every wait has a generous bound.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
@@ -166,6 +166,20 @@ rootSuite(['dbUsers'])('Auth Services and a Proxy in separate processes', () => 
     const proxies = await runCli('gwctl', ['get', 'proxies', '--format', 'json'], { env: envOf('bob') });
     expect(proxies.status, proxies.stderr).toBe(0);
     expect(proxies.stdout).toContain(proxy.hostId!);
+  });
+
+  it('over HTTP/2 too: a request with the user certificate is forwarded to the Auth API, without its pseudo-headers', () => {
+    const home = envOf('bob').GWSH_HOME;
+    const r = spawnSync(
+      'curl',
+      ['-sS', '--max-time', '20', '--http2', '-w', '\n%{http_version}', '--cert', join(home, 'cert.pem'), '--key', join(home, 'key.pem'), '--cacert', join(home, 'host-ca.pem'), `https://${proxyAddr}/v1/status`],
+      { encoding: 'utf8' },
+    );
+    expect(r.stderr).toBe('');
+    const [body, version] = r.stdout.split('\n');
+    expect(version).toBe('2');
+    // A pseudo-header (:method, :path) forwarded to the Auth API's HTTP/1.1 request would fail it.
+    expect(JSON.parse(body!)).toMatchObject({ ca_pin: expect.any(String) });
   });
 
   it('a single-use token joins exactly once across both Auth Services (20 concurrent joins, half at each)', async () => {
