@@ -115,6 +115,8 @@ export interface WebAcl {
   maintenance: { read: boolean; update: boolean };
   tokens: { list: boolean; create: boolean; delete: boolean };
   events: { list: boolean };
+  /** The agents view (src/proxy/web.ts): the node rule's list or read, as `gwctl get nodes`. */
+  agents: { list: boolean };
 }
 
 export interface WebSessionsDeps {
@@ -401,6 +403,7 @@ export class WebSessions {
       maintenance: { read: may('cluster_maintenance_config', 'read'), update: may('cluster_maintenance_config', 'update') },
       tokens: { list: may('token', 'list'), create: may('token', 'create'), delete: may('token', 'delete') },
       events: { list: may('event', 'list') },
+      agents: { list: may('node', 'list') || may('node', 'read') },
     };
   }
 }

@@ -39,13 +39,17 @@ export function startBanner(config: GatewayConfig, daemon: Daemon): string {
   if (daemon.auth && daemon.addresses.web) {
     const who = isRoot() ? 'root' : userInfo().username;
     lines.push('');
-    lines.push(`Clients and agents reach this Proxy at ${proxyAddressForClients(config, Number(daemon.addresses.web.slice(daemon.addresses.web.lastIndexOf(':') + 1)))} (set proxy_service.public_addr to the name they dial).`);
+    const reach = proxyAddressForClients(config, Number(daemon.addresses.web.slice(daemon.addresses.web.lastIndexOf(':') + 1)));
+    lines.push(`Clients and agents reach this Proxy at ${reach} (set proxy_service.public_addr to the name they dial).`);
+    lines.push(`Web UI: https://${reach}/web/ (sign in as a user made with gwctl users add; single sign-on: docs/sso.md)`);
     lines.push(`Admin commands on this machine, as ${who}: gwctl status, gwctl tokens add --type=db, gwctl users add NAME --roles=access`);
     if (dataDir !== defaultDataDir()) lines.push(`  (this is not the default data directory: give gwctl --data-dir=${dataDir})`);
   } else if (daemon.remoteAuth && daemon.addresses.web) {
     lines.push('');
     lines.push(`This Proxy uses the Auth Service at ${daemon.remoteAuth.addresses.join(', ')} (no Auth Service in this process).`);
-    lines.push(`Clients and agents reach this Proxy at ${proxyAddressForClients(config, Number(daemon.addresses.web.slice(daemon.addresses.web.lastIndexOf(':') + 1)))} (set proxy_service.public_addr to the name they dial).`);
+    const reach = proxyAddressForClients(config, Number(daemon.addresses.web.slice(daemon.addresses.web.lastIndexOf(':') + 1)));
+    lines.push(`Clients and agents reach this Proxy at ${reach} (set proxy_service.public_addr to the name they dial).`);
+    lines.push(`Web UI: https://${reach}/web/`);
     lines.push(`Admin commands: on an Auth Service's machine (gwctl status, gwctl tokens add ...), or signed in through this Proxy.`);
   }
   return `${lines.join('\n')}\n`;

@@ -61,10 +61,10 @@ export interface FrontDoorOptions {
   services?: ProtocolServices;
   /** HTTP apps served under their own host names on the web port; returns false when a request is not theirs. */
   webApps?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
-  /** How users sign in, for /webapi/ping (cachedAuthPreference in ping.ts); local when not given. */
-  authPreference?: () => Promise<AuthPreference>;
   /** The Web UI's routes of the Proxy (web.ts): requests before the API router, the terminal's WebSocket upgrades. */
   web?: { handle(req: http.IncomingMessage, res: http.ServerResponse): boolean; upgrade(req: http.IncomingMessage, socket: Duplex, head: Buffer): boolean };
+  /** How users sign in, for /webapi/ping (cachedAuthPreference in ping.ts); local when not given. */
+  authPreference?: () => Promise<AuthPreference>;
   /** Extra members of the /webapi/find answer (the tunnel server's SSH host keys). */
   findExtras?: () => Record<string, unknown>;
   /** WebSocket pings on upgraded connections, to keep L7 load balancers from closing idle streams. */

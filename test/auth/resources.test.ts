@@ -233,6 +233,13 @@ describe('parseManifest: valid manifests', () => {
     expect(cmc.metadata).toEqual({ name: 'cluster-maintenance-config' });
   });
 
+  it('reads back an SSO user as gwctl get prints it (created_by), and refuses a created_by of an unknown kind', () => {
+    const text = 'kind: user\nversion: v2\nmetadata: {name: ada@example.com}\nspec:\n  roles: [access]\n  created_by: {connector: okta, kind: oidc, time: "2026-11-24T23:00:00.000Z"}\n';
+    const [user] = parseManifest(text, 'u.yaml');
+    expect(user).toMatchObject({ spec: { roles: ['access'], created_by: { connector: 'okta', kind: 'oidc' } } });
+    expect(() => parseManifest(text.replace('kind: oidc', 'kind: ldap'), 'u.yaml')).toThrow(/created_by\.kind/);
+  });
+
   it('lowercases verbs and resource names, keeps labels and regexes as written', () => {
     const [role] = parseManifest(
       'kind: role\nversion: v7\nmetadata: {name: r}\nspec:\n  allow:\n    rules: [{resources: [Role, CLUSTER_MAINTENANCE_CONFIG], verbs: [Read, "*"]}]\n',

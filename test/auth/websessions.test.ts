@@ -166,7 +166,7 @@ describe('the session on every request', () => {
     expect(current.body).toEqual({
       user: { name: 'alice', roles: ['access', 'editor'], logins: ['alice', 'root'] },
       expires_at: new Date(now + 12 * 3600_000).toISOString(),
-      acl: { maintenance: { read: false, update: false }, tokens: { list: true, create: true, delete: true }, events: { list: true } },
+      acl: { maintenance: { read: false, update: false }, tokens: { list: true, create: true, delete: true }, events: { list: true }, agents: { list: true } },
     });
     const created = await call('POST', '/v1/tokens', { headers: creds(alice, { origin: `https://${host}` }), body: { roles: ['node'] } });
     expect(created.status, JSON.stringify(created.body)).toBe(200);
@@ -177,6 +177,7 @@ describe('the session on every request', () => {
       maintenance: { read: false, update: false },
       tokens: { list: false, create: false, delete: false },
       events: { list: false },
+      agents: { list: false },
     });
     expectCode(await call('GET', '/v1/tokens', { headers: creds(bob) }), 403, 'GW_ERR_ACCESS_DENIED');
   });

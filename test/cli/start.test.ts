@@ -171,6 +171,8 @@ describe('gateway start as a normal user, with the embedded defaults', () => {
       expect(stdout.split('\n')[0]).toMatch(/^Gateway \S+ started: auth_service, proxy_service$/);
       expect(stdout).toMatch(/web, API and \(TLS routing\) every protocol\s+0\.0\.0\.0:3080\n/);
       expect(stdout).toMatch(/Auth API \(mutual TLS\)\s+0\.0\.0\.0:3025\n/);
+      // The banner is one write: the lines after the CA pin are in the same chunk.
+      expect(stdout).toMatch(/^Web UI: https:\/\/\S+:3080\/web\/ /m);
       expect(stdout).toContain(`data directory${' '.repeat(30)} ${dataDir}`);
       expect(statSync(dataDir).uid).toBe(uid);
       const pin = /CA pin\s+(sha256:[0-9a-f]{64})/.exec(stdout)![1];

@@ -103,7 +103,8 @@ function openTerminal(s: Session | undefined, query: string, options: { origin?:
   const protocols = ['gateway-terminal', ...(options.bearer === null ? [] : [`bearer.${options.bearer ?? s?.bearer ?? ''}`])];
   const ws = new WebSocket(`wss://${PROXY_IP}:${webPort}/webapi/terminal?${query}`, protocols, {
     ca,
-    servername: '',
+    // ws's types omit tls.connect's servername, which it passes on: '' sends no SNI (an IP address is the host).
+    ...({ servername: '' } as object),
     headers: { host: `${PROXY_NAME}:${webPort}`, ...(s ? { cookie: `__Host-gw_session=${s.id}` } : {}) },
     origin: options.origin ?? ORIGIN(),
   });

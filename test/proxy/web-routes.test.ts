@@ -166,7 +166,7 @@ describe('a Proxy in its own process (RemoteProxyAuth)', () => {
       expect(agents.json.maintenance).toMatchObject({ agent_upgrades: { weekdays: expect.any(Array) } });
 
       const s = await auth.auth.webLogin('olga', PASSWORD, '127.0.0.1');
-      const ws = new WebSocket(`wss://${splitWeb}/webapi/terminal?node=split-node&login=root`, ['gateway-terminal', `bearer.${s.bearer}`], { ca, servername: 'localhost', headers: { cookie: `__Host-gw_session=${s.id}` } });
+      const ws = new WebSocket(`wss://${splitWeb}/webapi/terminal?node=split-node&login=root`, ['gateway-terminal', `bearer.${s.bearer}`], { ca, ...({ servername: 'localhost' } as object), headers: { cookie: `__Host-gw_session=${s.id}` } });
       let output = '';
       ws.on('message', (data: Buffer, binary: boolean) => (binary ? (output += data.toString()) : undefined));
       await new Promise<void>((resolve, reject) => ws.once('open', () => resolve()).once('error', reject));

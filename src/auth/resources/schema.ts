@@ -334,6 +334,14 @@ const traits = optional(
 const userSpec = section('The user.', {
   roles: strings('Role names.', roleName, 'role name', { default: [] }),
   traits,
+  // Written by the Auth Service for a user of an identity provider; accepted back so that `gwctl get` output can be re-created.
+  created_by: optional(
+    section('Set by the Auth Service for a user who signed in through a connector.', {
+      connector: str('The connector\'s name.', { check: name('connector name') }),
+      kind: vocabulary('The connector\'s kind.', ['oidc', 'saml', 'github'] as const),
+      time: str('RFC 3339: the sign-in that last wrote the record.'),
+    }, { required: ['connector', 'kind', 'time'] }),
+  ),
 });
 
 const tokenSpec = section(
