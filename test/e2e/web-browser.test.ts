@@ -388,6 +388,7 @@ describe('a user whose roles allow less', () => {
     expect(await page.getByTestId('resource-row-db-2').count()).toBe(0);
     expect(await page.getByTestId('nav-maintenance').count()).toBe(0);
     expect(await page.getByTestId('nav-tokens').count()).toBe(0);
+    expect(await page.getByTestId('nav-agents').count()).toBe(0);
   });
 
   it('is refused the maintenance window, with the reason on screen', async () => {
