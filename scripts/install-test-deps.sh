@@ -34,6 +34,7 @@ declare -A NEED=(
   # never downloads a browser), and the NSS tools that make the browser's own database trusting the test cluster's CA
   [chromium]=chromium
   [certutil]=libnss3-tools
+  [nginx]=nginx-light        # bench:web's peer: the same dist/web/ files served by nginx over TLS + HTTP/2
 )
 
 # file -> Debian package, for what the tests need that is not a command
@@ -85,4 +86,5 @@ if command -v service >/dev/null 2>&1; then
   service redis-server stop >/dev/null 2>&1 || true
   service ssh stop >/dev/null 2>&1 || true   # the SSH tests and benchmarks start their own sshd
   service iperf3 stop >/dev/null 2>&1 || true  # bench:tunnel starts its own iperf3 -s
+  service nginx stop >/dev/null 2>&1 || true   # bench:web starts its own nginx
 fi
