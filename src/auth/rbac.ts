@@ -10,6 +10,7 @@
  * docs/resources.md describes the semantics for administrators.
  */
 import { expandTemplates, matchValue } from './resources/match.js';
+import { durationMs } from './resources/schema.js';
 import type { Labels, RoleConditions, RoleResource, Rule, Traits, Verb } from './resources/types.js';
 
 export type { Verb } from './resources/types.js';
@@ -154,6 +155,20 @@ function allowedValues(roles: readonly Role[], field: 'logins' | 'db_names' | 'd
   const allow = roles.flatMap((r) => expandTemplates(r.spec.allow?.[field], traits));
   const deny = new Set(roles.flatMap((r) => expandTemplates(r.spec.deny?.[field], traits)));
   return [...new Set(allow)].filter((v) => !deny.has(v)).sort();
+}
+
+/**
+ * The longest session the roles allow: the shortest spec.options.max_session_ttl among them (ms), or undefined
+ * when none sets one. Certificates (gwsh login, SSO), web sessions and what they carry never outlive it.
+ */
+export function maxSessionTtlMs(roles: readonly Role[]): number | undefined {
+  let cap: number | undefined;
+  for (const role of roles) {
+    const text = role.spec.options?.max_session_ttl;
+    const ms = text === undefined ? undefined : durationMs(text);
+    if (ms !== undefined && ms > 0 && (cap === undefined || ms < cap)) cap = ms;
+  }
+  return cap;
 }
 
 /** OS logins the roles allow for a user with traits: allowed minus denied, templates expanded, sorted, unique. */

@@ -13,7 +13,7 @@ import type { LockStore } from './locks.js';
 import { checkPasswordPolicy, hashPassword, verifyPassword } from './passwords.js';
 import type { Identity } from './pki.js';
 import { AttemptLimiter, loginKey, reserveOrRefuse } from './ratelimit.js';
-import { allowedLogins } from './rbac.js';
+import { allowedLogins, maxSessionTtlMs } from './rbac.js';
 import { KEYS, NAME_PATTERN, readJson, type StoredUser } from './records.js';
 import type { UserResource } from './resources/index.js';
 
@@ -157,7 +157,8 @@ export class Users {
     checkRequestKeys(request.publicKeyPem, request.sshPublicKey);
     const identity = await this.authenticate(username, request.password, source, 'cli');
     const longest = this.deps.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS;
-    const ttlMs = Math.min(request.ttlMs ?? longest, longest);
+    const cap = maxSessionTtlMs(await this.deps.callers.rolesOf(identity.roles)) ?? Infinity;
+    const ttlMs = Math.min(request.ttlMs ?? longest, longest, cap);
     const logins = identity.logins ?? [];
     const bundle = await this.deps.authorities.issueBundle('user', {
       identity,

@@ -24,7 +24,7 @@ import type { Authorities } from './authorities.js';
 import type { CallerCheck } from './callers.js';
 import { issueSshCert, type Identity } from './pki.js';
 import { blobFromLine, keyFromBlob } from './pki/sshwire.js';
-import { checkAccess, type Verb } from './rbac.js';
+import { checkAccess, maxSessionTtlMs, type Verb } from './rbac.js';
 import { KEYS, readJson, type StoredUser } from './records.js';
 
 /** The cookie of a web session; `__Host-`: Secure, Path=/, no Domain, so no other host can set or read it. */
@@ -217,7 +217,8 @@ export class WebSessions {
   async create(identity: Identity, source: string, options: CreateWebSessionOptions = {}): Promise<CreatedWebSession> {
     if (identity.kind !== 'user') throw new GatewayError('GW_ERR_INTERNAL', `web sessions are for users, not ${identity.kind} identities`);
     const now = this.deps.clock();
-    const ttlMs = Math.min(options.ttlMs ?? this.lifetimeMs, this.lifetimeMs);
+    const cap = maxSessionTtlMs(await this.deps.callers.rolesOf(identity.roles)) ?? Infinity;
+    const ttlMs = Math.min(options.ttlMs ?? this.lifetimeMs, this.lifetimeMs, cap);
     if (!(ttlMs > 0)) throw new GatewayError('GW_ERR_INTERNAL', 'a web session needs a positive lifetime');
     const stored = await readJson<StoredUser>(this.deps.backend, KEYS.user(identity.name));
     const id = secret();

@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { PRESET_ROLES, allowedDatabaseAccess, allowedLogins, canAccess, checkAccess, matchLabels, type Role } from '../../src/auth/rbac.js';
+import { PRESET_ROLES, allowedDatabaseAccess, allowedLogins, canAccess, checkAccess, matchLabels, maxSessionTtlMs, type Role } from '../../src/auth/rbac.js';
 import { RULE_RESOURCES, VERBS, parseManifest, type Labels, type RoleSpec, type Verb } from '../../src/auth/resources/index.js';
 
 const role = (name: string, spec: RoleSpec): Role => ({ kind: 'role', version: 'v7', metadata: { name }, spec });
@@ -242,5 +242,18 @@ describe('allowedLogins', () => {
       'r.yaml',
     ) as [Role];
     expect(allowedLogins([r], { logins: ['root', 'bob'] })).toEqual(['bob', 'ec2-user']);
+  });
+});
+
+describe('maxSessionTtlMs', () => {
+  it('is the shortest max_session_ttl among the roles, undefined when none sets one', () => {
+    const [short, longer] = parseManifest(
+      'kind: role\nversion: v7\nmetadata: {name: short}\nspec: {options: {max_session_ttl: 1.5h}}\n---\nkind: role\nversion: v7\nmetadata: {name: longer}\nspec: {options: {max_session_ttl: 8h}}\n',
+      'r.yaml',
+    ) as [Role, Role];
+    expect(maxSessionTtlMs([preset('access'), longer, short])).toBe(90 * 60_000);
+    expect(maxSessionTtlMs([longer])).toBe(8 * 3600_000);
+    expect(maxSessionTtlMs([preset('access'), preset('editor')])).toBeUndefined();
+    expect(maxSessionTtlMs([])).toBeUndefined();
   });
 });

@@ -5,11 +5,13 @@
  * one-time bearer handout after SSO, the web terminal's SSH certificates and app launches. Every refusal is
  * checked by its stable code.
  */
+import { X509Certificate } from 'node:crypto';
 import https from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { createApiHandler } from '../../src/auth/api.js';
 import { generateKeyPair, parseSshCert } from '../../src/auth/pki.js';
+import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
 import { MAX_WEB_SESSION_MS, WEB_SSH_CERT_MAX_MS } from '../../src/auth/websessions.js';
 import { openSqliteBackend } from '../../src/backend/index.js';
@@ -99,6 +101,22 @@ afterEach(async () => {
 });
 
 describe('signing in on the web', () => {
+  it("a role's max_session_ttl shortens the web session, its cookie and the gwsh login's certificates alike", async () => {
+    const [role] = parseManifest('kind: role\nversion: v7\nmetadata: {name: short-lived}\nspec: {options: {max_session_ttl: 30m}}\n', 'r.yaml');
+    await auth.createResources(auth.adminIdentity(), [role!], false);
+    await auth.addUser(auth.adminIdentity(), 'carol', ['access', 'short-lived'], PASSWORD, ['carol']);
+    const s = await webLogin('carol');
+    expect(Number(COOKIE.exec(s.cookie)![2])).toBe(30 * 60);
+    expect(s.answer.body.expires_at).toBe(new Date(now + 30 * 60_000).toISOString());
+    // The same cap on the CLI's certificates.
+    const keys = generateKeyPair();
+    const bundle = await auth.login({ username: 'carol', password: PASSWORD, publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source: '127.0.0.1' });
+    const cert = new X509Certificate(bundle.tlsCert);
+    expect(Date.parse(cert.validTo) - now).toBeLessThanOrEqual(30 * 60_000 + 1000);
+    // Users whose roles set none keep the full lifetime.
+    expect(Number(COOKIE.exec((await webLogin('alice')).cookie)![2])).toBe(12 * 3600);
+  });
+
   it('sets the session cookie with every attribute, answers the bearer and the user, and sends no CORS header', async () => {
     const s = await webLogin('alice');
     const maxAge = Number(COOKIE.exec(s.cookie)![2]);

@@ -21,7 +21,7 @@ import type { CallerCheck } from '../callers.js';
 import type { LockStore } from '../locks.js';
 import type { Identity } from '../pki.js';
 import { AttemptLimiter, type Reservation } from '../ratelimit.js';
-import { allowedLogins } from '../rbac.js';
+import { allowedLogins, maxSessionTtlMs } from '../rbac.js';
 import { KEYS, readJson, type StoredUser } from '../records.js';
 import { githubRoles, oidcRoles, samlRoles, type GithubConnector, type OidcConnector, type SamlConnector } from '../resources/index.js';
 import { idpFetch, type IdpFetch } from './fetch.js';
@@ -297,7 +297,7 @@ export class SsoService {
     await deps.locks.check({ user: idp.username, roles });
     const traits = traitsOf(kind === 'github' ? { logins: [idp.username], github_teams: (idp.claims.teams as Array<{ organization: string; team: string }>).map((t) => `${t.organization}/${t.team}`) } : idp.claims);
     const now = deps.clock();
-    const ttlMs = deps.userCertTtlMs;
+    const ttlMs = Math.min(deps.userCertTtlMs, maxSessionTtlMs(await deps.callers.rolesOf(roles)) ?? Infinity);
     await saveSsoUser(deps.backend, now, { name: idp.username, roles, traits, kind, connector: c.metadata.name }, now + ttlMs);
     const logins = allowedLogins(await deps.callers.rolesOf(roles), traits);
     const connector = { kind, name: c.metadata.name };
@@ -340,6 +340,7 @@ export class SsoService {
     const logins = allowedLogins(await deps.callers.rolesOf(roles), traits);
     const identity: Identity = { kind: 'user', name: user, cluster: deps.authorities.clusterName, roles, logins };
     const expires = Date.parse(stored.resource.metadata.expires ?? '');
+    // The SSO user's record expires when the session its sign-in allowed ends (max_session_ttl included).
     const ttlMs = Math.max(60_000, Math.min(deps.userCertTtlMs, Number.isNaN(expires) ? deps.userCertTtlMs : expires - deps.clock()));
     return deps.authorities.issueBundle('user', {
       identity,
