@@ -75,7 +75,8 @@ function AgentTable({ rows, now }: { rows: AgentRow[]; now: number }) {
               {a.outdated ? <Badge kind="warn" testid={`agent-outdated-${a.nodename}`}>out of date</Badge> : a.target_version ? <Badge kind="neutral">up to date</Badge> : null}
             </td>
             <td>{a.channel ?? <span class="muted">—</span>}</td>
-            <td class="mono">{a.target_version ?? <span class="muted">—</span>}</td>
+            {/* The version server writes channels' versions with a leading "v" (static_version: v17.0.0); agents report theirs without. */}
+            <td class="mono">{a.target_version?.replace(/^v(?=\d)/, '') ?? <span class="muted">—</span>}</td>
             <td data-testid={`agent-window-${a.nodename}`}>
               {a.in_window_now ? <Badge kind="info">in window now</Badge> : null} <span class="small">{formatWindow(a.next_window, now)}</span>
             </td>
