@@ -50,6 +50,7 @@ describe('defaults', () => {
       keep_alive_interval: 20_000,
       keep_alive_count_max: 3,
       tunnel_strategy: { type: 'agent_mesh', agent_connection_count: 1 },
+      authentication: { type: 'local', connector_name: '' },
     });
     const p = c.proxy_service;
     const ports = Object.fromEntries(
