@@ -41,7 +41,7 @@ import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/inde
 import type { ClusterTrust } from './proxyauth.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
-import { ssoRoutes } from './ssoapi.js';
+import { SAML_ACS_PATH, ssoRoutes } from './ssoapi.js';
 import { bearerOf, clearedCookie, cookieValue, WEB_SESSION_COOKIE, type WebSessionView } from './websessions.js';
 
 /** Request body limits (bytes): a manifest may be large; everything else is a few fields. */
@@ -596,7 +596,8 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     };
     originOf(auth, req)
       .then((origin) => {
-        checkOrigin(req, origin);
+        // The ACS takes the identity provider's cross-site form POST (ssoapi.ts): its Origin is never ours.
+        if (url.pathname !== SAML_ACS_PATH) checkOrigin(req, origin);
         const web = webCredentials(req);
         let identity: Promise<Identity> | undefined;
         const ctx: Ctx = {

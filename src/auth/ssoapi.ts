@@ -22,6 +22,12 @@ import { MAX_SAML_RESPONSE, SSO_KINDS, type SsoKind } from './sso/index.js';
 /** The sign-in's browser binding (the session's own cookie is websessions.ts's). */
 export const BINDING_COOKIE = '__Host-gw_sso';
 const BINDING_MAX_AGE_S = 600;
+/**
+ * The SAML ACS: the identity provider's page POSTs the browser here cross-site, so its Origin is the provider's
+ * (or "null"): api.ts does not apply its Origin check to it. The state, the browser-binding cookie and the signed,
+ * audience-bound response answering our request are its protection.
+ */
+export const SAML_ACS_PATH = '/webapi/sso/saml/acs';
 /** Where the page picks up its bearer after a web sign-in. */
 export const SSO_COMPLETE_PATH = '/web/sso-complete';
 
@@ -160,7 +166,7 @@ export function ssoRoutes(auth: AuthService): SsoRoute[] {
       handler: (ctx) => browser(ctx, () => finish(auth, ctx, 'github', { state: ctx.query.get('state'), query: ctx.query })),
     },
     {
-      method: 'POST', path: '/webapi/sso/saml/acs', maxBody: MAX_SAML_RESPONSE + 4096, handler: (ctx) => browser(ctx, async () => {
+      method: 'POST', path: SAML_ACS_PATH, maxBody: MAX_SAML_RESPONSE + 4096, handler: (ctx) => browser(ctx, async () => {
         const form = await formBody(ctx.req, MAX_SAML_RESPONSE + 4 * 1024);
         const samlResponse = form.get('SAMLResponse') ?? undefined;
         return finish(auth, ctx, 'saml', { state: form.get('RelayState'), ...(samlResponse ? { samlResponse } : {}) });
