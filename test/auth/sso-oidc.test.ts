@@ -211,11 +211,18 @@ describe('OIDC: what is refused', () => {
     expect(codeOf(await callback(url, binding))).toBe('GW_ERR_ACCESS_DENIED');
   });
 
-  it('failed callbacks are rate limited per source like password logins → GW_ERR_AUTH_RATE_LIMITED', async () => {
-    for (let i = 0; i < 5; i++) expect(codeOf(await callback(`${REDIRECT}?code=x&state=forged${i}`, 'b'))).toBe('GW_ERR_SSO_STATE_INVALID');
-    const limited = await callback(`${REDIRECT}?code=x&state=forged`, 'b');
+  it('failed callbacks of sign-ins are rate limited per source like password logins → GW_ERR_AUTH_RATE_LIMITED', async () => {
+    for (let i = 0; i < 5; i++) expect(codeOf(await callback((await toCallback('alice')).callback, 'another-browser'))).toBe('GW_ERR_SSO_STATE_INVALID');
+    const limited = await callback((await toCallback('alice')).callback, 'another-browser');
     expect(codeOf(limited)).toBe('GW_ERR_AUTH_RATE_LIMITED');
     expect(limited.status).toBe(429);
+  });
+
+  it('hostile: callbacks with made-up states (any page can make a browser send them: <img src=…/callback?state=x>) do not lock the address out', async () => {
+    for (let i = 0; i < 12; i++) expect(codeOf(await callback(`${REDIRECT}?code=x&state=forged${i}`, 'b'))).toBe('GW_ERR_SSO_STATE_INVALID');
+    const { callback: url, binding } = await toCallback('alice');
+    const done = await callback(url, binding);
+    expect(done.status, done.text).toBe(302);
   });
 });
 
