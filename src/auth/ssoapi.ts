@@ -139,6 +139,20 @@ function str(b: Record<string, unknown>, key: string, max: number): string {
   return v;
 }
 
+/**
+ * A sign-in starts in a page the browser opens (Sec-Fetch-Dest: document), never as an image, frame or fetch that
+ * some other page makes it load: those would use up the starts of the browser's address (30 a minute) without
+ * anyone signing in. Clients that send no Sec-Fetch-Dest (not a browser) are not concerned.
+ */
+function notSubresource(req: IncomingMessage): void {
+  const dest = req.headers['sec-fetch-dest'];
+  if (dest !== undefined && dest !== 'document') {
+    throw new GatewayError('GW_ERR_API_BAD_REQUEST', `a sign-in starts in a page of its own, not as a${/^[aeiou]/.test(String(dest)) ? 'n' : ''} ${String(dest).slice(0, 32)} of another page`, {
+      hint: "Open the sign-in link in the browser's window (the login page's buttons do).",
+    });
+  }
+}
+
 /** A callback's common end: web → session cookie and /web/sso-complete; console → gwsh's loopback URL. */
 async function finish(auth: AuthService, ctx: SsoCtx, kind: SsoKind, callback: { state: string | null; query?: URLSearchParams; samlResponse?: string }): Promise<typeof STREAMED> {
   const browserBinding = cookieValue(ctx.req, BINDING_COOKIE);
@@ -153,6 +167,7 @@ export function ssoRoutes(auth: AuthService): SsoRoute[] {
     { method: 'GET', path: '/webapi/connectors', maxBody: none, handler: () => auth.sso.connectors() },
     {
       method: 'GET', path: '/webapi/sso/:kind/:name/login', maxBody: none, handler: (ctx) => browser(ctx, async () => {
+        notSubresource(ctx.req);
         const started = await auth.sso.startWeb(kindOf(ctx.params.kind), ctx.params.name!, ctx.query.get('redirect'), ctx.source);
         return redirect(ctx.res, started.url, [bindingCookie(started.binding, BINDING_MAX_AGE_S)]);
       }),
