@@ -41,7 +41,7 @@ import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/inde
 import type { ClusterTrust } from './proxyauth.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
-import { ssoRoutes } from './ssoapi.js';
+import { SAML_ACS_PATH, ssoRoutes } from './ssoapi.js';
 import { bearerOf, clearedCookie, cookieValue, WEB_SESSION_COOKIE, type WebSessionView } from './websessions.js';
 
 /** Request body limits (bytes): a manifest may be large; everything else is a few fields. */
@@ -414,7 +414,7 @@ const STATE_CHANGING: ReadonlySet<string> = new Set(['POST', 'PUT', 'PATCH', 'DE
  * HTTP-POST binding form). It uses no session cookie; RelayState, the browser-binding cookie and InResponseTo
  * tie the answer to the sign-in this browser started.
  */
-const CROSS_SITE_POSTS: ReadonlySet<string> = new Set(['/webapi/sso/saml/acs']);
+const CROSS_SITE_POSTS: ReadonlySet<string> = new Set([SAML_ACS_PATH]);
 
 /**
  * GW_ERR_WEB_CSRF for a state-changing request whose Origin header is present and is not the origin of the host

@@ -22,6 +22,12 @@ import { MAX_SAML_RESPONSE, SSO_KINDS, type SsoKind } from './sso/index.js';
 /** The sign-in's browser binding (the session's own cookie is websessions.ts's). */
 export const BINDING_COOKIE = '__Host-gw_sso';
 const BINDING_MAX_AGE_S = 600;
+/**
+ * The SAML ACS: the identity provider's page POSTs the browser here cross-site, so its Origin is the provider's
+ * (or "null"): api.ts does not apply its Origin check to it. The state, the browser-binding cookie and the signed,
+ * audience-bound response answering our request are its protection.
+ */
+export const SAML_ACS_PATH = '/webapi/sso/saml/acs';
 /** Where the page picks up its bearer after a web sign-in. */
 export const SSO_COMPLETE_PATH = '/web/sso-complete';
 
@@ -133,6 +139,20 @@ function str(b: Record<string, unknown>, key: string, max: number): string {
   return v;
 }
 
+/**
+ * A sign-in starts in a page the browser opens (Sec-Fetch-Dest: document), never as an image, frame or fetch that
+ * some other page makes it load: those would use up the starts of the browser's address (30 a minute) without
+ * anyone signing in. Clients that send no Sec-Fetch-Dest (not a browser) are not concerned.
+ */
+function notSubresource(req: IncomingMessage): void {
+  const dest = req.headers['sec-fetch-dest'];
+  if (dest !== undefined && dest !== 'document') {
+    throw new GatewayError('GW_ERR_API_BAD_REQUEST', `a sign-in starts in a page of its own, not as a${/^[aeiou]/.test(String(dest)) ? 'n' : ''} ${String(dest).slice(0, 32)} of another page`, {
+      hint: "Open the sign-in link in the browser's window (the login page's buttons do).",
+    });
+  }
+}
+
 /** A callback's common end: web → session cookie and /web/sso-complete; console → gwsh's loopback URL. */
 async function finish(auth: AuthService, ctx: SsoCtx, kind: SsoKind, callback: { state: string | null; query?: URLSearchParams; samlResponse?: string }): Promise<typeof STREAMED> {
   const browserBinding = cookieValue(ctx.req, BINDING_COOKIE);
@@ -147,6 +167,7 @@ export function ssoRoutes(auth: AuthService): SsoRoute[] {
     { method: 'GET', path: '/webapi/connectors', maxBody: none, handler: () => auth.sso.connectors() },
     {
       method: 'GET', path: '/webapi/sso/:kind/:name/login', maxBody: none, handler: (ctx) => browser(ctx, async () => {
+        notSubresource(ctx.req);
         const started = await auth.sso.startWeb(kindOf(ctx.params.kind), ctx.params.name!, ctx.query.get('redirect'), ctx.source);
         return redirect(ctx.res, started.url, [bindingCookie(started.binding, BINDING_MAX_AGE_S)]);
       }),
@@ -160,7 +181,7 @@ export function ssoRoutes(auth: AuthService): SsoRoute[] {
       handler: (ctx) => browser(ctx, () => finish(auth, ctx, 'github', { state: ctx.query.get('state'), query: ctx.query })),
     },
     {
-      method: 'POST', path: '/webapi/sso/saml/acs', maxBody: MAX_SAML_RESPONSE + 4096, handler: (ctx) => browser(ctx, async () => {
+      method: 'POST', path: SAML_ACS_PATH, maxBody: MAX_SAML_RESPONSE + 4096, handler: (ctx) => browser(ctx, async () => {
         const form = await formBody(ctx.req, MAX_SAML_RESPONSE + 4 * 1024);
         const samlResponse = form.get('SAMLResponse') ?? undefined;
         return finish(auth, ctx, 'saml', { state: form.get('RelayState'), ...(samlResponse ? { samlResponse } : {}) });

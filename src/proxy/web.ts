@@ -36,6 +36,15 @@ export const SESSION_COOKIE = WEB_SESSION_COOKIE;
 export const APP_COOKIE = APP_SESSION_COOKIE;
 export { bearerOf, cookieValue };
 
+/**
+ * What launch tokens and app sessions are bound to: the app's name and its public address. The name alone would let
+ * an agent that advertises an app of the same name under a host of its own (a rogue agent) receive a launch token
+ * or an app cookie that opens the other agent's app as the user.
+ */
+export function appSessionKey(name: string, publicAddr: string): string {
+  return `${name}@${publicAddr}`;
+}
+
 /** HTTP statuses of the web routes where api.ts's table has none. */
 const STATUS: Partial<Record<ErrorCode, number>> = {
   GW_ERR_WEB_TERMINAL_LIMIT: 429,
@@ -292,7 +301,7 @@ async function launchApp(options: WebRoutesOptions, req: http.IncomingMessage, s
       hint: 'The resources page lists the apps your roles allow; the agent that serves it may be offline.',
     });
   }
-  const { token } = await options.auth.createAppLaunch(creds.id, creds.bearer, name);
+  const { token } = await options.auth.createAppLaunch(creds.id, creds.bearer, appSessionKey(name, app.public_addr!));
   // The app's host is served on this same port: the browser reaches it on the port it used for the Proxy.
   const port = /:(\d+)$/.exec(String(req.headers.host ?? req.headers[':authority'] ?? ''))?.[1];
   const host = port && port !== '443' ? `${app.public_addr}:${port}` : app.public_addr!;

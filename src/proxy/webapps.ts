@@ -29,7 +29,7 @@ import { guardHttpServer, type HttpDeadlines } from '../net/http.js';
 import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
-import { APP_COOKIE, cookieValue, SESSION_COOKIE, webStatus } from './web.js';
+import { APP_COOKIE, appSessionKey, cookieValue, SESSION_COOKIE, webStatus } from './web.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
 
@@ -80,12 +80,14 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
     if (!host) return false;
     const target = findWebApp(agents.agents(), host);
     if (!target) return false;
+    // Launches and app sessions are bound to this app's name and host (web.ts appSessionKey).
+    const key = appSessionKey(target.name, host);
     if ((req.url ?? '/').split('?')[0] === APP_AUTH_PATH) {
-      redeemLaunch(auth, target.name, req, res).catch((err: unknown) => sendError(res, err));
+      redeemLaunch(auth, key, target.name, req, res).catch((err: unknown) => sendError(res, err));
       return true;
     }
     void (async () => {
-      const identity = await appCaller(auth, target.name, req, res);
+      const identity = await appCaller(auth, target.name, key, req, res);
       if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), target.access, target.labels)) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
       }
@@ -106,7 +108,7 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
 }
 
 /** The caller of an app request, as it stands now and tracked while the request runs: certificate, else app cookie. */
-async function appCaller(auth: ProxyAuth, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<Identity> {
+async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<Identity> {
   let certified: Identity | undefined;
   try {
     certified = peerIdentityOf(auth, req.socket as TLSSocket);
@@ -123,7 +125,7 @@ async function appCaller(auth: ProxyAuth, app: string, req: http.IncomingMessage
       hint: `Open the app from the Web UI's resources page, or sign in with 'gwsh login' and use 'gwsh proxy app ${app}'.`,
     });
   }
-  const view = await auth.resolveAppSession(sessionId, app);
+  const view = await auth.resolveAppSession(sessionId, key);
   trackRequest(auth, view.identity, `app ${app} (web)`, req, res);
   return view.identity;
 }
@@ -152,13 +154,13 @@ const HTML_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '
  * GET /x-gateway-auth?token=&path= on the app's host: the one-use launch token (bound to this app) becomes the app
  * session's cookie, and a tiny page moves on to the path with a same-site navigation (so the Strict cookie is sent).
  */
-async function redeemLaunch(auth: ProxyAuth, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+async function redeemLaunch(auth: ProxyAuth, key: string, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
   req.resume();
   if (req.method !== 'GET') throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${APP_AUTH_PATH}`, { hint: 'Open the launch URL the Web UI gives.' });
   const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '');
   const token = query.get('token') ?? '';
   if (!/^[A-Za-z0-9_-]{1,256}$/.test(token)) throw new GatewayError('GW_ERR_API_BAD_REQUEST', 'the launch URL carries no valid token', { hint: "Open the app again from the Web UI's resources page." });
-  const { sessionId, expiresAt } = await auth.redeemAppLaunch(token, app);
+  const { sessionId, expiresAt } = await auth.redeemAppLaunch(token, key);
   const ends = typeof expiresAt === 'number' ? expiresAt : Date.parse(expiresAt);
   const maxAge = Math.max(0, Math.floor((ends - Date.now()) / 1000));
   const path = launchPath(query.get('path')).replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]!);

@@ -451,6 +451,10 @@ const cases: Case[] = [
   ['private key not PEM', github(`${GITHUB_BASE}${GITHUB_TEAMS}  signing_key_pair: {cert: "${CERT.replace(/\n/g, '\\n')}", private_key: not-a-key}\n`), 'GW_ERR_CONFIG_VALUE', 1, 'spec.signing_key_pair.private_key', 9, 124],
   ['key pair without private_key', github(`${GITHUB_BASE}${GITHUB_TEAMS}  signing_key_pair:\n    cert: x\n`), 'GW_ERR_CONFIG_VALUE', 1, 'spec.signing_key_pair.private_key', 10, 5],
   ['saml with both descriptors', saml('  entity_descriptor: <xml/>\n  entity_descriptor_url: https://idp.example.com/md\n'), 'GW_ERR_CONFIG_VALUE', 1, 'spec.entity_descriptor_url', 7, 3],
+  // Trust material over plain HTTP: whoever sits on the path would choose the signing certificate or the user.
+  ['saml metadata over plain http', saml('  entity_descriptor_url: http://idp.example.com/md\n'), 'GW_ERR_CONFIG_VALUE', 1, 'spec.entity_descriptor_url', 6, 26],
+  ['github API over plain http', github(`${GITHUB_BASE}  api_endpoint_url: http://ghe.example.com/api/v3\n${GITHUB_TEAMS}`), 'GW_ERR_CONFIG_VALUE', 1, 'spec.api_endpoint_url', 8, 21],
+  ['github pages over plain http', github(`${GITHUB_BASE}  endpoint_url: http://ghe.example.com\n${GITHUB_TEAMS}`), 'GW_ERR_CONFIG_VALUE', 1, 'spec.endpoint_url', 8, 17],
   ['saml with no descriptor', saml(''), 'GW_ERR_CONFIG_VALUE', 1, 'spec.entity_descriptor', 5, 3],
   ['saml mapping value is a list', saml('  entity_descriptor: <xml/>\n').replace('value: admins', 'value: [admins]'), 'GW_ERR_CONFIG_TYPE', 1, 'spec.attributes_to_roles[0].value', 7, 47],
   ['oidc claim and name both', oidc('{claim: groups, name: groups, value: a, roles: [r]}'), 'GW_ERR_CONFIG_VALUE', 1, 'spec.claims_to_roles[0].name', 10, 23],

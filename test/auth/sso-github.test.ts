@@ -116,6 +116,8 @@ beforeEach(async () => {
   await auth.createResources(auth.adminIdentity(), [
     { kind: 'github', version: 'v3', metadata: { name: 'hub' }, spec } as never,
     { kind: 'github', version: 'v3', metadata: { name: 'wrong-secret' }, spec: { ...spec, client_secret: 'not-it' } } as never,
+    // Another identity provider whose users name themselves (a public service anyone may register a login at).
+    { kind: 'github', version: 'v3', metadata: { name: 'public' }, spec: { ...spec, teams_to_roles: [{ organization: 'other', team: 'marketing', roles: ['access'] }] } } as never,
   ], false);
   const keys = generateKeyPair();
   const cert = await auth.issueServerCert(keys.publicKeyPem, ['localhost']);
@@ -163,5 +165,25 @@ describe('code-hosting OAuth sign-in (a local server in place of the service)', 
     const error = await api(`/webapi/sso/github/callback?error=access_denied&error_description=The+user+has+denied+your+application&state=${state}`, { headers: { cookie: `__Host-gw_sso=${bd}` } });
     expect(codeOf(error)).toBe('GW_ERR_SSO_IDP_ERROR');
     expect(error.status).toBe(502);
+  });
+
+  it('hostile: a user of another connector with the same name does not take over the SSO user (its roles, traits, certificates)', async () => {
+    const { done } = await signIn('octocat');
+    expect(done.status, done.text).toBe(302);
+    // The attacker's own account at the other provider is named "octocat" too (TEAMS maps it to other/marketing).
+    TEAMS.octocat!.push({ org: 'other', team: 'marketing' });
+    try {
+      const start = await api('/webapi/sso/github/public/login');
+      const b = /__Host-gw_sso=([^;]+)/.exec(String(start.headers['set-cookie']))![1]!;
+      const back = new URL((await request(`${start.location!}&login=octocat`, { ca: pki.caPem })).location!);
+      const taken = await api(`/webapi/sso/github/callback${back.search}`, { headers: { cookie: `__Host-gw_sso=${b}` } });
+      expect(codeOf(taken), taken.text).toBe('GW_ERR_ACCESS_DENIED');
+      expect(taken.json().error.message).toContain('"hub"');
+    } finally {
+      TEAMS.octocat!.pop();
+    }
+    const [user] = (await auth.getResources(auth.adminIdentity(), 'user', 'octocat', false)) as Array<{ spec: Record<string, any> }>;
+    expect(user!.spec.created_by).toMatchObject({ kind: 'github', connector: 'hub' });
+    expect(user!.spec.roles).toEqual(['editor', 'access']);
   });
 });

@@ -211,11 +211,31 @@ describe('OIDC: what is refused', () => {
     expect(codeOf(await callback(url, binding))).toBe('GW_ERR_ACCESS_DENIED');
   });
 
-  it('failed callbacks are rate limited per source like password logins → GW_ERR_AUTH_RATE_LIMITED', async () => {
-    for (let i = 0; i < 5; i++) expect(codeOf(await callback(`${REDIRECT}?code=x&state=forged${i}`, 'b'))).toBe('GW_ERR_SSO_STATE_INVALID');
-    const limited = await callback(`${REDIRECT}?code=x&state=forged`, 'b');
+  it('failed callbacks of sign-ins are rate limited per source like password logins → GW_ERR_AUTH_RATE_LIMITED', async () => {
+    for (let i = 0; i < 5; i++) expect(codeOf(await callback((await toCallback('alice')).callback, 'another-browser'))).toBe('GW_ERR_SSO_STATE_INVALID');
+    const limited = await callback((await toCallback('alice')).callback, 'another-browser');
     expect(codeOf(limited)).toBe('GW_ERR_AUTH_RATE_LIMITED');
     expect(limited.status).toBe(429);
+  });
+
+  it('hostile: sign-in starts a page makes a browser fetch as subresources (<img>, <iframe>, fetch) are refused uncounted, so they cannot use up the address\'s starts', async () => {
+    for (const dest of ['image', 'iframe', 'empty', 'script']) {
+      for (let i = 0; i < 10; i++) {
+        const refused = await api('/webapi/sso/oidc/corp/login', { headers: { 'sec-fetch-dest': dest, 'sec-fetch-mode': 'no-cors' } });
+        expect(refused.status, refused.text).toBe(400);
+        expect(codeOf(refused)).toBe('GW_ERR_API_BAD_REQUEST');
+        expect(refused.headers['set-cookie']).toBeUndefined();
+      }
+    }
+    const page = await api('/webapi/sso/oidc/corp/login', { headers: { 'sec-fetch-dest': 'document', 'sec-fetch-mode': 'navigate' } });
+    expect(page.status, page.text).toBe(302);
+  });
+
+  it('hostile: callbacks with made-up states (any page can make a browser send them: <img src=…/callback?state=x>) do not lock the address out', async () => {
+    for (let i = 0; i < 12; i++) expect(codeOf(await callback(`${REDIRECT}?code=x&state=forged${i}`, 'b'))).toBe('GW_ERR_SSO_STATE_INVALID');
+    const { callback: url, binding } = await toCallback('alice');
+    const done = await callback(url, binding);
+    expect(done.status, done.text).toBe(302);
   });
 });
 

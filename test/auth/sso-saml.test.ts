@@ -41,11 +41,11 @@ async function start(redirect = '/web/'): Promise<{ url: string; binding: string
   return { url: started.location!, binding: /__Host-gw_sso=([^;]+)/.exec(String(started.headers['set-cookie']))![1]! };
 }
 
-/** The browser POSTs the identity provider's answer to our ACS. */
-function post(answer: SamlAnswer, binding: string | undefined): Promise<Answer> {
+/** The browser POSTs the identity provider's answer to our ACS (a cross-site form post: Origin is the provider's). */
+function post(answer: SamlAnswer, binding: string | undefined, origin = 'https://idp.example'): Promise<Answer> {
   return api('/webapi/sso/saml/acs', {
     method: 'POST',
-    headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json', ...(binding ? { cookie: `__Host-gw_sso=${binding}` } : {}) },
+    headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json', origin, ...(binding ? { cookie: `__Host-gw_sso=${binding}` } : {}) },
     body: new URLSearchParams({ SAMLResponse: answer.SAMLResponse, RelayState: answer.RelayState }).toString(),
   });
 }
@@ -115,6 +115,12 @@ describe('SAML sign-in', () => {
     const session = /__Host-gw_session=([A-Za-z0-9_-]{43})/.exec(String(done.headers['set-cookie']))![1]!;
     const handout = await api('/webapi/sessions/bearer', { method: 'POST', headers: { cookie: `__Host-gw_session=${session}`, origin: base } });
     expect(handout.json().user).toMatchObject({ name: 'carol', roles: ['editor', 'access'] });
+  });
+
+  it('the ACS takes the browser\'s cross-site POST whatever its Origin (the provider\'s, or "null" under no-referrer)', async () => {
+    const s = await start();
+    const done = await post(await idp.respond(s.url, 'dave', ['developers']), s.binding, 'null');
+    expect(done.status, done.text).toBe(302);
   });
 });
 

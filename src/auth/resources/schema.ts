@@ -372,6 +372,19 @@ const keyPair = optional(
 const display = str('Name shown on the login button.', { check: text('display name') });
 const idpCa = str("PEM CA certificate(s) trusted for the identity provider's HTTPS endpoints, besides the system's.", { check: pem('certificate') });
 const url = (doc: string) => str(doc, { type: 'URL', check: httpUrl });
+/**
+ * Where trust comes from (SAML metadata with the signing certificates, the code-hosting service that names the
+ * user): HTTPS only, as OIDC's issuer already is (openid-client refuses http://), so nobody on the path chooses them.
+ */
+const httpsUrl = (doc: string) =>
+  str(doc, {
+    type: 'URL',
+    check: (s) => {
+      httpUrl(s);
+      if (!/^https:/i.test(s)) throw new Invalid(`expected an https:// URL, got ${JSON.stringify(s.slice(0, 200))}`, 'GW_ERR_CONFIG_VALUE', 'The identity provider\'s answers decide who signs in: fetch them over HTTPS (a private CA goes in `ca`).');
+      return s;
+    },
+  });
 const mappingValue = str('Value to match: exact, glob with *, or ^regex$.', { check: pattern });
 
 const githubSpec = section(
@@ -380,8 +393,8 @@ const githubSpec = section(
     client_id: str('OAuth app client ID.', { check: text('client ID') }),
     client_secret: secret('OAuth app client secret.'),
     redirect_url: url('Callback URL: https://<proxy>/webapi/sso/github/callback.'),
-    endpoint_url: url('Web address of the code-hosting service (its OAuth pages); default https://github.com.'),
-    api_endpoint_url: url('Address of its REST API; default https://api.github.com.'),
+    endpoint_url: httpsUrl('Web address of the code-hosting service (its OAuth pages); default https://github.com.'),
+    api_endpoint_url: httpsUrl('Address of its REST API; default https://api.github.com.'),
     ca: idpCa,
     teams_to_roles: listOf(
       'Team → roles mappings.',
@@ -405,7 +418,7 @@ const samlSpec = section(
     service_provider_issuer: str('Entity ID of the gateway as service provider (the audience of assertions); default the acs URL.', { check: text('entity ID') }),
     ca: idpCa,
     entity_descriptor: str("The identity provider's metadata XML.", { check: text('metadata XML') }),
-    entity_descriptor_url: url("URL of the identity provider's metadata XML."),
+    entity_descriptor_url: httpsUrl("URL of the identity provider's metadata XML."),
     attributes_to_roles: listOf(
       'Attribute → roles mappings.',
       section(

@@ -8,7 +8,8 @@
  *           the connector's mapping gives roles (none: GW_ERR_SSO_NO_ROLES) → the user record (users.ts) → locks →
  *           a web session, or a grant the console exchanges for certificates
  *
- * Callbacks are rate limited per source as password logins are (ratelimit.ts), and so are starts.
+ * Failed callbacks are rate limited per source as password logins are (ratelimit.ts): the source that started the
+ * sign-in, and only callbacks naming a stored request count. Starts are limited per source too.
  */
 import type { Backend } from '../../backend/index.js';
 import type { Dialer } from '../../dial/dialer.js';
@@ -249,14 +250,18 @@ export class SsoService {
 
   /**
    * A callback: state → request (once) → the provider's answer checked → roles → user record → locks → the web
-   * session, or the console's grant. Rate limited per source; every refusal is audited.
+   * session, or the console's grant. Rate limited per source that started the request; every refusal is audited.
    */
   async finish(kind: SsoKind, callback: { state: string | null; query?: URLSearchParams; samlResponse?: string; browserBinding?: string; source: string }): Promise<WebFinish | ConsoleFinish> {
     const { source } = callback;
-    const reservation = this.reserveFinish(source);
+    let reservation: Reservation | undefined;
     let request: SsoRequest | undefined;
     try {
       request = await this.requests.take(callback.state);
+      // Counted against the address that started this sign-in, and only once a stored request is named: a made-up
+      // state gives nothing (256 random bits), and any web page can make a browser send one (a GET), so counting it
+      // against the browser's address would let a page lock everyone behind that address out.
+      reservation = this.reserveFinish(request.source);
       if (request.kind !== kind) throw new GatewayError('GW_ERR_SSO_STATE_INVALID', `this sign-in request was started for a ${request.kind} connector, not ${kind}`);
       if (request.mode === 'web' && (!callback.browserBinding || sha256(callback.browserBinding) !== request.browserHash)) {
         throw new GatewayError('GW_ERR_SSO_STATE_INVALID', 'this sign-in was started in another browser (its binding cookie is missing or different)', {
@@ -269,7 +274,7 @@ export class SsoService {
       reservation.succeed();
       return result;
     } catch (err) {
-      reservation.fail();
+      reservation?.fail();
       const e = err as GatewayError;
       await this.deps.audit.record('user.login.failure', undefined, { method: 'sso', kind, ...(request ? { connector: request.connector } : {}), source, code: e.code ?? 'GW_ERR_INTERNAL', error: e.message });
       throw err;

@@ -3,7 +3,7 @@
  * connector's mapping gave, the identity provider's claims as traits, `created_by` naming the connector, and an
  * expiry at the end of the session (metadata.expires and the record's TTL). So locks, `gwctl users rm` and
  * resolveCaller work by name as for local users, and the record goes away by itself when nobody signed in lately.
- * A local user (one without created_by) of the same name is never replaced.
+ * A local user (one without created_by) of the same name is never replaced, nor is the user of another connector.
  */
 import type { Backend } from '../../backend/index.js';
 import { GatewayError } from '../../errors.js';
@@ -49,6 +49,15 @@ export async function saveSsoUser(backend: Backend, now: number, user: SsoUser, 
   if (stored && !stored.resource.spec.created_by) {
     throw new GatewayError('GW_ERR_ACCESS_DENIED', `a local user named "${user.name}" exists: single sign-on does not sign in as a local user`, {
       hint: 'Sign in with that local user\'s password, or remove the local user (gwctl users rm) if the identity provider should own the name.',
+    });
+  }
+  // Names are the identity provider's: "alice" at one provider is not "alice" at another (a public code-hosting
+  // service lets anyone pick a login). The record (its roles, traits, and the certificates a console exchange
+  // issues from it) stays its connector's until it expires or is removed.
+  const owner = stored?.resource.spec.created_by;
+  if (owner && (owner.connector !== user.connector || owner.kind !== user.kind)) {
+    throw new GatewayError('GW_ERR_ACCESS_DENIED', `user "${user.name}" belongs to the ${owner.kind} connector "${owner.connector}": the ${user.kind} connector "${user.connector}" cannot sign in as it`, {
+      hint: `Sign in through the ${owner.kind} connector "${owner.connector}", or remove the user (gwctl users rm ${user.name}) if this connector should own the name.`,
     });
   }
   const until = Math.max(expiresAt, existing?.expiresAt ?? 0);
