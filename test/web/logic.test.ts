@@ -10,7 +10,7 @@ import { failureFrom, signInReason, unreachable } from '../../web/src/lib/errors
 import { addChipToQuery, filterItems, labelChips, MAX_TERMS, parseQuery } from '../../web/src/lib/filter.js';
 import { maintenanceManifest, upgradesOf } from '../../web/src/lib/manifest.js';
 import { matchRoute, safeRedirect } from '../../web/src/lib/route.js';
-import { clampSize, exitLine, parseServerMessage, resizeMessage, subprotocols, terminalUrl } from '../../web/src/lib/terminal.js';
+import { clampSize, exitLine, openableLink, parseServerMessage, resizeMessage, subprotocols, terminalUrl } from '../../web/src/lib/terminal.js';
 import { formatWindow, nextWindow, relative, utcStamp } from '../../web/src/lib/time.js';
 
 const nodes: Array<{ name: string; labels: Record<string, string>; text: string[] }> = [
@@ -243,5 +243,15 @@ describe('audit rows', () => {
     expect(eventSummary({ name: '6', event: { event: 'x', big: 'y'.repeat(10_000) } }).details.length).toBeLessThanOrEqual(401);
     expect(eventSummary({ name: '7', event: {} }).name).toBe('(unnamed)');
     expect(eventSummary({ name: '8', event: null as unknown as Record<string, unknown> }).name).toBe('(unnamed)');
+  });
+});
+
+describe('openableLink (hyperlinks printed in the terminal)', () => {
+  it('opens http(s) only: a server printing javascript:, data: or file: links cannot make the page go there', () => {
+    expect(openableLink('https://grafana.example.com/d/1')).toBe(true);
+    expect(openableLink('HTTP://intranet/')).toBe(true);
+    for (const bad of ['javascript:alert(1)', 'JaVaScRiPt:alert(1)', 'data:text/html,<script>1</script>', 'file:///etc/passwd', 'https://', ' https://x', 'vbscript:x', `https://${'a'.repeat(3000)}`]) {
+      expect(openableLink(bad), bad).toBe(false);
+    }
   });
 });

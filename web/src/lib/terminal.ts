@@ -62,3 +62,8 @@ export function exitLine(m: Extract<ServerMessage, { type: 'exit' }>): string {
   const how = m.signal ? `killed by signal ${m.signal}` : m.code === undefined ? 'ended' : `exited with status ${m.code}`;
   return `[session ${how}${m.message ? `: ${m.message}` : ''}]`;
 }
+
+/** Whether a hyperlink a program printed in the terminal (OSC 8) may be opened: http(s) only. */
+export function openableLink(uri: string): boolean {
+  return /^https?:\/\/[^\s]/i.test(uri) && uri.length <= 2048;
+}

@@ -9,7 +9,7 @@ import { useEffect, useRef, useState } from 'preact/hooks';
 import { api, bearer } from '../api.js';
 import { Badge, ErrorBox } from '../components/ui.js';
 import { ApiError } from '../lib/errors.js';
-import { exitLine, parseServerMessage, resizeMessage, subprotocols, terminalUrl } from '../lib/terminal.js';
+import { exitLine, openableLink, parseServerMessage, resizeMessage, subprotocols, terminalUrl } from '../lib/terminal.js';
 import { navigate } from '../nav.js';
 import type { CurrentSession } from '../types.js';
 import { defineXtermStyle } from '../xterm-style.js';
@@ -59,6 +59,17 @@ function openSocket(term: Terminal, node: string, login: string, setStatus: (s: 
   return ws;
 }
 
+/**
+ * Hyperlinks a program prints (OSC 8) open only when they are http(s), in a new tab without an opener: a server's
+ * output must never make the page navigate to javascript:, data: or another scheme.
+ */
+const LINKS = {
+  allowNonHttpProtocols: false,
+  activate(_event: MouseEvent, uri: string): void {
+    if (openableLink(uri)) window.open(uri, '_blank', 'noopener,noreferrer');
+  },
+};
+
 export function TerminalPage({ node, session }: { node: string; session: CurrentSession }) {
   const login = new URLSearchParams(location.search).get('login') || session.user.logins[0] || '';
   const host = useRef<HTMLDivElement>(null);
@@ -69,7 +80,7 @@ export function TerminalPage({ node, session }: { node: string; session: Current
   useEffect(() => {
     if (!host.current || !login) return;
     defineXtermStyle();
-    const term = new Terminal({ cursorBlink: true, fontSize: 14, lineHeight: 1.2, fontFamily: 'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", monospace', theme: THEME, scrollback: 5000 });
+    const term = new Terminal({ cursorBlink: true, fontSize: 14, lineHeight: 1.2, fontFamily: 'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", monospace', theme: THEME, scrollback: 5000, linkHandler: LINKS });
     const fit = new FitAddon();
     term.loadAddon(fit);
     term.open(host.current);
