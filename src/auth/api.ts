@@ -32,7 +32,7 @@ import type { TLSSocket } from 'node:tls';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
-import { CLOCK_SKEW_MS, identityFromCert, type Identity } from './pki.js';
+import { CLOCK_SKEW_MS, caPin, identityFromCert, type Identity } from './pki.js';
 import { jsonDepth, yamlNestingBound } from './bounds.js';
 import { agentRoutes } from './agentapi.js';
 import { clusterStatus } from './drift.js';
@@ -310,11 +310,13 @@ function identityRoutes(auth: AuthService): Route[] {
       const uses = b.uses;
       if (ttl !== undefined && typeof ttl !== 'number') throw bad('"ttl_ms" must be a number');
       if (uses !== undefined && (typeof uses !== 'number' || !Number.isInteger(uses) || uses < 0)) throw bad('"uses" must be a whole number, 0 for unlimited');
-      return auth.addToken(await caller(), {
+      const created = await auth.addToken(await caller(), {
         roles: joinRoles(b, 'roles'),
         ...(typeof ttl === 'number' ? { ttlMs: ttl } : {}),
         ...(typeof uses === 'number' ? { uses } : {}),
       });
+      // The pin the joining agent checks the cluster against: the Web UI prints the whole command line with it.
+      return { ...created, ca_pin: caPin(auth.host.tls.certPem) };
     }, { maxBody: BODY.small, before: may('token', 'create') }),
     route('DELETE', '/v1/tokens/:id', async ({ caller, params }) => {
       await auth.removeToken(await caller(), params.id!);

@@ -10,7 +10,7 @@ import https from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { createApiHandler } from '../../src/auth/api.js';
-import { generateKeyPair, parseSshCert } from '../../src/auth/pki.js';
+import { caPin, generateKeyPair, parseSshCert } from '../../src/auth/pki.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
 import { MAX_WEB_SESSION_MS, WEB_SSH_CERT_MAX_MS } from '../../src/auth/websessions.js';
@@ -188,6 +188,8 @@ describe('the session on every request', () => {
     });
     const created = await call('POST', '/v1/tokens', { headers: creds(alice, { origin: `https://${host}` }), body: { roles: ['node'] } });
     expect(created.status, JSON.stringify(created.body)).toBe(200);
+    // The page prints the joining command with the cluster's CA pin.
+    expect(created.body.ca_pin).toBe(caPin(auth.host.tls.certPem));
     expect((await call('GET', '/v1/tokens', { headers: creds(alice) })).body.tokens).toHaveLength(1);
 
     const bob = await webLogin('bob');

@@ -111,6 +111,8 @@ export interface TokenCreated {
   id: string;
   expiresAt: string;
   roles: string[];
+  /** The cluster's CA pin (sha256:...), for the joining command line. */
+  ca_pin?: string;
 }
 
 export interface AuditRow {

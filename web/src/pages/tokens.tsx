@@ -83,9 +83,10 @@ function CreatedToken({ token }: { token: TokenCreated }) {
   const copy = () => navigator.clipboard?.writeText(token.token).then(() => setCopied(true), () => undefined);
   const proxy = location.host;
   const roles = token.roles.join(',');
+  const pin = token.ca_pin ?? '<pin>';
   const command = token.roles.includes('proxy')
-    ? `gateway start --data-dir=/var/lib/gateway-proxy --roles=proxy --auth-server=<auth-host>:3025 --token=${token.token} --ca-pin=<pin>`
-    : `gateway start -c /etc/gateway.yaml --data-dir=/var/lib/gateway-agent --roles=${roles} --token=${token.token} --ca-pin=<pin> --proxy=${proxy}`;
+    ? `gateway start --data-dir=/var/lib/gateway-proxy --roles=proxy --auth-server=<auth-host>:3025 --token=${token.token} --ca-pin=${pin}`
+    : `gateway start -c /etc/gateway.yaml --data-dir=/var/lib/gateway-agent --roles=${roles} --token=${token.token} --ca-pin=${pin} --proxy=${proxy}`;
   return (
     <Notice kind="success" testid="token-created">
       <div>
