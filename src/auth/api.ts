@@ -31,6 +31,7 @@ import { isIP } from 'node:net';
 import type { TLSSocket } from 'node:tls';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
+import { readBoundedBody } from '../net/http.js';
 import { clientAddress } from '../stream/meta.js';
 import { CLOCK_SKEW_MS, caPin, identityFromCert, type Identity } from './pki.js';
 import { jsonDepth, yamlNestingBound } from './bounds.js';
@@ -202,17 +203,9 @@ function lockRequest(b: Record<string, unknown>): { target: LockTarget; message?
 }
 
 async function readBody(req: IncomingMessage, maxBody: number): Promise<Record<string, unknown>> {
-  const declared = Number(req.headers['content-length']);
-  if (declared > maxBody) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body of ${declared} bytes is over this endpoint's ${maxBody}`);
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > maxBody) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body over this endpoint's ${maxBody} bytes`);
-    chunks.push(chunk as Buffer);
-  }
-  if (size === 0) return {};
-  const text = Buffer.concat(chunks).toString('utf8');
+  const body = await readBoundedBody(req, maxBody);
+  if (body.length === 0) return {};
+  const text = body.toString('utf8');
   if (jsonDepth(text, MAX_JSON_DEPTH) > MAX_JSON_DEPTH) throw bad(`the request body nests deeper than ${MAX_JSON_DEPTH} levels`);
   let parsed: unknown;
   try {

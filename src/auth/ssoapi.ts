@@ -15,6 +15,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { GatewayError, toGatewayError } from '../errors.js';
+import { readBoundedBody } from '../net/http.js';
 import { STREAMED } from './proxyapi.js';
 import type { AuthService } from './service.js';
 import { MAX_SAML_RESPONSE, SSO_KINDS, type SsoKind } from './sso/index.js';
@@ -120,16 +121,7 @@ function kindOf(value: string | undefined): SsoKind {
 
 /** The ACS's form body (application/x-www-form-urlencoded), bounded. */
 async function formBody(req: IncomingMessage, max: number): Promise<URLSearchParams> {
-  const declared = Number(req.headers['content-length']);
-  if (declared > max) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body of ${declared} bytes is over this endpoint's ${max}`);
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > max) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body over this endpoint's ${max} bytes`);
-    chunks.push(chunk as Buffer);
-  }
-  return new URLSearchParams(Buffer.concat(chunks).toString('utf8'));
+  return new URLSearchParams((await readBoundedBody(req, max)).toString('utf8'));
 }
 
 function str(b: Record<string, unknown>, key: string, max: number): string {

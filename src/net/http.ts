@@ -18,6 +18,7 @@
  */
 import type http from 'node:http';
 import type { Duplex } from 'node:stream';
+import { GatewayError } from '../errors.js';
 import { connectionOf, type LimitSettings } from './deadlines.js';
 
 export type HttpDeadlines = Pick<LimitSettings, 'headerMs' | 'requestMs' | 'idleMs'>;
@@ -73,4 +74,21 @@ export function requestPhases(settings: HttpDeadlines): (req: http.IncomingMessa
     res.once('finish', done);
     res.once('close', done);
   };
+}
+
+/**
+ * A request body of at most max bytes: refused (GW_ERR_API_TOO_LARGE) when its Content-Length says more, or as
+ * soon as more arrives, before the rest is read.
+ */
+export async function readBoundedBody(req: http.IncomingMessage, max: number): Promise<Buffer> {
+  const declared = Number(req.headers['content-length']);
+  if (declared > max) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body of ${declared} bytes is over this endpoint's ${max}`);
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req) {
+    size += (chunk as Buffer).length;
+    if (size > max) throw new GatewayError('GW_ERR_API_TOO_LARGE', `request body over this endpoint's ${max} bytes`);
+    chunks.push(chunk as Buffer);
+  }
+  return Buffer.concat(chunks);
 }
