@@ -509,7 +509,11 @@ function webRoutes(auth: AuthService): Route[] {
     }, { maxBody: BODY.credentials }),
     route('GET', '/webapi/sessions/current', async ({ web }) => {
       const view = await auth.resolveWebSession(web.id ?? '', web.bearer);
-      return { ...sessionAnswer(view), acl: await auth.webAcl(view.identity) };
+      // The connector as the sign-in page named it (its display), when it still exists.
+      const display = view.connector ? (await auth.sso.connectors()).connectors.find((c) => c.kind === view.connector!.kind && c.name === view.connector!.name)?.display : undefined;
+      const answer = sessionAnswer(view);
+      if (display !== undefined && view.connector) answer.connector = { ...view.connector, display };
+      return { ...answer, acl: await auth.webAcl(view.identity) };
     }),
     route('DELETE', '/webapi/sessions', async ({ web, setHeader }) => {
       await auth.deleteWebSession(web.id, web.bearer);

@@ -108,7 +108,7 @@ describe('OIDC sign-in on the web', () => {
     expect(handout.status, handout.text).toBe(200);
     const current = (await api('/webapi/sessions/current', { headers: { cookie: `__Host-gw_session=${session}`, authorization: `Bearer ${handout.json().token}` } })).json();
     expect(current.user).toMatchObject({ name: 'alice@example.com', roles: ['editor', 'access'] });
-    expect(current.connector).toEqual({ kind: 'oidc', name: 'corp' });
+    expect(current.connector).toEqual({ kind: 'oidc', name: 'corp', display: 'Corporate SSO' });
     const [user] = (await auth.getResources(auth.adminIdentity(), 'user', 'alice@example.com', false)) as Array<{ spec: Record<string, any>; metadata: Record<string, any> }>;
     expect(user!.spec.created_by).toMatchObject({ connector: 'corp', kind: 'oidc' });
     expect(user!.spec.traits.groups).toEqual(['admins', 'developers']);

@@ -178,7 +178,7 @@ function Shell({ session, ping, page, children }: { session: CurrentSession; pin
           <span class="avatar" aria-hidden="true">{session.user.name.slice(0, 1).toUpperCase()}</span>
           <span>
             <span class="who-name">{session.user.name}</span>
-            <span class="who-sub">{session.user.roles.join(', ')}{session.connector ? ` · via ${session.connector.name}` : ''}{Number.isFinite(expires) ? ` · session ends ${relative(expires, Date.now())}` : ''}</span>
+            <span class="who-sub">{session.user.roles.join(', ')}{session.connector ? ` · via ${session.connector.display ?? session.connector.name}` : ''}{Number.isFinite(expires) ? ` · session ends ${relative(expires, Date.now())}` : ''}</span>
           </span>
         </span>
         <button type="button" class="btn btn-ghost" data-testid="signout" onClick={() => void signOut()}>Sign out</button>

@@ -18,7 +18,7 @@ export interface CurrentSession {
   user: SessionUser;
   expires_at: string;
   /** The SSO connector the user signed in through (absent for a local user). */
-  connector?: { kind: string; name: string };
+  connector?: { kind: string; name: string; display?: string };
   acl: Acl;
 }
 
