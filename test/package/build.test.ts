@@ -23,6 +23,7 @@ import { fetchVerifiedTarball, installTarball, tarballName, type TarballDeps } f
 import { packageVersion } from '../../src/upgrade/packages.js';
 import { buildPackages, type BuiltPackages } from '../helpers/packages.js';
 import { runCleanup } from '../helpers/cleanup.js';
+import { rootTest } from '../helpers/root.js';
 
 const run = promisify(execFile);
 const N = '17.0.0-dev';
@@ -181,6 +182,25 @@ describe('the .rpm packages', () => {
     expect(scripts).not.toMatch(/"(?:start|enable|restart)"/);
     expect(await out('rpm', ['-qp', '--qf', '%{VERSION}-%{RELEASE}', next.rpms.gateway])).toBe('17.0.1-1');
   });
+
+  rootTest(['chroot'])('install into an empty root with rpm (Lua scriptlets, no /bin/sh there), upgrade keeping an edited %config, remove', async () => {
+    const root = join(dir, 'rpm-root');
+    await mkdir(root);
+    const rpm = (...args: string[]) => out('rpm', [`--root=${root}`, ...args]);
+    await rpm('--initdb');
+    await rpm('-i', pkgs.rpms.gateway, pkgs.rpms['gateway-ent-updater']);
+    expect((await out(join(root, 'usr/bin/gateway'), ['--version'])).trim()).toBe(N);
+    expect((await out(join(root, 'usr/bin/gateway-upgrade'), ['version'])).trim()).toBe(`gateway-upgrade v${N}`);
+    await writeFile(join(root, 'etc/default/gateway'), 'NO_PROXY=.internal\n');
+    await rpm('-U', next.rpms.gateway, next.rpms['gateway-ent-updater']);
+    expect((await out(join(root, 'usr/bin/gateway'), ['--version'])).trim()).toBe(N1);
+    expect(await readFile(join(root, 'etc/default/gateway'), 'utf8')).toBe('NO_PROXY=.internal\n');
+    expect((await rpm('-qa', '--qf', '%{NAME}-%{VERSION}\n')).split('\n').sort()).toEqual(['', 'gateway-17.0.1', 'gateway-ent-updater-17.0.1']);
+    await rpm('-e', 'gateway-ent-updater', 'gateway');
+    expect(existsSync(join(root, 'usr/lib/gateway'))).toBe(false);
+    // An edited %config(noreplace) file is saved as .rpmsave on removal, as RPM does.
+    expect(await readFile(join(root, 'etc/default/gateway.rpmsave'), 'utf8')).toBe('NO_PROXY=.internal\n');
+  }, 300_000);
 
   it('carry the same unit text', async () => {
     const unit = await out('sh', ['-c', 'rpm2archive - < "$1" | tar -xzOf - ./usr/lib/systemd/system/gateway.service', 'sh', pkgs.rpms.gateway]);
