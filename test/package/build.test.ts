@@ -279,4 +279,26 @@ describe('the release tarball', () => {
     }
     expect((await readdir(join(dir, 'tar-root/usr/local/lib/gateway'))).sort()).toEqual([N, N1].sort());
   }, 300_000);
+
+  it('hostile: the install script refuses a bin directory it could not quote, before changing anything', async () => {
+    const x = join(dir, 'hostile-install');
+    await mkdir(x);
+    await run('tar', ['-xzf', pkgs.tarballs.default.tarball, '-C', x]);
+    const bin = join(x, "bin'; touch pwned; '");
+    const r = await run(join(x, 'gateway/install'), [], { cwd: join(x, 'gateway'), env: { PATH: process.env.PATH, GATEWAY_BIN_DIR: bin } }).catch((e: { code: number; stderr: string }) => e);
+    expect('code' in r ? r.code : 0).toBe(1);
+    expect((r as { stderr: string }).stderr).toContain('refusing paths with quotes');
+    expect(existsSync(bin)).toBe(false);
+    expect((await readdir(x)).sort()).toEqual(['gateway']);
+  });
+});
+
+describe('npm run package itself', () => {
+  it('hostile: refuses a --version that is not semver before building anything (it goes into control files and scripts)', async () => {
+    const outDir = join(dir, 'bad-version');
+    const r = await run(process.execPath, [new URL('../../scripts/package/build.mjs', import.meta.url).pathname, '--version', '17.0.1\nDepends: evil', '--out', outDir]).catch((e: { code: number; stderr: string }) => e);
+    expect('code' in r ? r.code : 0).toBe(1);
+    expect((r as { stderr: string }).stderr).toContain('expected a semver version');
+    expect(existsSync(outDir)).toBe(false);
+  });
 });
