@@ -5,11 +5,11 @@
  * on their bundled Node.js, lintian, and the release tarball: its .sha256, the upgrader's own download check (a
  * tampered tarball refused, nothing extracted) and install script.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, mkdtemp, readdir, readFile, readlink, rm, symlink, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -61,6 +61,36 @@ async function dpkgRoot(name: string): Promise<{ root: string; dpkg: (...args: s
   // instead of in a chroot, which would need a shell inside the root.
   const base = [`--root=${root}`, '--force-script-chrootless', '--force-not-root', '--force-confold', `--log=${join(root, 'dpkg.log')}`];
   return { root, dpkg: (...args) => out('dpkg', [...base, ...args]) };
+}
+
+/**
+ * `gateway start` from an installed root: the daemon (SQLite through better-sqlite3, the Proxy serving the Web UI
+ * from the package's dist/web/) runs on the package's own runtime, and serves the Web UI's page.
+ */
+async function startInstalled(root: string): Promise<void> {
+  const data = join(dir, 'installed-data');
+  const config = join(dir, 'installed.yaml');
+  await writeFile(config, `gateway:\n  nodename: pkg\n  data_dir: ${data}\n  log: { format: json }\nauth_service:\n  listen_addr: 127.0.0.1:0\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n`);
+  const child = spawn(join(root, 'usr/bin/gateway'), ['start', '-c', config], { stdio: ['ignore', 'ignore', 'pipe'], env: { PATH: process.env.PATH ?? '' } });
+  try {
+    let output = '';
+    const started = await new Promise<{ addresses: Record<string, string> }>((resolve, reject) => {
+      child.stderr.on('data', (c: Buffer) => {
+        output += c.toString();
+        const line = output.split('\n').find((l) => l.includes('"gateway started"'));
+        if (line) resolve(JSON.parse(line) as { addresses: Record<string, string> });
+      });
+      child.once('exit', (code) => reject(new Error(`the installed gateway exited with ${code}:\n${output}`)));
+    });
+    // The wrapper exec'd the package's node: the daemon's executable is <root>/usr/lib/gateway/node.
+    expect(await readlink(`/proc/${child.pid}/exe`)).toBe(join(root, 'usr/lib/gateway/node'));
+    const page = await out('curl', ['-sk', '--max-time', '20', `https://${started.addresses.web}/web/`]);
+    expect(page).toMatch(/<html/i);
+  } finally {
+    const exited = once(child, 'exit');
+    child.kill('SIGTERM');
+    await exited;
+  }
 }
 
 describe('the .deb packages', () => {
@@ -129,6 +159,7 @@ describe('the .deb packages', () => {
     await mkdir(tools);
     await symlink('/usr/bin/readlink', join(tools, 'readlink'));
     expect((await out(join(root, 'usr/bin/gateway'), ['--version'], { env: { PATH: tools } })).trim()).toBe(N);
+    await startInstalled(root);
     await writeFile(join(root, 'etc/default/gateway'), 'HTTPS_PROXY=http://proxy.internal:3128\n');
     await dpkg('-i', next.debs.gateway, next.debs['gateway-ent-updater']);
     expect((await out(join(root, 'usr/bin/gateway'), ['--version'])).trim()).toBe(N1);
