@@ -176,8 +176,10 @@ describe('the .deb packages', () => {
   it('-fips: takes the place of gateway and says FIPS in --version (the upgrader picks the -fips package and tarball from it)', async () => {
     const { root, dpkg } = await dpkgRoot('fips-root');
     await dpkg('-i', pkgs.debs.gateway);
+    await writeFile(join(root, 'etc/default/gateway'), 'NO_PROXY=.corp\n');
     // Conflicts + Replaces: dpkg removes gateway to install gateway-ent-fips in its place.
     await dpkg('-i', pkgs.debs['gateway-ent-fips']);
+    expect(await readFile(join(root, 'etc/default/gateway'), 'utf8')).toBe('NO_PROXY=.corp\n');
     const status = await out('dpkg-query', [`--admindir=${join(root, 'var/lib/dpkg')}`, '-W', '-f=${Package} ${Status}\n', 'gateway', 'gateway-ent-fips']);
     expect(status).toContain('gateway-ent-fips install ok installed');
     expect(status).not.toContain('gateway install ok installed');
