@@ -15,12 +15,17 @@ import { trustedCas } from './client.js';
 export interface DownloadOptions {
   dialer: Dialer;
   ca?: string[];
+  /** The most bytes a download may have: a larger Content-Length is refused before the body, a longer body is cut. */
+  maxBytes?: number;
   /** Idle deadline: no byte for this long fails the download. */
   idleTimeoutMs?: number;
   /** Called with (bytes so far, total from content-length or undefined). */
   onProgress?: (bytes: number, total: number | undefined) => void;
   onStart?: (total: number | undefined) => void;
 }
+
+/** A release tarball is well under this (the runtime, the app and its modules, compressed). */
+export const DEFAULT_MAX_DOWNLOAD_BYTES = 2 * 1024 ** 3;
 
 export interface Downloaded {
   bytes: number;
@@ -81,6 +86,11 @@ export async function download(url: string, dest: string, options: DownloadOptio
       }
       const length = Number(res.headers['content-length']);
       const total = Number.isFinite(length) && length > 0 ? length : undefined;
+      const max = options.maxBytes ?? DEFAULT_MAX_DOWNLOAD_BYTES;
+      if (total !== undefined && total > max) {
+        res.destroy();
+        throw fail(current.href, `it announces ${total} bytes, more than the ${max} a release may have`);
+      }
       options.onStart?.(total);
       const hash = createHash('sha256');
       let bytes = 0;
@@ -94,17 +104,21 @@ export async function download(url: string, dest: string, options: DownloadOptio
         res.on('data', (chunk: Buffer) => {
           hash.update(chunk);
           bytes += chunk.length;
+          if (bytes > max) return onError(fail(current.href, `it sends more than the ${max} bytes a release may have`));
           options.onProgress?.(bytes, total);
           if (!out.write(chunk)) {
             res.pause();
             out.once('drain', () => res.resume());
           }
         });
-        res.on('aborted', () => onError(fail(current.href, 'the connection closed before the end')));
+        let ended = false;
+        res.on('aborted', () => onError(fail(current.href, `the connection closed after ${bytes} bytes, before the end (truncated)`)));
+        res.on('close', () => ended || onError(fail(current.href, `the connection closed after ${bytes} bytes, before the end (truncated)`)));
         res.on('error', onError);
         out.on('error', onError);
         res.on('end', () => {
-          if (total !== undefined && bytes !== total) return onError(fail(current.href, `got ${bytes} of ${total} bytes`));
+          ended = true;
+          if (total !== undefined && bytes !== total) return onError(fail(current.href, `got ${bytes} of ${total} bytes (truncated)`));
           out.end(() => resolve());
         });
       });

@@ -9,7 +9,9 @@
  * GATEWAY_BIN_DIR set to where the binaries go (/usr/local/bin by default). Before it runs, the binaries it is
  * about to replace are copied aside, so a failed upgrade can put them back.
  */
+import { createReadStream } from 'node:fs';
 import { chmod, copyFile, mkdir, readdir, rename, stat, unlink } from 'node:fs/promises';
+import { createGunzip } from 'node:zlib';
 import { basename, join } from 'node:path';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../errors.js';
@@ -19,6 +21,7 @@ import { download } from './download.js';
 import { describeExit, lastLines, runCommand } from './exec.js';
 import { progressBar } from './progress.js';
 import type { TarballArch } from './settings.js';
+import { TarScanner, type TarLimits, type TarSummary } from './tarentries.js';
 
 export function tarballName(version: string, arch: TarballArch, fips: boolean): string {
   return `gateway-ent-v${version.replace(/^v/, '')}-linux-${arch}${fips ? '-fips' : ''}-bin.tar.gz`;
@@ -43,6 +46,10 @@ export interface TarballDeps {
   workDir: string;
   commandTimeoutMs: number;
   env?: NodeJS.ProcessEnv;
+  /** Caps of the entry check (defaults: tarentries.ts). */
+  tarLimits?: Partial<TarLimits>;
+  /** Cap of the download (default: download.ts). */
+  maxDownloadBytes?: number;
 }
 
 /** Downloads and checks the tarball; returns its path. Throws GW_ERR_UPGRADE_DOWNLOAD / GW_ERR_UPGRADE_CHECKSUM. */
@@ -66,6 +73,7 @@ export async function fetchVerifiedTarball(version: string, deps: TarballDeps): 
   const got = await download(url, dest, {
     dialer: deps.dialer,
     ...(deps.ca ? { ca: deps.ca } : {}),
+    ...(deps.maxDownloadBytes !== undefined ? { maxBytes: deps.maxDownloadBytes } : {}),
     onStart: (total) => (bar = progressBar(deps.stderr, name, total)),
     onProgress: (bytes) => bar?.update(bytes),
   });
@@ -86,11 +94,47 @@ export interface TarballInstall {
   restore(): Promise<void>;
 }
 
+/**
+ * Reads the whole (verified) tarball through gunzip and TarScanner: nothing is extracted unless every entry stays
+ * inside, and it is a gzip tar of bounded size. Throws GW_ERR_UPGRADE_TARBALL.
+ */
+export async function checkTarballEntries(tarball: string, limits: Partial<TarLimits> = {}): Promise<TarSummary> {
+  const scanner = new TarScanner(limits);
+  const input = createReadStream(tarball);
+  const gunzip = createGunzip();
+  try {
+    await new Promise<void>((resolve, reject) => {
+      const fail = (err: unknown) => {
+        input.destroy();
+        gunzip.destroy();
+        reject(err);
+      };
+      input.on('error', fail);
+      gunzip.on('error', (err) =>
+        fail(err instanceof GatewayError ? err : new GatewayError('GW_ERR_UPGRADE_TARBALL', `the release tarball is not safe to extract: ${basename(tarball)} is not a gzip file (${err.message}); nothing was extracted or installed`)),
+      );
+      gunzip.on('data', (chunk: Buffer) => {
+        try {
+          scanner.push(chunk);
+        } catch (err) {
+          fail(err);
+        }
+      });
+      gunzip.on('end', resolve);
+      input.pipe(gunzip);
+    });
+  } finally {
+    input.destroy();
+  }
+  return scanner.end();
+}
+
 /** Extracts a verified tarball and runs its install script. Throws GW_ERR_UPGRADE_INSTALL (after restoring). */
 export async function installTarball(tarball: string, deps: TarballDeps): Promise<TarballInstall> {
+  await checkTarballEntries(tarball, deps.tarLimits);
   const into = join(deps.workDir, 'extract');
   await mkdir(into, { recursive: true });
-  const x = await runCommand(['tar', '-xzf', tarball, '-C', into, '--no-same-owner', '--no-same-permissions'], { timeoutMs: deps.commandTimeoutMs, ...(deps.env ? { env: deps.env } : {}) });
+  const x = await runCommand(['tar', '-xzf', tarball, '-C', into, '--no-same-owner', '--no-same-permissions', '--no-overwrite-dir'], { timeoutMs: deps.commandTimeoutMs, ...(deps.env ? { env: deps.env } : {}) });
   if (x.code !== 0) {
     throw new GatewayError('GW_ERR_UPGRADE_INSTALL', `cannot extract ${basename(tarball)}: tar ${describeExit('tar', x)}: ${lastLines(x)}; nothing was installed`);
   }
