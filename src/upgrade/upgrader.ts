@@ -188,6 +188,8 @@ interface Installer {
   install(version: string, downgrade: boolean): Promise<void>;
   /** Puts `previous` back after a failed upgrade. */
   rollback(previous: string): Promise<void>;
+  /** The upgrade went through: drops what was kept for a rollback. */
+  finish?(): Promise<void>;
 }
 
 function packageInstaller(ctx: UpgraderContext, pm: PackageManager, pkg: string, repo: RepoEntry): Installer {
@@ -241,6 +243,7 @@ function tarballInstaller(ctx: UpgraderContext, workDir: string, fips: boolean):
       if (!done) throw new GatewayError('GW_ERR_UPGRADE_INSTALL', 'nothing to roll back: the tarball was not installed');
       await done.restore();
     },
+    finish: async () => done?.discard(),
   };
 }
 
@@ -370,6 +373,7 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
     if (broken !== undefined) await putBack(`the new binary failed its self-check, before any restart: ${broken}`, 'GW_ERR_UPGRADE_HEALTH', undefined, false);
     const problem = await restartAndCheck(ctx, target);
     if (problem !== undefined) await putBack(problem, 'GW_ERR_UPGRADE_HEALTH');
+    await installer.finish?.();
     say(ctx, `upgraded ${pkg} ${current} -> ${target}; the service is running ${target}`);
     return 'upgraded';
   } finally {
