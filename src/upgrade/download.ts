@@ -32,6 +32,13 @@ export interface Downloaded {
   sha256: string;
 }
 
+/** Node's HTTP parser errors (HPE_*), said plainly: a server that sends more than its Content-Length, or garbage. */
+function reason(err: unknown): string {
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = toGatewayError(err).message;
+  return typeof code === 'string' && code.startsWith('HPE_') ? `the answer is not valid HTTP (${message}: bytes past its Content-Length, or garbage)` : message;
+}
+
 function fail(url: string, why: string, cause?: unknown): GatewayError {
   return new GatewayError('GW_ERR_UPGRADE_DOWNLOAD', `cannot download ${url}: ${why}`, { ...(cause === undefined ? {} : { cause }), details: { url } });
 }
@@ -54,7 +61,7 @@ function request(url: URL, options: DownloadOptions, agent: DialerAgent): Promis
       resolve,
     );
     req.on('timeout', () => req.destroy(fail(url.href, `no data for ${Math.round((options.idleTimeoutMs ?? 30_000) / 1000)} s`)));
-    req.on('error', (err) => reject(err instanceof GatewayError ? err : fail(url.href, toGatewayError(err).message, err)));
+    req.on('error', (err) => reject(err instanceof GatewayError ? err : fail(url.href, reason(err), err)));
     req.end();
   });
 }
@@ -69,7 +76,7 @@ export async function download(url: string, dest: string, options: DownloadOptio
       try {
         res = await request(current, options, agent);
       } catch (err) {
-        throw err instanceof GatewayError && err.code === 'GW_ERR_UPGRADE_DOWNLOAD' ? err : fail(current.href, toGatewayError(err).message, err);
+        throw err instanceof GatewayError && err.code === 'GW_ERR_UPGRADE_DOWNLOAD' ? err : fail(current.href, reason(err), err);
       }
       const status = res.statusCode ?? 0;
       if (status >= 300 && status < 400 && res.headers.location) {
@@ -99,7 +106,7 @@ export async function download(url: string, dest: string, options: DownloadOptio
         const onError = (err: unknown) => {
           res.destroy();
           out.destroy();
-          reject(err instanceof GatewayError ? err : fail(current.href, toGatewayError(err).message, err));
+          reject(err instanceof GatewayError ? err : fail(current.href, reason(err), err));
         };
         res.on('data', (chunk: Buffer) => {
           hash.update(chunk);
