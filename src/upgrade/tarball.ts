@@ -10,7 +10,10 @@
  * or in bin/); the script is run from that directory with GATEWAY_BIN_DIR (where the commands go,
  * /usr/local/bin by default) and GATEWAY_LIB_DIR (the app directory, lib/gateway next to it). Before it runs,
  * what it may replace is saved: the commands of the same names in GATEWAY_BIN_DIR (files or symbolic links, or
- * their absence) and GATEWAY_LIB_DIR (copied next to itself), so a failed upgrade puts back exactly what was there.
+ * their absence) and GATEWAY_LIB_DIR (hard-linked next to itself), so a failed upgrade puts back exactly what was
+ * there. The install script must replace files (write a new one, rename it over), never write into one: the
+ * running service has them open, and the hard links must keep the old bytes. The release's script (scripts/package/
+ * tarball.mjs) installs the app into GATEWAY_LIB_DIR/<version> and then the commands, which point at it.
  */
 import { createReadStream } from 'node:fs';
 import { chmod, copyFile, lstat, mkdir, readdir, readlink, rename, rm, stat, symlink, unlink } from 'node:fs/promises';
@@ -148,9 +151,10 @@ async function save(path: string, copy: string, timeoutMs: number): Promise<Save
   if (!st) return { path, kind: 'absent' };
   if (st.isSymbolicLink()) return { path, kind: 'symlink', link: await readlink(path) };
   if (st.isDirectory()) {
-    // Next to it (same file system: put back with a rename), copied with links and modes as they are.
+    // Next to it (same file system: put back with a rename), as hard links: nothing is copied, and since an
+    // install replaces files (writes new ones, renames) rather than writing into them, the links keep the old bytes.
     await rm(copy, { recursive: true, force: true });
-    const r = await runCommand(['cp', '-a', path, copy], { timeoutMs });
+    const r = await runCommand(['cp', '-al', path, copy], { timeoutMs });
     if (r.code !== 0) throw new GatewayError('GW_ERR_UPGRADE_INSTALL', `cannot copy ${path} aside before installing: ${lastLines(r)}; nothing was installed`);
     return { path, kind: 'dir', copy };
   }
