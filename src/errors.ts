@@ -438,7 +438,7 @@ export const ERROR_CODES = {
     hint: "The message quotes the installer's output; fix that cause (disk space, repository, network) and run 'gateway-upgrade run' again.",
   },
   GW_ERR_UPGRADE_HEALTH: {
-    summary: 'After installing the target version the service did not come back healthy with it; the upgrader put the previous version back.',
+    summary: 'After installing the target version, the new binary failed its self-check (its version command did not run or did not report the target; nothing was restarted) or the service did not come back healthy with it; the upgrader put the previous version back.',
     hint: "Check the service's logs (journalctl -u gateway); the message says whether the rollback succeeded.",
   },
   GW_ERR_UPGRADE_SCHEDULE: {
