@@ -103,10 +103,13 @@ export async function download(url: string, dest: string, options: DownloadOptio
       let bytes = 0;
       const out = createWriteStream(dest);
       await new Promise<void>((resolve, reject) => {
+        let settled = false;
         const onError = (err: unknown) => {
+          if (settled) return; // destroying below may report the cut it causes: the first reason is the one
+          settled = true;
+          reject(err instanceof GatewayError ? err : fail(current.href, reason(err), err));
           res.destroy();
           out.destroy();
-          reject(err instanceof GatewayError ? err : fail(current.href, reason(err), err));
         };
         res.on('data', (chunk: Buffer) => {
           hash.update(chunk);

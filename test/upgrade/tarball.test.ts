@@ -12,6 +12,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { VersionServer } from '../../src/proxy/versions.js';
+import { download } from '../../src/upgrade/download.js';
 import { progressBar, renderBar } from '../../src/upgrade/progress.js';
 import { writeSchedule } from '../../src/upgrade/schedule.js';
 import { runCli } from '../helpers/gateway.js';
@@ -369,6 +370,30 @@ describe('a refused or failed tarball upgrade changes nothing', () => {
     expect(await restarts()).toEqual(['restart Gateway v17.0.15 git:test', 'restart Gateway v17.0.14 git:test']);
     // The same tree, link for link and byte for byte; no copy left next to it.
     expect(await usr()).toEqual(good);
+  });
+});
+
+describe('download caps, in process through squid', () => {
+  it('a body without Content-Length is cut at the cap', async () => {
+    special.set('/endless', (res) => {
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      const chunk = Buffer.alloc(64 * 1024, 1);
+      let sent = 0;
+      const more = () => {
+        while (sent < 4 * 1024 * 1024 && !res.destroyed) {
+          sent += chunk.length;
+          if (!res.write(chunk)) return void res.once('drain', more);
+        }
+        res.end();
+      };
+      more();
+    });
+    const dialer = new Dialer({ env: { HTTPS_PROXY: squid.url } });
+    const dest = join(dir, 'endless.bin');
+    await expect(download(`https://${CDN_NAME}:${cdn.port}/endless`, dest, { dialer, ca: [pki.caPem], maxBytes: 256 * 1024 })).rejects.toMatchObject({
+      code: 'GW_ERR_UPGRADE_DOWNLOAD',
+      message: expect.stringContaining('it sends more than the 262144 bytes a release may have'),
+    });
   });
 });
 
