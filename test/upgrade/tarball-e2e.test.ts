@@ -49,6 +49,8 @@ let env: Record<string, string>;
 let good: Buffer;
 let broken: Buffer;
 let older: Buffer;
+let fipsN = '';
+let fipsN1 = '';
 const files = new Map<string, Buffer | string>();
 const requests: string[] = [];
 const NAME = `gateway-ent-v${N1}-linux-amd64-bin.tar.gz`;
@@ -81,6 +83,8 @@ beforeAll(async () => {
   good = await readFile(pn1.tarballs.default.tarball);
   older = await readFile(pn.tarballs.default.tarball);
   broken = await brokenVariant(pn1.tarballs.default.tarball);
+  fipsN = pn.tarballs.fips.tarball;
+  fipsN1 = pn1.tarballs.fips.tarball;
 
   await writeFile(join(dir, 'hosts'), `${CDN_IP} ${CDN_NAME}\n`, { mode: 0o644 });
   pki = await makeTestPki();
@@ -218,5 +222,31 @@ describe(`the real release tarball, ${N} -> ${N1}`, () => {
     const again = await upgrade();
     expect(again.code, again.stderr).toBe(0);
     expect(again.stdout).toContain(`no upgrades available (${N1} == ${N1})`);
+  });
+});
+
+describe('a FIPS install upgrades from the -fips tarball', () => {
+  it(`${N} -fips installed; dry-run names the -fips tarball; run installs ${N1} -fips`, async () => {
+    const fipsRoot = join(dir, 'fips-root');
+    const fipsBin = join(fipsRoot, 'usr/local/bin');
+    await mkdir(join(fipsRoot, 'etc/gateway-upgrade.d'), { recursive: true });
+    await mkdir(join(dir, 'fips'));
+    await run('tar', ['-xzf', fipsN, '-C', join(dir, 'fips')]);
+    await run(join(dir, 'fips/gateway/install'), [], { env: { PATH: process.env.PATH ?? '', GATEWAY_BIN_DIR: fipsBin } });
+    await rm(join(dir, 'fips'), { recursive: true, force: true });
+    for (const f of ['endpoint', 'schedule']) await writeFile(join(fipsRoot, 'etc/gateway-upgrade.d', f), await readFile(join(root, 'etc/gateway-upgrade.d', f)));
+    const fipsName = `gateway-ent-v${N1}-linux-amd64-fips-bin.tar.gz`;
+    const body = await readFile(fipsN1);
+    files.set(`/${fipsName}`, body);
+    files.set(`/${fipsName}.sha256`, `${sha256(body)}  ${fipsName}\n`);
+    const fipsEnv = { ...env, GATEWAY_UPGRADE_ROOT: fipsRoot, GATEWAY_UPGRADE_VERSION_COMMAND: `${fipsBin}/gateway --version`, GATEWAY_UPGRADE_HEALTH_COMMAND: `${fipsBin}/gateway --version >/dev/null` };
+    expect((await run(join(fipsBin, 'gateway'), ['--version'])).stdout).toMatch(new RegExp(`${N.replaceAll('.', '\\.')}.*FIPS`));
+    const dry = await run(join(fipsBin, 'gateway-upgrade'), ['dry-run'], { env: fipsEnv });
+    expect(dry.stdout).toContain(`install: tarball https://${CDN_NAME}:${cdn.port}/${fipsName}`);
+    requests.length = 0;
+    const r = await run(join(fipsBin, 'gateway-upgrade'), ['run'], { env: fipsEnv, timeout: 240_000 });
+    expect(r.stdout).toContain(`upgraded gateway-ent-fips ${N} -> ${N1}`);
+    expect(requests).toEqual([`/${fipsName}.sha256`, `/${fipsName}`]);
+    expect((await run(join(fipsBin, 'gateway'), ['--version'])).stdout).toMatch(new RegExp(`${N1.replaceAll('.', '\\.')}.*FIPS`));
   });
 });
