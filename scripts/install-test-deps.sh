@@ -13,6 +13,9 @@ declare -A NEED=(
   [haproxy]=haproxy      # a real L4 load balancer (send-proxy-v2) in front of the Proxy, and the mux benchmark's peer
   [apt-ftparchive]=apt-utils  # indexes the real apt repository the upgrader tests build (test/upgrade/helpers.ts)
   [dpkg-deb]=dpkg            # builds the .deb packages of that repository
+  [rpmbuild]=rpm             # npm run package builds the .rpm packages (scripts/package/rpm.mjs); rpm -qp reads them
+  [lintian]=lintian          # test/package/build.test.ts checks the .deb packages
+  [strip]=binutils           # npm run package strips the Node.js runtime and the native modules
   [systemd-analyze]=systemd  # `systemd-analyze verify` of the units `gateway install systemd` writes
   # real databases behind an agent (test/helpers/databases.ts, test/e2e/tunnel.test.ts)
   [postgres]=postgresql      # the server: not on PATH, looked for in /usr/lib/postgresql/*/bin
