@@ -32,8 +32,8 @@ import { sha256, snapshot } from './tarball-fixtures.js';
 setRootLogger(createLogger({ level: 'silent' }));
 const run = promisify(execFile);
 
-const N = '17.0.1';
-const N1 = '17.0.2';
+const N = '17.0.0-dev';
+const N1 = '17.0.1';
 const CDN_IP = '127.0.0.3';
 const CDN_NAME = 'cdn.gw.test';
 
@@ -75,7 +75,8 @@ async function brokenVariant(tarball: string): Promise<Buffer> {
 }
 
 beforeAll(async () => {
-  // Two builds of the same app (cached across test files and runs: test/helpers/packages.ts).
+  // Two builds of the same app (cached across test files and runs: test/helpers/packages.ts). The same versions as
+  // test/package/build.test.ts (package.json's and the next): one build serves both files.
   const pn: BuiltPackages = await buildPackages({ version: N });
   const pn1: BuiltPackages = await buildPackages({ version: N1 });
   dir = await mkdtemp(join(tmpdir(), 'gw-tarball-e2e-'));
@@ -214,6 +215,7 @@ describe(`the real release tarball, ${N} -> ${N1}`, () => {
     expect(await restarts()).toHaveLength(1);
     expect((await restarts())[0]).toContain(N1);
     expect((await readdir(join(root, 'usr/local/lib/gateway'))).sort()).toEqual([N, N1]);
+    expect(await readdir(join(root, 'usr/local/lib'))).toEqual(['gateway']); // the copy kept for a rollback is gone
     expect((await readFile(join(bin, 'gateway'), 'utf8'))).toContain(`app='${join(root, 'usr/local/lib/gateway', N1)}'`);
     const log = await squid.readAccessLog();
     expect(log.some((l) => l.includes(`CONNECT ${CDN_NAME}:${cdn.port}`))).toBe(true);
