@@ -429,12 +429,16 @@ export const ERROR_CODES = {
     summary: 'The downloaded tarball does not match its .sha256 file; nothing was extracted or installed.',
     hint: 'Run the upgrade again; if it keeps failing, the download is being altered on the way (check proxies) or the release is broken.',
   },
+  GW_ERR_UPGRADE_TARBALL: {
+    summary: 'The release tarball passed its checksum but is not safe to extract: an entry with an absolute path or "..", a symbolic link pointing outside, a device or unknown entry type, setuid files, too many entries or too many bytes once unpacked, or not a gzip tar at all; nothing was extracted or installed.',
+    hint: 'A release tarball never holds these: the release at {download_url} is broken or not genuine; tell its publisher, and do not install it by hand.',
+  },
   GW_ERR_UPGRADE_INSTALL: {
     summary: 'Installing the target version failed (package manager or tarball install step); the previous version is still installed, or was put back (the message says which).',
     hint: "The message quotes the installer's output; fix that cause (disk space, repository, network) and run 'gateway-upgrade run' again.",
   },
   GW_ERR_UPGRADE_HEALTH: {
-    summary: 'After installing the target version the service did not come back healthy with it; the upgrader put the previous version back.',
+    summary: 'After installing the target version, the new binary failed its self-check (its version command did not run or did not report the target; nothing was restarted) or the service did not come back healthy with it; the upgrader put the previous version back.',
     hint: "Check the service's logs (journalctl -u gateway); the message says whether the rollback succeeded.",
   },
   GW_ERR_UPGRADE_SCHEDULE: {

@@ -15,6 +15,8 @@ import { trustedCas } from './client.js';
 export interface DownloadOptions {
   dialer: Dialer;
   ca?: string[];
+  /** The most bytes a download may have: a larger Content-Length is refused before the body, a longer body is cut. */
+  maxBytes?: number;
   /** Idle deadline: no byte for this long fails the download. */
   idleTimeoutMs?: number;
   /** Called with (bytes so far, total from content-length or undefined). */
@@ -22,9 +24,19 @@ export interface DownloadOptions {
   onStart?: (total: number | undefined) => void;
 }
 
+/** A release tarball is well under this (the runtime, the app and its modules, compressed). */
+export const DEFAULT_MAX_DOWNLOAD_BYTES = 2 * 1024 ** 3;
+
 export interface Downloaded {
   bytes: number;
   sha256: string;
+}
+
+/** Node's HTTP parser errors (HPE_*), said plainly: a server that sends more than its Content-Length, or garbage. */
+function reason(err: unknown): string {
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = toGatewayError(err).message;
+  return typeof code === 'string' && code.startsWith('HPE_') ? `the answer is not valid HTTP (${message}: bytes past its Content-Length, or garbage)` : message;
 }
 
 function fail(url: string, why: string, cause?: unknown): GatewayError {
@@ -49,7 +61,7 @@ function request(url: URL, options: DownloadOptions, agent: DialerAgent): Promis
       resolve,
     );
     req.on('timeout', () => req.destroy(fail(url.href, `no data for ${Math.round((options.idleTimeoutMs ?? 30_000) / 1000)} s`)));
-    req.on('error', (err) => reject(err instanceof GatewayError ? err : fail(url.href, toGatewayError(err).message, err)));
+    req.on('error', (err) => reject(err instanceof GatewayError ? err : fail(url.href, reason(err), err)));
     req.end();
   });
 }
@@ -64,7 +76,7 @@ export async function download(url: string, dest: string, options: DownloadOptio
       try {
         res = await request(current, options, agent);
       } catch (err) {
-        throw err instanceof GatewayError && err.code === 'GW_ERR_UPGRADE_DOWNLOAD' ? err : fail(current.href, toGatewayError(err).message, err);
+        throw err instanceof GatewayError && err.code === 'GW_ERR_UPGRADE_DOWNLOAD' ? err : fail(current.href, reason(err), err);
       }
       const status = res.statusCode ?? 0;
       if (status >= 300 && status < 400 && res.headers.location) {
@@ -81,30 +93,42 @@ export async function download(url: string, dest: string, options: DownloadOptio
       }
       const length = Number(res.headers['content-length']);
       const total = Number.isFinite(length) && length > 0 ? length : undefined;
+      const max = options.maxBytes ?? DEFAULT_MAX_DOWNLOAD_BYTES;
+      if (total !== undefined && total > max) {
+        res.destroy();
+        throw fail(current.href, `it announces ${total} bytes, more than the ${max} a release may have`);
+      }
       options.onStart?.(total);
       const hash = createHash('sha256');
       let bytes = 0;
       const out = createWriteStream(dest);
       await new Promise<void>((resolve, reject) => {
+        let settled = false;
         const onError = (err: unknown) => {
+          if (settled) return; // destroying below may report the cut it causes: the first reason is the one
+          settled = true;
+          reject(err instanceof GatewayError ? err : fail(current.href, reason(err), err));
           res.destroy();
           out.destroy();
-          reject(err instanceof GatewayError ? err : fail(current.href, toGatewayError(err).message, err));
         };
         res.on('data', (chunk: Buffer) => {
           hash.update(chunk);
           bytes += chunk.length;
+          if (bytes > max) return onError(fail(current.href, `it sends more than the ${max} bytes a release may have`));
           options.onProgress?.(bytes, total);
           if (!out.write(chunk)) {
             res.pause();
             out.once('drain', () => res.resume());
           }
         });
-        res.on('aborted', () => onError(fail(current.href, 'the connection closed before the end')));
+        let ended = false;
+        res.on('aborted', () => onError(fail(current.href, `the connection closed after ${bytes} bytes, before the end (truncated)`)));
+        res.on('close', () => ended || onError(fail(current.href, `the connection closed after ${bytes} bytes, before the end (truncated)`)));
         res.on('error', onError);
         out.on('error', onError);
         res.on('end', () => {
-          if (total !== undefined && bytes !== total) return onError(fail(current.href, `got ${bytes} of ${total} bytes`));
+          ended = true;
+          if (total !== undefined && bytes !== total) return onError(fail(current.href, `got ${bytes} of ${total} bytes (truncated)`));
           out.end(() => resolve());
         });
       });

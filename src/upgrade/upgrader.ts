@@ -188,6 +188,8 @@ interface Installer {
   install(version: string, downgrade: boolean): Promise<void>;
   /** Puts `previous` back after a failed upgrade. */
   rollback(previous: string): Promise<void>;
+  /** The upgrade went through: drops what was kept for a rollback. */
+  finish?(): Promise<void>;
 }
 
 function packageInstaller(ctx: UpgraderContext, pm: PackageManager, pkg: string, repo: RepoEntry): Installer {
@@ -241,6 +243,7 @@ function tarballInstaller(ctx: UpgraderContext, workDir: string, fips: boolean):
       if (!done) throw new GatewayError('GW_ERR_UPGRADE_INSTALL', 'nothing to roll back: the tarball was not installed');
       await done.restore();
     },
+    finish: async () => done?.discard(),
   };
 }
 
@@ -269,6 +272,16 @@ async function restartAndCheck(ctx: UpgraderContext, expected: string): Promise<
     }
     if (Date.now() >= deadline) return `the service did not come back with ${expected} within ${Math.round(s.healthTimeoutMs / 1000)} s: ${why}`;
     await sleep(s.healthPollMs);
+  }
+}
+
+/** The installed binary's own check (the version command reports `expected`) before the service is restarted. */
+async function selfCheck(ctx: UpgraderContext, expected: string): Promise<string | undefined> {
+  try {
+    const v = (await installedVersion(ctx)).version;
+    return sameVersion(v, expected) ? undefined : `the version command reports ${v}, not ${expected}`;
+  } catch (err) {
+    return toGatewayError(err).message;
   }
 }
 
@@ -325,7 +338,7 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
     const downgrade = semver.lt(target, current);
     say(ctx, `installing ${installer.describe(target)}`);
 
-    const putBack = async (why: string, code: 'GW_ERR_UPGRADE_INSTALL' | 'GW_ERR_UPGRADE_HEALTH', cause?: unknown): Promise<never> => {
+    const putBack = async (why: string, code: 'GW_ERR_UPGRADE_INSTALL' | 'GW_ERR_UPGRADE_HEALTH', cause?: unknown, restart = true): Promise<never> => {
       let outcome: string;
       try {
         if (movedFrom !== undefined && pm !== 'tarball') {
@@ -334,8 +347,8 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
         }
         ctx.stderr.write(`rolling back to ${current}\n`);
         await installer.rollback(current);
-        const back = await restartAndCheck(ctx, current);
-        outcome = back === undefined ? `the previous version ${current} was put back and is running` : `the previous version ${current} was put back, but ${back}`;
+        const back = restart ? await restartAndCheck(ctx, current) : await selfCheck(ctx, current);
+        outcome = back === undefined ? `the previous version ${current} was put back ${restart ? 'and is running' : '(the service was not restarted)'}` : `the previous version ${current} was put back, but ${back}`;
       } catch (err) {
         outcome = `putting the previous version ${current} back failed too (${toGatewayError(err).message}); this host needs attention`;
       }
@@ -356,8 +369,11 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
       }
       return await putBack(e.message, 'GW_ERR_UPGRADE_INSTALL', e);
     }
+    const broken = await selfCheck(ctx, target);
+    if (broken !== undefined) await putBack(`the new binary failed its self-check, before any restart: ${broken}`, 'GW_ERR_UPGRADE_HEALTH', undefined, false);
     const problem = await restartAndCheck(ctx, target);
     if (problem !== undefined) await putBack(problem, 'GW_ERR_UPGRADE_HEALTH');
+    await installer.finish?.();
     say(ctx, `upgraded ${pkg} ${current} -> ${target}; the service is running ${target}`);
     return 'upgraded';
   } finally {

@@ -12,6 +12,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { VersionServer } from '../../src/proxy/versions.js';
+import { download } from '../../src/upgrade/download.js';
 import { progressBar, renderBar } from '../../src/upgrade/progress.js';
 import { writeSchedule } from '../../src/upgrade/schedule.js';
 import { runCli } from '../helpers/gateway.js';
@@ -19,6 +20,7 @@ import { startHttpsServer, type HttpTestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { fakeGatewayScript, makeTarball, writeScript, type Tarball } from './helpers.js';
+import { releaseAround, sha256, snapshot, targz, type RawEntry } from './tarball-fixtures.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -36,7 +38,29 @@ let etc: string;
 let restartLog: string;
 let env: Record<string, string>;
 const files = new Map<string, Buffer | string>();
+/** Paths the CDN answers in its own way (a cut connection, a lying Content-Length). */
+const special = new Map<string, (res: import('node:http').ServerResponse) => void>();
 const requests: string[] = [];
+/** Channels of the version server, one per case: channel name -> version. */
+const CASES = {
+  dotdot: '17.0.6',
+  absolute: '17.0.7',
+  linkout: '17.0.8',
+  truncated: '17.0.9',
+  huge: '17.0.10',
+  longer: '17.0.11',
+  noversion: '17.0.12',
+  failing: '17.0.13',
+  lib: '17.0.14',
+  libbroken: '17.0.15',
+  linkabs: '17.0.16',
+} as const;
+const nameOf = (version: string) => `gateway-ent-v${version}-linux-amd64-bin.tar.gz`;
+/** Serves body as the release `version` with a .sha256 that matches it. */
+function serve(version: string, body: Buffer): void {
+  files.set(`/${nameOf(version)}`, body);
+  files.set(`/${nameOf(version)}.sha256`, `${sha256(body)}  ${nameOf(version)}\n`);
+}
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-tarball-test-'));
@@ -55,11 +79,15 @@ beforeAll(async () => {
   // The .sha256 of 17.0.4 describes other bytes: what a corrupted or altered download looks like.
   files.set(`/${tampered.name}.sha256`, `${good.sha256}  ${tampered.name}\n`);
 
+  await setUpCases();
+
   const cdnCert = await pki.serverCert({ names: [CDN_NAME], ips: [CDN_IP] });
   cdn = await startHttpsServer(
     { cert: cdnCert.certPem, key: cdnCert.keyPem },
     (req, res) => {
       requests.push(req.url ?? '');
+      const own = special.get(req.url ?? '');
+      if (own) return own(res);
       const body = files.get(req.url ?? '');
       if (body === undefined) {
         res.writeHead(404);
@@ -75,7 +103,11 @@ beforeAll(async () => {
   const proxyCert = await pki.serverCert({ names: ['proxy.gw.test'], ips: ['127.0.0.1'] });
   const vs = new VersionServer({
     ownVersion: '17.0.2',
-    channels: { tampered: { static_version: 'v17.0.4' }, broken: { static_version: 'v17.0.5' } },
+    channels: {
+      tampered: { static_version: 'v17.0.4' },
+      broken: { static_version: 'v17.0.5' },
+      ...Object.fromEntries(Object.entries(CASES).map(([c, v]) => [c, { static_version: `v${v}` }])),
+    },
     dialer: new Dialer({ env: {} }),
   });
   proxy = await startHttpsServer({ cert: proxyCert.certPem, key: proxyCert.keyPem }, (req, res) => {
@@ -107,6 +139,79 @@ beforeAll(async () => {
   };
 }, 120_000);
 
+const gatewayScript = (version: string, versionExit = 0) =>
+  `#!/bin/sh\ncase "$1" in --version) echo "Gateway v${version} git:test"; exit ${versionExit} ;; health) exit 0 ;; esac\n`;
+
+/** A release shaped like the packaged one: the app in lib/ (GATEWAY_LIB_DIR), bin/gateway a link into it. */
+function libRelease(version: string, healthy: boolean): Buffer {
+  const install = [
+    '#!/bin/sh',
+    'set -eu',
+    'rm -rf "$GATEWAY_LIB_DIR.new" && mkdir -p "$(dirname "$GATEWAY_LIB_DIR")" "$GATEWAY_BIN_DIR"',
+    'cp -R lib "$GATEWAY_LIB_DIR.new" && rm -rf "$GATEWAY_LIB_DIR" && mv "$GATEWAY_LIB_DIR.new" "$GATEWAY_LIB_DIR"',
+    'ln -sfn ../lib/gateway/bin/gateway "$GATEWAY_BIN_DIR/.gateway.new" && mv -T "$GATEWAY_BIN_DIR/.gateway.new" "$GATEWAY_BIN_DIR/gateway"',
+    'echo "installed into $GATEWAY_BIN_DIR and $GATEWAY_LIB_DIR"',
+    '',
+  ].join('\n');
+  const gw = `#!/bin/sh\ncase "$1" in --version) echo "Gateway v${version} git:test" ;; health) exit ${healthy ? 0 : 1} ;; esac\n`;
+  return targz([
+    { name: 'gateway/', type: '5' },
+    { name: 'gateway/install.sh', mode: 0o755, body: install },
+    { name: 'gateway/lib/', type: '5' },
+    { name: 'gateway/lib/bin/', type: '5' },
+    { name: 'gateway/lib/bin/gateway', mode: 0o755, body: gw },
+    { name: 'gateway/lib/VERSION', body: `${version}\n` },
+    { name: 'gateway/bin/', type: '5' },
+    { name: 'gateway/bin/gateway', type: '2', link: '../lib/bin/gateway' },
+  ]);
+}
+
+/** The releases of the cases: hostile entries (with a checksum that matches: the entry check refuses them). */
+async function setUpCases(): Promise<void> {
+  const out = `${'../'.repeat(16)}${dir.slice(1)}`;
+  serve(CASES.dotdot, releaseAround(CASES.dotdot, [{ name: `gateway/${out}/escaped`, body: 'pwned' }]));
+  serve(CASES.absolute, releaseAround(CASES.absolute, [{ name: `${dir}/escaped`, body: 'pwned' }]));
+  serve(CASES.linkout, releaseAround(CASES.linkout, [{ name: 'gateway/out', type: '2', link: `${out}/outside` }]));
+  serve(CASES.linkabs, releaseAround(CASES.linkabs, [{ name: 'gateway/out', type: '2', link: `${dir}/outside` }, { name: 'gateway/out/escaped', body: 'pwned' }]));
+  const good = releaseAround(CASES.truncated, []);
+  serve(CASES.truncated, good);
+  special.set(`/${nameOf(CASES.truncated)}`, (res) => {
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': good.length });
+    res.write(good.subarray(0, good.length >> 1), () => res.socket?.destroy());
+  });
+  serve(CASES.huge, good);
+  special.set(`/${nameOf(CASES.huge)}`, (res) => {
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(64 * 1024 ** 3) });
+    res.write(good.subarray(0, 100));
+  });
+  // Announces 100 bytes, sends a whole tarball: whatever the client reads is not what the .sha256 describes.
+  const big = releaseAround(CASES.longer, [{ name: 'gateway/filler', body: Buffer.alloc(256 * 1024, 7) }]);
+  serve(CASES.longer, big);
+  special.set(`/${nameOf(CASES.longer)}`, (res) => {
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': 100 });
+    res.socket?.write(big);
+    res.end();
+  });
+  serve(
+    CASES.noversion,
+    targz([
+      { name: 'gateway/', type: '5' },
+      { name: 'gateway/install', mode: 0o755, body: '#!/bin/sh\nset -eu\ncp gateway "$GATEWAY_BIN_DIR/gateway"\n' },
+      { name: 'gateway/gateway', mode: 0o755, body: gatewayScript(CASES.noversion, 1) },
+    ] as RawEntry[]),
+  );
+  serve(
+    CASES.failing,
+    targz([
+      { name: 'gateway/', type: '5' },
+      { name: 'gateway/install', mode: 0o755, body: '#!/bin/sh\ncp gateway "$GATEWAY_BIN_DIR/gateway"\necho "disk full" >&2\nexit 3\n' },
+      { name: 'gateway/gateway', mode: 0o755, body: gatewayScript(CASES.failing) },
+    ] as RawEntry[]),
+  );
+  serve(CASES.lib, libRelease(CASES.lib, true));
+  serve(CASES.libbroken, libRelease(CASES.libbroken, false));
+}
+
 afterAll(async () => {
   await cdn?.close();
   await proxy?.close();
@@ -116,6 +221,8 @@ afterAll(async () => {
 });
 
 beforeEach(async () => {
+  await rm(join(bin, 'gateway'), { force: true });
+  await rm(join(root, 'usr/local/lib'), { recursive: true, force: true });
   await writeFile(join(bin, 'gateway'), await fakeGatewayScript('17.0.1'), { mode: 0o755 });
   await rm(restartLog, { force: true });
   await writeSchedule(etc, [{ start: new Date(Date.now() - 60_000), stop: new Date(Date.now() + 3_600_000) }]);
@@ -148,6 +255,7 @@ describe('gateway-upgrade run from a tarball', () => {
 
   it('a checksum mismatch is refused before extraction: nothing installed, nothing restarted', async () => {
     await endpoint('tampered');
+    const before = await snapshot(root);
     const r = await runCli('gateway-upgrade', ['run'], { env, timeoutMs: 60_000 });
     expect(r.status).toBe(1);
     expect(r.stderr).toMatch(
@@ -157,6 +265,8 @@ describe('gateway-upgrade run from a tarball', () => {
     expect(r.stderr).not.toContain('installed into');
     expect(await installed()).toBe('17.0.1');
     expect(await restarts()).toEqual([]);
+    // Files, links, modes under the whole root (the endpoint, the schedule, the binaries): all as they were.
+    expect(await snapshot(root)).toEqual(before);
   });
 
   it('a build that does not come back: the previous binaries are put back and restarted', async () => {
@@ -183,6 +293,107 @@ describe('gateway-upgrade run from a tarball', () => {
       files.set(`/${good.name}`, good.body);
       files.set(`/${good.name}.sha256`, `${good.sha256}  ${good.name}\n`);
     }
+  });
+});
+
+describe('a refused or failed tarball upgrade changes nothing', () => {
+  const usr = () => snapshot(join(root, 'usr'));
+  const escaped = async () => (await readFile(join(dir, 'escaped'), 'utf8').catch(() => undefined)) ?? (await readFile(join(dir, 'outside'), 'utf8').catch(() => undefined));
+
+  async function refusedRun(channel: keyof typeof CASES, code: string | RegExp): Promise<string> {
+    await endpoint(channel);
+    const before = await usr();
+    const r = await runCli('gateway-upgrade', ['run'], { env, timeoutMs: 60_000 });
+    expect(r.status, r.stderr).toBe(1);
+    expect(r.stderr).toMatch(typeof code === 'string' ? `code: ${code}` : code);
+    expect(await usr()).toEqual(before);
+    expect(await escaped()).toBeUndefined();
+    expect(await restarts()).toEqual([]);
+    expect(await installed()).toBe('17.0.1');
+    return r.stderr;
+  }
+
+  it.each([
+    ['dotdot', /the entry "gateway\/(\.\.\/)+.*\/escaped" climbs out with "\.\."/],
+    ['absolute', /the entry "\/.*\/escaped" is an absolute path/],
+    ['linkout', /the symbolic link "gateway\/out" points to "(\.\.\/)+.*\/outside", outside the archive/],
+    ['linkabs', /the symbolic link "gateway\/out" points to the absolute path "\/.*\/outside"/],
+  ] as const)('a tarball with an entry escaping the target (%s): GW_ERR_UPGRADE_TARBALL, nothing extracted', async (channel, message) => {
+    const err = await refusedRun(channel, 'GW_ERR_UPGRADE_TARBALL');
+    expect(err).toMatch(message);
+    expect(err).toContain('nothing was extracted or installed');
+    expect(err).not.toContain('installed into');
+  });
+
+  it('a truncated download: GW_ERR_UPGRADE_DOWNLOAD, nothing extracted', async () => {
+    const err = await refusedRun('truncated', 'GW_ERR_UPGRADE_DOWNLOAD');
+    expect(err).toMatch(/cannot download https:\/\/cdn\.gw\.test:\d+\/gateway-ent-v17\.0\.9-linux-amd64-bin\.tar\.gz: .*(truncated|aborted)/);
+  });
+
+  it('a tarball far larger than a release may be (64 GiB announced): refused before its body is read', async () => {
+    const err = await refusedRun('huge', 'GW_ERR_UPGRADE_DOWNLOAD');
+    expect(err).toContain(`it announces ${64 * 1024 ** 3} bytes, more than the ${2 * 1024 ** 3} a release may have`);
+  });
+
+  it('a body far longer than its Content-Length: malformed HTTP, or the 100 bytes read fail the checksum', async () => {
+    // Which one depends on whether the bytes past the 100 arrive before the client has finished: both refuse.
+    const err = await refusedRun('longer', /code: GW_ERR_UPGRADE_(DOWNLOAD|CHECKSUM)\n/);
+    expect(err).toMatch(/the answer is not valid HTTP|checksum mismatch/);
+  });
+
+  it('a new binary that fails its self-check (--version exits 1): the old files are put back, no restart', async () => {
+    const err = await refusedRun('noversion', 'GW_ERR_UPGRADE_HEALTH');
+    expect(err).toMatch(/the upgrade 17\.0\.1 -> 17\.0\.12 failed: the new binary failed its self-check, before any restart: the version command `.*gateway --version` failed \(exit status 1\)/);
+    expect(err).toContain('the previous version 17.0.1 was put back (the service was not restarted)');
+  });
+
+  it('an install script that fails half-way: the old files are put back', async () => {
+    const err = await refusedRun('failing', 'GW_ERR_UPGRADE_INSTALL');
+    expect(err).toMatch(/the install script of gateway-ent-v17\.0\.13-linux-amd64-bin\.tar\.gz failed \(exit status 3\): disk full; the previous files were put back/);
+  });
+
+  it('an app directory and a command that is a link into it: upgraded, then a broken build puts both back exactly', async () => {
+    await endpoint('lib');
+    let r = await runCli('gateway-upgrade', ['run'], { env, timeoutMs: 60_000 });
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stderr).toContain(`installed into ${bin} and ${join(root, 'usr/local/lib/gateway')}`);
+    const good = await usr();
+    expect(good['local/bin/gateway']).toBe('link ../lib/gateway/bin/gateway');
+    expect(good['local/lib/gateway/VERSION']).toMatch(/^file /);
+    await rm(restartLog, { force: true });
+
+    await endpoint('libbroken');
+    r = await runCli('gateway-upgrade', ['run'], { env, timeoutMs: 60_000 });
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain('code: GW_ERR_UPGRADE_HEALTH');
+    expect(r.stderr).toContain('the previous version 17.0.14 was put back and is running');
+    expect(await restarts()).toEqual(['restart Gateway v17.0.15 git:test', 'restart Gateway v17.0.14 git:test']);
+    // The same tree, link for link and byte for byte; no copy left next to it.
+    expect(await usr()).toEqual(good);
+  });
+});
+
+describe('download caps, in process through squid', () => {
+  it('a body without Content-Length is cut at the cap', async () => {
+    special.set('/endless', (res) => {
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      const chunk = Buffer.alloc(64 * 1024, 1);
+      let sent = 0;
+      const more = () => {
+        while (sent < 4 * 1024 * 1024 && !res.destroyed) {
+          sent += chunk.length;
+          if (!res.write(chunk)) return void res.once('drain', more);
+        }
+        res.end();
+      };
+      more();
+    });
+    const dialer = new Dialer({ env: { HTTPS_PROXY: squid.url } });
+    const dest = join(dir, 'endless.bin');
+    await expect(download(`https://${CDN_NAME}:${cdn.port}/endless`, dest, { dialer, ca: [pki.caPem], maxBytes: 256 * 1024 })).rejects.toMatchObject({
+      code: 'GW_ERR_UPGRADE_DOWNLOAD',
+      message: expect.stringContaining('it sends more than the 262144 bytes a release may have'),
+    });
   });
 });
 
