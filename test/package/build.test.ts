@@ -290,7 +290,7 @@ describe('the release tarball', () => {
     expect(existsSync(join(dir, 'tampered-bin'))).toBe(false);
   });
 
-  it('downloads, verifies and installs with the upgrader; its install script keeps the previous release for a rollback', async () => {
+  it('downloads, verifies and installs with the upgrader; a rollback puts the commands and the app directory back as they were', async () => {
     for (const t of [pkgs, next]) {
       const name = tarballName(t.version, 'amd64', false);
       served.set(`/${name}`, await readFile(t.tarballs.default.tarball));
@@ -305,12 +305,14 @@ describe('the release tarball', () => {
       expect((await out(join(bin, 'gateway'), ['--version'])).trim()).toBe(v);
       expect((await out(join(bin, 'gateway-upgrade'), ['version'])).trim()).toBe(`gateway-upgrade v${v}`);
       if (v === N1) {
-        // The upgrader's rollback puts the previous commands back: they still find the previous app.
+        expect((await readdir(join(dir, 'tar-root/usr/local/lib/gateway'))).sort()).toEqual([N, N1].sort());
+        // The upgrader's rollback puts the previous commands and the app directory back (src/upgrade/tarball.ts saves
+        // both before the install script runs): the commands find the previous app, the new release is gone.
         await install.restore();
         expect((await out(join(bin, 'gateway'), ['--version'])).trim()).toBe(N);
       }
     }
-    expect((await readdir(join(dir, 'tar-root/usr/local/lib/gateway'))).sort()).toEqual([N, N1].sort());
+    expect(await readdir(join(dir, 'tar-root/usr/local/lib/gateway'))).toEqual([N]);
   }, 300_000);
 
   it('hostile: the install script refuses a bin directory it could not quote, before changing anything', async () => {
