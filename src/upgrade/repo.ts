@@ -113,6 +113,13 @@ export function setRpmChannel(text: string, channel: string): string {
     .join('\n');
 }
 
+/** The line of the entry that moving it to `channel` changes, as it would read afterwards (what the operator writes). */
+export function movedLine(entry: Pick<RepoEntry, 'kind' | 'text'>, channel: string): string | undefined {
+  const before = entry.text.split('\n');
+  const after = (entry.kind === 'apt' ? setAptChannel(entry.text, channel) : setRpmChannel(entry.text, channel)).split('\n');
+  return after.find((line, i) => line !== before[i])?.trim();
+}
+
 export async function readRepo(pm: PackageManager, s: Pick<UpgraderSettings, 'aptSourcesDir' | 'yumReposDir' | 'zyppReposDir'>): Promise<RepoEntry | undefined> {
   const path = repoPath(pm, s);
   let text: string;

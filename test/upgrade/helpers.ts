@@ -28,6 +28,8 @@ export interface TestPackage {
   channel?: string;
   /** false: `gateway health` fails (a build that does not come back after a restart). */
   healthy?: boolean;
+  /** false: not on stable/rolling (by default every version is, as on the real repositories). */
+  rolling?: boolean;
 }
 
 export interface AptLab {
@@ -69,17 +71,24 @@ async function buildDeb(out: string, work: string, pkg: TestPackage): Promise<vo
   await run('dpkg-deb', ['--root-owner-group', '-Zgzip', '--build', d, out]);
 }
 
+/** channel -> packages: each package on its own channel (stable/v<major> by default) and on stable/rolling. */
+export function channelsOf(packages: readonly TestPackage[]): Map<string, TestPackage[]> {
+  const channels = new Map<string, TestPackage[]>();
+  const add = (ch: string, p: TestPackage) => channels.set(ch, [...(channels.get(ch) ?? []), p]);
+  for (const p of packages) {
+    add(p.channel ?? `stable/v${p.version.split('.')[0]}`, p);
+    if (p.rolling !== false) add('stable/rolling', p);
+  }
+  return channels;
+}
+
 export async function makeAptLab(packages: TestPackage[], codename = 'bookworm'): Promise<AptLab> {
   const dir = await mkdtemp(join(tmpdir(), 'gw-apt-'));
   await chmod(dir, 0o755);
   const repo = join(dir, 'repo');
   const root = join(dir, 'root');
   const arch = (await run('dpkg', ['--print-architecture'])).stdout.trim();
-  const channels = new Map<string, TestPackage[]>();
-  for (const p of packages) {
-    const ch = p.channel ?? `stable/v${p.version.split('.')[0]}`;
-    channels.set(ch, [...(channels.get(ch) ?? []), p]);
-  }
+  const channels = channelsOf(packages);
   for (const [ch, pkgs] of channels) {
     const pool = join(repo, 'pool', ch);
     await mkdir(pool, { recursive: true });
@@ -180,4 +189,142 @@ export async function writeScript(path: string, body: string): Promise<string> {
   await writeFile(path, `#!/bin/sh\n${body}\n`, { mode: 0o755 });
   await chmod(path, 0o755);
   return path;
+}
+
+// --- rpm repositories: dnf and zypper ----------------------------------------------------------------------------
+
+export type RpmManager = 'dnf' | 'zypper';
+
+export interface RpmLab {
+  dir: string;
+  /** Holds one createrepo_c repository per channel: <repo>/stable/v17, <repo>/stable/rolling. */
+  repo: string;
+  /** The temporary root dnf (--installroot) or zypper (--root) installs into. */
+  root: string;
+  manager: RpmManager;
+  /** The arguments that point the manager at the root: GATEWAY_UPGRADE_PM_ARGS. */
+  pmArgs: string[];
+  /** Environment for the manager (a fixed HOME: Debian's rpm keeps its database in ~/.rpmdb, under the root). */
+  env: Record<string, string>;
+  binary: string;
+  /** Where the repository entry is: <root>/etc/yum.repos.d/gateway.repo (dnf) or <root>/etc/zypp/repos.d/gateway.repo. */
+  repoFile: string;
+  /** The .repo entry for a channel (gpgcheck off: the test repository is not signed). */
+  repoText(channel: string): string;
+  /** Installs a version directly with the manager (test setup). */
+  install(version: string): Promise<void>;
+  /** `rpm -q gateway` in the root. */
+  query(): Promise<string>;
+  /** What `<root>/usr/bin/gateway --version` says. */
+  installed(): Promise<string>;
+  /** Flips the last byte of a package file on a channel: same size, another checksum than its metadata says. */
+  tamperPackage(channel: string, version: string): Promise<void>;
+  /** Overwrites a channel's repomd.xml with something that is not XML. */
+  corruptMetadata(channel: string): Promise<void>;
+  /** Puts the repository back as it was built. */
+  restore(): Promise<void>;
+  cleanup(): Promise<void>;
+}
+
+const rpmVersion = (v: string) => v.replace('-', '~');
+
+async function buildRpm(topdir: string, pkg: TestPackage): Promise<string> {
+  const specs = join(topdir, 'SPECS');
+  await mkdir(specs, { recursive: true });
+  const script = await fakeGatewayScript(pkg.version, pkg.healthy !== false);
+  const spec = join(specs, `gateway-${pkg.version}.spec`);
+  await writeFile(join(specs, `gateway-${pkg.version}.sh`), script);
+  await writeFile(
+    spec,
+    [
+      'Name: gateway',
+      `Version: ${rpmVersion(pkg.version)}`,
+      'Release: 1',
+      'Summary: fake gateway for the upgrader tests',
+      'License: Apache-2.0',
+      'BuildArch: noarch',
+      // The root has no base system whose /bin/sh a generated dependency could name.
+      'AutoReqProv: no',
+      '%description',
+      'A stand-in gateway binary (fixtures/upgrade/fake-gateway.sh).',
+      '%install',
+      'mkdir -p %{buildroot}/usr/bin',
+      `install -m 0755 ${join(specs, `gateway-${pkg.version}.sh`)} %{buildroot}/usr/bin/gateway`,
+      '%files',
+      '/usr/bin/gateway',
+      '',
+    ].join('\n'),
+  );
+  await run('rpmbuild', ['-bb', '--quiet', '--define', `_topdir ${topdir}`, '--define', '_binary_payload w1.gzdio', spec]);
+  return join(topdir, 'RPMS', 'noarch', `gateway-${rpmVersion(pkg.version)}-1.noarch.rpm`);
+}
+
+export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): Promise<RpmLab> {
+  const dir = await mkdtemp(join(tmpdir(), `gw-${manager}-`));
+  await chmod(dir, 0o755);
+  const repo = join(dir, 'repo');
+  const root = join(dir, 'root');
+  const built = new Map<string, string>();
+  for (const p of packages) built.set(p.version, await buildRpm(join(dir, 'rpmbuild'), p));
+  for (const [ch, pkgs] of channelsOf(packages)) {
+    await mkdir(join(repo, ch), { recursive: true });
+    for (const p of pkgs) await copyFile(built.get(p.version)!, join(repo, ch, `gateway-${rpmVersion(p.version)}-1.noarch.rpm`));
+    await run('createrepo_c', ['--quiet', '--no-database', join(repo, ch)]);
+  }
+  await run('cp', ['-a', repo, `${repo}.orig`]);
+  const repoDir = manager === 'dnf' ? 'etc/yum.repos.d' : 'etc/zypp/repos.d';
+  await mkdir(join(root, repoDir), { recursive: true });
+  await writeFile(join(root, 'etc/os-release'), 'ID=rhel\nVERSION_ID="9"\n');
+  const pmArgs = manager === 'dnf' ? [`--installroot=${root}`, '--releasever=9'] : ['--root', root];
+  const env = { PATH: process.env.PATH ?? '', HOME: '/root' };
+  const binary = join(root, 'usr/bin/gateway');
+  const repoText = (channel: string) =>
+    ['[gateway]', 'name=Gateway', `baseurl=file://${repo}/${channel}`, 'enabled=1', 'autorefresh=1', 'type=rpm-md', 'gpgcheck=0', ''].join('\n');
+  const repoFile = join(root, repoDir, 'gateway.repo');
+  const lab: RpmLab = {
+    dir,
+    repo,
+    root,
+    manager,
+    pmArgs,
+    env,
+    binary,
+    repoFile,
+    repoText,
+    async install(version) {
+      await writeFile(repoFile, repoText(`stable/v${version.split('.')[0]}`));
+      const spec = rpmVersion(version);
+      if (manager === 'dnf') {
+        // dnf installs an older version with `downgrade`, the same one again with `reinstall`.
+        const installed = await lab.query().catch(() => '');
+        const verb = installed.startsWith(`gateway-${spec}-`) ? 'reinstall' : installed.startsWith('gateway-') ? 'downgrade' : 'install';
+        await run('dnf', [...pmArgs, '-y', '-q', '--refresh', verb, `gateway-${spec}`], { env });
+        return;
+      }
+      const base = ['--non-interactive', '--quiet', '--root', root];
+      await run('zypper', [...base, 'refresh', 'gateway'], { env });
+      await run('zypper', [...base, 'install', '--oldpackage', '--force', '--from', 'gateway', `gateway=${spec}`], { env });
+    },
+    async query() {
+      return (await run('rpm', ['--root', root, '-q', 'gateway'], { env })).stdout.trim();
+    },
+    async installed() {
+      return (await run(binary, ['--version'])).stdout.trim();
+    },
+    async tamperPackage(channel, version) {
+      const file = join(repo, channel, `gateway-${rpmVersion(version)}-1.noarch.rpm`);
+      const body = await readFile(file);
+      body[body.length - 1] ^= 0xff;
+      await writeFile(file, body);
+    },
+    async corruptMetadata(channel) {
+      await writeFile(join(repo, channel, 'repodata', 'repomd.xml'), '<repomd broken\n');
+    },
+    async restore() {
+      await rm(repo, { recursive: true, force: true });
+      await run('cp', ['-a', `${repo}.orig`, repo]);
+    },
+    cleanup: () => rm(dir, { recursive: true, force: true }),
+  };
+  return lab;
 }
