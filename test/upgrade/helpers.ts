@@ -48,7 +48,20 @@ export interface AptLab {
   install(version: string): Promise<void>;
   /** What `<root>/usr/bin/gateway --version` says. */
   installed(): Promise<string>;
+  /** Flips the last byte of a .deb on a channel: same size, another checksum than the Packages index says. */
+  tamperPackage(channel: string, version: string): Promise<void>;
+  /** Overwrites a channel's Packages index with garbage (its checksum in Release no longer matches). */
+  corruptMetadata(channel: string): Promise<void>;
+  /** Puts the repository back as it was built. */
+  restore(): Promise<void>;
   cleanup(): Promise<void>;
+}
+
+/** Flips the last byte of a file (a package altered on a mirror, its size unchanged). */
+async function flipLastByte(file: string): Promise<void> {
+  const body = await readFile(file);
+  body[body.length - 1] ^= 0xff;
+  await writeFile(file, body);
 }
 
 async function buildDeb(out: string, work: string, pkg: TestPackage): Promise<void> {
@@ -110,6 +123,7 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
     { cwd: repo },
   );
   await writeFile(join(repo, 'dists', codename, 'Release'), release);
+  await run('cp', ['-a', repo, `${repo}.orig`]);
 
   for (const d of ['etc/apt/sources.list.d', 'etc/apt/apt.conf.d', 'etc/apt/preferences.d', 'var/lib/dpkg/info', 'var/lib/dpkg/updates', 'var/lib/apt/lists/partial', 'var/cache/apt/archives/partial', 'var/log/apt']) {
     await mkdir(join(root, d), { recursive: true });
@@ -153,6 +167,14 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
     },
     async installed() {
       return (await run(binary, ['--version'])).stdout.trim();
+    },
+    tamperPackage: (channel, version) => flipLastByte(join(repo, 'pool', channel, `gateway_${version}_all.deb`)),
+    async corruptMetadata(channel) {
+      await writeFile(join(repo, 'dists', codename, channel, `binary-${arch}`, 'Packages'), 'Package gateway\n\x00garbage\n');
+    },
+    async restore() {
+      await rm(repo, { recursive: true, force: true });
+      await run('cp', ['-a', `${repo}.orig`, repo]);
     },
     cleanup: () => rm(dir, { recursive: true, force: true }),
   };
@@ -311,12 +333,7 @@ export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): 
     async installed() {
       return (await run(binary, ['--version'])).stdout.trim();
     },
-    async tamperPackage(channel, version) {
-      const file = join(repo, channel, `gateway-${rpmVersion(version)}-1.noarch.rpm`);
-      const body = await readFile(file);
-      body[body.length - 1] ^= 0xff;
-      await writeFile(file, body);
-    },
+    tamperPackage: (channel, version) => flipLastByte(join(repo, channel, `gateway-${rpmVersion(version)}-1.noarch.rpm`)),
     async corruptMetadata(channel) {
       await writeFile(join(repo, channel, 'repodata', 'repomd.xml'), '<repomd broken\n');
     },
