@@ -13,6 +13,11 @@ declare -A NEED=(
   [haproxy]=haproxy      # a real L4 load balancer (send-proxy-v2) in front of the Proxy, and the mux benchmark's peer
   [apt-ftparchive]=apt-utils  # indexes the real apt repository the upgrader tests build (test/upgrade/helpers.ts)
   [dpkg-deb]=dpkg            # builds the .deb packages of that repository
+  # real rpm repositories and upgrades with dnf and zypper into a temporary root (test/upgrade/rpm-suite.ts)
+  [rpmbuild]=rpm             # builds the rpm packages of those repositories (rpm itself too)
+  [createrepo_c]=createrepo-c  # indexes them, one repository per channel
+  [dnf]=dnf
+  [zypper]=zypper
   [systemd-analyze]=systemd  # `systemd-analyze verify` of the units `gateway install systemd` writes
   # real databases behind an agent (test/helpers/databases.ts, test/e2e/tunnel.test.ts)
   [postgres]=postgresql      # the server: not on PATH, looked for in /usr/lib/postgresql/*/bin
