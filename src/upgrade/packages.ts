@@ -1,6 +1,7 @@
 /**
  * Package managers: which one installed the gateway, and the exact command lines that install a version with
- * each (pure functions, unit-tested for the managers that cannot run on the test machine).
+ * each, and why one failed, read from its output (pure functions; apt, dnf and zypper also run for real in
+ * test/upgrade/, yum is only unit-tested: Debian has none).
  *
  * Version spelling: the version server speaks semver (17.1.0-rc.1); Debian and RPM packages spell a
  * pre-release with "~" (17.1.0~rc.1), which both formats order before the release, as semver does. apt asks
@@ -106,9 +107,10 @@ const METADATA = /Failed to download metadata|Valid metadata not found|repomd\.x
 const CHECKSUM = /incorrect checksum|Digest verification failed|Hash Sum mismatch|File has unexpected size|corrupted during transfer|checksum (?:mismatch|doesn't match|does not match)/i;
 const MISSING = /Version '[^']*' for '[^']*' was not found|No match for argument|Unable to find a match|No provider of|not found in package names|No package .* available/i;
 
+/** The manager's line that says it: the longest that matches (apt's "E: Failed to fetch <file>  Hash Sum mismatch" over its bare "Hash Sum mismatch"). */
 function quote(output: string, re: RegExp): string {
-  const line = output.split('\n').find((l) => re.test(l)) ?? '';
-  return line.replace(/\s+/g, ' ').trim().slice(0, 300);
+  const lines = output.split('\n').filter((l) => re.test(l)).map((l) => l.replace(/\s+/g, ' ').trim());
+  return lines.reduce((a, b) => (b.length > a.length ? b : a), '').slice(0, 300);
 }
 
 /**

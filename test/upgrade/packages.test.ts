@@ -1,6 +1,7 @@
 /**
- * Command lines of every package manager (yum, dnf and zypper cannot run on this Debian machine, so their exact
- * argv is what is tested), version spelling, repository entries and channel moves, cluster enrollment, the lock.
+ * Command lines of every package manager (their exact argv; apt, dnf and zypper also run for real in apt.test.ts,
+ * dnf.test.ts and zypper.test.ts, yum only here: Debian has none), the causes read from their failures, version
+ * spelling, repository entries and channel moves, cluster enrollment, the lock.
  */
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
