@@ -1,0 +1,120 @@
+// The file trees of the packages (what dpkg-deb and rpmbuild pack), from the staged app.
+//
+//   gateway, gateway-ent-fips   /usr/lib/gateway/{node,package.json,dist/,node_modules/}
+//                               /usr/bin/{gateway,gwctl,gwsh}            wrappers (the -fips ones say FIPS)
+//                               <unitdir>/gateway.service                src/upgrade/systemd.ts's text, bin dir /usr/bin
+//                               /etc/default/gateway, /etc/gateway.yaml  configuration files (conffiles)
+//                               /usr/share/doc/<name>/{copyright,changelog.gz}
+//   gateway-ent-updater         /usr/lib/gateway-ent-updater/gateway-upgrade.mjs   one-file bundle
+//                               /usr/bin/gateway-upgrade                 wrapper, on the gateway's runtime
+//                               <unitdir>/gateway-upgrade.{service,timer}
+import { execFileSync } from 'node:child_process';
+import { cpSync, mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
+import { APP_DIR, HOMEPAGE, ROOT, run, SERVER_COMMANDS, UPDATER_COMMAND, UPDATER_DIR, UPDATER_PACKAGE } from './common.mjs';
+import { wrapper, writeExecutable } from './stage.mjs';
+
+/** The unit texts, from the built app itself (the same function `gateway install systemd` prints with). */
+async function units() {
+  const systemd = await import(join(ROOT, 'dist/upgrade/systemd.js'));
+  const o = { binDir: '/usr/bin' };
+  return {
+    'gateway.service': systemd.agentUnit(o),
+    'gateway-upgrade.service': systemd.upgradeServiceUnit(o),
+    'gateway-upgrade.timer': systemd.upgradeTimerUnit(),
+  };
+}
+
+export const ENV_FILE = [
+  '# Environment of gateway.service and gateway-upgrade.service (EnvironmentFile=-/etc/default/gateway).',
+  '# Outbound connections go through an HTTP CONNECT proxy when these are set (docs/dialing.md):',
+  '#HTTPS_PROXY=http://proxy.internal:3128',
+  '#NO_PROXY=localhost,127.0.0.1,.internal',
+  '# The upgrader (docs/upgrades.md, "Settings"), e.g. where release tarballs are downloaded from:',
+  '#GATEWAY_UPGRADE_DOWNLOAD_URL=https://cdn.gateway.example',
+  '',
+].join('\n');
+
+function copyright() {
+  return [
+    'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/',
+    'Upstream-Name: gateway',
+    `Source: ${HOMEPAGE}`,
+    '',
+    'Files: *',
+    'Copyright: The Gateway authors',
+    'License: Apache-2.0',
+    '',
+    'Files: usr/lib/gateway/node',
+    'Copyright: Node.js contributors and other Node contributors',
+    'License: Expat',
+    '',
+    'Files: usr/lib/gateway/node_modules/*',
+    'Copyright: the authors of each package (see its package.json and license file)',
+    'License: various free licenses, named in each package.json',
+    '',
+    'License: Apache-2.0',
+    ' On Debian systems, the full text of the Apache License, Version 2.0 is in',
+    ' /usr/share/common-licenses/Apache-2.0.',
+    '',
+    'License: Expat',
+    ' Permission is hereby granted, free of charge, to any person obtaining a copy of this software and associated',
+    ' documentation files (the "Software"), to deal in the Software without restriction, including without limitation',
+    ' the rights to use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies of the Software, and',
+    ' to permit persons to whom the Software is furnished to do so, subject to the following conditions:',
+    ' .',
+    ' The above copyright notice and this permission notice shall be included in all copies or substantial portions of',
+    ' the Software.',
+    ' .',
+    ' THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND.',
+    '',
+  ].join('\n');
+}
+
+function docs(root, name, version, date) {
+  const dir = join(root, 'usr/share/doc', name);
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, 'copyright'), copyright());
+  const changelog = `${name} (${version}) stable; urgency=medium\n\n  * Release ${version}.\n\n -- Gateway maintainers <maintainers@gateway.example>  ${date}\n`;
+  // gzip -9n: lintian wants changelogs compressed at the best level and without a time stamp.
+  writeFileSync(join(dir, 'changelog.gz'), gzipSync(changelog, { level: 9 }));
+}
+
+/**
+ * The tree of one server package (gateway or gateway-ent-fips) under root. `app` is the staged app directory
+ * (hard-linked in, not copied). Returns the configuration files (absolute paths on the target system).
+ */
+export async function serverTree(root, { name, fips, fipsMode, app, unitDir, debVersion, date }) {
+  mkdirSync(join(root, 'usr/lib'), { recursive: true });
+  run('cp', ['-al', app, join(root, APP_DIR.slice(1))]);
+  for (const command of SERVER_COMMANDS) {
+    writeExecutable(join(root, 'usr/bin', command), wrapper({ command, app: '"$here/../lib/gateway"', entry: `$app/dist/cli/${command}.js`, fips, fipsMode }));
+  }
+  const u = await units();
+  mkdirSync(join(root, unitDir.slice(1)), { recursive: true });
+  writeFileSync(join(root, unitDir.slice(1), 'gateway.service'), u['gateway.service']);
+  mkdirSync(join(root, 'etc/default'), { recursive: true });
+  writeFileSync(join(root, 'etc/default/gateway'), ENV_FILE);
+  const sample = execFileSync(join(app, 'node'), [join(app, 'dist/cli/gateway.js'), 'configure'], { encoding: 'utf8', env: { PATH: process.env.PATH, HOME: '/nonexistent' } });
+  writeFileSync(join(root, 'etc/gateway.yaml'), sample.replace(/# nodename: \S+/, '# nodename: host'));
+  docs(root, name, debVersion, date);
+  return ['/etc/default/gateway', '/etc/gateway.yaml'];
+}
+
+/** The tree of gateway-ent-updater. */
+export async function updaterTree(root, { bundle, unitDir, debVersion, date }) {
+  mkdirSync(join(root, UPDATER_DIR.slice(1)), { recursive: true });
+  cpSync(bundle, join(root, UPDATER_DIR.slice(1), 'gateway-upgrade.mjs'));
+  writeExecutable(
+    join(root, 'usr/bin', UPDATER_COMMAND),
+    wrapper({ command: UPDATER_COMMAND, app: '"$here/../lib/gateway"', entry: '$here/../lib/gateway-ent-updater/gateway-upgrade.mjs', nodePath: '$app/node_modules' }),
+  );
+  const u = await units();
+  mkdirSync(join(root, unitDir.slice(1)), { recursive: true });
+  for (const n of ['gateway-upgrade.service', 'gateway-upgrade.timer']) writeFileSync(join(root, unitDir.slice(1), n), u[n]);
+  docs(root, UPDATER_PACKAGE, debVersion, date);
+  return [];
+}
+
+export { units };

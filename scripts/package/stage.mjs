@@ -1,0 +1,157 @@
+// The staging tree: the app directory (Node.js runtime, dist/, production node_modules) and the wrappers.
+//
+// - node: the runtime of the Node.js that runs this build (process.execPath), stripped of its symbol table (the
+//   dynamic symbols native modules link against stay).
+// - dist/: the built app (`npm run build`: bundles, the web UI), without source maps, with the version rewritten
+//   when --version asks for another one (the same app under version N+1 for the upgrade tests).
+// - node_modules/: the packages package-lock.json marks as not dev-only, copied from the installed node_modules
+//   (so the native modules are the ones built for this very Node.js), without what is not needed at run time
+//   (native build leftovers, other platforms' prebuilds, TypeScript declarations, source maps).
+import { spawnSync } from 'node:child_process';
+import { chmodSync, cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { build } from 'esbuild';
+import { ROOT, run, sourceVersion } from './common.mjs';
+
+/** Files and folders left out of node_modules (relative to a package's folder, or names anywhere). */
+const PRUNE_NAMES = /(?:\.d\.ts|\.d\.mts|\.d\.cts|\.map|\.tsbuildinfo)$/;
+const NATIVE_LEFTOVERS = ['build/Release/obj', 'build/Release/obj.target', 'build/Release/.deps', 'build/Release/test_extension.node', 'deps', 'src', 'third_party', 'build/deps'];
+
+function productionPackages() {
+  const lock = JSON.parse(readFileSync(join(ROOT, 'package-lock.json'), 'utf8'));
+  return Object.entries(lock.packages)
+    .filter(([path, entry]) => path.startsWith('node_modules/') && !entry.dev)
+    .map(([path]) => path);
+}
+
+function prune(dir) {
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    if (e.isDirectory()) prune(p);
+    else if (PRUNE_NAMES.test(e.name) || e.name.endsWith('.a')) rmSync(p);
+  }
+}
+
+function copyNodeModules(appDir) {
+  for (const path of productionPackages()) {
+    const src = join(ROOT, path);
+    if (!existsSync(src)) continue; // an optional package for another platform
+    cpSync(src, join(appDir, path), { recursive: true, dereference: true, filter: (s) => !s.slice(src.length).startsWith('/node_modules/') });
+  }
+  const nm = join(appDir, 'node_modules');
+  for (const pkg of readdirSync(nm)) {
+    const dir = join(nm, pkg);
+    if (!existsSync(join(dir, 'binding.gyp'))) continue; // only native modules have build leftovers
+    for (const left of NATIVE_LEFTOVERS) rmSync(join(dir, left), { recursive: true, force: true });
+    const prebuilds = join(dir, 'prebuilds');
+    if (existsSync(prebuilds)) {
+      for (const p of readdirSync(prebuilds)) if (!p.startsWith(`linux-`)) rmSync(join(prebuilds, p), { recursive: true });
+    }
+  }
+  rmSync(join(nm, '.bin'), { recursive: true, force: true });
+  rmSync(join(nm, '.package-lock.json'), { force: true });
+  prune(nm);
+}
+
+/** Every .js file under dir. */
+function jsFiles(dir) {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? jsFiles(join(dir, e.name)) : e.name.endsWith('.js') ? [join(dir, e.name)] : []));
+}
+
+/** Copies dist/ without source maps; writes `version` where the build says package.json's version. */
+function copyDist(appDir, version) {
+  const dist = join(ROOT, 'dist');
+  if (!existsSync(join(dist, 'cli', 'gateway.js')) || !existsSync(join(dist, 'web', 'index.html'))) {
+    throw new Error('dist/ is not built: run `npm run build` first (npm run package does)');
+  }
+  // Not the source maps, nor earlier packages (dist/packages/, where `npm run package` writes).
+  cpSync(dist, join(appDir, 'dist'), { recursive: true, filter: (s) => !s.endsWith('.map') && s !== join(dist, 'packages') });
+  const from = sourceVersion();
+  if (version === from) return;
+  let changed = 0;
+  for (const f of jsFiles(join(appDir, 'dist'))) {
+    const text = readFileSync(f, 'utf8');
+    if (!text.includes(from)) continue;
+    writeFileSync(f, text.replaceAll(from, version));
+    changed++;
+  }
+  if (changed === 0) throw new Error(`no file of dist/ holds the version ${from}: cannot build version ${version}`);
+}
+
+/** The app directory: node, package.json, dist/, node_modules/. Checks that the staged app runs. */
+export function stageApp(appDir, version) {
+  mkdirSync(appDir, { recursive: true });
+  run('strip', ['-o', join(appDir, 'node'), process.execPath]);
+  chmodSync(join(appDir, 'node'), 0o755);
+  const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8'));
+  writeFileSync(join(appDir, 'package.json'), `${JSON.stringify({ name: pkg.name, version, private: true, type: 'module', license: pkg.license }, null, 2)}\n`);
+  copyDist(appDir, version);
+  copyNodeModules(appDir);
+  const got = run(join(appDir, 'node'), [join(appDir, 'dist/cli/gateway.js'), '--version'], { cwd: '/' }).trim();
+  if (got !== version) throw new Error(`the staged gateway says ${JSON.stringify(got)}, not ${version}`);
+  // The native modules load with this runtime (a module built for another Node.js would throw here).
+  run(join(appDir, 'node'), ['-e', "require('better-sqlite3'); require('node-pty'); new (require('better-sqlite3'))(':memory:').close()"], { cwd: appDir });
+}
+
+/**
+ * gateway-upgrade as one file: everything it runs is loaded when it starts, so a package manager replacing the
+ * gateway's files while it runs (the upgrade it drives) cannot hand it a module of another version.
+ */
+export async function bundleUpdater(file, version) {
+  mkdirSync(dirname(file), { recursive: true });
+  await build({
+    entryPoints: [join(ROOT, 'dist/cli/gateway-upgrade.js')],
+    outfile: file,
+    bundle: true,
+    format: 'esm',
+    platform: 'node',
+    target: 'node20',
+    banner: { js: "import { createRequire as __gatewayCreateRequire } from 'node:module'; const require = __gatewayCreateRequire(import.meta.url);" },
+    logLevel: 'warning',
+  });
+  const from = sourceVersion();
+  if (version !== from) writeFileSync(file, readFileSync(file, 'utf8').replaceAll(from, version));
+  chmodSync(file, 0o644);
+}
+
+/** Whether this Node.js can run in OpenSSL FIPS mode (it needs an OpenSSL FIPS provider). */
+export function runtimeHasFips() {
+  return spawnSync(process.execPath, ['--enable-fips', '-e', ''], { stdio: 'ignore' }).status === 0;
+}
+
+/**
+ * A wrapper in a bin directory. `app` is a shell expression for the app directory, `$here` being the directory
+ * the wrapper really is in (symbolic links resolved), so that an install under another root (dpkg --root, a
+ * chroot being prepared) runs too. The -fips wrappers say FIPS in --version (gateway-upgrade picks the -fips
+ * package and tarball from it) and start Node.js in FIPS mode when the runtime can.
+ */
+export function wrapper({ command, app, entry, fips, fipsMode, nodePath }) {
+  const lines = [
+    '#!/bin/sh',
+    `# ${command}: runs ${entry.replace('$app/', '')} with the Node.js runtime shipped with the gateway (docs/install.md).`,
+    'here=$(dirname "$(readlink -f "$0")")',
+    `app=${app}`,
+  ];
+  if (nodePath) lines.push(`NODE_PATH="${nodePath}\${NODE_PATH:+:$NODE_PATH}"`, 'export NODE_PATH');
+  const flag = fips && fipsMode ? ' --enable-fips' : '';
+  if (fips && command !== 'gateway-upgrade') {
+    const mode = fipsMode ? 'on' : 'unavailable: this Node.js runtime has no OpenSSL FIPS provider';
+    lines.push(
+      'case "${1:-}" in',
+      `  -v|--version) v=$("$app/node"${flag} "${entry}" --version) || exit $?; echo "$v FIPS (gateway-ent-fips; OpenSSL FIPS mode ${mode})"; exit 0 ;;`,
+      'esac',
+    );
+  }
+  lines.push(`exec "$app/node"${flag} "${entry}" "$@"`, '');
+  return lines.join('\n');
+}
+
+export function writeExecutable(path, text) {
+  mkdirSync(dirname(path), { recursive: true });
+  writeFileSync(path, text);
+  chmodSync(path, 0o755);
+}
+
+export function isFile(p) {
+  return existsSync(p) && statSync(p).isFile();
+}
