@@ -9,9 +9,9 @@
  */
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { chmod, copyFile, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, copyFile, link, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { promisify } from 'node:util';
 
 const run = promisify(execFile);
@@ -30,6 +30,11 @@ export interface TestPackage {
   healthy?: boolean;
   /** false: not on stable/rolling (by default every version is, as on the real repositories). */
   rolling?: boolean;
+  /**
+   * Real package files of this version (test/helpers/packages.ts buildPackages: .deb for an apt lab, .rpm for an
+   * rpm lab), put in the repository instead of the fake gateway. They are hard-linked, never copied.
+   */
+  files?: string[];
 }
 
 export interface AptLab {
@@ -44,8 +49,8 @@ export interface AptLab {
   binary: string;
   /** The apt source line for a channel (trusted: the test repository is not signed). */
   sourceLine(channel: string): string;
-  /** Installs a version directly with apt-get (test setup). */
-  install(version: string): Promise<void>;
+  /** Installs a version of packages (default: gateway) directly with apt-get (test setup). */
+  install(version: string, pkgs?: string[]): Promise<void>;
   /** What `<root>/usr/bin/gateway --version` says. */
   installed(): Promise<string>;
   /** Flips the last byte of a .deb on a channel: same size, another checksum than the Packages index says. */
@@ -57,12 +62,27 @@ export interface AptLab {
   cleanup(): Promise<void>;
 }
 
-/** Flips the last byte of a file (a package altered on a mirror, its size unchanged). */
+/** Flips the last byte of a file (a package altered on a mirror, its size unchanged), in a new file: never through a hard link. */
 async function flipLastByte(file: string): Promise<void> {
   const body = await readFile(file);
   body[body.length - 1] ^= 0xff;
-  await writeFile(file, body);
+  await replaceFile(file, body);
 }
+
+/** Writes a new file in place of `file` (the repository copies are hard links: writing through one alters both). */
+async function replaceFile(file: string, body: string | Buffer): Promise<void> {
+  await writeFile(`${file}.tmp`, body);
+  await rename(`${file}.tmp`, file);
+}
+
+/** Puts the package files of `pkg` into `dir`: its real files hard-linked, or the fake one built by `build`. */
+async function placePackage(dir: string, pkg: TestPackage, fakeName: string, build: (out: string) => Promise<void>): Promise<void> {
+  if (!pkg.files) return build(join(dir, fakeName));
+  for (const f of pkg.files) await link(f, join(dir, basename(f))).catch(() => copyFile(f, join(dir, basename(f))));
+}
+
+/** A copy of a tree made of hard links (the packages are large; a tampered file is replaced, not written through). */
+const linkTree = (from: string, to: string) => run('cp', ['-al', from, to]);
 
 async function buildDeb(out: string, work: string, pkg: TestPackage): Promise<void> {
   const d = join(work, `pkg-${pkg.version}`);
@@ -105,7 +125,7 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
   for (const [ch, pkgs] of channels) {
     const pool = join(repo, 'pool', ch);
     await mkdir(pool, { recursive: true });
-    for (const p of pkgs) await buildDeb(join(pool, `gateway_${p.version}_all.deb`), join(dir, 'build'), p);
+    for (const p of pkgs) await placePackage(pool, p, `gateway_${p.version}_all.deb`, (out) => buildDeb(out, join(dir, 'build'), p));
     const bin = join(repo, 'dists', codename, ch, `binary-${arch}`);
     await mkdir(bin, { recursive: true });
     const { stdout } = await run('apt-ftparchive', ['packages', join('pool', ch)], { cwd: repo });
@@ -123,7 +143,7 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
     { cwd: repo },
   );
   await writeFile(join(repo, 'dists', codename, 'Release'), release);
-  await run('cp', ['-a', repo, `${repo}.orig`]);
+  await linkTree(repo, `${repo}.orig`);
 
   for (const d of ['etc/apt/sources.list.d', 'etc/apt/apt.conf.d', 'etc/apt/preferences.d', 'var/lib/dpkg/info', 'var/lib/dpkg/updates', 'var/lib/apt/lists/partial', 'var/cache/apt/archives/partial', 'var/log/apt']) {
     await mkdir(join(root, d), { recursive: true });
@@ -140,7 +160,8 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
       `Dir::Etc::PreferencesParts "${root}/etc/apt/preferences.d";`,
       `Dir::Log "${root}/var/log/apt";`,
       // --force-not-root: dpkg refuses to run for a normal user even with --root; into this root it can.
-      `DPkg::Options { "--force-not-root"; "--root=${root}"; "--admindir=${root}/var/lib/dpkg"; "--log=${root}/var/log/dpkg.log"; };`,
+      // --force-script-chrootless: maintainer scripts run here with DPKG_ROOT set (the root has no /bin/sh).
+      `DPkg::Options { "--force-not-root"; "--force-script-chrootless"; "--root=${root}"; "--admindir=${root}/var/lib/dpkg"; "--log=${root}/var/log/dpkg.log"; };`,
       'APT::Sandbox::User "root";',
       '',
     ].join('\n'),
@@ -157,24 +178,24 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
     codename,
     binary,
     sourceLine,
-    async install(version) {
+    async install(version, pkgs = ['gateway']) {
       const ch = `stable/v${version.split('.')[0]}`;
       const tmpList = join(dir, `setup-${ch.replace('/', '-')}.list`);
       await writeFile(tmpList, sourceLine(ch));
       const only = ['-o', `Dir::Etc::SourceList=${tmpList}`, '-o', 'Dir::Etc::SourceParts=-', '-o', 'APT::Get::List-Cleanup=0'];
       await run('apt-get', ['update', '-qq', ...only], { env: aptEnv });
-      await run('apt-get', ['install', '-y', '-qq', '--allow-downgrades', ...only, `gateway=${version.replace('-', '~')}`], { env: aptEnv });
+      await run('apt-get', ['install', '-y', '-qq', '--allow-downgrades', ...only, ...pkgs.map((p) => `${p}=${version.replace('-', '~')}`)], { env: aptEnv });
     },
     async installed() {
       return (await run(binary, ['--version'])).stdout.trim();
     },
     tamperPackage: (channel, version) => flipLastByte(join(repo, 'pool', channel, `gateway_${version}_all.deb`)),
     async corruptMetadata(channel) {
-      await writeFile(join(repo, 'dists', codename, channel, `binary-${arch}`, 'Packages'), 'Package gateway\n\x00garbage\n');
+      await replaceFile(join(repo, 'dists', codename, channel, `binary-${arch}`, 'Packages'), 'Package gateway\n\x00garbage\n');
     },
     async restore() {
       await rm(repo, { recursive: true, force: true });
-      await run('cp', ['-a', `${repo}.orig`, repo]);
+      await linkTree(`${repo}.orig`, repo);
     },
     cleanup: () => rm(dir, { recursive: true, force: true }),
   };
@@ -233,8 +254,8 @@ export interface RpmLab {
   repoFile: string;
   /** The .repo entry for a channel (gpgcheck off: the test repository is not signed). */
   repoText(channel: string): string;
-  /** Installs a version directly with the manager (test setup). */
-  install(version: string): Promise<void>;
+  /** Installs a version of packages (default: gateway) directly with the manager (test setup). */
+  install(version: string, pkgs?: string[]): Promise<void>;
   /** `rpm -q gateway` in the root. */
   query(): Promise<string>;
   /** What `<root>/usr/bin/gateway --version` says. */
@@ -287,13 +308,13 @@ export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): 
   const repo = join(dir, 'repo');
   const root = join(dir, 'root');
   const built = new Map<string, string>();
-  for (const p of packages) built.set(p.version, await buildRpm(join(dir, 'rpmbuild'), p));
+  for (const p of packages) if (!p.files) built.set(p.version, await buildRpm(join(dir, 'rpmbuild'), p));
   for (const [ch, pkgs] of channelsOf(packages)) {
     await mkdir(join(repo, ch), { recursive: true });
-    for (const p of pkgs) await copyFile(built.get(p.version)!, join(repo, ch, `gateway-${rpmVersion(p.version)}-1.noarch.rpm`));
+    for (const p of pkgs) await placePackage(join(repo, ch), p, `gateway-${rpmVersion(p.version)}-1.noarch.rpm`, (out) => copyFile(built.get(p.version)!, out));
     await run('createrepo_c', ['--quiet', '--no-database', join(repo, ch)]);
   }
-  await run('cp', ['-a', repo, `${repo}.orig`]);
+  await linkTree(repo, `${repo}.orig`);
   const repoDir = manager === 'dnf' ? 'etc/yum.repos.d' : 'etc/zypp/repos.d';
   await mkdir(join(root, repoDir), { recursive: true });
   await writeFile(join(root, 'etc/os-release'), 'ID=rhel\nVERSION_ID="9"\n');
@@ -313,19 +334,19 @@ export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): 
     binary,
     repoFile,
     repoText,
-    async install(version) {
+    async install(version, pkgs = ['gateway']) {
       await writeFile(repoFile, repoText(`stable/v${version.split('.')[0]}`));
       const spec = rpmVersion(version);
       if (manager === 'dnf') {
         // dnf installs an older version with `downgrade`, the same one again with `reinstall`.
         const installed = await lab.query().catch(() => '');
         const verb = installed.startsWith(`gateway-${spec}-`) ? 'reinstall' : installed.startsWith('gateway-') ? 'downgrade' : 'install';
-        await run('dnf', [...pmArgs, '-y', '-q', '--refresh', verb, `gateway-${spec}`], { env });
+        await run('dnf', [...pmArgs, '-y', '-q', '--refresh', verb, ...pkgs.map((p) => `${p}-${spec}`)], { env });
         return;
       }
       const base = ['--non-interactive', '--quiet', '--root', root];
       await run('zypper', [...base, 'refresh', 'gateway'], { env });
-      await run('zypper', [...base, 'install', '--oldpackage', '--force', '--from', 'gateway', `gateway=${spec}`], { env });
+      await run('zypper', [...base, 'install', '--oldpackage', '--force', '--from', 'gateway', ...pkgs.map((p) => `${p}=${spec}`)], { env });
     },
     async query() {
       return (await run('rpm', ['--root', root, '-q', 'gateway'], { env })).stdout.trim();
@@ -335,11 +356,11 @@ export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): 
     },
     tamperPackage: (channel, version) => flipLastByte(join(repo, channel, `gateway-${rpmVersion(version)}-1.noarch.rpm`)),
     async corruptMetadata(channel) {
-      await writeFile(join(repo, channel, 'repodata', 'repomd.xml'), '<repomd broken\n');
+      await replaceFile(join(repo, channel, 'repodata', 'repomd.xml'), '<repomd broken\n');
     },
     async restore() {
       await rm(repo, { recursive: true, force: true });
-      await run('cp', ['-a', `${repo}.orig`, repo]);
+      await linkTree(`${repo}.orig`, repo);
     },
     cleanup: () => rm(dir, { recursive: true, force: true }),
   };
