@@ -13,8 +13,11 @@ declare -A NEED=(
   [haproxy]=haproxy      # a real L4 load balancer (send-proxy-v2) in front of the Proxy, and the mux benchmark's peer
   [apt-ftparchive]=apt-utils  # indexes the real apt repository the upgrader tests build (test/upgrade/helpers.ts)
   [dpkg-deb]=dpkg            # builds the .deb packages of that repository
-  # real rpm repositories and upgrades with dnf and zypper into a temporary root (test/upgrade/rpm-suite.ts)
-  [rpmbuild]=rpm             # builds the rpm packages of those repositories (rpm itself too)
+  [rpmbuild]=rpm             # npm run package builds the .rpm packages (scripts/package/rpm.mjs); rpm -qp reads them
+  [lintian]=lintian          # test/package/build.test.ts checks the .deb packages
+  [strip]=binutils           # npm run package strips the Node.js runtime and the native modules
+  # real rpm repositories and upgrades with dnf and zypper into a temporary root (test/upgrade/rpm-suite.ts,
+  # packaged.test.ts); rpmbuild (above) also builds their fake packages
   [createrepo_c]=createrepo-c  # indexes them, one repository per channel
   [dnf]=dnf
   [zypper]=zypper

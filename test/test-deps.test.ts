@@ -30,6 +30,9 @@ const ALSO_FROM: Record<string, string> = {
   sftp: 'ssh',
   // the package manager the install script itself runs
   'apt-get': 'apt-get',
+  // Debian's rpm package: rpmbuild, rpm, rpm2archive
+  rpm: 'rpmbuild',
+  rpm2archive: 'rpmbuild',
 };
 
 /** Where tests look for programs besides PATH. */
@@ -39,9 +42,9 @@ const PROGRAM_DIRS = [
   ...(existsSync('/usr/lib/postgresql') ? readdirSync('/usr/lib/postgresql').map((v) => `/usr/lib/postgresql/${v}/bin`) : []),
 ];
 
-function files(dir: string): string[] {
+function files(dir: string, ext = '.ts'): string[] {
   return readdirSync(dir, { withFileTypes: true }).flatMap((e) =>
-    e.isDirectory() ? files(join(dir, e.name)) : e.name.endsWith('.ts') ? [join(dir, e.name)] : [],
+    e.isDirectory() ? files(join(dir, e.name), ext) : e.name.endsWith(ext) ? [join(dir, e.name)] : [],
   );
 }
 
@@ -110,13 +113,14 @@ function installed(): Map<string, string> {
 }
 
 describe('test dependencies', () => {
-  const sources = [...files(join(ROOT, 'test')), ...files(join(ROOT, 'bench'))].filter((f) => !f.endsWith('test-deps.test.ts'));
+  // test/, bench/, and `npm run package` (scripts/package/, which test/helpers/packages.ts runs).
+  const sources = [...files(join(ROOT, 'test')), ...files(join(ROOT, 'bench')), ...files(join(ROOT, 'scripts/package'), '.mjs')].filter((f) => !f.endsWith('test-deps.test.ts'));
   const programs = spawnedPrograms(sources);
   const script = installed();
   const scriptPackages = new Set(script.values());
 
   it('the scan finds the programs the suites are known to start (so that it cannot pass by finding nothing)', () => {
-    for (const p of ['squid', 'haproxy', 'sshd', 'ssh', 'scp', 'openssl', 'ip', 'socat', 'psql', 'initdb', 'mariadbd', 'tmux', 'chromium', 'certutil']) {
+    for (const p of ['squid', 'haproxy', 'sshd', 'ssh', 'scp', 'openssl', 'ip', 'socat', 'psql', 'initdb', 'mariadbd', 'tmux', 'chromium', 'certutil', 'lintian', 'rpmbuild', 'dpkg-deb']) {
       expect(programs.has(p), p).toBe(true);
     }
   });

@@ -22,17 +22,19 @@ import { bundleUpdater, runtimeHasFips, stageApp } from './stage.mjs';
 import { buildTarball } from './tarball.mjs';
 
 const DEB_UNIT_DIR = '/lib/systemd/system';
+// Extended descriptions: lines of at most 79 characters (lintian).
 const SERVER_DESCRIPTION = [
   'Infrastructure access gateway: daemon and command-line tools',
-  'gateway runs the Auth Service, the Proxy Service and the agents (SSH, databases,',
-  'applications, Kubernetes, desktops) that reach the Proxy through reverse tunnels;',
-  'gwctl administers a cluster and gwsh signs users in and opens resources.',
-  'The package carries its own Node.js runtime and the systemd unit gateway.service.',
+  'gateway runs the Auth Service, the Proxy Service and the agents (SSH,',
+  'databases, applications, Kubernetes, desktops) that reach the Proxy',
+  'through reverse tunnels; gwctl administers a cluster, gwsh signs users in',
+  'and opens resources. The package carries its own Node.js runtime and the',
+  'systemd unit gateway.service.',
 ];
 const UPDATER_DESCRIPTION = [
   'Automatic upgrades of the gateway agent',
-  'gateway-upgrade and the systemd timer gateway-upgrade.timer, which upgrade the',
-  'gateway package inside the cluster\'s maintenance windows.',
+  'gateway-upgrade and the systemd timer gateway-upgrade.timer, which upgrade',
+  'the gateway package inside the cluster\'s maintenance windows.',
 ];
 
 function options() {
@@ -70,7 +72,7 @@ async function serverPackages(ctx, pkg) {
   const common = { name: pkg.name, fips: pkg.fips, fipsMode: ctx.fipsMode, app: ctx.app, debVersion: ctx.debVersion, date: ctx.date };
   const debRoot = join(ctx.work, `deb-${pkg.name}`);
   const conffiles = await serverTree(debRoot, { ...common, unitDir: DEB_UNIT_DIR });
-  const description = pkg.fips ? [SERVER_DESCRIPTION[0] + ' (FIPS)', ...SERVER_DESCRIPTION.slice(1), '', 'This is the FIPS package: see /usr/share/doc and docs/install.md for what it changes.'] : SERVER_DESCRIPTION;
+  const description = pkg.fips ? [SERVER_DESCRIPTION[0] + ' (FIPS)', ...SERVER_DESCRIPTION.slice(1), '', 'This is the FIPS package: docs/install.md says what it changes.'] : SERVER_DESCRIPTION;
   const control = debControl({ name: pkg.name, debVersion: ctx.debVersion, arch: ctx.arch, root: debRoot, conflicts, description });
   const out = { deb: buildDeb(debRoot, join(ctx.out, `${pkg.name}_${ctx.debVersion}_${ctx.arch}.deb`), { control, conffiles, scripts: debScripts(['gateway.service']), overrides: LINTIAN_OVERRIDES.server, name: pkg.name }) };
   if (ctx.rpm) {

@@ -88,6 +88,9 @@ export function buildDeb(root, out, { control, conffiles, scripts, overrides, na
     mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, name), overrides);
   }
+  // dpkg --verify checks installed files against md5sums (what dh_md5sums writes).
+  const sums = run('sh', ['-c', "find . -path ./DEBIAN -prune -o -type f -printf '%P\\0' | LC_ALL=C sort -z | xargs -0r md5sum"], { cwd: root });
+  writeFileSync(join(debian, 'md5sums'), sums);
   run('dpkg-deb', ['--root-owner-group', '-Zgzip', '-z1', '--build', root, out]);
   return out;
 }

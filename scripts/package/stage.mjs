@@ -8,14 +8,17 @@
 //   (so the native modules are the ones built for this very Node.js), without what is not needed at run time
 //   (native build leftovers, other platforms' prebuilds, TypeScript declarations, source maps).
 import { spawnSync } from 'node:child_process';
-import { chmodSync, cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { chmodSync, closeSync, cpSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { basename, dirname, join } from 'node:path';
 import { build } from 'esbuild';
 import { ROOT, run, sourceVersion } from './common.mjs';
 
-/** Files and folders left out of node_modules (relative to a package's folder, or names anywhere). */
-const PRUNE_NAMES = /(?:\.d\.ts|\.d\.mts|\.d\.cts|\.map|\.tsbuildinfo)$/;
-const NATIVE_LEFTOVERS = ['build/Release/obj', 'build/Release/obj.target', 'build/Release/.deps', 'build/Release/test_extension.node', 'deps', 'src', 'third_party', 'build/deps'];
+/** What is left out of node_modules: not run by the app (tests, benchmarks, linters' and editors' files, pages). */
+const PRUNE_FILES = /(?:\.d\.ts|\.d\.mts|\.d\.cts|\.map|\.tsbuildinfo|\.a|\.html|^\.eslintrc.*|^\.npmignore|^\.git.*|^\.travis\.yml|^\.editorconfig|^\.prettierrc.*)$/;
+const PRUNE_DIRS = new Set(['test', 'tests', '__tests__', 'benchmarks', 'bench', '.github', 'obj', 'obj.target', '.deps']);
+/** Native build leftovers, in the packages that have a binding.gyp at their top. */
+const NATIVE_LEFTOVERS = ['build/Release/test_extension.node', 'deps', 'src', 'third_party', 'build/deps'];
+const ELF = Buffer.from([0x7f, 0x45, 0x4c, 0x46]);
 
 function productionPackages() {
   const lock = JSON.parse(readFileSync(join(ROOT, 'package-lock.json'), 'utf8'));
@@ -24,12 +27,37 @@ function productionPackages() {
     .map(([path]) => path);
 }
 
-function prune(dir) {
+function head(path, n) {
+  const fd = openSync(path, 'r');
+  try {
+    const b = Buffer.alloc(n);
+    return b.subarray(0, readSync(fd, b, 0, n, 0));
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * Leaves out what PRUNE_* name and other platforms' prebuilt binaries; strips the shared objects; sets modes as
+ * Debian wants them (0755 for scripts, 0644 for everything else, shared objects included). Returns the ELF files.
+ */
+function prune(dir, platform, elves = []) {
   for (const e of readdirSync(dir, { withFileTypes: true })) {
     const p = join(dir, e.name);
-    if (e.isDirectory()) prune(p);
-    else if (PRUNE_NAMES.test(e.name) || e.name.endsWith('.a')) rmSync(p);
+    if (e.isDirectory()) {
+      if (PRUNE_DIRS.has(e.name) || (basename(dir) === 'prebuilds' && e.name !== platform)) rmSync(p, { recursive: true });
+      else prune(p, platform, elves);
+    } else if (e.isFile()) {
+      if (PRUNE_FILES.test(e.name)) {
+        rmSync(p);
+        continue;
+      }
+      const h = head(p, 4);
+      if (h.equals(ELF)) elves.push(p);
+      chmodSync(p, h.subarray(0, 2).toString() === '#!' ? 0o755 : 0o644);
+    }
   }
+  return elves;
 }
 
 function copyNodeModules(appDir) {
@@ -41,16 +69,14 @@ function copyNodeModules(appDir) {
   const nm = join(appDir, 'node_modules');
   for (const pkg of readdirSync(nm)) {
     const dir = join(nm, pkg);
-    if (!existsSync(join(dir, 'binding.gyp'))) continue; // only native modules have build leftovers
+    if (!existsSync(join(dir, 'binding.gyp'))) continue;
     for (const left of NATIVE_LEFTOVERS) rmSync(join(dir, left), { recursive: true, force: true });
-    const prebuilds = join(dir, 'prebuilds');
-    if (existsSync(prebuilds)) {
-      for (const p of readdirSync(prebuilds)) if (!p.startsWith(`linux-`)) rmSync(join(prebuilds, p), { recursive: true });
-    }
   }
   rmSync(join(nm, '.bin'), { recursive: true, force: true });
   rmSync(join(nm, '.package-lock.json'), { force: true });
-  prune(nm);
+  const elves = prune(nm, `linux-${process.arch}`);
+  // Debug symbols out; the dynamic symbols the modules link with stay.
+  if (elves.length > 0) run('strip', ['--strip-unneeded', ...elves]);
 }
 
 /** Every .js file under dir. */
@@ -90,7 +116,7 @@ export function stageApp(appDir, version) {
   const got = run(join(appDir, 'node'), [join(appDir, 'dist/cli/gateway.js'), '--version'], { cwd: '/' }).trim();
   if (got !== version) throw new Error(`the staged gateway says ${JSON.stringify(got)}, not ${version}`);
   // The native modules load with this runtime (a module built for another Node.js would throw here).
-  run(join(appDir, 'node'), ['-e', "require('better-sqlite3'); require('node-pty'); new (require('better-sqlite3'))(':memory:').close()"], { cwd: appDir });
+  run(join(appDir, 'node'), ['-e', "require('better-sqlite3'); require('node-pty'); require('cpu-features'); require('ssh2'); new (require('better-sqlite3'))(':memory:').close()"], { cwd: appDir });
 }
 
 /**
@@ -109,8 +135,11 @@ export async function bundleUpdater(file, version) {
     banner: { js: "import { createRequire as __gatewayCreateRequire } from 'node:module'; const require = __gatewayCreateRequire(import.meta.url);" },
     logLevel: 'warning',
   });
+  // Run by the wrapper, never directly: no "#!" line (a script that is not executable, lintian says).
   const from = sourceVersion();
-  if (version !== from) writeFileSync(file, readFileSync(file, 'utf8').replaceAll(from, version));
+  let text = readFileSync(file, 'utf8').replace(/^#!.*\n/, '');
+  if (version !== from) text = text.replaceAll(from, version);
+  writeFileSync(file, text, { mode: 0o644 });
   chmodSync(file, 0o644);
 }
 
