@@ -3,7 +3,7 @@
  *
  *   apt:           /etc/apt/sources.list.d/gateway.list
  *                  deb [signed-by=/usr/share/keyrings/gateway-archive-keyring.asc] {repo_url}/debian bookworm stable/v17
- *   yum, dnf:      /etc/yum.repos.d/gateway.repo     baseurl={repo_url}/rhel/9/Gateway/%{_arch}/stable/v17
+ *   yum, dnf:      /etc/yum.repos.d/gateway.repo     baseurl={repo_url}/rhel/9/Gateway/$basearch/stable/v17
  *   zypper:        /etc/zypp/repos.d/gateway.repo    (same INI form)
  *
  * The channel is the apt component, or the end of the baseurl: `stable/v<major>` (one major version) or
@@ -187,7 +187,8 @@ export async function newRepoText(pm: PackageManager, channel: string, s: Pick<U
   return [
     `[${DEFAULT_REPO_ID}]`,
     'name=Gateway',
-    `baseurl=${s.yumRepoUrl}/${id}/${versionId}/Gateway/%{_arch}/${channel}`,
+    // dnf, yum and zypper expand $basearch in a .repo file (an rpm macro such as %{_arch} would stay as it is).
+    `baseurl=${s.yumRepoUrl}/${id}/${versionId}/Gateway/$basearch/${channel}`,
     'enabled=1',
     'gpgcheck=1',
     'repo_gpgcheck=1',

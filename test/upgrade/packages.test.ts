@@ -148,7 +148,7 @@ describe('installed version from a command output', () => {
 
 describe('repository entries', () => {
   const apt = 'deb [signed-by=/usr/share/keyrings/gateway-archive-keyring.asc arch=amd64] https://apt.gateway.example/debian bookworm stable/v17\n';
-  const rpm = '[gateway]\nname=Gateway\nbaseurl=https://yum.gateway.example/rhel/9/Gateway/%{_arch}/stable/v17\nenabled=1\n';
+  const rpm = '[gateway]\nname=Gateway\nbaseurl=https://yum.gateway.example/rhel/9/Gateway/$basearch/stable/v17\nenabled=1\n';
 
   it('reads the channel', () => {
     expect(parseAptList(apt)).toBe('stable/v17');
@@ -161,7 +161,7 @@ describe('repository entries', () => {
   });
   it('the line an entry reads once moved (what a new major version announces)', () => {
     expect(movedLine({ kind: 'apt', text: `# Gateway\n${apt}` }, 'stable/v18')).toBe(apt.trim().replace('stable/v17', 'stable/v18'));
-    expect(movedLine({ kind: 'rpm', text: rpm }, 'stable/v18')).toBe('baseurl=https://yum.gateway.example/rhel/9/Gateway/%{_arch}/stable/v18');
+    expect(movedLine({ kind: 'rpm', text: rpm }, 'stable/v18')).toBe('baseurl=https://yum.gateway.example/rhel/9/Gateway/$basearch/stable/v18');
   });
   it('says when a per-major channel cannot hold the target', () => {
     expect(channelHolds('stable/v17', '17.3.0')).toEqual({ ok: true });
