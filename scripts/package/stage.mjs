@@ -158,7 +158,8 @@ export function wrapper({ command, app, entry, fips, fipsMode, nodePath }) {
   const lines = [
     '#!/bin/sh',
     `# ${command}: runs ${entry.replace('$app/', '')} with the Node.js runtime shipped with the gateway (docs/install.md).`,
-    'here=$(dirname "$(readlink -f "$0")")',
+    'self=$(readlink -f "$0")',
+    'here=${self%/*}',
     `app=${app}`,
   ];
   if (nodePath) lines.push(`NODE_PATH="${nodePath}\${NODE_PATH:+:$NODE_PATH}"`, 'export NODE_PATH');

@@ -16,7 +16,7 @@
  */
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -129,6 +129,21 @@ function readBuilt(dir: string, seconds: Record<string, number> = {}): BuiltPack
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** Builds of other inputs not used for a day (about 300 MB each) go; a locked or recent one stays. */
+function pruneCache(cache: string): void {
+  const dayAgo = Date.now() - 24 * 3600_000;
+  for (const name of readdirSync(cache)) {
+    const p = join(cache, name);
+    if (name.endsWith('.lock')) continue;
+    try {
+      if (existsSync(`${p.replace(/\.tmp-\d+$/, '')}.lock`) || statSync(p).mtimeMs > dayAgo) continue;
+      rmSync(p, { recursive: true, force: true });
+    } catch {
+      // another process removed it first
+    }
+  }
+}
+
 /**
  * The packages of this tree's app under `version` (default: package.json's), built now or taken from the cache.
  * Give the test a timeout of several minutes: a build takes about a minute on two busy cores.
@@ -140,7 +155,10 @@ export async function buildPackages(options: { version?: string } = {}): Promise
   const dir = join(cache, `${version}-${packageInputsHash()}`);
   const lock = `${dir}.lock`;
   for (;;) {
-    if (existsSync(join(dir, 'manifest.json'))) return readBuilt(dir);
+    if (existsSync(join(dir, 'manifest.json'))) {
+      utimesSync(dir, new Date(), new Date()); // in use: not pruned
+      return readBuilt(dir);
+    }
     if (tryLock(lock)) break;
     await sleep(500);
   }
@@ -152,6 +170,7 @@ export async function buildPackages(options: { version?: string } = {}): Promise
     const seconds = (JSON.parse(readFileSync(join(tmp, 'manifest.json'), 'utf8')) as Manifest).seconds;
     rmSync(dir, { recursive: true, force: true });
     renameSync(tmp, dir);
+    pruneCache(cache);
     return readBuilt(dir, seconds);
   } finally {
     rmSync(lock, { recursive: true, force: true });
