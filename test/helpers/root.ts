@@ -23,7 +23,7 @@ export const ROOT_NEEDS = {
   setuid: 'running as another user',
   dbUsers: 'databases as their system users',
   chown: 'chown to another user',
-  chroot: 'rpm installing into a root (chroot)',
+  chroot: 'chroot (rpm --root runs scriptlets there)',
 } as const;
 
 export type RootNeed = keyof typeof ROOT_NEEDS;
