@@ -103,22 +103,37 @@ export interface FailureCause {
 
 // The managers' own words (apt-get, dnf 4, yum, zypper), looked for in this order: dnf goes on after metadata it
 // cannot read and then says "Unable to find a match", which must not read as a missing version.
-const METADATA = /Failed to download metadata|Valid metadata not found|repomd\.xml parser error|Repository '[^']*' is invalid|Could not refresh the repositor|does not have a Release file|is not signed|Release file .* is (?:not valid|invalid)|Unable to parse package file|Encountered a section with no Package: header|Problem (?:with|parsing) .*(?:Packages|repomd)|Cannot retrieve repository metadata/i;
+const METADATA = /Failed to download metadata|Valid metadata not found|repomd\.xml parser error|Repository '[^']*' is invalid|Could not refresh the repositor|does not have a Release file|Release file .* is (?:not valid|invalid)|Unable to parse package file|Encountered a section with no Package: header|Problem (?:with|parsing) .*(?:Packages|repomd)|Cannot retrieve repository metadata/i;
+const SIGNATURE = /NO_PUBKEY|BADSIG|signatures couldn't be verified|is not signed|GPG check FAILED|GPG signature verification error|Signature verification failed|signed with an unknown key|EXPKEYSIG/i;
 const CHECKSUM = /incorrect checksum|Digest verification failed|Hash Sum mismatch|File has unexpected size|corrupted during transfer|checksum (?:mismatch|doesn't match|does not match)/i;
 const MISSING = /Version '[^']*' for '[^']*' was not found|No match for argument|Unable to find a match|No provider of|not found in package names|No package .* available/i;
 
-/** The manager's line that says it: the longest that matches (apt's "E: Failed to fetch <file>  Hash Sum mismatch" over its bare "Hash Sum mismatch"). */
+const QUOTE_MAX = 240;
+
+/**
+ * The manager's line that says it: the longest that matches and fits (apt's "E: Failed to fetch <file>  Hash Sum
+ * mismatch" over its bare "Hash Sum mismatch"), else the shortest, cut.
+ */
 function quote(output: string, re: RegExp): string {
   const lines = output.split('\n').filter((l) => re.test(l)).map((l) => l.replace(/\s+/g, ' ').trim());
-  return lines.reduce((a, b) => (b.length > a.length ? b : a), '').slice(0, 300);
+  const fitting = lines.filter((l) => l.length <= QUOTE_MAX);
+  if (fitting.length > 0) return fitting.reduce((a, b) => (b.length > a.length ? b : a));
+  return lines.reduce((a, b) => (b.length < a.length ? b : a), lines[0] ?? '').slice(0, QUOTE_MAX);
 }
 
 /**
  * Why a package manager command failed, when its output says so in words the upgrader knows: the repository's
- * metadata cannot be read, a package does not match the checksum in that metadata, or the version is not in the
+ * signature does not verify, its metadata cannot be read, a package does not match the checksum in that metadata, or the version is not in the
  * repository. Undefined for anything else (the caller quotes the output). Pure; `output` is the command's tail.
  */
 export function explainFailure(pm: PackageManager, step: InstallStep, spec: string, output: string): FailureCause | undefined {
+  if (SIGNATURE.test(output)) {
+    return {
+      code: 'GW_ERR_UPGRADE_REPO',
+      reason: `the gateway repository's signature does not verify with the key this host trusts for it (${pm}: ${quote(output, SIGNATURE)})`,
+      hint: "Either the metadata was not signed by the repository's key (a mirror or proxy serving other metadata: nothing from it was used), or this host trusts another key for it: install the repository's key where the entry's signed-by / gpgkey names it, as the install guide shows.",
+    };
+  }
   const metadata = METADATA.test(output) || (step === 'refresh' && CHECKSUM.test(output));
   if (metadata) {
     return {
@@ -142,6 +157,15 @@ export function explainFailure(pm: PackageManager, step: InstallStep, spec: stri
     };
   }
   return undefined;
+}
+
+/**
+ * A refresh that exited 0 but says the metadata failed its signature check (apt-get update: "W: GPG error ...",
+ * then it keeps the previous index): the same cause as a failed one. Undefined when the refresh was clean.
+ */
+export function refreshWarning(pm: PackageManager, output: string): FailureCause | undefined {
+  if (!SIGNATURE.test(output)) return undefined;
+  return explainFailure(pm, 'refresh', '', output);
 }
 
 /** Environment additions for the manager (apt must never ask a question). */

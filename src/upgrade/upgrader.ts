@@ -25,7 +25,7 @@ import { checkClusterVersion, type Enrollment } from './enrollment.js';
 import { readEndpointFile, type Endpoint } from './endpoint.js';
 import { describeExit, lastLines, runCommand, runShell, which } from './exec.js';
 import { acquireLock } from './lock.js';
-import { detectPackageManager, explainFailure, FIPS_PACKAGE, installCommands, installEnv, installStep, PACKAGE, packageSpec, type PackageManager } from './packages.js';
+import { detectPackageManager, explainFailure, FIPS_PACKAGE, installCommands, installEnv, installStep, PACKAGE, packageSpec, refreshWarning, type PackageManager } from './packages.js';
 import { channelHolds, movedLine, readRepo, repoPath, setChannel, ROLLING_CHANNEL, type RepoEntry } from './repo.js';
 import { invalidScheduleWarning, readSchedule, type ScheduleStatus } from './schedule.js';
 import { tarballArch, type PackageManagerName, type UpgraderSettings } from './settings.js';
@@ -219,6 +219,12 @@ function packageInstaller(ctx: UpgraderContext, pm: PackageManager, pkg: string,
     for (const argv of cmds) {
       ctx.stderr.write(`+ ${argv.join(' ')}\n`);
       const r = await runCommand(argv, { env: { ...env(ctx), ...installEnv(pm) }, echo: ctx.stderr, timeoutMs: ctx.settings.commandTimeoutMs });
+      // apt-get update only warns when metadata fails its signature check, and installs from the previous
+      // index: an upgrade from a repository whose current metadata does not verify is refused instead.
+      const unverified = r.code === 0 && installStep(argv) === 'refresh' ? refreshWarning(pm, `${r.stdout}\n${r.stderr}`) : undefined;
+      if (unverified) {
+        throw new GatewayError(unverified.code, `installing ${packageSpec(pm, pkg, version)} failed: ${unverified.reason} [\`${argv[0]}\` warned]`, { hint: unverified.hint, details: { command: argv, path: repo.path } });
+      }
       if (r.code !== 0) {
         const spec = packageSpec(pm, pkg, version);
         const command = `\`${[argv[0], ...argv.slice(1 + ctx.settings.pmArgs.length, 2 + ctx.settings.pmArgs.length)].join(' ')}\` ${describeExit(argv[0]!, r, ctx.settings.commandTimeoutMs)}`;

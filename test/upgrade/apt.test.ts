@@ -5,7 +5,9 @@
  *
  * Versions: N = 17.0.1 (installed before each test), N+1 = 17.0.2, a broken 17.0.3 (its health check fails),
  * 18.0.0 on the stable/v18 and stable/rolling channels only, and 17.0.9 which the repository does not have.
- * Hostile: a tampered package, a corrupt index, a missing version: each a GW_ERR_UPGRADE_* and nothing changed.
+ * The repository is signed (InRelease) and the source line names its key with signed-by, as the install guide's.
+ * Hostile: a tampered package, a corrupt index, an InRelease signed by another key, a missing version: each a
+ * GW_ERR_UPGRADE_* and nothing changed.
  */
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -267,6 +269,18 @@ describe('gateway-upgrade run with apt', () => {
     const r = await upgrade();
     expect(r.status).toBe(1);
     expect(r.stderr).toMatch(/^error: installing gateway=17\.0\.2 failed: the gateway repository's metadata cannot be read \(apt: .+\) \[`apt-get update` exit status 100\]; 17\.0\.1 is still installed and the service was not restarted$/m);
+    expect(r.stderr).toContain('code: GW_ERR_UPGRADE_REPO');
+    expect(await lab.installed()).toBe('Gateway v17.0.1 git:test');
+    expect(await restarts()).toEqual([]);
+  });
+
+  it("hostile: an InRelease signed by another key than the one signed-by names (apt only warns and keeps the old index): GW_ERR_UPGRADE_REPO, nothing changed", async () => {
+    await lab.resignWithOtherKey();
+    await endpoint('stable/v17');
+    await writeSchedule(etc, insideNow());
+    const r = await upgrade();
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(/^error: installing gateway=17\.0\.2 failed: the gateway repository's signature does not verify with the key this host trusts for it \(apt: .*NO_PUBKEY [0-9A-F]{16}\) \[`apt-get` warned\]; 17\.0\.1 is still installed and the service was not restarted$/m);
     expect(r.stderr).toContain('code: GW_ERR_UPGRADE_REPO');
     expect(await lab.installed()).toBe('Gateway v17.0.1 git:test');
     expect(await restarts()).toEqual([]);

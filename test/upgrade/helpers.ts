@@ -47,8 +47,10 @@ export interface AptLab {
   codename: string;
   /** The gateway binary inside the root. */
   binary: string;
-  /** The apt source line for a channel (trusted: the test repository is not signed). */
+  /** The apt source line for a channel, signed-by the lab's key (as the install guide's line). */
   sourceLine(channel: string): string;
+  /** Signs InRelease with another key than the one the root trusts (a mirror serving someone else's metadata). */
+  resignWithOtherKey(): Promise<void>;
   /** Installs a version of packages (default: gateway) directly with apt-get (test setup). */
   install(version: string, pkgs?: string[]): Promise<void>;
   /** What `<root>/usr/bin/gateway --version` says. */
@@ -104,6 +106,28 @@ async function buildDeb(out: string, work: string, pkg: TestPackage): Promise<vo
   await run('dpkg-deb', ['--root-owner-group', '-Zgzip', '--build', d, out]);
 }
 
+const APT_KEYRING_PATH = 'usr/share/keyrings/gateway-archive-keyring.asc';
+
+interface SigningKey {
+  /** The armored public key (what `signed-by` or `gpgkey` names). */
+  publicKey: string;
+  clearsign(file: string, out: string): Promise<void>;
+}
+
+/** A repository signing key of its own (ed25519, no passphrase) in a GNUPGHOME under `home`. */
+async function makeSigningKey(home: string): Promise<SigningKey> {
+  await mkdir(home, { recursive: true, mode: 0o700 });
+  const env = { PATH: process.env.PATH ?? '', GNUPGHOME: home };
+  await run('gpg', ['--batch', '--quiet', '--passphrase', '', '--quick-gen-key', 'Gateway test repository <repo@gateway.example>', 'ed25519', 'sign', 'never'], { env });
+  const publicKey = (await run('gpg', ['--batch', '--armor', '--export'], { env })).stdout;
+  return {
+    publicKey,
+    async clearsign(file, out) {
+      await run('gpg', ['--batch', '--yes', '--quiet', '--clearsign', '--digest-algo', 'SHA512', '-o', out, file], { env });
+    },
+  };
+}
+
 /** channel -> packages: each package on its own channel (stable/v<major> by default) and on stable/rolling. */
 export function channelsOf(packages: readonly TestPackage[]): Map<string, TestPackage[]> {
   const channels = new Map<string, TestPackage[]>();
@@ -143,6 +167,8 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
     { cwd: repo },
   );
   await writeFile(join(repo, 'dists', codename, 'Release'), release);
+  const signer = await makeSigningKey(join(dir, 'gpg'));
+  await signer.clearsign(join(repo, 'dists', codename, 'Release'), join(repo, 'dists', codename, 'InRelease'));
   await linkTree(repo, `${repo}.orig`);
 
   for (const d of ['etc/apt/sources.list.d', 'etc/apt/apt.conf.d', 'etc/apt/preferences.d', 'var/lib/dpkg/info', 'var/lib/dpkg/updates', 'var/lib/apt/lists/partial', 'var/cache/apt/archives/partial', 'var/log/apt']) {
@@ -168,7 +194,11 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
   );
   const env = { APT_CONFIG: aptConf };
   const binary = join(root, 'usr/bin/gateway');
-  const sourceLine = (channel: string) => `deb [trusted=yes] file:${repo} ${codename} ${channel}\n`;
+  // The repository's key, installed where the install guide puts it (in the root): apt checks InRelease with it.
+  const keyring = join(root, APT_KEYRING_PATH);
+  await mkdir(join(root, 'usr/share/keyrings'), { recursive: true });
+  await writeFile(keyring, signer.publicKey);
+  const sourceLine = (channel: string) => `deb [signed-by=${keyring}] file:${repo} ${codename} ${channel}\n`;
   const aptEnv = { PATH: process.env.PATH ?? '', ...env, DEBIAN_FRONTEND: 'noninteractive' };
   const lab: AptLab = {
     dir,
@@ -190,6 +220,12 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
       return (await run(binary, ['--version'])).stdout.trim();
     },
     tamperPackage: (channel, version) => flipLastByte(join(repo, 'pool', channel, `gateway_${version}_all.deb`)),
+    async resignWithOtherKey() {
+      const other = await makeSigningKey(join(dir, 'gpg-other'));
+      const inRelease = join(repo, 'dists', codename, 'InRelease');
+      await other.clearsign(join(repo, 'dists', codename, 'Release'), `${inRelease}.new`);
+      await rename(`${inRelease}.new`, inRelease);
+    },
     async corruptMetadata(channel) {
       await replaceFile(join(repo, 'dists', codename, channel, `binary-${arch}`, 'Packages'), 'Package gateway\n\x00garbage\n');
     },
@@ -197,7 +233,11 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
       await rm(repo, { recursive: true, force: true });
       await linkTree(`${repo}.orig`, repo);
     },
-    cleanup: () => rm(dir, { recursive: true, force: true }),
+    async cleanup() {
+      // gpg started an agent per GNUPGHOME: end them before their directories go.
+      for (const home of ['gpg', 'gpg-other']) await run('gpgconf', ['--kill', 'all'], { env: { PATH: process.env.PATH ?? '', GNUPGHOME: join(dir, home) } }).catch(() => undefined);
+      await rm(dir, { recursive: true, force: true });
+    },
   };
   return lab;
 }

@@ -102,12 +102,15 @@ describe("why a package manager failed, in the managers' own words", () => {
     ['zypper: invalid metadata', 'zypper', 'refresh', "Repository 'Gateway' is invalid.\nValid metadata not found at specified URL", 'GW_ERR_UPGRADE_REPO'],
     ['zypper: a tampered package', 'zypper', 'install', "Warning: Digest verification failed for file 'gateway-17.0.2-1.noarch.rpm'", 'GW_ERR_UPGRADE_CHECKSUM'],
     ['zypper: a missing version', 'zypper', 'install', "No provider of 'gateway=17.0.9' found.", 'GW_ERR_UPGRADE_INSTALL'],
+    ['apt: signed by another key', 'apt', 'refresh', "W: GPG error: file:/r bookworm InRelease: The following signatures couldn't be verified because the public key is not available: NO_PUBKEY 0123456789ABCDEF\nE: The repository 'file:/r bookworm InRelease' is not signed.", 'GW_ERR_UPGRADE_REPO'],
+    ['dnf: repomd.xml signed by another key', 'dnf', 'install', "Error: Failed to download metadata for repo 'gateway': repomd.xml GPG signature verification error: Bad GPG signature", 'GW_ERR_UPGRADE_REPO'],
     ['anything else is quoted as it is', 'apt', 'install', 'E: You don\'t have enough free space in /var/cache/apt/archives/.', undefined],
   ];
   it.each(cases)('%s', (_name, pm, step, output, code) => {
     const cause = explainFailure(pm, step, 'gateway-17.0.2', output);
     expect(cause?.code).toBe(code);
     if (cause) expect(cause.reason).toContain(`(${pm}: `);
+    if (/GPG|NO_PUBKEY/.test(output)) expect(cause?.reason).toContain('signature does not verify');
   });
   it('which step a command is', () => {
     expect(installStep(['apt-get', 'update'])).toBe('refresh');
