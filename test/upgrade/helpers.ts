@@ -9,7 +9,7 @@
  */
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { chmod, copyFile, link, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { chmod, copyFile, link, mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { promisify } from 'node:util';
@@ -112,6 +112,14 @@ interface SigningKey {
   /** The armored public key (what `signed-by` or `gpgkey` names). */
   publicKey: string;
   clearsign(file: string, out: string): Promise<void>;
+  /** Writes <file>.asc, an armored detached signature (repomd.xml.asc). */
+  detachSign(file: string): Promise<void>;
+}
+
+/** Removes a lab, ending first the agents gpg started for its keys (one per GNUPGHOME). */
+async function cleanupLab(dir: string): Promise<void> {
+  for (const home of ['gpg', 'gpg-other']) await run('gpgconf', ['--kill', 'all'], { env: { PATH: process.env.PATH ?? '', GNUPGHOME: join(dir, home) } }).catch(() => undefined);
+  await rm(dir, { recursive: true, force: true });
 }
 
 /** A repository signing key of its own (ed25519, no passphrase) in a GNUPGHOME under `home`. */
@@ -124,6 +132,10 @@ async function makeSigningKey(home: string): Promise<SigningKey> {
     publicKey,
     async clearsign(file, out) {
       await run('gpg', ['--batch', '--yes', '--quiet', '--clearsign', '--digest-algo', 'SHA512', '-o', out, file], { env });
+    },
+    async detachSign(file) {
+      await run('gpg', ['--batch', '--yes', '--quiet', '--armor', '--detach-sign', '-o', `${file}.asc.new`, file], { env });
+      await rename(`${file}.asc.new`, `${file}.asc`);
     },
   };
 }
@@ -233,11 +245,7 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
       await rm(repo, { recursive: true, force: true });
       await linkTree(`${repo}.orig`, repo);
     },
-    async cleanup() {
-      // gpg started an agent per GNUPGHOME: end them before their directories go.
-      for (const home of ['gpg', 'gpg-other']) await run('gpgconf', ['--kill', 'all'], { env: { PATH: process.env.PATH ?? '', GNUPGHOME: join(dir, home) } }).catch(() => undefined);
-      await rm(dir, { recursive: true, force: true });
-    },
+    cleanup: () => cleanupLab(dir),
   };
   return lab;
 }
@@ -302,8 +310,10 @@ export interface RpmLab {
   installed(): Promise<string>;
   /** Flips the last byte of a package file on a channel: same size, another checksum than its metadata says. */
   tamperPackage(channel: string, version: string): Promise<void>;
-  /** Overwrites a channel's repomd.xml with something that is not XML. */
+  /** Replaces a channel's primary.xml.gz with something else than its signed repomd.xml names. */
   corruptMetadata(channel: string): Promise<void>;
+  /** Changes a channel's repomd.xml and signs it with another key than the one the entry names. */
+  resignWithOtherKey(channel: string): Promise<void>;
   /** Puts the repository back as it was built. */
   restore(): Promise<void>;
   cleanup(): Promise<void>;
@@ -354,6 +364,11 @@ export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): 
     for (const p of pkgs) await placePackage(join(repo, ch), p, `gateway-${rpmVersion(p.version)}-1.noarch.rpm`, (out) => copyFile(built.get(p.version)!, out));
     await run('createrepo_c', ['--quiet', '--no-database', join(repo, ch)]);
   }
+  // repomd.xml signed (repomd.xml.asc) with a key of the lab's own; the entries check it (repo_gpgcheck).
+  const signer = await makeSigningKey(join(dir, 'gpg'));
+  const keyFile = join(dir, 'gateway-repo-key.asc');
+  await writeFile(keyFile, signer.publicKey);
+  for (const ch of channelsOf(packages).keys()) await signer.detachSign(join(repo, ch, 'repodata', 'repomd.xml'));
   await linkTree(repo, `${repo}.orig`);
   const repoDir = manager === 'dnf' ? 'etc/yum.repos.d' : 'etc/zypp/repos.d';
   await mkdir(join(root, repoDir), { recursive: true });
@@ -362,7 +377,8 @@ export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): 
   const env = { PATH: process.env.PATH ?? '', HOME: '/root' };
   const binary = join(root, 'usr/bin/gateway');
   const repoText = (channel: string) =>
-    ['[gateway]', 'name=Gateway', `baseurl=file://${repo}/${channel}`, 'enabled=1', 'autorefresh=1', 'type=rpm-md', 'gpgcheck=0', ''].join('\n');
+    // gpgcheck=0: the packages themselves are not signed (their checksums are in the signed metadata).
+    ['[gateway]', 'name=Gateway', `baseurl=file://${repo}/${channel}`, 'enabled=1', 'autorefresh=1', 'type=rpm-md', 'gpgcheck=0', 'repo_gpgcheck=1', `gpgkey=file://${keyFile}`, ''].join('\n');
   const repoFile = join(root, repoDir, 'gateway.repo');
   const lab: RpmLab = {
     dir,
@@ -385,7 +401,8 @@ export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): 
         return;
       }
       const base = ['--non-interactive', '--quiet', '--root', root];
-      await run('zypper', [...base, 'refresh', 'gateway'], { env });
+      // Trusting the repository's key is part of registering it (dnf -y imports it by itself).
+      await run('zypper', [...base, '--gpg-auto-import-keys', 'refresh', 'gateway'], { env });
       await run('zypper', [...base, 'install', '--oldpackage', '--force', '--from', 'gateway', ...pkgs.map((p) => `${p}=${spec}`)], { env });
     },
     async query() {
@@ -396,13 +413,25 @@ export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): 
     },
     tamperPackage: (channel, version) => flipLastByte(join(repo, channel, `gateway-${rpmVersion(version)}-1.noarch.rpm`)),
     async corruptMetadata(channel) {
-      await replaceFile(join(repo, channel, 'repodata', 'repomd.xml'), '<repomd broken\n');
+      // A mirror in the middle of a sync: a new repomd.xml, correctly signed, names a primary.xml.gz that is not it.
+      const repodata = join(repo, channel, 'repodata');
+      for (const f of await readdir(repodata)) if (f.endsWith('-primary.xml.gz')) await replaceFile(join(repodata, f), 'not gzip\n');
+      const repomd = join(repodata, 'repomd.xml');
+      await replaceFile(repomd, `${await readFile(repomd, 'utf8')}<!-- changed -->\n`);
+      await signer.detachSign(repomd);
+    },
+    async resignWithOtherKey(channel) {
+      const other = await makeSigningKey(join(dir, 'gpg-other'));
+      const repomd = join(repo, channel, 'repodata', 'repomd.xml');
+      // New metadata (a manager re-checks a signature only when repomd.xml changed), signed by someone else.
+      await replaceFile(repomd, `${await readFile(repomd, 'utf8')}<!-- changed -->\n`);
+      await other.detachSign(repomd);
     },
     async restore() {
       await rm(repo, { recursive: true, force: true });
       await linkTree(`${repo}.orig`, repo);
     },
-    cleanup: () => rm(dir, { recursive: true, force: true }),
+    cleanup: () => cleanupLab(dir),
   };
   return lab;
 }

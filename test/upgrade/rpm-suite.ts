@@ -1,7 +1,7 @@
 /**
  * gateway-upgrade run with dnf or zypper, for real: the built CLI, the real daemon as the version server, and the
  * package manager installing rpm packages of a fake gateway (test/upgrade/helpers.ts makeRpmLab: rpmbuild,
- * createrepo_c, one repository per channel) into a temporary root that GATEWAY_UPGRADE_PM_ARGS points it at
+ * createrepo_c, one repository per channel, repomd.xml signed and checked: repo_gpgcheck) into a temporary root that GATEWAY_UPGRADE_PM_ARGS points it at
  * (dnf --installroot, zypper --root). rpm installs into a root by chroot, so these suites need root.
  *
  * Versions: N = 17.0.1 (installed before each test), N+1 = 17.0.2, a broken 17.0.3 (its health check fails),
@@ -193,7 +193,7 @@ export function rpmUpgradeSuite(manager: RpmManager): void {
       await unchanged();
     });
 
-    it('hostile: repository metadata that is not metadata: GW_ERR_UPGRADE_REPO, nothing changed', async () => {
+    it('hostile: signed metadata naming a primary.xml.gz that is not there (a mirror mid-sync): GW_ERR_UPGRADE_REPO, nothing changed', async () => {
       await h.lab.corruptMetadata('stable/v17');
       await endpoint('stable/v17');
       await writeSchedule(h.etc, insideNow());
@@ -201,6 +201,17 @@ export function rpmUpgradeSuite(manager: RpmManager): void {
       expect(r.status).toBe(1);
       expect(r.stderr).toMatch(/^error: installing gateway.17\.0\.2 failed: the gateway repository's metadata cannot be read \(.+\).*; 17\.0\.1 is still installed and the service was not restarted$/m);
       expect(r.stderr).toMatch(/^hint: The repository serves corrupt or incomplete metadata/m);
+      expect(r.stderr).toContain('code: GW_ERR_UPGRADE_REPO');
+      await unchanged();
+    });
+
+    it('hostile: repository metadata signed by another key than the one the entry names: GW_ERR_UPGRADE_REPO, nothing changed', async () => {
+      await h.lab.resignWithOtherKey('stable/v17');
+      await endpoint('stable/v17');
+      await writeSchedule(h.etc, insideNow());
+      const r = await upgrade();
+      expect(r.status).toBe(1);
+      expect(r.stderr).toMatch(/^error: installing gateway.17\.0\.2 failed: the gateway repository's signature does not verify with the key this host trusts for it \(.+\).*; 17\.0\.1 is still installed and the service was not restarted$/m);
       expect(r.stderr).toContain('code: GW_ERR_UPGRADE_REPO');
       await unchanged();
     });
