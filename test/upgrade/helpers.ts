@@ -9,7 +9,7 @@
  */
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { chmod, copyFile, link, mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { chmod, copyFile, link, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { promisify } from 'node:util';
@@ -310,7 +310,7 @@ export interface RpmLab {
   installed(): Promise<string>;
   /** Flips the last byte of a package file on a channel: same size, another checksum than its metadata says. */
   tamperPackage(channel: string, version: string): Promise<void>;
-  /** Replaces a channel's primary.xml.gz with something else than its signed repomd.xml names. */
+  /** Signs a new repomd.xml on a channel whose primary.xml.gz checksum is not the file's (a mirror mid-sync). */
   corruptMetadata(channel: string): Promise<void>;
   /** Changes a channel's repomd.xml and signs it with another key than the one the entry names. */
   resignWithOtherKey(channel: string): Promise<void>;
@@ -413,11 +413,13 @@ export async function makeRpmLab(manager: RpmManager, packages: TestPackage[]): 
     },
     tamperPackage: (channel, version) => flipLastByte(join(repo, channel, `gateway-${rpmVersion(version)}-1.noarch.rpm`)),
     async corruptMetadata(channel) {
-      // A mirror in the middle of a sync: a new repomd.xml, correctly signed, names a primary.xml.gz that is not it.
-      const repodata = join(repo, channel, 'repodata');
-      for (const f of await readdir(repodata)) if (f.endsWith('-primary.xml.gz')) await replaceFile(join(repodata, f), 'not gzip\n');
-      const repomd = join(repodata, 'repomd.xml');
-      await replaceFile(repomd, `${await readFile(repomd, 'utf8')}<!-- changed -->\n`);
+      // A mirror in the middle of a sync: a new repomd.xml, correctly signed, whose primary.xml.gz has not arrived
+      // (the file there is the old one: its checksum is not the one repomd.xml gives).
+      const repomd = join(repo, channel, 'repodata', 'repomd.xml');
+      const text = await readFile(repomd, 'utf8');
+      const primary = /<data type="primary">\s*<checksum type="sha256">([0-9a-f]{64})<\/checksum>/.exec(text);
+      if (!primary) throw new Error(`no primary checksum in ${repomd}`);
+      await replaceFile(repomd, text.replace(primary[1]!, createHash('sha256').update('not yet synced').digest('hex')));
       await signer.detachSign(repomd);
     },
     async resignWithOtherKey(channel) {
