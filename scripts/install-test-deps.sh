@@ -21,6 +21,8 @@ declare -A NEED=(
   [createrepo_c]=createrepo-c  # indexes them, one repository per channel
   [dnf]=dnf
   [zypper]=zypper
+  [gpg]=gpg                  # signs the test repositories (InRelease, repomd.xml.asc) with a key of their own
+  [gpgconf]=gpgconf          # ends the gpg agents of those keys
   [systemd-analyze]=systemd  # `systemd-analyze verify` of the units `gateway install systemd` writes
   # real databases behind an agent (test/helpers/databases.ts, test/e2e/tunnel.test.ts)
   [postgres]=postgresql      # the server: not on PATH, looked for in /usr/lib/postgresql/*/bin
