@@ -10,7 +10,8 @@
 //   gateway-ent-v<version>-linux-<arch>[-fips]-bin.tar.gz and .sha256
 //   manifest.json: every path above, the versions, the time each step took
 // <v> is the package version (17.0.0~dev for 17.0.0-dev); --version builds the same app as another version.
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { checkVersion, machineArch, packageVersion, ROOT, rpmArch, SERVER_PACKAGES, sourceVersion, UPDATER_PACKAGE } from './common.mjs';
@@ -108,9 +109,10 @@ async function updaterPackages(ctx) {
 async function main() {
   const o = options();
   const t = timer();
-  const work = join(o.out, '.work');
+  // The staging trees live outside --out: its default, dist/packages/, is inside the dist/ they copy.
+  const work = mkdtempSync(join(tmpdir(), 'gateway-package-'));
   rmSync(o.out, { recursive: true, force: true });
-  mkdirSync(work, { recursive: true });
+  mkdirSync(o.out, { recursive: true });
   const ctx = {
     ...o,
     work,
@@ -122,6 +124,14 @@ async function main() {
     date: new Date().toUTCString().replace(/GMT$/, '+0000'),
     mtime: Math.floor(Date.now() / 1000),
   };
+  try {
+    await buildAll(ctx, o, t);
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+}
+
+async function buildAll(ctx, o, t) {
   stageApp(ctx.app, o.version);
   await bundleUpdater(ctx.bundle, o.version);
   t.lap('stage');
@@ -131,11 +141,10 @@ async function main() {
   t.lap('packages');
   if (o.tarball) {
     for (const fips of [false, true]) {
-      manifest.tarballs[fips ? 'fips' : 'default'] = buildTarball({ ...ctx, fips, work: join(work, `tarball${fips ? '-fips' : ''}`), outDir: o.out });
+      manifest.tarballs[fips ? 'fips' : 'default'] = buildTarball({ ...ctx, fips, work: join(ctx.work, `tarball${fips ? '-fips' : ''}`), outDir: o.out });
     }
     t.lap('tarballs');
   }
-  rmSync(work, { recursive: true, force: true });
   writeFileSync(join(o.out, 'manifest.json'), `${JSON.stringify(manifest, null, 2)}\n`);
   process.stdout.write(`${JSON.stringify(manifest, null, 2)}\n`);
 }

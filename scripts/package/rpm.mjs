@@ -42,13 +42,13 @@ export function rpmScriptlets(units) {
 
 /** Every path under root that the package owns, as %files lines. */
 function filesSection(tree, { conffiles, ownDirs }) {
-  const lines = ['%files', '%defattr(-,root,root,-)'];
-  for (const d of ownDirs) lines.push(`%dir ${d}`);
+  // A directory listed without %dir is the package's with everything under it (removed with the package).
+  const lines = ['%files', '%defattr(-,root,root,-)', ...ownDirs];
   const all = run('find', ['.', '-mindepth', '1', '(', '-type', 'f', '-o', '-type', 'l', ')'], { cwd: tree })
     .split('\n')
     .filter(Boolean)
     .map((p) => p.slice(1))
-    .filter((p) => !p.startsWith('/DEBIAN/') && !p.startsWith('/usr/share/lintian/'))
+    .filter((p) => !p.startsWith('/DEBIAN/') && !p.startsWith('/usr/share/lintian/') && !ownDirs.some((d) => p.startsWith(`${d}/`)))
     .sort();
   for (const p of all) {
     const quoted = /[\s%]/.test(p) ? `"${p.replaceAll('%', '%%')}"` : p;

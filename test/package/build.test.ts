@@ -5,11 +5,11 @@
  * on their bundled Node.js, lintian, and the release tarball: its .sha256, the upgrader's own download check (a
  * tampered tarball refused, nothing extracted) and install script.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, mkdtemp, readdir, readFile, readlink, rm, symlink, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -23,6 +23,7 @@ import { fetchVerifiedTarball, installTarball, tarballName, type TarballDeps } f
 import { packageVersion } from '../../src/upgrade/packages.js';
 import { buildPackages, type BuiltPackages } from '../helpers/packages.js';
 import { runCleanup } from '../helpers/cleanup.js';
+import { rootTest } from '../helpers/root.js';
 
 const run = promisify(execFile);
 const N = '17.0.0-dev';
@@ -60,6 +61,36 @@ async function dpkgRoot(name: string): Promise<{ root: string; dpkg: (...args: s
   // instead of in a chroot, which would need a shell inside the root.
   const base = [`--root=${root}`, '--force-script-chrootless', '--force-not-root', '--force-confold', `--log=${join(root, 'dpkg.log')}`];
   return { root, dpkg: (...args) => out('dpkg', [...base, ...args]) };
+}
+
+/**
+ * `gateway start` from an installed root: the daemon (SQLite through better-sqlite3, the Proxy serving the Web UI
+ * from the package's dist/web/) runs on the package's own runtime, and serves the Web UI's page.
+ */
+async function startInstalled(root: string): Promise<void> {
+  const data = join(dir, 'installed-data');
+  const config = join(dir, 'installed.yaml');
+  await writeFile(config, `gateway:\n  nodename: pkg\n  data_dir: ${data}\n  log: { format: json }\nauth_service:\n  listen_addr: 127.0.0.1:0\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n`);
+  const child = spawn(join(root, 'usr/bin/gateway'), ['start', '-c', config], { stdio: ['ignore', 'ignore', 'pipe'], env: { PATH: process.env.PATH ?? '' } });
+  try {
+    let output = '';
+    const started = await new Promise<{ addresses: Record<string, string> }>((resolve, reject) => {
+      child.stderr.on('data', (c: Buffer) => {
+        output += c.toString();
+        const line = output.split('\n').find((l) => l.includes('"gateway started"'));
+        if (line) resolve(JSON.parse(line) as { addresses: Record<string, string> });
+      });
+      child.once('exit', (code) => reject(new Error(`the installed gateway exited with ${code}:\n${output}`)));
+    });
+    // The wrapper exec'd the package's node: the daemon's executable is <root>/usr/lib/gateway/node.
+    expect(await readlink(`/proc/${child.pid}/exe`)).toBe(join(root, 'usr/lib/gateway/node'));
+    const page = await out('curl', ['-sk', '--max-time', '20', `https://${started.addresses.web}/web/`]);
+    expect(page).toMatch(/<html/i);
+  } finally {
+    const exited = once(child, 'exit');
+    child.kill('SIGTERM');
+    await exited;
+  }
 }
 
 describe('the .deb packages', () => {
@@ -128,6 +159,7 @@ describe('the .deb packages', () => {
     await mkdir(tools);
     await symlink('/usr/bin/readlink', join(tools, 'readlink'));
     expect((await out(join(root, 'usr/bin/gateway'), ['--version'], { env: { PATH: tools } })).trim()).toBe(N);
+    await startInstalled(root);
     await writeFile(join(root, 'etc/default/gateway'), 'HTTPS_PROXY=http://proxy.internal:3128\n');
     await dpkg('-i', next.debs.gateway, next.debs['gateway-ent-updater']);
     expect((await out(join(root, 'usr/bin/gateway'), ['--version'])).trim()).toBe(N1);
@@ -144,8 +176,10 @@ describe('the .deb packages', () => {
   it('-fips: takes the place of gateway and says FIPS in --version (the upgrader picks the -fips package and tarball from it)', async () => {
     const { root, dpkg } = await dpkgRoot('fips-root');
     await dpkg('-i', pkgs.debs.gateway);
+    await writeFile(join(root, 'etc/default/gateway'), 'NO_PROXY=.corp\n');
     // Conflicts + Replaces: dpkg removes gateway to install gateway-ent-fips in its place.
     await dpkg('-i', pkgs.debs['gateway-ent-fips']);
+    expect(await readFile(join(root, 'etc/default/gateway'), 'utf8')).toBe('NO_PROXY=.corp\n');
     const status = await out('dpkg-query', [`--admindir=${join(root, 'var/lib/dpkg')}`, '-W', '-f=${Package} ${Status}\n', 'gateway', 'gateway-ent-fips']);
     expect(status).toContain('gateway-ent-fips install ok installed');
     expect(status).not.toContain('gateway install ok installed');
@@ -181,6 +215,25 @@ describe('the .rpm packages', () => {
     expect(scripts).not.toMatch(/"(?:start|enable|restart)"/);
     expect(await out('rpm', ['-qp', '--qf', '%{VERSION}-%{RELEASE}', next.rpms.gateway])).toBe('17.0.1-1');
   });
+
+  rootTest(['chroot'])('install into an empty root with rpm (Lua scriptlets, no /bin/sh there), upgrade keeping an edited %config, remove', async () => {
+    const root = join(dir, 'rpm-root');
+    await mkdir(root);
+    const rpm = (...args: string[]) => out('rpm', [`--root=${root}`, ...args]);
+    await rpm('--initdb');
+    await rpm('-i', pkgs.rpms.gateway, pkgs.rpms['gateway-ent-updater']);
+    expect((await out(join(root, 'usr/bin/gateway'), ['--version'])).trim()).toBe(N);
+    expect((await out(join(root, 'usr/bin/gateway-upgrade'), ['version'])).trim()).toBe(`gateway-upgrade v${N}`);
+    await writeFile(join(root, 'etc/default/gateway'), 'NO_PROXY=.internal\n');
+    await rpm('-U', next.rpms.gateway, next.rpms['gateway-ent-updater']);
+    expect((await out(join(root, 'usr/bin/gateway'), ['--version'])).trim()).toBe(N1);
+    expect(await readFile(join(root, 'etc/default/gateway'), 'utf8')).toBe('NO_PROXY=.internal\n');
+    expect((await rpm('-qa', '--qf', '%{NAME}-%{VERSION}\n')).split('\n').sort()).toEqual(['', 'gateway-17.0.1', 'gateway-ent-updater-17.0.1']);
+    await rpm('-e', 'gateway-ent-updater', 'gateway');
+    expect(existsSync(join(root, 'usr/lib/gateway'))).toBe(false);
+    // An edited %config(noreplace) file is saved as .rpmsave on removal, as RPM does.
+    expect(await readFile(join(root, 'etc/default/gateway.rpmsave'), 'utf8')).toBe('NO_PROXY=.internal\n');
+  }, 300_000);
 
   it('carry the same unit text', async () => {
     const unit = await out('sh', ['-c', 'rpm2archive - < "$1" | tar -xzOf - ./usr/lib/systemd/system/gateway.service', 'sh', pkgs.rpms.gateway]);
@@ -259,4 +312,26 @@ describe('the release tarball', () => {
     }
     expect((await readdir(join(dir, 'tar-root/usr/local/lib/gateway'))).sort()).toEqual([N, N1].sort());
   }, 300_000);
+
+  it('hostile: the install script refuses a bin directory it could not quote, before changing anything', async () => {
+    const x = join(dir, 'hostile-install');
+    await mkdir(x);
+    await run('tar', ['-xzf', pkgs.tarballs.default.tarball, '-C', x]);
+    const bin = join(x, "bin'; touch pwned; '");
+    const r = await run(join(x, 'gateway/install'), [], { cwd: join(x, 'gateway'), env: { PATH: process.env.PATH, GATEWAY_BIN_DIR: bin } }).catch((e: { code: number; stderr: string }) => e);
+    expect('code' in r ? r.code : 0).toBe(1);
+    expect((r as { stderr: string }).stderr).toContain('refusing paths with quotes');
+    expect(existsSync(bin)).toBe(false);
+    expect((await readdir(x)).sort()).toEqual(['gateway']);
+  });
+});
+
+describe('npm run package itself', () => {
+  it('hostile: refuses a --version that is not semver before building anything (it goes into control files and scripts)', async () => {
+    const outDir = join(dir, 'bad-version');
+    const r = await run(process.execPath, [new URL('../../scripts/package/build.mjs', import.meta.url).pathname, '--version', '17.0.1\nDepends: evil', '--out', outDir]).catch((e: { code: number; stderr: string }) => e);
+    expect('code' in r ? r.code : 0).toBe(1);
+    expect((r as { stderr: string }).stderr).toContain('expected a semver version');
+    expect(existsSync(outDir)).toBe(false);
+  });
 });
