@@ -1,9 +1,9 @@
 /**
  * The project's own packages (`npm run package`, built once by test/helpers/packages.ts and shared through its
- * cache) in real repositories: for apt, dnf and zypper, gateway and gateway-ent-updater N = 17.0.1 are installed
+ * cache) in real repositories: for apt, dnf and zypper, gateway and gateway-ent-updater N = 17.0.0-dev are installed
  * into a temporary root from the stable/v17 repository, then the INSTALLED `gateway-upgrade` (the updater package's
- * wrapper on the gateway package's Node.js runtime) moves the host to N+1 = 17.0.2 inside a maintenance window,
- * with the manager running for real. Outside the window it leaves N. The installed `gateway --version` is the
+ * wrapper on the gateway package's Node.js runtime) moves the host to N+1 inside a maintenance window,
+ * with the manager running for real, to N+1 = 17.0.1. Outside the window it leaves N. The installed `gateway --version` is the
  * version command and the health check; the operator's /etc/default/gateway (a configuration file) survives.
  *
  * The cheaper cases (rollback, hostile repositories, new major versions, rolling) run on fake packages in
@@ -23,8 +23,10 @@ import { makeAptLab, makeRpmLab, writeScript, type TestPackage } from './helpers
 
 setRootLogger(createLogger({ level: 'silent' }));
 
-const N = '17.0.1';
-const N1 = '17.0.2';
+// The versions test/package/build.test.ts and the tarball tests build too (one build each for all of them); N is a
+// pre-release, so apt, dnf and zypper also order 17.0.0~dev before 17.0.1 as semver does.
+const N = '17.0.0-dev';
+const N1 = '17.0.1';
 const UPDATER = 'gateway-ent-updater';
 const HOUR = 3_600_000;
 const OPERATOR_DEFAULTS = '# edited by the operator\nHTTPS_PROXY=http://proxy.internal:3128\n';
