@@ -2,9 +2,16 @@
  * Test machinery for the upgrader:
  *
  * - an apt "lab": real .deb packages of a fake `gateway` (fixtures/upgrade/fake-gateway.sh) built with dpkg-deb,
- *   indexed with apt-ftparchive into a `file:` repository laid out like the real one (dists/<codename>/stable/v<N>),
- *   and a temporary root that apt-get and dpkg install into (APT_CONFIG points apt at it: Dir, the dpkg status
- *   file, and dpkg --root / --admindir). Nothing of the real system's packages changes, and no root is needed.
+ *   or the project's own packages (TestPackage.files), indexed with apt-ftparchive into a `file:` repository laid
+ *   out like the real one (dists/<codename>/stable/v<N> and stable/rolling, InRelease signed with a key of the
+ *   lab's own that the source line names with signed-by), and a temporary root that apt-get and dpkg install into
+ *   (APT_CONFIG points apt at it: Dir, the dpkg status file, and dpkg --root / --admindir, scripts chrootless).
+ *   Nothing of the real system's packages changes, and no root is needed.
+ * - an rpm lab for dnf or zypper: rpmbuild packages (or the project's), one createrepo_c repository per channel,
+ *   repomd.xml signed, and a temporary root the manager installs into (dnf --installroot, zypper --root: rpm
+ *   chroots there, so root is needed).
+ * - for both, ways to break the repository as a mirror can (a package altered after indexing, metadata that does
+ *   not match, metadata signed by another key), and a snapshot (hard links) to put it back.
  * - release tarballs of the same fake binary, with their .sha256 files.
  */
 import { execFile } from 'node:child_process';
