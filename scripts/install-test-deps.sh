@@ -16,6 +16,13 @@ declare -A NEED=(
   [rpmbuild]=rpm             # npm run package builds the .rpm packages (scripts/package/rpm.mjs); rpm -qp reads them
   [lintian]=lintian          # test/package/build.test.ts checks the .deb packages
   [strip]=binutils           # npm run package strips the Node.js runtime and the native modules
+  # real rpm repositories and upgrades with dnf and zypper into a temporary root (test/upgrade/rpm-suite.ts,
+  # packaged.test.ts); rpmbuild (above) also builds their fake packages
+  [createrepo_c]=createrepo-c  # indexes them, one repository per channel
+  [dnf]=dnf
+  [zypper]=zypper
+  [gpg]=gpg                  # signs the test repositories (InRelease, repomd.xml.asc) with a key of their own
+  [gpgconf]=gpgconf          # ends the gpg agents of those keys
   [systemd-analyze]=systemd  # `systemd-analyze verify` of the units `gateway install systemd` writes
   # real databases behind an agent (test/helpers/databases.ts, test/e2e/tunnel.test.ts)
   [postgres]=postgresql      # the server: not on PATH, looked for in /usr/lib/postgresql/*/bin

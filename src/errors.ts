@@ -418,7 +418,7 @@ export const ERROR_CODES = {
     hint: 'Set GATEWAY_UPGRADE_PACKAGE_MANAGER to apt, yum, dnf, zypper or tarball.',
   },
   GW_ERR_UPGRADE_REPO: {
-    summary: 'The package repository entry (/etc/apt/sources.list.d/gateway.list, /etc/yum.repos.d/gateway.repo) is missing, unreadable, or on a channel that cannot hold the target version.',
+    summary: 'The package repository entry (/etc/apt/sources.list.d/gateway.list, /etc/yum.repos.d/gateway.repo) is missing, unreadable, or on a channel that cannot hold the target version; or the repository serves metadata the package manager cannot read (nothing was installed).',
     hint: "Register the repository, or move it to the channel named in the message with 'gateway-upgrade repo set-channel <channel>'.",
   },
   GW_ERR_UPGRADE_DOWNLOAD: {
@@ -426,7 +426,7 @@ export const ERROR_CODES = {
     hint: 'Check GATEWAY_UPGRADE_DOWNLOAD_URL and that the address is reachable from this host (through HTTPS_PROXY if set).',
   },
   GW_ERR_UPGRADE_CHECKSUM: {
-    summary: 'The downloaded tarball does not match its .sha256 file; nothing was extracted or installed.',
+    summary: 'The downloaded tarball does not match its .sha256 file, or a package does not match the checksum listed in its repository metadata; nothing was extracted or installed.',
     hint: 'Run the upgrade again; if it keeps failing, the download is being altered on the way (check proxies) or the release is broken.',
   },
   GW_ERR_UPGRADE_TARBALL: {

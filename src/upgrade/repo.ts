@@ -3,7 +3,7 @@
  *
  *   apt:           /etc/apt/sources.list.d/gateway.list
  *                  deb [signed-by=/usr/share/keyrings/gateway-archive-keyring.asc] {repo_url}/debian bookworm stable/v17
- *   yum, dnf:      /etc/yum.repos.d/gateway.repo     baseurl={repo_url}/rhel/9/Gateway/%{_arch}/stable/v17
+ *   yum, dnf:      /etc/yum.repos.d/gateway.repo     baseurl={repo_url}/rhel/9/Gateway/$basearch/stable/v17
  *   zypper:        /etc/zypp/repos.d/gateway.repo    (same INI form)
  *
  * The channel is the apt component, or the end of the baseurl: `stable/v<major>` (one major version) or
@@ -113,6 +113,13 @@ export function setRpmChannel(text: string, channel: string): string {
     .join('\n');
 }
 
+/** The line of the entry that moving it to `channel` changes, as it would read afterwards (what the operator writes). */
+export function movedLine(entry: Pick<RepoEntry, 'kind' | 'text'>, channel: string): string | undefined {
+  const before = entry.text.split('\n');
+  const after = (entry.kind === 'apt' ? setAptChannel(entry.text, channel) : setRpmChannel(entry.text, channel)).split('\n');
+  return after.find((line, i) => line !== before[i])?.trim();
+}
+
 export async function readRepo(pm: PackageManager, s: Pick<UpgraderSettings, 'aptSourcesDir' | 'yumReposDir' | 'zyppReposDir'>): Promise<RepoEntry | undefined> {
   const path = repoPath(pm, s);
   let text: string;
@@ -180,7 +187,8 @@ export async function newRepoText(pm: PackageManager, channel: string, s: Pick<U
   return [
     `[${DEFAULT_REPO_ID}]`,
     'name=Gateway',
-    `baseurl=${s.yumRepoUrl}/${id}/${versionId}/Gateway/%{_arch}/${channel}`,
+    // dnf, yum and zypper expand $basearch in a .repo file (an rpm macro such as %{_arch} would stay as it is).
+    `baseurl=${s.yumRepoUrl}/${id}/${versionId}/Gateway/$basearch/${channel}`,
     'enabled=1',
     'gpgcheck=1',
     'repo_gpgcheck=1',

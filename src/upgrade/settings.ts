@@ -58,6 +58,11 @@ export interface UpgraderSettings {
   yumRepoUrl: string;
   /** Seconds before a package manager command is abandoned. */
   commandTimeoutMs: number;
+  /**
+   * Extra arguments given to every package manager command right after the program's name (GATEWAY_UPGRADE_PM_ARGS):
+   * an alternate root (dnf --installroot=<dir>, zypper --root <dir>) or options (apt-get -o Key=Value).
+   */
+  pmArgs: string[];
 }
 
 type Env = Record<string, string | undefined>;
@@ -87,6 +92,20 @@ function bool(name: string, value: string): boolean | 'auto' {
   if (['0', 'no', 'false', 'off'].includes(v)) return false;
   if (v === 'auto' || v === '') return 'auto';
   throw new GatewayError('GW_ERR_USAGE', `${name}=${JSON.stringify(value)}: expected yes, no or auto`);
+}
+
+/**
+ * GATEWAY_UPGRADE_PM_ARGS: words separated by blanks, no quoting (so no word holds a blank); each is one argument.
+ * Quotes are refused rather than passed on, so that '--root "/srv/my root"' is not silently split in the wrong place.
+ */
+export function pmArgs(value: string | undefined): string[] {
+  if (value === undefined) return [];
+  if (/["'\\]/.test(value)) {
+    throw new GatewayError('GW_ERR_USAGE', `GATEWAY_UPGRADE_PM_ARGS=${JSON.stringify(value)}: quotes and backslashes are not understood`, {
+      hint: 'Give the arguments separated by blanks, without quotes (a path with a blank cannot be given here).',
+    });
+  }
+  return value.split(/\s+/).filter(Boolean);
 }
 
 export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettings> {
@@ -142,6 +161,7 @@ export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettin
     aptRepoUrl: (get('GATEWAY_UPGRADE_APT_REPO_URL') ?? DEFAULT_APT_REPO_URL).replace(/\/+$/, ''),
     yumRepoUrl: (get('GATEWAY_UPGRADE_YUM_REPO_URL') ?? DEFAULT_YUM_REPO_URL).replace(/\/+$/, ''),
     commandTimeoutMs: duration('GATEWAY_UPGRADE_COMMAND_TIMEOUT', 15 * 60_000),
+    pmArgs: pmArgs(get('GATEWAY_UPGRADE_PM_ARGS')),
   };
   return Object.freeze(settings);
 }

@@ -25,8 +25,8 @@ import { checkClusterVersion, type Enrollment } from './enrollment.js';
 import { readEndpointFile, type Endpoint } from './endpoint.js';
 import { describeExit, lastLines, runCommand, runShell, which } from './exec.js';
 import { acquireLock } from './lock.js';
-import { detectPackageManager, FIPS_PACKAGE, installCommands, installEnv, PACKAGE, packageSpec, type PackageManager } from './packages.js';
-import { channelHolds, readRepo, repoPath, setChannel, ROLLING_CHANNEL, type RepoEntry } from './repo.js';
+import { detectPackageManager, explainFailure, FIPS_PACKAGE, installCommands, installEnv, installStep, PACKAGE, packageSpec, refreshWarning, type PackageManager } from './packages.js';
+import { channelHolds, movedLine, readRepo, repoPath, setChannel, ROLLING_CHANNEL, type RepoEntry } from './repo.js';
 import { invalidScheduleWarning, readSchedule, type ScheduleStatus } from './schedule.js';
 import { tarballArch, type PackageManagerName, type UpgraderSettings } from './settings.js';
 import { fetchVerifiedTarball, installTarball, tarballName, type TarballInstall } from './tarball.js';
@@ -143,11 +143,32 @@ function packageNameFor(ctx: UpgraderContext, installed: Installed): string {
 }
 
 function repoMoveError(entry: RepoEntry, target: string, move: string): GatewayError {
+  const line = movedLine(entry, move);
   return new GatewayError(
     'GW_ERR_UPGRADE_REPO',
     `the target ${target} is a new major version, and the repository ${entry.path} is on ${entry.channel}, which holds only v${/v(\d+)$/.exec(entry.channel ?? '')?.[1] ?? '?'}; it must move to ${move} (or ${ROLLING_CHANNEL}) before this host can upgrade`,
-    { hint: `Run 'gateway-upgrade repo set-channel ${move}' (or ${ROLLING_CHANNEL}), or 'gateway-upgrade run --update-repo' to move it and upgrade.`, details: { path: entry.path, channel: entry.channel, move } },
+    {
+      hint: `Run 'gateway-upgrade repo set-channel ${move}' (or ${ROLLING_CHANNEL}), or 'gateway-upgrade run --update-repo' to move it and upgrade${line ? `; ${entry.path} then reads: ${line}` : ''}.`,
+      details: { path: entry.path, channel: entry.channel, move, ...(line ? { line } : {}) },
+    },
   );
+}
+
+/**
+ * A new major version the repository's channel cannot hold is announced on every run, in or out of a window, so
+ * that a host waiting for its window is not silent about the move it will need: the message and the line to write.
+ */
+async function announceRepoMove(ctx: UpgraderContext, pm: PackageManagerName | undefined, target: string): Promise<void> {
+  if (pm === undefined || pm === 'tarball') return;
+  const entry = await readRepo(pm, ctx.settings).catch(() => undefined);
+  if (!entry) {
+    warn(ctx, `the package repository is not registered: ${repoPath(pm, ctx.settings)} does not exist`);
+    return;
+  }
+  const holds = channelHolds(entry.channel, target);
+  if (holds.ok) return;
+  const e = repoMoveError(entry, target, holds.move);
+  warn(ctx, `${e.message}\nhint: ${e.hint}`);
 }
 
 export async function dryRun(ctx: UpgraderContext): Promise<void> {
@@ -171,12 +192,7 @@ export async function dryRun(ctx: UpgraderContext): Promise<void> {
     return;
   }
   say(ctx, `install: ${pm} ${packageSpec(pm, pkg, f.target.version)}`);
-  const entry = await readRepo(pm, ctx.settings);
-  if (!entry) warn(ctx, `the package repository is not registered: ${repoPath(pm, ctx.settings)} does not exist`);
-  else {
-    const holds = channelHolds(entry.channel, f.target.version);
-    if (!holds.ok) warn(ctx, repoMoveError(entry, f.target.version, holds.move).message);
-  }
+  await announceRepoMove(ctx, pm, f.target.version);
 }
 
 // --- installing ----------------------------------------------------------------------------------------------------
@@ -200,14 +216,24 @@ function packageInstaller(ctx: UpgraderContext, pm: PackageManager, pkg: string,
       downgrade,
       ...(pm === 'apt' ? { aptSourceList: repo.path } : {}),
       ...(repo.repoId ? { repoId: repo.repoId } : {}),
+      args: ctx.settings.pmArgs,
     });
     for (const argv of cmds) {
       ctx.stderr.write(`+ ${argv.join(' ')}\n`);
       const r = await runCommand(argv, { env: { ...env(ctx), ...installEnv(pm) }, echo: ctx.stderr, timeoutMs: ctx.settings.commandTimeoutMs });
+      // apt-get update only warns when metadata fails its signature check, and installs from the previous
+      // index: an upgrade from a repository whose current metadata does not verify is refused instead.
+      const unverified = r.code === 0 && installStep(argv) === 'refresh' ? refreshWarning(pm, `${r.stdout}\n${r.stderr}`) : undefined;
+      if (unverified) {
+        throw new GatewayError(unverified.code, `installing ${packageSpec(pm, pkg, version)} failed: ${unverified.reason} [\`${argv[0]}\` warned]`, { hint: unverified.hint, details: { command: argv, path: repo.path } });
+      }
       if (r.code !== 0) {
-        throw new GatewayError('GW_ERR_UPGRADE_INSTALL', `installing ${packageSpec(pm, pkg, version)} failed: \`${argv.slice(0, 2).join(' ')}\` ${describeExit(argv[0]!, r, ctx.settings.commandTimeoutMs)}: ${lastLines(r)}`, {
-          details: { command: argv, code: r.code },
-        });
+        const spec = packageSpec(pm, pkg, version);
+        const command = `\`${[argv[0], ...argv.slice(1 + ctx.settings.pmArgs.length, 2 + ctx.settings.pmArgs.length)].join(' ')}\` ${describeExit(argv[0]!, r, ctx.settings.commandTimeoutMs)}`;
+        const cause = r.timedOut ? undefined : explainFailure(pm, installStep(argv), spec, `${r.stdout}\n${r.stderr}`);
+        const details = { command: argv, code: r.code, path: repo.path };
+        if (cause) throw new GatewayError(cause.code, `installing ${spec} failed: ${cause.reason} [${command}]`, { hint: cause.hint, details });
+        throw new GatewayError('GW_ERR_UPGRADE_INSTALL', `installing ${spec} failed: ${command}: ${lastLines(r)}`, { details });
       }
     }
   };
@@ -308,6 +334,8 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
     else {
       const when = f.next ? `; the next starts at ${isoSeconds(f.next.start)} (${formatIn(f.next.start.getTime() - f.now.getTime())})` : '';
       say(ctx, `not upgrading: outside the maintenance window${when}; critical releases go at once`);
+      const pm = await resolvePackageManager(ctx, packageNameFor(ctx, f.installed)).catch(() => undefined);
+      await announceRepoMove(ctx, pm, target);
       return 'waiting';
     }
 
@@ -359,13 +387,14 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
       await installer.install(target, downgrade);
     } catch (err) {
       const e = toGatewayError(err);
-      if (e.code === 'GW_ERR_UPGRADE_CHECKSUM' || e.code === 'GW_ERR_UPGRADE_DOWNLOAD') throw e; // nothing changed
-      if (pm === 'tarball') throw e; // the tarball installer has already put the binaries back
+      // Tarballs: a checksum or download failure changed nothing, and a failed install script was undone already.
+      if (pm === 'tarball') throw e;
       // A package manager may fail before or after it touched the files: check what is installed now.
       const after = await installedVersion(ctx).catch(() => undefined);
       if (after && sameVersion(after.version, current)) {
         if (movedFrom !== undefined) await setChannel(pm, movedFrom, ctx.settings).catch(() => undefined);
-        throw new GatewayError('GW_ERR_UPGRADE_INSTALL', `${e.message}; ${current} is still installed and the service was not restarted`, { cause: e });
+        const code = e.code === 'GW_ERR_UPGRADE_REPO' || e.code === 'GW_ERR_UPGRADE_CHECKSUM' ? e.code : 'GW_ERR_UPGRADE_INSTALL';
+        throw new GatewayError(code, `${e.message}; ${current} is still installed and the service was not restarted`, { cause: e, hint: e.hint });
       }
       return await putBack(e.message, 'GW_ERR_UPGRADE_INSTALL', e);
     }

@@ -4,7 +4,10 @@
  * (test/upgrade/helpers.ts). The service restart and health check are scripts that record what happened.
  *
  * Versions: N = 17.0.1 (installed before each test), N+1 = 17.0.2, a broken 17.0.3 (its health check fails),
- * 18.0.0 on the stable/v18 channel only, and 17.0.9 which the repository does not have.
+ * 18.0.0 on the stable/v18 and stable/rolling channels only, and 17.0.9 which the repository does not have.
+ * The repository is signed (InRelease) and the source line names its key with signed-by, as the install guide's.
+ * Hostile: a tampered package, a corrupt index, an InRelease signed by another key, a missing version: each a
+ * GW_ERR_UPGRADE_* and nothing changed.
  */
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -91,6 +94,7 @@ afterAll(async () => {
 });
 
 beforeEach(async () => {
+  await lab.restore();
   await lab.install('17.0.1');
   await writeFile(join(lab.root, 'etc/apt/sources.list.d/gateway.list'), lab.sourceLine('stable/v17'));
   await rm(restartLog, { force: true });
@@ -187,7 +191,8 @@ describe('gateway-upgrade run with apt', () => {
     const r = await upgrade();
     expect(r.status).toBe(1);
     expect(r.stderr).toContain('code: GW_ERR_UPGRADE_INSTALL');
-    expect(r.stderr).toMatch(/error: installing gateway=17\.0\.9 failed: `apt-get install` exit status 100: .*Version '17\.0\.9' for 'gateway' was not found; 17\.0\.1 is still installed and the service was not restarted/);
+    expect(r.stderr).toMatch(/^error: installing gateway=17\.0\.9 failed: the gateway repository has no gateway=17\.0\.9 \(apt: E: Version '17\.0\.9' for 'gateway' was not found\) \[`apt-get install` exit status 100\]; 17\.0\.1 is still installed and the service was not restarted$/m);
+    expect(r.stderr).toMatch(/^hint: The version server's channel names a version the repository does not hold/m);
     expect(await lab.installed()).toBe('Gateway v17.0.1 git:test');
     expect(await restarts()).toEqual([]);
   });
@@ -203,7 +208,7 @@ describe('gateway-upgrade run with apt', () => {
     const refused = await upgrade();
     expect(refused.status).toBe(1);
     expect(refused.stderr).toContain(`error: the target 18.0.0 is a new major version, and the repository ${list} is on stable/v17, which holds only v17; it must move to stable/v18 (or stable/rolling) before this host can upgrade`);
-    expect(refused.stderr).toContain("hint: Run 'gateway-upgrade repo set-channel stable/v18' (or stable/rolling), or 'gateway-upgrade run --update-repo' to move it and upgrade.");
+    expect(refused.stderr).toContain(`hint: Run 'gateway-upgrade repo set-channel stable/v18' (or stable/rolling), or 'gateway-upgrade run --update-repo' to move it and upgrade; ${list} then reads: ${lab.sourceLine('stable/v18').trim()}.`);
     expect(refused.stderr).toContain('code: GW_ERR_UPGRADE_REPO');
     expect(await readFile(list, 'utf8')).toBe(lab.sourceLine('stable/v17'));
     expect(await lab.installed()).toBe('Gateway v17.0.1 git:test');
@@ -218,6 +223,67 @@ describe('gateway-upgrade run with apt', () => {
     expect(r.status, r.stderr).toBe(0);
     expect(r.stdout).toContain('upgraded gateway 17.0.1 -> 18.0.0');
     expect(await lab.installed()).toBe('Gateway v18.0.0 git:test');
+  });
+
+  it('a new major version is announced while waiting for the window too, with the line to write: never silent', async () => {
+    await endpoint('major');
+    await writeSchedule(etc, later());
+    const list = join(lab.root, 'etc/apt/sources.list.d/gateway.list');
+    const r = await upgrade();
+    expect(r.status).toBe(0);
+    expect(r.stdout).toContain('not upgrading: outside the maintenance window');
+    expect(r.stderr).toContain(`warning: the target 18.0.0 is a new major version, and the repository ${list} is on stable/v17, which holds only v17; it must move to stable/v18 (or stable/rolling) before this host can upgrade`);
+    expect(r.stderr).toContain(`${list} then reads: ${lab.sourceLine('stable/v18').trim()}`);
+    expect(await readFile(list, 'utf8')).toBe(lab.sourceLine('stable/v17'));
+  });
+
+  it('stable/rolling holds every major: 17 -> 18 with no move and no announcement', async () => {
+    const list = join(lab.root, 'etc/apt/sources.list.d/gateway.list');
+    await writeFile(list, lab.sourceLine('stable/rolling'));
+    await endpoint('major');
+    await writeSchedule(etc, insideNow());
+    const r = await upgrade();
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stderr).not.toContain('new major version');
+    expect(r.stdout).toContain('upgraded gateway 17.0.1 -> 18.0.0');
+    expect(await readFile(list, 'utf8')).toBe(lab.sourceLine('stable/rolling'));
+    expect(await lab.installed()).toBe('Gateway v18.0.0 git:test');
+  });
+
+  it("hostile: a package whose checksum does not match the Packages index: GW_ERR_UPGRADE_CHECKSUM, nothing changed", async () => {
+    await lab.tamperPackage('stable/v17', '17.0.2');
+    await endpoint('stable/v17');
+    await writeSchedule(etc, insideNow());
+    const r = await upgrade();
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(/^error: installing gateway=17\.0\.2 failed: the package gateway=17\.0\.2 does not match the checksum the repository's metadata gives for it \(apt: .*Hash Sum mismatch.*\) \[`apt-get install` exit status 100\]; 17\.0\.1 is still installed and the service was not restarted$/m);
+    expect(r.stderr).toContain('code: GW_ERR_UPGRADE_CHECKSUM');
+    expect(await lab.installed()).toBe('Gateway v17.0.1 git:test');
+    expect(await restarts()).toEqual([]);
+  });
+
+  it('hostile: a Packages index that does not match the Release file: GW_ERR_UPGRADE_REPO, nothing changed', async () => {
+    await lab.corruptMetadata('stable/v17');
+    await endpoint('stable/v17');
+    await writeSchedule(etc, insideNow());
+    const r = await upgrade();
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(/^error: installing gateway=17\.0\.2 failed: the gateway repository's metadata cannot be read \(apt: .+\) \[`apt-get update` exit status 100\]; 17\.0\.1 is still installed and the service was not restarted$/m);
+    expect(r.stderr).toContain('code: GW_ERR_UPGRADE_REPO');
+    expect(await lab.installed()).toBe('Gateway v17.0.1 git:test');
+    expect(await restarts()).toEqual([]);
+  });
+
+  it("hostile: an InRelease signed by another key than the one signed-by names (apt only warns and keeps the old index): GW_ERR_UPGRADE_REPO, nothing changed", async () => {
+    await lab.resignWithOtherKey();
+    await endpoint('stable/v17');
+    await writeSchedule(etc, insideNow());
+    const r = await upgrade();
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(/^error: installing gateway=17\.0\.2 failed: the gateway repository's signature does not verify with the key this host trusts for it \(apt: .*NO_PUBKEY [0-9A-F]{16}\) \[`apt-get` warned\]; 17\.0\.1 is still installed and the service was not restarted$/m);
+    expect(r.stderr).toContain('code: GW_ERR_UPGRADE_REPO');
+    expect(await lab.installed()).toBe('Gateway v17.0.1 git:test');
+    expect(await restarts()).toEqual([]);
   });
 
   it('run --update-repo moves the repository and upgrades in one go', async () => {

@@ -1,6 +1,7 @@
 /**
- * Command lines of every package manager (yum, dnf and zypper cannot run on this Debian machine, so their exact
- * argv is what is tested), version spelling, repository entries and channel moves, cluster enrollment, the lock.
+ * Command lines of every package manager (their exact argv; apt, dnf and zypper also run for real in apt.test.ts,
+ * dnf.test.ts and zypper.test.ts, yum only here: Debian has none), the causes read from their failures, version
+ * spelling, repository entries and channel moves, cluster enrollment, the lock.
  */
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -10,9 +11,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isGatewayError } from '../../src/errors.js';
 import { checkClusterVersion } from '../../src/upgrade/enrollment.js';
 import { acquireLock } from '../../src/upgrade/lock.js';
-import { installCommands, packageSpec, packageVersion } from '../../src/upgrade/packages.js';
-import { channelHolds, parseAptList, parseRpmRepo, readRepo, setAptChannel, setChannel, setRpmChannel } from '../../src/upgrade/repo.js';
-import { resolveSettings, tarballArch } from '../../src/upgrade/settings.js';
+import { explainFailure, installCommands, installStep, packageSpec, packageVersion } from '../../src/upgrade/packages.js';
+import { channelHolds, movedLine, parseAptList, parseRpmRepo, readRepo, setAptChannel, setChannel, setRpmChannel } from '../../src/upgrade/repo.js';
+import { pmArgs, resolveSettings, tarballArch } from '../../src/upgrade/settings.js';
 import { parseSha256File, tarballName } from '../../src/upgrade/tarball.js';
 import { versionInOutput } from '../../src/upgrade/client.js';
 
@@ -71,6 +72,53 @@ describe('install command lines', () => {
   });
 });
 
+describe('an alternate root for the package manager (GATEWAY_UPGRADE_PM_ARGS)', () => {
+  it('goes right after the program name in every command', () => {
+    const args = pmArgs('--root /srv/host');
+    expect(installCommands('zypper', { pkg: 'gateway', version: '17.0.2', downgrade: false, args })).toEqual([
+      ['zypper', '--root', '/srv/host', '--non-interactive', 'refresh', 'gateway'],
+      ['zypper', '--root', '/srv/host', '--non-interactive', 'install', '--oldpackage', '--from', 'gateway', 'gateway=17.0.2'],
+    ]);
+    expect(installCommands('dnf', { pkg: 'gateway', version: '17.0.2', downgrade: false, args: pmArgs(' --installroot=/srv/h  --releasever=9 ') })[0]!.slice(0, 4)).toEqual([
+      'dnf', '--installroot=/srv/h', '--releasever=9', 'install',
+    ]);
+    expect(resolveSettings({}).pmArgs).toEqual([]);
+    expect(resolveSettings({ GATEWAY_UPGRADE_PM_ARGS: '--root /r' }).pmArgs).toEqual(['--root', '/r']);
+  });
+  it('hostile: quotes are refused rather than split in the wrong place', () => {
+    expect(() => pmArgs('--root "/srv/my root"')).toThrow(/quotes and backslashes are not understood/);
+    expect(() => pmArgs("--root '/x'")).toThrow(/GATEWAY_UPGRADE_PM_ARGS/);
+  });
+});
+
+describe("why a package manager failed, in the managers' own words", () => {
+  const cases: [string, Parameters<typeof explainFailure>[0], 'refresh' | 'install', string, string | undefined][] = [
+    ['apt: a corrupt index', 'apt', 'refresh', 'E: Failed to fetch file:/r/dists/bookworm/stable/v17/binary-amd64/Packages  Hash Sum mismatch', 'GW_ERR_UPGRADE_REPO'],
+    ['apt: a tampered package', 'apt', 'install', 'E: Failed to fetch file:/r/pool/gateway_17.0.2_all.deb  Hash Sum mismatch', 'GW_ERR_UPGRADE_CHECKSUM'],
+    ['apt: a missing version', 'apt', 'install', "E: Version '17.0.9' for 'gateway' was not found", 'GW_ERR_UPGRADE_INSTALL'],
+    ['dnf: repomd.xml', 'dnf', 'install', "Error: Failed to download metadata for repo 'gateway': repomd.xml parser error\nError: Unable to find a match: gateway-17.0.2", 'GW_ERR_UPGRADE_REPO'],
+    ['dnf: a tampered package', 'dnf', 'install', 'Package "gateway-17.0.2-1.noarch" from local repository "gateway" has incorrect checksum', 'GW_ERR_UPGRADE_CHECKSUM'],
+    ['dnf: a missing version', 'dnf', 'install', 'No match for argument: gateway-17.0.9\nError: Unable to find a match: gateway-17.0.9', 'GW_ERR_UPGRADE_INSTALL'],
+    ['zypper: invalid metadata', 'zypper', 'refresh', "Repository 'Gateway' is invalid.\nValid metadata not found at specified URL", 'GW_ERR_UPGRADE_REPO'],
+    ['zypper: a tampered package', 'zypper', 'install', "Warning: Digest verification failed for file 'gateway-17.0.2-1.noarch.rpm'", 'GW_ERR_UPGRADE_CHECKSUM'],
+    ['zypper: a missing version', 'zypper', 'install', "No provider of 'gateway=17.0.9' found.", 'GW_ERR_UPGRADE_INSTALL'],
+    ['apt: signed by another key', 'apt', 'refresh', "W: GPG error: file:/r bookworm InRelease: The following signatures couldn't be verified because the public key is not available: NO_PUBKEY 0123456789ABCDEF\nE: The repository 'file:/r bookworm InRelease' is not signed.", 'GW_ERR_UPGRADE_REPO'],
+    ['dnf: repomd.xml signed by another key', 'dnf', 'install', "Error: Failed to download metadata for repo 'gateway': repomd.xml GPG signature verification error: Bad GPG signature", 'GW_ERR_UPGRADE_REPO'],
+    ['anything else is quoted as it is', 'apt', 'install', 'E: You don\'t have enough free space in /var/cache/apt/archives/.', undefined],
+  ];
+  it.each(cases)('%s', (_name, pm, step, output, code) => {
+    const cause = explainFailure(pm, step, 'gateway-17.0.2', output);
+    expect(cause?.code).toBe(code);
+    if (cause) expect(cause.reason).toContain(`(${pm}: `);
+    if (/GPG|NO_PUBKEY/.test(output)) expect(cause?.reason).toContain('signature does not verify');
+  });
+  it('which step a command is', () => {
+    expect(installStep(['apt-get', 'update'])).toBe('refresh');
+    expect(installStep(['zypper', '--root', '/r', '--non-interactive', 'refresh', 'gateway'])).toBe('refresh');
+    expect(installStep(['dnf', 'install', '-y', '--refresh', 'gateway-17.0.2'])).toBe('install');
+  });
+});
+
 describe('tarballs', () => {
   it('names', () => {
     expect(tarballName('17.0.2', 'amd64', false)).toBe('gateway-ent-v17.0.2-linux-amd64-bin.tar.gz');
@@ -103,7 +151,7 @@ describe('installed version from a command output', () => {
 
 describe('repository entries', () => {
   const apt = 'deb [signed-by=/usr/share/keyrings/gateway-archive-keyring.asc arch=amd64] https://apt.gateway.example/debian bookworm stable/v17\n';
-  const rpm = '[gateway]\nname=Gateway\nbaseurl=https://yum.gateway.example/rhel/9/Gateway/%{_arch}/stable/v17\nenabled=1\n';
+  const rpm = '[gateway]\nname=Gateway\nbaseurl=https://yum.gateway.example/rhel/9/Gateway/$basearch/stable/v17\nenabled=1\n';
 
   it('reads the channel', () => {
     expect(parseAptList(apt)).toBe('stable/v17');
@@ -113,6 +161,10 @@ describe('repository entries', () => {
   it('moves the channel, keeping the rest', () => {
     expect(setAptChannel(apt, 'stable/v18')).toBe(apt.replace('stable/v17', 'stable/v18'));
     expect(setRpmChannel(rpm, 'stable/rolling')).toBe(rpm.replace('stable/v17', 'stable/rolling'));
+  });
+  it('the line an entry reads once moved (what a new major version announces)', () => {
+    expect(movedLine({ kind: 'apt', text: `# Gateway\n${apt}` }, 'stable/v18')).toBe(apt.trim().replace('stable/v17', 'stable/v18'));
+    expect(movedLine({ kind: 'rpm', text: rpm }, 'stable/v18')).toBe('baseurl=https://yum.gateway.example/rhel/9/Gateway/$basearch/stable/v18');
   });
   it('says when a per-major channel cannot hold the target', () => {
     expect(channelHolds('stable/v17', '17.3.0')).toEqual({ ok: true });
