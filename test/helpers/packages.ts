@@ -5,7 +5,7 @@
  *   const pkgs = await buildPackages({ version: '17.0.1' });
  *   pkgs.debs.gateway, pkgs.rpms['gateway-ent-updater'], pkgs.tarballs.default.tarball, ...
  *
- * The cache directory is <tmpdir>/gateway-packages/<version>-<hash>, the hash covering every input: the built
+ * The cache directory is <tmpdir>/gateway-packages-<uid>/<version>-<hash>, the hash covering every input: the built
  * dist/ (without source maps), scripts/package/, package.json, package-lock.json, and this Node.js (its version
  * and path: the runtime packed into the packages). A build in progress in another process (another test file,
  * another vitest worker) is waited for rather than repeated: a lock directory holds the builder's pid, and a lock
@@ -145,13 +145,26 @@ function pruneCache(cache: string): void {
 }
 
 /**
+ * This user's cache directory, <tmpdir>/gateway-packages-<uid>, mode 0700 and owned by this user: never one another
+ * user made (in a shared /tmp another user could hand root's tests packages of their own, or the two would fight
+ * over one directory's times and locks, as a normal user's run after root's did).
+ */
+function packageCache(): string {
+  const uid = process.getuid?.() ?? 0;
+  const cache = join(tmpdir(), `gateway-packages-${uid}`);
+  mkdirSync(cache, { recursive: true, mode: 0o700 });
+  const st = statSync(cache);
+  if (st.uid !== uid || (st.mode & 0o077) !== 0) throw new Error(`${cache} must belong to uid ${uid} and be private (mode 0700): remove it`);
+  return cache;
+}
+
+/**
  * The packages of this tree's app under `version` (default: package.json's), built now or taken from the cache.
  * Give the test a timeout of several minutes: a build takes about a minute on two busy cores.
  */
 export async function buildPackages(options: { version?: string } = {}): Promise<BuiltPackages> {
   const version = options.version ?? (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
-  const cache = join(tmpdir(), 'gateway-packages');
-  mkdirSync(cache, { recursive: true });
+  const cache = packageCache();
   const dir = join(cache, `${version}-${packageInputsHash()}`);
   const lock = `${dir}.lock`;
   for (;;) {
