@@ -60,7 +60,9 @@ async function dpkgRoot(name: string): Promise<{ root: string; dpkg: (...args: s
   // --force-script-chrootless: the maintainer scripts run here with DPKG_ROOT set (they leave systemd alone then)
   // instead of in a chroot, which would need a shell inside the root.
   const base = [`--root=${root}`, '--force-script-chrootless', '--force-not-root', '--force-confold', `--log=${join(root, 'dpkg.log')}`];
-  return { root, dpkg: (...args) => out('dpkg', [...base, ...args]) };
+  // dpkg looks for ldconfig and start-stop-daemon on PATH, which a normal user's PATH lacks (/usr/sbin, /sbin).
+  const env = { ...process.env, PATH: `${process.env.PATH ?? '/usr/bin:/bin'}:/usr/local/sbin:/usr/sbin:/sbin` };
+  return { root, dpkg: (...args) => out('dpkg', [...base, ...args], { env }) };
 }
 
 /**
