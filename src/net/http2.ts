@@ -28,7 +28,6 @@
  * per second; nghttp2's outbound queue), invalid frames and refused streams over Node's caps. Each such close is
  * counted on the listener (ListenerStats.closed).
  */
-import { createHash } from 'node:crypto';
 import type http from 'node:http';
 import http2 from 'node:http2';
 import type { Duplex } from 'node:stream';
@@ -36,7 +35,7 @@ import type { SecureContextOptions, TLSSocket } from 'node:tls';
 import { wrapStream } from '../stream/meta.js';
 import { Connection, connectionOf, type LimitSettings, type ProtocolCap } from './deadlines.js';
 import { enterHttp1, leaveOnUpgrade, requestPhases } from './http.js';
-import { innerStream } from './tls.js';
+import { innerStream, sessionIdContext } from './tls.js';
 
 const { NGHTTP2_NO_ERROR, NGHTTP2_CANCEL, NGHTTP2_ENHANCE_YOUR_CALM, NGHTTP2_STREAM_STATE_HALF_CLOSED_REMOTE, NGHTTP2_STREAM_STATE_CLOSED } = http2.constants;
 /** nghttp2's NGHTTP2_ERR_FLOODED: the peer made it queue too many answers (SETTINGS or PING acks, resets). */
@@ -270,7 +269,7 @@ export function createWebServer(options: WebServerOptions, listener: WebRequestL
   const { settings } = options;
   const server = http2.createSecureServer({
     ...options.credentials,
-    sessionIdContext: createHash('sha256').update(`gateway:${options.name}`).digest('hex').slice(0, 32),
+    sessionIdContext: sessionIdContext(options.name),
     requestCert: true,
     rejectUnauthorized: false,
     allowHTTP1: true,

@@ -26,7 +26,12 @@ export interface TlsTermination {
  * keeps the sessions of different endpoints apart.
  */
 export function serverSecureContext(options: tls.SecureContextOptions, name: string): tls.SecureContext {
-  return tls.createSecureContext({ ...options, sessionIdContext: createHash('sha256').update(`gateway:${name}`).digest('hex').slice(0, 32) });
+  return tls.createSecureContext({ ...options, sessionIdContext: sessionIdContext(name) });
+}
+
+/** The TLS session ID context of endpoint `name` (above: why every server context needs one). */
+export function sessionIdContext(name: string): string {
+  return createHash('sha256').update(`gateway:${name}`).digest('hex').slice(0, 32);
 }
 
 /**
@@ -77,8 +82,7 @@ function recordClientVerification(socket: TLSSocket): void {
 export function tlsTerminator(
   options: Omit<TlsTermination, 'secureContext'> & { credentials: tls.SecureContextOptions; name: string },
 ): (stream: net.Socket, onSecure: (socket: TLSSocket) => void, onError?: (err: Error) => void) => void {
-  const sessionIdContext = createHash('sha256').update(`gateway:${options.name}`).digest('hex').slice(0, 32);
-  const server = tls.createServer({ ...options.credentials, sessionIdContext, requestCert: true, rejectUnauthorized: false, ALPNProtocols: options.alpn });
+  const server = tls.createServer({ ...options.credentials, sessionIdContext: sessionIdContext(options.name), requestCert: true, rejectUnauthorized: false, ALPNProtocols: options.alpn });
   const pending = new WeakMap<net.Socket, { onSecure: (socket: TLSSocket) => void; onError?: (err: Error) => void }>();
   server.on('secureConnection', (socket: TLSSocket) => {
     const raw = innerStream(socket) as net.Socket | undefined;
