@@ -17,6 +17,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { readBoundedBody } from '../net/http.js';
 import { STREAMED } from './proxyapi.js';
+import { cookieValue } from './websessions.js';
 import type { AuthService } from './service.js';
 import { MAX_SAML_RESPONSE, SSO_KINDS, type SsoKind } from './sso/index.js';
 
@@ -65,14 +66,6 @@ const STATUS: Record<string, number> = {
 
 function wantsHtml(req: IncomingMessage): boolean {
   return /\btext\/html\b/.test(req.headers.accept ?? '');
-}
-
-function cookieValue(req: IncomingMessage, name: string): string | undefined {
-  for (const part of (req.headers.cookie ?? '').split(';')) {
-    const eq = part.indexOf('=');
-    if (eq > 0 && part.slice(0, eq).trim() === name) return part.slice(eq + 1).trim();
-  }
-  return undefined;
 }
 
 const bindingCookie = (value: string, maxAge: number) => `${BINDING_COOKIE}=${value}; Path=/; HttpOnly; Secure; SameSite=None; Max-Age=${maxAge}`;
@@ -147,7 +140,7 @@ function notSubresource(req: IncomingMessage): void {
 
 /** A callback's common end: web → session cookie and /web/sso-complete; console → gwsh's loopback URL. */
 async function finish(auth: AuthService, ctx: SsoCtx, kind: SsoKind, callback: { state: string | null; query?: URLSearchParams; samlResponse?: string }): Promise<typeof STREAMED> {
-  const browserBinding = cookieValue(ctx.req, BINDING_COOKIE);
+  const browserBinding = cookieValue(ctx.req.headers.cookie, BINDING_COOKIE);
   const result = await auth.sso.finish(kind, { ...callback, ...(browserBinding ? { browserBinding } : {}), source: ctx.source });
   if (result.mode === 'console') return redirect(ctx.res, result.location, [bindingCookie('', 0)]);
   return redirect(ctx.res, `${SSO_COMPLETE_PATH}?redirect=${encodeURIComponent(result.redirect)}`, [result.session.cookie, bindingCookie('', 0)]);
