@@ -43,7 +43,7 @@ import type { ClusterTrust } from './proxyauth.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 import { SAML_ACS_PATH, ssoRoutes } from './ssoapi.js';
-import { bearerOf, clearedCookie, cookieValue, WEB_SESSION_COOKIE, type WebSessionView } from './websessions.js';
+import { bearerOf, clearedCookie, cookieValue, originRefusal, WEB_SESSION_COOKIE, type WebSessionView } from './websessions.js';
 
 /** Request body limits (bytes): a manifest may be large; everything else is a few fields. */
 const BODY = { manifest: 1024 * 1024, credentials: 64 * 1024, small: 16 * 1024 } as const;
@@ -417,23 +417,9 @@ const CROSS_SITE_POSTS: ReadonlySet<string> = new Set([SAML_ACS_PATH]);
  * is SameSite=Strict and every cookie-authenticated request needs the session's bearer as well.
  */
 function checkOrigin(req: IncomingMessage, origin: Origin): void {
-  const given = req.headers.origin;
-  if (given === undefined || !STATE_CHANGING.has(req.method ?? '')) return;
-  const refuse = (why: string) =>
-    new GatewayError('GW_ERR_WEB_CSRF', `refused a ${req.method} from another origin: ${why}`, {
-      hint: `Use the web UI from its own address${origin.host ? ` (https://${origin.host})` : ''}; requests from other sites are refused.`,
-    });
-  if (typeof given !== 'string' || given.length > 1024) throw refuse('the Origin header is malformed');
-  if (!origin.host) throw refuse('the request names no host to compare the Origin with');
-  let own: string;
-  let theirs: string;
-  try {
-    own = new URL(`https://${origin.host}`).origin;
-    theirs = new URL(given).origin;
-  } catch {
-    throw refuse(`Origin "${given.slice(0, 200)}" is not an origin`);
-  }
-  if (theirs !== own) throw refuse(`Origin ${theirs === 'null' ? '"null"' : theirs} is not ${own}`);
+  if (!STATE_CHANGING.has(req.method ?? '')) return;
+  const refusal = originRefusal(req.headers.origin, origin.host, req.method);
+  if (refusal) throw refusal;
 }
 
 /**

@@ -168,6 +168,30 @@ export function cookieValue(header: string | string[] | undefined, name: string)
   return undefined;
 }
 
+/**
+ * GW_ERR_WEB_CSRF when a request's Origin header is present and is not https:// + the host the request addressed
+ * (`host`: Host, `:authority`, or what a Proxy forwarded), or undefined when it matches or is absent. The one
+ * comparison of the Auth API router (api.ts) and the Proxy's web routes (src/proxy/web.ts).
+ */
+export function originRefusal(given: string | string[] | undefined, host: string | undefined, method: string | undefined): GatewayError | undefined {
+  if (given === undefined) return undefined;
+  const refuse = (why: string) =>
+    new GatewayError('GW_ERR_WEB_CSRF', `refused a ${method ?? 'request'} from another origin: ${why}`, {
+      hint: `Use the web UI from its own address${host ? ` (https://${host})` : ''}; requests from other sites are refused.`,
+    });
+  if (typeof given !== 'string' || given.length > 1024) return refuse('the Origin header is malformed');
+  if (!host) return refuse('the request names no host to compare the Origin with');
+  let own: string;
+  let theirs: string;
+  try {
+    own = new URL(`https://${host}`).origin;
+    theirs = new URL(given).origin;
+  } catch {
+    return refuse(`Origin "${given.slice(0, 200)}" is not an origin`);
+  }
+  return theirs === own ? undefined : refuse(`Origin ${theirs === 'null' ? '"null"' : theirs} is not ${own}`);
+}
+
 /** The token of an `Authorization: Bearer <token>` header, or undefined. */
 export function bearerOf(header: string | string[] | undefined): string | undefined {
   if (typeof header !== 'string') return undefined;

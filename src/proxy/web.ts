@@ -26,7 +26,7 @@ import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import type { LimitSettings } from '../net/deadlines.js';
 import type { AgentPresence } from '../auth/records.js';
-import { APP_SESSION_COOKIE, bearerOf, cookieValue, sessionInvalid, sessionMissing, WEB_SESSION_COOKIE, type WebSessionView } from '../auth/websessions.js';
+import { APP_SESSION_COOKIE, bearerOf, cookieValue, originRefusal, sessionInvalid, sessionMissing, WEB_SESSION_COOKIE, type WebSessionView } from '../auth/websessions.js';
 import type { AgentSource } from './router.js';
 import { TerminalServer } from './terminal.js';
 
@@ -57,30 +57,11 @@ export function webStatus(code: ErrorCode): number {
   return STATUS[code] ?? statusFor(code);
 }
 
-/** The page's own origin: https:// and the Host the browser used (":authority" under HTTP/2), normalised. */
-function ownOrigin(req: http.IncomingMessage): string | undefined {
-  try {
-    return new URL(`https://${String(req.headers.host ?? req.headers[':authority'] ?? '')}`).origin;
-  } catch {
-    return undefined;
-  }
-}
-
 /** Refuses a request whose Origin is present and is not the page's own (GW_ERR_WEB_CSRF), as api.ts does. */
 export function checkOrigin(req: http.IncomingMessage): void {
-  const given = req.headers.origin;
-  if (given === undefined) return;
-  let theirs: string | undefined;
-  try {
-    theirs = typeof given === 'string' && given.length <= 1024 ? new URL(given).origin : undefined;
-  } catch {
-    theirs = undefined;
-  }
-  const own = ownOrigin(req);
-  if (own !== undefined && theirs === own) return;
-  throw new GatewayError('GW_ERR_WEB_CSRF', `refused a ${req.method ?? 'request'} from another origin: ${JSON.stringify(String(given).slice(0, 200))}`, {
-    hint: `Use the Web UI from its own address${own ? ` (${own})` : ''}; requests from other sites are refused.`,
-  });
+  const host = req.headers.host ?? req.headers[':authority'];
+  const refusal = originRefusal(req.headers.origin, typeof host === 'string' && host.length > 0 && host.length <= 1024 ? host : undefined, req.method);
+  if (refusal) throw refusal;
 }
 
 /** The session's credentials on a request: cookie id and bearer (header, or a WebSocket subprotocol). */
