@@ -395,8 +395,11 @@ describe('the terminal', () => {
     expect(opened.length).toBeGreaterThan(0);
     expect(opened.length).toBeLessThanOrEqual(32);
     for (const t of refused) expect(t.refused).toMatchObject({ status: 429, body: { error: { code: 'GW_ERR_WEB_TERMINAL_LIMIT' } } });
-    opened[0]!.type('echo many-$((3+3))\n');
-    await opened[0]!.waitFor(/many-6/, 'one of the open terminals');
+    // Every open terminal runs a command before it is closed: its shell has finished starting (a login shell killed
+    // inside the machine's own profile, such as pyenv's rehash lock in root's ~/.bashrc, can leave that profile
+    // broken for every later shell of the user).
+    opened.forEach((t, i) => t.type(`echo many-$((${i}+6))\n`));
+    await Promise.all(opened.map((t, i) => t.waitFor(new RegExp(`many-${i + 6}\\b`), `open terminal ${i}`)));
     for (const t of opened) t.ws.close();
     await Promise.all(opened.map((t) => t.closed));
     const again = await openTerminal(alice, `node=${NODE}&login=root`);
