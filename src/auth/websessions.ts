@@ -130,11 +130,13 @@ export interface WebSessionsDeps {
   userCertTtlMs: number;
 }
 
+/** The hex SHA-256 under which a secret (session ID, bearer, SSO state, one-time code) is stored: never the secret. */
 export function sha256hex(text: string): string {
   return createHash('sha256').update(text, 'utf8').digest('hex');
 }
 
-function secret(): string {
+/** A new secret: 32 random bytes, base64url (43 characters). */
+export function randomSecret(): string {
   return randomBytes(32).toString('base64url');
 }
 
@@ -217,7 +219,8 @@ function sessionExpired(at: number): GatewayError {
   });
 }
 
-function sameSecret(given: string, storedHash: string | undefined): boolean {
+/** Whether given is the secret whose sha256hex is storedHash, in constant time. */
+export function sameSecret(given: string, storedHash: string | undefined): boolean {
   if (storedHash === undefined) return false;
   const a = Buffer.from(sha256hex(given), 'hex');
   const b = Buffer.from(storedHash, 'hex');
@@ -245,8 +248,8 @@ export class WebSessions {
     const ttlMs = Math.min(options.ttlMs ?? this.lifetimeMs, this.lifetimeMs, cap);
     if (!(ttlMs > 0)) throw new GatewayError('GW_ERR_INTERNAL', 'a web session needs a positive lifetime');
     const stored = await readJson<StoredUser>(this.deps.backend, KEYS.user(identity.name));
-    const id = secret();
-    const bearer = secret();
+    const id = randomSecret();
+    const bearer = randomSecret();
     const record: StoredWebSession = {
       kind: 'web',
       user: identity.name,
@@ -327,7 +330,7 @@ export class WebSessions {
     const refused = () => sessionInvalid('the bearer token of this session was handed out already');
     if (!record.handoutPending) throw refused();
     const view = await this.view(id!, record);
-    const bearer = secret();
+    const bearer = randomSecret();
     const updated: StoredWebSession = { ...record, bearerHash: sha256hex(bearer), handoutPending: false };
     const left = record.expiresAt - this.deps.clock();
     try {
@@ -363,7 +366,7 @@ export class WebSessions {
   async createAppLaunch(id: string, bearer: string | undefined, app: string): Promise<{ token: string }> {
     checkAppName(app);
     const view = await this.resolve(id, bearer);
-    const token = secret();
+    const token = randomSecret();
     const launch: StoredAppLaunch = { app, parent: sha256hex(id), user: view.identity.name, expiresAt: this.deps.clock() + APP_LAUNCH_TTL_MS };
     await this.deps.backend.create(WEB_KEYS.appLaunch(sha256hex(token)), JSON.stringify(launch), { ttlMs: APP_LAUNCH_TTL_MS });
     return { token };
@@ -388,7 +391,7 @@ export class WebSessions {
     const parent = JSON.parse(parentItem.value) as StoredWebSession;
     this.checkExpiry(parent);
     await this.view('', parent);
-    const sessionId = secret();
+    const sessionId = randomSecret();
     const now = this.deps.clock();
     const record: StoredWebSession = {
       kind: 'app',

@@ -4,8 +4,9 @@
  * in from the REST API. endpoint_url / api_endpoint_url point at a self-hosted instance (defaults: github.com and
  * api.github.com). Teams are read a page at a time, at most MAX_TEAM_PAGES pages.
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import type { GithubConnector } from '../resources/index.js';
+import { randomSecret } from '../websessions.js';
 import { getJson, idpAnswered, type IdpFetch } from './fetch.js';
 import { tokenInvalid, type IdpIdentity } from './checks.js';
 
@@ -26,7 +27,7 @@ export class GithubFlows {
 
   start(connector: GithubConnector, state: string): GithubStart {
     const { spec } = connector;
-    const verifier = randomBytes(32).toString('base64url');
+    const verifier = randomSecret();
     const url = new URL(`${base(spec.endpoint_url, DEFAULT_ENDPOINT)}/login/oauth/authorize`);
     url.searchParams.set('client_id', spec.client_id);
     url.searchParams.set('redirect_uri', spec.redirect_url);

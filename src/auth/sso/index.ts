@@ -25,11 +25,12 @@ import { AttemptLimiter, type Reservation } from '../ratelimit.js';
 import { allowedLogins, maxSessionTtlMs } from '../rbac.js';
 import { KEYS, readJson, type StoredUser } from '../records.js';
 import { githubRoles, oidcRoles, samlRoles, type GithubConnector, type OidcConnector, type SamlConnector } from '../resources/index.js';
+import { randomSecret, sameSecret, sha256hex } from '../websessions.js';
 import { idpFetch, type IdpFetch } from './fetch.js';
 import { GithubFlows } from './github.js';
 import type { IdpIdentity } from './checks.js';
 import type { OidcFlows } from './oidc.js';
-import { randomId, sha256, SSO_KINDS, SsoRequests, type ConsoleRequest, type SsoKind, type SsoRequest } from './requests.js';
+import { SSO_KINDS, SsoRequests, type ConsoleRequest, type SsoKind, type SsoRequest } from './requests.js';
 import type { SamlFlows } from './saml.js';
 import { saveSsoUser, traitsOf } from './users.js';
 
@@ -179,20 +180,20 @@ export class SsoService {
     switch (c.kind) {
       case 'oidc': {
         // The state is the request's key: store first, with what the start gives, under a state chosen now.
-        const state = randomId();
+        const state = randomSecret();
         const start = await (await this.oidc()).start(c, state);
         await this.requests.saveAs(state, { ...base, verifier: start.verifier, nonce: start.nonce });
         return start.url;
       }
       case 'saml': {
-        const state = randomId();
-        const samlRequestId = `_${randomId()}`;
+        const state = randomSecret();
+        const samlRequestId = `_${randomSecret()}`;
         const url = await (await this.saml()).start(c, state, samlRequestId);
         await this.requests.saveAs(state, { ...base, samlRequestId });
         return url;
       }
       case 'github': {
-        const state = randomId();
+        const state = randomSecret();
         const start = this.github.start(c, state);
         await this.requests.saveAs(state, { ...base, verifier: start.verifier });
         return start.url;
@@ -204,8 +205,8 @@ export class SsoService {
   async startWeb(kind: SsoKind, name: string, redirect: string | null, source: string): Promise<{ url: string; binding: string }> {
     this.limitStart(source);
     const c = await this.connector(kind, name);
-    const binding = randomId();
-    const url = await this.begin(c, { mode: 'web', redirect: safeRedirect(redirect), browserHash: sha256(binding), source });
+    const binding = randomSecret();
+    const url = await this.begin(c, { mode: 'web', redirect: safeRedirect(redirect), browserHash: sha256hex(binding), source });
     return { url, binding };
   }
 
@@ -219,7 +220,7 @@ export class SsoService {
     }
     if (!/^[0-9a-f]{64}$/.test(console.secretHash)) throw new GatewayError('GW_ERR_API_BAD_REQUEST', '"secret_hash" must be a SHA-256 in hex');
     const c = await this.connectorByName(ref);
-    const requestId = randomId();
+    const requestId = randomSecret();
     const url = await this.begin(c, { mode: 'console', console: { ...console, requestId }, source });
     return { auth_url: url, request_id: requestId };
   }
@@ -263,7 +264,7 @@ export class SsoService {
       // against the browser's address would let a page lock everyone behind that address out.
       reservation = this.reserveFinish(request.source);
       if (request.kind !== kind) throw new GatewayError('GW_ERR_SSO_STATE_INVALID', `this sign-in request was started for a ${request.kind} connector, not ${kind}`);
-      if (request.mode === 'web' && (!callback.browserBinding || sha256(callback.browserBinding) !== request.browserHash)) {
+      if (request.mode === 'web' && (!callback.browserBinding || !sameSecret(callback.browserBinding, request.browserHash))) {
         throw new GatewayError('GW_ERR_SSO_STATE_INVALID', 'this sign-in was started in another browser (its binding cookie is missing or different)', {
           hint: 'Start the sign-in again in this browser; a sign-in link cannot be handed to someone else.',
         });
@@ -308,9 +309,9 @@ export class SsoService {
     const connector = { kind, name: c.metadata.name };
     await deps.audit.record('user.login', undefined, { user: idp.username, method: request.mode === 'web' ? 'web' : 'sso', connector, source: request.source, roles });
     if (request.mode === 'console') {
-      const code = randomId();
+      const code = randomSecret();
       const console = request.console!;
-      await this.requests.saveGrant({ codeHash: sha256(code), secretHash: console.secretHash, user: idp.username, console, connector });
+      await this.requests.saveGrant({ codeHash: sha256hex(code), secretHash: console.secretHash, user: idp.username, console, connector });
       const location = new URL(console.redirectUrl);
       location.searchParams.set('code', code);
       return { mode: 'console', location: location.href };

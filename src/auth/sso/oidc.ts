@@ -9,7 +9,7 @@ import { GatewayError, isGatewayError } from '../../errors.js';
 import type { OidcConnector } from '../resources/index.js';
 import { tokenInvalid, type IdpIdentity } from './checks.js';
 import { idpAnswered, type IdpFetch } from './fetch.js';
-import { sha256 } from './requests.js';
+import { sha256hex } from '../websessions.js';
 
 /** How long a provider's discovery document (and its keys' cache) is reused. */
 const DISCOVERY_TTL_MS = 5 * 60_000;
@@ -84,7 +84,7 @@ export class OidcFlows {
 
   private async config(connector: OidcConnector): Promise<client.Configuration> {
     const { spec } = connector;
-    const key = sha256(JSON.stringify([connector.metadata.name, spec.issuer_url, spec.client_id, spec.client_secret, spec.ca ?? '']));
+    const key = sha256hex(JSON.stringify([connector.metadata.name, spec.issuer_url, spec.client_id, spec.client_secret, spec.ca ?? '']));
     const cached = this.configs.get(key);
     if (cached && this.clock() - cached.at < DISCOVERY_TTL_MS) return cached.config;
     const fetch = this.fetchFor(spec.ca);

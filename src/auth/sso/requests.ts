@@ -4,9 +4,9 @@
  * hash of its state, and taken exactly once by the callback: a replayed callback finds nothing. The console's
  * one-time codes are kept the same way. Keys hold hashes only: a state or code in a key would be a secret in logs.
  */
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Backend } from '../../backend/index.js';
 import { GatewayError } from '../../errors.js';
+import { sameSecret, sha256hex } from '../websessions.js';
 
 /** How long a sign-in may take at the identity provider. */
 export const SSO_REQUEST_TTL_MS = 10 * 60_000;
@@ -53,19 +53,9 @@ export interface ConsoleGrant {
   connector: { kind: SsoKind; name: string };
 }
 
-export const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex');
-export const randomId = (): string => randomBytes(32).toString('base64url');
-
-/** Equal hex digests, in constant time. */
-export function sameHash(a: string, b: string): boolean {
-  const x = Buffer.from(a, 'hex');
-  const y = Buffer.from(b, 'hex');
-  return x.length === 32 && y.length === 32 && timingSafeEqual(x, y);
-}
-
 const KEY = {
-  request: (state: string) => `/sso/requests/${sha256(state)}`,
-  grant: (requestId: string) => `/sso/console/${sha256(requestId)}`,
+  request: (state: string) => `/sso/requests/${sha256hex(state)}`,
+  grant: (requestId: string) => `/sso/console/${sha256hex(requestId)}`,
 };
 
 /** Longest state, code or request ID read from a client: ours are 43 characters. */
@@ -78,7 +68,7 @@ function stateInvalid(why: string): GatewayError {
 export class SsoRequests {
   constructor(private readonly backend: Backend) {}
 
-  /** Stores a new request under its state (randomId(): the value the identity provider hands back). */
+  /** Stores a new request under its state (randomSecret(): the value the identity provider hands back). */
   async saveAs(state: string, request: SsoRequest): Promise<void> {
     await this.backend.create(KEY.request(state), JSON.stringify(request), { ttlMs: SSO_REQUEST_TTL_MS });
   }
@@ -107,7 +97,7 @@ export class SsoRequests {
     const item = await this.backend.get(key);
     if (!item || !(await this.backend.delete(key))) throw stateInvalid('no sign-in finished for this request, or its code was used or expired');
     const grant = JSON.parse(item.value) as ConsoleGrant;
-    if (!sameHash(grant.codeHash, sha256(code)) || !sameHash(grant.secretHash, sha256(secret))) throw stateInvalid('the code or the secret does not match');
+    if (!sameSecret(code, grant.codeHash) || !sameSecret(secret, grant.secretHash)) throw stateInvalid('the code or the secret does not match');
     return grant;
   }
 }
