@@ -329,6 +329,10 @@ export const ERROR_CODES = {
     summary: "The connector's mapping gives the user no role, so the sign-in is refused.",
     hint: "Add the user to a group, team or attribute value that the connector's claims_to_roles / attributes_to_roles / teams_to_roles maps to a role.",
   },
+  GW_ERR_SSO_USERNAME_REFUSED: {
+    summary: "The identity provider's answer has no claim that may name the user: by default a verified e-mail address (email with email_verified true); the message names the claim that is missing or not verified.",
+    hint: "Verify the address at the identity provider, or set the OIDC connector's username_claim (e.g. preferred_username) or allow_unverified_email: true if the provider never sends email_verified.",
+  },
 
   // --- the web: sessions of the browser (src/auth/websessions.ts) -------------------------------------------------
   GW_ERR_WEB_SESSION_MISSING: {

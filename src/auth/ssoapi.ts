@@ -16,6 +16,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { readBoundedBody } from '../net/http.js';
+import { statusFor } from './api.js';
 import { STREAMED } from './proxyapi.js';
 import { cookieValue } from './websessions.js';
 import type { AuthService } from './service.js';
@@ -52,18 +53,6 @@ export interface SsoRoute {
 const HTML_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' };
 const escapeHtml = (s: string) => s.replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]!);
 
-const STATUS: Record<string, number> = {
-  GW_ERR_SSO_CONNECTOR_UNKNOWN: 404,
-  GW_ERR_SSO_STATE_INVALID: 400,
-  GW_ERR_SSO_TOKEN_INVALID: 401,
-  GW_ERR_SSO_IDP_ERROR: 502,
-  GW_ERR_SSO_NO_ROLES: 403,
-  GW_ERR_AUTH_RATE_LIMITED: 429,
-  GW_ERR_ACCESS_LOCKED: 403,
-  GW_ERR_ACCESS_DENIED: 403,
-  GW_ERR_API_BAD_REQUEST: 400,
-};
-
 function wantsHtml(req: IncomingMessage): boolean {
   return /\btext\/html\b/.test(req.headers.accept ?? '');
 }
@@ -83,7 +72,7 @@ function errorPage(res: ServerResponse, err: unknown): typeof STREAMED {
   const html = `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Sign-in failed</title></head><body data-testid="sso-error">` +
     `<h1>Sign-in failed</h1><p data-testid="sso-error-message">${escapeHtml(message)}</p><p>${escapeHtml(hint ?? '')}</p>` +
     `<p><code data-testid="sso-error-code">${escapeHtml(code)}</code></p><p><a href="/web/login">Back to the login page</a></p></body></html>`;
-  res.writeHead(STATUS[code] ?? 500, {
+  res.writeHead(statusFor(code), {
     'content-type': 'text/html; charset=utf-8',
     'cache-control': 'no-store',
     'content-security-policy': "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",

@@ -169,6 +169,7 @@ const STATUS_OF: ReadonlyArray<readonly [ErrorCode, number]> = [
   ['GW_ERR_SSO_TOKEN_INVALID', 401],
   ['GW_ERR_SSO_IDP_ERROR', 502],
   ['GW_ERR_SSO_NO_ROLES', 403],
+  ['GW_ERR_SSO_USERNAME_REFUSED', 403],
 ];
 
 describe('statusFor', () => {

@@ -11,6 +11,7 @@ import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createApiHandler } from '../../src/auth/api.js';
 import { generateKeyPair, identityFromCert, sshPublicKeyFromPem } from '../../src/auth/pki.js';
+import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
 import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
@@ -58,7 +59,7 @@ const codeOf = (a: Answer) => a.json().error?.code as string;
 
 beforeAll(async () => {
   pki = await makeTestPki();
-  idp = await startOidcIdp(pki, { redirectUri: REDIRECT, groups: (u) => (u === 'alice' || u === 'unverified' ? ['admins', 'developers'] : u === 'dave' ? ['developers'] : ['marketing']) });
+  idp = await startOidcIdp(pki, { redirectUri: REDIRECT, groups: (u) => (u === 'alice' || /^(unverified|silent|noemail)/.test(u) ? ['admins', 'developers'] : u === 'dave' ? ['developers'] : ['marketing']) });
 });
 
 afterAll(async () => {
@@ -141,11 +142,44 @@ describe('OIDC: what is refused', () => {
     expect(refused.headers['set-cookie'] ?? []).not.toContainEqual(expect.stringMatching(/^__Host-gw_session=/));
   });
 
-  it('an e-mail address the provider has not verified names nobody → GW_ERR_SSO_TOKEN_INVALID (email_verified)', async () => {
-    const { callback: url, binding } = await toCallback('unverified');
+  it.each([
+    ['unverified', 'email_verified: false', 'email_verified'],
+    ['silent', 'no email_verified claim', 'email_verified'],
+    ['noemail', 'no email claim (no fallback to preferred_username or sub)', 'email'],
+  ] as const)('hostile: a user named by an address the provider does not vouch for (%s: %s) → GW_ERR_SSO_USERNAME_REFUSED naming the claim, no user', async (user, _what, claim) => {
+    const { callback: url, binding } = await toCallback(user);
     const refused = await callback(url, binding);
-    expect(codeOf(refused)).toBe('GW_ERR_SSO_TOKEN_INVALID');
-    expect(refused.json().error.message).toContain('the email_verified check');
+    expect(codeOf(refused), refused.text).toBe('GW_ERR_SSO_USERNAME_REFUSED');
+    expect(refused.status).toBe(403);
+    expect(refused.json().error.message).toContain(claim);
+    expect(refused.json().error.hint).toContain(claim === 'email' ? 'username_claim' : 'allow_unverified_email');
+    expect(refused.headers['set-cookie'] ?? []).not.toContainEqual(expect.stringMatching(/^__Host-gw_session=/));
+    expect(await backend.get(`/users/${user}@example.com`)).toBeUndefined();
+    expect(await backend.get(`/users/${user}`)).toBeUndefined();
+  });
+
+  it('the connector opts in: allow_unverified_email takes an address without email_verified; username_claim: preferred_username names a user without one', async () => {
+    await auth.createResources(auth.adminIdentity(), [
+      connector('lax', { allow_unverified_email: true }) as never,
+      connector('handles', { username_claim: 'preferred_username', scope: ['email', 'groups', 'profile'] }) as never,
+    ], false);
+    const lax = await toCallback('silent', 'lax');
+    expect((await callback(lax.callback, lax.binding)).status).toBe(302);
+    expect(await backend.get('/users/silent@example.com')).toBeDefined();
+    const handles = await toCallback('noemail', 'handles');
+    expect((await callback(handles.callback, handles.binding)).status).toBe(302);
+    expect(await backend.get('/users/noemail')).toBeDefined();
+    // username_claim names that claim alone: an unverified address does not matter to it, a missing claim refuses.
+    const other = await toCallback('unverified2', 'handles');
+    expect((await callback(other.callback, other.binding)).status).toBe(302);
+    expect(await backend.get('/users/unverified2')).toBeDefined();
+  });
+
+  it('allow_unverified_email takes true or false only', async () => {
+    const yaml = (value: string) => `kind: oidc\nversion: v3\nmetadata: {name: typo}\nspec:\n  issuer_url: https://idp.example\n  client_id: c\n  client_secret: s\n  redirect_url: ${REDIRECT}\n  allow_unverified_email: ${value}\n  claims_to_roles: [{claim: groups, value: admins, roles: [access]}]\n`;
+    expect((parseManifest(yaml('true'), 'typo.yaml')[0] as { spec: Record<string, unknown> }).spec.allow_unverified_email).toBe(true);
+    expect(() => parseManifest(yaml('sure'), 'typo.yaml')).toThrow(expect.objectContaining({ code: 'GW_ERR_RESOURCE_INVALID' }));
+    expect(() => parseManifest(yaml('"true"'), 'typo.yaml')).toThrow(/allow_unverified_email/);
   });
 
   it('a replayed callback → GW_ERR_SSO_STATE_INVALID (the request was taken by the first)', async () => {

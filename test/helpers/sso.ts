@@ -149,6 +149,15 @@ function tamperToken(text: string, mode: TokenTamper, own: { key: KeyObject; kid
 }
 
 /**
+ * The provider's claims of a user. By the name's prefix: `unverified…` has email_verified false, `silent…` no
+ * email_verified claim, `noemail…` no e-mail address at all; everyone has preferred_username (scope profile).
+ */
+function accountClaims(id: string, groups: string[]): Record<string, unknown> {
+  const email = id.startsWith('noemail') ? {} : id.startsWith('silent') ? { email: `${id}@example.com` } : { email: `${id}@example.com`, email_verified: !id.startsWith('unverified') };
+  return { sub: id, ...email, preferred_username: id, groups };
+}
+
+/**
  * Starts the provider (HTTPS, the test CA's certificate for 127.0.0.1) and the man in the middle in front of it.
  * groups(user) gives the `groups` claim.
  */
@@ -167,8 +176,8 @@ export async function startOidcIdp(pki: TestPki, options: { redirectUri: string;
   const clientSecret = randomBytes(16).toString('hex');
   const provider = new Provider(issuer, {
     clients: [{ client_id: clientId, client_secret: clientSecret, redirect_uris: [options.redirectUri], response_types: ['code'], grant_types: ['authorization_code'], token_endpoint_auth_method: 'client_secret_basic' }],
-    findAccount: async (_ctx: unknown, id: string) => ({ accountId: id, claims: async () => ({ sub: id, email: `${id}@example.com`, email_verified: !id.startsWith('unverified'), groups: options.groups(id) }) }),
-    claims: { openid: ['sub'], email: ['email', 'email_verified'], groups: ['groups'] },
+    findAccount: async (_ctx: unknown, id: string) => ({ accountId: id, claims: async () => accountClaims(id, options.groups(id)) }),
+    claims: { openid: ['sub'], email: ['email', 'email_verified'], profile: ['preferred_username'], groups: ['groups'] },
     scopes: ['openid', 'email', 'groups', 'profile'],
     jwks: { keys: [jwk] },
     cookies: { keys: [randomBytes(16).toString('hex')] },

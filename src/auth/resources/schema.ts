@@ -465,6 +465,19 @@ const claimMapping = mapped(
   (v) => ({ claim: v.claim ?? v.name, value: v.value, roles: v.roles }),
 );
 
+/** true or false, absent when not set (so stored connectors carry only what was written). */
+const optionalBoolean = (doc: string) => leaf<boolean | undefined>({
+  doc,
+  type: 'boolean',
+  default: undefined,
+  defaultDoc: 'false',
+  render: (v) => String(v ?? false),
+  parse: (node) => {
+    if (isScalar(node) && typeof node.value === 'boolean') return node.value;
+    throw new Invalid(`expected true or false, got ${describeNode(node)}`);
+  },
+});
+
 const oidcSpec = section(
   'OIDC connector.',
   {
@@ -472,7 +485,8 @@ const oidcSpec = section(
     client_id: str('Client ID.', { check: text('client ID') }),
     client_secret: secret('Client secret.'),
     redirect_url: url('Callback URL: https://<proxy>/webapi/sso/oidc/callback.'),
-    username_claim: str('Claim that names the user; default email (then preferred_username, then sub).', { check: text('claim name') }),
+    username_claim: str('Claim that names the user; default email, and only when verified (no fallback to another claim).', { check: text('claim name') }),
+    allow_unverified_email: optionalBoolean('true: an email names the user even when email_verified is absent or false.'),
     scope: strings('Scopes asked for besides openid (e.g. email, groups).', str('A scope.', { check: name('scope') }), 'scope'),
     ca: idpCa,
     claims_to_roles: listOf('Claim → roles mappings.', claimMapping, {

@@ -219,8 +219,10 @@ export interface OidcSpec {
   /** Secret: only present when read with --with-secrets. */
   client_secret?: string;
   redirect_url: string;
-  /** The claim naming the user; default email, then preferred_username, then sub. */
+  /** The claim naming the user; default email (verified: see allow_unverified_email). No fallback to another claim. */
   username_claim?: string;
+  /** true: an e-mail address names the user even when email_verified is absent or false. */
+  allow_unverified_email?: boolean;
   /** Scopes asked for besides openid; default email and profile. */
   scope?: string[];
   /** PEM CA certificate(s) trusted for the identity provider, besides the system's. */

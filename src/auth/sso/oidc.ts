@@ -153,20 +153,34 @@ export class OidcFlows {
       if (e.code === 'GW_ERR_SSO_TOKEN_INVALID') this.forget();
       throw e;
     }
-    return { username: usernameOf(claims, spec.username_claim), claims };
+    return { username: usernameOf(claims, spec), claims };
   }
 }
 
-function usernameOf(claims: Record<string, unknown>, configured: string | undefined): string {
-  const order = configured ? [configured] : ['email', 'preferred_username', 'sub'];
-  for (const name of order) {
-    const v = claims[name];
-    if (typeof v !== 'string' || v === '') continue;
-    // An address the provider says it has not verified names nobody: anyone could have typed it.
-    if (name === 'email' && claims.email_verified === false) {
-      throw tokenInvalid('email_verified', `the provider has not verified the e-mail address ${v}`, 'Verify the address at the identity provider, or set the connector\'s username_claim to another claim.');
-    }
-    return v;
+/** Values of email_verified that say the provider verified the address (some providers send the string). */
+const VERIFIED = new Set<unknown>([true, 'true']);
+
+/**
+ * Who signed in. By default a verified e-mail address names the user: the `email` claim, and `email_verified` true
+ * (absent counts as not verified unless the connector sets allow_unverified_email). username_claim opts in to
+ * another claim (e.g. preferred_username), taken as the provider sends it; there is no fallback to another claim.
+ */
+export function usernameOf(claims: Record<string, unknown>, spec: Pick<OidcConnector['spec'], 'username_claim' | 'allow_unverified_email'>): string {
+  const claim = spec.username_claim ?? 'email';
+  const v = claims[claim];
+  if (typeof v !== 'string' || v === '') {
+    throw usernameRefused(claim, `the ID token and userinfo carry no ${claim} claim to name the user`, claim === 'email'
+      ? "Ask the provider for the email scope (the connector's scope), or set the connector's username_claim to a claim the provider sends (e.g. preferred_username)."
+      : `Set the connector's username_claim to a claim the provider sends, or ask the provider for the scope that carries ${claim}.`);
   }
-  throw tokenInvalid('username', `the ID token and userinfo carry no ${order.join(' / ')} claim to name the user`, "Set the connector's username_claim to a claim the provider sends, or ask the provider for that scope.");
+  // An address the provider does not say it verified names nobody: anyone could have typed it.
+  if (claim === 'email' && !VERIFIED.has(claims.email_verified) && spec.allow_unverified_email !== true) {
+    const said = claims.email_verified === undefined ? 'sends no email_verified claim for' : `says email_verified: ${JSON.stringify(claims.email_verified)} for`;
+    throw usernameRefused('email_verified', `the provider ${said} the e-mail address ${v.slice(0, 256)}`, "Verify the address at the identity provider. If the provider never sends the email_verified claim and checks addresses itself, set the connector's allow_unverified_email: true; or set username_claim to another claim.");
+  }
+  return v;
+}
+
+function usernameRefused(claim: string, detail: string, hint: string): GatewayError {
+  return new GatewayError('GW_ERR_SSO_USERNAME_REFUSED', `the identity provider's answer names no user this connector accepts: ${detail}`, { hint, details: { claim } });
 }
