@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 // Client CLI: sign in to a cluster through its Proxy and show the profile.
-import { createHash, randomBytes } from 'node:crypto';
 import http from 'node:http';
 import { generateKeyPair, identityFromCert } from '../auth/pki.js';
+import { randomSecret, sameSecret, sha256hex } from '../auth/websessions.js';
 import type { CertBundle } from '../auth/service.js';
 import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
 import { knownCa, loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
@@ -67,11 +67,12 @@ program
 const SSO_CALLBACK_MS = 3 * 60_000;
 
 /**
- * gwsh login --auth: a one-request listener on 127.0.0.1 for the browser's return, the URL to open printed, the
- * one-time code from the callback exchanged (with a secret that never left this process) for certificates.
+ * gwsh login --auth: a listener on 127.0.0.1 for the browser's return, the URL to open printed, the one-time code
+ * from the callback exchanged (with a secret that never left this process) for certificates. The callback URL
+ * carries a state of this process's: only a request that brings it back is the sign-in's.
  */
 async function ssoLogin(client: ApiClient, connector: string, keys: ReturnType<typeof generateKeyPair>): Promise<CertBundle> {
-  const secret = randomBytes(32).toString('base64url');
+  const secret = randomSecret();
   const callback = await loopbackCallback(Number(process.env.GWSH_SSO_TIMEOUT_MS) || SSO_CALLBACK_MS);
   try {
     const started = await client.call<{ auth_url: string; request_id: string }>('POST', '/webapi/sso/console', {
@@ -79,7 +80,7 @@ async function ssoLogin(client: ApiClient, connector: string, keys: ReturnType<t
       public_key: keys.publicKeyPem,
       ssh_public_key: keys.sshPublicKey,
       redirect_url: callback.url,
-      secret_hash: createHash('sha256').update(secret).digest('hex'),
+      secret_hash: sha256hex(secret),
     });
     process.stdout.write(`Open this URL in your browser: ${started.auth_url}\n`);
     const code = await callback.code;
@@ -89,15 +90,28 @@ async function ssoLogin(client: ApiClient, connector: string, keys: ReturnType<t
   }
 }
 
-/** Listens on 127.0.0.1:<random> for GET /callback?code=...: the first such request ends it, or the deadline does. */
+/**
+ * Listens on 127.0.0.1:<random> for GET /callback?state=<ours>&code=...: the first request with our state ends it,
+ * or the deadline does. Any page the browser opens can send requests here: one without our state is answered 400
+ * and changes nothing, so it cannot end or break the sign-in.
+ */
 async function loopbackCallback(deadlineMs: number): Promise<{ url: string; code: Promise<string>; close(): void }> {
+  const state = randomSecret();
+  const stateHash = sha256hex(state);
   let settle!: { resolve: (code: string) => void; reject: (err: Error) => void };
   const code = new Promise<string>((resolve, reject) => (settle = { resolve, reject }));
+  let warned = false;
   const server = http.createServer((req, res) => {
     const url = new URL(req.url ?? '/', 'http://127.0.0.1');
     const value = url.searchParams.get('code');
     if (req.method !== 'GET' || url.pathname !== '/callback' || !value || value.length > 256) {
       res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
+      return;
+    }
+    if (!sameSecret(url.searchParams.get('state') ?? '', stateHash)) {
+      res.writeHead(400, { 'content-type': 'text/plain', 'cache-control': 'no-store' }).end('this is not the sign-in gwsh is waiting for\n');
+      if (!warned) process.stderr.write('gwsh: ignored a callback without this sign-in\'s state (another page or an older sign-in); still waiting\n');
+      warned = true;
       return;
     }
     res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', connection: 'close' })
@@ -116,7 +130,7 @@ async function loopbackCallback(deadlineMs: number): Promise<{ url: string; code
     server.close();
     server.closeAllConnections();
   };
-  return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/callback`, code, close };
+  return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/callback?state=${state}`, code, close };
 }
 
 program

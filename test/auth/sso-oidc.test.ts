@@ -300,9 +300,26 @@ describe('OIDC for gwsh (console mode)', () => {
     expect(codeOf(await exchange({ request_id: again.request_id, code: code2, secret }))).toBe('GW_ERR_SSO_STATE_INVALID');
   });
 
-  it('refuses a redirect_url that is not gwsh\'s loopback callback', async () => {
+  it('gwsh\'s own state in its loopback URL comes back with the code', async () => {
     const keys = generateKeyPair();
-    const answer = await api('/webapi/sso/console', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ connector: 'corp', public_key: keys.publicKeyPem, ssh_public_key: sshPublicKeyFromPem(keys.publicKeyPem), redirect_url: 'https://evil.example/callback', secret_hash: '0'.repeat(64) }) });
+    const state = 'S'.repeat(43);
+    const body = { connector: 'corp', public_key: keys.publicKeyPem, ssh_public_key: sshPublicKeyFromPem(keys.publicKeyPem), redirect_url: `http://127.0.0.1:45678/callback?state=${state}`, secret_hash: '0'.repeat(64) };
+    const started = await api('/webapi/sso/console', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    expect(started.status, started.text).toBe(200);
+    const back = await callback(await idp.signIn(started.json().auth_url, 'alice'), undefined);
+    expect(back.location).toMatch(new RegExp(`^http://127\\.0\\.0\\.1:45678/callback\\?state=${state}&code=[A-Za-z0-9_-]{43}$`));
+  });
+
+  it.each([
+    'https://evil.example/callback',
+    'http://127.0.0.1:45678/callback?state=short',
+    'http://127.0.0.1:45678/callback?state=SSSSSSSSSSSSSSSSSSSSSSSSSSSS&next=https://evil.example/',
+    'http://127.0.0.1:45678/callback?code=SSSSSSSSSSSSSSSSSSSSSSSSSSSS',
+    'http://127.0.0.1:45678/callback#state=SSSSSSSSSSSSSSSSSSSSSSSSSSSS',
+    'http://127.0.0.1:45678@evil.example/callback',
+  ])('hostile: refuses a redirect_url that is not gwsh\'s loopback callback (%s)', async (redirect_url) => {
+    const keys = generateKeyPair();
+    const answer = await api('/webapi/sso/console', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ connector: 'corp', public_key: keys.publicKeyPem, ssh_public_key: sshPublicKeyFromPem(keys.publicKeyPem), redirect_url, secret_hash: '0'.repeat(64) }) });
     expect(codeOf(answer)).toBe('GW_ERR_API_BAD_REQUEST');
   });
 });

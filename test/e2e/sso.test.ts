@@ -4,7 +4,8 @@
  * only through squid (HTTPS_PROXY; its name resolves in squid's hosts_file alone, so a direct dial cannot pass),
  * /webapi/ping reporting the connector, and `gwsh login --auth=corp` finishing through its loopback callback while
  * the test plays the browser with HTTP requests. Hostile: the browser's callback replayed, a callback to gwsh
- * without a code, and a sign-in through a connector that does not exist.
+ * without a code, callbacks to gwsh without its state or with another sent before the real one (gwsh keeps
+ * waiting), and a sign-in through a connector that does not exist.
  */
 import { spawn } from 'node:child_process';
 import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -113,13 +114,22 @@ describe('single sign-on through the real daemon', () => {
     const callback = await idp.signIn(url, 'alice');
     const back = await toProxy(callback);
     expect(back.status, back.text).toBe(302);
-    expect(back.location).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/callback\?code=[A-Za-z0-9_-]{43}$/);
+    expect(back.location).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/callback\?state=[A-Za-z0-9_-]{43}&code=[A-Za-z0-9_-]{43}$/);
+    const loopback = new URL(back.location!);
     // A page, or anyone, knocking on gwsh's listener without a code does not end it.
-    expect((await request(back.location!.replace(/\?code=.*/, ''))).status).toBe(404);
+    expect((await request(`${loopback.origin}/callback`)).status).toBe(404);
+    // Hostile: any local page can send gwsh a code first (it only has to find the port). Without gwsh's state, or
+    // with another, it is refused and gwsh keeps waiting for its own.
+    for (const query of [`code=${'A'.repeat(43)}`, `state=${'B'.repeat(43)}&code=${'A'.repeat(43)}`, `state=${loopback.searchParams.get('state')!.slice(1)}&code=x`]) {
+      const knock = await request(`${loopback.origin}/callback?${query}`);
+      expect(knock.status, query).toBe(400);
+    }
+    expect(child.exitCode).toBeNull();
     const landed = await request(back.location!);
     expect(landed.status).toBe(200);
     expect(landed.text).toContain('Signed in');
     expect(await exited, err).toBe(0);
+    expect(err).toContain("ignored a callback without this sign-in's state");
     expect(out).toMatch(/alice@example\.com/);
     expect(out).toMatch(/editor/);
 

@@ -71,7 +71,8 @@ export interface SsoDeps {
 /** Sign-ins started per source and minute; callbacks are limited like password logins (LOGIN_LIMIT). */
 const START_LIMIT = { maxFailures: 30, windowMs: 60_000 } as const;
 const FINISH_LIMIT = { maxFailures: 5, windowMs: 5 * 60_000 } as const;
-const CONSOLE_REDIRECT = /^http:\/\/127\.0\.0\.1:(\d{1,5})\/callback$/;
+/** gwsh's loopback callback; gwsh adds its own state (older gwsh did not), which the code is sent back with. */
+const CONSOLE_REDIRECT = /^http:\/\/127\.0\.0\.1:(\d{1,5})\/callback(?:\?state=[A-Za-z0-9_-]{22,128})?$/;
 
 /** The web mode's result: the session to set as a cookie, and where the browser goes. */
 export interface WebFinish {
@@ -216,7 +217,7 @@ export class SsoService {
     checkRequestKeys(console.publicKeyPem, console.sshPublicKey);
     const port = Number(CONSOLE_REDIRECT.exec(console.redirectUrl)?.[1] ?? 0);
     if (!(port > 0 && port < 65536)) {
-      throw new GatewayError('GW_ERR_API_BAD_REQUEST', '"redirect_url" must be http://127.0.0.1:<port>/callback (the console\'s own loopback listener)');
+      throw new GatewayError('GW_ERR_API_BAD_REQUEST', '"redirect_url" must be http://127.0.0.1:<port>/callback, optionally with ?state=<22-128 characters of A-Z a-z 0-9 _ -> (the console\'s own loopback listener)');
     }
     if (!/^[0-9a-f]{64}$/.test(console.secretHash)) throw new GatewayError('GW_ERR_API_BAD_REQUEST', '"secret_hash" must be a SHA-256 in hex');
     const c = await this.connectorByName(ref);
