@@ -15,7 +15,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { GatewayError, toGatewayError } from '../errors.js';
-import { readBoundedBody } from '../net/http.js';
+import { escapeHtml, readBoundedBody } from '../net/http.js';
 import { statusFor } from './api.js';
 import { STREAMED } from './proxyapi.js';
 import { cookieValue } from './websessions.js';
@@ -50,8 +50,6 @@ export interface SsoRoute {
   handler: (ctx: SsoCtx) => Promise<unknown>;
 }
 
-const HTML_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' };
-const escapeHtml = (s: string) => s.replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]!);
 
 function wantsHtml(req: IncomingMessage): boolean {
   return /\btext\/html\b/.test(req.headers.accept ?? '');

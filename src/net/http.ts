@@ -92,3 +92,10 @@ export async function readBoundedBody(req: http.IncomingMessage, max: number): P
   }
   return Buffer.concat(chunks);
 }
+
+const HTML_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' };
+
+/** Text as HTML (element content or a quoted attribute value): & < > " ' escaped. */
+export function escapeHtml(s: string): string {
+  return s.replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]!);
+}

@@ -37,6 +37,7 @@ import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
 import { StaticSite } from './static.js';
 import type { VersionServer } from './versions.js';
+import { sendJson } from './web.js';
 
 export { closeServer, listenOn };
 
@@ -87,12 +88,6 @@ export interface FrontDoor {
 }
 
 const UPGRADE_PATH = '/webapi/connectionupgrade';
-
-function sendJson(res: http.ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
 
 /** The web server's requests: API, ping, find, version server, the Web UI (connection upgrades are the caller's). */
 function webRequests(options: FrontDoorOptions, addresses: Record<string, string>, site: StaticSite): http.RequestListener {

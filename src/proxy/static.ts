@@ -28,6 +28,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { logger, type Logger } from '../log.js';
+import { escapeHtml } from '../net/http.js';
 
 export const WEB_PREFIX = '/web/';
 const ASSETS_PREFIX = '/web/assets/';
@@ -339,6 +340,3 @@ function matchesEtag(header: string | undefined, etag: string): boolean {
     });
 }
 
-function escapeHtml(s: string): string {
-  return s.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
-}

@@ -98,7 +98,8 @@ export interface WebRoutes {
   close(): void;
 }
 
-function sendJson(res: http.ServerResponse, status: number, body: unknown): void {
+/** A JSON answer of the web port (the Web UI's routes, ping, find, errors): never cached, never sniffed. */
+export function sendJson(res: http.ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
   res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', 'x-content-type-options': 'nosniff', 'content-length': Buffer.byteLength(text) });
   res.end(text);

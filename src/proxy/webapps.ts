@@ -21,34 +21,20 @@ import { peerIdentityOf } from '../auth/api.js';
 import { canAccess } from '../auth/rbac.js';
 import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
-import { GatewayError, toGatewayError } from '../errors.js';
+import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
-import { guardHttpServer, type HttpDeadlines } from '../net/http.js';
+import { escapeHtml, guardHttpServer, type HttpDeadlines } from '../net/http.js';
 import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
-import { APP_COOKIE, appSessionKey, cookieValue, SESSION_COOKIE, webStatus } from './web.js';
+import { APP_COOKIE, appSessionKey, cookieValue, SESSION_COOKIE, sendWebError } from './web.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
 
 /** Whether a header is relayed: not hop-by-hop, and not an HTTP/2 pseudo-header (:method, :path, ...). */
 const relayed = (name: string): boolean => !HOP_BY_HOP.has(name) && !name.startsWith(':');
-
-function sendError(res: http.ServerResponse, err: unknown): void {
-  const e = toGatewayError(err);
-  if (res.headersSent) {
-    res.destroy();
-    return;
-  }
-  const body = JSON.stringify({ error: e.toJSON() });
-  res.writeHead(webStatus(e.code), {
-    'content-type': 'application/json',
-    'content-length': Buffer.byteLength(body),
-  });
-  res.end(body);
-}
 
 /** Sends req (with path and extra headers) over an already-open stream to the resource, and relays the answer. */
 function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Duplex, path: string, headers: http.OutgoingHttpHeaders): void {
@@ -61,7 +47,7 @@ function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Dupl
     res.writeHead(answer.statusCode ?? 502, out);
     answer.pipe(res);
   });
-  upstream.on('error', (err) => sendError(res, new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `the upstream answer failed: ${err.message}`)));
+  upstream.on('error', (err) => sendWebError(res, new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `the upstream answer failed: ${err.message}`)));
   req.pipe(upstream);
 }
 
@@ -83,7 +69,7 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
     // Launches and app sessions are bound to this app's name and host (web.ts appSessionKey).
     const key = appSessionKey(target.name, host);
     if ((req.url ?? '/').split('?')[0] === APP_AUTH_PATH) {
-      redeemLaunch(auth, key, target.name, req, res).catch((err: unknown) => sendError(res, err));
+      redeemLaunch(auth, key, target.name, req, res).catch((err: unknown) => sendWebError(res, err));
       return true;
     }
     void (async () => {
@@ -102,7 +88,7 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
       log.info({ user: identity.name, app: target.name, method: req.method, path: req.url }, 'app request');
       withoutGatewayCookies(req);
       relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name });
-    })().catch((err: unknown) => sendError(res, err));
+    })().catch((err: unknown) => sendWebError(res, err));
     return true;
   };
 }
@@ -148,8 +134,6 @@ export function launchPath(raw: string | null): string {
   return raw;
 }
 
-const HTML_ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' };
-
 /**
  * GET /x-gateway-auth?token=&path= on the app's host: the one-use launch token (bound to this app) becomes the app
  * session's cookie, and a tiny page moves on to the path with a same-site navigation (so the Strict cookie is sent).
@@ -163,8 +147,8 @@ async function redeemLaunch(auth: ProxyAuth, key: string, app: string, req: http
   const { sessionId, expiresAt } = await auth.redeemAppLaunch(token, key);
   const ends = typeof expiresAt === 'number' ? expiresAt : Date.parse(expiresAt);
   const maxAge = Math.max(0, Math.floor((ends - Date.now()) / 1000));
-  const path = launchPath(query.get('path')).replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]!);
-  const body = `<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="0;url=${path}"><title>Opening ${app.replace(/[&<>"']/g, (c) => HTML_ESCAPES[c]!)}</title></head><body></body></html>\n`;
+  const path = escapeHtml(launchPath(query.get('path')));
+  const body = `<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="0;url=${path}"><title>Opening ${escapeHtml(app)}</title></head><body></body></html>\n`;
   res.writeHead(200, {
     'content-type': 'text/html; charset=utf-8',
     'cache-control': 'no-store',
@@ -224,7 +208,7 @@ export function createKubeHandler(auth: ProxyAuth, agents: AgentSource, deadline
       });
       log.info({ user: identity.name, cluster, method: req.method, path }, 'kubernetes request');
       relay(req, res, stream, path, { 'impersonate-user': identity.name, 'impersonate-group': identity.roles });
-    })().catch((err: unknown) => sendError(res, err));
+    })().catch((err: unknown) => sendWebError(res, err));
   });
   // No idle deadline here: a watch (kubectl get -w) may stay silent for many minutes. Only authenticated users
   // get answers long enough to back up; TCP keep-alive finds peers that vanished.
