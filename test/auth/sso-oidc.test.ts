@@ -177,7 +177,7 @@ describe('OIDC: what is refused', () => {
 
   it('allow_unverified_email takes true or false only', async () => {
     const yaml = (value: string) => `kind: oidc\nversion: v3\nmetadata: {name: typo}\nspec:\n  issuer_url: https://idp.example\n  client_id: c\n  client_secret: s\n  redirect_url: ${REDIRECT}\n  allow_unverified_email: ${value}\n  claims_to_roles: [{claim: groups, value: admins, roles: [access]}]\n`;
-    expect((parseManifest(yaml('true'), 'typo.yaml')[0] as { spec: Record<string, unknown> }).spec.allow_unverified_email).toBe(true);
+    expect((parseManifest(yaml('true'), 'typo.yaml')[0] as unknown as { spec: Record<string, unknown> }).spec.allow_unverified_email).toBe(true);
     expect(() => parseManifest(yaml('sure'), 'typo.yaml')).toThrow(expect.objectContaining({ code: 'GW_ERR_RESOURCE_INVALID' }));
     expect(() => parseManifest(yaml('"true"'), 'typo.yaml')).toThrow(/allow_unverified_email/);
   });
