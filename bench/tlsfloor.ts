@@ -7,6 +7,9 @@
  *          tunnel over TLS with client-certificate authentication costs at the least
  *   tls    the same server and client, without a client certificate: what OpenSSL keeps for the peer's
  *          certificate and its verified chain is the difference
+ *   mtls without tickets   mtls with SSL_OP_NO_TICKET on the server (as the Proxy's tunnel route has it): a TLS 1.3
+ *          server sends its session tickets after the handshake, and Node's output BIO keeps the 16 KiB buffer that
+ *          write took for the connection's life (heaptrack: NodeBIO::Write from the ticket, docs/tunnels.md)
  *
  * Server and clients run in two child processes started with the open-file limit raised to the hard one, the
  * server with --expose-gc; the figure is the server's VmRSS growth (after gc) divided by the connections.
@@ -33,17 +36,20 @@ export interface TlsFloor {
   mtlsKiB: number;
   /** The same without one. */
   tlsKiB: number;
+  /** With a client certificate, the server sending no session tickets. */
+  mtlsNoTicketKiB: number;
   connections: number;
 }
 
 const CHILD = `
 import tls from 'node:tls';
+import { constants } from 'node:crypto';
 const send = (m) => process.send(m);
 const rssKiB = () => { globalThis.gc?.(); return process.memoryUsage().rss / 1024; };
 process.once('message', async (m) => {
   if (m.role === 'server') {
     const held = [];
-    const server = tls.createServer({ key: m.key, cert: m.cert, ca: m.ca, requestCert: m.requestCert, rejectUnauthorized: false }, (s) => { held.push(s); s.on('error', () => {}); });
+    const server = tls.createServer({ key: m.key, cert: m.cert, ca: m.ca, requestCert: m.requestCert, rejectUnauthorized: false, ...(m.noTicket ? { secureOptions: constants.SSL_OP_NO_TICKET } : {}) }, (s) => { held.push(s); s.on('error', () => {}); });
     server.listen(0, '127.0.0.1', () => send({ port: server.address().port }));
     process.on('message', (q) => { if (q === 'rss') setTimeout(() => send({ rss: rssKiB(), held: held.length }), 300); });
   } else {
@@ -70,12 +76,12 @@ const next = <T>(child: ChildProcess): Promise<T> =>
     child.once('exit', (code) => reject(new Error(`tls floor child exited (${code})`)));
   });
 
-async function measure(script: string, input: TlsFloorInput, clientCert: boolean): Promise<number> {
+async function measure(script: string, input: TlsFloorInput, clientCert: boolean, noTicket = false): Promise<number> {
   const server = start(script, true);
   const client = start(script, false);
   try {
     const ready = next<{ port: number }>(server);
-    server.send({ role: 'server', key: input.serverKey, cert: input.serverCert, ca: input.ca, requestCert: true });
+    server.send({ role: 'server', key: input.serverKey, cert: input.serverCert, ca: input.ca, requestCert: true, noTicket });
     const { port } = await ready;
     const rss = () => {
       const answer = next<{ rss: number; held: number }>(server);
@@ -101,7 +107,8 @@ export async function measureTlsFloor(input: TlsFloorInput): Promise<TlsFloor> {
   try {
     const mtlsKiB = await measure(script, input, true);
     const tlsKiB = await measure(script, input, false);
-    return { mtlsKiB, tlsKiB, connections: input.connections };
+    const mtlsNoTicketKiB = await measure(script, input, true, true);
+    return { mtlsKiB, tlsKiB, mtlsNoTicketKiB, connections: input.connections };
   } finally {
     await rm(dir, { recursive: true, force: true });
   }

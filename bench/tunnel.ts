@@ -36,17 +36,22 @@
  *                     Proxy), all in BENCH_AGENT_PROCS child processes (this file with BENCH_TUNNEL_CHILD=idle-agents,
  *                     each from its own loopback source addresses); the Proxy's VmRSS before and at a quarter, half
  *                     and all of them connected and idle: per agent overall and over the second half (which leaves
- *                     out what the joins left in the heap), at half and at all.
+ *                     out what the joins left in the heap), at half and at all; then the Proxy's CPU over
+ *                     BENCH_IDLE_CPU_SECS with every agent idle (heartbeats, presence refreshes) and its memory
+ *                     once more after that time (V8's memory reducer gives back the pages the connection storm
+ *                     left once the process is idle: the steady figure).
  *   profile           (BENCH_PROFILE=1, the default) the Proxy and the agent restarted under the V8 sampling
  *                     profiler (what --cpu-prof uses; started by a preload, see PROFILER_PRELOAD), one
  *                     single-stream run of BENCH_PROFILE_MIB MiB and 2 000 round trips; the heaviest self-time
  *                     frames of each are recorded. Its figures are not the measured ones.
  *
  * Settings (environment): BENCH_MIB (512), BENCH_RUNS (3), BENCH_STREAMS (8), BENCH_RTTS (5000), BENCH_STARTS (3),
- * BENCH_AGENTS (10000), BENCH_AGENT_PROCS (2), BENCH_IPERF_SECONDS (3), BENCH_CONNECTS (50), BENCH_PROFILE (1),
+ * BENCH_AGENTS (10000), BENCH_AGENT_PROCS (2), BENCH_IDLE_CPU_SECS (60: the idle Proxy's CPU over this long, 0: not
+ * read), BENCH_IPERF_SECONDS (3), BENCH_CONNECTS (50), BENCH_PROFILE (1),
  * BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the .cpuprofile files to, for Chrome DevTools),
  * BENCH_TUNNEL_ONLY (userpath: set up, run the user path and print it; idle: the idle-memory phase alone; neither is
  * recorded), BENCH_IDLE_PROFILE (a directory: the idle Proxy profiled while the last half of the agents connect),
+ * BENCH_IDLE_HEAPSNAPSHOT (a directory: the idle Proxy's V8 heap snapshot after each of its full gcs),
  * BENCH_GWSH_BEFORE (another build's gwsh.js, e.g. a copy of dist/ kept inside the repository: run as a third path
  * of the user path, for before/after figures in one run; printed, not recorded), BENCH_DAEMON_NODE_OPTIONS (Node options for the data path's Proxy and
  * agent daemons, e.g. "--max-semi-space-size=32"; recorded in the section when set), BENCH_DAEMON_GLIBC_TUNABLES (glibc
@@ -97,6 +102,10 @@ const AGENTS = envNumber('BENCH_AGENTS', 10_000);
 const AGENT_PROCS = envNumber('BENCH_AGENT_PROCS', 2);
 /** BENCH_TUNNEL_ONLY=idle: the idle-memory phase alone, printed and not recorded (for work on the Proxy's memory). */
 const ONLY = process.env.BENCH_TUNNEL_ONLY ?? '';
+/** Seconds the idle Proxy's CPU is read over once every agent is connected (three 20 s heartbeat rounds). */
+const IDLE_CPU_SECS = envNumber('BENCH_IDLE_CPU_SECS', 60, 0);
+/** A directory: the idle Proxy writes a V8 heap snapshot there after each full gc (compare two checkpoints). */
+const HEAP_DIR = process.env.BENCH_IDLE_HEAPSNAPSHOT;
 const PROFILE = envNumber('BENCH_PROFILE', 1, 0) > 0;
 const PROFILE_MIB = envNumber('BENCH_PROFILE_MIB', 256);
 const MSG = 64;
@@ -1091,6 +1100,10 @@ interface IdleMemory {
   gcBefore: GcReading;
   allUp: boolean;
   openFiles: number;
+  /** The Proxy's CPU seconds over `secs` once every agent was connected and idle (heartbeats, presence refreshes). */
+  idleCpu?: { secs: number; cpuSecs: number };
+  /** After that idle time, a full gc again: whether V8 gave back what the connection storm left (its memory reducer). */
+  idleGc?: GcReading;
   /** bench/tlsfloor.ts: a bare Node.js TLS server's VmRSS per idle connection, measured after this phase. */
   floor?: TlsFloor;
 }
@@ -1115,6 +1128,7 @@ process.on('SIGPWR', () => {
   const m = process.memoryUsage();
   const status = readFileSync('/proc/self/status', 'utf8');
   const kib = (name) => Number((new RegExp(name + ':\\\\s+(\\\\d+)').exec(status) || [0, 0])[1]);
+  if (process.env.BENCH_HEAP_DIR) v8.writeHeapSnapshot(require('node:path').join(process.env.BENCH_HEAP_DIR, 'heap-' + Date.now() + '.heapsnapshot'));
   writeFileSync(process.env.BENCH_GC_OUT, JSON.stringify({ rssKiB: kib('VmRSS'), heapKiB: m.heapUsed / 1024, heapTotalKiB: m.heapTotal / 1024, externalKiB: m.external / 1024, anonKiB: kib('RssAnon'), fileKiB: kib('RssFile'), shmemKiB: kib('RssShmem') }));
 });
 `;
@@ -1135,7 +1149,7 @@ interface GcReading {
 async function afterGc(pid: number, out: string): Promise<GcReading> {
   await rm(out, { force: true });
   process.kill(pid, 'SIGPWR');
-  for (let i = 0; i < 300; i++) {
+  for (let i = 0; i < (HEAP_DIR ? 3000 : 300); i++) {
     await sleep(100);
     const text = await readFile(out, 'utf8').catch(() => '');
     if (text) return JSON.parse(text) as GcReading;
@@ -1158,7 +1172,7 @@ async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, 
   const memProxy = await startGateway(proxyConfig('idle.example', memPort, AGENTS + 1000), {
     dataDir: memDataDir,
     openFiles,
-    env: { NODE_OPTIONS: preloads, BENCH_GC_OUT: gcOut, ...(profDir ? { BENCH_CPU_PROF_DIR: profDir } : {}), ...(DAEMON_GLIBC_TUNABLES ? { GLIBC_TUNABLES: DAEMON_GLIBC_TUNABLES } : {}) },
+    env: { NODE_OPTIONS: preloads, BENCH_GC_OUT: gcOut, ...(HEAP_DIR ? { BENCH_HEAP_DIR: HEAP_DIR } : {}), ...(profDir ? { BENCH_CPU_PROF_DIR: profDir } : {}), ...(DAEMON_GLIBC_TUNABLES ? { GLIBC_TUNABLES: DAEMON_GLIBC_TUNABLES } : {}) },
   });
   track.memProxy = memProxy;
   const memPid = memProxy.process.pid!;
@@ -1204,13 +1218,22 @@ async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, 
     allUp = up === target;
     say(`memory: ${target} agents connected (${up} up) after ${connectSecs.toFixed(1)} s: Proxy VmRSS ${(rss / 1024).toFixed(1)} MiB; CPU s: Proxy ${cpuSeconds(memPid).toFixed(1)}, agents ${track.holders.map((h) => processTree(h.child.pid!).map((p) => cpuSeconds(p)).reduce((a, b) => a + b, 0).toFixed(1)).join(', ')}`);
   }
+  let idleCpu: IdleMemory['idleCpu'];
+  let idleGc: GcReading | undefined;
+  if (IDLE_CPU_SECS > 0) {
+    const cpu0 = cpuSeconds(memPid);
+    await sleep(IDLE_CPU_SECS * 1000);
+    idleCpu = { secs: IDLE_CPU_SECS, cpuSecs: cpuSeconds(memPid) - cpu0 };
+    say(`memory: Proxy CPU while ${AGENTS} agents idle: ${(idleCpu.cpuSecs * 1000 / IDLE_CPU_SECS).toFixed(1)} ms/s`);
+    idleGc = await afterGc(memPid, gcOut);
+  }
   // Still all up after the last reading?
   const last = await Promise.all(track.holders.map((h) => h.ask({ op: 'check' })));
   allUp &&= last.reduce((a, m) => a + m.connected, 0) === AGENTS;
   for (const h of track.holders.splice(0)) await h.stop();
   await stopGateway(memProxy);
   track.memProxy = undefined;
-  return { agents: AGENTS, procs: AGENT_PROCS, joinSecs, connectSecs, rssBefore, gcBefore, readings, allUp, openFiles };
+  return { agents: AGENTS, procs: AGENT_PROCS, joinSecs, connectSecs, rssBefore, gcBefore, readings, allUp, openFiles, ...(idleCpu ? { idleCpu } : {}), ...(idleGc ? { idleGc } : {}) };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1517,7 +1540,7 @@ async function main(): Promise<void> {
     const hostFile = (f: string) => readFile(join(agentDataDir, 'host', f), 'utf8');
     const [hostCert, hostKey, hostCa] = await Promise.all([hostFile('cert.pem'), hostFile('key.pem'), hostFile('host-ca.pem')]);
     mem.floor = await measureTlsFloor({ serverCert: hostCert, serverKey: hostKey, ca: hostCa, clientCert: hostCert, clientKey: hostKey, connections: Math.min(AGENTS, TLS_FLOOR_CONNECTIONS) });
-    say(`memory floor: a bare TLS server ${mem.floor.mtlsKiB.toFixed(1)} KiB per connection with a client certificate, ${mem.floor.tlsKiB.toFixed(1)} without`);
+    say(`memory floor: a bare TLS server ${mem.floor.mtlsKiB.toFixed(1)} KiB per connection with a client certificate (${mem.floor.mtlsNoTicketKiB.toFixed(1)} without session tickets), ${mem.floor.tlsKiB.toFixed(1)} without`);
 
     // --- the section ------------------------------------------------------------------------------------------
     const med = (m: Map<PathName, number[]>, n: PathName) => median(m.get(n)!);
@@ -1543,6 +1566,7 @@ async function main(): Promise<void> {
       ...(mem.floor
         ? [
             `| floor: a bare Node.js TLS server per idle connection with a client certificate, ${mem.floor.connections} connections (KiB of VmRSS, bench/tlsfloor.ts) | – | ${mem.floor.mtlsKiB.toFixed(1)} | – | – | – |`,
+            `| floor: the same, the server sending no TLS session tickets (as the Proxy's tunnel route) (KiB of VmRSS) | – | ${mem.floor.mtlsNoTicketKiB.toFixed(1)} | – | – | – |`,
           ]
         : []),
     ];
@@ -1641,6 +1665,16 @@ function perAgent(mem: IdleMemory, n: number): { overall: number; secondHalf: nu
  * per idle" row) and at half of them, overall and over the second half.
  */
 function idleMemoryRows(mem: IdleMemory): string[] {
+  const per = (kib: number, before: number) => ((kib - before) / mem.agents).toFixed(1);
+  const cpu = mem.idleCpu
+    ? [`| Proxy CPU while ${mem.agents} agents are connected and idle, over ${mem.idleCpu.secs} s (ms of CPU per s) | – | ${((mem.idleCpu.cpuSecs * 1000) / mem.idleCpu.secs).toFixed(1)} | – | – | – |`]
+    : [];
+  if (mem.idleGc && mem.idleCpu) {
+    cpu.push(
+      `| Proxy memory per idle connected agent at ${mem.agents} agents, ${mem.idleCpu.secs} s later, after a full gc (KiB of VmRSS) | – | ${per(mem.idleGc.rssKiB, mem.gcBefore.rssKiB)} | – | – | – |`,
+      `| V8's whole heap then (KiB per agent) | – | ${per(mem.idleGc.heapTotalKiB, mem.gcBefore.heapTotalKiB)} | – | – | – |`,
+    );
+  }
   return [mem.agents, Math.floor(mem.agents / 2)].flatMap((n) => {
     const f = perAgent(mem, n);
     if (!f || n === 0) return [];
@@ -1649,7 +1683,7 @@ function idleMemoryRows(mem: IdleMemory): string[] {
       `| Proxy memory per idle connected agent at ${n} agents, over the second half (KiB of VmRSS) | – | ${f.secondHalf.toFixed(1)} | – | – | – |`,
       ...gcRows(mem, n),
     ];
-  });
+  }).concat(cpu);
 }
 
 /** After a full gc (as the floor is read): VmRSS and the JS heap per agent, overall. */
@@ -1682,9 +1716,13 @@ function idleMemoryText(mem: IdleMemory): string {
     `The ${mem.agents} identities were joined first through POST /webapi/join with one --uses=0 token (${mem.joinSecs.toFixed(1)} s, 8 joins in flight per process, ` +
     `each worker from its own source address), before the first reading; the agents connected in ${mem.connectSecs.toFixed(1)} s (32 in flight per process); ` +
     `all still connected at the last reading: ${mem.allUp ? 'yes' : 'no'}. The second-half figure leaves out what start-up and the joins left in the heap. Kernel socket buffers are not in RSS.` +
+    (mem.idleCpu && mem.idleGc
+      ? ` Then ${mem.idleCpu.secs} s with every agent idle: the Proxy used ${((mem.idleCpu.cpuSecs * 1000) / mem.idleCpu.secs).toFixed(1)} ms of CPU per s, and after it, after a full gc, ` +
+        `held ${mib(mem.idleGc.rssKiB)} VmRSS with a ${mib(mem.idleGc.heapTotalKiB)} V8 heap (${mib(mem.idleGc.heapKiB)} used): V8's memory reducer returns the free pages the connection storm left once the process is idle.`
+      : '') +
     (mem.floor
       ? ` The floor (bench/tlsfloor.ts, same run, the agent's host certificate on both ends): a bare Node.js TLS server holds ${mem.floor.mtlsKiB.toFixed(1)} KiB per idle connection ` +
-        `with a client certificate and ${mem.floor.tlsKiB.toFixed(1)} KiB without (${mem.floor.connections} connections, VmRSS after gc).`
+        `with a client certificate, ${mem.floor.mtlsNoTicketKiB.toFixed(1)} KiB with one and no session tickets sent, and ${mem.floor.tlsKiB.toFixed(1)} KiB without (${mem.floor.connections} connections, VmRSS after gc).`
       : '')
   );
 }

@@ -8,7 +8,7 @@ import { GatewayError, isGatewayError } from '../errors.js';
 import type { CallerCheck } from './callers.js';
 import type { Identity } from './pki.js';
 import { canAccess, type AccessKind } from './rbac.js';
-import { KEYS, newestPerAgent, readJson, type AgentPresence, type NodeRecord, type Presence, type ProxyRecord, type TunnelStrategy } from './records.js';
+import { KEYS, newestPerAgent, presenceCounts, readJson, type AgentPresence, type NodeRecord, type Presence, type ProxyRecord, type TunnelStrategy } from './records.js';
 import type { ClusterWatchHandlers } from './proxyauth.js';
 import type { Resource } from './resources/index.js';
 
@@ -67,9 +67,11 @@ export class AgentDirectory {
     return (await this.backend.range('/presence/')).map((i) => JSON.parse(i.value) as Presence);
   }
 
-  /** One presence per agent (the newest tunnel), with every Proxy that holds one. */
+  /** One presence per agent (the newest tunnel), with every Proxy that holds one: the presences that count (presenceCounts). */
   async agentsOnline(): Promise<Map<string, AgentPresence>> {
-    return newestPerAgent(await this.listPresence());
+    const [presence, proxies] = await Promise.all([this.listPresence(), this.listProxies()]);
+    const byId = new Map(proxies.map((p) => [p.id, p]));
+    return newestPerAgent(presence.filter((p) => presenceCounts(p, byId.get(p.proxyId))));
   }
 
   // --- the cluster's Proxies (ProxyRecord: written by each Proxy, expiring unless refreshed) ---------------------

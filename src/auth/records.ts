@@ -112,6 +112,18 @@ export interface ProxyRecord {
   last_heartbeat: string;
 }
 
+/**
+ * Whether a presence record counts: an agent joined directly (DIRECT_PRESENCE) while its record lives; a tunnel's
+ * while the Proxy that wrote it is live (its record, `proxy`) and the tunnel is from this run of that Proxy (not
+ * older than its started_at: a Proxy that restarted under the same ID does not revive the records of its previous
+ * run). Proxies refresh presence far less often than their own record (src/proxy/tunnel.ts), so the Proxy's record
+ * is what tells a dead Proxy's tunnels apart.
+ */
+export function presenceCounts(p: Presence, proxy: ProxyRecord | undefined): boolean {
+  if (p.proxyId === DIRECT_PRESENCE) return true;
+  return proxy !== undefined && p.connectedAt >= proxy.started_at;
+}
+
 /** An agent's newest presence, with every Proxy that holds a tunnel of it. */
 export type AgentPresence = Presence & { proxies: string[] };
 

@@ -1,7 +1,8 @@
 /**
  * A Proxy's view of the cluster it belongs to: the other Proxies (each writes its own record with a TTL and
  * refreshes it every heartbeat interval; this one too) and where every agent has a tunnel (the presence records
- * the tunnel servers write, one per agent and Proxy). Kept in memory from one list and then the Backend's watch
+ * the tunnel servers write, one per agent and Proxy, refreshed far less often: a presence counts while the record
+ * of the Proxy that wrote it lives, presenceCounts). Kept in memory from one list and then the Backend's watch
  * (through ProxyAuth: in process, or over the Auth API), so that routing a client never waits for a lookup.
  *
  * Events: 'proxies' when the set of live Proxies or the tunnel strategy changed (the tunnel server then tells its
@@ -14,7 +15,7 @@
 import { createHash } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import type { PresenceEvent, ProxyDirectory } from '../auth/proxyauth.js';
-import { newestPerAgent, type AgentPresence, type Presence, type ProxyRecord, type TunnelStrategy } from '../auth/records.js';
+import { newestPerAgent, presenceCounts, type AgentPresence, type Presence, type ProxyRecord, type TunnelStrategy } from '../auth/records.js';
 import type { UpgradeChannelConfig } from '../config/index.js';
 import { logger } from '../log.js';
 
@@ -188,24 +189,25 @@ export class ClusterView extends EventEmitter {
     void this.heartbeat();
   }
 
-  /** A presence counts while its Proxy is live; an agent joined directly has no Proxy and counts while its record lives. */
-  private live(proxyId: string): boolean {
-    return proxyId === DIRECT_PROXY_ID || this.proxyMap.has(proxyId);
+  /** Whether a presence counts (presenceCounts: its Proxy is live and it is from that Proxy's current run; or direct). */
+  private live(p: Presence): boolean {
+    return presenceCounts(p, this.proxyMap.get(p.proxyId));
   }
 
   /** The Proxies that hold a tunnel of the agent right now (live ones only; "direct" is not a Proxy). */
   locations(hostId: string): string[] {
-    return [...(this.presence.get(hostId)?.keys() ?? [])].filter((id) => this.proxyMap.has(id));
+    return [...(this.presence.get(hostId)?.values() ?? [])].filter((p) => p.proxyId !== DIRECT_PROXY_ID && this.live(p)).map((p) => p.proxyId);
   }
 
   /** The agent's presence on one Proxy (or DIRECT_PROXY_ID), when live. */
   presenceOf(hostId: string, proxyId: string): Presence | undefined {
-    return this.live(proxyId) ? this.presence.get(hostId)?.get(proxyId) : undefined;
+    const p = this.presence.get(hostId)?.get(proxyId);
+    return p && this.live(p) ? p : undefined;
   }
 
   /** One presence per agent (its newest tunnel anywhere), with every live Proxy holding one. */
   agents(): AgentPresence[] {
-    const live = [...this.presence.values()].flatMap((byProxy) => [...byProxy.values()]).filter((p) => this.live(p.proxyId));
+    const live = [...this.presence.values()].flatMap((byProxy) => [...byProxy.values()]).filter((p) => this.live(p));
     return [...newestPerAgent(live).values()];
   }
 

@@ -19,9 +19,11 @@
  * handshake (so its ALPN is visible) and is closed with a log line saying so. Proxy peering (3021) is not the
  * front door's: it has its own listener in both modes (peer.ts, started by src/roles/proxy.ts).
  */
+import { constants } from 'node:crypto';
 import http from 'node:http';
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
+import type { SecureContext } from 'node:tls';
 import { createWebSocketStream, WebSocketServer, type WebSocket } from 'ws';
 import type { GatewayConfig } from '../config/index.js';
 import { GatewayError } from '../errors.js';
@@ -180,6 +182,8 @@ class RouteHandlers {
   readonly redirect = createRedirectServer();
   private readonly toRedirect: (stream: Duplex) => void;
   private readonly secureContext;
+  /** The agents' tunnels: the same credentials, no session tickets (why: docs/tunnels.md "Memory per idle agent"). */
+  private readonly tunnelContext;
   private readonly services: ProtocolServices;
 
   constructor(
@@ -190,6 +194,7 @@ class RouteHandlers {
     private readonly log: Logger,
   ) {
     this.secureContext = serverSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: options.tls.ca }, 'proxy');
+    this.tunnelContext = serverSecureContext({ key: options.tls.key, cert: options.tls.cert, ca: options.tls.ca, secureOptions: constants.SSL_OP_NO_TICKET }, 'proxy-tunnel');
     this.toRedirect = guardHttpServer(this.redirect, limits.settings);
     this.services = options.services ?? {};
   }
@@ -204,7 +209,7 @@ class RouteHandlers {
       case 'ssh':
         return this.raw(row.name, row);
       default:
-        return this.terminate(row.name, this.services[row.kind]);
+        return this.terminate(row.name, this.services[row.kind], row.kind === 'tunnel' ? this.tunnelContext : this.secureContext);
     }
   }
 
@@ -231,12 +236,12 @@ class RouteHandlers {
   };
 
   /** TLS ends here with the protocol the client chose (none on a separate listener), then the service. */
-  private terminate(name: string, service: ServiceHandler | undefined): RouteHandler {
+  private terminate(name: string, service: ServiceHandler | undefined, secureContext: SecureContext): RouteHandler {
     return (stream, info) => {
       this.streams.track(stream);
       terminateTls(
         stream,
-        this.terminating(info.alpn ? [info.alpn] : []),
+        { secureContext, alpn: info.alpn ? [info.alpn] : [], handshakeMs: this.limits.settings.tlsHandshakeMs },
         (socket) => {
           if (service) return service(socket, info);
           this.absent(name, info);
@@ -245,10 +250,6 @@ class RouteHandlers {
         (err) => this.log.debug({ route: name, err: err.message }, 'TLS on a routed connection failed'),
       );
     };
-  }
-
-  private terminating(alpn: string[]) {
-    return { secureContext: this.secureContext, alpn, handshakeMs: this.limits.settings.tlsHandshakeMs };
   }
 
   private absent(name: string, info: ConnInfo): void {
