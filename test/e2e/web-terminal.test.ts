@@ -436,9 +436,10 @@ describe('app launch', () => {
     expect(url.pathname).toBe('/x-gateway-auth');
     expect(url.searchParams.get('state')).toBe(state);
 
-    // On another app's host the token is refused (and spent or not, it never opens that app).
+    // On another app's host the token is refused: that host's nonce cookie has another name (and were it there, the
+    // token is for another app).
     const elsewhere = await call('GET', `${url.pathname}${url.search}`, { host: OTHER_APP_HOST, headers: { cookie: nonce } });
-    expect(elsewhere.status).toBe(401);
+    expect([elsewhere.status, elsewhere.headers['x-gateway-error']]).toEqual([403, 'GW_ERR_WEB_APP_LAUNCH_UNBOUND']);
     const url2 = await launchOf(state);
     const redeemed = await call('GET', `${url2.pathname}${url2.search}`, { host: APP_HOST, headers: { cookie: nonce } });
     expect(redeemed.status, redeemed.text).toBe(200);
