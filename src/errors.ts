@@ -351,6 +351,10 @@ export const ERROR_CODES = {
     summary: "A state-changing request came from another site: its Origin header is not the page's own origin.",
     hint: 'Use the web UI from its own address; requests from other sites are refused.',
   },
+  GW_ERR_WEB_APP_LAUNCH_UNBOUND: {
+    summary: "An app launch came to the app's host without the launch nonce it was bound to: no state, a state that is not this browser's nonce cookie, or a token bound to another nonce (a launch link made in another browser, e.g. someone else's).",
+    hint: "Open the app from the Web UI's resources page in this browser; a launch link someone else gave you is refused on purpose.",
+  },
   GW_ERR_WEB_TERMINAL_LIMIT: {
     summary: 'A web session asked for more terminals at once than the Proxy allows one session (32); the open ones go on.',
     hint: 'Close some terminal tabs of the web page first.',

@@ -86,6 +86,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   GW_ERR_WEB_SESSION_EXPIRED: 401,
   GW_ERR_WEB_SESSION_INVALID: 401,
   GW_ERR_WEB_CSRF: 403,
+  GW_ERR_WEB_APP_LAUNCH_UNBOUND: 403,
 };
 
 export function statusFor(code: ErrorCode): number {

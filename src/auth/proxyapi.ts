@@ -18,8 +18,8 @@
  *   POST   /v1/proxy/server-cert      {public_key, names}           → {cert} for the caller's host ID, roles [proxy]
  *   POST   /v1/proxy/web-sessions/resolve  {id, bearer?}          → {session: WebSessionView}
  *   POST   /v1/proxy/web-sessions/ssh-cert {id, bearer?, ssh_public_key} → {ssh_cert}
- *   POST   /v1/proxy/app-launches     {id, bearer?, app}            → {token}
- *   POST   /v1/proxy/app-launches/redeem {token, app}               → {session_id, expires_at}
+ *   POST   /v1/proxy/app-launches     {id, bearer?, app, state}     → {token}
+ *   POST   /v1/proxy/app-launches/redeem {token, app, state}        → {session_id, expires_at}
  *   POST   /v1/proxy/app-sessions/resolve {session_id, app}         → {session: WebSessionView}
  *   GET    /v1/proxy/events           newline-delimited JSON: hello, keepalive, maintenance, presence, proxies,
  *                                     resync, revoke {scope}; at most MAX_STREAMS_PER_PROXY per caller
@@ -277,13 +277,13 @@ function webRoutes(auth: AuthService): ProxyRoute[] {
     {
       method: 'POST', path: '/v1/proxy/app-launches', maxBody: SMALL, handle: async (c) => {
         const b = await c.body();
-        return auth.createAppLaunch(text(b.id, 'id', 512), optionalBearer(b), text(b.app, 'app', 256));
+        return auth.createAppLaunch(text(b.id, 'id', 512), optionalBearer(b), text(b.app, 'app', 256), text(b.state, 'state', 64));
       },
     },
     {
       method: 'POST', path: '/v1/proxy/app-launches/redeem', maxBody: SMALL, handle: async (c) => {
         const b = await c.body();
-        const r = await auth.redeemAppLaunch(text(b.token, 'token', 512), text(b.app, 'app', 256));
+        const r = await auth.redeemAppLaunch(text(b.token, 'token', 512), text(b.app, 'app', 256), text(b.state, 'state', 64));
         return { session_id: r.sessionId, expires_at: r.expiresAt };
       },
     },

@@ -92,10 +92,10 @@ export interface ProxyAuth extends ClusterTrust, CallerChecks, AgentRecords, Pro
   resolveWebSession(id: string, bearer: string | undefined): Promise<WebSessionView>;
   /** An SSH user certificate for the session's user (principals: its logins), until min(session end, 1 h). */
   webSessionSshCert(id: string, bearer: string | undefined, sshPublicKey: string): Promise<{ ssh_cert: string }>;
-  /** A launch token for app (single use, 60 s). The Proxy checks the user may reach the app first. */
-  createAppLaunch(id: string, bearer: string | undefined, app: string): Promise<{ token: string }>;
-  /** Spends a launch token: an app session bound to app and to its parent web session (which ends it). */
-  redeemAppLaunch(token: string, app: string): Promise<{ sessionId: string; expiresAt: number }>;
+  /** A launch token for app (single use, 60 s), bound to the launch nonce state. The Proxy checks the user may reach the app first. */
+  createAppLaunch(id: string, bearer: string | undefined, app: string, state: string): Promise<{ token: string }>;
+  /** Spends a launch token bound to state: an app session bound to app and to its parent web session (which ends it). */
+  redeemAppLaunch(token: string, app: string, state: string): Promise<{ sessionId: string; expiresAt: number }>;
   /** The caller of an app session (the `__Host-gw_app` cookie) for app, while its parent web session lives. */
   resolveAppSession(sessionId: string, app: string): Promise<WebSessionView>;
 }

@@ -211,8 +211,8 @@ export class AuthService implements ProxyAuth {
   deleteWebSession(...a: Parameters<WebSessions['delete']>) { return this.parts.webSessions.delete(...a); }
   handoutWebBearer(...a: Parameters<WebSessions['handoutBearer']>) { return this.parts.webSessions.handoutBearer(...a); }
   webSessionSshCert(id: string, bearer: string | undefined, sshPublicKey: string): Promise<{ ssh_cert: string }> { return this.parts.webSessions.sshCert(id, bearer, sshPublicKey); }
-  createAppLaunch(id: string, bearer: string | undefined, app: string): Promise<{ token: string }> { return this.parts.webSessions.createAppLaunch(id, bearer, app); }
-  redeemAppLaunch(token: string, app: string): Promise<{ sessionId: string; expiresAt: number }> { return this.parts.webSessions.redeemAppLaunch(token, app); }
+  createAppLaunch(id: string, bearer: string | undefined, app: string, state: string): Promise<{ token: string }> { return this.parts.webSessions.createAppLaunch(id, bearer, app, state); }
+  redeemAppLaunch(token: string, app: string, state: string): Promise<{ sessionId: string; expiresAt: number }> { return this.parts.webSessions.redeemAppLaunch(token, app, state); }
   resolveAppSession(sessionId: string, app: string): Promise<WebSessionView> { return this.parts.webSessions.resolveAppSession(sessionId, app); }
   webAcl(...a: Parameters<WebSessions['acl']>) { return this.parts.webSessions.acl(...a); }
   /** The newest audit events first, at most limit (the caller needs event list). */

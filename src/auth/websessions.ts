@@ -12,8 +12,9 @@
  * role count at once, exactly as for certificates).
  *
  * Besides: the one-time bearer handout after an SSO callback (the redirect cannot carry it), SSH certificates for
- * the web terminal, and app sessions: a launch token (single use, 60 s) that the app's host redeems for an app
- * session bound to that app and to its parent web session, which ends with it.
+ * the web terminal, and app sessions: a launch token (single use, 60 s, bound to the launch nonce the app's host
+ * set in the browser that asked for it) that the app's host redeems for an app session bound to that app and to
+ * its parent web session, which ends with it.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Backend } from '../backend/index.js';
@@ -31,6 +32,8 @@ import { KEYS, readJson, type StoredUser } from './records.js';
 export const WEB_SESSION_COOKIE = '__Host-gw_session';
 /** The cookie of an app session, on the app's own host. */
 export const APP_SESSION_COOKIE = '__Host-gw_app';
+/** The launch nonce, on the app's own host: a launch token is good only in the browser that holds it. */
+export const APP_LAUNCH_NONCE_COOKIE = '__Host-gw_launch';
 /** The longest web session, whatever the certificate lifetime is set to. */
 export const MAX_WEB_SESSION_MS = 30 * 3600_000;
 /** An app launch token lives this long, and is good once. */
@@ -108,6 +111,8 @@ interface StoredAppLaunch {
   parent: string;
   user: string;
   expiresAt: number;
+  /** sha256 hex of the launch nonce (the app host's cookie in the browser that asked). */
+  stateHash: string;
 }
 
 /** What the page shows and offers, from the user's rules (the API enforces them anyway). */
@@ -225,6 +230,18 @@ export function sameSecret(given: string, storedHash: string | undefined): boole
   const a = Buffer.from(sha256hex(given), 'hex');
   const b = Buffer.from(storedHash, 'hex');
   return a.length === b.length && timingSafeEqual(a, b);
+}
+
+/** A launch token bound to another nonce (or to none the browser holds): never redeemed. */
+export function launchUnbound(why: string): GatewayError {
+  return new GatewayError('GW_ERR_WEB_APP_LAUNCH_UNBOUND', `the app launch is not bound to this browser: ${why}`, {
+    hint: "Open the app from the Web UI's resources page in this browser; a launch link someone else gave you is refused on purpose.",
+  });
+}
+
+/** Whether state has the form of a launch nonce (randomSecret). */
+export function isLaunchNonce(state: unknown): state is string {
+  return typeof state === 'string' && SECRET_FORM.test(state);
 }
 
 function checkAppName(app: string): void {
@@ -362,21 +379,26 @@ export class WebSessions {
     return { ssh_cert: sshCert };
   }
 
-  /** A launch token for app (single use, 60 s), for the session's user. Access to the app is the Proxy's check. */
-  async createAppLaunch(id: string, bearer: string | undefined, app: string): Promise<{ token: string }> {
+  /**
+   * A launch token for app (single use, 60 s), for the session's user, bound to state: the nonce the app's host set
+   * in the browser that asked (only its hash is kept). Access to the app is the Proxy's check.
+   */
+  async createAppLaunch(id: string, bearer: string | undefined, app: string, state: string): Promise<{ token: string }> {
     checkAppName(app);
+    if (!isLaunchNonce(state)) throw new GatewayError('GW_ERR_API_BAD_REQUEST', '"state" must be the launch nonce of the app\'s host (43 base64url characters)', { hint: "Open the app from the Web UI's resources page: the app's host gives the page its nonce." });
     const view = await this.resolve(id, bearer);
     const token = randomSecret();
-    const launch: StoredAppLaunch = { app, parent: sha256hex(id), user: view.identity.name, expiresAt: this.deps.clock() + APP_LAUNCH_TTL_MS };
+    const launch: StoredAppLaunch = { app, parent: sha256hex(id), user: view.identity.name, expiresAt: this.deps.clock() + APP_LAUNCH_TTL_MS, stateHash: sha256hex(state) };
     await this.deps.backend.create(WEB_KEYS.appLaunch(sha256hex(token)), JSON.stringify(launch), { ttlMs: APP_LAUNCH_TTL_MS });
     return { token };
   }
 
   /**
    * Redeems a launch token for an app session bound to app and to the parent web session. The token is spent by
-   * the first attempt, right or wrong (deleted before anything else is checked).
+   * the first attempt, right or wrong (deleted before anything else is checked). state is the nonce the browser
+   * holds (the app's host checked its cookie against it): it must be the one the token was bound to.
    */
-  async redeemAppLaunch(token: string, app: string): Promise<{ sessionId: string; expiresAt: number }> {
+  async redeemAppLaunch(token: string, app: string, state: string): Promise<{ sessionId: string; expiresAt: number }> {
     checkAppName(app);
     const invalid = (why: string) => sessionInvalid(`the app launch token ${why}`);
     if (typeof token !== 'string' || !SECRET_FORM.test(token)) throw invalid('is malformed');
@@ -386,6 +408,7 @@ export class WebSessions {
     const launch = JSON.parse(item.value) as StoredAppLaunch;
     if (this.deps.clock() >= launch.expiresAt) throw invalid('expired');
     if (launch.app !== app) throw invalid(`is for another app, not "${app}"`);
+    if (!isLaunchNonce(state) || !sameSecret(state, launch.stateHash)) throw launchUnbound('the token was bound to another launch nonce than the one this browser holds');
     const parentItem = await this.deps.backend.get(WEB_KEYS.session(launch.parent));
     if (!parentItem) throw invalid('belongs to a web session that ended');
     const parent = JSON.parse(parentItem.value) as StoredWebSession;

@@ -394,12 +394,12 @@ export class RemoteProxyAuth implements ProxyAuth {
     return this.call<{ ssh_cert: string }>('POST', '/v1/proxy/web-sessions/ssh-cert', { id, ...(bearer === undefined ? {} : { bearer }), ssh_public_key: sshPublicKey });
   }
 
-  createAppLaunch(id: string, bearer: string | undefined, app: string): Promise<{ token: string }> {
-    return this.call<{ token: string }>('POST', '/v1/proxy/app-launches', { id, ...(bearer === undefined ? {} : { bearer }), app });
+  createAppLaunch(id: string, bearer: string | undefined, app: string, state: string): Promise<{ token: string }> {
+    return this.call<{ token: string }>('POST', '/v1/proxy/app-launches', { id, ...(bearer === undefined ? {} : { bearer }), app, state });
   }
 
-  redeemAppLaunch(token: string, app: string): Promise<{ sessionId: string; expiresAt: number }> {
-    return this.call<{ session_id: string; expires_at: number }>('POST', '/v1/proxy/app-launches/redeem', { token, app }).then((r) => ({ sessionId: r.session_id, expiresAt: r.expires_at }));
+  redeemAppLaunch(token: string, app: string, state: string): Promise<{ sessionId: string; expiresAt: number }> {
+    return this.call<{ session_id: string; expires_at: number }>('POST', '/v1/proxy/app-launches/redeem', { token, app, state }).then((r) => ({ sessionId: r.session_id, expiresAt: r.expires_at }));
   }
 
   resolveAppSession(sessionId: string, app: string): Promise<WebSessionView> {

@@ -8,7 +8,8 @@
  *
  *   GET  /webapi/resources          what the user's roles reach, with labels (access.ts's canAccess)
  *   GET  /webapi/agents             every agent: version against its channel's target, online, next window
- *   POST /webapi/apps/:name/launch  a one-use launch URL on the app's own host (webapps.ts redeems it)
+ *   POST /webapi/apps/:name/launch  {state, addr?}: a one-use launch URL on the app's own host, its token bound
+ *                                   to state, the nonce that host set in this browser (webapps.ts redeems it)
  *   GET  /webapi/terminal           WebSocket: a shell on a node (terminal.ts)
  *
  * A state-changing request (and every WebSocket) whose Origin is present and is not the page's own is refused
@@ -26,7 +27,8 @@ import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import type { LimitSettings } from '../net/deadlines.js';
 import type { AgentPresence } from '../auth/records.js';
-import { APP_SESSION_COOKIE, bearerOf, cookieValue, originRefusal, sessionInvalid, sessionMissing, WEB_SESSION_COOKIE, type WebSessionView } from '../auth/websessions.js';
+import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, bearerOf, cookieValue, isLaunchNonce, launchUnbound, originRefusal, sessionInvalid, sessionMissing, WEB_SESSION_COOKIE, type WebSessionView } from '../auth/websessions.js';
+import { readBoundedBody } from '../net/http.js';
 import type { AgentSource } from './router.js';
 import { TerminalServer } from './terminal.js';
 
@@ -34,7 +36,8 @@ export type { WebSessionView };
 
 export const SESSION_COOKIE = WEB_SESSION_COOKIE;
 export const APP_COOKIE = APP_SESSION_COOKIE;
-export { bearerOf, cookieValue };
+export const LAUNCH_NONCE_COOKIE = APP_LAUNCH_NONCE_COOKIE;
+export { bearerOf, cookieValue, isLaunchNonce, launchUnbound };
 
 /**
  * What launch tokens and app sessions are bound to: the app's name and its public address. The name alone would let
@@ -130,7 +133,7 @@ export function createWebRoutes(options: WebRoutesOptions): WebRoutes {
       void (async () => {
         const method = launch ? 'POST' : route!.method;
         if (req.method !== method) throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${path}`, { hint: `Use ${method}.` });
-        req.resume();
+        if (!launch) req.resume();
         if (method !== 'GET') checkOrigin(req);
         const creds = credentialsOf(req, bearerOf(req.headers.authorization));
         const session = await options.auth.resolveWebSession(creds.id, creds.bearer);
@@ -273,19 +276,43 @@ export function isOutdated(version: string | undefined, target: string | undefin
 
 // --- /webapi/apps/:name/launch -----------------------------------------------------------------------------------
 
-/** A launch URL on the app's own host: its token is redeemed once there (webapps.ts) for the app's cookie. */
+/** The launch route's body: at most this many bytes ({state, addr}). */
+const LAUNCH_BODY_MAX = 2048;
+
+/**
+ * A launch URL on the app's own host, for the app of that name (at addr, the app host that started the launch,
+ * when given): its token is bound to state, the nonce that host set in this browser, and redeemed once there
+ * (webapps.ts) for the app's cookie.
+ */
 async function launchApp(options: WebRoutesOptions, req: http.IncomingMessage, session: WebSessionView, creds: WebCredentials, name: string): Promise<{ url: string }> {
+  const { state, addr } = await launchBody(req);
+  const host = addr?.replace(/:\d+$/, '');
   const roles = await options.auth.rolesOf(session.identity.roles);
   let app: { public_addr?: string; kind: string; labels: Record<string, string> } | undefined;
-  for (const agent of options.agents.agents()) app ??= agent.resources.apps.find((a) => a.name === name && a.kind !== 'tcp' && !!a.public_addr && canAccess(roles, 'app', a.labels));
+  for (const agent of options.agents.agents()) app ??= agent.resources.apps.find((a) => a.name === name && a.kind !== 'tcp' && !!a.public_addr && (host === undefined || a.public_addr.toLowerCase() === host) && canAccess(roles, 'app', a.labels));
   if (!app) {
-    throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `no HTTP app "${name}" that you may open is connected`, {
+    throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `no HTTP app "${name}"${host ? ` at ${host}` : ''} that you may open is connected`, {
       hint: 'The resources page lists the apps your roles allow; the agent that serves it may be offline.',
     });
   }
-  const { token } = await options.auth.createAppLaunch(creds.id, creds.bearer, appSessionKey(name, app.public_addr!));
+  const { token } = await options.auth.createAppLaunch(creds.id, creds.bearer, appSessionKey(name, app.public_addr!), state);
   // The app's host is served on this same port: the browser reaches it on the port it used for the Proxy.
   const port = /:(\d+)$/.exec(String(req.headers.host ?? req.headers[':authority'] ?? ''))?.[1];
-  const host = port && port !== '443' ? `${app.public_addr}:${port}` : app.public_addr!;
-  return { url: `https://${host}/x-gateway-auth?token=${encodeURIComponent(token)}&path=%2F` };
+  const at = port && port !== '443' ? `${app.public_addr}:${port}` : app.public_addr!;
+  return { url: `https://${at}/x-gateway-auth?token=${encodeURIComponent(token)}&state=${encodeURIComponent(state)}` };
+}
+
+/** {state, addr?}: state the app host's launch nonce, addr the app host (host or host:port) that started it. */
+async function launchBody(req: http.IncomingMessage): Promise<{ state: string; addr: string | undefined }> {
+  const raw = await readBoundedBody(req, LAUNCH_BODY_MAX);
+  let body: unknown;
+  try {
+    body = raw.length === 0 ? {} : JSON.parse(raw.toString('utf8'));
+  } catch {
+    throw new GatewayError('GW_ERR_API_BAD_REQUEST', 'the launch request body is not JSON');
+  }
+  const { state, addr } = (body ?? {}) as { state?: unknown; addr?: unknown };
+  if (!isLaunchNonce(state)) throw launchUnbound("the launch request carries no state: an app is launched from its own host's /x-gateway-auth, which gives the page its nonce");
+  if (addr !== undefined && (typeof addr !== 'string' || !/^[A-Za-z0-9.-]{1,253}(:\d{1,5})?$/.test(addr))) throw new GatewayError('GW_ERR_API_BAD_REQUEST', '"addr" must be an app host (host or host:port)');
+  return { state, addr: addr?.toLowerCase() };
 }

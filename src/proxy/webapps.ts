@@ -14,6 +14,7 @@
  * has) on every request, and track the request in auth.sessions while it runs, so that a lock or a deletion
  * closes a long one (a watch, a stream) at once.
  */
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import http from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
@@ -21,7 +22,7 @@ import { peerIdentityOf } from '../auth/api.js';
 import { canAccess } from '../auth/rbac.js';
 import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
-import { GatewayError } from '../errors.js';
+import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
@@ -29,21 +30,26 @@ import { escapeHtml, guardHttpServer, type HttpDeadlines } from '../net/http.js'
 import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
-import { APP_COOKIE, appSessionKey, cookieValue, SESSION_COOKIE, sendWebError } from './web.js';
+import { APP_COOKIE, appSessionKey, cookieValue, isLaunchNonce, LAUNCH_NONCE_COOKIE, launchUnbound, SESSION_COOKIE, sendWebError, webStatus } from './web.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
 
 /** Whether a header is relayed: not hop-by-hop, and not an HTTP/2 pseudo-header (:method, :path, ...). */
 const relayed = (name: string): boolean => !HOP_BY_HOP.has(name) && !name.startsWith(':');
 
-/** Sends req (with path and extra headers) over an already-open stream to the resource, and relays the answer. */
-function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Duplex, path: string, headers: http.OutgoingHttpHeaders): void {
+/**
+ * Sends req (with path and extra headers) over an already-open stream to the resource, and relays the answer;
+ * a Set-Cookie whose name dropCookie refuses is not relayed.
+ */
+function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Duplex, path: string, headers: http.OutgoingHttpHeaders, dropCookie?: (name: string) => boolean): void {
   const forwarded: http.OutgoingHttpHeaders = {};
   for (const [k, v] of Object.entries(req.headers)) if (relayed(k) && v !== undefined) forwarded[k] = v;
   const upstream = http.request({ method: req.method, path, headers: { ...forwarded, ...headers, connection: 'close' }, createConnection: () => stream as never });
   upstream.on('response', (answer) => {
     const out: http.OutgoingHttpHeaders = {};
     for (const [k, v] of Object.entries(answer.headers)) if (relayed(k) && v !== undefined) out[k] = v;
+    const cookies = answer.headers['set-cookie'];
+    if (dropCookie && cookies) out['set-cookie'] = cookies.filter((c) => !dropCookie(c.slice(0, Math.max(0, c.indexOf('='))).trim()));
     res.writeHead(answer.statusCode ?? 502, out);
     answer.pipe(res);
   });
@@ -51,15 +57,27 @@ function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Dupl
   req.pipe(upstream);
 }
 
-/** The path on an app's host where a launch token from the Web UI is redeemed for the app's cookie. */
+/** The path on an app's host where an app launch starts (a nonce cookie) and ends (the token for the app's cookie). */
 export const APP_AUTH_PATH = '/x-gateway-auth';
+/** The Web UI's page that turns a launch nonce into a token (web/src/pages/launch.tsx). */
+export const WEB_LAUNCH_PAGE = '/web/launch';
+/** How long a launch nonce cookie lives: the Web UI's round trip, with a sign-in on the way. */
+export const LAUNCH_NONCE_MAX_AGE_S = 300;
+
+export interface WebAppOptions {
+  /**
+   * The Proxy's public web addresses (host:port), from configuration: where a launch sends the browser for its
+   * token. Never an address from the request: the nonce travels there.
+   */
+  webAddrs: () => readonly string[];
+}
 
 /**
  * Returns a web-port request handler for HTTP apps, or false from handle() when the Host is not an app's. The
  * caller is the user's client certificate, or else the app session of the Web UI (the cookie __Host-gw_app, bound
  * to this app and to the web session it was launched from: ProxyAuth.resolveAppSession), checked on every request.
  */
-export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
+export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource, options: WebAppOptions) {
   const log = logger('webapps');
   return (req: http.IncomingMessage, res: http.ServerResponse): boolean => {
     const host = (req.headers.host ?? '').toLowerCase().replace(/:\d+$/, '');
@@ -69,7 +87,11 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
     // Launches and app sessions are bound to this app's name and host (web.ts appSessionKey).
     const key = appSessionKey(target.name, host);
     if ((req.url ?? '/').split('?')[0] === APP_AUTH_PATH) {
-      redeemLaunch(auth, key, target.name, req, res).catch((err: unknown) => sendWebError(res, err));
+      appLaunch(auth, options, key, target.name, host, req, res).catch((err: unknown) => {
+        const e = toGatewayError(err);
+        log.info({ app: target.name, code: e.code, err: e.message }, 'app launch refused');
+        sendLaunchError(res, e);
+      });
       return true;
     }
     void (async () => {
@@ -87,7 +109,8 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource) {
       });
       log.info({ user: identity.name, app: target.name, method: req.method, path: req.url }, 'app request');
       withoutGatewayCookies(req);
-      relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name });
+      // Nor does the app set them on its host: a nonce of the app's choosing would let its launch links bind.
+      relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name }, gatewayCookie);
     })().catch((err: unknown) => sendWebError(res, err));
     return true;
   };
@@ -116,49 +139,111 @@ async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.In
   return view.identity;
 }
 
+/** Whether a cookie name is one of the gateway's own (the app session, the web session, a launch nonce). */
+function gatewayCookie(name: string): boolean {
+  return name === APP_COOKIE || name === SESSION_COOKIE || name.startsWith(LAUNCH_NONCE_COOKIE);
+}
+
 /** The gateway's own cookies never reach the app (the app session would let the app act as the user here). */
 function withoutGatewayCookies(req: http.IncomingMessage): void {
   const cookie = req.headers.cookie;
   if (!cookie) return;
-  const kept = cookie.split(';').filter((c) => {
-    const name = c.slice(0, Math.max(0, c.indexOf('='))).trim();
-    return name !== APP_COOKIE && name !== SESSION_COOKIE;
-  });
+  const kept = cookie.split(';').filter((c) => !gatewayCookie(c.slice(0, Math.max(0, c.indexOf('='))).trim()));
   if (kept.length === 0) delete req.headers.cookie;
   else req.headers.cookie = kept.join(';').trim();
 }
 
-/** A same-site path to go to after the launch: "/..." but never "//host" or a backslash trick; "/" otherwise. */
-export function launchPath(raw: string | null): string {
-  if (!raw || raw.length > 2048 || !raw.startsWith('/') || raw.startsWith('//') || /[\\\x00-\x1f\x7f]/.test(raw)) return '/';
-  return raw;
+/** Headers of every answer of the launch path: never cached, framed, sniffed, nor followed by a Referer. */
+const LAUNCH_HEADERS = {
+  'cache-control': 'no-store',
+  'referrer-policy': 'no-referrer',
+  'content-security-policy': "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+  'x-frame-options': 'DENY',
+  'x-content-type-options': 'nosniff',
+};
+
+/**
+ * The nonce cookie's name on the host of key (the app's name and host): one per app host, so that a nonce set on
+ * another app's host never counts here even if it were sent here.
+ */
+export function nonceCookieName(key: string): string {
+  return `${LAUNCH_NONCE_COOKIE}_${createHash('sha256').update(key).digest('hex').slice(0, 16)}`;
+}
+
+const nonceCookie = (key: string, value: string, maxAgeS: number) => `${nonceCookieName(key)}=${value}; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age=${maxAgeS}`;
+
+/**
+ * GET /x-gateway-auth on the app's host. Without a token it starts a launch: a new nonce in a cookie of this host
+ * and a redirect to the Web UI's launch page, which asks for a token bound to the nonce with the user's own web
+ * session. With ?token=&state= it ends one: the token is redeemed only when state is this browser's nonce cookie
+ * and the token was bound to it; the nonce is cleared and the app session's cookie set.
+ */
+async function appLaunch(auth: ProxyAuth, options: WebAppOptions, key: string, app: string, host: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+  req.resume();
+  if (req.method !== 'GET') throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${APP_AUTH_PATH}`, { hint: "Open the app from the Web UI's resources page." });
+  const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '');
+  const token = query.get('token');
+  if (token === null) return startLaunch(options, key, app, host, req, query, res);
+  if (!/^[A-Za-z0-9_-]{1,256}$/.test(token)) throw new GatewayError('GW_ERR_API_BAD_REQUEST', 'the launch URL carries no valid token', { hint: "Open the app again from the Web UI's resources page." });
+  const state = query.get('state');
+  if (!isLaunchNonce(state)) throw launchUnbound('the launch URL carries no state (the nonce of this browser)');
+  if (!sameNonce(cookieValue(req.headers.cookie, nonceCookieName(key)), state)) throw launchUnbound("the URL's state is not the launch nonce this browser holds for this host (none, or another)");
+  const { sessionId, expiresAt } = await auth.redeemAppLaunch(token, key, state);
+  const ends = typeof expiresAt === 'number' ? expiresAt : Date.parse(expiresAt);
+  const maxAge = Math.max(0, Math.floor((ends - Date.now()) / 1000));
+  // A same-site navigation to the app's root, so that the Strict cookie is sent.
+  const body = `<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="0;url=/"><title>Opening ${escapeHtml(app)}</title></head><body></body></html>\n`;
+  res.writeHead(200, {
+    ...LAUNCH_HEADERS,
+    'content-type': 'text/html; charset=utf-8',
+    'set-cookie': [nonceCookie(key, '', 0), `${APP_COOKIE}=${sessionId}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=${maxAge}`],
+    'content-length': Buffer.byteLength(body),
+  });
+  res.end(body);
+}
+
+/** The start of a launch: a nonce cookie on this host, and the Web UI's launch page on a configured address. */
+function startLaunch(options: WebAppOptions, key: string, app: string, host: string, req: http.IncomingMessage, query: URLSearchParams, res: http.ServerResponse): void {
+  const web = launchPageAddr(options.webAddrs(), query.get('web'));
+  const nonce = randomBytes(32).toString('base64url');
+  // The app's host as the browser reached it (its port: the web port's, as the Open button built it).
+  const port = /:(\d+)$/.exec(String(req.headers.host ?? ''))?.[1];
+  const next = new URLSearchParams({ app, addr: port && port !== '443' ? `${host}:${port}` : host, state: nonce });
+  res.writeHead(302, {
+    ...LAUNCH_HEADERS,
+    location: `https://${web}${WEB_LAUNCH_PAGE}?${next.toString()}`,
+    'set-cookie': nonceCookie(key, nonce, LAUNCH_NONCE_MAX_AGE_S),
+    'content-length': 0,
+  });
+  res.end();
 }
 
 /**
- * GET /x-gateway-auth?token=&path= on the app's host: the one-use launch token (bound to this app) becomes the app
- * session's cookie, and a tiny page moves on to the path with a same-site navigation (so the Strict cookie is sent).
+ * Which configured web address the launch page is on: the one the Open button named when it is configured (the
+ * page's own origin, where its session is), else the first. An address the configuration does not list never is.
  */
-async function redeemLaunch(auth: ProxyAuth, key: string, app: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
-  req.resume();
-  if (req.method !== 'GET') throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${APP_AUTH_PATH}`, { hint: 'Open the launch URL the Web UI gives.' });
-  const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '');
-  const token = query.get('token') ?? '';
-  if (!/^[A-Za-z0-9_-]{1,256}$/.test(token)) throw new GatewayError('GW_ERR_API_BAD_REQUEST', 'the launch URL carries no valid token', { hint: "Open the app again from the Web UI's resources page." });
-  const { sessionId, expiresAt } = await auth.redeemAppLaunch(token, key);
-  const ends = typeof expiresAt === 'number' ? expiresAt : Date.parse(expiresAt);
-  const maxAge = Math.max(0, Math.floor((ends - Date.now()) / 1000));
-  const path = escapeHtml(launchPath(query.get('path')));
-  const body = `<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="0;url=${path}"><title>Opening ${escapeHtml(app)}</title></head><body></body></html>\n`;
-  res.writeHead(200, {
-    'content-type': 'text/html; charset=utf-8',
-    'cache-control': 'no-store',
-    'referrer-policy': 'no-referrer',
-    'content-security-policy': "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
-    'x-frame-options': 'DENY',
-    'x-content-type-options': 'nosniff',
-    'set-cookie': `${APP_COOKIE}=${sessionId}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=${maxAge}`,
-    'content-length': Buffer.byteLength(body),
-  });
+export function launchPageAddr(configured: readonly string[], asked: string | null): string {
+  const first = configured[0];
+  if (first === undefined) throw new GatewayError('GW_ERR_INTERNAL', 'the Proxy has no public web address to send an app launch to', { hint: 'Set proxy_service.public_addr.' });
+  const norm = (a: string) => a.toLowerCase().replace(/:443$/, '');
+  const wanted = asked === null ? undefined : configured.find((c) => norm(c) === norm(asked));
+  return norm(wanted ?? first);
+}
+
+/** Whether the cookie's nonce is state, in constant time. */
+function sameNonce(cookie: string | undefined, state: string): boolean {
+  if (cookie === undefined) return false;
+  const a = Buffer.from(cookie);
+  const b = Buffer.from(state);
+  return a.length === b.length && timingSafeEqual(a, b);
+}
+
+/** A refused launch: a plain page (the browser navigated here) naming the code and what to do. */
+function sendLaunchError(res: http.ServerResponse, e: GatewayError): void {
+  if (res.headersSent) return void res.destroy();
+  const hint = e.hint ? `<p>${escapeHtml(e.hint)}</p>` : '';
+  const body = `<!doctype html><html><head><meta charset="utf-8"><title>App launch refused</title></head><body><h1>App launch refused</h1><p><code data-code="${escapeHtml(e.code)}">${escapeHtml(e.code)}</code>: ${escapeHtml(e.message)}</p>${hint}</body></html>\n`;
+  res.writeHead(webStatus(e.code), { ...LAUNCH_HEADERS, 'content-type': 'text/html; charset=utf-8', 'x-gateway-error': e.code, 'content-length': Buffer.byteLength(body) });
   res.end(body);
 }
 

@@ -136,7 +136,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     config,
     clusterName: auth.clusterName,
     web,
-    webApps: createWebAppHandler(auth, router),
+    webApps: createWebAppHandler(auth, router, { webAddrs: () => webAddrs(config, frontDoor?.addresses.web) }),
     services: services(auth, router, tunnels, jump, limits.settings),
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
     findExtras: () => ({ tunnel_host_keys: [...new Set([tunnelKey.sshPublicKey, ...cluster.proxies().flatMap((p) => (p.tunnel_host_key ? [p.tunnel_host_key] : []))])], proxies: cluster.proxies().map((p) => ({ id: p.id, nodename: p.nodename, public_addr: p.public_addr, version: p.version })) }),
@@ -247,6 +247,17 @@ async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tun
     },
   };
   return control;
+}
+
+/**
+ * The Proxy's public web addresses (host:port), where an app launch sends the browser for its token: public_addr,
+ * else this node's name with the bound web port. Configuration only, never a request's Host.
+ */
+function webAddrs(config: GatewayConfig, bound: string | undefined): string[] {
+  const configured = config.proxy_service.public_addr.map((a) => formatHostPort(a.host, a.port));
+  if (configured.length > 0) return configured;
+  const port = bound ? parseAddr(bound).port : 443;
+  return [formatHostPort(config.gateway.nodename, port ?? 443)];
 }
 
 /** Where other Proxies reach this one: peer_public_addr, else the bound address (this node's name when bound to every interface). */

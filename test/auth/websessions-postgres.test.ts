@@ -12,6 +12,9 @@ import { createLogger, setRootLogger } from '../../src/log.js';
 import { startPostgres, type PostgresServer } from '../helpers/databases.js';
 import { rootSuite } from '../helpers/root.js';
 
+/** The launch nonce an app's host set in the browser (a launch token is bound to it). */
+const NONCE = 'n'.repeat(43);
+
 const PASSWORD = 'correct horse battery';
 const CLUSTER = 'pg-web.example';
 
@@ -57,8 +60,8 @@ rootSuite(['dbUsers'])('web sessions on PostgreSQL shared by two Auth Services',
 
   it('an app launch token redeemed concurrently at both Auth Services gives one app session; it ends with its parent everywhere', async () => {
     const s = await b.webLogin('alice', PASSWORD, '192.0.2.1');
-    const { token } = await a.createAppLaunch(s.id, s.bearer, 'grafana');
-    const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => (i % 2 === 0 ? a : b).redeemAppLaunch(token, 'grafana')));
+    const { token } = await a.createAppLaunch(s.id, s.bearer, 'grafana', NONCE);
+    const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => (i % 2 === 0 ? a : b).redeemAppLaunch(token, 'grafana', NONCE)));
     const won = results.filter((r): r is PromiseFulfilledResult<{ sessionId: string; expiresAt: number }> => r.status === 'fulfilled');
     expect(won).toHaveLength(1);
     for (const r of results) if (r.status === 'rejected') expect(r.reason).toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });

@@ -16,6 +16,9 @@ import { AuthService } from '../../src/auth/service.js';
 import { MAX_WEB_SESSION_MS, WEB_SSH_CERT_MAX_MS } from '../../src/auth/websessions.js';
 import { openSqliteBackend } from '../../src/backend/index.js';
 
+/** The launch nonce an app's host set in the browser (a launch token is bound to it). */
+const NONCE = 'n'.repeat(43);
+
 const PASSWORD = 'correct horse battery';
 const keys = generateKeyPair();
 const COOKIE = /^__Host-gw_session=([A-Za-z0-9_-]{43}); Path=\/; HttpOnly; Secure; SameSite=Strict; Max-Age=(\d+)$/;
@@ -341,15 +344,22 @@ describe('the web terminal and apps (ProxyAuth)', () => {
 
   it('a launch token works once and only for its app; the app session ends with its parent', async () => {
     const alice = await webLogin('alice');
-    await expect(auth.createAppLaunch(alice.id, 'wrong-bearer', 'grafana')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
-    const wrongApp = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana');
-    await expect(auth.redeemAppLaunch(wrongApp.token, 'wiki')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+    await expect(auth.createAppLaunch(alice.id, 'wrong-bearer', 'grafana', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+    const wrongApp = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana', NONCE);
+    await expect(auth.redeemAppLaunch(wrongApp.token, 'wiki', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
     // Spent by the wrong try.
-    await expect(auth.redeemAppLaunch(wrongApp.token, 'grafana')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+    await expect(auth.redeemAppLaunch(wrongApp.token, 'grafana', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
 
-    const { token } = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana');
-    const app = await auth.redeemAppLaunch(token, 'grafana');
-    await expect(auth.redeemAppLaunch(token, 'grafana')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+    // Hostile: a token is bound to the nonce it was made for; redeemed with another (or no) nonce it is refused, and spent.
+    await expect(auth.createAppLaunch(alice.id, alice.bearer, 'grafana', '')).rejects.toMatchObject({ code: 'GW_ERR_API_BAD_REQUEST' });
+    const unbound = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana', NONCE);
+    await expect(auth.redeemAppLaunch(unbound.token, 'grafana', 'o'.repeat(43))).rejects.toMatchObject({ code: 'GW_ERR_WEB_APP_LAUNCH_UNBOUND' });
+    await expect(auth.redeemAppLaunch(unbound.token, 'grafana', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+    await expect(auth.redeemAppLaunch((await auth.createAppLaunch(alice.id, alice.bearer, 'grafana', NONCE)).token, 'grafana', '')).rejects.toMatchObject({ code: 'GW_ERR_WEB_APP_LAUNCH_UNBOUND' });
+
+    const { token } = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana', NONCE);
+    const app = await auth.redeemAppLaunch(token, 'grafana', NONCE);
+    await expect(auth.redeemAppLaunch(token, 'grafana', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
     expect(app.expiresAt).toBe(now + 12 * 3600_000);
     expect((await auth.resolveAppSession(app.sessionId, 'grafana')).identity).toMatchObject({ name: 'alice', roles: ['access', 'editor'] });
     await expect(auth.resolveAppSession(app.sessionId, 'wiki')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
@@ -367,22 +377,22 @@ describe('the web terminal and apps (ProxyAuth)', () => {
 
   it('ten concurrent redemptions of one launch token: exactly one app session', async () => {
     const alice = await webLogin('alice');
-    const { token } = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana');
-    const results = await Promise.allSettled(Array.from({ length: 10 }, () => auth.redeemAppLaunch(token, 'grafana')));
+    const { token } = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana', NONCE);
+    const results = await Promise.allSettled(Array.from({ length: 10 }, () => auth.redeemAppLaunch(token, 'grafana', NONCE)));
     expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
     for (const r of results) if (r.status === 'rejected') expect(r.reason).toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
   });
 
   it('a launch token lives 60 s; an app session expires with its parent', async () => {
     const alice = await webLogin('alice');
-    const late = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana');
+    const late = await auth.createAppLaunch(alice.id, alice.bearer, 'grafana', NONCE);
     now += 61_000;
-    await expect(auth.redeemAppLaunch(late.token, 'grafana')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
-    const app = await auth.redeemAppLaunch((await auth.createAppLaunch(alice.id, alice.bearer, 'grafana')).token, 'grafana');
+    await expect(auth.redeemAppLaunch(late.token, 'grafana', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+    const app = await auth.redeemAppLaunch((await auth.createAppLaunch(alice.id, alice.bearer, 'grafana', NONCE)).token, 'grafana', NONCE);
     now = app.expiresAt;
     await expect(auth.resolveAppSession(app.sessionId, 'grafana')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_EXPIRED' });
-    await expect(auth.redeemAppLaunch('x'.repeat(43), 'grafana')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
-    await expect(auth.redeemAppLaunch('short', 'grafana')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+    await expect(auth.redeemAppLaunch('x'.repeat(43), 'grafana', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+    await expect(auth.redeemAppLaunch('short', 'grafana', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
   });
 });
 

@@ -250,8 +250,38 @@ describe('a local user in the Web UI', () => {
     });
     expect(new URL(page.url()).hostname).toBe(APP_NAME);
     expect(await page.locator('body').innerText()).toContain('hello from the app behind web-1');
-    const appCookie = (await browser.context.cookies(`https://${APP_NAME}${new URL(origin).port ? `:${new URL(origin).port}` : ''}`)).find((c) => c.name === '__Host-gw_app');
-    expect(appCookie).toMatchObject({ httpOnly: true, secure: true, sameSite: 'Strict' });
+    const appCookies = await browser.context.cookies(`https://${APP_NAME}${new URL(origin).port ? `:${new URL(origin).port}` : ''}`);
+    expect(appCookies.find((c) => c.name === '__Host-gw_app')).toMatchObject({ httpOnly: true, secure: true, sameSite: 'Strict' });
+    // The launch nonce was spent and cleared.
+    expect(appCookies.filter((c) => c.name.startsWith('__Host-gw_launch'))).toEqual([]);
+  });
+
+  it("hostile: alice's own launch link, opened in another browser, is refused there and logs nobody in as alice", async () => {
+    const { page } = browser;
+    const appOrigin = `https://${APP_NAME}${new URL(origin).port ? `:${new URL(origin).port}` : ''}`;
+    await page.goto(`${origin}/web/`);
+    await page.getByTestId('resource-tab-apps').click();
+    // Alice's launch runs as usual up to its last step, the link with her token, which is kept instead of opened.
+    let link: string | undefined;
+    await page.route(`${appOrigin}/x-gateway-auth?token=*`, async (route) => {
+      link = route.request().url();
+      await route.abort();
+    });
+    await page.getByTestId('app-open-grafana').click();
+    await expect.poll(() => link, { timeout: 30_000 }).toBeDefined();
+    await page.unrouteAll();
+    expect(new URL(link!).searchParams.get('state')).toMatch(/^[A-Za-z0-9_-]{43}$/);
+    const victim = await browser.newPage();
+    try {
+      await browser.step(victim.page, 'app-launch-unbound', async () => {
+        const answer = await victim.page.goto(link!);
+        expect(answer?.status()).toBe(403);
+      });
+      expect(await victim.page.locator('body').innerText()).toContain('GW_ERR_WEB_APP_LAUNCH_UNBOUND');
+      expect((await victim.context.cookies(appOrigin)).map((c) => c.name)).toEqual([]);
+    } finally {
+      await victim.context.close();
+    }
   });
 
   it('shows the agents with their version and online state', async () => {

@@ -28,6 +28,9 @@ import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole } from '../../src/roles/proxy.js';
 import { waitUntil } from '../helpers/wait.js';
 
+/** The launch nonce an app's host set in the browser (a launch token is bound to it). */
+const NONCE = 'n'.repeat(43);
+
 const PASSWORD = 'correct horse battery';
 const CLUSTER = 'websessions.example';
 const COOKIE = /^__Host-gw_session=([A-Za-z0-9_-]{43}); Path=\/; HttpOnly; Secure; SameSite=Strict; Max-Age=(\d+)$/;
@@ -269,9 +272,9 @@ describe.each(['one', 'split'])('through the %s-process Proxy', (name) => {
     const cert = parseSshCert((await auth.webSessionSshCert(s.id, s.bearer, keys.sshPublicKey)).ssh_cert, role.auth.user.ssh.publicKey);
     expect(cert.principals).toEqual(['alice']);
     await expect(auth.webSessionSshCert(s.id, 'not-the-bearer', keys.sshPublicKey)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
-    const { token } = await auth.createAppLaunch(s.id, s.bearer, 'grafana');
-    const app = await auth.redeemAppLaunch(token, 'grafana');
-    await expect(auth.redeemAppLaunch(token, 'grafana')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
+    const { token } = await auth.createAppLaunch(s.id, s.bearer, 'grafana', NONCE);
+    const app = await auth.redeemAppLaunch(token, 'grafana', NONCE);
+    await expect(auth.redeemAppLaunch(token, 'grafana', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
     expect((await auth.resolveAppSession(app.sessionId, 'grafana')).identity.name).toBe(user('alice'));
     await expect(auth.resolveAppSession(app.sessionId, 'wiki')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
     // Hostile: a browser session (or a user certificate) calling the Proxies' routes itself gets nothing.

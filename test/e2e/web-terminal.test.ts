@@ -7,8 +7,8 @@
  *   - list resources (only what their roles allow, with labels) and agents (version, channel, outdated, window);
  *   - open the terminal WebSocket (ws as the client): a command's output comes back, a resize changes `stty size`,
  *     the exit status arrives, the SSH Service's audit events name the user; a lock closes an open terminal;
- *   - launch the HTTP app: the token works once, only on its app's host, sets the app cookie, and the app's
- *     requests go through with it.
+ *   - launch the HTTP app: the app's host sets a nonce and sends the browser to the launch page; the token, bound
+ *     to the nonce, works once, only on its app's host, sets the app cookie, and the app's requests go through.
  *
  * Refusals by their codes: no cookie, no or a wrong bearer, another Origin, a user without the node, a login not
  * allowed. Hostile: a WebSocket message over 64 KiB, a page that never reads a flood of output (the Proxy's memory
@@ -411,27 +411,44 @@ describe('the terminal', () => {
 });
 
 describe('app launch', () => {
-  it('a token works once, only on its app host, sets the Strict app cookie, and the app request goes through', async () => {
+  it('a launch starts on the app host (a nonce), its token is bound to it, works once, only on its app host, sets the Strict app cookie, and the app request goes through', async () => {
     const alice = await webLogin('alice');
-    expect((await call('POST', '/webapi/apps/grafana/launch', { headers: creds(alice, { origin: 'https://evil.example' }) })).json.error.code).toBe('GW_ERR_WEB_CSRF');
-    const launch = await call('POST', '/webapi/apps/grafana/launch', { headers: creds(alice, { origin: ORIGIN() }) });
-    expect(launch.status, launch.text).toBe(200);
-    const url = new URL(launch.json.url as string);
+    // The start: the app's host sets its nonce and sends the browser to the Web UI's launch page, at the Proxy's
+    // configured address (an address the configuration does not list is never used).
+    const start = await call('GET', `/x-gateway-auth?app=grafana&web=${encodeURIComponent('evil.example:443')}`, { host: APP_HOST });
+    expect(start.status, start.text).toBe(302);
+    const next = new URL(String(start.headers.location));
+    expect(`${next.origin}${next.pathname}`).toBe(`${ORIGIN()}/web/launch`);
+    expect([next.searchParams.get('app'), next.searchParams.get('addr')]).toEqual(['grafana', `${APP_HOST}:${webPort}`]);
+    const state = next.searchParams.get('state')!;
+    const set = String(start.headers['set-cookie']);
+    expect(set).toMatch(new RegExp(`^__Host-gw_launch_[0-9a-f]{16}=${state}; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age=300$`));
+    const nonce = set.split(';')[0]!;
+    const launchOf = async (s: string) => {
+      const answer = await call('POST', '/webapi/apps/grafana/launch', { headers: creds(alice, { origin: ORIGIN() }), body: { state: s, addr: `${APP_HOST}:${webPort}` } });
+      expect(answer.status, answer.text).toBe(200);
+      return new URL(answer.json.url as string);
+    };
+    expect((await call('POST', '/webapi/apps/grafana/launch', { headers: creds(alice, { origin: 'https://evil.example' }), body: { state } })).json.error.code).toBe('GW_ERR_WEB_CSRF');
+    expect((await call('POST', '/webapi/apps/grafana/launch', { headers: creds(alice, { origin: ORIGIN() }), body: {} })).json.error.code).toBe('GW_ERR_WEB_APP_LAUNCH_UNBOUND');
+    const url = await launchOf(state);
     expect(url.host).toBe(`${APP_HOST}:${webPort}`);
     expect(url.pathname).toBe('/x-gateway-auth');
+    expect(url.searchParams.get('state')).toBe(state);
 
-    // On another app's host the token is refused (and spent or not, it never opens that app).
-    const elsewhere = await call('GET', `${url.pathname}${url.search}`, { host: OTHER_APP_HOST });
-    expect(elsewhere.status).toBe(401);
-    const launch2 = await call('POST', '/webapi/apps/grafana/launch', { headers: creds(alice, { origin: ORIGIN() }) });
-    const url2 = new URL(launch2.json.url as string);
-    const redeemed = await call('GET', `${url2.pathname}${url2.search}`, { host: APP_HOST });
+    // On another app's host the token is refused: that host's nonce cookie has another name (and were it there, the
+    // token is for another app).
+    const elsewhere = await call('GET', `${url.pathname}${url.search}`, { host: OTHER_APP_HOST, headers: { cookie: nonce } });
+    expect([elsewhere.status, elsewhere.headers['x-gateway-error']]).toEqual([403, 'GW_ERR_WEB_APP_LAUNCH_UNBOUND']);
+    const url2 = await launchOf(state);
+    const redeemed = await call('GET', `${url2.pathname}${url2.search}`, { host: APP_HOST, headers: { cookie: nonce } });
     expect(redeemed.status, redeemed.text).toBe(200);
-    const cookie = String(redeemed.headers['set-cookie']);
+    const [cleared, cookie = ''] = redeemed.headers['set-cookie'] as string[];
+    expect(cleared).toBe(`${nonce.split('=')[0]}=; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age=0`);
     expect(cookie).toMatch(/^__Host-gw_app=[A-Za-z0-9_-]+; Path=\/; HttpOnly; Secure; SameSite=Strict; Max-Age=\d+$/);
     expect(redeemed.text).toContain('<meta http-equiv="refresh" content="0;url=/">');
-    const again = await call('GET', `${url2.pathname}${url2.search}`, { host: APP_HOST });
-    expect([again.status, again.json.error?.code]).toEqual([401, 'GW_ERR_WEB_SESSION_INVALID']);
+    const again = await call('GET', `${url2.pathname}${url2.search}`, { host: APP_HOST, headers: { cookie: nonce } });
+    expect([again.status, again.headers['x-gateway-error']]).toEqual([401, 'GW_ERR_WEB_SESSION_INVALID']);
 
     const appCookie = cookie.split(';')[0]!;
     const page = await call('GET', '/dashboards?x=1', { host: APP_HOST, headers: { cookie: `${appCookie}; theme=dark` } });

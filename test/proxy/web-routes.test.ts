@@ -22,7 +22,7 @@ import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { daemonEnvironment } from '../../src/roles/environment.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole } from '../../src/roles/proxy.js';
-import { launchPath } from '../../src/proxy/webapps.js';
+import { launchPageAddr } from '../../src/proxy/webapps.js';
 import { terminalRequest } from '../../src/proxy/terminal.js';
 import { checkOrigin, isOutdated } from '../../src/proxy/web.js';
 import WebSocket from 'ws';
@@ -46,7 +46,7 @@ interface Answer {
   json: Record<string, any>;
 }
 
-function call(method: string, path: string, headers: Record<string, string> = {}, at = web): Promise<Answer> {
+function call(method: string, path: string, headers: Record<string, string> = {}, at = web, body?: unknown): Promise<Answer> {
   const i = at.lastIndexOf(':');
   return new Promise((resolve, reject) => {
     const req = https.request({ host: at.slice(0, i), port: Number(at.slice(i + 1)), method, path, ca, agent: false, headers: { host: 'localhost', ...headers } }, (res) => {
@@ -55,9 +55,12 @@ function call(method: string, path: string, headers: Record<string, string> = {}
       res.on('end', () => resolve({ status: res.statusCode ?? 0, json: text ? (JSON.parse(text) as Record<string, any>) : {} }));
     });
     req.on('error', reject);
-    req.end();
+    req.end(body === undefined || typeof body === 'string' ? body : JSON.stringify(body));
   });
 }
+
+/** A launch nonce, as an app host's /x-gateway-auth gives the page (the launch route binds the token to it). */
+const STATE = 's'.repeat(43);
 
 async function session(user: string): Promise<Record<string, string>> {
   const s = await auth.auth.webLogin(user, PASSWORD, '127.0.0.1');
@@ -193,10 +196,14 @@ describe('hostile and malformed requests', () => {
     const olga = await session('olga');
     expect((await call('POST', '/webapi/resources', olga)).json.error.code).toBe('GW_ERR_API_BAD_REQUEST');
     expect((await call('GET', '/webapi/apps/wiki/launch', olga)).json.error.code).toBe('GW_ERR_API_BAD_REQUEST');
-    const unknown = await call('POST', '/webapi/apps/nope/launch', olga);
+    const unknown = await call('POST', '/webapi/apps/nope/launch', olga, web, { state: STATE });
     expect([unknown.status, unknown.json.error.code]).toEqual([404, 'GW_ERR_RESOURCE_NOT_FOUND']);
-    // A TCP app has no page to open.
-    expect((await call('POST', '/webapi/apps/raw/launch', olga)).json.error.code).toBe('GW_ERR_RESOURCE_NOT_FOUND');
+    // A TCP app has no page to open; an app at another host than the one named is not this one.
+    expect((await call('POST', '/webapi/apps/raw/launch', olga, web, { state: STATE })).json.error.code).toBe('GW_ERR_RESOURCE_NOT_FOUND');
+    expect((await call('POST', '/webapi/apps/wiki/launch', olga, web, { state: STATE, addr: 'wiki.evil.example' })).json.error.code).toBe('GW_ERR_RESOURCE_NOT_FOUND');
+    // Without the app host's nonce, or with a body that is not JSON.
+    expect((await call('POST', '/webapi/apps/wiki/launch', olga, web, { state: 'short' })).json.error.code).toBe('GW_ERR_WEB_APP_LAUNCH_UNBOUND');
+    expect((await call('POST', '/webapi/apps/wiki/launch', olga, web, '{')).json.error.code).toBe('GW_ERR_API_BAD_REQUEST');
     // A cookie header over the 8 KiB read (under Node's header limit): no session is read from it.
     const huge = await call('GET', '/webapi/resources', { cookie: `${olga.cookie!}; a=${'x'.repeat(9_000)}`, authorization: olga.authorization! });
     expect(huge.status).toBe(401);
@@ -210,11 +217,11 @@ describe('hostile and malformed requests', () => {
 
   it('the launch of an app refuses another origin and a user whose roles do not allow it', async () => {
     const olga = await session('olga');
-    const cross = await call('POST', '/webapi/apps/wiki/launch', { ...olga, origin: 'https://localhost.evil.example' });
+    const cross = await call('POST', '/webapi/apps/wiki/launch', { ...olga, origin: 'https://localhost.evil.example' }, web, { state: STATE });
     expect([cross.status, cross.json.error.code]).toEqual([403, 'GW_ERR_WEB_CSRF']);
-    const ok = await call('POST', '/webapi/apps/wiki/launch', { ...olga, origin: 'https://localhost' });
+    const ok = await call('POST', '/webapi/apps/wiki/launch', { ...olga, origin: 'https://localhost' }, web, { state: STATE, addr: 'wiki.localhost' });
     expect(ok.status, JSON.stringify(ok.json)).toBe(200);
-    expect(ok.json.url).toMatch(/^https:\/\/wiki\.localhost\/x-gateway-auth\?token=[A-Za-z0-9_-]+&path=%2F$/);
+    expect(ok.json.url).toBe(`https://wiki.localhost/x-gateway-auth?token=${new URL(ok.json.url as string).searchParams.get('token')}&state=${STATE}`);
   });
 });
 
@@ -238,9 +245,13 @@ describe('the parsers', () => {
     }
   });
 
-  it('launchPath keeps same-site paths only', () => {
-    expect(launchPath('/dashboards?x=1')).toBe('/dashboards?x=1');
-    for (const bad of [null, '', 'https://evil.example/', '//evil.example/', '/\\evil.example', 'javascript:alert(1)', '/a\nb', `/${'a'.repeat(3000)}`]) expect(launchPath(bad), String(bad)).toBe('/');
+  it('launchPageAddr picks a configured web address only, the one the page named when it is configured', () => {
+    const configured = ['127.0.0.1:3080', 'Proxy.example.com:443'];
+    expect(launchPageAddr(configured, null)).toBe('127.0.0.1:3080');
+    expect(launchPageAddr(configured, 'proxy.example.com')).toBe('proxy.example.com');
+    expect(launchPageAddr(configured, 'proxy.example.com:443')).toBe('proxy.example.com');
+    for (const hostile of ['evil.example', 'proxy.example.com.evil.example', 'proxy.example.com:444', '127.0.0.1:3080/x', '']) expect(launchPageAddr(configured, hostile), hostile).toBe('127.0.0.1:3080');
+    expect(() => launchPageAddr([], 'evil.example')).toThrow(expect.objectContaining({ code: 'GW_ERR_INTERNAL' }));
   });
 
   it('checkOrigin accepts the page own origin (default port or not) and refuses any other', () => {

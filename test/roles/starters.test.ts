@@ -150,8 +150,8 @@ function onlyProxyAuth(role: AuthRole, issued: string[]): ProxyAuth {
     },
     resolveWebSession: (id, bearer) => auth.resolveWebSession(id, bearer),
     webSessionSshCert: (id, bearer, key) => auth.webSessionSshCert(id, bearer, key),
-    createAppLaunch: (id, bearer, app) => auth.createAppLaunch(id, bearer, app),
-    redeemAppLaunch: (token, app) => auth.redeemAppLaunch(token, app),
+    createAppLaunch: (id, bearer, app, state) => auth.createAppLaunch(id, bearer, app, state),
+    redeemAppLaunch: (token, app, state) => auth.redeemAppLaunch(token, app, state),
     resolveAppSession: (sessionId, app) => auth.resolveAppSession(sessionId, app),
   };
 }

@@ -9,7 +9,7 @@ import { BearerStore, type KeyValueStore } from '../../web/src/lib/bearer.js';
 import { failureFrom, signInReason, unreachable } from '../../web/src/lib/errors.js';
 import { addChipToQuery, filterItems, labelChips, MAX_TERMS, parseQuery } from '../../web/src/lib/filter.js';
 import { maintenanceManifest, upgradesOf } from '../../web/src/lib/manifest.js';
-import { matchRoute, safeRedirect } from '../../web/src/lib/route.js';
+import { appLaunchStart, launchParams, launchUrlFits, matchRoute, safeRedirect } from '../../web/src/lib/route.js';
 import { clampSize, exitLine, openableLink, parseServerMessage, resizeMessage, subprotocols, terminalUrl } from '../../web/src/lib/terminal.js';
 import { formatWindow, nextWindow, relative, utcStamp } from '../../web/src/lib/time.js';
 
@@ -252,6 +252,30 @@ describe('openableLink (hyperlinks printed in the terminal)', () => {
     expect(openableLink('HTTP://intranet/')).toBe(true);
     for (const bad of ['javascript:alert(1)', 'JaVaScRiPt:alert(1)', 'data:text/html,<script>1</script>', 'file:///etc/passwd', 'https://', ' https://x', 'vbscript:x', `https://${'a'.repeat(3000)}`]) {
       expect(openableLink(bad), bad).toBe(false);
+    }
+  });
+});
+
+describe('the app launch (route.ts)', () => {
+  const STATE = 'N'.repeat(43);
+  it("starts on the app's own host, naming the app and the page's own address", () => {
+    expect(appLaunchStart('grafana.example.com', '', 'grafana', 'proxy.example.com')).toBe('https://grafana.example.com/x-gateway-auth?app=grafana&web=proxy.example.com');
+    expect(appLaunchStart('grafana.example.com', '3080', 'grafana', 'proxy.example.com:3080')).toBe('https://grafana.example.com:3080/x-gateway-auth?app=grafana&web=proxy.example.com%3A3080');
+    expect(matchRoute('/web/launch')).toEqual({ page: 'launch', params: {} });
+  });
+
+  it('takes the launch page query only when app, addr and state are well formed (hostile ones refused)', () => {
+    expect(launchParams(`?app=grafana&addr=Grafana.example.com:3080&state=${STATE}`)).toEqual({ app: 'grafana', addr: 'grafana.example.com:3080', state: STATE });
+    for (const bad of [`?app=grafana&addr=g.example.com`, `?app=grafana&state=${STATE}`, `?addr=g.example.com&state=${STATE}`, `?app=../x&addr=g.example.com&state=${STATE}`, `?app=g&addr=evil.example/x&state=${STATE}`, `?app=g&addr=a@evil.example&state=${STATE}`, '?app=g&addr=g.example.com&state=short']) {
+      expect(launchParams(bad), bad).toBeUndefined();
+    }
+  });
+
+  it("goes on only to the launch's own host, over https, to /x-gateway-auth", () => {
+    expect(launchUrlFits(`https://grafana.example.com:3080/x-gateway-auth?token=t&state=${STATE}`, 'grafana.example.com:3080')).toBe(true);
+    expect(launchUrlFits('https://grafana.example.com/x-gateway-auth?token=t', 'grafana.example.com:443')).toBe(true);
+    for (const bad of ['http://grafana.example.com:3080/x-gateway-auth', 'https://evil.example:3080/x-gateway-auth', 'https://grafana.example.com:3080/other', 'javascript:alert(1)', 'not a url']) {
+      expect(launchUrlFits(bad, 'grafana.example.com:3080'), bad).toBe(false);
     }
   });
 });

@@ -73,7 +73,8 @@ export const api = {
   signOut: () => call<unknown>('DELETE', '/webapi/sessions'),
   resources: () => call<Resources>('GET', '/webapi/resources'),
   agents: () => call<Agents>('GET', '/webapi/agents'),
-  launchApp: (name: string) => call<{ url: string }>('POST', `/webapi/apps/${encodeURIComponent(name)}/launch`, {}),
+  /** A launch URL for app at addr, its token bound to state (the nonce the app's host set in this browser). */
+  launchApp: (name: string, state: string, addr: string) => call<{ url: string }>('POST', `/webapi/apps/${encodeURIComponent(name)}/launch`, { state, addr }),
   maintenance: () => call<{ resources: unknown[] }>('GET', '/v1/resources/cluster_maintenance_config'),
   saveManifest: (manifest: string) => call<{ messages: string[] }>('POST', '/v1/resources', { manifest, overwrite: true, source: 'web' }),
   tokens: () => call<{ tokens: TokenRow[] }>('GET', '/v1/tokens'),

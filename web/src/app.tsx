@@ -9,6 +9,7 @@ import { relative } from './lib/time.js';
 import { linkClick, loginHref, navigate, onNavigate } from './nav.js';
 import { AgentsPage } from './pages/agents.js';
 import { AuditPage } from './pages/audit.js';
+import { LaunchPage } from './pages/launch.js';
 import { LoginPage } from './pages/login.js';
 import { MaintenancePage } from './pages/maintenance.js';
 import { ResourcesPage } from './pages/resources.js';
@@ -116,6 +117,8 @@ function Body({ page, params, session }: { page: Page; params: Record<string, st
   switch (page) {
     case 'resources':
       return <ResourcesPage session={session} />;
+    case 'launch':
+      return <LaunchPage />;
     case 'agents':
       return <AgentsPage />;
     case 'terminal':

@@ -1,6 +1,6 @@
 /** The page's routes under /web/: pure matching, so that it is tested without a browser. */
 
-export type Page = 'login' | 'sso-complete' | 'resources' | 'agents' | 'terminal' | 'maintenance' | 'tokens' | 'audit' | 'not-found';
+export type Page = 'login' | 'sso-complete' | 'launch' | 'resources' | 'agents' | 'terminal' | 'maintenance' | 'tokens' | 'audit' | 'not-found';
 
 export interface Route {
   page: Page;
@@ -13,6 +13,7 @@ const STATIC: Record<string, Page> = {
   '': 'resources',
   login: 'login',
   'sso-complete': 'sso-complete',
+  launch: 'launch',
   resources: 'resources',
   agents: 'agents',
   maintenance: 'maintenance',
@@ -45,6 +46,36 @@ export function matchRoute(pathname: string): Route {
 export function hrefOf(page: Exclude<Page, 'not-found'>, params: Record<string, string> = {}): string {
   if (page === 'terminal') return `${BASE}/terminal/${encodeURIComponent(params.node ?? '')}`;
   return page === 'resources' ? `${BASE}/` : `${BASE}/${page}`;
+}
+
+/** The start of an app launch: its own host's /x-gateway-auth, which sets the nonce and sends the page back here. */
+export function appLaunchStart(publicAddr: string, port: string, app: string, web: string): string {
+  const q = new URLSearchParams({ app, web });
+  return `https://${publicAddr}${port && port !== '443' ? `:${port}` : ''}/x-gateway-auth?${q.toString()}`;
+}
+
+/**
+ * The launch page's query (from the app host's redirect): app, addr (the app's host, host[:port]) and state (its
+ * nonce); undefined when any is missing or malformed.
+ */
+export function launchParams(search: string): { app: string; addr: string; state: string } | undefined {
+  const q = new URLSearchParams(search);
+  const app = q.get('app') ?? '';
+  const addr = q.get('addr') ?? '';
+  const state = q.get('state') ?? '';
+  if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/.test(app) || !/^[A-Za-z0-9.-]{1,253}(:\d{1,5})?$/.test(addr) || !/^[A-Za-z0-9_-]{43}$/.test(state)) return undefined;
+  return { app, addr: addr.toLowerCase(), state };
+}
+
+/** Whether a launch URL the Proxy answered goes where the launch started: https, that host, its /x-gateway-auth. */
+export function launchUrlFits(url: string, addr: string): boolean {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    return false;
+  }
+  return u.protocol === 'https:' && u.host.toLowerCase() === addr.toLowerCase().replace(/:443$/, '') && u.pathname === '/x-gateway-auth';
 }
 
 /**

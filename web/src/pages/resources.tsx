@@ -4,6 +4,7 @@ import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
 import { Badge, Chips, Empty, ErrorBox, PageHeader, Spinner } from '../components/ui.js';
 import { addChipToQuery, filterItems, type Filterable } from '../lib/filter.js';
+import { appLaunchStart } from '../lib/route.js';
 import { navigate } from '../nav.js';
 import type { AppResource, CurrentSession, DatabaseResource, DesktopResource, KubeResource, NodeResource } from '../types.js';
 import { FilterBox, useUrlState } from './filterbox.js';
@@ -117,17 +118,12 @@ function ConnectButton({ node, logins, disabled }: { node: string; logins: strin
 function AppTable({ rows, onPick }: { rows: AppResource[]; onPick: (c: string) => void }) {
   const [busy, setBusy] = useState<string | undefined>(undefined);
   const [error, setError] = useState<Error | undefined>(undefined);
-  const open = async (name: string) => {
-    setBusy(name);
+  // The launch starts on the app's own host (a nonce for this browser), which sends the page to /web/launch.
+  const open = (a: AppResource) => {
     setError(undefined);
-    try {
-      const { url } = await api.launchApp(name);
-      if (!/^https:\/\//i.test(url)) throw new Error(`the Proxy answered a launch address that is not https: ${url.slice(0, 100)}`);
-      window.location.assign(url);
-    } catch (e) {
-      setError(e as Error);
-      setBusy(undefined);
-    }
+    if (!a.public_addr) return setError(new Error(`app "${a.name}" has no public address to open it at`));
+    setBusy(a.name);
+    window.location.assign(appLaunchStart(a.public_addr, location.port, a.name, location.host));
   };
   return (
     <>
@@ -141,7 +137,7 @@ function AppTable({ rows, onPick }: { rows: AppResource[]; onPick: (c: string) =
               <td class="mono">{a.public_addr ?? ''}</td>
               <td><Chips labels={a.labels} onPick={onPick} /></td>
               <td class="right">
-                <button type="button" class="btn btn-primary btn-small" disabled={busy !== undefined || a.launch === false} onClick={() => void open(a.name)} data-testid={`app-open-${a.name}`}>
+                <button type="button" class="btn btn-primary btn-small" disabled={busy !== undefined || a.launch === false} onClick={() => open(a)} data-testid={`app-open-${a.name}`}>
                   {busy === a.name ? 'Opening…' : 'Open'}
                 </button>
               </td>
