@@ -37,6 +37,7 @@ import * as nodePty from 'node-pty';
 import { runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
 import { recordSection } from './record.js';
 import { envNumber, spawnSshd } from './common.js';
+import { commOf, descendants, hops, startTrace, type Traced } from './keytrace.js';
 
 
 const KEYS = envNumber('BENCH_KEYS', 3000);
@@ -48,6 +49,7 @@ const JUMP_IP = '127.0.0.9';
 const PASSWORD = 'correct horse battery';
 const READY_TIMEOUT_MS = 30_000;
 const KEY_TIMEOUT_MS = 10_000;
+const TRACE = envNumber('BENCH_TRACE', 0, 0);
 
 const percentile = (sorted: number[], p: number) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 const median = (xs: number[]) => percentile([...xs].sort((a, b) => a - b), 50);
@@ -59,6 +61,7 @@ function exited(child: ChildProcess): Promise<void> {
 
 interface Sshd {
   port: number;
+  pid: number;
   hostKeyLine: string;
   stop(): Promise<void>;
 }
@@ -96,6 +99,7 @@ async function startSshd(dir: string, name: string, ip: string): Promise<Sshd> {
   const pub = readFileSync(`${hostKey}.pub`, 'utf8').trim().split(' ').slice(0, 2).join(' ');
   return {
     port,
+    pid: child.pid!,
     hostKeyLine: `[${ip}]:${port} ${pub}`,
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return;
@@ -116,6 +120,9 @@ class Session {
   /** Characters on the shell's line: a DEL only ever follows an "x" (DEL on an empty line rings the bell). */
   private onLine = 0;
   readonly startMs: number;
+  get pid(): number {
+    return this.term.pid;
+  }
 
   constructor(args: string[], env: Record<string, string>) {
     const t0 = nowMs();
@@ -282,6 +289,61 @@ async function measure(args: Record<PathName, string[]>, env: Record<string, str
   return { times, starts };
 }
 
+/** The processes of one path's session and the order a keystroke crosses them (roles), there and back. */
+interface TracePlan {
+  procs: Traced[];
+  chain: string[];
+}
+
+/** Who is who on each path, once its session is up: the ssh client's descendants, the daemons' and the sshds'. */
+function tracePlan(name: PathName, session: Session, daemons: { proxy: number; agent: number; sshd: number; jump: number }): TracePlan {
+  const procs: Traced[] = [{ role: 'bench', pid: process.pid }, { role: 'ssh', pid: session.pid }];
+  const under = (pid: number, role: (p: number) => string) => descendants(pid).forEach((p) => procs.push({ role: role(p), pid: p }));
+  const sshChildren = descendants(session.pid).slice(1);
+  const sshd = (p: number) => (commOf(p) === 'bash' ? 'bash' : 'sshd');
+  if (name === 'gateway') {
+    sshChildren.forEach((p) => procs.push({ role: 'gwsh', pid: p }));
+    procs.push({ role: 'proxy', pid: daemons.proxy });
+    under(daemons.agent, (p) => (p === daemons.agent ? 'agent' : 'bash'));
+    return { procs, chain: ['bench', 'ssh', 'gwsh', 'proxy', 'agent', 'bash', 'agent', 'proxy', 'gwsh', 'ssh'] };
+  }
+  under(daemons.sshd, sshd);
+  if (name === 'openssh') return { procs, chain: ['bench', 'ssh', 'sshd', 'bash', 'sshd', 'ssh'] };
+  sshChildren.forEach((p) => procs.push({ role: 'ssh -W', pid: p }));
+  under(daemons.jump, () => 'jump sshd');
+  return { procs, chain: ['bench', 'ssh', 'ssh -W', 'jump sshd', 'sshd', 'bash', 'sshd', 'jump sshd', 'ssh -W', 'ssh'] };
+}
+
+/**
+ * BENCH_TRACE: one more session per path, its keystrokes traced (bench/keytrace.ts): the median and p90 of each
+ * hop (the time in each process, and between processes), as a table per path.
+ */
+async function traceHops(args: Record<PathName, string[]>, env: Record<string, string>, dir: string, daemons: Parameters<typeof tracePlan>[2], sessions: Session[]): Promise<string[]> {
+  const lines: string[] = [];
+  for (const name of PATHS) {
+    const session = new Session([...args[name]], env);
+    sessions.push(session);
+    await session.ready();
+    await session.keystrokes(WARMUP);
+    const plan = tracePlan(name, session, daemons);
+    const stop = await startTrace(plan.procs, join(tmpdir(), `gw-keytrace-${name}.txt`));
+    await session.keystrokes(TRACE);
+    const { labels, samples } = hops(await stop(), plan.chain);
+    await session.close();
+    sessions.pop();
+    const col = (i: number) => samples.map((r) => r[i]!).sort((a, b) => a - b);
+    lines.push(
+      '',
+      `${name} (${samples.length} of ${TRACE} keystrokes followed): ${plan.chain.join(' -> ')} -> bench`,
+      '',
+      '| hop | p50 (µs) | p90 (µs) |',
+      '|---|---|---|',
+      ...labels.map((l, i) => `| ${l} | ${percentile(col(i), 50).toFixed(0)} | ${percentile(col(i), 90).toFixed(0)} |`),
+    );
+  }
+  return lines;
+}
+
 interface RunInfo {
   began: number;
   load0: number;
@@ -362,6 +424,11 @@ async function main(): Promise<void> {
       openssh: straight,
       jump: ['-F', peerConfig, '-J', `root@${JUMP_IP}:${jump.port}`, ...straight.slice(2)],
     };
+    if (TRACE > 0) {
+      const daemons = { proxy: gateway.proxy.process.pid!, agent: gateway.agent.process.pid!, sshd: target.pid, jump: jump.pid };
+      process.stdout.write(`${(await traceHops(args, env, dir, daemons, sessions)).join('\n')}\n`);
+      return;
+    }
     const measured = await measure(args, env, sessions);
     const section = formatSection(measured, { began, load0, load1: loadavg()[0]!, cipher, sshVersion });
     process.stdout.write(`\n${section}\n`);
