@@ -5,7 +5,7 @@
  *
  *   gateway   `ssh -F <gwsh config> -tt root@web-1`: ProxyCommand `gwsh proxy ssh` -> TLS (ALPN
  *             gateway-proxy-ssh) to the Proxy daemon (auth + proxy, real `gateway start`, on PROXY_IP) -> the
- *             agent's reverse tunnel (SSH over TLS) -> the agent daemon's SSH Service (ssh2, real `gateway
+ *             agent's reverse tunnel (protocol v2: frames over mutual TLS) -> the agent daemon's SSH Service (ssh2, real `gateway
  *             start` with ssh_service) -> /bin/bash -l on a pty. Everything on loopback; no squid (the agent's
  *             leg through a CONNECT proxy is measured by bench:tunnel).
  *   OpenSSH   `ssh -tt -p PORT root@SSHD_IP` to Debian's sshd started here with its own sshd_config (authorized
@@ -22,7 +22,13 @@
  * spawning ssh to the first answer of the shell is "session start"), then BENCH_KEYS / BENCH_ROUNDS keystrokes per
  * path, the paths taking turns (the first path rotates from round to round).
  *
- * Settings (environment): BENCH_KEYS (3000), BENCH_ROUNDS (3), BENCH_WARMUP (50 per session), BENCH_RECORD (0:
+ * BENCH_TRACE=N (0: off; needs `perf`): after that, one more session per path whose N keystrokes are traced
+ * (bench/keytrace.ts: perf trace of every process on the path), and the section gets, per path, the time spent
+ * inside each process and between each pair.
+ *
+ * BENCH_DAEMON_NODE_OPTIONS: NODE_OPTIONS of the Proxy and agent daemons, to try settings (e.g. --max-semi-space-size).
+ *
+ * Settings (environment): BENCH_KEYS (3000), BENCH_ROUNDS (3), BENCH_WARMUP (50 per session), BENCH_TRACE (0), BENCH_RECORD (0:
  * print the section only). Writes the figures, the ratios and the machine to bench/RESULTS.md (section "ssh").
  * Runs as root (sshd, and the login root on every path, so that no OS user has to be created).
  */
@@ -50,6 +56,7 @@ const PASSWORD = 'correct horse battery';
 const READY_TIMEOUT_MS = 30_000;
 const KEY_TIMEOUT_MS = 10_000;
 const TRACE = envNumber('BENCH_TRACE', 0, 0);
+const DAEMON_OPTIONS = process.env.BENCH_DAEMON_NODE_OPTIONS ?? '';
 
 const percentile = (sorted: number[], p: number) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 const median = (xs: number[]) => percentile([...xs].sort((a, b) => a - b), 50);
@@ -194,7 +201,7 @@ interface Gateway {
 }
 
 /** The gateway: a Proxy (auth + proxy) and an agent with the SSH Service, joined with a token, on loopback; gwsh logged in. */
-async function startGatewayPath(dir: string, started: (g: Partial<Gateway>) => void): Promise<Gateway> {
+async function startGatewayPath(dir: string, started: (g: Partial<Gateway>) => void, daemonEnv: Record<string, string>): Promise<Gateway> {
   const webPort = await getPort({ host: PROXY_IP });
   const webAddr = `${PROXY_IP}:${webPort}`;
   const proxy = await startGateway(
@@ -211,6 +218,7 @@ async function startGatewayPath(dir: string, started: (g: Partial<Gateway>) => v
       `  public_addr: ${webAddr}`,
       '',
     ].join('\n'),
+    { env: daemonEnv },
   );
   started({ proxy });
   const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', proxy.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
@@ -219,6 +227,7 @@ async function startGatewayPath(dir: string, started: (g: Partial<Gateway>) => v
   if (added.status !== 0) throw new Error(added.stderr);
   const token = (JSON.parse((await admin(['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string }).token;
   const agent = await startGateway(['gateway:', '  nodename: web-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'ssh_service:', '  enabled: yes', ''].join('\n'), {
+    env: daemonEnv,
     args: ['--token', token, '--ca-pin', pin, '--proxy', webAddr],
   });
   started({ proxy, agent });
@@ -296,7 +305,32 @@ interface TracePlan {
 }
 
 /** Who is who on each path, once its session is up: the ssh client's descendants, the daemons' and the sshds'. */
-function tracePlan(name: PathName, session: Session, daemons: { proxy: number; agent: number; sshd: number; jump: number }): TracePlan {
+interface Daemons {
+  proxy: number;
+  agent: number;
+  sshd: number;
+  jump: number;
+  proxyLogs: () => string;
+  agentLogs: () => string;
+}
+
+/** The daemons' garbage collections, one stderr line each: "BENCH_GC <kind> <ms>" (kind: perf_hooks' NODE_PERFORMANCE_GC_* flags). */
+const GC_PRELOAD = `const { PerformanceObserver } = require('node:perf_hooks');
+new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) process.stderr.write('BENCH_GC ' + e.detail.kind + ' ' + e.duration.toFixed(3) + '\\n');
+}).observe({ entryTypes: ['gc'] });
+`;
+
+/** "n pauses (minor a, major b, incremental c), longest X ms, Y ms in all" from the BENCH_GC lines of a log. */
+function gcSummary(log: string): string {
+  const pauses = [...log.matchAll(/BENCH_GC (\d+) ([\d.]+)/g)].map((m) => ({ kind: Number(m[1]), ms: Number(m[2]) }));
+  if (pauses.length === 0) return 'none';
+  const count = (k: number) => pauses.filter((p) => p.kind === k).length;
+  const ms = pauses.map((p) => p.ms);
+  return `${pauses.length} (minor ${count(1)}, major ${count(4)}, incremental marking ${count(8)}), longest ${Math.max(...ms).toFixed(1)} ms, ${ms.reduce((a, b) => a + b, 0).toFixed(1)} ms in all`;
+}
+
+function tracePlan(name: PathName, session: Session, daemons: Daemons): TracePlan {
   const procs: Traced[] = [{ role: 'bench', pid: process.pid }, { role: 'ssh', pid: session.pid }];
   const under = (pid: number, role: (p: number) => string) => descendants(pid).forEach((p) => procs.push({ role: role(p), pid: p }));
   const sshChildren = descendants(session.pid).slice(1);
@@ -315,11 +349,13 @@ function tracePlan(name: PathName, session: Session, daemons: { proxy: number; a
 }
 
 /**
- * BENCH_TRACE: one more session per path, its keystrokes traced (bench/keytrace.ts): the median and p90 of each
- * hop (the time in each process, and between processes), as a table per path.
+ * BENCH_TRACE: one more session per path, its keystrokes traced (bench/keytrace.ts): a summary (the time inside
+ * processes against the time between them, per path), then the median, p90 and p99 of each hop, a table per path.
  */
-async function traceHops(args: Record<PathName, string[]>, env: Record<string, string>, dir: string, daemons: Parameters<typeof tracePlan>[2], sessions: Session[]): Promise<string[]> {
-  const lines: string[] = [];
+async function traceHops(args: Record<PathName, string[]>, env: Record<string, string>, daemons: Daemons, sessions: Session[]): Promise<string[]> {
+  const tables: string[] = [];
+  const summary: string[] = [];
+  let gc = '';
   for (const name of PATHS) {
     const session = new Session([...args[name]], env);
     sessions.push(session);
@@ -327,21 +363,63 @@ async function traceHops(args: Record<PathName, string[]>, env: Record<string, s
     await session.keystrokes(WARMUP);
     const plan = tracePlan(name, session, daemons);
     const stop = await startTrace(plan.procs, join(tmpdir(), `gw-keytrace-${name}.txt`));
+    const logsAt = [daemons.proxyLogs().length, daemons.agentLogs().length];
     await session.keystrokes(TRACE);
+    if (name === 'gateway') gc = `Proxy ${gcSummary(daemons.proxyLogs().slice(logsAt[0]))}; agent ${gcSummary(daemons.agentLogs().slice(logsAt[1]))}`;
     const { labels, samples } = hops(await stop(), plan.chain);
     await session.close();
     sessions.pop();
-    const col = (i: number) => samples.map((r) => r[i]!).sort((a, b) => a - b);
-    lines.push(
+    const p50 = labels.map((_, i) => percentile(samples.map((r) => r[i]!).sort((a, b) => a - b), 50));
+    const p90 = labels.map((_, i) => percentile(samples.map((r) => r[i]!).sort((a, b) => a - b), 90));
+    const p99 = labels.map((_, i) => percentile(samples.map((r) => r[i]!).sort((a, b) => a - b), 99));
+    summary.push(tracedSummary(name, labels, p50));
+    tables.push(
       '',
-      `${name} (${samples.length} of ${TRACE} keystrokes followed): ${plan.chain.join(' -> ')} -> bench`,
+      `${name}, ${samples.length} of ${TRACE} traced keystrokes followed: ${plan.chain.join(' -> ')} -> bench`,
       '',
-      '| hop | p50 (µs) | p90 (µs) |',
-      '|---|---|---|',
-      ...labels.map((l, i) => `| ${l} | ${percentile(col(i), 50).toFixed(0)} | ${percentile(col(i), 90).toFixed(0)} |`),
+      '| hop | p50 (µs) | p90 (µs) | p99 (µs) |',
+      '|---|---|---|---|',
+      ...labels.map((l, i) => `| ${l} | ${p50[i]!.toFixed(0)} | ${p90[i]!.toFixed(0)} | ${p99[i]!.toFixed(0)} |`),
+      '',
+      slowest(labels, samples),
     );
   }
-  return lines;
+  return [
+    `- Where a keystroke's time goes (BENCH_TRACE=${TRACE}: one more session per path, perf trace of the read/write calls of every process on it, ` +
+      `each keystroke followed from process to process; "in X" is from X's read of the bytes to its write of them, "X -> Y" from X's write to ` +
+      `Y's read, that is the kernel and waking Y. Tracing slows every call: compare the paths with each other, not with the table above). ` +
+      `Medians, µs: ${summary.join('; ')}.`,
+    `- Garbage collections in the daemons during the gateway's ${TRACE} traced keystrokes (each pause stops that process's event loop): ${gc}.`,
+    ...tables,
+  ];
+}
+
+/** The slowest 1% of keystrokes: which hop took most of each (its count, and the µs it took in them, summed). */
+function slowest(labels: string[], samples: number[][]): string {
+  const total = labels.indexOf('total');
+  const worst = [...samples].sort((a, b) => b[total]! - a[total]!).slice(0, Math.max(1, Math.round(samples.length / 100)));
+  const by = new Map<string, { n: number; us: number; of: number }>();
+  for (const row of worst) {
+    const i = row.reduce((best, v, k) => (k !== total && v > row[best]! ? k : best), 0);
+    const e = by.get(labels[i]!) ?? { n: 0, us: 0, of: 0 };
+    by.set(labels[i]!, { n: e.n + 1, us: e.us + row[i]!, of: e.of + row[total]! });
+  }
+  const parts = [...by].sort((a, b) => b[1].n - a[1].n).map(([l, e]) => `${l} in ${e.n} (${e.us.toFixed(0)} of their ${e.of.toFixed(0)} µs)`);
+  return `The slowest ${worst.length} (from ${worst[worst.length - 1]![total]!.toFixed(0)} µs): the largest hop was ${parts.join(', ')}.`;
+}
+
+/** "path: total T, in processes I (role a, role b, ...), between processes B": the medians of each hop summed. */
+function tracedSummary(name: PathName, labels: string[], p50: number[]): string {
+  const inside = new Map<string, number>();
+  let between = 0;
+  labels.forEach((l, i) => {
+    if (l === 'total') return;
+    if (l.startsWith('in ')) inside.set(l.slice(3), (inside.get(l.slice(3)) ?? 0) + p50[i]!);
+    else between += p50[i]!;
+  });
+  const sum = [...inside.values()].reduce((a, b) => a + b, 0);
+  const parts = [...inside].map(([role, us]) => `${role} ${us.toFixed(0)}`).join(', ');
+  return `${name} total ${p50[labels.indexOf('total')]!.toFixed(0)}, in processes ${sum.toFixed(0)} (${parts}, both ways), between processes ${between.toFixed(0)}`;
 }
 
 interface RunInfo {
@@ -353,7 +431,7 @@ interface RunInfo {
 }
 
 /** The "## ssh" section: the table (one column per path, a ratio against each peer) and the notes. */
-function formatSection(m: Measured, run: RunInfo): string {
+function formatSection(m: Measured, run: RunInfo, traced: string[]): string {
   const stats = (xs: number[]) => {
     const s = [...xs].sort((a, b) => a - b);
     return { p50: percentile(s, 50), p99: percentile(s, 99), mean: s.reduce((a, b) => a + b, 0) / s.length, n: s.length };
@@ -373,7 +451,7 @@ function formatSection(m: Measured, run: RunInfo): string {
       `One keystroke's round trip in an interactive pty session (\`ssh -tt\`, driven by node-pty: write one character, wait for the remote ` +
       `shell's echo; "x" and DEL alternate), ${g!.n} keystrokes per path over ${ROUNDS} sessions each (${WARMUP} warm-up keystrokes per session not counted), the paths taking turns. ` +
       `gateway: \`ssh -F <gwsh config> root@web-1\` -> ProxyCommand \`gwsh proxy ssh\` -> the Proxy daemon (auth + proxy) on ${PROXY_IP} (TLS, ALPN gateway-proxy-ssh) ` +
-      `-> the agent's reverse tunnel (SSH over TLS) -> the agent daemon's SSH Service (ssh2) -> bash -l; all on loopback, no squid. ` +
+      `-> the agent's reverse tunnel (protocol v2: frames over mutual TLS) -> the agent daemon's SSH Service (ssh2) -> bash -l; all on loopback, no squid. ` +
       `OpenSSH (peer): ssh straight to ${sshVersion} \`sshd\` (own sshd_config) on ${SSHD_IP} -> bash -l. ` +
       `OpenSSH ssh -J (peer): \`ssh -J root@${JUMP_IP} root@${SSHD_IP}\`, ssh -> \`ssh -W\` -> a second sshd (own sshd_config, the jump host) on ${JUMP_IP} -> direct-tcpip -> the same sshd on ${SSHD_IP} -> bash -l. ` +
       `Same client (${sshVersion}), cipher ${cipher} (on both hops of ssh -J), ECDSA P-256 keys, login root on every path, host keys from known_hosts files (strict checking).`,
@@ -388,11 +466,13 @@ function formatSection(m: Measured, run: RunInfo): string {
     row(`session start, spawn to first answer of the shell (ms, median of ${ROUNDS})`, gs!, os!, js!, (x) => x.toFixed(0)),
     '',
     `- Goal (issue 14): keystroke round trip p50 at most 1.0x OpenSSH through a jump host: ${ratio(g!.p50, j!.p50)}, ${goal <= 1 ? 'met' : 'not met'}.`,
-    `- Ratios below 1 would mean the gateway is faster. The gateway's path has three more hops than OpenSSH straight to sshd (gwsh relaying stdin/stdout ` +
-      `as the ProxyCommand, the Proxy, the agent) and three more layers of encryption (TLS from gwsh to the Proxy; the tunnel's SSH and the TLS ` +
-      `under it), each hop a process or event-loop turn per keystroke each way; OpenSSH's path is ssh -> sshd -> bash. Through a jump host OpenSSH ` +
-      `has two more hops (the \`ssh -W\` process relaying stdin/stdout, the jump host's sshd) and one more layer of encryption (the inner SSH connection inside the outer one).`,
+    `- Ratios below 1 would mean the gateway is faster. The gateway's path has as many processes as ssh -J's, each in the same place: gwsh ` +
+      `relaying stdin/stdout as the ProxyCommand where ssh -J has \`ssh -W\`, the Proxy where it has the jump host's sshd, the agent (its SSH ` +
+      `Service) where it has the target's sshd; two of them are Node.js (JavaScript, an event loop) where ssh -J has C, and the third is Node.js ` +
+      `where both have sshd. Encryption: the end-to-end SSH connection on every path; the gateway adds TLS from gwsh to the Proxy and the ` +
+      `tunnel's TLS (protocol v2: frames over mutual TLS); ssh -J adds the outer SSH connection to the jump host.`,
     `- Session start includes, for the gateway, starting gwsh (Node) for the ProxyCommand and again for the KnownHostsCommand, and a ping of the Proxy; for ssh -J, a second ssh process and two SSH handshakes one after the other.`,
+    ...(traced.length > 0 ? traced : [`- Where a keystroke's time goes, process by process: run with BENCH_TRACE=300 (perf trace; bench/keytrace.ts).`]),
     '',
   ].join('\n');
 }
@@ -411,7 +491,14 @@ async function main(): Promise<void> {
   const sshds: Sshd[] = [];
   const sessions: Session[] = [];
   try {
-    const gateway = await startGatewayPath(dir, (g) => (gw = g));
+    // With BENCH_TRACE the daemons report their garbage collections (a preload: a PerformanceObserver of 'gc').
+    const options = [DAEMON_OPTIONS];
+    if (TRACE > 0) {
+      await writeFile(join(dir, 'gc-preload.cjs'), GC_PRELOAD);
+      options.push(`--require ${join(dir, 'gc-preload.cjs')}`);
+    }
+    const daemonEnv: Record<string, string> = options.join(' ').trim() ? { NODE_OPTIONS: options.join(' ').trim() } : {};
+    const gateway = await startGatewayPath(dir, (g) => (gw = g), daemonEnv);
     // The peers: the target sshd and the jump host's, each with its own configuration.
     const target = await startSshd(dir, 'sshd', SSHD_IP);
     sshds.push(target);
@@ -424,13 +511,10 @@ async function main(): Promise<void> {
       openssh: straight,
       jump: ['-F', peerConfig, '-J', `root@${JUMP_IP}:${jump.port}`, ...straight.slice(2)],
     };
-    if (TRACE > 0) {
-      const daemons = { proxy: gateway.proxy.process.pid!, agent: gateway.agent.process.pid!, sshd: target.pid, jump: jump.pid };
-      process.stdout.write(`${(await traceHops(args, env, dir, daemons, sessions)).join('\n')}\n`);
-      return;
-    }
     const measured = await measure(args, env, sessions);
-    const section = formatSection(measured, { began, load0, load1: loadavg()[0]!, cipher, sshVersion });
+    const daemons = { proxy: gateway.proxy.process.pid!, agent: gateway.agent.process.pid!, sshd: target.pid, jump: jump.pid, proxyLogs: () => gateway.proxy.logs(), agentLogs: () => gateway.agent.logs() };
+    const traced = TRACE > 0 ? await traceHops(args, env, daemons, sessions) : [];
+    const section = formatSection(measured, { began, load0, load1: loadavg()[0]!, cipher, sshVersion }, traced);
     process.stdout.write(`\n${section}\n`);
     if (process.env.BENCH_RECORD !== '0') await recordSection('ssh', section);
   } finally {
