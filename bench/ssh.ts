@@ -22,13 +22,13 @@
  * spawning ssh to the first answer of the shell is "session start"), then BENCH_KEYS / BENCH_ROUNDS keystrokes per
  * path, the paths taking turns (the first path rotates from round to round).
  *
- * BENCH_TRACE=N (0: off; needs `perf`): after that, one more session per path whose N keystrokes are traced
+ * BENCH_TRACE=N (300 when `perf` is installed, else 0: off): after that, one more session per path whose N keystrokes are traced
  * (bench/keytrace.ts: perf trace of every process on the path), and the section gets, per path, the time spent
  * inside each process and between each pair.
  *
  * BENCH_DAEMON_NODE_OPTIONS: NODE_OPTIONS of the Proxy and agent daemons, to try settings (e.g. --max-semi-space-size).
  *
- * Settings (environment): BENCH_KEYS (3000), BENCH_ROUNDS (3), BENCH_WARMUP (50 per session), BENCH_TRACE (0), BENCH_RECORD (0:
+ * Settings (environment): BENCH_KEYS (3000), BENCH_ROUNDS (3), BENCH_WARMUP (50 per session), BENCH_TRACE (300), BENCH_RECORD (0:
  * print the section only). Writes the figures, the ratios and the machine to bench/RESULTS.md (section "ssh").
  * Runs as root (sshd, and the login root on every path, so that no OS user has to be created).
  */
@@ -55,7 +55,9 @@ const JUMP_IP = '127.0.0.9';
 const PASSWORD = 'correct horse battery';
 const READY_TIMEOUT_MS = 30_000;
 const KEY_TIMEOUT_MS = 10_000;
-const TRACE = envNumber('BENCH_TRACE', 0, 0);
+/** perf is there to trace with (Debian's linux-perf): then the breakdown is part of every run unless BENCH_TRACE=0. */
+const HAS_PERF = spawnSync('perf', ['--version'], { stdio: 'ignore' }).status === 0;
+const TRACE = envNumber('BENCH_TRACE', HAS_PERF ? 300 : 0, 0);
 const DAEMON_OPTIONS = process.env.BENCH_DAEMON_NODE_OPTIONS ?? '';
 
 const percentile = (sorted: number[], p: number) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
@@ -472,7 +474,17 @@ function formatSection(m: Measured, run: RunInfo, traced: string[]): string {
       `where both have sshd. Encryption: the end-to-end SSH connection on every path; the gateway adds TLS from gwsh to the Proxy and the ` +
       `tunnel's TLS (protocol v2: frames over mutual TLS); ssh -J adds the outer SSH connection to the jump host.`,
     `- Session start includes, for the gateway, starting gwsh (Node) for the ProxyCommand and again for the KnownHostsCommand, and a ping of the Proxy; for ssh -J, a second ssh process and two SSH handshakes one after the other.`,
-    ...(traced.length > 0 ? traced : [`- Where a keystroke's time goes, process by process: run with BENCH_TRACE=300 (perf trace; bench/keytrace.ts).`]),
+    `- One-off profiles (2026-11-25, load 2-3, not rerun by this script): \`perf sched record -a\` over 1000 traced keystrokes per path, ` +
+      `and the V8 CPU profiler (bench:tunnel's preload, started by SIGUSR2) in gwsh, the Proxy and the agent over 2000. CPU of the main thread ` +
+      `per keystroke (both ways): Proxy ~127 µs, agent ~141, gwsh ~95, plus ~25-50 in each one's other threads (V8's GC and compiler, ` +
+      `libuv), against ~50 for each sshd and ~44 for each ssh of ssh -J; so the Node processes keep a core busy well after they have passed ` +
+      `the bytes on (the traced "in X" is only from read to write). Of it, 50-60% is native socket writes (the TLS record and the write ` +
+      `call, which on loopback also runs the receiver's TCP input), ssh2's packet work ~10% of the agent's, the rest Node's stream machinery; ` +
+      `no JavaScript function of ours stands out. Wake-up to running, average: Proxy 80 µs, gwsh 63, agent 23, ssh 18, bash 16, sshd 20: ` +
+      `with two cores, the busier a process the longer it waits for one. The p99: the slowest keystrokes wait on a daemon's GC pause ` +
+      `(minor 0.5-2 ms, major 3-12 ms; several per second of typing in the Proxy and the agent) or for a core; neither ` +
+      `--no-memory-reducer nor --max-semi-space-size=16 in the daemons changed it (BENCH_DAEMON_NODE_OPTIONS, two runs each).`,
+    ...(traced.length > 0 ? traced : [`- Where a keystroke's time goes, process by process: not traced in this run (${HAS_PERF ? 'BENCH_TRACE=0' : 'perf is not installed'}; bench/keytrace.ts).`]),
     '',
   ].join('\n');
 }
