@@ -302,8 +302,9 @@ export class PtyWriter {
   private delay = PTY_RETRY_MIN_MS;
   private broken = false;
 
+  /** fd: the master descriptor while it is open, else undefined (see ptyFd). */
   constructor(
-    private readonly fd: number,
+    private readonly fd: () => number | undefined,
     private readonly source: { pause(): unknown; resume(): unknown },
   ) {}
 
@@ -349,14 +350,33 @@ export class PtyWriter {
 
   /** Bytes written (0 when the terminal is full). */
   private tryWrite(data: Buffer): number {
+    const fd = this.fd();
+    if (fd === undefined) {
+      this.close();
+      return 0;
+    }
     try {
-      return writeSync(this.fd, data);
+      return writeSync(fd, data);
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code === 'EAGAIN') return 0;
       this.close();
       return 0;
     }
   }
+}
+
+/**
+ * The master descriptor of node-pty's terminal while it is open, or undefined once closed: node-pty closes it
+ * only by destroying its read stream, which is marked destroyed before the descriptor is closed, so a write
+ * never goes to a number the process has meanwhile reused for another file. Undefined as a whole when node-pty
+ * does not look as expected (its own write is then used).
+ */
+function ptyFd(term: unknown): (() => number | undefined) | undefined {
+  const t = term as { fd?: unknown; _socket?: { destroyed?: boolean } };
+  const fd = t.fd;
+  const socket = t._socket;
+  if (typeof fd !== 'number' || typeof socket?.destroyed !== 'boolean') return undefined;
+  return () => (socket.destroyed ? undefined : fd);
 }
 
 /** The command in a pseudo-terminal (node-pty): resized with the window, hung up when the client goes away. */
@@ -370,17 +390,18 @@ function runInPty(channel: ServerChannel, argv: string[], account: PasswdEntry, 
     let exited = false;
     onRunning({ resize: (c, r) => term.resize(c, r), kill: (s) => term.kill(s) });
     term.onData((d: string | Buffer) => channel.write(d));
-    const writer = new PtyWriter((term as unknown as { fd: number }).fd, channel);
-    channel.on('data', (d: Buffer) => writer.write(d));
+    const fd = ptyFd(term);
+    const writer = fd ? new PtyWriter(fd, channel) : undefined;
+    channel.on('data', (d: Buffer) => (writer ? writer.write(d) : term.write(d as unknown as string)));
     term.onExit(({ exitCode, signal }) => {
       exited = true;
-      writer.close();
+      writer?.close();
       finish(signal ? null : exitCode, signal ? signalName(signal) : null);
     });
     // The client went away (connection lost, ssh killed) while the session runs: hang up, as the kernel does
     // for sshd when it closes the terminal; otherwise the shell and its jobs would outlive the session.
     const hangUp = () => {
-      writer.close();
+      writer?.close();
       if (!exited) term.kill('SIGHUP');
     };
     if (channelClosed) hangUp();

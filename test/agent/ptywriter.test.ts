@@ -11,7 +11,13 @@ function source() {
   return s;
 }
 
-const fdOf = (term: nodePty.IPty) => (term as unknown as { fd: number }).fd;
+/** The pty's descriptor while node-pty's stream on it is open (as the agent gives it to the writer). */
+const fdOf = (term: nodePty.IPty) => {
+  const t = term as unknown as { fd: number; _socket: { destroyed: boolean } };
+  expect(typeof t.fd).toBe('number');
+  expect(typeof t._socket.destroyed).toBe('boolean');
+  return () => (t._socket.destroyed ? undefined : t.fd);
+};
 const exited = (term: nodePty.IPty) => new Promise<void>((r) => term.onExit(() => r()));
 
 let dir = '';
@@ -69,5 +75,28 @@ describe('PtyWriter', () => {
     writer.write(Buffer.from('more'));
     writer.close();
     writer.write(Buffer.from('after close'));
+  });
+
+  it('never writes to a descriptor once the terminal has closed it (its number may belong to another file by then)', async () => {
+    dir = await mkdtemp(join(tmpdir(), 'gw-ptywriter-'));
+    const term = nodePty.spawn('/bin/sh', ['-c', 'exit 0'], { encoding: null });
+    terms.push(term);
+    const fd = fdOf(term);
+    const number = (term as unknown as { fd: number }).fd;
+    await exited(term);
+    expect(fd()).toBeUndefined();
+    // Reuse the number the way a busy agent might: a file opened after the terminal closed gets the lowest free
+    // number (POSIX), which is the terminal's.
+    const { openSync, closeSync, readFileSync } = await import('node:fs');
+    const file = join(dir, 'other');
+    const other = openSync(file, 'w+');
+    try {
+      expect(other).toBe(number);
+      const writer = new PtyWriter(fd, source());
+      writer.write(Buffer.from('keystrokes'));
+      expect(readFileSync(file, 'utf8')).toBe('');
+    } finally {
+      closeSync(other);
+    }
   });
 });
