@@ -5,7 +5,7 @@
  *
  *   gateway   `ssh -F <gwsh config> -tt root@web-1`: ProxyCommand `gwsh proxy ssh` -> TLS (ALPN
  *             gateway-proxy-ssh) to the Proxy daemon (auth + proxy, real `gateway start`, on PROXY_IP) -> the
- *             agent's reverse tunnel (SSH over TLS) -> the agent daemon's SSH Service (ssh2, real `gateway
+ *             agent's reverse tunnel (protocol v2: frames over mutual TLS) -> the agent daemon's SSH Service (ssh2, real `gateway
  *             start` with ssh_service) -> /bin/bash -l on a pty. Everything on loopback; no squid (the agent's
  *             leg through a CONNECT proxy is measured by bench:tunnel).
  *   OpenSSH   `ssh -tt -p PORT root@SSHD_IP` to Debian's sshd started here with its own sshd_config (authorized
@@ -22,7 +22,13 @@
  * spawning ssh to the first answer of the shell is "session start"), then BENCH_KEYS / BENCH_ROUNDS keystrokes per
  * path, the paths taking turns (the first path rotates from round to round).
  *
- * Settings (environment): BENCH_KEYS (3000), BENCH_ROUNDS (3), BENCH_WARMUP (50 per session), BENCH_RECORD (0:
+ * BENCH_TRACE=N (300 when `perf` is installed, else 0: off): after that, one more session per path whose N keystrokes are traced
+ * (bench/keytrace.ts: perf trace of every process on the path), and the section gets, per path, the time spent
+ * inside each process and between each pair.
+ *
+ * BENCH_DAEMON_NODE_OPTIONS: NODE_OPTIONS of the Proxy and agent daemons, to try settings (e.g. --max-semi-space-size).
+ *
+ * Settings (environment): BENCH_KEYS (3000), BENCH_ROUNDS (3), BENCH_WARMUP (50 per session), BENCH_TRACE (300), BENCH_RECORD (0:
  * print the section only). Writes the figures, the ratios and the machine to bench/RESULTS.md (section "ssh").
  * Runs as root (sshd, and the login root on every path, so that no OS user has to be created).
  */
@@ -37,6 +43,7 @@ import * as nodePty from 'node-pty';
 import { runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
 import { recordSection } from './record.js';
 import { envNumber, spawnSshd } from './common.js';
+import { commOf, descendants, hops, startTrace, type Traced } from './keytrace.js';
 
 
 const KEYS = envNumber('BENCH_KEYS', 3000);
@@ -48,6 +55,10 @@ const JUMP_IP = '127.0.0.9';
 const PASSWORD = 'correct horse battery';
 const READY_TIMEOUT_MS = 30_000;
 const KEY_TIMEOUT_MS = 10_000;
+/** perf is there to trace with (Debian's linux-perf): then the breakdown is part of every run unless BENCH_TRACE=0. */
+const HAS_PERF = spawnSync('perf', ['--version'], { stdio: 'ignore' }).status === 0;
+const TRACE = envNumber('BENCH_TRACE', HAS_PERF ? 300 : 0, 0);
+const DAEMON_OPTIONS = process.env.BENCH_DAEMON_NODE_OPTIONS ?? '';
 
 const percentile = (sorted: number[], p: number) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 const median = (xs: number[]) => percentile([...xs].sort((a, b) => a - b), 50);
@@ -59,6 +70,7 @@ function exited(child: ChildProcess): Promise<void> {
 
 interface Sshd {
   port: number;
+  pid: number;
   hostKeyLine: string;
   stop(): Promise<void>;
 }
@@ -96,6 +108,7 @@ async function startSshd(dir: string, name: string, ip: string): Promise<Sshd> {
   const pub = readFileSync(`${hostKey}.pub`, 'utf8').trim().split(' ').slice(0, 2).join(' ');
   return {
     port,
+    pid: child.pid!,
     hostKeyLine: `[${ip}]:${port} ${pub}`,
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return;
@@ -116,6 +129,9 @@ class Session {
   /** Characters on the shell's line: a DEL only ever follows an "x" (DEL on an empty line rings the bell). */
   private onLine = 0;
   readonly startMs: number;
+  get pid(): number {
+    return this.term.pid;
+  }
 
   constructor(args: string[], env: Record<string, string>) {
     const t0 = nowMs();
@@ -187,7 +203,7 @@ interface Gateway {
 }
 
 /** The gateway: a Proxy (auth + proxy) and an agent with the SSH Service, joined with a token, on loopback; gwsh logged in. */
-async function startGatewayPath(dir: string, started: (g: Partial<Gateway>) => void): Promise<Gateway> {
+async function startGatewayPath(dir: string, started: (g: Partial<Gateway>) => void, daemonEnv: Record<string, string>): Promise<Gateway> {
   const webPort = await getPort({ host: PROXY_IP });
   const webAddr = `${PROXY_IP}:${webPort}`;
   const proxy = await startGateway(
@@ -204,6 +220,7 @@ async function startGatewayPath(dir: string, started: (g: Partial<Gateway>) => v
       `  public_addr: ${webAddr}`,
       '',
     ].join('\n'),
+    { env: daemonEnv },
   );
   started({ proxy });
   const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', proxy.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
@@ -212,6 +229,7 @@ async function startGatewayPath(dir: string, started: (g: Partial<Gateway>) => v
   if (added.status !== 0) throw new Error(added.stderr);
   const token = (JSON.parse((await admin(['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string }).token;
   const agent = await startGateway(['gateway:', '  nodename: web-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'ssh_service:', '  enabled: yes', ''].join('\n'), {
+    env: daemonEnv,
     args: ['--token', token, '--ca-pin', pin, '--proxy', webAddr],
   });
   started({ proxy, agent });
@@ -282,6 +300,130 @@ async function measure(args: Record<PathName, string[]>, env: Record<string, str
   return { times, starts };
 }
 
+/** The processes of one path's session and the order a keystroke crosses them (roles), there and back. */
+interface TracePlan {
+  procs: Traced[];
+  chain: string[];
+}
+
+/** Who is who on each path, once its session is up: the ssh client's descendants, the daemons' and the sshds'. */
+interface Daemons {
+  proxy: number;
+  agent: number;
+  sshd: number;
+  jump: number;
+  proxyLogs: () => string;
+  agentLogs: () => string;
+}
+
+/** The daemons' garbage collections, one stderr line each: "BENCH_GC <kind> <ms>" (kind: perf_hooks' NODE_PERFORMANCE_GC_* flags). */
+const GC_PRELOAD = `const { PerformanceObserver } = require('node:perf_hooks');
+new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) process.stderr.write('BENCH_GC ' + e.detail.kind + ' ' + e.duration.toFixed(3) + '\\n');
+}).observe({ entryTypes: ['gc'] });
+`;
+
+/** "n pauses (minor a, major b, incremental c), longest X ms, Y ms in all" from the BENCH_GC lines of a log. */
+function gcSummary(log: string): string {
+  const pauses = [...log.matchAll(/BENCH_GC (\d+) ([\d.]+)/g)].map((m) => ({ kind: Number(m[1]), ms: Number(m[2]) }));
+  if (pauses.length === 0) return 'none';
+  const count = (k: number) => pauses.filter((p) => p.kind === k).length;
+  const ms = pauses.map((p) => p.ms);
+  return `${pauses.length} (minor ${count(1)}, major ${count(4)}, incremental marking ${count(8)}), longest ${Math.max(...ms).toFixed(1)} ms, ${ms.reduce((a, b) => a + b, 0).toFixed(1)} ms in all`;
+}
+
+function tracePlan(name: PathName, session: Session, daemons: Daemons): TracePlan {
+  const procs: Traced[] = [{ role: 'bench', pid: process.pid }, { role: 'ssh', pid: session.pid }];
+  const under = (pid: number, role: (p: number) => string) => descendants(pid).forEach((p) => procs.push({ role: role(p), pid: p }));
+  const sshChildren = descendants(session.pid).slice(1);
+  const sshd = (p: number) => (commOf(p) === 'bash' ? 'bash' : 'sshd');
+  if (name === 'gateway') {
+    sshChildren.forEach((p) => procs.push({ role: 'gwsh', pid: p }));
+    procs.push({ role: 'proxy', pid: daemons.proxy });
+    under(daemons.agent, (p) => (p === daemons.agent ? 'agent' : 'bash'));
+    return { procs, chain: ['bench', 'ssh', 'gwsh', 'proxy', 'agent', 'bash', 'agent', 'proxy', 'gwsh', 'ssh'] };
+  }
+  under(daemons.sshd, sshd);
+  if (name === 'openssh') return { procs, chain: ['bench', 'ssh', 'sshd', 'bash', 'sshd', 'ssh'] };
+  sshChildren.forEach((p) => procs.push({ role: 'ssh -W', pid: p }));
+  under(daemons.jump, () => 'jump sshd');
+  return { procs, chain: ['bench', 'ssh', 'ssh -W', 'jump sshd', 'sshd', 'bash', 'sshd', 'jump sshd', 'ssh -W', 'ssh'] };
+}
+
+/**
+ * BENCH_TRACE: one more session per path, its keystrokes traced (bench/keytrace.ts): a summary (the time inside
+ * processes against the time between them, per path), then the median, p90 and p99 of each hop, a table per path.
+ */
+async function traceHops(args: Record<PathName, string[]>, env: Record<string, string>, daemons: Daemons, sessions: Session[]): Promise<string[]> {
+  const tables: string[] = [];
+  const summary: string[] = [];
+  let gc = '';
+  for (const name of PATHS) {
+    const session = new Session([...args[name]], env);
+    sessions.push(session);
+    await session.ready();
+    await session.keystrokes(WARMUP);
+    const plan = tracePlan(name, session, daemons);
+    const stop = await startTrace(plan.procs, join(tmpdir(), `gw-keytrace-${name}.txt`));
+    const logsAt = [daemons.proxyLogs().length, daemons.agentLogs().length];
+    await session.keystrokes(TRACE);
+    if (name === 'gateway') gc = `Proxy ${gcSummary(daemons.proxyLogs().slice(logsAt[0]))}; agent ${gcSummary(daemons.agentLogs().slice(logsAt[1]))}`;
+    const { labels, samples } = hops(await stop(), plan.chain);
+    await session.close();
+    sessions.pop();
+    const p50 = labels.map((_, i) => percentile(samples.map((r) => r[i]!).sort((a, b) => a - b), 50));
+    const p90 = labels.map((_, i) => percentile(samples.map((r) => r[i]!).sort((a, b) => a - b), 90));
+    const p99 = labels.map((_, i) => percentile(samples.map((r) => r[i]!).sort((a, b) => a - b), 99));
+    summary.push(tracedSummary(name, labels, p50));
+    tables.push(
+      '',
+      `${name}, ${samples.length} of ${TRACE} traced keystrokes followed: ${plan.chain.join(' -> ')} -> bench`,
+      '',
+      '| hop | p50 (µs) | p90 (µs) | p99 (µs) |',
+      '|---|---|---|---|',
+      ...labels.map((l, i) => `| ${l} | ${p50[i]!.toFixed(0)} | ${p90[i]!.toFixed(0)} | ${p99[i]!.toFixed(0)} |`),
+      '',
+      slowest(labels, samples),
+    );
+  }
+  return [
+    `- Where a keystroke's time goes (BENCH_TRACE=${TRACE}: one more session per path, perf trace of the read/write calls of every process on it, ` +
+      `each keystroke followed from process to process; "in X" is from X's read of the bytes to its write of them, "X -> Y" from X's write to ` +
+      `Y's read, that is the kernel and waking Y. Tracing slows every call: compare the paths with each other, not with the table above). ` +
+      `Medians, µs: ${summary.join('; ')}.`,
+    `- Garbage collections in the daemons during the gateway's ${TRACE} traced keystrokes (each pause stops that process's event loop): ${gc}.`,
+    ...tables,
+  ];
+}
+
+/** The slowest 1% of keystrokes: which hop took most of each (its count, and the µs it took in them, summed). */
+function slowest(labels: string[], samples: number[][]): string {
+  const total = labels.indexOf('total');
+  const worst = [...samples].sort((a, b) => b[total]! - a[total]!).slice(0, Math.max(1, Math.round(samples.length / 100)));
+  const by = new Map<string, { n: number; us: number; of: number }>();
+  for (const row of worst) {
+    const i = row.reduce((best, v, k) => (k !== total && v > row[best]! ? k : best), 0);
+    const e = by.get(labels[i]!) ?? { n: 0, us: 0, of: 0 };
+    by.set(labels[i]!, { n: e.n + 1, us: e.us + row[i]!, of: e.of + row[total]! });
+  }
+  const parts = [...by].sort((a, b) => b[1].n - a[1].n).map(([l, e]) => `${l} in ${e.n} (${e.us.toFixed(0)} of their ${e.of.toFixed(0)} µs)`);
+  return `The slowest ${worst.length} (from ${worst[worst.length - 1]![total]!.toFixed(0)} µs): the largest hop was ${parts.join(', ')}.`;
+}
+
+/** "path: total T, in processes I (role a, role b, ...), between processes B": the medians of each hop summed. */
+function tracedSummary(name: PathName, labels: string[], p50: number[]): string {
+  const inside = new Map<string, number>();
+  let between = 0;
+  labels.forEach((l, i) => {
+    if (l === 'total') return;
+    if (l.startsWith('in ')) inside.set(l.slice(3), (inside.get(l.slice(3)) ?? 0) + p50[i]!);
+    else between += p50[i]!;
+  });
+  const sum = [...inside.values()].reduce((a, b) => a + b, 0);
+  const parts = [...inside].map(([role, us]) => `${role} ${us.toFixed(0)}`).join(', ');
+  return `${name} total ${p50[labels.indexOf('total')]!.toFixed(0)}, in processes ${sum.toFixed(0)} (${parts}, both ways), between processes ${between.toFixed(0)}`;
+}
+
 interface RunInfo {
   began: number;
   load0: number;
@@ -291,7 +433,7 @@ interface RunInfo {
 }
 
 /** The "## ssh" section: the table (one column per path, a ratio against each peer) and the notes. */
-function formatSection(m: Measured, run: RunInfo): string {
+function formatSection(m: Measured, run: RunInfo, traced: string[]): string {
   const stats = (xs: number[]) => {
     const s = [...xs].sort((a, b) => a - b);
     return { p50: percentile(s, 50), p99: percentile(s, 99), mean: s.reduce((a, b) => a + b, 0) / s.length, n: s.length };
@@ -311,7 +453,7 @@ function formatSection(m: Measured, run: RunInfo): string {
       `One keystroke's round trip in an interactive pty session (\`ssh -tt\`, driven by node-pty: write one character, wait for the remote ` +
       `shell's echo; "x" and DEL alternate), ${g!.n} keystrokes per path over ${ROUNDS} sessions each (${WARMUP} warm-up keystrokes per session not counted), the paths taking turns. ` +
       `gateway: \`ssh -F <gwsh config> root@web-1\` -> ProxyCommand \`gwsh proxy ssh\` -> the Proxy daemon (auth + proxy) on ${PROXY_IP} (TLS, ALPN gateway-proxy-ssh) ` +
-      `-> the agent's reverse tunnel (SSH over TLS) -> the agent daemon's SSH Service (ssh2) -> bash -l; all on loopback, no squid. ` +
+      `-> the agent's reverse tunnel (protocol v2: frames over mutual TLS) -> the agent daemon's SSH Service (ssh2) -> bash -l; all on loopback, no squid. ` +
       `OpenSSH (peer): ssh straight to ${sshVersion} \`sshd\` (own sshd_config) on ${SSHD_IP} -> bash -l. ` +
       `OpenSSH ssh -J (peer): \`ssh -J root@${JUMP_IP} root@${SSHD_IP}\`, ssh -> \`ssh -W\` -> a second sshd (own sshd_config, the jump host) on ${JUMP_IP} -> direct-tcpip -> the same sshd on ${SSHD_IP} -> bash -l. ` +
       `Same client (${sshVersion}), cipher ${cipher} (on both hops of ssh -J), ECDSA P-256 keys, login root on every path, host keys from known_hosts files (strict checking).`,
@@ -326,11 +468,23 @@ function formatSection(m: Measured, run: RunInfo): string {
     row(`session start, spawn to first answer of the shell (ms, median of ${ROUNDS})`, gs!, os!, js!, (x) => x.toFixed(0)),
     '',
     `- Goal (issue 14): keystroke round trip p50 at most 1.0x OpenSSH through a jump host: ${ratio(g!.p50, j!.p50)}, ${goal <= 1 ? 'met' : 'not met'}.`,
-    `- Ratios below 1 would mean the gateway is faster. The gateway's path has three more hops than OpenSSH straight to sshd (gwsh relaying stdin/stdout ` +
-      `as the ProxyCommand, the Proxy, the agent) and three more layers of encryption (TLS from gwsh to the Proxy; the tunnel's SSH and the TLS ` +
-      `under it), each hop a process or event-loop turn per keystroke each way; OpenSSH's path is ssh -> sshd -> bash. Through a jump host OpenSSH ` +
-      `has two more hops (the \`ssh -W\` process relaying stdin/stdout, the jump host's sshd) and one more layer of encryption (the inner SSH connection inside the outer one).`,
+    `- Ratios below 1 would mean the gateway is faster. The gateway's path has as many processes as ssh -J's, each in the same place: gwsh ` +
+      `relaying stdin/stdout as the ProxyCommand where ssh -J has \`ssh -W\`, the Proxy where it has the jump host's sshd, the agent (its SSH ` +
+      `Service) where it has the target's sshd; two of them are Node.js (JavaScript, an event loop) where ssh -J has C, and the third is Node.js ` +
+      `where both have sshd. Encryption: the end-to-end SSH connection on every path; the gateway adds TLS from gwsh to the Proxy and the ` +
+      `tunnel's TLS (protocol v2: frames over mutual TLS); ssh -J adds the outer SSH connection to the jump host.`,
     `- Session start includes, for the gateway, starting gwsh (Node) for the ProxyCommand and again for the KnownHostsCommand, and a ping of the Proxy; for ssh -J, a second ssh process and two SSH handshakes one after the other.`,
+    `- One-off profiles (2026-11-25, load 2-3, not rerun by this script): \`perf sched record -a\` over 1000 traced keystrokes per path, ` +
+      `and the V8 CPU profiler (bench:tunnel's preload, started by SIGUSR2) in gwsh, the Proxy and the agent over 2000. CPU of the main thread ` +
+      `per keystroke (both ways): Proxy ~127 µs, agent ~141, gwsh ~95, plus ~25-50 in each one's other threads (V8's GC and compiler, ` +
+      `libuv), against ~50 for each sshd and ~44 for each ssh of ssh -J; so the Node processes keep a core busy well after they have passed ` +
+      `the bytes on (the traced "in X" is only from read to write). Of it, 50-60% is native socket writes (the TLS record and the write ` +
+      `call, which on loopback also runs the receiver's TCP input), ssh2's packet work ~10% of the agent's, the rest Node's stream machinery; ` +
+      `no JavaScript function of ours stands out. Wake-up to running, average: Proxy 80 µs, gwsh 63, agent 23, ssh 18, bash 16, sshd 20: ` +
+      `with two cores, the busier a process the longer it waits for one. The p99: the slowest keystrokes wait on a daemon's GC pause ` +
+      `(minor 0.5-2 ms, major 3-12 ms; several per second of typing in the Proxy and the agent) or for a core; neither ` +
+      `--no-memory-reducer nor --max-semi-space-size=16 in the daemons changed it (BENCH_DAEMON_NODE_OPTIONS, two runs each).`,
+    ...(traced.length > 0 ? traced : [`- Where a keystroke's time goes, process by process: not traced in this run (${HAS_PERF ? 'BENCH_TRACE=0' : 'perf is not installed'}; bench/keytrace.ts).`]),
     '',
   ].join('\n');
 }
@@ -349,7 +503,14 @@ async function main(): Promise<void> {
   const sshds: Sshd[] = [];
   const sessions: Session[] = [];
   try {
-    const gateway = await startGatewayPath(dir, (g) => (gw = g));
+    // With BENCH_TRACE the daemons report their garbage collections (a preload: a PerformanceObserver of 'gc').
+    const options = [DAEMON_OPTIONS];
+    if (TRACE > 0) {
+      await writeFile(join(dir, 'gc-preload.cjs'), GC_PRELOAD);
+      options.push(`--require ${join(dir, 'gc-preload.cjs')}`);
+    }
+    const daemonEnv: Record<string, string> = options.join(' ').trim() ? { NODE_OPTIONS: options.join(' ').trim() } : {};
+    const gateway = await startGatewayPath(dir, (g) => (gw = g), daemonEnv);
     // The peers: the target sshd and the jump host's, each with its own configuration.
     const target = await startSshd(dir, 'sshd', SSHD_IP);
     sshds.push(target);
@@ -363,7 +524,9 @@ async function main(): Promise<void> {
       jump: ['-F', peerConfig, '-J', `root@${JUMP_IP}:${jump.port}`, ...straight.slice(2)],
     };
     const measured = await measure(args, env, sessions);
-    const section = formatSection(measured, { began, load0, load1: loadavg()[0]!, cipher, sshVersion });
+    const daemons = { proxy: gateway.proxy.process.pid!, agent: gateway.agent.process.pid!, sshd: target.pid, jump: jump.pid, proxyLogs: () => gateway.proxy.logs(), agentLogs: () => gateway.agent.logs() };
+    const traced = TRACE > 0 ? await traceHops(args, env, daemons, sessions) : [];
+    const section = formatSection(measured, { began, load0, load1: loadavg()[0]!, cipher, sshVersion }, traced);
     process.stdout.write(`\n${section}\n`);
     if (process.env.BENCH_RECORD !== '0') await recordSection('ssh', section);
   } finally {

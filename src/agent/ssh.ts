@@ -16,7 +16,7 @@
  * - Every session is an audit event (who, node, login, start, end, exit code), sent to the Proxy.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync, statSync } from 'node:fs';
+import { readFileSync, statSync, writeSync } from 'node:fs';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import { fileURLToPath } from 'node:url';
@@ -281,24 +281,127 @@ function sessionEnv(state: SessionState, account: PasswdEntry): Record<string, s
   };
 }
 
+/** Bytes waiting for the terminal beyond which the session's channel is paused (its window then holds the client back). */
+const PTY_QUEUE_MAX = 64 * 1024;
+/** Retry delays while the terminal's input buffer stays full (its program is not reading): 1 ms, doubling to 100 ms. */
+const PTY_RETRY_MIN_MS = 1;
+const PTY_RETRY_MAX_MS = 100;
+
+/**
+ * Writes to a pty's master descriptor (non-blocking, set so by node-pty) in this thread, at once: node-pty's own
+ * write goes through libuv's thread pool for every write, a thread wake-up for each keystroke and a second one to
+ * report back (measured with bench:ssh's BENCH_TRACE). When the terminal's input buffer is full (EAGAIN, a program
+ * that does not read), the rest waits, in order, and is retried with a backing-off timer; past PTY_QUEUE_MAX the
+ * source is paused until everything is written. Other errors (EIO once the program has gone) drop the input, as
+ * the terminal would.
+ */
+export class PtyWriter {
+  private queue: Buffer[] = [];
+  private queued = 0;
+  private timer: NodeJS.Timeout | undefined;
+  private delay = PTY_RETRY_MIN_MS;
+  private broken = false;
+
+  /** fd: the master descriptor while it is open, else undefined (see ptyFd). */
+  constructor(
+    private readonly fd: () => number | undefined,
+    private readonly source: { pause(): unknown; resume(): unknown },
+  ) {}
+
+  write(data: Buffer): void {
+    if (this.broken || data.length === 0) return;
+    if (this.queue.length === 0) {
+      const n = this.tryWrite(data);
+      if (n === data.length || this.broken) return;
+      data = data.subarray(n);
+    }
+    this.queue.push(data);
+    this.queued += data.length;
+    if (this.queued > PTY_QUEUE_MAX) this.source.pause();
+    this.timer ??= setTimeout(() => this.flush(), this.delay);
+  }
+
+  close(): void {
+    clearTimeout(this.timer);
+    this.broken = true;
+    this.queue = [];
+    this.queued = 0;
+  }
+
+  private flush(): void {
+    this.timer = undefined;
+    let progressed = false;
+    while (this.queue.length > 0 && !this.broken) {
+      const head = this.queue[0]!;
+      const n = this.tryWrite(head);
+      this.queued -= n;
+      progressed ||= n > 0;
+      if (n < head.length) {
+        this.queue[0] = head.subarray(n);
+        this.delay = progressed ? PTY_RETRY_MIN_MS : Math.min(this.delay * 2, PTY_RETRY_MAX_MS);
+        this.timer = setTimeout(() => this.flush(), this.delay);
+        return;
+      }
+      this.queue.shift();
+    }
+    this.delay = PTY_RETRY_MIN_MS;
+    this.source.resume();
+  }
+
+  /** Bytes written (0 when the terminal is full). */
+  private tryWrite(data: Buffer): number {
+    const fd = this.fd();
+    if (fd === undefined) {
+      this.close();
+      return 0;
+    }
+    try {
+      return writeSync(fd, data);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'EAGAIN') return 0;
+      this.close();
+      return 0;
+    }
+  }
+}
+
+/**
+ * The master descriptor of node-pty's terminal while it is open, or undefined once closed: node-pty closes it
+ * only by destroying its read stream, which is marked destroyed before the descriptor is closed, so a write
+ * never goes to a number the process has meanwhile reused for another file. Undefined as a whole when node-pty
+ * does not look as expected (its own write is then used).
+ */
+function ptyFd(term: unknown): (() => number | undefined) | undefined {
+  const t = term as { fd?: unknown; _socket?: { destroyed?: boolean } };
+  const fd = t.fd;
+  const socket = t._socket;
+  if (typeof fd !== 'number' || typeof socket?.destroyed !== 'boolean') return undefined;
+  return () => (socket.destroyed ? undefined : fd);
+}
+
 /** The command in a pseudo-terminal (node-pty): resized with the window, hung up when the client goes away. */
 function runInPty(channel: ServerChannel, argv: string[], account: PasswdEntry, env: Record<string, string>, pty: NonNullable<SessionState['pty']>, finish: Finish, onRunning: (r: Running) => void): void {
   let channelClosed = false;
   channel.once('close', () => (channelClosed = true));
   void import('node-pty').then(({ spawn: spawnPty }) => {
-    const term = spawnPty(argv[0]!, argv.slice(1), { name: pty.term, cols: pty.cols, rows: pty.rows, cwd: account.home, env, uid: account.uid, gid: account.gid });
+    // encoding null: bytes both ways, as they came (a multi-byte character split across two reads or two SSH
+    // packets is the client's and the program's to join), and no decoding and encoding again per read.
+    const term = spawnPty(argv[0]!, argv.slice(1), { name: pty.term, cols: pty.cols, rows: pty.rows, cwd: account.home, env, uid: account.uid, gid: account.gid, encoding: null });
     let exited = false;
     onRunning({ resize: (c, r) => term.resize(c, r), kill: (s) => term.kill(s) });
-    term.onData((d) => channel.write(d));
-    // Bytes as they came: a multi-byte character split across two SSH packets must not be decoded half.
-    channel.on('data', (d: Buffer) => term.write(d));
+    term.onData((d: string | Buffer) => channel.write(d));
+    const fd = ptyFd(term);
+    const writer = fd ? new PtyWriter(fd, channel) : undefined;
+    channel.on('data', (d: Buffer) => (writer ? writer.write(d) : term.write(d as unknown as string)));
     term.onExit(({ exitCode, signal }) => {
       exited = true;
+      writer?.close();
       finish(signal ? null : exitCode, signal ? signalName(signal) : null);
     });
     // The client went away (connection lost, ssh killed) while the session runs: hang up, as the kernel does
     // for sshd when it closes the terminal; otherwise the shell and its jobs would outlive the session.
     const hangUp = () => {
+      writer?.close();
       if (!exited) term.kill('SIGHUP');
     };
     if (channelClosed) hangUp();
