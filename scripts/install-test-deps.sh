@@ -40,6 +40,7 @@ declare -A NEED=(
   [curl]=curl                # HTTP requests through squid and to the version server, as a user would send them
   [tmux]=tmux                # a real terminal for the interactive SSH test
   [iperf3]=iperf3            # the native client and server of bench:tunnel's user path (iperf3 -> gwsh proxy app -> ...)
+  [perf]=linux-perf         # bench:ssh follows keystrokes through every process of a path with `perf trace` (skipped when perf cannot run on this kernel)
   # the Web UI tests' real browser (test/helpers/browser.ts): Debian's Chromium driven by playwright-core (which
   # never downloads a browser), and the NSS tools that make the browser's own database trusting the test cluster's CA
   [chromium]=chromium
