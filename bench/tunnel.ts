@@ -1102,6 +1102,8 @@ interface IdleMemory {
   openFiles: number;
   /** The Proxy's CPU seconds over `secs` once every agent was connected and idle (heartbeats, presence refreshes). */
   idleCpu?: { secs: number; cpuSecs: number };
+  /** VmRSS (KiB) after that idle time, as it is (no gc forced): what an operator sees once the Proxy has settled. */
+  idleRssKiB?: number;
   /** After that idle time, a full gc again: whether V8 gave back what the connection storm left (its memory reducer). */
   idleGc?: GcReading;
   /** bench/tlsfloor.ts: a bare Node.js TLS server's VmRSS per idle connection, measured after this phase. */
@@ -1220,11 +1222,13 @@ async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, 
   }
   let idleCpu: IdleMemory['idleCpu'];
   let idleGc: GcReading | undefined;
+  let idleRss: number | undefined;
   if (IDLE_CPU_SECS > 0) {
     const cpu0 = cpuSeconds(memPid);
     await sleep(IDLE_CPU_SECS * 1000);
     idleCpu = { secs: IDLE_CPU_SECS, cpuSecs: cpuSeconds(memPid) - cpu0 };
     say(`memory: Proxy CPU while ${AGENTS} agents idle: ${(idleCpu.cpuSecs * 1000 / IDLE_CPU_SECS).toFixed(1)} ms/s`);
+    idleRss = await rssKiB(memPid);
     idleGc = await afterGc(memPid, gcOut);
   }
   // Still all up after the last reading?
@@ -1233,7 +1237,7 @@ async function measureIdleMemory(dir: string, adminEnv: Record<string, string>, 
   for (const h of track.holders.splice(0)) await h.stop();
   await stopGateway(memProxy);
   track.memProxy = undefined;
-  return { agents: AGENTS, procs: AGENT_PROCS, joinSecs, connectSecs, rssBefore, gcBefore, readings, allUp, openFiles, ...(idleCpu ? { idleCpu } : {}), ...(idleGc ? { idleGc } : {}) };
+  return { agents: AGENTS, procs: AGENT_PROCS, joinSecs, connectSecs, rssBefore, gcBefore, readings, allUp, openFiles, ...(idleCpu ? { idleCpu } : {}), ...(idleRss ? { idleRssKiB: idleRss } : {}), ...(idleGc ? { idleGc } : {}) };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1661,8 +1665,9 @@ function perAgent(mem: IdleMemory, n: number): { overall: number; secondHalf: nu
 }
 
 /**
- * The table rows: per agent at all of BENCH_AGENTS (first: the README's headline takes the first "Proxy memory
- * per idle" row) and at half of them, overall and over the second half.
+ * The table rows: per agent at all of BENCH_AGENTS once idle (first: the README's headline takes the first "Proxy
+ * memory per idle" row, the VmRSS an operator sees once the Proxy has settled, no gc forced), then right after the
+ * last agent connected and at half of them, overall and over the second half.
  */
 function idleMemoryRows(mem: IdleMemory): string[] {
   const per = (kib: number, before: number) => ((kib - before) / mem.agents).toFixed(1);
@@ -1675,7 +1680,10 @@ function idleMemoryRows(mem: IdleMemory): string[] {
       `| V8's whole heap then (KiB per agent) | – | ${per(mem.idleGc.heapTotalKiB, mem.gcBefore.heapTotalKiB)} | – | – | – |`,
     );
   }
-  return [mem.agents, Math.floor(mem.agents / 2)].flatMap((n) => {
+  const settled = mem.idleRssKiB && mem.idleCpu
+    ? [`| Proxy memory per idle connected agent at ${mem.agents} agents, settled: ${mem.idleCpu.secs} s after the last connected (KiB of VmRSS, no gc forced) | – | ${per(mem.idleRssKiB, mem.rssBefore)} | – | – | – |`]
+    : [];
+  return settled.concat([mem.agents, Math.floor(mem.agents / 2)].flatMap((n) => {
     const f = perAgent(mem, n);
     if (!f || n === 0) return [];
     return [
@@ -1683,7 +1691,7 @@ function idleMemoryRows(mem: IdleMemory): string[] {
       `| Proxy memory per idle connected agent at ${n} agents, over the second half (KiB of VmRSS) | – | ${f.secondHalf.toFixed(1)} | – | – | – |`,
       ...gcRows(mem, n),
     ];
-  }).concat(cpu);
+  })).concat(cpu);
 }
 
 /** After a full gc (as the floor is read): VmRSS and the JS heap per agent, overall. */
@@ -1717,7 +1725,9 @@ function idleMemoryText(mem: IdleMemory): string {
     `each worker from its own source address), before the first reading; the agents connected in ${mem.connectSecs.toFixed(1)} s (32 in flight per process); ` +
     `all still connected at the last reading: ${mem.allUp ? 'yes' : 'no'}. The second-half figure leaves out what start-up and the joins left in the heap. Kernel socket buffers are not in RSS.` +
     (mem.idleCpu && mem.idleGc
-      ? ` Then ${mem.idleCpu.secs} s with every agent idle: the Proxy used ${((mem.idleCpu.cpuSecs * 1000) / mem.idleCpu.secs).toFixed(1)} ms of CPU per s, and after it, after a full gc, ` +
+      ? ` Then ${mem.idleCpu.secs} s with every agent idle: the Proxy used ${((mem.idleCpu.cpuSecs * 1000) / mem.idleCpu.secs).toFixed(1)} ms of CPU per s, ` +
+        (mem.idleRssKiB ? `held ${mib(mem.idleRssKiB)} VmRSS as it was (the settled figure, the table's first row), ` : '') +
+        `and after a full gc ` +
         `held ${mib(mem.idleGc.rssKiB)} VmRSS with a ${mib(mem.idleGc.heapTotalKiB)} V8 heap (${mib(mem.idleGc.heapKiB)} used): V8's memory reducer returns the free pages the connection storm left once the process is idle.`
       : '') +
     (mem.floor
