@@ -53,7 +53,7 @@
  * recorded), BENCH_IDLE_PROFILE (a directory: the idle Proxy profiled while the last half of the agents connect),
  * BENCH_IDLE_HEAPSNAPSHOT (a directory: the idle Proxy's V8 heap snapshot after each of its full gcs),
  * BENCH_GWSH_BEFORE (another build's gwsh.js, e.g. a copy of dist/ kept inside the repository: run as a third path
- * of the user path, for before/after figures in one run; printed, not recorded), BENCH_DAEMON_NODE_OPTIONS (Node options for the data path's Proxy and
+ * of the user path, for before/after figures in one run; printed, not recorded), BENCH_GWSH_NODE_OPTIONS (NODE_OPTIONS of the user path's gwsh processes, e.g. a preload; printed runs), BENCH_DAEMON_NODE_OPTIONS (Node options for the data path's Proxy and
  * agent daemons, e.g. "--max-semi-space-size=32"; recorded in the section when set), BENCH_DAEMON_GLIBC_TUNABLES (glibc
  * malloc settings for the same daemons, passed as GLIBC_TUNABLES; recorded when set), BENCH_RECORD (0: print the
  * section, do not write bench/RESULTS.md).
@@ -745,7 +745,7 @@ interface LocalProxy {
 /** A real `gwsh proxy app <name> --port 0` with the given profile directory; resolves once it listens. */
 async function startGwshProxy(gwshHome: string, home: string, app: string, env: Record<string, string> = {}, bin = BIN('gwsh')): Promise<LocalProxy> {
   const child = spawn(process.execPath, [bin, 'proxy', 'app', app, '--port', '0'], {
-    env: { PATH: process.env.PATH ?? '', HOME: home, GWSH_HOME: gwshHome, ...env },
+    env: { PATH: process.env.PATH ?? '', HOME: home, GWSH_HOME: gwshHome, ...(GWSH_NODE_OPTIONS ? { NODE_OPTIONS: GWSH_NODE_OPTIONS } : {}), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
@@ -793,6 +793,8 @@ type UserPathName = 'gateway (gwsh proxy app)' | 'OpenSSH ssh -R' | 'gateway (BE
 
 /** Another gwsh.js (e.g. a copy of dist/ before a change) run as a third path, for before/after figures in one run. */
 const GWSH_BEFORE = process.env.BENCH_GWSH_BEFORE ?? '';
+/** BENCH_GWSH_NODE_OPTIONS: NODE_OPTIONS of the user path's gwsh processes, to try settings or preloads (printed runs). */
+const GWSH_NODE_OPTIONS = process.env.BENCH_GWSH_NODE_OPTIONS ?? '';
 
 interface UserPathRoute {
   name: UserPathName;
