@@ -481,9 +481,12 @@ function formatSection(m: Measured, run: RunInfo, traced: string[]): string {
       `the bytes on (the traced "in X" is only from read to write). Of it, 50-60% is native socket writes (the TLS record and the write ` +
       `call, which on loopback also runs the receiver's TCP input), ssh2's packet work ~10% of the agent's, the rest Node's stream machinery; ` +
       `no JavaScript function of ours stands out. Wake-up to running, average: Proxy 80 µs, gwsh 63, agent 23, ssh 18, bash 16, sshd 20: ` +
-      `with two cores, the busier a process the longer it waits for one. The p99: the slowest keystrokes wait on a daemon's GC pause ` +
-      `(minor 0.5-2 ms, major 3-12 ms; several per second of typing in the Proxy and the agent) or for a core; neither ` +
-      `--no-memory-reducer nor --max-semi-space-size=16 in the daemons changed it (BENCH_DAEMON_NODE_OPTIONS, two runs each).`,
+      `with two cores, the busier a process the longer it waits for one. The p99 is not garbage collection: with V8's --trace-gc ` +
+      `in both daemons (a preload through BENCH_DAEMON_NODE_OPTIONS), a whole run of 4 500 keystrokes saw one mark-compact (at start) and ` +
+      `7-8 scavenges in each, far fewer than the 1% of keystrokes above 3 ms; the same holds for gwsh on bench:tunnel's user path (16 GC ` +
+      `events, 45 of 2 000 round trips above 1 ms, spread irregularly). What is left is waiting: for a core, with four Node.js processes ` +
+      `and ssh and bash on two (Node's average wake-up delay above is 3-5 times ssh's); neither --no-memory-reducer nor ` +
+      `--max-semi-space-size=16 in the daemons changed it (two runs each).`,
     ...(traced.length > 0 ? traced : [`- Where a keystroke's time goes, process by process: not traced in this run (${HAS_PERF ? 'BENCH_TRACE=0' : 'perf is not installed'}; bench/keytrace.ts).`]),
     '',
   ].join('\n');
