@@ -170,6 +170,7 @@ const STATUS_OF: ReadonlyArray<readonly [ErrorCode, number]> = [
   ['GW_ERR_SSO_IDP_ERROR', 502],
   ['GW_ERR_SSO_NO_ROLES', 403],
   ['GW_ERR_SSO_USERNAME_REFUSED', 403],
+  ['GW_ERR_WEB_APP_LAUNCH_UNBOUND', 403],
 ];
 
 describe('statusFor', () => {
