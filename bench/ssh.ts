@@ -486,7 +486,9 @@ function formatSection(m: Measured, run: RunInfo, traced: string[]): string {
       `7-8 scavenges in each, far fewer than the 1% of keystrokes above 3 ms; the same holds for gwsh on bench:tunnel's user path (16 GC ` +
       `events, 45 of 2 000 round trips above 1 ms, spread irregularly). What is left is waiting: for a core, with four Node.js processes ` +
       `and ssh and bash on two (Node's average wake-up delay above is 3-5 times ssh's); neither --no-memory-reducer nor ` +
-      `--max-semi-space-size=16 in the daemons changed it (two runs each).`,
+      `--max-semi-space-size=16 in the daemons changed it (two runs each). Warm-up matters: gwsh is a new process in every session, so ` +
+      `its first keystrokes run code V8 has not compiled yet; with BENCH_WARMUP=1000 instead of 50 (one run each, load 1.5-1.7) p50 was ` +
+      `353 against 412 µs (1.63x against 1.91x ssh -J) and p99 2.8 against 3.6 ms. The table keeps 50: a session starts cold.`,
     ...(traced.length > 0 ? traced : [`- Where a keystroke's time goes, process by process: not traced in this run (${HAS_PERF ? 'BENCH_TRACE=0' : 'perf is not installed'}; bench/keytrace.ts).`]),
     '',
   ].join('\n');

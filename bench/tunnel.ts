@@ -45,7 +45,7 @@
  *                     single-stream run of BENCH_PROFILE_MIB MiB and 2 000 round trips; the heaviest self-time
  *                     frames of each are recorded. Its figures are not the measured ones.
  *
- * Settings (environment): BENCH_MIB (512), BENCH_RUNS (3), BENCH_STREAMS (8), BENCH_RTTS (5000), BENCH_STARTS (3),
+ * Settings (environment): BENCH_MIB (512), BENCH_RUNS (3), BENCH_STREAMS (8), BENCH_RTTS (5000), BENCH_RTT_WARMUP (5000), BENCH_STARTS (3),
  * BENCH_AGENTS (10000), BENCH_AGENT_PROCS (2), BENCH_IDLE_CPU_SECS (60: the idle Proxy's CPU over this long, 0: not
  * read), BENCH_IPERF_SECONDS (3), BENCH_CONNECTS (50), BENCH_PROFILE (1),
  * BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the .cpuprofile files to, for Chrome DevTools),
@@ -97,6 +97,12 @@ const MIB = envNumber('BENCH_MIB', 512);
 const RUNS = envNumber('BENCH_RUNS', 3);
 const STREAMS = envNumber('BENCH_STREAMS', 8);
 const RTTS = envNumber('BENCH_RTTS', 5000);
+/**
+ * Round trips before the measured ones, on the same stream, for every path alike. With 200 the gateway's p99 on
+ * the user path was 2.4-2.5 ms against 0.35-0.46 with 5 000: the Node.js processes were still compiling the path
+ * (perf sched: their V8 background threads ran in chunks over 1 ms on the two cores while the round trips went on).
+ */
+const RTT_WARMUP = envNumber('BENCH_RTT_WARMUP', 5000, 0);
 const STARTS = envNumber('BENCH_STARTS', 3);
 const AGENTS = envNumber('BENCH_AGENTS', 10_000);
 const AGENT_PROCS = envNumber('BENCH_AGENT_PROCS', 2);
@@ -327,7 +333,7 @@ async function roundTrips(connect: Connect, count: number): Promise<{ p50: numbe
       stream.once('error', reject);
       stream.write(msg);
     });
-  for (let i = 0; i < 200; i++) await once(); // warm-up
+  for (let i = 0; i < RTT_WARMUP; i++) await once(); // warm-up: the steady state, not V8 still compiling the path
   const times: number[] = [];
   for (let i = 0; i < count; i++) {
     const t0 = process.hrtime.bigint();
@@ -1601,7 +1607,7 @@ async function main(): Promise<void> {
         `Peer: ${sshVersion} \`sshd\` on ${SSHD_IP} and \`ssh -N -R\` with \`ProxyCommand=socat - PROXY:\` through the same squid ` +
         `to ${SSHD_NAME}; the client connects to the forwarded port. Both SSH connections: ${cipher}, ECDSA P-256 keys. ` +
         `Throughput: ${MIB} MiB per run (${STREAMS} streams share it in the parallel case), median of ${RUNS}, paths interleaved; ` +
-        `round trip: ${RTTS} samples of ${MSG} bytes on one established stream; nothing pinned to a CPU` +
+        `round trip: ${RTTS} samples of ${MSG} bytes on one established stream after ${RTT_WARMUP} unmeasured ones (the steady state: with 200, V8 was still compiling the gateway's path and its p99 on the user path was 5-7 times higher); nothing pinned to a CPU` +
         `${DAEMON_NODE_OPTIONS ? `; daemons run with NODE_OPTIONS="${DAEMON_NODE_OPTIONS}"` : ''}` +
         `${DAEMON_GLIBC_TUNABLES ? `; daemons run with GLIBC_TUNABLES="${DAEMON_GLIBC_TUNABLES}"` : ''}.`,
       `Machine: ${cpu[0]?.model ?? 'unknown CPU'}, ${cpu.length} cores, ${(totalmem() / 2 ** 30).toFixed(1)} GiB memory, Node ${process.version}, ${sshVersion}, ` +
