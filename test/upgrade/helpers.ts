@@ -12,14 +12,20 @@
  *   chroots there, so root is needed).
  * - for both, ways to break the repository as a mirror can (a package altered after indexing, metadata that does
  *   not match, metadata signed by another key), and a snapshot (hard links) to put it back.
- * - release tarballs of the same fake binary, with their .sha256 files.
+ * - release tarballs of the same fake binary, with their .sha256 files; the servers of the tarball path (the
+ *   download server, a Proxy's version server) and the upgrader's environment for it.
  */
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmod, copyFile, link, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
+import type { ServerResponse } from 'node:http';
 import { promisify } from 'node:util';
+import { Dialer } from '../../src/dial/dialer.js';
+import { VersionServer } from '../../src/proxy/versions.js';
+import { startHttpsServer, type HttpTestServer } from '../helpers/servers.js';
+import type { TestPki } from '../helpers/tls.js';
 
 const run = promisify(execFile);
 const FIXTURES = new URL('../../fixtures/upgrade/', import.meta.url);
@@ -287,6 +293,82 @@ export async function writeScript(path: string, body: string): Promise<string> {
   await writeFile(path, `#!/bin/sh\n${body}\n`, { mode: 0o755 });
   await chmod(path, 0o755);
   return path;
+}
+
+// --- the tarball path's servers: releases over https, and a Proxy's version server ----------------------------
+
+/** The release download server's answers: files by path (404 otherwise), special paths answered their own way. */
+export interface ReleaseFiles {
+  files: Map<string, Buffer | string>;
+  /** Every path asked, in order. */
+  requests: string[];
+  /** Paths answered in their own way (a cut connection, a lying Content-Length). */
+  special?: Map<string, (res: ServerResponse) => void>;
+}
+
+/** The release tarballs' download server: https on ip with a certificate of the test CA for name. */
+export async function startReleaseServer(pki: TestPki, name: string, ip: string, releases: ReleaseFiles): Promise<HttpTestServer> {
+  const cert = await pki.serverCert({ names: [name], ips: [ip] });
+  return startHttpsServer(
+    { cert: cert.certPem, key: cert.keyPem },
+    (req, res) => {
+      releases.requests.push(req.url ?? '');
+      const own = releases.special?.get(req.url ?? '');
+      if (own) return own(res);
+      const body = releases.files.get(req.url ?? '');
+      if (body === undefined) {
+        res.writeHead(404);
+        res.end();
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': Buffer.byteLength(body) });
+      res.end(body);
+    },
+    ip,
+  );
+}
+
+/**
+ * A Proxy as the upgrader sees it, over https on 127.0.0.1 (proxy.gw.test): the real version server with these
+ * channels, and a ping naming ownVersion as the cluster's server_version for every other path.
+ */
+export async function startVersionProxy(pki: TestPki, ownVersion: string, channels: Record<string, { static_version?: string; forward_url?: string }> = {}): Promise<HttpTestServer> {
+  const cert = await pki.serverCert({ names: ['proxy.gw.test'], ips: ['127.0.0.1'] });
+  const vs = new VersionServer({ ownVersion, channels, dialer: new Dialer({ env: {} }) });
+  return startHttpsServer({ cert: cert.certPem, key: cert.keyPem }, (req, res) => {
+    if (vs.handle(req, res)) return;
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ server_version: ownVersion }));
+  });
+}
+
+/**
+ * gateway-upgrade's environment for the tarball path under root: releases from downloadUrl through the proxy at
+ * httpsProxy (the version server on 127.0.0.1 directly), the installed gateway in bin, restarts by restart.
+ */
+export function tarballUpgradeEnv(o: {
+  root: string;
+  bin: string;
+  downloadUrl: string;
+  caFile: string;
+  restart: string;
+  health: { command: string; timeout: string; poll: string };
+  httpsProxy: string;
+}): Record<string, string> {
+  return {
+    GATEWAY_UPGRADE_ROOT: o.root,
+    GATEWAY_UPGRADE_PACKAGE_MANAGER: 'tarball',
+    GATEWAY_UPGRADE_ARCH: 'x64',
+    GATEWAY_UPGRADE_DOWNLOAD_URL: o.downloadUrl,
+    GATEWAY_UPGRADE_CA_FILE: o.caFile,
+    GATEWAY_UPGRADE_VERSION_COMMAND: `${o.bin}/gateway --version`,
+    GATEWAY_UPGRADE_RESTART_COMMAND: o.restart,
+    GATEWAY_UPGRADE_HEALTH_COMMAND: o.health.command,
+    GATEWAY_UPGRADE_HEALTH_TIMEOUT: o.health.timeout,
+    GATEWAY_UPGRADE_HEALTH_POLL: o.health.poll,
+    HTTPS_PROXY: o.httpsProxy,
+    NO_PROXY: '127.0.0.1',
+  };
 }
 
 // --- rpm repositories: dnf and zypper ----------------------------------------------------------------------------

@@ -18,15 +18,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
-import { VersionServer } from '../../src/proxy/versions.js';
 import { writeSchedule } from '../../src/upgrade/schedule.js';
 import { buildPackages, type BuiltPackages } from '../helpers/packages.js';
-import { startHttpsServer, type HttpTestServer } from '../helpers/servers.js';
+import type { HttpTestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
-import { writeScript } from './helpers.js';
+import { startReleaseServer, startVersionProxy, tarballUpgradeEnv, writeScript } from './helpers.js';
 import { sha256, snapshot } from './tarball-fixtures.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
@@ -90,29 +88,8 @@ beforeAll(async () => {
   await writeFile(join(dir, 'hosts'), `${CDN_IP} ${CDN_NAME}\n`, { mode: 0o644 });
   pki = await makeTestPki();
   squid = await startSquid({ extraConfig: [`hosts_file ${join(dir, 'hosts')}`] });
-  const cdnCert = await pki.serverCert({ names: [CDN_NAME], ips: [CDN_IP] });
-  cdn = await startHttpsServer(
-    { cert: cdnCert.certPem, key: cdnCert.keyPem },
-    (req, res) => {
-      requests.push(req.url ?? '');
-      const body = files.get(req.url ?? '');
-      if (body === undefined) {
-        res.writeHead(404);
-        res.end();
-        return;
-      }
-      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': Buffer.byteLength(body) });
-      res.end(body);
-    },
-    CDN_IP,
-  );
-  const proxyCert = await pki.serverCert({ names: ['proxy.gw.test'], ips: ['127.0.0.1'] });
-  const vs = new VersionServer({ ownVersion: N1, channels: {}, dialer: new Dialer({ env: {} }) });
-  proxy = await startHttpsServer({ cert: proxyCert.certPem, key: proxyCert.keyPem }, (req, res) => {
-    if (vs.handle(req, res)) return;
-    res.writeHead(200, { 'content-type': 'application/json' });
-    res.end(JSON.stringify({ server_version: N1 }));
-  });
+  cdn = await startReleaseServer(pki, CDN_NAME, CDN_IP, { files, requests });
+  proxy = await startVersionProxy(pki, N1);
 
   // Release N, installed as the install guide says: extract, run ./install (here into the test root).
   root = join(dir, 'root');
@@ -130,18 +107,15 @@ beforeAll(async () => {
   const restart = await writeScript(join(dir, 'restart.sh'), `echo "restart $(${bin}/gateway --version)" >> ${restartLog}`);
   env = {
     PATH: process.env.PATH ?? '',
-    GATEWAY_UPGRADE_ROOT: root,
-    GATEWAY_UPGRADE_PACKAGE_MANAGER: 'tarball',
-    GATEWAY_UPGRADE_ARCH: 'x64',
-    GATEWAY_UPGRADE_DOWNLOAD_URL: `https://${CDN_NAME}:${cdn.port}`,
-    GATEWAY_UPGRADE_CA_FILE: pki.caCertPath,
-    GATEWAY_UPGRADE_VERSION_COMMAND: `${bin}/gateway --version`,
-    GATEWAY_UPGRADE_RESTART_COMMAND: restart,
-    GATEWAY_UPGRADE_HEALTH_COMMAND: `${bin}/gateway --version >/dev/null`,
-    GATEWAY_UPGRADE_HEALTH_TIMEOUT: '30s',
-    GATEWAY_UPGRADE_HEALTH_POLL: '200ms',
-    HTTPS_PROXY: squid.url,
-    NO_PROXY: '127.0.0.1',
+    ...tarballUpgradeEnv({
+      root,
+      bin,
+      downloadUrl: `https://${CDN_NAME}:${cdn.port}`,
+      caFile: pki.caCertPath,
+      restart,
+      health: { command: `${bin}/gateway --version >/dev/null`, timeout: '30s', poll: '200ms' },
+      httpsProxy: squid.url,
+    }),
   };
 }, 900_000);
 

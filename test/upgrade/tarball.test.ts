@@ -11,15 +11,14 @@ import { PassThrough } from 'node:stream';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
-import { VersionServer } from '../../src/proxy/versions.js';
 import { download } from '../../src/upgrade/download.js';
 import { progressBar, renderBar } from '../../src/upgrade/progress.js';
 import { writeSchedule } from '../../src/upgrade/schedule.js';
 import { runCli } from '../helpers/gateway.js';
-import { startHttpsServer, type HttpTestServer } from '../helpers/servers.js';
+import type { HttpTestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
-import { fakeGatewayScript, makeTarball, writeScript, type Tarball } from './helpers.js';
+import { fakeGatewayScript, makeTarball, startReleaseServer, startVersionProxy, tarballUpgradeEnv, writeScript, type Tarball } from './helpers.js';
 import { releaseAround, sha256, snapshot, targz, type RawEntry } from './tarball-fixtures.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
@@ -81,39 +80,11 @@ beforeAll(async () => {
 
   await setUpCases();
 
-  const cdnCert = await pki.serverCert({ names: [CDN_NAME], ips: [CDN_IP] });
-  cdn = await startHttpsServer(
-    { cert: cdnCert.certPem, key: cdnCert.keyPem },
-    (req, res) => {
-      requests.push(req.url ?? '');
-      const own = special.get(req.url ?? '');
-      if (own) return own(res);
-      const body = files.get(req.url ?? '');
-      if (body === undefined) {
-        res.writeHead(404);
-        res.end();
-        return;
-      }
-      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': Buffer.byteLength(body) });
-      res.end(body);
-    },
-    CDN_IP,
-  );
-
-  const proxyCert = await pki.serverCert({ names: ['proxy.gw.test'], ips: ['127.0.0.1'] });
-  const vs = new VersionServer({
-    ownVersion: '17.0.2',
-    channels: {
-      tampered: { static_version: 'v17.0.4' },
-      broken: { static_version: 'v17.0.5' },
-      ...Object.fromEntries(Object.entries(CASES).map(([c, v]) => [c, { static_version: `v${v}` }])),
-    },
-    dialer: new Dialer({ env: {} }),
-  });
-  proxy = await startHttpsServer({ cert: proxyCert.certPem, key: proxyCert.keyPem }, (req, res) => {
-    if (vs.handle(req, res)) return;
-    res.writeHead(200, { 'content-type': 'application/json' });
-    res.end(JSON.stringify({ server_version: '17.0.2' }));
+  cdn = await startReleaseServer(pki, CDN_NAME, CDN_IP, { files, requests, special });
+  proxy = await startVersionProxy(pki, '17.0.2', {
+    tampered: { static_version: 'v17.0.4' },
+    broken: { static_version: 'v17.0.5' },
+    ...Object.fromEntries(Object.entries(CASES).map(([c, v]) => [c, { static_version: `v${v}` }])),
   });
 
   root = join(dir, 'root');
@@ -123,20 +94,15 @@ beforeAll(async () => {
   await mkdir(etc, { recursive: true });
   restartLog = join(dir, 'restarts.log');
   const restart = await writeScript(join(dir, 'restart.sh'), `echo "restart $(${bin}/gateway --version)" >> ${restartLog}`);
-  env = {
-    GATEWAY_UPGRADE_ROOT: root,
-    GATEWAY_UPGRADE_PACKAGE_MANAGER: 'tarball',
-    GATEWAY_UPGRADE_ARCH: 'x64',
-    GATEWAY_UPGRADE_DOWNLOAD_URL: `https://${CDN_NAME}:${cdn.port}`,
-    GATEWAY_UPGRADE_CA_FILE: pki.caCertPath,
-    GATEWAY_UPGRADE_VERSION_COMMAND: `${bin}/gateway --version`,
-    GATEWAY_UPGRADE_RESTART_COMMAND: restart,
-    GATEWAY_UPGRADE_HEALTH_COMMAND: `${bin}/gateway health`,
-    GATEWAY_UPGRADE_HEALTH_TIMEOUT: '1s',
-    GATEWAY_UPGRADE_HEALTH_POLL: '100ms',
-    HTTPS_PROXY: squid.url,
-    NO_PROXY: '127.0.0.1',
-  };
+  env = tarballUpgradeEnv({
+    root,
+    bin,
+    downloadUrl: `https://${CDN_NAME}:${cdn.port}`,
+    caFile: pki.caCertPath,
+    restart,
+    health: { command: `${bin}/gateway health`, timeout: '1s', poll: '100ms' },
+    httpsProxy: squid.url,
+  });
 }, 120_000);
 
 const gatewayScript = (version: string, versionExit = 0) =>
