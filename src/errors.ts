@@ -223,6 +223,14 @@ export const ERROR_CODES = {
     summary: 'The join token is for other service types than the agent asked to join as.',
     hint: "Create a token with the agent's types: gwctl tokens add --type=node,db,...",
   },
+  GW_ERR_HOST_RENEW_REFUSED: {
+    summary: "An agent's renewal of its host certificates was refused: the key it sent is not the one it joined with, or its node record holds no key.",
+    hint: "Join the agent again with a new token from 'gwctl tokens add'; renewal keeps the agent's key.",
+  },
+  GW_ERR_HOST_RENEW_TOO_SOON: {
+    summary: "An agent asked to renew its host certificates again within an hour of its last renewal.",
+    hint: 'Nothing to do: the agent keeps its current certificates and asks again later by itself.',
+  },
   GW_ERR_AUTH_PIN_MISMATCH: {
     summary: "The cluster CA presented by the server does not match the --ca-pin given; nothing secret was sent.",
     hint: "Check the pin ('gwctl status' prints it) and that the address is this cluster's Proxy.",

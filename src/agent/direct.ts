@@ -41,6 +41,8 @@ export type DirectKind = 'ssh' | 'kube' | 'desktop';
 export interface DirectListener {
   /** The bound address. */
   address: string;
+  /** Serves the identity's certificate as it is now (after a renewal) to the next connections. */
+  refresh(): void;
   close(): Promise<void>;
 }
 
@@ -81,14 +83,21 @@ export async function startDirectListener(options: DirectListenerOptions): Promi
   const { kind, identity, limits } = options;
   const log = options.log ?? logger('direct');
   const settings = limits.settings;
-  const secureContext = serverSecureContext({ key: identity.key, cert: identity.cert, ca: [identity.hostCa] }, `agent-${kind}`);
+  const contextNow = () => serverSecureContext({ key: identity.key, cert: identity.cert, ca: [identity.hostCa] }, `agent-${kind}`);
+  let secureContext = contextNow();
   if (kind === 'ssh' && !options.ssh) throw new Error('the direct ssh listener needs the SSH Service');
   const server = guardedServer(limits.listener(`agent_${kind}`), (socket: net.Socket) => {
     terminateTls(socket, { secureContext, alpn: [], handshakeMs: settings.tlsHandshakeMs }, (tls) => void serve(tls, options, settings, log));
   });
   const address = await listenOn(server, options.addr, options.configKey);
   log.info({ addr: address, service: kind }, 'listening for the Proxy (direct-join agent)');
-  return { address, close: () => closeServer(server) };
+  return {
+    address,
+    refresh: () => {
+      secureContext = contextNow();
+    },
+    close: () => closeServer(server),
+  };
 }
 
 /** One connection after TLS: the caller check, the dial request, the resource. */

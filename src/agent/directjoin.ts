@@ -6,6 +6,7 @@
  * events to the Auth API (the tunnel would have carried them to a Proxy). docs/tunnels.md (Direct-join agents).
  */
 import type { DirectAddrs } from '../auth/records.js';
+import type { CertBundle } from '../auth/service.js';
 import { ApiClient } from '../client/api.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
@@ -14,6 +15,7 @@ import { logger } from '../log.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
 import { advertisedAddr, startDirectListener, type DirectListener } from './direct.js';
 import type { HostIdentity } from './identity.js';
+import type { RenewedCerts } from './renewal.js';
 import { agentResources, agentServices, resourceConnector } from './resources.js';
 import type { SshService } from './ssh.js';
 
@@ -36,6 +38,10 @@ export interface DirectJoinAgent {
   heartbeat(): Promise<void>;
   /** An SSH session event for the audit log. */
   sendEvent(event: Record<string, unknown>): void;
+  /** Fresh host certificates for this agent's key (POST /v1/agent/renew; src/agent/renewal.ts). */
+  requestRenewal(publicKeyPem: string): Promise<RenewedCerts>;
+  /** The identity was renewed: the listeners, the Auth API calls and the presence use its new certificates. */
+  renewed(): void;
   /** Stops the heartbeat, removes the presence record, closes the listeners. */
   stop(): Promise<void>;
 }
@@ -72,7 +78,8 @@ export async function startDirectJoin(options: DirectJoinOptions): Promise<Direc
   if (services.some((s) => s === 'db_service' || s === 'app_service')) {
     log.warn('this agent joined the Auth Service directly: its databases and apps are reachable only through an agent that joined through a Proxy (they never open a listener)');
   }
-  const api = new ApiClient({ address: identity.server, dialer: options.dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key, timeoutMs: 15_000, server: 'auth' });
+  const client = () => new ApiClient({ address: identity.server, dialer: options.dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key, timeoutMs: 15_000, server: 'auth' });
+  let api = client();
   const intervalMs = config.auth_service.keep_alive_interval;
   const connectedAt = new Date().toISOString();
   const resources = agentResources(config, services);
@@ -94,6 +101,12 @@ export async function startDirectJoin(options: DirectJoinOptions): Promise<Direc
     advertised,
     heartbeat,
     sendEvent: (event) => void api.call('POST', '/v1/agent/events', { event }).catch((err: unknown) => log.warn({ err: toGatewayError(err).message }, 'cannot record an SSH session event')),
+    requestRenewal: (publicKeyPem) => api.call<CertBundle>('POST', '/v1/agent/renew', { public_key: publicKeyPem }).then((b) => ({ tlsCert: b.tlsCert, sshCert: b.sshCert })),
+    renewed: () => {
+      api = client();
+      if (ssh) resources.node_host_cert = identity.sshCert;
+      for (const l of listeners) l.refresh();
+    },
     stop: async () => {
       clearInterval(timer);
       await api.call('DELETE', '/v1/agent/presence', { connected_at: connectedAt }).catch((err: unknown) => log.warn({ err: toGatewayError(err).message }, 'cannot remove this agent\'s presence'));

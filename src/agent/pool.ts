@@ -24,7 +24,8 @@
  *             a Proxy) dials again at once, and lands on another Proxy or is refused.
  *
  * To its users (src/roles/agent.ts) the pool is what one TunnelAgent was: start, stop, getState ('connected'
- * while at least one tunnel is), sendEvent (over one live tunnel, queued while none is), and the events
+ * while at least one tunnel is), sendEvent (over one live tunnel, queued while none is), requestRenewal (over one
+ * live tunnel), and the events
  * 'connected' (proxyId), 'disconnected', 'state', 'failure', 'maintenance-changed', 'discovery'; plus 'links'
  * (the Proxy IDs held, whenever they change) and links() for tests and the log line "agent tunnels".
  */
@@ -32,6 +33,7 @@ import { EventEmitter } from 'node:events';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { DiscoveryMessage } from '../tunnel/protocol.js';
+import type { RenewedCerts } from './renewal.js';
 import { TunnelAgent, type TunnelAgentOptions, type TunnelState } from './tunnel.js';
 
 /** The most tunnels one agent keeps, whatever a discovery lists: more Proxies than this want proxy_peering. */
@@ -166,6 +168,13 @@ export class AgentPool extends EventEmitter {
     if (live) return live.sendEvent(event);
     this.pending.push(event);
     if (this.pending.length > MAX_QUEUED_EVENTS) this.pending.shift();
+  }
+
+  /** Asks one live tunnel's Proxy for fresh host certificates (src/agent/renewal.ts); fails while none is live. */
+  requestRenewal(publicKeyPem: string): Promise<RenewedCerts> {
+    const live = this.slots.find((s) => s.getState() === 'connected');
+    if (!live) return Promise.reject(new GatewayError('GW_ERR_TUNNEL_DOWN', 'no reverse tunnel is connected to ask for a renewal'));
+    return live.requestRenewal(publicKeyPem);
   }
 
   private addSlot(): void {

@@ -22,6 +22,7 @@
  * agent answers `duplicate` instead of replacing that tunnel), a shared dial rate (`gate`), and drop() for a
  * tunnel it no longer wants. The Proxy a tunnel reached is the host ID its welcome names (proxyId).
  */
+import { X509Certificate } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { readFileSync } from 'node:fs';
 import type { Duplex } from 'node:stream';
@@ -55,6 +56,7 @@ import { parseEndpoint } from '../upgrade/endpoint.js';
 import { resolveSettings } from '../upgrade/settings.js';
 import { VERSION } from '../version.js';
 import type { HostIdentity } from './identity.js';
+import { PendingRenewals, type RenewedCerts } from './renewal.js';
 
 /**
  * ssh2, loaded only for a tunnel that speaks SSH (v1: a Proxy of an earlier version, or raw SSH on 3024): v2 needs
@@ -423,6 +425,14 @@ export class TunnelAgent extends EventEmitter {
 
   private control: Duplex | undefined;
   private readonly pendingEvents: Array<Record<string, unknown>> = [];
+  private readonly renewals = new PendingRenewals();
+
+  /** Asks the Proxy of this tunnel for fresh host certificates for the key (src/agent/renewal.ts). */
+  requestRenewal(publicKeyPem: string): Promise<RenewedCerts> {
+    const control = this.control;
+    if (!control || this.state !== 'connected') return Promise.reject(new GatewayError('GW_ERR_TUNNEL_DOWN', 'no reverse tunnel is connected to ask for a renewal'));
+    return this.renewals.ask((id) => writeJsonLine(control, { type: 'renew', id, public_key: publicKeyPem } satisfies ControlMessage));
+  }
 
   /** Sends an audit event to the Proxy (queued, at most 1 000, while the tunnel is down). */
   sendEvent(event: Record<string, unknown>): void {
@@ -445,6 +455,7 @@ export class TunnelAgent extends EventEmitter {
     this.control = control;
     control.once('close', () => {
       if (this.control === control) this.control = undefined;
+      this.renewals.failAll('control channel closed');
     });
     const send = (m: ControlMessage) => writeJsonLine(control, m);
     send({
@@ -512,6 +523,9 @@ export class TunnelAgent extends EventEmitter {
         return;
       case 'maintenance-changed':
         this.emit('maintenance-changed');
+        return;
+      case 'renewal':
+        this.renewals.answer(m);
         return;
       default:
         return; // hello and event go the other way; the Proxy's heartbeats matter only as data (heard above)
@@ -596,9 +610,15 @@ function refusedError(identity: HostIdentity, find: FindResponse): GatewayError 
       { hint },
     );
   }
+  const validTo = Date.parse(new X509Certificate(identity.cert).validTo);
+  if (validTo < Date.now()) {
+    return new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${identity.server} refused this agent: its host certificate expired at ${new Date(validTo).toISOString()} (it renews itself from two thirds of its life on, while a tunnel is up; the agent log says why it did not)`, {
+      hint: `Check this machine's clock (date -u); an agent that was offline past its certificate's expiry must join again: ${hint}`,
+    });
+  }
   return new GatewayError(
     'GW_ERR_TUNNEL_AUTH',
-    `the Proxy at ${identity.server} refused this agent's host identity ${identity.hostId}: the cluster does not know this host (it was removed, or the identity was not issued by this cluster)`,
+    `the Proxy at ${identity.server} refused this agent's host identity ${identity.hostId}: the cluster does not know this host (it was removed, the agent is locked, or the identity was not issued by this cluster)`,
     { hint },
   );
 }

@@ -4,6 +4,8 @@
  *   PUT    /v1/agent/presence   {services, resources, direct: {ssh?, kube?, desktop?}, connected_at, ttl_ms}
  *   DELETE /v1/agent/presence   {connected_at}
  *   POST   /v1/agent/events     {event}   an SSH session event for the audit log (a tunnel carries these to a Proxy)
+ *   POST   /v1/agent/renew      {public_key}   → fresh host certificates for the key it joined with (joining.ts
+ *                                renewHost; a tunnel agent asks over its tunnel's control channel instead)
  *
  * An agent that joined the Auth Service directly (self-hosted) has no reverse tunnel, so no Proxy writes its
  * presence: it writes its own, keyed /presence/<hostId>/direct (DIRECT_PRESENCE), with the addresses where the
@@ -19,6 +21,8 @@ import type { IncomingHttpHeaders } from 'node:http';
 import { isIP } from 'node:net';
 import { formatHostPort, isLoopbackHost, normalizeHost, parseAddr } from '../addr.js';
 import { GatewayError } from '../errors.js';
+import type { CertBundle } from './authorities.js';
+import type { RenewRequest } from './joining.js';
 import type { Identity } from './pki.js';
 import { DIRECT_PRESENCE, type DirectAddrs, type JoinRole, type NodeRecord, type Presence } from './records.js';
 import { clientAddress } from '../stream/meta.js';
@@ -30,6 +34,7 @@ export interface AgentApiService {
   setPresence(presence: Presence, ttlMs: number): Promise<void>;
   clearPresence(hostId: string, proxyId: string, connectedAt?: string): Promise<void>;
   recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void>;
+  renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }>;
 }
 
 /** The part of a request a route handler reads (api.ts's context). */
@@ -86,7 +91,7 @@ async function agentOf(auth: AgentApiService, ctx: AgentRouteContext): Promise<N
   notForwarded(ctx);
   const caller = await ctx.caller();
   if (caller.kind !== 'host') {
-    throw new GatewayError('GW_ERR_ACCESS_DENIED', `only agents (host certificates) write their presence; this is a ${caller.kind} identity`, {
+    throw new GatewayError('GW_ERR_ACCESS_DENIED', `only agents (host certificates) call /v1/agent/; this is a ${caller.kind} identity`, {
       hint: 'This route is for the agent itself, with the host identity in its data directory.',
     });
   }
@@ -273,6 +278,17 @@ export function agentRoutes(auth: AgentApiService): AgentRoute[] {
         if (event === null || typeof event !== 'object' || Array.isArray(event)) throw bad('"event" must be an object');
         await auth.recordAgentEvent(node.hostId, node.nodename, event as Record<string, unknown>);
         return { recorded: true };
+      },
+    },
+    {
+      method: 'POST',
+      path: '/v1/agent/renew',
+      maxBody: 16 * 1024,
+      handler: async (ctx) => {
+        const node = await agentOf(auth, ctx);
+        const key = (await ctx.body()).public_key;
+        if (typeof key !== 'string' || key.length > 8192) throw bad('"public_key" must be a PEM public key');
+        return auth.renewHost({ hostId: node.hostId, publicKeyPem: key, via: 'direct' });
       },
     },
   ];

@@ -1,7 +1,8 @@
 /**
  * Join tokens and joining: a token (stored hashed, with its service types, expiry and uses) is exchanged once
  * per use for host certificates and a node record. Failed joins are rate limited per source (ratelimit.ts); the
- * token value never reaches a log line.
+ * token value never reaches a log line. A host that joined renews its certificates without a token
+ * (renewHost), for the key it joined with, at most once per RENEW_MIN_INTERVAL_MS.
  */
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import type { Backend } from '../backend/index.js';
@@ -10,7 +11,7 @@ import type { Logger } from '../log.js';
 import type { AuditLog } from './audit.js';
 import { checkRequestKeys, hostOf, HOST_CERT_TTL_MS, type Authorities, type CertBundle } from './authorities.js';
 import type { CallerCheck } from './callers.js';
-import type { Identity } from './pki.js';
+import { sameSshKey, type Identity } from './pki.js';
 import { AttemptLimiter, joinKey, reserveOrRefuse } from './ratelimit.js';
 import { JOIN_ROLES, KEYS, NAME_PATTERN, type JoinRole, type NodeRecord, type StoredToken } from './records.js';
 import { tokenId as resourceTokenId, type TokenResource } from './resources/index.js';
@@ -21,6 +22,9 @@ const MAX_TOKEN_TTL_MS = 7 * 24 * 3600_000;
 const KEEP_EXPIRED_MS = 3600_000;
 /** Failed joins (unknown, expired, used-up or wrong-type token) per source: 10 in 10 minutes. */
 export const JOIN_LIMIT = { maxFailures: 10, windowMs: 10 * 60_000 } as const;
+
+/** The least time between two renewals of one host's certificates; a second ask within it is refused. */
+export const RENEW_MIN_INTERVAL_MS = 3600_000;
 
 const TOKEN_FAILURES: ReadonlySet<string> = new Set(['GW_ERR_AUTH_TOKEN_UNKNOWN', 'GW_ERR_AUTH_TOKEN_EXPIRED', 'GW_ERR_AUTH_TOKEN_USED', 'GW_ERR_AUTH_TOKEN_WRONG_TYPE']);
 type TokenFailure = 'GW_ERR_AUTH_TOKEN_UNKNOWN' | 'GW_ERR_AUTH_TOKEN_EXPIRED' | 'GW_ERR_AUTH_TOKEN_USED' | 'GW_ERR_AUTH_TOKEN_WRONG_TYPE';
@@ -34,6 +38,16 @@ export interface HostRequest {
   publicKeyPem: string;
   sshPublicKey: string;
   source: string;
+}
+
+/**
+ * A host's ask for fresh certificates: its host ID as authenticated (its own certificate, or the tunnel a Proxy
+ * authenticated), its public key (PEM), and who carried the ask (a Proxy's ID, "direct" or "local").
+ */
+export interface RenewRequest {
+  hostId: string;
+  publicKeyPem: string;
+  via: string;
 }
 
 /** A joining agent's certificates and its host ID. */
@@ -186,16 +200,22 @@ export class Joining {
   /** The certificates of a new host; nothing is stored. A name the certificates cannot carry is the request's fault (400). */
   private async makeHost(request: HostRequest): Promise<{ bundle: CertBundle; record: NodeRecord }> {
     const hostId = randomUUID();
+    const joinedAt = new Date(this.deps.clock()).toISOString();
+    const record: NodeRecord = { hostId, nodename: request.nodename, roles: request.roles, publicAddrs: request.publicAddrs, joinedAt, source: request.source, sshPublicKey: request.sshPublicKey };
+    return { bundle: await this.issueHost(record, request.publicKeyPem, request.sshPublicKey), record };
+  }
+
+  /** Host certificates (TLS and SSH) for a node record's identity and names, for one key. */
+  private async issueHost(record: NodeRecord, publicKeyPem: string, sshPublicKey: string): Promise<CertBundle> {
     const { clusterName } = this.deps.authorities;
-    const publicHosts = request.publicAddrs.map(hostOf);
-    const principals = [...new Set([hostId, `${hostId}.${clusterName}`, request.nodename, ...publicHosts])];
-    const identity: Identity = { kind: 'host', name: hostId, cluster: clusterName, roles: request.roles, nodename: request.nodename };
-    let bundle: CertBundle;
+    const { hostId } = record;
+    const principals = [...new Set([hostId, `${hostId}.${clusterName}`, record.nodename, ...record.publicAddrs.map(hostOf)])];
+    const identity: Identity = { kind: 'host', name: hostId, cluster: clusterName, roles: record.roles, nodename: record.nodename };
     try {
-      bundle = await this.deps.authorities.issueBundle('host', {
+      return await this.deps.authorities.issueBundle('host', {
         identity,
-        publicKeyPem: request.publicKeyPem,
-        sshPublicKey: request.sshPublicKey,
+        publicKeyPem,
+        sshPublicKey,
         ttlMs: HOST_CERT_TTL_MS,
         usage: 'both',
         names: principals,
@@ -210,9 +230,49 @@ export class Joining {
       }
       throw err;
     }
-    const joinedAt = new Date(this.deps.clock()).toISOString();
-    const record: NodeRecord = { hostId, nodename: request.nodename, roles: request.roles, publicAddrs: request.publicAddrs, joinedAt, source: request.source, sshPublicKey: request.sshPublicKey };
-    return { bundle, record };
+  }
+
+  /**
+   * Fresh certificates for a host that joined already: the same host ID, roles, names and key, a new validity.
+   * Refused (nothing issued, nothing stored) when the host was removed or is locked (resolveCaller's errors),
+   * when the key is not the one it joined with or its record holds none (GW_ERR_HOST_RENEW_REFUSED), and when
+   * it renewed less than RENEW_MIN_INTERVAL_MS ago (GW_ERR_HOST_RENEW_TOO_SOON). The renewal time is stored with
+   * compare-and-swap, so of two racing asks one is answered and the other is too soon.
+   */
+  async renewHost(request: RenewRequest): Promise<JoinedHost> {
+    const { backend, clock, authorities, callers } = this.deps;
+    const { hostId } = request;
+    const refuse = (why: string, hint: string) => {
+      this.deps.log.warn({ hostId, via: request.via, why }, 'host renewal refused');
+      return new GatewayError('GW_ERR_HOST_RENEW_REFUSED', `host ${hostId} cannot renew its certificates: ${why}`, { hint });
+    };
+    for (let turn = 1; ; turn++) {
+      const item = await backend.get(KEYS.node(hostId));
+      const record = item ? (JSON.parse(item.value) as NodeRecord) : undefined;
+      await callers.resolveCaller({ kind: 'host', name: hostId, cluster: authorities.clusterName, roles: record?.roles ?? [] });
+      if (!item || !record) throw refuse('its node record changed while it was read', 'The agent asks again later by itself.');
+      if (!record.sshPublicKey) throw refuse('its node record holds no key (it joined before keys were recorded)', "Join it again with a new token from 'gwctl tokens add'.");
+      if (!sameSshKey(request.publicKeyPem, record.sshPublicKey)) throw refuse('the key is not the one it joined with', 'Renewal keeps the key; a host with a new key must join again with a new token.');
+      const last = record.renewedAt === undefined ? undefined : Date.parse(record.renewedAt);
+      if (last !== undefined && clock() - last < RENEW_MIN_INTERVAL_MS) {
+        const next = new Date(last + RENEW_MIN_INTERVAL_MS).toISOString();
+        throw new GatewayError('GW_ERR_HOST_RENEW_TOO_SOON', `host ${hostId} renewed its certificates at ${record.renewedAt}; the next renewal is possible from ${next}`, {
+          hint: 'The agent keeps its current certificates and asks again later by itself; nothing needs doing.',
+        });
+      }
+      const bundle = await this.issueHost(record, request.publicKeyPem, record.sshPublicKey);
+      const renewed: NodeRecord = { ...record, renewedAt: new Date(clock()).toISOString() };
+      try {
+        await backend.compareAndSwap(KEYS.node(hostId), item.revision, JSON.stringify(renewed));
+      } catch (err) {
+        // Another write to the record (a racing renewal, an edit): read it again, a few times at most.
+        if (isGatewayError(err, 'GW_ERR_BACKEND_CONFLICT') && turn < 5) continue;
+        throw err;
+      }
+      this.deps.log.info({ hostId, nodename: record.nodename, via: request.via }, 'host certificates renewed');
+      await this.deps.audit.record('host.renew', undefined, { hostId, nodename: record.nodename, via: request.via });
+      return { ...bundle, hostId };
+    }
   }
 
   private async recordHost(made: { bundle: CertBundle; record: NodeRecord }, token: string): Promise<JoinedHost> {

@@ -11,6 +11,7 @@
  *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller)
  *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
  *   POST   /v1/proxy/agent-events     {host_id, nodename, event}
+ *   POST   /v1/proxy/host-renewals    {host_id, public_key}         → a renewed agent's certificates (joining.ts renewHost)
  *   GET    /v1/proxy/maintenance                                     → {config: cluster_maintenance_config | null}
  *   PUT    /v1/proxy/proxies/self     {record, ttl_ms}              (record.id must be the caller)
  *   DELETE /v1/proxy/proxies/self
@@ -177,6 +178,14 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
         const b = await c.body();
         await auth.recordAgentEvent(text(b.host_id, 'host_id', 256), text(b.nodename, 'nodename', 256), object(b.event, 'event'));
         return { ok: true };
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/host-renewals', maxBody: SMALL, handle: async (c) => {
+        const b = await c.body();
+        // The host ID is the one the calling Proxy authenticated on the agent's tunnel; what it gets back certifies
+        // only the key that host joined with, so it is worth nothing without that host's private key.
+        return auth.renewHost({ hostId: text(b.host_id, 'host_id', 256), publicKeyPem: text(b.public_key, 'public_key', 8192), via: c.proxy.name });
       },
     },
     { method: 'GET', path: '/v1/proxy/maintenance', maxBody: 0, handle: async () => ({ config: (await auth.maintenanceConfig()) ?? null }) },

@@ -5,6 +5,8 @@
  * Auth Service implementing the same, so nothing here may hand out a private key.
  */
 import type { GatewayError } from '../errors.js';
+import type { CertBundle } from './authorities.js';
+import type { RenewRequest } from './joining.js';
 import type { Identity } from './pki.js';
 import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from './records.js';
 import type { Resource, RoleResource } from './resources/index.js';
@@ -48,6 +50,8 @@ export interface AgentRecords {
   /** With connectedAt: only the record of that tunnel (a newer one of the same agent on this Proxy stays). */
   clearPresence(hostId: string, proxyId: string, connectedAt?: string): Promise<void>;
   recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void>;
+  /** Fresh certificates for an agent whose tunnel this Proxy authenticated (its host ID), for the key it joined with. */
+  renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }>;
   /** Calls onChange after every change of cluster_maintenance_config; returns the unsubscribe function. */
   watchMaintenance(onChange: () => void): () => void;
   /** The cluster_maintenance_config resource, or undefined when none is set (the Web UI's agents view). */

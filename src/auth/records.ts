@@ -59,6 +59,8 @@ export interface NodeRecord {
   source?: string;
   /** The SSH public key its host certificate certifies: what it must authenticate its reverse tunnel with. */
   sshPublicKey?: string;
+  /** When it last renewed its certificates (joining.ts renewHost); absent until the first renewal. */
+  renewedAt?: string;
 }
 
 /** An agent connected to a proxy right now (written by the proxy's tunnel registry, expires unless refreshed). */

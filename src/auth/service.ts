@@ -164,6 +164,7 @@ export class AuthService implements ProxyAuth {
   removeToken(...a: Parameters<Joining['removeToken']>) { return this.parts.joining.removeToken(...a); }
   join(...a: Parameters<Joining['join']>) { return this.parts.joining.join(...a); }
   joinLocal(...a: Parameters<Joining['joinLocal']>) { return this.parts.joining.joinLocal(...a); }
+  renewHost(...a: Parameters<Joining['renewHost']>) { return this.parts.joining.renewHost(...a); }
 
   // --- resources through gwctl (manifests.ts) and locks (lockadmin.ts) --------------------------------------------
   createResources(...a: Parameters<Manifests['createResources']>) { return this.parts.manifests.createResources(...a); }

@@ -3,7 +3,7 @@
  * Proxy's host certificate, through the process's Dialer.
  *
  *   calls       resolveCaller, resolveSshUser, rolesOf, revocationOf, getNode, setPresence, clearPresence,
- *               recordAgentEvent, heartbeatProxy, removeProxy, listProxies, listPresence, tunnelStrategy,
+ *               recordAgentEvent, renewHost, heartbeatProxy, removeProxy, listProxies, listPresence, tunnelStrategy,
  *               issueServerCert, and the web's resolveWebSession, webSessionSshCert, createAppLaunch,
  *               redeemAppLaunch, resolveAppSession: one HTTPS request each, to the current Auth address; a failure to reach it moves
  *               on to the next address (gateway.auth_server may list several), and when none answers the call
@@ -18,6 +18,8 @@ import https from 'node:https';
 import type { IncomingMessage } from 'node:http';
 import { formatHostPort, normalizeHost, parseAddr } from '../addr.js';
 import { scopeFilter, type RevocationScope } from '../auth/callers.js';
+import type { CertBundle } from '../auth/authorities.js';
+import type { RenewRequest } from '../auth/joining.js';
 import type { Identity } from '../auth/pki.js';
 import type { ClusterWatchHandlers, PresenceEvent, ProxyAuth, PublicAuthority, WebSessionView } from '../auth/proxyauth.js';
 import type { NodeRecord, Presence, ProxyRecord, TunnelStrategy } from '../auth/records.js';
@@ -206,6 +208,10 @@ export class RemoteProxyAuth implements ProxyAuth {
 
   async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void> {
     await this.call('POST', '/v1/proxy/agent-events', { host_id: hostId, nodename, event });
+  }
+
+  renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }> {
+    return this.call('POST', '/v1/proxy/host-renewals', { host_id: request.hostId, public_key: request.publicKeyPem });
   }
 
   async heartbeatProxy(record: ProxyRecord, ttlMs: number): Promise<void> {

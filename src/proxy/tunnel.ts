@@ -26,9 +26,9 @@ import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
-import { identityFromCert, sshPublicKeyFromPem, type Identity } from '../auth/pki.js';
+import { identityFromCert, sameSshKey, type Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
-import { GatewayError } from '../errors.js';
+import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
@@ -47,6 +47,8 @@ import {
   HELLO_SOFTWARE_MAX,
   type HelloMessage,
   type ServiceKind,
+  type RenewalMessage,
+  type RenewMessage,
 } from '../tunnel/protocol.js';
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 
@@ -110,6 +112,8 @@ interface Registered {
   lastHeardMs: number;
   /** When its presence was last written (0: to write at the next sweep). */
   presenceWrittenMs: number;
+  /** When this tunnel's agent last asked for a renewal (at most one ask per RENEW_ASK_GAP_MS reaches the Auth Service). */
+  renewAskedMs?: number;
   gone: () => void;
 }
 
@@ -119,6 +123,11 @@ interface Registered {
  * does not rewrite it: at 10 000 agents and 20 s, 500 Backend writes/s became 33.
  */
 export const PRESENCE_REFRESH_BEATS = 15;
+/**
+ * The least time between two renews of one tunnel that reach the Auth Service (which allows one renewal an hour):
+ * an agent that sends renews in a loop costs a line and an answer each, not a Backend read and a log line.
+ */
+export const RENEW_ASK_GAP_MS = 60_000;
 
 const DEFAULT_DEADLINES: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_000 };
 
@@ -401,6 +410,31 @@ export class TunnelServer extends EventEmitter {
       agent.lastHeartbeat = new Date(entry.lastHeardMs);
     } else if (m.type === 'event') {
       void this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
+    } else if (m.type === 'renew') {
+      void this.renew(entry, m);
+    }
+  }
+
+  /**
+   * An agent's renew, for the host ID this tunnel authenticated (never one the agent names), answered on its
+   * control channel. One per RENEW_ASK_GAP_MS per tunnel reaches the Auth Service; the others are answered too
+   * soon at once (also while the first still runs).
+   */
+  private async renew(entry: Registered, m: RenewMessage): Promise<void> {
+    const { agent } = entry;
+    const answer = (body: Omit<RenewalMessage, 'type' | 'id'>): void => void writeJsonLine(agent.link.control, { type: 'renewal', id: m.id, ...body } satisfies ControlMessage);
+    const now = Date.now();
+    if (entry.renewAskedMs !== undefined && now - entry.renewAskedMs < RENEW_ASK_GAP_MS) {
+      return answer({ error: new GatewayError('GW_ERR_HOST_RENEW_TOO_SOON', `this tunnel asked for a renewal less than ${RENEW_ASK_GAP_MS / 1000} s ago`).toJSON() });
+    }
+    entry.renewAskedMs = now;
+    try {
+      const bundle = await this.options.auth.renewHost({ hostId: agent.hostId, publicKeyPem: m.public_key, via: this.proxyId });
+      answer({ certs: { tls_cert: bundle.tlsCert, ssh_cert: bundle.sshCert } });
+    } catch (err) {
+      const e = toGatewayError(err);
+      this.log.warn({ hostId: agent.hostId, code: e.code, err: e.message }, 'agent renewal not answered with certificates');
+      answer({ error: e.toJSON() });
     }
   }
 
@@ -617,10 +651,7 @@ function peerHostIdentity(socket: TLSSocket): { name: string; cluster: string } 
 /** Whether the TLS client certificate's key is the SSH public key recorded when the host joined. */
 function sameKey(socket: TLSSocket, sshPublicKey: string): boolean {
   try {
-    const pem = new X509Certificate(socket.getPeerCertificate().raw).publicKey.export({ type: 'spki', format: 'pem' }).toString();
-    const [algo, blob] = sshPublicKeyFromPem(pem).trim().split(/\s+/);
-    const [recordedAlgo, recordedBlob] = sshPublicKey.trim().split(/\s+/);
-    return algo === recordedAlgo && blob === recordedBlob && blob !== undefined;
+    return sameSshKey(new X509Certificate(socket.getPeerCertificate().raw).publicKey.export({ type: 'spki', format: 'pem' }).toString(), sshPublicKey);
   } catch {
     return false;
   }

@@ -7,6 +7,9 @@
  * Service anywhere), or one issued by an Auth Service in this same process (localAuth), whose tunnel then goes
  * to the Proxy of this process (localProxy), if one runs here.
  *
+ * The host certificates renew themselves well before they run out (src/agent/renewal.ts): asked over the tunnel
+ * once it is up, of the Auth API for a direct-join agent, of the Auth Service in this process for a local one.
+ *
  * What only some agents run is loaded when they run it (start-up time): the SSH Service, the listeners of a
  * direct-join agent, the schedule export for the upgrader. The tunnel is dialed before any optional work.
  */
@@ -27,6 +30,7 @@ import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { ConnectionLimits, limitSettings } from '../net/deadlines.js';
 import { AgentPool } from '../agent/pool.js';
+import { HostRenewal, type RenewAsk } from '../agent/renewal.js';
 import { upgradeSoftware } from '../agent/tunnel.js';
 import type { DialRequest } from '../tunnel/protocol.js';
 import type { DaemonEnvironment } from './environment.js';
@@ -46,6 +50,7 @@ export interface JoinFlags {
 /** An Auth Service in this process: it issues host identities without a token (the process is trusted). */
 export interface LocalJoiner {
   joinLocal(request: { roles: JoinRole[]; nodename: string; publicAddrs: string[]; publicKeyPem: string; sshPublicKey: string }): Promise<CertBundle & { hostId: string }>;
+  renewHost(request: { hostId: string; publicKeyPem: string; via: string }): Promise<CertBundle & { hostId: string }>;
 }
 
 export interface AgentRoleOptions {
@@ -73,6 +78,8 @@ export interface AgentRole {
   sshAddress?: string;
   /** Agents that joined the Auth Service directly: their listeners (bound) and what their presence advertises. */
   direct?: Pick<DirectJoinAgent, 'bound' | 'advertised' | 'heartbeat'>;
+  /** The renewal of the host certificates (absent for an identity issued here when no Proxy runs here). */
+  renewal?: HostRenewal;
 }
 
 export async function startAgentRole(options: AgentRoleOptions): Promise<AgentRole> {
@@ -86,7 +93,33 @@ export async function startAgentRole(options: AgentRoleOptions): Promise<AgentRo
     logger('gateway').warn('agent services run next to an Auth Service without a Proxy: no reverse tunnel is opened');
     return { hostIdentity };
   }
-  return { hostIdentity, ...(await startTunnel(options, tunnelIdentity)) };
+  return { hostIdentity, ...(await startTunnel(options, tunnelIdentity, hostIdentity)) };
+}
+
+/**
+ * Renewal of the host certificates of `identity` (the object the agent's dials read), asked through `ask`; after
+ * a renewal, onRenewed (and `mirror`, another object holding the same identity, gets the new certificates too).
+ */
+function startRenewal(options: AgentRoleOptions, identity: HostIdentity, ask: RenewAsk, onRenewed: () => void, mirror?: HostIdentity): HostRenewal {
+  const renewal = new HostRenewal({
+    identity,
+    dataDir: options.config.gateway.data_dir,
+    ask,
+    onRenewed: () => {
+      if (mirror && mirror !== identity) Object.assign(mirror, { cert: identity.cert, sshCert: identity.sshCert, identity: identity.identity });
+      onRenewed();
+    },
+  });
+  options.lifecycle.onStop('agents', () => renewal.stop());
+  return renewal;
+}
+
+/** Certificates from the Auth Service in this process (an identity it issued). */
+function localAsk(auth: LocalJoiner, hostId: string): RenewAsk {
+  return async (publicKeyPem) => {
+    const bundle = await auth.renewHost({ hostId, publicKeyPem, via: 'local' });
+    return { tlsCert: bundle.tlsCert, sshCert: bundle.sshCert };
+  };
 }
 
 /** The stored identity (which must cover every agent service now run), else a new one. */
@@ -129,7 +162,7 @@ async function obtainIdentity(options: AgentRoleOptions): Promise<HostIdentity> 
 }
 
 /** The reverse tunnel out to the Proxy, and what it forwards to. */
-async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): Promise<{ tunnelAgent: AgentPool }> {
+async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, stored: HostIdentity): Promise<{ tunnelAgent: AgentPool; renewal: HostRenewal }> {
   const { config, services, dialer, lifecycle } = options;
   let agent: AgentPool | undefined;
   const ssh = services.includes('ssh_service') ? await sshService(config, identity, (e) => agent?.sendEvent({ ...e })) : undefined;
@@ -153,9 +186,15 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity): P
   });
   const tunnelAgent = agent;
   lifecycle.onStop('agents', () => tunnelAgent.stop());
+  const ask = identity.joinedVia === 'local' && options.localAuth ? localAsk(options.localAuth, identity.hostId) : (key: string) => tunnelAgent.requestRenewal(key);
+  const renewal = startRenewal(options, identity, ask, () => {
+    if (ssh) resources.node_host_cert = identity.sshCert; // sent with the next hello
+  }, stored);
+  // Over the tunnel, the first check waits for the first tunnel (the agent's only way to its Auth Service).
+  tunnelAgent.once('connected', () => renewal.start());
   tunnelAgent.start();
   await exportSchedule(options, identity, tunnelAgent);
-  return { tunnelAgent };
+  return { tunnelAgent, renewal };
 }
 
 async function sshService(config: GatewayConfig, identity: HostIdentity, onEvent: (e: SessionEvent) => void): Promise<SshService> {
@@ -167,7 +206,7 @@ async function sshService(config: GatewayConfig, identity: HostIdentity, onEvent
  * A direct-join agent (src/agent/directjoin.ts): the SSH, Kubernetes and Windows Desktop listeners the Proxy
  * dials, and its own presence heartbeat to the Auth Service. No reverse tunnel.
  */
-async function startDirect(options: AgentRoleOptions, identity: HostIdentity): Promise<Pick<AgentRole, 'sshAddress' | 'direct'>> {
+async function startDirect(options: AgentRoleOptions, identity: HostIdentity): Promise<Pick<AgentRole, 'sshAddress' | 'direct' | 'renewal'>> {
   const { config, services, lifecycle } = options;
   let limits = options.limits;
   if (!limits) {
@@ -182,8 +221,10 @@ async function startDirect(options: AgentRoleOptions, identity: HostIdentity): P
   direct = await startDirectJoin({ config, services, identity, dialer: options.dialer, limits, ...(ssh ? { ssh } : {}) });
   const running = direct;
   lifecycle.onStop('agents', () => running.stop());
+  const renewal = startRenewal(options, identity, (key) => running.requestRenewal(key), () => running.renewed());
+  renewal.start();
   await exportSchedule(options, identity);
-  return { ...(running.bound.ssh ? { sshAddress: running.bound.ssh } : {}), direct: running };
+  return { ...(running.bound.ssh ? { sshAddress: running.bound.ssh } : {}), direct: running, renewal };
 }
 
 /**
@@ -196,10 +237,12 @@ async function exportSchedule(options: AgentRoleOptions, identity: HostIdentity,
   const { kubeScheduleFile, kubeScheduleSecret } = environment;
   if (!existsSync(upgraderDir) && !kubeScheduleFile && !kubeScheduleSecret) return;
   const [{ ApiClient }, { startScheduleExport }] = await Promise.all([import('../client/api.js'), import('../upgrade/schedule.js')]);
-  const api = new ApiClient({ address: identity.server, dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key });
+  // A client for the certificate in use now (a renewal replaces it: src/agent/renewal.ts).
+  let client: { cert: string; api: InstanceType<typeof ApiClient> } | undefined;
+  const api = () => (client?.cert === identity.cert ? client : (client = { cert: identity.cert, api: new ApiClient({ address: identity.server, dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key }) })).api;
   const exporter = startScheduleExport({
-    fetchConfig: async () => (await api.call<{ config: ClusterMaintenanceConfig | null }>('GET', '/v1/agent/maintenance')).config ?? undefined,
-    clusterVersion: async () => (await api.call<{ server_version: string }>('GET', '/webapi/ping')).server_version,
+    fetchConfig: async () => (await api().call<{ config: ClusterMaintenanceConfig | null }>('GET', '/v1/agent/maintenance')).config ?? undefined,
+    clusterVersion: async () => (await api().call<{ server_version: string }>('GET', '/webapi/ping')).server_version,
     ...(existsSync(upgraderDir) ? { dir: upgraderDir } : {}),
     ...(kubeScheduleFile ? { kubeStatePath: kubeScheduleFile } : {}),
     ...(kubeScheduleSecret

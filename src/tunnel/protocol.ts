@@ -15,9 +15,13 @@
  *   control: a "session" channel with subsystem "gateway-control", newline-delimited JSON both ways
  *     agent → proxy   hello {hostId, nodename, services, resources, version, holds?, software_version?,
  *                            upgrade_channel?}   heartbeat {seq}   event {event}
+ *                     renew {id, public_key}   (fresh host certificates for the key it joined with; a Proxy of an
+ *                            earlier version ignores it and the agent asks again later)
  *     proxy → agent   welcome {proxyId, heartbeatIntervalMs, heartbeatCountMax}  discovery {proxies, strategy}
  *                     heartbeat {seq}   reconnect {reason}   (sent when the proxy shuts down gracefully)
  *                     maintenance-changed
+ *                     renewal {id, certs: {tls_cert, ssh_cert}} or {id, error: {code, message, hint?}}   (the
+ *                            answer to the renew of that id)
  *                     duplicate {proxyId}   (instead of a welcome: the hello's holds names this Proxy, which
  *                     already has a live tunnel of the agent; the proxy then closes the new connection)
  *     The Proxy a tunnel reached is the host ID in its welcome (or duplicate): how an agent behind a load
@@ -137,6 +141,21 @@ export interface EventMessage {
   type: 'event';
   event: Record<string, unknown>;
 }
+/** Agent → Proxy: fresh host certificates for this public key (PEM), the one the agent joined with. */
+export interface RenewMessage {
+  type: 'renew';
+  id: number;
+  public_key: string;
+}
+/** The longest public_key a renew may carry (a P-256 SPKI PEM is 178 bytes). */
+export const RENEW_KEY_MAX = 8192;
+/** Proxy → agent: the answer to the renew with the same id: the certificates, or why not. */
+export interface RenewalMessage {
+  type: 'renewal';
+  id: number;
+  certs?: { tls_cert: string; ssh_cert: string };
+  error?: { code: string; message: string; hint?: string };
+}
 export type ControlMessage =
   | HelloMessage
   | HeartbeatMessage
@@ -146,7 +165,9 @@ export type ControlMessage =
   | EventMessage
   | MaintenanceChangedMessage
   | DuplicateMessage
-  | RefusedMessage;
+  | RefusedMessage
+  | RenewMessage
+  | RenewalMessage;
 
 export interface DialRequest {
   service: ServiceKind;

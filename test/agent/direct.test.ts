@@ -6,13 +6,14 @@
  * user certificate or none on the agent's listeners, OpenSSH straight to the SSH listener (it would skip the
  * Proxy's locks and roles), a Proxy that expects another agent, a user writing presence, an agent advertising
  * addresses the Proxy must not dial (loopback, link-local, another host), a client that never sends its dial
- * request (closed at the deadline, counted).
+ * request (closed at the deadline, counted). Renewal of its host certificates through the Auth API, and the hostile
+ * callers of that route.
  *
  * Everything listens on this machine's first non-loopback IPv4 address: the Auth Service refuses loopback
  * listener addresses (the Proxy would dial itself).
  */
 import { spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createPublicKey, randomBytes, X509Certificate } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import https from 'node:https';
@@ -363,6 +364,38 @@ describe.skipIf(!HOST_IP)('a direct-join agent', () => {
     expect(stored.services).toEqual(['ssh']);
     expect(stored.resources).toMatchObject({ databases: [], apps: [], kube_clusters: [{ name: 'prod', labels: {} }] });
     await agent.direct!.heartbeat();
+  });
+
+  it('renews its host certificates through POST /v1/agent/renew: stored, and served by its listeners from then on', async () => {
+    const id = agent.hostIdentity;
+    const before = id.cert;
+    expect(await agent.renewal!.check(Date.now() + 250 * 24 * 3600_000)).toBe('renewed');
+    expect(id.cert).not.toBe(before);
+    expect(await readFile(join(dir, 'agent', 'host', 'cert.pem'), 'utf8')).toBe(id.cert);
+    // The desktop listener now presents the renewed certificate, and the Proxy's dial through it still works.
+    const [host, port] = [presence.direct!.desktop!.split(':')[0]!, Number(presence.direct!.desktop!.split(':')[1])];
+    const socket = tls.connect({ host, port, ca: id.hostCa, cert: proxyDeps.cert, key: proxyDeps.key, checkServerIdentity: () => undefined });
+    socket.on('error', () => undefined);
+    await new Promise((resolve) => socket.once('secureConnect', resolve));
+    expect(socket.getPeerCertificate().raw.equals(new X509Certificate(id.cert).raw)).toBe(true);
+    socket.destroy();
+    const stream = await dialDirect(presence, request('desktop', 'win'), proxyDeps);
+    const back = readAll(stream);
+    stream.end('after renewal');
+    expect((await back).toString()).toBe('after renewal');
+  });
+
+  it('hostile: /v1/agent/renew refuses a caller that is not an agent, another key, and a second renewal within the hour', async () => {
+    const adminDir = join(dir, 'auth', 'admin');
+    const asAdmin = new ApiClient({ address: auth.address, dialer, ca: await readFile(join(adminDir, 'host-ca.pem'), 'utf8'), cert: await readFile(join(adminDir, 'cert.pem'), 'utf8'), key: await readFile(join(adminDir, 'key.pem'), 'utf8'), server: 'auth' });
+    const key = generateKeyPair().publicKeyPem;
+    await expect(asAdmin.call('POST', '/v1/agent/renew', { public_key: key })).rejects.toMatchObject({ code: 'GW_ERR_ACCESS_DENIED' });
+    const id = agent.hostIdentity;
+    const asAgent = new ApiClient({ address: auth.address, dialer, ca: id.hostCa, cert: id.cert, key: id.key, server: 'auth' });
+    await expect(asAgent.call('POST', '/v1/agent/renew', { public_key: key })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED' });
+    await expect(asAgent.call('POST', '/v1/agent/renew', { public_key: 7 })).rejects.toMatchObject({ code: 'GW_ERR_API_BAD_REQUEST' });
+    const own = createPublicKey(id.key).export({ type: 'spki', format: 'pem' }).toString();
+    await expect(asAgent.call('POST', '/v1/agent/renew', { public_key: own })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON' });
   });
 
   it('graceful stop removes its presence and closes its listeners', async () => {

@@ -328,8 +328,8 @@ describe('against a fake Proxy', () => {
     expect(proxy.sessions.length).toBe(MAX_POOL_LINKS); // every tunnel up, none dialling: no more will come
     const first = proxy.sessions[0]!;
     first.send({ type: 'discovery', proxies: many, strategy: { type: 'proxy_peering', agent_connection_count: 1e9 } });
-    first.send({ type: 'discovery', proxies: 'all of them' });
-    first.send({ type: 'discovery', proxies: [{ id: 7, addr: 'x' }] });
+    first.send({ type: 'discovery', proxies: 'all of them' } as Record<string, unknown>);
+    first.send({ type: 'discovery', proxies: [{ id: 7, addr: 'x' }] } as Record<string, unknown>);
     first.send({ type: 'discovery', proxies: [{ id: 'not-the-sender', addr: 'x' }] }); // does not list p-0: ignored
     // A valid one: only p-0 is left. Every other tunnel is dropped and not dialled again.
     first.send({ type: 'discovery', proxies: [{ id: 'p-0', addr: proxy.webAddr }] });

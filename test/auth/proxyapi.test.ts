@@ -179,6 +179,25 @@ describe('the /v1/proxy/ routes', () => {
     expect(none.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
   });
 
+  it("renew an agent's host certificates for the key it joined with, as the Proxy asks; an agent cannot ask for itself here", async () => {
+    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer });
+    try {
+      const key = new X509Certificate(agent.cert).publicKey.export({ type: 'spki', format: 'pem' }).toString();
+      await expect(remote.renewHost({ hostId: agent.hostId, publicKeyPem: generateKeyPair().publicKeyPem, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED' });
+      const renewed = await remote.renewHost({ hostId: agent.hostId, publicKeyPem: key, via: 'ignored' });
+      expect(identityFromCert(renewed.tlsCert)).toMatchObject({ kind: 'host', name: agent.hostId, roles: ['node'] });
+      expect(new X509Certificate(renewed.tlsCert).publicKey.export({ type: 'spki', format: 'pem' }).toString()).toBe(key);
+      // The audit says which Proxy carried it (the caller's host ID, not a field of the body).
+      const events = await role.auth.listEvents(role.auth.adminIdentity(), 10);
+      expect(events.map((e) => e.event).find((e) => e.event === 'host.renew')).toMatchObject({ hostId: agent.hostId, via: proxy.hostId });
+      await expect(remote.renewHost({ hostId: agent.hostId, publicKeyPem: key, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON' });
+    } finally {
+      remote.close();
+    }
+    const asAgent = await request(role.address, { method: 'POST', path: '/v1/proxy/host-renewals', creds: { cert: agent.cert, key: agent.key }, ca, body: { host_id: agent.hostId, public_key: 'x' } });
+    expect(asAgent.body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
+  });
+
   it('refuse a body over the bound', async () => {
     const big = await request(role.address, { method: 'POST', path: '/v1/proxy/roles', creds: proxyCreds(), ca, body: { names: ['x'.repeat(200_000)] } });
     expect(big.body.error?.code).toBe('GW_ERR_API_TOO_LARGE');

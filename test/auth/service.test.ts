@@ -261,3 +261,63 @@ describe('hardening: a removed user keeps no power', () => {
     expect(await codeOf(auth.addToken(accessOnly, { roles: ['node'] }))).toBe('GW_ERR_ACCESS_DENIED');
   });
 });
+
+describe('host certificate renewal', () => {
+  const renew = (hostId: string, publicKeyPem = keys.publicKeyPem, via = 'proxy-1') => auth.renewHost({ hostId, publicKeyPem, via });
+  const joined = async () => join((await auth.addToken(admin, { roles: ['node'] })).token);
+
+  it('renews for the key it joined with: the same host, roles and names, a fresh validity, and records when', async () => {
+    const first = await joined();
+    now += 250 * 24 * 3600_000;
+    const renewed = await renew(first.hostId);
+    const id = identityFromCert(renewed.tlsCert);
+    expect(id).toMatchObject({ kind: 'host', name: first.hostId, roles: ['node'], nodename: 'node-1', cluster: 'unit.example' });
+    expect(Date.parse(renewed.validUntil) - now).toBe(365 * 24 * 3600_000);
+    expect(Date.parse(renewed.validUntil)).toBeGreaterThan(Date.parse(first.validUntil));
+    expect(await verifyCert(renewed.tlsCert, auth.host.tls.certPem, now)).toBeUndefined();
+    const ssh = parseSshCert(renewed.sshCert, auth.host.ssh.publicKey);
+    expect(ssh).toMatchObject({ certType: 'host', keyId: first.hostId, signedByCa: true, publicKey: keys.sshPublicKey.trim().split(' ').slice(0, 2).join(' ') });
+    expect(ssh.principals).toEqual(expect.arrayContaining([first.hostId, 'node-1', 'node-1.example.com', '10.1.2.3']));
+    expect((await auth.getNode(first.hostId))?.renewedAt).toBe(new Date(now).toISOString());
+    const events = await auth.listEvents(admin, 5);
+    expect(events.map((e) => e.event).find((e) => e.event === 'host.renew')).toMatchObject({ hostId: first.hostId, via: 'proxy-1' });
+  });
+
+  it('hostile: another key is refused, and nothing is recorded', async () => {
+    const first = await joined();
+    const other = generateKeyPair();
+    const e = await renew(first.hostId, other.publicKeyPem).catch((err: GatewayError) => err);
+    expect(e).toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/not the one it joined with/) });
+    expect((await auth.getNode(first.hostId))?.renewedAt).toBeUndefined();
+    expect(await codeOf(renew(first.hostId, 'not a key'))).toBe('GW_ERR_HOST_RENEW_REFUSED');
+  });
+
+  it('hostile: a removed host, a host that never joined, and a locked host are refused as the API refuses them', async () => {
+    const first = await joined();
+    await auth.createLock(admin, { target: { node: first.hostId }, name: 'hold' });
+    expect(await codeOf(renew(first.hostId))).toBe('GW_ERR_ACCESS_LOCKED');
+    expect(await codeOf(renew('00000000-0000-4000-8000-000000000000'))).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
+    await backend.delete(`/nodes/${first.hostId}`);
+    expect(await codeOf(renew(first.hostId))).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
+  });
+
+  it('hostile: a second renewal within the hour is refused, and of two racing renewals exactly one is answered', async () => {
+    const first = await joined();
+    const results = await Promise.allSettled([renew(first.hostId), renew(first.hostId), renew(first.hostId)]);
+    expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+    for (const r of results) if (r.status === 'rejected') expect((r.reason as GatewayError).code).toBe('GW_ERR_HOST_RENEW_TOO_SOON');
+    now += 3600_000 - 1;
+    const e = await renew(first.hostId).catch((err: GatewayError) => err);
+    expect(e).toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: expect.stringMatching(/next renewal is possible from/) });
+    now += 1;
+    expect(identityFromCert((await renew(first.hostId)).tlsCert).name).toBe(first.hostId);
+  });
+
+  it('a node record from before keys were recorded cannot renew (it must join again)', async () => {
+    const first = await joined();
+    const record = (await auth.getNode(first.hostId))!;
+    delete record.sshPublicKey;
+    await backend.put(`/nodes/${first.hostId}`, JSON.stringify(record));
+    expect(await renew(first.hostId).catch((err: GatewayError) => err)).toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/holds no key/) });
+  });
+});

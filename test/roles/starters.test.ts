@@ -1,7 +1,7 @@
 /**
  * The role starters of src/roles/, each started alone in this process where it can run alone today: the auth
  * role; the proxy role with an in-process Auth Service behind nothing but ProxyAuth; an agent with a local Auth
- * Service, with and without a Proxy. Each test checks what the role serves, then that stop() closes it in the
+ * Service, with and without a Proxy; host certificate renewal as the agent role wires it. Each test checks what the role serves, then that stop() closes it in the
  * one order (a log of every closer the starters registered) and that its ports are closed afterwards.
  */
 import { randomUUID } from 'node:crypto';
@@ -16,6 +16,8 @@ import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
+import { loadHostIdentity } from '../../src/agent/identity.js';
+import { waitUntil } from '../helpers/wait.js';
 import { startAgentRole } from '../../src/roles/agent.js';
 import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { daemonEnvironment } from '../../src/roles/environment.js';
@@ -141,6 +143,7 @@ function onlyProxyAuth(role: AuthRole, issued: string[]): ProxyAuth {
     tunnelStrategy: () => auth.tunnelStrategy(),
     watchCluster: (handlers) => auth.watchCluster(handlers),
     recordAgentEvent: (hostId, nodename, event) => auth.recordAgentEvent(hostId, nodename, event),
+    renewHost: (request) => auth.renewHost(request),
     watchMaintenance: (onChange) => auth.watchMaintenance(onChange),
     maintenanceConfig: () => auth.maintenanceConfig(),
     listNodes: () => auth.listNodes(),
@@ -225,5 +228,40 @@ describe('role starters, each alone in this process', () => {
     await expect(started).rejects.toMatchObject({ code: 'GW_ERR_AGENT_IDENTITY' });
     await lifecycle.stop();
     expect(phasesClosed(lifecycle.log)).toEqual(['backend']);
+  });
+});
+
+describe('host certificate renewal, as the agent role wires it', () => {
+  const LATER = () => Date.now() + 250 * 24 * 3600_000;
+
+  it('an identity issued here renews from the Auth Service in this process; the stored identity and the next hello carry it', async () => {
+    const auth = await startAuth();
+    const proxy = await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle, proxyId: randomUUID() });
+    const agent = await startAgentRole({ config, services: ['auth_service', 'proxy_service', 'ssh_service'], localAuth: auth.auth, localProxy: proxy.addresses.web!, dialer, environment: environment(), lifecycle });
+    const tunnel = agent.tunnelAgent!;
+    await new Promise((resolve) => tunnel.once('connected', resolve));
+    const before = agent.hostIdentity.cert;
+    expect(await agent.renewal!.check(LATER())).toBe('renewed');
+    const stored = loadHostIdentity(join(dir, 'data'))!;
+    expect(stored.cert).not.toBe(before);
+    // The role's identity (what `gateway status` and the banner read) is the one stored, though the tunnel has its own copy.
+    expect(agent.hostIdentity.cert).toBe(stored.cert);
+    expect(agent.hostIdentity.sshCert).toBe(stored.sshCert);
+    expect((await auth.auth.getNode(agent.hostIdentity.hostId))?.renewedAt).toBeDefined();
+    proxy.tunnels.get(agent.hostIdentity.hostId)!.link.end(); // the agent dials again, with a new hello
+    await waitUntil('the next hello carries the renewed SSH certificate', () => proxy.tunnels.get(agent.hostIdentity.hostId)?.resources.node_host_cert === stored.sshCert);
+  });
+
+  it('an agent joined through a Proxy renews over its tunnel', async () => {
+    const auth = await startAuth();
+    const proxy = await startProxyRole({ config, auth: auth.auth, api: auth.api, limits, dialer, lifecycle, proxyId: randomUUID() });
+    const { token } = await auth.auth.addToken(auth.auth.adminIdentity(), { roles: ['db'] });
+    const agentConfig = parseConfig(['gateway:', '  nodename: db-agent', `  data_dir: ${join(dir, 'agent')}`, 'db_service:', '  enabled: yes', '  databases:', '    - { name: main, protocol: postgres, uri: "127.0.0.1:5432" }', ''].join('\n'), 'agent');
+    const agent = await startAgentRole({ config: agentConfig, services: ['db_service'], join: { token, caPin: auth.auth.caPin(), proxy: proxy.addresses.web! }, dialer, environment: environment(), lifecycle });
+    expect(agent.hostIdentity.joinedVia).toBe('proxy');
+    await waitUntil('the tunnel is up', () => agent.tunnelAgent!.getState() === 'connected');
+    expect(await agent.renewal!.check(LATER())).toBe('renewed');
+    expect(loadHostIdentity(join(dir, 'agent'))!.cert).toBe(agent.hostIdentity.cert);
+    expect(await auth.auth.listEvents(auth.auth.adminIdentity(), 10)).toEqual(expect.arrayContaining([expect.objectContaining({ event: expect.objectContaining({ event: 'host.renew', hostId: agent.hostIdentity.hostId, via: proxy.tunnels.proxyId }) })]));
   });
 });

@@ -17,6 +17,10 @@ const EXAMPLES: ControlMessage[] = [
   { type: 'event', event: { event: 'session.start', user: 'alice' } },
   { type: 'maintenance-changed' },
   { type: 'duplicate', proxyId: 'p-1' },
+  { type: 'refused' },
+  { type: 'renew', id: 1, public_key: '-----BEGIN PUBLIC KEY-----\nMFkw...\n-----END PUBLIC KEY-----\n' },
+  { type: 'renewal', id: 1, certs: { tls_cert: '-----BEGIN CERTIFICATE-----...', ssh_cert: 'ecdsa-sha2-nistp256-cert-v01@openssh.com AAAA...' } },
+  { type: 'renewal', id: 2, error: { code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: 'renewed at ...', hint: 'nothing to do' } },
   { type: 'hello', version: 1, hostId: 'h-1', nodename: 'web-1', services: [], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, holds: ['p-1', 'p-2'] },
 ];
 
@@ -43,6 +47,12 @@ describe('parseControlMessage', () => {
     ['a hello without resources', '{"type":"hello","version":1,"hostId":"h","nodename":"n","services":[]}'],
     ['a hello whose holds are not strings', '{"type":"hello","version":1,"hostId":"h","nodename":"n","services":[],"resources":{},"holds":[1]}'],
     ['a duplicate without a proxyId', '{"type":"duplicate"}'],
+    ['a renew without an id', '{"type":"renew","public_key":"k"}'],
+    ['a renew whose key is over 8 KiB', JSON.stringify({ type: 'renew', id: 1, public_key: 'k'.repeat(8193) })],
+    ['a renewal with both certificates and an error', '{"type":"renewal","id":1,"certs":{"tls_cert":"a","ssh_cert":"b"},"error":{"code":"c","message":"m"}}'],
+    ['a renewal with neither', '{"type":"renewal","id":1}'],
+    ['a renewal whose certificates are not strings', '{"type":"renewal","id":1,"certs":{"tls_cert":1,"ssh_cert":"b"}}'],
+    ['a renewal whose error has no message', '{"type":"renewal","id":1,"error":{"code":"c"}}'],
   ])('ignores %s', (_what, text) => {
     expect(parseControlMessage(text)).toBeUndefined();
   });

@@ -12,7 +12,12 @@
  *     and the Proxy holds no tunnel for it.
  *   - hostile v2 peers with a valid certificate: garbage, an OPEN from the agent, an oversize frame, a first control
  *     line that is not a hello, a hello for another host: the Proxy closes the connection and registers nobody.
+ *   - host certificate renewal over the tunnel (v2 and v1): an agent whose certificate runs out in seconds renews it
+ *     and is let in again after the old one expired, where the same agent without renewal is refused; hostile: a
+ *     renew for another key is refused, renews in a loop are answered too soon by the Proxy without reaching the
+ *     Auth Service, and the tunnel stays.
  */
+import { createPublicKey, X509Certificate } from 'node:crypto';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
@@ -22,6 +27,7 @@ import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { loadHostIdentity, saveHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
+import { HostRenewal } from '../../src/agent/renewal.js';
 import { TunnelAgent, type TunnelAgentOptions } from '../../src/agent/tunnel.js';
 import { generateAuthority, generateKeyPair, issueTlsCert, sshPrivateKeyPem } from '../../src/auth/pki.js';
 import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
@@ -263,5 +269,58 @@ describe('v2 hostile peers at the Proxy', () => {
     await waitUntil('the Proxy closed the connection', () => socket.destroyed || socket.readableEnded);
     expect(proxy.tunnels.get(identity.hostId)).toBeUndefined();
     expect(proxy.tunnels.get(other.hostId)).toBeUndefined();
+  });
+});
+
+describe('host certificate renewal over the tunnel', () => {
+  const SHORT_MS = 4_000;
+  /** A joined host whose TLS certificate (its key, its identity) runs out SHORT_MS from now: renewal is due at once. */
+  async function shortLived(): Promise<{ identity: HostIdentity; dataDir: string }> {
+    const identity = await joinHost(proxyAddr);
+    const publicKeyPem = createPublicKey(identity.key).export({ type: 'spki', format: 'pem' }).toString();
+    const cert = await issueTlsCert(auth.auth.host, { publicKeyPem, identity: identity.identity, ttlMs: SHORT_MS, usage: 'both' });
+    return { identity: { ...identity, cert }, dataDir: join(dir, identity.nodename) };
+  }
+  const expired = (cert: string) => waitUntil('the short certificate expired', () => Date.now() > Date.parse(new X509Certificate(cert).validTo) + 1000, SHORT_MS + 5_000);
+
+  it.each([['v2'], ['v1']] as const)('%s: renewed before it runs out, the agent is let in again after the old one expired', async (version) => {
+    const { identity, dataDir } = await shortLived();
+    const short = identity.cert;
+    const { agent, failures } = startAgent(identity, { tunnelProtocols: [version] });
+    await once(agent, 'connected');
+    const renewal = new HostRenewal({ identity, dataDir, ask: (key) => agent.requestRenewal(key) });
+    expect(await renewal.check()).toBe('renewed');
+    expect(identity.cert).not.toBe(short);
+    expect(Date.parse(new X509Certificate(identity.cert).validTo) - Date.now()).toBeGreaterThan(300 * 24 * 3600_000);
+    expect(loadHostIdentity(dataDir)!.cert).toBe(identity.cert);
+    await expired(short);
+    agent.drop('test: reconnect with the renewed certificate');
+    await waitUntil('connected again', () => proxy.tunnels.get(identity.hostId) !== undefined && agent.getState() === 'connected');
+    expect(await roundTrip(proxy.tunnels, identity.hostId, 'after the renewal')).toBe('after the renewal');
+    expect(failures.filter((f) => f.code === 'GW_ERR_TUNNEL_AUTH')).toEqual([]);
+  });
+
+  it('the control case: the same agent without renewal is refused once its certificate expired', async () => {
+    const { identity } = await shortLived();
+    const { agent, failures } = startAgent(identity);
+    await once(agent, 'connected');
+    await expired(identity.cert);
+    agent.drop('test: reconnect with the expired certificate');
+    await waitUntil('a refusal', () => failures.length > 0);
+    expect(failures[0]).toMatchObject({ code: 'GW_ERR_TUNNEL_AUTH', message: expect.stringMatching(/its host certificate expired at/), hint: expect.stringMatching(/clock/) });
+    expect(proxy.tunnels.get(identity.hostId)).toBeUndefined();
+  });
+
+  it('hostile: a renew for another key is refused; renews in a loop are answered too soon by the Proxy itself; the tunnel stays', async () => {
+    const identity = await joinHost(proxyAddr);
+    const { agent } = startAgent(identity);
+    await once(agent, 'connected');
+    const other = generateKeyPair();
+    await expect(agent.requestRenewal(other.publicKeyPem)).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/not the one it joined with/) });
+    const own = createPublicKey(identity.key).export({ type: 'spki', format: 'pem' }).toString();
+    const results = await Promise.allSettled(Array.from({ length: 50 }, () => agent.requestRenewal(own)));
+    for (const r of results) expect(r).toMatchObject({ status: 'rejected', reason: { code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: expect.stringMatching(/less than 60 s ago/) } });
+    expect((await auth.auth.getNode(identity.hostId))?.renewedAt).toBeUndefined();
+    expect(await roundTrip(proxy.tunnels, identity.hostId, 'still up')).toBe('still up');
   });
 });

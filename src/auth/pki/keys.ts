@@ -67,6 +67,17 @@ export function sshPublicKeyFromPem(pem: string): string {
   }
 }
 
+/** Whether a PEM public key is the key of an OpenSSH public key line (same algorithm and blob); never throws. */
+export function sameSshKey(publicKeyPem: string, sshLine: string): boolean {
+  try {
+    const [algo, blob] = sshPublicKeyFromPem(publicKeyPem).trim().split(/\s+/);
+    const [otherAlgo, otherBlob] = sshLine.trim().split(/\s+/);
+    return blob !== undefined && algo === otherAlgo && blob === otherBlob;
+  } catch {
+    return false;
+  }
+}
+
 /**
  * A PKCS#8 ECDSA private key re-encoded as SEC1 PEM ("-----BEGIN EC PRIVATE KEY-----"), the form ssh2's
  * utils.parseKey accepts (it does not read PKCS#8); OpenSSH reads both. Same key, different wrapping.

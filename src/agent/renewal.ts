@@ -1,0 +1,194 @@
+/**
+ * Host certificate renewal: an agent's host certificates (TLS and SSH, one key) live HOST_CERT_TTL_MS (a year);
+ * without renewal every agent would be refused by its Proxies a year after it joined, and would need a new join
+ * token. So the agent renews them by itself, for the key it joined with, well before they run out:
+ *
+ *   renewalPlan   pure: from the certificate's validity and the time, whether to renew now and why (the reason
+ *                 is what the log prints). Due once RENEW_AT of its lifetime has passed (a year: after 8 months).
+ *   HostRenewal   checks at start and every checkMs (an hour, unref'd timer); when due, asks (`ask`: over a
+ *                 tunnel's control channel, the Auth API for a direct-join agent, or the Auth Service in this
+ *                 process), checks what came back (same host, cluster and key; signed by the host CA it
+ *                 trusts), writes cert.pem and ssh-cert.pub atomically, then updates the live identity, so
+ *                 that the next dial uses the new certificates. A failed ask is logged and asked again at the
+ *                 next check; nothing stored changes.
+ *   PendingRenewals  a tunnel's renews in flight (protocol.ts renew / renewal), each with its deadline.
+ *
+ * The Auth Service side: src/auth/joining.ts renewHost (docs/pki.md, "Renewal of host certificates").
+ */
+import { X509Certificate, createPublicKey, type KeyObject } from 'node:crypto';
+import { join } from 'node:path';
+import { identityFromCert, parseSshCert, sameSshKey, type ParsedSshCert } from '../auth/pki.js';
+import { ERROR_CODES, GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { writeSecretFile } from '../fsutil.js';
+import { logger } from '../log.js';
+import type { RenewalMessage } from '../tunnel/protocol.js';
+import type { HostIdentity } from './identity.js';
+
+/** The share of a certificate's lifetime after which it is renewed. */
+export const RENEW_AT = 2 / 3;
+/** How often the agent looks at its certificate's validity (and asks again after a failed renewal). */
+export const RENEW_CHECK_MS = 3600_000;
+/** How long a renew over a tunnel may wait for its answer (a Proxy of an earlier version never answers). */
+export const RENEW_ANSWER_MS = 60_000;
+
+export interface RenewedCerts {
+  tlsCert: string;
+  sshCert: string;
+}
+
+/** Asks for fresh certificates for the public key (PEM). */
+export type RenewAsk = (publicKeyPem: string) => Promise<RenewedCerts>;
+
+export interface RenewalPlan {
+  due: boolean;
+  notAfter: Date;
+  renewAt: Date;
+  reason: string;
+}
+
+/** Whether a certificate (PEM) is due for renewal at `now`, and why (pure). */
+export function renewalPlan(certPem: string, now: number): RenewalPlan {
+  const cert = new X509Certificate(certPem);
+  const notBefore = Date.parse(cert.validFrom);
+  const notAfter = Date.parse(cert.validTo);
+  const renewAt = notBefore + (notAfter - notBefore) * RENEW_AT;
+  const at = (ms: number) => new Date(ms).toISOString();
+  if (now >= notAfter) return { due: true, notAfter: new Date(notAfter), renewAt: new Date(renewAt), reason: `the certificate expired at ${at(notAfter)}` };
+  if (now >= renewAt) return { due: true, notAfter: new Date(notAfter), renewAt: new Date(renewAt), reason: `the certificate expires at ${at(notAfter)}; renewal was due from ${at(renewAt)}` };
+  return { due: false, notAfter: new Date(notAfter), renewAt: new Date(renewAt), reason: `the certificate is valid until ${at(notAfter)}; renewal from ${at(renewAt)}` };
+}
+
+export interface HostRenewalOptions {
+  /** The live identity: its cert, sshCert and identity fields are replaced after a renewal. */
+  identity: HostIdentity;
+  dataDir: string;
+  ask: RenewAsk;
+  /** After the identity was updated (new certificates in use from the next dial on). */
+  onRenewed?: (identity: HostIdentity) => void;
+  checkMs?: number;
+  clock?: () => number;
+}
+
+export class HostRenewal {
+  private readonly log = logger('renewal');
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<'renewed' | 'not-due' | 'failed'> | undefined;
+
+  constructor(private readonly options: HostRenewalOptions) {}
+
+  /** Checks now, then every checkMs. */
+  start(): void {
+    void this.check();
+    this.timer = setInterval(() => void this.check(), this.options.checkMs ?? RENEW_CHECK_MS);
+    this.timer.unref();
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+  }
+
+  /** One check (and renewal when due) as of `now`; a check while one runs waits for that one. */
+  check(now = (this.options.clock ?? Date.now)()): Promise<'renewed' | 'not-due' | 'failed'> {
+    this.running ??= this.checkOnce(now).finally(() => {
+      this.running = undefined;
+    });
+    return this.running;
+  }
+
+  private async checkOnce(now: number): Promise<'renewed' | 'not-due' | 'failed'> {
+    const { identity } = this.options;
+    const plan = renewalPlan(identity.cert, now);
+    if (!plan.due) return 'not-due';
+    this.log.info({ hostId: identity.hostId, why: plan.reason }, 'renewing the host certificates');
+    try {
+      const publicKeyPem = createPublicKey(identity.key).export({ type: 'spki', format: 'pem' }).toString();
+      const certs = await this.options.ask(publicKeyPem);
+      this.accept(certs, publicKeyPem);
+    } catch (err) {
+      const e = toGatewayError(err);
+      this.log.warn({ hostId: identity.hostId, code: e.code, err: e.message }, `host certificates not renewed; asking again in ${Math.round((this.options.checkMs ?? RENEW_CHECK_MS) / 60_000)} min`);
+      return 'failed';
+    }
+    this.log.info({ hostId: identity.hostId, validUntil: new X509Certificate(identity.cert).validTo }, 'host certificates renewed');
+    this.options.onRenewed?.(identity);
+    return 'renewed';
+  }
+
+  /** Checks what came back against what the agent is, stores it, and puts it in use. */
+  private accept(certs: RenewedCerts, publicKeyPem: string): void {
+    const { identity } = this.options;
+    const refuse = (why: string) => new GatewayError('GW_ERR_AGENT_IDENTITY', `the renewed host certificate is not this agent's: ${why}`, { hint: 'The current certificates stay in use; check the Proxy and Auth Service versions and logs.' });
+    let tls: X509Certificate;
+    try {
+      tls = new X509Certificate(certs.tlsCert);
+    } catch (err) {
+      throw refuse(`not a certificate (${(err as Error).message})`);
+    }
+    const ca = new X509Certificate(identity.hostCa);
+    if (!tls.checkIssued(ca) || !tls.verify(ca.publicKey)) throw refuse('not signed by the host CA this agent trusts');
+    const renewed = identityFromCert(certs.tlsCert);
+    if (renewed.kind !== 'host' || renewed.name !== identity.hostId || renewed.cluster !== identity.cluster) throw refuse(`it names ${renewed.kind} ${renewed.name} of cluster "${renewed.cluster}"`);
+    const spki = (k: KeyObject) => k.export({ type: 'spki', format: 'der' });
+    if (!spki(tls.publicKey).equals(spki(createPublicKey(publicKeyPem)))) throw refuse('it certifies another key');
+    let ssh: ParsedSshCert;
+    try {
+      ssh = parseSshCert(certs.sshCert.trim());
+    } catch (err) {
+      throw refuse(`the SSH certificate cannot be read (${(err as Error).message})`);
+    }
+    if (ssh.certType !== 'host' || ssh.keyId !== identity.hostId || !sameSshKey(publicKeyPem, ssh.publicKey)) throw refuse(`the SSH certificate is not a host certificate of ${identity.hostId} for this key`);
+    const dir = join(this.options.dataDir, 'host');
+    writeSecretFile(join(dir, 'cert.pem'), certs.tlsCert);
+    writeSecretFile(join(dir, 'ssh-cert.pub'), `${certs.sshCert.trim()}\n`);
+    identity.cert = certs.tlsCert;
+    identity.sshCert = certs.sshCert.trim();
+    identity.identity = renewed;
+  }
+}
+
+/** A tunnel's renews in flight: each answered by the renewal with its id, failed at its deadline or when the tunnel goes. */
+export class PendingRenewals {
+  private seq = 0;
+  private readonly waiting = new Map<number, { resolve: (c: RenewedCerts) => void; reject: (e: GatewayError) => void; timer: NodeJS.Timeout }>();
+
+  /** Sends a renew through `send` and waits for its answer. */
+  ask(send: (id: number) => void, timeoutMs = RENEW_ANSWER_MS): Promise<RenewedCerts> {
+    const id = ++this.seq;
+    return new Promise<RenewedCerts>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.waiting.delete(id);
+        reject(new GatewayError('GW_ERR_TUNNEL_TIMEOUT', `the Proxy did not answer the renewal within ${timeoutMs / 1000} s (a Proxy of an earlier version does not renew)`));
+      }, timeoutMs);
+      timer.unref();
+      this.waiting.set(id, { resolve, reject, timer });
+      send(id);
+    });
+  }
+
+  /** The Proxy's answer; one for an id not waited for (late, or never asked) is ignored. */
+  answer(m: RenewalMessage): void {
+    const waiter = this.waiting.get(m.id);
+    if (!waiter) return;
+    this.waiting.delete(m.id);
+    clearTimeout(waiter.timer);
+    if (m.certs) waiter.resolve({ tlsCert: m.certs.tls_cert, sshCert: m.certs.ssh_cert });
+    else waiter.reject(answerError(m.error!));
+  }
+
+  /** The tunnel closed: every renew in flight fails. */
+  failAll(reason: string): void {
+    for (const [id, waiter] of this.waiting) {
+      clearTimeout(waiter.timer);
+      waiter.reject(new GatewayError('GW_ERR_TUNNEL_DOWN', `the tunnel closed before the Proxy answered the renewal (${reason})`));
+      this.waiting.delete(id);
+    }
+  }
+}
+
+/** The Proxy's error, as a GatewayError of its code when this version knows the code. */
+function answerError(error: NonNullable<RenewalMessage['error']>): GatewayError {
+  const message = error.message.slice(0, 1024);
+  if (!Object.hasOwn(ERROR_CODES, error.code)) return new GatewayError('GW_ERR_INTERNAL', `${error.code.slice(0, 64)}: ${message}`);
+  return new GatewayError(error.code as ErrorCode, message, error.hint ? { hint: error.hint.slice(0, 1024) } : {});
+}
