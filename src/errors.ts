@@ -228,7 +228,7 @@ export const ERROR_CODES = {
     hint: "Join the agent again with a new token from 'gwctl tokens add'; renewal keeps the agent's key.",
   },
   GW_ERR_HOST_RENEW_TOO_SOON: {
-    summary: "An agent asked to renew its host certificates again within an hour of its last renewal.",
+    summary: "An agent asked to renew its host certificates again within an hour of its last renewal, or within a minute of a refused ask.",
     hint: 'Nothing to do: the agent keeps its current certificates and asks again later by itself.',
   },
   GW_ERR_AUTH_PIN_MISMATCH: {

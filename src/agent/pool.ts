@@ -170,11 +170,26 @@ export class AgentPool extends EventEmitter {
     if (this.pending.length > MAX_QUEUED_EVENTS) this.pending.shift();
   }
 
-  /** Asks one live tunnel's Proxy for fresh host certificates (src/agent/renewal.ts); fails while none is live. */
-  requestRenewal(publicKeyPem: string): Promise<RenewedCerts> {
-    const live = this.slots.find((s) => s.getState() === 'connected');
-    if (!live) return Promise.reject(new GatewayError('GW_ERR_TUNNEL_DOWN', 'no reverse tunnel is connected to ask for a renewal'));
-    return live.requestRenewal(publicKeyPem);
+  /**
+   * Asks the live tunnels' Proxies for fresh host certificates (src/agent/renewal.ts), one after the other while a
+   * Proxy does not answer (one of an earlier version) or its tunnel goes; fails while none is live.
+   */
+  async requestRenewal(publicKeyPem: string): Promise<RenewedCerts> {
+    let last: unknown = new GatewayError('GW_ERR_TUNNEL_DOWN', 'no reverse tunnel is connected to ask for a renewal');
+    for (const slot of this.slots.filter((s) => s.getState() === 'connected')) {
+      try {
+        return await slot.requestRenewal(publicKeyPem);
+      } catch (err) {
+        if (!(err instanceof GatewayError) || (err.code !== 'GW_ERR_TUNNEL_TIMEOUT' && err.code !== 'GW_ERR_TUNNEL_DOWN')) throw err;
+        last = err;
+      }
+    }
+    throw last;
+  }
+
+  /** The agent's SSH host certificate changed (a renewal): every live tunnel's Proxy hears it (protocol.ts host-cert). */
+  announceHostCert(sshCert: string): void {
+    for (const slot of this.slots) slot.announceHostCert(sshCert);
   }
 
   private addSlot(): void {

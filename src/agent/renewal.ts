@@ -96,27 +96,31 @@ export class HostRenewal {
     return this.running;
   }
 
+  /** Never rejects: whatever fails (the plan, the ask, the answer, onRenewed) is logged and the check is 'failed'. */
   private async checkOnce(now: number): Promise<'renewed' | 'not-due' | 'failed'> {
     const { identity } = this.options;
-    const plan = renewalPlan(identity.cert, now);
-    if (!plan.due) return 'not-due';
-    this.log.info({ hostId: identity.hostId, why: plan.reason }, 'renewing the host certificates');
     try {
+      const plan = renewalPlan(identity.cert, now);
+      if (!plan.due) return 'not-due';
+      this.log.info({ hostId: identity.hostId, why: plan.reason }, 'renewing the host certificates');
       const publicKeyPem = createPublicKey(identity.key).export({ type: 'spki', format: 'pem' }).toString();
       const certs = await this.options.ask(publicKeyPem);
-      this.accept(certs, publicKeyPem);
+      this.accept(certs, publicKeyPem, now);
+      this.log.info({ hostId: identity.hostId, validUntil: new X509Certificate(identity.cert).validTo }, 'host certificates renewed');
+      this.options.onRenewed?.(identity);
+      return 'renewed';
     } catch (err) {
       const e = toGatewayError(err);
       this.log.warn({ hostId: identity.hostId, code: e.code, err: e.message }, `host certificates not renewed; asking again in ${Math.round((this.options.checkMs ?? RENEW_CHECK_MS) / 60_000)} min`);
       return 'failed';
     }
-    this.log.info({ hostId: identity.hostId, validUntil: new X509Certificate(identity.cert).validTo }, 'host certificates renewed');
-    this.options.onRenewed?.(identity);
-    return 'renewed';
   }
 
-  /** Checks what came back against what the agent is, stores it, and puts it in use. */
-  private accept(certs: RenewedCerts, publicKeyPem: string): void {
+  /**
+   * Checks what came back against what the agent is (its CA, host, cluster and key; valid now, and not running out
+   * before what it has: an older certificate replayed is refused), stores it, and puts it in use.
+   */
+  private accept(certs: RenewedCerts, publicKeyPem: string, now: number): void {
     const { identity } = this.options;
     const refuse = (why: string) => new GatewayError('GW_ERR_AGENT_IDENTITY', `the renewed host certificate is not this agent's: ${why}`, { hint: 'The current certificates stay in use; check the Proxy and Auth Service versions and logs.' });
     let tls: X509Certificate;
@@ -131,13 +135,19 @@ export class HostRenewal {
     if (renewed.kind !== 'host' || renewed.name !== identity.hostId || renewed.cluster !== identity.cluster) throw refuse(`it names ${renewed.kind} ${renewed.name} of cluster "${renewed.cluster}"`);
     const spki = (k: KeyObject) => k.export({ type: 'spki', format: 'der' });
     if (!spki(tls.publicKey).equals(spki(createPublicKey(publicKeyPem)))) throw refuse('it certifies another key');
+    const [from, to] = [Date.parse(tls.validFrom), Date.parse(tls.validTo)];
+    if (now < from || now >= to) throw refuse(`it is not valid now (${tls.validFrom} to ${tls.validTo})`);
+    if (to < Date.parse(new X509Certificate(identity.cert).validTo)) throw refuse(`it runs out at ${tls.validTo}, before the one in use`);
     let ssh: ParsedSshCert;
     try {
       ssh = parseSshCert(certs.sshCert.trim());
     } catch (err) {
       throw refuse(`the SSH certificate cannot be read (${(err as Error).message})`);
     }
-    if (ssh.certType !== 'host' || ssh.keyId !== identity.hostId || !sameSshKey(publicKeyPem, ssh.publicKey)) throw refuse(`the SSH certificate is not a host certificate of ${identity.hostId} for this key`);
+    if (ssh.certType !== 'host' || ssh.keyId !== identity.hostId || !ssh.principals.includes(identity.hostId) || !sameSshKey(publicKeyPem, ssh.publicKey)) {
+      throw refuse(`the SSH certificate is not a host certificate of ${identity.hostId} for this key`);
+    }
+    if (now < ssh.validAfter || now >= ssh.validBefore) throw refuse('the SSH certificate is not valid now');
     const dir = join(this.options.dataDir, 'host');
     writeSecretFile(join(dir, 'cert.pem'), certs.tlsCert);
     writeSecretFile(join(dir, 'ssh-cert.pub'), `${certs.sshCert.trim()}\n`);
@@ -166,14 +176,20 @@ export class PendingRenewals {
     });
   }
 
-  /** The Proxy's answer; one for an id not waited for (late, or never asked) is ignored. */
+  /** The Proxy's answer; one for an id not waited for (late, or never asked) is ignored. Never throws. */
   answer(m: RenewalMessage): void {
     const waiter = this.waiting.get(m.id);
     if (!waiter) return;
+    let outcome: RenewedCerts | GatewayError;
+    try {
+      outcome = m.certs ? { tlsCert: m.certs.tls_cert, sshCert: m.certs.ssh_cert } : answerError(m.error!);
+    } catch (err) {
+      outcome = toGatewayError(err);
+    }
     this.waiting.delete(m.id);
     clearTimeout(waiter.timer);
-    if (m.certs) waiter.resolve({ tlsCert: m.certs.tls_cert, sshCert: m.certs.ssh_cert });
-    else waiter.reject(answerError(m.error!));
+    if (outcome instanceof GatewayError) waiter.reject(outcome);
+    else waiter.resolve(outcome);
   }
 
   /** The tunnel closed: every renew in flight fails. */

@@ -427,6 +427,11 @@ export class TunnelAgent extends EventEmitter {
   private readonly pendingEvents: Array<Record<string, unknown>> = [];
   private readonly renewals = new PendingRenewals();
 
+  /** Tells the Proxy of this tunnel, if it is up, the agent's renewed SSH host certificate (the next hello carries it too). */
+  announceHostCert(sshCert: string): void {
+    if (this.control && this.state === 'connected') writeJsonLine(this.control, { type: 'host-cert', ssh_cert: sshCert } satisfies ControlMessage);
+  }
+
   /** Asks the Proxy of this tunnel for fresh host certificates for the key (src/agent/renewal.ts). */
   requestRenewal(publicKeyPem: string): Promise<RenewedCerts> {
     const control = this.control;

@@ -25,6 +25,13 @@ export const JOIN_LIMIT = { maxFailures: 10, windowMs: 10 * 60_000 } as const;
 
 /** The least time between two renewals of one host's certificates; a second ask within it is refused. */
 export const RENEW_MIN_INTERVAL_MS = 3600_000;
+/**
+ * After a refused renewal (wrong key, removed, locked, no tunnel), the least time before this Auth Service looks
+ * into the next ask of that host (kept in memory): an agent or a Proxy asking in a loop with a wrong key costs a
+ * map lookup per ask, not Backend reads and a log line.
+ */
+export const RENEW_ASK_GAP_MS = 60_000;
+const RENEW_REFUSALS_KEPT = 10_000;
 
 const TOKEN_FAILURES: ReadonlySet<string> = new Set(['GW_ERR_AUTH_TOKEN_UNKNOWN', 'GW_ERR_AUTH_TOKEN_EXPIRED', 'GW_ERR_AUTH_TOKEN_USED', 'GW_ERR_AUTH_TOKEN_WRONG_TYPE']);
 type TokenFailure = 'GW_ERR_AUTH_TOKEN_UNKNOWN' | 'GW_ERR_AUTH_TOKEN_EXPIRED' | 'GW_ERR_AUTH_TOKEN_USED' | 'GW_ERR_AUTH_TOKEN_WRONG_TYPE';
@@ -48,6 +55,11 @@ export interface RenewRequest {
   hostId: string;
   publicKeyPem: string;
   via: string;
+  /**
+   * A Proxy in its own process asking for an agent: that Proxy must hold a tunnel of the host (its presence record
+   * exists), so that one Proxy cannot spend the renewals of hosts it does not serve.
+   */
+  tunnelOn?: string;
 }
 
 /** A joining agent's certificates and its host ID. */
@@ -72,6 +84,8 @@ export interface JoiningDeps {
 
 export class Joining {
   private readonly limiter: AttemptLimiter;
+  /** When each host's last renewal was refused (RENEW_ASK_GAP_MS). */
+  private readonly renewRefusals = new Map<string, number>();
 
   constructor(private readonly deps: JoiningDeps) {
     this.limiter = new AttemptLimiter({ ...JOIN_LIMIT, clock: deps.clock });
@@ -232,14 +246,44 @@ export class Joining {
     }
   }
 
+  /** Refuses (too soon, nothing looked up or logged) an ask within RENEW_ASK_GAP_MS of the host's last refusal. */
+  private checkRenewGap(hostId: string): void {
+    const now = this.deps.clock();
+    const last = this.renewRefusals.get(hostId);
+    if (last !== undefined && now - last < RENEW_ASK_GAP_MS && now >= last) {
+      throw new GatewayError('GW_ERR_HOST_RENEW_TOO_SOON', `host ${hostId} was refused a renewal less than ${RENEW_ASK_GAP_MS / 1000} s ago`);
+    }
+  }
+
+  private noteRenewRefusal(hostId: string): void {
+    const now = this.deps.clock();
+    if (this.renewRefusals.size >= RENEW_REFUSALS_KEPT) {
+      for (const [id, at] of this.renewRefusals) if (now - at >= RENEW_ASK_GAP_MS || now < at) this.renewRefusals.delete(id);
+      if (this.renewRefusals.size >= RENEW_REFUSALS_KEPT) this.renewRefusals.clear(); // 10 000 refused hosts within a minute: start over
+    }
+    this.renewRefusals.set(hostId, now);
+  }
+
+  /** renewChecked, after the gap check; a refusal (other than too soon) starts a gap for the host. */
+  async renewHost(request: RenewRequest): Promise<JoinedHost> {
+    this.checkRenewGap(request.hostId);
+    try {
+      return await this.renewChecked(request);
+    } catch (err) {
+      if (!isGatewayError(err, 'GW_ERR_HOST_RENEW_TOO_SOON')) this.noteRenewRefusal(request.hostId);
+      throw err;
+    }
+  }
+
   /**
    * Fresh certificates for a host that joined already: the same host ID, roles, names and key, a new validity.
    * Refused (nothing issued, nothing stored) when the host was removed or is locked (resolveCaller's errors),
-   * when the key is not the one it joined with or its record holds none (GW_ERR_HOST_RENEW_REFUSED), and when
-   * it renewed less than RENEW_MIN_INTERVAL_MS ago (GW_ERR_HOST_RENEW_TOO_SOON). The renewal time is stored with
+   * when the key is not the one it joined with, its record holds none, or the Proxy that asks holds no tunnel of it
+   * (GW_ERR_HOST_RENEW_REFUSED), and when it renewed less than RENEW_MIN_INTERVAL_MS ago (GW_ERR_HOST_RENEW_TOO_SOON;
+   * also, from renewHost, within RENEW_ASK_GAP_MS of a refusal). The renewal time is stored with
    * compare-and-swap, so of two racing asks one is answered and the other is too soon.
    */
-  async renewHost(request: RenewRequest): Promise<JoinedHost> {
+  private async renewChecked(request: RenewRequest): Promise<JoinedHost> {
     const { backend, clock, authorities, callers } = this.deps;
     const { hostId } = request;
     const refuse = (why: string, hint: string) => {
@@ -251,6 +295,9 @@ export class Joining {
       const record = item ? (JSON.parse(item.value) as NodeRecord) : undefined;
       await callers.resolveCaller({ kind: 'host', name: hostId, cluster: authorities.clusterName, roles: record?.roles ?? [] });
       if (!item || !record) throw refuse('its node record changed while it was read', 'The agent asks again later by itself.');
+      if (request.tunnelOn !== undefined && !(await backend.get(KEYS.presence(hostId, request.tunnelOn)))) {
+        throw refuse(`the Proxy ${request.tunnelOn} that asked holds no tunnel of it`, 'The agent asks again later over one of its tunnels, by itself.');
+      }
       if (!record.sshPublicKey) throw refuse('its node record holds no key (it joined before keys were recorded)', "Join it again with a new token from 'gwctl tokens add'.");
       if (!sameSshKey(request.publicKeyPem, record.sshPublicKey)) throw refuse('the key is not the one it joined with', 'Renewal keeps the key; a host with a new key must join again with a new token.');
       const last = record.renewedAt === undefined ? undefined : Date.parse(record.renewedAt);

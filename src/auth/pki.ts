@@ -13,7 +13,7 @@
  *   pki/sshwire.ts   SSH wire format, SSH key blobs and signatures
  *   pki/ssh.ts       OpenSSH certificates
  */
-export { generateKeyPair, sameSshKey, sshPrivateKeyPem, sshPublicKeyFromPem, type KeyPair } from './pki/keys.js';
+export { generateKeyPair, sameSshKey, sameSshLine, sshPrivateKeyPem, sshPublicKeyFromPem, type KeyPair } from './pki/keys.js';
 export { IDENTITY_EXTENSION_OID, type Identity } from './pki/identity.js';
 export {
   CA_TYPES,

@@ -185,7 +185,8 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
         const b = await c.body();
         // The host ID is the one the calling Proxy authenticated on the agent's tunnel; what it gets back certifies
         // only the key that host joined with, so it is worth nothing without that host's private key.
-        return auth.renewHost({ hostId: text(b.host_id, 'host_id', 256), publicKeyPem: text(b.public_key, 'public_key', 8192), via: c.proxy.name });
+        // Only for a host whose tunnel the calling Proxy holds (tunnelOn), so that it cannot spend others' renewals.
+        return auth.renewHost({ hostId: text(b.host_id, 'host_id', 256), publicKeyPem: text(b.public_key, 'public_key', 8192), via: c.proxy.name, tunnelOn: c.proxy.name });
       },
     },
     { method: 'GET', path: '/v1/proxy/maintenance', maxBody: 0, handle: async () => ({ config: (await auth.maintenanceConfig()) ?? null }) },

@@ -70,7 +70,7 @@ export class RemoteProxyAuth implements ProxyAuth {
   readonly sessions = new SessionRegistry();
   readonly addresses: string[];
   private current = 0;
-  private readonly clients: ApiClient[];
+  private clients: ApiClient[];
   private readonly maintenanceWatchers = new Set<() => void>();
   private readonly clusterWatchers = new Set<ClusterWatchHandlers>();
   private readonly log = logger('remoteauth');
@@ -87,8 +87,23 @@ export class RemoteProxyAuth implements ProxyAuth {
       });
     }
     this.addresses = options.addresses.map(normalizeAuthAddress);
-    const { cert, key, hostCa } = options.credentials;
-    this.clients = this.addresses.map((address) => new ApiClient({ address, dialer: options.dialer, ca: hostCa, cert, key, server: 'auth', timeoutMs: options.timeoutMs ?? 15_000 }));
+    this.clients = this.makeClients();
+  }
+
+  private makeClients(): ApiClient[] {
+    const { cert, key, hostCa } = this.options.credentials;
+    return this.addresses.map((address) => new ApiClient({ address, dialer: this.options.dialer, ca: hostCa, cert, key, server: 'auth', timeoutMs: this.options.timeoutMs ?? 15_000 }));
+  }
+
+  /** Fresh certificates for this Proxy's own key (POST /v1/agent/renew; src/agent/renewal.ts). */
+  renewOwn(publicKeyPem: string): Promise<{ tlsCert: string; sshCert: string }> {
+    return this.call<CertBundle>('POST', '/v1/agent/renew', { public_key: publicKeyPem }).then((b) => ({ tlsCert: b.tlsCert, sshCert: b.sshCert }));
+  }
+
+  /** From now on calls, the event stream's next connection and the forwarder present this certificate (same key). */
+  useCertificate(cert: string): void {
+    this.options.credentials.cert = cert;
+    this.clients = this.makeClients();
   }
 
   /** Connects: the cluster's public CAs from the first Auth address that answers, then the event stream. */

@@ -273,7 +273,7 @@ export class TerminalServer {
   /** The node's host key as its host certificate certifies it (signed by the host CA, naming the node, valid now). */
   private hostKeyOf(target: Target): Buffer {
     const line = target.agent.resources.node_host_cert;
-    const bad = (why: string) => new GatewayError('GW_ERR_TUNNEL_AUTH', `the host certificate of "${target.agent.nodename}" ${why}`, { hint: 'The agent must present a host certificate of this cluster; restart it to renew its identity.' });
+    const bad = (why: string) => new GatewayError('GW_ERR_TUNNEL_AUTH', `the host certificate of "${target.agent.nodename}" ${why}`, { hint: "The agent must present a host certificate of this cluster; it renews its own before they run out (its log says 'renewing the host certificates' and why one failed), and an agent whose certificate expired must join again." });
     if (!line) throw bad('is missing');
     const cert = parseSshCert(line, this.options.auth.host.ssh.publicKey);
     const now = (this.options.clock ?? Date.now)();

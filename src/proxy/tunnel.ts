@@ -26,7 +26,7 @@ import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
-import { identityFromCert, sameSshKey, type Identity } from '../auth/pki.js';
+import { identityFromCert, parseSshCert, sameSshKey, sameSshLine, type Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
@@ -114,6 +114,8 @@ interface Registered {
   presenceWrittenMs: number;
   /** When this tunnel's agent last asked for a renewal (at most one ask per RENEW_ASK_GAP_MS reaches the Auth Service). */
   renewAskedMs?: number;
+  /** When its last host-cert was looked at (at most one per RENEW_ASK_GAP_MS). */
+  hostCertMs?: number;
   gone: () => void;
 }
 
@@ -412,7 +414,39 @@ export class TunnelServer extends EventEmitter {
       void this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
     } else if (m.type === 'renew') {
       void this.renew(entry, m);
+    } else if (m.type === 'host-cert') {
+      void this.takeHostCert(entry, m.ssh_cert.trim());
     }
+  }
+
+  /**
+   * An agent's renewed SSH host certificate (its next hello carries it too), taken into its resources and presence
+   * only when the cluster's host CA signed it for this tunnel's host and the key the host joined with, and it is
+   * valid now; an agent that serves no SSH has none to replace. One per RENEW_ASK_GAP_MS per tunnel is looked at.
+   */
+  private async takeHostCert(entry: Registered, line: string): Promise<void> {
+    const { agent } = entry;
+    const now = Date.now();
+    if (agent.resources.node_host_cert === undefined || (entry.hostCertMs !== undefined && now - entry.hostCertMs < RENEW_ASK_GAP_MS)) return;
+    entry.hostCertMs = now;
+    let why: string | undefined;
+    try {
+      const cert = parseSshCert(line, this.options.auth.host.ssh.publicKey);
+      const node = await this.options.auth.getNode(agent.hostId);
+      if (!cert.signedByCa) why = "not signed by the cluster's host CA";
+      else if (cert.certType !== 'host' || cert.keyId !== agent.hostId || !cert.principals.includes(agent.hostId)) why = `not a host certificate of ${agent.hostId}`;
+      else if (now < cert.validAfter || now >= cert.validBefore) why = 'not valid now';
+      else if (!node?.sshPublicKey || !sameSshLine(cert.publicKey, node.sshPublicKey)) why = 'for another key than the one the host joined with';
+    } catch (err) {
+      why = (err as Error).message;
+    }
+    if (why !== undefined) {
+      this.log.warn({ hostId: agent.hostId, why }, "agent's new SSH host certificate not taken");
+      return;
+    }
+    agent.resources.node_host_cert = line;
+    this.version++;
+    void this.writePresence(entry);
   }
 
   /**

@@ -186,12 +186,15 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, st
   });
   const tunnelAgent = agent;
   lifecycle.onStop('agents', () => tunnelAgent.stop());
-  const ask = identity.joinedVia === 'local' && options.localAuth ? localAsk(options.localAuth, identity.hostId) : (key: string) => tunnelAgent.requestRenewal(key);
-  const renewal = startRenewal(options, identity, ask, () => {
-    if (ssh) resources.node_host_cert = identity.sshCert; // sent with the next hello
+  const local = identity.joinedVia === 'local' && options.localAuth ? localAsk(options.localAuth, identity.hostId) : undefined;
+  const renewal = startRenewal(options, identity, local ?? ((key: string) => tunnelAgent.requestRenewal(key)), () => {
+    if (!ssh) return;
+    resources.node_host_cert = identity.sshCert; // sent with every next hello, and now to the Proxies of the live tunnels
+    tunnelAgent.announceHostCert(identity.sshCert);
   }, stored);
   // Over the tunnel, the first check waits for the first tunnel (the agent's only way to its Auth Service).
-  tunnelAgent.once('connected', () => renewal.start());
+  if (local) renewal.start();
+  else tunnelAgent.once('connected', () => renewal.start());
   tunnelAgent.start();
   await exportSchedule(options, identity, tunnelAgent);
   return { tunnelAgent, renewal };

@@ -12,6 +12,7 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { formatHostPort } from '../addr.js';
 import { joinCluster, loadHostIdentity, type HostIdentity } from '../agent/identity.js';
+import { HostRenewal } from '../agent/renewal.js';
 import { createApiHandler } from '../auth/api.js';
 import { generateKeyPair } from '../auth/pki.js';
 import { AuthService } from '../auth/service.js';
@@ -118,6 +119,8 @@ export interface RemoteAuthRole {
   api: http.RequestListener;
   /** The Proxy's host identity in <data_dir>/host/; its host ID is the proxyId. */
   identity: HostIdentity;
+  /** The renewal of that identity's certificates (src/agent/renewal.ts), as an agent's. */
+  renewal: HostRenewal;
 }
 
 /**
@@ -153,5 +156,9 @@ export async function connectRemoteAuth(options: RemoteAuthOptions): Promise<Rem
   const auth = await RemoteProxyAuth.connect({ addresses, credentials: { cert: identity.cert, key: identity.key, hostCa: identity.hostCa, hostId: identity.hostId }, dialer });
   options.lifecycle.onStop('auth', () => auth.close());
   logger('gateway').info({ auth: addresses, hostId: identity.hostId }, 'Proxy connected to the Auth Service');
-  return { auth, api: createAuthForwarder({ remote: auth, dialer }), identity };
+  // Its certificate for the Auth API lives a year, as an agent's: renewed the same way, from the Auth API itself.
+  const renewal = new HostRenewal({ identity, dataDir, ask: (key) => auth.renewOwn(key), onRenewed: (renewed) => auth.useCertificate(renewed.cert) });
+  renewal.start();
+  options.lifecycle.onStop('auth', () => renewal.stop());
+  return { auth, api: createAuthForwarder({ remote: auth, dialer }), identity, renewal };
 }

@@ -14,7 +14,7 @@
 import type { Readable } from 'node:stream';
 import type { GatewayError } from '../errors.js';
 import { LineSplitter } from '../stream/splitter.js';
-import { CONTROL_MAX_LINE_BYTES, RENEW_KEY_MAX, type ControlMessage } from './protocol.js';
+import { CONTROL_MAX_LINE_BYTES, HOST_CERT_MAX, RENEW_KEY_MAX, type ControlMessage } from './protocol.js';
 
 type Fields = Record<string, unknown>;
 
@@ -44,11 +44,12 @@ const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
   'maintenance-changed': () => true,
   duplicate: (m) => isString(m.proxyId),
   refused: () => true,
+  'host-cert': (m) => isString(m.ssh_cert) && m.ssh_cert.length <= HOST_CERT_MAX,
   renew: (m) => isNumber(m.id) && isString(m.public_key) && m.public_key.length <= RENEW_KEY_MAX,
   renewal: (m) =>
     isNumber(m.id) &&
     ((isObject(m.certs) && isString(m.certs.tls_cert) && isString(m.certs.ssh_cert) && m.error === undefined) ||
-      (isObject(m.error) && isString(m.error.code) && isString(m.error.message) && m.certs === undefined)),
+      (isObject(m.error) && isString(m.error.code) && isString(m.error.message) && (m.error.hint === undefined || isString(m.error.hint)) && m.certs === undefined)),
 };
 
 function isControlMessage(value: unknown): value is ControlMessage {

@@ -17,6 +17,8 @@
  *                            upgrade_channel?}   heartbeat {seq}   event {event}
  *                     renew {id, public_key}   (fresh host certificates for the key it joined with; a Proxy of an
  *                            earlier version ignores it and the agent asks again later)
+ *                     host-cert {ssh_cert}   (after a renewal: its new SSH host certificate, for the Proxy's copy
+ *                            of its resources; the Proxy checks it against the host CA and the tunnel's host)
  *     proxy → agent   welcome {proxyId, heartbeatIntervalMs, heartbeatCountMax}  discovery {proxies, strategy}
  *                     heartbeat {seq}   reconnect {reason}   (sent when the proxy shuts down gracefully)
  *                     maintenance-changed
@@ -149,6 +151,13 @@ export interface RenewMessage {
 }
 /** The longest public_key a renew may carry (a P-256 SPKI PEM is 178 bytes). */
 export const RENEW_KEY_MAX = 8192;
+/** Agent → Proxy: its renewed SSH host certificate (OpenSSH line), for node_host_cert of its resources. */
+export interface HostCertMessage {
+  type: 'host-cert';
+  ssh_cert: string;
+}
+/** The longest ssh_cert a host-cert may carry. */
+export const HOST_CERT_MAX = 16 * 1024;
 /** Proxy → agent: the answer to the renew with the same id: the certificates, or why not. */
 export interface RenewalMessage {
   type: 'renewal';
@@ -167,7 +176,8 @@ export type ControlMessage =
   | DuplicateMessage
   | RefusedMessage
   | RenewMessage
-  | RenewalMessage;
+  | RenewalMessage
+  | HostCertMessage;
 
 export interface DialRequest {
   service: ServiceKind;

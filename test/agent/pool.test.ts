@@ -36,6 +36,7 @@ import { BIN, runCli } from '../helpers/gateway.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
 import { startBalancer, type Balancer } from '../helpers/haproxy.js';
+import type { ControlMessage } from '../../src/tunnel/protocol.js';
 import { FakeProxy, fakeIdentity, type ControlSession } from './fakeproxy.js';
 
 // POOL_LOG=debug shows the pool's, the tunnels' and the Proxies' logs (JSON lines on standard error).
@@ -336,6 +337,32 @@ describe('against a fake Proxy', () => {
     await waitUntil('one tunnel left', () => pool!.links().join() === 'p-0' && pool!.size === 1);
     expect(proxy.sessions.length).toBe(MAX_POOL_LINKS);
     await waitUntil('the dropped tunnels closed', () => proxy.sessions.filter((s) => !s.closed).length === 1);
+  });
+
+  it('asks for a renewal over the next live tunnel when one goes while asking; the Proxy that answers is the one used', async () => {
+    proxy = new FakeProxy();
+    await proxy.start(pki);
+    const two = [{ id: 'p-0', addr: '' }, { id: 'p-1', addr: '' }];
+    let asked = 0;
+    proxy.arrivals.on('session', (s: ControlSession) => {
+      void s.next('hello').then(() => {
+        const id = `p-${proxy.sessions.indexOf(s)}`;
+        welcome(s, id);
+        s.send({ type: 'discovery', proxies: two.map((p) => ({ ...p, addr: proxy.webAddr })), strategy: { type: 'agent_mesh' } });
+        // The first Proxy asked closes the tunnel (as a Proxy that goes down); the next one answers.
+        s.on('message', (m: ControlMessage) => {
+          if (m.type !== 'renew') return;
+          if (++asked === 1) s.conn.end();
+          else s.send({ type: 'renewal', id: m.id, certs: { tls_cert: `tls from ${id}`, ssh_cert: 'ssh' } });
+        });
+      });
+    });
+    pool = newPool(fakeIdentity(pki, cert, proxy.webAddr), { dialsPerSecond: 200, dialBurst: 50 });
+    pool.start();
+    await waitUntil('two tunnels', () => pool!.links().length === 2);
+    const certs = await pool.requestRenewal('the key');
+    expect(asked).toBe(2);
+    expect(certs.tlsCert).toMatch(/^tls from p-[01]$/);
   });
 
   it('tells each Proxy what it holds; a `duplicate` closes that tunnel and it dials again; a welcome from a held Proxy replaces the old tunnel', async () => {

@@ -126,6 +126,14 @@ describe('HostRenewal', () => {
       await refusedWith(async () => ({ tlsCert, sshCert: identity.sshCert }));
     });
 
+    it('an older certificate of its own replayed (still valid, but running out before the one in use), and one that expired', async () => {
+      const older = await issueTlsCert(auth.host, { publicKeyPem: await publicKeyOf(identity), identity: identity.identity, ttlMs: 300 * DAY, usage: 'both' });
+      await refusedWith(async () => ({ tlsCert: older, sshCert: identity.sshCert }));
+      const expired = await issueTlsCert(auth.host, { publicKeyPem: await publicKeyOf(identity), identity: identity.identity, ttlMs: DAY, usage: 'both' });
+      // At 250 days from now, a certificate of one day has run out.
+      await refusedWith(async () => ({ tlsCert: expired, sshCert: identity.sshCert }));
+    });
+
     it('bytes that are not certificates, and an SSH certificate of another key', async () => {
       await refusedWith(async () => ({ tlsCert: 'not a certificate', sshCert: identity.sshCert }));
       const keys = generateKeyPair();

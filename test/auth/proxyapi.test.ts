@@ -11,7 +11,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { joinCluster, type HostIdentity } from '../../src/agent/identity.js';
+import { joinCluster, loadHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
 import { FORWARDED } from '../../src/auth/api.js';
 import { generateKeyPair, identityFromCert } from '../../src/auth/pki.js';
 import { MAX_STREAMS_PER_PROXY } from '../../src/auth/proxyapi.js';
@@ -179,11 +179,16 @@ describe('the /v1/proxy/ routes', () => {
     expect(none.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
   });
 
-  it("renew an agent's host certificates for the key it joined with, as the Proxy asks; an agent cannot ask for itself here", async () => {
+  it("renew an agent's host certificates for the key it joined with, as the Proxy holding its tunnel asks; no other Proxy, and no agent here", async () => {
     const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer });
     try {
       const key = new X509Certificate(agent.cert).publicKey.export({ type: 'spki', format: 'pem' }).toString();
-      await expect(remote.renewHost({ hostId: agent.hostId, publicKeyPem: generateKeyPair().publicKeyPem, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED' });
+      // Hostile: a host whose tunnel this Proxy does not hold (it would spend that host's renewals).
+      const elsewhere = await joinWith(['node'], 'agent-elsewhere');
+      const elsewhereKey = new X509Certificate(elsewhere.cert).publicKey.export({ type: 'spki', format: 'pem' }).toString();
+      await expect(remote.renewHost({ hostId: elsewhere.hostId, publicKeyPem: elsewhereKey, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/holds no tunnel/) });
+      const now = new Date().toISOString();
+      await remote.setPresence({ hostId: agent.hostId, nodename: 'agent1', proxyId: proxy.hostId, services: ['ssh'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, connectedAt: now, lastHeartbeat: now }, 60_000);
       const renewed = await remote.renewHost({ hostId: agent.hostId, publicKeyPem: key, via: 'ignored' });
       expect(identityFromCert(renewed.tlsCert)).toMatchObject({ kind: 'host', name: agent.hostId, roles: ['node'] });
       expect(new X509Certificate(renewed.tlsCert).publicKey.export({ type: 'spki', format: 'pem' }).toString()).toBe(key);
@@ -191,6 +196,7 @@ describe('the /v1/proxy/ routes', () => {
       const events = await role.auth.listEvents(role.auth.adminIdentity(), 10);
       expect(events.map((e) => e.event).find((e) => e.event === 'host.renew')).toMatchObject({ hostId: agent.hostId, via: proxy.hostId });
       await expect(remote.renewHost({ hostId: agent.hostId, publicKeyPem: key, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON' });
+      await expect(remote.renewHost({ hostId: agent.hostId, publicKeyPem: generateKeyPair().publicKeyPem, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED' });
     } finally {
       remote.close();
     }
@@ -402,6 +408,17 @@ describe('a Proxy role on a RemoteProxyAuth', () => {
       const login = await request(web, { method: 'POST', path: '/webapi/login', ca, body: { username: 'alice', password: PASSWORD, public_key: keys.publicKeyPem, ssh_public_key: keys.sshPublicKey } });
       expect(login.status).toBe(200);
       expect(identityFromCert(login.body.tlsCert as string)).toMatchObject({ kind: 'user', name: 'alice' });
+      // Its own certificate for the Auth API renews as an agent's (POST /v1/agent/renew); calls, the event stream
+      // and the forwarder go on with the new one.
+      const before = remote.identity.cert;
+      expect(await remote.renewal.check(Date.now() + 250 * 24 * 3600_000)).toBe('renewed');
+      expect(remote.identity.cert).not.toBe(before);
+      expect(loadHostIdentity(proxyDir)!.cert).toBe(remote.identity.cert);
+      expect(remote.auth.upstream().cert).toBe(remote.identity.cert);
+      expect((await remote.auth.listProxies()).map((p) => p.id)).toEqual(expect.any(Array));
+      expect((await request(web, { path: '/v1/status', ca, creds: alice })).body.identity).toMatchObject({ kind: 'user', name: 'alice' });
+      const events = await role.auth.listEvents(role.auth.adminIdentity(), 20);
+      expect(events.map((e) => e.event).find((e) => e.event === 'host.renew' && e.hostId === proxy.hostId)).toMatchObject({ via: 'direct' });
     } finally {
       await own.stop();
     }

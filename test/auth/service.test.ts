@@ -289,7 +289,22 @@ describe('host certificate renewal', () => {
     const e = await renew(first.hostId, other.publicKeyPem).catch((err: GatewayError) => err);
     expect(e).toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/not the one it joined with/) });
     expect((await auth.getNode(first.hostId))?.renewedAt).toBeUndefined();
+    // For a minute after a refusal, asks of that host are too soon, looked into no further (no Backend read, no log).
+    now += 59_000;
+    expect(await renew(first.hostId).catch((err: GatewayError) => err)).toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: expect.stringMatching(/refused a renewal less than 60 s ago/) });
+    now += 1_000;
     expect(await codeOf(renew(first.hostId, 'not a key'))).toBe('GW_ERR_HOST_RENEW_REFUSED');
+    now += 60_000;
+    expect(identityFromCert((await renew(first.hostId)).tlsCert).name).toBe(first.hostId);
+  });
+
+  it('hostile: a Proxy in its own process is answered only for a host whose tunnel it holds', async () => {
+    const first = await joined();
+    const ask = () => auth.renewHost({ hostId: first.hostId, publicKeyPem: keys.publicKeyPem, via: 'p-1', tunnelOn: 'p-1' });
+    expect(await ask().catch((err: GatewayError) => err)).toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/p-1 that asked holds no tunnel/) });
+    await auth.setPresence({ hostId: first.hostId, nodename: 'node-1', proxyId: 'p-1', services: ['ssh'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, connectedAt: new Date(now).toISOString(), lastHeartbeat: new Date(now).toISOString() }, 3600_000);
+    now += 60_000;
+    expect(identityFromCert((await ask()).tlsCert).name).toBe(first.hostId);
   });
 
   it('hostile: a removed host, a host that never joined, and a locked host are refused as the API refuses them', async () => {
@@ -298,6 +313,7 @@ describe('host certificate renewal', () => {
     expect(await codeOf(renew(first.hostId))).toBe('GW_ERR_ACCESS_LOCKED');
     expect(await codeOf(renew('00000000-0000-4000-8000-000000000000'))).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
     await backend.delete(`/nodes/${first.hostId}`);
+    now += 60_000;
     expect(await codeOf(renew(first.hostId))).toBe('GW_ERR_AUTH_IDENTITY_REVOKED');
   });
 

@@ -248,8 +248,11 @@ describe('host certificate renewal, as the agent role wires it', () => {
     expect(agent.hostIdentity.cert).toBe(stored.cert);
     expect(agent.hostIdentity.sshCert).toBe(stored.sshCert);
     expect((await auth.auth.getNode(agent.hostIdentity.hostId))?.renewedAt).toBeDefined();
+    // The live tunnel's Proxy takes the new SSH host certificate (host-cert), and its presence says so.
+    await waitUntil('the Proxy holds the renewed SSH certificate', () => proxy.tunnels.get(agent.hostIdentity.hostId)?.resources.node_host_cert === stored.sshCert);
+    await waitUntil('and its presence', async () => (await auth.auth.listPresence()).some((p) => p.hostId === agent.hostIdentity.hostId && p.resources.node_host_cert === stored.sshCert));
     proxy.tunnels.get(agent.hostIdentity.hostId)!.link.end(); // the agent dials again, with a new hello
-    await waitUntil('the next hello carries the renewed SSH certificate', () => proxy.tunnels.get(agent.hostIdentity.hostId)?.resources.node_host_cert === stored.sshCert);
+    await waitUntil('the next hello carries it too', () => proxy.tunnels.get(agent.hostIdentity.hostId)?.resources.node_host_cert === stored.sshCert && tunnel.getState() === 'connected');
   });
 
   it('an agent joined through a Proxy renews over its tunnel', async () => {

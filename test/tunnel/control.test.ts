@@ -21,6 +21,7 @@ const EXAMPLES: ControlMessage[] = [
   { type: 'renew', id: 1, public_key: '-----BEGIN PUBLIC KEY-----\nMFkw...\n-----END PUBLIC KEY-----\n' },
   { type: 'renewal', id: 1, certs: { tls_cert: '-----BEGIN CERTIFICATE-----...', ssh_cert: 'ecdsa-sha2-nistp256-cert-v01@openssh.com AAAA...' } },
   { type: 'renewal', id: 2, error: { code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: 'renewed at ...', hint: 'nothing to do' } },
+  { type: 'host-cert', ssh_cert: 'ecdsa-sha2-nistp256-cert-v01@openssh.com AAAA...' },
   { type: 'hello', version: 1, hostId: 'h-1', nodename: 'web-1', services: [], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, holds: ['p-1', 'p-2'] },
 ];
 
@@ -53,6 +54,9 @@ describe('parseControlMessage', () => {
     ['a renewal with neither', '{"type":"renewal","id":1}'],
     ['a renewal whose certificates are not strings', '{"type":"renewal","id":1,"certs":{"tls_cert":1,"ssh_cert":"b"}}'],
     ['a renewal whose error has no message', '{"type":"renewal","id":1,"error":{"code":"c"}}'],
+    ['a renewal whose error hint is not a string (it would crash a reader that slices it)', '{"type":"renewal","id":1,"error":{"code":"GW_ERR_INTERNAL","message":"m","hint":5}}'],
+    ['a host-cert over 16 KiB', JSON.stringify({ type: 'host-cert', ssh_cert: 'c'.repeat(16 * 1024 + 1) })],
+    ['a host-cert that is not a string', '{"type":"host-cert","ssh_cert":{}}'],
   ])('ignores %s', (_what, text) => {
     expect(parseControlMessage(text)).toBeUndefined();
   });

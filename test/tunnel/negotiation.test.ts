@@ -313,8 +313,14 @@ describe('host certificate renewal over the tunnel', () => {
 
   it('hostile: a renew for another key is refused; renews in a loop are answered too soon by the Proxy itself; the tunnel stays', async () => {
     const identity = await joinHost(proxyAddr);
-    const { agent } = startAgent(identity);
+    const resources = { databases: [{ name: 'pg', protocol: 'postgres' as const, labels: {} }], apps: [], desktops: [], kube_clusters: [], node_host_cert: identity.sshCert };
+    const { agent } = startAgent(identity, { resources });
     await once(agent, 'connected');
+    // Another host's SSH host certificate (real, of this cluster) announced as its own: the Proxy keeps the one it has.
+    const someoneElse = await joinHost(proxyAddr);
+    agent.announceHostCert(someoneElse.sshCert);
+    await new Promise((resolve) => setTimeout(resolve, 500)); // the Proxy's check (one Backend read) is done by then
+    expect(proxy.tunnels.get(identity.hostId)?.resources.node_host_cert).toBe(identity.sshCert);
     const other = generateKeyPair();
     await expect(agent.requestRenewal(other.publicKeyPem)).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/not the one it joined with/) });
     const own = createPublicKey(identity.key).export({ type: 'spki', format: 'pem' }).toString();

@@ -67,12 +67,17 @@ export function sshPublicKeyFromPem(pem: string): string {
   }
 }
 
+/** Whether two OpenSSH public key lines hold the same key (algorithm and blob; comments aside). */
+export function sameSshLine(a: string, b: string): boolean {
+  const [algoA, blobA] = a.trim().split(/\s+/);
+  const [algoB, blobB] = b.trim().split(/\s+/);
+  return blobA !== undefined && algoA === algoB && blobA === blobB;
+}
+
 /** Whether a PEM public key is the key of an OpenSSH public key line (same algorithm and blob); never throws. */
 export function sameSshKey(publicKeyPem: string, sshLine: string): boolean {
   try {
-    const [algo, blob] = sshPublicKeyFromPem(publicKeyPem).trim().split(/\s+/);
-    const [otherAlgo, otherBlob] = sshLine.trim().split(/\s+/);
-    return blob !== undefined && algo === otherAlgo && blob === otherBlob;
+    return sameSshLine(sshPublicKeyFromPem(publicKeyPem), sshLine);
   } catch {
     return false;
   }
