@@ -224,11 +224,11 @@ export const ERROR_CODES = {
     hint: "Create a token with the agent's types: gwctl tokens add --type=node,db,...",
   },
   GW_ERR_HOST_RENEW_REFUSED: {
-    summary: "An agent's renewal of its host certificates was refused: the key it sent is not the one it joined with, or its node record holds no key.",
-    hint: "Join the agent again with a new token from 'gwctl tokens add'; renewal keeps the agent's key.",
+    summary: "An agent's renewal of its host certificates was refused: the key it sent is not the one it joined with, its node record holds no key, or an ask a Proxy carried lacks the agent's fresh proof of its key.",
+    hint: "The message says which. A key that is not the joined one, or a record without one: join the agent again with a new token from 'gwctl tokens add' (renewal keeps the key). A missing or stale proof: check the agent's clock (date -u); it asks again by itself.",
   },
   GW_ERR_HOST_RENEW_TOO_SOON: {
-    summary: "An agent asked to renew its host certificates again within an hour of its last renewal, or within a minute of a refused ask.",
+    summary: "An agent asked to renew its host certificates again within an hour of its last renewal, or within a minute of a refused ask the same way.",
     hint: 'Nothing to do: the agent keeps its current certificates and asks again later by itself.',
   },
   GW_ERR_AUTH_PIN_MISMATCH: {

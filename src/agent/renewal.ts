@@ -46,16 +46,26 @@ export interface RenewalPlan {
   reason: string;
 }
 
-/** Whether a certificate (PEM) is due for renewal at `now`, and why (pure). */
-export function renewalPlan(certPem: string, now: number): RenewalPlan {
+/**
+ * Whether the host certificates are due for renewal at `now`, and why (pure): the TLS certificate (PEM) and, when
+ * given, the SSH certificate (OpenSSH line); whichever is due first decides.
+ */
+export function renewalPlan(certPem: string, now: number, sshCert?: string): RenewalPlan {
   const cert = new X509Certificate(certPem);
-  const notBefore = Date.parse(cert.validFrom);
-  const notAfter = Date.parse(cert.validTo);
+  const tls = planOf('the certificate', Date.parse(cert.validFrom), Date.parse(cert.validTo), now);
+  if (sshCert === undefined) return tls;
+  const ssh = parseSshCert(sshCert.trim());
+  const sshPlan = planOf('the SSH certificate', ssh.validAfter, Math.min(ssh.validBefore, 8.64e15), now);
+  return sshPlan.renewAt.getTime() < tls.renewAt.getTime() ? sshPlan : tls;
+}
+
+function planOf(what: string, notBefore: number, notAfter: number, now: number): RenewalPlan {
   const renewAt = notBefore + (notAfter - notBefore) * RENEW_AT;
   const at = (ms: number) => new Date(ms).toISOString();
-  if (now >= notAfter) return { due: true, notAfter: new Date(notAfter), renewAt: new Date(renewAt), reason: `the certificate expired at ${at(notAfter)}` };
-  if (now >= renewAt) return { due: true, notAfter: new Date(notAfter), renewAt: new Date(renewAt), reason: `the certificate expires at ${at(notAfter)}; renewal was due from ${at(renewAt)}` };
-  return { due: false, notAfter: new Date(notAfter), renewAt: new Date(renewAt), reason: `the certificate is valid until ${at(notAfter)}; renewal from ${at(renewAt)}` };
+  const window = { notAfter: new Date(notAfter), renewAt: new Date(renewAt) };
+  if (now >= notAfter) return { due: true, ...window, reason: `${what} expired at ${at(notAfter)}` };
+  if (now >= renewAt) return { due: true, ...window, reason: `${what} expires at ${at(notAfter)}; renewal was due from ${at(renewAt)}` };
+  return { due: false, ...window, reason: `${what} is valid until ${at(notAfter)}; renewal from ${at(renewAt)}` };
 }
 
 export interface HostRenewalOptions {
@@ -100,7 +110,7 @@ export class HostRenewal {
   private async checkOnce(now: number): Promise<'renewed' | 'not-due' | 'failed'> {
     const { identity } = this.options;
     try {
-      const plan = renewalPlan(identity.cert, now);
+      const plan = renewalPlan(identity.cert, now, identity.sshCert);
       if (!plan.due) return 'not-due';
       this.log.info({ hostId: identity.hostId, why: plan.reason }, 'renewing the host certificates');
       const publicKeyPem = createPublicKey(identity.key).export({ type: 'spki', format: 'pem' }).toString();
@@ -138,16 +148,21 @@ export class HostRenewal {
     const [from, to] = [Date.parse(tls.validFrom), Date.parse(tls.validTo)];
     if (now < from || now >= to) throw refuse(`it is not valid now (${tls.validFrom} to ${tls.validTo})`);
     if (to < Date.parse(new X509Certificate(identity.cert).validTo)) throw refuse(`it runs out at ${tls.validTo}, before the one in use`);
+    // The agent keeps no SSH host CA: the key that signed its SSH certificate at join (from the Auth Service over
+    // the pinned TLS connection) is the one a renewed SSH certificate must be signed with.
+    const current = parseSshCert(identity.sshCert);
     let ssh: ParsedSshCert;
     try {
-      ssh = parseSshCert(certs.sshCert.trim());
+      ssh = parseSshCert(certs.sshCert.trim(), current.signatureKey);
     } catch (err) {
       throw refuse(`the SSH certificate cannot be read (${(err as Error).message})`);
     }
+    if (ssh.signedByCa !== true) throw refuse('the SSH certificate is not signed by the CA that signed the one in use');
     if (ssh.certType !== 'host' || ssh.keyId !== identity.hostId || !ssh.principals.includes(identity.hostId) || !sameSshKey(publicKeyPem, ssh.publicKey)) {
       throw refuse(`the SSH certificate is not a host certificate of ${identity.hostId} for this key`);
     }
     if (now < ssh.validAfter || now >= ssh.validBefore) throw refuse('the SSH certificate is not valid now');
+    if (ssh.validBefore < current.validBefore) throw refuse('the SSH certificate runs out before the one in use');
     const dir = join(this.options.dataDir, 'host');
     writeSecretFile(join(dir, 'cert.pem'), certs.tlsCert);
     writeSecretFile(join(dir, 'ssh-cert.pub'), `${certs.sshCert.trim()}\n`);

@@ -28,7 +28,7 @@ import { readFileSync } from 'node:fs';
 import type { Duplex } from 'node:stream';
 import type ssh2 from 'ssh2';
 import { parseAddr } from '../addr.js';
-import { sshPrivateKeyPem } from '../auth/pki.js';
+import { signRenewProof, sshPrivateKeyPem } from '../auth/pki.js';
 import { ApiClient } from '../client/api.js';
 import type { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
@@ -436,7 +436,9 @@ export class TunnelAgent extends EventEmitter {
   requestRenewal(publicKeyPem: string): Promise<RenewedCerts> {
     const control = this.control;
     if (!control || this.state !== 'connected') return Promise.reject(new GatewayError('GW_ERR_TUNNEL_DOWN', 'no reverse tunnel is connected to ask for a renewal'));
-    return this.renewals.ask((id) => writeJsonLine(control, { type: 'renew', id, public_key: publicKeyPem } satisfies ControlMessage));
+    const { identity } = this.options;
+    const proof = signRenewProof(identity.key, identity.hostId, identity.cluster, publicKeyPem, Date.now());
+    return this.renewals.ask((id) => writeJsonLine(control, { type: 'renew', id, public_key: publicKeyPem, proof } satisfies ControlMessage));
   }
 
   /** Sends an audit event to the Proxy (queued, at most 1 000, while the tunnel is down). */

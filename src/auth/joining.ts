@@ -11,7 +11,7 @@ import type { Logger } from '../log.js';
 import type { AuditLog } from './audit.js';
 import { checkRequestKeys, hostOf, HOST_CERT_TTL_MS, type Authorities, type CertBundle } from './authorities.js';
 import type { CallerCheck } from './callers.js';
-import { sameSshKey, type Identity } from './pki.js';
+import { renewProofRefusal, sameSshKey, type Identity, type RenewProof } from './pki.js';
 import { AttemptLimiter, joinKey, reserveOrRefuse } from './ratelimit.js';
 import { JOIN_ROLES, KEYS, NAME_PATTERN, type JoinRole, type NodeRecord, type StoredToken } from './records.js';
 import { tokenId as resourceTokenId, type TokenResource } from './resources/index.js';
@@ -56,10 +56,10 @@ export interface RenewRequest {
   publicKeyPem: string;
   via: string;
   /**
-   * A Proxy in its own process asking for an agent: that Proxy must hold a tunnel of the host (its presence record
-   * exists), so that one Proxy cannot spend the renewals of hosts it does not serve.
+   * Carried by a Proxy (over the agent's tunnel): the ask must hold the host's fresh proof that it holds its key
+   * (pki/proof.ts), so that a Proxy cannot spend the renewals of a host that did not ask.
    */
-  tunnelOn?: string;
+  carried?: { proof: RenewProof | undefined };
 }
 
 /** A joining agent's certificates and its host ID. */
@@ -84,7 +84,7 @@ export interface JoiningDeps {
 
 export class Joining {
   private readonly limiter: AttemptLimiter;
-  /** When each host's last renewal was refused (RENEW_ASK_GAP_MS). */
+  /** When each host's last renewal was refused, by carrier (RENEW_ASK_GAP_MS). */
   private readonly renewRefusals = new Map<string, number>();
 
   constructor(private readonly deps: JoiningDeps) {
@@ -246,31 +246,35 @@ export class Joining {
     }
   }
 
-  /** Refuses (too soon, nothing looked up or logged) an ask within RENEW_ASK_GAP_MS of the host's last refusal. */
-  private checkRenewGap(hostId: string): void {
+  /**
+   * Refuses (too soon, nothing looked up or logged) an ask within RENEW_ASK_GAP_MS of the last refusal of that host
+   * through the same carrier (a Proxy's ID, "direct", "local"): a Proxy asking wrongly shuts out only its own asks.
+   */
+  private checkRenewGap(key: string, hostId: string): void {
     const now = this.deps.clock();
-    const last = this.renewRefusals.get(hostId);
+    const last = this.renewRefusals.get(key);
     if (last !== undefined && now - last < RENEW_ASK_GAP_MS && now >= last) {
-      throw new GatewayError('GW_ERR_HOST_RENEW_TOO_SOON', `host ${hostId} was refused a renewal less than ${RENEW_ASK_GAP_MS / 1000} s ago`);
+      throw new GatewayError('GW_ERR_HOST_RENEW_TOO_SOON', `host ${hostId} was refused a renewal through the same way less than ${RENEW_ASK_GAP_MS / 1000} s ago`);
     }
   }
 
-  private noteRenewRefusal(hostId: string): void {
+  private noteRenewRefusal(key: string): void {
     const now = this.deps.clock();
     if (this.renewRefusals.size >= RENEW_REFUSALS_KEPT) {
       for (const [id, at] of this.renewRefusals) if (now - at >= RENEW_ASK_GAP_MS || now < at) this.renewRefusals.delete(id);
       if (this.renewRefusals.size >= RENEW_REFUSALS_KEPT) this.renewRefusals.clear(); // 10 000 refused hosts within a minute: start over
     }
-    this.renewRefusals.set(hostId, now);
+    this.renewRefusals.set(key, now);
   }
 
   /** renewChecked, after the gap check; a refusal (other than too soon) starts a gap for the host. */
   async renewHost(request: RenewRequest): Promise<JoinedHost> {
-    this.checkRenewGap(request.hostId);
+    const key = `${request.hostId}\0${request.via}`;
+    this.checkRenewGap(key, request.hostId);
     try {
       return await this.renewChecked(request);
     } catch (err) {
-      if (!isGatewayError(err, 'GW_ERR_HOST_RENEW_TOO_SOON')) this.noteRenewRefusal(request.hostId);
+      if (!isGatewayError(err, 'GW_ERR_HOST_RENEW_TOO_SOON')) this.noteRenewRefusal(key);
       throw err;
     }
   }
@@ -278,8 +282,8 @@ export class Joining {
   /**
    * Fresh certificates for a host that joined already: the same host ID, roles, names and key, a new validity.
    * Refused (nothing issued, nothing stored) when the host was removed or is locked (resolveCaller's errors),
-   * when the key is not the one it joined with, its record holds none, or the Proxy that asks holds no tunnel of it
-   * (GW_ERR_HOST_RENEW_REFUSED), and when it renewed less than RENEW_MIN_INTERVAL_MS ago (GW_ERR_HOST_RENEW_TOO_SOON;
+   * when the key is not the one it joined with, its record holds none, or an ask a Proxy carried lacks the host's
+   * fresh proof (GW_ERR_HOST_RENEW_REFUSED), and when it renewed less than RENEW_MIN_INTERVAL_MS ago (GW_ERR_HOST_RENEW_TOO_SOON;
    * also, from renewHost, within RENEW_ASK_GAP_MS of a refusal). The renewal time is stored with
    * compare-and-swap, so of two racing asks one is answered and the other is too soon.
    */
@@ -295,11 +299,10 @@ export class Joining {
       const record = item ? (JSON.parse(item.value) as NodeRecord) : undefined;
       await callers.resolveCaller({ kind: 'host', name: hostId, cluster: authorities.clusterName, roles: record?.roles ?? [] });
       if (!item || !record) throw refuse('its node record changed while it was read', 'The agent asks again later by itself.');
-      if (request.tunnelOn !== undefined && !(await backend.get(KEYS.presence(hostId, request.tunnelOn)))) {
-        throw refuse(`the Proxy ${request.tunnelOn} that asked holds no tunnel of it`, 'The agent asks again later over one of its tunnels, by itself.');
-      }
       if (!record.sshPublicKey) throw refuse('its node record holds no key (it joined before keys were recorded)', "Join it again with a new token from 'gwctl tokens add'.");
       if (!sameSshKey(request.publicKeyPem, record.sshPublicKey)) throw refuse('the key is not the one it joined with', 'Renewal keeps the key; a host with a new key must join again with a new token.');
+      const unproven = request.carried && renewProofRefusal(request.carried.proof, hostId, authorities.clusterName, request.publicKeyPem, record.sshPublicKey, clock());
+      if (unproven) throw refuse(`${unproven} (asked through ${request.via})`, "Check the agent's clock (date -u); the agent asks again later by itself.");
       const last = record.renewedAt === undefined ? undefined : Date.parse(record.renewedAt);
       if (last !== undefined && clock() - last < RENEW_MIN_INTERVAL_MS) {
         const next = new Date(last + RENEW_MIN_INTERVAL_MS).toISOString();

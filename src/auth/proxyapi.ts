@@ -11,7 +11,7 @@
  *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller)
  *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
  *   POST   /v1/proxy/agent-events     {host_id, nodename, event}
- *   POST   /v1/proxy/host-renewals    {host_id, public_key}         → a renewed agent's certificates (joining.ts renewHost)
+ *   POST   /v1/proxy/host-renewals    {host_id, public_key, proof}  → a renewed agent's certificates (joining.ts renewHost)
  *   GET    /v1/proxy/maintenance                                     → {config: cluster_maintenance_config | null}
  *   PUT    /v1/proxy/proxies/self     {record, ttl_ms}              (record.id must be the caller)
  *   DELETE /v1/proxy/proxies/self
@@ -30,7 +30,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { GatewayError } from '../errors.js';
-import type { Identity } from './pki.js';
+import type { Identity, RenewProof } from './pki.js';
 import { canonicalIdentity } from './pki/identity.js';
 import type { Presence, ProxyRecord } from './records.js';
 import type { AuthService } from './service.js';
@@ -185,8 +185,9 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
         const b = await c.body();
         // The host ID is the one the calling Proxy authenticated on the agent's tunnel; what it gets back certifies
         // only the key that host joined with, so it is worth nothing without that host's private key.
-        // Only for a host whose tunnel the calling Proxy holds (tunnelOn), so that it cannot spend others' renewals.
-        return auth.renewHost({ hostId: text(b.host_id, 'host_id', 256), publicKeyPem: text(b.public_key, 'public_key', 8192), via: c.proxy.name, tunnelOn: c.proxy.name });
+        // Only with the host's own fresh proof (carried), so that a Proxy cannot spend the renewals of a host that did not ask.
+        const proof = b.proof as RenewProof | undefined;
+        return auth.renewHost({ hostId: text(b.host_id, 'host_id', 256), publicKeyPem: text(b.public_key, 'public_key', 8192), via: c.proxy.name, carried: { proof: proof && typeof proof === 'object' ? proof : undefined } });
       },
     },
     { method: 'GET', path: '/v1/proxy/maintenance', maxBody: 0, handle: async () => ({ config: (await auth.maintenanceConfig()) ?? null }) },

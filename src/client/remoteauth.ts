@@ -226,7 +226,7 @@ export class RemoteProxyAuth implements ProxyAuth {
   }
 
   renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }> {
-    return this.call('POST', '/v1/proxy/host-renewals', { host_id: request.hostId, public_key: request.publicKeyPem });
+    return this.call('POST', '/v1/proxy/host-renewals', { host_id: request.hostId, public_key: request.publicKeyPem, ...(request.carried?.proof ? { proof: request.carried.proof } : {}) });
   }
 
   async heartbeatProxy(record: ProxyRecord, ttlMs: number): Promise<void> {

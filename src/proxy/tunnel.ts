@@ -28,6 +28,7 @@ import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
 import { identityFromCert, parseSshCert, sameSshKey, sameSshLine, type Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
+import type { NodeRecord } from '../auth/records.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
@@ -430,9 +431,16 @@ export class TunnelServer extends EventEmitter {
     if (agent.resources.node_host_cert === undefined || (entry.hostCertMs !== undefined && now - entry.hostCertMs < RENEW_ASK_GAP_MS)) return;
     entry.hostCertMs = now;
     let why: string | undefined;
+    let node: NodeRecord | undefined;
+    try {
+      node = await this.options.auth.getNode(agent.hostId);
+    } catch (err) {
+      entry.hostCertMs = undefined; // the Backend, not the certificate: the next one is looked at
+      this.log.warn({ hostId: agent.hostId, err: (err as Error).message }, "cannot check the agent's new SSH host certificate");
+      return;
+    }
     try {
       const cert = parseSshCert(line, this.options.auth.host.ssh.publicKey);
-      const node = await this.options.auth.getNode(agent.hostId);
       if (!cert.signedByCa) why = "not signed by the cluster's host CA";
       else if (cert.certType !== 'host' || cert.keyId !== agent.hostId || !cert.principals.includes(agent.hostId)) why = `not a host certificate of ${agent.hostId}`;
       else if (now < cert.validAfter || now >= cert.validBefore) why = 'not valid now';
@@ -463,7 +471,7 @@ export class TunnelServer extends EventEmitter {
     }
     entry.renewAskedMs = now;
     try {
-      const bundle = await this.options.auth.renewHost({ hostId: agent.hostId, publicKeyPem: m.public_key, via: this.proxyId });
+      const bundle = await this.options.auth.renewHost({ hostId: agent.hostId, publicKeyPem: m.public_key, via: this.proxyId, carried: { proof: m.proof } });
       answer({ certs: { tls_cert: bundle.tlsCert, ssh_cert: bundle.sshCert } });
     } catch (err) {
       const e = toGatewayError(err);

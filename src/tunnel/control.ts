@@ -45,7 +45,11 @@ const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
   duplicate: (m) => isString(m.proxyId),
   refused: () => true,
   'host-cert': (m) => isString(m.ssh_cert) && m.ssh_cert.length <= HOST_CERT_MAX,
-  renew: (m) => isNumber(m.id) && isString(m.public_key) && m.public_key.length <= RENEW_KEY_MAX,
+  renew: (m) =>
+    isNumber(m.id) &&
+    isString(m.public_key) &&
+    m.public_key.length <= RENEW_KEY_MAX &&
+    (m.proof === undefined || (isObject(m.proof) && isString(m.proof.time) && m.proof.time.length <= 64 && isString(m.proof.signature) && m.proof.signature.length <= 1024)),
   renewal: (m) =>
     isNumber(m.id) &&
     ((isObject(m.certs) && isString(m.certs.tls_cert) && isString(m.certs.ssh_cert) && m.error === undefined) ||

@@ -15,7 +15,7 @@
  *   control: a "session" channel with subsystem "gateway-control", newline-delimited JSON both ways
  *     agent → proxy   hello {hostId, nodename, services, resources, version, holds?, software_version?,
  *                            upgrade_channel?}   heartbeat {seq}   event {event}
- *                     renew {id, public_key}   (fresh host certificates for the key it joined with; a Proxy of an
+ *                     renew {id, public_key, proof}   (fresh host certificates for the key it joined with; a Proxy of an
  *                            earlier version ignores it and the agent asks again later)
  *                     host-cert {ssh_cert}   (after a renewal: its new SSH host certificate, for the Proxy's copy
  *                            of its resources; the Proxy checks it against the host CA and the tunnel's host)
@@ -148,6 +148,8 @@ export interface RenewMessage {
   type: 'renew';
   id: number;
   public_key: string;
+  /** The host's proof that it holds the key (src/auth/pki/proof.ts); the Auth Service needs it for an ask a Proxy carries. */
+  proof?: { time: string; signature: string };
 }
 /** The longest public_key a renew may carry (a P-256 SPKI PEM is 178 bytes). */
 export const RENEW_KEY_MAX = 8192;

@@ -3,13 +3,14 @@
  * stores, and the tunnel's renews in flight. The certificates come from a real Auth Service (SQLite in memory);
  * the hostile answers are real certificates of the wrong host, key or CA.
  */
+import { createPublicKey } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { loadHostIdentity, saveHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
 import { HostRenewal, PendingRenewals, renewalPlan, RENEW_AT, type RenewAsk, type RenewedCerts } from '../../src/agent/renewal.js';
-import { generateAuthority, generateKeyPair, identityFromCert, issueTlsCert } from '../../src/auth/pki.js';
+import { generateAuthority, generateKeyPair, identityFromCert, issueSshCert, issueTlsCert } from '../../src/auth/pki.js';
 import { AuthService } from '../../src/auth/service.js';
 import { openSqliteBackend } from '../../src/backend/index.js';
 import { GatewayError } from '../../src/errors.js';
@@ -48,6 +49,14 @@ const later = (days: number) => () => Date.now() + days * DAY;
 const stored = () => readFile(join(dir, 'host', 'cert.pem'), 'utf8');
 
 describe('renewalPlan', () => {
+  it('with the SSH certificate: whichever of the two is due first decides', () => {
+    const issued = Date.now();
+    const sshKey = createPublicKey(identity.key).export({ type: 'spki', format: 'pem' }).toString();
+    const shortSsh = issueSshCert(auth.host, { publicKey: sshKey, certType: 'host', keyId: identity.hostId, principals: [identity.hostId], ttlMs: 30 * DAY });
+    expect(renewalPlan(identity.cert, issued + 25 * DAY, identity.sshCert).due).toBe(false);
+    expect(renewalPlan(identity.cert, issued + 25 * DAY, shortSsh)).toMatchObject({ due: true, reason: expect.stringMatching(/^the SSH certificate expires at/) });
+  });
+
   it(`is due once ${Math.round(RENEW_AT * 100)}% of the lifetime has passed, and says why either way`, () => {
     const issued = Date.now();
     const early = renewalPlan(identity.cert, issued + 200 * DAY);
@@ -132,6 +141,16 @@ describe('HostRenewal', () => {
       const expired = await issueTlsCert(auth.host, { publicKeyPem: await publicKeyOf(identity), identity: identity.identity, ttlMs: DAY, usage: 'both' });
       // At 250 days from now, a certificate of one day has run out.
       await refusedWith(async () => ({ tlsCert: expired, sshCert: identity.sshCert }));
+    });
+
+    it("a real TLS certificate with a forged SSH certificate (another CA's), or an SSH certificate running out before the one in use", async () => {
+      const real = await fromAuth(await publicKeyOf(identity));
+      const otherCa = await generateAuthority('host', 'renew.example');
+      const sshKey = await publicKeyOf(identity);
+      const forged = issueSshCert(otherCa, { publicKey: sshKey, certType: 'host', keyId: identity.hostId, principals: [identity.hostId], ttlMs: 400 * DAY });
+      await refusedWith(async () => ({ tlsCert: (await fromAuthLater(sshKey)).tlsCert, sshCert: forged }));
+      const short = issueSshCert(auth.host, { publicKey: sshKey, certType: 'host', keyId: identity.hostId, principals: [identity.hostId], ttlMs: 300 * DAY });
+      await refusedWith(async () => ({ tlsCert: real.tlsCert, sshCert: short }));
     });
 
     it('bytes that are not certificates, and an SSH certificate of another key', async () => {

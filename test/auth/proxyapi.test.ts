@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { joinCluster, loadHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
 import { FORWARDED } from '../../src/auth/api.js';
-import { generateKeyPair, identityFromCert } from '../../src/auth/pki.js';
+import { generateKeyPair, identityFromCert, signRenewProof } from '../../src/auth/pki.js';
 import { MAX_STREAMS_PER_PROXY } from '../../src/auth/proxyapi.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
@@ -179,24 +179,28 @@ describe('the /v1/proxy/ routes', () => {
     expect(none.body.error?.code).toBe('GW_ERR_AUTH_UNAUTHENTICATED');
   });
 
-  it("renew an agent's host certificates for the key it joined with, as the Proxy holding its tunnel asks; no other Proxy, and no agent here", async () => {
+  it("renew an agent's host certificates for the key it joined with, as a Proxy carries its ask with the agent's proof; never without it, and no agent here", async () => {
     const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer });
     try {
       const key = new X509Certificate(agent.cert).publicKey.export({ type: 'spki', format: 'pem' }).toString();
-      // Hostile: a host whose tunnel this Proxy does not hold (it would spend that host's renewals).
-      const elsewhere = await joinWith(['node'], 'agent-elsewhere');
-      const elsewhereKey = new X509Certificate(elsewhere.cert).publicKey.export({ type: 'spki', format: 'pem' }).toString();
-      await expect(remote.renewHost({ hostId: elsewhere.hostId, publicKeyPem: elsewhereKey, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/holds no tunnel/) });
-      const now = new Date().toISOString();
-      await remote.setPresence({ hostId: agent.hostId, nodename: 'agent1', proxyId: proxy.hostId, services: ['ssh'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, connectedAt: now, lastHeartbeat: now }, 60_000);
-      const renewed = await remote.renewHost({ hostId: agent.hostId, publicKeyPem: key, via: 'ignored' });
-      expect(identityFromCert(renewed.tlsCert)).toMatchObject({ kind: 'host', name: agent.hostId, roles: ['node'] });
-      expect(new X509Certificate(renewed.tlsCert).publicKey.export({ type: 'spki', format: 'pem' }).toString()).toBe(key);
+      const proof = () => signRenewProof(agent.key, agent.hostId, CLUSTER, key, Date.now());
+      // Hostile: the Proxy asks on its own (no proof, or a proof of another key): it would spend the host's renewals.
+      await expect(remote.renewHost({ hostId: agent.hostId, publicKeyPem: key, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/carries no proof/) });
+      // A proof signed with another key, for a host not yet refused through this Proxy: the signature is what fails.
+      const forgedFor = await joinWith(['node'], 'agent-forged');
+      const forgedKey = new X509Certificate(forgedFor.cert).publicKey.export({ type: 'spki', format: 'pem' }).toString();
+      const forgedProof = signRenewProof(generateKeyPair().privateKeyPem, forgedFor.hostId, CLUSTER, forgedKey, Date.now());
+      await expect(remote.renewHost({ hostId: forgedFor.hostId, publicKeyPem: forgedKey, via: 'ignored', carried: { proof: forgedProof } })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/not signed by the key the host joined with/) });
+      // Refused once, the same Proxy is shut out for that host for a minute, even with a good proof.
+      await expect(remote.renewHost({ hostId: agent.hostId, publicKeyPem: key, via: 'ignored', carried: { proof: proof() } })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON' });
+      const another = await joinWith(['node'], 'agent-carried');
+      const anotherKey = new X509Certificate(another.cert).publicKey.export({ type: 'spki', format: 'pem' }).toString();
+      const bundle = await remote.renewHost({ hostId: another.hostId, publicKeyPem: anotherKey, via: 'ignored', carried: { proof: signRenewProof(another.key, another.hostId, CLUSTER, anotherKey, Date.now()) } });
+      expect(identityFromCert(bundle.tlsCert)).toMatchObject({ kind: 'host', name: another.hostId, roles: ['node'] });
+      expect(new X509Certificate(bundle.tlsCert).publicKey.export({ type: 'spki', format: 'pem' }).toString()).toBe(anotherKey);
       // The audit says which Proxy carried it (the caller's host ID, not a field of the body).
       const events = await role.auth.listEvents(role.auth.adminIdentity(), 10);
-      expect(events.map((e) => e.event).find((e) => e.event === 'host.renew')).toMatchObject({ hostId: agent.hostId, via: proxy.hostId });
-      await expect(remote.renewHost({ hostId: agent.hostId, publicKeyPem: key, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON' });
-      await expect(remote.renewHost({ hostId: agent.hostId, publicKeyPem: generateKeyPair().publicKeyPem, via: 'ignored' })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED' });
+      expect(events.map((e) => e.event).find((e) => e.event === 'host.renew')).toMatchObject({ hostId: another.hostId, via: proxy.hostId });
     } finally {
       remote.close();
     }

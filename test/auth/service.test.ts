@@ -1,7 +1,7 @@
 /** The Auth Service's rules, with a real SQLite backend (in memory) and an injected clock. */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { openSqliteBackend } from '../../src/backend/index.js';
-import { generateKeyPair, identityFromCert, parseSshCert, verifyCert, type Identity } from '../../src/auth/pki.js';
+import { generateKeyPair, identityFromCert, parseSshCert, signRenewProof, verifyCert, type Identity, type RenewProof } from '../../src/auth/pki.js';
 import { AuthService } from '../../src/auth/service.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { GatewayError } from '../../src/errors.js';
@@ -291,20 +291,25 @@ describe('host certificate renewal', () => {
     expect((await auth.getNode(first.hostId))?.renewedAt).toBeUndefined();
     // For a minute after a refusal, asks of that host are too soon, looked into no further (no Backend read, no log).
     now += 59_000;
-    expect(await renew(first.hostId).catch((err: GatewayError) => err)).toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: expect.stringMatching(/refused a renewal less than 60 s ago/) });
+    expect(await renew(first.hostId).catch((err: GatewayError) => err)).toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: expect.stringMatching(/refused a renewal through the same way less than 60 s ago/) });
     now += 1_000;
     expect(await codeOf(renew(first.hostId, 'not a key'))).toBe('GW_ERR_HOST_RENEW_REFUSED');
     now += 60_000;
     expect(identityFromCert((await renew(first.hostId)).tlsCert).name).toBe(first.hostId);
   });
 
-  it('hostile: a Proxy in its own process is answered only for a host whose tunnel it holds', async () => {
+  it("hostile: an ask a Proxy carries needs the host's fresh proof; a Proxy asking wrongly shuts out only its own asks", async () => {
     const first = await joined();
-    const ask = () => auth.renewHost({ hostId: first.hostId, publicKeyPem: keys.publicKeyPem, via: 'p-1', tunnelOn: 'p-1' });
-    expect(await ask().catch((err: GatewayError) => err)).toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/p-1 that asked holds no tunnel/) });
-    await auth.setPresence({ hostId: first.hostId, nodename: 'node-1', proxyId: 'p-1', services: ['ssh'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, connectedAt: new Date(now).toISOString(), lastHeartbeat: new Date(now).toISOString() }, 3600_000);
-    now += 60_000;
-    expect(identityFromCert((await ask()).tlsCert).name).toBe(first.hostId);
+    const carried = (via: string, proof: RenewProof | undefined) => auth.renewHost({ hostId: first.hostId, publicKeyPem: keys.publicKeyPem, via, carried: { proof } });
+    const refusal = (p: Promise<unknown>) => p.catch((err: GatewayError) => err);
+    const proofAt = (at: number, key = keys.privateKeyPem) => signRenewProof(key, first.hostId, 'unit.example', keys.publicKeyPem, at);
+    expect(await refusal(carried('p-evil', undefined))).toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/carries no proof/) });
+    expect(await refusal(carried('p-2', proofAt(now, generateKeyPair().privateKeyPem)))).toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/not signed by the key the host joined with/) });
+    expect(await refusal(carried('p-3', proofAt(now - 6 * 60_000)))).toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED', message: expect.stringMatching(/more than 5 minutes from/) });
+    expect(await refusal(carried('p-4', { ...proofAt(now), time: new Date(now + 1000).toISOString() }))).toMatchObject({ code: 'GW_ERR_HOST_RENEW_REFUSED' });
+    // p-evil is shut out for a minute; the host's own ask through another Proxy is not.
+    expect(await refusal(carried('p-evil', proofAt(now)))).toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON' });
+    expect(identityFromCert((await carried('p-good', proofAt(now))).tlsCert).name).toBe(first.hostId);
   });
 
   it('hostile: a removed host, a host that never joined, and a locked host are refused as the API refuses them', async () => {

@@ -259,6 +259,25 @@ describe('v2 hostile peers at the Proxy', () => {
     expect(proxy.tunnels.get(identity.hostId)).toBeUndefined();
   });
 
+  it("a renew without the host's proof of its key is refused by the Auth Service, though the tunnel is the host's", async () => {
+    const identity = await joinHost(proxyAddr);
+    const socket = await connectAs(identity);
+    let seen = '';
+    socket.on('data', (c: Buffer) => (seen += c.toString('latin1')));
+    const line = (m: object) => {
+      const text = Buffer.from(`${JSON.stringify(m)}\n`);
+      return Buffer.concat([frameHeader(FrameType.DATA, 0, text.length), text]);
+    };
+    socket.write(line({ type: 'hello', version: 1, hostId: identity.hostId, nodename: identity.nodename, services: ['db'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] } }));
+    await waitUntil('registered', () => proxy.tunnels.get(identity.hostId) !== undefined);
+    const key = createPublicKey(identity.key).export({ type: 'spki', format: 'pem' }).toString();
+    socket.write(line({ type: 'renew', id: 1, public_key: key }));
+    await waitUntil('the answer', () => seen.includes('"type":"renewal"'));
+    expect(seen).toMatch(/GW_ERR_HOST_RENEW_REFUSED[^\n]*carries no proof/);
+    expect((await auth.auth.getNode(identity.hostId))?.renewedAt).toBeUndefined();
+    socket.destroy();
+  });
+
   it('a hello for another host than the certificate names is refused, the host of the certificate stays unregistered', async () => {
     const identity = await joinHost(proxyAddr);
     const other = await joinHost(proxyAddr);
