@@ -588,6 +588,14 @@ export const ERROR_CODES = {
 
 export type ErrorCode = keyof typeof ERROR_CODES;
 
+/**
+ * Whether a code a peer sent (an API answer, a tunnel or peering message) is one this version knows. An own key of
+ * ERROR_CODES only: `in` would also take "toString" or "constructor" from the object's prototype.
+ */
+export function isErrorCode(code: unknown): code is ErrorCode {
+  return typeof code === 'string' && Object.hasOwn(ERROR_CODES, code);
+}
+
 export interface GatewayErrorOptions {
   hint?: string;
   cause?: unknown;

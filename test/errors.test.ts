@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { ERROR_CODES, GatewayError, toGatewayError } from '../src/errors.js';
+import { ERROR_CODES, GatewayError, isErrorCode, toGatewayError } from '../src/errors.js';
 
 describe('error codes', () => {
   const doc = readFileSync(new URL('../docs/errors.md', import.meta.url), 'utf8');
@@ -29,5 +29,14 @@ describe('error codes', () => {
     expect(e.code).toBe('GW_ERR_INTERNAL');
     expect(e.cause).toBe(cause);
     expect(e.toJSON()).toEqual({ code: 'GW_ERR_INTERNAL', message: 'boom', hint: ERROR_CODES.GW_ERR_INTERNAL.hint });
+  });
+});
+
+describe('isErrorCode (a code a peer sent)', () => {
+  it('takes the codes this version has, and nothing from the prototype or of another type', () => {
+    expect(isErrorCode('GW_ERR_HOST_RENEW_TOO_SOON')).toBe(true);
+    for (const code of ['toString', 'constructor', '__proto__', 'hasOwnProperty', 'GW_ERR_FROM_THE_FUTURE', '', 7, null, undefined, {}]) {
+      expect(isErrorCode(code), String(code)).toBe(false);
+    }
   });
 });

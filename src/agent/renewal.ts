@@ -18,7 +18,7 @@
 import { X509Certificate, createPublicKey, type KeyObject } from 'node:crypto';
 import { join } from 'node:path';
 import { identityFromCert, parseSshCert, sameSshKey, type ParsedSshCert } from '../auth/pki.js';
-import { ERROR_CODES, GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, isErrorCode, toGatewayError } from '../errors.js';
 import { writeSecretFile } from '../fsutil.js';
 import { logger } from '../log.js';
 import type { RenewalMessage } from '../tunnel/protocol.js';
@@ -220,6 +220,6 @@ export class PendingRenewals {
 /** The Proxy's error, as a GatewayError of its code when this version knows the code. */
 function answerError(error: NonNullable<RenewalMessage['error']>): GatewayError {
   const message = error.message.slice(0, 1024);
-  if (!Object.hasOwn(ERROR_CODES, error.code)) return new GatewayError('GW_ERR_INTERNAL', `${error.code.slice(0, 64)}: ${message}`);
-  return new GatewayError(error.code as ErrorCode, message, error.hint ? { hint: error.hint.slice(0, 1024) } : {});
+  if (!isErrorCode(error.code)) return new GatewayError('GW_ERR_INTERNAL', `${error.code.slice(0, 64)}: ${message}`);
+  return new GatewayError(error.code, message, error.hint ? { hint: error.hint.slice(0, 1024) } : {});
 }

@@ -6,7 +6,7 @@ import { Dialer } from '../dial/dialer.js';
 import { fetchThroughDialer } from '../dial/agent.js';
 import { UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { AddrError, formatHostPort, parseAddr } from '../addr.js';
-import { ERROR_CODES, GatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, isErrorCode } from '../errors.js';
 import { checkServerIdentity as checkServerName, type PeerCertificate } from 'node:tls';
 import { identityFromCert, pinMatches } from '../auth/pki.js';
 import type { PublicCas } from '../auth/service.js';
@@ -68,7 +68,7 @@ export class ApiClient {
     }
     if (res.status >= 400) {
       const e = (payload as { error?: { code?: string; message?: string; hint?: string } }).error ?? {};
-      const code = (e.code && e.code in ERROR_CODES ? e.code : 'GW_ERR_API_BAD_RESPONSE') as ErrorCode;
+      const code = isErrorCode(e.code) ? e.code : 'GW_ERR_API_BAD_RESPONSE';
       throw new GatewayError(code, e.message ?? `HTTP ${res.status}`, { ...(e.hint ? { hint: e.hint } : {}), details: { status: res.status } });
     }
     return payload as T;

@@ -29,7 +29,7 @@ import { SessionRegistry } from '../auth/sessions.js';
 import type { AuthPreference } from '../auth/sso/index.js';
 import { DialerAgent } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
-import { ERROR_CODES, GatewayError, isGatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, isErrorCode, isGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { LineSplitter } from '../stream/splitter.js';
 import { ApiClient, authServerIdentity, normalizeAuthAddress } from './api.js';
@@ -199,7 +199,7 @@ export class RemoteProxyAuth implements ProxyAuth {
   private async checkRevocation(identity: Identity): Promise<GatewayError | undefined> {
     const { error } = await this.call<{ error: { code: string; message: string; hint?: string } | null }>('POST', '/v1/proxy/revocation', { identity });
     if (!error) return undefined;
-    const code = (error.code in ERROR_CODES ? error.code : 'GW_ERR_AUTH_IDENTITY_REVOKED') as ErrorCode;
+    const code = isErrorCode(error.code) ? error.code : 'GW_ERR_AUTH_IDENTITY_REVOKED';
     return new GatewayError(code, error.message, error.hint ? { hint: error.hint } : {});
   }
 

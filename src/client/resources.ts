@@ -11,7 +11,7 @@ import tls from 'node:tls';
 import { parseAddr } from '../addr.js';
 import { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
-import { GatewayError, ERROR_CODES, type ErrorCode } from '../errors.js';
+import { GatewayError, isErrorCode } from '../errors.js';
 import type { PingResponse } from '../proxy/ping.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
@@ -81,7 +81,7 @@ export async function openResource(
   const answer = await readJsonLine<DialAnswer>(socket, { what: "the Proxy's answer", timeoutMs: 60_000 });
   if (!answer.ok) {
     socket.destroy();
-    const code = (answer.error.code in ERROR_CODES ? answer.error.code : 'GW_ERR_TUNNEL_DIAL_FAILED') as ErrorCode;
+    const code = isErrorCode(answer.error.code) ? answer.error.code : 'GW_ERR_TUNNEL_DIAL_FAILED';
     throw new GatewayError(code, answer.error.message);
   }
   return socket;

@@ -39,7 +39,7 @@ import { peerIdentityOf } from '../auth/api.js';
 import { identityFromCert, type Identity } from '../auth/pki.js';
 import type { ClusterTrust } from '../auth/proxyauth.js';
 import type { ProxyRecord } from '../auth/records.js';
-import { ERROR_CODES, GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, isErrorCode, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
 import { connectionOf } from '../net/deadlines.js';
@@ -645,7 +645,7 @@ function checkPeerCert(raw: Buffer, proxyId: string, clusterName: string): Error
 /** The error a peer answered ({code, message, hint}), as this Proxy reports it. */
 function remoteError(proxy: ProxyRecord, raw: unknown, fallback: string): GatewayError {
   const parsed = (typeof raw === 'object' && raw !== null ? raw : {}) as { code?: unknown; message?: unknown; hint?: unknown };
-  const code = typeof parsed.code === 'string' && parsed.code in ERROR_CODES ? (parsed.code as ErrorCode) : 'GW_ERR_PEER_PROTOCOL';
+  const code = isErrorCode(parsed.code) ? parsed.code : 'GW_ERR_PEER_PROTOCOL';
   const message = typeof parsed.message === 'string' ? parsed.message : fallback;
   return new GatewayError(code, `through Proxy ${proxy.id}: ${message}`, typeof parsed.hint === 'string' ? { hint: parsed.hint } : {});
 }
