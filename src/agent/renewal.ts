@@ -17,7 +17,7 @@
  */
 import { X509Certificate, createPublicKey, type KeyObject } from 'node:crypto';
 import { join } from 'node:path';
-import { identityFromCert, parseSshCert, sameSshKey, type ParsedSshCert } from '../auth/pki.js';
+import { checkHostCert, identityFromCert, parseSshCert, sshPublicKeyFromPem } from '../auth/pki.js';
 import { GatewayError, isErrorCode, toGatewayError } from '../errors.js';
 import { writeSecretFile } from '../fsutil.js';
 import { logger } from '../log.js';
@@ -151,18 +151,9 @@ export class HostRenewal {
     // The agent keeps no SSH host CA: the key that signed its SSH certificate at join (from the Auth Service over
     // the pinned TLS connection) is the one a renewed SSH certificate must be signed with.
     const current = parseSshCert(identity.sshCert);
-    let ssh: ParsedSshCert;
-    try {
-      ssh = parseSshCert(certs.sshCert.trim(), current.signatureKey);
-    } catch (err) {
-      throw refuse(`the SSH certificate cannot be read (${(err as Error).message})`);
-    }
-    if (ssh.signedByCa !== true) throw refuse('the SSH certificate is not signed by the CA that signed the one in use');
-    if (ssh.certType !== 'host' || ssh.keyId !== identity.hostId || !ssh.principals.includes(identity.hostId) || !sameSshKey(publicKeyPem, ssh.publicKey)) {
-      throw refuse(`the SSH certificate is not a host certificate of ${identity.hostId} for this key`);
-    }
-    if (now < ssh.validAfter || now >= ssh.validBefore) throw refuse('the SSH certificate is not valid now');
-    if (ssh.validBefore < current.validBefore) throw refuse('the SSH certificate runs out before the one in use');
+    const ssh = checkHostCert(certs.sshCert.trim(), { caKey: current.signatureKey, hostId: identity.hostId, sshKey: sshPublicKeyFromPem(publicKeyPem), now });
+    if ('refusal' in ssh) throw refuse(`the SSH certificate: ${ssh.refusal} (its CA: the one that signed the certificate in use)`);
+    if (ssh.cert.validBefore < current.validBefore) throw refuse('the SSH certificate runs out before the one in use');
     const dir = join(this.options.dataDir, 'host');
     writeSecretFile(join(dir, 'cert.pem'), certs.tlsCert);
     writeSecretFile(join(dir, 'ssh-cert.pub'), `${certs.sshCert.trim()}\n`);

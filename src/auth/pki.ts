@@ -33,9 +33,11 @@ export {
   type TlsUsage,
 } from './pki/tls.js';
 export {
+  checkHostCert,
   DEFAULT_USER_EXTENSIONS,
   issueSshCert,
   parseSshCert,
+  type HostCertExpectation,
   type IssueSshCertOptions,
   type ParsedSshCert,
   type SshCertType,

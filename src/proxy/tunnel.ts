@@ -26,7 +26,7 @@ import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
-import { identityFromCert, parseSshCert, sameSshKey, sameSshLine, type Identity } from '../auth/pki.js';
+import { checkHostCert, identityFromCert, sameSshKey, type Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import type { NodeRecord } from '../auth/records.js';
 import { GatewayError, toGatewayError } from '../errors.js';
@@ -430,7 +430,6 @@ export class TunnelServer extends EventEmitter {
     const now = Date.now();
     if (agent.resources.node_host_cert === undefined || (entry.hostCertMs !== undefined && now - entry.hostCertMs < RENEW_ASK_GAP_MS)) return;
     entry.hostCertMs = now;
-    let why: string | undefined;
     let node: NodeRecord | undefined;
     try {
       node = await this.options.auth.getNode(agent.hostId);
@@ -439,17 +438,10 @@ export class TunnelServer extends EventEmitter {
       this.log.warn({ hostId: agent.hostId, err: (err as Error).message }, "cannot check the agent's new SSH host certificate");
       return;
     }
-    try {
-      const cert = parseSshCert(line, this.options.auth.host.ssh.publicKey);
-      if (!cert.signedByCa) why = "not signed by the cluster's host CA";
-      else if (cert.certType !== 'host' || cert.keyId !== agent.hostId || !cert.principals.includes(agent.hostId)) why = `not a host certificate of ${agent.hostId}`;
-      else if (now < cert.validAfter || now >= cert.validBefore) why = 'not valid now';
-      else if (!node?.sshPublicKey || !sameSshLine(cert.publicKey, node.sshPublicKey)) why = 'for another key than the one the host joined with';
-    } catch (err) {
-      why = (err as Error).message;
-    }
-    if (why !== undefined) {
-      this.log.warn({ hostId: agent.hostId, why }, "agent's new SSH host certificate not taken");
+    // Against the cluster's host CA and the key the host joined with.
+    const checked = node?.sshPublicKey ? checkHostCert(line, { caKey: this.options.auth.host.ssh.publicKey, hostId: agent.hostId, sshKey: node.sshPublicKey, now }) : { refusal: 'the node record holds no key' };
+    if ('refusal' in checked) {
+      this.log.warn({ hostId: agent.hostId, why: checked.refusal }, "agent's new SSH host certificate not taken");
       return;
     }
     agent.resources.node_host_cert = line;

@@ -17,6 +17,7 @@ import sshpk from 'sshpk';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import {
   caPin,
+  checkHostCert,
   DEFAULT_USER_EXTENSIONS,
   generateAuthority,
   generateKeyPair,
@@ -653,6 +654,26 @@ describe('mutual TLS with Node', () => {
 
 describe('SSH certificates', () => {
   const inUtc = (ms: number) => new Date(ms).toISOString().slice(0, 19);
+
+  it('checkHostCert: a host certificate of that host, for that key, from that CA, valid then; otherwise why not', () => {
+    const host = (over: Partial<Parameters<typeof issueSshCert>[1]> = {}, ca = hostCa) =>
+      issueSshCert(ca, { publicKey: keys.sshPublicKey, certType: 'host', keyId: 'h-1', principals: ['h-1', 'web-1'], ttlMs: HOUR, clock: () => T0, ...over });
+    const expected = { caKey: hostCa.ssh.publicKey, hostId: 'h-1', sshKey: keys.sshPublicKey, now: T0 };
+    const refusal = (line: string, e = expected) => {
+      const checked = checkHostCert(line, e);
+      return 'refusal' in checked ? checked.refusal : undefined;
+    };
+    const ok = checkHostCert(host(), expected);
+    expect('cert' in ok && ok.cert.keyId).toBe('h-1');
+    expect(refusal(host({}, userCa))).toMatch(/not signed by the CA/);
+    expect(refusal(host({ certType: 'user' }))).toMatch(/not a host certificate of h-1/);
+    expect(refusal(host({ keyId: 'h-2' }))).toMatch(/not a host certificate of h-1/);
+    expect(refusal(host({ principals: ['web-1'] }))).toMatch(/not a host certificate of h-1/);
+    expect(refusal(host({ publicKey: generateKeyPair().sshPublicKey }))).toMatch(/certifies another key/);
+    expect(refusal(host(), { ...expected, now: T0 + HOUR })).toMatch(/not valid now/);
+    expect(refusal(host(), { ...expected, now: T0 - 2 * 60_000 })).toMatch(/not valid now/);
+    expect(refusal('not a certificate')).toMatch(/cannot be read/);
+  });
 
   it('user certificates are read by ssh-keygen -L: type, key id, principals, validity, default extensions', async () => {
     const line = issueSshCert(userCa, {

@@ -6,7 +6,7 @@
 import { createPublicKey, randomBytes } from 'node:crypto';
 import { GatewayError } from '../../errors.js';
 import { badIdentityString } from './identity.js';
-import { loadPrivateKey, sshPublicKeyFromPem } from './keys.js';
+import { loadPrivateKey, sameSshLine, sshPublicKeyFromPem } from './keys.js';
 import {
   blobFromLine,
   keyFromBlob,
@@ -256,4 +256,33 @@ export function parseSshCert(line: string, caPublicKey?: string): ParsedSshCert 
     if (err instanceof GatewayError) throw err;
     throw badCert(`not an OpenSSH certificate the gateway can read (${(err as Error).message})`);
   }
+}
+
+/** What a host certificate must be: signed by caKey, of hostId (its key ID and a principal), for sshKey. */
+export interface HostCertExpectation {
+  /** The signing CA's public key (OpenSSH line). */
+  caKey: string;
+  hostId: string;
+  /** The certified key (OpenSSH line). */
+  sshKey: string;
+  now: number;
+}
+
+/**
+ * An OpenSSH line checked as the host certificate `expected` describes, valid at its `now`: the parsed certificate,
+ * or why it is not (a line that cannot be read included). Never throws. Used where a renewed host certificate
+ * arrives: the agent's (src/agent/renewal.ts) and the Proxy's (host-cert, src/proxy/tunnel.ts).
+ */
+export function checkHostCert(line: string, expected: HostCertExpectation): { cert: ParsedSshCert } | { refusal: string } {
+  let cert: ParsedSshCert;
+  try {
+    cert = parseSshCert(line, expected.caKey);
+  } catch (err) {
+    return { refusal: `it cannot be read (${(err as Error).message})` };
+  }
+  if (cert.signedByCa !== true) return { refusal: 'it is not signed by the CA it must be' };
+  if (cert.certType !== 'host' || cert.keyId !== expected.hostId || !cert.principals.includes(expected.hostId)) return { refusal: `it is not a host certificate of ${expected.hostId}` };
+  if (!sameSshLine(cert.publicKey, expected.sshKey)) return { refusal: 'it certifies another key' };
+  if (expected.now < cert.validAfter || expected.now >= cert.validBefore) return { refusal: 'it is not valid now' };
+  return { cert };
 }
