@@ -7,14 +7,13 @@
  */
 import type { DirectAddrs } from '../auth/records.js';
 import type { CertBundle } from '../auth/service.js';
-import { ApiClient } from '../client/api.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
 import { toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
 import { advertisedAddr, startDirectListener, type DirectListener } from './direct.js';
-import type { HostIdentity } from './identity.js';
+import { identityClient, type HostIdentity } from './identity.js';
 import type { RenewedCerts } from './renewal.js';
 import { agentResources, agentServices, resourceConnector } from './resources.js';
 import type { SshService } from './ssh.js';
@@ -40,7 +39,7 @@ export interface DirectJoinAgent {
   sendEvent(event: Record<string, unknown>): void;
   /** Fresh host certificates for this agent's key (POST /v1/agent/renew; src/agent/renewal.ts). */
   requestRenewal(publicKeyPem: string): Promise<RenewedCerts>;
-  /** The identity was renewed: the listeners, the Auth API calls and the presence use its new certificates. */
+  /** The identity was renewed: the listeners and the presence use its new certificates (the Auth API calls do by themselves). */
   renewed(): void;
   /** Stops the heartbeat, removes the presence record, closes the listeners. */
   stop(): Promise<void>;
@@ -78,8 +77,7 @@ export async function startDirectJoin(options: DirectJoinOptions): Promise<Direc
   if (services.some((s) => s === 'db_service' || s === 'app_service')) {
     log.warn('this agent joined the Auth Service directly: its databases and apps are reachable only through an agent that joined through a Proxy (they never open a listener)');
   }
-  const client = () => new ApiClient({ address: identity.server, dialer: options.dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key, timeoutMs: 15_000, server: 'auth' });
-  let api = client();
+  const api = identityClient(identity, { dialer: options.dialer, timeoutMs: 15_000, server: 'auth' });
   const intervalMs = config.auth_service.keep_alive_interval;
   const connectedAt = new Date().toISOString();
   const resources = agentResources(config, services);
@@ -87,7 +85,7 @@ export async function startDirectJoin(options: DirectJoinOptions): Promise<Direc
   const body = { services: agentServices(services), resources, direct: advertised, connected_at: connectedAt, ttl_ms: intervalMs * (config.auth_service.keep_alive_count_max + 1) };
   const heartbeat = async () => {
     try {
-      await api.call('PUT', '/v1/agent/presence', body);
+      await api().call('PUT', '/v1/agent/presence', body);
     } catch (err) {
       const e = toGatewayError(err);
       log.warn({ code: e.code, err: e.message, auth: identity.server }, 'cannot write this agent\'s presence to the Auth Service; retrying next heartbeat');
@@ -100,16 +98,15 @@ export async function startDirectJoin(options: DirectJoinOptions): Promise<Direc
     bound,
     advertised,
     heartbeat,
-    sendEvent: (event) => void api.call('POST', '/v1/agent/events', { event }).catch((err: unknown) => log.warn({ err: toGatewayError(err).message }, 'cannot record an SSH session event')),
-    requestRenewal: (publicKeyPem) => api.call<CertBundle>('POST', '/v1/agent/renew', { public_key: publicKeyPem }).then((b) => ({ tlsCert: b.tlsCert, sshCert: b.sshCert })),
+    sendEvent: (event) => void api().call('POST', '/v1/agent/events', { event }).catch((err: unknown) => log.warn({ err: toGatewayError(err).message }, 'cannot record an SSH session event')),
+    requestRenewal: (publicKeyPem) => api().call<CertBundle>('POST', '/v1/agent/renew', { public_key: publicKeyPem }),
     renewed: () => {
-      api = client();
       if (ssh) resources.node_host_cert = identity.sshCert;
       for (const l of listeners) l.refresh();
     },
     stop: async () => {
       clearInterval(timer);
-      await api.call('DELETE', '/v1/agent/presence', { connected_at: connectedAt }).catch((err: unknown) => log.warn({ err: toGatewayError(err).message }, 'cannot remove this agent\'s presence'));
+      await api().call('DELETE', '/v1/agent/presence', { connected_at: connectedAt }).catch((err: unknown) => log.warn({ err: toGatewayError(err).message }, 'cannot remove this agent\'s presence'));
       await Promise.all(listeners.map((l) => l.close()));
     },
   };

@@ -7,7 +7,7 @@ import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { generateKeyPair, identityFromCert, type Identity } from '../auth/pki.js';
 import type { CertBundle, JoinRole } from '../auth/service.js';
-import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
+import { ApiClient, fetchPinnedCas, normalizeAddress, type ApiClientOptions } from '../client/api.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
 import { writePublicFile, writeSecretFile } from '../fsutil.js';
@@ -68,6 +68,18 @@ export function loadHostIdentity(dataDir: string): HostIdentity | undefined {
     userCa: readFileSync(join(dir, 'user-ca.pem'), 'utf8'),
     sshUserCa: readFileSync(join(dir, 'ssh-user-ca.pub'), 'utf8').trim(),
     identity: identityFromCert(cert),
+  };
+}
+
+/**
+ * A client of identity.server (the Proxy or the Auth API) with the identity's certificate as it is now: made again
+ * only when a renewal (src/agent/renewal.ts) has replaced the certificate.
+ */
+export function identityClient(identity: HostIdentity, options: Omit<ApiClientOptions, 'address' | 'ca' | 'cert' | 'key'> = {}): () => ApiClient {
+  let made: { cert: string; client: ApiClient } | undefined;
+  return () => {
+    if (made?.cert !== identity.cert) made = { cert: identity.cert, client: new ApiClient({ ...options, address: identity.server, ca: identity.hostCa, cert: identity.cert, key: identity.key }) };
+    return made.client;
   };
 }
 

@@ -96,8 +96,8 @@ export class RemoteProxyAuth implements ProxyAuth {
   }
 
   /** Fresh certificates for this Proxy's own key (POST /v1/agent/renew; src/agent/renewal.ts). */
-  renewOwn(publicKeyPem: string): Promise<{ tlsCert: string; sshCert: string }> {
-    return this.call<CertBundle>('POST', '/v1/agent/renew', { public_key: publicKeyPem }).then((b) => ({ tlsCert: b.tlsCert, sshCert: b.sshCert }));
+  renewOwn(publicKeyPem: string): Promise<CertBundle> {
+    return this.call<CertBundle>('POST', '/v1/agent/renew', { public_key: publicKeyPem });
   }
 
   /** From now on calls, the event stream's next connection and the forwarder present this certificate (same key). */

@@ -20,7 +20,7 @@ import { formatHostPort } from '../addr.js';
 import { generateKeyPair } from '../auth/pki.js';
 import type { CertBundle, JoinRole } from '../auth/service.js';
 import type { ClusterMaintenanceConfig } from '../auth/resources/types.js';
-import { joinCluster, loadHostIdentity, saveHostIdentity, type HostIdentity } from '../agent/identity.js';
+import { identityClient, joinCluster, loadHostIdentity, saveHostIdentity, type HostIdentity } from '../agent/identity.js';
 import { agentResources, agentServices, resourceConnector } from '../agent/resources.js';
 import type { DirectJoinAgent } from '../agent/directjoin.js';
 import type { SessionEvent, SshService } from '../agent/ssh.js';
@@ -116,10 +116,7 @@ function startRenewal(options: AgentRoleOptions, identity: HostIdentity, ask: Re
 
 /** Certificates from the Auth Service in this process (an identity it issued). */
 function localAsk(auth: LocalJoiner, hostId: string): RenewAsk {
-  return async (publicKeyPem) => {
-    const bundle = await auth.renewHost({ hostId, publicKeyPem, via: 'local' });
-    return { tlsCert: bundle.tlsCert, sshCert: bundle.sshCert };
-  };
+  return (publicKeyPem) => auth.renewHost({ hostId, publicKeyPem, via: 'local' });
 }
 
 /** The stored identity (which must cover every agent service now run), else a new one. */
@@ -239,10 +236,8 @@ async function exportSchedule(options: AgentRoleOptions, identity: HostIdentity,
   const upgraderDir = environment.upgraderDir();
   const { kubeScheduleFile, kubeScheduleSecret } = environment;
   if (!existsSync(upgraderDir) && !kubeScheduleFile && !kubeScheduleSecret) return;
-  const [{ ApiClient }, { startScheduleExport }] = await Promise.all([import('../client/api.js'), import('../upgrade/schedule.js')]);
-  // A client for the certificate in use now (a renewal replaces it: src/agent/renewal.ts).
-  let client: { cert: string; api: InstanceType<typeof ApiClient> } | undefined;
-  const api = () => (client?.cert === identity.cert ? client : (client = { cert: identity.cert, api: new ApiClient({ address: identity.server, dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key }) })).api;
+  const { startScheduleExport } = await import('../upgrade/schedule.js');
+  const api = identityClient(identity, { dialer });
   const exporter = startScheduleExport({
     fetchConfig: async () => (await api().call<{ config: ClusterMaintenanceConfig | null }>('GET', '/v1/agent/maintenance')).config ?? undefined,
     clusterVersion: async () => (await api().call<{ server_version: string }>('GET', '/webapi/ping')).server_version,
