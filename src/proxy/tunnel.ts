@@ -113,9 +113,9 @@ interface Registered {
   lastHeardMs: number;
   /** When its presence was last written (0: to write at the next sweep). */
   presenceWrittenMs: number;
-  /** When this tunnel's agent last asked for a renewal (at most one ask per RENEW_ASK_GAP_MS reaches the Auth Service). */
+  /** When this tunnel's agent last asked for a renewal (at most one ask per TUNNEL_RENEW_GAP_MS reaches the Auth Service). */
   renewAskedMs?: number;
-  /** When its last host-cert was looked at (at most one per RENEW_ASK_GAP_MS). */
+  /** When its last host-cert was looked at (at most one per TUNNEL_RENEW_GAP_MS). */
   hostCertMs?: number;
   gone: () => void;
 }
@@ -130,7 +130,7 @@ export const PRESENCE_REFRESH_BEATS = 15;
  * The least time between two renews of one tunnel that reach the Auth Service (which allows one renewal an hour):
  * an agent that sends renews in a loop costs a line and an answer each, not a Backend read and a log line.
  */
-export const RENEW_ASK_GAP_MS = 60_000;
+export const TUNNEL_RENEW_GAP_MS = 60_000;
 
 const DEFAULT_DEADLINES: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_000 };
 
@@ -423,12 +423,12 @@ export class TunnelServer extends EventEmitter {
   /**
    * An agent's renewed SSH host certificate (its next hello carries it too), taken into its resources and presence
    * only when the cluster's host CA signed it for this tunnel's host and the key the host joined with, and it is
-   * valid now; an agent that serves no SSH has none to replace. One per RENEW_ASK_GAP_MS per tunnel is looked at.
+   * valid now; an agent that serves no SSH has none to replace. One per TUNNEL_RENEW_GAP_MS per tunnel is looked at.
    */
   private async takeHostCert(entry: Registered, line: string): Promise<void> {
     const { agent } = entry;
     const now = Date.now();
-    if (agent.resources.node_host_cert === undefined || (entry.hostCertMs !== undefined && now - entry.hostCertMs < RENEW_ASK_GAP_MS)) return;
+    if (agent.resources.node_host_cert === undefined || (entry.hostCertMs !== undefined && now - entry.hostCertMs < TUNNEL_RENEW_GAP_MS)) return;
     entry.hostCertMs = now;
     let node: NodeRecord | undefined;
     try {
@@ -451,15 +451,15 @@ export class TunnelServer extends EventEmitter {
 
   /**
    * An agent's renew, for the host ID this tunnel authenticated (never one the agent names), answered on its
-   * control channel. One per RENEW_ASK_GAP_MS per tunnel reaches the Auth Service; the others are answered too
+   * control channel. One per TUNNEL_RENEW_GAP_MS per tunnel reaches the Auth Service; the others are answered too
    * soon at once (also while the first still runs).
    */
   private async renew(entry: Registered, m: RenewMessage): Promise<void> {
     const { agent } = entry;
     const answer = (body: Omit<RenewalMessage, 'type' | 'id'>): void => void writeJsonLine(agent.link.control, { type: 'renewal', id: m.id, ...body } satisfies ControlMessage);
     const now = Date.now();
-    if (entry.renewAskedMs !== undefined && now - entry.renewAskedMs < RENEW_ASK_GAP_MS) {
-      return answer({ error: new GatewayError('GW_ERR_HOST_RENEW_TOO_SOON', `this tunnel asked for a renewal less than ${RENEW_ASK_GAP_MS / 1000} s ago`).toJSON() });
+    if (entry.renewAskedMs !== undefined && now - entry.renewAskedMs < TUNNEL_RENEW_GAP_MS) {
+      return answer({ error: new GatewayError('GW_ERR_HOST_RENEW_TOO_SOON', `this tunnel asked for a renewal less than ${TUNNEL_RENEW_GAP_MS / 1000} s ago`).toJSON() });
     }
     entry.renewAskedMs = now;
     try {
