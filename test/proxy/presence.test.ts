@@ -22,6 +22,7 @@ import { PRESENCE_REFRESH_BEATS } from '../../src/proxy/tunnel.js';
 import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole, type ProxyRole } from '../../src/roles/proxy.js';
+import { echoAgentOptions } from '../helpers/tunnelagent.js';
 import { waitUntil } from '../helpers/wait.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
@@ -79,14 +80,7 @@ describe('agent presence', () => {
     const writes: Presence[] = [];
     const unwatch = auth.auth.watchCluster({ presence: (e) => void (e.type === 'put' && e.presence.hostId === identity.hostId && writes.push(e.presence)), proxies: () => undefined, resync: () => undefined });
     try {
-      agent = new TunnelAgent({
-        identity,
-        dialer: new Dialer({ env: {} }),
-        services: ['db'],
-        resources: { databases: [{ name: 'pg', protocol: 'postgres', labels: {} }], apps: [], desktops: [], kube_clusters: [] },
-        connectResource: async () => net.connect((echo.address() as net.AddressInfo).port, '127.0.0.1'),
-        backoff: { firstMs: 50, maxMs: 200 },
-      });
+      agent = new TunnelAgent(echoAgentOptions(identity, echo));
       agent.start();
       await waitUntil('the first presence', () => writes.length === 1);
       const connectedAt = writes[0]!.connectedAt;

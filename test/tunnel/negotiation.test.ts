@@ -45,6 +45,7 @@ import { startProxyRole, type ProxyRole } from '../../src/roles/proxy.js';
 import { frameHeader, FrameType } from '../../src/tunnel/frames.js';
 import { TUNNEL_ALPN_V1, TUNNEL_ALPN_V2 } from '../../src/tunnel/protocol.js';
 import { VERSION } from '../../src/version.js';
+import { echoAgentOptions } from '../helpers/tunnelagent.js';
 import { waitUntil } from '../helpers/wait.js';
 
 setRootLogger(createLogger({ level: (process.env.TUNNEL_LOG as 'debug' | undefined) ?? 'silent' }));
@@ -122,15 +123,7 @@ afterEach(() => {
 });
 
 function startAgent(identity: HostIdentity, extra: Partial<TunnelAgentOptions> = {}): { agent: TunnelAgent; failures: GatewayError[] } {
-  const agent = new TunnelAgent({
-    identity,
-    dialer: new Dialer({ env: {} }),
-    services: ['db'],
-    resources: { databases: [{ name: 'pg', protocol: 'postgres', labels: {} }], apps: [], desktops: [], kube_clusters: [] },
-    connectResource: async () => net.connect((echo.address() as net.AddressInfo).port, '127.0.0.1'),
-    backoff: { firstMs: 50, maxMs: 200 },
-    ...extra,
-  });
+  const agent = new TunnelAgent(echoAgentOptions(identity, echo, extra));
   const failures: GatewayError[] = [];
   agent.on('failure', (e: GatewayError) => failures.push(e));
   agents.push(agent);
