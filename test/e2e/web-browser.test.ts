@@ -322,7 +322,15 @@ describe('a local user in the Web UI', () => {
         }, { timeout: 30_000, interval: 500 })
         .not.toBe(before);
     });
+    // And back: the shell has the first size again before the session is ended (the last line typed is then not
+    // typed into a terminal that is still being laid out).
     await page.setViewportSize({ width: 1280, height: 800 });
+    await expect
+      .poll(async () => {
+        await page.keyboard.type('clear; stty size\n');
+        return /^(\d+ \d+)\s*$/m.exec(await screenText(page))?.[1];
+      }, { timeout: 30_000, interval: 500 })
+      .toBe(before);
     await page.keyboard.type('exit 3\n');
     await page.locator('[data-testid="terminal-status"][data-status="closed"]').waitFor();
     // xterm.js renders what is written on its next frame: poll the screen.
