@@ -281,6 +281,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   const mux = new Multiplexer({
     routes: protocols.map((row): MuxRoute => ({ name: row.name, match: muxMatchOf(row), handler: routes.of(row) })),
     proxyProtocol: p.proxy_protocol === 'on',
+    proxyProtocolTrusted: p.proxy_protocol_trusted_sources,
     detectTimeoutMs: p.detect_timeout,
   });
   const wss = serveUpgrades(web.server, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000, options.web);
@@ -290,6 +291,12 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   const sourceAtAccept = !(multiplex && p.proxy_protocol === 'on');
   const servers = await bindListeners(listeners, p, { limits, sourceAtAccept, streams, addresses });
   if (multiplex) log.info({ addr: addresses.web, tls_routing: true }, 'proxy listening: every protocol on the web port');
+  if (multiplex && anySourceTrusted(options.config)) {
+    log.warn(
+      { addr: addresses.web, proxy_protocol: 'on', proxy_protocol_trusted_sources: [] },
+      'a PROXY header is believed from any source: list the load balancers in proxy_service.proxy_protocol_trusted_sources, or a client that reaches this port directly picks the address it is rate-limited and audited under',
+    );
+  }
   else log.info({ addresses, tls_routing: false }, 'proxy listening on separate ports');
 
   return {
@@ -306,6 +313,15 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
       await closed;
     },
   };
+}
+
+/**
+ * Whether this Proxy believes a PROXY header from anyone: proxy_protocol on, no trusted sources listed, and the
+ * one port (the separate listeners take no PROXY header). The start banner says so too.
+ */
+export function anySourceTrusted(config: GatewayConfig): boolean {
+  const p = config.proxy_service;
+  return p.enabled && config.auth_service.proxy_listener_mode === 'multiplex' && p.proxy_protocol === 'on' && p.proxy_protocol_trusted_sources.length === 0;
 }
 
 interface Listener extends SeparateListener {
