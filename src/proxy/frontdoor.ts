@@ -34,6 +34,7 @@ import { guardHttpServer } from '../net/http.js';
 import { createWebServer, type Http2Caps, type WebServer } from '../net/http2.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { serverSecureContext, terminateTls } from '../net/tls.js';
+import { clientAddress } from '../stream/meta.js';
 import type { AuthPreference } from '../auth/sso/index.js';
 import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
@@ -153,9 +154,11 @@ function serveUpgrades(web: WebServer['server'], mux: Multiplexer, protocols: re
       stream.on('error', () => stream.destroy());
       guard.adopt(stream);
       const s = req.socket;
+      // The client is the request's: the address a trusted PROXY header gave its connection, else its peer.
+      const client = clientAddress(s);
       mux.handleStream(
         stream,
-        { remoteAddress: s.remoteAddress ?? '', remotePort: s.remotePort ?? 0, localAddress: s.localAddress ?? '', localPort: s.localPort ?? 0 },
+        { remoteAddress: client.address, remotePort: client.port, localAddress: s.localAddress ?? '', localPort: s.localPort ?? 0 },
         { route: route.name },
       );
     });

@@ -777,6 +777,25 @@ describe('connection upgrade (/webapi/connectionupgrade)', () => {
     inner.destroy();
   });
 
+  it("after a PROXY header, the upgraded stream's client is the header's address, not the balancer's", async () => {
+    const raw = await connectRaw(port);
+    raw.write(buildProxyHeaderV1({ family: 'tcp4', source: { address: '203.0.113.44', port: 40044 }, destination: { address: '198.51.100.1', port: 443 } }));
+    const options: WebSocket.ClientOptions = { createConnection: () => tls.connect({ socket: raw, servername: HOST, ca: pki.caPem }) };
+    const ws = new WebSocket(`wss://127.0.0.1:${port}${UPGRADE_PATH}`, ['gateway-tcp'], options);
+    cleanups.push(() => ws.terminate());
+    await new Promise<void>((resolve, reject) => {
+      ws.once('open', () => resolve());
+      ws.once('error', reject);
+    });
+    const mark = seen.length;
+    const inner = await connectTls({ socket: createWebSocketStream(ws), alpn: ['gateway-tcp'] });
+    expect((await roundTrip(inner, 'upgraded')).toString()).toBe('upgraded');
+    const got = await waitSeen((r) => seen.indexOf(r) >= mark && r.info.upgraded === true);
+    expect(got.info).toMatchObject({ route: 'gateway-tcp', upgraded: true, remoteAddress: '203.0.113.44', remotePort: 40044 });
+    expect(got.client).toEqual({ address: '203.0.113.44', port: 40044 });
+    inner.destroy();
+  });
+
   it('a -ping subprotocol and ALPN route to the base service with ping set', async () => {
     const ws = await openUpgrade(['gateway-postgres-ping']);
     expect(ws.protocol).toBe('gateway-postgres-ping');
