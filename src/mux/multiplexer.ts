@@ -93,7 +93,8 @@ type RouteDetails = Omit<ConnInfo, keyof Source | 'route'>;
 /** What one connection's detection needs from its multiplexer. */
 interface MuxContext {
   readonly routes: RouteTable<RouteHandler>;
-  readonly proxyHeaders: ProxyHeaderPolicy;
+  /** Replaced whole by setProxyProtocolTrusted (SIGHUP); each header is judged by the policy of its moment. */
+  proxyHeaders: ProxyHeaderPolicy;
   readonly detectTimeoutMs: number;
   readonly maxHello: number;
   readonly stats: MultiplexerStats;
@@ -123,6 +124,16 @@ export class Multiplexer {
 
   getStats(): MultiplexerStats {
     return structuredClone(this.stats);
+  }
+
+  /**
+   * New trusted sources for PROXY headers (a reload): headers that arrive from now on are judged by them;
+   * connections whose header was already taken keep their client. proxy_protocol itself is not changed here
+   * (off stays off: the listeners count sources at accept then). The list must have passed the config's check.
+   */
+  setProxyProtocolTrusted(sources: readonly string[]): ProxyHeaderPolicy {
+    if (this.context.proxyHeaders.mode !== 'off') this.context.proxyHeaders = proxyHeaderPolicy(true, sources);
+    return this.context.proxyHeaders;
   }
 
   /** For net.Server 'connection'. The socket's addresses are read when they are needed (routing, a refusal). */

@@ -87,6 +87,8 @@ export interface FrontDoor {
   addresses: Record<string, string>;
   mux?: Multiplexer;
   limits: ConnectionLimits;
+  /** SIGHUP: the sources PROXY headers are believed from (proxy_service.proxy_protocol_trusted_sources), for new headers. */
+  setProxyProtocolTrusted(sources: readonly string[]): void;
   close(): Promise<void>;
 }
 
@@ -294,18 +296,19 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   const sourceAtAccept = !(multiplex && p.proxy_protocol === 'on');
   const servers = await bindListeners(listeners, p, { limits, sourceAtAccept, streams, addresses });
   if (multiplex) log.info({ addr: addresses.web, tls_routing: true }, 'proxy listening: every protocol on the web port');
-  if (multiplex && anySourceTrusted(options.config)) {
-    log.warn(
-      { addr: addresses.web, proxy_protocol: 'on', proxy_protocol_trusted_sources: [] },
-      'a PROXY header is believed from any source: list the load balancers in proxy_service.proxy_protocol_trusted_sources, or a client that reaches this port directly picks the address it is rate-limited and audited under',
-    );
-  }
+  if (multiplex && anySourceTrusted(options.config)) warnAnySource(log, addresses.web);
   else log.info({ addresses, tls_routing: false }, 'proxy listening on separate ports');
 
   return {
     addresses,
     mux,
     limits,
+    setProxyProtocolTrusted(sources) {
+      const policy = mux.setProxyProtocolTrusted(sources);
+      if (!multiplex || policy.mode === 'off') return;
+      if (policy.mode === 'any') warnAnySource(log, addresses.web);
+      else log.info({ addr: addresses.web, proxy_protocol_trusted_sources: sources }, 'PROXY headers are believed from these sources only (new connections)');
+    },
     async close() {
       // Stop accepting first, then drop every connection the listeners ever accepted (a client that reconnects
       // at once, such as an agent told to reconnect, must not keep the shutdown waiting).
@@ -325,6 +328,13 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
 export function anySourceTrusted(config: GatewayConfig): boolean {
   const p = config.proxy_service;
   return p.enabled && config.auth_service.proxy_listener_mode === 'multiplex' && p.proxy_protocol === 'on' && p.proxy_protocol_trusted_sources.length === 0;
+}
+
+function warnAnySource(log: Logger, addr: string | undefined): void {
+  log.warn(
+    { addr, proxy_protocol: 'on', proxy_protocol_trusted_sources: [] },
+    'a PROXY header is believed from any source: list the load balancers in proxy_service.proxy_protocol_trusted_sources, or a client that reaches this port directly picks the address it is rate-limited and audited under',
+  );
 }
 
 interface Listener extends SeparateListener {

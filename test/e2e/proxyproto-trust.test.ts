@@ -42,6 +42,25 @@ let webPort: number;
 let lbPort: number;
 const keys = generateKeyPair();
 
+/** The daemon's configuration with these trusted sources (DATA_DIR: startGateway's placeholder). */
+function configWith(trusted: readonly string[]): string {
+  return [
+    'gateway:',
+    '  nodename: proxy-1',
+    '  data_dir: DATA_DIR',
+    '  log: { format: json, severity: debug }',
+    'auth_service:',
+    '  cluster_name: pptrust.example',
+    '  listen_addr: 127.0.0.1:0',
+    'proxy_service:',
+    `  web_listen_addr: ${PROXY_IP}:${webPort}`,
+    `  public_addr: ${PROXY_NAME}:${webPort}`,
+    '  proxy_protocol: on',
+    `  proxy_protocol_trusted_sources: [${trusted.map((t) => JSON.stringify(t)).join(', ')}]`,
+    '',
+  ].join('\n');
+}
+
 const gwctl = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', gw.dataDir, ...args], { env: { HOME: dir }, ...(input === undefined ? {} : { input }) });
 
 beforeAll(async () => {
@@ -49,23 +68,7 @@ beforeAll(async () => {
   await chmod(dir, 0o755);
   webPort = await getPort({ host: PROXY_IP });
   lbPort = await getPort({ host: LB_IP });
-  gw = await startGateway(
-    [
-      'gateway:',
-      '  nodename: proxy-1',
-      '  data_dir: DATA_DIR',
-      '  log: { format: json, severity: debug }',
-      'auth_service:',
-      '  cluster_name: pptrust.example',
-      '  listen_addr: 127.0.0.1:0',
-      'proxy_service:',
-      `  web_listen_addr: ${PROXY_IP}:${webPort}`,
-      `  public_addr: ${PROXY_NAME}:${webPort}`,
-      '  proxy_protocol: on',
-      `  proxy_protocol_trusted_sources: [${LB_SOURCE}, "2001:db8::/32"]`,
-      '',
-    ].join('\n'),
-  );
+  gw = await startGateway(configWith([LB_SOURCE, '2001:db8::/32']));
   const added = await gwctl(['users', 'add', 'alice', '--roles=access'], `${PASSWORD}\n`);
   expect(added.stderr).toBe('');
   balancer = await startBalancer({ dir, bind: { host: LB_IP, port: lbPort }, servers: { proxy: `${PROXY_IP}:${webPort}` }, sendProxyV2: true, source: LB_SOURCE });
@@ -202,7 +205,38 @@ describe('HAProxy at the listed address (send-proxy-v2)', () => {
   }, 60_000);
 
   it('the start says nothing about trusting any source (a list is set)', () => {
+    // (Checked before the SIGHUP tests below empty the list.)
     expect(gw.logs()).not.toContain('believed from any source');
     expect(gw.logs()).not.toContain('believed from ANY source');
   });
 });
+
+describe('SIGHUP with a new list', () => {
+  /** Rewrites the configuration, sends SIGHUP and resolves with the n-th "configuration reloaded" line. */
+  async function reloadWith(trusted: readonly string[], n: number): Promise<{ applied: string[]; restart_needed: string[] }> {
+    await writeFile(gw.configPath, configWith(trusted).replaceAll('DATA_DIR', gw.dataDir));
+    gw.process.kill('SIGHUP');
+    let line: { applied: string[]; restart_needed: string[] } | undefined;
+    await eventually(`reload #${n}`, async () => {
+      const lines = gw.logs().split('\n').filter((l) => l.includes('"configuration reloaded'));
+      if (lines.length < n) throw new Error(`${lines.length} reloads`);
+      line = JSON.parse(lines[n - 1]!) as { applied: string[]; restart_needed: string[] };
+    });
+    return line!;
+  }
+
+  it('the balancer taken out of the list: its headers are refused at once, without a restart; put back, it carries clients again', async () => {
+    expect(await reloadWith(['2001:db8::/32'], 1)).toMatchObject({ applied: ['proxy_service.proxy_protocol_trusted_sources'], restart_needed: [] });
+    const out = await login({ via: 'balancer', from: ALICE_ELSEWHERE, password: PASSWORD });
+    expect('error' in out).toBe(true);
+    expect(await reloadWith([LB_SOURCE, '2001:db8::/32'], 2)).toMatchObject({ applied: ['proxy_service.proxy_protocol_trusted_sources'] });
+    expect(await login({ via: 'balancer', from: ALICE_ELSEWHERE, password: PASSWORD })).toEqual({ status: 200 });
+  }, 60_000);
+
+  it('an empty list: the warning is logged again', async () => {
+    await reloadWith([], 3);
+    const warning = JSON.parse(await gw.waitForLog('believed from any source')) as { level: number };
+    expect(warning.level).toBe(40);
+  }, 60_000);
+});
+

@@ -147,6 +147,20 @@ describe('a dual-stack listener (::)', () => {
   });
 });
 
+describe('a new list (SIGHUP)', () => {
+  it('judges the headers that arrive from then on: a balancer taken out is refused, one added is believed', async () => {
+    const door = await startDoor('127.0.0.1', [BALANCER]);
+    expect(await attempt(door, BALANCER, v1('203.0.113.8'))).toEqual({ outcome: 'answered', body: '203.0.113.8' });
+    expect(door.mux.setProxyProtocolTrusted([OTHER_BALANCER])).toMatchObject({ mode: 'listed' });
+    expect(await attempt(door, BALANCER, v1('203.0.113.8'))).toEqual({ outcome: 'closed', body: '' });
+    expect(await attempt(door, OTHER_BALANCER, v1('203.0.113.9'))).toEqual({ outcome: 'answered', body: '203.0.113.9' });
+    // An empty list is "any source" again; proxy_protocol off stays off whatever the list.
+    expect(door.mux.setProxyProtocolTrusted([])).toEqual({ mode: 'any' });
+    const off = new Multiplexer({ routes: [], proxyProtocol: false, detectTimeoutMs: 1_000 });
+    expect(off.setProxyProtocolTrusted([BALANCER])).toEqual({ mode: 'off' });
+  });
+});
+
 describe('without a list (compatibility)', () => {
   it('a header is believed from any source, as before', async () => {
     expect(await attempt(open, ATTACKER, v1(VICTIM))).toEqual({ outcome: 'answered', body: VICTIM });
