@@ -365,11 +365,20 @@ class Detection {
   }
 }
 
-/** Refused connections are logged at most `perMinute` a minute; the rest are counted and summed up once a minute. */
+/**
+ * Refused connections are logged at most `perMinute` a minute (and as many with a code); the rest are counted
+ * by reason and summed up in one line at the first refusal of a later minute.
+ */
 class RefusalLog {
   private windowStart = 0;
-  private logged = 0;
-  private suppressed = 0;
+  /**
+   * Lines logged this minute, in two budgets of perMinute each: refusals with a code (a PROXY header from an
+   * unlisted source: an operator should look) and the rest (scanners, garbage), so that a flood of the second
+   * cannot hide the first.
+   */
+  private readonly logged = { coded: 0, other: 0 };
+  /** Refusals not logged this minute, by reason (a fixed set of words: bounded). */
+  private suppressed: Record<string, number> = {};
 
   constructor(
     private readonly log: Logger,
@@ -380,16 +389,19 @@ class RefusalLog {
   note(reason: string, client: { remoteAddress?: string | undefined; remotePort?: number | undefined }, detail?: string, code?: ErrorCode): void {
     const now = Date.now();
     if (now - this.windowStart >= 60_000) {
-      if (this.suppressed > 0) this.log.warn({ suppressed: this.suppressed }, 'refused connections not logged in the last minute');
+      const total = Object.values(this.suppressed).reduce((a, b) => a + b, 0);
+      if (total > 0) this.log.warn({ suppressed: total, by_reason: this.suppressed }, 'refused connections not logged in the last minute');
       this.windowStart = now;
-      this.logged = 0;
-      this.suppressed = 0;
+      this.logged.coded = 0;
+      this.logged.other = 0;
+      this.suppressed = {};
     }
-    if (this.logged >= this.perMinute) {
-      this.suppressed++;
+    const budget = code ? 'coded' : 'other';
+    if (this.logged[budget] >= this.perMinute) {
+      this.suppressed[reason] = (this.suppressed[reason] ?? 0) + 1;
       return;
     }
-    this.logged++;
+    this.logged[budget]++;
     const line = { reason, client: `${client.remoteAddress ?? ''}:${client.remotePort ?? 0}`, ...(detail ? { detail } : {}), ...(code ? { code } : {}) };
     // A refusal with a code is one an operator should look at (a client posing as the balancer); the rest is noise.
     if (code) this.log.warn(line, 'connection refused');

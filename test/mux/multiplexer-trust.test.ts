@@ -132,6 +132,18 @@ describe('with trusted sources listed', () => {
   });
 });
 
+describe('the refusal log under a flood of noise', () => {
+  it('200 garbage connections use up their own budget of lines, not that of spoofed headers', async () => {
+    const door = await startDoor('127.0.0.1', [BALANCER]);
+    const garbage = await Promise.all(Array.from({ length: 200 }, () => attempt(door, ATTACKER, 'GARBAGE!\r\n')));
+    expect(garbage.every((r) => r.outcome === 'closed')).toBe(true);
+    expect(door.mux.getStats().refused['unknown-protocol']).toBe(200);
+    expect(door.logs.filter((l) => l.reason === 'unknown-protocol').length).toBeLessThanOrEqual(60);
+    expect(await attempt(door, ATTACKER, v2(VICTIM))).toEqual({ outcome: 'closed', body: '' });
+    expect(door.logs.filter((l) => l.reason === 'proxy-protocol-untrusted-source')).toHaveLength(1);
+  });
+});
+
 describe('a dual-stack listener (::)', () => {
   it('an IPv4 balancer arrives as ::ffff:a.b.c.d and matches its IPv4 entry; an IPv4 attacker does not', async () => {
     let dual: Door;
