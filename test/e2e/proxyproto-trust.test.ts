@@ -91,7 +91,8 @@ type Answer = { status: number; code?: string } | { error: string };
  * POST /webapi/login for `username` from the loopback address `from`: through the balancer, or straight to the
  * Proxy with a PROXY header naming `claim` first (v1 or v2), as an attacker who can reach the Proxy would.
  */
-type Via = { via: 'balancer' } | { via: 'direct'; claim: string; header?: 1 | 2 };
+/** claim: send a PROXY header naming this address first (through the balancer too: then it is a second header). */
+type Via = { via: 'balancer'; claim?: string; header?: 1 | 2 } | { via: 'direct'; claim: string; header?: 1 | 2 };
 
 function login(o: Via & { from: string; password: string; username?: string }): Promise<Answer> {
   const body = JSON.stringify({ username: o.username ?? 'alice', password: o.password, public_key: keys.publicKeyPem, ssh_public_key: keys.sshPublicKey });
@@ -99,7 +100,7 @@ function login(o: Via & { from: string; password: string; username?: string }): 
   return new Promise((resolve) => {
     const raw = net.connect({ ...target, localAddress: o.from });
     raw.on('error', () => undefined);
-    if (o.via === 'direct') {
+    if (o.claim !== undefined) {
       const src = { address: o.claim, port: 40_000 };
       const dst = { address: PROXY_IP, port: webPort };
       raw.write(o.header === 2 ? buildProxyHeaderV2({ command: 'PROXY', family: 'tcp4', source: src, destination: dst }) : buildProxyHeaderV1({ family: 'tcp4', source: src, destination: dst }));
@@ -202,6 +203,17 @@ describe('HAProxy at the listed address (send-proxy-v2)', () => {
     expect(await login({ via: 'balancer', from: ALICE_ELSEWHERE, password: PASSWORD })).toEqual({ status: 200 });
     const ok = (await loginEvents()).filter((e) => e.event === 'user.login' && e.user === 'alice');
     expect(ok.map((e) => e.source)).toEqual(expect.arrayContaining([VICTIM, ALICE_ELSEWHERE]));
+  }, 60_000);
+
+  it("a client behind the balancer that sends its own header naming a victim: a second header, closed; the victim's limit is untouched", async () => {
+    const before = (await loginEvents()).length;
+    const answers = await Promise.all(Array.from({ length: 10 }, (_, i) => login({ via: 'balancer', claim: VICTIM, header: i % 2 === 0 ? 1 : 2, from: GUESSER, password: `wrong ${i}` })));
+    expect(answers.every((a) => 'error' in a)).toBe(true);
+    expect((await loginEvents()).length).toBe(before);
+    const line = JSON.parse(await gw.waitForLog('"proxy-protocol-twice"')) as { client: string };
+    // The connection's client was already the guesser (from HAProxy's header) when the second one came.
+    expect(line.client).toMatch(/^127\.0\.0\.66:\d+$/);
+    expect(await login({ via: 'balancer', from: VICTIM, password: PASSWORD })).toEqual({ status: 200 });
   }, 60_000);
 
   it('the start says nothing about trusting any source (a list is set)', () => {
