@@ -7,7 +7,7 @@ import { caPin } from '../auth/pki/tls.js';
 import type { GatewayConfig } from '../config/index.js';
 import { proxyAddressForClients, type Daemon } from '../daemon.js';
 import { defaultDataDir, isRoot } from '../paths.js';
-import { anySourceTrusted } from '../proxy/frontdoor.js';
+import { anySourceBelieved } from '../mux/trust.js';
 import { VERSION } from '../version.js';
 
 const LISTENERS: Record<string, string> = {
@@ -36,7 +36,9 @@ export function startBanner(config: GatewayConfig, daemon: Daemon): string {
   lines.push(`  ${'data directory'.padEnd(44)} ${dataDir}`);
   const ca = daemon.auth?.host.tls.certPem ?? daemon.hostIdentity?.hostCa;
   if (ca) lines.push(`  ${'CA pin'.padEnd(44)} ${caPin(ca)}`);
-  if (daemon.addresses.web && anySourceTrusted(config)) {
+  const p = config.proxy_service;
+  const onePort = config.auth_service.proxy_listener_mode === 'multiplex';
+  if (daemon.addresses.web && anySourceBelieved({ onePort, proxyProtocol: p.proxy_protocol === 'on', sources: p.proxy_protocol_trusted_sources })) {
     lines.push('');
     lines.push('WARNING: proxy_protocol is on and proxy_service.proxy_protocol_trusted_sources is empty: a PROXY header is');
     lines.push('  believed from ANY source, so a client that reaches this port directly picks the address it is rate-limited');

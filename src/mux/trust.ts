@@ -69,6 +69,14 @@ export function proxyHeaderPolicy(proxyProtocol: boolean, sources: readonly stri
   return { mode: 'listed', sources: parseTrustedSources(sources) };
 }
 
+/**
+ * Whether a listener believes a PROXY header from anyone: proxy_protocol on without a list, on the one port (the
+ * only listener that reads headers). The Proxy warns at start, and the start banner says so.
+ */
+export function anySourceBelieved(o: { onePort: boolean; proxyProtocol: boolean; sources: readonly string[] }): boolean {
+  return o.onePort && o.proxyProtocol && o.sources.length === 0;
+}
+
 /** Whether a PROXY header that arrived as `at` says is taken (the table at the top of this file). */
 export function decideProxyHeader(policy: ProxyHeaderPolicy, at: HeaderArrival): ProxyHeaderVerdict {
   if (policy.mode === 'off') return { take: false, refusal: 'proxy-protocol-off', reason: 'a PROXY header arrived but proxy_protocol is off' };

@@ -29,6 +29,7 @@ import type { GatewayConfig } from '../config/index.js';
 import { GatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import { Multiplexer, type ConnInfo, type MuxRoute, type RouteHandler } from '../mux/multiplexer.js';
+import { anySourceBelieved } from '../mux/trust.js';
 import { ConnectionLimits, limitSettings, type ListenerGuard } from '../net/deadlines.js';
 import { guardHttpServer } from '../net/http.js';
 import { createWebServer, type Http2Caps, type WebServer } from '../net/http2.js';
@@ -296,7 +297,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   const sourceAtAccept = !(multiplex && p.proxy_protocol === 'on');
   const servers = await bindListeners(listeners, p, { limits, sourceAtAccept, streams, addresses });
   if (multiplex) log.info({ addr: addresses.web, tls_routing: true }, 'proxy listening: every protocol on the web port');
-  if (multiplex && anySourceTrusted(options.config)) warnAnySource(log, addresses.web);
+  if (anySourceBelieved({ onePort: multiplex, proxyProtocol: p.proxy_protocol === 'on', sources: p.proxy_protocol_trusted_sources })) warnAnySource(log, addresses.web);
   else log.info({ addresses, tls_routing: false }, 'proxy listening on separate ports');
 
   return {
@@ -319,15 +320,6 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
       await closed;
     },
   };
-}
-
-/**
- * Whether this Proxy believes a PROXY header from anyone: proxy_protocol on, no trusted sources listed, and the
- * one port (the separate listeners take no PROXY header). The start banner says so too.
- */
-export function anySourceTrusted(config: GatewayConfig): boolean {
-  const p = config.proxy_service;
-  return p.enabled && config.auth_service.proxy_listener_mode === 'multiplex' && p.proxy_protocol === 'on' && p.proxy_protocol_trusted_sources.length === 0;
 }
 
 function warnAnySource(log: Logger, addr: string | undefined): void {

@@ -6,7 +6,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { AddrError } from '../../src/addr.js';
-import { decideProxyHeader, MAX_TRUSTED_SOURCES, parseTrustedSource, parseTrustedSources, proxyHeaderPolicy, trustedEntryFor } from '../../src/mux/trust.js';
+import { anySourceBelieved, decideProxyHeader, MAX_TRUSTED_SOURCES, parseTrustedSource, parseTrustedSources, proxyHeaderPolicy, trustedEntryFor } from '../../src/mux/trust.js';
 
 const fresh = (peer: string) => ({ peer, headersTaken: 0, upgraded: false });
 
@@ -60,6 +60,16 @@ describe('decideProxyHeader', () => {
     expect(decideProxyHeader(listed, { peer: '10.0.0.1', headersTaken: 1, upgraded: false })).toMatchObject({ take: false, refusal: 'proxy-protocol-twice' });
     expect(decideProxyHeader(listed, { peer: '10.0.0.1', headersTaken: 0, upgraded: true })).toMatchObject({ take: false, refusal: 'proxy-protocol-in-upgrade' });
     expect(decideProxyHeader(proxyHeaderPolicy(true), { peer: '10.0.0.1', headersTaken: 1, upgraded: false })).toMatchObject({ take: false, refusal: 'proxy-protocol-twice' });
+  });
+});
+
+describe('anySourceBelieved (the start warning)', () => {
+  it('only on the one port, with proxy_protocol on and no list', () => {
+    expect(anySourceBelieved({ onePort: true, proxyProtocol: true, sources: [] })).toBe(true);
+    expect(anySourceBelieved({ onePort: true, proxyProtocol: true, sources: ['10.0.0.5'] })).toBe(false);
+    expect(anySourceBelieved({ onePort: true, proxyProtocol: false, sources: [] })).toBe(false);
+    // Separate listeners read no PROXY header at all.
+    expect(anySourceBelieved({ onePort: false, proxyProtocol: true, sources: [] })).toBe(false);
   });
 });
 
