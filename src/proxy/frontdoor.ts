@@ -290,6 +290,8 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
     proxyProtocolTrusted: p.proxy_protocol_trusted_sources,
     detectTimeoutMs: p.detect_timeout,
   });
+  // The one port's refusals by reason (a PROXY header from an unlisted source among them) in the minute's counters.
+  if (multiplex) limits.publish('mux', () => ({ refused: mux.getStats().refused }));
   const wss = serveUpgrades(web.server, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000, options.web);
 
   const listeners = multiplex ? [onePort(protocols, mux)] : separateListeners(protocols, mux, routes);

@@ -30,6 +30,8 @@ import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { isGatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
+import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
+import { pino } from 'pino';
 import { clientAddress } from '../../src/stream/meta.js';
 import { parseClientHello } from '../../src/mux/clienthello.js';
 import type { ConnInfo, MultiplexerStats } from '../../src/mux/multiplexer.js';
@@ -758,6 +760,33 @@ describe('PROXY protocol', () => {
     const ok = await connectTls({ port: offPort, alpn: ['gateway-mysql'] });
     expect((await roundTrip(ok, 'no header')).toString()).toBe('no header');
     ok.destroy();
+  });
+
+  it('proxy_protocol_trusted_sources without 127.0.0.1: a header from here is closed and shows in the connection counters; TLS without one is served', async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const log = pino({ level: 'info' }, { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) });
+    const limits = new ConnectionLimits(limitSettings(config(MULTIPLEX_YAML)), { log, openFiles: null });
+    cleanups.push(() => limits.close());
+    const listed = await startDoor(MULTIPLEX_YAML.replace('proxy_protocol: on', 'proxy_protocol: on\n  proxy_protocol_trusted_sources: [127.0.0.2]'), { limits });
+    const listedPort = portOf(listed.addresses.web!);
+    const s = await connectRaw(listedPort);
+    s.write(Buffer.concat([buildProxyHeaderV1({ family: 'tcp4', source: { address: '203.0.113.12', port: 40007 }, destination: { address: '198.51.100.1', port: 443 } }), clientHello({ serverName: HOST, alpn: ['gateway-tcp'] })]));
+    await closed(s);
+    expect(listed.mux!.getStats().refused).toEqual({ 'proxy-protocol-untrusted-source': 1 });
+    const ok = await connectTls({ port: listedPort, alpn: ['gateway-tcp'] });
+    expect((await roundTrip(ok, 'no header')).toString()).toBe('no header');
+    ok.destroy();
+    limits.startSummary(20);
+    await new Promise<void>((resolve) => {
+      const check = setInterval(() => {
+        if (lines.some((l) => l.msg === 'connection counters')) {
+          clearInterval(check);
+          resolve();
+        }
+      }, 10);
+    });
+    const summary = lines.find((l) => l.msg === 'connection counters') as { mux?: { refused: Record<string, number> } };
+    expect(summary.mux).toEqual({ refused: { 'proxy-protocol-untrusted-source': 1 } });
   });
 });
 
