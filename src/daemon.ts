@@ -55,10 +55,11 @@ export interface Daemon {
   /** An agent's host identity, or a Proxy's that joined with a proxy token. */
   hostIdentity?: HostIdentity;
   /**
-   * SIGHUP (src/reload.ts): applies what can change without a restart, the version server's channels.
-   * Throws, changing nothing, when they are invalid. Listeners, tunnels and sessions are not touched.
+   * SIGHUP (src/reload.ts): applies what can change without a restart, the version server's channels and the
+   * sources PROXY headers are believed from (`parts`: which of them; both when not given). Throws, changing
+   * nothing, when the channels are invalid. Listeners, tunnels and sessions are not touched.
    */
-  reload(config: GatewayConfig): void;
+  reload(config: GatewayConfig, parts?: { channels: boolean; trustedSources: boolean }): void;
   stop(): Promise<void>;
 }
 
@@ -140,7 +141,11 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
       ...(remote ? { remoteAuth: remote.auth } : {}),
       ...(agent?.tunnelAgent ? { tunnelAgent: agent.tunnelAgent } : {}),
       ...(proxy ? { tunnels: proxy.tunnels, cluster: proxy.cluster } : {}),
-      reload: (next) => proxy?.setChannels(next.proxy_service.automatic_upgrades_channels),
+      reload: (next, parts = { channels: true, trustedSources: true }) => {
+        // Channels first: it is the step that can refuse the new values.
+        if (parts.channels) proxy?.setChannels(next.proxy_service.automatic_upgrades_channels);
+        if (parts.trustedSources) proxy?.setProxyProtocolTrusted(next.proxy_service.proxy_protocol_trusted_sources);
+      },
       stop: () => lifecycle.stop(),
     };
   } catch (err) {

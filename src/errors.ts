@@ -485,6 +485,10 @@ export const ERROR_CODES = {
     summary: 'A PROXY protocol header (v1 text or v2 binary) from a load balancer is malformed, too long, or announces something the gateway refuses (UDP).',
     hint: "Check the load balancer's PROXY protocol settings (version, TCP only) and that only it can reach this port.",
   },
+  GW_ERR_MUX_PROXY_HEADER_UNTRUSTED: {
+    summary: 'A PROXY protocol header arrived from a source that proxy_service.proxy_protocol_trusted_sources does not list; the connection was closed before anything else was read (the address the header named is not used anywhere).',
+    hint: 'If the source is your load balancer, add its address or network to proxy_service.proxy_protocol_trusted_sources; otherwise a client that reaches the Proxy directly is trying to pick the address it is counted under.',
+  },
 
   // --- reverse tunnels and routing to resources -------------------------------------------------------------------
   GW_ERR_TUNNEL_PROTOCOL: {

@@ -9,7 +9,8 @@
  *   SIGHUP     installReload(): re-reads and validates the file given with -c. Invalid → the error is logged
  *              with its code and hint and the running configuration stays as it is. Valid → planReload() sorts
  *              the changed keys into those applied now (LIVE_KEYS: log severity, the version server's
- *              channels) and those that need a restart (logged as such); onReload applies the live ones.
+ *              channels, the PROXY header's trusted sources) and those that need a restart (logged as such);
+ *              onReload applies the live ones.
  *              Nothing is closed or re-opened: the process, its listeners and its tunnels are the same.
  *
  * followLogLevel() makes a log severity change reach every child logger already handed out (pino children keep
@@ -156,7 +157,7 @@ export function acquireDataDirLock(dataDir: string, options: { pid?: number; log
 // --- what a reload changes ------------------------------------------------------------------------------------
 
 /** Configuration keys applied without a restart; every other change is logged as needing one. */
-export const LIVE_KEYS = ['gateway.log.severity', 'proxy_service.automatic_upgrades_channels'] as const;
+export const LIVE_KEYS = ['gateway.log.severity', 'proxy_service.automatic_upgrades_channels', 'proxy_service.proxy_protocol_trusted_sources'] as const;
 
 export interface ReloadPlan {
   /** Changed key paths applied by this reload. */
@@ -193,12 +194,21 @@ export function channelsChanged(plan: ReloadPlan): boolean {
   return plan.live.some((k) => k === 'proxy_service.automatic_upgrades_channels' || k.startsWith('proxy_service.automatic_upgrades_channels.'));
 }
 
+/** Whether the balancers PROXY headers are believed from changed (a compromised one taken out needs no restart). */
+export function trustedSourcesChanged(plan: ReloadPlan): boolean {
+  return plan.live.includes('proxy_service.proxy_protocol_trusted_sources');
+}
+
 /** The running configuration once the live keys of next are applied: restart-only keys keep their old values. */
 export function withLiveKeys(running: GatewayConfig, next: GatewayConfig): GatewayConfig {
   return Object.freeze({
     ...running,
     gateway: Object.freeze({ ...running.gateway, log: Object.freeze({ ...running.gateway.log, severity: next.gateway.log.severity }) }),
-    proxy_service: Object.freeze({ ...running.proxy_service, automatic_upgrades_channels: next.proxy_service.automatic_upgrades_channels }),
+    proxy_service: Object.freeze({
+      ...running.proxy_service,
+      automatic_upgrades_channels: next.proxy_service.automatic_upgrades_channels,
+      proxy_protocol_trusted_sources: next.proxy_service.proxy_protocol_trusted_sources,
+    }),
   });
 }
 

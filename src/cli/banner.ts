@@ -7,6 +7,7 @@ import { caPin } from '../auth/pki/tls.js';
 import type { GatewayConfig } from '../config/index.js';
 import { proxyAddressForClients, type Daemon } from '../daemon.js';
 import { defaultDataDir, isRoot } from '../paths.js';
+import { anySourceBelieved } from '../mux/trust.js';
 import { VERSION } from '../version.js';
 
 const LISTENERS: Record<string, string> = {
@@ -35,6 +36,14 @@ export function startBanner(config: GatewayConfig, daemon: Daemon): string {
   lines.push(`  ${'data directory'.padEnd(44)} ${dataDir}`);
   const ca = daemon.auth?.host.tls.certPem ?? daemon.hostIdentity?.hostCa;
   if (ca) lines.push(`  ${'CA pin'.padEnd(44)} ${caPin(ca)}`);
+  const p = config.proxy_service;
+  const onePort = config.auth_service.proxy_listener_mode === 'multiplex';
+  if (daemon.addresses.web && anySourceBelieved({ onePort, proxyProtocol: p.proxy_protocol === 'on', sources: p.proxy_protocol_trusted_sources })) {
+    lines.push('');
+    lines.push('WARNING: proxy_protocol is on and proxy_service.proxy_protocol_trusted_sources is empty: a PROXY header is');
+    lines.push('  believed from ANY source, so a client that reaches this port directly picks the address it is rate-limited');
+    lines.push('  and audited under. List your load balancers\' addresses or networks there (docs/security.md).');
+  }
   if (daemon.hostIdentity) lines.push(`  ${'host id'.padEnd(44)} ${daemon.hostIdentity.hostId} (cluster ${daemon.hostIdentity.cluster})`);
   if (daemon.auth && daemon.addresses.web) {
     const who = isRoot() ? 'root' : userInfo().username;

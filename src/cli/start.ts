@@ -12,7 +12,7 @@ import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemo
 import { GatewayError } from '../errors.js';
 import { ensurePrivateFile } from '../fsutil.js';
 import { createLogger, logger, setRootLogger, type LogLevel } from '../log.js';
-import { acquireDataDirLock, acquirePidFile, channelsChanged, followLogLevel, installReload, type PidFile } from '../reload.js';
+import { acquireDataDirLock, acquirePidFile, channelsChanged, followLogLevel, installReload, trustedSourcesChanged, type PidFile } from '../reload.js';
 import { daemonEnvironment } from '../roles/environment.js';
 import { startBanner } from './banner.js';
 
@@ -132,7 +132,8 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
     running: config,
     onReload: async (next, plan) => {
       const daemon = await starting!;
-      if (channelsChanged(plan)) daemon.reload(next); // first: it is the step that can refuse the new values
+      const parts = { channels: channelsChanged(plan), trustedSources: trustedSourcesChanged(plan) };
+      if (parts.channels || parts.trustedSources) daemon.reload(next, parts); // first: it is the step that can refuse the new values
       if (plan.live.includes('gateway.log.severity')) run.setLevel?.(next.gateway.log.severity);
     },
   });

@@ -13,6 +13,7 @@ import { isMap, isNode, isScalar } from 'yaml';
 import { AddrError, dnsNameProblem, formatHostPort, isIpLiteral, normalizeHost, parseAddr, type ParsedAddr } from '../addr.js';
 import { formatDuration, parseDuration } from '../duration.js';
 import { defaultMaxConnections, defaultMaxConnectionsPerSource, readOpenFileLimit } from '../net/source.js';
+import { MAX_TRUSTED_SOURCES, parseTrustedSource } from '../mux/trust.js';
 import {
   Dynamic,
   Invalid,
@@ -37,6 +38,7 @@ import {
   httpUrl,
   type Infer,
   type Spec,
+  yamlString,
 } from './spec.js';
 import type { GatewayConfig, ServiceName } from './types.js';
 
@@ -54,6 +56,26 @@ export const SERVICE_NAMES: readonly ServiceName[] = [
 export const DEFAULT_SERVICES: readonly ServiceName[] = ['auth_service', 'proxy_service'];
 
 // --- checks ------------------------------------------------------------------------------------------------------
+
+/** One entry of proxy_protocol_trusted_sources, checked as the multiplexer will read it (src/mux/trust.ts). */
+const trustedSource = leaf<string>({
+  doc: 'A load balancer: its IP address (10.0.0.5, 2001:db8::5) or network (10.0.0.0/24, 2001:db8::/64).',
+  type: 'IP address or CIDR network',
+  // An item of a list has no default: the list itself reports an empty item.
+  default: undefined as unknown as string,
+  defaultDoc: 'required',
+  render: yamlString,
+  parse: (node) => {
+    const text = isScalar(node) && typeof node.value === 'string' ? node.value : undefined;
+    if (text === undefined) throw new Invalid(`expected an IP address or CIDR network, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE');
+    try {
+      return parseTrustedSource(text).text;
+    } catch (err) {
+      if (err instanceof AddrError) throw new Invalid(`expected an IP address or CIDR network, got ${quote(text)} (${err.message})`, 'GW_ERR_CONFIG_ADDR', err.hint);
+      throw err;
+    }
+  },
+});
 
 const quote = (s: string): string => JSON.stringify(s);
 
@@ -406,9 +428,14 @@ export const SCHEMA = section('The gateway configuration file.', {
     mongo_public_addr: publicAddr(27017, 'the MongoDB proxy'),
     peer_public_addr: addrs('Address other Proxies reach this one at for peering (host or host:port, default port 3021); else this node with the peering port.', 3021),
     proxy_protocol: oneOf(
-      'on: accept one PROXY protocol header (v1 or v2) per connection from a load balancer, and use its client address; off: refuse such headers.',
+      'on: accept one PROXY protocol header (v1 or v2) per connection from a load balancer, and use its client address; off: refuse such headers. A header is believed only from the sources in `proxy_protocol_trusted_sources` when that lists any.',
       ['on', 'off'],
       'off',
+    ),
+    proxy_protocol_trusted_sources: listWithDefault(
+      'With proxy_protocol on: the load balancers a PROXY header is believed from (IP addresses and CIDR networks, matched against the connection\'s own peer); a header from any other source closes the connection. Empty: any source (warned at start).',
+      trustedSource,
+      { type: 'list of IP addresses or CIDR networks', expected: 'a list of IP addresses or CIDR networks', max: MAX_TRUSTED_SOURCES, unique: (s) => s },
     ),
     detect_timeout: duration('How long a new connection may take to show what protocol it speaks (and, for TLS, send its ClientHello).', '5s'),
     https_keypairs: listWithDefault(

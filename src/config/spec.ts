@@ -536,7 +536,7 @@ export function isListOf(spec: unknown): spec is ListOf<unknown> {
 export function listOf<V>(
   doc: string,
   item: Spec<V>,
-  o: { type: string; expected: string; min?: number; unique?: (v: V) => string; default?: V[]; defaultDoc?: string },
+  o: { type: string; expected: string; min?: number; max?: number; unique?: (v: V) => string; default?: V[]; defaultDoc?: string },
 ): ListOf<V> {
   const base = leaf<V[] | undefined>({
     doc,
@@ -550,6 +550,7 @@ export function listOf<V>(
         const hint = source !== '' && source.length <= 60 && !source.includes('\n') ? `Write a list even for one item: [${source}]` : undefined;
         throw new Invalid(`expected ${o.expected}, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE', hint);
       }
+      if (o.max !== undefined && node.items.length > o.max) throw new Invalid(`expected at most ${o.max} items, got ${node.items.length}`);
       const out: V[] = [];
       const seen = new Map<string, number>();
       node.items.forEach((raw, i) => {
@@ -836,6 +837,7 @@ export function listWithDefault<V>(
     type: string;
     expected: string;
     min?: number;
+    max?: number;
     unique?: (v: V) => string;
     default?: readonly V[];
     defaultDoc?: string;

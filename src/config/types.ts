@@ -96,6 +96,8 @@ export interface ProxyServiceConfig extends ServiceConfig {
   readonly mongo_public_addr: readonly HostPort[];
   readonly peer_public_addr: readonly HostPort[];
   readonly proxy_protocol: 'on' | 'off';
+  /** Addresses and CIDR networks (as written) a PROXY header is believed from; empty: any source (src/mux/trust.ts). */
+  readonly proxy_protocol_trusted_sources: readonly string[];
   /** Milliseconds. */
   readonly detect_timeout: number;
   /** Empty or undefined: the cluster's host CA issues the web certificate. */

@@ -1,7 +1,9 @@
 /**
  * One port, every protocol. Each accepted connection is sniffed (sniff.ts) within a deadline, then:
  *
- *   PROXY v1/v2 header ─► (only with proxy_protocol on, at most one) client address taken from it, sniff again
+ *   PROXY v1/v2 header ─► (only with proxy_protocol on, at most one, and only from a trusted source: trust.ts
+ *                          decides by the socket's peer) client address taken from it, sniff again; else closed,
+ *                          counted and logged at a limited rate, before the header is even parsed
  *   TLS  ─► ClientHello parsed here (clienthello.ts), routed BEFORE the handshake by SNI / ALPN to one of the
  *           routes the caller gave (routes.ts decides which); a hello no route takes gets the TLS alert
  *           no_application_protocol and is closed. The route gets the socket with the hello bytes pushed back,
@@ -20,7 +22,7 @@
  */
 import type { Duplex } from 'node:stream';
 import type net from 'node:net';
-import { GatewayError, isGatewayError } from '../errors.js';
+import { GatewayError, isGatewayError, type ErrorCode } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import { connectionOf, type Connection } from '../net/deadlines.js';
 import { parseClientHello, DEFAULT_MAX_HELLO_BYTES } from './clienthello.js';
@@ -28,6 +30,7 @@ import { setClientAddress } from '../stream/meta.js';
 import { parseProxyHeader } from './proxyproto.js';
 import { RouteTable, type Route } from './routes.js';
 import { sniffProtocol } from './sniff.js';
+import { decideProxyHeader, proxyHeaderPolicy, type ProxyHeaderPolicy } from './trust.js';
 
 /** TLS 1.2-framed fatal alert 120 (no_application_protocol), valid before any handshake message from us. */
 export const NO_APPLICATION_PROTOCOL_ALERT = Buffer.from([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x78]);
@@ -58,6 +61,11 @@ export interface MultiplexerOptions {
   /** Every route this port serves, with what each matches (see routes.ts for how one is chosen). */
   routes: readonly MuxRoute[];
   proxyProtocol: boolean;
+  /**
+   * With proxyProtocol: the sources a PROXY header is believed from (addresses and CIDR networks, as
+   * proxy_service.proxy_protocol_trusted_sources; trust.ts). Empty or absent: any source.
+   */
+  proxyProtocolTrusted?: readonly string[];
   detectTimeoutMs: number;
   maxHelloBytes?: number;
   log?: Logger;
@@ -85,7 +93,8 @@ type RouteDetails = Omit<ConnInfo, keyof Source | 'route'>;
 /** What one connection's detection needs from its multiplexer. */
 interface MuxContext {
   readonly routes: RouteTable<RouteHandler>;
-  readonly proxyProtocol: boolean;
+  /** Replaced whole by setProxyProtocolTrusted (SIGHUP); each header is judged by the policy of its moment. */
+  proxyHeaders: ProxyHeaderPolicy;
   readonly detectTimeoutMs: number;
   readonly maxHello: number;
   readonly stats: MultiplexerStats;
@@ -104,7 +113,7 @@ export class Multiplexer {
     this.routes = new RouteTable(options.routes);
     this.context = {
       routes: this.routes,
-      proxyProtocol: options.proxyProtocol,
+      proxyHeaders: proxyHeaderPolicy(options.proxyProtocol, options.proxyProtocolTrusted),
       detectTimeoutMs: options.detectTimeoutMs,
       maxHello: options.maxHelloBytes ?? DEFAULT_MAX_HELLO_BYTES,
       stats: this.stats,
@@ -115,6 +124,16 @@ export class Multiplexer {
 
   getStats(): MultiplexerStats {
     return structuredClone(this.stats);
+  }
+
+  /**
+   * New trusted sources for PROXY headers (a reload): headers that arrive from now on are judged by them;
+   * connections whose header was already taken keep their client. proxy_protocol itself is not changed here
+   * (off stays off: the listeners count sources at accept then). The list must have passed the config's check.
+   */
+  setProxyProtocolTrusted(sources: readonly string[]): ProxyHeaderPolicy {
+    if (this.context.proxyHeaders.mode !== 'off') this.context.proxyHeaders = proxyHeaderPolicy(true, sources);
+    return this.context.proxyHeaders;
   }
 
   /** For net.Server 'connection'. The socket's addresses are read when they are needed (routing, a refusal). */
@@ -236,17 +255,21 @@ class Detection {
     }
   }
 
-  /** Takes a PROXY header off the front; false when the connection was refused or the header is incomplete. */
+  /**
+   * Takes a PROXY header off the front; false when the connection was refused or the header is incomplete.
+   * Whether a header may come from this peer is decided (trust.ts) before a byte of it is parsed.
+   */
   private takeProxyHeader(view: Buffer): boolean {
-    const unwanted = !this.mux.proxyProtocol
-      ? ['proxy-protocol-off', 'a PROXY header arrived but proxy_protocol is off']
-      : this.consumed > 0
-        ? ['proxy-protocol-twice', 'a second PROXY header on one connection']
-        : this.upgrade
-          ? ['proxy-protocol-in-upgrade']
-          : undefined;
-    if (unwanted) {
-      this.refuse(unwanted[0]!, unwanted[1]);
+    const peer = (this.client ?? sourceOf(this.stream)).remoteAddress;
+    // No peer address: the socket was reset before its first bytes were read (a balancer's health check sends
+    // its header and resets). It is gone, whoever it was: not a header from an untrusted source.
+    if (peer === '') {
+      this.refuse('closed-early', 'the peer was gone before its PROXY header was read');
+      return false;
+    }
+    const verdict = decideProxyHeader(this.mux.proxyHeaders, { peer, headersTaken: this.consumed > 0 ? 1 : 0, upgraded: this.upgrade !== undefined });
+    if (!verdict.take) {
+      this.refuse(verdict.refusal, verdict.reason, undefined, verdict.code);
       return false;
     }
     let header;
@@ -318,10 +341,10 @@ class Detection {
     }
   }
 
-  refuse(reason: string, detail?: string, reply?: Buffer): void {
+  refuse(reason: string, detail?: string, reply?: Buffer, code?: ErrorCode): void {
     if (!this.finish()) return;
     this.mux.stats.refused[reason] = (this.mux.stats.refused[reason] ?? 0) + 1;
-    this.mux.refusals.note(reason, this.client ?? (this.stream as Partial<net.Socket>), detail);
+    this.mux.refusals.note(reason, this.client ?? (this.stream as Partial<net.Socket>), detail, code);
     if (reply) this.stream.end(reply);
     this.stream.destroy();
   }
@@ -342,11 +365,20 @@ class Detection {
   }
 }
 
-/** Refused connections are logged at most `perMinute` a minute; the rest are counted and summed up once a minute. */
+/**
+ * Refused connections are logged at most `perMinute` a minute (and as many with a code); the rest are counted
+ * by reason and summed up in one line at the first refusal of a later minute.
+ */
 class RefusalLog {
   private windowStart = 0;
-  private logged = 0;
-  private suppressed = 0;
+  /**
+   * Lines logged this minute, in two budgets of perMinute each: refusals with a code (a PROXY header from an
+   * unlisted source: an operator should look) and the rest (scanners, garbage), so that a flood of the second
+   * cannot hide the first.
+   */
+  private readonly logged = { coded: 0, other: 0 };
+  /** Refusals not logged this minute, by reason (a fixed set of words: bounded). */
+  private suppressed: Record<string, number> = {};
 
   constructor(
     private readonly log: Logger,
@@ -354,19 +386,25 @@ class RefusalLog {
   ) {}
 
   /** client: the client's address, or the socket it is read from (only when the line is logged). */
-  note(reason: string, client: { remoteAddress?: string | undefined; remotePort?: number | undefined }, detail?: string): void {
+  note(reason: string, client: { remoteAddress?: string | undefined; remotePort?: number | undefined }, detail?: string, code?: ErrorCode): void {
     const now = Date.now();
     if (now - this.windowStart >= 60_000) {
-      if (this.suppressed > 0) this.log.warn({ suppressed: this.suppressed }, 'refused connections not logged in the last minute');
+      const total = Object.values(this.suppressed).reduce((a, b) => a + b, 0);
+      if (total > 0) this.log.warn({ suppressed: total, by_reason: this.suppressed }, 'refused connections not logged in the last minute');
       this.windowStart = now;
-      this.logged = 0;
-      this.suppressed = 0;
+      this.logged.coded = 0;
+      this.logged.other = 0;
+      this.suppressed = {};
     }
-    if (this.logged >= this.perMinute) {
-      this.suppressed++;
+    const budget = code ? 'coded' : 'other';
+    if (this.logged[budget] >= this.perMinute) {
+      this.suppressed[reason] = (this.suppressed[reason] ?? 0) + 1;
       return;
     }
-    this.logged++;
-    this.log.info({ reason, client: `${client.remoteAddress ?? ''}:${client.remotePort ?? 0}`, ...(detail ? { detail } : {}) }, 'connection refused');
+    this.logged[budget]++;
+    const line = { reason, client: `${client.remoteAddress ?? ''}:${client.remotePort ?? 0}`, ...(detail ? { detail } : {}), ...(code ? { code } : {}) };
+    // A refusal with a code is one an operator should look at (a client posing as the balancer); the rest is noise.
+    if (code) this.log.warn(line, 'connection refused');
+    else this.log.info(line, 'connection refused');
   }
 }

@@ -455,6 +455,8 @@ export class ConnectionLimits {
   readonly settings: LimitSettings;
   readonly log: Logger;
   private readonly guards = new Map<string, ListenerGuard>();
+  /** Counters kept elsewhere (the one port's multiplexer), published in the same summary line under their name. */
+  private readonly published = new Map<string, () => unknown>();
   private summaryTimer: NodeJS.Timeout | undefined;
 
   constructor(settings: LimitSettings, options: ConnectionLimitsOptions = {}) {
@@ -486,15 +488,20 @@ export class ConnectionLimits {
     return Object.fromEntries([...this.guards].map(([name, g]) => [name, structuredClone(g.stats)]));
   }
 
+  /** Adds counters to the summary line, as `name` (e.g. the multiplexer's refusals by reason). */
+  publish(name: string, read: () => unknown): void {
+    this.published.set(name, read);
+  }
+
   /** Logs the counters every intervalMs when they changed: the in-process metrics, in the log. */
   startSummary(intervalMs = 60_000): void {
     let last = '';
     this.summaryTimer = setInterval(() => {
-      const stats = this.stats();
-      const text = JSON.stringify(stats);
+      const line = { listeners: this.stats(), ...Object.fromEntries([...this.published].map(([name, read]) => [name, read()])) };
+      const text = JSON.stringify(line);
       if (text === last) return;
       last = text;
-      this.log.info({ listeners: stats }, 'connection counters');
+      this.log.info(line, 'connection counters');
     }, intervalMs);
     this.summaryTimer.unref();
   }

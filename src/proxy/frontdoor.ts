@@ -29,11 +29,13 @@ import type { GatewayConfig } from '../config/index.js';
 import { GatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import { Multiplexer, type ConnInfo, type MuxRoute, type RouteHandler } from '../mux/multiplexer.js';
+import { anySourceBelieved } from '../mux/trust.js';
 import { ConnectionLimits, limitSettings, type ListenerGuard } from '../net/deadlines.js';
 import { guardHttpServer } from '../net/http.js';
 import { createWebServer, type Http2Caps, type WebServer } from '../net/http2.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { serverSecureContext, terminateTls } from '../net/tls.js';
+import { clientAddress } from '../stream/meta.js';
 import type { AuthPreference } from '../auth/sso/index.js';
 import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
@@ -86,6 +88,8 @@ export interface FrontDoor {
   addresses: Record<string, string>;
   mux?: Multiplexer;
   limits: ConnectionLimits;
+  /** SIGHUP: the sources PROXY headers are believed from (proxy_service.proxy_protocol_trusted_sources), for new headers. */
+  setProxyProtocolTrusted(sources: readonly string[]): void;
   close(): Promise<void>;
 }
 
@@ -153,9 +157,11 @@ function serveUpgrades(web: WebServer['server'], mux: Multiplexer, protocols: re
       stream.on('error', () => stream.destroy());
       guard.adopt(stream);
       const s = req.socket;
+      // The client is the request's: the address a trusted PROXY header gave its connection, else its peer.
+      const client = clientAddress(s);
       mux.handleStream(
         stream,
-        { remoteAddress: s.remoteAddress ?? '', remotePort: s.remotePort ?? 0, localAddress: s.localAddress ?? '', localPort: s.localPort ?? 0 },
+        { remoteAddress: client.address, remotePort: client.port, localAddress: s.localAddress ?? '', localPort: s.localPort ?? 0 },
         { route: route.name },
       );
     });
@@ -281,8 +287,11 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   const mux = new Multiplexer({
     routes: protocols.map((row): MuxRoute => ({ name: row.name, match: muxMatchOf(row), handler: routes.of(row) })),
     proxyProtocol: p.proxy_protocol === 'on',
+    proxyProtocolTrusted: p.proxy_protocol_trusted_sources,
     detectTimeoutMs: p.detect_timeout,
   });
+  // The one port's refusals by reason (a PROXY header from an unlisted source among them) in the minute's counters.
+  if (multiplex) limits.publish('mux', () => ({ refused: mux.getStats().refused }));
   const wss = serveUpgrades(web.server, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000, options.web);
 
   const listeners = multiplex ? [onePort(protocols, mux)] : separateListeners(protocols, mux, routes);
@@ -290,12 +299,19 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   const sourceAtAccept = !(multiplex && p.proxy_protocol === 'on');
   const servers = await bindListeners(listeners, p, { limits, sourceAtAccept, streams, addresses });
   if (multiplex) log.info({ addr: addresses.web, tls_routing: true }, 'proxy listening: every protocol on the web port');
+  if (anySourceBelieved({ onePort: multiplex, proxyProtocol: p.proxy_protocol === 'on', sources: p.proxy_protocol_trusted_sources })) warnAnySource(log, addresses.web);
   else log.info({ addresses, tls_routing: false }, 'proxy listening on separate ports');
 
   return {
     addresses,
     mux,
     limits,
+    setProxyProtocolTrusted(sources) {
+      const policy = mux.setProxyProtocolTrusted(sources);
+      if (!multiplex || policy.mode === 'off') return;
+      if (policy.mode === 'any') warnAnySource(log, addresses.web);
+      else log.info({ addr: addresses.web, proxy_protocol_trusted_sources: sources }, 'PROXY headers are believed from these sources only (new connections)');
+    },
     async close() {
       // Stop accepting first, then drop every connection the listeners ever accepted (a client that reconnects
       // at once, such as an agent told to reconnect, must not keep the shutdown waiting).
@@ -306,6 +322,13 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
       await closed;
     },
   };
+}
+
+function warnAnySource(log: Logger, addr: string | undefined): void {
+  log.warn(
+    { addr, proxy_protocol: 'on', proxy_protocol_trusted_sources: [] },
+    'a PROXY header is believed from any source: list the load balancers in proxy_service.proxy_protocol_trusted_sources, or a client that reaches this port directly picks the address it is rate-limited and audited under',
+  );
 }
 
 interface Listener extends SeparateListener {

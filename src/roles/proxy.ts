@@ -68,6 +68,8 @@ export interface ProxyRole {
   addresses: Record<string, string>;
   /** SIGHUP (src/reload.ts): the version server's channels. Throws, changing nothing, when they are invalid. */
   setChannels(channels: Readonly<Record<string, UpgradeChannelConfig>>): void;
+  /** SIGHUP: the sources PROXY headers are believed from, for headers that arrive from now on. */
+  setProxyProtocolTrusted(sources: readonly string[]): void;
   /** Reaches an agent that joined the Auth Service directly by dialing its listener (src/proxy/direct.ts). */
   direct: (presence: Presence, request: DialRequest) => Promise<Duplex>;
 }
@@ -162,6 +164,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
       versions.setChannels(channels);
       cluster.setChannels(channels);
     },
+    setProxyProtocolTrusted: (sources) => frontDoor!.setProxyProtocolTrusted(sources),
   };
 }
 

@@ -20,7 +20,7 @@ import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultConfig, parseConfig } from '../../src/config/index.js';
-import { acquirePidFile, changedKeys, planReload } from '../../src/reload.js';
+import { acquirePidFile, changedKeys, planReload, trustedSourcesChanged, withLiveKeys } from '../../src/reload.js';
 import { BIN, runCli, startGateway, startGatewayExpectingFailure, type RunningGateway } from '../helpers/gateway.js';
 
 const PASSWORD = 'correct horse battery';
@@ -41,6 +41,17 @@ describe('what a reload changes', () => {
       restart: ['auth_service.keep_alive_count_max'],
     });
     expect(planReload(running, base())).toEqual({ live: [], restart: [] });
+  });
+
+  it("the PROXY header's trusted sources are live (a compromised balancer is taken out without a restart)", () => {
+    const running = base('  proxy_protocol: on\n  proxy_protocol_trusted_sources: [10.0.0.10, 10.0.0.11]\n');
+    const next = base('  proxy_protocol: on\n  proxy_protocol_trusted_sources: [10.0.0.10]\n');
+    const plan = planReload(running, next);
+    expect(plan).toEqual({ live: ['proxy_service.proxy_protocol_trusted_sources'], restart: [] });
+    expect(trustedSourcesChanged(plan)).toBe(true);
+    expect(withLiveKeys(running, next).proxy_service.proxy_protocol_trusted_sources).toEqual(['10.0.0.10']);
+    // proxy_protocol itself needs a restart: the listeners count sources at accept when it is off.
+    expect(planReload(running, base('  proxy_protocol: off\n  proxy_protocol_trusted_sources: [10.0.0.10, 10.0.0.11]\n')).restart).toEqual(['proxy_service.proxy_protocol']);
   });
 
   it('lists are compared whole and named by their key', () => {

@@ -266,6 +266,15 @@ const cases: Case[] = [
     3,
     5,
   ],
+
+  // --- proxy_protocol_trusted_sources: addresses and networks only (src/mux/trust.ts) ----------------------------
+  ['trusted source: a name', 'proxy_service:\n  proxy_protocol_trusted_sources: [10.0.0.0/8, lb.example.com]\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.proxy_protocol_trusted_sources[1]', 2, 48],
+  ['trusted source: host bits set', 'proxy_service:\n  proxy_protocol_trusted_sources:\n    - 192.0.2.0/24\n    - 10.1.2.3/8\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.proxy_protocol_trusted_sources[1]', 4, 7],
+  ['trusted source: a port', 'proxy_service:\n  proxy_protocol_trusted_sources: ["10.0.0.5:443"]\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.proxy_protocol_trusted_sources[0]', 2, 36],
+  ['trusted source: a prefix over 128', 'proxy_service:\n  proxy_protocol_trusted_sources: ["2001:db8::/129"]\n', 'GW_ERR_CONFIG_ADDR', 'proxy_service.proxy_protocol_trusted_sources[0]', 2, 36],
+  ['trusted source: a number', 'proxy_service:\n  proxy_protocol_trusted_sources: [10]\n', 'GW_ERR_CONFIG_TYPE', 'proxy_service.proxy_protocol_trusted_sources[0]', 2, 36],
+  ['trusted source: twice', 'proxy_service:\n  proxy_protocol_trusted_sources: [10.0.0.5, 10.0.0.5]\n', 'GW_ERR_CONFIG_VALUE', 'proxy_service.proxy_protocol_trusted_sources[1]', 2, 46],
+  ['trusted sources: one, not a list', 'proxy_service:\n  proxy_protocol_trusted_sources: 10.0.0.5\n', 'GW_ERR_CONFIG_TYPE', 'proxy_service.proxy_protocol_trusted_sources', 2, 35],
 ];
 
 describe('parseConfig errors', () => {

@@ -24,6 +24,7 @@ describe('docs/high-availability.md', () => {
     expect(config.gateway.auth_server.map((a) => `${a.host}:${a.port}`)).toEqual(['auth-a.internal:3025', 'auth-b.internal:3025']);
     expect(config.proxy_service.public_addr.map((a) => `${a.host}:${a.port}`)).toEqual(['proxy.example.com:443']);
     expect(config.proxy_service.proxy_protocol).toBe('on');
+    expect(config.proxy_service.proxy_protocol_trusted_sources).toEqual(['10.0.0.10']);
     expect(config.proxy_service.peer_listen_addr.port).toBe(3021);
   });
 });

@@ -290,3 +290,16 @@ describe('gateway.limits caps', () => {
     expect(parse('gateway:\n  limits:\n    max_connections: 40\n').gateway.limits.max_connections_per_source).toBe(10);
   });
 });
+
+describe('proxy_service.proxy_protocol_trusted_sources', () => {
+  it('is empty by default, and keeps each entry as written (trimmed), in order', () => {
+    expect(parse('proxy_service:\n  proxy_protocol: on\n').proxy_service.proxy_protocol_trusted_sources).toEqual([]);
+    const c = parse('proxy_service:\n  proxy_protocol: on\n  proxy_protocol_trusted_sources:\n    - " 10.0.0.0/8"\n    - 192.0.2.7\n    - "2001:db8::/32"\n    - "::ffff:198.51.100.0/120"\n');
+    expect(c.proxy_service.proxy_protocol_trusted_sources).toEqual(['10.0.0.0/8', '192.0.2.7', '2001:db8::/32', '::ffff:198.51.100.0/120']);
+  });
+
+  it('holds at most 256 entries', () => {
+    const many = Array.from({ length: 257 }, (_, i) => `10.0.${i >> 8}.${i & 255}`).join(', ');
+    expect(() => parse(`proxy_service:\n  proxy_protocol_trusted_sources: [${many}]\n`)).toThrow(/at most 256/);
+  });
+});

@@ -184,6 +184,13 @@ describe('HAProxy with send-proxy-v2 in front', () => {
     const line = await gw.waitForLog('"client":"127.0.0.9:');
     expect(line).toContain('"connection routed"');
   });
+
+  it('with no trusted sources listed, the start says that a PROXY header is believed from any source: banner and warning', async () => {
+    const banner = await gw.waitForLog('WARNING: proxy_protocol is on and proxy_service.proxy_protocol_trusted_sources is empty');
+    expect(banner).not.toContain('"level"');
+    const warning = JSON.parse(await gw.waitForLog('believed from any source')) as { level: number; proxy_protocol_trusted_sources: unknown };
+    expect(warning).toMatchObject({ level: 40, proxy_protocol_trusted_sources: [] });
+  });
 });
 
 describe('10 000 idle connections', () => {

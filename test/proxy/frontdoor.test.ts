@@ -30,6 +30,8 @@ import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { isGatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
+import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
+import { pino } from 'pino';
 import { clientAddress } from '../../src/stream/meta.js';
 import { parseClientHello } from '../../src/mux/clienthello.js';
 import type { ConnInfo, MultiplexerStats } from '../../src/mux/multiplexer.js';
@@ -759,6 +761,33 @@ describe('PROXY protocol', () => {
     expect((await roundTrip(ok, 'no header')).toString()).toBe('no header');
     ok.destroy();
   });
+
+  it('proxy_protocol_trusted_sources without 127.0.0.1: a header from here is closed and shows in the connection counters; TLS without one is served', async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const log = pino({ level: 'info' }, { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) });
+    const limits = new ConnectionLimits(limitSettings(config(MULTIPLEX_YAML)), { log, openFiles: null });
+    cleanups.push(() => limits.close());
+    const listed = await startDoor(MULTIPLEX_YAML.replace('proxy_protocol: on', 'proxy_protocol: on\n  proxy_protocol_trusted_sources: [127.0.0.2]'), { limits });
+    const listedPort = portOf(listed.addresses.web!);
+    const s = await connectRaw(listedPort);
+    s.write(Buffer.concat([buildProxyHeaderV1({ family: 'tcp4', source: { address: '203.0.113.12', port: 40007 }, destination: { address: '198.51.100.1', port: 443 } }), clientHello({ serverName: HOST, alpn: ['gateway-tcp'] })]));
+    await closed(s);
+    expect(listed.mux!.getStats().refused).toEqual({ 'proxy-protocol-untrusted-source': 1 });
+    const ok = await connectTls({ port: listedPort, alpn: ['gateway-tcp'] });
+    expect((await roundTrip(ok, 'no header')).toString()).toBe('no header');
+    ok.destroy();
+    limits.startSummary(20);
+    await new Promise<void>((resolve) => {
+      const check = setInterval(() => {
+        if (lines.some((l) => l.msg === 'connection counters')) {
+          clearInterval(check);
+          resolve();
+        }
+      }, 10);
+    });
+    const summary = lines.find((l) => l.msg === 'connection counters') as { mux?: { refused: Record<string, number> } };
+    expect(summary.mux).toEqual({ refused: { 'proxy-protocol-untrusted-source': 1 } });
+  });
 });
 
 describe('connection upgrade (/webapi/connectionupgrade)', () => {
@@ -774,6 +803,25 @@ describe('connection upgrade (/webapi/connectionupgrade)', () => {
     const got = await waitSeen((r) => seen.indexOf(r) >= mark && r.info.upgraded === true);
     expect(got.service).toBe('gateway-tcp');
     expect(got.info).toMatchObject({ route: 'gateway-tcp', alpn: 'gateway-tcp', upgraded: true, remoteAddress: '127.0.0.1' });
+    inner.destroy();
+  });
+
+  it("after a PROXY header, the upgraded stream's client is the header's address, not the balancer's", async () => {
+    const raw = await connectRaw(port);
+    raw.write(buildProxyHeaderV1({ family: 'tcp4', source: { address: '203.0.113.44', port: 40044 }, destination: { address: '198.51.100.1', port: 443 } }));
+    const options: WebSocket.ClientOptions = { createConnection: () => tls.connect({ socket: raw, servername: HOST, ca: pki.caPem }) };
+    const ws = new WebSocket(`wss://127.0.0.1:${port}${UPGRADE_PATH}`, ['gateway-tcp'], options);
+    cleanups.push(() => ws.terminate());
+    await new Promise<void>((resolve, reject) => {
+      ws.once('open', () => resolve());
+      ws.once('error', reject);
+    });
+    const mark = seen.length;
+    const inner = await connectTls({ socket: createWebSocketStream(ws), alpn: ['gateway-tcp'] });
+    expect((await roundTrip(inner, 'upgraded')).toString()).toBe('upgraded');
+    const got = await waitSeen((r) => seen.indexOf(r) >= mark && r.info.upgraded === true);
+    expect(got.info).toMatchObject({ route: 'gateway-tcp', upgraded: true, remoteAddress: '203.0.113.44', remotePort: 40044 });
+    expect(got.client).toEqual({ address: '203.0.113.44', port: 40044 });
     inner.destroy();
   });
 
