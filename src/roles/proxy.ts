@@ -87,6 +87,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
       nodename: config.gateway.nodename,
       version: VERSION,
       public_addr: publicAddr,
+      public_addrs: config.proxy_service.public_addr.map((a) => formatHostPort(a.host, a.port)),
       tunnel_host_key: tunnelKey.sshPublicKey,
     },
     channels: config.proxy_service.automatic_upgrades_channels,
