@@ -23,7 +23,7 @@ import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
-import type { DialAnswer, DialRequest, ServiceKind } from '../tunnel/protocol.js';
+import { SERVICE_ROLE, type DialAnswer, type DialRequest, type ServiceKind } from '../tunnel/protocol.js';
 
 export const DIRECT_DIAL_DEFAULTS = Object.freeze({ timeoutMs: 15_000 });
 
@@ -40,8 +40,6 @@ export interface DirectDialDeps {
 }
 
 const LISTENER: Partial<Record<ServiceKind, keyof DirectAddrs>> = { ssh: 'ssh', kube: 'kube', desktop: 'desktop' };
-/** The system role a direct-join agent's certificate must carry to serve each listener (its join token's type). */
-const LISTENER_ROLE: Record<keyof DirectAddrs, string> = { ssh: 'node', kube: 'kube', desktop: 'desktop' };
 
 /**
  * The agent's certificate must be a host certificate for exactly this host ID, with the system role of the
@@ -52,7 +50,7 @@ export function checkAgentCert(cert: Pick<PeerCertificate, 'raw'>, hostId: strin
   try {
     const identity = identityFromCert(cert.raw);
     if (identity.kind !== 'host' || identity.name !== hostId) return new Error(`the certificate is for ${identity.kind} "${identity.name}", not agent ${hostId}`);
-    const role = LISTENER_ROLE[kind];
+    const role = SERVICE_ROLE[kind];
     if (!identity.roles.includes(role)) return new Error(`the certificate of agent ${hostId} has the roles ${identity.roles.join(', ') || 'none'}, not ${role}: it did not join to serve ${kind}`);
     return undefined;
   } catch (err) {
