@@ -263,6 +263,23 @@ export class Joining {
     }
   }
 
+  /**
+   * The record as its renewed certificates name it: an agent that joined before member names were reserved keeps
+   * its record, but its new certificates leave out the names now reserved (logged once per renewal), so that an
+   * old join does not keep a Proxy's name for ever. A Proxy's record is as it is.
+   */
+  private async withoutMemberNames(record: NodeRecord): Promise<NodeRecord> {
+    if (record.roles.includes('proxy')) return record;
+    const reserved = await this.reservedNames();
+    const publicAddrs = record.publicAddrs.filter((a) => !reservedBy(hostOf(a), reserved));
+    const nodenameTaken = reservedBy(record.nodename, reserved) !== undefined;
+    if (publicAddrs.length === record.publicAddrs.length && !nodenameTaken) return record;
+    const dropped = [...record.publicAddrs.filter((a) => !publicAddrs.includes(a)), ...(nodenameTaken ? [record.nodename] : [])];
+    this.deps.log.warn({ hostId: record.hostId, dropped }, "host renewal: names reserved for the cluster's members left out of the certificates");
+    // The host ID stands in for a taken node name (certificates need one name; the host ID is always among them).
+    return { ...record, publicAddrs, nodename: nodenameTaken ? record.hostId : record.nodename };
+  }
+
   /** The certificates of a new host; nothing is stored. A name the certificates cannot carry is the request's fault (400). */
   private async makeHost(request: HostRequest): Promise<{ bundle: CertBundle; record: NodeRecord }> {
     const hostId = randomUUID();
@@ -362,7 +379,7 @@ export class Joining {
           hint: 'The agent keeps its current certificates and asks again later by itself; nothing needs doing.',
         });
       }
-      const bundle = await this.issueHost(record, request.publicKeyPem, record.sshPublicKey);
+      const bundle = await this.issueHost(await this.withoutMemberNames(record), request.publicKeyPem, record.sshPublicKey);
       const renewed: NodeRecord = { ...record, renewedAt: new Date(clock()).toISOString() };
       try {
         await backend.compareAndSwap(KEYS.node(hostId), item.revision, JSON.stringify(renewed));

@@ -6,7 +6,8 @@
  * (apps), or a wildcard covering one; the token is not used by a refusal. A Proxy's own join may name them.
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { generateKeyPair, identityFromCert } from '../../src/auth/pki.js';
+import { X509Certificate } from 'node:crypto';
+import { generateKeyPair, identityFromCert, parseSshCert } from '../../src/auth/pki.js';
 import { canonicalName, memberNames, reservedBy } from '../../src/auth/reserved.js';
 import { AuthService, type JoinRole } from '../../src/auth/service.js';
 import { openSqliteBackend } from '../../src/backend/index.js';
@@ -101,6 +102,27 @@ describe('joins that name a cluster member', () => {
     const { token } = await auth.addToken(auth.adminIdentity(), { roles: ['node', 'db', 'app', 'kube', 'desktop'] });
     expect(await codeOf(join(token, 'node-1', [], ['node', 'proxy']))).toBe('GW_ERR_AUTH_TOKEN_WRONG_TYPE');
     expect(await codeOf(join(token, 'node-1', [], ['auth' as JoinRole]))).toBe('GW_ERR_AUTH_TOKEN_WRONG_TYPE');
+  });
+});
+
+describe('renewal of a host that joined before names were reserved', () => {
+  it("hostile: its renewed certificates leave out the member names its record holds; the record is kept as it is", async () => {
+    const { token } = await auth.addToken(auth.adminIdentity(), { roles: ['node'] });
+    const joined = await join(token, 'node-9', ['node-9.example.com:3022']);
+    // As an old join left it: the Proxy's public name among its addresses, a Proxy's node name as its own.
+    const key = `/nodes/${joined.hostId}`;
+    const stored = JSON.parse((await backend.get(key))!.value) as Record<string, unknown>;
+    const old = { ...stored, nodename: 'proxy-b', publicAddrs: ['node-9.example.com:3022', 'proxy.unit.example:3022'] };
+    await backend.put(key, JSON.stringify(old));
+    const renewed = await auth.renewHost({ hostId: joined.hostId, publicKeyPem: keys.publicKeyPem, via: 'direct' });
+    const names = new X509Certificate(renewed.tlsCert).subjectAltName ?? '';
+    expect(names).toContain('DNS:node-9.example.com');
+    expect(names).toContain(`DNS:${joined.hostId}`);
+    expect(names).not.toContain('proxy.unit.example');
+    expect(names).not.toContain('proxy-b');
+    expect(parseSshCert(renewed.sshCert).principals).not.toContain('proxy.unit.example');
+    const after = JSON.parse((await backend.get(key))!.value) as Record<string, unknown>;
+    expect([after.nodename, after.publicAddrs]).toEqual(['proxy-b', old.publicAddrs]);
   });
 });
 
