@@ -3,7 +3,8 @@
  * certificate of the cluster (it chains to the host CA and names the address dialled, as a poisoned resolver or a
  * hostile corporate proxy would arrange) serves the cluster's public CAs, so the --ca-pin check passes. gwsh login
  * must refuse it before it sends the password (GW_ERR_TLS_WRONG_ROLE): the certificate does not carry the role
- * proxy. The same for a login with the CA kept from earlier, and for gwctl on that profile.
+ * proxy. The same for a login with the CA kept from earlier, for gwctl on that profile, and for an agent's join
+ * through it (no token).
  *
  * The cluster is an Auth Service in this process (SQLite in memory); the agent's certificate comes from a real
  * join. Needs dist/ (npm run build).
@@ -19,7 +20,9 @@ import { generateKeyPair, identityFromCert } from '../../src/auth/pki.js';
 import { AuthService } from '../../src/auth/service.js';
 import { openSqliteBackend } from '../../src/backend/index.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
+import { joinCluster } from '../../src/agent/identity.js';
 import { saveProfile } from '../../src/client/profile.js';
+import { Dialer } from '../../src/dial/dialer.js';
 import { BIN, runCli } from '../helpers/gateway.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
@@ -84,5 +87,14 @@ describe("a rogue server with an agent's certificate, reached as the Proxy", () 
     const ctl = await runCli('gwctl', ['get', 'nodes'], { env: { GWSH_HOME: home } });
     expect(ctl.stderr).toContain('GW_ERR_TLS_WRONG_ROLE');
     expect(received).toEqual([]);
+  });
+
+  it("hostile: an agent joining through it (--proxy, --ca-pin) sends no join token", async () => {
+    received.length = 0;
+    const secret = 'f00dfeedf00dfeedf00dfeedf00dfeed';
+    const err = await joinCluster({ dataDir: join(home, 'agent'), server: rogueAddr, token: secret, caPin: auth.caPin(), roles: ['db'], nodename: 'db-1', publicAddrs: [], dialer: new Dialer({ env: {} }), joinedVia: 'proxy' }).then(() => undefined, (e: unknown) => e);
+    expect(err).toMatchObject({ code: 'GW_ERR_TLS_WRONG_ROLE' });
+    expect(received.map((r) => r.path)).toEqual(['/webapi/ca']);
+    expect(received.some((r) => r.body.includes(secret))).toBe(false);
   });
 });
