@@ -223,6 +223,10 @@ export const ERROR_CODES = {
     summary: 'The join token is for other service types than the agent asked to join as.',
     hint: "Create a token with the agent's types: gwctl tokens add --type=node,db,...",
   },
+  GW_ERR_AUTH_JOIN_NAME_RESERVED: {
+    summary: "A join asked for a node name or public address that belongs to the cluster's Proxies or Auth Services (their public addresses and node names, the cluster name, or a name under a Proxy's public name, where apps are served); only a Proxy's token may name a Proxy's addresses.",
+    hint: "Give the agent a name and public_addr of its own (gateway.nodename, the services' public_addr, --public-addr); the message names the reserved name and whose it is. The token was not used.",
+  },
   GW_ERR_HOST_RENEW_REFUSED: {
     summary: "An agent's renewal of its host certificates was refused: the key it sent is not the one it joined with, its node record holds no key, or an ask a Proxy carried lacks the agent's fresh proof of its key.",
     hint: "The message says which. A key that is not the joined one, or a record without one: join the agent again with a new token from 'gwctl tokens add' (renewal keeps the key). A missing or stale proof: check the agent's clock (date -u); it asks again by itself.",
@@ -294,6 +298,10 @@ export const ERROR_CODES = {
   GW_ERR_TLS_CERT_EXPIRED: {
     summary: 'The server certificate has expired or is not valid yet.',
     hint: 'Check the clocks of both machines (date -u); a Proxy or Auth Service issues a fresh certificate when it restarts, other servers need theirs renewed.',
+  },
+  GW_ERR_TLS_WRONG_ROLE: {
+    summary: "The server's certificate chains to the cluster's host CA and holds the name dialled, but it is not the certificate of the member expected: a Proxy's must carry the system role proxy, the Auth Service's the role auth (another host of the cluster, such as an agent, answered); nothing was sent to it.",
+    hint: 'Check where the address resolves and the proxy settings (HTTPS_PROXY) of this machine: something leads it to another host of the cluster. The message names what the certificate is.',
   },
   GW_ERR_CLIENT_NOT_LOGGED_IN: {
     summary: 'gwsh has no profile: nobody is signed in.',

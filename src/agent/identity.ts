@@ -78,7 +78,7 @@ export function loadHostIdentity(dataDir: string): HostIdentity | undefined {
 export function identityClient(identity: HostIdentity, options: Omit<ApiClientOptions, 'address' | 'ca' | 'cert' | 'key'> = {}): () => ApiClient {
   let made: { cert: string; client: ApiClient } | undefined;
   return () => {
-    if (made?.cert !== identity.cert) made = { cert: identity.cert, client: new ApiClient({ ...options, address: identity.server, ca: identity.hostCa, cert: identity.cert, key: identity.key }) };
+    if (made?.cert !== identity.cert) made = { cert: identity.cert, client: new ApiClient({ server: identity.joinedVia === 'auth' ? 'auth' : 'proxy', ...options, address: identity.server, ca: identity.hostCa, cert: identity.cert, key: identity.key }) };
     return made.client;
   };
 }

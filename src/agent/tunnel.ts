@@ -3,10 +3,11 @@
  * keep one tunnel up, heartbeat, and serve the connections the Proxy forwards by connecting to the resource
  * each dial request names.
  *
- *   find     GET /webapi/find on the Proxy (TLS verified against the cluster's host CA, host certificate); the
- *            answer is kept for later attempts until one fails before the tunnel is up
+ *   find     GET /webapi/find on the Proxy (TLS verified against the cluster's host CA, host certificate with the
+ *            role proxy: src/client/api.ts memberIdentity); the answer is kept for later attempts until one
+ *            fails before the tunnel is up
  *   dial     TLS routing: the web address, offering ALPN gateway-reversetunnel-v2 then gateway-reversetunnel
- *            (TLS client cert = host cert; the Proxy's certificate must be from the cluster's host CA);
+ *            (TLS client cert = host cert; the Proxy's certificate must be from the cluster's host CA, role proxy);
  *            separate listeners: raw SSH to ssh_tunnel_public_addr
  *   v2       the Proxy chose gateway-reversetunnel-v2: frames over that TLS connection (src/tunnel/session.ts),
  *            the agent authenticated by its certificate alone; a refusal arrives as `refused`
@@ -20,7 +21,9 @@
  * One TunnelAgent keeps one tunnel. Several Proxies behind a load balancer: src/agent/pool.ts runs one per
  * tunnel and gives each the Proxies the others hold (`holds`, sent in the hello: a Proxy already holding this
  * agent answers `duplicate` instead of replacing that tunnel), a shared dial rate (`gate`), and drop() for a
- * tunnel it no longer wants. The Proxy a tunnel reached is the host ID its welcome names (proxyId).
+ * tunnel it no longer wants. The Proxy a tunnel reached (proxyId) is the host ID its proxy-role certificate names
+ * (on raw SSH: the Proxy /webapi/find lists for its host key); a welcome naming another is refused, and streams are
+ * served only after a welcome that names it.
  */
 import { X509Certificate } from 'node:crypto';
 import { EventEmitter } from 'node:events';
@@ -29,7 +32,7 @@ import type { Duplex } from 'node:stream';
 import type ssh2 from 'ssh2';
 import { parseAddr } from '../addr.js';
 import { signRenewProof, sshPrivateKeyPem } from '../auth/pki.js';
-import { ApiClient } from '../client/api.js';
+import { ApiClient, memberIdentity, proxyServerIdentity } from '../client/api.js';
 import type { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
@@ -121,12 +124,35 @@ interface ControlSide {
   reconnect(reason: string): void;
   /** The Proxy refused this agent (v2). */
   refused(): void;
+  /**
+   * The Proxy's host ID as this side verified it: the proxy-role certificate of the TLS connection, or on raw SSH
+   * the Proxy whose tunnel host key /webapi/find (itself from a verified Proxy) lists for the key presented.
+   * Undefined only on raw SSH to a Proxy of an earlier version, which lists keys without IDs.
+   */
+  proxyId(): string | undefined;
+  /** Settled by the welcome: streams are served only once it came and named the verified Proxy. */
+  welcomed: Gate;
+}
+
+/** A promise settled once from outside: streams wait on it before they are served. */
+interface Gate {
+  promise: Promise<boolean>;
+  open(): void;
+  shut(): void;
+}
+
+function gate(): Gate {
+  let settle!: (ok: boolean) => void;
+  const promise = new Promise<boolean>((resolve) => (settle = resolve));
+  return { promise, open: () => settle(true), shut: () => settle(false) };
 }
 
 export interface FindResponse {
   proxy: PingProxy;
   cluster_name: string;
   tunnel_host_keys?: string[];
+  /** Which Proxy holds which tunnel host key (raw SSH: the Proxy ID the agent records). */
+  tunnel_proxies?: Array<{ proxy_id: string; host_key: string }>;
 }
 
 export type TunnelState = 'connecting' | 'connected' | 'waiting' | 'stopped';
@@ -216,14 +242,18 @@ export class TunnelAgent extends EventEmitter {
     return api.call<FindResponse>('GET', '/webapi/find');
   }
 
-  /** The transport to the Proxy, and whether it speaks v2 (the Proxy chose its ALPN) or SSH. */
-  private async openTransport(find: FindResponse): Promise<{ transport: Duplex; v2: boolean }> {
+  /**
+   * The transport to the Proxy, whether it speaks v2 (the Proxy chose its ALPN) or SSH, and over TLS the Proxy's
+   * host ID from its certificate, which must carry the role proxy (src/client/api.ts memberIdentity): any host
+   * certificate of the cluster chains to the host CA, an agent's too.
+   */
+  private async openTransport(find: FindResponse): Promise<{ transport: Duplex; v2: boolean; proxyId?: string }> {
     const { identity, dialer } = this.options;
     if (find.proxy.tls_routing_enabled) {
       const addr = find.proxy.ssh.public_addr || identity.server;
       const offered: string[] = (this.options.tunnelProtocols ?? ['v2', 'v1']).map((v) => (v === 'v2' ? TUNNEL_ALPN_V2 : TUNNEL_ALPN_V1));
       const raw = await dialer.dial(addr);
-      const socket = await connectTls(raw, { ALPNProtocols: offered, ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host }).catch((err: Error) => {
+      const socket = await connectTls(raw, { ALPNProtocols: offered, ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host, checkServerIdentity: proxyServerIdentity }).catch((err: Error) => {
         throw (
           tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
           new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err })
@@ -233,7 +263,12 @@ export class TunnelAgent extends EventEmitter {
         socket.destroy();
         throw new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN ${offered.join(' or ')}`);
       }
-      return { transport: socket, v2: socket.alpnProtocol === TUNNEL_ALPN_V2 };
+      const proxy = memberIdentity(addr, socket.getPeerCertificate().raw, 'proxy');
+      if (proxy instanceof GatewayError) {
+        socket.destroy(); // checked in the handshake already; a certificate read back differently is not used either
+        throw proxy;
+      }
+      return { transport: socket, v2: socket.alpnProtocol === TUNNEL_ALPN_V2, proxyId: proxy.name };
     }
     const addr = find.proxy.ssh.ssh_tunnel_public_addr;
     if (!addr) throw new GatewayError('GW_ERR_TUNNEL_DOWN', 'the Proxy advertises no reverse-tunnel address');
@@ -247,6 +282,7 @@ export class TunnelAgent extends EventEmitter {
     this.setState('connecting');
     let transport: Duplex;
     let v2: boolean;
+    let proxyId: string | undefined;
     let find: FindResponse;
     let aborted = false;
     this.closeCurrent = () => (aborted = true);
@@ -255,7 +291,7 @@ export class TunnelAgent extends EventEmitter {
       // that alternated find and tunnel connections would send the tunnels to every other Proxy only).
       find = this.found ?? (await this.find());
       this.found = find;
-      ({ transport, v2 } = await this.openTransport(find));
+      ({ transport, v2, proxyId } = await this.openTransport(find));
       if (!v2) sshModule ??= (await import('ssh2')).default;
     } catch (err) {
       this.found = undefined;
@@ -270,16 +306,18 @@ export class TunnelAgent extends EventEmitter {
       if (!this.stopped) this.scheduleRetry();
       return;
     }
-    if (v2) this.openSession(find, transport);
-    else this.openSsh(find, transport);
+    if (v2) this.openSession(find, transport, proxyId);
+    else this.openSsh(find, transport, proxyId);
   }
 
   /** v2: a TunnelSession on the TLS connection; the Proxy's streams are served as SSH channels are. */
-  private openSession(find: FindResponse, socket: Duplex): void {
+  private openSession(find: FindResponse, socket: Duplex, proxyId: string | undefined): void {
     let closed = false;
+    const welcomed = gate();
     const onClosed = (reason: string) => {
       if (closed) return;
       closed = true;
+      welcomed.shut();
       socket.destroy();
       const current = this.session === session;
       if (current) this.session = undefined;
@@ -293,7 +331,7 @@ export class TunnelAgent extends EventEmitter {
       onStream: (stream: TunnelStream) => {
         this.channels.add(stream);
         stream.once('close', () => this.channels.delete(stream));
-        void this.serveChannel(stream);
+        void this.serveChannel(stream, welcomed.promise);
       },
       onClose: (err) => {
         if (err) {
@@ -318,19 +356,25 @@ export class TunnelAgent extends EventEmitter {
         this.emit('failure', e);
         onClosed('refused');
       },
+      proxyId: () => proxyId,
+      welcomed,
     });
   }
 
   /** SSH over the transport, then the forward and the control channel; a retry is scheduled when it closes. */
-  private openSsh(find: FindResponse, transport: Duplex): void {
+  private openSsh(find: FindResponse, transport: Duplex, tlsProxyId: string | undefined): void {
     const { identity } = this.options;
     const client = new sshModule!.Client();
     this.client = client;
     let connectedOnce = false;
     let closed = false;
+    // Over TLS, the Proxy's certificate named it; on raw SSH, the host key it presents does (hostVerifier).
+    let proxyId = tlsProxyId;
+    const welcomed = gate();
     const onClosed = (reason: string) => {
       if (closed) return;
       closed = true;
+      welcomed.shut();
       transport.destroy(); // a half-closed transport would otherwise stay open for ever
       const current = this.client === client;
       if (current) this.client = undefined;
@@ -363,7 +407,7 @@ export class TunnelAgent extends EventEmitter {
       const channel = accept();
       this.channels.add(channel);
       channel.once('close', () => this.channels.delete(channel));
-      void this.serveChannel(channel);
+      void this.serveChannel(channel, welcomed.promise);
     });
     client.on('ready', () => {
       connectedOnce = true;
@@ -379,7 +423,7 @@ export class TunnelAgent extends EventEmitter {
             client.end();
             return;
           }
-          this.runControl(this.sshSide(client, control, transport));
+          this.runControl({ ...this.sshSide(client, control, transport), proxyId: () => proxyId, welcomed });
         });
       });
     });
@@ -396,13 +440,14 @@ export class TunnelAgent extends EventEmitter {
         if (find.proxy.tls_routing_enabled) return true;
         const ok = allowedKeys.some((k) => k.getPublicSSH().equals(key));
         if (!ok) this.log.error('the Proxy presented an SSH host key that the cluster does not list; refusing it');
+        else proxyId = proxyOfHostKey(find, key);
         return ok;
       },
     });
   }
 
-  /** The SSH connection as the control protocol drives it. */
-  private sshSide(client: ssh2.Client, control: Duplex, transport: Duplex): ControlSide {
+  /** The SSH connection as the control protocol drives it (the Proxy's identity is openSsh's). */
+  private sshSide(client: ssh2.Client, control: Duplex, transport: Duplex): Omit<ControlSide, 'proxyId' | 'welcomed'> {
     return {
       control,
       // Drop the transport we handed ssh2, not only the SSH connection: a dead path delivers no FIN, and ending
@@ -499,19 +544,26 @@ export class TunnelAgent extends EventEmitter {
 
   private onControlMessage(m: ControlMessage, side: ControlSide, heartbeat: Heartbeat, send: (m: ControlMessage) => void): void {
     switch (m.type) {
-      case 'welcome':
+      case 'welcome': {
+        const verified = side.proxyId();
+        if (verified !== undefined && m.proxyId !== verified) {
+          this.refuseWelcome(m.proxyId, verified, side);
+          return;
+        }
         this.attempt = 0;
         this.heartbeatIntervalMs = m.heartbeatIntervalMs;
         this.heartbeatCountMax = m.heartbeatCountMax;
         heartbeat.start(this.heartbeatIntervalMs, this.silentAfterMs());
-        this.heldProxy = m.proxyId;
+        this.heldProxy = verified ?? m.proxyId;
+        side.welcomed.open();
         this.setState('connected');
         for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
-        this.log.info({ proxyId: m.proxyId, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
+        this.log.info({ proxyId: this.heldProxy, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
         // Whatever changed while the tunnel was down: treat a new connection as a possible change.
         this.emit('maintenance-changed');
-        this.emit('connected', m.proxyId);
+        this.emit('connected', this.heldProxy);
         return;
+      }
       case 'reconnect':
         side.reconnect(m.reason);
         return;
@@ -539,6 +591,21 @@ export class TunnelAgent extends EventEmitter {
     }
   }
 
+  /**
+   * A welcome naming another Proxy than the one this side verified (its certificate, or its listed host key): the
+   * claim is not recorded, nothing is served through this tunnel, and it is dropped (the retry follows the backoff).
+   */
+  private refuseWelcome(claimed: string, verified: string, side: ControlSide): void {
+    const e = new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy ${verified} welcomed this agent as Proxy ${String(claimed).slice(0, 128)}: refused, the tunnel is dropped`, {
+      hint: "A Proxy's welcome must name the Proxy its certificate names; a Proxy that claims another's ID is misconfigured or compromised: check it ('gwctl get proxies').",
+      details: { verified, claimed: String(claimed).slice(0, 128) },
+    });
+    this.log.error({ code: e.code, err: e.message, proxyId: verified }, 'the Proxy claimed another Proxy ID; dropping the tunnel');
+    this.emit('failure', e);
+    side.welcomed.shut();
+    side.drop();
+  }
+
   private emitClosedForReconnect(): void {
     this.client = undefined;
     this.tunnelClosed('reconnect notice', true);
@@ -560,7 +627,12 @@ export class TunnelAgent extends EventEmitter {
     this.scheduleRetry(reason === 'reconnect notice');
   }
 
-  private async serveChannel(channel: Duplex): Promise<void> {
+  /** A stream the Proxy opened: served once the tunnel's welcome named the verified Proxy (welcomed), else closed. */
+  private async serveChannel(channel: Duplex, welcomed: Promise<boolean>): Promise<void> {
+    if (!(await welcomed)) {
+      channel.destroy();
+      return;
+    }
     let request: DialRequest;
     try {
       request = await readJsonLine<DialRequest>(channel, { what: 'dial request', timeoutMs: 15_000 });
@@ -628,4 +700,17 @@ function refusedError(identity: HostIdentity, find: FindResponse): GatewayError 
     `the Proxy at ${identity.server} refused this agent's host identity ${identity.hostId}: the cluster does not know this host (it was removed, the agent is locked, or the identity was not issued by this cluster)`,
     { hint },
   );
+}
+
+/**
+ * On raw SSH, the Proxy whose tunnel host key is `key`, as the verified /webapi/find lists them (tunnel_proxies);
+ * undefined when it does not say (a Proxy of an earlier version).
+ */
+function proxyOfHostKey(find: FindResponse, key: Buffer): string | undefined {
+  for (const p of Array.isArray(find.tunnel_proxies) ? find.tunnel_proxies : []) {
+    if (typeof p?.proxy_id !== 'string' || typeof p.host_key !== 'string') continue;
+    const parsed = sshModule!.utils.parseKey(p.host_key);
+    if (!(parsed instanceof Error) && !Array.isArray(parsed) && parsed.getPublicSSH().equals(key)) return p.proxy_id;
+  }
+  return undefined;
 }

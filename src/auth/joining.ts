@@ -13,7 +13,8 @@ import { checkRequestKeys, hostOf, HOST_CERT_TTL_MS, type Authorities, type Cert
 import type { CallerCheck } from './callers.js';
 import { renewProofRefusal, sameSshKey, type Identity, type RenewProof } from './pki.js';
 import { AttemptLimiter, joinKey, reserveOrRefuse } from './ratelimit.js';
-import { JOIN_ROLES, KEYS, NAME_PATTERN, type JoinRole, type NodeRecord, type StoredToken } from './records.js';
+import { JOIN_ROLES, KEYS, NAME_PATTERN, type JoinRole, type NodeRecord, type ProxyRecord, type StoredToken } from './records.js';
+import { canonicalName, memberNames, reservedBy, type MemberName } from './reserved.js';
 import { tokenId as resourceTokenId, type TokenResource } from './resources/index.js';
 
 export const DEFAULT_TOKEN_TTL_MS = 30 * 60_000;
@@ -80,6 +81,11 @@ export interface JoiningDeps {
   authorities: Authorities;
   audit: AuditLog;
   log: Logger;
+  /**
+   * The names of this process's own members from its configuration (the Auth Service's, and its Proxy's when one
+   * runs here): reserved for them, with those the live Proxy records announce (reservedNames).
+   */
+  memberNames?: readonly MemberName[];
 }
 
 export class Joining {
@@ -198,6 +204,7 @@ export class Joining {
       if (wrong.length > 0) {
         throw this.refuseJoin(request, 'GW_ERR_AUTH_TOKEN_WRONG_TYPE', `the join token is for ${record.roles.join(', ')}, not for ${wrong.join(', ')}`);
       }
+      if (!made) await this.refuseMemberNames(request);
       made ??= await this.makeHost(request);
       const next = { ...record, used: record.used + 1 };
       try {
@@ -209,6 +216,68 @@ export class Joining {
       }
     }
     return this.recordHost(made, tokenId(request.token).slice(0, 12));
+  }
+
+  /**
+   * The names reserved for the cluster's members: this process's configured ones, and for every live Proxy
+   * (its record) its node name, public and peering hosts, and the names under its public DNS name.
+   */
+  async reservedNames(): Promise<MemberName[]> {
+    const proxies = (await this.deps.backend.range('/proxies/')).flatMap((i): ProxyRecord[] => {
+      try {
+        return [JSON.parse(i.value) as ProxyRecord];
+      } catch {
+        return [];
+      }
+    });
+    const announced = proxies.flatMap((p): MemberName[] => {
+      const who = `Proxy ${String(p.id).slice(0, 64)} (${String(p.nodename).slice(0, 128)})`;
+      const publicHosts = [p.public_addr, ...(Array.isArray(p.public_addrs) ? p.public_addrs : [])].filter((a): a is string => typeof a === 'string').slice(0, 64);
+      return [
+        ...(typeof p.nodename === 'string' ? [{ name: p.nodename, owner: `the node name of ${who}` }] : []),
+        ...publicHosts.map((a) => ({ name: hostOf(a), owner: `the public address of ${who}`, under: true })),
+        ...(typeof p.peer_addr === 'string' ? [{ name: hostOf(p.peer_addr), owner: `the peering address of ${who}` }] : []),
+      ];
+    });
+    return memberNames([{ name: this.deps.authorities.clusterName, owner: 'the cluster name' }, ...(this.deps.memberNames ?? []), ...announced]);
+  }
+
+  /**
+   * An agent's join may not name a Proxy's or an Auth Service's names (reserved.ts): its certificate would then
+   * pass a client's chain-and-name check for that member. A Proxy's own join (token type proxy) may: Proxies
+   * behind one balancer share its name. Checked after the token (nothing is revealed to a caller without one),
+   * before anything is issued or consumed: the token stays usable.
+   */
+  private async refuseMemberNames(request: HostRequest): Promise<void> {
+    if (request.roles.includes('proxy')) return;
+    const reserved = await this.reservedNames();
+    const asked = [{ what: 'node name', name: request.nodename }, ...request.publicAddrs.map((a) => ({ what: 'public address', name: hostOf(a) }))];
+    for (const { what, name } of asked) {
+      const owner = reservedBy(name, reserved);
+      if (!owner) continue;
+      this.deps.log.warn({ token: tokenId(request.token).slice(0, 12), source: request.source, nodename: request.nodename, name, owner: owner.owner }, 'join refused: a name of a cluster member');
+      throw new GatewayError('GW_ERR_AUTH_JOIN_NAME_RESERVED', `the ${what} "${name}" is reserved: it is ${owner.name === canonicalName(name) ? '' : `under or covers "${owner.name}", `}${owner.owner}`, {
+        hint: `Give the agent a name of its own: ${what === 'node name' ? 'gateway.nodename' : "the services' public_addr (or --public-addr)"} must not be a Proxy's or the Auth Service's name, nor one under a Proxy's public name (apps are served there). The token was not used.`,
+        details: { name, reserved: owner.name },
+      });
+    }
+  }
+
+  /**
+   * The record as its renewed certificates name it: an agent that joined before member names were reserved keeps
+   * its record, but its new certificates leave out the names now reserved (logged once per renewal), so that an
+   * old join does not keep a Proxy's name for ever. A Proxy's record is as it is.
+   */
+  private async withoutMemberNames(record: NodeRecord): Promise<NodeRecord> {
+    if (record.roles.includes('proxy')) return record;
+    const reserved = await this.reservedNames();
+    const publicAddrs = record.publicAddrs.filter((a) => !reservedBy(hostOf(a), reserved));
+    const nodenameTaken = reservedBy(record.nodename, reserved) !== undefined;
+    if (publicAddrs.length === record.publicAddrs.length && !nodenameTaken) return record;
+    const dropped = [...record.publicAddrs.filter((a) => !publicAddrs.includes(a)), ...(nodenameTaken ? [record.nodename] : [])];
+    this.deps.log.warn({ hostId: record.hostId, dropped }, "host renewal: names reserved for the cluster's members left out of the certificates");
+    // The host ID stands in for a taken node name (certificates need one name; the host ID is always among them).
+    return { ...record, publicAddrs, nodename: nodenameTaken ? record.hostId : record.nodename };
   }
 
   /** The certificates of a new host; nothing is stored. A name the certificates cannot carry is the request's fault (400). */
@@ -310,7 +379,7 @@ export class Joining {
           hint: 'The agent keeps its current certificates and asks again later by itself; nothing needs doing.',
         });
       }
-      const bundle = await this.issueHost(record, request.publicKeyPem, record.sshPublicKey);
+      const bundle = await this.issueHost(await this.withoutMemberNames(record), request.publicKeyPem, record.sshPublicKey);
       const renewed: NodeRecord = { ...record, renewedAt: new Date(clock()).toISOString() };
       try {
         await backend.compareAndSwap(KEYS.node(hostId), item.revision, JSON.stringify(renewed));

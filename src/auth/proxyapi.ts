@@ -117,6 +117,8 @@ function proxyRecordFrom(v: unknown): ProxyRecord {
   const r = object(v, 'record');
   for (const key of ['id', 'nodename', 'version', 'public_addr', 'channels_digest', 'started_at', 'last_heartbeat']) text(r[key], `record.${key}`);
   if (r.peer_addr !== undefined) text(r.peer_addr, 'record.peer_addr');
+  if (r.public_addrs !== undefined && (!Array.isArray(r.public_addrs) || r.public_addrs.length > 64)) throw bad('"record.public_addrs" must be a list of at most 64 addresses');
+  if (Array.isArray(r.public_addrs)) r.public_addrs.forEach((a, i) => text(a, `record.public_addrs[${i}]`));
   if (r.tunnel_host_key !== undefined && !/^(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-Za-z0-9+/=]+$/.test(text(r.tunnel_host_key, 'record.tunnel_host_key', 4096))) {
     throw bad('"record.tunnel_host_key" must be one OpenSSH public key line');
   }

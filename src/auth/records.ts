@@ -103,6 +103,11 @@ export interface ProxyRecord {
   version: string;
   /** Where clients and agents reach it: its web public address (often the load balancer's). */
   public_addr: string;
+  /**
+   * Every proxy_service.public_addr (public_addr is the first): the Auth Service refuses agents' joins that name
+   * any of them (src/auth/reserved.ts). Absent from Proxies of earlier versions.
+   */
+  public_addrs?: string[];
   /** Where other Proxies reach it for peering (proxy_service.peer_public_addr, else its host and peer port). */
   peer_addr?: string;
   /** The SSH host key of its reverse-tunnel server (OpenSSH line): /webapi/find lists every live Proxy's. */

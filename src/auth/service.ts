@@ -29,6 +29,7 @@ import { Manifests } from './manifests.js';
 import type { CertAuthority, Identity } from './pki.js';
 import type { ProxyAuth } from './proxyauth.js';
 import type { NodeRecord } from './records.js';
+import type { MemberName } from './reserved.js';
 import { SessionRegistry } from './sessions.js';
 import { SsoService, type AuthPreference } from './sso/index.js';
 import { DEFAULT_USER_CERT_TTL_MS, Users } from './users.js';
@@ -50,6 +51,8 @@ export interface AuthServiceOptions {
   proxyPublicAddr?: string;
   /** Outbound requests to identity providers (single sign-on) go through it. */
   dialer?: Dialer;
+  /** Names of this process's members from its configuration, reserved from agents' joins (src/auth/reserved.ts). */
+  memberNames?: readonly MemberName[];
   /** auth_service.authentication: what /webapi/ping and the login page offer first. */
   authentication?: { type: 'local' | 'oidc' | 'saml' | 'github'; connector_name: string };
 }
@@ -93,7 +96,7 @@ export class AuthService implements ProxyAuth {
     const audit = new AuditLog(backend, clock);
     const callers = new CallerCheck(backend, options.clusterName, locks, log);
     const users = new Users({ backend, clock, callers, authorities, audit, locks, log, ...(options.userCertTtlMs === undefined ? {} : { userCertTtlMs: options.userCertTtlMs }) });
-    const joining = new Joining({ backend, clock, callers, authorities, audit, log });
+    const joining = new Joining({ backend, clock, callers, authorities, audit, log, ...(options.memberNames ? { memberNames: options.memberNames } : {}) });
     const lockAdmin = new LockAdmin({ backend, clock, callers, audit, store: locks, log });
     const agents = new AgentDirectory(backend, options.clusterName, callers);
     const manifests = new Manifests({ backend, callers, audit, users, joining, lockAdmin, locks, agents });

@@ -8,7 +8,7 @@ import { UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { AddrError, formatHostPort, parseAddr } from '../addr.js';
 import { GatewayError, isErrorCode } from '../errors.js';
 import { checkServerIdentity as checkServerName, type PeerCertificate } from 'node:tls';
-import { identityFromCert, pinMatches } from '../auth/pki.js';
+import { identityFromCert, pinMatches, type Identity } from '../auth/pki.js';
 import type { PublicCas } from '../auth/service.js';
 
 export interface ApiClientOptions {
@@ -48,8 +48,9 @@ export class ApiClient {
       ...(text === undefined ? {} : { body: text }),
       ...(this.options.ca === undefined ? {} : { ca: this.options.ca }),
       ...(this.options.cert === undefined ? {} : { cert: this.options.cert, key: this.options.key }),
-      // The Auth API, verified against the cluster's host CA: its certificate must also say it is an Auth Service.
-      ...(this.options.server === 'auth' && this.options.ca !== undefined ? { checkServerIdentity: authServerIdentity } : {}),
+      // Verified against the cluster's host CA: the certificate must also say it is the member asked for (the Auth
+      // Service, or a Proxy), not any host of the cluster. With the system's CAs only, no host certificate passes.
+      ...(this.options.ca !== undefined ? { checkServerIdentity: this.server === 'auth' ? authServerIdentity : proxyServerIdentity } : {}),
       timeoutMs: this.options.timeoutMs ?? 30_000,
       tlsPeer: {
         server: this.options.server ?? 'proxy',
@@ -75,22 +76,57 @@ export class ApiClient {
   }
 }
 
+/** The cluster members a client talks to, and the system role each one's host certificate must carry. */
+export type MemberRole = 'proxy' | 'auth';
+
+const MEMBER_NAMES: Record<MemberRole, string> = { proxy: "a Proxy's", auth: "an Auth Service's" };
+
+/**
+ * Whether a certificate that chained to the cluster's host CA is a certificate of the member expected: a host
+ * certificate of that cluster member with its system role (proxy, auth). Every host certificate (an agent's, a
+ * Proxy's, the Auth Service's) chains to the same host CA and may hold any name its join asked for, so the chain
+ * and the name alone do not tell a Proxy from an agent (docs/security.md, "Who each cluster member is"). Returns
+ * the identity, or a GW_ERR_TLS_WRONG_ROLE error naming what the certificate is instead.
+ */
+export function memberIdentity(host: string, raw: Buffer | undefined, role: MemberRole): Identity | GatewayError {
+  const refuse = (what: string) =>
+    new GatewayError('GW_ERR_TLS_WRONG_ROLE', `the certificate at ${host} ${what}, not ${MEMBER_NAMES[role]}: it is not the ${role === 'proxy' ? 'Proxy' : 'Auth Service'} of this cluster; nothing was sent to it`, {
+      hint: `Something between this machine and ${host} (its DNS name, a hosts file, HTTPS_PROXY or a TLS-inspecting proxy) leads to another member of the cluster, such as an agent, that holds a certificate with this name. Check where ${host} resolves and the proxy settings; an agent may have joined with this name before the Auth Service refused that (gwctl get nodes lists the names agents hold).`,
+      details: { host, expected_role: role },
+    });
+  let identity: Identity;
+  try {
+    identity = identityFromCert(raw);
+  } catch (err) {
+    return refuse(`carries no cluster identity (${(err as Error).message})`);
+  }
+  if (identity.kind === 'host' && identity.roles.includes(role)) return identity;
+  return refuse(`is a ${identity.kind} certificate with the roles ${identity.roles.join(', ') || 'none'}`);
+}
+
+/** A checkServerIdentity for tls: Node's name check, then memberIdentity for role. */
+export function memberServerIdentity(role: MemberRole): (host: string, cert: PeerCertificate) => Error | undefined {
+  return (host, cert) => {
+    const nameError = checkServerName(host, cert);
+    if (nameError) return nameError;
+    const found = memberIdentity(host, cert.raw, role);
+    return found instanceof GatewayError ? found : undefined;
+  };
+}
+
 /**
  * The server-certificate check for the Auth API: the name check Node makes, and then the certificate's identity
  * must be a host of the cluster with the role auth. Any host certificate (an agent's, a Proxy's) chains to the
  * same host CA, so without this an agent with a network position could answer as the Auth Service.
  */
-export function authServerIdentity(host: string, cert: PeerCertificate): Error | undefined {
-  const nameError = checkServerName(host, cert);
-  if (nameError) return nameError;
-  try {
-    const identity = identityFromCert(cert.raw);
-    if (identity.kind === 'host' && identity.roles.includes('auth')) return undefined;
-    return new Error(`the certificate at ${host} is a ${identity.kind} certificate with the roles ${identity.roles.join(', ') || 'none'}, not an Auth Service's`);
-  } catch (err) {
-    return new Error(`the certificate at ${host} carries no cluster identity: ${(err as Error).message}`);
-  }
-}
+export const authServerIdentity = memberServerIdentity('auth');
+
+/**
+ * The same for a Proxy (its web port, its TLS routes, the agents' tunnel on it): role proxy. Only where the
+ * client verifies against the cluster's host CA: a web certificate from a public CA (proxy_service.https_keypairs)
+ * carries no identity, and no agent's certificate chains to the system's CAs.
+ */
+export const proxyServerIdentity = memberServerIdentity('proxy');
 
 /** "host" → "host:443"; validates the form. */
 export function normalizeAddress(address: string, defaultPort = 443): string {

@@ -1,6 +1,6 @@
 /**
- * gwsh's side of reaching a resource through the Proxy: TLS to the Proxy with the protocol's ALPN and the
- * user's certificate (through the Dialer, so through HTTPS_PROXY), one route header line naming the resource,
+ * gwsh's side of reaching a resource through the Proxy: TLS to the Proxy (its certificate from the cluster's host
+ * CA with the role proxy, src/client/api.ts proxyServerIdentity) with the protocol's ALPN and the user's certificate (through the Dialer, so through HTTPS_PROXY), one route header line naming the resource,
  * and one answer line from the Proxy: then the stream is the resource's.
  *
  * With TLS routing everything goes to the web address; with separate listeners databases use their own ports
@@ -16,7 +16,7 @@ import type { PingResponse } from '../proxy/ping.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
-import { ApiClient } from './api.js';
+import { ApiClient, proxyServerIdentity } from './api.js';
 import type { Profile } from './profile.js';
 
 export type DbProtocol = 'postgres' | 'mysql' | 'mongodb' | 'redis';
@@ -66,7 +66,8 @@ export async function openResource(
   const raw = await dialer.dial(address);
   const host = parseAddr(address).host;
   const credentials = secureContext ? { secureContext } : { ca: profile.hostCa, cert: profile.cert, key: profile.key };
-  const socket = await connectTls(raw, { ALPNProtocols: [target.alpn], ...credentials, host }).catch((err: Error) => {
+  // The Proxy's certificate must say role proxy: an agent's host certificate chains to the same CA.
+  const socket = await connectTls(raw, { ALPNProtocols: [target.alpn], ...credentials, host, checkServerIdentity: proxyServerIdentity }).catch((err: Error) => {
     throw (
       tlsVerifyError(err, { address, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(address) }) ??
       (/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err)

@@ -9,6 +9,9 @@
  *   GW_ERR_TLS_CERT_EXPIRED    the certificate is outside its validity period
  *   GW_ERR_CLIENT_UNTRUSTED    no CA this side trusts signed it (no pin given, or another cluster's)
  *
+ * A certificate that passes these but is not the cluster member's expected (GW_ERR_TLS_WRONG_ROLE, src/client/api.ts
+ * memberIdentity) comes back from the caller's check as that error already, and passes through unchanged.
+ *
  * A CA that does not match a --ca-pin is found earlier, before anything is verified (GW_ERR_AUTH_PIN_MISMATCH in
  * src/client/api.ts). Pure: no I/O.
  */
@@ -50,7 +53,7 @@ const EXPIRED_CODES = new Set(['CERT_HAS_EXPIRED', 'CERT_NOT_YET_VALID']);
 const NAME_CODE = 'ERR_TLS_CERT_ALTNAME_INVALID';
 
 /** The codes this module produces. */
-export const TLS_VERIFY_CODES = ['GW_ERR_TLS_NAME_MISMATCH', 'GW_ERR_TLS_CERT_EXPIRED', 'GW_ERR_CLIENT_UNTRUSTED'] as const;
+export const TLS_VERIFY_CODES = ['GW_ERR_TLS_NAME_MISMATCH', 'GW_ERR_TLS_CERT_EXPIRED', 'GW_ERR_CLIENT_UNTRUSTED', 'GW_ERR_TLS_WRONG_ROLE'] as const;
 
 export function isTlsVerifyError(err: unknown): err is GatewayError {
   return err instanceof GatewayError && (TLS_VERIFY_CODES as readonly string[]).includes(err.code);

@@ -4,7 +4,8 @@
  * Proxy's Dialer and hands back a stream that carries what a tunnel channel would after its DialAnswer:
  *
  *   ssh, kube, desktop: mutual TLS with the Proxy's host certificate; the agent's certificate must be the host
- *   certificate of the agent the presence names (not only any host of the cluster); then the DialRequest line out
+ *   certificate of the agent the presence names (not only any host of the cluster), with the system role of the
+ *   service dialled (node, kube, desktop); then the DialRequest line out
  *   and the DialAnswer line back; after an ok answer the stream carries the user's SSH connection to the SSH
  *   Service (ssh, as a tunnel channel does) or the resource's bytes. SSH is never plain TCP: the agent's listener
  *   accepts only Proxies, so a user cannot skip the locks and roles the Proxy checks.
@@ -22,7 +23,7 @@ import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
-import type { DialAnswer, DialRequest, ServiceKind } from '../tunnel/protocol.js';
+import { SERVICE_ROLE, type DialAnswer, type DialRequest, type ServiceKind } from '../tunnel/protocol.js';
 
 export const DIRECT_DIAL_DEFAULTS = Object.freeze({ timeoutMs: 15_000 });
 
@@ -40,12 +41,18 @@ export interface DirectDialDeps {
 
 const LISTENER: Partial<Record<ServiceKind, keyof DirectAddrs>> = { ssh: 'ssh', kube: 'kube', desktop: 'desktop' };
 
-/** The agent's certificate must be a host certificate for exactly this host ID (an Error for tls otherwise). */
-function checkAgentCert(cert: PeerCertificate, hostId: string): Error | undefined {
+/**
+ * The agent's certificate must be a host certificate for exactly this host ID, with the system role of the
+ * service dialled (an Error for tls otherwise): a presence record says which listener is where, the certificate
+ * says what its holder joined as.
+ */
+export function checkAgentCert(cert: Pick<PeerCertificate, 'raw'>, hostId: string, kind: keyof DirectAddrs): Error | undefined {
   try {
     const identity = identityFromCert(cert.raw);
-    if (identity.kind === 'host' && identity.name === hostId) return undefined;
-    return new Error(`the certificate is for ${identity.kind} "${identity.name}", not agent ${hostId}`);
+    if (identity.kind !== 'host' || identity.name !== hostId) return new Error(`the certificate is for ${identity.kind} "${identity.name}", not agent ${hostId}`);
+    const role = SERVICE_ROLE[kind];
+    if (!identity.roles.includes(role)) return new Error(`the certificate of agent ${hostId} has the roles ${identity.roles.join(', ') || 'none'}, not ${role}: it did not join to serve ${kind}`);
+    return undefined;
   } catch (err) {
     return err as Error;
   }
@@ -93,7 +100,7 @@ export function dialDirect(presence: Presence, request: DialRequest, deps: Direc
       throw new GatewayError('GW_ERR_DIRECT_UNREACHABLE', `${agent} at ${addr}: ${toGatewayError(err).message}`, { cause: err, details: { hostId: presence.hostId, addr } });
     });
     stream = raw;
-    const tls = await handshake(raw, addr, presence.hostId, agent, deps);
+    const tls = await handshake(raw, addr, { hostId: presence.hostId, kind }, agent, deps);
     stream = tls;
     return answer(tls, request, agent, timeoutMs);
   })();
@@ -101,14 +108,15 @@ export function dialDirect(presence: Presence, request: DialRequest, deps: Direc
   return Promise.race([attempt, deadline]).finally(() => clearTimeout(timer));
 }
 
-async function handshake(raw: Duplex, addr: string, hostId: string, agent: string, deps: DirectDialDeps): Promise<TLSSocket> {
+async function handshake(raw: Duplex, addr: string, expected: { hostId: string; kind: keyof DirectAddrs }, agent: string, deps: DirectDialDeps): Promise<TLSSocket> {
+  const { hostId } = expected;
   try {
     return await connectTls(raw, {
       host: parseAddr(addr).host,
       ca: deps.hostCa,
       cert: deps.cert,
       key: deps.key,
-      checkServerIdentity: (_host, cert) => checkAgentCert(cert, hostId),
+      checkServerIdentity: (_host, cert) => checkAgentCert(cert, hostId, expected.kind),
     });
   } catch (err) {
     throw new GatewayError('GW_ERR_DIRECT_AUTH', `mutual TLS with ${agent} at ${addr} failed: ${(err as Error).message}`, { cause: err, details: { hostId, addr } });

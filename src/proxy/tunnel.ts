@@ -50,6 +50,7 @@ import {
   type ServiceKind,
   type RenewalMessage,
   type RenewMessage,
+  servicesRefusal,
 } from '../tunnel/protocol.js';
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 
@@ -211,14 +212,15 @@ export class TunnelServer extends EventEmitter {
     const hello = readLine(link.control, { what: 'hello', timeoutMs }).then((line) => parseControlMessage(line));
     hello.catch(() => undefined); // read below, after the authentication
     this.authenticateV2(socket, remote, link)
-      .then(async (hostId) => {
-        if (hostId === undefined) {
+      .then(async (host) => {
+        const m = host && (await hello);
+        if (host && m?.type === 'hello' && m.hostId === host.hostId && this.servicesRefused(host.roles, m, remote)) host = undefined;
+        if (host === undefined) {
           writeJsonLine(link.control, { type: 'refused' } satisfies ControlMessage);
           link.end();
           return;
         }
-        const m = await hello;
-        if (m?.type !== 'hello' || m.hostId !== hostId) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the first control message must be a hello for the authenticated host');
+        if (m?.type !== 'hello' || m.hostId !== host.hostId) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the first control message must be a hello for the authenticated host');
         this.register(link, m, remote);
       })
       .catch((err: unknown) => {
@@ -232,7 +234,7 @@ export class TunnelServer extends EventEmitter {
    * the front door against the cluster's CAs) for a host that joined with this very key, and is neither removed
    * nor locked. Resolves with its host ID, or undefined when refused (the reason is logged).
    */
-  private async authenticateV2(socket: TLSSocket, remote: string, link: AgentLink): Promise<string | undefined> {
+  private async authenticateV2(socket: TLSSocket, remote: string, link: AgentLink): Promise<{ hostId: string; roles: string[] } | undefined> {
     const tlsIdentity = peerHostIdentity(socket);
     let hostId: string | undefined;
     const refuse = (why: string) => {
@@ -248,7 +250,18 @@ export class TunnelServer extends EventEmitter {
     if (!sameKey(socket, node.sshPublicKey)) return refuse('the key is not the one its host certificate certifies');
     const identity: Identity = { kind: 'host', name: hostId, cluster: this.options.auth.clusterName, roles: node.roles };
     const revoked = await this.trackAgent(identity, remote, link);
-    return revoked ? refuse(revoked.message) : hostId;
+    return revoked ? refuse(revoked.message) : { hostId, roles: node.roles };
+  }
+
+  /**
+   * Whether the hello names services the host's roles (its node record: what its join token allowed) do not let it
+   * serve, or the host is no agent at all (a Proxy's identity): then the tunnel is refused (logged), so that no
+   * host poses as another kind of member (tunnel/protocol.ts servicesRefusal).
+   */
+  private servicesRefused(roles: readonly string[], hello: HelloMessage, remote: string): boolean {
+    const why = servicesRefusal(roles, Array.isArray(hello.services) ? hello.services : []);
+    if (why) this.log.warn({ remote, hostId: hello.hostId, services: hello.services, roles, why }, 'agent refused');
+    return why !== undefined;
   }
 
   /**
@@ -271,13 +284,14 @@ export class TunnelServer extends EventEmitter {
 
   private onConnection(conn: Connection, meta: TunnelMeta | undefined): void {
     const remote = meta ? `${meta.info.remoteAddress}:${meta.info.remotePort}` : 'unknown';
-    const state: { hostId?: string; link?: SshLink } = {};
+    const state: { hostId?: string; roles?: string[]; link?: SshLink } = {};
     conn.on('authentication', (ctx) => {
       this.authenticateSsh(conn, ctx, meta, remote)
-        .then((hostId) => {
-          if (hostId === undefined) return ctx.reject(ctx.method === 'publickey' ? undefined : ['publickey']);
-          if (hostId === '') return ctx.accept(); // a query: "would this key do?"
-          state.hostId = hostId;
+        .then((host) => {
+          if (host === undefined) return ctx.reject(ctx.method === 'publickey' ? undefined : ['publickey']);
+          if (host === '') return ctx.accept(); // a query: "would this key do?"
+          state.hostId = host.hostId;
+          state.roles = host.roles;
           ctx.accept();
         })
         .catch((err: unknown) => {
@@ -306,6 +320,7 @@ export class TunnelServer extends EventEmitter {
               clearTimeout(helloTimer);
               const hello = parseControlMessage(line);
               if (hello?.type !== 'hello' || hello.hostId !== state.hostId) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the first control message must be a hello for the authenticated host');
+              if (this.servicesRefused(state.roles ?? [], hello, remote)) return conn.end();
               this.register(new SshLink(conn, control, this.endpoint), hello, remote);
             })
             .catch((err: unknown) => {
@@ -322,10 +337,10 @@ export class TunnelServer extends EventEmitter {
   }
 
   /**
-   * One SSH authentication attempt: the host ID when accepted, '' for a key query that may go on, undefined when
+   * One SSH authentication attempt: the host ID and its roles when accepted, '' for a key query that may go on, undefined when
    * refused (logged, but for a method other than publickey).
    */
-  private async authenticateSsh(conn: Connection, ctx: ssh2.AuthContext, meta: TunnelMeta | undefined, remote: string): Promise<string | undefined> {
+  private async authenticateSsh(conn: Connection, ctx: ssh2.AuthContext, meta: TunnelMeta | undefined, remote: string): Promise<{ hostId: string; roles: string[] } | '' | undefined> {
     if (ctx.method !== 'publickey') return undefined;
     const refuse = (why: string) => {
       this.log.warn({ remote, hostId: ctx.username, why }, 'agent refused');
@@ -346,7 +361,7 @@ export class TunnelServer extends EventEmitter {
     const identity: Identity = { kind: 'host', name: ctx.username, cluster: this.options.auth.clusterName, roles: node.roles };
     const link = { end: () => conn.end(), destroy: () => this.endpoint.destroy(conn), onGone: (fn: () => void) => void conn.once('close', fn) };
     const revoked = await this.trackAgent(identity, remote, link);
-    return revoked ? refuse(revoked.message) : ctx.username;
+    return revoked ? refuse(revoked.message) : { hostId: ctx.username, roles: node.roles };
   }
 
   // --- the registry and the control protocol ------------------------------------------------------------------

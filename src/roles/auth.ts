@@ -30,7 +30,7 @@ import { guardHttpServer } from '../net/http.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { serverSecureContext, terminateTls } from '../net/tls.js';
 import type { Lifecycle } from './lifecycle.js';
-import { authServerNames, localAddress } from './names.js';
+import { authServerNames, configuredMemberNames, localAddress } from './names.js';
 
 export interface AuthRoleOptions {
   config: GatewayConfig;
@@ -63,6 +63,7 @@ export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole>
     ...(options.proxyPublicAddr === undefined ? {} : { proxyPublicAddr: options.proxyPublicAddr }),
     ...(options.dialer ? { dialer: options.dialer } : {}),
     authentication: config.auth_service.authentication,
+    memberNames: configuredMemberNames(config, options.proxyPublicAddr !== undefined),
   });
   // Every Proxy reads it (discovery tells agents); the last Auth Service to start decides.
   await auth.setTunnelStrategy(config.auth_service.tunnel_strategy.type === 'proxy_peering'

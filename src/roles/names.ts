@@ -3,6 +3,7 @@
  * of a listener, and the join roles of the agent services.
  */
 import { isIP } from 'node:net';
+import type { MemberName } from '../auth/reserved.js';
 import type { JoinRole } from '../auth/service.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 
@@ -37,6 +38,25 @@ export function webServerNames(config: GatewayConfig): string[] {
     ...publicHosts,
     ...publicHosts.filter((h) => isIP(h) === 0).map((h) => `*.${h}`),
     ...(WILDCARD_HOSTS.includes(webHost) ? [] : [webHost]),
+  ];
+}
+
+/**
+ * The names of this process's cluster members from its configuration, which the Auth Service keeps agents' joins
+ * from taking (src/auth/reserved.ts): the Auth Service's node name and public addresses, and with a Proxy in this
+ * process (proxyHere) its public addresses (and every name under a public DNS name) and peering address. Loopback
+ * names are dropped there.
+ */
+export function configuredMemberNames(config: GatewayConfig, proxyHere: boolean): MemberName[] {
+  const names: MemberName[] = [
+    { name: config.gateway.nodename, owner: `the node name of this ${proxyHere ? 'Auth Service and Proxy' : 'Auth Service'}` },
+    ...config.auth_service.public_addr.map((a) => ({ name: a.host, owner: 'a public address of the Auth Service (auth_service.public_addr)' })),
+  ];
+  if (!proxyHere) return names;
+  return [
+    ...names,
+    ...config.proxy_service.public_addr.map((a) => ({ name: a.host, owner: 'a public address of the Proxy (proxy_service.public_addr)', under: true })),
+    ...config.proxy_service.peer_public_addr.map((a) => ({ name: a.host, owner: 'the peering address of the Proxy (proxy_service.peer_public_addr)' })),
   ];
 }
 

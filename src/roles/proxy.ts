@@ -89,6 +89,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
       nodename: config.gateway.nodename,
       version: VERSION,
       public_addr: publicAddr,
+      public_addrs: config.proxy_service.public_addr.map((a) => formatHostPort(a.host, a.port)),
       tunnel_host_key: tunnelKey.sshPublicKey,
     },
     channels: config.proxy_service.automatic_upgrades_channels,
@@ -141,7 +142,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     webApps: createWebAppHandler(auth, router, { webAddrs: () => webAddrs(config, frontDoor?.addresses.web) }),
     services: services(auth, router, tunnels, jump, limits.settings),
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
-    findExtras: () => ({ tunnel_host_keys: [...new Set([tunnelKey.sshPublicKey, ...cluster.proxies().flatMap((p) => (p.tunnel_host_key ? [p.tunnel_host_key] : []))])], proxies: cluster.proxies().map((p) => ({ id: p.id, nodename: p.nodename, public_addr: p.public_addr, version: p.version })) }),
+    findExtras: () => findExtras(options.proxyId, tunnelKey.sshPublicKey, cluster),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
     api: options.api,
     authPreference: cachedAuthPreference(() => auth.authPreference()),
@@ -185,6 +186,20 @@ export interface PeeringControl {
   stop(): Promise<void>;
   /** Starts now when the listener mode is separate or the cluster's strategy is proxy_peering, else when the strategy becomes it. */
   startWhenNeeded(addresses: Record<string, string>): Promise<void>;
+}
+
+/**
+ * What /webapi/find adds for agents: every live Proxy's reverse-tunnel host key, and which Proxy holds which
+ * (tunnel_proxies: on raw SSH the agent records the Proxy whose key it was shown, never the welcome's claim).
+ */
+function findExtras(selfId: string, selfKey: string, cluster: ClusterView): Record<string, unknown> {
+  const byKey = new Map<string, string>([[selfKey, selfId]]);
+  for (const p of cluster.proxies()) if (p.tunnel_host_key && !byKey.has(p.tunnel_host_key)) byKey.set(p.tunnel_host_key, p.id);
+  return {
+    tunnel_host_keys: [...byKey.keys()],
+    tunnel_proxies: [...byKey].map(([key, id]) => ({ proxy_id: id, host_key: key })),
+    proxies: cluster.proxies().map((p) => ({ id: p.id, nodename: p.nodename, public_addr: p.public_addr, version: p.version })),
+  };
 }
 
 /** A new key and its certificate from the cluster's host CA: host kind, role proxy, named by this Proxy's host ID. */

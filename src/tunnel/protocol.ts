@@ -47,6 +47,29 @@ export const CONTROL_MAX_LINE_BYTES = 1024 * 1024;
 
 export type ServiceKind = 'ssh' | 'db' | 'app' | 'desktop' | 'kube';
 
+/**
+ * The system role (a join token's type, carried by the host certificate and the node record) that lets a host
+ * serve each service: what the Proxy requires of an agent's tunnel for the services its hello names, and of a
+ * direct-join agent's listener it dials (docs/security.md, "Who each cluster member is").
+ */
+export const SERVICE_ROLE: Readonly<Record<ServiceKind, string>> = { ssh: 'node', db: 'db', app: 'app', desktop: 'desktop', kube: 'kube' };
+
+/**
+ * Why a host with these roles may not hold an agent's tunnel for these services, or undefined: it has no agent
+ * role at all (a Proxy's or the Auth Service's identity is not an agent's), or a service its roles do not allow.
+ */
+export function servicesRefusal(roles: readonly string[], services: readonly string[]): string | undefined {
+  const agentRoles: readonly string[] = Object.values(SERVICE_ROLE);
+  if (!roles.some((r) => agentRoles.includes(r))) return `it joined as ${roles.join(', ') || 'nothing'}, not as an agent`;
+  for (const service of services) {
+    const role = (SERVICE_ROLE as Record<string, string | undefined>)[service];
+    if (role === undefined || !roles.includes(role)) {
+      return `it joined as ${roles.join(', ') || 'nothing'}, which does not serve ${String(service).slice(0, 32)}${role ? ` (that needs ${role})` : ''}`;
+    }
+  }
+  return undefined;
+}
+
 export interface DatabaseInfo {
   name: string;
   protocol: 'postgres' | 'mysql' | 'mongodb' | 'redis';

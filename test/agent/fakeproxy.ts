@@ -15,6 +15,7 @@ import { generateKeyPair, sshPrivateKeyPem } from '../../src/auth/pki.js';
 import { writeJsonLine } from '../../src/stream/lines.js';
 import { ControlDecoder } from '../../src/tunnel/control.js';
 import { CONTROL_SUBSYSTEM, TUNNEL_BIND, type ControlMessage, type DialRequest } from '../../src/tunnel/protocol.js';
+import { makeClusterPki } from '../helpers/members.js';
 import type { TestPki } from '../helpers/tls.js';
 
 /** One control channel the agent opened: what it sent so far, and a way to wait for more. */
@@ -71,13 +72,28 @@ export class FakeProxy {
   private web!: https.Server;
   readonly hostKey = generateKeyPair();
   webAddr = '';
+  /** The host CA of the fake cluster: its web certificate is a Proxy's (host, role proxy), as agents require. */
+  hostCa = '';
 
-  async start(pki: TestPki): Promise<void> {
+  /**
+   * `announce`: /webapi/find says which Proxy holds the tunnel host key (tunnel_proxies), as Proxies of this
+   * version do; then the agent records that ID, not the welcome's. Without it, a Proxy of an earlier version.
+   */
+  constructor(private readonly announce?: { proxyId: string }) {}
+
+  async start(_pki?: TestPki): Promise<void> {
     this.ssh = new ssh2.Server({ hostKeys: [sshPrivateKeyPem(this.hostKey.privateKeyPem)] }, (conn) => this.onConnection(conn));
     await new Promise<void>((resolve) => this.ssh.listen(0, '127.0.0.1', resolve));
     const tunnelAddr = `127.0.0.1:${(this.ssh.address() as net.AddressInfo).port}`;
-    const cert = await pki.serverCert({ names: [], ips: ['127.0.0.1'] });
-    const find = { proxy: { tls_routing_enabled: false, ssh: { ssh_tunnel_public_addr: tunnelAddr } }, cluster_name: 'test', tunnel_host_keys: [this.hostKey.sshPublicKey] };
+    const cluster = await makeClusterPki('test');
+    this.hostCa = cluster.caPem;
+    const cert = await cluster.issue({ name: this.announce?.proxyId ?? 'proxy-1', roles: ['proxy'], ips: ['127.0.0.1'] });
+    const find = {
+      proxy: { tls_routing_enabled: false, ssh: { ssh_tunnel_public_addr: tunnelAddr } },
+      cluster_name: 'test',
+      tunnel_host_keys: [this.hostKey.sshPublicKey],
+      ...(this.announce ? { tunnel_proxies: [{ proxy_id: this.announce.proxyId, host_key: this.hostKey.sshPublicKey }] } : {}),
+    };
     this.web = https.createServer({ cert: cert.certPem, key: cert.keyPem }, (req, res) => {
       res.writeHead(req.url === '/webapi/find' ? 200 : 404, { 'content-type': 'application/json' });
       res.end(JSON.stringify(req.url === '/webapi/find' ? find : { error: { code: 'GW_ERR_API_NOT_FOUND', message: 'no' } }));
@@ -127,8 +143,11 @@ export class FakeProxy {
   }
 }
 
-/** The identity of the agent the fake Proxy accepts (host-1 of cluster "test"), with server its web address. */
-export function fakeIdentity(pki: TestPki, cert: { certPem: string; keyPem: string }, server: string): HostIdentity {
+/**
+ * The identity of the agent the fake Proxy accepts (host-1 of cluster "test"), with server its web address and
+ * hostCa the fake cluster's (FakeProxy.hostCa once started).
+ */
+export function fakeIdentity(cert: { certPem: string; keyPem: string }, server: string, hostCa: string): HostIdentity {
   return {
     hostId: 'host-1',
     cluster: 'test',
@@ -139,7 +158,7 @@ export function fakeIdentity(pki: TestPki, cert: { certPem: string; keyPem: stri
     key: cert.keyPem,
     cert: cert.certPem,
     sshCert: '',
-    hostCa: pki.caPem,
+    hostCa,
     userCa: '',
     sshUserCa: '',
     identity: { kind: 'host', name: 'host-1', cluster: 'test', roles: ['db'] },

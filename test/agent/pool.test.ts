@@ -322,7 +322,7 @@ describe('against a fake Proxy', () => {
         s.send({ type: 'discovery', proxies: many, strategy: { type: 'agent_mesh' } });
       });
     });
-    pool = newPool(fakeIdentity(pki, cert, proxy.webAddr), { dialsPerSecond: 200, dialBurst: 50 });
+    pool = newPool(fakeIdentity(cert, proxy.webAddr, proxy.hostCa), { dialsPerSecond: 200, dialBurst: 50 });
     pool.start();
     await waitUntil('the pool full', () => pool!.links().length === MAX_POOL_LINKS);
     expect(pool.size).toBe(MAX_POOL_LINKS);
@@ -357,7 +357,7 @@ describe('against a fake Proxy', () => {
         });
       });
     });
-    pool = newPool(fakeIdentity(pki, cert, proxy.webAddr), { dialsPerSecond: 200, dialBurst: 50 });
+    pool = newPool(fakeIdentity(cert, proxy.webAddr, proxy.hostCa), { dialsPerSecond: 200, dialBurst: 50 });
     pool.start();
     await waitUntil('two tunnels', () => pool!.links().length === 2);
     const certs = await pool.requestRenewal('the key');
@@ -368,7 +368,7 @@ describe('against a fake Proxy', () => {
   it('tells each Proxy what it holds; a `duplicate` closes that tunnel and it dials again; a welcome from a held Proxy replaces the old tunnel', async () => {
     proxy = new FakeProxy();
     await proxy.start(pki);
-    pool = newPool(fakeIdentity(pki, cert, proxy.webAddr));
+    pool = newPool(fakeIdentity(cert, proxy.webAddr, proxy.hostCa));
     const duplicates: string[] = [];
     pool.on('duplicate', (id: string) => duplicates.push(id));
     pool.sendEvent({ queued: 'while no tunnel was up' });

@@ -44,7 +44,7 @@ const WELCOME = { type: 'welcome', proxyId: 'proxy-1', heartbeatIntervalMs: 60_0
 async function startAgent(): Promise<{ agent: TunnelAgent; events: string[] }> {
   proxy = new FakeProxy();
   await proxy.start(pki);
-  const identity = fakeIdentity(pki, agentCert, proxy.webAddr);
+  const identity = fakeIdentity(agentCert, proxy.webAddr, proxy.hostCa);
   const agent = new TunnelAgent({
     identity,
     dialer: new Dialer({ env: {} }),

@@ -36,8 +36,17 @@ describe("the Auth API's certificate", () => {
     }
   });
 
-  it("the same certificate is fine for a Proxy's web port (no such check there)", async () => {
+  it("a Proxy's certificate is what a Proxy's web port needs (role proxy)", async () => {
     const { address, ca } = await serveWith(['proxy']);
     await expect(new ApiClient({ address, ca, dialer: new Dialer({ env: {} }) }).call('GET', '/webapi/ping')).resolves.toEqual({ ok: true });
+  });
+
+  it("hostile: an agent's host certificate from the same CA, with the Proxy's name, is refused as the Proxy (GW_ERR_TLS_WRONG_ROLE), and so is the Auth Service's", async () => {
+    for (const roles of [['node'], ['db', 'app'], ['auth'], []]) {
+      const { address, ca } = await serveWith(roles);
+      const err = await new ApiClient({ address, ca, dialer: new Dialer({ env: {} }) }).call('GET', '/webapi/ping').catch((e: unknown) => e);
+      expect(err).toMatchObject({ code: 'GW_ERR_TLS_WRONG_ROLE' });
+      server?.close();
+    }
   });
 });

@@ -5,29 +5,25 @@
 import { once } from 'node:events';
 import type net from 'node:net';
 import tls from 'node:tls';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { openResource, resourceTlsContext, routeAddress, type ResourceTarget } from '../../src/client/resources.js';
 import type { Profile } from '../../src/client/profile.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { isGatewayError } from '../../src/errors.js';
 import type { PingResponse } from '../../src/proxy/ping.js';
 import { readJsonLine, writeJsonLine } from '../../src/stream/lines.js';
-import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { makeClusterPki, type ClusterPki, type IssuedCert } from '../helpers/members.js';
 
-let pki: TestPki;
-let otherPki: TestPki;
-let serverCert: { certPem: string; keyPem: string };
-let userCert: { certPem: string; keyPem: string };
+let pki: ClusterPki;
+let otherPki: ClusterPki;
+let serverCert: IssuedCert;
+let userCert: IssuedCert;
 
 beforeAll(async () => {
-  [pki, otherPki] = await Promise.all([makeTestPki(), makeTestPki()]);
-  serverCert = await pki.serverCert({ names: ['proxy.test'], ips: ['127.0.0.1'] });
-  userCert = await pki.serverCert({ names: ['alice'], ips: [] });
-});
-
-afterAll(async () => {
-  await pki.cleanup();
-  await otherPki.cleanup();
+  [pki, otherPki] = await Promise.all([makeClusterPki('test'), makeClusterPki('other')]);
+  // The Proxy's certificate: the cluster's host CA, role proxy (what gwsh checks besides the chain and the name).
+  serverCert = await pki.issue({ name: 'proxy-1', roles: ['proxy'], dns: ['proxy.test'], ips: ['127.0.0.1'] });
+  userCert = await pki.issue({ name: 'alice', roles: ['access'], kind: 'user' });
 });
 
 const servers: tls.Server[] = [];
@@ -45,11 +41,14 @@ interface Seen {
 }
 
 /** A TLS server that reads the route header, answers with `answer` and then echoes. */
-async function fakeRoute(alpn: string[], answer: unknown): Promise<{ address: string; seen: Promise<Seen> }> {
+async function fakeRoute(alpn: string[], answer: unknown, cert: IssuedCert = serverCert): Promise<{ address: string; seen: Promise<Seen>; closed: Promise<void> }> {
   let resolveSeen!: (s: Seen) => void;
   const seen = new Promise<Seen>((resolve) => (resolveSeen = resolve));
-  const server = tls.createServer({ cert: serverCert.certPem, key: serverCert.keyPem, ca: pki.caPem, requestCert: true, rejectUnauthorized: false, ALPNProtocols: alpn }, (socket) => {
+  let resolveClosed!: () => void;
+  const closed = new Promise<void>((resolve) => (resolveClosed = resolve));
+  const server = tls.createServer({ cert: cert.certPem, key: cert.keyPem, ca: pki.caPem, requestCert: true, rejectUnauthorized: false, ALPNProtocols: alpn }, (socket) => {
     socket.on('error', () => undefined);
+    socket.once('close', () => resolveClosed());
     sockets.push(socket);
     void readJsonLine<Record<string, unknown>>(socket).then((header) => {
       resolveSeen({ header, alpn: socket.alpnProtocol, clientCert: String(socket.getPeerCertificate().subject?.CN) });
@@ -57,10 +56,10 @@ async function fakeRoute(alpn: string[], answer: unknown): Promise<{ address: st
       socket.pipe(socket);
     });
   });
-  server.on('tlsClientError', () => undefined);
+  server.on('tlsClientError', () => resolveClosed());
   servers.push(server);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { address: `127.0.0.1:${(server.address() as net.AddressInfo).port}`, seen };
+  return { address: `127.0.0.1:${(server.address() as net.AddressInfo).port}`, seen, closed };
 }
 
 function profile(hostCa = pki.caPem): Profile {
@@ -128,6 +127,21 @@ describe('openResource', () => {
     const route = await fakeRoute(['gateway-postgres'], { ok: true });
     const e = await errorOf(openResource(profile(otherPki.caPem), route.address, { alpn: 'gateway-postgres', resource: 'main' }, dialer));
     expect(e.code).toBe('GW_ERR_CLIENT_UNTRUSTED');
+  });
+
+  it("hostile: a server holding an agent's host certificate of the cluster, with the Proxy's name, is refused before the route header is sent", async () => {
+    // What an agent that joined with public_addrs naming the Proxy held (issue 23): chain and name pass; the role does not.
+    const agentCert = await pki.issue({ name: 'host-7', roles: ['node', 'db'], dns: ['proxy.test'], ips: ['127.0.0.1'] });
+    for (const context of [undefined, resourceTlsContext(profile())]) {
+      const rogue = await fakeRoute(['gateway-postgres'], { ok: true }, agentCert);
+      let header: unknown;
+      void rogue.seen.then((seen) => (header = seen.header));
+      const e = await errorOf(openResource(profile(), rogue.address, { alpn: 'gateway-postgres', resource: 'main', login: 'alice' }, dialer, context));
+      expect(e.code).toBe('GW_ERR_TLS_WRONG_ROLE');
+      expect(e.message).toContain('roles node, db');
+      await rogue.closed; // the client gave up on the connection: whatever it had written has arrived
+      expect(header).toBeUndefined();
+    }
   });
 
   it('one TLS context for many connections (gwsh proxy): the same route and certificate each time, and the same refusal of an untrusted Proxy', async () => {

@@ -100,7 +100,7 @@ describe('channel drift between two Proxies', () => {
 
     // GET /v1/status, as gwctl calls it with the local admin identity over the Auth API's mutual TLS.
     const adminDir = join(dir, 'data', 'admin');
-    const api = new ApiClient({ address: auth.address, dialer, ca: await readFile(join(adminDir, 'host-ca.pem'), 'utf8'), cert: await readFile(join(adminDir, 'cert.pem'), 'utf8'), key: await readFile(join(adminDir, 'key.pem'), 'utf8') });
+    const api = new ApiClient({ address: auth.address, server: 'auth', dialer, ca: await readFile(join(adminDir, 'host-ca.pem'), 'utf8'), cert: await readFile(join(adminDir, 'cert.pem'), 'utf8'), key: await readFile(join(adminDir, 'key.pem'), 'utf8') });
     const status = await api.call<{ proxies: Array<{ id: string; nodename: string }>; channel_drift: { agree: boolean; channels: unknown[] } }>('GET', '/v1/status');
     expect(status.proxies.map((p) => [p.id, p.nodename])).toEqual([[A, 'proxy-a'], [B, 'proxy-b']]);
     expect(status.channel_drift).toMatchObject({

@@ -30,6 +30,7 @@ import { loadHostIdentity, saveHostIdentity, type HostIdentity } from '../../src
 import { HostRenewal } from '../../src/agent/renewal.js';
 import { TunnelAgent, type TunnelAgentOptions } from '../../src/agent/tunnel.js';
 import { generateAuthority, generateKeyPair, issueTlsCert, sshPrivateKeyPem } from '../../src/auth/pki.js';
+import type { JoinRole } from '../../src/auth/service.js';
 import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
@@ -108,12 +109,12 @@ async function startOldProxy(cfg: GatewayConfig, limits: ConnectionLimits): Prom
 
 let joined = 0;
 /** A host joined to the cluster (its identity as the agent stores it), pointed at server. */
-async function joinHost(server: string): Promise<HostIdentity> {
+async function joinHost(server: string, roles: JoinRole[] = ['db']): Promise<HostIdentity> {
   const keys = generateKeyPair();
   const nodename = `agent-${++joined}`;
-  const bundle = await auth.auth.joinLocal({ roles: ['db'], nodename, publicAddrs: [], publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey });
+  const bundle = await auth.auth.joinLocal({ roles, nodename, publicAddrs: [], publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey });
   const agentDir = join(dir, nodename);
-  saveHostIdentity(agentDir, keys.privateKeyPem, bundle, { roles: ['db'], nodename, server, joinedVia: 'proxy' });
+  saveHostIdentity(agentDir, keys.privateKeyPem, bundle, { roles, nodename, server, joinedVia: 'proxy' });
   return loadHostIdentity(agentDir)!;
 }
 
@@ -340,5 +341,31 @@ describe('host certificate renewal over the tunnel', () => {
     for (const r of results) expect(r).toMatchObject({ status: 'rejected', reason: { code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: expect.stringMatching(/less than 60 s ago/) } });
     expect((await auth.auth.getNode(identity.hostId))?.renewedAt).toBeUndefined();
     expect(await roundTrip(proxy.tunnels, identity.hostId, 'still up')).toBe('still up');
+  });
+});
+
+describe('hostile: a host that is not an agent of the services its hello names', () => {
+  // Issue 23: "a Proxy never [poses] as an agent". The roles come from the node record (the join token's types).
+  for (const protocol of ['v2', 'v1'] as const) {
+    it(`${protocol}: a Proxy's identity, or a node agent naming a database, is refused and holds no tunnel`, async () => {
+      for (const roles of [['proxy'], ['node']] as JoinRole[][]) {
+        const identity = await joinHost(proxyAddr, roles);
+        const { agent, failures } = startAgent(identity, { tunnelProtocols: [protocol] }); // services: db
+        const connected: string[] = [];
+        agent.on('connected', (id: string) => connected.push(id));
+        if (protocol === 'v2') await waitUntil('refused', () => failures.some((f) => f.code === 'GW_ERR_TUNNEL_AUTH'));
+        else await once(agent, 'disconnected'); // on SSH the Proxy closes the connection after the hello
+        expect(proxy.tunnels.get(identity.hostId)).toBeUndefined();
+        expect(connected).toEqual([]);
+        agent.stop();
+      }
+    });
+  }
+
+  it('an agent naming only services its roles allow is let in', async () => {
+    const identity = await joinHost(proxyAddr, ['node', 'db']);
+    const { agent } = startAgent(identity);
+    await once(agent, 'connected');
+    expect(proxy.tunnels.get(identity.hostId)?.services).toEqual(['db']);
   });
 });
