@@ -84,6 +84,21 @@ export class AgentDirectory {
     await this.backend.delete(KEYS.proxy(id));
   }
 
+  /**
+   * Removes the record of a Proxy that a lock names or that was removed (callers.ts decides), so that no Proxy
+   * peers with it any more and no presence it wrote counts (presenceCounts): the cluster forgets it within a watch
+   * round trip instead of at the record's TTL. Its heartbeats are refused meanwhile (the caller check of
+   * /v1/proxy/). Returns whether a record was removed.
+   */
+  async forgetRevokedProxy(id: string): Promise<boolean> {
+    if (!(await this.backend.get(KEYS.proxy(id)))) return false;
+    const node = await this.callers.getNode(id);
+    const reason = await this.callers.revocationOf({ kind: 'host', name: id, cluster: this.clusterName, roles: node?.roles ?? ['proxy'] });
+    if (!reason) return false;
+    await this.backend.delete(KEYS.proxy(id));
+    return true;
+  }
+
   async listProxies(): Promise<ProxyRecord[]> {
     return (await this.backend.range('/proxies/')).map((i) => JSON.parse(i.value) as ProxyRecord);
   }

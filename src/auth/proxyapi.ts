@@ -23,7 +23,8 @@
  *   POST   /v1/proxy/app-launches/redeem {token, app, state}        → {session_id, expires_at}
  *   POST   /v1/proxy/app-sessions/resolve {session_id, app}         → {session: WebSessionView}
  *   GET    /v1/proxy/events           newline-delimited JSON: hello, keepalive, maintenance, presence, proxies,
- *                                     resync, revoke {scope}; at most MAX_STREAMS_PER_PROXY per caller
+ *                                     resync, revoke {scope}; at most MAX_STREAMS_PER_PROXY per caller; tracked in
+ *                                     auth.sessions, so a lock on the Proxy or its removal closes it
  *
  * Only a Proxy of this cluster (a host certificate with the role proxy, as it stands now: its node record
  * exists and no lock targets it) or the local admin may call them: requireProxy.
@@ -251,6 +252,10 @@ function eventRoute(auth: AuthService, keepAliveMs: number): ProxyRoute {
       };
       res.once('close', once);
       req.once('close', () => { if (res.destroyed) once(); });
+      // Tracked like every stream opened for an identity: a lock on this Proxy or its removal closes it (callers.ts
+      // watchRevocations); the check after tracking catches a lock that landed since the caller was resolved.
+      stops.push(auth.sessions.track(proxy, 'Proxy event stream', () => res.destroy()));
+      void auth.revocationOf(proxy).then((revoked) => revoked && res.destroy());
       stops.push(auth.watchMaintenance(() => write({ type: 'maintenance' })));
       stops.push(auth.watchCluster({
         presence: (event) => write({ type: 'presence', event }),

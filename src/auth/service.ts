@@ -107,6 +107,14 @@ export class AuthService implements ProxyAuth {
     });
     const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests, sso, webSessions }, options.proxyPublicAddr);
     callers.watchRevocations(service.sessions);
+    // A lock on a Proxy, or its removal, also takes its record out of the cluster's list (agents.ts).
+    callers.watchRevocationScopes((why, scope) => {
+      if (scope.kind !== 'host') return;
+      agents.forgetRevokedProxy(scope.name).then(
+        (removed) => removed && log.info({ proxy: scope.name, why }, 'Proxy record removed: its identity is revoked'),
+        (err: unknown) => log.warn({ proxy: scope.name, err: (err as Error).message }, 'cannot remove the record of a revoked Proxy'),
+      );
+    });
     log.info({ cluster: options.clusterName, ca_pin: service.caPin() }, 'auth service ready');
     return service;
   }

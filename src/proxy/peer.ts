@@ -10,9 +10,10 @@
  *               faster (most runs), for 0.2-0.4 ms more per stream open.
  *   identity    mutual TLS with the cluster's host CA, checked on every connection (a resumed session too). The
  *               server accepts only a host certificate of this cluster with the system role "proxy" whose host
- *               ID is a live Proxy (cluster.ts); the client accepts only a server certificate naming the host
- *               ID of the Proxy it meant to reach, with the same role (a session is resumed only with the Proxy
- *               whose certificate was checked when it was made).
+ *               ID is a live Proxy (cluster.ts), and drops every open connection of a peer that stops being one
+ *               (locked or removed: the Auth Service takes its record out; stopped or dead); the client accepts
+ *               only a server certificate naming the host ID of the Proxy it meant to reach, with the same role
+ *               (a session is resumed only with the Proxy whose certificate was checked when it was made).
  *   a stream    gateway-peer-tls: the first line is the JSON {"hostId", "request"} (the DialRequest, the same JSON
  *               as the tunnel's: src/tunnel/protocol.ts); the answer one JSON line, {"ok":true} once the agent
  *               reached the resource, else {"ok":false,"error":{code,message,hint}}. Then raw bytes both ways:
@@ -104,7 +105,8 @@ export interface PeerTls {
 export interface PeerServerOptions {
   trust: ClusterTrust;
   tls: PeerTls;
-  cluster: Pick<ClusterView, 'proxy' | 'selfId'>;
+  /** The live Proxies; its 'proxies' event drops the connections of a peer that left (locked, removed, dead). */
+  cluster: Pick<ClusterView, 'proxy' | 'selfId' | 'on' | 'off'>;
   tunnels: Pick<LocalTunnels, 'get' | 'dial'>;
   limits: ConnectionLimits;
 }
@@ -115,7 +117,8 @@ export class PeerServer {
   private readonly terminate: ReturnType<typeof tlsTerminator>;
   private server: net.Server | undefined;
   /** Each open peer connection: its Connection (every layer down to the socket), and its HTTP/2 session if any. */
-  private readonly open = new Map<TLSSocket, { conn: ReturnType<typeof connectionOf>; session?: http2.ServerHttp2Session }>();
+  private readonly open = new Map<TLSSocket, { conn: ReturnType<typeof connectionOf>; session?: http2.ServerHttp2Session; peer: string }>();
+  private readonly onProxies = () => this.dropDeparted();
   /** Identities already read from peers' certificates (by SHA-256 fingerprint), for the host CA they were checked against. */
   private readonly identities = new Map<string, Identity>();
   private identitiesCa = '';
@@ -135,12 +138,30 @@ export class PeerServer {
     const server = guardedServer(guard, (socket) => this.accept(socket));
     const bound = await listenOn(server, addr, what);
     this.server = server;
+    this.options.cluster.off('proxies', this.onProxies);
+    this.options.cluster.on('proxies', this.onProxies);
     return bound;
+  }
+
+  /**
+   * Drops every open connection of a peer that is no longer a live Proxy: a lock on it or its removal takes its
+   * record out (src/auth/agents.ts forgetRevokedProxy), and so do its death and its graceful stop. The streams it
+   * carries are reset; its new connections are refused (refusal).
+   */
+  private dropDeparted(): void {
+    for (const [socket, { conn, session, peer }] of [...this.open]) {
+      if (this.options.cluster.proxy(peer)) continue;
+      this.log.warn({ peer }, 'peer dropped: no longer a live Proxy of this cluster');
+      this.open.delete(socket);
+      session?.destroy();
+      conn.destroy();
+    }
   }
 
   /** Stops listening and drops every peer connection (their clients see the streams reset). */
   async close(): Promise<void> {
     const closing = this.server ? closeServer(this.server) : Promise.resolve();
+    this.options.cluster.off('proxies', this.onProxies);
     for (const { conn, session } of this.open.values()) {
       session?.destroy();
       conn.destroy();
@@ -161,7 +182,7 @@ export class PeerServer {
           secure.destroy();
           return;
         }
-        this.open.set(secure, { conn: connectionOf(secure) });
+        this.open.set(secure, { conn: connectionOf(secure), peer: this.identityOf(secure).name });
         secure.once('close', () => this.open.delete(secure));
         if (secure.alpnProtocol === PEER_ALPN_TLS) this.serveStream(secure, client);
         else this.serveH2(secure, client);
@@ -261,7 +282,7 @@ export class PeerServer {
       },
     };
     conn.enter('peer-request', headerMs, expire);
-    this.open.set(socket, { conn, session });
+    this.open.set(socket, { conn, session, peer: this.open.get(socket)?.peer ?? '' });
     let open = 0;
     session.on('stream', (stream, headers) => {
       open++;

@@ -17,7 +17,7 @@ import { generateKeyPair, identityFromCert, signRenewProof } from '../../src/aut
 import { MAX_STREAMS_PER_PROXY } from '../../src/auth/proxyapi.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
-import { openSqliteBackend } from '../../src/backend/index.js';
+import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
 import { RemoteProxyAuth } from '../../src/client/remoteauth.js';
 import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
@@ -425,6 +425,64 @@ describe('a Proxy role on a RemoteProxyAuth', () => {
       expect(events.map((e) => e.event).find((e) => e.event === 'host.renew' && e.hostId === proxy.hostId)).toMatchObject({ via: 'direct' });
     } finally {
       await own.stop();
+    }
+  });
+});
+
+/** An event stream kept open: its lines as they come, and whether it ended. */
+function heldStream(addr: string, creds: Creds): Promise<{ lines: string[]; ended: () => boolean; close: () => void }> {
+  const i = addr.lastIndexOf(':');
+  return new Promise((resolve, reject) => {
+    let ended = false;
+    const lines: string[] = [];
+    const req = https.request({ host: addr.slice(0, i), port: Number(addr.slice(i + 1)), path: '/v1/proxy/events', ca, agent: false, ...creds }, (res) => {
+      expect(res.statusCode).toBe(200);
+      res.on('data', (c: Buffer) => lines.push(...c.toString().split('\n').filter((l) => l !== '')));
+      res.once('close', () => (ended = true));
+      res.once('error', () => (ended = true));
+      resolve({ lines, ended: () => ended, close: () => req.destroy() });
+    });
+    req.once('error', (err) => (ended ? undefined : reject(err)));
+    req.end();
+  });
+}
+
+const remoteOf = (who: HostIdentity) => RemoteProxyAuth.connect({ addresses: [role.address], credentials: { cert: who.cert, key: who.key, hostCa: who.hostCa, hostId: who.hostId }, dialer });
+
+describe('a locked or removed Proxy (issue 23)', () => {
+  it("hostile: a locked Proxy's open event stream is closed, and its record leaves the cluster's list", async () => {
+    const rogue = await joinWith(['proxy'], 'proxy-locked');
+    const stream = await heldStream(role.address, { cert: rogue.cert, key: rogue.key });
+    await waitUntil('the hello', () => stream.lines.length > 0);
+    expect(JSON.parse(stream.lines[0]!)).toMatchObject({ type: 'hello' });
+    const remote = await remoteOf(rogue);
+    try {
+      await remote.heartbeatProxy({ id: rogue.hostId, nodename: 'proxy-locked', version: '1.0.0', public_addr: 'p:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString(), last_heartbeat: new Date().toISOString() }, 600_000);
+      expect((await role.auth.listProxies()).map((p) => p.id)).toContain(rogue.hostId);
+      await role.auth.createLock(role.auth.adminIdentity(), { target: { node: rogue.hostId } });
+      await waitUntil('the locked Proxy\'s event stream closed', () => stream.ended());
+      await waitUntil('its record removed', async () => !(await role.auth.listProxies()).some((p) => p.id === rogue.hostId));
+      // And it cannot write it again, nor open a new stream.
+      await expect(remote.heartbeatProxy({ id: rogue.hostId, nodename: 'x', version: '1', public_addr: 'p:443', channels_digest: 'x', channels: {}, started_at: '', last_heartbeat: '' }, 600_000)).rejects.toMatchObject({ code: 'GW_ERR_ACCESS_LOCKED' });
+      expect((await openStream(role.address, { cert: rogue.cert, key: rogue.key }, ca)).status).toBe(403);
+    } finally {
+      remote.close();
+      stream.close();
+    }
+  });
+
+  it("hostile: a removed Proxy's open event stream is closed", async () => {
+    const gone = await joinWith(['proxy'], 'proxy-removed');
+    const stream = await heldStream(role.address, { cert: gone.cert, key: gone.key });
+    await waitUntil('the hello', () => stream.lines.length > 0);
+    try {
+      // No gwctl command removes a node record: it is deleted in the Backend, here through the Auth Service's own
+      // handle (a second client of the SQLite file would be invisible to its watchers).
+      const backend = (role.auth as unknown as { parts: { audit: { backend: Backend } } }).parts.audit.backend;
+      expect(await backend.delete(`/nodes/${gone.hostId}`)).toBe(true);
+      await waitUntil("the removed Proxy's event stream closed", () => stream.ended());
+    } finally {
+      stream.close();
     }
   });
 });
