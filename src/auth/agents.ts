@@ -62,6 +62,11 @@ export class AgentDirectory {
     }
   }
 
+  /** The presence record of an agent on one Proxy, while it lives. */
+  async presenceOf(hostId: string, proxyId: string): Promise<Presence | undefined> {
+    return readJson<Presence>(this.backend, KEYS.presence(hostId, proxyId));
+  }
+
   /** Every presence record: one per agent and Proxy that holds a tunnel of it. */
   async listPresence(): Promise<Presence[]> {
     return (await this.backend.range('/presence/')).map((i) => JSON.parse(i.value) as Presence);

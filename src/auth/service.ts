@@ -185,6 +185,7 @@ export class AuthService implements ProxyAuth {
   setPresence(...a: Parameters<AgentDirectory['setPresence']>) { return this.parts.agents.setPresence(...a); }
   clearPresence(...a: Parameters<AgentDirectory['clearPresence']>) { return this.parts.agents.clearPresence(...a); }
   listPresence(...a: Parameters<AgentDirectory['listPresence']>) { return this.parts.agents.listPresence(...a); }
+  presenceOf(...a: Parameters<AgentDirectory['presenceOf']>) { return this.parts.agents.presenceOf(...a); }
   heartbeatProxy(...a: Parameters<AgentDirectory['heartbeatProxy']>) { return this.parts.agents.heartbeatProxy(...a); }
   removeProxy(...a: Parameters<AgentDirectory['removeProxy']>) { return this.parts.agents.removeProxy(...a); }
   listProxies(...a: Parameters<AgentDirectory['listProxies']>) { return this.parts.agents.listProxies(...a); }
@@ -197,6 +198,7 @@ export class AuthService implements ProxyAuth {
   /** For the Proxy (ProxyAuth): read with this process's own authority, as agents read it. */
   maintenanceConfig() { return this.parts.agents.maintenanceForAgent({ kind: 'admin', name: 'proxy', cluster: this.clusterName, roles: [] }); }
   recordAgentEvent(...a: Parameters<AuditLog['recordAgentEvent']>) { return this.parts.audit.recordAgentEvent(...a); }
+  recordProxyEvent(...a: Parameters<AuditLog['recordProxyEvent']>) { return this.parts.audit.recordProxyEvent(...a); }
 
   // --- the web: sessions of the browser, the web terminal, app launches (websessions.ts) ---------------------------
   /**

@@ -118,6 +118,11 @@ interface Registered {
   /** When its last host-cert was looked at (at most one per TUNNEL_RENEW_GAP_MS). */
   hostCertMs?: number;
   gone: () => void;
+  /**
+   * Settles once the first presence write of this tunnel has (or has failed to): its agent's events are relayed
+   * after it, since a remote Auth Service takes them only from a Proxy whose presence of the agent lives.
+   */
+  presenceFirst?: Promise<void>;
 }
 
 /**
@@ -393,7 +398,7 @@ export class TunnelServer extends EventEmitter {
     const send = (m: ControlMessage) => writeJsonLine(link.control, m);
     send({ type: 'welcome', proxyId: this.proxyId, heartbeatIntervalMs: this.options.heartbeatIntervalMs, heartbeatCountMax: this.options.heartbeatCountMax });
     send(this.discovery());
-    void this.writePresence(entry);
+    entry.presenceFirst = this.writePresence(entry);
     this.startSweep();
     readControl(
       link.control,
@@ -412,7 +417,7 @@ export class TunnelServer extends EventEmitter {
       entry.lastHeardMs = Date.now();
       agent.lastHeartbeat = new Date(entry.lastHeardMs);
     } else if (m.type === 'event') {
-      void this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
+      void (entry.presenceFirst ?? Promise.resolve()).then(() => this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event, this.proxyId)).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
     } else if (m.type === 'renew') {
       void this.renew(entry, m);
     } else if (m.type === 'host-cert') {

@@ -447,9 +447,16 @@ function heldStream(addr: string, creds: Creds): Promise<{ lines: string[]; ende
   });
 }
 
-const remoteOf = (who: HostIdentity) => RemoteProxyAuth.connect({ addresses: [role.address], credentials: { cert: who.cert, key: who.key, hostCa: who.hostCa, hostId: who.hostId }, dialer });
+/** A presence record as a Proxy's tunnel registry writes it. */
+function presenceFor(hostId: string, proxyId: string, extra: Record<string, unknown> = {}) {
+  const now = new Date().toISOString();
+  return { hostId, nodename: 'agent1', proxyId, services: ['ssh'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [], node_labels: { env: 'prod' } }, connectedAt: now, lastHeartbeat: now, ...extra } as never;
+}
 
-describe('a locked or removed Proxy (issue 23)', () => {
+const remoteOf = (who: HostIdentity) => RemoteProxyAuth.connect({ addresses: [role.address], credentials: { cert: who.cert, key: who.key, hostCa: who.hostCa, hostId: who.hostId }, dialer });
+const eventsBy = async (match: (e: Record<string, unknown>) => boolean) => (await role.auth.listEvents(role.auth.adminIdentity(), 500)).map((e) => e.event).filter(match);
+
+describe('each member acts only for itself (issue 23)', () => {
   it("hostile: a locked Proxy's open event stream is closed, and its record leaves the cluster's list", async () => {
     const rogue = await joinWith(['proxy'], 'proxy-locked');
     const stream = await heldStream(role.address, { cert: rogue.cert, key: rogue.key });
@@ -484,6 +491,90 @@ describe('a locked or removed Proxy (issue 23)', () => {
     } finally {
       stream.close();
     }
+  });
+
+  it('hostile: a Proxy writing presence for a made-up host ID, a path, a Proxy or a locked agent is refused', async () => {
+    const remote = await remoteOf(proxy);
+    const other = await joinWith(['proxy'], 'proxy-other');
+    const locked = await joinWith(['node'], 'agent-locked');
+    await role.auth.createLock(role.auth.adminIdentity(), { target: { node: locked.hostId } });
+    try {
+      for (const hostId of ['a/b/../c', '00000000-0000-4000-8000-00000000dead', '', proxy.hostId, other.hostId, locked.hostId]) {
+        await expect(remote.setPresence(presenceFor(hostId, proxy.hostId), 60_000), hostId).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+      }
+      // A tunnel that cannot be: connected an hour from now, or long before the agent joined.
+      const later = new Date(Date.now() + 3600_000).toISOString();
+      await expect(remote.setPresence(presenceFor(agent.hostId, proxy.hostId, { connectedAt: later }), 60_000)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+      await expect(remote.setPresence(presenceFor(agent.hostId, proxy.hostId, { connectedAt: '2001-01-01T00:00:00.000Z' }), 60_000)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+      const paths = (await role.auth.listPresence()).map((p) => p.hostId);
+      expect(paths).not.toContain('a/b/../c');
+      expect(paths).not.toContain(locked.hostId);
+    } finally {
+      remote.close();
+    }
+  });
+
+  it('hostile: a presence for a real agent keeps only what that agent joined to serve, under the name it joined with', async () => {
+    const remote = await remoteOf(proxy);
+    try {
+      const forged = presenceFor(agent.hostId, proxy.hostId, {
+        nodename: 'payroll-db',
+        services: ['ssh', 'db', 'app'],
+        resources: { databases: [{ name: 'payroll', protocol: 'postgres', labels: { env: 'prod' } }], apps: [{ name: 'admin', kind: 'http', labels: {} }], desktops: [], kube_clusters: [], node_labels: { env: 'prod' } },
+        direct: { ssh: '127.0.0.1:22' },
+      });
+      await remote.setPresence(forged, 60_000);
+      const stored = (await role.auth.listPresence()).find((p) => p.hostId === agent.hostId && p.proxyId === proxy.hostId);
+      expect(stored).toMatchObject({ nodename: 'agent1', services: ['ssh'], resources: { databases: [], apps: [], node_labels: { env: 'prod' } } });
+      expect(stored?.direct).toBeUndefined();
+      // The Proxy may clear its own record only, by a host ID.
+      await remote.clearPresence(agent.hostId, 'ignored');
+      expect((await role.auth.listPresence()).some((p) => p.hostId === agent.hostId && p.proxyId === proxy.hostId)).toBe(false);
+      await expect(remote.clearPresence('a/b/../c', 'ignored')).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+    } finally {
+      remote.close();
+    }
+  });
+
+  it("hostile: a Proxy cannot write user.login, nor a session.start of an agent whose tunnel it does not claim; what it relays is recorded via it", async () => {
+    const remote = await remoteOf(proxy);
+    try {
+      const login = { event: 'user.login', user: 'alice', source: '203.0.113.9', method: 'local' };
+      await expect(remote.recordAgentEvent(agent.hostId, 'agent1', login)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      await expect(remote.recordProxyEvent(proxy.hostId, login)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      // An SSH session is the node's to report, never a Proxy's own.
+      const start = { event: 'session.start', user: 'alice', login: 'root', session_id: 'forged-1', by: { kind: 'admin', name: 'admin' } };
+      await expect(remote.recordProxyEvent(proxy.hostId, start)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      // No presence of this Proxy for the agent: it carries no tunnel of it.
+      await expect(remote.recordAgentEvent(agent.hostId, 'agent1', start)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      await expect(remote.recordAgentEvent('a/b/../c', 'agent1', start)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      expect(await eventsBy((e) => e.session_id === 'forged-1' || (e.event === 'user.login' && e.source === '203.0.113.9'))).toEqual([]);
+      // With its presence of the agent: relayed, recorded with the agent's joined name and this Proxy as the relay,
+      // the body's "by" and "reported_by" dropped.
+      await remote.setPresence(presenceFor(agent.hostId, proxy.hostId), 60_000);
+      await remote.recordAgentEvent(agent.hostId, 'someone-else', { ...start, session_id: 'relayed-1', reported_by: { host_id: 'x' } });
+      const [relayed] = await eventsBy((e) => e.session_id === 'relayed-1');
+      expect(relayed).toMatchObject({ event: 'session.start', reported_by: { host_id: agent.hostId, nodename: 'agent1', via: proxy.hostId } });
+      expect(relayed?.by).toBeUndefined();
+      // A session the Proxy routed, on its own account: recorded as its report.
+      await remote.recordProxyEvent('someone-else', { event: 'db.session.start', user: 'alice', db: 'orders', session_id: 'db-1' });
+      expect(await eventsBy((e) => e.session_id === 'db-1')).toEqual([expect.objectContaining({ event: 'db.session.start', reported_by: { proxy_id: proxy.hostId } })]);
+      await remote.clearPresence(agent.hostId, 'ignored');
+    } finally {
+      remote.close();
+    }
+  });
+
+  it('hostile: an agent reporting a kind it may not report is refused; its sessions are recorded under its own host ID', async () => {
+    const post = (event: unknown) => request(role.address, { method: 'POST', path: '/v1/agent/events', creds: { cert: agent.cert, key: agent.key }, ca, body: { event } });
+    for (const kind of ['user.login', 'lock.create', 'host.renew', undefined]) {
+      const res = await post({ event: kind, user: 'alice', session_id: 'agent-forged' });
+      expect(res.status, String(kind)).toBe(403);
+      expect(res.body.error?.code).toBe('GW_ERR_MEMBER_EVENT_REFUSED');
+    }
+    expect(await eventsBy((e) => e.session_id === 'agent-forged')).toEqual([]);
+    expect((await post({ event: 'session.end', user: 'alice', session_id: 'agent-own', reported_by: { host_id: proxy.hostId } })).status).toBe(200);
+    expect(await eventsBy((e) => e.session_id === 'agent-own')).toEqual([expect.objectContaining({ reported_by: { host_id: agent.hostId, nodename: 'agent1' } })]);
   });
 });
 
