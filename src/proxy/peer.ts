@@ -30,6 +30,9 @@
  *   tls client  keeps the latest TLS session ticket of each peer (a new connection resumes: no certificate
  *               exchange) and up to PEER_POOL_SIZE connections established ahead, each closed after
  *               PEER_POOL_IDLE_MS unused; a pooled connection the peer closed meanwhile is replaced once.
+ *   departed    a peer that leaves the cluster's list (locked or removed: the Auth Service takes its record out;
+ *               stopped or dead) loses every connection on both sides: the server drops its connections
+ *               (dropDeparted), the client resets the streams it carries through it (PeerClient.dropDeparted).
  */
 import http2 from 'node:http2';
 import type net from 'node:net';
@@ -390,6 +393,8 @@ export class PeerClient implements PeerDialer {
   private readonly log = logger('peer');
   private readonly pools = new Map<string, PeerPool>();
   private readonly sessions = new Map<string, Promise<http2.ClientHttp2Session>>();
+  /** The streams carried through each peer now, by its host ID: dropDeparted resets them. */
+  private readonly carried = new Map<string, Set<Duplex>>();
   private closed = false;
   /** Made once: a context per connection would parse the key, certificate and CA again each time. */
   private readonly context: tls.SecureContext;
@@ -401,7 +406,41 @@ export class PeerClient implements PeerDialer {
 
   async dial(proxy: ProxyRecord, hostId: string, request: DialRequest): Promise<Duplex> {
     if (this.closed) throw new GatewayError('GW_ERR_PEER_UNREACHABLE', 'this Proxy is shutting down');
-    if (this.transport === 'http2') return this.dialH2(proxy, hostId, request);
+    return this.carry(proxy.id, await (this.transport === 'http2' ? this.dialH2(proxy, hostId, request) : this.dialTls(proxy, hostId, request)));
+  }
+
+  /**
+   * Resets every stream carried through a peer that is no longer a live Proxy (live says which are), and drops
+   * its pooled connections and HTTP/2 session: a locked or removed Proxy carries nothing more from here (the
+   * Auth Service takes its record out), and neither does a dead one.
+   */
+  dropDeparted(live: (proxyId: string) => boolean): void {
+    for (const id of new Set([...this.carried.keys(), ...this.pools.keys(), ...this.sessions.keys()])) {
+      if (live(id)) continue;
+      const streams = this.carried.get(id);
+      if (streams?.size) this.log.warn({ proxy: id, streams: streams.size }, 'streams through a Proxy that left the cluster reset');
+      for (const stream of streams ?? []) stream.destroy();
+      this.carried.delete(id);
+      this.pools.get(id)?.close();
+      this.pools.delete(id);
+      void this.sessions.get(id)?.then((session) => session.destroy(), () => undefined);
+      this.sessions.delete(id);
+    }
+  }
+
+  private carry(proxyId: string, stream: Duplex): Duplex {
+    const streams = this.carried.get(proxyId) ?? new Set<Duplex>();
+    this.carried.set(proxyId, streams);
+    streams.add(stream);
+    stream.once('close', () => {
+      streams.delete(stream);
+      if (streams.size === 0 && this.carried.get(proxyId) === streams) this.carried.delete(proxyId);
+    });
+    if (stream.destroyed) streams.delete(stream);
+    return stream;
+  }
+
+  private async dialTls(proxy: ProxyRecord, hostId: string, request: DialRequest): Promise<Duplex> {
     const pool = this.pool(proxy);
     const line = `${JSON.stringify({ hostId, request })}\n`;
     for (let attempt = 0; ; attempt++) {

@@ -207,6 +207,8 @@ async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tun
     dialTimeoutMs: 30_000,
     idleMs: limits.settings.idleMs,
   });
+  // A peer that leaves the list (locked, removed, dead) carries none of this Proxy's streams any more.
+  cluster.on('proxies', () => client.dropDeparted((id) => cluster.proxy(id) !== undefined));
   let bound: string | undefined;
   let starting: Promise<string> | undefined;
   // stop() is kept until start(): a change of the cluster does not bring the listener back.

@@ -173,6 +173,21 @@ describe.each(['http2', 'tls'] as const)('a PeerClient on the %s transport', (tr
   it("reports B's answer for an agent B does not hold", async () => {
     await expect(client.dial(c.a.cluster.proxy(c.b.id)!, 'ghost-host', DIAL)).rejects.toMatchObject({ code: 'GW_ERR_TUNNEL_NOT_FOUND', message: expect.stringContaining(`through Proxy ${c.b.id}: Proxy ${c.b.id} holds no tunnel of agent ghost-host`) });
   });
+
+  it('hostile: the streams it carries through a Proxy that left the cluster (a lock takes its record out) are reset; the others go on (issue 23)', async () => {
+    const through = await dial();
+    const closed = new Promise((r) => through.once('close', r));
+    through.on('error', () => undefined);
+    client.dropDeparted((id) => id === c.b.id);
+    const data = randomBytes(1024);
+    expect(await echoDigest(through, data)).toBe(sha256(data));
+    client.dropDeparted((id) => id !== c.b.id);
+    await closed;
+    expect(through.destroyed).toBe(true);
+    // A new stream opens a new connection once B is live again.
+    const again = await dial();
+    expect(await echoDigest(again, data)).toBe(sha256(data));
+  });
 });
 
 describe('hostile peers on 3021 are refused', () => {
