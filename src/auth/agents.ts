@@ -44,7 +44,9 @@ export class AgentDirectory {
   ) {}
 
   async setPresence(presence: Presence, ttlMs: number): Promise<void> {
-    await this.backend.put(KEYS.presence(presence.hostId, presence.proxyId), JSON.stringify(presence), { ttlMs });
+    // The agent's proof is checked on the way in (memberchecks.ts), never kept.
+    const { proof: _proof, ...stored } = presence;
+    await this.backend.put(KEYS.presence(presence.hostId, presence.proxyId), JSON.stringify(stored), { ttlMs });
   }
 
   /**

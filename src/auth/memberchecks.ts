@@ -10,13 +10,15 @@
  *              clock, not before the agent joined).
  *   events     an agent's event relayed by a Proxy only while that Proxy's own presence record of the agent is
  *              live (it claims the tunnel); the kinds are audit.ts's REPORTABLE_EVENTS.
- *
- * Not checkable here: that the Proxy really holds the tunnel, and that the labels and resources are the ones the
- * agent announced in its hello (a compromised Proxy can still claim a tunnel of a real agent, with resources of
- * the kinds that agent serves). Such a record counts only while that Proxy is live and unlocked (presenceCounts;
- * a lock removes its record: lockadmin.ts). Pure: the caller reads the node record and the clock.
+ *   proof      the agent's signature of this presence through this Proxy, over what its hello announced
+ *              (checkPresenceProof): once an agent has signed one, its presence is taken only with a valid one, so
+ *              a Proxy cannot claim its tunnel nor change its labels. An agent of an earlier version signs nothing:
+ *              for it, a compromised Proxy can still claim a tunnel with resources of the kinds it serves; such a
+ *              record counts only while that Proxy is live and unlocked (presenceCounts; a lock takes its record
+ *              out: agents.ts forgetRevokedProxy). Pure: the caller reads the node record and the clock.
  */
 import { GatewayError } from '../errors.js';
+import { presenceProofRefusal } from './pki/proof.js';
 import type { AgentResources, ServiceKind } from '../tunnel/protocol.js';
 import { NAME_PATTERN, type JoinRole, type NodeRecord, type Presence } from './records.js';
 
@@ -105,6 +107,23 @@ export function servedResources(value: unknown, node: NodeRecord): AgentResource
     ...(nodeLabels ? { node_labels: nodeLabels } : {}),
     ...(has('node') && text(r.node_host_cert, 16 * 1024) ? { node_host_cert: r.node_host_cert } : {}),
   };
+}
+
+/**
+ * The agent's proof of this presence through proxyId (src/auth/pki/proof.ts), over the services and resources as
+ * the Proxy sent them: true when it holds, false when there is none and the agent never signed (an agent of an
+ * earlier version, or one with no recorded key); GW_ERR_MEMBER_PRESENCE_REFUSED when it does not hold, or is
+ * missing for an agent that signs (node.signsPresence): then the Proxy holds no tunnel of it, or lies about it.
+ */
+export function checkPresenceProof(value: Record<string, unknown>, node: NodeRecord, proxyId: string, cluster: string, now: number): boolean {
+  const hint = 'A Proxy writes the presence of an agent only with the proof the agent sends over its tunnel to that Proxy; check the clocks of the agent and the Auth Service (date -u).';
+  if (value.proof === undefined || !node.sshPublicKey) {
+    if (node.signsPresence) throw refused(`agent ${node.hostId} signs its presence, and Proxy ${proxyId} sent no proof of it: it holds no tunnel of that agent`, hint);
+    return false;
+  }
+  const why = presenceProofRefusal(value.proof, node.hostId, cluster, { proxyId, services: value.services, resources: value.resources }, node.sshPublicKey, now);
+  if (why) throw refused(`presence of agent ${node.hostId} through Proxy ${proxyId}: ${why}`, hint);
+  return true;
 }
 
 /** The hello's software fields, kept only when they are short printable strings. */

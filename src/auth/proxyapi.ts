@@ -36,7 +36,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { GatewayError } from '../errors.js';
 import type { Identity, RenewProof } from './pki.js';
 import { canonicalIdentity } from './pki/identity.js';
-import { agentNode, checkHostId, proxyPresence } from './memberchecks.js';
+import { agentNode, checkHostId, checkPresenceProof, proxyPresence } from './memberchecks.js';
 import type { NodeRecord, Presence, ProxyRecord } from './records.js';
 import type { AuthService } from './service.js';
 
@@ -122,7 +122,10 @@ async function presenceFrom(auth: AuthService, c: ProxyCall, v: unknown): Promis
   const node = agentNode(hostId, await auth.getNode(hostId));
   const revoked = await auth.revocationOf({ kind: 'host', name: node.hostId, cluster: auth.clusterName, roles: node.roles });
   if (revoked) throw new GatewayError('GW_ERR_MEMBER_PRESENCE_REFUSED', `agent ${node.hostId} may not be online: ${revoked.message}`, { hint: revoked.hint });
-  return proxyPresence(p, node, proxyId, Date.now());
+  const now = Date.now();
+  // From the first valid proof on, this agent's presence is taken only with one.
+  if (checkPresenceProof(p, node, proxyId, auth.clusterName, now) && !node.signsPresence) await auth.markPresenceSigned(node.hostId);
+  return proxyPresence(p, node, proxyId, now);
 }
 
 /**

@@ -173,6 +173,7 @@ export class AuthService implements ProxyAuth {
   join(...a: Parameters<Joining['join']>) { return this.parts.joining.join(...a); }
   joinLocal(...a: Parameters<Joining['joinLocal']>) { return this.parts.joining.joinLocal(...a); }
   renewHost(...a: Parameters<Joining['renewHost']>) { return this.parts.joining.renewHost(...a); }
+  markPresenceSigned(...a: Parameters<Joining['markPresenceSigned']>) { return this.parts.joining.markPresenceSigned(...a); }
 
   // --- resources through gwctl (manifests.ts) and locks (lockadmin.ts) --------------------------------------------
   createResources(...a: Parameters<Manifests['createResources']>) { return this.parts.manifests.createResources(...a); }

@@ -123,6 +123,8 @@ interface Registered {
    * after it, since a remote Auth Service takes them only from a Proxy whose presence of the agent lives.
    */
   presenceFirst?: Promise<void>;
+  /** The agent's newest proof of its presence through this Proxy (presence-proof), carried with every presence write. */
+  proof?: { time: string; signature: string };
 }
 
 /**
@@ -398,7 +400,10 @@ export class TunnelServer extends EventEmitter {
     const send = (m: ControlMessage) => writeJsonLine(link.control, m);
     send({ type: 'welcome', proxyId: this.proxyId, heartbeatIntervalMs: this.options.heartbeatIntervalMs, heartbeatCountMax: this.options.heartbeatCountMax });
     send(this.discovery());
-    entry.presenceFirst = this.writePresence(entry);
+    // An agent that signs its presence sends its first proof right after the welcome: its presence is written with
+    // it (or at the next sweep, should none come); others' at once.
+    if (hello.signs_presence === true) entry.presenceWrittenMs = 0;
+    else entry.presenceFirst = this.writePresence(entry);
     this.startSweep();
     readControl(
       link.control,
@@ -422,6 +427,12 @@ export class TunnelServer extends EventEmitter {
       void this.renew(entry, m);
     } else if (m.type === 'host-cert') {
       void this.takeHostCert(entry, m.ssh_cert.trim());
+    } else if (m.type === 'presence-proof' && m.proxyId === this.proxyId) {
+      const first = entry.proof === undefined;
+      entry.proof = { time: m.time, signature: m.signature };
+      // The first one: write the presence again with it (the write at registration had none, and a remote Auth
+      // Service refuses an agent that has signed before without it); the agent's events wait for this write.
+      if (first) entry.presenceFirst = this.writePresence(entry);
     }
   }
 
@@ -535,6 +546,7 @@ export class TunnelServer extends EventEmitter {
           lastHeartbeat: agent.lastHeartbeat.toISOString(),
           ...(agent.version === undefined ? {} : { version: agent.version }),
           ...(agent.channel === undefined ? {} : { channel: agent.channel }),
+          ...(entry.proof === undefined ? {} : { proof: entry.proof }),
         },
         this.options.heartbeatIntervalMs * (PRESENCE_REFRESH_BEATS + this.options.heartbeatCountMax + 1),
       );

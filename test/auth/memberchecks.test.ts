@@ -4,7 +4,8 @@
  * The routes that use these run against a real Auth API in proxyapi.test.ts.
  */
 import { describe, expect, it } from 'vitest';
-import { agentNode, checkHostId, PRESENCE_SKEW_MS, proxyPresence, servedResources } from '../../src/auth/memberchecks.js';
+import { agentNode, checkHostId, checkPresenceProof, PRESENCE_SKEW_MS, proxyPresence, servedResources } from '../../src/auth/memberchecks.js';
+import { generateKeyPair, signPresenceProof } from '../../src/auth/pki.js';
 import type { NodeRecord } from '../../src/auth/records.js';
 
 const NOW = Date.parse('2030-01-01T12:00:00.000Z');
@@ -89,5 +90,37 @@ describe('proxyPresence', () => {
     const p = proxyPresence(sent({ version: 'x\n', channel: 'c'.repeat(200) }), node(['db']), 'proxy-1', NOW);
     expect(p.version).toBeUndefined();
     expect(p.channel).toBeUndefined();
+  });
+});
+
+describe("checkPresenceProof (the agent's signature of its presence through one Proxy)", () => {
+  const keys = generateKeyPair();
+  const signer = { ...node(['node']), sshPublicKey: keys.sshPublicKey };
+  const services = ['ssh'];
+  const resources = { databases: [], apps: [], desktops: [], kube_clusters: [], node_labels: { env: 'prod', team: 'a' } };
+  const signed = (claim: { proxyId?: string; resources?: unknown }, now = NOW, key = keys.privateKeyPem) =>
+    signPresenceProof(key, signer.hostId, 'members.example', { proxyId: claim.proxyId ?? 'proxy-1', services, resources: claim.resources ?? resources }, now);
+  const check = (value: Record<string, unknown>, n: NodeRecord = signer) => checkPresenceProof({ services, resources, ...value }, n, 'proxy-1', 'members.example', NOW);
+
+  it('holds for the Proxy, services and resources the agent signed, whatever the key order; the SSH host certificate is not covered', () => {
+    expect(check({ proof: signed({}) })).toBe(true);
+    expect(check({ proof: signed({}), resources: { node_labels: { team: 'a', env: 'prod' }, kube_clusters: [], desktops: [], apps: [], databases: [], node_host_cert: 'renewed' } })).toBe(true);
+  });
+
+  it('without a proof: taken from an agent that never signed, refused from one that has', () => {
+    expect(check({})).toBe(false);
+    expect(() => check({}, { ...signer, signsPresence: true })).toThrow(expect.objectContaining({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' }));
+  });
+
+  it('hostile: a proof for another Proxy, other labels, another key, or too old is refused', () => {
+    const cases: Array<[string, Record<string, unknown>]> = [
+      ['another Proxy', { proof: signed({ proxyId: 'proxy-2' }) }],
+      ['forged labels', { proof: signed({}), resources: { ...resources, node_labels: { env: 'dev', team: 'a' } } }],
+      ['a resource added', { proof: signed({}), resources: { ...resources, databases: [{ name: 'payroll', protocol: 'postgres', labels: {} }] } }],
+      ['another key', { proof: signed({}, NOW, generateKeyPair().privateKeyPem) }],
+      ['too old', { proof: signed({}, NOW - 10 * 60_000) }],
+      ['garbage', { proof: { time: 'x', signature: 7 } }],
+    ];
+    for (const [what, value] of cases) expect(() => check(value), what).toThrow(expect.objectContaining({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' }));
   });
 });

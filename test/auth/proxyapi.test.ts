@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { joinCluster, loadHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
 import { FORWARDED } from '../../src/auth/api.js';
-import { generateKeyPair, identityFromCert, signRenewProof } from '../../src/auth/pki.js';
+import { generateKeyPair, identityFromCert, signPresenceProof, signRenewProof } from '../../src/auth/pki.js';
 import { MAX_STREAMS_PER_PROXY } from '../../src/auth/proxyapi.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
@@ -509,6 +509,32 @@ describe('each member acts only for itself (issue 23)', () => {
       const paths = (await role.auth.listPresence()).map((p) => p.hostId);
       expect(paths).not.toContain('a/b/../c');
       expect(paths).not.toContain(locked.hostId);
+    } finally {
+      remote.close();
+    }
+  });
+
+  it("hostile: once an agent has signed its presence, a Proxy needs the agent's proof for it: none, another Proxy's, or forged labels are refused", async () => {
+    const signing = await joinWith(['node'], 'agent-signing');
+    const remote = await remoteOf(proxy);
+    try {
+      const sent = presenceFor(signing.hostId, proxy.hostId) as unknown as { services: string[]; resources: Record<string, unknown> };
+      const proof = (proxyId: string, resources = sent.resources) => signPresenceProof(signing.key, signing.hostId, CLUSTER, { proxyId, services: sent.services, resources }, Date.now());
+      // An agent that never signed (an earlier version): taken without a proof.
+      await remote.setPresence(presenceFor(signing.hostId, proxy.hostId), 60_000);
+      expect((await role.auth.getNode(signing.hostId))?.signsPresence).toBeUndefined();
+      // Its first valid proof: taken, and from now on required.
+      await remote.setPresence(presenceFor(signing.hostId, proxy.hostId, { proof: proof(proxy.hostId) }), 60_000);
+      expect((await role.auth.getNode(signing.hostId))?.signsPresence).toBe(true);
+      const refusedWith = async (extra: Record<string, unknown>, what: string) =>
+        expect(remote.setPresence(presenceFor(signing.hostId, proxy.hostId, extra), 60_000), what).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+      await refusedWith({}, 'no proof');
+      await refusedWith({ proof: proof('another-proxy') }, "a proof the agent gave another Proxy");
+      await refusedWith({ proof: proof(proxy.hostId), resources: { ...sent.resources, node_labels: { env: 'dev' } } }, 'forged labels');
+      await refusedWith({ proof: signPresenceProof(generateKeyPair().privateKeyPem, signing.hostId, CLUSTER, { proxyId: proxy.hostId, ...sent }, Date.now()) }, 'signed by another key');
+      // The stored record keeps no proof.
+      expect((await role.auth.listPresence()).find((p) => p.hostId === signing.hostId)?.proof).toBeUndefined();
+      await remote.clearPresence(signing.hostId, 'ignored');
     } finally {
       remote.close();
     }

@@ -262,6 +262,8 @@ rootSuite(['dbUsers'])('Auth Services and a Proxy in separate processes', () => 
     // The presence this Proxy wrote for the agent passed the Auth Service's checks: the agent is online through it.
     const agentNode = () => get('nodes').then((nodes) => nodes.find((n) => n.spec.hostname === 'split-agent')!);
     expect((await agentNode()).spec).toMatchObject({ status: 'online', proxy: proxyId });
+    // With the agent's signature of it: from its first one on, the Auth Services take its presence only so.
+    expect(authA.logs() + authB.logs()).toContain('agent signs its presence');
     const lines = (text: string) => proxy.logs().split('\n').filter((l) => l.includes(text)).length;
     const ended = lines('Auth API event stream ended; reconnecting');
     const lock = await gwctlAt(authB, ['lock', '--node', proxyId, '--name', 'split-proxy']);
