@@ -559,6 +559,16 @@ export const ERROR_CODES = {
     hint: "Check the agent's clock (NTP): it must agree with the Auth Service's within a minute.",
   },
 
+  // --- cluster members acting for themselves only (src/auth/memberchecks.ts, src/auth/audit.ts) ----------------
+  GW_ERR_MEMBER_PRESENCE_REFUSED: {
+    summary: "The Auth Service refused a presence record a Proxy wrote: the host ID is not a host ID, no agent joined under it (or it joined as a Proxy only), it is locked, or the record's times cannot be the tunnel's.",
+    hint: "A Proxy writes presence only for the agents whose tunnels it holds, under the host ID each tunnel authenticated; check that the agent is still a member ('gwctl get nodes') and not locked ('gwctl get locks'), and the Proxy's clock.",
+  },
+  GW_ERR_MEMBER_EVENT_REFUSED: {
+    summary: "The Auth Service refused an audit event a cluster member reported: its kind is not one that member may report (agents and Proxies report the sessions they carry, never logins or administration), or a Proxy reported for an agent whose tunnel it does not hold.",
+    hint: "Nothing to change on an honest member: it reports only its own sessions. A refusal names the kind and the reporter; a member that sends others' events is misbehaving and may be locked (gwctl lock --node HOST_ID).",
+  },
+
   // --- SSH Service: the built-in sftp-server (src/agent/sftp) ---------------------------------------------------------
   GW_ERR_SFTP_PROTOCOL: {
     summary: 'The built-in sftp-server stopped: its client sent bytes that are not SFTP (a packet it cannot parse, or longer than 256 KiB), or its input or output failed.',

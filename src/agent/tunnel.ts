@@ -31,7 +31,7 @@ import { readFileSync } from 'node:fs';
 import type { Duplex } from 'node:stream';
 import type ssh2 from 'ssh2';
 import { parseAddr } from '../addr.js';
-import { signRenewProof, sshPrivateKeyPem } from '../auth/pki.js';
+import { PRESENCE_PROOF_EVERY_MS, signPresenceProof, signRenewProof, sshPrivateKeyPem } from '../auth/pki.js';
 import { ApiClient, memberIdentity, proxyServerIdentity } from '../client/api.js';
 import type { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
@@ -519,6 +519,7 @@ export class TunnelAgent extends EventEmitter {
       resources: this.options.resources,
       ...(this.options.holds ? { holds: this.options.holds() } : {}),
       ...softwareFields((this.options.software ?? upgradeSoftware)()),
+      signs_presence: true,
     });
     // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
     // a balancer that dropped the flow without a reset). Anything it sends counts as a sign of life.
@@ -542,6 +543,27 @@ export class TunnelAgent extends EventEmitter {
     );
   }
 
+  /**
+   * Signs this agent's presence through the Proxy its welcome names (host ID, cluster, that Proxy, what the hello
+   * announced, the time) now and every PRESENCE_PROOF_EVERY_MS while this control channel is open: a remote Auth
+   * Service takes a presence from that Proxy only with a fresh one (src/auth/memberchecks.ts).
+   */
+  private provePresence(proxyId: string, side: ControlSide, send: (m: ControlMessage) => void): void {
+    const { identity } = this.options;
+    const prove = () => {
+      try {
+        const claim = { proxyId, services: this.options.services, resources: this.options.resources };
+        send({ type: 'presence-proof', proxyId, ...signPresenceProof(identity.key, identity.hostId, identity.cluster, claim, Date.now()) });
+      } catch (err) {
+        this.log.warn({ err: (err as Error).message }, 'cannot sign the presence proof');
+      }
+    };
+    prove();
+    const timer = setInterval(prove, PRESENCE_PROOF_EVERY_MS);
+    timer.unref();
+    side.control.once('close', () => clearInterval(timer));
+  }
+
   private onControlMessage(m: ControlMessage, side: ControlSide, heartbeat: Heartbeat, send: (m: ControlMessage) => void): void {
     switch (m.type) {
       case 'welcome': {
@@ -557,6 +579,8 @@ export class TunnelAgent extends EventEmitter {
         this.heldProxy = verified ?? m.proxyId;
         side.welcomed.open();
         this.setState('connected');
+        // Before the queued events: the Proxy relays them once the presence this proof backs is written.
+        this.provePresence(this.heldProxy, side, send);
         for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
         this.log.info({ proxyId: this.heldProxy, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
         // Whatever changed while the tunnel was down: treat a new connection as a possible change.

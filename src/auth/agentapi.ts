@@ -3,7 +3,7 @@
  *
  *   PUT    /v1/agent/presence   {services, resources, direct: {ssh?, kube?, desktop?}, connected_at, ttl_ms}
  *   DELETE /v1/agent/presence   {connected_at}
- *   POST   /v1/agent/events     {event}   an SSH session event for the audit log (a tunnel carries these to a Proxy)
+ *   POST   /v1/agent/events     {event}   one of its own session events for the audit log (audit.ts REPORTABLE_EVENTS.agent; a tunnel carries these to a Proxy)
  *   POST   /v1/agent/renew      {public_key}   → fresh host certificates for the key it joined with (joining.ts
  *                                renewHost; a tunnel agent asks over its tunnel's control channel instead)
  *

@@ -44,7 +44,9 @@ export class AgentDirectory {
   ) {}
 
   async setPresence(presence: Presence, ttlMs: number): Promise<void> {
-    await this.backend.put(KEYS.presence(presence.hostId, presence.proxyId), JSON.stringify(presence), { ttlMs });
+    // The agent's proof is checked on the way in (memberchecks.ts), never kept.
+    const { proof: _proof, ...stored } = presence;
+    await this.backend.put(KEYS.presence(presence.hostId, presence.proxyId), JSON.stringify(stored), { ttlMs });
   }
 
   /**
@@ -60,6 +62,11 @@ export class AgentDirectory {
     } catch (err) {
       if (!isGatewayError(err, 'GW_ERR_BACKEND_CONFLICT')) throw err;
     }
+  }
+
+  /** The presence record of an agent on one Proxy, while it lives. */
+  async presenceOf(hostId: string, proxyId: string): Promise<Presence | undefined> {
+    return readJson<Presence>(this.backend, KEYS.presence(hostId, proxyId));
   }
 
   /** Every presence record: one per agent and Proxy that holds a tunnel of it. */
@@ -82,6 +89,21 @@ export class AgentDirectory {
 
   async removeProxy(id: string): Promise<void> {
     await this.backend.delete(KEYS.proxy(id));
+  }
+
+  /**
+   * Removes the record of a Proxy that a lock names or that was removed (callers.ts decides), so that no Proxy
+   * peers with it any more and no presence it wrote counts (presenceCounts): the cluster forgets it within a watch
+   * round trip instead of at the record's TTL. Its heartbeats are refused meanwhile (the caller check of
+   * /v1/proxy/). Returns whether a record was removed.
+   */
+  async forgetRevokedProxy(id: string): Promise<boolean> {
+    if (!(await this.backend.get(KEYS.proxy(id)))) return false;
+    const node = await this.callers.getNode(id);
+    const reason = await this.callers.revocationOf({ kind: 'host', name: id, cluster: this.clusterName, roles: node?.roles ?? ['proxy'] });
+    if (!reason) return false;
+    await this.backend.delete(KEYS.proxy(id));
+    return true;
   }
 
   async listProxies(): Promise<ProxyRecord[]> {

@@ -1,15 +1,54 @@
 /**
  * The audit log: one Backend record per event under /events/, kept 30 days. The Auth Service records what is
- * done through it (who did it, when, to what); agents report their own events (SSH sessions), which are recorded
- * with the agent that reported them.
+ * done through it (who did it, when, to what); cluster members report the sessions they carried, which are
+ * recorded with the member that reported them.
+ *
+ * What a member may report is decided here, in REPORTABLE_EVENTS, and nowhere else: an agent reports the
+ * sessions it serves, a Proxy the sessions it routes; neither ever reports a login, a join, a lock or any other
+ * event the Auth Service itself records. Who reported an event is written by the Auth Service from the
+ * reporter's authenticated identity (`reported_by`); a `by` or `reported_by` in the body is dropped, never
+ * trusted. Whether a Proxy carries the agent it reports for is checked by memberchecks.ts before this.
  */
 import type { Backend } from '../backend/index.js';
+import { GatewayError } from '../errors.js';
 import type { Identity } from './pki.js';
 import { KEYS } from './records.js';
 
+/** The session events of every kind of resource: what agents serve and Proxies route. */
+const SESSION_EVENTS = [
+  'session.start', 'session.end',
+  'db.session.start', 'db.session.end',
+  'app.session.start', 'app.session.end',
+  'desktop.session.start', 'desktop.session.end',
+  'kube.session.start', 'kube.session.end',
+] as const;
+
+/**
+ * The kinds of event each member may report: THE allowlist. An SSH session (`session.*`) is reported by the node
+ * that ran it, never by a Proxy on its own account (a Proxy relays its agents' reports: `via`).
+ */
+export const REPORTABLE_EVENTS: { readonly agent: ReadonlySet<string>; readonly proxy: ReadonlySet<string> } = {
+  agent: new Set(SESSION_EVENTS),
+  proxy: new Set(SESSION_EVENTS.filter((e) => !e.startsWith('session.'))),
+};
+
+/** Who reported an event, as the Auth Service authenticated it. */
+export type Reporter = { kind: 'agent'; hostId: string; nodename: string; via?: string } | { kind: 'proxy'; proxyId: string };
+
+/** The kind of a reported event, when that reporter may report it; GW_ERR_MEMBER_EVENT_REFUSED otherwise. */
+export function reportableKind(reporter: Reporter, event: Record<string, unknown>): string {
+  const kind = event.event;
+  const who = reporter.kind === 'agent' ? `agent ${reporter.hostId}${reporter.via ? ` (through Proxy ${reporter.via})` : ''}` : `Proxy ${reporter.proxyId}`;
+  if (typeof kind === 'string' && REPORTABLE_EVENTS[reporter.kind].has(kind)) return kind;
+  throw new GatewayError('GW_ERR_MEMBER_EVENT_REFUSED', `${who} may not report an event of kind ${JSON.stringify(typeof kind === 'string' ? kind.slice(0, 64) : kind ?? null)}`, {
+    hint: `A${reporter.kind === 'agent' ? 'n agent' : ' Proxy'} reports only these kinds: ${[...REPORTABLE_EVENTS[reporter.kind]].join(', ')}.`,
+    details: { reporter: reporter.kind },
+  });
+}
+
 /** Audit events live 30 days in the backend. */
 export const AUDIT_TTL_MS = 30 * 24 * 3600_000;
-/** An agent's event larger than this is dropped. */
+/** A member's reported event larger than this is dropped. */
 const MAX_AGENT_EVENT = 64 * 1024;
 
 export interface AuditEvent {
@@ -31,10 +70,25 @@ export class AuditLog {
     await this.backend.put(KEYS.event(time), JSON.stringify(record), { ttlMs: AUDIT_TTL_MS });
   }
 
-  /** An audit event reported by an agent (SSH sessions); who reported it is recorded with it. */
-  async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void> {
+  /**
+   * An audit event reported by an agent (its sessions), directly or relayed by the Proxy `via` that holds its
+   * tunnel; who reported it is recorded with it. GW_ERR_MEMBER_EVENT_REFUSED for a kind an agent may not report.
+   */
+  async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>, via?: string): Promise<void> {
+    const reporter: Reporter = { kind: 'agent', hostId, nodename, ...(via === undefined ? {} : { via }) };
+    await this.recordReport(reporter, event, { host_id: hostId, nodename, ...(via === undefined ? {} : { via }) });
+  }
+
+  /** An audit event a Proxy reports on its own account (a session it routed). GW_ERR_MEMBER_EVENT_REFUSED for other kinds. */
+  async recordProxyEvent(proxyId: string, event: Record<string, unknown>): Promise<void> {
+    await this.recordReport({ kind: 'proxy', proxyId }, event, { proxy_id: proxyId });
+  }
+
+  private async recordReport(reporter: Reporter, event: Record<string, unknown>, reportedBy: Record<string, string>): Promise<void> {
+    const kind = reportableKind(reporter, event);
+    const { by: _by, reported_by: _reportedBy, ...fields } = event;
     const time = this.clock();
-    const text = JSON.stringify({ ...event, reported_by: { host_id: hostId, nodename } });
+    const text = JSON.stringify({ ...fields, event: kind, reported_by: reportedBy });
     if (text.length > MAX_AGENT_EVENT) return;
     await this.backend.put(KEYS.event(time), text, { ttlMs: AUDIT_TTL_MS });
   }

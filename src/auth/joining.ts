@@ -394,6 +394,26 @@ export class Joining {
     }
   }
 
+  /**
+   * Records that an agent signs its presence (a Proxy carried a valid proof of it: memberchecks.ts): from then on
+   * a presence of it from a Proxy in its own process needs one. Idempotent; a racing write is read again.
+   */
+  async markPresenceSigned(hostId: string): Promise<void> {
+    const { backend } = this.deps;
+    for (let turn = 1; turn <= 5; turn++) {
+      const item = await backend.get(KEYS.node(hostId));
+      const record = item ? (JSON.parse(item.value) as NodeRecord) : undefined;
+      if (!item || !record || record.signsPresence) return;
+      try {
+        await backend.compareAndSwap(KEYS.node(hostId), item.revision, JSON.stringify({ ...record, signsPresence: true } satisfies NodeRecord));
+        this.deps.log.info({ hostId, nodename: record.nodename }, 'agent signs its presence: unsigned presence of it refused from now on');
+        return;
+      } catch (err) {
+        if (!isGatewayError(err, 'GW_ERR_BACKEND_CONFLICT')) throw err;
+      }
+    }
+  }
+
   private async recordHost(made: { bundle: CertBundle; record: NodeRecord }, token: string): Promise<JoinedHost> {
     const { record } = made;
     await this.deps.backend.put(KEYS.node(record.hostId), JSON.stringify(record));

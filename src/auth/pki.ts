@@ -15,7 +15,7 @@
  */
 export { generateKeyPair, sameSshKey, sameSshLine, sshPrivateKeyPem, sshPublicKeyFromPem, type KeyPair } from './pki/keys.js';
 export { IDENTITY_EXTENSION_OID, type Identity } from './pki/identity.js';
-export { renewProofRefusal, RENEW_PROOF_SKEW_MS, signRenewProof, type RenewProof } from './pki/proof.js';
+export { presenceDigest, presenceProofRefusal, PRESENCE_PROOF_EVERY_MS, renewProofRefusal, RENEW_PROOF_SKEW_MS, signPresenceProof, signRenewProof, type PresenceClaim, type RenewProof } from './pki/proof.js';
 export {
   CA_TYPES,
   caPin,

@@ -8,9 +8,12 @@
  *   POST   /v1/proxy/revocation       {identity}                    → {error: {code, message, hint} | null}
  *   GET    /v1/proxy/nodes/:host_id                                  → {node | null}
  *   GET    /v1/proxy/nodes                                           → {nodes}
- *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller)
+ *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller; for a
+ *                                     joined, unlocked agent, rebuilt from what its roles serve: memberchecks.ts)
  *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
- *   POST   /v1/proxy/agent-events     {host_id, nodename, event}
+ *   POST   /v1/proxy/agent-events     {host_id, event}              (an agent whose presence of the caller lives;
+ *                                     kinds: audit.ts REPORTABLE_EVENTS.agent; recorded via the caller)
+ *   POST   /v1/proxy/audit-events     {event}                       (the caller's own report: REPORTABLE_EVENTS.proxy)
  *   POST   /v1/proxy/host-renewals    {host_id, public_key, proof}  → a renewed agent's certificates (joining.ts renewHost)
  *   GET    /v1/proxy/maintenance                                     → {config: cluster_maintenance_config | null}
  *   PUT    /v1/proxy/proxies/self     {record, ttl_ms}              (record.id must be the caller)
@@ -23,7 +26,8 @@
  *   POST   /v1/proxy/app-launches/redeem {token, app, state}        → {session_id, expires_at}
  *   POST   /v1/proxy/app-sessions/resolve {session_id, app}         → {session: WebSessionView}
  *   GET    /v1/proxy/events           newline-delimited JSON: hello, keepalive, maintenance, presence, proxies,
- *                                     resync, revoke {scope}; at most MAX_STREAMS_PER_PROXY per caller
+ *                                     resync, revoke {scope}; at most MAX_STREAMS_PER_PROXY per caller; tracked in
+ *                                     auth.sessions, so a lock on the Proxy or its removal closes it
  *
  * Only a Proxy of this cluster (a host certificate with the role proxy, as it stands now: its node record
  * exists and no lock targets it) or the local admin may call them: requireProxy.
@@ -32,7 +36,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { GatewayError } from '../errors.js';
 import type { Identity, RenewProof } from './pki.js';
 import { canonicalIdentity } from './pki/identity.js';
-import type { Presence, ProxyRecord } from './records.js';
+import { agentNode, checkHostId, checkPresenceProof, proxyPresence } from './memberchecks.js';
+import type { NodeRecord, Presence, ProxyRecord } from './records.js';
 import type { AuthService } from './service.js';
 
 /** Event streams one Proxy may hold open at once (a restart overlaps the old stream briefly). */
@@ -105,12 +110,35 @@ function own(call: ProxyCall, id: string, what: string): void {
   throw new GatewayError('GW_ERR_ACCESS_DENIED', `Proxy ${call.proxy.name} may not write the ${what} of ${id}`, { hint: 'A Proxy writes only its own records.' });
 }
 
-function presenceFrom(v: unknown): Presence {
+/**
+ * The presence a Proxy may write (memberchecks.ts): its own, for a joined agent that is not locked, rebuilt from
+ * what the agent's join roles serve. GW_ERR_MEMBER_PRESENCE_REFUSED otherwise.
+ */
+async function presenceFrom(auth: AuthService, c: ProxyCall, v: unknown): Promise<Presence> {
   const p = object(v, 'presence');
-  for (const key of ['hostId', 'nodename', 'proxyId', 'connectedAt', 'lastHeartbeat']) text(p[key], `presence.${key}`);
-  if (!Array.isArray(p.services) || !p.services.every((s) => typeof s === 'string')) throw bad('"presence.services" must be a list of strings');
-  object(p.resources, 'presence.resources');
-  return p as unknown as Presence;
+  const proxyId = text(p.proxyId, 'presence.proxyId', 256);
+  own(c, proxyId, 'presence');
+  const hostId = checkHostId(p.hostId);
+  const node = agentNode(hostId, await auth.getNode(hostId));
+  const revoked = await auth.revocationOf({ kind: 'host', name: node.hostId, cluster: auth.clusterName, roles: node.roles });
+  if (revoked) throw new GatewayError('GW_ERR_MEMBER_PRESENCE_REFUSED', `agent ${node.hostId} may not be online: ${revoked.message}`, { hint: revoked.hint });
+  const now = Date.now();
+  // From the first valid proof on, this agent's presence is taken only with one.
+  if (checkPresenceProof(p, node, proxyId, auth.clusterName, now) && !node.signsPresence) await auth.markPresenceSigned(node.hostId);
+  return proxyPresence(p, node, proxyId, now);
+}
+
+/**
+ * The agent a Proxy relays an event of: a joined agent whose presence record of this very Proxy lives (the
+ * Proxy claims its tunnel). The local admin relays for any joined agent.
+ */
+async function relayedAgent(auth: AuthService, c: ProxyCall, v: unknown): Promise<NodeRecord> {
+  const hostId = checkHostId(v, 'GW_ERR_MEMBER_EVENT_REFUSED');
+  const node = agentNode(hostId, await auth.getNode(hostId), 'GW_ERR_MEMBER_EVENT_REFUSED');
+  if (c.proxy.kind === 'admin' || (await auth.presenceOf(hostId, c.proxy.name))) return node;
+  throw new GatewayError('GW_ERR_MEMBER_EVENT_REFUSED', `Proxy ${c.proxy.name} holds no tunnel of agent ${hostId}: it may not report its events`, {
+    hint: 'A Proxy relays the events of the agents whose tunnels it holds (its presence record of the agent must be live).',
+  });
 }
 
 function proxyRecordFrom(v: unknown): ProxyRecord {
@@ -160,29 +188,6 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
     { method: 'GET', path: '/v1/proxy/nodes', maxBody: 0, handle: async () => ({ nodes: await auth.listNodes() }) },
     { method: 'GET', path: '/v1/proxy/nodes/:host_id', maxBody: 0, handle: async (c) => ({ node: (await auth.getNode(c.params.host_id!)) ?? null }) },
     {
-      method: 'PUT', path: '/v1/proxy/presence', maxBody: LARGE, handle: async (c) => {
-        const b = await c.body();
-        const presence = presenceFrom(b.presence);
-        own(c, presence.proxyId, 'presence');
-        await auth.setPresence(presence, positive(b.ttl_ms, 'ttl_ms'));
-        return { ok: true };
-      },
-    },
-    {
-      method: 'DELETE', path: '/v1/proxy/presence/:host_id', maxBody: 0, handle: async (c) => {
-        const connectedAt = c.query.get('connected_at') ?? undefined;
-        await auth.clearPresence(c.params.host_id!, c.query.get('proxy_id') && c.proxy.kind === 'admin' ? c.query.get('proxy_id')! : c.proxy.name, connectedAt);
-        return { ok: true };
-      },
-    },
-    {
-      method: 'POST', path: '/v1/proxy/agent-events', maxBody: SMALL * 4, handle: async (c) => {
-        const b = await c.body();
-        await auth.recordAgentEvent(text(b.host_id, 'host_id', 256), text(b.nodename, 'nodename', 256), object(b.event, 'event'));
-        return { ok: true };
-      },
-    },
-    {
       method: 'POST', path: '/v1/proxy/host-renewals', maxBody: SMALL, handle: async (c) => {
         const b = await c.body();
         // The host ID is the one the calling Proxy authenticated on the agent's tunnel; what it gets back certifies
@@ -214,6 +219,42 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
         if (!Array.isArray(names) || names.length > 64 || !names.every((n) => typeof n === 'string' && n.length <= 253)) throw bad('"names" must be a list of at most 64 names');
         // The caller's own host ID, and the role proxy only: a Proxy never gets a certificate that says auth.
         return { cert: await auth.issueServerCert(text(b.public_key, 'public_key', 8192), names as string[], c.proxy.name, ['proxy']) };
+      },
+    },
+  ];
+}
+
+/** What a Proxy writes about the agents it carries and the sessions it routes: each checked (memberchecks.ts, audit.ts). */
+function memberRoutes(auth: AuthService): ProxyRoute[] {
+  return [
+    {
+      method: 'PUT', path: '/v1/proxy/presence', maxBody: LARGE, handle: async (c) => {
+        const b = await c.body();
+        const presence = await presenceFrom(auth, c, b.presence);
+        await auth.setPresence(presence, positive(b.ttl_ms, 'ttl_ms'));
+        return { ok: true };
+      },
+    },
+    {
+      method: 'DELETE', path: '/v1/proxy/presence/:host_id', maxBody: 0, handle: async (c) => {
+        const connectedAt = c.query.get('connected_at') ?? undefined;
+        await auth.clearPresence(checkHostId(c.params.host_id), c.query.get('proxy_id') && c.proxy.kind === 'admin' ? c.query.get('proxy_id')! : c.proxy.name, connectedAt);
+        return { ok: true };
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/agent-events', maxBody: SMALL * 4, handle: async (c) => {
+        const b = await c.body();
+        const node = await relayedAgent(auth, c, b.host_id);
+        // The nodename is the one the agent joined with, whatever the body says; the relaying Proxy is the caller.
+        await auth.recordAgentEvent(node.hostId, node.nodename, object(b.event, 'event'), c.proxy.name);
+        return { ok: true };
+      },
+    },
+    {
+      method: 'POST', path: '/v1/proxy/audit-events', maxBody: SMALL * 4, handle: async (c) => {
+        await auth.recordProxyEvent(c.proxy.name, object((await c.body()).event, 'event'));
+        return { ok: true };
       },
     },
   ];
@@ -253,6 +294,10 @@ function eventRoute(auth: AuthService, keepAliveMs: number): ProxyRoute {
       };
       res.once('close', once);
       req.once('close', () => { if (res.destroyed) once(); });
+      // Tracked like every stream opened for an identity: a lock on this Proxy or its removal closes it (callers.ts
+      // watchRevocations); the check after tracking catches a lock that landed since the caller was resolved.
+      stops.push(auth.sessions.track(proxy, 'Proxy event stream', () => res.destroy()));
+      void auth.revocationOf(proxy).then((revoked) => revoked && res.destroy());
       stops.push(auth.watchMaintenance(() => write({ type: 'maintenance' })));
       stops.push(auth.watchCluster({
         presence: (event) => write({ type: 'presence', event }),
@@ -310,5 +355,5 @@ function webRoutes(auth: AuthService): ProxyRoute[] {
 }
 
 export function proxyRoutes(auth: AuthService, options: { keepAliveMs: number }): ProxyRoute[] {
-  return [...callerRoutes(auth), ...directoryRoutes(auth), eventRoute(auth, options.keepAliveMs), ...webRoutes(auth)];
+  return [...callerRoutes(auth), ...directoryRoutes(auth), ...memberRoutes(auth), eventRoute(auth, options.keepAliveMs), ...webRoutes(auth)];
 }

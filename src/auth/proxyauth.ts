@@ -49,7 +49,13 @@ export interface AgentRecords {
   setPresence(presence: Presence, ttlMs: number): Promise<void>;
   /** With connectedAt: only the record of that tunnel (a newer one of the same agent on this Proxy stays). */
   clearPresence(hostId: string, proxyId: string, connectedAt?: string): Promise<void>;
-  recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void>;
+  /**
+   * An event an agent whose tunnel this Proxy holds reported (via: this Proxy's ID; a remote Auth Service takes the
+   * caller's). Only kinds an agent may report (audit.ts REPORTABLE_EVENTS): GW_ERR_MEMBER_EVENT_REFUSED otherwise.
+   */
+  recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>, via?: string): Promise<void>;
+  /** An event this Proxy reports on its own account (a session it routed): REPORTABLE_EVENTS.proxy only. */
+  recordProxyEvent(proxyId: string, event: Record<string, unknown>): Promise<void>;
   /** Fresh certificates for an agent whose tunnel this Proxy authenticated (its host ID), for the key it joined with. */
   renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }>;
   /** Calls onChange after every change of cluster_maintenance_config; returns the unsubscribe function. */

@@ -61,6 +61,11 @@ export interface NodeRecord {
   sshPublicKey?: string;
   /** When it last renewed its certificates (joining.ts renewHost); absent until the first renewal. */
   renewedAt?: string;
+  /**
+   * Set the first time a Proxy carried this agent's valid presence proof (joining.ts markPresenceSigned): from then
+   * on a presence from a Proxy in its own process needs one (an agent of an earlier version never gets it).
+   */
+  signsPresence?: boolean;
 }
 
 /** An agent connected to a proxy right now (written by the proxy's tunnel registry, expires unless refreshed). */
@@ -80,6 +85,11 @@ export interface Presence {
   /** The agent's software version and upgrade channel, from its tunnel hello (absent for agents of earlier versions). */
   version?: string;
   channel?: string;
+  /**
+   * From a Proxy: the agent's signature of this presence through it (src/auth/pki/proof.ts), checked by a remote
+   * Auth Service (memberchecks.ts) and not stored from there.
+   */
+  proof?: { time: string; signature: string };
 }
 
 /** The proxyId of the presence record a direct-join agent writes itself: it has no tunnel to any Proxy. */

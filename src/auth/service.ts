@@ -110,6 +110,14 @@ export class AuthService implements ProxyAuth {
     });
     const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests, sso, webSessions }, options.proxyPublicAddr);
     callers.watchRevocations(service.sessions);
+    // A lock on a Proxy, or its removal, also takes its record out of the cluster's list (agents.ts).
+    callers.watchRevocationScopes((why, scope) => {
+      if (scope.kind !== 'host') return;
+      agents.forgetRevokedProxy(scope.name).then(
+        (removed) => removed && log.info({ proxy: scope.name, why }, 'Proxy record removed: its identity is revoked'),
+        (err: unknown) => log.warn({ proxy: scope.name, err: (err as Error).message }, 'cannot remove the record of a revoked Proxy'),
+      );
+    });
     log.info({ cluster: options.clusterName, ca_pin: service.caPin() }, 'auth service ready');
     return service;
   }
@@ -168,6 +176,7 @@ export class AuthService implements ProxyAuth {
   join(...a: Parameters<Joining['join']>) { return this.parts.joining.join(...a); }
   joinLocal(...a: Parameters<Joining['joinLocal']>) { return this.parts.joining.joinLocal(...a); }
   renewHost(...a: Parameters<Joining['renewHost']>) { return this.parts.joining.renewHost(...a); }
+  markPresenceSigned(...a: Parameters<Joining['markPresenceSigned']>) { return this.parts.joining.markPresenceSigned(...a); }
 
   // --- resources through gwctl (manifests.ts) and locks (lockadmin.ts) --------------------------------------------
   createResources(...a: Parameters<Manifests['createResources']>) { return this.parts.manifests.createResources(...a); }
@@ -180,6 +189,7 @@ export class AuthService implements ProxyAuth {
   setPresence(...a: Parameters<AgentDirectory['setPresence']>) { return this.parts.agents.setPresence(...a); }
   clearPresence(...a: Parameters<AgentDirectory['clearPresence']>) { return this.parts.agents.clearPresence(...a); }
   listPresence(...a: Parameters<AgentDirectory['listPresence']>) { return this.parts.agents.listPresence(...a); }
+  presenceOf(...a: Parameters<AgentDirectory['presenceOf']>) { return this.parts.agents.presenceOf(...a); }
   heartbeatProxy(...a: Parameters<AgentDirectory['heartbeatProxy']>) { return this.parts.agents.heartbeatProxy(...a); }
   removeProxy(...a: Parameters<AgentDirectory['removeProxy']>) { return this.parts.agents.removeProxy(...a); }
   listProxies(...a: Parameters<AgentDirectory['listProxies']>) { return this.parts.agents.listProxies(...a); }
@@ -192,6 +202,7 @@ export class AuthService implements ProxyAuth {
   /** For the Proxy (ProxyAuth): read with this process's own authority, as agents read it. */
   maintenanceConfig() { return this.parts.agents.maintenanceForAgent({ kind: 'admin', name: 'proxy', cluster: this.clusterName, roles: [] }); }
   recordAgentEvent(...a: Parameters<AuditLog['recordAgentEvent']>) { return this.parts.audit.recordAgentEvent(...a); }
+  recordProxyEvent(...a: Parameters<AuditLog['recordProxyEvent']>) { return this.parts.audit.recordProxyEvent(...a); }
 
   // --- the web: sessions of the browser, the web terminal, app launches (websessions.ts) ---------------------------
   /**

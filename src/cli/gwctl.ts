@@ -251,10 +251,10 @@ function targetOption(opts: TargetOptions, command: string): Record<string, stri
 
 program
   .command('lock')
-  .description('lock a user, a role (every user holding it) or an agent: refused at once, and what it has open is closed')
+  .description('lock a user, a role (every user holding it), an agent or a Proxy: refused at once, and what it has open is closed')
   .option('--user <name>', 'lock this user')
   .option('--role <name>', 'lock every user holding this role')
-  .option('--node <host-id>', "lock this agent (its host ID, from 'gwctl get nodes'): its tunnel is dropped and refused")
+  .option('--node <host-id>', "lock this agent or Proxy (its host ID, from 'gwctl get nodes' or 'gwctl get proxies'): its tunnels, event stream and peering are dropped and refused")
   .option('--message <text>', 'shown with every refusal')
   .option('--ttl <duration>', 'the lock ends by itself after this long (90s, 30m, 12h, 7d)')
   .option('--expires <time>', 'the lock ends by itself at this RFC 3339 time (2030-01-31T23:59:59Z)')

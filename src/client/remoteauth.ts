@@ -3,7 +3,7 @@
  * Proxy's host certificate, through the process's Dialer.
  *
  *   calls       resolveCaller, resolveSshUser, rolesOf, revocationOf, getNode, setPresence, clearPresence,
- *               recordAgentEvent, renewHost, heartbeatProxy, removeProxy, listProxies, listPresence, tunnelStrategy,
+ *               recordAgentEvent, recordProxyEvent, renewHost, heartbeatProxy, removeProxy, listProxies, listPresence, tunnelStrategy,
  *               issueServerCert, and the web's resolveWebSession, webSessionSshCert, createAppLaunch,
  *               redeemAppLaunch, resolveAppSession: one HTTPS request each, to the current Auth address; a failure to reach it moves
  *               on to the next address (gateway.auth_server may list several), and when none answers the call
@@ -221,8 +221,14 @@ export class RemoteProxyAuth implements ProxyAuth {
     await this.call('DELETE', `/v1/proxy/presence/${encodeURIComponent(hostId)}${query}`);
   }
 
+  /** The Auth Service records it via this Proxy (the caller) and the agent's joined nodename. */
   async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void> {
     await this.call('POST', '/v1/proxy/agent-events', { host_id: hostId, nodename, event });
+  }
+
+  /** Recorded as reported by this Proxy (the caller's host ID), whatever proxyId says. */
+  async recordProxyEvent(_proxyId: string, event: Record<string, unknown>): Promise<void> {
+    await this.call('POST', '/v1/proxy/audit-events', { event });
   }
 
   renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }> {

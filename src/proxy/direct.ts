@@ -10,6 +10,9 @@
  *   Service (ssh, as a tunnel channel does) or the resource's bytes. SSH is never plain TCP: the agent's listener
  *   accepts only Proxies, so a user cannot skip the locks and roles the Proxy checks.
  *
+ * Each accepted stream is tracked in auth.sessions under the agent's host identity, so a lock on the agent or its
+ * removal closes what the Proxy has open to it, as it drops a tunnel agent's tunnel.
+ *
  * The router (src/proxy/router.ts) takes dialDirect as its `direct` way to reach an agent. docs/tunnels.md.
  */
 import { X509Certificate } from 'node:crypto';
@@ -19,6 +22,7 @@ import { parseAddr } from '../addr.js';
 import { refusedDialHost } from '../auth/agentapi.js';
 import { generateKeyPair, identityFromCert } from '../auth/pki.js';
 import type { DirectAddrs, Presence } from '../auth/records.js';
+import type { SessionRegistry } from '../auth/sessions.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
@@ -37,6 +41,11 @@ export interface DirectDialDeps {
   hostCa: string;
   /** One deadline for connecting, TLS and the agent's answer. Default 15 s. */
   timeoutMs?: number;
+  /**
+   * The Proxy's registry of open sessions (auth.sessions): each stream is tracked under the agent's host identity
+   * (from its verified certificate), so a lock on the agent or its removal closes it, as it drops a tunnel.
+   */
+  sessions?: Pick<SessionRegistry, 'track'>;
 }
 
 const LISTENER: Partial<Record<ServiceKind, keyof DirectAddrs>> = { ssh: 'ssh', kube: 'kube', desktop: 'desktop' };
@@ -102,10 +111,21 @@ export function dialDirect(presence: Presence, request: DialRequest, deps: Direc
     stream = raw;
     const tls = await handshake(raw, addr, { hostId: presence.hostId, kind }, agent, deps);
     stream = tls;
-    return answer(tls, request, agent, timeoutMs);
+    const open = await answer(tls, request, agent, timeoutMs);
+    trackAgentStream(tls, request, deps);
+    return open;
   })();
   attempt.catch(() => stream?.destroy());
   return Promise.race([attempt, deadline]).finally(() => clearTimeout(timer));
+}
+
+/** Tracks an accepted stream under the agent's certificate (checked by handshake) until it closes. */
+function trackAgentStream(tls: TLSSocket, request: DialRequest, deps: DirectDialDeps): void {
+  if (!deps.sessions) return;
+  const identity = identityFromCert(tls.getPeerX509Certificate()!.raw);
+  const untrack = deps.sessions.track(identity, `direct ${request.service} ${request.resource} for ${request.client_src}`, () => tls.destroy());
+  tls.once('close', untrack);
+  if (tls.destroyed) untrack();
 }
 
 async function handshake(raw: Duplex, addr: string, expected: { hostId: string; kind: keyof DirectAddrs }, agent: string, deps: DirectDialDeps): Promise<TLSSocket> {

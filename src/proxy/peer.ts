@@ -10,9 +10,10 @@
  *               faster (most runs), for 0.2-0.4 ms more per stream open.
  *   identity    mutual TLS with the cluster's host CA, checked on every connection (a resumed session too). The
  *               server accepts only a host certificate of this cluster with the system role "proxy" whose host
- *               ID is a live Proxy (cluster.ts); the client accepts only a server certificate naming the host
- *               ID of the Proxy it meant to reach, with the same role (a session is resumed only with the Proxy
- *               whose certificate was checked when it was made).
+ *               ID is a live Proxy (cluster.ts), and drops every open connection of a peer that stops being one
+ *               (locked or removed: the Auth Service takes its record out; stopped or dead); the client accepts
+ *               only a server certificate naming the host ID of the Proxy it meant to reach, with the same role
+ *               (a session is resumed only with the Proxy whose certificate was checked when it was made).
  *   a stream    gateway-peer-tls: the first line is the JSON {"hostId", "request"} (the DialRequest, the same JSON
  *               as the tunnel's: src/tunnel/protocol.ts); the answer one JSON line, {"ok":true} once the agent
  *               reached the resource, else {"ok":false,"error":{code,message,hint}}. Then raw bytes both ways:
@@ -29,6 +30,9 @@
  *   tls client  keeps the latest TLS session ticket of each peer (a new connection resumes: no certificate
  *               exchange) and up to PEER_POOL_SIZE connections established ahead, each closed after
  *               PEER_POOL_IDLE_MS unused; a pooled connection the peer closed meanwhile is replaced once.
+ *   departed    a peer that leaves the cluster's list (locked or removed: the Auth Service takes its record out;
+ *               stopped or dead) loses every connection on both sides: the server drops its connections
+ *               (dropDeparted), the client resets the streams it carries through it (PeerClient.dropDeparted).
  */
 import http2 from 'node:http2';
 import type net from 'node:net';
@@ -104,7 +108,8 @@ export interface PeerTls {
 export interface PeerServerOptions {
   trust: ClusterTrust;
   tls: PeerTls;
-  cluster: Pick<ClusterView, 'proxy' | 'selfId'>;
+  /** The live Proxies; its 'proxies' event drops the connections of a peer that left (locked, removed, dead). */
+  cluster: Pick<ClusterView, 'proxy' | 'selfId' | 'on' | 'off'>;
   tunnels: Pick<LocalTunnels, 'get' | 'dial'>;
   limits: ConnectionLimits;
 }
@@ -115,7 +120,8 @@ export class PeerServer {
   private readonly terminate: ReturnType<typeof tlsTerminator>;
   private server: net.Server | undefined;
   /** Each open peer connection: its Connection (every layer down to the socket), and its HTTP/2 session if any. */
-  private readonly open = new Map<TLSSocket, { conn: ReturnType<typeof connectionOf>; session?: http2.ServerHttp2Session }>();
+  private readonly open = new Map<TLSSocket, { conn: ReturnType<typeof connectionOf>; session?: http2.ServerHttp2Session; peer: string }>();
+  private readonly onProxies = () => this.dropDeparted();
   /** Identities already read from peers' certificates (by SHA-256 fingerprint), for the host CA they were checked against. */
   private readonly identities = new Map<string, Identity>();
   private identitiesCa = '';
@@ -135,12 +141,30 @@ export class PeerServer {
     const server = guardedServer(guard, (socket) => this.accept(socket));
     const bound = await listenOn(server, addr, what);
     this.server = server;
+    this.options.cluster.off('proxies', this.onProxies);
+    this.options.cluster.on('proxies', this.onProxies);
     return bound;
+  }
+
+  /**
+   * Drops every open connection of a peer that is no longer a live Proxy: a lock on it or its removal takes its
+   * record out (src/auth/agents.ts forgetRevokedProxy), and so do its death and its graceful stop. The streams it
+   * carries are reset; its new connections are refused (refusal).
+   */
+  private dropDeparted(): void {
+    for (const [socket, { conn, session, peer }] of [...this.open]) {
+      if (this.options.cluster.proxy(peer)) continue;
+      this.log.warn({ peer }, 'peer dropped: no longer a live Proxy of this cluster');
+      this.open.delete(socket);
+      session?.destroy();
+      conn.destroy();
+    }
   }
 
   /** Stops listening and drops every peer connection (their clients see the streams reset). */
   async close(): Promise<void> {
     const closing = this.server ? closeServer(this.server) : Promise.resolve();
+    this.options.cluster.off('proxies', this.onProxies);
     for (const { conn, session } of this.open.values()) {
       session?.destroy();
       conn.destroy();
@@ -161,7 +185,7 @@ export class PeerServer {
           secure.destroy();
           return;
         }
-        this.open.set(secure, { conn: connectionOf(secure) });
+        this.open.set(secure, { conn: connectionOf(secure), peer: this.identityOf(secure).name });
         secure.once('close', () => this.open.delete(secure));
         if (secure.alpnProtocol === PEER_ALPN_TLS) this.serveStream(secure, client);
         else this.serveH2(secure, client);
@@ -261,7 +285,7 @@ export class PeerServer {
       },
     };
     conn.enter('peer-request', headerMs, expire);
-    this.open.set(socket, { conn, session });
+    this.open.set(socket, { conn, session, peer: this.open.get(socket)?.peer ?? '' });
     let open = 0;
     session.on('stream', (stream, headers) => {
       open++;
@@ -369,6 +393,8 @@ export class PeerClient implements PeerDialer {
   private readonly log = logger('peer');
   private readonly pools = new Map<string, PeerPool>();
   private readonly sessions = new Map<string, Promise<http2.ClientHttp2Session>>();
+  /** The streams carried through each peer now, by its host ID: dropDeparted resets them. */
+  private readonly carried = new Map<string, Set<Duplex>>();
   private closed = false;
   /** Made once: a context per connection would parse the key, certificate and CA again each time. */
   private readonly context: tls.SecureContext;
@@ -380,7 +406,41 @@ export class PeerClient implements PeerDialer {
 
   async dial(proxy: ProxyRecord, hostId: string, request: DialRequest): Promise<Duplex> {
     if (this.closed) throw new GatewayError('GW_ERR_PEER_UNREACHABLE', 'this Proxy is shutting down');
-    if (this.transport === 'http2') return this.dialH2(proxy, hostId, request);
+    return this.carry(proxy.id, await (this.transport === 'http2' ? this.dialH2(proxy, hostId, request) : this.dialTls(proxy, hostId, request)));
+  }
+
+  /**
+   * Resets every stream carried through a peer that is no longer a live Proxy (live says which are), and drops
+   * its pooled connections and HTTP/2 session: a locked or removed Proxy carries nothing more from here (the
+   * Auth Service takes its record out), and neither does a dead one.
+   */
+  dropDeparted(live: (proxyId: string) => boolean): void {
+    for (const id of new Set([...this.carried.keys(), ...this.pools.keys(), ...this.sessions.keys()])) {
+      if (live(id)) continue;
+      const streams = this.carried.get(id);
+      if (streams?.size) this.log.warn({ proxy: id, streams: streams.size }, 'streams through a Proxy that left the cluster reset');
+      for (const stream of streams ?? []) stream.destroy();
+      this.carried.delete(id);
+      this.pools.get(id)?.close();
+      this.pools.delete(id);
+      void this.sessions.get(id)?.then((session) => session.destroy(), () => undefined);
+      this.sessions.delete(id);
+    }
+  }
+
+  private carry(proxyId: string, stream: Duplex): Duplex {
+    const streams = this.carried.get(proxyId) ?? new Set<Duplex>();
+    this.carried.set(proxyId, streams);
+    streams.add(stream);
+    stream.once('close', () => {
+      streams.delete(stream);
+      if (streams.size === 0 && this.carried.get(proxyId) === streams) this.carried.delete(proxyId);
+    });
+    if (stream.destroyed) streams.delete(stream);
+    return stream;
+  }
+
+  private async dialTls(proxy: ProxyRecord, hostId: string, request: DialRequest): Promise<Duplex> {
     const pool = this.pool(proxy);
     const line = `${JSON.stringify({ hostId, request })}\n`;
     for (let attempt = 0; ; attempt++) {

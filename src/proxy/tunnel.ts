@@ -119,6 +119,13 @@ interface Registered {
   /** When its last host-cert was looked at (at most one per TUNNEL_RENEW_GAP_MS). */
   hostCertMs?: number;
   gone: () => void;
+  /**
+   * Settles once the first presence write of this tunnel has (or has failed to): its agent's events are relayed
+   * after it, since a remote Auth Service takes them only from a Proxy whose presence of the agent lives.
+   */
+  presenceFirst?: Promise<void>;
+  /** The agent's newest proof of its presence through this Proxy (presence-proof), carried with every presence write. */
+  proof?: { time: string; signature: string };
 }
 
 /**
@@ -408,7 +415,10 @@ export class TunnelServer extends EventEmitter {
     const send = (m: ControlMessage) => writeJsonLine(link.control, m);
     send({ type: 'welcome', proxyId: this.proxyId, heartbeatIntervalMs: this.options.heartbeatIntervalMs, heartbeatCountMax: this.options.heartbeatCountMax });
     send(this.discovery());
-    void this.writePresence(entry);
+    // An agent that signs its presence sends its first proof right after the welcome: its presence is written with
+    // it (or at the next sweep, should none come); others' at once.
+    if (hello.signs_presence === true) entry.presenceWrittenMs = 0;
+    else entry.presenceFirst = this.writePresence(entry);
     this.startSweep();
     readControl(
       link.control,
@@ -427,11 +437,17 @@ export class TunnelServer extends EventEmitter {
       entry.lastHeardMs = Date.now();
       agent.lastHeartbeat = new Date(entry.lastHeardMs);
     } else if (m.type === 'event') {
-      void this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
+      void (entry.presenceFirst ?? Promise.resolve()).then(() => this.options.auth.recordAgentEvent(agent.hostId, agent.nodename, m.event, this.proxyId)).catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot record an agent event'));
     } else if (m.type === 'renew') {
       void this.renew(entry, m);
     } else if (m.type === 'host-cert') {
       void this.takeHostCert(entry, m.ssh_cert.trim());
+    } else if (m.type === 'presence-proof' && m.proxyId === this.proxyId) {
+      const first = entry.proof === undefined;
+      entry.proof = { time: m.time, signature: m.signature };
+      // The first one: write the presence again with it (the write at registration had none, and a remote Auth
+      // Service refuses an agent that has signed before without it); the agent's events wait for this write.
+      if (first) entry.presenceFirst = this.writePresence(entry);
     }
   }
 
@@ -545,6 +561,7 @@ export class TunnelServer extends EventEmitter {
           lastHeartbeat: agent.lastHeartbeat.toISOString(),
           ...(agent.version === undefined ? {} : { version: agent.version }),
           ...(agent.channel === undefined ? {} : { channel: agent.channel }),
+          ...(entry.proof === undefined ? {} : { proof: entry.proof }),
         },
         this.options.heartbeatIntervalMs * (PRESENCE_REFRESH_BEATS + this.options.heartbeatCountMax + 1),
       );

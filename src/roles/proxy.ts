@@ -110,7 +110,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   const ownWebCert = !config.proxy_service.https_keypairs?.[0]?.cert_file;
   const peering = await startPeering(options, cluster, tunnels, ownWebCert ? webTls : await clusterCertificate(options));
   // Agents that joined the Auth Service directly: their listeners, with a certificate naming this Proxy.
-  const direct = options.direct ?? directDialer((key) => auth.issueServerCert(key, [config.gateway.nodename], options.proxyId), { dialer: options.dialer, hostCa: auth.host.tls.certPem });
+  const direct = options.direct ?? directDialer((key) => auth.issueServerCert(key, [config.gateway.nodename], options.proxyId), { dialer: options.dialer, hostCa: auth.host.tls.certPem, sessions: auth.sessions });
   const router = new Router({ tunnels, cluster, peers: peering.client, direct });
   let frontDoor: FrontDoor | undefined;
   // Agents are told to reconnect before the listeners drop their connections.
@@ -225,6 +225,8 @@ async function startPeering(options: ProxyRoleOptions, cluster: ClusterView, tun
     dialTimeoutMs: 30_000,
     idleMs: limits.settings.idleMs,
   });
+  // A peer that leaves the list (locked, removed, dead) carries none of this Proxy's streams any more.
+  cluster.on('proxies', () => client.dropDeparted((id) => cluster.proxy(id) !== undefined));
   let bound: string | undefined;
   let starting: Promise<string> | undefined;
   // stop() is kept until start(): a change of the cluster does not bring the listener back.

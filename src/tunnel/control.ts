@@ -45,6 +45,7 @@ const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
   duplicate: (m) => isString(m.proxyId),
   refused: () => true,
   'host-cert': (m) => isString(m.ssh_cert) && m.ssh_cert.length <= HOST_CERT_MAX,
+  'presence-proof': (m) => isString(m.proxyId) && m.proxyId.length <= 256 && isString(m.time) && m.time.length <= 64 && isString(m.signature) && m.signature.length <= 1024,
   renew: (m) =>
     isNumber(m.id) &&
     isString(m.public_key) &&

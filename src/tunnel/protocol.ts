@@ -121,6 +121,11 @@ export interface HelloMessage {
    * (/etc/gateway-upgrade.d/endpoint), or "default" without one. Absent from agents of earlier versions.
    */
   upgrade_channel?: string;
+  /**
+   * This agent sends presence-proof messages after the welcome: the Proxy writes its presence with the first one
+   * (not before: a remote Auth Service refuses an unsigned presence of an agent that has signed before).
+   */
+  signs_presence?: boolean;
 }
 /** The longest software_version / upgrade_channel a Proxy keeps from a hello (longer ones are dropped). */
 export const HELLO_SOFTWARE_MAX = 128;
@@ -181,6 +186,17 @@ export interface HostCertMessage {
   type: 'host-cert';
   ssh_cert: string;
 }
+/**
+ * Agent → Proxy: its signature of its presence through this Proxy (src/auth/pki/proof.ts signPresenceProof), after
+ * the welcome and every PRESENCE_PROOF_EVERY_MS; the Proxy carries the newest with the presence it writes, and a
+ * remote Auth Service checks it. Proxies of earlier versions ignore it.
+ */
+export interface PresenceProofMessage {
+  type: 'presence-proof';
+  proxyId: string;
+  time: string;
+  signature: string;
+}
 /** The longest ssh_cert a host-cert may carry. */
 export const HOST_CERT_MAX = 16 * 1024;
 /** Proxy → agent: the answer to the renew with the same id: the certificates, or why not. */
@@ -202,7 +218,8 @@ export type ControlMessage =
   | RefusedMessage
   | RenewMessage
   | RenewalMessage
-  | HostCertMessage;
+  | HostCertMessage
+  | PresenceProofMessage;
 
 export interface DialRequest {
   service: ServiceKind;

@@ -398,6 +398,19 @@ describe.skipIf(!HOST_IP)('a direct-join agent', () => {
     await expect(asAgent.call('POST', '/v1/agent/renew', { public_key: own })).rejects.toMatchObject({ code: 'GW_ERR_HOST_RENEW_TOO_SOON' });
   });
 
+  it('hostile: a lock on the agent closes the streams the Proxy has open to it (issue 23)', async () => {
+    const stream = await dialDirect(presence, request('desktop', 'win'), { ...proxyDeps, sessions: auth.auth.sessions });
+    stream.write('before the lock');
+    await new Promise<void>((resolve) => stream.once('data', () => resolve()));
+    const admin = auth.auth.adminIdentity();
+    await auth.auth.createLock(admin, { target: { node: agent.hostIdentity.hostId }, name: 'direct-agent-lock' });
+    try {
+      await closed(stream);
+    } finally {
+      await auth.auth.removeLocks(admin, { name: 'direct-agent-lock' });
+    }
+  });
+
   it('graceful stop removes its presence and closes its listeners', async () => {
     const addrs = Object.values(agent.direct!.bound);
     await agentLife.stop();

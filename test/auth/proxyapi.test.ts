@@ -13,11 +13,11 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { joinCluster, loadHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
 import { FORWARDED } from '../../src/auth/api.js';
-import { generateKeyPair, identityFromCert, signRenewProof } from '../../src/auth/pki.js';
+import { generateKeyPair, identityFromCert, signPresenceProof, signRenewProof } from '../../src/auth/pki.js';
 import { MAX_STREAMS_PER_PROXY } from '../../src/auth/proxyapi.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
-import { openSqliteBackend } from '../../src/backend/index.js';
+import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
 import { RemoteProxyAuth } from '../../src/client/remoteauth.js';
 import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
@@ -426,6 +426,181 @@ describe('a Proxy role on a RemoteProxyAuth', () => {
     } finally {
       await own.stop();
     }
+  });
+});
+
+/** An event stream kept open: its lines as they come, and whether it ended. */
+function heldStream(addr: string, creds: Creds): Promise<{ lines: string[]; ended: () => boolean; close: () => void }> {
+  const i = addr.lastIndexOf(':');
+  return new Promise((resolve, reject) => {
+    let ended = false;
+    const lines: string[] = [];
+    const req = https.request({ host: addr.slice(0, i), port: Number(addr.slice(i + 1)), path: '/v1/proxy/events', ca, agent: false, ...creds }, (res) => {
+      expect(res.statusCode).toBe(200);
+      res.on('data', (c: Buffer) => lines.push(...c.toString().split('\n').filter((l) => l !== '')));
+      res.once('close', () => (ended = true));
+      res.once('error', () => (ended = true));
+      resolve({ lines, ended: () => ended, close: () => req.destroy() });
+    });
+    req.once('error', (err) => (ended ? undefined : reject(err)));
+    req.end();
+  });
+}
+
+/** A presence record as a Proxy's tunnel registry writes it. */
+function presenceFor(hostId: string, proxyId: string, extra: Record<string, unknown> = {}) {
+  const now = new Date().toISOString();
+  return { hostId, nodename: 'agent1', proxyId, services: ['ssh'], resources: { databases: [], apps: [], desktops: [], kube_clusters: [], node_labels: { env: 'prod' } }, connectedAt: now, lastHeartbeat: now, ...extra } as never;
+}
+
+const remoteOf = (who: HostIdentity) => RemoteProxyAuth.connect({ addresses: [role.address], credentials: { cert: who.cert, key: who.key, hostCa: who.hostCa, hostId: who.hostId }, dialer });
+const eventsBy = async (match: (e: Record<string, unknown>) => boolean) => (await role.auth.listEvents(role.auth.adminIdentity(), 500)).map((e) => e.event).filter(match);
+
+describe('each member acts only for itself (issue 23)', () => {
+  it("hostile: a locked Proxy's open event stream is closed, and its record leaves the cluster's list", async () => {
+    const rogue = await joinWith(['proxy'], 'proxy-locked');
+    const stream = await heldStream(role.address, { cert: rogue.cert, key: rogue.key });
+    await waitUntil('the hello', () => stream.lines.length > 0);
+    expect(JSON.parse(stream.lines[0]!)).toMatchObject({ type: 'hello' });
+    const remote = await remoteOf(rogue);
+    try {
+      await remote.heartbeatProxy({ id: rogue.hostId, nodename: 'proxy-locked', version: '1.0.0', public_addr: 'p:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString(), last_heartbeat: new Date().toISOString() }, 600_000);
+      expect((await role.auth.listProxies()).map((p) => p.id)).toContain(rogue.hostId);
+      await role.auth.createLock(role.auth.adminIdentity(), { target: { node: rogue.hostId } });
+      await waitUntil('the locked Proxy\'s event stream closed', () => stream.ended());
+      await waitUntil('its record removed', async () => !(await role.auth.listProxies()).some((p) => p.id === rogue.hostId));
+      // And it cannot write it again, nor open a new stream.
+      await expect(remote.heartbeatProxy({ id: rogue.hostId, nodename: 'x', version: '1', public_addr: 'p:443', channels_digest: 'x', channels: {}, started_at: '', last_heartbeat: '' }, 600_000)).rejects.toMatchObject({ code: 'GW_ERR_ACCESS_LOCKED' });
+      expect((await openStream(role.address, { cert: rogue.cert, key: rogue.key }, ca)).status).toBe(403);
+    } finally {
+      remote.close();
+      stream.close();
+    }
+  });
+
+  it("hostile: a removed Proxy's open event stream is closed", async () => {
+    const gone = await joinWith(['proxy'], 'proxy-removed');
+    const stream = await heldStream(role.address, { cert: gone.cert, key: gone.key });
+    await waitUntil('the hello', () => stream.lines.length > 0);
+    try {
+      // No gwctl command removes a node record: it is deleted in the Backend, here through the Auth Service's own
+      // handle (a second client of the SQLite file would be invisible to its watchers).
+      const backend = (role.auth as unknown as { parts: { audit: { backend: Backend } } }).parts.audit.backend;
+      expect(await backend.delete(`/nodes/${gone.hostId}`)).toBe(true);
+      await waitUntil("the removed Proxy's event stream closed", () => stream.ended());
+    } finally {
+      stream.close();
+    }
+  });
+
+  it('hostile: a Proxy writing presence for a made-up host ID, a path, a Proxy or a locked agent is refused', async () => {
+    const remote = await remoteOf(proxy);
+    const other = await joinWith(['proxy'], 'proxy-other');
+    const locked = await joinWith(['node'], 'agent-locked');
+    await role.auth.createLock(role.auth.adminIdentity(), { target: { node: locked.hostId } });
+    try {
+      for (const hostId of ['a/b/../c', '00000000-0000-4000-8000-00000000dead', '', proxy.hostId, other.hostId, locked.hostId]) {
+        await expect(remote.setPresence(presenceFor(hostId, proxy.hostId), 60_000), hostId).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+      }
+      // A tunnel that cannot be: connected an hour from now, or long before the agent joined.
+      const later = new Date(Date.now() + 3600_000).toISOString();
+      await expect(remote.setPresence(presenceFor(agent.hostId, proxy.hostId, { connectedAt: later }), 60_000)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+      await expect(remote.setPresence(presenceFor(agent.hostId, proxy.hostId, { connectedAt: '2001-01-01T00:00:00.000Z' }), 60_000)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+      const paths = (await role.auth.listPresence()).map((p) => p.hostId);
+      expect(paths).not.toContain('a/b/../c');
+      expect(paths).not.toContain(locked.hostId);
+    } finally {
+      remote.close();
+    }
+  });
+
+  it("hostile: once an agent has signed its presence, a Proxy needs the agent's proof for it: none, another Proxy's, or forged labels are refused", async () => {
+    const signing = await joinWith(['node'], 'agent-signing');
+    const remote = await remoteOf(proxy);
+    try {
+      const sent = presenceFor(signing.hostId, proxy.hostId) as unknown as { services: string[]; resources: Record<string, unknown> };
+      const proof = (proxyId: string, resources = sent.resources) => signPresenceProof(signing.key, signing.hostId, CLUSTER, { proxyId, services: sent.services, resources }, Date.now());
+      // An agent that never signed (an earlier version): taken without a proof.
+      await remote.setPresence(presenceFor(signing.hostId, proxy.hostId), 60_000);
+      expect((await role.auth.getNode(signing.hostId))?.signsPresence).toBeUndefined();
+      // Its first valid proof: taken, and from now on required.
+      await remote.setPresence(presenceFor(signing.hostId, proxy.hostId, { proof: proof(proxy.hostId) }), 60_000);
+      expect((await role.auth.getNode(signing.hostId))?.signsPresence).toBe(true);
+      const refusedWith = async (extra: Record<string, unknown>, what: string) =>
+        expect(remote.setPresence(presenceFor(signing.hostId, proxy.hostId, extra), 60_000), what).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+      await refusedWith({}, 'no proof');
+      await refusedWith({ proof: proof('another-proxy') }, "a proof the agent gave another Proxy");
+      await refusedWith({ proof: proof(proxy.hostId), resources: { ...sent.resources, node_labels: { env: 'dev' } } }, 'forged labels');
+      await refusedWith({ proof: signPresenceProof(generateKeyPair().privateKeyPem, signing.hostId, CLUSTER, { proxyId: proxy.hostId, ...sent }, Date.now()) }, 'signed by another key');
+      // The stored record keeps no proof.
+      expect((await role.auth.listPresence()).find((p) => p.hostId === signing.hostId)?.proof).toBeUndefined();
+      await remote.clearPresence(signing.hostId, 'ignored');
+    } finally {
+      remote.close();
+    }
+  });
+
+  it('hostile: a presence for a real agent keeps only what that agent joined to serve, under the name it joined with', async () => {
+    const remote = await remoteOf(proxy);
+    try {
+      const forged = presenceFor(agent.hostId, proxy.hostId, {
+        nodename: 'payroll-db',
+        services: ['ssh', 'db', 'app'],
+        resources: { databases: [{ name: 'payroll', protocol: 'postgres', labels: { env: 'prod' } }], apps: [{ name: 'admin', kind: 'http', labels: {} }], desktops: [], kube_clusters: [], node_labels: { env: 'prod' } },
+        direct: { ssh: '127.0.0.1:22' },
+      });
+      await remote.setPresence(forged, 60_000);
+      const stored = (await role.auth.listPresence()).find((p) => p.hostId === agent.hostId && p.proxyId === proxy.hostId);
+      expect(stored).toMatchObject({ nodename: 'agent1', services: ['ssh'], resources: { databases: [], apps: [], node_labels: { env: 'prod' } } });
+      expect(stored?.direct).toBeUndefined();
+      // The Proxy may clear its own record only, by a host ID.
+      await remote.clearPresence(agent.hostId, 'ignored');
+      expect((await role.auth.listPresence()).some((p) => p.hostId === agent.hostId && p.proxyId === proxy.hostId)).toBe(false);
+      await expect(remote.clearPresence('a/b/../c', 'ignored')).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_PRESENCE_REFUSED' });
+    } finally {
+      remote.close();
+    }
+  });
+
+  it("hostile: a Proxy cannot write user.login, nor a session.start of an agent whose tunnel it does not claim; what it relays is recorded via it", async () => {
+    const remote = await remoteOf(proxy);
+    try {
+      const login = { event: 'user.login', user: 'alice', source: '203.0.113.9', method: 'local' };
+      await expect(remote.recordAgentEvent(agent.hostId, 'agent1', login)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      await expect(remote.recordProxyEvent(proxy.hostId, login)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      // An SSH session is the node's to report, never a Proxy's own.
+      const start = { event: 'session.start', user: 'alice', login: 'root', session_id: 'forged-1', by: { kind: 'admin', name: 'admin' } };
+      await expect(remote.recordProxyEvent(proxy.hostId, start)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      // No presence of this Proxy for the agent: it carries no tunnel of it.
+      await expect(remote.recordAgentEvent(agent.hostId, 'agent1', start)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      await expect(remote.recordAgentEvent('a/b/../c', 'agent1', start)).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      expect(await eventsBy((e) => e.session_id === 'forged-1' || (e.event === 'user.login' && e.source === '203.0.113.9'))).toEqual([]);
+      // With its presence of the agent: relayed, recorded with the agent's joined name and this Proxy as the relay,
+      // the body's "by" and "reported_by" dropped.
+      await remote.setPresence(presenceFor(agent.hostId, proxy.hostId), 60_000);
+      await remote.recordAgentEvent(agent.hostId, 'someone-else', { ...start, session_id: 'relayed-1', reported_by: { host_id: 'x' } });
+      const [relayed] = await eventsBy((e) => e.session_id === 'relayed-1');
+      expect(relayed).toMatchObject({ event: 'session.start', reported_by: { host_id: agent.hostId, nodename: 'agent1', via: proxy.hostId } });
+      expect(relayed?.by).toBeUndefined();
+      // A session the Proxy routed, on its own account: recorded as its report.
+      await remote.recordProxyEvent('someone-else', { event: 'db.session.start', user: 'alice', db: 'orders', session_id: 'db-1' });
+      expect(await eventsBy((e) => e.session_id === 'db-1')).toEqual([expect.objectContaining({ event: 'db.session.start', reported_by: { proxy_id: proxy.hostId } })]);
+      await remote.clearPresence(agent.hostId, 'ignored');
+    } finally {
+      remote.close();
+    }
+  });
+
+  it('hostile: an agent reporting a kind it may not report is refused; its sessions are recorded under its own host ID', async () => {
+    const post = (event: unknown) => request(role.address, { method: 'POST', path: '/v1/agent/events', creds: { cert: agent.cert, key: agent.key }, ca, body: { event } });
+    for (const kind of ['user.login', 'lock.create', 'host.renew', undefined]) {
+      const res = await post({ event: kind, user: 'alice', session_id: 'agent-forged' });
+      expect(res.status, String(kind)).toBe(403);
+      expect(res.body.error?.code).toBe('GW_ERR_MEMBER_EVENT_REFUSED');
+    }
+    expect(await eventsBy((e) => e.session_id === 'agent-forged')).toEqual([]);
+    expect((await post({ event: 'session.end', user: 'alice', session_id: 'agent-own', reported_by: { host_id: proxy.hostId } })).status).toBe(200);
+    expect(await eventsBy((e) => e.session_id === 'agent-own')).toEqual([expect.objectContaining({ reported_by: { host_id: agent.hostId, nodename: 'agent1' } })]);
   });
 });
 

@@ -5,7 +5,8 @@
  * An agent joins through the Proxy and serves a TCP app; a user signs in through the Proxy and reaches the app
  * byte-exact; gwctl with the user's certificate works through the Proxy's web port. kill -9 of the Auth
  * Service the Proxy talks to: what is open stays open, and new connections work through the other one. A lock
- * created on either Auth Service closes a session on the Proxy. And join tokens stay single-use across both.
+ * created on either Auth Service closes a session on the Proxy. And join tokens stay single-use across both. A lock
+ * on the Proxy's own host ID cuts its event stream and takes it, and the presence it wrote, out of the cluster.
  *
  * Nothing here asserts how fast: every wait has a generous bound.
  */
@@ -253,4 +254,24 @@ rootSuite(['dbUsers'])('Auth Services and a Proxy in separate processes', () => 
     expect(wrong.status).toBe(1);
     expect(wrong.stderr).toContain('GW_ERR_AUTH_TOKEN_WRONG_TYPE');
   });
+
+  // Last: it locks the Proxy.
+  it("gwctl lock --node <the Proxy's host ID>: its event stream is cut, its record and the presence it wrote stop counting (issue 23)", async () => {
+    const get = async (kind: string) => JSON.parse((await gwctlAt(authB, ['get', kind, '--format', 'json'])).stdout) as Array<{ metadata: { name: string }; spec: Record<string, unknown> }>;
+    const proxyId = (await get('proxies')).find((p) => p.spec.hostname === 'proxy-1')!.metadata.name;
+    // The presence this Proxy wrote for the agent passed the Auth Service's checks: the agent is online through it.
+    const agentNode = () => get('nodes').then((nodes) => nodes.find((n) => n.spec.hostname === 'split-agent')!);
+    expect((await agentNode()).spec).toMatchObject({ status: 'online', proxy: proxyId });
+    // With the agent's signature of it: from its first one on, the Auth Services take its presence only so.
+    expect(authA.logs() + authB.logs()).toContain('agent signs its presence');
+    const lines = (text: string) => proxy.logs().split('\n').filter((l) => l.includes(text)).length;
+    const ended = lines('Auth API event stream ended; reconnecting');
+    const lock = await gwctlAt(authB, ['lock', '--node', proxyId, '--name', 'split-proxy']);
+    expect(lock.status, lock.stderr).toBe(0);
+    await waitUntil("the Proxy's event stream cut", () => lines('Auth API event stream ended; reconnecting') > ended, 30_000);
+    await waitUntil('the Proxy out of the list', async () => !(await get('proxies')).some((p) => p.metadata.name === proxyId), 30_000, 500);
+    expect((await agentNode()).spec.status).toBe('offline');
+    // Its reconnects are refused while the lock lasts.
+    expect(await proxy.waitForLog('status 403', 30_000)).toContain('Auth API event stream failed; reconnecting');
+  }, 120_000);
 });

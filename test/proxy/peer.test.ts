@@ -173,6 +173,21 @@ describe.each(['http2', 'tls'] as const)('a PeerClient on the %s transport', (tr
   it("reports B's answer for an agent B does not hold", async () => {
     await expect(client.dial(c.a.cluster.proxy(c.b.id)!, 'ghost-host', DIAL)).rejects.toMatchObject({ code: 'GW_ERR_TUNNEL_NOT_FOUND', message: expect.stringContaining(`through Proxy ${c.b.id}: Proxy ${c.b.id} holds no tunnel of agent ghost-host`) });
   });
+
+  it('hostile: the streams it carries through a Proxy that left the cluster (a lock takes its record out) are reset; the others go on (issue 23)', async () => {
+    const through = await dial();
+    const closed = new Promise((r) => through.once('close', r));
+    through.on('error', () => undefined);
+    client.dropDeparted((id) => id === c.b.id);
+    const data = randomBytes(1024);
+    expect(await echoDigest(through, data)).toBe(sha256(data));
+    client.dropDeparted((id) => id !== c.b.id);
+    await closed;
+    expect(through.destroyed).toBe(true);
+    // A new stream opens a new connection once B is live again.
+    const again = await dial();
+    expect(await echoDigest(again, data)).toBe(sha256(data));
+  });
 });
 
 describe('hostile peers on 3021 are refused', () => {
@@ -283,6 +298,8 @@ describe('hostile peers on 3021 are refused', () => {
     session.on('error', () => undefined);
     const ask = () =>
       new Promise<number | 'closed'>((resolve) => {
+        // B drops a departed peer's connections now: the session may be gone before the next request.
+        if (session.destroyed || session.closed) return resolve('closed');
         const req = session.request({ ':method': 'POST', ':path': PEER_PATH, 'x-gateway-host': 'ghost-host', 'x-gateway-dial': JSON.stringify(DIAL) });
         req.on('error', () => resolve('closed'));
         req.once('response', (h) => resolve(Number(h[':status'])));
@@ -294,6 +311,31 @@ describe('hostile peers on 3021 are refused', () => {
     await waitUntil('B no longer lists the Proxy', () => c.b.cluster.proxy(id) === undefined);
     expect(await ask()).not.toBe(404); // refused (403) or the session closed: nothing is served any more
     session.destroy();
+  });
+});
+
+describe('a locked Proxy loses its peering streams (issue 23)', () => {
+  it('hostile: a stream a Proxy opened on B before it was locked is closed, and it cannot open another', async () => {
+    const id = 'peer-that-is-locked';
+    const now = new Date().toISOString();
+    await c.auth.auth.heartbeatProxy({ id, nodename: 'locked', version: '1', public_addr: 'locked:443', channels: {}, channels_digest: '', started_at: now, last_heartbeat: now }, 600_000);
+    await waitUntil('B sees the Proxy', () => c.b.cluster.proxy(id) !== undefined);
+    const cred = await hostCert(id, ['proxy']);
+    const { host, port } = splitAddr(c.b.peer.address()!);
+    const socket = tls.connect({ host, port, ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [PEER_ALPN_TLS], checkServerIdentity: () => undefined, ...cred });
+    socket.on('error', () => undefined);
+    let closed = false;
+    socket.once('close', () => (closed = true));
+    await new Promise((r) => socket.once('secureConnect', r));
+    socket.write(`${JSON.stringify({ hostId: c.agentIdentity.hostId, request: DIAL })}\n`);
+    expect(JSON.parse(await readLine(socket, { timeoutMs: 10_000 }))).toMatchObject({ ok: true });
+    // The stream carries bytes to the agent's echo app and back.
+    socket.write('ping');
+    await new Promise<void>((resolve) => socket.once('data', (d: Buffer) => (expect(d.toString()).toBe('ping'), resolve())));
+    await c.auth.auth.createLock(c.auth.auth.adminIdentity(), { target: { node: id } });
+    await waitUntil('the locked Proxy\'s peering stream closed', () => closed);
+    expect(c.b.cluster.proxy(id)).toBeUndefined();
+    expect(await peerAttempt(cred)).toMatchObject({ closed: true });
   });
 });
 

@@ -107,6 +107,27 @@ describe('agent presence', () => {
     await waitUntil('the presence cleared when the tunnel closed', async () => !(await online(identity.hostId)));
   });
 
+  it('hostile: an agent reporting over its tunnel a kind it may not report is not recorded; its sessions are, via this Proxy (issue 23)', async () => {
+    const identity = await joinHost('reporting-agent');
+    const events = async () => (await auth.auth.listEvents(auth.auth.adminIdentity(), 500)).map((e) => e.event).filter((e) => (e.reported_by as { host_id?: string } | undefined)?.host_id === identity.hostId);
+    agent = new TunnelAgent(echoAgentOptions(identity, echo));
+    try {
+      agent.start();
+      await waitUntil('the tunnel', () => proxy.tunnels.get(identity.hostId) !== undefined);
+      // Sent in this order over one control channel, relayed in order: once the last is recorded, the others were handled.
+      agent.sendEvent({ event: 'user.login', user: 'alice', source: '203.0.113.7', method: 'local' });
+      agent.sendEvent({ event: 'lock.create', name: 'forged' });
+      agent.sendEvent({ event: 'db.session.start', user: 'alice', db: 'pg', by: { kind: 'admin', name: 'admin' } });
+      await waitUntil('the session event recorded', async () => (await events()).length > 0);
+      const recorded = await events();
+      expect(recorded).toEqual([expect.objectContaining({ event: 'db.session.start', reported_by: { host_id: identity.hostId, nodename: 'reporting-agent', via: PROXY_ID } })]);
+      expect(recorded[0]!.by).toBeUndefined();
+    } finally {
+      agent.stop();
+      agent = undefined;
+    }
+  });
+
   it('does not count a record of an earlier run of a live Proxy, nor one of a Proxy that has no record (hostile: stale or forged presence)', async () => {
     const stale = await joinHost('stale-agent');
     const orphan = await joinHost('orphan-agent');

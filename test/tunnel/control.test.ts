@@ -23,6 +23,7 @@ const EXAMPLES: ControlMessage[] = [
   { type: 'renewal', id: 1, certs: { tls_cert: '-----BEGIN CERTIFICATE-----...', ssh_cert: 'ecdsa-sha2-nistp256-cert-v01@openssh.com AAAA...' } },
   { type: 'renewal', id: 2, error: { code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: 'renewed at ...', hint: 'nothing to do' } },
   { type: 'host-cert', ssh_cert: 'ecdsa-sha2-nistp256-cert-v01@openssh.com AAAA...' },
+  { type: 'presence-proof', proxyId: 'p-1', time: '2030-01-01T00:00:00.000Z', signature: 'c2ln' },
   { type: 'hello', version: 1, hostId: 'h-1', nodename: 'web-1', services: [], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, holds: ['p-1', 'p-2'] },
 ];
 
@@ -60,6 +61,8 @@ describe('parseControlMessage', () => {
     ['a renewal whose error hint is not a string (it would crash a reader that slices it)', '{"type":"renewal","id":1,"error":{"code":"GW_ERR_INTERNAL","message":"m","hint":5}}'],
     ['a host-cert over 16 KiB', JSON.stringify({ type: 'host-cert', ssh_cert: 'c'.repeat(16 * 1024 + 1) })],
     ['a host-cert that is not a string', '{"type":"host-cert","ssh_cert":{}}'],
+    ['a presence-proof without its signature', '{"type":"presence-proof","proxyId":"p","time":"t"}'],
+    ['a presence-proof with a signature over 1 KiB', JSON.stringify({ type: 'presence-proof', proxyId: 'p', time: 't', signature: 's'.repeat(1025) })],
   ])('ignores %s', (_what, text) => {
     expect(parseControlMessage(text)).toBeUndefined();
   });
