@@ -17,7 +17,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateAuthority, generateKeyPair, issueTlsCert } from '../../src/auth/pki.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
-import { PEER_ALPN, PEER_ALPN_TLS, PEER_MAX_REQUEST_BYTES, PEER_PATH, PeerClient } from '../../src/proxy/peer.js';
+import { PEER_ALPN, PEER_ALPN_TLS, PEER_MAX_REQUEST_BYTES, PEER_PATH, PeerClient, parsePeerRequest } from '../../src/proxy/peer.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { readLine } from '../../src/stream/lines.js';
 import { Router } from '../../src/proxy/router.js';
@@ -294,6 +294,22 @@ describe('hostile peers on 3021 are refused', () => {
     await waitUntil('B no longer lists the Proxy', () => c.b.cluster.proxy(id) === undefined);
     expect(await ask()).not.toBe(404); // refused (403) or the session closed: nothing is served any more
     session.destroy();
+  });
+});
+
+describe('the dial request across peering', () => {
+  const request = { service: 'db', resource: 'orders', client_src: '192.0.2.7:1', client_dst: '192.0.2.1:443', user: 'alice' };
+  const grant = { users: { allow: ['orders_app'], deny: ['postgres'] }, names: { allow: ['orders'], deny: [] } };
+
+  it("carries the database grant to the Proxy that holds the agent's tunnel, as it is", () => {
+    expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, db_access: grant } }))).toEqual({ hostId: 'h', request: { ...request, db_access: grant } });
+    expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request })).request.db_access).toBeUndefined();
+  });
+
+  it('hostile: a grant that is not one (wrong types, over the caps) is refused, not passed on or dropped', () => {
+    for (const bad of [{ users: ['x'] }, { users: { allow: 'x', deny: [] }, names: grant.names }, { users: { allow: [1], deny: [] }, names: grant.names }, { users: { allow: Array(2000).fill('a'), deny: [] }, names: grant.names }, null, 'all']) {
+      expect(() => parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, db_access: bad } })), JSON.stringify(bad)?.slice(0, 60)).toThrow(/db_access/);
+    }
   });
 });
 
