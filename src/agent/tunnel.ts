@@ -47,6 +47,7 @@ import {
   TUNNEL_BIND,
   type AgentResources,
   type ControlMessage,
+  type DatabaseInfo,
   type DialAnswer,
   type DialRequest,
   type ServiceKind,
@@ -55,6 +56,7 @@ import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import { parseEndpoint } from '../upgrade/endpoint.js';
 import { resolveSettings } from '../upgrade/settings.js';
 import { VERSION } from '../version.js';
+import { gateDatabase } from './dbgate.js';
 import type { HostIdentity } from './identity.js';
 import { PendingRenewals, type RenewedCerts } from './renewal.js';
 
@@ -65,6 +67,9 @@ import { PendingRenewals, type RenewedCerts } from './renewal.js';
 let sshModule: typeof ssh2 | undefined;
 
 /** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
+/** How long a database client may take to send its startup (and a database its greeting) before the agent closes. */
+export const DATABASE_STARTUP_TIMEOUT_MS = 20_000;
+
 export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
 
 export interface TunnelAgentOptions {
@@ -589,7 +594,29 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     writeJsonLine(channel, { ok: true } satisfies DialAnswer);
-    splice(channel, target);
+    if (request.service !== 'db') return splice(channel, target);
+    const protocol = this.options.resources.databases.find((d) => d.name === request.resource)?.protocol;
+    if (!protocol) {
+      target.destroy();
+      channel.destroy();
+      return;
+    }
+    this.serveDatabase(channel, target, request, protocol);
+  }
+
+  /** The database access rules (dbgate.ts), then the splice; a refusal is answered there and logged here. */
+  private serveDatabase(channel: Duplex, target: Duplex, request: DialRequest, protocol: DatabaseInfo['protocol']): void {
+    const who = { user: request.user, client: request.client_src, database: request.resource, protocol };
+    gateDatabase(channel, target, { protocol, grant: request.db_access, timeoutMs: DATABASE_STARTUP_TIMEOUT_MS }).then(
+      ({ startup, client }) => {
+        this.log.info({ ...who, dbUser: startup.user, dbName: startup.database }, 'database session opened');
+        splice(client, target);
+      },
+      (err: unknown) => {
+        const e = toGatewayError(err);
+        this.log.warn({ ...who, code: e.code, err: e.message }, 'database connection refused');
+      },
+    );
   }
 
   /** Stops and closes the tunnel; no more retries. */
