@@ -513,7 +513,7 @@ export const ERROR_CODES = {
   },
   GW_ERR_DB_PROTOCOL: {
     summary: "The agent could not read the database client's startup (malformed, oversized, truncated, TLS asked of the database itself, or not in time), so it could not check the database user and name and closed the connection.",
-    hint: "Use the database's own client through 'gwsh proxy db' without TLS to the database (sslmode=disable or prefer for psql, no --ssl for mysql): the tunnel already encrypts the way to the agent.",
+    hint: "Use the database's own client through 'gwsh proxy db' without TLS to the database (sslmode=disable or prefer for psql, no --ssl for mysql, no --tls or compressors for mongosh): the tunnel already encrypts the way to the agent.",
   },
   GW_ERR_TUNNEL_AUTH: {
     summary: 'The Proxy refused an agent (unknown host, wrong key, certificate from another cluster), or the agent refused the Proxy.',

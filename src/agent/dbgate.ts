@@ -13,7 +13,9 @@
  *             before they reach the server; any other command first needs the user "default" allowed, unless
  *             an AUTH came first and the server accepted it (its first reply is read for that); RESET goes back
  *             to "default". Redis' numbered databases (SELECT) are not checked against db_names
- *   mongodb   not read: only a grant is required (docs/security.md says what is not enforced)
+ *   mongodb   every message is read before it goes (dbproto/mongo.ts): an authentication (saslStart with SCRAM or
+ *             PLAIN, authenticate, hello's speculativeAuthenticate) must name an allowed user, and every command
+ *             but the handshake's (hello, saslStart, ping, ...) an allowed database in $db
  *
  * A refusal is the protocol's own error with the gateway's code in its text (Postgres ErrorResponse 28000, MySQL
  * ERR 1045 / 1044), then the end of the client's stream; the database connection is closed without the startup.
@@ -26,6 +28,7 @@ import { GatewayError } from '../errors.js';
 import { grantAllows, type DatabaseGrant, type DatabaseInfo } from '../tunnel/protocol.js';
 import { MysqlCommandScanner, mysqlErrPacket, mysqlGreeting, parseMysqlPacket, parseMysqlResponse } from './dbproto/mysql.js';
 import { parsePgStartup, PG_DECLINE, pgErrorResponse } from './dbproto/postgres.js';
+import { MONGO_HANDSHAKE_COMMANDS, MongoCommandScanner, mongoErrorReply, type MongoEvent } from './dbproto/mongo.js';
 import { RedisCommandScanner, redisErrorReply, type RedisEvent } from './dbproto/redis.js';
 
 export interface DatabaseStartup {
@@ -119,9 +122,10 @@ export async function gateDatabase(channel: Duplex, target: Duplex, options: Gat
         return await gateMysql(channel, target, options);
       case 'redis':
         return gateRedis(channel, target, options);
+      case 'mongodb':
+        return gateMongo(channel, target, options);
       default:
-        if (!options.grant) throw refusalOf(undefined, undefined, undefined)!;
-        return { startup: { protocol: options.protocol }, client: channel };
+        throw new GatewayError('GW_ERR_DB_PROTOCOL', `the agent cannot check a database of protocol ${String(options.protocol)}`);
     }
   } catch (err) {
     target.destroy();
@@ -219,27 +223,18 @@ function gateRedis(channel: Duplex, target: Duplex, options: GateOptions): GateR
   const grant = options.grant;
   if (!grant) throw refusalOf(undefined, undefined, undefined)!;
   const startup: DatabaseStartup = { protocol: 'redis' };
-  const scanner = new RedisCommandScanner();
   /** Whether the server's user is known to be allowed (an ordinary command needs it). */
   let established = false;
-  let held: Buffer[] = [];
-  let holding = true;
-  let stopped = false;
-  const refuse = (e: GatewayError) => {
-    stopped = true;
-    target.destroy();
-    channel.end(redisErrorReply(refusalText(e)));
-  };
   const allowed = (user: string) => refusalOf(grant, user, undefined);
-  /** What a command that is now known needs; a refusal, or undefined to let it through. */
-  const decide = async (ev: Extract<RedisEvent, { kind: 'ready' }>, send: (b: Buffer) => void): Promise<GatewayError | undefined> => {
+  const decide = async (ev: RedisEvent, release: () => void): Promise<GatewayError | undefined> => {
+    if (ev.kind === 'start') return undefined;
+    if (ev.kind === 'invalid') return new GatewayError('GW_ERR_DB_PROTOCOL', `not a Redis request the agent can check: ${ev.reason}`);
     if (ev.user !== undefined) {
       const no = allowed(ev.user);
       if (no) return no;
       if (ev.name === 'reset' || established) return undefined;
       // The first command authenticates: whether the server took it decides who the next commands run as.
-      for (const b of held) send(b);
-      held = [];
+      release();
       const first = await firstReplyByte(target);
       startup.user = first === 0x2d /* '-' */ ? 'default' : ev.user;
       established = startup.user === ev.user;
@@ -250,10 +245,65 @@ function gateRedis(channel: Duplex, target: Duplex, options: GateOptions): GateR
     established = true;
     return allowed('default');
   };
+  const client = followed(channel, new RedisCommandScanner(), decide, (e) => {
+    target.destroy();
+    channel.end(redisErrorReply(refusalText(e)));
+  });
+  return { startup, client };
+}
+
+/**
+ * MongoDB: every message's command is read before it goes (dbproto/mongo.ts); an authentication must name an
+ * allowed user, and every command but the handshake's must name an allowed database in $db.
+ */
+function gateMongo(channel: Duplex, target: Duplex, options: GateOptions): GateResult {
+  const grant = options.grant;
+  if (!grant) throw refusalOf(undefined, undefined, undefined)!;
+  const startup: DatabaseStartup = { protocol: 'mongodb' };
+  let last: { requestId: number; op: 'msg' | 'query' } = { requestId: 0, op: 'msg' };
+  const decide = async (ev: MongoEvent): Promise<GatewayError | undefined> => {
+    if (ev.kind === 'start') return undefined;
+    if (ev.kind === 'invalid') {
+      if (ev.requestId !== undefined && ev.op !== undefined) last = { requestId: ev.requestId, op: ev.op };
+      return new GatewayError('GW_ERR_DB_PROTOCOL', `not a MongoDB message the agent can check: ${ev.reason}`);
+    }
+    last = { requestId: ev.requestId, op: ev.op };
+    if (ev.user !== undefined) {
+      const no = refusalOf(grant, ev.user, undefined);
+      if (no) return no;
+      startup.user = ev.user;
+    }
+    if (MONGO_HANDSHAKE_COMMANDS.has(ev.command)) return undefined;
+    startup.database ??= ev.db;
+    return refusalOf(grant, undefined, ev.db);
+  };
+  const client = followed(channel, new MongoCommandScanner(), decide, (e) => {
+    target.destroy();
+    channel.end(mongoErrorReply(last.requestId, last.op, refusalText(e)));
+  });
+  return { startup, client };
+}
+
+/**
+ * The client's side of the splice, following its commands: the bytes of each command are held from its 'start'
+ * until its 'ready' event and decide() lets it through (decide may release what is held early, and wait); a
+ * refusal (or an 'invalid' event, which decide turns into one) stops everything and refuse() answers.
+ */
+function followed<E extends { kind: string; at: number }>(
+  channel: Duplex,
+  scanner: { push(chunk: Buffer): E[] },
+  decide: (ev: E, release: () => void) => Promise<GatewayError | undefined>,
+  refuse: (e: GatewayError) => void,
+): Duplex {
+  let held: Buffer[] = [];
+  let holding = true;
+  let stopped = false;
   const filter = new Transform({
     transform(chunk: Buffer, _enc, cb) {
-      const send = (b: Buffer) => {
-        if (b.length > 0) this.push(b);
+      const send = (b: Buffer) => b.length > 0 && this.push(b);
+      const release = () => {
+        for (const b of held) send(b);
+        held = [];
       };
       const route = (b: Buffer) => (holding ? b.length > 0 && held.push(b) : send(b));
       (async () => {
@@ -262,14 +312,17 @@ function gateRedis(channel: Duplex, target: Duplex, options: GateOptions): GateR
         for (const ev of scanner.push(chunk)) {
           route(chunk.subarray(pos, ev.at));
           pos = ev.at;
-          if (ev.kind === 'start') holding = true;
-          else if (ev.kind === 'invalid') return refuse(new GatewayError('GW_ERR_DB_PROTOCOL', `not a Redis request the agent can check: ${ev.reason}`));
-          else {
-            const no = await decide(ev, send);
-            if (no) return refuse(no);
-            for (const b of held) send(b);
-            [held, holding] = [[], false];
+          if (ev.kind === 'start') {
+            holding = true;
+            continue;
           }
+          const no = await decide(ev, release);
+          if (no) {
+            stopped = true;
+            return refuse(no);
+          }
+          release();
+          holding = false;
         }
         route(chunk.subarray(pos));
       })().then(() => cb(), (err: unknown) => cb(err as Error));
@@ -279,7 +332,7 @@ function gateRedis(channel: Duplex, target: Duplex, options: GateOptions): GateR
   channel.once('close', () => {
     if (!channel.readableEnded) filter.destroy(new Error('the client stream closed without an end'));
   });
-  return { startup, client: Duplex.from({ readable: filter, writable: channel }) };
+  return Duplex.from({ readable: filter, writable: channel });
 }
 
 /** The first byte the server answers with (undefined when it closes first). */

@@ -9,6 +9,7 @@ import { gateDatabase, type GateResult } from '../../src/agent/dbgate.js';
 import { pgErrorResponse } from '../../src/agent/dbproto/postgres.js';
 import { splice } from '../../src/stream/splice.js';
 import type { DatabaseGrant } from '../../src/tunnel/protocol.js';
+import { frame, opMsg, opQuery, scramFirst } from '../helpers/mongowire.js';
 import { waitUntil } from '../helpers/wait.js';
 
 const ALICE: DatabaseGrant = { users: { allow: ['alice'], deny: [] }, names: { allow: ['shop'], deny: [] } };
@@ -44,7 +45,7 @@ function record(s: net.Socket) {
 }
 
 /** A gate between a client and a database, each the test's end of a socket pair; the result is spliced like the agent does. */
-async function gate(protocol: 'postgres' | 'mysql' | 'redis', grant: DatabaseGrant | undefined) {
+async function gate(protocol: 'postgres' | 'mysql' | 'redis' | 'mongodb', grant: DatabaseGrant | undefined) {
   const [client, channel] = await pair();
   const [target, db] = await pair();
   const fromDb = record(client);
@@ -245,5 +246,49 @@ describe('Redis', () => {
     g.client.write(auth.slice(9));
     await waitUntil('the client to be closed', () => g.fromDb.closed(), 5_000);
     expect(g.toDb.text()).toBe(resp('PING'));
+  });
+});
+
+describe('MongoDB', () => {
+  it('the handshake and an authentication as an allowed user pass; a command on an allowed database passes', async () => {
+    const g = await gate('mongodb', ALICE);
+    const msgs = [
+      opQuery(1, 'admin.$cmd', { isMaster: 1 }),
+      opMsg(2, { saslStart: 1, mechanism: 'SCRAM-SHA-256', payload: scramFirst('alice'), $db: 'admin' }),
+      opMsg(3, { find: 'orders', $db: 'shop' }, { id: 'x', docs: [{ a: 1 }] }),
+    ];
+    g.client.write(Buffer.concat(msgs));
+    await waitUntil('every message at the server', () => g.toDb.bytes().length === Buffer.concat(msgs).length, 5_000);
+    expect(g.toDb.bytes()).toEqual(Buffer.concat(msgs));
+    expect((await g.result).startup).toEqual({ protocol: 'mongodb', user: 'alice', database: 'shop' });
+  });
+
+  it('a command on another database: an error reply to that request with the code; the server never sees it', async () => {
+    const g = await gate('mongodb', ALICE);
+    const ok = opMsg(1, { ping: 1, $db: 'admin' });
+    g.client.write(Buffer.concat([ok, opMsg(77, { find: 'users', $db: 'admin' }), opMsg(78, { find: 'orders', $db: 'shop' })]));
+    await waitUntil('the client to be closed', () => g.fromDb.closed(), 5_000);
+    const reply = g.fromDb.bytes();
+    expect(reply.readInt32LE(8)).toBe(77);
+    expect(reply.toString('latin1')).toContain('GW_ERR_DB_NAME_DENIED');
+    // Cut at the refusal: what came before it may or may not have been written yet, never the refused message.
+    expect(ok.subarray(0, g.toDb.bytes().length)).toEqual(g.toDb.bytes());
+  });
+
+  it("hostile: mallory's SCRAM inside hello's speculativeAuthenticate is refused before the server sees the hello", async () => {
+    const g = await gate('mongodb', ALICE);
+    g.client.write(opMsg(5, { hello: 1, speculativeAuthenticate: { saslStart: 1, mechanism: 'SCRAM-SHA-256', payload: scramFirst('mallory'), db: 'admin' }, $db: 'admin' }));
+    await waitUntil('the client to be closed', () => g.fromDb.closed(), 5_000);
+    expect(g.fromDb.text()).toContain('GW_ERR_DB_USER_DENIED');
+    expect(g.toDb.bytes().length).toBe(0);
+  });
+
+  it('hostile: TLS straight to the database (a ClientHello) and OP_COMPRESSED are refused', async () => {
+    for (const bytes of [Buffer.from([0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03, ...Array(20).fill(7)]), frame(9, 2012, Buffer.alloc(40))]) {
+      const g = await gate('mongodb', ALICE);
+      g.client.write(bytes);
+      await waitUntil('the client to be closed', () => g.fromDb.closed(), 5_000);
+      expect(g.toDb.bytes().length).toBe(0);
+    }
   });
 });

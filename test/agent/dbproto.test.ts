@@ -19,7 +19,9 @@ import {
   parseMysqlResponse,
 } from '../../src/agent/dbproto/mysql.js';
 import { parsePgStartup, pgErrorResponse, PG_MAX_STARTUP_BYTES } from '../../src/agent/dbproto/postgres.js';
+import { bsonElements, MongoCommandScanner, mongoErrorReply, readCommand, saslUser, type MongoEvent } from '../../src/agent/dbproto/mongo.js';
 import { RedisCommandScanner, redisCommandUser, type RedisEvent } from '../../src/agent/dbproto/redis.js';
+import { bson, frame, opMsg, opQuery, scramFirst } from '../helpers/mongowire.js';
 
 function pgStartup(params: Array<[string, string]>, version = 0x00030000): Buffer {
   const body = Buffer.concat([...params.map(([k, v]) => Buffer.from(`${k}\0${v}\0`)), Buffer.alloc(1)]);
@@ -300,5 +302,85 @@ describe('Redis commands', () => {
       const s = new RedisCommandScanner();
       expect(() => s.push(randomBytes(1 + (i % 100)))).not.toThrow();
     }
+  });
+});
+
+describe('MongoDB messages', () => {
+  const find = opMsg(7, { find: 'orders', filter: {}, $db: 'shop' });
+  const sasl = opMsg(8, { saslStart: 1, mechanism: 'SCRAM-SHA-256', payload: scramFirst('alice'), $db: 'admin' });
+  const scanAll = (pieces: Buffer[]) => {
+    const scanner = new MongoCommandScanner();
+    const out: MongoEvent[] = [];
+    let base = 0;
+    for (const p of pieces) {
+      for (const e of scanner.push(p)) out.push({ ...e, at: e.at + base });
+      base += p.length;
+    }
+    return out;
+  };
+
+  it('reads command, $db and the SCRAM user, the same at every split; a kind-1 section after the body is counted through', () => {
+    const insert = opMsg(9, { insert: 'orders', $db: 'shop' }, { id: 'documents', docs: [{ a: 'x'.repeat(5000) }, { b: 2 }] });
+    const stream = Buffer.concat([find, sasl, insert]);
+    const whole = scanAll([stream]);
+    expect(whole.filter((e) => e.kind === 'ready')).toEqual([
+      { kind: 'ready', at: find.length, requestId: 7, op: 'msg', command: 'find', db: 'shop' },
+      { kind: 'ready', at: find.length + sasl.length, requestId: 8, op: 'msg', command: 'saslstart', db: 'admin', user: 'alice' },
+      { kind: 'ready', at: expect.any(Number), requestId: 9, op: 'msg', command: 'insert', db: 'shop' },
+    ]);
+    for (let i = 0; i <= find.length + sasl.length + 40; i++) expect(scanAll([stream.subarray(0, i), stream.subarray(i)]), `split at ${i}`).toEqual(whole);
+  });
+
+  it('users: SCRAM escapes, PLAIN, authenticate, and hello with speculativeAuthenticate', () => {
+    expect(saslUser('SCRAM-SHA-1', scramFirst('a,b=c'))).toBe('a,b=c');
+    expect(saslUser('PLAIN', Buffer.from('\0bob\0pw'))).toBe('bob');
+    expect(saslUser('GSSAPI', Buffer.from('x'))).toBeUndefined();
+    expect(readCommand(bson({ authenticate: 1, mechanism: 'MONGODB-X509', user: 'CN=carol', $db: '$external' }))).toEqual({ command: 'authenticate', db: '$external', user: 'CN=carol' });
+    const hello = bson({ hello: 1, speculativeAuthenticate: { saslStart: 1, mechanism: 'SCRAM-SHA-256', payload: scramFirst('mallory'), db: 'admin' }, $db: 'admin' });
+    expect(readCommand(hello)).toEqual({ command: 'hello', db: 'admin', user: 'mallory' });
+  });
+
+  it('refuses what it cannot check: other mechanisms, compression, body not first, legacy opcodes, OP_QUERY beyond the handshake, no $db', () => {
+    const invalid = (b: Buffer) => scanAll([b]).at(-1)?.kind;
+    expect(invalid(opMsg(1, { saslStart: 1, mechanism: 'GSSAPI', payload: Buffer.from('x'), $db: '$external' }))).toBe('invalid');
+    expect(invalid(opMsg(1, { hello: 1, speculativeAuthenticate: { saslStart: 1, mechanism: 'MONGODB-AWS', payload: Buffer.from('x') }, $db: 'admin' }))).toBe('invalid');
+    expect(invalid(frame(1, 2012, Buffer.alloc(30)))).toBe('invalid');
+    expect(invalid(frame(1, 2002, Buffer.alloc(30)))).toBe('invalid');
+    const sectionFirst = Buffer.from(find);
+    sectionFirst[20] = 1;
+    expect(invalid(sectionFirst)).toBe('invalid');
+    expect(invalid(opMsg(1, { find: 'orders' }))).toBe('invalid');
+    expect(scanAll([opQuery(3, 'admin.$cmd', { isMaster: 1 })]).at(-1)).toMatchObject({ kind: 'ready', op: 'query', command: 'ismaster', db: 'admin' });
+    expect(invalid(opQuery(3, 'shop.$cmd', { find: 'orders' }))).toBe('invalid');
+  });
+
+  it('lengths are checked before anything is waited for: a message or body announcing too much, a BSON length that lies', () => {
+    const huge = Buffer.from(find);
+    huge.writeInt32LE(0x7fffffff, 0);
+    expect(scanAll([huge.subarray(0, 16)]).at(-1)?.kind).toBe('invalid');
+    const body = Buffer.from(find);
+    body.writeInt32LE(64 * 1024 * 1024, 21);
+    expect(scanAll([body.subarray(0, 25)]).at(-1)?.kind).toBe('invalid');
+    const lying = Buffer.from(find);
+    lying.writeInt32LE(1000, 26 + 'find\0'.length); // the string length of "orders" says 1000
+    expect(scanAll([lying]).at(-1)?.kind).toBe('invalid');
+    expect(bsonElements(Buffer.from([5, 0, 0, 0, 1]))).toMatch(/does not fit/);
+  });
+
+  it('garbage never throws, and the error reply is a well-framed OP_MSG answering the request', () => {
+    for (let i = 0; i < 3000; i++) {
+      const b = randomBytes(1 + (i % 120));
+      if (i % 2 === 0 && b.length >= 16) {
+        b.writeInt32LE(b.length, 0);
+        b.writeInt32LE(2013, 12);
+      }
+      expect(() => new MongoCommandScanner().push(b)).not.toThrow();
+    }
+    const reply = mongoErrorReply(42, 'msg', 'GW_ERR_DB_NAME_DENIED: no');
+    expect(reply.readInt32LE(0)).toBe(reply.length);
+    expect(reply.readInt32LE(8)).toBe(42);
+    expect(reply.readInt32LE(12)).toBe(2013);
+    expect(readCommand(reply.subarray(21))).toEqual({ command: 'ok' });
+    expect(reply.toString('latin1')).toContain('GW_ERR_DB_NAME_DENIED');
   });
 });
