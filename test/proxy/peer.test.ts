@@ -170,6 +170,13 @@ describe.each(['http2', 'tls'] as const)('a PeerClient on the %s transport', (tr
     await ended;
   });
 
+  it('the database grant reaches the agent through B as the Proxy sent it', async () => {
+    const db_access = { users: { allow: ['orders_app'], deny: ['postgres'] }, names: { allow: ['orders'], deny: [] } };
+    const stream = await client.dial(c.a.cluster.proxy(c.b.id)!, c.agentIdentity.hostId, { ...DIAL, user: 'alice', db_access });
+    stream.destroy();
+    expect(c.dials.at(-1)).toEqual({ ...DIAL, user: 'alice', db_access });
+  });
+
   it("reports B's answer for an agent B does not hold", async () => {
     await expect(client.dial(c.a.cluster.proxy(c.b.id)!, 'ghost-host', DIAL)).rejects.toMatchObject({ code: 'GW_ERR_TUNNEL_NOT_FOUND', message: expect.stringContaining(`through Proxy ${c.b.id}: Proxy ${c.b.id} holds no tunnel of agent ghost-host`) });
   });
