@@ -18,10 +18,11 @@
  *             but the handshake's (hello, saslStart, ping, ...) an allowed database in $db
  *
  * A refusal is the protocol's own error with the gateway's code in its text (Postgres ErrorResponse 28000, MySQL
- * ERR 1045 / 1044), then the end of the client's stream; the database connection is closed without the startup.
- * A dial without a grant, or a startup that cannot be read in time or within the bounds, is refused too.
- * serveDatabase resolves with what the client asked for (protocol, user, database): the audit of database
- * sessions records these.
+ * ERR 1045 / 1044, Redis -NOPERM, MongoDB an error reply with code 13), then the end of the client's stream; the
+ * database connection is closed before what was refused reaches it. A dial without a grant, or a startup that
+ * cannot be read in time or within the bounds, is refused too. gateDatabase resolves with what the client asked
+ * for (protocol, user, database; for Redis and MongoDB filled in as the session names them): the audit of
+ * database sessions records these.
  */
 import { Duplex, Transform } from 'node:stream';
 import { GatewayError } from '../errors.js';
@@ -53,12 +54,23 @@ export function refusalOf(grant: DatabaseGrant | undefined, user: string | undef
     });
   }
   if (user !== undefined && !grantAllows(grant.users, user)) {
-    return new GatewayError('GW_ERR_DB_USER_DENIED', `database user "${user}" is not allowed by your roles (allowed: ${grant.users.allow.join(', ') || 'none'})`);
+    return new GatewayError('GW_ERR_DB_USER_DENIED', `database user ${quoted(user)} is not allowed by your roles (allowed: ${listed(grant.users.allow)})`);
   }
   if (database !== undefined && !grantAllows(grant.names, database)) {
-    return new GatewayError('GW_ERR_DB_NAME_DENIED', `database name "${database}" is not allowed by your roles (allowed: ${grant.names.allow.join(', ') || 'none'})`);
+    return new GatewayError('GW_ERR_DB_NAME_DENIED', `database name ${quoted(database)} is not allowed by your roles (allowed: ${listed(grant.names.allow)})`);
   }
   return undefined;
+}
+
+/** A name the client sent, as a message shows it: JSON-quoted (no control characters), at most 64 characters. */
+function quoted(value: string): string {
+  return JSON.stringify(value.length > 64 ? `${value.slice(0, 64)}...` : value);
+}
+
+/** The allowed values, as a message shows them: the first ten, and how many more. */
+function listed(values: readonly string[]): string {
+  if (values.length === 0) return 'none';
+  return values.length > 10 ? `${values.slice(0, 10).join(', ')} and ${values.length - 10} more` : values.join(', ');
 }
 
 /** How a refusal reads in a client's terminal: "GW_ERR_DB_USER_DENIED: ... (hint)". */

@@ -92,6 +92,16 @@ describe('PostgreSQL', () => {
     expect(g.toDb.bytes().length).toBe(0);
   });
 
+  it('hostile: a user name of 9000 bytes with line breaks and escapes is refused with a short, quoted message', async () => {
+    const g = await gate('postgres', ALICE);
+    g.client.write(pgStartup([['user', `x\n\u001b[31mFATAL: fake\n${'y'.repeat(9000)}`], ['database', 'shop']]));
+    expect((await g.result).code).toBe('GW_ERR_DB_USER_DENIED');
+    await waitUntil('the client to be closed', () => g.fromDb.closed(), 5_000);
+    expect(g.fromDb.bytes().length).toBeLessThan(1000);
+    expect(g.fromDb.text()).not.toContain('\n');
+    expect(g.fromDb.text()).not.toContain('\u001b');
+  });
+
   it('a user named twice (the server would read the last) is refused as a protocol violation', async () => {
     const g = await gate('postgres', ALICE);
     g.client.write(pgStartup([['user', 'alice'], ['database', 'shop'], ['user', 'postgres']]));
