@@ -66,10 +66,10 @@ import { PendingRenewals, type RenewedCerts } from './renewal.js';
  */
 let sshModule: typeof ssh2 | undefined;
 
-/** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
 /** How long a database client may take to send its startup (and a database its greeting) before the agent closes. */
 export const DATABASE_STARTUP_TIMEOUT_MS = 20_000;
 
+/** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
 export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
 
 export interface TunnelAgentOptions {
@@ -597,6 +597,8 @@ export class TunnelAgent extends EventEmitter {
     if (request.service !== 'db') return splice(channel, target);
     const protocol = this.options.resources.databases.find((d) => d.name === request.resource)?.protocol;
     if (!protocol) {
+      // Connected, yet not among the databases of the hello: nothing says how to check it, so it is not served.
+      this.log.warn({ user: request.user, database: request.resource }, 'database connection refused: its protocol is not known');
       target.destroy();
       channel.destroy();
       return;
