@@ -292,6 +292,8 @@ describe('Redis commands', () => {
     expect(scan([Buffer.from(`GET ${'k'.repeat(70 * 1024)}`)]).at(-1)?.kind).toBe('invalid');
     expect(scan([Buffer.from(`*3\r\n$4\r\nAUTH\r\n$70000\r\n`)]).at(-1)?.kind).toBe('invalid');
     expect(scan([Buffer.from('AUTH bob pw\r\n')]).at(-1)).toEqual({ kind: 'ready', at: 13, name: 'auth', user: 'bob' });
+    // A length line ended by a bare LF: refused outright (the server reads up to a CR; it refuses this too).
+    expect(scan([Buffer.from('*3\n$4\nAUTH\n$7\nmallory\n$2\npw\n')]).at(-1)?.kind).toBe('invalid');
   });
 
   it('after invalid nothing more is read; garbage never throws', () => {
@@ -350,6 +352,14 @@ describe('MongoDB messages', () => {
     sectionFirst[20] = 1;
     expect(invalid(sectionFirst)).toBe('invalid');
     expect(invalid(opMsg(1, { find: 'orders' }))).toBe('invalid');
+    // A field read twice: the check and the server could each take another one.
+    const twice = Buffer.concat([bson({ find: 'orders', $db: 'shop' }).subarray(0, -1), bson({ $db: 'admin' }).subarray(4)]);
+    twice.writeInt32LE(twice.length, 0);
+    expect(readCommand(twice)).toMatch(/\$db given twice/);
+    expect(readCommand(bson({ saslStart: 1, mechanism: 'PLAIN', payload: Buffer.from('\0alice\0pw'), $db: 'admin' }))).toMatchObject({ user: 'alice' });
+    const twoPayloads = Buffer.concat([bson({ saslStart: 1, mechanism: 'PLAIN', payload: Buffer.from('\0alice\0pw') }).subarray(0, -1), bson({ payload: Buffer.from('\0root\0pw'), $db: 'admin' }).subarray(4)]);
+    twoPayloads.writeInt32LE(twoPayloads.length, 0);
+    expect(typeof readCommand(twoPayloads)).toBe('string');
     expect(scanAll([opQuery(3, 'admin.$cmd', { isMaster: 1 })]).at(-1)).toMatchObject({ kind: 'ready', op: 'query', command: 'ismaster', db: 'admin' });
     expect(invalid(opQuery(3, 'shop.$cmd', { find: 'orders' }))).toBe('invalid');
   });

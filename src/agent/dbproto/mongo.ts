@@ -113,9 +113,15 @@ export function saslUser(mechanism: string, payload: Buffer): string | undefined
   return m[1].replace(/=2C/g, ',').replace(/=3D/g, '=');
 }
 
+/** The one element of that name: a name given twice is read as absent (the server's reading of it is not ours to guess). */
+function only(elements: Element[], name: string): Element | undefined {
+  const found = elements.filter((e) => e.name === name);
+  return found.length === 1 ? found[0] : undefined;
+}
+
 /** The user an authenticating command document (saslStart, authenticate) names; null for a command that names none. */
 function authUser(doc: Buffer, elements: Element[], command: string): string | undefined | null {
-  const field = (name: string) => elements.find((e) => e.name === name);
+  const field = (name: string) => only(elements, name);
   if (command === 'authenticate') {
     const user = field('user');
     return user ? stringValue(doc, user) : undefined;
@@ -135,6 +141,8 @@ export function readCommand(body: Buffer): { command: string; db?: string; user?
   const first = elements[0];
   if (!first) return 'an empty command';
   const command = first.name.toLowerCase();
+  const twice = ['$db', 'speculativeAuthenticate'].find((n) => elements.filter((e) => e.name === n).length > 1);
+  if (twice) return `${twice} given twice`;
   const dbElement = elements.find((e) => e.name === '$db');
   const db = dbElement ? stringValue(body, dbElement) : undefined;
   let user = authUser(body, elements, command);

@@ -121,7 +121,9 @@ export class RedisCommandScanner {
     this.line += chunk.toString('latin1', at, end);
     if (this.line.length > MAX_LENGTH_LINE) return fail('a length line that is too long');
     if (nl < 0) return chunk.length;
-    const text = this.line.endsWith('\r') ? this.line.slice(0, -1) : this.line;
+    // The server ends these lines at "\r" and expects "\n" after it; a bare "\n" it would read otherwise.
+    if (!this.line.endsWith('\r')) return fail('a length line that does not end with CRLF');
+    const text = this.line.slice(0, -1);
     this.line = '';
     if (this.state === 'array-len') {
       if (!/^-?\d+$/.test(text)) return fail('a multibulk length that is not a number');
