@@ -515,6 +515,18 @@ export const ERROR_CODES = {
     summary: 'The agent could not connect to the resource behind it; the message names the resource, the agent and why.',
     hint: "Check that the resource runs and that the address in the agent's configuration is right.",
   },
+  GW_ERR_DB_USER_DENIED: {
+    summary: "The agent refused a database connection: the database user the client asked for in the protocol's startup is not among the db_users the user's roles allow (or a role denies it).",
+    hint: "Connect as a database user your roles allow ('gwsh status' names your roles), or ask for a role whose db_users include it (templates such as {{internal.db_users}} read your traits), then sign in again.",
+  },
+  GW_ERR_DB_NAME_DENIED: {
+    summary: "The agent refused a database connection: the database name the client asked for is not among the db_names the user's roles allow (or a role denies it).",
+    hint: "Connect to a database your roles allow, or ask for a role whose db_names include it, then sign in again.",
+  },
+  GW_ERR_DB_PROTOCOL: {
+    summary: "The agent could not read the database client's startup (malformed, oversized, truncated, TLS asked of the database itself, or not in time), so it could not check the database user and name and closed the connection.",
+    hint: "Use the database's own client through 'gwsh proxy db' without TLS to the database (sslmode=disable or prefer for psql, no --ssl for mysql, no --tls or compressors for mongosh): the tunnel already encrypts the way to the agent.",
+  },
   GW_ERR_TUNNEL_AUTH: {
     summary: 'The Proxy refused an agent (unknown host, wrong key, certificate from another cluster), or the agent refused the Proxy.',
     hint: 'Join the agent again with a new token if its host identity was removed or belongs to another cluster.',

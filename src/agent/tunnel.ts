@@ -50,6 +50,7 @@ import {
   TUNNEL_BIND,
   type AgentResources,
   type ControlMessage,
+  type DatabaseInfo,
   type DialAnswer,
   type DialRequest,
   type ServiceKind,
@@ -58,6 +59,7 @@ import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import { parseEndpoint } from '../upgrade/endpoint.js';
 import { resolveSettings } from '../upgrade/settings.js';
 import { VERSION } from '../version.js';
+import { gateDatabase } from './dbgate.js';
 import type { HostIdentity } from './identity.js';
 import { PendingRenewals, type RenewedCerts } from './renewal.js';
 
@@ -66,6 +68,9 @@ import { PendingRenewals, type RenewedCerts } from './renewal.js';
  * none of it, and loading it took some 20 ms of an agent's start (docs/architecture.md, "Start-up").
  */
 let sshModule: typeof ssh2 | undefined;
+
+/** How long a database client may take to send its startup (and a database its greeting) before the agent closes. */
+export const DATABASE_STARTUP_TIMEOUT_MS = 20_000;
 
 /** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
 export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
@@ -685,7 +690,31 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     writeJsonLine(channel, { ok: true } satisfies DialAnswer);
-    splice(channel, target);
+    if (request.service !== 'db') return splice(channel, target);
+    const protocol = this.options.resources.databases.find((d) => d.name === request.resource)?.protocol;
+    if (!protocol) {
+      // Connected, yet not among the databases of the hello: nothing says how to check it, so it is not served.
+      this.log.warn({ user: request.user, database: request.resource }, 'database connection refused: its protocol is not known');
+      target.destroy();
+      channel.destroy();
+      return;
+    }
+    this.serveDatabase(channel, target, request, protocol);
+  }
+
+  /** The database access rules (dbgate.ts), then the splice; a refusal is answered there and logged here. */
+  private serveDatabase(channel: Duplex, target: Duplex, request: DialRequest, protocol: DatabaseInfo['protocol']): void {
+    const who = { user: request.user, client: request.client_src, database: request.resource, protocol };
+    gateDatabase(channel, target, { protocol, grant: request.db_access, timeoutMs: DATABASE_STARTUP_TIMEOUT_MS }).then(
+      ({ startup, client }) => {
+        this.log.info({ ...who, dbUser: startup.user, dbName: startup.database }, 'database session opened');
+        splice(client, target);
+      },
+      (err: unknown) => {
+        const e = toGatewayError(err);
+        this.log.warn({ ...who, code: e.code, err: e.message }, 'database connection refused');
+      },
+    );
   }
 
   /** Stops and closes the tunnel; no more retries. */

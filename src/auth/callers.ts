@@ -9,7 +9,7 @@ import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { LOCKS_PREFIX, type LockStore } from './locks.js';
 import type { Identity } from './pki.js';
-import { allowedLogins, checkAccess, PRESET_ROLES, type Verb } from './rbac.js';
+import { allowedLogins, checkAccess, databaseGrant, PRESET_ROLES, type Verb } from './rbac.js';
 import { KEYS, readJson, type NodeRecord, type StoredUser } from './records.js';
 import type { LockResource, RoleResource } from './resources/index.js';
 import type { SessionRegistry } from './sessions.js';
@@ -83,7 +83,8 @@ export class CallerCheck {
    *   role it holds, in the certificate or in the stored user (GW_ERR_ACCESS_LOCKED). The roles that count are
    *   those of the certificate that the user still has: a role taken away stops working at once, a role given
    *   works from the next login (certificates are never worth more than when they were issued). The logins
-   *   likewise: those of the certificate that the current roles and traits still allow.
+   *   likewise: those of the certificate that the current roles and traits still allow; and the database users and
+   *   names they allow (db, for the agent serving a database: rbac.ts databaseGrant).
    * - host: its node record must still exist and no lock may name its host ID.
    */
   async resolveCaller(caller: Identity): Promise<Identity> {
@@ -115,9 +116,11 @@ export class CallerCheck {
     const now = stored.resource.spec.roles;
     await this.locks.check({ user: caller.name, roles: [...new Set([...caller.roles, ...now])] });
     const roles = caller.roles.filter((r) => now.includes(r));
-    const resolved: Identity = { ...caller, roles };
+    const current = await this.rolesOf(roles);
+    const traits = stored.resource.spec.traits ?? {};
+    const resolved: Identity = { ...caller, roles, db: databaseGrant(current, traits) };
     if (caller.logins !== undefined) {
-      const allowed = new Set(allowedLogins(await this.rolesOf(roles), stored.resource.spec.traits ?? {}));
+      const allowed = new Set(allowedLogins(current, traits));
       resolved.logins = caller.logins.filter((l) => allowed.has(l));
     }
     return resolved;

@@ -9,9 +9,10 @@
  * Across all roles, deny wins over allow: one matching deny in any role refuses, whatever the others allow.
  * docs/resources.md describes the semantics for administrators.
  */
-import { expandTemplates, matchValue } from './resources/match.js';
+import { expandTemplates, matchValue, TEMPLATE } from './resources/match.js';
 import { durationMs } from './resources/schema.js';
 import type { Labels, RoleConditions, RoleResource, Rule, Traits, Verb } from './resources/types.js';
+import type { DatabaseGrant } from '../tunnel/protocol.js';
 
 export type { Verb } from './resources/types.js';
 export type Role = RoleResource;
@@ -179,4 +180,20 @@ export function allowedLogins(roles: readonly Role[], traits: Readonly<Traits>):
 /** Database names and users the roles allow, like allowedLogins. */
 export function allowedDatabaseAccess(roles: readonly Role[], traits: Readonly<Traits>): { names: string[]; users: string[] } {
   return { names: allowedValues(roles, 'db_names', traits), users: allowedValues(roles, 'db_users', traits) };
+}
+
+/**
+ * What the agent serving a database checks the client's startup against (docs/resources.md, "Database users and
+ * names"): db_users and db_names of every role, templates expanded from the traits, allowed and denied kept apart
+ * so that a deny still wins over an allowed `*`.
+ */
+export function databaseGrant(roles: readonly Role[], traits: Readonly<Traits>): DatabaseGrant {
+  // `*` (any value) only as a role writes it: a trait value "*" (from an identity provider) grants nothing.
+  const allowed = (values: readonly string[] | undefined) =>
+    (values ?? []).flatMap((v) => (TEMPLATE.test(v) ? expandTemplates([v], traits).filter((x) => x !== '*') : expandTemplates([v], traits)));
+  const list = (field: 'db_names' | 'db_users') => ({
+    allow: [...new Set(roles.flatMap((r) => allowed(r.spec.allow?.[field])))].sort(),
+    deny: [...new Set(roles.flatMap((r) => expandTemplates(r.spec.deny?.[field], traits)))].sort(),
+  });
+  return { users: list('db_users'), names: list('db_names') };
 }

@@ -15,7 +15,7 @@ import type { Identity } from './pki.js';
 import { AttemptLimiter, loginKey, reserveOrRefuse } from './ratelimit.js';
 import { allowedLogins, maxSessionTtlMs } from './rbac.js';
 import { KEYS, NAME_PATTERN, readJson, type StoredUser } from './records.js';
-import type { UserResource } from './resources/index.js';
+import type { Traits, UserResource } from './resources/index.js';
 
 export const DEFAULT_USER_CERT_TTL_MS = 12 * 3600_000;
 /** Failed logins per (user, source): 5 in 5 minutes (docs/security.md). */
@@ -45,6 +45,20 @@ export interface UsersDeps {
   userCertTtlMs?: number;
 }
 
+/** A local user's database traits, given at creation (gwctl users add --db-users, --db-names). */
+export interface DatabaseTraits {
+  db_users?: string[];
+  db_names?: string[];
+}
+
+/** Database users and names as traits: what a role template can use (no spaces, control characters or braces). */
+function checkedDbValues(values: string[], what: string): string[] {
+  for (const v of values) {
+    if (!/^[^\s\u0000-\u001f\u007f{}*]{1,253}$/.test(v)) throw new GatewayError('GW_ERR_RESOURCE_INVALID', `"${v.slice(0, 64)}" is not a usable ${what} (1 to 253 characters, no spaces, control characters, braces or *)`);
+  }
+  return values;
+}
+
 export class Users {
   private readonly limiter: AttemptLimiter;
 
@@ -52,7 +66,8 @@ export class Users {
     this.limiter = new AttemptLimiter({ ...LOGIN_LIMIT, clock: deps.clock });
   }
 
-  async addUser(caller: Identity, name: string, roles: string[], password: string, logins: string[] = []): Promise<UserResource> {
+  /** dbTraits: the user's db_users and db_names traits (what `{{internal.db_users}}` and `{{internal.db_names}}` read). */
+  async addUser(caller: Identity, name: string, roles: string[], password: string, logins: string[] = [], dbTraits: DatabaseTraits = {}): Promise<UserResource> {
     const { backend, callers } = this.deps;
     await callers.authorize(caller, 'user', 'create');
     validateUserName(name);
@@ -61,7 +76,12 @@ export class Users {
     for (const login of logins) {
       if (!/^[a-z_][a-z0-9_.-]{0,31}$/i.test(login)) throw new GatewayError('GW_ERR_RESOURCE_INVALID', `"${login}" is not an OS login name`);
     }
-    const resource: UserResource = { kind: 'user', version: 'v2', metadata: { name }, spec: { roles, ...(logins.length > 0 ? { traits: { logins } } : {}) } };
+    const traits: Traits = {
+      ...(logins.length > 0 ? { logins } : {}),
+      ...(dbTraits.db_users?.length ? { db_users: checkedDbValues(dbTraits.db_users, 'database user') } : {}),
+      ...(dbTraits.db_names?.length ? { db_names: checkedDbValues(dbTraits.db_names, 'database name') } : {}),
+    };
+    const resource: UserResource = { kind: 'user', version: 'v2', metadata: { name }, spec: { roles, ...(Object.keys(traits).length > 0 ? { traits } : {}) } };
     const stored: StoredUser = { resource, passwordHash: await hashPassword(password), createdAt: new Date(this.deps.clock()).toISOString() };
     try {
       await backend.create(KEYS.user(name), JSON.stringify(stored));

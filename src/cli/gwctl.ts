@@ -148,9 +148,18 @@ users
   .argument('<user>')
   .requiredOption('--roles <roles>', 'comma-separated role names')
   .option('--logins <logins>', 'OS logins for this user (the trait {{internal.logins}} in roles such as access)')
-  .action(async (user: string, opts: { roles: string; logins?: string }) => {
+  .option('--db-users <users>', 'database users this user may connect as (the trait {{internal.db_users}} in roles such as access)')
+  .option('--db-names <names>', 'database names this user may connect to (the trait {{internal.db_names}} in roles such as access)')
+  .action(async (user: string, opts: { roles: string; logins?: string; dbUsers?: string; dbNames?: string }) => {
     const password = await readPassword(`Password for ${user}: `, { confirm: true });
-    await client().call('POST', '/v1/users', { name: user, roles: list(opts.roles), password, ...(opts.logins ? { logins: list(opts.logins) } : {}) });
+    await client().call('POST', '/v1/users', {
+      name: user,
+      roles: list(opts.roles),
+      password,
+      ...(opts.logins ? { logins: list(opts.logins) } : {}),
+      ...(opts.dbUsers ? { db_users: list(opts.dbUsers) } : {}),
+      ...(opts.dbNames ? { db_names: list(opts.dbNames) } : {}),
+    });
     out(`user "${user}" has been created with roles ${list(opts.roles).join(', ')}`);
   });
 users

@@ -14,7 +14,9 @@
  *   4. the Proxy dials it through the agent's tunnel (its own, or another Proxy's over peering: router.ts), answers one line ({"ok": true} or {"ok": false, "error":
  *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close.
  *
- * The database keeps authenticating its own users: the Proxy only decides who may reach it.
+ * The database keeps authenticating its own users. For a database the dial request also carries which database
+ * users and names the user's roles allow now (db_access, from resolveCaller); the agent checks the client's
+ * startup against it (src/agent/dbgate.ts), since only the agent sees the protocol.
  */
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
@@ -28,7 +30,7 @@ import type { ConnInfo } from '../mux/multiplexer.js';
 import { connectionOf } from '../net/deadlines.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
-import type { DialAnswer } from '../tunnel/protocol.js';
+import type { DatabaseGrant, DialAnswer } from '../tunnel/protocol.js';
 import type { AgentSource } from './router.js';
 import { protocolNamed } from './protocols.js';
 import { findTarget, type Target } from './resources.js';
@@ -93,11 +95,15 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): P
     client_src: client,
     client_dst: `${info.localAddress}:${info.localPort}`,
     user: identity.name,
+    ...(target.service === 'db' ? { db_access: identity.db ?? NO_DATABASE_GRANT } : {}),
   });
   writeJsonLine(socket, { ok: true } satisfies DialAnswer);
   ctx.log.info({ user: identity.name, route: info.route, resource: header.resource, agent: target.agent.nodename, client }, 'connection to a resource opened');
   splice(socket, channel);
 }
+
+/** What a user without a resolved grant may use of a database: nothing (the agent refuses every user and name). */
+const NO_DATABASE_GRANT: DatabaseGrant = { users: { allow: [], deny: [] }, names: { allow: [], deny: [] } };
 
 /** Tracked before the checks: a lock that lands while they run still closes this connection. */
 function trackSession(ctx: AccessContext, socket: TLSSocket, certified: Identity, info: ConnInfo): void {

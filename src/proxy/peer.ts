@@ -52,7 +52,7 @@ import { tlsTerminator } from '../net/tls.js';
 import { readLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
 import { LineSplitter } from '../stream/splitter.js';
-import type { DialRequest, ServiceKind } from '../tunnel/protocol.js';
+import { databaseGrantOf, type DialRequest, type ServiceKind } from '../tunnel/protocol.js';
 import type { ClusterView } from './cluster.js';
 import type { LocalTunnels, PeerDialer } from './router.js';
 
@@ -357,7 +357,16 @@ function dialRequestOf(value: unknown): DialRequest {
   if (typeof r !== 'object' || r === null || !SERVICES.includes(r.service as ServiceKind)) throw badRequest('the dial request names no known service');
   for (const k of ['resource', 'client_src', 'client_dst'] as const) if (typeof r[k] !== 'string') throw badRequest(`the dial request has no ${k}`);
   if (r.user !== undefined && typeof r.user !== 'string') throw badRequest('user is not a string');
-  return { service: r.service!, resource: r.resource!, client_src: r.client_src!, client_dst: r.client_dst!, ...(r.user === undefined ? {} : { user: r.user }) };
+  const grant = r.db_access === undefined ? undefined : databaseGrantOf(r.db_access);
+  if (r.db_access !== undefined && grant === undefined) throw badRequest('db_access is not a database grant');
+  return {
+    service: r.service!,
+    resource: r.resource!,
+    client_src: r.client_src!,
+    client_dst: r.client_dst!,
+    ...(r.user === undefined ? {} : { user: r.user }),
+    ...(grant === undefined ? {} : { db_access: grant }),
+  };
 }
 
 /** The error answer of a gateway-peer-tls connection; the connection ends after it. */

@@ -231,6 +231,47 @@ export interface DialRequest {
   client_dst: string;
   /** Who asked (for the agent's own logs). */
   user?: string;
+  /**
+   * service db: the database users and names the user's roles allow now (the Proxy's decision, from the roles
+   * and traits as they stand: src/auth/rbac.ts databaseGrant). The agent checks what the client asks for in the
+   * protocol's own startup against it (src/agent/dbgate.ts); a db dial without it is refused.
+   */
+  db_access?: DatabaseGrant;
+}
+
+/** Allowed and denied values of one field (db_users or db_names): `*` stands for any value; deny wins. */
+export interface GrantList {
+  allow: string[];
+  deny: string[];
+}
+export interface DatabaseGrant {
+  users: GrantList;
+  names: GrantList;
+}
+/** The most values a GrantList may carry on the wire (either list), and the longest value. */
+export const GRANT_MAX_VALUES = 1024;
+export const GRANT_MAX_VALUE_BYTES = 253;
+
+/** A DatabaseGrant from untrusted JSON, or undefined when it is not one (wrong types, over the caps). */
+export function databaseGrantOf(value: unknown): DatabaseGrant | undefined {
+  const list = (v: unknown): string[] | undefined =>
+    Array.isArray(v) && v.length <= GRANT_MAX_VALUES && v.every((x) => typeof x === 'string' && x.length > 0 && x.length <= GRANT_MAX_VALUE_BYTES) ? [...(v as string[])] : undefined;
+  const field = (v: unknown): GrantList | undefined => {
+    if (typeof v !== 'object' || v === null) return undefined;
+    const allow = list((v as Record<string, unknown>).allow);
+    const deny = list((v as Record<string, unknown>).deny);
+    return allow && deny ? { allow, deny } : undefined;
+  };
+  if (typeof value !== 'object' || value === null) return undefined;
+  const users = field((value as Record<string, unknown>).users);
+  const names = field((value as Record<string, unknown>).names);
+  return users && names ? { users, names } : undefined;
+}
+
+/** Whether a grant list allows value: some allow entry is value or `*`, and no deny entry is. */
+export function grantAllows(list: GrantList, value: string): boolean {
+  const hit = (entries: readonly string[]) => entries.some((e) => e === '*' || e === value);
+  return !hit(list.deny) && hit(list.allow);
 }
 
 export type DialAnswer = { ok: true } | { ok: false; error: { code: string; message: string } };

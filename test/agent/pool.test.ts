@@ -190,7 +190,7 @@ describe('several Proxies behind HAProxy (TCP, round robin)', () => {
     for (const { role } of proxies.values()) {
       const agent = role.tunnels.get(identity.hostId)!;
       expect(agent.remote.startsWith(`${LB_SOURCE}:`)).toBe(true); // through HAProxy, not directly
-      const channel = await role.tunnels.dial(identity.hostId, { service: 'db', resource: 'pg', client_src: '127.0.0.1:1', client_dst: '127.0.0.1:2' });
+      const channel = await role.tunnels.dial(identity.hostId, { service: 'app', resource: 'pg', client_src: '127.0.0.1:1', client_dst: '127.0.0.1:2' });
       channel.write(`through ${role.cluster.selfId}`);
       const [echoed] = (await once(channel, 'data')) as [Buffer];
       expect(echoed.toString()).toBe(`through ${role.cluster.selfId}`);

@@ -165,7 +165,7 @@ describe('TunnelAgent', () => {
     const connected = until(agent, 'connected');
     s.send(WELCOME);
     await connected;
-    const request: DialRequest = { service: 'db', resource: 'pg', client_src: '127.0.0.1:50000', client_dst: '127.0.0.1:443' };
+    const request: DialRequest = { service: 'app', resource: 'pg', client_src: '127.0.0.1:50000', client_dst: '127.0.0.1:443' };
     const ok = await proxy.forward(s, request);
     expect(await readJsonLine<DialAnswer>(ok)).toEqual({ ok: true });
     ok.write('ping');
@@ -174,5 +174,43 @@ describe('TunnelAgent', () => {
     ok.destroy();
     const refused = await proxy.forward(s, { ...request, resource: 'nope' });
     expect(await readJsonLine<DialAnswer>(refused)).toEqual({ ok: false, error: { code: 'GW_ERR_TUNNEL_NOT_FOUND', message: 'this agent serves no db "nope"' } });
+  });
+
+  it('hostile Proxy-side dials of a database: the startup is checked against db_access, and a dial without it is refused', async () => {
+    const { agent } = await startAgent();
+    const s = await proxy.session(0);
+    const connected = until(agent, 'connected');
+    s.send(WELCOME);
+    await connected;
+    const startup = (user: string) => {
+      const body = Buffer.from(`user\0${user}\0database\0shop\0\0`);
+      const head = Buffer.alloc(8);
+      head.writeUInt32BE(body.length + 8, 0);
+      head.writeUInt32BE(0x00030000, 4);
+      return Buffer.concat([head, body]);
+    };
+    const grant = { users: { allow: ['alice'], deny: [] }, names: { allow: ['shop'], deny: [] } };
+    const request: DialRequest = { service: 'db', resource: 'pg', client_src: '127.0.0.1:50000', client_dst: '127.0.0.1:443', user: 'alice', db_access: grant };
+    // Allowed: the startup reaches the database (the echo server sends it back).
+    const ok = await proxy.forward(s, request);
+    expect(await readJsonLine<DialAnswer>(ok)).toEqual({ ok: true });
+    ok.write(startup('alice'));
+    const [echoed] = (await once(ok, 'data')) as [Buffer];
+    expect(echoed).toEqual(startup('alice'));
+    ok.destroy();
+    // Another database user, or no decision at all (a Proxy of an older version, a forged dial): a FATAL with the code.
+    for (const r of [request, { ...request, db_access: undefined }]) {
+      const denied = await proxy.forward(s, r);
+      expect(await readJsonLine<DialAnswer>(denied)).toEqual({ ok: true });
+      denied.write(startup('postgres'));
+      const chunks: Buffer[] = [];
+      denied.on('data', (c: Buffer) => chunks.push(c));
+      await once(denied, 'end');
+      const text = Buffer.concat(chunks).toString('latin1');
+      expect(text.startsWith('E')).toBe(true);
+      expect(text).toContain('C28000');
+      expect(text).toContain('GW_ERR_DB_USER_DENIED');
+      expect(text).not.toContain('user\0postgres'); // not the echo of the startup: the database never saw it
+    }
   });
 });

@@ -141,6 +141,8 @@ describe('the /v1/proxy/ routes', () => {
       expect(remote.user.tls.certPem).toBe(role.auth.user.tls.certPem);
       const who = await remote.resolveCaller(identityFromCert(alice.cert));
       expect(who).toMatchObject({ kind: 'user', name: 'alice', roles: ['access'] });
+      // A Proxy in its own process gets the database grant too (alice has no db traits: nothing allowed).
+      expect(who.db).toEqual({ users: { allow: [], deny: [] }, names: { allow: [], deny: [] } });
       expect((await remote.rolesOf(['access'])).map((r) => r.metadata.name)).toEqual(['access']);
       expect(await remote.getNode(agent.hostId)).toMatchObject({ hostId: agent.hostId });
       expect(await remote.getNode('no-such-host')).toBeUndefined();

@@ -1,6 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { PRESET_ROLES, allowedDatabaseAccess, allowedLogins, canAccess, checkAccess, matchLabels, maxSessionTtlMs, type Role } from '../../src/auth/rbac.js';
+import { PRESET_ROLES, allowedDatabaseAccess, allowedLogins, canAccess, checkAccess, databaseGrant, matchLabels, maxSessionTtlMs, type Role } from '../../src/auth/rbac.js';
+import { grantAllows } from '../../src/tunnel/protocol.js';
 import { RULE_RESOURCES, VERBS, parseManifest, type Labels, type RoleSpec, type Verb } from '../../src/auth/resources/index.js';
 
 const role = (name: string, spec: RoleSpec): Role => ({ kind: 'role', version: 'v7', metadata: { name }, spec });
@@ -123,6 +124,20 @@ describe('preset roles', () => {
     expect(allowedLogins([access], { logins: ['ubuntu', 'alice'] })).toEqual(['alice', 'ubuntu']);
     expect(allowedLogins([access], {})).toEqual([]);
     expect(allowedDatabaseAccess([access], { db_users: ['reader'], db_names: ['shop'] })).toEqual({ names: ['shop'], users: ['reader'] });
+  });
+
+  it('databaseGrant: templates expanded, denies kept apart (a deny beats an allowed *), a trait "*" grants nothing', () => {
+    const access = PRESET_ROLES.find((r) => r.metadata.name === 'access')!;
+    expect(databaseGrant([access], { db_users: ['reader', '*'], db_names: ['shop'] })).toEqual({ users: { allow: ['reader'], deny: [] }, names: { allow: ['shop'], deny: [] } });
+    expect(databaseGrant([access], {})).toEqual({ users: { allow: [], deny: [] }, names: { allow: [], deny: [] } });
+    const any = role('any', { allow: { db_users: ['*'], db_names: ['*'] }, deny: { db_users: ['postgres', '{{external.banned}}'] } });
+    const grant = databaseGrant([any], { banned: ['root'] });
+    expect(grant.users).toEqual({ allow: ['*'], deny: ['postgres', 'root'] });
+    expect(grantAllows(grant.users, 'orders_app')).toBe(true);
+    expect(grantAllows(grant.users, 'postgres')).toBe(false);
+    expect(grantAllows(grant.users, 'root')).toBe(false);
+    expect(grantAllows(databaseGrant([access], { db_users: ['*'] }).users, 'postgres')).toBe(false);
+    expect(grantAllows({ allow: ['a*'], deny: [] }, 'ab')).toBe(false); // only a whole "*" is a wildcard
     for (const resource of RULE_RESOURCES) for (const verb of VERBS) expect(checkAccess([access], resource, verb).allowed).toBe(false);
   });
 

@@ -141,6 +141,19 @@ describe('roles and logins come from the stored user, intersected with the certi
   });
 });
 
+describe('database users and names come from the roles held now and the stored traits', () => {
+  it('the grant follows the current roles; a trait value that is not a name (a "*", a space, a brace) is refused at creation', async () => {
+    await auth.addUser(admin, 'dora', ['access'], PASSWORD, [], { db_users: ['orders_app'], db_names: ['orders'] });
+    const cert = user('dora', ['access']);
+    expect((await auth.resolveCaller(cert)).db).toEqual({ users: { allow: ['orders_app'], deny: [] }, names: { allow: ['orders'], deny: [] } });
+    await auth.setUserRoles(admin, 'dora', ['auditor']);
+    expect((await auth.resolveCaller(cert)).db).toEqual({ users: { allow: [], deny: [] }, names: { allow: [], deny: [] } });
+    for (const bad of ['*', 'a b', '{{internal.x}}', 'x'.repeat(254), '']) {
+      expect(await codeOf(auth.addUser(admin, `eve${bad.length}`, ['access'], PASSWORD, [], { db_users: [bad] })), JSON.stringify(bad).slice(0, 20)).toBe('GW_ERR_RESOURCE_INVALID');
+    }
+  });
+});
+
 describe('open sessions are closed on lock and deletion', () => {
   function track(identity: Identity) {
     const close = vi.fn();

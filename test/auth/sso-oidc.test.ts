@@ -116,6 +116,16 @@ describe('OIDC sign-in on the web', () => {
     expect(Date.parse(user!.metadata.expires)).toBeGreaterThan(Date.now());
   });
 
+  it("the identity provider's traits feed db_users and db_names: the grant the Proxy carries to a database agent", async () => {
+    const { callback: url, binding } = await toCallback('alice');
+    expect((await callback(url, binding)).status).toBe(302);
+    // A stored role named access replaces the preset: database users from the IdP's groups, names from a template with a suffix.
+    const role = { kind: 'role', version: 'v7', metadata: { name: 'access' }, spec: { allow: { db_labels: { '*': '*' }, db_users: ['{{external.groups}}'], db_names: ['{{internal.groups}}-db', 'shared'] }, deny: { db_users: ['admins'] } } };
+    await auth.createResources(auth.adminIdentity(), [role as never], true);
+    const resolved = await auth.resolveCaller({ kind: 'user', name: 'alice@example.com', cluster: 'sso.example', roles: ['editor', 'access'] });
+    expect(resolved.db).toEqual({ users: { allow: ['admins', 'developers'], deny: ['admins'] }, names: { allow: ['admins-db', 'developers-db', 'shared'], deny: [] } });
+  });
+
   it('a redirect to another origin is replaced by /web/', async () => {
     for (const evil of ['https://evil.example/', '//evil.example/x', '/\\evil.example']) {
       const { callback: url, binding } = await toCallback('dave', 'corp', evil);

@@ -5,18 +5,23 @@
  * /webapi/ping reporting the connector, and `gwsh login --auth=corp` finishing through its loopback callback while
  * the test plays the browser with HTTP requests. Hostile: the browser's callback replayed, a callback to gwsh
  * without a code, callbacks to gwsh without its state or with another sent before the real one (gwsh keeps
- * waiting), and a sign-in through a connector that does not exist.
+ * waiting), and a sign-in through a connector that does not exist. Then database users from the identity provider:
+ * a role templated on {{external.groups}}, psql through `gwsh proxy db` as the user the groups name, and refused
+ * (GW_ERR_DB_USER_DENIED, enforced by the agent) as any other.
  */
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startPostgres } from '../helpers/databases.js';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { rootSuite } from '../helpers/root.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { request, startOidcIdp, type OidcIdp } from '../helpers/sso.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const IDP = { name: 'idp.sso.test', ip: '127.0.0.5' };
 let dir: string;
@@ -159,3 +164,62 @@ describe('single sign-on through the real daemon', () => {
     expect(r.stderr).toContain('code: GW_ERR_SSO_CONNECTOR_UNKNOWN');
   });
 });
+
+// Runs after the sign-in above, with alice's profile from it (groups: admins, from the identity provider).
+rootSuite(['dbUsers'])('database users from the identity provider, enforced at the agent', () => {
+  it('a role templated on {{external.groups}}: psql gets in as the database user alice\'s groups name, and no other', async () => {
+    const home = join(dir, 'alice-gwsh');
+    const pgPort = await getPort();
+    const pg = await startPostgres({ port: pgPort, user: 'admins' });
+    const started: Array<{ stop(): Promise<unknown> }> = [pg];
+    const children: ChildProcess[] = [];
+    try {
+      const role = join(dir, 'access.yaml');
+      // A stored role named access replaces the preset one: database users and names from the IdP's groups claim.
+      await writeFile(role, ['kind: role', 'version: v7', 'metadata: { name: access }', 'spec:', '  allow:', "    db_labels: { '*': '*' }", "    db_users: ['{{external.groups}}']", "    db_names: ['{{external.groups}}']", ''].join('\n'));
+      const gwctl = (args: string[]) => runCli('gwctl', ['--data-dir', gateway.dataDir, ...args], { env: { HOME: dir } });
+      expect((await gwctl(['create', '--force', role])).stderr).toBe('');
+      const token = (JSON.parse((await gwctl(['tokens', 'add', '--type=db', '--format', 'json'])).stdout) as { token: string }).token;
+      const agent = await startGateway(
+        ['gateway:', '  nodename: sso-db', '  data_dir: DATA_DIR', '  log: { format: json }', 'db_service:', '  enabled: yes', '  databases:', `    - { name: pg, protocol: postgres, uri: 127.0.0.1:${pgPort} }`, ''].join('\n'),
+        { args: ['--token', token, '--ca-pin', pin, '--proxy', web] },
+      );
+      started.push(agent);
+      await agent.waitForLog('reverse tunnel ready', 20_000);
+      const proxy = spawn(process.execPath, [BIN('gwsh'), 'proxy', 'db', 'pg', '--port', '0'], { env: { PATH: process.env.PATH ?? '', HOME: dir, GWSH_HOME: home }, stdio: ['ignore', 'pipe', 'pipe'] });
+      children.push(proxy);
+      let output = '';
+      proxy.stdout.on('data', (c: Buffer) => (output += c));
+      proxy.stderr.on('data', (c: Buffer) => (output += c));
+      await waitUntil('gwsh proxy db', () => /127\.0\.0\.1:(\d+)/.test(output) || proxy.exitCode !== null, 20_000);
+      const port = /127\.0\.0\.1:(\d+)/.exec(output)?.[1];
+      expect(port, output).toBeDefined();
+      const psql = (user: string) => runProgram('psql', [`host=127.0.0.1 port=${port} user=${user} dbname=admins sslmode=disable connect_timeout=10`, '-X', '-At', '-c', 'select current_user'], { PGPASSWORD: pg.password });
+      const ok = await psql('admins');
+      expect(ok.stderr).toBe('');
+      expect(ok.stdout.trim()).toBe('admins');
+      const refused = await psql('postgres');
+      expect(refused.stderr).toContain('GW_ERR_DB_USER_DENIED');
+    } finally {
+      for (const c of children) c.kill('SIGKILL');
+      for (const s of started.reverse()) await s.stop();
+    }
+  }, 90_000);
+});
+
+/** A program (psql) with PATH and the environment given; resolves with its status and output. */
+function runProgram(command: string, args: string[], env: Record<string, string>): Promise<{ status: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, { env: { PATH: process.env.PATH ?? '', HOME: dir, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (c: Buffer) => (stdout += c));
+    child.stderr.on('data', (c: Buffer) => (stderr += c));
+    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
+    child.once('error', reject);
+    child.once('close', (status) => {
+      clearTimeout(timer);
+      resolve({ status, stdout, stderr });
+    });
+  });
+}

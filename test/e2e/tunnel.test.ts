@@ -240,7 +240,7 @@ beforeAll(async () => {
   const status = await gwctl(['status']);
   expect(status.stderr).toBe('');
   pin = /CA pin:\s+(sha256:[0-9a-f]{64})/.exec(status.stdout)![1]!;
-  expect((await runCli('gwctl', ['--data-dir', proxy.dataDir, 'users', 'add', 'alice', '--roles=access'], { env: { HOME: dir }, input: `${PASSWORD}\n` })).status).toBe(0);
+  expect((await runCli('gwctl', ['--data-dir', proxy.dataDir, 'users', 'add', 'alice', '--roles=access', '--db-users=gwtest,default', '--db-names=gwtest'], { env: { HOME: dir }, input: `${PASSWORD}\n` })).status).toBe(0);
   const token = await newToken();
 
   // The agent joins through squid: HTTPS_PROXY is its only way to the Proxy.

@@ -357,13 +357,33 @@ describe('the resource and the checks', () => {
   });
 });
 
+describe('database access rules', () => {
+  it('the dial to a database carries the grant resolveCaller gives (the user as it stands now); other dials carry none', async () => {
+    const db = { users: { allow: ['orders_app'], deny: ['postgres'] }, names: { allow: ['orders'], deny: [] } };
+    const resolveCaller = async (caller: Identity) => ({ ...caller, db });
+    const run = await start('gateway-postgres', { agents: [prodDb], resolveCaller });
+    send(run, { resource: 'orders' });
+    expect(await run.answer()).toBe('{"ok":true}');
+    expect(run.dials[0]?.req.db_access).toEqual(db);
+    const desk = await start('gateway-tcp', { agents: [agent('desk-agent', { resources: { desktops: [{ name: 'win', labels: {} }] } })], resolveCaller });
+    send(desk, { resource: 'win', kind: 'desktop' });
+    expect(await desk.answer()).toBe('{"ok":true}');
+    expect(desk.dials[0]?.req.db_access).toBeUndefined();
+  });
+});
+
 describe('the answer', () => {
   it('allowed: {"ok":true}, the dial names the client and the user, then bytes flow both ways', async () => {
     const run = await start('gateway-postgres', { agents: [prodDb] });
     send(run, { resource: 'orders' });
     expect(await run.answer()).toBe('{"ok":true}');
     expect(run.dials).toEqual([
-      { hostId: 'db-agent', agentEnd: expect.any(net.Socket), req: { service: 'db', resource: 'orders', client_src: '192.0.2.7:40000', client_dst: '192.0.2.1:443', user: 'alice' } },
+      {
+        hostId: 'db-agent',
+        agentEnd: expect.any(net.Socket),
+        // No grant resolved for this identity: the agent is told that no database user or name is allowed.
+        req: { service: 'db', resource: 'orders', client_src: '192.0.2.7:40000', client_dst: '192.0.2.1:443', user: 'alice', db_access: { users: { allow: [], deny: [] }, names: { allow: [], deny: [] } } },
+      },
     ]);
     const channel = run.dials[0]!.agentEnd;
     channel.write('from the database');

@@ -17,7 +17,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateAuthority, generateKeyPair, issueTlsCert } from '../../src/auth/pki.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
-import { PEER_ALPN, PEER_ALPN_TLS, PEER_MAX_REQUEST_BYTES, PEER_PATH, PeerClient } from '../../src/proxy/peer.js';
+import { PEER_ALPN, PEER_ALPN_TLS, PEER_MAX_REQUEST_BYTES, PEER_PATH, PeerClient, parsePeerRequest } from '../../src/proxy/peer.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { readLine } from '../../src/stream/lines.js';
 import { Router } from '../../src/proxy/router.js';
@@ -168,6 +168,13 @@ describe.each(['http2', 'tls'] as const)('a PeerClient on the %s transport', (tr
     const ended = new Promise((r) => stream.once('end', r));
     stream.end(randomBytes(512 * 1024));
     await ended;
+  });
+
+  it('the database grant reaches the agent through B as the Proxy sent it', async () => {
+    const db_access = { users: { allow: ['orders_app'], deny: ['postgres'] }, names: { allow: ['orders'], deny: [] } };
+    const stream = await client.dial(c.a.cluster.proxy(c.b.id)!, c.agentIdentity.hostId, { ...DIAL, user: 'alice', db_access });
+    stream.destroy();
+    expect(c.dials.at(-1)).toEqual({ ...DIAL, user: 'alice', db_access });
   });
 
   it("reports B's answer for an agent B does not hold", async () => {
@@ -336,6 +343,22 @@ describe('a locked Proxy loses its peering streams (issue 23)', () => {
     await waitUntil('the locked Proxy\'s peering stream closed', () => closed);
     expect(c.b.cluster.proxy(id)).toBeUndefined();
     expect(await peerAttempt(cred)).toMatchObject({ closed: true });
+  });
+});
+
+describe('the dial request across peering', () => {
+  const request = { service: 'db', resource: 'orders', client_src: '192.0.2.7:1', client_dst: '192.0.2.1:443', user: 'alice' };
+  const grant = { users: { allow: ['orders_app'], deny: ['postgres'] }, names: { allow: ['orders'], deny: [] } };
+
+  it("carries the database grant to the Proxy that holds the agent's tunnel, as it is", () => {
+    expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, db_access: grant } }))).toEqual({ hostId: 'h', request: { ...request, db_access: grant } });
+    expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request })).request.db_access).toBeUndefined();
+  });
+
+  it('hostile: a grant that is not one (wrong types, over the caps) is refused, not passed on or dropped', () => {
+    for (const bad of [{ users: ['x'] }, { users: { allow: 'x', deny: [] }, names: grant.names }, { users: { allow: [1], deny: [] }, names: grant.names }, { users: { allow: Array(2000).fill('a'), deny: [] }, names: grant.names }, null, 'all']) {
+      expect(() => parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, db_access: bad } })), JSON.stringify(bad)?.slice(0, 60)).toThrow(/db_access/);
+    }
   });
 });
 

@@ -33,6 +33,8 @@ export interface PeerCluster {
   agentIdentity: HostIdentity;
   user: { key: string; cert: string };
   echo: net.Server;
+  /** Every dial request the agent received, as it received it. */
+  dials: DialRequest[];
   /** Opens the TCP app `resource` through the web port at `web` (gateway-tcp); resolves with the stream after {"ok":true}. */
   open(web: string, resource?: string): Promise<Duplex>;
   /** The answer line when the Proxy refuses (the stream is closed after it). */
@@ -103,6 +105,7 @@ export async function startPeerCluster(options: PeerClusterOptions = {}): Promis
   const bundle = await auth.auth.joinLocal({ roles: ['app'], nodename: 'agent-b', publicAddrs: [], publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey });
   saveHostIdentity(agentDir, keys.privateKeyPem, bundle, { roles: ['app'], nodename: 'agent-b', server: b.addresses.web!, joinedVia: 'proxy' });
   const agentIdentity = loadHostIdentity(agentDir)!;
+  const dials: DialRequest[] = [];
   const agent = new TunnelAgent({
     identity: agentIdentity,
     dialer,
@@ -110,6 +113,7 @@ export async function startPeerCluster(options: PeerClusterOptions = {}): Promis
     resources: { databases: [], apps: [{ name: 'echo', kind: 'tcp', labels: {} }, { name: 'sink', kind: 'tcp', labels: {} }], desktops: [], kube_clusters: [] },
     connectResource: (request: DialRequest) =>
       new Promise((resolve, reject) => {
+        dials.push(request);
         const port = request.resource === 'echo' ? echoPort : request.resource === 'sink' ? sinkPort : 0;
         if (!port) return reject(new Error(`no app ${request.resource}`));
         const s = net.connect({ port, host: '127.0.0.1', allowHalfOpen: true }, () => resolve(s));
@@ -150,6 +154,7 @@ export async function startPeerCluster(options: PeerClusterOptions = {}): Promis
     agentIdentity,
     user,
     echo,
+    dials,
     async open(web, resource = 'echo') {
       const { socket, line } = await connectApp(web, resource);
       if (line !== '{"ok":true}') {

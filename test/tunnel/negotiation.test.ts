@@ -133,7 +133,7 @@ function startAgent(identity: HostIdentity, extra: Partial<TunnelAgentOptions> =
 }
 
 async function roundTrip(tunnels: TunnelServer, hostId: string, text: string): Promise<string> {
-  const stream = await tunnels.dial(hostId, { service: 'db', resource: 'pg', client_src: '127.0.0.1:1', client_dst: '127.0.0.1:2' });
+  const stream = await tunnels.dial(hostId, { service: 'app', resource: 'pg', client_src: '127.0.0.1:1', client_dst: '127.0.0.1:2' });
   stream.write(text);
   const [echoed] = (await once(stream, 'data')) as [Buffer];
   stream.destroy();

@@ -2,6 +2,7 @@
  * The Identity a certificate carries, its validation and its encoding as the X.509 identity extension.
  */
 import { GatewayError } from '../../errors.js';
+import type { DatabaseGrant } from '../../tunnel/protocol.js';
 
 export interface Identity {
   /** admin = the Auth Service's local admin identity (full permissions). */
@@ -21,6 +22,11 @@ export interface Identity {
    * older than the user it names (a user removed and created again under the same name).
    */
   issuedAt?: number;
+  /**
+   * Users, as resolved (resolveCaller), never in a certificate: the database users and names the current roles
+   * and the stored traits allow (rbac.ts databaseGrant); the Proxy carries it to the agent serving a database.
+   */
+  db?: DatabaseGrant;
 }
 
 /**
