@@ -17,6 +17,7 @@ import { parseSshCert } from '../auth/pki.js';
 import { Dialer } from '../dial/dialer.js';
 import { fetchPing, openResource, resourceTlsContext, routeAddress, type ResourceTarget } from '../client/resources.js';
 import { splice } from '../stream/splice.js';
+import { resetStream } from '../stream/reset.js';
 import { toGatewayError } from '../errors.js';
 import { GatewayError } from '../errors.js';
 import { readPassword } from './prompt.js';
@@ -220,7 +221,8 @@ async function localProxy(target: ResourceTarget, port: string, what: string): P
       .catch((err: unknown) => {
         const e = toGatewayError(err);
         process.stderr.write(`error: ${e.message}\ncode: ${e.code}\n`);
-        local.destroy();
+        // Reset, not ended: a client that reads to the end must not take "nothing" for a complete answer.
+        resetStream(local);
       });
   });
   await new Promise<void>((resolve, reject) => {

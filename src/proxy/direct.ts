@@ -20,6 +20,7 @@ import { generateKeyPair, identityFromCert } from '../auth/pki.js';
 import type { DirectAddrs, Presence } from '../auth/records.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { FramedStream } from '../stream/framed.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
 import type { DialAnswer, DialRequest, ServiceKind } from '../tunnel/protocol.js';
@@ -117,7 +118,8 @@ async function handshake(raw: Duplex, addr: string, hostId: string, agent: strin
 
 /** Sends the DialRequest and reads the DialAnswer: the stream on ok, else the agent's refusal as an error. */
 async function answer(tls: TLSSocket, request: DialRequest, agent: string, timeoutMs: number): Promise<Duplex> {
-  writeJsonLine(tls, request);
+  // Framed (src/stream/framed.ts): an agent killed mid-transfer (its kernel's FIN) is a break here, not an end.
+  writeJsonLine(tls, request.service === 'ssh' ? request : { ...request, framed: true });
   const line = await readLine(tls, { what: 'dial answer', timeoutMs, maxBytes: 64 * 1024 });
   let parsed: DialAnswer;
   try {
@@ -125,7 +127,7 @@ async function answer(tls: TLSSocket, request: DialRequest, agent: string, timeo
   } catch {
     throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', `${agent} answered the dial request with a line that is not JSON`);
   }
-  if (parsed?.ok === true) return tls;
+  if (parsed?.ok === true) return parsed.framed === true ? new FramedStream(tls) : tls;
   tls.destroy();
   const code = parsed?.error?.code;
   const message = String(parsed?.error?.message ?? 'refused');

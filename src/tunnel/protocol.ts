@@ -191,6 +191,11 @@ export interface DialRequest {
   client_dst: string;
   /** Who asked (for the agent's own logs). */
   user?: string;
+  /**
+   * A direct-join listener only: the Proxy asks for the bytes in frames that say their end (src/stream/framed.ts);
+   * an agent that takes it answers `framed` too. A tunnel channel needs none: its own end and reset are frames.
+   */
+  framed?: boolean;
 }
 
-export type DialAnswer = { ok: true } | { ok: false; error: { code: string; message: string } };
+export type DialAnswer = { ok: true; framed?: boolean } | { ok: false; error: { code: string; message: string } };
