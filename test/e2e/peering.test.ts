@@ -5,7 +5,8 @@
  * TCP app (gwsh proxy app) through A, which carries the stream over B's peering listener (3021). Bytes are
  * checked end to end, one large transfer and many concurrent streams (the default transport, a TLS connection per
  * stream). The link between A and B's peering port runs through a relay B publishes as its peer_public_addr: cut
- * (new connections through A fail with a clear error) and restored (they work again). B's peering port refuses a
+ * (new connections through A fail with a clear error; a transfer under way is reset at the client, never ended) and
+ * restored (they work again). B's peering port refuses a
  * client without a certificate on either transport (gateway-peer, gateway-peer-tls) and garbage; the in-process
  * suite (test/proxy/peer.test.ts) has every other hostile case.
  */
@@ -200,6 +201,34 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
       await waitUntil('a new connection through A works again', async () => (await echoThrough(data).catch(() => '')) === sha256(data), 30_000, 250);
       const after = randomBytes(4 * 1024 * 1024);
       expect(await echoThrough(after)).toBe(sha256(after));
+    }, 90_000);
+
+    it('HOSTILE: cut while bytes flow over it (the peer gone: a FIN): the client sees its connection reset, not an end', async () => {
+      const outcome = await new Promise<{ how: string; got: number }>((resolve) => {
+        const s = net.connect({ port: localPort, host: '127.0.0.1', allowHalfOpen: true });
+        const chunk = randomBytes(64 * 1024);
+        let got = 0;
+        let cutting = false;
+        s.on('error', (err: NodeJS.ErrnoException) => resolve({ how: `reset (${err.code})`, got }));
+        // An end is checked with a zero-length write: libuv reports an RST right behind data as an end.
+        s.once('end', () => s.write(Buffer.alloc(0), (err) => resolve({ how: err ? 'reset (after the end)' : 'clean end', got })));
+        s.on('data', (c: Buffer) => {
+          got += c.length;
+          if (got >= 2 * 1024 * 1024 && !cutting) {
+            cutting = true;
+            void link.cut();
+          }
+        });
+        const pump = () => {
+          while (!s.destroyed && !s.writableEnded && s.write(chunk));
+          if (!s.destroyed) s.once('drain', pump);
+        };
+        s.once('connect', pump);
+      });
+      expect(outcome.how, `after ${outcome.got} bytes`).toMatch(/^reset/);
+      await link.restore();
+      const data = randomBytes(256 * 1024);
+      await waitUntil('a new connection through A works again', async () => (await echoThrough(data).catch(() => '')) === sha256(data), 30_000, 250);
     }, 90_000);
   });
 
