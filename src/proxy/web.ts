@@ -117,8 +117,9 @@ export function sendWebError(res: http.ServerResponse, err: unknown): void {
 
 /**
  * Cuts a response whose head was sent, as a break and never as an end (docs/security.md, "A broken stream is
- * reset, never ended"): over HTTP/2 its stream gets RST_STREAM (CANCEL), over HTTP/1.1 its connection an RST, so
- * a chunked body never gets its last chunk and a content-length body stays short with an error at the client.
+ * reset, never ended"): over HTTP/2 its stream gets RST_STREAM, over HTTP/1.1 its connection an RST (both by
+ * src/stream/reset.ts), so a chunked body never gets its last chunk and a content-length body stays short with
+ * an error at the client.
  */
 export function abortResponse(res: http.ServerResponse): void {
   if (res.writableFinished) return;
