@@ -16,7 +16,6 @@
  */
 import net from 'node:net';
 import tls from 'node:tls';
-import http2 from 'node:http2';
 import type { Duplex } from 'node:stream';
 
 /** A stream whose transport has its own abort puts it under this key (a function, called with the stream as this). */
@@ -27,7 +26,7 @@ interface Resettable {
 }
 
 /** Node's HTTP/2 stream class is not exported: it is known by its RST code and close(code). */
-function isHttp2Stream(stream: Duplex): stream is Duplex & { close(code: number): void } {
+function isHttp2Stream(stream: Duplex): boolean {
   return 'rstCode' in stream && typeof (stream as { close?: unknown }).close === 'function';
 }
 
@@ -55,10 +54,12 @@ export function resetStream(stream: Duplex): void {
   }
   if (stream instanceof net.Socket) return resetSocket(stream);
   if (isHttp2Stream(stream)) {
-    // Not CANCEL: Node's receiving end reports a CANCEL as 'aborted' and then an end, which a relay of an earlier
-    // version would pass on as one. INTERNAL_ERROR is an error there (and here: nobody needs to hear it).
+    // destroy(err) sends RST_STREAM INTERNAL_ERROR. Not close(CANCEL): Node's receiving end reports a CANCEL as
+    // 'aborted' and then an end, which a relay of an earlier version would pass on as one; and close() first ends
+    // the writable side, so the END_STREAM of data already queued could go out before the RST_STREAM. The local
+    // 'error' of destroy(err) has nobody to tell.
     stream.on('error', ignore);
-    stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
+    stream.destroy(new Error('the other side of the relay broke'));
     return;
   }
   stream.destroy();
