@@ -27,6 +27,7 @@ import { connectionOf, type ConnectionLimits } from '../net/deadlines.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { serverSecureContext, terminateTls } from '../net/tls.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import type { DialAnswer, DialRequest } from '../tunnel/protocol.js';
 import type { HostIdentity } from './identity.js';
@@ -145,8 +146,9 @@ async function serve(socket: TLSSocket, options: DirectListenerOptions, settings
     log.warn({ service: request.service, resource: request.resource, code: e.code, err: e.message }, 'cannot reach the resource');
     return refuse(e.code, e.message);
   }
-  writeJsonLine(socket, { ok: true } satisfies DialAnswer);
-  splice(socket, target);
+  const framed = request.framed === true;
+  writeJsonLine(socket, (framed ? { ok: true, framed: true } : { ok: true }) satisfies DialAnswer);
+  splice(framed ? new FramedStream(socket) : socket, target);
 }
 
 /**

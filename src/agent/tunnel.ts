@@ -40,6 +40,7 @@ import { logger } from '../log.js';
 import type { PingProxy } from '../proxy/ping.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
+import { relayChannel } from '../net/sshchannel.js';
 import { connectTls } from '../stream/tls.js';
 import { Heartbeat, readControl } from '../tunnel/control.js';
 import {
@@ -409,7 +410,7 @@ export class TunnelAgent extends EventEmitter {
     client.on('end', () => onClosed('connection ended by the other side'));
     client.on('tcp connection', (info, accept, reject) => {
       if (info.destIP !== TUNNEL_BIND.addr) return reject();
-      const channel = accept();
+      const channel = relayChannel(accept());
       this.channels.add(channel);
       channel.once('close', () => this.channels.delete(channel));
       void this.serveChannel(channel, welcomed.promise);

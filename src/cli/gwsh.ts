@@ -17,6 +17,7 @@ import { parseSshCert } from '../auth/pki.js';
 import { Dialer } from '../dial/dialer.js';
 import { fetchPing, openResource, resourceTlsContext, routeAddress, type ResourceTarget } from '../client/resources.js';
 import { splice } from '../stream/splice.js';
+import { endedCleanly, resetStream } from '../stream/reset.js';
 import { toGatewayError } from '../errors.js';
 import { GatewayError } from '../errors.js';
 import { readPassword } from './prompt.js';
@@ -220,7 +221,8 @@ async function localProxy(target: ResourceTarget, port: string, what: string): P
       .catch((err: unknown) => {
         const e = toGatewayError(err);
         process.stderr.write(`error: ${e.message}\ncode: ${e.code}\n`);
-        local.destroy();
+        // Reset, not ended: a client that reads to the end must not take "nothing" for a complete answer.
+        resetStream(local);
       });
   });
   await new Promise<void>((resolve, reject) => {
@@ -308,6 +310,9 @@ proxyCmd
       });
     }
     process.stdin.destroy();
+    // Standard output cannot be reset: a connection that broke instead of ending (the Proxy gone mid-session) is
+    // said by the exit status (ssh sees the SSH stream cut as well).
+    if (!endedCleanly(stream)) process.exitCode = 1;
     // The session is over: after the Proxy's 'end' our side of the connection is still open (half-open sockets),
     // and it would keep this process, and so ssh waiting for it, alive until the Proxy's half-close linger.
     stream.destroy();

@@ -13,6 +13,7 @@ import { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, isErrorCode } from '../errors.js';
 import type { PingResponse } from '../proxy/ping.js';
+import { FramedStream } from '../stream/framed.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
@@ -77,7 +78,9 @@ export async function openResource(
     resource: target.resource,
     ...(target.kind ? { kind: target.kind } : {}),
     ...(target.login ? { login: target.login } : {}),
-    ...(target.check ? { check: true } : {}),
+    // Framed (src/stream/framed.ts): the Proxy's end of the bytes is said in the stream, so that a Proxy that dies
+    // (its kernel sends a FIN, which TLS in Node reports as an end) is a break here, not a complete transfer.
+    ...(target.check ? { check: true } : { framed: true }),
   });
   const answer = await readJsonLine<DialAnswer>(socket, { what: "the Proxy's answer", timeoutMs: 60_000 });
   if (!answer.ok) {
@@ -85,5 +88,6 @@ export async function openResource(
     const code = isErrorCode(answer.error.code) ? answer.error.code : 'GW_ERR_TUNNEL_DIAL_FAILED';
     throw new GatewayError(code, answer.error.message);
   }
-  return socket;
+  // A Proxy of an earlier version ignores `framed` and answers without it: the bytes then come as they are.
+  return answer.framed === true ? new FramedStream(socket) : socket;
 }

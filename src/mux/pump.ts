@@ -6,18 +6,18 @@
  *
  *   back-pressure  a write that returns false pauses the side that was read, until the writer emits 'drain'
  *   half-close     a side's readable end ends the other's writable, once it has written what it holds
- *   close          a side that closes without having ended cleanly (reset, error, destroy) takes the other down;
+ *   close          a side that closes without having ended cleanly (reset, error, destroy) RESETS the other
+ *                  (src/stream/reset.ts: an RST, never a FIN that would pass a cut as an end);
  *                  a side that ended cleanly leaves the other to finish writing what it holds, then closes it
  *                  (nothing it could still read has anywhere to go: with allowHalfOpen off, a side closes as
  *                  soon as its peer's FIN arrives, and its upstream would otherwise wait for a FIN of its own)
- *   errors         destroy the side that failed (never thrown at the process); its 'close' takes the other down
+ *   errors         destroy the side that failed (never thrown at the process); its 'close' resets the other
  *
- * src/stream/splice.ts joins the tunnel's streams by the same rules with pipe(), with one difference: when a side
- * that ended cleanly closes while the other has not ended its own reading, splice destroys the other at once,
- * where this lets it finish writing first. The Proxy's own routes all end TLS and use neither here: this serves a
+ * src/stream/splice.ts joins the tunnel's streams by the same rules with pipe(). The Proxy's own routes all end TLS and use neither here: this serves a
  * Multiplexer route that passes bytes through (bench:mux's router).
  */
 import type { Duplex } from 'node:stream';
+import { resetStream } from '../stream/reset.js';
 
 /** Joins a and b both ways; onClose runs once both have closed. */
 export function passThrough(a: Duplex, b: Duplex, onClose?: () => void): void {
@@ -40,7 +40,8 @@ function forward(from: Duplex, to: Duplex, closed: (() => void) | undefined): vo
   });
   from.on('error', destroySelf);
   from.on('close', () => {
-    if (!from.readableEnded || to.writableFinished) to.destroy();
+    if (!from.readableEnded || from.errored) resetStream(to);
+    else if (to.writableFinished) to.destroy();
     else to.once('finish', destroySelf);
     closed?.();
   });

@@ -12,7 +12,9 @@
  *      of resource the route reaches), a node only with a login the identity allows, and the user's roles must
  *      allow the resource's labels;
  *   4. the Proxy dials it through the agent's tunnel (its own, or another Proxy's over peering: router.ts), answers one line ({"ok": true} or {"ok": false, "error":
- *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close.
+ *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close; a
+ *      client that asked for `framed` gets them in frames that say a clean end (src/stream/framed.ts), so that a
+ *      Proxy killed mid-transfer is a break at the client, not an end.
  *
  * The database keeps authenticating its own users. For a database the dial request also carries which database
  * users and names the user's roles allow now (db_access, from resolveCaller); the agent checks the client's
@@ -29,6 +31,7 @@ import { logger, type Logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { connectionOf } from '../net/deadlines.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import type { DatabaseGrant, DialAnswer } from '../tunnel/protocol.js';
 import type { AgentSource } from './router.js';
@@ -47,6 +50,11 @@ export interface RouteHeader {
    * server taking one client at a time never sees a connection that is opened and closed at once.
    */
   check?: boolean;
+  /**
+   * The client asks for the connection's bytes in frames whose end is said in the stream (src/stream/framed.ts):
+   * the answer then says `framed`, and an end that is not that frame is a break (reset), never a clean end.
+   */
+  framed?: boolean;
 }
 
 /** The route header is one JSON line of at most this many bytes. */
@@ -97,9 +105,10 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): P
     user: identity.name,
     ...(target.service === 'db' ? { db_access: identity.db ?? NO_DATABASE_GRANT } : {}),
   });
-  writeJsonLine(socket, { ok: true } satisfies DialAnswer);
+  const framed = header.framed === true;
+  writeJsonLine(socket, (framed ? { ok: true, framed: true } : { ok: true }) satisfies DialAnswer);
   ctx.log.info({ user: identity.name, route: info.route, resource: header.resource, agent: target.agent.nodename, client }, 'connection to a resource opened');
-  splice(socket, channel);
+  splice(framed ? new FramedStream(socket) : socket, channel);
 }
 
 /** What a user without a resolved grant may use of a database: nothing (the agent refuses every user and name). */

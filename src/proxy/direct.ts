@@ -25,6 +25,7 @@ import type { DirectAddrs, Presence } from '../auth/records.js';
 import type { SessionRegistry } from '../auth/sessions.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { FramedStream } from '../stream/framed.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
 import { SERVICE_ROLE, type DialAnswer, type DialRequest, type ServiceKind } from '../tunnel/protocol.js';
@@ -145,7 +146,8 @@ async function handshake(raw: Duplex, addr: string, expected: { hostId: string; 
 
 /** Sends the DialRequest and reads the DialAnswer: the stream on ok, else the agent's refusal as an error. */
 async function answer(tls: TLSSocket, request: DialRequest, agent: string, timeoutMs: number): Promise<Duplex> {
-  writeJsonLine(tls, request);
+  // Framed (src/stream/framed.ts): an agent killed mid-transfer (its kernel's FIN) is a break here, not an end.
+  writeJsonLine(tls, request.service === 'ssh' ? request : { ...request, framed: true });
   const line = await readLine(tls, { what: 'dial answer', timeoutMs, maxBytes: 64 * 1024 });
   let parsed: DialAnswer;
   try {
@@ -153,7 +155,7 @@ async function answer(tls: TLSSocket, request: DialRequest, agent: string, timeo
   } catch {
     throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', `${agent} answered the dial request with a line that is not JSON`);
   }
-  if (parsed?.ok === true) return tls;
+  if (parsed?.ok === true) return parsed.framed === true ? new FramedStream(tls) : tls;
   tls.destroy();
   const code = parsed?.error?.code;
   const message = String(parsed?.error?.message ?? 'refused');

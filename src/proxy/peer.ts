@@ -50,6 +50,7 @@ import { connectionOf } from '../net/deadlines.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { tlsTerminator } from '../net/tls.js';
 import { readLine } from '../stream/lines.js';
+import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import { LineSplitter } from '../stream/splitter.js';
 import { databaseGrantOf, type DialRequest, type ServiceKind } from '../tunnel/protocol.js';
@@ -83,6 +84,8 @@ const HOST_HEADER = 'x-gateway-host';
 const DIAL_HEADER = 'x-gateway-dial';
 const ERROR_HEADER = 'x-gateway-error';
 const OK_LINE = '{"ok":true}\n';
+/** The answer to a request that asked for frames (src/stream/framed.ts): a Proxy of an earlier version sends OK_LINE. */
+const OK_FRAMED_LINE = '{"ok":true,"framed":true}\n';
 const SERVICES: readonly ServiceKind[] = ['ssh', 'db', 'app', 'desktop', 'kube'];
 /**
  * HTTP/2 flow control is the back-pressure of every HTTP/2 stream. A window of 1 MiB per stream (8 MiB per
@@ -255,15 +258,15 @@ export class PeerServer {
   }
 
   private async onRequest(socket: TLSSocket, line: string, client: string): Promise<void> {
-    const { hostId, request } = parsePeerRequest(line);
+    const { hostId, request, framed } = parsePeerRequest(line);
     const channel = await this.dialLocal(hostId, request);
     if (socket.destroyed) {
       channel.destroy();
       return;
     }
-    socket.write(OK_LINE);
+    socket.write(framed ? OK_FRAMED_LINE : OK_LINE);
     this.log.debug({ client, hostId, service: request.service, resource: request.resource }, 'peered stream opened');
-    splice(socket, channel);
+    splice(framed ? new FramedStream(socket) : socket, channel);
   }
 
   /** A channel to the agent through this Proxy's own tunnel: never forwarded again (the asking Proxy tries the next holder). */
@@ -324,8 +327,8 @@ export class PeerServer {
 const badRequest = (why: string) => new GatewayError('GW_ERR_PEER_PROTOCOL', `bad peering request: ${why}`);
 
 /** The target and DialRequest of a gateway-peer-tls request line; a GW_ERR_PEER_PROTOCOL error when not well formed. */
-export function parsePeerRequest(line: string): { hostId: string; request: DialRequest } {
-  let r: { hostId?: unknown; request?: unknown };
+export function parsePeerRequest(line: string): { hostId: string; request: DialRequest; framed: boolean } {
+  let r: { hostId?: unknown; request?: unknown; framed?: unknown };
   try {
     r = JSON.parse(line) as typeof r;
   } catch {
@@ -333,7 +336,7 @@ export function parsePeerRequest(line: string): { hostId: string; request: DialR
   }
   if (typeof r !== 'object' || r === null) throw badRequest('the request line is not a JSON object');
   if (typeof r.hostId !== 'string' || r.hostId === '') throw badRequest('no hostId');
-  return { hostId: r.hostId, request: dialRequestOf(r.request) };
+  return { hostId: r.hostId, request: dialRequestOf(r.request), framed: r.framed === true };
 }
 
 /** The target and DialRequest of an HTTP/2 peered stream; a GW_ERR_PEER_PROTOCOL error when not well formed. */
@@ -451,7 +454,8 @@ export class PeerClient implements PeerDialer {
 
   private async dialTls(proxy: ProxyRecord, hostId: string, request: DialRequest): Promise<Duplex> {
     const pool = this.pool(proxy);
-    const line = `${JSON.stringify({ hostId, request })}\n`;
+    // Framed: the peer's end is said in the stream, so that a peer that dies (a FIN) is a break here, not an end.
+    const line = `${JSON.stringify({ hostId, request, framed: true })}\n`;
     for (let attempt = 0; ; attempt++) {
       const { socket, pooled } = await pool.take();
       // Refilled once the peer answered: the new connection's handshake does not delay this stream's answer.
@@ -473,7 +477,7 @@ export class PeerClient implements PeerDialer {
   }
 
   /** Sends the request line and reads the answer: the connection once it is {"ok":true}; 'closed' when cut before any answer. */
-  private async ask(socket: TLSSocket, proxy: ProxyRecord, hostId: string, line: string): Promise<TLSSocket | 'closed'> {
+  private async ask(socket: TLSSocket, proxy: ProxyRecord, hostId: string, line: string): Promise<Duplex | 'closed'> {
     socket.write(line);
     let answer: string;
     try {
@@ -486,6 +490,7 @@ export class PeerClient implements PeerDialer {
       if (e.code === 'GW_ERR_TUNNEL_TIMEOUT') throw new GatewayError('GW_ERR_PEER_PROTOCOL', `Proxy ${proxy.id} did not answer for agent ${hostId} within ${this.options.dialTimeoutMs} ms`);
       throw new GatewayError('GW_ERR_PEER_PROTOCOL', `Proxy ${proxy.id}: ${e.message}`);
     }
+    if (answer === OK_FRAMED_LINE.trimEnd()) return new FramedStream(socket);
     if (answer === OK_LINE.trimEnd()) return socket;
     socket.destroy();
     let parsed: { ok?: unknown; error?: unknown } = {};

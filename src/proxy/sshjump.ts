@@ -18,6 +18,7 @@ import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
+import { relayChannel } from '../net/sshchannel.js';
 import { splice } from '../stream/splice.js';
 import type { AgentSource } from './router.js';
 import { findTarget } from './resources.js';
@@ -80,7 +81,7 @@ export class SshJumpServer {
             client_dst: `${dest.destIP}:${dest.destPort}`,
             user,
           });
-          const accepted = accept();
+          const accepted = relayChannel(accept());
           this.endpoint.channelOpened(conn, accepted);
           splice(accepted as unknown as Duplex, channel);
         })().catch((err: unknown) => {

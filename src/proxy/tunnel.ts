@@ -33,6 +33,7 @@ import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
+import { relayChannel } from '../net/sshchannel.js';
 import type { ClusterView } from './cluster.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
 import { parseControlMessage, readControl } from '../tunnel/control.js';
@@ -638,7 +639,7 @@ class SshLink implements AgentLink {
   }
 
   open(srcIp: string, srcPort: number): Promise<Duplex> {
-    return new Promise((resolve, reject) => this.conn.forwardOut(TUNNEL_BIND.addr, TUNNEL_BIND.port, srcIp, srcPort, (err, channel) => (err ? reject(err) : resolve(channel))));
+    return new Promise((resolve, reject) => this.conn.forwardOut(TUNNEL_BIND.addr, TUNNEL_BIND.port, srcIp, srcPort, (err, channel) => (err ? reject(err) : resolve(relayChannel(channel)))));
   }
 
   end(): void {

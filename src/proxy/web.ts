@@ -29,6 +29,7 @@ import type { LimitSettings } from '../net/deadlines.js';
 import type { AgentPresence } from '../auth/records.js';
 import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, bearerOf, cookieValue, isLaunchNonce, launchUnbound, originRefusal, sessionInvalid, sessionMissing, WEB_SESSION_COOKIE, type WebSessionView } from '../auth/websessions.js';
 import { readBoundedBody } from '../net/http.js';
+import { resetStream } from '../stream/reset.js';
 import type { AgentSource } from './router.js';
 import { TerminalServer } from './terminal.js';
 
@@ -110,8 +111,21 @@ export function sendJson(res: http.ServerResponse, status: number, body: unknown
 
 export function sendWebError(res: http.ServerResponse, err: unknown): void {
   const e = toGatewayError(err);
-  if (res.headersSent) return void res.destroy();
+  if (res.headersSent) return abortResponse(res);
   sendJson(res, webStatus(e.code), { error: e.toJSON() });
+}
+
+/**
+ * Cuts a response whose head was sent, as a break and never as an end (docs/security.md, "A broken stream is
+ * reset, never ended"): over HTTP/2 its stream gets RST_STREAM, over HTTP/1.1 its connection an RST (both by
+ * src/stream/reset.ts), so a chunked body never gets its last chunk and a content-length body stays short with
+ * an error at the client.
+ */
+export function abortResponse(res: http.ServerResponse): void {
+  if (res.writableFinished) return;
+  const stream = (res as unknown as { stream?: Duplex }).stream ?? res.socket;
+  if (stream) resetStream(stream);
+  else res.destroy();
 }
 
 const LAUNCH = /^\/webapi\/apps\/([A-Za-z0-9][A-Za-z0-9._-]{0,127})\/launch$/;

@@ -25,12 +25,13 @@ import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
+import { resetStream } from '../stream/reset.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { escapeHtml, guardHttpServer, type HttpDeadlines } from '../net/http.js';
 import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
-import { APP_COOKIE, appSessionKey, cookieValue, isLaunchNonce, LAUNCH_NONCE_COOKIE, launchUnbound, SESSION_COOKIE, sendWebError, webStatus } from './web.js';
+import { abortResponse, APP_COOKIE, appSessionKey, cookieValue, isLaunchNonce, LAUNCH_NONCE_COOKIE, launchUnbound, SESSION_COOKIE, sendWebError, webStatus } from './web.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
 
@@ -52,8 +53,17 @@ function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Dupl
     if (dropCookie && cookies) out['set-cookie'] = cookies.filter((c) => !dropCookie(c.slice(0, Math.max(0, c.indexOf('='))).trim()));
     res.writeHead(answer.statusCode ?? 502, out);
     answer.pipe(res);
+    // An answer cut before its end (the agent, the tunnel or the app gone) cuts the client's response: no last
+    // chunk, no missing content-length bytes made up, no clean end of an HTTP/2 stream.
+    answer.once('close', () => {
+      if (!answer.complete) abortResponse(res);
+    });
   });
   upstream.on('error', (err) => sendWebError(res, new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `the upstream answer failed: ${err.message}`)));
+  // The client gone before the answer's end (or its upload cut): the app's stream is reset, not ended.
+  res.once('close', () => {
+    if (!res.writableFinished || !req.complete) resetStream(stream);
+  });
   req.pipe(upstream);
 }
 
@@ -240,7 +250,7 @@ function sameNonce(cookie: string | undefined, state: string): boolean {
 
 /** A refused launch: a plain page (the browser navigated here) naming the code and what to do. */
 function sendLaunchError(res: http.ServerResponse, e: GatewayError): void {
-  if (res.headersSent) return void res.destroy();
+  if (res.headersSent) return abortResponse(res);
   const hint = e.hint ? `<p>${escapeHtml(e.hint)}</p>` : '';
   const body = `<!doctype html><html><head><meta charset="utf-8"><title>App launch refused</title></head><body><h1>App launch refused</h1><p><code data-code="${escapeHtml(e.code)}">${escapeHtml(e.code)}</code>: ${escapeHtml(e.message)}</p>${hint}</body></html>\n`;
   res.writeHead(webStatus(e.code), { ...LAUNCH_HEADERS, 'content-type': 'text/html; charset=utf-8', 'x-gateway-error': e.code, 'content-length': Buffer.byteLength(body) });

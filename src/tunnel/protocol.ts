@@ -237,6 +237,11 @@ export interface DialRequest {
    * protocol's own startup against it (src/agent/dbgate.ts); a db dial without it is refused.
    */
   db_access?: DatabaseGrant;
+  /**
+   * A direct-join listener only: the Proxy asks for the bytes in frames that say their end (src/stream/framed.ts);
+   * an agent that takes it answers `framed` too. A tunnel channel needs none: its own end and reset are frames.
+   */
+  framed?: boolean;
 }
 
 /** Allowed and denied values of one field (db_users or db_names): `*` stands for any value; deny wins. */
@@ -274,4 +279,4 @@ export function grantAllows(list: GrantList, value: string): boolean {
   return !hit(list.deny) && hit(list.allow);
 }
 
-export type DialAnswer = { ok: true } | { ok: false; error: { code: string; message: string } };
+export type DialAnswer = { ok: true; framed?: boolean } | { ok: false; error: { code: string; message: string } };

@@ -137,7 +137,19 @@ beforeAll(async () => {
     res.end(JSON.stringify({ gitVersion: 'v1.30.0-standin', path: req.url }));
   });
   // RDP-like: whatever the client sends comes back, byte for byte.
-  desktop = net.createServer({ allowHalfOpen: true }, (s) => s.pipe(s));
+  // An echo; a connection that starts with "CUT\n" gets 1 MiB and then an RST (the resource breaking mid-answer).
+  desktop = net.createServer({ allowHalfOpen: true }, (s) => {
+    s.on('error', () => undefined);
+    s.once('data', (first: Buffer) => {
+      s.pause();
+      if (first.subarray(0, 4).toString() !== 'CUT\n') {
+        s.unshift(first);
+        s.pipe(s);
+        return;
+      }
+      s.write(Buffer.alloc(1024 * 1024, 0x63), () => s.resetAndDestroy());
+    });
+  });
   const [kubePort, desktopPort] = [await listen(kubeApi), await listen(desktop)];
 
   const authConfig = parseConfig(['gateway:', `  data_dir: ${join(dir, 'auth')}`, 'auth_service:', '  cluster_name: direct.example', `  listen_addr: ${HOST_IP}:0`, ''].join('\n'), 'auth');
@@ -196,6 +208,20 @@ describe.skipIf(!HOST_IP)('a direct-join agent', () => {
     const back = readAll(stream);
     stream.end(sent);
     expect((await back).equals(sent)).toBe(true);
+  });
+
+  it('hostile: a resource that breaks mid-answer is a break at the Proxy too (framed: never a clean end of a short answer)', async () => {
+    const stream = await dialDirect(presence, request('desktop', 'win'), proxyDeps);
+    let got = 0;
+    stream.on('data', (c: Buffer) => (got += c.length));
+    stream.on('error', () => undefined);
+    const how = new Promise<string>((resolve) => {
+      stream.once('end', () => resolve('end'));
+      stream.once('close', () => setImmediate(() => resolve('break')));
+    });
+    stream.write('CUT\n');
+    expect(await how, `after ${got} bytes`).toBe('break');
+    expect(stream.readableEnded).toBe(false);
   });
 
   it('kube: the stream is the stand-in Kubernetes API server, behind the agent’s TLS to it', async () => {

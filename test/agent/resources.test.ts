@@ -26,7 +26,7 @@ let kubePort: number;
 beforeAll(async () => {
   [pki, otherPki] = await Promise.all([makeTestPki(), makeTestPki()]);
   const cert = await pki.serverCert({ names: ['kube.test'], ips: ['127.0.0.1'] });
-  echo = net.createServer((s) => s.pipe(s));
+  echo = net.createServer((s) => s.on('error', () => undefined).pipe(s)); // a relay that breaks resets it (an RST, not a FIN)
   kube = tls.createServer({ cert: cert.certPem, key: cert.keyPem }, (s) => s.end('kube api\n'));
   kube.on('tlsClientError', () => undefined);
   await Promise.all([new Promise<void>((r) => echo.listen(0, '127.0.0.1', r)), new Promise<void>((r) => kube.listen(0, '127.0.0.1', r))]);

@@ -24,7 +24,7 @@ let agentCert: { certPem: string; keyPem: string };
 beforeAll(async () => {
   pki = await makeTestPki();
   agentCert = await pki.serverCert({ names: ['node-1'], ips: [] });
-  echo = net.createServer((s) => s.pipe(s));
+  echo = net.createServer((s) => s.on('error', () => undefined).pipe(s)); // a relay that breaks resets it (an RST, not a FIN)
   await new Promise<void>((resolve) => echo.listen(0, '127.0.0.1', resolve));
 });
 

@@ -103,7 +103,8 @@ describe('openResource', () => {
   it('puts the kind in the header for apps and desktops, and nothing that was not asked', async () => {
     const route = await fakeRoute(['gateway-tcp'], { ok: true });
     (await openResource(profile(), route.address, { alpn: 'gateway-tcp', resource: 'rdp-1', kind: 'desktop' }, dialer)).destroy();
-    expect((await route.seen).header).toEqual({ resource: 'rdp-1', kind: 'desktop' });
+    // framed: gwsh asks for frames that say the end (src/stream/framed.ts); a check asks for none (nothing flows).
+    expect((await route.seen).header).toEqual({ resource: 'rdp-1', kind: 'desktop', framed: true });
   });
 
   it("a refusal from the Proxy is a GatewayError with the Proxy's code (or the tunnel dial code for one it does not know)", async () => {
@@ -149,7 +150,7 @@ describe('openResource', () => {
     for (const resource of ['first', 'second']) {
       const route = await fakeRoute(['gateway-tcp'], { ok: true });
       const stream = await openResource(profile(), route.address, { alpn: 'gateway-tcp', resource, kind: 'app' }, dialer, context);
-      expect(await route.seen).toEqual({ header: { resource, kind: 'app' }, alpn: 'gateway-tcp', clientCert: 'alice' });
+      expect(await route.seen).toEqual({ header: { resource, kind: 'app', framed: true }, alpn: 'gateway-tcp', clientCert: 'alice' });
       stream.destroy();
     }
     const untrusted = resourceTlsContext(profile(otherPki.caPem));

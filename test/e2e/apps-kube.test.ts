@@ -60,7 +60,15 @@ beforeAll(async () => {
   pki = await makeTestPki();
 
   // The resources behind the agent.
-  app = http.createServer((req, res) => res.end(JSON.stringify({ app: 'grafana', path: req.url, user: req.headers['x-gateway-user'] })));
+  app = http.createServer((req, res) => {
+    // /cut/chunked and /cut/sized: 64 KiB of the body, then the app's connection goes (a crash mid-answer).
+    if (req.url === '/cut/chunked' || req.url === '/cut/sized') {
+      res.writeHead(200, req.url === '/cut/sized' ? { 'content-length': String(1024 * 1024) } : {});
+      res.write('x'.repeat(64 * 1024), () => res.socket?.destroy());
+      return;
+    }
+    res.end(JSON.stringify({ app: 'grafana', path: req.url, user: req.headers['x-gateway-user'] }));
+  });
   await new Promise<void>((r) => app.listen(0, RESOURCE_IP, r));
   appPort = (app.address() as net.AddressInfo).port;
   const apiCert = await pki.serverCert({ names: ['k8s-api.gw.test'], ips: [] });
@@ -176,6 +184,18 @@ describe('HTTP apps on the web port', () => {
       expect(version).toBe(flag === '--http2' ? '2' : '1.1');
       // A pseudo-header relayed to the app's HTTP/1.1 request would fail it (not a header name): 502.
       expect(JSON.parse(body!)).toEqual({ app: 'grafana', path: '/d/h2', user: 'alice' });
+    }
+  });
+
+  it('HOSTILE: an app answer cut mid-body is cut at the client too (no last chunk, no short body taken as whole), over HTTP/2 and HTTP/1.1', async () => {
+    for (const flag of ['--http2', '--http1.1']) {
+      for (const path of ['/cut/chunked', '/cut/sized']) {
+        const r = await curl([flag, ...userCert(), ...resolve(`grafana.${PROXY_NAME}`), `https://grafana.${PROXY_NAME}:${webPort}${path}`]);
+        // curl: 18 a body shorter than its length, 56 a connection reset, 92 an HTTP/2 stream reset. Before, the
+        // Proxy left the response open (28: curl's own deadline).
+        expect([18, 56, 92], `${flag} ${path}: ${r.status} ${r.stderr}`).toContain(r.status);
+        expect(r.stdout.length).toBeLessThan(1024 * 1024);
+      }
     }
   });
 

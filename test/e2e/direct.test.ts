@@ -38,7 +38,7 @@ async function nodeStatus(hostId: string): Promise<string | undefined> {
 beforeAll(async () => {
   if (!HOST_IP) return;
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-direct-'));
-  desktop = net.createServer((s) => s.pipe(s));
+  desktop = net.createServer((s) => s.on('error', () => undefined).pipe(s)); // a relay that breaks resets it (an RST, not a FIN)
   await new Promise<void>((resolve) => desktop.listen(0, '127.0.0.1', resolve));
   cluster = await startGateway(
     ['gateway:', '  nodename: cluster-1', '  data_dir: DATA_DIR', '  log: { format: json, severity: info }', 'auth_service:', '  cluster_name: direct-e2e.example', `  listen_addr: ${HOST_IP}:0`, 'proxy_service:', '  web_listen_addr: 127.0.0.1:0', ''].join('\n'),

@@ -5,7 +5,8 @@
  * TCP app (gwsh proxy app) through A, which carries the stream over B's peering listener (3021). Bytes are
  * checked end to end, one large transfer and many concurrent streams (the default transport, a TLS connection per
  * stream). The link between A and B's peering port runs through a relay B publishes as its peer_public_addr: cut
- * (new connections through A fail with a clear error) and restored (they work again). B's peering port refuses a
+ * (new connections through A fail with a clear error; a transfer under way is reset at the client, never ended) and
+ * restored (they work again). B's peering port refuses a
  * client without a certificate on either transport (gateway-peer, gateway-peer-tls) and garbage; the in-process
  * suite (test/proxy/peer.test.ts) has every other hostile case.
  */
@@ -128,9 +129,29 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
   beforeAll(async () => {
     dir = await mkdtemp(join(tmpdir(), 'gw-e2e-peer-'));
     pg = await startPostgres({ port: await getPort({ host: '127.0.0.1' }) });
+    // An echo; a connection whose first line is `download N` gets N bytes instead (a download with nothing sent
+    // the other way, so that nothing is left unread when a hop dies: a FIN, not the kernel's RST).
     echo = net.createServer((s) => {
       s.on('error', () => undefined);
-      s.pipe(s);
+      s.once('data', (first: Buffer) => {
+        const m = /^download (\d+)\n/.exec(first.subarray(0, 32).toString('latin1'));
+        s.pause();
+        if (!m) {
+          s.unshift(first);
+          s.pipe(s);
+          return;
+        }
+        const chunk = Buffer.alloc(1024 * 1024, 0x64);
+        let left = Number(m[1]);
+        const pump = () => {
+          while (left > 0 && !s.destroyed) {
+            left -= chunk.length;
+            if (!s.write(chunk)) return void s.once('drain', pump);
+          }
+          if (!s.destroyed) s.end();
+        };
+        pump();
+      });
     });
     await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
     const [webA, webB, peerA] = [await getPort({ host: '127.0.0.1' }), await getPort({ host: '127.0.0.1' }), await getPort({ host: '127.0.0.1' })];
@@ -200,6 +221,29 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
       await waitUntil('a new connection through A works again', async () => (await echoThrough(data).catch(() => '')) === sha256(data), 30_000, 250);
       const after = randomBytes(4 * 1024 * 1024);
       expect(await echoThrough(after)).toBe(sha256(after));
+    }, 90_000);
+
+    it('HOSTILE: cut during a download (the peer gone: a FIN): the client sees its connection reset, not an end', async () => {
+      const outcome = await new Promise<{ how: string; got: number }>((resolve) => {
+        const s = net.connect({ port: localPort, host: '127.0.0.1', allowHalfOpen: true });
+        let got = 0;
+        let cutting = false;
+        s.on('error', (err: NodeJS.ErrnoException) => resolve({ how: `reset (${err.code})`, got }));
+        // An end is checked with a zero-length write: libuv reports an RST right behind data as an end.
+        s.once('end', () => s.write(Buffer.alloc(0), (err) => resolve({ how: err ? 'reset (after the end)' : 'clean end', got })));
+        s.on('data', (c: Buffer) => {
+          got += c.length;
+          if (got >= 16 * 1024 * 1024 && !cutting) {
+            cutting = true;
+            void link.cut();
+          }
+        });
+        s.once('connect', () => s.write(`download ${4096 * 1024 * 1024}\n`));
+      });
+      expect(outcome.how, `after ${outcome.got} bytes`).toMatch(/^reset/);
+      await link.restore();
+      const data = randomBytes(256 * 1024);
+      await waitUntil('a new connection through A works again', async () => (await echoThrough(data).catch(() => '')) === sha256(data), 30_000, 250);
     }, 90_000);
   });
 

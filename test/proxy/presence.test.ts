@@ -39,7 +39,7 @@ let echo: net.Server;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-presence-'));
-  echo = net.createServer((s) => s.pipe(s));
+  echo = net.createServer((s) => s.on('error', () => undefined).pipe(s)); // a relay that breaks resets it (an RST, not a FIN)
   await new Promise<void>((resolve) => echo.listen(0, '127.0.0.1', resolve));
   const port = await getPort({ host: '127.0.0.1' });
   // Short heartbeats, so that a refresh comes within the test (15 intervals).

@@ -54,17 +54,38 @@ describe('splice', () => {
     expect(closedBoth).toBe(true);
   });
 
-  it('a side that is reset takes the other down', async () => {
+  it('HOSTILE: a side that is reset resets the other: the right side sees ECONNRESET, never a clean end', async () => {
+    const [left, a] = await socketPair();
+    const [b, right] = await socketPair();
+    open.push(left, a, b, right);
+    splice(a, b);
+    right.write('some bytes');
+    await new Promise<void>((resolve) => left.once('data', () => resolve()));
+    const atRight = new Promise<string>((resolve) => {
+      right.once('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? err.message));
+      // libuv may report an RST as an end; a zero-length write then fails, where after a FIN it succeeds.
+      right.once('end', () => right.write(Buffer.alloc(0), (err) => resolve(err ? ((err as NodeJS.ErrnoException).code ?? 'error') : 'clean end')));
+    });
+    left.resetAndDestroy();
+    expect(await atRight).toMatch(/^(ECONNRESET|EPIPE)$/);
+    expect(b.destroyed).toBe(true);
+  });
+
+  it('a clean end of one side still ends the other with every byte (no false reset)', async () => {
     const [left, a] = await socketPair();
     const [b, right] = await socketPair();
     open.push(left, a, b, right);
     splice(a, b);
     const atRight = collect(right);
-    left.resetAndDestroy();
-    // b is destroyed, not ended after a clean end of a: the right side sees its peer go (a FIN, as destroy sends).
+    const big = Buffer.alloc(8 * 1024 * 1024, 0x62);
+    left.end(big);
     await atRight.ended;
-    expect(a.readableEnded).toBe(false);
-    expect(b.destroyed).toBe(true);
+    expect(atRight.text().length).toBe(big.length);
+    // The right side's end was a FIN: its own direction still works.
+    const atLeft = collect(left);
+    right.end('reply');
+    await atLeft.ended;
+    expect(atLeft.text()).toBe('reply');
   });
 
   it('a side that ended and then closed while the other still sends takes the other down (its bytes have nowhere to go)', async () => {
