@@ -27,11 +27,16 @@ afterEach(async () => {
   if (dir) await rm(dir, { recursive: true, force: true });
 });
 
-/** A program on a pty that copies n bytes of its input, raw (no echo, no line editing), to a file. */
+/**
+ * A program on a pty that copies n bytes of its input, raw (no echo, no line editing), to a file. It stops itself
+ * (SIGSTOP) before it reads: the test writes while nothing drains the terminal, so its input buffer fills whatever
+ * the machine's load, then sends SIGCONT. (Reading at once raced the writes: on a busy machine `head` drained the
+ * terminal as fast as it was written and the queue never filled, one failure in a full run.)
+ */
 async function copier(n: number): Promise<{ term: nodePty.IPty; file: string; ready: Promise<void> }> {
   dir = await mkdtemp(join(tmpdir(), 'gw-ptywriter-'));
   const file = join(dir, 'out');
-  const term = nodePty.spawn('/bin/sh', ['-c', `stty raw -echo; echo READY; head -c ${n} > ${file}`], { encoding: null });
+  const term = nodePty.spawn('/bin/sh', ['-c', `stty raw -echo; echo READY; kill -STOP $$; head -c ${n} > ${file}`], { encoding: null });
   terms.push(term);
   const ready = new Promise<void>((resolve) => {
     let seen = '';
@@ -43,17 +48,29 @@ async function copier(n: number): Promise<{ term: nodePty.IPty; file: string; re
   return { term, file, ready };
 }
 
+/** Resolves once the process is stopped (state T in /proc/PID/stat), so that a SIGCONT cannot come before its SIGSTOP. */
+async function stopped(pid: number): Promise<void> {
+  const { readFileSync } = await import('node:fs');
+  for (;;) {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    if (stat.slice(stat.lastIndexOf(')') + 2).startsWith('T')) return;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
 describe('PtyWriter', () => {
   it('writes every byte in order, through a terminal whose input buffer fills (large paste)', async () => {
     const n = 512 * 1024;
     const { term, file, ready } = await copier(n);
     await ready;
+    await stopped(term.pid);
     const src = source();
     const writer = new PtyWriter(fdOf(term), src);
     const data = Buffer.alloc(n);
     for (let i = 0; i < n; i++) data[i] = 97 + (i % 26);
     // In pieces, as SSH packets come: the later ones queue behind the first that did not fit.
     for (let off = 0; off < n; off += 32 * 1024) writer.write(data.subarray(off, off + 32 * 1024));
+    process.kill(term.pid, 'SIGCONT');
     await exited(term);
     expect((await readFile(file)).equals(data)).toBe(true);
     // The queue went past its bound (the pty takes a few KiB at a time): the source was held, then let go.

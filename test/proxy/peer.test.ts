@@ -351,7 +351,7 @@ describe('the dial request across peering', () => {
   const grant = { users: { allow: ['orders_app'], deny: ['postgres'] }, names: { allow: ['orders'], deny: [] } };
 
   it("carries the database grant to the Proxy that holds the agent's tunnel, as it is", () => {
-    expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, db_access: grant } }))).toEqual({ hostId: 'h', request: { ...request, db_access: grant } });
+    expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, db_access: grant } }))).toEqual({ hostId: 'h', framed: false, request: { ...request, db_access: grant } });
     expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request })).request.db_access).toBeUndefined();
   });
 
