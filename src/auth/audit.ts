@@ -1,9 +1,11 @@
 /**
  * The audit log: one Backend record per event under /events/, kept 30 days. The Auth Service records what is
  * done through it (who did it, when, to what); agents report their own events (SSH sessions), which are recorded
- * with the agent that reported them.
+ * with the agent that reported them; Proxies report the sessions they carry (databases, apps, desktops, Kubernetes:
+ * src/proxy/sessionaudit.ts), recorded with the Proxy that reported them and only of the kinds in PROXY_SESSION_EVENTS.
  */
 import type { Backend } from '../backend/index.js';
+import { GatewayError } from '../errors.js';
 import type { Identity } from './pki.js';
 import { KEYS } from './records.js';
 
@@ -11,6 +13,11 @@ import { KEYS } from './records.js';
 export const AUDIT_TTL_MS = 30 * 24 * 3600_000;
 /** An agent's event larger than this is dropped. */
 const MAX_AGENT_EVENT = 64 * 1024;
+
+/** The events a Proxy reports about the sessions it carries; anything else it sends is refused. */
+export const PROXY_SESSION_EVENTS: ReadonlySet<string> = new Set(
+  ['db', 'app', 'desktop', 'kube'].flatMap((kind) => [`${kind}.session.start`, `${kind}.session.end`]),
+);
 
 export interface AuditEvent {
   /** The record's key under /events/: time-ordered. */
@@ -37,6 +44,22 @@ export class AuditLog {
     const text = JSON.stringify({ ...event, reported_by: { host_id: hostId, nodename } });
     if (text.length > MAX_AGENT_EVENT) return;
     await this.backend.put(KEYS.event(time), text, { ttlMs: AUDIT_TTL_MS });
+  }
+
+  /**
+   * A session event reported by a Proxy (proxyId: the host ID its certificate names, never a claim in the body):
+   * only the kinds of PROXY_SESSION_EVENTS, at most 64 KiB, recorded with the Proxy that reported it.
+   */
+  async recordProxyEvent(proxyId: string, event: Record<string, unknown>): Promise<void> {
+    if (typeof event.event !== 'string' || !PROXY_SESSION_EVENTS.has(event.event)) {
+      throw new GatewayError('GW_ERR_API_BAD_REQUEST', `a Proxy may not record "${String(event.event).slice(0, 64)}" events`, {
+        hint: `A Proxy reports only the sessions it carries: ${[...PROXY_SESSION_EVENTS].join(', ')}.`,
+      });
+    }
+    const { reported_by: _claimed, ...rest } = event;
+    const text = JSON.stringify({ ...rest, reported_by: { proxy: proxyId } });
+    if (text.length > MAX_AGENT_EVENT) throw new GatewayError('GW_ERR_API_BAD_REQUEST', 'the session event is larger than 64 KiB');
+    await this.backend.put(KEYS.event(this.clock()), text, { ttlMs: AUDIT_TTL_MS });
   }
 
   async list(): Promise<AuditEvent[]> {

@@ -11,6 +11,7 @@
  *   PUT    /v1/proxy/presence         {presence, ttl_ms}            (presence.proxyId must be the caller)
  *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
  *   POST   /v1/proxy/agent-events     {host_id, nodename, event}
+ *   POST   /v1/proxy/session-events   {event}                       (a session the caller carried: audit.ts PROXY_SESSION_EVENTS)
  *   POST   /v1/proxy/host-renewals    {host_id, public_key, proof}  → a renewed agent's certificates (joining.ts renewHost)
  *   GET    /v1/proxy/maintenance                                     → {config: cluster_maintenance_config | null}
  *   PUT    /v1/proxy/proxies/self     {record, ttl_ms}              (record.id must be the caller)
@@ -177,6 +178,14 @@ function directoryRoutes(auth: AuthService): ProxyRoute[] {
       method: 'POST', path: '/v1/proxy/agent-events', maxBody: SMALL * 4, handle: async (c) => {
         const b = await c.body();
         await auth.recordAgentEvent(text(b.host_id, 'host_id', 256), text(b.nodename, 'nodename', 256), object(b.event, 'event'));
+        return { ok: true };
+      },
+    },
+    {
+      // The reporter is the calling Proxy, as its certificate names it; audit.ts refuses kinds a Proxy may not report.
+      method: 'POST', path: '/v1/proxy/session-events', maxBody: SMALL * 4, handle: async (c) => {
+        const b = await c.body();
+        await auth.recordProxyEvent(c.proxy.name, object(b.event, 'event'));
         return { ok: true };
       },
     },

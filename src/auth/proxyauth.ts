@@ -50,6 +50,11 @@ export interface AgentRecords {
   /** With connectedAt: only the record of that tunnel (a newer one of the same agent on this Proxy stays). */
   clearPresence(hostId: string, proxyId: string, connectedAt?: string): Promise<void>;
   recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void>;
+  /**
+   * A session this Proxy carried (src/proxy/sessionaudit.ts), recorded as reported by proxyId; only the kinds of
+   * audit.ts PROXY_SESSION_EVENTS. Through the Auth API the Proxy is the one its certificate names (proxyId is not sent).
+   */
+  recordProxyEvent(proxyId: string, event: Record<string, unknown>): Promise<void>;
   /** Fresh certificates for an agent whose tunnel this Proxy authenticated (its host ID), for the key it joined with. */
   renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }>;
   /** Calls onChange after every change of cluster_maintenance_config; returns the unsubscribe function. */

@@ -189,6 +189,7 @@ export class AuthService implements ProxyAuth {
   /** For the Proxy (ProxyAuth): read with this process's own authority, as agents read it. */
   maintenanceConfig() { return this.parts.agents.maintenanceForAgent({ kind: 'admin', name: 'proxy', cluster: this.clusterName, roles: [] }); }
   recordAgentEvent(...a: Parameters<AuditLog['recordAgentEvent']>) { return this.parts.audit.recordAgentEvent(...a); }
+  recordProxyEvent(...a: Parameters<AuditLog['recordProxyEvent']>) { return this.parts.audit.recordProxyEvent(...a); }
 
   // --- the web: sessions of the browser, the web terminal, app launches (websessions.ts) ---------------------------
   /**

@@ -3,7 +3,7 @@
  * Proxy's host certificate, through the process's Dialer.
  *
  *   calls       resolveCaller, resolveSshUser, rolesOf, revocationOf, getNode, setPresence, clearPresence,
- *               recordAgentEvent, renewHost, heartbeatProxy, removeProxy, listProxies, listPresence, tunnelStrategy,
+ *               recordAgentEvent, recordProxyEvent, renewHost, heartbeatProxy, removeProxy, listProxies, listPresence, tunnelStrategy,
  *               issueServerCert, and the web's resolveWebSession, webSessionSshCert, createAppLaunch,
  *               redeemAppLaunch, resolveAppSession: one HTTPS request each, to the current Auth address; a failure to reach it moves
  *               on to the next address (gateway.auth_server may list several), and when none answers the call
@@ -223,6 +223,11 @@ export class RemoteProxyAuth implements ProxyAuth {
 
   async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>): Promise<void> {
     await this.call('POST', '/v1/proxy/agent-events', { host_id: hostId, nodename, event });
+  }
+
+  /** The Auth Service records the event as this Proxy's (its certificate's host ID); _proxyId is not sent. */
+  async recordProxyEvent(_proxyId: string, event: Record<string, unknown>): Promise<void> {
+    await this.call('POST', '/v1/proxy/session-events', { event });
   }
 
   renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }> {

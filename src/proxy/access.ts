@@ -13,6 +13,10 @@
  *      allow the resource's labels;
  *   4. the Proxy dials it through the agent's tunnel (its own, or another Proxy's over peering: router.ts), answers one line ({"ok": true} or {"ok": false, "error":
  *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close.
+ *   5. from the dial on, the session is audited (sessionaudit.ts): db.session.*, app.session.* (TCP apps) and
+ *      desktop.session.* with the bytes of both directions, the end recorded however the connection ends; a
+ *      Postgres client's startup message gives the session's db_user and db_name (pgstartup.ts). SSH sessions
+ *      are the agent's to audit (it sees them; the Proxy does not).
  *
  * The database keeps authenticating its own users: the Proxy only decides who may reach it.
  */
@@ -30,8 +34,10 @@ import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
 import type { AgentSource } from './router.js';
+import { PgStartupPeek } from './pgstartup.js';
 import { protocolNamed } from './protocols.js';
 import { findTarget, type Target } from './resources.js';
+import type { AuditedSession, SessionAudit, SessionKind } from './sessionaudit.js';
 
 export interface RouteHeader {
   resource: string;
@@ -55,11 +61,15 @@ interface AccessContext {
   agents: AgentSource;
   headerTimeoutMs: number;
   log: Logger;
+  audit: SessionAudit | undefined;
 }
 
-/** headerTimeoutMs: how long the client may take to send its route header (gateway.limits.header_timeout). */
-export function createAccessHandler(auth: ProxyAuth, agents: AgentSource, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
-  const ctx: AccessContext = { auth, agents, headerTimeoutMs, log: logger('access') };
+/**
+ * headerTimeoutMs: how long the client may take to send its route header (gateway.limits.header_timeout); audit:
+ * where the sessions are recorded (the Proxy's one SessionAudit).
+ */
+export function createAccessHandler(auth: ProxyAuth, agents: AgentSource, headerTimeoutMs = 20_000, audit?: SessionAudit): (stream: Duplex, info: ConnInfo) => void {
+  const ctx: AccessContext = { auth, agents, headerTimeoutMs, log: logger('access'), audit };
   return (stream, info) => {
     const socket = stream as TLSSocket;
     connect(ctx, socket, info).catch((err: unknown) => refuse(ctx, socket, info, err));
@@ -96,7 +106,34 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): P
   });
   writeJsonLine(socket, { ok: true } satisfies DialAnswer);
   ctx.log.info({ user: identity.name, route: info.route, resource: header.resource, agent: target.agent.nodename, client }, 'connection to a resource opened');
+  auditSession(ctx, socket, channel, { user: identity.name, target, route: info.route, client });
   splice(socket, channel);
+}
+
+/** The audit kind of a target's sessions; SSH (node) sessions are the agent's. */
+const AUDIT_KIND: Partial<Record<AccessKind, SessionKind>> = { db: 'db', app: 'app', windows_desktop: 'desktop' };
+
+/** Step 5: the session's start now, its bytes as they pass, its end when both sides have closed. */
+function auditSession(ctx: AccessContext, socket: Duplex, channel: Duplex, s: { user: string; target: Target; route: string; client: string }): void {
+  const kind = AUDIT_KIND[s.target.access];
+  if (!ctx.audit || !kind) return;
+  const protocol = protocolNamed(s.route)?.database;
+  const fields = { user: s.user, resource: s.target.name, node: s.target.agent.nodename, client: s.client, ...(protocol ? { protocol } : {}) };
+  const session = ctx.audit.start(kind, fields, { defer: protocol === 'postgres' });
+  if (protocol === 'postgres') learnPgStartup(socket, session);
+  ctx.audit.spliced(session, socket, channel);
+}
+
+/** The database user and name a Postgres client asks for (its startup message), for the session's end record. */
+function learnPgStartup(socket: Duplex, session: AuditedSession): void {
+  const peek = new PgStartupPeek();
+  const onData = (chunk: Buffer) => {
+    const answer = peek.feed(chunk);
+    if (!answer.done) return;
+    socket.off('data', onData);
+    session.learn({ ...(answer.user ? { db_user: answer.user } : {}), ...(answer.database ? { db_name: answer.database } : {}) }); // {} when not known: the start is written all the same
+  };
+  socket.on('data', onData);
 }
 
 /** Tracked before the checks: a lock that lands while they run still closes this connection. */

@@ -143,6 +143,7 @@ function onlyProxyAuth(role: AuthRole, issued: string[]): ProxyAuth {
     tunnelStrategy: () => auth.tunnelStrategy(),
     watchCluster: (handlers) => auth.watchCluster(handlers),
     recordAgentEvent: (hostId, nodename, event) => auth.recordAgentEvent(hostId, nodename, event),
+    recordProxyEvent: (proxyId, event) => auth.recordProxyEvent(proxyId, event),
     renewHost: (request) => auth.renewHost(request),
     watchMaintenance: (onChange) => auth.watchMaintenance(onChange),
     maintenanceConfig: () => auth.maintenanceConfig(),
