@@ -121,7 +121,7 @@ function auditSession(ctx: AccessContext, socket: Duplex, channel: Duplex, s: { 
   const fields = { user: s.user, resource: s.target.name, node: s.target.agent.nodename, client: s.client, ...(protocol ? { protocol } : {}) };
   const session = ctx.audit.start(kind, fields, { defer: protocol === 'postgres' });
   if (protocol === 'postgres') learnPgStartup(socket, session);
-  ctx.audit.spliced(session, socket, channel);
+  ctx.audit.spliced(session, socket, channel, () => revoked.get(socket));
 }
 
 /** The database user and name a Postgres client asks for (its startup message), for the session's end record. */
@@ -136,11 +136,15 @@ function learnPgStartup(socket: Duplex, session: AuditedSession): void {
   socket.on('data', onData);
 }
 
+/** Why a connection was closed by a revocation (a lock, a removal): its audited end says so. */
+const revoked = new WeakMap<Duplex, string>();
+
 /** Tracked before the checks: a lock that lands while they run still closes this connection. */
 function trackSession(ctx: AccessContext, socket: TLSSocket, certified: Identity, info: ConnInfo): void {
   const client = clientOf(info);
   const untrack = ctx.auth.sessions.track(certified, `${info.route} ${client}`, (why) => {
     ctx.log.info({ user: certified.name, route: info.route, client, code: why.code }, 'connection closed: identity revoked');
+    revoked.set(socket, `identity revoked: ${why.code}`);
     socket.destroy();
   });
   socket.once('close', untrack);

@@ -215,13 +215,15 @@ export class SessionAudit {
 
   /**
    * A session over a client stream spliced to a resource stream: counts the bytes of both directions and records
-   * the end when both have closed, with an error unless both ended cleanly (a reset, a destroy, an error event).
+   * the end when both have closed, with an error unless both ended cleanly (a reset, a destroy, an error event);
+   * why, when it gives one, is the error (the Proxy closed it on purpose: a revocation).
    */
-  spliced(session: AuditedSession, client: Duplex, resource: Duplex): void {
+  spliced(session: AuditedSession, client: Duplex, resource: Duplex, why?: () => string | undefined): void {
     let error: string | undefined;
     let closed = 0;
     const onClose = () => {
       if (++closed < 2) return;
+      error = why?.() ?? error;
       if (!error && (!client.readableEnded || !resource.readableEnded)) error = 'connection broken';
       session.end(error ? { error } : {});
     };

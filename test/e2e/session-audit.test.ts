@@ -272,6 +272,29 @@ describe('session audit', () => {
     expect(s.end.bytes_in).toBe('before the reset'.length);
   });
 
+  it('hostile: kill -9 of the agent mid-session: the Proxy still records the end, with an error', async () => {
+    const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
+    const token = (JSON.parse((await admin(['tokens', 'add', '--type=app', '--format', 'json'])).stdout) as { token: string }).token;
+    const doomed = await startGateway(
+      ['gateway:', '  nodename: agent-doomed', '  data_dir: DATA_DIR', '  log: { format: json }', 'app_service:', '  enabled: yes', '  apps:', `    - { name: echo-doomed, uri: "tcp://${RESOURCE_IP}:${echo.port}" }`, ''].join('\n'),
+      { args: ['--token', token, '--ca-pin', pin, '--proxy', `${PROXY_NAME}:${webPort}`], env: { HTTPS_PROXY: squid.url } },
+    );
+    try {
+      await doomed.waitForLog('reverse tunnel ready');
+      const socket = await rawResource('gateway-tcp', { resource: 'echo-doomed', kind: 'app' });
+      socket.on('error', () => undefined);
+      socket.write('x'.repeat(1000));
+      await new Promise((r) => socket.once('data', r));
+      doomed.process.kill('SIGKILL');
+      const s = await sessionOf('app', (e) => e.resource === 'echo-doomed');
+      expect(s.end).toMatchObject({ user: 'alice', node: 'agent-doomed', bytes_in: 1000, error: expect.any(String) });
+    } finally {
+      // stop() waits for an exit that a kill -9 already gave.
+      if (doomed.process.signalCode === null) await doomed.stop();
+      else await rm(doomed.dir, { recursive: true, force: true });
+    }
+  }, 120_000);
+
   it('gwctl get events --format table: a row per event with user, resource, bytes and duration', async () => {
     const r = await admin(['get', 'events', '--format', 'table']);
     expect(r.status, r.stderr).toBe(0);
