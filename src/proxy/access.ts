@@ -15,7 +15,7 @@
  *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close.
  *   5. from the dial on, the session is audited (sessionaudit.ts): db.session.*, app.session.* (TCP apps) and
  *      desktop.session.* with the bytes of both directions, the end recorded however the connection ends; a
- *      Postgres client's startup message gives the session's db_user and db_name (pgstartup.ts). SSH sessions
+ *      Postgres or MySQL client's startup gives the session's db_user and db_name (dbstartup.ts). SSH sessions
  *      are the agent's to audit (it sees them; the Proxy does not).
  *
  * The database keeps authenticating its own users: the Proxy only decides who may reach it.
@@ -34,7 +34,7 @@ import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
 import type { AgentSource } from './router.js';
-import { PgStartupPeek } from './pgstartup.js';
+import { startupPeek, type StartupPeek } from './dbstartup.js';
 import { protocolNamed } from './protocols.js';
 import { findTarget, type Target } from './resources.js';
 import type { AuditedSession, SessionAudit, SessionKind } from './sessionaudit.js';
@@ -119,14 +119,14 @@ function auditSession(ctx: AccessContext, socket: Duplex, channel: Duplex, s: { 
   if (!ctx.audit || !kind) return;
   const protocol = protocolNamed(s.route)?.database;
   const fields = { user: s.user, resource: s.target.name, node: s.target.agent.nodename, client: s.client, ...(protocol ? { protocol } : {}) };
-  const session = ctx.audit.start(kind, fields, { defer: protocol === 'postgres' });
-  if (protocol === 'postgres') learnPgStartup(socket, session);
+  const peek = startupPeek(protocol);
+  const session = ctx.audit.start(kind, fields, { defer: peek !== undefined });
+  if (peek) learnDbStartup(socket, session, peek);
   ctx.audit.spliced(session, socket, channel, () => revoked.get(socket));
 }
 
-/** The database user and name a Postgres client asks for (its startup message), for the session's end record. */
-function learnPgStartup(socket: Duplex, session: AuditedSession): void {
-  const peek = new PgStartupPeek();
+/** The database user and name the client asks for (its startup), for the session's records. */
+function learnDbStartup(socket: Duplex, session: AuditedSession, peek: StartupPeek): void {
   const onData = (chunk: Buffer) => {
     const answer = peek.feed(chunk);
     if (!answer.done) return;

@@ -21,7 +21,7 @@ import tls from 'node:tls';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { USER_BUDGET } from '../../src/proxy/sessionaudit.js';
-import { startPostgres, type PostgresServer } from '../helpers/databases.js';
+import { startMariadb, startPostgres, type DatabaseServer, type PostgresServer } from '../helpers/databases.js';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startEchoServer, startHttpsServer, type EchoServer, type HttpTestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
@@ -44,6 +44,7 @@ let app: http.Server;
 let apiServer: HttpTestServer;
 let echo: EchoServer;
 let pg: PostgresServer;
+let maria: DatabaseServer;
 let userEnv: Record<string, string>;
 const children: ChildProcess[] = [];
 
@@ -135,8 +136,8 @@ beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-audit-'));
   await chmod(dir, 0o755);
   await writeFile(join(dir, 'hosts'), `${PROXY_IP} ${PROXY_NAME}\n${RESOURCE_IP} k8s-api.gw.test\n`, { mode: 0o644 });
-  const pgPort = await getPort({ host: '127.0.0.1' });
-  [squid, pki, pg] = await Promise.all([startSquid({ extraConfig: [`hosts_file ${join(dir, 'hosts')}`] }), makeTestPki(), startPostgres({ port: pgPort })]);
+  const [pgPort, mariaPort] = [await getPort({ host: '127.0.0.1' }), await getPort({ host: '127.0.0.1' })];
+  [squid, pki, pg, maria] = await Promise.all([startSquid({ extraConfig: [`hosts_file ${join(dir, 'hosts')}`] }), makeTestPki(), startPostgres({ port: pgPort }), startMariadb({ port: mariaPort, user: 'shop_app', database: 'shop' })]);
   app = http.createServer((req, res) => res.end(JSON.stringify({ app: 'grafana', path: req.url })));
   await new Promise<void>((r) => app.listen(0, RESOURCE_IP, r));
   const apiCert = await pki.serverCert({ names: ['k8s-api.gw.test'], ips: [] });
@@ -148,7 +149,7 @@ beforeAll(async () => {
   // Its own data directory, kept when it stops: the last test starts it again on the same data.
   cluster = await startGateway(clusterConfig, { dataDir: join(dir, 'cluster-data') });
   const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
-  const role = ['kind: role', 'version: v7', 'metadata: {name: everything}', 'spec:', '  allow:', '    app_labels: {"*": "*"}', '    kubernetes_labels: {"*": "*"}', '    windows_desktop_labels: {"*": "*"}', '    db_labels: {"*": "*"}', `    db_users: [${pg.user}]`, `    db_names: [${pg.database}]`, ''];
+  const role = ['kind: role', 'version: v7', 'metadata: {name: everything}', 'spec:', '  allow:', '    app_labels: {"*": "*"}', '    kubernetes_labels: {"*": "*"}', '    windows_desktop_labels: {"*": "*"}', '    db_labels: {"*": "*"}', `    db_users: [${pg.user}, ${maria.user}]`, `    db_names: [${pg.database}, ${maria.database}]`, ''];
   await writeFile(join(dir, 'role.yaml'), role.join('\n'));
   expect((await admin(['create', join(dir, 'role.yaml')])).status).toBe(0);
   await admin(['users', 'add', 'alice', '--roles=everything'], `${PASSWORD}\n`);
@@ -166,6 +167,7 @@ beforeAll(async () => {
       `    - { name: dev, api_server: "https://k8s-api.gw.test:${apiServer.port}", ca_file: ${caFile} }`,
       'windows_desktop_service:', '  enabled: yes', '  desktops:', `    - { name: win-1, addr: "${RESOURCE_IP}:${echo.port}" }`,
       'db_service:', '  enabled: yes', '  databases:', `    - { name: pg, protocol: postgres, uri: 127.0.0.1:${pgPort} }`,
+      `    - { name: maria, protocol: mysql, uri: 127.0.0.1:${mariaPort} }`,
       '',
     ].join('\n'),
     { args: ['--token', token, '--ca-pin', pin, '--proxy', `${PROXY_NAME}:${webPort}`], env: { HTTPS_PROXY: squid.url } },
@@ -185,6 +187,7 @@ afterAll(async () => {
   await apiServer?.close();
   await echo?.close();
   await pg?.stop();
+  await maria?.stop();
   await pki?.cleanup();
   await rm(dir, { recursive: true, force: true });
 });
@@ -213,6 +216,17 @@ describe('session audit', () => {
     expect(s.end.bytes_in).toBeGreaterThan(50);
     expect(s.end.bytes_out).toBeGreaterThan(5000);
     expect(s.end.error).toBeUndefined();
+  });
+
+  it('a real mysql (MariaDB) session through gwsh proxy db: the database user and name from its handshake', async () => {
+    const port = await localProxy(['db', 'maria']);
+    const r = await run('mysql', ['--no-defaults', '-h', '127.0.0.1', '-P', String(port), '-u', maria.user, `-p${maria.password}`, '--connect-timeout=10', '-N', '-s', maria.database, '-e', "select repeat('y', 3000)"]);
+    expect(r.stderr).toBe('');
+    expect(r.stdout.trim()).toBe('y'.repeat(3000));
+    const s = await sessionOf('db', (e) => e.resource === 'maria');
+    expectSession(s, 'maria');
+    for (const e of [s.start, s.end]) expect(e).toMatchObject({ protocol: 'mysql', db_user: 'shop_app', db_name: 'shop' });
+    expect(s.end.bytes_out).toBeGreaterThan(3000);
   });
 
   it('a TCP app and a desktop through gwsh proxy: app.session.* and desktop.session.* with bytes both ways', async () => {
