@@ -341,12 +341,13 @@ describe('session audit', () => {
     expect(open(all)).toHaveLength(0);
     const ends = appEnds(all).slice(endsBefore);
     const coalesced = ends.filter((e) => typeof e.coalesced === 'number');
-    // One coalesced record (written as the Proxy stopped) for what went over alice's budget...
-    expect(coalesced).toHaveLength(1);
-    expect(coalesced[0]).toMatchObject({ resources: ['echo-tcp'], reported_by: { proxy: expect.any(String) } });
-    // ...and every session of the flood counted exactly once: on its own record or in the coalesced count.
-    const own = ends.length - 1;
-    expect(own + (coalesced[0]!.coalesced as number)).toBe(FLOOD);
+    // Coalesced records (one a minute: written as the Proxy stopped, or by its minute's flush if it came during
+    // the flood) for what went over alice's budget...
+    expect(coalesced.length).toBeGreaterThanOrEqual(1);
+    for (const c of coalesced) expect(c).toMatchObject({ resources: ['echo-tcp'], reported_by: { proxy: expect.any(String) } });
+    // ...and every session of the flood counted exactly once: on its own record or in a coalesced count.
+    const own = ends.length - coalesced.length;
+    expect(own + coalesced.reduce((n, c) => n + (c.coalesced as number), 0)).toBe(FLOOD);
     expect(own).toBeLessThan(FLOOD);
   }, 180_000);
 });
