@@ -19,6 +19,16 @@ export const PROXY_SESSION_EVENTS: ReadonlySet<string> = new Set(
   ['db', 'app', 'desktop', 'kube'].flatMap((kind) => [`${kind}.session.start`, `${kind}.session.end`]),
 );
 
+/**
+ * The most session events one Proxy may report in a minute (a window per Proxy, counted by this Auth Service). A
+ * Proxy writes at most 600 sessions a minute one by one (two records each), its coalesced records, and the ends of
+ * the Web UI app sessions its idle sweep closes at once (at most the 6000 started in their 10 minutes); this is
+ * above all of it. Beyond, the Auth Service refuses (GW_ERR_AUDIT_RATE_LIMITED, which the Proxy logs).
+ */
+export const PROXY_EVENTS_PER_MINUTE = 12_000;
+/** Proxies whose window is kept (more, made-up IDs cannot be: a Proxy's ID is its certificate's). */
+const MAX_PROXY_WINDOWS = 1000;
+
 export interface AuditEvent {
   /** The record's key under /events/: time-ordered. */
   name: string;
@@ -26,6 +36,9 @@ export interface AuditEvent {
 }
 
 export class AuditLog {
+  /** Per Proxy: the start of its current minute and how many events it reported in it. */
+  private readonly proxyWindows = new Map<string, { start: number; count: number }>();
+
   constructor(
     private readonly backend: Backend,
     private readonly clock: () => number,
@@ -56,10 +69,25 @@ export class AuditLog {
         hint: `A Proxy reports only the sessions it carries: ${[...PROXY_SESSION_EVENTS].join(', ')}.`,
       });
     }
+    this.countProxyEvent(proxyId);
     const { reported_by: _claimed, ...rest } = event;
     const text = JSON.stringify({ ...rest, reported_by: { proxy: proxyId } });
     if (text.length > MAX_AGENT_EVENT) throw new GatewayError('GW_ERR_API_BAD_REQUEST', 'the session event is larger than 64 KiB');
     await this.backend.put(KEYS.event(this.clock()), text, { ttlMs: AUDIT_TTL_MS });
+  }
+
+  /** One more event of proxyId in its minute, or GW_ERR_AUDIT_RATE_LIMITED beyond PROXY_EVENTS_PER_MINUTE. */
+  private countProxyEvent(proxyId: string): void {
+    const now = this.clock();
+    let window = this.proxyWindows.get(proxyId);
+    if (!window || now - window.start >= 60_000) {
+      if (!window && this.proxyWindows.size >= MAX_PROXY_WINDOWS) this.proxyWindows.delete(this.proxyWindows.keys().next().value!);
+      window = { start: now, count: 0 };
+      this.proxyWindows.set(proxyId, window);
+    }
+    if (++window.count > PROXY_EVENTS_PER_MINUTE) {
+      throw new GatewayError('GW_ERR_AUDIT_RATE_LIMITED', `Proxy ${proxyId} reported more than ${PROXY_EVENTS_PER_MINUTE} session events this minute`);
+    }
   }
 
   async list(): Promise<AuditEvent[]> {
