@@ -247,7 +247,7 @@ export class SessionAudit {
     let entry = table.get(key);
     if (entry) table.delete(key); // re-inserted below: the map's order is the least recently used first
     else {
-      if (!options.connection && this.byKey.size >= MAX_HTTP_SESSIONS) this.endHttp([...this.byKey.keys()][0]!);
+      if (!options.connection && this.byKey.size >= MAX_HTTP_SESSIONS) this.endHttp(this.byKey.keys().next().value!);
       const session = this.start(kind, fields, { startRecorded: options.startRecorded === true });
       entry = { session, last: now, requests: 0 };
     }

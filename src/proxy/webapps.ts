@@ -154,7 +154,9 @@ async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.In
   }
   const appSession = appSessionRef(sessionId);
   const view = await auth.resolveAppSession(sessionId, key).catch((err: unknown) => {
-    audit?.endHttp(`app:${appSession}`, { error: toGatewayError(err).code });
+    // Ended for good (expired, signed out, locked, removed); an Auth Service that does not answer ends nothing.
+    const code = toGatewayError(err).code;
+    if (code.startsWith('GW_ERR_WEB_SESSION') || code === 'GW_ERR_ACCESS_LOCKED' || code === 'GW_ERR_AUTH_IDENTITY_REVOKED') audit?.endHttp(`app:${appSession}`, { error: code });
     throw err;
   });
   trackRequest(auth, view.identity, `app ${app} (web)`, req, res);
