@@ -20,7 +20,8 @@
  *     record, its own or a coalesced one.
  *   - at most MAX_COALESCED (user, kind) pairs are kept between flushes; beyond, user "*" takes them.
  *   - at most MAX_PENDING reports are in flight to the Auth Service (a slow or unreachable one); beyond, a session
- *     is coalesced instead of written by itself (its end too, when its start was written).
+ *     is coalesced instead of written by itself (its end too, when its start was written). A report that did not
+ *     reach it is kept (at most MAX_RETRY) and sent again at the next flush and at stop; a refused one is not.
  *
  * HTTP (apps on the web port, Kubernetes) is audited per session, not per request: httpRequest() puts a request
  * into the session of its key. A request with a client certificate belongs to its TLS connection (and the resource
@@ -36,6 +37,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { Duplex } from 'node:stream';
+import { isGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 
 export type SessionKind = 'db' | 'app' | 'desktop' | 'kube';
@@ -48,6 +50,10 @@ export const GLOBAL_BUDGET = 600;
 export const MAX_COALESCED = 200;
 /** Reports in flight to the Auth Service. */
 export const MAX_PENDING = 1000;
+/** Reports kept to send again while the Auth Service cannot be reached. */
+export const MAX_RETRY = 5000;
+/** The failures of a report that are worth sending it again: the Auth Service was not reached or failed inside. */
+const RETRIED: ReadonlySet<string> = new Set(['GW_ERR_AUTH_UNREACHABLE', 'GW_ERR_INTERNAL', 'GW_ERR_BACKEND_FAILED', 'GW_ERR_BACKEND_UNREACHABLE']);
 /** How often coalesced sessions are written. */
 export const FLUSH_INTERVAL_MS = 60_000;
 /** An app session of the Web UI with no request for this long has ended, as far as this Proxy can tell. */
@@ -156,6 +162,7 @@ export class SessionAudit {
   private readonly coalesced = new Map<string, Coalesced>();
   private readonly open = new Set<AuditedSession>();
   private readonly pending = new Set<Promise<void>>();
+  private readonly retry: Array<Record<string, unknown>> = [];
   private readonly byKey = new Map<string, HttpEntry>();
   private readonly byConnection = new WeakMap<Connection, Map<string, HttpEntry>>();
   private readonly timer: NodeJS.Timeout | undefined;
@@ -284,6 +291,7 @@ export class SessionAudit {
   /** Writes the coalesced sessions (one record per user and kind) and ends the app sessions idle for HTTP_IDLE_MS. */
   flush(): void {
     const now = this.clock();
+    this.resend();
     for (const [key, entry] of this.byKey) if (now - entry.last >= HTTP_IDLE_MS) this.endHttp(key, { at: entry.last });
     for (const c of this.coalesced.values()) {
       this.send({
@@ -310,6 +318,10 @@ export class SessionAudit {
     for (const s of [...this.open]) s.end({ error: 'proxy stopping' });
     this.flush();
     await Promise.allSettled([...this.pending]);
+    // One more try for what failed meanwhile (an Auth Service restarting with this Proxy); then it is the log's.
+    this.resend();
+    await Promise.allSettled([...this.pending]);
+    if (this.retry.length > 0) this.log.error({ events: this.retry.length }, 'session events not recorded: the Auth Service is unreachable as the Proxy stops');
   }
 
   private finish(id: string, state: Open, how: SessionEnd): void {
@@ -373,9 +385,29 @@ export class SessionAudit {
 
   /** A report to the Auth Service (the callers keep the number in flight near MAX_PENDING). */
   private send(event: Record<string, unknown>): void {
-    const p = this.options.report(event).catch((err: unknown) => this.log.warn({ event: event.event, err: (err as Error).message }, 'cannot record a session event'));
+    const p = this.options.report(event).catch((err: unknown) => this.failed(event, err));
     this.pending.add(p);
     void p.finally(() => this.pending.delete(p));
+  }
+
+  /**
+   * A report that did not reach the audit log: kept for the next flush when the Auth Service could not be reached
+   * (at most MAX_RETRY; beyond, dropped with an error line), dropped with a warning when it was refused.
+   */
+  private failed(event: Record<string, unknown>, err: unknown): void {
+    const code = isGatewayError(err) ? err.code : undefined;
+    if (code !== undefined && !RETRIED.has(code)) {
+      this.log.warn({ event: event.event, code, err: (err as Error).message }, 'a session event was refused');
+      return;
+    }
+    if (this.retry.length < MAX_RETRY) this.retry.push(event);
+    else this.log.error({ event: event.event, session: event.session, user: event.user, err: (err as Error).message }, 'cannot record a session event: the Auth Service is unreachable and the retry queue is full');
+  }
+
+  /** The reports kept while the Auth Service could not be reached, sent again in their order. */
+  private resend(): void {
+    const again = this.retry.splice(0);
+    for (const event of again) this.send(event);
   }
 }
 

@@ -6,6 +6,7 @@
 import { PassThrough } from 'node:stream';
 import { EventEmitter } from 'node:events';
 import { describe, expect, it } from 'vitest';
+import { GatewayError } from '../../src/errors.js';
 import { HTTP_IDLE_MS, MAX_COALESCED, MAX_HTTP_SESSIONS, MAX_PENDING, SessionAudit, USER_BUDGET } from '../../src/proxy/sessionaudit.js';
 
 type Event = Record<string, unknown>;
@@ -167,5 +168,30 @@ describe('SessionAudit', () => {
     await audit.stop();
     expect(written.at(-1)).toMatchObject({ event: 'desktop.session.end', session: open.id, error: 'proxy stopping', bytes_in: 7, bytes_out: 9 });
     expect(audit.openCount).toBe(0);
+  });
+});
+
+describe('SessionAudit and an Auth Service that cannot be reached', () => {
+  it('keeps the reports that did not reach it and sends them again, in order, at the next flush; a refusal is not sent again', async () => {
+    let reachable = false;
+    const written: Event[] = [];
+    const tries = new Map<unknown, number>();
+    const { audit } = harness(async (e) => {
+      tries.set(e.session ?? e.event, (tries.get(e.session ?? e.event) ?? 0) + 1);
+      if (e.resource === 'refused') throw new GatewayError('GW_ERR_API_BAD_REQUEST', 'no');
+      if (!reachable) throw new GatewayError('GW_ERR_AUTH_UNREACHABLE', 'no Auth Service answers');
+      written.push(e);
+    });
+    const s = audit.start('db', fields('alice', 'pg'));
+    s.end({ error: 'connection broken' });
+    const refused = audit.start('db', fields('alice', 'refused'));
+    refused.end();
+    await new Promise((r) => setImmediate(r));
+    expect(written).toHaveLength(0);
+    reachable = true;
+    audit.flush();
+    await audit.stop();
+    expect(written.map((e) => [e.event, e.session])).toEqual([['db.session.start', s.id], ['db.session.end', s.id]]);
+    expect(tries.get(refused.id)).toBe(2); // its start and its end, once each
   });
 });
