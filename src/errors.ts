@@ -203,6 +203,10 @@ export const ERROR_CODES = {
     summary: 'Too many failed (or still running) logins for this user from this address, or failed joins from this address; further attempts are refused until the window passes.',
     hint: 'Wait for the time shown, then try again with the right password or a valid join token.',
   },
+  GW_ERR_AUDIT_RATE_LIMITED: {
+    summary: "A Proxy reported more session events in a minute than any Proxy's own bounds allow (PROXY_EVENTS_PER_MINUTE); the Auth Service refuses the rest of that minute's, from that Proxy only.",
+    hint: "A Proxy of this version cannot send this many: look at that Proxy (gwctl get proxies) and lock it with 'gwctl lock --node <its host ID>' if it is not yours.",
+  },
   GW_ERR_AUTH_WEAK_PASSWORD: {
     summary: 'A new password is shorter than 8 or longer than 1024 characters.',
     hint: 'Choose a password of at least 8 characters.',

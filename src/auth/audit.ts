@@ -7,7 +7,9 @@
  * sessions it serves, a Proxy the sessions it routes; neither ever reports a login, a join, a lock or any other
  * event the Auth Service itself records. Who reported an event is written by the Auth Service from the
  * reporter's authenticated identity (`reported_by`); a `by` or `reported_by` in the body is dropped, never
- * trusted. Whether a Proxy carries the agent it reports for is checked by memberchecks.ts before this.
+ * trusted. Whether a Proxy carries the agent it reports for is checked by memberchecks.ts before this. A Proxy
+ * reports the sessions it carries (databases, apps, desktops, Kubernetes: src/proxy/sessionaudit.ts), at most
+ * PROXY_EVENTS_PER_MINUTE a minute.
  */
 import type { Backend } from '../backend/index.js';
 import { GatewayError } from '../errors.js';
@@ -48,8 +50,18 @@ export function reportableKind(reporter: Reporter, event: Record<string, unknown
 
 /** Audit events live 30 days in the backend. */
 export const AUDIT_TTL_MS = 30 * 24 * 3600_000;
-/** A member's reported event larger than this is dropped. */
+/** A member's reported event larger than this is refused (GW_ERR_API_BAD_REQUEST), nothing recorded. */
 const MAX_AGENT_EVENT = 64 * 1024;
+
+/**
+ * The most session events one Proxy may report in a minute (a window per Proxy, counted by this Auth Service). A
+ * Proxy writes at most 600 sessions a minute one by one (two records each), its coalesced records, and the ends of
+ * the Web UI app sessions its idle sweep closes at once (at most the 6000 started in their 10 minutes); this is
+ * above all of it. Beyond, the Auth Service refuses (GW_ERR_AUDIT_RATE_LIMITED, which the Proxy logs).
+ */
+export const PROXY_EVENTS_PER_MINUTE = 12_000;
+/** Proxies whose window is kept (more, made-up IDs cannot be: a Proxy's ID is its certificate's). */
+const MAX_PROXY_WINDOWS = 1000;
 
 export interface AuditEvent {
   /** The record's key under /events/: time-ordered. */
@@ -58,6 +70,9 @@ export interface AuditEvent {
 }
 
 export class AuditLog {
+  /** Per Proxy: the start of its current minute and how many events it reported in it. */
+  private readonly proxyWindows = new Map<string, { start: number; count: number }>();
+
   constructor(
     private readonly backend: Backend,
     private readonly clock: () => number,
@@ -79,8 +94,13 @@ export class AuditLog {
     await this.recordReport(reporter, event, { host_id: hostId, nodename, ...(via === undefined ? {} : { via }) });
   }
 
-  /** An audit event a Proxy reports on its own account (a session it routed). GW_ERR_MEMBER_EVENT_REFUSED for other kinds. */
+  /**
+   * A session a Proxy reports on its own account (proxyId: the host ID its certificate names, never a claim in the
+   * body): GW_ERR_MEMBER_EVENT_REFUSED for other kinds, GW_ERR_AUDIT_RATE_LIMITED past PROXY_EVENTS_PER_MINUTE.
+   */
   async recordProxyEvent(proxyId: string, event: Record<string, unknown>): Promise<void> {
+    reportableKind({ kind: 'proxy', proxyId }, event);
+    this.countProxyEvent(proxyId);
     await this.recordReport({ kind: 'proxy', proxyId }, event, { proxy_id: proxyId });
   }
 
@@ -89,8 +109,22 @@ export class AuditLog {
     const { by: _by, reported_by: _reportedBy, ...fields } = event;
     const time = this.clock();
     const text = JSON.stringify({ ...fields, event: kind, reported_by: reportedBy });
-    if (text.length > MAX_AGENT_EVENT) return;
+    if (text.length > MAX_AGENT_EVENT) throw new GatewayError('GW_ERR_API_BAD_REQUEST', `the reported event is larger than ${MAX_AGENT_EVENT / 1024} KiB`, { hint: 'A session event carries its fields, not its data: a member that sends more is faulty or hostile; nothing was recorded.' });
     await this.backend.put(KEYS.event(time), text, { ttlMs: AUDIT_TTL_MS });
+  }
+
+  /** One more event of proxyId in its minute, or GW_ERR_AUDIT_RATE_LIMITED beyond PROXY_EVENTS_PER_MINUTE. */
+  private countProxyEvent(proxyId: string): void {
+    const now = this.clock();
+    let window = this.proxyWindows.get(proxyId);
+    if (!window || now - window.start >= 60_000) {
+      if (!window && this.proxyWindows.size >= MAX_PROXY_WINDOWS) this.proxyWindows.delete(this.proxyWindows.keys().next().value!);
+      window = { start: now, count: 0 };
+      this.proxyWindows.set(proxyId, window);
+    }
+    if (++window.count > PROXY_EVENTS_PER_MINUTE) {
+      throw new GatewayError('GW_ERR_AUDIT_RATE_LIMITED', `Proxy ${proxyId} reported more than ${PROXY_EVENTS_PER_MINUTE} session events this minute`);
+    }
   }
 
   async list(): Promise<AuditEvent[]> {

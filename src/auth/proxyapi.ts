@@ -13,7 +13,8 @@
  *   DELETE /v1/proxy/presence/:host_id[?connected_at=]               (the caller's presence record only)
  *   POST   /v1/proxy/agent-events     {host_id, event}              (an agent whose presence of the caller lives;
  *                                     kinds: audit.ts REPORTABLE_EVENTS.agent; recorded via the caller)
- *   POST   /v1/proxy/audit-events     {event}                       (the caller's own report: REPORTABLE_EVENTS.proxy)
+ *   POST   /v1/proxy/session-events   {event}                       (the caller's own report, a session it carried:
+ *                                     REPORTABLE_EVENTS.proxy; at most PROXY_EVENTS_PER_MINUTE)
  *   POST   /v1/proxy/host-renewals    {host_id, public_key, proof}  → a renewed agent's certificates (joining.ts renewHost)
  *   GET    /v1/proxy/maintenance                                     → {config: cluster_maintenance_config | null}
  *   PUT    /v1/proxy/proxies/self     {record, ttl_ms}              (record.id must be the caller)
@@ -252,7 +253,7 @@ function memberRoutes(auth: AuthService): ProxyRoute[] {
       },
     },
     {
-      method: 'POST', path: '/v1/proxy/audit-events', maxBody: SMALL * 4, handle: async (c) => {
+      method: 'POST', path: '/v1/proxy/session-events', maxBody: SMALL * 4, handle: async (c) => {
         await auth.recordProxyEvent(c.proxy.name, object((await c.body()).event, 'event'));
         return { ok: true };
       },

@@ -54,7 +54,10 @@ export interface AgentRecords {
    * caller's). Only kinds an agent may report (audit.ts REPORTABLE_EVENTS): GW_ERR_MEMBER_EVENT_REFUSED otherwise.
    */
   recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>, via?: string): Promise<void>;
-  /** An event this Proxy reports on its own account (a session it routed): REPORTABLE_EVENTS.proxy only. */
+  /**
+   * A session this Proxy carried (src/proxy/sessionaudit.ts), recorded as reported by proxyId: REPORTABLE_EVENTS.proxy
+   * only. Through the Auth API the Proxy is the one its certificate names (proxyId is not sent).
+   */
   recordProxyEvent(proxyId: string, event: Record<string, unknown>): Promise<void>;
   /** Fresh certificates for an agent whose tunnel this Proxy authenticated (its host ID), for the key it joined with. */
   renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }>;

@@ -250,6 +250,14 @@ function checkAppName(app: string): void {
   }
 }
 
+/**
+ * How the audit log names a Web UI app session: a hash of its id (the id is the cookie's secret and never written).
+ * This app.session.start and the Proxy's app.session.end (src/proxy/sessionaudit.ts) carry the same one.
+ */
+export function appSessionRef(sessionId: string): string {
+  return createHash('sha256').update(`app-session\u0000${sessionId}`).digest('hex').slice(0, 24);
+}
+
 export class WebSessions {
   constructor(private readonly deps: WebSessionsDeps) {}
 
@@ -430,7 +438,8 @@ export class WebSessions {
       parent: launch.parent,
     };
     await this.deps.backend.create(WEB_KEYS.session(sha256hex(sessionId)), JSON.stringify(record), { ttlMs: parent.expiresAt - now + EXPIRED_KEPT_MS });
-    await this.deps.audit.record('app.session.start', { kind: 'user', name: parent.user, cluster: this.deps.authorities.clusterName, roles: parent.roles }, { app });
+    const caller = { kind: 'user', name: parent.user, cluster: this.deps.authorities.clusterName, roles: parent.roles } as const;
+    await this.deps.audit.record('app.session.start', caller, { app, user: parent.user, app_session: appSessionRef(sessionId) });
     return { sessionId, expiresAt: record.expiresAt };
   }
 

@@ -10,6 +10,7 @@ import { GatewayError } from '../errors.js';
 import { gwctlClient, type CredentialOptions } from './credentials.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
+import { eventTable } from './events.js';
 import { table } from './table.js';
 
 const program = newProgram('gwctl', 'Admin CLI: manage users, roles, tokens and cluster resources.')
@@ -209,17 +210,20 @@ program
   .command('get')
   .description('print resources: KIND (all of them) or KIND/NAME')
   .argument('<ref>', 'role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node (KIND or KIND/NAME)')
-  .option('--format <format>', 'yaml or json', 'yaml')
+  .option('--format <format>', 'yaml or json; for events also table (a row per event: user, resource, client, bytes, duration)', 'yaml')
   .option('--with-secrets', "include secrets such as a connector's signing_key_pair.private_key")
   .option('-o, --output <file>', 'write to this file (mode 0600, replaced atomically) instead of standard output')
   .action(async (ref: string, opts: { format: string; withSecrets?: boolean; output?: string }) => {
     const slash = ref.indexOf('/');
     const kind = slash < 0 ? ref : ref.slice(0, slash);
     const name = slash < 0 ? undefined : ref.slice(slash + 1);
-    if (opts.format !== 'yaml' && opts.format !== 'json') throw new GatewayError('GW_ERR_USAGE', `--format: "${opts.format}" is not yaml or json`);
+    const events = kind === 'event' || kind === 'events';
+    if (opts.format !== 'yaml' && opts.format !== 'json' && !(events && opts.format === 'table')) {
+      throw new GatewayError('GW_ERR_USAGE', `--format: "${opts.format}" is not yaml or json${events ? ' or table' : ''}`);
+    }
     const path = `/v1/resources/${encodeURIComponent(kind)}${name === undefined ? '' : `/${encodeURIComponent(name)}`}${opts.withSecrets ? '?with_secrets=1' : ''}`;
     const { resources } = await client().call<{ resources: Resource[] }>('GET', path);
-    const text = opts.format === 'json' ? toJson(resources) : toYaml(resources);
+    const text = opts.format === 'json' ? toJson(resources) : opts.format === 'table' ? eventTable(resources.map((r) => (r as unknown as { spec: Record<string, unknown> }).spec)) : toYaml(resources);
     if (opts.output !== undefined) {
       writeSecretFile(opts.output, text.endsWith('\n') ? text : `${text}\n`);
     } else {

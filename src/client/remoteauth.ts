@@ -226,9 +226,9 @@ export class RemoteProxyAuth implements ProxyAuth {
     await this.call('POST', '/v1/proxy/agent-events', { host_id: hostId, nodename, event });
   }
 
-  /** Recorded as reported by this Proxy (the caller's host ID), whatever proxyId says. */
+  /** The Auth Service records the event as this Proxy's (its certificate's host ID); _proxyId is not sent. */
   async recordProxyEvent(_proxyId: string, event: Record<string, unknown>): Promise<void> {
-    await this.call('POST', '/v1/proxy/audit-events', { event });
+    await this.call('POST', '/v1/proxy/session-events', { event });
   }
 
   renewHost(request: RenewRequest): Promise<CertBundle & { hostId: string }> {

@@ -15,6 +15,10 @@
  *      {code, message}}: never a hang), and then the bytes flow both ways with back-pressure and half-close; a
  *      client that asked for `framed` gets them in frames that say a clean end (src/stream/framed.ts), so that a
  *      Proxy killed mid-transfer is a break at the client, not an end.
+ *   5. from the dial on, the session is audited (sessionaudit.ts): db.session.*, app.session.* (TCP apps) and
+ *      desktop.session.* with the bytes of both directions (the client's payload, without the frames), the end
+ *      recorded however the connection ends; a Postgres or MySQL client's startup gives the session's db_user and
+ *      db_name (dbstartup.ts). SSH sessions are the agent's to audit (it sees them; the Proxy does not).
  *
  * The database keeps authenticating its own users. For a database the dial request also carries which database
  * users and names the user's roles allow now (db_access, from resolveCaller); the agent checks the client's
@@ -35,8 +39,10 @@ import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import type { DatabaseGrant, DialAnswer } from '../tunnel/protocol.js';
 import type { AgentSource } from './router.js';
+import { startupPeek, type StartupPeek } from './dbstartup.js';
 import { protocolNamed } from './protocols.js';
 import { findTarget, type Target } from './resources.js';
+import type { AuditedSession, SessionAudit, SessionKind } from './sessionaudit.js';
 
 export interface RouteHeader {
   resource: string;
@@ -65,11 +71,15 @@ interface AccessContext {
   agents: AgentSource;
   headerTimeoutMs: number;
   log: Logger;
+  audit: SessionAudit | undefined;
 }
 
-/** headerTimeoutMs: how long the client may take to send its route header (gateway.limits.header_timeout). */
-export function createAccessHandler(auth: ProxyAuth, agents: AgentSource, headerTimeoutMs = 20_000): (stream: Duplex, info: ConnInfo) => void {
-  const ctx: AccessContext = { auth, agents, headerTimeoutMs, log: logger('access') };
+/**
+ * headerTimeoutMs: how long the client may take to send its route header (gateway.limits.header_timeout); audit:
+ * where the sessions are recorded (the Proxy's one SessionAudit).
+ */
+export function createAccessHandler(auth: ProxyAuth, agents: AgentSource, headerTimeoutMs = 20_000, audit?: SessionAudit): (stream: Duplex, info: ConnInfo) => void {
+  const ctx: AccessContext = { auth, agents, headerTimeoutMs, log: logger('access'), audit };
   return (stream, info) => {
     const socket = stream as TLSSocket;
     connect(ctx, socket, info).catch((err: unknown) => refuse(ctx, socket, info, err));
@@ -108,17 +118,50 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): P
   const framed = header.framed === true;
   writeJsonLine(socket, (framed ? { ok: true, framed: true } : { ok: true }) satisfies DialAnswer);
   ctx.log.info({ user: identity.name, route: info.route, resource: header.resource, agent: target.agent.nodename, client }, 'connection to a resource opened');
-  splice(framed ? new FramedStream(socket) : socket, channel);
+  const stream = framed ? new FramedStream(socket) : socket;
+  auditSession(ctx, { client: stream, socket }, channel, { user: identity.name, target, route: info.route, client });
+  splice(stream, channel);
 }
 
 /** What a user without a resolved grant may use of a database: nothing (the agent refuses every user and name). */
 const NO_DATABASE_GRANT: DatabaseGrant = { users: { allow: [], deny: [] }, names: { allow: [], deny: [] } };
+
+/** The audit kind of a target's sessions; SSH (node) sessions are the agent's. */
+const AUDIT_KIND: Partial<Record<AccessKind, SessionKind>> = { db: 'db', app: 'app', windows_desktop: 'desktop' };
+
+/** Step 5: the session's start now, its bytes as they pass, its end when both sides have closed. */
+function auditSession(ctx: AccessContext, streams: { client: Duplex; socket: Duplex }, channel: Duplex, s: { user: string; target: Target; route: string; client: string }): void {
+  const kind = AUDIT_KIND[s.target.access];
+  if (!ctx.audit || !kind) return;
+  const protocol = protocolNamed(s.route)?.database;
+  const fields = { user: s.user, resource: s.target.name, node: s.target.agent.nodename, client: s.client, ...(protocol ? { protocol } : {}) };
+  const peek = startupPeek(protocol);
+  const session = ctx.audit.start(kind, fields, { defer: peek !== undefined });
+  // The client's own bytes (inside the frames when framed); a revocation is noted on the TLS socket it closes.
+  if (peek) learnDbStartup(streams.client, session, peek);
+  ctx.audit.spliced(session, streams.client, channel, () => revoked.get(streams.socket));
+}
+
+/** The database user and name the client asks for (its startup), for the session's records. */
+function learnDbStartup(socket: Duplex, session: AuditedSession, peek: StartupPeek): void {
+  const onData = (chunk: Buffer) => {
+    const answer = peek.feed(chunk);
+    if (!answer.done) return;
+    socket.off('data', onData);
+    session.learn({ ...(answer.user ? { db_user: answer.user } : {}), ...(answer.database ? { db_name: answer.database } : {}) }); // {} when not known: the start is written all the same
+  };
+  socket.on('data', onData);
+}
+
+/** Why a connection was closed by a revocation (a lock, a removal): its audited end says so. */
+const revoked = new WeakMap<Duplex, string>();
 
 /** Tracked before the checks: a lock that lands while they run still closes this connection. */
 function trackSession(ctx: AccessContext, socket: TLSSocket, certified: Identity, info: ConnInfo): void {
   const client = clientOf(info);
   const untrack = ctx.auth.sessions.track(certified, `${info.route} ${client}`, (why) => {
     ctx.log.info({ user: certified.name, route: info.route, client, code: why.code }, 'connection closed: identity revoked');
+    revoked.set(socket, `identity revoked: ${why.code}`);
     socket.destroy();
   });
   socket.once('close', untrack);

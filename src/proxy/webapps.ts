@@ -10,6 +10,11 @@
  *    connection to the API server) with Impersonate-User / Impersonate-Group set to the user and roles. Headers
  *    a client sends to impersonate someone itself are removed first.
  *
+ * Both are audited per session, not per request (sessionaudit.ts httpRequest): a connection with a client
+ * certificate is one session per resource it reaches (app.session.* or kube.session.*, start at its first request,
+ * end when it closes); a Web UI app session is one session (its start is the launch's app.session.start, its end
+ * the Proxy's). The bytes are the requests' and the answers' bodies.
+ *
  * Both check the user as it stands now (AuthService.resolveCaller: still exists, not locked, the roles it still
  * has) on every request, and track the request in auth.sessions while it runs, so that a lock or a deletion
  * closes a long one (a watch, a stream) at once.
@@ -22,6 +27,7 @@ import { peerIdentityOf } from '../auth/api.js';
 import { canAccess } from '../auth/rbac.js';
 import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
+import { appSessionRef } from '../auth/websessions.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
@@ -31,6 +37,7 @@ import { escapeHtml, guardHttpServer, type HttpDeadlines } from '../net/http.js'
 import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
+import type { AuditedSession, Connection, SessionAudit } from './sessionaudit.js';
 import { abortResponse, APP_COOKIE, appSessionKey, cookieValue, isLaunchNonce, LAUNCH_NONCE_COOKIE, launchUnbound, SESSION_COOKIE, sendWebError, webStatus } from './web.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
@@ -42,7 +49,7 @@ const relayed = (name: string): boolean => !HOP_BY_HOP.has(name) && !name.starts
  * Sends req (with path and extra headers) over an already-open stream to the resource, and relays the answer;
  * a Set-Cookie whose name dropCookie refuses is not relayed.
  */
-function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Duplex, path: string, headers: http.OutgoingHttpHeaders, dropCookie?: (name: string) => boolean): void {
+function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Duplex, path: string, headers: http.OutgoingHttpHeaders, dropCookie?: (name: string) => boolean, meter?: AuditedSession): void {
   const forwarded: http.OutgoingHttpHeaders = {};
   for (const [k, v] of Object.entries(req.headers)) if (relayed(k) && v !== undefined) forwarded[k] = v;
   const upstream = http.request({ method: req.method, path, headers: { ...forwarded, ...headers, connection: 'close' }, createConnection: () => stream as never });
@@ -52,6 +59,7 @@ function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Dupl
     const cookies = answer.headers['set-cookie'];
     if (dropCookie && cookies) out['set-cookie'] = cookies.filter((c) => !dropCookie(c.slice(0, Math.max(0, c.indexOf('='))).trim()));
     res.writeHead(answer.statusCode ?? 502, out);
+    if (meter) answer.on('data', (chunk: Buffer) => meter.count(0, chunk.length));
     answer.pipe(res);
     // An answer cut before its end (the agent, the tunnel or the app gone) cuts the client's response: no last
     // chunk, no missing content-length bytes made up, no clean end of an HTTP/2 stream.
@@ -60,6 +68,7 @@ function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Dupl
     });
   });
   upstream.on('error', (err) => sendWebError(res, new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `the upstream answer failed: ${err.message}`)));
+  if (meter) req.on('data', (chunk: Buffer) => meter.count(chunk.length, 0));
   // The client gone before the answer's end (or its upload cut): the app's stream is reset, not ended.
   res.once('close', () => {
     if (!res.writableFinished || !req.complete) resetStream(stream);
@@ -80,6 +89,8 @@ export interface WebAppOptions {
    * token. Never an address from the request: the nonce travels there.
    */
   webAddrs: () => readonly string[];
+  /** Where app sessions are recorded (the Proxy's one SessionAudit). */
+  audit?: SessionAudit;
 }
 
 /**
@@ -105,7 +116,7 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource, option
       return true;
     }
     void (async () => {
-      const identity = await appCaller(auth, target.name, key, req, res);
+      const { identity, appSession } = await appCaller(auth, target.name, key, req, res, options.audit);
       if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), target.access, target.labels)) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
       }
@@ -118,16 +129,23 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource, option
         user: identity.name,
       });
       log.info({ user: identity.name, app: target.name, method: req.method, path: req.url }, 'app request');
+      const fields = { user: identity.name, resource: target.name, node: target.agent.nodename, client: `${client.address}:${client.port}`, ...(appSession ? { app_session: appSession } : {}) };
+      const meter = appSession
+        ? options.audit?.httpRequest('app', `app:${appSession}`, fields, { startRecorded: true })
+        : options.audit?.httpRequest('app', `app:${target.name}`, fields, { connection: connectionOf(req) });
       withoutGatewayCookies(req);
       // Nor does the app set them on its host: a nonce of the app's choosing would let its launch links bind.
-      relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name }, gatewayCookie);
+      relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name }, gatewayCookie, meter);
     })().catch((err: unknown) => sendWebError(res, err));
     return true;
   };
 }
 
-/** The caller of an app request, as it stands now and tracked while the request runs: certificate, else app cookie. */
-async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<Identity> {
+/**
+ * The caller of an app request, as it stands now and tracked while the request runs: certificate, else app cookie
+ * (then appSession: the app session's reference in the audit log). An app session refused ends its audited session.
+ */
+async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.IncomingMessage, res: http.ServerResponse, audit?: SessionAudit): Promise<{ identity: Identity; appSession?: string }> {
   let certified: Identity | undefined;
   try {
     certified = peerIdentityOf(auth, req.socket as TLSSocket);
@@ -136,7 +154,7 @@ async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.In
   }
   if (certified) {
     trackRequest(auth, certified, `app ${app}`, req, res);
-    return auth.resolveCaller(certified);
+    return { identity: await auth.resolveCaller(certified) };
   }
   const sessionId = cookieValue(req.headers.cookie, APP_COOKIE);
   if (!sessionId) {
@@ -144,9 +162,15 @@ async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.In
       hint: `Open the app from the Web UI's resources page, or sign in with 'gwsh login' and use 'gwsh proxy app ${app}'.`,
     });
   }
-  const view = await auth.resolveAppSession(sessionId, key);
+  const appSession = appSessionRef(sessionId);
+  const view = await auth.resolveAppSession(sessionId, key).catch((err: unknown) => {
+    // Ended for good (expired, signed out, locked, removed); an Auth Service that does not answer ends nothing.
+    const code = toGatewayError(err).code;
+    if (code.startsWith('GW_ERR_WEB_SESSION') || code === 'GW_ERR_ACCESS_LOCKED' || code === 'GW_ERR_AUTH_IDENTITY_REVOKED') audit?.endHttp(`app:${appSession}`, { error: code });
+    throw err;
+  });
   trackRequest(auth, view.identity, `app ${app} (web)`, req, res);
-  return view.identity;
+  return { identity: view.identity, appSession };
 }
 
 /** Whether a cookie name is one of the gateway's own (the app session, the web session, a launch nonce). */
@@ -257,6 +281,12 @@ function sendLaunchError(res: http.ServerResponse, e: GatewayError): void {
   res.end(body);
 }
 
+/** The connection a request came on, for its audited session: the socket, or over HTTP/2 the session of its stream. */
+function connectionOf(req: http.IncomingMessage): Connection {
+  const session = (req as unknown as { stream?: { session?: Connection } }).stream?.session;
+  return session ?? req.socket;
+}
+
 /** Tracks a request in auth.sessions until its answer is done; a revocation drops the client's connection. */
 function trackRequest(auth: ProxyAuth, identity: Identity, what: string, req: http.IncomingMessage, res: http.ServerResponse): void {
   const untrack = auth.sessions.track(identity, what, () => req.socket.destroy());
@@ -269,7 +299,7 @@ export const KUBE_PATH_PREFIX = '/k8s/';
 const KUBE_ROUTE = 'kube';
 
 /** The kube route's service: an HTTP server over the user's TLS stream, with the HTTP deadlines of gateway.limits. */
-export function createKubeHandler(auth: ProxyAuth, agents: AgentSource, deadlines: HttpDeadlines): (stream: Duplex, info: ConnInfo) => void {
+export function createKubeHandler(auth: ProxyAuth, agents: AgentSource, deadlines: HttpDeadlines, audit?: SessionAudit): (stream: Duplex, info: ConnInfo) => void {
   const log = logger('kube');
   const server = http.createServer((req, res) => {
     void (async () => {
@@ -302,7 +332,9 @@ export function createKubeHandler(auth: ProxyAuth, agents: AgentSource, deadline
         user: identity.name,
       });
       log.info({ user: identity.name, cluster, method: req.method, path }, 'kubernetes request');
-      relay(req, res, stream, path, { 'impersonate-user': identity.name, 'impersonate-group': identity.roles });
+      const fields = { user: identity.name, resource: cluster, node: kube.agent.nodename, client: `${client.address}:${client.port}` };
+      const meter = audit?.httpRequest('kube', `kube:${cluster}`, fields, { connection: connectionOf(req) });
+      relay(req, res, stream, path, { 'impersonate-user': identity.name, 'impersonate-group': identity.roles }, undefined, meter);
     })().catch((err: unknown) => sendWebError(res, err));
   });
   // No idle deadline here: a watch (kubectl get -w) may stay silent for many minutes. Only authenticated users

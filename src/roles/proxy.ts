@@ -28,6 +28,7 @@ import { watchChannelDrift } from '../proxy/drift.js';
 import { directDialer } from '../proxy/direct.js';
 import { PeerClient, PeerServer, type PeerTls } from '../proxy/peer.js';
 import { Router } from '../proxy/router.js';
+import { SessionAudit } from '../proxy/sessionaudit.js';
 import { createWebRoutes } from '../proxy/web.js';
 import type { ClusterMaintenanceConfig } from '../auth/resources/index.js';
 import { nextWindows } from '../upgrade/windows.js';
@@ -112,6 +113,9 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   // Agents that joined the Auth Service directly: their listeners, with a certificate naming this Proxy.
   const direct = options.direct ?? directDialer((key) => auth.issueServerCert(key, [config.gateway.nodename], options.proxyId), { dialer: options.dialer, hostCa: auth.host.tls.certPem, sessions: auth.sessions });
   const router = new Router({ tunnels, cluster, peers: peering.client, direct });
+  // The sessions this Proxy carries (registered first: their ends are recorded before the listeners close them).
+  const audit = new SessionAudit({ proxyId: options.proxyId, report: (event) => auth.recordProxyEvent(options.proxyId, event) });
+  options.lifecycle.onStop('proxy', () => audit.stop());
   let frontDoor: FrontDoor | undefined;
   // Agents are told to reconnect before the listeners drop their connections.
   options.lifecycle.onStop('proxy', async () => {
@@ -139,8 +143,8 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     config,
     clusterName: auth.clusterName,
     web,
-    webApps: createWebAppHandler(auth, router, { webAddrs: () => webAddrs(config, frontDoor?.addresses.web) }),
-    services: services(auth, router, tunnels, jump, limits.settings),
+    webApps: createWebAppHandler(auth, router, { webAddrs: () => webAddrs(config, frontDoor?.addresses.web), audit }),
+    services: services(auth, router, tunnels, jump, limits.settings, audit),
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
     findExtras: () => findExtras(options.proxyId, tunnelKey.sshPublicKey, cluster),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
@@ -170,8 +174,8 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
 }
 
 /** The services behind the front door, by route kind: the protocol table (src/proxy/protocols.ts) says which protocols each serves. */
-function services(auth: ProxyAuth, router: Router, tunnels: TunnelServer, jump: SshJumpServer, deadlines: LimitSettings): ProtocolServices {
-  return { resource: createAccessHandler(auth, router, deadlines.headerMs), kube: createKubeHandler(auth, router, deadlines), tunnel: tunnels.handle, ssh: jump.handle };
+function services(auth: ProxyAuth, router: Router, tunnels: TunnelServer, jump: SshJumpServer, deadlines: LimitSettings, audit: SessionAudit): ProtocolServices {
+  return { resource: createAccessHandler(auth, router, deadlines.headerMs, audit), kube: createKubeHandler(auth, router, deadlines, audit), tunnel: tunnels.handle, ssh: jump.handle };
 }
 
 /** The peering listener and client of one Proxy; tests stop and start the listener to cut and restore the link. */

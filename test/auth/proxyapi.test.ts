@@ -210,6 +210,28 @@ describe('the /v1/proxy/ routes', () => {
     expect(asAgent.body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
   });
 
+  it("record the sessions a Proxy carried as that Proxy's; hostile: no other kind of event, no claimed reporter, nothing from an agent", async () => {
+    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer });
+    try {
+      const mark = `s-${Date.now()}`;
+      // The proxyId argument is not sent: the Auth Service takes the caller's host ID from its certificate.
+      await remote.recordProxyEvent('someone-else', { event: 'db.session.end', session: mark, user: 'alice', resource: 'pg', bytes_in: 10, bytes_out: 20, reported_by: { proxy_id: 'someone-else' } });
+      const mine = (await role.auth.listEvents(role.auth.adminIdentity(), 1000)).find((e) => e.event.session === mark);
+      expect(mine?.event).toMatchObject({ event: 'db.session.end', user: 'alice', reported_by: { proxy_id: proxy.hostId } });
+      // A Proxy may not write what it did not witness through this route: logins, SSH sessions, anything else.
+      for (const event of ['user.login', 'session.start', 'lock.create', 'db.session.startx', undefined]) {
+        await expect(remote.recordProxyEvent(proxy.hostId, { event, session: mark, user: 'alice' })).rejects.toMatchObject({ code: 'GW_ERR_MEMBER_EVENT_REFUSED' });
+      }
+      const agentCall = await request(role.address, { method: 'POST', path: '/v1/proxy/session-events', creds: { cert: agent.cert, key: agent.key }, ca, body: { event: { event: 'db.session.start', session: mark } } });
+      expect(agentCall.body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
+      const userCall = await request(role.address, { method: 'POST', path: '/v1/proxy/session-events', creds: alice, ca, body: { event: { event: 'db.session.start', session: mark } } });
+      expect(userCall.status).toBe(403);
+      expect((await role.auth.listEvents(role.auth.adminIdentity(), 1000)).filter((e) => e.event.session === mark)).toHaveLength(1);
+    } finally {
+      remote.close();
+    }
+  });
+
   it('refuse a body over the bound', async () => {
     const big = await request(role.address, { method: 'POST', path: '/v1/proxy/roles', creds: proxyCreds(), ca, body: { names: ['x'.repeat(200_000)] } });
     expect(big.body.error?.code).toBe('GW_ERR_API_TOO_LARGE');

@@ -13,7 +13,7 @@ import { createApiHandler } from '../../src/auth/api.js';
 import { caPin, generateKeyPair, parseSshCert } from '../../src/auth/pki.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
-import { MAX_WEB_SESSION_MS, WEB_SSH_CERT_MAX_MS } from '../../src/auth/websessions.js';
+import { appSessionRef, MAX_WEB_SESSION_MS, WEB_SSH_CERT_MAX_MS } from '../../src/auth/websessions.js';
 import { openSqliteBackend } from '../../src/backend/index.js';
 
 /** The launch nonce an app's host set in the browser (a launch token is bound to it). */
@@ -361,6 +361,10 @@ describe('the web terminal and apps (ProxyAuth)', () => {
     const app = await auth.redeemAppLaunch(token, 'grafana', NONCE);
     await expect(auth.redeemAppLaunch(token, 'grafana', NONCE)).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
     expect(app.expiresAt).toBe(now + 12 * 3600_000);
+    // The audit names the app session by a hash the Proxy's app.session.end carries too, never by its id (the cookie's secret).
+    const started = (await auth.listEvents(auth.adminIdentity(), 1000)).filter((e) => e.event.event === 'app.session.start');
+    expect(started.at(0)?.event).toMatchObject({ app: 'grafana', user: 'alice', app_session: appSessionRef(app.sessionId) });
+    expect(JSON.stringify(started)).not.toContain(app.sessionId);
     expect((await auth.resolveAppSession(app.sessionId, 'grafana')).identity).toMatchObject({ name: 'alice', roles: ['access', 'editor'] });
     await expect(auth.resolveAppSession(app.sessionId, 'wiki')).rejects.toMatchObject({ code: 'GW_ERR_WEB_SESSION_INVALID' });
     // An app session is not a web session, and the reverse.

@@ -197,6 +197,17 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
       expect(await echoThrough(data)).toBe(sha256(data));
       expect(a.logs()).not.toContain('"msg":"agent connected"');
       expect(b.logs()).toContain('peered stream opened');
+      // One emitter per session: A, where the client is, records it; B, which only carried it to the agent, does not.
+      const proxies = JSON.parse((await runCli('gwctl', ['--data-dir', b.dataDir, 'get', 'proxies', '--format', 'json'], { env: { HOME: dir } })).stdout) as Array<{ metadata: { name: string }; spec: { hostname: string } }>;
+      const idOf = (host: string) => proxies.find((p) => p.spec.hostname === host)?.metadata.name;
+      await waitUntil('the 8 MiB session recorded', async () => {
+        const r = await runCli('gwctl', ['--data-dir', b.dataDir, 'get', 'events', '--format', 'json'], { env: { HOME: dir } });
+        const ends = (JSON.parse(r.stdout) as Array<{ spec: Record<string, unknown> }>).map((e) => e.spec).filter((e) => e.event === 'app.session.end' && e.bytes_in === data.length);
+        if (ends.length === 0) return false;
+        expect(ends).toHaveLength(1);
+        expect(ends[0]).toMatchObject({ user: 'alice', resource: 'echo', node: 'agent-b', bytes_out: data.length, reported_by: { proxy_id: idOf('proxy-a') } });
+        return true;
+      }, 30_000);
     }, 60_000);
 
     it('30 concurrent streams each get their own bytes back', async () => {

@@ -210,6 +210,17 @@ rootSuite(['dbUsers'])('Auth Services and a Proxy in separate processes', () => 
     // The Proxy talks to auth-a (the first address): a lock created on auth-b reaches it through the shared Backend.
     expect((await gwctlAt(authB, ['lock', '--user', 'bob', '--name', 'split-bob'])).status).toBe(0);
     expect(await within(bobStream.closed, 30_000)).toBe(true);
+    // The session's end, reported by the Proxy through the Auth API and recorded as that Proxy's (security.md, Session audit).
+    await waitUntil('the Proxy-reported app.session.end of bob', async () => {
+      const r = await gwctlAt(authB, ['get', 'events', '--format', 'json']);
+      const events = (JSON.parse(r.stdout) as Array<{ spec: Record<string, unknown> }>).map((e) => e.spec);
+      const end = events.find((e) => e.event === 'app.session.end' && e.user === 'bob');
+      if (!end) return false;
+      expect(end).toMatchObject({ resource: 'echo-tcp', reported_by: { proxy_id: proxy.hostId }, error: 'identity revoked: GW_ERR_ACCESS_LOCKED' });
+      expect(end.bytes_in).toBeGreaterThanOrEqual(payload.length);
+      expect(events.some((e) => e.event === 'app.session.start' && e.session === end.session)).toBe(true);
+      return true;
+    }, 30_000);
 
     const dave = await appProxy('dave');
     const daveStream = await openStream(dave.port);

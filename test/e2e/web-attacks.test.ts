@@ -17,6 +17,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { appSessionRef } from '../../src/auth/websessions.js';
 import { parseConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
@@ -261,5 +262,26 @@ describe('login CSRF into an app: the launch is bound to the browser that asked 
     expect(answer.status, answer.text).toBe(200);
     expect(answer.headers['set-cookie']).toEqual(['theme=dark; Path=/']);
     expect(answer.text).toBe('cookie: theme=light');
+  });
+});
+
+describe('the audit of a Web UI app session (security.md, Session audit)', () => {
+  it('the launch records app.session.start; signing out ends it: the next request is refused and the Proxy records the end with its requests and bytes', async () => {
+    const alice = await login('alice');
+    const s = await start(LEGIT_HOST);
+    const ok = await redeem(await launch(alice, s.state, LEGIT_HOST), LEGIT_HOST, s.cookie);
+    const cookie = (ok.headers['set-cookie'] as string[]).find((c) => c.startsWith('__Host-gw_app='))!.split(';')[0]!;
+    const ref = appSessionRef(cookie.slice('__Host-gw_app='.length));
+    for (let i = 0; i < 2; i++) expect((await call('GET', '/', LEGIT_HOST, { cookie })).text).toBe('legit app for alice\n');
+    expect((await call('DELETE', '/webapi/sessions', 'localhost', creds(alice))).status).toBe(200);
+    const refused = await call('GET', '/', LEGIT_HOST, { cookie });
+    expect(refused.status).toBe(401);
+    const events = (await auth.auth.listEvents(auth.auth.adminIdentity(), 1000)).map((e) => e.event).filter((e) => e.app_session === ref);
+    expect(events.map((e) => e.event)).toEqual(['app.session.end', 'app.session.start']); // newest first
+    expect(events[0]).toMatchObject({ user: 'alice', resource: 'wiki', requests: 2, bytes_out: 2 * 'legit app for alice\n'.length, error: 'GW_ERR_WEB_SESSION_INVALID', reported_by: { proxy_id: expect.any(String) } });
+    // Hostile: a made-up app cookie is refused and writes nothing.
+    const before = (await auth.auth.listEvents(auth.auth.adminIdentity(), 1000)).length;
+    expect((await call('GET', '/', LEGIT_HOST, { cookie: `__Host-gw_app=${'x'.repeat(43)}` })).status).toBe(401);
+    expect((await auth.auth.listEvents(auth.auth.adminIdentity(), 1000)).length).toBe(before);
   });
 });

@@ -385,6 +385,14 @@ describe('a local user in the Web UI', () => {
       await page.goto(`${origin}/web/audit`);
       await page.locator('[data-event="user.login"]').first().waitFor();
     });
+    // The app launched above: its session's start, by the Auth Service, with the app as the resource.
+    const launched = page.locator('[data-event="app.session.start"]').first();
+    await launched.waitFor();
+    expect(await launched.locator('[data-col="resource"]').innerText()).toContain('grafana');
+    // The terminal's SSH session: login@node as the resource.
+    const ssh = page.locator('[data-event="session.end"]').first();
+    await ssh.waitFor();
+    expect(await ssh.locator('[data-col="resource"]').innerText()).toMatch(/@web-1$/);
   });
 
   it('signs out: the session is gone on the server, and the page is back at sign-in', async () => {

@@ -236,6 +236,15 @@ describe('audit rows', () => {
     expect(eventSummary({ name: '4', event: { event: 'x', by: { kind: 'admin', name: 'admin' } } }).by).toBe('admin');
   });
 
+  it('sessions: the resource, the bytes and the duration in their own columns', () => {
+    const db = eventSummary({ name: '9', event: { event: 'db.session.end', user: 'alice', resource: 'pg', protocol: 'postgres', db_user: 'orders', db_name: 'shop', client: '192.0.2.1:5000', bytes_in: 1234, bytes_out: 5_600_000, duration_ms: 65_000, reported_by: { proxy_id: 'p1' } } });
+    expect(db).toMatchObject({ by: 'alice', resource: 'pg (postgres, orders@shop)', bytes: '1.2 kB / 5.6 MB', duration: '1m05s' });
+    expect(db.details).toBe('user=alice client=192.0.2.1:5000');
+    expect(eventSummary({ name: '10', event: { event: 'session.end', user: 'bob', login: 'root', node: 'web-1' } })).toMatchObject({ resource: 'root@web-1', bytes: '', duration: '' });
+    expect(eventSummary({ name: '11', event: { event: 'app.session.end', user: 'mallory', coalesced: 940, resources: ['echo', 'wiki'], bytes_in: 940, bytes_out: 0 } })).toMatchObject({ resource: 'echo, wiki', bytes: '940 B / 0 B' });
+    expect(eventSummary({ name: '12', event: { event: 'db.session.end', bytes_in: -1, duration_ms: 'x' } })).toMatchObject({ bytes: '', duration: '' });
+  });
+
   it('hostile: deep or huge events are cut, a missing name does not throw', () => {
     let deep: Record<string, unknown> = { v: 1 };
     for (let i = 0; i < 1000; i++) deep = { d: deep };

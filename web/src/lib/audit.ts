@@ -1,10 +1,59 @@
-/** One audit event as a table row: its name, time, who did it, and the other fields as key=value text. */
+/**
+ * One audit event as a table row: its name, time, who did it, what resource (a database with its protocol and
+ * user@name, a node as login@node, an app, a desktop, a Kubernetes cluster), the bytes and the duration of a session
+ * that ended, and the other fields as key=value text. The same columns as `gwctl get events --format table`
+ * (src/cli/events.ts).
+ */
 import type { Filterable } from './filter.js';
 
 export interface EventSummary extends Filterable {
   time: string;
   by: string;
+  resource: string;
+  /** "in / out" of a session that ended, e.g. "1.2 kB / 5.6 MB"; empty for other events. */
+  bytes: string;
+  /** A session end's duration, e.g. "4m05s"; empty for other events. */
+  duration: string;
   details: string;
+}
+
+/** The fields shown in their own columns, left out of the details. */
+const COLUMNS = new Set(['resource', 'resources', 'protocol', 'db_user', 'db_name', 'login', 'node', 'bytes_in', 'bytes_out', 'duration_ms', 'start']);
+
+const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : undefined);
+const str = (v: unknown): string | undefined => (typeof v === 'string' && v !== '' ? v : undefined);
+
+export function formatBytes(n: number): string {
+  if (n < 1000) return `${n} B`;
+  const units = ['kB', 'MB', 'GB', 'TB'];
+  let value = n / 1000;
+  let unit = 0;
+  while (value >= 1000 && unit < units.length - 1) {
+    value /= 1000;
+    unit++;
+  }
+  return `${value.toFixed(1)} ${units[unit]}`;
+}
+
+export function formatMs(ms: number): string {
+  if (ms < 1000) return `${Math.round(ms)}ms`;
+  if (ms < 60_000) return `${(ms / 1000).toFixed(1)}s`;
+  const s = Math.floor(ms / 1000);
+  if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
+  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
+}
+
+/** What the event is about: "pg (postgres, orders@shop)", "root@web-1", "grafana", several coalesced ones. */
+export function eventResource(e: Record<string, unknown>): string {
+  if (Array.isArray(e.resources)) return e.resources.map(String).join(', ');
+  const resource = str(e.resource) ?? str(e.app);
+  if (resource && str(e.protocol)) {
+    const who = str(e.db_user) ? `, ${String(e.db_user)}${str(e.db_name) ? `@${String(e.db_name)}` : ''}` : '';
+    return `${resource} (${String(e.protocol)}${who})`;
+  }
+  if (resource) return resource;
+  if (str(e.login) && str(e.node)) return `${String(e.login)}@${String(e.node)}`;
+  return str(e.node) ?? '';
 }
 
 const MAX_DETAILS = 400;
@@ -27,12 +76,19 @@ export function eventSummary(row: { name: string; event: Record<string, unknown>
     : reporter?.nodename
       ? `${user}${user ? ' on ' : ''}${reporter.nodename}`
       : user;
-  const details = Object.entries(rest).map(([k, v]) => `${k}=${flat(v)}`).join(' ');
+  const details = Object.entries(rest).filter(([k]) => !COLUMNS.has(k)).map(([k, v]) => `${k}=${flat(v)}`).join(' ');
+  const resource = eventResource(rest);
+  const bytesIn = num(rest.bytes_in);
+  const bytesOut = num(rest.bytes_out);
+  const duration = num(rest.duration_ms);
   return {
     name: typeof name === 'string' ? name : '(unnamed)',
     time: typeof time === 'string' ? time : '',
     by: byText,
+    resource,
+    bytes: bytesIn !== undefined || bytesOut !== undefined ? `${formatBytes(bytesIn ?? 0)} / ${formatBytes(bytesOut ?? 0)}` : '',
+    duration: duration !== undefined ? formatMs(duration) : '',
     details: details.length > MAX_DETAILS ? `${details.slice(0, MAX_DETAILS)}…` : details,
-    text: [byText, details],
+    text: [byText, resource, details],
   };
 }

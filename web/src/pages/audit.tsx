@@ -39,7 +39,7 @@ export function AuditPage() {
 function AuditTable({ rows }: { rows: AuditRow[] }) {
   return (
     <table class="table table-dense">
-      <thead><tr><th>Time (UTC)</th><th>Event</th><th>By</th><th>Details</th></tr></thead>
+      <thead><tr><th>Time (UTC)</th><th>Event</th><th>By</th><th>Resource</th><th>Bytes in / out</th><th>Duration</th><th>Details</th></tr></thead>
       <tbody>
         {rows.map((r) => {
           const s = eventSummary(r);
@@ -47,7 +47,10 @@ function AuditTable({ rows }: { rows: AuditRow[] }) {
             <tr key={r.name} data-testid={`audit-row-${r.name}`} data-event={s.name}>
               <td class="mono nowrap">{s.time ? utcStamp(s.time, { seconds: true }).replace(/ UTC$/, '') : ''}</td>
               <td class="mono strong">{s.name}</td>
-              <td>{s.by}</td>
+              <td data-col="by">{s.by}</td>
+              <td data-col="resource">{s.resource}</td>
+              <td class="mono nowrap" data-col="bytes">{s.bytes}</td>
+              <td class="mono nowrap" data-col="duration">{s.duration}</td>
               <td class="mono small details">{s.details}</td>
             </tr>
           );
