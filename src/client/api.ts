@@ -8,7 +8,7 @@ import { UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { AddrError, formatHostPort, parseAddr } from '../addr.js';
 import { GatewayError, isErrorCode } from '../errors.js';
 import { checkServerIdentity as checkServerName, type PeerCertificate } from 'node:tls';
-import { identityFromCert, pinMatches, type Identity } from '../auth/pki.js';
+import { bearsIdentity, identityFromCert, pinMatches, type Identity } from '../auth/pki.js';
 import type { PublicCas } from '../auth/service.js';
 
 export interface ApiClientOptions {
@@ -112,6 +112,20 @@ export function memberServerIdentity(role: MemberRole): (host: string, cert: Pee
     const found = memberIdentity(host, cert.raw, role);
     return found instanceof GatewayError ? found : undefined;
   };
+}
+
+/**
+ * The same check for a client that trusts CAs outside the cluster besides its host CA: the upgraders asking a
+ * Proxy's version server (the system's CAs, the operator's GATEWAY_UPGRADE_CA_FILE or --ca-file, and the agent's
+ * host CA). Node's name check; then, when the certificate bears the gateway identity, memberIdentity for role, so
+ * an agent's certificate under the Proxy's name is refused. A certificate without it was not issued by a cluster
+ * CA (every one of theirs has it): a web certificate from a public CA (proxy_service.https_keypairs) or the
+ * operator's own CA. It is accepted on chain and name as any HTTPS server is, because it carries no role to check,
+ * and no member's certificate can pass as one (docs/security.md, "How each party checks").
+ */
+export function memberOrOutsideServerIdentity(role: MemberRole): (host: string, cert: PeerCertificate) => Error | undefined {
+  const member = memberServerIdentity(role);
+  return (host, cert) => (bearsIdentity(cert.raw) ? member(host, cert) : checkServerName(host, cert));
 }
 
 /**
