@@ -129,6 +129,31 @@ export function memberOrOutsideServerIdentity(role: MemberRole): (host: string, 
 }
 
 /**
+ * For a server that is never a member of the cluster, reached trusting the cluster's host CA among others (the
+ * release download location of gateway-upgrade's tarball path, which trusts the agent's host CA): Node's name
+ * check; then a certificate that bears the gateway identity is refused. Any host that joined may hold a
+ * certificate of that CA under a name the Auth Service does not reserve, such as the download location's, and
+ * there it would supply the software itself. `what` names the server in the message ("the release download server").
+ */
+export function outsideServerIdentity(what: string): (host: string, cert: PeerCertificate) => Error | undefined {
+  return (host, cert) => {
+    const nameError = checkServerName(host, cert);
+    if (nameError || !bearsIdentity(cert.raw)) return nameError;
+    let holder = 'a member of the cluster';
+    try {
+      const id = identityFromCert(cert.raw);
+      holder = `a ${id.kind} of the cluster with the roles ${id.roles.join(', ') || 'none'}`;
+    } catch {
+      // bears the identity's OID without a readable identity: still the cluster's, still refused
+    }
+    return new GatewayError('GW_ERR_TLS_WRONG_ROLE', `the certificate at ${host} is ${holder}'s, not ${what}'s: no member of the cluster is ${what}; nothing was sent to it`, {
+      hint: `Something between this machine and ${host} (its DNS name, a hosts file, HTTPS_PROXY or a TLS-inspecting proxy) leads to a host of the cluster that holds a certificate with this name. Check where ${host} resolves and the proxy settings; gwctl get nodes lists the names agents hold.`,
+      details: { host },
+    });
+  };
+}
+
+/**
  * The server-certificate check for the Auth API: the name check Node makes, and then the certificate's identity
  * must be a host of the cluster with the role auth. Any host certificate (an agent's, a Proxy's) chains to the
  * same host CA, so without this an agent with a network position could answer as the Auth Service.

@@ -6,6 +6,7 @@
  * the Proxy's name, naming a release that is published (with its checksum) at the download location, is refused
  * with GW_ERR_TLS_WRONG_ROLE and nothing is asked of it or installed. A real Proxy's certificate, and one from a CA
  * outside the cluster (the openssl test CA, standing for a public CA or GATEWAY_UPGRADE_CA_FILE), still work.
+ * The release download location is never a member: a server there with an agent's certificate is refused too.
  * gateway-upgrade is the built CLI (tarball path, release server in process); the Kubernetes updater's channel
  * client is called in process.
  */
@@ -19,6 +20,7 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { VersionServer } from '../../src/proxy/versions.js';
+import { download } from '../../src/upgrade/download.js';
 import { channelVersionSource } from '../../src/upgrade/kube/controller.js';
 import { writeSchedule } from '../../src/upgrade/schedule.js';
 import { runCli } from '../helpers/gateway.js';
@@ -48,6 +50,8 @@ let proxy: VersionHost;
 let publicProxy: VersionHost;
 let cdn: HttpTestServer;
 const cdnRequests: string[] = [];
+let rogueCdn: HttpTestServer;
+const rogueCdnRequests: string[] = [];
 let root: string;
 let bin: string;
 let etc: string;
@@ -85,7 +89,19 @@ beforeAll(async () => {
     [`/${release.name}`, release.body],
     [`/${release.name}.sha256`, `${release.sha256}  ${release.name}\n`],
   ]);
-  cdn = await startReleaseServer(pki, 'cdn.gw.test', HOST, { files, requests: cdnRequests });
+  // The real download server redirects /moved to the rogue one (a CDN's redirect, or one an attacker placed).
+  const special = new Map([['/moved', (res: ServerResponse) => {
+    res.writeHead(302, { location: `https://${HOST}:${rogueCdn.port}/${release.name}` });
+    res.end();
+  }]]);
+  cdn = await startReleaseServer(pki, 'cdn.gw.test', HOST, { files, requests: cdnRequests, special });
+  // The same release (and checksum) from a server holding the agent's certificate: what it serves would be run.
+  rogueCdn = await startHttpsServer({ cert: agentCert.certPem, key: agentCert.keyPem }, (req, res) => {
+    rogueCdnRequests.push(req.url ?? '');
+    const body = files.get(req.url ?? '');
+    res.writeHead(body === undefined ? 404 : 200);
+    res.end(body);
+  });
 
   root = join(dir, 'root');
   bin = join(root, 'usr/local/bin');
@@ -114,7 +130,7 @@ beforeAll(async () => {
 }, 120_000);
 
 afterAll(async () => {
-  for (const s of [rogue?.server, proxy?.server, publicProxy?.server, cdn]) await s?.close();
+  for (const s of [rogue?.server, proxy?.server, publicProxy?.server, cdn, rogueCdn]) await s?.close();
   await pki?.cleanup();
   if (dir) await rm(dir, { recursive: true, force: true });
 });
@@ -124,6 +140,7 @@ beforeEach(async () => {
   await rm(restartLog, { force: true });
   await writeSchedule(etc, [{ start: new Date(Date.now() - 60_000), stop: new Date(Date.now() + 3_600_000) }]);
   cdnRequests.length = 0;
+  rogueCdnRequests.length = 0;
   for (const h of [rogue, proxy, publicProxy]) h.requests.length = 0;
 });
 
@@ -168,6 +185,34 @@ describe('gateway-upgrade asks only a Proxy of the cluster, or a server of a CA 
     expect(r.status, r.stderr).toBe(0);
     expect(r.stdout).toContain('upgraded gateway 17.0.1 -> 17.0.2; the service is running 17.0.2');
     expect(await installed()).toBe('17.0.2');
+  });
+});
+
+describe('the release download location is never a member of the cluster', () => {
+  it("HOSTILE: an agent's certificate at the download location, serving a release with its checksum: GW_ERR_TLS_WRONG_ROLE, nothing installed", async () => {
+    await endpoint(proxy);
+    const r = await runCli('gateway-upgrade', ['run'], { env: { ...env, GATEWAY_UPGRADE_DOWNLOAD_URL: `https://${HOST}:${rogueCdn.port}` }, timeoutMs: 60_000 });
+    expect(r.status, r.stdout).toBe(1);
+    expect(r.stderr).toContain('code: GW_ERR_TLS_WRONG_ROLE');
+    expect(r.stderr).toContain("is a host of the cluster with the roles node's, not the release download server's");
+    expect(rogueCdnRequests).toEqual([]);
+    expect(await installed()).toBe('17.0.1');
+    expect(await restarts()).toEqual([]);
+  });
+
+  it('HOSTILE: the tarball itself from that server (download, every redirect hop): refused before any byte', async () => {
+    const dest = join(dir, 'rogue.tar.gz');
+    const err = await download(`https://${HOST}:${rogueCdn.port}/gateway-ent-v17.0.2-linux-amd64-bin.tar.gz`, dest, { dialer: new Dialer({ env: {} }), ca: [cluster.caPem] }).catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: 'GW_ERR_TLS_WRONG_ROLE' });
+    expect(rogueCdnRequests).toEqual([]);
+    const outside = await readFile(pki.caCertPath, 'utf8');
+    const redirected = await download(`https://${HOST}:${cdn.port}/moved`, dest, { dialer: new Dialer({ env: {} }), ca: [cluster.caPem, outside] }).catch((e: unknown) => e);
+    expect(redirected).toMatchObject({ code: 'GW_ERR_TLS_WRONG_ROLE' });
+    expect(cdnRequests).toEqual(['/moved']);
+    expect(rogueCdnRequests).toEqual([]);
+    // A server of a CA outside the cluster (the real download location's kind) still serves it.
+    const got = await download(`https://${HOST}:${cdn.port}/gateway-ent-v17.0.2-linux-amd64-bin.tar.gz`, dest, { dialer: new Dialer({ env: {} }), ca: [cluster.caPem, outside] });
+    expect(got.bytes).toBeGreaterThan(0);
   });
 });
 
