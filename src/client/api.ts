@@ -142,11 +142,11 @@ export function outsideServerIdentity(what: string): (host: string, cert: PeerCe
     let holder = 'a member of the cluster';
     try {
       const id = identityFromCert(cert.raw);
-      holder = `a ${id.kind} of the cluster with the roles ${id.roles.join(', ') || 'none'}`;
+      holder = `a ${id.kind} of the cluster (roles: ${id.roles.join(', ') || 'none'})`;
     } catch {
       // bears the identity's OID without a readable identity: still the cluster's, still refused
     }
-    return new GatewayError('GW_ERR_TLS_WRONG_ROLE', `the certificate at ${host} is ${holder}'s, not ${what}'s: no member of the cluster is ${what}; nothing was sent to it`, {
+    return new GatewayError('GW_ERR_TLS_WRONG_ROLE', `the certificate at ${host} belongs to ${holder}, not to ${what}: no member of the cluster is ${what}; nothing was sent to it`, {
       hint: `Something between this machine and ${host} (its DNS name, a hosts file, HTTPS_PROXY or a TLS-inspecting proxy) leads to a host of the cluster that holds a certificate with this name. Check where ${host} resolves and the proxy settings; gwctl get nodes lists the names agents hold.`,
       details: { host },
     });
