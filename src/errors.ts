@@ -304,7 +304,7 @@ export const ERROR_CODES = {
     hint: 'Check the clocks of both machines (date -u); a Proxy or Auth Service issues a fresh certificate when it restarts, other servers need theirs renewed.',
   },
   GW_ERR_TLS_WRONG_ROLE: {
-    summary: "The server's certificate chains to the cluster's host CA and holds the name dialled, but it is not the certificate of the member expected: a Proxy's must carry the system role proxy, the Auth Service's the role auth (another host of the cluster, such as an agent, answered); nothing was sent to it.",
+    summary: "The server's certificate chains to the cluster's host CA and holds the name dialled, but it is not the certificate of the member expected: a Proxy's must carry the system role proxy, the Auth Service's the role auth, and the release download location is no member at all (another host of the cluster, such as an agent, answered); nothing was sent to it.",
     hint: 'Check where the address resolves and the proxy settings (HTTPS_PROXY) of this machine: something leads it to another host of the cluster. The message names what the certificate is.',
   },
   GW_ERR_CLIENT_NOT_LOGGED_IN: {

@@ -17,6 +17,7 @@ export { generateKeyPair, sameSshKey, sameSshLine, sshPrivateKeyPem, sshPublicKe
 export { IDENTITY_EXTENSION_OID, type Identity } from './pki/identity.js';
 export { presenceDigest, presenceProofRefusal, PRESENCE_PROOF_EVERY_MS, renewProofRefusal, RENEW_PROOF_SKEW_MS, signPresenceProof, signRenewProof, type PresenceClaim, type RenewProof } from './pki/proof.js';
 export {
+  bearsIdentity,
   CA_TYPES,
   caPin,
   CLOCK_SKEW_MS,

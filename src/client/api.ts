@@ -8,7 +8,7 @@ import { UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { AddrError, formatHostPort, parseAddr } from '../addr.js';
 import { GatewayError, isErrorCode } from '../errors.js';
 import { checkServerIdentity as checkServerName, type PeerCertificate } from 'node:tls';
-import { identityFromCert, pinMatches, type Identity } from '../auth/pki.js';
+import { bearsIdentity, identityFromCert, pinMatches, type Identity } from '../auth/pki.js';
 import type { PublicCas } from '../auth/service.js';
 
 export interface ApiClientOptions {
@@ -111,6 +111,45 @@ export function memberServerIdentity(role: MemberRole): (host: string, cert: Pee
     if (nameError) return nameError;
     const found = memberIdentity(host, cert.raw, role);
     return found instanceof GatewayError ? found : undefined;
+  };
+}
+
+/**
+ * The same check for a client that trusts CAs outside the cluster besides its host CA: the upgraders asking a
+ * Proxy's version server (the system's CAs, the operator's GATEWAY_UPGRADE_CA_FILE or --ca-file, and the agent's
+ * host CA). Node's name check; then, when the certificate bears the gateway identity, memberIdentity for role, so
+ * an agent's certificate under the Proxy's name is refused. A certificate without it was not issued by a cluster
+ * CA (every one of theirs has it): a web certificate from a public CA (proxy_service.https_keypairs) or the
+ * operator's own CA. It is accepted on chain and name as any HTTPS server is, because it carries no role to check,
+ * and no member's certificate can pass as one (docs/security.md, "How each party checks").
+ */
+export function memberOrOutsideServerIdentity(role: MemberRole): (host: string, cert: PeerCertificate) => Error | undefined {
+  const member = memberServerIdentity(role);
+  return (host, cert) => (bearsIdentity(cert.raw) ? member(host, cert) : checkServerName(host, cert));
+}
+
+/**
+ * For a server that is never a member of the cluster, reached trusting the cluster's host CA among others (the
+ * release download location of gateway-upgrade's tarball path, which trusts the agent's host CA): Node's name
+ * check; then a certificate that bears the gateway identity is refused. Any host that joined may hold a
+ * certificate of that CA under a name the Auth Service does not reserve, such as the download location's, and
+ * there it would supply the software itself. `what` names the server in the message ("the release download server").
+ */
+export function outsideServerIdentity(what: string): (host: string, cert: PeerCertificate) => Error | undefined {
+  return (host, cert) => {
+    const nameError = checkServerName(host, cert);
+    if (nameError || !bearsIdentity(cert.raw)) return nameError;
+    let holder = 'a member of the cluster';
+    try {
+      const id = identityFromCert(cert.raw);
+      holder = `a ${id.kind} of the cluster (roles: ${id.roles.join(', ') || 'none'})`;
+    } catch {
+      // bears the identity's OID without a readable identity: still the cluster's, still refused
+    }
+    return new GatewayError('GW_ERR_TLS_WRONG_ROLE', `the certificate at ${host} belongs to ${holder}, not to ${what}: no member of the cluster is ${what}; nothing was sent to it`, {
+      hint: `Something between this machine and ${host} (its DNS name, a hosts file, HTTPS_PROXY or a TLS-inspecting proxy) leads to a host of the cluster that holds a certificate with this name. Check where ${host} resolves and the proxy settings; gwctl get nodes lists the names agents hold.`,
+      details: { host },
+    });
   };
 }
 

@@ -6,7 +6,11 @@
  *   GET https://<host:port>/webapi/ping → {server_version} whether the cluster can drive automatic upgrades
  *
  * The server certificate is checked against the system's CAs plus the agent's stored cluster CA and any
- * GATEWAY_UPGRADE_CA_FILE (settings.caFiles).
+ * GATEWAY_UPGRADE_CA_FILE (settings.caFiles), for its chain and the endpoint's name. One issued by the cluster's
+ * CA (it bears the gateway identity) must also be a Proxy's host certificate: every agent's chains to the same CA
+ * and may hold any name its join asked for, so without the role an agent's certificate served under the Proxy's
+ * name would choose the version to install. One from a public CA or the operator's own has no role to check and
+ * is taken on chain and name (client/api.ts memberOrOutsideServerIdentity).
  */
 import { readFileSync } from 'node:fs';
 import tls from 'node:tls';
@@ -15,6 +19,7 @@ import { fetchThroughDialer } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
 import { isTlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
+import { memberOrOutsideServerIdentity } from '../client/api.js';
 import { normalizeVersion, PROXY_HEADER } from '../proxy/versions.js';
 import type { Endpoint } from './endpoint.js';
 
@@ -45,6 +50,9 @@ export function loadCaFiles(paths: readonly string[]): string[] {
 const UPGRADE_UNTRUSTED_HINT =
   "Give the CA that signs the Proxy's certificate with GATEWAY_UPGRADE_CA_FILE (the agent's cluster CA in <data_dir>/host/host-ca.pem is trusted already), or check the host in the endpoint file.";
 
+/** A cluster certificate must be a Proxy's (an agent's under the Proxy's name is refused); a public one is taken on chain and name. */
+const proxyOrOutside = memberOrOutsideServerIdentity('proxy');
+
 async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{ status: number; body: string; proxy?: string }> {
   const ca = trustedCas(deps.ca);
   const r = await fetchThroughDialer(url, {
@@ -54,6 +62,7 @@ async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{
     headers: { accept: 'text/plain, application/json' },
     ...(ca ? { ca } : {}),
     tlsPeer: { server: 'proxy', untrustedHint: UPGRADE_UNTRUSTED_HINT },
+    checkServerIdentity: proxyOrOutside,
   });
   const proxy = r.headers[PROXY_HEADER];
   return { status: r.status, body: r.body.toString('utf8'), ...(typeof proxy === 'string' && proxy ? { proxy: proxy.slice(0, 128) } : {}) };

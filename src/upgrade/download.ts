@@ -2,11 +2,16 @@
  * Streaming HTTPS downloads through the Dialer (HTTPS_PROXY / NO_PROXY apply), for release tarballs: the body
  * goes to a file while its SHA-256 is computed, with a progress callback. Redirects (CDNs use them) are followed
  * up to 5 times, never from https:// to http://.
+ *
+ * The server is checked for chain and name against the same CAs as the version server (the agent's host CA among
+ * them), and a certificate of the cluster's CA is refused: no member of the cluster serves releases, and an agent
+ * may hold a certificate under the download location's name (releaseServerIdentity, every hop of a redirect).
  */
 import { createHash } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
+import { outsideServerIdentity } from '../client/api.js';
 import { DialerAgent } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../errors.js';
@@ -23,6 +28,9 @@ export interface DownloadOptions {
   onProgress?: (bytes: number, total: number | undefined) => void;
   onStart?: (total: number | undefined) => void;
 }
+
+/** The download location's certificate check: chain and name, never a cluster member's certificate. */
+export const releaseServerIdentity = outsideServerIdentity('the release download server');
 
 /** A release tarball is well under this (the runtime, the app and its modules, compressed). */
 export const DEFAULT_MAX_DOWNLOAD_BYTES = 2 * 1024 ** 3;
@@ -57,6 +65,7 @@ function request(url: URL, options: DownloadOptions, agent: DialerAgent): Promis
         headers: { 'user-agent': 'gateway-upgrade' },
         timeout: options.idleTimeoutMs ?? 30_000,
         ...(ca ? { ca } : {}),
+        checkServerIdentity: releaseServerIdentity,
       },
       resolve,
     );
@@ -66,7 +75,7 @@ function request(url: URL, options: DownloadOptions, agent: DialerAgent): Promis
   });
 }
 
-/** Downloads url into dest (created or truncated). Throws GW_ERR_UPGRADE_DOWNLOAD. */
+/** Downloads url into dest (created or truncated). Throws GW_ERR_UPGRADE_DOWNLOAD, or GW_ERR_TLS_WRONG_ROLE (a member's certificate). */
 export async function download(url: string, dest: string, options: DownloadOptions): Promise<Downloaded> {
   const agent = new DialerAgent(options.dialer);
   try {
@@ -76,7 +85,9 @@ export async function download(url: string, dest: string, options: DownloadOptio
       try {
         res = await request(current, options, agent);
       } catch (err) {
-        throw err instanceof GatewayError && err.code === 'GW_ERR_UPGRADE_DOWNLOAD' ? err : fail(current.href, reason(err), err);
+        // A cluster member's certificate (releaseServerIdentity) keeps its own code and hint.
+        const own = err instanceof GatewayError && (err.code === 'GW_ERR_UPGRADE_DOWNLOAD' || err.code === 'GW_ERR_TLS_WRONG_ROLE');
+        throw own ? err : fail(current.href, reason(err), err);
       }
       const status = res.statusCode ?? 0;
       if (status >= 300 && status < 400 && res.headers.location) {

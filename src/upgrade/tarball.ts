@@ -23,7 +23,7 @@ import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { fetchThroughDialer } from '../dial/agent.js';
 import { trustedCas } from './client.js';
-import { download } from './download.js';
+import { download, releaseServerIdentity } from './download.js';
 import { describeExit, lastLines, runCommand } from './exec.js';
 import { progressBar } from './progress.js';
 import type { TarballArch } from './settings.js';
@@ -66,11 +66,12 @@ export async function fetchVerifiedTarball(version: string, deps: TarballDeps): 
   const ca = trustedCas(deps.ca);
   let sumText: string;
   try {
-    const r = await fetchThroughDialer(sumUrl, { dialer: deps.dialer, timeoutMs: 30_000, maxBodyBytes: 4096, ...(ca ? { ca } : {}) });
+    const r = await fetchThroughDialer(sumUrl, { dialer: deps.dialer, timeoutMs: 30_000, maxBodyBytes: 4096, ...(ca ? { ca } : {}), checkServerIdentity: releaseServerIdentity });
     if (r.status !== 200) throw new GatewayError('GW_ERR_UPGRADE_DOWNLOAD', `cannot download ${sumUrl}: HTTP ${r.status}`, { details: { url: sumUrl } });
     sumText = r.body.toString('utf8');
   } catch (err) {
-    if (err instanceof GatewayError && err.code === 'GW_ERR_UPGRADE_DOWNLOAD') throw err;
+    // A cluster member's certificate at the download location keeps its own code and hint (releaseServerIdentity).
+    if (err instanceof GatewayError && (err.code === 'GW_ERR_UPGRADE_DOWNLOAD' || err.code === 'GW_ERR_TLS_WRONG_ROLE')) throw err;
     throw new GatewayError('GW_ERR_UPGRADE_DOWNLOAD', `cannot download ${sumUrl}: ${toGatewayError(err).message}`, { cause: err, details: { url: sumUrl } });
   }
   const expected = parseSha256File(sumText, sumUrl);

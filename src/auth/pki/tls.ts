@@ -383,6 +383,19 @@ export function identityFromCert(cert: string | Buffer | null | undefined): Iden
   return decodeIdentity(json, (r) => badCert(r));
 }
 
+/**
+ * Whether a certificate (PEM, or DER such as tls PeerCertificate.raw) bears the gateway identity: its OID, as DER,
+ * anywhere in the certificate. Every certificate a cluster CA issues has it (issueTlsCert), so a client that also
+ * trusts CAs outside the cluster tells the cluster's certificates from the others by it. Deliberately loose: the
+ * bytes anywhere count, not only a well-formed extension, so that a certificate which only looks like another
+ * CA's still gets the full identity check (and fails it). Absent input, or PEM that is no certificate, bears none.
+ */
+export function bearsIdentity(cert: string | Buffer | null | undefined): boolean {
+  // DER bytes are searched as they came, without parsing them first (a parser that gave up would say "none").
+  const der = typeof cert === 'string' ? certificateDer(cert) : cert;
+  return der !== undefined && der !== null && der.includes(IDENTITY_OID_DER);
+}
+
 /** A readable summary of certificate parts for reasons: "CN=..., O=..." from Node's parser. */
 function subjectOf(der: Buffer, which: 'subject' | 'issuer'): string {
   try {

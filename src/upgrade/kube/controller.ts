@@ -15,6 +15,7 @@
  * injectable, and every failure is logged and retried at the next trigger, never thrown out of the loop.
  */
 import type { Logger } from 'pino';
+import { memberOrOutsideServerIdentity } from '../../client/api.js';
 import { fetchThroughDialer } from '../../dial/agent.js';
 import type { Dialer } from '../../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../../errors.js';
@@ -320,6 +321,8 @@ export function channelUrl(proxyAddr: string, channel: string): string {
   return `https://${host}/v1/webapi/automaticupgrades/channel/${channel.split('/').map(encodeURIComponent).join('/')}`;
 }
 
+const proxyOrOutside = memberOrOutsideServerIdentity('proxy');
+
 /**
  * Asks the version server for <base>/version and <base>/critical through the Dialer (HTTPS_PROXY / NO_PROXY
  * apply). A failed /critical counts as "no": only the version is needed to decide.
@@ -343,6 +346,8 @@ export function channelVersionSource(options: {
       ...(options.ca === undefined ? {} : { ca: options.ca }),
       ...(options.rejectUnauthorized === undefined ? {} : { rejectUnauthorized: options.rejectUnauthorized }),
       tlsPeer: { server: 'proxy', untrustedHint: "Give the CA that signs the Proxy's certificate with --ca-file (the chart: updater.proxyCASecret)." },
+      // A certificate of the cluster's CA must be a Proxy's; a public or the operator's own CA's, chain and name.
+      checkServerIdentity: proxyOrOutside,
     });
     if (r.status !== 200) throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `${base}/${what} answered HTTP ${r.status}`);
     return r.body.toString('utf8').trim();
