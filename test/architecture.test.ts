@@ -23,7 +23,11 @@ const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: stri
     why: 'what a process is for: the Auth Service, the Proxy, an agent (its end of the tunnel included), a client of the cluster (gwsh, gwctl, an agent joining), the upgraders',
   },
   { layer: 'services', units: ['config', 'backend'], why: 'what the roles stand on: the configuration and the storage' },
-  { layer: 'transport', units: ['dial', 'mux', 'tunnel', 'net', 'stream'], why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers' },
+  {
+    layer: 'transport',
+    units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto'],
+    why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it)',
+  },
   { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version'], why: 'small modules that import nothing above them' },
 ];
 

@@ -27,10 +27,10 @@
 import { Duplex, Transform } from 'node:stream';
 import { GatewayError } from '../errors.js';
 import { grantAllows, type DatabaseGrant, type DatabaseInfo } from '../tunnel/protocol.js';
-import { MysqlCommandScanner, mysqlErrPacket, mysqlGreeting, parseMysqlPacket, parseMysqlResponse } from './dbproto/mysql.js';
-import { parsePgStartup, PG_DECLINE, pgErrorResponse } from './dbproto/postgres.js';
-import { MONGO_HANDSHAKE_COMMANDS, MongoCommandScanner, mongoErrorReply, type MongoEvent } from './dbproto/mongo.js';
-import { RedisCommandScanner, redisErrorReply, type RedisEvent } from './dbproto/redis.js';
+import { MysqlCommandScanner, mysqlErrPacket, mysqlGreeting, parseMysqlPacket, parseMysqlResponse } from '../dbproto/mysql.js';
+import { parsePgStartup, PG_DECLINE, pgErrorResponse } from '../dbproto/postgres.js';
+import { MONGO_HANDSHAKE_COMMANDS, MongoCommandScanner, mongoErrorReply, type MongoEvent } from '../dbproto/mongo.js';
+import { RedisCommandScanner, redisErrorReply, type RedisEvent } from '../dbproto/redis.js';
 
 export interface DatabaseStartup {
   protocol: DatabaseInfo['protocol'];

@@ -6,7 +6,7 @@
 import net from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { gateDatabase, type GateResult } from '../../src/agent/dbgate.js';
-import { pgErrorResponse } from '../../src/agent/dbproto/postgres.js';
+import { pgErrorResponse } from '../../src/dbproto/postgres.js';
 import { splice } from '../../src/stream/splice.js';
 import type { DatabaseGrant } from '../../src/tunnel/protocol.js';
 import { frame, opMsg, opQuery, scramFirst } from '../helpers/mongowire.js';

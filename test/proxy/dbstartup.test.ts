@@ -1,9 +1,10 @@
 /**
- * The database startup peeks (src/proxy/dbstartup.ts). Postgres: what the client asks for, byte by byte or at once, after an
- * SSLRequest refused; nothing when the client negotiates TLS with the database, sends garbage or too much.
+ * The database startup peeks (src/proxy/dbstartup.ts): incremental adapters over the agent's parsers (src/dbproto/).
+ * Postgres: what the client asks for, byte by byte or at once, after an SSLRequest refused; nothing when the client
+ * negotiates TLS with the database, sends garbage or too much, or sends what the agent's parser refuses.
  */
 import { describe, expect, it } from 'vitest';
-import { MAX_STARTUP_BYTES, MysqlStartupPeek, PgStartupPeek, startupPeek } from '../../src/proxy/dbstartup.js';
+import { MAX_STARTUP_BYTES, MYSQL_PEEK_BYTES, MysqlStartupPeek, PG_PEEK_BYTES, PgStartupPeek, startupPeek } from '../../src/proxy/dbstartup.js';
 
 function startup(params: Record<string, string>): Buffer {
   const body = Buffer.concat([...Object.entries(params).flatMap(([k, v]) => [Buffer.from(`${k}\0${v}\0`)]), Buffer.from('\0')]);
@@ -50,6 +51,35 @@ describe('PgStartupPeek', () => {
     for (let i = 0; i < 2000 && !answer.done; i++) answer = many.feed(sslRequest);
     expect(answer).toEqual({ done: true });
   });
+
+  it('reads what the agent reads: a parameter named twice is refused, a GSSENCRequest then an SSLRequest are passed over', () => {
+    // The server takes the last of two `user` parameters; the agent's parser refuses the message, and so the audit
+    // records no user rather than one the agent did not check.
+    const twice = Buffer.concat([startup({ user: 'alice' }).subarray(0, 8 + 'user\0alice\0'.length), Buffer.from('user\0postgres\0\0')]);
+    twice.writeUInt32BE(twice.length, 0);
+    expect(new PgStartupPeek().feed(twice)).toEqual({ done: true });
+    const gssenc = Buffer.from([0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30]);
+    expect(new PgStartupPeek().feed(Buffer.concat([gssenc, sslRequest, startup({ user: 'bob', database: '' })]))).toEqual({ done: true, user: 'bob', database: 'bob' });
+    const cancel = Buffer.alloc(16);
+    cancel.writeUInt32BE(16, 0);
+    cancel.writeUInt32BE(80877102, 4);
+    expect(new PgStartupPeek().feed(cancel)).toEqual({ done: true });
+  });
+
+  it('never holds more than its bound, however the bytes come', () => {
+    const peek = new PgStartupPeek();
+    const head = Buffer.alloc(8);
+    head.writeUInt32BE(PG_PEEK_BYTES - 16, 0);
+    head.writeUInt32BE(196608, 4);
+    expect(peek.feed(Buffer.concat([sslRequest, sslRequest, head]))).toEqual({ done: false });
+    for (let i = 0; i < 100 && peek.held > 0; i++) {
+      expect(peek.held).toBeLessThanOrEqual(PG_PEEK_BYTES);
+      peek.feed(Buffer.alloc(1000, 0x61));
+    }
+    expect(peek.held).toBe(0);
+    expect(peek.feed(Buffer.alloc(1))).toEqual({ done: true });
+    expect(MAX_STARTUP_BYTES).toBe(Math.max(PG_PEEK_BYTES, MYSQL_PEEK_BYTES));
+  });
 });
 
 /** A MySQL HandshakeResponse41 packet (sequence 1) as the mysql and mariadb clients send it. */
@@ -93,5 +123,21 @@ describe('MysqlStartupPeek', () => {
     unterminated.writeUIntLE(56, 0, 3);
     expect(new MysqlStartupPeek().feed(unterminated)).toEqual({ done: true });
     expect(new MysqlStartupPeek().feed(handshake({ user: 'evil\u001b[2J', database: 'shop' }))).toEqual({ done: true });
+  });
+
+  it('reads what the agent reads: a long response (connection attributes) is read, TLS or compression asked for is not', () => {
+    // 20 KiB of attributes after the plugin name: within the agent's 64 KiB, so read (beyond the old 8 KiB peek).
+    const long = Buffer.concat([handshake({ user: 'orders_app', database: 'shop' }), Buffer.alloc(20 * 1024, 0x61)]);
+    long.writeUIntLE(long.length - 4, 0, 3);
+    expect(new MysqlStartupPeek().feed(long)).toEqual({ done: true, user: 'orders_app', database: 'shop' });
+    // CLIENT_SSL in a full response, or CLIENT_COMPRESS: the agent refuses the client, the audit records no user.
+    expect(new MysqlStartupPeek().feed(handshake({ user: 'tls', caps: 0x200 | 0x800 | 0x8000 | 0x200000 }))).toEqual({ done: true });
+    expect(new MysqlStartupPeek().feed(handshake({ user: 'zip', caps: 0x200 | 0x20 | 0x8000 | 0x200000 }))).toEqual({ done: true });
+    const peek = new MysqlStartupPeek();
+    const head = Buffer.from([0xff, 0xff, 0x00, 0x01]); // 65535 bytes announced, never sent in full
+    expect(peek.feed(head)).toEqual({ done: false });
+    peek.feed(Buffer.alloc(60_000, 0x61));
+    expect(peek.held).toBeLessThanOrEqual(MYSQL_PEEK_BYTES);
+    expect(peek.feed(Buffer.alloc(MYSQL_PEEK_BYTES))).toEqual({ done: true });
   });
 });

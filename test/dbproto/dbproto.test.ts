@@ -1,6 +1,6 @@
 /**
- * The agent's database startup parsers (src/agent/dbproto/) under hostile bytes: split at every byte, oversized
- * lengths, truncated, garbage. They never throw, refuse an oversized length as soon as its header is in, and
+ * The database protocol parsers (src/dbproto/: the agent enforces with them, the Proxy's audit records with them)
+ * under hostile bytes: split at every byte, oversized lengths, truncated, garbage. They never throw, refuse an oversized length as soon as its header is in, and
  * read what the server reads (a check that reads another user than the server is a bypass).
  */
 import { randomBytes } from 'node:crypto';
@@ -17,10 +17,10 @@ import {
   mysqlGreeting,
   parseMysqlPacket,
   parseMysqlResponse,
-} from '../../src/agent/dbproto/mysql.js';
-import { parsePgStartup, pgErrorResponse, PG_MAX_STARTUP_BYTES } from '../../src/agent/dbproto/postgres.js';
-import { bsonElements, MongoCommandScanner, mongoErrorReply, readCommand, saslUser, type MongoEvent } from '../../src/agent/dbproto/mongo.js';
-import { RedisCommandScanner, redisCommandUser, type RedisEvent } from '../../src/agent/dbproto/redis.js';
+} from '../../src/dbproto/mysql.js';
+import { parsePgStartup, pgErrorResponse, PG_MAX_STARTUP_BYTES } from '../../src/dbproto/postgres.js';
+import { bsonElements, MongoCommandScanner, mongoErrorReply, readCommand, saslUser, type MongoEvent } from '../../src/dbproto/mongo.js';
+import { RedisCommandScanner, redisCommandUser, type RedisEvent } from '../../src/dbproto/redis.js';
 import { bson, frame, opMsg, opQuery, scramFirst } from '../helpers/mongowire.js';
 
 function pgStartup(params: Array<[string, string]>, version = 0x00030000): Buffer {

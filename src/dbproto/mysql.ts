@@ -1,6 +1,7 @@
 /**
- * The MySQL / MariaDB connection phase, as the agent reads it to check the database user and name (MySQL
- * client/server protocol, "Connection Phase"; MariaDB's is the same for what is read here). Pure and bounded.
+ * The MySQL / MariaDB connection phase, as the agent reads it to check the database user and name, and the Proxy
+ * to record them in the session audit (src/proxy/dbstartup.ts): one reading for both (MySQL client/server
+ * protocol, "Connection Phase"; MariaDB's is the same for what is read here). Pure and bounded.
  *
  * The server speaks first: the agent relays the server's greeting (HandshakeV10) with CLIENT_SSL and the
  * compression capabilities taken out (mysqlGreeting), so that the client's HandshakeResponse41 comes in the

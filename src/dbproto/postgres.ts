@@ -1,6 +1,7 @@
 /**
- * The PostgreSQL client's first message, as the agent reads it to check the database user and name (the
- * protocol's "startup phase", PostgreSQL documentation, chapter "Frontend/Backend Protocol"). Pure and bounded:
+ * The PostgreSQL client's first message, as the agent reads it to check the database user and name, and the Proxy
+ * to record them in the session audit (src/proxy/dbstartup.ts): one reading for both (the protocol's "startup
+ * phase", PostgreSQL documentation, chapter "Frontend/Backend Protocol"). Pure and bounded:
  * parsePgStartup is called with every byte received so far and answers
  *
  *   { kind: 'need-more' }            a valid prefix: call again with more bytes;
