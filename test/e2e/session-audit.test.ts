@@ -218,9 +218,9 @@ describe('session audit', () => {
     expect(s.end.error).toBeUndefined();
   });
 
-  it('a real mysql (MariaDB) session through gwsh proxy db: the database user and name from its handshake', async () => {
+  it('a real MariaDB client (the mariadb command) session through gwsh proxy db: the database user and name from its handshake', async () => {
     const port = await localProxy(['db', 'maria']);
-    const r = await run('mysql', ['--no-defaults', '-h', '127.0.0.1', '-P', String(port), '-u', maria.user, `-p${maria.password}`, '--connect-timeout=10', '-N', '-s', maria.database, '-e', "select repeat('y', 3000)"]);
+    const r = await run('mariadb', ['--no-defaults', '-h', '127.0.0.1', '-P', String(port), '-u', maria.user, `-p${maria.password}`, '--connect-timeout=10', '-N', '-s', maria.database, '-e', "select repeat('y', 3000)"]);
     expect(r.stderr).toBe('');
     expect(r.stdout.trim()).toBe('y'.repeat(3000));
     const s = await sessionOf('db', (e) => e.resource === 'maria');
