@@ -36,8 +36,11 @@ beforeAll(async () => {
   await mkdir(join(upgradeRoot, 'etc', 'gateway-upgrade.d'), { recursive: true });
   scheduleFile = join(upgradeRoot, 'etc', 'gateway-upgrade.d', 'schedule');
   const port = (proxyPort = await getPort({ host: '127.0.0.1' }));
+  // The Auth API on a port of its own too: with 127.0.0.1:0 the kernel once gave it the very port get-port had
+  // just found free for the web listener (get-port does not hold a port), and the daemon failed with EADDRINUSE.
+  const authPort = await getPort({ host: '127.0.0.1', exclude: [port] });
   cluster = await startGateway(
-    ['gateway:', '  nodename: proxy-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'auth_service:', '  cluster_name: sched.example', '  listen_addr: 127.0.0.1:0', 'proxy_service:', `  web_listen_addr: 127.0.0.1:${port}`, `  public_addr: localhost:${port}`, ''].join('\n'),
+    ['gateway:', '  nodename: proxy-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'auth_service:', '  cluster_name: sched.example', `  listen_addr: 127.0.0.1:${authPort}`, 'proxy_service:', `  web_listen_addr: 127.0.0.1:${port}`, `  public_addr: localhost:${port}`, ''].join('\n'),
   );
   pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
   const token = (JSON.parse((await admin(['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string }).token;
