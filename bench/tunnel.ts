@@ -81,6 +81,7 @@ import type { CertBundle } from '../src/auth/service.js';
 import { ApiClient, fetchPinnedCas } from '../src/client/api.js';
 import { loadProfile, type Profile } from '../src/client/profile.js';
 import { openResource } from '../src/client/resources.js';
+import { FramedStream } from '../src/stream/framed.js';
 import { Dialer } from '../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../src/log.js';
 import { TunnelAgent } from '../src/agent/tunnel.js';
@@ -1339,7 +1340,9 @@ async function main(): Promise<void> {
     const clientDialer = new Dialer({ env: {}, lookup: benchLookup });
     const viaGateway = (resource: 'sink' | 'echo'): Connect => () => openResource(profile, profile.proxy, { alpn: 'gateway-tcp', resource, kind: 'app' }, clientDialer);
     const probe = await viaGateway('echo')();
-    const clientTls = `${(probe as TLSSocket).getProtocol()} ${(probe as TLSSocket).getCipher().standardName}`;
+    // openResource hands back the TLS socket itself, or the frames over it (src/stream/framed.ts) from a Proxy that framed.
+    const probeTls = (probe instanceof FramedStream ? probe.inner : probe) as TLSSocket;
+    const clientTls = `${probeTls.getProtocol()} ${probeTls.getCipher().standardName}${probe instanceof FramedStream ? ', framed' : ''}`;
     probe.destroy();
 
     // --- OpenSSH ------------------------------------------------------------------------------------------------
