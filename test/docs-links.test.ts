@@ -45,7 +45,7 @@ interface Found {
 }
 
 /** Inline links and images, and reference definitions, outside code spans. */
-export function linksOf(text: string): Found[] {
+function linksOf(text: string): Found[] {
   const found: Found[] = [];
   withoutFences(text)
     .split('\n')
@@ -59,7 +59,7 @@ export function linksOf(text: string): Found[] {
 }
 
 /** Paths in code spans that start with ../ and name a file: what a reader would try to open. */
-export function codePathsOf(text: string): Found[] {
+function codePathsOf(text: string): Found[] {
   const found: Found[] = [];
   withoutFences(text)
     .split('\n')
@@ -73,7 +73,7 @@ export function codePathsOf(text: string): Found[] {
 }
 
 /** GitHub's anchor of a heading: markup dropped, lower case, punctuation removed, spaces to hyphens. */
-export function slugOf(heading: string): string {
+function slugOf(heading: string): string {
   return heading
     .replace(/!?\[([^\]]*)\]\([^)]*\)/g, '$1')
     .replace(/[`*]/g, '')
@@ -101,7 +101,7 @@ function anchorsOf(text: string): Set<string> {
 const WEB = /^(https?|mailto):/i;
 
 /** What is wrong with one link of a page, or undefined. */
-export function problemOf(page: string, target: string): string | undefined {
+function problemOf(page: string, target: string): string | undefined {
   if (WEB.test(target)) return undefined;
   if (/^[a-z][a-z0-9+.-]*:/i.test(target)) return 'a URL that is not a web address (file:, ...) leaves the repository';
   if (target.startsWith('/')) return 'an absolute path: not inside the repository for anyone else';
