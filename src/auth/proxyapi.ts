@@ -34,6 +34,7 @@
  * exists and no lock targets it) or the local admin may call them: requireProxy.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { AddrError, parseAddr } from '../addr.js';
 import { GatewayError } from '../errors.js';
 import type { Identity, RenewProof } from './pki.js';
 import { canonicalIdentity } from './pki/identity.js';
@@ -142,12 +143,32 @@ async function relayedAgent(auth: AuthService, c: ProxyCall, v: unknown): Promis
   });
 }
 
+/**
+ * An address a Proxy publishes about itself: other Proxies dial peer_addr, clients and the join checks read the
+ * public ones. A name with a port, or (public_addr only: a Proxy without a public address publishes its nodename)
+ * a bare name; anything else is refused here rather than failing later in every peer that reads the record.
+ */
+function addrText(v: unknown, what: string, port: 'required' | 'optional'): string {
+  const value = text(v, what, 300);
+  try {
+    const parsed = parseAddr(value);
+    if (port === 'required' && parsed.port === undefined) throw new AddrError(`"${value}" has no port`);
+  } catch (err) {
+    if (!(err instanceof AddrError)) throw err;
+    throw new GatewayError('GW_ERR_API_BAD_REQUEST', `"${what}" is not a ${port === 'required' ? 'host:port' : 'host[:port]'} address: ${err.message}`, {
+      hint: 'A Proxy publishes the addresses of its configuration (proxy_service.public_addr, peer_public_addr); this record was not written by a Gateway Proxy.',
+    });
+  }
+  return value;
+}
+
 function proxyRecordFrom(v: unknown): ProxyRecord {
   const r = object(v, 'record');
-  for (const key of ['id', 'nodename', 'version', 'public_addr', 'channels_digest', 'started_at', 'last_heartbeat']) text(r[key], `record.${key}`);
-  if (r.peer_addr !== undefined) text(r.peer_addr, 'record.peer_addr');
+  for (const key of ['id', 'nodename', 'version', 'channels_digest', 'started_at', 'last_heartbeat']) text(r[key], `record.${key}`);
+  addrText(r.public_addr, 'record.public_addr', 'optional');
+  if (r.peer_addr !== undefined) addrText(r.peer_addr, 'record.peer_addr', 'required');
   if (r.public_addrs !== undefined && (!Array.isArray(r.public_addrs) || r.public_addrs.length > 64)) throw bad('"record.public_addrs" must be a list of at most 64 addresses');
-  if (Array.isArray(r.public_addrs)) r.public_addrs.forEach((a, i) => text(a, `record.public_addrs[${i}]`));
+  if (Array.isArray(r.public_addrs)) r.public_addrs.forEach((a, i) => addrText(a, `record.public_addrs[${i}]`, 'required'));
   if (r.tunnel_host_key !== undefined && !/^(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-Za-z0-9+/=]+$/.test(text(r.tunnel_host_key, 'record.tunnel_host_key', 4096))) {
     throw bad('"record.tunnel_host_key" must be one OpenSSH public key line');
   }

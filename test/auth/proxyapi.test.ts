@@ -538,6 +538,31 @@ describe('each member acts only for itself (issue 23)', () => {
     }
   });
 
+  it("hostile: a Proxy's own record names addresses, not whatever its peers would then dial or print; the stored record stays", async () => {
+    const remote = await remoteOf(proxy);
+    const base = { id: proxy.hostId, nodename: 'proxy1', version: '1.0.0', public_addr: 'proxy1.example.com:443', channels_digest: 'x', channels: {}, started_at: new Date().toISOString(), last_heartbeat: new Date().toISOString() };
+    try {
+      await remote.heartbeatProxy({ ...base, peer_addr: 'proxy1.example.com:3021', public_addrs: ['proxy1.example.com:443'] }, 60_000);
+      // A Proxy without a public address publishes its nodename: a bare name is a fine public_addr.
+      await remote.heartbeatProxy({ ...base, public_addr: 'proxy1' }, 60_000);
+      const bad: Array<Record<string, unknown>> = [
+        { peer_addr: 'proxy1.example.com' }, // no port: every peer's dial would fail on it
+        { peer_addr: 'a:b:c:443' },
+        { peer_addr: 'proxy1.example.com:99999' },
+        { peer_addr: 'http://169.254.169.254/latest:80' },
+        { public_addr: 'evil\r\nSet-Cookie: x=1' },
+        { public_addr: '' },
+        { public_addrs: ['proxy1.example.com:443', 'no port'] },
+      ];
+      for (const change of bad) {
+        await expect(remote.heartbeatProxy({ ...base, ...change } as never, 60_000), JSON.stringify(change)).rejects.toMatchObject({ code: 'GW_ERR_API_BAD_REQUEST' });
+      }
+      expect((await role.auth.listProxies()).find((p) => p.id === proxy.hostId)).toMatchObject({ public_addr: 'proxy1' });
+    } finally {
+      remote.close();
+    }
+  });
+
   it("hostile: once an agent has signed its presence, a Proxy needs the agent's proof for it: none, another Proxy's, or forged labels are refused", async () => {
     const signing = await joinWith(['node'], 'agent-signing');
     const remote = await remoteOf(proxy);
