@@ -36,13 +36,13 @@ function isStream(value: unknown): value is Duplex {
 
 /**
  * TLSSocket._parent: the net.Socket a TLSSocket was made on (tls.Server's socket for a socket handed to it with
- * emit('connection'), or our own `new TLSSocket(socket)`; null when Node wrapped another kind of stream). Why: the servers we feed our streams to (net/tls.ts
- * tlsTerminator, the web port's HTTP/2 server in net/http2.ts) hand back only the TLS socket, and the deadlines and
- * the client's address are the stream's; resetStream (stream/reset.ts) resets the stream under a TLS socket,
- * since TLS has no abort of its own. Public alternative: none; Node documents no link from a TLSSocket to its
- * stream. Fallback: undefined; tlsTerminator and the web port then refuse the connection (a connection without
- * its deadlines is not served), and resetStream only destroys the TLS socket (its far side sees an end, not a
- * reset).
+ * emit('connection'), or our own `new TLSSocket(socket)`; null when Node wrapped another kind of stream). Why:
+ * the servers we feed our streams to (net/tls.ts tlsTerminator, the web port's HTTP/2 server in net/http2.ts) hand
+ * back only the TLS socket, and the deadlines and the client's address are the stream's; resetStream
+ * (stream/reset.ts) resets the stream under a TLS socket, since TLS has no abort of its own. Public alternative:
+ * none; Node documents no link from a TLSSocket to its stream. Fallback: undefined; tlsTerminator and the web port
+ * then refuse the connection (a connection without its deadlines is not served), and resetStream only destroys
+ * the TLS socket (its far side sees an end, not a reset).
  */
 export function tlsSocketParent(socket: TLSSocket): Duplex | undefined {
   if (!('_parent' in socket)) return missing('TLSSocket._parent', 'TLS connections handed to a tls.Server are refused; a reset TLS socket ends instead');
