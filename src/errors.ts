@@ -590,6 +590,10 @@ export const ERROR_CODES = {
     summary: 'The built-in sftp-server stopped: its client sent bytes that are not SFTP (a packet it cannot parse, or longer than 256 KiB), or its input or output failed.',
     hint: 'Use an SFTP client (sftp, scp); `gateway sftp-server` is run by the SSH Service, not by hand.',
   },
+  GW_ERR_SFTP_UNAVAILABLE: {
+    summary: "The built-in sftp-server cannot run: the installed ssh2 no longer has the SFTP server class it runs (src/internals.ts), so the gateway's files do not match its package.json.",
+    hint: "Reinstall the gateway (its package pins ssh2), or set ssh_service.sftp_server to the system's sftp-server (e.g. /usr/lib/openssh/sftp-server).",
+  },
 
   // --- daemon under systemd: pid file, `gateway install systemd` (src/reload.ts, src/upgrade/systemd.ts) -------
   GW_ERR_PID_FILE_BUSY: {

@@ -28,7 +28,7 @@ const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: stri
     units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto'],
     why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it)',
   },
-  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version'], why: 'small modules that import nothing above them' },
+  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version', 'internals'], why: 'small modules that import nothing above them (internals: the one file that reads private fields of other libraries, below every unit that needs one)' },
 ];
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
@@ -175,5 +175,76 @@ describe('architecture', () => {
     expect(unitCycles([e('a', 'b'), e('b', 'c'), e('c', 'a'), e('c', 'd')])).toEqual(['cycle among a, b, c: a → b (a.ts:1); b → c (b.ts:1); c → a (c.ts:1)']);
     expect(unitCycles([e('a', 'b'), e('b', 'c'), e('a', 'c'), e('a', 'a')])).toEqual([]);
     expect(() => layerIndex([...LAYERS, { layer: 'again', units: ['cli'], why: '' }])).toThrow(/two layers/);
+  });
+});
+
+// --- private fields of other libraries -----------------------------------------------------------------------------
+
+/** The one file that may read them (it says, per field, why and what happens without it). */
+const INTERNALS_FILE = 'src/internals.ts';
+/** Node's stream methods that an implementation defines and may call on super: public API despite the underscore. */
+const STREAM_IMPLEMENTER_METHODS = new Set(['_read', '_write', '_writev', '_final', '_destroy', '_construct', '_transform', '_flush']);
+
+/**
+ * Every place in text that names a field starting with `_` (a library's private field, by the JavaScript
+ * convention): a property or element access (`x._sock`, `x['_sock']`), an `in` test (`'_parent' in x`), a key of a
+ * type (`as { _handle?: ... }`, an interface) or of an object literal (`{ _protocol: ... }`, a fake of one).
+ * Parameter and variable names (`_id`) and the keys of destructuring (`{ by: _by }` names `by`) are not fields.
+ */
+function privateFieldReads(text: string, file: string): string[] {
+  const source = ts.createSourceFile(file, text, ts.ScriptTarget.Latest, true, ts.ScriptKind.TS);
+  const out: string[] = [];
+  const hit = (node: ts.Node, name: string, what: string) => {
+    if (!name.startsWith('_') || STREAM_IMPLEMENTER_METHODS.has(name)) return;
+    const line = source.getLineAndCharacterOfPosition(node.getStart(source)).line + 1;
+    out.push(`${file}:${line}: ${what} ${name}`);
+  };
+  const keyName = (name: ts.PropertyName): string | undefined => (ts.isIdentifier(name) || ts.isStringLiteral(name) || ts.isPrivateIdentifier(name) ? name.text : undefined);
+  const visit = (node: ts.Node): void => {
+    if (ts.isPropertyAccessExpression(node) && ts.isIdentifier(node.name)) hit(node, node.name.text, 'reads');
+    else if (ts.isElementAccessExpression(node) && ts.isStringLiteralLike(node.argumentExpression)) hit(node, node.argumentExpression.text, 'reads');
+    else if (ts.isBinaryExpression(node) && node.operatorToken.kind === ts.SyntaxKind.InKeyword && ts.isStringLiteralLike(node.left)) hit(node, node.left.text, 'tests for');
+    else if ((ts.isPropertySignature(node) || ts.isPropertyAssignment(node)) && keyName(node.name) !== undefined) hit(node, keyName(node.name)!, 'declares the key');
+    else if (ts.isShorthandPropertyAssignment(node)) hit(node, node.name.text, 'declares the key');
+    ts.forEachChild(node, visit);
+  };
+  visit(source);
+  return out;
+}
+
+describe("other libraries' private fields", () => {
+  it(`are read only in ${INTERNALS_FILE}`, () => {
+    const reads = sourceFiles(srcDir)
+      .map((path) => relative(root, path).split(sep).join('/'))
+      .filter((file) => file !== INTERNALS_FILE)
+      .flatMap((file) => privateFieldReads(readFileSync(join(root, file), 'utf8'), file));
+    expect(reads).toEqual([]);
+  });
+
+  it('the check finds each form, and leaves names that are not fields alone', () => {
+    const planted = [
+      'const a = (conn as unknown as { _sock?: Duplex })._sock;',
+      "const b = socket['_parent'];",
+      "if ('_handle' in socket) go();",
+      'new SFTP({ _protocol: protocol });',
+      'const c = { _remoteIdentRaw };',
+      'interface Fake { _socket?: unknown }',
+    ].join('\n');
+    expect(privateFieldReads(planted, 'x.ts')).toEqual([
+      'x.ts:1: reads _sock',
+      'x.ts:1: declares the key _sock',
+      'x.ts:2: reads _parent',
+      'x.ts:3: tests for _handle',
+      'x.ts:4: declares the key _protocol',
+      'x.ts:5: declares the key _remoteIdentRaw',
+      'x.ts:6: declares the key _socket',
+    ]);
+    const innocent = [
+      'function f(_id: number, _opts: unknown) { const _unused = 1; }',
+      'const { by: _by, ...rest } = event;',
+      'class S extends Writable { override _write(c: Buffer, _e: string, cb: () => void) { super._write(c, _e, cb); } }',
+      "const d = { id_: x.id_, 'a_b': y.value };",
+    ].join('\n');
+    expect(privateFieldReads(innocent, 'y.ts')).toEqual([]);
   });
 });

@@ -24,6 +24,7 @@ import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
 import { sshPrivateKeyPem } from '../auth/pki.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
+import { ptyMaster } from '../internals.js';
 import { logger } from '../log.js';
 import { connectionOf } from '../net/deadlines.js';
 import { streamOf } from '../net/ssh.js';
@@ -366,17 +367,14 @@ export class PtyWriter {
 }
 
 /**
- * The master descriptor of node-pty's terminal while it is open, or undefined once closed: node-pty closes it
- * only by destroying its read stream, which is marked destroyed before the descriptor is closed, so a write
- * never goes to a number the process has meanwhile reused for another file. Undefined as a whole when node-pty
- * does not look as expected (its own write is then used).
+ * The master descriptor of node-pty's terminal while it is open, or undefined once closed, so that a write never
+ * goes to a number the process has meanwhile reused for another file (src/internals.ts ptyMaster: how it is
+ * known). Undefined as a whole when node-pty does not look as expected (its own write is then used).
  */
 function ptyFd(term: unknown): (() => number | undefined) | undefined {
-  const t = term as { fd?: unknown; _socket?: { destroyed?: boolean } };
-  const fd = t.fd;
-  const socket = t._socket;
-  if (typeof fd !== 'number' || typeof socket?.destroyed !== 'boolean') return undefined;
-  return () => (socket.destroyed ? undefined : fd);
+  const master = ptyMaster(term);
+  if (!master) return undefined;
+  return () => (master.isOpen() ? master.fd : undefined);
 }
 
 /** The command in a pseudo-terminal (node-pty): resized with the window, hung up when the client goes away. */

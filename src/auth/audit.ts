@@ -91,7 +91,7 @@ export class AuditLog {
    */
   async recordAgentEvent(hostId: string, nodename: string, event: Record<string, unknown>, via?: string): Promise<void> {
     const reporter: Reporter = { kind: 'agent', hostId, nodename, ...(via === undefined ? {} : { via }) };
-    await this.recordReport(reporter, event, { host_id: hostId, nodename, ...(via === undefined ? {} : { via }) });
+    await this.recordReport(reportableKind(reporter, event), event, { host_id: hostId, nodename, ...(via === undefined ? {} : { via }) });
   }
 
   /**
@@ -99,13 +99,14 @@ export class AuditLog {
    * body): GW_ERR_MEMBER_EVENT_REFUSED for other kinds, GW_ERR_AUDIT_RATE_LIMITED past PROXY_EVENTS_PER_MINUTE.
    */
   async recordProxyEvent(proxyId: string, event: Record<string, unknown>): Promise<void> {
-    reportableKind({ kind: 'proxy', proxyId }, event);
+    // The kind is checked before the event counts against the Proxy's budget: a refused kind spends none of it.
+    const kind = reportableKind({ kind: 'proxy', proxyId }, event);
     this.countProxyEvent(proxyId);
-    await this.recordReport({ kind: 'proxy', proxyId }, event, { proxy_id: proxyId });
+    await this.recordReport(kind, event, { proxy_id: proxyId });
   }
 
-  private async recordReport(reporter: Reporter, event: Record<string, unknown>, reportedBy: Record<string, string>): Promise<void> {
-    const kind = reportableKind(reporter, event);
+  /** Stores event as `kind`, which the caller has checked (reportableKind) that its reporter may report. */
+  private async recordReport(kind: string, event: Record<string, unknown>, reportedBy: Record<string, string>): Promise<void> {
     const { by: _by, reported_by: _reportedBy, ...fields } = event;
     const time = this.clock();
     const text = JSON.stringify({ ...fields, event: kind, reported_by: reportedBy });

@@ -105,7 +105,7 @@ export const PRESET_ROLES: Role[] = deepFreeze([
 // --- rules -------------------------------------------------------------------------------------------------------
 
 function ruleMatches(rule: Rule, resource: string, verb: Verb): boolean {
-  return (rule.resources.includes('*') || rule.resources.includes(resource)) && (rule.verbs.includes('*') || rule.verbs.includes(verb));
+  return (rule.resources.includes('*') || (rule.resources as readonly string[]).includes(resource)) && (rule.verbs.includes('*') || rule.verbs.includes(verb));
 }
 
 /** Whether roles let their holder do verb on resource (a rule resource name such as role or cluster_maintenance_config). */

@@ -14,14 +14,16 @@
  *
  * ssh2 gives a Connection no public way back to the stream it runs on (its 'connection' event comes after the
  * client's version line, with an ip and port that are not the client's when a PROXY header or TLS came first).
- * This module is the one place that reads the private Connection._sock (streamOf), to find the stream, its
- * deadlines and what the caller attached to it; the agent's SSH Service, which runs its own ssh2 Server, asks
- * streamOf too. Client side, nothing needs it: a Client runs on the stream its caller handed to connect().
+ * streamOf finds the stream, its deadlines and what the caller attached to it, through the private field that
+ * src/internals.ts reads (with why and the fallback: a connection whose stream cannot be found is ended at once);
+ * the agent's SSH Service, which runs its own ssh2 Server, asks streamOf too. Client side, nothing needs it: a
+ * Client runs on the stream its caller handed to connect().
  */
 import type { EventEmitter } from 'node:events';
 import type { Duplex } from 'node:stream';
 import ssh2 from 'ssh2';
 import type { Connection as SshConnection } from 'ssh2';
+import { sshConnectionStream } from '../internals.js';
 import { StreamMeta } from '../stream/meta.js';
 import { connectionOf, type LimitSettings } from './deadlines.js';
 
@@ -76,17 +78,17 @@ export class SshEndpoint<M> {
   private onConnection(conn: SshConnection): void {
     const stream = streamOf(conn);
     conn.on('error', () => undefined); // the services log what matters; an unhandled 'error' would end the process
-    if (stream) {
-      conn.once('ready', () => {
-        if ((this.openChannels.get(conn) ?? 0) === 0) connectionOf(stream).enter('ssh-idle', this.options.deadlines.idleMs);
-        else connectionOf(stream).leave('ssh-handshake');
-      });
-    }
-    this.options.onConnection(conn, (stream ? this.meta.get(stream) : undefined) as M);
+    // Not found (ssh2 changed, src/internals.ts): its handshake deadline could not be lifted nor its origin told.
+    if (!stream) return void conn.end();
+    conn.once('ready', () => {
+      if ((this.openChannels.get(conn) ?? 0) === 0) connectionOf(stream).enter('ssh-idle', this.options.deadlines.idleMs);
+      else connectionOf(stream).leave('ssh-handshake');
+    });
+    this.options.onConnection(conn, this.meta.get(stream) as M);
   }
 }
 
-/** The stream an ssh2 server Connection runs on (see the module comment for why this reads a private field). */
+/** The stream an ssh2 server Connection runs on, or undefined (see the module comment). */
 export function streamOf(conn: SshConnection): Duplex | undefined {
-  return (conn as unknown as { _sock?: Duplex })._sock;
+  return sshConnectionStream(conn);
 }

@@ -11,15 +11,15 @@
  * and gives it a reset of its own (RESET_STREAM, src/stream/reset.ts): CLOSE without EOF, which the far side's
  * relayChannel reads as a break. ssh2's destroy() would first end the channel, and a flushed EOF is a clean end.
  *
- * This reads ssh2's channel state (incoming.state: open, eof, closed; set before it pushes the end), which ssh2
- * keeps on every channel object; nothing else of ssh2 is needed, so it is not imported (the agent loads ssh2 only
- * for a v1 tunnel).
+ * This reads ssh2's channel state (closed before it pushes the end?) through src/internals.ts, which says why and
+ * what happens without it; nothing else of ssh2 is needed, so it is not imported (the agent loads ssh2 only for a
+ * v1 tunnel).
  */
 import { Duplex } from 'node:stream';
+import { sshChannelClosed } from '../internals.js';
 import { RESET_STREAM } from '../stream/reset.js';
 
 interface SshChannelState {
-  incoming: { state: string };
   close(): void;
 }
 
@@ -34,7 +34,7 @@ export function relayChannel<T extends object>(channel: T): T {
   let ended = false;
   ch.push = function (this: Duplex, chunk: unknown, encoding?: BufferEncoding): boolean {
     if (chunk === null && !ended) {
-      if (ch.incoming.state === 'closed') {
+      if (sshChannelClosed(ch) === true) {
         // CLOSE with no EOF before it: a break, not an end.
         Duplex.prototype.destroy.call(ch);
         return false;

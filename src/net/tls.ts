@@ -9,6 +9,7 @@ import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import { createHash } from 'node:crypto';
 import tls, { type TLSSocket } from 'node:tls';
+import { tlsSocketParent, tlsVerifyResult } from '../internals.js';
 import { wrapStream } from '../stream/meta.js';
 import { connectionOf } from './deadlines.js';
 
@@ -63,14 +64,19 @@ export function terminateTls(stream: Duplex, options: TlsTermination, onSecure: 
   return socket;
 }
 
+/** authorizationError when Node's verdict on the client certificate cannot be read (src/internals.ts). */
+export const VERDICT_UNAVAILABLE = 'the TLS verdict on the client certificate cannot be read (src/internals.ts)';
+
 /**
  * A TLSSocket made by hand is not checked the way tls.Server checks its own (onServerSocketSecure): record
  * the client certificate's verification here so that handlers can rely on .authorized and .authorizationError.
- * Node offers no public call for it; the TLS handle's verifyError() is what tls.Server itself reads.
+ * Node offers no public call for it; the TLS handle's verifyError() is what tls.Server itself reads, through
+ * src/internals.ts. Without it the client is not verified (fail closed). Exported for its test.
  */
-function recordClientVerification(socket: TLSSocket): void {
-  const verifyError = (socket as unknown as { _handle?: { verifyError(): (Error & { code?: string }) | null } })._handle?.verifyError();
-  if (verifyError) socket.authorizationError = (verifyError.code ?? verifyError.message) as never;
+export function recordClientVerification(socket: TLSSocket): void {
+  const verdict = tlsVerifyResult(socket);
+  if (!verdict) socket.authorizationError = VERDICT_UNAVAILABLE as never;
+  else if (verdict.error) socket.authorizationError = (verdict.error.code ?? verdict.error.message) as never;
   else if (socket.getPeerCertificate()?.raw) socket.authorized = true;
 }
 
@@ -107,9 +113,10 @@ export function tlsTerminator(
 
 /**
  * The stream a TLS socket made by a tls.Server runs on: the one handed to the server with emit('connection').
- * Node keeps it in the private `_parent` and offers no public way to pair the two; the servers that are fed our
- * streams (tlsTerminator, the web port's HTTP/2 server in src/net/http2.ts) need the pair for the deadlines.
+ * Node offers no public way to pair the two (src/internals.ts reads it, and says what happens without it); the
+ * servers that are fed our streams (tlsTerminator, the web port's HTTP/2 server in src/net/http2.ts) need the
+ * pair for the deadlines, and refuse a connection they cannot pair.
  */
 export function innerStream(socket: TLSSocket): Duplex | undefined {
-  return (socket as unknown as { _parent?: Duplex | null })._parent ?? undefined;
+  return tlsSocketParent(socket);
 }

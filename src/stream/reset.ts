@@ -17,6 +17,7 @@
 import net from 'node:net';
 import tls from 'node:tls';
 import type { Duplex } from 'node:stream';
+import { tlsSocketParent } from '../internals.js';
 
 /** A stream whose transport has its own abort puts it under this key (a function, called with the stream as this). */
 export const RESET_STREAM = Symbol('resetStream');
@@ -47,8 +48,9 @@ export function resetStream(stream: Duplex): void {
   if (typeof own === 'function') return own.call(stream);
   if (stream instanceof tls.TLSSocket) {
     // The TLS socket wraps the stream it was handed (src/net/tls.ts, src/stream/tls.ts): that one carries the RST.
-    const parent = (stream as tls.TLSSocket & { _parent?: unknown })._parent;
-    if (parent && parent !== stream && typeof (parent as Duplex).destroy === 'function') resetStream(parent as Duplex);
+    // Not found (src/internals.ts): the TLS socket is only destroyed, and its far side sees an end.
+    const parent = tlsSocketParent(stream);
+    if (parent && parent !== stream) resetStream(parent);
     stream.destroy();
     return;
   }

@@ -21,6 +21,7 @@ import {
   DEFAULT_USER_EXTENSIONS,
   generateAuthority,
   generateKeyPair,
+  bearsIdentity,
   identityFromCert,
   IDENTITY_EXTENSION_OID,
   issueSshCert,
@@ -441,6 +442,42 @@ describe('identityFromCert', () => {
     const subject = await sh(`openssl x509 -in ${file(pem)} -noout -subject -nameopt utf8,sep_multiline,lname`);
     expect(subject).toContain('    commonName=Zoë, "the" admin+ops\n');
     expect(subject).toContain('    organizationName=clüster, inc\n');
+  });
+});
+
+describe('bearsIdentity', () => {
+  it('finds the identity extension in PEM text and DER bytes', async () => {
+    const pem = await issueTlsCert(hostCa, { publicKeyPem: keys.publicKeyPem, identity: hostIdentity(), ttlMs: HOUR, usage: 'server', dnsNames: ['a.example.com'] });
+    expect(bearsIdentity(pem)).toBe(true);
+    expect(bearsIdentity(new X509Certificate(pem).raw)).toBe(true);
+    expect(bearsIdentity(hostCa.tls.certPem)).toBe(false);
+    expect(bearsIdentity(undefined)).toBe(false);
+    expect(bearsIdentity('not a certificate')).toBe(false);
+  });
+
+  it("does not count the OID's bytes outside the extension list (a subject attribute, another extension's value)", async () => {
+    const key = file(keys.privateKeyPem);
+    // The identity OID as a subject (and so issuer) attribute type, and its DER (06 len ...) as the value of a
+    // private extension: three times in the certificate, never as an extension's ID.
+    const oidDer = (await sh(`openssl asn1parse -genstr OID:${IDENTITY_EXTENSION_OID} -out /dev/stdout -noout | xxd -p | tr -d '\\n'`)).trim();
+    const config = file(`oid_section = ids\n[ids]\ngwIdentity = ${IDENTITY_EXTENSION_OID}\n[req]\ndistinguished_name = dn\n[dn]\n`);
+    const pem = await sh(`openssl req -x509 -new -key ${key} -config ${config} -subj '/CN=look-alike/gwIdentity=x' -addext '1.3.6.1.4.1.99999.1=DER:${oidDer}' -days 1 -sha256`);
+    const der = new X509Certificate(pem).raw;
+    const times = (needle: Buffer) => {
+      let n = 0;
+      for (let i = der.indexOf(needle); i >= 0; i = der.indexOf(needle, i + 1)) n++;
+      return n;
+    };
+    expect(times(Buffer.from(oidDer, 'hex'))).toBe(3);
+    expect(bearsIdentity(pem)).toBe(false);
+    expect(bearsIdentity(der)).toBe(false);
+  });
+
+  it("searches DER the reader cannot follow for the OID's bytes (the stricter check then decides)", async () => {
+    const pem = await issueTlsCert(hostCa, { publicKeyPem: keys.publicKeyPem, identity: hostIdentity(), ttlMs: HOUR, usage: 'server', dnsNames: ['a.example.com'] });
+    const cut = (p: string) => new X509Certificate(p).raw.subarray(0, -1); // the outer length now runs past the end
+    expect(bearsIdentity(cut(pem))).toBe(true);
+    expect(bearsIdentity(cut(hostCa.tls.certPem))).toBe(false);
   });
 });
 

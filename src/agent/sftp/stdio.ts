@@ -4,44 +4,22 @@
  * VERSION exchange, decoding every request, encoding every reply.
  *
  * Why this reaches into ssh2: ssh2 has a complete SFTP v3 server-side parser and encoder, but no public API to
- * run it on anything but the `sftp` subsystem of one of its own SSH sessions. The package that once offered it
- * on a plain stream (ssh2-streams' SFTPStream) is ssh2's deprecated predecessor, and writing a second parser
- * for the same protocol would be the worse choice. Apart from src/net/ssh.ts (a Connection's stream), this
- * is the only file that touches ssh2 internals, and it touches exactly these (ssh2 1.17.0, pinned in
- * package.json, lib/protocol/SFTP.js):
- *   - `new SFTP(client, chanInfo, { server: true })`, the class ssh2 hands to a session's `sftp` event.
- *     The constructor reads `client._protocol._remoteIdentRaw` (the peer's SSH version string: we pass
- *     OpenSSH's, see below) and keeps `chanInfo.outgoing`, the channel state its writes check (`state` 'open',
- *     `window` and `packetSize`, here unlimited: the output stream does flow control, `id`).
- *   - input: `sftp.push(chunk)` for every chunk of the input and `sftp.push(null)` at its end, as ssh2's own
- *     channel feeds it (a throw from it is taken as a malformed packet, see onData).
- *   - output: `client._protocol.channelData(id, bytes)` for every reply, and `client._protocol.channelClose(id)`
- *     when the parser gives up on a malformed packet (after emitting 'error').
- * Requests then come as ssh2's documented server-mode events ('OPEN', 'READ', ...) and are answered with its
+ * run it on anything but the `sftp` subsystem of one of its own SSH sessions. src/internals.ts (sftpServer) makes
+ * ssh2's SFTP class run on two callbacks instead of a channel, and says exactly which internals that takes and
+ * what happens when they are gone (GW_ERR_SFTP_UNAVAILABLE). Here: its input is fed with `sftp.push(chunk)` for
+ * every chunk and `sftp.push(null)` at the end, as ssh2's own channel feeds it (a throw from it is taken as a
+ * malformed packet, see onData); its replies go to the output, and it gives up on a malformed packet by closing
+ * (after emitting 'error'). Its outgoing channel state is ours: window and packet size unlimited (the output
+ * stream does flow control), `state` set to 'closed' by close(). Requests then come as ssh2's documented server-mode events ('OPEN', 'READ', ...) and are answered with its
  * documented methods (status, handle, data, name, attrs).
  *
- * The peer is taken to be OpenSSH: it decides the argument order of SYMLINK, which OpenSSH's sftp-server
+ * The peer is taken to be OpenSSH (the version string sftpServer gives ssh2): it decides the argument order of SYMLINK, which OpenSSH's sftp-server
  * reverses against the draft and every client that talks to OpenSSH follows; that is the server this one
  * replaces.
  */
-import { createRequire } from 'node:module';
 import type { Readable, Writable } from 'node:stream';
 import type { SFTPWrapper } from 'ssh2';
-
-interface ChannelState {
-  id: number;
-  state: 'open' | 'closing' | 'closed';
-  window: number;
-  packetSize: number;
-}
-
-type SftpConstructor = new (
-  client: { _protocol: { _remoteIdentRaw: string; channelData(id: number, data: Buffer): void; channelClose(id: number): void } },
-  chanInfo: { type: string; incoming: ChannelState; outgoing: ChannelState },
-  cfg: { server: true },
-) => SFTPWrapper & { push(data: Buffer | null): void };
-
-const { SFTP } = createRequire(import.meta.url)('ssh2/lib/protocol/SFTP.js') as { SFTP: SftpConstructor };
+import { sftpServer, type SftpChannelState } from '../../internals.js';
 
 export interface StdioSftp {
   /** ssh2's SFTP object in server mode: listen to its request events, answer with its reply methods. */
@@ -59,7 +37,7 @@ export interface StdioSftp {
 }
 
 export function sftpOnStreams(input: Readable, output: Writable): StdioSftp {
-  const outgoing: ChannelState = { id: 0, state: 'open', window: Infinity, packetSize: Infinity };
+  const outgoing: SftpChannelState = { id: 0, state: 'open', window: Infinity, packetSize: Infinity };
   const holds = new Set<string>();
   let finish!: (err: Error | undefined) => void;
   const done = new Promise<Error | undefined>((resolve) => (finish = resolve));
@@ -80,17 +58,18 @@ export function sftpOnStreams(input: Readable, output: Writable): StdioSftp {
     input.destroy();
     finish(failure);
   };
-  const protocol = {
-    _remoteIdentRaw: 'SSH-2.0-OpenSSH',
-    channelData: (_id: number, data: Buffer) => {
-      if (!output.write(data) && !holds.has('output')) {
-        hold('output');
-        output.once('drain', () => release('output'));
-      }
+  const sftp = sftpServer(
+    {
+      data: (data) => {
+        if (!output.write(data) && !holds.has('output')) {
+          hold('output');
+          output.once('drain', () => release('output'));
+        }
+      },
+      close: () => close(),
     },
-    channelClose: () => close(),
-  };
-  const sftp = new SFTP({ _protocol: protocol }, { type: 'sftp', incoming: { ...outgoing }, outgoing }, { server: true });
+    outgoing,
+  );
   const onData = (chunk: Buffer) => {
     if (outgoing.state !== 'open') return;
     try {

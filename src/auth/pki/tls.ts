@@ -384,16 +384,23 @@ export function identityFromCert(cert: string | Buffer | null | undefined): Iden
 }
 
 /**
- * Whether a certificate (PEM, or DER such as tls PeerCertificate.raw) bears the gateway identity: its OID, as DER,
- * anywhere in the certificate. Every certificate a cluster CA issues has it (issueTlsCert), so a client that also
- * trusts CAs outside the cluster tells the cluster's certificates from the others by it. Deliberately loose: the
- * bytes anywhere count, not only a well-formed extension, so that a certificate which only looks like another
- * CA's still gets the full identity check (and fails it). Absent input, or PEM that is no certificate, bears none.
+ * Whether a certificate (PEM, or DER such as tls PeerCertificate.raw) bears the gateway identity: an extension with
+ * its OID in the certificate's extension list. Every certificate a cluster CA issues has one (issueTlsCert), so a
+ * client that also trusts CAs outside the cluster tells the cluster's certificates from the others by it; the OID's
+ * bytes elsewhere (a subject name, another extension's value) do not count. DER that the certificate reader
+ * (der.ts) cannot follow is searched for the OID's bytes anywhere, as before it was read: such a certificate gets
+ * the full identity check (and fails it) rather than the check for certificates of other CAs. Absent input, or PEM
+ * that is no certificate, bears none.
  */
 export function bearsIdentity(cert: string | Buffer | null | undefined): boolean {
-  // DER bytes are searched as they came, without parsing them first (a parser that gave up would say "none").
   const der = typeof cert === 'string' ? certificateDer(cert) : cert;
-  return der !== undefined && der !== null && der.includes(IDENTITY_OID_DER);
+  if (der === undefined || der === null) return false;
+  try {
+    return parseCertificate(der).extensions.some((e) => e.oid.equals(IDENTITY_OID_DER));
+  } catch (err) {
+    if (!(err instanceof DerError)) throw err;
+    return der.includes(IDENTITY_OID_DER);
+  }
 }
 
 /** A readable summary of certificate parts for reasons: "CN=..., O=..." from Node's parser. */

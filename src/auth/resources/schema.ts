@@ -18,6 +18,7 @@ import {
   type AnySpec,
   httpUrl,
   type Ctx,
+  type Infer,
   type Leaf,
   type Spec,
 } from '../../config/spec.js';
@@ -30,6 +31,8 @@ import {
   TOKEN_ROLES,
   VERBS,
   WEEKDAYS,
+  type AnyResource,
+  type Metadata,
   type ResourceKind,
   type Weekday,
 } from './types.js';
@@ -227,9 +230,9 @@ const roleNames = (min?: number) => strings('Role names.', roleName, 'role name'
  * One word of a fixed vocabulary (verbs, rule resources, join roles), matched without regard to case and stored in
  * lowercase; a near miss gets a "did you mean" hint (a typo, or a prefix such as cluster_maintenance).
  */
-function vocabulary(doc: string, values: readonly string[]): Spec<string> {
+function vocabulary<const V extends string>(doc: string, values: readonly V[]): Spec<V> {
   const allowed = values.join(', ');
-  return leaf<string | undefined>({
+  return leaf<V | undefined>({
     doc,
     type: values.join(' | '),
     default: undefined,
@@ -238,11 +241,11 @@ function vocabulary(doc: string, values: readonly string[]): Spec<string> {
     parse: (node) => {
       if (!isScalar(node) || typeof node.value !== 'string') throw new Invalid(`expected one of ${allowed}; got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE');
       const s = node.value.toLowerCase();
-      if (values.includes(s)) return s;
+      if ((values as readonly string[]).includes(s)) return s as V;
       const near = nearest(s, values) ?? (s.length >= 4 ? values.find((v) => v.startsWith(s)) : undefined);
       throw new Invalid(`expected one of ${allowed}; got ${describeNode(node)}`, 'GW_ERR_CONFIG_VALUE', near ? `did you mean \`${near}\`?` : undefined);
     },
-  }) as Spec<string>;
+  }) as Spec<V>;
 }
 
 const rule = section(
@@ -662,7 +665,8 @@ function metadataOf(kind: ResourceKind) {
   );
 }
 
-const SPECS: Record<ResourceKind, Spec<unknown>> = {
+/** The spec table of each kind, with its own value type (for the check against types.ts at the end). */
+const KIND_SPECS = {
   role: roleSpec,
   user: userSpec,
   token: tokenSpec,
@@ -672,6 +676,7 @@ const SPECS: Record<ResourceKind, Spec<unknown>> = {
   cluster_maintenance_config: maintenanceSpec,
   lock: lockSpec,
 };
+const SPECS: Record<ResourceKind, Spec<unknown>> = KIND_SPECS;
 
 /** Kinds whose spec (and metadata, version) may be left out. */
 const SPEC_OPTIONAL: ReadonlySet<ResourceKind> = new Set(['role', 'user']);
@@ -710,3 +715,25 @@ export const KEY_INDEXES = Object.fromEntries(RESOURCE_KINDS.map((k) => [k, keyI
   ResourceKind,
   Map<string, string[]>
 >;
+
+// --- the tables against types.ts ---------------------------------------------------------------------------------
+
+/**
+ * A value type as a shape: every key present, undefined left out, readonly dropped, all the way down. A section's
+ * value has every key (undefined when absent) while types.ts writes `key?:`; which keys a manifest must give is the
+ * tables' `required` lists, checked when a manifest is read (test/auth/resources.test.ts), not here.
+ */
+type Shape<T> = T extends readonly (infer E)[] ? Shape<E>[] : T extends object ? { -readonly [K in keyof T]-?: Shape<Exclude<T[K], undefined>> } : T;
+/** The same test as the configuration's (src/config/schema.ts): true only for identical types. */
+type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
+type Matches<S extends Spec<unknown>, T> = Equal<Shape<Exclude<Infer<S>, undefined>>, Shape<T>>;
+
+/**
+ * Compile-time: the tables read what types.ts declares. A key in one and not the other, or of another type (a
+ * string for a number, a string for one of a vocabulary's words), names the kind in a tsc error here.
+ */
+type Mismatched = { [K in ResourceKind]: Matches<(typeof KIND_SPECS)[K], Extract<AnyResource, { kind: K }>['spec']> extends true ? never : K }[ResourceKind];
+const specsMatchTypes: [Mismatched] extends [never] ? true : { specOfKindDiffersFromTypesTs: Mismatched } = true;
+const metadataMatchesType: Matches<ReturnType<typeof metadataOf>, Metadata> = true;
+void specsMatchTypes;
+void metadataMatchesType;

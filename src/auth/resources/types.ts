@@ -80,7 +80,7 @@ export interface Resource<S = unknown> {
 export type Labels = Record<string, string | string[]>;
 
 export interface Rule {
-  resources: string[];
+  resources: RuleResource[];
   verbs: Verb[];
 }
 
