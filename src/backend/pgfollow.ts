@@ -12,9 +12,11 @@
  * without a word. When the log was trimmed past what was delivered (an outage longer than the retention), the
  * watchers get GW_ERR_BACKEND_COMPACTED and the feed goes on from the head.
  *
- * One loop does everything (connect, LISTEN, catch up, back off), so nothing here runs twice at once.
+ * One loop does everything (connect, LISTEN, catch up, back off), so nothing here runs twice at once. It backs
+ * off by FEED_RETRY; the wait is the loop's own pause, which a request() (a local write) or close() cuts short.
  */
 import type pg from 'pg';
+import { Backoff, type BackoffPolicy } from '../backoff.js';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { Item, WatchEvent } from './types.js';
@@ -24,8 +26,11 @@ export const CHANGE_CHANNEL = 'gateway_changes';
 
 /** Revisions read per catch-up query; a longer backlog takes several. */
 const REVISIONS_PER_READ = 1000;
-const BACKOFF_MIN_MS = 100;
-const BACKOFF_MAX_MS = 5_000;
+/**
+ * After a failed connect or read (docs/operations.md, "Retries"): 100 ms, doubling to 5 s; a catch-up that
+ * succeeds resets it. No jitter: one feed per Auth Service, a handful at most against one database.
+ */
+export const FEED_RETRY: BackoffPolicy = { firstMs: 100, maxMs: 5_000, jitter: 'none' };
 
 export interface FollowerOptions {
   /** A new, unconnected client for the feed's own connection. */
@@ -68,7 +73,7 @@ export class ChangeFollower {
   private wake: (() => void) | undefined;
   private loop: Promise<void> | undefined;
   private poller: NodeJS.Timeout | undefined;
-  private backoffMs = BACKOFF_MIN_MS;
+  private readonly retry = new Backoff(FEED_RETRY);
   private failures = 0;
   /** Bumped by every watch(): a catch-up that skipped reading events for lack of watchers must not skip past one. */
   private watchAdds = 0;
@@ -197,7 +202,7 @@ export class ChangeFollower {
       }
       if (this.failures > 0) this.o.log.info({ failures: this.failures }, 'backend change feed: connected again and caught up');
       this.failures = 0;
-      this.backoffMs = BACKOFF_MIN_MS;
+      this.retry.reset();
     }
   }
 
@@ -214,10 +219,10 @@ export class ChangeFollower {
   private async backOff(err: unknown, what: string): Promise<void> {
     if (this.closed) return;
     const level = this.failures === 0 ? 'warn' : 'debug';
-    this.o.log[level]({ err: this.o.describe(err, 'op').message, retryInMs: this.backoffMs }, `backend change feed: ${what}; retrying`);
+    const delay = this.retry.next();
+    this.o.log[level]({ err: this.o.describe(err, 'op').message, retryInMs: delay }, `backend change feed: ${what}; retrying`);
     this.failures++;
-    await this.pause(this.backoffMs);
-    this.backoffMs = Math.min(BACKOFF_MAX_MS, this.backoffMs * 2);
+    await this.pause(delay);
   }
 
   /** One snapshot: the head, the horizon and the next events; hands them out and moves on. */
