@@ -1,7 +1,7 @@
 /**
  * The one backoff of the gateway: how long a retry loop waits after a failure. Every caller (the agent's tunnel,
  * the remote-auth event stream, the PostgreSQL change feed, host certificate renewal) writes its policy where it
- * builds its Backoff, so the numbers are read where they are used; docs/operations.md lists them side by side.
+ * builds its Backoff, so the numbers are read where they are used; docs/retries.md lists them side by side.
  *
  *   sequence  the ceiling of the n-th delay (0-based) is min(maxMs, firstMs * 2^n): doubling, capped.
  *   jitter    'equal': the delay is drawn in [ceiling/2, ceiling]; 'none': the delay is the ceiling.

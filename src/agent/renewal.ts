@@ -30,7 +30,7 @@ export const RENEW_AT = 2 / 3;
 /** How often the agent looks at its certificate's validity (and asks again after a failed renewal). */
 export const RENEW_CHECK_MS = 3600_000;
 /**
- * After a failed check (docs/operations.md, "Retries"): the first retry within 30-60 s, doubling up to the check
+ * After a failed check (docs/retries.md, "Retries"): the first retry within 30-60 s, doubling up to the check
  * interval (RENEW_CHECK_MS unless checkMs says otherwise), equal jitter; a check that does not fail resets it.
  * Most failures are a Proxy restarting under the ask: waiting a whole check interval for that was too long.
  */

@@ -73,7 +73,7 @@ import { PendingRenewals, type RenewedCerts } from './renewal.js';
 let sshModule: typeof ssh2 | undefined;
 
 /**
- * The retry of a tunnel that is down (docs/operations.md, "Retries"): the first within 0.25-0.5 s, doubling,
+ * The retry of a tunnel that is down (docs/retries.md, "Retries"): the first within 0.25-0.5 s, doubling,
  * capped at 5 s, equal jitter (many agents that lost one Proxy come back spread out); a welcome resets it.
  */
 export const TUNNEL_RETRY: BackoffPolicy = { firstMs: 500, maxMs: 5_000, jitter: 'equal' };

@@ -27,7 +27,7 @@ export const CHANGE_CHANNEL = 'gateway_changes';
 /** Revisions read per catch-up query; a longer backlog takes several. */
 const REVISIONS_PER_READ = 1000;
 /**
- * After a failed connect or read (docs/operations.md, "Retries"): 100 ms, doubling to 5 s; a catch-up that
+ * After a failed connect or read (docs/retries.md, "Retries"): 100 ms, doubling to 5 s; a catch-up that
  * succeeds resets it. No jitter: one feed per Auth Service, a handful at most against one database.
  */
 export const FEED_RETRY: BackoffPolicy = { firstMs: 100, maxMs: 5_000, jitter: 'none' };

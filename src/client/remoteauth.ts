@@ -59,7 +59,7 @@ export interface RemoteProxyAuthOptions {
 }
 
 /**
- * Reconnecting the event stream (docs/operations.md, "Retries"): a failed try waits 125-250 ms, doubling to
+ * Reconnecting the event stream (docs/retries.md, "Retries"): a failed try waits 125-250 ms, doubling to
  * 2.5-5 s (equal jitter: the Proxies of a cluster do not all come back on one beat); the hello resets it.
  */
 export const EVENTS_RETRY: BackoffPolicy = { firstMs: 250, maxMs: 5_000, jitter: 'equal' };

@@ -81,7 +81,7 @@ export interface KubeUpdaterOptions {
 export type ReconcileCause = 'start' | 'resync' | 'event' | 'trigger-event' | 'watch-restart' | 'manual';
 
 /**
- * Re-opening a watch that failed (docs/operations.md, "Retries"): 1 s, doubling to 60 s; an event or a watch the
+ * Re-opening a watch that failed (docs/retries.md, "Retries"): 1 s, doubling to 60 s; an event or a watch the
  * server ended resets it. No jitter: one updater per agent workload, and the API server's own limits apply.
  */
 export const WATCH_RETRY: BackoffPolicy = { firstMs: 1_000, maxMs: 60_000, jitter: 'none' };
