@@ -13,10 +13,10 @@
  * watchers get GW_ERR_BACKEND_COMPACTED and the feed goes on from the head.
  *
  * One loop does everything (connect, LISTEN, catch up, back off), so nothing here runs twice at once. It backs
- * off by FEED_RETRY; the wait is the loop's own pause, which a request() (a local write) or close() cuts short.
+ * off by FEED_RETRY; a request() (a local write, a notification) or close() cuts the wait short.
  */
 import type pg from 'pg';
-import { Backoff, type BackoffPolicy } from '../backoff.js';
+import { Backoff, type BackoffDeps, type BackoffPolicy } from '../backoff.js';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { Item, WatchEvent } from './types.js';
@@ -43,6 +43,8 @@ export interface FollowerOptions {
   pollIntervalMs: number;
   /** Turns a connection failure into the backend's error: for open (thrown) and later (logged). */
   describe: (err: unknown, phase: 'open' | 'op') => GatewayError;
+  /** The back-off's timers (tests drive them); default unref'd timers. */
+  backoffDeps?: BackoffDeps;
 }
 
 interface ChangeRow {
@@ -73,7 +75,7 @@ export class ChangeFollower {
   private wake: (() => void) | undefined;
   private loop: Promise<void> | undefined;
   private poller: NodeJS.Timeout | undefined;
-  private readonly retry = new Backoff(FEED_RETRY);
+  private readonly retry: Backoff;
   private failures = 0;
   /** Bumped by every watch(): a catch-up that skipped reading events for lack of watchers must not skip past one. */
   private watchAdds = 0;
@@ -81,6 +83,7 @@ export class ChangeFollower {
 
   constructor(private readonly o: FollowerOptions) {
     this.delivered = o.startRevision;
+    this.retry = new Backoff(FEED_RETRY, { unref: true, ...o.backoffDeps });
   }
 
   /** The last revision whose events were handed to the watchers. */
@@ -206,12 +209,9 @@ export class ChangeFollower {
     }
   }
 
-  /** Waits for request() or close(), or at most ms. */
-  private async pause(ms?: number): Promise<void> {
-    await new Promise<void>((resolve) => {
-      this.wake = resolve;
-      if (ms !== undefined) setTimeout(resolve, ms).unref();
-    });
+  /** Waits for request() or close(). */
+  private async pause(): Promise<void> {
+    await new Promise<void>((resolve) => (this.wake = resolve));
     this.wake = undefined;
   }
 
@@ -222,7 +222,9 @@ export class ChangeFollower {
     const delay = this.retry.next();
     this.o.log[level]({ err: this.o.describe(err, 'op').message, retryInMs: delay }, `backend change feed: ${what}; retrying`);
     this.failures++;
-    await this.pause(delay);
+    this.wake = () => this.retry.cancel(); // request() or close() cuts the wait short
+    await this.retry.wait(delay);
+    this.wake = undefined;
   }
 
   /** One snapshot: the head, the horizon and the next events; hands them out and moves on. */
