@@ -116,15 +116,16 @@ export class Backoff {
    * Runs fn after `delayMs` (default: next()) unless stopped or replaced first; answers the delay, or undefined
    * once stopped. A caller that retries at once passes 0 (the sequence does not advance).
    */
-  schedule(fn: () => void, delayMs: number = this.next()): number | undefined {
+  schedule(fn: () => void, delayMs?: number): number | undefined {
     if (this.stopped) return undefined;
+    const delay = delayMs ?? this.next();
     this.cancel();
     this.pending = true;
     this.timer = this.setTimer(() => {
       this.pending = false;
       if (!this.stopped) fn();
-    }, delayMs);
-    return delayMs;
+    }, delay);
+    return delay;
   }
 
   /** Waits `delayMs` (default: next()): true, or false when stopped or cancelled before (or already). */

@@ -88,6 +88,7 @@ describe('Backoff', () => {
     expect(clock.pending).toBe(0);
     expect(b.schedule(() => fired++)).toBeUndefined();
     expect(await b.wait()).toBe(false);
+    expect(b.attempts).toBe(2); // the two scheduled before stop(); the refused ones do not advance the sequence
     expect(b.isStopped).toBe(true);
     b.resume();
     const again = b.wait();
