@@ -1,10 +1,13 @@
 /**
- * Files the gateway keeps: keys, certificates, identities, profiles. Every write is atomic (a temp file in the
- * same directory, fsync, rename), so a crash leaves either the old or the new content, never half a key.
- * Private keys and anything else secret are written only through writeSecretFile (mode 0600, directory 0700).
- * Synchronous on purpose: these are small files written at start-up, join and login.
+ * Files the gateway keeps: keys, certificates, identities, profiles, the upgraders' repository entries and
+ * schedules. writeFileAtomic is the one way a file is replaced: a temp file in the same directory (O_EXCL),
+ * fchmod to the mode asked for (whatever the umask), write, fsync, rename over the path, fsync of the directory.
+ * A crash leaves either the old or the new content, never half a key; a failure leaves the old content and no
+ * temp file. Private keys and anything else secret are written only through writeSecretFile (mode 0600,
+ * directory 0700). Synchronous on purpose: these are small files written at start-up, join, login and upgrade.
  *
- * Errors are GW_ERR_FS_WRITE / GW_ERR_FS_READ naming the path; the data never appears in a message.
+ * Errors are GW_ERR_FS_WRITE / GW_ERR_FS_READ naming the path (writeFileAtomic itself throws the fs error, for
+ * callers that name the file in their own error); the data never appears in a message.
  */
 import {
   closeSync,
@@ -47,13 +50,14 @@ function syncDir(dir: string): void {
   }
 }
 
-function writeAtomic(path: string, data: string | Uint8Array, fileMode: number, dirMode: number): void {
+/**
+ * Replaces path with data atomically (see the file comment), creating missing parent directories with dirMode.
+ * On failure the path keeps its old content, the temp file is removed, and the fs error is thrown as it came.
+ */
+export function writeFileAtomic(path: string, data: string | Uint8Array, options: { mode: number; dirMode: number }): void {
+  const { mode: fileMode, dirMode } = options;
   const dir = dirname(path);
-  try {
-    mkdirSync(dir, { recursive: true, mode: dirMode });
-  } catch (err) {
-    throw writeError(path, err);
-  }
+  mkdirSync(dir, { recursive: true, mode: dirMode });
   const tmp = join(dir, `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
   let fd: number | undefined;
   try {
@@ -77,9 +81,17 @@ function writeAtomic(path: string, data: string | Uint8Array, fileMode: number, 
     } catch {
       // never created, or already renamed
     }
-    throw writeError(path, err);
+    throw err;
   }
   syncDir(dir);
+}
+
+function writeAtomic(path: string, data: string | Uint8Array, mode: number, dirMode: number): void {
+  try {
+    writeFileAtomic(path, data, { mode, dirMode });
+  } catch (err) {
+    throw writeError(path, err);
+  }
 }
 
 /** Writes a secret (private key, token, credentials): mode 0600, parent directories created 0700. Atomic. */

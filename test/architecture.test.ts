@@ -28,7 +28,7 @@ const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: stri
     units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto'],
     why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it)',
   },
-  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version', 'internals'], why: 'small modules that import nothing above them (internals: the one file that reads private fields of other libraries, below every unit that needs one)' },
+  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version', 'internals', 'backoff'], why: 'small modules that import nothing above them (internals: the one file that reads private fields of other libraries, below every unit that needs one; backoff: the one retry timing)' },
 ];
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');

@@ -11,8 +11,9 @@
  *             Before any discovery: one. Never more than maxLinks (MAX_POOL_LINKS, 32), whatever a discovery
  *             says: a list of 10 000 Proxies, or a count of a billion, opens at most 32 tunnels.
  *   duplicate each tunnel (a TunnelAgent) sends in its hello the Proxies the others hold; a Proxy named there
- *             answers `duplicate` and the tunnel closes and dials again after its backoff (0.25 s doubling to
- *             5 s, with jitter). A welcome from a Proxy another tunnel holds (a Proxy that lost the old one
+ *             answers `duplicate` and the tunnel closes and dials again after its backoff (each tunnel its own
+ *             Backoff with TUNNEL_RETRY of ./tunnel.ts, or the pool's `backoff`: 0.25-0.5 s, doubling to 5 s,
+ *             equal jitter). A welcome from a Proxy another tunnel holds (a Proxy that lost the old one
  *             without noticing yet) replaces that one, as the Proxy itself does.
  *   rate      every dial of every tunnel waits for the pool's DialGate (a token bucket: dialsPerSecond, 4 by
  *             default, bursts of dialBurst, 4): a pool that keeps landing on Proxies it holds does not hammer

@@ -9,8 +9,8 @@
  *                 tunnel's control channel, the Auth API for a direct-join agent, or the Auth Service in this
  *                 process), checks what came back (same host, cluster and key; signed by the host CA it
  *                 trusts), writes cert.pem and ssh-cert.pub atomically, then updates the live identity, so
- *                 that the next dial uses the new certificates. A failed ask is logged and asked again at the
- *                 next check; nothing stored changes.
+ *                 that the next dial uses the new certificates. A failed check is logged and tried again after
+ *                 RENEW_RETRY (1 min doubling to checkMs, equal jitter); nothing stored changes.
  *   PendingRenewals  a tunnel's renews in flight (protocol.ts renew / renewal), each with its deadline.
  *
  * The Auth Service side: src/auth/joining.ts renewHost (docs/pki.md, "Renewal of host certificates").
@@ -18,6 +18,7 @@
 import { X509Certificate, createPublicKey, type KeyObject } from 'node:crypto';
 import { join } from 'node:path';
 import { checkHostCert, identityFromCert, parseSshCert, sshPublicKeyFromPem } from '../auth/pki.js';
+import { Backoff, type BackoffDeps, type BackoffPolicy } from '../backoff.js';
 import { GatewayError, isErrorCode, toGatewayError } from '../errors.js';
 import { writeSecretFile } from '../fsutil.js';
 import { logger } from '../log.js';
@@ -28,6 +29,12 @@ import type { HostIdentity } from './identity.js';
 export const RENEW_AT = 2 / 3;
 /** How often the agent looks at its certificate's validity (and asks again after a failed renewal). */
 export const RENEW_CHECK_MS = 3600_000;
+/**
+ * After a failed check (docs/retries.md, "Retries"): the first retry within 30-60 s, doubling up to the check
+ * interval (RENEW_CHECK_MS unless checkMs says otherwise), equal jitter; a check that does not fail resets it.
+ * Most failures are a Proxy restarting under the ask: waiting a whole check interval for that was too long.
+ */
+export const RENEW_RETRY: BackoffPolicy = { firstMs: 60_000, maxMs: RENEW_CHECK_MS, jitter: 'equal' };
 /** How long a renew over a tunnel may wait for its answer (a Proxy of an earlier version never answers). */
 export const RENEW_ANSWER_MS = 60_000;
 
@@ -77,25 +84,36 @@ export interface HostRenewalOptions {
   onRenewed?: (identity: HostIdentity) => void;
   checkMs?: number;
   clock?: () => number;
+  /** The checks' timers and the retry's randomness (tests drive them); default unref'd timers. */
+  timers?: BackoffDeps;
 }
 
 export class HostRenewal {
   private readonly log = logger('renewal');
-  private timer: NodeJS.Timeout | undefined;
   private running: Promise<'renewed' | 'not-due' | 'failed'> | undefined;
+  /** Times the checks: every checkMs, and after a failed one its RENEW_RETRY delay. */
+  private readonly retry: Backoff;
+  /** The delay the last failed check drew from the retry. */
+  private retryInMs = 0;
 
-  constructor(private readonly options: HostRenewalOptions) {}
+  constructor(private readonly options: HostRenewalOptions) {
+    const checkMs = options.checkMs ?? RENEW_CHECK_MS;
+    this.retry = new Backoff({ ...RENEW_RETRY, firstMs: Math.min(RENEW_RETRY.firstMs, checkMs), maxMs: checkMs }, { unref: true, ...options.timers });
+  }
 
-  /** Checks now, then every checkMs. */
+  /** Checks now, then every checkMs (after a failed check: its retry delay). */
   start(): void {
-    void this.check();
-    this.timer = setInterval(() => void this.check(), this.options.checkMs ?? RENEW_CHECK_MS);
-    this.timer.unref();
+    this.retry.resume();
+    void this.tick();
   }
 
   stop(): void {
-    if (this.timer) clearInterval(this.timer);
-    this.timer = undefined;
+    this.retry.stop();
+  }
+
+  private async tick(): Promise<void> {
+    const outcome = await this.check();
+    this.retry.schedule(() => void this.tick(), outcome === 'failed' ? this.retryInMs : (this.options.checkMs ?? RENEW_CHECK_MS));
   }
 
   /** One check (and renewal when due) as of `now`; a check while one runs waits for that one. */
@@ -111,17 +129,22 @@ export class HostRenewal {
     const { identity } = this.options;
     try {
       const plan = renewalPlan(identity.cert, now, identity.sshCert);
-      if (!plan.due) return 'not-due';
+      if (!plan.due) {
+        this.retry.reset();
+        return 'not-due';
+      }
       this.log.info({ hostId: identity.hostId, why: plan.reason }, 'renewing the host certificates');
       const publicKeyPem = createPublicKey(identity.key).export({ type: 'spki', format: 'pem' }).toString();
       const certs = await this.options.ask(publicKeyPem);
       this.accept(certs, publicKeyPem, now);
       this.log.info({ hostId: identity.hostId, validUntil: new X509Certificate(identity.cert).validTo }, 'host certificates renewed');
+      this.retry.reset();
       this.options.onRenewed?.(identity);
       return 'renewed';
     } catch (err) {
       const e = toGatewayError(err);
-      this.log.warn({ hostId: identity.hostId, code: e.code, err: e.message }, `host certificates not renewed; asking again in ${Math.round((this.options.checkMs ?? RENEW_CHECK_MS) / 60_000)} min`);
+      this.retryInMs = this.retry.next();
+      this.log.warn({ hostId: identity.hostId, code: e.code, err: e.message, retryInMs: this.retryInMs }, `host certificates not renewed; asking again in ${Math.ceil(this.retryInMs / 1000)} s`);
       return 'failed';
     }
   }

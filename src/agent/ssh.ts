@@ -23,6 +23,7 @@ import { fileURLToPath } from 'node:url';
 import ssh2 from 'ssh2';
 import type { Connection, ServerChannel } from 'ssh2';
 import { sshPrivateKeyPem } from '../auth/pki.js';
+import { Backoff, type BackoffPolicy } from '../backoff.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
 import { ptyMaster } from '../internals.js';
 import { logger } from '../log.js';
@@ -284,23 +285,26 @@ function sessionEnv(state: SessionState, account: PasswdEntry): Record<string, s
 
 /** Bytes waiting for the terminal beyond which the session's channel is paused (its window then holds the client back). */
 const PTY_QUEUE_MAX = 64 * 1024;
-/** Retry delays while the terminal's input buffer stays full (its program is not reading): 1 ms, doubling to 100 ms. */
-const PTY_RETRY_MIN_MS = 1;
-const PTY_RETRY_MAX_MS = 100;
+/**
+ * Retrying while the terminal's input buffer stays full (its program is not reading): 1 ms, doubling to 100 ms,
+ * back to 1 ms whenever a write makes progress. No jitter: a local descriptor, nobody else retries it.
+ */
+export const PTY_RETRY: BackoffPolicy = { firstMs: 1, maxMs: 100, jitter: 'none' };
 
 /**
  * Writes to a pty's master descriptor (non-blocking, set so by node-pty) in this thread, at once: node-pty's own
  * write goes through libuv's thread pool for every write, a thread wake-up for each keystroke and a second one to
  * report back (measured with bench:ssh's BENCH_TRACE). When the terminal's input buffer is full (EAGAIN, a program
- * that does not read), the rest waits, in order, and is retried with a backing-off timer; past PTY_QUEUE_MAX the
+ * that does not read), the rest waits, in order, and is retried after PTY_RETRY; past PTY_QUEUE_MAX the
  * source is paused until everything is written. Other errors (EIO once the program has gone) drop the input, as
  * the terminal would.
  */
 export class PtyWriter {
   private queue: Buffer[] = [];
   private queued = 0;
-  private timer: NodeJS.Timeout | undefined;
-  private delay = PTY_RETRY_MIN_MS;
+  private readonly retry = new Backoff(PTY_RETRY);
+  /** A flush is scheduled. */
+  private waiting = false;
   private broken = false;
 
   /** fd: the master descriptor while it is open, else undefined (see ptyFd). */
@@ -319,18 +323,23 @@ export class PtyWriter {
     this.queue.push(data);
     this.queued += data.length;
     if (this.queued > PTY_QUEUE_MAX) this.source.pause();
-    this.timer ??= setTimeout(() => this.flush(), this.delay);
+    if (!this.waiting) this.schedule();
   }
 
   close(): void {
-    clearTimeout(this.timer);
+    this.retry.stop();
     this.broken = true;
     this.queue = [];
     this.queued = 0;
   }
 
+  private schedule(): void {
+    this.waiting = true;
+    this.retry.schedule(() => this.flush());
+  }
+
   private flush(): void {
-    this.timer = undefined;
+    this.waiting = false;
     let progressed = false;
     while (this.queue.length > 0 && !this.broken) {
       const head = this.queue[0]!;
@@ -339,13 +348,13 @@ export class PtyWriter {
       progressed ||= n > 0;
       if (n < head.length) {
         this.queue[0] = head.subarray(n);
-        this.delay = progressed ? PTY_RETRY_MIN_MS : Math.min(this.delay * 2, PTY_RETRY_MAX_MS);
-        this.timer = setTimeout(() => this.flush(), this.delay);
+        if (progressed) this.retry.reset();
+        this.schedule();
         return;
       }
       this.queue.shift();
     }
-    this.delay = PTY_RETRY_MIN_MS;
+    this.retry.reset();
     this.source.resume();
   }
 

@@ -15,8 +15,9 @@
  *            SSH the Proxy's SSH host key must be the one /webapi/find lists
  *   control  hello, heartbeats and audit events out; welcome, discovery, maintenance-changed and reconnect in
  *            (read through src/tunnel/control.ts: a line over the cap drops the tunnel, unknown lines are ignored)
- *   retry    with backoff and jitter: first retry within 0.25-0.5 s, doubling, capped at 5 s; a reconnect
- *            notice from a Proxy that shuts down gracefully retries at once
+ *   retry    TUNNEL_RETRY (src/backoff.ts): first retry within 0.25-0.5 s, doubling, capped at 5 s, equal
+ *            jitter; a welcome starts it again. A reconnect notice from a Proxy that shuts down gracefully
+ *            retries at once
  *
  * One TunnelAgent keeps one tunnel. Several Proxies behind a load balancer: src/agent/pool.ts runs one per
  * tunnel and gives each the Proxies the others hold (`holds`, sent in the hello: a Proxy already holding this
@@ -31,6 +32,7 @@ import { readFileSync } from 'node:fs';
 import type { Duplex } from 'node:stream';
 import type ssh2 from 'ssh2';
 import { parseAddr } from '../addr.js';
+import { Backoff, type BackoffDeps, type BackoffPolicy } from '../backoff.js';
 import { PRESENCE_PROOF_EVERY_MS, signPresenceProof, signRenewProof, sshPrivateKeyPem } from '../auth/pki.js';
 import { ApiClient, memberIdentity, proxyServerIdentity } from '../client/api.js';
 import type { Dialer } from '../dial/dialer.js';
@@ -70,6 +72,12 @@ import { PendingRenewals, type RenewedCerts } from './renewal.js';
  */
 let sshModule: typeof ssh2 | undefined;
 
+/**
+ * The retry of a tunnel that is down (docs/retries.md, "Retries"): the first within 0.25-0.5 s, doubling,
+ * capped at 5 s, equal jitter (many agents that lost one Proxy come back spread out); a welcome resets it.
+ */
+export const TUNNEL_RETRY: BackoffPolicy = { firstMs: 500, maxMs: 5_000, jitter: 'equal' };
+
 /** How long a database client may take to send its startup (and a database its greeting) before the agent closes. */
 export const DATABASE_STARTUP_TIMEOUT_MS = 20_000;
 
@@ -87,8 +95,10 @@ export interface TunnelAgentOptions {
   /** Used until the Proxy's welcome says otherwise. */
   heartbeatIntervalMs?: number;
   heartbeatCountMax?: number;
-  backoff?: { firstMs?: number; maxMs?: number };
-  random?: () => number;
+  /** Overrides TUNNEL_RETRY (tests shorten it). */
+  backoff?: Partial<BackoffPolicy>;
+  /** The retry's clock, timers and randomness (tests drive them). */
+  backoffDeps?: BackoffDeps;
   /** The Proxies (host IDs) the agent already holds a tunnel to through others: sent in the hello. */
   holds?: () => string[];
   /** Waited for before every dial (the pool's dial rate). */
@@ -169,13 +179,11 @@ export class TunnelAgent extends EventEmitter {
   private session: TunnelSession | undefined;
   private state: TunnelState = 'waiting';
   private stopped = false;
-  private attempt = 0;
-  private retryTimer: NodeJS.Timeout | undefined;
+  private readonly retry: Backoff;
   private heartbeat: Heartbeat | undefined;
   private readonly channels = new Set<Duplex>();
   private heartbeatIntervalMs: number;
   private heartbeatCountMax: number;
-  private readonly random: () => number;
   /** The Proxy the tunnel is up to (its welcome), while it is. */
   private heldProxy: string | undefined;
   /** The last answer of /webapi/find, until an attempt fails before SSH is up. */
@@ -187,7 +195,7 @@ export class TunnelAgent extends EventEmitter {
     super();
     this.heartbeatIntervalMs = options.heartbeatIntervalMs ?? 20_000;
     this.heartbeatCountMax = options.heartbeatCountMax ?? 3;
-    this.random = options.random ?? Math.random;
+    this.retry = new Backoff({ ...TUNNEL_RETRY, ...options.backoff }, options.backoffDeps);
   }
 
   getState(): TunnelState {
@@ -217,15 +225,8 @@ export class TunnelAgent extends EventEmitter {
 
   start(): void {
     this.stopped = false;
+    this.retry.resume();
     void this.connect();
-  }
-
-  /** The delay before retry number n (0-based): 0.25-0.5 s, then doubling with jitter, capped. */
-  backoffMs(n: number): number {
-    const first = this.options.backoff?.firstMs ?? 250;
-    const max = this.options.backoff?.maxMs ?? 5_000;
-    const base = Math.min(max, first * 2 ** n);
-    return Math.round(Math.min(max, base + this.random() * base));
   }
 
   private setState(state: TunnelState): void {
@@ -236,10 +237,10 @@ export class TunnelAgent extends EventEmitter {
 
   private scheduleRetry(immediate = false): void {
     if (this.stopped) return;
-    const delay = immediate ? 0 : this.backoffMs(this.attempt++);
+    const delay = immediate ? 0 : this.retry.next();
     this.setState('waiting');
     this.log.info({ retryInMs: delay }, 'reverse tunnel down; reconnecting');
-    this.retryTimer = setTimeout(() => void this.connect(), delay);
+    this.retry.schedule(() => void this.connect(), delay);
   }
 
   private async find(): Promise<FindResponse> {
@@ -578,7 +579,7 @@ export class TunnelAgent extends EventEmitter {
           this.refuseWelcome(m.proxyId, verified, side);
           return;
         }
-        this.attempt = 0;
+        this.retry.up();
         this.heartbeatIntervalMs = m.heartbeatIntervalMs;
         this.heartbeatCountMax = m.heartbeatCountMax;
         heartbeat.start(this.heartbeatIntervalMs, this.silentAfterMs());
@@ -721,7 +722,7 @@ export class TunnelAgent extends EventEmitter {
   /** Stops and closes the tunnel; no more retries. */
   stop(): void {
     this.stopped = true;
-    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retry.stop();
     this.heartbeat?.stop();
     this.client?.end();
     this.session?.end();

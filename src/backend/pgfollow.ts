@@ -12,9 +12,11 @@
  * without a word. When the log was trimmed past what was delivered (an outage longer than the retention), the
  * watchers get GW_ERR_BACKEND_COMPACTED and the feed goes on from the head.
  *
- * One loop does everything (connect, LISTEN, catch up, back off), so nothing here runs twice at once.
+ * One loop does everything (connect, LISTEN, catch up, back off), so nothing here runs twice at once. It backs
+ * off by FEED_RETRY; a request() (a local write, a notification) or close() cuts the wait short.
  */
 import type pg from 'pg';
+import { Backoff, type BackoffDeps, type BackoffPolicy } from '../backoff.js';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { Item, WatchEvent } from './types.js';
@@ -24,8 +26,11 @@ export const CHANGE_CHANNEL = 'gateway_changes';
 
 /** Revisions read per catch-up query; a longer backlog takes several. */
 const REVISIONS_PER_READ = 1000;
-const BACKOFF_MIN_MS = 100;
-const BACKOFF_MAX_MS = 5_000;
+/**
+ * After a failed connect or read (docs/retries.md, "Retries"): 100 ms, doubling to 5 s; a catch-up that
+ * succeeds resets it. No jitter: one feed per Auth Service, a handful at most against one database.
+ */
+export const FEED_RETRY: BackoffPolicy = { firstMs: 100, maxMs: 5_000, jitter: 'none' };
 
 export interface FollowerOptions {
   /** A new, unconnected client for the feed's own connection. */
@@ -38,6 +43,8 @@ export interface FollowerOptions {
   pollIntervalMs: number;
   /** Turns a connection failure into the backend's error: for open (thrown) and later (logged). */
   describe: (err: unknown, phase: 'open' | 'op') => GatewayError;
+  /** The back-off's timers (tests drive them); default unref'd timers. */
+  backoffDeps?: BackoffDeps;
 }
 
 interface ChangeRow {
@@ -68,7 +75,7 @@ export class ChangeFollower {
   private wake: (() => void) | undefined;
   private loop: Promise<void> | undefined;
   private poller: NodeJS.Timeout | undefined;
-  private backoffMs = BACKOFF_MIN_MS;
+  private readonly retry: Backoff;
   private failures = 0;
   /** Bumped by every watch(): a catch-up that skipped reading events for lack of watchers must not skip past one. */
   private watchAdds = 0;
@@ -76,6 +83,7 @@ export class ChangeFollower {
 
   constructor(private readonly o: FollowerOptions) {
     this.delivered = o.startRevision;
+    this.retry = new Backoff(FEED_RETRY, { unref: true, ...o.backoffDeps });
   }
 
   /** The last revision whose events were handed to the watchers. */
@@ -197,16 +205,13 @@ export class ChangeFollower {
       }
       if (this.failures > 0) this.o.log.info({ failures: this.failures }, 'backend change feed: connected again and caught up');
       this.failures = 0;
-      this.backoffMs = BACKOFF_MIN_MS;
+      this.retry.reset();
     }
   }
 
-  /** Waits for request() or close(), or at most ms. */
-  private async pause(ms?: number): Promise<void> {
-    await new Promise<void>((resolve) => {
-      this.wake = resolve;
-      if (ms !== undefined) setTimeout(resolve, ms).unref();
-    });
+  /** Waits for request() or close(). */
+  private async pause(): Promise<void> {
+    await new Promise<void>((resolve) => (this.wake = resolve));
     this.wake = undefined;
   }
 
@@ -214,10 +219,12 @@ export class ChangeFollower {
   private async backOff(err: unknown, what: string): Promise<void> {
     if (this.closed) return;
     const level = this.failures === 0 ? 'warn' : 'debug';
-    this.o.log[level]({ err: this.o.describe(err, 'op').message, retryInMs: this.backoffMs }, `backend change feed: ${what}; retrying`);
+    const delay = this.retry.next();
+    this.o.log[level]({ err: this.o.describe(err, 'op').message, retryInMs: delay }, `backend change feed: ${what}; retrying`);
     this.failures++;
-    await this.pause(this.backoffMs);
-    this.backoffMs = Math.min(BACKOFF_MAX_MS, this.backoffMs * 2);
+    this.wake = () => this.retry.cancel(); // request() or close() cuts the wait short
+    await this.retry.wait(delay);
+    this.wake = undefined;
   }
 
   /** One snapshot: the head, the horizon and the next events; hands them out and moves on. */

@@ -7,8 +7,9 @@ import type { CertBundle } from '../auth/service.js';
 import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
 import { knownCa, loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
 import { parseDuration } from '../duration.js';
+import { writeSecretFile } from '../fsutil.js';
 import net from 'node:net';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { userInfo } from 'node:os';
 import { spawn as spawnChild } from 'node:child_process';
@@ -405,7 +406,7 @@ program
   .action(async (target: string, command: string[], _opts: unknown, cmd: { args: string[] }) => {
     const profile = requireProfile();
     const configFile = join(profile.dir, 'ssh_config');
-    writeFileSync(configFile, await sshConfigFor(profile), { mode: 0o600 });
+    writeSecretFile(configFile, await sshConfigFor(profile)); // atomic: another gwsh ssh may be reading it
     const args = ['-F', configFile, ...cmd.args];
     void target;
     void command;

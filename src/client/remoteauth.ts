@@ -11,12 +11,14 @@
  *   events      ONE long-lived GET /v1/proxy/events (newline-delimited JSON, a keep-alive line every few seconds)
  *               feeds watchMaintenance, watchCluster and the revocations of the local SessionRegistry. On every
  *               (re)connect everything may have changed: every tracked session is re-checked, maintenance
- *               watchers fire and cluster watchers resync. It reconnects with backoff; while no Auth Service
- *               answers, what is open stays open.
+ *               watchers fire and cluster watchers resync. It reconnects (EVENTS_RETRY): a stream that said
+ *               hello after 100 ms, a failed try with backoff; while no Auth Service answers, what is open stays
+ *               open.
  */
 import https from 'node:https';
 import type { IncomingMessage } from 'node:http';
 import { formatHostPort, normalizeHost, parseAddr } from '../addr.js';
+import { Backoff, type BackoffDeps, type BackoffPolicy } from '../backoff.js';
 import { scopeFilter, type RevocationScope } from '../auth/callers.js';
 import type { CertBundle } from '../auth/authorities.js';
 import type { RenewRequest } from '../auth/joining.js';
@@ -48,11 +50,27 @@ export interface RemoteProxyAuthOptions {
   addresses: readonly string[];
   credentials: RemoteCredentials;
   dialer: Dialer;
-  /** Longest wait between reconnects of the event stream (ms). */
+  /** Longest wait between reconnects of the event stream (ms; EVENTS_RETRY's maxMs otherwise). */
   maxBackoffMs?: number;
+  /** The event stream reconnect's clock, timers and randomness (tests drive them; re-checks keep real timers). */
+  backoffDeps?: BackoffDeps;
   /** A call's deadline (ms). */
   timeoutMs?: number;
 }
+
+/**
+ * Reconnecting the event stream (docs/retries.md, "Retries"): a failed try waits 125-250 ms, doubling to
+ * 2.5-5 s (equal jitter: the Proxies of a cluster do not all come back on one beat); the hello resets it.
+ */
+export const EVENTS_RETRY: BackoffPolicy = { firstMs: 250, maxMs: 5_000, jitter: 'equal' };
+/** A stream that said hello and then ended reconnects this soon, to the same address first. */
+export const EVENTS_RECONNECT_MS = 100;
+
+/**
+ * Re-checking open sessions the Auth Service could not answer for: 0.5 s, doubling to every 30 s. No jitter: one
+ * Proxy's own re-checks, and the event stream's reconnect (jittered) already spreads the Proxies.
+ */
+export const RECHECK_RETRY: BackoffPolicy = { firstMs: 500, maxMs: 30_000, jitter: 'none' };
 
 /** Longest event line accepted (a presence record with its resources). */
 const MAX_EVENT_LINE = 512 * 1024;
@@ -75,7 +93,7 @@ export class RemoteProxyAuth implements ProxyAuth {
   private readonly clusterWatchers = new Set<ClusterWatchHandlers>();
   private readonly log = logger('remoteauth');
   private stream: { destroy(): void } | undefined;
-  private timer: NodeJS.Timeout | undefined;
+  private readonly backoff: Backoff;
   private closed = false;
   private connectedOnce = false;
   private trust!: { clusterName: string; host: PublicAuthority; user: PublicAuthority };
@@ -88,6 +106,8 @@ export class RemoteProxyAuth implements ProxyAuth {
     }
     this.addresses = options.addresses.map(normalizeAuthAddress);
     this.clients = this.makeClients();
+    const maxMs = options.maxBackoffMs ?? EVENTS_RETRY.maxMs;
+    this.backoff = new Backoff({ ...EVENTS_RETRY, firstMs: Math.min(EVENTS_RETRY.firstMs, maxMs), maxMs }, options.backoffDeps);
   }
 
   private makeClients(): ApiClient[] {
@@ -115,7 +135,7 @@ export class RemoteProxyAuth implements ProxyAuth {
       host: { tls: { certPem: cas.host_ca }, ssh: { publicKey: cas.ssh_host_ca } },
       user: { tls: { certPem: cas.user_ca }, ssh: { publicKey: cas.ssh_user_ca } },
     };
-    remote.openStream(0);
+    remote.openStream();
     return remote;
   }
 
@@ -277,12 +297,12 @@ export class RemoteProxyAuth implements ProxyAuth {
   /** Ends the event stream (what is open on the Proxy is closed by its own stop order). */
   close(): void {
     this.closed = true;
-    clearTimeout(this.timer);
+    this.backoff.stop();
     this.stream?.destroy();
   }
 
-  /** The event stream at the current address, after `failures` failed tries in a row (the backoff grows with them). */
-  private openStream(failures: number): void {
+  /** The event stream at the current address (after a failed try, the next address; EVENTS_RETRY counts the tries). */
+  private openStream(): void {
     if (this.closed) return;
     const index = this.current % this.addresses.length;
     const address = this.addresses[index]!;
@@ -290,13 +310,10 @@ export class RemoteProxyAuth implements ProxyAuth {
     const retry = (why: string) => {
       if (this.closed || this.stream !== req) return;
       this.stream = undefined;
-      clearTimeout(this.timer);
       this.log.warn({ addr: address, why }, healthy ? 'Auth API event stream ended; reconnecting' : 'Auth API event stream failed; reconnecting');
       // A stream that worked reconnects at once, to the same address first; a failed try moves to the next one.
       if (!healthy) this.current = (index + 1) % this.addresses.length;
-      const next = healthy ? 0 : failures + 1;
-      const delay = healthy ? 100 : Math.min(this.options.maxBackoffMs ?? 5000, 250 * 2 ** Math.min(failures, 6)) * (0.5 + Math.random() / 2);
-      this.timer = setTimeout(() => this.openStream(next), delay);
+      this.backoff.schedule(() => this.openStream(), healthy ? EVENTS_RECONNECT_MS : this.backoff.next());
     };
     const req = this.requestStream(address, (res) => {
       if (res.statusCode !== 200) {
@@ -322,6 +339,7 @@ export class RemoteProxyAuth implements ProxyAuth {
             const event = JSON.parse(r.line.toString('utf8')) as StreamEvent;
             if (event.type === 'hello') {
               healthy = true;
+              this.backoff.up();
               this.current = index;
               if (typeof event.keepalive_ms === 'number' && event.keepalive_ms > 0) keepAliveMs = event.keepalive_ms;
             }
@@ -387,10 +405,10 @@ export class RemoteProxyAuth implements ProxyAuth {
 
   /**
    * Re-checks the open sessions in scope. An identity the Auth Service could not check (a 503, a timeout, a
-   * fail-over) is not taken as cleared: the check runs again, backing off to every 30 s, until it gets an answer,
-   * so a lock that lands while the Auth Service is failing over still closes what it names.
+   * fail-over) is not taken as cleared: the check runs again (RECHECK_RETRY, each re-check its own sequence) until
+   * it gets an answer, so a lock that lands while the Auth Service is failing over still closes what it names.
    */
-  private revalidate(scope: RevocationScope, why: string, attempt = 0): void {
+  private revalidate(scope: RevocationScope, why: string, backoff = new Backoff(RECHECK_RETRY, { unref: true })): void {
     let unanswered = 0;
     const check = async (id: Identity): Promise<GatewayError | undefined> => {
       try {
@@ -405,9 +423,8 @@ export class RemoteProxyAuth implements ProxyAuth {
       .then((closed) => {
         for (const s of closed) this.log.info({ who: s.identity.name, kind: s.identity.kind, what: s.what, why }, 'session closed: identity revoked');
         if (unanswered === 0 || this.closed) return;
-        const delay = Math.min(30_000, 500 * 2 ** attempt);
+        const delay = backoff.schedule(() => this.revalidate(scope, why, backoff));
         this.log.warn({ unanswered, why, retryInMs: delay }, 'cannot re-check some open sessions; trying again');
-        setTimeout(() => this.revalidate(scope, why, attempt + 1), delay).unref();
       })
       .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, 'cannot re-check open sessions'));
   }

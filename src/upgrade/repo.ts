@@ -14,7 +14,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import semver from 'semver';
 import { GatewayError } from '../errors.js';
-import { writeFileAtomic } from './files.js';
+import { PUBLIC_DIR_MODE, writeFileAtomic } from '../fsutil.js';
 import type { PackageManager } from './packages.js';
 import { DEFAULT_REPO_ID } from './packages.js';
 import type { UpgraderSettings } from './settings.js';
@@ -207,9 +207,11 @@ export async function setChannel(pm: PackageManager, channel: string, s: Pick<Up
   const current = await readRepo(pm, s);
   const text = current ? (pm === 'apt' ? setAptChannel(current.text, channel) : setRpmChannel(current.text, channel)) : await newRepoText(pm, channel, s);
   const path = repoPath(pm, s);
-  await writeFileAtomic(path, text, 0o644).catch((err: unknown) => {
+  try {
+    writeFileAtomic(path, text, { mode: 0o644, dirMode: PUBLIC_DIR_MODE });
+  } catch (err) {
     throw new GatewayError('GW_ERR_UPGRADE_REPO', `cannot write the repository entry ${path} (${(err as NodeJS.ErrnoException).code ?? 'error'})`, { cause: err });
-  });
+  }
   const after = await readRepo(pm, s);
   return after!;
 }

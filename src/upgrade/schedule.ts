@@ -27,7 +27,7 @@ import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { isoSeconds, nextWindows, type Window } from './windows.js';
 import { checkClusterVersion } from './enrollment.js';
-import { writeFileAtomic } from './files.js';
+import { PUBLIC_DIR_MODE, writeFileAtomic } from '../fsutil.js';
 
 export const SCHEDULE_FILE = 'schedule';
 /** How many windows an export holds: the next week when every day is allowed, more weeks otherwise. */
@@ -198,7 +198,7 @@ function scheduleWriteError(path: string, err: unknown): GatewayError {
 
 async function writeAtomicOrInPlace(path: string, data: string, mode: number): Promise<void> {
   try {
-    await writeFileAtomic(path, data, mode);
+    writeFileAtomic(path, data, { mode, dirMode: PUBLIC_DIR_MODE });
     return;
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
@@ -268,7 +268,7 @@ export function parseKubeSchedule(text: string): Window[] {
 /** Writes the Kubernetes form to `path` atomically (directory created when missing). */
 export async function writeKubeSchedule(path: string, windows: readonly Window[], now: Date = new Date()): Promise<void> {
   try {
-    await writeFileAtomic(path, `${JSON.stringify(formatKubeSchedule(windows, now))}\n`, 0o644);
+    writeFileAtomic(path, `${JSON.stringify(formatKubeSchedule(windows, now))}\n`, { mode: 0o644, dirMode: PUBLIC_DIR_MODE });
   } catch (err) {
     throw scheduleWriteError(path, err);
   }

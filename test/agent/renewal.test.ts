@@ -9,12 +9,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { loadHostIdentity, saveHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
-import { HostRenewal, PendingRenewals, renewalPlan, RENEW_AT, type RenewAsk, type RenewedCerts } from '../../src/agent/renewal.js';
+import { HostRenewal, PendingRenewals, renewalPlan, RENEW_AT, RENEW_CHECK_MS, RENEW_RETRY, type RenewAsk, type RenewedCerts } from '../../src/agent/renewal.js';
 import { generateAuthority, generateKeyPair, identityFromCert, issueSshCert, issueTlsCert } from '../../src/auth/pki.js';
 import { AuthService } from '../../src/auth/service.js';
 import { openSqliteBackend } from '../../src/backend/index.js';
 import { GatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
+import { ManualClock } from '../helpers/clock.js';
+import { waitUntil } from '../helpers/wait.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -103,6 +105,33 @@ describe('HostRenewal', () => {
     expect(identity.cert).toBe(before);
     expect(await stored()).toBe(before);
     expect(await new HostRenewal({ identity, dataDir: dir, ask: fromAuth, clock: later(250) }).check()).toBe('renewed');
+  });
+
+  it('started: checks every RENEW_CHECK_MS; after failed checks retries by RENEW_RETRY, and a success goes back to the interval', async () => {
+    const clock = new ManualClock();
+    let failing = 3;
+    let asked = 0;
+    const ask: RenewAsk = async (key) => {
+      asked++;
+      if (failing-- > 0) throw new GatewayError('GW_ERR_TUNNEL_DOWN', 'the tunnel closed before the Proxy answered the renewal');
+      return fromAuth(key);
+    };
+    const renewal = new HostRenewal({ identity, dataDir: dir, ask, clock: later(250), timers: clock.deps(() => 0) });
+    /** Waits until the check in progress has scheduled the next one, then fires it. */
+    const scheduled = async (n: number) => {
+      await waitUntil(`check ${n} scheduled the next`, () => clock.delays.length === n);
+      expect(clock.pending).toBe(1);
+    };
+    renewal.start();
+    for (let n = 1; n <= 4; n++) {
+      await scheduled(n);
+      if (n < 4) clock.fireNext();
+    }
+    renewal.stop();
+    expect(asked).toBe(4);
+    expect(clock.pending).toBe(0);
+    // random 0: half of each ceiling (1, 2, 4 min); then renewed, and the next check an interval later.
+    expect(clock.delays).toEqual([RENEW_RETRY.firstMs / 2, RENEW_RETRY.firstMs, RENEW_RETRY.firstMs * 2, RENEW_CHECK_MS]);
   });
 
   describe('hostile answers are refused, and nothing is stored', () => {

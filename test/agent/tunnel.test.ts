@@ -5,12 +5,13 @@
 import { once } from 'node:events';
 import net from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { TunnelAgent } from '../../src/agent/tunnel.js';
+import { TunnelAgent, TUNNEL_RETRY, type TunnelAgentOptions } from '../../src/agent/tunnel.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { readJsonLine } from '../../src/stream/lines.js';
 import { CONTROL_MAX_LINE_BYTES, type ControlMessage, type DialAnswer, type DialRequest, type HelloMessage } from '../../src/tunnel/protocol.js';
+import { ManualClock } from '../helpers/clock.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { FakeProxy, fakeIdentity } from './fakeproxy.js';
 
@@ -41,7 +42,7 @@ afterEach(async () => {
 
 const WELCOME = { type: 'welcome', proxyId: 'proxy-1', heartbeatIntervalMs: 60_000, heartbeatCountMax: 3 } as const;
 
-async function startAgent(): Promise<{ agent: TunnelAgent; events: string[] }> {
+async function startAgent(extra: Partial<TunnelAgentOptions> = {}): Promise<{ agent: TunnelAgent; events: string[] }> {
   proxy = new FakeProxy();
   await proxy.start(pki);
   const identity = fakeIdentity(agentCert, proxy.webAddr, proxy.hostCa);
@@ -55,6 +56,7 @@ async function startAgent(): Promise<{ agent: TunnelAgent; events: string[] }> {
       return net.connect((echo.address() as net.AddressInfo).port, '127.0.0.1');
     },
     backoff: { firstMs: 5, maxMs: 20 },
+    ...extra,
   });
   agents.push(agent);
   const events: string[] = [];
@@ -157,6 +159,31 @@ describe('TunnelAgent', () => {
     await disconnected;
     await first.gone();
     await (await proxy.session(1)).next('hello');
+  });
+
+  it('retries after TUNNEL_RETRY on the injected clock: doubling while it fails, from the first delay again after a welcome', async () => {
+    const clock = new ManualClock();
+    const { agent } = await startAgent({ backoff: TUNNEL_RETRY, backoffDeps: clock.deps(() => 0) });
+    const dropBy = async (n: number, welcome: boolean) => {
+      const s = await proxy.session(n);
+      await s.next('hello');
+      if (welcome) {
+        const connected = until(agent, 'connected');
+        s.send(WELCOME);
+        await connected;
+      }
+      const down = once(agent, 'state');
+      s.channel.write(Buffer.alloc(CONTROL_MAX_LINE_BYTES + 1, 0x20));
+      await down; // 'waiting': the retry is scheduled
+      expect(clock.pending).toBe(1);
+      clock.fireNext();
+    };
+    await dropBy(0, false);
+    await dropBy(1, false);
+    await dropBy(2, true);
+    await (await proxy.session(3)).next('hello');
+    // random 0: the low end of equal jitter, half of each ceiling (500, 1000; then 500 again after the welcome).
+    expect(clock.delays).toEqual([250, 500, 250]);
   });
 
   it('serves forwarded connections: the dial answer, then the resource’s bytes; or the error of a resource it cannot reach', async () => {

@@ -18,7 +18,7 @@ import { MAX_STREAMS_PER_PROXY } from '../../src/auth/proxyapi.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
 import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
-import { RemoteProxyAuth } from '../../src/client/remoteauth.js';
+import { EVENTS_RECONNECT_MS, EVENTS_RETRY, RemoteProxyAuth } from '../../src/client/remoteauth.js';
 import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
@@ -27,6 +27,7 @@ import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
 import { connectRemoteAuth, startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole } from '../../src/roles/proxy.js';
+import { ManualClock } from '../helpers/clock.js';
 import { waitUntil } from '../helpers/wait.js';
 
 const PASSWORD = 'correct horse battery';
@@ -655,8 +656,29 @@ describe('each member acts only for itself (issue 23)', () => {
 
 // Last: it stops the Auth Service of this file and starts it again on the same port and data directory.
 describe('RemoteProxyAuth while the Auth Service is down', () => {
+  /** The Auth Service of this file again, on the same port and data directory. */
+  async function restartAuth(address: string): Promise<void> {
+    const port = address.slice(address.lastIndexOf(':') + 1);
+    const again = parseConfig(
+      ['gateway:', '  nodename: localhost', `  data_dir: ${join(dir, 'auth')}`, 'auth_service:', `  cluster_name: ${CLUSTER}`, `  listen_addr: 127.0.0.1:${port}`, ''].join('\n'),
+      'proxyapi test, restarted',
+    );
+    lifecycle = new Lifecycle();
+    const limits = new ConnectionLimits(limitSettings(again));
+    lifecycle.onStop('backend', () => limits.close());
+    role = await startAuthRole({ config: again, limits, lifecycle });
+  }
+
   it('fails calls with GW_ERR_AUTH_UNREACHABLE naming the address, keeps what is open, and resyncs when the Auth Service is back', async () => {
-    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer, maxBackoffMs: 500 });
+    // The event stream's reconnects run on this clock (random 0: each delay the low end of equal jitter).
+    const clock = new ManualClock();
+    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer, backoffDeps: clock.deps(() => 0) });
+    /** Fires the pending reconnect and waits until the try it starts has failed (the next one is scheduled). */
+    const failedTry = async () => {
+      const n = clock.delays.length;
+      clock.fireNext();
+      await waitUntil('the try failed and the next was scheduled', () => clock.delays.length > n);
+    };
     try {
       let resyncs = 0;
       remote.watchCluster({ presence: () => undefined, proxies: () => undefined, resync: () => void resyncs++ });
@@ -671,22 +693,27 @@ describe('RemoteProxyAuth while the Auth Service is down', () => {
       // A re-check that cannot be answered closes nothing.
       expect(await remote.sessions.revalidate((id) => remote.revocationOf(id))).toEqual([]);
       expect(closed).toBeUndefined();
+      // The stream that had said hello reconnects soon; the tries that fail back off (EVENTS_RETRY).
+      await waitUntil('the reconnect of the stream that ended', () => clock.pending === 1);
+      await failedTry();
+      await failedTry();
+      expect(clock.delays).toEqual([EVENTS_RECONNECT_MS, EVENTS_RETRY.firstMs / 2, EVENTS_RETRY.firstMs]);
       const before = resyncs;
-      const port = address.slice(address.lastIndexOf(':') + 1);
-      const again = parseConfig(
-        ['gateway:', '  nodename: localhost', `  data_dir: ${join(dir, 'auth')}`, 'auth_service:', `  cluster_name: ${CLUSTER}`, `  listen_addr: 127.0.0.1:${port}`, ''].join('\n'),
-        'proxyapi test, restarted',
-      );
-      lifecycle = new Lifecycle();
-      const limits = new ConnectionLimits(limitSettings(again));
-      lifecycle.onStop('backend', () => limits.close());
-      role = await startAuthRole({ config: again, limits, lifecycle });
+      await restartAuth(address);
+      clock.fireNext();
       await waitUntil('a resync after the event stream reconnected', () => resyncs > before);
       expect((await remote.listProxies()).length).toBeGreaterThanOrEqual(0);
       expect(remote.sessions.count()).toBe(1);
+      // The hello started the backoff again: after the next outage the first failed try waits the first delay.
+      await lifecycle.stop();
+      await waitUntil('the reconnect of the stream that ended', () => clock.pending === 1);
+      await failedTry();
+      expect(clock.delays.slice(3)).toEqual([EVENTS_RECONNECT_MS, EVENTS_RETRY.firstMs / 2]);
+      await restartAuth(address);
     } finally {
       remote.close();
     }
+    expect(clock.pending).toBe(0);
   });
 });
 

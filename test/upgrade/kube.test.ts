@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { Writable } from 'node:stream';
 import { createLogger } from '../../src/log.js';
 import type { KubeApi, WatchEventType, WorkloadRef } from '../../src/upgrade/kube/client.js';
-import { KubeUpdater, channelUrl, type Timers } from '../../src/upgrade/kube/controller.js';
+import { KubeUpdater, WATCH_RETRY, channelUrl, type Timers } from '../../src/upgrade/kube/controller.js';
 import {
   RESYNC_INTERVAL_MS,
   SKIP_RECONCILE_ANNOTATION,
@@ -367,8 +367,20 @@ describe('KubeUpdater', () => {
     expect(kube.calls.filter((c) => c.startsWith('get')).length).toBe(gets + 1);
     expect(kube.watches).toHaveLength(3);
     expect(kube.watches[2]!.rv).toBe(String(kube.rv));
+    // WATCH_RETRY: a second failure in a row waits twice as long; an event starts the sequence again.
+    const waits = (ms: number) => timers.live().filter((t) => t.ms === ms).length;
+    const twice = waits(2 * WATCH_RETRY.firstMs);
+    kube.watches[2]!.onDone(new Error('HTTP 500'));
+    expect(waits(2 * WATCH_RETRY.firstMs)).toBe(twice + 1);
+    timers.fire(2 * WATCH_RETRY.firstMs);
+    await settle();
+    expect(kube.watches).toHaveLength(4);
+    kube.event('MODIFIED');
+    kube.watches[3]!.onDone(new Error('HTTP 500'));
+    expect(waits(WATCH_RETRY.firstMs)).toBe(1);
+    expect(waits(4 * WATCH_RETRY.firstMs)).toBe(0);
     u.stop();
-    expect(kube.watches[2]!.stopped).toBe(true);
+    expect(waits(WATCH_RETRY.firstMs)).toBe(0); // the retry is cancelled with the rest
   });
 
   it('triggers during a run make exactly one more run after it', async () => {

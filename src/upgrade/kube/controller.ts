@@ -9,12 +9,14 @@
  *                 exported schedule Secret → decide() → PATCH the container image, or log why not ("already up
  *                 to date" with error "no new version (current: v, next: v)")
  *   the watch     from the resourceVersion of the last GET; re-opened when the server ends it (normal every few
- *                 minutes), after a growing delay when it fails; a 410 Gone starts again from a fresh GET
+ *                 minutes), after WATCH_RETRY when it fails (src/backoff.ts); a 410 Gone starts again from a
+ *                 fresh GET
  *
  * Runs never overlap: a trigger during a run makes one more run after it. Nothing here sleeps: timers are
  * injectable, and every failure is logged and retried at the next trigger, never thrown out of the loop.
  */
 import type { Logger } from 'pino';
+import { Backoff, type BackoffPolicy } from '../../backoff.js';
 import { memberOrOutsideServerIdentity } from '../../client/api.js';
 import { fetchThroughDialer } from '../../dial/agent.js';
 import type { Dialer } from '../../dial/dialer.js';
@@ -69,7 +71,7 @@ export interface KubeUpdaterOptions {
   dryRun?: boolean;
   resyncMs?: number;
   debounceMs?: number;
-  /** First delay before re-opening a failed watch; doubles up to 60 s. */
+  /** First delay before re-opening a failed watch (WATCH_RETRY's firstMs otherwise); doubles up to 60 s. */
   watchRetryMs?: number;
   clock?: () => Date;
   timers?: Timers;
@@ -78,13 +80,20 @@ export interface KubeUpdaterOptions {
 
 export type ReconcileCause = 'start' | 'resync' | 'event' | 'trigger-event' | 'watch-restart' | 'manual';
 
+/**
+ * Re-opening a watch that failed (docs/retries.md, "Retries"): 1 s, doubling to 60 s; an event or a watch the
+ * server ended resets it. No jitter: one updater per agent workload, and the API server's own limits apply.
+ */
+export const WATCH_RETRY: BackoffPolicy = { firstMs: 1_000, maxMs: 60_000, jitter: 'none' };
+
 export class KubeUpdater {
   private readonly api: KubeApi;
   private readonly target: WorkloadRef;
   private readonly container: string;
   private readonly resyncMs: number;
   private readonly debounceMs: number;
-  private readonly watchRetryMs: number;
+  /** Re-opening a failed watch; on this.timers. */
+  private readonly watchRetry: Backoff;
   private readonly clock: () => Date;
   private readonly timers: Timers;
   private readonly log: Logger;
@@ -95,8 +104,6 @@ export class KubeUpdater {
   private again: ReconcileCause | undefined;
   private timer: { cancel(): void; due: number; cause: ReconcileCause } | undefined;
   private watch: WatchHandle | undefined;
-  private watchTimer: { cancel(): void } | undefined;
-  private watchFailures = 0;
   private resourceVersion: string | undefined;
   private annotations: Readonly<Record<string, string>> | undefined;
   /** Every decision, newest last (the last 50); for tests and `--once`. */
@@ -108,9 +115,12 @@ export class KubeUpdater {
     this.container = options.container ?? DEFAULT_CONTAINER;
     this.resyncMs = options.resyncMs ?? RESYNC_INTERVAL_MS;
     this.debounceMs = options.debounceMs ?? EVENT_DEBOUNCE_MS;
-    this.watchRetryMs = options.watchRetryMs ?? 1_000;
     this.clock = options.clock ?? (() => new Date());
-    this.timers = options.timers ?? realTimers;
+    const timers = (this.timers = options.timers ?? realTimers);
+    this.watchRetry = new Backoff(
+      { ...WATCH_RETRY, firstMs: options.watchRetryMs ?? WATCH_RETRY.firstMs },
+      { setTimer: (fn, ms) => timers.set(fn, ms), clearTimer: (h) => (h as { cancel(): void }).cancel() },
+    );
     this.log = options.log ?? logger('kube-updater');
     this.where = { kind: this.target.kind, namespace: this.target.namespace, name: this.target.name };
   }
@@ -128,7 +138,7 @@ export class KubeUpdater {
     this.stopped = true;
     this.timer?.cancel();
     this.timer = undefined;
-    this.watchTimer?.cancel();
+    this.watchRetry.cancel();
     this.watch?.stop();
     this.watch = undefined;
   }
@@ -253,13 +263,11 @@ export class KubeUpdater {
       this.watch = undefined;
       if (this.stopped) return;
       if (err) {
-        this.watchFailures++;
-        const delay = Math.min(60_000, this.watchRetryMs * 2 ** Math.min(this.watchFailures - 1, 6));
+        const delay = this.watchRetry.schedule(() => this.restartWatch());
         const e = toGatewayError(err);
         this.log.warn({ ...this.where, code: e.code, err: e.message, retry_ms: delay }, 'watch failed; watching again later');
-        this.watchTimer = this.timers.set(() => this.restartWatch(), delay);
       } else {
-        this.watchFailures = 0;
+        this.watchRetry.reset();
         this.log.debug(this.where, 'watch ended by the server; watching again');
         this.restartWatch();
       }
@@ -269,7 +277,7 @@ export class KubeUpdater {
         this.target,
         this.resourceVersion,
         (type, workload, rv) => {
-          this.watchFailures = 0;
+          this.watchRetry.reset();
           if (type === 'ERROR') {
             this.resourceVersion = undefined; // 410 Gone or similar: start again from a fresh GET
             return;
