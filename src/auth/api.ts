@@ -23,13 +23,13 @@
  *
  * The Auth API on 3025 requires a client certificate for everything but the public routes; the Proxy's web
  * port serves the same router (its TLS asks for, but does not require, a client certificate). Errors are
- * {"error": {"code", "message", "hint"}} with an HTTP status chosen from the code.
+ * {"error": {"code", "message", "hint"}} with the code's HTTP status (src/errors.ts).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { X509Certificate } from 'node:crypto';
 import { isIP } from 'node:net';
 import type { TLSSocket } from 'node:tls';
-import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, httpStatus, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { readBoundedBody } from '../net/http.js';
 import { clientAddress } from '../stream/meta.js';
@@ -50,54 +50,6 @@ const BODY = { manifest: 1024 * 1024, credentials: 64 * 1024, small: 16 * 1024 }
 /** How deeply a JSON body, and a YAML manifest (an over-counting bound: bounds.ts), may nest. */
 const MAX_JSON_DEPTH = 32;
 const MAX_YAML_NESTING = 96;
-
-const STATUS: Partial<Record<ErrorCode, number>> = {
-  GW_ERR_API_BAD_REQUEST: 400,
-  GW_ERR_API_BAD_KEY: 400,
-  GW_ERR_RESOURCE_INVALID: 400,
-  GW_ERR_RESOURCE_KIND: 400,
-  GW_ERR_AUTH_WEAK_PASSWORD: 400,
-  GW_ERR_AUTH_UNAUTHENTICATED: 401,
-  GW_ERR_AUTH_IDENTITY_REVOKED: 401,
-  GW_ERR_AUTH_LOGIN_FAILED: 401,
-  GW_ERR_AUTH_TOKEN_UNKNOWN: 401,
-  GW_ERR_AUTH_TOKEN_EXPIRED: 401,
-  GW_ERR_AUTH_TOKEN_USED: 401,
-  GW_ERR_HOST_RENEW_REFUSED: 403,
-  GW_ERR_HOST_RENEW_TOO_SOON: 429,
-  GW_ERR_AUTH_TOKEN_WRONG_TYPE: 403,
-  GW_ERR_AUTH_JOIN_NAME_RESERVED: 403,
-  GW_ERR_ACCESS_DENIED: 403,
-  GW_ERR_ACCESS_LOCKED: 403,
-  GW_ERR_API_NOT_FOUND: 404,
-  GW_ERR_RESOURCE_NOT_FOUND: 404,
-  GW_ERR_RESOURCE_EXISTS: 409,
-  GW_ERR_API_TOO_LARGE: 413,
-  GW_ERR_AUTH_RATE_LIMITED: 429,
-  GW_ERR_AUDIT_RATE_LIMITED: 429,
-  GW_ERR_SSO_CONNECTOR_UNKNOWN: 404,
-  GW_ERR_SSO_STATE_INVALID: 400,
-  GW_ERR_SSO_TOKEN_INVALID: 401,
-  GW_ERR_SSO_IDP_ERROR: 502,
-  GW_ERR_SSO_NO_ROLES: 403,
-  GW_ERR_SSO_USERNAME_REFUSED: 403,
-  GW_ERR_DIRECT_ADDR_REFUSED: 403,
-  GW_ERR_DIRECT_FORWARDED: 403,
-  GW_ERR_DIRECT_CLOCK: 400,
-  GW_ERR_MEMBER_PRESENCE_REFUSED: 403,
-  GW_ERR_MEMBER_EVENT_REFUSED: 403,
-  GW_ERR_API_TOO_MANY_STREAMS: 429,
-  GW_ERR_AUTH_UNREACHABLE: 503,
-  GW_ERR_WEB_SESSION_MISSING: 401,
-  GW_ERR_WEB_SESSION_EXPIRED: 401,
-  GW_ERR_WEB_SESSION_INVALID: 401,
-  GW_ERR_WEB_CSRF: 403,
-  GW_ERR_WEB_APP_LAUNCH_UNBOUND: 403,
-};
-
-export function statusFor(code: ErrorCode): number {
-  return STATUS[code] ?? 500;
-}
 
 type Handler = (ctx: Ctx) => Promise<unknown>;
 
@@ -575,9 +527,9 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     const pathMatches = routes.filter((r) => r.pattern.test(url.pathname));
     const chosen = pathMatches.find((r) => r.method === req.method);
     if (!chosen) {
-      const status = pathMatches.length === 0 ? 404 : 405;
-      const message = status === 404 ? `no such endpoint: ${url.pathname}` : `${req.method} is not allowed on ${url.pathname}`;
-      send(status, { error: { code: status === 404 ? 'GW_ERR_API_NOT_FOUND' : 'GW_ERR_API_BAD_REQUEST', message, hint: 'Check that the client and the server run the same version.' } });
+      const code: ErrorCode = pathMatches.length === 0 ? 'GW_ERR_API_NOT_FOUND' : 'GW_ERR_API_METHOD_NOT_ALLOWED';
+      const message = pathMatches.length === 0 ? `no such endpoint: ${url.pathname}` : `${req.method} is not allowed on ${url.pathname}`;
+      send(httpStatus(code), { error: { code, message, hint: 'Check that the client and the server run the same version.' } });
       return;
     }
     const found = chosen.pattern.exec(url.pathname)!;
@@ -585,12 +537,13 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     try {
       chosen.keys.forEach((k, i) => (params[k] = decodeURIComponent(found[i + 1]!)));
     } catch {
-      send(400, { error: bad('the request path has a bad percent-encoding').toJSON() });
+      const e = bad('the request path has a bad percent-encoding');
+      send(httpStatus(e.code), { error: e.toJSON() });
       return;
     }
     const fail = (err: unknown) => {
       const e = toGatewayError(err);
-      const status = statusFor(e.code);
+      const status = httpStatus(e.code);
       if (status >= 500) log.error({ err: e, path: url.pathname }, 'request failed');
       else log.debug({ code: e.code, path: url.pathname }, 'request refused');
       send(status, { error: e.toJSON() });

@@ -17,7 +17,7 @@ import { normalizeHost, parseAddr } from '../addr.js';
 import { FORWARDED } from '../auth/api.js';
 import { DialerAgent } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
-import { GatewayError } from '../errors.js';
+import { GatewayError, httpStatus } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import { unreachable, type RemoteProxyAuth } from './remoteauth.js';
@@ -39,13 +39,13 @@ export interface ForwarderOptions {
 export function createAuthForwarder(options: ForwarderOptions): http.RequestListener {
   const log = logger('forward');
   return (req, res) => {
-    const fail = (err: GatewayError, status: number) => {
+    const fail = (err: GatewayError) => {
       if (res.headersSent) {
         res.destroy();
         return;
       }
       const text = JSON.stringify({ error: err.toJSON() });
-      res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
+      res.writeHead(httpStatus(err.code), { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
       res.end(text);
     };
     readBounded(req, hasVerifiedCert(req) ? MAX_FORWARDED_BODY : MAX_ANONYMOUS_BODY)
@@ -70,10 +70,10 @@ export function createAuthForwarder(options: ForwarderOptions): http.RequestList
       .catch((err: unknown) => {
         if (err instanceof GatewayError) {
           log.debug({ code: err.code, path: req.url }, 'forward failed');
-          fail(err, err.code === 'GW_ERR_API_TOO_LARGE' ? 413 : 503);
+          fail(err);
         } else {
           log.warn({ err: (err as Error).message, path: req.url }, 'forward failed');
-          fail(new GatewayError('GW_ERR_INTERNAL', (err as Error).message), 500);
+          fail(new GatewayError('GW_ERR_INTERNAL', (err as Error).message));
         }
       });
   };

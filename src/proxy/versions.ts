@@ -21,7 +21,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import semver from 'semver';
 import { fetchThroughDialer } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
-import { GatewayError, isGatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, httpStatus, isGatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 
 export const VERSION_SERVER_PREFIX = '/v1/webapi/automaticupgrades/channel/';
@@ -66,14 +66,6 @@ interface CacheEntry {
   value: string;
   expiresAt: number;
 }
-
-const STATUS: Partial<Record<ErrorCode, number>> = {
-  GW_ERR_VERSION_BAD_PATH: 400,
-  GW_ERR_VERSION_UNKNOWN_CHANNEL: 404,
-  GW_ERR_API_BAD_REQUEST: 405,
-  GW_ERR_VERSION_UPSTREAM: 502,
-  GW_ERR_VERSION_UPSTREAM_TIMEOUT: 504,
-};
 
 /** Dial / HTTP failures that mean "the upstream did not answer in time". */
 const TIMEOUT_CODES: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
@@ -181,7 +173,7 @@ export class VersionServer {
     req.resume(); // a body (there should be none) is drained, so keep-alive keeps working
     const head = req.method === 'HEAD';
     if (req.method !== 'GET' && !head) {
-      this.sendError(res, false, new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on the version server`, { hint: 'Use GET (or HEAD).' }), {
+      this.sendError(res, false, new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on the version server`, { hint: 'Use GET (or HEAD).' }), {
         allow: 'GET, HEAD',
       });
       return true;
@@ -308,7 +300,7 @@ export class VersionServer {
   }
 
   private sendError(res: ServerResponse, head: boolean, err: GatewayError, extra: Record<string, string> = {}): void {
-    const status = STATUS[err.code] ?? 500;
+    const status = httpStatus(err.code);
     if (status >= 500) this.log.warn({ code: err.code, details: err.details }, err.message);
     else this.log.debug({ code: err.code }, err.message);
     this.send(res, head, status, 'application/json', JSON.stringify({ error: err.toJSON(), ...(this.proxyId === undefined ? {} : { proxy: this.proxyId }) }), extra);

@@ -22,8 +22,7 @@ import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { canAccess, checkAccess, type Role } from '../auth/rbac.js';
 import type { Resource } from '../auth/resources/index.js';
-import { statusFor } from '../auth/api.js';
-import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { LimitSettings } from '../net/deadlines.js';
 import type { AgentPresence } from '../auth/records.js';
@@ -47,18 +46,6 @@ export { bearerOf, cookieValue, isLaunchNonce, launchUnbound };
  */
 export function appSessionKey(name: string, publicAddr: string): string {
   return `${name}@${publicAddr}`;
-}
-
-/** HTTP statuses of the web routes where api.ts's table has none. */
-const STATUS: Partial<Record<ErrorCode, number>> = {
-  GW_ERR_WEB_TERMINAL_LIMIT: 429,
-  GW_ERR_TUNNEL_NOT_FOUND: 404,
-  GW_ERR_TUNNEL_DIAL_FAILED: 502,
-  GW_ERR_TUNNEL_DOWN: 502,
-};
-
-export function webStatus(code: ErrorCode): number {
-  return STATUS[code] ?? statusFor(code);
 }
 
 /** Refuses a request whose Origin is present and is not the page's own (GW_ERR_WEB_CSRF), as api.ts does. */
@@ -112,7 +99,7 @@ export function sendJson(res: http.ServerResponse, status: number, body: unknown
 export function sendWebError(res: http.ServerResponse, err: unknown): void {
   const e = toGatewayError(err);
   if (res.headersSent) return abortResponse(res);
-  sendJson(res, webStatus(e.code), { error: e.toJSON() });
+  sendJson(res, httpStatus(e.code), { error: e.toJSON() });
 }
 
 /**

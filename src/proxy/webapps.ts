@@ -28,7 +28,7 @@ import { canAccess } from '../auth/rbac.js';
 import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { appSessionRef } from '../auth/websessions.js';
-import { GatewayError, toGatewayError } from '../errors.js';
+import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import { resetStream } from '../stream/reset.js';
@@ -38,7 +38,7 @@ import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
 import type { AuditedSession, Connection, SessionAudit } from './sessionaudit.js';
-import { abortResponse, APP_COOKIE, appSessionKey, cookieValue, isLaunchNonce, LAUNCH_NONCE_COOKIE, launchUnbound, SESSION_COOKIE, sendWebError, webStatus } from './web.js';
+import { abortResponse, APP_COOKIE, appSessionKey, cookieValue, isLaunchNonce, LAUNCH_NONCE_COOKIE, launchUnbound, SESSION_COOKIE, sendWebError } from './web.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
 
@@ -277,7 +277,7 @@ function sendLaunchError(res: http.ServerResponse, e: GatewayError): void {
   if (res.headersSent) return abortResponse(res);
   const hint = e.hint ? `<p>${escapeHtml(e.hint)}</p>` : '';
   const body = `<!doctype html><html><head><meta charset="utf-8"><title>App launch refused</title></head><body><h1>App launch refused</h1><p><code data-code="${escapeHtml(e.code)}">${escapeHtml(e.code)}</code>: ${escapeHtml(e.message)}</p>${hint}</body></html>\n`;
-  res.writeHead(webStatus(e.code), { ...LAUNCH_HEADERS, 'content-type': 'text/html; charset=utf-8', 'x-gateway-error': e.code, 'content-length': Buffer.byteLength(body) });
+  res.writeHead(httpStatus(e.code), { ...LAUNCH_HEADERS, 'content-type': 'text/html; charset=utf-8', 'x-gateway-error': e.code, 'content-length': Buffer.byteLength(body) });
   res.end(body);
 }
 

@@ -205,7 +205,7 @@ describe('pages and assets', () => {
       const r = await curl('/web/', flag, '-X', method);
       expect(r.status).toBe(405);
       expect(r.headers.allow).toBe('GET, HEAD');
-      expect(JSON.parse(r.body.toString())).toMatchObject({ error: { code: 'GW_ERR_API_BAD_REQUEST' } });
+      expect(JSON.parse(r.body.toString())).toMatchObject({ error: { code: 'GW_ERR_API_METHOD_NOT_ALLOWED' } });
     }
   });
 
