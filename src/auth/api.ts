@@ -26,20 +26,19 @@
  * {"error": {"code", "message", "hint"}} with the code's HTTP status (src/errors.ts).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { X509Certificate } from 'node:crypto';
 import { isIP } from 'node:net';
 import type { TLSSocket } from 'node:tls';
 import { GatewayError, httpStatus, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { readBoundedBody } from '../net/http.js';
 import { clientAddress } from '../stream/meta.js';
-import { CLOCK_SKEW_MS, caPin, identityFromCert, type Identity } from './pki.js';
+import { caPin, type Identity } from './pki.js';
+import { forwardedIdentity, peerIdentity } from './peeridentity.js';
 import { jsonDepth, yamlNestingBound } from './bounds.js';
 import { agentRoutes } from './agentapi.js';
 import { clusterStatus } from './drift.js';
 import type { Verb } from './rbac.js';
 import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
-import type { ClusterTrust } from './proxyauth.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 import { SAML_ACS_PATH, ssoRoutes } from './ssoapi.js';
@@ -177,33 +176,6 @@ async function readBody(req: IncomingMessage, maxBody: number): Promise<Record<s
   return parsed as Record<string, unknown>;
 }
 
-/** The caller's identity from its client certificate, checked against the CA that must have signed that kind. */
-export function peerIdentity(trust: ClusterTrust, req: IncomingMessage): Identity {
-  return peerIdentityOf(trust, req.socket as TLSSocket);
-}
-
-/** The same for any TLS socket (routed database, app and kube connections). */
-export function peerIdentityOf(trust: ClusterTrust, socket: TLSSocket): Identity {
-  const unauthenticated = (why: string) =>
-    new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `no valid client certificate from this cluster: ${why}`, {
-      hint: "Sign in with 'gwsh login', or on the Auth Service's machine run gwctl with access to its data directory.",
-    });
-  if (typeof socket.getPeerCertificate !== 'function') throw unauthenticated('not a TLS connection');
-  const peer = socket.getPeerCertificate(true);
-  if (!peer || !peer.raw) throw unauthenticated('none was presented');
-  if (!socket.authorized) throw unauthenticated(String(socket.authorizationError ?? 'not signed by this cluster'));
-  const identity = identityFromCert(peer.raw);
-  const expectedCa = identity.kind === 'host' ? trust.host.tls.certPem : trust.user.tls.certPem;
-  const issuer = peer.issuerCertificate;
-  if (!issuer?.raw || new X509Certificate(issuer.raw).fingerprint256 !== new X509Certificate(expectedCa).fingerprint256) {
-    throw unauthenticated(`a ${identity.kind} certificate must be signed by the ${identity.kind === 'host' ? 'host' : 'user'} CA`);
-  }
-  if (identity.cluster !== trust.clusterName) throw unauthenticated(`certificate is for cluster "${identity.cluster}"`);
-  // notBefore is the issue time moved back by the clock-skew allowance (pki/tls.ts).
-  const issuedAt = Date.parse(peer.valid_from) + CLOCK_SKEW_MS;
-  return Number.isNaN(issuedAt) ? identity : { ...identity, issuedAt };
-}
-
 /** Public: the CA, joining and logging in (no client certificate needed). */
 function publicRoutes(auth: AuthService): Route[] {
   return [
@@ -321,8 +293,6 @@ function resourceRoutes(auth: AuthService): Route[] {
  */
 export const FORWARDED = { marker: 'x-gateway-forwarded', cert: 'x-gateway-forwarded-cert', addr: 'x-gateway-forwarded-for', host: 'x-gateway-forwarded-host' } as const;
 const MAX_FORWARDED_CERT = 16 * 1024;
-/** Extended key usage id-kp-clientAuth: user certificates carry it (pki/tls.ts). */
-const CLIENT_AUTH_EKU = '1.3.6.1.5.5.7.3.2';
 
 /** Where a request comes from: its own socket, or, through a Proxy, the client the Proxy forwarded. */
 interface Origin {
@@ -381,35 +351,6 @@ function checkOrigin(req: IncomingMessage, origin: Origin): void {
   if (!STATE_CHANGING.has(req.method ?? '')) return;
   const refusal = originRefusal(req.headers.origin, origin.host, req.method);
   if (refusal) throw refusal;
-}
-
-/**
- * The identity of a certificate a Proxy forwarded, verified here as if it had been presented to this server:
- * signed by the CA of its kind, valid now, of this cluster. Never trusted because a Proxy sent it.
- */
-export function forwardedIdentity(trust: ClusterTrust, der: Buffer): Identity {
-  const refuse = (why: string) =>
-    new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `the client certificate forwarded by the Proxy is not valid here: ${why}`, {
-      hint: "Sign in again with 'gwsh login'; the Proxy passes on the certificate the client presented.",
-    });
-  let cert: X509Certificate;
-  let identity: Identity;
-  try {
-    cert = new X509Certificate(der);
-    identity = identityFromCert(der);
-  } catch (err) {
-    throw refuse((err as Error).message);
-  }
-  // Only users come through a Proxy's web port: a host or admin certificate (public, and seen by every Proxy)
-  // forwarded here would let one Proxy act as another Proxy, an agent or the admin.
-  if (identity.kind !== 'user') throw refuse(`a ${identity.kind} certificate cannot come through a Proxy; only user certificates do`);
-  if (!cert.keyUsage?.includes(CLIENT_AUTH_EKU)) throw refuse('the certificate is not for client authentication');
-  const ca = new X509Certificate(trust.user.tls.certPem);
-  if (!cert.checkIssued(ca) || !cert.verify(ca.publicKey)) throw refuse('not signed by the user CA of this cluster');
-  const now = Date.now();
-  if (now < Date.parse(cert.validFrom) || now > Date.parse(cert.validTo)) throw refuse(`valid from ${cert.validFrom} to ${cert.validTo}`);
-  if (identity.cluster !== trust.clusterName) throw refuse(`certificate is for cluster "${identity.cluster}"`);
-  return { ...identity, issuedAt: Date.parse(cert.validFrom) + CLOCK_SKEW_MS };
 }
 
 /** Whether the client presented a certificate (valid or not): then it, not a web session, names the caller. */

@@ -39,7 +39,7 @@ import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import tls, { type TLSSocket } from 'node:tls';
 import { formatHostPort, isIpLiteral, parseAddr, type HostPort } from '../addr.js';
-import { peerIdentityOf } from '../auth/api.js';
+import { peerIdentityOf } from '../auth/peeridentity.js';
 import { identityFromCert, type Identity } from '../auth/pki.js';
 import type { ClusterTrust } from '../auth/proxyauth.js';
 import type { ProxyRecord } from '../auth/records.js';

@@ -31,13 +31,14 @@ import { generateKeyPair, parseSshCert, sshPrivateKeyPem, type Identity } from '
 import { blobFromLine, sshSign } from '../auth/pki/sshwire.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { canAccess } from '../auth/rbac.js';
+import type { WebSessionView } from '../auth/websessions.js';
 import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { connectionOf, type LimitSettings } from '../net/deadlines.js';
 import { clientAddress } from '../stream/meta.js';
 import type { AgentSource } from './router.js';
 import { findTarget, type Target } from './resources.js';
-import { checkOrigin, credentialsOf, type WebCredentials, type WebSessionView } from './web.js';
+import { checkOrigin, credentialsOf, type WebCredentials } from './webcredentials.js';
 
 export const TERMINAL_PATH = '/webapi/terminal';
 export const TERMINAL_PROTOCOL = 'gateway-terminal';

@@ -26,13 +26,12 @@ import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { LimitSettings } from '../net/deadlines.js';
 import type { AgentPresence } from '../auth/records.js';
-import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, bearerOf, cookieValue, isLaunchNonce, launchUnbound, originRefusal, sessionInvalid, sessionMissing, WEB_SESSION_COOKIE, type WebSessionView } from '../auth/websessions.js';
+import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, bearerOf, cookieValue, isLaunchNonce, launchUnbound, WEB_SESSION_COOKIE, type WebSessionView } from '../auth/websessions.js';
 import { readBoundedBody } from '../net/http.js';
 import { resetStream } from '../stream/reset.js';
 import type { AgentSource } from './router.js';
 import { TerminalServer } from './terminal.js';
-
-export type { WebSessionView };
+import { checkOrigin, credentialsOf, type WebCredentials } from './webcredentials.js';
 
 export const SESSION_COOKIE = WEB_SESSION_COOKIE;
 export const APP_COOKIE = APP_SESSION_COOKIE;
@@ -46,26 +45,6 @@ export { bearerOf, cookieValue, isLaunchNonce, launchUnbound };
  */
 export function appSessionKey(name: string, publicAddr: string): string {
   return `${name}@${publicAddr}`;
-}
-
-/** Refuses a request whose Origin is present and is not the page's own (GW_ERR_WEB_CSRF), as api.ts does. */
-export function checkOrigin(req: http.IncomingMessage): void {
-  const host = req.headers.host ?? req.headers[':authority'];
-  const refusal = originRefusal(req.headers.origin, typeof host === 'string' && host.length > 0 && host.length <= 1024 ? host : undefined, req.method);
-  if (refusal) throw refusal;
-}
-
-/** The session's credentials on a request: cookie id and bearer (header, or a WebSocket subprotocol). */
-export interface WebCredentials {
-  id: string;
-  bearer: string;
-}
-
-export function credentialsOf(req: http.IncomingMessage, bearer: string | undefined): WebCredentials {
-  const id = cookieValue(req.headers.cookie, SESSION_COOKIE);
-  if (!id) throw sessionMissing();
-  if (!bearer) throw sessionInvalid('the cookie came without the bearer token of its session (the page sends it with every request)');
-  return { id, bearer };
 }
 
 export interface WebRoutesOptions {
