@@ -27,8 +27,8 @@ const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: stri
   { layer: 'services', units: ['config', 'backend'], why: 'what the roles stand on: the configuration and the storage' },
   {
     layer: 'transport',
-    units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto'],
-    why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it)',
+    units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto', 'wire'],
+    why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it), and the contract both ends of an HTTP exchange share (wire: the ping and find answers, the version server, the forwarded headers, certificate bundles), so that a client, an agent or an upgrader never imports a server file of the Proxy or the Auth Service',
   },
   { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version'], why: 'small modules that import nothing above them' },
 ];
@@ -119,6 +119,18 @@ function layerViolations(edges: Edge[], layers: typeof LAYERS): string[] {
   return out;
 }
 
+/** The units that are a client of a server of the cluster: an agent, gwsh and gwctl, the upgraders, the programs. */
+const CLIENT_UNITS: ReadonlySet<string> = new Set(['agent', 'client', 'upgrade', 'cli']);
+/** The servers' own files: every file of the Proxy, and the Auth Service's routers and facade. */
+const SERVER_FILES = /^src\/proxy\/|^src\/auth\/(api|ssoapi|proxyapi|agentapi|service)\.ts$/;
+
+/** Imports of a server's file by a client: what both ends of a protocol share belongs in src/wire/. */
+function clientServerImports(edges: Edge[]): string[] {
+  return edges
+    .filter((e) => CLIENT_UNITS.has(e.from) && SERVER_FILES.test(e.toFile))
+    .map((e) => `${e.where}: ${e.from} is a client and must not import a server's file (${e.toFile}); move what both ends share to src/wire/`);
+}
+
 /** Every cycle among the nodes (units, or files: fileGraph), each as "a → b → … → a" with one import that closes each step. */
 function cycles(edges: Edge[]): string[] {
   const graph = new Map<string, Map<string, string>>();
@@ -187,6 +199,10 @@ describe('architecture', () => {
     expect(cycles(edges)).toEqual([]);
   });
 
+  it('a client imports no server file: both ends import the contract from src/wire/', () => {
+    expect(clientServerImports(edges)).toEqual([]);
+  });
+
   it('has no cycle among the files', () => {
     const files = fileGraph(edges);
     expect(files.every((e) => existsSync(join(root, e.to))), 'every import resolves to a file').toBe(true);
@@ -213,6 +229,10 @@ describe('architecture', () => {
     expect(cycles(fileGraph(planted))).toEqual([
       'cycle among src/auth/api.ts, src/auth/ssoapi.ts: src/auth/api.ts → src/auth/ssoapi.ts (src/auth/api.ts:44 imports ./ssoapi.js); src/auth/ssoapi.ts → src/auth/api.ts (src/auth/ssoapi.ts:19 imports ./api.js)',
     ]);
+    expect(clientServerImports([f('src/agent/tunnel.ts', 'src/proxy/ping.ts', 40)])).toEqual([
+      "src/agent/tunnel.ts:40 imports ./ping.js: agent is a client and must not import a server's file (src/proxy/ping.ts); move what both ends share to src/wire/",
+    ]);
+    expect(clientServerImports([f('src/agent/tunnel.ts', 'src/wire/ping.ts', 40), f('src/proxy/frontdoor.ts', 'src/proxy/ping.ts', 40), f('src/client/api.ts', 'src/auth/pki.ts', 11)])).toEqual([]);
     expect(() => layerIndex([...LAYERS, { layer: 'again', units: ['cli'], why: '' }])).toThrow(/two layers/);
   });
 });

@@ -32,6 +32,7 @@ import { GatewayError, httpStatus, toGatewayError, type ErrorCode } from '../err
 import { logger } from '../log.js';
 import { readBoundedBody } from '../net/http.js';
 import { clientAddress } from '../stream/meta.js';
+import { FORWARDED } from '../wire/forwarded.js';
 import { caPin, type Identity } from './pki.js';
 import { forwardedIdentity, peerIdentity } from './peeridentity.js';
 import { jsonDepth, yamlNestingBound } from './bounds.js';
@@ -286,12 +287,6 @@ function resourceRoutes(auth: AuthService): Route[] {
   ];
 }
 
-/**
- * What a Proxy in its own process adds to a request it forwards from its web port (src/client/forward.ts):
- * the client's verified certificate (base64 DER, absent when it sent none) and address. Honoured only when the
- * caller is a Proxy of this cluster; the certificate is verified again here (forwardedIdentity).
- */
-export const FORWARDED = { marker: 'x-gateway-forwarded', cert: 'x-gateway-forwarded-cert', addr: 'x-gateway-forwarded-for', host: 'x-gateway-forwarded-host' } as const;
 const MAX_FORWARDED_CERT = 16 * 1024;
 
 /** Where a request comes from: its own socket, or, through a Proxy, the client the Proxy forwarded. */

@@ -3,7 +3,7 @@
 import http from 'node:http';
 import { generateKeyPair, identityFromCert } from '../auth/pki.js';
 import { randomSecret, sameSecret, sha256hex } from '../auth/websessions.js';
-import type { CertBundle } from '../auth/service.js';
+import type { CertBundle } from '../wire/certs.js';
 import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
 import { knownCa, loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
 import { parseDuration } from '../duration.js';

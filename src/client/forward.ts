@@ -1,8 +1,8 @@
 /**
  * The web port's API router of a Proxy in its own process: every request (login, join through the Proxy, gwctl
  * with a user certificate, /webapi/ca) is forwarded to the Auth API over mutual TLS with the Proxy's own
- * certificate, with the client's verified certificate and address in the FORWARDED headers (src/auth/api.ts).
- * The Auth API honours them only from a Proxy and verifies the certificate again; headers of those names that
+ * certificate, with the client's verified certificate and address in the FORWARDED headers
+ * (src/wire/forwarded.ts). The Auth API honours them only from a Proxy and verifies the certificate again; headers of those names that
  * a client sends are dropped here. The browser's Cookie, Authorization and Origin go as they came, with the host
  * it addressed (for the Auth API's Origin check), and the answer's Set-Cookie comes back as it is. HTTP/2
  * pseudo-headers (`:authority`, ...) are never forwarded, either way.
@@ -14,7 +14,7 @@ import https from 'node:https';
 import type http from 'node:http';
 import type { TLSSocket } from 'node:tls';
 import { normalizeHost, parseAddr } from '../addr.js';
-import { FORWARDED } from '../auth/api.js';
+import { FORWARDED } from '../wire/forwarded.js';
 import { DialerAgent } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, httpStatus } from '../errors.js';
