@@ -178,7 +178,7 @@ export function cookieValue(header: string | string[] | undefined, name: string)
 /**
  * GW_ERR_WEB_CSRF when a request's Origin header is present and is not https:// + the host the request addressed
  * (`host`: Host, `:authority`, or what a Proxy forwarded), or undefined when it matches or is absent. The one
- * comparison of the Auth API router (api.ts) and the Proxy's web routes (src/proxy/web.ts).
+ * comparison of the Auth API router (api.ts) and the Proxy's web routes (src/proxy/webcredentials.ts checkOrigin).
  */
 export function originRefusal(given: string | string[] | undefined, host: string | undefined, method: string | undefined): GatewayError | undefined {
   if (given === undefined) return undefined;

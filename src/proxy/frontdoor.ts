@@ -41,7 +41,7 @@ import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
 import { StaticSite } from './static.js';
 import type { VersionServer } from './versions.js';
-import { sendJson, sendWebError } from './web.js';
+import { sendJson, sendWebError } from './webanswer.js';
 import { FIND_PATH, PING_PATH, type FindExtras, type FindResponse } from '../wire/ping.js';
 
 export { closeServer, listenOn };
