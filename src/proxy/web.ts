@@ -72,7 +72,7 @@ export function createWebRoutes(options: WebRoutesOptions): WebRoutes {
       if (!route && !launch) return false;
       void (async () => {
         const method = launch ? 'POST' : route!.method;
-        if (req.method !== method) throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${path}`, { hint: `Use ${method}.` });
+        if (req.method !== method) throw new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`, { hint: `Use ${method}.` });
         if (!launch) req.resume();
         if (method !== 'GET') checkOrigin(req);
         const creds = credentialsOf(req, bearerOf(req.headers.authorization));

@@ -215,7 +215,7 @@ const nonceCookie = (key: string, value: string, maxAgeS: number) => `${nonceCoo
  */
 async function appLaunch(auth: ProxyAuth, options: WebAppOptions, key: string, app: string, host: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
   req.resume();
-  if (req.method !== 'GET') throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${APP_AUTH_PATH}`, { hint: "Open the app from the Web UI's resources page." });
+  if (req.method !== 'GET') throw new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${APP_AUTH_PATH}`, { hint: "Open the app from the Web UI's resources page." });
   const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '');
   const token = query.get('token');
   if (token === null) return startLaunch(options, key, app, host, req, query, res);
