@@ -121,8 +121,8 @@ function layerViolations(edges: Edge[], layers: typeof LAYERS): string[] {
 
 /** The units that are a client of a server of the cluster: an agent, gwsh and gwctl, the upgraders, the programs. */
 const CLIENT_UNITS: ReadonlySet<string> = new Set(['agent', 'client', 'upgrade', 'cli']);
-/** The servers' own files: every file of the Proxy, and the Auth Service's routers and facade. */
-const SERVER_FILES = /^src\/proxy\/|^src\/auth\/(api|ssoapi|proxyapi|agentapi|service)\.ts$/;
+/** The servers' own files: every file of the Proxy, and the Auth Service's routers, facade and session store. */
+const SERVER_FILES = /^src\/proxy\/|^src\/auth\/(api|ssoapi|proxyapi|agentapi|service|websessions)\.ts$/;
 
 /** Imports of a server's file by a client: what both ends of a protocol share belongs in src/wire/. */
 function clientServerImports(edges: Edge[]): string[] {
