@@ -1,10 +1,21 @@
 /**
  * One error family for the whole gateway. Every failure a user can meet has a stable code
- * (GW_ERR_<AREA>_<WHAT>), a one-line summary and a default hint; all three are listed in docs/errors.md
- * (a test fails when a code is missing there). Tests assert codes, never messages.
+ * (GW_ERR_<AREA>_<WHAT>), the HTTP status it is answered with, a one-line summary and a default hint; all four are
+ * listed in docs/errors.md (a test fails when a code is missing there or its status differs). Tests assert codes,
+ * never messages.
+ *
+ * The status is the code's, not the route's: every HTTP answer of the gateway (the Auth API, the Proxy's web routes,
+ * the version server, peering, the forwarder) takes it from here (httpStatus), so one code is one status everywhere.
+ * A code that only a client or a CLI raises has one too, saying what it would mean as an answer: 5xx for a fault of
+ * this side or of what it stands on (500), of a server behind it (502), or of one that did not answer in time (504).
  */
 
+/** The HTTP statuses an error is answered with. */
+export type HttpErrorStatus = 400 | 401 | 403 | 404 | 405 | 409 | 413 | 426 | 429 | 500 | 502 | 503 | 504;
+
 export interface ErrorSpec {
+  /** The HTTP status of an answer carrying this code. */
+  readonly status: HttpErrorStatus;
   /** What the code means, for docs/errors.md. */
   readonly summary: string;
   /** What the user can do about it; an error may carry a more specific hint of its own. */
@@ -14,615 +25,769 @@ export interface ErrorSpec {
 export const ERROR_CODES = {
   // --- generic -----------------------------------------------------------------------------------------------
   GW_ERR_INTERNAL: {
+    status: 500,
     summary: 'An unexpected failure inside the gateway.',
     hint: 'Run again with --debug and report the stack trace.',
   },
   GW_ERR_USAGE: {
+    status: 400,
     summary: 'A command line that the CLI cannot understand (unknown flag, missing argument).',
     hint: 'Run the command with --help to see its usage.',
   },
 
   // --- configuration -------------------------------------------------------------------------------------------
   GW_ERR_CONFIG_READ: {
+    status: 500,
     summary: 'The configuration file cannot be read.',
     hint: 'Check the path given with -c and that the file is readable by this user.',
   },
   GW_ERR_CONFIG_SYNTAX: {
+    status: 500,
     summary: 'The configuration file is not valid YAML.',
     hint: 'Fix the YAML syntax at the line and column shown.',
   },
   GW_ERR_CONFIG_DUPLICATE_KEY: {
+    status: 500,
     summary: 'A key appears twice in the same mapping of the configuration file.',
     hint: 'Keep one of the two; YAML does not allow a key twice in one mapping.',
   },
   GW_ERR_CONFIG_UNKNOWN_KEY: {
+    status: 500,
     summary: 'The configuration has a key the gateway does not know.',
     hint: 'Remove the key or correct its spelling; `gateway configure` prints every known key.',
   },
   GW_ERR_CONFIG_TYPE: {
+    status: 500,
     summary: 'A configuration value has the wrong type (a list where a string is expected, and so on).',
     hint: 'Give the value the type shown in docs/configuration.md.',
   },
   GW_ERR_CONFIG_VALUE: {
+    status: 500,
     summary: 'A configuration value has the right type but is not allowed (bad enum value, bad version, bad URL).',
     hint: 'Use one of the values listed in docs/configuration.md.',
   },
   GW_ERR_CONFIG_ADDR: {
+    status: 500,
     summary: 'A configuration address is not a valid host, host:port or IP literal.',
     hint: 'Write addresses as host:port, an IP or a DNS name; IPv6 with a port goes in brackets: [2001:db8::1]:443.',
   },
   GW_ERR_CONFIG_CHANNEL: {
+    status: 500,
     summary: 'An automatic-upgrades channel sets both or neither of static_version and forward_url.',
     hint: 'Give each channel exactly one of static_version (e.g. v17.0.1) or forward_url (an http(s) URL).',
   },
 
   // --- proxy selection from the environment ----------------------------------------------------------------------
   GW_ERR_DIAL_PROXY_ENV: {
+    status: 500,
     summary: 'HTTPS_PROXY / HTTP_PROXY (or their lowercase forms) hold a value that is not a usable proxy URL.',
     hint: 'Use scheme://[user[:password]@]host:port with scheme http or https, or a bare host:port.',
   },
   GW_ERR_DIAL_PROXY_LOOPBACK: {
+    status: 500,
     summary: 'The proxy host in HTTPS_PROXY / HTTP_PROXY is localhost or 127.0.0.1, which the gateway refuses.',
     hint: "Use the proxy's DNS name or a private IP address instead of localhost / 127.0.0.1.",
   },
   GW_ERR_DIAL_BAD_TARGET: {
+    status: 500,
     summary: 'A dial target is neither host:port nor an http:// or https:// URL.',
     hint: 'Give targets as host:port (IPv6 in brackets: [2001:db8::1]:443) or as http(s):// URLs.',
   },
 
   // --- dialing ----------------------------------------------------------------------------------------------------
   GW_ERR_DIAL_UNREACHABLE: {
+    status: 502,
     summary: 'A direct connection to the target failed (refused, no route, name not found).',
     hint: 'Check the address and that the service listens there; if the network needs a proxy, set HTTPS_PROXY.',
   },
   GW_ERR_DIAL_PROXY_UNREACHABLE: {
+    status: 502,
     summary: 'The HTTP CONNECT proxy itself cannot be reached (refused, no route, name not found).',
     hint: 'Check the host and port in HTTPS_PROXY / HTTP_PROXY and that the proxy is running.',
   },
   GW_ERR_DIAL_CONNECT_TIMEOUT: {
+    status: 504,
     summary: 'The TCP (and, for an https:// proxy, TLS) connection to the proxy or target did not complete in time.',
     hint: 'Check that the address is reachable from this host; a firewall that drops packets looks like this.',
   },
   GW_ERR_DIAL_PROXY_TLS: {
+    status: 502,
     summary: 'The TLS handshake with an https:// proxy failed (certificate not trusted, wrong name, protocol error).',
     hint: "Give the proxy's CA with --proxy-ca / dialer option proxyCa, or check the proxy's TLS configuration.",
   },
   GW_ERR_DIAL_PROXY_NO_ANSWER: {
+    status: 504,
     summary: 'The proxy accepted the connection but did not answer the CONNECT request in time.',
     hint: 'The proxy may be overloaded or not an HTTP proxy at all; check the port in HTTPS_PROXY.',
   },
   GW_ERR_DIAL_PROXY_CLOSED: {
+    status: 502,
     summary: 'The proxy closed the connection before it finished answering the CONNECT request.',
     hint: "Check the proxy's logs; it may refuse clients from this address or limit connections.",
   },
   GW_ERR_DIAL_PROXY_MALFORMED: {
+    status: 502,
     summary: 'The proxy answered the CONNECT request with something that is not an HTTP response.',
     hint: 'The address in HTTPS_PROXY may point at a service that is not an HTTP proxy.',
   },
   GW_ERR_DIAL_PROXY_REFUSED: {
+    status: 502,
     summary: 'The proxy answered CONNECT with an error status (403, 502, 503, ...).',
     hint: "Check the proxy's access rules for this target; many proxies allow CONNECT only to port 443.",
   },
   GW_ERR_DIAL_PROXY_AUTH_REQUIRED: {
+    status: 502,
     summary: 'The proxy requires authentication (407) and no credentials were given.',
     hint: 'Put the credentials in the proxy URL: http://user:password@host:port (percent-encode special characters).',
   },
   GW_ERR_DIAL_PROXY_AUTH_REFUSED: {
+    status: 502,
     summary: 'The proxy refused the credentials in the proxy URL (407).',
     hint: 'Check the user name and password in HTTPS_PROXY / HTTP_PROXY (percent-encode special characters).',
   },
   GW_ERR_HTTP_FAILED: {
+    status: 502,
     summary: 'An HTTPS request made through the Dialer failed after the connection was set up (TLS or HTTP error).',
     hint: "Check the server's certificate and address; the message names the URL.",
   },
   GW_ERR_HTTP_TIMEOUT: {
+    status: 504,
     summary: 'An HTTPS request made through the Dialer got no answer in time.',
     hint: 'Check that the server is up and reachable through the proxy, if one is set.',
   },
   GW_ERR_HTTP_TOO_LARGE: {
+    status: 502,
     summary: 'An HTTPS answer was larger than the gateway accepts for that request.',
     hint: 'The URL probably points at the wrong resource.',
   },
   GW_ERR_DIAL_ABORTED: {
+    status: 500,
     summary: 'The dial was cancelled by the caller before it completed.',
     hint: 'Nothing to fix: the operation that needed the connection was stopped.',
   },
 
   // --- storage backend (src/backend) ------------------------------------------------------------------------------
   GW_ERR_BACKEND_OPEN: {
+    status: 500,
     summary: 'The cluster-state backend cannot be opened (path is a directory, file is not a gateway database, permission denied, unsupported type; PostgreSQL: bad connection string, missing database, missing privilege, not UTF8, newer schema).',
     hint: 'Check that the backend path names a file in a directory this user can write, and that the file is a gateway backend (or move it aside).',
   },
   GW_ERR_BACKEND_CLOSED: {
+    status: 500,
     summary: 'An operation was made on a backend after close().',
     hint: 'This is a bug in the caller: stop using the backend once it is closed, or open it again.',
   },
   GW_ERR_BACKEND_EXISTS: {
+    status: 500,
     summary: 'create() found the key already present in the backend.',
     hint: 'Use update() or put() to change an existing item, or delete it first.',
   },
   GW_ERR_BACKEND_NOT_FOUND: {
+    status: 500,
     summary: 'update() found no item at the key in the backend (it never existed, was deleted, or expired).',
     hint: 'Use create() or put() for a new item.',
   },
   GW_ERR_BACKEND_CONFLICT: {
+    status: 500,
     summary: 'A compare-and-swap or a condition of an atomic write did not hold: the item changed, appeared or disappeared.',
     hint: 'Read the item again and retry the change on top of the current revision.',
   },
   GW_ERR_BACKEND_INVALID: {
+    status: 500,
     summary: 'A backend call got an invalid argument (empty key, key or value with NUL or an unpaired surrogate, bad TTL, limit or revision).',
     hint: 'This is a bug in the caller: keys are non-empty well-formed strings of at most 1024 UTF-8 bytes, TTLs positive numbers of ms.',
   },
   GW_ERR_BACKEND_FAILED: {
+    status: 500,
     summary: 'The backend failed an operation (disk full, I/O error, database locked by another process for too long, corrupted file; PostgreSQL: the write lock held too long by another Auth Service, a server error).',
     hint: 'Check free disk space and the health of the disk holding the backend; restore the file from a backup if it is corrupted.',
   },
   GW_ERR_BACKEND_UNREACHABLE: {
+    status: 500,
     summary: "The backend's PostgreSQL server cannot be reached (connection refused, unknown host, timeout, no free connection slot), or the connection was lost during an operation.",
     hint: 'Check that PostgreSQL runs and listens at the address of gateway.storage.conn_string and that this machine can reach it. A write that failed this way may or may not have been applied: read the item again before retrying.',
   },
   GW_ERR_BACKEND_AUTH: {
+    status: 500,
     summary: "PostgreSQL refused the backend's login: wrong password, no password given, no pg_hba.conf line for the user, or a client certificate that does not name the user.",
     hint: "Check the user and its password or client certificate (gateway.storage.cert_file, whose CN is the user name) against the server's pg_hba.conf.",
   },
   GW_ERR_BACKEND_TLS: {
+    status: 500,
     summary: "TLS to the backend's PostgreSQL server failed: the server does not accept TLS, refused the client certificate, or the TLS files cannot be read or used.",
     hint: "Turn ssl on in the server's postgresql.conf, and check gateway.storage.ca_file, cert_file and key_file (a certificate the server's ssl_ca_file trusts and its key).",
   },
   GW_ERR_BACKEND_COMPACTED: {
+    status: 500,
     summary: "A backend watcher fell behind the change log's trimmed horizon: events it had not received yet are gone (after a database outage longer than the log's retention).",
     hint: 'Read the state again with range() and watch again; the Auth Service does this by itself.',
   },
 
   // --- auth service, API, clients ----------------------------------------------------------------------------------
   GW_ERR_AUTH_CLUSTER_NAME: {
+    status: 500,
     summary: 'The configured cluster name differs from the one stored in the data directory.',
     hint: 'A cluster cannot be renamed: set auth_service.cluster_name back, or start with a new data directory.',
   },
   GW_ERR_AUTH_UNAUTHENTICATED: {
+    status: 401,
     summary: 'An API call that needs an identity came without a valid client certificate from this cluster.',
     hint: "Sign in with 'gwsh login', or run gwctl on the Auth Service's machine with its data directory.",
   },
   GW_ERR_ACCESS_DENIED: {
+    status: 403,
     summary: "The caller's roles do not allow the action (or a deny rule forbids it); the message names the missing rule.",
     hint: 'Ask an administrator for a role with the missing rule, then sign out and in again.',
   },
   GW_ERR_ACCESS_LOCKED: {
+    status: 403,
     summary: 'A lock refuses the identity: its user, one of its roles, or the agent is locked; the message names the lock, its message and until when.',
     hint: "An administrator lifts the lock with 'gwctl unlock NAME' ('gwctl get locks' lists them); a lock with an expiry ends by itself.",
   },
   GW_ERR_AUTH_IDENTITY_REVOKED: {
+    status: 401,
     summary: 'The certificate names a user or an agent that no longer exists in this cluster (removed after the certificate was issued).',
     hint: 'A removed user must be created again and sign in again; a removed agent must join again with a new token.',
   },
   GW_ERR_AUTH_LOGIN_FAILED: {
+    status: 401,
     summary: 'Wrong user name or password (the error does not say which).',
     hint: 'Check the user name and password; repeated failures are rate limited.',
   },
   GW_ERR_AUTH_RATE_LIMITED: {
+    status: 429,
     summary: 'Too many failed (or still running) logins for this user from this address, or failed joins from this address; further attempts are refused until the window passes.',
     hint: 'Wait for the time shown, then try again with the right password or a valid join token.',
   },
   GW_ERR_AUDIT_RATE_LIMITED: {
+    status: 429,
     summary: "A Proxy reported more session events in a minute than any Proxy's own bounds allow (PROXY_EVENTS_PER_MINUTE); the Auth Service refuses the rest of that minute's, from that Proxy only.",
     hint: "A Proxy of this version cannot send this many: look at that Proxy (gwctl get proxies) and lock it with 'gwctl lock --node <its host ID>' if it is not yours.",
   },
   GW_ERR_AUTH_WEAK_PASSWORD: {
+    status: 400,
     summary: 'A new password is shorter than 8 or longer than 1024 characters.',
     hint: 'Choose a password of at least 8 characters.',
   },
   GW_ERR_AUTH_TOKEN_UNKNOWN: {
+    status: 401,
     summary: 'The join token is not known to this cluster (mistyped, removed, or for another cluster).',
     hint: "Create a new one with 'gwctl tokens add' and copy it exactly.",
   },
   GW_ERR_AUTH_TOKEN_EXPIRED: {
+    status: 401,
     summary: 'The join token has expired.',
     hint: "Create a new one with 'gwctl tokens add' (--ttl sets how long it lasts).",
   },
   GW_ERR_AUTH_TOKEN_USED: {
+    status: 401,
     summary: 'The join token has been used as many times as it allows.',
     hint: "Create a new one with 'gwctl tokens add' (--uses sets how many agents may join with it).",
   },
   GW_ERR_AUTH_TOKEN_WRONG_TYPE: {
+    status: 403,
     summary: 'The join token is for other service types than the agent asked to join as.',
     hint: "Create a token with the agent's types: gwctl tokens add --type=node,db,...",
   },
   GW_ERR_AUTH_JOIN_NAME_RESERVED: {
+    status: 403,
     summary: "A join asked for a node name or public address that belongs to the cluster's Proxies or Auth Services (their public addresses and node names, the cluster name, or a name under a Proxy's public name, where apps are served); only a Proxy's token may name a Proxy's addresses.",
     hint: "Give the agent a name and public_addr of its own (gateway.nodename, the services' public_addr, --public-addr); the message names the reserved name and whose it is. The token was not used.",
   },
   GW_ERR_HOST_RENEW_REFUSED: {
+    status: 403,
     summary: "An agent's renewal of its host certificates was refused: the key it sent is not the one it joined with, its node record holds no key, or an ask a Proxy carried lacks the agent's fresh proof of its key.",
     hint: "The message says which. A key that is not the joined one, or a record without one: join the agent again with a new token from 'gwctl tokens add' (renewal keeps the key). A missing or stale proof: check the agent's clock (date -u); it asks again by itself.",
   },
   GW_ERR_HOST_RENEW_TOO_SOON: {
+    status: 429,
     summary: "An agent asked to renew its host certificates again within an hour of its last renewal, or within a minute of a refused ask the same way.",
     hint: 'Nothing to do: the agent keeps its current certificates and asks again later by itself.',
   },
   GW_ERR_AUTH_PIN_MISMATCH: {
+    status: 502,
     summary: "The cluster CA presented by the server does not match the --ca-pin given; nothing secret was sent.",
     hint: "Check the pin ('gwctl status' prints it) and that the address is this cluster's Proxy.",
   },
   GW_ERR_RESOURCE_EXISTS: {
+    status: 409,
     summary: 'The resource already exists.',
     hint: 'Use gwctl create -f to overwrite it, or choose another name.',
   },
   GW_ERR_RESOURCE_NOT_FOUND: {
+    status: 404,
     summary: 'No resource (user, role, token, ...) by that name.',
     hint: "List what exists with 'gwctl get KIND'.",
   },
   GW_ERR_RESOURCE_KIND: {
+    status: 400,
     summary: 'A resource kind that gwctl does not manage.',
     hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node.',
   },
   GW_ERR_RESOURCE_INVALID: {
+    status: 400,
     summary: 'A resource manifest does not validate (YAML syntax, unknown kind or version, unknown key, wrong type or value); details.problems lists every problem with its document, key path, line and column.',
     hint: 'Fix the key at the document, line and column shown; docs/resources.md lists every kind and field.',
   },
   GW_ERR_RESOURCE_DUPLICATE: {
+    status: 400,
     summary: 'A manifest defines the same resource (kind and name) twice; reported as a problem inside GW_ERR_RESOURCE_INVALID.',
     hint: 'Keep one definition of each resource in a manifest.',
   },
   GW_ERR_API_BAD_REQUEST: {
-    summary: 'An API request the server cannot understand (bad JSON, missing field, wrong method).',
+    status: 400,
+    summary: 'An API request the server cannot understand (bad JSON, missing field, bad percent-encoding).',
     hint: 'Check that the client and the server run the same version.',
   },
+  GW_ERR_API_METHOD_NOT_ALLOWED: {
+    status: 405,
+    summary: 'An API path the server has, asked with a method it does not take there (the answer\'s Allow header, when present, lists the ones it does).',
+    hint: 'Check that the client and the server run the same version.',
+  },
+  GW_ERR_API_UPGRADE_REQUIRED: {
+    status: 426,
+    summary: "A plain request (no Upgrade: websocket) to the Proxy's connection-upgrade path, which only takes a WebSocket upgrade.",
+    hint: 'Send GET /webapi/connectionupgrade with Upgrade: websocket and the ALPN protocol as the subprotocol (gwsh does when the web port is behind a load balancer that ends TLS).',
+  },
   GW_ERR_API_BAD_KEY: {
+    status: 400,
     summary: 'A login or join request carries a public key the gateway cannot use (public_key is not a PEM public key, ssh_public_key not an OpenSSH public key line of a supported type); nothing was consumed.',
     hint: 'Send the keys the gateway generated (gwsh and gateway start do); a join token stays valid after this refusal.',
   },
   GW_ERR_API_TOO_LARGE: {
+    status: 413,
     summary: 'An API request body over the 1 MiB limit.',
     hint: 'Split a large manifest into several files.',
   },
   GW_ERR_API_NOT_FOUND: {
+    status: 404,
     summary: 'An API path the server does not have.',
     hint: 'Check that the client and the server run the same version.',
   },
   GW_ERR_API_BAD_RESPONSE: {
+    status: 502,
     summary: 'The server answered with something that is not a gateway API answer.',
     hint: 'Check that the address is the Proxy or the Auth Service of a gateway cluster.',
   },
   GW_ERR_API_TOO_MANY_STREAMS: {
+    status: 429,
     summary: "A Proxy opened more event streams to the Auth API than its cap (4 per Proxy); the new one is refused, the open ones go on.",
     hint: 'Check that two Proxy processes do not share one data directory (one host identity); a restarted Proxy gets its stream once the old ones close.',
   },
   GW_ERR_AUTH_UNREACHABLE: {
+    status: 503,
     summary: 'A Proxy that runs without the Auth Service in its process cannot reach any Auth API address it was given; new connections that need the Auth Service fail, open ones stay open.',
     hint: 'Check that the Auth Service at gateway.auth_server (or --auth-server) runs and that this machine reaches it on port 3025; the Proxy reconnects by itself.',
   },
   GW_ERR_CLIENT_UNTRUSTED: {
+    status: 502,
     summary: "The server's certificate is not signed by a CA this side trusts (no --ca-pin was given and the system does not trust it, or it is another cluster's).",
     hint: "Pass --ca-pin sha256:... ('gwctl status' prints it) so that the cluster CA is trusted after it is checked; the message's hint says what applies to the server dialled.",
   },
   GW_ERR_TLS_NAME_MISMATCH: {
+    status: 502,
     summary: 'The server certificate is trusted but does not hold the name or IP address that was dialled; the message lists the DNS and IP names it holds.',
     hint: "Set proxy_service.public_addr (auth_service.public_addr for the Auth Service) to include the address dialled and restart the service, which issues its certificate at start for every public_addr; or dial one of the names the certificate holds.",
   },
   GW_ERR_TLS_CERT_EXPIRED: {
+    status: 502,
     summary: 'The server certificate has expired or is not valid yet.',
     hint: 'Check the clocks of both machines (date -u); a Proxy or Auth Service issues a fresh certificate when it restarts, other servers need theirs renewed.',
   },
   GW_ERR_TLS_WRONG_ROLE: {
+    status: 502,
     summary: "The server's certificate chains to the cluster's host CA and holds the name dialled, but it is not the certificate of the member expected: a Proxy's must carry the system role proxy, the Auth Service's the role auth, and the release download location is no member at all (another host of the cluster, such as an agent, answered); nothing was sent to it.",
     hint: 'Check where the address resolves and the proxy settings (HTTPS_PROXY) of this machine: something leads it to another host of the cluster. The message names what the certificate is.',
   },
   GW_ERR_CLIENT_NOT_LOGGED_IN: {
+    status: 401,
     summary: 'gwsh has no profile: nobody is signed in.',
     hint: "Run 'gwsh login --proxy=HOST:PORT --user=USER'.",
   },
   GW_ERR_CLIENT_PROFILE: {
+    status: 500,
     summary: 'The gwsh profile in ~/.gwsh (or $GWSH_HOME) cannot be read or is damaged.',
     hint: "Run 'gwsh logout' and 'gwsh login' again.",
   },
   GW_ERR_CLIENT_NO_CREDENTIALS: {
+    status: 401,
     summary: 'gwctl found neither a gwsh profile nor a readable local admin identity.',
     hint: "Sign in with 'gwsh login', or run gwctl on the Auth Service's machine (--data-dir if not /var/lib/gateway).",
   },
   GW_ERR_AGENT_IDENTITY: {
+    status: 500,
     summary: "An agent has no usable host identity: it never joined, its stored identity is damaged, or it now runs services it did not join for.",
     hint: "Join with --token, --ca-pin and --proxy as printed by 'gwctl tokens add'.",
   },
   GW_ERR_LISTEN: {
+    status: 500,
     summary: 'A listener cannot bind its address (in use, permission for ports below 1024, address not on this machine).',
     hint: 'The message names the configuration key; change the address or stop the other process.',
   },
 
   // --- single sign-on: OIDC, SAML and the code-hosting OAuth connector (src/auth/sso) -------------------------------
   GW_ERR_SSO_CONNECTOR_UNKNOWN: {
+    status: 404,
     summary: 'No connector of that kind and name exists (or sign-in through it is not possible), so there is nothing to sign in with.',
     hint: "List the connectors with 'gwctl get oidc', 'gwctl get saml' or 'gwctl get github', and use one of their names.",
   },
   GW_ERR_SSO_STATE_INVALID: {
+    status: 400,
     summary: 'The single sign-on callback names a sign-in request that does not exist: unknown, already used (a replayed callback), expired (10 minutes), or of another connector.',
     hint: 'Start the sign-in again from the login page (or gwsh login --auth=NAME) and finish it within 10 minutes, in the same browser.',
   },
   GW_ERR_SSO_TOKEN_INVALID: {
+    status: 401,
     summary: "The identity provider's answer failed a check; the message names it: signature, audience, issuer, nonce, expired, in_response_to, ...",
     hint: "Check the connector's issuer_url / metadata, client_id and entity IDs against the identity provider, and the clocks of both machines; a forged answer is refused on purpose.",
   },
   GW_ERR_SSO_IDP_ERROR: {
+    status: 502,
     summary: 'The identity provider answered with an error, or could not be reached (through HTTPS_PROXY if set).',
     hint: "Check that the identity provider is up and reachable from the Auth Service (and its proxy settings), and the connector's client ID and secret.",
   },
   GW_ERR_SSO_NO_ROLES: {
+    status: 403,
     summary: "The connector's mapping gives the user no role, so the sign-in is refused.",
     hint: "Add the user to a group, team or attribute value that the connector's claims_to_roles / attributes_to_roles / teams_to_roles maps to a role.",
   },
   GW_ERR_SSO_USERNAME_REFUSED: {
+    status: 403,
     summary: "The identity provider's answer has no claim that may name the user: by default a verified e-mail address (email with email_verified true); the message names the claim that is missing or not verified.",
     hint: "Verify the address at the identity provider, or set the OIDC connector's username_claim (e.g. preferred_username) or allow_unverified_email: true if the provider never sends email_verified.",
   },
 
   // --- the web: sessions of the browser (src/auth/websessions.ts) -------------------------------------------------
   GW_ERR_WEB_SESSION_MISSING: {
+    status: 401,
     summary: 'A request from the browser carries no web session cookie (not signed in, or the browser dropped the expired cookie).',
     hint: 'Sign in on the web page; the cookie is sent only over HTTPS to the very host that set it.',
   },
   GW_ERR_WEB_SESSION_EXPIRED: {
+    status: 401,
     summary: 'The web session has expired (it lasts as long as a user certificate would).',
     hint: 'Sign in again on the web page.',
   },
   GW_ERR_WEB_SESSION_INVALID: {
+    status: 401,
     summary: 'The web session is unknown (signed out, tampered cookie), or the request lacks the bearer token of that very session, or a one-time token (bearer handout, app launch) was used already, expired or is for another app.',
     hint: 'Sign in again on the web page; an app is opened again from the resources page.',
   },
   GW_ERR_WEB_CSRF: {
+    status: 403,
     summary: "A state-changing request came from another site: its Origin header is not the page's own origin.",
     hint: 'Use the web UI from its own address; requests from other sites are refused.',
   },
   GW_ERR_WEB_APP_LAUNCH_UNBOUND: {
+    status: 403,
     summary: "An app launch came to the app's host without the launch nonce it was bound to: no state, a state that is not this browser's nonce cookie, or a token bound to another nonce (a launch link made in another browser, e.g. someone else's).",
     hint: "Open the app from the Web UI's resources page in this browser; a launch link someone else gave you is refused on purpose.",
   },
   GW_ERR_WEB_TERMINAL_LIMIT: {
+    status: 429,
     summary: 'A web session asked for more terminals at once than the Proxy allows one session (32); the open ones go on.',
     hint: 'Close some terminal tabs of the web page first.',
   },
 
   // --- identity: certificate authorities, certificates, CA pins (src/auth/pki.ts) -----------------------------
   GW_ERR_AUTH_BAD_PIN: {
+    status: 500,
     summary: 'A CA pin is not of the form sha256:<64 hexadecimal digits> (the prefix may be left out, but not given twice).',
     hint: "Copy the pin exactly as 'gwctl status' prints it (sha256: followed by 64 hex digits).",
   },
   GW_ERR_AUTH_BAD_CERT: {
+    status: 500,
     summary: 'A certificate is missing, cannot be parsed, or carries no valid gateway identity.',
     hint: 'Sign in again (gwsh login) or re-join the agent to get a fresh certificate from this cluster.',
   },
   GW_ERR_PKI_BAD_KEY: {
+    status: 500,
     summary: 'A key is not in a form the gateway accepts, or a CA private key does not match its certificate.',
     hint: 'Use PEM keys (PKCS#8 private, SPKI public) or OpenSSH public key lines; ECDSA P-256 keys work everywhere.',
   },
   GW_ERR_PKI_BAD_REQUEST: {
+    status: 500,
     summary: 'A certificate request is invalid (empty name or principals, control characters, bad DNS name or IP, non-positive TTL).',
     hint: 'The message names the field to correct.',
   },
   GW_ERR_PKI_CA_EXPIRED: {
+    status: 500,
     summary: 'A certificate authority is outside its validity period and cannot issue certificates.',
     hint: "Rotate the cluster's certificate authorities, or check this machine's clock.",
   },
 
   // --- version server for automatic agent upgrades (src/proxy/versions.ts) ------------------------------------
   GW_ERR_VERSION_BAD_PATH: {
+    status: 400,
     summary: 'A version-server request path is not .../channel/<channel>/version or .../critical (empty, "." or ".." segment, bad percent-encoding, no channel, other suffix).',
     hint: 'Ask /v1/webapi/automaticupgrades/channel/<channel>/version (or /critical), e.g. .../channel/default/version.',
   },
   GW_ERR_VERSION_UNKNOWN_CHANNEL: {
+    status: 404,
     summary: 'The version server has no channel by that name (only default and the channels in automatic_upgrades_channels exist).',
     hint: 'Check the channel name in the agent\'s upgrader settings, or add the channel to proxy_service.automatic_upgrades_channels on every Proxy.',
   },
   GW_ERR_VERSION_UPSTREAM: {
+    status: 502,
     summary: "A forward_url channel's upstream version server failed (unreachable, error status, or an answer that is not a version / yes / no); no cached value is served instead.",
     hint: 'Check the forward_url and that the upstream answers <forward_url>/version through HTTPS_PROXY / NO_PROXY as this Proxy sees them.',
   },
   GW_ERR_VERSION_UPSTREAM_TIMEOUT: {
+    status: 504,
     summary: "A forward_url channel's upstream version server did not answer within the deadline (5 s by default).",
     hint: 'Check that the upstream is up and reachable from the Proxy (through the proxy in HTTPS_PROXY, if set); agents retry later.',
   },
 
   // --- automatic agent upgrades: windows, schedule export, gateway-upgrade (src/upgrade) --------------------------
   GW_ERR_UPGRADE_ENDPOINT: {
+    status: 500,
     summary: 'The upgrader endpoint file (/etc/gateway-upgrade.d/endpoint) is missing or its value is not <host>:<port>/v1/webapi/automaticupgrades/channel/<channel> (an https:// prefix, a /version suffix, no channel, several values).',
     hint: 'Write one line such as proxy.example.com:443/v1/webapi/automaticupgrades/channel/default, with no https:// and no /version.',
   },
   GW_ERR_UPGRADE_VERSION_SERVER: {
+    status: 502,
     summary: 'The version server (https://<endpoint>/version) could not be asked, or answered something that is not a version.',
     hint: 'Check the endpoint file, that the Proxy is reachable from this host (through HTTPS_PROXY if set; NO_PROXY bypasses it) and that the channel exists.',
   },
   GW_ERR_UPGRADE_CLUSTER_TOO_OLD: {
+    status: 500,
     summary: 'The cluster (its /webapi/ping server_version) is older than automatic agent upgrades need: v14.3.7 on v14, v15.1.3 on v15 and later; or its version cannot be read.',
     hint: 'Upgrade the Auth and Proxy Services first (at least v14.3.7, or v15.1.3 on v15), then the agents enroll by themselves.',
   },
   GW_ERR_UPGRADE_INSTALLED_VERSION: {
+    status: 500,
     summary: 'The upgrader cannot tell which gateway version is installed (the version command failed or printed no version).',
     hint: 'Check that `gateway --version` works on this host, or set GATEWAY_UPGRADE_VERSION_COMMAND.',
   },
   GW_ERR_UPGRADE_LOCKED: {
+    status: 409,
     summary: 'Another gateway-upgrade is running on this host (it holds the lock file); two upgraders never run at once.',
     hint: 'Wait for it to finish; if no gateway-upgrade runs, the lock names a dead process and the next run removes it.',
   },
   GW_ERR_UPGRADE_PACKAGE_MANAGER: {
+    status: 500,
     summary: 'No supported way to install the gateway was found (apt, yum, dnf, zypper or a tarball install), or the one configured is unknown.',
     hint: 'Set GATEWAY_UPGRADE_PACKAGE_MANAGER to apt, yum, dnf, zypper or tarball.',
   },
   GW_ERR_UPGRADE_REPO: {
+    status: 500,
     summary: 'The package repository entry (/etc/apt/sources.list.d/gateway.list, /etc/yum.repos.d/gateway.repo) is missing, unreadable, or on a channel that cannot hold the target version; or the repository serves metadata the package manager cannot read (nothing was installed).',
     hint: "Register the repository, or move it to the channel named in the message with 'gateway-upgrade repo set-channel <channel>'.",
   },
   GW_ERR_UPGRADE_DOWNLOAD: {
+    status: 502,
     summary: 'Downloading the release tarball or its .sha256 file failed.',
     hint: 'Check GATEWAY_UPGRADE_DOWNLOAD_URL and that the address is reachable from this host (through HTTPS_PROXY if set).',
   },
   GW_ERR_UPGRADE_CHECKSUM: {
+    status: 502,
     summary: 'The downloaded tarball does not match its .sha256 file, or a package does not match the checksum listed in its repository metadata; nothing was extracted or installed.',
     hint: 'Run the upgrade again; if it keeps failing, the download is being altered on the way (check proxies) or the release is broken.',
   },
   GW_ERR_UPGRADE_TARBALL: {
+    status: 502,
     summary: 'The release tarball passed its checksum but is not safe to extract: an entry with an absolute path or "..", a symbolic link pointing outside, a device or unknown entry type, setuid files, too many entries or too many bytes once unpacked, or not a gzip tar at all; nothing was extracted or installed.',
     hint: 'A release tarball never holds these: the release at {download_url} is broken or not genuine; tell its publisher, and do not install it by hand.',
   },
   GW_ERR_UPGRADE_INSTALL: {
+    status: 500,
     summary: 'Installing the target version failed (package manager or tarball install step); the previous version is still installed, or was put back (the message says which).',
     hint: "The message quotes the installer's output; fix that cause (disk space, repository, network) and run 'gateway-upgrade run' again.",
   },
   GW_ERR_UPGRADE_HEALTH: {
+    status: 500,
     summary: 'After installing the target version, the new binary failed its self-check (its version command did not run or did not report the target; nothing was restarted) or the service did not come back healthy with it; the upgrader put the previous version back.',
     hint: "Check the service's logs (journalctl -u gateway); the message says whether the rollback succeeded.",
   },
   GW_ERR_UPGRADE_SCHEDULE: {
+    status: 500,
     summary: 'The maintenance schedule file cannot be written, or (agent running as a non-root user) does not exist or belongs to another user.',
     hint: 'Create the file and give it to the agent user: sudo install -o <user> -m 0644 /dev/null /etc/gateway-upgrade.d/schedule',
   },
 
   // --- files (src/fsutil.ts) -------------------------------------------------------------------------------------
   GW_ERR_FS_WRITE: {
+    status: 500,
     summary: 'A file the gateway keeps (key, certificate, state) cannot be written.',
     hint: 'Check that the directory named in the message is writable by this user and that the disk is not full.',
   },
   GW_ERR_FS_READ: {
+    status: 500,
     summary: 'A file the gateway keeps exists but cannot be read.',
     hint: 'Check the permissions of the file named in the message; keys must be readable by the gateway user.',
   },
 
   // --- multiplexer: sniffing, ClientHello, PROXY protocol (src/mux) -----------------------------------------------
   GW_ERR_MUX_BAD_HELLO: {
+    status: 400,
     summary: 'A connection on the TLS port sent a TLS ClientHello that is malformed (bad record, length past the end, bad server name or ALPN list); the message gives the reason.',
     hint: 'The client is not speaking TLS correctly, or something between it and the Proxy alters the stream; check for a middlebox or a port scanner.',
   },
   GW_ERR_MUX_HELLO_TOO_LARGE: {
+    status: 400,
     summary: 'A TLS ClientHello is larger than the multiplexer accepts (16 KiB plus record headers by default).',
     hint: 'Real clients send far smaller hellos; if a legitimate client does, check for an unusual number of extensions or a huge server name.',
   },
   GW_ERR_MUX_BAD_PROXY_HEADER: {
+    status: 400,
     summary: 'A PROXY protocol header (v1 text or v2 binary) from a load balancer is malformed, too long, or announces something the gateway refuses (UDP).',
     hint: "Check the load balancer's PROXY protocol settings (version, TCP only) and that only it can reach this port.",
   },
   GW_ERR_MUX_PROXY_HEADER_UNTRUSTED: {
+    status: 403,
     summary: 'A PROXY protocol header arrived from a source that proxy_service.proxy_protocol_trusted_sources does not list; the connection was closed before anything else was read (the address the header named is not used anywhere).',
     hint: 'If the source is your load balancer, add its address or network to proxy_service.proxy_protocol_trusted_sources; otherwise a client that reaches the Proxy directly is trying to pick the address it is counted under.',
   },
 
   // --- reverse tunnels and routing to resources -------------------------------------------------------------------
   GW_ERR_TUNNEL_PROTOCOL: {
+    status: 502,
     summary: 'A peer broke the reverse-tunnel protocol (a header line that is not JSON, too long, or missing; a v2 frame that is malformed, over its cap or beyond the granted window).',
     hint: 'Agents and Proxies of different versions negotiate the tunnel protocol (ALPN), so a break is a bug or something rewriting the bytes in between (a TLS-inspecting proxy): check the log of the other end, and that nothing on the path terminates TLS.',
   },
   GW_ERR_TUNNEL_TIMEOUT: {
+    status: 504,
     summary: 'A tunnel peer did not answer in time (hello, dial answer, route header).',
     hint: 'The agent or the resource behind it may be overloaded or unreachable; check its logs.',
   },
   GW_ERR_TUNNEL_NOT_FOUND: {
+    status: 404,
     summary: 'No connected agent serves the resource asked for (database, app, desktop, cluster or node).',
     hint: "List what is reachable with 'gwsh db ls', 'gwsh apps ls' or 'gwctl get nodes'; the agent may be offline.",
   },
   GW_ERR_TUNNEL_DIAL_FAILED: {
+    status: 502,
     summary: 'The agent could not connect to the resource behind it; the message names the resource, the agent and why.',
     hint: "Check that the resource runs and that the address in the agent's configuration is right.",
   },
   GW_ERR_DB_USER_DENIED: {
+    status: 403,
     summary: "The agent refused a database connection: the database user the client asked for in the protocol's startup is not among the db_users the user's roles allow (or a role denies it).",
     hint: "Connect as a database user your roles allow ('gwsh status' names your roles), or ask for a role whose db_users include it (templates such as {{internal.db_users}} read your traits), then sign in again.",
   },
   GW_ERR_DB_NAME_DENIED: {
+    status: 403,
     summary: "The agent refused a database connection: the database name the client asked for is not among the db_names the user's roles allow (or a role denies it).",
     hint: "Connect to a database your roles allow, or ask for a role whose db_names include it, then sign in again.",
   },
   GW_ERR_DB_PROTOCOL: {
+    status: 400,
     summary: "The agent could not read the database client's startup (malformed, oversized, truncated, TLS asked of the database itself, or not in time), so it could not check the database user and name and closed the connection.",
     hint: "Use the database's own client through 'gwsh proxy db' without TLS to the database (sslmode=disable or prefer for psql, no --ssl for mysql, no --tls or compressors for mongosh): the tunnel already encrypts the way to the agent.",
   },
   GW_ERR_TUNNEL_AUTH: {
+    status: 502,
     summary: 'The Proxy refused an agent (unknown host, wrong key, certificate from another cluster), or the agent refused the Proxy.',
     hint: 'Join the agent again with a new token if its host identity was removed or belongs to another cluster.',
   },
   GW_ERR_TUNNEL_DOWN: {
+    status: 502,
     summary: 'The reverse tunnel to the Proxy is not connected (the agent is reconnecting).',
     hint: 'The agent retries by itself; check the network path and HTTPS_PROXY if it does not come back.',
   },
   GW_ERR_PEER_UNREACHABLE: {
+    status: 502,
     summary: "Proxy peering: this Proxy cannot reach the Proxy that holds the agent's tunnel (TCP, TLS or the peering session failed, or it refused this Proxy).",
     hint: "Check that the other Proxy's peering address ('gwctl get proxies'; proxy_service.peer_public_addr) is reachable from this one on peer_listen_addr (3021), and NO_PROXY if HTTPS_PROXY is set.",
   },
   GW_ERR_PEER_PROTOCOL: {
+    status: 400,
     summary: 'A Proxy broke the peering protocol (a stream without a target host or dial request, a header over the cap, or no answer in time).',
     hint: 'Check that both Proxies run the same version.',
   },
 
   // --- direct-join agents: the Proxy dials the agent's own listeners (src/proxy/direct.ts, src/agent/direct.ts) ----
   GW_ERR_DIRECT_NO_LISTENER: {
+    status: 502,
     summary: 'The agent joined the Auth Service directly but advertises no listener for the service asked for (only SSH, Kubernetes and Windows Desktop Services have one).',
     hint: 'Check that the service is enabled on the agent and that its listen_addr (ssh_service, kube_service or windows_desktop_service) is reachable from the Proxy; databases and apps need an agent that joined through a Proxy.',
   },
   GW_ERR_DIRECT_UNREACHABLE: {
+    status: 502,
     summary: "The Proxy could not connect to a direct-join agent's listener in time; the message names the agent and the address.",
     hint: "Check that the agent runs, that the Proxy can reach the address it advertises (its listen_addr, or the service's public_addr), and the firewall in between.",
   },
   GW_ERR_DIRECT_AUTH: {
+    status: 502,
     summary: "Mutual TLS between the Proxy and a direct-join agent failed: the agent's certificate is not the host certificate of the agent expected, or the agent refused the caller (only Proxies of the cluster are accepted).",
     hint: 'Check that both belong to the same cluster; an agent whose host identity was removed must join again with a new token.',
   },
 
   GW_ERR_DIRECT_ADDR_REFUSED: {
+    status: 403,
     summary: "The Auth Service refused a listener address in a direct-join agent's presence: its host is neither a wildcard, the address the heartbeat came from, nor one of the agent's public addresses from its join, or it is a loopback, link-local, unspecified or multicast address (the Proxy would dial it).",
     hint: "Set the service's listen_addr to a wildcard (0.0.0.0:port) or to the address the agent reaches the Auth Service from, or its public_addr to one given at join (--public-addr); a Proxy never dials loopback or link-local addresses.",
   },
   GW_ERR_DIRECT_FORWARDED: {
+    status: 403,
     summary: "An agent's own Auth API call (/v1/agent/*) came through a Proxy's web port; the Auth Service takes these only on its own listener, from the agent's socket.",
     hint: 'Point the agent at the Auth Service itself (--auth-server host:3025); an agent that joined through a Proxy uses its reverse tunnel and writes no presence itself.',
   },
   GW_ERR_DIRECT_CLOCK: {
+    status: 400,
     summary: "A direct-join agent's presence has a connected_at more than a minute in the future, or more than a minute before the agent joined.",
     hint: "Check the agent's clock (NTP): it must agree with the Auth Service's within a minute.",
   },
 
   // --- cluster members acting for themselves only (src/auth/memberchecks.ts, src/auth/audit.ts) ----------------
   GW_ERR_MEMBER_PRESENCE_REFUSED: {
+    status: 403,
     summary: "The Auth Service refused a presence record a Proxy wrote: the host ID is not a host ID, no agent joined under it (or it joined as a Proxy only), it is locked, or the record's times cannot be the tunnel's.",
     hint: "A Proxy writes presence only for the agents whose tunnels it holds, under the host ID each tunnel authenticated; check that the agent is still a member ('gwctl get nodes') and not locked ('gwctl get locks'), and the Proxy's clock.",
   },
   GW_ERR_MEMBER_EVENT_REFUSED: {
+    status: 403,
     summary: "The Auth Service refused an audit event a cluster member reported: its kind is not one that member may report (agents and Proxies report the sessions they carry, never logins or administration), or a Proxy reported for an agent whose tunnel it does not hold.",
     hint: "Nothing to change on an honest member: it reports only its own sessions. A refusal names the kind and the reporter; a member that sends others' events is misbehaving and may be locked (gwctl lock --node HOST_ID).",
   },
 
   // --- SSH Service: the built-in sftp-server (src/agent/sftp) ---------------------------------------------------------
   GW_ERR_SFTP_PROTOCOL: {
+    status: 400,
     summary: 'The built-in sftp-server stopped: its client sent bytes that are not SFTP (a packet it cannot parse, or longer than 256 KiB), or its input or output failed.',
     hint: 'Use an SFTP client (sftp, scp); `gateway sftp-server` is run by the SSH Service, not by hand.',
   },
   GW_ERR_SFTP_UNAVAILABLE: {
+    status: 500,
     summary: "The built-in sftp-server cannot run: the installed ssh2 no longer has the SFTP server class it runs (src/internals.ts), so the gateway's files do not match its package.json.",
     hint: "Reinstall the gateway (its package pins ssh2), or set ssh_service.sftp_server to the system's sftp-server (e.g. /usr/lib/openssh/sftp-server).",
   },
 
   // --- daemon under systemd: pid file, `gateway install systemd` (src/reload.ts, src/upgrade/systemd.ts) -------
   GW_ERR_PID_FILE_BUSY: {
+    status: 409,
     summary: 'The pid file given with --pid-file belongs to a gateway that is still running; a second one does not start.',
     hint: 'Stop the running gateway first (systemctl stop gateway, or kill the pid named in the message), or give this one another --pid-file.',
   },
   GW_ERR_DATA_DIR_IN_USE: {
+    status: 409,
     summary: 'Another running gateway uses this data directory; two daemons never share one (their keys, backend and identity would mix).',
     hint: 'Give this gateway a data directory of its own: gateway.data_dir in its configuration or --data-dir (an agent on the Proxy\'s machine, e.g. /var/lib/gateway-agent).',
   },
   GW_ERR_PID_FILE_WRITE: {
+    status: 500,
     summary: 'The pid file given with --pid-file (or its directory) cannot be written.',
     hint: 'Run as a user that can write there (/run needs root), or choose another --pid-file.',
   },
   GW_ERR_INSTALL_EXISTS: {
+    status: 409,
     summary: '`gateway install systemd --output` would replace unit files that already exist; nothing was written.',
     hint: 'Add --force to replace them, or choose another --output.',
   },
 
   // --- Kubernetes updater (src/upgrade/kube) ---------------------------------------------------------------------
   GW_ERR_KUBE_CONFIG: {
+    status: 500,
     summary: 'The Kubernetes updater cannot find how to reach the API server (not in a pod, no KUBECONFIG, or an unreadable kubeconfig).',
     hint: 'Run it in the cluster with its service account (the gateway-kube-agent chart does), or set KUBECONFIG / --kubeconfig.',
   },
   GW_ERR_KUBE_API: {
+    status: 502,
     summary: 'A Kubernetes API call of the updater failed (refused, forbidden, not found, conflict); the message names the call and the status.',
     hint: 'Check the updater\'s RBAC (get, watch and patch on the agent StatefulSet or Deployment, get on its schedule Secret) and that the names are right.',
   },
   GW_ERR_KUBE_RESOURCE: {
+    status: 500,
     summary: 'The agent StatefulSet or Deployment is not what the updater can update (no container of the expected name, or an image without a version tag).',
     hint: 'Point --container at the agent container, whose image must be tagged with its version (e.g. registry/gateway:17.0.1).',
   },
@@ -636,6 +801,11 @@ export type ErrorCode = keyof typeof ERROR_CODES;
  */
 export function isErrorCode(code: unknown): code is ErrorCode {
   return typeof code === 'string' && Object.hasOwn(ERROR_CODES, code);
+}
+
+/** The HTTP status an answer carrying this code has (the registry's `status`). */
+export function httpStatus(code: ErrorCode): HttpErrorStatus {
+  return ERROR_CODES[code].status;
 }
 
 export interface GatewayErrorOptions {

@@ -25,7 +25,8 @@ import type { Logger } from 'pino';
 import { loadConfigFile, type GatewayConfig, type UpgradeChannelConfig } from './config/index.js';
 import { GatewayError, toGatewayError } from './errors.js';
 import { logger, type LogLevel } from './log.js';
-import { VersionServer, type VersionRequest, type VersionServerOptions } from './proxy/versions.js';
+import { VersionServer, type VersionServerOptions } from './proxy/versions.js';
+import type { VersionRequest } from './wire/versions.js';
 
 // --- pid file -------------------------------------------------------------------------------------------------
 

@@ -4,11 +4,13 @@
  *
  *   An import may go to its own unit, to another unit of the same layer, or to any lower layer; never up.
  *   The units must not import each other in a cycle (within a layer either), so each layer stays a DAG.
+ *   Nor may the files: two files that import each other (directly or round a longer loop) are one module in two
+ *   places; what both need goes into a small module of its own that both import.
  *
  * Imports are read with TypeScript's own scanner (static, `export … from`, `import type`, dynamic `import()`);
  * type-only imports count like the others: they tie the code together just the same.
  */
-import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, relative, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import ts from 'typescript';
@@ -25,8 +27,8 @@ const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: stri
   { layer: 'services', units: ['config', 'backend'], why: 'what the roles stand on: the configuration and the storage' },
   {
     layer: 'transport',
-    units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto'],
-    why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it)',
+    units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto', 'wire'],
+    why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it), and the contract both ends of an HTTP exchange share (wire: the ping and find answers, the version server, the forwarded headers, certificate bundles), so that a client, an agent or an upgrader never imports a server file of the Proxy or the Auth Service',
   },
   { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version', 'internals', 'backoff'], why: 'small modules that import nothing above them (internals: the one file that reads private fields of other libraries, below every unit that needs one; backoff: the one retry timing)' },
 ];
@@ -35,8 +37,12 @@ const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const srcDir = join(root, 'src');
 
 interface Edge {
+  /** The importing unit and the imported one. */
   from: string;
   to: string;
+  /** The importing file and the imported one, relative to the repository (src/auth/api.ts). */
+  fromFile: string;
+  toFile: string;
   /** file:line of the import, for the message. */
   where: string;
 }
@@ -55,7 +61,15 @@ function unitOf(path: string): string {
   return first.replace(/\.(ts|js)$/, '');
 }
 
-/** Every relative import of every file in src/ as an edge between units (imports within a unit included). */
+/** The source file an import names: './x.js' is ./x.ts, a folder is its index.ts. */
+function sourceOf(target: string): string {
+  const ts = target.replace(/\.js$/, '.ts');
+  if (existsSync(ts) && statSync(ts).isFile()) return ts;
+  if (existsSync(`${target}.ts`)) return `${target}.ts`;
+  return join(target, 'index.ts');
+}
+
+/** Every relative import of every file in src/ as an edge between units (imports within a unit included) and files. */
 function importEdges(): Edge[] {
   const edges: Edge[] = [];
   for (const file of sourceFiles(srcDir)) {
@@ -65,10 +79,16 @@ function importEdges(): Edge[] {
       if (!ref.fileName.startsWith('.')) continue; // node: built-ins and packages
       const target = resolve(dirname(file), ref.fileName);
       const line = text.slice(0, ref.pos).split('\n').length;
-      edges.push({ from: unitOf(file), to: unitOf(target), where: `${relative(root, file)}:${line} imports ${ref.fileName}` });
+      const [fromFile, toFile] = [relative(root, file), relative(root, sourceOf(target))];
+      edges.push({ from: unitOf(file), to: unitOf(target), fromFile, toFile, where: `${fromFile}:${line} imports ${ref.fileName}` });
     }
   }
   return edges;
+}
+
+/** The same imports with the files as the nodes, for the cycle check between files. */
+function fileGraph(edges: Edge[]): Edge[] {
+  return edges.map((e) => ({ ...e, from: e.fromFile, to: e.toFile }));
 }
 
 /** Layer index per unit (0 = top); throws on a unit listed twice. */
@@ -99,8 +119,20 @@ function layerViolations(edges: Edge[], layers: typeof LAYERS): string[] {
   return out;
 }
 
-/** Every cycle among units, each as "a → b → … → a" with one import that closes each step. */
-function unitCycles(edges: Edge[]): string[] {
+/** The units that are a client of a server of the cluster: an agent, gwsh and gwctl, the upgraders, the programs. */
+const CLIENT_UNITS: ReadonlySet<string> = new Set(['agent', 'client', 'upgrade', 'cli']);
+/** The servers' own files: every file of the Proxy, and the Auth Service's routers, facade and session store. */
+const SERVER_FILES = /^src\/proxy\/|^src\/auth\/(api|ssoapi|proxyapi|agentapi|service|websessions)\.ts$/;
+
+/** Imports of a server's file by a client: what both ends of a protocol share belongs in src/wire/. */
+function clientServerImports(edges: Edge[]): string[] {
+  return edges
+    .filter((e) => CLIENT_UNITS.has(e.from) && SERVER_FILES.test(e.toFile))
+    .map((e) => `${e.where}: ${e.from} is a client and must not import a server's file (${e.toFile}); move what both ends share to src/wire/`);
+}
+
+/** Every cycle among the nodes (units, or files: fileGraph), each as "a → b → … → a" with one import that closes each step. */
+function cycles(edges: Edge[]): string[] {
   const graph = new Map<string, Map<string, string>>();
   for (const e of edges) {
     if (e.from === e.to) continue;
@@ -164,16 +196,43 @@ describe('architecture', () => {
   });
 
   it('has no cycle among the units', () => {
-    expect(unitCycles(edges)).toEqual([]);
+    expect(cycles(edges)).toEqual([]);
+  });
+
+  it('a client imports no server file: both ends import the contract from src/wire/', () => {
+    expect(clientServerImports(edges)).toEqual([]);
+  });
+
+  it('has no cycle among the files', () => {
+    const files = fileGraph(edges);
+    expect(files.every((e) => existsSync(join(root, e.to))), 'every import resolves to a file').toBe(true);
+    expect(cycles(files)).toEqual([]);
   });
 
   it('the checks find what they are for', () => {
-    const e = (from: string, to: string): Edge => ({ from, to, where: `${from}.ts:1` });
+    const e = (from: string, to: string): Edge => ({ from, to, fromFile: `src/${from}.ts`, toFile: `src/${to}.ts`, where: `${from}.ts:1` });
     expect(layerViolations([e('errors', 'cli')], LAYERS)).toEqual(['errors.ts:1: errors (leaves) must not import cli (cli, a higher layer)']);
     expect(layerViolations([e('cli', 'errors'), e('proxy', 'auth')], LAYERS)).toEqual([]);
     expect(layerViolations([e('cli', 'nowhere')], LAYERS)).toHaveLength(1);
-    expect(unitCycles([e('a', 'b'), e('b', 'c'), e('c', 'a'), e('c', 'd')])).toEqual(['cycle among a, b, c: a → b (a.ts:1); b → c (b.ts:1); c → a (c.ts:1)']);
-    expect(unitCycles([e('a', 'b'), e('b', 'c'), e('a', 'c'), e('a', 'a')])).toEqual([]);
+    expect(cycles([e('a', 'b'), e('b', 'c'), e('c', 'a'), e('c', 'd')])).toEqual(['cycle among a, b, c: a → b (a.ts:1); b → c (b.ts:1); c → a (c.ts:1)']);
+    expect(cycles([e('a', 'b'), e('b', 'c'), e('a', 'c'), e('a', 'a')])).toEqual([]);
+    // Two files of one unit that import each other: no cycle among the units, one among the files, with its imports.
+    const f = (fromFile: string, toFile: string, line: number): Edge => ({
+      from: unitOf(join(root, fromFile)),
+      to: unitOf(join(root, toFile)),
+      fromFile,
+      toFile,
+      where: `${fromFile}:${line} imports ./${toFile.split('/').pop()!.replace(/\.ts$/, '.js')}`,
+    });
+    const planted = [f('src/auth/api.ts', 'src/auth/ssoapi.ts', 44), f('src/auth/ssoapi.ts', 'src/auth/api.ts', 19), f('src/auth/api.ts', 'src/errors.ts', 3)];
+    expect(cycles(planted)).toEqual([]);
+    expect(cycles(fileGraph(planted))).toEqual([
+      'cycle among src/auth/api.ts, src/auth/ssoapi.ts: src/auth/api.ts → src/auth/ssoapi.ts (src/auth/api.ts:44 imports ./ssoapi.js); src/auth/ssoapi.ts → src/auth/api.ts (src/auth/ssoapi.ts:19 imports ./api.js)',
+    ]);
+    expect(clientServerImports([f('src/agent/tunnel.ts', 'src/proxy/ping.ts', 40)])).toEqual([
+      "src/agent/tunnel.ts:40 imports ./ping.js: agent is a client and must not import a server's file (src/proxy/ping.ts); move what both ends share to src/wire/",
+    ]);
+    expect(clientServerImports([f('src/agent/tunnel.ts', 'src/wire/ping.ts', 40), f('src/proxy/frontdoor.ts', 'src/proxy/ping.ts', 40), f('src/client/api.ts', 'src/auth/pki.ts', 11)])).toEqual([]);
     expect(() => layerIndex([...LAYERS, { layer: 'again', units: ['cli'], why: '' }])).toThrow(/two layers/);
   });
 });

@@ -1,12 +1,24 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { ERROR_CODES, GatewayError, isErrorCode, toGatewayError } from '../src/errors.js';
+import { ERROR_CODES, GatewayError, httpStatus, isErrorCode, toGatewayError, type ErrorCode } from '../src/errors.js';
 
 describe('error codes', () => {
   const doc = readFileSync(new URL('../docs/errors.md', import.meta.url), 'utf8');
 
   it.each(Object.keys(ERROR_CODES))('%s is documented in docs/errors.md', (code) => {
     expect(doc).toContain(`\`${code}\``);
+  });
+
+  /** The HTTP column of each code's row in docs/errors.md ("| `GW_ERR_…` | 404 | meaning | what to do |"). */
+  const documentedStatus = new Map([...doc.matchAll(/^\| `(GW_ERR_[A-Z0-9_]+)` \| (\d{3}) \|/gm)].map((m) => [m[1]!, Number(m[2])]));
+
+  it.each(Object.keys(ERROR_CODES))('%s has its HTTP status in docs/errors.md, the same as the registry', (code) => {
+    expect(documentedStatus.get(code)).toBe(httpStatus(code as ErrorCode));
+  });
+
+  it('every code has an HTTP error status (4xx or 5xx)', () => {
+    for (const [code, spec] of Object.entries(ERROR_CODES)) expect(spec.status, code).toBeGreaterThanOrEqual(400);
+    for (const [code, spec] of Object.entries(ERROR_CODES)) expect(spec.status, code).toBeLessThan(600);
   });
 
   it('docs/errors.md lists no code the gateway does not have', () => {

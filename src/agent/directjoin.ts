@@ -6,7 +6,7 @@
  * events to the Auth API (the tunnel would have carried them to a Proxy). docs/tunnels.md (Direct-join agents).
  */
 import type { DirectAddrs } from '../auth/records.js';
-import type { CertBundle } from '../auth/service.js';
+import type { CertBundle } from '../wire/certs.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
 import { toGatewayError } from '../errors.js';

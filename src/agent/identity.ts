@@ -6,7 +6,7 @@
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { generateKeyPair, identityFromCert, type Identity } from '../auth/pki.js';
-import type { CertBundle, JoinRole } from '../auth/service.js';
+import type { CertBundle, JoinRole } from '../wire/certs.js';
 import { ApiClient, fetchPinnedCas, normalizeAddress, type ApiClientOptions } from '../client/api.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';

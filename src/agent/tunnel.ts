@@ -39,7 +39,7 @@ import type { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
-import type { PingProxy } from '../proxy/ping.js';
+import { FIND_PATH, type FindResponse } from '../wire/ping.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
 import { relayChannel } from '../net/sshchannel.js';
@@ -163,14 +163,6 @@ function gate(): Gate {
   return { promise, open: () => settle(true), shut: () => settle(false) };
 }
 
-export interface FindResponse {
-  proxy: PingProxy;
-  cluster_name: string;
-  tunnel_host_keys?: string[];
-  /** Which Proxy holds which tunnel host key (raw SSH: the Proxy ID the agent records). */
-  tunnel_proxies?: Array<{ proxy_id: string; host_key: string }>;
-}
-
 export type TunnelState = 'connecting' | 'connected' | 'waiting' | 'stopped';
 
 export class TunnelAgent extends EventEmitter {
@@ -246,7 +238,7 @@ export class TunnelAgent extends EventEmitter {
   private async find(): Promise<FindResponse> {
     const { identity } = this.options;
     const api = new ApiClient({ address: identity.server, dialer: this.options.dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key, timeoutMs: 15_000 });
-    return api.call<FindResponse>('GET', '/webapi/find');
+    return api.call<FindResponse>('GET', FIND_PATH);
   }
 
   /**

@@ -43,7 +43,7 @@ export interface AgentRouteContext {
   body: () => Promise<Record<string, unknown>>;
   /** The client's address as the API saw it (a Proxy's forwarded one is refused here: see notForwarded). */
   source: string;
-  /** The request itself: its headers (FORWARDED, api.ts) and its socket. */
+  /** The request itself: its headers (FORWARDED: src/wire/forwarded.ts) and its socket. */
   req: { headers: IncomingHttpHeaders; socket: { remoteAddress?: string | undefined; remotePort?: number | undefined } };
 }
 

@@ -23,23 +23,23 @@
  *
  * The Auth API on 3025 requires a client certificate for everything but the public routes; the Proxy's web
  * port serves the same router (its TLS asks for, but does not require, a client certificate). Errors are
- * {"error": {"code", "message", "hint"}} with an HTTP status chosen from the code.
+ * {"error": {"code", "message", "hint"}} with the code's HTTP status (src/errors.ts).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { X509Certificate } from 'node:crypto';
 import { isIP } from 'node:net';
 import type { TLSSocket } from 'node:tls';
-import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, httpStatus, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { readBoundedBody } from '../net/http.js';
 import { clientAddress } from '../stream/meta.js';
-import { CLOCK_SKEW_MS, caPin, identityFromCert, type Identity } from './pki.js';
+import { FORWARDED } from '../wire/forwarded.js';
+import { caPin, type Identity } from './pki.js';
+import { forwardedIdentity, peerIdentity } from './peeridentity.js';
 import { jsonDepth, yamlNestingBound } from './bounds.js';
 import { agentRoutes } from './agentapi.js';
 import { clusterStatus } from './drift.js';
 import type { Verb } from './rbac.js';
 import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
-import type { ClusterTrust } from './proxyauth.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 import { SAML_ACS_PATH, ssoRoutes } from './ssoapi.js';
@@ -50,54 +50,6 @@ const BODY = { manifest: 1024 * 1024, credentials: 64 * 1024, small: 16 * 1024 }
 /** How deeply a JSON body, and a YAML manifest (an over-counting bound: bounds.ts), may nest. */
 const MAX_JSON_DEPTH = 32;
 const MAX_YAML_NESTING = 96;
-
-const STATUS: Partial<Record<ErrorCode, number>> = {
-  GW_ERR_API_BAD_REQUEST: 400,
-  GW_ERR_API_BAD_KEY: 400,
-  GW_ERR_RESOURCE_INVALID: 400,
-  GW_ERR_RESOURCE_KIND: 400,
-  GW_ERR_AUTH_WEAK_PASSWORD: 400,
-  GW_ERR_AUTH_UNAUTHENTICATED: 401,
-  GW_ERR_AUTH_IDENTITY_REVOKED: 401,
-  GW_ERR_AUTH_LOGIN_FAILED: 401,
-  GW_ERR_AUTH_TOKEN_UNKNOWN: 401,
-  GW_ERR_AUTH_TOKEN_EXPIRED: 401,
-  GW_ERR_AUTH_TOKEN_USED: 401,
-  GW_ERR_HOST_RENEW_REFUSED: 403,
-  GW_ERR_HOST_RENEW_TOO_SOON: 429,
-  GW_ERR_AUTH_TOKEN_WRONG_TYPE: 403,
-  GW_ERR_AUTH_JOIN_NAME_RESERVED: 403,
-  GW_ERR_ACCESS_DENIED: 403,
-  GW_ERR_ACCESS_LOCKED: 403,
-  GW_ERR_API_NOT_FOUND: 404,
-  GW_ERR_RESOURCE_NOT_FOUND: 404,
-  GW_ERR_RESOURCE_EXISTS: 409,
-  GW_ERR_API_TOO_LARGE: 413,
-  GW_ERR_AUTH_RATE_LIMITED: 429,
-  GW_ERR_AUDIT_RATE_LIMITED: 429,
-  GW_ERR_SSO_CONNECTOR_UNKNOWN: 404,
-  GW_ERR_SSO_STATE_INVALID: 400,
-  GW_ERR_SSO_TOKEN_INVALID: 401,
-  GW_ERR_SSO_IDP_ERROR: 502,
-  GW_ERR_SSO_NO_ROLES: 403,
-  GW_ERR_SSO_USERNAME_REFUSED: 403,
-  GW_ERR_DIRECT_ADDR_REFUSED: 403,
-  GW_ERR_DIRECT_FORWARDED: 403,
-  GW_ERR_DIRECT_CLOCK: 400,
-  GW_ERR_MEMBER_PRESENCE_REFUSED: 403,
-  GW_ERR_MEMBER_EVENT_REFUSED: 403,
-  GW_ERR_API_TOO_MANY_STREAMS: 429,
-  GW_ERR_AUTH_UNREACHABLE: 503,
-  GW_ERR_WEB_SESSION_MISSING: 401,
-  GW_ERR_WEB_SESSION_EXPIRED: 401,
-  GW_ERR_WEB_SESSION_INVALID: 401,
-  GW_ERR_WEB_CSRF: 403,
-  GW_ERR_WEB_APP_LAUNCH_UNBOUND: 403,
-};
-
-export function statusFor(code: ErrorCode): number {
-  return STATUS[code] ?? 500;
-}
 
 type Handler = (ctx: Ctx) => Promise<unknown>;
 
@@ -225,33 +177,6 @@ async function readBody(req: IncomingMessage, maxBody: number): Promise<Record<s
   return parsed as Record<string, unknown>;
 }
 
-/** The caller's identity from its client certificate, checked against the CA that must have signed that kind. */
-export function peerIdentity(trust: ClusterTrust, req: IncomingMessage): Identity {
-  return peerIdentityOf(trust, req.socket as TLSSocket);
-}
-
-/** The same for any TLS socket (routed database, app and kube connections). */
-export function peerIdentityOf(trust: ClusterTrust, socket: TLSSocket): Identity {
-  const unauthenticated = (why: string) =>
-    new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `no valid client certificate from this cluster: ${why}`, {
-      hint: "Sign in with 'gwsh login', or on the Auth Service's machine run gwctl with access to its data directory.",
-    });
-  if (typeof socket.getPeerCertificate !== 'function') throw unauthenticated('not a TLS connection');
-  const peer = socket.getPeerCertificate(true);
-  if (!peer || !peer.raw) throw unauthenticated('none was presented');
-  if (!socket.authorized) throw unauthenticated(String(socket.authorizationError ?? 'not signed by this cluster'));
-  const identity = identityFromCert(peer.raw);
-  const expectedCa = identity.kind === 'host' ? trust.host.tls.certPem : trust.user.tls.certPem;
-  const issuer = peer.issuerCertificate;
-  if (!issuer?.raw || new X509Certificate(issuer.raw).fingerprint256 !== new X509Certificate(expectedCa).fingerprint256) {
-    throw unauthenticated(`a ${identity.kind} certificate must be signed by the ${identity.kind === 'host' ? 'host' : 'user'} CA`);
-  }
-  if (identity.cluster !== trust.clusterName) throw unauthenticated(`certificate is for cluster "${identity.cluster}"`);
-  // notBefore is the issue time moved back by the clock-skew allowance (pki/tls.ts).
-  const issuedAt = Date.parse(peer.valid_from) + CLOCK_SKEW_MS;
-  return Number.isNaN(issuedAt) ? identity : { ...identity, issuedAt };
-}
-
 /** Public: the CA, joining and logging in (no client certificate needed). */
 function publicRoutes(auth: AuthService): Route[] {
   return [
@@ -362,15 +287,7 @@ function resourceRoutes(auth: AuthService): Route[] {
   ];
 }
 
-/**
- * What a Proxy in its own process adds to a request it forwards from its web port (src/client/forward.ts):
- * the client's verified certificate (base64 DER, absent when it sent none) and address. Honoured only when the
- * caller is a Proxy of this cluster; the certificate is verified again here (forwardedIdentity).
- */
-export const FORWARDED = { marker: 'x-gateway-forwarded', cert: 'x-gateway-forwarded-cert', addr: 'x-gateway-forwarded-for', host: 'x-gateway-forwarded-host' } as const;
 const MAX_FORWARDED_CERT = 16 * 1024;
-/** Extended key usage id-kp-clientAuth: user certificates carry it (pki/tls.ts). */
-const CLIENT_AUTH_EKU = '1.3.6.1.5.5.7.3.2';
 
 /** Where a request comes from: its own socket, or, through a Proxy, the client the Proxy forwarded. */
 interface Origin {
@@ -429,35 +346,6 @@ function checkOrigin(req: IncomingMessage, origin: Origin): void {
   if (!STATE_CHANGING.has(req.method ?? '')) return;
   const refusal = originRefusal(req.headers.origin, origin.host, req.method);
   if (refusal) throw refusal;
-}
-
-/**
- * The identity of a certificate a Proxy forwarded, verified here as if it had been presented to this server:
- * signed by the CA of its kind, valid now, of this cluster. Never trusted because a Proxy sent it.
- */
-export function forwardedIdentity(trust: ClusterTrust, der: Buffer): Identity {
-  const refuse = (why: string) =>
-    new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `the client certificate forwarded by the Proxy is not valid here: ${why}`, {
-      hint: "Sign in again with 'gwsh login'; the Proxy passes on the certificate the client presented.",
-    });
-  let cert: X509Certificate;
-  let identity: Identity;
-  try {
-    cert = new X509Certificate(der);
-    identity = identityFromCert(der);
-  } catch (err) {
-    throw refuse((err as Error).message);
-  }
-  // Only users come through a Proxy's web port: a host or admin certificate (public, and seen by every Proxy)
-  // forwarded here would let one Proxy act as another Proxy, an agent or the admin.
-  if (identity.kind !== 'user') throw refuse(`a ${identity.kind} certificate cannot come through a Proxy; only user certificates do`);
-  if (!cert.keyUsage?.includes(CLIENT_AUTH_EKU)) throw refuse('the certificate is not for client authentication');
-  const ca = new X509Certificate(trust.user.tls.certPem);
-  if (!cert.checkIssued(ca) || !cert.verify(ca.publicKey)) throw refuse('not signed by the user CA of this cluster');
-  const now = Date.now();
-  if (now < Date.parse(cert.validFrom) || now > Date.parse(cert.validTo)) throw refuse(`valid from ${cert.validFrom} to ${cert.validTo}`);
-  if (identity.cluster !== trust.clusterName) throw refuse(`certificate is for cluster "${identity.cluster}"`);
-  return { ...identity, issuedAt: Date.parse(cert.validFrom) + CLOCK_SKEW_MS };
 }
 
 /** Whether the client presented a certificate (valid or not): then it, not a web session, names the caller. */
@@ -575,9 +463,9 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     const pathMatches = routes.filter((r) => r.pattern.test(url.pathname));
     const chosen = pathMatches.find((r) => r.method === req.method);
     if (!chosen) {
-      const status = pathMatches.length === 0 ? 404 : 405;
-      const message = status === 404 ? `no such endpoint: ${url.pathname}` : `${req.method} is not allowed on ${url.pathname}`;
-      send(status, { error: { code: status === 404 ? 'GW_ERR_API_NOT_FOUND' : 'GW_ERR_API_BAD_REQUEST', message, hint: 'Check that the client and the server run the same version.' } });
+      const code: ErrorCode = pathMatches.length === 0 ? 'GW_ERR_API_NOT_FOUND' : 'GW_ERR_API_METHOD_NOT_ALLOWED';
+      const message = pathMatches.length === 0 ? `no such endpoint: ${url.pathname}` : `${req.method} is not allowed on ${url.pathname}`;
+      send(httpStatus(code), { error: { code, message, hint: 'Check that the client and the server run the same version.' } });
       return;
     }
     const found = chosen.pattern.exec(url.pathname)!;
@@ -585,12 +473,13 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     try {
       chosen.keys.forEach((k, i) => (params[k] = decodeURIComponent(found[i + 1]!)));
     } catch {
-      send(400, { error: bad('the request path has a bad percent-encoding').toJSON() });
+      const e = bad('the request path has a bad percent-encoding');
+      send(httpStatus(e.code), { error: e.toJSON() });
       return;
     }
     const fail = (err: unknown) => {
       const e = toGatewayError(err);
-      const status = statusFor(e.code);
+      const status = httpStatus(e.code);
       if (status >= 500) log.error({ err: e, path: url.pathname }, 'request failed');
       else log.debug({ code: e.code, path: url.pathname }, 'request refused');
       send(status, { error: e.toJSON() });

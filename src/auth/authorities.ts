@@ -5,6 +5,7 @@
 import { isIP } from 'node:net';
 import type { Backend } from '../backend/index.js';
 import { GatewayError, isGatewayError } from '../errors.js';
+import type { CertBundle, PublicCas } from '../wire/certs.js';
 import { caPin, generateAuthority, issueSshCert, issueTlsCert, type CertAuthority, type Identity, type TlsUsage } from './pki.js';
 import { loadPublicKey, sshPublicKeyFromPem } from './pki/keys.js';
 import { blobFromLine, keyFromBlob } from './pki/sshwire.js';
@@ -12,29 +13,8 @@ import { KEYS, readJson } from './records.js';
 
 export const HOST_CERT_TTL_MS = 365 * 24 * 3600_000;
 
-export interface CertBundle {
-  /** PEM, X.509. */
-  tlsCert: string;
-  /** OpenSSH certificate line. */
-  sshCert: string;
-  /** Host CA certificate (PEM): what servers of this cluster present. */
-  hostCaPem: string;
-  /** User CA certificate (PEM): what clients of this cluster present. */
-  userCaPem: string;
-  /** SSH CA public keys. */
-  sshHostCa: string;
-  sshUserCa: string;
-  clusterName: string;
-  validUntil: string;
-}
-
-export interface PublicCas {
-  cluster_name: string;
-  host_ca: string;
-  user_ca: string;
-  ssh_host_ca: string;
-  ssh_user_ca: string;
-}
+/** The bundle a login, join or renewal hands out and the public CAs (GET /webapi/ca): the wire's shapes. */
+export type { CertBundle, PublicCas };
 
 /** What a bundle certifies: one identity, one key pair (X.509 and SSH forms), for ttlMs. */
 export interface BundleRequest {

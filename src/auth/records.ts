@@ -6,10 +6,11 @@
 import { randomBytes } from 'node:crypto';
 import type { Backend, Item } from '../backend/index.js';
 import type { AgentResources } from '../tunnel/protocol.js';
+import { JOIN_ROLES, type JoinRole } from '../wire/certs.js';
 import type { UserResource } from './resources/index.js';
 
-export const JOIN_ROLES = ['node', 'db', 'app', 'kube', 'desktop', 'proxy'] as const;
-export type JoinRole = (typeof JOIN_ROLES)[number];
+/** The roles a join may ask for: the wire's list (src/wire/certs.ts), which agents and gwctl read too. */
+export { JOIN_ROLES, type JoinRole };
 
 /** Names of users and nodes: 1-128 letters, digits, ".", "_", "@" or "-", starting with a letter or digit. */
 export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$/;

@@ -14,9 +14,8 @@
  * to the login page; anything else gets the JSON error of every route.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { GatewayError, toGatewayError } from '../errors.js';
+import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { escapeHtml, readBoundedBody } from '../net/http.js';
-import { statusFor } from './api.js';
 import { STREAMED } from './proxyapi.js';
 import { cookieValue } from './websessions.js';
 import type { AuthService } from './service.js';
@@ -70,7 +69,7 @@ function errorPage(res: ServerResponse, err: unknown): typeof STREAMED {
   const html = `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Sign-in failed</title></head><body data-testid="sso-error">` +
     `<h1>Sign-in failed</h1><p data-testid="sso-error-message">${escapeHtml(message)}</p><p>${escapeHtml(hint ?? '')}</p>` +
     `<p><code data-testid="sso-error-code">${escapeHtml(code)}</code></p><p><a href="/web/login">Back to the login page</a></p></body></html>`;
-  res.writeHead(statusFor(code), {
+  res.writeHead(httpStatus(code), {
     'content-type': 'text/html; charset=utf-8',
     'cache-control': 'no-store',
     'content-security-policy': "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",

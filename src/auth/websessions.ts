@@ -16,9 +16,10 @@
  * set in the browser that asked for it) that the app's host redeems for an app session bound to that app and to
  * its parent web session, which ends with it.
  */
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import type { Backend } from '../backend/index.js';
 import { GatewayError } from '../errors.js';
+import { randomSecret, sameSecret, sha256hex } from '../wire/secrets.js';
 import type { Logger } from '../log.js';
 import type { AuditLog } from './audit.js';
 import type { Authorities } from './authorities.js';
@@ -135,15 +136,6 @@ export interface WebSessionsDeps {
   userCertTtlMs: number;
 }
 
-/** The hex SHA-256 under which a secret (session ID, bearer, SSO state, one-time code) is stored: never the secret. */
-export function sha256hex(text: string): string {
-  return createHash('sha256').update(text, 'utf8').digest('hex');
-}
-
-/** A new secret: 32 random bytes, base64url (43 characters). */
-export function randomSecret(): string {
-  return randomBytes(32).toString('base64url');
-}
 
 /** The Set-Cookie value of a web session with maxAgeS seconds left (0: clears it). */
 export function sessionCookie(id: string, maxAgeS: number, name = WEB_SESSION_COOKIE): string {
@@ -178,7 +170,7 @@ export function cookieValue(header: string | string[] | undefined, name: string)
 /**
  * GW_ERR_WEB_CSRF when a request's Origin header is present and is not https:// + the host the request addressed
  * (`host`: Host, `:authority`, or what a Proxy forwarded), or undefined when it matches or is absent. The one
- * comparison of the Auth API router (api.ts) and the Proxy's web routes (src/proxy/web.ts).
+ * comparison of the Auth API router (api.ts) and the Proxy's web routes (src/proxy/webcredentials.ts checkOrigin).
  */
 export function originRefusal(given: string | string[] | undefined, host: string | undefined, method: string | undefined): GatewayError | undefined {
   if (given === undefined) return undefined;
@@ -224,13 +216,6 @@ function sessionExpired(at: number): GatewayError {
   });
 }
 
-/** Whether given is the secret whose sha256hex is storedHash, in constant time. */
-export function sameSecret(given: string, storedHash: string | undefined): boolean {
-  if (storedHash === undefined) return false;
-  const a = Buffer.from(sha256hex(given), 'hex');
-  const b = Buffer.from(storedHash, 'hex');
-  return a.length === b.length && timingSafeEqual(a, b);
-}
 
 /** A launch token bound to another nonce (or to none the browser holds): never redeemed. */
 export function launchUnbound(why: string): GatewayError {

@@ -2,8 +2,8 @@
 // Client CLI: sign in to a cluster through its Proxy and show the profile.
 import http from 'node:http';
 import { generateKeyPair, identityFromCert } from '../auth/pki.js';
-import { randomSecret, sameSecret, sha256hex } from '../auth/websessions.js';
-import type { CertBundle } from '../auth/service.js';
+import { randomSecret, sameSecret, sha256hex } from '../wire/secrets.js';
+import type { CertBundle } from '../wire/certs.js';
 import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
 import { knownCa, loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
 import { parseDuration } from '../duration.js';

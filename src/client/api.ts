@@ -9,7 +9,7 @@ import { AddrError, formatHostPort, parseAddr } from '../addr.js';
 import { GatewayError, isErrorCode } from '../errors.js';
 import { checkServerIdentity as checkServerName, type PeerCertificate } from 'node:tls';
 import { bearsIdentity, identityFromCert, pinMatches, type Identity } from '../auth/pki.js';
-import type { PublicCas } from '../auth/service.js';
+import type { PublicCas } from '../wire/certs.js';
 
 export interface ApiClientOptions {
   /** host:port of the Proxy's web port or the Auth API. */

@@ -1,8 +1,8 @@
 /**
  * The web port's API router of a Proxy in its own process: every request (login, join through the Proxy, gwctl
  * with a user certificate, /webapi/ca) is forwarded to the Auth API over mutual TLS with the Proxy's own
- * certificate, with the client's verified certificate and address in the FORWARDED headers (src/auth/api.ts).
- * The Auth API honours them only from a Proxy and verifies the certificate again; headers of those names that
+ * certificate, with the client's verified certificate and address in the FORWARDED headers
+ * (src/wire/forwarded.ts). The Auth API honours them only from a Proxy and verifies the certificate again; headers of those names that
  * a client sends are dropped here. The browser's Cookie, Authorization and Origin go as they came, with the host
  * it addressed (for the Auth API's Origin check), and the answer's Set-Cookie comes back as it is. HTTP/2
  * pseudo-headers (`:authority`, ...) are never forwarded, either way.
@@ -14,10 +14,10 @@ import https from 'node:https';
 import type http from 'node:http';
 import type { TLSSocket } from 'node:tls';
 import { normalizeHost, parseAddr } from '../addr.js';
-import { FORWARDED } from '../auth/api.js';
+import { FORWARDED } from '../wire/forwarded.js';
 import { DialerAgent } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
-import { GatewayError } from '../errors.js';
+import { GatewayError, httpStatus } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import { unreachable, type RemoteProxyAuth } from './remoteauth.js';
@@ -39,13 +39,13 @@ export interface ForwarderOptions {
 export function createAuthForwarder(options: ForwarderOptions): http.RequestListener {
   const log = logger('forward');
   return (req, res) => {
-    const fail = (err: GatewayError, status: number) => {
+    const fail = (err: GatewayError) => {
       if (res.headersSent) {
         res.destroy();
         return;
       }
       const text = JSON.stringify({ error: err.toJSON() });
-      res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
+      res.writeHead(httpStatus(err.code), { 'content-type': 'application/json', 'cache-control': 'no-store', 'content-length': Buffer.byteLength(text) });
       res.end(text);
     };
     readBounded(req, hasVerifiedCert(req) ? MAX_FORWARDED_BODY : MAX_ANONYMOUS_BODY)
@@ -70,10 +70,10 @@ export function createAuthForwarder(options: ForwarderOptions): http.RequestList
       .catch((err: unknown) => {
         if (err instanceof GatewayError) {
           log.debug({ code: err.code, path: req.url }, 'forward failed');
-          fail(err, err.code === 'GW_ERR_API_TOO_LARGE' ? 413 : 503);
+          fail(err);
         } else {
           log.warn({ err: (err as Error).message, path: req.url }, 'forward failed');
-          fail(new GatewayError('GW_ERR_INTERNAL', (err as Error).message), 500);
+          fail(new GatewayError('GW_ERR_INTERNAL', (err as Error).message));
         }
       });
   };

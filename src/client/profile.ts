@@ -11,7 +11,7 @@ import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { createPrivateKey } from 'node:crypto';
 import { identityFromCert, sshPublicKeyFromPem, type Identity } from '../auth/pki.js';
-import type { CertBundle } from '../auth/service.js';
+import type { CertBundle } from '../wire/certs.js';
 import { GatewayError } from '../errors.js';
 import { readIfExists, writePublicFile, writeSecretFile } from '../fsutil.js';
 

@@ -12,7 +12,7 @@ import { parseAddr } from '../addr.js';
 import { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, isErrorCode } from '../errors.js';
-import type { PingResponse } from '../proxy/ping.js';
+import { PING_PATH, type PingResponse } from '../wire/ping.js';
 import { FramedStream } from '../stream/framed.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
@@ -34,7 +34,7 @@ export interface ResourceTarget {
 }
 
 export async function fetchPing(profile: Profile, dialer: Dialer): Promise<PingResponse> {
-  return new ApiClient({ address: profile.proxy, dialer, ca: profile.hostCa }).call<PingResponse>('GET', '/webapi/ping');
+  return new ApiClient({ address: profile.proxy, dialer, ca: profile.hostCa }).call<PingResponse>('GET', PING_PATH);
 }
 
 /** Where a route's connections go: the web address with TLS routing, else the protocol's own port. */

@@ -26,7 +26,7 @@
  */
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
-import { peerIdentityOf } from '../auth/api.js';
+import { peerIdentityOf } from '../auth/peeridentity.js';
 import type { Identity } from '../auth/pki.js';
 import { canAccess, LABEL_FIELDS, type AccessKind } from '../auth/rbac.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';

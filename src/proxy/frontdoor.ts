@@ -41,7 +41,8 @@ import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
 import { StaticSite } from './static.js';
 import type { VersionServer } from './versions.js';
-import { sendJson } from './web.js';
+import { sendJson, sendWebError } from './webanswer.js';
+import { FIND_PATH, PING_PATH, type FindExtras, type FindResponse } from '../wire/ping.js';
 
 export { closeServer, listenOn };
 
@@ -71,7 +72,7 @@ export interface FrontDoorOptions {
   /** How users sign in, for /webapi/ping (cachedAuthPreference in ping.ts); local when not given. */
   authPreference?: () => Promise<AuthPreference>;
   /** Extra members of the /webapi/find answer (the tunnel server's SSH host keys). */
-  findExtras?: () => Record<string, unknown>;
+  findExtras?: () => FindExtras;
   /** WebSocket pings on upgraded connections, to keep L7 load balancers from closing idle streams. */
   upgradePingIntervalMs?: number;
   /** Deadlines and caps of every listener (gateway.limits); made from the configuration when not given. */
@@ -102,16 +103,16 @@ function webRequests(options: FrontDoorOptions, addresses: Record<string, string
     const path = (req.url ?? '/').split('?')[0]!;
     if (options.webApps?.(req, res)) return;
     if (options.versions.handle(req, res)) return;
-    if (path === '/webapi/ping' || path === '/webapi/find') {
-      if (req.method !== 'GET' && req.method !== 'HEAD') return sendJson(res, 405, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: `${req.method} is not allowed on ${path}`, hint: 'Use GET.' } });
+    if (path === PING_PATH || path === FIND_PATH) {
+      if (req.method !== 'GET' && req.method !== 'HEAD') return sendWebError(res, new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`, { hint: 'Use GET.' }));
       const bound = { web: addresses.web ?? addresses.mux, ...(addresses.ssh ? { ssh: addresses.ssh } : {}), ...(addresses.tunnel ? { tunnel: addresses.tunnel } : {}), ...(addresses.mysql ? { mysql: addresses.mysql } : {}), ...(addresses.kube ? { kube: addresses.kube } : {}) };
       const ping = pingResponse(config, options.clusterName, bound);
-      if (path === '/webapi/find') return sendJson(res, 200, { proxy: ping.proxy, server_version: ping.server_version, cluster_name: ping.cluster_name, ...(options.findExtras?.() ?? {}) });
+      if (path === FIND_PATH) return sendJson(res, 200, { proxy: ping.proxy, server_version: ping.server_version, cluster_name: ping.cluster_name, ...(options.findExtras?.() ?? {}) } satisfies FindResponse);
       if (!options.authPreference) return sendJson(res, 200, ping);
       return void options.authPreference().then((p) => sendJson(res, 200, pingResponse(config, options.clusterName, bound, p)));
     }
     if (path === UPGRADE_PATH) {
-      return sendJson(res, 426, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: 'connection upgrade needs a WebSocket upgrade request', hint: `Send GET ${UPGRADE_PATH} with Upgrade: websocket and the ALPN protocol as the subprotocol.` } });
+      return sendWebError(res, new GatewayError('GW_ERR_API_UPGRADE_REQUIRED', 'connection upgrade needs a WebSocket upgrade request', { hint: `Send GET ${UPGRADE_PATH} with Upgrade: websocket and the ALPN protocol as the subprotocol.` }));
     }
     if (options.web?.handle(req, res)) return;
     if (site.handle(req, res)) return;

@@ -39,11 +39,11 @@ import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import tls, { type TLSSocket } from 'node:tls';
 import { formatHostPort, isIpLiteral, parseAddr, type HostPort } from '../addr.js';
-import { peerIdentityOf } from '../auth/api.js';
+import { peerIdentityOf } from '../auth/peeridentity.js';
 import { identityFromCert, type Identity } from '../auth/pki.js';
 import type { ClusterTrust } from '../auth/proxyauth.js';
 import type { ProxyRecord } from '../auth/records.js';
-import { GatewayError, isErrorCode, toGatewayError } from '../errors.js';
+import { GatewayError, httpStatus, isErrorCode, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
 import { connectionOf } from '../net/deadlines.js';
@@ -380,9 +380,8 @@ function answerLine(socket: TLSSocket, err: GatewayError): void {
 
 function answerH2Error(stream: http2.ServerHttp2Stream, err: GatewayError): void {
   if (stream.destroyed) return;
-  const status = err.code === 'GW_ERR_TUNNEL_NOT_FOUND' ? 404 : err.code === 'GW_ERR_PEER_PROTOCOL' ? 400 : 502;
   if (stream.headersSent) return void stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
-  stream.respond({ ':status': status, [ERROR_HEADER]: JSON.stringify(err.toJSON()) }, { endStream: true });
+  stream.respond({ ':status': httpStatus(err.code), [ERROR_HEADER]: JSON.stringify(err.toJSON()) }, { endStream: true });
 }
 
 export interface PeerClientOptions {

@@ -1,5 +1,6 @@
 /**
- * What /webapi/ping and /webapi/find tell clients and agents about the Proxy's addresses. Pure: derived from the configuration and the bound listeners only.
+ * What /webapi/ping and /webapi/find tell clients and agents about the Proxy's addresses (the answers' shapes are
+ * src/wire/ping.ts, which the clients read too). Pure: derived from the configuration and the bound listeners only.
  *
  * - The web public address is the first proxy_service.public_addr, else <nodename>:<web port>.
  * - With TLS routing (multiplex), every public address is the web public address and every listen address is
@@ -11,29 +12,7 @@ import { formatHostPort, type HostPort } from '../addr.js';
 import type { GatewayConfig } from '../config/index.js';
 import type { AuthPreference } from '../auth/sso/index.js';
 import { VERSION } from '../version.js';
-
-export interface PingProxy {
-  kube: { enabled: boolean; public_addr: string; listen_addr: string };
-  ssh: { listen_addr: string; tunnel_listen_addr: string; web_listen_addr: string; public_addr: string; ssh_public_addr: string; ssh_tunnel_public_addr: string };
-  db: { postgres_public_addr: string; mysql_listen_addr: string; mysql_public_addr: string; mongo_public_addr: string };
-  tls_routing_enabled: boolean;
-}
-
-/** How users sign in: local, or the connector auth_service.authentication names (docs/sso.md). */
-export interface PingAuth {
-  type: AuthPreference['type'];
-  second_factor: 'off';
-  local: { name: string };
-  connector?: { kind: string; name: string; display: string };
-}
-
-export interface PingResponse {
-  cluster_name: string;
-  server_version: string;
-  min_client_version: string;
-  auth: PingAuth;
-  proxy: PingProxy;
-}
+import type { PingProxy, PingResponse } from '../wire/ping.js';
 
 /** Clients older than this are told to upgrade (one major version back, as is usual). */
 export const MIN_CLIENT_VERSION = '16.0.0';

@@ -27,6 +27,7 @@ import { lstat, readdir, readFile } from 'node:fs/promises';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { httpStatus, type ErrorCode } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import { escapeHtml } from '../net/http.js';
 
@@ -251,7 +252,7 @@ export class StaticSite {
     const raw = q < 0 ? url : url.slice(0, q);
     if (raw !== '/' && raw !== '/web' && !raw.startsWith(WEB_PREFIX)) return false;
     if (req.method !== 'GET' && req.method !== 'HEAD') {
-      this.error(req, res, 405, 'GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${raw}`, 'The Web UI is read with GET.', { allow: 'GET, HEAD' });
+      this.error(req, res, 'GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${raw}`, 'The Web UI is read with GET.', { allow: 'GET, HEAD' });
       return true;
     }
     if (raw === '/' || raw === '/web') {
@@ -260,7 +261,7 @@ export class StaticSite {
     }
     const checked = staticPathOf(raw);
     if ('refused' in checked) {
-      this.error(req, res, 400, 'GW_ERR_API_BAD_REQUEST', `bad path: ${checked.refused}`, 'Ask for the Web UI at /web/.');
+      this.error(req, res, 'GW_ERR_API_BAD_REQUEST', `bad path: ${checked.refused}`, 'Ask for the Web UI at /web/.');
       return true;
     }
     if (!this.index) {
@@ -270,7 +271,7 @@ export class StaticSite {
     const path = checked.path === WEB_PREFIX ? INDEX : checked.path;
     let entry = this.index.get(path);
     if (!entry && path.startsWith(ASSETS_PREFIX)) {
-      this.error(req, res, 404, 'GW_ERR_API_NOT_FOUND', `no such file of the Web UI: ${path}`, 'The Web UI was probably updated: reload the page.');
+      this.error(req, res, 'GW_ERR_API_NOT_FOUND', `no such file of the Web UI: ${path}`, 'The Web UI was probably updated: reload the page.');
       return true;
     }
     entry ??= this.index.get(INDEX)!;
@@ -285,7 +286,7 @@ export class StaticSite {
     try {
       body = await this.body(entry, encoding);
     } catch {
-      this.error(req, res, 404, 'GW_ERR_API_NOT_FOUND', 'this file of the Web UI is gone from the disk', 'The Web UI was rebuilt while the Proxy runs: restart the Proxy.');
+      this.error(req, res, 'GW_ERR_API_NOT_FOUND', 'this file of the Web UI is gone from the disk', 'The Web UI was rebuilt while the Proxy runs: restart the Proxy.');
       return;
     }
     const headers: Record<string, string> = { 'content-type': entry.type, 'cache-control': entry.cache, etag: body.etag };
@@ -312,9 +313,9 @@ export class StaticSite {
     this.send(res, req, 503, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store' }, Buffer.from(page));
   }
 
-  private error(req: IncomingMessage, res: ServerResponse, status: number, code: string, message: string, hint: string, extra: Record<string, string> = {}): void {
+  private error(req: IncomingMessage, res: ServerResponse, code: ErrorCode, message: string, hint: string, extra: Record<string, string> = {}): void {
     const body = Buffer.from(JSON.stringify({ error: { code, message, hint } }));
-    this.send(res, req, status, { 'content-type': 'application/json', 'cache-control': 'no-store', ...extra }, body);
+    this.send(res, req, httpStatus(code), { 'content-type': 'application/json', 'cache-control': 'no-store', ...extra }, body);
   }
 
   private send(res: ServerResponse, req: IncomingMessage, status: number, headers: Record<string, string>, body: Buffer): void {

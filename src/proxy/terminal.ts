@@ -31,13 +31,14 @@ import { generateKeyPair, parseSshCert, sshPrivateKeyPem, type Identity } from '
 import { blobFromLine, sshSign } from '../auth/pki/sshwire.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { canAccess } from '../auth/rbac.js';
-import { GatewayError, toGatewayError } from '../errors.js';
+import type { WebSessionView } from '../auth/websessions.js';
+import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { connectionOf, type LimitSettings } from '../net/deadlines.js';
 import { clientAddress } from '../stream/meta.js';
 import type { AgentSource } from './router.js';
 import { findTarget, type Target } from './resources.js';
-import { checkOrigin, credentialsOf, webStatus, type WebCredentials, type WebSessionView } from './web.js';
+import { checkOrigin, credentialsOf, type WebCredentials } from './webcredentials.js';
 
 export const TERMINAL_PATH = '/webapi/terminal';
 export const TERMINAL_PROTOCOL = 'gateway-terminal';
@@ -94,7 +95,7 @@ function protocolsOf(req: http.IncomingMessage): { bearer: string | undefined; t
 function refuseUpgrade(socket: Duplex, err: unknown): void {
   const e = toGatewayError(err);
   const body = JSON.stringify({ error: e.toJSON() });
-  const status = webStatus(e.code);
+  const status = httpStatus(e.code);
   if (!socket.destroyed) socket.end(`HTTP/1.1 ${status} Refused\r\ncontent-type: application/json\r\ncache-control: no-store\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }
 

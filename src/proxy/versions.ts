@@ -15,19 +15,15 @@
  * by a stale value. Every answer carries Cache-Control: no-store so no agent or intermediary keeps old versions,
  * and x-gateway-proxy: <host ID> naming the Proxy that answered (JSON error bodies also carry "proxy").
  *
+ * The paths, the header and the parsing of the answers are the upgraders' too: src/wire/versions.ts.
  * Documented in docs/version-server.md.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import semver from 'semver';
 import { fetchThroughDialer } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
-import { GatewayError, isGatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, httpStatus, isGatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
-
-export const VERSION_SERVER_PREFIX = '/v1/webapi/automaticupgrades/channel/';
-export const DEFAULT_CHANNEL = 'default';
-/** The response header that names the Proxy (its host ID) that answered. */
-export const PROXY_HEADER = 'x-gateway-proxy';
+import { DEFAULT_CHANNEL, normalizeVersion, parseCritical, PROXY_HEADER, VERSION_SERVER_PREFIX, type VersionRequest } from '../wire/versions.js';
 
 export const VERSION_SERVER_DEFAULTS = Object.freeze({
   cacheTtlMs: 60_000,
@@ -36,8 +32,6 @@ export const VERSION_SERVER_DEFAULTS = Object.freeze({
 
 /** Upstream answers are a version or yes/no: anything bigger is not a version server. */
 const MAX_UPSTREAM_BODY = 4096;
-
-export type VersionRequest = 'version' | 'critical';
 
 export interface VersionServerOptions {
   /** proxy_service.automatic_upgrades_channels: channel name → exactly one of static_version / forward_url. */
@@ -67,37 +61,12 @@ interface CacheEntry {
   expiresAt: number;
 }
 
-const STATUS: Partial<Record<ErrorCode, number>> = {
-  GW_ERR_VERSION_BAD_PATH: 400,
-  GW_ERR_VERSION_UNKNOWN_CHANNEL: 404,
-  GW_ERR_API_BAD_REQUEST: 405,
-  GW_ERR_VERSION_UPSTREAM: 502,
-  GW_ERR_VERSION_UPSTREAM_TIMEOUT: 504,
-};
-
 /** Dial / HTTP failures that mean "the upstream did not answer in time". */
 const TIMEOUT_CODES: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
   'GW_ERR_HTTP_TIMEOUT',
   'GW_ERR_DIAL_CONNECT_TIMEOUT',
   'GW_ERR_DIAL_PROXY_NO_ANSWER',
 ]);
-
-/**
- * "v1.2.3" for "1.2.3" or "v1.2.3" (surrounding whitespace ignored), or undefined when it is not semver.
- * Build metadata and pre-release parts are kept as written.
- */
-export function normalizeVersion(text: string): string | undefined {
-  const trimmed = text.trim();
-  const bare = trimmed.startsWith('v') ? trimmed.slice(1) : trimmed;
-  if (!/^\d/.test(bare) || semver.valid(bare) === null) return undefined;
-  return `v${bare}`;
-}
-
-/** "yes" / "no" (case and surrounding whitespace ignored), or undefined for anything else. */
-function parseCritical(text: string): 'yes' | 'no' | undefined {
-  const t = text.trim().toLowerCase();
-  return t === 'yes' || t === 'no' ? t : undefined;
-}
 
 function quote(s: string, max = 80): string {
   return JSON.stringify(s.length > max ? `${s.slice(0, max)}…` : s);
@@ -181,7 +150,7 @@ export class VersionServer {
     req.resume(); // a body (there should be none) is drained, so keep-alive keeps working
     const head = req.method === 'HEAD';
     if (req.method !== 'GET' && !head) {
-      this.sendError(res, false, new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on the version server`, { hint: 'Use GET (or HEAD).' }), {
+      this.sendError(res, false, new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on the version server`, { hint: 'Use GET (or HEAD).' }), {
         allow: 'GET, HEAD',
       });
       return true;
@@ -308,7 +277,7 @@ export class VersionServer {
   }
 
   private sendError(res: ServerResponse, head: boolean, err: GatewayError, extra: Record<string, string> = {}): void {
-    const status = STATUS[err.code] ?? 500;
+    const status = httpStatus(err.code);
     if (status >= 500) this.log.warn({ code: err.code, details: err.details }, err.message);
     else this.log.debug({ code: err.code }, err.message);
     this.send(res, head, status, 'application/json', JSON.stringify({ error: err.toJSON(), ...(this.proxyId === undefined ? {} : { proxy: this.proxyId }) }), extra);

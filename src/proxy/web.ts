@@ -22,64 +22,16 @@ import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { canAccess, checkAccess, type Role } from '../auth/rbac.js';
 import type { Resource } from '../auth/resources/index.js';
-import { statusFor } from '../auth/api.js';
-import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { LimitSettings } from '../net/deadlines.js';
 import type { AgentPresence } from '../auth/records.js';
-import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, bearerOf, cookieValue, isLaunchNonce, launchUnbound, originRefusal, sessionInvalid, sessionMissing, WEB_SESSION_COOKIE, type WebSessionView } from '../auth/websessions.js';
+import { bearerOf, isLaunchNonce, launchUnbound, type WebSessionView } from '../auth/websessions.js';
 import { readBoundedBody } from '../net/http.js';
-import { resetStream } from '../stream/reset.js';
 import type { AgentSource } from './router.js';
 import { TerminalServer } from './terminal.js';
-
-export type { WebSessionView };
-
-export const SESSION_COOKIE = WEB_SESSION_COOKIE;
-export const APP_COOKIE = APP_SESSION_COOKIE;
-export const LAUNCH_NONCE_COOKIE = APP_LAUNCH_NONCE_COOKIE;
-export { bearerOf, cookieValue, isLaunchNonce, launchUnbound };
-
-/**
- * What launch tokens and app sessions are bound to: the app's name and its public address. The name alone would let
- * an agent that advertises an app of the same name under a host of its own (a rogue agent) receive a launch token
- * or an app cookie that opens the other agent's app as the user.
- */
-export function appSessionKey(name: string, publicAddr: string): string {
-  return `${name}@${publicAddr}`;
-}
-
-/** HTTP statuses of the web routes where api.ts's table has none. */
-const STATUS: Partial<Record<ErrorCode, number>> = {
-  GW_ERR_WEB_TERMINAL_LIMIT: 429,
-  GW_ERR_TUNNEL_NOT_FOUND: 404,
-  GW_ERR_TUNNEL_DIAL_FAILED: 502,
-  GW_ERR_TUNNEL_DOWN: 502,
-};
-
-export function webStatus(code: ErrorCode): number {
-  return STATUS[code] ?? statusFor(code);
-}
-
-/** Refuses a request whose Origin is present and is not the page's own (GW_ERR_WEB_CSRF), as api.ts does. */
-export function checkOrigin(req: http.IncomingMessage): void {
-  const host = req.headers.host ?? req.headers[':authority'];
-  const refusal = originRefusal(req.headers.origin, typeof host === 'string' && host.length > 0 && host.length <= 1024 ? host : undefined, req.method);
-  if (refusal) throw refusal;
-}
-
-/** The session's credentials on a request: cookie id and bearer (header, or a WebSocket subprotocol). */
-export interface WebCredentials {
-  id: string;
-  bearer: string;
-}
-
-export function credentialsOf(req: http.IncomingMessage, bearer: string | undefined): WebCredentials {
-  const id = cookieValue(req.headers.cookie, SESSION_COOKIE);
-  if (!id) throw sessionMissing();
-  if (!bearer) throw sessionInvalid('the cookie came without the bearer token of its session (the page sends it with every request)');
-  return { id, bearer };
-}
+import { sendJson, sendWebError } from './webanswer.js';
+import { appSessionKey, checkOrigin, credentialsOf, type WebCredentials } from './webcredentials.js';
 
 export interface WebRoutesOptions {
   auth: ProxyAuth;
@@ -102,32 +54,6 @@ export interface WebRoutes {
   close(): void;
 }
 
-/** A JSON answer of the web port (the Web UI's routes, ping, find, errors): never cached, never sniffed. */
-export function sendJson(res: http.ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', 'x-content-type-options': 'nosniff', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
-
-export function sendWebError(res: http.ServerResponse, err: unknown): void {
-  const e = toGatewayError(err);
-  if (res.headersSent) return abortResponse(res);
-  sendJson(res, webStatus(e.code), { error: e.toJSON() });
-}
-
-/**
- * Cuts a response whose head was sent, as a break and never as an end (docs/security.md, "A broken stream is
- * reset, never ended"): over HTTP/2 its stream gets RST_STREAM, over HTTP/1.1 its connection an RST (both by
- * src/stream/reset.ts), so a chunked body never gets its last chunk and a content-length body stays short with
- * an error at the client.
- */
-export function abortResponse(res: http.ServerResponse): void {
-  if (res.writableFinished) return;
-  const stream = (res as unknown as { stream?: Duplex }).stream ?? res.socket;
-  if (stream) resetStream(stream);
-  else res.destroy();
-}
-
 const LAUNCH = /^\/webapi\/apps\/([A-Za-z0-9][A-Za-z0-9._-]{0,127})\/launch$/;
 
 export function createWebRoutes(options: WebRoutesOptions): WebRoutes {
@@ -146,7 +72,7 @@ export function createWebRoutes(options: WebRoutesOptions): WebRoutes {
       if (!route && !launch) return false;
       void (async () => {
         const method = launch ? 'POST' : route!.method;
-        if (req.method !== method) throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${path}`, { hint: `Use ${method}.` });
+        if (req.method !== method) throw new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`, { hint: `Use ${method}.` });
         if (!launch) req.resume();
         if (method !== 'GET') checkOrigin(req);
         const creds = credentialsOf(req, bearerOf(req.headers.authorization));

@@ -23,12 +23,12 @@ import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import http from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
-import { peerIdentityOf } from '../auth/api.js';
+import { peerIdentityOf } from '../auth/peeridentity.js';
 import { canAccess } from '../auth/rbac.js';
 import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
-import { appSessionRef } from '../auth/websessions.js';
-import { GatewayError, toGatewayError } from '../errors.js';
+import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, appSessionRef, cookieValue, isLaunchNonce, launchUnbound, WEB_SESSION_COOKIE } from '../auth/websessions.js';
+import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
 import { resetStream } from '../stream/reset.js';
@@ -38,7 +38,8 @@ import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp } from './resources.js';
 import type { AuditedSession, Connection, SessionAudit } from './sessionaudit.js';
-import { abortResponse, APP_COOKIE, appSessionKey, cookieValue, isLaunchNonce, LAUNCH_NONCE_COOKIE, launchUnbound, SESSION_COOKIE, sendWebError, webStatus } from './web.js';
+import { abortResponse, sendWebError } from './webanswer.js';
+import { appSessionKey } from './webcredentials.js';
 
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
 
@@ -156,7 +157,7 @@ async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.In
     trackRequest(auth, certified, `app ${app}`, req, res);
     return { identity: await auth.resolveCaller(certified) };
   }
-  const sessionId = cookieValue(req.headers.cookie, APP_COOKIE);
+  const sessionId = cookieValue(req.headers.cookie, APP_SESSION_COOKIE);
   if (!sessionId) {
     throw new GatewayError('GW_ERR_AUTH_UNAUTHENTICATED', `app "${app}" needs your gateway certificate or a session of the Web UI`, {
       hint: `Open the app from the Web UI's resources page, or sign in with 'gwsh login' and use 'gwsh proxy app ${app}'.`,
@@ -175,7 +176,7 @@ async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.In
 
 /** Whether a cookie name is one of the gateway's own (the app session, the web session, a launch nonce). */
 function gatewayCookie(name: string): boolean {
-  return name === APP_COOKIE || name === SESSION_COOKIE || name.startsWith(LAUNCH_NONCE_COOKIE);
+  return name === APP_SESSION_COOKIE || name === WEB_SESSION_COOKIE || name.startsWith(APP_LAUNCH_NONCE_COOKIE);
 }
 
 /** The gateway's own cookies never reach the app (the app session would let the app act as the user here). */
@@ -201,7 +202,7 @@ const LAUNCH_HEADERS = {
  * another app's host never counts here even if it were sent here.
  */
 export function nonceCookieName(key: string): string {
-  return `${LAUNCH_NONCE_COOKIE}_${createHash('sha256').update(key).digest('hex').slice(0, 16)}`;
+  return `${APP_LAUNCH_NONCE_COOKIE}_${createHash('sha256').update(key).digest('hex').slice(0, 16)}`;
 }
 
 const nonceCookie = (key: string, value: string, maxAgeS: number) => `${nonceCookieName(key)}=${value}; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age=${maxAgeS}`;
@@ -214,7 +215,7 @@ const nonceCookie = (key: string, value: string, maxAgeS: number) => `${nonceCoo
  */
 async function appLaunch(auth: ProxyAuth, options: WebAppOptions, key: string, app: string, host: string, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
   req.resume();
-  if (req.method !== 'GET') throw new GatewayError('GW_ERR_API_BAD_REQUEST', `${req.method} is not allowed on ${APP_AUTH_PATH}`, { hint: "Open the app from the Web UI's resources page." });
+  if (req.method !== 'GET') throw new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${APP_AUTH_PATH}`, { hint: "Open the app from the Web UI's resources page." });
   const query = new URLSearchParams((req.url ?? '').split('?')[1] ?? '');
   const token = query.get('token');
   if (token === null) return startLaunch(options, key, app, host, req, query, res);
@@ -230,7 +231,7 @@ async function appLaunch(auth: ProxyAuth, options: WebAppOptions, key: string, a
   res.writeHead(200, {
     ...LAUNCH_HEADERS,
     'content-type': 'text/html; charset=utf-8',
-    'set-cookie': [nonceCookie(key, '', 0), `${APP_COOKIE}=${sessionId}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=${maxAge}`],
+    'set-cookie': [nonceCookie(key, '', 0), `${APP_SESSION_COOKIE}=${sessionId}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=${maxAge}`],
     'content-length': Buffer.byteLength(body),
   });
   res.end(body);
@@ -277,7 +278,7 @@ function sendLaunchError(res: http.ServerResponse, e: GatewayError): void {
   if (res.headersSent) return abortResponse(res);
   const hint = e.hint ? `<p>${escapeHtml(e.hint)}</p>` : '';
   const body = `<!doctype html><html><head><meta charset="utf-8"><title>App launch refused</title></head><body><h1>App launch refused</h1><p><code data-code="${escapeHtml(e.code)}">${escapeHtml(e.code)}</code>: ${escapeHtml(e.message)}</p>${hint}</body></html>\n`;
-  res.writeHead(webStatus(e.code), { ...LAUNCH_HEADERS, 'content-type': 'text/html; charset=utf-8', 'x-gateway-error': e.code, 'content-length': Buffer.byteLength(body) });
+  res.writeHead(httpStatus(e.code), { ...LAUNCH_HEADERS, 'content-type': 'text/html; charset=utf-8', 'x-gateway-error': e.code, 'content-length': Buffer.byteLength(body) });
   res.end(body);
 }
 

@@ -18,7 +18,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { formatHostPort } from '../addr.js';
 import { generateKeyPair } from '../auth/pki.js';
-import type { CertBundle, JoinRole } from '../auth/service.js';
+import type { CertBundle, JoinRole } from '../wire/certs.js';
 import type { ClusterMaintenanceConfig } from '../auth/resources/types.js';
 import { identityClient, joinCluster, loadHostIdentity, saveHostIdentity, type HostIdentity } from '../agent/identity.js';
 import { agentResources, agentServices, resourceConnector } from '../agent/resources.js';

@@ -4,7 +4,7 @@
  */
 import { isIP } from 'node:net';
 import type { MemberName } from '../auth/reserved.js';
-import type { JoinRole } from '../auth/service.js';
+import type { JoinRole } from '../wire/certs.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 
 const WILDCARD_HOSTS = ['', '0.0.0.0', '::'];

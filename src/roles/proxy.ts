@@ -36,6 +36,7 @@ import type { DialRequest } from '../tunnel/protocol.js';
 import type { Duplex } from 'node:stream';
 import { VERSION } from '../version.js';
 import { logger } from '../log.js';
+import type { FindExtras } from '../wire/ping.js';
 import type { Lifecycle } from './lifecycle.js';
 import { webServerNames } from './names.js';
 
@@ -196,7 +197,7 @@ export interface PeeringControl {
  * What /webapi/find adds for agents: every live Proxy's reverse-tunnel host key, and which Proxy holds which
  * (tunnel_proxies: on raw SSH the agent records the Proxy whose key it was shown, never the welcome's claim).
  */
-function findExtras(selfId: string, selfKey: string, cluster: ClusterView): Record<string, unknown> {
+function findExtras(selfId: string, selfKey: string, cluster: ClusterView): FindExtras {
   const byKey = new Map<string, string>([[selfKey, selfId]]);
   for (const p of cluster.proxies()) if (p.tunnel_host_key && !byKey.has(p.tunnel_host_key)) byKey.set(p.tunnel_host_key, p.id);
   return {

@@ -20,7 +20,8 @@ import type { Dialer } from '../dial/dialer.js';
 import { isTlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { memberOrOutsideServerIdentity } from '../client/api.js';
-import { normalizeVersion, PROXY_HEADER } from '../proxy/versions.js';
+import { PING_PATH } from '../wire/ping.js';
+import { normalizeVersion, parseCritical, PROXY_HEADER } from '../wire/versions.js';
 import type { Endpoint } from './endpoint.js';
 
 export interface HttpDeps {
@@ -116,8 +117,9 @@ export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<T
   const from = r.proxy ? { proxy: r.proxy } : {};
   try {
     const c = await get(criticalUrl, deps, 4096);
+    const critical = c.status === 200 ? parseCritical(c.body) : undefined;
+    if (critical !== undefined) return { version, critical: critical === 'yes', ...from };
     const answer = c.body.trim().toLowerCase();
-    if (c.status === 200 && (answer === 'yes' || answer === 'no')) return { version, critical: answer === 'yes', ...from };
     return { version, critical: false, ...from, criticalProblem: `${criticalUrl} answered ${c.status === 200 ? JSON.stringify(answer.slice(0, 20)) : `HTTP ${c.status}`}; treated as not critical` };
   } catch (err) {
     return { version, critical: false, ...from, criticalProblem: `cannot ask ${criticalUrl} (${toGatewayError(err).message}); treated as not critical` };
@@ -126,7 +128,7 @@ export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<T
 
 /** The cluster's server_version from /webapi/ping, or undefined with the reason. Never throws. */
 export async function fetchClusterVersion(origin: string, deps: HttpDeps): Promise<{ version: string | undefined; problem?: string }> {
-  const url = `${origin}/webapi/ping`;
+  const url = `${origin}${PING_PATH}`;
   try {
     const r = await get(url, deps, 256 * 1024);
     if (r.status !== 200) return { version: undefined, problem: `${url} answered HTTP ${r.status}` };

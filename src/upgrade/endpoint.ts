@@ -10,11 +10,13 @@
 import { readFile } from 'node:fs/promises';
 import { AddrError, formatHostPort, parseAddr } from '../addr.js';
 import { GatewayError } from '../errors.js';
+import { DEFAULT_CHANNEL, VERSION_SERVER_PREFIX } from '../wire/versions.js';
 
 export const ENDPOINT_FILE = 'endpoint';
-export const ENDPOINT_PATH_PREFIX = '/v1/webapi/automaticupgrades/channel/';
-export const ENDPOINT_SHAPE = '<host>:<port>/v1/webapi/automaticupgrades/channel/<channel>';
-export const ENDPOINT_EXAMPLE = 'proxy.example.com:443/v1/webapi/automaticupgrades/channel/default';
+/** The path every endpoint has: the Proxy's version server (src/wire/versions.ts). */
+const ENDPOINT_PATH_PREFIX = VERSION_SERVER_PREFIX;
+export const ENDPOINT_SHAPE = `<host>:<port>${ENDPOINT_PATH_PREFIX}<channel>`;
+export const ENDPOINT_EXAMPLE = `proxy.example.com:443${ENDPOINT_PATH_PREFIX}${DEFAULT_CHANNEL}`;
 
 export interface Endpoint {
   host: string;

@@ -24,7 +24,7 @@ import type { Duplex, Readable } from 'node:stream';
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateKeyPair } from '../../src/auth/pki.js';
-import { FORWARDED } from '../../src/auth/api.js';
+import { FORWARDED } from '../../src/wire/forwarded.js';
 import { parseSshCert } from '../../src/auth/pki/ssh.js';
 import type { Presence } from '../../src/auth/records.js';
 import { ApiClient } from '../../src/client/api.js';

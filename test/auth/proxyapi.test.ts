@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { joinCluster, loadHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
-import { FORWARDED } from '../../src/auth/api.js';
+import { FORWARDED } from '../../src/wire/forwarded.js';
 import { generateKeyPair, identityFromCert, signPresenceProof, signRenewProof } from '../../src/auth/pki.js';
 import { MAX_STREAMS_PER_PROXY } from '../../src/auth/proxyapi.js';
 import { parseManifest } from '../../src/auth/resources/index.js';

@@ -10,7 +10,7 @@ import { openResource, resourceTlsContext, routeAddress, type ResourceTarget } f
 import type { Profile } from '../../src/client/profile.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { isGatewayError } from '../../src/errors.js';
-import type { PingResponse } from '../../src/proxy/ping.js';
+import type { PingResponse } from '../../src/wire/ping.js';
 import { readJsonLine, writeJsonLine } from '../../src/stream/lines.js';
 import { makeClusterPki, type ClusterPki, type IssuedCert } from '../helpers/members.js';
 

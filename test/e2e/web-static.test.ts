@@ -205,7 +205,7 @@ describe('pages and assets', () => {
       const r = await curl('/web/', flag, '-X', method);
       expect(r.status).toBe(405);
       expect(r.headers.allow).toBe('GET, HEAD');
-      expect(JSON.parse(r.body.toString())).toMatchObject({ error: { code: 'GW_ERR_API_BAD_REQUEST' } });
+      expect(JSON.parse(r.body.toString())).toMatchObject({ error: { code: 'GW_ERR_API_METHOD_NOT_ALLOWED' } });
     }
   });
 
@@ -364,7 +364,7 @@ describe('the daemon (dist/)', () => {
     }
   }, 60_000);
 
-  it('over HTTP/2 the API router reads the client certificate (src/auth/api.ts peerIdentity); the version server answers', async () => {
+  it('over HTTP/2 the API router reads the client certificate (src/auth/peeridentity.ts peerIdentity); the version server answers', async () => {
     const webPort = gw.addresses.web!.split(':').pop()!;
     const admin = join(gw.dataDir, 'admin');
     const base = ['-sS', '--http2', '-w', '\n%{http_version}', '--cacert', join(admin, 'host-ca.pem'), '--resolve', `localhost:${webPort}:127.0.0.1`];

@@ -417,6 +417,8 @@ describe('app launch', () => {
     // configured address (an address the configuration does not list is never used).
     const start = await call('GET', `/x-gateway-auth?app=grafana&web=${encodeURIComponent('evil.example:443')}`, { host: APP_HOST });
     expect(start.status, start.text).toBe(302);
+    const posted = await call('POST', `/x-gateway-auth?app=grafana`, { host: APP_HOST });
+    expect([posted.status, posted.headers['x-gateway-error']]).toEqual([405, 'GW_ERR_API_METHOD_NOT_ALLOWED']);
     const next = new URL(String(start.headers.location));
     expect(`${next.origin}${next.pathname}`).toBe(`${ORIGIN()}/web/launch`);
     expect([next.searchParams.get('app'), next.searchParams.get('addr')]).toEqual(['grafana', `${APP_HOST}:${webPort}`]);

@@ -866,7 +866,7 @@ describe('connection upgrade (/webapi/connectionupgrade)', () => {
     const res = await httpsGet(UPGRADE_PATH);
     expect(res.status).toBe(426);
     expect(res.headers['content-type']).toBe('application/json');
-    expect(JSON.parse(res.body).error.code).toBe('GW_ERR_API_BAD_REQUEST');
+    expect(JSON.parse(res.body).error.code).toBe('GW_ERR_API_UPGRADE_REQUIRED');
   });
 
   it('the proxy sends WebSocket pings on an upgraded connection while the stream inside it is idle', async () => {

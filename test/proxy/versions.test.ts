@@ -277,7 +277,7 @@ describe('local channels', () => {
       const a = await curl(`${web.url}${PREFIX}/default/version`, '-X', method);
       expect(a.status, method).toBe(405);
       expect(a.headers['allow']).toBe('GET, HEAD');
-      expect(errorCode(a)).toBe('GW_ERR_API_BAD_REQUEST');
+      expect(errorCode(a)).toBe('GW_ERR_API_METHOD_NOT_ALLOWED');
       expectNoStore(a);
     }
     const withBody = await curl(`${web.url}${PREFIX}/default/version`, '-X', 'POST', '--data', 'x=1');

@@ -6,7 +6,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { GithubConnector } from '../resources/index.js';
-import { randomSecret } from '../websessions.js';
+import { randomSecret } from '../../wire/secrets.js';
 import { getJson, idpAnswered, type IdpFetch } from './fetch.js';
 import { tokenInvalid, type IdpIdentity } from './checks.js';
 

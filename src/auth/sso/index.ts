@@ -25,7 +25,7 @@ import { AttemptLimiter, type Reservation } from '../ratelimit.js';
 import { allowedLogins, maxSessionTtlMs } from '../rbac.js';
 import { KEYS, readJson, type StoredUser } from '../records.js';
 import { githubRoles, oidcRoles, samlRoles, type GithubConnector, type OidcConnector, type SamlConnector } from '../resources/index.js';
-import { randomSecret, sameSecret, sha256hex } from '../websessions.js';
+import { randomSecret, sameSecret, sha256hex } from '../../wire/secrets.js';
 import { idpFetch, type IdpFetch } from './fetch.js';
 import { GithubFlows } from './github.js';
 import type { IdpIdentity } from './checks.js';

@@ -9,7 +9,7 @@ import { GatewayError, isGatewayError } from '../../errors.js';
 import type { OidcConnector } from '../resources/index.js';
 import { tokenInvalid, type IdpIdentity } from './checks.js';
 import { idpAnswered, type IdpFetch } from './fetch.js';
-import { sha256hex } from '../websessions.js';
+import { sha256hex } from '../../wire/secrets.js';
 
 /** How long a provider's discovery document (and its keys' cache) is reused. */
 const DISCOVERY_TTL_MS = 5 * 60_000;

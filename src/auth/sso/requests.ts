@@ -6,7 +6,7 @@
  */
 import type { Backend } from '../../backend/index.js';
 import { GatewayError } from '../../errors.js';
-import { sameSecret, sha256hex } from '../websessions.js';
+import { sameSecret, sha256hex } from '../../wire/secrets.js';
 
 /** How long a sign-in may take at the identity provider. */
 export const SSO_REQUEST_TTL_MS = 10 * 60_000;

@@ -22,7 +22,7 @@ import { fetchThroughDialer } from '../../dial/agent.js';
 import type { Dialer } from '../../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../../errors.js';
 import { logger } from '../../log.js';
-import { normalizeVersion } from '../../proxy/versions.js';
+import { normalizeVersion } from '../../wire/versions.js';
 import { parseKubeSchedule } from '../schedule.js';
 import {
   DEFAULT_CONTAINER,

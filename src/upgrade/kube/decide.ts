@@ -18,7 +18,7 @@
  *                   maintenance window opens before that.
  */
 import semver from 'semver';
-import { normalizeVersion } from '../../proxy/versions.js';
+import { normalizeVersion } from '../../wire/versions.js';
 import { isoSeconds, nextWindowAfter, windowAt, type Window } from '../windows.js';
 
 /**
