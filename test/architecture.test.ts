@@ -25,8 +25,8 @@ const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: stri
   { layer: 'services', units: ['config', 'backend'], why: 'what the roles stand on: the configuration and the storage' },
   {
     layer: 'transport',
-    units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto'],
-    why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it)',
+    units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto', 'wire'],
+    why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it), the wire contract both ends share (each protocol declared once)',
   },
   { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version'], why: 'small modules that import nothing above them' },
 ];

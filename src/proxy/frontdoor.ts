@@ -12,8 +12,8 @@
  *
  *   multiplex (TLS routing, default): one listener on web_listen_addr; the Multiplexer routes each connection
  *             by its first bytes, SNI and ALPN to the table's rows (see mux/multiplexer.ts).
- *   separate:  the table's listeners: web on web_listen_addr, 3023 SSH, 3024 reverse tunnels,
- *             3036 MySQL, 5432 Postgres, 27017 MongoDB, 6379 Redis (kube_listen_addr if set).
+ *   separate:  the table's listeners (src/wire/protocols.ts: web on web_listen_addr, 3023 SSH, 3024 reverse
+ *             tunnels, one per database protocol, kube_listen_addr if set).
  *
  * Services plug in by route kind through `ProtocolServices`; a kind without a service yet completes its TLS
  * handshake (so its ALPN is visible) and is closed with a log line saying so. Proxy peering (3021) is not the
@@ -104,7 +104,9 @@ function webRequests(options: FrontDoorOptions, addresses: Record<string, string
     if (options.versions.handle(req, res)) return;
     if (path === '/webapi/ping' || path === '/webapi/find') {
       if (req.method !== 'GET' && req.method !== 'HEAD') return sendJson(res, 405, { error: { code: 'GW_ERR_API_BAD_REQUEST', message: `${req.method} is not allowed on ${path}`, hint: 'Use GET.' } });
-      const bound = { web: addresses.web ?? addresses.mux, ...(addresses.ssh ? { ssh: addresses.ssh } : {}), ...(addresses.tunnel ? { tunnel: addresses.tunnel } : {}), ...(addresses.mysql ? { mysql: addresses.mysql } : {}), ...(addresses.kube ? { kube: addresses.kube } : {}) };
+      // Every listener's bound address by its name (the table's), so that ping reports a port 0 as the one bound.
+      const web = addresses.web ?? addresses.mux;
+      const bound = web === undefined ? addresses : { ...addresses, web };
       const ping = pingResponse(config, options.clusterName, bound);
       if (path === '/webapi/find') return sendJson(res, 200, { proxy: ping.proxy, server_version: ping.server_version, cluster_name: ping.cluster_name, ...(options.findExtras?.() ?? {}) });
       if (!options.authPreference) return sendJson(res, 200, ping);

@@ -36,6 +36,8 @@
  *     "forwarded-tcpip" channel per client connection. Its first line is a DialRequest (JSON); the agent answers
  *     one line, DialAnswer, then the channel carries the connection's bytes both ways.
  */
+import type { DatabaseProtocol } from '../wire/protocols.js';
+
 export const CONTROL_SUBSYSTEM = 'gateway-control';
 /** The ALPN names of the two protocols on the one port; an agent offers both, v2 first. */
 export const TUNNEL_ALPN_V1 = 'gateway-reversetunnel';
@@ -72,7 +74,7 @@ export function servicesRefusal(roles: readonly string[], services: readonly str
 
 export interface DatabaseInfo {
   name: string;
-  protocol: 'postgres' | 'mysql' | 'mongodb' | 'redis';
+  protocol: DatabaseProtocol;
   labels: Record<string, string>;
 }
 export interface AppInfo {
