@@ -40,6 +40,7 @@ import { startFrontDoor, type FrontDoor, type FrontDoorOptions, type ServiceHand
 import { VersionServer } from '../../src/proxy/versions.js';
 import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
+import { separateListenKeys } from '../helpers/listeners.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -103,14 +104,7 @@ ${CHANNELS_YAML}`;
 function separateYaml(overrides: Record<string, string> = {}): string {
   const addrs: Record<string, string> = {
     web_listen_addr: '127.0.0.1:0',
-    listen_addr: '127.0.0.1:0',
-    tunnel_listen_addr: '127.0.0.1:0',
-    peer_listen_addr: '127.0.0.1:0',
-    mysql_listen_addr: '127.0.0.1:0',
-    postgres_listen_addr: '127.0.0.1:0',
-    mongo_listen_addr: '127.0.0.1:0',
-    redis_listen_addr: '127.0.0.1:0',
-    kube_listen_addr: '127.0.0.1:0',
+    ...Object.fromEntries(separateListenKeys({ optional: true }).map((key) => [key, '127.0.0.1:0'])),
     ...overrides,
   };
   return `gateway:

@@ -20,6 +20,7 @@ import { VersionServer } from '../../src/proxy/versions.js';
 import type { ConnectedAgent } from '../../src/proxy/tunnel.js';
 import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
+import { separateListenLines } from '../helpers/listeners.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -65,7 +66,6 @@ afterAll(async () => {
 const handed: ConnInfo[] = [];
 
 async function door(protocols: readonly Protocol[], mode: 'multiplex' | 'separate' = 'multiplex'): Promise<FrontDoor> {
-  const separate = ['listen_addr', 'tunnel_listen_addr', 'peer_listen_addr', 'mysql_listen_addr', 'postgres_listen_addr', 'mongo_listen_addr', 'redis_listen_addr'];
   const yaml = `gateway:
   nodename: ${HOST}
 auth_service:
@@ -74,7 +74,7 @@ auth_service:
 proxy_service:
   web_listen_addr: 127.0.0.1:0
   public_addr: ${HOST}:443
-${mode === 'separate' ? separate.map((k) => `  ${k}: 127.0.0.1:0`).join('\n') : ''}
+${mode === 'separate' ? separateListenLines('127.0.0.1').join('\n') : ''}
 `;
   const config = parseConfig(yaml, 'protocols.test.yaml');
   const d = await startFrontDoor({
