@@ -25,6 +25,7 @@ import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { SecureContext } from 'node:tls';
 import { createWebSocketStream, WebSocketServer, type WebSocket } from 'ws';
+import { formatHostPort } from '../addr.js';
 import type { GatewayConfig } from '../config/index.js';
 import { GatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
@@ -371,6 +372,12 @@ async function bindListeners(
   p: GatewayConfig['proxy_service'],
   o: { limits: ConnectionLimits; sourceAtAccept: boolean; streams: Streams; addresses: Record<string, string> },
 ): Promise<net.Server[]> {
+  const clash = sharedAddress(listeners, p);
+  if (clash) {
+    throw new GatewayError('GW_ERR_LISTEN', `cannot listen on ${clash.addr} (proxy_service.${clash.second}): proxy_service.${clash.first} is the same address`, {
+      hint: `Give proxy_service.${clash.second} a port of its own: each protocol has its own listener in proxy_listener_mode separate.`,
+    });
+  }
   const servers: net.Server[] = [];
   try {
     for (const l of listeners) {
@@ -389,6 +396,24 @@ async function bindListeners(
     throw err;
   }
   return servers;
+}
+
+/**
+ * Two of the listeners configured on one address (the same port, and the same host or a wildcard on either side),
+ * found before anything binds: the second would fail with EADDRINUSE, which reads as "another process". Port 0
+ * never clashes (each gets a free port).
+ */
+function sharedAddress(listeners: readonly Listener[], p: GatewayConfig['proxy_service']): { first: string; second: string; addr: string } | undefined {
+  const wildcard = (host: string) => host === '0.0.0.0' || host === '::';
+  const seen: Array<{ key: string; host: string; port: number }> = [];
+  for (const l of listeners) {
+    const addr = p[l.key];
+    if (!addr || addr.port === 0) continue;
+    const other = seen.find((s) => s.port === addr.port && (s.host === addr.host || wildcard(s.host) || wildcard(addr.host)));
+    if (other) return { first: other.key, second: l.key, addr: formatHostPort(addr.host, addr.port) };
+    seen.push({ key: l.key, host: addr.host, port: addr.port });
+  }
+  return undefined;
 }
 
 function infoOf(socket: net.Socket, route: string): ConnInfo {
