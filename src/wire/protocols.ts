@@ -54,6 +54,10 @@ export interface WireProtocol {
   readonly pingDb?: { readonly public: string; readonly listen?: string };
 }
 
+/** The reverse tunnel's ALPN names: v1 (SSH over TLS) and v2 (frames over mutual TLS), src/tunnel/protocol.ts. */
+export const TUNNEL_ALPN_V1 = 'gateway-reversetunnel';
+export const TUNNEL_ALPN_V2 = 'gateway-reversetunnel-v2';
+
 export const PING_SUFFIX = '-ping';
 /** Kubernetes is routed by server name: kubectl's server is https://kube-gateway-proxy-alpn.<proxy host>/... */
 export const KUBE_SNI_PREFIX = 'kube-gateway-proxy-alpn.';
@@ -94,7 +98,7 @@ export const WIRE_PROTOCOLS = Object.freeze([
   // both, v2 first, and the client's order decides. The separate listener (3024) is raw SSH, v1.
   {
     name: 'gateway-reversetunnel',
-    on: { alpn: ['gateway-reversetunnel-v2', 'gateway-reversetunnel'] },
+    on: { alpn: [TUNNEL_ALPN_V2, TUNNEL_ALPN_V1] },
     ping: false,
     listener: { name: 'tunnel', key: 'tunnel_listen_addr', port: 3024, doc: 'Reverse tunnels from agents (separate mode).', label: 'reverse tunnels', accepts: 'raw' },
     publicAddr: { key: 'tunnel_public_addr', what: 'the reverse-tunnel port' },

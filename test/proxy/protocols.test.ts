@@ -21,6 +21,7 @@ import type { ConnectedAgent } from '../../src/proxy/tunnel.js';
 import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
 import { separateListenLines } from '../helpers/listeners.js';
+import { DATABASE_PROTOCOLS } from '../../src/wire/protocols.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -191,7 +192,7 @@ describe('access kinds come from the table', () => {
     connectedAt: new Date(0),
     resources: {
       node_labels: { kind: 'node' },
-      databases: (['postgres', 'mysql', 'mongodb', 'redis'] as const).map((protocol) => ({ name: 'x', protocol, labels: { kind: 'db' } })),
+      databases: DATABASE_PROTOCOLS.map((protocol) => ({ name: 'x', protocol, labels: { kind: 'db' } })),
       apps: [{ name: 'x', kind: 'tcp', labels: { kind: 'app' } }],
       desktops: [{ name: 'x', labels: { kind: 'desktop' } }],
       kube_clusters: [{ name: 'x', labels: { kind: 'kube' } }],
