@@ -21,7 +21,6 @@ import { wireRowOfAlpn } from '../wire/protocols.js';
 import { ApiClient, proxyServerIdentity } from './api.js';
 import type { Profile } from './profile.js';
 
-
 export interface ResourceTarget {
   /** ALPN route: gateway-postgres, ..., gateway-tcp. */
   alpn: string;
