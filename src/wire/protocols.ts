@@ -69,8 +69,8 @@ export const KUBE_SNI_PREFIX = 'kube-gateway-proxy-alpn.';
 function databaseRow<const P extends string, const S extends string, const L extends boolean = false>(protocol: P, short: S, port: number, label: string, pingListen?: L) {
   type PingDb = L extends true ? { readonly public: `${S}_public_addr`; readonly listen: `${S}_listen_addr` } : { readonly public: `${S}_public_addr` };
   return {
-    name: `gateway-${protocol}`,
-    on: { alpn: [`gateway-${protocol}`] },
+    name: databaseRoute(protocol),
+    on: { alpn: [databaseRoute(protocol)] },
     ping: true,
     database: protocol,
     listener: { name: short, key: `${short}_listen_addr`, port, doc: `${label} clients (separate mode).`, label, accepts: 'tls' },
@@ -143,8 +143,11 @@ export const WIRE_ROWS: readonly WireProtocol[] = WIRE_PROTOCOLS;
 /** Every database protocol, in the table's order. */
 export const DATABASE_PROTOCOLS: readonly DatabaseProtocol[] = WIRE_PROTOCOLS.flatMap((row) => ('database' in row ? [row.database] : []));
 
-/** The route (ALPN) a client asks for to reach a database of this protocol. */
-export function databaseRoute(protocol: DatabaseProtocol): DatabaseRouteName {
+/**
+ * The route (ALPN) a client asks for to reach a database of this protocol. gwsh names it for any protocol the
+ * inventory lists, so that a Proxy newer than gwsh can serve a protocol gwsh does not know yet.
+ */
+export function databaseRoute<const P extends string>(protocol: P): `gateway-${P}` {
   return `gateway-${protocol}`;
 }
 
