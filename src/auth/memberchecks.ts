@@ -20,6 +20,7 @@
 import { GatewayError } from '../errors.js';
 import { presenceProofRefusal } from './pki/proof.js';
 import type { AgentResources, ServiceKind } from '../tunnel/protocol.js';
+import { DATABASE_PROTOCOLS } from '../wire/protocols.js';
 import { NAME_PATTERN, type JoinRole, type NodeRecord, type Presence } from './records.js';
 
 /** How far a presence's times may be ahead of the Auth Service's clock, or before the agent joined. */
@@ -32,7 +33,7 @@ const MAX_RESOURCES = 1024;
 
 /** Which service kind, and which resources, each join role serves. */
 const ROLE_SERVICE: Partial<Record<JoinRole, ServiceKind>> = { node: 'ssh', db: 'db', app: 'app', kube: 'kube', desktop: 'desktop' };
-const DB_PROTOCOLS: ReadonlySet<string> = new Set(['postgres', 'mysql', 'mongodb', 'redis']);
+const DB_PROTOCOLS: ReadonlySet<string> = new Set(DATABASE_PROTOCOLS);
 const APP_KINDS: ReadonlySet<string> = new Set(['http', 'https', 'tcp']);
 
 function refused(message: string, hint?: string): GatewayError {

@@ -9,18 +9,13 @@ import { proxyAddressForClients, type Daemon } from '../daemon.js';
 import { defaultDataDir, isRoot } from '../paths.js';
 import { anySourceBelieved } from '../mux/trust.js';
 import { VERSION } from '../version.js';
+import { listenerRows } from '../wire/protocols.js';
 
+/** Each listener's line: the Proxy's separate listeners are the wire table's (as the Proxy names them, proxy_<name>). */
 const LISTENERS: Record<string, string> = {
-  web: 'web and API',
+  ...Object.fromEntries(listenerRows().map(({ listener: l }) => [l.name === 'web' ? 'web' : `proxy_${l.name}`, l.label])),
   auth: 'Auth API (mutual TLS)',
-  proxy_tunnel: 'reverse tunnels',
-  proxy_ssh: 'SSH',
   proxy_peer: 'proxy peering',
-  proxy_mysql: 'MySQL',
-  proxy_postgres: 'PostgreSQL',
-  proxy_mongo: 'MongoDB',
-  proxy_redis: 'Redis',
-  proxy_kube: 'Kubernetes',
   ssh: 'SSH Service (direct)',
 };
 

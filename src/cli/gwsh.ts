@@ -21,6 +21,7 @@ import { splice } from '../stream/splice.js';
 import { endedCleanly, resetStream } from '../stream/reset.js';
 import { toGatewayError } from '../errors.js';
 import { GatewayError } from '../errors.js';
+import { databaseRoute } from '../wire/protocols.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
 import { table } from './table.js';
@@ -254,7 +255,7 @@ proxyCmd
     if (!db) {
       throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no database "${name}" that you may reach is connected`, { hint: "List them with 'gwsh db ls'." });
     }
-    await localProxy({ alpn: `gateway-${db.protocol}`, resource: name }, opts.port, `${db.protocol} database "${name}"`);
+    await localProxy({ alpn: databaseRoute(String(db.protocol)), resource: name }, opts.port, `${db.protocol} database "${name}"`);
   });
 for (const [kind, use] of [
   ['app', 'the app (TCP, or HTTP spoken by a local client)'],

@@ -4,7 +4,7 @@
  * and one answer line from the Proxy: then the stream is the resource's.
  *
  * With TLS routing everything goes to the web address; with separate listeners databases use their own ports
- * (from /webapi/ping) and apps and desktops still use gateway-tcp on the web port.
+ * (from /webapi/ping, routeAddress) and apps and desktops still use gateway-tcp on the web port.
  */
 import type { Duplex } from 'node:stream';
 import tls from 'node:tls';
@@ -17,10 +17,9 @@ import { FramedStream } from '../stream/framed.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
+import { wireRowOfAlpn } from '../wire/protocols.js';
 import { ApiClient, proxyServerIdentity } from './api.js';
 import type { Profile } from './profile.js';
-
-export type DbProtocol = 'postgres' | 'mysql' | 'mongodb' | 'redis';
 
 export interface ResourceTarget {
   /** ALPN route: gateway-postgres, ..., gateway-tcp. */
@@ -37,16 +36,14 @@ export async function fetchPing(profile: Profile, dialer: Dialer): Promise<PingR
   return new ApiClient({ address: profile.proxy, dialer, ca: profile.hostCa }).call<PingResponse>('GET', PING_PATH);
 }
 
-/** Where a route's connections go: the web address with TLS routing, else the protocol's own port. */
+/**
+ * Where a route's connections go: the web address with TLS routing, else a database route's own address (its row's
+ * ping field, src/wire/protocols.ts); every other route uses the web address in both modes.
+ */
 export function routeAddress(profile: Profile, ping: PingResponse, alpn: string): string {
   if (ping.proxy.tls_routing_enabled) return profile.proxy;
-  const db = ping.proxy.db;
-  const byAlpn: Record<string, string> = {
-    'gateway-postgres': db.postgres_public_addr,
-    'gateway-mysql': db.mysql_public_addr,
-    'gateway-mongodb': db.mongo_public_addr,
-  };
-  return byAlpn[alpn] || profile.proxy;
+  const field = wireRowOfAlpn(alpn)?.pingDb?.public;
+  return (field && (ping.proxy.db as Record<string, string | undefined>)[field]) || profile.proxy;
 }
 
 /**

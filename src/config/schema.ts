@@ -10,7 +10,7 @@ import { defaultDataDir, defaultWebPort, SYSTEM_DATA_DIR, UNPRIVILEGED_WEB_PORT 
 import { redactUrl } from '../redact.js';
 import { ConnStringError, parsePgConnString } from '../backend/pgconn.js';
 import { isMap, isNode, isScalar } from 'yaml';
-import { AddrError, dnsNameProblem, formatHostPort, isIpLiteral, normalizeHost, parseAddr, type ParsedAddr } from '../addr.js';
+import { AddrError, dnsNameProblem, formatHostPort, isIpLiteral, normalizeHost, parseAddr, type HostPort, type ParsedAddr } from '../addr.js';
 import { formatDuration, parseDuration } from '../duration.js';
 import { defaultMaxConnections, defaultMaxConnectionsPerSource, readOpenFileLimit } from '../net/source.js';
 import { MAX_TRUSTED_SOURCES, parseTrustedSource } from '../mux/trust.js';
@@ -37,10 +37,12 @@ import {
   type Fields,
   httpUrl,
   type Infer,
+  type Leaf,
   type Spec,
   yamlString,
 } from './spec.js';
 import type { GatewayConfig, ServiceName } from './types.js';
+import { DATABASE_PROTOCOLS, listenerRows, type ListenAddrKey, type OptionalListenAddrKey, type PublicAddrKey } from '../wire/protocols.js';
 
 export const SERVICE_NAMES: readonly ServiceName[] = [
   'auth_service',
@@ -293,6 +295,25 @@ function service<F extends Fields, P extends Spec<unknown>>(svc: ServiceName, do
 const publicAddr = (port: number, what = 'this service') =>
   addrs(`Addresses clients use to reach ${what} (host or host:port, default port ${port}).`, port);
 
+/**
+ * Each protocol's listen and public address in proxy_service, from the wire's table (src/wire/protocols.ts), in
+ * its order: a row with a listener gets <key> (default 0.0.0.0:<port>, or none when off; the web's depends on the
+ * user), and with a public address <publicAddr.key> (default port: the listener's).
+ */
+function protocolAddrFields() {
+  type Listens = { [K in ListenAddrKey]: Leaf<HostPort> } & { [K in OptionalListenAddrKey]: Leaf<HostPort | undefined> };
+  const listens: Record<string, Leaf<HostPort | undefined>> = {};
+  const publics: Record<string, Leaf<readonly HostPort[]>> = {};
+  for (const { name, listener: l, publicAddr: pub } of listenerRows()) {
+    if (l.off) listens[l.key] = listen(l.doc, { port: l.port, defaultDoc: 'none (off)' });
+    else if (name === 'web') listens[l.key] = listen(l.doc, { port: l.port, default: new Dynamic(`0.0.0.0:443 for root; 0.0.0.0:${UNPRIVILEGED_WEB_PORT} for other users`, () => `0.0.0.0:${defaultWebPort()}`) });
+    else listens[l.key] = listen(l.doc, { port: l.port, default: `0.0.0.0:${l.port}` });
+    if (pub) publics[pub.key] = publicAddr(l.port, pub.what);
+  }
+  return { listen: listens as Listens, public: publics as { [K in PublicAddrKey]: Leaf<readonly HostPort[]> } };
+}
+const PROTOCOL_ADDRS = protocolAddrFields();
+
 const upgradeChannel = section(
   'One channel: exactly one of static_version and forward_url.',
   {
@@ -408,24 +429,9 @@ export const SCHEMA = section('The gateway configuration file.', {
   }),
 
   proxy_service: service('proxy_service', 'Proxy Service: the public entry point (web, tunnels, protocols).', publicAddr(443, 'the web UI and API'), {
-    web_listen_addr: listen('Web UI and HTTPS API; in multiplex mode every protocol.', {
-      port: 443,
-      default: new Dynamic(`0.0.0.0:443 for root; 0.0.0.0:${UNPRIVILEGED_WEB_PORT} for other users`, () => `0.0.0.0:${defaultWebPort()}`),
-    }),
-    tunnel_listen_addr: listen('Reverse tunnels from agents (separate mode).', { port: 3024, default: '0.0.0.0:3024' }),
-    listen_addr: listen('SSH port clients connect to (separate mode).', { port: 3023, default: '0.0.0.0:3023' }),
+    ...PROTOCOL_ADDRS.listen,
     peer_listen_addr: listen('Proxy Peering: other proxies reach agents through this one.', { port: 3021, default: '0.0.0.0:3021' }),
-    mysql_listen_addr: listen('MySQL clients (separate mode).', { port: 3036, default: '0.0.0.0:3036' }),
-    postgres_listen_addr: listen('Postgres clients (separate mode).', { port: 5432, default: '0.0.0.0:5432' }),
-    mongo_listen_addr: listen('MongoDB clients (separate mode).', { port: 27017, default: '0.0.0.0:27017' }),
-    redis_listen_addr: listen('Redis clients (separate mode).', { port: 6379, default: '0.0.0.0:6379' }),
-    kube_listen_addr: listen('Kubernetes clients (separate mode); no listener unless set.', { port: 3026, defaultDoc: 'none (off)' }),
-    ssh_public_addr: publicAddr(3023, 'the SSH proxy'),
-    tunnel_public_addr: publicAddr(3024, 'the reverse-tunnel port'),
-    kube_public_addr: publicAddr(3026, 'the Kubernetes proxy'),
-    postgres_public_addr: publicAddr(5432, 'the Postgres proxy'),
-    mysql_public_addr: publicAddr(3036, 'the MySQL proxy'),
-    mongo_public_addr: publicAddr(27017, 'the MongoDB proxy'),
+    ...PROTOCOL_ADDRS.public,
     peer_public_addr: addrs('Address other Proxies reach this one at for peering (host or host:port, default port 3021); else this node with the peering port.', 3021),
     proxy_protocol: oneOf(
       'on: accept one PROXY protocol header (v1 or v2) per connection from a load balancer, and use its client address; off: refuse such headers. A header is believed only from the sources in `proxy_protocol_trusted_sources` when that lists any.',
@@ -483,7 +489,7 @@ export const SCHEMA = section('The gateway configuration file.', {
           defaultDoc: 'required',
           check: resourceName,
         }),
-        protocol: oneOf('Protocol the database speaks.', ['postgres', 'mysql', 'mongodb', 'redis'], undefined, { defaultDoc: 'required', example: 'postgres' }),
+        protocol: oneOf('Protocol the database speaks.', DATABASE_PROTOCOLS, undefined, { defaultDoc: 'required', example: 'postgres' }),
         uri: hostPort('Address of the database server, with its port.', { example: 'postgres.internal:5432', defaultDoc: 'required' }),
         labels: resourceLabels(),
       }, { required: ['name', 'protocol', 'uri'], expected: 'a mapping with name, protocol, uri and labels' }),

@@ -13,6 +13,7 @@
  */
 import type { HostPort, ParsedAddr } from '../addr.js';
 import type { LogFormat } from '../log.js';
+import type { DatabaseProtocol, ListenAddrKey, OptionalListenAddrKey, PublicAddrKey } from '../wire/protocols.js';
 
 export type LogSeverity = 'trace' | 'debug' | 'info' | 'warn' | 'error';
 
@@ -77,23 +78,16 @@ export interface UpgradeChannelConfig {
   readonly forward_url: string | undefined;
 }
 
-export interface ProxyServiceConfig extends ServiceConfig {
-  readonly web_listen_addr: HostPort;
-  readonly tunnel_listen_addr: HostPort;
-  readonly listen_addr: HostPort;
+/**
+ * Each protocol's listen and public addresses in proxy_service, keyed as src/wire/protocols.ts declares them:
+ * listeners bound unless off (kube_listen_addr: undefined when not set), public addresses as lists.
+ */
+export type ProtocolAddrsConfig = { readonly [K in ListenAddrKey]: HostPort } & { readonly [K in OptionalListenAddrKey]: HostPort | undefined } & {
+  readonly [K in PublicAddrKey]: readonly HostPort[];
+};
+
+export interface ProxyServiceConfig extends ServiceConfig, ProtocolAddrsConfig {
   readonly peer_listen_addr: HostPort;
-  readonly mysql_listen_addr: HostPort;
-  readonly postgres_listen_addr: HostPort;
-  readonly mongo_listen_addr: HostPort;
-  readonly redis_listen_addr: HostPort;
-  /** undefined: no Kubernetes listener of its own. */
-  readonly kube_listen_addr: HostPort | undefined;
-  readonly ssh_public_addr: readonly HostPort[];
-  readonly tunnel_public_addr: readonly HostPort[];
-  readonly kube_public_addr: readonly HostPort[];
-  readonly postgres_public_addr: readonly HostPort[];
-  readonly mysql_public_addr: readonly HostPort[];
-  readonly mongo_public_addr: readonly HostPort[];
   readonly peer_public_addr: readonly HostPort[];
   readonly proxy_protocol: 'on' | 'off';
   /** Addresses and CIDR networks (as written) a PROXY header is believed from; empty: any source (src/mux/trust.ts). */
@@ -126,7 +120,7 @@ export interface SshServiceConfig extends ListeningAgentConfig {
   readonly sftp_server: string | undefined;
 }
 
-export type DatabaseProtocol = 'postgres' | 'mysql' | 'mongodb' | 'redis';
+export type { DatabaseProtocol };
 
 /** Resource names (`name` below): 1-63 of a-z, 0-9 and "-", starting with a letter; unique within their list. */
 export interface DatabaseConfig {

@@ -12,8 +12,8 @@
  *
  *   multiplex (TLS routing, default): one listener on web_listen_addr; the Multiplexer routes each connection
  *             by its first bytes, SNI and ALPN to the table's rows (see mux/multiplexer.ts).
- *   separate:  the table's listeners: web on web_listen_addr, 3023 SSH, 3024 reverse tunnels,
- *             3036 MySQL, 5432 Postgres, 27017 MongoDB, 6379 Redis (kube_listen_addr if set).
+ *   separate:  the table's listeners (src/wire/protocols.ts: web on web_listen_addr, 3023 SSH, 3024 reverse
+ *             tunnels, one per database protocol, kube_listen_addr if set).
  *
  * Services plug in by route kind through `ProtocolServices`; a kind without a service yet completes its TLS
  * handshake (so its ALPN is visible) and is closed with a log line saying so. Proxy peering (3021) is not the
@@ -25,6 +25,7 @@ import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { SecureContext } from 'node:tls';
 import { createWebSocketStream, WebSocketServer, type WebSocket } from 'ws';
+import { formatHostPort } from '../addr.js';
 import type { GatewayConfig } from '../config/index.js';
 import { GatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
@@ -105,7 +106,9 @@ function webRequests(options: FrontDoorOptions, addresses: Record<string, string
     if (options.versions.handle(req, res)) return;
     if (path === PING_PATH || path === FIND_PATH) {
       if (req.method !== 'GET' && req.method !== 'HEAD') return sendWebError(res, new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`, { hint: 'Use GET.' }));
-      const bound = { web: addresses.web ?? addresses.mux, ...(addresses.ssh ? { ssh: addresses.ssh } : {}), ...(addresses.tunnel ? { tunnel: addresses.tunnel } : {}), ...(addresses.mysql ? { mysql: addresses.mysql } : {}), ...(addresses.kube ? { kube: addresses.kube } : {}) };
+      // Every listener's bound address by its name (the table's), so that ping reports a port 0 as the one bound.
+      const web = addresses.web ?? addresses.mux;
+      const bound = web === undefined ? addresses : { ...addresses, web };
       const ping = pingResponse(config, options.clusterName, bound);
       if (path === FIND_PATH) return sendJson(res, 200, { proxy: ping.proxy, server_version: ping.server_version, cluster_name: ping.cluster_name, ...(options.findExtras?.() ?? {}) } satisfies FindResponse);
       if (!options.authPreference) return sendJson(res, 200, ping);
@@ -370,6 +373,12 @@ async function bindListeners(
   p: GatewayConfig['proxy_service'],
   o: { limits: ConnectionLimits; sourceAtAccept: boolean; streams: Streams; addresses: Record<string, string> },
 ): Promise<net.Server[]> {
+  const clash = sharedAddress(listeners, p);
+  if (clash) {
+    throw new GatewayError('GW_ERR_LISTEN', `cannot listen on ${clash.addr} (proxy_service.${clash.second}): proxy_service.${clash.first} is the same address`, {
+      hint: `Give proxy_service.${clash.second} a port of its own: each protocol has its own listener in proxy_listener_mode separate.`,
+    });
+  }
   const servers: net.Server[] = [];
   try {
     for (const l of listeners) {
@@ -388,6 +397,24 @@ async function bindListeners(
     throw err;
   }
   return servers;
+}
+
+/**
+ * Two of the listeners configured on one address (the same port, and the same host or a wildcard on either side),
+ * found before anything binds: the second would fail with EADDRINUSE, which reads as "another process". Port 0
+ * never clashes (each gets a free port).
+ */
+function sharedAddress(listeners: readonly Listener[], p: GatewayConfig['proxy_service']): { first: string; second: string; addr: string } | undefined {
+  const wildcard = (host: string) => host === '0.0.0.0' || host === '::';
+  const seen: Array<{ key: string; host: string; port: number }> = [];
+  for (const l of listeners) {
+    const addr = p[l.key];
+    if (!addr || addr.port === 0) continue;
+    const other = seen.find((s) => s.port === addr.port && (s.host === addr.host || wildcard(s.host) || wildcard(addr.host)));
+    if (other) return { first: other.key, second: l.key, addr: formatHostPort(addr.host, addr.port) };
+    seen.push({ key: l.key, host: addr.host, port: addr.port });
+  }
+  return undefined;
 }
 
 function infoOf(socket: net.Socket, route: string): ConnInfo {

@@ -13,6 +13,7 @@ import type { GatewayConfig } from '../config/index.js';
 import type { AuthPreference } from '../auth/sso/index.js';
 import { VERSION } from '../version.js';
 import type { PingProxy, PingResponse } from '../wire/ping.js';
+import { WIRE_PROTOCOLS, type DatabasePingAddrs, type ListenAddrKey } from '../wire/protocols.js';
 
 /** Clients older than this are told to upgrade (one major version back, as is usual). */
 export const MIN_CLIENT_VERSION = '16.0.0';
@@ -20,10 +21,10 @@ export const MIN_CLIENT_VERSION = '16.0.0';
 const hp = (a: HostPort) => formatHostPort(a.host, a.port);
 
 /**
- * bound: the addresses the listeners actually bound (useful with port 0); listen addresses fall back to the
- * configuration's.
+ * bound: the addresses the listeners actually bound (useful with port 0), by listener name ("web", "redis");
+ * listen addresses fall back to the configuration's.
  */
-export function pingProxy(config: GatewayConfig, bound: Partial<Record<'web' | 'ssh' | 'tunnel' | 'mysql' | 'kube', string>> = {}): PingProxy {
+export function pingProxy(config: GatewayConfig, bound: Readonly<Record<string, string>> = {}): PingProxy {
   const p = config.proxy_service;
   const multiplex = config.auth_service.proxy_listener_mode === 'multiplex';
   const webListen = bound.web ?? hp(p.web_listen_addr);
@@ -36,7 +37,7 @@ export function pingProxy(config: GatewayConfig, bound: Partial<Record<'web' | '
     const port = typeof listen === 'string' ? Number(/:(\d+)$/.exec(listen)?.[1]) : listen?.port;
     return port === undefined ? '' : formatHostPort(webHost, port);
   };
-  const listenFor = (key: 'ssh' | 'tunnel' | 'mysql' | 'kube', addr: HostPort | undefined): string =>
+  const listenFor = (key: string, addr: HostPort | undefined): string =>
     multiplex ? webListen : (bound[key] ?? (addr ? hp(addr) : ''));
   const kubeEnabled = multiplex || p.kube_listen_addr !== undefined;
   return {
@@ -53,14 +54,24 @@ export function pingProxy(config: GatewayConfig, bound: Partial<Record<'web' | '
       ssh_public_addr: publicFor(p.ssh_public_addr, bound.ssh ?? p.listen_addr),
       ssh_tunnel_public_addr: publicFor(p.tunnel_public_addr, bound.tunnel ?? p.tunnel_listen_addr),
     },
-    db: {
-      postgres_public_addr: publicFor(p.postgres_public_addr, p.postgres_listen_addr),
-      mysql_listen_addr: listenFor('mysql', p.mysql_listen_addr),
-      mysql_public_addr: publicFor(p.mysql_public_addr, bound.mysql ?? p.mysql_listen_addr),
-      mongo_public_addr: publicFor(p.mongo_public_addr, p.mongo_listen_addr),
-    },
+    db: databaseAddrs(p, (l, pub) => ({ listen: listenFor(l.name, p[l.key]), public: publicFor(pub, bound[l.name] ?? p[l.key]) })),
     tls_routing_enabled: multiplex,
   };
+}
+
+/** The `db` section: each database row's ping fields (src/wire/protocols.ts), from its listener's addresses. */
+function databaseAddrs(
+  p: GatewayConfig['proxy_service'],
+  addrsOf: (listener: { name: string; key: ListenAddrKey }, publicAddrs: readonly HostPort[]) => { listen: string; public: string },
+): DatabasePingAddrs {
+  const db: Partial<Record<keyof DatabasePingAddrs, string>> = {};
+  for (const row of WIRE_PROTOCOLS) {
+    if (!('pingDb' in row)) continue;
+    const a = addrsOf(row.listener, p[row.publicAddr.key]);
+    db[row.pingDb.public] = a.public;
+    if ('listen' in row.pingDb) db[row.pingDb.listen] = a.listen;
+  }
+  return db as DatabasePingAddrs;
 }
 
 export function pingResponse(config: GatewayConfig, clusterName: string, bound: Parameters<typeof pingProxy>[1] = {}, preference: AuthPreference = { type: 'local' }): PingResponse {

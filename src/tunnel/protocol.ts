@@ -36,10 +36,12 @@
  *     "forwarded-tcpip" channel per client connection. Its first line is a DialRequest (JSON); the agent answers
  *     one line, DialAnswer, then the channel carries the connection's bytes both ways.
  */
+import type { DatabaseProtocol } from '../wire/protocols.js';
+
+/** The ALPN names of the two protocols on the one port (the wire table's tunnel row); an agent offers both, v2 first. */
+export { TUNNEL_ALPN_V1, TUNNEL_ALPN_V2 } from '../wire/protocols.js';
+
 export const CONTROL_SUBSYSTEM = 'gateway-control';
-/** The ALPN names of the two protocols on the one port; an agent offers both, v2 first. */
-export const TUNNEL_ALPN_V1 = 'gateway-reversetunnel';
-export const TUNNEL_ALPN_V2 = 'gateway-reversetunnel-v2';
 export const TUNNEL_BIND = { addr: 'gateway-tunnel', port: 1 } as const;
 export const PROTOCOL_VERSION = 1;
 /** The longest control line either end reads (the hello is a dial-request-sized line, see stream/lines.ts). */
@@ -72,7 +74,7 @@ export function servicesRefusal(roles: readonly string[], services: readonly str
 
 export interface DatabaseInfo {
   name: string;
-  protocol: 'postgres' | 'mysql' | 'mongodb' | 'redis';
+  protocol: DatabaseProtocol;
   labels: Record<string, string>;
 }
 export interface AppInfo {

@@ -7,6 +7,8 @@
  * A field is added, never renamed or removed: older clients and agents read these answers.
  */
 
+import type { DatabasePingAddrs } from './protocols.js';
+
 export const PING_PATH = '/webapi/ping';
 export const FIND_PATH = '/webapi/find';
 
@@ -14,7 +16,8 @@ export const FIND_PATH = '/webapi/find';
 export interface PingProxy {
   kube: { enabled: boolean; public_addr: string; listen_addr: string };
   ssh: { listen_addr: string; tunnel_listen_addr: string; web_listen_addr: string; public_addr: string; ssh_public_addr: string; ssh_tunnel_public_addr: string };
-  db: { postgres_public_addr: string; mysql_listen_addr: string; mysql_public_addr: string; mongo_public_addr: string };
+  /** Each database protocol's address fields, as its row in src/wire/protocols.ts names them (proxy/ping.ts pingDb). */
+  db: DatabasePingAddrs;
   tls_routing_enabled: boolean;
 }
 

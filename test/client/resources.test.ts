@@ -12,6 +12,7 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { isGatewayError } from '../../src/errors.js';
 import type { PingResponse } from '../../src/wire/ping.js';
 import { readJsonLine, writeJsonLine } from '../../src/stream/lines.js';
+import { databaseRoute, DATABASE_PROTOCOLS, wireRowOfAlpn } from '../../src/wire/protocols.js';
 import { makeClusterPki, type ClusterPki, type IssuedCert } from '../helpers/members.js';
 
 let pki: ClusterPki;
@@ -173,5 +174,17 @@ describe('routeAddress', () => {
     expect(routeAddress(profile(), ping(false), 'gateway-mongodb')).toBe('proxy.test:27017');
     expect(routeAddress(profile(), ping(false), 'gateway-mysql')).toBe('proxy.test:443');
     expect(routeAddress(profile(), ping(false), 'gateway-tcp')).toBe('proxy.test:443');
+  });
+
+  it("every database route of the table goes to its row's ping field (Redis too), its -ping variant as well", () => {
+    const db = Object.fromEntries(DATABASE_PROTOCOLS.map((protocol, i) => [wireRowOfAlpn(databaseRoute(protocol))!.pingDb!.public, `proxy.test:${7000 + i}`]));
+    const separate = { proxy: { tls_routing_enabled: false, db } } as unknown as PingResponse;
+    DATABASE_PROTOCOLS.forEach((protocol, i) => {
+      expect(routeAddress(profile(), separate, databaseRoute(protocol))).toBe(`proxy.test:${7000 + i}`);
+      expect(routeAddress(profile(), separate, `${databaseRoute(protocol)}-ping`)).toBe(`proxy.test:${7000 + i}`);
+    });
+    expect(routeAddress(profile(), separate, 'gateway-redis')).toBe(db.redis_public_addr);
+    // A Proxy of an earlier version has no redis_public_addr: the web address, as before.
+    expect(routeAddress(profile(), ping(false), 'gateway-redis')).toBe('proxy.test:443');
   });
 });

@@ -20,6 +20,7 @@ import { Duplex } from 'node:stream';
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { separateListenLines } from '../helpers/listeners.js';
 
 const BOUND_MS = 15_000;
 
@@ -34,7 +35,6 @@ const LIMITS = [
 ];
 
 function gatewayYaml(mode: 'multiplex' | 'separate'): string {
-  const separate = ['listen_addr', 'tunnel_listen_addr', 'peer_listen_addr', 'mysql_listen_addr', 'postgres_listen_addr', 'mongo_listen_addr', 'redis_listen_addr'];
   return [
     'gateway:',
     `  nodename: deadlines-${mode}`,
@@ -48,7 +48,7 @@ function gatewayYaml(mode: 'multiplex' | 'separate'): string {
     'proxy_service:',
     '  web_listen_addr: 127.0.0.1:0',
     '  detect_timeout: 1s',
-    ...(mode === 'separate' ? separate.map((k) => `  ${k}: 127.0.0.1:0`) : []),
+    ...(mode === 'separate' ? separateListenLines('127.0.0.1') : []),
     '',
   ].join('\n');
 }

@@ -14,13 +14,13 @@ import net from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { defaultMaxConnections, defaultMaxConnectionsPerSource } from '../../src/net/source.js';
 import { startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { separateListenLines } from '../helpers/listeners.js';
 
 const OPEN_FILES = 256;
 const FLOOD = 300;
 
 /** caps: written in the file; without, the defaults, which the open-file limit sizes (8 per source at 256). */
 function yaml(mode: 'multiplex' | 'separate', caps?: { total: number; perSource: number }): string {
-  const separate = ['listen_addr', 'tunnel_listen_addr', 'peer_listen_addr', 'mysql_listen_addr', 'postgres_listen_addr', 'mongo_listen_addr', 'redis_listen_addr'];
   return [
     'gateway:',
     `  nodename: flood-${mode}`,
@@ -39,7 +39,7 @@ function yaml(mode: 'multiplex' | 'separate', caps?: { total: number; perSource:
     'proxy_service:',
     '  web_listen_addr: 127.0.0.1:0',
     '  detect_timeout: 2m',
-    ...(mode === 'separate' ? separate.map((k) => `  ${k}: 127.0.0.1:0`) : []),
+    ...(mode === 'separate' ? separateListenLines('127.0.0.1') : []),
     '',
   ].join('\n');
 }

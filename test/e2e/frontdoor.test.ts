@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { separateListenKeys, separateListenLines } from '../helpers/listeners.js';
 import { waitForPort } from '../helpers/netns.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 
@@ -81,7 +82,7 @@ describe('curl through squid', () => {
     expect(ping.proxy).toEqual({
       kube: { enabled: true, public_addr: pub, listen_addr: `${PROXY_IP}:${webPort}` },
       ssh: { listen_addr: `${PROXY_IP}:${webPort}`, tunnel_listen_addr: `${PROXY_IP}:${webPort}`, web_listen_addr: `${PROXY_IP}:${webPort}`, public_addr: pub, ssh_public_addr: pub, ssh_tunnel_public_addr: pub },
-      db: { postgres_public_addr: pub, mysql_listen_addr: `${PROXY_IP}:${webPort}`, mysql_public_addr: pub, mongo_public_addr: pub },
+      db: { postgres_public_addr: pub, mysql_listen_addr: `${PROXY_IP}:${webPort}`, mysql_public_addr: pub, mongo_public_addr: pub, redis_public_addr: pub },
       tls_routing_enabled: true,
     });
     await squid.waitForAccessLog((l) => l.includes(`CONNECT ${PROXY_NAME}:${webPort} 200`));
@@ -229,7 +230,7 @@ describe('separate listeners', () => {
   it("open the seed's ports (here on free ports) and ping advertises each one", async () => {
     const host = '127.0.0.5';
     const ports = Object.fromEntries(
-      await Promise.all(['web', 'ssh', 'tunnel', 'peer', 'mysql', 'postgres', 'mongo', 'redis'].map(async (k) => [k, await getPort({ host })] as const)),
+      await Promise.all(['web_listen_addr', ...separateListenKeys()].map(async (k) => [k, await getPort({ host })] as const)),
     ) as Record<string, number>;
     const sep = await startGateway(
       [
@@ -242,34 +243,32 @@ describe('separate listeners', () => {
         '  listen_addr: 127.0.0.1:0',
         '  proxy_listener_mode: separate',
         'proxy_service:',
-        `  public_addr: gw.example.com:${ports.web}`,
-        `  web_listen_addr: ${host}:${ports.web}`,
-        `  listen_addr: ${host}:${ports.ssh}`,
-        `  tunnel_listen_addr: ${host}:${ports.tunnel}`,
-        `  peer_listen_addr: ${host}:${ports.peer}`,
-        `  mysql_listen_addr: ${host}:${ports.mysql}`,
-        `  postgres_listen_addr: ${host}:${ports.postgres}`,
-        `  mongo_listen_addr: ${host}:${ports.mongo}`,
-        `  redis_listen_addr: ${host}:${ports.redis}`,
+        `  public_addr: gw.example.com:${ports.web_listen_addr}`,
+        `  web_listen_addr: ${host}:${ports.web_listen_addr}`,
+        ...separateListenLines(host, { ports }),
         '',
       ].join('\n'),
     );
     try {
       for (const port of Object.values(ports)) await waitForPort(host, port, 5_000);
       const ca = join(sep.dataDir, 'admin', 'host-ca.pem');
-      const ping = JSON.parse(curl(['--cacert', ca, '--resolve', `gw.example.com:${ports.web}:${host}`, `https://gw.example.com:${ports.web}/webapi/ping`]).stdout) as { proxy: Record<string, Record<string, unknown>> & { tls_routing_enabled: boolean } };
+      const web = ports.web_listen_addr!;
+      const ping = JSON.parse(curl(['--cacert', ca, '--resolve', `gw.example.com:${web}:${host}`, `https://gw.example.com:${web}/webapi/ping`]).stdout) as { proxy: Record<string, Record<string, unknown>> & { tls_routing_enabled: boolean } };
       expect(ping.proxy.tls_routing_enabled).toBe(false);
       expect(ping.proxy.ssh).toMatchObject({
-        public_addr: `gw.example.com:${ports.web}`,
-        ssh_public_addr: `gw.example.com:${ports.ssh}`,
-        ssh_tunnel_public_addr: `gw.example.com:${ports.tunnel}`,
-        listen_addr: `${host}:${ports.ssh}`,
-        tunnel_listen_addr: `${host}:${ports.tunnel}`,
+        public_addr: `gw.example.com:${web}`,
+        ssh_public_addr: `gw.example.com:${ports.listen_addr}`,
+        ssh_tunnel_public_addr: `gw.example.com:${ports.tunnel_listen_addr}`,
+        listen_addr: `${host}:${ports.listen_addr}`,
+        tunnel_listen_addr: `${host}:${ports.tunnel_listen_addr}`,
       });
-      expect(ping.proxy.db).toMatchObject({
-        postgres_public_addr: `gw.example.com:${ports.postgres}`,
-        mysql_public_addr: `gw.example.com:${ports.mysql}`,
-        mongo_public_addr: `gw.example.com:${ports.mongo}`,
+      // Every database protocol's public address (redis_public_addr too): its own port, under the web's name.
+      expect(ping.proxy.db).toEqual({
+        postgres_public_addr: `gw.example.com:${ports.postgres_listen_addr}`,
+        mysql_public_addr: `gw.example.com:${ports.mysql_listen_addr}`,
+        mysql_listen_addr: `${host}:${ports.mysql_listen_addr}`,
+        mongo_public_addr: `gw.example.com:${ports.mongo_listen_addr}`,
+        redis_public_addr: `gw.example.com:${ports.redis_listen_addr}`,
       });
     } finally {
       await sep.stop();
@@ -284,7 +283,7 @@ describe('separate listeners', () => {
     try {
       const { startGatewayExpectingFailure } = await import('../helpers/gateway.js');
       const r = await startGatewayExpectingFailure(
-        ['gateway:', '  data_dir: DATA_DIR', 'auth_service:', '  listen_addr: 127.0.0.1:0', '  proxy_listener_mode: separate', 'proxy_service:', `  web_listen_addr: ${host}:0`, `  listen_addr: ${host}:${port}`, `  tunnel_listen_addr: ${host}:0`, `  peer_listen_addr: ${host}:0`, `  mysql_listen_addr: ${host}:0`, `  postgres_listen_addr: ${host}:0`, `  mongo_listen_addr: ${host}:0`, `  redis_listen_addr: ${host}:0`, ''].join('\n'),
+        ['gateway:', '  data_dir: DATA_DIR', 'auth_service:', '  listen_addr: 127.0.0.1:0', '  proxy_listener_mode: separate', 'proxy_service:', `  web_listen_addr: ${host}:0`, ...separateListenLines(host, { ports: { listen_addr: port } }), ''].join('\n'),
         [],
       );
       expect(r.status).toBe(1);

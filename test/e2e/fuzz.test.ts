@@ -10,6 +10,7 @@ import net from 'node:net';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { separateListenLines } from '../helpers/listeners.js';
 
 let separate: RunningGateway;
 let multiplex: RunningGateway;
@@ -25,7 +26,7 @@ const CONFIG = (mode: 'separate' | 'multiplex') =>
     'proxy_service:',
     '  web_listen_addr: 127.0.0.1:0',
     // Separate mode opens every listener; each on a free port of its own.
-    ...(mode === 'separate' ? ['', 'tunnel_', 'peer_', 'mysql_', 'postgres_', 'mongo_', 'redis_', 'kube_'].map((k) => `  ${k}listen_addr: 127.0.0.1:0`) : []),
+    ...(mode === 'separate' ? separateListenLines('127.0.0.1', { optional: true }) : []),
     '',
   ].join('\n');
 

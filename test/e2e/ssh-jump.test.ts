@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { separateListenLines } from '../helpers/listeners.js';
 
 const HOST = '127.0.0.9';
 const LOGIN = userInfo().username;
@@ -54,13 +55,7 @@ beforeAll(async () => {
       'proxy_service:',
       `  public_addr: ${HOST}:${webPort}`,
       `  web_listen_addr: ${HOST}:${webPort}`,
-      `  listen_addr: ${HOST}:${sshPort}`,
-      `  tunnel_listen_addr: ${HOST}:${tunnelPort}`,
-      `  peer_listen_addr: ${HOST}:0`,
-      `  mysql_listen_addr: ${HOST}:0`,
-      `  postgres_listen_addr: ${HOST}:0`,
-      `  mongo_listen_addr: ${HOST}:0`,
-      `  redis_listen_addr: ${HOST}:0`,
+      ...separateListenLines(HOST, { ports: { listen_addr: sshPort, tunnel_listen_addr: tunnelPort } }),
       '',
     ].join('\n'),
   );

@@ -32,6 +32,7 @@ import { launchBrowser, type TestBrowser } from '../helpers/browser.js';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startOidcIdp, startSamlIdp, type OidcIdp, type SamlIdp } from '../helpers/sso.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { separateListenLines } from '../helpers/listeners.js';
 
 const PROXY_NAME = 'proxy.gateway.test';
 /** The SAML identity provider's single sign-on URL, as its metadata (test/helpers/sso.ts) names it. */
@@ -74,14 +75,8 @@ beforeAll(async () => {
       `  web_listen_addr: 127.0.0.1:${port}`,
       // The agent dials the first address (its resolver does not know the test's names); the browser the name.
       `  public_addr: [127.0.0.1:${port}, ${PROXY_NAME}:${port}]`,
-      `  listen_addr: 127.0.0.1:${sshPort}`,
-      `  tunnel_listen_addr: 127.0.0.1:${tunnelPort}`,
       `  tunnel_public_addr: 127.0.0.1:${tunnelPort}`,
-      '  peer_listen_addr: 127.0.0.1:0',
-      '  mysql_listen_addr: 127.0.0.1:0',
-      '  postgres_listen_addr: 127.0.0.1:0',
-      '  mongo_listen_addr: 127.0.0.1:0',
-      '  redis_listen_addr: 127.0.0.1:0',
+      ...separateListenLines('127.0.0.1', { ports: { listen_addr: sshPort, tunnel_listen_addr: tunnelPort } }),
       '',
     ].join('\n'),
   );

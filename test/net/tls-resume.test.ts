@@ -6,6 +6,7 @@
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { separateListenLines } from '../helpers/listeners.js';
 
 let multiplex: RunningGateway;
 let separate: RunningGateway;
@@ -16,7 +17,7 @@ const CONFIG = (mode: string, extra: string[] = []) =>
 beforeAll(async () => {
   [multiplex, separate] = await Promise.all([
     startGateway(CONFIG('multiplex')),
-    startGateway(CONFIG('separate', ['', 'tunnel_', 'peer_', 'mysql_', 'postgres_', 'mongo_', 'redis_', 'kube_'].map((k) => `  ${k}listen_addr: 127.0.0.1:0`))),
+    startGateway(CONFIG('separate', separateListenLines('127.0.0.1', { optional: true }))),
   ]);
 }, 60_000);
 afterAll(async () => {

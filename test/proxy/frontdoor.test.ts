@@ -28,7 +28,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket, { createWebSocketStream } from 'ws';
 import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
-import { isGatewayError } from '../../src/errors.js';
+import { isGatewayError, type GatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
 import { pino } from 'pino';
@@ -40,6 +40,8 @@ import { startFrontDoor, type FrontDoor, type FrontDoorOptions, type ServiceHand
 import { VersionServer } from '../../src/proxy/versions.js';
 import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
+import { separateListenKeys } from '../helpers/listeners.js';
+import { listenerRows, WIRE_PROTOCOLS } from '../../src/wire/protocols.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -103,14 +105,7 @@ ${CHANNELS_YAML}`;
 function separateYaml(overrides: Record<string, string> = {}): string {
   const addrs: Record<string, string> = {
     web_listen_addr: '127.0.0.1:0',
-    listen_addr: '127.0.0.1:0',
-    tunnel_listen_addr: '127.0.0.1:0',
-    peer_listen_addr: '127.0.0.1:0',
-    mysql_listen_addr: '127.0.0.1:0',
-    postgres_listen_addr: '127.0.0.1:0',
-    mongo_listen_addr: '127.0.0.1:0',
-    redis_listen_addr: '127.0.0.1:0',
-    kube_listen_addr: '127.0.0.1:0',
+    ...Object.fromEntries(separateListenKeys({ optional: true }).map((key) => [key, '127.0.0.1:0'])),
     ...overrides,
   };
   return `gateway:
@@ -995,6 +990,18 @@ describe('separate listeners (proxy_listener_mode: separate)', () => {
     expect((await httpsGet(`${VERSION_PREFIX}/stable/v14/version`, { port: webPort })).body).toBe('v14.3.7');
   });
 
+  it('ping: each database protocol of the table at its own bound port (Redis too), under the public host', async () => {
+    const ping = JSON.parse((await httpsGet('/webapi/ping', { port: portOf(sep.addresses.web!) })).body);
+    const expected: Record<string, string> = {};
+    for (const row of WIRE_PROTOCOLS) {
+      if (!('pingDb' in row)) continue;
+      expected[row.pingDb.public] = `${HOST}:${portOf(sep.addresses[row.listener.name]!)}`;
+      if ('listen' in row.pingDb) expected[row.pingDb.listen] = sep.addresses[row.listener.name]!;
+    }
+    expect(ping.proxy.db).toEqual(expected);
+    expect(Object.keys(expected)).toContain('redis_public_addr');
+  });
+
   it('the web port is HTTPS only: no TLS routing there', async () => {
     const err = await handshakeError({ port: portOf(sep.addresses.web!), alpn: ['gateway-postgres'] });
     expect(err.code).toBe('ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL');
@@ -1019,6 +1026,36 @@ describe('separate listeners (proxy_listener_mode: separate)', () => {
     expect((await roundTrip(kube, 'kube')).toString()).toBe('kube');
     expect((await seenFor(kube)).service).toBe('kube');
     kube.destroy();
+  });
+
+  it.each(listenerRows().map((row) => [row.listener.key] as const))('%s: an address in use → GW_ERR_LISTEN naming it and its key', async (key) => {
+    const blocker = net.createServer();
+    await new Promise<void>((resolve) => blocker.listen(0, '127.0.0.1', resolve));
+    cleanups.push(() => new Promise((resolve) => blocker.close(resolve)));
+    const busy = `127.0.0.1:${(blocker.address() as net.AddressInfo).port}`;
+    const err = await startDoor(separateYaml({ [key]: busy })).then(() => undefined, (e: unknown) => e);
+    expect(isGatewayError(err, 'GW_ERR_LISTEN')).toBe(true);
+    expect((err as Error).message).toContain(`${busy} (proxy_service.${key})`);
+    expect((err as GatewayError).hint).toContain(`proxy_service.${key}`);
+  });
+
+  it('two listeners on one address (redis_listen_addr = mysql_listen_addr) → GW_ERR_LISTEN naming both keys, before anything binds', async () => {
+    const port = await getPort({ host: '127.0.0.1' });
+    const webPort = await getPort({ host: '127.0.0.1' });
+    for (const other of [`127.0.0.1:${port}`, `0.0.0.0:${port}`]) {
+      const err = await startDoor(separateYaml({ web_listen_addr: `127.0.0.1:${webPort}`, mysql_listen_addr: other, redis_listen_addr: `127.0.0.1:${port}` })).then(() => undefined, (e: unknown) => e);
+      expect(isGatewayError(err, 'GW_ERR_LISTEN')).toBe(true);
+      expect((err as Error).message).toContain('proxy_service.redis_listen_addr');
+      expect((err as Error).message).toContain('proxy_service.mysql_listen_addr is the same address');
+      expect((err as GatewayError).hint).toContain('proxy_service.redis_listen_addr a port of its own');
+    }
+    // Nothing was bound: the web port is free.
+    const probe = net.createServer();
+    await new Promise<void>((resolve, reject) => {
+      probe.once('error', reject);
+      probe.listen(webPort, '127.0.0.1', resolve);
+    });
+    await new Promise((resolve) => probe.close(resolve));
   });
 
   it('a listen address already in use → GW_ERR_LISTEN naming the address, and nothing stays bound', async () => {

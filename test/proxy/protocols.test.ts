@@ -20,6 +20,8 @@ import { VersionServer } from '../../src/proxy/versions.js';
 import type { ConnectedAgent } from '../../src/proxy/tunnel.js';
 import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
+import { separateListenLines } from '../helpers/listeners.js';
+import { DATABASE_PROTOCOLS } from '../../src/wire/protocols.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -65,7 +67,6 @@ afterAll(async () => {
 const handed: ConnInfo[] = [];
 
 async function door(protocols: readonly Protocol[], mode: 'multiplex' | 'separate' = 'multiplex'): Promise<FrontDoor> {
-  const separate = ['listen_addr', 'tunnel_listen_addr', 'peer_listen_addr', 'mysql_listen_addr', 'postgres_listen_addr', 'mongo_listen_addr', 'redis_listen_addr'];
   const yaml = `gateway:
   nodename: ${HOST}
 auth_service:
@@ -74,7 +75,7 @@ auth_service:
 proxy_service:
   web_listen_addr: 127.0.0.1:0
   public_addr: ${HOST}:443
-${mode === 'separate' ? separate.map((k) => `  ${k}: 127.0.0.1:0`).join('\n') : ''}
+${mode === 'separate' ? separateListenLines('127.0.0.1').join('\n') : ''}
 `;
   const config = parseConfig(yaml, 'protocols.test.yaml');
   const d = await startFrontDoor({
@@ -191,7 +192,7 @@ describe('access kinds come from the table', () => {
     connectedAt: new Date(0),
     resources: {
       node_labels: { kind: 'node' },
-      databases: (['postgres', 'mysql', 'mongodb', 'redis'] as const).map((protocol) => ({ name: 'x', protocol, labels: { kind: 'db' } })),
+      databases: DATABASE_PROTOCOLS.map((protocol) => ({ name: 'x', protocol, labels: { kind: 'db' } })),
       apps: [{ name: 'x', kind: 'tcp', labels: { kind: 'app' } }],
       desktops: [{ name: 'x', labels: { kind: 'desktop' } }],
       kube_clusters: [{ name: 'x', labels: { kind: 'kube' } }],
