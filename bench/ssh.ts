@@ -42,7 +42,7 @@ import getPort from 'get-port';
 import * as nodePty from 'node-pty';
 import { runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
 import { recordSection } from './record.js';
-import { envNumber, spawnSshd } from './common.js';
+import { envNumber, percentile, spawnSshd } from './common.js';
 import { commOf, descendants, hops, startTrace, type Traced } from './keytrace.js';
 
 
@@ -60,7 +60,6 @@ const HAS_PERF = spawnSync('perf', ['--version'], { stdio: 'ignore' }).status ==
 const TRACE = envNumber('BENCH_TRACE', HAS_PERF ? 300 : 0, 0);
 const DAEMON_OPTIONS = process.env.BENCH_DAEMON_NODE_OPTIONS ?? '';
 
-const percentile = (sorted: number[], p: number) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 const median = (xs: number[]) => percentile([...xs].sort((a, b) => a - b), 50);
 const nowMs = () => Number(process.hrtime.bigint()) / 1e6;
 
