@@ -20,6 +20,7 @@ import { startHttpsServer, startEchoServer, type EchoServer, type HttpTestServer
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
+import { curl } from '../helpers/curl.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
@@ -39,18 +40,6 @@ let apiServer: HttpTestServer;
 let desktop: EchoServer;
 let userEnv: Record<string, string>;
 const children: ChildProcess[] = [];
-
-/** curl, asynchronously: the app and the stand-in API server live in this process and must keep answering. */
-function curl(args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolveCurl) => {
-    const child = spawn('curl', ['-sS', '--max-time', '20', ...args], { env: { PATH: process.env.PATH ?? '' } });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    child.on('close', (status) => resolveCurl({ status, stdout, stderr }));
-  });
-}
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-apps-'));

@@ -27,6 +27,7 @@ import { startEchoServer, startHttpsServer, type EchoServer, type HttpTestServer
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
+import { curl } from '../helpers/curl.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
@@ -69,17 +70,6 @@ async function sessionOf(kind: string, match: (e: Event) => boolean): Promise<{ 
     return found !== undefined;
   }, 30_000);
   return found!;
-}
-
-function curl(args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolveCurl) => {
-    const child = spawn('curl', ['-sS', '--max-time', '20', ...args], { env: { PATH: process.env.PATH ?? '' } });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    child.on('close', (status) => resolveCurl({ status, stdout, stderr }));
-  });
 }
 
 /** `gwsh proxy ...` as a long-running process; resolves with its local port once it listens. */
