@@ -28,7 +28,7 @@ const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: stri
     units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto'],
     why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it)',
   },
-  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version'], why: 'small modules that import nothing above them' },
+  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version', 'format'], why: 'small modules that import nothing above them' },
 ];
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
