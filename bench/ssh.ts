@@ -42,7 +42,7 @@ import getPort from 'get-port';
 import * as nodePty from 'node-pty';
 import { runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
 import { recordSection } from './record.js';
-import { envNumber, percentile, spawnSshd } from './common.js';
+import { envNumber, exited, percentile, spawnSshd } from './common.js';
 import { commOf, descendants, hops, startTrace, type Traced } from './keytrace.js';
 
 
@@ -62,10 +62,6 @@ const DAEMON_OPTIONS = process.env.BENCH_DAEMON_NODE_OPTIONS ?? '';
 
 const median = (xs: number[]) => percentile([...xs].sort((a, b) => a - b), 50);
 const nowMs = () => Number(process.hrtime.bigint()) / 1e6;
-
-function exited(child: ChildProcess): Promise<void> {
-  return child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise((r) => child.once('exit', () => r()));
-}
 
 interface Sshd {
   port: number;
