@@ -32,7 +32,7 @@
  * print the section only). Writes the figures, the ratios and the machine to bench/RESULTS.md (section "ssh").
  * Runs as root (sshd, and the login root on every path, so that no OS user has to be created).
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
