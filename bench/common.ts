@@ -3,7 +3,7 @@
  * stopping a child), order statistics (percentile, median), an sshd run in the foreground, pushing to a sink and echo
  * round trips. What is read from /proc (CPU, memory) is in bench/lib/proc.ts; CPU profiles in bench/lib/cpuprofile.ts.
  */
-import type { Duplex } from 'node:stream';
+import type { Duplex, Writable } from 'node:stream';
 import { spawn, type ChildProcess } from 'node:child_process';
 
 /** An integer parameter from the environment (BENCH_*), or the fallback; anything else stops the bench. */
@@ -69,6 +69,26 @@ export async function spawnSshd(configPath: string): Promise<ChildProcess> {
     child.stderr!.on('data', check);
   });
   return child;
+}
+
+/** 256 KiB of one byte value: what the throughput figures write, a slice of it for the last write. */
+export const CHUNK = Buffer.alloc(256 * 1024, 0x5a);
+
+/** Writes `bytes` bytes of CHUNK with back-pressure (waits for drain); resolves once the last write is queued, rejects on the stream's error. */
+export function writeBytes(stream: Writable, bytes: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    let sent = 0;
+    stream.once('error', reject);
+    const pump = () => {
+      while (sent < bytes) {
+        const n = Math.min(CHUNK.length, bytes - sent);
+        sent += n;
+        if (!stream.write(n === CHUNK.length ? CHUNK : CHUNK.subarray(0, n))) return void stream.once('drain', pump);
+      }
+      resolve(); // the error listener stays: an error after the writes (a reset) must not go unhandled
+    };
+    pump();
+  });
 }
 
 /**

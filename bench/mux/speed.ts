@@ -3,7 +3,7 @@
  * elsewhere on the machine hits all three alike): throughput to the sink and the router's CPU per GiB, round trips on
  * one connection, sequential connects, connections per second and the router's CPU per connection.
  */
-import { percentile, median, withTimeout } from '../common.js';
+import { median, percentile, withTimeout, writeBytes } from '../common.js';
 import { cpuOf, cpuSince, type Cpu } from '../lib/proc.js';
 import { now, type Backend, type Client, type Path } from './paths.js';
 import { CONCURRENCY, CONNECTS, CONNS, MIB, NAMES, RTT_BYTES, RTTS, RUNS, WARM_CONNS } from './settings.js';
@@ -25,20 +25,8 @@ async function throughputRun(client: Client, backend: Backend, path: Path, mib =
   const bytes = mib * 2 ** 20;
   const s = await client.connect(path, NAMES.sink);
   const arrived = backend.sinkReceives(bytes);
-  const chunk = Buffer.alloc(256 * 1024, 0x5a);
   const t0 = now();
-  let sent = 0;
-  await new Promise<void>((resolve) => {
-    const pump = () => {
-      while (sent < bytes) {
-        const n = Math.min(chunk.length, bytes - sent);
-        sent += n;
-        if (!s.write(n === chunk.length ? chunk : chunk.subarray(0, n))) return void s.once('drain', pump);
-      }
-      resolve();
-    };
-    pump();
-  });
+  await writeBytes(s, bytes);
   const t1 = await withTimeout(`${path.name} throughput`, arrived);
   s.destroy();
   return bytes / 2 ** 20 / ((t1 - t0) / 1000);

@@ -7,7 +7,7 @@ import { spawnSync } from 'node:child_process';
 import { createCipheriv, randomBytes } from 'node:crypto';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
-import { echoOnce, percentile, withTimeout } from '../common.js';
+import { CHUNK, echoOnce, percentile, withTimeout, writeBytes } from '../common.js';
 import type { CountingSink } from './peers.js';
 import { MSG, RTT_WARMUP } from './settings.js';
 
@@ -32,24 +32,6 @@ export function cipherSecondsPerGiB(algorithm: 'aes-128-gcm' | 'aes-256-gcm'): n
 /** Opens one stream through a path. */
 export type Connect = () => Promise<Duplex>;
 
-const CHUNK = Buffer.alloc(256 * 1024, 0x5a);
-
-function push(stream: Duplex, bytes: number): Promise<void> {
-  return new Promise((resolve, reject) => {
-    let sent = 0;
-    stream.once('error', reject);
-    const pump = () => {
-      while (sent < bytes) {
-        const n = Math.min(CHUNK.length, bytes - sent);
-        sent += n;
-        if (!stream.write(n === CHUNK.length ? CHUNK : CHUNK.subarray(0, n))) return void stream.once('drain', pump);
-      }
-      resolve();
-    };
-    pump();
-  });
-}
-
 /** MiB/s of `streams` streams carrying `bytes` together, from the first write until the sink has them all. */
 export async function throughputOnce(connect: Connect, sink: CountingSink, bytes: number, streams: number): Promise<number> {
   const conns = await Promise.all(Array.from({ length: streams }, () => connect()));
@@ -57,7 +39,7 @@ export async function throughputOnce(connect: Connect, sink: CountingSink, bytes
   const total = per * streams;
   const arrived = sink.expect(total);
   const t0 = process.hrtime.bigint();
-  await Promise.all(conns.map((c) => push(c, per)));
+  await Promise.all(conns.map((c) => writeBytes(c, per)));
   const t1 = await withTimeout('throughput', arrived, 300_000);
   for (const c of conns) c.destroy();
   return total / (Number(t1 - t0) / 1e9) / 2 ** 20;
