@@ -59,211 +59,37 @@
  * section, do not write bench/RESULTS.md).
  *
  * This file is the order of the phases; each concern has its file under bench/tunnel/: settings.ts (the environment
- * above), gateway.ts (the gateway's daemons and gwsh), peers.ts (sink, OpenSSH, iperf3), measure.ts (throughput,
- * round trips), userpath.ts, idle.ts and idle-agents.ts (the idle-memory phase and its child processes), report.ts
- * (the section); bench/lib/proc.ts reads CPU and memory from /proc, bench/lib/cpuprofile.ts the profiles.
+ * above), paths.ts (the path setups and their cleanup), gateway.ts (the gateway's daemons and gwsh), peers.ts (sink,
+ * OpenSSH, iperf3), measure.ts (throughput, round trips), userpath.ts, idle.ts and idle-agents.ts (the idle-memory
+ * phase and its child processes), report.ts (the section); bench/lib/proc.ts reads CPU and memory from /proc,
+ * bench/lib/cpuprofile.ts the profiles.
  *
  * Writes the figures, ratios and the machine to bench/RESULTS.md (section "tunnel"). Runs as root (sshd; creates
  * /run/sshd if missing). sshd uses GatewayPorts clientspecified so that the forwards listen on 127.0.0.4 only.
  */
 import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
-import { chmod, copyFile, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import net from 'node:net';
+import { chmod, copyFile, mkdir, mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { TLSSocket } from 'node:tls';
-import getPort from 'get-port';
-import { loadProfile, type Profile } from '../src/client/profile.js';
-import { openResource } from '../src/client/resources.js';
-import { Dialer } from '../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../src/log.js';
-import { FramedStream } from '../src/stream/framed.js';
-import { runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
-import { waitForPort } from '../test/helpers/netns.js';
-import { startEchoServer, type TestServer } from '../test/helpers/servers.js';
-import { startSquid, type Squid } from '../test/helpers/squid.js';
+import { runCli, startGateway } from '../test/helpers/gateway.js';
 import { median, sleep } from './common.js';
 import { newestProfile, PROFILER_PRELOAD, summarizeProfile, type ProfileSummary } from './lib/cpuprofile.js';
-import { cpuDelta, cpuSnapshot, processTree, type CpuProbe } from './lib/proc.js';
+import { cpuDelta, cpuSnapshot, processTree } from './lib/proc.js';
 import { recordSection } from './record.js';
 import { measureTlsFloor } from './tlsfloor.js';
-import { agentConfig, benchLookup, daemonEnv, profilerEnv, proxyConfig, startAgent, startGwshProxy, stopGateway, type AgentStart, type LocalProxy } from './tunnel/gateway.js';
-import { idleMemoryRows, idleMemoryText, measureIdleMemory, type IdleMemory, type Tracked } from './tunnel/idle.js';
-import { roundTrips, throughputOnce, type Connect } from './tunnel/measure.js';
-import { accepts, runIperf3, startCountingSink, startIperf3Server, startSshd, startSshTunnel, type CountingSink, type Iperf3Server, type Sshd, type SshTunnel } from './tunnel/peers.js';
+import { profilerEnv, startAgent, startGwshProxy, stopGateway, type LocalProxy } from './tunnel/gateway.js';
+import { idleMemoryRows, idleMemoryText, measureIdleMemory, type IdleMemory } from './tunnel/idle.js';
+import { roundTrips, throughputOnce } from './tunnel/measure.js';
+import { cleanup, dataPaths, startEnds, startGatewayPath, startOpenSshPath, stopDaemons, type Ends, type GatewayPath, type OpenSshPath, type Rig } from './tunnel/paths.js';
+import { runIperf3, type CountingSink } from './tunnel/peers.js';
 import { tunnelSection, type DataPathFigures, type PathName } from './tunnel/report.js';
-import { AGENTS, GWSH_BEFORE, IPERF_SECONDS, ONLY, PASSWORD, PROFILE, PROFILE_MIB, PROXY_IP, PROXY_NAME, RTTS, RUNS, SSHD_IP, SSHD_NAME, STARTS, STREAMS, TARGET_IP, TLS_FLOOR_CONNECTIONS, MIB } from './tunnel/settings.js';
+import { AGENTS, GWSH_BEFORE, IPERF_SECONDS, MIB, ONLY, PASSWORD, PROFILE, PROFILE_MIB, PROXY_IP, PROXY_NAME, RTTS, RUNS, SSHD_IP, SSHD_NAME, STREAMS, TLS_FLOOR_CONNECTIONS } from './tunnel/settings.js';
 import { GW_USER, measureUserPath, userPathRows, userPathText, type UserPathFigures, type UserPathName, type UserPathRoute } from './tunnel/userpath.js';
 
 // The agents of the memory test log errors only (1 000 "reverse tunnel ready" and "closed" lines otherwise).
 setRootLogger(createLogger({ level: 'error' }));
-
-/** Everything the bench started, for the cleanup whatever phase failed. */
-interface Rig {
-  dir: string;
-  say: (s: string) => void;
-  squid?: Squid;
-  proxy?: RunningGateway;
-  agent?: RunningGateway;
-  sshd?: Sshd;
-  ssh?: SshTunnel;
-  iperf?: Iperf3Server;
-  iperfSsh?: Iperf3Server;
-  gwshProxies: LocalProxy[];
-  servers: TestServer[];
-  track: Tracked;
-}
-
-/** The end points both tunnels reach (on TARGET_IP), and squid. */
-interface Ends {
-  squid: Squid;
-  sink: CountingSink;
-  echo: TestServer;
-  iperf: Iperf3Server;
-  iperfSsh: Iperf3Server;
-}
-
-/** The gateway's path once it is up: how to reach it and restart its daemons. */
-interface GatewayPath {
-  webPort: number;
-  pin: string;
-  proxyYaml: string;
-  proxyDataDir: string;
-  agentYaml: string;
-  agentDataDir: string;
-  adminEnv: Record<string, string>;
-  starts: AgentStart[];
-  viaGateway: (resource: 'sink' | 'echo') => Connect;
-  clientTls: string;
-}
-
-/** OpenSSH's path once it is up: the forwarded ports on SSHD_IP. */
-interface OpenSshPath {
-  fwd: { sink: number; echo: number; iperf: number };
-  sshStarts: number[];
-}
-
-async function startEnds(rig: Rig): Promise<Ends> {
-  const squid = (rig.squid = await startSquid({ extraConfig: [`hosts_file ${join(rig.dir, 'hosts')}`] }));
-  const sink = await startCountingSink(TARGET_IP);
-  const echo = await startEchoServer(TARGET_IP);
-  rig.servers.push(sink, echo);
-  // One iperf3 server per path, so that one path's test never waits for the other's to be wound up.
-  const iperf = (rig.iperf = await startIperf3Server());
-  const iperfSsh = (rig.iperfSsh = await startIperf3Server());
-  return { squid, sink, echo, iperf, iperfSsh };
-}
-
-/** The gateway: Proxy, a user, a join token, the agent (joined once through squid, then restarted STARTS times). */
-async function startGatewayPath(rig: Rig, ends: Ends): Promise<GatewayPath> {
-  const { dir } = rig;
-  const { squid } = ends;
-  const webPort = await getPort({ host: PROXY_IP });
-  const proxyAddr = `${PROXY_NAME}:${webPort}`;
-  const proxyYaml = proxyConfig('bench.example', webPort);
-  const proxyDataDir = join(dir, 'proxy-data');
-  const proxy = (rig.proxy = await startGateway(proxyYaml, { dataDir: proxyDataDir, env: daemonEnv() }));
-  const adminEnv = { HOME: dir };
-  const gwctl = async (args: string[], input?: string) => {
-    const r = await runCli('gwctl', ['--data-dir', proxyDataDir, ...args], { env: adminEnv, ...(input === undefined ? {} : { input }) });
-    if (r.status !== 0) throw new Error(`gwctl ${args.join(' ')}: ${r.stderr}`);
-    return r.stdout;
-  };
-  const pin = /CA pin:\s+(sha256:[0-9a-f]{64})/.exec(await gwctl(['status']))![1]!;
-  await gwctl(['users', 'add', 'bench', '--roles=access'], `${PASSWORD}\n`);
-  const gwshHome = join(dir, 'gwsh');
-  const login = await runCli('gwsh', ['login', `--proxy=${proxyAddr}`, '--user=bench', `--ca-pin=${pin}`], {
-    env: { HOME: dir, GWSH_HOME: gwshHome, HTTPS_PROXY: squid.url },
-    input: `${PASSWORD}\n`,
-  });
-  if (login.status !== 0) throw new Error(`gwsh login: ${login.stderr}`);
-  const profile: Profile = loadProfile(gwshHome)!;
-  const token = (JSON.parse(await gwctl(['tokens', 'add', '--type=app', '--uses=0', '--ttl=1h', '--format', 'json'])) as { token: string }).token;
-
-  const agentYaml = agentConfig(ends.sink.port, ends.echo.port, ends.iperf.port);
-  const agentDataDir = join(dir, 'agent-data');
-  await mkdir(agentDataDir, { recursive: true });
-  rig.agent = await startGateway(agentYaml, { dataDir: agentDataDir, args: ['--token', token, '--ca-pin', pin, '--proxy', proxyAddr], env: { HTTPS_PROXY: squid.url } });
-  await rig.agent.waitForLog('reverse tunnel ready', 30_000);
-  await stopGateway(rig.agent);
-  rig.agent = undefined;
-  rig.say('gateway: Proxy up, agent joined through squid');
-
-  const starts: AgentStart[] = [];
-  for (let i = 0; i < STARTS; i++) {
-    const s = await startAgent(proxy, agentYaml, agentDataDir, squid, daemonEnv());
-    starts.push(s);
-    if (i < STARTS - 1) await stopGateway(s.agent);
-    else rig.agent = s.agent;
-    await sleep(200);
-  }
-  if (!(await squid.readAccessLog()).some((l) => l.includes(`CONNECT ${proxyAddr} 200`))) throw new Error('the agent did not go through squid');
-  rig.say(`gateway: tunnel ready in ${starts.map((s) => s.readyMs).join(', ')} ms`);
-
-  const clientDialer = new Dialer({ env: {}, lookup: benchLookup });
-  const viaGateway = (resource: 'sink' | 'echo'): Connect => () => openResource(profile, profile.proxy, { alpn: 'gateway-tcp', resource, kind: 'app' }, clientDialer);
-  const probe = await viaGateway('echo')();
-  // openResource hands back the TLS socket itself, or the frames over it (src/stream/framed.ts) from a Proxy that framed.
-  const probeTls = (probe instanceof FramedStream ? probe.inner : probe) as TLSSocket;
-  const clientTls = `${probeTls.getProtocol()} ${probeTls.getCipher().standardName}${probe instanceof FramedStream ? ', framed' : ''}`;
-  probe.destroy();
-  return { webPort, pin, proxyYaml, proxyDataDir, agentYaml, agentDataDir, adminEnv, starts, viaGateway, clientTls };
-}
-
-/** OpenSSH: sshd, then `ssh -R` with three forwards started STARTS times (the last one stays). */
-async function startOpenSshPath(rig: Rig, ends: Ends, cipher: string): Promise<OpenSshPath> {
-  const { dir } = rig;
-  spawnSync('ssh-keygen', ['-q', '-t', 'ecdsa', '-b', '256', '-N', '', '-f', join(dir, 'host_key')]);
-  spawnSync('ssh-keygen', ['-q', '-t', 'ecdsa', '-b', '256', '-N', '', '-f', join(dir, 'user_key')]);
-  await writeFile(join(dir, 'authorized_keys'), await readFile(join(dir, 'user_key.pub')));
-  const sshd = (rig.sshd = await startSshd(dir));
-  const fwd = { sink: await getPort({ host: SSHD_IP, exclude: [sshd.port] }), echo: 0, iperf: 0 };
-  fwd.echo = await getPort({ host: SSHD_IP, exclude: [sshd.port, fwd.sink] });
-  fwd.iperf = await getPort({ host: SSHD_IP, exclude: [sshd.port, fwd.sink, fwd.echo] });
-  const forwards = [
-    { listen: fwd.sink, to: ends.sink.port },
-    { listen: fwd.echo, to: ends.echo.port },
-    { listen: fwd.iperf, to: ends.iperfSsh.port },
-  ];
-  const sshStarts: number[] = [];
-  for (let i = 0; i < STARTS; i++) {
-    const t = await startSshTunnel(dir, ends.squid, sshd, cipher, forwards);
-    sshStarts.push(t.readyMs);
-    if (i < STARTS - 1) {
-      await t.stop();
-      // the forward's port is free again once sshd has closed the session
-      for (let k = 0; k < 100 && (await accepts(SSHD_IP, fwd.sink)); k++) await sleep(20);
-    } else rig.ssh = t;
-  }
-  await waitForPort(SSHD_IP, fwd.sink);
-  rig.say(`OpenSSH: ssh -R ready in ${sshStarts.map((n) => n.toFixed(0)).join(', ')} ms`);
-  return { fwd, sshStarts };
-}
-
-/** The data path's three paths: raw TCP, the gateway, OpenSSH; each with the processes whose CPU it uses. */
-function dataPaths(rig: Rig, ends: Ends, gw: GatewayPath, ssh: OpenSshPath): Array<{ name: PathName; sink: Connect; echo: Connect; cpu: CpuProbe }> {
-  const direct = (host: string, port: number): Connect => () =>
-    new Promise((resolve, reject) => {
-      const s = net.connect({ host, port, noDelay: true }, () => resolve(s));
-      s.once('error', reject);
-    });
-  return [
-    { name: 'raw TCP', sink: direct(TARGET_IP, ends.sink.port), echo: direct(TARGET_IP, ends.echo.port), cpu: { 'client+sink (bench)': () => 'self' } },
-    {
-      name: 'gateway',
-      sink: gw.viaGateway('sink'),
-      echo: gw.viaGateway('echo'),
-      cpu: { 'client+sink (bench)': () => 'self', 'Proxy daemon': () => [rig.proxy!.process.pid!], squid: () => [rig.squid!.pid], 'agent daemon': () => [rig.agent!.process.pid!] },
-    },
-    {
-      name: 'OpenSSH ssh -R',
-      sink: direct(SSHD_IP, ssh.fwd.sink),
-      echo: direct(SSHD_IP, ssh.fwd.echo),
-      cpu: { 'client+sink (bench)': () => 'self', sshd: () => processTree(rig.sshd!.pid), squid: () => [rig.squid!.pid], 'ssh + socat': () => processTree(rig.ssh!.process.pid!) },
-    },
-  ];
-}
 
 /**
  * The user's path: iperf3 -> gwsh proxy app -> ... against iperf3 -> ssh -R's forward. gwsh signs in to the Proxy's
@@ -412,14 +238,6 @@ async function profileDaemons(rig: Rig, ends: Ends, gw: GatewayPath): Promise<{ 
   rig.say(`profiled: ${JSON.stringify(profiles, null, 1)}`);
   return { profiles, profiledRate };
 }
-
-async function stopDaemons(rig: Rig): Promise<void> {
-  await stopGateway(rig.agent);
-  rig.agent = undefined;
-  await stopGateway(rig.proxy);
-  rig.proxy = undefined;
-}
-
 /** Memory per idle agent at BENCH_AGENTS agents, and the floor under it: a bare Node.js TLS server with the agent's own host certificate. */
 async function idleMemoryPhase(rig: Rig, gw: GatewayPath): Promise<IdleMemory> {
   const mem = await measureIdleMemory(rig.dir, gw.adminEnv, rig.say, rig.track);
@@ -428,22 +246,6 @@ async function idleMemoryPhase(rig: Rig, gw: GatewayPath): Promise<IdleMemory> {
   mem.floor = await measureTlsFloor({ serverCert: hostCert, serverKey: hostKey, ca: hostCa, clientCert: hostCert, clientKey: hostKey, connections: Math.min(AGENTS, TLS_FLOOR_CONNECTIONS) });
   rig.say(`memory floor: a bare TLS server ${mem.floor.mtlsKiB.toFixed(1)} KiB per connection with a client certificate (${mem.floor.mtlsNoTicketKiB.toFixed(1)} without session tickets), ${mem.floor.tlsKiB.toFixed(1)} without`);
   return mem;
-}
-
-/** Stops whatever is still running, in the order the old single main did, and removes the directory. */
-async function cleanup(rig: Rig): Promise<void> {
-  for (const h of rig.track.holders) await h.stop();
-  await rig.ssh?.stop();
-  await rig.sshd?.stop();
-  for (const g of rig.gwshProxies) await g.stop();
-  await rig.iperf?.stop();
-  await rig.iperfSsh?.stop();
-  await stopGateway(rig.agent);
-  await stopGateway(rig.proxy);
-  await stopGateway(rig.track.memProxy);
-  for (const s of rig.servers) await s.close();
-  await rig.squid?.stop();
-  await rm(rig.dir, { recursive: true, force: true });
 }
 
 /** The whole bench, phase by phase (BENCH_TUNNEL_ONLY stops after the user path, or runs the idle phase alone). */
