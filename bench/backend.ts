@@ -19,7 +19,7 @@ import { join } from 'node:path';
 import getPort from 'get-port';
 import { openPostgresBackend, openSqliteBackend, type Backend, type WatchEvent } from '../src/backend/index.js';
 import { startPostgres, type PostgresServer } from '../test/helpers/databases.js';
-import { envNumber } from './common.js';
+import { envNumber, percentile } from './common.js';
 import { recordSection } from './record.js';
 
 const WRITES = envNumber('BENCH_WRITES', 3000);
@@ -38,10 +38,6 @@ interface Row {
 }
 
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
-
-function percentile(sorted: number[], p: number): number {
-  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
-}
 
 /** Writes per second: count puts (or creates) of fresh keys, `inFlight` at a time. */
 async function writesPerSecond(b: Backend, prefix: string, inFlight: number, op: 'put' | 'create' = 'put'): Promise<number> {

@@ -43,7 +43,7 @@ import { createLogger, setRootLogger } from '../src/log.js';
 import { startPostgres } from '../test/helpers/databases.js';
 import { runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
 import { startEchoServer } from '../test/helpers/servers.js';
-import { envNumber } from './common.js';
+import { envNumber, percentile, sleep } from './common.js';
 import { recordSection } from './record.js';
 
 const AGENTS = envNumber('BENCH_AGENTS', 10_000);
@@ -55,14 +55,12 @@ const PASSWORD = 'bench password, long enough';
 
 setRootLogger(createLogger({ level: 'error' }));
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
 const say = (line: string) => process.stderr.write(`${line}\n`);
 
 function percentiles(values: number[]): { p50: number; p99: number } {
   const s = [...values].sort((x, y) => x - y);
-  const at = (p: number) => s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!;
-  return { p50: at(50), p99: at(99) };
+  return { p50: percentile(s, 50), p99: percentile(s, 99) };
 }
 
 function rssKiB(pid: number): number {
@@ -166,6 +164,34 @@ async function connectOnce(open: () => Promise<import('node:stream').Duplex>): P
   return ms;
 }
 
+/**
+ * A new agent's location reaching the watch every Proxy runs, on the same database: for each probe identity an
+ * agent started (kept in `agents` for the cleanup), ms from its welcome to the presence put the watch sees.
+ */
+async function measurePropagation(backend: Awaited<ReturnType<typeof openPostgresBackend>>, identities: HostIdentity[], dialer: Dialer, echoPort: number, agents: TunnelAgent[]): Promise<{ p50: number; p99: number }> {
+  const observer = await AuthService.open({ backend, clusterName: 'bench.example' });
+  const seen = new Map<string, () => void>();
+  const unwatch = observer.watchCluster({
+    presence: (e) => {
+      if (e.type === 'put') seen.get(e.presence.hostId)?.();
+    },
+    proxies: () => undefined,
+    resync: () => undefined,
+  });
+  const propagation: number[] = [];
+  for (const identity of identities) {
+    const agent = simulatedAgent(identity, dialer, echoPort);
+    agents.push(agent);
+    const arrived = new Promise<number>((r) => seen.set(identity.hostId, () => r(now())));
+    const connected = new Promise<number>((r) => agent.once('connected', () => r(now())));
+    agent.start();
+    const [tc, ts] = await Promise.all([connected, arrived]);
+    propagation.push(Math.max(0, ts - tc));
+  }
+  unwatch();
+  return percentiles(propagation);
+}
+
 async function main(): Promise<void> {
   const dir = await mkdtemp(join(tmpdir(), 'bench-cluster-'));
   const pg = await startPostgres({ port: await getPort({ host: '127.0.0.1' }), settings: { max_connections: '100' } });
@@ -207,28 +233,8 @@ async function main(): Promise<void> {
     say(`memory per agent: A ${perAgent.a.toFixed(1)} KiB, B ${perAgent.b.toFixed(1)} KiB`);
 
     // --- location propagation: the watch every Proxy runs, on the same database ----------------------------------
-    const backend = (observerBackend = await openPostgresBackend({ connString: pg.url() }));
-    const observer = await AuthService.open({ backend, clusterName: 'bench.example' });
-    const seen = new Map<string, () => void>();
-    const unwatch = observer.watchCluster({
-      presence: (e) => {
-        if (e.type === 'put') seen.get(e.presence.hostId)?.();
-      },
-      proxies: () => undefined,
-      resync: () => undefined,
-    });
-    const propagation: number[] = [];
-    for (const identity of probes.identities) {
-      const agent = simulatedAgent(identity, dialer, echo.port);
-      agents.push(agent);
-      const arrived = new Promise<number>((r) => seen.set(identity.hostId, () => r(now())));
-      const connected = new Promise<number>((r) => agent.once('connected', () => r(now())));
-      agent.start();
-      const [tc, ts] = await Promise.all([connected, arrived]);
-      propagation.push(Math.max(0, ts - tc));
-    }
-    unwatch();
-    const prop = percentiles(propagation);
+    observerBackend = await openPostgresBackend({ connString: pg.url() });
+    const prop = await measurePropagation(observerBackend, probes.identities, dialer, echo.port, agents);
     say(`location reaches the watch: p50 ${prop.p50.toFixed(2)} ms, p99 ${prop.p99.toFixed(2)} ms`);
 
     // --- client connect time through a peer ---------------------------------------------------------------------

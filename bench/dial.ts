@@ -22,6 +22,7 @@ import { startEchoServer } from '../test/helpers/servers.js';
 import { startSquid } from '../test/helpers/squid.js';
 import { waitForPort } from '../test/helpers/netns.js';
 import { recordSection } from './record.js';
+import { percentile } from './common.js';
 
 const CONNECTS = Number(process.env.BENCH_CONNECTS ?? 300);
 const BYTES = Number(process.env.BENCH_MIB ?? 512) << 20;
@@ -30,10 +31,6 @@ const TARGET_IP = '127.0.0.3';
 const TARGET_NAME = 'bench.gw.test';
 
 type Connect = () => Promise<net.Socket>;
-
-function percentile(sorted: number[], p: number): number {
-  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
-}
 
 async function echoOnce(socket: net.Socket): Promise<void> {
   await new Promise<void>((resolve, reject) => {

@@ -44,7 +44,7 @@ import type { Duplex } from 'node:stream';
 import { createLogger, setRootLogger } from '../src/log.js';
 import { startPeerCluster, type PeerCluster } from '../test/proxy/peering-harness.js';
 import { waitUntil } from '../test/helpers/wait.js';
-import { envNumber, echoOnce, pushToSink } from './common.js';
+import { envNumber, echoOnce, pushToSink, withTimeout } from './common.js';
 import { recordSection } from './record.js';
 
 const MIB = envNumber('BENCH_MIB', 256);
@@ -96,12 +96,6 @@ async function opens(openStream: Opener, web: string): Promise<number[]> {
     s.destroy();
   }
   return out;
-}
-
-function withTimeout<T>(what: string, p: Promise<T>, ms: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const t = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`not within ${ms} ms: ${what}`)), ms)));
-  return Promise.race([p, t]).finally(() => clearTimeout(timer));
 }
 
 interface Scale {

@@ -32,7 +32,7 @@
  * print the section only). Writes the figures, the ratios and the machine to bench/RESULTS.md (section "ssh").
  * Runs as root (sshd, and the login root on every path, so that no OS user has to be created).
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
@@ -42,7 +42,7 @@ import getPort from 'get-port';
 import * as nodePty from 'node-pty';
 import { runCli, startGateway, type RunningGateway } from '../test/helpers/gateway.js';
 import { recordSection } from './record.js';
-import { envNumber, spawnSshd } from './common.js';
+import { envNumber, exited, percentile, spawnSshd } from './common.js';
 import { commOf, descendants, hops, startTrace, type Traced } from './keytrace.js';
 
 
@@ -60,13 +60,8 @@ const HAS_PERF = spawnSync('perf', ['--version'], { stdio: 'ignore' }).status ==
 const TRACE = envNumber('BENCH_TRACE', HAS_PERF ? 300 : 0, 0);
 const DAEMON_OPTIONS = process.env.BENCH_DAEMON_NODE_OPTIONS ?? '';
 
-const percentile = (sorted: number[], p: number) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 const median = (xs: number[]) => percentile([...xs].sort((a, b) => a - b), 50);
 const nowMs = () => Number(process.hrtime.bigint()) / 1e6;
-
-function exited(child: ChildProcess): Promise<void> {
-  return child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise((r) => child.once('exit', () => r()));
-}
 
 interface Sshd {
   port: number;

@@ -4,6 +4,7 @@
  * columns. Every cell is the event's own text with control characters replaced, so that an agent's event cannot
  * move the terminal's cursor or repaint the lines above.
  */
+import { formatBytes, formatMs } from '../format.js';
 import { table } from './table.js';
 
 export const EVENT_COLUMNS = ['TIME', 'EVENT', 'USER', 'RESOURCE', 'CLIENT', 'BYTES IN/OUT', 'DURATION', 'NOTE'] as const;
@@ -16,28 +17,6 @@ function cell(value: unknown): string {
   // eslint-disable-next-line no-control-regex
   const text = (typeof value === 'string' ? value : JSON.stringify(value)).replace(/[\u0000-\u001f\u007f-\u009f]/g, '?');
   return text.length > MAX_CELL ? `${text.slice(0, MAX_CELL - 1)}…` : text;
-}
-
-/** 512B, 5.1kB, 2.0MB, 1.3GB. */
-export function formatBytes(n: number): string {
-  if (n < 1000) return `${n}B`;
-  const units = ['kB', 'MB', 'GB', 'TB'];
-  let value = n / 1000;
-  let unit = 0;
-  while (value >= 1000 && unit < units.length - 1) {
-    value /= 1000;
-    unit++;
-  }
-  return `${value.toFixed(1)}${units[unit]}`;
-}
-
-/** 850ms, 12.3s, 4m05s, 2h10m. */
-export function formatMs(ms: number): string {
-  if (ms < 1000) return `${Math.round(ms)}ms`;
-  if (ms < 60_000) return `${(ms / 1000).toFixed(1)}s`;
-  const s = Math.floor(ms / 1000);
-  if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
-  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
 }
 
 const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : undefined);

@@ -15,6 +15,7 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { isGatewayError } from '../../src/errors.js';
 import type { DialRequest } from '../../src/tunnel/protocol.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { codeOf } from '../helpers/errors.js';
 
 let pki: TestPki;
 let otherPki: TestPki;
@@ -73,13 +74,6 @@ async function roundTrip(stream: Duplex, text: string): Promise<string> {
   return data.toString();
 }
 
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  return isGatewayError(err) ? err.code : `not a GatewayError: ${String(err)}`;
-}
 
 describe('what an agent announces', () => {
   it('agentServices names the tunnel services of the agent roles, and nothing for the others', () => {

@@ -35,8 +35,9 @@ import {
   type Identity,
   type KeyPair,
 } from '../../src/auth/pki.js';
-import { isGatewayError, type ErrorCode, type GatewayError } from '../../src/errors.js';
+import { isGatewayError, type GatewayError } from '../../src/errors.js';
 import { readIfExists, writePublicFile, writeSecretFile } from '../../src/fsutil.js';
+import { codeOf, codeOfSync } from '../helpers/errors.js';
 
 const run = promisify(execFile);
 const HOUR = 3600_000;
@@ -71,23 +72,6 @@ async function sh(script: string, env: Record<string, string> = {}): Promise<str
   return stdout;
 }
 
-function codeOf(fn: () => unknown): ErrorCode | string {
-  try {
-    fn();
-  } catch (err) {
-    return isGatewayError(err) ? err.code : `not a GatewayError: ${String(err)}`;
-  }
-  return 'no error';
-}
-
-async function asyncCodeOf(fn: () => Promise<unknown>): Promise<ErrorCode | string> {
-  try {
-    await fn();
-  } catch (err) {
-    return isGatewayError(err) ? err.code : `not a GatewayError: ${String(err)}`;
-  }
-  return 'no error';
-}
 
 const hostIdentity = (name = randomUUID()): Identity => ({
   kind: 'host',
@@ -183,11 +167,11 @@ describe('key pairs', () => {
 
   it("refuses a CA whose private key does not match its certificate", async () => {
     const swapped = { ...hostCa, tls: { ...hostCa.tls, keyPem: userCa.tls.keyPem } };
-    expect(await asyncCodeOf(() => issueTlsCert(swapped, {
+    expect(await codeOf(() => issueTlsCert(swapped, {
       publicKeyPem: keys.publicKeyPem, identity: hostIdentity(), ttlMs: HOUR, usage: 'server',
     }))).toBe('GW_ERR_PKI_BAD_KEY');
     const swappedSsh = { ...userCa, ssh: { ...userCa.ssh, publicKey: hostCa.ssh.publicKey } };
-    expect(codeOf(() => issueSshCert(swappedSsh, {
+    expect(codeOfSync(() => issueSshCert(swappedSsh, {
       publicKey: keys.sshPublicKey, certType: 'user', keyId: 'a', principals: ['a'], ttlMs: HOUR,
     }))).toBe('GW_ERR_PKI_BAD_KEY');
   });
@@ -228,10 +212,10 @@ describe('X.509 certificate authorities', () => {
   });
 
   it('refuse bad arguments with GW_ERR_PKI_BAD_REQUEST', async () => {
-    expect(await asyncCodeOf(() => generateAuthority('admin' as 'host', 'x'))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(await asyncCodeOf(() => generateAuthority('host', ''))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(await asyncCodeOf(() => generateAuthority('host', 'a\nb'))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(await asyncCodeOf(() => generateAuthority('host', 'x', { ttlMs: 0 }))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(await codeOf(() => generateAuthority('admin' as 'host', 'x'))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(await codeOf(() => generateAuthority('host', ''))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(await codeOf(() => generateAuthority('host', 'a\nb'))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(await codeOf(() => generateAuthority('host', 'x', { ttlMs: 0 }))).toBe('GW_ERR_PKI_BAD_REQUEST');
   });
 });
 
@@ -320,7 +304,7 @@ describe('X.509 leaf certificates', () => {
       publicKeyPem: keys.publicKeyPem, identity: { ...hostIdentity(), cluster: 'short.example.com' }, ttlMs: 100 * HOUR, usage: 'server', clock: () => T0,
     });
     expect(Date.parse(new X509Certificate(pem).validTo)).toBe(T0 + 10 * HOUR);
-    expect(await asyncCodeOf(() => issueTlsCert(ca, {
+    expect(await codeOf(() => issueTlsCert(ca, {
       publicKeyPem: keys.publicKeyPem, identity: { ...hostIdentity(), cluster: 'short.example.com' }, ttlMs: HOUR, usage: 'server', clock: () => T0 + 11 * HOUR,
     }))).toBe('GW_ERR_PKI_CA_EXPIRED');
   });
@@ -341,13 +325,13 @@ describe('X.509 leaf certificates', () => {
     ['an IPv6 zone', { ipAddresses: ['fe80::1%eth0'] }],
     ['an identity of another cluster', { identity: { ...userIdentity(), cluster: 'other.example.net' } }],
   ])('refuse %s with GW_ERR_PKI_BAD_REQUEST', async (_what, patch) => {
-    expect(await asyncCodeOf(() => issueTlsCert(userCa, {
+    expect(await codeOf(() => issueTlsCert(userCa, {
       publicKeyPem: keys.publicKeyPem, identity: userIdentity(), ttlMs: HOUR, usage: 'client', ...patch,
     }))).toBe('GW_ERR_PKI_BAD_REQUEST');
   });
 
   it('refuse a subject key that is not a PEM public key with GW_ERR_PKI_BAD_KEY', async () => {
-    expect(await asyncCodeOf(() => issueTlsCert(userCa, {
+    expect(await codeOf(() => issueTlsCert(userCa, {
       publicKeyPem: keys.sshPublicKey, identity: userIdentity(), ttlMs: HOUR, usage: 'client',
     }))).toBe('GW_ERR_PKI_BAD_KEY');
   });
@@ -369,14 +353,14 @@ describe('identityFromCert', () => {
     ['garbage', 'not a certificate'],
     ['random bytes', Buffer.from('3082ffff0102030405', 'hex')],
   ])('refuses %s with GW_ERR_AUTH_BAD_CERT', (_what, input) => {
-    expect(codeOf(() => identityFromCert(input as string))).toBe('GW_ERR_AUTH_BAD_CERT');
+    expect(codeOfSync(() => identityFromCert(input as string))).toBe('GW_ERR_AUTH_BAD_CERT');
   });
 
   it('refuses a certificate without a gateway identity (a CA certificate, an openssl-made certificate)', async () => {
-    expect(codeOf(() => identityFromCert(hostCa.tls.certPem))).toBe('GW_ERR_AUTH_BAD_CERT');
+    expect(codeOfSync(() => identityFromCert(hostCa.tls.certPem))).toBe('GW_ERR_AUTH_BAD_CERT');
     const key = file(keys.privateKeyPem);
     const pem = await sh(`openssl req -x509 -new -key ${key} -subj /CN=alice/O=example.com -days 1 -sha256`);
-    expect(codeOf(() => identityFromCert(pem))).toBe('GW_ERR_AUTH_BAD_CERT');
+    expect(codeOfSync(() => identityFromCert(pem))).toBe('GW_ERR_AUTH_BAD_CERT');
   });
 
   it('refuses an identity extension that is not a valid identity', async () => {
@@ -395,7 +379,7 @@ describe('identityFromCert', () => {
       'ASN1:IA5STRING:{"kind":"user","name":"a","cluster":"c","roles":[]}',
     ]) {
       const pem = await make(value);
-      expect(codeOf(() => identityFromCert(pem)), value).toBe('GW_ERR_AUTH_BAD_CERT');
+      expect(codeOfSync(() => identityFromCert(pem)), value).toBe('GW_ERR_AUTH_BAD_CERT');
     }
     // The same path accepts a well-formed identity: the check above is about content, not about openssl.
     const ok = await make('ASN1:UTF8String:{"kind":"user","name":"a","cluster":"c","roles":[],"extra":1}');
@@ -558,7 +542,7 @@ describe('CA pins', () => {
       `sha256:${pin}`,
       `${pin} ${pin}`,
     ]) {
-      expect(codeOf(() => pinMatches(hostCa.tls.certPem, bad)), JSON.stringify(bad)).toBe('GW_ERR_AUTH_BAD_PIN');
+      expect(codeOfSync(() => pinMatches(hostCa.tls.certPem, bad)), JSON.stringify(bad)).toBe('GW_ERR_AUTH_BAD_PIN');
     }
     const doubled = (() => {
       try {
@@ -572,7 +556,7 @@ describe('CA pins', () => {
   });
 
   it('of a non-certificate is GW_ERR_AUTH_BAD_CERT', () => {
-    expect(codeOf(() => caPin('garbage'))).toBe('GW_ERR_AUTH_BAD_CERT');
+    expect(codeOfSync(() => caPin('garbage'))).toBe('GW_ERR_AUTH_BAD_CERT');
   });
 });
 
@@ -821,16 +805,16 @@ describe('SSH certificates', () => {
 
   it('refuse bad requests', () => {
     const base = { publicKey: keys.sshPublicKey, certType: 'user' as const, keyId: 'alice', principals: ['alice'], ttlMs: HOUR };
-    expect(codeOf(() => issueSshCert(userCa, { ...base, principals: [] }))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(codeOf(() => issueSshCert(userCa, { ...base, principals: [''] }))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(codeOf(() => issueSshCert(userCa, { ...base, keyId: '' }))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(codeOf(() => issueSshCert(userCa, { ...base, ttlMs: -1 }))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(codeOf(() => issueSshCert(userCa, { ...base, certType: 'robot' as 'user' }))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(codeOf(() => issueSshCert(userCa, { ...base, extensions: ['bad name'] }))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(codeOf(() => issueSshCert(hostCa, { ...base, certType: 'host', extensions: ['permit-pty'] }))).toBe('GW_ERR_PKI_BAD_REQUEST');
-    expect(codeOf(() => issueSshCert(userCa, { ...base, publicKey: 'ssh-ed25519 AAAA' }))).toBe('GW_ERR_PKI_BAD_KEY');
+    expect(codeOfSync(() => issueSshCert(userCa, { ...base, principals: [] }))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(codeOfSync(() => issueSshCert(userCa, { ...base, principals: [''] }))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(codeOfSync(() => issueSshCert(userCa, { ...base, keyId: '' }))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(codeOfSync(() => issueSshCert(userCa, { ...base, ttlMs: -1 }))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(codeOfSync(() => issueSshCert(userCa, { ...base, certType: 'robot' as 'user' }))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(codeOfSync(() => issueSshCert(userCa, { ...base, extensions: ['bad name'] }))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(codeOfSync(() => issueSshCert(hostCa, { ...base, certType: 'host', extensions: ['permit-pty'] }))).toBe('GW_ERR_PKI_BAD_REQUEST');
+    expect(codeOfSync(() => issueSshCert(userCa, { ...base, publicKey: 'ssh-ed25519 AAAA' }))).toBe('GW_ERR_PKI_BAD_KEY');
     const cert = issueSshCert(userCa, base);
-    expect(codeOf(() => issueSshCert(userCa, { ...base, publicKey: cert }))).toBe('GW_ERR_PKI_BAD_KEY');
+    expect(codeOfSync(() => issueSshCert(userCa, { ...base, publicKey: cert }))).toBe('GW_ERR_PKI_BAD_KEY');
   });
 
   it('parseSshCert refuses garbled lines with GW_ERR_AUTH_BAD_CERT, a garbled CA key with GW_ERR_PKI_BAD_KEY', () => {
@@ -845,9 +829,9 @@ describe('SSH certificates', () => {
       `${type} ${Buffer.concat([blob, Buffer.from([0])]).toString('base64')}`, // trailing bytes
       `ssh-ed25519-cert-v01@openssh.com ${b64}`, // type does not match the blob
     ]) {
-      expect(codeOf(() => parseSshCert(bad)), bad.slice(0, 40)).toBe('GW_ERR_AUTH_BAD_CERT');
+      expect(codeOfSync(() => parseSshCert(bad)), bad.slice(0, 40)).toBe('GW_ERR_AUTH_BAD_CERT');
     }
-    expect(codeOf(() => parseSshCert(line, 'not a key'))).toBe('GW_ERR_PKI_BAD_KEY');
+    expect(codeOfSync(() => parseSshCert(line, 'not a key'))).toBe('GW_ERR_PKI_BAD_KEY');
   });
 });
 
@@ -905,9 +889,9 @@ describe('fsutil', () => {
 
       const dirAsTarget = join(base, 'adir');
       writeSecretFile(join(dirAsTarget, 'inner'), 'x');
-      expect(codeOf(() => writeSecretFile(dirAsTarget, keys.privateKeyPem))).toBe('GW_ERR_FS_WRITE'); // rename onto a directory
+      expect(codeOfSync(() => writeSecretFile(dirAsTarget, keys.privateKeyPem))).toBe('GW_ERR_FS_WRITE'); // rename onto a directory
       expect(readdirSync(base).sort()).toEqual(['adir', 'file']); // no temp file left behind
-      expect(codeOf(() => readIfExists(dirAsTarget))).toBe('GW_ERR_FS_READ');
+      expect(codeOfSync(() => readIfExists(dirAsTarget))).toBe('GW_ERR_FS_READ');
     } finally {
       rmSync(base, { recursive: true, force: true });
     }

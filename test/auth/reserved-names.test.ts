@@ -13,6 +13,7 @@ import { AuthService, type JoinRole } from '../../src/auth/service.js';
 import { openSqliteBackend } from '../../src/backend/index.js';
 import { GatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
+import { codeOf } from '../helpers/errors.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
@@ -44,15 +45,6 @@ afterEach(async () => {
 const join = (token: string, nodename: string, publicAddrs: string[], roles: JoinRole[] = ['node']) =>
   auth.join({ token, roles, nodename, publicAddrs, publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source: '10.0.0.9' });
 
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    return (err as GatewayError).code;
-  }
-  return 'no error';
-}
 
 describe('joins that name a cluster member', () => {
   it('hostile: a node join asking for the Proxy\'s public name, a name under it, a wildcard over it, or any other member name is refused, and the token stays usable', async () => {

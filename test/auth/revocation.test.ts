@@ -9,6 +9,7 @@ import { generateKeyPair, type Identity } from '../../src/auth/pki.js';
 import { AuthService } from '../../src/auth/service.js';
 import { parseManifest, toYaml } from '../../src/auth/resources/index.js';
 import { GatewayError } from '../../src/errors.js';
+import { codeOf } from '../helpers/errors.js';
 
 let now = Date.parse('2026-11-21T10:00:00Z');
 const clock = () => now;
@@ -27,7 +28,6 @@ async function errorOf(p: Promise<unknown>): Promise<GatewayError | undefined> {
   }
   return undefined;
 }
-const codeOf = async (p: Promise<unknown>) => (await errorOf(p))?.code ?? 'no error';
 
 const user = (name: string, roles: string[]): Identity => ({ kind: 'user', name, cluster: 'unit.example', roles });
 const login = (username: string) => auth.login({ username, password: PASSWORD, publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source: '10.0.0.1' });

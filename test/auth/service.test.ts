@@ -5,6 +5,7 @@ import { generateKeyPair, identityFromCert, parseSshCert, signRenewProof, verify
 import { AuthService } from '../../src/auth/service.js';
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { GatewayError } from '../../src/errors.js';
+import { codeOf } from '../helpers/errors.js';
 
 let now = Date.parse('2026-11-21T10:00:00Z');
 const clock = () => now;
@@ -13,15 +14,6 @@ let auth: AuthService;
 let admin: Identity;
 const keys = generateKeyPair();
 
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    return (err as GatewayError).code;
-  }
-  return 'no error';
-}
 
 const login = (username: string, password: string, source = '10.0.0.1') =>
   auth.login({ username, password, publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey, source });

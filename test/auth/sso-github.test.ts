@@ -15,7 +15,7 @@ import { generateKeyPair } from '../../src/auth/pki.js';
 import { AuthService } from '../../src/auth/service.js';
 import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
-import { request, type Answer } from '../helpers/sso.js';
+import { answerCode, request, type Answer } from '../helpers/sso.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 
 const REDIRECT = 'https://gateway.example/webapi/sso/github/callback';
@@ -80,7 +80,6 @@ function codeHosting(req: import('node:http').IncomingMessage, res: import('node
 }
 
 const api = (path: string, options: Parameters<typeof request>[1] = {}) => request(`${base}${path}`, { ca: auth.host.tls.certPem, ...options });
-const codeOf = (a: Answer) => a.json().error?.code as string;
 
 /** Start, the service's authorize page (signs `login` in), and our callback with the binding cookie. */
 async function signIn(login: string): Promise<{ done: Answer; callback: string; binding: string }> {
@@ -148,22 +147,22 @@ describe('code-hosting OAuth sign-in (a local server in place of the service)', 
   });
 
   it('refuses: no team that maps, a replayed callback, the service\'s own error, the service down', async () => {
-    expect(codeOf((await signIn('nobody')).done)).toBe('GW_ERR_SSO_NO_ROLES');
+    expect(answerCode((await signIn('nobody')).done)).toBe('GW_ERR_SSO_NO_ROLES');
     const { callback, binding } = await signIn('octocat');
-    expect(codeOf(await api(`/webapi/sso/github/callback${callback}`, { headers: { cookie: `__Host-gw_sso=${binding}` } }))).toBe('GW_ERR_SSO_STATE_INVALID');
+    expect(answerCode(await api(`/webapi/sso/github/callback${callback}`, { headers: { cookie: `__Host-gw_sso=${binding}` } }))).toBe('GW_ERR_SSO_STATE_INVALID');
 
     const start = await api('/webapi/sso/github/wrong-secret/login');
     const b = /__Host-gw_sso=([^;]+)/.exec(String(start.headers['set-cookie']))![1]!;
     const back = new URL((await request(`${start.location!}&login=octocat`, { ca: pki.caPem })).location!);
     const refused = await api(`/webapi/sso/github/callback${back.search}`, { headers: { cookie: `__Host-gw_sso=${b}` } });
-    expect(codeOf(refused)).toBe('GW_ERR_SSO_IDP_ERROR');
+    expect(answerCode(refused)).toBe('GW_ERR_SSO_IDP_ERROR');
     expect(refused.json().error.message).toContain('incorrect_client_credentials');
 
     const denied = await api('/webapi/sso/github/hub/login');
     const state = new URL(denied.location!).searchParams.get('state')!;
     const bd = /__Host-gw_sso=([^;]+)/.exec(String(denied.headers['set-cookie']))![1]!;
     const error = await api(`/webapi/sso/github/callback?error=access_denied&error_description=The+user+has+denied+your+application&state=${state}`, { headers: { cookie: `__Host-gw_sso=${bd}` } });
-    expect(codeOf(error)).toBe('GW_ERR_SSO_IDP_ERROR');
+    expect(answerCode(error)).toBe('GW_ERR_SSO_IDP_ERROR');
     expect(error.status).toBe(502);
   });
 
@@ -177,7 +176,7 @@ describe('code-hosting OAuth sign-in (a local server in place of the service)', 
       const b = /__Host-gw_sso=([^;]+)/.exec(String(start.headers['set-cookie']))![1]!;
       const back = new URL((await request(`${start.location!}&login=octocat`, { ca: pki.caPem })).location!);
       const taken = await api(`/webapi/sso/github/callback${back.search}`, { headers: { cookie: `__Host-gw_sso=${b}` } });
-      expect(codeOf(taken), taken.text).toBe('GW_ERR_ACCESS_DENIED');
+      expect(answerCode(taken), taken.text).toBe('GW_ERR_ACCESS_DENIED');
       expect(taken.json().error.message).toContain('"hub"');
     } finally {
       TEAMS.octocat!.pop();

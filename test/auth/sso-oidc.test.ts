@@ -15,7 +15,7 @@ import { parseManifest } from '../../src/auth/resources/index.js';
 import { AuthService } from '../../src/auth/service.js';
 import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
-import { CookieJar, request, startOidcIdp, type Answer, type OidcIdp } from '../helpers/sso.js';
+import { CookieJar, answerCode, request, startOidcIdp, type Answer, type OidcIdp } from '../helpers/sso.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 
 const REDIRECT = 'https://gateway.example/webapi/sso/oidc/callback';
@@ -55,7 +55,6 @@ function callback(url: string, binding: string | undefined, accept = 'applicatio
   return api(`/webapi/sso/oidc/callback${u.search}`, { headers: { accept, ...(binding ? { cookie: `__Host-gw_sso=${binding}` } : {}) } });
 }
 
-const codeOf = (a: Answer) => a.json().error?.code as string;
 
 beforeAll(async () => {
   pki = await makeTestPki();
@@ -146,7 +145,7 @@ describe('OIDC: what is refused', () => {
     const { callback: url, binding } = await toCallback('alice');
     idp.tamper = tamper;
     const refused = await callback(url, binding);
-    expect(codeOf(refused), refused.text).toBe('GW_ERR_SSO_TOKEN_INVALID');
+    expect(answerCode(refused), refused.text).toBe('GW_ERR_SSO_TOKEN_INVALID');
     expect(refused.status).toBe(401);
     expect(refused.json().error.message).toContain(`the ${check} check`);
     expect(refused.headers['set-cookie'] ?? []).not.toContainEqual(expect.stringMatching(/^__Host-gw_session=/));
@@ -159,7 +158,7 @@ describe('OIDC: what is refused', () => {
   ] as const)('hostile: a user named by an address the provider does not vouch for (%s: %s) → GW_ERR_SSO_USERNAME_REFUSED naming the claim, no user', async (user, _what, claim) => {
     const { callback: url, binding } = await toCallback(user);
     const refused = await callback(url, binding);
-    expect(codeOf(refused), refused.text).toBe('GW_ERR_SSO_USERNAME_REFUSED');
+    expect(answerCode(refused), refused.text).toBe('GW_ERR_SSO_USERNAME_REFUSED');
     expect(refused.status).toBe(403);
     expect(refused.json().error.message).toContain(claim);
     expect(refused.json().error.hint).toContain(claim === 'email' ? 'username_claim' : 'allow_unverified_email');
@@ -196,7 +195,7 @@ describe('OIDC: what is refused', () => {
     const { callback: url, binding } = await toCallback('alice');
     expect((await callback(url, binding)).status).toBe(302);
     const again = await callback(url, binding);
-    expect(codeOf(again)).toBe('GW_ERR_SSO_STATE_INVALID');
+    expect(answerCode(again)).toBe('GW_ERR_SSO_STATE_INVALID');
     expect(again.status).toBe(400);
   });
 
@@ -208,14 +207,14 @@ describe('OIDC: what is refused', () => {
     const { callback: url } = await toCallback('alice');
     const mixed = new URL(url);
     mixed.searchParams.set('state', state);
-    expect(codeOf(await callback(mixed.href, binding))).toBe('GW_ERR_SSO_STATE_INVALID');
+    expect(answerCode(await callback(mixed.href, binding))).toBe('GW_ERR_SSO_STATE_INVALID');
   });
 
   it('a callback without the browser binding of the sign-in (another browser, a link handed on) → GW_ERR_SSO_STATE_INVALID', async () => {
     const { callback: url } = await toCallback('alice');
-    expect(codeOf(await callback(url, undefined))).toBe('GW_ERR_SSO_STATE_INVALID');
+    expect(answerCode(await callback(url, undefined))).toBe('GW_ERR_SSO_STATE_INVALID');
     const { callback: url2 } = await toCallback('alice');
-    expect(codeOf(await callback(url2, 'A'.repeat(43)))).toBe('GW_ERR_SSO_STATE_INVALID');
+    expect(answerCode(await callback(url2, 'A'.repeat(43)))).toBe('GW_ERR_SSO_STATE_INVALID');
   });
 
   it('a browser gets a page naming the error, not JSON', async () => {
@@ -230,21 +229,21 @@ describe('OIDC: what is refused', () => {
   it('a user that no mapping gives a role → GW_ERR_SSO_NO_ROLES, no user record', async () => {
     const { callback: url, binding } = await toCallback('mallory');
     const refused = await callback(url, binding);
-    expect(codeOf(refused)).toBe('GW_ERR_SSO_NO_ROLES');
+    expect(answerCode(refused)).toBe('GW_ERR_SSO_NO_ROLES');
     expect(refused.status).toBe(403);
     expect(await backend.get('/users/mallory@example.com')).toBeUndefined();
   });
 
   it('an unknown connector → GW_ERR_SSO_CONNECTOR_UNKNOWN; the provider down → GW_ERR_SSO_IDP_ERROR with a hint', async () => {
-    expect(codeOf(await api('/webapi/sso/oidc/nope/login'))).toBe('GW_ERR_SSO_CONNECTOR_UNKNOWN');
-    expect(codeOf(await api('/webapi/sso/ldap/corp/login'))).toBe('GW_ERR_SSO_CONNECTOR_UNKNOWN');
+    expect(answerCode(await api('/webapi/sso/oidc/nope/login'))).toBe('GW_ERR_SSO_CONNECTOR_UNKNOWN');
+    expect(answerCode(await api('/webapi/sso/ldap/corp/login'))).toBe('GW_ERR_SSO_CONNECTOR_UNKNOWN');
     const closed = https.createServer();
     await new Promise<void>((r) => closed.listen(0, '127.0.0.1', r));
     const port = (closed.address() as AddressInfo).port;
     await new Promise<void>((r) => closed.close(() => r()));
     await auth.createResources(auth.adminIdentity(), [connector('down', { issuer_url: `https://127.0.0.1:${port}` }) as never], false);
     const down = await api('/webapi/sso/oidc/down/login');
-    expect(codeOf(down)).toBe('GW_ERR_SSO_IDP_ERROR');
+    expect(answerCode(down)).toBe('GW_ERR_SSO_IDP_ERROR');
     expect(down.status).toBe(502);
     expect(down.json().error.hint).toMatch(/reach/);
   });
@@ -252,13 +251,13 @@ describe('OIDC: what is refused', () => {
   it('a local user of the same name is never replaced by a single sign-on', async () => {
     await auth.addUser(auth.adminIdentity(), 'alice@example.com', ['access'], 'a local password');
     const { callback: url, binding } = await toCallback('alice');
-    expect(codeOf(await callback(url, binding))).toBe('GW_ERR_ACCESS_DENIED');
+    expect(answerCode(await callback(url, binding))).toBe('GW_ERR_ACCESS_DENIED');
   });
 
   it('failed callbacks of sign-ins are rate limited per source like password logins → GW_ERR_AUTH_RATE_LIMITED', async () => {
-    for (let i = 0; i < 5; i++) expect(codeOf(await callback((await toCallback('alice')).callback, 'another-browser'))).toBe('GW_ERR_SSO_STATE_INVALID');
+    for (let i = 0; i < 5; i++) expect(answerCode(await callback((await toCallback('alice')).callback, 'another-browser'))).toBe('GW_ERR_SSO_STATE_INVALID');
     const limited = await callback((await toCallback('alice')).callback, 'another-browser');
-    expect(codeOf(limited)).toBe('GW_ERR_AUTH_RATE_LIMITED');
+    expect(answerCode(limited)).toBe('GW_ERR_AUTH_RATE_LIMITED');
     expect(limited.status).toBe(429);
   });
 
@@ -267,7 +266,7 @@ describe('OIDC: what is refused', () => {
       for (let i = 0; i < 10; i++) {
         const refused = await api('/webapi/sso/oidc/corp/login', { headers: { 'sec-fetch-dest': dest, 'sec-fetch-mode': 'no-cors' } });
         expect(refused.status, refused.text).toBe(400);
-        expect(codeOf(refused)).toBe('GW_ERR_API_BAD_REQUEST');
+        expect(answerCode(refused)).toBe('GW_ERR_API_BAD_REQUEST');
         expect(refused.headers['set-cookie']).toBeUndefined();
       }
     }
@@ -276,7 +275,7 @@ describe('OIDC: what is refused', () => {
   });
 
   it('hostile: callbacks with made-up states (any page can make a browser send them: <img src=…/callback?state=x>) do not lock the address out', async () => {
-    for (let i = 0; i < 12; i++) expect(codeOf(await callback(`${REDIRECT}?code=x&state=forged${i}`, 'b'))).toBe('GW_ERR_SSO_STATE_INVALID');
+    for (let i = 0; i < 12; i++) expect(answerCode(await callback(`${REDIRECT}?code=x&state=forged${i}`, 'b'))).toBe('GW_ERR_SSO_STATE_INVALID');
     const { callback: url, binding } = await toCallback('alice');
     const done = await callback(url, binding);
     expect(done.status, done.text).toBe(302);
@@ -298,7 +297,7 @@ describe('OIDC for gwsh (console mode)', () => {
     expect(back.location!.startsWith('http://127.0.0.1:45678/callback?code=')).toBe(true);
 
     const exchange = (b: Record<string, string>) => api('/webapi/sso/console/exchange', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(b) });
-    expect(codeOf(await exchange({ request_id, code, secret: 'wrong' }))).toBe('GW_ERR_SSO_STATE_INVALID');
+    expect(answerCode(await exchange({ request_id, code, secret: 'wrong' }))).toBe('GW_ERR_SSO_STATE_INVALID');
     // The grant is spent by the wrong secret: start again.
     const again = (await api('/webapi/sso/console', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })).json();
     const back2 = await callback(await idp.signIn(again.auth_url, 'alice'), undefined);
@@ -307,7 +306,7 @@ describe('OIDC for gwsh (console mode)', () => {
     expect(bundle.status, bundle.text).toBe(200);
     const identity = identityFromCert(Buffer.from(bundle.json().tlsCert.replace(/-----[^-]+-----|\s/g, ''), 'base64'));
     expect(identity).toMatchObject({ kind: 'user', name: 'alice@example.com', roles: ['editor', 'access'] });
-    expect(codeOf(await exchange({ request_id: again.request_id, code: code2, secret }))).toBe('GW_ERR_SSO_STATE_INVALID');
+    expect(answerCode(await exchange({ request_id: again.request_id, code: code2, secret }))).toBe('GW_ERR_SSO_STATE_INVALID');
   });
 
   it('gwsh\'s own state in its loopback URL comes back with the code', async () => {
@@ -330,6 +329,6 @@ describe('OIDC for gwsh (console mode)', () => {
   ])('hostile: refuses a redirect_url that is not gwsh\'s loopback callback (%s)', async (redirect_url) => {
     const keys = generateKeyPair();
     const answer = await api('/webapi/sso/console', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ connector: 'corp', public_key: keys.publicKeyPem, ssh_public_key: sshPublicKeyFromPem(keys.publicKeyPem), redirect_url, secret_hash: '0'.repeat(64) }) });
-    expect(codeOf(answer)).toBe('GW_ERR_API_BAD_REQUEST');
+    expect(answerCode(answer)).toBe('GW_ERR_API_BAD_REQUEST');
   });
 });

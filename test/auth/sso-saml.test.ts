@@ -20,7 +20,7 @@ import { parseIdpMetadata } from '../../src/auth/sso/saml.js';
 import { openSqliteBackend, type Backend } from '../../src/backend/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { makeTestPki } from '../helpers/tls.js';
-import { rsaKeyPair, request, startSamlIdp, type Answer, type SamlAnswer, type SamlIdp, type SamlTamper } from '../helpers/sso.js';
+import { rsaKeyPair, answerCode, request, startSamlIdp, type Answer, type SamlAnswer, type SamlIdp, type SamlTamper } from '../helpers/sso.js';
 
 const ACS = 'https://gateway.example/webapi/sso/saml/acs';
 const SP_ENTITY = 'https://gateway.example/saml/sp';
@@ -32,7 +32,6 @@ let server: https.Server;
 let base: string;
 
 const api = (path: string, options: Parameters<typeof request>[1] = {}) => request(`${base}${path}`, { ca: auth.host.tls.certPem, ...options });
-const codeOf = (a: Answer) => a.json().error?.code as string;
 
 /** The login start: the identity provider's URL (with our AuthnRequest) and the browser binding. */
 async function start(redirect = '/web/'): Promise<{ url: string; binding: string }> {
@@ -140,7 +139,7 @@ describe('SAML metadata from entity_descriptor_url (through the Dialer, the conn
       await new Promise<void>((r) => md.close(() => r()));
       await auth.createResources(auth.adminIdentity(), [{ kind: 'saml', version: 'v2', metadata: { name: 'down' }, spec: { ...spec, entity_descriptor_url: `${url}?down` } } as never], false);
       const down = await api('/webapi/sso/saml/down/login');
-      expect(codeOf(down)).toBe('GW_ERR_SSO_IDP_ERROR');
+      expect(answerCode(down)).toBe('GW_ERR_SSO_IDP_ERROR');
     } finally {
       await pki.cleanup();
     }
@@ -157,7 +156,7 @@ describe('SAML: what is refused', () => {
     ['from another issuer', 'issuer', { issuer: 'https://evil.example/idp' }],
   ] as Array<[string, string, SamlTamper]>)('an assertion %s → GW_ERR_SSO_TOKEN_INVALID naming the %s check', async (_what, check, tamper) => {
     const refused = await signIn('carol', ['developers'], tamper);
-    expect(codeOf(refused), refused.text).toBe('GW_ERR_SSO_TOKEN_INVALID');
+    expect(answerCode(refused), refused.text).toBe('GW_ERR_SSO_TOKEN_INVALID');
     expect(refused.status).toBe(401);
     expect(refused.json().error.message).toContain(`the ${check} check`);
     expect(String(refused.headers['set-cookie'] ?? '')).not.toMatch(/__Host-gw_session=[^;]/);
@@ -167,7 +166,7 @@ describe('SAML: what is refused', () => {
     const s = await start();
     const answer = await idp.respond(s.url, 'carol', ['developers']);
     expect((await post(answer, s.binding)).status).toBe(302);
-    expect(codeOf(await post(answer, s.binding))).toBe('GW_ERR_SSO_STATE_INVALID');
+    expect(answerCode(await post(answer, s.binding))).toBe('GW_ERR_SSO_STATE_INVALID');
   });
 
   it('the answer to another sign-in request (InResponseTo of another state) → refused', async () => {
@@ -176,27 +175,27 @@ describe('SAML: what is refused', () => {
     const answer = await idp.respond(first.url, 'carol', ['developers']);
     const swapped = { ...answer, RelayState: new URL(second.url).searchParams.get('RelayState')! };
     const refused = await post(swapped, second.binding);
-    expect(codeOf(refused)).toBe('GW_ERR_SSO_TOKEN_INVALID');
+    expect(answerCode(refused)).toBe('GW_ERR_SSO_TOKEN_INVALID');
     expect(refused.json().error.message).toContain('the in_response_to check');
   });
 
   it('a user whose attributes map to no role → GW_ERR_SSO_NO_ROLES', async () => {
     const refused = await signIn('eve', ['marketing']);
-    expect(codeOf(refused)).toBe('GW_ERR_SSO_NO_ROLES');
+    expect(answerCode(refused)).toBe('GW_ERR_SSO_NO_ROLES');
     expect(refused.status).toBe(403);
   });
 
   it('a response over the ACS\'s size cap is refused before it is parsed → GW_ERR_API_TOO_LARGE', async () => {
     const s = await start();
     const huge = await post({ SAMLResponse: 'A'.repeat(300 * 1024), RelayState: new URL(s.url).searchParams.get('RelayState')! }, s.binding);
-    expect(codeOf(huge)).toBe('GW_ERR_API_TOO_LARGE');
+    expect(answerCode(huge)).toBe('GW_ERR_API_TOO_LARGE');
     expect(huge.status).toBe(413);
   });
 
   it('garbage instead of a response, and no RelayState, are refused with codes', async () => {
     const s = await start();
     const garbage = await post({ SAMLResponse: Buffer.from('<not-saml/>').toString('base64'), RelayState: new URL(s.url).searchParams.get('RelayState')! }, s.binding);
-    expect(codeOf(garbage)).toBe('GW_ERR_SSO_TOKEN_INVALID');
-    expect(codeOf(await post({ SAMLResponse: 'AAAA', RelayState: '' }, s.binding))).toBe('GW_ERR_SSO_STATE_INVALID');
+    expect(answerCode(garbage)).toBe('GW_ERR_SSO_TOKEN_INVALID');
+    expect(answerCode(await post({ SAMLResponse: 'AAAA', RelayState: '' }, s.binding))).toBe('GW_ERR_SSO_STATE_INVALID');
   });
 });

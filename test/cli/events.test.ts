@@ -1,6 +1,7 @@
 /** `gwctl get events --format table` (src/cli/events.ts): the columns, the session fields, and hostile text. */
 import { describe, expect, it } from 'vitest';
-import { eventRow, eventTable, formatBytes, formatMs } from '../../src/cli/events.js';
+import { eventRow, eventTable } from '../../src/cli/events.js';
+import { formatBytes, formatMs } from '../../src/format.js';
 
 describe('the events table', () => {
   it('a row per event: user, resource, client, bytes and duration of sessions that ended', () => {
@@ -30,5 +31,7 @@ describe('the events table', () => {
   it('formats', () => {
     expect([formatBytes(0), formatBytes(999), formatBytes(1000), formatBytes(2_500_000_000)]).toEqual(['0B', '999B', '1.0kB', '2.5GB']);
     expect([formatMs(850), formatMs(12_340), formatMs(245_000), formatMs(7_800_000)]).toEqual(['850ms', '12.3s', '4m05s', '2h10m']);
+    // The Web UI's audit page asks for a space before the unit (src/format.ts serves both).
+    expect([formatBytes(999, ' '), formatBytes(5_600_000, ' ')]).toEqual(['999 B', '5.6 MB']);
   });
 });

@@ -7,7 +7,7 @@
  * what an API server would: the path after /k8s/<cluster> and the Impersonate-* headers). The agent's
  * connection to it goes through the Dialer, decided as kube.<cluster_name>.local (the seed's NO_PROXY rule 4).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess } from 'node:child_process';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import net from 'node:net';
@@ -15,11 +15,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startHttpsServer, startEchoServer, type EchoServer, type HttpTestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
-import { waitUntil } from '../helpers/wait.js';
+import { curl } from '../helpers/curl.js';
+import { startGwshProxy } from '../helpers/gwshproxy.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
@@ -39,18 +40,6 @@ let apiServer: HttpTestServer;
 let desktop: EchoServer;
 let userEnv: Record<string, string>;
 const children: ChildProcess[] = [];
-
-/** curl, asynchronously: the app and the stand-in API server live in this process and must keep answering. */
-function curl(args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolveCurl) => {
-    const child = spawn('curl', ['-sS', '--max-time', '20', ...args], { env: { PATH: process.env.PATH ?? '' } });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    child.on('close', (status) => resolveCurl({ status, stdout, stderr }));
-  });
-}
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-apps-'));
@@ -209,15 +198,7 @@ describe('HTTP apps on the web port', () => {
 
 describe('TCP apps and desktops through gwsh', () => {
   async function localProxy(args: string[]): Promise<number> {
-    const child = spawn(process.execPath, [BIN('gwsh'), 'proxy', ...args, '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...userEnv }, stdio: ['ignore', 'pipe', 'pipe'] });
-    children.push(child);
-    let out = '';
-    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (out += c.toString()));
-    await waitUntil('gwsh proxy to listen', () => /127\.0\.0\.1:(\d+)/.test(out) || child.exitCode !== null);
-    const m = /127\.0\.0\.1:(\d+)/.exec(out);
-    if (!m) throw new Error(`gwsh proxy failed: ${out}`);
-    return Number(m[1]);
+    return (await startGwshProxy(args, userEnv, children)).port;
   }
   // gwsh reaches the Proxy through squid here, and squid does not relay half-close: read the echo, then close.
   async function echo(port: number, message: string): Promise<string> {

@@ -12,8 +12,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { waitForPort } from '../helpers/netns.js';
+import { startGwshProxy } from '../helpers/gwshproxy.js';
 
 const GIB = 1 << 30;
 let dir: string;
@@ -57,17 +58,7 @@ beforeAll(async () => {
   const env = { HOME: dir, GWSH_HOME: join(dir, 'alice') };
   expect((await runCli('gwsh', ['login', `--proxy=localhost:${port}`, '--user=alice', `--ca-pin=${pin}`], { env, input: 'correct horse battery\n' })).status).toBe(0);
   // gwsh's local listener, in its own process (the slow reader is this process).
-  const gwsh = spawn(process.execPath, [BIN('gwsh'), 'proxy', 'app', 'firehose', '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(gwsh);
-  const local = await new Promise<number>((resolve, reject) => {
-    let out = '';
-    gwsh.stdout.on('data', (c: Buffer) => {
-      out += c.toString();
-      const m = /127\.0\.0\.1:(\d+)/.exec(out);
-      if (m) resolve(Number(m[1]));
-    });
-    gwsh.once('exit', (code) => reject(new Error(`gwsh proxy app exited with ${code}`)));
-  });
+  const local = (await startGwshProxy(['app', 'firehose'], env, children)).port;
   (globalThis as { localPort?: number }).localPort = local;
 }, 90_000);
 

@@ -20,9 +20,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { waitForPort } from '../helpers/netns.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
+import { startGwshProxy } from '../helpers/gwshproxy.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'cut.gw.test';
@@ -62,18 +63,7 @@ function agentConfig(name: string, app: string): string {
 
 /** `gwsh proxy app APP` in its own process; resolves with its local port. */
 async function localProxy(app: string): Promise<number> {
-  const gwsh = spawn(process.execPath, [BIN('gwsh'), 'proxy', 'app', app, '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...userEnv }, stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(gwsh);
-  return new Promise<number>((resolve, reject) => {
-    let out = '';
-    gwsh.stdout.on('data', (c: Buffer) => {
-      out += c.toString();
-      const m = /127\.0\.0\.1:(\d+)/.exec(out);
-      if (m) resolve(Number(m[1]));
-    });
-    gwsh.stderr.on('data', (c: Buffer) => (out += c.toString()));
-    gwsh.once('exit', (code) => reject(new Error(`gwsh proxy app ${app} exited with ${code}: ${out}`)));
-  });
+  return (await startGwshProxy(['app', app], userEnv, children)).port;
 }
 
 interface Download {

@@ -18,9 +18,10 @@ import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { startMariadb, startPostgres, startRedis, type DatabaseServer, type PostgresServer } from '../helpers/databases.js';
-import { BIN, runCli, startGateway, type RunningGateway, type RunResult } from '../helpers/gateway.js';
+import { runCli, startGateway, type RunningGateway, type RunResult } from '../helpers/gateway.js';
 import { rootSuite } from '../helpers/root.js';
 import { waitUntil } from '../helpers/wait.js';
+import { startGwshProxy } from '../helpers/gwshproxy.js';
 
 const describeAsRoot = rootSuite(['dbUsers']);
 const PROXY_IP = '127.0.0.4';
@@ -65,15 +66,7 @@ const redis = (user: User, ...args: string[]) => client('redis-cli', ['-h', '127
 
 /** `gwsh proxy db NAME --port 0` for a user; resolves with its local port. */
 async function dbProxy(user: User, name: string): Promise<number> {
-  const child = spawn(process.execPath, [BIN('gwsh'), 'proxy', 'db', name, '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...envOf(user) }, stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  let output = '';
-  child.stdout.on('data', (c: Buffer) => (output += c.toString()));
-  child.stderr.on('data', (c: Buffer) => (output += c.toString()));
-  await waitUntil(`gwsh proxy db ${name} for ${user}`, () => /127\.0\.0\.1:(\d+)/.test(output) || child.exitCode !== null, 20_000);
-  const m = /127\.0\.0\.1:(\d+)/.exec(output);
-  if (!m) throw new Error(`gwsh proxy db ${name} failed: ${output}`);
-  return Number(m[1]);
+  return (await startGwshProxy(['db', name], envOf(user), children, { timeoutMs: 20_000 })).port;
 }
 
 beforeAll(async () => {

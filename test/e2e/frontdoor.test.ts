@@ -13,6 +13,7 @@ import { startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { separateListenKeys, separateListenLines } from '../helpers/listeners.js';
 import { waitForPort } from '../helpers/netns.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
+import { curlSync } from '../helpers/curl.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
@@ -22,11 +23,6 @@ let squid: Squid;
 let gw: RunningGateway;
 let webPort: number;
 let caFile: string;
-
-function curl(args: string[], env: Record<string, string> = {}): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync('curl', ['-sS', '--max-time', '20', ...args], { encoding: 'utf8', env: { PATH: process.env.PATH ?? '', ...env } });
-  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
-}
 
 function rssKb(pid: number): Promise<number> {
   return readFile(`/proc/${pid}/status`, 'utf8').then((s) => Number(/VmRSS:\s+(\d+)/.exec(s)![1]));
@@ -73,7 +69,7 @@ describe('curl through squid', () => {
   const url = (path: string) => `https://${PROXY_NAME}:${webPort}${path}`;
 
   it('GET /webapi/ping answers the addresses clients need, with TLS routing on', async () => {
-    const r = curl(['--cacert', caFile, url('/webapi/ping')], { HTTPS_PROXY: squid.url });
+    const r = curlSync(['--cacert', caFile, url('/webapi/ping')], { HTTPS_PROXY: squid.url });
     expect(r.stderr).toBe('');
     const ping = JSON.parse(r.stdout) as { cluster_name: string; server_version: string; proxy: Record<string, unknown> };
     expect(ping.cluster_name).toBe('door.example');
@@ -89,27 +85,27 @@ describe('curl through squid', () => {
   });
 
   it('/webapi/find gives agents the same proxy block', () => {
-    const find = JSON.parse(curl(['--cacert', caFile, url('/webapi/find')], { HTTPS_PROXY: squid.url }).stdout) as { proxy: unknown };
-    const ping = JSON.parse(curl(['--cacert', caFile, url('/webapi/ping')], { HTTPS_PROXY: squid.url }).stdout) as { proxy: unknown };
+    const find = JSON.parse(curlSync(['--cacert', caFile, url('/webapi/find')], { HTTPS_PROXY: squid.url }).stdout) as { proxy: unknown };
+    const ping = JSON.parse(curlSync(['--cacert', caFile, url('/webapi/ping')], { HTTPS_PROXY: squid.url }).stdout) as { proxy: unknown };
     expect(find.proxy).toEqual(ping.proxy);
   });
 
   it('the version server answers per channel, text/plain, never cached', () => {
-    const r = curl(['--cacert', caFile, '-i', url('/v1/webapi/automaticupgrades/channel/default/version')], { HTTPS_PROXY: squid.url });
+    const r = curlSync(['--cacert', caFile, '-i', url('/v1/webapi/automaticupgrades/channel/default/version')], { HTTPS_PROXY: squid.url });
     expect(r.stdout).toMatch(/^HTTP\/1\.1 200/);
     expect(r.stdout).toMatch(/content-type: text\/plain/i);
     expect(r.stdout).toMatch(/cache-control: no-store/i);
     expect(r.stdout.trimEnd().endsWith('v17.0.0-dev')).toBe(true);
-    expect(curl(['--cacert', caFile, url('/v1/webapi/automaticupgrades/channel/stable/v14/version')], { HTTPS_PROXY: squid.url }).stdout).toBe('v14.3.7');
-    expect(curl(['--cacert', caFile, url('/v1/webapi/automaticupgrades/channel/stable/v14/critical')], { HTTPS_PROXY: squid.url }).stdout).toBe('no');
-    const unknown = curl(['--cacert', caFile, '-w', '\n%{http_code}', url('/v1/webapi/automaticupgrades/channel/nope/version')], { HTTPS_PROXY: squid.url });
+    expect(curlSync(['--cacert', caFile, url('/v1/webapi/automaticupgrades/channel/stable/v14/version')], { HTTPS_PROXY: squid.url }).stdout).toBe('v14.3.7');
+    expect(curlSync(['--cacert', caFile, url('/v1/webapi/automaticupgrades/channel/stable/v14/critical')], { HTTPS_PROXY: squid.url }).stdout).toBe('no');
+    const unknown = curlSync(['--cacert', caFile, '-w', '\n%{http_code}', url('/v1/webapi/automaticupgrades/channel/nope/version')], { HTTPS_PROXY: squid.url });
     const [body, code] = unknown.stdout.split('\n');
     expect(code).toBe('404');
     expect(JSON.parse(body!)).toMatchObject({ error: { code: 'GW_ERR_VERSION_UNKNOWN_CHANNEL' } });
   });
 
   it('plain HTTP on the same port is redirected to HTTPS', () => {
-    const r = curl(['-i', '--noproxy', '*', '--resolve', `${PROXY_NAME}:${webPort}:${PROXY_IP}`, `http://${PROXY_NAME}:${webPort}/web/login`]);
+    const r = curlSync(['-i', '--noproxy', '*', '--resolve', `${PROXY_NAME}:${webPort}:${PROXY_IP}`, `http://${PROXY_NAME}:${webPort}/web/login`]);
     expect(r.stdout).toMatch(/^HTTP\/1\.1 308/);
     expect(r.stdout).toContain(`location: https://${PROXY_NAME}:${webPort}/web/login`);
   });
@@ -209,7 +205,7 @@ describe('10 000 idle connections', () => {
     await Promise.all(sockets.map((s) => (s.connecting ? new Promise((r) => s.once('connect', r).once('error', r)) : undefined)));
     const during = await rssKb(gw.process.pid!);
     // Someone else is still served while 10 000 sit idle.
-    const ping = curl(['--cacert', caFile, '--resolve', `${PROXY_NAME}:${webPort}:${PROXY_IP}`, `https://${PROXY_NAME}:${webPort}/webapi/ping`]);
+    const ping = curlSync(['--cacert', caFile, '--resolve', `${PROXY_NAME}:${webPort}:${PROXY_IP}`, `https://${PROXY_NAME}:${webPort}/webapi/ping`]);
     expect(JSON.parse(ping.stdout)).toMatchObject({ cluster_name: 'door.example' });
     // Every idle connection is closed by the Proxy once the detection deadline (2 s) passes.
     await new Promise<void>((resolve) => {
@@ -253,7 +249,7 @@ describe('separate listeners', () => {
       for (const port of Object.values(ports)) await waitForPort(host, port, 5_000);
       const ca = join(sep.dataDir, 'admin', 'host-ca.pem');
       const web = ports.web_listen_addr!;
-      const ping = JSON.parse(curl(['--cacert', ca, '--resolve', `gw.example.com:${web}:${host}`, `https://gw.example.com:${web}/webapi/ping`]).stdout) as { proxy: Record<string, Record<string, unknown>> & { tls_routing_enabled: boolean } };
+      const ping = JSON.parse(curlSync(['--cacert', ca, '--resolve', `gw.example.com:${web}:${host}`, `https://gw.example.com:${web}/webapi/ping`]).stdout) as { proxy: Record<string, Record<string, unknown>> & { tls_routing_enabled: boolean } };
       expect(ping.proxy.tls_routing_enabled).toBe(false);
       expect(ping.proxy.ssh).toMatchObject({
         public_addr: `gw.example.com:${web}`,

@@ -10,7 +10,7 @@
  * client without a certificate on either transport (gateway-peer, gateway-peer-tls) and garbage; the in-process
  * suite (test/proxy/peer.test.ts) has every other hostile case.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
@@ -19,10 +19,11 @@ import { join } from 'node:path';
 import tls from 'node:tls';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startPostgres, type PostgresServer } from '../helpers/databases.js';
 import { waitUntil } from '../helpers/wait.js';
 import { rootSuite } from '../helpers/root.js';
+import { startGwshProxy } from '../helpers/gwshproxy.js';
 
 let dir: string;
 let pg: PostgresServer;
@@ -109,18 +110,8 @@ function echoThrough(data: Buffer): Promise<string> {
 }
 
 /** gwsh proxy app echo in its own process: resolves with its local port, rejects when it exits (not reachable yet). */
-function startGwshProxy(env: Record<string, string>): Promise<number> {
-  const gwsh = spawn(process.execPath, [BIN('gwsh'), 'proxy', 'app', 'echo', '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(gwsh);
-  return new Promise<number>((resolve, reject) => {
-    let out = '';
-    gwsh.stdout.on('data', (c: Buffer) => {
-      out += c.toString();
-      const m = /127\.0\.0\.1:(\d+)/.exec(out);
-      if (m) resolve(Number(m[1]));
-    });
-    gwsh.once('exit', (code) => reject(new Error(`gwsh proxy app exited with ${code}: ${out}`)));
-  });
+async function echoProxy(env: Record<string, string>): Promise<number> {
+  return (await startGwshProxy(['app', 'echo'], env, children)).port;
 }
 
 const sha256 = (d: Buffer) => createHash('sha256').update(d).digest('hex');
@@ -174,7 +165,7 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
     expect((await runCli('gwsh', ['login', `--proxy=localhost:${webA}`, '--user=alice', `--ca-pin=${pin}`], { env, input: 'correct horse battery\n' })).status).toBe(0);
     // A learns from the shared backend that B holds the agent's tunnel; until then gwsh's start check is refused.
     await waitUntil('gwsh proxy app reaches the app through A', async () => {
-      const port = await startGwshProxy(env).catch(() => undefined);
+      const port = await echoProxy(env).catch(() => undefined);
       if (port !== undefined) localPort = port;
       return port !== undefined;
     }, 30_000, 250);

@@ -22,11 +22,13 @@ import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { USER_BUDGET } from '../../src/proxy/sessionaudit.js';
 import { startMariadb, startPostgres, type DatabaseServer, type PostgresServer } from '../helpers/databases.js';
-import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startEchoServer, startHttpsServer, type EchoServer, type HttpTestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
+import { curl } from '../helpers/curl.js';
+import { startGwshProxy } from '../helpers/gwshproxy.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
@@ -71,28 +73,9 @@ async function sessionOf(kind: string, match: (e: Event) => boolean): Promise<{ 
   return found!;
 }
 
-function curl(args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolveCurl) => {
-    const child = spawn('curl', ['-sS', '--max-time', '20', ...args], { env: { PATH: process.env.PATH ?? '' } });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    child.on('close', (status) => resolveCurl({ status, stdout, stderr }));
-  });
-}
-
 /** `gwsh proxy ...` as a long-running process; resolves with its local port once it listens. */
 async function localProxy(args: string[]): Promise<number> {
-  const child = spawn(process.execPath, [BIN('gwsh'), 'proxy', ...args, '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...userEnv }, stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  let out = '';
-  child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-  child.stderr.on('data', (c: Buffer) => (out += c.toString()));
-  await waitUntil('gwsh proxy to listen', () => /127\.0\.0\.1:(\d+)/.test(out) || child.exitCode !== null);
-  const m = /127\.0\.0\.1:(\d+)/.exec(out);
-  if (!m) throw new Error(`gwsh proxy failed: ${out}`);
-  return Number(m[1]);
+  return (await startGwshProxy(args, userEnv, children)).port;
 }
 
 function run(cmd: string, args: string[], env: Record<string, string> = {}): Promise<{ status: number | null; stdout: string; stderr: string }> {

@@ -10,7 +10,7 @@
  *
  * Nothing here asserts how fast: every wait has a generous bound.
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync, type ChildProcess } from 'node:child_process';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
@@ -21,10 +21,11 @@ import { generateKeyPair } from '../../src/auth/pki.js';
 import { ApiClient, fetchPinnedCas } from '../../src/client/api.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { startPostgres, type PostgresServer } from '../helpers/databases.js';
-import { BIN, runCli, startGateway, startGatewayExpectingFailure, type RunningGateway } from '../helpers/gateway.js';
+import { runCli, startGateway, startGatewayExpectingFailure, type RunningGateway } from '../helpers/gateway.js';
 import { rootSuite } from '../helpers/root.js';
 import { pseudoRandomBytes, startEchoServer, type EchoServer } from '../helpers/servers.js';
 import { waitUntil } from '../helpers/wait.js';
+import { startGwshProxy } from '../helpers/gwshproxy.js';
 
 const PROXY_IP = '127.0.0.3';
 const PASSWORD = 'correct horse battery';
@@ -63,15 +64,7 @@ function authConfig(name: string): string {
 
 /** `gwsh proxy app echo-tcp` for a user; resolves with its local port and its output. */
 async function appProxy(user: string) {
-  const child = spawn(process.execPath, [BIN('gwsh'), 'proxy', 'app', 'echo-tcp', '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...envOf(user) }, stdio: ['pipe', 'pipe', 'pipe'] });
-  children.push(child);
-  let output = '';
-  child.stdout.on('data', (c: Buffer) => (output += c.toString()));
-  child.stderr.on('data', (c: Buffer) => (output += c.toString()));
-  await waitUntil('gwsh proxy to listen', () => /127\.0\.0\.1:(\d+)/.test(output) || child.exitCode !== null);
-  const m = /127\.0\.0\.1:(\d+)/.exec(output);
-  if (!m) throw new Error(`gwsh proxy failed: ${output}`);
-  return { port: Number(m[1]), output: () => output };
+  return startGwshProxy(['app', 'echo-tcp'], envOf(user), children, { stdin: 'pipe' });
 }
 
 /** A TCP stream through the local proxy; `echoes` sends bytes and resolves with what came back (as many bytes). */

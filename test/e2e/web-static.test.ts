@@ -27,6 +27,7 @@ import { VersionServer } from '../../src/proxy/versions.js';
 import { VERSION } from '../../src/version.js';
 import { startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
+import { parseCurlHead } from '../helpers/curl.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 const run = promisify(execFile);
@@ -110,16 +111,10 @@ async function curl(path: string, ...args: string[]): Promise<Answer> {
   const rest = args.filter((a) => a !== '--unbuilt');
   const out = join(dir, `body-${Math.random().toString(36).slice(2)}`);
   const { stdout } = await run('curl', ['-sS', '-D', '-', '-o', out, '--max-time', '20', '--cacert', pki.caCertPath, '--resolve', `${HOST}:${p}:127.0.0.1`, '-w', '%{http_version}', ...rest, `https://${HOST}:${p}${path}`], { encoding: 'utf8' });
-  const split = stdout.indexOf('\r\n\r\n');
-  const [statusLine, ...lines] = stdout.slice(0, split).split('\r\n');
-  const headers: Record<string, string> = {};
-  for (const line of lines) {
-    const colon = line.indexOf(':');
-    headers[line.slice(0, colon).trim().toLowerCase()] = line.slice(colon + 1).trim();
-  }
+  const head = parseCurlHead(stdout);
   const body = await readFile(out).catch(() => Buffer.alloc(0));
   await rm(out, { force: true });
-  return { status: Number(statusLine!.split(' ')[1]), version: stdout.slice(split + 4), headers, body };
+  return { status: head.status, version: head.rest, headers: head.headers, body };
 }
 
 const SECURITY = {

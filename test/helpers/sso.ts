@@ -30,6 +30,9 @@ export interface Answer {
   location?: string;
 }
 
+/** The error code in a refused answer's JSON body ({ error: { code } }). */
+export const answerCode = (a: Answer): string => a.json().error?.code as string;
+
 /** Names only this test's "browser" resolves (as squid's hosts_file does for the gateway): name → IP. */
 export const TEST_HOSTS = new Map<string, string>();
 

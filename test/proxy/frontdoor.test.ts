@@ -15,14 +15,13 @@
  * No test asserts a timing: "closed quickly" is checked through the reason the multiplexer counted (a refusal for
  * what was sent, not the detect deadline).
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { EventEmitter, once } from 'node:events';
 import https from 'node:https';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import tls from 'node:tls';
-import { promisify } from 'node:util';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket, { createWebSocketStream } from 'ws';
@@ -42,10 +41,10 @@ import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
 import { separateListenKeys } from '../helpers/listeners.js';
 import { listenerRows, WIRE_PROTOCOLS } from '../../src/wire/protocols.js';
+import { curlHead } from '../helpers/curl.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
-const run = promisify(execFile);
 
 const HOST = 'proxy.gw.test';
 const KUBE_SNI = `kube-gateway-proxy-alpn.${HOST}`;
@@ -387,19 +386,8 @@ interface CurlAnswer {
 
 /** curl -i to https://proxy.gw.test:PORT<path>, the name resolved to 127.0.0.1, trusting the test CA. */
 async function curl(path: string, ...args: string[]): Promise<CurlAnswer> {
-  const { stdout } = await run(
-    'curl',
-    ['-sS', '-i', '--max-time', '20', '--cacert', pki.caCertPath, '--resolve', `${HOST}:${port}:127.0.0.1`, ...args, `https://${HOST}:${port}${path}`],
-    { encoding: 'utf8' },
-  );
-  const split = stdout.indexOf('\r\n\r\n');
-  const [statusLine, ...lines] = stdout.slice(0, split).split('\r\n');
-  const headers: Record<string, string> = {};
-  for (const line of lines) {
-    const colon = line.indexOf(':');
-    headers[line.slice(0, colon).trim().toLowerCase()] = line.slice(colon + 1).trim();
-  }
-  return { status: Number(statusLine!.split(' ')[1]), headers, body: stdout.slice(split + 4) };
+  const { status, headers, rest } = await curlHead(['--cacert', pki.caCertPath, '--resolve', `${HOST}:${port}:127.0.0.1`, ...args, `https://${HOST}:${port}${path}`]);
+  return { status, headers, body: rest };
 }
 
 /**

@@ -4,13 +4,11 @@
  * plain http server) THROUGH a real squid: the upstream names exist only in squid's hosts file, so a direct dial
  * could not reach them by accident.
  */
-import { execFile } from 'node:child_process';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Dialer } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
@@ -20,10 +18,10 @@ import { VERSION } from '../../src/version.js';
 import { startHttpServer, startHttpsServer, type HttpTestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { curlHead } from '../helpers/curl.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
 
-const run = promisify(execFile);
 const PREFIX = '/v1/webapi/automaticupgrades/channel';
 const UPSTREAM_IP = '127.0.0.3';
 const NAMES = ['upstream.gw.test', 'plain.gw.test', 'flaky.gw.test', 'down.gw.test'];
@@ -76,17 +74,8 @@ interface Answer {
 
 /** curl -i, parsed. --path-as-is keeps "..", "//" and the like exactly as written. */
 async function curl(url: string, ...args: string[]): Promise<Answer> {
-  const { stdout } = await run('curl', ['-sS', '-i', '--path-as-is', '--max-time', '20', ...args, url], { encoding: 'utf8' });
-  const split = stdout.indexOf('\r\n\r\n');
-  const head = split === -1 ? stdout : stdout.slice(0, split);
-  const body = split === -1 ? '' : stdout.slice(split + 4);
-  const [statusLine, ...lines] = head.split('\r\n');
-  const headers: Record<string, string> = {};
-  for (const line of lines) {
-    const i = line.indexOf(':');
-    headers[line.slice(0, i).trim().toLowerCase()] = line.slice(i + 1).trim();
-  }
-  return { status: Number(statusLine!.split(' ')[1]), headers, body };
+  const { status, headers, rest } = await curlHead(['--path-as-is', ...args, url]);
+  return { status, headers, body: rest };
 }
 
 /** node's http client, one connection per request. */

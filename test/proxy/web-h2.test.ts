@@ -10,7 +10,7 @@
  *
  * No test asserts a timing: a deadline is shown by the counter of the phase that closed the stream or session.
  */
-import { execFile, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, mkdir, rm, writeFile } from 'node:fs/promises';
 import http2 from 'node:http2';
@@ -19,7 +19,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import tls from 'node:tls';
-import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
@@ -33,9 +32,9 @@ import { PROTOCOLS } from '../../src/proxy/protocols.js';
 import { VersionServer } from '../../src/proxy/versions.js';
 import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
+import { curlHead } from '../helpers/curl.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
-const run = promisify(execFile);
 
 const HOST = 'proxy.gw.test';
 const CLUSTER = 'gw.test';
@@ -162,21 +161,12 @@ interface CurlAnswer {
 }
 
 async function curl(port: number, path: string, ...args: string[]): Promise<CurlAnswer> {
-  const { stdout } = await run(
-    'curl',
-    ['-sS', '-i', '--max-time', '20', '--cacert', pki.caCertPath, '--resolve', `${HOST}:${port}:127.0.0.1`, '-w', '\n%{http_version}', ...args, `https://${HOST}:${port}${path}`],
-    { encoding: 'utf8', maxBuffer: 16 * 1024 * 1024 },
+  const { status, headers, rest } = await curlHead(
+    ['--cacert', pki.caCertPath, '--resolve', `${HOST}:${port}:127.0.0.1`, '-w', '\n%{http_version}', ...args, `https://${HOST}:${port}${path}`],
+    { maxBuffer: 16 * 1024 * 1024 },
   );
-  const split = stdout.indexOf('\r\n\r\n');
-  const [statusLine, ...lines] = stdout.slice(0, split).split('\r\n');
-  const headers: Record<string, string> = {};
-  for (const line of lines) {
-    const colon = line.indexOf(':');
-    headers[line.slice(0, colon).trim().toLowerCase()] = line.slice(colon + 1).trim();
-  }
-  const rest = stdout.slice(split + 4);
   const nl = rest.lastIndexOf('\n');
-  return { status: Number(statusLine!.split(' ')[1]), version: rest.slice(nl + 1), headers, body: rest.slice(0, nl) };
+  return { status, version: rest.slice(nl + 1), headers, body: rest.slice(0, nl) };
 }
 
 /** Node's HTTP/2 client over a TLS connection (optionally after a PROXY header), with the client certificate. */

@@ -2,14 +2,8 @@ import { PassThrough } from 'node:stream';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { isGatewayError } from '../../src/errors.js';
 import { readJsonLine, readLine, writeJsonLine } from '../../src/stream/lines.js';
+import { codeOf } from '../helpers/errors.js';
 
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  return isGatewayError(err) ? err.code : `not a GatewayError: ${String(err)}`;
-}
 
 /** Everything the stream still holds for a reader (it is ended first). */
 async function restOf(stream: PassThrough): Promise<Buffer> {

@@ -4,6 +4,8 @@
  * that ended, and the other fields as key=value text. The same columns as `gwctl get events --format table`
  * (src/cli/events.ts).
  */
+// The one formatting of sizes and durations, shared with gwctl (src/format.ts: pure, no Node imports).
+import { formatBytes, formatMs } from '../../../src/format.js';
 import type { Filterable } from './filter.js';
 
 export interface EventSummary extends Filterable {
@@ -22,26 +24,6 @@ const COLUMNS = new Set(['resource', 'resources', 'protocol', 'db_user', 'db_nam
 
 const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : undefined);
 const str = (v: unknown): string | undefined => (typeof v === 'string' && v !== '' ? v : undefined);
-
-export function formatBytes(n: number): string {
-  if (n < 1000) return `${n} B`;
-  const units = ['kB', 'MB', 'GB', 'TB'];
-  let value = n / 1000;
-  let unit = 0;
-  while (value >= 1000 && unit < units.length - 1) {
-    value /= 1000;
-    unit++;
-  }
-  return `${value.toFixed(1)} ${units[unit]}`;
-}
-
-export function formatMs(ms: number): string {
-  if (ms < 1000) return `${Math.round(ms)}ms`;
-  if (ms < 60_000) return `${(ms / 1000).toFixed(1)}s`;
-  const s = Math.floor(ms / 1000);
-  if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
-  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
-}
 
 /** What the event is about: "pg (postgres, orders@shop)", "root@web-1", "grafana", several coalesced ones. */
 export function eventResource(e: Record<string, unknown>): string {
@@ -86,7 +68,7 @@ export function eventSummary(row: { name: string; event: Record<string, unknown>
     time: typeof time === 'string' ? time : '',
     by: byText,
     resource,
-    bytes: bytesIn !== undefined || bytesOut !== undefined ? `${formatBytes(bytesIn ?? 0)} / ${formatBytes(bytesOut ?? 0)}` : '',
+    bytes: bytesIn !== undefined || bytesOut !== undefined ? `${formatBytes(bytesIn ?? 0, ' ')} / ${formatBytes(bytesOut ?? 0, ' ')}` : '',
     duration: duration !== undefined ? formatMs(duration) : '',
     details: details.length > MAX_DETAILS ? `${details.slice(0, MAX_DETAILS)}…` : details,
     text: [byText, resource, details],
