@@ -11,14 +11,14 @@
  * These fail on a gateway that does not enforce db_users/db_names (before issue 23): bob got in as gwtest.
  * Nothing here asserts how fast anything happens.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { startMariadb, startPostgres, startRedis, type DatabaseServer, type PostgresServer } from '../helpers/databases.js';
-import { runCli, startGateway, type RunningGateway, type RunResult } from '../helpers/gateway.js';
+import { runCli, runProgram, startGateway, type RunningGateway, type RunResult } from '../helpers/gateway.js';
 import { rootSuite } from '../helpers/root.js';
 import { waitUntil } from '../helpers/wait.js';
 import { startGwshProxy } from '../helpers/gwshproxy.js';
@@ -42,21 +42,7 @@ const ports = {} as Record<User, Record<'pg' | 'maria' | 'cache', number>>;
 const gwctl = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir }, ...(input === undefined ? {} : { input }) });
 const envOf = (user: string) => ({ HOME: dir, GWSH_HOME: join(dir, `gwsh-${user}`) });
 
-function client(command: string, args: string[], env: Record<string, string> = {}): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(command, args, { env: { PATH: process.env.PATH ?? '', HOME: dir, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
-    child.once('error', reject);
-    child.once('close', (status) => {
-      clearTimeout(timer);
-      resolve({ status, stdout, stderr });
-    });
-  });
-}
+const client = (command: string, args: string[], env: Record<string, string> = {}): Promise<RunResult> => runProgram(command, args, { env: { HOME: dir, ...env } });
 
 const psql = (user: User, dbUser: string, dbName: string, sql: string, password = dbs.pg.password, sslmode = 'disable') =>
   client('psql', [`host=127.0.0.1 port=${ports[user].pg} user=${dbUser} dbname=${dbName} sslmode=${sslmode} connect_timeout=10`, '-X', '-At', '-v', 'ON_ERROR_STOP=1', '-c', sql], { PGPASSWORD: password });

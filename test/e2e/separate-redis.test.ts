@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { startRedis, type DatabaseServer } from '../helpers/databases.js';
-import { BIN, runCli, startGateway, type RunningGateway, type RunResult } from '../helpers/gateway.js';
+import { BIN, runCli, runProgram, startGateway, type RunningGateway, type RunResult } from '../helpers/gateway.js';
 import { separateListenLines } from '../helpers/listeners.js';
 import { rootSuite } from '../helpers/root.js';
 import { waitUntil } from '../helpers/wait.js';
@@ -36,21 +36,7 @@ const children: ChildProcess[] = [];
 
 const env = () => ({ HOME: dir, GWSH_HOME: join(dir, 'gwsh-alice') });
 
-function client(command: string, args: string[]): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(command, args, { env: { PATH: process.env.PATH ?? '', HOME: dir }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
-    child.once('error', reject);
-    child.once('close', (status) => {
-      clearTimeout(timer);
-      resolve({ status, stdout, stderr });
-    });
-  });
-}
+const client = (command: string, args: string[]): Promise<RunResult> => runProgram(command, args, { env: { HOME: dir } });
 
 const redisCli = (...args: string[]) => client('redis-cli', ['-h', '127.0.0.1', '-p', String(localPort), '-a', redisServer.password, '--no-auth-warning', ...args]);
 

@@ -24,7 +24,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BULK_SERVER_SOURCE, expectedDownloadSha256, transfer, type BulkReport } from '../helpers/bulk.js';
 import { startMariadb, startPostgres, startRedis, type DatabaseServer } from '../helpers/databases.js';
 import { createFirewall, startGatewayIn, startRestartableSquid, type Firewall, type NsGateway, type RestartableSquid } from '../helpers/firewall.js';
-import { BIN, runCli, startGateway, type RunResult } from '../helpers/gateway.js';
+import { BIN, runCli, runProgram, startGateway, type RunResult } from '../helpers/gateway.js';
 import { parseAccessLogLine } from '../helpers/squid.js';
 import { runCleanup } from '../helpers/cleanup.js';
 import { rootSuite } from '../helpers/root.js';
@@ -62,21 +62,8 @@ const gwctl = (args: string[]) => runCli('gwctl', ['--data-dir', proxy.dataDir, 
 const gwsh = (args: string[], input?: string) => runCli('gwsh', args, { env: aliceEnv, ...(input === undefined ? {} : { input }) });
 
 /** Runs a client program (psql, mysql, redis-cli) in the root namespace. */
-function client(command: string, args: string[], env: Record<string, string> = {}, timeoutMs = 30_000): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(command, args, { env: { PATH: process.env.PATH ?? '', HOME: dir, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-    child.once('error', reject);
-    child.once('close', (status) => {
-      clearTimeout(timer);
-      resolve({ status, stdout, stderr });
-    });
-  });
-}
+const client = (command: string, args: string[], env: Record<string, string> = {}, timeoutMs = 30_000): Promise<RunResult> =>
+  runProgram(command, args, { env: { HOME: dir, ...env }, timeoutMs });
 
 const psql = (sql: string) =>
   client('psql', [`host=127.0.0.1 port=${local.pg} user=${dbs.pg.user} dbname=${dbs.pg.database} sslmode=disable connect_timeout=10`, '-X', '-At', '-v', 'ON_ERROR_STOP=1', '-c', sql], {

@@ -45,6 +45,27 @@ export function runCli(
   });
 }
 
+/**
+ * Runs a client program a user would run (psql, mariadb, redis-cli, curl) with exactly the variables given (plus
+ * PATH), stdin closed. A program still running after timeoutMs is killed and answers status null, so a test sees
+ * a hang as a failed run rather than waiting on it.
+ */
+export function runProgram(command: string, args: string[], options: { env?: Record<string, string>; timeoutMs?: number } = {}): Promise<RunResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, { env: { PATH: process.env.PATH ?? '', ...(options.env ?? {}) }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+    const timer = setTimeout(() => child.kill('SIGKILL'), options.timeoutMs ?? 30_000);
+    child.once('error', reject);
+    child.once('close', (status) => {
+      clearTimeout(timer);
+      resolve({ status, stdout, stderr });
+    });
+  });
+}
+
 export interface RunningGateway {
   dir: string;
   dataDir: string;
