@@ -26,11 +26,16 @@
  *   Happy Eyeballs a name with an IPv6 address that drops every packet and a reachable IPv4 one connects, even
  *                 with the process's default family selection off, well before the connect timeout
  *
+ *   agent daemons inside the IPv6-only namespace (`gateway start`, joined with a token): one dials the Proxy's
+ *                 name directly (the namespace's own /etc/netns/<ns>/hosts resolves it to the IPv6 front), one
+ *                 through the squid; each holds a tunnel and serves its app through it
+ *
  * Nothing asserts how fast anything happens, except the dead-tunnel bound, which is the wait helper's deadline.
  */
+import { spawn } from 'node:child_process';
 import dns from 'node:dns';
 import { once } from 'node:events';
-import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -49,6 +54,7 @@ import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole, type ProxyRole } from '../../src/roles/proxy.js';
 import { deadTunnelBoundMs } from '../../src/tunnel/control.js';
+import { startGatewayIn, type NsGateway } from '../helpers/firewall.js';
 import { createTestHost, createTestHost6, waitForPort, type TestHost } from '../helpers/netns.js';
 import { rootSuite } from '../helpers/root.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
@@ -150,6 +156,26 @@ function dialerWith(answers: () => Record<string, dns.LookupAddress[]>, asked: s
   return new RecordingDialer({ env: {}, lookup: lookupWith(answers, asked), connectTimeoutMs: 3000, proxyAnswerTimeoutMs: 3000, ...options });
 }
 
+const daemons: NsGateway[] = [];
+
+/** An agent daemon (dist/cli/gateway.js start) inside the IPv6-only namespace, joined with a token of its own. */
+async function startDaemonIn6(nodename: string, env: Record<string, string>): Promise<NsGateway> {
+  const { token } = await auth.auth.addToken(auth.auth.adminIdentity(), { roles: ['app'], uses: 1 });
+  const yaml = ['gateway:', `  nodename: ${nodename}`, '  data_dir: DATA_DIR', '  log: { format: json }', 'app_service:', '  enabled: yes', '  apps:', `    - { name: echo6, uri: "tcp://[${v6.ip}]:7000" }`, ''].join('\n');
+  const inNs = { spawnIn: (ns: string, command: string, args: string[], options = {}) => spawn('ip', ['netns', 'exec', ns, command, ...args], options) };
+  const daemon = await startGatewayIn(inNs, v6.ns, yaml, { name: nodename, env, args: ['--token', token, '--ca-pin', auth.auth.caPin(), '--proxy', `${NAME}:443`] });
+  daemons.push(daemon);
+  return daemon;
+}
+
+async function appRoundTrip(hostId: string, text: string): Promise<string> {
+  const stream = await proxy.tunnels.dial(hostId, { service: 'app', resource: 'echo6', client_src: '127.0.0.1:1', client_dst: '127.0.0.1:2' });
+  stream.write(text);
+  const [echoed] = (await once(stream, 'data')) as [Buffer];
+  stream.destroy();
+  return echoed.toString();
+}
+
 const at = (host: TestHost) => [{ address: host.ip, family: net.isIPv6(host.ip) ? 6 : 4 }];
 
 describeAsRoot('networks that allow little', () => {
@@ -190,6 +216,8 @@ describeAsRoot('networks that allow little', () => {
 
   afterAll(async () => {
     for (const a of agents.splice(0)) a.stop();
+    for (const d of daemons.splice(0)) await d.stop(true);
+    await rm(`/etc/netns/${v6?.ns}`, { recursive: true, force: true });
     await squid?.stop();
     await proxyLife.stop().catch(() => undefined);
     await authLife.stop().catch(() => undefined);
@@ -290,6 +318,22 @@ describeAsRoot('networks that allow little', () => {
     expect(await through(prefix)).toBe('direct');
     expect(await through(`[${v6.ip}]:443`)).toBe('direct');
     expect(await through(`[${v6.ip}]:3024`)).toBe('squid');
+  });
+
+  it('an agent daemon inside the IPv6-only namespace reaches the Proxy over IPv6, directly and through the squid there', async () => {
+    expect(v6.run('ip', ['-4', 'addr', 'show']).trim()).toBe(''); // not one IPv4 address in there
+    await v6.startEcho(7000);
+    // The namespace's own hosts file (ip netns exec mounts /etc/netns/<ns>/hosts over /etc/hosts for its commands).
+    await mkdir(`/etc/netns/${v6.ns}`, { recursive: true });
+    await writeFile(`/etc/netns/${v6.ns}/hosts`, `${v6.ip} ${NAME}\n`);
+    const direct = await startDaemonIn6('v6-direct', {});
+    const proxied = await startDaemonIn6('v6-squid', { HTTPS_PROXY: `http://[${v6.ip}]:3128` });
+    for (const d of [direct, proxied]) {
+      await waitUntil(`${d.hostId} holds a tunnel`, () => proxy.tunnels.get(d.hostId!) !== undefined);
+      expect(await appRoundTrip(d.hostId!, `to ${d.hostId}`)).toBe(`to ${d.hostId}`);
+    }
+    await proxied.stop();
+    await squid.waitForAccessLog((l) => l.includes(`CONNECT ${NAME}:443 200`) && l.includes(` ${v6.ip} `));
   });
 
   it('Happy Eyeballs: an IPv6 address that drops every packet and a reachable IPv4 one: the IPv4 connection wins, whatever the process default', async () => {
