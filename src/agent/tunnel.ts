@@ -297,7 +297,7 @@ export class TunnelAgent extends EventEmitter {
     } catch (err) {
       this.found = undefined;
       const e = toGatewayError(err);
-      this.log.warn({ code: e.code, err: e.message }, 'cannot reach the Proxy');
+      this.log.warn({ code: e.code, err: e.message, ...(e.hint ? { hint: e.hint } : {}) }, 'cannot reach the Proxy');
       this.emit('failure', e);
       this.scheduleRetry();
       return;

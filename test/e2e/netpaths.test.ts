@@ -79,6 +79,8 @@ const PROXY_LOST = 'agent missed its heartbeats; marking it offline';
 
 interface LogLine {
   msg: string;
+  code?: string;
+  hint?: string;
   hostId?: string;
   silentMs?: number;
 }
@@ -117,12 +119,12 @@ class RecordingDialer extends Dialer {
 }
 
 let joined = 0;
-async function joinHost(): Promise<HostIdentity> {
+async function joinHost(server = `${NAME}:443`): Promise<HostIdentity> {
   const keys = generateKeyPair();
   const nodename = `netpaths-${++joined}`;
   const bundle = await auth.auth.joinLocal({ roles: ['db'], nodename, publicAddrs: [], publicKeyPem: keys.publicKeyPem, sshPublicKey: keys.sshPublicKey });
   const agentDir = join(dir, nodename);
-  saveHostIdentity(agentDir, keys.privateKeyPem, bundle, { roles: ['db'], nodename, server: `${NAME}:443`, joinedVia: 'proxy' });
+  saveHostIdentity(agentDir, keys.privateKeyPem, bundle, { roles: ['db'], nodename, server, joinedVia: 'proxy' });
   return loadHostIdentity(agentDir)!;
 }
 
@@ -305,6 +307,23 @@ describeAsRoot('networks that allow little', () => {
     expect(e.details.status).toBe(403);
     expect(e.hint).toMatch(/CONNECT only to port 443/);
     expect(e.hint).toMatch(/TLS routing/);
+  });
+
+  it('an agent pointed at another port than 443 through that squid logs the refusal with its cause and fix, and keeps retrying', async () => {
+    const identity = await joinHost(`${NAME}:3080`);
+    const dialer = dialerWith(() => ({}), [], { env: { HTTPS_PROXY: `http://[${v6.ip}]:3128` } });
+    const agent = new TunnelAgent(echoAgentOptions(identity, echo, { dialer, backoff: { firstMs: 100, maxMs: 200 } }));
+    agents.push(agent);
+    const failures: GatewayError[] = [];
+    agent.on('failure', (e: GatewayError) => failures.push(e));
+    const mark = logs.length;
+    agent.start();
+    await waitUntil('two refused attempts', () => failures.length >= 2);
+    expect(failures.map((e) => e.code)).toEqual(['GW_ERR_DIAL_PROXY_REFUSED', 'GW_ERR_DIAL_PROXY_REFUSED']);
+    const logged = logs.slice(mark).find((l) => l.msg === 'cannot reach the Proxy');
+    expect(logged?.code).toBe('GW_ERR_DIAL_PROXY_REFUSED');
+    expect(logged?.hint).toMatch(/CONNECT only to port 443.*TLS routing/s);
+    expect(agent.getState()).not.toBe('connected');
   });
 
   it('NO_PROXY with an IPv6 CIDR, or the IPv6 literal with its port, makes the dial direct; another port still goes through squid', async () => {
