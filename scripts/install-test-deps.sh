@@ -36,6 +36,7 @@ declare -A NEED=(
   [sshd]=openssh-server
   # test hosts and firewalls in network namespaces (test/helpers/netns.ts, firewall.ts)
   [ip]=iproute2
+  [nft]=nftables             # a silent DROP (no FIN, no RST) of a path in a namespace: dead-tunnel detection (test/e2e/netpaths.test.ts)
   [ps]=procps                # process trees in the SSH and reload tests
   [curl]=curl                # HTTP requests through squid and to the version server, as a user would send them
   [tmux]=tmux                # a real terminal for the interactive SSH test

@@ -16,8 +16,8 @@
  *   control  hello, heartbeats and audit events out; welcome, discovery, maintenance-changed and reconnect in
  *            (read through src/tunnel/control.ts: a line over the cap drops the tunnel, unknown lines are ignored)
  *   retry    TUNNEL_RETRY (src/backoff.ts): first retry within 0.25-0.5 s, doubling, capped at 5 s, equal
- *            jitter; a welcome starts it again. A reconnect notice from a Proxy that shuts down gracefully
- *            retries at once
+ *            jitter; a welcome starts it again once that tunnel stayed up 10 s. A reconnect notice from a Proxy
+ *            that shuts down gracefully retries at once
  *
  * One TunnelAgent keeps one tunnel. Several Proxies behind a load balancer: src/agent/pool.ts runs one per
  * tunnel and gives each the Proxies the others hold (`holds`, sent in the hello: a Proxy already holding this
@@ -74,9 +74,11 @@ let sshModule: typeof ssh2 | undefined;
 
 /**
  * The retry of a tunnel that is down (docs/retries.md, "Retries"): the first within 0.25-0.5 s, doubling,
- * capped at 5 s, equal jitter (many agents that lost one Proxy come back spread out); a welcome resets it.
+ * capped at 5 s, equal jitter (many agents that lost one Proxy come back spread out). A welcome resets it only
+ * if the tunnel then stayed up for resetAfterMs: a Proxy that welcomes and drops at once (crashing, or broken
+ * behind its balancer) is retried at the cap, not every 0.25-0.5 s.
  */
-export const TUNNEL_RETRY: BackoffPolicy = { firstMs: 500, maxMs: 5_000, jitter: 'equal' };
+export const TUNNEL_RETRY: BackoffPolicy = { firstMs: 500, maxMs: 5_000, jitter: 'equal', resetAfterMs: 10_000 };
 
 /** How long a database client may take to send its startup (and a database its greeting) before the agent closes. */
 export const DATABASE_STARTUP_TIMEOUT_MS = 20_000;
@@ -185,7 +187,7 @@ export class TunnelAgent extends EventEmitter {
 
   constructor(private readonly options: TunnelAgentOptions) {
     super();
-    this.heartbeatIntervalMs = options.heartbeatIntervalMs ?? 20_000;
+    this.heartbeatIntervalMs = options.heartbeatIntervalMs ?? 15_000;
     this.heartbeatCountMax = options.heartbeatCountMax ?? 3;
     this.retry = new Backoff({ ...TUNNEL_RETRY, ...options.backoff }, options.backoffDeps);
   }
@@ -295,7 +297,7 @@ export class TunnelAgent extends EventEmitter {
     } catch (err) {
       this.found = undefined;
       const e = toGatewayError(err);
-      this.log.warn({ code: e.code, err: e.message }, 'cannot reach the Proxy');
+      this.log.warn({ code: e.code, err: e.message, ...(e.hint ? { hint: e.hint } : {}) }, 'cannot reach the Proxy');
       this.emit('failure', e);
       this.scheduleRetry();
       return;
@@ -495,9 +497,12 @@ export class TunnelAgent extends EventEmitter {
     if (this.pendingEvents.length > 1000) this.pendingEvents.shift();
   }
 
-  /** How long the Proxy may be silent: its whole heartbeat window, and one interval more. */
+  /**
+   * How long the Proxy may be silent: countMax of its heartbeats missed in a row, as the Proxy allows the agent,
+   * so both ends find a dead path within the same deadTunnelBoundMs (src/tunnel/control.ts).
+   */
   private silentAfterMs(): number {
-    return this.heartbeatIntervalMs * (this.heartbeatCountMax + 1);
+    return this.heartbeatIntervalMs * this.heartbeatCountMax;
   }
 
   private runControl(side: ControlSide): void {

@@ -2,9 +2,11 @@
  * `gateway dial-plan`: prints the Dialer's decision for each target without dialing, one line (or JSON object)
  * per target, with the reason the decision carries. With --kube-api and --cluster it also prints the decision for
  * the Kubernetes Service's dial of that API server, and both NO_PROXY checks behind it (select.ts, rule 5).
+ * Each target also says which IP family its TCP connection uses, where the plan can know it (family.ts).
  */
 import { formatHostPort } from '../addr.js';
 import { Dialer } from '../dial/dialer.js';
+import { familyLabel, familyPlan } from '../dial/family.js';
 import { kubeApiAlias, kubeApiTarget, type ProxyDecision } from '../dial/select.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 
@@ -53,14 +55,17 @@ export function dialPlan(targets: readonly string[], opts: DialPlanOptions, out:
     }
     const proxy = decision.proxy?.display ?? null;
     const checks = decision.checks?.map((c) => ({ target: c.target, what: c.what, no_proxy_entry: c.entry }));
+    const family = familyPlan(decision);
     if (opts.json) {
-      out.write(`${JSON.stringify({ target: row.label, ...row.extra, proxy, source: decision.source, reason: decision.reason, ...(checks ? { checks } : {}) })}\n`);
+      const fields = { proxy, source: decision.source, reason: decision.reason, family: { family: family.family, reason: family.reason } };
+      out.write(`${JSON.stringify({ target: row.label, ...row.extra, ...fields, ...(checks ? { checks } : {}) })}\n`);
       continue;
     }
     const how = proxy ? `through ${proxy}` : 'direct';
     const to = formatHostPort(decision.target.host, decision.target.port);
     const what = row.extra?.kube_cluster ? `Kubernetes API server ${row.label} (cluster ${String(row.extra.kube_cluster)})` : row.label;
     out.write(`${what}: ${how} (to ${to}): ${decision.reason}\n`);
+    out.write(`  ${familyLabel(family.family)}: ${family.reason}\n`);
     for (const c of checks ?? []) {
       out.write(`  NO_PROXY check of ${c.target} (${c.what}): ${c.no_proxy_entry === null ? 'no entry matches' : `exempt by "${c.no_proxy_entry}"`}\n`);
     }

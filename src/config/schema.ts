@@ -406,8 +406,8 @@ export const SCHEMA = section('The gateway configuration file.', {
       'multiplex',
     ),
     keep_alive_interval: duration(
-      'How often agents and proxies send heartbeats over a reverse tunnel. 20 s keeps at least two heartbeats inside the 60 s idle timeout that load balancers commonly use.',
-      '20s',
+      'How often agents and proxies send heartbeats over a reverse tunnel. 15 s keeps three heartbeats inside the 60 s idle timeout that load balancers commonly use, and with keep_alive_count_max 3 each end finds a dead tunnel within 48.75 s (docs/tunnels.md).',
+      '15s',
     ),
     keep_alive_count_max: int('Heartbeats missed in a row before the Proxy marks an agent offline and drops its tunnel.', { min: 1, max: 100, default: 3 }),
     tunnel_strategy: section('How agents keep reverse tunnels when several Proxies run (docs/high-availability.md).', {

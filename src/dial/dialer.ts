@@ -5,12 +5,15 @@
  *
  * The returned socket is the tunnel: bytes the proxy sent after its 200 answer are pushed back into it, Nagle
  * is off, TCP keep-alive is on, and half-close passes through (allowHalfOpen) for direct and http:// proxies.
+ * Names are resolved at every dial (no address is kept), and a name with IPv6 and IPv4 addresses gets both
+ * raced (family.ts), whatever the process's default (node --no-network-family-autoselection).
  */
 import net from 'node:net';
 import tls from 'node:tls';
 import { formatHostPort, type HostPort } from '../addr.js';
 import { GatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
+import { HAPPY_EYEBALLS_ATTEMPT_MS } from './family.js';
 import { buildConnectRequest, headerValue, parseConnectResponse, type ConnectResponse } from './connect.js';
 import { parseTarget, selectProxy, type DialAlias, type DialTarget, type ProxyDecision, type ProxySpec } from './select.js';
 
@@ -26,7 +29,10 @@ export interface DialerOptions {
   /** Idle time before the first TCP keep-alive probe. */
   keepAliveInitialDelayMs?: number;
   userAgent?: string;
-  /** Name resolution for direct dials and for reaching the proxy (node's dns.lookup by default). */
+  /**
+   * Name resolution for direct dials and for reaching the proxy (node's dns.lookup by default). It is called with
+   * { all: true } (Happy Eyeballs wants every address) and must answer with the list then.
+   */
   lookup?: net.LookupFunction;
 }
 
@@ -174,12 +180,15 @@ export class Dialer {
           noDelay: true,
           keepAlive: true,
           keepAliveInitialDelay: this.options.keepAliveInitialDelayMs,
+          autoSelectFamily: true,
+          autoSelectFamilyAttemptTimeout: HAPPY_EYEBALLS_ATTEMPT_MS,
           ...(this.options.lookup ? { lookup: this.options.lookup } : {}),
         });
         const onError = (err: NodeJS.ErrnoException) => reject(fail('GW_ERR_DIAL_UNREACHABLE', err.message));
         socket.once('error', onError);
         socket.once('connect', () => {
           socket.off('error', onError);
+          this.log.debug({ to: where, address: socket.remoteAddress, family: socket.remoteFamily }, 'connected');
           resolve(socket);
         });
         return () => socket.destroy();

@@ -161,16 +161,17 @@ describe('TunnelAgent', () => {
     await (await proxy.session(1)).next('hello');
   });
 
-  it('retries after TUNNEL_RETRY on the injected clock: doubling while it fails, from the first delay again after a welcome', async () => {
+  it('retries after TUNNEL_RETRY on the injected clock: doubling while it fails, even through a welcome the Proxy drops at once; from the first delay again after a tunnel that stayed up resetAfterMs', async () => {
     const clock = new ManualClock();
     const { agent } = await startAgent({ backoff: TUNNEL_RETRY, backoffDeps: clock.deps(() => 0) });
-    const dropBy = async (n: number, welcome: boolean) => {
+    const dropBy = async (n: number, welcome: boolean, upForMs = 0) => {
       const s = await proxy.session(n);
       await s.next('hello');
       if (welcome) {
         const connected = until(agent, 'connected');
         s.send(WELCOME);
         await connected;
+        clock.advance(upForMs); // no timer is pending while the tunnel is up: this only moves the clock
       }
       const down = once(agent, 'state');
       s.channel.write(Buffer.alloc(CONTROL_MAX_LINE_BYTES + 1, 0x20));
@@ -180,10 +181,12 @@ describe('TunnelAgent', () => {
     };
     await dropBy(0, false);
     await dropBy(1, false);
-    await dropBy(2, true);
-    await (await proxy.session(3)).next('hello');
-    // random 0: the low end of equal jitter, half of each ceiling (500, 1000; then 500 again after the welcome).
-    expect(clock.delays).toEqual([250, 500, 250]);
+    await dropBy(2, true); // welcomed, then dropped at once: no fast retry earned
+    await dropBy(3, true, TUNNEL_RETRY.resetAfterMs!); // up long enough: the sequence starts again
+    await (await proxy.session(4)).next('hello');
+    // random 0: the low end of equal jitter, half of each ceiling (500, 1000, 2000; then 500 again).
+    expect(TUNNEL_RETRY.resetAfterMs).toBeGreaterThan(0);
+    expect(clock.delays).toEqual([250, 500, 1000, 250]);
   });
 
   it('serves forwarded connections: the dial answer, then the resource’s bytes; or the error of a resource it cannot reach', async () => {

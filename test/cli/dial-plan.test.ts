@@ -16,6 +16,8 @@ function plan(targets: string[], env: Record<string, string>) {
   return { status: r.status, stderr: r.stderr, rows: r.stdout.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>) };
 }
 
+const EITHER = { family: 'either', reason: expect.stringContaining('Happy Eyeballs') };
+
 describe('gateway dial-plan --json', () => {
   it('prints one object per target with proxy, source and reason', () => {
     const { status, rows } = plan(
@@ -24,11 +26,11 @@ describe('gateway dial-plan --json', () => {
     );
     expect(status).toBe(0);
     expect(rows).toEqual([
-      { target: 'proxy.example.com:3024', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String) },
-      { target: 'https://proxy.example.com/webapi/find', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String) },
-      { target: 'http://updates.example.com/', proxy: 'http://squid.corp:3129', source: 'HTTP_PROXY', reason: expect.any(String) },
-      { target: 'db.internal:5432', proxy: null, source: 'NO_PROXY', reason: expect.stringContaining('.internal') },
-      { target: 'localhost:3080', proxy: null, source: null, reason: expect.stringContaining('loopback') },
+      { target: 'proxy.example.com:3024', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), family: EITHER },
+      { target: 'https://proxy.example.com/webapi/find', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), family: EITHER },
+      { target: 'http://updates.example.com/', proxy: 'http://squid.corp:3129', source: 'HTTP_PROXY', reason: expect.any(String), family: EITHER },
+      { target: 'db.internal:5432', proxy: null, source: 'NO_PROXY', reason: expect.stringContaining('.internal'), family: EITHER },
+      { target: 'localhost:3080', proxy: null, source: null, reason: expect.stringContaining('loopback'), family: EITHER },
     ]);
   });
 
@@ -73,9 +75,36 @@ describe('gateway dial-plan (text)', () => {
     const r = run(['dial-plan', 'proxy.example.com:443', 'db.internal:5432'], { HTTPS_PROXY: 'squid.corp:3128', NO_PROXY: 'db.internal' });
     expect(r.status).toBe(0);
     const lines = r.stdout.trim().split('\n');
-    expect(lines).toHaveLength(2);
+    expect(lines).toHaveLength(4);
     expect(lines[0]).toContain('through http://squid.corp:3128');
-    expect(lines[1]).toContain('direct');
+    expect(lines[1]).toBe('  IPv6 or IPv4: the proxy squid.corp:3128 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves proxy.example.com:443 itself');
+    expect(lines[2]).toContain('direct');
+    expect(lines[3]).toBe('  IPv6 or IPv4: the target db.internal:5432 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs)');
+  });
+});
+
+describe('gateway dial-plan on IPv6 networks: the family of each connection, NO_PROXY with IPv6 literals and CIDRs', () => {
+  it('an IPv6 proxy, a target its NO_PROXY CIDR exempts, an exempt IPv6 literal with its port, and an IPv4 one', () => {
+    const { status, rows } = plan(['proxy.example.com:443', '[fd00:1::2]:443', '[fd00:2::7]:3024', '[fd00:2::7]:443', '192.0.2.1:443'], {
+      HTTPS_PROXY: 'http://[fd00::1]:3128',
+      NO_PROXY: 'fd00:1::/64,[fd00:2::7]:3024',
+    });
+    expect(status).toBe(0);
+    expect(rows.map((r) => [r.proxy, (r.family as { family: string }).family])).toEqual([
+      ['http://[fd00::1]:3128', 'ipv6'],
+      [null, 'ipv6'],
+      [null, 'ipv6'],
+      ['http://[fd00::1]:3128', 'ipv6'],
+      ['http://[fd00::1]:3128', 'ipv6'],
+    ]);
+    expect(rows[0]!.family).toEqual({ family: 'ipv6', reason: 'the proxy [fd00::1]:3128 is an IPv6 address' });
+    expect(rows[1]!.reason).toContain('fd00:1::/64');
+    expect(rows[2]!.reason).toContain('[fd00:2::7]:3024');
+  });
+
+  it('a direct IPv4 literal says IPv4 in the text', () => {
+    const r = run(['dial-plan', '192.0.2.1:443'], {});
+    expect(r.stdout.split('\n')[1]).toBe('  IPv4: the target 192.0.2.1:443 is an IPv4 address');
   });
 });
 
@@ -118,6 +147,7 @@ describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial
         proxy: null,
         source: 'NO_PROXY',
         reason: 'NO_PROXY entry "10.0.0.0/8" matches the Kubernetes API server 10.96.0.1:443',
+        family: { family: 'ipv4', reason: 'the target 10.96.0.1:443 is an IPv4 address' },
         checks: [
           { target: '10.96.0.1:443', what: 'the Kubernetes API server', no_proxy_entry: '10.0.0.0/8' },
           { target: 'kube.example.com.local:443', what: "the name of cluster example.com's Kubernetes API", no_proxy_entry: null },
@@ -131,7 +161,9 @@ describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial
     expect(r.status).toBe(0);
     expect(r.stdout.trim().split('\n')).toEqual([
       'proxy.example.com:443: through http://squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY is set and no NO_PROXY entry matches proxy.example.com:443',
+      '  IPv6 or IPv4: the proxy squid.corp:3128 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves proxy.example.com:443 itself',
       "Kubernetes API server https://10.96.0.1 (cluster example.com): direct (to 10.96.0.1:443): NO_PROXY entry \"kube.example.com.local\" matches kube.example.com.local:443, the name of cluster example.com's Kubernetes API (10.96.0.1:443 itself is not exempt)",
+      '  IPv4: the target 10.96.0.1:443 is an IPv4 address',
       '  NO_PROXY check of 10.96.0.1:443 (the Kubernetes API server): no entry matches',
       "  NO_PROXY check of kube.example.com.local:443 (the name of cluster example.com's Kubernetes API): exempt by \"kube.example.com.local\"",
     ]);

@@ -47,7 +47,7 @@ describe('defaults', () => {
       cluster_name: hostname(),
       listen_addr: { host: '0.0.0.0', port: 3025 },
       proxy_listener_mode: 'multiplex',
-      keep_alive_interval: 20_000,
+      keep_alive_interval: 15_000,
       keep_alive_count_max: 3,
       tunnel_strategy: { type: 'agent_mesh', agent_connection_count: 1 },
       authentication: { type: 'local', connector_name: '' },

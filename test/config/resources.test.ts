@@ -19,9 +19,9 @@ function failure(text: string): GatewayError {
 }
 
 describe('defaults', () => {
-  it('heartbeats every 20 s, 3 missed in a row', () => {
+  it('heartbeats every 15 s, 3 missed in a row', () => {
     const c = defaultConfig();
-    expect(c.auth_service.keep_alive_interval).toBe(20_000);
+    expect(c.auth_service.keep_alive_interval).toBe(15_000);
     expect(c.auth_service.keep_alive_count_max).toBe(3);
   });
 
@@ -46,7 +46,7 @@ describe('defaults', () => {
 
   it('the sample shows the new keys and still parses to the defaults', () => {
     const sample = sampleConfig();
-    for (const line of ['keep_alive_interval: 20s', 'keep_alive_count_max: 3', 'labels: {}', 'databases: []', 'apps: []', 'clusters: []', 'desktops: []']) {
+    for (const line of ['keep_alive_interval: 15s', 'keep_alive_count_max: 3', 'labels: {}', 'databases: []', 'apps: []', 'clusters: []', 'desktops: []']) {
       expect(sample).toContain(line);
     }
     expect(parseConfig(sample, 'sample.yaml')).toEqual(defaultConfig());

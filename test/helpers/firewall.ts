@@ -322,7 +322,7 @@ export interface NsGateway {
  * configuration becomes its data directory (kept across restart()).
  */
 export async function startGatewayIn(
-  fw: Firewall,
+  fw: Pick<Firewall, 'spawnIn'>,
   ns: string,
   configYaml: string,
   options: {

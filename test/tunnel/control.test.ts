@@ -2,7 +2,7 @@ import { PassThrough } from 'node:stream';
 import fc from 'fast-check';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { isGatewayError, type GatewayError } from '../../src/errors.js';
-import { ControlDecoder, Heartbeat, parseControlMessage, readControl } from '../../src/tunnel/control.js';
+import { CHECKS_PER_INTERVAL, ControlDecoder, deadTunnelBoundMs, Heartbeat, parseControlMessage, readControl } from '../../src/tunnel/control.js';
 import { CONTROL_MAX_LINE_BYTES, type ControlMessage } from '../../src/tunnel/protocol.js';
 
 const line = (m: unknown) => `${JSON.stringify(m)}\n`;
@@ -192,17 +192,24 @@ describe('Heartbeat', () => {
     return { hb, sent, silent };
   }
 
-  it("the Proxy's rule: a peer is offline after countMax intervals without a heartbeat, and only then", () => {
+  it('both ends\' rule: a peer is dead after countMax intervals without a heartbeat, found within deadTunnelBoundMs, and only then', () => {
     const countMax = 3;
     const { sent, silent } = beating(1000, 1000 * countMax);
     vi.advanceTimersByTime(1000 * countMax);
     expect(sent).toEqual([1, 2, 3]);
     expect(silent).toEqual([]);
-    vi.advanceTimersByTime(1000);
-    expect(silent).toEqual([4000]);
+    // The silence is checked every interval / CHECKS_PER_INTERVAL: the first check past the window finds it.
+    expect(deadTunnelBoundMs(1000, countMax)).toBe(1000 * countMax + 1000 / CHECKS_PER_INTERVAL);
+    vi.advanceTimersByTime(deadTunnelBoundMs(1000, countMax) - 1000 * countMax);
+    expect(silent).toEqual([deadTunnelBoundMs(1000, countMax)]);
     vi.advanceTimersByTime(10_000);
     expect(silent).toHaveLength(1); // once, and no more beats
     expect(sent).toEqual([1, 2, 3]);
+  });
+
+  it('the defaults (15 s, 3) find a dead tunnel within 60 s', () => {
+    expect(deadTunnelBoundMs(15_000, 3)).toBe(48_750);
+    expect(deadTunnelBoundMs(15_000, 3)).toBeLessThanOrEqual(60_000);
   });
 
   it('every heartbeat heard restarts the window', () => {
@@ -216,17 +223,17 @@ describe('Heartbeat', () => {
     expect(silent).toHaveLength(1);
   });
 
-  it("the agent's rule (one interval more) and a welcome that changes the interval: the sequence goes on", () => {
-    const { hb, sent, silent } = beating(1000, 1000 * (3 + 1));
+  it('a welcome that changes the interval: the sequence goes on, the window is the new one', () => {
+    const { hb, sent, silent } = beating(1000, 1000 * 3);
     vi.advanceTimersByTime(2000);
     expect(sent).toEqual([1, 2]);
     hb.heard();
-    hb.start(500, 500 * (2 + 1));
-    vi.advanceTimersByTime(1500);
-    expect(sent).toEqual([1, 2, 3, 4, 5]);
+    hb.start(500, 500 * 2);
+    vi.advanceTimersByTime(1000);
+    expect(sent).toEqual([1, 2, 3, 4]);
     expect(silent).toEqual([]);
-    vi.advanceTimersByTime(500);
-    expect(silent).toEqual([2000]);
+    vi.advanceTimersByTime(125);
+    expect(silent).toEqual([1125]);
   });
 
   it('stop ends the beats', () => {
