@@ -1,9 +1,11 @@
 /**
  * `gateway dial-plan`: prints the Dialer's decision for each target without dialing, one line (or JSON object)
  * per target, with the reason the decision carries. With --kube-api and --cluster it also prints the decision for
- * the Kubernetes Service's dial of that API server, and both NO_PROXY checks behind it (select.ts, rule 5).
+ * the Kubernetes Service's dial of that API server, and both NO_PROXY checks behind it (select.ts, rule 5). For
+ * a dial through a proxy it says which authentication schemes the client can answer a 407 with (auth/scheme.ts).
  */
 import { formatHostPort } from '../addr.js';
+import { describeProxyAuth } from '../dial/auth/scheme.js';
 import { Dialer } from '../dial/dialer.js';
 import { kubeApiAlias, kubeApiTarget, type ProxyDecision } from '../dial/select.js';
 import { GatewayError, toGatewayError } from '../errors.js';
@@ -53,14 +55,17 @@ export function dialPlan(targets: readonly string[], opts: DialPlanOptions, out:
     }
     const proxy = decision.proxy?.display ?? null;
     const checks = decision.checks?.map((c) => ({ target: c.target, what: c.what, no_proxy_entry: c.entry }));
+    const auth = decision.proxy ? describeProxyAuth(decision.proxy) : null;
     if (opts.json) {
-      out.write(`${JSON.stringify({ target: row.label, ...row.extra, proxy, source: decision.source, reason: decision.reason, ...(checks ? { checks } : {}) })}\n`);
+      const fields = { proxy, source: decision.source, reason: decision.reason, proxy_auth: auth, ...(checks ? { checks } : {}) };
+      out.write(`${JSON.stringify({ target: row.label, ...row.extra, ...fields })}\n`);
       continue;
     }
     const how = proxy ? `through ${proxy}` : 'direct';
     const to = formatHostPort(decision.target.host, decision.target.port);
     const what = row.extra?.kube_cluster ? `Kubernetes API server ${row.label} (cluster ${String(row.extra.kube_cluster)})` : row.label;
     out.write(`${what}: ${how} (to ${to}): ${decision.reason}\n`);
+    if (auth) out.write(`  proxy authentication: ${auth.reason}\n`);
     for (const c of checks ?? []) {
       out.write(`  NO_PROXY check of ${c.target} (${c.what}): ${c.no_proxy_entry === null ? 'no entry matches' : `exempt by "${c.no_proxy_entry}"`}\n`);
     }

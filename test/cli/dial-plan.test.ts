@@ -23,13 +23,16 @@ describe('gateway dial-plan --json', () => {
       { HTTPS_PROXY: 'http://alice:hunter22@squid.corp:3128', HTTP_PROXY: 'squid.corp:3129', NO_PROXY: '.internal' },
     );
     expect(status).toBe(0);
+    const alice = { schemes: ['Digest', 'Basic'], reason: expect.stringContaining('user "alice" from the proxy URL') };
+    const nobody = { schemes: [], reason: expect.stringContaining('needs user:password in the proxy URL') };
     expect(rows).toEqual([
-      { target: 'proxy.example.com:3024', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String) },
-      { target: 'https://proxy.example.com/webapi/find', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String) },
-      { target: 'http://updates.example.com/', proxy: 'http://squid.corp:3129', source: 'HTTP_PROXY', reason: expect.any(String) },
-      { target: 'db.internal:5432', proxy: null, source: 'NO_PROXY', reason: expect.stringContaining('.internal') },
-      { target: 'localhost:3080', proxy: null, source: null, reason: expect.stringContaining('loopback') },
+      { target: 'proxy.example.com:3024', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), proxy_auth: alice },
+      { target: 'https://proxy.example.com/webapi/find', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), proxy_auth: alice },
+      { target: 'http://updates.example.com/', proxy: 'http://squid.corp:3129', source: 'HTTP_PROXY', reason: expect.any(String), proxy_auth: nobody },
+      { target: 'db.internal:5432', proxy: null, source: 'NO_PROXY', reason: expect.stringContaining('.internal'), proxy_auth: null },
+      { target: 'localhost:3080', proxy: null, source: null, reason: expect.stringContaining('loopback'), proxy_auth: null },
     ]);
+    expect(JSON.stringify(rows)).not.toContain('hunter22');
   });
 
   it('the reverse tunnel alone can be excluded with host:port, as the seed says', () => {
@@ -73,9 +76,21 @@ describe('gateway dial-plan (text)', () => {
     const r = run(['dial-plan', 'proxy.example.com:443', 'db.internal:5432'], { HTTPS_PROXY: 'squid.corp:3128', NO_PROXY: 'db.internal' });
     expect(r.status).toBe(0);
     const lines = r.stdout.trim().split('\n');
-    expect(lines).toHaveLength(2);
+    expect(lines).toHaveLength(3);
     expect(lines[0]).toContain('through http://squid.corp:3128');
-    expect(lines[1]).toContain('direct');
+    expect(lines[1]).toBe(
+      '  proxy authentication: answers no authentication challenge (a 407 fails) (Digest: needs user:password in the proxy URL; Basic: needs user:password in the proxy URL)',
+    );
+    expect(lines[2]).toContain('direct');
+  });
+
+  it('says which schemes a proxy URL with credentials answers, strongest first, without the password', () => {
+    const r = run(['dial-plan', 'proxy.example.com:443'], { HTTPS_PROXY: 'http://alice:s3cr%40t@squid.corp:3128' });
+    expect(r.stdout.trim().split('\n')).toEqual([
+      'proxy.example.com:443: through http://alice:***@squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY is set and NO_PROXY is not set',
+      '  proxy authentication: answers a 407 with the strongest of Digest, Basic that the proxy offers, never a weaker one ' +
+        '(Digest: user "alice" from the proxy URL; MD5, SHA-256, SHA-512-256, qop=auth; Basic: user "alice" from the proxy URL)',
+    ]);
   });
 });
 
@@ -118,6 +133,7 @@ describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial
         proxy: null,
         source: 'NO_PROXY',
         reason: 'NO_PROXY entry "10.0.0.0/8" matches the Kubernetes API server 10.96.0.1:443',
+        proxy_auth: null,
         checks: [
           { target: '10.96.0.1:443', what: 'the Kubernetes API server', no_proxy_entry: '10.0.0.0/8' },
           { target: 'kube.example.com.local:443', what: "the name of cluster example.com's Kubernetes API", no_proxy_entry: null },
@@ -131,6 +147,7 @@ describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial
     expect(r.status).toBe(0);
     expect(r.stdout.trim().split('\n')).toEqual([
       'proxy.example.com:443: through http://squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY is set and no NO_PROXY entry matches proxy.example.com:443',
+      expect.stringMatching(/^  proxy authentication: answers no authentication challenge/),
       "Kubernetes API server https://10.96.0.1 (cluster example.com): direct (to 10.96.0.1:443): NO_PROXY entry \"kube.example.com.local\" matches kube.example.com.local:443, the name of cluster example.com's Kubernetes API (10.96.0.1:443 itself is not exempt)",
       '  NO_PROXY check of 10.96.0.1:443 (the Kubernetes API server): no entry matches',
       "  NO_PROXY check of kube.example.com.local:443 (the name of cluster example.com's Kubernetes API): exempt by \"kube.example.com.local\"",

@@ -13,6 +13,7 @@
  * Squid writes a CONNECT line only when the tunnel closes.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { chown, copyFile, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import * as net from 'node:net';
@@ -23,14 +24,21 @@ import getPort from 'get-port';
 
 const SQUID = '/usr/sbin/squid';
 const NCSA_AUTH = '/usr/lib/squid/basic_ncsa_auth';
+const DIGEST_AUTH = '/usr/lib/squid/digest_file_auth';
+/** The realm of both authentication schemes. */
+const REALM = 'gateway-test';
 /** Readiness probes connect from this address; readAccessLog() drops their lines. */
 const PROBE_SOURCE = '127.0.0.254';
 
 export interface SquidOptions {
   /** IPv4 loopback address to listen on. Default 127.0.0.2. */
   host?: string;
-  /** Require proxy basic auth (basic_ncsa_auth + htpasswd file); missing/wrong credentials get 407. */
-  auth?: { user: string; password: string };
+  /**
+   * Require proxy authentication; missing/wrong credentials get 407. `schemes` (default ['basic']): 'basic' is
+   * basic_ncsa_auth with an htpasswd file, 'digest' is digest_file_auth -c with a user:realm:HA1 file (HA1 is
+   * MD5(user:realm:password), so any password works, ':' included). Both at once: squid offers both challenges, in this order.
+   */
+  auth?: { user: string; password: string; schemes?: Array<'basic' | 'digest'> };
   /** Allow CONNECT only to these ports (others get 403). Default: any port. */
   connectPorts?: number[];
   /** Also listen with `https_port` (TLS to the proxy itself); PEM file paths. */
@@ -135,14 +143,23 @@ function squidConf(dir: string, host: string, port: number, httpsPort: number | 
     'acl loopback src 127.0.0.0/8 ::1',
   ];
   if (o.connectPorts) lines.push(`acl SSL_ports port ${o.connectPorts.join(' ')}`);
-  if (o.auth) {
-    lines.push(
-      `auth_param basic program ${NCSA_AUTH} ${dir}/passwd`,
-      'auth_param basic children 2 startup=1 idle=1',
-      'auth_param basic realm gateway-test',
-      'acl authenticated proxy_auth REQUIRED',
-    );
+  for (const scheme of o.auth ? (o.auth.schemes ?? ['basic']) : []) {
+    if (scheme === 'basic') {
+      lines.push(
+        `auth_param basic program ${NCSA_AUTH} ${dir}/passwd`,
+        'auth_param basic children 2 startup=1 idle=1',
+        `auth_param basic realm ${REALM}`,
+      );
+    } else {
+      lines.push(
+        `auth_param digest program ${DIGEST_AUTH} -c ${dir}/digest-passwd`,
+        'auth_param digest children 2 startup=1 idle=1',
+        `auth_param digest realm ${REALM}`,
+        'auth_param digest nonce_garbage_interval 5 minutes',
+      );
+    }
   }
+  if (o.auth) lines.push('acl authenticated proxy_auth REQUIRED');
   lines.push(...(o.extraConfig ?? []), 'http_access deny !loopback');
   if (o.connectPorts) lines.push('http_access deny CONNECT !SSL_ports');
   if (o.auth) lines.push('http_access deny !authenticated');
@@ -224,7 +241,9 @@ async function startOnce(o: SquidOptions): Promise<Squid> {
   if (o.auth) {
     const { stdout } = await run('openssl', ['passwd', '-apr1', o.auth.password]);
     await writeFile(join(dir, 'passwd'), `${o.auth.user}:${stdout.trim()}\n`, { mode: 0o600 });
-    files.push(join(dir, 'passwd'));
+    const ha1 = createHash('md5').update(`${o.auth.user}:${REALM}:${o.auth.password}`).digest('hex');
+    await writeFile(join(dir, 'digest-passwd'), `${o.auth.user}:${REALM}:${ha1}\n`, { mode: 0o600 });
+    files.push(join(dir, 'passwd'), join(dir, 'digest-passwd'));
   }
   if (o.tls) {
     // Copies, so the unprivileged squid can read them wherever the originals live.
