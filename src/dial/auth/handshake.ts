@@ -106,19 +106,26 @@ function challengesOf(res: ConnectResponse, hc: HandshakeContext): Challenge[] {
   }
 }
 
-/** The scheme for this 407: the first 407 chooses, later ones must keep offering the same scheme. */
+/**
+ * The scheme for this 407: the first 407 chooses (also after a pre-emptive answer: the proxy may want a stronger
+ * scheme now), later ones must keep offering the scheme chosen.
+ */
 function pickScheme(challenges: Challenge[], active: Active | undefined, hc: HandshakeContext, res: ConnectResponse): Active {
-  const offered = offeredSchemes(challenges);
-  if (active && challenges.some((c) => c.key === active.scheme.name.toLowerCase())) return active;
   if (active && !active.preemptive) {
+    if (challenges.some((c) => c.key === active.scheme.name.toLowerCase())) return active;
     // Answered a challenge of this scheme, and the proxy now offers something else: never move to another
     // scheme mid-dial (a weaker one would hand a lying proxy what the stronger one protected).
+    const offered = offeredSchemes(challenges);
     throw refused(hc, res, active.scheme, ` and then offered ${offered.length > 0 ? offered.join(', ') : 'nothing'} instead`);
   }
   const choice = chooseScheme(challenges, hc.proxy, hc.schemes ?? PROXY_AUTH_SCHEMES);
   if (choice.scheme === undefined) throw noScheme(hc, res, choice.offered, choice.declined);
-  // A pre-emptive Basic that met a 407 offering something stronger: that scheme now, never Basic again.
-  if (active && choice.scheme.strength <= active.scheme.strength) throw refused(hc, res, active.scheme);
+  if (active) {
+    // A pre-emptive answer met a 407: the same scheme again means those credentials were refused (its session
+    // has nothing more to say); a stronger one starts afresh; a weaker one is never taken.
+    if (choice.scheme === active.scheme) return { ...active, preemptive: false };
+    if (choice.scheme.strength < active.scheme.strength) throw refused(hc, res, active.scheme);
+  }
   return { scheme: choice.scheme, session: choice.scheme.start(hc.proxy, hc.request), sentHere: 0, preemptive: false };
 }
 
