@@ -39,6 +39,11 @@ export interface SquidOptions {
    * MD5(user:realm:password), so any password works, ':' included). Both at once: squid offers both challenges, in this order.
    */
   auth?: { user: string; password: string; schemes?: Array<'basic' | 'digest'> };
+  /**
+   * Also write auth.log: one line per transaction, `method url status scheme`, scheme being the first word of the
+   * request's Proxy-Authorization ("-" when it had none), to show which scheme a client answered with.
+   */
+  logAuthScheme?: boolean;
   /** Allow CONNECT only to these ports (others get 403). Default: any port. */
   connectPorts?: number[];
   /** Also listen with `https_port` (TLS to the proxy itself); PEM file paths. */
@@ -62,6 +67,8 @@ export interface Squid {
   dir: string;
   accessLogPath: string;
   cacheLogPath: string;
+  /** With logAuthScheme: auth.log's lines, `method url status scheme` ("-" for none). */
+  readAuthLog(): Promise<string[]>;
   /** Current access log lines (empty if nothing was logged yet), minus the readiness probes' lines. */
   readAccessLog(): Promise<string[]>;
   /** Polls the access log until a line matches; rejects after `timeoutMs` (default 10 s). */
@@ -127,6 +134,7 @@ function squidConf(dir: string, host: string, port: number, httpsPort: number | 
     `cache_log ${dir}/cache.log`,
     'logformat gateway %ts.%03tu %>a %rm %ru %>Hs %un %>st %<st %Ss',
     `access_log stdio:${dir}/access.log logformat=gateway`,
+    ...(o.logAuthScheme ? ['logformat gwauth %rm %ru %>Hs %{Proxy-Authorization}>h', `access_log stdio:${dir}/auth.log logformat=gwauth`] : []),
     'buffered_logs off',
     'logfile_rotate 0',
     'netdb_filename none',
@@ -301,6 +309,17 @@ async function startOnce(o: SquidOptions): Promise<Squid> {
     const lines = (await readFile(accessLogPath, 'utf8')).split('\n');
     return lines.filter((l) => l.trim() !== '' && l.split(' ')[1] !== PROBE_SOURCE);
   };
+  const readAuthLog = async (): Promise<string[]> => {
+    const path = join(dir, 'auth.log');
+    if (!existsSync(path)) return [];
+    // Squid logs the whole header value, URL-encoded ("Digest%20username=..."): only the scheme is kept. Lines
+    // without a request (the readiness probes') are dropped.
+    return (await readFile(path, 'utf8'))
+      .split('\n')
+      .map((l) => l.split(' '))
+      .filter(([method]) => method !== undefined && method !== '' && method !== '-')
+      .map(([method, url, status, auth]) => `${method} ${url} ${status} ${(auth ?? '-').split('%20')[0]}`);
+  };
   const waitForAccessLog = async (predicate: (line: string) => boolean, timeoutMs = 10_000): Promise<string> => {
     const until = Date.now() + timeoutMs;
     for (;;) {
@@ -324,6 +343,7 @@ async function startOnce(o: SquidOptions): Promise<Squid> {
     accessLogPath,
     cacheLogPath,
     readAccessLog,
+    readAuthLog,
     waitForAccessLog,
     stop,
   };
