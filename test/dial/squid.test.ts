@@ -352,6 +352,15 @@ describe('https:// proxy', () => {
     await tlsSquid.waitForAccessLog((l) => l.includes(`CONNECT echo.gw.test:${echo.port} 200`));
   });
 
+  it('answers Digest inside the TLS to the proxy', async () => {
+    const cert = await pki.serverCert({ names: ['squid.gw.test'], ips: ['127.0.0.2'] });
+    const s = await squidWith({ tls: { cert: cert.certPath, key: cert.keyPath }, auth: { user: 'alice', password: PASSWORD, schemes: ['digest'] } });
+    const url = s.httpsUrl!.replace('https://', `https://alice:${PASSWORD_ENC}@`);
+    const socket = await dialer(url, {}, { proxyCa: pki.caPem }).dial(`echo.gw.test:${echo.port}`);
+    expect(await echoRoundTrip(socket, 'digest over tls')).toBe('digest over tls');
+    await s.waitForAccessLog((l) => l.includes(`CONNECT echo.gw.test:${echo.port} 200 alice`));
+  });
+
   it("refuses a proxy whose certificate it cannot verify", async () => {
     const err = await dialError(dialer(tlsSquid.httpsUrl!), `echo.gw.test:${echo.port}`);
     expect(err.code).toBe('GW_ERR_DIAL_PROXY_TLS');
