@@ -178,6 +178,20 @@ describe('choosing the scheme', () => {
   });
 });
 
+describe('pre-emptive Basic refused', () => {
+  it('a 407 offering Basic again to the pre-emptive Basic: refused at once, not sent twice', async () => {
+    let accept = true;
+    const p = await scripted((_n, s) => (accept && s.authorization !== undefined ? 'tunnel' : { write: challenge([BASIC]) }));
+    const d = dialer(p.url);
+    await roundTrip(await d.dial(TARGET));
+    accept = false; // the password was changed at the proxy
+    const before = p.seen.length;
+    const err = await dialError(d);
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    expect(p.seen.slice(before).map((s) => scheme(s.authorization))).toEqual(['Basic']);
+  });
+});
+
 describe("curl's traps", () => {
   it('a 407 with Connection: close: a new connection, and the handshake goes on there', async () => {
     const p = await scripted((n) => (n === 0 ? { write: challenge([DIGEST()], ['Connection: close']), close: true } : 'tunnel'));
