@@ -142,8 +142,18 @@ export const ERROR_CODES = {
   },
   GW_ERR_DIAL_PROXY_AUTH_REFUSED: {
     status: 502,
-    summary: 'The proxy refused the credentials in the proxy URL (407).',
-    hint: 'Check the user name and password in HTTPS_PROXY / HTTP_PROXY (percent-encode special characters).',
+    summary: 'The proxy refused the credentials in the proxy URL (407 again after the answer), or stopped offering the scheme they were answered with.',
+    hint: 'Check the user name and password in HTTPS_PROXY / HTTP_PROXY (percent-encode special characters) against the realm the proxy names.',
+  },
+  GW_ERR_DIAL_PROXY_AUTH_UNSUPPORTED: {
+    status: 502,
+    summary: 'The proxy asked for authentication (407) with no scheme this client can answer; the message lists what it offered.',
+    hint: "Basic and Digest need user:password in the proxy URL; for a scheme the message says is unknown, ask for Basic or Digest to be enabled or put a local proxy (cntlm, px) in front.",
+  },
+  GW_ERR_DIAL_PROXY_AUTH_LOOP: {
+    status: 502,
+    summary: 'The proxy kept answering 407 to the same dial after as many answers as any scheme needs.',
+    hint: "The proxy is misconfigured or rejects this client's answers without saying so; check its authentication log for the user.",
   },
   GW_ERR_HTTP_FAILED: {
     status: 502,

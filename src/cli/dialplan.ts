@@ -3,8 +3,10 @@
  * per target, with the reason the decision carries. With --kube-api and --cluster it also prints the decision for
  * the Kubernetes Service's dial of that API server, and both NO_PROXY checks behind it (select.ts, rule 5).
  * Each target also says which IP family its TCP connection uses, where the plan can know it (family.ts).
+ * For a dial through a proxy it says which authentication schemes the client can answer a 407 with (auth/scheme.ts).
  */
 import { formatHostPort } from '../addr.js';
+import { describeProxyAuth } from '../dial/auth/scheme.js';
 import { Dialer } from '../dial/dialer.js';
 import { familyLabel, familyPlan } from '../dial/family.js';
 import { kubeApiAlias, kubeApiTarget, type ProxyDecision } from '../dial/select.js';
@@ -56,8 +58,9 @@ export function dialPlan(targets: readonly string[], opts: DialPlanOptions, out:
     const proxy = decision.proxy?.display ?? null;
     const checks = decision.checks?.map((c) => ({ target: c.target, what: c.what, no_proxy_entry: c.entry }));
     const family = familyPlan(decision);
+    const auth = decision.proxy ? describeProxyAuth(decision.proxy) : null;
     if (opts.json) {
-      const fields = { proxy, source: decision.source, reason: decision.reason, family: { family: family.family, reason: family.reason } };
+      const fields = { proxy, source: decision.source, reason: decision.reason, family: { family: family.family, reason: family.reason }, proxy_auth: auth };
       out.write(`${JSON.stringify({ target: row.label, ...row.extra, ...fields, ...(checks ? { checks } : {}) })}\n`);
       continue;
     }
@@ -66,6 +69,7 @@ export function dialPlan(targets: readonly string[], opts: DialPlanOptions, out:
     const what = row.extra?.kube_cluster ? `Kubernetes API server ${row.label} (cluster ${String(row.extra.kube_cluster)})` : row.label;
     out.write(`${what}: ${how} (to ${to}): ${decision.reason}\n`);
     out.write(`  ${familyLabel(family.family)}: ${family.reason}\n`);
+    if (auth) out.write(`  proxy authentication: ${auth.reason}\n`);
     for (const c of checks ?? []) {
       out.write(`  NO_PROXY check of ${c.target} (${c.what}): ${c.no_proxy_entry === null ? 'no entry matches' : `exempt by "${c.no_proxy_entry}"`}\n`);
     }

@@ -1,6 +1,8 @@
 /**
- * HTTP CONNECT (RFC 9110 section 9.3.6, RFC 7230 section 5.3.3 authority-form): the request we send and a
- * strict, bounded parser for the proxy's answer. Pure functions, so they get table and property tests.
+ * HTTP CONNECT (RFC 9110 section 9.3.6, RFC 7230 section 5.3.3 authority-form): the request we send, a
+ * strict, bounded parser for the proxy's answer, and whether a refusal's connection can carry the next request
+ * (the authentication handshake answers a 407 on the same connection when it can). Pure functions, so they get
+ * table and property tests.
  */
 import { formatHostPort, type HostPort } from '../addr.js';
 import { GatewayError } from '../errors.js';
@@ -8,19 +10,12 @@ import { GatewayError } from '../errors.js';
 /** The proxy's answer head may not exceed this; squid's is a few hundred bytes. */
 export const MAX_CONNECT_RESPONSE_HEAD = 16 * 1024;
 
-export interface ConnectCredentials {
-  username: string;
-  password?: string;
-}
-
-export function buildConnectRequest(target: HostPort, credentials?: ConnectCredentials, userAgent?: string): string {
+/** The request head; `authorization` is a whole Proxy-Authorization value (src/dial/auth/ makes them). */
+export function buildConnectRequest(target: HostPort, authorization?: string, userAgent?: string): string {
   const authority = formatHostPort(target.host, target.port);
   const lines = [`CONNECT ${authority} HTTP/1.1`, `Host: ${authority}`];
   if (userAgent) lines.push(`User-Agent: ${userAgent}`);
-  if (credentials) {
-    const token = Buffer.from(`${credentials.username}:${credentials.password ?? ''}`, 'utf8').toString('base64');
-    lines.push(`Proxy-Authorization: Basic ${token}`);
-  }
+  if (authorization !== undefined) lines.push(`Proxy-Authorization: ${authorization}`);
   return `${lines.join('\r\n')}\r\n\r\n`;
 }
 
@@ -92,4 +87,25 @@ export function parseConnectResponse(buf: Buffer, maxHead = MAX_CONNECT_RESPONSE
 
 export function headerValue(res: ConnectResponse, name: string): string | undefined {
   return res.headers.find(([n]) => n === name)?.[1];
+}
+
+/** A 407's body is read and dropped so the connection can carry the answer, up to this size; larger: re-dial. */
+export const MAX_REFUSAL_BODY = 64 * 1024;
+
+/**
+ * Whether the connection that brought this non-2xx answer can carry another request, and how many body bytes
+ * follow the head (RFC 9112 sections 6.3 and 9.3): not after Connection: close, nor from HTTP/1.0 without
+ * keep-alive, nor when the body's end is the connection's end (no Content-Length) or chunked (not parsed here),
+ * nor for a body over MAX_REFUSAL_BODY.
+ */
+export function refusalFraming(res: ConnectResponse): { reusable: boolean; bodyLength: number } {
+  const connection = res.headers
+    .filter(([n]) => n === 'connection' || n === 'proxy-connection')
+    .flatMap(([, v]) => v.toLowerCase().split(',').map((t) => t.trim()));
+  const closes = connection.includes('close') || (res.httpVersion === '1.0' && !connection.includes('keep-alive'));
+  const lengths = res.headers.filter(([n]) => n === 'content-length').map(([, v]) => v.trim());
+  const chunked = res.headers.some(([n]) => n === 'transfer-encoding');
+  const length = lengths.length > 0 && lengths.every((v) => v === lengths[0] && /^\d{1,9}$/.test(v)) ? Number(lengths[0]) : undefined;
+  if (closes || chunked || length === undefined || length > MAX_REFUSAL_BODY) return { reusable: false, bodyLength: 0 };
+  return { reusable: true, bodyLength: length };
 }

@@ -1,7 +1,8 @@
 /**
  * The one Dialer every outbound connection of the gateway uses (agents' tunnel and trust connection, gwsh, the
  * proxy's upstream calls). It reads the proxy environment on every dial (select.ts), then connects directly or
- * through an HTTP CONNECT proxy: an http:// proxy over TCP, an https:// proxy over verified TLS.
+ * through an HTTP CONNECT proxy: an http:// proxy over TCP, an https:// proxy over verified TLS. A proxy that
+ * answers 407 is answered with the strongest scheme it offers that this client can do (auth/handshake.ts).
  *
  * The returned socket is the tunnel: bytes the proxy sent after its 200 answer are pushed back into it, Nagle
  * is off, TCP keep-alive is on, and half-close passes through (allowHalfOpen) for direct and http:// proxies.
@@ -14,7 +15,9 @@ import { formatHostPort, type HostPort } from '../addr.js';
 import { GatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { HAPPY_EYEBALLS_ATTEMPT_MS } from './family.js';
-import { buildConnectRequest, headerValue, parseConnectResponse, type ConnectResponse } from './connect.js';
+import { connectThroughProxy, type ProxyAnswer } from './auth/handshake.js';
+import { PROXY_AUTH_SCHEMES, type ProxyAuthScheme } from './auth/scheme.js';
+import { buildConnectRequest, parseConnectResponse, refusalFraming, type ConnectResponse } from './connect.js';
 import { parseTarget, selectProxy, type DialAlias, type DialTarget, type ProxyDecision, type ProxySpec } from './select.js';
 
 export interface DialerOptions {
@@ -34,6 +37,8 @@ export interface DialerOptions {
    * { all: true } (Happy Eyeballs wants every address) and must answer with the list then.
    */
   lookup?: net.LookupFunction;
+  /** The proxy authentication schemes this Dialer may answer with (src/dial/auth/scheme.ts's list by default). */
+  authSchemes?: readonly ProxyAuthScheme[];
 }
 
 export interface DialOptions {
@@ -108,12 +113,20 @@ function withDeadline<T>(
 }
 
 export class Dialer {
-  private readonly options: Required<Omit<DialerOptions, 'env' | 'proxyCa' | 'lookup'>> & Pick<DialerOptions, 'env' | 'proxyCa' | 'lookup'>;
+  private readonly options: Required<Omit<DialerOptions, 'env' | 'proxyCa' | 'lookup' | 'authSchemes'>> & Pick<DialerOptions, 'env' | 'proxyCa' | 'lookup'>;
   private readonly log = logger('dial');
   private readonly warned = new Set<string>();
+  private readonly authSchemes: readonly ProxyAuthScheme[];
+  /**
+   * Per proxy URL (as displayed, with its user), the scheme that last opened a tunnel: a pre-emptive one (Basic)
+   * is then sent with the first CONNECT of the next dial, saving the round trip of the 407. Forgotten on a 407.
+   */
+  private readonly answered = new Map<string, ProxyAuthScheme>();
 
   constructor(options: DialerOptions = {}) {
-    this.options = { ...DIALER_DEFAULTS, ...options };
+    const { authSchemes, ...rest } = options;
+    this.options = { ...DIALER_DEFAULTS, ...rest };
+    this.authSchemes = authSchemes ?? PROXY_AUTH_SCHEMES;
   }
 
   /** The decision for target, without dialing (what `gateway dial-plan` prints). */
@@ -145,21 +158,36 @@ export class Dialer {
     this.log.debug({ target: where, proxy: proxy.display, source: proxy.source }, 'dialing through proxy');
     const context = `proxy ${proxy.display} (from ${proxy.source})`;
     const details = { target: where, proxy: proxy.display, variable: proxy.source };
-    const raw = await this.connectTcp(proxy, options.signal, (code, why) =>
-      new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_PROXY_UNREACHABLE', `cannot reach ${context} to dial ${where}: ${why}`, {
-        details,
-      }),
-    );
-    let socket: net.Socket = raw;
+    const open = async (): Promise<net.Socket> => {
+      const raw = await this.connectTcp(proxy, options.signal, (code, why) =>
+        new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_PROXY_UNREACHABLE', `cannot reach ${context} to dial ${where}: ${why}`, {
+          details,
+        }),
+      );
+      if (proxy.protocol !== 'https') return raw;
+      try {
+        return await this.startTls(raw, proxy, context, details, options.signal);
+      } catch (err) {
+        raw.destroy();
+        throw err;
+      }
+    };
+    const remembered = this.answered.get(proxy.display);
     try {
-      if (proxy.protocol === 'https') socket = await this.startTls(raw, proxy, context, details, options.signal);
-      await this.sendConnect(socket, t, proxy, context, details, options.signal);
+      const { socket, scheme } = await connectThroughProxy(
+        {
+          open,
+          exchange: (socket, authorization) => this.sendConnect(socket, t, authorization, context, details, options.signal),
+          refusal: (res) => this.refusal(res, t, context, details),
+        },
+        { proxy, request: { method: 'CONNECT', uri: where }, context, details, log: this.log, schemes: this.authSchemes, ...(remembered ? { remembered } : {}) },
+      );
+      if (scheme) this.answered.set(proxy.display, scheme);
+      return socket;
     } catch (err) {
-      socket.destroy();
-      raw.destroy();
+      this.answered.delete(proxy.display);
       throw err;
     }
-    return socket;
   }
 
   private connectTcp(
@@ -232,18 +260,20 @@ export class Dialer {
     );
   }
 
-  /** Sends CONNECT and reads the answer head; on success the tunnel's first bytes are pushed back unread. */
+  /**
+   * Sends CONNECT and reads the answer head: on a 2xx the tunnel's first bytes are pushed back unread; on another
+   * status the body is read and dropped when the connection can carry the next request (refusalFraming).
+   */
   private sendConnect(
     socket: net.Socket,
     target: DialTarget,
-    proxy: ProxySpec,
+    authorization: string | undefined,
     context: string,
     details: Record<string, unknown>,
     signal: AbortSignal | undefined,
-  ): Promise<void> {
+  ): Promise<ProxyAnswer> {
     const where = formatHostPort(target.host, target.port);
-    const credentials = proxy.username === undefined ? undefined : { username: proxy.username, password: proxy.password ?? '' };
-    return withDeadline<void>(
+    return withDeadline<ProxyAnswer>(
       this.options.proxyAnswerTimeoutMs,
       signal,
       () =>
@@ -262,11 +292,13 @@ export class Dialer {
           reject(err);
         };
         const onEnd = () =>
-          fail(
-            new GatewayError('GW_ERR_DIAL_PROXY_CLOSED', `${context} closed the connection before answering CONNECT ${where}`, {
-              details,
-            }),
-          );
+          answer
+            ? settled({ ...answer, reusable: false }) // the refusal's body ended early: its head still counts
+            : fail(
+                new GatewayError('GW_ERR_DIAL_PROXY_CLOSED', `${context} closed the connection before answering CONNECT ${where}`, {
+                  details,
+                }),
+              );
         const onError = (err: Error) =>
           fail(
             new GatewayError('GW_ERR_DIAL_PROXY_CLOSED', `${context} broke the connection during CONNECT ${where}: ${err.message}`, {
@@ -274,9 +306,16 @@ export class Dialer {
               cause: err,
             }),
           );
+        let answer: ProxyAnswer | undefined;
+        let bodyLeft = 0;
         const onReadable = () => {
           let chunk: Buffer | null;
           while ((chunk = socket.read() as Buffer | null) !== null) {
+            if (answer) {
+              bodyLeft -= chunk.length;
+              if (bodyLeft <= 0) return settled(answer);
+              continue;
+            }
             buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
             let parsed;
             try {
@@ -287,21 +326,25 @@ export class Dialer {
               return;
             }
             if (!parsed.complete) continue;
-            detach();
             const rest = buffered.subarray(parsed.headLength);
             if (parsed.statusCode >= 200 && parsed.statusCode < 300) {
               if (rest.length > 0) socket.unshift(rest);
-              resolve();
-            } else {
-              reject(this.refusal(parsed, target, proxy, context, details));
+              return settled({ response: parsed, reusable: false });
             }
-            return;
+            const framing = refusalFraming(parsed);
+            answer = { response: parsed, reusable: framing.reusable };
+            bodyLeft = framing.bodyLength - rest.length;
+            if (!framing.reusable || bodyLeft <= 0) return settled(answer);
           }
+        };
+        const settled = (a: ProxyAnswer) => {
+          detach();
+          resolve(a);
         };
         socket.on('readable', onReadable);
         socket.once('end', onEnd);
         socket.once('error', onError);
-        socket.write(buildConnectRequest(target, credentials, this.options.userAgent));
+        socket.write(buildConnectRequest(target, authorization, this.options.userAgent));
         return () => {
           detach();
           socket.destroy();
@@ -311,25 +354,11 @@ export class Dialer {
     );
   }
 
-  private refusal(
-    res: ConnectResponse,
-    target: DialTarget,
-    proxy: ProxySpec,
-    context: string,
-    details: Record<string, unknown>,
-  ): GatewayError {
+  /** The error for an answer that is neither 2xx nor 407 (auth/handshake.ts answers a 407). */
+  private refusal(res: ConnectResponse, target: DialTarget, context: string, details: Record<string, unknown>): GatewayError {
     const where = formatHostPort(target.host, target.port);
     const status = `${res.statusCode}${res.reason ? ` ${res.reason}` : ''}`;
     const d = { ...details, status: res.statusCode };
-    if (res.statusCode === 407) {
-      const scheme = headerValue(res, 'proxy-authenticate')?.split(/\s/)[0];
-      const wants = scheme ? ` (it asks for ${scheme} authentication)` : '';
-      return proxy.username === undefined
-        ? new GatewayError('GW_ERR_DIAL_PROXY_AUTH_REQUIRED', `${context} requires authentication for CONNECT ${where}: ${status}${wants}`, { details: d })
-        : new GatewayError('GW_ERR_DIAL_PROXY_AUTH_REFUSED', `${context} refused the credentials of user "${proxy.username}" for CONNECT ${where}: ${status}${wants}`, {
-            details: d,
-          });
-    }
     const hint =
       res.statusCode === 403 && target.port !== 443
         ? `The proxy's policy may allow CONNECT only to port 443 (squid's default "http_access deny CONNECT !SSL_ports"). ` +

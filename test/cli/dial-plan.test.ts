@@ -25,13 +25,16 @@ describe('gateway dial-plan --json', () => {
       { HTTPS_PROXY: 'http://alice:hunter22@squid.corp:3128', HTTP_PROXY: 'squid.corp:3129', NO_PROXY: '.internal' },
     );
     expect(status).toBe(0);
+    const alice = { schemes: ['Digest', 'Basic'], reason: expect.stringContaining('user "alice" from the proxy URL') };
+    const nobody = { schemes: [], reason: expect.stringContaining('needs user:password in the proxy URL') };
     expect(rows).toEqual([
-      { target: 'proxy.example.com:3024', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), family: EITHER },
-      { target: 'https://proxy.example.com/webapi/find', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), family: EITHER },
-      { target: 'http://updates.example.com/', proxy: 'http://squid.corp:3129', source: 'HTTP_PROXY', reason: expect.any(String), family: EITHER },
-      { target: 'db.internal:5432', proxy: null, source: 'NO_PROXY', reason: expect.stringContaining('.internal'), family: EITHER },
-      { target: 'localhost:3080', proxy: null, source: null, reason: expect.stringContaining('loopback'), family: EITHER },
+      { target: 'proxy.example.com:3024', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), family: EITHER, proxy_auth: alice },
+      { target: 'https://proxy.example.com/webapi/find', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), family: EITHER, proxy_auth: alice },
+      { target: 'http://updates.example.com/', proxy: 'http://squid.corp:3129', source: 'HTTP_PROXY', reason: expect.any(String), family: EITHER, proxy_auth: nobody },
+      { target: 'db.internal:5432', proxy: null, source: 'NO_PROXY', reason: expect.stringContaining('.internal'), family: EITHER, proxy_auth: null },
+      { target: 'localhost:3080', proxy: null, source: null, reason: expect.stringContaining('loopback'), family: EITHER, proxy_auth: null },
     ]);
+    expect(JSON.stringify(rows)).not.toContain('hunter22');
   });
 
   it('the reverse tunnel alone can be excluded with host:port, as the seed says', () => {
@@ -75,14 +78,26 @@ describe('gateway dial-plan (text)', () => {
     const r = run(['dial-plan', 'proxy.example.com:443', 'db.internal:5432'], { HTTPS_PROXY: 'squid.corp:3128', NO_PROXY: 'db.internal' });
     expect(r.status).toBe(0);
     const lines = r.stdout.trim().split('\n');
-    expect(lines).toHaveLength(4);
+    expect(lines).toHaveLength(5);
     expect(lines[0]).toContain('through http://squid.corp:3128');
     expect(lines[1]).toBe('  IPv6 or IPv4: the proxy squid.corp:3128 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves proxy.example.com:443 itself');
-    expect(lines[2]).toContain('direct');
-    expect(lines[3]).toBe('  IPv6 or IPv4: the target db.internal:5432 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs)');
+    expect(lines[2]).toBe(
+      '  proxy authentication: answers no authentication challenge (a 407 fails) (Digest: needs user:password in the proxy URL; Basic: needs user:password in the proxy URL)',
+    );
+    expect(lines[3]).toContain('direct');
+    expect(lines[4]).toBe('  IPv6 or IPv4: the target db.internal:5432 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs)');
+  });
+
+  it('says which schemes a proxy URL with credentials answers, strongest first, without the password', () => {
+    const r = run(['dial-plan', 'proxy.example.com:443'], { HTTPS_PROXY: 'http://alice:s3cr%40t@squid.corp:3128' });
+    expect(r.stdout.trim().split('\n')).toEqual([
+      'proxy.example.com:443: through http://alice:***@squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY is set and NO_PROXY is not set',
+      '  IPv6 or IPv4: the proxy squid.corp:3128 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves proxy.example.com:443 itself',
+      '  proxy authentication: answers a 407 with the strongest of Digest, Basic that the proxy offers, never a weaker one ' +
+        '(Digest: user "alice" from the proxy URL; MD5, SHA-256, SHA-512-256, qop=auth; Basic: user "alice" from the proxy URL)',
+    ]);
   });
 });
-
 describe('gateway dial-plan on IPv6 networks: the family of each connection, NO_PROXY with IPv6 literals and CIDRs', () => {
   it('an IPv6 proxy, a target its NO_PROXY CIDR exempts, an exempt IPv6 literal with its port, and an IPv4 one', () => {
     const { status, rows } = plan(['proxy.example.com:443', '[fd00:1::2]:443', '[fd00:2::7]:3024', '[fd00:2::7]:443', '192.0.2.1:443'], {
@@ -148,6 +163,7 @@ describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial
         source: 'NO_PROXY',
         reason: 'NO_PROXY entry "10.0.0.0/8" matches the Kubernetes API server 10.96.0.1:443',
         family: { family: 'ipv4', reason: 'the target 10.96.0.1:443 is an IPv4 address' },
+        proxy_auth: null,
         checks: [
           { target: '10.96.0.1:443', what: 'the Kubernetes API server', no_proxy_entry: '10.0.0.0/8' },
           { target: 'kube.example.com.local:443', what: "the name of cluster example.com's Kubernetes API", no_proxy_entry: null },
@@ -162,6 +178,7 @@ describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial
     expect(r.stdout.trim().split('\n')).toEqual([
       'proxy.example.com:443: through http://squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY is set and no NO_PROXY entry matches proxy.example.com:443',
       '  IPv6 or IPv4: the proxy squid.corp:3128 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves proxy.example.com:443 itself',
+      expect.stringMatching(/^  proxy authentication: answers no authentication challenge/),
       "Kubernetes API server https://10.96.0.1 (cluster example.com): direct (to 10.96.0.1:443): NO_PROXY entry \"kube.example.com.local\" matches kube.example.com.local:443, the name of cluster example.com's Kubernetes API (10.96.0.1:443 itself is not exempt)",
       '  IPv4: the target 10.96.0.1:443 is an IPv4 address',
       '  NO_PROXY check of 10.96.0.1:443 (the Kubernetes API server): no entry matches',

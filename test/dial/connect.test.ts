@@ -1,13 +1,14 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { buildConnectRequest, parseConnectResponse, MAX_CONNECT_RESPONSE_HEAD } from '../../src/dial/connect.js';
+import { basicCredentials } from '../../src/dial/auth/basic.js';
+import { buildConnectRequest, parseConnectResponse, refusalFraming, MAX_CONNECT_RESPONSE_HEAD, MAX_REFUSAL_BODY } from '../../src/dial/connect.js';
 import { GatewayError } from '../../src/errors.js';
 
 const b = (s: string) => Buffer.from(s, 'latin1');
 
 describe('CONNECT request', () => {
-  it('uses authority form, Host, and Basic credentials', () => {
-    const req = buildConnectRequest({ host: 'proxy.example.com', port: 3024 }, { username: 'alice', password: 'p@ss' }, 'gateway/test');
+  it('uses authority form, Host, and the Proxy-Authorization it is given', () => {
+    const req = buildConnectRequest({ host: 'proxy.example.com', port: 3024 }, basicCredentials('alice', 'p@ss'), 'gateway/test');
     expect(req).toBe(
       'CONNECT proxy.example.com:3024 HTTP/1.1\r\nHost: proxy.example.com:3024\r\nUser-Agent: gateway/test\r\n' +
         `Proxy-Authorization: Basic ${Buffer.from('alice:p@ss').toString('base64')}\r\n\r\n`,
@@ -15,6 +16,32 @@ describe('CONNECT request', () => {
   });
   it('brackets IPv6 targets', () => {
     expect(buildConnectRequest({ host: '2001:db8::1', port: 443 })).toBe('CONNECT [2001:db8::1]:443 HTTP/1.1\r\nHost: [2001:db8::1]:443\r\n\r\n');
+  });
+});
+
+describe("a refusal's framing: can its connection carry the next request", () => {
+  const head = (text: string) => {
+    const r = parseConnectResponse(b(`${text}\r\n\r\n`));
+    if (!r.complete) throw new Error('incomplete');
+    return r;
+  };
+  it.each([
+    ['HTTP/1.1 407 x\r\nContent-Length: 3061', true, 3061],
+    ['HTTP/1.1 407 x\r\nContent-Length: 0', true, 0],
+    ['HTTP/1.1 407 x\r\nContent-Length: 5\r\nConnection: keep-alive', true, 5],
+    ['HTTP/1.1 407 x\r\nContent-Length: 5\r\nConnection: close', false, 0],
+    ['HTTP/1.1 407 x\r\nContent-Length: 5\r\nProxy-Connection: Close', false, 0],
+    ['HTTP/1.1 407 x\r\nContent-Length: 5\r\nConnection: foo, close', false, 0],
+    ['HTTP/1.0 407 x\r\nContent-Length: 5', false, 0],
+    ['HTTP/1.0 407 x\r\nContent-Length: 5\r\nConnection: Keep-Alive', true, 5],
+    ['HTTP/1.1 407 x', false, 0],
+    ['HTTP/1.1 407 x\r\nTransfer-Encoding: chunked', false, 0],
+    ['HTTP/1.1 407 x\r\nContent-Length: 5\r\nContent-Length: 6', false, 0],
+    ['HTTP/1.1 407 x\r\nContent-Length: 5\r\nContent-Length: 5', true, 5],
+    ['HTTP/1.1 407 x\r\nContent-Length: -1', false, 0],
+    [`HTTP/1.1 407 x\r\nContent-Length: ${MAX_REFUSAL_BODY + 1}`, false, 0],
+  ])('%j: reusable %s, body %d', (text, reusable, bodyLength) => {
+    expect(refusalFraming(head(text))).toEqual({ reusable, bodyLength });
   });
 });
 

@@ -16,10 +16,12 @@ import { fetchThroughDialer } from '../../src/dial/agent.js';
 import { Dialer, type DialerOptions } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
+import { curl } from '../helpers/curl.js';
 import { createTestHost } from '../helpers/netns.js';
 import { rootTest } from '../helpers/root.js';
 import { pseudoRandomBytes, startEchoServer, startHttpsServer, startSinkServer, type SinkServer, type TestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
+import { eventually } from '../helpers/wait.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 
 // Every log line of the code under test, so that the secrets test can read them all.
@@ -238,7 +240,7 @@ describe('through squid', () => {
 describe('squid with basic authentication', () => {
   let authSquid: Squid;
   beforeAll(async () => {
-    authSquid = await squidWith({ auth: { user: 'alice', password: PASSWORD } });
+    authSquid = await squidWith({ auth: { user: 'alice', password: PASSWORD }, logAuthScheme: true });
   });
 
   it('the right password works, and squid logs the user', async () => {
@@ -246,6 +248,19 @@ describe('squid with basic authentication', () => {
     const socket = await dialer(url).dial(`echo.gw.test:${echo.port}`);
     expect(await echoRoundTrip(socket, 'authenticated')).toBe('authenticated');
     await authSquid.waitForAccessLog((l) => l.includes(`CONNECT echo.gw.test:${echo.port} 200 alice`));
+  });
+
+  it('Basic is sent only after the 407 on the first dial, and with the first CONNECT of the next ones', async () => {
+    const url = authSquid.url.replace('http://', `http://alice:${PASSWORD_ENC}@`);
+    const before = (await authSquid.readAuthLog()).length;
+    const d = dialer(url);
+    for (const msg of ['first', 'second']) expect(await echoRoundTrip(await d.dial(`echo.gw.test:${echo.port}`), msg)).toBe(msg);
+    const at = `CONNECT echo.gw.test:${echo.port}`;
+    await authSquid.waitForAccessLog((l) => l.includes(`${at} 200 alice`));
+    // Squid logs a tunnel when it closes: wait for both.
+    await eventually('squid logged both tunnels', async () => {
+      expect((await authSquid.readAuthLog()).slice(before).sort()).toEqual([`${at} 200 Basic`, `${at} 200 Basic`, `${at} 407 -`]);
+    }, 10_000);
   });
 
   it('a wrong password is refused with the auth error, and no password is shown', async () => {
@@ -259,6 +274,58 @@ describe('squid with basic authentication', () => {
   it('no credentials gives "authentication required"', async () => {
     const err = await dialError(dialer(authSquid.url), `echo.gw.test:${echo.port}`);
     expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REQUIRED');
+  });
+});
+
+describe('squid with digest authentication (digest_file_auth), and offering digest and basic', () => {
+  let digest: Squid;
+  let both: Squid;
+  const withCredentials = (s: Squid, password = PASSWORD_ENC) => s.url.replace('http://', `http://alice:${password}@`);
+  beforeAll(async () => {
+    [digest, both] = await Promise.all([
+      squidWith({ auth: { user: 'alice', password: PASSWORD, schemes: ['digest'] }, logAuthScheme: true }),
+      // Basic first: the order of the headers must not matter.
+      squidWith({ auth: { user: 'alice', password: PASSWORD, schemes: ['basic', 'digest'] }, logAuthScheme: true }),
+    ]);
+  });
+
+  it('curl --proxy-anyauth and --proxy-digest get through both (the lab works before the gateway is judged by it)', async () => {
+    for (const s of [digest, both]) {
+      for (const flag of ['--proxy-anyauth', '--proxy-digest']) {
+        const before = (await s.readAuthLog()).length;
+        // The echo is no TLS server: curl's TLS fails after the tunnel is up; %{http_connect} is the CONNECT's status.
+        const r = await curl([flag, '-x', s.url, '-U', `alice:${PASSWORD}`, '-o', '/dev/null', '-w', '%{http_connect}', '--max-time', '10', `https://echo.gw.test:${echo.port}/`]);
+        expect(r.stdout, `${flag}: ${r.stderr}`).toBe('200');
+        await eventually('squid logged the tunnel', async () => {
+          expect((await s.readAuthLog()).slice(before)).toContain(`CONNECT echo.gw.test:${echo.port} 200 Digest`);
+        }, 10_000);
+      }
+    }
+  });
+
+  it('the Dialer answers the digest squid with Digest; squid logs the user', async () => {
+    const socket = await dialer(withCredentials(digest)).dial(`echo.gw.test:${echo.port}`);
+    expect(await echoRoundTrip(socket, 'digest')).toBe('digest');
+    await digest.waitForAccessLog((l) => l.includes(`CONNECT echo.gw.test:${echo.port} 200 alice`));
+    const lines = (await digest.readAuthLog()).slice(-2);
+    expect(lines).toEqual([`CONNECT echo.gw.test:${echo.port} 407 -`, `CONNECT echo.gw.test:${echo.port} 200 Digest`]);
+  });
+
+  it('squid offering Basic and Digest gets Digest, and never Basic', async () => {
+    const before = (await both.readAuthLog()).length;
+    const d = dialer(withCredentials(both));
+    for (let i = 0; i < 2; i++) expect(await echoRoundTrip(await d.dial(`echo.gw.test:${echo.port}`), `both ${i}`)).toBe(`both ${i}`);
+    await both.waitForAccessLog((l) => l.includes(`CONNECT echo.gw.test:${echo.port} 200 alice`));
+    const mine = (await both.readAuthLog()).slice(before);
+    expect(mine.filter((l) => l.endsWith(' 200 Digest'))).toHaveLength(2);
+    expect(mine.filter((l) => / Basic$/.test(l))).toEqual([]);
+  });
+
+  it('a wrong password: GW_ERR_DIAL_PROXY_AUTH_REFUSED naming Digest, the password nowhere', async () => {
+    const err = await dialError(dialer(withCredentials(digest, `${PASSWORD_ENC}-wrong`)), `echo.gw.test:${echo.port}`);
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    expect(err.message).toContain('refused the Digest credentials of user "alice"');
+    expect(JSON.stringify(err)).not.toContain(PASSWORD);
   });
 });
 
@@ -288,6 +355,15 @@ describe('https:// proxy', () => {
     expect(got).toBe('over tls');
     socket.destroy();
     await tlsSquid.waitForAccessLog((l) => l.includes(`CONNECT echo.gw.test:${echo.port} 200`));
+  });
+
+  it('answers Digest inside the TLS to the proxy', async () => {
+    const cert = await pki.serverCert({ names: ['squid.gw.test'], ips: ['127.0.0.2'] });
+    const s = await squidWith({ tls: { cert: cert.certPath, key: cert.keyPath }, auth: { user: 'alice', password: PASSWORD, schemes: ['digest'] } });
+    const url = s.httpsUrl!.replace('https://', `https://alice:${PASSWORD_ENC}@`);
+    const socket = await dialer(url, {}, { proxyCa: pki.caPem }).dial(`echo.gw.test:${echo.port}`);
+    expect(await echoRoundTrip(socket, 'digest over tls')).toBe('digest over tls');
+    await s.waitForAccessLog((l) => l.includes(`CONNECT echo.gw.test:${echo.port} 200 alice`));
   });
 
   it("refuses a proxy whose certificate it cannot verify", async () => {

@@ -13,6 +13,7 @@
  * Squid writes a CONNECT line only when the tunnel closes.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { chown, copyFile, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import * as net from 'node:net';
@@ -23,6 +24,9 @@ import getPort from 'get-port';
 
 const SQUID = '/usr/sbin/squid';
 const NCSA_AUTH = '/usr/lib/squid/basic_ncsa_auth';
+const DIGEST_AUTH = '/usr/lib/squid/digest_file_auth';
+/** The realm of both authentication schemes. */
+const REALM = 'gateway-test';
 /** Readiness probes connect from this address; readAccessLog() drops their lines. */
 const PROBE_SOURCE = '127.0.0.254';
 
@@ -35,8 +39,17 @@ export interface SquidOptions {
   netns?: string;
   /** Client networks allowed besides loopback (CIDRs). */
   clients?: string[];
-  /** Require proxy basic auth (basic_ncsa_auth + htpasswd file); missing/wrong credentials get 407. */
-  auth?: { user: string; password: string };
+  /**
+   * Require proxy authentication; missing/wrong credentials get 407. `schemes` (default ['basic']): 'basic' is
+   * basic_ncsa_auth with an htpasswd file, 'digest' is digest_file_auth -c with a user:realm:HA1 file (HA1 is
+   * MD5(user:realm:password), so any password works, ':' included). Both at once: squid offers both challenges, in this order.
+   */
+  auth?: { user: string; password: string; schemes?: Array<'basic' | 'digest'> };
+  /**
+   * Also write auth.log: one line per transaction, `method url status scheme`, scheme being the first word of the
+   * request's Proxy-Authorization ("-" when it had none), to show which scheme a client answered with.
+   */
+  logAuthScheme?: boolean;
   /** Allow CONNECT only to these ports (others get 403). Default: any port. */
   connectPorts?: number[];
   /** Also listen with `https_port` (TLS to the proxy itself); PEM file paths. */
@@ -60,6 +73,8 @@ export interface Squid {
   dir: string;
   accessLogPath: string;
   cacheLogPath: string;
+  /** With logAuthScheme: auth.log's lines, `method url status scheme` ("-" for none). */
+  readAuthLog(): Promise<string[]>;
   /** Current access log lines (empty if nothing was logged yet), minus the readiness probes' lines. */
   readAccessLog(): Promise<string[]>;
   /** Polls the access log until a line matches; rejects after `timeoutMs` (default 10 s). */
@@ -127,6 +142,7 @@ function squidConf(dir: string, host: string, port: number, httpsPort: number | 
     `cache_log ${dir}/cache.log`,
     'logformat gateway %ts.%03tu %>a %rm %ru %>Hs %un %>st %<st %Ss',
     `access_log stdio:${dir}/access.log logformat=gateway`,
+    ...(o.logAuthScheme ? ['logformat gwauth %rm %ru %>Hs %{Proxy-Authorization}>h', `access_log stdio:${dir}/auth.log logformat=gwauth`] : []),
     'buffered_logs off',
     'logfile_rotate 0',
     'netdb_filename none',
@@ -143,14 +159,23 @@ function squidConf(dir: string, host: string, port: number, httpsPort: number | 
     `acl loopback src 127.0.0.0/8 ::1${(o.clients ?? []).map((c) => ` ${c}`).join('')}`,
   ];
   if (o.connectPorts) lines.push(`acl SSL_ports port ${o.connectPorts.join(' ')}`);
-  if (o.auth) {
-    lines.push(
-      `auth_param basic program ${NCSA_AUTH} ${dir}/passwd`,
-      'auth_param basic children 2 startup=1 idle=1',
-      'auth_param basic realm gateway-test',
-      'acl authenticated proxy_auth REQUIRED',
-    );
+  for (const scheme of o.auth ? (o.auth.schemes ?? ['basic']) : []) {
+    if (scheme === 'basic') {
+      lines.push(
+        `auth_param basic program ${NCSA_AUTH} ${dir}/passwd`,
+        'auth_param basic children 2 startup=1 idle=1',
+        `auth_param basic realm ${REALM}`,
+      );
+    } else {
+      lines.push(
+        `auth_param digest program ${DIGEST_AUTH} -c ${dir}/digest-passwd`,
+        'auth_param digest children 2 startup=1 idle=1',
+        `auth_param digest realm ${REALM}`,
+        'auth_param digest nonce_garbage_interval 5 minutes',
+      );
+    }
   }
+  if (o.auth) lines.push('acl authenticated proxy_auth REQUIRED');
   lines.push(...(o.extraConfig ?? []), 'http_access deny !loopback');
   if (o.connectPorts) lines.push('http_access deny CONNECT !SSL_ports');
   if (o.auth) lines.push('http_access deny !authenticated');
@@ -232,7 +257,9 @@ async function startOnce(o: SquidOptions): Promise<Squid> {
   if (o.auth) {
     const { stdout } = await run('openssl', ['passwd', '-apr1', o.auth.password]);
     await writeFile(join(dir, 'passwd'), `${o.auth.user}:${stdout.trim()}\n`, { mode: 0o600 });
-    files.push(join(dir, 'passwd'));
+    const ha1 = createHash('md5').update(`${o.auth.user}:${REALM}:${o.auth.password}`).digest('hex');
+    await writeFile(join(dir, 'digest-passwd'), `${o.auth.user}:${REALM}:${ha1}\n`, { mode: 0o600 });
+    files.push(join(dir, 'passwd'), join(dir, 'digest-passwd'));
   }
   if (o.tls) {
     // Copies, so the unprivileged squid can read them wherever the originals live.
@@ -292,6 +319,17 @@ async function startOnce(o: SquidOptions): Promise<Squid> {
     const lines = (await readFile(accessLogPath, 'utf8')).split('\n');
     return lines.filter((l) => l.trim() !== '' && l.split(' ')[1] !== PROBE_SOURCE);
   };
+  const readAuthLog = async (): Promise<string[]> => {
+    const path = join(dir, 'auth.log');
+    if (!existsSync(path)) return [];
+    // Squid logs the whole header value, URL-encoded ("Digest%20username=..."): only the scheme is kept. Lines
+    // without a request (the readiness probes') are dropped.
+    return (await readFile(path, 'utf8'))
+      .split('\n')
+      .map((l) => l.split(' '))
+      .filter(([method]) => method !== undefined && method !== '' && method !== '-')
+      .map(([method, url, status, auth]) => `${method} ${url} ${status} ${(auth ?? '-').split('%20')[0]}`);
+  };
   const waitForAccessLog = async (predicate: (line: string) => boolean, timeoutMs = 10_000): Promise<string> => {
     const until = Date.now() + timeoutMs;
     for (;;) {
@@ -315,6 +353,7 @@ async function startOnce(o: SquidOptions): Promise<Squid> {
     accessLogPath,
     cacheLogPath,
     readAccessLog,
+    readAuthLog,
     waitForAccessLog,
     stop,
   };

@@ -1,0 +1,70 @@
+/**
+ * What a proxy authentication scheme is to the Dialer, and the one place that decides which scheme answers a 407
+ * (as curl's --proxy-anyauth): the strongest scheme the proxy offered that this client can do, never a weaker
+ * one. Each scheme is one file of src/dial/auth/ (basic.ts, digest.ts; Negotiate and NTLM plug in the same way)
+ * and one entry of PROXY_AUTH_SCHEMES. docs/dialing.md, "Proxy authentication", says it for operators.
+ */
+import type { ProxySpec } from '../select.js';
+import { basicScheme } from './basic.js';
+import type { Challenge } from './challenge.js';
+import { digestScheme } from './digest.js';
+import type { ProxyAuthScheme } from './types.js';
+
+export type { AuthAbility, AuthRequest, AuthSession, ProxyAuthScheme } from './types.js';
+
+/** Every scheme the Dialer knows, strongest first. */
+export const PROXY_AUTH_SCHEMES: readonly ProxyAuthScheme[] = [digestScheme, basicScheme].sort((a, b) => b.strength - a.strength);
+
+export type AuthChoice =
+  | { scheme: ProxyAuthScheme; challenges: Challenge[] }
+  | { scheme: undefined; offered: string[]; declined: string[] };
+
+/**
+ * The strongest scheme among `challenges` that this client can do for `proxy`, with its challenges; or none, with
+ * what was offered and why each offered scheme this client knows was declined (for the error message).
+ */
+export function chooseScheme(
+  challenges: readonly Challenge[],
+  proxy: ProxySpec,
+  schemes: readonly ProxyAuthScheme[] = PROXY_AUTH_SCHEMES,
+): AuthChoice {
+  const declined: string[] = [];
+  for (const scheme of [...schemes].sort((a, b) => b.strength - a.strength)) {
+    const mine = challenges.filter((c) => c.key === scheme.name.toLowerCase());
+    if (mine.length === 0) continue;
+    const ability = scheme.can(proxy);
+    if (!ability.ok) {
+      declined.push(`${scheme.name}: ${ability.why}`);
+      continue;
+    }
+    const usable = mine.filter((c) => scheme.accepts(c));
+    if (usable.length === 0) {
+      declined.push(`${scheme.name}: no challenge this client can answer (${describeParams(mine[0]!)})`);
+      continue;
+    }
+    return { scheme, challenges: usable };
+  }
+  const offered = [...new Map(challenges.map((c) => [c.key, c.scheme])).values()];
+  return { scheme: undefined, offered, declined };
+}
+
+/** The parameters that decide whether a challenge can be answered, never a nonce or a token. */
+function describeParams(c: Challenge): string {
+  const shown = ['algorithm', 'qop'].filter((k) => c.params.has(k)).map((k) => `${k}=${c.params.get(k)!}`);
+  return shown.length > 0 ? shown.join(' ') : 'no parameters';
+}
+
+/** What `gateway dial-plan` says about a proxy URL: the schemes it can answer with, strongest first, and why. */
+export function describeProxyAuth(
+  proxy: ProxySpec,
+  schemes: readonly ProxyAuthScheme[] = PROXY_AUTH_SCHEMES,
+): { schemes: string[]; reason: string } {
+  const sorted = [...schemes].sort((a, b) => b.strength - a.strength);
+  const able = sorted.filter((s) => s.can(proxy).ok);
+  const why = sorted.map((s) => `${s.name}: ${s.can(proxy).why}`).join('; ');
+  const lead =
+    able.length === 0
+      ? 'answers no authentication challenge (a 407 fails)'
+      : `answers a 407 with the strongest of ${able.map((s) => s.name).join(', ')} that the proxy offers, never a weaker one`;
+  return { schemes: able.map((s) => s.name), reason: `${lead} (${why})` };
+}

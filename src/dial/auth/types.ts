@@ -1,0 +1,46 @@
+/**
+ * What a proxy authentication scheme is to the Dialer: a name, a strength, whether this client can do it for a
+ * proxy URL (can), which challenges it can answer (accepts), and a session that turns the proxy's challenges into
+ * Proxy-Authorization values, step by step. One file per scheme implements it (basic.ts, digest.ts; Negotiate and
+ * NTLM plug in the same way); scheme.ts lists them and chooses.
+ */
+import type { ProxySpec } from '../select.js';
+import type { Challenge } from './challenge.js';
+
+/** The request being authorized: the answer of some schemes (Digest) covers it. */
+export interface AuthRequest {
+  method: 'CONNECT';
+  /** The request target: for CONNECT, the authority host:port. */
+  uri: string;
+}
+
+/** Can this client answer the scheme for this proxy, and why (or why not): `gateway dial-plan` prints `why`. */
+export type AuthAbility = { ok: true; why: string } | { ok: false; why: string };
+
+/** One handshake of one scheme, for one CONNECT (across the connections it may take). */
+export interface AuthSession {
+  /**
+   * The next Proxy-Authorization value, given this scheme's challenges in the proxy's latest 407 (empty for a
+   * pre-emptive first message), or undefined when the scheme has nothing more to say: the proxy refused what was
+   * sent. Never logs what it returns.
+   */
+  respond(challenges: readonly Challenge[]): Promise<string | undefined>;
+}
+
+export interface ProxyAuthScheme {
+  /** As sent in Proxy-Authorization ("Digest"); challenges match it case-insensitively. */
+  readonly name: string;
+  /** Higher is stronger: Negotiate 40 > NTLM 30 > Digest 20 > Basic 10. */
+  readonly strength: number;
+  /**
+   * The steps must share one kept-alive connection (NTLM authenticates the connection, not the request): a 407
+   * that closes the connection in the middle of the handshake ends it, where other schemes re-dial and continue.
+   */
+  readonly connectionBound: boolean;
+  /** May be sent before any challenge, to a proxy that asked for this scheme on an earlier dial (Basic). */
+  readonly preemptive: boolean;
+  can(proxy: ProxySpec): AuthAbility;
+  /** Whether this client can answer this one challenge (Digest: a known algorithm, qop auth or none). */
+  accepts(challenge: Challenge): boolean;
+  start(proxy: ProxySpec, request: AuthRequest): AuthSession;
+}

@@ -1,0 +1,69 @@
+/**
+ * chooseScheme, the one decision of which scheme answers a 407: the strongest offered that this client can do,
+ * whatever the order of the headers; a scheme it cannot do (no credentials, a challenge it cannot answer) is
+ * passed over with the reason kept for the error; and describeProxyAuth, what `gateway dial-plan` prints.
+ */
+import { describe, expect, it } from 'vitest';
+import { basicScheme } from '../../../src/dial/auth/basic.js';
+import { parseChallenges } from '../../../src/dial/auth/challenge.js';
+import { digestScheme } from '../../../src/dial/auth/digest.js';
+import { chooseScheme, describeProxyAuth, PROXY_AUTH_SCHEMES } from '../../../src/dial/auth/scheme.js';
+import type { ProxyAuthScheme } from '../../../src/dial/auth/types.js';
+import type { ProxySpec } from '../../../src/dial/select.js';
+
+const withUser: ProxySpec = { protocol: 'http', host: 'squid', port: 3128, username: 'alice', password: 'pw', display: 'http://alice:***@squid:3128', source: 'HTTPS_PROXY' };
+const anonymous: ProxySpec = { ...withUser, username: undefined, password: undefined, display: 'http://squid:3128' };
+const DIGEST = 'Digest realm="r", nonce="n", qop="auth"';
+
+/** A stand-in for the Negotiate scheme another part adds: the strongest, and needs no URL credentials. */
+const negotiate: ProxyAuthScheme = {
+  name: 'Negotiate',
+  strength: 40,
+  connectionBound: false,
+  preemptive: false,
+  can: () => ({ ok: true, why: 'a Kerberos ticket' }),
+  accepts: () => true,
+  start: () => ({ respond: async () => 'Negotiate x' }),
+};
+
+describe('chooseScheme', () => {
+  it('lists Digest before Basic', () => {
+    expect(PROXY_AUTH_SCHEMES.map((s) => s.name)).toEqual(['Digest', 'Basic']);
+  });
+
+  it.each([[['Basic realm=r', DIGEST]], [[DIGEST, 'Basic realm=r']], [[`Basic realm=r, ${DIGEST}`]]])('Digest over Basic in %j', (headers) => {
+    const choice = chooseScheme(parseChallenges(headers), withUser);
+    expect(choice.scheme).toBe(digestScheme);
+  });
+
+  it('Basic when it is all that is offered; the stronger plugged-in scheme when offered', () => {
+    expect(chooseScheme(parseChallenges(['Basic realm=r']), withUser).scheme).toBe(basicScheme);
+    const schemes = [basicScheme, negotiate, digestScheme];
+    expect(chooseScheme(parseChallenges([DIGEST, 'Negotiate', 'Basic realm=r']), withUser, schemes).scheme).toBe(negotiate);
+    expect(chooseScheme(parseChallenges([DIGEST, 'Negotiate', 'Basic realm=r']), anonymous, schemes).scheme).toBe(negotiate);
+  });
+
+  it('passes over a Digest challenge it cannot answer for the Basic one, saying why', () => {
+    const choice = chooseScheme(parseChallenges(['Digest realm="r", nonce="n", algorithm=SHA-1', 'Basic realm=r']), withUser);
+    expect(choice.scheme).toBe(basicScheme);
+  });
+
+  it('none: what was offered, and why each known scheme was declined', () => {
+    const choice = chooseScheme(parseChallenges(['Negotiate', DIGEST, 'Basic realm=r']), anonymous);
+    expect(choice).toEqual({
+      scheme: undefined,
+      offered: ['Negotiate', 'Digest', 'Basic'],
+      declined: ['Digest: needs user:password in the proxy URL', 'Basic: needs user:password in the proxy URL'],
+    });
+  });
+});
+
+describe('describeProxyAuth', () => {
+  it('with credentials: Digest, Basic; without: none, and why', () => {
+    expect(describeProxyAuth(withUser).schemes).toEqual(['Digest', 'Basic']);
+    const none = describeProxyAuth(anonymous);
+    expect(none.schemes).toEqual([]);
+    expect(none.reason).toMatch(/^answers no authentication challenge/);
+    expect(describeProxyAuth(anonymous, [negotiate, ...PROXY_AUTH_SCHEMES]).schemes).toEqual(['Negotiate']);
+  });
+});

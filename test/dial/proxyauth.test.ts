@@ -1,0 +1,341 @@
+/**
+ * The Dialer's proxy authentication against scripted proxies (a Node server per test that answers each CONNECT
+ * as the test says), for what squid cannot be made to do: the traps curl's test suite knows. Each proxy records
+ * every request head it got, on which connection, so a test can say what was and was not sent. Every log line of
+ * the code under test is captured, and the last test checks that no password and no Proxy-Authorization value
+ * reached them.
+ */
+import { randomBytes } from 'node:crypto';
+import net from 'node:net';
+import { Writable } from 'node:stream';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { basicCredentials } from '../../src/dial/auth/basic.js';
+import { PROXY_AUTH_SCHEMES } from '../../src/dial/auth/scheme.js';
+import type { ProxyAuthScheme } from '../../src/dial/auth/types.js';
+import { Dialer, type DialerOptions } from '../../src/dial/dialer.js';
+import { GatewayError } from '../../src/errors.js';
+import { createLogger, setRootLogger } from '../../src/log.js';
+
+const logLines: string[] = [];
+setRootLogger(
+  createLogger({
+    level: 'trace',
+    format: 'json',
+    destination: new Writable({
+      write(chunk, _enc, cb) {
+        logLines.push(String(chunk));
+        cb();
+      },
+    }),
+  }),
+);
+
+const USER = 'alice';
+const PASSWORD = `pw-${randomBytes(6).toString('hex')}`;
+const TARGET = 'app.gw.test:443';
+
+interface Seen {
+  /** Which accepted connection (0, 1, ...) carried the request. */
+  conn: number;
+  /** The request's Proxy-Authorization value, or undefined. */
+  authorization: string | undefined;
+}
+
+/** What the proxy does with one request: an answer to write, then close or keep, or a tunnel (echo). */
+type Reply = { write: string; close?: boolean } | 'tunnel' | 'stall';
+type Script = (n: number, seen: Seen) => Reply;
+
+interface ScriptedProxy {
+  url: string;
+  seen: Seen[];
+  close(): void;
+}
+
+const proxies: ScriptedProxy[] = [];
+afterEach(() => {
+  for (const p of proxies.splice(0)) p.close();
+});
+
+/** A proxy on 127.0.0.2 (127.0.0.1 is refused as a proxy host) that answers the n-th request with script(n). */
+async function scripted(script: Script): Promise<ScriptedProxy> {
+  const seen: Seen[] = [];
+  const sockets = new Set<net.Socket>();
+  let conns = 0;
+  const server = net.createServer((socket) => {
+    const conn = conns++;
+    sockets.add(socket);
+    socket.on('error', () => undefined);
+    let buf = '';
+    const onData = (c: Buffer) => {
+      buf += c.toString('latin1');
+      for (let end = buf.indexOf('\r\n\r\n'); end >= 0; end = buf.indexOf('\r\n\r\n')) {
+        const head = buf.slice(0, end);
+        buf = buf.slice(end + 4);
+        const auth = /^proxy-authorization: *(.*)$/im.exec(head)?.[1];
+        const s: Seen = { conn, authorization: auth };
+        seen.push(s);
+        const reply = script(seen.length - 1, s);
+        if (reply === 'stall') return;
+        if (reply === 'tunnel') {
+          socket.off('data', onData);
+          socket.write('HTTP/1.1 200 Connection established\r\n\r\n');
+          socket.pipe(socket);
+          return;
+        }
+        socket.write(reply.write);
+        if (reply.close) {
+          socket.end();
+          return;
+        }
+      }
+    };
+    socket.on('data', onData);
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.2', resolve));
+  const port = (server.address() as net.AddressInfo).port;
+  const p = {
+    url: `http://${encodeURIComponent(USER)}:${encodeURIComponent(PASSWORD)}@127.0.0.2:${port}`,
+    seen,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      server.close();
+    },
+  };
+  proxies.push(p);
+  return p;
+}
+
+const BODY = 'Authentication required\n';
+function challenge(headers: string[], extra: string[] = [], version = '1.1'): string {
+  const lines = [`HTTP/${version} 407 Proxy Authentication Required`, ...headers.map((h) => `Proxy-Authenticate: ${h}`), ...extra];
+  if (!extra.some((l) => /^content-length/i.test(l))) lines.push(`Content-Length: ${BODY.length}`);
+  return `${lines.join('\r\n')}\r\n\r\n${BODY}`;
+}
+const DIGEST = (nonce = randomBytes(8).toString('hex'), more = '') => `Digest realm="corp", nonce="${nonce}", qop="auth"${more}`;
+const BASIC = 'Basic realm="corp"';
+
+function dialer(url: string, options: DialerOptions = {}): Dialer {
+  return new Dialer({ env: { HTTPS_PROXY: url }, connectTimeoutMs: 5_000, proxyAnswerTimeoutMs: 5_000, ...options });
+}
+
+async function roundTrip(socket: net.Socket): Promise<string> {
+  const got = new Promise<string>((resolve) => socket.once('data', (c: Buffer) => resolve(c.toString())));
+  socket.write('ping');
+  const text = await got;
+  socket.destroy();
+  return text;
+}
+
+async function dialError(d: Dialer): Promise<GatewayError> {
+  try {
+    (await d.dial(TARGET)).destroy();
+  } catch (err) {
+    expect(err).toBeInstanceOf(GatewayError);
+    return err as GatewayError;
+  }
+  throw new Error('the dial unexpectedly succeeded');
+}
+
+const scheme = (v: string | undefined) => v?.split(' ')[0];
+
+describe('choosing the scheme', () => {
+  it('Digest and Basic in two headers: Digest, and Basic is never sent', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge([BASIC, DIGEST()]) } : scheme(p.seen[n]!.authorization) === 'Digest' ? 'tunnel' : { write: challenge([BASIC, DIGEST()]) }));
+    expect(await roundTrip(await dialer(p.url).dial(TARGET))).toBe('ping');
+    expect(p.seen.map((s) => scheme(s.authorization))).toEqual([undefined, 'Digest']);
+    // One connection: the 407's body was read and the answer went on the same one.
+    expect(p.seen.map((s) => s.conn)).toEqual([0, 0]);
+  });
+
+  it('several challenges in one header, Digest among them', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge([`Negotiate, ${BASIC}, ${DIGEST()}, NTLM`]) } : 'tunnel'));
+    await roundTrip(await dialer(p.url).dial(TARGET));
+    expect(scheme(p.seen[1]!.authorization)).toBe('Digest');
+    expect(p.seen[1]!.authorization).toContain(`username="${USER}"`);
+    expect(p.seen[1]!.authorization).toContain(`uri="${TARGET}"`);
+  });
+
+  it('Basic alone is answered; nothing is sent before the 407', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge([BASIC]) } : 'tunnel'));
+    await roundTrip(await dialer(p.url).dial(TARGET));
+    expect(p.seen.map((s) => s.authorization)).toEqual([undefined, basicCredentials(USER, PASSWORD)]);
+  });
+
+  it('after Basic opened a tunnel, the next dial through the same URL sends it first; a 407 then makes it choose again', async () => {
+    let offer = [BASIC];
+    const p = await scripted((_n, s) => (s.authorization === undefined || scheme(s.authorization) !== scheme(offer[0]) ? { write: challenge(offer) } : 'tunnel'));
+    const d = dialer(p.url);
+    await roundTrip(await d.dial(TARGET));
+    await roundTrip(await d.dial(TARGET));
+    expect(p.seen.map((s) => scheme(s.authorization))).toEqual([undefined, 'Basic', 'Basic']);
+    // The proxy now wants Digest: the pre-emptive Basic meets a 407, and Digest answers it.
+    offer = [DIGEST(), BASIC];
+    await roundTrip(await d.dial(TARGET));
+    expect(p.seen.slice(3).map((s) => scheme(s.authorization))).toEqual(['Basic', 'Digest']);
+    // Forgotten: the dial after that sends nothing first (Digest is never pre-emptive).
+    await roundTrip(await d.dial(TARGET));
+    expect(scheme(p.seen[5]!.authorization)).toBeUndefined();
+  });
+});
+
+describe('pre-emptive Basic refused', () => {
+  it('a 407 offering Basic again to the pre-emptive Basic: refused at once, not sent twice', async () => {
+    let accept = true;
+    const p = await scripted((_n, s) => (accept && s.authorization !== undefined ? 'tunnel' : { write: challenge([BASIC]) }));
+    const d = dialer(p.url);
+    await roundTrip(await d.dial(TARGET));
+    accept = false; // the password was changed at the proxy
+    const before = p.seen.length;
+    const err = await dialError(d);
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    expect(p.seen.slice(before).map((s) => scheme(s.authorization))).toEqual(['Basic']);
+  });
+});
+
+describe("curl's traps", () => {
+  it('a 407 with Connection: close: a new connection, and the handshake goes on there', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge([DIGEST()], ['Connection: close']), close: true } : 'tunnel'));
+    expect(await roundTrip(await dialer(p.url).dial(TARGET))).toBe('ping');
+    expect(p.seen.map((s) => [s.conn, scheme(s.authorization)])).toEqual([
+      [0, undefined],
+      [1, 'Digest'],
+    ]);
+  });
+
+  it.each([
+    ['HTTP/1.0 without keep-alive', challenge([DIGEST()], [], '1.0')],
+    ['no Content-Length (the body ends with the connection)', `HTTP/1.1 407 x\r\nProxy-Authenticate: ${DIGEST()}\r\n\r\nbody`],
+    ['chunked', `HTTP/1.1 407 x\r\nProxy-Authenticate: ${DIGEST()}\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n`],
+  ])('%s: also a new connection', async (_what, answer) => {
+    const p = await scripted((n) => (n === 0 ? { write: answer, close: true } : 'tunnel'));
+    await roundTrip(await dialer(p.url).dial(TARGET));
+    expect(p.seen.map((s) => s.conn)).toEqual([0, 1]);
+  });
+
+  it('a 200 to the first message of a multi-step scheme opens the tunnel', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge(['Twostep', BASIC]) } : 'tunnel'));
+    const d = dialer(p.url, { authSchemes: [twoStep(), ...PROXY_AUTH_SCHEMES] });
+    expect(await roundTrip(await d.dial(TARGET))).toBe('ping');
+    expect(p.seen.map((s) => s.authorization)).toEqual([undefined, 'Twostep step1']);
+  });
+
+  it('a connection-bound scheme whose second step meets Connection: close ends with a clear error, no re-dial', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge(['Twostep']) } : { write: challenge(['Twostep abc='], ['Connection: close']), close: true }));
+    const err = await dialError(dialer(p.url, { authSchemes: [twoStep()] }));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    expect(err.message).toMatch(/closed the connection in the middle of the Twostep handshake/);
+    expect(p.seen).toHaveLength(2);
+  });
+
+  it('a challenge loop ends after 4 answers with GW_ERR_DIAL_PROXY_AUTH_LOOP', async () => {
+    const p = await scripted(() => ({ write: challenge(['Twostep more=1']) }));
+    const err = await dialError(dialer(p.url, { authSchemes: [twoStep(Infinity)] }));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_LOOP');
+    expect(err.message).toMatch(/after 4 answers with Twostep/);
+    expect(err.hint).toMatch(/authentication log/);
+    expect(p.seen).toHaveLength(5);
+  });
+
+  it('a Digest proxy that says stale=true for ever gets two answers, then the refusal', async () => {
+    const p = await scripted(() => ({ write: challenge([DIGEST(undefined, ', stale=true')]) }));
+    const err = await dialError(dialer(p.url));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    expect(p.seen.map((s) => scheme(s.authorization))).toEqual([undefined, 'Digest', 'Digest']);
+  });
+
+  it('never a downgrade: after Digest, a 407 offering only Basic ends the dial and Basic is never sent', async () => {
+    const p = await scripted((n) => ({ write: challenge(n === 0 ? [DIGEST(), BASIC] : [BASIC]) }));
+    const err = await dialError(dialer(p.url));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    expect(err.message).toContain('refused the Digest credentials of user "alice"');
+    expect(err.message).toContain('then offered Basic instead');
+    expect(p.seen.map((s) => scheme(s.authorization))).toEqual([undefined, 'Digest']);
+  });
+
+  it('wrong credentials (407 again with a fresh nonce, not stale): refused, with the scheme and user', async () => {
+    const p = await scripted(() => ({ write: challenge([DIGEST()]) }));
+    const err = await dialError(dialer(p.url));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    expect(err.details).toMatchObject({ status: 407, scheme: 'Digest' });
+    expect(p.seen).toHaveLength(2);
+  });
+});
+
+describe('407s this client cannot answer', () => {
+  it('only Negotiate and NTLM: GW_ERR_DIAL_PROXY_AUTH_UNSUPPORTED listing what was offered', async () => {
+    const p = await scripted(() => ({ write: challenge(['Negotiate', 'NTLM']) }));
+    const err = await dialError(dialer(p.url));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_UNSUPPORTED');
+    expect(err.message).toContain('offers Negotiate, NTLM, none of which this client can answer');
+    expect(err.details.offered).toEqual(['Negotiate', 'NTLM']);
+    expect(p.seen).toHaveLength(1);
+  });
+
+  it('Digest with an algorithm it does not know: unsupported, and says why', async () => {
+    const p = await scripted(() => ({ write: challenge(['Digest realm="r", nonce="n", algorithm=SHA-1']) }));
+    const err = await dialError(dialer(p.url));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_UNSUPPORTED');
+    expect(err.message).toContain('algorithm=SHA-1');
+  });
+
+  it('a 407 with no Proxy-Authenticate at all', async () => {
+    const p = await scripted(() => ({ write: 'HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n' }));
+    const err = await dialError(dialer(p.url));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_UNSUPPORTED');
+    expect(err.message).toContain('no Proxy-Authenticate header');
+  });
+
+  it('no credentials in the URL: authentication required, naming the schemes', async () => {
+    const p = await scripted(() => ({ write: challenge([DIGEST(), BASIC]) }));
+    const err = await dialError(dialer(p.url.replace(/\/\/[^@]*@/, '//')));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REQUIRED');
+    expect(err.message).toContain('it offers Digest, Basic');
+  });
+
+  it('a Proxy-Authenticate that breaks the grammar is GW_ERR_DIAL_PROXY_MALFORMED', async () => {
+    const p = await scripted(() => ({ write: challenge(['Digest realm="unclosed']) }));
+    expect((await dialError(dialer(p.url))).code).toBe('GW_ERR_DIAL_PROXY_MALFORMED');
+  });
+});
+
+describe('slow and lying proxies: nothing waits past its deadline', () => {
+  it('a 407 whose body never comes: GW_ERR_DIAL_PROXY_NO_ANSWER', async () => {
+    const p = await scripted(() => ({ write: challenge([DIGEST()], ['Content-Length: 1000']).slice(0, -BODY.length) }));
+    const err = await dialError(dialer(p.url, { proxyAnswerTimeoutMs: 300 }));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_NO_ANSWER');
+  });
+
+  it('no answer at all to the authenticated CONNECT: GW_ERR_DIAL_PROXY_NO_ANSWER', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge([DIGEST()]) } : 'stall'));
+    const err = await dialError(dialer(p.url, { proxyAnswerTimeoutMs: 300 }));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_NO_ANSWER');
+  });
+});
+
+afterAll(() => {
+  // Runs after every test above, each of which logged its handshake (several failing).
+  const all = logLines.join('');
+  expect(all).toContain('answering the proxy');
+  expect(all).not.toContain(PASSWORD);
+  expect(all).not.toContain(basicCredentials(USER, PASSWORD).split(' ')[1]);
+  expect(all).not.toMatch(/response=|Proxy-Authorization|"authorization"/i);
+});
+
+/**
+ * A test scheme in the shape of NTLM: connection-bound, its first message sent to a bare challenge, then one per
+ * challenge with a token, `steps` messages in all.
+ */
+function twoStep(steps = 2): ProxyAuthScheme {
+  return {
+    name: 'Twostep',
+    strength: 30,
+    connectionBound: true,
+    preemptive: false,
+    can: () => ({ ok: true, why: 'test' }),
+    accepts: () => true,
+    start() {
+      let step = 0;
+      return { respond: async () => (step < steps ? `Twostep step${++step}` : undefined) };
+    },
+  };
+}
