@@ -1,0 +1,56 @@
+/**
+ * The NTLM proxy lab (test/helpers/ntlm.ts) proven with curl as the reference client: squid with Samba's
+ * ntlm_auth and winbindd over a local account database, and `curl --proxy-ntlm -U 'GWLAB\user:pass'`. The lab's
+ * one simplification (winbindd's pipe at Debian's fixed /run/samba/winbindd) is explained in the helper.
+ */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { curl } from '../helpers/curl.js';
+import { startNtlmLab, type NtlmLab } from '../helpers/ntlm.js';
+import { rootSuite } from '../helpers/root.js';
+import { parseAccessLogLine } from '../helpers/squid.js';
+
+const describeAsRoot = rootSuite(['users']);
+
+describeAsRoot('the NTLM proxy lab, with curl as the client', () => {
+  let lab: NtlmLab;
+  let web: http.Server;
+  let target: string;
+
+  beforeAll(async () => {
+    lab = await startNtlmLab();
+    web = http.createServer((_req, res) => res.end('behind the ntlm proxy\n'));
+    await new Promise<void>((r) => web.listen(0, '127.0.0.3', r));
+    target = `http://127.0.0.3:${(web.address() as AddressInfo).port}/`;
+  }, 60_000);
+
+  afterAll(async () => {
+    if (web) await new Promise((r) => web.close(r));
+    await lab?.stop();
+  });
+
+  const curlNtlm = (userpass: string, extra: string[] = []) => curl(['-p', '-x', lab.squid.url, '--proxy-ntlm', '-U', userpass, ...extra, target]);
+
+  it('lets the account through with NTLMv2 on one connection, and squid logs it', async () => {
+    const r = await curlNtlm(`${lab.account}:${lab.user.password}`, ['-v']);
+    expect(r.stdout).toBe('behind the ntlm proxy\n');
+    // The three messages: Type 1, the proxy's Type 2 challenge, Type 3 on the same (re-used) connection.
+    expect(r.stderr).toMatch(/Proxy-Authorization: NTLM TlRMTVNTUAABAAAA/);
+    expect(r.stderr).toMatch(/Proxy-Authenticate: NTLM TlRMTVNTUAACAAAA/);
+    expect(r.stderr).toMatch(/Proxy-Authorization: NTLM TlRMTVNTUAADAAAA/);
+    expect(r.stderr).not.toMatch(/Connection #0 .* left intact[\s\S]*Trying/); // no second connection
+    const line = await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(' 200 '));
+    expect(parseAccessLogLine(line).user?.toLowerCase()).toBe(`${lab.domain}\\${lab.user.name}`.toLowerCase());
+  });
+
+  it('answers 407 to a wrong password', async () => {
+    const r = await curlNtlm(`${lab.account}:not-the-password`, ['-o', '/dev/null', '-w', '%{http_connect}']);
+    expect(r.stdout).toBe('407');
+  });
+
+  it('answers 407 to an account it does not have', async () => {
+    const r = await curlNtlm(`${lab.domain}\\nobody-here:${lab.user.password}`, ['-o', '/dev/null', '-w', '%{http_connect}']);
+    expect(r.stdout).toBe('407');
+  });
+});

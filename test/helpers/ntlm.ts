@@ -1,0 +1,143 @@
+/**
+ * An NTLM proxy lab: a squid whose NTLM helper is Samba's `ntlm_auth --helper-protocol=squid-2.5-ntlmssp`, with
+ * Samba's winbindd checking the answers against a local account database (a standalone server's tdbsam, the
+ * domain being the server's NetBIOS name, GWLAB). Samba's default `ntlm auth = ntlmv2-only` holds: an NTLMv1
+ * answer is refused, so a client that gets through speaks NTLMv2.
+ *
+ * Everything Samba keeps (smb.conf, passdb, state, caches, logs) is in a temp dir, except one path: the winbind
+ * pipe. Debian's libwbclient (which ntlm_auth and wbinfo use) reads no configuration for it and connects to its
+ * compiled-in /run/samba/winbindd (the SELFTEST_WINBINDD_SOCKET_DIR override works only under Samba's own
+ * nss_wrapper builds), so winbindd is told to listen there. That is the one simplification: one NTLM lab per
+ * machine at a time, and none while a system winbindd runs; the lab refuses to start when a winbindd already
+ * answers there rather than test against someone else's. (A mount namespace holding both winbindd and squid
+ * would lift it; squid.ts would then have to start squid inside it.)
+ *
+ * Samba's accounts are Unix accounts: the lab adds an OS user of its own (`useradd`, removed by stop()), so it
+ * needs root. The privileged pipe directory (where ntlm_auth's NTLM checks go) is given to squid's group so the
+ * helper, which runs as squid's user, can reach it, as Debian's winbindd_priv group does for a system install.
+ */
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { chmod, chown, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { proxyUser, startSquid, type Squid } from './squid.js';
+
+const run = promisify(execFile);
+const NTLM_AUTH = '/usr/bin/ntlm_auth';
+const WINBINDD = '/usr/sbin/winbindd';
+/** Debian libwbclient's compiled-in socket directory (see the module doc). */
+const WINBIND_SOCKET_DIR = '/run/samba/winbindd';
+
+/** The NTLM domain of the lab's accounts: a standalone Samba server's own NetBIOS name. */
+export const NTLM_DOMAIN = 'GWLAB';
+
+export interface NtlmLab {
+  dir: string;
+  squid: Squid;
+  domain: string;
+  user: { name: string; password: string };
+  /** "GWLAB\\name", as curl's -U and a proxy URL's user part take it. */
+  account: string;
+  stop(): Promise<void>;
+}
+
+function smbConf(dir: string): string {
+  return `[global]
+  workgroup = GWTEST
+  netbios name = ${NTLM_DOMAIN}
+  server role = standalone server
+  security = user
+  passdb backend = tdbsam:${dir}/private/passdb.tdb
+  private dir = ${dir}/private
+  state directory = ${dir}/state
+  lock directory = ${dir}/lock
+  cache directory = ${dir}/cache
+  pid directory = ${dir}/pid
+  ncalrpc dir = ${dir}/ncalrpc
+  winbindd socket directory = ${WINBIND_SOCKET_DIR}
+  log file = ${dir}/log.%m
+  disable netbios = yes
+  ntlm auth = ntlmv2-only
+`;
+}
+
+/** True when a winbindd answers on the pipe (ours, once started; someone else's, before). */
+async function winbindAnswers(): Promise<boolean> {
+  try {
+    await run('wbinfo', ['--ping'], { timeout: 5000 });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function startWinbindd(conf: string): Promise<ChildProcess> {
+  const child = spawn(WINBINDD, ['-F', '--debug-stdout', `--configfile=${conf}`], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  const keep = (d: Buffer) => (out = (out + d.toString()).slice(-4000));
+  child.stdout!.on('data', keep);
+  child.stderr!.on('data', keep);
+  const deadline = Date.now() + 20_000;
+  while (!(await winbindAnswers())) {
+    if (child.exitCode !== null || Date.now() > deadline) {
+      child.kill('SIGKILL');
+      throw new Error(`winbindd did not answer on ${WINBIND_SOCKET_DIR}: ${out}`);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return child;
+}
+
+/** Squid's NTLM: Samba's helper with the lab's smb.conf, and a 407 for anyone it does not accept. */
+export function ntlmSquidConfig(conf: string): string[] {
+  return [
+    `auth_param ntlm program ${NTLM_AUTH} --helper-protocol=squid-2.5-ntlmssp --configfile=${conf}`,
+    'auth_param ntlm children 2 startup=1 idle=1',
+    'auth_param ntlm keep_alive on',
+    'acl ntlm_user proxy_auth REQUIRED',
+    'http_access deny !ntlm_user',
+  ];
+}
+
+export async function startNtlmLab(o: { host?: string } = {}): Promise<NtlmLab> {
+  if (await winbindAnswers()) {
+    throw new Error(`a winbindd already answers on ${WINBIND_SOCKET_DIR} (another NTLM lab, or the system's): stop it first`);
+  }
+  const dir = await mkdtemp(join(tmpdir(), 'gw-ntlm-'));
+  const user = { name: `gwntlm${randomBytes(3).toString('hex')}`, password: `Ntlm-${randomBytes(6).toString('hex')}` };
+  const steps: Array<() => Promise<unknown>> = [() => rm(dir, { recursive: true, force: true })];
+  const stop = async () => {
+    for (const step of steps.splice(0).reverse()) await step().catch((err) => console.error('ntlm lab stop:', err));
+  };
+  try {
+    for (const d of ['private', 'state', 'lock', 'cache', 'pid', 'ncalrpc']) await mkdir(join(dir, d));
+    await mkdir(WINBIND_SOCKET_DIR, { recursive: true });
+    const conf = join(dir, 'smb.conf');
+    await writeFile(conf, smbConf(dir));
+    await run('useradd', ['--no-create-home', '--shell', '/usr/sbin/nologin', '--comment', 'gateway test NTLM lab', user.name]);
+    steps.push(() => run('userdel', [user.name]));
+    await new Promise<void>((resolve, reject) => {
+      const child = spawn('smbpasswd', ['-c', conf, '-s', '-a', user.name], { stdio: ['pipe', 'ignore', 'pipe'] });
+      let err = '';
+      child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+      child.once('exit', (code) => (code === 0 ? resolve() : reject(new Error(`smbpasswd -a failed (${code}): ${err}`))));
+      child.stdin.end(`${user.password}\n${user.password}\n`);
+    });
+    const winbindd = await startWinbindd(conf);
+    steps.push(async () => {
+      winbindd.kill('SIGTERM');
+      if (winbindd.exitCode === null) await new Promise((r) => winbindd.once('exit', r));
+    });
+    const owner = proxyUser();
+    await chmod(dir, 0o755);
+    if (owner) await chown(join(dir, 'state', 'winbindd_privileged'), 0, owner.gid);
+    const squid = await startSquid({ host: o.host, extraConfig: ntlmSquidConfig(conf) });
+    steps.push(() => squid.stop());
+    return { dir, squid, domain: NTLM_DOMAIN, user, account: `${NTLM_DOMAIN}\\${user.name}`, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
