@@ -2,10 +2,16 @@
  * The Kerberos proxy lab (test/helpers/kerberos.ts) proven with curl as the reference client: a real MIT KDC, a
  * squid asking for Negotiate through negotiate_kerberos_auth, and `curl --proxy-negotiate -U :` with the user's
  * credential cache. When the gateway's Negotiate fails against this lab, the lab is known good.
+ *
+ * Then src/dial/negotiate.ts with the real GSSAPI binding (the `kerberos` npm package, an optional native module:
+ * GW_TEST_KERBEROS_MODULE may name where it is built when it is not in node_modules; without it those tests are
+ * skipped, saying so): its token in a hand-made CONNECT, which squid accepts and logs with the principal.
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadGssapi, negotiateScheme, type GssapiBinding } from '../../src/dial/negotiate.js';
+import { connectWithScheme, getThroughTunnel } from '../helpers/connauth.js';
 import { curl } from '../helpers/curl.js';
 import { startKerberosLab, type KerberosLab } from '../helpers/kerberos.js';
 import { parseAccessLogLine } from '../helpers/squid.js';
@@ -57,5 +63,66 @@ describe('the Kerberos proxy lab, with curl as the client', () => {
       lab.env,
     );
     expect(r.stdout).toBe('407');
+  });
+});
+
+let binding: GssapiBinding | undefined;
+try {
+  binding = loadGssapi(process.env.GW_TEST_KERBEROS_MODULE ?? 'kerberos');
+} catch {
+  binding = undefined;
+}
+
+describe.skipIf(!binding)('src/dial/negotiate.ts against the lab (skipped when the kerberos npm package is not installed: see docs/dialing.md)', () => {
+  const saved = { ...process.env };
+  /** GSSAPI reads the process's environment: point it at the lab's realm and the given credentials. */
+  const useEnv = (env: Record<string, string>) => {
+    for (const k of ['KRB5_CONFIG', 'KRB5CCNAME', 'KRB5_CLIENT_KTNAME']) delete process.env[k];
+    Object.assign(process.env, env);
+  };
+  afterAll(() => useEnv({ ...(saved.KRB5_CONFIG ? { KRB5_CONFIG: saved.KRB5_CONFIG } : {}), ...(saved.KRB5CCNAME ? { KRB5CCNAME: saved.KRB5CCNAME } : {}) }));
+  const hostPort = () => target.slice('http://'.length, -1);
+
+  it('makes a token for HTTP@proxy.gw.test from the user\'s credential cache; squid lets the CONNECT through', async () => {
+    useEnv(lab.env);
+    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme(lab.proxyHost, binding));
+    expect(r.error).toBeUndefined();
+    expect(r.statuses).toEqual([200]);
+    expect(r.sent[0]).toMatch(/^Negotiate YII/); // a SPNEGO initial context token (ASN.1 [APPLICATION 0])
+    expect(await getThroughTunnel(r.tunnel!, hostPort())).toContain('behind the kerberos proxy');
+    const line = await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(` 200 ${lab.user.principal} `));
+    expect(parseAccessLogLine(line).user).toBe('alice@GW.TEST');
+  });
+
+  it('gets its own tickets from a client keytab (KRB5_CLIENT_KTNAME), as an agent running as a service does', async () => {
+    await lab.kadmin('addprinc -randkey agent1');
+    await lab.kadmin(`ktadd -k ${lab.dir}/agent1.keytab agent1`);
+    useEnv({ KRB5_CONFIG: lab.env.KRB5_CONFIG!, KRB5_CLIENT_KTNAME: `${lab.dir}/agent1.keytab`, KRB5CCNAME: `FILE:${lab.dir}/agent1-cache` });
+    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme(lab.proxyHost, binding));
+    expect(r.statuses).toEqual([200]);
+    r.tunnel!.destroy();
+    await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(` agent1@${lab.realm} `));
+  });
+
+  it('without credentials: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED before anything is sent', async () => {
+    useEnv({ KRB5_CONFIG: lab.env.KRB5_CONFIG!, KRB5CCNAME: `FILE:${lab.dir}/empty-cache` });
+    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme(lab.proxyHost, binding));
+    expect(r.sent).toEqual([]);
+    expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
+  });
+
+  it('for a proxy name the realm does not know: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED naming the principal', async () => {
+    useEnv(lab.env);
+    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme('unknown.gw.test', binding));
+    expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
+    expect(String(r.error)).toContain('HTTP@unknown.gw.test');
+  });
+
+  it('a ticket for another service principal is refused by squid: the scheme stops at the bare Negotiate', async () => {
+    useEnv(lab.env);
+    await lab.kadmin('addprinc -randkey HTTP/elsewhere.gw.test').catch(() => undefined);
+    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme('elsewhere.gw.test', binding));
+    expect(r.statuses).toEqual([407]);
+    expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_AUTH_REFUSED' });
   });
 });
