@@ -7,6 +7,7 @@
  * GW_TEST_KERBEROS_MODULE may name where it is built when it is not in node_modules; without it those tests are
  * skipped, saying so): its token in a hand-made CONNECT, which squid accepts and logs with the principal.
  */
+import { spawn } from 'node:child_process';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -28,9 +29,32 @@ beforeAll(async () => {
 }, 60_000);
 
 afterAll(async () => {
+  web?.closeAllConnections();
   if (web) await new Promise((r) => web.close(r));
   await lab?.stop();
 });
+
+/**
+ * A credential cache whose ticket has expired: a 3-second ticket, then wait until klist -s says it is no longer
+ * valid, and 1.5 s more. Ticket times are whole seconds: in the second a ticket ends, the KDC (within its clock
+ * skew) still issues a service ticket ending that same second, and squid accepts it; from the next second on
+ * libkrb5 refuses the expired ticket itself ("Ticket expired"), which is the case tested here.
+ */
+async function expiredCache(): Promise<string> {
+  const cache = await lab.kinit(lab.user.principal, lab.user.password, '3s');
+  const deadline = Date.now() + 30_000;
+  while ((await run('klist', ['-s'], { env: { ...lab.env, KRB5CCNAME: cache } })) === 0) {
+    if (Date.now() > deadline) throw new Error('the 3-second ticket is still valid after 30 s');
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  await new Promise((r) => setTimeout(r, 1500));
+  return cache;
+}
+
+/** A program's exit status. */
+function run(cmd: string, args: string[], o: { env: Record<string, string> }): Promise<number | null> {
+  return new Promise((resolve) => spawn(cmd, args, { env: { PATH: process.env.PATH ?? '', ...o.env }, stdio: 'ignore' }).once('exit', resolve));
+}
 
 /** curl through the lab's squid with a CONNECT tunnel (as the Dialer uses it), Negotiate from KRB5CCNAME. */
 function curlNegotiate(env: Record<string, string>, extra: string[] = []) {
@@ -53,6 +77,11 @@ describe('the Kerberos proxy lab, with curl as the client', () => {
     const r = await curlNegotiate({ ...lab.env, KRB5CCNAME: `FILE:${lab.dir}/no-such-cache` }, ['-o', '/dev/null', '-w', '%{http_connect}']);
     expect(r.stdout).toBe('407');
     expect(r.status).not.toBe(0);
+  });
+
+  it('answers 407 to a client whose ticket has expired', async () => {
+    const r = await curlNegotiate({ ...lab.env, KRB5CCNAME: await expiredCache() }, ['-o', '/dev/null', '-w', '%{http_connect}']);
+    expect(r.stdout).toBe('407');
   });
 
   it('answers 407 to a ticket for another proxy name (a service principal squid has no key for)', async () => {
@@ -109,6 +138,14 @@ describe.skipIf(!binding)('src/dial/negotiate.ts against the lab (skipped when t
     const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme(lab.proxyHost, binding));
     expect(r.sent).toEqual([]);
     expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
+  });
+
+  it('with an expired ticket: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED saying so, before anything is sent', async () => {
+    useEnv({ ...lab.env, KRB5CCNAME: await expiredCache() });
+    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme(lab.proxyHost, binding));
+    expect(r.sent).toEqual([]);
+    expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
+    expect(String(r.error)).toMatch(/expired/i);
   });
 
   it('for a proxy name the realm does not know: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED naming the principal', async () => {

@@ -30,6 +30,7 @@ describeAsRoot('the NTLM proxy lab, with curl as the client', () => {
   }, 60_000);
 
   afterAll(async () => {
+    web?.closeAllConnections();
     if (web) await new Promise((r) => web.close(r));
     await lab?.stop();
   });
