@@ -110,8 +110,16 @@ export function negotiateSquidConfig(keytab: string, proxyHost: string): string[
   ];
 }
 
+/** Daemons still running when the test process exits are SIGKILLed (as squid.ts does for squid). */
+const running = new Set<ChildProcess>();
+process.once('exit', () => {
+  for (const child of running) child.kill('SIGKILL');
+});
+
 async function startKdc(env: NodeJS.ProcessEnv, host: string, port: number): Promise<ChildProcess> {
   const child = spawn(KRB5KDC, ['-n', '-r', REALM], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+  running.add(child);
+  child.once('exit', () => running.delete(child));
   let stderr = '';
   child.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
   const exited = new Promise<never>((_, reject) =>

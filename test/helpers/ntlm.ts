@@ -16,7 +16,7 @@
  * needs root. The privileged pipe directory (where ntlm_auth's NTLM checks go) is given to squid's group so the
  * helper, which runs as squid's user, can reach it, as Debian's winbindd_priv group does for a system install.
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { chmod, chown, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -73,8 +73,18 @@ async function winbindAnswers(): Promise<boolean> {
   }
 }
 
+/** Daemons still running when the test process exits are SIGKILLed (as squid.ts does for squid), OS users removed. */
+const running = new Set<ChildProcess>();
+const users = new Set<string>();
+process.once('exit', () => {
+  for (const child of running) child.kill('SIGKILL');
+  for (const user of users) spawnSync('userdel', [user]);
+});
+
 async function startWinbindd(conf: string): Promise<ChildProcess> {
   const child = spawn(WINBINDD, ['-F', '--debug-stdout', `--configfile=${conf}`], { stdio: ['ignore', 'pipe', 'pipe'] });
+  running.add(child);
+  child.once('exit', () => running.delete(child));
   let out = '';
   const keep = (d: Buffer) => (out = (out + d.toString()).slice(-4000));
   child.stdout!.on('data', keep);
@@ -117,7 +127,11 @@ export async function startNtlmLab(o: { host?: string } = {}): Promise<NtlmLab> 
     const conf = join(dir, 'smb.conf');
     await writeFile(conf, smbConf(dir));
     await run('useradd', ['--no-create-home', '--shell', '/usr/sbin/nologin', '--comment', 'gateway test NTLM lab', user.name]);
-    steps.push(() => run('userdel', [user.name]));
+    users.add(user.name);
+    steps.push(async () => {
+      await run('userdel', [user.name]);
+      users.delete(user.name);
+    });
     await new Promise<void>((resolve, reject) => {
       const child = spawn('smbpasswd', ['-c', conf, '-s', '-a', user.name], { stdio: ['pipe', 'ignore', 'pipe'] });
       let err = '';
