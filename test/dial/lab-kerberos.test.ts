@@ -162,4 +162,14 @@ describe.skipIf(!binding)('src/dial/negotiate.ts against the lab (skipped when t
     expect(r.statuses).toEqual([407]);
     expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_AUTH_REFUSED' });
   });
+
+  it("a lying proxy's continuation token is refused by GSSAPI: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED, nothing more sent", async () => {
+    useEnv(lab.env);
+    const scheme = negotiateScheme(lab.proxyHost, binding);
+    await scheme.first();
+    for (const token of ['oRQwEqADCgEBoQsGCSqGSIb3EgECAg==', Buffer.alloc(64, 0x41).toString('base64')]) {
+      const err = await scheme.next(`Negotiate ${token}`).then(() => undefined, (e: unknown) => e);
+      expect(err).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
+    }
+  });
 });
