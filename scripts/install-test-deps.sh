@@ -109,7 +109,7 @@ if command -v service >/dev/null 2>&1; then
   service ssh stop >/dev/null 2>&1 || true   # the SSH tests and benchmarks start their own sshd
   service iperf3 stop >/dev/null 2>&1 || true  # bench:tunnel starts its own iperf3 -s
   service nginx stop >/dev/null 2>&1 || true   # bench:web starts its own nginx
-  # the Kerberos and NTLM labs start their own KDC and winbindd (the NTLM lab refuses to start beside another)
+  # the Kerberos and NTLM labs start their own KDC and winbindd (in a mount namespace of its own)
   service krb5-kdc stop >/dev/null 2>&1 || true
   service krb5-admin-server stop >/dev/null 2>&1 || true
   service winbind stop >/dev/null 2>&1 || true

@@ -4,13 +4,14 @@
  * domain being the server's NetBIOS name, GWLAB). Samba's default `ntlm auth = ntlmv2-only` holds: an NTLMv1
  * answer is refused, so a client that gets through speaks NTLMv2.
  *
- * Everything Samba keeps (smb.conf, passdb, state, caches, logs) is in a temp dir, except one path: the winbind
- * pipe. Debian's libwbclient (which ntlm_auth and wbinfo use) reads no configuration for it and connects to its
+ * Everything Samba keeps (smb.conf, passdb, state, caches, logs) is in a temp dir. The winbind pipe cannot be:
+ * Debian's libwbclient (which ntlm_auth and wbinfo use) reads no configuration for it and always connects to its
  * compiled-in /run/samba/winbindd (the SELFTEST_WINBINDD_SOCKET_DIR override works only under Samba's own
- * nss_wrapper builds), so winbindd is told to listen there. That is the one simplification: one NTLM lab per
- * machine at a time, and none while a system winbindd runs; the lab refuses to start when a winbindd already
- * answers there rather than test against someone else's. (A mount namespace holding both winbindd and squid
- * would lift it; squid.ts would then have to start squid inside it.)
+ * nss_wrapper builds). So winbindd runs in a mount namespace of its own (`unshare --mount`) in which the lab's
+ * run/ directory is bind-mounted on /run/samba, and squid is started in that same namespace (`nsenter -m`), so
+ * its ntlm_auth helpers find the lab's winbindd there. Nothing is written to the real /run/samba (only created,
+ * empty, as a mount point, as Debian's Samba packages do), a system winbindd is not disturbed, and several labs
+ * can run at once.
  *
  * Samba's accounts are Unix accounts: the lab adds an OS user of its own (`useradd`, removed by stop()), so it
  * needs root. The privileged pipe directory (where ntlm_auth's NTLM checks go) is given to squid's group so the
@@ -27,8 +28,8 @@ import { proxyUser, startSquid, type Squid } from './squid.js';
 const run = promisify(execFile);
 const NTLM_AUTH = '/usr/bin/ntlm_auth';
 const WINBINDD = '/usr/sbin/winbindd';
-/** Debian libwbclient's compiled-in socket directory (see the module doc). */
-const WINBIND_SOCKET_DIR = '/run/samba/winbindd';
+/** Where Debian's libwbclient looks for winbindd's pipe (in its winbindd/ subdirectory): see the module doc. */
+const SAMBA_RUN = '/run/samba';
 
 /** The NTLM domain of the lab's accounts: a standalone Samba server's own NetBIOS name. */
 export const NTLM_DOMAIN = 'GWLAB';
@@ -56,17 +57,17 @@ function smbConf(dir: string): string {
   cache directory = ${dir}/cache
   pid directory = ${dir}/pid
   ncalrpc dir = ${dir}/ncalrpc
-  winbindd socket directory = ${WINBIND_SOCKET_DIR}
+  winbindd socket directory = ${SAMBA_RUN}/winbindd
   log file = ${dir}/log.%m
   disable netbios = yes
   ntlm auth = ntlmv2-only
 `;
 }
 
-/** True when a winbindd answers on the pipe (ours, once started; someone else's, before). */
-async function winbindAnswers(): Promise<boolean> {
+/** True when the winbindd in the mount namespace of process `pid` answers on its pipe. */
+async function winbindAnswers(pid: number): Promise<boolean> {
   try {
-    await run('wbinfo', ['--ping'], { timeout: 5000 });
+    await run('nsenter', ['-t', String(pid), '-m', '--', 'wbinfo', '--ping'], { timeout: 5000 });
     return true;
   } catch {
     return false;
@@ -81,8 +82,10 @@ process.once('exit', () => {
   for (const user of users) spawnSync('userdel', [user]);
 });
 
-async function startWinbindd(conf: string): Promise<ChildProcess> {
-  const child = spawn(WINBINDD, ['-F', '--debug-stdout', `--configfile=${conf}`], { stdio: ['ignore', 'pipe', 'pipe'] });
+/** winbindd in a mount namespace of its own where `runDir` is /run/samba (unshare and sh exec: one pid). */
+async function startWinbindd(conf: string, runDir: string): Promise<ChildProcess> {
+  const script = `mount --bind "$0" ${SAMBA_RUN} && exec ${WINBINDD} -F --debug-stdout --configfile="$1"`;
+  const child = spawn('unshare', ['--mount', '--propagation', 'private', '--', 'sh', '-c', script, runDir, conf], { stdio: ['ignore', 'pipe', 'pipe'] });
   running.add(child);
   child.once('exit', () => running.delete(child));
   let out = '';
@@ -90,10 +93,10 @@ async function startWinbindd(conf: string): Promise<ChildProcess> {
   child.stdout!.on('data', keep);
   child.stderr!.on('data', keep);
   const deadline = Date.now() + 20_000;
-  while (!(await winbindAnswers())) {
+  while (!(await winbindAnswers(child.pid!))) {
     if (child.exitCode !== null || Date.now() > deadline) {
       child.kill('SIGKILL');
-      throw new Error(`winbindd did not answer on ${WINBIND_SOCKET_DIR}: ${out}`);
+      throw new Error(`winbindd did not answer in its mount namespace: ${out}`);
     }
     await new Promise((r) => setTimeout(r, 100));
   }
@@ -112,9 +115,6 @@ export function ntlmSquidConfig(conf: string): string[] {
 }
 
 export async function startNtlmLab(o: { host?: string } = {}): Promise<NtlmLab> {
-  if (await winbindAnswers()) {
-    throw new Error(`a winbindd already answers on ${WINBIND_SOCKET_DIR} (another NTLM lab, or the system's): stop it first`);
-  }
   const dir = await mkdtemp(join(tmpdir(), 'gw-ntlm-'));
   const user = { name: `gwntlm${randomBytes(3).toString('hex')}`, password: `Ntlm-${randomBytes(6).toString('hex')}` };
   const steps: Array<() => Promise<unknown>> = [() => rm(dir, { recursive: true, force: true })];
@@ -122,8 +122,8 @@ export async function startNtlmLab(o: { host?: string } = {}): Promise<NtlmLab> 
     for (const step of steps.splice(0).reverse()) await step().catch((err) => console.error('ntlm lab stop:', err));
   };
   try {
-    for (const d of ['private', 'state', 'lock', 'cache', 'pid', 'ncalrpc']) await mkdir(join(dir, d));
-    await mkdir(WINBIND_SOCKET_DIR, { recursive: true });
+    for (const d of ['private', 'state', 'lock', 'cache', 'pid', 'ncalrpc', 'run']) await mkdir(join(dir, d));
+    await mkdir(SAMBA_RUN, { recursive: true }); // the mount point
     const conf = join(dir, 'smb.conf');
     await writeFile(conf, smbConf(dir));
     await run('useradd', ['--no-create-home', '--shell', '/usr/sbin/nologin', '--comment', 'gateway test NTLM lab', user.name]);
@@ -139,7 +139,7 @@ export async function startNtlmLab(o: { host?: string } = {}): Promise<NtlmLab> 
       child.once('exit', (code) => (code === 0 ? resolve() : reject(new Error(`smbpasswd -a failed (${code}): ${err}`))));
       child.stdin.end(`${user.password}\n${user.password}\n`);
     });
-    const winbindd = await startWinbindd(conf);
+    const winbindd = await startWinbindd(conf, join(dir, 'run'));
     steps.push(async () => {
       winbindd.kill('SIGTERM');
       if (winbindd.exitCode === null) await new Promise((r) => winbindd.once('exit', r));
@@ -147,7 +147,8 @@ export async function startNtlmLab(o: { host?: string } = {}): Promise<NtlmLab> 
     const owner = proxyUser();
     await chmod(dir, 0o755);
     if (owner) await chown(join(dir, 'state', 'winbindd_privileged'), 0, owner.gid);
-    const squid = await startSquid({ host: o.host, extraConfig: ntlmSquidConfig(conf) });
+    const launcher = ['nsenter', '-t', String(winbindd.pid), '-m', '--'];
+    const squid = await startSquid({ host: o.host, launcher, extraConfig: ntlmSquidConfig(conf) });
     steps.push(() => squid.stop());
     return { dir, squid, domain: NTLM_DOMAIN, user, account: `${NTLM_DOMAIN}\\${user.name}`, stop };
   } catch (err) {

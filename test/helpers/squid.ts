@@ -39,6 +39,8 @@ export interface SquidOptions {
   extraConfig?: string[];
   /** Environment of squid and so of its helpers (added to this process's), e.g. KRB5_CONFIG. */
   env?: Record<string, string>;
+  /** A command that execs squid (its arguments follow), e.g. nsenter into a lab's mount namespace. */
+  launcher?: string[];
   /** Overall deadline for startup. Default 20 s. */
   startTimeoutMs?: number;
 }
@@ -237,7 +239,8 @@ async function startOnce(o: SquidOptions): Promise<Squid> {
   const owner = proxyUser();
   if (owner) for (const f of [dir, ...files]) await chown(f, owner.uid, owner.gid);
 
-  const child = spawn(SQUID, squidArgs(dir), { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...o.env } });
+  const [command, ...args] = [...(o.launcher ?? []), SQUID, ...squidArgs(dir)];
+  const child = spawn(command!, args, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...o.env } });
   running.add(child);
   let stderr = '';
   child.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
