@@ -47,6 +47,17 @@ declare -A NEED=(
   [chromium]=chromium
   [certutil]=libnss3-tools
   [nginx]=nginx-light        # bench:web's peer: the same dist/web/ files served by nginx over TLS + HTTP/2
+  # the Kerberos proxy lab (test/helpers/kerberos.ts): an MIT KDC with a realm of the test's own, in front of
+  # squid's negotiate_kerberos_auth (which comes with squid)
+  [krb5kdc]=krb5-kdc         # also kdb5_util
+  [kdb5_util]=krb5-kdc
+  [kadmin.local]=krb5-admin-server
+  [kinit]=krb5-user
+  # the NTLM proxy lab (test/helpers/ntlm.ts): Samba's ntlm_auth as squid's helper, winbindd over a local tdbsam
+  [ntlm_auth]=winbind        # also winbindd, wbinfo
+  [winbindd]=winbind
+  [wbinfo]=winbind
+  [smbpasswd]=samba-common-bin
 )
 
 # file -> Debian package, for what the tests need that is not a command
@@ -99,4 +110,8 @@ if command -v service >/dev/null 2>&1; then
   service ssh stop >/dev/null 2>&1 || true   # the SSH tests and benchmarks start their own sshd
   service iperf3 stop >/dev/null 2>&1 || true  # bench:tunnel starts its own iperf3 -s
   service nginx stop >/dev/null 2>&1 || true   # bench:web starts its own nginx
+  # the Kerberos and NTLM labs start their own KDC and winbindd (in a mount namespace of its own)
+  service krb5-kdc stop >/dev/null 2>&1 || true
+  service krb5-admin-server stop >/dev/null 2>&1 || true
+  service winbind stop >/dev/null 2>&1 || true
 fi

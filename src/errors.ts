@@ -176,6 +176,28 @@ export const ERROR_CODES = {
     hint: 'Nothing to fix: the operation that needed the connection was stopped.',
   },
 
+  // --- proxy authentication bound to one connection: NTLM, Negotiate (src/dial/ntlm.ts, negotiate.ts) -------------
+  GW_ERR_DIAL_PROXY_NTLM_CHALLENGE: {
+    status: 502,
+    summary: "The proxy's NTLM challenge (its Type 2 message) is malformed, out of bounds, or not an NTLM challenge at all; nothing is answered to it.",
+    hint: "Check the proxy's NTLM configuration (or what sits between it and this host), or give credentials for another scheme it offers.",
+  },
+  GW_ERR_DIAL_PROXY_NTLM_CREDENTIALS: {
+    status: 500,
+    summary: 'The NTLM credentials in the proxy URL cannot be used (no user name, or a user name, domain or password too long).',
+    hint: 'Write them as http://DOMAIN%5Cuser:password@host:port (the backslash percent-encoded as %5C).',
+  },
+  GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE: {
+    status: 500,
+    summary: "The proxy asks for Negotiate (Kerberos) but this installation has no GSSAPI binding (the kerberos npm package, built against the system's libkrb5).",
+    hint: "Install the gateway's Kerberos support (libkrb5 and the kerberos package: see docs/dialing.md), or give credentials for another scheme the proxy offers.",
+  },
+  GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED: {
+    status: 502,
+    summary: "No Kerberos token could be made for the proxy's service principal (HTTP@ and the proxy's host name; no ticket or an expired one, no such principal, the KDC unreachable), or the proxy's answer token was refused by GSSAPI.",
+    hint: "Run kinit (or set KRB5CCNAME to a credential cache, or KRB5_CLIENT_KTNAME to a keytab) and check that the proxy's service principal (HTTP/ and its host name) exists in the realm; the message carries GSSAPI's reason.",
+  },
+
   // --- storage backend (src/backend) ------------------------------------------------------------------------------
   GW_ERR_BACKEND_OPEN: {
     status: 500,

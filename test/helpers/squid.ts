@@ -56,6 +56,10 @@ export interface SquidOptions {
   tls?: { cert: string; key: string };
   /** Extra squid.conf lines, placed before the http_access rules. */
   extraConfig?: string[];
+  /** Environment of squid and so of its helpers (added to this process's), e.g. KRB5_CONFIG. */
+  env?: Record<string, string>;
+  /** A command that execs squid (its arguments follow), e.g. nsenter into a lab's mount namespace. */
+  launcher?: string[];
   /** Overall deadline for startup. Default 20 s. */
   startTimeoutMs?: number;
 }
@@ -121,7 +125,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const run = promisify(execFile);
 
 /** uid/gid squid switches to when started as root (cache_effective_user, default "proxy"). */
-function proxyUser(): { uid: number; gid: number } | undefined {
+export function proxyUser(): { uid: number; gid: number } | undefined {
   if (process.getuid?.() !== 0) return undefined;
   const line = readFileSync('/etc/passwd', 'utf8').split('\n').find((l) => l.startsWith('proxy:'));
   if (!line) throw new Error('squid runs as user "proxy" when started as root, but /etc/passwd has no such user');
@@ -270,9 +274,9 @@ async function startOnce(o: SquidOptions): Promise<Squid> {
   const owner = proxyUser();
   if (owner) for (const f of [dir, ...files]) await chown(f, owner.uid, owner.gid);
 
-  const child = o.netns
-    ? spawn('ip', ['netns', 'exec', o.netns, SQUID, ...squidArgs(dir)], { stdio: ['ignore', 'ignore', 'pipe'] })
-    : spawn(SQUID, squidArgs(dir), { stdio: ['ignore', 'ignore', 'pipe'] });
+  const inNetns = o.netns ? ['ip', 'netns', 'exec', o.netns] : [];
+  const [command, ...args] = [...(o.launcher ?? []), ...inNetns, SQUID, ...squidArgs(dir)];
+  const child = spawn(command!, args, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...o.env } });
   running.add(child);
   let stderr = '';
   child.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
