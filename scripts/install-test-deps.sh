@@ -37,6 +37,14 @@ declare -A NEED=(
   # test hosts and firewalls in network namespaces (test/helpers/netns.ts, firewall.ts)
   [ip]=iproute2
   [ps]=procps                # process trees in the SSH and reload tests
+  # the SOCKS5 lab (test/helpers/dante.ts): Dante's server; useradd/chpasswd/userdel (passwd, on every Debian
+  # system) make its throw-away account; unshare and mount (util-linux, mount) give it a hosts file of its own
+  [danted]=dante-server
+  [useradd]=passwd
+  [chpasswd]=passwd
+  [userdel]=passwd
+  [unshare]=util-linux
+  [mount]=mount
   [curl]=curl                # HTTP requests through squid and to the version server, as a user would send them
   [tmux]=tmux                # a real terminal for the interactive SSH test
   [iperf3]=iperf3            # the native client and server of bench:tunnel's user path (iperf3 -> gwsh proxy app -> ...)
