@@ -96,7 +96,8 @@ export type SocksParse<T> = { complete: false } | ({ complete: true; length: num
 
 function checkVersion(buf: Buffer, want: number, what: string, also: number[] = []): void {
   if (buf.length === 0 || buf[0] === want || also.includes(buf[0]!)) return;
-  const http = buf.subarray(0, 5).toString('latin1') === 'HTTP/'.slice(0, Math.min(5, buf.length)) && buf[0] === 0x48;
+  // "H": the first byte of "HTTP/1.1 400 ...", what an HTTP proxy answers to bytes it cannot parse.
+  const http = buf[0] === 0x48;
   throw fail(
     'GW_ERR_DIAL_SOCKS_MALFORMED',
     `the ${what} has version ${buf[0]}, not ${want}${http ? ' (it looks like an HTTP answer: is this an HTTP proxy? then use http://)' : ''}`,

@@ -74,18 +74,18 @@ async function withServer(answers: Script['answers'], fn: (s: Awaited<ReturnType
 
 describe('a SOCKS5 server that lies', () => {
   it.each([
-    ['a wrong version in the method choice', [b(4, 0)], 'GW_ERR_DIAL_SOCKS_MALFORMED'],
-    ['an HTTP answer (an HTTP proxy behind socks5://)', [Buffer.from('HTTP/1.1 400 Bad Request\r\n\r\n')], 'GW_ERR_DIAL_SOCKS_MALFORMED'],
-    ['a method it was not offered', [b(5, 2)], 'GW_ERR_DIAL_SOCKS_MALFORMED'],
-    ['"no acceptable method" to a client without credentials', [b(5, 0xff)], 'GW_ERR_DIAL_SOCKS_AUTH_REQUIRED'],
-    ['a wrong version in the reply', [b(5, 0), b(4, 0, 0, 1, 1, 2, 3, 4, 0, 80)], 'GW_ERR_DIAL_SOCKS_MALFORMED'],
-    ['a refusal (connection not allowed by ruleset)', [b(5, 0), b(5, 2, 0, 1, 0, 0, 0, 0, 0, 0)], 'GW_ERR_DIAL_SOCKS_REFUSED'],
-    ['an unassigned reply code', [b(5, 0), b(5, 0x42, 0, 1, 0, 0, 0, 0, 0, 0)], 'GW_ERR_DIAL_SOCKS_REFUSED'],
-    ['an unknown address type in the reply', [b(5, 0), b(5, 0, 0, 9, 1, 2, 3, 4, 0, 80)], 'GW_ERR_DIAL_SOCKS_MALFORMED'],
-    ['a bound name of length 0', [b(5, 0), b(5, 0, 0, 3, 0, 0, 80)], 'GW_ERR_DIAL_SOCKS_MALFORMED'],
-    ['a close after the method choice', [b(5, 0), 'close'], 'GW_ERR_DIAL_SOCKS_CLOSED'],
-    ['a close in the middle of the reply', [b(5, 0), { end: Buffer.concat([b(5, 0, 0, 4), Buffer.alloc(5)]) }], 'GW_ERR_DIAL_SOCKS_CLOSED'],
-  ] as Array<[string, Script['answers'], string]>)('%s: %s', async (_what, answers, code) => {
+    ['a wrong version in the method choice', 'GW_ERR_DIAL_SOCKS_MALFORMED', [b(4, 0)]],
+    ['an HTTP answer (an HTTP proxy behind socks5://)', 'GW_ERR_DIAL_SOCKS_MALFORMED', [Buffer.from('HTTP/1.1 400 Bad Request\r\n\r\n')]],
+    ['a method it was not offered', 'GW_ERR_DIAL_SOCKS_MALFORMED', [b(5, 2)]],
+    ['"no acceptable method" to a client without credentials', 'GW_ERR_DIAL_SOCKS_AUTH_REQUIRED', [b(5, 0xff)]],
+    ['a wrong version in the reply', 'GW_ERR_DIAL_SOCKS_MALFORMED', [b(5, 0), b(4, 0, 0, 1, 1, 2, 3, 4, 0, 80)]],
+    ['a refusal (connection not allowed by ruleset)', 'GW_ERR_DIAL_SOCKS_REFUSED', [b(5, 0), b(5, 2, 0, 1, 0, 0, 0, 0, 0, 0)]],
+    ['an unassigned reply code', 'GW_ERR_DIAL_SOCKS_REFUSED', [b(5, 0), b(5, 0x42, 0, 1, 0, 0, 0, 0, 0, 0)]],
+    ['an unknown address type in the reply', 'GW_ERR_DIAL_SOCKS_MALFORMED', [b(5, 0), b(5, 0, 0, 9, 1, 2, 3, 4, 0, 80)]],
+    ['a bound name of length 0', 'GW_ERR_DIAL_SOCKS_MALFORMED', [b(5, 0), b(5, 0, 0, 3, 0, 0, 80)]],
+    ['a close after the method choice', 'GW_ERR_DIAL_SOCKS_CLOSED', [b(5, 0), 'close']],
+    ['a close in the middle of the reply', 'GW_ERR_DIAL_SOCKS_CLOSED', [b(5, 0), { end: Buffer.concat([b(5, 0, 0, 4), Buffer.alloc(5)]) }]],
+  ] as Array<[string, string, Script['answers']]>)('%s: %s', async (_what, code, answers) => {
     await withServer(answers, async (s) => {
       const err = await dialError(dialer(s.url()));
       expect(err.code).toBe(code);
@@ -150,7 +150,14 @@ describe('a SOCKS5 server that behaves', () => {
       const socket = await dialer(s.url()).dial('proxy.gw.test:22');
       // A caller that starts reading a while later still gets them.
       await new Promise((r) => setTimeout(r, 50));
-      const first = await new Promise<Buffer>((resolve) => socket.once('data', resolve));
+      // Bounded, so that a lost banner fails the test rather than hanging it.
+      const first = await new Promise<Buffer>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error('the bytes sent with the reply never arrived')), 5_000);
+        socket.once('data', (c: Buffer) => {
+          clearTimeout(timer);
+          resolve(c);
+        });
+      });
       expect(first.equals(banner)).toBe(true);
       socket.destroy();
     });
