@@ -5,12 +5,31 @@
  * src/dial/socks.ts get their table tests here too; the real server (Dante) is in socks-dante.test.ts.
  */
 import net from 'node:net';
-import { describe, expect, it } from 'vitest';
+import { Writable } from 'node:stream';
+import { afterAll, describe, expect, it } from 'vitest';
 import { Dialer } from '../../src/dial/dialer.js';
 import { buildSocksConnect, parseConnectReply, parseMethodChoice } from '../../src/dial/socks.js';
 import { GatewayError } from '../../src/errors.js';
+import { createLogger, setRootLogger } from '../../src/log.js';
+
+// Every log line of the code under test, at trace level: the last test reads them all for the password.
+const logLines: string[] = [];
+setRootLogger(
+  createLogger({
+    level: 'trace',
+    format: 'json',
+    destination: new Writable({
+      write(chunk, _enc, cb) {
+        logLines.push(String(chunk));
+        cb();
+      },
+    }),
+  }),
+);
 
 const PASSWORD = 'hunter2-s3cret';
+/** Every error the tests saw, for the final check that no password is in any of them. */
+const seen: GatewayError[] = [];
 
 interface Script {
   /** The bytes to answer each message from the client with, in order; undefined: say nothing more. */
@@ -58,6 +77,7 @@ async function dialError(d: Dialer, target = 'proxy.gw.test:443'): Promise<Gatew
     s.destroy();
   } catch (err) {
     expect(err).toBeInstanceOf(GatewayError);
+    seen.push(err as GatewayError);
     return err as GatewayError;
   }
   throw new Error('the dial unexpectedly succeeded');
@@ -196,6 +216,39 @@ describe('a SOCKS5 server that behaves', () => {
       expect(s.received().length).toBe(0);
     });
   });
+});
+
+describe('a dial the caller cancels', () => {
+  it('during the handshake: aborted, and the socket to the SOCKS server is closed', async () => {
+    let closed: Promise<void> | undefined;
+    const server = net.createServer((s) => {
+      s.on('error', () => undefined);
+      s.resume(); // read, so that the client's close is seen
+      closed = new Promise((r) => s.once('close', () => r()));
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.2', r));
+    try {
+      const controller = new AbortController();
+      const url = `socks5h://alice:${PASSWORD}@127.0.0.2:${(server.address() as net.AddressInfo).port}`;
+      const dialing = dialer(url).dial('proxy.gw.test:443', { signal: controller.signal });
+      const settled = dialing.then(() => undefined, (err: unknown) => err);
+      while (closed === undefined) await new Promise((r) => setTimeout(r, 10));
+      controller.abort();
+      const err = (await settled) as GatewayError;
+      expect(err.code).toBe('GW_ERR_DIAL_ABORTED');
+      seen.push(err);
+      await closed;
+    } finally {
+      server.close();
+    }
+  });
+});
+
+afterAll(() => {
+  // No password in any error (message, hint, details) or in any log line of the dials above.
+  expect(seen.length).toBeGreaterThan(10);
+  expect(logLines.length).toBeGreaterThan(0);
+  for (const text of [...seen.map((e) => JSON.stringify({ m: e.message, h: e.hint, d: e.details })), ...logLines]) expect(text).not.toContain(PASSWORD);
 });
 
 describe('the SOCKS5 parsers', () => {
