@@ -10,7 +10,8 @@
  *
  * Covered: the agent joins with a token and the CA pin and opens its tunnel through danted; danted's log shows
  * both ends' sessions with the user; `gwsh login` works through it; 16 MiB each way byte-exact through
- * `gwsh proxy app`; an agent with a wrong SOCKS password says so with GW_ERR_DIAL_SOCKS_AUTH_REFUSED.
+ * `gwsh proxy app`; after a restart of danted the agent's tunnel comes back through it by itself; an agent with a
+ * wrong SOCKS password says so with GW_ERR_DIAL_SOCKS_AUTH_REFUSED.
  */
 import type { ChildProcess } from 'node:child_process';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -20,7 +21,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { BULK_SERVER_SOURCE, expectedDownloadSha256, transfer } from '../helpers/bulk.js';
 import { runCleanup } from '../helpers/cleanup.js';
 import { curl } from '../helpers/curl.js';
-import { createSocksUser, startDante, type Dante, type SocksUser } from '../helpers/dante.js';
+import { createSocksUser, startDante, type Dante, type DanteOptions, type SocksUser } from '../helpers/dante.js';
 import { createFirewall, startGatewayIn, type Firewall, type NsGateway } from '../helpers/firewall.js';
 import { BIN, runCli } from '../helpers/gateway.js';
 import { startGwshProxy } from '../helpers/gwshproxy.js';
@@ -38,6 +39,8 @@ const MiB = 1024 * 1024;
 let fw: Firewall;
 let dir: string;
 let dante: Dante;
+let danteOptions: DanteOptions;
+let appPort = 0;
 let socksUser: SocksUser;
 let proxy: NsGateway;
 let agent: NsGateway | undefined;
@@ -59,17 +62,18 @@ describeAsRoot('an agent behind a SOCKS5 proxy (Dante, username/password)', () =
     dir = await mkdtemp(join(tmpdir(), 'gw-socks-e2e-'));
     await chmod(dir, 0o755);
     socksUser = createSocksUser();
-    dante = await startDante({
+    danteOptions = {
       internal: fw.agentGatewayIp,
       external: fw.proxyGatewayIp,
       auth: true,
       // the agent, and the root namespace's own address on that link (gwsh and curl, the user's side)
       clients: [`${fw.agentIp}/32`, `${fw.agentGatewayIp}/32`],
       hosts: `${fw.proxyIp} ${PROXY_NAME}`,
-    });
+    };
+    dante = await startDante(danteOptions);
     const proxyConfig = [
       'gateway:', '  nodename: proxy-1', '  data_dir: DATA_DIR', '  log: { format: json }',
-      'auth_service:', '  cluster_name: socks.example', `  listen_addr: ${fw.proxyIp}:3025`,
+      'auth_service:', '  cluster_name: socks.example', `  listen_addr: ${fw.proxyIp}:3025`, '  keep_alive_interval: 1s', '  keep_alive_count_max: 3',
       'proxy_service:', `  web_listen_addr: ${fw.proxyIp}:${WEB_PORT}`, `  public_addr: ${PROXY_NAME}:${WEB_PORT}`, '',
     ].join('\n');
     proxy = await startGatewayIn(fw, fw.proxyNs, proxyConfig, { name: 'proxy' });
@@ -130,11 +134,29 @@ describeAsRoot('an agent behind a SOCKS5 proxy (Dante, username/password)', () =
 
   it('16 MiB each way byte-exact through gwsh proxy app, both ends through danted', async () => {
     const app = await startGwshProxy(['app', 'bulk'], aliceEnv, children);
+    appPort = app.port;
     const r = await transfer('127.0.0.1', app.port, { id: 1, upload: 16 * MiB, download: 16 * MiB, seed: 5, timeoutMs: 120_000 });
     expect(r.server.received).toEqual(r.sent);
     expect(r.received.bytes).toBe(16 * MiB);
     expect(r.received.sha256).toBe(expectedDownloadSha256(16 * MiB, 5));
   }, 180_000);
+
+  it('danted restarts: the agent reconnects through it by itself, and the app works again', async () => {
+    const since = Date.now();
+    await dante.stop();
+    dante = await startDante(danteOptions);
+    await eventually('the agent is online on a tunnel opened after the restart', async () => {
+      const r = await gwctl(['get', 'nodes', '--format', 'json']);
+      const nodes = JSON.parse(r.stdout) as Array<{ spec: { hostname: string; status: string; connected_since?: string } }>;
+      const node = nodes.find((n) => n.spec.hostname === 'agent-1');
+      if (node?.spec.status !== 'online' || Date.parse(node.spec.connected_since ?? '') < since) throw new Error(r.stdout);
+    }, 60_000);
+    await dante.waitForLog((l) => l.includes('tcp/connect [') && l.includes(`username%${socksUser.user}@${fw.agentIp}.`));
+    await eventually('the app works again', async () => {
+      const r = await transfer('127.0.0.1', appPort, { id: 2, upload: 64 * 1024, download: 64 * 1024, seed: 6, timeoutMs: 15_000 });
+      if (r.server.received.sha256 !== r.sent.sha256 || r.received.sha256 !== expectedDownloadSha256(64 * 1024, 6)) throw new Error('not byte-exact');
+    });
+  }, 120_000);
 
   it('an agent with a wrong SOCKS password stops with GW_ERR_DIAL_SOCKS_AUTH_REFUSED, the password nowhere in its output', async () => {
     const d = await mkdtemp(join(dir, 'agent-wrong-'));

@@ -15,6 +15,9 @@
  *   the least invasive way Debian's dante offers (its PAM method would need a PAM module that is not installed).
  * - Logs: `log: connect disconnect error` on every rule, so the log shows each session, and with a user
  *   "username%<user>@<client address>".
+ * - Stopping: danted relays each session in child processes that outlive a SIGTERM to the main one (sessions in
+ *   flight carry on), so danted runs in a process group of its own and stop() ends the whole group: a stop cuts
+ *   every session, as a crash of the SOCKS server's host would.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -62,8 +65,18 @@ export interface SocksUser {
 
 const users = new Set<string>();
 const running = new Set<ChildProcess>();
+/** Signals danted's whole process group (its pid: spawned detached); false once none of it is left. */
+function signalGroup(pid: number, signal: NodeJS.Signals | 0): boolean {
+  try {
+    process.kill(-pid, signal);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 process.once('exit', () => {
-  for (const child of running) child.kill('SIGKILL');
+  for (const child of running) if (child.pid) signalGroup(child.pid, 'SIGKILL');
   for (const user of users) spawnSync('userdel', [user]);
 });
 
@@ -126,19 +139,19 @@ export async function startDante(o: DanteOptions): Promise<Dante> {
     const script = `mount --bind "$1" /etc/hosts && shift && exec "$@"`;
     command = ['unshare', '-m', '--propagation', 'private', 'sh', '-c', script, 'sh', join(dir, 'hosts'), DANTED, ...args];
   } else command = [DANTED, ...args];
-  const child = spawn(command[0]!, command.slice(1), { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(command[0]!, command.slice(1), { stdio: ['ignore', 'ignore', 'pipe'], detached: true });
   running.add(child);
   let stderr = '';
   child.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   const readLog = async () => (existsSync(logPath) ? (await readFile(logPath, 'utf8')).split('\n').filter((l) => l.trim() !== '') : []);
   const stop = async () => {
-    if (child.exitCode === null && child.signalCode === null) {
-      child.kill('SIGTERM');
-      const killer = setTimeout(() => child.kill('SIGKILL'), 5000);
-      await exited;
-      clearTimeout(killer);
-    }
+    const pid = child.pid!;
+    signalGroup(pid, 'SIGTERM');
+    const until = Date.now() + 5000;
+    while (signalGroup(pid, 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 50));
+    signalGroup(pid, 'SIGKILL');
+    if (child.exitCode === null && child.signalCode === null) await exited;
     running.delete(child);
     if (netnsDir) rmSync(netnsDir, { recursive: true, force: true });
     await rm(dir, { recursive: true, force: true });
