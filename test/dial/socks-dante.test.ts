@@ -4,14 +4,19 @@
  * can resolve. The targets listen in this namespace on the link's address, which is not loopback (loopback
  * targets are never proxied). Each case is first done with curl, the reference client, so that a failure is the
  * gateway's and not the lab's. One danted without authentication, one with username/password (a throw-away
- * system account: dante checks the system's password database).
+ * system account: dante checks the system's password database). HTTPS requests (DialerAgent) and the
+ * upgrader's release download take the same path.
  */
 import { createHash } from 'node:crypto';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import net from 'node:net';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { fetchThroughDialer } from '../../src/dial/agent.js';
 import { Dialer, type DialerOptions } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
+import { download } from '../../src/upgrade/download.js';
 import { curl } from '../helpers/curl.js';
 import { createSocksUser, startDante, type Dante, type SocksUser } from '../helpers/dante.js';
 import { createTestHost, type TestHost } from '../helpers/netns.js';
@@ -135,6 +140,24 @@ describeAsRoot('through Dante (SOCKS5)', () => {
       expect(result.body.toString()).toBe('tls /x');
     } finally {
       await https.close();
+    }
+  });
+
+  it("the upgrader's release download goes through danted too, byte-exact", async () => {
+    const release = pseudoRandomBytes(8 << 20, 11);
+    const cert = await pki.serverCert({ names: [NAME], ips: [] });
+    const cdn = await startHttpsServer({ cert: cert.certPem, key: cert.keyPem }, (_req, res) => res.end(release), testHost.localIp);
+    const dir = await mkdtemp(join(tmpdir(), 'gw-socks-dl-'));
+    try {
+      const d = new Dialer({ env: { HTTPS_PROXY: authed.url('socks5h', user) }, connectTimeoutMs: 5_000, proxyAnswerTimeoutMs: 5_000 });
+      const got = await download(`https://${NAME}:${cdn.port}/gateway-v17.0.1-linux-amd64.tar.gz`, join(dir, 'release.tar.gz'), { dialer: d, ca: [pki.caPem] });
+      const want = createHash('sha256').update(release).digest('hex');
+      expect(got.sha256).toBe(want);
+      expect(createHash('sha256').update(await readFile(join(dir, 'release.tar.gz'))).digest('hex')).toBe(want);
+      await authed.waitForLog((l) => l.includes('tcp/connect [') && l.includes(`username%${user.user}@`) && l.includes(`.${cdn.port}`));
+    } finally {
+      await cdn.close();
+      await rm(dir, { recursive: true, force: true });
     }
   });
 });
