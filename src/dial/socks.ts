@@ -151,6 +151,7 @@ export function parseConnectReply(buf: Buffer): SocksParse<{ bound: string }> {
   } else throw fail('GW_ERR_DIAL_SOCKS_MALFORMED', `the reply has address type ${atyp}, which is none of 1 (IPv4), 3 (name), 4 (IPv6)`, { atyp });
   if (buf.length < length) return { complete: false };
   const port = buf.readUInt16BE(length - 2);
-  const bound = atyp === 1 ? buf.subarray(4, 8).join('.') : atyp === 3 ? buf.subarray(5, length - 2).toString('latin1') : `[${buf.subarray(4, 20).toString('hex').replace(/(.{4})(?!$)/g, '$1:')}]`;
+  const v6 = () => `[${Array.from({ length: 8 }, (_, i) => buf.readUInt16BE(4 + i * 2).toString(16)).join(':')}]`;
+  const bound = atyp === 1 ? buf.subarray(4, 8).join('.') : atyp === 3 ? buf.subarray(5, length - 2).toString('latin1') : v6();
   return { complete: true, length, bound: `${bound}:${port}` };
 }

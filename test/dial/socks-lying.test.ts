@@ -264,5 +264,8 @@ describe('the SOCKS5 parsers', () => {
     const r = parseConnectReply(name);
     expect(r).toMatchObject({ complete: true, length: 262 });
     expect(parseConnectReply(name.subarray(0, 261))).toEqual({ complete: false });
+    const v6 = Buffer.concat([b(5, 0, 0, 4), Buffer.from('20010db8000000000000000000000001', 'hex'), b(1, 0xbb)]);
+    expect(parseConnectReply(v6)).toEqual({ complete: true, length: 22, bound: '[2001:db8:0:0:0:0:0:1]:443' });
+    expect(parseConnectReply(OK_REPLY)).toEqual({ complete: true, length: 10, bound: '10.0.0.1:8080' });
   });
 });
