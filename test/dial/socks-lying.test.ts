@@ -141,6 +141,30 @@ describe('a SOCKS5 server that lies', () => {
     });
   });
 
+  it('a server that drips its reply a byte at a time: the deadline is the whole handshake\'s, not each read\'s', async () => {
+    const reply = Buffer.concat([b(5, 0, 0, 3, 255), Buffer.alloc(255, 0x61), b(0, 80)]);
+    const timers = new Set<NodeJS.Timeout>();
+    const server = net.createServer((s) => {
+      s.on('error', () => undefined);
+      let n = 0;
+      s.on('data', () => {
+        if (n++ > 0) return;
+        s.write(b(5, 0));
+        let i = 0;
+        const drip = setInterval(() => (i < reply.length && !s.destroyed ? s.write(reply.subarray(i, ++i)) : clearInterval(drip)), 20);
+        timers.add(drip);
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.2', r));
+    try {
+      const url = `socks5h://127.0.0.2:${(server.address() as net.AddressInfo).port}`;
+      expect((await dialError(dialer(url, { proxyAnswerTimeoutMs: 300 }))).code).toBe('GW_ERR_DIAL_SOCKS_NO_ANSWER');
+    } finally {
+      for (const t of timers) clearInterval(t);
+      server.close();
+    }
+  });
+
   it('"no acceptable method" to a client with credentials: refused, without the password', async () => {
     await withServer([b(5, 0xff)], async (s) => {
       const err = await dialError(dialer(s.url('socks5h', `alice:${PASSWORD}@`)));
