@@ -38,6 +38,14 @@ declare -A NEED=(
   [ip]=iproute2
   [nft]=nftables             # a silent DROP (no FIN, no RST) of a path in a namespace: dead-tunnel detection (test/e2e/netpaths.test.ts)
   [ps]=procps                # process trees in the SSH and reload tests
+  # the SOCKS5 lab (test/helpers/dante.ts): Dante's server; useradd/chpasswd/userdel (passwd, on every Debian
+  # system) make its throw-away account; unshare and mount (util-linux, mount) give it a hosts file of its own
+  [danted]=dante-server
+  [useradd]=passwd
+  [chpasswd]=passwd
+  [userdel]=passwd
+  [unshare]=util-linux
+  [mount]=mount
   [curl]=curl                # HTTP requests through squid and to the version server, as a user would send them
   [tmux]=tmux                # a real terminal for the interactive SSH test
   [iperf3]=iperf3            # the native client and server of bench:tunnel's user path (iperf3 -> gwsh proxy app -> ...)

@@ -80,12 +80,12 @@ export const ERROR_CODES = {
   // --- proxy selection from the environment ----------------------------------------------------------------------
   GW_ERR_DIAL_PROXY_ENV: {
     status: 500,
-    summary: 'HTTPS_PROXY / HTTP_PROXY (or their lowercase forms) hold a value that is not a usable proxy URL.',
-    hint: 'Use scheme://[user[:password]@]host:port with scheme http or https, or a bare host:port.',
+    summary: 'HTTPS_PROXY / HTTP_PROXY / ALL_PROXY (or their lowercase forms) hold a value that is not a usable proxy URL.',
+    hint: 'Use scheme://[user[:password]@]host:port with scheme http, https, socks5 or socks5h, or a bare host:port.',
   },
   GW_ERR_DIAL_PROXY_LOOPBACK: {
     status: 500,
-    summary: 'The proxy host in HTTPS_PROXY / HTTP_PROXY is localhost or 127.0.0.1, which the gateway refuses.',
+    summary: 'The proxy host in HTTPS_PROXY / HTTP_PROXY / ALL_PROXY is localhost or 127.0.0.1, which the gateway refuses.',
     hint: "Use the proxy's DNS name or a private IP address instead of localhost / 127.0.0.1.",
   },
   GW_ERR_DIAL_BAD_TARGET: {
@@ -102,8 +102,8 @@ export const ERROR_CODES = {
   },
   GW_ERR_DIAL_PROXY_UNREACHABLE: {
     status: 502,
-    summary: 'The HTTP CONNECT proxy itself cannot be reached (refused, no route, name not found).',
-    hint: 'Check the host and port in HTTPS_PROXY / HTTP_PROXY and that the proxy is running.',
+    summary: 'The proxy itself (HTTP CONNECT or SOCKS5) cannot be reached (refused, no route, name not found).',
+    hint: 'Check the host and port in HTTPS_PROXY / HTTP_PROXY / ALL_PROXY and that the proxy is running.',
   },
   GW_ERR_DIAL_CONNECT_TIMEOUT: {
     status: 504,
@@ -154,6 +154,36 @@ export const ERROR_CODES = {
     status: 502,
     summary: 'The proxy kept answering 407 to the same dial after as many answers as any scheme needs.',
     hint: "The proxy is misconfigured or rejects this client's answers without saying so; check its authentication log for the user.",
+  },
+  GW_ERR_DIAL_SOCKS_NO_ANSWER: {
+    status: 504,
+    summary: 'The SOCKS5 proxy accepted the TCP connection but did not finish its handshake in time.',
+    hint: 'The address in the proxy variable may not be a SOCKS5 server (an HTTP proxy wants http://), or it is overloaded.',
+  },
+  GW_ERR_DIAL_SOCKS_CLOSED: {
+    status: 502,
+    summary: 'The SOCKS5 proxy closed the connection in the middle of its handshake.',
+    hint: "Check the SOCKS server's log: it may refuse clients from this address (dante: client pass rules).",
+  },
+  GW_ERR_DIAL_SOCKS_MALFORMED: {
+    status: 502,
+    summary: 'The SOCKS5 proxy answered with bytes that are not SOCKS5 (wrong version, unknown address type, a method not offered).',
+    hint: 'The address in the proxy variable may point at a service that is not a SOCKS5 server; for an HTTP proxy use http://.',
+  },
+  GW_ERR_DIAL_SOCKS_REFUSED: {
+    status: 502,
+    summary: 'The SOCKS5 proxy refused the CONNECT (its reply code: not allowed by ruleset, host unreachable, ...).',
+    hint: "Check the SOCKS server's rules for this target; with socks5h:// the proxy resolves the name, so it must know it.",
+  },
+  GW_ERR_DIAL_SOCKS_AUTH_REQUIRED: {
+    status: 502,
+    summary: 'The SOCKS5 proxy requires authentication and the proxy URL has no user name.',
+    hint: 'Put the credentials in the proxy URL: socks5h://user:password@host:port (percent-encode special characters).',
+  },
+  GW_ERR_DIAL_SOCKS_AUTH_REFUSED: {
+    status: 502,
+    summary: 'The SOCKS5 proxy refused the user name and password of the proxy URL, or accepts no method the gateway has.',
+    hint: 'Check the user name and password in the proxy URL (percent-encode special characters).',
   },
   GW_ERR_HTTP_FAILED: {
     status: 502,

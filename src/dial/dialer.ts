@@ -1,7 +1,8 @@
 /**
  * The one Dialer every outbound connection of the gateway uses (agents' tunnel and trust connection, gwsh, the
  * proxy's upstream calls). It reads the proxy environment on every dial (select.ts), then connects directly or
- * through an HTTP CONNECT proxy: an http:// proxy over TCP, an https:// proxy over verified TLS. A proxy that
+ * through an HTTP CONNECT proxy (an http:// proxy over TCP, an https:// proxy over verified TLS), or through a
+ * SOCKS5 proxy (socks.ts: socks5:// with target names resolved here, socks5h:// by the proxy). An HTTP proxy that
  * answers 407 is answered with the strongest scheme it offers that this client can do (auth/handshake.ts).
  *
  * The returned socket is the tunnel: bytes the proxy sent after its 200 answer are pushed back into it, Nagle
@@ -9,6 +10,7 @@
  * Names are resolved at every dial (no address is kept), and a name with IPv6 and IPv4 addresses gets both
  * raced (family.ts), whatever the process's default (node --no-network-family-autoselection).
  */
+import dns from 'node:dns';
 import net from 'node:net';
 import tls from 'node:tls';
 import { formatHostPort, type HostPort } from '../addr.js';
@@ -18,6 +20,7 @@ import { HAPPY_EYEBALLS_ATTEMPT_MS } from './family.js';
 import { connectThroughProxy, type ProxyAnswer } from './auth/handshake.js';
 import { PROXY_AUTH_SCHEMES, type ProxyAuthScheme } from './auth/scheme.js';
 import { buildConnectRequest, parseConnectResponse, refusalFraming, type ConnectResponse } from './connect.js';
+import { buildGreeting, buildSocksConnect, buildUserPass, parseAuthReply, parseConnectReply, parseMethodChoice, type SocksCredentials } from './socks.js';
 import { parseTarget, selectProxy, type DialAlias, type DialTarget, type ProxyDecision, type ProxySpec } from './select.js';
 
 export interface DialerOptions {
@@ -25,7 +28,7 @@ export interface DialerOptions {
   env?: Record<string, string | undefined>;
   /** TCP connect (plus TLS handshake for an https:// proxy) deadline. */
   connectTimeoutMs?: number;
-  /** How long the proxy may take to answer CONNECT. */
+  /** How long the proxy may take to answer CONNECT (for a SOCKS5 proxy: its whole handshake). */
   proxyAnswerTimeoutMs?: number;
   /** Extra CA certificates (PEM) trusted for https:// proxies, besides the system's. */
   proxyCa?: string | Buffer | Array<string | Buffer>;
@@ -155,6 +158,7 @@ export class Dialer {
       );
     }
     const proxy = decision.proxy;
+    const socksHost = proxy.protocol === 'socks5' ? await this.resolveHere(t, options.signal) : t.host;
     this.log.debug({ target: where, proxy: proxy.display, source: proxy.source }, 'dialing through proxy');
     const context = `proxy ${proxy.display} (from ${proxy.source})`;
     const details = { target: where, proxy: proxy.display, variable: proxy.source };
@@ -174,6 +178,16 @@ export class Dialer {
     };
     const remembered = this.answered.get(proxy.display);
     try {
+      if (proxy.protocol === 'socks5' || proxy.protocol === 'socks5h') {
+        const socket = await open();
+        try {
+          await this.socksConnect(socket, { ...t, host: socksHost }, proxy, context, details, options.signal);
+        } catch (err) {
+          socket.destroy();
+          throw err;
+        }
+        return socket;
+      }
       const { socket, scheme } = await connectThroughProxy(
         {
           open,
@@ -220,6 +234,28 @@ export class Dialer {
           resolve(socket);
         });
         return () => socket.destroy();
+      },
+      where,
+    );
+  }
+
+  /** socks5:// resolves the target's name here (as curl does) and hands the SOCKS server an address. */
+  private resolveHere(t: DialTarget, signal: AbortSignal | undefined): Promise<string> {
+    if (net.isIP(t.host)) return Promise.resolve(t.host);
+    const where = formatHostPort(t.host, t.port);
+    const lookup = this.options.lookup ?? dns.lookup;
+    const hint = 'socks5:// resolves target names on this host; use socks5h:// to have the SOCKS server resolve them.';
+    return withDeadline<string>(
+      this.options.connectTimeoutMs,
+      signal,
+      () => new GatewayError('GW_ERR_DIAL_CONNECT_TIMEOUT', `cannot resolve ${t.host} within ${this.options.connectTimeoutMs} ms to dial ${where}`, { details: { target: where }, hint }),
+      ({ resolve, reject }) => {
+        lookup(t.host, {}, (err, address) => {
+          if (err || typeof address !== 'string') {
+            reject(new GatewayError('GW_ERR_DIAL_UNREACHABLE', `cannot resolve ${t.host} on this host to dial ${where}: ${err?.message ?? 'no address'}`, { details: { target: where }, hint }));
+          } else resolve(address);
+        });
+        return () => undefined;
       },
       where,
     );
@@ -354,6 +390,78 @@ export class Dialer {
     );
   }
 
+  /**
+   * The SOCKS5 handshake (socks.ts) under one deadline: method choice, RFC 1929 credentials when the server picks
+   * them, CONNECT. Bytes after the reply belong to the tunnel and are pushed back unread.
+   */
+  private socksConnect(socket: net.Socket, target: DialTarget, proxy: ProxySpec, context: string, details: Record<string, unknown>, signal: AbortSignal | undefined): Promise<void> {
+    const where = formatHostPort(target.host, target.port);
+    const creds: SocksCredentials | undefined = proxy.username === undefined ? undefined : { username: proxy.username, password: proxy.password ?? '' };
+    const wrap = (err: GatewayError) => new GatewayError(err.code, `${context}, dialing ${where}: ${err.message}`, { details: { ...details, ...err.details }, ...socksHint(err) });
+    return withDeadline<void>(
+      this.options.proxyAnswerTimeoutMs,
+      signal,
+      () => new GatewayError('GW_ERR_DIAL_SOCKS_NO_ANSWER', `${context} did not finish the SOCKS5 handshake for ${where} within ${this.options.proxyAnswerTimeoutMs} ms`, { details }),
+      ({ resolve, reject }) => {
+        let buffered: Buffer = Buffer.alloc(0);
+        let phase: 'method' | 'auth' | 'reply' = 'method';
+        const detach = () => {
+          socket.off('readable', onReadable);
+          socket.off('end', onEnd);
+          socket.off('error', onError);
+        };
+        const fail = (err: GatewayError) => {
+          detach();
+          reject(err);
+        };
+        const onEnd = () => fail(wrap(new GatewayError('GW_ERR_DIAL_SOCKS_CLOSED', `the SOCKS server closed the connection while waiting for its ${phase === 'method' ? 'method choice' : phase === 'auth' ? 'answer to the credentials' : 'reply to CONNECT'}`)));
+        const onError = (err: Error) => fail(wrap(new GatewayError('GW_ERR_DIAL_SOCKS_CLOSED', `the SOCKS connection broke: ${err.message}`, { cause: err })));
+        /** Consumes what the answers so far allow; true once the tunnel is open. */
+        const advance = (): boolean => {
+          for (;;) {
+            if (phase === 'reply') {
+              const r = parseConnectReply(buffered);
+              if (!r.complete) return false;
+              const rest = buffered.subarray(r.length);
+              if (rest.length > 0) socket.unshift(rest);
+              return true;
+            }
+            const r = phase === 'method' ? parseMethodChoice(buffered, creds !== undefined) : parseAuthReply(buffered, creds?.username ?? '');
+            if (!r.complete) return false;
+            buffered = buffered.subarray(r.length);
+            const next = 'method' in r && r.method === 'userpass' && creds ? 'auth' : 'reply';
+            socket.write(next === 'auth' && creds ? buildUserPass(creds) : buildSocksConnect(target.host, target.port));
+            phase = next;
+          }
+        };
+        const onReadable = () => {
+          let chunk: Buffer | null;
+          while ((chunk = socket.read() as Buffer | null) !== null) {
+            buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
+            try {
+              if (!advance()) continue;
+            } catch (err) {
+              fail(err instanceof GatewayError ? wrap(err) : wrap(new GatewayError('GW_ERR_DIAL_SOCKS_MALFORMED', String(err))));
+              return;
+            }
+            detach();
+            resolve();
+            return;
+          }
+        };
+        socket.on('readable', onReadable);
+        socket.once('end', onEnd);
+        socket.once('error', onError);
+        socket.write(buildGreeting(creds !== undefined));
+        return () => {
+          detach();
+          socket.destroy();
+        };
+      },
+      where,
+    );
+  }
+
   /** The error for an answer that is neither 2xx nor 407 (auth/handshake.ts answers a 407). */
   private refusal(res: ConnectResponse, target: DialTarget, context: string, details: Record<string, unknown>): GatewayError {
     const where = formatHostPort(target.host, target.port);
@@ -369,4 +477,13 @@ export class Dialer {
       ...(hint === undefined ? {} : { hint }),
     });
   }
+}
+
+/** A hint naming the likely fix for a SOCKS reply code, where the code's default hint is too general. */
+function socksHint(err: GatewayError): { hint?: string } {
+  const reply = err.details.reply;
+  if (err.code !== 'GW_ERR_DIAL_SOCKS_REFUSED') return {};
+  if (reply === 2) return { hint: "The SOCKS server's rules do not allow this client or this destination (dante: the client pass / socks pass rules in danted.conf)." };
+  if (reply === 3 || reply === 4 || reply === 5) return { hint: 'The SOCKS server cannot reach the target: check the address and port, and that the SOCKS server can resolve the name (socks5h://) or reach the address (socks5://).' };
+  return {};
 }

@@ -6,9 +6,11 @@
  *  2. Which variable: an https:// URL uses HTTPS_PROXY, then https_proxy. A bare host:port (the gateway's own
  *     dials: TLS, SSH, HTTPS on 3080 / 443 / 3024) uses HTTPS_PROXY, https_proxy, then HTTP_PROXY, http_proxy.
  *     An http:// URL uses HTTP_PROXY, then http_proxy. Uppercase wins; an empty value counts as unset.
- *  3. The value must be scheme://[user[:password]@]host[:port] with scheme http or https, or a bare host[:port]
- *     (http:// is assumed); the port defaults to the scheme's (80 / 443). Anything else is an error naming the
- *     variable, and so is a proxy host of localhost or 127.0.0.1 (or ::1): never a silent direct dial.
+ *     Every kind then falls back to ALL_PROXY, then all_proxy (lowest precedence, as curl has it).
+ *  3. The value must be scheme://[user[:password]@]host[:port] with scheme http, https, socks5 (names resolved
+ *     here) or socks5h (names resolved by the SOCKS server), or a bare host[:port] (http:// is assumed); the port
+ *     defaults to the scheme's (80 / 443 / 1080). Anything else is an error naming the variable, and so is a
+ *     proxy host of localhost or 127.0.0.1 (or ::1): never a silent direct dial.
  *  4. NO_PROXY (uppercase wins over no_proxy; empty counts as unset) exempts matching targets (see noproxy.ts).
  *  5. A dial with an alias (the Kubernetes Service's dial of an API server, alias kube.<cluster_name>.local:443)
  *     is exempt when NO_PROXY exempts either the address dialled or the alias.
@@ -28,8 +30,11 @@ export interface DialTarget extends HostPort {
   text: string;
 }
 
+export type ProxyProtocol = 'http' | 'https' | 'socks5' | 'socks5h';
+
 export interface ProxySpec {
-  protocol: 'http' | 'https';
+  /** socks5: target names are resolved here and sent as addresses; socks5h: sent as names, for the proxy to resolve. */
+  protocol: ProxyProtocol;
   host: string;
   port: number;
   /** Percent-decoded credentials from the URL, or undefined. Never log these. */
@@ -67,10 +72,23 @@ function firstSet(env: Env, names: readonly string[]): { name: string; value: st
 }
 
 const PROXY_VARS: Record<TargetKind, readonly string[]> = {
-  https: ['HTTPS_PROXY', 'https_proxy'],
-  gateway: ['HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy'],
-  http: ['HTTP_PROXY', 'http_proxy'],
+  https: ['HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy'],
+  gateway: ['HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy', 'ALL_PROXY', 'all_proxy'],
+  http: ['HTTP_PROXY', 'http_proxy', 'ALL_PROXY', 'all_proxy'],
 };
+
+const DEFAULT_PORTS: Record<ProxyProtocol, number> = { http: 80, https: 443, socks5: 1080, socks5h: 1080 };
+
+function isProxyProtocol(p: string): p is ProxyProtocol {
+  return Object.hasOwn(DEFAULT_PORTS, p);
+}
+
+/** What a proxy is, for the reasons shown: "a SOCKS5 proxy (target names resolved by the proxy)". */
+export function describeProxyKind(protocol: ProxyProtocol): string {
+  if (protocol === 'socks5h') return 'a SOCKS5 proxy (target names resolved by the proxy)';
+  if (protocol === 'socks5') return 'a SOCKS5 proxy (target names resolved on this host)';
+  return `an ${protocol.toUpperCase()} proxy`;
+}
 
 /** Parses "host:port", "[v6]:port" or an http(s):// URL into a dial target. */
 export function parseTarget(text: string): DialTarget {
@@ -123,8 +141,11 @@ export function parseProxyValue(value: string, source: string): ProxySpec {
     });
   const { scheme, userinfo, rest: afterUserinfo } = splitUserinfo(raw);
   const protocol = scheme?.toLowerCase() ?? 'http';
-  if (protocol !== 'http' && protocol !== 'https') {
-    throw envError(`scheme "${protocol}" is not supported; use http:// or https://`);
+  if (/^socks4a?$|^socks$/.test(protocol)) {
+    throw envError(`scheme "${protocol}" (SOCKS4) is not supported: it carries no password; use socks5:// or socks5h://`);
+  }
+  if (!isProxyProtocol(protocol)) {
+    throw envError(`scheme "${protocol}" is not supported; use http://, https://, socks5:// or socks5h://`);
   }
   // host[:port] ends at the first "/", "?" or "#"; only an empty path or "/" may follow.
   const end = afterUserinfo.search(/[/?#]/);
@@ -141,7 +162,7 @@ export function parseProxyValue(value: string, source: string): ProxySpec {
   } catch (err) {
     throw envError(err instanceof AddrError ? err.message : String(err));
   }
-  const port = addr.port ?? (protocol === 'https' ? 443 : 80);
+  const port = addr.port ?? DEFAULT_PORTS[protocol];
   const loopbackNames = new Set(['localhost', '127.0.0.1', '::1']);
   if (loopbackNames.has(addr.host)) {
     throw new GatewayError(
@@ -164,6 +185,7 @@ export function parseProxyValue(value: string, source: string): ProxySpec {
       throw envError('the user name or password has a bad percent-encoding');
     }
     shownUserinfo = `${rawUser}${rawPass === undefined ? '' : `:${REDACTED}`}@`;
+    if (protocol.startsWith('socks')) checkSocksCredentials(username, password ?? '', envError);
   }
   const display = `${protocol}://${shownUserinfo}${formatHostPort(addr.host, port)}`;
   return {
@@ -175,6 +197,13 @@ export function parseProxyValue(value: string, source: string): ProxySpec {
     display,
     source,
   };
+}
+
+/** RFC 1929 carries a user name of 1 to 255 bytes and a password of up to 255. */
+function checkSocksCredentials(username: string, password: string, envError: (why: string) => GatewayError): void {
+  const user = Buffer.byteLength(username, 'utf8');
+  if (user < 1 || user > 255) throw envError(`a SOCKS5 user name is 1 to 255 bytes (this one is ${user})`);
+  if (Buffer.byteLength(password, 'utf8') > 255) throw envError('a SOCKS5 password is at most 255 bytes');
 }
 
 /**
@@ -260,5 +289,6 @@ export function selectProxy(target: DialTarget | string, env: Env = process.env,
     return { ...base, proxy: null, source: varName, reason: `${varName} entry "${aliasExempt.text}" matches ${aliasWhere}, ${alias.what} (${where} itself is not exempt)` };
   }
   const unmatched = noProxyVar ? `no ${noProxyVar.name} entry matches ${whatTarget}${alias ? ` or ${aliasWhere}, ${alias.what}` : ''}` : 'NO_PROXY is not set';
-  return { ...base, proxy, source: chosen.name, reason: `${chosen.name} is set and ${unmatched}` };
+  const kind = proxy.protocol.startsWith('socks') ? ` to ${describeProxyKind(proxy.protocol)}` : '';
+  return { ...base, proxy, source: chosen.name, reason: `${chosen.name} is set${kind} and ${unmatched}` };
 }

@@ -8,7 +8,7 @@ export type Env = Readonly<Record<string, string | undefined>>;
 
 export interface DaemonEnvironment {
   /**
-   * The variables the Dialer reads on every dial (HTTPS_PROXY, HTTP_PROXY, NO_PROXY and their lower-case forms)
+   * The variables the Dialer reads on every dial (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY, lower-case too)
    * and the Kubernetes client reads (KUBECONFIG, KUBERNETES_SERVICE_HOST): the process's own, live.
    */
   readonly env: Env;

@@ -46,7 +46,7 @@ describe('gateway dial-plan --json', () => {
   });
 
   it('a bad proxy value gives an error object for that target and exit status 1, without the password', () => {
-    const { status, rows } = plan(['proxy.example.com:443', 'localhost:443'], { HTTPS_PROXY: 'socks5://bob:topsecret@squid:1080' });
+    const { status, rows } = plan(['proxy.example.com:443', 'localhost:443'], { HTTPS_PROXY: 'socks4://bob:topsecret@squid:1080' });
     expect(status).toBe(1);
     expect(rows[0]).toEqual({ target: 'proxy.example.com:443', error: { code: 'GW_ERR_DIAL_PROXY_ENV', message: expect.stringContaining('HTTPS_PROXY') } });
     expect(rows[1]).toMatchObject({ target: 'localhost:443', proxy: null });
@@ -120,6 +120,30 @@ describe('gateway dial-plan on IPv6 networks: the family of each connection, NO_
   it('a direct IPv4 literal says IPv4 in the text', () => {
     const r = run(['dial-plan', '192.0.2.1:443'], {});
     expect(r.stdout.split('\n')[1]).toBe('  IPv4: the target 192.0.2.1:443 is an IPv4 address');
+  });
+});
+
+describe('gateway dial-plan with a SOCKS5 proxy', () => {
+  it('says SOCKS5, where names are resolved, and hides the password (the example of docs/dialing.md)', () => {
+    const r = run(['dial-plan', 'proxy.example.com:443', 'db.internal:5432', 'https://updates.example.com/v1'], {
+      ALL_PROXY: 'socks5h://agent7:s3cr%40t@dante.corp:1080',
+      NO_PROXY: '.internal',
+    });
+    expect(r.status).toBe(0);
+    expect(r.stdout).toBe(
+      [
+        'proxy.example.com:443: through socks5h://agent7:***@dante.corp:1080 (to proxy.example.com:443): ALL_PROXY is set to a SOCKS5 proxy (target names resolved by the proxy) and no NO_PROXY entry matches proxy.example.com:443',
+        'db.internal:5432: direct (to db.internal:5432): NO_PROXY entry ".internal" matches db.internal:5432',
+        'https://updates.example.com/v1: through socks5h://agent7:***@dante.corp:1080 (to updates.example.com:443): ALL_PROXY is set to a SOCKS5 proxy (target names resolved by the proxy) and no NO_PROXY entry matches updates.example.com:443',
+        '',
+      ].join('\n'),
+    );
+    expect(r.stdout + r.stderr).not.toContain('s3cr');
+  });
+
+  it('--json gives the socks5h:// proxy and ALL_PROXY as the source', () => {
+    const { rows } = plan(['proxy.example.com:443'], { ALL_PROXY: 'socks5h://agent7:s3cr%40t@dante.corp:1080' });
+    expect(rows[0]).toEqual({ target: 'proxy.example.com:443', proxy: 'socks5h://agent7:***@dante.corp:1080', source: 'ALL_PROXY', reason: expect.stringContaining('SOCKS5') });
   });
 });
 

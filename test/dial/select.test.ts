@@ -38,6 +38,14 @@ describe('which variable is used', () => {
     ['proxy.example.com:443', { HTTPS_PROXY: '', https_proxy: 'http://lower-https:2' }, 'http://lower-https:2', 'https_proxy'],
     ['proxy.example.com:443', { HTTPS_PROXY: '  ', HTTP_PROXY: 'squid:3128' }, 'http://squid:3128', 'HTTP_PROXY'],
     ['proxy.example.com:443', {}, null, null],
+    // ALL_PROXY (then all_proxy) comes last, for every kind of target
+    ['proxy.example.com:3024', { ...all, ALL_PROXY: 'socks5h://dante:1080' }, 'http://upper-https:1', 'HTTPS_PROXY'],
+    ['proxy.example.com:3024', { http_proxy: 'http://lower-http:4', ALL_PROXY: 'socks5h://dante:1080' }, 'http://lower-http:4', 'http_proxy'],
+    ['proxy.example.com:3024', { ALL_PROXY: 'socks5h://dante:1080', all_proxy: 'socks5://other:1' }, 'socks5h://dante:1080', 'ALL_PROXY'],
+    ['proxy.example.com:3024', { ALL_PROXY: ' ', all_proxy: 'socks5://other:1' }, 'socks5://other:1', 'all_proxy'],
+    ['https://proxy.example.com/', { HTTP_PROXY: 'http://upper-http:3', ALL_PROXY: 'socks5h://dante' }, 'socks5h://dante:1080', 'ALL_PROXY'],
+    ['http://proxy.example.com/', { HTTPS_PROXY: 'http://upper-https:1', all_proxy: 'http://squid:3128' }, 'http://squid:3128', 'all_proxy'],
+    ['localhost:3080', { ALL_PROXY: 'socks5h://dante:1080' }, null, null],
   ] as Array<[string, Env, string | null, string | null]>)('%s with %o', (target, env, proxy, source) => {
     expect(decide(target, env)).toEqual({ proxy, source });
   });
@@ -56,6 +64,9 @@ describe('proxy values', () => {
     ['127.0.0.2:3128', 'http://127.0.0.2:3128', 'http', 3128],
     ['http://alice@squid:3128', 'http://alice@squid:3128', 'http', 3128],
     ['http://alice:s3cret@squid:3128', 'http://alice:***@squid:3128', 'http', 3128],
+    ['socks5://dante.corp', 'socks5://dante.corp:1080', 'socks5', 1080],
+    ['SOCKS5H://bob:pw@Dante.Corp:1081', 'socks5h://bob:***@dante.corp:1081', 'socks5h', 1081],
+    ['socks5h://[fd00::5]', 'socks5h://[fd00::5]:1080', 'socks5h', 1080],
     ['alice:s3cret@squid:3128', 'http://alice:***@squid:3128', 'http', 3128],
   ] as Array<[string, string, string, number]>)('%s', (value, display, protocol, port) => {
     const p = parseProxyValue(value, 'HTTPS_PROXY');
@@ -74,7 +85,14 @@ describe('proxy values', () => {
   });
 
   it.each([
-    ['socks5://squid:1080', 'GW_ERR_DIAL_PROXY_ENV'],
+    ['socks4://squid:1080', 'GW_ERR_DIAL_PROXY_ENV'],
+    ['socks4a://user:pw@squid:1080', 'GW_ERR_DIAL_PROXY_ENV'],
+    ['socks://squid:1080', 'GW_ERR_DIAL_PROXY_ENV'],
+    ['socks5h://:pw@squid:1080', 'GW_ERR_DIAL_PROXY_ENV'],
+    [`socks5h://${'u'.repeat(256)}:pw@squid:1080`, 'GW_ERR_DIAL_PROXY_ENV'],
+    [`socks5h://u:${'p'.repeat(256)}@squid:1080`, 'GW_ERR_DIAL_PROXY_ENV'],
+    ['socks5h://user:pw@localhost:1080', 'GW_ERR_DIAL_PROXY_LOOPBACK'],
+    ['socks5://127.0.0.1', 'GW_ERR_DIAL_PROXY_LOOPBACK'],
     ['ftp://squid:21', 'GW_ERR_DIAL_PROXY_ENV'],
     ['http://:3128', 'GW_ERR_DIAL_PROXY_ENV'],
     ['http://', 'GW_ERR_DIAL_PROXY_ENV'],
@@ -353,5 +371,22 @@ describe('properties', () => {
         expect(p.password).toBe(pw);
       }),
     );
+  });
+});
+
+describe('SOCKS5 reasons', () => {
+  it('say SOCKS5 and where names are resolved', () => {
+    expect(selectProxy('proxy.example.com:443', { ALL_PROXY: 'socks5h://dante:1080' }).reason).toBe(
+      'ALL_PROXY is set to a SOCKS5 proxy (target names resolved by the proxy) and NO_PROXY is not set',
+    );
+    expect(selectProxy('proxy.example.com:443', { HTTPS_PROXY: 'socks5://dante:1080', NO_PROXY: '.internal' }).reason).toBe(
+      'HTTPS_PROXY is set to a SOCKS5 proxy (target names resolved on this host) and no NO_PROXY entry matches proxy.example.com:443',
+    );
+  });
+
+  it('NO_PROXY applies as for HTTP proxies', () => {
+    const d = selectProxy('db.internal:5432', { ALL_PROXY: 'socks5h://dante:1080', NO_PROXY: '.internal' });
+    expect(d.proxy).toBeNull();
+    expect(d.source).toBe('NO_PROXY');
   });
 });

@@ -451,7 +451,8 @@ describe('secrets', () => {
     const errors: GatewayError[] = [];
     const tries: Array<[string, Record<string, string>]> = [
       [`http://alice:${PASSWORD_ENC}@127.0.0.2:1`, {}], // proxy down
-      [`socks5://alice:${PASSWORD_ENC}@squid:1080`, {}], // bad scheme
+      [`socks4://alice:${PASSWORD_ENC}@squid:1080`, {}], // bad scheme
+      [`socks5h://alice:${PASSWORD_ENC}@127.0.0.2:1`, {}], // SOCKS proxy down
       [`http://alice:${PASSWORD_ENC}@localhost:3128`, {}], // loopback proxy
       [`alice:${PASSWORD_ENC}@127.0.0.2:99999`, {}], // bad port
     ];

@@ -59,6 +59,12 @@ export function describeProxyAuth(
   proxy: ProxySpec,
   schemes: readonly ProxyAuthScheme[] = PROXY_AUTH_SCHEMES,
 ): { schemes: string[]; reason: string } {
+  if (proxy.protocol === 'socks5' || proxy.protocol === 'socks5h') {
+    // SOCKS5 has no 407: the server picks a method from what the greeting offers (socks.ts).
+    return proxy.username === undefined
+      ? { schemes: [], reason: 'SOCKS5: offers no authentication (a server that requires a method fails the dial)' }
+      : { schemes: ['username/password'], reason: `SOCKS5: offers username/password (RFC 1929) as user "${proxy.username}", sent only if the server chooses it` };
+  }
   const sorted = [...schemes].sort((a, b) => b.strength - a.strength);
   const able = sorted.filter((s) => s.can(proxy).ok);
   const why = sorted.map((s) => `${s.name}: ${s.can(proxy).why}`).join('; ');
