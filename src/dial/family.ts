@@ -4,7 +4,8 @@
  * is resolved at every dial, never kept across dials, so a reconnect follows a changed DNS record; when it has
  * addresses of both families they are raced (Happy Eyeballs, as Node's autoSelectFamily does it: one address,
  * then the other family's after HAPPY_EYEBALLS_ATTEMPT_MS, the first to connect wins). Through a proxy the
- * target's name goes in the CONNECT line as written and the proxy resolves it. Pure: no lookup is made here.
+ * target's name goes in the CONNECT line (or a socks5h:// request) as written and the proxy resolves it; socks5://
+ * resolves it here. Pure: no lookup is made here.
  */
 import { isIP } from 'node:net';
 import { formatHostPort } from '../addr.js';
@@ -33,7 +34,13 @@ export function familyPlan(decision: ProxyDecision): FamilyPlan {
     const family = literal === 6 ? 'ipv6' : 'ipv4';
     return { host: to.host, port: to.port, family, reason: `${what} ${where} is an ${family === 'ipv6' ? 'IPv6' : 'IPv4'} address` };
   }
-  const resolver = decision.proxy ? `; the proxy resolves ${formatHostPort(decision.target.host, decision.target.port)} itself` : '';
+  const target = formatHostPort(decision.target.host, decision.target.port);
+  // socks5:// sends the SOCKS server an address this host resolved (socks.ts); every other proxy gets the name.
+  const resolver = !decision.proxy
+    ? ''
+    : decision.proxy.protocol === 'socks5' && isIP(decision.target.host) === 0
+      ? `; ${target} is resolved here and sent to the SOCKS server as an address`
+      : `; the proxy resolves ${target} itself`;
   return {
     host: to.host,
     port: to.port,

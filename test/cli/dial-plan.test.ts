@@ -133,8 +133,13 @@ describe('gateway dial-plan with a SOCKS5 proxy', () => {
     expect(r.stdout).toBe(
       [
         'proxy.example.com:443: through socks5h://agent7:***@dante.corp:1080 (to proxy.example.com:443): ALL_PROXY is set to a SOCKS5 proxy (target names resolved by the proxy) and no NO_PROXY entry matches proxy.example.com:443',
+        '  IPv6 or IPv4: the proxy dante.corp:1080 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves proxy.example.com:443 itself',
+        '  proxy authentication: SOCKS5: offers username/password (RFC 1929) as user "agent7", sent only if the server chooses it',
         'db.internal:5432: direct (to db.internal:5432): NO_PROXY entry ".internal" matches db.internal:5432',
+        '  IPv6 or IPv4: the target db.internal:5432 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs)',
         'https://updates.example.com/v1: through socks5h://agent7:***@dante.corp:1080 (to updates.example.com:443): ALL_PROXY is set to a SOCKS5 proxy (target names resolved by the proxy) and no NO_PROXY entry matches updates.example.com:443',
+        '  IPv6 or IPv4: the proxy dante.corp:1080 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves updates.example.com:443 itself',
+        '  proxy authentication: SOCKS5: offers username/password (RFC 1929) as user "agent7", sent only if the server chooses it',
         '',
       ].join('\n'),
     );
@@ -143,7 +148,20 @@ describe('gateway dial-plan with a SOCKS5 proxy', () => {
 
   it('--json gives the socks5h:// proxy and ALL_PROXY as the source', () => {
     const { rows } = plan(['proxy.example.com:443'], { ALL_PROXY: 'socks5h://agent7:s3cr%40t@dante.corp:1080' });
-    expect(rows[0]).toEqual({ target: 'proxy.example.com:443', proxy: 'socks5h://agent7:***@dante.corp:1080', source: 'ALL_PROXY', reason: expect.stringContaining('SOCKS5') });
+    expect(rows[0]).toEqual({
+      target: 'proxy.example.com:443',
+      proxy: 'socks5h://agent7:***@dante.corp:1080',
+      source: 'ALL_PROXY',
+      reason: expect.stringContaining('SOCKS5'),
+      family: EITHER,
+      proxy_auth: { schemes: ['username/password'], reason: expect.stringContaining('RFC 1929') },
+    });
+  });
+
+  it('socks5:// resolves the target here, and says so; without credentials it offers no authentication', () => {
+    const { rows } = plan(['proxy.example.com:443'], { ALL_PROXY: 'socks5://dante.corp:1080' });
+    expect((rows[0]!.family as { reason: string }).reason).toContain('proxy.example.com:443 is resolved here and sent to the SOCKS server as an address');
+    expect(rows[0]!.proxy_auth).toEqual({ schemes: [], reason: expect.stringContaining('offers no authentication') });
   });
 });
 
