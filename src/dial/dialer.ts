@@ -5,6 +5,8 @@
  *
  * The returned socket is the tunnel: bytes the proxy sent after its 200 answer are pushed back into it, Nagle
  * is off, TCP keep-alive is on, and half-close passes through (allowHalfOpen) for direct and http:// proxies.
+ * Each socket it returns remembers how it was dialled (dialRoute), so that a certificate refused on it later can
+ * say whether a proxy was in the path (src/dial/tlsverify.ts).
  */
 import net from 'node:net';
 import tls from 'node:tls';
@@ -47,6 +49,18 @@ export const DIALER_DEFAULTS = Object.freeze({
 });
 
 type Target = string | DialTarget | HostPort;
+
+/** How a socket the Dialer returned was dialled: through which proxy (display form, password hidden), or directly. */
+export interface DialRoute {
+  proxy: { display: string; source: string } | null;
+}
+
+const routes = new WeakMap<object, DialRoute>();
+
+/** The route of a socket Dialer.dial returned; undefined for a stream the Dialer did not make. */
+export function dialRoute(stream: object): DialRoute | undefined {
+  return routes.get(stream);
+}
 
 function toTarget(target: Target): DialTarget {
   if (typeof target === 'string') return parseTarget(target);
@@ -129,11 +143,13 @@ export class Dialer {
     const where = formatHostPort(t.host, t.port);
     if (!decision.proxy) {
       this.log.debug({ target: where, reason: decision.reason }, 'dialing directly');
-      return this.connectTcp(t, options.signal, (code, why) =>
+      const direct = await this.connectTcp(t, options.signal, (code, why) =>
         new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_UNREACHABLE', `cannot connect to ${where}: ${why}`, {
           details: { target: where },
         }),
       );
+      routes.set(direct, { proxy: null });
+      return direct;
     }
     const proxy = decision.proxy;
     this.log.debug({ target: where, proxy: proxy.display, source: proxy.source }, 'dialing through proxy');
@@ -153,6 +169,7 @@ export class Dialer {
       raw.destroy();
       throw err;
     }
+    routes.set(socket, { proxy: { display: proxy.display, source: proxy.source } });
     return socket;
   }
 
