@@ -172,6 +172,14 @@ describe('a gateway client behind the bumping squid', () => {
     expect(requests).toBe(before);
   });
 
+  it('the proxy password in HTTPS_PROXY is never in the message or its details', async () => {
+    const withPassword = through(bump.url.replace('http://', 'http://alice:s3cret-pw@'));
+    const err = await failure(() => api(withPassword).call('GET', '/webapi/find'));
+    expect(err.code).toBe('GW_ERR_TLS_INSPECTED');
+    expect(err.message).toContain(`through the proxy ${bump.url.replace('http://', 'http://alice:***@')}`);
+    expect(JSON.stringify({ m: err.message, h: err.hint, d: err.details })).not.toContain('s3cret-pw');
+  });
+
   it("the tunnel's handshake (client certificate, host CA) fails the same way", async () => {
     const err = await failure(() => tunnelHandshake(through(bump)));
     expect(err.code).toBe('GW_ERR_TLS_INSPECTED');

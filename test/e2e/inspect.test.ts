@@ -98,10 +98,16 @@ describe('behind the bumping squid', () => {
 });
 
 describe('with the splice exception for the Proxy name', () => {
-  it('gwsh login succeeds', async () => {
+  it('gwsh login succeeds; the profile it made, used by gwctl behind the bump, gets the same error', async () => {
     const r = await login(splice, 'spliced');
     expect(r.stderr).toBe('');
     expect(r.status).toBe(0);
+    const env = { HOME: dir, GWSH_HOME: join(dir, 'spliced') };
+    expect((await runCli('gwctl', ['status'], { env: { ...env, HTTPS_PROXY: splice.url } })).status).toBe(0);
+    const bumped = await runCli('gwctl', ['status'], { env: { ...env, HTTPS_PROXY: bump.url } });
+    expect(bumped.status).toBe(1);
+    expect(bumped.stderr).toContain('code: GW_ERR_TLS_INSPECTED');
+    expect(bumped.stderr).toContain(`inspected by ${CORP_ROOT}`);
   });
 
   it("an agent joins and its tunnel comes up; moved behind the bump, its log names the inspection; dial-plan --probe tells the two paths apart", async () => {
