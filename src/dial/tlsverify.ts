@@ -40,6 +40,11 @@ export interface TlsPeer {
   name?: string;
   /** What to do when no trusted CA signed the certificate: that depends on how the caller got its trust. */
   untrustedHint?: string;
+  /**
+   * The caller also accepts certificates of roots the operator gives (the upgraders' downloads): then trusting an
+   * inspecting proxy's root is a fix too, and the hint says how (untrustedHint). Mutual TLS clients never do.
+   */
+  acceptsOperatorRoots?: boolean;
 }
 
 /** Hints for an untrusted certificate, by how the caller trusts the server. */
@@ -220,7 +225,7 @@ function inspectedHint(peer: TlsPeer, host: string, root: string): string {
   const fix =
     `Have the proxy leave TLS to ${host} alone: on squid, "acl gateway_proxy ssl::server_name ${host}" and "ssl_bump splice gateway_proxy" before its bump rule ` +
     `(appliances call it a TLS inspection bypass or do-not-decrypt rule); or, where this machine may reach ${host} without the proxy, add ${host} to NO_PROXY.`;
-  if (peer.server === 'proxy' || peer.server === 'auth') {
+  if ((peer.server === 'proxy' || peer.server === 'auth') && !peer.acceptsOperatorRoots) {
     return `${fix} The cluster's mutual TLS cannot pass through inspection, so trusting ${root} does not help here and verification is never turned off; a transport that carries the tunnel's TLS inside the inspected connection is coming.`;
   }
   return `${fix} Or, if ${root} is your organisation's root, trust it for this server: ${untrustedHint(peer)}`;

@@ -27,6 +27,7 @@ import { probeTls } from '../../src/dial/probe.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../../src/dial/tlsverify.js';
 import { GatewayError } from '../../src/errors.js';
 import { connectTls } from '../../src/stream/tls.js';
+import { fetchTarget } from '../../src/upgrade/client.js';
 import { curl } from '../helpers/curl.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
@@ -178,6 +179,15 @@ describe('a gateway client behind the bumping squid', () => {
     expect(err.code).toBe('GW_ERR_TLS_INSPECTED');
     expect(err.message).toContain(`through the proxy ${bump.url.replace('http://', 'http://alice:***@')}`);
     expect(JSON.stringify({ m: err.message, h: err.hint, d: err.details })).not.toContain('s3cret-pw');
+  });
+
+  it("the upgraders' version request: the same code, and since they take the operator's roots, the hint offers that too", async () => {
+    const endpoint = { base: `https://${NAME}:${clusterPort}/webapi/updates/stable` } as Parameters<typeof fetchTarget>[0];
+    const err = await failure(() => fetchTarget(endpoint, { dialer: through(bump), ca: [cluster.tls.certPem], timeoutMs: 10_000 }));
+    expect(err.code).toBe('GW_ERR_TLS_INSPECTED');
+    expect(err.hint).toContain('ssl_bump splice');
+    expect(err.hint).toContain(`if ${CORP_ROOT} is your organisation's root, trust it`);
+    expect(err.hint).toContain('GATEWAY_UPGRADE_CA_FILE');
   });
 
   it("the tunnel's handshake (client certificate, host CA) fails the same way", async () => {
