@@ -203,11 +203,13 @@ export async function fetchPinnedCas(address: string, pin: string, dialer?: Dial
   const addr = normalizeAddress(address);
   const res = await fetchThroughDialer(`https://${addr}/webapi/ca`, { dialer: dialer ?? new Dialer(), rejectUnauthorized: false, timeoutMs: 30_000, withPeer: true });
   // An answer that is not the pinned cluster's may be a TLS-inspecting proxy's (its error page, or the CAs of a
-  // certificate it minted): said as such when the certificate it came with looks like one and was not issued by
-  // the CA that came in the answer.
+  // certificate it minted): said as such when the certificate it came with looks like one, was not issued by the
+  // CA that came in the answer, and came without the pinned CA.
   const inspected = (fetchedCa?: string) => {
     if (!res.peer) return undefined;
     if (fetchedCa !== undefined && issuedByPem(fetchedCa, res.peer.chain[0])) return undefined;
+    // A Proxy sends its host CA along with its certificate: the pinned CA in the chain is the cluster's own answer.
+    if (res.peer.chain.some((c) => pinMatches(new X509Certificate(c.raw).toString(), pin))) return undefined;
     const outcome = 'its answer was not used (only the request for the public CAs, which carries nothing secret, was sent)';
     return inspectionError({ address: addr, server: 'proxy' }, res.peer.chain, res.peer.route, undefined, undefined, outcome);
   };

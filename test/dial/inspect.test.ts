@@ -20,8 +20,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { generateAuthority, generateKeyPair, issueTlsCert, type CertAuthority } from '../../src/auth/pki.js';
-import { ApiClient } from '../../src/client/api.js';
+import { caPin, generateAuthority, generateKeyPair, issueTlsCert, type CertAuthority } from '../../src/auth/pki.js';
+import { ApiClient, fetchPinnedCas } from '../../src/client/api.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { probeTls } from '../../src/dial/probe.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../../src/dial/tlsverify.js';
@@ -205,6 +205,20 @@ describe('a gateway client behind the bumping squid', () => {
 });
 
 describe('not inspection', () => {
+  it("the pinned CA fetch through a plain proxy: a Proxy's answer without CAs stays GW_ERR_API_BAD_RESPONSE (its chain holds the pinned CA), another cluster's stays GW_ERR_AUTH_PIN_MISMATCH", async () => {
+    const creds = await proxyCert(cluster);
+    const other = await generateAuthority('host', 'other.example');
+    const answers = new Map<string, string>([['/webapi/ca', '{"ok":true}']]);
+    const server = https.createServer({ key: creds.key, cert: `${creds.cert}${cluster.tls.certPem}` }, (req, res) => res.end(answers.get(req.url ?? '') ?? '{}'));
+    const port = await listen(server);
+    cleanups.push(() => new Promise((r) => server.close(r)));
+    const noCas = await failure(() => fetchPinnedCas(`${NAME}:${port}`, caPin(cluster.tls.certPem), through(plain)));
+    expect(noCas.code).toBe('GW_ERR_API_BAD_RESPONSE');
+    answers.set('/webapi/ca', JSON.stringify({ host_ca: cluster.tls.certPem }));
+    const wrongPin = await failure(() => fetchPinnedCas(`${NAME}:${port}`, caPin(other.tls.certPem), through(plain)));
+    expect(wrongPin.code).toBe('GW_ERR_AUTH_PIN_MISMATCH');
+  });
+
   it('a certificate of an unknown CA on a direct dial is GW_ERR_CLIENT_UNTRUSTED, naming its issuer and the direct path', async () => {
     const stranger = await makeTestPki(undefined, { subject: '/CN=Stranger CA' });
     cleanups.push(stranger.cleanup);
