@@ -22,6 +22,8 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { caPin, generateAuthority, generateKeyPair, issueTlsCert, type CertAuthority } from '../../src/auth/pki.js';
 import { ApiClient, fetchPinnedCas } from '../../src/client/api.js';
+import type { Profile } from '../../src/client/profile.js';
+import { openResource } from '../../src/client/resources.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { probeTls } from '../../src/dial/probe.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../../src/dial/tlsverify.js';
@@ -192,6 +194,14 @@ describe('a gateway client behind the bumping squid', () => {
 
   it("the tunnel's handshake (client certificate, host CA) fails the same way", async () => {
     const err = await failure(() => tunnelHandshake(through(bump)));
+    expect(err.code).toBe('GW_ERR_TLS_INSPECTED');
+    expect(err.message).toContain(`inspected by ${CORP_ROOT}`);
+  });
+
+  it("gwsh's resource connections (gwsh proxy app|db) fail the same way, before the route request is written", async () => {
+    const client = await proxyCert(cluster, ['user.gw.test']);
+    const profile = { hostCa: cluster.tls.certPem, cert: client.cert, key: client.key } as Profile;
+    const err = await failure(() => openResource(profile, `${NAME}:${clusterPort}`, { alpn: 'gateway-tcp', resource: 'app1', kind: 'app' }, through(bump)));
     expect(err.code).toBe('GW_ERR_TLS_INSPECTED');
     expect(err.message).toContain(`inspected by ${CORP_ROOT}`);
   });
