@@ -6,7 +6,8 @@ set -euo pipefail
 
 # command -> Debian package
 declare -A NEED=(
-  [squid]=squid          # the HTTP CONNECT proxy every dial test goes through
+  [squid]=squid-openssl  # the HTTP CONNECT proxy every dial test goes through; the OpenSSL build (Debian's squid
+                         # package has no ssl_bump) so that it also inspects TLS as a corporate proxy does
   [socat]=socat          # the peer baseline in bench/ and a TLS front in tests
   [openssl]=openssl      # test certificate authorities
   [htpasswd]=apache2-utils  # squid basic-auth password files
@@ -72,6 +73,9 @@ declare -A NEED=(
 declare -A NEED_FILES=(
   # a font for Chromium's pages, so that the screenshots the browser tests save are readable
   [/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf]=fonts-dejavu-core
+  # squid's certificate generator for ssl_bump (test/helpers/squid.ts, bump): only in squid-openssl, so a machine
+  # with Debian's plain squid gets squid-openssl in its place (the two packages replace each other)
+  [/usr/lib/squid/security_file_certgen]=squid-openssl
 )
 
 missing=()

@@ -461,6 +461,21 @@ export const ERROR_CODES = {
     summary: "The server's certificate chains to the cluster's host CA and holds the name dialled, but it is not the certificate of the member expected: a Proxy's must carry the system role proxy, the Auth Service's the role auth, and the release download location is no member at all (another host of the cluster, such as an agent, answered); nothing was sent to it.",
     hint: 'Check where the address resolves and the proxy settings (HTTPS_PROXY) of this machine: something leads it to another host of the cluster. The message names what the certificate is.',
   },
+  GW_ERR_TLS_INSPECTED: {
+    status: 502,
+    summary: "On a dial through a proxy, the server's certificate is not signed by a CA this side trusts but by another CA: a TLS-inspecting proxy (squid ssl_bump, an inspection appliance) answered in the server's place with a certificate of its own; the message names that CA. The certificate is refused; nothing is sent over it.",
+    hint: "Have the proxy splice (not inspect) TLS to the Proxy's name (squid: ssl_bump splice for an ssl::server_name ACL), or add the name to NO_PROXY where the machine may reach it directly; the message's hint names the host. Mutual TLS cannot pass through inspection.",
+  },
+  GW_ERR_TLS_HANDSHAKE_TIMEOUT: {
+    status: 504,
+    summary: 'A TLS handshake as the client did not complete within its deadline (30 s): the server, or a proxy in the path, took the connection and then stalled.',
+    hint: "Check that the address is a TLS server of the cluster and what answers on the way: 'gateway dial-plan --probe HOST:PORT' dials through the same proxy and reports the certificate it sees, if any.",
+  },
+  GW_ERR_DIAL_PROBE_FAILED: {
+    status: 502,
+    summary: "'gateway dial-plan --probe' reached the target (directly or through the proxy) but the TLS handshake failed: the peer is not a TLS server, or it or a proxy in the path broke the connection.",
+    hint: 'Check that the target is the TLS address of the Proxy (its web or TLS routing port), and the proxy log for what happened to the CONNECT.',
+  },
   GW_ERR_CLIENT_NOT_LOGGED_IN: {
     status: 401,
     summary: 'gwsh has no profile: nobody is signed in.',

@@ -257,7 +257,7 @@ export class TunnelAgent extends EventEmitter {
       const socket = await connectTls(raw, { ALPNProtocols: offered, ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host, checkServerIdentity: proxyServerIdentity }).catch((err: Error) => {
         throw (
           tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
-          new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err })
+          (err instanceof GatewayError ? err : new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err }))
         );
       });
       if (!socket.alpnProtocol || !offered.includes(socket.alpnProtocol)) {

@@ -4,10 +4,16 @@
  * the Kubernetes Service's dial of that API server, and both NO_PROXY checks behind it (select.ts, rule 5).
  * Each target also says which IP family its TCP connection uses, where the plan can know it (family.ts).
  * For a dial through a proxy it says which authentication schemes the client can answer a 407 with (auth/scheme.ts).
+ * With --probe it also dials each target and opens TLS (src/dial/probe.ts), and prints the certificate that
+ * answered on that path and whether it is the cluster's (--ca FILE, or the host CA of the agent in --data-dir) or
+ * "inspected by" another CA.
  */
+import { readFileSync } from 'node:fs';
 import { formatHostPort } from '../addr.js';
 import { describeProxyAuth } from '../dial/auth/scheme.js';
 import { Dialer } from '../dial/dialer.js';
+import { loadHostIdentity } from '../agent/identity.js';
+import { probeTls, type ProbeResult } from '../dial/probe.js';
 import { familyLabel, familyPlan } from '../dial/family.js';
 import { kubeApiAlias, kubeApiTarget, type ProxyDecision } from '../dial/select.js';
 import { GatewayError, toGatewayError } from '../errors.js';
@@ -16,6 +22,67 @@ export interface DialPlanOptions {
   json?: boolean;
   kubeApi?: string;
   cluster?: string;
+  /** Dial each target and report the TLS certificate that answers. */
+  probe?: boolean;
+  /** The cluster's CA (PEM file) for --probe. */
+  ca?: string;
+  /** A data directory whose host identity (an agent's) gives the cluster's CA for --probe. */
+  dataDir?: string;
+  /** --probe's deadline per target, in ms. */
+  timeout?: string;
+}
+
+/** The cluster CAs the probe compares with: --ca, else the agent identity in --data-dir, else none. */
+function clusterCas(opts: DialPlanOptions): { pems: string[]; from: string | null } {
+  if (opts.ca !== undefined) {
+    try {
+      return { pems: [readFileSync(opts.ca, 'utf8')], from: opts.ca };
+    } catch (err) {
+      throw new GatewayError('GW_ERR_USAGE', `--ca ${opts.ca} cannot be read: ${(err as Error).message}`, { hint: "Give the cluster's host CA as a PEM file (an agent keeps it as <data_dir>/host/host-ca.pem)." });
+    }
+  }
+  if (opts.dataDir !== undefined) {
+    const identity = loadHostIdentity(opts.dataDir);
+    if (!identity) {
+      throw new GatewayError('GW_ERR_USAGE', `--data-dir ${opts.dataDir} holds no host identity (${opts.dataDir}/host/identity.json)`, {
+        hint: "Give the data directory of an agent that has joined (gateway.data_dir), or the cluster's host CA with --ca FILE.",
+      });
+    }
+    return { pems: [identity.hostCa], from: `${opts.dataDir} (host identity)` };
+  }
+  return { pems: [], from: null };
+}
+
+function probeTimeout(opts: DialPlanOptions): number | undefined {
+  if (opts.timeout === undefined) return undefined;
+  const ms = Number(opts.timeout);
+  if (!Number.isInteger(ms) || ms < 1 || ms > 600_000) throw new GatewayError('GW_ERR_USAGE', `--timeout ${opts.timeout} is not a number of milliseconds from 1 to 600000`, { hint: 'e.g. --timeout 5000' });
+  return ms;
+}
+
+/** The probe's lines for one target (text form). */
+export function probeLines(p: ProbeResult, caFrom: string | null): string[] {
+  if (p.error) return [`  probe: error ${p.error.code}: ${p.error.message}`, `    hint: ${p.error.hint}`];
+  const leaf = p.chain[0];
+  if (!leaf) return [`  probe: TLS to ${p.address} presented no certificate`];
+  const lines = [`  probe: TLS to ${p.address} presented ${leaf.subject}, issued by ${leaf.issuer}${p.chain.length > 1 ? ` (chain of ${p.chain.length}, top ${p.verdict.root})` : ''}`];
+  if (p.verdict.cluster === undefined) lines.push("  probe: the cluster's CA is not known here (--ca FILE or --data-dir DIR), so the certificate is not judged");
+  else if (p.verdict.cluster) lines.push(`  probe: issued by the cluster's host CA (from ${caFrom}): not inspected`);
+  else if (p.verdict.inspectedBy) lines.push(`  probe: not the cluster's host CA (from ${caFrom}): TLS to ${p.address} is inspected by ${p.verdict.inspectedBy}`);
+  else lines.push(`  probe: not the cluster's host CA (from ${caFrom}), and ${p.route?.proxy ? 'self-signed' : 'no proxy is in the path'}: another server answers at ${p.address}`);
+  return lines;
+}
+
+function probeJson(p: ProbeResult): Record<string, unknown> {
+  if (p.error) return { error: { code: p.error.code, message: p.error.message } };
+  const leaf = p.chain[0];
+  return {
+    subject: leaf?.subject ?? null,
+    issuer: leaf?.issuer ?? null,
+    root: p.verdict.root ?? null,
+    cluster: p.verdict.cluster ?? null,
+    inspected_by: p.verdict.inspectedBy ?? null,
+  };
 }
 
 interface Row {
@@ -40,9 +107,11 @@ function rows(targets: readonly string[], opts: DialPlanOptions, dialer: Dialer)
   return out;
 }
 
-/** Prints the plan; returns false when a target could not be decided (bad target or proxy variable). */
-export function dialPlan(targets: readonly string[], opts: DialPlanOptions, out: NodeJS.WritableStream = process.stdout): boolean {
+/** Prints the plan; resolves false when a target could not be decided (bad target or proxy variable) or probed. */
+export async function dialPlan(targets: readonly string[], opts: DialPlanOptions, out: NodeJS.WritableStream = process.stdout): Promise<boolean> {
   const dialer = new Dialer();
+  const cas = opts.probe ? clusterCas(opts) : { pems: [], from: null };
+  const timeoutMs = probeTimeout(opts);
   let ok = true;
   for (const row of rows(targets, opts, dialer)) {
     let decision: ProxyDecision;
@@ -55,24 +124,33 @@ export function dialPlan(targets: readonly string[], opts: DialPlanOptions, out:
       else out.write(`${row.label}: error ${e.code}: ${e.message}\n  hint: ${e.hint}\n`);
       continue;
     }
-    const proxy = decision.proxy?.display ?? null;
-    const checks = decision.checks?.map((c) => ({ target: c.target, what: c.what, no_proxy_entry: c.entry }));
-    const family = familyPlan(decision);
-    const auth = decision.proxy ? describeProxyAuth(decision.proxy) : null;
-    if (opts.json) {
-      const fields = { proxy, source: decision.source, reason: decision.reason, family: { family: family.family, reason: family.reason }, proxy_auth: auth };
-      out.write(`${JSON.stringify({ target: row.label, ...row.extra, ...fields, ...(checks ? { checks } : {}) })}\n`);
-      continue;
-    }
-    const how = proxy ? `through ${proxy}` : 'direct';
     const to = formatHostPort(decision.target.host, decision.target.port);
-    const what = row.extra?.kube_cluster ? `Kubernetes API server ${row.label} (cluster ${String(row.extra.kube_cluster)})` : row.label;
-    out.write(`${what}: ${how} (to ${to}): ${decision.reason}\n`);
-    out.write(`  ${familyLabel(family.family)}: ${family.reason}\n`);
-    if (auth) out.write(`  proxy authentication: ${auth.reason}\n`);
-    for (const c of checks ?? []) {
-      out.write(`  NO_PROXY check of ${c.target} (${c.what}): ${c.no_proxy_entry === null ? 'no entry matches' : `exempt by "${c.no_proxy_entry}"`}\n`);
-    }
+    const probed = opts.probe ? await probeTls(dialer, to, { clusterCas: cas.pems, ...(timeoutMs === undefined ? {} : { timeoutMs }) }) : undefined;
+    if (probed?.error) ok = false;
+    writeRow(out, row, decision, opts, probed, cas.from);
   }
   return ok;
+}
+
+function writeRow(out: NodeJS.WritableStream, row: Row, decision: ProxyDecision, opts: DialPlanOptions, probed: ProbeResult | undefined, caFrom: string | null): void {
+  const proxy = decision.proxy?.display ?? null;
+  const checks = decision.checks?.map((c) => ({ target: c.target, what: c.what, no_proxy_entry: c.entry }));
+  const family = familyPlan(decision);
+  const auth = decision.proxy ? describeProxyAuth(decision.proxy) : null;
+  if (opts.json) {
+    const probe = probed ? { probe: probeJson(probed) } : {};
+    const fields = { proxy, source: decision.source, reason: decision.reason, family: { family: family.family, reason: family.reason }, proxy_auth: auth };
+    out.write(`${JSON.stringify({ target: row.label, ...row.extra, ...fields, ...(checks ? { checks } : {}), ...probe })}\n`);
+    return;
+  }
+  const how = proxy ? `through ${proxy}` : 'direct';
+  const to = formatHostPort(decision.target.host, decision.target.port);
+  const what = row.extra?.kube_cluster ? `Kubernetes API server ${row.label} (cluster ${String(row.extra.kube_cluster)})` : row.label;
+  out.write(`${what}: ${how} (to ${to}): ${decision.reason}\n`);
+  out.write(`  ${familyLabel(family.family)}: ${family.reason}\n`);
+  if (auth) out.write(`  proxy authentication: ${auth.reason}\n`);
+  for (const c of checks ?? []) {
+    out.write(`  NO_PROXY check of ${c.target} (${c.what}): ${c.no_proxy_entry === null ? 'no entry matches' : `exempt by "${c.no_proxy_entry}"`}\n`);
+  }
+  for (const line of probed ? probeLines(probed, caFrom) : []) out.write(`${line}\n`);
 }

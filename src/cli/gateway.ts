@@ -82,8 +82,12 @@ program
   .option('--json', 'one JSON object per target per line')
   .option('--kube-api <url>', "also the Kubernetes Service's dial of this API server (kube_service.clusters[].api_server), with --cluster")
   .option('--cluster <name>', "the gateway cluster's name, which makes kube.<name>.local (with --kube-api)")
+  .option('--probe', 'also dial each target, open TLS and report the certificate that answers (the cluster\'s, or "inspected by" another CA)')
+  .option('--ca <file>', "with --probe: the cluster's host CA (PEM) to compare with")
+  .option('--data-dir <dir>', "with --probe: an agent's data directory, whose host CA is compared with")
+  .option('--timeout <ms>', 'with --probe: the deadline of each probe (dial and handshake)', String(10_000))
   .action(async (targets: string[], opts: DialPlanOptions) => {
-    if (!(await import('./dialplan.js')).dialPlan(targets, opts)) process.exitCode = EXIT_FAILURE;
+    if (!(await (await import('./dialplan.js')).dialPlan(targets, opts))) process.exitCode = EXIT_FAILURE;
   });
 
 await runCli(program);

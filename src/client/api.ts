@@ -4,7 +4,9 @@
  */
 import { Dialer } from '../dial/dialer.js';
 import { fetchThroughDialer } from '../dial/agent.js';
-import { UNTRUSTED_HINTS } from '../dial/tlsverify.js';
+import { inspectionError, issued, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
+import type { PresentedCert } from '../stream/tls.js';
+import { X509Certificate } from 'node:crypto';
 import { AddrError, formatHostPort, parseAddr } from '../addr.js';
 import { GatewayError, isErrorCode } from '../errors.js';
 import { checkServerIdentity as checkServerName, type PeerCertificate } from 'node:tls';
@@ -183,24 +185,48 @@ export function normalizeAuthAddress(address: string): string {
   return normalizeAddress(address, 3025);
 }
 
+/** Whether the CA in pem issued cert (false for a PEM that does not parse). */
+function issuedByPem(pem: string, cert: PresentedCert | undefined): boolean {
+  if (!cert) return false;
+  try {
+    return issued(new X509Certificate(pem), cert);
+  } catch {
+    return false;
+  }
+}
+
 /**
  * Fetches the cluster's CAs over an unverified TLS connection and accepts them only if the host CA matches the
  * pin. Nothing secret is sent on that connection; everything after it verifies the server against the pinned CA.
  */
 export async function fetchPinnedCas(address: string, pin: string, dialer?: Dialer): Promise<PublicCas> {
   const addr = normalizeAddress(address);
-  const res = await fetchThroughDialer(`https://${addr}/webapi/ca`, { dialer: dialer ?? new Dialer(), rejectUnauthorized: false, timeoutMs: 30_000 });
+  const res = await fetchThroughDialer(`https://${addr}/webapi/ca`, { dialer: dialer ?? new Dialer(), rejectUnauthorized: false, timeoutMs: 30_000, withPeer: true });
+  // An answer that is not the pinned cluster's may be a TLS-inspecting proxy's (its error page, or the CAs of a
+  // certificate it minted): said as such when the certificate it came with looks like one, was not issued by the
+  // CA that came in the answer, and came without the pinned CA.
+  const inspected = (fetchedCa?: string) => {
+    if (!res.peer) return undefined;
+    if (fetchedCa !== undefined && issuedByPem(fetchedCa, res.peer.chain[0])) return undefined;
+    // A Proxy sends its host CA along with its certificate: the pinned CA in the chain is the cluster's own answer.
+    if (res.peer.chain.some((c) => pinMatches(new X509Certificate(c.raw).toString(), pin))) return undefined;
+    const outcome = 'its answer was not used (only the request for the public CAs, which carries nothing secret, was sent)';
+    return inspectionError({ address: addr, server: 'proxy' }, res.peer.chain, res.peer.route, undefined, undefined, outcome);
+  };
   let cas: PublicCas;
   try {
     cas = JSON.parse(res.body.toString('utf8')) as PublicCas;
   } catch {
-    throw new GatewayError('GW_ERR_API_BAD_RESPONSE', `${addr} did not answer /webapi/ca with JSON`, { hint: 'Check that the address is the Proxy (or Auth Service) of the cluster.' });
+    throw inspected() ?? new GatewayError('GW_ERR_API_BAD_RESPONSE', `${addr} did not answer /webapi/ca with JSON`, { hint: 'Check that the address is the Proxy (or Auth Service) of the cluster.' });
   }
-  if (typeof cas.host_ca !== 'string') throw new GatewayError('GW_ERR_API_BAD_RESPONSE', `${addr} sent no host CA`);
+  if (typeof cas.host_ca !== 'string') throw inspected() ?? new GatewayError('GW_ERR_API_BAD_RESPONSE', `${addr} sent no host CA`);
   if (!pinMatches(cas.host_ca, pin)) {
-    throw new GatewayError('GW_ERR_AUTH_PIN_MISMATCH', `the CA of ${addr} does not match the pin ${pin}`, {
-      hint: "Check the pin ('gwctl status' on the cluster prints it) and that the address is the right cluster; nothing was sent to it.",
-    });
+    throw (
+      inspected(cas.host_ca) ??
+      new GatewayError('GW_ERR_AUTH_PIN_MISMATCH', `the CA of ${addr} does not match the pin ${pin}`, {
+        hint: "Check the pin ('gwctl status' on the cluster prints it) and that the address is the right cluster; nothing was sent to it.",
+      })
+    );
   }
   return cas;
 }

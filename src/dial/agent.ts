@@ -3,6 +3,10 @@
  * whose connections come from Dialer.dial, so HTTPS calls (the agents' trust connection, forward_url fetches)
  * follow exactly the same proxy selection and give the same errors as every other dial. Requests to http://
  * targets are tunnelled with CONNECT too (documented in docs/dialing.md).
+ *
+ * A request made without verification (the CA fetch that a pin then checks) can ask for what the server presented
+ * and how it was dialled (withPeer), so that an answer that fails the pin can be told apart from an inspecting
+ * proxy's (src/client/api.ts fetchPinnedCas).
  */
 import http from 'node:http';
 import https from 'node:https';
@@ -11,9 +15,13 @@ import type tls from 'node:tls';
 import { Agent, type AgentConnectOpts } from 'agent-base';
 import { formatHostPort, normalizeHost } from '../addr.js';
 import { GatewayError } from '../errors.js';
-import { connectTls } from '../stream/tls.js';
-import type { Dialer } from './dialer.js';
+import type { Duplex } from 'node:stream';
+import { connectTls, presentedChain, type PresentedCert } from '../stream/tls.js';
+import { dialRoute, type DialRoute, type Dialer } from './dialer.js';
 import { tlsVerifyError, type TlsPeer } from './tlsverify.js';
+
+/** The Dialer's socket under each TLS socket DialerAgent made, for the route of a response. */
+const underlying = new WeakMap<object, Duplex>();
 
 export class DialerAgent extends Agent {
   constructor(
@@ -30,7 +38,9 @@ export class DialerAgent extends Agent {
     const socket = await this.dialer.dial({ kind, host, port, text: `${kind}://${opts.host}:${port}` });
     if (!opts.secureEndpoint) return socket;
     const { host: _h, port: _p, path: _path, ...tlsOpts } = opts as tls.ConnectionOptions & { path?: string };
-    return connectTls(socket, { ...tlsOpts, host });
+    const secure = await connectTls(socket, { ...tlsOpts, host });
+    underlying.set(secure, socket);
+    return secure;
   }
 }
 
@@ -54,12 +64,22 @@ export interface FetchOptions {
   tlsPeer?: Omit<TlsPeer, 'address'>;
   /** A check of the server's certificate after the chain (Node's tls option of that name). */
   checkServerIdentity?: (host: string, cert: PeerCertificate) => Error | undefined;
+  /** Also return the chain the server presented and the route of the connection (FetchResult.peer). */
+  withPeer?: boolean;
+}
+
+/** What an https server presented, and how the connection to it was dialled. */
+export interface FetchPeer {
+  chain: PresentedCert[];
+  route: DialRoute | undefined;
 }
 
 export interface FetchResult {
   status: number;
   headers: http.IncomingHttpHeaders;
   body: Buffer;
+  /** With withPeer, for an https:// request. */
+  peer?: FetchPeer;
 }
 
 /** A small HTTPS (or HTTP) request through the Dialer with a deadline and a bounded body. */
@@ -87,6 +107,7 @@ export function fetchThroughDialer(url: string, options: FetchOptions): Promise<
         timeout: timeoutMs,
       },
       (res) => {
+        const peer = options.withPeer ? peerOf(res.socket) : undefined;
         const chunks: Buffer[] = [];
         let size = 0;
         res.on('data', (chunk: Buffer) => {
@@ -97,7 +118,7 @@ export function fetchThroughDialer(url: string, options: FetchOptions): Promise<
           }
           chunks.push(chunk);
         });
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks), ...(peer ? { peer } : {}) }));
         res.on('error', reject);
       },
     );
@@ -112,4 +133,11 @@ export function fetchThroughDialer(url: string, options: FetchOptions): Promise<
     });
     req.end(options.body);
   }).finally(() => agent.destroy());
+}
+
+function peerOf(socket: unknown): FetchPeer | undefined {
+  const s = socket as Partial<tls.TLSSocket> | null;
+  if (typeof s?.getPeerCertificate !== 'function') return undefined;
+  const raw = underlying.get(s);
+  return { chain: presentedChain(s.getPeerCertificate(true)), route: raw ? dialRoute(raw) : undefined };
 }

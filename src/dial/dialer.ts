@@ -9,6 +9,8 @@
  * is off, TCP keep-alive is on, and half-close passes through (allowHalfOpen) for direct and http:// proxies.
  * Names are resolved at every dial (no address is kept), and a name with IPv6 and IPv4 addresses gets both
  * raced (family.ts), whatever the process's default (node --no-network-family-autoselection).
+ * Each socket it returns remembers how it was dialled (dialRoute), so that a certificate refused on it later can
+ * say whether a proxy was in the path (src/dial/tlsverify.ts).
  */
 import dns from 'node:dns';
 import net from 'node:net';
@@ -61,6 +63,18 @@ export const DIALER_DEFAULTS = Object.freeze({
 });
 
 type Target = string | DialTarget | HostPort;
+
+/** How a socket the Dialer returned was dialled: through which proxy (display form, password hidden), or directly. */
+export interface DialRoute {
+  proxy: { display: string; source: string } | null;
+}
+
+const routes = new WeakMap<object, DialRoute>();
+
+/** The route of a socket Dialer.dial returned; undefined for a stream the Dialer did not make. */
+export function dialRoute(stream: object): DialRoute | undefined {
+  return routes.get(stream);
+}
 
 function toTarget(target: Target): DialTarget {
   if (typeof target === 'string') return parseTarget(target);
@@ -151,11 +165,13 @@ export class Dialer {
     const where = formatHostPort(t.host, t.port);
     if (!decision.proxy) {
       this.log.debug({ target: where, reason: decision.reason }, 'dialing directly');
-      return this.connectTcp(t, options.signal, (code, why) =>
+      const direct = await this.connectTcp(t, options.signal, (code, why) =>
         new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_UNREACHABLE', `cannot connect to ${where}: ${why}`, {
           details: { target: where },
         }),
       );
+      routes.set(direct, { proxy: null });
+      return direct;
     }
     const proxy = decision.proxy;
     const socksHost = proxy.protocol === 'socks5' ? await this.resolveHere(t, options.signal) : t.host;
@@ -186,6 +202,7 @@ export class Dialer {
           socket.destroy();
           throw err;
         }
+        routes.set(socket, { proxy: { display: proxy.display, source: proxy.source } });
         return socket;
       }
       const { socket, scheme } = await connectThroughProxy(
@@ -197,6 +214,7 @@ export class Dialer {
         { proxy, request: { method: 'CONNECT', uri: where }, context, details, log: this.log, schemes: this.authSchemes, ...(remembered ? { remembered } : {}) },
       );
       if (scheme) this.answered.set(proxy.display, scheme);
+      routes.set(socket, { proxy: { display: proxy.display, source: proxy.source } });
       return socket;
     } catch (err) {
       this.answered.delete(proxy.display);

@@ -7,17 +7,27 @@
  *   GW_ERR_TLS_NAME_MISMATCH   the certificate is trusted but names other hosts than the address dialled; the
  *                              message lists the DNS and IP names it holds
  *   GW_ERR_TLS_CERT_EXPIRED    the certificate is outside its validity period
- *   GW_ERR_CLIENT_UNTRUSTED    no CA this side trusts signed it (no pin given, or another cluster's)
+ *   GW_ERR_CLIENT_UNTRUSTED    no CA this side trusts signed it (no pin given, or another cluster's); the message
+ *                              names the issuer and says that the dial was direct when it was
+ *   GW_ERR_TLS_INSPECTED       the same, on a dial through a proxy, with a certificate some other CA issued (not
+ *                              a self-signed one): a TLS-inspecting proxy answered in the server's place; the
+ *                              message names the CA it signs with, the hint the splice exception or NO_PROXY
  *
  * A certificate that passes these but is not the cluster member's expected (GW_ERR_TLS_WRONG_ROLE, src/client/api.ts
  * memberIdentity) comes back from the caller's check as that error already, and passes through unchanged.
  *
  * A CA that does not match a --ca-pin is found earlier, before anything is verified (GW_ERR_AUTH_PIN_MISMATCH in
- * src/client/api.ts). Pure: no I/O.
+ * src/client/api.ts). Pure: no I/O. What was presented and how the socket was dialled come with the error
+ * (src/stream/tls.ts handshakeFailure, src/dial/dialer.ts dialRoute); a refused certificate is never accepted.
+ *
+ * The same judgement serves `gateway dial-plan --probe` (probeVerdict): whose CA issued what a path presents.
  */
+import { X509Certificate } from 'node:crypto';
 import type { PeerCertificate } from 'node:tls';
 import { formatHostPort, isIpLiteral, isLoopbackHost, parseAddr } from '../addr.js';
 import { GatewayError } from '../errors.js';
+import { handshakeFailure, type PresentedCert } from '../stream/tls.js';
+import { dialRoute, type DialRoute } from './dialer.js';
 
 /** Who answered: decides which setting the hints name. */
 export type TlsServerKind = 'proxy' | 'auth' | 'kube-api' | 'server';
@@ -30,6 +40,11 @@ export interface TlsPeer {
   name?: string;
   /** What to do when no trusted CA signed the certificate: that depends on how the caller got its trust. */
   untrustedHint?: string;
+  /**
+   * The caller also accepts certificates of roots the operator gives (the upgraders' downloads): then trusting an
+   * inspecting proxy's root is a fix too, and the hint says how (untrustedHint). Mutual TLS clients never do.
+   */
+  acceptsOperatorRoots?: boolean;
 }
 
 /** Hints for an untrusted certificate, by how the caller trusts the server. */
@@ -53,7 +68,7 @@ const EXPIRED_CODES = new Set(['CERT_HAS_EXPIRED', 'CERT_NOT_YET_VALID']);
 const NAME_CODE = 'ERR_TLS_CERT_ALTNAME_INVALID';
 
 /** The codes this module produces. */
-export const TLS_VERIFY_CODES = ['GW_ERR_TLS_NAME_MISMATCH', 'GW_ERR_TLS_CERT_EXPIRED', 'GW_ERR_CLIENT_UNTRUSTED', 'GW_ERR_TLS_WRONG_ROLE'] as const;
+export const TLS_VERIFY_CODES = ['GW_ERR_TLS_NAME_MISMATCH', 'GW_ERR_TLS_CERT_EXPIRED', 'GW_ERR_CLIENT_UNTRUSTED', 'GW_ERR_TLS_WRONG_ROLE', 'GW_ERR_TLS_INSPECTED'] as const;
 
 export function isTlsVerifyError(err: unknown): err is GatewayError {
   return err instanceof GatewayError && (TLS_VERIFY_CODES as readonly string[]).includes(err.code);
@@ -184,5 +199,112 @@ export function tlsVerifyError(err: unknown, peer: TlsPeer): GatewayError | unde
     const what = cause.code === 'CERT_HAS_EXPIRED' ? 'has expired' : 'is not valid yet';
     return new GatewayError('GW_ERR_TLS_CERT_EXPIRED', `the certificate of ${peer.address} ${what}`, { hint: expiredHint(peer), cause, details });
   }
-  return new GatewayError('GW_ERR_CLIENT_UNTRUSTED', `the certificate of ${peer.address} is not trusted: ${cause.message}`, { hint: untrustedHint(peer), cause, details });
+  return untrusted(peer, cause, details);
+}
+
+/**
+ * The name of the CA at the top of a presented chain: the subject of a self-issued top certificate (the root
+ * itself was sent), else the issuer of the last one sent.
+ */
+export function chainRoot(chain: readonly PresentedCert[]): string | undefined {
+  const top = chain[chain.length - 1];
+  if (!top) return undefined;
+  return top.selfIssued ? top.subject : top.issuer;
+}
+
+/**
+ * Whether an untrusted certificate on this route is a TLS-inspecting proxy's: the dial went through a proxy and
+ * another CA issued the leaf (an inspecting proxy signs the certificates it makes with its own CA; a leaf that
+ * signed itself is a server's own, the proxy only tunnelled to it).
+ */
+export function looksInspected(chain: readonly PresentedCert[], route: DialRoute | undefined): boolean {
+  return route?.proxy != null && chain.length > 0 && !chain[0]!.selfIssued;
+}
+
+function inspectedHint(peer: TlsPeer, host: string, root: string): string {
+  const fix =
+    `Have the proxy leave TLS to ${host} alone: on squid, "acl gateway_proxy ssl::server_name ${host}" and "ssl_bump splice gateway_proxy" before its bump rule ` +
+    `(appliances call it a TLS inspection bypass or do-not-decrypt rule); or, where this machine may reach ${host} without the proxy, add ${host} to NO_PROXY.`;
+  if ((peer.server === 'proxy' || peer.server === 'auth') && !peer.acceptsOperatorRoots) {
+    return `${fix} The cluster's mutual TLS cannot pass through inspection, so trusting ${root} does not help here and verification is never turned off; a transport that carries the tunnel's TLS inside the inspected connection is coming.`;
+  }
+  return `${fix} Or, if ${root} is your organisation's root, trust it for this server: ${untrustedHint(peer)}`;
+}
+
+function presentedDetails(chain: readonly PresentedCert[]): Record<string, unknown> {
+  return chain[0] ? { subject: chain[0].subject, issuer: chain[0].issuer, root: chainRoot(chain) ?? null, fingerprint256: chain[0].fingerprint256 } : {};
+}
+
+/**
+ * GW_ERR_TLS_INSPECTED for a certificate refused (or, for the pinned CA fetch, found wanting) on route, when it
+ * looks like an inspecting proxy's (looksInspected); undefined otherwise.
+ */
+export function inspectionError(
+  peer: TlsPeer,
+  chain: readonly PresentedCert[],
+  route: DialRoute | undefined,
+  cause?: Error,
+  details: Record<string, unknown> = { address: peer.address, server: peer.server },
+  outcome = 'it was refused and nothing was sent over it',
+): GatewayError | undefined {
+  const root = chainRoot(chain);
+  if (!looksInspected(chain, route) || root === undefined) return undefined;
+  const via = route!.proxy!;
+  const { host } = splitAddress(peer.address);
+  return new GatewayError(
+    'GW_ERR_TLS_INSPECTED',
+    `TLS to ${peer.address} is inspected by ${root}: through the proxy ${via.display} (from ${via.source}) the server presented a certificate for ${chain[0]!.subject} issued by ${chain[0]!.issuer}, not one this side trusts for ${peer.address}; ${outcome}`,
+    { hint: inspectedHint(peer, host, root), ...(cause ? { cause } : {}), details: { ...details, ...presentedDetails(chain), proxy: via.display, variable: via.source } },
+  );
+}
+
+function untrusted(peer: TlsPeer, cause: Error & { code: string }, details: Record<string, unknown>): GatewayError {
+  const failure = handshakeFailure(cause);
+  const chain = failure?.chain ?? [];
+  const route = failure ? dialRoute(failure.stream) : undefined;
+  const presented = presentedDetails(chain);
+  const inspected = inspectionError(peer, chain, route, cause, details);
+  if (inspected) return inspected;
+  const issued = chain[0] ? ` (it is ${chain[0].selfIssued ? `self-signed by ${chain[0].subject}` : `${chain[0].subject}, issued by ${chain[0].issuer}`})` : '';
+  const path = route === undefined ? '' : route.proxy ? `; dialled through the proxy ${route.proxy.display}` : '; dialled directly, no proxy in the path';
+  return new GatewayError('GW_ERR_CLIENT_UNTRUSTED', `the certificate of ${peer.address} is not trusted: ${cause.message}${issued}${path}`, {
+    hint: untrustedHint(peer),
+    cause,
+    details: { ...details, ...presented, ...(route ? { proxy: route.proxy?.display ?? null } : {}) },
+  });
+}
+
+/** What `gateway dial-plan --probe` concludes about a presented chain. */
+export interface ProbeVerdict {
+  /** The leaf was issued by one of the cluster's CAs given (undefined: none given). */
+  cluster: boolean | undefined;
+  /** The CA at the top of the chain (chainRoot). */
+  root: string | undefined;
+  /** "inspected by <root>" when a cluster CA was given, the chain is not the cluster's and a proxy is in the path. */
+  inspectedBy: string | undefined;
+}
+
+/** Whether ca issued cert: the issuer name (and key identifier) match and the signature verifies with the CA's key. */
+export function issued(ca: X509Certificate, cert: PresentedCert): boolean {
+  try {
+    const x = new X509Certificate(cert.raw);
+    return x.checkIssued(ca) && x.verify(ca.publicKey);
+  } catch {
+    return false;
+  }
+}
+
+/** The probe's judgement of a chain presented on route, against the cluster CAs given (PEM, maybe none). */
+export function probeVerdict(chain: readonly PresentedCert[], clusterCas: readonly string[], route: DialRoute | undefined): ProbeVerdict {
+  const root = chainRoot(chain);
+  if (clusterCas.length === 0 || chain.length === 0) return { cluster: undefined, root, inspectedBy: undefined };
+  const cas = clusterCas.flatMap((pem) => {
+    try {
+      return [new X509Certificate(pem)];
+    } catch {
+      return [];
+    }
+  });
+  const cluster = cas.some((ca) => issued(ca, chain[0]!));
+  return { cluster, root, inspectedBy: !cluster && looksInspected(chain, route) ? root : undefined };
 }

@@ -62,7 +62,7 @@ async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{
     maxBodyBytes,
     headers: { accept: 'text/plain, application/json' },
     ...(ca ? { ca } : {}),
-    tlsPeer: { server: 'proxy', untrustedHint: UPGRADE_UNTRUSTED_HINT },
+    tlsPeer: { server: 'proxy', untrustedHint: UPGRADE_UNTRUSTED_HINT, acceptsOperatorRoots: true },
     checkServerIdentity: proxyOrOutside,
   });
   const proxy = r.headers[PROXY_HEADER];

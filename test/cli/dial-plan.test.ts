@@ -1,7 +1,14 @@
 /** `gateway dial-plan` as a user runs it: the built binary, a controlled environment, stdout and exit status. */
 import { spawnSync } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import tls from 'node:tls';
 import { fileURLToPath } from 'node:url';
-import { describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { generateAuthority, generateKeyPair, issueTlsCert } from '../../src/auth/pki.js';
+import { runCli } from '../helpers/gateway.js';
 
 const GATEWAY = fileURLToPath(new URL('../../dist/cli/gateway.js', import.meta.url));
 
@@ -244,5 +251,71 @@ describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial
     const { status, rows } = plan(['--kube-api', 'https://10.96.0.256', '--cluster', 'c'], env);
     expect(status).toBe(1);
     expect(rows[0]).toMatchObject({ target: 'https://10.96.0.256', error: { code: 'GW_ERR_DIAL_BAD_TARGET', message: expect.stringContaining('over 255') } });
+  });
+});
+
+describe('gateway dial-plan --probe (the TLS peer on the path; behind an inspecting squid: test/e2e/inspect.test.ts)', () => {
+  let dir: string;
+  let server: tls.Server;
+  let silent: net.Server;
+  let clusterCaPath: string;
+  let otherCaPath: string;
+  let port: number;
+  let silentPort: number;
+
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'gw-probe-'));
+    const ca = await generateAuthority('host', 'probe.example');
+    const other = await generateAuthority('host', 'other.example');
+    const keys = generateKeyPair();
+    const cert = await issueTlsCert(ca, {
+      publicKeyPem: keys.publicKeyPem,
+      identity: { kind: 'host', name: 'proxy-1', cluster: 'probe.example', roles: ['proxy'] },
+      dnsNames: ['localhost'],
+      ipAddresses: ['127.0.0.1'],
+      ttlMs: 3600_000,
+      usage: 'server',
+    });
+    clusterCaPath = join(dir, 'cluster-ca.pem');
+    otherCaPath = join(dir, 'other-ca.pem');
+    await writeFile(clusterCaPath, ca.tls.certPem);
+    await writeFile(otherCaPath, other.tls.certPem);
+    server = tls.createServer({ key: keys.privateKeyPem, cert }, (s) => s.end());
+    silent = net.createServer((s) => s.on('error', () => undefined));
+    port = await new Promise<number>((resolve) => server.listen(0, '127.0.0.1', () => resolve((server.address() as net.AddressInfo).port)));
+    silentPort = await new Promise<number>((resolve) => silent.listen(0, '127.0.0.1', () => resolve((silent.address() as net.AddressInfo).port)));
+  });
+
+  afterAll(async () => {
+    await new Promise((r) => server.close(r));
+    silent.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const probe = async (args: string[]) => {
+    const r = await runCli('gateway', ['dial-plan', '--json', '--probe', ...args]);
+    return { ...r, rows: r.stdout.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>) };
+  };
+
+  it("--ca: the certificate's subject and issuer, and that it is the cluster's", async () => {
+    const r = await probe(['--ca', clusterCaPath, `localhost:${port}`]);
+    expect(r.status).toBe(0);
+    expect(r.rows[0]).toMatchObject({ proxy: null, probe: { issuer: 'O=probe.example, CN=probe.example host CA', cluster: true, inspected_by: null } });
+  });
+
+  it("another cluster's CA: not the cluster's, and not called inspection on a direct dial", async () => {
+    const r = await probe(['--ca', otherCaPath, `localhost:${port}`]);
+    expect(r.rows[0]).toMatchObject({ probe: { cluster: false, inspected_by: null } });
+  });
+
+  it('a server that never finishes the handshake: GW_ERR_TLS_HANDSHAKE_TIMEOUT within --timeout, exit status 1', async () => {
+    const r = await probe(['--timeout', '300', `localhost:${silentPort}`]);
+    expect(r.status).toBe(1);
+    expect(r.rows[0]).toMatchObject({ probe: { error: { code: 'GW_ERR_TLS_HANDSHAKE_TIMEOUT' } } });
+  });
+
+  it('--data-dir without a host identity, or a bad --timeout, is a usage error', async () => {
+    expect((await runCli('gateway', ['dial-plan', '--probe', '--data-dir', dir, `localhost:${port}`])).stderr).toContain('holds no host identity');
+    expect((await runCli('gateway', ['dial-plan', '--probe', '--timeout', 'soon', `localhost:${port}`])).stderr).toContain('GW_ERR_USAGE');
   });
 });

@@ -10,7 +10,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateAuthority, generateKeyPair, issueTlsCert, type CertAuthority } from '../../src/auth/pki.js';
 import { ApiClient } from '../../src/client/api.js';
 import { Dialer } from '../../src/dial/dialer.js';
-import { certNames, tlsVerifyError } from '../../src/dial/tlsverify.js';
+import { certNames, chainRoot, looksInspected, tlsVerifyError } from '../../src/dial/tlsverify.js';
+import type { PresentedCert } from '../../src/stream/tls.js';
 import { GatewayError } from '../../src/errors.js';
 
 const HOST = '127.0.0.7';
@@ -143,5 +144,28 @@ describe('tlsVerifyError', () => {
       ips: ['10.0.0.1', '::1'],
     });
     expect(certNames(undefined)).toEqual({ dns: [], ips: [] });
+  });
+});
+
+describe('the inspection verdict (looksInspected, chainRoot: the judgement behind GW_ERR_TLS_INSPECTED and the probe)', () => {
+  const cert = (subject: string, issuer: string): PresentedCert => ({ subject, issuer, selfIssued: subject === issuer, fingerprint256: subject, raw: Buffer.alloc(0) });
+  const leaf = cert('CN=proxy.gw.test', 'CN=Corp Issuing CA');
+  const proxied = { proxy: { display: 'http://squid.corp:3128', source: 'HTTPS_PROXY' } };
+
+  it('the root named is the top certificate itself when it signed itself, else the issuer of the last one sent', () => {
+    expect(chainRoot([leaf])).toBe('CN=Corp Issuing CA');
+    expect(chainRoot([leaf, cert('CN=Corp Issuing CA', 'CN=Corp Root CA')])).toBe('CN=Corp Root CA');
+    expect(chainRoot([leaf, cert('CN=Corp Root CA', 'CN=Corp Root CA')])).toBe('CN=Corp Root CA');
+    expect(chainRoot([])).toBeUndefined();
+  });
+
+  it.each([
+    ['through a proxy, a leaf another CA issued', [leaf], proxied, true],
+    ['dialled directly', [leaf], { proxy: null }, false],
+    ['a stream the Dialer did not make (route unknown)', [leaf], undefined, false],
+    ['through a proxy, a self-signed leaf (the proxy only tunnelled)', [cert('CN=x', 'CN=x')], proxied, false],
+    ['through a proxy, nothing presented', [], proxied, false],
+  ] as const)('%s: %s', (_what, chain, route, expected) => {
+    expect(looksInspected(chain, route)).toBe(expected);
   });
 });

@@ -184,6 +184,23 @@ describe('startSquid', () => {
     });
   });
 
+  it('bump: answers TLS inside a CONNECT itself, with a certificate minted for the host and signed by the CA given', async () => {
+    const corp = await makeTestPki(undefined, { subject: '/CN=Helper Corp CA' });
+    cleanups.push(corp.cleanup);
+    const proxy = await squid({ bump: { caCert: corp.caCertPath, caKey: corp.caKeyPath }, extraConfig: ['ssl_bump bump all'] });
+    const raw = await tcp(proxy.host, proxy.port);
+    expect((await sendConnect(raw, `127.0.0.3:${echo.port}`)).status).toBe(200);
+    // Client-first bumping: the handshake is squid's alone (the echo server behind it speaks no TLS).
+    const socket = await new Promise<tls.TLSSocket>((resolve, reject) => {
+      const s = tls.connect({ socket: raw, ca: corp.caPem, checkServerIdentity: () => undefined }, () => resolve(s));
+      s.once('error', reject);
+    });
+    expect(socket.authorized).toBe(true);
+    expect(socket.getPeerCertificate().issuer.CN).toBe('Helper Corp CA');
+    expect(socket.getPeerCertificate().subject.CN).toBe('127.0.0.3');
+    socket.destroy();
+  });
+
   it('carries bulk data intact both ways (sink and source servers)', async () => {
     const proxy = await squid();
     const sink = await startSinkServer('127.0.0.3');

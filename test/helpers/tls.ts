@@ -58,8 +58,8 @@ async function newKey(path: string): Promise<void> {
   await run('openssl', ['genpkey', '-algorithm', 'EC', '-pkeyopt', 'ec_paramgen_curve:P-256', '-out', path]);
 }
 
-/** Creates the CA in `dir` (default: a fresh temp dir). */
-export async function makeTestPki(dir?: string): Promise<TestPki> {
+/** Creates the CA in `dir` (default: a fresh temp dir); `subject` is its name in openssl's form (/CN=.../O=...). */
+export async function makeTestPki(dir?: string, options: { subject?: string } = {}): Promise<TestPki> {
   const root = dir ?? (await mkdtemp(join(tmpdir(), 'gw-pki-')));
   const cnf = join(root, 'openssl.cnf');
   const caKeyPath = join(root, 'ca.key');
@@ -68,7 +68,7 @@ export async function makeTestPki(dir?: string): Promise<TestPki> {
   await newKey(caKeyPath);
   await run('openssl', [
     'req', '-x509', '-new', '-config', cnf, '-extensions', 'ca_ext', '-key', caKeyPath,
-    '-subj', '/CN=Gateway Test CA', '-days', '2', '-sha256', '-out', caCertPath,
+    '-subj', options.subject ?? '/CN=Gateway Test CA', '-days', '2', '-sha256', '-out', caCertPath,
   ]);
   const caPem = await readFile(caCertPath, 'utf8');
   const caKey = await readFile(caKeyPath, 'utf8');
