@@ -83,7 +83,7 @@ program
   .option('--kube-api <url>', "also the Kubernetes Service's dial of this API server (kube_service.clusters[].api_server), with --cluster")
   .option('--cluster <name>', "the gateway cluster's name, which makes kube.<name>.local (with --kube-api)")
   .action(async (targets: string[], opts: DialPlanOptions) => {
-    if (!(await import('./dialplan.js')).dialPlan(targets, opts)) process.exitCode = EXIT_FAILURE;
+    if (!(await (await import('./dialplan.js')).dialPlan(targets, opts))) process.exitCode = EXIT_FAILURE;
   });
 
 await runCli(program);

@@ -1,17 +1,21 @@
 /**
  * The one Dialer every outbound connection of the gateway uses (agents' tunnel and trust connection, gwsh, the
  * proxy's upstream calls). It reads the proxy environment on every dial (select.ts), then connects directly or
- * through an HTTP CONNECT proxy: an http:// proxy over TCP, an https:// proxy over verified TLS.
+ * through an HTTP CONNECT proxy: an http:// proxy over TCP, an https:// proxy over verified TLS; or asks the
+ * PAC file the environment names and tries its answer's entries in order (pac.ts).
  *
  * The returned socket is the tunnel: bytes the proxy sent after its 200 answer are pushed back into it, Nagle
  * is off, TCP keep-alive is on, and half-close passes through (allowHalfOpen) for direct and http:// proxies.
  */
+import dns from 'node:dns';
 import net from 'node:net';
 import tls from 'node:tls';
 import { formatHostPort, type HostPort } from '../addr.js';
 import { GatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { buildConnectRequest, headerValue, parseConnectResponse, type ConnectResponse } from './connect.js';
+import { dialPacSteps, PacCache, resolvePac, type PacResolution } from './pac.js';
+import type { PacSpec } from './pacspec.js';
 import { parseTarget, selectProxy, type DialAlias, type DialTarget, type ProxyDecision, type ProxySpec } from './select.js';
 
 export interface DialerOptions {
@@ -28,6 +32,8 @@ export interface DialerOptions {
   userAgent?: string;
   /** Name resolution for direct dials and for reaching the proxy (node's dns.lookup by default). */
   lookup?: net.LookupFunction;
+  /** Where PAC files are cached (pac.ts); one cache for the whole process by default. */
+  pacCache?: PacCache;
 }
 
 export interface DialOptions {
@@ -38,6 +44,11 @@ export interface DialOptions {
    */
   alias?: DialAlias;
 }
+
+/** The proxy schemes dial() connects through; a PAC entry of another scheme is skipped with a reason. */
+export const DIALABLE_PROXIES: ReadonlySet<string> = new Set(['http', 'https']);
+
+let sharedPacCache: PacCache | undefined;
 
 export const DIALER_DEFAULTS = Object.freeze({
   connectTimeoutMs: 15_000,
@@ -102,12 +113,15 @@ function withDeadline<T>(
 }
 
 export class Dialer {
-  private readonly options: Required<Omit<DialerOptions, 'env' | 'proxyCa' | 'lookup'>> & Pick<DialerOptions, 'env' | 'proxyCa' | 'lookup'>;
+  private readonly options: Required<Omit<DialerOptions, 'env' | 'proxyCa' | 'lookup' | 'pacCache'>> & Pick<DialerOptions, 'env' | 'proxyCa' | 'lookup'>;
+  private readonly pacCache: PacCache;
   private readonly log = logger('dial');
   private readonly warned = new Set<string>();
 
   constructor(options: DialerOptions = {}) {
-    this.options = { ...DIALER_DEFAULTS, ...options };
+    const { pacCache, ...rest } = options;
+    this.options = { ...DIALER_DEFAULTS, ...rest };
+    this.pacCache = pacCache ?? (sharedPacCache ??= new PacCache());
   }
 
   /** The decision for target, without dialing (what `gateway dial-plan` prints). */
@@ -126,28 +140,53 @@ export class Dialer {
     const real = toTarget(target);
     const decision = this.plan(real, options.alias);
     const t = decision.target;
-    const where = formatHostPort(t.host, t.port);
+    if (decision.pac) return this.dialPac(decision.pac, t, options.signal);
     if (!decision.proxy) {
-      this.log.debug({ target: where, reason: decision.reason }, 'dialing directly');
-      return this.connectTcp(t, options.signal, (code, why) =>
-        new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_UNREACHABLE', `cannot connect to ${where}: ${why}`, {
-          details: { target: where },
-        }),
-      );
+      this.log.debug({ target: formatHostPort(t.host, t.port), reason: decision.reason }, 'dialing directly');
+      return this.direct(t, options.signal);
     }
-    const proxy = decision.proxy;
+    return this.through(t, decision.proxy, options.signal);
+  }
+
+  /** What the PAC answers for target and what each entry becomes (what `gateway dial-plan` prints); no dial. */
+  async askPac(pac: PacSpec, target: DialTarget): Promise<PacResolution> {
+    return resolvePac(pac, target, this.pacCache, this.pacLookup, DIALABLE_PROXIES);
+  }
+
+  /** A PAC decides: its answer's entries are tried in order (pac.ts); an answer that all fails sends the PAC to be fetched again. */
+  private async dialPac(pac: PacSpec, t: DialTarget, signal: AbortSignal | undefined): Promise<net.Socket> {
+    const res = await this.askPac(pac, t);
+    try {
+      return await dialPacSteps(res, t, (proxy) => (proxy ? this.through(t, proxy, signal) : this.direct(t, signal)), signal);
+    } catch (err) {
+      if (err instanceof GatewayError && err.code === 'GW_ERR_DIAL_PAC_EXHAUSTED') this.pacCache.invalidate(pac);
+      throw err;
+    }
+  }
+
+  private direct(t: DialTarget, signal: AbortSignal | undefined): Promise<net.Socket> {
+    const where = formatHostPort(t.host, t.port);
+    return this.connectTcp(t, signal, (code, why) =>
+      new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_UNREACHABLE', `cannot connect to ${where}: ${why}`, {
+        details: { target: where },
+      }),
+    );
+  }
+
+  private async through(t: DialTarget, proxy: ProxySpec, signal: AbortSignal | undefined): Promise<net.Socket> {
+    const where = formatHostPort(t.host, t.port);
     this.log.debug({ target: where, proxy: proxy.display, source: proxy.source }, 'dialing through proxy');
     const context = `proxy ${proxy.display} (from ${proxy.source})`;
     const details = { target: where, proxy: proxy.display, variable: proxy.source };
-    const raw = await this.connectTcp(proxy, options.signal, (code, why) =>
+    const raw = await this.connectTcp(proxy, signal, (code, why) =>
       new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_PROXY_UNREACHABLE', `cannot reach ${context} to dial ${where}: ${why}`, {
         details,
       }),
     );
     let socket: net.Socket = raw;
     try {
-      if (proxy.protocol === 'https') socket = await this.startTls(raw, proxy, context, details, options.signal);
-      await this.sendConnect(socket, t, proxy, context, details, options.signal);
+      if (proxy.protocol === 'https') socket = await this.startTls(raw, proxy, context, details, signal);
+      await this.sendConnect(socket, t, proxy, context, details, signal);
     } catch (err) {
       socket.destroy();
       raw.destroy();
@@ -155,6 +194,13 @@ export class Dialer {
     }
     return socket;
   }
+
+  /** The PAC helpers' name resolution: the Dialer's lookup, IPv4 (as every PAC helper expects). */
+  private readonly pacLookup = (host: string): Promise<string | null> =>
+    new Promise((resolve) => {
+      const lookup = this.options.lookup ?? (dns.lookup as unknown as net.LookupFunction);
+      lookup(host, { family: 4 }, (err, address) => resolve(err || typeof address !== 'string' ? null : address));
+    });
 
   private connectTcp(
     to: HostPort,
