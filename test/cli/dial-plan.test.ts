@@ -1,7 +1,10 @@
 /** `gateway dial-plan` as a user runs it: the built binary, a controlled environment, stdout and exit status. */
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { describe, expect, it } from 'vitest';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
 
 const GATEWAY = fileURLToPath(new URL('../../dist/cli/gateway.js', import.meta.url));
 
@@ -155,3 +158,42 @@ describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial
     expect(rows[0]).toMatchObject({ target: 'https://10.96.0.256', error: { code: 'GW_ERR_DIAL_BAD_TARGET', message: expect.stringContaining('over 255') } });
   });
 });
+
+describe('gateway dial-plan with a PAC file', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'gw-dialplan-pac-'));
+  const pac = join(dir, 'proxy.pac');
+  writeFileSync(pac, 'function FindProxyForURL(url, host) {\n  if (dnsDomainIs(host, ".example.com")) return "SOCKS5 socks.corp:1080; PROXY squid.corp:3128; DIRECT";\n  return "DIRECT";\n}\n');
+  const broken = join(dir, 'broken.pac');
+  writeFileSync(broken, 'function FindProxyForURL(url, host) {\n  return "PROXY " +;\n}\n');
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('shows the PAC URL, its answer, each entry and the one chosen (text)', () => {
+    const r = run(['dial-plan', 'proxy.example.com:443', 'db.internal:5432'], { HTTPS_PROXY: `pac+file://${pac}`, NO_PROXY: '.internal' });
+    expect(r.status).toBe(0);
+    expect(r.stdout).toBe(
+      [
+        `proxy.example.com:443: through http://squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY names the PAC file pac+file://${pac} and no NO_PROXY entry matches proxy.example.com:443`,
+        `  PAC file://${pac} answers "SOCKS5 socks.corp:1080; PROXY squid.corp:3128; DIRECT"`,
+        '  1. SOCKS5 socks.corp:1080: skipped: this Dialer does not dial socks5:// proxies',
+        '  2. PROXY squid.corp:3128: chosen: the first usable entry of the answer; the entry before it cannot be used; the dial moves to the next entry only if this one cannot be reached',
+        '  3. DIRECT: tried next if the one before cannot be reached',
+        'db.internal:5432: direct (to db.internal:5432): NO_PROXY entry ".internal" matches db.internal:5432',
+        '',
+      ].join('\n'),
+    );
+  });
+
+  it('--json carries the PAC and the chosen proxy', () => {
+    const { status, rows } = plan(['proxy.example.com:443', 'other.org:443'], { HTTPS_PROXY: `pac+file://${pac}` });
+    expect(status).toBe(0);
+    expect(rows[0]).toMatchObject({ proxy: 'http://squid.corp:3128', source: 'HTTPS_PROXY', pac: { url: `file://${pac}`, chosen: 'PROXY squid.corp:3128' } });
+    expect(rows[1]).toMatchObject({ proxy: null, pac: { answer: 'DIRECT', chosen: 'DIRECT' } });
+  });
+
+  it('a PAC with a syntax error is an error naming the file and the line, with status 1', () => {
+    const { status, rows } = plan(['proxy.example.com:443'], { HTTPS_PROXY: `pac+file://${broken}` });
+    expect(status).toBe(1);
+    expect(rows[0]).toMatchObject({ error: { code: 'GW_ERR_DIAL_PAC_SCRIPT', message: expect.stringContaining(`file://${broken} (line 2)`) } });
+  });
+});
+

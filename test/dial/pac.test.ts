@@ -157,6 +157,44 @@ describe('dialing through the PAC', () => {
   });
 });
 
+describe('hostile PAC files, through the Dialer', () => {
+  it('a PAC that loops: the dial fails with GW_ERR_DIAL_PAC_TIMEOUT naming the URL, and no proxy is dialled', async () => {
+    files.set('/loop.pac', 'function FindProxyForURL(url, host) {\n  for (;;) {}\n}\n');
+    const url = `${pacServer.url}/loop.pac`;
+    const err = await dialError(dialer(url), `echo.gw.test:${echo.port}`);
+    expect(err.code).toBe('GW_ERR_DIAL_PAC_TIMEOUT');
+    expect(err.message).toContain(url);
+  });
+
+  it('a PAC that throws: GW_ERR_DIAL_PAC_SCRIPT with the URL, and the line for an error (a string thrown has no line)', async () => {
+    files.set('/throws.pac', 'function FindProxyForURL(url, host) {\n  if (host) {\n    return proxyFor(host);\n  }\n}\n');
+    const url = `${pacServer.url}/throws.pac`;
+    const err = await dialError(dialer(url), `echo.gw.test:${echo.port}`);
+    expect(err.code).toBe('GW_ERR_DIAL_PAC_SCRIPT');
+    expect(err.message).toBe(`the PAC file ${url} (line 3): FindProxyForURL threw: proxyFor is not defined`);
+    files.set('/throws-string.pac', 'function FindProxyForURL(url, host) {\n  throw "no proxy for " + host;\n}\n');
+    const bare = await dialError(dialer(`${pacServer.url}/throws-string.pac`), `echo.gw.test:${echo.port}`);
+    expect(bare.code).toBe('GW_ERR_DIAL_PAC_SCRIPT');
+    expect(bare.message).toBe(`the PAC file ${pacServer.url}/throws-string.pac: FindProxyForURL threw: no proxy for echo.gw.test`);
+  });
+
+  it("a PAC that is not JavaScript (a captive portal's page): GW_ERR_DIAL_PAC_SCRIPT at line 1", async () => {
+    files.set('/portal.pac', '<!DOCTYPE html><html><body>Sign in to the guest network</body></html>');
+    const err = await dialError(dialer(`${pacServer.url}/portal.pac`), `echo.gw.test:${echo.port}`);
+    expect(err.code).toBe('GW_ERR_DIAL_PAC_SCRIPT');
+    expect(err.message).toContain('(line 1): not valid JavaScript');
+  });
+
+  it('a PAC that answers nonsense: GW_ERR_DIAL_PAC_ANSWER naming the URL and the target', async () => {
+    files.set('/nonsense.pac', 'function FindProxyForURL(url, host) { return "PROXY squid.corp"; }');
+    const url = `${pacServer.url}/nonsense.pac`;
+    const err = await dialError(dialer(url), `echo.gw.test:${echo.port}`);
+    expect(err.code).toBe('GW_ERR_DIAL_PAC_ANSWER');
+    expect(err.message).toContain(`the PAC file ${url} answered for echo.gw.test:${echo.port}`);
+    expect(err.message).toContain('the port is missing');
+  });
+});
+
 describe('fetching the PAC', () => {
   it('a PAC that cannot be fetched is GW_ERR_DIAL_PAC_FETCH naming the URL (404, refused)', async () => {
     const missing = `${pacServer.url}/missing.pac`;
