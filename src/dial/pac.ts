@@ -19,6 +19,7 @@ import { formatHostPort } from '../addr.js';
 import { Backoff } from '../backoff.js';
 import { GatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
+import { redactUrl } from '../redact.js';
 import { parsePacAnswer, type PacEntry } from './pacanswer.js';
 import { runPac, type PacLookup } from './pacscript.js';
 import { wpadCandidates, type PacSpec } from './pacspec.js';
@@ -38,8 +39,9 @@ export interface PacFetchOptions {
 }
 
 function fetchError(url: string, why: string, cause?: unknown): GatewayError {
-  return new GatewayError('GW_ERR_DIAL_PAC_FETCH', `cannot fetch the PAC file ${url}: ${why}`, {
-    details: { pac: url },
+  const shown = redactUrl(url);
+  return new GatewayError('GW_ERR_DIAL_PAC_FETCH', `cannot fetch the PAC file ${shown}: ${why}`, {
+    details: { pac: shown },
     ...(cause === undefined ? {} : { cause }),
   });
 }
@@ -95,7 +97,7 @@ interface Cached {
 
 export interface PacScript {
   text: string;
-  /** The URL it came from (for WPAD, the candidate that answered). */
+  /** The URL it came from, any password as "***" (for WPAD, the candidate that answered). */
   url: string;
 }
 
@@ -149,7 +151,8 @@ export class PacCache {
 
   private async refetch(spec: PacSpec, c: Cached): Promise<void> {
     try {
-      const got = spec.kind === 'wpad' ? await this.discover() : { url: spec.url!, text: await fetchPacFile(spec.url!, this.options) };
+      // The URL kept (shown in every message and log line, and the script's file name) has no password.
+      const got = spec.kind === 'wpad' ? await this.discover() : { url: redactUrl(spec.url!), text: await fetchPacFile(spec.url!, this.options) };
       c.script = { ...got, fetchedAt: this.now() };
       c.lastError = undefined;
       c.retryAt = 0;

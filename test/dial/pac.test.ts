@@ -204,6 +204,36 @@ describe('fetching the PAC', () => {
     expect(await codeOf(fetchPacFile(`http://${PAC_IP}:${deadPort}/p.pac`))).toBe('GW_ERR_DIAL_PAC_FETCH');
   });
 
+  it('a password in the PAC URL is sent to the PAC server but never shown in an error or the log', async () => {
+    let authorization: string | undefined;
+    files.set('/private.pac', () => ({ status: 403 }));
+    const seen = await startHttpServer((req, res) => {
+      authorization = req.headers.authorization;
+      handler(req, res);
+    }, PAC_IP);
+    servers.push(seen);
+    const url = seen.url.replace('http://', 'http://pacuser:Pac-s3cret@') + '/private.pac';
+    const err = await dialError(dialer(url), `echo.gw.test:${echo.port}`);
+    expect(authorization).toBe(`Basic ${Buffer.from('pacuser:Pac-s3cret').toString('base64')}`);
+    expect(err.code).toBe('GW_ERR_DIAL_PAC_FETCH');
+    expect(err.message).toContain(`http://pacuser:***@${PAC_IP}`);
+    expect(JSON.stringify({ m: err.message, d: err.details })).not.toContain('Pac-s3cret');
+    // A script that fails names the URL in its error, and a dial through the PAC logs it: neither has the password.
+    files.set('/private2.pac', 'function FindProxyForURL(url, host) {\n  throw new Error("no");\n}\n');
+    const lines: string[] = [];
+    const { createLogger, setRootLogger } = await import('../../src/log.js');
+    const { Writable } = await import('node:stream');
+    setRootLogger(createLogger({ level: 'trace', format: 'json', destination: new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) }) }));
+    const scriptErr = await dialError(dialer(url.replace('/private.pac', '/private2.pac')), `echo.gw.test:${echo.port}`);
+    expect(scriptErr.code).toBe('GW_ERR_DIAL_PAC_SCRIPT');
+    expect(scriptErr.message).toContain(`http://pacuser:***@${PAC_IP}`);
+    expect(scriptErr.message).not.toContain('Pac-s3cret');
+    files.set('/private3.pac', pacFile(`PROXY ${squid.host}:${deadPort}; PROXY ${squid.host}:${squid.port}`));
+    (await dialer(url.replace('/private.pac', '/private3.pac')).dial(`echo.gw.test:${echo.port}`)).destroy();
+    expect(lines.join('')).toContain('pacuser:***@');
+    expect(lines.join('')).not.toContain('Pac-s3cret');
+  });
+
   it('a PAC that is too large is refused at the cap', async () => {
     files.set('/large.pac', `// ${'x'.repeat(200_000)}\n${pacFile('DIRECT')}`);
     const err = await fetchPacFile(`${pacServer.url}/large.pac`, { maxBytes: 64 * 1024 }).catch((e: GatewayError) => e);
