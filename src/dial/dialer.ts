@@ -14,7 +14,8 @@ import { formatHostPort, type HostPort } from '../addr.js';
 import { GatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
 import { buildConnectRequest, headerValue, parseConnectResponse, type ConnectResponse } from './connect.js';
-import { dialPacSteps, PacCache, resolvePac, type PacResolution } from './pac.js';
+import { dialPacSteps, PAC_FETCH_TIMEOUT_MS, PacCache, resolvePac, type PacResolution } from './pac.js';
+import { PAC_TIME_MS } from './pacscript.js';
 import type { PacSpec } from './pacspec.js';
 import { parseTarget, selectProxy, type DialAlias, type DialTarget, type ProxyDecision, type ProxySpec } from './select.js';
 
@@ -49,6 +50,8 @@ export interface DialOptions {
 export const DIALABLE_PROXIES: ReadonlySet<string> = new Set(['http', 'https']);
 
 let sharedPacCache: PacCache | undefined;
+/** Past the PAC's own bounds (the fetch's deadline and the script's), a last bound on asking it. */
+const PAC_ASK_BOUND_MS = PAC_FETCH_TIMEOUT_MS + PAC_TIME_MS + 5_000;
 
 export const DIALER_DEFAULTS = Object.freeze({
   connectTimeoutMs: 15_000,
@@ -155,7 +158,18 @@ export class Dialer {
 
   /** A PAC decides: its answer's entries are tried in order (pac.ts); an answer that all fails sends the PAC to be fetched again. */
   private async dialPac(pac: PacSpec, t: DialTarget, signal: AbortSignal | undefined): Promise<net.Socket> {
-    const res = await this.askPac(pac, t);
+    const where = formatHostPort(t.host, t.port);
+    // Fetching and asking the PAC are bounded (pac.ts, pacscript.ts); a cancelled dial does not wait for them.
+    const res = await withDeadline<PacResolution>(
+      PAC_ASK_BOUND_MS,
+      signal,
+      () => new GatewayError('GW_ERR_DIAL_PAC_TIMEOUT', `asking the PAC ${pac.display} about ${where} took longer than ${PAC_ASK_BOUND_MS} ms`),
+      ({ resolve, reject }) => {
+        this.askPac(pac, t).then(resolve, reject);
+        return () => undefined;
+      },
+      where,
+    );
     try {
       return await dialPacSteps(res, t, (proxy) => (proxy ? this.through(t, proxy, signal) : this.direct(t, signal)), signal);
     } catch (err) {

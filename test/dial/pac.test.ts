@@ -16,8 +16,9 @@ import { fetchPacFile, PAC_REFRESH_MS, PacCache } from '../../src/dial/pac.js';
 import { GatewayError } from '../../src/errors.js';
 import { codeOf } from '../helpers/errors.js';
 import { rootTest } from '../helpers/root.js';
-import { startEchoServer, startHttpServer, type HttpTestServer, type TestServer } from '../helpers/servers.js';
+import { startEchoServer, startHttpServer, startSilentServer, type HttpTestServer, type TestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
+import { eventually } from '../helpers/wait.js';
 
 const TARGET_IP = '127.0.0.3';
 const PAC_IP = '127.0.0.4';
@@ -232,6 +233,21 @@ describe('fetching the PAC', () => {
     (await dialer(url.replace('/private.pac', '/private3.pac')).dial(`echo.gw.test:${echo.port}`)).destroy();
     expect(lines.join('')).toContain('pacuser:***@');
     expect(lines.join('')).not.toContain('Pac-s3cret');
+  });
+
+  it('a dial cancelled while the PAC server is silent ends as cancelled, not after the fetch deadline', async () => {
+    const silent = await startSilentServer(PAC_IP);
+    try {
+      const controller = new AbortController();
+      const dialing = dialer(`http://${PAC_IP}:${silent.port}/proxy.pac`).dial(`echo.gw.test:${echo.port}`, { signal: controller.signal });
+      await eventually('the PAC fetch reached the server', async () => {
+        if (silent.connections === 0) throw new Error('no connection yet');
+      });
+      controller.abort();
+      expect(await codeOf(dialing)).toBe('GW_ERR_DIAL_ABORTED');
+    } finally {
+      await silent.close();
+    }
   });
 
   it('a PAC that is too large is refused at the cap', async () => {
