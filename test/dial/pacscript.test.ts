@@ -68,6 +68,17 @@ describe('hostile PAC files', () => {
     expect(err.code).toBe('GW_ERR_DIAL_PAC_TIMEOUT');
   });
 
+  it('a DNS answer that comes after the deadline is dropped: the sandbox is gone, and nothing breaks later', async () => {
+    let answered = false;
+    const late: PacLookup = () => new Promise((resolve) => setTimeout(() => ((answered = true), resolve('10.9.9.9')), 400));
+    const err = await failure(run('return "PROXY " + dnsResolve(host) + ":1";', 'proxy.example.com', { timeMs: 100, lookup: late }));
+    expect(err.code).toBe('GW_ERR_DIAL_PAC_TIMEOUT');
+    await new Promise((r) => setTimeout(r, 600));
+    expect(answered).toBe(true);
+    // The next evaluation still works (and vitest fails the file on any error thrown from the late answer).
+    expect(await run('return "DIRECT";')).toBe('DIRECT');
+  });
+
   it('a throw names the URL and the line of the file as written', async () => {
     const src = '// corporate PAC\n\nfunction FindProxyForURL(url, host) {\n  var ip = dnsResolve(host);\n\n\n  throw new Error("no rule for " + ip);\n}\n';
     const err = await failure(runPac(src, 'https://proxy.example.com/', 'proxy.example.com', { url: URL_, lookup }));
