@@ -11,7 +11,7 @@ const URL_ = 'http://wpad.corp.test/proxy.pac';
 const names: Record<string, string> = { 'intranet.corp.test': '10.1.2.3', 'proxy.example.com': '198.51.100.7' };
 const lookup: PacLookup = async (host) => names[host] ?? null;
 
-const run = (body: string, host = 'proxy.example.com', options: Partial<Parameters<typeof runPac>[3]> = {}) =>
+const findProxy = (body: string, host = 'proxy.example.com', options: Partial<Parameters<typeof runPac>[3]> = {}) =>
   runPac(`function FindProxyForURL(url, host) {\n${body}\n}`, `https://${host}:443/`, host, { url: URL_, lookup, ...options });
 
 async function failure(p: Promise<unknown>): Promise<GatewayError> {
@@ -26,25 +26,25 @@ async function failure(p: Promise<unknown>): Promise<GatewayError> {
 
 describe('the PAC helpers', () => {
   it('shExpMatch, dnsDomainIs, isPlainHostName, dnsDomainLevels', async () => {
-    expect(await run('return [shExpMatch(host, "*.example.com"), dnsDomainIs(host, ".example.com"), isPlainHostName(host), dnsDomainLevels(host)].join(",");')).toBe('true,true,false,2');
+    expect(await findProxy('return [shExpMatch(host, "*.example.com"), dnsDomainIs(host, ".example.com"), isPlainHostName(host), dnsDomainLevels(host)].join(",");')).toBe('true,true,false,2');
   });
 
   it('dnsResolve, isResolvable and isInNet use the lookup given', async () => {
-    expect(await run('return dnsResolve(host) + "," + isResolvable(host) + "," + isResolvable("nowhere.test");')).toBe('198.51.100.7,true,false');
-    expect(await run('return isInNet(host, "10.0.0.0", "255.0.0.0") ? "PROXY in:1" : "DIRECT";', 'intranet.corp.test')).toBe('PROXY in:1');
-    expect(await run('return isInNet(host, "10.0.0.0", "255.0.0.0") ? "PROXY in:1" : "DIRECT";')).toBe('DIRECT');
+    expect(await findProxy('return dnsResolve(host) + "," + isResolvable(host) + "," + isResolvable("nowhere.test");')).toBe('198.51.100.7,true,false');
+    expect(await findProxy('return isInNet(host, "10.0.0.0", "255.0.0.0") ? "PROXY in:1" : "DIRECT";', 'intranet.corp.test')).toBe('PROXY in:1');
+    expect(await findProxy('return isInNet(host, "10.0.0.0", "255.0.0.0") ? "PROXY in:1" : "DIRECT";')).toBe('DIRECT');
   });
 
   it('myIpAddress answers an IPv4 address of this machine without a network call', async () => {
-    expect(await run('return myIpAddress();')).toMatch(/^\d+\.\d+\.\d+\.\d+$/);
+    expect(await findProxy('return myIpAddress();')).toMatch(/^\d+\.\d+\.\d+\.\d+$/);
   });
 
   it('the URL it is asked about carries no path', async () => {
-    expect(await run('return url;')).toBe('https://proxy.example.com/');
+    expect(await findProxy('return url;')).toBe('https://proxy.example.com/');
   });
 
   it('no Node API is reachable from the script', async () => {
-    expect(await run('return [typeof require, typeof process, typeof fetch, typeof setTimeout, typeof module].join(",");')).toBe('undefined,undefined,undefined,undefined,undefined');
+    expect(await findProxy('return [typeof require, typeof process, typeof fetch, typeof setTimeout, typeof module].join(",");')).toBe('undefined,undefined,undefined,undefined,undefined');
   });
 
   it('each evaluation starts from a fresh sandbox: nothing a PAC stores survives', async () => {
@@ -57,26 +57,26 @@ describe('the PAC helpers', () => {
 
 describe('hostile PAC files', () => {
   it('a loop is stopped by the time bound: GW_ERR_DIAL_PAC_TIMEOUT naming the URL', async () => {
-    const err = await failure(run('while (true) {}', 'proxy.example.com', { timeMs: 300 }));
+    const err = await failure(findProxy('while (true) {}', 'proxy.example.com', { timeMs: 300 }));
     expect(err.code).toBe('GW_ERR_DIAL_PAC_TIMEOUT');
     expect(err.message).toContain(URL_);
   });
 
   it('a DNS helper that never answers is stopped by the same time bound', async () => {
     const never: PacLookup = () => new Promise(() => undefined);
-    const err = await failure(run('return dnsResolve(host);', 'proxy.example.com', { timeMs: 300, lookup: never }));
+    const err = await failure(findProxy('return dnsResolve(host);', 'proxy.example.com', { timeMs: 300, lookup: never }));
     expect(err.code).toBe('GW_ERR_DIAL_PAC_TIMEOUT');
   });
 
   it('a DNS answer that comes after the deadline is dropped: the sandbox is gone, and nothing breaks later', async () => {
     let answered = false;
     const late: PacLookup = () => new Promise((resolve) => setTimeout(() => ((answered = true), resolve('10.9.9.9')), 400));
-    const err = await failure(run('return "PROXY " + dnsResolve(host) + ":1";', 'proxy.example.com', { timeMs: 100, lookup: late }));
+    const err = await failure(findProxy('return "PROXY " + dnsResolve(host) + ":1";', 'proxy.example.com', { timeMs: 100, lookup: late }));
     expect(err.code).toBe('GW_ERR_DIAL_PAC_TIMEOUT');
     await new Promise((r) => setTimeout(r, 600));
     expect(answered).toBe(true);
     // The next evaluation still works (and vitest fails the file on any error thrown from the late answer).
-    expect(await run('return "DIRECT";')).toBe('DIRECT');
+    expect(await findProxy('return "DIRECT";')).toBe('DIRECT');
   });
 
   it('a throw names the URL and the line of the file as written', async () => {
@@ -88,14 +88,14 @@ describe('hostile PAC files', () => {
   });
 
   it('a reference error names its line too', async () => {
-    const err = await failure(run('var a = 1;\n\n  return a + missing.x;'));
+    const err = await failure(findProxy('var a = 1;\n\n  return a + missing.x;'));
     expect(err.code).toBe('GW_ERR_DIAL_PAC_SCRIPT');
     expect(err.message).toContain('(line 4)');
     expect(err.message).toContain('missing is not defined');
   });
 
   it('a syntax error names its line', async () => {
-    const err = await failure(run('var a = 1;\n  return "PROXY " +;'));
+    const err = await failure(findProxy('var a = 1;\n  return "PROXY " +;'));
     expect(err.code).toBe('GW_ERR_DIAL_PAC_SCRIPT');
     expect(err.message).toContain(`${URL_} (line 3): not valid JavaScript`);
   });
@@ -113,7 +113,7 @@ describe('hostile PAC files', () => {
   });
 
   it('a memory hog hits the memory bound', async () => {
-    const err = await failure(run('var a = [];\n  while (true) a.push("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" + a.length);', 'proxy.example.com', { memoryBytes: 4 * 1024 * 1024, timeMs: 20_000 }));
+    const err = await failure(findProxy('var a = [];\n  while (true) a.push("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" + a.length);', 'proxy.example.com', { memoryBytes: 4 * 1024 * 1024, timeMs: 20_000 }));
     expect(err.code).toBe('GW_ERR_DIAL_PAC_SCRIPT');
     expect(err.message).toContain('out of memory');
   });
