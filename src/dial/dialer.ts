@@ -171,7 +171,7 @@ export class Dialer {
       where,
     );
     try {
-      return await dialPacSteps(res, t, (proxy) => (proxy ? this.through(t, proxy, signal) : this.direct(t, signal)), signal);
+      return await dialPacSteps(res, t, (proxy) => (proxy ? this.through(t, proxy, signal) : this.direct(t, signal)), this.pacCache.bad, signal);
     } catch (err) {
       if (err instanceof GatewayError && err.code === 'GW_ERR_DIAL_PAC_EXHAUSTED') this.pacCache.invalidate(pac);
       throw err;

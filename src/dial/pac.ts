@@ -117,9 +117,12 @@ export class PacCache {
   private readonly entries = new Map<string, Cached>();
   private readonly log = logger('dial');
   private readonly now: () => number;
+  /** Entries that could not be reached lately, shared by every PAC this cache holds. */
+  readonly bad: BadEntries;
 
   constructor(private readonly options: PacCacheOptions = {}) {
     this.now = options.now ?? Date.now;
+    this.bad = new BadEntries(this.now);
   }
 
   async get(spec: PacSpec): Promise<PacScript> {
@@ -187,6 +190,41 @@ export class PacCache {
   }
 }
 
+/** How long an entry that could not be reached is tried last (as browsers keep their "bad proxy" list). */
+export const PAC_BAD_ENTRY_MS = 5 * 60_000;
+
+/**
+ * Entries that could not be reached lately, by their text ("PROXY a:3128"): for PAC_BAD_ENTRY_MS they are
+ * tried after the others (still tried: the last resort), so that a proxy that is down behind a firewall that
+ * drops packets does not cost every dial a connect timeout. A success clears the entry.
+ */
+export class BadEntries {
+  private readonly until = new Map<string, number>();
+
+  constructor(private readonly now: () => number = Date.now) {}
+
+  failed(entry: string): void {
+    this.until.set(entry, this.now() + PAC_BAD_ENTRY_MS);
+  }
+
+  worked(entry: string): void {
+    this.until.delete(entry);
+  }
+
+  /** The time until which the entry is tried last, or undefined. */
+  badUntil(entry: string): number | undefined {
+    const t = this.until.get(entry);
+    if (t !== undefined && t <= this.now()) this.until.delete(entry);
+    return t !== undefined && t > this.now() ? t : undefined;
+  }
+
+  /** The steps in the order a dial tries them: those not recently failed first, each group in the PAC's order. */
+  order<T extends { entry: PacEntry }>(steps: T[]): T[] {
+    const bad = steps.filter((s) => this.badUntil(s.entry.text) !== undefined);
+    return [...steps.filter((s) => !bad.includes(s)), ...bad];
+  }
+}
+
 /** One entry of a PAC answer and what the Dialer makes of it. */
 export interface PacStep {
   entry: PacEntry;
@@ -243,27 +281,33 @@ export async function resolvePac(spec: PacSpec, target: DialTarget, cache: PacCa
 /** The failures after which the next entry is tried: the entry could not be reached. */
 const FAIL_OVER = new Set<ErrorCode>(['GW_ERR_DIAL_UNREACHABLE', 'GW_ERR_DIAL_PROXY_UNREACHABLE', 'GW_ERR_DIAL_CONNECT_TIMEOUT', 'GW_ERR_DIAL_PROXY_NO_ANSWER']);
 
-/** Tries the steps in order; throws GW_ERR_DIAL_PAC_EXHAUSTED (each entry and why) when none could be reached. */
+/**
+ * Tries the steps in order, those that could not be reached lately last (BadEntries); throws
+ * GW_ERR_DIAL_PAC_EXHAUSTED (each entry and why) when none could be reached.
+ */
 export async function dialPacSteps(
   res: PacResolution,
   target: DialTarget,
   open: (proxy: ProxySpec | null) => Promise<net.Socket>,
+  bad: BadEntries,
   signal?: AbortSignal,
 ): Promise<net.Socket> {
   const log = logger('dial');
   const why: string[] = [];
-  for (const step of res.steps) {
+  for (const step of bad.order(res.steps)) {
     if (step.skipped !== undefined || step.proxy === undefined) {
       why.push(`${step.entry.text}: skipped (${step.skipped})`);
       continue;
     }
     try {
       const socket = await open(step.proxy);
+      bad.worked(step.entry.text);
       log.debug({ target: target.text, pac: res.url, entry: step.entry.text }, 'dialled through the PAC entry');
       return socket;
     } catch (err) {
       if (!(err instanceof GatewayError) || !FAIL_OVER.has(err.code) || signal?.aborted) throw err;
       why.push(`${step.entry.text}: ${err.code}`);
+      bad.failed(step.entry.text);
       log.warn({ target: target.text, pac: res.url, entry: step.entry.text, error: err.code }, 'PAC entry cannot be reached; trying the next');
     }
   }

@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Dialer } from '../../src/dial/dialer.js';
-import { fetchPacFile, PAC_REFRESH_MS, PacCache } from '../../src/dial/pac.js';
+import { fetchPacFile, PAC_BAD_ENTRY_MS, PAC_REFRESH_MS, PacCache } from '../../src/dial/pac.js';
 import { GatewayError } from '../../src/errors.js';
 import { codeOf } from '../helpers/errors.js';
 import { rootTest } from '../helpers/root.js';
@@ -118,6 +118,26 @@ describe('dialing through the PAC', () => {
     const socket = await dialer(url).dial(`web.gw.test:${echo.port}`);
     expect(await roundTrip(socket, 'after fail-over')).toBe('after fail-over');
     await squid.waitForAccessLog((l) => l.includes(`CONNECT web.gw.test:${echo.port} 200`));
+  });
+
+  it('an entry that could not be reached is tried last for 5 minutes, then first again', async () => {
+    let now = 20_000_000;
+    const cache = new PacCache({ now: () => now });
+    const silent = await startSilentServer(squid.host); // accepts, never answers CONNECT: PROXY_NO_ANSWER
+    try {
+      const url = serve('/bad-first.pac', `PROXY ${squid.host}:${silent.port}; PROXY ${squid.host}:${squid.port}`);
+      const d = new Dialer({ env: { HTTPS_PROXY: `pac+${url}` }, lookup, connectTimeoutMs: 5_000, proxyAnswerTimeoutMs: 300, pacCache: cache });
+      const dialEcho = async (msg: string) => expect(await roundTrip(await d.dial(`echo.gw.test:${echo.port}`), msg)).toBe(msg);
+      await dialEcho('first');
+      expect(silent.connections).toBe(1);
+      await dialEcho('second'); // squid first now: the silent proxy is not asked
+      expect(silent.connections).toBe(1);
+      now += PAC_BAD_ENTRY_MS;
+      await dialEcho('third'); // the 5 minutes are over: the PAC's order again, and it fails over again
+      expect(silent.connections).toBe(2);
+    } finally {
+      await silent.close();
+    }
   });
 
   it('a PAC that names only dead proxies: GW_ERR_DIAL_PAC_EXHAUSTED with each entry and why', async () => {
