@@ -185,6 +185,36 @@ export const ERROR_CODES = {
     summary: 'The SOCKS5 proxy refused the user name and password of the proxy URL, or accepts no method the gateway has.',
     hint: 'Check the user name and password in the proxy URL (percent-encode special characters).',
   },
+  GW_ERR_DIAL_PAC_FETCH: {
+    status: 502,
+    summary: 'The PAC file named by pac+http(s):// or pac+file:// in HTTPS_PROXY / HTTP_PROXY could not be fetched (unreachable, not 200, over the size cap, too slow).',
+    hint: 'Check that the PAC URL answers 200 with the file (curl it from this host); the gateway fetches it directly, never through a proxy.',
+  },
+  GW_ERR_DIAL_PAC_SCRIPT: {
+    status: 502,
+    summary: 'The PAC file is not valid JavaScript, throws, runs out of memory or defines no FindProxyForURL(url, host).',
+    hint: 'Fix the PAC file at the line named in the message; test it with \'gateway dial-plan TARGET\'.',
+  },
+  GW_ERR_DIAL_PAC_TIMEOUT: {
+    status: 504,
+    summary: 'The PAC file\'s FindProxyForURL did not answer within its time bound (a loop, or DNS helpers that hang).',
+    hint: 'Fix the loop in the PAC file, or make the names it resolves with dnsResolve / isInNet resolvable quickly from this host.',
+  },
+  GW_ERR_DIAL_PAC_ANSWER: {
+    status: 502,
+    summary: 'FindProxyForURL returned something that is not a list of DIRECT / PROXY / HTTPS / SOCKS entries.',
+    hint: 'Make FindProxyForURL return entries like "PROXY host:port; DIRECT" (each proxy with its port).',
+  },
+  GW_ERR_DIAL_PAC_EXHAUSTED: {
+    status: 502,
+    summary: 'Every entry of the PAC file\'s answer failed (unreachable or timed out) or could not be used.',
+    hint: 'Check the proxies the PAC names (gateway dial-plan TARGET shows them) and that they run; the message says why each entry failed.',
+  },
+  GW_ERR_DIAL_WPAD_NOT_FOUND: {
+    status: 502,
+    summary: 'WPAD discovery (GATEWAY_WPAD=1) found no wpad.dat at wpad.<domain> for the search domains of /etc/resolv.conf.',
+    hint: 'Serve the PAC at http://wpad.<your domain>/wpad.dat, or set HTTPS_PROXY=pac+http://host/proxy.pac with its URL.',
+  },
   GW_ERR_HTTP_FAILED: {
     status: 502,
     summary: 'An HTTPS request made through the Dialer failed after the connection was set up (TLS or HTTP error).',

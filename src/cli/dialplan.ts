@@ -7,6 +7,8 @@
  * With --probe it also dials each target and opens TLS (src/dial/probe.ts), and prints the certificate that
  * answered on that path and whether it is the cluster's (--ca FILE, or the host CA of the agent in --data-dir) or
  * "inspected by" another CA.
+ * When a PAC file decides, it is fetched and asked (no dial is made): its URL, its answer, each entry and the
+ * one a dial starts with.
  */
 import { readFileSync } from 'node:fs';
 import { formatHostPort } from '../addr.js';
@@ -107,6 +109,30 @@ function rows(targets: readonly string[], opts: DialPlanOptions, dialer: Dialer)
   return out;
 }
 
+/** The PAC's part of a plan: its URL, its answer for the target, and what each entry becomes. */
+interface PacPlan {
+  url: string;
+  answer: string;
+  entries: Array<{ entry: string; proxy: string | null; skipped?: string }>;
+  /** The first entry the Dialer can use (null: none), and why it is the one. */
+  chosen: string | null;
+  why: string;
+}
+
+async function pacPlan(dialer: Dialer, decision: ProxyDecision): Promise<PacPlan | undefined> {
+  if (!decision.pac) return undefined;
+  const res = await dialer.askPac(decision.pac, decision.target);
+  const entries = res.steps.map((s) => ({ entry: s.entry.text, proxy: s.proxy?.display ?? null, ...(s.skipped === undefined ? {} : { skipped: s.skipped }) }));
+  const first = res.steps.findIndex((s) => s.skipped === undefined);
+  const chosen = first < 0 ? null : res.steps[first]!.entry.text;
+  const skippedBefore = first > 0 ? `; the entr${first === 1 ? 'y' : 'ies'} before it cannot be used` : '';
+  const why =
+    first < 0
+      ? 'no entry of the answer can be used, so the dial fails (GW_ERR_DIAL_PAC_EXHAUSTED)'
+      : `the first usable entry of the answer${skippedBefore}; the dial moves to the next entry only if this one cannot be reached`;
+  return { url: res.url, answer: res.answer, entries, chosen, why };
+}
+
 /** Prints the plan; resolves false when a target could not be decided (bad target or proxy variable) or probed. */
 export async function dialPlan(targets: readonly string[], opts: DialPlanOptions, out: NodeJS.WritableStream = process.stdout): Promise<boolean> {
   const dialer = new Dialer();
@@ -115,8 +141,10 @@ export async function dialPlan(targets: readonly string[], opts: DialPlanOptions
   let ok = true;
   for (const row of rows(targets, opts, dialer)) {
     let decision: ProxyDecision;
+    let pac: PacPlan | undefined;
     try {
       decision = row.decide();
+      pac = await pacPlan(dialer, decision);
     } catch (err) {
       ok = false;
       const e = toGatewayError(err);
@@ -127,30 +155,57 @@ export async function dialPlan(targets: readonly string[], opts: DialPlanOptions
     const to = formatHostPort(decision.target.host, decision.target.port);
     const probed = opts.probe ? await probeTls(dialer, to, { clusterCas: cas.pems, ...(timeoutMs === undefined ? {} : { timeoutMs }) }) : undefined;
     if (probed?.error) ok = false;
-    writeRow(out, row, decision, opts, probed, cas.from);
+    writeRow(out, row, decision, opts, { probed, caFrom: cas.from, pac });
   }
   return ok;
 }
 
-function writeRow(out: NodeJS.WritableStream, row: Row, decision: ProxyDecision, opts: DialPlanOptions, probed: ProbeResult | undefined, caFrom: string | null): void {
-  const proxy = decision.proxy?.display ?? null;
+/** What a row prints besides the decision: the PAC's part, the probe's result. */
+interface RowExtras {
+  probed: ProbeResult | undefined;
+  caFrom: string | null;
+  pac: PacPlan | undefined;
+}
+
+function writeRow(out: NodeJS.WritableStream, row: Row, decision: ProxyDecision, opts: DialPlanOptions, extras: RowExtras): void {
+  const { probed, caFrom, pac } = extras;
   const checks = decision.checks?.map((c) => ({ target: c.target, what: c.what, no_proxy_entry: c.entry }));
-  const family = familyPlan(decision);
-  const auth = decision.proxy ? describeProxyAuth(decision.proxy) : null;
+  // With a PAC the proxy is the answer's chosen entry; its family and authentication are the Dialer's at the dial.
+  const family = pac ? undefined : familyPlan(decision);
+  const auth = decision.proxy && !pac ? describeProxyAuth(decision.proxy) : null;
   if (opts.json) {
+    const proxy = pac ? (pac.entries.find((e) => e.entry === pac.chosen)?.proxy ?? null) : (decision.proxy?.display ?? null);
+    const pacJson = pac ? { pac: { url: pac.url, answer: pac.answer, entries: pac.entries, chosen: pac.chosen, why: pac.why } } : {};
+    const familyJson = family ? { family: { family: family.family, reason: family.reason } } : {};
     const probe = probed ? { probe: probeJson(probed) } : {};
-    const fields = { proxy, source: decision.source, reason: decision.reason, family: { family: family.family, reason: family.reason }, proxy_auth: auth };
+    const fields = { proxy, source: decision.source, reason: decision.reason, ...familyJson, proxy_auth: auth, ...pacJson };
     out.write(`${JSON.stringify({ target: row.label, ...row.extra, ...fields, ...(checks ? { checks } : {}), ...probe })}\n`);
     return;
   }
-  const how = proxy ? `through ${proxy}` : 'direct';
-  const to = formatHostPort(decision.target.host, decision.target.port);
   const what = row.extra?.kube_cluster ? `Kubernetes API server ${row.label} (cluster ${String(row.extra.kube_cluster)})` : row.label;
-  out.write(`${what}: ${how} (to ${to}): ${decision.reason}\n`);
-  out.write(`  ${familyLabel(family.family)}: ${family.reason}\n`);
+  writeHead(out, what, decision, pac);
+  if (family) out.write(`  ${familyLabel(family.family)}: ${family.reason}\n`);
   if (auth) out.write(`  proxy authentication: ${auth.reason}\n`);
   for (const c of checks ?? []) {
     out.write(`  NO_PROXY check of ${c.target} (${c.what}): ${c.no_proxy_entry === null ? 'no entry matches' : `exempt by "${c.no_proxy_entry}"`}\n`);
   }
   for (const line of probed ? probeLines(probed, caFrom) : []) out.write(`${line}\n`);
+}
+
+/** The row's first line, and with a PAC its URL, its answer and each entry. */
+function writeHead(out: NodeJS.WritableStream, label: string, decision: ProxyDecision, pac: PacPlan | undefined): void {
+  const to = formatHostPort(decision.target.host, decision.target.port);
+  if (pac) {
+    const step = pac.entries.find((e) => e.entry === pac.chosen);
+    const how = step ? (step.proxy ? `through ${step.proxy}` : 'direct') : 'no usable entry';
+    out.write(`${label}: ${how} (to ${to}): ${decision.reason}\n`);
+    out.write(`  PAC ${pac.url} answers "${pac.answer}"\n`);
+    pac.entries.forEach((e, i) => {
+      const mark = e.entry === pac.chosen ? `chosen: ${pac.why}` : e.skipped !== undefined ? `skipped: ${e.skipped}` : 'tried next if the one before cannot be reached';
+      out.write(`  ${i + 1}. ${e.entry}: ${mark}\n`);
+    });
+    return;
+  }
+  const how = decision.proxy ? `through ${decision.proxy.display}` : 'direct';
+  out.write(`${label}: ${how} (to ${to}): ${decision.reason}\n`);
 }

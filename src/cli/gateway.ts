@@ -77,7 +77,7 @@ program
 
 program
   .command('dial-plan')
-  .description('explain how each target would be dialled under the current HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY')
+  .description('explain how each target would be dialled under the current HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY (and the PAC file they name)')
   .argument('[target...]', 'host:port (a dial of the gateway\'s own) or an http:// or https:// URL')
   .option('--json', 'one JSON object per target per line')
   .option('--kube-api <url>', "also the Kubernetes Service's dial of this API server (kube_service.clusters[].api_server), with --cluster")

@@ -2,7 +2,8 @@
  * The one Dialer every outbound connection of the gateway uses (agents' tunnel and trust connection, gwsh, the
  * proxy's upstream calls). It reads the proxy environment on every dial (select.ts), then connects directly or
  * through an HTTP CONNECT proxy (an http:// proxy over TCP, an https:// proxy over verified TLS), or through a
- * SOCKS5 proxy (socks.ts: socks5:// with target names resolved here, socks5h:// by the proxy). An HTTP proxy that
+ * SOCKS5 proxy (socks.ts: socks5:// with target names resolved here, socks5h:// by the proxy); or asks the PAC file the environment names and tries its answer's entries in order
+ * (pac.ts). An HTTP proxy that
  * answers 407 is answered with the strongest scheme it offers that this client can do (auth/handshake.ts).
  *
  * The returned socket is the tunnel: bytes the proxy sent after its 200 answer are pushed back into it, Nagle
@@ -23,6 +24,9 @@ import { connectThroughProxy, type ProxyAnswer } from './auth/handshake.js';
 import { PROXY_AUTH_SCHEMES, type ProxyAuthScheme } from './auth/scheme.js';
 import { buildConnectRequest, parseConnectResponse, refusalFraming, type ConnectResponse } from './connect.js';
 import { buildGreeting, buildSocksConnect, buildUserPass, parseAuthReply, parseConnectReply, parseMethodChoice, type SocksCredentials } from './socks.js';
+import { dialPacSteps, PAC_FETCH_TIMEOUT_MS, PacCache, resolvePac, type PacResolution } from './pac.js';
+import { PAC_TIME_MS } from './pacscript.js';
+import type { PacSpec } from './pacspec.js';
 import { parseTarget, selectProxy, type DialAlias, type DialTarget, type ProxyDecision, type ProxySpec } from './select.js';
 
 export interface DialerOptions {
@@ -44,6 +48,8 @@ export interface DialerOptions {
   lookup?: net.LookupFunction;
   /** The proxy authentication schemes this Dialer may answer with (src/dial/auth/scheme.ts's list by default). */
   authSchemes?: readonly ProxyAuthScheme[];
+  /** Where PAC files are cached (pac.ts); one cache for the whole process by default. */
+  pacCache?: PacCache;
 }
 
 export interface DialOptions {
@@ -54,6 +60,13 @@ export interface DialOptions {
    */
   alias?: DialAlias;
 }
+
+/** The proxy schemes dial() connects through; a PAC entry of another scheme is skipped with a reason. */
+export const DIALABLE_PROXIES: ReadonlySet<string> = new Set(['http', 'https', 'socks5', 'socks5h']);
+
+let sharedPacCache: PacCache | undefined;
+/** Past the PAC's own bounds (the fetch's deadline and the script's), a last bound on asking it. */
+const PAC_ASK_BOUND_MS = PAC_FETCH_TIMEOUT_MS + PAC_TIME_MS + 5_000;
 
 export const DIALER_DEFAULTS = Object.freeze({
   connectTimeoutMs: 15_000,
@@ -130,7 +143,8 @@ function withDeadline<T>(
 }
 
 export class Dialer {
-  private readonly options: Required<Omit<DialerOptions, 'env' | 'proxyCa' | 'lookup' | 'authSchemes'>> & Pick<DialerOptions, 'env' | 'proxyCa' | 'lookup'>;
+  private readonly options: Required<Omit<DialerOptions, 'env' | 'proxyCa' | 'lookup' | 'authSchemes' | 'pacCache'>> & Pick<DialerOptions, 'env' | 'proxyCa' | 'lookup'>;
+  private readonly pacCache: PacCache;
   private readonly log = logger('dial');
   private readonly warned = new Set<string>();
   private readonly authSchemes: readonly ProxyAuthScheme[];
@@ -141,9 +155,10 @@ export class Dialer {
   private readonly answered = new Map<string, ProxyAuthScheme>();
 
   constructor(options: DialerOptions = {}) {
-    const { authSchemes, ...rest } = options;
+    const { authSchemes, pacCache, ...rest } = options;
     this.options = { ...DIALER_DEFAULTS, ...rest };
     this.authSchemes = authSchemes ?? PROXY_AUTH_SCHEMES;
+    this.pacCache = pacCache ?? (sharedPacCache ??= new PacCache());
   }
 
   /** The decision for target, without dialing (what `gateway dial-plan` prints). */
@@ -162,31 +177,68 @@ export class Dialer {
     const real = toTarget(target);
     const decision = this.plan(real, options.alias);
     const t = decision.target;
-    const where = formatHostPort(t.host, t.port);
+    if (decision.pac) return this.dialPac(decision.pac, t, options.signal);
     if (!decision.proxy) {
-      this.log.debug({ target: where, reason: decision.reason }, 'dialing directly');
-      const direct = await this.connectTcp(t, options.signal, (code, why) =>
-        new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_UNREACHABLE', `cannot connect to ${where}: ${why}`, {
-          details: { target: where },
-        }),
-      );
-      routes.set(direct, { proxy: null });
-      return direct;
+      this.log.debug({ target: formatHostPort(t.host, t.port), reason: decision.reason }, 'dialing directly');
+      return this.direct(t, options.signal);
     }
-    const proxy = decision.proxy;
-    const socksHost = proxy.protocol === 'socks5' ? await this.resolveHere(t, options.signal) : t.host;
+    return this.through(t, decision.proxy, options.signal);
+  }
+
+  /** What the PAC answers for target and what each entry becomes (what `gateway dial-plan` prints); no dial. */
+  async askPac(pac: PacSpec, target: DialTarget): Promise<PacResolution> {
+    return resolvePac(pac, target, this.pacCache, this.pacLookup, DIALABLE_PROXIES);
+  }
+
+  /** A PAC decides: its answer's entries are tried in order (pac.ts); an answer that all fails sends the PAC to be fetched again. */
+  private async dialPac(pac: PacSpec, t: DialTarget, signal: AbortSignal | undefined): Promise<net.Socket> {
+    const where = formatHostPort(t.host, t.port);
+    // Fetching and asking the PAC are bounded (pac.ts, pacscript.ts); a cancelled dial does not wait for them.
+    const res = await withDeadline<PacResolution>(
+      PAC_ASK_BOUND_MS,
+      signal,
+      () => new GatewayError('GW_ERR_DIAL_PAC_TIMEOUT', `asking the PAC ${pac.display} about ${where} took longer than ${PAC_ASK_BOUND_MS} ms`),
+      ({ resolve, reject }) => {
+        this.askPac(pac, t).then(resolve, reject);
+        return () => undefined;
+      },
+      where,
+    );
+    try {
+      return await dialPacSteps(res, t, (proxy) => (proxy ? this.through(t, proxy, signal) : this.direct(t, signal)), this.pacCache.bad, signal);
+    } catch (err) {
+      if (err instanceof GatewayError && err.code === 'GW_ERR_DIAL_PAC_EXHAUSTED') this.pacCache.invalidate(pac);
+      throw err;
+    }
+  }
+
+  private async direct(t: DialTarget, signal: AbortSignal | undefined): Promise<net.Socket> {
+    const where = formatHostPort(t.host, t.port);
+    const direct = await this.connectTcp(t, signal, (code, why) =>
+      new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_UNREACHABLE', `cannot connect to ${where}: ${why}`, {
+        details: { target: where },
+      }),
+    );
+    routes.set(direct, { proxy: null });
+    return direct;
+  }
+
+  /** Through one proxy: SOCKS5 (socks.ts), or HTTP CONNECT answering a 407 with the strongest scheme offered (auth/). */
+  private async through(t: DialTarget, proxy: ProxySpec, signal: AbortSignal | undefined): Promise<net.Socket> {
+    const where = formatHostPort(t.host, t.port);
+    const socksHost = proxy.protocol === 'socks5' ? await this.resolveHere(t, signal) : t.host;
     this.log.debug({ target: where, proxy: proxy.display, source: proxy.source }, 'dialing through proxy');
     const context = `proxy ${proxy.display} (from ${proxy.source})`;
     const details = { target: where, proxy: proxy.display, variable: proxy.source };
     const open = async (): Promise<net.Socket> => {
-      const raw = await this.connectTcp(proxy, options.signal, (code, why) =>
+      const raw = await this.connectTcp(proxy, signal, (code, why) =>
         new GatewayError(code === 'GW_ERR_DIAL_CONNECT_TIMEOUT' ? code : 'GW_ERR_DIAL_PROXY_UNREACHABLE', `cannot reach ${context} to dial ${where}: ${why}`, {
           details,
         }),
       );
       if (proxy.protocol !== 'https') return raw;
       try {
-        return await this.startTls(raw, proxy, context, details, options.signal);
+        return await this.startTls(raw, proxy, context, details, signal);
       } catch (err) {
         raw.destroy();
         throw err;
@@ -197,7 +249,7 @@ export class Dialer {
       if (proxy.protocol === 'socks5' || proxy.protocol === 'socks5h') {
         const socket = await open();
         try {
-          await this.socksConnect(socket, { ...t, host: socksHost }, proxy, context, details, options.signal);
+          await this.socksConnect(socket, { ...t, host: socksHost }, proxy, context, details, signal);
         } catch (err) {
           socket.destroy();
           throw err;
@@ -208,7 +260,7 @@ export class Dialer {
       const { socket, scheme } = await connectThroughProxy(
         {
           open,
-          exchange: (socket, authorization) => this.sendConnect(socket, t, authorization, context, details, options.signal),
+          exchange: (socket, authorization) => this.sendConnect(socket, t, authorization, context, details, signal),
           refusal: (res) => this.refusal(res, t, context, details),
         },
         { proxy, request: { method: 'CONNECT', uri: where }, context, details, log: this.log, schemes: this.authSchemes, ...(remembered ? { remembered } : {}) },
@@ -221,6 +273,13 @@ export class Dialer {
       throw err;
     }
   }
+
+  /** The PAC helpers' name resolution: the Dialer's lookup, IPv4 (as every PAC helper expects). */
+  private readonly pacLookup = (host: string): Promise<string | null> =>
+    new Promise((resolve) => {
+      const lookup = this.options.lookup ?? (dns.lookup as unknown as net.LookupFunction);
+      lookup(host, { family: 4 }, (err, address) => resolve(err || typeof address !== 'string' ? null : address));
+    });
 
   private connectTcp(
     to: HostPort,

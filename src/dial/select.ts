@@ -14,12 +14,16 @@
  *  4. NO_PROXY (uppercase wins over no_proxy; empty counts as unset) exempts matching targets (see noproxy.ts).
  *  5. A dial with an alias (the Kubernetes Service's dial of an API server, alias kube.<cluster_name>.local:443)
  *     is exempt when NO_PROXY exempts either the address dialled or the alias.
+ *  6. A value pac+http(s)://... or pac+file://... names a PAC file, and GATEWAY_WPAD=1 with none of the
+ *     variables set asks for WPAD (pacspec.ts): after rules 1 and 4, the decision carries the PAC, which the
+ *     Dialer asks at dial time (pac.ts).
  */
 import { isIP } from 'node:net';
 import { AddrError, formatHostPort, isLoopbackHost, parseAddr, urlAuthority, type HostPort } from '../addr.js';
 import { GatewayError } from '../errors.js';
 import { REDACTED, redactUserinfo, splitUserinfo } from '../redact.js';
 import { matchNoProxy, parseNoProxy } from './noproxy.js';
+import { isPacValue, parsePacValue, wpadSpec, type PacSpec } from './pacspec.js';
 
 export type TargetKind = 'gateway' | 'http' | 'https';
 
@@ -58,6 +62,8 @@ export interface ProxyDecision {
   warnings: string[];
   /** For a dial with an alias (a Kubernetes API server): the NO_PROXY check of its address and of the alias. */
   checks?: NoProxyCheck[];
+  /** A PAC file decides (proxy is then null): a pac+ value, or WPAD (docs/dialing.md, "PAC and WPAD"). */
+  pac?: PacSpec;
 }
 
 type Env = Record<string, string | undefined>;
@@ -261,11 +267,13 @@ export function selectProxy(target: DialTarget | string, env: Env = process.env,
     return { target: t, proxy: null, source: null, reason: `${t.host} is a loopback target, which is never proxied`, warnings: [] };
   }
   const names = PROXY_VARS[t.kind];
-  const chosen = firstSet(env, names);
+  const wpad = wpadSpec(env);
+  const chosen = firstSet(env, names) ?? (wpad ? { name: wpad.source, value: 'wpad' } : undefined);
   if (!chosen) {
     return { target: t, proxy: null, source: null, reason: `none of ${names.join(', ')} is set`, warnings: [] };
   }
-  const proxy = parseProxyValue(chosen.value, chosen.name);
+  const pac = pacOf(chosen, wpad);
+  const proxy = pac ? null : parseProxyValue(chosen.value, chosen.name);
   const noProxyVar = firstSet(env, ['NO_PROXY', 'no_proxy']);
   const list = parseNoProxy(noProxyVar?.value);
   const match = (host: string, port: number) => (noProxyVar ? matchNoProxy(list, host, port) : undefined);
@@ -289,6 +297,18 @@ export function selectProxy(target: DialTarget | string, env: Env = process.env,
     return { ...base, proxy: null, source: varName, reason: `${varName} entry "${aliasExempt.text}" matches ${aliasWhere}, ${alias.what} (${where} itself is not exempt)` };
   }
   const unmatched = noProxyVar ? `no ${noProxyVar.name} entry matches ${whatTarget}${alias ? ` or ${aliasWhere}, ${alias.what}` : ''}` : 'NO_PROXY is not set';
-  const kind = proxy.protocol.startsWith('socks') ? ` to ${describeProxyKind(proxy.protocol)}` : '';
-  return { ...base, proxy, source: chosen.name, reason: `${chosen.name} is set${kind} and ${unmatched}` };
+  if (pac) return { ...base, proxy: null, pac, source: chosen.name, reason: `${pacNamed(pac)} and ${unmatched}` };
+  const spec = proxy!; // no PAC: parseProxyValue gave the proxy (or threw)
+  const kind = spec.protocol.startsWith('socks') ? ` to ${describeProxyKind(spec.protocol)}` : '';
+  return { ...base, proxy: spec, source: chosen.name, reason: `${chosen.name} is set${kind} and ${unmatched}` };
+}
+
+/** The PAC the chosen variable names: a pac+ value, or WPAD when only GATEWAY_WPAD is set. */
+function pacOf(chosen: { name: string; value: string }, wpad: PacSpec | undefined): PacSpec | undefined {
+  if (wpad && chosen.name === wpad.source) return wpad;
+  return isPacValue(chosen.value) ? parsePacValue(chosen.value, chosen.name) : undefined;
+}
+
+function pacNamed(pac: PacSpec): string {
+  return pac.kind === 'wpad' ? `${pac.source} asks for WPAD (no proxy variable is set)` : `${pac.source} names the PAC file ${pac.display}`;
 }

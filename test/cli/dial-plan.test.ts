@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import tls from 'node:tls';
 import { fileURLToPath } from 'node:url';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateAuthority, generateKeyPair, issueTlsCert } from '../../src/auth/pki.js';
 import { runCli } from '../helpers/gateway.js';
@@ -319,3 +320,43 @@ describe('gateway dial-plan --probe (the TLS peer on the path; behind an inspect
     expect((await runCli('gateway', ['dial-plan', '--probe', '--timeout', 'soon', `localhost:${port}`])).stderr).toContain('GW_ERR_USAGE');
   });
 });
+
+describe('gateway dial-plan with a PAC file', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'gw-dialplan-pac-'));
+  const pac = join(dir, 'proxy.pac');
+  writeFileSync(pac, 'function FindProxyForURL(url, host) {\n  if (dnsDomainIs(host, ".example.com")) return "SOCKS4 socks.corp:1080; PROXY squid.corp:3128; DIRECT";\n  return "DIRECT";\n}\n');
+  const broken = join(dir, 'broken.pac');
+  writeFileSync(broken, 'function FindProxyForURL(url, host) {\n  return "PROXY " +;\n}\n');
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('shows the PAC URL, its answer, each entry and the one chosen (text)', () => {
+    const r = run(['dial-plan', 'proxy.example.com:443', 'db.internal:5432'], { HTTPS_PROXY: `pac+file://${pac}`, NO_PROXY: '.internal' });
+    expect(r.status).toBe(0);
+    expect(r.stdout).toBe(
+      [
+        `proxy.example.com:443: through http://squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY names the PAC file pac+file://${pac} and no NO_PROXY entry matches proxy.example.com:443`,
+        `  PAC file://${pac} answers "SOCKS4 socks.corp:1080; PROXY squid.corp:3128; DIRECT"`,
+        '  1. SOCKS4 socks.corp:1080: skipped: this Dialer does not dial socks4:// proxies',
+        '  2. PROXY squid.corp:3128: chosen: the first usable entry of the answer; the entry before it cannot be used; the dial moves to the next entry only if this one cannot be reached',
+        '  3. DIRECT: tried next if the one before cannot be reached',
+        'db.internal:5432: direct (to db.internal:5432): NO_PROXY entry ".internal" matches db.internal:5432',
+        '  IPv6 or IPv4: the target db.internal:5432 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs)',
+        '',
+      ].join('\n'),
+    );
+  });
+
+  it('--json carries the PAC and the chosen proxy', () => {
+    const { status, rows } = plan(['proxy.example.com:443', 'other.org:443'], { HTTPS_PROXY: `pac+file://${pac}` });
+    expect(status).toBe(0);
+    expect(rows[0]).toMatchObject({ proxy: 'http://squid.corp:3128', source: 'HTTPS_PROXY', pac: { url: `file://${pac}`, chosen: 'PROXY squid.corp:3128' } });
+    expect(rows[1]).toMatchObject({ proxy: null, pac: { answer: 'DIRECT', chosen: 'DIRECT' } });
+  });
+
+  it('a PAC with a syntax error is an error naming the file and the line, with status 1', () => {
+    const { status, rows } = plan(['proxy.example.com:443'], { HTTPS_PROXY: `pac+file://${broken}` });
+    expect(status).toBe(1);
+    expect(rows[0]).toMatchObject({ error: { code: 'GW_ERR_DIAL_PAC_SCRIPT', message: expect.stringContaining(`file://${broken} (line 2)`) } });
+  });
+});
+

@@ -19,6 +19,7 @@ export const ROOT_NEEDS = {
   netns: 'network namespaces',
   mountns: 'a mount namespace',
   port443: 'port 443',
+  port80: 'port 80',
   users: 'OS users of its own',
   setuid: 'running as another user',
   dbUsers: 'databases as their system users',
