@@ -7,28 +7,15 @@
  */
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
-import { Writable } from 'node:stream';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { basicCredentials } from '../../src/dial/auth/basic.js';
 import { PROXY_AUTH_SCHEMES } from '../../src/dial/auth/scheme.js';
 import type { ProxyAuthScheme } from '../../src/dial/auth/types.js';
 import { Dialer, type DialerOptions } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
-import { createLogger, setRootLogger } from '../../src/log.js';
+import { captureLogs } from '../helpers/logs.js';
 
-const logLines: string[] = [];
-setRootLogger(
-  createLogger({
-    level: 'trace',
-    format: 'json',
-    destination: new Writable({
-      write(chunk, _enc, cb) {
-        logLines.push(String(chunk));
-        cb();
-      },
-    }),
-  }),
-);
+const logLines = captureLogs();
 
 const USER = 'alice';
 const PASSWORD = `pw-${randomBytes(6).toString('hex')}`;

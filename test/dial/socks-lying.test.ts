@@ -5,27 +5,14 @@
  * src/dial/socks.ts get their table tests here too; the real server (Dante) is in socks-dante.test.ts.
  */
 import net from 'node:net';
-import { Writable } from 'node:stream';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Dialer } from '../../src/dial/dialer.js';
 import { buildSocksConnect, parseConnectReply, parseMethodChoice } from '../../src/dial/socks.js';
 import { GatewayError } from '../../src/errors.js';
-import { createLogger, setRootLogger } from '../../src/log.js';
+import { captureLogs } from '../helpers/logs.js';
 
 // Every log line of the code under test, at trace level: the last test reads them all for the password.
-const logLines: string[] = [];
-setRootLogger(
-  createLogger({
-    level: 'trace',
-    format: 'json',
-    destination: new Writable({
-      write(chunk, _enc, cb) {
-        logLines.push(String(chunk));
-        cb();
-      },
-    }),
-  }),
-);
+const logLines = captureLogs();
 
 const PASSWORD = 'hunter2-s3cret';
 /** Every error the tests saw, for the final check that no password is in any of them. */

@@ -10,12 +10,10 @@ import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Writable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { fetchThroughDialer } from '../../src/dial/agent.js';
 import { Dialer, type DialerOptions } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
-import { createLogger, setRootLogger } from '../../src/log.js';
 import { curl } from '../helpers/curl.js';
 import { createTestHost } from '../helpers/netns.js';
 import { rootTest } from '../helpers/root.js';
@@ -23,21 +21,10 @@ import { pseudoRandomBytes, startEchoServer, startHttpsServer, startSinkServer, 
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { eventually } from '../helpers/wait.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { captureLogs } from '../helpers/logs.js';
 
 // Every log line of the code under test, so that the secrets test can read them all.
-const logLines: string[] = [];
-setRootLogger(
-  createLogger({
-    level: 'trace',
-    format: 'json',
-    destination: new Writable({
-      write(chunk, _enc, cb) {
-        logLines.push(String(chunk));
-        cb();
-      },
-    }),
-  }),
-);
+const logLines = captureLogs();
 
 const TARGET_IP = '127.0.0.3';
 const NAMES = ['echo.gw.test', 'direct.gw.test', 'a.svc.gw.test', 'port.gw.test', 'marker.gw.test', 'sink.gw.test', 'web.gw.test', 'proxy.gw.test'];

@@ -1,0 +1,24 @@
+/**
+ * Captures every log line the gateway's code writes in this test process (JSON, at trace level), so a test can
+ * check what was logged, and above all what was not: a password, an Authorization header's value.
+ */
+import { Writable } from 'node:stream';
+import { createLogger, setRootLogger } from '../../src/log.js';
+
+/** Sets the root logger to one that appends each JSON line to the returned list. */
+export function captureLogs(): string[] {
+  const lines: string[] = [];
+  setRootLogger(
+    createLogger({
+      level: 'trace',
+      format: 'json',
+      destination: new Writable({
+        write(chunk, _enc, cb) {
+          lines.push(String(chunk));
+          cb();
+        },
+      }),
+    }),
+  );
+  return lines;
+}
