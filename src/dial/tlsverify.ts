@@ -27,6 +27,7 @@ import type { PeerCertificate } from 'node:tls';
 import { formatHostPort, isIpLiteral, isLoopbackHost, parseAddr } from '../addr.js';
 import { GatewayError } from '../errors.js';
 import { handshakeFailure, type PresentedCert } from '../stream/tls.js';
+import { IDENTITY_OID_DER } from '../wire/certs.js';
 import { dialRoute, type DialRoute } from './dialer.js';
 
 /** Who answered: decides which setting the hints name. */
@@ -215,10 +216,12 @@ export function chainRoot(chain: readonly PresentedCert[]): string | undefined {
 /**
  * Whether an untrusted certificate on this route is a TLS-inspecting proxy's: the dial went through a proxy and
  * another CA issued the leaf (an inspecting proxy signs the certificates it makes with its own CA; a leaf that
- * signed itself is a server's own, the proxy only tunnelled to it).
+ * signed itself is a server's own, the proxy only tunnelled to it), and the leaf is not a gateway certificate.
  */
 export function looksInspected(chain: readonly PresentedCert[], route: DialRoute | undefined): boolean {
-  return route?.proxy != null && chain.length > 0 && !chain[0]!.selfIssued;
+  // A leaf that carries a gateway identity is a cluster's own certificate (another cluster's, or an old CA's):
+  // inspecting proxies forge the name, not our extension. Searched as bytes: this only names the error.
+  return route?.proxy != null && chain.length > 0 && !chain[0]!.selfIssued && !chain[0]!.raw.includes(IDENTITY_OID_DER);
 }
 
 function inspectedHint(peer: TlsPeer, host: string, root: string): string {

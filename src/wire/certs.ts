@@ -32,3 +32,28 @@ export interface PublicCas {
 /** The roles a join token may grant and a join may ask for. */
 export const JOIN_ROLES = ['node', 'db', 'app', 'kube', 'desktop', 'proxy'] as const;
 export type JoinRole = (typeof JOIN_ROLES)[number];
+
+/**
+ * The X.509 extension that carries a gateway identity (src/auth/pki/identity.ts writes it; ITU-T X.667 UUID arc,
+ * never changed: certificates in the field carry it). Shared so that a client can tell a gateway certificate
+ * from another cluster apart from a TLS-inspecting proxy's forgery (src/dial/tlsverify.ts) without the Auth code.
+ */
+export const IDENTITY_EXTENSION_OID = '2.25.144055156550211512603578689614142843921';
+
+/** The OID's DER encoding (tag 06, length, base-128 arcs), as it appears in a certificate's extension list. */
+export const IDENTITY_OID_DER: Buffer = encodeOid(IDENTITY_EXTENSION_OID);
+
+function encodeOid(dotted: string): Buffer {
+  const arcs = dotted.split('.').map((a) => BigInt(a));
+  const body: number[] = [];
+  for (const arc of [arcs[0]! * 40n + arcs[1]!, ...arcs.slice(2)]) {
+    const bytes: number[] = [];
+    let v = arc;
+    do {
+      bytes.unshift(Number(v & 0x7fn) | (bytes.length ? 0x80 : 0));
+      v >>= 7n;
+    } while (v > 0n);
+    body.push(...bytes);
+  }
+  return Buffer.from([0x06, body.length, ...body]);
+}

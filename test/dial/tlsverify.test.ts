@@ -12,6 +12,7 @@ import { ApiClient } from '../../src/client/api.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { certNames, chainRoot, looksInspected, tlsVerifyError } from '../../src/dial/tlsverify.js';
 import type { PresentedCert } from '../../src/stream/tls.js';
+import { IDENTITY_OID_DER } from '../../src/wire/certs.js';
 import { GatewayError } from '../../src/errors.js';
 
 const HOST = '127.0.0.7';
@@ -165,6 +166,8 @@ describe('the inspection verdict (looksInspected, chainRoot: the judgement behin
     ['a stream the Dialer did not make (route unknown)', [leaf], undefined, false],
     ['through a proxy, a self-signed leaf (the proxy only tunnelled)', [cert('CN=x', 'CN=x')], proxied, false],
     ['through a proxy, nothing presented', [], proxied, false],
+    // Another cluster's Proxy behind a proxy that only tunnels: a gateway certificate, not an inspecting proxy's.
+    ['through a proxy, a leaf that carries a gateway identity', [{ ...leaf, raw: Buffer.concat([Buffer.from('3082', 'hex'), IDENTITY_OID_DER, Buffer.from('0400', 'hex')]) }], proxied, false],
   ] as const)('%s: %s', (_what, chain, route, expected) => {
     expect(looksInspected(chain, route)).toBe(expected);
   });

@@ -34,7 +34,7 @@ export interface Identity {
  * (ITU-T X.667: a UUID arc needs no registration). Generated once; never change it, certificates in the field
  * carry it.
  */
-export const IDENTITY_EXTENSION_OID = '2.25.144055156550211512603578689614142843921';
+export { IDENTITY_EXTENSION_OID } from '../../wire/certs.js';
 
 export const IDENTITY_KINDS = ['user', 'host', 'admin'] as const;
 
