@@ -19,6 +19,7 @@ import { rootTest } from '../helpers/root.js';
 import { startEchoServer, startHttpServer, startSilentServer, type HttpTestServer, type TestServer } from '../helpers/servers.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { eventually } from '../helpers/wait.js';
+import { dialError } from '../helpers/dial.js';
 
 const TARGET_IP = '127.0.0.3';
 const PAC_IP = '127.0.0.4';
@@ -76,15 +77,6 @@ async function roundTrip(socket: net.Socket, msg: string): Promise<string> {
   return got;
 }
 
-async function dialError(d: Dialer, target: string): Promise<GatewayError> {
-  try {
-    (await d.dial(target)).destroy();
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    return err as GatewayError;
-  }
-  throw new Error(`dial ${target} unexpectedly succeeded`);
-}
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-pac-'));

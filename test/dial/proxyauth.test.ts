@@ -14,6 +14,7 @@ import type { ProxyAuthScheme } from '../../src/dial/auth/types.js';
 import { Dialer, type DialerOptions } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
 import { captureLogs } from '../helpers/logs.js';
+import { dialError as dialErrorOf } from '../helpers/dial.js';
 
 const logLines = captureLogs();
 
@@ -113,15 +114,7 @@ async function roundTrip(socket: net.Socket): Promise<string> {
   return text;
 }
 
-async function dialError(d: Dialer): Promise<GatewayError> {
-  try {
-    (await d.dial(TARGET)).destroy();
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    return err as GatewayError;
-  }
-  throw new Error('the dial unexpectedly succeeded');
-}
+const dialError = (d: Dialer): Promise<GatewayError> => dialErrorOf(d, TARGET);
 
 const scheme = (v: string | undefined) => v?.split(' ')[0];
 

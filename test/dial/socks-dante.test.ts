@@ -15,7 +15,6 @@ import net from 'node:net';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { fetchThroughDialer } from '../../src/dial/agent.js';
 import { Dialer, type DialerOptions } from '../../src/dial/dialer.js';
-import { GatewayError } from '../../src/errors.js';
 import { download } from '../../src/upgrade/download.js';
 import { curl } from '../helpers/curl.js';
 import { createSocksUser, startDante, type Dante, type SocksUser } from '../helpers/dante.js';
@@ -23,6 +22,7 @@ import { createTestHost, type TestHost } from '../helpers/netns.js';
 import { rootSuite } from '../helpers/root.js';
 import { pseudoRandomBytes, startEchoServer, startHttpsServer, startHttpServer, type EchoServer, type HttpTestServer } from '../helpers/servers.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { dialError } from '../helpers/dial.js';
 
 const describeAsRoot = rootSuite(['netns', 'users']);
 const NAME = 'echo.socks.test';
@@ -39,16 +39,6 @@ function dialer(url: string, options: DialerOptions = {}): Dialer {
   return new Dialer({ env: { HTTPS_PROXY: url }, connectTimeoutMs: 5_000, proxyAnswerTimeoutMs: 5_000, ...options });
 }
 
-async function dialError(d: Dialer, target: string): Promise<GatewayError> {
-  try {
-    const s = await d.dial(target);
-    s.destroy();
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    return err as GatewayError;
-  }
-  throw new Error(`dial ${target} unexpectedly succeeded`);
-}
 
 /** 1 MiB there and back through the tunnel, compared by sha256. */
 async function echoExact(socket: net.Socket): Promise<void> {

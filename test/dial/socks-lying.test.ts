@@ -10,6 +10,7 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { buildSocksConnect, parseConnectReply, parseMethodChoice } from '../../src/dial/socks.js';
 import { GatewayError } from '../../src/errors.js';
 import { captureLogs } from '../helpers/logs.js';
+import { dialError as dialErrorOf } from '../helpers/dial.js';
 
 // Every log line of the code under test, at trace level: the last test reads them all for the password.
 const logLines = captureLogs();
@@ -59,15 +60,9 @@ function dialer(url: string, options: ConstructorParameters<typeof Dialer>[0] = 
 }
 
 async function dialError(d: Dialer, target = 'proxy.gw.test:443'): Promise<GatewayError> {
-  try {
-    const s = await d.dial(target);
-    s.destroy();
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    seen.push(err as GatewayError);
-    return err as GatewayError;
-  }
-  throw new Error('the dial unexpectedly succeeded');
+  const err = await dialErrorOf(d, target);
+  seen.push(err);
+  return err;
 }
 
 async function withServer(answers: Script['answers'], fn: (s: Awaited<ReturnType<typeof scripted>>) => Promise<void>): Promise<void> {

@@ -22,6 +22,7 @@ import { startSquid, type Squid } from '../helpers/squid.js';
 import { eventually } from '../helpers/wait.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { captureLogs } from '../helpers/logs.js';
+import { dialError } from '../helpers/dial.js';
 
 // Every log line of the code under test, so that the secrets test can read them all.
 const logLines = captureLogs();
@@ -81,16 +82,6 @@ async function echoRoundTrip(socket: net.Socket, msg: string, halfClose = false)
   return Buffer.concat(chunks).toString();
 }
 
-async function dialError(d: Dialer, target: string): Promise<GatewayError> {
-  try {
-    const s = await d.dial(target);
-    s.destroy();
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    return err as GatewayError;
-  }
-  throw new Error(`dial ${target} unexpectedly succeeded`);
-}
 
 /**
  * Dials each [target, NO_PROXY entry] with squid as HTTPS_PROXY and checks that it went direct: the plan says so,
