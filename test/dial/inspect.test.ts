@@ -33,6 +33,7 @@ import { fetchTarget } from '../../src/upgrade/client.js';
 import { curl } from '../helpers/curl.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { failureOf } from '../helpers/errors.js';
 
 const run = promisify(execFile);
 const SERVER_IP = '127.0.0.21';
@@ -79,16 +80,7 @@ function jsonServer(creds: { key: string; cert: string }): https.Server {
   });
 }
 
-/** The first error of call, which must fail with a GatewayError. */
-async function failure(call: () => Promise<unknown>): Promise<GatewayError> {
-  try {
-    await call();
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    return err as GatewayError;
-  }
-  throw new Error('the call succeeded');
-}
+const failure = (call: () => Promise<unknown>): Promise<GatewayError> => failureOf(call);
 
 const through = (proxy: Squid | string) => new Dialer({ env: { HTTPS_PROXY: typeof proxy === 'string' ? proxy : proxy.url } });
 const api = (dialer: Dialer, port = clusterPort, host = NAME) => new ApiClient({ address: `${host}:${port}`, dialer, ca: cluster.tls.certPem, timeoutMs: 10_000 });

@@ -6,6 +6,7 @@
 import { describe, expect, it } from 'vitest';
 import { runPac, type PacLookup } from '../../src/dial/pacscript.js';
 import { GatewayError } from '../../src/errors.js';
+import { failureOf } from '../helpers/errors.js';
 
 const URL_ = 'http://wpad.corp.test/proxy.pac';
 const names: Record<string, string> = { 'intranet.corp.test': '10.1.2.3', 'proxy.example.com': '198.51.100.7' };
@@ -14,15 +15,7 @@ const lookup: PacLookup = async (host) => names[host] ?? null;
 const findProxy = (body: string, host = 'proxy.example.com', options: Partial<Parameters<typeof runPac>[3]> = {}) =>
   runPac(`function FindProxyForURL(url, host) {\n${body}\n}`, `https://${host}:443/`, host, { url: URL_, lookup, ...options });
 
-async function failure(p: Promise<unknown>): Promise<GatewayError> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    return err as GatewayError;
-  }
-  throw new Error('the PAC evaluation did not fail');
-}
+const failure = (p: Promise<unknown>): Promise<GatewayError> => failureOf(p, 'the PAC evaluation');
 
 describe('the PAC helpers', () => {
   it('shExpMatch, dnsDomainIs, isPlainHostName, dnsDomainLevels', async () => {

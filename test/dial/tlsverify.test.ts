@@ -14,6 +14,7 @@ import { certNames, chainRoot, looksInspected, tlsVerifyError } from '../../src/
 import type { PresentedCert } from '../../src/stream/tls.js';
 import { IDENTITY_OID_DER } from '../../src/wire/certs.js';
 import { GatewayError } from '../../src/errors.js';
+import { failureOf } from '../helpers/errors.js';
 
 const HOST = '127.0.0.7';
 const DAY = 24 * 3600_000;
@@ -39,16 +40,7 @@ async function cert(options: { dns?: string[]; ips?: string[]; authority?: CertA
   return { key: keys.privateKeyPem, cert: pem };
 }
 
-/** The first error of call, which must fail with a GatewayError. */
-async function failure(call: () => Promise<unknown>): Promise<GatewayError> {
-  try {
-    await call();
-  } catch (err) {
-    expect(err).toBeInstanceOf(GatewayError);
-    return err as GatewayError;
-  }
-  throw new Error('the call succeeded');
-}
+const failure = (call: () => Promise<unknown>): Promise<GatewayError> => failureOf(call);
 
 const api = (trust?: string) => new ApiClient({ address: `${HOST}:${port}`, dialer, ...(trust ? { ca: trust } : {}) });
 

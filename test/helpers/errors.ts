@@ -3,7 +3,8 @@
  * fail, the GatewayError's code (src/errors.ts) when it did, and a text naming anything else it threw, so that
  * an assertion on the code fails with what really happened.
  */
-import { isGatewayError } from '../../src/errors.js';
+import { expect } from 'vitest';
+import { GatewayError, isGatewayError } from '../../src/errors.js';
 
 const codeOfError = (err: unknown): string => (isGatewayError(err) ? err.code : `not a GatewayError: ${String(err)}`);
 
@@ -25,4 +26,15 @@ export function codeOfSync(fn: () => unknown): string {
     return codeOfError(err);
   }
   return 'no error';
+}
+
+/** The error a call (or a promise) fails with, asserted to be a GatewayError; a call that succeeds fails the test. */
+export async function failureOf(p: Promise<unknown> | (() => Promise<unknown>), what = 'the call'): Promise<GatewayError> {
+  try {
+    await (typeof p === 'function' ? p() : p);
+  } catch (err) {
+    expect(err).toBeInstanceOf(GatewayError);
+    return err as GatewayError;
+  }
+  throw new Error(`${what} succeeded`);
 }
