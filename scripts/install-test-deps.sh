@@ -76,6 +76,9 @@ declare -A NEED_FILES=(
   # squid's certificate generator for ssl_bump (test/helpers/squid.ts, bump): only in squid-openssl, so a machine
   # with Debian's plain squid gets squid-openssl in its place (the two packages replace each other)
   [/usr/lib/squid/security_file_certgen]=squid-openssl
+  # GSSAPI headers, to build the optional `kerberos` npm package (Negotiate proxy authentication) from source: its
+  # prebuilt binary is downloaded from GitHub, which CI cannot reach
+  [/usr/include/gssapi/gssapi.h]=libkrb5-dev
 )
 
 missing=()
@@ -97,7 +100,18 @@ for file in "${!NEED_FILES[@]}"; do
   fi
 done
 
+# The optional `kerberos` npm package is skipped by `npm ci` on a machine without libkrb5-dev (npm drops an
+# optional dependency whose build fails); once the headers are there, install it again from the lock file.
+ensure_kerberos_module() {
+  cd "$(dirname "$0")/.."
+  if [ -e /usr/include/gssapi/gssapi.h ] && ! node -e "require('kerberos')" >/dev/null 2>&1; then
+    echo "building the optional kerberos module (Negotiate proxy authentication)" >&2
+    npm install --no-save --no-audit --no-fund --loglevel=error >/dev/null
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  ensure_kerberos_module
   exit 0
 fi
 
@@ -127,3 +141,4 @@ if command -v service >/dev/null 2>&1; then
   service krb5-admin-server stop >/dev/null 2>&1 || true
   service winbind stop >/dev/null 2>&1 || true
 fi
+ensure_kerberos_module
