@@ -138,17 +138,17 @@ export const ERROR_CODES = {
   GW_ERR_DIAL_PROXY_AUTH_REQUIRED: {
     status: 502,
     summary: 'The proxy requires authentication (407) and no credentials were given.',
-    hint: 'Put the credentials in the proxy URL: http://user:password@host:port (percent-encode special characters).',
+    hint: 'Put the credentials in the proxy URL: http://user:password@host:port (percent-encode special characters; NTLM: http://DOMAIN%5Cuser:password@host:port). For Negotiate (Kerberos) get a ticket with kinit, or set KRB5_CLIENT_KTNAME to a keytab.',
   },
   GW_ERR_DIAL_PROXY_AUTH_REFUSED: {
     status: 502,
-    summary: 'The proxy refused the credentials in the proxy URL (407 again after the answer), or stopped offering the scheme they were answered with.',
-    hint: 'Check the user name and password in HTTPS_PROXY / HTTP_PROXY (percent-encode special characters) against the realm the proxy names.',
+    summary: 'The proxy refused the credentials it was answered with (407 again after the answer: the URL\'s password, or the Kerberos ticket), stopped offering the scheme they were answered with, or closed the connection in the middle of a handshake bound to it (NTLM, Negotiate) twice.',
+    hint: 'Check the user name and password in HTTPS_PROXY / HTTP_PROXY (percent-encode special characters; NTLM: DOMAIN%5Cuser) against the realm the proxy names; for Negotiate, check with klist that the ticket is from the realm the proxy trusts, and that the proxy has the key of HTTP/<its host name> in its keytab.',
   },
   GW_ERR_DIAL_PROXY_AUTH_UNSUPPORTED: {
     status: 502,
     summary: 'The proxy asked for authentication (407) with no scheme this client can answer; the message lists what it offered.',
-    hint: "Basic and Digest need user:password in the proxy URL; for a scheme the message says is unknown, ask for Basic or Digest to be enabled or put a local proxy (cntlm, px) in front.",
+    hint: "Basic, Digest and NTLM need user:password in the proxy URL (NTLM: DOMAIN%5Cuser), Negotiate a Kerberos ticket (kinit, or KRB5_CLIENT_KTNAME); for a scheme the message says is unknown, ask for one of those to be enabled.",
   },
   GW_ERR_DIAL_PROXY_AUTH_LOOP: {
     status: 502,
@@ -236,7 +236,7 @@ export const ERROR_CODES = {
     hint: 'Nothing to fix: the operation that needed the connection was stopped.',
   },
 
-  // --- proxy authentication bound to one connection: NTLM, Negotiate (src/dial/ntlm.ts, negotiate.ts) -------------
+  // --- proxy authentication bound to one connection: NTLM, Negotiate (src/dial/auth/ntlm.ts, negotiate.ts) --------
   GW_ERR_DIAL_PROXY_NTLM_CHALLENGE: {
     status: 502,
     summary: "The proxy's NTLM challenge (its Type 2 message) is malformed, out of bounds, or not an NTLM challenge at all; nothing is answered to it.",
@@ -250,11 +250,11 @@ export const ERROR_CODES = {
   GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE: {
     status: 500,
     summary: "The proxy asks for Negotiate (Kerberos) but this installation has no GSSAPI binding (the kerberos npm package, built against the system's libkrb5).",
-    hint: "Install the gateway's Kerberos support (libkrb5 and the kerberos package: see docs/dialing.md), or give credentials for another scheme the proxy offers.",
+    hint: "Install the system's Kerberos library and reinstall the gateway so its kerberos module is built (Debian: apt-get install libkrb5-dev, then reinstall; the .deb depends on libgssapi-krb5-2), or give credentials for another scheme the proxy offers (docs/dialing.md).",
   },
   GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED: {
     status: 502,
-    summary: "No Kerberos token could be made for the proxy's service principal (HTTP@ and the proxy's host name; no ticket or an expired one, no such principal, the KDC unreachable), or the proxy's answer token was refused by GSSAPI.",
+    summary: "No Kerberos token could be made for the proxy's service principal (HTTP@ and the proxy's host name; no credentials cache or keytab, an expired ticket, no such principal, the KDC unreachable), or the proxy's answer token was refused by GSSAPI.",
     hint: "Run kinit (or set KRB5CCNAME to a credential cache, or KRB5_CLIENT_KTNAME to a keytab) and check that the proxy's service principal (HTTP/ and its host name) exists in the realm; the message carries GSSAPI's reason.",
   },
 

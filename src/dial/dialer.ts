@@ -457,7 +457,9 @@ export class Dialer {
         socket.on('readable', onReadable);
         socket.once('end', onEnd);
         socket.once('error', onError);
-        socket.write(buildConnectRequest(target, authorization, this.options.userAgent));
+        // A kept-alive connection the proxy already closed emits nothing more: say so now, not at the deadline.
+        if (socket.destroyed || socket.readableEnded) onEnd();
+        else socket.write(buildConnectRequest(target, authorization, this.options.userAgent));
         return () => {
           detach();
           socket.destroy();

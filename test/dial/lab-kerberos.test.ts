@@ -3,16 +3,21 @@
  * squid asking for Negotiate through negotiate_kerberos_auth, and `curl --proxy-negotiate -U :` with the user's
  * credential cache. When the gateway's Negotiate fails against this lab, the lab is known good.
  *
- * Then src/dial/negotiate.ts with the real GSSAPI binding (the `kerberos` npm package, an optional native module:
- * GW_TEST_KERBEROS_MODULE may name where it is built when it is not in node_modules; without it those tests are
- * skipped, saying so): its token in a hand-made CONNECT, which squid accepts and logs with the principal.
+ * Then the Dialer through the same squid, answering its 407 with Negotiate (src/dial/auth/negotiate.ts) and the
+ * real GSSAPI binding (the `kerberos` npm package, an optional native module: GW_TEST_KERBEROS_MODULE may name
+ * where it is built when it is not in node_modules; without it those tests are skipped, saying so): squid lets the
+ * CONNECT through and logs the principal; no ticket, an expired one, a ticket for another service principal and
+ * one from another realm each end the dial with a stable code.
  */
 import { spawn } from 'node:child_process';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadGssapi, negotiateScheme, type GssapiBinding } from '../../src/dial/negotiate.js';
-import { connectWithScheme, getThroughTunnel } from '../helpers/connauth.js';
+import { loadGssapi, makeNegotiateScheme, type GssapiBinding } from '../../src/dial/auth/negotiate.js';
+import { PROXY_AUTH_SCHEMES } from '../../src/dial/auth/scheme.js';
+import { Dialer } from '../../src/dial/dialer.js';
+import { dialError } from '../helpers/dial.js';
+import { getThroughTunnel, labLookup, WEB_NAME, webHostsFile } from '../helpers/labdial.js';
 import { curl } from '../helpers/curl.js';
 import { startKerberosLab, type KerberosLab } from '../helpers/kerberos.js';
 import { parseAccessLogLine } from '../helpers/squid.js';
@@ -20,12 +25,14 @@ import { parseAccessLogLine } from '../helpers/squid.js';
 let lab: KerberosLab;
 let web: http.Server;
 let target: string;
+let webPort: number;
 
 beforeAll(async () => {
-  lab = await startKerberosLab();
+  lab = await startKerberosLab({ squidConfig: [`hosts_file ${await webHostsFile()}`] });
   web = http.createServer((_req, res) => res.end('behind the kerberos proxy\n'));
   await new Promise<void>((r) => web.listen(0, '127.0.0.3', r));
-  target = `http://127.0.0.3:${(web.address() as AddressInfo).port}/`;
+  webPort = (web.address() as AddressInfo).port;
+  target = `http://127.0.0.3:${webPort}/`;
 }, 60_000);
 
 afterAll(async () => {
@@ -102,7 +109,7 @@ try {
   binding = undefined;
 }
 
-describe.skipIf(!binding)('src/dial/negotiate.ts against the lab (skipped when the kerberos npm package is not installed: see docs/dialing.md)', () => {
+describe.skipIf(!binding)('the Dialer answers the lab with Negotiate (skipped when the kerberos npm package is not installed: see docs/dialing.md)', () => {
   const saved = { ...process.env };
   /** GSSAPI reads the process's environment: point it at the lab's realm and the given credentials. */
   const useEnv = (env: Record<string, string>) => {
@@ -110,16 +117,22 @@ describe.skipIf(!binding)('src/dial/negotiate.ts against the lab (skipped when t
     Object.assign(process.env, env);
   };
   afterAll(() => useEnv({ ...(saved.KRB5_CONFIG ? { KRB5_CONFIG: saved.KRB5_CONFIG } : {}), ...(saved.KRB5CCNAME ? { KRB5CCNAME: saved.KRB5CCNAME } : {}) }));
-  const hostPort = () => target.slice('http://'.length, -1);
+  const webTarget = () => `${WEB_NAME}:${webPort}`;
+  /** A Dialer through the lab's squid by its name (HTTP@proxy.gw.test), with the schemes of PROXY_AUTH_SCHEMES. */
+  const dialer = (proxyUrl = lab.proxyUrl) =>
+    new Dialer({
+      env: { HTTPS_PROXY: proxyUrl },
+      lookup: labLookup,
+      connectTimeoutMs: 5_000,
+      proxyAnswerTimeoutMs: 5_000,
+      authSchemes: PROXY_AUTH_SCHEMES.map((s) => (s.name === 'Negotiate' ? makeNegotiateScheme({ binding }) : s)),
+    });
 
-  it('makes a token for HTTP@proxy.gw.test from the user\'s credential cache; squid lets the CONNECT through', async () => {
+  it("answers the 407 with a token for HTTP@proxy.gw.test from the user's credential cache; squid logs alice", async () => {
     useEnv(lab.env);
-    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme(lab.proxyHost, binding));
-    expect(r.error).toBeUndefined();
-    expect(r.statuses).toEqual([200]);
-    expect(r.sent[0]).toMatch(/^Negotiate YII/); // a SPNEGO initial context token (ASN.1 [APPLICATION 0])
-    expect(await getThroughTunnel(r.tunnel!, hostPort())).toContain('behind the kerberos proxy');
-    const line = await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(` 200 ${lab.user.principal} `));
+    const socket = await dialer().dial(webTarget());
+    expect(await getThroughTunnel(socket, webTarget())).toContain('behind the kerberos proxy');
+    const line = await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(webTarget()) && l.includes(` 200 ${lab.user.principal} `));
     expect(parseAccessLogLine(line).user).toBe('alice@GW.TEST');
   });
 
@@ -127,49 +140,48 @@ describe.skipIf(!binding)('src/dial/negotiate.ts against the lab (skipped when t
     await lab.kadmin('addprinc -randkey agent1');
     await lab.kadmin(`ktadd -k ${lab.dir}/agent1.keytab agent1`);
     useEnv({ KRB5_CONFIG: lab.env.KRB5_CONFIG!, KRB5_CLIENT_KTNAME: `${lab.dir}/agent1.keytab`, KRB5CCNAME: `FILE:${lab.dir}/agent1-cache` });
-    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme(lab.proxyHost, binding));
-    expect(r.statuses).toEqual([200]);
-    r.tunnel!.destroy();
+    (await dialer().dial(webTarget())).destroy();
     await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(` agent1@${lab.realm} `));
   });
 
-  it('without credentials: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED before anything is sent', async () => {
+  it('without credentials: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED, the hint naming kinit', async () => {
     useEnv({ KRB5_CONFIG: lab.env.KRB5_CONFIG!, KRB5CCNAME: `FILE:${lab.dir}/empty-cache` });
-    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme(lab.proxyHost, binding));
-    expect(r.sent).toEqual([]);
-    expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
+    const err = await dialError(dialer(), webTarget());
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED');
+    expect(err.message).toContain('run kinit');
+    expect(err.hint).toContain('kinit');
   });
 
-  it('with an expired ticket: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED saying so, before anything is sent', async () => {
+  it('with an expired ticket: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED saying so, no token sent', async () => {
     useEnv({ ...lab.env, KRB5CCNAME: await expiredCache() });
-    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme(lab.proxyHost, binding));
-    expect(r.sent).toEqual([]);
-    expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
-    expect(String(r.error)).toMatch(/expired/i);
+    const err = await dialError(dialer(), webTarget());
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED');
+    expect(err.message).toMatch(/expired/i);
   });
 
   it('for a proxy name the realm does not know: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED naming the principal', async () => {
     useEnv(lab.env);
-    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme('unknown.gw.test', binding));
-    expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
-    expect(String(r.error)).toContain('HTTP@unknown.gw.test');
+    const err = await dialError(dialer(`http://unknown.gw.test:${lab.squid.port}`), webTarget());
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED');
+    expect(err.message).toContain('HTTP@unknown.gw.test');
   });
 
-  it('a ticket for another service principal is refused by squid: the scheme stops at the bare Negotiate', async () => {
+  it('a ticket for another service principal (the wrong keytab on the proxy) is refused: GW_ERR_DIAL_PROXY_AUTH_REFUSED, once', async () => {
     useEnv(lab.env);
     await lab.kadmin('addprinc -randkey HTTP/elsewhere.gw.test').catch(() => undefined);
-    const r = await connectWithScheme(lab.squid, hostPort(), negotiateScheme('elsewhere.gw.test', binding));
-    expect(r.statuses).toEqual([407]);
-    expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_AUTH_REFUSED' });
+    const err = await dialError(dialer(`http://elsewhere.gw.test:${lab.squid.port}`), webTarget());
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    expect(err.message).toContain('Negotiate');
   });
 
-  it("a lying proxy's continuation token is refused by GSSAPI: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED, nothing more sent", async () => {
-    useEnv(lab.env);
-    const scheme = negotiateScheme(lab.proxyHost, binding);
-    await scheme.first();
-    for (const token of ['oRQwEqADCgEBoQsGCSqGSIb3EgECAg==', Buffer.alloc(64, 0x41).toString('base64')]) {
-      const err = await scheme.next(`Negotiate ${token}`).then(() => undefined, (e: unknown) => e);
-      expect(err).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
+  it('a ticket from another realm (a KDC the proxy does not trust): refused', async () => {
+    const other = await startKerberosLab({ host: '127.0.0.4' });
+    try {
+      useEnv(other.env);
+      const err = await dialError(dialer(), webTarget());
+      expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    } finally {
+      await other.stop();
     }
   });
 });

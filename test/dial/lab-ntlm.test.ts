@@ -2,31 +2,37 @@
  * The NTLM proxy lab (test/helpers/ntlm.ts) proven with curl as the reference client: squid with Samba's
  * ntlm_auth and winbindd over a local account database, and `curl --proxy-ntlm -U 'GWLAB\user:pass'`. The lab's
  * winbind pipe that Debian's libwbclient looks for at a fixed path is handled with a mount namespace (see the helper).
- * Then the gateway's own NTLMv2 encoding (src/dial/ntlm.ts) in a hand-made CONNECT against the same proxy: the
- * three messages on one kept-alive connection, squid lets the tunnel through and logs the account.
+ * Then the Dialer through the same proxy with its NTLM scheme (src/dial/auth/ntlm.ts, NTLMv2 encoded by
+ * ntlmv2.ts): the three messages on one kept-alive connection, squid lets the tunnel through and logs the
+ * account; a wrong password is refused once, and appears in no message and no log line.
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { ntlmCredentials, ntlmScheme } from '../../src/dial/ntlm.js';
-import { connectWithScheme, getThroughTunnel } from '../helpers/connauth.js';
+import { Dialer } from '../../src/dial/dialer.js';
+import { dialError } from '../helpers/dial.js';
+import { getThroughTunnel, labLookup, WEB_NAME, webHostsFile } from '../helpers/labdial.js';
+import { captureLogs } from '../helpers/logs.js';
 import { curl } from '../helpers/curl.js';
 import { startNtlmLab, type NtlmLab } from '../helpers/ntlm.js';
 import { rootSuite } from '../helpers/root.js';
 import { parseAccessLogLine } from '../helpers/squid.js';
 
 const describeAsRoot = rootSuite(['users', 'mountns']);
+const logLines = captureLogs();
 
 describeAsRoot('the NTLM proxy lab, with curl as the client', () => {
   let lab: NtlmLab;
   let web: http.Server;
   let target: string;
+  let webPort: number;
 
   beforeAll(async () => {
-    lab = await startNtlmLab();
+    lab = await startNtlmLab({ squidConfig: [`hosts_file ${await webHostsFile()}`] });
     web = http.createServer((_req, res) => res.end('behind the ntlm proxy\n'));
     await new Promise<void>((r) => web.listen(0, '127.0.0.3', r));
-    target = `http://127.0.0.3:${(web.address() as AddressInfo).port}/`;
+    webPort = (web.address() as AddressInfo).port;
+    target = `http://127.0.0.3:${webPort}/`;
   }, 60_000);
 
   afterAll(async () => {
@@ -59,26 +65,26 @@ describeAsRoot('the NTLM proxy lab, with curl as the client', () => {
     expect(r.stdout).toBe('407');
   });
 
-  const hostPort = () => target.slice('http://'.length, -1);
+  const webTarget = () => `${WEB_NAME}:${webPort}`;
+  const dialer = (userpass: string) =>
+    new Dialer({ env: { HTTPS_PROXY: `http://${userpass}@ntlm.gw.test:${lab.squid.port}` }, lookup: labLookup, connectTimeoutMs: 5_000, proxyAnswerTimeoutMs: 5_000 });
+  const enc = encodeURIComponent;
 
-  it('src/dial/ntlm.ts: Type 1, the challenge, Type 3 on one connection; squid lets the CONNECT through', async () => {
-    const scheme = ntlmScheme(ntlmCredentials(lab.account, lab.user.password));
-    const r = await connectWithScheme(lab.squid, hostPort(), scheme);
-    expect(r.error).toBeUndefined();
-    expect(r.statuses).toEqual([407, 200]);
-    expect(r.sent.map((v) => v.slice(0, 21))).toEqual(['NTLM TlRMTVNTUAABAAAA', 'NTLM TlRMTVNTUAADAAAA']);
-    expect(await getThroughTunnel(r.tunnel!, hostPort())).toContain('behind the ntlm proxy');
-    const line = await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(' 200 ') && l.toLowerCase().includes(lab.user.name));
+  it('the Dialer: Type 1, the challenge, Type 3 on one connection; squid lets the CONNECT through and logs the account', async () => {
+    const socket = await dialer(`${enc(lab.account)}:${enc(lab.user.password)}`).dial(webTarget());
+    expect(await getThroughTunnel(socket, webTarget())).toContain('behind the ntlm proxy');
+    const line = await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(webTarget()) && l.includes(' 200 ') && l.toLowerCase().includes(lab.user.name));
     expect(parseAccessLogLine(line).user?.toLowerCase()).toBe(`${lab.domain}\\${lab.user.name}`.toLowerCase());
   });
 
-  it('src/dial/ntlm.ts: a wrong password is refused, and the scheme does not answer again', async () => {
-    const r = await connectWithScheme(lab.squid, hostPort(), ntlmScheme(ntlmCredentials(lab.account, 'not-the-password')));
-    expect(r.tunnel).toBeUndefined();
-    expect(r.sent).toHaveLength(2);
-    // squid answers the wrong Type 3 with another 407 on the same connection; the scheme refuses to go on.
-    expect(r.statuses).toEqual([407, 407]);
-    expect(r.error).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_AUTH_REFUSED' });
-    expect(String(r.error)).not.toContain('not-the-password');
+  it('the Dialer: a wrong password is refused once (GW_ERR_DIAL_PROXY_AUTH_REFUSED), never in the message or the log', async () => {
+    const before = logLines.length;
+    const err = await dialError(dialer(`${enc(lab.account)}:not-the-password`), webTarget());
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
+    expect(err.message).toContain('NTLM');
+    expect(err.hint).toMatch(/DOMAIN%5Cuser/);
+    const text = `${err.message} ${JSON.stringify(err.details)} ${logLines.slice(before).join('')}`;
+    expect(text).not.toContain('not-the-password');
+    expect(text).not.toMatch(/TlRMTVNT/);
   });
 });

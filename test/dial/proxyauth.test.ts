@@ -8,7 +8,10 @@
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { basicCredentials } from '../../src/dial/auth/basic.js';
+import { basicCredentials, basicScheme } from '../../src/dial/auth/basic.js';
+import { digestScheme } from '../../src/dial/auth/digest.js';
+import { makeNegotiateScheme, type GssapiBinding } from '../../src/dial/auth/negotiate.js';
+import { ntlmScheme } from '../../src/dial/auth/ntlm.js';
 import { PROXY_AUTH_SCHEMES } from '../../src/dial/auth/scheme.js';
 import type { ProxyAuthScheme } from '../../src/dial/auth/types.js';
 import { Dialer, type DialerOptions } from '../../src/dial/dialer.js';
@@ -72,6 +75,8 @@ async function scripted(script: Script): Promise<ScriptedProxy> {
         }
         socket.write(reply.write);
         if (reply.close) {
+          // Nothing more is read from this connection: what a client sends after the close is not a request seen.
+          socket.off('data', onData);
           socket.end();
           return;
         }
@@ -102,9 +107,27 @@ function challenge(headers: string[], extra: string[] = [], version = '1.1'): st
 const DIGEST = (nonce = randomBytes(8).toString('hex'), more = '') => `Digest realm="corp", nonce="${nonce}", qop="auth"${more}`;
 const BASIC = 'Basic realm="corp"';
 
+/** The schemes of PROXY_AUTH_SCHEMES, with a Negotiate that has no kerberos module whatever this machine has. */
+const SCHEMES = PROXY_AUTH_SCHEMES.map((s) => (s.name === 'Negotiate' ? makeNegotiateScheme({ binding: '/nonexistent/kerberos' }) : s));
+
 function dialer(url: string, options: DialerOptions = {}): Dialer {
-  return new Dialer({ env: { HTTPS_PROXY: url }, connectTimeoutMs: 5_000, proxyAnswerTimeoutMs: 5_000, ...options });
+  return new Dialer({ env: { HTTPS_PROXY: url }, connectTimeoutMs: 5_000, proxyAnswerTimeoutMs: 5_000, authSchemes: SCHEMES, ...options });
 }
+
+/** A GSSAPI stand-in: Negotiate's can() then looks only at the credentials. */
+const fakeGssapi: GssapiBinding = {
+  GSS_MECH_OID_SPNEGO: 6,
+  GSS_C_MUTUAL_FLAG: 2,
+  GSS_C_SEQUENCE_FLAG: 8,
+  initializeClient: async () => ({ contextComplete: false, step: async () => 'YIIB' }),
+};
+
+/** MS-NLMP 4.2.4.3's CHALLENGE_MESSAGE (its NTLMv2 example), base64. */
+const NTLM_TYPE2 = Buffer.from(
+  '4e544c4d53535000020000000c000c003800000033828ae20123456789abcdef00000000000000002400240044000000060070170000000f' +
+    '53006500720076006500720002000c0044006f006d00610069006e0001000c0053006500720076006500720000000000',
+  'hex',
+).toString('base64');
 
 async function roundTrip(socket: net.Socket): Promise<string> {
   const got = new Promise<string>((resolve) => socket.once('data', (c: Buffer) => resolve(c.toString())));
@@ -127,8 +150,8 @@ describe('choosing the scheme', () => {
     expect(p.seen.map((s) => s.conn)).toEqual([0, 0]);
   });
 
-  it('several challenges in one header, Digest among them', async () => {
-    const p = await scripted((n) => (n === 0 ? { write: challenge([`Negotiate, ${BASIC}, ${DIGEST()}, NTLM`]) } : 'tunnel'));
+  it('several challenges in one header, Digest the strongest this client can do (no Kerberos module, user alice without a domain is NTLM\'s too)', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge([`Negotiate, ${BASIC}, ${DIGEST()}`]) } : 'tunnel'));
     await roundTrip(await dialer(p.url).dial(TARGET));
     expect(scheme(p.seen[1]!.authorization)).toBe('Digest');
     expect(p.seen[1]!.authorization).toContain(`username="${USER}"`);
@@ -199,12 +222,52 @@ describe("curl's traps", () => {
     expect(p.seen.map((s) => s.authorization)).toEqual([undefined, 'Twostep step1']);
   });
 
-  it('a connection-bound scheme whose second step meets Connection: close ends with a clear error, no re-dial', async () => {
+  it('a connection-bound scheme whose second step meets Connection: close starts over from its first step on a new connection', async () => {
+    const p = await scripted((n) =>
+      n === 0 ? { write: challenge(['Twostep']) } : n === 1 ? { write: challenge(['Twostep abc='], ['Connection: close']), close: true } : n === 2 ? { write: challenge(['Twostep abc=']) } : 'tunnel',
+    );
+    expect(await roundTrip(await dialer(p.url, { authSchemes: [twoStep()] }).dial(TARGET))).toBe('ping');
+    expect(p.seen.map((s) => [s.conn, s.authorization])).toEqual([
+      [0, undefined],
+      [0, 'Twostep step1'],
+      [1, 'Twostep step1'],
+      [1, 'Twostep step2'],
+    ]);
+  });
+
+  it('... and when the proxy closes the new connection midway too: a clear error, no third connection', async () => {
     const p = await scripted((n) => (n === 0 ? { write: challenge(['Twostep']) } : { write: challenge(['Twostep abc='], ['Connection: close']), close: true }));
     const err = await dialError(dialer(p.url, { authSchemes: [twoStep()] }));
     expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_REFUSED');
     expect(err.message).toMatch(/closed the connection in the middle of the Twostep handshake/);
-    expect(p.seen).toHaveLength(2);
+    expect(p.seen.map((s) => s.conn)).toEqual([0, 0, 1]);
+  });
+
+  it('a kept-alive connection closed silently after a 407 (no Connection: close): one re-dial that goes on with the handshake', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge([DIGEST()]), close: true } : 'tunnel'));
+    expect(await roundTrip(await dialer(p.url).dial(TARGET))).toBe('ping');
+    expect(p.seen.map((s) => [s.conn, scheme(s.authorization)])).toEqual([
+      [0, undefined],
+      [1, 'Digest'],
+    ]);
+  });
+
+  it('a connection-bound scheme whose connection is closed silently after its challenge starts over on the re-dial', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge(['Twostep']) } : n === 1 ? { write: challenge(['Twostep abc=']), close: true } : n === 2 ? { write: challenge(['Twostep abc=']) } : 'tunnel'));
+    expect(await roundTrip(await dialer(p.url, { authSchemes: [twoStep()] }).dial(TARGET))).toBe('ping');
+    expect(p.seen.map((s) => [s.conn, s.authorization])).toEqual([
+      [0, undefined],
+      [0, 'Twostep step1'],
+      [1, 'Twostep step1'],
+      [1, 'Twostep step2'],
+    ]);
+  });
+
+  it('silent closes after every 407: one re-dial only, then GW_ERR_DIAL_PROXY_CLOSED', async () => {
+    const p = await scripted(() => ({ write: challenge(['Twostep abc=']), close: true }));
+    const err = await dialError(dialer(p.url, { authSchemes: [twoStep(Infinity)] }));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_CLOSED');
+    expect(p.seen.map((s) => s.conn)).toEqual([0, 1]);
   });
 
   it('a challenge loop ends after 4 answers with GW_ERR_DIAL_PROXY_AUTH_LOOP', async () => {
@@ -242,13 +305,61 @@ describe("curl's traps", () => {
 });
 
 describe('407s this client cannot answer', () => {
-  it('only Negotiate and NTLM: GW_ERR_DIAL_PROXY_AUTH_UNSUPPORTED listing what was offered', async () => {
-    const p = await scripted(() => ({ write: challenge(['Negotiate', 'NTLM']) }));
+  it('only Negotiate, and no kerberos module: GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE naming the fix, nothing sent', async () => {
+    const p = await scripted(() => ({ write: challenge(['Negotiate']) }));
     const err = await dialError(dialer(p.url));
-    expect(err.code).toBe('GW_ERR_DIAL_PROXY_AUTH_UNSUPPORTED');
-    expect(err.message).toContain('offers Negotiate, NTLM, none of which this client can answer');
-    expect(err.details.offered).toEqual(['Negotiate', 'NTLM']);
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE');
+    expect(err.message).toContain('apt-get install libkrb5-dev');
+    expect(err.details.offered).toEqual(['Negotiate']);
     expect(p.seen).toHaveLength(1);
+  });
+
+  it('only Negotiate, and no Kerberos credentials: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED, the hint naming kinit', async () => {
+    const p = await scripted(() => ({ write: challenge(['Negotiate']) }));
+    const noTicket = makeNegotiateScheme({ binding: fakeGssapi, env: { KRB5CCNAME: 'FILE:/nonexistent/ccache' } });
+    const err = await dialError(dialer(p.url, { authSchemes: [noTicket] }));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED');
+    expect(err.hint).toContain('kinit');
+    expect(p.seen).toHaveLength(1);
+  });
+
+  it('Negotiate and NTLM offered, no Kerberos credentials: NTLM with the URL\'s account, Negotiate never tried', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge(['Negotiate', 'NTLM']) } : n === 1 ? { write: challenge([`NTLM ${NTLM_TYPE2}`]) } : 'tunnel'));
+    const noTicket = makeNegotiateScheme({ binding: fakeGssapi, env: { KRB5CCNAME: 'FILE:/nonexistent/ccache' } });
+    await roundTrip(await dialer(p.url, { authSchemes: [noTicket, ntlmScheme, digestScheme, basicScheme] }).dial(TARGET));
+    expect(p.seen.map((s) => [s.conn, s.authorization?.slice(0, 21)])).toEqual([
+      [0, undefined],
+      [0, 'NTLM TlRMTVNTUAABAAAA'],
+      [0, 'NTLM TlRMTVNTUAADAAAA'],
+    ]);
+  });
+
+  it('a proxy that answers 200 to NTLM\'s Type 1 has opened the tunnel: no Type 3 is computed or sent', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge(['NTLM']) } : 'tunnel'));
+    expect(await roundTrip(await dialer(p.url).dial(TARGET))).toBe('ping');
+    expect(p.seen.map((s) => s.authorization?.slice(0, 21))).toEqual([undefined, 'NTLM TlRMTVNTUAABAAAA']);
+  });
+
+  it('NTLM: a proxy that closes after its Type 2 (Connection: close) gets Type 1 again on a new connection', async () => {
+    const p = await scripted((n) =>
+      n === 0 ? { write: challenge(['NTLM']) } : n === 1 ? { write: challenge([`NTLM ${NTLM_TYPE2}`], ['Connection: close']), close: true } : n === 2 ? { write: challenge([`NTLM ${NTLM_TYPE2}`]) } : 'tunnel',
+    );
+    await roundTrip(await dialer(p.url).dial(TARGET));
+    expect(p.seen.map((s) => [s.conn, s.authorization?.slice(0, 21)])).toEqual([
+      [0, undefined],
+      [0, 'NTLM TlRMTVNTUAABAAAA'],
+      [1, 'NTLM TlRMTVNTUAABAAAA'],
+      [1, 'NTLM TlRMTVNTUAADAAAA'],
+    ]);
+  });
+
+  it('NTLM: a lying Type 2 (a field outside the message) is GW_ERR_DIAL_PROXY_NTLM_CHALLENGE, nothing computed from the password is sent', async () => {
+    const liar = Buffer.from(NTLM_TYPE2, 'base64');
+    liar.writeUInt32LE(0xfff0, 16); // the target name's offset, far outside
+    const p = await scripted((n) => (n === 0 ? { write: challenge(['NTLM']) } : { write: challenge([`NTLM ${liar.toString('base64')}`]) }));
+    const err = await dialError(dialer(p.url));
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_NTLM_CHALLENGE');
+    expect(p.seen).toHaveLength(2);
   });
 
   it('Digest with an algorithm it does not know: unsupported, and says why', async () => {

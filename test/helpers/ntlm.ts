@@ -114,7 +114,7 @@ export function ntlmSquidConfig(conf: string): string[] {
   ];
 }
 
-export async function startNtlmLab(o: { host?: string } = {}): Promise<NtlmLab> {
+export async function startNtlmLab(o: { host?: string; squidConfig?: string[]; clients?: string[] } = {}): Promise<NtlmLab> {
   const dir = await mkdtemp(join(tmpdir(), 'gw-ntlm-'));
   const user = { name: `gwntlm${randomBytes(3).toString('hex')}`, password: `Ntlm-${randomBytes(6).toString('hex')}` };
   const steps: Array<() => Promise<unknown>> = [() => rm(dir, { recursive: true, force: true })];
@@ -148,7 +148,7 @@ export async function startNtlmLab(o: { host?: string } = {}): Promise<NtlmLab> 
     await chmod(dir, 0o755);
     if (owner) await chown(join(dir, 'state', 'winbindd_privileged'), 0, owner.gid);
     const launcher = ['nsenter', '-t', String(winbindd.pid), '-m', '--'];
-    const squid = await startSquid({ host: o.host, launcher, extraConfig: ntlmSquidConfig(conf) });
+    const squid = await startSquid({ host: o.host, launcher, ...(o.clients ? { clients: o.clients } : {}), extraConfig: [...ntlmSquidConfig(conf), ...(o.squidConfig ?? [])] });
     steps.push(() => squid.stop());
     return { dir, squid, domain: NTLM_DOMAIN, user, account: `${NTLM_DOMAIN}\\${user.name}`, stop };
   } catch (err) {

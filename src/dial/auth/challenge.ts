@@ -151,3 +151,15 @@ export function offeredSchemes(challenges: readonly Challenge[]): string[] {
   for (const c of challenges) if (!seen.has(c.key)) seen.set(c.key, c.scheme);
   return [...seen.values()];
 }
+
+const BASE64 = /^[A-Za-z0-9+/]+={0,2}$/;
+
+/**
+ * The token of a Negotiate or NTLM challenge: undefined for the bare scheme name, null when what follows is not a
+ * strict base64 token68 (Buffer.from would skip junk), is auth-params, or is longer than `maxLength` characters.
+ */
+export function base64Token(c: Challenge, maxLength: number): string | undefined | null {
+  if (c.token68 === undefined) return c.params.size === 0 ? undefined : null;
+  const t = c.token68;
+  return t.length <= maxLength && t.length % 4 === 0 && BASE64.test(t) ? t : null;
+}

@@ -1,7 +1,9 @@
 /**
  * The CONNECT handshake with proxy authentication: send CONNECT, and while the proxy answers 407, answer its
  * challenges with the scheme scheme.ts chooses, on the same connection when the proxy keeps it alive, on a new one
- * when it closes it (curl's trap: a 407 with Connection: close). Rules it keeps (docs/dialing.md):
+ * when it closes it (curl's trap: a 407 with Connection: close; and once, a kept-alive connection closed silently
+ * after its 407). NTLM and Negotiate authenticate one connection: when it closes midway they start over from their
+ * first message on a new one, MAX_RESTARTS times. Rules it keeps (docs/dialing.md):
  *  - nothing secret before the proxy asks, except Basic to a proxy that asked for Basic on an earlier dial;
  *  - the scheme chosen on the first 407 stays for the whole dial: never a weaker one later, even when a later 407
  *    offers only a weaker one (a lying proxy fishing for a password in clear);
@@ -11,7 +13,7 @@
  * The I/O (connections, the exchange of one CONNECT) is the Dialer's, given as ProxyIo.
  */
 import type net from 'node:net';
-import { GatewayError } from '../../errors.js';
+import { GatewayError, type ErrorCode } from '../../errors.js';
 import type { Logger } from '../../log.js';
 import { headerValue, type ConnectResponse } from '../connect.js';
 import type { ProxySpec } from '../select.js';
@@ -58,41 +60,96 @@ interface Active {
   preemptive: boolean;
 }
 
+/** The state of one dial: its current connection, and the scheme answering (if any) with its next answer. */
+interface Dial {
+  socket: net.Socket;
+  /** Answers read on this connection (0: a new one). */
+  exchanges: number;
+  active?: Active;
+  authorization?: string;
+  /** Times a connection-bound scheme started over on a new connection (at most MAX_RESTARTS). */
+  restarts: number;
+  /** Whether the one re-dial after a silent close was spent. */
+  redialed: boolean;
+}
+
+/**
+ * How many times a connection-bound scheme (NTLM, Negotiate) starts over from its first message on a new connection
+ * when the proxy closes the one its handshake was on; then GW_ERR_DIAL_PROXY_AUTH_REFUSED.
+ */
+export const MAX_RESTARTS = 1;
+
 /** Runs the handshake; resolves with the connection that carries the tunnel, and the scheme that got it (if any). */
 export async function connectThroughProxy(io: ProxyIo, hc: HandshakeContext): Promise<{ socket: net.Socket; scheme?: ProxyAuthScheme }> {
-  let socket = await io.open();
+  const d: Dial = { socket: await io.open(), exchanges: 0, restarts: 0, redialed: false };
   try {
-    let active: Active | undefined;
-    let authorization: string | undefined;
     if (hc.remembered?.preemptive && hc.remembered.can(hc.proxy).ok) {
-      active = { scheme: hc.remembered, session: hc.remembered.start(hc.proxy, hc.request), sentHere: 0, preemptive: true };
-      authorization = await active.session.respond([]);
-      hc.log.debug({ proxy: hc.proxy.display, scheme: active.scheme.name }, 'answering the proxy pre-emptively, as it asked on an earlier dial');
+      d.active = { scheme: hc.remembered, session: hc.remembered.start(hc.proxy, hc.request), sentHere: 0, preemptive: true };
+      d.authorization = await d.active.session.respond([]);
+      hc.log.debug({ proxy: hc.proxy.display, scheme: d.active.scheme.name }, 'answering the proxy pre-emptively, as it asked on an earlier dial');
     }
     for (let round = 0; ; round++) {
-      if (active && authorization !== undefined) active.sentHere++;
-      const answer = await io.exchange(socket, authorization);
+      const answer = await exchange(io, hc, d);
       const res = answer.response;
-      if (res.statusCode >= 200 && res.statusCode < 300) return { socket, ...(active ? { scheme: active.scheme } : {}) };
+      if (res.statusCode >= 200 && res.statusCode < 300) return { socket: d.socket, ...(d.active ? { scheme: d.active.scheme } : {}) };
       if (res.statusCode !== 407) throw io.refusal(res);
-      if (round >= MAX_AUTH_ROUNDS) throw loopError(hc, res, active);
+      if (round >= MAX_AUTH_ROUNDS) throw loopError(hc, res, d.active);
       const challenges = challengesOf(res, hc);
-      active = pickScheme(challenges, active, hc, res);
-      authorization = await active.session.respond(challenges.filter((c) => c.key === active!.scheme.name.toLowerCase()));
-      if (authorization === undefined) throw refused(hc, res, active.scheme);
+      const active = pickScheme(challenges, d.active, hc, res);
+      d.active = active;
+      d.authorization = await active.session.respond(challenges.filter((c) => c.key === active.scheme.name.toLowerCase()));
+      if (d.authorization === undefined) throw refused(hc, res, active.scheme);
       hc.log.debug({ proxy: hc.proxy.display, offered: offeredSchemes(challenges), scheme: active.scheme.name, round: round + 1 }, 'answering the proxy\'s challenge');
       if (!answer.reusable) {
-        if (active.scheme.connectionBound && active.sentHere > 0) throw closedMidway(hc, res, active.scheme);
+        if (active.scheme.connectionBound && active.sentHere > 0 && d.restarts++ >= MAX_RESTARTS) throw closedMidway(hc, res, active.scheme);
         hc.log.debug({ proxy: hc.proxy.display }, 'the proxy closes the connection after its 407: continuing on a new one');
-        socket.destroy();
-        socket = await io.open();
-        active.sentHere = 0;
+        await newConnection(io, hc, d);
       }
     }
   } catch (err) {
-    socket.destroy();
+    d.socket.destroy();
     throw err;
   }
+}
+
+/**
+ * Sends the dial's next CONNECT on its connection. curl's trap: a proxy that closes a kept-alive connection right
+ * after its 407 without saying so (no Connection: close) gets one re-dial per dial that continues the handshake;
+ * the first answer on a new connection failing is the proxy's failure, not a trap.
+ */
+async function exchange(io: ProxyIo, hc: HandshakeContext, d: Dial): Promise<ProxyAnswer> {
+  if (d.active && d.authorization !== undefined) d.active.sentHere++;
+  try {
+    const answer = await io.exchange(d.socket, d.authorization);
+    d.exchanges++;
+    return answer;
+  } catch (err) {
+    if (!(err instanceof GatewayError) || err.code !== 'GW_ERR_DIAL_PROXY_CLOSED' || d.exchanges === 0 || d.redialed) throw err;
+    d.redialed = true;
+    hc.log.debug({ proxy: hc.proxy.display }, 'the proxy closed the kept-alive connection after its 407 without saying so: once more on a new one');
+    await newConnection(io, hc, d);
+    return exchange(io, hc, d);
+  }
+}
+
+/**
+ * Moves the dial to a new connection. A connection-bound scheme that sent something on the old one starts a new
+ * session from its first message (its steps there are lost with the connection); another scheme sends on the new
+ * connection what it was about to send.
+ */
+async function newConnection(io: ProxyIo, hc: HandshakeContext, d: Dial): Promise<void> {
+  d.socket.destroy();
+  d.socket = await io.open();
+  d.exchanges = 0;
+  const active = d.active;
+  if (!active) return;
+  if (!active.scheme.connectionBound || active.sentHere === 0) {
+    active.sentHere = 0;
+    return;
+  }
+  hc.log.debug({ proxy: hc.proxy.display, scheme: active.scheme.name }, 'starting the handshake over on the new connection');
+  d.active = { scheme: active.scheme, session: active.scheme.start(hc.proxy, hc.request), sentHere: 0, preemptive: false };
+  d.authorization = await d.active.session.respond([]);
 }
 
 function challengesOf(res: ConnectResponse, hc: HandshakeContext): Challenge[] {
@@ -119,7 +176,7 @@ function pickScheme(challenges: Challenge[], active: Active | undefined, hc: Han
     throw refused(hc, res, active.scheme, ` and then offered ${offered.length > 0 ? offered.join(', ') : 'nothing'} instead`);
   }
   const choice = chooseScheme(challenges, hc.proxy, hc.schemes ?? PROXY_AUTH_SCHEMES);
-  if (choice.scheme === undefined) throw noScheme(hc, res, choice.offered, choice.declined);
+  if (choice.scheme === undefined) throw noScheme(hc, res, choice);
   if (active) {
     // A pre-emptive answer met a 407: the same scheme again means those credentials were refused (its session
     // has nothing more to say); a stronger one starts afresh; a weaker one is never taken.
@@ -133,16 +190,23 @@ function status(res: ConnectResponse): string {
   return `${res.statusCode}${res.reason ? ` ${res.reason}` : ''}`;
 }
 
-function noScheme(hc: HandshakeContext, res: ConnectResponse, offered: string[], declined: string[]): GatewayError {
+function noScheme(hc: HandshakeContext, res: ConnectResponse, choice: { offered: string[]; declined: string[]; code?: ErrorCode }): GatewayError {
+  const { offered, declined } = choice;
   const what = offered.length > 0 ? offered.join(', ') : 'no scheme (no Proxy-Authenticate header)';
   const details = { ...hc.details, status: 407, offered };
   const where = `CONNECT ${hc.request.uri}`;
+  const why = declined.length > 0 ? ` (${declined.join('; ')})` : '';
+  // A scheme that says which error its "cannot" is (Negotiate without its module or without a ticket) names the fix.
+  if (choice.code) {
+    return new GatewayError(choice.code, `${hc.context} requires authentication for ${where} and offers ${what}, none of which this client can answer${why}`, {
+      details,
+    });
+  }
   if (hc.proxy.username === undefined && offered.length > 0 && declined.length > 0) {
     return new GatewayError('GW_ERR_DIAL_PROXY_AUTH_REQUIRED', `${hc.context} requires authentication for ${where}: ${status(res)}; it offers ${what}`, {
       details,
     });
   }
-  const why = declined.length > 0 ? ` (${declined.join('; ')})` : '';
   return new GatewayError(
     'GW_ERR_DIAL_PROXY_AUTH_UNSUPPORTED',
     `${hc.context} requires authentication for ${where} and offers ${what}, none of which this client can answer${why}`,

@@ -1,23 +1,26 @@
 /**
  * What a proxy authentication scheme is to the Dialer, and the one place that decides which scheme answers a 407
  * (as curl's --proxy-anyauth): the strongest scheme the proxy offered that this client can do, never a weaker
- * one. Each scheme is one file of src/dial/auth/ (basic.ts, digest.ts; Negotiate and NTLM plug in the same way)
- * and one entry of PROXY_AUTH_SCHEMES. docs/dialing.md, "Proxy authentication", says it for operators.
+ * one. Each scheme is one file of src/dial/auth/ (negotiate.ts, ntlm.ts, digest.ts, basic.ts) and one entry of
+ * PROXY_AUTH_SCHEMES. docs/dialing.md, "Proxy authentication", says it for operators.
  */
+import type { ErrorCode } from '../../errors.js';
 import type { ProxySpec } from '../select.js';
 import { basicScheme } from './basic.js';
 import type { Challenge } from './challenge.js';
 import { digestScheme } from './digest.js';
+import { negotiateScheme } from './negotiate.js';
+import { ntlmScheme } from './ntlm.js';
 import type { ProxyAuthScheme } from './types.js';
 
 export type { AuthAbility, AuthRequest, AuthSession, ProxyAuthScheme } from './types.js';
 
 /** Every scheme the Dialer knows, strongest first. */
-export const PROXY_AUTH_SCHEMES: readonly ProxyAuthScheme[] = [digestScheme, basicScheme].sort((a, b) => b.strength - a.strength);
+export const PROXY_AUTH_SCHEMES: readonly ProxyAuthScheme[] = [negotiateScheme, ntlmScheme, digestScheme, basicScheme].sort((a, b) => b.strength - a.strength);
 
 export type AuthChoice =
   | { scheme: ProxyAuthScheme; challenges: Challenge[] }
-  | { scheme: undefined; offered: string[]; declined: string[] };
+  | { scheme: undefined; offered: string[]; declined: string[]; code?: ErrorCode };
 
 /**
  * The strongest scheme among `challenges` that this client can do for `proxy`, with its challenges; or none, with
@@ -29,12 +32,14 @@ export function chooseScheme(
   schemes: readonly ProxyAuthScheme[] = PROXY_AUTH_SCHEMES,
 ): AuthChoice {
   const declined: string[] = [];
+  let code: ErrorCode | undefined;
   for (const scheme of [...schemes].sort((a, b) => b.strength - a.strength)) {
     const mine = challenges.filter((c) => c.key === scheme.name.toLowerCase());
     if (mine.length === 0) continue;
     const ability = scheme.can(proxy);
     if (!ability.ok) {
       declined.push(`${scheme.name}: ${ability.why}`);
+      code ??= ability.code;
       continue;
     }
     const usable = mine.filter((c) => scheme.accepts(c));
@@ -45,7 +50,7 @@ export function chooseScheme(
     return { scheme, challenges: usable };
   }
   const offered = [...new Map(challenges.map((c) => [c.key, c.scheme])).values()];
-  return { scheme: undefined, offered, declined };
+  return { scheme: undefined, offered, declined, ...(code ? { code } : {}) };
 }
 
 /** The parameters that decide whether a challenge can be answered, never a nonce or a token. */

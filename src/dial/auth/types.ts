@@ -1,9 +1,10 @@
 /**
  * What a proxy authentication scheme is to the Dialer: a name, a strength, whether this client can do it for a
  * proxy URL (can), which challenges it can answer (accepts), and a session that turns the proxy's challenges into
- * Proxy-Authorization values, step by step. One file per scheme implements it (basic.ts, digest.ts; Negotiate and
- * NTLM plug in the same way); scheme.ts lists them and chooses.
+ * Proxy-Authorization values, step by step. One file per scheme implements it (basic.ts, digest.ts, ntlm.ts,
+ * negotiate.ts); scheme.ts lists them and chooses.
  */
+import type { ErrorCode } from '../../errors.js';
 import type { ProxySpec } from '../select.js';
 import type { Challenge } from './challenge.js';
 
@@ -14,15 +15,19 @@ export interface AuthRequest {
   uri: string;
 }
 
-/** Can this client answer the scheme for this proxy, and why (or why not): `gateway dial-plan` prints `why`. */
-export type AuthAbility = { ok: true; why: string } | { ok: false; why: string };
+/**
+ * Can this client answer the scheme for this proxy, and why (or why not): `gateway dial-plan` prints `why`. A
+ * `code` names the error a dial fails with when the proxy offers nothing else this client can answer (Negotiate
+ * without its module: GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE), instead of the generic "no scheme".
+ */
+export type AuthAbility = { ok: true; why: string } | { ok: false; why: string; code?: ErrorCode };
 
 /** One handshake of one scheme, for one CONNECT (across the connections it may take). */
 export interface AuthSession {
   /**
    * The next Proxy-Authorization value, given this scheme's challenges in the proxy's latest 407 (empty for a
-   * pre-emptive first message), or undefined when the scheme has nothing more to say: the proxy refused what was
-   * sent. Never logs what it returns.
+   * pre-emptive first message, or a connection-bound scheme's first message on a new connection), or undefined when
+   * the scheme has nothing more to say: the proxy refused what was sent. Never logs what it returns.
    */
   respond(challenges: readonly Challenge[]): Promise<string | undefined>;
 }
@@ -33,8 +38,9 @@ export interface ProxyAuthScheme {
   /** Higher is stronger: Negotiate 40 > NTLM 30 > Digest 20 > Basic 10. */
   readonly strength: number;
   /**
-   * The steps must share one kept-alive connection (NTLM authenticates the connection, not the request): a 407
-   * that closes the connection in the middle of the handshake ends it, where other schemes re-dial and continue.
+   * The steps must share one kept-alive connection (NTLM and Negotiate authenticate the connection, not the
+   * request): when the connection closes in the middle of the handshake, a new session starts from its first
+   * message on a new connection (bounded), where other schemes re-dial and continue.
    */
   readonly connectionBound: boolean;
   /** May be sent before any challenge, to a proxy that asked for this scheme on an earlier dial (Basic). */

@@ -8,6 +8,8 @@ import { basicScheme } from '../../../src/dial/auth/basic.js';
 import { parseChallenges } from '../../../src/dial/auth/challenge.js';
 import { digestScheme } from '../../../src/dial/auth/digest.js';
 import { chooseScheme, describeProxyAuth, PROXY_AUTH_SCHEMES } from '../../../src/dial/auth/scheme.js';
+import { makeNegotiateScheme } from '../../../src/dial/auth/negotiate.js';
+import { ntlmScheme } from '../../../src/dial/auth/ntlm.js';
 import type { ProxyAuthScheme } from '../../../src/dial/auth/types.js';
 import type { ProxySpec } from '../../../src/dial/select.js';
 
@@ -15,7 +17,10 @@ const withUser: ProxySpec = { protocol: 'http', host: 'squid', port: 3128, usern
 const anonymous: ProxySpec = { ...withUser, username: undefined, password: undefined, display: 'http://squid:3128' };
 const DIGEST = 'Digest realm="r", nonce="n", qop="auth"';
 
-/** A stand-in for the Negotiate scheme another part adds: the strongest, and needs no URL credentials. */
+/** Negotiate on a machine without the kerberos module. */
+const noModule = makeNegotiateScheme({ binding: '/nonexistent/kerberos' });
+
+/** A stand-in for a Negotiate that can: the strongest, and needs no URL credentials. */
 const negotiate: ProxyAuthScheme = {
   name: 'Negotiate',
   strength: 40,
@@ -27,8 +32,8 @@ const negotiate: ProxyAuthScheme = {
 };
 
 describe('chooseScheme', () => {
-  it('lists Digest before Basic', () => {
-    expect(PROXY_AUTH_SCHEMES.map((s) => s.name)).toEqual(['Digest', 'Basic']);
+  it('lists Negotiate, NTLM, Digest, Basic: strongest first', () => {
+    expect(PROXY_AUTH_SCHEMES.map((s) => s.name)).toEqual(['Negotiate', 'NTLM', 'Digest', 'Basic']);
   });
 
   it.each([[['Basic realm=r', DIGEST]], [[DIGEST, 'Basic realm=r']], [[`Basic realm=r, ${DIGEST}`]]])('Digest over Basic in %j', (headers) => {
@@ -49,19 +54,31 @@ describe('chooseScheme', () => {
   });
 
   it('none: what was offered, and why each known scheme was declined', () => {
-    const choice = chooseScheme(parseChallenges(['Negotiate', DIGEST, 'Basic realm=r']), anonymous);
+    const choice = chooseScheme(parseChallenges([DIGEST, 'Basic realm=r']), anonymous);
     expect(choice).toEqual({
       scheme: undefined,
-      offered: ['Negotiate', 'Digest', 'Basic'],
+      offered: ['Digest', 'Basic'],
       declined: ['Digest: needs user:password in the proxy URL', 'Basic: needs user:password in the proxy URL'],
     });
+  });
+
+  it("none, with Negotiate declined for want of its module: that scheme's code, so the error names the fix", () => {
+    const choice = chooseScheme(parseChallenges(['Negotiate', DIGEST]), anonymous, [noModule, ntlmScheme, digestScheme, basicScheme]);
+    expect(choice).toMatchObject({ scheme: undefined, code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE' });
+  });
+
+  it('NTLM over Digest and Basic with a user in the URL (no domain: the proxy picks it)', () => {
+    const schemes = [noModule, ntlmScheme, digestScheme, basicScheme];
+    expect(chooseScheme(parseChallenges(['Basic realm=r', DIGEST, 'NTLM', 'Negotiate']), withUser, schemes).scheme).toBe(ntlmScheme);
   });
 });
 
 describe('describeProxyAuth', () => {
   it('with credentials: Digest, Basic; without: none, and why', () => {
-    expect(describeProxyAuth(withUser).schemes).toEqual(['Digest', 'Basic']);
-    const none = describeProxyAuth(anonymous);
+    const schemes = [noModule, ntlmScheme, digestScheme, basicScheme];
+    expect(describeProxyAuth(withUser, schemes).schemes).toEqual(['NTLM', 'Digest', 'Basic']);
+    expect(describeProxyAuth(withUser, schemes).reason).toContain('Negotiate: the kerberos module cannot be loaded');
+    const none = describeProxyAuth(anonymous, schemes);
     expect(none.schemes).toEqual([]);
     expect(none.reason).toMatch(/^answers no authentication challenge/);
     expect(describeProxyAuth(anonymous, [negotiate, ...PROXY_AUTH_SCHEMES]).schemes).toEqual(['Negotiate']);

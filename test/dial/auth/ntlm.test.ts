@@ -1,16 +1,19 @@
 /**
- * NTLMv2 message encoding (src/dial/ntlm.ts) and MD4 (src/dial/md4.ts) against published test vectors: RFC 1320's
+ * NTLMv2 message encoding (src/dial/auth/ntlmv2.ts), MD4 (src/dial/auth/md4.ts) and the NTLM scheme's steps
+ * (src/dial/auth/ntlm.ts) against published test vectors: RFC 1320's
  * MD4 suite and MS-NLMP's NTLMv2 example (section 4.2.4: user "User", domain "Domain", password "Password",
  * server challenge 0123456789abcdef, client challenge aa*8, time 0). The hostile challenges a lying proxy could
- * send each get GW_ERR_DIAL_PROXY_NTLM_CHALLENGE and no answer. The real-server check is test/dial/lab-ntlm-client.test.ts.
+ * send each get GW_ERR_DIAL_PROXY_NTLM_CHALLENGE and no answer. The real-server check is test/dial/lab-ntlm.test.ts.
  */
 import { describe, expect, it } from 'vitest';
-import { md4 } from '../../src/dial/md4.js';
+import { base64Token, parseChallenges } from '../../../src/dial/auth/challenge.js';
+import { md4 } from '../../../src/dial/auth/md4.js';
+import { ntlmScheme, ntlmSession } from '../../../src/dial/auth/ntlm.js';
 import {
-  encodeAuthenticate, encodeNegotiate, MAX_AV_PAIRS, ntlmCredentials, ntlmScheme, ntlmv2Responses, ntowfv2, parseChallenge,
-} from '../../src/dial/ntlm.js';
-import { schemeToken } from '../../src/dial/connauth.js';
-import { codeOfSync } from '../helpers/errors.js';
+  encodeAuthenticate, encodeNegotiate, MAX_AV_PAIRS, ntlmCredentials, ntlmv2Responses, ntowfv2, parseChallenge,
+} from '../../../src/dial/auth/ntlmv2.js';
+import type { ProxySpec } from '../../../src/dial/select.js';
+import { codeOfSync } from '../../helpers/errors.js';
 
 const hex = (s: string) => Buffer.from(s.replace(/\s+/g, ''), 'hex');
 
@@ -130,30 +133,50 @@ describe('the NTLM scheme on one connection', () => {
     expect(codeOfSync(() => ntlmCredentials('DOM\\u', 'x'.repeat(513)))).toBe('GW_ERR_DIAL_PROXY_NTLM_CREDENTIALS');
   });
 
-  it('sends Type 1, answers the challenge with Type 3, and takes a second challenge as a refusal (no loop)', async () => {
-    const s = ntlmScheme(creds, { clientChallenge: Buffer.alloc(8, 0xaa), time: Buffer.alloc(8) });
-    expect(s.name).toBe('NTLM');
-    expect(await s.first()).toMatch(/^NTLM TlRMTVNTUAABAAAA/);
-    const answer = await s.next(`NTLM ${SPEC_CHALLENGE.toString('base64')}`);
+  const proxy: ProxySpec = { protocol: 'http', host: 'proxy.corp', port: 3128, username: 'Domain\\User', password: 'Password', display: 'x', source: 'HTTPS_PROXY' };
+  const ch = (value: string) => parseChallenges([value]);
+
+  it('sends Type 1, answers the challenge with Type 3, and has nothing more to say to a second challenge (no loop)', async () => {
+    const s = ntlmSession(proxy, { clientChallenge: Buffer.alloc(8, 0xaa), time: Buffer.alloc(8) });
+    expect(await s.respond(ch('NTLM'))).toMatch(/^NTLM TlRMTVNTUAABAAAA/);
+    const answer = await s.respond(ch(`NTLM ${SPEC_CHALLENGE.toString('base64')}`));
     expect(answer).toMatch(/^NTLM TlRMTVNTUAADAAAA/);
-    await expect(s.next(`NTLM ${SPEC_CHALLENGE.toString('base64')}`)).rejects.toMatchObject({ code: 'GW_ERR_DIAL_PROXY_AUTH_REFUSED' });
-    await expect(s.next('NTLM')).rejects.toMatchObject({ code: 'GW_ERR_DIAL_PROXY_AUTH_REFUSED' });
+    expect(await s.respond(ch(`NTLM ${SPEC_CHALLENGE.toString('base64')}`))).toBeUndefined();
+    expect(await s.respond(ch('NTLM'))).toBeUndefined();
   });
 
-  it('refuses a challenge that is not base64, another scheme\'s, missing, or oversized; the password is in no message', async () => {
-    for (const bad of ['NTLM !!!!', 'NTLM TlRMTVNTUAACAAAA=', 'Basic realm="x"', 'NTLM', `NTLM ${'A'.repeat(8192)}`]) {
-      const s = ntlmScheme(creds);
-      await s.first();
-      const err = await s.next(bad).then(() => undefined, (e: Error) => e);
+  it('a bare NTLM after Type 1 (the proxy started over) is not answered twice', async () => {
+    const s = ntlmSession(proxy);
+    await s.respond(ch('NTLM'));
+    expect(await s.respond(ch('NTLM'))).toBeUndefined();
+  });
+
+  it('a fresh session on a new connection starts again from Type 1 (given no challenge)', async () => {
+    expect(await ntlmSession(proxy).respond([])).toMatch(/^NTLM TlRMTVNTUAABAAAA/);
+  });
+
+  it('refuses a challenge that is not base64, auth-params, not a Type 2, or oversized; the password is in no message', async () => {
+    for (const bad of ['NTLM abcde', 'NTLM TlRMTVNTUAACAAAA=', 'NTLM realm="x"', 'NTLM TlRMTVNTUAABAAAAB4IIogAAAAAAAAAAAAAAAAAAAAA=', `NTLM ${'A'.repeat(8192)}`]) {
+      const s = ntlmSession(proxy);
+      await s.respond(ch('NTLM'));
+      const err = await s.respond(ch(bad)).then(() => undefined, (e: Error) => e);
       expect(err, bad).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NTLM_CHALLENGE' });
       expect(String(err)).not.toContain('Password');
     }
   });
 
-  it('schemeToken tells a token, a bare scheme name and another scheme apart', () => {
-    expect(schemeToken('NTLM abcd', 'NTLM', 100)).toBe('abcd');
-    expect(schemeToken('ntlm', 'NTLM', 100)).toBeUndefined();
-    expect(schemeToken('Negotiate abcd', 'NTLM', 100)).toBeNull();
-    expect(schemeToken('NTLM abcde', 'NTLM', 100)).toBeNull();
+  it('can: needs a user in the URL, and says which account it will answer as', () => {
+    expect(ntlmScheme.can({ ...proxy, username: undefined, password: undefined })).toMatchObject({ ok: false, why: expect.stringContaining('DOMAIN%5Cuser') });
+    expect(ntlmScheme.can(proxy)).toEqual({ ok: true, why: 'NTLMv2 as Domain\\User from the proxy URL' });
+    expect(ntlmScheme.can({ ...proxy, username: 'DOM\\' })).toMatchObject({ ok: false });
+  });
+
+  it('base64Token tells a token, a bare scheme name and junk apart', () => {
+    const [tok, bare, junk, params] = parseChallenges(['NTLM abcd, NTLM, NTLM abcde, NTLM a="b"']);
+    expect(base64Token(tok!, 100)).toBe('abcd');
+    expect(base64Token(bare!, 100)).toBeUndefined();
+    expect(base64Token(junk!, 100)).toBeNull();
+    expect(base64Token(params!, 100)).toBeNull();
+    expect(base64Token(tok!, 3)).toBeNull();
   });
 });

@@ -1,7 +1,7 @@
 /**
- * NTLM proxy authentication, NTLMv2 only: the three messages of MS-NLMP's connection-oriented handshake as pure
- * functions (no I/O, no clock or randomness of their own unless not given), behind ConnectionAuthScheme
- * (connauth.ts). The spec sections they follow are cited in docs/dialing.md.
+ * NTLM's messages, NTLMv2 only: the three messages of MS-NLMP's connection-oriented handshake as pure functions
+ * (no I/O, no clock or randomness of their own unless not given). The scheme that sends them in answer to a 407
+ * is ntlm.ts; the spec sections they follow are cited in docs/dialing.md.
  *
  *   encodeNegotiate()        Type 1: the flags this client asks for, no domain or workstation (they would tell
  *                            an unauthenticated proxy who is asking, and NTLMv2 does not need them).
@@ -27,8 +27,7 @@
  * - Strings are UTF-16LE when the proxy sets NEGOTIATE_UNICODE (every current one does), else Latin-1 (OEM).
  */
 import { createHmac, randomBytes } from 'node:crypto';
-import { GatewayError } from '../errors.js';
-import { schemeToken, type ConnectionAuthScheme } from './connauth.js';
+import { GatewayError } from '../../errors.js';
 import { md4 } from './md4.js';
 
 const SIGNATURE = Buffer.from('NTLMSSP\0', 'latin1');
@@ -227,30 +226,4 @@ export function ntlmCredentials(user: string, password: string): NtlmCredentials
     throw new GatewayError('GW_ERR_DIAL_PROXY_NTLM_CREDENTIALS', `an NTLM user name, domain or password is longer than ${MAX_CREDENTIAL_LENGTH} characters`);
   }
   return c;
-}
-
-/**
- * The NTLM scheme for one connection: Type 1, then Type 3 for the proxy's challenge, then nothing (a further
- * challenge is the proxy refusing the answer: GW_ERR_DIAL_PROXY_AUTH_REFUSED, never a second answer).
- */
-export function ntlmScheme(c: NtlmCredentials, o: AuthenticateOptions = {}): ConnectionAuthScheme {
-  let state: 'new' | 'negotiated' | 'answered' = 'new';
-  return {
-    name: 'NTLM',
-    async first() {
-      state = 'negotiated';
-      return `NTLM ${encodeNegotiate().toString('base64')}`;
-    },
-    async next(challenge: string) {
-      const token = schemeToken(challenge, 'NTLM', Math.ceil(MAX_CHALLENGE_BYTES / 3) * 4);
-      if (state === 'answered') {
-        throw new GatewayError('GW_ERR_DIAL_PROXY_AUTH_REFUSED', 'the proxy refused the NTLM credentials in the proxy URL (407 after the NTLM answer)');
-      }
-      if (state === 'new') throw bad('a challenge before the negotiate message was sent');
-      if (token === undefined) throw bad('no challenge token in the answer to the negotiate message');
-      if (token === null) throw bad('not an NTLM challenge token (base64, bounded in size)');
-      state = 'answered';
-      return `NTLM ${encodeAuthenticate(parseChallenge(Buffer.from(token, 'base64')), c, o).toString('base64')}`;
-    },
-  };
 }

@@ -1,6 +1,6 @@
 /**
  * MD4 (RFC 1320), for one use only: NTLM's password hash, NTOWFv1 = MD4(UTF-16LE(password)), which NTLMv2 keys
- * with HMAC-MD5 (ntlm.ts). It is here because Node's crypto cannot be relied on for it: with OpenSSL 3 MD4 lives
+ * with HMAC-MD5 (ntlmv2.ts). It is here because Node's crypto cannot be relied on for it: with OpenSSL 3 MD4 lives
  * in the legacy provider, which Node does not load by default (`createHash('md4')` throws
  * "digital envelope routines::unsupported" on Debian 12's Node 20), and loading that provider process-wide
  * (--openssl-legacy-provider) would re-enable every legacy algorithm for the whole gateway. MD4 is broken as a
