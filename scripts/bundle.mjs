@@ -12,8 +12,9 @@
 //   dist/cli/ (src/agent/ssh.ts finds dist/cli/gateway.js for `sftp-server` that way).
 // - Packages with native code, or loaded from a file path at run time, are left to node_modules: better-sqlite3,
 //   node-pty, ssh2 (its optional crypto binding; and src/agent/sftp/stdio.ts requires its SFTP engine by path,
-//   which must be the same copy), cpu-features, pg-native, and @kubernetes/client-node (large, loaded only in
-//   Kubernetes). pino-pretty is required at run time only for text logs (src/log.ts), from node_modules too.
+//   which must be the same copy), cpu-features, pg-native, @kubernetes/client-node (large, loaded only in
+//   Kubernetes), and kerberos (Negotiate proxy authentication's GSSAPI binding, an optional dependency: where it is
+//   not installed the bundle still loads, and a proxy asking for Negotiate gets GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE). pino-pretty is required at run time only for text logs (src/log.ts), from node_modules too.
 // - The bundled CommonJS packages require Node's built-ins: `require` comes from createRequire in each file.
 // - The other programs (gateway-upgrade, gateway-kube-updater) stay as tsc wrote them: their start is not waited on.
 import { build } from 'esbuild';
@@ -23,7 +24,7 @@ import { fileURLToPath } from 'node:url';
 const cli = fileURLToPath(new URL('../dist/cli/', import.meta.url));
 const PROGRAMS = ['gateway', 'gwctl', 'gwsh'];
 const CHUNK_PREFIX = 'bundle-';
-const EXTERNAL = ['better-sqlite3', 'node-pty', 'ssh2', 'cpu-features', 'pg-native', '@kubernetes/client-node'];
+const EXTERNAL = ['better-sqlite3', 'node-pty', 'ssh2', 'cpu-features', 'pg-native', '@kubernetes/client-node', 'kerberos'];
 
 // Chunks of an earlier build (their names carry a content hash).
 for (const name of readdirSync(cli)) if (name.startsWith(CHUNK_PREFIX)) rmSync(cli + name);

@@ -68,6 +68,7 @@ export function probeLines(p: ProbeResult, caFrom: string | null): string[] {
   const leaf = p.chain[0];
   if (!leaf) return [`  probe: TLS to ${p.address} presented no certificate`];
   const lines = [`  probe: TLS to ${p.address} presented ${leaf.subject}, issued by ${leaf.issuer}${p.chain.length > 1 ? ` (chain of ${p.chain.length}, top ${p.verdict.root})` : ''}`];
+  if (p.route?.proxy?.auth) lines.push(`  probe: the proxy asked for authentication; answered with ${p.route.proxy.auth}`);
   if (p.verdict.cluster === undefined) lines.push("  probe: the cluster's CA is not known here (--ca FILE or --data-dir DIR), so the certificate is not judged");
   else if (p.verdict.cluster) lines.push(`  probe: issued by the cluster's host CA (from ${caFrom}): not inspected`);
   else if (p.verdict.inspectedBy) lines.push(`  probe: not the cluster's host CA (from ${caFrom}): TLS to ${p.address} is inspected by ${p.verdict.inspectedBy}`);
@@ -84,6 +85,7 @@ function probeJson(p: ProbeResult): Record<string, unknown> {
     root: p.verdict.root ?? null,
     cluster: p.verdict.cluster ?? null,
     inspected_by: p.verdict.inspectedBy ?? null,
+    proxy_auth: p.route?.proxy?.auth ?? null,
   };
 }
 
@@ -186,6 +188,7 @@ function writeRow(out: NodeJS.WritableStream, row: Row, decision: ProxyDecision,
   writeHead(out, what, decision, pac);
   if (family) out.write(`  ${familyLabel(family.family)}: ${family.reason}\n`);
   if (auth) out.write(`  proxy authentication: ${auth.reason}\n`);
+  for (const e of auth?.each ?? []) out.write(`    ${e.scheme}: ${e.ok ? 'yes' : 'no'}, ${e.why}\n`);
   for (const c of checks ?? []) {
     out.write(`  NO_PROXY check of ${c.target} (${c.what}): ${c.no_proxy_entry === null ? 'no entry matches' : `exempt by "${c.no_proxy_entry}"`}\n`);
   }

@@ -79,7 +79,8 @@ type Target = string | DialTarget | HostPort;
 
 /** How a socket the Dialer returned was dialled: through which proxy (display form, password hidden), or directly. */
 export interface DialRoute {
-  proxy: { display: string; source: string } | null;
+  /** auth: the scheme the proxy's 407 was answered with on this dial or an earlier one (dial-plan --probe prints it). */
+  proxy: { display: string; source: string; auth?: string } | null;
 }
 
 const routes = new WeakMap<object, DialRoute>();
@@ -266,7 +267,7 @@ export class Dialer {
         { proxy, request: { method: 'CONNECT', uri: where }, context, details, log: this.log, schemes: this.authSchemes, ...(remembered ? { remembered } : {}) },
       );
       if (scheme) this.answered.set(proxy.display, scheme);
-      routes.set(socket, { proxy: { display: proxy.display, source: proxy.source } });
+      routes.set(socket, { proxy: { display: proxy.display, source: proxy.source, ...(scheme ? { auth: scheme.name } : {}) } });
       return socket;
     } catch (err) {
       this.answered.delete(proxy.display);

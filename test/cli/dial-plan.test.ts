@@ -9,13 +9,24 @@ import { fileURLToPath } from 'node:url';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateAuthority, generateKeyPair, issueTlsCert } from '../../src/auth/pki.js';
+import { loadGssapi } from '../../src/dial/auth/negotiate.js';
 import { runCli } from '../helpers/gateway.js';
 
 const GATEWAY = fileURLToPath(new URL('../../dist/cli/gateway.js', import.meta.url));
+let hasKerberosModule = true;
+try {
+  loadGssapi();
+} catch {
+  hasKerberosModule = false;
+}
+
+const NO_CCACHE = 'FILE:/nonexistent/gw-dial-plan-test-ccache';
+const NEGOTIATE_NO = '    Negotiate: no, no Kerberos credentials: KRB5CCNAME names /nonexistent/gw-dial-plan-test-ccache, which does not exist (run kinit, or set KRB5_CLIENT_KTNAME to a keytab)';
 
 function run(args: string[], env: Record<string, string> = {}) {
-  // Only the variables given: the developer's own proxy settings must not leak into the test.
-  const r = spawnSync(process.execPath, [GATEWAY, ...args], { env: { PATH: process.env.PATH ?? '', ...env }, encoding: 'utf8' });
+  // Only the variables given: the developer's own proxy settings must not leak into the test, nor a Kerberos
+  // ticket of theirs (a credential cache that does not exist, unless the test gives one).
+  const r = spawnSync(process.execPath, [GATEWAY, ...args], { env: { PATH: process.env.PATH ?? '', KRB5CCNAME: NO_CCACHE, ...env }, encoding: 'utf8' });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -33,8 +44,8 @@ describe('gateway dial-plan --json', () => {
       { HTTPS_PROXY: 'http://alice:hunter22@squid.corp:3128', HTTP_PROXY: 'squid.corp:3129', NO_PROXY: '.internal' },
     );
     expect(status).toBe(0);
-    const alice = { schemes: ['Digest', 'Basic'], reason: expect.stringContaining('user "alice" from the proxy URL') };
-    const nobody = { schemes: [], reason: expect.stringContaining('needs user:password in the proxy URL') };
+    const alice = { schemes: ['NTLM', 'Digest', 'Basic'], reason: expect.stringContaining('strongest of NTLM, Digest, Basic'), each: expect.arrayContaining([{ scheme: 'Basic', ok: true, why: 'user "alice" from the proxy URL' }]) };
+    const nobody = { schemes: [], reason: expect.stringContaining('answers no authentication challenge'), each: expect.arrayContaining([{ scheme: 'Basic', ok: false, why: 'needs user:password in the proxy URL' }]) };
     expect(rows).toEqual([
       { target: 'proxy.example.com:3024', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), family: EITHER, proxy_auth: alice },
       { target: 'https://proxy.example.com/webapi/find', proxy: 'http://alice:***@squid.corp:3128', source: 'HTTPS_PROXY', reason: expect.any(String), family: EITHER, proxy_auth: alice },
@@ -86,14 +97,18 @@ describe('gateway dial-plan (text)', () => {
     const r = run(['dial-plan', 'proxy.example.com:443', 'db.internal:5432'], { HTTPS_PROXY: 'squid.corp:3128', NO_PROXY: 'db.internal' });
     expect(r.status).toBe(0);
     const lines = r.stdout.trim().split('\n');
-    expect(lines).toHaveLength(5);
+    expect(lines).toHaveLength(9);
     expect(lines[0]).toContain('through http://squid.corp:3128');
     expect(lines[1]).toBe('  IPv6 or IPv4: the proxy squid.corp:3128 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves proxy.example.com:443 itself');
-    expect(lines[2]).toBe(
-      '  proxy authentication: answers no authentication challenge (a 407 fails) (Digest: needs user:password in the proxy URL; Basic: needs user:password in the proxy URL)',
-    );
-    expect(lines[3]).toContain('direct');
-    expect(lines[4]).toBe('  IPv6 or IPv4: the target db.internal:5432 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs)');
+    expect(lines.slice(2, 7)).toEqual([
+      '  proxy authentication: answers no authentication challenge (a 407 fails)',
+      NEGOTIATE_NO,
+      '    NTLM: no, needs DOMAIN%5Cuser:password in the proxy URL',
+      '    Digest: no, needs user:password in the proxy URL',
+      '    Basic: no, needs user:password in the proxy URL',
+    ]);
+    expect(lines[7]).toContain('direct');
+    expect(lines[8]).toBe('  IPv6 or IPv4: the target db.internal:5432 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs)');
   });
 
   it('says which schemes a proxy URL with credentials answers, strongest first, without the password', () => {
@@ -101,9 +116,34 @@ describe('gateway dial-plan (text)', () => {
     expect(r.stdout.trim().split('\n')).toEqual([
       'proxy.example.com:443: through http://alice:***@squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY is set and NO_PROXY is not set',
       '  IPv6 or IPv4: the proxy squid.corp:3128 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves proxy.example.com:443 itself',
-      '  proxy authentication: answers a 407 with the strongest of Digest, Basic that the proxy offers, never a weaker one ' +
-        '(Digest: user "alice" from the proxy URL; MD5, SHA-256, SHA-512-256, qop=auth; Basic: user "alice" from the proxy URL)',
+      '  proxy authentication: answers a 407 with the strongest of NTLM, Digest, Basic that the proxy offers, never a weaker one',
+      NEGOTIATE_NO,
+      "    NTLM: yes, NTLMv2 as alice from the proxy URL (no domain: the proxy's own)",
+      '    Digest: yes, user "alice" from the proxy URL; MD5, SHA-256, SHA-512-256, qop=auth',
+      '    Basic: yes, user "alice" from the proxy URL',
     ]);
+  });
+
+  it('an NTLM account in the proxy URL (DOMAIN%5Cuser): NTLM is the strongest it answers, as DOMAIN\\user', () => {
+    const r = run(['dial-plan', 'proxy.example.com:443'], { HTTPS_PROXY: 'http://CORP%5Calice:pw@squid.corp:3128' });
+    expect(r.stdout).toContain('  proxy authentication: answers a 407 with the strongest of NTLM, Digest, Basic that the proxy offers, never a weaker one\n');
+    expect(r.stdout).toContain('    NTLM: yes, NTLMv2 as CORP\\alice from the proxy URL\n');
+    expect(r.stdout).not.toContain('pw@');
+  });
+
+  it.skipIf(!hasKerberosModule)('a Kerberos credential cache (KRB5CCNAME) or a keytab (KRB5_CLIENT_KTNAME): Negotiate for HTTP@<proxy host> (skipped without the kerberos package)', async () => {
+    const d = await mkdtemp(join(tmpdir(), 'gw-dialplan-krb-'));
+    try {
+      await writeFile(join(d, 'ccache'), 'x');
+      await writeFile(join(d, 'agent.keytab'), 'x');
+      const cache = run(['dial-plan', 'proxy.example.com:443'], { HTTPS_PROXY: 'http://proxy.corp.example:8080', KRB5CCNAME: `FILE:${join(d, 'ccache')}` });
+      expect(cache.stdout).toContain('  proxy authentication: answers a 407 with the strongest of Negotiate that the proxy offers, never a weaker one\n');
+      expect(cache.stdout).toContain(`    Negotiate: yes, Kerberos (SPNEGO) for HTTP@proxy.corp.example with the ticket in KRB5CCNAME=FILE:${join(d, 'ccache')}\n`);
+      const keytab = run(['dial-plan', 'proxy.example.com:443'], { HTTPS_PROXY: 'http://proxy.corp.example:8080', KRB5_CLIENT_KTNAME: join(d, 'agent.keytab') });
+      expect(keytab.stdout).toContain(`    Negotiate: yes, Kerberos (SPNEGO) for HTTP@proxy.corp.example with tickets from the client keytab KRB5_CLIENT_KTNAME=${join(d, 'agent.keytab')}, cached in KRB5CCNAME=${NO_CCACHE}\n`);
+    } finally {
+      await rm(d, { recursive: true, force: true });
+    }
   });
 });
 describe('gateway dial-plan on IPv6 networks: the family of each connection, NO_PROXY with IPv6 literals and CIDRs', () => {
@@ -162,14 +202,14 @@ describe('gateway dial-plan with a SOCKS5 proxy', () => {
       source: 'ALL_PROXY',
       reason: expect.stringContaining('SOCKS5'),
       family: EITHER,
-      proxy_auth: { schemes: ['username/password'], reason: expect.stringContaining('RFC 1929') },
+      proxy_auth: { schemes: ['username/password'], each: [], reason: expect.stringContaining('RFC 1929') },
     });
   });
 
   it('socks5:// resolves the target here, and says so; without credentials it offers no authentication', () => {
     const { rows } = plan(['proxy.example.com:443'], { ALL_PROXY: 'socks5://dante.corp:1080' });
     expect((rows[0]!.family as { reason: string }).reason).toContain('proxy.example.com:443 is resolved here and sent to the SOCKS server as an address');
-    expect(rows[0]!.proxy_auth).toEqual({ schemes: [], reason: expect.stringContaining('offers no authentication') });
+    expect(rows[0]!.proxy_auth).toEqual({ schemes: [], each: [], reason: expect.stringContaining('offers no authentication') });
   });
 });
 
@@ -229,6 +269,10 @@ describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial
       'proxy.example.com:443: through http://squid.corp:3128 (to proxy.example.com:443): HTTPS_PROXY is set and no NO_PROXY entry matches proxy.example.com:443',
       '  IPv6 or IPv4: the proxy squid.corp:3128 is a name, resolved at each dial; IPv6 and IPv4 addresses are raced (Happy Eyeballs); the proxy resolves proxy.example.com:443 itself',
       expect.stringMatching(/^  proxy authentication: answers no authentication challenge/),
+      NEGOTIATE_NO,
+      '    NTLM: no, needs DOMAIN%5Cuser:password in the proxy URL',
+      '    Digest: no, needs user:password in the proxy URL',
+      '    Basic: no, needs user:password in the proxy URL',
       "Kubernetes API server https://10.96.0.1 (cluster example.com): direct (to 10.96.0.1:443): NO_PROXY entry \"kube.example.com.local\" matches kube.example.com.local:443, the name of cluster example.com's Kubernetes API (10.96.0.1:443 itself is not exempt)",
       '  IPv4: the target 10.96.0.1:443 is an IPv4 address',
       '  NO_PROXY check of 10.96.0.1:443 (the Kubernetes API server): no entry matches',

@@ -7,6 +7,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
+import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { basicCredentials, basicScheme } from '../../src/dial/auth/basic.js';
 import { digestScheme } from '../../src/dial/auth/digest.js';
@@ -107,8 +108,10 @@ function challenge(headers: string[], extra: string[] = [], version = '1.1'): st
 const DIGEST = (nonce = randomBytes(8).toString('hex'), more = '') => `Digest realm="corp", nonce="${nonce}", qop="auth"${more}`;
 const BASIC = 'Basic realm="corp"';
 
-/** The schemes of PROXY_AUTH_SCHEMES, with a Negotiate that has no kerberos module whatever this machine has. */
-const SCHEMES = PROXY_AUTH_SCHEMES.map((s) => (s.name === 'Negotiate' ? makeNegotiateScheme({ binding: '/nonexistent/kerberos' }) : s));
+/** The schemes of PROXY_AUTH_SCHEMES, with a Negotiate that has a credential cache (a file) but no kerberos module, whatever this machine has. */
+const SCHEMES = PROXY_AUTH_SCHEMES.map((s) =>
+  s.name === 'Negotiate' ? makeNegotiateScheme({ binding: '/nonexistent/kerberos', env: { KRB5CCNAME: `FILE:${fileURLToPath(import.meta.url)}` } }) : s,
+);
 
 function dialer(url: string, options: DialerOptions = {}): Dialer {
   return new Dialer({ env: { HTTPS_PROXY: url }, connectTimeoutMs: 5_000, proxyAnswerTimeoutMs: 5_000, authSchemes: SCHEMES, ...options });

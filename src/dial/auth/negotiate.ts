@@ -145,6 +145,9 @@ export function makeNegotiateScheme(o: NegotiateOptions = {}): ProxyAuthScheme {
     connectionBound: true,
     preemptive: false,
     can: (proxy: ProxySpec) => {
+      // The credentials first: without them the module does not matter, and what to do first is kinit.
+      const creds = kerberosCredentials(o.env ?? process.env);
+      if (!creds.ok) return { ok: false, code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED', why: creds.why };
       try {
         gss();
       } catch (err) {
@@ -154,10 +157,7 @@ export function makeNegotiateScheme(o: NegotiateOptions = {}): ProxyAuthScheme {
           why: `the kerberos module cannot be loaded (${(err as Error).message.replace(/^.*cannot be loaded: /, '')}): apt-get install libkrb5-dev, then reinstall the gateway`,
         };
       }
-      const creds = kerberosCredentials(o.env ?? process.env);
-      return creds.ok
-        ? { ok: true, why: `Kerberos (SPNEGO) for HTTP@${proxy.host} with ${creds.why}` }
-        : { ok: false, code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED', why: creds.why };
+      return { ok: true, why: `Kerberos (SPNEGO) for HTTP@${proxy.host} with ${creds.why}` };
     },
     accepts: (c: Challenge) => c.token68 !== undefined || c.params.size === 0,
     start: (proxy: ProxySpec) => negotiateSession(proxy.host, gss),

@@ -59,23 +59,26 @@ function describeParams(c: Challenge): string {
   return shown.length > 0 ? shown.join(' ') : 'no parameters';
 }
 
-/** What `gateway dial-plan` says about a proxy URL: the schemes it can answer with, strongest first, and why. */
-export function describeProxyAuth(
-  proxy: ProxySpec,
-  schemes: readonly ProxyAuthScheme[] = PROXY_AUTH_SCHEMES,
-): { schemes: string[]; reason: string } {
+/** What `gateway dial-plan` says about a proxy URL: the schemes it can answer with, strongest first, and why (each). */
+export interface ProxyAuthPlan {
+  schemes: string[];
+  reason: string;
+  /** Every scheme this client knows, strongest first: whether it can answer this proxy, and why (or why not). */
+  each: Array<{ scheme: string; ok: boolean; why: string }>;
+}
+
+export function describeProxyAuth(proxy: ProxySpec, schemes: readonly ProxyAuthScheme[] = PROXY_AUTH_SCHEMES): ProxyAuthPlan {
   if (proxy.protocol === 'socks5' || proxy.protocol === 'socks5h') {
     // SOCKS5 has no 407: the server picks a method from what the greeting offers (socks.ts).
     return proxy.username === undefined
-      ? { schemes: [], reason: 'SOCKS5: offers no authentication (a server that requires a method fails the dial)' }
-      : { schemes: ['username/password'], reason: `SOCKS5: offers username/password (RFC 1929) as user "${proxy.username}", sent only if the server chooses it` };
+      ? { schemes: [], each: [], reason: 'SOCKS5: offers no authentication (a server that requires a method fails the dial)' }
+      : { schemes: ['username/password'], each: [], reason: `SOCKS5: offers username/password (RFC 1929) as user "${proxy.username}", sent only if the server chooses it` };
   }
-  const sorted = [...schemes].sort((a, b) => b.strength - a.strength);
-  const able = sorted.filter((s) => s.can(proxy).ok);
-  const why = sorted.map((s) => `${s.name}: ${s.can(proxy).why}`).join('; ');
-  const lead =
+  const each = [...schemes].sort((a, b) => b.strength - a.strength).map((s) => ({ scheme: s.name, ...s.can(proxy) }));
+  const able = each.filter((e) => e.ok).map((e) => e.scheme);
+  const reason =
     able.length === 0
       ? 'answers no authentication challenge (a 407 fails)'
-      : `answers a 407 with the strongest of ${able.map((s) => s.name).join(', ')} that the proxy offers, never a weaker one`;
-  return { schemes: able.map((s) => s.name), reason: `${lead} (${why})` };
+      : `answers a 407 with the strongest of ${able.join(', ')} that the proxy offers, never a weaker one`;
+  return { schemes: able, reason, each: each.map(({ scheme, ok, why }) => ({ scheme, ok, why })) };
 }

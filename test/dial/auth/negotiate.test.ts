@@ -90,6 +90,10 @@ describe('can: what dial-plan says, and the error a dial gets when Negotiate is 
   writeFileSync(keytab, 'x');
   const binding = fakeBinding([], { tokens: [] });
 
+  it('without credentials the module is not looked at: what to do first is kinit', () => {
+    expect(makeNegotiateScheme({ binding: '/nonexistent/kerberos', env: { KRB5CCNAME: join(dir, 'none') } }).can(proxy)).toMatchObject({ ok: false, code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
+  });
+
   it('without the kerberos module: the fix, and GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE', () => {
     const can = makeNegotiateScheme({ binding: '/nonexistent/kerberos', env: { KRB5CCNAME: cache } }).can(proxy);
     expect(can).toMatchObject({ ok: false, code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE' });

@@ -3,6 +3,7 @@
  * whatever the order of the headers; a scheme it cannot do (no credentials, a challenge it cannot answer) is
  * passed over with the reason kept for the error; and describeProxyAuth, what `gateway dial-plan` prints.
  */
+import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { basicScheme } from '../../../src/dial/auth/basic.js';
 import { parseChallenges } from '../../../src/dial/auth/challenge.js';
@@ -18,7 +19,7 @@ const anonymous: ProxySpec = { ...withUser, username: undefined, password: undef
 const DIGEST = 'Digest realm="r", nonce="n", qop="auth"';
 
 /** Negotiate on a machine without the kerberos module. */
-const noModule = makeNegotiateScheme({ binding: '/nonexistent/kerberos' });
+const noModule = makeNegotiateScheme({ binding: '/nonexistent/kerberos', env: { KRB5CCNAME: fileURLToPath(import.meta.url) } });
 
 /** A stand-in for a Negotiate that can: the strongest, and needs no URL credentials. */
 const negotiate: ProxyAuthScheme = {
@@ -77,7 +78,12 @@ describe('describeProxyAuth', () => {
   it('with credentials: Digest, Basic; without: none, and why', () => {
     const schemes = [noModule, ntlmScheme, digestScheme, basicScheme];
     expect(describeProxyAuth(withUser, schemes).schemes).toEqual(['NTLM', 'Digest', 'Basic']);
-    expect(describeProxyAuth(withUser, schemes).reason).toContain('Negotiate: the kerberos module cannot be loaded');
+    expect(describeProxyAuth(withUser, schemes).each).toEqual([
+      { scheme: 'Negotiate', ok: false, why: expect.stringContaining('the kerberos module cannot be loaded') },
+      { scheme: 'NTLM', ok: true, why: "NTLMv2 as alice from the proxy URL (no domain: the proxy's own)" },
+      { scheme: 'Digest', ok: true, why: 'user "alice" from the proxy URL; MD5, SHA-256, SHA-512-256, qop=auth' },
+      { scheme: 'Basic', ok: true, why: 'user "alice" from the proxy URL' },
+    ]);
     const none = describeProxyAuth(anonymous, schemes);
     expect(none.schemes).toEqual([]);
     expect(none.reason).toMatch(/^answers no authentication challenge/);
