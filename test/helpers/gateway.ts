@@ -21,10 +21,12 @@ export interface RunResult {
 export function runCli(
   name: 'gateway' | 'gwctl' | 'gwsh' | 'gateway-upgrade',
   args: string[],
-  options: { env?: Record<string, string>; input?: string; timeoutMs?: number } = {},
+  options: { env?: Record<string, string>; input?: string; timeoutMs?: number; wrap?: string[] } = {},
 ): Promise<RunResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN(name), ...args], {
+    // wrap: a command the CLI runs under (e.g. unshare); it must exec the rest of its arguments.
+    const [command, ...rest] = [...(options.wrap ?? []), process.execPath, BIN(name), ...args];
+    const child = spawn(command!, rest, {
       env: { PATH: process.env.PATH ?? '', ...(options.env ?? {}) },
       stdio: ['pipe', 'pipe', 'pipe'],
     });

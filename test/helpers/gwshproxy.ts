@@ -18,8 +18,15 @@ export interface GwshProxy {
  * exits first (a refusal, no profile) or does not listen within timeoutMs. The process goes into `children` at once
  * (the test's cleanup kills them), whatever happens next.
  */
-export function startGwshProxy(args: string[], env: Record<string, string>, children: ChildProcess[], options: { stdin?: 'pipe' | 'ignore'; timeoutMs?: number } = {}): Promise<GwshProxy> {
-  const child = spawn(process.execPath, [BIN('gwsh'), 'proxy', ...args, '--port', '0'], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: [options.stdin ?? 'ignore', 'pipe', 'pipe'] });
+export function startGwshProxy(
+  args: string[],
+  env: Record<string, string>,
+  children: ChildProcess[],
+  options: { stdin?: 'pipe' | 'ignore'; timeoutMs?: number; wrap?: string[] } = {},
+): Promise<GwshProxy> {
+  // wrap: a command gwsh runs under (e.g. unshare); it must exec the rest of its arguments.
+  const [command, ...rest] = [...(options.wrap ?? []), process.execPath, BIN('gwsh'), 'proxy', ...args, '--port', '0'];
+  const child = spawn(command!, rest, { env: { PATH: process.env.PATH ?? '', ...env }, stdio: [options.stdin ?? 'ignore', 'pipe', 'pipe'] });
   children.push(child);
   let out = '';
   let listening = '';

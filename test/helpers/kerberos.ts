@@ -59,6 +59,8 @@ export interface KerberosLabOptions {
   host?: string;
   /** Extra squid.conf lines. */
   squidConfig?: string[];
+  /** Addresses (CIDR) besides loopback that may use the squid (an agent in a network namespace). */
+  clients?: string[];
 }
 
 function krb5Conf(dir: string, host: string, port: number): string {
@@ -161,7 +163,7 @@ export async function startKerberosLab(o: KerberosLabOptions = {}): Promise<Kerb
     const owner = proxyUser();
     await chmod(dir, 0o755);
     if (owner) await chown(keytab, owner.uid, owner.gid);
-    const squid = await startSquid({ host, env: base, extraConfig: [...negotiateSquidConfig(keytab, PROXY_HOST), ...(o.squidConfig ?? [])] });
+    const squid = await startSquid({ host, env: base, ...(o.clients ? { clients: o.clients } : {}), extraConfig: [...negotiateSquidConfig(keytab, PROXY_HOST), ...(o.squidConfig ?? [])] });
     steps.push(() => squid.stop());
     let caches = 0;
     const kinit = async (principal: string, password: string, lifetime = '10m') => {
