@@ -34,7 +34,7 @@ interface Seen {
 }
 
 /** What the proxy does with one request: an answer to write, then close or keep, or a tunnel (echo). */
-type Reply = { write: string; close?: boolean } | 'tunnel' | 'stall';
+type Reply = { write: string; close?: boolean; reset?: boolean } | 'tunnel' | 'stall';
 type Script = (n: number, seen: Seen) => Reply;
 
 interface ScriptedProxy {
@@ -75,6 +75,12 @@ async function scripted(script: Script): Promise<ScriptedProxy> {
           return;
         }
         socket.write(reply.write);
+        if (reply.reset) {
+          // A reset a moment after the answer, while the client is still computing its next message.
+          socket.off('data', onData);
+          setTimeout(() => socket.resetAndDestroy(), 20);
+          return;
+        }
         if (reply.close) {
           // Nothing more is read from this connection: what a client sends after the close is not a request seen.
           socket.off('data', onData);
@@ -266,6 +272,16 @@ describe("curl's traps", () => {
     ]);
   });
 
+  it('a connection reset while the client computes its answer (a slow KDC): no crash, one re-dial that starts over', async () => {
+    const p = await scripted((n) => (n === 0 ? { write: challenge(['Twostep']), reset: true } : n === 1 ? { write: challenge(['Twostep abc=']) } : 'tunnel'));
+    expect(await roundTrip(await dialer(p.url, { authSchemes: [twoStep(2, 200)] }).dial(TARGET))).toBe('ping');
+    expect(p.seen.map((s) => [s.conn, s.authorization])).toEqual([
+      [0, undefined],
+      [1, 'Twostep step1'],
+      [1, 'Twostep step2'],
+    ]);
+  });
+
   it('silent closes after every 407: one re-dial only, then GW_ERR_DIAL_PROXY_CLOSED', async () => {
     const p = await scripted(() => ({ write: challenge(['Twostep abc=']), close: true }));
     const err = await dialError(dialer(p.url, { authSchemes: [twoStep(Infinity)] }));
@@ -419,7 +435,7 @@ afterAll(() => {
  * A test scheme in the shape of NTLM: connection-bound, its first message sent to a bare challenge, then one per
  * challenge with a token, `steps` messages in all.
  */
-function twoStep(steps = 2): ProxyAuthScheme {
+function twoStep(steps = 2, delayMs = 0): ProxyAuthScheme {
   return {
     name: 'Twostep',
     strength: 30,
@@ -429,7 +445,12 @@ function twoStep(steps = 2): ProxyAuthScheme {
     accepts: () => true,
     start() {
       let step = 0;
-      return { respond: async () => (step < steps ? `Twostep step${++step}` : undefined) };
+      return {
+        respond: async () => {
+          if (delayMs > 0) await new Promise((r) => setTimeout(r, delayMs));
+          return step < steps ? `Twostep step${++step}` : undefined;
+        },
+      };
     },
   };
 }

@@ -81,7 +81,7 @@ export const MAX_RESTARTS = 1;
 
 /** Runs the handshake; resolves with the connection that carries the tunnel, and the scheme that got it (if any). */
 export async function connectThroughProxy(io: ProxyIo, hc: HandshakeContext): Promise<{ socket: net.Socket; scheme?: ProxyAuthScheme }> {
-  const d: Dial = { socket: await io.open(), exchanges: 0, restarts: 0, redialed: false };
+  const d: Dial = { socket: watched(await io.open()), exchanges: 0, restarts: 0, redialed: false };
   try {
     if (hc.remembered?.preemptive && hc.remembered.can(hc.proxy).ok) {
       d.active = { scheme: hc.remembered, session: hc.remembered.start(hc.proxy, hc.request), sentHere: 0, preemptive: true };
@@ -91,7 +91,10 @@ export async function connectThroughProxy(io: ProxyIo, hc: HandshakeContext): Pr
     for (let round = 0; ; round++) {
       const answer = await exchange(io, hc, d);
       const res = answer.response;
-      if (res.statusCode >= 200 && res.statusCode < 300) return { socket: d.socket, ...(d.active ? { scheme: d.active.scheme } : {}) };
+      if (res.statusCode >= 200 && res.statusCode < 300) {
+        d.socket.off('error', idleError);
+        return { socket: d.socket, ...(d.active ? { scheme: d.active.scheme } : {}) };
+      }
       if (res.statusCode !== 407) throw io.refusal(res);
       if (round >= MAX_AUTH_ROUNDS) throw loopError(hc, res, d.active);
       const challenges = challengesOf(res, hc);
@@ -110,6 +113,16 @@ export async function connectThroughProxy(io: ProxyIo, hc: HandshakeContext): Pr
     d.socket.destroy();
     throw err;
   }
+}
+
+/**
+ * Between two exchanges nobody else listens on the connection (the scheme may be waiting on a KDC): a reset then
+ * would be an unhandled 'error' that ends the process. It only destroys the socket, which the next exchange sees
+ * as the proxy having closed it (a re-dial, below).
+ */
+const idleError = (): void => undefined;
+function watched(socket: net.Socket): net.Socket {
+  return socket.on('error', idleError);
 }
 
 /**
@@ -139,7 +152,7 @@ async function exchange(io: ProxyIo, hc: HandshakeContext, d: Dial): Promise<Pro
  */
 async function newConnection(io: ProxyIo, hc: HandshakeContext, d: Dial): Promise<void> {
   d.socket.destroy();
-  d.socket = await io.open();
+  d.socket = watched(await io.open());
   d.exchanges = 0;
   const active = d.active;
   if (!active) return;
