@@ -9,6 +9,9 @@
  * PROXY:), which is how it is used as an SSH ProxyCommand-style helper; its figure includes its fork per
  * connection. throughput: bytes pushed to a sink that hashes nothing, until the sink has them all.
  *
+ * Then connection set-up through a proxy that asks for authentication (Basic, Digest, NTLM, Negotiate), each
+ * against curl through the same proxy (bench/dialauth.ts), with the load average around it.
+ *
  * Writes the figures, ratios and the machine to bench/RESULTS.md (section "dial").
  */
 import { spawn } from 'node:child_process';
@@ -21,6 +24,7 @@ import { Dialer } from '../src/dial/dialer.js';
 import { startEchoServer } from '../test/helpers/servers.js';
 import { startSquid } from '../test/helpers/squid.js';
 import { waitForPort } from '../test/helpers/netns.js';
+import { authSetupRows, startTinyHttp, type AuthRow } from './dialauth.js';
 import { recordSection } from './record.js';
 import { percentile } from './common.js';
 
@@ -146,6 +150,8 @@ async function main(): Promise<void> {
       `- Dialer vs socat (peer): p50 latency ${(g.lat.p50 / s.lat.p50).toFixed(2)}x, p99 ${(g.lat.p99 / s.lat.p99).toFixed(2)}x, throughput ${(g.tput / s.tput).toFixed(2)}x (latency below 1 and throughput above 1 is better).`,
       `- Dialer vs direct TCP: p50 latency ${(g.lat.p50 / d.lat.p50).toFixed(2)}x, throughput ${(g.tput / d.tput).toFixed(2)}x.`,
     ];
+    const web = await startTinyHttp(TARGET_IP);
+    const auth = await authSetupRows(join(dir, 'hosts'), `${TARGET_NAME}:${web.port}`).finally(() => web.close());
     const cpu = cpus();
     const section = [
       '## dial',
@@ -160,6 +166,7 @@ async function main(): Promise<void> {
       '- socat runs as a local forwarder (TCP-LISTEN,fork -> PROXY:), so its figures include one more loopback hop and a',
       '  fork per connection: it is the usual way to give a program without proxy support a CONNECT tunnel.',
       '',
+      ...authTable(auth),
     ].join('\n');
     process.stdout.write(`${section}\n`);
     await recordSection('dial', section);
@@ -170,6 +177,27 @@ async function main(): Promise<void> {
     await squid.stop();
     await rm(dir, { recursive: true, force: true });
   }
+}
+
+/** The authenticated set-up table: per scheme, the Dialer and curl through the same proxy, and their ratio. */
+function authTable(a: { rows: AuthRow[]; skipped: string[]; load: [number, number] }): string[] {
+  const fmt = (n: number) => n.toFixed(2);
+  return [
+    '### Connection set-up through an authenticating proxy',
+    '',
+    'A fresh Dialer per sample dials through the proxy (the whole 407 exchange each time), sends a small HTTP GET and',
+    "reads the answer; curl does the same GET through a CONNECT tunnel (`-p`, `--proxy-anyauth` / `--proxy-ntlm` /",
+    "`--proxy-negotiate`), timed by itself (`%{time_total}`, its process start not counted); samples alternate. " +
+      `${Number(process.env.BENCH_AUTH_SAMPLES ?? 40)} samples per path after 3 unmeasured.`,
+    `Load average (1 min) ${a.load[0].toFixed(2)} before, ${a.load[1].toFixed(2)} after: the machine was shared with other work, so the ` +
+      'absolute figures are noisy; the ratios compare paths measured side by side.',
+    '',
+    '| scheme | Dialer p50 (ms) | p90 (ms) | curl p50 (ms) | p90 (ms) | Dialer / curl (p50) |',
+    '|---|---|---|---|---|---|',
+    ...a.rows.map((r) => `| ${r.scheme} | ${fmt(r.dialer.p50)} | ${fmt(r.dialer.p90)} | ${fmt(r.curl.p50)} | ${fmt(r.curl.p90)} | ${(r.dialer.p50 / r.curl.p50).toFixed(2)}x |`),
+    '',
+    ...(a.skipped.length > 0 ? [`Not measured here: ${a.skipped.join('; ')}.`, ''] : []),
+  ];
 }
 
 await main();

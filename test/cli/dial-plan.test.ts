@@ -1,6 +1,6 @@
 /** `gateway dial-plan` as a user runs it: the built binary, a controlled environment, stdout and exit status. */
 import { spawnSync } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -129,6 +129,27 @@ describe('gateway dial-plan (text)', () => {
     expect(r.stdout).toContain('  proxy authentication: answers a 407 with the strongest of NTLM, Digest, Basic that the proxy offers, never a weaker one\n');
     expect(r.stdout).toContain('    NTLM: yes, NTLMv2 as CORP\\alice from the proxy URL\n');
     expect(r.stdout).not.toContain('pw@');
+  });
+
+  it('the bundle runs without the kerberos module (an optional dependency): Negotiate says so and names the fix', async () => {
+    // A copy of the built app whose node_modules has every package but kerberos (symlinks to this checkout's).
+    const d = await mkdtemp(join(tmpdir(), 'gw-dialplan-nokrb-'));
+    try {
+      const root = fileURLToPath(new URL('../../', import.meta.url));
+      await cp(join(root, 'dist/cli'), join(d, 'dist/cli'), { recursive: true }); // a copy: node resolves from a symlink's target
+      await writeFile(join(d, 'package.json'), await readFile(join(root, 'package.json')));
+      await mkdir(join(d, 'node_modules'));
+      for (const name of await readdir(join(root, 'node_modules'))) if (name !== 'kerberos') await symlink(join(root, 'node_modules', name), join(d, 'node_modules', name));
+      await writeFile(join(d, 'ccache'), 'x');
+      const r = spawnSync(process.execPath, [join(d, 'dist/cli/gateway.js'), 'dial-plan', 'proxy.example.com:443'], {
+        env: { PATH: process.env.PATH ?? '', HTTPS_PROXY: 'http://proxy.corp.example:8080', KRB5CCNAME: join(d, 'ccache') },
+        encoding: 'utf8',
+      });
+      expect(r.status).toBe(0);
+      expect(r.stdout).toMatch(/\n {4}Negotiate: no, the kerberos module cannot be loaded \(.*\): apt-get install libkrb5-dev, then reinstall the gateway\n/);
+    } finally {
+      await rm(d, { recursive: true, force: true });
+    }
   });
 
   it.skipIf(!hasKerberosModule)('a Kerberos credential cache (KRB5CCNAME) or a keytab (KRB5_CLIENT_KTNAME): Negotiate for HTTP@<proxy host> (skipped without the kerberos package)', async () => {
