@@ -429,6 +429,9 @@ afterAll(() => {
   expect(all).not.toContain(PASSWORD);
   expect(all).not.toContain(basicCredentials(USER, PASSWORD).split(' ')[1]);
   expect(all).not.toMatch(/response=|Proxy-Authorization|"authorization"/i);
+  // No NTLM message (Type 1 or 3) and no Negotiate token, though the tests above sent both.
+  expect(all).toContain('"scheme":"NTLM"');
+  expect(all).not.toMatch(/TlRMTVNT|YIIB/);
 });
 
 /**
