@@ -42,6 +42,12 @@ export interface GssapiBinding {
 }
 
 export const MAX_ROUNDS = 4;
+/**
+ * How long one GSSAPI step may take (getting a ticket from a KDC that does not answer): libkrb5's own retries across
+ * a realm's KDCs can run far longer, and the dial must not wait past its deadlines. The native call is left to end
+ * in its thread; the dial stops waiting for it.
+ */
+export const GSSAPI_STEP_TIMEOUT_MS = 15_000;
 /** Bound on a token from the proxy (base64 characters); Kerberos tokens with a PAC stay well under it. */
 export const MAX_TOKEN_LENGTH = 64 * 1024;
 
@@ -68,17 +74,26 @@ function failed(proxyHost: string, err: unknown): GatewayError {
   );
 }
 
+/** The promise, or an error once `ms` have passed (GSSAPI's calls take no deadline of their own). */
+function bounded<T>(p: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`GSSAPI did not answer within ${ms} ms (is the realm's KDC reachable from here?)`)), ms);
+  });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
 /** One handshake with the proxy at `proxyHost`: a fresh GSSAPI context, its first token, then the proxy's tokens answered. */
-export function negotiateSession(proxyHost: string, gss: () => GssapiBinding): AuthSession {
+export function negotiateSession(proxyHost: string, gss: () => GssapiBinding, stepTimeoutMs = GSSAPI_STEP_TIMEOUT_MS): AuthSession {
   let client: GssapiClient | undefined;
   let rounds = 0;
   const step = async (token: string): Promise<string> => {
     try {
       if (!client) {
         const b = gss();
-        client = await b.initializeClient(`HTTP@${proxyHost}`, { mechOID: b.GSS_MECH_OID_SPNEGO, gssFlag: b.GSS_C_MUTUAL_FLAG | b.GSS_C_SEQUENCE_FLAG });
+        client = await bounded(b.initializeClient(`HTTP@${proxyHost}`, { mechOID: b.GSS_MECH_OID_SPNEGO, gssFlag: b.GSS_C_MUTUAL_FLAG | b.GSS_C_SEQUENCE_FLAG }), stepTimeoutMs);
       }
-      const out = await client.step(token);
+      const out = await bounded(client.step(token), stepTimeoutMs);
       if (!out) throw new Error('GSSAPI produced no token');
       return `Negotiate ${out}`;
     } catch (err) {
@@ -123,6 +138,8 @@ export interface NegotiateOptions {
   binding?: GssapiBinding | string;
   /** The environment GSSAPI reads (default: the process's). */
   env?: Record<string, string | undefined>;
+  /** Bound on one GSSAPI step (GSSAPI_STEP_TIMEOUT_MS by default). */
+  stepTimeoutMs?: number;
 }
 
 /** The Negotiate scheme; PROXY_AUTH_SCHEMES holds the default one. */
@@ -160,7 +177,7 @@ export function makeNegotiateScheme(o: NegotiateOptions = {}): ProxyAuthScheme {
       return { ok: true, why: `Kerberos (SPNEGO) for HTTP@${proxy.host} with ${creds.why}` };
     },
     accepts: (c: Challenge) => c.token68 !== undefined || c.params.size === 0,
-    start: (proxy: ProxySpec) => negotiateSession(proxy.host, gss),
+    start: (proxy: ProxySpec) => negotiateSession(proxy.host, gss, o.stepTimeoutMs),
   };
 }
 

@@ -69,6 +69,13 @@ describe('the Negotiate session', () => {
     expect(String(err)).toContain('No Kerberos credentials available');
   });
 
+  it('a KDC that never answers: GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED at the step deadline, not a hang', async () => {
+    const hung: GssapiBinding = { ...fakeBinding([], { tokens: [] }), initializeClient: () => new Promise(() => undefined) };
+    const err = await negotiateSession('proxy.corp.example', () => hung, 50).respond(ch('Negotiate')).then(() => undefined, (e: Error) => e);
+    expect(err).toMatchObject({ code: 'GW_ERR_DIAL_PROXY_NEGOTIATE_FAILED' });
+    expect(String(err)).toContain('KDC reachable');
+  });
+
   it('refuses a proxy token that is not base64 or is oversized', async () => {
     for (const bad of ['Negotiate abcde', 'Negotiate a-b_', `Negotiate ${'A'.repeat(70_000)}`, 'Negotiate realm="x"']) {
       const s = negotiateSession('p', () => fakeBinding(['YIIB'], { tokens: [] }));
