@@ -10,7 +10,7 @@
 //   gateway-ent-v<version>-linux-<arch>[-fips]-bin.tar.gz and .sha256
 //   manifest.json: every path above, the versions, the time each step took
 // <v> is the package version (17.0.0~dev for 17.0.0-dev); --version builds the same app as another version.
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -23,6 +23,8 @@ import { bundleUpdater, runtimeHasFips, stageApp } from './stage.mjs';
 import { buildTarball } from './tarball.mjs';
 
 const DEB_UNIT_DIR = '/lib/systemd/system';
+/** The kerberos package's native binding in the staged app, when it was installed (an optional dependency). */
+const KERBEROS_BINDING = 'node_modules/kerberos/build/Release/kerberos.node';
 // Extended descriptions: lines of at most 79 characters (lintian).
 const SERVER_DESCRIPTION = [
   'Infrastructure access gateway: daemon and command-line tools',
@@ -74,7 +76,11 @@ async function serverPackages(ctx, pkg) {
   const debRoot = join(ctx.work, `deb-${pkg.name}`);
   const conffiles = await serverTree(debRoot, { ...common, unitDir: DEB_UNIT_DIR });
   const description = pkg.fips ? [SERVER_DESCRIPTION[0] + ' (FIPS)', ...SERVER_DESCRIPTION.slice(1), '', 'This is the FIPS package: docs/install.md says what it changes.'] : SERVER_DESCRIPTION;
-  const control = debControl({ name: pkg.name, debVersion: ctx.debVersion, arch: ctx.arch, root: debRoot, conflicts, description });
+  // The kerberos module (Negotiate proxy authentication), staged when it was installed, links libgssapi_krb5.so.2:
+  // recommended, not depended on, so that the package still installs into an empty root and runs there (a proxy
+  // asking for Negotiate then fails with GW_ERR_DIAL_PROXY_NEGOTIATE_UNAVAILABLE naming the fix).
+  const recommends = existsSync(join(ctx.app, KERBEROS_BINDING)) ? 'libgssapi-krb5-2' : undefined;
+  const control = debControl({ name: pkg.name, debVersion: ctx.debVersion, arch: ctx.arch, root: debRoot, conflicts, recommends, description });
   const out = { deb: buildDeb(debRoot, join(ctx.out, `${pkg.name}_${ctx.debVersion}_${ctx.arch}.deb`), { control, conffiles, scripts: debScripts(['gateway.service']), overrides: LINTIAN_OVERRIDES.server, name: pkg.name }) };
   if (ctx.rpm) {
     const rpmRoot = join(ctx.work, `rpm-${pkg.name}`);

@@ -57,7 +57,7 @@ function installedSize(root) {
   return run('du', ['-sk', '--exclude=DEBIAN', root]).split(/\s/)[0];
 }
 
-export function debControl({ name, debVersion, arch, root, depends, conflicts, description }) {
+export function debControl({ name, debVersion, arch, root, depends, recommends, conflicts, description }) {
   const fields = [
     `Package: ${name}`,
     `Version: ${debVersion}`,
@@ -65,6 +65,7 @@ export function debControl({ name, debVersion, arch, root, depends, conflicts, d
     `Maintainer: ${MAINTAINER}`,
     `Installed-Size: ${installedSize(root)}`,
     ...(depends ? [`Depends: ${depends}`] : []),
+    ...(recommends ? [`Recommends: ${recommends}`] : []),
     ...(conflicts ? [`Conflicts: ${conflicts}`, `Replaces: ${conflicts}`] : []),
     'Section: net',
     'Priority: optional',
