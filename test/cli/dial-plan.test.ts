@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { generateAuthority, generateKeyPair, issueTlsCert } from '../../src/auth/pki.js';
+import { probeLines } from '../../src/cli/dialplan.js';
 import { loadGssapi } from '../../src/dial/auth/negotiate.js';
 import { runCli } from '../helpers/gateway.js';
 
@@ -425,3 +426,16 @@ describe('gateway dial-plan with a PAC file', () => {
   });
 });
 
+describe('gateway dial-plan --probe through a proxy that asked for authentication', () => {
+  it('says which scheme answered the 407 (the route of the probe\'s dial carries it)', () => {
+    const leaf = { subject: 'CN=proxy.example.com', issuer: 'CN=Cluster Host CA', selfIssued: false, fingerprint256: 'AA', raw: Buffer.alloc(0) };
+    const probed = {
+      address: 'proxy.example.com:443',
+      route: { proxy: { display: 'http://CORP%5Calice:***@squid.corp:3128', source: 'HTTPS_PROXY', auth: 'NTLM' } },
+      chain: [leaf],
+      verdict: { cluster: true, root: undefined, inspectedBy: undefined },
+    };
+    expect(probeLines(probed, 'ca.pem')).toContain('  probe: the proxy asked for authentication; answered with NTLM');
+    expect(probeLines({ ...probed, route: { proxy: { display: 'http://squid.corp:3128', source: 'HTTPS_PROXY' } } }, 'ca.pem').join('\n')).not.toContain('answered with');
+  });
+});

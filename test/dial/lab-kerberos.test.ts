@@ -15,7 +15,7 @@ import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadGssapi, makeNegotiateScheme, type GssapiBinding } from '../../src/dial/auth/negotiate.js';
 import { PROXY_AUTH_SCHEMES } from '../../src/dial/auth/scheme.js';
-import { Dialer } from '../../src/dial/dialer.js';
+import { Dialer, dialRoute } from '../../src/dial/dialer.js';
 import { dialError } from '../helpers/dial.js';
 import { getThroughTunnel, labLookup, WEB_NAME, webHostsFile } from '../helpers/labdial.js';
 import { curl } from '../helpers/curl.js';
@@ -131,6 +131,7 @@ describe.skipIf(!binding)('the Dialer answers the lab with Negotiate (skipped wh
   it("answers the 407 with a token for HTTP@proxy.gw.test from the user's credential cache; squid logs alice", async () => {
     useEnv(lab.env);
     const socket = await dialer().dial(webTarget());
+    expect(dialRoute(socket)?.proxy?.auth).toBe('Negotiate'); // what dial-plan --probe prints
     expect(await getThroughTunnel(socket, webTarget())).toContain('behind the kerberos proxy');
     const line = await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(webTarget()) && l.includes(` 200 ${lab.user.principal} `));
     expect(parseAccessLogLine(line).user).toBe('alice@GW.TEST');

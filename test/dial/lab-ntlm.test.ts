@@ -9,7 +9,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { Dialer } from '../../src/dial/dialer.js';
+import { Dialer, dialRoute } from '../../src/dial/dialer.js';
 import { dialError } from '../helpers/dial.js';
 import { getThroughTunnel, labLookup, WEB_NAME, webHostsFile } from '../helpers/labdial.js';
 import { captureLogs } from '../helpers/logs.js';
@@ -72,6 +72,7 @@ describeAsRoot('the NTLM proxy lab, with curl as the client', () => {
 
   it('the Dialer: Type 1, the challenge, Type 3 on one connection; squid lets the CONNECT through and logs the account', async () => {
     const socket = await dialer(`${enc(lab.account)}:${enc(lab.user.password)}`).dial(webTarget());
+    expect(dialRoute(socket)?.proxy?.auth).toBe('NTLM'); // what dial-plan --probe prints
     expect(await getThroughTunnel(socket, webTarget())).toContain('behind the ntlm proxy');
     const line = await lab.squid.waitForAccessLog((l) => l.includes(' CONNECT ') && l.includes(webTarget()) && l.includes(' 200 ') && l.toLowerCase().includes(lab.user.name));
     expect(parseAccessLogLine(line).user?.toLowerCase()).toBe(`${lab.domain}\\${lab.user.name}`.toLowerCase());
