@@ -15,7 +15,7 @@
  * Writes the figures, ratios and the machine to bench/RESULTS.md (section "dial").
  */
 import { spawn } from 'node:child_process';
-import { cpus, tmpdir, totalmem } from 'node:os';
+import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import net from 'node:net';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -106,6 +106,7 @@ async function throughput(connect: Connect, sink: Awaited<ReturnType<typeof star
 }
 
 async function main(): Promise<void> {
+  const startLoad = loadavg()[0]!;
   const dir = await mkdtemp(join(tmpdir(), 'gw-bench-'));
   await chmod(dir, 0o755);
   await writeFile(join(dir, 'hosts'), `${TARGET_IP} ${TARGET_NAME}\n`, { mode: 0o644 });
@@ -158,7 +159,8 @@ async function main(): Promise<void> {
       '',
       `Run ${new Date().toISOString()} with \`npm run bench:dial\`: ${CONNECTS} sequential connections per path for latency, ` +
         `median of ${RUNS} runs of ${BYTES >> 20} MiB for throughput. squid 5 (Debian) on 127.0.0.2, target on ${TARGET_IP}.`,
-      `Machine: ${cpu[0]?.model ?? 'unknown CPU'}, ${cpu.length} cores, ${(totalmem() / 2 ** 30).toFixed(1)} GiB memory, Node ${process.version}.`,
+      `Machine: ${cpu[0]?.model ?? 'unknown CPU'}, ${cpu.length} cores, ${(totalmem() / 2 ** 30).toFixed(1)} GiB memory, Node ${process.version}; ` +
+        `load average ${startLoad.toFixed(2)} at the start.`,
       '',
       ...table,
       '',
