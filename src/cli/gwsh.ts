@@ -24,6 +24,7 @@ import { GatewayError } from '../errors.js';
 import { databaseRoute } from '../wire/protocols.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
+import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { table } from './table.js';
 
 const program = newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.').enablePositionalOptions();
@@ -136,13 +137,11 @@ async function loopbackCallback(deadlineMs: number): Promise<{ url: string; code
   return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/callback?state=${state}`, code, close };
 }
 
-program
+formatOption(program
   .command('status')
-  .description("print the current profile: user, roles (as the certificate carries them), cluster, validity")
-  .option('-f, --format <format>', 'text or json', 'text')
-  .action((opts: { format: string }) => {
-    if (opts.format !== 'text' && opts.format !== 'json') throw new GatewayError('GW_ERR_USAGE', `--format: "${opts.format}" is not text or json`);
-    printStatus(opts.format);
+  .description("print the current profile: user, roles (as the certificate carries them), cluster, validity"))
+  .action((opts: FormatOptions) => {
+    printStatus(formatOf(opts));
   });
 
 program
@@ -180,13 +179,9 @@ interface InventoryItem {
   public_addr?: string;
 }
 
-function printInventory(items: InventoryItem[], format: string, withProtocol: string): void {
-  if (format === 'json') {
-    process.stdout.write(`${JSON.stringify(items, null, 2)}\n`);
-    return;
-  }
-  const rows = [['Name', withProtocol, 'Labels', 'Agent', 'Connected since'], ...items.map((i) => [i.name, i.protocol ?? '', Object.entries(i.labels).map(([k, v]) => `${k}=${v}`).join(','), i.agent, i.connected_since])];
-  process.stdout.write(`${table(rows)}\n`);
+function printInventory(items: InventoryItem[], format: Format, withProtocol: string): void {
+  const rows = () => [['Name', withProtocol, 'Labels', 'Agent', 'Connected since'], ...items.map((i) => [i.name, i.protocol ?? '', Object.entries(i.labels).map(([k, v]) => `${k}=${v}`).join(','), i.agent, i.connected_since])];
+  process.stdout.write(render(format, items, () => table(rows())));
 }
 
 for (const [name, kind, column, description] of [
@@ -196,12 +191,11 @@ for (const [name, kind, column, description] of [
   ['ls', 'node', '', 'servers (SSH nodes) you may reach'],
 ] as const) {
   const cmd = name === 'ls' ? program.command('ls') : program.command(name).command('ls');
-  cmd
-    .description(`list the ${description}, with their labels, agent and since when connected`)
-    .option('-f, --format <format>', 'text or json', 'text')
-    .action(async (opts: { format: string }) => {
+  formatOption(cmd.description(`list the ${description}, with their labels, agent and since when connected`))
+    .action(async (opts: FormatOptions) => {
+      const format = formatOf(opts);
       const { items } = await apiFor(requireProfile()).call<{ items: InventoryItem[] }>('GET', `/v1/inventory/${kind}`);
-      printInventory(items, opts.format, column);
+      printInventory(items, format, column);
     });
 }
 
@@ -416,7 +410,7 @@ program
     process.exitCode = code;
   });
 
-function printStatus(format: string): void {
+function printStatus(format: Format): void {
   const profile = loadProfile();
   if (!profile) {
     throw new GatewayError('GW_ERR_CLIENT_NOT_LOGGED_IN', 'not logged in', { hint: "Run 'gwsh login --proxy=HOST:PORT --user=USER'." });
@@ -431,8 +425,8 @@ function printStatus(format: string): void {
     valid_until: profile.valid_until,
     expired,
   };
-  if (format === 'json') {
-    process.stdout.write(`${JSON.stringify({ active }, null, 2)}\n`);
+  if (format !== 'text') {
+    process.stdout.write(render(format, { active }, () => ''));
     return;
   }
   process.stdout.write(
