@@ -10,7 +10,7 @@ import { GatewayError } from '../errors.js';
 import { gwctlClient, type CredentialOptions } from './credentials.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
-import { formatOf, formatOption, render, type FormatOptions, type FormatSpec } from './output.js';
+import { FORMATS, formatOf, formatOption, render, type FormatOptions, type FormatSpec } from './output.js';
 import { resourceTable } from './resources.js';
 import { table } from './table.js';
 
@@ -227,6 +227,12 @@ formatOption(program
   .option('-o, --output <file>', 'write to this file (mode 0600, replaced atomically) instead of standard output'), GET_FORMAT)
   .action(async (ref: string, second: string | undefined, opts: { withSecrets?: boolean; output?: string } & FormatOptions) => {
     const format = formatOf(opts, GET_FORMAT);
+    if (opts.output !== undefined && (FORMATS as readonly string[]).includes(opts.output)) {
+      // kubectl's -o is the format; here it is a file, and "-o json" would quietly write one named json.
+      throw new GatewayError('GW_ERR_USAGE', `-o ${opts.output} writes to a file named "${opts.output}"; the output format is -f (--format)`, {
+        hint: `Give -f ${opts.output} for the format, or -o ./${opts.output} if you do want a file of that name.`,
+      });
+    }
     const { kind, name } = resourceRef(ref, second);
     const path = `/v1/resources/${encodeURIComponent(kind)}${name === undefined ? '' : `/${encodeURIComponent(name)}`}${opts.withSecrets ? '?with_secrets=1' : ''}`;
     const { resources } = await client().call<{ resources: Resource[] }>('GET', path);

@@ -7,6 +7,7 @@
  * GW_ERR_OUTPUT_FORMAT with exit status 2 and nothing on stdout; `gwctl get` reads every kind `gwctl create`
  * accepts, in the singular and the plural, and never prints a join token's value.
  */
+import { existsSync, readFileSync } from 'node:fs';
 import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
@@ -284,6 +285,17 @@ describe('gwctl get for every kind gwctl create accepts', () => {
     expect(missing.stderr).toContain('code: GW_ERR_RESOURCE_NOT_FOUND');
     const both = await gwctl(['get', 'role/auditor', 'access']);
     expect(both.status).toBe(2);
+  });
+
+  it('-o json (kubectl\'s habit) is refused rather than writing a file named json; -o ./json writes it', async () => {
+    const r = await runCli('gwctl', ['--data-dir', cluster.dataDir, 'get', 'roles', '-o', 'json'], { env: { HOME: dir }, cwd: dir });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain('code: GW_ERR_USAGE');
+    expect(r.stderr).toContain('hint: Give -f json for the format');
+    expect(existsSync(join(dir, 'json'))).toBe(false);
+    const file = await runCli('gwctl', ['--data-dir', cluster.dataDir, 'get', 'roles', '-o', './json', '-f', 'json'], { env: { HOME: dir }, cwd: dir });
+    expect(file.status, file.stderr).toBe(0);
+    expect((JSON.parse(readFileSync(join(dir, 'json'), 'utf8')) as unknown[]).length).toBeGreaterThan(0);
   });
 
   it('a kind that does not exist: GW_ERR_RESOURCE_KIND listing the kinds', async () => {

@@ -21,11 +21,12 @@ export interface RunResult {
 export function runCli(
   name: 'gateway' | 'gwctl' | 'gwsh' | 'gateway-upgrade',
   args: string[],
-  options: { env?: Record<string, string>; input?: string; timeoutMs?: number } = {},
+  options: { env?: Record<string, string>; input?: string; timeoutMs?: number; cwd?: string } = {},
 ): Promise<RunResult> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [BIN(name), ...args], {
       env: { PATH: process.env.PATH ?? '', ...(options.env ?? {}) },
+      ...(options.cwd === undefined ? {} : { cwd: options.cwd }),
       stdio: ['pipe', 'pipe', 'pipe'],
     });
     let stdout = '';
