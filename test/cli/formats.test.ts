@@ -196,6 +196,35 @@ describe('-f json and -f yaml on every command that prints data', () => {
   });
 });
 
+/** Every command of a program, found through --help as a user finds them: [path, does its help list -f, --format]. */
+async function commandTree(program: 'gateway' | 'gwctl' | 'gwsh' | 'gateway-upgrade', path: string[] = []): Promise<Array<[string[], string]>> {
+  const help = (await runCli(program, [...path, '--help'])).stdout;
+  const commands = (help.split('\nCommands:\n')[1] ?? '')
+    .split('\n')
+    .map((l) => /^ {2}([a-z][a-z-]*)/.exec(l)?.[1])
+    .filter((c): c is string => c !== undefined && c !== 'help');
+  const below = await Promise.all(commands.map((c) => commandTree(program, [...path, c])));
+  return [...(path.length > 0 ? [[path, help] as [string[], string]] : []), ...below.flat()];
+}
+
+describe('the walk above covers every command that has the flag, and the flag is the same everywhere', () => {
+  it('each command whose --help lists --format is in COMMANDS (or is dial-plan); each lists it as -f, --format with the three formats', async () => {
+    // The command's words: those before its first flag (gwctl get's are its kind and name, not subcommands).
+    const words = (args: string[]) => (args[0] === 'get' ? ['get'] : args.slice(0, [...args, '-'].findIndex((a) => a.startsWith('-'))));
+    const walked = new Set(COMMANDS.map(([program, , args]) => `${program} ${words(args).join(' ')}`));
+    walked.add('gateway dial-plan');
+    const missing: string[] = [];
+    for (const program of ['gateway', 'gwctl', 'gwsh', 'gateway-upgrade'] as const) {
+      for (const [path, help] of await commandTree(program)) {
+        if (!help.includes('--format')) continue;
+        expect(help, `${program} ${path.join(' ')}`).toMatch(/-f, --format <format>\s+output format: text, json, yaml/);
+        if (!walked.has(`${program} ${path.join(' ')}`)) missing.push(`${program} ${path.join(' ')}`);
+      }
+    }
+    expect(missing).toEqual([]);
+  });
+});
+
 describe('old spellings keep working, with a notice', () => {
   it('gateway dial-plan --json prints what -f json prints, and says it is deprecated on stderr only', async () => {
     const env = { HTTPS_PROXY: 'http://proxy.example:3128' };
