@@ -212,7 +212,9 @@ describe('the walk above covers every command that has the flag, and the flag is
     // The command's words: those before its first flag (gwctl get's are its kind and name, not subcommands).
     const words = (args: string[]) => (args[0] === 'get' ? ['get'] : args.slice(0, [...args, '-'].findIndex((a) => a.startsWith('-'))));
     const walked = new Set(COMMANDS.map(([program, , args]) => `${program} ${words(args).join(' ')}`));
+    // Checked by their own tests below and above: dial-plan streams records, login needs a password on stdin.
     walked.add('gateway dial-plan');
+    walked.add('gwsh login');
     const missing: string[] = [];
     for (const program of ['gateway', 'gwctl', 'gwsh', 'gateway-upgrade'] as const) {
       for (const [path, help] of await commandTree(program)) {
@@ -245,6 +247,16 @@ describe('old spellings keep working, with a notice', () => {
     expect(old.status, old.stderr).toBe(0);
     expect(old.stdout.split('\n')[0]).toMatch(/^TIME\s+EVENT\s+USER\s+RESOURCE/);
     expect(old.stderr).toBe('warning: --format table is deprecated; use --format text\n');
+  });
+
+  it('gwsh login -f json prints the profile as gwsh status -f json does', async () => {
+    const pin = (JSON.parse((await gwctl(['status', '-f', 'json'])).stdout) as { ca_pin: string }).ca_pin;
+    const env = { HOME: dir, GWSH_HOME: join(dir, 'alice-again') };
+    const login = await runCli('gwsh', ['login', `--proxy=${proxyAddr}`, '--user=alice', `--ca-pin=${pin}`, '-f', 'json'], { env, input: `${PASSWORD}\n` });
+    expect(login.status, login.stderr).toBe(0);
+    const status = await runCli('gwsh', ['status', '-f', 'json'], { env });
+    expect(JSON.parse(login.stdout)).toEqual(JSON.parse(status.stdout));
+    expect(notSnake(JSON.parse(login.stdout))).toEqual([]);
   });
 
   it('gwsh status -f json (the seed) still has active.username and active.roles', async () => {
