@@ -31,7 +31,8 @@ export interface FormatOptions {
 
 /** Declares -f, --format (and the deprecated --json where the command had it) on a command. */
 export function formatOption(cmd: Command, spec: FormatSpec = {}): Command {
-  cmd.addOption(new Option('-f, --format <format>', `output format: ${FORMATS.join(', ')}`).default(spec.default ?? 'text'));
+  // No commander default: an absent flag stays undefined, so that --json beside an explicit -f text is seen.
+  cmd.addOption(new Option('-f, --format <format>', `output format: ${FORMATS.join(', ')} (default: ${spec.default ?? 'text'})`));
   if (spec.jsonFlag) cmd.addOption(new Option('--json', 'deprecated: use --format json'));
   return cmd;
 }
@@ -40,7 +41,7 @@ export function formatOption(cmd: Command, spec: FormatSpec = {}): Command {
 export function formatOf(opts: FormatOptions, spec: FormatSpec = {}, stderr: NodeJS.WritableStream = process.stderr): Format {
   const given = opts.format ?? spec.default ?? 'text';
   if (opts.json) {
-    if (opts.format !== undefined && opts.format !== (spec.default ?? 'text') && opts.format !== 'json') {
+    if (opts.format !== undefined && opts.format !== 'json') {
       throw new GatewayError('GW_ERR_OUTPUT_FORMAT', `--json and --format ${opts.format} ask for two different formats`, { hint: 'Give only --format (-f): text, json or yaml.' });
     }
     stderr.write('warning: --json is deprecated; use --format json (or -f json)\n');

@@ -46,6 +46,7 @@ describe('-f, --format', () => {
     expect(chosen(['--json'], { jsonFlag: true })).toEqual({ format: 'json', notice: 'warning: --json is deprecated; use --format json (or -f json)\n' });
     expect(chosen(['--json', '-f', 'json'], { jsonFlag: true }).format).toBe('json');
     expect(() => chosen(['--json', '-f', 'yaml'], { jsonFlag: true })).toThrow(/two different formats/);
+    expect(() => chosen(['--json', '-f', 'text'], { jsonFlag: true })).toThrow(/two different formats/);
     // Not declared where the command never had it.
     expect(() => chosen(['--json'])).toThrow(/unknown option/);
   });
