@@ -34,6 +34,11 @@ export const ERROR_CODES = {
     summary: 'A command line that the CLI cannot understand (unknown flag, missing argument).',
     hint: 'Run the command with --help to see its usage.',
   },
+  GW_ERR_OUTPUT_FORMAT: {
+    status: 400,
+    summary: 'An output format (--format, -f) that the CLIs do not print; they print text, json and yaml.',
+    hint: 'Give -f text, -f json or -f yaml.',
+  },
 
   // --- configuration -------------------------------------------------------------------------------------------
   GW_ERR_CONFIG_READ: {
@@ -414,7 +419,7 @@ export const ERROR_CODES = {
   GW_ERR_RESOURCE_KIND: {
     status: 400,
     summary: 'A resource kind that gwctl does not manage.',
-    hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node.',
+    hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node, proxy, event (each also in the plural).',
   },
   GW_ERR_RESOURCE_INVALID: {
     status: 400,

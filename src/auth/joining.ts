@@ -389,7 +389,7 @@ export class Joining {
         throw err;
       }
       this.deps.log.info({ hostId, nodename: record.nodename, via: request.via }, 'host certificates renewed');
-      await this.deps.audit.record('host.renew', undefined, { hostId, nodename: record.nodename, via: request.via });
+      await this.deps.audit.record('host.renew', undefined, { host_id: hostId, nodename: record.nodename, via: request.via });
       return { ...bundle, hostId };
     }
   }
@@ -418,7 +418,7 @@ export class Joining {
     const { record } = made;
     await this.deps.backend.put(KEYS.node(record.hostId), JSON.stringify(record));
     this.deps.log.info({ hostId: record.hostId, nodename: record.nodename, roles: record.roles, token, source: record.source }, 'agent joined');
-    await this.deps.audit.record('host.join', undefined, { hostId: record.hostId, nodename: record.nodename, roles: record.roles, token });
+    await this.deps.audit.record('host.join', undefined, { host_id: record.hostId, nodename: record.nodename, roles: record.roles, token });
     return { ...made.bundle, hostId: record.hostId };
   }
 }

@@ -15,7 +15,7 @@ import type { LockStore } from './locks.js';
 import type { Identity } from './pki.js';
 import { PRESET_ROLES } from './rbac.js';
 import { KEYS, readJson } from './records.js';
-import { withoutSecrets, type LockResource, type Resource, type RoleResource, type TokenResource, type UserResource } from './resources/index.js';
+import { GET_KINDS, getKindOf, withoutSecrets, type GetKind, type LockResource, type Resource, type RoleResource, type TokenResource, type UserResource } from './resources/index.js';
 import type { Users } from './users.js';
 
 export interface ManifestsDeps {
@@ -94,27 +94,23 @@ export class Manifests {
     }
   }
 
-  /** Reads resources of a kind (all, or one by name). Secrets only with withSecrets. */
-  async getResources(caller: Identity, kind: string, name: string | undefined, withSecrets: boolean): Promise<Resource[]> {
-    const rbacKind = kind === 'nodes' ? 'node' : kind === 'events' ? 'event' : kind === 'locks' ? 'lock' : kind === 'proxies' ? 'proxy' : kind;
+  /** Reads resources of a kind (all, or one by name; the kind singular or plural). Secrets only with withSecrets. */
+  async getResources(caller: Identity, kindText: string, name: string | undefined, withSecrets: boolean): Promise<Resource[]> {
+    const kind = knownKind(kindText);
     // cluster_maintenance_config is a singleton: getting it is a read, never a list.
     const singleton = kind === 'cluster_maintenance_config';
-    await this.deps.callers.authorize(caller, rbacKind, name === undefined && !singleton ? 'list' : 'read');
-    if (kind === 'token') {
-      // Tokens are stored hashed: listing shows ids, never values, so there is nothing more to strip.
-      const found = await this.tokenResources();
-      return name === undefined ? found : found.filter((r) => r.metadata.name === name);
-    }
-    let found = await this.read(kind);
+    await this.deps.callers.authorize(caller, kind, name === undefined && !singleton ? 'list' : 'read');
+    // Tokens are stored hashed: they are listed by id, never by value, so there is nothing more to strip.
+    let found = kind === 'token' ? await this.tokenResources() : await this.read(kind);
     if (name !== undefined) {
       found = found.filter((r) => r.metadata.name === name);
-      if (found.length === 0) throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `${kind} "${name}" does not exist`);
+      if (found.length === 0) throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `${kind} "${name}" does not exist`, { hint: `List what exists with 'gwctl get ${kind}s'.` });
     }
-    return withSecrets ? found : found.map((r) => withoutSecrets(r));
+    return withSecrets || kind === 'token' ? found : found.map((r) => withoutSecrets(r));
   }
 
   /** Every resource of a kind other than token, unchecked. */
-  private async read(kind: string): Promise<Resource[]> {
+  private async read(kind: Exclude<GetKind, 'token'>): Promise<Resource[]> {
     const { backend } = this.deps;
     switch (kind) {
       case 'role': {
@@ -125,7 +121,6 @@ export class Manifests {
       case 'user':
         return this.deps.users.all();
       case 'lock':
-      case 'locks':
         return this.deps.locks.list();
       case 'github':
       case 'saml':
@@ -136,18 +131,11 @@ export class Manifests {
         return item ? [item] : [];
       }
       case 'event':
-      case 'events':
         return (await this.deps.audit.list()).map(({ name, event }) => ({ kind: 'event', version: 'v1', metadata: { name }, spec: event }) as unknown as Resource);
       case 'node':
-      case 'nodes':
         return this.deps.agents.nodeResources();
       case 'proxy':
-      case 'proxies':
         return this.deps.agents.proxyResources();
-      default:
-        throw new GatewayError('GW_ERR_RESOURCE_KIND', `unknown resource kind "${kind}"`, {
-          hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node, proxy.',
-        });
     }
   }
 
@@ -157,8 +145,9 @@ export class Manifests {
     );
   }
 
-  async removeResource(caller: Identity, kind: string, name: string): Promise<void> {
-    await this.deps.callers.authorize(caller, kind === 'locks' ? 'lock' : kind, 'delete');
+  async removeResource(caller: Identity, kindText: string, name: string): Promise<void> {
+    const kind = knownKind(kindText);
+    await this.deps.callers.authorize(caller, kind, 'delete');
     let key: string;
     switch (kind) {
       case 'role':
@@ -167,7 +156,6 @@ export class Manifests {
       case 'user':
         return this.deps.users.removeUser(caller, name);
       case 'lock':
-      case 'locks':
         await this.deps.lockAdmin.removeLocks(caller, { name });
         return;
       case 'token':
@@ -186,6 +174,15 @@ export class Manifests {
     if (!(await this.deps.backend.delete(key))) throw new GatewayError('GW_ERR_RESOURCE_NOT_FOUND', `${kind} "${name}" does not exist`);
     await this.deps.audit.record(`${kind}.delete`, caller, { name });
   }
+}
+
+/** The kind of gwctl get / rm, singular or plural; GW_ERR_RESOURCE_KIND listing the kinds for any other. */
+function knownKind(text: string): GetKind {
+  const kind = getKindOf(text);
+  if (kind === undefined) {
+    throw new GatewayError('GW_ERR_RESOURCE_KIND', `unknown resource kind "${text.slice(0, 64)}"`, { hint: `Kinds: ${GET_KINDS.join(', ')} (each also in the plural: roles, proxies, ...).` });
+  }
+  return kind;
 }
 
 function displayName(resource: Resource): string {

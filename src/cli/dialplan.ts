@@ -19,9 +19,9 @@ import { probeTls, type ProbeResult } from '../dial/probe.js';
 import { familyLabel, familyPlan } from '../dial/family.js';
 import { kubeApiAlias, kubeApiTarget, type ProxyDecision } from '../dial/select.js';
 import { GatewayError, toGatewayError } from '../errors.js';
+import { formatOf, renderRecord, type Format, type FormatOptions } from './output.js';
 
-export interface DialPlanOptions {
-  json?: boolean;
+export interface DialPlanOptions extends FormatOptions {
   kubeApi?: string;
   cluster?: string;
   /** Dial each target and report the TLS certificate that answers. */
@@ -136,11 +136,13 @@ async function pacPlan(dialer: Dialer, decision: ProxyDecision): Promise<PacPlan
 }
 
 /** Prints the plan; resolves false when a target could not be decided (bad target or proxy variable) or probed. */
-export async function dialPlan(targets: readonly string[], opts: DialPlanOptions, out: NodeJS.WritableStream = process.stdout): Promise<boolean> {
+export async function dialPlan(targets: readonly string[], opts: DialPlanOptions, out: NodeJS.WritableStream = process.stdout, stderr: NodeJS.WritableStream = process.stderr): Promise<boolean> {
+  const format = formatOf(opts, { jsonFlag: true }, stderr);
   const dialer = new Dialer();
   const cas = opts.probe ? clusterCas(opts) : { pems: [], from: null };
   const timeoutMs = probeTimeout(opts);
   let ok = true;
+  const sink = new RecordSink(out, format);
   for (const row of rows(targets, opts, dialer)) {
     let decision: ProxyDecision;
     let pac: PacPlan | undefined;
@@ -150,14 +152,14 @@ export async function dialPlan(targets: readonly string[], opts: DialPlanOptions
     } catch (err) {
       ok = false;
       const e = toGatewayError(err);
-      if (opts.json) out.write(`${JSON.stringify({ target: row.label, ...row.extra, error: { code: e.code, message: e.message } })}\n`);
+      if (sink.structured) sink.write({ target: row.label, ...row.extra, error: { code: e.code, message: e.message } });
       else out.write(`${row.label}: error ${e.code}: ${e.message}\n  hint: ${e.hint}\n`);
       continue;
     }
     const to = formatHostPort(decision.target.host, decision.target.port);
     const probed = opts.probe ? await probeTls(dialer, to, { clusterCas: cas.pems, ...(timeoutMs === undefined ? {} : { timeoutMs }) }) : undefined;
     if (probed?.error) ok = false;
-    writeRow(out, row, decision, opts, { probed, caFrom: cas.from, pac });
+    writeRow(sink, row, decision, { probed, caFrom: cas.from, pac });
   }
   return ok;
 }
@@ -169,19 +171,34 @@ interface RowExtras {
   pac: PacPlan | undefined;
 }
 
-function writeRow(out: NodeJS.WritableStream, row: Row, decision: ProxyDecision, opts: DialPlanOptions, extras: RowExtras): void {
+/** Where the rows go: the text as it is, or each row a record (a JSON line, or a YAML document). */
+class RecordSink {
+  private first = true;
+  constructor(readonly out: NodeJS.WritableStream, private readonly format: Format) {}
+  get structured(): boolean {
+    return this.format !== 'text';
+  }
+  write(record: Record<string, unknown>): void {
+    if (this.format === 'text') return;
+    this.out.write(renderRecord(this.format, record, this.first));
+    this.first = false;
+  }
+}
+
+function writeRow(sink: RecordSink, row: Row, decision: ProxyDecision, extras: RowExtras): void {
   const { probed, caFrom, pac } = extras;
+  const out = sink.out;
   const checks = decision.checks?.map((c) => ({ target: c.target, what: c.what, no_proxy_entry: c.entry }));
   // With a PAC the proxy is the answer's chosen entry; its family and authentication are the Dialer's at the dial.
   const family = pac ? undefined : familyPlan(decision);
   const auth = decision.proxy && !pac ? describeProxyAuth(decision.proxy) : null;
-  if (opts.json) {
+  if (sink.structured) {
     const proxy = pac ? (pac.entries.find((e) => e.entry === pac.chosen)?.proxy ?? null) : (decision.proxy?.display ?? null);
     const pacJson = pac ? { pac: { url: pac.url, answer: pac.answer, entries: pac.entries, chosen: pac.chosen, why: pac.why } } : {};
     const familyJson = family ? { family: { family: family.family, reason: family.reason } } : {};
     const probe = probed ? { probe: probeJson(probed) } : {};
     const fields = { proxy, source: decision.source, reason: decision.reason, ...familyJson, proxy_auth: auth, ...pacJson };
-    out.write(`${JSON.stringify({ target: row.label, ...row.extra, ...fields, ...(checks ? { checks } : {}), ...probe })}\n`);
+    sink.write({ target: row.label, ...row.extra, ...fields, ...(checks ? { checks } : {}), ...probe });
     return;
   }
   const what = row.extra?.kube_cluster ? `Kubernetes API server ${row.label} (cluster ${String(row.extra.kube_cluster)})` : row.label;

@@ -1,5 +1,5 @@
 /**
- * `gwctl get events --format table`: the audit log as one row per event, with who, what resource, from where, the
+ * `gwctl get events -f text`: the audit log as one row per event, with who, what resource, from where, the
  * bytes and the duration of sessions that ended. The Web UI's audit page (web/src/lib/audit.ts) shows the same
  * columns. Every cell is the event's own text with control characters replaced, so that an agent's event cannot
  * move the terminal's cursor or repaint the lines above.

@@ -1,26 +1,33 @@
 #!/usr/bin/env node
 // Automatic agent upgrader for systemd Linux hosts (docs/upgrades.md). Driven by gateway-upgrade.timer; the
 // commands below are also what an operator runs by hand. Results on standard output, warnings on standard error.
+import { Writable } from 'node:stream';
 import { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
 import { createLogger, setRootLogger, type LogLevel } from '../log.js';
 import { resolveSettings } from '../upgrade/settings.js';
 import { dryRun, runUpgrade, setRepoChannel, showRepo, type UpgraderContext } from '../upgrade/upgrader.js';
+import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { newProgram, runCli, VERSION } from './run.js';
 
 const program = newProgram('gateway-upgrade', 'Automatic agent upgrader for systemd Linux hosts (apt, yum, dnf, zypper or tarball installs).');
 
-function context(): UpgraderContext {
+/** Discards what it is given: with --format json or yaml the report is printed whole at the end instead of the lines. */
+const discard = new Writable({ write: (_chunk, _enc, done) => done() });
+
+function context(format: Format = 'text'): UpgraderContext {
   const debug = program.opts<{ debug?: boolean }>().debug === true;
   setRootLogger(createLogger({ level: debug ? 'debug' : ((process.env.GATEWAY_LOG_LEVEL as LogLevel | undefined) ?? 'warn') }));
-  return { settings: resolveSettings(process.env), dialer: new Dialer(), stdout: process.stdout, stderr: process.stderr };
+  return { settings: resolveSettings(process.env), dialer: new Dialer(), stdout: format === 'text' ? process.stdout : discard, stderr: process.stderr };
 }
 
-program
+formatOption(program
   .command('dry-run')
-  .description('ask the version server and report whether an upgrade is available, and the maintenance window')
-  .action(async () => {
-    await dryRun(context());
+  .description('ask the version server and report whether an upgrade is available, and the maintenance window'))
+  .action(async (opts: FormatOptions) => {
+    const format = formatOf(opts);
+    const report = await dryRun(context(format));
+    if (format !== 'text') process.stdout.write(render(format, report, () => ''));
   });
 
 program
@@ -31,22 +38,24 @@ program
     await runUpgrade(context(), { updateRepo: opts.updateRepo === true });
   });
 
-program
+formatOption(program
   .command('version')
-  .description("print gateway-upgrade's own version")
-  .action(() => {
-    process.stdout.write(`gateway-upgrade v${VERSION}\n`);
+  .description("print gateway-upgrade's own version"))
+  .action((opts: FormatOptions) => {
+    process.stdout.write(render(formatOf(opts), { version: VERSION }, () => `gateway-upgrade v${VERSION}`));
   });
 
 const repo = program.command('repo').description('the package repository entry (gateway.list / gateway.repo)');
 repo.action(() => {
   repo.outputHelp();
 });
-repo
+formatOption(repo
   .command('show')
-  .description('print the repository entry and its channel')
-  .action(async () => {
-    await showRepo(context());
+  .description('print the repository entry and its channel'))
+  .action(async (opts: FormatOptions) => {
+    const format = formatOf(opts);
+    const entry = await showRepo(context(format));
+    if (format !== 'text') process.stdout.write(render(format, entry, () => ''));
   });
 repo
   .command('set-channel')

@@ -3,6 +3,7 @@
 import { homedir } from 'node:os';
 import { GatewayError } from '../errors.js';
 import type { DialPlanOptions } from './dialplan.js';
+import { formatOption, type FormatSpec } from './output.js';
 import { EXIT_FAILURE, newProgram, runCli } from './run.js';
 import type { StartOptions } from './start.js';
 import { formatUnits, systemdUnits, UNIT_NAMES, writeUnits, type UnitName } from '../upgrade/systemd.js';
@@ -75,17 +76,19 @@ program
     }
   });
 
-program
+/** dial-plan's json is one object per target per line (it streams: a probe takes seconds); --json is its old spelling. */
+const DIAL_PLAN_FORMAT: FormatSpec = { jsonFlag: true };
+
+formatOption(program
   .command('dial-plan')
   .description('explain how each target would be dialled under the current HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY (and the PAC file they name)')
   .argument('[target...]', 'host:port (a dial of the gateway\'s own) or an http:// or https:// URL')
-  .option('--json', 'one JSON object per target per line')
   .option('--kube-api <url>', "also the Kubernetes Service's dial of this API server (kube_service.clusters[].api_server), with --cluster")
   .option('--cluster <name>', "the gateway cluster's name, which makes kube.<name>.local (with --kube-api)")
   .option('--probe', 'also dial each target, open TLS and report the certificate that answers (the cluster\'s, or "inspected by" another CA)')
   .option('--ca <file>', "with --probe: the cluster's host CA (PEM) to compare with")
   .option('--data-dir <dir>', "with --probe: an agent's data directory, whose host CA is compared with")
-  .option('--timeout <ms>', 'with --probe: the deadline of each probe (dial and handshake)', String(10_000))
+  .option('--timeout <ms>', 'with --probe: the deadline of each probe (dial and handshake)', String(10_000)), DIAL_PLAN_FORMAT)
   .action(async (targets: string[], opts: DialPlanOptions) => {
     if (!(await (await import('./dialplan.js')).dialPlan(targets, opts))) process.exitCode = EXIT_FAILURE;
   });

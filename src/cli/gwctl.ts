@@ -3,14 +3,15 @@
 import { fchmodSync, fstatSync, readFileSync } from 'node:fs';
 import { writeSecretFile } from '../fsutil.js';
 import type { Resource } from '../auth/resources/index.js';
-import { toJson, toYaml } from '../auth/resources/index.js';
+import { getKindOf, toJson, toYaml } from '../auth/resources/index.js';
 import type { ApiClient } from '../client/api.js';
 import { formatDuration, parseDuration } from '../duration.js';
 import { GatewayError } from '../errors.js';
 import { gwctlClient, type CredentialOptions } from './credentials.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
-import { eventTable } from './events.js';
+import { FORMATS, formatOf, formatOption, render, type FormatOptions, type FormatSpec } from './output.js';
+import { resourceTable } from './resources.js';
 import { table } from './table.js';
 
 const program = newProgram('gwctl', 'Admin CLI: manage users, roles, tokens and cluster resources.')
@@ -59,11 +60,13 @@ function proxyStatusLines(s: StatusAnswer): string[] {
   return lines;
 }
 
-program
+formatOption(program
   .command('status')
-  .description('print the cluster name, version, CA pin, the Proxies and whether their upgrade channels agree; fails when the credentials do not work')
-  .action(async () => {
+  .description('print the cluster name, version, CA pin, the Proxies and whether their upgrade channels agree; fails when the credentials do not work'))
+  .action(async (opts: FormatOptions) => {
+    const format = formatOf(opts);
     const s = await client().call<StatusAnswer>('GET', '/v1/status');
+    if (format !== 'text') return out(render(format, s, () => ''));
     out(table([
       ['Cluster:', s.cluster_name],
       ['Version:', s.version],
@@ -81,14 +84,14 @@ const AGENT_DATA_DIR = '/var/lib/gateway-agent';
 const PROXY_DATA_DIR = '/var/lib/gateway-proxy';
 
 const tokens = program.command('tokens').description('join tokens for agents');
-tokens
+formatOption(tokens
   .command('add')
   .description('create a join token and print it with the CA pin and a ready start command')
   .requiredOption('--type <types>', 'comma-separated: node, db, app, kube, desktop, proxy')
   .option('--ttl <duration>', 'how long the token is valid', '30m')
-  .option('--uses <n>', 'how many agents may join with it (0 = any number until it expires)', '1')
-  .option('--format <format>', 'text or json', 'text')
-  .action(async (opts: { type: string; ttl: string; uses: string; format: string }) => {
+  .option('--uses <n>', 'how many agents may join with it (0 = any number until it expires)', '1'))
+  .action(async (opts: { type: string; ttl: string; uses: string } & FormatOptions) => {
+    const format = formatOf(opts);
     const ttlMs = parseDuration(opts.ttl, '--ttl');
     if (!/^\d+$/.test(opts.uses)) throw new GatewayError('GW_ERR_USAGE', `--uses: "${opts.uses}" is not a whole number`);
     const c = client();
@@ -104,10 +107,7 @@ tokens
     const command = forProxy
       ? `gateway start --data-dir=${PROXY_DATA_DIR} --roles=${created.roles.join(',')} --auth-server=${authAddr} --token=${created.token} --ca-pin=${status.ca_pin}`
       : `gateway start -c ${AGENT_CONFIG} --data-dir=${AGENT_DATA_DIR} --roles=${created.roles.join(',')} --token=${created.token} --ca-pin=${status.ca_pin} --proxy=${proxy}`;
-    if (opts.format === 'json') {
-      out(JSON.stringify({ token: created.token, id: created.id, roles: created.roles, expires: created.expiresAt, ca_pin: status.ca_pin, command }));
-      return;
-    }
+    if (format !== 'text') return out(render(format, { token: created.token, id: created.id, roles: created.roles, expires: created.expiresAt, ca_pin: status.ca_pin, command }, () => ''));
     out(
       [
         `The invite token: ${created.token}`,
@@ -124,14 +124,15 @@ tokens
       ].join('\n'),
     );
   });
-tokens
+formatOption(tokens
   .command('ls')
-  .description('list join tokens (their ids; token values are never stored)')
-  .option('--format <format>', 'text or json', 'text')
-  .action(async (opts: { format: string }) => {
-    const { tokens: rows } = await client().call<{ tokens: Array<{ id: string; roles: string[]; expires: string; uses: number; used: number }> }>('GET', '/v1/tokens');
-    if (opts.format === 'json') return out(JSON.stringify(rows));
-    out(table([['Id', 'Types', 'Uses', 'Expires'], ...rows.map((t) => [t.id, t.roles.join(','), t.uses === 0 ? `${t.used}/any` : `${t.used}/${t.uses}`, t.expires])]));
+  .description('list join tokens (their ids; token values are never stored)'))
+  .action(async (opts: FormatOptions) => {
+    const format = formatOf(opts);
+    const { tokens: listed } = await client().call<{ tokens: Array<{ id: string; roles: string[]; expires: string; uses: number; used: number; createdAt?: string; createdBy?: string }> }>('GET', '/v1/tokens');
+    // The API's answer (the Web UI's too) names two fields in camelCase; what gwctl prints is snake_case.
+    const rows = listed.map(({ createdAt, createdBy, ...t }) => ({ ...t, ...(createdAt === undefined ? {} : { created_at: createdAt }), ...(createdBy === undefined ? {} : { created_by: createdBy }) }));
+    out(render(format, rows, () => table([['Id', 'Types', 'Uses', 'Expires'], ...rows.map((t) => [t.id, t.roles.join(','), t.uses === 0 ? `${t.used}/any` : `${t.used}/${t.uses}`, t.expires])])));
   });
 tokens
   .command('rm')
@@ -172,14 +173,13 @@ users
     await client().call('PUT', `/v1/users/${encodeURIComponent(user)}/roles`, { roles: list(opts.setRoles) });
     out(`user "${user}" now has roles ${list(opts.setRoles).join(', ')}; a role taken away stops working at once, a role given works after 'gwsh logout' and 'gwsh login'`);
   });
-users
+formatOption(users
   .command('ls')
-  .description('list users')
-  .option('--format <format>', 'text or json', 'text')
-  .action(async (opts: { format: string }) => {
+  .description('list users'))
+  .action(async (opts: FormatOptions) => {
+    const format = formatOf(opts);
     const { users: rows } = await client().call<{ users: Array<{ metadata: { name: string }; spec: { roles: string[] } }> }>('GET', '/v1/users');
-    if (opts.format === 'json') return out(JSON.stringify(rows));
-    out(table([['User', 'Roles'], ...rows.map((u) => [u.metadata.name, u.spec.roles.join(',')])]));
+    out(render(format, rows, () => table([['User', 'Roles'], ...rows.map((u) => [u.metadata.name, u.spec.roles.join(',')])])));
   });
 users
   .command('rm')
@@ -206,24 +206,37 @@ program
     for (const m of messages) out(m);
   });
 
-program
+/** gwctl get prints YAML unless told (as upstream's tctl get does): what it prints, gwctl create reads back. */
+const GET_FORMAT: FormatSpec = { default: 'yaml', aliases: { table: 'text' } };
+
+/** KIND, KIND/NAME or KIND NAME: the kind as the user wrote it (singular or plural) and the name, if any. */
+function resourceRef(ref: string, second: string | undefined): { kind: string; name: string | undefined } {
+  const slash = ref.indexOf('/');
+  if (slash >= 0 && second !== undefined) throw new GatewayError('GW_ERR_USAGE', `give KIND/NAME or KIND NAME, not both ("${ref}" and "${second}")`);
+  if (slash < 0) return { kind: ref, name: second };
+  if (slash === 0 || slash === ref.length - 1) throw new GatewayError('GW_ERR_USAGE', `"${ref}" is not KIND/NAME`);
+  return { kind: ref.slice(0, slash), name: ref.slice(slash + 1) };
+}
+
+formatOption(program
   .command('get')
-  .description('print resources: KIND (all of them) or KIND/NAME')
-  .argument('<ref>', 'role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node (KIND or KIND/NAME)')
-  .option('--format <format>', 'yaml or json; for events also table (a row per event: user, resource, client, bytes, duration)', 'yaml')
+  .description('print resources: KIND (all of them), KIND NAME or KIND/NAME; text tables, or yaml (the default, which gwctl create reads back) and json')
+  .argument('<kind>', 'role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node, proxy, event (singular or plural), or KIND/NAME')
+  .argument('[name]', 'one resource of the kind')
   .option('--with-secrets', "include secrets such as a connector's signing_key_pair.private_key")
-  .option('-o, --output <file>', 'write to this file (mode 0600, replaced atomically) instead of standard output')
-  .action(async (ref: string, opts: { format: string; withSecrets?: boolean; output?: string }) => {
-    const slash = ref.indexOf('/');
-    const kind = slash < 0 ? ref : ref.slice(0, slash);
-    const name = slash < 0 ? undefined : ref.slice(slash + 1);
-    const events = kind === 'event' || kind === 'events';
-    if (opts.format !== 'yaml' && opts.format !== 'json' && !(events && opts.format === 'table')) {
-      throw new GatewayError('GW_ERR_USAGE', `--format: "${opts.format}" is not yaml or json${events ? ' or table' : ''}`);
+  .option('-o, --output <file>', 'write to this file (mode 0600, replaced atomically) instead of standard output'), GET_FORMAT)
+  .action(async (ref: string, second: string | undefined, opts: { withSecrets?: boolean; output?: string } & FormatOptions) => {
+    const format = formatOf(opts, GET_FORMAT);
+    if (opts.output !== undefined && (FORMATS as readonly string[]).includes(opts.output)) {
+      // kubectl's -o is the format; here it is a file, and "-o json" would quietly write one named json.
+      throw new GatewayError('GW_ERR_USAGE', `-o ${opts.output} writes to a file named "${opts.output}"; the output format is -f (--format)`, {
+        hint: `Give -f ${opts.output} for the format, or -o ./${opts.output} if you do want a file of that name.`,
+      });
     }
+    const { kind, name } = resourceRef(ref, second);
     const path = `/v1/resources/${encodeURIComponent(kind)}${name === undefined ? '' : `/${encodeURIComponent(name)}`}${opts.withSecrets ? '?with_secrets=1' : ''}`;
     const { resources } = await client().call<{ resources: Resource[] }>('GET', path);
-    const text = opts.format === 'json' ? toJson(resources) : opts.format === 'table' ? eventTable(resources.map((r) => (r as unknown as { spec: Record<string, unknown> }).spec)) : toYaml(resources);
+    const text = format === 'json' ? toJson(resources) : format === 'text' ? resourceTable(getKindOf(kind) ?? kind, resources) : toYaml(resources);
     if (opts.output !== undefined) {
       writeSecretFile(opts.output, text.endsWith('\n') ? text : `${text}\n`);
     } else {
@@ -262,7 +275,7 @@ function targetOption(opts: TargetOptions, command: string): Record<string, stri
   return { [given[0]!]: opts[given[0]!]! };
 }
 
-program
+formatOption(program
   .command('lock')
   .description('lock a user, a role (every user holding it), an agent or a Proxy: refused at once, and what it has open is closed')
   .option('--user <name>', 'lock this user')
@@ -271,9 +284,9 @@ program
   .option('--message <text>', 'shown with every refusal')
   .option('--ttl <duration>', 'the lock ends by itself after this long (90s, 30m, 12h, 7d)')
   .option('--expires <time>', 'the lock ends by itself at this RFC 3339 time (2030-01-31T23:59:59Z)')
-  .option('--name <name>', 'the lock name (default: a generated UUID)')
-  .option('--format <format>', 'text or json', 'text')
-  .action(async (opts: TargetOptions & { message?: string; ttl?: string; expires?: string; name?: string; format: string }) => {
+  .option('--name <name>', 'the lock name (default: a generated UUID)'))
+  .action(async (opts: TargetOptions & { message?: string; ttl?: string; expires?: string; name?: string } & FormatOptions) => {
+    const format = formatOf(opts);
     const target = targetOption(opts, 'lock');
     if (opts.ttl !== undefined && opts.expires !== undefined) throw new GatewayError('GW_ERR_USAGE', 'give --ttl or --expires, not both');
     if (opts.expires !== undefined && Number.isNaN(Date.parse(opts.expires))) {
@@ -287,7 +300,7 @@ program
       ...(opts.name ? { name: opts.name } : {}),
     };
     const { lock } = await client().call<{ lock: { metadata: { name: string }; spec: { expires?: string } } }>('POST', '/v1/locks', body);
-    if (opts.format === 'json') return out(JSON.stringify(lock));
+    if (format !== 'text') return out(render(format, lock, () => ''));
     const [kind, value] = Object.entries(target)[0]!;
     out(`lock "${lock.metadata.name}" created: ${kind} ${value} is locked ${lock.spec.expires ? `until ${lock.spec.expires}` : "until 'gwctl unlock' removes it"}`);
   });

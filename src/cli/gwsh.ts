@@ -24,19 +24,22 @@ import { GatewayError } from '../errors.js';
 import { databaseRoute } from '../wire/protocols.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
+import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { table } from './table.js';
 
 const program = newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.').enablePositionalOptions();
 
-program
+formatOption(program
   .command('login')
   .description('sign in and receive short-lived certificates (password from the terminal or standard input, or --auth=CONNECTOR through the browser)')
   .requiredOption('--proxy <host:port>', "the Proxy's public web address")
   .option('--user <user>', 'user name (a local user; not with --auth)')
   .option('--auth <connector>', 'sign in through a single sign-on connector (oidc, saml or github; kind/name if names repeat): prints the URL to open')
   .option('--ca-pin <pin>', "the cluster's CA pin (sha256:...), to trust a cluster whose certificate is not publicly trusted")
-  .option('--ttl <duration>', 'certificate lifetime (at most what the cluster allows, 12h by default; with --auth the session\'s)')
-  .action(async (opts: { proxy: string; user?: string; auth?: string; caPin?: string; ttl?: string }) => {
+  .option('--ttl <duration>', 'certificate lifetime (at most what the cluster allows, 12h by default; with --auth the session\'s)'))
+  .action(async (opts: { proxy: string; user?: string; auth?: string; caPin?: string; ttl?: string } & FormatOptions) => {
+    // What login prints is the profile, as gwsh status prints it.
+    const format = formatOf(opts);
     const proxy = normalizeAddress(opts.proxy);
     if (!opts.auth && !opts.user) throw new GatewayError('GW_ERR_USAGE', 'give --user for a local user, or --auth=CONNECTOR to sign in through single sign-on');
     if (opts.auth && opts.user) throw new GatewayError('GW_ERR_USAGE', '--user and --auth exclude each other: the identity provider names the user');
@@ -49,9 +52,10 @@ program
     const client = new ApiClient({ address: proxy, ...(ca ? { ca } : {}) });
     const keys = generateKeyPair();
     if (opts.auth) {
-      const bundle = await ssoLogin(client, opts.auth, keys);
+      // The URL to open is for the person: on standard error when standard output is data.
+      const bundle = await ssoLogin(client, opts.auth, keys, format === 'text' ? process.stdout : process.stderr);
       saveProfile(profileDir(), proxy, identityFromCert(bundle.tlsCert).name, keys.privateKeyPem, bundle);
-      printStatus('text');
+      printStatus(format);
       return;
     }
     const password = await readPassword(`Enter password for ${opts.user}: `);
@@ -63,7 +67,7 @@ program
       ...(ttlMs === undefined ? {} : { ttl_ms: ttlMs }),
     });
     saveProfile(profileDir(), proxy, opts.user!, keys.privateKeyPem, bundle);
-    printStatus('text');
+    printStatus(format);
   });
 
 /** How long gwsh waits for the browser to come back from the identity provider (GWSH_SSO_TIMEOUT_MS overrides). */
@@ -74,7 +78,7 @@ const SSO_CALLBACK_MS = 3 * 60_000;
  * from the callback exchanged (with a secret that never left this process) for certificates. The callback URL
  * carries a state of this process's: only a request that brings it back is the sign-in's.
  */
-async function ssoLogin(client: ApiClient, connector: string, keys: ReturnType<typeof generateKeyPair>): Promise<CertBundle> {
+async function ssoLogin(client: ApiClient, connector: string, keys: ReturnType<typeof generateKeyPair>, say: NodeJS.WritableStream): Promise<CertBundle> {
   const secret = randomSecret();
   const callback = await loopbackCallback(Number(process.env.GWSH_SSO_TIMEOUT_MS) || SSO_CALLBACK_MS);
   try {
@@ -85,7 +89,7 @@ async function ssoLogin(client: ApiClient, connector: string, keys: ReturnType<t
       redirect_url: callback.url,
       secret_hash: sha256hex(secret),
     });
-    process.stdout.write(`Open this URL in your browser: ${started.auth_url}\n`);
+    say.write(`Open this URL in your browser: ${started.auth_url}\n`);
     const code = await callback.code;
     return await client.call<CertBundle>('POST', '/webapi/sso/console/exchange', { request_id: started.request_id, code, secret });
   } finally {
@@ -136,13 +140,11 @@ async function loopbackCallback(deadlineMs: number): Promise<{ url: string; code
   return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}/callback?state=${state}`, code, close };
 }
 
-program
+formatOption(program
   .command('status')
-  .description("print the current profile: user, roles (as the certificate carries them), cluster, validity")
-  .option('-f, --format <format>', 'text or json', 'text')
-  .action((opts: { format: string }) => {
-    if (opts.format !== 'text' && opts.format !== 'json') throw new GatewayError('GW_ERR_USAGE', `--format: "${opts.format}" is not text or json`);
-    printStatus(opts.format);
+  .description("print the current profile: user, roles (as the certificate carries them), cluster, validity"))
+  .action((opts: FormatOptions) => {
+    printStatus(formatOf(opts));
   });
 
 program
@@ -180,13 +182,9 @@ interface InventoryItem {
   public_addr?: string;
 }
 
-function printInventory(items: InventoryItem[], format: string, withProtocol: string): void {
-  if (format === 'json') {
-    process.stdout.write(`${JSON.stringify(items, null, 2)}\n`);
-    return;
-  }
-  const rows = [['Name', withProtocol, 'Labels', 'Agent', 'Connected since'], ...items.map((i) => [i.name, i.protocol ?? '', Object.entries(i.labels).map(([k, v]) => `${k}=${v}`).join(','), i.agent, i.connected_since])];
-  process.stdout.write(`${table(rows)}\n`);
+function printInventory(items: InventoryItem[], format: Format, withProtocol: string): void {
+  const rows = () => [['Name', withProtocol, 'Labels', 'Agent', 'Connected since'], ...items.map((i) => [i.name, i.protocol ?? '', Object.entries(i.labels).map(([k, v]) => `${k}=${v}`).join(','), i.agent, i.connected_since])];
+  process.stdout.write(render(format, items, () => table(rows())));
 }
 
 for (const [name, kind, column, description] of [
@@ -196,12 +194,11 @@ for (const [name, kind, column, description] of [
   ['ls', 'node', '', 'servers (SSH nodes) you may reach'],
 ] as const) {
   const cmd = name === 'ls' ? program.command('ls') : program.command(name).command('ls');
-  cmd
-    .description(`list the ${description}, with their labels, agent and since when connected`)
-    .option('-f, --format <format>', 'text or json', 'text')
-    .action(async (opts: { format: string }) => {
+  formatOption(cmd.description(`list the ${description}, with their labels, agent and since when connected`))
+    .action(async (opts: FormatOptions) => {
+      const format = formatOf(opts);
       const { items } = await apiFor(requireProfile()).call<{ items: InventoryItem[] }>('GET', `/v1/inventory/${kind}`);
-      printInventory(items, opts.format, column);
+      printInventory(items, format, column);
     });
 }
 
@@ -416,7 +413,7 @@ program
     process.exitCode = code;
   });
 
-function printStatus(format: string): void {
+function printStatus(format: Format): void {
   const profile = loadProfile();
   if (!profile) {
     throw new GatewayError('GW_ERR_CLIENT_NOT_LOGGED_IN', 'not logged in', { hint: "Run 'gwsh login --proxy=HOST:PORT --user=USER'." });
@@ -431,8 +428,8 @@ function printStatus(format: string): void {
     valid_until: profile.valid_until,
     expired,
   };
-  if (format === 'json') {
-    process.stdout.write(`${JSON.stringify({ active }, null, 2)}\n`);
+  if (format !== 'text') {
+    process.stdout.write(render(format, { active }, () => ''));
     return;
   }
   process.stdout.write(

@@ -11,6 +11,8 @@ import { VERSION } from '../version.js';
 /** Exit statuses: 1 for a failure of the operation, 2 for a command line that cannot be understood. */
 export const EXIT_FAILURE = 1;
 export const EXIT_USAGE = 2;
+/** The codes of a command line that cannot be understood (exit status 2): a bad flag, a bad --format. */
+const USAGE_CODES: ReadonlySet<string> = new Set(['GW_ERR_USAGE', 'GW_ERR_OUTPUT_FORMAT']);
 
 export function printError(err: unknown, debug: boolean, stderr: NodeJS.WritableStream = process.stderr): void {
   const gwErr = toGatewayError(err);
@@ -48,6 +50,6 @@ export async function runCli(program: Command, argv: string[] = process.argv): P
       return;
     }
     printError(err, debug);
-    process.exitCode = err instanceof GatewayError && err.code === 'GW_ERR_USAGE' ? EXIT_USAGE : EXIT_FAILURE;
+    process.exitCode = err instanceof GatewayError && USAGE_CODES.has(err.code) ? EXIT_USAGE : EXIT_FAILURE;
   }
 }

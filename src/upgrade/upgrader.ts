@@ -171,8 +171,46 @@ async function announceRepoMove(ctx: UpgraderContext, pm: PackageManagerName | u
   warn(ctx, `${e.message}\nhint: ${e.hint}`);
 }
 
-export async function dryRun(ctx: UpgraderContext): Promise<void> {
+/**
+ * What dry-run found, as `gateway-upgrade dry-run --format json|yaml` prints it (the text lines say the same).
+ * Keys are snake_case like every JSON the CLIs print.
+ */
+export interface DryRunReport {
+  installed_version: string;
+  target_version: string;
+  upgrade_available: boolean;
+  channel: string;
+  version_server: string;
+  critical: boolean;
+  /** The Proxy that answered (behind a load balancer), when it says. */
+  answered_by: string | null;
+  maintenance_window: { state: 'inside' | 'scheduled' | 'none' | 'unknown'; until?: string; next_start?: string };
+  /** How the upgrade would install, when one is available and the package manager is known. */
+  install: { method: string; what: string } | null;
+  /** The cluster's Auth and Proxy are too old for this agent to enroll: the version they need. */
+  cluster_too_old: string | null;
+}
+
+function windowReport(f: Facts): DryRunReport['maintenance_window'] {
+  if (f.window) return { state: 'inside', until: isoSeconds(f.window.stop) };
+  if (f.next) return { state: 'scheduled', next_start: isoSeconds(f.next.start) };
+  return { state: f.schedule.state === 'empty' ? 'none' : 'unknown' };
+}
+
+export async function dryRun(ctx: UpgraderContext): Promise<DryRunReport> {
   const f = await gatherFacts(ctx);
+  const report: DryRunReport = {
+    installed_version: f.installed.version,
+    target_version: f.target.version,
+    upgrade_available: !sameVersion(f.installed.version, f.target.version),
+    channel: f.endpoint.channel,
+    version_server: `${f.endpoint.host}:${f.endpoint.port}`,
+    critical: f.target.critical,
+    answered_by: f.target.proxy ?? null,
+    maintenance_window: windowReport(f),
+    install: null,
+    cluster_too_old: f.cluster.ok ? null : f.cluster.needed,
+  };
   say(ctx, comparisonLine(f.installed.version, f.target.version));
   say(ctx, `channel: ${f.endpoint.channel} at ${f.endpoint.host}:${f.endpoint.port} (critical: ${f.target.critical ? 'yes' : 'no'})`);
   // Which Proxy answered: behind a load balancer, Proxies with different channels are what makes agents flip.
@@ -180,19 +218,21 @@ export async function dryRun(ctx: UpgraderContext): Promise<void> {
   say(ctx, windowLine(f));
   reportSchedule(ctx, f.schedule);
   if (!f.cluster.ok) warn(ctx, `${tooOld(f.cluster).message}; 'gateway-upgrade run' will not upgrade (needs ${f.cluster.needed})`);
-  if (sameVersion(f.installed.version, f.target.version)) return;
+  if (!report.upgrade_available) return report;
   const pkg = packageNameFor(ctx, f.installed);
   const pm = await resolvePackageManager(ctx, pkg).catch((err: unknown) => {
     warn(ctx, toGatewayError(err).message);
     return undefined;
   });
-  if (pm === undefined) return;
+  if (pm === undefined) return report;
   if (pm === 'tarball') {
-    say(ctx, `install: tarball ${ctx.settings.downloadUrl}/${tarballName(f.target.version, tarballArch(ctx.settings.arch), f.installed.fips)}`);
-    return;
+    report.install = { method: 'tarball', what: `${ctx.settings.downloadUrl}/${tarballName(f.target.version, tarballArch(ctx.settings.arch), f.installed.fips)}` };
+  } else {
+    report.install = { method: pm, what: packageSpec(pm, pkg, f.target.version) };
   }
-  say(ctx, `install: ${pm} ${packageSpec(pm, pkg, f.target.version)}`);
-  await announceRepoMove(ctx, pm, f.target.version);
+  say(ctx, `install: ${report.install.method} ${report.install.what}`);
+  if (pm !== 'tarball') await announceRepoMove(ctx, pm, f.target.version);
+  return report;
 }
 
 // --- installing ----------------------------------------------------------------------------------------------------
@@ -412,14 +452,15 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
 }
 
 /** `gateway-upgrade repo show`: the entry and its channel. */
-export async function showRepo(ctx: UpgraderContext): Promise<void> {
+export async function showRepo(ctx: UpgraderContext): Promise<{ path: string; registered: boolean; channel: string | null }> {
   const pm = await resolveRepoManager(ctx);
   const entry = await readRepo(pm, ctx.settings);
   if (!entry) {
     say(ctx, `${repoPath(pm, ctx.settings)}: not registered`);
-    return;
+    return { path: repoPath(pm, ctx.settings), registered: false, channel: null };
   }
   say(ctx, `${entry.path}: channel ${entry.channel ?? 'unknown'}`);
+  return { path: entry.path, registered: true, channel: entry.channel ?? null };
 }
 
 /** `gateway-upgrade repo set-channel <channel>`: the explicit move. */

@@ -203,7 +203,7 @@ describe('the /v1/proxy/ routes', () => {
       expect(new X509Certificate(bundle.tlsCert).publicKey.export({ type: 'spki', format: 'pem' }).toString()).toBe(anotherKey);
       // The audit says which Proxy carried it (the caller's host ID, not a field of the body).
       const events = await role.auth.listEvents(role.auth.adminIdentity(), 10);
-      expect(events.map((e) => e.event).find((e) => e.event === 'host.renew')).toMatchObject({ hostId: another.hostId, via: proxy.hostId });
+      expect(events.map((e) => e.event).find((e) => e.event === 'host.renew')).toMatchObject({ host_id: another.hostId, via: proxy.hostId });
     } finally {
       remote.close();
     }
@@ -447,7 +447,7 @@ describe('a Proxy role on a RemoteProxyAuth', () => {
       expect((await remote.auth.listProxies()).map((p) => p.id)).toEqual(expect.any(Array));
       expect((await request(web, { path: '/v1/status', ca, creds: alice })).body.identity).toMatchObject({ kind: 'user', name: 'alice' });
       const events = await role.auth.listEvents(role.auth.adminIdentity(), 20);
-      expect(events.map((e) => e.event).find((e) => e.event === 'host.renew' && e.hostId === proxy.hostId)).toMatchObject({ via: 'direct' });
+      expect(events.map((e) => e.event).find((e) => e.event === 'host.renew' && e.host_id === proxy.hostId)).toMatchObject({ via: 'direct' });
     } finally {
       await own.stop();
     }

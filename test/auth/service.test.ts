@@ -272,7 +272,7 @@ describe('host certificate renewal', () => {
     expect(ssh.principals).toEqual(expect.arrayContaining([first.hostId, 'node-1', 'node-1.example.com', '10.1.2.3']));
     expect((await auth.getNode(first.hostId))?.renewedAt).toBe(new Date(now).toISOString());
     const events = await auth.listEvents(admin, 5);
-    expect(events.map((e) => e.event).find((e) => e.event === 'host.renew')).toMatchObject({ hostId: first.hostId, via: 'proxy-1' });
+    expect(events.map((e) => e.event).find((e) => e.event === 'host.renew')).toMatchObject({ host_id: first.hostId, via: 'proxy-1' });
   });
 
   it('hostile: another key is refused, and nothing is recorded', async () => {

@@ -32,13 +32,13 @@ function run(args: string[], env: Record<string, string> = {}) {
 }
 
 function plan(targets: string[], env: Record<string, string>) {
-  const r = run(['dial-plan', '--json', ...targets], env);
+  const r = run(['dial-plan', '-f', 'json', ...targets], env);
   return { status: r.status, stderr: r.stderr, rows: r.stdout.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>) };
 }
 
 const EITHER = { family: 'either', reason: expect.stringContaining('Happy Eyeballs') };
 
-describe('gateway dial-plan --json', () => {
+describe('gateway dial-plan -f json', () => {
   it('prints one object per target with proxy, source and reason', () => {
     const { status, rows } = plan(
       ['proxy.example.com:3024', 'https://proxy.example.com/webapi/find', 'http://updates.example.com/', 'db.internal:5432', 'localhost:3080'],
@@ -216,7 +216,7 @@ describe('gateway dial-plan with a SOCKS5 proxy', () => {
     expect(r.stdout + r.stderr).not.toContain('s3cr');
   });
 
-  it('--json gives the socks5h:// proxy and ALL_PROXY as the source', () => {
+  it('-f json gives the socks5h:// proxy and ALL_PROXY as the source', () => {
     const { rows } = plan(['proxy.example.com:443'], { ALL_PROXY: 'socks5h://agent7:s3cr%40t@dante.corp:1080' });
     expect(rows[0]).toEqual({
       target: 'proxy.example.com:443',
@@ -264,7 +264,7 @@ describe('CLI errors', () => {
 describe('gateway dial-plan --kube-api --cluster (the Kubernetes Service\'s dial of an API server)', () => {
   const env = { HTTPS_PROXY: 'http://squid.corp:3128', NO_PROXY: '10.0.0.0/8' };
 
-  it('--json: the decision, and both NO_PROXY checks behind it', () => {
+  it('-f json: the decision, and both NO_PROXY checks behind it', () => {
     const { status, rows } = plan(['--kube-api', 'https://10.96.0.1:443', '--cluster', 'example.com'], env);
     expect(status).toBe(0);
     expect(rows).toEqual([
@@ -360,7 +360,7 @@ describe('gateway dial-plan --probe (the TLS peer on the path; behind an inspect
   });
 
   const probe = async (args: string[]) => {
-    const r = await runCli('gateway', ['dial-plan', '--json', '--probe', ...args]);
+    const r = await runCli('gateway', ['dial-plan', '-f', 'json', '--probe', ...args]);
     return { ...r, rows: r.stdout.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>) };
   };
 
@@ -412,7 +412,7 @@ describe('gateway dial-plan with a PAC file', () => {
     );
   });
 
-  it('--json carries the PAC and the chosen proxy', () => {
+  it('-f json carries the PAC and the chosen proxy', () => {
     const { status, rows } = plan(['proxy.example.com:443', 'other.org:443'], { HTTPS_PROXY: `pac+file://${pac}` });
     expect(status).toBe(0);
     expect(rows[0]).toMatchObject({ proxy: 'http://squid.corp:3128', source: 'HTTPS_PROXY', pac: { url: `file://${pac}`, chosen: 'PROXY squid.corp:3128' } });

@@ -1,4 +1,4 @@
-/** `gwctl get events --format table` (src/cli/events.ts): the columns, the session fields, and hostile text. */
+/** `gwctl get events -f text` (src/cli/events.ts): the columns, the session fields, and hostile text. */
 import { describe, expect, it } from 'vitest';
 import { eventRow, eventTable } from '../../src/cli/events.js';
 import { formatBytes, formatMs } from '../../src/format.js';

@@ -292,8 +292,8 @@ describe('session audit', () => {
     }
   }, 120_000);
 
-  it('gwctl get events --format table: a row per event with user, resource, bytes and duration', async () => {
-    const r = await admin(['get', 'events', '--format', 'table']);
+  it('gwctl get events -f text: a row per event with user, resource, bytes and duration', async () => {
+    const r = await admin(['get', 'events', '-f', 'text']);
     expect(r.status, r.stderr).toBe(0);
     const lines = r.stdout.split('\n');
     expect(lines[0]).toMatch(/^TIME\s+EVENT\s+USER\s+RESOURCE\s+CLIENT\s+BYTES IN\/OUT\s+DURATION/);

@@ -21,13 +21,14 @@ export interface RunResult {
 export function runCli(
   name: 'gateway' | 'gwctl' | 'gwsh' | 'gateway-upgrade',
   args: string[],
-  options: { env?: Record<string, string>; input?: string; timeoutMs?: number; wrap?: string[] } = {},
+  options: { env?: Record<string, string>; input?: string; timeoutMs?: number; wrap?: string[]; cwd?: string } = {},
 ): Promise<RunResult> {
   return new Promise((resolve, reject) => {
     // wrap: a command the CLI runs under (e.g. unshare); it must exec the rest of its arguments.
     const [command, ...rest] = [...(options.wrap ?? []), process.execPath, BIN(name), ...args];
     const child = spawn(command!, rest, {
       env: { PATH: process.env.PATH ?? '', ...(options.env ?? {}) },
+      ...(options.cwd === undefined ? {} : { cwd: options.cwd }),
       stdio: ['pipe', 'pipe', 'pipe'],
     });
     let stdout = '';

@@ -266,6 +266,6 @@ describe('host certificate renewal, as the agent role wires it', () => {
     await waitUntil('the tunnel is up', () => agent.tunnelAgent!.getState() === 'connected');
     expect(await agent.renewal!.check(LATER())).toBe('renewed');
     expect(loadHostIdentity(join(dir, 'agent'))!.cert).toBe(agent.hostIdentity.cert);
-    expect(await auth.auth.listEvents(auth.auth.adminIdentity(), 10)).toEqual(expect.arrayContaining([expect.objectContaining({ event: expect.objectContaining({ event: 'host.renew', hostId: agent.hostIdentity.hostId, via: proxy.tunnels.proxyId }) })]));
+    expect(await auth.auth.listEvents(auth.auth.adminIdentity(), 10)).toEqual(expect.arrayContaining([expect.objectContaining({ event: expect.objectContaining({ event: 'host.renew', host_id: agent.hostIdentity.hostId, via: proxy.tunnels.proxyId }) })]));
   });
 });

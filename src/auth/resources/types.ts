@@ -19,6 +19,16 @@ export const RESOURCE_VERSIONS = {
 export type ResourceKind = keyof typeof RESOURCE_VERSIONS;
 export const RESOURCE_KINDS = Object.keys(RESOURCE_VERSIONS) as ResourceKind[];
 
+/** Kinds `gwctl get` reads: every kind a manifest holds, and what the cluster reports (agents, Proxies, audit). */
+export const GET_KINDS = [...RESOURCE_KINDS, 'node', 'proxy', 'event'] as const;
+export type GetKind = (typeof GET_KINDS)[number];
+
+/** A kind as a user writes it, singular or plural (`roles`, `proxies`); undefined when there is no such kind. */
+export function getKindOf(text: string): GetKind | undefined {
+  const singular = text === 'proxies' ? 'proxy' : text.endsWith('s') ? text.slice(0, -1) : text;
+  return (GET_KINDS as readonly string[]).includes(text) ? (text as GetKind) : (GET_KINDS as readonly string[]).includes(singular) ? (singular as GetKind) : undefined;
+}
+
 /** Verbs of role rules; `*` is every verb. */
 export const VERBS = ['list', 'read', 'create', 'update', 'delete', '*'] as const;
 export type Verb = (typeof VERBS)[number];
