@@ -24,7 +24,7 @@ import http from 'node:http';
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { SecureContext } from 'node:tls';
-import { createWebSocketStream, WebSocketServer, type WebSocket } from 'ws';
+import { WebSocketServer, type WebSocket } from 'ws';
 import { formatHostPort } from '../addr.js';
 import type { GatewayConfig } from '../config/index.js';
 import { GatewayError } from '../errors.js';
@@ -37,6 +37,7 @@ import { createWebServer, type Http2Caps, type WebServer } from '../net/http2.js
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { serverSecureContext, terminateTls } from '../net/tls.js';
 import { cameThroughUpgrade, clientAddress, markUpgraded } from '../stream/meta.js';
+import { webSocketDuplex } from '../stream/websocket.js';
 import type { AuthPreference } from '../auth/sso/index.js';
 import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
@@ -164,7 +165,7 @@ function serveUpgrades(web: WebServer['server'], mux: Multiplexer, protocols: re
     if (!guard.hasRoom()) return void socket.end('HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\ntoo many upgraded connections\n');
     const route = protocol === UPGRADE_TRANSPORT ? {} : { route: upgradeRouteFor(protocol!, protocols)!.name };
     wss.handleUpgrade(req, socket, head, (ws: WebSocket) => {
-      const stream = createWebSocketStream(ws);
+      const stream = webSocketDuplex(ws, UPGRADE_MAX_PAYLOAD);
       const interval = setInterval(() => ws.ping(), pingMs);
       ws.once('close', () => clearInterval(interval));
       stream.on('error', () => stream.destroy());
