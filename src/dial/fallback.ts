@@ -120,7 +120,7 @@ export async function connectClusterTls(
     const roots = operatorRoots(dialer);
     if (!rootsTrust(roots, chain)) throw e;
     remember(addr);
-    logger('dial').warn(
+    logger('dial').info(
       { address: addr, inspected_by: chainRoot(chain), proxy: e.details?.proxy },
       `TLS to ${addr} is inspected by ${chainRoot(chain) ?? 'a proxy'}, whose root the operator gave: the cluster's TLS goes inside a WebSocket upgrade on ${addr} (the proxy sees only ciphertext)`,
     );
