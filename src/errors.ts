@@ -494,7 +494,7 @@ export const ERROR_CODES = {
   GW_ERR_TLS_INSPECTED: {
     status: 502,
     summary: "On a dial through a proxy, the server's certificate is not signed by a CA this side trusts but by another CA: a TLS-inspecting proxy (squid ssl_bump, an inspection appliance) answered in the server's place with a certificate of its own; the message names that CA. The certificate is refused; nothing is sent over it.",
-    hint: "Have the proxy splice (not inspect) TLS to the Proxy's name (squid: ssl_bump splice for an ssl::server_name ACL), or add the name to NO_PROXY where the machine may reach it directly; the message's hint names the host. Mutual TLS cannot pass through inspection.",
+    hint: "Give the inspecting proxy's root CA (named in the message) in GATEWAY_PROXY_CA_FILE or NODE_EXTRA_CA_CERTS (an agent: gateway.proxy_ca_file): the cluster's mutual TLS then goes inside a WebSocket upgrade on the Proxy's web address, end to end. Or have the proxy splice (not inspect) TLS to the Proxy's name (squid: ssl_bump splice for an ssl::server_name ACL), or add the name to NO_PROXY where the machine may reach it directly; the message's hint names the host.",
   },
   GW_ERR_TLS_HANDSHAKE_TIMEOUT: {
     status: 504,
