@@ -56,7 +56,7 @@ let address: string;
 let bump: Squid;
 let fakeServer: https.Server;
 let fakeAddress: string;
-let fakeMode: 'ok200' | 'notfound' | 'garbage' = 'notfound';
+let fakeMode: 'ok200' | 'notfound' | 'garbage' | 'silent' = 'notfound';
 const upgradedSockets = new Set<net.Socket>();
 let client: { key: string; cert: string };
 /** What the front door's services were handed (the tunnel's and the resources' TLS sockets). */
@@ -145,6 +145,7 @@ beforeAll(async () => {
   // The bumping proxy that lies: a 101 that names our subprotocol, then bytes that are no WebSocket frame.
   fakeServer.on('upgrade', (req, socket: net.Socket) => {
     upgradedSockets.add(socket);
+    if (fakeMode === 'silent') return; // takes the upgrade request and never answers
     if (fakeMode !== 'garbage') {
       socket.end(fakeMode === 'ok200' ? 'HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 20\r\n\r\n<html>welcome</html>' : 'HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n');
       return;
@@ -262,6 +263,12 @@ describe('hostile: what answers at the web address', () => {
     const ok = await failureOf(() => openUpgradeStream(withRoot(), fakeAddress));
     expect(ok.code).toBe('GW_ERR_DIAL_UPGRADE_REFUSED');
     expect(ok.details).toMatchObject({ status: 200 });
+  });
+
+  it('a server that takes the upgrade request and never answers: GW_ERR_DIAL_UPGRADE_TIMEOUT at the deadline given', async () => {
+    fakeMode = 'silent';
+    const err = await failureOf(() => openUpgradeStream(withRoot(), fakeAddress, { timeoutMs: 1500 }));
+    expect(err.code).toBe('GW_ERR_DIAL_UPGRADE_TIMEOUT');
   });
 
   it('a bumping server that answers 101 and then garbage: the inner TLS fails, nothing hangs', async () => {

@@ -1019,6 +1019,27 @@ describe('separate listeners (proxy_listener_mode: separate)', () => {
     sep = await startDoor(separateYaml());
   });
 
+  it('the transport upgrade is served on the web listener and routes by the inner ClientHello there too (a database, the tunnel over TLS)', async () => {
+    const webPort = portOf(sep.addresses.web!);
+    const open = () => {
+      const ws = new WebSocket(`wss://127.0.0.1:${webPort}${UPGRADE_PATH}`, [UPGRADE_TRANSPORT], { ca: pki.caPem, servername: HOST } as WebSocket.ClientOptions);
+      cleanups.push(() => ws.terminate());
+      return new Promise<WebSocket>((resolve, reject) => {
+        ws.once('open', () => resolve(ws));
+        ws.once('error', reject);
+      });
+    };
+    const mark = seen.length;
+    const db = await connectTls({ socket: createWebSocketStream(await open()), alpn: ['gateway-mysql'] });
+    expect((await roundTrip(db, 'select 1')).toString()).toBe('select 1');
+    const tunnel = await connectTls({ socket: createWebSocketStream(await open()), alpn: ['gateway-reversetunnel-v2'] });
+    expect((await roundTrip(tunnel, 'agent')).toString()).toBe('agent');
+    const routed = seen.slice(mark).filter((r) => r.info.upgraded === true).map((r) => r.service).sort();
+    expect(routed).toEqual(['gateway-mysql', 'gateway-reversetunnel']);
+    db.destroy();
+    tunnel.destroy();
+  });
+
   it('binds every listener of the table (kube too, since kube_listen_addr is set); peering is not one of them', () => {
     expect(Object.keys(sep.addresses).sort()).toEqual(['kube', 'mongo', 'mysql', 'postgres', 'redis', 'ssh', 'tunnel', 'web']);
     for (const addr of Object.values(sep.addresses)) expect(addr).toMatch(/^127\.0\.0\.1:\d+$/);
