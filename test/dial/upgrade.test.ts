@@ -37,6 +37,7 @@ import { VERSION } from '../../src/version.js';
 import { UPGRADE_PATH, UPGRADE_TRANSPORT } from '../../src/wire/ping.js';
 import { curl } from '../helpers/curl.js';
 import { failureOf } from '../helpers/errors.js';
+import { captureLogs } from '../helpers/logs.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 
@@ -211,6 +212,24 @@ describe('with the corporate root given', () => {
     expect(served.slice(mark).map((s) => s.info.route)).toEqual(['gateway-reversetunnel']);
     const api = new ApiClient({ address, dialer: withRoot(), ca: cluster.tls.certPem, cert: client.cert, key: client.key, timeoutMs: 10_000 });
     expect(await api.call('GET', '/v1/anything')).toEqual({ authorized: true });
+  });
+
+  it('says why once, in the log, naming the inspecting CA and the proxy without its password', async () => {
+    const lines = captureLogs();
+    try {
+      const dialer = new Dialer({ env: { HTTPS_PROXY: bump.url.replace('http://', 'http://alice:s3cret-pw@'), GATEWAY_PROXY_CA_FILE: corp.caCertPath } });
+      const first = await connectClusterTls(dialer, address, innerTls('gateway-tcp'), { peer, clusterCa: cluster.tls.certPem });
+      const second = await connectClusterTls(dialer, address, innerTls('gateway-tcp'), { peer, clusterCa: cluster.tls.certPem });
+      first.destroy();
+      second.destroy();
+    } finally {
+      setRootLogger(createLogger({ level: 'silent' }));
+    }
+    const why = lines.filter((l) => l.includes('whose root the operator gave'));
+    expect(why).toHaveLength(1);
+    expect(why[0]).toContain(`inspected by ${CORP_ROOT}`);
+    expect(why[0]).toContain('alice:***@');
+    expect(lines.join('')).not.toContain('s3cret-pw');
   });
 
   it('dial-plan --probe says the upgrade would be used; without the root, that the root is to be given', async () => {
