@@ -100,7 +100,8 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
   const services = servicesFor(config, flags.roles);
   const runs = (service: ServiceName) => services.includes(service);
   const lifecycle = new Lifecycle();
-  const dialer = new Dialer({ env: environment.env });
+  const proxyCa = config.gateway.proxy_ca_file;
+  const dialer = new Dialer({ env: environment.env, ...(proxyCa ? { inspectionRoots: [{ path: proxyCa, from: 'gateway.proxy_ca_file' }] } : {}) });
   const addresses: Record<string, string> = {};
   try {
     const remoteProxy = runs('proxy_service') && !runs('auth_service');

@@ -499,12 +499,27 @@ export const ERROR_CODES = {
   GW_ERR_TLS_INSPECTED: {
     status: 502,
     summary: "On a dial through a proxy, the server's certificate is not signed by a CA this side trusts but by another CA: a TLS-inspecting proxy (squid ssl_bump, an inspection appliance) answered in the server's place with a certificate of its own; the message names that CA. The certificate is refused; nothing is sent over it.",
-    hint: "Have the proxy splice (not inspect) TLS to the Proxy's name (squid: ssl_bump splice for an ssl::server_name ACL), or add the name to NO_PROXY where the machine may reach it directly; the message's hint names the host. Mutual TLS cannot pass through inspection.",
+    hint: "Give the inspecting proxy's root CA (named in the message) in GATEWAY_PROXY_CA_FILE or NODE_EXTRA_CA_CERTS (an agent: gateway.proxy_ca_file): the cluster's mutual TLS then goes inside a WebSocket upgrade on the Proxy's web address, end to end. Or have the proxy splice (not inspect) TLS to the Proxy's name (squid: ssl_bump splice for an ssl::server_name ACL), or add the name to NO_PROXY where the machine may reach it directly; the message's hint names the host.",
   },
   GW_ERR_TLS_HANDSHAKE_TIMEOUT: {
     status: 504,
     summary: 'A TLS handshake as the client did not complete within its deadline (30 s): the server, or a proxy in the path, took the connection and then stalled.',
     hint: "Check that the address is a TLS server of the cluster and what answers on the way: 'gateway dial-plan --probe HOST:PORT' dials through the same proxy and reports the certificate it sees, if any.",
+  },
+  GW_ERR_DIAL_UPGRADE_REFUSED: {
+    status: 502,
+    summary: "The transport through TLS-inspecting proxies was refused: the server at the Proxy's web address did not answer the WebSocket upgrade (GET /webapi/connectionupgrade, subprotocol gateway-alpn) with 101 and that subprotocol. It is not a gateway Proxy, a Proxy older than this transport, or the proxy in the path stripped the upgrade.",
+    hint: "Check that the address is the Proxy's web address (gateway dial-plan --probe HOST:PORT shows who answers); a squid in the path forwards WebSocket upgrades only with 'http_upgrade_request_protocols WebSocket allow all'; or have the proxy splice TLS to the Proxy's name.",
+  },
+  GW_ERR_DIAL_UPGRADE_TIMEOUT: {
+    status: 504,
+    summary: "The transport through TLS-inspecting proxies did not come up within its deadline (30 s for the dial, the outer TLS and the upgrade's answer together).",
+    hint: "Check the proxy's log for the CONNECT to the Proxy's web address and the GET /webapi/connectionupgrade inside it; 'gateway dial-plan --probe HOST:PORT' dials the same path.",
+  },
+  GW_ERR_DIAL_UPGRADE_ROOTS: {
+    status: 500,
+    summary: 'A CA file named for TLS-inspecting proxies (GATEWAY_PROXY_CA_FILE, NODE_EXTRA_CA_CERTS, gateway.proxy_ca_file) cannot be read or holds no PEM certificate, or none was given when the upgrade transport needed one.',
+    hint: "Point the setting at a readable PEM file with the root CA your organisation's inspecting proxy signs with (ask its administrators, or export it from a browser on a managed machine).",
   },
   GW_ERR_DIAL_PROBE_FAILED: {
     status: 502,

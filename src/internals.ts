@@ -48,7 +48,22 @@ export function tlsSocketParent(socket: TLSSocket): Duplex | undefined {
   if (!('_parent' in socket)) return missing('TLSSocket._parent', 'TLS connections handed to a tls.Server are refused; a reset TLS socket ends instead');
   // null: Node wrapped no net.Socket (tls.connect's own socket, or a stream that is not a net.Socket).
   const parent: unknown = socket._parent;
-  return isStream(parent) ? parent : undefined;
+  return isStream(parent) ? parent : jsStreamOf(socket);
+}
+
+/**
+ * TLSSocket._handle._parentWrap.stream: the stream that is not a net.Socket (a connection upgrade's WebSocket
+ * stream) a tls.Server's TLSSocket was made on, through Node's JSStreamSocket (lib/internal/js_stream_socket.js,
+ * whose `stream` is the stream it wraps). Why, public alternative: as _parent above, for the web port's TLS on a
+ * stream that came through the transport upgrade. Fallback: undefined; the web port then refuses such a
+ * connection (the other routes terminate TLS with their own TLSSocket and do not need it).
+ */
+function jsStreamOf(socket: TLSSocket): Duplex | undefined {
+  const handle = (socket as unknown as { _handle?: { _parentWrap?: { stream?: unknown } } | null })._handle;
+  if (!handle) return undefined; // a socket already closed, or tls.connect's own: nothing wrapped
+  if (!('_parentWrap' in handle)) return missing('TLSSocket._handle._parentWrap', 'the web API through the connection upgrade is refused');
+  const stream = handle._parentWrap?.stream;
+  return isStream(stream) ? stream : undefined;
 }
 
 /** What tlsVerifyResult found: the error OpenSSL recorded for the peer's certificate, or null (verified). */

@@ -43,7 +43,7 @@ import { FIND_PATH, type FindResponse } from '../wire/ping.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
 import { relayChannel } from '../net/sshchannel.js';
-import { connectTls } from '../stream/tls.js';
+import { connectClusterTls } from '../dial/fallback.js';
 import { Heartbeat, readControl } from '../tunnel/control.js';
 import {
   CONTROL_SUBSYSTEM,
@@ -253,8 +253,10 @@ export class TunnelAgent extends EventEmitter {
     if (find.proxy.tls_routing_enabled) {
       const addr = find.proxy.ssh.public_addr || identity.server;
       const offered: string[] = (this.options.tunnelProtocols ?? ['v2', 'v1']).map((v) => (v === 'v2' ? TUNNEL_ALPN_V2 : TUNNEL_ALPN_V1));
-      const raw = await dialer.dial(addr);
-      const socket = await connectTls(raw, { ALPNProtocols: offered, ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host, checkServerIdentity: proxyServerIdentity }).catch((err: Error) => {
+      // TLS to the one port, or inside the upgrade past a TLS-inspecting proxy (src/dial/fallback.ts decides).
+      const tlsOptions = { ALPNProtocols: offered, ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host, checkServerIdentity: proxyServerIdentity };
+      const peer = { server: 'proxy' as const, untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) };
+      const socket = await connectClusterTls(dialer, addr, tlsOptions, { peer, clusterCa: identity.hostCa }).catch((err: Error) => {
         throw (
           tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
           (err instanceof GatewayError ? err : new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err }))

@@ -16,6 +16,7 @@ import { describeProxyAuth } from '../dial/auth/scheme.js';
 import { Dialer } from '../dial/dialer.js';
 import { loadHostIdentity } from '../agent/identity.js';
 import { probeTls, type ProbeResult } from '../dial/probe.js';
+import { ROOTS_SETTING } from '../dial/upgrade.js';
 import { familyLabel, familyPlan } from '../dial/family.js';
 import { kubeApiAlias, kubeApiTarget, type ProxyDecision } from '../dial/select.js';
 import { GatewayError, toGatewayError } from '../errors.js';
@@ -71,8 +72,14 @@ export function probeLines(p: ProbeResult, caFrom: string | null): string[] {
   if (p.route?.proxy?.auth) lines.push(`  probe: the proxy asked for authentication; answered with ${p.route.proxy.auth}`);
   if (p.verdict.cluster === undefined) lines.push("  probe: the cluster's CA is not known here (--ca FILE or --data-dir DIR), so the certificate is not judged");
   else if (p.verdict.cluster) lines.push(`  probe: issued by the cluster's host CA (from ${caFrom}): not inspected`);
-  else if (p.verdict.inspectedBy) lines.push(`  probe: not the cluster's host CA (from ${caFrom}): TLS to ${p.address} is inspected by ${p.verdict.inspectedBy}`);
-  else lines.push(`  probe: not the cluster's host CA (from ${caFrom}), and ${p.route?.proxy ? 'self-signed' : 'no proxy is in the path'}: another server answers at ${p.address}`);
+  else if (p.verdict.inspectedBy) {
+    lines.push(`  probe: not the cluster's host CA (from ${caFrom}): TLS to ${p.address} is inspected by ${p.verdict.inspectedBy}`);
+    lines.push(
+      p.upgradeTrusted
+        ? `  probe: inspected by ${p.verdict.inspectedBy}, whose root the operator gave: the upgrade transport would be used (the cluster's TLS inside a WebSocket on ${p.address})`
+        : `  probe: give ${p.verdict.inspectedBy}'s root certificate in ${ROOTS_SETTING} to use the upgrade transport`,
+    );
+  } else lines.push(`  probe: not the cluster's host CA (from ${caFrom}), and ${p.route?.proxy ? 'self-signed' : 'no proxy is in the path'}: another server answers at ${p.address}`);
   return lines;
 }
 
@@ -86,6 +93,7 @@ function probeJson(p: ProbeResult): Record<string, unknown> {
     cluster: p.verdict.cluster ?? null,
     inspected_by: p.verdict.inspectedBy ?? null,
     proxy_auth: p.route?.proxy?.auth ?? null,
+    upgrade: p.verdict.inspectedBy ? (p.upgradeTrusted ? 'would be used' : 'root not given') : null,
   };
 }
 

@@ -54,6 +54,8 @@ export class ApiClient {
       // Service, or a Proxy), not any host of the cluster. With the system's CAs only, no host certificate passes.
       ...(this.options.ca !== undefined ? { checkServerIdentity: this.server === 'auth' ? authServerIdentity : proxyServerIdentity } : {}),
       timeoutMs: this.options.timeoutMs ?? 30_000,
+      // A Proxy verified against the cluster's CA: past a TLS-inspecting proxy through the upgrade (src/dial/fallback.ts).
+      clusterProxy: this.server === 'proxy' && this.options.ca !== undefined,
       tlsPeer: {
         server: this.options.server ?? 'proxy',
         // With the cluster CA (pinned at login or join) an untrusted certificate is not this cluster's; without

@@ -15,7 +15,7 @@ import { GatewayError, isErrorCode } from '../errors.js';
 import { PING_PATH, type PingResponse } from '../wire/ping.js';
 import { FramedStream } from '../stream/framed.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
-import { connectTls } from '../stream/tls.js';
+import { connectClusterTls } from '../dial/fallback.js';
 import type { DialAnswer } from '../tunnel/protocol.js';
 import { wireRowOfAlpn } from '../wire/protocols.js';
 import { ApiClient, proxyServerIdentity } from './api.js';
@@ -61,11 +61,13 @@ export async function openResource(
   dialer: Dialer = new Dialer(),
   secureContext?: tls.SecureContext,
 ): Promise<Duplex> {
-  const raw = await dialer.dial(address);
   const host = parseAddr(address).host;
   const credentials = secureContext ? { secureContext } : { ca: profile.hostCa, cert: profile.cert, key: profile.key };
-  // The Proxy's certificate must say role proxy: an agent's host certificate chains to the same CA.
-  const socket = await connectTls(raw, { ALPNProtocols: [target.alpn], ...credentials, host, checkServerIdentity: proxyServerIdentity }).catch((err: Error) => {
+  // The Proxy's certificate must say role proxy: an agent's host certificate chains to the same CA. Past a
+  // TLS-inspecting proxy, inside the upgrade on the web address (src/dial/fallback.ts decides).
+  const tlsOptions = { ALPNProtocols: [target.alpn], ...credentials, host, checkServerIdentity: proxyServerIdentity };
+  const peer = { server: 'proxy' as const, untrustedHint: UNTRUSTED_HINTS.clusterCa(address) };
+  const socket = await connectClusterTls(dialer, address, tlsOptions, { peer, clusterCa: profile.hostCa, webAddress: profile.proxy }).catch((err: Error) => {
     throw (
       tlsVerifyError(err, { address, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(address) }) ??
       (/alert/i.test(err.message) ? new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `the Proxy at ${address} does not serve ${target.alpn}: ${err.message}`) : err)

@@ -339,6 +339,12 @@ export const SCHEMA = section('The gateway configuration file.', {
       check: absolutePath,
     }),
     auth_server: addrs("Auth API address(es) (host or host:port, default port 3025) of a Proxy that runs without the Auth Service in its process; the Proxy fails over to the next one. --auth-server overrides it.", 3025),
+    proxy_ca_file: str("PEM file with the root CA of a TLS-inspecting proxy on the way out (your organisation's): behind it, the cluster's TLS goes inside a WebSocket upgrade on the Proxy's web address, end to end (docs/dialing.md). Added to GATEWAY_PROXY_CA_FILE and NODE_EXTRA_CA_CERTS.", {
+      type: 'absolute path',
+      defaultDoc: 'none: only GATEWAY_PROXY_CA_FILE and NODE_EXTRA_CA_CERTS',
+      example: '/etc/gateway/corp-root.pem',
+      check: absolutePath,
+    }),
     storage: section('Where the Auth Service keeps the cluster state (docs/backend.md).', {
       type: oneOf('sqlite: embedded, in <data_dir>/backend.sqlite; postgres: a PostgreSQL database that several Auth Services share.', ['sqlite', 'postgres'], 'sqlite'),
       conn_string: str('PostgreSQL connection string, postgres only: postgresql://user[:password]@host[:port]/database, parameters sslmode, host (socket directory), application_name, connect_timeout.', {

@@ -47,6 +47,8 @@ export interface ProcessConfig {
   readonly data_dir: string;
   /** Auth API addresses of a Proxy-only process (docs/configuration.md). */
   readonly auth_server: readonly HostPort[];
+  /** The root CA of a TLS-inspecting proxy (absolute path), for the upgrade transport (src/dial/upgrade.ts). */
+  readonly proxy_ca_file: string | undefined;
   readonly storage: StorageConfig;
   readonly log: LogConfig;
   readonly limits: LimitsConfig;

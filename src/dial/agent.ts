@@ -4,6 +4,9 @@
  * follow exactly the same proxy selection and give the same errors as every other dial. Requests to http://
  * targets are tunnelled with CONNECT too (documented in docs/dialing.md).
  *
+ * A request to a cluster's Proxy (clusterProxy) takes its TLS from src/dial/fallback.ts, which decides whether it
+ * goes through the upgrade transport past a TLS-inspecting proxy.
+ *
  * A request made without verification (the CA fetch that a pin then checks) can ask for what the server presented
  * and how it was dialled (withPeer), so that an answer that fails the pin can be told apart from an inspecting
  * proxy's (src/client/api.ts fetchPinnedCas).
@@ -18,6 +21,7 @@ import { GatewayError } from '../errors.js';
 import type { Duplex } from 'node:stream';
 import { connectTls, presentedChain, type PresentedCert } from '../stream/tls.js';
 import { dialRoute, type DialRoute, type Dialer } from './dialer.js';
+import { connectClusterTls } from './fallback.js';
 import { tlsVerifyError, type TlsPeer } from './tlsverify.js';
 
 /** The Dialer's socket under each TLS socket DialerAgent made, for the route of a response. */
@@ -27,6 +31,8 @@ export class DialerAgent extends Agent {
   constructor(
     private readonly dialer: Dialer,
     options: http.AgentOptions = {},
+    /** The server is a cluster's Proxy: TLS through fallback.ts (the upgrade past a TLS-inspecting proxy). */
+    private readonly cluster?: { peer: Omit<TlsPeer, 'address'> },
   ) {
     super(options);
   }
@@ -34,6 +40,11 @@ export class DialerAgent extends Agent {
   override async connect(_req: http.ClientRequest, opts: AgentConnectOpts) {
     const host = normalizeHost(opts.host ?? 'localhost');
     const port = opts.port ?? (opts.secureEndpoint ? 443 : 80);
+    if (this.cluster && opts.secureEndpoint) {
+      const { host: _h, port: _p, path: _path, ...tlsOpts } = opts as tls.ConnectionOptions & { path?: string };
+      const ca = tlsOpts.ca === undefined ? {} : { clusterCa: ([] as Array<string | Buffer>).concat(tlsOpts.ca).map(String) };
+      return connectClusterTls(this.dialer, formatHostPort(host, port), { ...tlsOpts, host }, { peer: this.cluster.peer, ...ca });
+    }
     const kind = opts.secureEndpoint ? 'https' : 'http';
     const socket = await this.dialer.dial({ kind, host, port, text: `${kind}://${opts.host}:${port}` });
     if (!opts.secureEndpoint) return socket;
@@ -66,6 +77,11 @@ export interface FetchOptions {
   checkServerIdentity?: (host: string, cert: PeerCertificate) => Error | undefined;
   /** Also return the chain the server presented and the route of the connection (FetchResult.peer). */
   withPeer?: boolean;
+  /**
+   * The server is a cluster's Proxy verified against the cluster's CA (with tlsPeer): behind a TLS-inspecting
+   * proxy whose root the operator gave, the request goes through the upgrade transport (src/dial/fallback.ts).
+   */
+  clusterProxy?: boolean;
 }
 
 /** What an https server presented, and how the connection to it was dialled. */
@@ -86,7 +102,7 @@ export interface FetchResult {
 export function fetchThroughDialer(url: string, options: FetchOptions): Promise<FetchResult> {
   const maxBody = options.maxBodyBytes ?? 1024 * 1024;
   const timeoutMs = options.timeoutMs ?? 15_000;
-  const agent = new DialerAgent(options.dialer);
+  const agent = new DialerAgent(options.dialer, {}, options.clusterProxy && options.tlsPeer ? { peer: options.tlsPeer } : undefined);
   const u = new URL(url);
   return new Promise<FetchResult>((resolve, reject) => {
     const request = u.protocol === 'http:' ? http.request : https.request;

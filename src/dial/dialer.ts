@@ -50,6 +50,11 @@ export interface DialerOptions {
   authSchemes?: readonly ProxyAuthScheme[];
   /** Where PAC files are cached (pac.ts); one cache for the whole process by default. */
   pacCache?: PacCache;
+  /**
+   * Root CA files for TLS-inspecting proxies besides the environment's GATEWAY_PROXY_CA_FILE and
+   * NODE_EXTRA_CA_CERTS (an agent's gateway.proxy_ca_file), with where each was named: src/dial/upgrade.ts.
+   */
+  inspectionRoots?: ReadonlyArray<{ path: string; from: string }>;
 }
 
 export interface DialOptions {
@@ -144,7 +149,8 @@ function withDeadline<T>(
 }
 
 export class Dialer {
-  private readonly options: Required<Omit<DialerOptions, 'env' | 'proxyCa' | 'lookup' | 'authSchemes' | 'pacCache'>> & Pick<DialerOptions, 'env' | 'proxyCa' | 'lookup'>;
+  private readonly options: Required<Omit<DialerOptions, 'env' | 'proxyCa' | 'lookup' | 'authSchemes' | 'pacCache' | 'inspectionRoots'>> &
+    Pick<DialerOptions, 'env' | 'proxyCa' | 'lookup' | 'inspectionRoots'>;
   private readonly pacCache: PacCache;
   private readonly log = logger('dial');
   private readonly warned = new Set<string>();
@@ -160,6 +166,16 @@ export class Dialer {
     this.options = { ...DIALER_DEFAULTS, ...rest };
     this.authSchemes = authSchemes ?? PROXY_AUTH_SCHEMES;
     this.pacCache = pacCache ?? (sharedPacCache ??= new PacCache());
+  }
+
+  /** The environment the proxy variables are read from (also the operator's roots for inspecting proxies: upgrade.ts). */
+  get environment(): Record<string, string | undefined> {
+    return this.options.env ?? process.env;
+  }
+
+  /** The root CA files given to this Dialer for TLS-inspecting proxies (besides the environment's). */
+  get inspectionRootFiles(): ReadonlyArray<{ path: string; from: string }> {
+    return this.options.inspectionRoots ?? [];
   }
 
   /** The decision for target, without dialing (what `gateway dial-plan` prints). */

@@ -5,7 +5,8 @@
  * "inspected by <CA>" (the judgement is tlsverify.ts probeVerdict, the one that names refused certificates).
  *
  * The probe reads the certificate without trusting it and sends nothing but its ClientHello (no client
- * certificate, no request); the connection is closed once the handshake is done. Everything, the dial through
+ * certificate, no request); the connection is closed once the handshake is done. On an inspected path it also
+ * says whether the operator's roots vouch for the inspecting proxy, i.e. whether the upgrade would be used. Everything, the dial through
  * the proxy and the handshake, fits in one deadline.
  */
 import { formatHostPort } from '../addr.js';
@@ -13,6 +14,7 @@ import { GatewayError, toGatewayError } from '../errors.js';
 import { connectTls, presentedChain, type PresentedCert } from '../stream/tls.js';
 import { dialRoute, type DialRoute, type Dialer } from './dialer.js';
 import { parseTarget } from './select.js';
+import { upgradeVerdict } from './fallback.js';
 import { probeVerdict, type ProbeVerdict } from './tlsverify.js';
 
 export const PROBE_TIMEOUT_MS = 10_000;
@@ -24,6 +26,11 @@ export interface ProbeResult {
   /** The chain presented, leaf first (empty when the probe failed before the handshake ended). */
   chain: PresentedCert[];
   verdict: ProbeVerdict;
+  /**
+   * When the path is inspected: whether a root the operator gave vouches for the inspecting proxy, so that the
+   * cluster's clients would go through the upgrade transport (src/dial/fallback.ts).
+   */
+  upgradeTrusted?: boolean;
   /** Why the probe could not finish: the dial's or the handshake's error. */
   error?: GatewayError;
 }
@@ -64,7 +71,8 @@ export async function probeTls(dialer: Dialer, target: string, options: ProbeOpt
     });
     const chain = presentedChain(socket.getPeerCertificate(true));
     socket.destroy();
-    return { address, route, chain, verdict: probeVerdict(chain, options.clusterCas ?? [], route) };
+    const verdict = probeVerdict(chain, options.clusterCas ?? [], route);
+    return { address, route, chain, verdict, ...(verdict.inspectedBy ? { upgradeTrusted: upgradeVerdict(dialer, chain).trusted } : {}) };
   } catch (err) {
     raw.destroy();
     const e =

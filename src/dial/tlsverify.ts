@@ -228,8 +228,11 @@ function inspectedHint(peer: TlsPeer, host: string, root: string): string {
   const fix =
     `Have the proxy leave TLS to ${host} alone: on squid, "acl gateway_proxy ssl::server_name ${host}" and "ssl_bump splice gateway_proxy" before its bump rule ` +
     `(appliances call it a TLS inspection bypass or do-not-decrypt rule); or, where this machine may reach ${host} without the proxy, add ${host} to NO_PROXY.`;
-  if ((peer.server === 'proxy' || peer.server === 'auth') && !peer.acceptsOperatorRoots) {
-    return `${fix} The cluster's mutual TLS cannot pass through inspection, so trusting ${root} does not help here and verification is never turned off; a transport that carries the tunnel's TLS inside the inspected connection is coming.`;
+  if (peer.server === 'proxy' && !peer.acceptsOperatorRoots) {
+    return `Give the root certificate of ${root} (your organisation's inspecting CA) in GATEWAY_PROXY_CA_FILE or NODE_EXTRA_CA_CERTS (an agent: gateway.proxy_ca_file): the cluster's mutual TLS then goes, end to end, inside a WebSocket upgrade on ${host}'s web address, and the proxy sees only ciphertext; verification is never turned off. Or: ${fix}`;
+  }
+  if (peer.server === 'auth' && !peer.acceptsOperatorRoots) {
+    return `${fix} The cluster's mutual TLS cannot pass through inspection, and the Auth API has no upgrade transport (a Proxy's web address has: use the Proxy's address), so trusting ${root} does not help here and verification is never turned off.`;
   }
   return `${fix} Or, if ${root} is your organisation's root, trust it for this server: ${untrustedHint(peer)}`;
 }

@@ -144,9 +144,10 @@ export class Multiplexer {
 
   /**
    * Sniffs and routes any duplex stream (a socket, or a stream that arrived through a connection upgrade).
-   * `upgrade` restricts routing to the one route the connection upgrade named.
+   * `upgrade`: the stream came through a connection upgrade (no PROXY header is taken inside it); with a route,
+   * only that route may take it, without one it is routed by its first bytes as a new connection on the port.
    */
-  handleStream(stream: Duplex, source: Source, upgrade?: { route: string }): void {
+  handleStream(stream: Duplex, source: Source, upgrade?: { route?: string }): void {
     new Detection(this.context, stream, source, upgrade).start();
   }
 }
@@ -195,7 +196,8 @@ class Detection {
     private readonly stream: Duplex,
     /** The client, once known: given with the stream, or from a PROXY header; else the socket's own addresses. */
     private client: Source | undefined,
-    private readonly upgrade: { route: string } | undefined,
+    /** A connection upgrade's stream; with route, only that route may take it (else any, by its first bytes). */
+    private readonly upgrade: { route?: string } | undefined,
   ) {
     this.conn = connectionOf(stream);
   }

@@ -11,7 +11,8 @@
  *             else, when the client offers no ALPN at all, the route that says `noAlpn`
  *             else none (the caller refuses the connection)
  *
- * A connection upgrade names its route up front: only that route may take it.
+ * A connection upgrade that names its route up front may go to that route only; the transport upgrade names none
+ * and is routed by these rules, as a connection on the port.
  *
  * A protocol or a server-name prefix claimed by two routes, or two routes of one name, are refused when the table
  * is built: the answer would depend on the order of the list.

@@ -377,8 +377,18 @@ export class ListenerGuard {
     return conn;
   }
 
-  /** Counts a stream that arrived inside an admitted connection (a connection upgrade) on this listener. */
-  adopt(stream: Duplex): Connection {
+  /** Whether one more connection fits under the listener's total cap (asked before a connection upgrade's 101). */
+  hasRoom(): boolean {
+    return this.stats.open < this.limits.settings.maxConnections;
+  }
+
+  /**
+   * Counts a stream that arrived inside an admitted connection (a connection upgrade) on this listener, under the
+   * same total cap as an accepted socket (the per-source cap is the multiplexer's, once it routes the stream).
+   * Undefined when the cap refused (and destroyed) the stream.
+   */
+  adopt(stream: Duplex): Connection | undefined {
+    if (!this.hasRoom()) return this.refuse(stream, 'total', '');
     const conn = new Connection(stream, this, this.limits.settings.halfCloseLingerMs);
     this.stats.open++;
     this.stats.accepted++;

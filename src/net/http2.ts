@@ -322,6 +322,13 @@ export function createWebServer(options: WebServerOptions, listener: WebRequestL
     (target as Duplex).destroy(); // an HTTP/1.1 socket: counted by enterHttp1
   });
   server.on('tlsClientError', (err: Error) => options.onTlsError?.(err));
+  // An HTTP/1.1 request Node's parser refuses (headers over its 16 KiB, a malformed line): an answer, not a silent close.
+  server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
+    const status = err.code === 'HPE_HEADER_OVERFLOW' ? '431 Request Header Fields Too Large' : '400 Bad Request';
+    // The parser reports every chunk that follows too: the answer is written once, and its end is not cut short.
+    if (socket.writable) socket.end(`HTTP/1.1 ${status}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+    else if (!socket.writableEnded) socket.destroy();
+  });
 
   const http1 = requestPhases(settings);
   server.prependListener('request', (req: http2.Http2ServerRequest | http.IncomingMessage, res: http2.Http2ServerResponse | http.ServerResponse) => {

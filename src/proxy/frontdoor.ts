@@ -24,7 +24,7 @@ import http from 'node:http';
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { SecureContext } from 'node:tls';
-import { createWebSocketStream, WebSocketServer, type WebSocket } from 'ws';
+import { WebSocketServer, type WebSocket } from 'ws';
 import { formatHostPort } from '../addr.js';
 import type { GatewayConfig } from '../config/index.js';
 import { GatewayError } from '../errors.js';
@@ -36,14 +36,15 @@ import { guardHttpServer } from '../net/http.js';
 import { createWebServer, type Http2Caps, type WebServer } from '../net/http2.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
 import { serverSecureContext, terminateTls } from '../net/tls.js';
-import { clientAddress } from '../stream/meta.js';
+import { cameThroughUpgrade, clientAddress, markUpgraded } from '../stream/meta.js';
+import { webSocketDuplex } from '../stream/websocket.js';
 import type { AuthPreference } from '../auth/sso/index.js';
 import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
 import { StaticSite } from './static.js';
 import type { VersionServer } from './versions.js';
 import { sendJson, sendWebError } from './webanswer.js';
-import { FIND_PATH, PING_PATH, type FindExtras, type FindResponse } from '../wire/ping.js';
+import { FIND_PATH, PING_PATH, UPGRADE_MAX_PAYLOAD, UPGRADE_PATH, UPGRADE_TRANSPORT, type FindExtras, type FindResponse } from '../wire/ping.js';
 
 export { closeServer, listenOn };
 
@@ -95,8 +96,6 @@ export interface FrontDoor {
   close(): Promise<void>;
 }
 
-const UPGRADE_PATH = '/webapi/connectionupgrade';
-
 /** The web server's requests: API, ping, find, version server, the Web UI (connection upgrades are the caller's). */
 function webRequests(options: FrontDoorOptions, addresses: Record<string, string>, site: StaticSite): http.RequestListener {
   const { config } = options;
@@ -136,38 +135,46 @@ function createRedirectServer(): http.Server {
   });
 }
 
+/** Why an upgrade request is refused (400), or undefined when it is served. */
+function upgradeRefusal(req: http.IncomingMessage, path: string | undefined, offered: readonly string[], routable: boolean): string | undefined {
+  if (path !== UPGRADE_PATH) return 'no such upgrade endpoint';
+  if ((req.headers.upgrade ?? '').toLowerCase() !== 'websocket') return 'only websocket upgrades are supported';
+  if (!routable) return `no routable protocol among ${JSON.stringify(offered)}`;
+  // A loop (the transport inside itself), never a client's need: each layer would be another TLS in TLS.
+  if (cameThroughUpgrade(req.socket)) return 'a connection that came through an upgrade cannot be upgraded again';
+  return undefined;
+}
+
 /**
- * Connection upgrade (L7 load balancers that end TLS themselves): the WebSocket stream is routed as if it had
- * arrived on the one port with the ALPN named as the subprotocol.
+ * Connection upgrade: the WebSocket stream is handed to the multiplexer as if it had arrived on the one port,
+ * either to the route of the ALPN named as the subprotocol (L7 load balancers that end TLS themselves) or, with
+ * UPGRADE_TRANSPORT, to whatever route its own ClientHello asks for (the transport through TLS-inspecting
+ * proxies). This only adapts the stream: routing is the multiplexer's. The stream counts against the listener
+ * "upgrade"'s caps; the multiplexer's detect deadline and the route's TLS deadline apply inside it.
  */
 function serveUpgrades(web: WebServer['server'], mux: Multiplexer, protocols: readonly Protocol[], guard: ListenerGuard, pingMs: number, webRoutes?: FrontDoorOptions['web']): WebSocketServer {
-  const routable = (pr: string) => upgradeRouteFor(pr, protocols) !== undefined;
-  const wss = new WebSocketServer({ noServer: true, handleProtocols: (offered) => [...offered].find(routable) ?? false });
+  const routable = (pr: string) => pr === UPGRADE_TRANSPORT || upgradeRouteFor(pr, protocols) !== undefined;
+  const wss = new WebSocketServer({ noServer: true, maxPayload: UPGRADE_MAX_PAYLOAD, handleProtocols: (offered) => [...offered].find(routable) ?? false });
   web.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
     if (webRoutes?.upgrade(req, socket, head)) return;
     const path = (req.url ?? '/').split('?')[0];
     const offered = String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((s) => s.trim()).filter(Boolean);
     const protocol = offered.find(routable);
-    const route = protocol === undefined ? undefined : upgradeRouteFor(protocol, protocols);
-    if (path !== UPGRADE_PATH || (req.headers.upgrade ?? '').toLowerCase() !== 'websocket' || !route) {
-      const why = path !== UPGRADE_PATH ? 'no such upgrade endpoint' : !route ? `no routable protocol among ${JSON.stringify(offered)}` : 'only websocket upgrades are supported';
-      socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n${why}\n`);
-      return;
-    }
+    const why = upgradeRefusal(req, path, offered, protocol !== undefined);
+    if (why !== undefined) return void socket.end(`HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n${why}\n`);
+    if (!guard.hasRoom()) return void socket.end('HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\ntoo many upgraded connections\n');
+    const route = protocol === UPGRADE_TRANSPORT ? {} : { route: upgradeRouteFor(protocol!, protocols)!.name };
     wss.handleUpgrade(req, socket, head, (ws: WebSocket) => {
-      const stream = createWebSocketStream(ws);
+      const stream = webSocketDuplex(ws, UPGRADE_MAX_PAYLOAD);
       const interval = setInterval(() => ws.ping(), pingMs);
       ws.once('close', () => clearInterval(interval));
       stream.on('error', () => stream.destroy());
-      guard.adopt(stream);
+      if (!guard.adopt(stream)) return;
+      markUpgraded(stream);
       const s = req.socket;
       // The client is the request's: the address a trusted PROXY header gave its connection, else its peer.
       const client = clientAddress(s);
-      mux.handleStream(
-        stream,
-        { remoteAddress: client.address, remotePort: client.port, localAddress: s.localAddress ?? '', localPort: s.localPort ?? 0 },
-        { route: route.name },
-      );
+      mux.handleStream(stream, { remoteAddress: client.address, remotePort: client.port, localAddress: s.localAddress ?? '', localPort: s.localPort ?? 0 }, route);
     });
   });
   return wss;

@@ -47,3 +47,18 @@ export function setClientAddress(stream: Duplex, address: string, port: number):
 export function clientAddress(socket: { remoteAddress?: string | undefined; remotePort?: number | undefined }): { address: string; port: number } {
   return addresses.get(socket) ?? { address: socket.remoteAddress ?? 'unknown', port: socket.remotePort ?? 0 };
 }
+
+/**
+ * Streams that arrived inside a connection upgrade (src/proxy/frontdoor.ts): a web request on such a stream may not
+ * be upgraded again (an upgrade inside an upgrade is a loop, never a client's need).
+ */
+const upgraded = new StreamMeta<true>();
+
+export function markUpgraded(stream: Duplex): void {
+  upgraded.set(stream, true);
+}
+
+/** Whether socket (or the stream a TLS socket wraps) came through a connection upgrade. */
+export function cameThroughUpgrade(socket: object): boolean {
+  return upgraded.get(socket) === true;
+}

@@ -12,6 +12,17 @@ import type { DatabasePingAddrs } from './protocols.js';
 export const PING_PATH = '/webapi/ping';
 export const FIND_PATH = '/webapi/find';
 
+/**
+ * Connection upgrade on the web address: GET with Upgrade: websocket, and as the WebSocket subprotocol either an
+ * ALPN name of the protocol table (the stream goes to that route only: L7 load balancers that end TLS) or
+ * UPGRADE_TRANSPORT (the stream is routed as a new connection on the one port, by its own ClientHello: the
+ * transport through TLS-inspecting proxies, src/dial/upgrade.ts). Inside it the client runs its usual TLS.
+ */
+export const UPGRADE_PATH = '/webapi/connectionupgrade';
+export const UPGRADE_TRANSPORT = 'gateway-alpn';
+/** The largest WebSocket message either end takes on an upgraded stream: a TLS record is at most 16 KiB, a write a few. */
+export const UPGRADE_MAX_PAYLOAD = 1024 * 1024;
+
 /** Every address a client or an agent may need, per protocol: the web port's own under TLS routing. */
 export interface PingProxy {
   kube: { enabled: boolean; public_addr: string; listen_addr: string };

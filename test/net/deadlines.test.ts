@@ -8,6 +8,7 @@
  */
 import http from 'node:http';
 import net from 'node:net';
+import { PassThrough } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
 import { createLogger } from '../../src/log.js';
 import { ConnectionLimits, connectionOf, type LimitSettings, type Phase } from '../../src/net/deadlines.js';
@@ -185,6 +186,18 @@ describe('caps', () => {
     const third = await connect(l.port, '127.0.0.3');
     expect(await third.closed).toBe(true);
     expect(l.stats().refused).toEqual({ total: 1, per_source: 0 });
+  });
+
+  it('a stream adopted from a connection upgrade counts under the same total, and is refused and destroyed over it', () => {
+    const limits = new ConnectionLimits({ ...SETTINGS, maxConnections: 2 }, { openFiles: null, log: silent });
+    const guard = limits.listener('upgrade');
+    const streams = [new PassThrough(), new PassThrough(), new PassThrough()];
+    expect(guard.adopt(streams[0]!)).toBeDefined();
+    expect(guard.adopt(streams[1]!)).toBeDefined();
+    expect(guard.hasRoom()).toBe(false);
+    expect(guard.adopt(streams[2]!)).toBeUndefined();
+    expect(streams[2]!.destroyed).toBe(true);
+    expect(limits.stats().upgrade).toMatchObject({ open: 2, refused: { total: 1, per_source: 0 } });
   });
 
   it('with the source learned later (a PROXY header), counts it when attributed', async () => {

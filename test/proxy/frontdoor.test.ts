@@ -41,6 +41,7 @@ import { VERSION } from '../../src/version.js';
 import { makeTestPki, type ServerCert, type TestPki } from '../helpers/tls.js';
 import { separateListenKeys } from '../helpers/listeners.js';
 import { listenerRows, WIRE_PROTOCOLS } from '../../src/wire/protocols.js';
+import { UPGRADE_MAX_PAYLOAD, UPGRADE_PATH, UPGRADE_TRANSPORT } from '../../src/wire/ping.js';
 import { curlHead } from '../helpers/curl.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
@@ -61,7 +62,6 @@ const ALPN_ROUTES = {
 } as const;
 /** Protocols that take a "-ping" suffix (ARCHITECTURE.md, wire identifiers). */
 const PING_CAPABLE = ['gateway-postgres', 'gateway-mysql', 'gateway-mongodb', 'gateway-redis', 'gateway-tcp'] as const;
-const UPGRADE_PATH = '/webapi/connectionupgrade';
 const VERSION_PREFIX = '/v1/webapi/automaticupgrades/channel';
 
 let pki: TestPki;
@@ -863,6 +863,70 @@ describe('connection upgrade (/webapi/connectionupgrade)', () => {
   });
 });
 
+describe('the transport upgrade (subprotocol gateway-alpn): the stream is routed as a new connection on the port', () => {
+  it('the inner ClientHello decides: a resource route, the reverse tunnel, and the web API (no ALPN)', async () => {
+    const mark = seen.length;
+    const ws = await openUpgrade([UPGRADE_TRANSPORT]);
+    expect(ws.protocol).toBe(UPGRADE_TRANSPORT);
+    const inner = await connectTls({ socket: createWebSocketStream(ws), alpn: ['gateway-postgres'] });
+    expect(inner.alpnProtocol).toBe('gateway-postgres');
+    const payload = randomBytes(300 * 1024);
+    expect((await roundTrip(inner, payload)).equals(payload)).toBe(true);
+    expect((await waitSeen((r) => seen.indexOf(r) >= mark && r.service === 'gateway-postgres')).info).toMatchObject({ upgraded: true, alpn: 'gateway-postgres' });
+    inner.destroy();
+    const tunnel = await connectTls({ socket: createWebSocketStream(await openUpgrade([UPGRADE_TRANSPORT])), alpn: ['gateway-reversetunnel-v2'] });
+    expect((await roundTrip(tunnel, 'agent')).toString()).toBe('agent');
+    expect((await waitSeen((r) => seen.indexOf(r) >= mark && r.kind === 'tunnel')).info).toMatchObject({ upgraded: true, route: 'gateway-reversetunnel' });
+    tunnel.destroy();
+    const web = await connectTls({ socket: createWebSocketStream(await openUpgrade([UPGRADE_TRANSPORT])) });
+    web.write(`GET /v1/anything HTTP/1.1\r\nhost: ${HOST}\r\nconnection: close\r\n\r\n`);
+    const answer = (await new Promise<Buffer[]>((resolve) => {
+      const chunks: Buffer[] = [];
+      web.on('data', (c: Buffer) => chunks.push(c));
+      web.once('end', () => resolve(chunks));
+    })).map(String).join('');
+    expect(answer).toMatch(/^HTTP\/1\.1 200/);
+    expect(answer).toContain('{"ok":true}');
+  });
+
+  it('an upgrade inside an upgraded web connection is refused with 400 (a loop)', async () => {
+    const web = await connectTls({ socket: createWebSocketStream(await openUpgrade([UPGRADE_TRANSPORT])) });
+    const nested = new WebSocket(`wss://${HOST}${UPGRADE_PATH}`, [UPGRADE_TRANSPORT], { createConnection: () => web });
+    cleanups.push(() => nested.terminate());
+    const [, res] = (await once(nested, 'unexpected-response')) as [unknown, { statusCode: number; resume(): void }];
+    res.resume();
+    expect(res.statusCode).toBe(400);
+  });
+
+  it('a client that stalls after the 101, and one that sends garbage inside, are closed by the multiplexer (detect deadline, unknown protocol)', async () => {
+    const before = door.mux!.getStats();
+    const stalled = await openUpgrade([UPGRADE_TRANSPORT]);
+    const garbage = await openUpgrade([UPGRADE_TRANSPORT]);
+    garbage.send(Buffer.from('\x00\xffnot a protocol\r\n'));
+    await Promise.all([once(stalled, 'close'), once(garbage, 'close')]);
+    expect(refusedDelta(before, door.mux!.getStats())).toEqual({ 'detect-timeout': 1, 'unknown-protocol': 1 });
+  });
+
+  it('a WebSocket message over the 1 MiB cap closes the stream (1009), and the door serves on', async () => {
+    const ws = await openUpgrade([UPGRADE_TRANSPORT]);
+    ws.send(Buffer.alloc(UPGRADE_MAX_PAYLOAD + 1));
+    const [code] = (await once(ws, 'close')) as [number];
+    expect(code).toBe(1009);
+    const inner = await connectTls({ socket: createWebSocketStream(await openUpgrade([UPGRADE_TRANSPORT])), alpn: ['gateway-tcp'] });
+    expect((await roundTrip(inner, 'still here')).toString()).toBe('still here');
+    inner.destroy();
+  });
+
+  it('an upgrade request with oversized headers is refused (431) before any upgrade', async () => {
+    const raw = await connectTls({});
+    raw.write(`GET ${UPGRADE_PATH} HTTP/1.1\r\nhost: ${HOST}\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-protocol: ${UPGRADE_TRANSPORT}\r\nx-big: ${'a'.repeat(64 * 1024)}\r\n\r\n`);
+    const chunks: Buffer[] = [];
+    raw.on('data', (c: Buffer) => chunks.push(c));
+    await once(raw, 'close');
+    expect(Buffer.concat(chunks).toString()).toMatch(/^HTTP\/1\.1 431/);
+  });
+});
+
 describe('hostile input', () => {
   it('the hand-made ClientHellos parse as intended', () => {
     const ok = parseClientHello(clientHello({ serverName: HOST, alpn: ['gateway-postgres'] }));
@@ -953,6 +1017,27 @@ describe('separate listeners (proxy_listener_mode: separate)', () => {
 
   beforeAll(async () => {
     sep = await startDoor(separateYaml());
+  });
+
+  it('the transport upgrade is served on the web listener and routes by the inner ClientHello there too (a database, the tunnel over TLS)', async () => {
+    const webPort = portOf(sep.addresses.web!);
+    const open = () => {
+      const ws = new WebSocket(`wss://127.0.0.1:${webPort}${UPGRADE_PATH}`, [UPGRADE_TRANSPORT], { ca: pki.caPem, servername: HOST } as WebSocket.ClientOptions);
+      cleanups.push(() => ws.terminate());
+      return new Promise<WebSocket>((resolve, reject) => {
+        ws.once('open', () => resolve(ws));
+        ws.once('error', reject);
+      });
+    };
+    const mark = seen.length;
+    const db = await connectTls({ socket: createWebSocketStream(await open()), alpn: ['gateway-mysql'] });
+    expect((await roundTrip(db, 'select 1')).toString()).toBe('select 1');
+    const tunnel = await connectTls({ socket: createWebSocketStream(await open()), alpn: ['gateway-reversetunnel-v2'] });
+    expect((await roundTrip(tunnel, 'agent')).toString()).toBe('agent');
+    const routed = seen.slice(mark).filter((r) => r.info.upgraded === true).map((r) => r.service).sort();
+    expect(routed).toEqual(['gateway-mysql', 'gateway-reversetunnel']);
+    db.destroy();
+    tunnel.destroy();
   });
 
   it('binds every listener of the table (kube too, since kube_listen_addr is set); peering is not one of them', () => {
