@@ -2,9 +2,11 @@
  * The agent's transport ladder: the one file that decides which way an agent's tunnel reaches the Proxy, and
  * when it moves to a better one. The rungs, best first (docs/tunnels.md, "The transport ladder"):
  *
- *   alpn         TLS with ALPN gateway-reversetunnel-v2 / -v1 on the Proxy's web address (the one port). Every
- *                Proxy's web listener routes by ALPN, with proxy_listener_mode separate too.
- *   tunnel-port  raw SSH to ssh_tunnel_public_addr, when the Proxy advertises one of its own (separate mode).
+ *   alpn         TLS with ALPN gateway-reversetunnel-v2 / -v1 on the Proxy's web address (the one port), when the
+ *                Proxy routes by ALPN there (tls_routing_enabled: proxy_listener_mode multiplex).
+ *   tunnel-port  raw SSH to ssh_tunnel_public_addr, when the Proxy advertises a port of its own for it
+ *                (separate mode; or multiplex with proxy_service.tunnel_public_addr set, which binds the tunnel
+ *                listener beside the one port).
  *   upgrade      the tunnel's own mutual TLS inside an HTTP/1.1 upgrade on the web address, through a proxy that
  *                inspects TLS: only when the agent was given an opener for it (TunnelAgentOptions.openUpgrade).
  *
@@ -56,7 +58,7 @@ export const LADDER_MOVES = { maxMoves: 3, windowMs: 60 * 60_000 } as const;
  */
 export function rungsOf(find: FindResponse, server: string, options: { upgrade?: boolean } = {}): Rung[] {
   const web = find.proxy.ssh.public_addr || server;
-  const rungs: Rung[] = [{ name: 'alpn', addr: web }];
+  const rungs: Rung[] = find.proxy.tls_routing_enabled ? [{ name: 'alpn', addr: web }] : [];
   const tunnel = find.proxy.ssh.ssh_tunnel_public_addr;
   if (tunnel && (!find.proxy.tls_routing_enabled || tunnel !== web)) rungs.push({ name: 'tunnel-port', addr: tunnel });
   if (options.upgrade) rungs.push({ name: 'upgrade', addr: web });

@@ -216,6 +216,8 @@ export class TunnelAgent extends EventEmitter {
   private rungInUse: RungName | undefined;
   /** A probe not yet promoted: tries once, and its hello asks the Proxy to drain the tunnel it replaces. */
   private probing: boolean;
+  /** The rungs a probe is limited to (until promoted). */
+  private onlyRungs: ReadonlyArray<RungName> | undefined;
   /** Set while draining: called whenever a stream of this tunnel closes. */
   private onChannelGone: (() => void) | undefined;
 
@@ -226,6 +228,7 @@ export class TunnelAgent extends EventEmitter {
     this.retry = new Backoff({ ...TUNNEL_RETRY, ...options.backoff }, options.backoffDeps);
     this.ladder = options.ladder ?? new Ladder();
     this.probing = options.probe === true;
+    this.onlyRungs = options.rungs;
     this.lastFind = options.find;
     if (this.probing) this.found = options.find;
   }
@@ -255,6 +258,7 @@ export class TunnelAgent extends EventEmitter {
   /** A probe that was welcomed becomes an ordinary tunnel: every rung, retries, no drain_previous. */
   promote(): void {
     this.probing = false;
+    this.onlyRungs = undefined;
   }
 
   /**
@@ -362,7 +366,7 @@ export class TunnelAgent extends EventEmitter {
   /** The rungs this agent may use for a find answer, best first (a probe: only those it was given). */
   private offered(find: FindResponse): Rung[] {
     const all = rungsOf(find, this.options.identity.server, { upgrade: this.options.openUpgrade !== undefined });
-    const only = this.options.rungs;
+    const only = this.onlyRungs;
     return only ? all.filter((r) => only.includes(r.name)) : all;
   }
 

@@ -20,15 +20,19 @@ describe('rungsOf', () => {
     expect(rungsOf(find(true, 'proxy.example.com:443', 'proxy.example.com:443'), 'joined:443')).toEqual([{ name: 'alpn', addr: 'proxy.example.com:443' }]);
   });
 
-  it('separate listeners: alpn on the web address first, then the tunnel port', () => {
-    expect(rungsOf(find(false, 'proxy.example.com:443', 'proxy.example.com:3024'), 'joined:443')).toEqual([
+  it('separate listeners: the tunnel port only (the web port there serves the web alone)', () => {
+    expect(rungsOf(find(false, 'proxy.example.com:443', 'proxy.example.com:3024'), 'joined:443')).toEqual([{ name: 'tunnel-port', addr: 'proxy.example.com:3024' }]);
+  });
+
+  it('the one port and a tunnel port of its own (tunnel_public_addr set): alpn first, then the tunnel port', () => {
+    expect(rungsOf(find(true, 'proxy.example.com:443', 'proxy.example.com:3024'), 'joined:443')).toEqual([
       { name: 'alpn', addr: 'proxy.example.com:443' },
       { name: 'tunnel-port', addr: 'proxy.example.com:3024' },
     ]);
   });
 
   it('the upgrade rung only with an opener, last; no public address: the address the agent joined through', () => {
-    expect(rungsOf(find(false, '', 'p:3024'), 'joined:443', { upgrade: true }).map((r) => `${r.name} ${r.addr}`)).toEqual(['alpn joined:443', 'tunnel-port p:3024', 'upgrade joined:443']);
+    expect(rungsOf(find(true, '', 'p:3024'), 'joined:443', { upgrade: true }).map((r) => `${r.name} ${r.addr}`)).toEqual(['alpn joined:443', 'tunnel-port p:3024', 'upgrade joined:443']);
     expect(rungsOf(find(true, 'p:443', 'p:443'), 'j:443', { upgrade: false }).map((r) => r.name)).toEqual(['alpn']);
   });
 });
