@@ -17,8 +17,8 @@
  *            out, a proxy that refused the CONNECT, TLS inspected or stalled, a certificate that is not the
  *            cluster's, ALPN not accepted) moves to the next rung at once; an answer from the cluster itself (a
  *            refusal, a lock) does not: the attempt fails as it always did and the retry follows
- *   climb    while on a lower rung, the better rungs are probed in the background: LADDER_PROBE, 1 min then
- *            doubling to 15 min, equal jitter, reset only once a rung reached by a move stayed up 30 min; a
+ *   climb    while on a lower rung, the better rungs are probed in the background: LADDER_PROBE, 30-60 s then
+ *            doubling to 7.5-15 min (equal jitter), reset only once a rung reached by a move stayed up 30 min; a
  *            probe is a whole tunnel brought up on the better rung (a handshake that completes, a welcome that
  *            names a Proxy of this cluster); when it works the agent moves and drains the old tunnel
  *   no thrash  at most LADDER_MOVES.maxMoves moves (3) per windowMs (1 h): a flapping rung stops being probed
