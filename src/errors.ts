@@ -812,6 +812,11 @@ export const ERROR_CODES = {
     summary: 'The reverse tunnel to the Proxy is not connected (the agent is reconnecting).',
     hint: 'The agent retries by itself; check the network path and HTTPS_PROXY if it does not come back.',
   },
+  GW_ERR_TUNNEL_RUNG: {
+    status: 502,
+    summary: "A rung of the agent's transport ladder does not work from here: the web address answered TLS but did not accept the reverse-tunnel ALPN (something in the path ends TLS itself, such as an L7 load balancer), or a probe of a better rung did not bring a tunnel up in time; the agent uses the next rung.",
+    hint: "Nothing to do while the agent holds a tunnel on another rung (the log line 'transport ladder' says which and why); to use the best rung, let the web address pass TLS through untouched (an L4 load balancer, or TLS passthrough) to the Proxy.",
+  },
   GW_ERR_PEER_UNREACHABLE: {
     status: 502,
     summary: "Proxy peering: this Proxy cannot reach the Proxy that holds the agent's tunnel (TCP, TLS or the peering session failed, or it refused this Proxy).",

@@ -23,6 +23,14 @@
  *             list the Proxy that sent it is ignored (a Proxy always lists itself once its view is loaded).
  *   die       a tunnel that dies dials again (TunnelAgent's own retry); a reconnect notice (graceful shutdown of
  *             a Proxy) dials again at once, and lands on another Proxy or is refused.
+ *   climb     the transport ladder (./ladder.ts, one Ladder for the pool): a tunnel up on a lower rung gets a
+ *             probe of the better rungs after LADDER_PROBE's delay (one probe at a time, at most probeTimeoutMs,
+ *             60 s, to be welcomed): a TunnelAgent limited to those rungs, trying once, holds as its tunnel's,
+ *             drain_previous in its hello. Welcomed: it takes its tunnel's place (new dials go to it; the Proxy
+ *             it reached drains the old one on its side) and the old tunnel drains (TunnelAgent.drain: its
+ *             streams finish, at most drainCapMs, TUNNEL_DRAIN_CAP_MS). Failed, or landed on a Proxy another
+ *             tunnel holds (duplicate): the next probe after the backoff. No more than the ladder's moves per
+ *             window. Each move and each failed probe is logged with its reason ('transport ladder').
  *
  * To its users (src/roles/agent.ts) the pool is what one TunnelAgent was: start, stop, getState ('connected'
  * while at least one tunnel is), sendEvent (over one live tunnel, queued while none is), requestRenewal (over one
@@ -31,9 +39,10 @@
  * (the Proxy IDs held, whenever they change) and links() for tests and the log line "agent tunnels".
  */
 import { EventEmitter } from 'node:events';
-import { GatewayError } from '../errors.js';
+import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
-import type { DiscoveryMessage } from '../tunnel/protocol.js';
+import { TUNNEL_DRAIN_CAP_MS, type DiscoveryMessage } from '../tunnel/protocol.js';
+import { climbReason, Ladder, type LadderOptions, type Rung, type RungName } from './ladder.js';
 import type { RenewedCerts } from './renewal.js';
 import { TunnelAgent, type TunnelAgentOptions, type TunnelState } from './tunnel.js';
 
@@ -41,7 +50,16 @@ import { TunnelAgent, type TunnelAgentOptions, type TunnelState } from './tunnel
 export const MAX_POOL_LINKS = 32;
 const MAX_QUEUED_EVENTS = 1000;
 
-export interface AgentPoolOptions extends Omit<TunnelAgentOptions, 'holds' | 'gate'> {
+/** How long a probe of a better rung may take to be welcomed before it counts as failed. */
+export const PROBE_TIMEOUT_MS = 60_000;
+
+export interface AgentPoolOptions extends Omit<TunnelAgentOptions, 'holds' | 'gate' | 'ladder' | 'rungs' | 'probe' | 'find'> {
+  /** The transport ladder's probe backoff and move cap (tests shorten them). */
+  ladderOptions?: LadderOptions;
+  /** How long a probe may take to be welcomed (default PROBE_TIMEOUT_MS). */
+  probeTimeoutMs?: number;
+  /** How long a replaced tunnel may drain (default TUNNEL_DRAIN_CAP_MS). */
+  drainCapMs?: number;
   /** At most this many tunnels (default MAX_POOL_LINKS; 1 for an agent whose only Proxy is in its process). */
   maxLinks?: number;
   /** Dials per second of the whole pool (the balancer's address), and the burst allowed. */
@@ -123,21 +141,36 @@ export class AgentPool extends EventEmitter {
   private state: TunnelState = 'waiting';
   private stopped = true;
   private logged = '';
+  readonly ladder: Ladder;
+  /** The probe of a better rung in progress, if any. */
+  private probe: TunnelAgent | undefined;
+  /** A probe is scheduled (the ladder's backoff timer runs). */
+  private probeDue = false;
+  /** Tunnels replaced by a move, draining. */
+  private readonly draining = new Set<TunnelAgent>();
 
   constructor(private readonly options: AgentPoolOptions) {
     super();
+    this.ladder = new Ladder(options.ladderOptions);
     this.maxLinks = Math.max(1, Math.min(options.maxLinks ?? MAX_POOL_LINKS, MAX_POOL_LINKS));
     this.gate = new DialGate(options.dialsPerSecond ?? 4, options.dialBurst ?? 4);
   }
 
   start(): void {
     this.stopped = false;
+    this.ladder.probe.resume();
     this.reconcile();
   }
 
   /** Stops every tunnel; no more dials. */
   stop(): void {
     this.stopped = true;
+    this.ladder.probe.stop();
+    this.probeDue = false;
+    this.probe?.stop();
+    this.probe = undefined;
+    for (const old of this.draining) old.stop();
+    this.draining.clear();
     this.gate.close();
     for (const slot of this.slots.splice(0)) this.retire(slot);
     this.holders.clear();
@@ -193,12 +226,23 @@ export class AgentPool extends EventEmitter {
     for (const slot of this.slots) slot.announceHostCert(sshCert);
   }
 
+  private tunnelOptions(): TunnelAgentOptions {
+    return { ...this.options, ladder: this.ladder, gate: () => this.gate.wait() };
+  }
+
+  /** The Proxies the other tunnels hold (what `slot`'s hello says), for a tunnel or the probe that stands for it. */
+  private heldByOthers(slot: TunnelAgent): string[] {
+    return [...this.holders.entries()].filter(([, s]) => s !== slot).map(([id]) => id);
+  }
+
   private addSlot(): void {
-    const slot: TunnelAgent = new TunnelAgent({
-      ...this.options,
-      holds: () => [...this.holders.entries()].filter(([, s]) => s !== slot).map(([id]) => id),
-      gate: () => this.gate.wait(),
-    });
+    const slot: TunnelAgent = new TunnelAgent({ ...this.tunnelOptions(), holds: () => this.heldByOthers(slot) });
+    this.slots.push(slot);
+    this.listen(slot);
+    slot.start();
+  }
+
+  private listen(slot: TunnelAgent): void {
     slot.on('connected', (proxyId: string) => this.onConnected(slot, proxyId));
     slot.on('disconnected', (reason: string) => {
       this.release(slot);
@@ -210,8 +254,6 @@ export class AgentPool extends EventEmitter {
     slot.on('failure', (err: GatewayError) => this.emit('failure', err));
     slot.on('maintenance-changed', () => this.emit('maintenance-changed'));
     slot.on('state', () => this.updateState());
-    this.slots.push(slot);
-    slot.start();
   }
 
   /** Stops a tunnel for good; what it had queued goes to the pool's queue. */
@@ -240,6 +282,84 @@ export class AgentPool extends EventEmitter {
     this.emit('connected', proxyId);
     this.updateState();
     this.reconcile();
+    this.planProbe();
+  }
+
+  // --- the transport ladder's climb --------------------------------------------------------------------------
+
+  /** A live tunnel on a lower rung, and no probe planned or running: the next probe, after the ladder's backoff. */
+  private planProbe(): void {
+    if (this.stopped || this.probe || this.probeDue) return;
+    if (!this.slots.some((s) => s.betterRungs().length > 0)) return;
+    const delay = this.ladder.probe.next();
+    this.log.info({ probeInMs: delay, rung: this.ladder.current }, 'transport ladder: a better rung will be probed');
+    this.probeDue = true;
+    this.ladder.probe.schedule(() => {
+      this.probeDue = false;
+      this.startProbe();
+    }, delay);
+  }
+
+  private startProbe(): void {
+    const old = this.slots.find((s) => s.betterRungs().length > 0);
+    if (this.stopped || !old || this.probe) return;
+    const allowed = this.ladder.mayMove();
+    if (!allowed.ok) {
+      this.log.info({ reason: allowed.reason }, 'transport ladder: not probing (too many moves)');
+      return this.planProbe();
+    }
+    const better = old.betterRungs();
+    const from = old.rung!;
+    const probe: TunnelAgent = new TunnelAgent({
+      ...this.tunnelOptions(),
+      rungs: better.map((r) => r.name),
+      probe: true,
+      ...(old.findAnswer ? { find: old.findAnswer } : {}),
+      holds: () => this.heldByOthers(old),
+    });
+    this.probe = probe;
+    const timer = setTimeout(() => failed(new GatewayError('GW_ERR_TUNNEL_RUNG', `the probe of ${better.map((r) => r.name).join(', ')} was not welcomed within ${this.options.probeTimeoutMs ?? PROBE_TIMEOUT_MS} ms`)), this.options.probeTimeoutMs ?? PROBE_TIMEOUT_MS);
+    timer.unref();
+    const failed = (err: unknown) => {
+      if (this.probe !== probe) return;
+      clearTimeout(timer);
+      this.probe = undefined;
+      probe.removeAllListeners();
+      probe.stop();
+      const e = toGatewayError(err);
+      this.log.info({ rungs: better.map((r) => r.name), rung: from, code: e.code, reason: `probe of ${better.map((r) => r.name).join(', ')} failed: ${e.message}; staying on ${from}` }, 'transport ladder: probe failed');
+      this.planProbe();
+    };
+    probe.once('probe-failed', failed);
+    probe.once('connected', () => {
+      if (this.probe !== probe) return;
+      clearTimeout(timer);
+      this.probe = undefined;
+      probe.removeAllListeners();
+      this.move(old, probe, from, better.find((r) => r.name === probe.rung) ?? better[0]!);
+    });
+    probe.start();
+  }
+
+  /** The probe was welcomed: it takes the old tunnel's place, which drains. */
+  private move(old: TunnelAgent, probe: TunnelAgent, from: RungName, rung: Rung): void {
+    const to = rung.name;
+    this.ladder.moved(to);
+    probe.promote();
+    const at = this.slots.indexOf(old);
+    if (at < 0 || this.stopped) {
+      probe.stop();
+      return;
+    }
+    this.slots[at] = probe;
+    this.release(old);
+    old.removeAllListeners();
+    this.listen(probe);
+    this.draining.add(old);
+    void old.drain(this.options.drainCapMs ?? TUNNEL_DRAIN_CAP_MS).then(() => this.draining.delete(old));
+    this.log.info({ from, to, proxyId: probe.proxyId, reason: climbReason(from, rung) }, 'transport ladder: moved');
+    this.emit('moved', from, to);
+    this.onConnected(probe, probe.proxyId!);
   }
 
   private onDiscovery(slot: TunnelAgent, proxies: DiscoveryMessage['proxies'], strategy: DiscoveryMessage['strategy']): void {

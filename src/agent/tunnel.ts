@@ -6,9 +6,10 @@
  *   find     GET /webapi/find on the Proxy (TLS verified against the cluster's host CA, host certificate with the
  *            role proxy: src/client/api.ts memberIdentity); the answer is kept for later attempts until one
  *            fails before the tunnel is up
- *   dial     TLS routing: the web address, offering ALPN gateway-reversetunnel-v2 then gateway-reversetunnel
- *            (TLS client cert = host cert; the Proxy's certificate must be from the cluster's host CA, role proxy);
- *            separate listeners: raw SSH to ssh_tunnel_public_addr
+ *   dial     the rungs of the transport ladder (src/agent/ladder.ts decides which, and when to fall or climb):
+ *            alpn, the web address offering ALPN gateway-reversetunnel-v2 then gateway-reversetunnel (TLS client
+ *            cert = host cert; the Proxy's certificate must be from the cluster's host CA, role proxy); tunnel-port,
+ *            raw SSH to ssh_tunnel_public_addr; upgrade, the same TLS inside the stream openUpgrade gives
  *   v2       the Proxy chose gateway-reversetunnel-v2: frames over that TLS connection (src/tunnel/session.ts),
  *            the agent authenticated by its certificate alone; a refusal arrives as `refused`
  *   ssh      otherwise (a Proxy of an earlier version, or 3024): SSH, user = host ID, key = the host key; on raw
@@ -25,6 +26,11 @@
  * tunnel it no longer wants. The Proxy a tunnel reached (proxyId) is the host ID its proxy-role certificate names
  * (on raw SSH: the Proxy /webapi/find lists for its host key); a welcome naming another is refused, and streams are
  * served only after a welcome that names it.
+ *
+ * Moving (the pool's, src/agent/pool.ts): a probe is a TunnelAgent limited to the better rungs that tries once
+ * (probe) and says drain_previous in its hello; once it is welcomed it is promoted to an ordinary tunnel, and the
+ * one it replaced is drained (drain()): no retry, its streams in flight finish, then it closes (at the latest
+ * after the drain cap).
  */
 import { X509Certificate } from 'node:crypto';
 import { EventEmitter } from 'node:events';
@@ -43,7 +49,7 @@ import { FIND_PATH, type FindResponse } from '../wire/ping.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
 import { relayChannel } from '../net/sshchannel.js';
-import { connectClusterTls } from '../dial/fallback.js';
+import { connectTls } from '../stream/tls.js';
 import { Heartbeat, readControl } from '../tunnel/control.js';
 import {
   CONTROL_SUBSYSTEM,
@@ -64,6 +70,7 @@ import { resolveSettings } from '../upgrade/settings.js';
 import { VERSION } from '../version.js';
 import { gateDatabase } from './dbgate.js';
 import type { HostIdentity } from './identity.js';
+import { fallReason, fallsThrough, Ladder, rungsOf, type Rung, type RungName } from './ladder.js';
 import { PendingRenewals, type RenewedCerts } from './renewal.js';
 
 /**
@@ -85,6 +92,12 @@ export const DATABASE_STARTUP_TIMEOUT_MS = 20_000;
 
 /** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
 export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
+
+/**
+ * Opens the upgrade rung's stream: an HTTP/1.1 upgrade on the Proxy's web address (through whatever proxy the
+ * Dialer picks, an inspecting one included), onto which the tunnel's own mutual TLS then runs.
+ */
+export type UpgradeOpener = (dialer: Dialer, webAddr: string) => Promise<Duplex>;
 
 export interface TunnelAgentOptions {
   identity: HostIdentity;
@@ -111,6 +124,18 @@ export interface TunnelAgentOptions {
   streamWindow?: number;
   /** What the hello says of the agent's software: its version and upgrade channel (default: upgradeSoftware()). */
   software?: () => { version: string; channel: string };
+  /** What the agent remembers of its transport ladder (the pool shares one); default: its own. */
+  ladder?: Ladder;
+  /** Only these rungs (a probe of the better ones); default every rung the Proxy offers. */
+  rungs?: ReadonlyArray<RungName>;
+  /** One attempt, no retry, drain_previous in the hello: a probe of a better rung (the pool's). */
+  probe?: boolean;
+  /** The upgrade rung's opener; without it the ladder has no upgrade rung. */
+  openUpgrade?: UpgradeOpener;
+  /** A /webapi/find answer already had (a probe gets its tunnel's, so it does not ask the web address again). */
+  find?: FindResponse;
+  /** The TLS handshake's deadline on the TLS rungs (default src/stream/tls.ts's, 30 s). */
+  handshakeTimeoutMs?: number;
 }
 
 /**
@@ -182,14 +207,85 @@ export class TunnelAgent extends EventEmitter {
   private heldProxy: string | undefined;
   /** The last answer of /webapi/find, until an attempt fails before SSH is up. */
   private found: FindResponse | undefined;
+  /** The last answer of /webapi/find, kept for when the web address cannot be reached (findOrLast). */
+  private lastFind: FindResponse | undefined;
   /** Closes the connection of the attempt in progress or up (then a retry follows, unless stopped). */
   private closeCurrent: ((reason?: string) => void) | undefined;
+  readonly ladder: Ladder;
+  /** The rung of the tunnel up or being brought up. */
+  private rungInUse: RungName | undefined;
+  /** A probe not yet promoted: tries once, and its hello asks the Proxy to drain the tunnel it replaces. */
+  private probing: boolean;
+  /** The rungs a probe is limited to (until promoted). */
+  private onlyRungs: ReadonlyArray<RungName> | undefined;
+  /** Set while draining: called whenever a stream of this tunnel closes. */
+  private onChannelGone: (() => void) | undefined;
 
   constructor(private readonly options: TunnelAgentOptions) {
     super();
     this.heartbeatIntervalMs = options.heartbeatIntervalMs ?? 15_000;
     this.heartbeatCountMax = options.heartbeatCountMax ?? 3;
     this.retry = new Backoff({ ...TUNNEL_RETRY, ...options.backoff }, options.backoffDeps);
+    this.ladder = options.ladder ?? new Ladder();
+    this.probing = options.probe === true;
+    this.onlyRungs = options.rungs;
+    this.lastFind = options.find;
+    if (this.probing) this.found = options.find;
+  }
+
+  /** The last /webapi/find answer this tunnel used (a probe starts from its tunnel's). */
+  get findAnswer(): FindResponse | undefined {
+    return this.lastFind;
+  }
+
+  /** The rung the tunnel is up on (or being brought up on). */
+  get rung(): RungName | undefined {
+    return this.rungInUse;
+  }
+
+  /**
+   * The rungs better than the one this tunnel is up on, from the last /webapi/find answer: what the pool probes.
+   * Empty while down, and on the best rung.
+   */
+  betterRungs(): Rung[] {
+    const find = this.found ?? this.lastFind;
+    if (this.state !== 'connected' || !find || !this.rungInUse) return [];
+    const rungs = this.offered(find);
+    const at = rungs.findIndex((r) => r.name === this.rungInUse);
+    return at > 0 ? rungs.slice(0, at) : [];
+  }
+
+  /** A probe that was welcomed becomes an ordinary tunnel: every rung, retries, no drain_previous. */
+  promote(): void {
+    this.probing = false;
+    this.onlyRungs = undefined;
+  }
+
+  /**
+   * Drains this tunnel (another replaced it): no retry and no new attempt; it closes once the streams in flight
+   * have closed, or after capMs with whatever is left. Resolves when it is closed.
+   */
+  drain(capMs: number): Promise<void> {
+    this.stopped = true;
+    this.retry.stop();
+    this.log.info({ proxyId: this.heldProxy, rung: this.rungInUse, streams: this.channels.size, capMs }, 'draining the replaced tunnel');
+    return new Promise((resolve) => {
+      const finish = () => {
+        clearTimeout(cap);
+        this.onChannelGone = undefined;
+        this.stop();
+        resolve();
+      };
+      const cap = setTimeout(() => {
+        if (this.channels.size > 0) this.log.warn({ streams: this.channels.size, capMs }, 'drain cap reached; closing the replaced tunnel with its streams');
+        finish();
+      }, capMs);
+      cap.unref();
+      this.onChannelGone = () => {
+        if (this.channels.size === 0) finish();
+      };
+      if (this.channels.size === 0 || this.state !== 'connected') finish();
+    });
   }
 
   getState(): TunnelState {
@@ -231,6 +327,12 @@ export class TunnelAgent extends EventEmitter {
 
   private scheduleRetry(immediate = false): void {
     if (this.stopped) return;
+    if (this.probing) {
+      // A probe tries once: the pool decides when to probe again (LADDER_PROBE).
+      this.stop();
+      this.emit('probe-failed', this.lastFailure ?? new GatewayError('GW_ERR_TUNNEL_RUNG', 'the probe\'s tunnel closed before the Proxy welcomed it'));
+      return;
+    }
     const delay = immediate ? 0 : this.retry.next();
     this.setState('waiting');
     this.log.info({ retryInMs: delay }, 'reverse tunnel down; reconnecting');
@@ -240,42 +342,90 @@ export class TunnelAgent extends EventEmitter {
   private async find(): Promise<FindResponse> {
     const { identity } = this.options;
     const api = new ApiClient({ address: identity.server, dialer: this.options.dialer, ca: identity.hostCa, cert: identity.cert, key: identity.key, timeoutMs: 15_000 });
-    return api.call<FindResponse>('GET', FIND_PATH);
+    const find = await api.call<FindResponse>('GET', FIND_PATH);
+    this.lastFind = find;
+    return find;
   }
 
   /**
-   * The transport to the Proxy, whether it speaks v2 (the Proxy chose its ALPN) or SSH, and over TLS the Proxy's
-   * host ID from its certificate, which must carry the role proxy (src/client/api.ts memberIdentity): any host
-   * certificate of the cluster chains to the host CA, an agent's too.
+   * /webapi/find, or when the web address cannot be reached from here (a path failure: the very case of a lower
+   * rung) the last answer a verified Proxy gave: the tunnel port it names still has to show a host key that answer
+   * lists, so an old answer opens nothing the cluster did not vouch for.
    */
-  private async openTransport(find: FindResponse): Promise<{ transport: Duplex; v2: boolean; proxyId?: string }> {
-    const { identity, dialer } = this.options;
-    if (find.proxy.tls_routing_enabled) {
-      const addr = find.proxy.ssh.public_addr || identity.server;
-      const offered: string[] = (this.options.tunnelProtocols ?? ['v2', 'v1']).map((v) => (v === 'v2' ? TUNNEL_ALPN_V2 : TUNNEL_ALPN_V1));
-      // TLS to the one port, or inside the upgrade past a TLS-inspecting proxy (src/dial/fallback.ts decides).
-      const tlsOptions = { ALPNProtocols: offered, ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host, checkServerIdentity: proxyServerIdentity };
-      const peer = { server: 'proxy' as const, untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) };
-      const socket = await connectClusterTls(dialer, addr, tlsOptions, { peer, clusterCa: identity.hostCa }).catch((err: Error) => {
-        throw (
-          tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
-          (err instanceof GatewayError ? err : new GatewayError('GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err }))
-        );
-      });
-      if (!socket.alpnProtocol || !offered.includes(socket.alpnProtocol)) {
-        socket.destroy();
-        throw new GatewayError('GW_ERR_TUNNEL_AUTH', `the Proxy at ${addr} did not accept ALPN ${offered.join(' or ')}`);
-      }
-      const proxy = memberIdentity(addr, socket.getPeerCertificate().raw, 'proxy');
-      if (proxy instanceof GatewayError) {
-        socket.destroy(); // checked in the handshake already; a certificate read back differently is not used either
-        throw proxy;
-      }
-      return { transport: socket, v2: socket.alpnProtocol === TUNNEL_ALPN_V2, proxyId: proxy.name };
+  private async findOrLast(): Promise<FindResponse> {
+    try {
+      return await this.find();
+    } catch (err) {
+      const e = toGatewayError(err);
+      if (!this.lastFind || !fallsThrough(e)) throw e;
+      this.log.info({ code: e.code, err: e.message }, 'cannot ask the Proxy for its transports; using its last answer');
+      return this.lastFind;
     }
-    const addr = find.proxy.ssh.ssh_tunnel_public_addr;
-    if (!addr) throw new GatewayError('GW_ERR_TUNNEL_DOWN', 'the Proxy advertises no reverse-tunnel address');
-    return { transport: await dialer.dial(addr), v2: false };
+  }
+
+  /** The rungs this agent may use for a find answer, best first (a probe: only those it was given). */
+  private offered(find: FindResponse): Rung[] {
+    const all = rungsOf(find, this.options.identity.server, { upgrade: this.options.openUpgrade !== undefined });
+    const only = this.onlyRungs;
+    return only ? all.filter((r) => only.includes(r.name)) : all;
+  }
+
+  /**
+   * The transport to the Proxy down the ladder (src/agent/ladder.ts): from the rung that last worked (a probe:
+   * from its best), on to the next rung after a failure that means the path does not work from here, logged with
+   * its reason; any other failure ends the attempt.
+   */
+  private async openTransport(find: FindResponse): Promise<{ transport: Duplex; v2: boolean; overTls: boolean; proxyId?: string; rung: RungName }> {
+    const rungs = this.offered(find);
+    if (rungs.length === 0) throw new GatewayError('GW_ERR_TUNNEL_DOWN', 'the Proxy advertises no reverse-tunnel transport this agent can use');
+    for (let i = this.probing ? 0 : this.ladder.startAt(rungs); ; i++) {
+      const rung = rungs[i]!;
+      this.rungInUse = rung.name;
+      try {
+        return { ...(await this.openRung(rung)), rung: rung.name };
+      } catch (err) {
+        const e = toGatewayError(err);
+        const next = rungs[i + 1];
+        if (!fallsThrough(e)) throw e;
+        if (!next) {
+          this.ladder.forget(); // every rung failed: the next attempt starts at the best again
+          throw e;
+        }
+        this.log.warn({ rung: rung.name, next: next.name, code: e.code, reason: fallReason(rung, e, next) }, 'transport ladder: falling to the next rung');
+        this.emit('fall', rung.name, next.name, e);
+      }
+    }
+  }
+
+  /**
+   * One rung's transport: raw SSH on the tunnel port, or TLS (on a socket, or inside the upgrade) whose ALPN says
+   * v2 or SSH, and over TLS the Proxy's host ID from its certificate, which must carry the role proxy
+   * (src/client/api.ts memberIdentity): any host certificate of the cluster chains to the host CA, an agent's too.
+   */
+  private async openRung(rung: Rung): Promise<{ transport: Duplex; v2: boolean; overTls: boolean; proxyId?: string }> {
+    const { identity, dialer } = this.options;
+    if (rung.name === 'tunnel-port') return { transport: await dialer.dial(rung.addr), v2: false, overTls: false };
+    const addr = rung.addr;
+    const offered: string[] = (this.options.tunnelProtocols ?? ['v2', 'v1']).map((v) => (v === 'v2' ? TUNNEL_ALPN_V2 : TUNNEL_ALPN_V1));
+    const raw = rung.name === 'upgrade' ? await this.options.openUpgrade!(dialer, addr) : await dialer.dial(addr);
+    const tlsOptions = { ALPNProtocols: offered, ca: identity.hostCa, cert: identity.cert, key: identity.key, host: parseAddr(addr).host, checkServerIdentity: proxyServerIdentity };
+    const socket = await connectTls(raw, { ...tlsOptions, ...(this.options.handshakeTimeoutMs ? { handshakeTimeoutMs: this.options.handshakeTimeoutMs } : {}) }).catch((err: Error) => {
+      throw (
+        tlsVerifyError(err, { address: addr, server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(addr) }) ??
+        (err instanceof GatewayError ? err : new GatewayError(pathBroke(err) ? 'GW_ERR_TUNNEL_RUNG' : 'GW_ERR_TUNNEL_AUTH', `TLS with the Proxy at ${addr} failed: ${err.message}`, { cause: err }))
+      );
+    });
+    if (!socket.alpnProtocol || !offered.includes(socket.alpnProtocol)) {
+      socket.destroy();
+      // Something in the path answered TLS with the cluster's certificate yet not the tunnel's ALPN: the next rung may do.
+      throw new GatewayError('GW_ERR_TUNNEL_RUNG', `the Proxy at ${addr} did not accept ALPN ${offered.join(' or ')}`);
+    }
+    const proxy = memberIdentity(addr, socket.getPeerCertificate().raw, 'proxy');
+    if (proxy instanceof GatewayError) {
+      socket.destroy(); // checked in the handshake already; a certificate read back differently is not used either
+      throw proxy;
+    }
+    return { transport: socket, v2: socket.alpnProtocol === TUNNEL_ALPN_V2, overTls: true, proxyId: proxy.name };
   }
 
   private async connect(): Promise<void> {
@@ -285,6 +435,7 @@ export class TunnelAgent extends EventEmitter {
     this.setState('connecting');
     let transport: Duplex;
     let v2: boolean;
+    let overTls: boolean;
     let proxyId: string | undefined;
     let find: FindResponse;
     let aborted = false;
@@ -292,13 +443,14 @@ export class TunnelAgent extends EventEmitter {
     try {
       // Asked once and kept while tunnels come up: behind a load balancer every dial counts (and a round robin
       // that alternated find and tunnel connections would send the tunnels to every other Proxy only).
-      find = this.found ?? (await this.find());
+      find = this.found ?? (await this.findOrLast());
       this.found = find;
-      ({ transport, v2, proxyId } = await this.openTransport(find));
+      ({ transport, v2, overTls, proxyId } = await this.openTransport(find));
       if (!v2) sshModule ??= (await import('ssh2')).default;
     } catch (err) {
       this.found = undefined;
       const e = toGatewayError(err);
+      this.lastFailure = e;
       this.log.warn({ code: e.code, err: e.message, ...(e.hint ? { hint: e.hint } : {}) }, 'cannot reach the Proxy');
       this.emit('failure', e);
       this.scheduleRetry();
@@ -310,7 +462,7 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     if (v2) this.openSession(find, transport, proxyId);
-    else this.openSsh(find, transport, proxyId);
+    else this.openSsh(find, transport, proxyId, overTls);
   }
 
   /** v2: a TunnelSession on the TLS connection; the Proxy's streams are served as SSH channels are. */
@@ -333,7 +485,10 @@ export class TunnelAgent extends EventEmitter {
       ...(this.options.streamWindow ? { window: this.options.streamWindow } : {}),
       onStream: (stream: TunnelStream) => {
         this.channels.add(stream);
-        stream.once('close', () => this.channels.delete(stream));
+        stream.once('close', () => {
+          this.channels.delete(stream);
+          this.onChannelGone?.();
+        });
         void this.serveChannel(stream, welcomed.promise);
       },
       onClose: (err) => {
@@ -365,7 +520,7 @@ export class TunnelAgent extends EventEmitter {
   }
 
   /** SSH over the transport, then the forward and the control channel; a retry is scheduled when it closes. */
-  private openSsh(find: FindResponse, transport: Duplex, tlsProxyId: string | undefined): void {
+  private openSsh(find: FindResponse, transport: Duplex, tlsProxyId: string | undefined, overTls: boolean): void {
     const { identity } = this.options;
     const client = new sshModule!.Client();
     this.client = client;
@@ -409,7 +564,10 @@ export class TunnelAgent extends EventEmitter {
       if (info.destIP !== TUNNEL_BIND.addr) return reject();
       const channel = relayChannel(accept());
       this.channels.add(channel);
-      channel.once('close', () => this.channels.delete(channel));
+      channel.once('close', () => {
+        this.channels.delete(channel);
+        this.onChannelGone?.();
+      });
       void this.serveChannel(channel, welcomed.promise);
     });
     client.on('ready', () => {
@@ -439,8 +597,9 @@ export class TunnelAgent extends EventEmitter {
       keepaliveInterval: this.heartbeatIntervalMs,
       keepaliveCountMax: this.heartbeatCountMax,
       hostVerifier: (key: Buffer) => {
-        // Over TLS the Proxy is already authenticated by its cluster certificate; on raw SSH its key must be listed.
-        if (find.proxy.tls_routing_enabled) return true;
+        // Over TLS (the alpn and upgrade rungs) the Proxy is already authenticated by its cluster certificate; on
+        // raw SSH (the tunnel-port rung, whatever tls_routing_enabled says) its key must be listed.
+        if (overTls) return true;
         const ok = allowedKeys.some((k) => k.getPublicSSH().equals(key));
         if (!ok) this.log.error('the Proxy presented an SSH host key that the cluster does not list; refusing it');
         else proxyId = proxyOfHostKey(find, key);
@@ -473,6 +632,8 @@ export class TunnelAgent extends EventEmitter {
 
   private control: Duplex | undefined;
   private readonly pendingEvents: Array<Record<string, unknown>> = [];
+  /** The failure of the last attempt (what a probe that failed reports). */
+  private lastFailure: GatewayError | undefined;
   private readonly renewals = new PendingRenewals();
 
   /** Tells the Proxy of this tunnel, if it is up, the agent's renewed SSH host certificate (the next hello carries it too). */
@@ -524,6 +685,7 @@ export class TunnelAgent extends EventEmitter {
       services: this.options.services,
       resources: this.options.resources,
       ...(this.options.holds ? { holds: this.options.holds() } : {}),
+      ...(this.probing ? { drain_previous: true } : {}),
       ...softwareFields((this.options.software ?? upgradeSoftware)()),
       signs_presence: true,
     });
@@ -579,6 +741,7 @@ export class TunnelAgent extends EventEmitter {
           return;
         }
         this.retry.up();
+        if (this.rungInUse) this.ladder.up(this.rungInUse);
         this.heartbeatIntervalMs = m.heartbeatIntervalMs;
         this.heartbeatCountMax = m.heartbeatCountMax;
         heartbeat.start(this.heartbeatIntervalMs, this.silentAfterMs());
@@ -588,7 +751,7 @@ export class TunnelAgent extends EventEmitter {
         // Before the queued events: the Proxy relays them once the presence this proof backs is written.
         this.provePresence(this.heldProxy, side, send);
         for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
-        this.log.info({ proxyId: this.heldProxy, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
+        this.log.info({ proxyId: this.heldProxy, rung: this.rungInUse, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
         // Whatever changed while the tunnel was down: treat a new connection as a possible change.
         this.emit('maintenance-changed');
         this.emit('connected', this.heldProxy);
@@ -754,6 +917,15 @@ function refusedError(identity: HostIdentity, find: FindResponse): GatewayError 
     `the Proxy at ${identity.server} refused this agent's host identity ${identity.hostId}: the cluster does not know this host (it was removed, the agent is locked, or the identity was not issued by this cluster)`,
     { hint },
   );
+}
+
+/**
+ * A TLS handshake that the path broke rather than the Proxy refused: the server knows none of the tunnel's ALPN
+ * names (something other than the Proxy ends TLS there), or the connection was reset or closed mid-handshake. The
+ * next rung may work; an alert about this agent's certificate is a refusal and stays one.
+ */
+function pathBroke(err: Error & { code?: string }): boolean {
+  return err.code === 'ERR_SSL_TLSV1_ALERT_NO_APPLICATION_PROTOCOL' || err.code === 'ECONNRESET' || err.code === 'EPIPE';
 }
 
 /**

@@ -11,7 +11,9 @@
  *              TLS ends here, with the ALPN the client chose, then the service of that kind
  *
  *   multiplex (TLS routing, default): one listener on web_listen_addr; the Multiplexer routes each connection
- *             by its first bytes, SNI and ALPN to the table's rows (see mux/multiplexer.ts).
+ *             by its first bytes, SNI and ALPN to the table's rows (see mux/multiplexer.ts). With
+ *             tunnel_public_addr set, the reverse-tunnel listener (tunnel_listen_addr, raw SSH) too: the lower
+ *             rung of the agents' transport ladder (src/agent/ladder.ts) for networks that block the one port.
  *   separate:  the table's listeners (src/wire/protocols.ts: web on web_listen_addr, 3023 SSH, 3024 reverse
  *             tunnels, one per database protocol, kube_listen_addr if set).
  *
@@ -305,7 +307,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   if (multiplex) limits.publish('mux', () => ({ refused: mux.getStats().refused }));
   const wss = serveUpgrades(web.server, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000, options.web);
 
-  const listeners = multiplex ? [onePort(protocols, mux)] : separateListeners(protocols, mux, routes);
+  const listeners = multiplex ? [onePort(protocols, mux), ...tunnelBeside(protocols, mux, routes, p)] : separateListeners(protocols, mux, routes);
   // With PROXY headers on, the one port learns the client's address only from the header (the mux counts it).
   const sourceAtAccept = !(multiplex && p.proxy_protocol === 'on');
   const servers = await bindListeners(listeners, p, { limits, sourceAtAccept, streams, addresses });
@@ -351,6 +353,12 @@ function onePort(protocols: readonly Protocol[], mux: Multiplexer): Listener {
   const web = protocols.find((row) => row.kind === 'web')?.listener;
   if (!web) throw new GatewayError('GW_ERR_INTERNAL', 'the protocol table has no web listener for the one port');
   return { ...web, accepts: 'mux', onSocket: (s) => mux.handleSocket(s) };
+}
+
+/** Multiplex mode: the tunnel row's own listener as well, when the Proxy advertises it (tunnel_public_addr). */
+function tunnelBeside(protocols: readonly Protocol[], mux: Multiplexer, routes: RouteHandlers, p: GatewayConfig['proxy_service']): Listener[] {
+  if (p.tunnel_public_addr.length === 0) return [];
+  return separateListeners(protocols.filter((row) => row.listener?.name === 'tunnel'), mux, routes);
 }
 
 /** Separate listeners: each row's own, in the table's order. */

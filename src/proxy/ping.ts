@@ -40,6 +40,8 @@ export function pingProxy(config: GatewayConfig, bound: Readonly<Record<string, 
   const listenFor = (key: string, addr: HostPort | undefined): string =>
     multiplex ? webListen : (bound[key] ?? (addr ? hp(addr) : ''));
   const kubeEnabled = multiplex || p.kube_listen_addr !== undefined;
+  // Multiplex with tunnel_public_addr set: the tunnel listener runs beside the one port (src/proxy/frontdoor.ts).
+  const tunnelBeside = multiplex && p.tunnel_public_addr.length > 0;
   return {
     kube: {
       enabled: kubeEnabled,
@@ -48,11 +50,11 @@ export function pingProxy(config: GatewayConfig, bound: Readonly<Record<string, 
     },
     ssh: {
       listen_addr: listenFor('ssh', p.listen_addr),
-      tunnel_listen_addr: listenFor('tunnel', p.tunnel_listen_addr),
+      tunnel_listen_addr: tunnelBeside ? (bound.tunnel ?? hp(p.tunnel_listen_addr)) : listenFor('tunnel', p.tunnel_listen_addr),
       web_listen_addr: webListen,
       public_addr: webPublic,
       ssh_public_addr: publicFor(p.ssh_public_addr, bound.ssh ?? p.listen_addr),
-      ssh_tunnel_public_addr: publicFor(p.tunnel_public_addr, bound.tunnel ?? p.tunnel_listen_addr),
+      ssh_tunnel_public_addr: tunnelBeside ? hp(p.tunnel_public_addr[0]!) : publicFor(p.tunnel_public_addr, bound.tunnel ?? p.tunnel_listen_addr),
     },
     db: databaseAddrs(p, (l, pub) => ({ listen: listenFor(l.name, p[l.key]), public: publicFor(pub, bound[l.name] ?? p[l.key]) })),
     tls_routing_enabled: multiplex,

@@ -15,7 +15,12 @@
  * its tunnel is tracked in auth.sessions, so a lock on it drops the tunnel, and reconnects are refused while the
  * lock lasts. An agent keeps one tunnel per Proxy: a new one replaces the one it had here, unless its hello says
  * it still holds that one (holds: an agent pool behind a load balancer that landed here again), then the new
- * one is answered `duplicate` and closed. Liveness: the agent sends a heartbeat every interval; after countMax
+ * one is answered `duplicate` and closed. A hello with drain_previous (the agent moving to a better transport,
+ * src/agent/ladder.ts) drains the one it replaces instead of closing it: new dials go to the new tunnel, the
+ * streams in flight on the old one finish, and it closes when the last has (at the latest after drainCapMs,
+ * TUNNEL_DRAIN_CAP_MS); it keeps its heartbeats meanwhile, and an agent has at most one draining tunnel here (a
+ * second move closes the first at once). Only a tunnel of the same authenticated host replaces or drains one.
+ * Liveness: the agent sends a heartbeat every interval; after countMax
  * intervals without one the proxy marks it offline and drops the connection. One timer of the TunnelServer
  * sends every agent its heartbeat and drops the silent ones (not one timer per agent): it sweeps
  * CHECKS_PER_INTERVAL times per interval and beats on every such sweep, so a dead agent is found within
@@ -54,6 +59,7 @@ import {
   type RenewalMessage,
   type RenewMessage,
   servicesRefusal,
+  TUNNEL_DRAIN_CAP_MS,
 } from '../tunnel/protocol.js';
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 
@@ -103,6 +109,8 @@ export interface TunnelServerOptions {
   cluster?: Pick<ClusterView, 'proxies' | 'strategy' | 'on'>;
   /** v2 streams' initial credit, both ways (src/tunnel/session.ts). */
   streamWindow?: number;
+  /** How long a tunnel an agent replaced with drain_previous may drain (default TUNNEL_DRAIN_CAP_MS). */
+  drainCapMs?: number;
 }
 
 /** What the front door knows about a tunnel stream: where it came from and the TLS client certificate, if any. */
@@ -129,6 +137,10 @@ interface Registered {
   presenceFirst?: Promise<void>;
   /** The agent's newest proof of its presence through this Proxy (presence-proof), carried with every presence write. */
   proof?: { time: string; signature: string };
+  /** The client streams this Proxy opened in the tunnel and that are still open (a drain waits for them). */
+  inFlight: Set<Duplex>;
+  /** While draining: called whenever one of them closes. */
+  onStreamGone?: () => void;
 }
 
 /**
@@ -148,6 +160,8 @@ const DEFAULT_DEADLINES: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_00
 export class TunnelServer extends EventEmitter {
   readonly proxyId: string;
   private readonly agents = new Map<string, Registered>();
+  /** Tunnels replaced by a move (drain_previous), by host ID: at most one per agent. */
+  private readonly draining = new Map<string, Registered>();
   private readonly endpoint: SshEndpoint<TunnelMeta | undefined>;
   private readonly log = logger('tunnel');
   private closing = false;
@@ -400,10 +414,12 @@ export class TunnelServer extends EventEmitter {
       link.end();
       return;
     }
-    if (previous) previous.agent.link.end(); // the agent reconnected: the new tunnel wins
+    if (previous && hello.drain_previous === true) this.drain(previous);
+    else if (previous) previous.agent.link.end(); // the agent reconnected: the new tunnel wins
     let gone = false;
     const entry: Registered = {
       agent,
+      inFlight: new Set(),
       lastHeardMs: now.getTime(),
       presenceWrittenMs: now.getTime(),
       gone: () => {
@@ -507,6 +523,36 @@ export class TunnelServer extends EventEmitter {
     }
   }
 
+  /**
+   * The agent moved this tunnel to a better transport: it leaves the registry (the caller registers the new one),
+   * and closes once its streams in flight have closed, or at the drain cap. Heartbeats go on meanwhile (sweep).
+   */
+  private drain(entry: Registered): void {
+    const { hostId, nodename } = entry.agent;
+    const older = this.draining.get(hostId);
+    if (older && older !== entry) older.agent.link.end(); // one draining tunnel per agent: a second move ends the first
+    this.draining.set(hostId, entry);
+    let closed = false;
+    const close = (why: string) => {
+      if (closed) return;
+      closed = true;
+      clearTimeout(cap);
+      entry.onStreamGone = undefined;
+      if (this.draining.get(hostId) === entry) this.draining.delete(hostId);
+      this.log.info({ hostId, nodename, why, streams: entry.inFlight.size }, 'drained tunnel closed');
+      entry.agent.link.end();
+    };
+    const capMs = this.options.drainCapMs ?? TUNNEL_DRAIN_CAP_MS;
+    const cap = setTimeout(() => close(`the drain cap (${capMs} ms) was reached`), capMs);
+    cap.unref();
+    entry.onStreamGone = () => {
+      if (entry.inFlight.size === 0) close('its last stream closed');
+    };
+    entry.agent.link.onGone(() => close('the agent closed it'));
+    this.log.info({ hostId, nodename, streams: entry.inFlight.size, capMs }, 'agent moved to a better transport; draining its old tunnel');
+    if (entry.inFlight.size === 0) close('no stream was open');
+  }
+
   private unregister(entry: Registered): void {
     const { agent } = entry;
     if (this.agents.get(agent.hostId) !== entry) return;
@@ -551,6 +597,15 @@ export class TunnelServer extends EventEmitter {
       // The peer may be unreachable (no FIN will come): drop the transport now rather than wait for TCP.
       entry.agent.link.destroy();
     }
+    // Draining tunnels keep their heartbeats (the agent watches them too) and are dropped when silent.
+    for (const entry of [...this.draining.values()]) {
+      if (now - entry.lastHeardMs <= silentAfterMs) {
+        if (beats) entry.agent.link.control.write(beat);
+        continue;
+      }
+      this.draining.delete(entry.agent.hostId);
+      entry.agent.link.destroy();
+    }
   }
 
   /** Writes the agent's presence (a failed write is tried again at the next sweep). */
@@ -589,8 +644,9 @@ export class TunnelServer extends EventEmitter {
    * connected to the resource; rejects with an error that names the resource and the agent otherwise.
    */
   async dial(hostId: string, request: DialRequest): Promise<Duplex> {
-    const agent = this.agents.get(hostId)?.agent;
-    if (!agent) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `agent ${hostId} is not connected`);
+    const entry = this.agents.get(hostId);
+    if (!entry) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `agent ${hostId} is not connected`);
+    const { agent } = entry;
     const [srcIp, srcPort] = splitHostPort(request.client_src);
     let stream: Duplex;
     try {
@@ -598,6 +654,11 @@ export class TunnelServer extends EventEmitter {
     } catch (err) {
       throw new GatewayError('GW_ERR_TUNNEL_DOWN', `cannot open a channel to agent "${agent.nodename}" (${hostId}): ${(err as Error).message}`);
     }
+    entry.inFlight.add(stream);
+    stream.once('close', () => {
+      entry.inFlight.delete(stream);
+      entry.onStreamGone?.();
+    });
     writeJsonLine(stream, request);
     let answer: DialAnswer;
     try {
@@ -624,6 +685,8 @@ export class TunnelServer extends EventEmitter {
     this.unwatch();
     this.broadcast({ type: 'reconnect', reason: 'proxy shutting down' });
     await new Promise((r) => setTimeout(r, 50));
+    for (const { agent } of this.draining.values()) agent.link.end();
+    this.draining.clear();
     for (const { agent } of this.agents.values()) {
       agent.link.end();
       await this.options.auth.clearPresence(agent.hostId, this.proxyId, agent.connectedAt.toISOString()).catch(() => undefined);

@@ -13,6 +13,7 @@
  * What only some agents run is loaded when they run it (start-up time): the SSH Service, the listeners of a
  * direct-join agent, the schedule export for the upgrader. The tunnel is dialed before any optional work.
  */
+import { openUpgradeStream, operatorRoots } from '../dial/upgrade.js';
 import type { Duplex } from 'node:stream';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
@@ -180,6 +181,9 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, st
     heartbeatCountMax: config.auth_service.keep_alive_count_max,
     // The hello's version and upgrade channel, from the daemon's environment (GATEWAY_UPGRADE_*).
     software: () => upgradeSoftware(options.environment.env),
+    // The ladder's last rung: the tunnel's TLS inside a WebSocket on the web address, past a TLS-inspecting proxy
+    // whose root the operator gave (src/dial/upgrade.ts verifies the outer TLS against it or the cluster's CA).
+    openUpgrade: (d, webAddr) => openUpgradeStream(d, webAddr, { roots: operatorRoots(d), clusterCa: identity.hostCa }),
   });
   const tunnelAgent = agent;
   lifecycle.onStop('agents', () => tunnelAgent.stop());

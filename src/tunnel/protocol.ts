@@ -13,8 +13,8 @@
  *     user name = the agent's host ID; public-key authentication with the key its host certificate certifies
  *
  *   control: a "session" channel with subsystem "gateway-control", newline-delimited JSON both ways
- *     agent → proxy   hello {hostId, nodename, services, resources, version, holds?, software_version?,
- *                            upgrade_channel?}   heartbeat {seq}   event {event}
+ *     agent → proxy   hello {hostId, nodename, services, resources, version, holds?, drain_previous?,
+ *                            software_version?, upgrade_channel?}   heartbeat {seq}   event {event}
  *                     renew {id, public_key, proof}   (fresh host certificates for the key it joined with; a Proxy of an
  *                            earlier version ignores it and the agent asks again later)
  *                     host-cert {ssh_cert}   (after a renewal: its new SSH host certificate, for the Proxy's copy
@@ -72,6 +72,12 @@ export function servicesRefusal(roles: readonly string[], services: readonly str
   return undefined;
 }
 
+/**
+ * The longest a drained tunnel (one an agent replaced by moving to a better transport) stays open for the streams
+ * in flight on it, on both ends; then it is closed with what is left.
+ */
+export const TUNNEL_DRAIN_CAP_MS = 10 * 60_000;
+
 export interface DatabaseInfo {
   name: string;
   protocol: DatabaseProtocol;
@@ -116,6 +122,12 @@ export interface HelloMessage {
    * that holds a live tunnel of the agent keeps it and answers `duplicate`; absent: the new tunnel replaces it.
    */
   holds?: string[];
+  /**
+   * This tunnel is the agent moving to a better transport (src/agent/ladder.ts): the tunnel it replaces on this
+   * Proxy is drained, not cut: no new stream goes to it, the streams in flight finish, and it is closed once they
+   * have or after TUNNEL_DRAIN_CAP_MS. Absent: the old tunnel is closed at once, as before.
+   */
+  drain_previous?: boolean;
   /** The agent's software version ("1.4.0", src/version.ts); absent from agents of earlier versions. */
   software_version?: string;
   /**

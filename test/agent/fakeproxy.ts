@@ -79,7 +79,14 @@ export class FakeProxy {
    * `announce`: /webapi/find says which Proxy holds the tunnel host key (tunnel_proxies), as Proxies of this
    * version do; then the agent records that ID, not the welcome's. Without it, a Proxy of an earlier version.
    */
-  constructor(private readonly announce?: { proxyId: string }) {}
+  /**
+   * `shape.tlsRouting`: /webapi/find says TLS routing on its web address (which knows no tunnel ALPN) with the
+   * SSH server as a tunnel port beside it; `shape.unlisted`: the host key it lists is not the SSH server's.
+   */
+  constructor(
+    private readonly announce?: { proxyId: string },
+    private readonly shape: { tlsRouting?: boolean; unlisted?: boolean } = {},
+  ) {}
 
   async start(_pki?: TestPki): Promise<void> {
     this.ssh = new ssh2.Server({ hostKeys: [sshPrivateKeyPem(this.hostKey.privateKeyPem)] }, (conn) => this.onConnection(conn));
@@ -88,10 +95,11 @@ export class FakeProxy {
     const cluster = await makeClusterPki('test');
     this.hostCa = cluster.caPem;
     const cert = await cluster.issue({ name: this.announce?.proxyId ?? 'proxy-1', roles: ['proxy'], ips: ['127.0.0.1'] });
+    const listed = this.shape.unlisted ? generateKeyPair().sshPublicKey : this.hostKey.sshPublicKey;
     const find = {
-      proxy: { tls_routing_enabled: false, ssh: { ssh_tunnel_public_addr: tunnelAddr } },
+      proxy: { tls_routing_enabled: this.shape.tlsRouting === true, ssh: { ssh_tunnel_public_addr: tunnelAddr, public_addr: '' } },
       cluster_name: 'test',
-      tunnel_host_keys: [this.hostKey.sshPublicKey],
+      tunnel_host_keys: [listed],
       ...(this.announce ? { tunnel_proxies: [{ proxy_id: this.announce.proxyId, host_key: this.hostKey.sshPublicKey }] } : {}),
     };
     this.web = https.createServer({ cert: cert.certPem, key: cert.keyPem }, (req, res) => {
@@ -100,6 +108,7 @@ export class FakeProxy {
     });
     await new Promise<void>((resolve) => this.web.listen(0, '127.0.0.1', resolve));
     this.webAddr = `127.0.0.1:${(this.web.address() as net.AddressInfo).port}`;
+    find.proxy.ssh.public_addr = this.webAddr;
   }
 
   private onConnection(conn: Connection): void {

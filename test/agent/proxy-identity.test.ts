@@ -24,6 +24,7 @@ import { TUNNEL_ALPN_V1, TUNNEL_ALPN_V2, type ControlMessage, type DialAnswer, t
 import { TunnelSession, type TunnelStream } from '../../src/tunnel/session.js';
 import { makeClusterPki, type ClusterPki, type IssuedCert } from '../helpers/members.js';
 import { echoAgentOptions } from '../helpers/tunnelagent.js';
+import { waitUntil } from '../helpers/wait.js';
 import { FakeProxy, fakeIdentity } from './fakeproxy.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
@@ -180,6 +181,27 @@ describe("a Proxy whose welcome claims another Proxy's ID", () => {
     expect(id).toBe('proxy-b');
     expect(agent.proxyId).toBe('proxy-b');
     expect(await real.answers[0]).toEqual({ ok: true });
+  });
+
+  it('hostile (the ladder\'s tunnel-port rung beside TLS routing): raw SSH still refuses a host key /webapi/find does not list', async () => {
+    const proxy = new FakeProxy({ proxyId: 'proxy-1' }, { tlsRouting: true, unlisted: true });
+    await proxy.start();
+    closers.push(() => void proxy.stop());
+    const agent = new TunnelAgent(echoAgentOptions(fakeIdentity(agentCert, proxy.webAddr, proxy.hostCa), echo, { backoff: { firstMs: 20, maxMs: 50 } }));
+    closers.push(() => agent.stop());
+    const falls: string[] = [];
+    agent.on('fall', (from: string, to: string) => falls.push(`${from} -> ${to}`));
+    let sessions = 0;
+    proxy.arrivals.on('session', () => sessions++);
+    const refusals: GatewayError[] = [];
+    agent.on('failure', (e: GatewayError) => {
+      if (/Host denied \(verification failed\)/.test(e.message)) refusals.push(e);
+    });
+    agent.start();
+    await waitUntil('the host key refused twice (the retry gets no further)', () => refusals.length >= 2);
+    expect(falls[0]).toBe('alpn -> tunnel-port'); // the web address knows no tunnel ALPN: the next rung
+    expect(sessions).toBe(0);
+    expect(agent.getState()).not.toBe('connected');
   });
 
   it('hostile (raw SSH): the Proxy /webapi/find lists for the host key shown is recorded; a welcome claiming another is refused, and a stream opened before it is not served', async () => {

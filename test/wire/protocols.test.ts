@@ -102,6 +102,16 @@ describe('ping and the banner follow every row', () => {
     expect(Object.keys(multiplex).sort()).toEqual(Object.keys(db).sort());
   });
 
+  it('the one port with tunnel_public_addr set advertises the tunnel listener beside it (the ladder\'s lower rung); without it, the web address', () => {
+    const yaml = (extra: string) => `gateway:\n  nodename: gw.example.com\nproxy_service:\n  web_listen_addr: ":3080"\n  tunnel_listen_addr: "0.0.0.0:3024"\n${extra}`;
+    const beside = pingProxy(parseConfig(yaml('  tunnel_public_addr: tunnel.example.com\n'), 'wire.yaml'), { tunnel: '0.0.0.0:40024' });
+    expect(beside.tls_routing_enabled).toBe(true);
+    expect(beside.ssh.ssh_tunnel_public_addr).toBe('tunnel.example.com:3024');
+    expect(beside.ssh.tunnel_listen_addr).toBe('0.0.0.0:40024');
+    const alone = pingProxy(parseConfig(yaml(''), 'wire.yaml'));
+    expect(alone.ssh.ssh_tunnel_public_addr).toBe('gw.example.com:3080');
+  });
+
   it("the start banner names every listener of the table by its label (proxy_<name>)", () => {
     const config = defaultConfig();
     const addresses = Object.fromEntries(listenerRows().map(({ listener: l }, i) => [l.name === 'web' ? 'web' : `proxy_${l.name}`, `127.0.0.1:${5000 + i}`]));
