@@ -1,8 +1,6 @@
 /**
  * Logging: pino, one child logger per component. JSON lines by default; readable text when the output is a
- * terminal (or GATEWAY_LOG_FORMAT=text). Known secret-bearing fields are redacted by pino itself. A line's fields are
- * snake_case like every JSON the gateway prints (a field the code names hostId is host_id in the line): converted
- * here, once, rather than at each of the call sites.
+ * terminal (or GATEWAY_LOG_FORMAT=text). Known secret-bearing fields are redacted by pino itself.
  */
 import { createRequire } from 'node:module';
 import { pino, type DestinationStream, type Logger, type LoggerOptions } from 'pino';
@@ -25,17 +23,6 @@ export interface LogSettings {
   destination?: DestinationStream | NodeJS.WritableStream;
 }
 
-/** hostId → host_id, retryInMs → retry_in_ms, destIP → dest_ip; a key already snake_case is left as it is. */
-export function snakeCase(key: string): string {
-  return key.replace(/([a-z0-9])([A-Z]+)/g, '$1_$2').replace(/([A-Z]+)([A-Z][a-z])/g, '$1_$2').toLowerCase();
-}
-
-/** The fields of one log call with snake_case names (the same object when none needs a change). */
-export function snakeFields(fields: Record<string, unknown>): Record<string, unknown> {
-  if (!Object.keys(fields).some((k) => /[A-Z]/.test(k))) return fields;
-  return Object.fromEntries(Object.entries(fields).map(([k, v]) => [snakeCase(k), v]));
-}
-
 const REDACT_PATHS = [
   'password',
   'token',
@@ -44,7 +31,6 @@ const REDACT_PATHS = [
   'private_key',
   'authorization',
   'proxyAuthorization',
-  'proxy_authorization',
   '*.password',
   '*.token',
   '*.secret',
@@ -62,7 +48,6 @@ export function createLogger(settings: LogSettings = {}): Logger {
     level: settings.level ?? 'info',
     base: { pid: process.pid },
     redact: { paths: REDACT_PATHS, censor: '***' },
-    formatters: { log: snakeFields },
   };
   if (format === 'text') {
     return pino(options, pretty({ destination: destination as NodeJS.WritableStream, colorize: isTty, sync: true }));
