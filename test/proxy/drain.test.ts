@@ -34,7 +34,7 @@ import { VERSION } from '../../src/version.js';
 import { echoAgentOptions } from '../helpers/tunnelagent.js';
 import { waitUntil } from '../helpers/wait.js';
 
-setRootLogger(createLogger({ level: 'silent' }));
+setRootLogger(createLogger({ level: process.env.DRAIN_LOG ? 'debug' : 'silent', format: 'json' }));
 
 const CLUSTER = 'drain.example';
 /** Long enough that a tunnel closed well before it was closed by a rule other than the cap. */
@@ -152,10 +152,13 @@ describe('an agent moving to a better transport (drain_previous)', () => {
 
   it('hostile: a second move while one tunnel drains closes the draining one at once (one per agent)', async () => {
     const identity = await joinHost();
-    const first = await up(identity);
+    // The agents whose tunnels the Proxy closes must not dial again during the test (a pool would have stopped
+    // them): otherwise three agents of one identity replace each other's tunnels and the third never settles.
+    const noRedial = { backoff: { firstMs: 120_000, maxMs: 120_000, jitter: 'none' as const } };
+    const first = await up(identity, noRedial);
     const stream = await open(identity.hostId);
     const firstGone = gone(first.link);
-    await up(identity, { probe: true });
+    await up(identity, { probe: true, ...noRedial });
     expect(await echoes(stream, 'draining')).toBe(true);
     await up(identity, { probe: true });
     // Well within the drain cap (20 s): closed by the one-per-agent rule, not by the cap.
