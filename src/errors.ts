@@ -694,7 +694,7 @@ export const ERROR_CODES = {
   GW_ERR_UPGRADE_TARBALL: {
     status: 502,
     summary: 'The release tarball passed its checksum but is not safe to extract: an entry with an absolute path or "..", a symbolic link pointing outside, a device or unknown entry type, setuid files, too many entries or too many bytes once unpacked, or not a gzip tar at all; nothing was extracted or installed.',
-    hint: 'A release tarball never holds these: the release at {download_url} is broken or not genuine; tell its publisher, and do not install it by hand.',
+    hint: "A release tarball never holds these: the release the message names, under GATEWAY_UPGRADE_DOWNLOAD_URL, is broken or not genuine. Tell its publisher, do not install it by hand, and run 'gateway-upgrade run' again once it is replaced.",
   },
   GW_ERR_UPGRADE_INSTALL: {
     status: 500,
