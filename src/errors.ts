@@ -69,7 +69,7 @@ export const ERROR_CODES = {
   GW_ERR_CONFIG_ADDR: {
     status: 500,
     summary: 'A configuration address is not a valid host, host:port or IP literal.',
-    hint: 'Write addresses as host:port, an IP or a DNS name; IPv6 with a port goes in brackets: [2001:db8::1]:443.',
+    hint: 'Write addresses as host:port, an IP or a DNS name, without a scheme (gw.example.com:443, not https://gw.example.com); IPv6 with a port goes in brackets: [2001:db8::1]:443.',
   },
   GW_ERR_CONFIG_CHANNEL: {
     status: 500,

@@ -6,7 +6,7 @@
 import { mkdirSync } from 'node:fs';
 import { isAbsolute, join, resolve } from 'node:path';
 import { destination } from 'pino';
-import { parseAddr } from '../addr.js';
+import { parseAddr, type AddrError } from '../addr.js';
 import { defaultConfig, loadConfigFile, type GatewayConfig } from '../config/index.js';
 import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
 import { GatewayError } from '../errors.js';
@@ -43,7 +43,7 @@ function withFlags(config: GatewayConfig, opts: StartOptions): GatewayConfig {
       addr = parseAddr(opts.publicAddr);
     } catch (err) {
       throw new GatewayError('GW_ERR_USAGE', `--public-addr: "${opts.publicAddr}" is not host[:port] (${(err as Error).message})`, {
-        hint: 'Give the DNS name or IP that agents and users dial, e.g. --public-addr=gateway.example.com:443.',
+        hint: (err as AddrError).hint ?? 'Give the DNS name or IP that agents and users dial, e.g. --public-addr=gateway.example.com:443.',
       });
     }
     const publicAddr = Object.freeze([Object.freeze({ host: addr.host, port: addr.port ?? 443 })]);

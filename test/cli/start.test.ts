@@ -171,6 +171,18 @@ describe('one daemon per data directory', () => {
     }
   });
 
+  it('--public-addr written as a URL is told to drop the scheme; started with what the hint says, clients are sent there', async () => {
+    const r = spawnSync(process.execPath, [GATEWAY, 'start', '--public-addr', 'https://gw.example.com', '--data-dir', join(dir, 'url')], { encoding: 'utf8' });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain('code: GW_ERR_USAGE');
+    const instead = /^hint: Drop the scheme: write host:port, here (\S+)\.$/m.exec(r.stderr)?.[1];
+    expect(instead).toBe('gw.example.com:443');
+    const g = startAndWait(['-c', join(dir, 'lock.yaml'), '--data-dir', join(dir, 'url'), '--public-addr', instead!]);
+    const { stdout } = await g.ready;
+    expect(stdout).toContain('Clients and agents reach this Proxy at gw.example.com:443');
+    expect(await g.stop()).toBe(0);
+  });
+
   it('--data-dir must be an absolute path', () => {
     const r = spawnSync(process.execPath, [GATEWAY, 'start', '--data-dir', 'relative/dir'], { encoding: 'utf8' });
     expect(r.status).toBe(2); // a usage error
