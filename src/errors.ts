@@ -132,8 +132,13 @@ export const ERROR_CODES = {
   },
   GW_ERR_DIAL_PROXY_REFUSED: {
     status: 502,
-    summary: 'The proxy answered CONNECT with an error status (403, 502, 503, ...).',
+    summary: 'The proxy refused the CONNECT request with an error status other than 502, 503 or 504 (403 forbidden, 400, ...): its rules do not let this client reach this target.',
     hint: "Check the proxy's access rules for this target; many proxies allow CONNECT only to port 443.",
+  },
+  GW_ERR_DIAL_PROXY_TARGET_UNREACHABLE: {
+    status: 502,
+    summary: 'The proxy was reached and accepted the CONNECT request, but could not reach the target itself (it answered 502, 503 or 504: connection refused, name not found, timed out).',
+    hint: "Check that the target the message names is up and listening on that port, that the proxy can resolve its name (the proxy's DNS), and that the proxy's own outbound firewall lets it reach that port.",
   },
   GW_ERR_DIAL_PROXY_AUTH_REQUIRED: {
     status: 502,
