@@ -516,6 +516,11 @@ export const ERROR_CODES = {
     summary: 'gwsh has no profile: nobody is signed in.',
     hint: "Run 'gwsh login --proxy=HOST:PORT --user=USER'.",
   },
+  GW_ERR_CLIENT_PASSWORD_MISMATCH: {
+    status: 400,
+    summary: 'A new password and its confirmation, typed on the terminal, differed at each of the 3 tries; nothing was changed.',
+    hint: 'Run the command again and type the same password twice (or pipe it as the first line of standard input).',
+  },
   GW_ERR_CLIENT_PROFILE: {
     status: 500,
     summary: 'The gwsh profile in ~/.gwsh (or $GWSH_HOME) cannot be read or is damaged.',
