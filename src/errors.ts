@@ -516,6 +516,11 @@ export const ERROR_CODES = {
     summary: 'gwsh has no profile: nobody is signed in.',
     hint: "Run 'gwsh login --proxy=HOST:PORT --user=USER'.",
   },
+  GW_ERR_CLIENT_CERT_EXPIRED: {
+    status: 401,
+    summary: "The user certificate of the gwsh profile has expired (gwsh sees it before connecting; the Proxy and the Auth API refuse an expired user certificate with this code too).",
+    hint: "Run 'gwsh login' again for a fresh certificate ('gwsh status' shows until when it is valid).",
+  },
   GW_ERR_CLIENT_PASSWORD_MISMATCH: {
     status: 400,
     summary: 'A new password and its confirmation, typed on the terminal, differed at each of the 3 tries; nothing was changed.',
