@@ -775,7 +775,7 @@ export const ERROR_CODES = {
   GW_ERR_TUNNEL_NOT_FOUND: {
     status: 404,
     summary: 'No connected agent serves the resource asked for (database, app, desktop, cluster or node).',
-    hint: "List what is reachable with 'gwsh db ls', 'gwsh apps ls' or 'gwctl get nodes'; the agent may be offline.",
+    hint: "List what is reachable with 'gwsh ls' (servers), 'gwsh db ls' or 'gwsh apps ls'; the agent may be offline.",
   },
   GW_ERR_TUNNEL_DIAL_FAILED: {
     status: 502,

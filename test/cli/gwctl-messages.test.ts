@@ -1,8 +1,11 @@
 /**
- * `gwctl users add` on a terminal (a real pty, the built CLI, a running Auth Service): the password is typed twice;
- * two that differ are said to differ and asked for again, at most 3 times, then GW_ERR_CLIENT_PASSWORD_MISMATCH
- * with nothing created.
+ * gwctl's messages point at the real fix (the built CLI, a running Auth Service). `gwctl users add` on a terminal
+ * (a real pty): the password is typed twice; two that differ are said to differ and asked for again, at most 3
+ * times, then GW_ERR_CLIENT_PASSWORD_MISMATCH with nothing created. `gwctl create` of a file it cannot read says
+ * to check the path, not to read --help.
  */
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import * as nodePty from 'node-pty';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
@@ -58,5 +61,20 @@ describe('gwctl users add: two passwords that differ', () => {
     const again = await addOnTerminal('erin', ['same-Passw0rd', 'same-Passw0rd']);
     expect(again.status, again.output).toBe(0);
     expect(await userExists('erin')).toBe(true);
+  });
+});
+
+describe('gwctl create of a manifest it cannot read', () => {
+  it('says to check the path (not --help); with the file where it was named, the same command creates the role', async () => {
+    const file = join(gw.dir, 'auditor-role.yaml');
+    const create = () => runCli('gwctl', ['--data-dir', gw.dataDir, 'create', file]);
+    const r = await create();
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain(`error: cannot read ${file}: ENOENT`);
+    expect(r.stderr).toMatch(/^hint: Check the path of the manifest and that this user can read it/m);
+    expect(r.stderr).not.toContain('--help');
+    await writeFile(file, ['kind: role', 'version: v7', 'metadata: {name: auditor}', 'spec:', '  allow:', '    logins: [auditor]', ''].join('\n'));
+    const again = await create();
+    expect(again.status, again.stderr).toBe(0);
   });
 });
