@@ -151,6 +151,7 @@ export function parseAddr(
   if (text.length > MAX_ADDR_LENGTH) throw new AddrError(`the address is longer than ${MAX_ADDR_LENGTH} characters`, NAME_HINT);
   const raw = text.trim();
   if (raw === '') throw new AddrError('address is empty');
+  if (/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(raw)) throw urlGiven(raw);
   let hostPart: string;
   let portPart: string | undefined;
   if (raw.startsWith('[')) {
@@ -188,6 +189,25 @@ export function parseAddr(
     return { host: '', port };
   }
   return { host: parseHost(hostPart), port };
+}
+
+/** Default ports of the schemes a URL given for an address usually has. */
+const SCHEME_PORTS: Record<string, number> = { https: 443, http: 80 };
+
+/**
+ * A URL where host:port belongs ("https://gw.example.com"): what to write instead, its host and port (the scheme's
+ * default port when it has none). The colon of the scheme would otherwise be read as a port, or as IPv6.
+ */
+function urlGiven(raw: string): AddrError {
+  const scheme = raw.slice(0, raw.indexOf(':')).toLowerCase();
+  const authority = urlAuthority(raw) ?? '';
+  const hasPort = /:\d+$/.test(authority) && !/^\[[^\]]*\]$/.test(authority);
+  const defaultPort = SCHEME_PORTS[scheme];
+  const instead = authority === '' ? '' : hasPort || defaultPort === undefined ? authority : `${authority}:${defaultPort}`;
+  return new AddrError(
+    `a URL (${scheme}://...) where host:port is expected`,
+    `Drop the scheme: write host:port${instead && instead.length <= MAX_ADDR_LENGTH ? `, here ${instead}` : ', e.g. gateway.example.com:443'}.`,
+  );
 }
 
 /**

@@ -74,7 +74,7 @@ export const ERROR_CODES = {
   GW_ERR_CONFIG_ADDR: {
     status: 500,
     summary: 'A configuration address is not a valid host, host:port or IP literal.',
-    hint: 'Write addresses as host:port, an IP or a DNS name; IPv6 with a port goes in brackets: [2001:db8::1]:443.',
+    hint: 'Write addresses as host:port, an IP or a DNS name, without a scheme (gw.example.com:443, not https://gw.example.com); IPv6 with a port goes in brackets: [2001:db8::1]:443.',
   },
   GW_ERR_CONFIG_CHANNEL: {
     status: 500,
@@ -137,8 +137,13 @@ export const ERROR_CODES = {
   },
   GW_ERR_DIAL_PROXY_REFUSED: {
     status: 502,
-    summary: 'The proxy answered CONNECT with an error status (403, 502, 503, ...).',
+    summary: 'The proxy refused the CONNECT request with an error status other than 502, 503 or 504 (403 forbidden, 400, ...): its rules do not let this client reach this target.',
     hint: "Check the proxy's access rules for this target; many proxies allow CONNECT only to port 443.",
+  },
+  GW_ERR_DIAL_PROXY_TARGET_UNREACHABLE: {
+    status: 502,
+    summary: 'The proxy was reached and accepted the CONNECT request, but could not reach the target itself (it answered 502, 503 or 504: connection refused, name not found, timed out).',
+    hint: "Check that the target the message names is up and listening on that port, that the proxy can resolve its name (the proxy's DNS), and that the proxy's own outbound firewall lets it reach that port.",
   },
   GW_ERR_DIAL_PROXY_AUTH_REQUIRED: {
     status: 502,
@@ -531,6 +536,16 @@ export const ERROR_CODES = {
     summary: 'gwsh has no profile: nobody is signed in.',
     hint: "Run 'gwsh login --proxy=HOST:PORT --user=USER'.",
   },
+  GW_ERR_CLIENT_CERT_EXPIRED: {
+    status: 401,
+    summary: "The user certificate of the gwsh profile has expired (gwsh sees it before connecting; the Proxy and the Auth API refuse an expired user certificate with this code too).",
+    hint: "Run 'gwsh login' again for a fresh certificate ('gwsh status' shows until when it is valid).",
+  },
+  GW_ERR_CLIENT_PASSWORD_MISMATCH: {
+    status: 400,
+    summary: 'A new password and its confirmation, typed on the terminal, differed at each of the 3 tries; nothing was changed.',
+    hint: 'Run the command again and type the same password twice (or pipe it as the first line of standard input).',
+  },
   GW_ERR_CLIENT_PROFILE: {
     status: 500,
     summary: 'The gwsh profile in ~/.gwsh (or $GWSH_HOME) cannot be read or is damaged.',
@@ -714,7 +729,7 @@ export const ERROR_CODES = {
   GW_ERR_UPGRADE_TARBALL: {
     status: 502,
     summary: 'The release tarball passed its checksum but is not safe to extract: an entry with an absolute path or "..", a symbolic link pointing outside, a device or unknown entry type, setuid files, too many entries or too many bytes once unpacked, or not a gzip tar at all; nothing was extracted or installed.',
-    hint: 'A release tarball never holds these: the release at {download_url} is broken or not genuine; tell its publisher, and do not install it by hand.',
+    hint: "A release tarball never holds these: the release the message names, under GATEWAY_UPGRADE_DOWNLOAD_URL, is broken or not genuine. Tell its publisher, do not install it by hand, and run 'gateway-upgrade run' again once it is replaced.",
   },
   GW_ERR_UPGRADE_INSTALL: {
     status: 500,
@@ -780,7 +795,7 @@ export const ERROR_CODES = {
   GW_ERR_TUNNEL_NOT_FOUND: {
     status: 404,
     summary: 'No connected agent serves the resource asked for (database, app, desktop, cluster or node).',
-    hint: "List what is reachable with 'gwsh db ls', 'gwsh apps ls' or 'gwctl get nodes'; the agent may be offline.",
+    hint: "List what is reachable with 'gwsh ls' (servers), 'gwsh db ls' or 'gwsh apps ls'; the agent may be offline.",
   },
   GW_ERR_TUNNEL_DIAL_FAILED: {
     status: 502,

@@ -5,7 +5,9 @@
  *   pid file   acquirePidFile(path): written once at start (mode 0644, "<pid>\n", created atomically so nobody
  *              reads it half written); a file left by a process that is gone, or whose pid now belongs to a
  *              program that is not a gateway, is replaced; one held by a live gateway is GW_ERR_PID_FILE_BUSY.
- *              release() removes it on a clean exit, only while it still holds our pid.
+ *              release() removes it on a clean exit, only while it still holds our pid. The data directory's
+ *              lock (acquireDataDirLock) follows the same rules and also records when its process started, so
+ *              that a dead holder's pid, reused, is not taken for the holder.
  *   SIGHUP     installReload(): re-reads and validates the file given with -c. Invalid → the error is logged
  *              with its code and hint and the running configuration stays as it is. Valid → planReload() sorts
  *              the changed keys into those applied now (LIVE_KEYS: log severity, the version server's
@@ -16,7 +18,7 @@
  * followLogLevel() makes a log severity change reach every child logger already handed out (pino children keep
  * the level they were created with); ReloadableVersionServer lets the Proxy swap its channels in place.
  */
-import { processAlive } from './proc.js';
+import { processAlive, processStartTime } from './proc.js';
 import { existsSync, linkSync, mkdirSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { randomBytes } from 'node:crypto';
@@ -51,11 +53,28 @@ function runsGateway(pid: number): boolean {
   return cmdline.includes('gateway');
 }
 
+/** The pid on the first line of a pid file or lock. */
 function parsePid(text: string): number | undefined {
-  const t = text.trim();
+  const t = text.split('\n', 1)[0]!.trim();
   if (!/^\d{1,10}$/.test(t)) return undefined;
   const pid = Number(t);
   return pid > 0 ? pid : undefined;
+}
+
+/** The start time a lock recorded for its pid (its "started <time>" line), if it did. */
+function parseStarted(text: string): string | undefined {
+  return /^started (\S{1,200})$/m.exec(text)?.[1];
+}
+
+/**
+ * Whether the holder a file names still runs. A pid alone can have been reused by another program since its
+ * process died (a container's pids are small and soon reused): where the file recorded the holder's start time and
+ * /proc tells the pid's, they must agree; otherwise the pid must run a gateway (/proc/<pid>/cmdline).
+ */
+function holderRuns(holder: number, started: string | undefined): boolean {
+  if (!processAlive(holder)) return false;
+  const now = started === undefined ? undefined : processStartTime(holder);
+  return now !== undefined ? now === started : runsGateway(holder);
 }
 
 function pidWriteError(path: string, err: unknown): GatewayError {
@@ -67,8 +86,10 @@ function pidWriteError(path: string, err: unknown): GatewayError {
  * Writes "<pid>\n" to path (mode 0644), replacing a stale file. Throws GW_ERR_PID_FILE_BUSY when a live gateway
  * holds it, GW_ERR_PID_FILE_WRITE when the file or its directory cannot be written.
  */
-export function acquirePidFile(path: string, options: { pid?: number; log?: Logger } = {}): PidFile {
+export function acquirePidFile(path: string, options: { pid?: number; log?: Logger; recordStart?: boolean } = {}): PidFile {
   const pid = options.pid ?? process.pid;
+  // A lock (not a pid file, which systemd reads as one number) also records when its process started: holderRuns.
+  const started = options.recordStart ? processStartTime(pid) : undefined;
   const log = options.log ?? logger('gateway');
   const dir = dirname(path);
   try {
@@ -80,7 +101,7 @@ export function acquirePidFile(path: string, options: { pid?: number; log?: Logg
   // the pid file appears whole or not at all.
   const tmp = join(dir, `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
   try {
-    writeFileSync(tmp, `${pid}\n`, { mode: 0o644, flag: 'wx' });
+    writeFileSync(tmp, `${pid}\n${started === undefined ? '' : `started ${started}\n`}`, { mode: 0o644, flag: 'wx' });
   } catch (err) {
     throw pidWriteError(path, err);
   }
@@ -100,13 +121,13 @@ export function acquirePidFile(path: string, options: { pid?: number; log?: Logg
         throw pidWriteError(path, err);
       }
       const holder = parsePid(content);
-      if (holder !== undefined && holder !== pid && processAlive(holder) && runsGateway(holder)) {
+      if (holder !== undefined && holder !== pid && holderRuns(holder, parseStarted(content))) {
         throw new GatewayError('GW_ERR_PID_FILE_BUSY', `the pid file ${path} belongs to a running gateway (pid ${holder})`, {
           hint: `Stop that gateway first (kill ${holder}, or systemctl stop gateway), or give this one another --pid-file.`,
           details: { path, pid: holder },
         });
       }
-      log.warn({ path, stale_pid: holder ?? null }, 'replacing a stale pid file');
+      log.warn({ path, stale_pid: holder ?? null }, options.recordStart ? 'taking over a lock whose gateway is no longer running' : 'replacing a stale pid file');
       try {
         // Only the file we judged stale: if another starting gateway replaced it meanwhile, leave theirs alone.
         if (readFileSync(path, 'utf8') === content) unlinkSync(path);
@@ -138,13 +159,15 @@ export function acquirePidFile(path: string, options: { pid?: number; log?: Logg
 }
 
 /**
- * One daemon per data directory: `<data_dir>/gateway.lock` holds the pid of the gateway using it (the pid-file
- * rules above: a stale lock is replaced). A second daemon on the same directory is refused with
- * GW_ERR_DATA_DIR_IN_USE, never allowed to share it.
+ * One daemon per data directory: `<data_dir>/gateway.lock` holds the pid of the gateway using it and, where /proc
+ * tells, when that process started ("started <ticks>@<boot id>"), so that a dead holder's pid reused by another
+ * process is not taken for the holder. A lock whose holder is gone (killed, crashed) is taken over with a log
+ * line; a second daemon on a directory whose holder runs is refused with GW_ERR_DATA_DIR_IN_USE, never allowed to
+ * share it.
  */
 export function acquireDataDirLock(dataDir: string, options: { pid?: number; log?: Logger } = {}): PidFile {
   try {
-    return acquirePidFile(join(dataDir, 'gateway.lock'), options);
+    return acquirePidFile(join(dataDir, 'gateway.lock'), { ...options, recordStart: true });
   } catch (err) {
     if (!(err instanceof GatewayError) || err.code !== 'GW_ERR_PID_FILE_BUSY') throw err;
     const holder = (err.details as { pid?: number } | undefined)?.pid;

@@ -95,6 +95,21 @@ describe('parseAddr refuses, saying why', () => {
     expect(problem('host:99999')!.hint).toContain('1 to 65535');
     expect(problem('2001:db8::1:443:x')!.hint).toContain('[2001:db8::1]:443');
   });
+
+  it.each([
+    ['https://gw.example.com', 'gw.example.com:443'],
+    ['https://gw.example.com:8443/web/', 'gw.example.com:8443'],
+    ['HTTP://user:secret@gw.example.com', 'gw.example.com:80'],
+    ['https://[2001:db8::1]', '[2001:db8::1]:443'],
+    ['tcp://10.0.0.5:3025', '10.0.0.5:3025'],
+  ])('a URL (%s) is told to drop the scheme, and what the hint says to write parses', (url, instead) => {
+    const err = problem(url)!;
+    expect(err.message).toMatch(/^a URL \(\w+:\/\/\.\.\.\) where host:port is expected$/);
+    expect(err.hint).toBe(`Drop the scheme: write host:port, here ${instead}.`);
+    expect(err.hint).not.toMatch(/IPv6|bracket/);
+    expect(`${err.message} ${err.hint}`).not.toContain('secret');
+    expect(() => parseAddr(instead)).not.toThrow();
+  });
 });
 
 describe('host names matched as text', () => {

@@ -34,6 +34,10 @@ describe('error codes', () => {
     }
   });
 
+  it('no hint prints a template placeholder ({download_url}) instead of the value a user needs', () => {
+    for (const [code, spec] of Object.entries(ERROR_CODES)) expect(spec.hint, code).not.toMatch(/\{[a-z_]+\}/);
+  });
+
   it('wraps foreign errors as internal errors, keeping the cause', () => {
     const cause = new TypeError('boom');
     const e = toGatewayError(cause);

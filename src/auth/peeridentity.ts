@@ -15,6 +15,15 @@ import type { ClusterTrust } from './proxyauth.js';
 /** Extended key usage id-kp-clientAuth: user certificates carry it (pki/tls.ts). */
 const CLIENT_AUTH_EKU = '1.3.6.1.5.5.7.3.2';
 
+/** The kind of identity a certificate names (user, host...), or undefined when it names none of ours. */
+function kindOf(raw: Buffer): string | undefined {
+  try {
+    return identityFromCert(raw).kind;
+  } catch {
+    return undefined;
+  }
+}
+
 /** The caller's identity from its client certificate, checked against the CA that must have signed that kind. */
 export function peerIdentity(trust: ClusterTrust, req: IncomingMessage): Identity {
   return peerIdentityOf(trust, req.socket as TLSSocket);
@@ -29,7 +38,15 @@ export function peerIdentityOf(trust: ClusterTrust, socket: TLSSocket): Identity
   if (typeof socket.getPeerCertificate !== 'function') throw unauthenticated('not a TLS connection');
   const peer = socket.getPeerCertificate(true);
   if (!peer || !peer.raw) throw unauthenticated('none was presented');
-  if (!socket.authorized) throw unauthenticated(String(socket.authorizationError ?? 'not signed by this cluster'));
+  if (!socket.authorized) {
+    if (String(socket.authorizationError) === 'CERT_HAS_EXPIRED' && kindOf(peer.raw) === 'user') {
+      // A user whose certificate ran out: the fix is a new login, not the generic advice.
+      throw new GatewayError('GW_ERR_CLIENT_CERT_EXPIRED', `your user certificate has expired (valid until ${peer.valid_to})`, {
+        hint: "Run 'gwsh login' again for a fresh certificate.",
+      });
+    }
+    throw unauthenticated(String(socket.authorizationError ?? 'not signed by this cluster'));
+  }
   const identity = identityFromCert(peer.raw);
   const expectedCa = identity.kind === 'host' ? trust.host.tls.certPem : trust.user.tls.certPem;
   const issuer = peer.issuerCertificate;

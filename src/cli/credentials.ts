@@ -8,7 +8,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ApiClient } from '../client/api.js';
-import { loadProfile } from '../client/profile.js';
+import { checkNotExpired, loadProfile } from '../client/profile.js';
 import { loadConfigFile } from '../config/index.js';
 import { GatewayError } from '../errors.js';
 import { defaultDataDir } from '../paths.js';
@@ -44,6 +44,7 @@ export function gwctlClient(options: CredentialOptions): ApiClient {
   }
   const profile = loadProfile();
   if (profile) {
+    checkNotExpired(profile);
     return new ApiClient({ address: profile.proxy, ca: profile.hostCa, cert: profile.cert, key: profile.key });
   }
   const local = adminClient(defaultDataDir(), undefined, false);

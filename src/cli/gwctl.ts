@@ -200,7 +200,10 @@ program
     try {
       manifest = file === '-' ? readFileSync(0, 'utf8') : readFileSync(file, 'utf8');
     } catch (err) {
-      throw new GatewayError('GW_ERR_USAGE', `cannot read ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+      throw new GatewayError('GW_ERR_USAGE', `cannot read ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`, {
+        hint: 'Check the path of the manifest and that this user can read it (or give - and pipe it on standard input).',
+        details: { path: file },
+      });
     }
     const { messages } = await client().call<{ messages: string[] }>('POST', '/v1/resources', { manifest, source: file, overwrite: opts.force === true });
     for (const m of messages) out(m);

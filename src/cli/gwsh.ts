@@ -5,11 +5,12 @@ import { generateKeyPair, identityFromCert } from '../auth/pki.js';
 import { randomSecret, sameSecret, sha256hex } from '../wire/secrets.js';
 import type { CertBundle } from '../wire/certs.js';
 import { ApiClient, fetchPinnedCas, normalizeAddress } from '../client/api.js';
-import { knownCa, loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
+import { checkNotExpired, knownCa, loadProfile, profileDir, removeProfile, saveProfile } from '../client/profile.js';
 import { parseDuration } from '../duration.js';
 import { writeSecretFile } from '../fsutil.js';
 import net from 'node:net';
-import { readFileSync } from 'node:fs';
+import { readFileSync, rmSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { userInfo } from 'node:os';
 import { spawn as spawnChild } from 'node:child_process';
@@ -19,7 +20,7 @@ import { Dialer } from '../dial/dialer.js';
 import { fetchPing, openResource, resourceTlsContext, routeAddress, type ResourceTarget } from '../client/resources.js';
 import { splice } from '../stream/splice.js';
 import { endedCleanly, resetStream } from '../stream/reset.js';
-import { toGatewayError } from '../errors.js';
+import { isErrorCode, toGatewayError } from '../errors.js';
 import { GatewayError } from '../errors.js';
 import { databaseRoute } from '../wire/protocols.js';
 import { readPassword } from './prompt.js';
@@ -163,9 +164,11 @@ program
     else process.stdout.write('logged out\n');
   });
 
+/** The signed-in profile, its certificate still valid (GW_ERR_CLIENT_CERT_EXPIRED otherwise: before any connection). */
 function requireProfile() {
   const profile = loadProfile();
   if (!profile) throw new GatewayError('GW_ERR_CLIENT_NOT_LOGGED_IN', 'not logged in', { hint: "Run 'gwsh login --proxy=HOST:PORT --user=USER'." });
+  checkNotExpired(profile);
   return profile;
 }
 
@@ -282,40 +285,61 @@ proxyCmd
   .description("carry SSH to a node on standard input/output (OpenSSH's ProxyCommand)")
   .argument('<target>', '[login@]node[:port]')
   .action(async (targetText: string) => {
-    const profile = requireProfile();
-    const { login, node } = parseSshTarget(targetText);
-    const dialer = new Dialer();
-    const ping = await fetchPing(profile, dialer);
-    const stream = await openResource(profile, routeAddress(profile, ping, 'gateway-proxy-ssh'), { alpn: 'gateway-proxy-ssh', resource: node, login }, dialer);
-    process.stdin.pipe(stream);
-    stream.pipe(process.stdout);
-    await new Promise<void>((resolve) => {
-      // 'end' too: when the Proxy ends the connection (a lock, a removed user) nothing more can come, and ssh
-      // only learns that the session is over when this process exits (pipe() never ends process.stdout).
-      stream.once('end', resolve);
-      stream.once('close', resolve);
-      stream.once('error', resolve);
-    });
-    // Let ssh close its end first (it has the session's exit status by now): exiting while ssh may still write
-    // to us could hand it a broken pipe. Give it a moment, then go regardless.
-    if (!process.stdin.readableEnded) {
-      process.stdin.unpipe(stream);
-      process.stdin.resume();
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, 2_000);
-        timer.unref();
-        process.stdin.once('end', resolve);
-        process.stdin.once('close', resolve);
-      });
+    // Under `gwsh ssh`, a failure is handed to it (PROXY_ERROR_ENV) to be printed after OpenSSH's own lines.
+    const errorFile = process.env[PROXY_ERROR_ENV];
+    if (!errorFile) return proxySsh(targetText);
+    try {
+      await proxySsh(targetText);
+    } catch (err) {
+      const e = toGatewayError(err);
+      writeSecretFile(errorFile, JSON.stringify({ code: e.code, message: e.message, hint: e.hint }));
+      process.exitCode = 1;
     }
-    process.stdin.destroy();
-    // Standard output cannot be reset: a connection that broke instead of ending (the Proxy gone mid-session) is
-    // said by the exit status (ssh sees the SSH stream cut as well).
-    if (!endedCleanly(stream)) process.exitCode = 1;
-    // The session is over: after the Proxy's 'end' our side of the connection is still open (half-open sockets),
-    // and it would keep this process, and so ssh waiting for it, alive until the Proxy's half-close linger.
-    stream.destroy();
   });
+
+/**
+ * Where `gwsh ssh` asks its ProxyCommand to leave the error that ended it: ssh prints its own lines after a
+ * ProxyCommand fails ("kex_exchange_identification: Connection closed by remote host", "Connection closed by
+ * UNKNOWN port 65535"), which would bury the real error; gwsh ssh prints it last instead, and exits 1.
+ */
+const PROXY_ERROR_ENV = 'GWSH_PROXY_ERROR_FILE';
+
+/** The ProxyCommand's work: the SSH stream to the node on standard input/output. */
+async function proxySsh(targetText: string): Promise<void> {
+  const profile = requireProfile();
+  const { login, node } = parseSshTarget(targetText);
+  const dialer = new Dialer();
+  const ping = await fetchPing(profile, dialer);
+  const stream = await openResource(profile, routeAddress(profile, ping, 'gateway-proxy-ssh'), { alpn: 'gateway-proxy-ssh', resource: node, login }, dialer);
+  process.stdin.pipe(stream);
+  stream.pipe(process.stdout);
+  await new Promise<void>((resolve) => {
+    // 'end' too: when the Proxy ends the connection (a lock, a removed user) nothing more can come, and ssh
+    // only learns that the session is over when this process exits (pipe() never ends process.stdout).
+    stream.once('end', resolve);
+    stream.once('close', resolve);
+    stream.once('error', resolve);
+  });
+  // Let ssh close its end first (it has the session's exit status by now): exiting while ssh may still write
+  // to us could hand it a broken pipe. Give it a moment, then go regardless.
+  if (!process.stdin.readableEnded) {
+    process.stdin.unpipe(stream);
+    process.stdin.resume();
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, 2_000);
+      timer.unref();
+      process.stdin.once('end', resolve);
+      process.stdin.once('close', resolve);
+    });
+  }
+  process.stdin.destroy();
+  // Standard output cannot be reset: a connection that broke instead of ending (the Proxy gone mid-session) is
+  // said by the exit status (ssh sees the SSH stream cut as well).
+  if (!endedCleanly(stream)) process.exitCode = 1;
+  // The session is over: after the Proxy's 'end' our side of the connection is still open (half-open sockets),
+  // and it would keep this process, and so ssh waiting for it, alive until the Proxy's half-close linger.
+  stream.destroy();
+}
 
 program
   .command('known-hosts')
@@ -408,10 +432,31 @@ program
     const args = ['-F', configFile, ...cmd.args];
     void target;
     void command;
-    const child = spawnChild('ssh', args, { stdio: 'inherit' });
+    const errorFile = join(profile.dir, `.proxy-error-${randomBytes(6).toString('hex')}`);
+    const child = spawnChild('ssh', args, { stdio: 'inherit', env: { ...process.env, [PROXY_ERROR_ENV]: errorFile } });
     const code = await new Promise<number>((resolve) => child.once('exit', (c, sig) => resolve(c ?? (sig ? 255 : 0))));
+    const failure = takeProxyError(errorFile);
+    if (failure) throw failure; // the real error, after OpenSSH's lines; exit status 1
     process.exitCode = code;
   });
+
+/** The error a ProxyCommand left in file (removed here), or undefined. Read bounded: it is a few lines of JSON. */
+function takeProxyError(file: string): GatewayError | undefined {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8').slice(0, 16 * 1024);
+    rmSync(file, { force: true });
+  } catch {
+    return undefined;
+  }
+  try {
+    const e = JSON.parse(text) as { code?: unknown; message?: unknown; hint?: unknown };
+    const code = typeof e.code === 'string' && isErrorCode(e.code) ? e.code : 'GW_ERR_INTERNAL';
+    return new GatewayError(code, `the connection through the gateway failed: ${String(e.message)}`, typeof e.hint === 'string' ? { hint: e.hint } : {});
+  } catch {
+    return undefined;
+  }
+}
 
 function printStatus(format: Format): void {
   const profile = loadProfile();

@@ -1,6 +1,7 @@
 /**
  * Passwords from a person (prompted on the terminal, not echoed) or from a script (the first line of standard
- * input when it is not a terminal).
+ * input when it is not a terminal). A new password is typed twice; two that differ are asked for again, at most
+ * PASSWORD_TRIES times, then GW_ERR_CLIENT_PASSWORD_MISMATCH (nothing was changed).
  */
 import { GatewayError } from '../errors.js';
 
@@ -33,7 +34,7 @@ async function promptHidden(question: string): Promise<string> {
           }
           if (ch === '\u0003') {
             stdin.off('data', onData);
-            reject(new GatewayError('GW_ERR_USAGE', 'cancelled'));
+            reject(new GatewayError('GW_ERR_USAGE', 'cancelled (Ctrl-C); nothing was changed', { hint: 'Run the command again when you are ready to type the password.' }));
             return;
           }
           if (ch === '\u007f' || ch === '\b') value = value.slice(0, -1);
@@ -57,10 +58,19 @@ export async function readPassword(question: string, options: { confirm?: boolea
     }
     return line;
   }
-  const first = await promptHidden(question);
-  if (options.confirm) {
+  if (!options.confirm) return promptHidden(question);
+  for (let attempt = 1; ; attempt++) {
+    const first = await promptHidden(question);
     const second = await promptHidden('Confirm password: ');
-    if (first !== second) throw new GatewayError('GW_ERR_USAGE', 'the two passwords differ');
+    if (first === second) return first;
+    if (attempt >= PASSWORD_TRIES) {
+      throw new GatewayError('GW_ERR_CLIENT_PASSWORD_MISMATCH', `the two passwords did not match, ${PASSWORD_TRIES} times; nothing was changed`, {
+        hint: 'Run the command again and type the same password twice (or pipe it as the first line of standard input).',
+      });
+    }
+    process.stderr.write(`The two passwords did not match; type them again (${PASSWORD_TRIES - attempt} ${PASSWORD_TRIES - attempt === 1 ? 'try' : 'tries'} left).\n`);
   }
-  return first;
 }
+
+/** How many times a new password and its confirmation may differ before the command gives up. */
+export const PASSWORD_TRIES = 3;

@@ -4,14 +4,14 @@
  * only when `start` runs: it and what it imports are most of the code, which no other command needs.
  */
 import { mkdirSync } from 'node:fs';
-import { isAbsolute, resolve } from 'node:path';
+import { isAbsolute, join, resolve } from 'node:path';
 import { destination } from 'pino';
-import { parseAddr } from '../addr.js';
+import { parseAddr, type AddrError } from '../addr.js';
 import { defaultConfig, loadConfigFile, type GatewayConfig } from '../config/index.js';
 import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
 import { GatewayError } from '../errors.js';
 import { ensurePrivateFile } from '../fsutil.js';
-import { createLogger, logger, setRootLogger, type LogLevel } from '../log.js';
+import { createLogger, logger, outlivingDestination, setRootLogger, survivingOutput, type LogLevel } from '../log.js';
 import { acquireDataDirLock, acquirePidFile, channelsChanged, followLogLevel, installReload, trustedSourcesChanged, type PidFile } from '../reload.js';
 import { daemonEnvironment } from '../roles/environment.js';
 import { startBanner } from './banner.js';
@@ -43,7 +43,7 @@ function withFlags(config: GatewayConfig, opts: StartOptions): GatewayConfig {
       addr = parseAddr(opts.publicAddr);
     } catch (err) {
       throw new GatewayError('GW_ERR_USAGE', `--public-addr: "${opts.publicAddr}" is not host[:port] (${(err as Error).message})`, {
-        hint: 'Give the DNS name or IP that agents and users dial, e.g. --public-addr=gateway.example.com:443.',
+        hint: (err as AddrError).hint ?? 'Give the DNS name or IP that agents and users dial, e.g. --public-addr=gateway.example.com:443.',
       });
     }
     const publicAddr = Object.freeze([Object.freeze({ host: addr.host, port: addr.port ?? 443 })]);
@@ -52,6 +52,9 @@ function withFlags(config: GatewayConfig, opts: StartOptions): GatewayConfig {
   return Object.freeze(out);
 }
 
+/** Where logs meant for a standard stream go once it is gone (docs/configuration.md, gateway.log.output). */
+export const STDIO_LOG_FILE = 'gateway.log';
+
 /** The `start` command: its options as commander gives them, and --debug. */
 export async function runStart(opts: StartOptions, debug: boolean): Promise<void> {
   const load = (path: string | undefined): GatewayConfig => withFlags(path ? loadConfigFile(path) : defaultConfig(), opts);
@@ -59,11 +62,18 @@ export async function runStart(opts: StartOptions, debug: boolean): Promise<void
   const { output, severity, format } = config.gateway.log;
   // A log file is private (0600) whatever the umask: log lines name users, addresses and resources.
   if (output !== 'stdout' && output !== 'stderr') ensurePrivateFile(output);
+  // The daemon outlives its terminal (src/log.ts): logs to a standard stream go on in <data_dir>/gateway.log once
+  // that stream has lost its reader, and a lost stream never ends the process.
+  const outliving = (stream: NodeJS.WriteStream, name: string) =>
+    outlivingDestination(stream, { name, fallbackPath: join(config.gateway.data_dir, STDIO_LOG_FILE), ensure: ensurePrivateFile });
   const root = createLogger({
     level: debug ? 'debug' : severity,
     ...(format === undefined ? {} : { format }),
-    destination: output === 'stdout' ? process.stdout : output === 'stderr' ? process.stderr : destination({ dest: output, mkdir: true }),
+    destination: output === 'stdout' ? outliving(process.stdout, 'standard output') : output === 'stderr' ? outliving(process.stderr, 'standard error') : destination({ dest: output, mkdir: true }),
   });
+  for (const [stream, name] of [[process.stdout, 'standard output'], [process.stderr, 'standard error']] as const) {
+    survivingOutput(stream, (code) => logger('gateway').warn({ stream: name, error: code }, `${name} is gone (${code}); the gateway keeps running`), (err) => logger('gateway').warn({ stream: name, err }, `cannot write to ${name}`));
+  }
   const setLevel = followLogLevel(root); // before any child logger exists, so SIGHUP can change every one's level
   setRootLogger(root);
   await start(config, {

@@ -94,6 +94,19 @@ export function rememberCa(dir: string, proxy: string, cluster: string, hostCa: 
   writePublicFile(join(dir, KNOWN_CAS), `${JSON.stringify(kept, null, 2)}\n`);
 }
 
+/**
+ * Throws GW_ERR_CLIENT_CERT_EXPIRED when the profile's user certificate is no longer valid at now: said here, with
+ * the login command that renews it, rather than as the server's refusal (or, under ssh, as OpenSSH's noise).
+ */
+export function checkNotExpired(profile: Pick<Profile, 'valid_until' | 'proxy' | 'username' | 'cluster'>, now = Date.now()): void {
+  const until = Date.parse(profile.valid_until);
+  if (Number.isNaN(until) || until > now) return;
+  throw new GatewayError('GW_ERR_CLIENT_CERT_EXPIRED', `your certificate for cluster ${profile.cluster} expired at ${profile.valid_until}`, {
+    hint: `Run 'gwsh login --proxy=${profile.proxy} --user=${profile.username}' for a fresh one.`,
+    details: { valid_until: profile.valid_until },
+  });
+}
+
 /** The profile, or undefined when there is none. A damaged profile is an error saying how to start over. */
 export function loadProfile(dir = profileDir()): Profile | undefined {
   let text: string;

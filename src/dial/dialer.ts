@@ -558,11 +558,22 @@ export class Dialer {
     );
   }
 
-  /** The error for an answer that is neither 2xx nor 407 (auth/handshake.ts answers a 407). */
+  /**
+   * The error for an answer that is neither 2xx nor 407 (auth/handshake.ts answers a 407): a refusal by the proxy's
+   * rules (403, ...: GW_ERR_DIAL_PROXY_REFUSED), or the proxy's own failure to reach the target (502, 503, 504:
+   * GW_ERR_DIAL_PROXY_TARGET_UNREACHABLE), whose fix is at the target, not in the proxy's rules.
+   */
   private refusal(res: ConnectResponse, target: DialTarget, context: string, details: Record<string, unknown>): GatewayError {
     const where = formatHostPort(target.host, target.port);
     const status = `${res.statusCode}${res.reason ? ` ${res.reason}` : ''}`;
     const d = { ...details, status: res.statusCode };
+    // 502, 503, 504: the proxy's own dial failed (squid: ERR_CONNECT_FAIL, ERR_DNS_FAIL, timeouts); its rules allowed it.
+    if (res.statusCode === 502 || res.statusCode === 503 || res.statusCode === 504) {
+      return new GatewayError('GW_ERR_DIAL_PROXY_TARGET_UNREACHABLE', `${context} could not reach ${where} (it answered CONNECT with ${status})`, {
+        details: d,
+        hint: `The proxy is reachable, but ${where} is not from it: check that ${where} is up and listening, that the proxy can resolve ${target.host} (its DNS), and that the proxy's own outbound firewall lets it reach port ${target.port}.`,
+      });
+    }
     const hint =
       res.statusCode === 403 && target.port !== 443
         ? `The proxy's policy may allow CONNECT only to port 443 (squid's default "http_access deny CONNECT !SSL_ports"). ` +

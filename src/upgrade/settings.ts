@@ -86,12 +86,20 @@ export function tarballArch(nodeArch: string): TarballArch {
   }
 }
 
+/**
+ * The hint of a bad GATEWAY_UPGRADE_* variable: these come from the environment (the systemd unit's Environment=),
+ * not the command line, so the usage error's "--help" would point the wrong way.
+ */
+function envHint(name: string, expected: string): string {
+  return `Set ${name} to ${expected} where gateway-upgrade's environment is set (its systemd unit's Environment=, or the shell), or unset it for the default (docs/upgrades.md lists them).`;
+}
+
 function bool(name: string, value: string): boolean | 'auto' {
   const v = value.trim().toLowerCase();
   if (['1', 'yes', 'true', 'on'].includes(v)) return true;
   if (['0', 'no', 'false', 'off'].includes(v)) return false;
   if (v === 'auto' || v === '') return 'auto';
-  throw new GatewayError('GW_ERR_USAGE', `${name}=${JSON.stringify(value)}: expected yes, no or auto`);
+  throw new GatewayError('GW_ERR_USAGE', `${name}=${JSON.stringify(value)}: expected yes, no or auto`, { hint: envHint(name, 'yes, no or auto') });
 }
 
 /**
@@ -118,12 +126,14 @@ export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettin
   const path = (k: string, dflt: string): string => {
     const v = get(k);
     if (v === undefined) return dflt;
-    if (!isAbsolute(v)) throw new GatewayError('GW_ERR_USAGE', `${k}=${JSON.stringify(v)}: expected an absolute path`);
+    if (!isAbsolute(v)) throw new GatewayError('GW_ERR_USAGE', `${k}=${JSON.stringify(v)}: expected an absolute path`, { hint: envHint(k, `an absolute path (${dflt})`) });
     return v;
   };
   const etcDir = path('GATEWAY_UPGRADE_DIR', under('etc/gateway-upgrade.d'));
   const service = get('GATEWAY_UPGRADE_SERVICE') ?? 'gateway';
-  if (!/^[A-Za-z0-9@._:-]+$/.test(service)) throw new GatewayError('GW_ERR_USAGE', `GATEWAY_UPGRADE_SERVICE=${JSON.stringify(service)} is not a systemd unit name`);
+  if (!/^[A-Za-z0-9@._:-]+$/.test(service)) {
+    throw new GatewayError('GW_ERR_USAGE', `GATEWAY_UPGRADE_SERVICE=${JSON.stringify(service)} is not a systemd unit name`, { hint: envHint('GATEWAY_UPGRADE_SERVICE', "the agent's systemd unit (gateway, or gateway-agent.service)") });
+  }
   const pm = (get('GATEWAY_UPGRADE_PACKAGE_MANAGER') ?? 'auto').toLowerCase();
   if (pm !== 'auto' && !PACKAGE_MANAGERS.includes(pm as PackageManagerName)) {
     throw new GatewayError('GW_ERR_UPGRADE_PACKAGE_MANAGER', `GATEWAY_UPGRADE_PACKAGE_MANAGER=${JSON.stringify(pm)} is not one the upgrader knows`);

@@ -214,7 +214,18 @@ export const tarballLibDir = (binDir: string): string => join(dirname(binDir), '
  * GW_ERR_UPGRADE_INSTALL (after putting everything back).
  */
 export async function installTarball(tarball: string, deps: TarballDeps): Promise<TarballInstall> {
-  await checkTarballEntries(tarball, deps.tarLimits);
+  try {
+    await checkTarballEntries(tarball, deps.tarLimits);
+  } catch (err) {
+    // The hint names the release as downloaded (the registry's can only name the setting it came from).
+    if (!(err instanceof GatewayError) || err.code !== 'GW_ERR_UPGRADE_TARBALL') throw err;
+    const url = `${deps.downloadUrl}/${basename(tarball)}`;
+    throw new GatewayError(err.code, err.message, {
+      hint: `A release tarball never holds these: ${url} is broken or not genuine. Tell its publisher, do not install it by hand, and run 'gateway-upgrade run' again once it is replaced.`,
+      cause: err,
+      details: { ...(err.details ?? {}), url },
+    });
+  }
   const into = join(deps.workDir, 'extract');
   await mkdir(into, { recursive: true });
   const x = await runCommand(['tar', '-xzf', tarball, '-C', into, '--no-same-owner', '--no-same-permissions', '--no-overwrite-dir'], { timeoutMs: deps.commandTimeoutMs, ...(deps.env ? { env: deps.env } : {}) });

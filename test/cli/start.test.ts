@@ -7,13 +7,18 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import * as nodePty from 'node-pty';
 import { publicCopyOfBuild, UNPRIVILEGED_USER } from '../helpers/asuser.js';
+import { waitUntil } from '../helpers/wait.js';
+import { processAlive } from '../../src/proc.js';
 
 const GATEWAY = fileURLToPath(new URL('../../dist/cli/gateway.js', import.meta.url));
 let dir: string;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-start-'));
+  // The configuration the lock tests start with (each gives its own --data-dir, but for the first).
+  await writeFile(join(dir, 'lock.yaml'), `gateway:\n  data_dir: ${join(dir, 'shared')}\nauth_service:\n  listen_addr: 127.0.0.1:0\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n`);
 });
 afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
@@ -100,7 +105,6 @@ describe('one daemon per data directory', () => {
   it('a second gateway on a data directory in use is refused, naming the directory, the pid and the fix', async () => {
     const dataDir = join(dir, 'shared');
     const file = join(dir, 'lock.yaml');
-    await writeFile(file, `gateway:\n  data_dir: ${dataDir}\nauth_service:\n  listen_addr: 127.0.0.1:0\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n`);
     const first = startAndWait(['-c', file]);
     try {
       await first.ready;
@@ -112,7 +116,8 @@ describe('one daemon per data directory', () => {
       expect(second.stderr).toContain(`pid ${first.child.pid}`);
       expect(second.stderr).toMatch(/^hint: .*--data-dir/m);
       // The running one lost nothing: its lock and its identity files are still there.
-      expect(readFileSync(join(dataDir, 'gateway.lock'), 'utf8').trim()).toBe(String(first.child.pid));
+      // It records its pid and when that process started (a pid reused by another program is not the holder).
+      expect(readFileSync(join(dataDir, 'gateway.lock'), 'utf8')).toMatch(new RegExp(`^${first.child.pid}\nstarted \\d+@[0-9a-f-]{36}\n$`));
       // --data-dir gives the second one a directory of its own.
       const own = startAndWait(['-c', file, '--data-dir', join(dir, 'own')]);
       const { stdout } = await own.ready;
@@ -134,11 +139,113 @@ describe('one daemon per data directory', () => {
     expect(await g.stop()).toBe(0);
   });
 
+  it('a lock left by a gateway killed with SIGKILL is taken over, with a log line naming its pid', async () => {
+    const dataDir = join(dir, 'killed');
+    const first = startAndWait(['--data-dir', dataDir, '-c', join(dir, 'lock.yaml')]);
+    await first.ready;
+    const died = new Promise((resolve) => first.child.once('exit', resolve));
+    first.child.kill('SIGKILL'); // no clean-up runs: the lock stays
+    await died;
+    expect(readFileSync(join(dataDir, 'gateway.lock'), 'utf8').split('\n')[0]).toBe(String(first.child.pid));
+    const second = startAndWait(['--data-dir', dataDir, '-c', join(dir, 'lock.yaml')]);
+    const { stderr } = await second.ready;
+    const line = stderr.split('\n').find((l) => l.includes('taking over a lock'));
+    expect(JSON.parse(line!)).toMatchObject({ stale_pid: first.child.pid, path: join(dataDir, 'gateway.lock') });
+    expect(await second.stop()).toBe(0);
+  });
+
+  it('a lock whose pid now belongs to another program (started after the lock was written) is taken over', async () => {
+    const dataDir = join(dir, 'reused');
+    mkdirSync(dataDir, { recursive: true });
+    // A live process whose command line says "gateway", as a reused pid can: the cmdline check alone takes it for the holder.
+    const impostor = spawn('sh', ['-c', 'sleep 60', 'gateway-impostor'], { stdio: 'ignore' });
+    try {
+      const bootId = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
+      writeFileSync(join(dataDir, 'gateway.lock'), `${impostor.pid}\nstarted 1@${bootId}\n`);
+      const g = startAndWait(['--data-dir', dataDir, '-c', join(dir, 'lock.yaml')]);
+      const { stderr } = await g.ready;
+      expect(stderr).toContain('taking over a lock whose gateway is no longer running');
+      expect(await g.stop()).toBe(0);
+    } finally {
+      impostor.kill('SIGKILL');
+    }
+  });
+
+  it('--public-addr written as a URL is told to drop the scheme; started with what the hint says, clients are sent there', async () => {
+    const r = spawnSync(process.execPath, [GATEWAY, 'start', '--public-addr', 'https://gw.example.com', '--data-dir', join(dir, 'url')], { encoding: 'utf8' });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain('code: GW_ERR_USAGE');
+    const instead = /^hint: Drop the scheme: write host:port, here (\S+)\.$/m.exec(r.stderr)?.[1];
+    expect(instead).toBe('gw.example.com:443');
+    const g = startAndWait(['-c', join(dir, 'lock.yaml'), '--data-dir', join(dir, 'url'), '--public-addr', instead!]);
+    const { stdout } = await g.ready;
+    expect(stdout).toContain('Clients and agents reach this Proxy at gw.example.com:443');
+    expect(await g.stop()).toBe(0);
+  });
+
   it('--data-dir must be an absolute path', () => {
     const r = spawnSync(process.execPath, [GATEWAY, 'start', '--data-dir', 'relative/dir'], { encoding: 'utf8' });
     expect(r.status).toBe(2); // a usage error
     expect(r.stderr).toContain('GW_ERR_USAGE');
     expect(r.stderr).toContain('not an absolute path');
+  });
+});
+
+describe('a daemon that outlives its terminal', () => {
+  /** The daemon's pid, from its data directory's lock once it has one. */
+  const lockHolder = async (dataDir: string): Promise<number> => {
+    const lock = join(dataDir, 'gateway.lock');
+    await waitUntil('the daemon holds its lock', () => existsSync(lock) && readFileSync(lock, 'utf8').includes('started'));
+    return Number(readFileSync(lock, 'utf8').split('\n')[0]);
+  };
+  /** Asks the daemon for a log line (a SIGHUP reload logs one), waits for it in its fallback log, then stops it. */
+  const logsOnThenStops = async (pid: number, dataDir: string, lost: RegExp): Promise<void> => {
+    const fallback = join(dataDir, 'gateway.log');
+    process.kill(pid, 'SIGHUP');
+    await waitUntil('the reload is logged in <data_dir>/gateway.log', () => existsSync(fallback) && readFileSync(fallback, 'utf8').includes('configuration reloaded'));
+    const text = readFileSync(fallback, 'utf8');
+    expect(text.split('\n')[0]).toMatch(lost);
+    expect(text).toContain('the gateway keeps running');
+    expect(statSync(fallback).mode & 0o777).toBe(0o600);
+    expect(processAlive(pid)).toBe(true);
+    process.kill(pid, 'SIGTERM');
+    await waitUntil('the daemon stops', () => !processAlive(pid));
+    // It stopped cleanly: its lock is gone, and a new start on the directory is not refused.
+    expect(existsSync(join(dataDir, 'gateway.lock'))).toBe(false);
+    const again = startAndWait(['--data-dir', dataDir, '-c', join(dir, 'lock.yaml')]);
+    await again.ready;
+    expect(await again.stop()).toBe(0);
+  };
+
+  it('`gateway start 2>&1 | head -3`: the closed pipe (EPIPE) does not stop it; its logs go on in <data_dir>/gateway.log', async () => {
+    const dataDir = join(dir, 'epipe');
+    const file = join(dir, 'epipe.yaml');
+    await writeFile(file, `gateway:\n  data_dir: ${dataDir}\n  log:\n    format: json\nauth_service:\n  listen_addr: 127.0.0.1:0\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n`);
+    const shell = spawn('sh', ['-c', `"${process.execPath}" "${GATEWAY}" start -c "${file}" 2>&1 | head -3`], { stdio: ['ignore', 'pipe', 'inherit'] });
+    let seen = '';
+    shell.stdout.on('data', (c: Buffer) => (seen += c.toString()));
+    const pid = await lockHolder(dataDir);
+    await waitUntil('head has printed its 3 lines', () => seen.split('\n').length > 3);
+    await logsOnThenStops(pid, dataDir, /standard error is gone \(EPIPE\): logging continues in this file/);
+    expect(seen).not.toContain('EPIPE');
+  });
+
+  it('a terminal that goes away (EIO, and the SIGHUP it sends) does not stop it either', async () => {
+    const dataDir = join(dir, 'eio');
+    const file = join(dir, 'eio.yaml');
+    await writeFile(file, `gateway:\n  data_dir: ${dataDir}\nauth_service:\n  listen_addr: 127.0.0.1:0\nproxy_service:\n  web_listen_addr: 127.0.0.1:0\n`);
+    const term = nodePty.spawn(process.execPath, [GATEWAY, 'start', '-c', file], { cols: 200, rows: 50, cwd: dir, env: process.env as Record<string, string> });
+    let seen = '';
+    term.onData((d) => (seen += d));
+    try {
+      await waitUntil('the banner on the terminal', () => /CA pin\s+sha256:/.test(seen));
+      const pid = await lockHolder(dataDir);
+      expect(pid).toBe(term.pid);
+      (term as unknown as { destroy(): void }).destroy(); // node-pty's UnixTerminal (not in IPty's type); the terminal is closed: writes to it fail with EIO; node-pty then sends SIGHUP, as a closing terminal does
+      await logsOnThenStops(pid, dataDir, /standard (error|output) is gone \(EIO\)/);
+    } finally {
+      if (processAlive(term.pid)) process.kill(term.pid, 'SIGKILL');
+    }
   });
 });
 

@@ -406,3 +406,16 @@ describe('loadConfigFile errors', () => {
     }
   });
 });
+
+describe('public_addr written as a URL', () => {
+  it('is told to drop the scheme (not about IPv6 brackets), and the configuration with what the hint says loads', () => {
+    const text = (addr: string) => `gateway:\n  data_dir: /var/lib/gateway\nproxy_service:\n  public_addr: ${addr}\n`;
+    for (const url of ['https://gw.example.com', 'https://gw.example.com:443']) {
+      const err = failure(text(url));
+      expect(err.code).toBe('GW_ERR_CONFIG_ADDR');
+      expect(err.hint).toBe('Drop the scheme: write host:port, here gw.example.com:443.');
+      const instead = /here (\S+)\.$/.exec(err.hint!)![1]!;
+      expect(parseConfig(text(instead), 'config.yaml').proxy_service.public_addr).toEqual([{ host: 'gw.example.com', port: 443 }]);
+    }
+  });
+});

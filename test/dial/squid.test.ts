@@ -324,6 +324,34 @@ describe('squid that allows CONNECT only to 443', () => {
   });
 });
 
+describe('squid that cannot reach the target (nothing listens there)', () => {
+  it('GW_ERR_DIAL_PROXY_TARGET_UNREACHABLE names the target, not the access rules; once the target is up, the same dial goes through', async () => {
+    const spare = net.createServer();
+    await new Promise<void>((resolve) => spare.listen(0, TARGET_IP, resolve));
+    const port = (spare.address() as net.AddressInfo).port;
+    await new Promise((resolve) => spare.close(resolve)); // nothing listens there any more
+    const err = await dialError(dialer(squid.url), `echo.gw.test:${port}`);
+    expect(err.code).toBe('GW_ERR_DIAL_PROXY_TARGET_UNREACHABLE');
+    expect([502, 503, 504]).toContain(err.details.status);
+    expect(err.message).toContain(`could not reach echo.gw.test:${port}`);
+    expect(err.hint).toContain(`check that echo.gw.test:${port} is up and listening`);
+    expect(err.hint).not.toMatch(/access rules/);
+    // What the hint asks for: the target is started where it should be; the dial, unchanged, now reaches it.
+    const revived = net.createServer((c) => c.pipe(c));
+    await new Promise<void>((resolve) => revived.listen(port, TARGET_IP, resolve));
+    try {
+      const socket = await eventually('the revived target through squid', () => dialer(squid.url).dial(`echo.gw.test:${port}`));
+      try {
+        expect(await echoRoundTrip(socket, 'back up')).toBe('back up');
+      } finally {
+        socket.destroy();
+      }
+    } finally {
+      await new Promise((resolve) => revived.close(resolve));
+    }
+  });
+});
+
 describe('https:// proxy', () => {
   let tlsSquid: Squid;
   beforeAll(async () => {

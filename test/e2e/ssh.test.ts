@@ -620,15 +620,15 @@ describeAsRoot('refusals', () => {
     expect(r.stderr).toContain('"env":"dev"');
   });
 
-  it('an expired certificate: the Proxy refuses the connection and says why', async () => {
+  it('an expired certificate: the ProxyCommand says so, with its own code and the login that renews it', async () => {
     const validUntil = Date.parse((JSON.parse((await gwsh('short', ['status', '-f', 'json'])).stdout) as { active: { valid_until: string } }).active.valid_until);
     await sleep(Math.max(0, validUntil + 1000 - Date.now()));
     const r = await ssh(profiles.short.config, ['alice@web-1', 'echo should-not-run']);
     expect(r.status).toBe(255);
     expect(r.stdout).toBe('');
-    expect(r.stderr).toContain('code: GW_ERR_AUTH_UNAUTHENTICATED');
-    expect(r.stderr).toContain('CERT_HAS_EXPIRED');
-    await proxy.waitForLog('CERT_HAS_EXPIRED');
+    // gwsh sees it before connecting (the Proxy refuses one presented anyway with the same code: test/cli/gwsh-errors.test.ts).
+    expect(r.stderr).toContain('code: GW_ERR_CLIENT_CERT_EXPIRED');
+    expect(r.stderr).toMatch(/^hint: Run 'gwsh login --proxy=\S+ --user=\S+' for a fresh one\.$/m);
   });
 
   it('an expired SSH certificate over a valid connection: the node refuses it and its log says why', async () => {

@@ -469,7 +469,7 @@ describe('forward_url channels through squid', () => {
     expect(a.status).toBe(502);
     expect(errorCode(a)).toBe('GW_ERR_VERSION_UPSTREAM');
     const e = await rejectsWith(vs.resolve('gone', 'critical'), 'GW_ERR_VERSION_UPSTREAM');
-    expect(e.details.cause).toBe('GW_ERR_DIAL_PROXY_REFUSED');
+    expect(e.details.cause).toBe('GW_ERR_DIAL_PROXY_TARGET_UNREACHABLE');
 
     const up = await flakyUpstream({ version: 'v1.0.0', critical: 'no' });
     up.state.mode = 'slow';

@@ -85,6 +85,21 @@ describe('an alternate root for the package manager (GATEWAY_UPGRADE_PM_ARGS)', 
     expect(resolveSettings({}).pmArgs).toEqual([]);
     expect(resolveSettings({ GATEWAY_UPGRADE_PM_ARGS: '--root /r' }).pmArgs).toEqual(['--root', '/r']);
   });
+  it('a bad GATEWAY_UPGRADE_* variable is named with what it takes (not "--help": it is no flag); set as the hint says, it is taken', () => {
+    for (const [name, bad] of [['GATEWAY_UPGRADE_FIPS', 'maybe'], ['GATEWAY_UPGRADE_BIN_DIR', 'usr/local/bin'], ['GATEWAY_UPGRADE_SERVICE', 'my agent']] as const) {
+      let hint = '';
+      try {
+        resolveSettings({ [name]: bad });
+      } catch (err) {
+        hint = (err as { hint?: string }).hint ?? '';
+      }
+      expect(hint, name).toMatch(new RegExp(`^Set ${name} to `));
+      expect(hint, name).not.toContain('--help');
+    }
+    expect(resolveSettings({ GATEWAY_UPGRADE_FIPS: 'yes' }).fips).toBe(true);
+    expect(resolveSettings({ GATEWAY_UPGRADE_BIN_DIR: '/usr/local/bin' }).binDir).toBe('/usr/local/bin');
+    expect(resolveSettings({ GATEWAY_UPGRADE_SERVICE: 'gateway-agent.service' }).service).toBe('gateway-agent.service');
+  });
   it('hostile: quotes are refused rather than split in the wrong place', () => {
     expect(() => pmArgs('--root "/srv/my root"')).toThrow(/quotes and backslashes are not understood/);
     expect(() => pmArgs("--root '/x'")).toThrow(/GATEWAY_UPGRADE_PM_ARGS/);

@@ -291,6 +291,25 @@ describe('a refused or failed tarball upgrade changes nothing', () => {
     expect(err).not.toContain('installed into');
   });
 
+  it('the hint names the broken release by its address; once its publisher replaces it there, the next run installs it', async () => {
+    const err = await refusedRun('dotdot', 'GW_ERR_UPGRADE_TARBALL');
+    const url = /^hint: .*?(https:\/\/\S+) is broken or not genuine/m.exec(err)?.[1];
+    expect(url).toBe(`https://${CDN_NAME}:${cdn.port}/${nameOf(CASES.dotdot)}`);
+    expect(err).not.toContain('{download_url}');
+    expect(err).toMatch(/^hint: .*run 'gateway-upgrade run' again once it is replaced/m);
+    // What the hint asks for: the publisher puts a genuine release at that address, and the upgrade is run again.
+    const genuine = await makeTarball(CASES.dotdot, 'amd64');
+    const previous = files.get(new URL(url!).pathname);
+    serve(CASES.dotdot, genuine.body);
+    try {
+      const r = await runCli('gateway-upgrade', ['run'], { env, timeoutMs: 60_000 });
+      expect(r.status, r.stderr).toBe(0);
+      expect(await installed()).toBe(CASES.dotdot);
+    } finally {
+      serve(CASES.dotdot, previous as Buffer);
+    }
+  });
+
   it('a truncated download: GW_ERR_UPGRADE_DOWNLOAD, nothing extracted', async () => {
     const err = await refusedRun('truncated', 'GW_ERR_UPGRADE_DOWNLOAD');
     expect(err).toMatch(/cannot download https:\/\/cdn\.gw\.test:\d+\/gateway-ent-v17\.0\.9-linux-amd64-bin\.tar\.gz: .*(truncated|aborted)/);
