@@ -29,8 +29,10 @@ import Database from 'better-sqlite3';
 import getPort from 'get-port';
 import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { launchBrowser, type TestBrowser } from '../helpers/browser.js';
+import { launchBrowser, networkIsolated, type TestBrowser } from '../helpers/browser.js';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { startNetworkStress } from '../helpers/netstress.js';
+import { rootTest } from '../helpers/root.js';
 import { makeTestPki } from '../helpers/tls.js';
 
 const PROXY_NAME = 'proxy.gateway.test';
@@ -526,4 +528,37 @@ describe('session expiry', () => {
     await page.getByTestId('resource-row-web-1').waitFor();
     await context.close();
   });
+});
+
+describe("the machine's network changing during the run", () => {
+  // As root the browser files run in a network namespace of their own (scripts/netns-run.sh). The stressor adds and
+  // deletes a namespace and an addressed link in the machine's namespace in a loop, as other work on a shared machine
+  // does; run outside such a namespace (npx vitest run, as root), Chromium aborts these loads with ERR_NETWORK_CHANGED.
+  rootTest(['netns'])('pages and API calls load while links and addresses come and go on the machine', async () => {
+    const { context, page } = await browser.newPage();
+    const stress = startNetworkStress();
+    try {
+      await signIn(page, 'alice', PASSWORD);
+      await page.getByTestId('resource-row-web-1').waitFor();
+      // Until the machine's network has changed 15 times more, with at least 5 loads (page and API) meanwhile.
+      const changed = stress.waitCycles(15);
+      let done = false;
+      void changed.then(() => (done = true), () => (done = true));
+      let loads = 0;
+      while (!done || loads < 5) {
+        await page.goto(`${origin}/web/agents`);
+        await page.getByTestId('agent-row-web-1').waitFor();
+        await page.getByTestId('nav-resources').click();
+        await page.getByTestId('resource-row-web-1').waitFor();
+        loads++;
+      }
+      await changed;
+      await browser.shot(page, 'network-changed-meanwhile');
+      const failed = browser.log(page).failed.filter((f) => !/^401 /.test(f));
+      expect(failed, networkIsolated() ? 'in a namespace of its own' : 'not isolated: run it with npm run test:browser').toEqual([]);
+    } finally {
+      await stress.stop();
+      await context.close();
+    }
+  }, 120_000);
 });

@@ -14,10 +14,15 @@
  * and one named `<step>-failed` when the step throws, so a failing run shows what was on the screen.
  *
  * One browser per test file; pages are reused between steps; waits are for selectors, never fixed sleeps.
+ *
+ * The network: Chromium aborts loads with ERR_NETWORK_CHANGED when the machine's interfaces change, which other work
+ * on a shared machine does. `npm test` and `npm run test:browser` run the browser files in a network namespace of
+ * their own (scripts/netns-run.sh, as root), daemons and test servers included; launchBrowser() says on stderr when
+ * it runs where other interfaces than loopback can be seen (networkIsolated()), e.g. as a normal user.
  */
 import { execFile } from 'node:child_process';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
@@ -102,8 +107,26 @@ export function chromiumArgs(hosts: Record<string, string>): string[] {
   ];
 }
 
+/**
+ * Whether this process sees no network interface but loopback: the network namespace of its own that
+ * scripts/netns-run.sh gives the browser tests, where no change of the machine's network can reach Chromium.
+ */
+export function networkIsolated(): boolean {
+  return Object.keys(networkInterfaces()).every((name) => name === 'lo');
+}
+
+let warned = false;
+
 /** Launches Chromium with its own HOME and a fresh user data directory; close() removes both. */
 export async function launchBrowser(options: BrowserOptions): Promise<TestBrowser> {
+  if (!networkIsolated() && !warned) {
+    warned = true;
+    process.stderr.write(
+      `browser tests: Chromium sees this machine's network (${Object.keys(networkInterfaces()).join(', ')}): a change of it during the run ` +
+        'fails page loads with ERR_NETWORK_CHANGED. As root, run them in a namespace of their own: npm run test:browser ' +
+        '(or bash scripts/netns-run.sh npx vitest run <files>).\n',
+    );
+  }
   const home = await mkdtemp(join(tmpdir(), 'gw-browser-'));
   await makeNssDb(home, options.trust ?? []);
   const shotDir = join(SCREENSHOT_ROOT, options.suite);
