@@ -18,6 +18,7 @@
  * reaches the Proxy by the name `proxy.gateway.test` (host resolver rules), as a user's browser reaches it by DNS.
  * Screenshots of each step: test-results/web/web-browser/. Waits are for selectors; nothing asserts timing.
  */
+import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
 import { createServer, type Server } from 'node:https';
@@ -29,8 +30,8 @@ import Database from 'better-sqlite3';
 import getPort from 'get-port';
 import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { launchBrowser, networkIsolated, type TestBrowser } from '../helpers/browser.js';
-import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { DESKTOP, launchBrowser, layoutFacts, networkIsolated, PHONE, type TestBrowser } from '../helpers/browser.js';
+import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startNetworkStress } from '../helpers/netstress.js';
 import { rootTest } from '../helpers/root.js';
 import { makeTestPki } from '../helpers/tls.js';
@@ -369,6 +370,14 @@ describe('a local user in the Web UI', () => {
       return page.getByTestId('token-value').innerText();
     });
     expect(value).toMatch(/^[0-9a-f]{16,}$/i);
+    // The command shown is the one gwctl tokens add prints: its --proxy is the Proxy's public address (ping's, here
+    // 127.0.0.1:<port>), not the name the browser reached the page by (proxy.gateway.test).
+    const shown = await page.getByTestId('token-command').innerText();
+    const cli = (JSON.parse(await gwctlOk(['tokens', 'add', '--type=node', '--format', 'json'])) as { command: string; id: string; token: string });
+    await gwctlOk(['tokens', 'rm', cli.token]);
+    const sameToken = (c: string) => c.replace(/--token=\S+/, '--token=<token>');
+    expect(sameToken(shown)).toBe(sameToken(cli.command));
+    expect(shown).toContain(`--proxy=127.0.0.1:${new URL(origin).port}`);
     const created = (await tokenIds()).filter((id) => !before.includes(id));
     expect(created).toHaveLength(1);
     const id = created[0]!;
@@ -471,6 +480,130 @@ describe('a user whose roles allow less', () => {
     const stored = JSON.parse(await gwctlOk(['get', 'cluster_maintenance_config', '--format', 'json'])) as Array<{ spec: { agent_upgrades: { utc_start_hour: number } } }>;
     expect(stored[0]!.spec.agent_upgrades.utc_start_hour).toBe(3);
   });
+});
+
+describe('a lock while a page shows data', () => {
+  it("clears bob's resources from the screen under the lock's error when the page loads them again", async () => {
+    const { context, page } = await browser.newPage();
+    await signIn(page, 'bob', PASSWORD);
+    await page.getByTestId('resource-row-web-1').waitFor();
+    await gwctlOk(['lock', '--user', 'bob', '--message', 'incident 43: data must go']);
+    try {
+      await browser.step(page, 'locked-data-cleared', async () => {
+        await page.getByTestId('resources-refresh').click();
+        await page.getByTestId('resources-error').waitFor();
+      });
+      expect(await page.getByTestId('resources-error-code').innerText()).toBe('GW_ERR_ACCESS_LOCKED');
+      expect(await page.getByTestId('resources-error').innerText()).toContain('incident 43');
+      // Nothing of what bob saw before the lock is left under the error.
+      expect(await page.getByTestId('resource-row-web-1').count()).toBe(0);
+      expect(await page.locator('.table').count()).toBe(0);
+    } finally {
+      await gwctlOk(['unlock', '--user', 'bob']);
+      await context.close();
+    }
+  });
+});
+
+describe("the README's first admin (access,editor) and the maintenance window", () => {
+  it('is offered the page, which shows the commands that give the role; run as shown, they open the form', async () => {
+    // The README's command for its first admin (its roles), for a user of this test.
+    await gwctlOk(['users', 'add', 'carol', '--roles=access,editor', `--logins=${LOGIN}`], `${PASSWORD}\n`);
+    const { context, page } = await browser.newPage();
+    try {
+      await signIn(page, 'carol', PASSWORD);
+      await page.getByTestId('resource-row-web-1').waitFor();
+      await browser.step(page, 'first-admin-maintenance-grant', async () => {
+        await page.getByTestId('nav-maintenance').click();
+        await page.getByTestId('maint-grant-steps').waitFor();
+      });
+      expect(await page.getByTestId('maint-error-code').innerText()).toBe('GW_ERR_ACCESS_DENIED');
+      const steps = await page.getByTestId('maint-grant-steps').innerText();
+      // The lines as shown, in a shell whose gwctl is this cluster's (the local admin, as on the Auth Service's machine).
+      const gwctlFn = `gwctl() { '${process.execPath}' '${BIN('gwctl')}' --data-dir '${cluster.dataDir}' "$@"; }`;
+      const ran = spawnSync('sh', ['-euc', `${gwctlFn}\n${steps}`], { encoding: 'utf8', env: { PATH: process.env.PATH ?? '', HOME: dir }, timeout: 60_000 });
+      expect(ran.status, ran.stderr).toBe(0);
+      // A role given works from the next sign-in.
+      await page.getByTestId('signout').click();
+      await page.getByTestId('login-form').waitFor();
+      await signIn(page, 'carol', PASSWORD);
+      await page.getByTestId('resource-row-web-1').waitFor();
+      await browser.step(page, 'first-admin-maintenance-form', async () => {
+        await page.getByTestId('nav-maintenance').click();
+        await page.getByTestId('maint-save').waitFor();
+      });
+      expect(await page.getByTestId('maint-grant').count()).toBe(0);
+    } finally {
+      await context.close();
+    }
+  });
+});
+
+/** The pages a layout test visits, each with what shows it has loaded. */
+const LAYOUT_PAGES: ReadonlyArray<[name: string, path: string, ready: string]> = [
+  ['resources', '/web/', '[data-testid="resource-row-web-1"]'],
+  ['resources-databases', '/web/?kind=databases', '[data-testid="resource-row-orders-db"]'],
+  ['resources-apps', '/web/?kind=apps', '[data-testid="resource-row-grafana"]'],
+  ['agents', '/web/agents', '[data-testid="agent-row-web-1"]'],
+  ['maintenance', '/web/maintenance', '[data-testid="maint-save"]'],
+  ['tokens', '/web/tokens', '[data-testid="token-form"]'],
+  ['audit', '/web/audit', '[data-event]'],
+];
+
+describe("at a phone's width (390x844) and at a desktop's", () => {
+  it('the navigation collapses behind the menu button on a phone, opens, and closes on the next page', async () => {
+    const { context, page } = await browser.newPage({ viewport: PHONE });
+    try {
+      await signIn(page, 'alice', PASSWORD);
+      await page.getByTestId('resource-row-web-1').waitFor();
+      expect(await page.getByTestId('nav-toggle').isVisible()).toBe(true);
+      expect(await page.getByTestId('nav-resources').isVisible()).toBe(false);
+      expect(await page.getByTestId('nav-toggle').getAttribute('aria-expanded')).toBe('false');
+      await browser.step(page, 'phone-nav-open', async () => {
+        await page.getByTestId('nav-toggle').click();
+        await page.getByTestId('nav-agents').waitFor({ state: 'visible' });
+      });
+      expect(await page.getByTestId('nav-toggle').getAttribute('aria-expanded')).toBe('true');
+      await page.getByTestId('nav-agents').click();
+      await page.getByTestId('agent-row-web-1').waitFor();
+      expect(await page.getByTestId('nav-agents').isVisible()).toBe(false);
+    } finally {
+      await context.close();
+    }
+  });
+
+  for (const [label, viewport] of [['phone', PHONE], ['desktop', DESKTOP]] as const) {
+    it(`${label}: no page is wider than the screen, and each table scrolls in a box of its own`, async () => {
+      const { context, page } = await browser.newPage({ viewport });
+      try {
+        await signIn(page, 'alice', PASSWORD);
+        await page.getByTestId('resource-row-web-1').waitFor();
+        const overflowing: string[] = [];
+        for (const [name, path, ready] of LAYOUT_PAGES) {
+          const facts = await browser.step(page, `${label}-${name}`, async () => {
+            await page.goto(`${origin}${path}`);
+            await page.locator(ready).first().waitFor();
+            return layoutFacts(page);
+          });
+          expect(facts.scrollWidth, `${label} ${name}: the page is wider than the screen`).toBeLessThanOrEqual(facts.innerWidth);
+          for (const box of facts.tableBoxes) {
+            expect(box.inside, `${label} ${name}: a table box reaches past the screen`).toBe(true);
+            expect(box.scrolls, `${label} ${name}: a table box does not scroll`).toBe(true);
+            if (box.overflows) overflowing.push(name);
+          }
+          expect(await page.getByTestId('nav-toggle').isVisible()).toBe(label === 'phone');
+          expect(await page.getByTestId('nav-resources').isVisible()).toBe(label === 'desktop');
+        }
+        // On a phone the tables are wider than the screen, and are scrolled in their box (not the page): the check
+        // above is not vacuous. On a desktop they fit, but for the audit log, whose seven columns may scroll in
+        // their box when an event carries a long resource or details.
+        if (label === 'phone') expect(overflowing).toContain('resources');
+        else expect(overflowing.filter((name) => name !== 'audit')).toEqual([]);
+      } finally {
+        await context.close();
+      }
+    });
+  }
 });
 
 describe('a lock in the middle of a terminal', () => {
