@@ -10,7 +10,13 @@
  * and refused to a user without the rule (the error on screen, and the server's refusal of a save the page never
  * offered) and the agents view refused to that user; a join token created and revoked; the audit log; sign-out
  * (the old cookie refused); a lock closing an open terminal with its message; an expired session back at sign-in
- * with its message. The page's console is checked for errors (a Content-Security-Policy violation shows there).
+ * with its message; a lock while a page shows data (the data, and a join token shown once, cleared under the error);
+ * the join command the same as gwctl's (the Proxy's public address, not the browser's host); the README's first
+ * admin (access,editor) offered the maintenance role's commands, which, run as shown, open the form; the layout at a
+ * phone's width (390x844: the navigation collapsed behind Menu, no page wider than the screen, tables scrolling in
+ * their own box) and at a desktop's, screenshots of both; and pages loading while a stressor changes the machine's
+ * network (the browser runs in a namespace of its own: scripts/netns-run.sh). The page's console is checked for
+ * errors (a Content-Security-Policy violation shows there).
  * Looking at the screenshots found what the DOM could not: underscores invisible in the terminal (fixed with
  * xterm's line height), hence the underscores in the command the terminal test runs.
  *
@@ -500,6 +506,30 @@ describe('a lock while a page shows data', () => {
       expect(await page.locator('.table').count()).toBe(0);
     } finally {
       await gwctlOk(['unlock', '--user', 'bob']);
+      await context.close();
+    }
+  });
+
+  it("takes a join token shown once off the screen with the token list, when the user is locked", async () => {
+    const { context, page } = await browser.newPage();
+    await signIn(page, 'alice', PASSWORD);
+    await page.getByTestId('resource-row-web-1').waitFor();
+    await page.goto(`${origin}/web/tokens`);
+    await page.getByTestId('token-create').click();
+    const value = await page.getByTestId('token-value').innerText();
+    await gwctlOk(['lock', '--user', 'alice', '--message', 'incident 44']);
+    try {
+      await browser.step(page, 'locked-token-cleared', async () => {
+        await page.getByTestId('tokens-refresh').click();
+        await page.getByTestId('tokens-error').waitFor();
+      });
+      expect(await page.getByTestId('tokens-error-code').innerText()).toBe('GW_ERR_ACCESS_LOCKED');
+      expect(await page.getByTestId('token-created').count()).toBe(0);
+      expect(await page.locator('body').innerText()).not.toContain(value);
+      expect(await page.locator('[data-testid^="token-row-"]').count()).toBe(0);
+    } finally {
+      await gwctlOk(['unlock', '--user', 'alice']);
+      await gwctlOk(['tokens', 'rm', value]);
       await context.close();
     }
   });

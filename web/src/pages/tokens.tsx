@@ -7,6 +7,7 @@ import { useState } from 'preact/hooks';
 import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
 import { Badge, Empty, ErrorBox, Notice, PageHeader, Spinner, TableBox } from '../components/ui.js';
+import { clearsData, type ApiError } from '../lib/errors.js';
 import { joinCommand } from '../lib/join.js';
 import { relative, TOKEN_TTLS, utcStamp } from '../lib/time.js';
 import type { CurrentSession, Ping, TokenCreated, TokenRow } from '../types.js';
@@ -23,7 +24,8 @@ export function TokensPage({ session, ping }: { session: CurrentSession; ping: P
         <button type="button" class="btn" onClick={reload} data-testid="tokens-refresh">Refresh</button>
       </PageHeader>
       {acl?.create ? <CreateToken onCreated={(t) => { setCreated(t); reload(); }} /> : null}
-      {created ? <CreatedToken token={created} proxy={ping?.proxy?.ssh?.public_addr} /> : null}
+      {/* A token shown once goes too when the user is refused (a lock, an expired session): it was theirs to see. */}
+      {created && !(error && clearsData(error as Partial<ApiError>)) ? <CreatedToken token={created} proxy={ping?.proxy?.ssh?.public_addr} /> : null}
       <div class="card card-table">
         <ErrorBox error={error} testid="tokens-error" />
         {loading && !data ? <Spinner /> : null}
