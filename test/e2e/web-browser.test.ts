@@ -589,6 +589,9 @@ describe("at a phone's width (390x844) and at a desktop's", () => {
       expect(await page.getByTestId('nav-toggle').isVisible()).toBe(true);
       expect(await page.getByTestId('nav-resources').isVisible()).toBe(false);
       expect(await page.getByTestId('nav-toggle').getAttribute('aria-expanded')).toBe('false');
+      // A row's action stays on the screen (at the right edge of its table's box) while the table scrolls.
+      const connect = await page.getByTestId('resource-connect-web-1').boundingBox();
+      expect(connect!.x + connect!.width).toBeLessThanOrEqual(PHONE.width);
       await browser.step(page, 'phone-nav-open', async () => {
         await page.getByTestId('nav-toggle').click();
         await page.getByTestId('nav-agents').waitFor({ state: 'visible' });
@@ -629,6 +632,17 @@ describe("at a phone's width (390x844) and at a desktop's", () => {
         // their box when an event carries a long resource or details.
         if (label === 'phone') expect(overflowing).toContain('resources');
         else expect(overflowing.filter((name) => name !== 'audit')).toEqual([]);
+        if (label === 'phone') {
+          // The narrowest phones (360 px) too, for the pages with forms and wide tables.
+          await page.setViewportSize({ width: 360, height: 740 });
+          for (const [name, path, ready] of LAYOUT_PAGES.filter(([n]) => ['resources', 'maintenance', 'tokens'].includes(n))) {
+            await page.goto(`${origin}${path}`);
+            await page.locator(ready).first().waitFor();
+            const facts = await layoutFacts(page);
+            expect(facts.scrollWidth, `360 px ${name}: the page is wider than the screen`).toBeLessThanOrEqual(facts.innerWidth);
+          }
+          await browser.shot(page, 'phone-360-tokens');
+        }
       } finally {
         await context.close();
       }
