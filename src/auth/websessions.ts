@@ -118,7 +118,11 @@ interface StoredAppLaunch {
 
 /** What the page shows and offers, from the user's rules (the API enforces them anyway). */
 export interface WebAcl {
-  maintenance: { read: boolean; update: boolean };
+  /**
+   * grant: the roles may create a role and set a user's roles (the preset editor), so the page may show how to give
+   * the maintenance window's role, which no preset role holds (docs/web.md), to one who lacks read.
+   */
+  maintenance: { read: boolean; update: boolean; grant: boolean };
   tokens: { list: boolean; create: boolean; delete: boolean };
   events: { list: boolean };
   /** The agents view (src/proxy/web.ts): the node rule's list or read, as `gwctl get nodes`. */
@@ -445,7 +449,11 @@ export class WebSessions {
     const roles = await this.deps.callers.rolesOf(identity.roles);
     const may = (resource: string, verb: Verb) => checkAccess(roles, resource, verb).allowed;
     return {
-      maintenance: { read: may('cluster_maintenance_config', 'read'), update: may('cluster_maintenance_config', 'update') },
+      maintenance: {
+        read: may('cluster_maintenance_config', 'read'),
+        update: may('cluster_maintenance_config', 'update'),
+        grant: may('role', 'create') && may('user', 'update'),
+      },
       tokens: { list: may('token', 'list'), create: may('token', 'create'), delete: may('token', 'delete') },
       events: { list: may('event', 'list') },
       agents: { list: may('node', 'list') || may('node', 'read') },

@@ -14,10 +14,15 @@
  * and one named `<step>-failed` when the step throws, so a failing run shows what was on the screen.
  *
  * One browser per test file; pages are reused between steps; waits are for selectors, never fixed sleeps.
+ *
+ * The network: Chromium aborts loads with ERR_NETWORK_CHANGED when the machine's interfaces change, which other work
+ * on a shared machine does. `npm test` and `npm run test:browser` run the browser files in a network namespace of
+ * their own (scripts/netns-run.sh, as root), daemons and test servers included; launchBrowser() says on stderr when
+ * it runs where other interfaces than loopback can be seen (networkIsolated()), e.g. as a normal user.
  */
 import { execFile } from 'node:child_process';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
@@ -55,8 +60,8 @@ export interface TestBrowser {
   /** The first context's page, for tests that need one only. */
   page: Page;
   context: BrowserContext;
-  /** A new context (its own cookies and storage: another user) with one page. */
-  newPage(): Promise<{ context: BrowserContext; page: Page }>;
+  /** A new context (its own cookies and storage: another user) with one page; a viewport of its own if given. */
+  newPage(options?: { viewport?: { width: number; height: number } }): Promise<{ context: BrowserContext; page: Page }>;
   /** What each page logged as an error (see PageLog). */
   log(page: Page): PageLog;
   /** Saves a full-page screenshot as test-results/web/<suite>/<NN>-<name>.png and returns its path. */
@@ -102,8 +107,54 @@ export function chromiumArgs(hosts: Record<string, string>): string[] {
   ];
 }
 
+/** The links of the namespace scripts/netns-run.sh makes: loopback and its own veth pair. */
+const ISOLATED_LINKS = new Set(['lo', 'gwisol0', 'gwisol1']);
+
+/**
+ * Whether this process sees no network interface but those of the network namespace of its own that
+ * scripts/netns-run.sh gives the browser tests, where no change of the machine's network can reach Chromium.
+ */
+export function networkIsolated(): boolean {
+  return Object.keys(networkInterfaces()).every((name) => ISOLATED_LINKS.has(name));
+}
+
+let warned = false;
+
+/** A phone's screen (CSS pixels) for the layout tests, and the desktop one every page gets by default. */
+export const PHONE = { width: 390, height: 844 } as const;
+export const DESKTOP = { width: 1280, height: 800 } as const;
+
+/**
+ * Layout facts of the page as it stands, for assertions (never pixels): whether the page is wider than the screen
+ * (document.scrollingElement.scrollWidth > innerWidth), and each table box (.table-scroll) whether its table is
+ * wider than the box and the box scrolls sideways to show it.
+ */
+export async function layoutFacts(page: Page): Promise<{ innerWidth: number; scrollWidth: number; tableBoxes: Array<{ overflows: boolean; scrolls: boolean; inside: boolean }> }> {
+  return page.evaluate(() => {
+    const root = document.scrollingElement ?? document.documentElement;
+    const boxes = Array.from(document.querySelectorAll<HTMLElement>('.table-scroll')).map((box) => {
+      const style = getComputedStyle(box);
+      const rect = box.getBoundingClientRect();
+      return {
+        overflows: box.scrollWidth > box.clientWidth,
+        scrolls: style.overflowX === 'auto' || style.overflowX === 'scroll',
+        inside: rect.left >= 0 && rect.right <= window.innerWidth + 0.5,
+      };
+    });
+    return { innerWidth: window.innerWidth, scrollWidth: root.scrollWidth, tableBoxes: boxes };
+  });
+}
+
 /** Launches Chromium with its own HOME and a fresh user data directory; close() removes both. */
 export async function launchBrowser(options: BrowserOptions): Promise<TestBrowser> {
+  if (!networkIsolated() && !warned) {
+    warned = true;
+    process.stderr.write(
+      `browser tests: Chromium sees this machine's network (${Object.keys(networkInterfaces()).join(', ')}): a change of it during the run ` +
+        'fails page loads with ERR_NETWORK_CHANGED. As root, run them in a namespace of their own: npm run test:browser ' +
+        '(or bash scripts/netns-run.sh npx vitest run <files>).\n',
+    );
+  }
   const home = await mkdtemp(join(tmpdir(), 'gw-browser-'));
   await makeNssDb(home, options.trust ?? []);
   const shotDir = join(SCREENSHOT_ROOT, options.suite);
@@ -119,10 +170,10 @@ export async function launchBrowser(options: BrowserOptions): Promise<TestBrowse
     timeout: 60_000,
   });
   const logs = new WeakMap<Page, PageLog>();
-  const viewport = options.viewport ?? { width: 1280, height: 800 };
-  const newPage = async (): Promise<{ context: BrowserContext; page: Page }> => {
+  const viewport = options.viewport ?? DESKTOP;
+  const newPage = async (pageOptions: { viewport?: { width: number; height: number } } = {}): Promise<{ context: BrowserContext; page: Page }> => {
     // ignoreHTTPSErrors stays false: the NSS database is what makes the cluster's certificate trusted.
-    const context = await browser.newContext({ viewport, ignoreHTTPSErrors: false, locale: 'en-US', timezoneId: 'UTC' });
+    const context = await browser.newContext({ viewport: pageOptions.viewport ?? viewport, ignoreHTTPSErrors: false, locale: 'en-US', timezoneId: 'UTC' });
     const page = await context.newPage();
     const log: PageLog = { errors: [], failed: [] };
     page.on('console', (m) => {

@@ -3,12 +3,15 @@
  * error mapping, the maintenance manifest, the terminal protocol, the bearer store, audit rows. Each part has
  * its hostile case: what a user types, what a server or something in front of it answers, what a page is handed.
  */
+import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
+import { codeBlocks } from '../helpers/shell.js';
 import { eventSummary } from '../../web/src/lib/audit.js';
 import { BearerStore, type KeyValueStore } from '../../web/src/lib/bearer.js';
-import { failureFrom, signInReason, unreachable } from '../../web/src/lib/errors.js';
+import { clearsData, failureFrom, signInReason, unreachable } from '../../web/src/lib/errors.js';
 import { addChipToQuery, filterItems, labelChips, MAX_TERMS, parseQuery } from '../../web/src/lib/filter.js';
-import { maintenanceManifest, upgradesOf } from '../../web/src/lib/manifest.js';
+import { joinCommand } from '../../web/src/lib/join.js';
+import { maintenanceManifest, maintenanceRoleSteps, upgradesOf } from '../../web/src/lib/manifest.js';
 import { appLaunchStart, launchParams, launchUrlFits, matchRoute, safeRedirect } from '../../web/src/lib/route.js';
 import { clampSize, exitLine, openableLink, parseServerMessage, resizeMessage, subprotocols, terminalUrl } from '../../web/src/lib/terminal.js';
 import { formatWindow, nextWindow, relative, utcStamp } from '../../web/src/lib/time.js';
@@ -132,6 +135,17 @@ describe('errors as the page shows them', () => {
     expect(signInReason({ status: 401, code: 'GW_ERR_WEB_SESSION_MISSING' })).toBe('signed-out');
     expect(signInReason({ status: 403, code: 'GW_ERR_ACCESS_DENIED' })).toBeUndefined();
     expect(signInReason({ status: 401, code: 'GW_ERR_AUTH_LOGIN_FAILED' })).toBeUndefined();
+  });
+
+  it('which failures clear the data on screen: a refusal as the user, not an outage', () => {
+    expect(clearsData(failureFrom(403, 'Forbidden', JSON.stringify({ error: { code: 'GW_ERR_ACCESS_LOCKED', message: 'locked' } })))).toBe(true);
+    expect(clearsData(failureFrom(403, 'Forbidden', JSON.stringify({ error: { code: 'GW_ERR_ACCESS_DENIED', message: 'no' } })))).toBe(true);
+    expect(clearsData(failureFrom(401, 'Unauthorized', ''))).toBe(true);
+    expect(clearsData(failureFrom(502, 'Bad Gateway', '<html>down</html>'))).toBe(false);
+    expect(clearsData(failureFrom(500, '', '{}'))).toBe(false);
+    expect(clearsData(unreachable(new TypeError('Failed to fetch')))).toBe(false);
+    // A plain Error (no status): a bug of the page, not a refusal.
+    expect(clearsData(new Error('x') as { status?: number })).toBe(false);
   });
 });
 
@@ -286,5 +300,34 @@ describe('the app launch (route.ts)', () => {
     for (const bad of ['http://grafana.example.com:3080/x-gateway-auth', 'https://evil.example:3080/x-gateway-auth', 'https://grafana.example.com:3080/other', 'javascript:alert(1)', 'not a url']) {
       expect(launchUrlFits(bad, 'grafana.example.com:3080'), bad).toBe(false);
     }
+  });
+});
+
+describe("a join token's command line", () => {
+  const token = { token: 'abc123', id: 'id1', expiresAt: '2026-01-01T00:00:00Z', roles: ['node', 'db'], ca_pin: 'sha256:ff' };
+  it("is gwctl tokens add's, with the Proxy's public address from ping (not the browser's host)", () => {
+    expect(joinCommand(token, 'gateway.example.com:443')).toBe(
+      'gateway start -c /etc/gateway.yaml --data-dir=/var/lib/gateway-agent --roles=node,db --token=abc123 --ca-pin=sha256:ff --proxy=gateway.example.com:443',
+    );
+  });
+  it("falls back to the CLI's placeholder when ping did not say (never an empty --proxy=)", () => {
+    expect(joinCommand(token, undefined)).toMatch(/ --proxy=<proxy-host>:443$/);
+    expect(joinCommand(token, '')).toMatch(/ --proxy=<proxy-host>:443$/);
+  });
+  it("a Proxy's token joins at the Auth API with its roles, as the CLI prints it", () => {
+    expect(joinCommand({ ...token, roles: ['proxy'] }, 'x:443')).toBe('gateway start --data-dir=/var/lib/gateway-proxy --roles=proxy --auth-server=<auth-host>:3025 --token=abc123 --ca-pin=sha256:ff');
+  });
+});
+
+describe("the maintenance role's steps", () => {
+  it("are the README's lines for its first admin (access,editor): the page and the README say the same", () => {
+    const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8');
+    const block = codeBlocks(readme, 'Start here').find((b) => b.body.includes('maintenance-admin'));
+    expect(block?.body).toBe(maintenanceRoleSteps('alice', ['access', 'editor']));
+  });
+  it('keep the roles the user has, add the role once, and quote what a shell would read otherwise', () => {
+    expect(maintenanceRoleSteps('bob', ['maintenance-admin', 'access'])).toContain('gwctl users update bob --set-roles=maintenance-admin,access\n');
+    const hostile = maintenanceRoleSteps("x';rm -rf ~;'", ['a$(id)']);
+    expect(hostile).toContain(`gwctl users update 'x'\\'';rm -rf ~;'\\''' --set-roles='a$(id),maintenance-admin'`);
   });
 });

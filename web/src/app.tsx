@@ -108,12 +108,12 @@ export function App() {
   }
   return (
     <Shell session={session} ping={ping} page={route.page}>
-      <Body page={route.page} params={route.params} session={session} />
+      <Body page={route.page} params={route.params} session={session} ping={ping} />
     </Shell>
   );
 }
 
-function Body({ page, params, session }: { page: Page; params: Record<string, string>; session: CurrentSession }) {
+function Body({ page, params, session, ping }: { page: Page; params: Record<string, string>; session: CurrentSession; ping: Ping | undefined }) {
   switch (page) {
     case 'resources':
       return <ResourcesPage session={session} />;
@@ -126,7 +126,7 @@ function Body({ page, params, session }: { page: Page; params: Record<string, st
     case 'maintenance':
       return <MaintenancePage session={session} />;
     case 'tokens':
-      return <TokensPage session={session} />;
+      return <TokensPage session={session} ping={ping} />;
     case 'audit':
       return <AuditPage />;
     default:
@@ -151,7 +151,7 @@ interface NavItem {
 const NAV: readonly NavItem[] = [
   { page: 'resources', href: '/web/', label: 'Resources', show: () => true },
   { page: 'agents', href: '/web/agents', label: 'Agents', show: (s) => s.acl?.agents?.list !== false },
-  { page: 'maintenance', href: '/web/maintenance', label: 'Maintenance window', show: (s) => s.acl?.maintenance?.read === true },
+  { page: 'maintenance', href: '/web/maintenance', label: 'Maintenance window', show: (s) => s.acl?.maintenance?.read === true || s.acl?.maintenance?.grant === true },
   { page: 'tokens', href: '/web/tokens', label: 'Join tokens', show: (s) => s.acl?.tokens?.list === true },
   { page: 'audit', href: '/web/audit', label: 'Audit log', show: (s) => s.acl?.events?.list === true },
 ];
@@ -166,11 +166,21 @@ async function signOut(): Promise<void> {
   navigate('/web/login', { replace: true });
 }
 
+/**
+ * The shell. At a phone's width (styles.css, under 760 px) the side navigation collapses behind the Menu button of
+ * the top bar and opens as a list under it; it closes again on the next page.
+ */
 function Shell({ session, ping, page, children }: { session: CurrentSession; ping: Ping | undefined; page: Page; children: ComponentChildren }) {
   const expires = Date.parse(session.expires_at);
+  const [navOpen, setNavOpen] = useState(false);
+  useEffect(() => setNavOpen(false), [page]);
   return (
-    <div class="shell" onClick={linkClick}>
+    <div class={navOpen ? 'shell nav-open' : 'shell'} onClick={linkClick}>
       <header class="topbar">
+        <button type="button" class="btn btn-ghost nav-toggle" aria-controls="sidenav" aria-expanded={navOpen} onClick={() => setNavOpen((o) => !o)} data-testid="nav-toggle">
+          <span class="nav-toggle-bars" aria-hidden="true" />
+          Menu
+        </button>
         <a class="brand" href="/web/">
           <span class="brand-mark" aria-hidden="true">G</span>
           Gateway
@@ -187,7 +197,7 @@ function Shell({ session, ping, page, children }: { session: CurrentSession; pin
         <button type="button" class="btn btn-ghost" data-testid="signout" onClick={() => void signOut()}>Sign out</button>
       </header>
       <div class="frame">
-        <nav class="sidenav" aria-label="Main">
+        <nav class="sidenav" id="sidenav" aria-label="Main" onClick={() => setNavOpen(false)}>
           {NAV.filter((n) => n.show(session)).map((n) => (
             <a key={n.page} href={n.href} class={n.page === page ? 'active' : ''} data-testid={`nav-${n.page}`} aria-current={n.page === page ? 'page' : undefined}>
               {n.label}

@@ -7,7 +7,8 @@ export interface SessionUser {
 }
 
 export interface Acl {
-  maintenance: { read: boolean; update: boolean };
+  /** grant: may create roles and set users' roles (the page then shows how to get the maintenance role); absent from older servers. */
+  maintenance: { read: boolean; update: boolean; grant?: boolean };
   tokens: { list: boolean; create: boolean; delete: boolean };
   events: { list: boolean };
   /** Whether the agents page is offered (node list or read); absent from older servers: offered, the server decides. */
@@ -31,6 +32,8 @@ export interface SessionCreated {
 export interface Ping {
   cluster_name: string;
   server_version: string;
+  /** The Proxy's addresses; ssh.public_addr is its web address as clients and agents dial it (gwctl tokens add prints it). */
+  proxy?: { ssh?: { public_addr?: string } };
   auth?: { type: string; connector?: { kind: string; name: string; display?: string } };
 }
 

@@ -1,6 +1,10 @@
-/** useLoad: one request's data, failure and reload, for the pages that show a list. */
+/**
+ * useLoad: one request's data, failure and reload, for the pages that show a list. A refusal as the user (a lock,
+ * an expired session, a role taken away: clearsData) drops the data as well, so nothing stays on screen under the
+ * error that the user may no longer see; other failures keep the last answer shown.
+ */
 import { useCallback, useEffect, useRef, useState } from 'preact/hooks';
-import { ApiError } from '../lib/errors.js';
+import { ApiError, clearsData } from '../lib/errors.js';
 
 export interface Loaded<T> {
   data: T | undefined;
@@ -26,6 +30,7 @@ export function useLoad<T>(load: () => Promise<T>, deps: readonly unknown[] = []
       },
       (e: unknown) => {
         if (mine !== generation.current) return;
+        if (clearsData(e as Partial<ApiError>)) setData(undefined);
         setError(e instanceof Error ? e : new Error(String(e)));
         setLoading(false);
       },

@@ -1,4 +1,4 @@
-/** Small pieces every page uses: the error box, label chips, badges, the page header. */
+/** Small pieces every page uses: the error box, label chips, badges, the page header, the box of a table. */
 import type { ComponentChildren } from 'preact';
 import type { ApiError } from '../lib/errors.js';
 import { labelChips } from '../lib/filter.js';
@@ -82,6 +82,15 @@ export function Spinner({ label = 'Loading…' }: { label?: string }) {
     <div class="loading" data-testid="loading">
       <span class="spinner" aria-hidden="true" />
       {label}
+    </div>
+  );
+}
+
+/** The box of a table: it scrolls sideways when the table is wider than the screen, so that the page never does. */
+export function TableBox({ children }: { children: ComponentChildren }) {
+  return (
+    <div class="table-scroll" data-testid="table-scroll">
+      {children}
     </div>
   );
 }

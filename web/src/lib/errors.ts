@@ -69,6 +69,15 @@ export function unreachable(cause: unknown): ApiFailure {
   };
 }
 
+/**
+ * Failures after which the data on the screen is no longer the user's to see: the request was refused as the user
+ * (401: the session or its certificate is gone; 403: a lock, a role taken away). The page clears it from under
+ * the error; any other failure (the Proxy unreachable, a 5xx) leaves the last answer on screen with the error.
+ */
+export function clearsData(f: Partial<Pick<ApiFailure, 'status'>>): boolean {
+  return f.status === 401 || f.status === 403;
+}
+
 /** Codes after which the page goes back to the sign-in page, and what it says there. */
 export function signInReason(f: Pick<ApiFailure, 'status' | 'code'>): 'expired' | 'signed-out' | undefined {
   if (f.code === 'GW_ERR_WEB_SESSION_EXPIRED') return 'expired';

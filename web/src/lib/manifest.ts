@@ -35,3 +35,35 @@ export function maintenanceManifest(weekdays: readonly string[], hour: number): 
     '',
   ].join('\n');
 }
+
+/** The role the seed gives for managing the window (no preset role holds it); docs/resources.md shows the same. */
+export const MAINTENANCE_ROLE = 'maintenance-admin';
+
+/** A word as a POSIX shell reads it: as is when it is plain, else in single quotes. */
+function shellWord(s: string): string {
+  return /^[A-Za-z0-9._@%+=:,/-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`;
+}
+
+/**
+ * The commands that give `user` the maintenance window: create the role (-f: or write it again as the seed gives
+ * it, when another admin made it first), add it to the user's roles. The README
+ * prints the same lines for its first admin (test/web/logic.test.ts compares them), and the maintenance page shows
+ * them to a user who may grant the role but lacks it (acl.maintenance.grant).
+ */
+export function maintenanceRoleSteps(user: string, roles: readonly string[]): string {
+  const next = roles.includes(MAINTENANCE_ROLE) ? [...roles] : [...roles, MAINTENANCE_ROLE];
+  return [
+    "gwctl create -f - <<'EOF'",
+    'kind: role',
+    'version: v7',
+    `metadata: { name: ${MAINTENANCE_ROLE} }`,
+    'spec:',
+    '  allow:',
+    '    rules:',
+    '      - resources: [cluster_maintenance_config]',
+    '        verbs: [create, read, update, delete]',
+    'EOF',
+    `gwctl users update ${shellWord(user)} --set-roles=${shellWord(next.join(','))}`,
+    '',
+  ].join('\n');
+}

@@ -1,7 +1,7 @@
 /** Every agent: online or not, its version against its upgrade channel's target, and its next maintenance window. */
 import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
-import { Badge, Empty, ErrorBox, PageHeader, Spinner } from '../components/ui.js';
+import { Badge, Empty, ErrorBox, PageHeader, Spinner, TableBox } from '../components/ui.js';
 import { filterItems } from '../lib/filter.js';
 import { formatWindow, relative, WEEKDAYS } from '../lib/time.js';
 import type { AgentRow, Agents } from '../types.js';
@@ -57,7 +57,7 @@ export function AgentsPage() {
 
 function AgentTable({ rows, now }: { rows: AgentRow[]; now: number }) {
   return (
-    <table class="table">
+    <TableBox><table class="table">
       <thead>
         <tr><th>Agent</th><th>Services</th><th>Status</th><th>Version</th><th>Channel</th><th>Target</th><th>Next window</th></tr>
       </thead>
@@ -83,6 +83,6 @@ function AgentTable({ rows, now }: { rows: AgentRow[]; now: number }) {
           </tr>
         ))}
       </tbody>
-    </table>
+    </table></TableBox>
   );
 }

@@ -2,7 +2,7 @@
 import { useState } from 'preact/hooks';
 import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
-import { Empty, ErrorBox, PageHeader, Spinner } from '../components/ui.js';
+import { Empty, ErrorBox, PageHeader, Spinner, TableBox } from '../components/ui.js';
 import { filterItems } from '../lib/filter.js';
 import { eventSummary } from '../lib/audit.js';
 import { utcStamp } from '../lib/time.js';
@@ -36,17 +36,22 @@ export function AuditPage() {
   );
 }
 
+/** An event name that may break after each dot (session.command.start), never inside a word. */
+function breakAfterDots(name: string) {
+  return name.split('.').map((part, i, all) => (i < all.length - 1 ? [part, '.', <wbr key={i} />] : part));
+}
+
 function AuditTable({ rows }: { rows: AuditRow[] }) {
   return (
-    <table class="table table-dense">
-      <thead><tr><th>Time (UTC)</th><th>Event</th><th>By</th><th>Resource</th><th>Bytes in / out</th><th>Duration</th><th>Details</th></tr></thead>
+    <TableBox><table class="table table-dense">
+      <thead><tr><th>Time (UTC)</th><th>Event</th><th>By</th><th>Resource</th><th class="wrap">Bytes in / out</th><th>Duration</th><th>Details</th></tr></thead>
       <tbody>
         {rows.map((r) => {
           const s = eventSummary(r);
           return (
             <tr key={r.name} data-testid={`audit-row-${r.name}`} data-event={s.name}>
               <td class="mono nowrap">{s.time ? utcStamp(s.time, { seconds: true }).replace(/ UTC$/, '') : ''}</td>
-              <td class="mono strong">{s.name}</td>
+              <td class="mono strong" data-col="event">{breakAfterDots(s.name)}</td>
               <td data-col="by">{s.by}</td>
               <td data-col="resource">{s.resource}</td>
               <td class="mono nowrap" data-col="bytes">{s.bytes}</td>
@@ -56,6 +61,6 @@ function AuditTable({ rows }: { rows: AuditRow[] }) {
           );
         })}
       </tbody>
-    </table>
+    </table></TableBox>
   );
 }

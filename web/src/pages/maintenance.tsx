@@ -1,12 +1,13 @@
 /**
  * The cluster_maintenance_config window: shown to whoever may read it, edited (weekdays and start hour) by users
- * whose roles allow updating it. A refusal shows the server's message and code.
+ * whose roles allow updating it. A refusal shows the server's message and code; to a user who lacks the role but
+ * may grant it (an editor, as the README's first admin), also the commands that give it, the README's own lines.
  */
 import { useEffect, useState } from 'preact/hooks';
 import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
 import { ErrorBox, Notice, PageHeader, Spinner } from '../components/ui.js';
-import { maintenanceManifest, upgradesOf, type AgentUpgrades } from '../lib/manifest.js';
+import { MAINTENANCE_ROLE, maintenanceManifest, maintenanceRoleSteps, upgradesOf, type AgentUpgrades } from '../lib/manifest.js';
 import { formatWindow, nextWindow, WEEKDAYS } from '../lib/time.js';
 import type { CurrentSession } from '../types.js';
 
@@ -27,6 +28,7 @@ export function MaintenancePage({ session }: { session: CurrentSession }) {
     <>
       <PageHeader title="Maintenance window" subtitle="When agents may install a new version of their upgrade channel (one hour, weekly, in UTC)." />
       <ErrorBox error={error} testid="maint-error" />
+      {error && (error as { status?: number }).status === 403 && session.acl?.maintenance?.grant ? <GrantSteps session={session} /> : null}
       {loading && !data ? <Spinner /> : null}
       {data ? (
         <div class="grid-2">
@@ -42,6 +44,21 @@ export function MaintenancePage({ session }: { session: CurrentSession }) {
         </div>
       ) : null}
     </>
+  );
+}
+
+/** How a user who may create roles and set users' roles gets the window: the seed's role, then signing in again. */
+function GrantSteps({ session }: { session: CurrentSession }) {
+  return (
+    <div class="card" data-testid="maint-grant">
+      <h2>Get the maintenance window</h2>
+      <p>
+        No preset role allows <code>cluster_maintenance_config</code>: it takes a role of its own, <code>{MAINTENANCE_ROLE}</code>. Your roles may
+        create it and give it to you. Run, signed in with <code>gwsh login</code> or on the Auth Service's machine:
+      </p>
+      <pre class="command" data-testid="maint-grant-steps">{maintenanceRoleSteps(session.user.name, session.user.roles)}</pre>
+      <p class="muted small">Then sign out and in again: a role given works from the next sign-in.</p>
+    </div>
   );
 }
 

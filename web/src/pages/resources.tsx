@@ -2,7 +2,7 @@
 import { useState } from 'preact/hooks';
 import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
-import { Badge, Chips, Empty, ErrorBox, PageHeader, Spinner } from '../components/ui.js';
+import { Badge, Chips, Empty, ErrorBox, PageHeader, Spinner, TableBox } from '../components/ui.js';
 import { addChipToQuery, filterItems, type Filterable } from '../lib/filter.js';
 import { appLaunchStart } from '../lib/route.js';
 import { navigate } from '../nav.js';
@@ -78,7 +78,7 @@ function ResourceTable({ kind, rows, total, session, onPick }: { kind: Kind; row
 
 function NodeTable({ rows, logins, onPick }: { rows: NodeResource[]; logins: string[]; onPick: (c: string) => void }) {
   return (
-    <table class="table">
+    <TableBox><table class="table">
       <thead>
         <tr><th>Name</th><th>Hostname</th><th>Labels</th><th>Status</th><th class="right">Connect</th></tr>
       </thead>
@@ -93,7 +93,7 @@ function NodeTable({ rows, logins, onPick }: { rows: NodeResource[]; logins: str
           </tr>
         ))}
       </tbody>
-    </table>
+    </table></TableBox>
   );
 }
 
@@ -128,7 +128,7 @@ function AppTable({ rows, onPick }: { rows: AppResource[]; onPick: (c: string) =
   return (
     <>
       <ErrorBox error={error} testid="app-launch-error" />
-      <table class="table">
+      <TableBox><table class="table">
         <thead><tr><th>Name</th><th>Address</th><th>Labels</th><th class="right">Open</th></tr></thead>
         <tbody>
           {rows.map((a) => (
@@ -144,7 +144,7 @@ function AppTable({ rows, onPick }: { rows: AppResource[]; onPick: (c: string) =
             </tr>
           ))}
         </tbody>
-      </table>
+      </table></TableBox>
     </>
   );
 }
@@ -152,7 +152,7 @@ function AppTable({ rows, onPick }: { rows: AppResource[]; onPick: (c: string) =
 /** Databases, desktops and Kubernetes clusters: reached with gwsh (the command is shown to copy). */
 function SimpleTable<T extends { name: string; labels?: Record<string, string> }>({ rows, extra, command, onPick }: { rows: T[]; extra?: [string, (r: T) => string]; command?: (r: T) => string; onPick: (c: string) => void }) {
   return (
-    <table class="table">
+    <TableBox><table class="table">
       <thead><tr><th>Name</th>{extra ? <th>{extra[0]}</th> : null}<th>Labels</th>{command ? <th>Connect with</th> : null}</tr></thead>
       <tbody>
         {rows.map((r) => (
@@ -164,7 +164,7 @@ function SimpleTable<T extends { name: string; labels?: Record<string, string> }
           </tr>
         ))}
       </tbody>
-    </table>
+    </table></TableBox>
   );
 }
 

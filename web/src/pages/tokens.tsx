@@ -1,14 +1,20 @@
-/** Join tokens: create (types, lifetime, uses), list, revoke. A new token's value is shown once. */
+/**
+ * Join tokens: create (types, lifetime, uses), list, revoke. A new token's value is shown once, with the command
+ * line `gwctl tokens add` prints for it: the same --proxy, the Proxy's public address from ping (never the host the
+ * browser happened to reach the page at: a tunnel, a port forward or another name of the Proxy).
+ */
 import { useState } from 'preact/hooks';
 import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
-import { Badge, Empty, ErrorBox, Notice, PageHeader, Spinner } from '../components/ui.js';
+import { Badge, Empty, ErrorBox, Notice, PageHeader, Spinner, TableBox } from '../components/ui.js';
+import { clearsData, type ApiError } from '../lib/errors.js';
+import { joinCommand } from '../lib/join.js';
 import { relative, TOKEN_TTLS, utcStamp } from '../lib/time.js';
-import type { CurrentSession, TokenCreated, TokenRow } from '../types.js';
+import type { CurrentSession, Ping, TokenCreated, TokenRow } from '../types.js';
 
 const TYPES = ['node', 'db', 'app', 'kube', 'desktop', 'proxy'] as const;
 
-export function TokensPage({ session }: { session: CurrentSession }) {
+export function TokensPage({ session, ping }: { session: CurrentSession; ping: Ping | undefined }) {
   const acl = session.acl?.tokens;
   const { data, error, loading, reload } = useLoad(() => api.tokens());
   const [created, setCreated] = useState<TokenCreated | undefined>(undefined);
@@ -18,7 +24,8 @@ export function TokensPage({ session }: { session: CurrentSession }) {
         <button type="button" class="btn" onClick={reload} data-testid="tokens-refresh">Refresh</button>
       </PageHeader>
       {acl?.create ? <CreateToken onCreated={(t) => { setCreated(t); reload(); }} /> : null}
-      {created ? <CreatedToken token={created} /> : null}
+      {/* A token shown once goes too when the user is refused (a lock, an expired session): it was theirs to see. */}
+      {created && !(error && clearsData(error as Partial<ApiError>)) ? <CreatedToken token={created} proxy={ping?.proxy?.ssh?.public_addr} /> : null}
       <div class="card card-table">
         <ErrorBox error={error} testid="tokens-error" />
         {loading && !data ? <Spinner /> : null}
@@ -78,15 +85,11 @@ function CreateToken({ onCreated }: { onCreated: (t: TokenCreated) => void }) {
   );
 }
 
-function CreatedToken({ token }: { token: TokenCreated }) {
+function CreatedToken({ token, proxy }: { token: TokenCreated; proxy: string | undefined }) {
   const [copied, setCopied] = useState(false);
   const copy = () => navigator.clipboard?.writeText(token.token).then(() => setCopied(true), () => undefined);
-  const proxy = location.host;
   const roles = token.roles.join(',');
-  const pin = token.ca_pin ?? '<pin>';
-  const command = token.roles.includes('proxy')
-    ? `gateway start --data-dir=/var/lib/gateway-proxy --roles=proxy --auth-server=<auth-host>:3025 --token=${token.token} --ca-pin=${pin}`
-    : `gateway start -c /etc/gateway.yaml --data-dir=/var/lib/gateway-agent --roles=${roles} --token=${token.token} --ca-pin=${pin} --proxy=${proxy}`;
+  const command = joinCommand(token, proxy);
   return (
     <Notice kind="success" testid="token-created">
       <div>
@@ -97,7 +100,7 @@ function CreatedToken({ token }: { token: TokenCreated }) {
         <button type="button" class="btn btn-small" onClick={copy} data-testid="token-copy">{copied ? 'Copied' : 'Copy'}</button>
       </div>
       <div class="muted small">On the agent's machine (the CA pin is printed by <code>gwctl tokens add</code> and by the Proxy at its start):</div>
-      <pre class="command">{command}</pre>
+      <pre class="command" data-testid="token-command">{command}</pre>
     </Notice>
   );
 }
@@ -123,7 +126,7 @@ function TokenTable({ rows, canDelete, onRevoked }: { rows: TokenRow[]; canDelet
   return (
     <>
       <ErrorBox error={error} testid="token-revoke-error" />
-      <table class="table">
+      <TableBox><table class="table">
         <thead><tr><th>ID</th><th>Types</th><th>Expires</th><th>Uses</th><th>Created by</th><th class="right" /></tr></thead>
         <tbody>
           {sorted.map((t) => {
@@ -142,7 +145,7 @@ function TokenTable({ rows, canDelete, onRevoked }: { rows: TokenRow[]; canDelet
             );
           })}
         </tbody>
-      </table>
+      </table></TableBox>
     </>
   );
 }
