@@ -111,6 +111,7 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource, option
     if (!host) return false;
     const target = findWebApp(agents.agents(), host);
     if (!target) return false;
+    if (misdirected(req, host, res)) return true;
     // Launches and app sessions are bound to this app's name and host (web.ts appSessionKey).
     const key = appSessionKey(target.name, host);
     if ((req.url ?? '/').split('?')[0] === APP_AUTH_PATH) {
@@ -131,6 +132,24 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource, option
     })().catch((err: unknown) => sendWebError(res, err));
     return true;
   };
+}
+
+/**
+ * An HTTP/2 request for an app on a connection that was opened for another name (a browser pools its HTTP/2
+ * connections across names that share an address and a certificate, as the Proxy's and its apps' do): answered
+ * 421 Misdirected Request (RFC 9110 15.5.20), so that the browser opens a connection of the app's own. Without it
+ * the browser never made a TLS handshake with the app's name, never decided about a client certificate there, and
+ * Chromium then cancels the app's WebSockets (on their own HTTP/1.1 connection, the Proxy asks for a client
+ * certificate, and a WebSocket may not ask the user).
+ */
+function misdirected(req: http.IncomingMessage, host: string, res: http.ServerResponse): boolean {
+  if (req.httpVersionMajor < 2) return false;
+  const sni = (req.socket as TLSSocket).servername;
+  if (typeof sni !== 'string' || sni.toLowerCase() === host) return false;
+  req.resume();
+  res.writeHead(421, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' });
+  res.end(`this connection was opened for ${sni}: open one for ${host}\n`);
+  return true;
 }
 
 /**

@@ -264,6 +264,15 @@ describe('WebSocket through an HTTP app, with the user certificate', () => {
     ws.close();
   });
 
+  it("an HTTP/2 request for the app on a connection opened for the Proxy's name gets 421, so a browser opens the app's own (Chromium's WebSockets need it)", async () => {
+    const home = users.alice!.GWSH_HOME!;
+    const tls = ['--cert', join(home, 'cert.pem'), '--key', join(home, 'key.pem'), '--cacert', join(home, 'host-ca.pem')];
+    const pooled = await curl(['--http2', '-s', '-o', '/dev/null', '-w', '%{http_code}', ...tls, '--resolve', `${PROXY_NAME}:${webPort}:${PROXY_IP}`, '-H', `Host: ${APP_HOST}:${webPort}`, `https://${PROXY_NAME}:${webPort}/echo`]);
+    expect(pooled.stdout).toBe('421');
+    const own = await curl(['--http2', '-s', '-o', '/dev/null', '-w', '%{http_code}', ...tls, '--resolve', `${APP_HOST}:${webPort}:${PROXY_IP}`, `https://${APP_HOST}:${webPort}/echo`]);
+    expect(own.stdout).toBe('200');
+  });
+
   it('an upgrade the app refuses (403) reaches the client as the app answered it', async () => {
     const r = await refusal(appSocket('/refuse', { tls: await tlsOf('alice') }));
     expect(r).toEqual({ status: 403, body: 'not for you\n' });
