@@ -20,7 +20,8 @@
  *                     Connection dropped, the gateway's cookies never set), then the bytes of each side that came
  *                     with the heads, then src/stream/splice.ts both ways (pipe: back-pressure, half-close, a
  *                     break reset on the other side)
- *   the upgraded      no bytes either way for idle_timeout: closed (as an app request that moves no bytes)
+ *   the upgraded      no bytes either way for idle_timeout: closed (as an app request that moves no bytes); the
+ *                     same for the body of a refusal
  *
  * Written here rather than with an HTTP proxy library: Node's own HTTP client already parses the app's answer
  * (with its caps) and hands over the socket on a 101; what is left is the checks above, which no library knows.
@@ -118,6 +119,7 @@ function switched(upstream: http.ClientRequest, socket: Duplex, head: Buffer, as
       settle();
       socket.off('close', gone);
       relayRefusal(answer, socket);
+      idleLimit(socket, answer, options.deadlines.idleMs);
       resolve();
     });
     upstream.on('upgrade', (answer: http.IncomingMessage, appSocket: Duplex, appHead: Buffer) => {
@@ -181,9 +183,9 @@ function relayRefusal(answer: http.IncomingMessage, socket: Duplex): void {
 
 /**
  * No bytes either way for idleMs (0: no limit): the client's connection is closed, and the splice resets the
- * app's. Bytes moving touch the audited app session.
+ * app's (or the refusal's body is cut). Bytes moving touch the audited app session.
  */
-function idleLimit(socket: Duplex, appSocket: Duplex, idleMs: number, touch?: () => void): void {
+function idleLimit(socket: Duplex, appSide: { on(event: 'data', listener: () => void): unknown }, idleMs: number, touch?: () => void): void {
   let timer: NodeJS.Timeout | undefined = idleMs > 0 ? setTimeout(expire, idleMs) : undefined;
   function expire(): void {
     socket.destroy();
@@ -195,6 +197,6 @@ function idleLimit(socket: Duplex, appSocket: Duplex, idleMs: number, touch?: ()
     timer = setTimeout(expire, idleMs);
   };
   socket.on('data', moved);
-  appSocket.on('data', moved);
+  appSide.on('data', moved);
   socket.once('close', () => clearTimeout(timer));
 }
