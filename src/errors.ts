@@ -625,6 +625,16 @@ export const ERROR_CODES = {
     summary: "An app launch came to the app's host without the launch nonce it was bound to: no state, a state that is not this browser's nonce cookie, or a token bound to another nonce (a launch link made in another browser, e.g. someone else's).",
     hint: "Open the app from the Web UI's resources page in this browser; a launch link someone else gave you is refused on purpose.",
   },
+  GW_ERR_APP_UPGRADE_TIMEOUT: {
+    status: 504,
+    summary: "An HTTP app did not answer a connection upgrade (WebSocket or another Upgrade) within the web port's header_timeout; nothing was upgraded.",
+    hint: "Check that the app serves upgrades on that path (its own logs), or raise gateway.limits.header_timeout on the Proxy if it is only slow to answer.",
+  },
+  GW_ERR_APP_UPGRADE_UNASKED: {
+    status: 502,
+    summary: 'An HTTP app switched protocols (101) to something the client did not ask for: on a request without Upgrade, or to another protocol than the one the request named; nothing was upgraded.',
+    hint: "The app (or something in front of it on the agent's side) answers 101 where it should not: fix its configuration; the Proxy never hands a client a protocol it did not ask for.",
+  },
   GW_ERR_WEB_TERMINAL_LIMIT: {
     status: 429,
     summary: 'A web session asked for more terminals at once than the Proxy allows one session (32); the open ones go on.',

@@ -71,6 +71,8 @@ export interface FrontDoorOptions {
   services?: ProtocolServices;
   /** HTTP apps served under their own host names on the web port; returns false when a request is not theirs. */
   webApps?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
+  /** Connection upgrades (WebSocket, any 101) to HTTP apps under their own host names (appupgrade.ts); false when not theirs. */
+  webAppUpgrades?: (req: http.IncomingMessage, socket: Duplex, head: Buffer) => boolean;
   /** The Web UI's routes of the Proxy (web.ts): requests before the API router, the terminal's WebSocket upgrades. */
   web?: { handle(req: http.IncomingMessage, res: http.ServerResponse): boolean; upgrade(req: http.IncomingMessage, socket: Duplex, head: Buffer): boolean };
   /** How users sign in, for /webapi/ping (cachedAuthPreference in ping.ts); local when not given. */
@@ -154,10 +156,12 @@ function upgradeRefusal(req: http.IncomingMessage, path: string | undefined, off
  * proxies). This only adapts the stream: routing is the multiplexer's. The stream counts against the listener
  * "upgrade"'s caps; the multiplexer's detect deadline and the route's TLS deadline apply inside it.
  */
-function serveUpgrades(web: WebServer['server'], mux: Multiplexer, protocols: readonly Protocol[], guard: ListenerGuard, pingMs: number, webRoutes?: FrontDoorOptions['web']): WebSocketServer {
+function serveUpgrades(web: WebServer['server'], mux: Multiplexer, protocols: readonly Protocol[], guard: ListenerGuard, pingMs: number, webRoutes?: FrontDoorOptions['web'], appUpgrades?: FrontDoorOptions['webAppUpgrades']): WebSocketServer {
   const routable = (pr: string) => pr === UPGRADE_TRANSPORT || upgradeRouteFor(pr, protocols) !== undefined;
   const wss = new WebSocketServer({ noServer: true, maxPayload: UPGRADE_MAX_PAYLOAD, handleProtocols: (offered) => [...offered].find(routable) ?? false });
   web.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
+    // An app's host first, as for its requests (webRequests): its upgrades are the app's, whatever the path.
+    if (appUpgrades?.(req, socket, head)) return;
     if (webRoutes?.upgrade(req, socket, head)) return;
     const path = (req.url ?? '/').split('?')[0];
     const offered = String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((s) => s.trim()).filter(Boolean);
@@ -305,7 +309,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   });
   // The one port's refusals by reason (a PROXY header from an unlisted source among them) in the minute's counters.
   if (multiplex) limits.publish('mux', () => ({ refused: mux.getStats().refused }));
-  const wss = serveUpgrades(web.server, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000, options.web);
+  const wss = serveUpgrades(web.server, mux, protocols, limits.listener('upgrade'), options.upgradePingIntervalMs ?? 30_000, options.web, options.webAppUpgrades);
 
   const listeners = multiplex ? [onePort(protocols, mux), ...tunnelBeside(protocols, mux, routes, p)] : separateListeners(protocols, mux, routes);
   // With PROXY headers on, the one port learns the client's address only from the header (the mux counts it).

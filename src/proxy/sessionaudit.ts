@@ -264,6 +264,12 @@ export class SessionAudit {
     return entry.session;
   }
 
+  /** Marks the HTTP session of key as in use (an upgraded connection of it moving bytes): the idle sweep spares it. */
+  touchHttp(key: string): void {
+    const entry = this.byKey.get(key);
+    if (entry) entry.last = this.clock();
+  }
+
   /** Ends the HTTP session of key (an app session that was refused, or idle). */
   endHttp(key: string, how: SessionEnd = {}): void {
     const entry = this.byKey.get(key);

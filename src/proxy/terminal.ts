@@ -32,12 +32,13 @@ import { blobFromLine, sshSign } from '../auth/pki/sshwire.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { canAccess } from '../auth/rbac.js';
 import type { WebSessionView } from '../auth/websessions.js';
-import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
+import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { connectionOf, type LimitSettings } from '../net/deadlines.js';
 import { clientAddress } from '../stream/meta.js';
 import type { AgentSource } from './router.js';
 import { findTarget, type Target } from './resources.js';
+import { refuseUpgrade } from './webanswer.js';
 import { checkOrigin, credentialsOf, type WebCredentials } from './webcredentials.js';
 
 export const TERMINAL_PATH = '/webapi/terminal';
@@ -89,14 +90,6 @@ function protocolsOf(req: http.IncomingMessage): { bearer: string | undefined; t
   const offered = String(req.headers['sec-websocket-protocol'] ?? '').slice(0, 4096).split(',').map((s) => s.trim());
   const bearer = offered.find((p) => /^bearer\.[A-Za-z0-9_-]{1,256}$/.test(p))?.slice('bearer.'.length);
   return { bearer, terminal: offered.includes(TERMINAL_PROTOCOL) };
-}
-
-/** An HTTP answer on a socket that was to be upgraded (nothing was upgraded). */
-function refuseUpgrade(socket: Duplex, err: unknown): void {
-  const e = toGatewayError(err);
-  const body = JSON.stringify({ error: e.toJSON() });
-  const status = httpStatus(e.code);
-  if (!socket.destroyed) socket.end(`HTTP/1.1 ${status} Refused\r\ncontent-type: application/json\r\ncache-control: no-store\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }
 
 export class TerminalServer {

@@ -23,7 +23,7 @@ import { fetchThroughDialer } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, httpStatus, isGatewayError, toGatewayError, type ErrorCode } from '../errors.js';
 import { logger } from '../log.js';
-import { DEFAULT_CHANNEL, normalizeVersion, parseCritical, PROXY_HEADER, VERSION_SERVER_PREFIX, type VersionRequest } from '../wire/versions.js';
+import { DEFAULT_CHANNEL, isNoVersion, NO_VERSION, normalizeVersion, parseCritical, PROXY_HEADER, VERSION_SERVER_PREFIX, type VersionRequest } from '../wire/versions.js';
 
 export const VERSION_SERVER_DEFAULTS = Object.freeze({
   cacheTtlMs: 60_000,
@@ -250,9 +250,11 @@ export class VersionServer {
         details: { ...details, status: result.status },
       });
     }
-    const value = what === 'version' ? normalizeVersion(body) : parseCritical(body);
+    // "none": the upstream server advertises no version (upstream's NoVersion); passed on as it is, for the
+    // upgraders to do nothing, as upstream's do.
+    const value = what === 'version' ? (isNoVersion(body) ? NO_VERSION : normalizeVersion(body)) : parseCritical(body);
     if (value === undefined) {
-      const expected = what === 'version' ? 'a semver version' : '"yes" or "no"';
+      const expected = what === 'version' ? 'a semver version or "none"' : '"yes", "no", "true" or "false"';
       throw new GatewayError('GW_ERR_VERSION_UPSTREAM', `upstream version server ${shown} for channel ${quote(name)} answered ${quote(body.trim(), 40)}, not ${expected}`, {
         details,
       });

@@ -33,3 +33,11 @@ export function abortResponse(res: http.ServerResponse): void {
   if (stream) resetStream(stream);
   else res.destroy();
 }
+
+/** An HTTP/1.1 answer on a socket that was to be upgraded (nothing was upgraded): the error, then the close. */
+export function refuseUpgrade(socket: Duplex, err: unknown): void {
+  const e = toGatewayError(err);
+  const body = JSON.stringify({ error: e.toJSON() });
+  const status = httpStatus(e.code);
+  if (!socket.destroyed) socket.end(`HTTP/1.1 ${status} Refused\r\ncontent-type: application/json\r\ncache-control: no-store\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+}

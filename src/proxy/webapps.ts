@@ -36,15 +36,15 @@ import type { ConnInfo } from '../mux/multiplexer.js';
 import { escapeHtml, guardHttpServer, type HttpDeadlines } from '../net/http.js';
 import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
-import { findTarget, findWebApp } from './resources.js';
+import { findTarget, findWebApp, type Target } from './resources.js';
 import type { AuditedSession, Connection, SessionAudit } from './sessionaudit.js';
 import { abortResponse, sendWebError } from './webanswer.js';
 import { appSessionKey } from './webcredentials.js';
 
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
+export const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
 
 /** Whether a header is relayed: not hop-by-hop, and not an HTTP/2 pseudo-header (:method, :path, ...). */
-const relayed = (name: string): boolean => !HOP_BY_HOP.has(name) && !name.startsWith(':');
+export const relayed = (name: string): boolean => !HOP_BY_HOP.has(name) && !name.startsWith(':');
 
 /**
  * Sends req (with path and extra headers) over an already-open stream to the resource, and relays the answer;
@@ -67,6 +67,11 @@ function relay(req: http.IncomingMessage, res: http.ServerResponse, stream: Dupl
     answer.once('close', () => {
       if (!answer.complete) abortResponse(res);
     });
+  });
+  // A 101 to a request that asked for no upgrade (this relay never does): the app's connection is not taken over.
+  upstream.on('upgrade', (_answer, socket: Duplex) => {
+    socket.destroy();
+    sendWebError(res, new GatewayError('GW_ERR_APP_UPGRADE_UNASKED', 'the app switched protocols (101) on a request that asked for no upgrade'));
   });
   upstream.on('error', (err) => sendWebError(res, new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `the upstream answer failed: ${err.message}`)));
   if (meter) req.on('data', (chunk: Buffer) => meter.count(chunk.length, 0));
@@ -106,6 +111,7 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource, option
     if (!host) return false;
     const target = findWebApp(agents.agents(), host);
     if (!target) return false;
+    if (misdirected(req, host, res)) return true;
     // Launches and app sessions are bound to this app's name and host (web.ts appSessionKey).
     const key = appSessionKey(target.name, host);
     if ((req.url ?? '/').split('?')[0] === APP_AUTH_PATH) {
@@ -117,23 +123,9 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource, option
       return true;
     }
     void (async () => {
-      const { identity, appSession } = await appCaller(auth, target.name, key, req, res, options.audit);
-      if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), target.access, target.labels)) {
-        throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
-      }
-      const client = clientAddress(req.socket);
-      const stream = await agents.dial(target.agent.hostId, {
-        service: target.service,
-        resource: target.name,
-        client_src: `${client.address}:${client.port}`,
-        client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
-        user: identity.name,
-      });
+      const { identity, appSession } = await appCaller(auth, target.name, key, req, (who, what) => trackRequest(auth, who, what, req, res), options.audit);
+      const { stream, meter, client } = await openApp(auth, agents, target, identity, req, appSession, options.audit);
       log.info({ user: identity.name, app: target.name, method: req.method, path: req.url }, 'app request');
-      const fields = { user: identity.name, resource: target.name, node: target.agent.nodename, client: `${client.address}:${client.port}`, ...(appSession ? { app_session: appSession } : {}) };
-      const meter = appSession
-        ? options.audit?.httpRequest('app', `app:${appSession}`, fields, { startRecorded: true })
-        : options.audit?.httpRequest('app', `app:${target.name}`, fields, { connection: connectionOf(req) });
       withoutGatewayCookies(req);
       // Nor does the app set them on its host: a nonce of the app's choosing would let its launch links bind.
       relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name }, gatewayCookie, meter);
@@ -143,10 +135,51 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource, option
 }
 
 /**
- * The caller of an app request, as it stands now and tracked while the request runs: certificate, else app cookie
- * (then appSession: the app session's reference in the audit log). An app session refused ends its audited session.
+ * An HTTP/2 request for an app on a connection that was opened for another name (a browser pools its HTTP/2
+ * connections across names that share an address and a certificate, as the Proxy's and its apps' do): answered
+ * 421 Misdirected Request (RFC 9110 15.5.20), so that the browser opens a connection of the app's own. Without it
+ * the browser never made a TLS handshake with the app's name, never decided about a client certificate there, and
+ * Chromium then cancels the app's WebSockets (on their own HTTP/1.1 connection, the Proxy asks for a client
+ * certificate, and a WebSocket may not ask the user).
  */
-async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.IncomingMessage, res: http.ServerResponse, audit?: SessionAudit): Promise<{ identity: Identity; appSession?: string }> {
+function misdirected(req: http.IncomingMessage, host: string, res: http.ServerResponse): boolean {
+  if (req.httpVersionMajor < 2) return false;
+  const sni = (req.socket as TLSSocket).servername;
+  if (typeof sni !== 'string' || sni.toLowerCase() === host) return false;
+  req.resume();
+  res.writeHead(421, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' });
+  res.end(`this connection was opened for ${sni}: open one for ${host}\n`);
+  return true;
+}
+
+/**
+ * The checks of every app request once its caller is known (a user whose roles allow the app), then a stream to
+ * the app through its agent, and the audited session the request counts in (the app session's, else the
+ * connection's).
+ */
+export async function openApp(auth: ProxyAuth, agents: AgentSource, target: Target, identity: Identity, req: http.IncomingMessage, appSession?: string, audit?: SessionAudit): Promise<{ stream: Duplex; meter?: AuditedSession; client: { address: string; port: number } }> {
+  if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), target.access, target.labels)) {
+    throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
+  }
+  const client = clientAddress(req.socket);
+  const stream = await agents.dial(target.agent.hostId, {
+    service: target.service,
+    resource: target.name,
+    client_src: `${client.address}:${client.port}`,
+    client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
+    user: identity.name,
+  });
+  const fields = { user: identity.name, resource: target.name, node: target.agent.nodename, client: `${client.address}:${client.port}`, ...(appSession ? { app_session: appSession } : {}) };
+  const meter = appSession ? audit?.httpRequest('app', `app:${appSession}`, fields, { startRecorded: true }) : audit?.httpRequest('app', `app:${target.name}`, fields, { connection: connectionOf(req) });
+  return { stream, client, ...(meter ? { meter } : {}) };
+}
+
+/**
+ * The caller of an app request, as it stands now and tracked (track) while the request runs: certificate, else app
+ * cookie (then appSession: the app session's reference in the audit log). An app session refused ends its audited
+ * session. appupgrade.ts asks the same for an upgrade request, tracking the upgraded connection instead.
+ */
+export async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.IncomingMessage, track: (identity: Identity, what: string) => void, audit?: SessionAudit): Promise<{ identity: Identity; appSession?: string }> {
   let certified: Identity | undefined;
   try {
     certified = peerIdentityOf(auth, req.socket as TLSSocket);
@@ -154,7 +187,7 @@ async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.In
     certified = undefined;
   }
   if (certified) {
-    trackRequest(auth, certified, `app ${app}`, req, res);
+    track(certified, `app ${app}`);
     return { identity: await auth.resolveCaller(certified) };
   }
   const sessionId = cookieValue(req.headers.cookie, APP_SESSION_COOKIE);
@@ -170,17 +203,17 @@ async function appCaller(auth: ProxyAuth, app: string, key: string, req: http.In
     if (code.startsWith('GW_ERR_WEB_SESSION') || code === 'GW_ERR_ACCESS_LOCKED' || code === 'GW_ERR_AUTH_IDENTITY_REVOKED') audit?.endHttp(`app:${appSession}`, { error: code });
     throw err;
   });
-  trackRequest(auth, view.identity, `app ${app} (web)`, req, res);
+  track(view.identity, `app ${app} (web)`);
   return { identity: view.identity, appSession };
 }
 
 /** Whether a cookie name is one of the gateway's own (the app session, the web session, a launch nonce). */
-function gatewayCookie(name: string): boolean {
+export function gatewayCookie(name: string): boolean {
   return name === APP_SESSION_COOKIE || name === WEB_SESSION_COOKIE || name.startsWith(APP_LAUNCH_NONCE_COOKIE);
 }
 
 /** The gateway's own cookies never reach the app (the app session would let the app act as the user here). */
-function withoutGatewayCookies(req: http.IncomingMessage): void {
+export function withoutGatewayCookies(req: http.IncomingMessage): void {
   const cookie = req.headers.cookie;
   if (!cookie) return;
   const kept = cookie.split(';').filter((c) => !gatewayCookie(c.slice(0, Math.max(0, c.indexOf('='))).trim()));
@@ -283,7 +316,7 @@ function sendLaunchError(res: http.ServerResponse, e: GatewayError): void {
 }
 
 /** The connection a request came on, for its audited session: the socket, or over HTTP/2 the session of its stream. */
-function connectionOf(req: http.IncomingMessage): Connection {
+export function connectionOf(req: http.IncomingMessage): Connection {
   const session = (req as unknown as { stream?: { session?: Connection } }).stream?.session;
   return session ?? req.socket;
 }

@@ -20,6 +20,7 @@ import { createAccessHandler } from '../proxy/access.js';
 import { startFrontDoor, type FrontDoor, type ProtocolServices } from '../proxy/frontdoor.js';
 import { cachedAuthPreference } from '../proxy/ping.js';
 import { SshJumpServer } from '../proxy/sshjump.js';
+import { createWebAppUpgradeHandler } from '../proxy/appupgrade.js';
 import { createKubeHandler, createWebAppHandler } from '../proxy/webapps.js';
 import { ReloadableVersionServer } from '../reload.js';
 import { TunnelServer } from '../proxy/tunnel.js';
@@ -145,6 +146,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     clusterName: auth.clusterName,
     web,
     webApps: createWebAppHandler(auth, router, { webAddrs: () => webAddrs(config, frontDoor?.addresses.web), audit }),
+    webAppUpgrades: createWebAppUpgradeHandler(auth, router, { deadlines: limits.settings, audit }),
     services: services(auth, router, tunnels, jump, limits.settings, audit),
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
     findExtras: () => findExtras(options.proxyId, tunnelKey.sshPublicKey, cluster),

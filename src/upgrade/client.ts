@@ -21,7 +21,7 @@ import { isTlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { memberOrOutsideServerIdentity } from '../client/api.js';
 import { PING_PATH } from '../wire/ping.js';
-import { normalizeVersion, parseCritical, PROXY_HEADER } from '../wire/versions.js';
+import { isNoVersion, normalizeVersion, parseCritical, PROXY_HEADER } from '../wire/versions.js';
 import type { Endpoint } from './endpoint.js';
 
 export interface HttpDeps {
@@ -110,6 +110,12 @@ export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<T
     });
   }
   const version = parseVersionText(r.body);
+  if (version === undefined && isNoVersion(r.body)) {
+    throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `the version server ${url} advertises no version ("none"): nothing to upgrade to`, {
+      details: { url },
+      hint: "The channel's version server (forward_url upstream) has no target now; nothing is installed until it names one.",
+    });
+  }
   if (version === undefined) {
     throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `the version server ${url} answered ${JSON.stringify(r.body.trim().slice(0, 40))}, not a version`, { details: { url } });
   }

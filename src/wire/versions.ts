@@ -2,8 +2,11 @@
  * The version server's contract, shared by the Proxy that serves it (src/proxy/versions.ts) and the upgraders
  * that ask it (src/upgrade/: the endpoint file, the systemd/package upgrader, the Kubernetes updater):
  *
- *   GET|HEAD <VERSION_SERVER_PREFIX><channel>/version   → 200 text/plain "v17.0.1"
+ *   GET|HEAD <VERSION_SERVER_PREFIX><channel>/version   → 200 text/plain "v17.0.1", or "none" (no target advertised)
  *   GET|HEAD <VERSION_SERVER_PREFIX><channel>/critical  → 200 text/plain "yes" | "no"
+ *
+ * What is read is what upstream's clients read (docs/version-server.md, "Upstream compatibility"): a critical flag
+ * of "true"/"false" as well as "yes"/"no", and "none" for a version server with no target to advertise.
  *
  * Every answer names the Proxy that gave it in PROXY_HEADER. Pure: paths, header names and the parsing of the
  * two answers (documented in docs/version-server.md).
@@ -29,8 +32,21 @@ export function normalizeVersion(text: string): string | undefined {
   return `v${bare}`;
 }
 
-/** "yes" / "no" (case and surrounding whitespace ignored), or undefined for anything else. */
+/**
+ * "yes" / "no" (case and surrounding whitespace ignored), or undefined for anything else. "true" / "false" are
+ * read as yes / no too, as upstream's maintenance trigger reads them (upstream's version servers answer either).
+ */
 export function parseCritical(text: string): 'yes' | 'no' | undefined {
   const t = text.trim().toLowerCase();
-  return t === 'yes' || t === 'no' ? t : undefined;
+  if (t === 'yes' || t === 'true') return 'yes';
+  if (t === 'no' || t === 'false') return 'no';
+  return undefined;
+}
+
+/** What a version server answers on /version when it has no target version to advertise (upstream's NoVersion). */
+export const NO_VERSION = 'none';
+
+/** Whether a /version answer is NO_VERSION (surrounding whitespace ignored: a trailing newline is usual). */
+export function isNoVersion(text: string): boolean {
+  return text.trim() === NO_VERSION;
 }

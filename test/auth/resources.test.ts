@@ -330,6 +330,16 @@ describe('cluster_maintenance_config', () => {
     expect(days(written)).toEqual(normalised);
   });
 
+  it("kind: cluster-maintenance-config (upstream's upgrader README writes it so) is the same kind, stored under its own name", () => {
+    const [cmc] = parseManifest('kind: cluster-maintenance-config\nspec:\n  agent_upgrades:\n    utc_start_hour: 2\n    weekdays:\n      - Mon\n', 'mw.yaml') as [ClusterMaintenanceConfig];
+    expect(cmc).toMatchObject({ kind: 'cluster_maintenance_config', metadata: { name: 'cluster-maintenance-config' }, spec: { agent_upgrades: { utc_start_hour: 2, weekdays: ['Mon'] } } });
+  });
+
+  it("weekdays left out means every day (upstream's documentation writes it so), stored as the seven days", () => {
+    const [cmc] = parseManifest('kind: cluster_maintenance_config\nversion: v1\nspec:\n  agent_upgrades:\n    utc_start_hour: 3\n', 'm.yaml') as [ClusterMaintenanceConfig];
+    expect(cmc.spec.agent_upgrades.weekdays).toEqual([...WEEKDAYS]);
+  });
+
   it.each([0, 12, 23])('accepts utc_start_hour %i', (hour) => {
     const [cmc] = parseManifest(maintenance(String(hour), '[Mon]'), 'm.yaml') as [ClusterMaintenanceConfig];
     expect(cmc.spec.agent_upgrades.utc_start_hour).toBe(hour);

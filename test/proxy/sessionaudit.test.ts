@@ -153,6 +153,19 @@ describe('SessionAudit', () => {
     expect(written[1]).toMatchObject({ requests: 2, bytes_in: 10, bytes_out: 100, duration_ms: HTTP_IDLE_MS - 1 });
   });
 
+  it('HTTP: a Web UI app session whose upgraded connection (a WebSocket) moves bytes is not ended as idle', async () => {
+    const { audit, written, tick } = harness();
+    audit.httpRequest('app', 'app:ref-ws', { ...fields('alice', 'grafana'), app_session: 'ref-ws' }, { startRecorded: true }).count(5, 50);
+    tick(HTTP_IDLE_MS - 1);
+    audit.touchHttp('app:ref-ws');
+    tick(HTTP_IDLE_MS - 1);
+    audit.flush();
+    expect(written).toEqual([]);
+    tick(1);
+    audit.flush();
+    expect(written.map((e) => [e.event, e.app_session])).toEqual([['app.session.end', 'ref-ws']]);
+  });
+
   it('hostile: app sessions beyond MAX_HTTP_SESSIONS end the least recently used, so the Proxy does not grow', async () => {
     const { audit, written } = harness();
     for (let i = 0; i <= MAX_HTTP_SESSIONS; i++) audit.httpRequest('app', `app:${i}`, fields(`u${i}`, 'grafana'), { startRecorded: true });

@@ -21,6 +21,11 @@ describe('parseCritical', () => {
   it('takes yes and no in any case, whitespace around ignored, and nothing else', () => {
     expect(parseCritical('yes')).toBe('yes');
     expect(parseCritical(' NO\n')).toBe('no');
-    for (const text of ['', 'y', 'true', 'yes please', '1']) expect(parseCritical(text), text).toBeUndefined();
+    for (const text of ['', 'y', 'yes please', '1', 'truthy']) expect(parseCritical(text), text).toBeUndefined();
+  });
+
+  it("reads upstream's true / false as yes / no (upstream's maintenance trigger does)", () => {
+    expect(parseCritical('true')).toBe('yes');
+    expect(parseCritical(' FALSE\n')).toBe('no');
   });
 });

@@ -121,11 +121,23 @@ function isKind(s: string | undefined): s is ResourceKind {
   return s !== undefined && Object.hasOwn(DOCUMENTS, s);
 }
 
+/**
+ * Kinds as upstream's own documentation writes them at times (its upgrader's README: `kind:
+ * cluster-maintenance-config`, the resource's name); upstream's resource code takes the same mix-up. Stored under
+ * the kind's own name.
+ */
+const KIND_ALIASES: Readonly<Record<string, ResourceKind>> = { 'cluster-maintenance-config': 'cluster_maintenance_config' };
+
+function knownKind(s: string | undefined): ResourceKind | undefined {
+  if (isKind(s)) return s;
+  return s !== undefined && Object.hasOwn(KIND_ALIASES, s) ? KIND_ALIASES[s] : undefined;
+}
+
 function parseDocument(doc: Document.Parsed, index: number, text: string, lines: LineCounter): Parsed {
   const start = doc.contents?.range?.[0] ?? doc.range[0];
   const kindPeek = peek(doc.contents, 'kind');
   const kind = kindPeek.value;
-  const known = isKind(kind) ? kind : undefined;
+  const known = knownKind(kind);
   const metadata = peek(doc.contents, 'metadata').node;
   const namePeek = peek(metadata, 'name');
   const nameOffset = namePeek.node?.range?.[0] ?? metadata?.range?.[0] ?? start;
@@ -169,7 +181,7 @@ function parseDocument(doc: Document.Parsed, index: number, text: string, lines:
     return out;
   }
   const value = DOCUMENTS[known].resolve(root, '', ctx);
-  if (ctx.issues.length === 0) out.resource = clean(value) as AnyResource;
+  if (ctx.issues.length === 0) out.resource = clean({ ...(value as object), kind: known }) as AnyResource;
   return out;
 }
 

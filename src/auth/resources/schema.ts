@@ -525,7 +525,8 @@ const weekday = leaf<string | undefined>({
   },
 });
 
-// An empty list is refused rather than read as "every day"; "*" says every day (why: docs/resources.md).
+// Left out: every day, as upstream's documentation and its window code read it. An empty list is refused rather
+// than read as "every day"; "*" says every day (why: docs/resources.md).
 const weekdays = mapped(
   listOf<string>('Days on which the window opens.', weekday as Spec<string>, {
     type: 'list of weekdays',
@@ -533,7 +534,7 @@ const weekdays = mapped(
     unique: (v) => v,
   }),
   (value, node, path, ctx): Weekday[] | undefined => {
-    if (value === undefined) return undefined;
+    if (value === undefined) return [...WEEKDAYS];
     const n = ctx.deref(node, path);
     if (isSeq(n) && n.items.length === 0) {
       ctx.report('GW_ERR_CONFIG_VALUE', path, n, 'expected at least one day, got an empty list', 'List the days on which upgrades may run, or write ["*"] for every day.');
@@ -558,7 +559,7 @@ const maintenanceSpec = section(
         utc_start_hour: int('Hour (UTC) at which the window opens; it lasts one hour.', { min: 0, max: 23 }),
         weekdays,
       },
-      { required: ['utc_start_hour', 'weekdays'] },
+      { required: ['utc_start_hour'] },
     ),
   },
   { required: ['agent_upgrades'] },

@@ -22,7 +22,7 @@ import { fetchThroughDialer } from '../../dial/agent.js';
 import type { Dialer } from '../../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../../errors.js';
 import { logger } from '../../log.js';
-import { normalizeVersion } from '../../wire/versions.js';
+import { isNoVersion, normalizeVersion, parseCritical } from '../../wire/versions.js';
 import { parseKubeSchedule } from '../schedule.js';
 import {
   DEFAULT_CONTAINER,
@@ -363,10 +363,13 @@ export function channelVersionSource(options: {
   return async () => {
     const text = await get('version');
     const version = normalizeVersion(text);
+    if (version === undefined && isNoVersion(text)) {
+      throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `${base}/version advertises no version ("none"): nothing to upgrade to`, { hint: "The channel's version server (forward_url upstream) has no target now; nothing is changed until it names one." });
+    }
     if (version === undefined) throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `${base}/version answered ${JSON.stringify(text.slice(0, 40))}, not a version`);
     let critical = false;
     try {
-      critical = (await get('critical')).toLowerCase() === 'yes';
+      critical = parseCritical(await get('critical')) === 'yes';
     } catch (err) {
       log.debug({ err: toGatewayError(err).message }, 'cannot read the critical flag; treating the version as not critical');
     }
