@@ -100,14 +100,15 @@ describe('without the field (after a library upgrade)', () => {
 });
 
 describe('the installed libraries still have each field', () => {
-  it("Node: a TLSSocket's net.Socket (null for another stream: not a missing field), and OpenSSL's verdict", async () => {
+  it("Node: a TLSSocket's net.Socket, or the stream Node's JSStreamSocket wraps (a connection upgrade's), and OpenSSL's verdict", async () => {
     const raw = new net.Socket();
     const onSocket = new tls.TLSSocket(raw);
-    const onDuplex = new tls.TLSSocket(sink(), { isServer: true });
+    const duplex = sink();
+    const onDuplex = new tls.TLSSocket(duplex, { isServer: true });
     cleanups.push(() => onSocket.destroy(), () => onDuplex.destroy());
     const before = logged.length;
     expect(tlsSocketParent(onSocket)).toBe(raw);
-    expect(tlsSocketParent(onDuplex)).toBeUndefined();
+    expect(tlsSocketParent(onDuplex)).toBe(duplex);
     expect(logged.length).toBe(before);
 
     // The verdict exists once a handshake ran (reading it before one crashes Node): terminateTls records it.

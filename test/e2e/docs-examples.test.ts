@@ -50,12 +50,13 @@ describe('cluster_maintenance_config examples in docs/upgrades.md and docs/resou
     const example = maintenanceExamples.find((y) => y.includes('weekdays:') && y.includes('#'))!;
     const comment = /weekdays:.*#(.*)$/m.exec(example)![1]!;
     expect(comment).toContain('short or long names, any case');
-    expect(comment).toContain('["*"] means every day');
-    expect(comment).toContain('at least one');
+    expect(comment).toContain('["*"] or leaving it out: every day');
+    expect(comment).toContain('not []');
     const withDays = (days: string) => example.replace(/weekdays:.*$/m, `weekdays: ${days}`);
     const days = (text: string) => (parseManifest(text, 'doc.yaml')[0] as ClusterMaintenanceConfig).spec.agent_upgrades.weekdays;
     expect(days(withDays('[monday, WED, Fri]'))).toEqual(['Mon', 'Wed', 'Fri']);
     expect(days(withDays('["*"]'))).toEqual(['Sun', 'Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat']);
+    expect(days(example.replace(/^\s*weekdays:.*\n/m, ''))).toEqual(['Sun', 'Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat']);
     const empty = refusal(withDays('[]'));
     expect(empty.details.problems).toEqual([expect.objectContaining({ code: 'GW_ERR_CONFIG_VALUE', path: 'spec.agent_upgrades.weekdays' })]);
     expect(empty.hint).toContain('["*"] for every day');
