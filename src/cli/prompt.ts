@@ -5,15 +5,34 @@
  */
 import { GatewayError } from '../errors.js';
 
+/**
+ * How much a password read here may hold (characters typed, or bytes of the first line of standard input): more
+ * than the Auth Service accepts (1024), so that it is the one to say a long password is too long; beyond this it is
+ * not a password (a file piped by mistake, or a script that never ends its line) and reading stops.
+ */
+export const PROMPT_MAX = 4096;
+
+function tooLong(where: string): GatewayError {
+  return new GatewayError('GW_ERR_USAGE', `${where} is longer than ${PROMPT_MAX} characters: not a password; nothing was changed`, {
+    hint: 'Give the password alone as the first line of standard input (printf %s\\n "$PASSWORD" | ...), or run on a terminal to be prompted.',
+  });
+}
+
 async function readStdinLine(): Promise<string> {
   const chunks: Buffer[] = [];
+  let size = 0;
   for await (const chunk of process.stdin) {
-    chunks.push(chunk as Buffer);
-    if (Buffer.concat(chunks).includes(0x0a)) break;
+    const buf = chunk as Buffer;
+    const newline = buf.indexOf(0x0a);
+    chunks.push(newline === -1 ? buf : buf.subarray(0, newline));
+    size += newline === -1 ? buf.length : newline;
+    if (size > PROMPT_MAX) {
+      process.stdin.destroy();
+      throw tooLong('the first line of standard input');
+    }
+    if (newline !== -1) break;
   }
-  const text = Buffer.concat(chunks).toString('utf8');
-  const line = text.split(/\r?\n/)[0] ?? '';
-  return line;
+  return Buffer.concat(chunks).toString('utf8').replace(/\r$/, '');
 }
 
 async function promptHidden(question: string): Promise<string> {
@@ -39,6 +58,12 @@ async function promptHidden(question: string): Promise<string> {
           }
           if (ch === '\u007f' || ch === '\b') value = value.slice(0, -1);
           else value += ch;
+          if (value.length > PROMPT_MAX) {
+            stdin.off('data', onData);
+            process.stderr.write('\n');
+            reject(tooLong('the password typed'));
+            return;
+          }
         }
       };
       stdin.on('data', onData);

@@ -78,3 +78,24 @@ describe('gwctl create of a manifest it cannot read', () => {
     expect(again.status, again.stderr).toBe(0);
   });
 });
+
+describe('gwctl users add: a password that is not one (the prompt reads at most PROMPT_MAX)', () => {
+  it('hostile: 1 MiB on standard input with no newline is refused without reading it all, nothing created; the password alone on its line creates the user', async () => {
+    const flood = 'x'.repeat(1024 * 1024);
+    const r = await runCli('gwctl', ['--data-dir', gw.dataDir, 'users', 'add', 'fred', '--roles=access'], { input: flood });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain('the first line of standard input is longer than 4096 characters: not a password; nothing was changed');
+    expect(r.stderr).toMatch(/^hint: Give the password alone as the first line of standard input/m);
+    expect(await userExists('fred')).toBe(false);
+    const again = await runCli('gwctl', ['--data-dir', gw.dataDir, 'users', 'add', 'fred', '--roles=access'], { input: 'fred-Passw0rd-ok\r\n' });
+    expect(again.status, again.stderr).toBe(0);
+    expect(await userExists('fred')).toBe(true);
+  });
+
+  it('hostile: on a terminal, typing past the cap is refused the same way, nothing created', async () => {
+    const r = await addOnTerminal('gina', ['y'.repeat(5000)]);
+    expect(r.status).toBe(2);
+    expect(r.output).toContain('the password typed is longer than 4096 characters');
+    expect(await userExists('gina')).toBe(false);
+  });
+});
