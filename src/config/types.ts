@@ -159,6 +159,14 @@ export interface KubeClusterConfig {
   readonly api_server: string;
   /** Absolute path of the API server's CA (PEM); undefined: the system's trusted CAs. */
   readonly ca_file: string | undefined;
+  /** How the agent authenticates to the API server (src/agent/kubecreds.ts). */
+  readonly credentials: 'none' | 'in_cluster' | 'kubeconfig';
+  /** Absolute directory of the service-account token, ca.crt (credentials: in_cluster). */
+  readonly service_account_dir: string;
+  /** Absolute path of the kubeconfig (credentials: kubeconfig). */
+  readonly kubeconfig: string | undefined;
+  /** Context in the kubeconfig; undefined: its current-context. */
+  readonly kubeconfig_context: string | undefined;
   readonly labels: Labels;
 }
 
