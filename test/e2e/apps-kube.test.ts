@@ -93,6 +93,7 @@ beforeAll(async () => {
       '  allow:',
       '    app_labels: {env: dev}',
       '    kubernetes_labels: {env: dev}',
+      '    kubernetes_groups: [dev-only, viewers]',
       '    windows_desktop_labels: {"*": "*"}',
       '',
     ].join('\n'),
@@ -252,13 +253,30 @@ describe('TCP apps and desktops through gwsh', () => {
 describe('Kubernetes by SNI', () => {
   const kubeHost = `kube-gateway-proxy-alpn.${PROXY_NAME}`;
 
-  it('forwards to the API server with the user impersonated, and strips impersonation from the client', async () => {
-    const r = await curl([...userCert(), ...resolve(kubeHost), '-H', 'Impersonate-User: admin', `https://${kubeHost}:${webPort}/k8s/dev/api/v1/namespaces`]);
+  it("forwards to the API server as the user, in the groups the role's kubernetes_groups allow", async () => {
+    const r = await curl([...userCert(), ...resolve(kubeHost), `https://${kubeHost}:${webPort}/k8s/dev/api/v1/namespaces`]);
     expect(r.stderr).toBe('');
     const seen = JSON.parse(r.stdout) as { path: string; headers: Record<string, string> };
     expect(seen.path).toBe('/api/v1/namespaces');
     expect(seen.headers['impersonate-user']).toBe('alice');
-    expect(seen.headers['impersonate-group']).toBe('dev-only');
+    expect(seen.headers['impersonate-group']).toBe('dev-only, viewers');
+  });
+
+  it('kubectl --as-group picks among the allowed groups; other Impersonate-* headers of the client are dropped', async () => {
+    const r = await curl([...userCert(), ...resolve(kubeHost), '-H', 'Impersonate-Group: viewers', '-H', 'Impersonate-Extra-Scopes: all', `https://${kubeHost}:${webPort}/k8s/dev/api`]);
+    const seen = JSON.parse(r.stdout) as { headers: Record<string, string> };
+    expect(seen.headers['impersonate-group']).toBe('viewers');
+    expect(seen.headers['impersonate-extra-scopes']).toBeUndefined();
+  });
+
+  it('hostile: impersonating a user or group the roles do not allow is refused before the API server sees it', async () => {
+    for (const header of ['Impersonate-User: admin', 'Impersonate-Group: system:masters']) {
+      const r = await curl([...userCert(), ...resolve(kubeHost), '-H', header, '-w', '\n%{http_code}', `https://${kubeHost}:${webPort}/k8s/dev/api/v1/secrets`]);
+      const [body, status] = r.stdout.split('\n');
+      expect(status).toBe('403');
+      // The Proxy's JSON error, not the stand-in's echo: nothing was forwarded.
+      expect(JSON.parse(body!)).toMatchObject({ error: { code: 'GW_ERR_KUBE_NO_IMPERSONATION' } });
+    }
   });
 
   it("the agent's connection to the API server went through squid (HTTPS_PROXY), decided as kube.<cluster>.local", async () => {
