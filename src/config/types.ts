@@ -43,6 +43,8 @@ export interface StorageConfig {
 
 export interface ProcessConfig {
   readonly nodename: string;
+  /** The health endpoints' listener (src/net/diag.ts); undefined: none. */
+  readonly diag_addr: HostPort | undefined;
   /** Absolute path. */
   readonly data_dir: string;
   /** Auth API addresses of a Proxy-only process (docs/configuration.md). */

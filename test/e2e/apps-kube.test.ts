@@ -39,6 +39,7 @@ let appPort: number;
 let apiServer: HttpTestServer;
 let desktop: EchoServer;
 let userEnv: Record<string, string>;
+let diagPort: number;
 const children: ChildProcess[] = [];
 
 beforeAll(async () => {
@@ -102,6 +103,7 @@ beforeAll(async () => {
   await admin(['users', 'add', 'alice', '--roles=dev-only'], `${PASSWORD}\n`);
   const token = (JSON.parse((await admin(['tokens', 'add', '--type=app,kube,desktop', '--format', 'json'])).stdout) as { token: string }).token;
 
+  diagPort = await getPort({ host: '127.0.0.1' });
   const caFile = join(dir, 'k8s-ca.pem');
   await writeFile(caFile, pki.caPem);
   agent = await startGateway(
@@ -109,6 +111,7 @@ beforeAll(async () => {
       'gateway:',
       '  nodename: agent-apps',
       '  data_dir: DATA_DIR',
+      `  diag_addr: 127.0.0.1:${diagPort}`,
       '  log: { format: json }',
       'app_service:',
       '  enabled: yes',
@@ -247,6 +250,13 @@ describe('TCP apps and desktops through gwsh', () => {
     expect(r.status).toBe(1);
     expect(r.stderr).toContain('GW_ERR_TUNNEL_NOT_FOUND');
     expect(r.stderr).toContain('nope');
+  });
+});
+
+describe("the agent's health endpoints (gateway.diag_addr, the chart's probes)", () => {
+  it('/healthz answers, and /readyz is 200 with the reverse tunnel up', async () => {
+    expect(JSON.parse((await curl([`http://127.0.0.1:${diagPort}/healthz`])).stdout)).toEqual({ status: 'ok' });
+    expect(JSON.parse((await curl([`http://127.0.0.1:${diagPort}/readyz`])).stdout)).toEqual({ status: 'ready' });
   });
 });
 

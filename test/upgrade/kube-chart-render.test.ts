@@ -2,8 +2,8 @@
  * The chart deploy/gateway-kube-agent rendered by the real Helm (kube-chart.test.ts reads its text): `helm lint
  * --strict` and `helm template` for each combination of values the chart documents, and the rendered objects
  * checked as a cluster would take them: the agent's service account may impersonate users, groups and service
- * accounts (and is bound to that ClusterRole), the agent authenticates with its in-cluster token, the updater
- * gets exactly its Role. helm and kubectl come from scripts/install-kubetools.sh (.cache/kubetools/).
+ * accounts (and is bound to that ClusterRole), the agent authenticates with its in-cluster token, its liveness
+ * and readiness probes ask the health endpoints its configuration serves, the updater gets exactly its Role. helm and kubectl come from scripts/install-kubetools.sh (.cache/kubetools/).
  *
  * `kubectl apply --dry-run=client` is not run: even client-side it downloads the API server's OpenAPI schema and
  * discovery documents, so it needs a reachable API server (none can run here).
@@ -23,6 +23,15 @@ interface K8sObject {
   kind: string;
   metadata: { name: string; namespace?: string };
   [k: string]: unknown;
+}
+interface Probe {
+  httpGet: { path: string; port: string | number };
+}
+interface Container {
+  name: string;
+  ports?: Array<{ name: string; containerPort: number }>;
+  livenessProbe?: Probe;
+  readinessProbe?: Probe;
 }
 interface Rule {
   apiGroups: string[];
@@ -67,6 +76,7 @@ const COMBINATIONS: Array<[string, string[]]> = [
   ['the updater of a Deployment', ['authToken=t0ken', 'agentKind=Deployment', 'updater.enabled=true']],
   ['a ClusterRole name of its own', ['authToken=t0ken', 'rbac.clusterRoleName=gateway-impersonator']],
   ['no RBAC created', ['authToken=t0ken', 'rbac.create=false']],
+  ['another health port', ['authToken=t0ken', 'diagPort=8081']],
 ];
 
 describe('helm lint --strict and helm template, for each documented combination of values', () => {
@@ -76,7 +86,7 @@ describe('helm lint --strict and helm template, for each documented combination 
     const objects = render(values);
     const agentKind = values.includes('agentKind=Deployment') ? 'Deployment' : 'StatefulSet';
     const agent = one(objects, agentKind, 'agent');
-    const pod = (agent as unknown as { spec: { template: { spec: { serviceAccountName: string; containers: Array<{ name: string }> } } } }).spec.template.spec;
+    const pod = (agent as unknown as { spec: { template: { spec: { serviceAccountName: string; containers: Container[] } } } }).spec.template.spec;
     expect(pod.serviceAccountName).toBe('agent');
 
     const bindings = objects.filter((o) => o.kind === 'ClusterRoleBinding');
@@ -98,6 +108,12 @@ describe('helm lint --strict and helm template, for each documented combination 
     // The agent's configuration parses, and authenticates with the pod's service-account token.
     const config = one(objects, 'ConfigMap', 'agent') as K8sObject & { data: Record<string, string> };
     const parsed = parseConfig(config.data['gateway.yaml']!, 'chart gateway.yaml');
+    // Liveness and readiness ask the agent's health endpoints, on the port its configuration listens on.
+    const gateway = pod.containers.find((c) => c.name === 'gateway')!;
+    expect(gateway.livenessProbe?.httpGet).toEqual({ path: '/healthz', port: 'diag' });
+    expect(gateway.readinessProbe?.httpGet).toEqual({ path: '/readyz', port: 'diag' });
+    expect(gateway.ports).toEqual([{ name: 'diag', containerPort: parsed.gateway.diag_addr!.port }]);
+    expect(parsed.gateway.diag_addr).toEqual({ host: '0.0.0.0', port: values.includes('diagPort=8081') ? 8081 : 3000 });
     expect(parsed.kube_service.clusters).toMatchObject([{ name: 'prod', api_server: 'https://kubernetes.default.svc', credentials: 'in_cluster', service_account_dir: '/var/run/secrets/kubernetes.io/serviceaccount' }]);
 
     const updater = objects.filter((o) => o.kind === 'Deployment' && o.metadata.name.endsWith('-updater'));
