@@ -94,13 +94,14 @@ beforeAll(async () => {
       '  allow:',
       '    app_labels: {env: dev}',
       '    kubernetes_labels: {env: dev}',
-      '    kubernetes_groups: [dev-only, viewers]',
+      // viewers comes from alice's trait (gwctl users add --kubernetes-groups).
+      "    kubernetes_groups: [dev-only, '{{internal.kubernetes_groups}}']",
       '    windows_desktop_labels: {"*": "*"}',
       '',
     ].join('\n'),
   );
   expect((await admin(['create', join(dir, 'roles.yaml')])).status).toBe(0);
-  await admin(['users', 'add', 'alice', '--roles=dev-only'], `${PASSWORD}\n`);
+  await admin(['users', 'add', 'alice', '--roles=dev-only', '--kubernetes-groups=viewers'], `${PASSWORD}\n`);
   const token = (JSON.parse((await admin(['tokens', 'add', '--type=app,kube,desktop', '--format', 'json'])).stdout) as { token: string }).token;
 
   diagPort = await getPort({ host: '127.0.0.1' });
