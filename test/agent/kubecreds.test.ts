@@ -126,6 +126,43 @@ describe('in_cluster: the projected service-account token and CA', () => {
   });
 });
 
+describe('hostile API servers behind the credential', () => {
+  it('an API server that cannot be reached answers the request 502 with the code of the Dialer, not a hang', async () => {
+    const config = parseConfig(['kube_service:', '  clusters:', `    - {name: c, api_server: "https://127.0.0.1:1", credentials: in_cluster, service_account_dir: ${join(dir, 'sa')}}`].join('\n'), 'x.yaml');
+    const r = await get(await resourceConnector(config, ['kube_service'], new Dialer({ env: {} }), 'test', 2_000)(request));
+    expect(r.status).toBe(502);
+    expect(r.body).toMatchObject({ error: { code: 'GW_ERR_DIAL_UNREACHABLE' } });
+  });
+
+  it('an answer the API server cuts short is cut for the client too (never ended as if complete)', async () => {
+    const cert = await pki.serverCert({ names: ['kube.test'], ips: ['127.0.0.1'] });
+    const liar = https.createServer({ cert: cert.certPem, key: cert.keyPem }, (_req, res) => {
+      res.writeHead(200, { 'content-length': '1000' });
+      res.write('{"kind":"Pod');
+      setImmediate(() => res.socket?.destroy());
+    });
+    await new Promise<void>((r) => liar.listen(0, '127.0.0.1', r));
+    try {
+      const liarPort = (liar.address() as net.AddressInfo).port;
+      const config = parseConfig(['kube_service:', '  clusters:', `    - {name: c, api_server: "https://127.0.0.1:${liarPort}", credentials: in_cluster, service_account_dir: ${join(dir, 'sa')}}`].join('\n'), 'x.yaml');
+      const stream = await resourceConnector(config, ['kube_service'], new Dialer({ env: {} }), 'test')(request);
+      const outcome = await new Promise<string>((resolve) => {
+        const req = http.request({ path: '/api/v1/pods', headers: { connection: 'close' }, createConnection: () => stream as never }, (res) => {
+          res.on('data', () => undefined);
+          res.on('end', () => resolve(res.complete ? 'complete' : 'cut'));
+          res.on('error', () => resolve('cut'));
+          res.on('aborted', () => resolve('cut'));
+        });
+        req.on('error', () => resolve('cut'));
+        req.end();
+      });
+      expect(outcome).toBe('cut');
+    } finally {
+      liar.close();
+    }
+  });
+});
+
 describe('kubeconfig: a context’s token or client certificate', () => {
   function kubeconfig(name: string, user: Record<string, unknown>, extra: Record<string, unknown> = {}): string {
     const file = join(dir, name);
