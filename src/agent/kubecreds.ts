@@ -155,7 +155,9 @@ export function resolveKubeconfig(text: string, file: string, context: string | 
   try {
     doc = parseYaml(text, { maxAliasCount: 100 });
   } catch (err) {
-    throw credentialError(`the kubeconfig ${file} is not YAML: ${(err as Error).message}`);
+    // Only where: the parser's message quotes the line, which may hold a token (the error reaches the user).
+    const at = (err as { linePos?: Array<{ line: number; col: number }> }).linePos?.[0];
+    throw credentialError(`the kubeconfig ${file} is not YAML${at ? ` (line ${at.line}, column ${at.col})` : ''}`);
   }
   if (!isObj(doc)) throw credentialError(`the kubeconfig ${file} is not a mapping`);
   const ctxName = context ?? doc['current-context'];

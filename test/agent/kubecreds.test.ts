@@ -17,7 +17,7 @@ import { inClusterCredentials, MAX_TOKEN_BYTES, resolveKubeconfig } from '../../
 import { resourceConnector } from '../../src/agent/resources.js';
 import { parseConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
-import { codeOf } from '../helpers/errors.js';
+import { codeOf, failureOf } from '../helpers/errors.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 
 let pki: TestPki;
@@ -213,6 +213,10 @@ describe('kubeconfig: a context’s token or client certificate', () => {
     const empty = kubeconfig('empty.yaml', {});
     expect(await codeOf(() => resolveKubeconfig('{contexts: []}', '/k', 'nope'))).toBe('GW_ERR_KUBE_CREDENTIALS');
     expect(await codeOf(() => resolveKubeconfig(': : [', '/k', undefined))).toBe('GW_ERR_KUBE_CREDENTIALS');
+    // Hostile: the parser's message would quote the broken line, token and all; the error reaches the user.
+    const broken = await failureOf(async () => resolveKubeconfig('users:\n- name: u\n  user: {token: s3cr3t-t0ken\n', '/k', undefined));
+    expect(broken.code).toBe('GW_ERR_KUBE_CREDENTIALS');
+    expect(broken.message).not.toContain('s3cr3t');
     const r = await get(await connector(`credentials: kubeconfig, kubeconfig: ${empty}`)(request));
     expect(r.body).toMatchObject({ error: { code: 'GW_ERR_KUBE_CREDENTIALS' } });
     expect(String((r.body.error as { message: string }).message)).toContain(empty);
