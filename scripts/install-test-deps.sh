@@ -48,6 +48,7 @@ declare -A NEED=(
   [unshare]=util-linux       # also runs the browser tests in a network namespace of their own (scripts/netns-run.sh)
   [nsenter]=util-linux       # the network stressor of the browser tests changes the machine's namespace (test/helpers/netstress.ts)
   [mount]=mount
+  [unzip]=unzip              # scripts/install-kubetools.sh unpacks helm and kubectl (the chart tests) with it
   [curl]=curl                # HTTP requests through squid and to the version server, as a user would send them
   [tmux]=tmux                # a real terminal for the interactive SSH test
   [iperf3]=iperf3            # the native client and server of bench:tunnel's user path (iperf3 -> gwsh proxy app -> ...)
@@ -113,6 +114,7 @@ ensure_kerberos_module() {
 
 if [ ${#missing[@]} -eq 0 ]; then
   ensure_kerberos_module
+  "$(dirname "$0")/install-kubetools.sh"   # helm and kubectl into .cache/kubetools/ (the chart tests)
   exit 0
 fi
 
@@ -143,3 +145,4 @@ if command -v service >/dev/null 2>&1; then
   service winbind stop >/dev/null 2>&1 || true
 fi
 ensure_kerberos_module
+"$(dirname "$0")/install-kubetools.sh"   # helm and kubectl into .cache/kubetools/ (the chart tests)

@@ -26,6 +26,7 @@ import { enabledServices } from './config/index.js';
 import { Dialer } from './dial/dialer.js';
 import { GatewayError } from './errors.js';
 import { ConnectionLimits, limitSettings } from './net/deadlines.js';
+import { startDiagServer } from './net/diag.js';
 import type { AgentRole, JoinFlags } from './roles/agent.js';
 import type { DaemonEnvironment } from './roles/environment.js';
 import { Lifecycle } from './roles/lifecycle.js';
@@ -133,6 +134,15 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
       ? await (await agentRole).startAgentRole({ config, services, join: flags, ...(auth ? { localAuth: auth.auth } : {}), ...(addresses.web ? { localProxy: addresses.web } : {}), ...(limits ? { limits } : {}), dialer, environment, lifecycle })
       : undefined;
     if (agent?.sshAddress) addresses.ssh = agent.sshAddress;
+    // Last, so that /healthz answers only once everything above started; /readyz follows the agent's tunnel.
+    if (config.gateway.diag_addr) {
+      const tunnel = agent?.tunnelAgent;
+      const diag = await startDiagServer(config.gateway.diag_addr, () =>
+        !tunnel || tunnel.getState() === 'connected' ? { ready: true } : { ready: false, reason: `reverse tunnel ${tunnel.getState()}` },
+      );
+      lifecycle.onStop('backend', () => diag.close());
+      addresses.diag = diag.address;
+    }
     return {
       services,
       addresses,

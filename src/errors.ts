@@ -812,6 +812,21 @@ export const ERROR_CODES = {
     summary: 'The agent could not connect to the resource behind it; the message names the resource, the agent and why.',
     hint: "Check that the resource runs and that the address in the agent's configuration is right.",
   },
+  GW_ERR_KUBE_CREDENTIALS: {
+    status: 502,
+    summary: "The Kubernetes Service could not read its credential for the API server: the service-account token or CA (credentials: in_cluster) or the kubeconfig's context, user, token or certificate (credentials: kubeconfig) is missing, empty, oversized or malformed; the message names the file.",
+    hint: "In a pod, check that the service account's token is mounted (automountServiceAccountToken not false) at service_account_dir; outside one, check that kubeconfig and kubeconfig_context name a context whose user has a token or client certificate ('kubectl config view --minify --raw' shows it).",
+  },
+  GW_ERR_KUBE_AUTH_UNSUPPORTED: {
+    status: 502,
+    summary: "The kubeconfig's user authenticates in a way the Kubernetes Service does not run: an exec plugin, an auth-provider, a username and password, or insecure-skip-tls-verify.",
+    hint: "Give the agent a context whose user has a token (token or tokenFile) or a client certificate (client-certificate and client-key), and a CA (certificate-authority); for a cloud cluster, create a service account with a long-lived token for the agent.",
+  },
+  GW_ERR_KUBE_NO_IMPERSONATION: {
+    status: 403,
+    summary: "The user's roles allow the Kubernetes cluster but name no Kubernetes user or group to act as (kubernetes_users and kubernetes_groups are empty), or the user asked (kubectl --as / --as-group) for one the roles do not allow; nothing was sent to the API server.",
+    hint: "Ask an administrator to add kubernetes_groups (such as system:masters or a group bound by a RoleBinding) or kubernetes_users to a role of yours under allow, then sign in again; with several kubernetes_users allowed, pick one with kubectl --as.",
+  },
   GW_ERR_DB_USER_DENIED: {
     status: 403,
     summary: "The agent refused a database connection: the database user the client asked for in the protocol's startup is not among the db_users the user's roles allow (or a role denies it).",

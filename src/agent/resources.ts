@@ -3,7 +3,8 @@
  * connection: databases, TCP apps and desktops by direct TCP on the agent's own network (these are local
  * resources: a corporate HTTPS_PROXY is for reaching the Proxy, not the database next door); HTTP(S) apps
  * likewise; Kubernetes API servers through the Dialer, so HTTPS_PROXY / NO_PROXY apply: direct when NO_PROXY
- * exempts the API server's address or kube.<cluster_name>.local (the rule is select.ts's, docs/dialing.md).
+ * exempts the API server's address or kube.<cluster_name>.local (the rule is select.ts's, docs/dialing.md);
+ * with the cluster's credential (service-account token, kubeconfig) added by kubeapi.ts.
  */
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
@@ -16,6 +17,8 @@ import { tlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError } from '../errors.js';
 import { connectTls } from '../stream/tls.js';
 import type { AgentResources, AppInfo, DialRequest, ServiceKind } from '../tunnel/protocol.js';
+import { kubeFront } from './kubeapi.js';
+import { kubeCredentials, type KubeCredentials, type KubeTls } from './kubecreds.js';
 import type { ResourceDialer } from './tunnel.js';
 
 const SERVICE_KINDS: Partial<Record<ServiceName, ServiceKind>> = {
@@ -75,6 +78,8 @@ export function connectTcp(to: HostPort, timeoutMs: number, what: string): Promi
 
 export function resourceConnector(config: GatewayConfig, services: readonly ServiceName[], dialer: Dialer, clusterName: string, timeoutMs = 10_000): ResourceDialer {
   const on = (s: ServiceName) => services.includes(s);
+  // One per cluster for the agent's life: each keeps its token and the stat it was read at.
+  const kubeCreds = new Map<string, KubeCredentials>();
   return async (request: DialRequest): Promise<Duplex> => {
     const notServed = () => new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `this agent serves no ${request.service} "${request.resource}"`);
     switch (request.service) {
@@ -99,13 +104,21 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
         // Direct when NO_PROXY exempts the API server's address or kube.<cluster_name>.local (select.ts, rule 5).
         const target = kubeApiTarget(cluster.api_server);
         const address = formatHostPort(target.host, target.port);
-        const raw = await dialer.dial(target, { alias: kubeApiAlias(clusterName) });
-        return connectTls(raw, { host: target.host, ...(cluster.ca_file ? { ca: readFileSync(cluster.ca_file, 'utf8') } : {}) }).catch((err: Error) => {
-          throw (
-            tlsVerifyError(err, { address, server: 'kube-api', name: cluster.name }) ??
-            new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `Kubernetes API server of "${cluster.name}" at ${address}: ${err.message}`)
-          );
-        });
+        const connect = async (tls: KubeTls): Promise<Duplex> => {
+          const raw = await dialer.dial(target, { alias: kubeApiAlias(clusterName) });
+          return connectTls(raw, { host: target.host, ...tls }).catch((err: Error) => {
+            throw (
+              tlsVerifyError(err, { address, server: 'kube-api', name: cluster.name }) ??
+              new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `Kubernetes API server of "${cluster.name}" at ${address}: ${err.message}`)
+            );
+          });
+        };
+        // No credential: the stream is the API server's TLS connection itself. With one, the agent serves the
+        // stream as HTTP and adds it to each request (kubeapi.ts).
+        if (cluster.credentials === 'none') return connect(cluster.ca_file ? { ca: readFileSync(cluster.ca_file, 'utf8') } : {});
+        let creds = kubeCreds.get(cluster.name);
+        if (!creds) kubeCreds.set(cluster.name, (creds = kubeCredentials(cluster)));
+        return kubeFront(creds, connect);
       }
       default:
         throw notServed();

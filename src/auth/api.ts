@@ -220,7 +220,8 @@ function identityRoutes(auth: AuthService): Route[] {
     route('GET', '/v1/users', async ({ caller }) => ({ users: await auth.listUsers(await caller()) })),
     route('POST', '/v1/users', async ({ caller, body }) => {
       const b = await body();
-      const dbTraits = { ...(b.db_users === undefined ? {} : { db_users: strList(b, 'db_users') }), ...(b.db_names === undefined ? {} : { db_names: strList(b, 'db_names') }) };
+      const traitList = (key: 'db_users' | 'db_names' | 'kubernetes_users' | 'kubernetes_groups') => (b[key] === undefined ? {} : { [key]: strList(b, key) });
+      const dbTraits = { ...traitList('db_users'), ...traitList('db_names'), ...traitList('kubernetes_users'), ...traitList('kubernetes_groups') };
       return { user: await auth.addUser(await caller(), str(b, 'name', { max: 256 }), strList(b, 'roles'), str(b, 'password', { max: 4096 }), b.logins === undefined ? [] : strList(b, 'logins'), dbTraits) };
     }, { maxBody: BODY.small, before: may('user', 'create') }),
     route('PUT', '/v1/users/:name/roles', async ({ caller, body, params }) => ({

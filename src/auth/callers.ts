@@ -9,7 +9,7 @@ import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { LOCKS_PREFIX, type LockStore } from './locks.js';
 import type { Identity } from './pki.js';
-import { allowedLogins, checkAccess, databaseGrant, PRESET_ROLES, type Verb } from './rbac.js';
+import { allowedLogins, checkAccess, databaseGrant, kubeGrant, PRESET_ROLES, type Verb } from './rbac.js';
 import { KEYS, readJson, type NodeRecord, type StoredUser } from './records.js';
 import type { LockResource, RoleResource } from './resources/index.js';
 import type { SessionRegistry } from './sessions.js';
@@ -118,7 +118,7 @@ export class CallerCheck {
     const roles = caller.roles.filter((r) => now.includes(r));
     const current = await this.rolesOf(roles);
     const traits = stored.resource.spec.traits ?? {};
-    const resolved: Identity = { ...caller, roles, db: databaseGrant(current, traits) };
+    const resolved: Identity = { ...caller, roles, db: databaseGrant(current, traits), kube: kubeGrant(current, traits) };
     if (caller.logins !== undefined) {
       const allowed = new Set(allowedLogins(current, traits));
       resolved.logins = caller.logins.filter((l) => allowed.has(l));

@@ -45,10 +45,15 @@ export interface UsersDeps {
   userCertTtlMs?: number;
 }
 
-/** A local user's database traits, given at creation (gwctl users add --db-users, --db-names). */
+/**
+ * A local user's database and Kubernetes traits, given at creation (gwctl users add --db-users, --db-names,
+ * --kubernetes-users, --kubernetes-groups).
+ */
 export interface DatabaseTraits {
   db_users?: string[];
   db_names?: string[];
+  kubernetes_users?: string[];
+  kubernetes_groups?: string[];
 }
 
 /** Database users and names as traits: what a role template can use (no spaces, control characters or braces). */
@@ -80,6 +85,8 @@ export class Users {
       ...(logins.length > 0 ? { logins } : {}),
       ...(dbTraits.db_users?.length ? { db_users: checkedDbValues(dbTraits.db_users, 'database user') } : {}),
       ...(dbTraits.db_names?.length ? { db_names: checkedDbValues(dbTraits.db_names, 'database name') } : {}),
+      ...(dbTraits.kubernetes_users?.length ? { kubernetes_users: checkedDbValues(dbTraits.kubernetes_users, 'Kubernetes user') } : {}),
+      ...(dbTraits.kubernetes_groups?.length ? { kubernetes_groups: checkedDbValues(dbTraits.kubernetes_groups, 'Kubernetes group') } : {}),
     };
     const resource: UserResource = { kind: 'user', version: 'v2', metadata: { name }, spec: { roles, ...(Object.keys(traits).length > 0 ? { traits } : {}) } };
     const stored: StoredUser = { resource, passwordHash: await hashPassword(password), createdAt: new Date(this.deps.clock()).toISOString() };

@@ -152,7 +152,9 @@ users
   .option('--logins <logins>', 'OS logins for this user (the trait {{internal.logins}} in roles such as access)')
   .option('--db-users <users>', 'database users this user may connect as (the trait {{internal.db_users}} in roles such as access)')
   .option('--db-names <names>', 'database names this user may connect to (the trait {{internal.db_names}} in roles such as access)')
-  .action(async (user: string, opts: { roles: string; logins?: string; dbUsers?: string; dbNames?: string }) => {
+  .option('--kubernetes-users <users>', 'Kubernetes users the gateway may impersonate for this user (the trait {{internal.kubernetes_users}} in roles such as access)')
+  .option('--kubernetes-groups <groups>', 'Kubernetes groups the gateway impersonates for this user (the trait {{internal.kubernetes_groups}} in roles such as access)')
+  .action(async (user: string, opts: { roles: string; logins?: string; dbUsers?: string; dbNames?: string; kubernetesUsers?: string; kubernetesGroups?: string }) => {
     const password = await readPassword(`Password for ${user}: `, { confirm: true });
     await client().call('POST', '/v1/users', {
       name: user,
@@ -161,6 +163,8 @@ users
       ...(opts.logins ? { logins: list(opts.logins) } : {}),
       ...(opts.dbUsers ? { db_users: list(opts.dbUsers) } : {}),
       ...(opts.dbNames ? { db_names: list(opts.dbNames) } : {}),
+      ...(opts.kubernetesUsers ? { kubernetes_users: list(opts.kubernetesUsers) } : {}),
+      ...(opts.kubernetesGroups ? { kubernetes_groups: list(opts.kubernetesGroups) } : {}),
     });
     out(`user "${user}" has been created with roles ${list(opts.roles).join(', ')}`);
   });

@@ -213,6 +213,16 @@ function httpAppOnly(app: { readonly uri: string; readonly public_addr: string |
   );
 }
 
+/** credentials: kubeconfig needs the file named; a kubeconfig named under other credentials would be ignored. */
+function kubeconfigNamed(cluster: { readonly credentials: string; readonly kubeconfig: string | undefined }, path: string, ctx: Ctx, at: unknown): void {
+  if (cluster.credentials === 'kubeconfig' && cluster.kubeconfig === undefined) {
+    ctx.report('GW_ERR_CONFIG_VALUE', path, at, 'credentials: kubeconfig names no kubeconfig file', 'Add kubeconfig: /path/to/kubeconfig to this cluster.');
+  }
+  if (cluster.credentials !== 'kubeconfig' && cluster.kubeconfig !== undefined) {
+    ctx.report('GW_ERR_CONFIG_VALUE', join(path, 'kubeconfig'), at, `kubeconfig is set but credentials is ${cluster.credentials}, so it would be ignored`, 'Add credentials: kubeconfig to this cluster, or remove kubeconfig.');
+  }
+}
+
 const resourceLabels = () => labels('Labels of this resource, matched by the roles that grant access to it.');
 
 const CHANNEL_NAME = /^[A-Za-z0-9._-]+(?:\/[A-Za-z0-9._-]+)*$/;
@@ -345,6 +355,7 @@ export const SCHEMA = section('The gateway configuration file.', {
       example: '/etc/gateway/corp-root.pem',
       check: absolutePath,
     }),
+    diag_addr: listen("Health endpoints for a supervisor (Kubernetes probes): GET /healthz answers 200 while the process runs, GET /readyz 200 once it serves (an agent: its reverse tunnel is up), else 503 with the reason. Plain HTTP, no credentials, nothing else served: bind it to an address only the supervisor reaches.", { port: 3000, defaultDoc: 'none (off)' }),
     storage: section('Where the Auth Service keeps the cluster state (docs/backend.md).', {
       type: oneOf('sqlite: embedded, in <data_dir>/backend.sqlite; postgres: a PostgreSQL database that several Auth Services share.', ['sqlite', 'postgres'], 'sqlite'),
       conn_string: str('PostgreSQL connection string, postgres only: postgresql://user[:password]@host[:port]/database, parameters sslmode, host (socket directory), application_name, connect_timeout.', {
@@ -559,8 +570,28 @@ export const SCHEMA = section('The gateway configuration file.', {
           example: '/etc/gateway/kube-ca.pem',
           check: absolutePath,
         }),
+        credentials: oneOf(
+          "How the agent authenticates to the API server. in_cluster: the pod's service-account token (re-read when the kubelet rotates it) and CA from service_account_dir; kubeconfig: the token or client certificate (and CA) of a context in the kubeconfig file; none: no credential (an API server that checks none, such as a test's).",
+          ['none', 'in_cluster', 'kubeconfig'],
+          'none',
+        ),
+        service_account_dir: str('Directory holding the projected service-account token, ca.crt and namespace (credentials: in_cluster).', {
+          type: 'absolute path',
+          default: '/var/run/secrets/kubernetes.io/serviceaccount',
+          check: absolutePath,
+        }),
+        kubeconfig: str('Kubeconfig file with the credentials (credentials: kubeconfig). exec plugins and auth-provider entries are refused.', {
+          type: 'absolute path',
+          defaultDoc: 'required with credentials: kubeconfig',
+          example: '/etc/gateway/kubeconfig',
+          check: absolutePath,
+        }),
+        kubeconfig_context: str("Context of the kubeconfig whose user's credentials are used.", {
+          type: 'string',
+          defaultDoc: "the kubeconfig's current-context",
+        }),
         labels: resourceLabels(),
-      }, { required: ['name', 'api_server'], expected: 'a mapping with name, api_server, ca_file and labels' }),
+      }, { required: ['name', 'api_server'], expected: 'a mapping with name, api_server, ca_file, credentials and labels', check: kubeconfigNamed }),
       {
         type: 'list of {name, api_server, ca_file, labels}',
         expected: 'a list of {name, api_server, ca_file, labels} mappings',

@@ -43,6 +43,8 @@ export interface StorageConfig {
 
 export interface ProcessConfig {
   readonly nodename: string;
+  /** The health endpoints' listener (src/net/diag.ts); undefined: none. */
+  readonly diag_addr: HostPort | undefined;
   /** Absolute path. */
   readonly data_dir: string;
   /** Auth API addresses of a Proxy-only process (docs/configuration.md). */
@@ -159,6 +161,14 @@ export interface KubeClusterConfig {
   readonly api_server: string;
   /** Absolute path of the API server's CA (PEM); undefined: the system's trusted CAs. */
   readonly ca_file: string | undefined;
+  /** How the agent authenticates to the API server (src/agent/kubecreds.ts). */
+  readonly credentials: 'none' | 'in_cluster' | 'kubeconfig';
+  /** Absolute directory of the service-account token, ca.crt (credentials: in_cluster). */
+  readonly service_account_dir: string;
+  /** Absolute path of the kubeconfig (credentials: kubeconfig). */
+  readonly kubeconfig: string | undefined;
+  /** Context in the kubeconfig; undefined: its current-context. */
+  readonly kubeconfig_context: string | undefined;
   readonly labels: Labels;
 }
 

@@ -7,8 +7,10 @@
  *  - Kubernetes, routed by SNI (kube-gateway-proxy-alpn.*): kubectl's server URL carries the cluster as a path
  *    prefix, https://kube-gateway-proxy-alpn.<proxy host>:443/k8s/<cluster>; the Proxy authenticates the user by
  *    certificate, checks kubernetes_labels, and forwards the request through the agent (which holds the TLS
- *    connection to the API server) with Impersonate-User / Impersonate-Group set to the user and roles. Headers
- *    a client sends to impersonate someone itself are removed first.
+ *    connection to the API server and its credential) with Impersonate-User / Impersonate-Group set to what the
+ *    roles' kubernetes_users / kubernetes_groups allow (rbac.ts kubeImpersonation: a client's own Impersonate-*
+ *    headers, kubectl --as / --as-group, only pick among those); roles that allow none are refused before the
+ *    agent is dialled. Impersonate-* headers are then removed and only the Proxy's are sent.
  *
  * Both are audited per session, not per request (sessionaudit.ts httpRequest): a connection with a client
  * certificate is one session per resource it reaches (app.session.* or kube.session.*, start at its first request,
@@ -24,7 +26,7 @@ import http from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import { peerIdentityOf } from '../auth/peeridentity.js';
-import { canAccess } from '../auth/rbac.js';
+import { canAccess, kubeImpersonation } from '../auth/rbac.js';
 import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, appSessionRef, cookieValue, isLaunchNonce, launchUnbound, WEB_SESSION_COOKIE } from '../auth/websessions.js';
@@ -356,6 +358,11 @@ export function createKubeHandler(auth: ProxyAuth, agents: AgentSource, deadline
       if (!canAccess(await auth.rolesOf(identity.roles), kube.access, kube.labels)) {
         throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow the Kubernetes cluster "${cluster}"`);
       }
+      // Who the API server acts as: from the roles, refused before anything is dialled (kubectl --as asks).
+      const as = kubeImpersonation(identity.kube, identity.name, {
+        user: req.headersDistinct['impersonate-user']?.[0],
+        groups: req.headersDistinct['impersonate-group'] ?? [],
+      });
       for (const h of Object.keys(req.headers)) if (h.startsWith('impersonate-')) delete req.headers[h];
       const client = clientAddress(req.socket);
       const stream = await agents.dial(kube.agent.hostId, {
@@ -368,7 +375,7 @@ export function createKubeHandler(auth: ProxyAuth, agents: AgentSource, deadline
       log.info({ user: identity.name, cluster, method: req.method, path }, 'kubernetes request');
       const fields = { user: identity.name, resource: cluster, node: kube.agent.nodename, client: `${client.address}:${client.port}` };
       const meter = audit?.httpRequest('kube', `kube:${cluster}`, fields, { connection: connectionOf(req) });
-      relay(req, res, stream, path, { 'impersonate-user': identity.name, 'impersonate-group': identity.roles }, undefined, meter);
+      relay(req, res, stream, path, { 'impersonate-user': as.user, ...(as.groups.length > 0 ? { 'impersonate-group': as.groups } : {}) }, undefined, meter);
     })().catch((err: unknown) => sendWebError(res, err));
   });
   // No idle deadline here: a watch (kubectl get -w) may stay silent for many minutes. Only authenticated users

@@ -1,6 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { PRESET_ROLES, allowedDatabaseAccess, allowedLogins, canAccess, checkAccess, databaseGrant, matchLabels, maxSessionTtlMs, type Role } from '../../src/auth/rbac.js';
+import { PRESET_ROLES, allowedDatabaseAccess, allowedLogins, canAccess, checkAccess, databaseGrant, kubeGrant, kubeImpersonation, matchLabels, maxSessionTtlMs, type Role } from '../../src/auth/rbac.js';
+import { codeOf } from '../helpers/errors.js';
 import { grantAllows } from '../../src/tunnel/protocol.js';
 import { RULE_RESOURCES, VERBS, parseManifest, type Labels, type RoleSpec, type Verb } from '../../src/auth/resources/index.js';
 
@@ -124,6 +125,26 @@ describe('preset roles', () => {
     expect(allowedLogins([access], { logins: ['ubuntu', 'alice'] })).toEqual(['alice', 'ubuntu']);
     expect(allowedLogins([access], {})).toEqual([]);
     expect(allowedDatabaseAccess([access], { db_users: ['reader'], db_names: ['shop'] })).toEqual({ names: ['shop'], users: ['reader'] });
+  });
+
+  it('kubeGrant: kubernetes_users and kubernetes_groups of every role, templates from traits, a deny removes a value', () => {
+    const access = preset('access');
+    expect(kubeGrant([access], { kubernetes_groups: ['viewers'], kubernetes_users: ['alice@corp'] })).toEqual({ users: ['alice@corp'], groups: ['viewers'] });
+    expect(kubeGrant([access], {})).toEqual({ users: [], groups: [] });
+    const ops = role('ops', { allow: { kubernetes_groups: ['system:masters', 'viewers'] }, deny: { kubernetes_groups: ['system:masters'] } });
+    expect(kubeGrant([ops], {}).groups).toEqual(['viewers']);
+  });
+
+  it('kubeImpersonation: the one allowed user or the gateway user, the allowed groups; --as picks among them only', async () => {
+    expect(kubeImpersonation({ users: [], groups: ['viewers'] }, 'alice', {})).toEqual({ user: 'alice', groups: ['viewers'] });
+    expect(kubeImpersonation({ users: ['sre'], groups: [] }, 'alice', {})).toEqual({ user: 'sre', groups: [] });
+    expect(kubeImpersonation({ users: ['a', 'b'], groups: ['g', 'h'] }, 'alice', { user: 'b', groups: ['h'] })).toEqual({ user: 'b', groups: ['h'] });
+    // Hostile: nothing allowed, a user or group the roles do not allow, several users and no choice.
+    expect(await codeOf(() => kubeImpersonation({ users: [], groups: [] }, 'alice', {}))).toBe('GW_ERR_KUBE_NO_IMPERSONATION');
+    expect(await codeOf(() => kubeImpersonation(undefined, 'alice', {}))).toBe('GW_ERR_KUBE_NO_IMPERSONATION');
+    expect(await codeOf(() => kubeImpersonation({ users: [], groups: ['viewers'] }, 'alice', { user: 'admin' }))).toBe('GW_ERR_KUBE_NO_IMPERSONATION');
+    expect(await codeOf(() => kubeImpersonation({ users: [], groups: ['viewers'] }, 'alice', { groups: ['system:masters'] }))).toBe('GW_ERR_KUBE_NO_IMPERSONATION');
+    expect(await codeOf(() => kubeImpersonation({ users: ['a', 'b'], groups: [] }, 'alice', {}))).toBe('GW_ERR_KUBE_NO_IMPERSONATION');
   });
 
   it('databaseGrant: templates expanded, denies kept apart (a deny beats an allowed *), a trait "*" grants nothing', () => {

@@ -154,6 +154,19 @@ describe('database users and names come from the roles held now and the stored t
   });
 });
 
+describe('Kubernetes users and groups come from the roles held now and the stored traits', () => {
+  it('the access role reads the kubernetes_users / kubernetes_groups traits; a "*" or a space is refused at creation', async () => {
+    await auth.addUser(admin, 'kim', ['access'], PASSWORD, [], { kubernetes_groups: ['viewers'], kubernetes_users: ['kim@corp'] });
+    const cert = user('kim', ['access']);
+    expect((await auth.resolveCaller(cert)).kube).toEqual({ users: ['kim@corp'], groups: ['viewers'] });
+    await auth.setUserRoles(admin, 'kim', ['auditor']);
+    expect((await auth.resolveCaller(cert)).kube).toEqual({ users: [], groups: [] });
+    for (const bad of ['*', 'system masters']) {
+      expect(await codeOf(auth.addUser(admin, `kk${bad.length}`, ['access'], PASSWORD, [], { kubernetes_groups: [bad] }))).toBe('GW_ERR_RESOURCE_INVALID');
+    }
+  });
+});
+
 describe('open sessions are closed on lock and deletion', () => {
   function track(identity: Identity) {
     const close = vi.fn();

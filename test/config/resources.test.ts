@@ -191,15 +191,29 @@ describe('windows_desktop_service.desktops', () => {
   });
 });
 
+const NO_CREDENTIALS = { credentials: 'none', service_account_dir: '/var/run/secrets/kubernetes.io/serviceaccount', kubeconfig: undefined, kubeconfig_context: undefined };
+
 describe('kube_service.clusters', () => {
   it('round-trips', () => {
     const c = parse(
       'kube_service:\n  clusters:\n    - name: prod\n      api_server: https://Kube.Internal:6443\n      ca_file: /etc/gateway/kube-ca.pem\n      labels: {env: prod}\n    - name: rancher\n      api_server: https://rancher.internal/k8s/clusters/c-m-1\n',
     );
     expect(c.kube_service.clusters).toEqual([
-      { name: 'prod', api_server: 'https://kube.internal:6443', ca_file: '/etc/gateway/kube-ca.pem', labels: { env: 'prod' } },
-      { name: 'rancher', api_server: 'https://rancher.internal/k8s/clusters/c-m-1', ca_file: undefined, labels: {} },
+      { name: 'prod', api_server: 'https://kube.internal:6443', ca_file: '/etc/gateway/kube-ca.pem', labels: { env: 'prod' }, ...NO_CREDENTIALS },
+      { name: 'rancher', api_server: 'https://rancher.internal/k8s/clusters/c-m-1', ca_file: undefined, labels: {}, ...NO_CREDENTIALS },
     ]);
+  });
+
+  it('credentials: in_cluster with its directory, or kubeconfig with its file and context', () => {
+    const c = parse(
+      'kube_service:\n  clusters:\n    - {name: a, api_server: "https://kubernetes.default.svc", credentials: in_cluster, service_account_dir: /sa}\n    - {name: b, api_server: "https://k:6443", credentials: kubeconfig, kubeconfig: /etc/k.yaml, kubeconfig_context: prod}\n',
+    );
+    expect(c.kube_service.clusters.map((k) => [k.credentials, k.service_account_dir, k.kubeconfig, k.kubeconfig_context])).toEqual([
+      ['in_cluster', '/sa', undefined, undefined],
+      ['kubeconfig', '/var/run/secrets/kubernetes.io/serviceaccount', '/etc/k.yaml', 'prod'],
+    ]);
+    expect(failure('kube_service: {clusters: [{name: a, api_server: "https://k", credentials: token}]}').code).toBe('GW_ERR_CONFIG_VALUE');
+    expect(failure('kube_service: {clusters: [{name: a, api_server: "https://k", credentials: in_cluster, service_account_dir: sa}]}').code).toBe('GW_ERR_CONFIG_VALUE');
   });
 });
 

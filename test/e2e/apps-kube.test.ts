@@ -39,6 +39,7 @@ let appPort: number;
 let apiServer: HttpTestServer;
 let desktop: EchoServer;
 let userEnv: Record<string, string>;
+let diagPort: number;
 const children: ChildProcess[] = [];
 
 beforeAll(async () => {
@@ -93,14 +94,17 @@ beforeAll(async () => {
       '  allow:',
       '    app_labels: {env: dev}',
       '    kubernetes_labels: {env: dev}',
+      // viewers comes from alice's trait (gwctl users add --kubernetes-groups).
+      "    kubernetes_groups: [dev-only, '{{internal.kubernetes_groups}}']",
       '    windows_desktop_labels: {"*": "*"}',
       '',
     ].join('\n'),
   );
   expect((await admin(['create', join(dir, 'roles.yaml')])).status).toBe(0);
-  await admin(['users', 'add', 'alice', '--roles=dev-only'], `${PASSWORD}\n`);
+  await admin(['users', 'add', 'alice', '--roles=dev-only', '--kubernetes-groups=viewers'], `${PASSWORD}\n`);
   const token = (JSON.parse((await admin(['tokens', 'add', '--type=app,kube,desktop', '--format', 'json'])).stdout) as { token: string }).token;
 
+  diagPort = await getPort({ host: '127.0.0.1' });
   const caFile = join(dir, 'k8s-ca.pem');
   await writeFile(caFile, pki.caPem);
   agent = await startGateway(
@@ -108,6 +112,7 @@ beforeAll(async () => {
       'gateway:',
       '  nodename: agent-apps',
       '  data_dir: DATA_DIR',
+      `  diag_addr: 127.0.0.1:${diagPort}`,
       '  log: { format: json }',
       'app_service:',
       '  enabled: yes',
@@ -249,16 +254,40 @@ describe('TCP apps and desktops through gwsh', () => {
   });
 });
 
+describe("the agent's health endpoints (gateway.diag_addr, the chart's probes)", () => {
+  it('/healthz answers, and /readyz is 200 with the reverse tunnel up', async () => {
+    expect(JSON.parse((await curl([`http://127.0.0.1:${diagPort}/healthz`])).stdout)).toEqual({ status: 'ok' });
+    expect(JSON.parse((await curl([`http://127.0.0.1:${diagPort}/readyz`])).stdout)).toEqual({ status: 'ready' });
+  });
+});
+
 describe('Kubernetes by SNI', () => {
   const kubeHost = `kube-gateway-proxy-alpn.${PROXY_NAME}`;
 
-  it('forwards to the API server with the user impersonated, and strips impersonation from the client', async () => {
-    const r = await curl([...userCert(), ...resolve(kubeHost), '-H', 'Impersonate-User: admin', `https://${kubeHost}:${webPort}/k8s/dev/api/v1/namespaces`]);
+  it("forwards to the API server as the user, in the groups the role's kubernetes_groups allow", async () => {
+    const r = await curl([...userCert(), ...resolve(kubeHost), `https://${kubeHost}:${webPort}/k8s/dev/api/v1/namespaces`]);
     expect(r.stderr).toBe('');
     const seen = JSON.parse(r.stdout) as { path: string; headers: Record<string, string> };
     expect(seen.path).toBe('/api/v1/namespaces');
     expect(seen.headers['impersonate-user']).toBe('alice');
-    expect(seen.headers['impersonate-group']).toBe('dev-only');
+    expect(seen.headers['impersonate-group']).toBe('dev-only, viewers');
+  });
+
+  it('kubectl --as-group picks among the allowed groups; other Impersonate-* headers of the client are dropped', async () => {
+    const r = await curl([...userCert(), ...resolve(kubeHost), '-H', 'Impersonate-Group: viewers', '-H', 'Impersonate-Extra-Scopes: all', `https://${kubeHost}:${webPort}/k8s/dev/api`]);
+    const seen = JSON.parse(r.stdout) as { headers: Record<string, string> };
+    expect(seen.headers['impersonate-group']).toBe('viewers');
+    expect(seen.headers['impersonate-extra-scopes']).toBeUndefined();
+  });
+
+  it('hostile: impersonating a user or group the roles do not allow is refused before the API server sees it', async () => {
+    for (const header of ['Impersonate-User: admin', 'Impersonate-Group: system:masters']) {
+      const r = await curl([...userCert(), ...resolve(kubeHost), '-H', header, '-w', '\n%{http_code}', `https://${kubeHost}:${webPort}/k8s/dev/api/v1/secrets`]);
+      const [body, status] = r.stdout.split('\n');
+      expect(status).toBe('403');
+      // The Proxy's JSON error, not the stand-in's echo: nothing was forwarded.
+      expect(JSON.parse(body!)).toMatchObject({ error: { code: 'GW_ERR_KUBE_NO_IMPERSONATION' } });
+    }
   });
 
   it("the agent's connection to the API server went through squid (HTTPS_PROXY), decided as kube.<cluster>.local", async () => {

@@ -132,7 +132,7 @@ beforeAll(async () => {
   // Its own data directory, kept when it stops: the last test starts it again on the same data.
   cluster = await startGateway(clusterConfig, { dataDir: join(dir, 'cluster-data') });
   const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
-  const role = ['kind: role', 'version: v7', 'metadata: {name: everything}', 'spec:', '  allow:', '    app_labels: {"*": "*"}', '    kubernetes_labels: {"*": "*"}', '    windows_desktop_labels: {"*": "*"}', '    db_labels: {"*": "*"}', `    db_users: [${pg.user}, ${maria.user}]`, `    db_names: [${pg.database}, ${maria.database}]`, ''];
+  const role = ['kind: role', 'version: v7', 'metadata: {name: everything}', 'spec:', '  allow:', '    app_labels: {"*": "*"}', '    kubernetes_labels: {"*": "*"}', '    kubernetes_groups: [viewers]', '    windows_desktop_labels: {"*": "*"}', '    db_labels: {"*": "*"}', `    db_users: [${pg.user}, ${maria.user}]`, `    db_names: [${pg.database}, ${maria.database}]`, ''];
   await writeFile(join(dir, 'role.yaml'), role.join('\n'));
   expect((await admin(['create', join(dir, 'role.yaml')])).status).toBe(0);
   await admin(['users', 'add', 'alice', '--roles=everything'], `${PASSWORD}\n`);

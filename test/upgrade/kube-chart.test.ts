@@ -1,10 +1,10 @@
 /**
- * The Helm chart deploy/gateway-kube-agent, checked without Helm: no helm binary can be installed on this machine
- * (it is in neither the npm registry nor Debian's), so nothing here renders the templates. Instead: Chart.yaml and
+ * The Helm chart deploy/gateway-kube-agent, checked as text (kube-chart-render.test.ts renders it with the real
+ * Helm and checks the objects). Here: Chart.yaml and
  * values.yaml parse and carry the values the seed lists with their defaults; every `.Values.x` a template reads
  * exists in values.yaml; template actions and blocks are balanced; versionServer is read by NOTES.txt only (a
  * warning) and by no manifest; the updater's arguments are flags gateway-kube-updater really has; its Role allows
- * exactly the API calls of src/upgrade/kube/client.ts. `helm lint` / `helm template` remain to be run where Helm is.
+ * exactly the API calls of src/upgrade/kube/client.ts.
  */
 import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';

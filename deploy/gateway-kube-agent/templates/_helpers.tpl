@@ -68,6 +68,22 @@ spec:
         # Where the agent exports its maintenance schedule for the updater (src/upgrade/kube/client.ts kubeScheduleWriter).
         - name: GATEWAY_KUBE_SCHEDULE_SECRET
           value: {{ include "gateway-kube-agent.sharedState" . }}
+      ports:
+        - name: diag
+          containerPort: {{ .Values.diagPort }}
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: diag
+        initialDelaySeconds: 5
+        periodSeconds: 10
+        failureThreshold: 6
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: diag
+        periodSeconds: 5
+        failureThreshold: 12
       volumeMounts:
         - name: config
           mountPath: /etc/gateway

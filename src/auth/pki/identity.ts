@@ -27,6 +27,17 @@ export interface Identity {
    * and the stored traits allow (rbac.ts databaseGrant); the Proxy carries it to the agent serving a database.
    */
   db?: DatabaseGrant;
+  /**
+   * Users, as resolved, never in a certificate: the Kubernetes users and groups the current roles and the stored
+   * traits allow (rbac.ts kubeGrant); the Proxy impersonates from them (rbac.ts kubeImpersonation).
+   */
+  kube?: KubeGrant;
+}
+
+/** Kubernetes users and groups a user may act as: allowed minus denied, templates expanded. */
+export interface KubeGrant {
+  users: string[];
+  groups: string[];
 }
 
 /**

@@ -310,6 +310,8 @@ const conditions = (which: 'allow' | 'deny') =>
     windows_desktop_labels: labels('Labels of Windows desktops.'),
     db_names: strings('Database names.', str('A database name.', { check: templated('database name') }), 'database name'),
     db_users: strings('Database users.', str('A database user.', { check: templated('database user') }), 'database user'),
+    kubernetes_users: strings('Kubernetes users the gateway impersonates; {{internal.kubernetes_users}} expands to the user\'s trait.', str('A Kubernetes user.', { check: templated('Kubernetes user') }), 'Kubernetes user'),
+    kubernetes_groups: strings('Kubernetes groups the gateway impersonates; {{internal.kubernetes_groups}} expands to the user\'s trait.', str('A Kubernetes group.', { check: templated('Kubernetes group') }), 'Kubernetes group'),
     rules: listOf('Verbs on resources of the cluster (gwctl).', rule, { type: 'list of rules', expected: 'a list of rules' }),
   });
 

@@ -104,6 +104,10 @@ export interface RoleConditions {
   windows_desktop_labels?: Labels;
   db_names?: string[];
   db_users?: string[];
+  /** Kubernetes users the gateway may impersonate for the user (kubectl --as picks one of several). */
+  kubernetes_users?: string[];
+  /** Kubernetes groups the gateway impersonates for the user. */
+  kubernetes_groups?: string[];
   rules?: Rule[];
 }
 

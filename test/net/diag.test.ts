@@ -1,0 +1,69 @@
+/**
+ * The health endpoints (src/net/diag.ts) with a real HTTP client: liveness always, readiness as the daemon says,
+ * nothing else served, and hostile peers (a head never finished, a flood of connections, an oversized header)
+ * neither hang a probe nor pile up.
+ */
+import { once } from 'node:events';
+import http from 'node:http';
+import net from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseAddr } from '../../src/addr.js';
+import { startDiagServer, type DiagServer, type Readiness } from '../../src/net/diag.js';
+import { codeOf } from '../helpers/errors.js';
+
+let diag: DiagServer;
+let readiness: Readiness = { ready: false, reason: 'reverse tunnel connecting' };
+let port: number;
+
+beforeAll(async () => {
+  diag = await startDiagServer({ host: '127.0.0.1', port: 0 }, () => readiness);
+  port = parseAddr(diag.address).port!;
+});
+afterAll(() => diag.close());
+
+function get(path: string, method = 'GET', headers: Record<string, string> = {}): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, path, method, headers, agent: false }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (body += c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+describe('gateway.diag_addr', () => {
+  it('/healthz is 200 while the process runs; /readyz follows readiness, with the reason when not ready', async () => {
+    expect(await get('/healthz')).toEqual({ status: 200, body: '{"status":"ok"}' });
+    expect(await get('/readyz')).toEqual({ status: 503, body: '{"status":"not ready","reason":"reverse tunnel connecting"}' });
+    readiness = { ready: true };
+    expect(await get('/readyz?verbose')).toEqual({ status: 200, body: '{"status":"ready"}' });
+  });
+
+  it('serves nothing else: other paths 404, other methods 405', async () => {
+    expect((await get('/metrics')).status).toBe(404);
+    expect((await get('/healthz/../etc/passwd')).status).toBe(404);
+    expect((await get('/healthz', 'POST')).status).toBe(405);
+  });
+
+  it('hostile: an oversized header is refused, and a flood of idle connections does not stop a probe', async () => {
+    expect((await get('/healthz', 'GET', { 'x-big': 'a'.repeat(16 * 1024) })).status).toBe(431);
+    const idle: net.Socket[] = [];
+    for (let i = 0; i < 20; i++) {
+      const s = net.connect(port, '127.0.0.1');
+      s.on('error', () => undefined);
+      s.write('GET /healthz HTTP/1.1\r\nHost: x\r\n'); // a head never finished
+      idle.push(s);
+    }
+    await Promise.all(idle.map((s) => once(s, 'connect')));
+    expect((await get('/healthz')).status).toBe(200);
+    // The unfinished heads are closed by the server (its header deadline), not left open.
+    await Promise.all(idle.map((s) => once(s, 'close')));
+  }, 30_000);
+
+  it('an address already in use is GW_ERR_LISTEN naming gateway.diag_addr', async () => {
+    expect(await codeOf(startDiagServer({ host: '127.0.0.1', port }, () => readiness))).toBe('GW_ERR_LISTEN');
+  });
+});
