@@ -37,8 +37,10 @@ async function readStdinLine(): Promise<string> {
 
 async function promptHidden(question: string): Promise<string> {
   const stdin = process.stdin;
-  process.stderr.write(question);
+  // Raw mode before the question: what is typed as soon as it shows is neither echoed nor cut at the terminal's
+  // line buffer (4095 characters in canonical mode), which would hide a long paste from the cap below.
   stdin.setRawMode(true);
+  process.stderr.write(question);
   stdin.resume();
   let value = '';
   try {

@@ -160,8 +160,13 @@ async function flowingStream(app: string): Promise<{ stop(): Promise<{ sent: str
     gotBytes += c.length;
   });
   let writing = true;
+  // A reset while the stream is meant to flow fails stop(); one at the close, after every byte came back, does not.
+  let broke: Error | undefined;
+  socket.on('error', (err) => {
+    if (writing) broke ??= err;
+  });
   const pump = async () => {
-    while (writing) {
+    while (writing && !socket.destroyed) {
       const chunk = randomBytes(4096);
       sent.update(chunk);
       sentBytes += chunk.length;
@@ -175,9 +180,10 @@ async function flowingStream(app: string): Promise<{ stop(): Promise<{ sent: str
     async stop() {
       writing = false;
       await pumping;
+      if (broke) throw broke;
       await waitUntil('every byte echoed back', () => gotBytes === sentBytes, 30_000, 50);
       socket.end();
-      await new Promise((r) => socket.once('close', r));
+      if (!socket.destroyed) await new Promise((r) => socket.once('close', r));
       return { sent: sent.digest('hex'), received: got.digest('hex'), bytes: sentBytes };
     },
   };
