@@ -73,8 +73,11 @@ function listen(server: net.Server, host = SERVER_IP): Promise<number> {
 
 /** An https server that counts requests and answers JSON, for the cluster's "Proxy". */
 function jsonServer(creds: { key: string; cert: string }): https.Server {
-  return https.createServer(creds, (_req, res) => {
+  return https.createServer(creds, (req, res) => {
     requests++;
+    // The version server's two answers (text), for the upgraders' request; JSON for the rest.
+    if (req.url?.endsWith('/version')) return void res.end('17.0.2\n');
+    if (req.url?.endsWith('/critical')) return void res.end('no\n');
     res.setHeader('content-type', 'application/json');
     res.end('{"ok":true}');
   });
@@ -112,7 +115,11 @@ beforeAll(async () => {
   cleanups.push(() => rm(shared, { recursive: true, force: true }));
   const hosts = join(shared, 'hosts');
   await writeFile(hosts, `${SERVER_IP} ${NAME} ${APP}\n`, { mode: 0o644 });
-  const common = { bump: { caCert: corp.caCertPath, caKey: corp.caKeyPath, upstreamCa: upstream.caCertPath } };
+  // Squid trusts the app's CA and the cluster's for the servers behind it (an inspecting proxy must trust the
+  // Proxy's certificate to reach it at all: a public CA's, or one its administrators added).
+  const upstreamCas = join(shared, 'upstream-cas.pem');
+  await writeFile(upstreamCas, `${await readFile(upstream.caCertPath, 'utf8')}\n${cluster.tls.certPem}`, { mode: 0o644 });
+  const common = { bump: { caCert: corp.caCertPath, caKey: corp.caKeyPath, upstreamCa: upstreamCas } };
   bump = await startSquid({ ...common, extraConfig: [`hosts_file ${hosts}`, 'ssl_bump bump all'] });
   cleanups.push(bump.stop);
   // The operator's fix: inspection skipped for the Proxy's name, every other name still inspected.
@@ -182,6 +189,15 @@ describe('a gateway client behind the bumping squid', () => {
     expect(err.hint).toContain('ssl_bump splice');
     expect(err.hint).toContain(`if ${CORP_ROOT} is your organisation's root, trust it`);
     expect(err.hint).toContain('GATEWAY_UPGRADE_CA_FILE');
+  });
+
+  it("the upgraders given the corporate root (GATEWAY_UPGRADE_CA_FILE) read the version through the bump: they need no client certificate, and what they install is checked by its signature or checksum", async () => {
+    const endpoint = { base: `https://${NAME}:${clusterPort}/webapi/updates/stable` } as Parameters<typeof fetchTarget>[0];
+    const before = requests;
+    const target = await fetchTarget(endpoint, { dialer: through(bump), ca: [cluster.tls.certPem, await readFile(corp.caCertPath, 'utf8')], timeoutMs: 10_000 });
+    expect(target).toMatchObject({ version: '17.0.2', critical: false });
+    expect(requests).toBeGreaterThan(before);
+    await bump.waitForAccessLog((l) => l.includes('/webapi/updates/stable/version'));
   });
 
   it("the tunnel's handshake (client certificate, host CA) fails the same way", async () => {
