@@ -231,17 +231,20 @@ describe("curl's traps", () => {
     expect(p.seen.map((s) => s.authorization)).toEqual([undefined, 'Twostep step1']);
   });
 
+  /** A two-step scheme that lost its first connection after step 1: both steps again, on the second connection. */
+  const STARTED_OVER = [
+    [0, undefined],
+    [0, 'Twostep step1'],
+    [1, 'Twostep step1'],
+    [1, 'Twostep step2'],
+  ];
+
   it('a connection-bound scheme whose second step meets Connection: close starts over from its first step on a new connection', async () => {
     const p = await scripted((n) =>
       n === 0 ? { write: challenge(['Twostep']) } : n === 1 ? { write: challenge(['Twostep abc='], ['Connection: close']), close: true } : n === 2 ? { write: challenge(['Twostep abc=']) } : 'tunnel',
     );
     expect(await roundTrip(await dialer(p.url, { authSchemes: [twoStep()] }).dial(TARGET))).toBe('ping');
-    expect(p.seen.map((s) => [s.conn, s.authorization])).toEqual([
-      [0, undefined],
-      [0, 'Twostep step1'],
-      [1, 'Twostep step1'],
-      [1, 'Twostep step2'],
-    ]);
+    expect(p.seen.map((s) => [s.conn, s.authorization])).toEqual(STARTED_OVER);
   });
 
   it('... and when the proxy closes the new connection midway too: a clear error, no third connection', async () => {
@@ -264,12 +267,7 @@ describe("curl's traps", () => {
   it('a connection-bound scheme whose connection is closed silently after its challenge starts over on the re-dial', async () => {
     const p = await scripted((n) => (n === 0 ? { write: challenge(['Twostep']) } : n === 1 ? { write: challenge(['Twostep abc=']), close: true } : n === 2 ? { write: challenge(['Twostep abc=']) } : 'tunnel'));
     expect(await roundTrip(await dialer(p.url, { authSchemes: [twoStep()] }).dial(TARGET))).toBe('ping');
-    expect(p.seen.map((s) => [s.conn, s.authorization])).toEqual([
-      [0, undefined],
-      [0, 'Twostep step1'],
-      [1, 'Twostep step1'],
-      [1, 'Twostep step2'],
-    ]);
+    expect(p.seen.map((s) => [s.conn, s.authorization])).toEqual(STARTED_OVER);
   });
 
   it('a connection reset while the client computes its answer (a slow KDC): no crash, one re-dial that starts over', async () => {

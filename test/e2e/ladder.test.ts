@@ -36,11 +36,11 @@ import { AgentPool, type AgentPoolOptions } from '../../src/agent/pool.js';
 import { generateKeyPair } from '../../src/auth/pki.js';
 import { parseConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
-import { createLogger, setRootLogger } from '../../src/log.js';
 import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
 import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole, type ProxyRole } from '../../src/roles/proxy.js';
+import { captureLogRecords } from '../helpers/logs.js';
 import { runCli } from '../helpers/gateway.js';
 import { startGwshProxy } from '../helpers/gwshproxy.js';
 import { createTestHost, waitForPort, type TestHost } from '../helpers/netns.js';
@@ -69,8 +69,7 @@ interface LogLine {
   why?: string;
   hostId?: string;
 }
-const logs: LogLine[] = [];
-setRootLogger(createLogger({ level: 'info', format: 'json', destination: { write: (l: string) => void logs.push(JSON.parse(l) as LogLine) } }));
+const logs = captureLogRecords<LogLine>();
 
 let dir: string;
 let v4: TestHost;

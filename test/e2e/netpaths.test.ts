@@ -48,12 +48,12 @@ import { generateKeyPair } from '../../src/auth/pki.js';
 import { parseConfig } from '../../src/config/index.js';
 import { Dialer, type DialerOptions, type DialOptions } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
-import { createLogger, setRootLogger } from '../../src/log.js';
 import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
 import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole, type ProxyRole } from '../../src/roles/proxy.js';
 import { deadTunnelBoundMs } from '../../src/tunnel/control.js';
+import { captureLogRecords } from '../helpers/logs.js';
 import { startGatewayIn, type NsGateway } from '../helpers/firewall.js';
 import { createTestHost, createTestHost6, waitForPort, type TestHost } from '../helpers/netns.js';
 import { rootSuite } from '../helpers/root.js';
@@ -84,8 +84,7 @@ interface LogLine {
   hostId?: string;
   silentMs?: number;
 }
-const logs: LogLine[] = [];
-setRootLogger(createLogger({ level: 'info', format: 'json', destination: { write: (l: string) => void logs.push(JSON.parse(l) as LogLine) } }));
+const logs = captureLogRecords<LogLine>();
 
 let dir: string;
 let v4: TestHost;

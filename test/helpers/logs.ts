@@ -22,3 +22,10 @@ export function captureLogs(): string[] {
   );
   return lines;
 }
+
+/** Sets the root logger to one that appends each line, parsed, to the returned list (info and above by default). */
+export function captureLogRecords<T = Record<string, unknown>>(level: 'trace' | 'debug' | 'info' = 'info'): T[] {
+  const records: T[] = [];
+  setRootLogger(createLogger({ level, format: 'json', destination: { write: (l: string) => void records.push(JSON.parse(l) as T) } }));
+  return records;
+}

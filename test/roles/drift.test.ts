@@ -17,6 +17,7 @@ import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
 import { startAuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole } from '../../src/roles/proxy.js';
+import { captureLogRecords } from '../helpers/logs.js';
 import { waitUntil } from '../helpers/wait.js';
 
 const A = '7d4a5c3e-0000-4000-8000-0000000d0001';
@@ -66,8 +67,7 @@ const agreed = (proxy: string) => lines.filter((l) => l.component === 'channel-d
 
 beforeEach(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-drift-'));
-  lines = [];
-  setRootLogger(createLogger({ level: 'info', format: 'json', destination: { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) } }));
+  lines = captureLogRecords();
   lifecycle = new Lifecycle();
 });
 
