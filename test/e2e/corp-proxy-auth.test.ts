@@ -24,7 +24,7 @@ import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { BULK_SERVER_SOURCE, expectedDownloadSha256, transfer } from '../helpers/bulk.js';
+import { startBulkServer, expectedDownloadSha256, transfer } from '../helpers/bulk.js';
 import { runCleanup } from '../helpers/cleanup.js';
 import { createFirewall, startGatewayIn, type Firewall, type NsGateway } from '../helpers/firewall.js';
 import { BIN, runCli } from '../helpers/gateway.js';
@@ -33,7 +33,6 @@ import { startKerberosLab, type KerberosLab } from '../helpers/kerberos.js';
 import { startNtlmLab, type NtlmLab } from '../helpers/ntlm.js';
 import { rootSuite } from '../helpers/root.js';
 import { parseAccessLogLine, type Squid } from '../helpers/squid.js';
-import { eventually } from '../helpers/wait.js';
 import { writeSchedule } from '../../src/upgrade/schedule.js';
 
 const describeAsRoot = rootSuite(['netns', 'port443', 'users', 'mountns']);
@@ -74,13 +73,7 @@ beforeAll(async () => {
     '  automatic_upgrades_channels:', '    stable/v17: { static_version: v17.0.2 }', '',
   ].join('\n');
   proxy = await startGatewayIn(fw, fw.proxyNs, proxyConfig, { name: 'proxy' });
-  await writeFile(join(dir, 'bulk-server.mjs'), BULK_SERVER_SOURCE);
-  let bulkOutput = '';
-  bulkServer = fw.spawnIn(fw.agentNs, process.execPath, [join(dir, 'bulk-server.mjs'), String(BULK_PORT), '127.0.0.1']);
-  bulkServer.stdout!.on('data', (c: Buffer) => (bulkOutput += c.toString()));
-  await eventually('the bulk server listens', async () => {
-    if (!bulkOutput.includes('"listening"')) throw new Error(bulkOutput);
-  }, 10_000);
+  bulkServer = await startBulkServer(dir, BULK_PORT, (command, args) => fw.spawnIn(fw.agentNs, command, args));
   const status = await gwctl(['status']);
   expect(status.stderr).toBe('');
   pin = /CA pin:\s+(sha256:[0-9a-f]{64})/.exec(status.stdout)![1]!;

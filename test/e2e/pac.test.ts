@@ -17,14 +17,13 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { BULK_SERVER_SOURCE, expectedDownloadSha256, transfer } from '../helpers/bulk.js';
+import { startBulkServer, expectedDownloadSha256, transfer } from '../helpers/bulk.js';
 import { runCleanup } from '../helpers/cleanup.js';
 import { createFirewall, startGatewayIn, type Firewall, type NsGateway } from '../helpers/firewall.js';
 import { BIN, runCli } from '../helpers/gateway.js';
 import { startGwshProxy } from '../helpers/gwshproxy.js';
 import { rootSuite } from '../helpers/root.js';
 import { parseAccessLogLine, startSquid, type Squid } from '../helpers/squid.js';
-import { eventually } from '../helpers/wait.js';
 
 const describeAsRoot = rootSuite(['netns', 'port443']);
 
@@ -42,7 +41,6 @@ let pacFetches = 0;
 let proxy: NsGateway;
 let agent: NsGateway | undefined;
 let bulkServer: ChildProcess | undefined;
-let bulkOutput = '';
 let aliceEnv: Record<string, string>;
 const children: ChildProcess[] = [];
 
@@ -77,11 +75,7 @@ describeAsRoot('an agent behind a PAC file', () => {
     await new Promise<void>((r) => pacServer!.listen(0, fw.agentGatewayIp, r));
     pacUrl = `http://${fw.agentGatewayIp}:${(pacServer.address() as net.AddressInfo).port}/proxy.pac`;
 
-    const bulkScript = join(dir, 'bulk-server.mjs');
-    await writeFile(bulkScript, BULK_SERVER_SOURCE);
-    bulkServer = fw.spawnIn(fw.agentNs, process.execPath, [bulkScript, String(BULK_PORT), '127.0.0.1']);
-    bulkServer.stdout!.on('data', (c: Buffer) => (bulkOutput += c.toString()));
-    bulkServer.stderr!.on('data', (c: Buffer) => (bulkOutput += c.toString()));
+    bulkServer = await startBulkServer(dir, BULK_PORT, (command, args) => fw.spawnIn(fw.agentNs, command, args));
 
     const proxyConfig = [
       'gateway:',
@@ -97,9 +91,6 @@ describeAsRoot('an agent behind a PAC file', () => {
       '',
     ].join('\n');
     proxy = await startGatewayIn(fw, fw.proxyNs, proxyConfig, { name: 'proxy' });
-    await eventually('the bulk server listens', async () => {
-      if (!bulkOutput.includes('"listening"')) throw new Error(bulkOutput);
-    }, 10_000);
 
     const status = await gwctl(['status']);
     const pin = /CA pin:\s+(sha256:[0-9a-f]{64})/.exec(status.stdout)![1]!;

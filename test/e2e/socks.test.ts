@@ -18,7 +18,7 @@ import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { BULK_SERVER_SOURCE, expectedDownloadSha256, transfer } from '../helpers/bulk.js';
+import { startBulkServer, expectedDownloadSha256, transfer } from '../helpers/bulk.js';
 import { runCleanup } from '../helpers/cleanup.js';
 import { curl } from '../helpers/curl.js';
 import { createSocksUser, startDante, type Dante, type DanteOptions, type SocksUser } from '../helpers/dante.js';
@@ -77,13 +77,7 @@ describeAsRoot('an agent behind a SOCKS5 proxy (Dante, username/password)', () =
       'proxy_service:', `  web_listen_addr: ${fw.proxyIp}:${WEB_PORT}`, `  public_addr: ${PROXY_NAME}:${WEB_PORT}`, '',
     ].join('\n');
     proxy = await startGatewayIn(fw, fw.proxyNs, proxyConfig, { name: 'proxy' });
-    await writeFile(join(dir, 'bulk-server.mjs'), BULK_SERVER_SOURCE);
-    let bulkOutput = '';
-    bulkServer = fw.spawnIn(fw.agentNs, process.execPath, [join(dir, 'bulk-server.mjs'), String(BULK_PORT), '127.0.0.1']);
-    bulkServer.stdout!.on('data', (c: Buffer) => (bulkOutput += c.toString()));
-    await eventually('the bulk server listens', async () => {
-      if (!bulkOutput.includes('"listening"')) throw new Error(bulkOutput);
-    }, 10_000);
+    bulkServer = await startBulkServer(dir, BULK_PORT, (command, args) => fw.spawnIn(fw.agentNs, command, args));
     const status = await gwctl(['status']);
     expect(status.stderr).toBe('');
     pin = /CA pin:\s+(sha256:[0-9a-f]{64})/.exec(status.stdout)![1]!;

@@ -15,8 +15,12 @@
  * transfer() is the client: it sends N keystream bytes of seed S (hashing them as it goes), hashes the M bytes
  * it receives, and returns its own hashes and the server's report.
  */
+import type { ChildProcess } from 'node:child_process';
 import { createCipheriv, createHash } from 'node:crypto';
+import { writeFile } from 'node:fs/promises';
 import net from 'node:net';
+import { join } from 'node:path';
+import { eventually } from './wait.js';
 
 export const BULK_SERVER_SOURCE = String.raw`
 import net from 'node:net';
@@ -170,4 +174,21 @@ export function transfer(host: string, port: number, o: { id: number; upload: nu
       pump();
     });
   });
+}
+
+/**
+ * Writes the bulk server into dir and starts it on 127.0.0.1:port with spawnIt (e.g. inside a network namespace);
+ * resolves once it listens (10 s at most; the error holds what it printed).
+ */
+export async function startBulkServer(dir: string, port: number, spawnIt: (command: string, args: string[]) => ChildProcess): Promise<ChildProcess> {
+  const script = join(dir, 'bulk-server.mjs');
+  await writeFile(script, BULK_SERVER_SOURCE);
+  const child = spawnIt(process.execPath, [script, String(port), '127.0.0.1']);
+  let output = '';
+  child.stdout?.on('data', (c: Buffer) => (output += c.toString()));
+  child.stderr?.on('data', (c: Buffer) => (output += c.toString()));
+  await eventually('the bulk server listens', async () => {
+    if (!output.includes('"listening"')) throw new Error(output);
+  }, 10_000);
+  return child;
 }
