@@ -30,7 +30,7 @@ const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: stri
     units: ['dial', 'mux', 'tunnel', 'net', 'stream', 'dbproto', 'wire'],
     why: 'bytes on the wire: dialing out, the one port, the tunnel protocol, listeners and deadlines, stream helpers, the database protocols read at startup (one parser per protocol: the agent enforces with it, the Proxy audits with it), and the contract both ends of an HTTP exchange share (wire: the ping and find answers, the version server, the forwarded headers, certificate bundles, and the protocol table: each protocol declared once), so that a client, an agent or an upgrader never imports a server file of the Proxy or the Auth Service',
   },
-  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version', 'internals', 'backoff', 'format'], why: 'small modules that import nothing above them (internals: the one file that reads private fields of other libraries, below every unit that needs one; backoff: the one retry timing; format: sizes and durations for the CLI and the Web UI alike)' },
+  { layer: 'leaves', units: ['errors', 'addr', 'log', 'paths', 'proc', 'fsutil', 'duration', 'redact', 'version', 'internals', 'backoff', 'format', 'metrics'], why: 'small modules that import nothing above them (internals: the one file that reads private fields of other libraries, below every unit that needs one; backoff: the one retry timing; format: sizes and durations for the CLI and the Web UI alike; metrics: the one Prometheus registry every layer records into)' },
 ];
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
