@@ -84,8 +84,18 @@ export interface Target {
   proxy?: string;
 }
 
+/**
+ * The version server advertises no version ("none" on /version): upstream's NoNewVersionError, after which its
+ * clients do nothing and report no error. Not a failure: the upgraders say so and change nothing.
+ */
+export interface NoTarget {
+  none: true;
+  url: string;
+  proxy?: string;
+}
+
 /** Asks the channel's version and criticality. Throws GW_ERR_UPGRADE_VERSION_SERVER. */
-export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<Target> {
+export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<Target | NoTarget> {
   const url = `${endpoint.base}/version`;
   let r: { status: number; body: string; proxy?: string };
   try {
@@ -110,12 +120,7 @@ export async function fetchTarget(endpoint: Endpoint, deps: HttpDeps): Promise<T
     });
   }
   const version = parseVersionText(r.body);
-  if (version === undefined && isNoVersion(r.body)) {
-    throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `the version server ${url} advertises no version ("none"): nothing to upgrade to`, {
-      details: { url },
-      hint: "The channel's version server (forward_url upstream) has no target now; nothing is installed until it names one.",
-    });
-  }
+  if (version === undefined && isNoVersion(r.body)) return { none: true, url, ...(r.proxy ? { proxy: r.proxy } : {}) };
   if (version === undefined) {
     throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `the version server ${url} answered ${JSON.stringify(r.body.trim().slice(0, 40))}, not a version`, { details: { url } });
   }

@@ -20,7 +20,7 @@ import { join } from 'node:path';
 import semver from 'semver';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../errors.js';
-import { fetchClusterVersion, fetchTarget, loadCaFiles, sameVersion, versionInOutput, type Target } from './client.js';
+import { fetchClusterVersion, fetchTarget, loadCaFiles, sameVersion, versionInOutput, type NoTarget, type Target } from './client.js';
 import { checkClusterVersion, type Enrollment } from './enrollment.js';
 import { readEndpointFile, type Endpoint } from './endpoint.js';
 import { describeExit, lastLines, runCommand, runShell, which } from './exec.js';
@@ -95,11 +95,24 @@ function httpDeps(ctx: UpgraderContext) {
   return { dialer: ctx.dialer, ...(ca.length ? { ca } : {}) };
 }
 
+/** What run and dry-run know when the version server advertises no version: nothing else is needed to do nothing. */
+export interface NoTargetFacts {
+  endpoint: Endpoint;
+  installed: Installed;
+  none: NoTarget;
+}
+
+/** The line run and dry-run print for "none" (upstream's clients log "version server did not advertise a version"). */
+export function noVersionLine(f: NoTargetFacts): string {
+  return `no upgrades available: the version server ${f.none.url} advertises no version ("none")${f.none.proxy ? ` (Proxy ${f.none.proxy})` : ''}; nothing to do until it names one (${f.installed.version} stays installed)`;
+}
+
 /** Everything dry-run and run decide on. */
-export async function gatherFacts(ctx: UpgraderContext): Promise<Facts> {
+export async function gatherFacts(ctx: UpgraderContext): Promise<Facts | NoTargetFacts> {
   const endpoint = await readEndpointFile(ctx.settings.endpointFile);
   const deps = httpDeps(ctx);
   const [target, ping, installed] = await Promise.all([fetchTarget(endpoint, deps), fetchClusterVersion(endpoint.origin, deps), installedVersion(ctx)]);
+  if ('none' in target) return { endpoint, installed, none: target };
   if (target.criticalProblem) warn(ctx, target.criticalProblem);
   const cluster = checkClusterVersion(ping.version);
   if (!cluster.ok && ping.problem) cluster.reason = `${cluster.reason}: ${ping.problem}`;
@@ -177,7 +190,8 @@ async function announceRepoMove(ctx: UpgraderContext, pm: PackageManagerName | u
  */
 export interface DryRunReport {
   installed_version: string;
-  target_version: string;
+  /** null when the version server advertises no version ("none"). */
+  target_version: string | null;
   upgrade_available: boolean;
   channel: string;
   version_server: string;
@@ -197,8 +211,26 @@ function windowReport(f: Facts): DryRunReport['maintenance_window'] {
   return { state: f.schedule.state === 'empty' ? 'none' : 'unknown' };
 }
 
+/** dry-run's report when the version server advertises no version: nothing available, nothing to install. */
+function noTargetReport(ctx: UpgraderContext, f: NoTargetFacts): DryRunReport {
+  say(ctx, noVersionLine(f));
+  return {
+    installed_version: f.installed.version,
+    target_version: null,
+    upgrade_available: false,
+    channel: f.endpoint.channel,
+    version_server: `${f.endpoint.host}:${f.endpoint.port}`,
+    critical: false,
+    answered_by: f.none.proxy ?? null,
+    maintenance_window: { state: 'unknown' },
+    install: null,
+    cluster_too_old: null,
+  };
+}
+
 export async function dryRun(ctx: UpgraderContext): Promise<DryRunReport> {
   const f = await gatherFacts(ctx);
+  if ('none' in f) return noTargetReport(ctx, f);
   const report: DryRunReport = {
     installed_version: f.installed.version,
     target_version: f.target.version,
@@ -356,13 +388,17 @@ export interface RunOptions {
   updateRepo?: boolean;
 }
 
-export type RunOutcome = 'up-to-date' | 'waiting' | 'upgraded';
+export type RunOutcome = 'up-to-date' | 'no-version' | 'waiting' | 'upgraded';
 
 export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {}): Promise<RunOutcome> {
   const lock = await acquireLock(ctx.settings.lockFile);
   let workDir: string | undefined;
   try {
     const f = await gatherFacts(ctx);
+    if ('none' in f) {
+      say(ctx, noVersionLine(f));
+      return 'no-version';
+    }
     const current = f.installed.version;
     const target = f.target.version;
     say(ctx, comparisonLine(current, target));

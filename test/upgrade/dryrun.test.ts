@@ -45,7 +45,8 @@ beforeAll(async () => {
   await writeFile(join(dir, 'hosts'), `${PROXY_IP} ${PROXY_NAME} ${OTHER_NAME}\n`, { mode: 0o644 });
   squid = await startSquid({ extraConfig: [`hosts_file ${join(dir, 'hosts')}`] });
   upstream = await startHttpServer((req, res) => {
-    const answers: Record<string, string> = { '/rc/version': 'v17.1.0-rc.1', '/rc/critical': 'yes' };
+    // /none answers as upstream's version server does for a channel with no target (its constants.NoVersion).
+    const answers: Record<string, string> = { '/rc/version': 'v17.1.0-rc.1', '/rc/critical': 'yes', '/none/version': 'none', '/none/critical': 'false' };
     const body = answers[req.url ?? ''];
     res.writeHead(body ? 200 : 404, { 'content-type': 'text/plain' });
     res.end(body ?? 'no');
@@ -67,6 +68,7 @@ beforeAll(async () => {
       '    stable/v17: { static_version: v17.0.2 }',
       '    pinned: { static_version: v17.0.1 }',
       `    rc: { forward_url: "${upstream.url}/rc" }`,
+      `    none: { forward_url: "${upstream.url}/none" }`,
       '',
     ].join('\n'),
   );
@@ -189,6 +191,18 @@ describe('gateway-upgrade dry-run against the real version server', () => {
     await writeSchedule(etc, [{ start: new Date(Date.now() - 3 * HOUR), stop: new Date(Date.now() - 2 * HOUR) }]);
     const stale = await dryRun();
     expect(stale.stderr).toMatch(/^warning: invalid upgrade schedule: .*schedule is stale: its last window ended at .*Z\. This is expected right after install/);
+  });
+
+  it('"none" from the channel (upstream\'s "no version"): run and dry-run do nothing, say so and exit 0, as upstream\'s clients do', async () => {
+    await endpoint(viaIp('none'));
+    const url = `https://${viaIp('none')}/version`;
+    const run = await runCli('gateway-upgrade', ['run'], { env: baseEnv });
+    expect(run.stderr).toBe('');
+    expect(run.status).toBe(0);
+    expect(run.stdout).toMatch(new RegExp(`^no upgrades available: the version server ${url.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')} advertises no version \\("none"\\) \\(Proxy [^)]+\\); nothing to do until it names one \\(17\\.0\\.1 stays installed\\)\\n$`));
+    const dry = await runCli('gateway-upgrade', ['dry-run', '-f', 'json'], { env: baseEnv });
+    expect(dry.status).toBe(0);
+    expect(JSON.parse(dry.stdout)).toMatchObject({ installed_version: '17.0.1', target_version: null, upgrade_available: false, channel: 'none', install: null });
   });
 
   it('an unknown channel names it and says which exist', async () => {

@@ -9,7 +9,7 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { fetchTarget } from '../../src/upgrade/client.js';
 import type { Endpoint } from '../../src/upgrade/endpoint.js';
 import { channelVersionSource } from '../../src/upgrade/kube/controller.js';
-import { failureOf } from '../helpers/errors.js';
+import { decide } from '../../src/upgrade/kube/decide.js';
 import { startHttpServer, type HttpTestServer } from '../helpers/servers.js';
 
 const answers: Record<string, string> = {};
@@ -40,13 +40,17 @@ describe('an upstream-style version server', () => {
     expect(await channelVersionSource({ baseUrl: base(), dialer: env.dialer })()).toEqual({ version: 'v17.0.2', critical: expected });
   });
 
-  it('"none" on /version: both say the server advertises no version (nothing to upgrade to), not that it broke', async () => {
+  it('"none" on /version: both take it as no new version (upstream\'s NoNewVersionError), not as a broken server', async () => {
     answers.version = 'none\n';
     answers.critical = 'false';
-    const a = await failureOf(() => fetchTarget(endpoint(), env));
-    expect(a.code).toBe('GW_ERR_UPGRADE_VERSION_SERVER');
-    expect(a.message).toContain('advertises no version');
-    const b = await failureOf(() => channelVersionSource({ baseUrl: base(), dialer: env.dialer })());
-    expect(b.message).toContain('advertises no version');
+    expect(await fetchTarget(endpoint(), env)).toEqual({ none: true, url: `${base()}/version` });
+    expect(await channelVersionSource({ baseUrl: base(), dialer: env.dialer })()).toEqual({ none: true });
+  });
+
+  it('"none" reaches the Kubernetes updater\'s decision as "no new version" (logged as up to date), never an update', () => {
+    const workload = { kind: 'Deployment' as const, namespace: 'ns', name: 'agent', annotations: {}, containers: [{ name: 'gateway', image: 'registry.example/gateway:17.0.1' }] };
+    const d = decide({ workload, container: 'gateway', target: { none: true }, schedule: { windows: [] }, now: new Date() });
+    expect(d).toMatchObject({ action: 'skip', reason: 'no-new-version', current: 'v17.0.1' });
+    expect(d.message).toContain('advertises none');
   });
 });

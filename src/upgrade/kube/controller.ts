@@ -42,10 +42,8 @@ import type { KubeApi, WatchHandle, WorkloadRef } from './client.js';
 /** The key of the schedule Secret that holds the JSON the agent exports (src/upgrade/schedule.ts, Kubernetes form). */
 export const SCHEDULE_SECRET_KEY = 'agent-maintenance-schedule';
 
-export interface ChannelAnswer {
-  version: string;
-  critical: boolean;
-}
+/** The channel's version and critical flag, or `none`: the version server advertises no version (upstream's NoVersion). */
+export type ChannelAnswer = { version: string; critical: boolean } | { none: true };
 
 export interface Timers {
   set(fn: () => void, ms: number): { cancel(): void };
@@ -363,9 +361,8 @@ export function channelVersionSource(options: {
   return async () => {
     const text = await get('version');
     const version = normalizeVersion(text);
-    if (version === undefined && isNoVersion(text)) {
-      throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `${base}/version advertises no version ("none"): nothing to upgrade to`, { hint: "The channel's version server (forward_url upstream) has no target now; nothing is changed until it names one." });
-    }
+    // Upstream's updater takes "none" as "no new version": logged, nothing changed, no error (NoNewVersionError).
+    if (version === undefined && isNoVersion(text)) return { none: true };
     if (version === undefined) throw new GatewayError('GW_ERR_UPGRADE_VERSION_SERVER', `${base}/version answered ${JSON.stringify(text.slice(0, 40))}, not a version`);
     let critical = false;
     try {

@@ -50,7 +50,7 @@ export interface AgentWorkload {
 }
 
 /** The channel's answer, or why there is none. */
-export type TargetInput = { version: string; critical: boolean } | { error: string };
+export type TargetInput = { version: string; critical: boolean } | { none: true } | { error: string };
 /** The exported maintenance windows, or why there are none. */
 export type ScheduleInput = { windows: readonly Window[] } | { error: string };
 
@@ -149,6 +149,9 @@ export function decide(input: DecisionInput): Decision {
   }
   if ('error' in target) {
     return { action: 'skip', reason: 'no-target', message: `the channel's version is unknown: ${target.error}`, current };
+  }
+  if ('none' in target) {
+    return { action: 'skip', reason: 'no-new-version', message: `no new version: the version server advertises none ("none"), current: ${current}`, current };
   }
   const next = normalizeVersion(target.version);
   if (next === undefined) {
