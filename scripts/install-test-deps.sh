@@ -69,6 +69,11 @@ declare -A NEED=(
   [winbindd]=winbind
   [wbinfo]=winbind
   [smbpasswd]=samba-common-bin
+  # the generated shell completion scripts and manual pages (test/cli/completion.test.ts): the shells run them
+  # (bash is on every Debian system), groff checks the pages as man(1) renders them
+  [zsh]=zsh
+  [fish]=fish
+  [groff]=groff-base
 )
 
 # file -> Debian package, for what the tests need that is not a command

@@ -9,13 +9,17 @@ import { createLogger, logger, setRootLogger, LOG_LEVELS, type LogLevel } from '
 import { ClientNodeKubeApi, loadKubeConfig } from '../upgrade/kube/client.js';
 import { KubeUpdater, SCHEDULE_SECRET_KEY, channelUrl, channelVersionSource } from '../upgrade/kube/controller.js';
 import { DEFAULT_CONTAINER, RESYNC_INTERVAL_MS, type WorkloadKind } from '../upgrade/kube/decide.js';
+import { Option } from 'commander';
+import { completeValues } from './cmdtree.js';
+import { addCompletionCommands } from './completion.js';
+import { PROXY_ENVIRONMENT } from './manpage.js';
 import { newProgram, runCli } from './run.js';
 
 const program = newProgram('gateway-kube-updater', 'Keeps the Kubernetes agent on the version of its release channel, inside the maintenance windows.');
 
 interface Options {
   namespace?: string;
-  agentName: string;
+  agentName?: string;
   agentKind: string;
   container: string;
   proxyAddr?: string;
@@ -51,8 +55,9 @@ function namespaceOf(given: string | undefined): string {
 
 program
   .option('-n, --namespace <ns>', "the agent's namespace (default: POD_NAMESPACE, or the pod's own namespace)")
-  .requiredOption('--agent-name <name>', 'the agent StatefulSet or Deployment')
-  .option('--agent-kind <kind>', 'statefulset or deployment', 'statefulset')
+  // Checked in the action, not with requiredOption: commander would then ask for it before `completion` and `man`.
+  .option('--agent-name <name>', 'the agent StatefulSet or Deployment (required)')
+  .addOption(completeValues(new Option('--agent-kind <kind>', 'statefulset or deployment').default('statefulset'), ['statefulset', 'deployment']))
   .option('--container <name>', "the agent's container in the pod template", DEFAULT_CONTAINER)
   .option('--proxy-addr <host:port>', "the Proxy's public web address; the version server is https://<proxy-addr>/v1/webapi/automaticupgrades/channel/<channel>")
   .option('--channel <name>', 'the release channel (chart value updater.releaseChannel)', 'default')
@@ -64,8 +69,9 @@ program
   .option('--kubeconfig <file>', 'a kubeconfig; default: KUBECONFIG, ~/.kube/config, or the pod service account')
   .option('--once', 'reconcile once and exit (status 0 whatever the decision)')
   .option('--dry-run', 'decide and log, but never change the agent')
-  .option('--log-level <level>', `one of ${LOG_LEVELS.join(', ')}`, 'info')
+  .addOption(completeValues(new Option('--log-level <level>', `one of ${LOG_LEVELS.join(', ')}`).default('info'), LOG_LEVELS))
   .action(async (opts: Options) => {
+    if (opts.agentName === undefined) throw new GatewayError('GW_ERR_USAGE', "required option '--agent-name <name>' not specified", { hint: "Run 'gateway-kube-updater --help' for usage." });
     if (!(LOG_LEVELS as readonly string[]).includes(opts.logLevel)) throw new GatewayError('GW_ERR_USAGE', `--log-level: "${opts.logLevel}" is not a level`);
     const debug = program.opts<{ debug?: boolean }>().debug === true;
     setRootLogger(createLogger({ level: debug ? 'debug' : (opts.logLevel as LogLevel) }));
@@ -104,5 +110,12 @@ program
     log.info({ signal }, 'stopping');
     updater.stop();
   });
+
+addCompletionCommands(program, {
+  description: ['The chart gateway-kube-agent runs it next to the agent (docs/kubernetes-updater.md).'],
+  environment: [...PROXY_ENVIRONMENT, ['POD_NAMESPACE', "The agent's namespace when --namespace is not given."], ['KUBECONFIG', 'A kubeconfig when --kubeconfig is not given (outside a pod).']],
+  files: [['/var/run/secrets/kubernetes.io/serviceaccount', "The pod's service-account token, CA and namespace."]],
+  seeAlso: ['gateway(1)'],
+});
 
 await runCli(program);

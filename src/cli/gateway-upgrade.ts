@@ -9,6 +9,8 @@ import { resolveSettings } from '../upgrade/settings.js';
 import { dryRun, runUpgrade, setRepoChannel, showRepo, type UpgraderContext } from '../upgrade/upgrader.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { newProgram, runCli, VERSION } from './run.js';
+import { addCompletionCommands } from './completion.js';
+import { PROXY_ENVIRONMENT } from './manpage.js';
 
 const program = newProgram('gateway-upgrade', 'Automatic agent upgrader for systemd Linux hosts (apt, yum, dnf, zypper or tarball installs).');
 
@@ -68,9 +70,26 @@ repo
 // No subcommand: the usage, on standard output, status 0 (as before the subcommands existed).
 program.usage('[options] [command]').argument('[command]').action((command: string | undefined) => {
   if (command !== undefined) {
-    throw new GatewayError('GW_ERR_USAGE', `unknown command '${command}'`, { hint: "Commands: dry-run, run, version, repo show, repo set-channel. Run 'gateway-upgrade --help'." });
+    throw new GatewayError('GW_ERR_USAGE', `unknown command '${command}'`, { hint: "Commands: dry-run, run, version, repo show, repo set-channel, completion. Run 'gateway-upgrade --help'." });
   }
   program.outputHelp();
+});
+
+addCompletionCommands(program, {
+  description: ['gateway-upgrade.timer runs gateway-upgrade run every 30 minutes: it asks the version server named in the endpoint file, and installs the channel\'s version inside a maintenance window (at once when critical). docs/upgrades.md describes it and every setting.'],
+  environment: [
+    ...PROXY_ENVIRONMENT,
+    ['GATEWAY_UPGRADE_CA_FILE', 'Extra trusted CA files for the version server (colon-separated).'],
+    ['GATEWAY_UPGRADE_PACKAGE_MANAGER', 'apt, yum, dnf, zypper or tarball, instead of detecting it.'],
+    ['GATEWAY_UPGRADE_DOWNLOAD_URL', 'Where release tarballs are downloaded from.'],
+    ['GATEWAY_UPGRADE_*', 'The other settings: docs/upgrades.md, "Settings".'],
+  ],
+  files: [
+    ['/etc/gateway-upgrade.d/endpoint', 'The version server: <host:port>/v1/webapi/automaticupgrades/channel/<channel>.'],
+    ['/etc/gateway-upgrade.d/schedule', 'The maintenance windows the agent exports.'],
+    ['/etc/default/gateway', 'The environment of gateway-upgrade.service.'],
+  ],
+  seeAlso: ['gateway(1)', 'systemd.timer(5)'],
 });
 
 await runCli(program);

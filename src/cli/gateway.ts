@@ -5,6 +5,8 @@ import { GatewayError } from '../errors.js';
 import type { DialPlanOptions } from './dialplan.js';
 import { formatOption, type FormatSpec } from './output.js';
 import { EXIT_FAILURE, newProgram, runCli } from './run.js';
+import { addCompletionCommands } from './completion.js';
+import { PROXY_ENVIRONMENT } from './manpage.js';
 import type { StartOptions } from './start.js';
 import { formatUnits, systemdUnits, UNIT_NAMES, writeUnits, type UnitName } from '../upgrade/systemd.js';
 
@@ -92,5 +94,19 @@ formatOption(program
   .action(async (targets: string[], opts: DialPlanOptions) => {
     if (!(await (await import('./dialplan.js')).dialPlan(targets, opts))) process.exitCode = EXIT_FAILURE;
   });
+
+addCompletionCommands(program, {
+  description: ['One daemon runs any set of roles (auth, proxy and the agents) from one configuration file; docs/configuration.md describes it, docs/architecture.md the whole system.'],
+  environment: [
+    ...PROXY_ENVIRONMENT,
+    ['GATEWAY_LOG_LEVEL', 'The log level when the configuration does not set gateway.log.severity.'],
+  ],
+  files: [
+    ['/etc/gateway.yaml', 'The configuration (gateway start -c); gateway configure prints a sample.'],
+    ['/var/lib/gateway', 'The data directory of root (gateway.data_dir): identities, the cluster state of an Auth Service, gateway.lock.'],
+    ['/etc/default/gateway', "The environment of gateway.service (the packages' systemd unit)."],
+  ],
+  seeAlso: ['gwctl(1)', 'gwsh(1)', 'gateway-upgrade(1)'],
+});
 
 await runCli(program);

@@ -10,6 +10,8 @@ import { GatewayError } from '../errors.js';
 import { gwctlClient, type CredentialOptions } from './credentials.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
+import { addCompletionCommands } from './completion.js';
+import { PROXY_ENVIRONMENT } from './manpage.js';
 import { FORMATS, formatOf, formatOption, render, type FormatOptions, type FormatSpec } from './output.js';
 import { resourceTable } from './resources.js';
 import { table } from './table.js';
@@ -341,5 +343,15 @@ program
     await client().call('DELETE', `/v1/resources/${encodeURIComponent(ref.slice(0, slash))}/${encodeURIComponent(ref.slice(slash + 1))}`);
     out(`${ref} has been removed`);
   });
+
+addCompletionCommands(program, {
+  description: ["It acts with the Auth Service's local admin identity (--data-dir, or the configuration's data directory) or, with --auth-server, over the Auth API; docs/cli.md lists the commands with examples."],
+  environment: PROXY_ENVIRONMENT,
+  files: [
+    ['/var/lib/gateway/admin', 'The local admin identity of an Auth Service run by root (~/.local/state/gateway for other users).'],
+    ['/etc/gateway.yaml', 'The configuration read with -c, for its data directory.'],
+  ],
+  seeAlso: ['gateway(1)', 'gwsh(1)'],
+});
 
 await runCli(program);

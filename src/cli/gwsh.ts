@@ -25,6 +25,8 @@ import { GatewayError } from '../errors.js';
 import { databaseRoute } from '../wire/protocols.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
+import { addCompletionCommands } from './completion.js';
+import { PROXY_ENVIRONMENT } from './manpage.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { table } from './table.js';
 
@@ -489,5 +491,15 @@ function printStatus(format: Format): void {
     ].join('\n'),
   );
 }
+
+addCompletionCommands(program, {
+  description: ['gwsh login signs in through a Proxy and keeps short-lived certificates in a profile; the other commands use them. docs/cli.md lists the commands with examples.'],
+  environment: [
+    ...PROXY_ENVIRONMENT,
+    ['GWSH_HOME', 'The profile directory instead of ~/.gwsh.'],
+  ],
+  files: [['~/.gwsh', 'The profile: the keys and certificates of the last login, the trusted cluster CAs, known_hosts.']],
+  seeAlso: ['gateway(1)', 'gwctl(1)', 'ssh(1)'],
+});
 
 await runCli(program);

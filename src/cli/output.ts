@@ -11,6 +11,7 @@
 import { Option, type Command } from 'commander';
 import { stringify } from 'yaml';
 import { GatewayError } from '../errors.js';
+import { completeValues } from './cmdtree.js';
 
 export const FORMATS = ['text', 'json', 'yaml'] as const;
 export type Format = (typeof FORMATS)[number];
@@ -32,7 +33,9 @@ export interface FormatOptions {
 /** Declares -f, --format (and the deprecated --json where the command had it) on a command. */
 export function formatOption(cmd: Command, spec: FormatSpec = {}): Command {
   // No commander default: an absent flag stays undefined, so that --json beside an explicit -f text is seen.
-  cmd.addOption(new Option('-f, --format <format>', `output format: ${FORMATS.join(', ')} (default: ${spec.default ?? 'text'})`));
+  // The values are offered by completion and listed in the manual (completeValues), not enforced by commander:
+  // formatOf checks them, so that the deprecated aliases keep working.
+  cmd.addOption(completeValues(new Option('-f, --format <format>', `output format: ${FORMATS.join(', ')} (default: ${spec.default ?? 'text'})`), FORMATS));
   if (spec.jsonFlag) cmd.addOption(new Option('--json', 'deprecated: use --format json'));
   return cmd;
 }
