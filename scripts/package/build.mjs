@@ -94,7 +94,7 @@ async function serverPackages(ctx, pkg) {
 }
 
 async function updaterPackages(ctx) {
-  const common = { bundle: ctx.bundle, debVersion: ctx.debVersion, date: ctx.date };
+  const common = { bundle: ctx.bundle, app: ctx.app, debVersion: ctx.debVersion, date: ctx.date };
   const debRoot = join(ctx.work, `deb-${UPDATER_PACKAGE}`);
   await updaterTree(debRoot, { ...common, unitDir: DEB_UNIT_DIR });
   const units = ['gateway-upgrade.timer', 'gateway-upgrade.service'];

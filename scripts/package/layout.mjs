@@ -5,15 +5,43 @@
 //                               <unitdir>/gateway.service                src/upgrade/systemd.ts's text, bin dir /usr/bin
 //                               /etc/default/gateway, /etc/gateway.yaml  configuration files (conffiles)
 //                               /usr/share/doc/<name>/{copyright,changelog.gz}
+//                               shell completion and manual pages of gateway, gwctl, gwsh (below)
 //   gateway-ent-updater         /usr/lib/gateway-ent-updater/gateway-upgrade.mjs   one-file bundle
 //                               /usr/bin/gateway-upgrade                 wrapper, on the gateway's runtime
 //                               <unitdir>/gateway-upgrade.{service,timer}
+//                               shell completion and manual page of gateway-upgrade
+//
+// Shell completion and manual pages are what the packaged programs print themselves (`<command> completion
+// <shell>`, `<command> man`: src/cli/completion.ts), run here on the staged runtime, at the paths the shells and
+// man look in (docs/cli.md): /usr/share/bash-completion/completions/<command>, /usr/share/zsh/vendor-completions/
+// _<command>, /usr/share/fish/vendor_completions.d/<command>.fish, /usr/share/man/man1/<command>.1.gz.
 import { execFileSync } from 'node:child_process';
 import { cpSync, mkdirSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { APP_DIR, HOMEPAGE, ROOT, run, SERVER_COMMANDS, UPDATER_COMMAND, UPDATER_DIR, UPDATER_PACKAGE } from './common.mjs';
 import { wrapper, writeExecutable } from './stage.mjs';
+
+/** Where each shell looks for a command's completion script (relative to the package root). */
+export const COMPLETION_PATHS = {
+  bash: (c) => `usr/share/bash-completion/completions/${c}`,
+  zsh: (c) => `usr/share/zsh/vendor-completions/_${c}`,
+  fish: (c) => `usr/share/fish/vendor_completions.d/${c}.fish`,
+};
+export const MAN_PATH = (c) => `usr/share/man/man1/${c}.1.gz`;
+
+/** The completion scripts and the manual page of a command, from the command itself (node entry ...args). */
+function commandDocs(root, command, node, entry, nodePath) {
+  const env = { PATH: process.env.PATH, HOME: '/nonexistent', ...(nodePath ? { NODE_PATH: nodePath } : {}) };
+  const say = (...args) => execFileSync(node, [entry, ...args], { encoding: 'utf8', env });
+  for (const [shell, path] of Object.entries(COMPLETION_PATHS)) {
+    mkdirSync(dirname(join(root, path(command))), { recursive: true });
+    writeFileSync(join(root, path(command)), say('completion', shell));
+  }
+  mkdirSync(join(root, 'usr/share/man/man1'), { recursive: true });
+  // gzip -9n, as for the changelog: lintian wants manual pages compressed at the best level, without a time stamp.
+  writeFileSync(join(root, MAN_PATH(command)), gzipSync(say('man'), { level: 9 }));
+}
 
 /** The unit texts, from the built app itself (the same function `gateway install systemd` prints with). */
 async function units() {
@@ -95,6 +123,7 @@ export async function serverTree(root, { name, fips, fipsMode, app, unitDir, deb
   run('cp', ['-al', app, join(root, APP_DIR.slice(1))]);
   for (const command of SERVER_COMMANDS) {
     writeExecutable(join(root, 'usr/bin', command), wrapper({ command, app: '"$here/../lib/gateway"', entry: `$app/dist/cli/${command}.js`, fips, fipsMode }));
+    commandDocs(root, command, join(app, 'node'), join(app, 'dist/cli', `${command}.js`));
   }
   const u = await units();
   mkdirSync(join(root, unitDir.slice(1)), { recursive: true });
@@ -108,13 +137,15 @@ export async function serverTree(root, { name, fips, fipsMode, app, unitDir, deb
 }
 
 /** The tree of gateway-ent-updater. */
-export async function updaterTree(root, { bundle, unitDir, debVersion, date }) {
+export async function updaterTree(root, { bundle, app, unitDir, debVersion, date }) {
   mkdirSync(join(root, UPDATER_DIR.slice(1)), { recursive: true });
   cpSync(bundle, join(root, UPDATER_DIR.slice(1), 'gateway-upgrade.mjs'));
   writeExecutable(
     join(root, 'usr/bin', UPDATER_COMMAND),
     wrapper({ command: UPDATER_COMMAND, app: '"$here/../lib/gateway"', entry: '$here/../lib/gateway-ent-updater/gateway-upgrade.mjs', nodePath: '$app/node_modules' }),
   );
+  // As its wrapper runs it: the bundle finds its external modules in the gateway package's node_modules.
+  commandDocs(root, UPDATER_COMMAND, join(app, 'node'), bundle, join(app, 'node_modules'));
   const u = await units();
   mkdirSync(join(root, unitDir.slice(1)), { recursive: true });
   for (const n of ['gateway-upgrade.service', 'gateway-upgrade.timer']) writeFileSync(join(root, unitDir.slice(1), n), u[n]);

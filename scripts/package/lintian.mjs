@@ -6,8 +6,6 @@ const COMMON = [
   '# and try-restart / stop a unit on upgrade / removal, guarded for a system without systemd and for DPKG_ROOT',
   '# installs. deb-systemd-invoke would not run them in another root either.',
   'maintainer-script-calls-systemctl',
-  '# The commands are documented in docs/cli.md and by --help; there are no manual pages yet.',
-  'no-manual-page',
 ];
 
 const SERVER = [

@@ -198,6 +198,24 @@ describe('the .deb packages', () => {
     expect(v).toContain(pkgs.fipsMode ? 'OpenSSL FIPS mode on' : 'unavailable');
   }, 300_000);
 
+  it('ship each command\'s shell completion and manual page, as the installed command prints them, where the shells and man look', async () => {
+    const { root, dpkg } = await dpkgRoot('docs-root');
+    await dpkg('-i', pkgs.debs.gateway, pkgs.debs['gateway-ent-updater']);
+    for (const command of ['gateway', 'gwctl', 'gwsh', 'gateway-upgrade']) {
+      const paths = { bash: `usr/share/bash-completion/completions/${command}`, zsh: `usr/share/zsh/vendor-completions/_${command}`, fish: `usr/share/fish/vendor_completions.d/${command}.fish` };
+      for (const [shell, path] of Object.entries(paths)) {
+        expect(await readFile(join(root, path), 'utf8'), path).toBe(await out(join(root, 'usr/bin', command), ['completion', shell]));
+      }
+      // man reads the installed page (gzip) and groff finds nothing to warn about.
+      const page = join(root, `usr/share/man/man1/${command}.1.gz`);
+      const r = await run('sh', ['-c', 'zcat "$1" | groff -man -ww -z', 'sh', page]);
+      expect(r.stderr, page).toBe('');
+      expect(await out('sh', ['-c', 'zcat "$1"', 'sh', page])).toContain(`.SH NAME\n${command.replace(/-/g, '\\-')} \\- `);
+    }
+    expect(await out('rpm', ['-qpl', pkgs.rpms.gateway])).toContain('/usr/share/man/man1/gwctl.1.gz\n');
+    expect(await out('rpm', ['-qpl', pkgs.rpms['gateway-ent-updater']])).toContain('/usr/share/bash-completion/completions/gateway-upgrade\n');
+  }, 300_000);
+
   it('lintian reports nothing but what the shipped overrides explain', async () => {
     // gateway-ent-fips holds the same files as gateway; lintian takes a while on 4,000 files, so it runs on one.
     const r = await run('lintian', ['--no-cfg', '--fail-on', 'none', pkgs.debs.gateway, pkgs.debs['gateway-ent-updater']], { maxBuffer: 16 << 20 }).catch((e: { stdout: string; stderr: string }) => e);
