@@ -53,6 +53,17 @@ export interface CommandSpec {
 }
 
 const HINTS = new WeakMap<Option | Argument, ValueHint>();
+const POSITIONAL = new WeakSet<Command>();
+
+/**
+ * commander's enablePositionalOptions (the program's options only before a subcommand: gwsh, whose subcommands
+ * hand their own flags to OpenSSH), recorded so that completion and the manual do not offer the program's options
+ * after a subcommand. commander keeps the setting in a private field, which only src/internals.ts may read.
+ */
+export function positionalOptions(program: Command): Command {
+  POSITIONAL.add(program);
+  return program.enablePositionalOptions();
+}
 
 /** Declares what a value may be, for completion and the manual, when commander's own .choices() would not do. */
 export function completeValues<T extends Option | Argument>(target: T, values: readonly string[]): T {
@@ -89,6 +100,7 @@ function argSpec(a: Argument): ArgSpec {
 /** The command tree of a program as its --help shows it. */
 export function commandTree(cmd: Command, parent?: CommandSpec): CommandSpec {
   const help = cmd.createHelp();
+  const positional = cmd.parent !== null && POSITIONAL.has(cmd.parent);
   const options = help.visibleOptions(cmd).map(optionSpec);
   const spec: CommandSpec = {
     path: parent ? [...parent.path, cmd.name()] : [cmd.name()],
@@ -96,7 +108,7 @@ export function commandTree(cmd: Command, parent?: CommandSpec): CommandSpec {
     aliases: cmd.aliases(),
     description: cmd.description(),
     options,
-    allOptions: [...options, ...(parent ? parent.allOptions.filter((p) => !p.flags.some((f) => options.some((o) => o.flags.includes(f)))) : [])],
+    allOptions: [...options, ...(parent && !positional ? parent.allOptions.filter((p) => !p.flags.some((f) => options.some((o) => o.flags.includes(f)))) : [])],
     args: cmd.registeredArguments.map(argSpec),
     commands: [],
   };

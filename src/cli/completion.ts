@@ -14,6 +14,7 @@
  *   - the word under the cursor is then: the value of the option just before it (its choices, a file, a directory,
  *     or nothing for a free word), an option (when it starts with "-": the path's options and its ancestors'), a
  *     subcommand, or the positional argument's hint.
+ * A command line of more than MAX_WORDS words gets no completion (the walk costs a subshell per word: bounded).
  * The tables are shell `case` statements keyed by "path|word". Every word written into a script is a name from the
  * definition, quoted for the shell (sq), and descriptions are one line: a definition cannot break out of a quote.
  */
@@ -22,6 +23,8 @@ import { allCommands, commandTree, type CommandSpec, type OptionSpec, type Value
 import { manPage, type ManPageInfo } from './manpage.js';
 
 export const SHELLS = ['bash', 'zsh', 'fish'] as const;
+/** Past this many words on the command line, the scripts offer nothing rather than walk them all. */
+export const MAX_WORDS = 256;
 export type Shell = (typeof SHELLS)[number];
 
 /** Single-quoted for sh, bash, zsh and fish (fish also reads \' inside single quotes, so the close-reopen form is used). */
@@ -96,6 +99,7 @@ function shCaseFunctions(fn: string, t: Tables): string {
     '  # $1: index of the word under the cursor; the words are in the array named by $2 (0: the program).',
     '  local i w n skip=0 s',
     '  path="" nargs=0 flag=""',
+    `  if [ "$1" -gt ${MAX_WORDS} ]; then return 1; fi`,
     '  for ((i = 1; i < $1; i++)); do',
     `    eval "w=\\\${$2[i]}"`,
     '    if ((skip > 0)); then skip=$((skip - 1)); continue; fi',
@@ -137,7 +141,7 @@ function bashScript(root: CommandSpec): string {
     `${fn}_complete() {`,
     '  local cur="${COMP_WORDS[COMP_CWORD]}" path nargs flag h',
     '  [ "$cur" = "=" ] && cur=""',
-    `  ${fn}_walk "$COMP_CWORD" COMP_WORDS`,
+    `  COMPREPLY=(); ${fn}_walk "$COMP_CWORD" COMP_WORDS || return 0`,
     `  if [ -n "$flag" ]; then ${fn}_reply "$(${fn}_value "$path" "$flag")" "$cur"; return 0; fi`,
     `  if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$(${fn}_opts "$path" | cut -d: -f1)" -- "$cur")); return 0; fi`,
     `  h=$(${fn}_subs "$path" | cut -d: -f1)`,
@@ -170,7 +174,7 @@ function zshScript(root: CommandSpec): string {
     '  local -a cwords; cwords=("${words[@]}")',
     '  local path nargs flag h',
     '  local -a lines',
-    `  ${fn}_walk "$((CURRENT - 1))" cwords`,
+    `  ${fn}_walk "$((CURRENT - 1))" cwords || return 1`,
     '  local cur="${cwords[CURRENT - 1]}"',
     '  unsetopt ksh_arrays',
     `  if [[ "$cur" == -*=* ]] && h=$(${fn}_value "$path" "\${cur%%=*}"); then compset -P '*='; ${fn}_reply "$h"; return; fi`,
@@ -225,6 +229,7 @@ function fishScript(root: CommandSpec): string {
     '    set -l path ""',
     '    set -l nargs 0',
     '    set -l skip 0',
+    `    if test (count $words) -gt ${MAX_WORDS}; return; end`,
     '    for w in $words[2..-1]',
     '        if test $skip -gt 0; set skip (math $skip - 1); continue; end',
     '        switch $w',
@@ -248,7 +253,7 @@ function fishScript(root: CommandSpec): string {
     '        set -l parts (string split -m1 = -- $cur)',
     `        if set -l h (${fn}_value "$path" $parts[1])`,
     `            for c in (${fn}_reply "$h" $parts[2])`,
-    "                printf '%s=%s\n' $parts[1] $c",
+    "                printf '%s=%s\\n' $parts[1] $c",
     '            end',
     '        end',
     '        return',

@@ -25,12 +25,13 @@ import { GatewayError } from '../errors.js';
 import { databaseRoute } from '../wire/protocols.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
+import { positionalOptions } from './cmdtree.js';
 import { addCompletionCommands } from './completion.js';
 import { PROXY_ENVIRONMENT } from './manpage.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { table } from './table.js';
 
-const program = newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.').enablePositionalOptions();
+const program = positionalOptions(newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.'));
 
 formatOption(program
   .command('login')
@@ -498,7 +499,7 @@ addCompletionCommands(program, {
     ...PROXY_ENVIRONMENT,
     ['GWSH_HOME', 'The profile directory instead of ~/.gwsh.'],
   ],
-  files: [['~/.gwsh', 'The profile: the keys and certificates of the last login, the trusted cluster CAs, known_hosts.']],
+  files: [['~/.gwsh', 'The profile: profile.json, the key and certificates of the last login (key.pem, cert.pem, ssh-key, ssh-key-cert.pub), the cluster CAs trusted per Proxy address (known_cas.json).']],
   seeAlso: ['gateway(1)', 'gwctl(1)', 'ssh(1)'],
 });
 

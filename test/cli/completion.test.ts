@@ -17,7 +17,7 @@ import { fileURLToPath } from 'node:url';
 import { Command, Option } from 'commander';
 import { afterAll, describe, expect, it } from 'vitest';
 import { completeValues } from '../../src/cli/cmdtree.js';
-import { completionScript } from '../../src/cli/completion.js';
+import { completionScript, MAX_WORDS } from '../../src/cli/completion.js';
 import { manPage, roffText } from '../../src/cli/manpage.js';
 
 const PROGRAMS = ['gateway', 'gwctl', 'gwsh', 'gateway-upgrade', 'gateway-kube-updater'] as const;
@@ -224,5 +224,27 @@ describe('manual pages', () => {
     expect(r.stdout).toBe('');
     expect(r.stderr).toMatch(/bash, zsh, fish/);
     expect(r.stderr).toContain('code: GW_ERR_USAGE');
+  });
+});
+
+describe('positional options (gwsh: the program\'s options only before a subcommand)', () => {
+  it('offers the program\'s options before a subcommand and not after it', () => {
+    expect(bashComplete('gwsh', ['gwsh', '--'])).toContain('--debug');
+    const afterSsh = bashComplete('gwsh', ['gwsh', 'status', '--']);
+    expect(afterSsh).toContain('--format');
+    expect(afterSsh).not.toContain('--debug');
+    // gwctl reads its options anywhere: they stay offered after a subcommand.
+    expect(bashComplete('gwctl', ['gwctl', 'status', '--'])).toContain('--data-dir');
+  });
+});
+
+describe('an oversized command line', () => {
+  it(`gets no completion past ${MAX_WORDS} words instead of a walk over all of them, in every shell`, () => {
+    const many = Array.from({ length: 5_000 }, () => 'x');
+    expect(bashComplete('gwctl', ['gwctl', ...many, ''])).toEqual([]);
+    expect(zshComplete('gwctl', ['gwctl', ...many, ''])).toEqual([]);
+    expect(fishComplete('gwctl', `gwctl ${many.join(' ')} `)).toEqual([]);
+    // just below the bound it still completes
+    expect(bashComplete('gwctl', ['gwctl', 'status', ...Array.from({ length: MAX_WORDS - 3 }, () => 'x'), '-f', ''])).toEqual(['text', 'json', 'yaml']);
   });
 });
