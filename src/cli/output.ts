@@ -22,6 +22,8 @@ export interface FormatSpec {
   aliases?: Readonly<Record<string, Format>>;
   /** The command had a --json flag: it stays, as a deprecated spelling of --format json. */
   jsonFlag?: boolean;
+  /** false: --format only, for a command whose -f is its file (gwctl apply -f FILE, as kubectl apply -f). */
+  shortFlag?: false;
 }
 
 export interface FormatOptions {
@@ -32,7 +34,7 @@ export interface FormatOptions {
 /** Declares -f, --format (and the deprecated --json where the command had it) on a command. */
 export function formatOption(cmd: Command, spec: FormatSpec = {}): Command {
   // No commander default: an absent flag stays undefined, so that --json beside an explicit -f text is seen.
-  cmd.addOption(new Option('-f, --format <format>', `output format: ${FORMATS.join(', ')} (default: ${spec.default ?? 'text'})`));
+  cmd.addOption(new Option(spec.shortFlag === false ? '--format <format>' : '-f, --format <format>', `output format: ${FORMATS.join(', ')} (default: ${spec.default ?? 'text'})`));
   if (spec.jsonFlag) cmd.addOption(new Option('--json', 'deprecated: use --format json'));
   return cmd;
 }
