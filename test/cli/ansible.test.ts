@@ -9,7 +9,8 @@
  * Results are read from the default callback's output (ansible-core ships no json callback).
  */
 import { spawn } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { readFileSync } from 'node:fs';
+import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -30,14 +31,14 @@ interface PlaybookRun {
   out: string;
 }
 
-function playbook(name: string, tasks: string, flags: string[] = []): Promise<PlaybookRun> {
+function playbook(name: string, tasks: string, flags: string[] = [], whole?: { text: string; inventory: string; path: string }): Promise<PlaybookRun> {
   return new Promise((resolve, reject) => {
     const path = join(dir, `${name}.yml`);
     const text = `- hosts: localhost\n  connection: local\n  gather_facts: false\n  vars:\n    gw: {gwctl: "${BIN('gwctl')}", data_dir: "${gw.dataDir}"}\n  tasks:\n${tasks}`;
-    void writeFile(path, text).then(() => {
-      const child = spawn('ansible-playbook', ['-i', 'localhost,', path, ...flags], {
+    void writeFile(path, whole?.text ?? text).then(() => {
+      const child = spawn('ansible-playbook', ['-i', whole?.inventory ?? 'localhost,', path, ...flags], {
         env: {
-          PATH: process.env.PATH ?? '',
+          PATH: `${whole ? `${whole.path}:` : ''}${process.env.PATH ?? ''}`,
           HOME: dir,
           ANSIBLE_COLLECTIONS_PATH: COLLECTIONS,
           ANSIBLE_COLLECTIONS_SCAN_SYS_PATH: '0',
@@ -56,7 +57,7 @@ function playbook(name: string, tasks: string, flags: string[] = []): Promise<Pl
       child.once('error', reject);
       child.once('close', (status) => {
         clearTimeout(timer);
-        const recap = /localhost\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)/.exec(out);
+        const recap = /(?:localhost|auth)\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)/.exec(out);
         if (!recap) return reject(new Error(`ansible-playbook printed no recap (status ${status}):\n${out}`));
         resolve({ status, changed: Number(recap[1]), failed: Number(recap[2]), out });
       });
@@ -138,5 +139,21 @@ describe('the gateway.gateway Ansible collection', () => {
     expect(failure.code).toBe('GW_ERR_RESOURCE_INVALID');
     expect(failure.msg).toContain('logns');
     expect((await gwctl(['get', 'role/ansible-ops'])).status).toBe(1);
+  });
+
+  it('the playbook of docs/operations.md runs as written (gwctl on PATH), and again with no change', async () => {
+    const operations = readFileSync(new URL('../../docs/operations.md', import.meta.url), 'utf8');
+    const site = /```yaml\n# site\.yml\n([\s\S]*?)```/.exec(operations)![1]!.replaceAll('/var/lib/gateway', gw.dataDir);
+    const bin = join(dir, 'bin');
+    await mkdir(bin, { recursive: true });
+    await symlink(BIN('gwctl'), join(bin, 'gwctl'));
+    const inventory = join(dir, 'inventory');
+    await writeFile(inventory, 'auth ansible_connection=local\n');
+    const first = await playbook('site-doc', '', [], { text: site, inventory, path: bin });
+    expect(first.status, first.out).toBe(0);
+    expect(first.changed).toBe(2);
+    expect((await gwctl(['get', 'cluster_maintenance_config'])).stdout).toContain('- Fri');
+    const second = await playbook('site-doc', '', [], { text: site, inventory, path: bin });
+    expect(second.changed).toBe(0);
   });
 });

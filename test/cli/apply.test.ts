@@ -4,6 +4,7 @@
  * cases: a refused document among good ones, the same resource in two files, a 10 MB file, 10 000 documents, an
  * alias bomb, a symlink loop and a directory loop. After each refusal nothing stored has changed.
  */
+import { readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -114,6 +115,20 @@ describe('gwctl apply', () => {
     expect(first.stdout).toMatch(/token\/[0-9a-f]{12}: create/);
     expect(first.stdout).not.toContain(token);
     expect((await gwctl(['apply', '-f', join(dir, 'tokens'), '--set', 'tokens'])).stdout).toMatch(/token\/[0-9a-f]{12}: unchanged/);
+  });
+});
+
+describe('the example of docs/resources.md', () => {
+  it('applies as written, and a changed hour prints the documented plan', async () => {
+    const section = readFileSync(new URL('../../docs/resources.md', import.meta.url), 'utf8').split('## gwctl apply: resources as code')[1]!;
+    const blocks = (lang: string) => [...section.matchAll(new RegExp('```' + lang + '\\n([\\s\\S]*?)```', 'g'))].map((m) => m[1]!);
+    const [roles, maintenance] = blocks('yaml');
+    await file('platform/10-roles.yaml', roles!);
+    await file('platform/20-maintenance.yaml', maintenance!);
+    expect((await gwctl(['apply', '-f', join(dir, 'platform')])).status).toBe(0);
+    await file('platform/20-maintenance.yaml', maintenance!.replace('utc_start_hour: 2', 'utc_start_hour: 3'));
+    const r = await gwctl(['apply', '-f', join(dir, 'platform')]);
+    expect(r.stdout).toBe(/the plan reads:\n\n```\n([\s\S]*?)```/.exec(section)![1]);
   });
 });
 
