@@ -4,6 +4,7 @@
  * cases: a refused document among good ones, the same resource in two files, a 10 MB file, 10 000 documents, an
  * alias bomb, a symlink loop and a directory loop. After each refusal nothing stored has changed.
  */
+import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -201,5 +202,13 @@ describe('gwctl apply refuses, and changes nothing', () => {
     expect((await gwctl(['get', 'role/in-loop'])).status).toBe(1);
     const flat = await gwctl(['apply', '-f', join(dir, 'dirloop')]);
     expect(flat.stderr).toContain('give -R');
+  });
+
+  it('a FIFO named as the file (read, it would never end): refused unread', async () => {
+    const fifo = join(dir, 'fifo.yaml');
+    expect(spawnSync('mkfifo', [fifo]).status).toBe(0);
+    const r = await gwctl(['apply', '-f', fifo]);
+    expect(r.stderr).toContain('not a regular file or a directory');
+    expect(r.stderr).toContain('code: GW_ERR_APPLY_SOURCE');
   });
 });
