@@ -19,7 +19,7 @@ import { GatewayError, isGatewayError } from '../errors.js';
 import type { AuditLog } from './audit.js';
 import type { CallerCheck } from './callers.js';
 import { LOCKS_PREFIX } from './locks.js';
-import type { Manifests } from './manifests.js';
+import type { Manifests, Stored } from './manifests.js';
 import type { Identity } from './pki.js';
 import { KEYS, type StoredToken, type StoredUser } from './records.js';
 import {
@@ -127,17 +127,17 @@ export class Applier {
     const stored = await manifests.storageFor(labelled, caller, pendingRoles);
     const existing = await backend.get(stored.key);
     await callers.authorize(caller, stored.rbacKind, existing ? 'update' : 'create');
-    let value = stored.value;
-    if (kind === 'token') value = tokenValue(value, labelled, existing?.value);
+    const { value, ttlMs } = kind === 'token' ? tokenStorage(stored, labelled, existing?.value) : stored;
     const after = storedView(kind, value);
     const before = existing ? storedView(kind, existing.value) : undefined;
     const name = after.metadata.name;
     const condition: Condition = existing ? { key: stored.key, revision: existing.revision } : { key: stored.key, exists: false };
-    if (before && canonical(comparable(before, resource)) === canonical(comparable(after, resource))) {
+    const renewed = kind === 'token' && before !== undefined && before.metadata.expires !== after.metadata.expires && resource.metadata.expires === undefined;
+    if (before && !renewed && canonical(comparable(before, resource)) === canonical(comparable(after, resource))) {
       return { entry: { kind, name, action: 'unchanged' }, condition };
     }
     const entry: PlanEntry = { kind, name, action: before ? 'update' : 'create', diff: planDiff(`${kind}/${name}`, before, after) };
-    return { entry, condition, op: { type: 'put', key: stored.key, value, ...(stored.ttlMs === undefined ? {} : { ttlMs: stored.ttlMs }) } };
+    return { entry, condition, op: { type: 'put', key: stored.key, value, ...(ttlMs === undefined ? {} : { ttlMs }) } };
   }
 
   /** Deletes for the stored members of the set that the files no longer hold. */
@@ -178,12 +178,22 @@ export class Applier {
 
 /**
  * A token as apply stores it: with the set's labels, and, over an existing token, its use count and creation kept
- * (an apply that changes its roles does not hand out its uses again).
+ * (an apply that changes its roles does not hand out its uses again), and its expiry too when the manifest gives
+ * none (else every update would push it back by the default lifetime); the TTL moves with the expiry.
  */
-function tokenValue(value: string, labelled: Resource, existing: string | undefined): string {
-  const record = JSON.parse(value) as StoredToken;
+function tokenStorage(stored: Stored, labelled: Resource, existing: string | undefined): { value: string; ttlMs?: number } {
+  const record = JSON.parse(stored.value) as StoredToken;
   const old = existing === undefined ? undefined : (JSON.parse(existing) as StoredToken);
-  return JSON.stringify({ ...record, labels: labelled.metadata.labels, ...(old ? { used: old.used, createdAt: old.createdAt, createdBy: old.createdBy } : {}) });
+  // The record's creation time is the Auth Service's now: an expired token (kept a while for its audit) is renewed.
+  const keepExpiry = old !== undefined && labelled.metadata.expires === undefined && old.expiresAt > Date.parse(record.createdAt);
+  const value = JSON.stringify({
+    ...record,
+    labels: labelled.metadata.labels,
+    ...(old ? { used: old.used, createdAt: old.createdAt, createdBy: old.createdBy } : {}),
+    ...(keepExpiry ? { expiresAt: old.expiresAt } : {}),
+  });
+  const ttlMs = stored.ttlMs === undefined ? undefined : keepExpiry ? stored.ttlMs + (old.expiresAt - record.expiresAt) : stored.ttlMs;
+  return { value, ...(ttlMs === undefined ? {} : { ttlMs }) };
 }
 
 /** What is compared: a token's expiry only when the manifest gives one (else each apply would push it back). */

@@ -14,13 +14,14 @@ import { codeOf } from '../helpers/errors.js';
 let backend: ReturnType<typeof openSqliteBackend>;
 let auth: AuthService;
 let admin: Identity;
-const now = Date.parse('2026-11-21T10:00:00Z');
+let now = Date.parse('2026-11-21T10:00:00Z');
 const role = (name: string, login = 'a') => `kind: role\nversion: v7\nmetadata: {name: ${name}}\nspec: {allow: {logins: [${login}]}}\n`;
 const apply = (who: Identity, text: string, options: { dryRun?: boolean; prune?: boolean; set?: string } = {}) =>
   auth.applyResources(who, parseManifest(text, 'test.yaml'), { dryRun: options.dryRun ?? false, prune: options.prune ?? false, set: options.set ?? 'default' });
 const names = async () => (await auth.getResources(admin, 'roles', undefined, false)).map((r) => r.metadata.name);
 
 beforeEach(async () => {
+  now = Date.parse('2026-11-21T10:00:00Z');
   backend = openSqliteBackend({ path: ':memory:', clock: () => now, sweepIntervalMs: 0 });
   auth = await AuthService.open({ backend, clusterName: 'unit.example', clock: () => now });
   admin = auth.adminIdentity();
@@ -80,7 +81,21 @@ describe('Applier', () => {
     await backend.put(key!, JSON.stringify({ ...record, used: 2 }));
     const result = await apply(admin, token('node, db'));
     expect(result.plan.map((e) => e.action)).toEqual(['update']);
-    expect(JSON.parse((await backend.get(key!))!.value)).toMatchObject({ used: 2, roles: ['node', 'db'] });
+    expect(JSON.parse((await backend.get(key!))!.value)).toMatchObject({ used: 2, roles: ['node', 'db'], expiresAt: record.expiresAt });
+    // Applied again unchanged ten minutes later (its default lifetime is 30): its expiry is not pushed back.
+    now += 600_000;
+    expect((await apply(admin, token('node, db'))).plan.map((e) => e.action)).toEqual(['unchanged']);
+  });
+
+  it('a token past its expiry (its record kept a while) applied again without metadata.expires: renewed, not unchanged', async () => {
+    const token = 'kind: token\nversion: v2\nmetadata: {name: fedcba9876543210fedcba9876543210}\nspec: {roles: [node], uses: 0}\n';
+    await apply(admin, token);
+    const [key] = (await backend.range('/tokens/')).map((i) => i.key);
+    const first = JSON.parse((await backend.get(key!))!.value) as { expiresAt: number };
+    now = first.expiresAt + 1000;
+    expect(await backend.get(key!)).toBeDefined();
+    expect((await apply(admin, token)).plan.map((e) => e.action)).toEqual(['update']);
+    expect((JSON.parse((await backend.get(key!))!.value) as { expiresAt: number }).expiresAt).toBeGreaterThan(now);
   });
 });
 
