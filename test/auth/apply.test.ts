@@ -73,6 +73,12 @@ describe('Applier', () => {
     expect(await codeOf(apply(blind, role('dev'), { dryRun: true }))).toBe('GW_ERR_ACCESS_DENIED');
   });
 
+  it('a user may name a role that the same apply creates (and only then)', async () => {
+    const user = 'kind: user\nversion: v2\nmetadata: {name: carol}\nspec: {roles: [fresh]}\n';
+    expect(await codeOf(apply(admin, user))).toBe('GW_ERR_RESOURCE_NOT_FOUND');
+    expect((await apply(admin, `${role('fresh')}---\n${user}`)).plan.map((e) => `${e.kind}/${e.name}:${e.action}`)).toEqual(['role/fresh:create', 'user/carol:create']);
+  });
+
   it('a token applied again with other roles keeps its use count', async () => {
     const token = (roles: string) => `kind: token\nversion: v2\nmetadata: {name: 0123456789abcdef0123456789abcdef}\nspec: {roles: [${roles}], uses: 5}\n`;
     await apply(admin, token('node'));

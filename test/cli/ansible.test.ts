@@ -131,6 +131,21 @@ describe('the gateway.gateway Ansible collection', () => {
     expect(again.changed).toBe(0);
   });
 
+  it('src: every document of a manifest file, present then absent', async () => {
+    const manifest = join(dir, 'from-src.yaml');
+    await writeFile(manifest, 'kind: role\nversion: v7\nmetadata: {name: from-src-a}\n---\nkind: role\nversion: v7\nmetadata: {name: from-src-b}\n');
+    const task = (state: string) => `    - name: src\n      gateway.gateway.gateway_resource:\n        gwctl: "{{ gw.gwctl }}"\n        data_dir: "{{ gw.data_dir }}"\n        src: ${manifest}\n        state: ${state}\n`;
+    const present = await playbook('src', task('present'));
+    expect(present.status, present.out).toBe(0);
+    expect(present.changed).toBe(1);
+    expect((await gwctl(['get', 'role/from-src-b'])).status).toBe(0);
+    expect((await playbook('src', task('present'))).changed).toBe(0);
+    const absent = await playbook('src', task('absent'));
+    expect(absent.changed).toBe(1);
+    expect((await gwctl(['get', 'role/from-src-a'])).status).toBe(1);
+    expect((await gwctl(['get', 'role/from-src-b'])).status).toBe(1);
+  });
+
   it('a refused resource fails the task with gwctl\'s code, and nothing is stored', async () => {
     const run = await playbook('bad', roleTask('ubuntu').replace('logins:', 'logns:'));
     expect(run.status).not.toBe(0);
