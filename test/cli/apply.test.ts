@@ -109,6 +109,17 @@ describe('gwctl apply', () => {
     expect(r.stdout).not.toContain('secret-value');
   });
 
+  it('a lock (created_at and created_by set by the Auth Service) is unchanged on the second run; a new connector\'s plan holds no secret', async () => {
+    await file('locks/l.yaml', 'kind: lock\nversion: v2\nmetadata: {name: freeze}\nspec:\n  target: {role: nobody-holds-this}\n  message: change freeze\n  expires: "2030-01-31T23:59:59+02:00"\n');
+    expect(actions(await plan(['-f', join(dir, 'locks'), '--set', 'locks']))).toEqual(['lock/freeze:create']);
+    expect(actions(await plan(['-f', join(dir, 'locks'), '--set', 'locks']))).toEqual(['lock/freeze:unchanged']);
+    await file('sso2/github.yaml', 'kind: github\nversion: v3\nmetadata: {name: gh}\nspec:\n  client_id: id\n  client_secret: github-secret-never-shown\n  redirect_url: https://gw.example.com/webapi/sso/github/callback\n  teams_to_roles: [{organization: o, team: t, roles: [access]}]\n');
+    const r = await gwctl(['apply', '-f', join(dir, 'sso2'), '--dry-run', '--format', 'json']);
+    expect(r.stdout).toContain('"action": "create"');
+    expect(r.stdout).toContain('client_secret: \\"***\\"');
+    expect(r.stdout).not.toContain('github-secret-never-shown');
+  });
+
   it('applies a token by its hash: unchanged on the second run, shown by its id only', async () => {
     const token = 'a3f5c1e9b7d4f2a6c0e8b1d3f5a7c9e1';
     await file('tokens/t.yaml', `kind: token\nversion: v2\nmetadata: {name: ${token}}\nspec: {roles: [node], uses: 0}\n`);
