@@ -74,6 +74,9 @@ declare -A NEED=(
   [zsh]=zsh
   [fish]=fish
   [groff]=groff-base
+  # the Ansible collection of deploy/ansible/ run against a real daemon (test/cli/ansible.test.ts)
+  [ansible-playbook]=ansible-core
+  [python3]=python3          # the interpreter the test gives Ansible for its modules (/usr/bin/python3, Debian's)
 )
 
 # file -> Debian package, for what the tests need that is not a command

@@ -436,6 +436,21 @@ export const ERROR_CODES = {
     summary: 'A manifest defines the same resource (kind and name) twice; reported as a problem inside GW_ERR_RESOURCE_INVALID.',
     hint: 'Keep one definition of each resource in a manifest.',
   },
+  GW_ERR_APPLY_CONFLICT: {
+    status: 409,
+    summary: 'gwctl apply: a resource of the plan was changed by someone else between the plan and the write; the write was refused whole, nothing was applied.',
+    hint: 'Run gwctl apply --dry-run again to see the new plan, then apply it.',
+  },
+  GW_ERR_APPLY_TOO_LARGE: {
+    status: 413,
+    summary: 'gwctl apply: the files are more than one apply takes (256 files, 1 MiB of text together, 1000 resources); nothing was read further or applied.',
+    hint: 'Split the resources into several apply sets (--set NAME), each applied from its own directory.',
+  },
+  GW_ERR_APPLY_SOURCE: {
+    status: 400,
+    summary: 'gwctl apply -f: a file or directory cannot be read (missing, unreadable, a symlink loop, a directory without -R, no manifest found); nothing was applied.',
+    hint: 'Give readable .yaml, .yml or .json files, or a directory holding them (-R to descend into subdirectories).',
+  },
   GW_ERR_API_BAD_REQUEST: {
     status: 400,
     summary: 'An API request the server cannot understand (bad JSON, missing field, bad percent-encoding).',

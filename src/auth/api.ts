@@ -10,6 +10,7 @@
  *   DELETE /webapi/sessions    (sign out)
  *   POST /webapi/sessions/bearer (after SSO)
  *                                              POST   /v1/resources        (a YAML manifest; validated here)
+ *                                              POST   /v1/resources/apply  (gwctl apply: files, dry_run, prune, set)
  *                                              GET    /v1/resources/:kind[/:name][?with_secrets=1]
  *                                              DELETE /v1/resources/:kind/:name
  *                                              POST   /v1/locks            DELETE /v1/locks[/:name][?user=|role=|node=]
@@ -39,7 +40,7 @@ import { jsonDepth, yamlNestingBound } from './bounds.js';
 import { agentRoutes } from './agentapi.js';
 import { clusterStatus } from './drift.js';
 import type { Verb } from './rbac.js';
-import { parseManifest, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
+import { DEFAULT_APPLY_SET, MAX_APPLY_BYTES, MAX_APPLY_FILES, parseManifest, parseManifestFiles, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 import { SAML_ACS_PATH, ssoRoutes } from './ssoapi.js';
@@ -124,6 +125,23 @@ function str(body: Record<string, unknown>, key: string, options: { optional?: b
   if (typeof v !== 'string') throw bad(`"${key}" must be a string`);
   if (v.length > (options.max ?? 16_384)) throw bad(`"${key}" is too long`);
   return v;
+}
+
+/** The files of POST /v1/resources/apply, within MAX_APPLY_FILES and MAX_APPLY_BYTES, each nesting within bounds. */
+function applyFiles(b: Record<string, unknown>): Array<{ source: string; manifest: string }> {
+  const files = b.files;
+  if (!Array.isArray(files) || files.length === 0) throw bad('"files" must be a non-empty list of { source, manifest }');
+  if (files.length > MAX_APPLY_FILES) throw new GatewayError('GW_ERR_APPLY_TOO_LARGE', `${files.length} files; one apply takes at most ${MAX_APPLY_FILES}`);
+  let total = 0;
+  return files.map((f: unknown) => {
+    if (typeof f !== 'object' || f === null) throw bad('each of "files" must be { source, manifest }');
+    const file = f as Record<string, unknown>;
+    const manifest = str(file, 'manifest', { max: MAX_APPLY_BYTES });
+    total += manifest.length;
+    if (total > MAX_APPLY_BYTES) throw new GatewayError('GW_ERR_APPLY_TOO_LARGE', `the files hold more than ${MAX_APPLY_BYTES} characters together`);
+    if (yamlNestingBound(manifest, MAX_YAML_NESTING) > MAX_YAML_NESTING) throw bad(`a manifest nests deeper than ${MAX_YAML_NESTING} levels (indentation included)`);
+    return { source: str(file, 'source', { optional: true, max: 1024 }) || 'manifest', manifest };
+  });
 }
 
 function strList(body: Record<string, unknown>, key: string): string[] {
@@ -265,6 +283,13 @@ function resourceRoutes(auth: AuthService): Route[] {
       if (resources.length === 0) throw new GatewayError('GW_ERR_RESOURCE_INVALID', 'the manifest holds no resource');
       return { messages: await auth.createResources(who, resources, b.overwrite === true) };
     }, { maxBody: BODY.manifest + 4096, before: (auth, caller) => auth.authorizeAny(caller, RESOURCE_KINDS, ['create', 'update']) }),
+    route('POST', '/v1/resources/apply', async ({ caller, body }) => {
+      const b = await body();
+      const who = await caller();
+      const resources = parseManifestFiles(applyFiles(b));
+      const options = { dryRun: b.dry_run === true, prune: b.prune === true, set: str(b, 'set', { optional: true, max: 64 }) || DEFAULT_APPLY_SET };
+      return auth.applyResources(who, resources, options);
+    }, { maxBody: 2 * MAX_APPLY_BYTES + 64 * 1024, before: (auth, caller) => auth.authorizeAny(caller, RESOURCE_KINDS, ['create', 'update']) }),
     route('GET', '/v1/resources/:kind', async ({ caller, params, query }) => ({
       resources: await auth.getResources(await caller(), params.kind!, undefined, query.get('with_secrets') === '1'),
     })),

@@ -29,7 +29,7 @@ export interface ManifestsDeps {
   agents: AgentDirectory;
 }
 
-interface Stored {
+export interface Stored {
   key: string;
   value: string;
   ttlMs?: number;
@@ -73,14 +73,18 @@ export class Manifests {
     return messages;
   }
 
-  private async storageFor(resource: Resource, caller: Identity): Promise<Stored> {
+  /**
+   * What the module owning the resource's kind stores for it (its key, value and TTL) and the kind its rules
+   * name. pendingRoles: roles that the same write creates (gwctl apply), which a user may name.
+   */
+  async storageFor(resource: Resource, caller: Identity, pendingRoles: ReadonlySet<string> = new Set()): Promise<Stored> {
     switch (resource.kind) {
       case 'lock':
         return { ...this.deps.lockAdmin.fromManifest(caller, resource as LockResource), rbacKind: 'lock' };
       case 'role':
         return { key: KEYS.role(resource.metadata.name), value: JSON.stringify(resource), rbacKind: 'role' };
       case 'user':
-        return { ...(await this.deps.users.storedFromManifest(resource as UserResource)), rbacKind: 'user' };
+        return { ...(await this.deps.users.storedFromManifest(resource as UserResource, pendingRoles)), rbacKind: 'user' };
       case 'token':
         return { ...this.deps.joining.fromManifest(resource as TokenResource), rbacKind: 'token' };
       case 'github':

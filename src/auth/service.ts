@@ -10,6 +10,7 @@
  *   agents.ts       presence, inventory, maintenance config   audit.ts      the audit log
  *   websessions.ts  the browser's sessions, the web terminal's SSH certificates, app launches and app sessions
  *   manifests.ts    resources through gwctl (create -f, get, rm), stored by the module that owns each kind
+ *   apply.ts        gwctl apply: the plan against what is stored, and its one conditioned write
  *
  * Transport-agnostic: api.ts exposes these methods over HTTPS (mutual TLS on 3025, and the public subset on the
  * Proxy's web port); proxyauth.ts names what the Proxy uses of it.
@@ -26,6 +27,7 @@ import { Joining } from './joining.js';
 import { LockAdmin } from './lockadmin.js';
 import { LockStore } from './locks.js';
 import { Manifests } from './manifests.js';
+import { Applier } from './apply.js';
 import type { CertAuthority, Identity } from './pki.js';
 import type { ProxyAuth } from './proxyauth.js';
 import type { NodeRecord } from './records.js';
@@ -66,6 +68,7 @@ interface Parts {
   agents: AgentDirectory;
   audit: AuditLog;
   manifests: Manifests;
+  applier: Applier;
   sso: SsoService;
   webSessions: WebSessions;
 }
@@ -100,6 +103,7 @@ export class AuthService implements ProxyAuth {
     const lockAdmin = new LockAdmin({ backend, clock, callers, audit, store: locks, log });
     const agents = new AgentDirectory(backend, options.clusterName, callers);
     const manifests = new Manifests({ backend, callers, audit, users, joining, lockAdmin, locks, agents });
+    const applier = new Applier({ backend, callers, audit, manifests });
     const webSessions = new WebSessions({ backend, clock, callers, authorities, audit, log, userCertTtlMs: options.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS });
     const sso = new SsoService({
       backend, clock, callers, authorities, audit, locks, log,
@@ -108,7 +112,7 @@ export class AuthService implements ProxyAuth {
       webSessions,
       ...(options.dialer ? { dialer: options.dialer } : {}),
     });
-    const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests, sso, webSessions }, options.proxyPublicAddr);
+    const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests, applier, sso, webSessions }, options.proxyPublicAddr);
     callers.watchRevocations(service.sessions);
     // A lock on a Proxy, or its removal, also takes its record out of the cluster's list (agents.ts).
     callers.watchRevocationScopes((why, scope) => {
@@ -182,6 +186,7 @@ export class AuthService implements ProxyAuth {
   createResources(...a: Parameters<Manifests['createResources']>) { return this.parts.manifests.createResources(...a); }
   getResources(...a: Parameters<Manifests['getResources']>) { return this.parts.manifests.getResources(...a); }
   removeResource(...a: Parameters<Manifests['removeResource']>) { return this.parts.manifests.removeResource(...a); }
+  applyResources(...a: Parameters<Applier['apply']>) { return this.parts.applier.apply(...a); }
   createLock(...a: Parameters<LockAdmin['createLock']>) { return this.parts.lockAdmin.createLock(...a); }
   removeLocks(...a: Parameters<LockAdmin['removeLocks']>) { return this.parts.lockAdmin.removeLocks(...a); }
 

@@ -136,14 +136,14 @@ export class Users {
   }
 
   /** A user from a manifest as it is stored: an existing user keeps its password hash and creation time. */
-  async storedFromManifest(user: UserResource): Promise<{ key: string; value: string }> {
+  async storedFromManifest(user: UserResource, pendingRoles: ReadonlySet<string> = new Set()): Promise<{ key: string; value: string }> {
     const existing = await readJson<StoredUser>(this.deps.backend, KEYS.user(user.metadata.name));
     const stored: StoredUser = {
       resource: user,
       ...(existing?.passwordHash ? { passwordHash: existing.passwordHash } : {}),
       createdAt: existing?.createdAt ?? new Date(this.deps.clock()).toISOString(),
     };
-    await this.deps.callers.requireRolesExist(user.spec.roles);
+    await this.deps.callers.requireRolesExist(user.spec.roles.filter((r) => !pendingRoles.has(r)));
     return { key: KEYS.user(user.metadata.name), value: JSON.stringify(stored) };
   }
 

@@ -3,7 +3,8 @@
 import { fchmodSync, fstatSync, readFileSync } from 'node:fs';
 import { writeSecretFile } from '../fsutil.js';
 import type { Resource } from '../auth/resources/index.js';
-import { getKindOf, toJson, toYaml } from '../auth/resources/index.js';
+import { DEFAULT_APPLY_SET, getKindOf, hasChanges, planText, toJson, toYaml, type ApplyResult } from '../auth/resources/index.js';
+import { readApplyFiles } from './apply.js';
 import type { ApiClient } from '../client/api.js';
 import { formatDuration, parseDuration } from '../duration.js';
 import { GatewayError } from '../errors.js';
@@ -213,6 +214,28 @@ program
     }
     const { messages } = await client().call<{ messages: string[] }>('POST', '/v1/resources', { manifest, source: file, overwrite: opts.force === true });
     for (const m of messages) out(m);
+  });
+
+/** gwctl apply --exit-code: the plan has changes (0 none, 1 an error, 2 a usage error, as every CLI here). */
+const EXIT_CHANGES = 3;
+const APPLY_FORMAT: FormatSpec = { shortFlag: false };
+
+formatOption(program
+  .command('apply')
+  .description('make the resources of manifests (files or directories) what is stored: prints the plan (create, update with a diff, unchanged, delete), then applies it in one write; all or nothing')
+  .requiredOption('-f, --filename <path>', 'a manifest file (.yaml, .yml, .json), a directory of them, or - for standard input; may be repeated', (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
+  .option('-R, --recursive', 'read the subdirectories of a directory too')
+  .option('--dry-run', 'print the plan and change nothing')
+  .option('--exit-code', `exit with status ${EXIT_CHANGES} when the plan has changes (with --dry-run: changes pending; as terraform plan -detailed-exitcode)`)
+  .option('--prune', 'delete the resources of the apply set that the files no longer hold (never presets, never resources made by hand)')
+  .option('--set <name>', 'the apply set: the label gateway.dev/apply-set on every resource applied, and what --prune considers', DEFAULT_APPLY_SET)
+  .option('--no-diff', 'print the plan without the diffs of updates'), APPLY_FORMAT)
+  .action(async (opts: { filename: string[]; recursive?: boolean; dryRun?: boolean; exitCode?: boolean; prune?: boolean; set: string; diff: boolean } & FormatOptions) => {
+    const format = formatOf(opts, APPLY_FORMAT);
+    const files = readApplyFiles(opts.filename, opts.recursive === true);
+    const result = await client().call<ApplyResult>('POST', '/v1/resources/apply', { files, dry_run: opts.dryRun === true, prune: opts.prune === true, set: opts.set });
+    out(render(format, result, () => `${planText(result, opts.diff)}\n${result.dry_run ? 'Dry run: nothing was changed.' : hasChanges(result) ? 'Applied.' : 'Nothing to change.'}`));
+    if (opts.exitCode && hasChanges(result)) process.exitCode = EXIT_CHANGES;
   });
 
 /** gwctl get prints YAML unless told (as upstream's tctl get does): what it prints, gwctl create reads back. */

@@ -23,6 +23,8 @@ export interface FormatSpec {
   aliases?: Readonly<Record<string, Format>>;
   /** The command had a --json flag: it stays, as a deprecated spelling of --format json. */
   jsonFlag?: boolean;
+  /** false: --format only, for a command whose -f is its file (gwctl apply -f FILE, as kubectl apply -f). */
+  shortFlag?: false;
 }
 
 export interface FormatOptions {
@@ -35,7 +37,8 @@ export function formatOption(cmd: Command, spec: FormatSpec = {}): Command {
   // No commander default: an absent flag stays undefined, so that --json beside an explicit -f text is seen.
   // The values are offered by completion and listed in the manual (completeValues), not enforced by commander:
   // formatOf checks them, so that the deprecated aliases keep working.
-  cmd.addOption(completeValues(new Option('-f, --format <format>', `output format: ${FORMATS.join(', ')} (default: ${spec.default ?? 'text'})`), FORMATS));
+  const flags = spec.shortFlag === false ? '--format <format>' : '-f, --format <format>';
+  cmd.addOption(completeValues(new Option(flags, `output format: ${FORMATS.join(', ')} (default: ${spec.default ?? 'text'})`), FORMATS));
   if (spec.jsonFlag) cmd.addOption(new Option('--json', 'deprecated: use --format json'));
   return cmd;
 }

@@ -284,6 +284,40 @@ describe('the router', () => {
     });
   });
 
+  describe('POST /v1/resources/apply: bounded before any parse, refused whole', () => {
+    beforeEach(() => {
+      overrides.applyResources = () => {
+        throw new Error('applyResources must not be reached');
+      };
+    });
+    const apply = (body: unknown) => send({ method: 'POST', path: '/v1/resources/apply', peer: admin, body: JSON.stringify(body) });
+    const role = 'kind: role\nversion: v7\nmetadata: {name: r}\n';
+
+    it('files must be a non-empty list of { source, manifest }', async () => {
+      expectError(await apply({}), 400, 'GW_ERR_API_BAD_REQUEST', /"files" must be a non-empty list/);
+      expectError(await apply({ files: [] }), 400, 'GW_ERR_API_BAD_REQUEST', /"files" must be a non-empty list/);
+      expectError(await apply({ files: ['x'] }), 400, 'GW_ERR_API_BAD_REQUEST', /must be \{ source, manifest \}/);
+      expectError(await apply({ files: [{ source: 'a' }] }), 400, 'GW_ERR_API_BAD_REQUEST', /"manifest" must be a string/);
+    });
+
+    it('more than 256 files, or more than 1 MiB together: 413 GW_ERR_APPLY_TOO_LARGE', async () => {
+      expectError(await apply({ files: Array.from({ length: 257 }, () => ({ manifest: role })) }), 413, 'GW_ERR_APPLY_TOO_LARGE', /257 files/);
+      const half = `${role}# ${'x'.repeat(600 * 1024)}\n`;
+      expectError(await apply({ files: [{ manifest: half }, { manifest: half }] }), 413, 'GW_ERR_APPLY_TOO_LARGE', /more than 1048576 characters/);
+    });
+
+    it('a manifest nested too deep, a refused document in any file: nothing reaches the Applier', async () => {
+      expectError(await apply({ files: [{ manifest: role }, { manifest: `${'- '.repeat(49)}x\n` }] }), 400, 'GW_ERR_API_BAD_REQUEST', /nests deeper than 96 levels/);
+      expectError(await apply({ files: [{ source: 'a.yaml', manifest: role }, { source: 'b.yaml', manifest: 'kind: nope\n' }] }), 400, 'GW_ERR_RESOURCE_INVALID', /b\.yaml: document 1: kind: unknown kind "nope"/);
+      expectError(await apply({ files: [{ source: 'a.yaml', manifest: role }, { source: 'b.yaml', manifest: role }] }), 400, 'GW_ERR_RESOURCE_INVALID', /role "r" is defined in a\.yaml too/);
+    });
+
+    it('a set name that is no label value is refused by the Applier, before it reads anything', async () => {
+      delete overrides.applyResources;
+      expectError(await apply({ files: [{ manifest: role }], set: 'Not A Label' }), 400, 'GW_ERR_API_BAD_REQUEST', /apply set name "Not A Label"/);
+    });
+  });
+
   describe('authenticated routes: the caller, then the route check, then the body', () => {
     /** A request whose body never ends: answered at all only if the router refuses before reading it. */
     const endless = (peer: Request['peer'], path = '/v1/users') => send({ method: 'POST', path, peer, body: '{"name": "mallory", "roles": ["editor"], "password": "', end: false });

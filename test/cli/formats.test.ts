@@ -207,6 +207,19 @@ async function commandTree(program: 'gateway' | 'gwctl' | 'gwsh' | 'gateway-upgr
   return [...(path.length > 0 ? [[path, help] as [string[], string]] : []), ...below.flat()];
 }
 
+describe('gwctl apply: --format (its -f is the file)', () => {
+  it('prints the same plan as json and as yaml, snake_case', async () => {
+    const manifest = join(dir, 'apply-format.yaml');
+    await writeFile(manifest, 'kind: role\nversion: v7\nmetadata: {name: format-check}\n');
+    const json = await gwctl(['apply', '-f', manifest, '--dry-run', '--format', 'json']);
+    expect(json.status, json.stderr).toBe(0);
+    const data = JSON.parse(json.stdout) as unknown;
+    expect(notSnake(data)).toEqual([]);
+    const yaml = await gwctl(['apply', '-f', manifest, '--dry-run', '--format', 'yaml']);
+    expect(parseYaml(yaml.stdout)).toEqual(data);
+  });
+});
+
 describe('the walk above covers every command that has the flag, and the flag is the same everywhere', () => {
   it('each command whose --help lists --format is in COMMANDS (or is dial-plan); each lists it as -f, --format with the three formats', async () => {
     // The command's words: those before its first flag (gwctl get's are its kind and name, not subcommands).
@@ -215,11 +228,14 @@ describe('the walk above covers every command that has the flag, and the flag is
     // Checked by their own tests below and above: dial-plan streams records, login needs a password on stdin.
     walked.add('gateway dial-plan');
     walked.add('gwsh login');
+    // gwctl apply's -f is its file (as kubectl apply -f): --format only, checked below.
+    walked.add('gwctl apply');
     const missing: string[] = [];
     for (const program of ['gateway', 'gwctl', 'gwsh', 'gateway-upgrade'] as const) {
       for (const [path, help] of await commandTree(program)) {
         if (!help.includes('--format')) continue;
-        expect(help, `${program} ${path.join(' ')}`).toMatch(/-f, --format <format>\s+output format: text, json, yaml/);
+        const flag = `${program} ${path.join(' ')}` === 'gwctl apply' ? / {2}--format <format>\s+output format: text, json, yaml/ : /-f, --format <format>\s+output format: text, json, yaml/;
+        expect(help, `${program} ${path.join(' ')}`).toMatch(flag);
         if (!walked.has(`${program} ${path.join(' ')}`)) missing.push(`${program} ${path.join(' ')}`);
       }
     }

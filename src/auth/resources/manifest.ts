@@ -325,3 +325,55 @@ export function toYaml(resources: readonly Resource[]): string {
 export function toJson(resources: readonly Resource[]): string {
   return `${JSON.stringify(resources.map(ordered), null, 2)}\n`;
 }
+
+/**
+ * Several manifests validated as one (gwctl apply -f DIR): every document of every file, then the same resource
+ * (kind and name) in two files. One GW_ERR_RESOURCE_INVALID lists the problems of all files; nothing is returned
+ * unless every document of every file validates.
+ */
+export function parseManifestFiles(files: ReadonlyArray<{ source: string; manifest: string }>): AnyResource[] {
+  const problems: ManifestProblem[] = [];
+  let firstSource: string | undefined;
+  const all: AnyResource[] = [];
+  const seen = new Map<string, string>();
+  for (const file of files) {
+    let resources: AnyResource[];
+    try {
+      resources = parseManifest(file.manifest, file.source);
+    } catch (err) {
+      if (!(err instanceof GatewayError) || err.code !== 'GW_ERR_RESOURCE_INVALID') throw err;
+      const listed = (err.details.problems as ManifestProblem[] | undefined) ?? [];
+      firstSource ??= file.source;
+      problems.push(...(listed.length > 0 ? listed : [{ code: 'GW_ERR_RESOURCE_INVALID' as const, document: 1, path: '', line: 1, column: 1, message: err.message }]));
+      continue;
+    }
+    for (const r of resources) {
+      const key = `${r.kind}\u0000${r.metadata.name}`;
+      const name = r.kind === 'token' ? tokenId(r.metadata.name) : r.metadata.name;
+      const first = seen.get(key);
+      if (first !== undefined) {
+        firstSource ??= file.source;
+        problems.push({
+          code: 'GW_ERR_RESOURCE_DUPLICATE', document: 0, kind: r.kind, name, path: 'metadata.name', line: 0, column: 0,
+          message: `${file.source}: ${r.kind} ${JSON.stringify(name)} is defined in ${first} too`, hint: 'Keep one definition of each resource across the files of an apply.',
+        });
+      } else {
+        seen.set(key, file.source);
+      }
+      all.push(r);
+    }
+  }
+  if (problems.length === 0) return all;
+  const first = problems[0]!;
+  const more = problems.slice(1, MAX_LISTED + 1).map((p) => `\n  ${p.message}`);
+  const rest = problems.length - 1 - more.length;
+  const message = `${first.message}${problems.length > 1 ? `\nand ${problems.length - 1} more problem${problems.length > 2 ? 's' : ''}:${more.join('')}${rest > 0 ? '\n  ...' : ''}` : ''}`;
+  return fail(message, firstSource ?? '', first, problems);
+}
+
+function fail(message: string, source: string, first: ManifestProblem, problems: ManifestProblem[]): never {
+  throw new GatewayError('GW_ERR_RESOURCE_INVALID', message, {
+    ...(first.hint === undefined ? {} : { hint: first.hint }),
+    details: { source, document: first.document, kind: first.kind, path: first.path, line: first.line, column: first.column, problems },
+  });
+}
