@@ -21,6 +21,7 @@ import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { curl } from '../helpers/curl.js';
 import { startGwshProxy } from '../helpers/gwshproxy.js';
+import { eventually } from '../helpers/wait.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
@@ -255,9 +256,14 @@ describe('TCP apps and desktops through gwsh', () => {
 });
 
 describe("the agent's health endpoints (gateway.diag_addr, the chart's probes)", () => {
-  it('/healthz answers, and /readyz is 200 with the reverse tunnel up', async () => {
+  it('/healthz answers, and /readyz is 200 with the reverse tunnel up and each resource answering (the API server among them)', async () => {
     expect(JSON.parse((await curl([`http://127.0.0.1:${diagPort}/healthz`])).stdout)).toEqual({ status: 'ok' });
-    expect(JSON.parse((await curl([`http://127.0.0.1:${diagPort}/readyz`])).stdout)).toEqual({ status: 'ready' });
+    const ready = await eventually('the agent ready', async () => {
+      const r = JSON.parse((await curl([`http://127.0.0.1:${diagPort}/readyz`])).stdout) as { status: string; checks: Array<{ name: string; ok: boolean }> };
+      if (r.status !== 'ready') throw new Error(JSON.stringify(r));
+      return r;
+    });
+    expect(ready.checks.map((c) => c.name)).toEqual(expect.arrayContaining(['tunnel', 'app grafana', 'app echo-tcp', 'kube dev']));
   });
 });
 
