@@ -5,7 +5,8 @@
  *
  *   /readyz names each check; stopping PostgreSQL turns the cluster unready with "backend" failing (and the
  *   agent's "db pg"), starting it again turns both ready; stopping the cluster cuts the agent's tunnel ("tunnel"
- *   fails), starting it again brings it back.
+ *   fails) and takes the Auth Service from a Proxy running in its own process ("auth" fails), starting it again
+ *   brings both back.
  *   gwctl probe: each hop's time, text and json; a resource the caller cannot reach is "not found" exactly as
  *   one that does not exist; a resource that does not answer fails naming the resource hop.
  * Waits use eventually(): nothing here asserts how fast anything happens.
@@ -31,6 +32,9 @@ let clusterDiag: string;
 let agentDiag: string;
 let proxyAddr: string;
 let clusterData: string;
+let authPort: number;
+let splitProxy: RunningGateway;
+let splitDiag: string;
 let appPort: number;
 let app: net.Server | undefined;
 
@@ -63,7 +67,7 @@ function readyzUntil(addr: string, status: number, check: string, ok: boolean): 
 
 const clusterConfig = (webPort: number) =>
   ['gateway:', '  nodename: proxy-1', '  data_dir: DATA_DIR', '  log: { format: json }', '  storage:', '    type: postgres', `    conn_string: "${pg.url()}"`,
-    'auth_service:', '  cluster_name: health.example', '  listen_addr: 127.0.0.1:0', '  keep_alive_interval: 1s',
+    'auth_service:', '  cluster_name: health.example', `  listen_addr: 127.0.0.1:${authPort}`, '  keep_alive_interval: 1s',
     'proxy_service:', `  web_listen_addr: 127.0.0.1:${webPort}`, `  public_addr: 127.0.0.1:${webPort}`, ''].join('\n');
 
 const gwctl = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', clusterData, ...args], { env: { HOME: dir }, ...(input === undefined ? {} : { input }) });
@@ -85,8 +89,8 @@ beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-health-'));
   await chmod(dir, 0o755);
   clusterData = join(dir, 'cluster-data');
-  let pgPort: number, agentDiagPort: number;
-  [pgPort, webPort, clusterDiagPort, agentDiagPort, appPort] = (await Promise.all([getPort(), getPort(), getPort(), getPort(), getPort()])) as [number, number, number, number, number];
+  let pgPort: number, agentDiagPort: number, splitWebPort: number, splitDiagPort: number;
+  [pgPort, webPort, clusterDiagPort, agentDiagPort, appPort, authPort, splitWebPort, splitDiagPort] = (await Promise.all([getPort(), getPort(), getPort(), getPort(), getPort(), getPort(), getPort(), getPort()])) as [number, number, number, number, number, number, number, number];
   proxyAddr = `127.0.0.1:${webPort}`;
   pg = await startPostgres({ port: pgPort });
   await openApp();
@@ -102,6 +106,14 @@ beforeAll(async () => {
   );
   agentDiag = agent.addresses.diag!;
   await agent.waitForLog('reverse tunnel ready', 20_000);
+  // A Proxy in its own process: its Auth Service is the cluster's Auth API.
+  const proxyToken = (JSON.parse((await gwctl(['tokens', 'add', '--type=proxy', '--format', 'json'])).stdout) as { token: string }).token;
+  splitProxy = await startGateway(
+    ['gateway:', '  nodename: proxy-2', '  data_dir: DATA_DIR', '  log: { format: json }', `  auth_server: [127.0.0.1:${authPort}]`, 'auth_service:', '  enabled: no',
+      'proxy_service:', `  web_listen_addr: 127.0.0.1:${splitWebPort}`, `  public_addr: 127.0.0.1:${splitWebPort}`, ''].join('\n'),
+    { args: ['--roles=proxy', '--token', proxyToken, '--ca-pin', pin, '--diag-addr', `127.0.0.1:${splitDiagPort}`] },
+  );
+  splitDiag = splitProxy.addresses.diag!;
   // alice may reach every database; bob's role reaches none.
   expect((await gwctl(['users', 'add', 'alice', '--roles=access', '--db-users=gwtest', '--db-names=gwtest'], `${PASSWORD}\n`)).stderr).toBe('');
   expect((await gwctl(['users', 'add', 'bob', '--roles=auditor'], `${PASSWORD}\n`)).stderr).toBe('');
@@ -113,6 +125,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   app?.close();
+  await splitProxy?.stop();
   await agent?.stop();
   await cluster?.stop();
   await pg?.stop();
@@ -179,11 +192,19 @@ rootSuite(['dbUsers'])('readiness and the probe, with PostgreSQL and an agent', 
     await readyzUntil(agentDiag, 200, 'app echo', true);
   }, 90_000);
 
-  it('the tunnel cut (the cluster stopped): the agent is unready naming its tunnel; the cluster back: ready', async () => {
+  it('a Proxy in its own process checks its Auth Service (the Auth API) and its listeners, not a backend of its own', async () => {
+    const r = await readyzUntil(splitDiag, 200, 'auth', true);
+    expect(r.body.checks.map((c) => c.name)).toEqual(['auth', 'listener web']);
+  }, 60_000);
+
+  it('the cluster stopped: the agent is unready naming its tunnel, the other Proxy naming its Auth Service; the cluster back: both ready', async () => {
     await cluster.stop();
     await readyzUntil(agentDiag, 503, 'tunnel', false);
+    const split = await readyzUntil(splitDiag, 503, 'auth', false);
+    expect(split.body.checks.filter((c) => !c.ok).map((c) => c.name)).toEqual(['auth']);
     await startCluster();
     await readyzUntil(agentDiag, 200, 'tunnel', true);
+    await readyzUntil(splitDiag, 200, 'auth', true);
     await readyzUntil(cluster.addresses.diag!, 200, 'backend', true);
   }, 150_000);
 
