@@ -27,6 +27,10 @@
  * (on raw SSH: the Proxy /webapi/find lists for its host key); a welcome naming another is refused, and streams are
  * served only after a welcome that names it.
  *
+ * A probe of a resource (`gwctl probe`, a DialRequest with probe: true, src/tunnel/protocol.ts; not the pool's probe
+ * of a better rung, below): the agent only checks that the resource answers (reachResource: connect and close),
+ * answers, writes one ProbeReport line and ends the stream.
+ *
  * Moving (the pool's, src/agent/pool.ts): a probe is a TunnelAgent limited to the better rungs that tries once
  * (probe) and says drain_previous in its hello; once it is welcomed it is promoted to an ordinary tunnel, and the
  * one it replaced is drained (drain()): no retry, its streams in flight finish, then it closes (at the latest

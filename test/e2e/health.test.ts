@@ -147,6 +147,9 @@ rootSuite(['dbUsers'])('readiness and the probe, with PostgreSQL and an agent', 
       const down = await readyzUntil(clusterDiag, 503, 'backend', false);
       expect(down.body.status).toBe('not ready');
       expect(down.body.checks.filter((x) => !x.ok).map((x) => x.name)).toEqual(['backend']);
+      // What the check saw, without the connection string's password: /readyz answers without credentials.
+      expect(down.body.checks[0]!.detail).toContain('PostgreSQL');
+      expect(JSON.stringify(down.body)).not.toContain(pg.password);
       await readyzUntil(agentDiag, 503, 'db pg', false);
     } finally {
       await pg.resume();
