@@ -91,13 +91,17 @@ export async function startAgentRole(options: AgentRoleOptions): Promise<AgentRo
   return { ...(await startAgentParts(options, hostIdentity, health.reach)), health };
 }
 
-/** The resources of the configuration, by kind and name, and their reachability (resourceReach). */
+/**
+ * The resources /readyz checks every round, by kind and name, and their reachability (resourceReach): those a bare
+ * connect-and-close cannot hurt. Not MySQL (a connection closed before its handshake counts towards the server's
+ * max_connect_errors, which blocks the agent's host after 100 by default), TCP apps or desktops (a server that
+ * takes one client at a time counts it as a failed client). gwctl probe, asked for by an operator, checks any.
+ */
 function agentHealth(options: AgentRoleOptions, identity: HostIdentity): AgentRole['health'] {
   const r = agentResources(options.config, options.services);
   const resources = [
-    ...r.databases.map((d) => ({ kind: 'db' as const, name: d.name })),
-    ...r.apps.map((a) => ({ kind: 'app' as const, name: a.name })),
-    ...r.desktops.map((d) => ({ kind: 'desktop' as const, name: d.name })),
+    ...r.databases.filter((d) => d.protocol !== 'mysql').map((d) => ({ kind: 'db' as const, name: d.name })),
+    ...r.apps.filter((a) => a.kind !== 'tcp').map((a) => ({ kind: 'app' as const, name: a.name })),
     ...r.kube_clusters.map((k) => ({ kind: 'kube' as const, name: k.name })),
   ];
   return { resources, reach: resourceReach(options.config, options.services, options.dialer, identity.cluster) };

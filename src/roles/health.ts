@@ -12,9 +12,10 @@
  *                    the multiplexer's detect deadline each round; the event loop's answer is /healthz's, and
  *                    the path past the listener is the probe's (`gwctl probe`).
  *   tunnel           agent: it holds a tunnel to at least one Proxy (the pool's state is connected).
- *   <kind> <name>    agent: each resource it serves answers: a TCP connect to the database's, app's, desktop's
- *                    or API server's address, closed at once (src/agent/resources.ts resourceReach); a direct-join
- *                    agent's SSH listener likewise. The SSH Service of a tunnel agent runs in this process (/healthz).
+ *   <kind> <name>    agent: each resource a bare connect cannot hurt answers (roles/agent.ts says which: PostgreSQL,
+ *                    Redis and MongoDB databases, HTTP(S) apps, API servers): a TCP connect to its address, closed
+ *                    at once (src/agent/resources.ts resourceReach); a direct-join agent's SSH listener likewise.
+ *                    The SSH Service of a tunnel agent runs in this process (/healthz).
  *
  * Also here, the one rule of where the diagnostics listener may not be: on a public listener's address.
  */

@@ -1,7 +1,7 @@
 /**
  * Health that proves the path (docs/operations.md, "Health" and "Probing the path"), end to end with the real
  * binaries and real peers: a cluster (auth + proxy) on PostgreSQL and an agent serving that PostgreSQL as a
- * database and a TCP app this test opens and closes, each with --diag-addr.
+ * database, an HTTP app whose server this test opens and closes, and its SSH Service, each with --diag-addr.
  *
  *   /readyz names each check; stopping PostgreSQL turns the cluster unready with "backend" failing (and the
  *   agent's "db pg"), starting it again turns both ready; stopping the cluster cuts the agent's tunnel ("tunnel"
@@ -97,11 +97,11 @@ beforeAll(async () => {
   await startCluster();
   clusterDiag = cluster.addresses.diag!;
   const pin = /CA pin:\s+(\S+)/.exec((await gwctl(['status'])).stdout)![1]!;
-  const token = (JSON.parse((await gwctl(['tokens', 'add', '--type=db,app', '--format', 'json'])).stdout) as { token: string }).token;
+  const token = (JSON.parse((await gwctl(['tokens', 'add', '--type=db,app,node', '--format', 'json'])).stdout) as { token: string }).token;
   agent = await startGateway(
     ['gateway:', '  nodename: health-agent', '  data_dir: DATA_DIR', '  log: { format: json }', 'db_service:', '  enabled: yes', '  databases:',
       `    - { name: pg, protocol: postgres, uri: 127.0.0.1:${pgPort}, labels: { env: prod } }`,
-      'app_service:', '  enabled: yes', '  apps:', `    - { name: echo, uri: "tcp://127.0.0.1:${appPort}" }`, ''].join('\n'),
+      'app_service:', '  enabled: yes', '  apps:', `    - { name: echo, uri: "http://127.0.0.1:${appPort}" }`, 'ssh_service:', '  enabled: yes', ''].join('\n'),
     { args: ['--token', token, '--ca-pin', pin, '--proxy', proxyAddr, '--diag-addr', `127.0.0.1:${agentDiagPort}`] },
   );
   agentDiag = agent.addresses.diag!;
@@ -167,6 +167,9 @@ rootSuite(['dbUsers'])('readiness and the probe, with PostgreSQL and an agent', 
     expect(json.via).toBe('local');
     expect(json.hops.map((h) => h.hop)).toEqual(['find', 'tunnel', 'resource']);
     for (const h of json.hops) expect(h.ms).toBeGreaterThanOrEqual(0);
+    // A node: its SSH Service runs in the agent, which answers for it.
+    const node = JSON.parse((await gwctl(['probe', 'node', 'health-agent', '--proxy', proxyAddr, '-f', 'json'])).stdout) as { hops: Array<{ hop: string; detail?: string }> };
+    expect(node.hops.at(-1)).toMatchObject({ hop: 'resource', detail: 'the SSH Service runs in the agent' });
     // Without --proxy the admin identity names only the Auth API: a usage error saying what to give.
     const noProxy = await gwctl(['probe', 'db', 'pg']);
     expect(noProxy.stderr).toContain('code: GW_ERR_USAGE');
