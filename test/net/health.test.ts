@@ -7,7 +7,8 @@
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/index.js';
 import { HealthMonitor } from '../../src/net/health.js';
-import { checkDiagAddr, readinessChecks } from '../../src/roles/health.js';
+import net from 'node:net';
+import { checkDiagAddr, reachTcp, readinessChecks } from '../../src/roles/health.js';
 import { codeOf } from '../helpers/errors.js';
 
 describe('HealthMonitor', () => {
@@ -68,6 +69,20 @@ describe('readiness checks of the roles', () => {
     tunnel.state = 'reconnecting';
     await m.runRound();
     expect(m.report().checks.map((c) => [c.name, c.ok])).toEqual([['listener web', false], ['tunnel', false]]);
+  });
+});
+
+describe('a direct-join agent\'s SSH listener check (a TCP connect, closed at once)', () => {
+  it('passes while the listener accepts, fails naming the address once it is gone', async () => {
+    const server = net.createServer((s) => s.destroy());
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const addr = `127.0.0.1:${(server.address() as net.AddressInfo).port}`;
+    const m = new HealthMonitor(readinessChecks({ timeoutMs: 1_000, sshListener: { check: (ms) => reachTcp(addr, ms) } }), { intervalMs: 60_000 });
+    await m.runRound();
+    expect(m.report().checks[0]).toMatchObject({ name: 'ssh listener', ok: true });
+    await new Promise((r) => server.close(r));
+    await m.runRound();
+    expect(m.report().checks[0]).toMatchObject({ name: 'ssh listener', ok: false, detail: `${addr}: ECONNREFUSED` });
   });
 });
 
