@@ -27,6 +27,8 @@ import { Dialer } from './dial/dialer.js';
 import { GatewayError } from './errors.js';
 import { ConnectionLimits, limitSettings } from './net/deadlines.js';
 import { startDiagServer } from './net/diag.js';
+import { HEALTH_TIMEOUT_MS, HealthMonitor } from './net/health.js';
+import { checkDiagAddr, readinessChecks, reachTcp } from './roles/health.js';
 import type { AgentRole, JoinFlags } from './roles/agent.js';
 import type { DaemonEnvironment } from './roles/environment.js';
 import { Lifecycle } from './roles/lifecycle.js';
@@ -99,6 +101,7 @@ export function proxyAddressForClients(config: GatewayConfig, webPort: number = 
 
 export async function startDaemon(config: GatewayConfig, flags: StartFlags, environment: DaemonEnvironment): Promise<Daemon> {
   const services = servicesFor(config, flags.roles);
+  checkDiagAddr(config, services);
   const runs = (service: ServiceName) => services.includes(service);
   const lifecycle = new Lifecycle();
   const proxyCa = config.gateway.proxy_ca_file;
@@ -134,12 +137,22 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
       ? await (await agentRole).startAgentRole({ config, services, join: flags, ...(auth ? { localAuth: auth.auth } : {}), ...(addresses.web ? { localProxy: addresses.web } : {}), ...(limits ? { limits } : {}), dialer, environment, lifecycle })
       : undefined;
     if (agent?.sshAddress) addresses.ssh = agent.sshAddress;
-    // Last, so that /healthz answers only once everything above started; /readyz follows the agent's tunnel.
+    // Last, so that /healthz answers only once everything above started; /readyz reads the checks' last round.
     if (config.gateway.diag_addr) {
-      const tunnel = agent?.tunnelAgent;
-      const diag = await startDiagServer(config.gateway.diag_addr, () =>
-        !tunnel || tunnel.getState() === 'connected' ? { ready: true } : { ready: false, reason: `reverse tunnel ${tunnel.getState()}` },
+      const monitor = new HealthMonitor(
+        readinessChecks({
+          timeoutMs: HEALTH_TIMEOUT_MS,
+          ...(auth ? { backend: auth.backend, localAuth: true } : {}),
+          ...(remote ? { remoteAuth: remote.auth } : {}),
+          ...(proxy ? { listeners: () => proxy.listening() } : {}),
+          ...(agent?.tunnelAgent ? { tunnel: agent.tunnelAgent } : {}),
+          ...(agent ? agent.health : {}),
+          ...(agent?.sshAddress ? { sshListener: { check: (ms: number) => reachTcp(agent.sshAddress!, ms) } } : {}),
+        }),
       );
+      lifecycle.onStop('backend', () => monitor.stop());
+      void monitor.start();
+      const diag = await startDiagServer(config.gateway.diag_addr, () => monitor.report());
       lifecycle.onStop('backend', () => diag.close());
       addresses.diag = diag.address;
     }

@@ -581,6 +581,16 @@ export const ERROR_CODES = {
     summary: 'A listener cannot bind its address (in use, permission for ports below 1024, address not on this machine).',
     hint: 'The message names the configuration key; change the address or stop the other process.',
   },
+  GW_ERR_DIAG_ADDR_PUBLIC: {
+    status: 500,
+    summary: 'The diagnostics listener (--diag-addr, gateway.diag_addr) is set to the address of a public listener: its plain-HTTP health answers would be served where clients and agents connect.',
+    hint: 'Never on the public port: give --diag-addr an address only the supervisor reaches, e.g. 127.0.0.1:3000 (or the pod IP for Kubernetes probes).',
+  },
+  GW_ERR_PROBE_FAILED: {
+    status: 502,
+    summary: "A probe (gwctl probe) did not get through: the hop it names (find, peer, tunnel, resource) failed or passed its deadline.",
+    hint: "The answer names the hop: 'find' means no live agent serves it, 'tunnel' an agent that does not answer, 'resource' the resource behind the agent; see docs/operations.md, Probing the path.",
+  },
 
   // --- single sign-on: OIDC, SAML and the code-hosting OAuth connector (src/auth/sso) -------------------------------
   GW_ERR_SSO_CONNECTOR_UNKNOWN: {

@@ -125,3 +125,60 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
     }
   };
 }
+
+/**
+ * Whether a resource answers, without touching its data: a TCP connection to its address (a Kubernetes API
+ * server's through the Dialer, as its real dials go), closed as soon as it is made. What /readyz's resource checks
+ * (src/roles/health.ts) and a probe's last hop (`gwctl probe`, src/agent/tunnel.ts) ask. Resolves with the
+ * connect time in milliseconds; rejects with GW_ERR_TUNNEL_NOT_FOUND for a resource this agent does not serve,
+ * GW_ERR_TUNNEL_DIAL_FAILED when it does not answer within timeoutMs.
+ */
+export type ResourceReach = (service: ServiceKind, name: string, timeoutMs: number) => Promise<number>;
+
+export function resourceReach(config: GatewayConfig, services: readonly ServiceName[], dialer: Dialer, clusterName: string): ResourceReach {
+  const on = (s: ServiceName) => services.includes(s);
+  const addressOf = (service: ServiceKind, name: string): { to: HostPort; what: string; viaDialer?: boolean } | undefined => {
+    switch (service) {
+      case 'db': {
+        const db = on('db_service') ? config.db_service.databases.find((d) => d.name === name) : undefined;
+        return db && { to: db.uri, what: `database "${db.name}"` };
+      }
+      case 'app': {
+        const app = on('app_service') ? config.app_service.apps.find((a) => a.name === name) : undefined;
+        return app && { to: appAddress(app.uri), what: `app "${app.name}"` };
+      }
+      case 'desktop': {
+        const desktop = on('windows_desktop_service') ? config.windows_desktop_service.desktops.find((d) => d.name === name) : undefined;
+        return desktop && { to: desktop.addr, what: `desktop "${desktop.name}"` };
+      }
+      case 'kube': {
+        const cluster = on('kube_service') ? config.kube_service.clusters.find((k) => k.name === name) : undefined;
+        return cluster && { to: kubeApiTarget(cluster.api_server), what: `Kubernetes API server of "${cluster.name}"`, viaDialer: true };
+      }
+      default:
+        return undefined;
+    }
+  };
+  return async (service, name, timeoutMs) => {
+    const found = addressOf(service, name);
+    if (!found) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `this agent serves no ${service} "${name}"`);
+    const started = performance.now();
+    const socket = found.viaDialer ? await dialWithin(dialer, found.to, clusterName, timeoutMs, found.what) : await connectTcp(found.to, timeoutMs, found.what);
+    socket.destroy();
+    return performance.now() - started;
+  };
+}
+
+/** The Dialer's connection to `to` within timeoutMs (aborted after it), for a reachability check. */
+async function dialWithin(dialer: Dialer, to: HostPort, clusterName: string, timeoutMs: number, what: string): Promise<net.Socket> {
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), timeoutMs);
+  try {
+    return await dialer.dial(to, { alias: kubeApiAlias(clusterName), signal: abort.signal });
+  } catch (err) {
+    const why = abort.signal.aborted ? `no connection within ${timeoutMs} ms` : (err as Error).message;
+    throw new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `${what} at ${formatHostPort(to.host, to.port)}: ${why}`);
+  } finally {
+    clearTimeout(timer);
+  }
+}

@@ -27,6 +27,10 @@
  * (on raw SSH: the Proxy /webapi/find lists for its host key); a welcome naming another is refused, and streams are
  * served only after a welcome that names it.
  *
+ * A probe of a resource (`gwctl probe`, a DialRequest with probe: true, src/tunnel/protocol.ts; not the pool's probe
+ * of a better rung, below): the agent only checks that the resource answers (reachResource: connect and close),
+ * answers, writes one ProbeReport line and ends the stream.
+ *
  * Moving (the pool's, src/agent/pool.ts): a probe is a TunnelAgent limited to the better rungs that tries once
  * (probe) and says drain_previous in its hello; once it is welcomed it is promoted to an ordinary tunnel, and the
  * one it replaced is drained (drain()): no retry, its streams in flight finish, then it closes (at the latest
@@ -62,6 +66,7 @@ import {
   type DatabaseInfo,
   type DialAnswer,
   type DialRequest,
+  type ProbeReport,
   type ServiceKind,
 } from '../tunnel/protocol.js';
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
@@ -89,6 +94,8 @@ export const TUNNEL_RETRY: BackoffPolicy = { firstMs: 500, maxMs: 5_000, jitter:
 
 /** How long a database client may take to send its startup (and a database its greeting) before the agent closes. */
 export const DATABASE_STARTUP_TIMEOUT_MS = 20_000;
+/** A probe's connect to the resource: below the Proxy's probe deadline, so that a dead resource is named as the failed hop. */
+export const PROBE_RESOURCE_TIMEOUT_MS = 5_000;
 
 /** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
 export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
@@ -105,6 +112,8 @@ export interface TunnelAgentOptions {
   services: ServiceKind[];
   resources: AgentResources;
   connectResource: ResourceDialer;
+  /** A probe's check of a resource (connect and close, src/agent/resources.ts resourceReach); without it probes dial as for a user. */
+  reachResource?: (service: ServiceKind, name: string, timeoutMs: number) => Promise<number>;
   /** The SSH Service: gets the channel of each forwarded SSH connection (after the dial answer). */
   serveSsh?: (channel: Duplex, request: DialRequest) => void;
   /** Used until the Proxy's welcome says otherwise. */
@@ -833,6 +842,7 @@ export class TunnelAgent extends EventEmitter {
       channel.destroy();
       return;
     }
+    if (request.probe === true && this.options.reachResource) return this.answerProbe(channel, request, this.options.reachResource);
     if (request.service === 'ssh' && this.options.serveSsh) {
       writeJsonLine(channel, { ok: true } satisfies DialAnswer);
       // SSH has no half-close: the user's connection ending its side ends the session (ssh2 would wait for ever
@@ -864,6 +874,29 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     this.serveDatabase(channel, target, request, protocol);
+  }
+
+  /**
+   * A probe (src/tunnel/protocol.ts): the resource's check, the answer, one ProbeReport line, the end. Nothing of
+   * the resource passes. SSH is this agent's own SSH Service (in this process): answering is its check.
+   */
+  private async answerProbe(channel: Duplex, request: DialRequest, reach: NonNullable<TunnelAgentOptions['reachResource']>): Promise<void> {
+    if (request.service === 'ssh' && this.options.serveSsh) {
+      writeJsonLine(channel, { ok: true } satisfies DialAnswer);
+      channel.end(`${JSON.stringify({ hop: 'resource', ms: 0, detail: 'the SSH Service runs in the agent' } satisfies ProbeReport)}\n`);
+      return;
+    }
+    let ms: number;
+    try {
+      ms = await reach(request.service, request.resource, PROBE_RESOURCE_TIMEOUT_MS);
+    } catch (err) {
+      const e = toGatewayError(err);
+      this.log.info({ service: request.service, resource: request.resource, code: e.code, err: e.message }, 'probe: the resource does not answer');
+      channel.end(`${JSON.stringify({ ok: false, error: { code: e.code, message: e.message } } satisfies DialAnswer)}\n`);
+      return;
+    }
+    writeJsonLine(channel, { ok: true } satisfies DialAnswer);
+    channel.end(`${JSON.stringify({ hop: 'resource', ms } satisfies ProbeReport)}\n`);
   }
 
   /** The database access rules (dbgate.ts), then the splice; a refusal is answered there and logged here. */

@@ -53,3 +53,18 @@ export function gwctlClient(options: CredentialOptions): ApiClient {
     hint: `Sign in with 'gwsh login --proxy=HOST:PORT --user=USER', or run gwctl on the Auth Service's machine as the user that started it (with --data-dir if its data is not in ${defaultDataDir()}).`,
   });
 }
+
+/**
+ * gwctl probe: the Proxy's web port is where a probe starts. A signed-in user's profile names it; the local
+ * admin identity names only the Auth API, so it needs --proxy (the identity is the same, the address the Proxy's).
+ */
+export function gwctlProxyClient(options: CredentialOptions, proxy: string | undefined): ApiClient {
+  const base = gwctlClient(options);
+  if (proxy) return base.at(proxy);
+  if (base.server === 'auth') {
+    throw new GatewayError('GW_ERR_USAGE', 'gwctl probe with the local admin identity needs the Proxy to start from', {
+      hint: "Give --proxy HOST:PORT (the Proxy's web address), or sign in with 'gwsh login' and run gwctl without --data-dir.",
+    });
+  }
+  return base;
+}

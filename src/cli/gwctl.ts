@@ -8,7 +8,7 @@ import { readApplyFiles } from './apply.js';
 import type { ApiClient } from '../client/api.js';
 import { formatDuration, parseDuration } from '../duration.js';
 import { GatewayError } from '../errors.js';
-import { gwctlClient, type CredentialOptions } from './credentials.js';
+import { gwctlClient, gwctlProxyClient, type CredentialOptions } from './credentials.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
 import { addCompletionCommands } from './completion.js';
@@ -79,6 +79,31 @@ formatOption(program
     const more = proxyStatusLines(s);
     if (more.length > 0) out(more.join('\n'));
   });
+
+formatOption(program
+  .command('probe <kind> <name>')
+  .description('send a canary to a resource (kind: node, db, app, kube, desktop) through the Proxy, a peer Proxy, the tunnel and the agent, and print each hop\'s time; the agent only connects to the resource, no data passes')
+  .option('--proxy <host:port>', "the Proxy's web address to probe from (needed with the local admin identity; default: the signed-in Proxy)"))
+  .action(async (kind: string, name: string, opts: FormatOptions & { proxy?: string }) => {
+    const format = formatOf(opts);
+    const api = gwctlProxyClient(program.opts<CredentialOptions>(), opts.proxy);
+    const r = await api.call<ProbeAnswer>('GET', `/v1/probe?kind=${encodeURIComponent(kind)}&name=${encodeURIComponent(name)}`);
+    if (format !== 'text') return out(render(format, r, () => ''));
+    out(`${r.kind} "${r.resource}" answered through agent "${r.agent}" (${r.via}) in ${ms(r.total_ms)}`);
+    out(table([['HOP', 'TIME', ''], ...r.hops.map((h) => [h.hop, ms(h.ms), h.detail ?? ''])]));
+  });
+
+/** What GET /v1/probe answers (src/proxy/probe.ts ProbeResult). */
+interface ProbeAnswer {
+  kind: string;
+  resource: string;
+  agent: string;
+  via: string;
+  hops: Array<{ hop: string; ms: number; detail?: string }>;
+  total_ms: number;
+}
+
+const ms = (v: number): string => `${v < 10 ? v.toFixed(2) : v.toFixed(1)} ms`;
 
 /** What the printed agent command uses: the configuration file and a data directory apart from the Proxy's. */
 const AGENT_CONFIG = '/etc/gateway.yaml';

@@ -26,6 +26,7 @@ export interface StartOptions {
   dataDir?: string;
   publicAddr?: string;
   pidFile?: string;
+  diagAddr?: string;
 }
 
 /** The configuration with --data-dir (an absolute path) and --public-addr (host[:port], 443 by default) applied. */
@@ -49,7 +50,20 @@ function withFlags(config: GatewayConfig, opts: StartOptions): GatewayConfig {
     const publicAddr = Object.freeze([Object.freeze({ host: addr.host, port: addr.port ?? 443 })]);
     out = { ...out, proxy_service: Object.freeze({ ...out.proxy_service, public_addr: publicAddr }) };
   }
+  if (opts.diagAddr !== undefined) out = { ...out, gateway: Object.freeze({ ...out.gateway, diag_addr: diagAddrOf(opts.diagAddr) }) };
   return Object.freeze(out);
+}
+
+/** --diag-addr: host:port (3000 when the port is left out, as gateway.diag_addr). */
+function diagAddrOf(value: string): { host: string; port: number } {
+  try {
+    const addr = parseAddr(value);
+    return { host: addr.host, port: addr.port ?? 3000 };
+  } catch (err) {
+    throw new GatewayError('GW_ERR_USAGE', `--diag-addr: "${value}" is not host:port (${(err as Error).message})`, {
+      hint: (err as AddrError).hint ?? 'Give an address only the supervisor reaches, e.g. --diag-addr=127.0.0.1:3000.',
+    });
+  }
 }
 
 /** Where logs meant for a standard stream go once it is gone (docs/configuration.md, gateway.log.output). */

@@ -41,6 +41,11 @@ export class ApiClient {
     return this.options.server ?? 'proxy';
   }
 
+  /** The same identity and trust against a Proxy's web port at `address` (gwctl probe --proxy). */
+  at(address: string): ApiClient {
+    return new ApiClient({ ...this.options, address, server: 'proxy' });
+  }
+
   async call<T>(method: string, path: string, body?: unknown): Promise<T> {
     const text = body === undefined ? undefined : JSON.stringify(body);
     const res = await fetchThroughDialer(`https://${this.address}${path}`, {

@@ -1,8 +1,10 @@
 /**
  * The health endpoints (gateway.diag_addr) a supervisor probes, Kubernetes' liveness and readiness above all:
  *   GET /healthz  200 {"status":"ok"} while the process's event loop answers (liveness);
- *   GET /readyz   200 {"status":"ready"} when ready() says so (an agent: its reverse tunnel is up), else 503
- *                 {"status":"not ready","reason":...} (readiness: the pod is not counted as serving).
+ *   GET /readyz   200 {"status":"ready","checks":[...]} when every readiness check passed, else 503
+ *                 {"status":"not ready","checks":[{name, ok, detail, since}, ...]} (readiness: the pod is not
+ *                 counted as serving). The checks are the role's (src/roles/health.ts), run on a schedule by
+ *                 src/net/health.ts: this answer reads their last results and runs nothing.
  * Nothing else is served (404; any method but GET and HEAD: 405), no credential is asked for and none is
  * shown: the answers say only whether the process is up. Every connection gets short deadlines (a probe is one
  * small request) and the server caps its connections, so a slow or flooding peer cannot hold it.
@@ -10,13 +12,8 @@
  */
 import http from 'node:http';
 import type { HostPort } from '../addr.js';
+import type { ReadyReport } from './health.js';
 import { closeServer, listenOn } from './listen.js';
-
-export interface Readiness {
-  ready: boolean;
-  /** Why not, for a person reading the probe's answer (kubectl describe pod shows it). */
-  reason?: string;
-}
 
 export interface DiagServer {
   /** host:port bound. */
@@ -27,10 +24,10 @@ export interface DiagServer {
 /** Small on purpose: a probe sends one short request. */
 const LIMITS = { headersTimeoutMs: 5_000, requestTimeoutMs: 5_000, idleMs: 5_000, maxConnections: 32, maxHeaderSize: 8 * 1024 };
 
-export async function startDiagServer(at: HostPort, ready: () => Readiness): Promise<DiagServer> {
+export async function startDiagServer(at: HostPort, ready: () => ReadyReport): Promise<DiagServer> {
   const server = http.createServer({ maxHeaderSize: LIMITS.maxHeaderSize, requestTimeout: LIMITS.requestTimeoutMs, connectionsCheckingInterval: 1_000 }, (req, res) => {
     const path = (req.url ?? '/').split('?')[0];
-    const send = (status: number, body: Record<string, unknown>) => {
+    const send = (status: number, body: object) => {
       const text = JSON.stringify(body);
       res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), 'cache-control': 'no-store', connection: 'close' });
       res.end(req.method === 'HEAD' ? undefined : text);
@@ -40,7 +37,7 @@ export async function startDiagServer(at: HostPort, ready: () => Readiness): Pro
     if (req.method !== 'GET' && req.method !== 'HEAD') return send(405, { status: 'method not allowed' });
     if (path === '/healthz') return send(200, { status: 'ok' });
     const r = ready();
-    return r.ready ? send(200, { status: 'ready' }) : send(503, { status: 'not ready', ...(r.reason ? { reason: r.reason } : {}) });
+    return send(r.status === 'ready' ? 200 : 503, { status: r.status, checks: r.checks });
   });
   server.headersTimeout = LIMITS.headersTimeoutMs;
   server.keepAliveTimeout = LIMITS.idleMs;

@@ -97,6 +97,8 @@ export interface FrontDoor {
   limits: ConnectionLimits;
   /** SIGHUP: the sources PROXY headers are believed from (proxy_service.proxy_protocol_trusted_sources), for new headers. */
   setProxyProtocolTrusted(sources: readonly string[]): void;
+  /** Each bound listener and whether it is listening now (the Proxy's readiness, src/roles/health.ts). */
+  listening(): Array<{ name: string; address: string; listening: boolean }>;
   close(): Promise<void>;
 }
 
@@ -314,7 +316,8 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
   const listeners = multiplex ? [onePort(protocols, mux), ...tunnelBeside(protocols, mux, routes, p)] : separateListeners(protocols, mux, routes);
   // With PROXY headers on, the one port learns the client's address only from the header (the mux counts it).
   const sourceAtAccept = !(multiplex && p.proxy_protocol === 'on');
-  const servers = await bindListeners(listeners, p, { limits, sourceAtAccept, streams, addresses });
+  const named: Array<{ name: string; server: net.Server }> = [];
+  const servers = await bindListeners(listeners, p, { limits, sourceAtAccept, streams, addresses, named });
   if (multiplex) log.info({ addr: addresses.web, tls_routing: true }, 'proxy listening: every protocol on the web port');
   if (anySourceBelieved({ onePort: multiplex, proxyProtocol: p.proxy_protocol === 'on', sources: p.proxy_protocol_trusted_sources })) warnAnySource(log, addresses.web);
   else log.info({ addresses, tls_routing: false }, 'proxy listening on separate ports');
@@ -329,6 +332,7 @@ export async function startFrontDoor(options: FrontDoorOptions): Promise<FrontDo
       if (policy.mode === 'any') warnAnySource(log, addresses.web);
       else log.info({ addr: addresses.web, proxy_protocol_trusted_sources: sources }, 'PROXY headers are believed from these sources only (new connections)');
     },
+    listening: () => named.map(({ name, server }) => ({ name, address: addresses[name] ?? '', listening: server.listening })),
     async close() {
       // Stop accepting first, then drop every connection the listeners ever accepted (a client that reconnects
       // at once, such as an agent told to reconnect, must not keep the shutdown waiting).
@@ -390,7 +394,7 @@ function separateListeners(protocols: readonly Protocol[], mux: Multiplexer, rou
 async function bindListeners(
   listeners: readonly Listener[],
   p: GatewayConfig['proxy_service'],
-  o: { limits: ConnectionLimits; sourceAtAccept: boolean; streams: Streams; addresses: Record<string, string> },
+  o: { limits: ConnectionLimits; sourceAtAccept: boolean; streams: Streams; addresses: Record<string, string>; named?: Array<{ name: string; server: net.Server }> },
 ): Promise<net.Server[]> {
   const clash = sharedAddress(listeners, p);
   if (clash) {
@@ -409,6 +413,7 @@ async function bindListeners(
         l.onSocket(socket);
       });
       servers.push(server);
+      o.named?.push({ name: l.name, server });
       o.addresses[l.name] = await listenOn(server, addr, `proxy_service.${l.key}`);
     }
   } catch (err) {

@@ -20,6 +20,8 @@
  *               TCP and TLS are the back-pressure, the TLS end (close_notify, FIN) the half-close.
  *               gateway-peer: POST PEER_PATH with x-gateway-host and x-gateway-dial; :status 200, or an
  *               error status with x-gateway-error; HTTP/2 flow control, END_STREAM.
+ *   a probe     a DialRequest with probe: true (gwctl probe, probe.ts): after the answer this Proxy writes one line of
+ *               its own, {"hop":"peer-tunnel","ms"}, its tunnel dial's time, before the agent's report (protocol.ts).
  *   no loops    the server answers from this Proxy's own tunnels only, never over peering again.
  *   deadlines   tls-handshake; gateway-peer-tls: peer-idle (idle_timeout) until the request's first byte (a
  *               pooled connection waits here), peer-request (header_timeout) until its line is whole;
@@ -53,7 +55,7 @@ import { readLine } from '../stream/lines.js';
 import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import { LineSplitter } from '../stream/splitter.js';
-import { databaseGrantOf, type DialRequest, type ServiceKind } from '../tunnel/protocol.js';
+import { databaseGrantOf, type DialRequest, type ProbeReport, type ServiceKind } from '../tunnel/protocol.js';
 import type { ClusterView } from './cluster.js';
 import type { LocalTunnels, PeerDialer } from './router.js';
 
@@ -259,14 +261,17 @@ export class PeerServer {
 
   private async onRequest(socket: TLSSocket, line: string, client: string): Promise<void> {
     const { hostId, request, framed } = parsePeerRequest(line);
+    const started = performance.now();
     const channel = await this.dialLocal(hostId, request);
     if (socket.destroyed) {
       channel.destroy();
       return;
     }
     socket.write(framed ? OK_FRAMED_LINE : OK_LINE);
+    const out = framed ? new FramedStream(socket) : socket;
+    if (request.probe === true) out.write(peerTunnelLine(started));
     this.log.debug({ client, hostId, service: request.service, resource: request.resource }, 'peered stream opened');
-    splice(framed ? new FramedStream(socket) : socket, channel);
+    splice(out, channel);
   }
 
   /** A channel to the agent through this Proxy's own tunnel: never forwarded again (the asking Proxy tries the next holder). */
@@ -313,15 +318,22 @@ export class PeerServer {
 
   private async onH2Stream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, client: string): Promise<void> {
     const { hostId, request } = parseStreamHeaders(headers);
+    const started = performance.now();
     const channel = await this.dialLocal(hostId, request);
     if (stream.destroyed) {
       channel.destroy();
       return;
     }
     stream.respond({ ':status': 200 });
+    if (request.probe === true) stream.write(peerTunnelLine(started));
     this.log.debug({ client, hostId, service: request.service, resource: request.resource }, 'peered stream opened (HTTP/2)');
     splice(stream, channel);
   }
+}
+
+/** A probe through this Proxy: its own hop's line (src/tunnel/protocol.ts ProbeReport) before the agent's. */
+function peerTunnelLine(started: number): string {
+  return `${JSON.stringify({ hop: 'peer-tunnel', ms: performance.now() - started } satisfies ProbeReport)}\n`;
 }
 
 const badRequest = (why: string) => new GatewayError('GW_ERR_PEER_PROTOCOL', `bad peering request: ${why}`);
@@ -368,6 +380,7 @@ function dialRequestOf(value: unknown): DialRequest {
     client_src: r.client_src!,
     client_dst: r.client_dst!,
     ...(r.user === undefined ? {} : { user: r.user }),
+    ...(r.probe === true ? { probe: true } : {}),
     ...(grant === undefined ? {} : { db_access: grant }),
   };
 }

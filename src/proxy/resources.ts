@@ -110,6 +110,11 @@ function resourceOn(agent: ReachableAgent, kind: AccessKind, name: string, row: 
   }
 }
 
+/** A resource of one kind by name, whatever route reaches it (a database of any protocol): what `gwctl probe` names. */
+export function findByKind(agents: readonly ReachableAgent[], kind: AccessKind, name: string): Target | undefined {
+  return findNewest(agents, (agent) => (kind === 'db' ? found(agent, kind, agent.resources.databases.find((d) => d.name === name)) : resourceOn(agent, kind, name, PROTOCOLS[0]!)));
+}
+
 function found(agent: ReachableAgent, kind: AccessKind, resource: { name: string; labels: Record<string, string> } | undefined): Target | undefined {
   return resource ? target(agent, kind, resource.name, resource.labels) : undefined;
 }

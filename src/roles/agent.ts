@@ -22,7 +22,7 @@ import { generateKeyPair } from '../auth/pki.js';
 import type { CertBundle, JoinRole } from '../wire/certs.js';
 import type { ClusterMaintenanceConfig } from '../auth/resources/types.js';
 import { identityClient, joinCluster, loadHostIdentity, saveHostIdentity, type HostIdentity } from '../agent/identity.js';
-import { agentResources, agentServices, resourceConnector } from '../agent/resources.js';
+import { agentResources, agentServices, resourceConnector, resourceReach, type ResourceReach } from '../agent/resources.js';
 import type { DirectJoinAgent } from '../agent/directjoin.js';
 import type { SessionEvent, SshService } from '../agent/ssh.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
@@ -33,7 +33,7 @@ import { ConnectionLimits, limitSettings } from '../net/deadlines.js';
 import { AgentPool } from '../agent/pool.js';
 import { HostRenewal, type RenewAsk } from '../agent/renewal.js';
 import { upgradeSoftware } from '../agent/tunnel.js';
-import type { DialRequest } from '../tunnel/protocol.js';
+import type { DialRequest, ServiceKind } from '../tunnel/protocol.js';
 import type { DaemonEnvironment } from './environment.js';
 import type { Lifecycle } from './lifecycle.js';
 import { agentJoinRoles, localAddress } from './names.js';
@@ -81,10 +81,33 @@ export interface AgentRole {
   direct?: Pick<DirectJoinAgent, 'bound' | 'advertised' | 'heartbeat'>;
   /** The renewal of the host certificates (absent for an identity issued here when no Proxy runs here). */
   renewal?: HostRenewal;
+  /** What its readiness checks (src/roles/health.ts): the resources it serves and how to reach each. */
+  health: { resources: Array<{ kind: ServiceKind; name: string }>; reach: ResourceReach };
 }
 
 export async function startAgentRole(options: AgentRoleOptions): Promise<AgentRole> {
   const hostIdentity = await obtainIdentity(options);
+  const health = agentHealth(options, hostIdentity);
+  return { ...(await startAgentParts(options, hostIdentity, health.reach)), health };
+}
+
+/**
+ * The resources /readyz checks every round, by kind and name, and their reachability (resourceReach): those a bare
+ * connect-and-close cannot hurt. Not MySQL (a connection closed before its handshake counts towards the server's
+ * max_connect_errors, which blocks the agent's host after 100 by default), TCP apps or desktops (a server that
+ * takes one client at a time counts it as a failed client). gwctl probe, asked for by an operator, checks any.
+ */
+function agentHealth(options: AgentRoleOptions, identity: HostIdentity): AgentRole['health'] {
+  const r = agentResources(options.config, options.services);
+  const resources = [
+    ...r.databases.filter((d) => d.protocol !== 'mysql').map((d) => ({ kind: 'db' as const, name: d.name })),
+    ...r.apps.filter((a) => a.kind !== 'tcp').map((a) => ({ kind: 'app' as const, name: a.name })),
+    ...r.kube_clusters.map((k) => ({ kind: 'kube' as const, name: k.name })),
+  ];
+  return { resources, reach: resourceReach(options.config, options.services, options.dialer, identity.cluster) };
+}
+
+async function startAgentParts(options: AgentRoleOptions, hostIdentity: HostIdentity, reach: ResourceReach): Promise<Omit<AgentRole, 'health'>> {
   // Joined the Auth Service directly: no tunnel (the Auth Service serves no /webapi/find); the Proxy dials its listeners.
   if (hostIdentity.joinedVia === 'auth') return { hostIdentity, ...(await startDirect(options, hostIdentity)) };
   // A locally issued identity's tunnel dials the web port of the Proxy in this same process.
@@ -94,7 +117,7 @@ export async function startAgentRole(options: AgentRoleOptions): Promise<AgentRo
     logger('gateway').warn('agent services run next to an Auth Service without a Proxy: no reverse tunnel is opened');
     return { hostIdentity };
   }
-  return { hostIdentity, ...(await startTunnel(options, tunnelIdentity, hostIdentity)) };
+  return { hostIdentity, ...(await startTunnel(options, tunnelIdentity, hostIdentity, reach)) };
 }
 
 /**
@@ -160,7 +183,7 @@ async function obtainIdentity(options: AgentRoleOptions): Promise<HostIdentity> 
 }
 
 /** The reverse tunnel out to the Proxy, and what it forwards to. */
-async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, stored: HostIdentity): Promise<{ tunnelAgent: AgentPool; renewal: HostRenewal }> {
+async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, stored: HostIdentity, reach: ResourceReach): Promise<{ tunnelAgent: AgentPool; renewal: HostRenewal }> {
   const { config, services, dialer, lifecycle } = options;
   let agent: AgentPool | undefined;
   const ssh = services.includes('ssh_service') ? await sshService(config, identity, (e) => agent?.sendEvent({ ...e })) : undefined;
@@ -176,6 +199,7 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, st
     services: agentServices(services),
     resources,
     connectResource: resourceConnector(config, services, dialer, identity.cluster),
+    reachResource: reach,
     ...(ssh ? { serveSsh: (channel: Duplex, request: DialRequest) => ssh.inject(channel, request.client_src) } : {}),
     heartbeatIntervalMs: config.auth_service.keep_alive_interval,
     heartbeatCountMax: config.auth_service.keep_alive_count_max,

@@ -16,7 +16,7 @@ import { HostRenewal } from '../agent/renewal.js';
 import { createApiHandler } from '../auth/api.js';
 import { generateKeyPair } from '../auth/pki.js';
 import { AuthService } from '../auth/service.js';
-import { openConfiguredBackend } from '../backend/index.js';
+import { openConfiguredBackend, type Backend } from '../backend/index.js';
 import { normalizeAuthAddress } from '../client/api.js';
 import { createAuthForwarder } from '../client/forward.js';
 import { RemoteProxyAuth } from '../client/remoteauth.js';
@@ -50,6 +50,8 @@ export interface AuthRole {
   api: http.RequestListener;
   /** The Auth API's bound address. */
   address: string;
+  /** The Backend the Auth Service stands on (its readiness check, src/roles/health.ts). */
+  backend: Backend;
 }
 
 export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole> {
@@ -78,7 +80,7 @@ export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole>
   const address = await listenOn(server, config.auth_service.listen_addr, 'auth_service.listen_addr');
   logger('gateway').info({ addr: address }, 'auth API listening');
   await writeAdminIdentity(dataDir, auth, address);
-  return { auth, api, address };
+  return { auth, api, address, backend };
 }
 
 /**

@@ -28,6 +28,7 @@ import { ClusterView } from '../proxy/cluster.js';
 import { watchChannelDrift } from '../proxy/drift.js';
 import { directDialer } from '../proxy/direct.js';
 import { PeerClient, PeerServer, type PeerTls } from '../proxy/peer.js';
+import { probeRoute } from '../proxy/probe.js';
 import { Router } from '../proxy/router.js';
 import { SessionAudit } from '../proxy/sessionaudit.js';
 import { createWebRoutes } from '../proxy/web.js';
@@ -75,6 +76,8 @@ export interface ProxyRole {
   setProxyProtocolTrusted(sources: readonly string[]): void;
   /** Reaches an agent that joined the Auth Service directly by dialing its listener (src/proxy/direct.ts). */
   direct: (presence: Presence, request: DialRequest) => Promise<Duplex>;
+  /** The front door's listeners and whether each listens now (readiness, src/roles/health.ts). */
+  listening(): Array<{ name: string; address: string; listening: boolean }>;
 }
 
 export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRole> {
@@ -151,7 +154,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
     findExtras: () => findExtras(options.proxyId, tunnelKey.sshPublicKey, cluster),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
-    api: options.api,
+    api: probeRoute(auth, router, options.api),
     authPreference: cachedAuthPreference(() => auth.authPreference()),
     limits,
     versions,
@@ -173,6 +176,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
       cluster.setChannels(channels);
     },
     setProxyProtocolTrusted: (sources) => frontDoor!.setProxyProtocolTrusted(sources),
+    listening: () => frontDoor!.listening(),
   };
 }
 

@@ -35,6 +35,12 @@
  *   each forwarded connection: the agent asks once for "tcpip-forward" of TUNNEL_BIND; the proxy then opens a
  *     "forwarded-tcpip" channel per client connection. Its first line is a DialRequest (JSON); the agent answers
  *     one line, DialAnswer, then the channel carries the connection's bytes both ways.
+ *
+ *   a probe (`gwctl probe`, on either protocol): a DialRequest with probe: true. The agent only checks that the
+ *     resource answers (a TCP connect, closed at once: resourceReach in src/agent/resources.ts), never passes a
+ *     byte of it, answers DialAnswer, then one ProbeReport line, and ends the stream. An agent of an earlier
+ *     version ignores the flag and dials as for a user: its answer has no ProbeReport line after it, and the
+ *     Proxy closes the stream at once (src/proxy/probe.ts says "agent of an earlier version").
  */
 import type { DatabaseProtocol } from '../wire/protocols.js';
 
@@ -256,7 +262,21 @@ export interface DialRequest {
    * an agent that takes it answers `framed` too. A tunnel channel needs none: its own end and reset are frames.
    */
   framed?: boolean;
+  /** A probe: check the resource answers (connect and close), pass no byte of it; a ProbeReport line follows the answer. */
+  probe?: boolean;
 }
+
+/**
+ * The line after a probe's {"ok":true}: the agent's time to connect to the resource, in ms. A Proxy a peer asked
+ * writes its own line first ({"hop":"peer-tunnel", ...}): the time its tunnel dial took, the agent's check included.
+ */
+export interface ProbeReport {
+  hop: 'resource' | 'peer-tunnel';
+  ms: number;
+  detail?: string;
+}
+/** The longest ProbeReport line a Proxy reads. */
+export const PROBE_REPORT_MAX_BYTES = 1024;
 
 /** Allowed and denied values of one field (db_users or db_names): `*` stands for any value; deny wins. */
 export interface GrantList {

@@ -43,6 +43,15 @@ describe('address flags', () => {
     expect(r.stderr).toContain('code: GW_ERR_USAGE');
   });
 
+  it.each([['300.1.1.1:3000', 'over 255'], [':3000', 'no host']])('gateway start --diag-addr %s is refused before anything starts (%s)', async (addr, why) => {
+    const config = ['gateway:', '  nodename: n1', '  data_dir: DATA_DIR', 'ssh_service:', '  enabled: yes', ''].join('\n');
+    const r = await startGatewayExpectingFailure(config, ['--diag-addr', addr]);
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain(addr);
+    expect(r.stderr).toContain(why);
+    expect(r.stderr).toContain('code: GW_ERR_USAGE');
+  });
+
   it('gateway dial-plan names the bad part of a target', async () => {
     const r = await runCli('gateway', ['dial-plan', 'https://1.2.3/webapi/ping', 'foo_bar.example.com:443']);
     expect(r.status).toBe(1);

@@ -136,6 +136,8 @@ type Runner = (args: string[]) => Promise<RunResult>;
 /** Every command that prints data, as [program, runner, arguments]; the format flag is added by the test. */
 const COMMANDS: Array<[string, () => Runner, string[]]> = [
   ['gwctl', () => gwctl, ['status']],
+  // A signed-in user probes from their Proxy (the admin identity would need --proxy); hop times differ per run.
+  ['gwctl', () => (args) => runCli('gwctl', args, { env: aliceEnv }), ['probe', 'app', 'echo']],
   ['gwctl', () => gwctl, ['tokens', 'add', '--type=node']],
   ['gwctl', () => gwctl, ['tokens', 'ls']],
   ['gwctl', () => gwctl, ['users', 'ls']],
@@ -171,7 +173,7 @@ describe('-f json and -f yaml on every command that prints data', () => {
       const fromYaml = yamlData(args, yaml.stdout);
       expect(notSnake(fromYaml)).toEqual([]);
       // The same data both ways (commands that create something, or read a clock, differ in those values only).
-      if (!['tokens add', 'lock --user', 'dry-run', 'get events', 'get nodes', 'get proxies', 'status', 'get locks', 'get tokens', 'tokens ls'].some((c) => args.join(' ').startsWith(c))) {
+      if (!['tokens add', 'lock --user', 'dry-run', 'get events', 'get nodes', 'get proxies', 'status', 'get locks', 'get tokens', 'tokens ls', 'probe'].some((c) => args.join(' ').startsWith(c))) {
         expect(fromYaml).toEqual(data);
       } else {
         expect(typeof fromYaml).toBe(typeof data);
@@ -222,8 +224,8 @@ describe('gwctl apply: --format (its -f is the file)', () => {
 
 describe('the walk above covers every command that has the flag, and the flag is the same everywhere', () => {
   it('each command whose --help lists --format is in COMMANDS (or is dial-plan); each lists it as -f, --format with the three formats', async () => {
-    // The command's words: those before its first flag (gwctl get's are its kind and name, not subcommands).
-    const words = (args: string[]) => (args[0] === 'get' ? ['get'] : args.slice(0, [...args, '-'].findIndex((a) => a.startsWith('-'))));
+    // The command's words: those before its first flag (gwctl get's and probe's are a kind and a name, not subcommands).
+    const words = (args: string[]) => (args[0] === 'get' || args[0] === 'probe' ? [args[0]] : args.slice(0, [...args, '-'].findIndex((a) => a.startsWith('-'))));
     const walked = new Set(COMMANDS.map(([program, , args]) => `${program} ${words(args).join(' ')}`));
     // Checked by their own tests below and above: dial-plan streams records, login needs a password on stdin.
     walked.add('gateway dial-plan');

@@ -21,6 +21,7 @@ import { startSquid, type Squid } from '../helpers/squid.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { curl } from '../helpers/curl.js';
 import { startGwshProxy } from '../helpers/gwshproxy.js';
+import { eventually } from '../helpers/wait.js';
 
 const PROXY_IP = '127.0.0.3';
 const PROXY_NAME = 'proxy.gw.test';
@@ -255,9 +256,32 @@ describe('TCP apps and desktops through gwsh', () => {
 });
 
 describe("the agent's health endpoints (gateway.diag_addr, the chart's probes)", () => {
-  it('/healthz answers, and /readyz is 200 with the reverse tunnel up', async () => {
+  it('/healthz answers, and /readyz is 200 with the reverse tunnel up and its HTTP apps and API server answering', async () => {
     expect(JSON.parse((await curl([`http://127.0.0.1:${diagPort}/healthz`])).stdout)).toEqual({ status: 'ok' });
-    expect(JSON.parse((await curl([`http://127.0.0.1:${diagPort}/readyz`])).stdout)).toEqual({ status: 'ready' });
+    const ready = await eventually('the agent ready', async () => {
+      const r = JSON.parse((await curl([`http://127.0.0.1:${diagPort}/readyz`])).stdout) as { status: string; checks: Array<{ name: string; ok: boolean }> };
+      if (r.status !== 'ready') throw new Error(JSON.stringify(r));
+      return r;
+    });
+    expect(ready.checks.map((c) => c.name).sort()).toEqual(['app grafana', 'app prod-admin', 'kube dev', 'tunnel']);
+    // Not the TCP app nor the desktop: a server that takes one client at a time would count each check as a failed client.
+  });
+});
+
+describe('gwctl probe (through squid, as alice)', () => {
+  const probe = (args: string[]) => runCli('gwctl', ['probe', ...args], { env: userEnv });
+  it('a Kubernetes cluster: the agent connects to its API server (through the Dialer) and closes; each hop timed', async () => {
+    const r = await probe(['kube', 'dev', '-f', 'json']);
+    expect(r.stderr).toBe('');
+    const out = JSON.parse(r.stdout) as { via: string; agent: string; hops: Array<{ hop: string }> };
+    expect(out).toMatchObject({ via: 'local', agent: 'agent-apps' });
+    expect(out.hops.map((h) => h.hop)).toEqual(['find', 'tunnel', 'resource']);
+  });
+  it('an app her roles do not reach (env: prod) is not found, exactly as an app that does not exist', async () => {
+    const hidden = await probe(['app', 'prod-admin']);
+    const absent = await probe(['app', 'no-such-app']);
+    expect(hidden.stderr).toContain('code: GW_ERR_TUNNEL_NOT_FOUND');
+    expect(hidden.stderr.replaceAll('prod-admin', 'X')).toBe(absent.stderr.replaceAll('no-such-app', 'X'));
   });
 });
 

@@ -8,11 +8,13 @@ import http from 'node:http';
 import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseAddr } from '../../src/addr.js';
-import { startDiagServer, type DiagServer, type Readiness } from '../../src/net/diag.js';
+import { startDiagServer, type DiagServer } from '../../src/net/diag.js';
+import type { ReadyReport } from '../../src/net/health.js';
 import { codeOf } from '../helpers/errors.js';
 
 let diag: DiagServer;
-let readiness: Readiness = { ready: false, reason: 'reverse tunnel connecting' };
+const TUNNEL_DOWN = { name: 'tunnel', ok: false, detail: 'no tunnel to a Proxy (reverse tunnel connecting)', since: '2026-01-01T00:00:00.000Z' };
+let readiness: ReadyReport = { status: 'not ready', checks: [TUNNEL_DOWN] };
 let port: number;
 
 beforeAll(async () => {
@@ -35,11 +37,15 @@ function get(path: string, method = 'GET', headers: Record<string, string> = {})
 }
 
 describe('gateway.diag_addr', () => {
-  it('/healthz is 200 while the process runs; /readyz follows readiness, with the reason when not ready', async () => {
+  it('/healthz is 200 while the process runs; /readyz follows readiness, naming each check and its result', async () => {
     expect(await get('/healthz')).toEqual({ status: 200, body: '{"status":"ok"}' });
-    expect(await get('/readyz')).toEqual({ status: 503, body: '{"status":"not ready","reason":"reverse tunnel connecting"}' });
-    readiness = { ready: true };
-    expect(await get('/readyz?verbose')).toEqual({ status: 200, body: '{"status":"ready"}' });
+    const down = await get('/readyz');
+    expect(down.status).toBe(503);
+    expect(JSON.parse(down.body)).toEqual({ status: 'not ready', checks: [TUNNEL_DOWN] });
+    readiness = { status: 'ready', checks: [{ ...TUNNEL_DOWN, ok: true, detail: '1 Proxy tunnel' }] };
+    const up = await get('/readyz?verbose');
+    expect(up.status).toBe(200);
+    expect(JSON.parse(up.body)).toEqual({ status: 'ready', checks: [{ ...TUNNEL_DOWN, ok: true, detail: '1 Proxy tunnel' }] });
   });
 
   it('serves nothing else: other paths 404, other methods 405', async () => {

@@ -12,6 +12,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import http2 from 'node:http2';
+import https from 'node:https';
 import net from 'node:net';
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -175,6 +176,18 @@ describe.each(['http2', 'tls'] as const)('a PeerClient on the %s transport', (tr
     const stream = await client.dial(c.a.cluster.proxy(c.b.id)!, c.agentIdentity.hostId, { ...DIAL, user: 'alice', db_access });
     stream.destroy();
     expect(c.dials.at(-1)).toEqual({ ...DIAL, user: 'alice', db_access });
+  });
+
+  it('a probe (gwctl probe) through B: B writes its own hop line before the agent\'s report, and the agent dials nothing', async () => {
+    const before = c.dials.length;
+    const stream = await client.dial(c.a.cluster.proxy(c.b.id)!, c.agentIdentity.hostId, { ...DIAL, probe: true });
+    const peerLine = JSON.parse(await readLine(stream, { timeoutMs: 10_000 })) as { hop: string; ms: number };
+    const agentLine = JSON.parse(await readLine(stream, { timeoutMs: 10_000 })) as { hop: string; ms: number };
+    stream.destroy();
+    expect(peerLine.hop).toBe('peer-tunnel');
+    expect(peerLine.ms).toBeGreaterThanOrEqual(0);
+    expect(agentLine).toEqual({ hop: 'resource', ms: 0.5 });
+    expect(c.dials.length).toBe(before);
   });
 
   it("reports B's answer for an agent B does not hold", async () => {
@@ -394,5 +407,36 @@ describe('the link and the agent change', () => {
     const data = randomBytes(256 * 1024);
     const stream = await c.open(c.a.addresses.web!);
     expect(await echoDigest(stream, data)).toBe(sha256(data));
+  });
+});
+
+describe('gwctl probe through A (GET /v1/probe on its web port) reaches the agent B holds', () => {
+  const probe = (cred: { key: string; cert: string }, query: string) => {
+    const { host, port } = splitAddr(c.a.addresses.web!);
+    return new Promise<{ status: number; body: Record<string, unknown> }>((resolve, reject) => {
+      https
+        .get({ host, port, path: `/v1/probe?${query}`, servername: 'localhost', ca: c.auth.auth.host.tls.certPem, ...cred, agent: false }, (res) => {
+          let body = '';
+          res.on('data', (d: Buffer) => (body += d.toString()));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body: JSON.parse(body) as Record<string, unknown> }));
+        })
+        .on('error', reject);
+    });
+  };
+
+  it('each hop, the peer among them, for a user whose roles reach the app', async () => {
+    const before = c.dials.length;
+    const r = await probe(c.user, 'kind=app&name=echo');
+    expect(r.status).toBe(200);
+    expect(r.body).toMatchObject({ kind: 'app', resource: 'echo', agent: 'agent-b', via: 'peer' });
+    expect((r.body.hops as Array<{ hop: string }>).map((h) => h.hop)).toEqual(['find', 'peer', 'tunnel', 'resource']);
+    expect(c.dials.length).toBe(before);
+  });
+
+  it('hostile: a host certificate may not probe; an absent resource is not found', async () => {
+    expect((await probe(await hostCert('some-host', ['node']), 'kind=app&name=echo')).status).toBe(403);
+    const absent = await probe(c.user, 'kind=app&name=nosuch');
+    expect(absent.status).toBe(404);
+    expect((absent.body.error as { code: string }).code).toBe('GW_ERR_TUNNEL_NOT_FOUND');
   });
 });

@@ -119,6 +119,17 @@ export async function startPeerCluster(options: PeerClusterOptions = {}): Promis
         const s = net.connect({ port, host: '127.0.0.1', allowHalfOpen: true }, () => resolve(s));
         s.once('error', reject);
       }),
+    // A probe's check (gwctl probe): a connect to the app, closed at once; never a dial of connectResource.
+    reachResource: (_service, name) =>
+      new Promise<number>((resolve, reject) => {
+        const port = name === 'echo' ? echoPort : name === 'sink' ? sinkPort : 0;
+        if (!port) return reject(new Error(`no app ${name}`));
+        const s = net.connect({ port, host: '127.0.0.1' }, () => {
+          s.destroy();
+          resolve(0.5);
+        });
+        s.once('error', reject);
+      }),
     heartbeatIntervalMs: config.auth_service.keep_alive_interval,
   });
   lifecycle.onStop('agents', () => agent.stop());
