@@ -27,6 +27,7 @@ import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { table } from './table.js';
+import { addKubeLogin } from './kubelogin.js';
 
 const program = newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.').enablePositionalOptions();
 
@@ -194,6 +195,7 @@ for (const [name, kind, column, description] of [
   ['db', 'db', 'Protocol', 'databases you may reach'],
   ['apps', 'app', 'Type', 'applications you may reach'],
   ['desktops', 'desktop', '', 'desktops you may reach'],
+  ['kube', 'kube', '', 'Kubernetes clusters you may reach'],
   ['ls', 'node', '', 'servers (SSH nodes) you may reach'],
 ] as const) {
   const cmd = name === 'ls' ? program.command('ls') : program.command(name).command('ls');
@@ -204,6 +206,8 @@ for (const [name, kind, column, description] of [
       printInventory(items, format, column);
     });
 }
+
+addKubeLogin(program.commands.find((c) => c.name() === 'kube')!, requireProfile);
 
 /** A local listener whose every connection is carried to the resource through the Proxy. */
 async function localProxy(target: ResourceTarget, port: string, what: string): Promise<void> {
