@@ -14,7 +14,8 @@ import type { Profile } from '../client/profile.js';
 import { fetchPing } from '../client/resources.js';
 import { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
-import { KUBE_SNI_PREFIX } from '../wire/protocols.js';
+import { isIP } from 'node:net';
+import { KUBE_LOCAL_SNI, KUBE_SNI_PREFIX } from '../wire/protocols.js';
 import { formatOf, formatOption, render, type FormatOptions } from './output.js';
 
 /** The path prefix of the Proxy's Kubernetes route (src/proxy/webapps.ts KUBE_PATH_PREFIX). */
@@ -46,7 +47,7 @@ export function addKubeLogin(kube: Command, requireProfile: () => Profile): void
     const entry = {
       name,
       server: `https://${address}${KUBE_PATH_PREFIX}${encodeURIComponent(cluster)}`,
-      tlsServerName: `${KUBE_SNI_PREFIX}${webHost}`,
+      tlsServerName: isIP(webHost) === 0 ? `${KUBE_SNI_PREFIX}${webHost}` : KUBE_LOCAL_SNI,
       caFile: join(profile.dir, 'host-ca.pem'),
       certFile: join(profile.dir, 'cert.pem'),
       keyFile: join(profile.dir, 'key.pem'),

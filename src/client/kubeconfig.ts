@@ -6,11 +6,13 @@
  * replaced; current-context becomes the new one.
  *
  * Decisions:
- *  - server https://<Proxy address>/k8s/<cluster> with tls-server-name kube-gateway-proxy-alpn.<Proxy host>,
- *    always: the Proxy routes by that SNI (its certificate covers it: *.<host>, or the name itself for an IP),
- *    and the kube- name never has to resolve, so it works the same for an IP, a name without a wildcard DNS
- *    record, and through HTTPS_PROXY. With a separate Kubernetes listener (kube_listen_addr) the address is that
- *    listener's public address, the name the same.
+ *  - server https://<Proxy address>/k8s/<cluster>, and always a tls-server-name: the Proxy routes Kubernetes by
+ *    server name, and kubectl sends this one whatever the server's host, so the kube- name never has to resolve
+ *    (no wildcard DNS record needed, an IP works, HTTPS_PROXY works). For a Proxy reached by name it is
+ *    kube-gateway-proxy-alpn.<host> (its certificate has *.<host>); for one reached by IP address, which has no
+ *    name to put it under, kube-gateway-proxy-alpn.gateway.cluster.local (KUBE_LOCAL_SNI, which the certificate
+ *    the cluster issues such a Proxy carries). With a separate Kubernetes listener (kube_listen_addr) the address
+ *    is that listener's public address, the name the same.
  *  - the user's certificate and key, and the cluster CA, by path in the gwsh profile (0600 there), not copied: a
  *    new `gwsh login` renews them for kubectl too, and no second copy of the key is left behind by a logout.
  *  - entries are named <gateway cluster>-<kube cluster>.

@@ -14,8 +14,8 @@
  *                     caller's timeout code. An answer other than 101 (a refusal: 400, 401, 403, 426..., or a 200
  *                     that merely announces an Upgrade: Node's parser treats only a 101 as switching) is relayed as
  *                     it is and the connection closed. A 101 that names no protocol, or another than the one asked
- *                     for: the caller's unasked code, the server's connection dropped. (A 101 without any Upgrade
- *                     header is to Node an informational answer: it waits on for a final one, within headerMs.)
+ *                     for: the caller's unasked code, the server's connection dropped; so is a 101 without any
+ *                     Upgrade header (Node's client hands that one over as a plain answer: never relayed as one).
  *   the switch        the 101 head goes to the client (hop-by-hop headers other than Upgrade and Connection
  *                     dropped), then the bytes of each side that came with the heads, then src/stream/splice.ts
  *                     both ways (pipe: back-pressure, half-close, a break reset on the other side)
@@ -87,6 +87,11 @@ export function relayUpgrade(upstream: http.ClientRequest, socket: Duplex, head:
       settle();
       socket.off('close', gone);
       options.onAnswer?.(answer);
+      // A 101 without an Upgrade header (Node hands it over as a final answer): a switch to nothing named.
+      if (answer.statusCode === 101) {
+        answer.destroy();
+        return reject(new GatewayError(options.codes.unasked, `${options.peer} switched protocols (101) without naming one where ${asked.join(', ')} was asked for`));
+      }
       relayRefusal(answer, socket, options.dropCookie);
       idleLimit(socket, answer, options.idleMs);
       resolve();
