@@ -642,7 +642,7 @@ export const ERROR_CODES = {
   },
   GW_ERR_APP_UPGRADE_UNASKED: {
     status: 502,
-    summary: 'An HTTP app switched protocols (101) to something the client did not ask for: on a request without Upgrade, or to another protocol than the one the request named; nothing was upgraded.',
+    summary: 'An HTTP app switched protocols (101) to something the client did not ask for: on a request without Upgrade, or to another protocol than the one the request named, or to none (a 101 without an Upgrade header); nothing was upgraded.',
     hint: "The app (or something in front of it on the agent's side) answers 101 where it should not: fix its configuration; the Proxy never hands a client a protocol it did not ask for.",
   },
   GW_ERR_WEB_TERMINAL_LIMIT: {
