@@ -60,9 +60,10 @@ function sendError(res: http.ServerResponse, err: unknown): void {
 
 /**
  * The stream handed to the tunnel for one forwarded Kubernetes connection; connect opens a TLS connection to
- * the API server with the given TLS material (CA, client certificate).
+ * the API server with the given TLS material (CA, client certificate). upgradeAnswerMs: how long the API server
+ * has to answer an upgrade (UPGRADE_ANSWER_MS; tests shorten it).
  */
-export function kubeFront(creds: KubeCredentials, connect: (tls: KubeTls) => Promise<Duplex>): Duplex {
+export function kubeFront(creds: KubeCredentials, connect: (tls: KubeTls) => Promise<Duplex>, options: { upgradeAnswerMs?: number } = {}): Duplex {
   const [outer, inner] = duplexPair();
   const server = http.createServer((req, res) => {
     let authorization: string | undefined;
@@ -97,13 +98,13 @@ export function kubeFront(creds: KubeCredentials, connect: (tls: KubeTls) => Pro
     res.once('close', () => upstream.destroy());
     req.pipe(upstream);
   });
-  server.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => upgrade(creds, connect, req, socket, head));
+  server.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => upgrade(creds, connect, req, socket, head, options.upgradeAnswerMs ?? UPGRADE_ANSWER_MS));
   guardHttpServer(server, DEADLINES, { upgrades: true })(inner);
   return outer;
 }
 
 /** An upgrade request from the Proxy: to the API server with the agent's credential, its answer relayed. */
-function upgrade(creds: KubeCredentials, connect: (tls: KubeTls) => Promise<Duplex>, req: http.IncomingMessage, socket: Duplex, head: Buffer): void {
+function upgrade(creds: KubeCredentials, connect: (tls: KubeTls) => Promise<Duplex>, req: http.IncomingMessage, socket: Duplex, head: Buffer, answerMs: number): void {
   socket.on('error', () => socket.destroy());
   let authorization: string | undefined;
   let tls: KubeTls;
@@ -119,7 +120,7 @@ function upgrade(creds: KubeCredentials, connect: (tls: KubeTls) => Promise<Dupl
   Object.assign(headers, { connection: 'Upgrade', upgrade: req.headers.upgrade });
   const upstream = http.request({ method: req.method, path: req.url, headers, createConnection: connector(connect, tls) } as http.RequestOptions);
   relayUpgrade(upstream, socket, head, asked, {
-    headerMs: UPGRADE_ANSWER_MS,
+    headerMs: answerMs,
     idleMs: 0,
     peer: 'the API server',
     codes: { timeout: 'GW_ERR_KUBE_UPGRADE_TIMEOUT', unasked: 'GW_ERR_KUBE_UPGRADE_UNASKED' },
