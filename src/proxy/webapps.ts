@@ -422,7 +422,7 @@ function kubeUpgrade(auth: ProxyAuth, agents: AgentSource, deadlines: HttpDeadli
     };
     const k = await openKube(auth, agents, req, track, audit);
     if (socket.destroyed) return void k.stream.destroy();
-    log.info({ user: k.user, cluster: k.cluster, method: req.method, path: k.path, upgrade: asked.join(',') }, 'kubernetes upgrade request');
+    log.info({ user: k.user, cluster: k.cluster, method: req.method, path: k.path.split('?')[0], upgrade: asked.join(',') }, 'kubernetes upgrade request');
     // What the session was for (the path only: a query may carry a command's arguments).
     k.meter?.learn({ upgrade: asked.join(','), upgrade_path: k.path.split('?')[0]! });
     const headers: http.OutgoingHttpHeaders = {};
