@@ -561,6 +561,16 @@ export const ERROR_CODES = {
     summary: 'A new password and its confirmation, typed on the terminal, differed at each of the 3 tries; nothing was changed.',
     hint: 'Run the command again and type the same password twice (or pipe it as the first line of standard input).',
   },
+  GW_ERR_CLIENT_KUBECONFIG: {
+    status: 400,
+    summary: "The kubeconfig gwsh kube login would merge into is not one: not YAML, not a mapping, its clusters, users or contexts not lists, or larger than 4 MiB; it was left as it was.",
+    hint: 'Fix the file (kubectl config view shows what kubectl reads of it), or write to another one with --kubeconfig FILE (or KUBECONFIG=FILE).',
+  },
+  GW_ERR_CLIENT_KUBECONFIG_WRITE: {
+    status: 500,
+    summary: 'gwsh kube login cannot write the kubeconfig (its directory or the file is not writable, or the disk is full); the file was left as it was.',
+    hint: 'Check the permissions of the file and of its directory, or write to another one with --kubeconfig FILE (or KUBECONFIG=FILE).',
+  },
   GW_ERR_CLIENT_PROFILE: {
     status: 500,
     summary: 'The gwsh profile in ~/.gwsh (or $GWSH_HOME) cannot be read or is damaged.',
@@ -657,7 +667,7 @@ export const ERROR_CODES = {
   },
   GW_ERR_APP_UPGRADE_UNASKED: {
     status: 502,
-    summary: 'An HTTP app switched protocols (101) to something the client did not ask for: on a request without Upgrade, or to another protocol than the one the request named; nothing was upgraded.',
+    summary: 'An HTTP app switched protocols (101) to something the client did not ask for: on a request without Upgrade, or to another protocol than the one the request named, or to none (a 101 without an Upgrade header); nothing was upgraded.',
     hint: "The app (or something in front of it on the agent's side) answers 101 where it should not: fix its configuration; the Proxy never hands a client a protocol it did not ask for.",
   },
   GW_ERR_WEB_TERMINAL_LIMIT: {
@@ -851,6 +861,21 @@ export const ERROR_CODES = {
     status: 403,
     summary: "The user's roles allow the Kubernetes cluster but name no Kubernetes user or group to act as (kubernetes_users and kubernetes_groups are empty), or the user asked (kubectl --as / --as-group) for one the roles do not allow; nothing was sent to the API server.",
     hint: "Ask an administrator to add kubernetes_groups (such as system:masters or a group bound by a RoleBinding) or kubernetes_users to a role of yours under allow, then sign in again; with several kubernetes_users allowed, pick one with kubectl --as.",
+  },
+  GW_ERR_KUBE_UPGRADE_TIMEOUT: {
+    status: 504,
+    summary: "The Kubernetes API server (or the agent in front of it) did not answer a connection upgrade (kubectl exec, attach or port-forward: WebSocket or SPDY/3.1) within header_timeout; nothing was upgraded.",
+    hint: "Check the API server and the kube agent's logs (the agent's connection to the API server, its credential); raise gateway.limits.header_timeout on the Proxy if the API server is only slow to answer.",
+  },
+  GW_ERR_KUBE_UPGRADE_UNASKED: {
+    status: 502,
+    summary: 'The Kubernetes API server switched protocols (101) to something kubectl did not ask for (another protocol, or none named); nothing was upgraded.',
+    hint: "Something between the agent and the API server answers 101 where it should not (a proxy in front of the API server?): check the agent's api_server address.",
+  },
+  GW_ERR_KUBE_CLUSTER_NOT_FOUND: {
+    status: 404,
+    summary: 'No Kubernetes cluster of that name is reachable with your roles: no connected agent serves it, or your roles do not allow it.',
+    hint: "Run 'gwsh kube ls' for the clusters you may reach, and give one of those names.",
   },
   GW_ERR_DB_USER_DENIED: {
     status: 403,

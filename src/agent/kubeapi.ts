@@ -9,12 +9,17 @@
  * 401 itself is passed to the client, never retried with a body the agent would have to hold.
  * A credential that cannot be read answers the request with GW_ERR_KUBE_CREDENTIALS (or
  * GW_ERR_KUBE_AUTH_UNSUPPORTED) as JSON, before anything is sent to the API server.
- * Upgrades (kubectl exec/attach/port-forward) are not served yet: the Proxy does not forward them either.
+ * An upgrade (kubectl exec, attach, port-forward: WebSocket or SPDY/3.1) goes the same way, with the agent's
+ * credential, and its Upgrade and Connection headers kept: the API server's 101 is relayed and both ways spliced by
+ * src/net/upgrade.ts (the Proxy's relay too); any other answer is relayed as a plain one. The API server has
+ * UPGRADE_ANSWER_MS for its 101; the upgraded connection has no idle deadline here: the Proxy's idle_timeout
+ * closes the tunnel's stream, and the splice then resets the API server's connection.
  */
 import http from 'node:http';
 import type { Duplex } from 'node:stream';
 import { httpStatus, toGatewayError } from '../errors.js';
 import { guardHttpServer } from '../net/http.js';
+import { protocolsOf, relayUpgrade } from '../net/upgrade.js';
 import { duplexPair } from '../stream/pair.js';
 import type { KubeCredentials, KubeTls } from './kubecreds.js';
 
@@ -23,6 +28,24 @@ const DROPPED = new Set(['authorization', 'proxy-authorization', 'connection', '
 
 /** The Proxy's requests arrive over its own deadlines; these bound a stream that sends a head slowly or never. */
 const DEADLINES = { headerMs: 30_000, requestMs: 60_000, idleMs: 0 };
+/** How long the API server has to answer an upgrade: below the Proxy's default header_timeout, so that its 504 names the agent's side. */
+const UPGRADE_ANSWER_MS = 20_000;
+
+/** The request's headers as the API server gets them: the client's credential dropped, the agent's added. */
+function forwardedHeaders(req: http.IncomingMessage, authorization: string | undefined): http.OutgoingHttpHeaders {
+  const headers: http.OutgoingHttpHeaders = {};
+  for (const [k, v] of Object.entries(req.headers)) if (!DROPPED.has(k) && v !== undefined) headers[k] = v;
+  if (authorization) headers.authorization = authorization;
+  return headers;
+}
+
+/** A connection to the API server for Node's HTTP client, opened with the agent's TLS material. */
+function connector(connect: (tls: KubeTls) => Promise<Duplex>, tls: KubeTls) {
+  return (_opts: unknown, done: (err: Error | null, s?: Duplex) => void) => {
+    connect(tls).then((s) => done(null, s), (err: Error) => done(err));
+    return undefined;
+  };
+}
 
 function sendError(res: http.ServerResponse, err: unknown): void {
   const e = toGatewayError(err);
@@ -37,9 +60,10 @@ function sendError(res: http.ServerResponse, err: unknown): void {
 
 /**
  * The stream handed to the tunnel for one forwarded Kubernetes connection; connect opens a TLS connection to
- * the API server with the given TLS material (CA, client certificate).
+ * the API server with the given TLS material (CA, client certificate). upgradeAnswerMs: how long the API server
+ * has to answer an upgrade (UPGRADE_ANSWER_MS; tests shorten it).
  */
-export function kubeFront(creds: KubeCredentials, connect: (tls: KubeTls) => Promise<Duplex>): Duplex {
+export function kubeFront(creds: KubeCredentials, connect: (tls: KubeTls) => Promise<Duplex>, options: { upgradeAnswerMs?: number } = {}): Duplex {
   const [outer, inner] = duplexPair();
   const server = http.createServer((req, res) => {
     let authorization: string | undefined;
@@ -52,18 +76,13 @@ export function kubeFront(creds: KubeCredentials, connect: (tls: KubeTls) => Pro
       sendError(res, err);
       return;
     }
-    const headers: http.OutgoingHttpHeaders = {};
-    for (const [k, v] of Object.entries(req.headers)) if (!DROPPED.has(k) && v !== undefined) headers[k] = v;
-    if (authorization) headers.authorization = authorization;
+    const headers = forwardedHeaders(req, authorization);
     headers.connection = 'close';
     const upstream = http.request({
       method: req.method,
       path: req.url,
       headers,
-      createConnection: (_opts: unknown, done: (err: Error | null, s?: Duplex) => void) => {
-        connect(tls).then((s) => done(null, s), (err: Error) => done(err));
-        return undefined;
-      },
+      createConnection: connector(connect, tls),
     } as http.RequestOptions);
     upstream.on('response', (answer) => {
       if (answer.statusCode === 401) creds.rejected();
@@ -79,6 +98,41 @@ export function kubeFront(creds: KubeCredentials, connect: (tls: KubeTls) => Pro
     res.once('close', () => upstream.destroy());
     req.pipe(upstream);
   });
-  guardHttpServer(server, DEADLINES)(inner);
+  server.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => upgrade(creds, connect, req, socket, head, options.upgradeAnswerMs ?? UPGRADE_ANSWER_MS));
+  guardHttpServer(server, DEADLINES, { upgrades: true })(inner);
   return outer;
+}
+
+/** An upgrade request from the Proxy: to the API server with the agent's credential, its answer relayed. */
+function upgrade(creds: KubeCredentials, connect: (tls: KubeTls) => Promise<Duplex>, req: http.IncomingMessage, socket: Duplex, head: Buffer, answerMs: number): void {
+  socket.on('error', () => socket.destroy());
+  let authorization: string | undefined;
+  let tls: KubeTls;
+  try {
+    authorization = creds.authorization();
+    tls = creds.tls();
+  } catch (err) {
+    refuse(socket, err);
+    return;
+  }
+  const asked = protocolsOf(req.headers.upgrade);
+  const headers = forwardedHeaders(req, authorization);
+  Object.assign(headers, { connection: 'Upgrade', upgrade: req.headers.upgrade });
+  const upstream = http.request({ method: req.method, path: req.url, headers, createConnection: connector(connect, tls) } as http.RequestOptions);
+  relayUpgrade(upstream, socket, head, asked, {
+    headerMs: answerMs,
+    idleMs: 0,
+    peer: 'the API server',
+    codes: { timeout: 'GW_ERR_KUBE_UPGRADE_TIMEOUT', unasked: 'GW_ERR_KUBE_UPGRADE_UNASKED' },
+    onAnswer: (answer) => {
+      if (answer.statusCode === 401) creds.rejected();
+    },
+  }).catch((err: unknown) => refuse(socket, err));
+}
+
+/** An upgrade refused before anything was relayed: the error as JSON with its status, then the close. */
+function refuse(socket: Duplex, err: unknown): void {
+  const e = toGatewayError(err);
+  const body = JSON.stringify({ error: e.toJSON() });
+  if (!socket.destroyed) socket.end(`HTTP/1.1 ${httpStatus(e.code)} Refused\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }

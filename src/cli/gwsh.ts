@@ -30,6 +30,7 @@ import { addCompletionCommands } from './completion.js';
 import { PROXY_ENVIRONMENT } from './manpage.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { table } from './table.js';
+import { addKubeLogin } from './kubelogin.js';
 
 const program = positionalOptions(newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.'));
 
@@ -197,6 +198,7 @@ for (const [name, kind, column, description] of [
   ['db', 'db', 'Protocol', 'databases you may reach'],
   ['apps', 'app', 'Type', 'applications you may reach'],
   ['desktops', 'desktop', '', 'desktops you may reach'],
+  ['kube', 'kube', '', 'Kubernetes clusters you may reach'],
   ['ls', 'node', '', 'servers (SSH nodes) you may reach'],
 ] as const) {
   const cmd = name === 'ls' ? program.command('ls') : program.command(name).command('ls');
@@ -207,6 +209,8 @@ for (const [name, kind, column, description] of [
       printInventory(items, format, column);
     });
 }
+
+addKubeLogin(program.commands.find((c) => c.name() === 'kube')!, requireProfile);
 
 /** A local listener whose every connection is carried to the resource through the Proxy. */
 async function localProxy(target: ResourceTarget, port: string, what: string): Promise<void> {

@@ -36,17 +36,14 @@ import { clientAddress } from '../stream/meta.js';
 import { resetStream } from '../stream/reset.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { escapeHtml, guardHttpServer, type HttpDeadlines } from '../net/http.js';
+import { protocolsOf, relayed, relayUpgrade } from '../net/upgrade.js';
 import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp, type Target } from './resources.js';
 import type { AuditedSession, Connection, SessionAudit } from './sessionaudit.js';
-import { abortResponse, sendWebError } from './webanswer.js';
+import { abortResponse, refuseUpgrade, sendWebError } from './webanswer.js';
 import { appSessionKey } from './webcredentials.js';
 
-export const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'http2-settings']);
-
-/** Whether a header is relayed: not hop-by-hop, and not an HTTP/2 pseudo-header (:method, :path, ...). */
-export const relayed = (name: string): boolean => !HOP_BY_HOP.has(name) && !name.startsWith(':');
 
 /**
  * Sends req (with path and extra headers) over an already-open stream to the resource, and relays the answer;
@@ -334,52 +331,115 @@ export const KUBE_PATH_PREFIX = '/k8s/';
 /** The protocol table's row for Kubernetes: which clusters its requests may reach. */
 const KUBE_ROUTE = 'kube';
 
-/** The kube route's service: an HTTP server over the user's TLS stream, with the HTTP deadlines of gateway.limits. */
+/** What a Kubernetes request reaches once checked: the agent's stream, the path on the API server, who it acts as. */
+interface KubeOpened {
+  stream: Duplex;
+  path: string;
+  headers: http.OutgoingHttpHeaders;
+  user: string;
+  cluster: string;
+  meter?: AuditedSession;
+}
+
+/**
+ * The checks of every Kubernetes request, a plain one or an upgrade (kubectl exec, attach, port-forward): one path
+ * for both. track: how the caller is tracked in auth.sessions (until the answer is done, or for as long as the
+ * upgraded connection is open). The client's Impersonate-* headers are removed from req; headers are the Proxy's.
+ */
+async function openKube(auth: ProxyAuth, agents: AgentSource, req: http.IncomingMessage, track: (identity: Identity) => void, audit?: SessionAudit): Promise<KubeOpened> {
+  const certified = peerIdentityOf(auth, req.socket as TLSSocket);
+  if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach Kubernetes clusters');
+  track(certified);
+  const identity = await auth.resolveCaller(certified);
+  const url = req.url ?? '/';
+  if (!url.startsWith(KUBE_PATH_PREFIX)) {
+    throw new GatewayError('GW_ERR_API_NOT_FOUND', `Kubernetes requests go to ${KUBE_PATH_PREFIX}<cluster>/...`, {
+      hint: `Set the kubeconfig server to https://${KUBE_SNI_PREFIX}<proxy host>:<port>${KUBE_PATH_PREFIX}<cluster> ('gwsh kube login <cluster>' writes it).`,
+    });
+  }
+  const rest = url.slice(KUBE_PATH_PREFIX.length);
+  const slash = rest.indexOf('/');
+  const cluster = decodeURIComponent(slash < 0 ? rest : rest.slice(0, slash));
+  const path = slash < 0 ? '/' : rest.slice(slash);
+  const kube = findTarget(agents.agents(), KUBE_ROUTE, { resource: cluster });
+  if (!kube) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves the Kubernetes cluster "${cluster}"`);
+  if (!canAccess(await auth.rolesOf(identity.roles), kube.access, kube.labels)) {
+    throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow the Kubernetes cluster "${cluster}"`);
+  }
+  // Who the API server acts as: from the roles, refused before anything is dialled (kubectl --as asks).
+  const as = kubeImpersonation(identity.kube, identity.name, {
+    user: req.headersDistinct['impersonate-user']?.[0],
+    groups: req.headersDistinct['impersonate-group'] ?? [],
+  });
+  for (const h of Object.keys(req.headers)) if (h.startsWith('impersonate-')) delete req.headers[h];
+  const client = clientAddress(req.socket);
+  const stream = await agents.dial(kube.agent.hostId, {
+    service: kube.service,
+    resource: cluster,
+    client_src: `${client.address}:${client.port}`,
+    client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
+    user: identity.name,
+  });
+  const fields = { user: identity.name, resource: cluster, node: kube.agent.nodename, client: `${client.address}:${client.port}` };
+  const meter = audit?.httpRequest('kube', `kube:${cluster}`, fields, { connection: connectionOf(req) });
+  const headers = { 'impersonate-user': as.user, ...(as.groups.length > 0 ? { 'impersonate-group': as.groups } : {}) };
+  return { stream, path, headers, user: identity.name, cluster, ...(meter ? { meter } : {}) };
+}
+
+/**
+ * The kube route's service: an HTTP server over the user's TLS stream, with the HTTP deadlines of gateway.limits.
+ * An upgrade (kubectl exec, attach, port-forward: WebSocket or SPDY/3.1) gets the checks of a plain request
+ * (openKube), then src/net/upgrade.ts relays it: the API server's 101 to the client and both ways spliced, with
+ * the idle deadline (a plain request has none: a watch may be silent for minutes); the upgraded connection is
+ * tracked (a lock or an expiry closes it) and is the connection's audited kube session, ended when it closes.
+ */
 export function createKubeHandler(auth: ProxyAuth, agents: AgentSource, deadlines: HttpDeadlines, audit?: SessionAudit): (stream: Duplex, info: ConnInfo) => void {
   const log = logger('kube');
   const server = http.createServer((req, res) => {
     void (async () => {
-      const certified = peerIdentityOf(auth, req.socket as TLSSocket);
-      if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach Kubernetes clusters');
-      trackRequest(auth, certified, 'kube', req, res);
-      const identity = await auth.resolveCaller(certified);
-      const url = req.url ?? '/';
-      if (!url.startsWith(KUBE_PATH_PREFIX)) {
-        throw new GatewayError('GW_ERR_API_NOT_FOUND', `Kubernetes requests go to ${KUBE_PATH_PREFIX}<cluster>/...`, {
-          hint: `Set the kubeconfig server to https://${KUBE_SNI_PREFIX}<proxy host>:<port>${KUBE_PATH_PREFIX}<cluster>.`,
-        });
-      }
-      const rest = url.slice(KUBE_PATH_PREFIX.length);
-      const slash = rest.indexOf('/');
-      const cluster = decodeURIComponent(slash < 0 ? rest : rest.slice(0, slash));
-      const path = slash < 0 ? '/' : rest.slice(slash);
-      const kube = findTarget(agents.agents(), KUBE_ROUTE, { resource: cluster });
-      if (!kube) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves the Kubernetes cluster "${cluster}"`);
-      if (!canAccess(await auth.rolesOf(identity.roles), kube.access, kube.labels)) {
-        throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow the Kubernetes cluster "${cluster}"`);
-      }
-      // Who the API server acts as: from the roles, refused before anything is dialled (kubectl --as asks).
-      const as = kubeImpersonation(identity.kube, identity.name, {
-        user: req.headersDistinct['impersonate-user']?.[0],
-        groups: req.headersDistinct['impersonate-group'] ?? [],
-      });
-      for (const h of Object.keys(req.headers)) if (h.startsWith('impersonate-')) delete req.headers[h];
-      const client = clientAddress(req.socket);
-      const stream = await agents.dial(kube.agent.hostId, {
-        service: kube.service,
-        resource: cluster,
-        client_src: `${client.address}:${client.port}`,
-        client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
-        user: identity.name,
-      });
-      log.info({ user: identity.name, cluster, method: req.method, path }, 'kubernetes request');
-      const fields = { user: identity.name, resource: cluster, node: kube.agent.nodename, client: `${client.address}:${client.port}` };
-      const meter = audit?.httpRequest('kube', `kube:${cluster}`, fields, { connection: connectionOf(req) });
-      relay(req, res, stream, path, { 'impersonate-user': as.user, ...(as.groups.length > 0 ? { 'impersonate-group': as.groups } : {}) }, undefined, meter);
+      const k = await openKube(auth, agents, req, (who) => trackRequest(auth, who, 'kube', req, res), audit);
+      log.info({ user: k.user, cluster: k.cluster, method: req.method, path: k.path }, 'kubernetes request');
+      relay(req, res, k.stream, k.path, k.headers, undefined, k.meter);
     })().catch((err: unknown) => sendWebError(res, err));
   });
+  server.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => kubeUpgrade(auth, agents, deadlines, req, socket, head, audit));
   // No idle deadline here: a watch (kubectl get -w) may stay silent for many minutes. Only authenticated users
-  // get answers long enough to back up; TCP keep-alive finds peers that vanished.
-  const accept = guardHttpServer(server, { ...deadlines, idleMs: 0 });
+  // get answers long enough to back up; TCP keep-alive finds peers that vanished. Upgraded connections have one.
+  const accept = guardHttpServer(server, { ...deadlines, idleMs: 0 }, { upgrades: true });
   return (stream) => accept(stream);
+}
+
+/** One upgrade request on the kube route: checked as a plain request, then relayed (src/net/upgrade.ts). */
+function kubeUpgrade(auth: ProxyAuth, agents: AgentSource, deadlines: HttpDeadlines, req: http.IncomingMessage, socket: Duplex, head: Buffer, audit?: SessionAudit): void {
+  const log = logger('kube');
+  socket.on('error', () => socket.destroy());
+  const asked = protocolsOf(req.headers.upgrade);
+  void (async () => {
+    const track = (who: Identity) => {
+      const untrack = auth.sessions.track(who, 'kube (upgraded)', () => socket.destroy());
+      socket.once('close', untrack);
+      if (socket.destroyed) untrack();
+    };
+    const k = await openKube(auth, agents, req, track, audit);
+    if (socket.destroyed) return void k.stream.destroy();
+    log.info({ user: k.user, cluster: k.cluster, method: req.method, path: k.path.split('?')[0], upgrade: asked.join(',') }, 'kubernetes upgrade request');
+    // What the session was for (the path only: a query may carry a command's arguments).
+    k.meter?.learn({ upgrade: asked.join(','), upgrade_path: k.path.split('?')[0]! });
+    const headers: http.OutgoingHttpHeaders = {};
+    for (const [name, v] of Object.entries(req.headers)) if (relayed(name) && v !== undefined) headers[name] = v;
+    Object.assign(headers, k.headers, { connection: 'Upgrade', upgrade: req.headers.upgrade });
+    const upstream = http.request({ method: req.method, path: k.path, headers, createConnection: () => k.stream as never });
+    await relayUpgrade(upstream, socket, head, asked, {
+      headerMs: deadlines.headerMs,
+      idleMs: deadlines.idleMs,
+      peer: 'the API server',
+      codes: { timeout: 'GW_ERR_KUBE_UPGRADE_TIMEOUT', unasked: 'GW_ERR_KUBE_UPGRADE_UNASKED' },
+      ...(k.meter ? { meter: k.meter } : {}),
+    });
+    log.info({ user: k.user, cluster: k.cluster, upgrade: asked.join(',') }, 'kubernetes connection upgraded');
+  })().catch((err: unknown) => {
+    const e = toGatewayError(err);
+    log.info({ code: e.code, err: e.message, upgrade: asked.join(',') }, 'kubernetes upgrade refused');
+    refuseUpgrade(socket, e);
+  });
 }

@@ -5,6 +5,7 @@
 import { isIP } from 'node:net';
 import type { MemberName } from '../auth/reserved.js';
 import type { JoinRole } from '../wire/certs.js';
+import { KUBE_LOCAL_SNI } from '../wire/protocols.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 
 const WILDCARD_HOSTS = ['', '0.0.0.0', '::'];
@@ -28,7 +29,9 @@ export function authServerNames(config: GatewayConfig): string[] {
 /**
  * The web port's names: those of the Auth API (the same router answers on both), every public address of the
  * Proxy and, for a DNS name, its wildcard (HTTP apps under <app>.<proxy host> and
- * kube-gateway-proxy-alpn.<proxy host>), and the web listen address when it is a specific one.
+ * kube-gateway-proxy-alpn.<proxy host>), for a public address that is an IP the Kubernetes route's name that
+ * needs none (KUBE_LOCAL_SNI: gwsh kube login gives it to kubectl as tls-server-name), and the web listen address
+ * when it is a specific one.
  */
 export function webServerNames(config: GatewayConfig): string[] {
   const webHost = config.proxy_service.web_listen_addr.host;
@@ -37,6 +40,7 @@ export function webServerNames(config: GatewayConfig): string[] {
     ...authServerNames(config),
     ...publicHosts,
     ...publicHosts.filter((h) => isIP(h) === 0).map((h) => `*.${h}`),
+    ...(publicHosts.some((h) => isIP(h) !== 0) ? [KUBE_LOCAL_SNI] : []),
     ...(WILDCARD_HOSTS.includes(webHost) ? [] : [webHost]),
   ];
 }

@@ -61,6 +61,12 @@ export const TUNNEL_ALPN_V2 = 'gateway-reversetunnel-v2';
 export const PING_SUFFIX = '-ping';
 /** Kubernetes is routed by server name: kubectl's server is https://kube-gateway-proxy-alpn.<proxy host>/... */
 export const KUBE_SNI_PREFIX = 'kube-gateway-proxy-alpn.';
+/**
+ * The kube route's server name for a Proxy reached by IP address (no name to put under the prefix): every
+ * certificate the cluster issues the Proxy's web port carries it, as upstream's carries *.teleport.cluster.local.
+ * It never has to resolve: gwsh kube login writes it as kubectl's tls-server-name, the server being the address.
+ */
+export const KUBE_LOCAL_SNI = `${KUBE_SNI_PREFIX}gateway.cluster.local`;
 
 /**
  * A database route: ALPN gateway-<protocol> (with -ping), a TLS listener of its own in separate mode, its public
