@@ -25,7 +25,10 @@ import { waitUntil } from './wait.js';
 
 const KUBECTL = fileURLToPath(new URL('../../.cache/kubetools/kubectl', import.meta.url));
 
-/** The agent's service account may impersonate alice and bob and the group viewers; alice may read pods and exec. */
+/**
+ * The agent's service account may impersonate alice, bob, carol and the group viewers; alice may read pods, their
+ * logs, exec and port-forward; viewers may read pods only; carol has `get` but not `create` on pods/exec.
+ */
 const BINDINGS: Binding[] = [
   { users: ['admin'], rules: [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'] }] },
   { users: ['system:serviceaccount:gw:agent'], rules: [
@@ -36,7 +39,7 @@ const BINDINGS: Binding[] = [
     { verbs: ['get', 'list'], apiGroups: [''], resources: ['pods', 'pods/log'] },
     { verbs: ['create', 'get'], apiGroups: [''], resources: ['pods/exec', 'pods/portforward'] },
   ] },
-  { groups: ['viewers'], namespace: 'default', rules: [{ verbs: ['list'], apiGroups: [''], resources: ['pods'] }] },
+  { groups: ['viewers'], namespace: 'default', rules: [{ verbs: ['get', 'list'], apiGroups: [''], resources: ['pods'] }] },
   // carol may `get` pods/exec (a WebSocket's GET) but not `create` it.
   { users: ['carol'], namespace: 'default', rules: [{ verbs: ['get'], apiGroups: [''], resources: ['pods', 'pods/exec'] }] },
 ];
@@ -91,6 +94,7 @@ beforeAll(async () => {
     bindings: BINDINGS,
     pods: [{ name: 'web', ports: { 80: echo.port } }, { name: 'db' }],
     streamWaitMs: 2_000,
+    idleMs: 5_000,
   });
   admin = await api.kubeconfig({ token: 'admin-token' }, 'admin');
   agent = await api.kubeconfig({ token: 'agent-token' }, 'agent');
@@ -178,5 +182,226 @@ describe('impersonation against RBAC', () => {
     } finally {
       api.setBindings(BINDINGS);
     }
+  });
+});
+
+/** kubectl under a pseudo-terminal (so that -t gives a TTY): what it printed and its exit code. */
+function kubectlPty(kubeconfig: string, args: string[], env: Record<string, string>, typed: string, until: RegExp): Promise<{ output: string; code: number }> {
+  return new Promise((resolve) => {
+    const pty = nodePty.spawn(KUBECTL, ['--kubeconfig', kubeconfig, ...args], { cols: 100, rows: 30, env: { PATH: process.env.PATH ?? '', HOME: home, TERM: 'xterm', ...env } });
+    let output = '';
+    let typedYet = false;
+    pty.onData((d) => {
+      output += d;
+      if (!typedYet && until.test(output)) {
+        typedYet = true;
+        pty.write(typed);
+      }
+    });
+    const kill = setTimeout(() => pty.kill(), 30_000);
+    pty.onExit(({ exitCode }) => { clearTimeout(kill); resolve({ output, code: exitCode }); });
+  });
+}
+
+const TRANSPORTS: Array<[string, Record<string, string>, string]> = [
+  ['WebSocket (v5.channel.k8s.io)', {}, 'GET'],
+  ['SPDY/3.1', { KUBECTL_REMOTE_COMMAND_WEBSOCKETS: 'false' }, 'POST'],
+];
+
+describe.each(TRANSPORTS)('kubectl exec over %s', (_name, env, method) => {
+  it('runs the command: stdout and stderr apart, the exit code carried back', async () => {
+    const r = await kubectl(agent, ['--as', 'alice', 'exec', 'web', '--', 'sh', '-c', 'echo out; echo err >&2; exit 3'], { env });
+    expect(r.stdout).toBe('out\n');
+    expect(r.stderr).toBe('err\ncommand terminated with exit code 3\n');
+    expect(r.code).toBe(3);
+    expect(api.seen.at(-1)).toMatchObject({ method, path: '/api/v1/namespaces/default/pods/web/exec', user: { name: 'alice' }, code: 200 });
+  });
+
+  it('-i: stdin reaches the process and its end ends it (cat echoes and exits 0)', async () => {
+    const r = await kubectl(agent, ['--as', 'alice', 'exec', '-i', 'web', '--', 'cat'], { env, input: 'hello through the stand-in\n' });
+    expect(r).toEqual({ code: 0, stdout: 'hello through the stand-in\n', stderr: '' });
+  });
+
+  it('-it: a real terminal (tty says so), typed input read by the shell, the exit code of the shell', async () => {
+    const r = await kubectlPty(agent, ['--as', 'alice', 'exec', '-it', 'web', '--', 'sh', '-c', 'tty; stty size; read x; echo "got $x"; exit 5'], env, 'typed\r', /\d+ \d+\r?\n/);
+    expect(r.output).toMatch(/\/dev\/pts\/\d+/);
+    expect(r.output).toContain('30 100'); // kubectl's resize message reached the terminal: rows cols of kubectl's own pty
+    expect(r.output).toContain('got typed');
+    expect(r.code).toBe(5);
+  });
+
+  it('a command that cannot start is the runtime error, exit 1', async () => {
+    const r = await kubectl(admin, ['exec', 'web', '--', 'no-such-command-here'], { env });
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('error: Internal error occurred: error executing command in container: failed to exec in container: exec: "no-such-command-here"');
+  });
+
+  it('an impersonated user without pods/exec create is refused (403, the real message), nothing runs', async () => {
+    const r = await kubectl(agent, ['--as', 'bob', '--as-group', 'viewers', 'exec', 'web', '--', 'touch', 'ran'], { env });
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('Error from server (Forbidden): pods "web" is forbidden: User "bob" cannot create resource "pods/exec" in API group "" in the namespace "default"');
+    expect(existsSync(join(api.workDir, 'web', 'ran'))).toBe(false);
+  });
+});
+
+describe('exec verbs', () => {
+  it("`get` on pods/exec is not enough for a WebSocket's GET: create is required too (as 1.35 requires)", async () => {
+    const r = await kubectl(agent, ['--as', 'carol', 'exec', 'web', '--', 'true']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('Error from server (Forbidden): pods "web" is forbidden: User "carol" cannot create resource "pods/exec" in API group "" in the namespace "default"');
+  });
+});
+
+/** kubectl port-forward until it says it forwards; returns the local port and a stop function. */
+async function portForward(kubeconfig: string, target: string, env: Record<string, string>): Promise<{ port: number; stop: () => void; output: () => string }> {
+  const server = net.createServer();
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const port = (server.address() as net.AddressInfo).port;
+  await new Promise<void>((r) => server.close(() => r()));
+  const child = spawn(KUBECTL, ['--kubeconfig', kubeconfig, '--as', 'alice', 'port-forward', '--address', '127.0.0.1', `pod/${target}`, `${port}:80`], { env: { PATH: process.env.PATH ?? '', HOME: home, ...env } });
+  let output = '';
+  child.stdout.on('data', (d: Buffer) => (output += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (output += d.toString()));
+  await waitUntil(`kubectl port-forward listening (${output})`, () => output.includes('Forwarding from'), 20_000);
+  return { port, stop: () => child.kill(), output: () => output };
+}
+
+function roundTrip(port: number, bytes: Buffer): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    const s = net.connect(port, '127.0.0.1', () => s.end(bytes));
+    s.on('data', (d: Buffer) => chunks.push(d));
+    s.on('end', () => resolve(Buffer.concat(chunks)));
+    s.on('error', reject);
+  });
+}
+
+describe.each([
+  ['SPDY in a WebSocket (SPDY/3.1+portforward.k8s.io)', {}, 'GET'],
+  ['plain SPDY/3.1', { KUBECTL_PORT_FORWARD_WEBSOCKETS: 'false' }, 'POST'],
+] as Array<[string, Record<string, string>, string]>)('kubectl port-forward over %s', (_name, env, method) => {
+  it("carries bytes to the pod's port and back, one stream pair per connection", async () => {
+    const pf = await portForward(agent, 'web', env);
+    try {
+      const big = Buffer.alloc(256 * 1024, 7);
+      expect((await roundTrip(pf.port, Buffer.from('ping\n'))).toString()).toBe('ping\n');
+      expect((await roundTrip(pf.port, big)).equals(big)).toBe(true);
+      expect(api.seen.filter((s) => s.path.endsWith('/portforward')).at(-1)).toMatchObject({ method, user: { name: 'alice' }, code: 200 });
+    } finally {
+      pf.stop();
+    }
+  });
+
+  it('a port nothing listens on: the error stream says so and kubectl prints it', async () => {
+    const pf = await portForward(agent, 'db', env);
+    try {
+      await roundTrip(pf.port, Buffer.from('x')).catch(() => Buffer.alloc(0));
+      await waitUntil('kubectl printed the error stream', () => pf.output().includes('error forwarding port 80 to pod db'), 20_000);
+    } finally {
+      pf.stop();
+    }
+  });
+});
+
+describe('kubectl logs -f', () => {
+  it('streams lines until kubectl goes', async () => {
+    const child = spawn(KUBECTL, ['--kubeconfig', agent, '--as', 'alice', 'logs', '-f', 'web'], { env: { PATH: process.env.PATH ?? '', HOME: home } });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    await waitUntil('three log lines', () => out.split('\n').length > 3, 20_000);
+    child.kill();
+    expect(out).toMatch(/^web\/main line 1\nweb\/main line 2\nweb\/main line 3\n/);
+    expect(api.seen.filter((s) => s.path.endsWith('/log')).at(-1)).toMatchObject({ user: { name: 'alice' }, code: 200 });
+  });
+
+  it('pods/log needs its own verb: viewers may read pods but not their logs', async () => {
+    const r = await kubectl(agent, ['--as', 'bob', '--as-group', 'viewers', 'logs', '-f', 'web']);
+    expect(r.code).toBe(1);
+    expect(r.stderr.trim()).toBe('Error from server (Forbidden): pods "web" is forbidden: User "bob" cannot get resource "pods/log" in API group "" in the namespace "default"');
+  });
+});
+
+describe('hostile clients', () => {
+  const execPath = (cmd: string[]) => `/api/v1/namespaces/default/pods/web/exec?${cmd.map((c) => `command=${encodeURIComponent(c)}`).join('&')}&stdin=true&stdout=true&stderr=true`;
+  const wsExec = (cmd: string[], protocol = 'v5.channel.k8s.io') =>
+    new WebSocket(`wss://127.0.0.1:${api.port}${execPath(cmd)}`, [protocol], { ca: api.caPem, headers: { authorization: 'Bearer admin-token' } });
+
+  it('a header over the cap gets 431, a body over 3 MiB gets 413 (after authentication: without it, 401)', async () => {
+    const huge = await request('/api', { headers: { authorization: 'Bearer admin-token', 'x-pad': 'a'.repeat(64 * 1024) } });
+    expect(huge.status).toBe(431);
+    const body = Buffer.alloc(4 * 1024 * 1024, 0x7b);
+    const big = await request('/api/v1/namespaces/default/pods', { method: 'POST', headers: { authorization: 'Bearer admin-token', 'content-type': 'application/json' }, body });
+    expect(big).toEqual({ status: 413, json: { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message: 'the server has received too large of a request body', reason: 'RequestEntityTooLarge', code: 413 } });
+    expect((await request('/api/v1/namespaces/default/pods', { method: 'POST', body })).status).toBe(401);
+    expect((await kubectl(admin, ['get', 'pods', '-o', 'name'])).stdout).toBe('pod/web\npod/db\n');
+  });
+
+  it('a WebSocket message over 1 MiB closes the exec (1009) and kills its process; a client that goes kills it too', async () => {
+    const ws = wsExec(['sh', '-c', 'echo $$; exec sleep 600']);
+    const pid = await new Promise<number>((resolve, reject) => {
+      ws.on('message', (d: Buffer) => { if (d[0] === 1) resolve(Number(d.subarray(1).toString().trim())); });
+      ws.on('error', reject);
+    });
+    const closed = new Promise<number>((resolve) => ws.on('close', (code) => resolve(code)));
+    ws.send(Buffer.concat([Buffer.from([0]), Buffer.alloc(2 * 1024 * 1024)]));
+    expect(await closed).toBe(1009); // "message too big"
+    await waitUntil(`exec process ${pid} gone`, () => { try { process.kill(pid, 0); return false; } catch { return true; } }, 20_000);
+  });
+
+  it('a WebSocket without a channel protocol the server speaks is refused before anything runs', async () => {
+    const ws = wsExec(['touch', 'ran-ws'], 'base64.channel.k8s.io');
+    const status = await new Promise<number>((resolve) => ws.on('unexpected-response', (_req, res) => resolve(res.statusCode ?? 0)));
+    expect(status).toBe(400);
+    expect(existsSync(join(api.workDir, 'web', 'ran-ws'))).toBe(false);
+  });
+
+  function spdyUpgrade(path: string, protocol: string): Promise<tls.TLSSocket> {
+    return new Promise((resolve, reject) => {
+      const s = tls.connect({ host: '127.0.0.1', port: api.port, ca: api.caPem, servername: 'localhost' }, () => {
+        s.write(`POST ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer admin-token\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: ${protocol}\r\nContent-Length: 0\r\n\r\n`);
+      });
+      let head = '';
+      const onData = (d: Buffer) => {
+        head += d.toString('latin1');
+        if (!head.includes('\r\n\r\n')) return;
+        s.off('data', onData);
+        if (head.startsWith('HTTP/1.1 101')) resolve(s);
+        else reject(new Error(head));
+      };
+      s.on('data', onData);
+      s.on('error', reject);
+    });
+  }
+
+  it('a SPDY exec whose streams never come is closed after the wait (2 s here, 30 s as the kubelet)', async () => {
+    const s = await spdyUpgrade(execPath(['touch', 'ran-spdy']), 'v4.channel.k8s.io');
+    await new Promise<void>((resolve) => s.on('close', () => resolve()));
+    expect(existsSync(join(api.workDir, 'web', 'ran-spdy'))).toBe(false);
+  });
+
+  it('not SPDY after the 101 (a control frame of SPDY version 9): that connection is closed, the server goes on', async () => {
+    const s = await spdyUpgrade('/api/v1/namespaces/default/pods/web/portforward', 'portforward.k8s.io');
+    s.on('error', () => undefined);
+    s.write(Buffer.from([0x80, 0x09, 0x00, 0x01, 0x00, 0x00, 0x00, 0x0a, ...Buffer.alloc(10)]));
+    await new Promise<void>((resolve) => s.on('close', () => resolve()));
+    expect((await kubectl(admin, ['get', 'pods', '-o', 'name'])).stdout).toBe('pod/web\npod/db\n');
+  });
+
+  it('a frame announced and never finished (a slow or lying peer) is closed when the connection idles (idleMs)', async () => {
+    const s = await spdyUpgrade('/api/v1/namespaces/default/pods/web/portforward', 'portforward.k8s.io');
+    s.on('error', () => undefined);
+    s.write(Buffer.from('GET / HTTP/1.1\r\n')); // read as a DATA frame of 2 MiB, of which 16 bytes came
+    await new Promise<void>((resolve) => s.on('close', () => resolve()));
+  });
+
+  it('a SPDY upgrade with a stream protocol the server does not speak is refused', async () => {
+    await expect(spdyUpgrade(execPath(['true']), 'v1.channel.k8s.io')).rejects.toThrow(/^HTTP\/1.1 403 /);
+  });
+
+  it('exec into a container the pod does not have: 400, nothing runs', async () => {
+    const r = await kubectl(admin, ['exec', 'web', '-c', 'sidecar', '--', 'touch', 'ran-c']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('container sidecar is not valid for pod web');
+    expect(existsSync(join(api.workDir, 'web', 'ran-c'))).toBe(false);
   });
 });

@@ -77,6 +77,8 @@ export interface KubeApiServer {
   port: number;
   caPem: string;
   pki: TestPki;
+  /** Where each pod's exec runs (one directory per pod name). */
+  workDir: string;
   seen: Seen[];
   setBindings(bindings: Binding[]): void;
   /** A client certificate this server accepts: CN = user, O = groups. */
@@ -94,6 +96,9 @@ interface Ctx {
   seen: Seen[];
   workDir: string;
 }
+
+/** The subprotocol picked for each WebSocket upgrade (see onUpgrade). */
+const chosen = new WeakMap<IncomingMessage, string>();
 
 const UPGRADABLE = /^\/api\/v1\/namespaces\/([^/]+)\/pods\/([^/]+)\/(exec|attach|portforward)$/;
 
@@ -183,7 +188,12 @@ function onUpgrade(ctx: Ctx, wss: WebSocketServer, req: IncomingMessage, socket:
   const cwd = join(ctx.workDir, pod.name);
   if (websocket) {
     const offered = new Set(String(req.headers['sec-websocket-protocol'] ?? '').split(',').map((s) => s.trim()).filter(Boolean));
-    if (pickProtocol(offered, g.url.pathname) === false) return rawReply(socket, badRequest(`no supported subprotocol among ${[...offered].join(', ')}`));
+    const protocol = pickProtocol(offered, g.url.pathname);
+    if (protocol === false) return rawReply(socket, badRequest(`no supported subprotocol among ${[...offered].join(', ')}`));
+    // ws refuses "SPDY/3.1+portforward.k8s.io" as a header token ('/' is no tchar; Go's servers take it): it is
+    // handed a token, and handleProtocols answers with the protocol chosen here.
+    req.headers['sec-websocket-protocol'] = 'chosen';
+    chosen.set(req, protocol);
     return wss.handleUpgrade(req, socket, head, (ws) => {
       if (sub === 'portforward') serveWsPortForward(ws, pod, limits);
       else serveWsExec(ws, { ...ex, cwd });
@@ -224,7 +234,7 @@ export async function startKubeApiServer(options: KubeApiServerOptions = {}): Pr
     maxHeaderSize: ctx.o.maxHeaderBytes, headersTimeout: 10_000, requestTimeout: 60_000,
   }, (req, res) => onRequest(ctx, req, res));
   server.maxConnections = 256;
-  const wss = new WebSocketServer({ noServer: true, maxPayload: 1024 * 1024, handleProtocols: (offered, req) => pickProtocol(offered, new URL(req.url ?? '/', 'https://s').pathname) });
+  const wss = new WebSocketServer({ noServer: true, maxPayload: 1024 * 1024, handleProtocols: (_offered, req) => chosen.get(req) ?? false });
   server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => onUpgrade(ctx, wss, req, socket, head));
   const sockets = new Set<Socket>();
   server.on('secureConnection', (s: Socket) => { sockets.add(s); s.once('close', () => sockets.delete(s)); });
@@ -232,7 +242,7 @@ export async function startKubeApiServer(options: KubeApiServerOptions = {}): Pr
   const port = (server.address() as AddressInfo).port;
   const url = `https://127.0.0.1:${port}`;
   return {
-    url, port, caPem: pki.caPem, pki, seen: ctx.seen,
+    url, port, caPem: pki.caPem, pki, workDir, seen: ctx.seen,
     setBindings: (b) => { ctx.bindings = b; },
     clientCert: (user, groups = []) => pki.clientCert({ cn: user, organizations: groups }),
     kubeconfig: async (auth, name = 'user') => {

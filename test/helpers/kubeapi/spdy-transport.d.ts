@@ -12,7 +12,11 @@ declare module 'spdy-transport' {
     on(event: 'error' | 'close', cb: (err?: Error) => void): this;
     end(cb?: () => void): void;
     destroyStreams(err?: Error): void;
-    _spdyState: { parser: { parseKVs(body: unknown, cb: (err: Error | null, headers: Record<string, string>) => void): void } };
+    _spdyState: {
+      window: { send: { current: number; max: number; limit: number } };
+      streamWindow: { send: { current: number; max: number; limit: number } };
+      parser: { parseKVs(body: unknown, cb: (err: Error | null, headers: Record<string, string>) => void): void };
+    };
   }
   const transport: {
     connection: { create(socket: Duplex, options: { protocol: 'spdy'; isServer: true; maxStreams?: number; windowSize?: number }): SpdyConnection };

@@ -10,7 +10,10 @@
  * "timed out waiting for client to create streams"), else the connection is closed; at most `maxStreams` streams
  * per connection; unpaired port-forward streams are reset after the same wait; resize messages over 4 KiB are
  * refused. spdy-transport insists on HTTP-style `:method`/`:path` in SYN_STREAM, which Kubernetes' spdystream
- * does not send: the parser is given them (the one patch; nothing reads them).
+ * does not send: the parser is given them; and Kubernetes' spdystream has no flow control (it never sends
+ * WINDOW_UPDATE: against spdy-transport's 64 KiB window a port-forward stalled at 65536 bytes), so the send
+ * windows are opened wide as the kubelet's spdystream leaves them, and TCP's back-pressure is what paces output.
+ * Those are the two patches; the types in spdy-transport.d.ts name the state they touch.
  */
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
@@ -33,6 +36,9 @@ export function spdyServer(socket: Duplex, limits: StreamLimits): SpdyConnection
       if (!err && headers[':method'] === undefined && headers[':status'] === undefined) Object.assign(headers, { ':method': 'POST', ':path': '/' });
       cb(err, headers);
     });
+  const wide = (side: { current: number; max: number; limit: number }) => Object.assign(side, { current: 2 ** 40, max: 2 ** 40, limit: Number.MAX_SAFE_INTEGER });
+  wide(conn._spdyState.window.send);
+  wide(conn._spdyState.streamWindow.send);
   conn.on('error', () => socket.destroy());
   return conn;
 }
