@@ -95,6 +95,7 @@ beforeAll(async () => {
     pods: [{ name: 'web', ports: { 80: echo.port } }, { name: 'db' }],
     streamWaitMs: 2_000,
     idleMs: 5_000,
+    headersTimeoutMs: 2_000,
   });
   admin = await api.kubeconfig({ token: 'admin-token' }, 'admin');
   agent = await api.kubeconfig({ token: 'agent-token' }, 'agent');
@@ -230,6 +231,16 @@ describe.each(TRANSPORTS)('kubectl exec over %s', (_name, env, method) => {
     expect(r.code).toBe(5);
   });
 
+  it('kubectl killed mid-command: the process goes too', async () => {
+    const child = spawn(KUBECTL, ['--kubeconfig', admin, 'exec', 'web', '--', 'sh', '-c', 'echo $$; exec sleep 600'], { env: { PATH: process.env.PATH ?? '', HOME: home, ...env } });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    await waitUntil('the pid printed', () => /^\d+\n/.test(out), 20_000);
+    const pid = Number(out.trim());
+    child.kill('SIGKILL');
+    await waitUntil(`exec process ${pid} gone`, () => { try { process.kill(pid, 0); return false; } catch { return true; } }, 20_000);
+  });
+
   it('a command that cannot start is the runtime error, exit 1', async () => {
     const r = await kubectl(admin, ['exec', 'web', '--', 'no-such-command-here'], { env });
     expect(r.code).toBe(1);
@@ -309,8 +320,10 @@ describe('kubectl logs -f', () => {
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     await waitUntil('three log lines', () => out.split('\n').length > 3, 20_000);
+    expect(api.openLogStreams()).toBe(1);
     child.kill();
     expect(out).toMatch(/^web\/main line 1\nweb\/main line 2\nweb\/main line 3\n/);
+    await waitUntil('the stream stopped writing once kubectl went', () => api.openLogStreams() === 0, 20_000);
     expect(api.seen.filter((s) => s.path.endsWith('/log')).at(-1)).toMatchObject({ user: { name: 'alice' }, code: 200 });
   });
 
@@ -325,6 +338,14 @@ describe('hostile clients', () => {
   const execPath = (cmd: string[]) => `/api/v1/namespaces/default/pods/web/exec?${cmd.map((c) => `command=${encodeURIComponent(c)}`).join('&')}&stdin=true&stdout=true&stderr=true`;
   const wsExec = (cmd: string[], protocol = 'v5.channel.k8s.io') =>
     new WebSocket(`wss://127.0.0.1:${api.port}${execPath(cmd)}`, [protocol], { ca: api.caPem, headers: { authorization: 'Bearer admin-token' } });
+
+  it('headers that never end (a slow client) get 408 at the deadline, the connection closed', async () => {
+    const s = tls.connect({ host: '127.0.0.1', port: api.port, ca: api.caPem, servername: 'localhost' }, () => s.write('GET /api HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n'));
+    let answer = '';
+    s.on('data', (d: Buffer) => (answer += d.toString()));
+    await new Promise<void>((resolve) => s.on('close', () => resolve()));
+    expect(answer).toMatch(/^HTTP\/1.1 408 /);
+  });
 
   it('a header over the cap gets 431, a body over 3 MiB gets 413 (after authentication: without it, 401)', async () => {
     const huge = await request('/api', { headers: { authorization: 'Bearer admin-token', 'x-pad': 'a'.repeat(64 * 1024) } });

@@ -20,7 +20,7 @@
  * anonymous user (as --anonymous-auth=false), and one server certificate for 127.0.0.1 and `localhost`.
  *
  * Bounds, so a hostile client cannot hang a test: request headers over `maxHeaderBytes` get 431 (Node's
- * parser), bodies over `maxBodyBytes` (3 MiB, the real server's) get 413, headers must arrive within 10 s, a
+ * parser), bodies over `maxBodyBytes` (3 MiB, the real server's) get 413, headers must arrive within 10 s (408), a
  * streaming connection idle for `idleMs` is closed, the connection count is capped. The pieces are in
  * test/helpers/kubeapi/ (rbac, authn, api, exec, websocket, spdy, status).
  */
@@ -61,6 +61,8 @@ export interface KubeApiServerOptions {
   maxHeaderBytes?: number;
   maxBodyBytes?: number;
   idleMs?: number;
+  /** A request's headers must all arrive within this (default 10 s). */
+  headersTimeoutMs?: number;
 }
 
 /** One request as the server decided it (for assertions: who the server thinks asked, and the answer). */
@@ -81,6 +83,8 @@ export interface KubeApiServer {
   workDir: string;
   seen: Seen[];
   setBindings(bindings: Binding[]): void;
+  /** How many `logs -f` streams are still writing (0 once every client has gone). */
+  openLogStreams(): number;
   /** A client certificate this server accepts: CN = user, O = groups. */
   clientCert(user: string, groups?: string[]): Promise<ServerCert>;
   /** Writes a kubeconfig for this server (token or client certificate) and returns its path. */
@@ -95,6 +99,8 @@ interface Ctx {
   pods: Pod[];
   seen: Seen[];
   workDir: string;
+  /** `logs -f` streams still writing. */
+  logs: { count: number };
 }
 
 /** The subprotocol picked for each WebSocket upgrade (see onUpgrade). */
@@ -161,7 +167,7 @@ function onRequest(ctx: Ctx, req: IncomingMessage, res: ServerResponse): void {
   const a = read(g.url, String(req.headers.accept ?? ''), ctx.pods);
   if ('status' in a) return sendJson(res, a.status.code ?? 500, a.status);
   if ('json' in a) return sendJson(res, 200, a.json);
-  streamLog(req, res, a.pod, g.url, ctx.o.logEveryMs);
+  streamLog(req, res, a.pod, g.url, ctx.o.logEveryMs, ctx.logs);
 }
 
 function findPod(ctx: Ctx, path: string): { pod: Pod; sub: string } | undefined {
@@ -226,12 +232,14 @@ export async function startKubeApiServer(options: KubeApiServerOptions = {}): Pr
     o: {
       logEveryMs: options.logEveryMs ?? 100, streamWaitMs: options.streamWaitMs ?? 30_000, maxStreams: options.maxStreams ?? 100,
       maxHeaderBytes: options.maxHeaderBytes ?? 16 * 1024, maxBodyBytes: options.maxBodyBytes ?? 3 * 1024 * 1024, idleMs: options.idleMs ?? 300_000,
+      headersTimeoutMs: options.headersTimeoutMs ?? 10_000,
     },
-    tokens: options.tokens ?? {}, bindings: options.bindings ?? [], pods, seen: [], workDir,
+    tokens: options.tokens ?? {}, bindings: options.bindings ?? [], pods, seen: [], workDir, logs: { count: 0 },
   };
   const server = https.createServer({
     key: cert.keyPem, cert: cert.certPem, ca: pki.caPem, requestCert: true, rejectUnauthorized: false,
-    maxHeaderSize: ctx.o.maxHeaderBytes, headersTimeout: 10_000, requestTimeout: 60_000,
+    // Node checks the deadlines every connectionsCheckingInterval (30 s by default): checked every 250 ms here.
+    maxHeaderSize: ctx.o.maxHeaderBytes, headersTimeout: ctx.o.headersTimeoutMs, requestTimeout: 60_000, connectionsCheckingInterval: 250,
   }, (req, res) => onRequest(ctx, req, res));
   server.maxConnections = 256;
   const wss = new WebSocketServer({ noServer: true, maxPayload: 1024 * 1024, handleProtocols: (_offered, req) => chosen.get(req) ?? false });
@@ -244,6 +252,7 @@ export async function startKubeApiServer(options: KubeApiServerOptions = {}): Pr
   return {
     url, port, caPem: pki.caPem, pki, workDir, seen: ctx.seen,
     setBindings: (b) => { ctx.bindings = b; },
+    openLogStreams: () => ctx.logs.count,
     clientCert: (user, groups = []) => pki.clientCert({ cn: user, organizations: groups }),
     kubeconfig: async (auth, name = 'user') => {
       const path = join(workDir, `kubeconfig-${name}-${Math.random().toString(36).slice(2)}`);

@@ -90,7 +90,7 @@ export function read(url: URL, accept: string, pods: Pod[]): Answer {
 }
 
 /** GET .../log: `count` lines then the end, or with follow=true one line every `everyMs` until the client goes. */
-export function streamLog(req: IncomingMessage, res: ServerResponse, pod: Pod, url: URL, everyMs: number): void {
+export function streamLog(req: IncomingMessage, res: ServerResponse, pod: Pod, url: URL, everyMs: number, open: { count: number }): void {
   const container = url.searchParams.get('container') ?? pod.containers[0]!;
   res.writeHead(200, { 'content-type': 'text/plain', 'transfer-encoding': 'chunked' });
   let n = 0;
@@ -101,7 +101,14 @@ export function streamLog(req: IncomingMessage, res: ServerResponse, pod: Pod, u
   }
   res.write(line());
   const timer = setInterval(() => res.write(line()), everyMs);
-  const stop = () => clearInterval(timer);
+  open.count++;
+  let stopped = false;
+  const stop = () => {
+    if (stopped) return;
+    stopped = true;
+    clearInterval(timer);
+    open.count--;
+  };
   req.socket.once('close', stop);
   res.once('close', stop);
 }
