@@ -17,6 +17,7 @@ import { join } from 'node:path';
 import tls from 'node:tls';
 import { fileURLToPath } from 'node:url';
 import * as nodePty from 'node-pty';
+import transport from 'spdy-transport';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import { startKubeApiServer, type Binding, type KubeApiServer } from './kubeapiserver.js';
@@ -413,6 +414,26 @@ describe('hostile clients', () => {
     s.on('error', () => undefined);
     s.write(Buffer.from('GET / HTTP/1.1\r\n')); // read as a DATA frame of 2 MiB, of which 16 bytes came
     await new Promise<void>((resolve) => s.on('close', () => resolve()));
+  });
+
+  it('a port-forward data stream whose error stream never comes is reset after the wait; a whole pair then works', async () => {
+    const s = await spdyUpgrade('/api/v1/namespaces/default/pods/web/portforward', 'portforward.k8s.io');
+    const client = transport.connection.create(s, { protocol: 'spdy', isServer: false });
+    client.on('error', () => undefined);
+    client.start(3.1);
+    const open = (type: string, id: string) => client.request({ method: 'POST', path: '/', headers: { streamtype: type, port: '80', requestid: id } });
+    const lone = open('data', '1');
+    lone.on('error', () => undefined);
+    await new Promise<void>((resolve) => lone.on('close', () => resolve()));
+    const error = open('error', '2');
+    const data = open('data', '2');
+    let echoed = '';
+    error.end(); // kubectl closes its side of the error stream at once (and spdy-transport sends the stream then)
+    data.on('data', (d: Buffer) => (echoed += d.toString()));
+    data.write('paired\n');
+    await waitUntil('the pair echoed', () => echoed === 'paired\n', 20_000);
+    error.destroy();
+    s.destroy();
   });
 
   it('a SPDY upgrade with a stream protocol the server does not speak is refused', async () => {

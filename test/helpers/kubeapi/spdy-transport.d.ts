@@ -11,6 +11,9 @@ declare module 'spdy-transport' {
     on(event: 'stream', cb: (s: SpdyStream) => void): this;
     on(event: 'error' | 'close', cb: (err?: Error) => void): this;
     end(cb?: () => void): void;
+    /** Client side (tests): opens a stream (SYN_STREAM with these headers). */
+    request(uri: { method: string; path: string; host?: string; headers: Record<string, string> }, cb?: (err: Error | null, s: SpdyStream) => void): SpdyStream;
+    start(version: number): void;
     destroyStreams(err?: Error): void;
     _spdyState: {
       window: { send: { current: number; max: number; limit: number } };
@@ -19,7 +22,7 @@ declare module 'spdy-transport' {
     };
   }
   const transport: {
-    connection: { create(socket: Duplex, options: { protocol: 'spdy'; isServer: true; maxStreams?: number; windowSize?: number }): SpdyConnection };
+    connection: { create(socket: Duplex, options: { protocol: 'spdy'; isServer: boolean; maxStreams?: number; windowSize?: number }): SpdyConnection };
   };
   export default transport;
 }
