@@ -48,6 +48,15 @@ interface Ask {
   name: string;
 }
 
+/** The real filter's unescapeExtraKey: percent-decoded, or as it is when that fails. */
+function unescapeExtraKey(key: string): string {
+  try {
+    return decodeURIComponent(key);
+  } catch {
+    return key;
+  }
+}
+
 /** buildImpersonationRequests: what the headers ask to act as, in the real filter's order. */
 function impersonationRequests(req: IncomingMessage): Ask[] | { error: string } {
   const asks: Ask[] = [];
@@ -63,7 +72,7 @@ function impersonationRequests(req: IncomingMessage): Ask[] | { error: string } 
   for (let i = 0; i < raw.length; i += 2) {
     const h = raw[i]!.toLowerCase();
     if (!h.startsWith('impersonate-extra-')) continue;
-    asks.push({ resource: 'userextras', subresource: decodeURIComponent(h.slice('impersonate-extra-'.length)), apiGroup: 'authentication.k8s.io', name: raw[i + 1]! });
+    asks.push({ resource: 'userextras', subresource: unescapeExtraKey(h.slice('impersonate-extra-'.length)), apiGroup: 'authentication.k8s.io', name: raw[i + 1]! });
   }
   const uid = req.headers['impersonate-uid'];
   if (typeof uid === 'string' && uid !== '') asks.push({ resource: 'uids', apiGroup: 'authentication.k8s.io', name: uid });
@@ -84,7 +93,7 @@ export function identify(req: IncomingMessage, tokens: Record<string, TokenUser>
   const extra: Record<string, string[]> = {};
   for (const ask of asks) {
     const a: Attributes = {
-      user: requestor, verb: 'impersonate', resourceRequest: true, path: req.url ?? '', apiGroup: ask.apiGroup, apiVersion: ask.apiGroup ? 'v1' : 'v1',
+      user: requestor, verb: 'impersonate', resourceRequest: true, path: req.url ?? '', apiGroup: ask.apiGroup, apiVersion: 'v1',
       namespace: ask.namespace ?? '', resource: ask.resource, subresource: ask.subresource ?? '', name: ask.name,
     };
     if (!authorize(bindings, a)) return { ok: false, status: forbidden(a) };
