@@ -135,6 +135,20 @@ describe('authentication', () => {
       await other.cleanup();
     }
   });
+
+  it('listens where the test says, with a certificate for the names it adds (and a PKI it shares)', async () => {
+    const other = await startKubeApiServer({ pki: api.pki, host: '127.0.0.7', serverNames: ['k8s-api.gw.test'], tokens: { t: { user: 'admin' } } });
+    try {
+      expect(other.url).toMatch(/^https:\/\/127\.0\.0\.7:\d+$/);
+      const status = await new Promise<number>((resolve, reject) => {
+        https.get(`${other.url}/version`, { ca: other.caPem, servername: 'k8s-api.gw.test', headers: { authorization: 'Bearer t' } }, (res) => { res.resume(); resolve(res.statusCode ?? 0); }).on('error', reject);
+      });
+      expect(status).toBe(200);
+    } finally {
+      await other.close();
+    }
+    expect(existsSync(api.pki.caCertPath)).toBe(true); // a shared PKI is the caller's to clean up
+  });
 });
 
 describe('impersonation against RBAC', () => {

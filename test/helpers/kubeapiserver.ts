@@ -17,7 +17,8 @@
  * (exec runs the command on this machine, in a temp directory), a handful of resources (namespaces in discovery,
  * pods, their exec / log / portforward), no aggregated discovery or OpenAPI (404; kubectl falls back), no watch,
  * no admission, RBAC rules passed by the test (setBindings) rather than read from Role and Binding objects, no
- * anonymous user (as --anonymous-auth=false), and one server certificate for 127.0.0.1 and `localhost`.
+ * anonymous user (as --anonymous-auth=false), and one server certificate (its listen IP, `localhost`, and the
+ * names the test adds).
  *
  * Bounds, so a hostile client cannot hang a test: request headers over `maxHeaderBytes` get 431 (Node's
  * parser), bodies over `maxBodyBytes` (3 MiB, the real server's) get 413, headers must arrive within 10 s (408), a
@@ -63,6 +64,10 @@ export interface KubeApiServerOptions {
   idleMs?: number;
   /** A request's headers must all arrive within this (default 10 s). */
   headersTimeoutMs?: number;
+  /** Address to listen on (default 127.0.0.1; `url` names it). */
+  host?: string;
+  /** DNS names of the server certificate besides `localhost` (e.g. a name only squid resolves); its IP is `host`. */
+  serverNames?: string[];
 }
 
 /** One request as the server decided it (for assertions: who the server thinks asked, and the answer). */
@@ -93,7 +98,7 @@ export interface KubeApiServer {
 }
 
 interface Ctx {
-  o: Required<Omit<KubeApiServerOptions, 'pki' | 'tokens' | 'bindings' | 'pods'>>;
+  o: Required<Omit<KubeApiServerOptions, 'pki' | 'tokens' | 'bindings' | 'pods' | 'host' | 'serverNames'>>;
   tokens: Record<string, TokenUser>;
   bindings: Binding[];
   pods: Pod[];
@@ -224,7 +229,8 @@ function kubeconfigText(url: string, caPem: string, auth: { token: string } | { 
 
 export async function startKubeApiServer(options: KubeApiServerOptions = {}): Promise<KubeApiServer> {
   const pki = options.pki ?? (await makeTestPki());
-  const cert = await pki.serverCert({ names: ['localhost'], ips: ['127.0.0.1'] });
+  const host = options.host ?? '127.0.0.1';
+  const cert = await pki.serverCert({ names: [...(options.serverNames ?? []), 'localhost'], ips: [host] });
   const workDir = await mkdtemp(join(tmpdir(), 'gw-kubeapi-'));
   const pods: Pod[] = (options.pods ?? [{ name: 'web' }, { name: 'db' }]).map((p) => ({ name: p.name, namespace: p.namespace ?? 'default', containers: p.containers ?? ['main'], ports: p.ports ?? {}, created: CREATED }));
   for (const p of pods) await mkdir(join(workDir, p.name), { recursive: true });
@@ -246,9 +252,9 @@ export async function startKubeApiServer(options: KubeApiServerOptions = {}): Pr
   server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => onUpgrade(ctx, wss, req, socket, head));
   const sockets = new Set<Socket>();
   server.on('secureConnection', (s: Socket) => { sockets.add(s); s.once('close', () => sockets.delete(s)); });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  await new Promise<void>((resolve) => server.listen(0, host, resolve));
   const port = (server.address() as AddressInfo).port;
-  const url = `https://127.0.0.1:${port}`;
+  const url = `https://${host}:${port}`;
   return {
     url, port, caPem: pki.caPem, pki, workDir, seen: ctx.seen,
     setBindings: (b) => { ctx.bindings = b; },
