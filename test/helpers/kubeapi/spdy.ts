@@ -97,7 +97,7 @@ export function serveSpdyExec(socket: Duplex, o: SpdyExec, limits: StreamLimits)
       finish: (status: Status) => {
         got.get('stdout')?.end();
         got.get('stderr')?.end();
-        got.get('error')!.end(JSON.stringify(status), () => setTimeout(() => conn.end(), 50));
+        got.get('error')!.end(JSON.stringify(status), () => conn.end());
       },
     };
     kill = runCommand({ command: o.command, tty: o.tty, cwd: o.cwd }, io);
