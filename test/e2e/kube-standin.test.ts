@@ -10,7 +10,7 @@
  */
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -37,8 +37,9 @@ let webPort: number;
 
 const home = (user: string) => join(dir, user);
 const userCert = (user: string) => ['--cert', join(home(user), 'cert.pem'), '--key', join(home(user), 'key.pem'), '--cacert', join(home(user), 'host-ca.pem')];
-const viaProxy = (user: string, path: string) =>
-  curl([...userCert(user), '--resolve', `${KUBE_HOST}:${webPort}:127.0.0.1`, `https://${KUBE_HOST}:${webPort}/k8s/dev${path}`]);
+const viaProxy = (user: string, path: string, cluster = 'dev') =>
+  curl([...userCert(user), '--resolve', `${KUBE_HOST}:${webPort}:127.0.0.1`, `https://${KUBE_HOST}:${webPort}/k8s/${cluster}${path}`]);
+const SA = { user: 'system:serviceaccount:gw:agent', groups: ['system:serviceaccounts', 'system:serviceaccounts:gw'] };
 
 beforeAll(async () => {
   if (!existsSync(KUBECTL)) throw new Error(`${KUBECTL} is missing: run scripts/install-kubetools.sh (scripts/install-test-deps.sh runs it)`);
@@ -48,7 +49,7 @@ beforeAll(async () => {
   await writeFile(join(dir, 'hosts'), `127.0.0.1 ${PROXY_NAME}\n`, { mode: 0o644 });
   squid = await startSquid({ extraConfig: [`hosts_file ${join(dir, 'hosts')}`] });
   api = await startKubeApiServer({
-    tokens: { 'agent-sa-token': { user: 'system:serviceaccount:gw:agent', groups: ['system:serviceaccounts', 'system:serviceaccounts:gw'] } },
+    tokens: { 'agent-sa-token': SA, 'projected-token-1': SA },
     bindings: [
       // The chart's ClusterRole, narrowed to named users so that the test shows the API server's refusal too.
       { users: ['system:serviceaccount:gw:agent'], rules: [
@@ -75,9 +76,16 @@ beforeAll(async () => {
   const caFile = join(dir, 'k8s-ca.pem');
   await writeFile(caFile, api.caPem);
   const kubeconfig = await api.kubeconfig({ token: 'agent-sa-token' }, 'agent');
+  // A second cluster entry reaches the same API server as a pod does: the projected token, ca.crt and namespace.
+  const saDir = join(dir, 'serviceaccount');
+  await mkdir(saDir);
+  await writeFile(join(saDir, 'token'), 'projected-token-1');
+  await writeFile(join(saDir, 'ca.crt'), api.caPem);
+  await writeFile(join(saDir, 'namespace'), 'gw');
   agent = await startGateway(
     ['gateway:', '  nodename: agent-kube', '  data_dir: DATA_DIR', '  log: { format: json }', 'kube_service:', '  enabled: yes', '  clusters:',
-      `    - { name: dev, api_server: "${api.url}", ca_file: ${caFile}, credentials: kubeconfig, kubeconfig: ${kubeconfig}, labels: {env: dev} }`, ''].join('\n'),
+      `    - { name: dev, api_server: "${api.url}", ca_file: ${caFile}, credentials: kubeconfig, kubeconfig: ${kubeconfig}, labels: {env: dev} }`,
+      `    - { name: pod, api_server: "${api.url}", credentials: in_cluster, service_account_dir: ${saDir}, labels: {env: dev} }`, ''].join('\n'),
     { args: ['--token', token, '--ca-pin', pin, '--proxy', `127.0.0.1:${webPort}`], env: { HTTPS_PROXY: squid.url } },
   );
   await agent.waitForLog('reverse tunnel ready').catch((err: Error) => { throw new Error(`${err.message}\n${agent.logs()}`); });
@@ -115,6 +123,20 @@ describe("a role's kubernetes_users reach the API server's RBAC decision", () =>
   it('root-k8s is named by the role but not allowed to the agent by RBAC: the impersonation itself is refused', async () => {
     const r = await viaProxy('mallory', '/api/v1/namespaces/default/pods');
     expect(JSON.parse(r.stdout)).toMatchObject({ code: 403, message: 'users "root-k8s" is forbidden: User "system:serviceaccount:gw:agent" cannot impersonate resource "users" in API group "" at the cluster scope' });
+  });
+
+  it("in_cluster: the projected token rotated by the kubelet (the old one refused from then on) is read again", async () => {
+    const pods = async () => JSON.parse((await viaProxy('alice', '/api/v1/namespaces/default/pods', 'pod')).stdout) as { kind: string; code?: number };
+    expect(await pods()).toMatchObject({ kind: 'PodList' });
+    expect(api.seen.at(-1)).toMatchObject({ user: { name: 'alice-k8s' }, impersonatedBy: { name: 'system:serviceaccount:gw:agent' } });
+    // The kubelet writes the new token by a rename (an atomic swap), and the API server stops taking the old one.
+    await writeFile(join(dir, 'serviceaccount', 'token.new'), 'projected-token-2');
+    await rename(join(dir, 'serviceaccount', 'token.new'), join(dir, 'serviceaccount', 'token'));
+    api.setTokens({ 'agent-sa-token': SA, 'projected-token-2': SA });
+    const old = await curl(['--cacert', join(dir, 'k8s-ca.pem'), '-H', 'Authorization: Bearer projected-token-1', '-w', '%{http_code}', '-o', '/dev/null', `${api.url}/api`]);
+    expect(old.stdout).toBe('401'); // an agent that kept the old token would get this
+    expect(await pods()).toMatchObject({ kind: 'PodList' });
+    expect(api.seen.at(-1)).toMatchObject({ code: 200, impersonatedBy: { name: 'system:serviceaccount:gw:agent' } });
   });
 
   // Skipped for a reason in src/, reported: kubectl (Go's crypto/x509) cannot parse the gateway's certificates,

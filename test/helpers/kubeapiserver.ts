@@ -88,6 +88,8 @@ export interface KubeApiServer {
   workDir: string;
   seen: Seen[];
   setBindings(bindings: Binding[]): void;
+  /** Replaces the token table (a rotated service-account token: the old one is refused from then on). */
+  setTokens(tokens: Record<string, TokenUser>): void;
   /** How many `logs -f` streams are still writing (0 once every client has gone). */
   openLogStreams(): number;
   /** A client certificate this server accepts: CN = user, O = groups. */
@@ -258,6 +260,7 @@ export async function startKubeApiServer(options: KubeApiServerOptions = {}): Pr
   return {
     url, port, caPem: pki.caPem, pki, workDir, seen: ctx.seen,
     setBindings: (b) => { ctx.bindings = b; },
+    setTokens: (t) => { ctx.tokens = t; },
     openLogStreams: () => ctx.logs.count,
     clientCert: (user, groups = []) => pki.clientCert({ cn: user, organizations: groups }),
     kubeconfig: async (auth, name = 'user') => {
