@@ -37,8 +37,11 @@ export interface TestPki {
    * subjectAltName DNS and IP entries and the serverAuth extended key usage.
    */
   serverCert(opts: { names: string[]; ips: string[] }): Promise<ServerCert>;
-  /** Issues a client certificate (CN = cn, clientAuth extended key usage), e.g. for a database user. */
-  clientCert(opts: { cn: string }): Promise<ServerCert>;
+  /**
+   * Issues a client certificate (CN = cn, clientAuth extended key usage), e.g. for a database user; each of
+   * `organizations` becomes an O (a Kubernetes API server reads them as the user's groups).
+   */
+  clientCert(opts: { cn: string; organizations?: string[] }): Promise<ServerCert>;
   /** Removes `dir`. */
   cleanup(): Promise<void>;
 }
@@ -75,12 +78,12 @@ export async function makeTestPki(dir?: string, options: { subject?: string } = 
   let issued = 0;
 
   /** A key and a certificate signed by the CA, with the given extensions. */
-  async function issue(kind: string, cn: string, extensions: string): Promise<ServerCert> {
+  async function issue(kind: string, cn: string, extensions: string, organizations: string[] = []): Promise<ServerCert> {
     const base = join(root, `${kind}-${++issued}`);
     const [keyPath, csrPath, certPath, extPath] = ['.key', '.csr', '.crt', '.ext'].map((s) => base + s) as [string, string, string, string];
     await writeFile(extPath, extensions);
     await newKey(keyPath);
-    await run('openssl', ['req', '-new', '-config', cnf, '-key', keyPath, '-subj', `/CN=${cn}`, '-out', csrPath]);
+    await run('openssl', ['req', '-new', '-config', cnf, '-key', keyPath, '-subj', `/CN=${cn}${organizations.map((o) => `/O=${o}`).join('')}`, '-out', csrPath]);
     await run('openssl', [
       'x509', '-req', '-in', csrPath, '-CA', caCertPath, '-CAkey', caKeyPath,
       '-set_serial', `0x${randomBytes(8).toString('hex')}`, '-days', '2', '-sha256',
@@ -105,7 +108,7 @@ export async function makeTestPki(dir?: string, options: { subject?: string } = 
     );
   }
 
-  async function clientCert(opts: { cn: string }): Promise<ServerCert> {
+  async function clientCert(opts: { cn: string; organizations?: string[] }): Promise<ServerCert> {
     return issue(
       'client',
       opts.cn,
@@ -113,6 +116,7 @@ export async function makeTestPki(dir?: string, options: { subject?: string } = 
         'keyUsage = critical,digitalSignature,keyEncipherment\n' +
         'extendedKeyUsage = clientAuth\n' +
         'subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid,issuer\n',
+      opts.organizations,
     );
   }
 
