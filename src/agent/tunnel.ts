@@ -67,6 +67,7 @@ import {
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import { parseEndpoint } from '../upgrade/endpoint.js';
 import { resolveSettings } from '../upgrade/settings.js';
+import { startHop, traceContextOf } from '../trace.js';
 import { VERSION } from '../version.js';
 import { gateDatabase } from './dbgate.js';
 import type { HostIdentity } from './identity.js';
@@ -833,7 +834,16 @@ export class TunnelAgent extends EventEmitter {
       channel.destroy();
       return;
     }
+    // This hop's span: a child of the Proxy's (trusted: the tunnel's peer is the verified Proxy). It times the
+    // dial to the resource, not the session.
+    const hop = startHop('agent.dial', {
+      kind: 'server',
+      parent: traceContextOf(request),
+      trusted: true,
+      attributes: { 'gateway.service': String(request.service).slice(0, 16), 'gateway.resource': String(request.resource).slice(0, 256), 'gateway.agent.host_id': this.options.identity.hostId },
+    });
     if (request.service === 'ssh' && this.options.serveSsh) {
+      hop.end();
       writeJsonLine(channel, { ok: true } satisfies DialAnswer);
       // SSH has no half-close: the user's connection ending its side ends the session (ssh2 would wait for ever
       // on a v2 stream, which keeps the other half open; a v1 channel closed whole).
@@ -848,11 +858,14 @@ export class TunnelAgent extends EventEmitter {
       target = await this.options.connectResource(request);
     } catch (err) {
       const e = toGatewayError(err);
+      hop.fail(e.code);
+      hop.end();
       this.log.warn({ service: request.service, resource: request.resource, code: e.code, err: e.message }, 'cannot reach the resource');
       const answer: DialAnswer = { ok: false, error: { code: e.code, message: e.message } };
       channel.end(`${JSON.stringify(answer)}\n`);
       return;
     }
+    hop.end();
     writeJsonLine(channel, { ok: true } satisfies DialAnswer);
     if (request.service !== 'db') return splice(channel, target);
     const protocol = this.options.resources.databases.find((d) => d.name === request.resource)?.protocol;

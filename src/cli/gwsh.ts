@@ -27,6 +27,7 @@ import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { table } from './table.js';
+import { startTracing, stopTracing, tracingSettings } from '../trace.js';
 
 const program = newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.').enablePositionalOptions();
 
@@ -490,4 +491,10 @@ function printStatus(format: Format): void {
   );
 }
 
+// Traces (src/trace.ts): on only when the OTEL_ variables name an endpoint; what is queued is sent before exit.
+program.hook('preAction', async () => {
+  const settings = tracingSettings(undefined, process.env, 'gwsh');
+  if (settings) await startTracing({ ...settings, exportDelayMs: 0 });
+});
 await runCli(program);
+await stopTracing();

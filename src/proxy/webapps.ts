@@ -33,6 +33,7 @@ import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, appSessionRef, cookieValue
 import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
+import { startHop, traceContextOf, traceFields } from '../trace.js';
 import { resetStream } from '../stream/reset.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { escapeHtml, guardHttpServer, type HttpDeadlines } from '../net/http.js';
@@ -164,13 +165,28 @@ export async function openApp(auth: ProxyAuth, agents: AgentSource, target: Targ
     throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
   }
   const client = clientAddress(req.socket);
-  const stream = await agents.dial(target.agent.hostId, {
-    service: target.service,
-    resource: target.name,
-    client_src: `${client.address}:${client.port}`,
-    client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
-    user: identity.name,
+  // This hop's span: the request's traceparent header gives the trace, not its sampled flag (src/trace.ts).
+  const hop = startHop('proxy.app', {
+    kind: 'server',
+    parent: traceContextOf({ traceparent: req.headers.traceparent, tracestate: req.headers.tracestate }),
+    attributes: { 'gateway.route': 'web', 'gateway.route.reason': 'HTTP request to an app\'s public address', 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId },
   });
+  let stream: Duplex;
+  try {
+    stream = await agents.dial(target.agent.hostId, {
+      service: target.service,
+      resource: target.name,
+      client_src: `${client.address}:${client.port}`,
+      client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
+      user: identity.name,
+      ...traceFields(hop.context),
+    });
+  } catch (err) {
+    hop.fail(toGatewayError(err).code);
+    throw err;
+  } finally {
+    hop.end();
+  }
   const fields = { user: identity.name, resource: target.name, node: target.agent.nodename, client: `${client.address}:${client.port}`, ...(appSession ? { app_session: appSession } : {}) };
   const meter = appSession ? audit?.httpRequest('app', `app:${appSession}`, fields, { startRecorded: true }) : audit?.httpRequest('app', `app:${target.name}`, fields, { connection: connectionOf(req) });
   return { stream, client, ...(meter ? { meter } : {}) };

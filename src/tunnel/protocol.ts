@@ -256,6 +256,13 @@ export interface DialRequest {
    * an agent that takes it answers `framed` too. A tunnel channel needs none: its own end and reset are frames.
    */
   framed?: boolean;
+  /**
+   * W3C trace context of the hop that dials (src/trace.ts): the agent's span is its child. Validated by the
+   * receiver (traceContextOf: exactly the 55 characters of version 00, ids not zero; a tracestate over 512 bytes
+   * dropped) and dropped when not valid; an agent of an earlier version ignores both.
+   */
+  traceparent?: string;
+  tracestate?: string;
 }
 
 /** Allowed and denied values of one field (db_users or db_names): `*` stands for any value; deny wins. */
