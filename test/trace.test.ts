@@ -5,6 +5,8 @@
  * their parents, a client's sampled flag not trusted, export failures logged once, and a collector that never
  * answers costing no hop and no stop past its bound.
  */
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { captureLogRecords } from './helpers/logs.js';
 import { codeOfSync } from './helpers/errors.js';
@@ -197,5 +199,18 @@ describe('hops', () => {
     await waitUntil('an export is under way', () => receiver!.requests() > 0, 20_000, 100);
     await stopTracing();
     expect(tracingEnabled()).toBe(false);
+  });
+});
+
+describe('the SDK in one place, loaded only when on', () => {
+  const files = (dir: string): string[] => readdirSync(dir).flatMap((n) => (statSync(join(dir, n)).isDirectory() ? files(join(dir, n)) : n.endsWith('.ts') ? [join(dir, n)] : []));
+
+  it('only src/trace.ts names OpenTelemetry, and it imports the packages statically as types only', () => {
+    const naming = files('src').filter((f) => readFileSync(f, 'utf8').includes('@opentelemetry/'));
+    expect(naming).toEqual([join('src', 'trace.ts')]);
+    const text = readFileSync(join('src', 'trace.ts'), 'utf8');
+    const staticImports = text.split('\n').filter((l) => /^import\s/.test(l) && l.includes('@opentelemetry/'));
+    expect(staticImports.length).toBeGreaterThan(0);
+    for (const line of staticImports) expect(line).toMatch(/^import type /);
   });
 });

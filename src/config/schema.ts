@@ -260,7 +260,11 @@ function ratio(doc: string, defaultDoc: string): Leaf<number | undefined> {
     example: '0.1',
     render: (v) => (v === undefined ? '' : String(v)),
     parse: (node) => {
-      if (!isScalar(node) || typeof node.value !== 'number' || !Number.isFinite(node.value) || node.value < 0 || node.value > 1) {
+      if (!isScalar(node) || typeof node.value !== 'number') {
+        const quoted = isScalar(node) && typeof node.value === 'string' && Number.isFinite(Number(node.value));
+        throw new Invalid(`expected a number from 0 to 1, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE', quoted ? 'Write the number without quotes.' : undefined);
+      }
+      if (!Number.isFinite(node.value) || node.value < 0 || node.value > 1) {
         throw new Invalid(`expected a number from 0 to 1, got ${describeNode(node)}`, 'GW_ERR_CONFIG_VALUE', 'Write a share such as 0.1 (one trace in ten) or 1 (every trace).');
       }
       return node.value;
