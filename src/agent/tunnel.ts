@@ -67,7 +67,7 @@ import {
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import { parseEndpoint } from '../upgrade/endpoint.js';
 import { resolveSettings } from '../upgrade/settings.js';
-import { startHop, traceContextOf } from '../trace.js';
+import { startHop, traceContextOf, type HopSpan } from '../trace.js';
 import { VERSION } from '../version.js';
 import { gateDatabase } from './dbgate.js';
 import type { HostIdentity } from './identity.js';
@@ -91,8 +91,11 @@ export const TUNNEL_RETRY: BackoffPolicy = { firstMs: 500, maxMs: 5_000, jitter:
 /** How long a database client may take to send its startup (and a database its greeting) before the agent closes. */
 export const DATABASE_STARTUP_TIMEOUT_MS = 20_000;
 
-/** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
-export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
+/**
+ * Connects to the resource a dial request names; rejects with a GatewayError that says why. A dial through the
+ * Dialer records its plan on the hop's span (src/trace.ts) when one is given.
+ */
+export type ResourceDialer = (request: DialRequest, hop?: Pick<HopSpan, 'set'>) => Promise<Duplex>;
 
 /**
  * Opens the upgrade rung's stream: an HTTP/1.1 upgrade on the Proxy's web address (through whatever proxy the
@@ -855,7 +858,7 @@ export class TunnelAgent extends EventEmitter {
     }
     let target: Duplex;
     try {
-      target = await this.options.connectResource(request);
+      target = await this.options.connectResource(request, hop);
     } catch (err) {
       const e = toGatewayError(err);
       hop.fail(e.code);
