@@ -18,8 +18,8 @@ import type net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
-import { afterAll, beforeAll, expect, it } from 'vitest';
-import { runCli, startGateway, type RunResult, type RunningGateway } from '../helpers/gateway.js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runCli, startGateway, startGatewayExpectingFailure, type RunResult, type RunningGateway } from '../helpers/gateway.js';
 import { startPostgres, type PostgresServer } from '../helpers/databases.js';
 import { startOtlpReceiver, type OtlpReceiver, type ReceivedSpan } from '../helpers/otlp.js';
 import { curl } from '../helpers/curl.js';
@@ -223,5 +223,21 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
     expect(r.status).toBe(0);
     // It did try: the export reached the collector that never answered, and gwsh stopped waiting for it.
     expect(hanging.requests()).toBeGreaterThan(0);
+  });
+});
+
+describe('tracing settings the daemon cannot use', () => {
+  it('stop `gateway start` with GW_ERR_TRACE_SETTINGS naming the variable, before any role starts', async () => {
+    const yaml = ['gateway:', '  nodename: t', '  data_dir: DATA_DIR', 'auth_service:', '  listen_addr: 127.0.0.1:0', ''].join('\n');
+    const cases: Array<[Record<string, string>, string]> = [
+      [{ OTEL_TRACES_EXPORTER: 'zipkin' }, 'OTEL_TRACES_EXPORTER=zipkin'],
+      [{ OTEL_EXPORTER_OTLP_ENDPOINT: 'grpc://collector:4317' }, 'http:// or https://'],
+    ];
+    for (const [env, named] of cases) {
+      const r = await startGatewayExpectingFailure(yaml, [], env);
+      expect(r.status, r.stderr).toBe(1);
+      expect(r.stderr).toContain('GW_ERR_TRACE_SETTINGS');
+      expect(r.stderr).toContain(named);
+    }
   });
 });
