@@ -187,6 +187,8 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
     expect(spans.get('proxy.app')!.parentSpanId).toBe(PARENT);
     expectChain(spans, names, ['proxy-a', 'proxy-a', 'proxy-b', 'agent-t']);
     expect(spans.get('proxy.app')!.attributes).toMatchObject({ 'gateway.route': 'web', 'gateway.service': 'app', 'gateway.resource': 'web' });
+    // The app's request carries the Proxy's span as its parent, so the app's own trace continues the chain.
+    expect(r.stdout).toBe(`app saw traceparent 00-${trace}-${spans.get('proxy.app')!.spanId}-01\n`);
     expect(spans.get('agent.dial')!.attributes).toMatchObject({ 'gateway.service': 'app', 'gateway.resource': 'web' });
   });
 
@@ -203,11 +205,13 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
     // A traceparent header not of version 00 at the Proxy: a new trace there too.
     const home = userEnv.GWSH_HOME!;
     const mark = collector.spans.length;
-    await curl(['--cert', join(home, 'cert.pem'), '--key', join(home, 'key.pem'), '--cacert', join(home, 'host-ca.pem'), '--resolve', `web.trace.test:${webA}:127.0.0.1`, '-H', `traceparent: 01-${TRACE}-${PARENT}-01`, `https://web.trace.test:${webA}/`]);
+    const seen = await curl(['--cert', join(home, 'cert.pem'), '--key', join(home, 'key.pem'), '--cacert', join(home, 'host-ca.pem'), '--resolve', `web.trace.test:${webA}:127.0.0.1`, '-H', `traceparent: 01-${TRACE}-${PARENT}-01`, `https://web.trace.test:${webA}/`]);
     await waitUntil('the app hop', () => collector.spans.slice(mark).some((s) => s.name === 'proxy.app'), 30_000, 200);
     const app = collector.spans.slice(mark).find((s) => s.name === 'proxy.app')!;
     expect(app.parentSpanId).toBe('');
     expect(app.traceId).not.toBe(TRACE);
+    // Nor does the app get the malformed header: it gets the new trace's.
+    expect(seen.stdout).toBe(`app saw traceparent 00-${app.traceId}-${app.spanId}-01\n`);
 
     // A good traceparent with a tracestate over 512 bytes: the trace is continued, the tracestate dropped.
     const trace = 'b'.repeat(31) + '2';
