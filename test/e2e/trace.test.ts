@@ -9,7 +9,8 @@
  * environment, and curl's HTTP request to the app with a traceparent header: the collector gets one span from
  * each process with the trace id, parents forming the chain gwsh → A → A's route (via peer, with the Dialer's
  * plan) → B → agent, and the route decisions as attributes. Hostile: a malformed traceparent starts a new trace;
- * a tracestate over 512 bytes is not carried; gwsh whose collector never answers still connects and exits.
+ * a tracestate over 512 bytes is not carried; with a collector that never answers, gwsh still connects and exits
+ * and connections through the daemons still go through (and the daemons stop: afterAll).
  */
 import { spawn } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -221,12 +222,24 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
     expect([spans.get('proxy.app')!.traceState, spans.get('agent.dial')!.traceState]).toEqual(['', '']);
   });
 
-  it('gwsh whose collector never answers still connects, and exits', async () => {
+  it('a collector that never answers slows no connection: gwsh connects and exits, the daemons carry on', async () => {
     const r = await ssh({ OTEL_EXPORTER_OTLP_ENDPOINT: hanging.url.replace(/\/v1\/traces$/, '') });
     expect(r.stdout).toBe('traced\n');
     expect(r.status).toBe(0);
     // It did try: the export reached the collector that never answered, and gwsh stopped waiting for it.
     expect(hanging.requests()).toBeGreaterThan(0);
+
+    // Now the daemons' collector stops answering too (the last case of the suite: it stays so).
+    collector.mode = 'hang';
+    const before = collector.requests();
+    const home = userEnv.GWSH_HOME!;
+    for (let i = 0; i < 5; i++) {
+      expect((await ssh({ OTEL_TRACES_EXPORTER: 'none' })).stdout).toBe('traced\n');
+      const app = await curl(['--cert', join(home, 'cert.pem'), '--key', join(home, 'key.pem'), '--cacert', join(home, 'host-ca.pem'), '--resolve', `web.trace.test:${webA}:127.0.0.1`, `https://web.trace.test:${webA}/`]);
+      expect(app.stdout).toContain('app saw traceparent 00-');
+    }
+    // The daemons did export into it (and are left waiting for an answer that never comes).
+    await waitUntil('the daemons export to the collector that hangs', () => collector.requests() > before, 30_000, 200);
   });
 });
 
