@@ -29,6 +29,7 @@ import { ConnectionLimits, limitSettings } from './net/deadlines.js';
 import { startDiagServer } from './net/diag.js';
 import { HEALTH_TIMEOUT_MS, HealthMonitor } from './net/health.js';
 import { checkDiagAddr, readinessChecks, reachTcp } from './roles/health.js';
+import { startTracing, stopTracing, tracingSettings } from './trace.js';
 import type { AgentRole, JoinFlags } from './roles/agent.js';
 import type { DaemonEnvironment } from './roles/environment.js';
 import { Lifecycle } from './roles/lifecycle.js';
@@ -108,6 +109,7 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
   const dialer = new Dialer({ env: environment.env, ...(proxyCa ? { inspectionRoots: [{ path: proxyCa, from: 'gateway.proxy_ca_file' }] } : {}) });
   const addresses: Record<string, string> = {};
   try {
+    await startDaemonTracing(config, services, environment.env, lifecycle);
     const remoteProxy = runs('proxy_service') && !runs('auth_service');
     const agents = agentJoinRoles(services).length > 0;
     if (remoteProxy && agents) {
@@ -176,6 +178,17 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
     await lifecycle.stop();
     throw err;
   }
+}
+
+/**
+ * Traces (src/trace.ts), before any role starts so that their first connections are traced; off (nothing loaded)
+ * unless gateway.tracing or the OTEL_ variables name an endpoint. The last export is flushed at the very end.
+ */
+async function startDaemonTracing(config: GatewayConfig, services: readonly ServiceName[], env: Record<string, string | undefined>, lifecycle: Lifecycle): Promise<void> {
+  const settings = tracingSettings(config.gateway.tracing, env, 'gateway');
+  if (!settings) return;
+  await startTracing({ ...settings, resource: { 'gateway.nodename': config.gateway.nodename, 'gateway.roles': services.map((s) => s.replace(/_service$/, '')).join(',') } });
+  lifecycle.onStop('backend', () => stopTracing());
 }
 
 /** A module being loaded: awaited later, or not at all when an earlier step fails (which must not be an unhandled rejection). */

@@ -804,6 +804,18 @@ export const ERROR_CODES = {
     hint: 'Check the permissions of the file named in the message; keys must be readable by the gateway user.',
   },
 
+  // --- traces: OTLP export (src/trace.ts) ----------------------------------------------------------------------------
+  GW_ERR_TRACE_SETTINGS: {
+    status: 500,
+    summary: 'The tracing settings from the environment cannot be used: OTEL_TRACES_EXPORTER names an exporter other than otlp or none, the OTLP endpoint is not an http(s) URL, OTEL_EXPORTER_OTLP_HEADERS is not key=value pairs, or OTEL_TRACES_SAMPLER_ARG is not a ratio from 0 to 1.',
+    hint: 'Fix the variable the message names (docs/operations.md, "Tracing"), or unset it; OTEL_TRACES_EXPORTER=none turns tracing off.',
+  },
+  GW_ERR_TRACE_EXPORT: {
+    status: 502,
+    summary: 'The OTLP endpoint did not take the spans sent to it (unreachable, an error status, or no answer within 10 s); spans are dropped until it answers. Logged once, not per span; connections are not affected.',
+    hint: 'Check that the collector listens at the URL in the log line (OTLP/HTTP, JSON, usually port 4318 and path /v1/traces) and that gateway.tracing.headers carries the key it wants.',
+  },
+
   // --- multiplexer: sniffing, ClientHello, PROXY protocol (src/mux) -----------------------------------------------
   GW_ERR_MUX_BAD_HELLO: {
     status: 400,

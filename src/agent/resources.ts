@@ -12,10 +12,11 @@ import type { Duplex } from 'node:stream';
 import { formatHostPort, type HostPort } from '../addr.js';
 import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
-import { kubeApiAlias, kubeApiTarget } from '../dial/select.js';
+import { decisionAttributes, kubeApiAlias, kubeApiTarget } from '../dial/select.js';
 import { tlsVerifyError } from '../dial/tlsverify.js';
 import { GatewayError } from '../errors.js';
 import { connectTls } from '../stream/tls.js';
+import { tracingEnabled, type HopSpan } from '../trace.js';
 import type { AgentResources, AppInfo, DialRequest, ServiceKind } from '../tunnel/protocol.js';
 import { kubeFront } from './kubeapi.js';
 import { kubeCredentials, type KubeCredentials, type KubeTls } from './kubecreds.js';
@@ -80,7 +81,7 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
   const on = (s: ServiceName) => services.includes(s);
   // One per cluster for the agent's life: each keeps its token and the stat it was read at.
   const kubeCreds = new Map<string, KubeCredentials>();
-  return async (request: DialRequest): Promise<Duplex> => {
+  return async (request: DialRequest, hop?: Pick<HopSpan, 'set'>): Promise<Duplex> => {
     const notServed = () => new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `this agent serves no ${request.service} "${request.resource}"`);
     switch (request.service) {
       case 'db': {
@@ -104,6 +105,7 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
         // Direct when NO_PROXY exempts the API server's address or kube.<cluster_name>.local (select.ts, rule 5).
         const target = kubeApiTarget(cluster.api_server);
         const address = formatHostPort(target.host, target.port);
+        if (hop && tracingEnabled()) hop.set(decisionAttributes(dialer.plan(target, kubeApiAlias(clusterName))));
         const connect = async (tls: KubeTls): Promise<Duplex> => {
           const raw = await dialer.dial(target, { alias: kubeApiAlias(clusterName) });
           return connectTls(raw, { host: target.host, ...tls }).catch((err: Error) => {

@@ -72,6 +72,7 @@ import {
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import { parseEndpoint } from '../upgrade/endpoint.js';
 import { resolveSettings } from '../upgrade/settings.js';
+import { startHop, traceContextOf, type HopSpan } from '../trace.js';
 import { VERSION } from '../version.js';
 import { gateDatabase } from './dbgate.js';
 import type { HostIdentity } from './identity.js';
@@ -97,8 +98,11 @@ export const DATABASE_STARTUP_TIMEOUT_MS = 20_000;
 /** A probe's connect to the resource: below the Proxy's probe deadline, so that a dead resource is named as the failed hop. */
 export const PROBE_RESOURCE_TIMEOUT_MS = 5_000;
 
-/** Connects to the resource a dial request names; rejects with a GatewayError that says why. */
-export type ResourceDialer = (request: DialRequest) => Promise<Duplex>;
+/**
+ * Connects to the resource a dial request names; rejects with a GatewayError that says why. A dial through the
+ * Dialer records its plan on the hop's span (src/trace.ts) when one is given.
+ */
+export type ResourceDialer = (request: DialRequest, hop?: Pick<HopSpan, 'set'>) => Promise<Duplex>;
 
 /**
  * Opens the upgrade rung's stream: an HTTP/1.1 upgrade on the Proxy's web address (through whatever proxy the
@@ -843,7 +847,16 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     if (request.probe === true && this.options.reachResource) return this.answerProbe(channel, request, this.options.reachResource);
+    // This hop's span: a child of the Proxy's (trusted: the tunnel's peer is the verified Proxy). It times the
+    // dial to the resource, not the session.
+    const hop = startHop('agent.dial', {
+      kind: 'server',
+      parent: traceContextOf(request),
+      trusted: true,
+      attributes: { 'gateway.service': String(request.service).slice(0, 16), 'gateway.resource': String(request.resource).slice(0, 256), 'gateway.agent.host_id': this.options.identity.hostId },
+    });
     if (request.service === 'ssh' && this.options.serveSsh) {
+      hop.end();
       writeJsonLine(channel, { ok: true } satisfies DialAnswer);
       // SSH has no half-close: the user's connection ending its side ends the session (ssh2 would wait for ever
       // on a v2 stream, which keeps the other half open; a v1 channel closed whole).
@@ -855,14 +868,17 @@ export class TunnelAgent extends EventEmitter {
     }
     let target: Duplex;
     try {
-      target = await this.options.connectResource(request);
+      target = await this.options.connectResource(request, hop);
     } catch (err) {
       const e = toGatewayError(err);
+      hop.fail(e.code);
+      hop.end();
       this.log.warn({ service: request.service, resource: request.resource, code: e.code, err: e.message }, 'cannot reach the resource');
       const answer: DialAnswer = { ok: false, error: { code: e.code, message: e.message } };
       channel.end(`${JSON.stringify(answer)}\n`);
       return;
     }
+    hop.end();
     writeJsonLine(channel, { ok: true } satisfies DialAnswer);
     if (request.service !== 'db') return splice(channel, target);
     const protocol = this.options.resources.databases.find((d) => d.name === request.resource)?.protocol;

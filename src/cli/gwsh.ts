@@ -31,6 +31,7 @@ import { PROXY_ENVIRONMENT } from './manpage.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { table } from './table.js';
 import { addKubeLogin } from './kubelogin.js';
+import { startTracing, stopTracing, tracingSettings } from '../trace.js';
 
 const program = positionalOptions(newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.'));
 
@@ -507,4 +508,10 @@ addCompletionCommands(program, {
   seeAlso: ['gateway(1)', 'gwctl(1)', 'ssh(1)'],
 });
 
+// Traces (src/trace.ts): on only when the OTEL_ variables name an endpoint; what is queued is sent before exit.
+program.hook('preAction', async () => {
+  const settings = tracingSettings(undefined, process.env, 'gwsh');
+  if (settings) await startTracing({ ...settings, exportDelayMs: 0 });
+});
 await runCli(program);
+await stopTracing();

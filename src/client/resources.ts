@@ -11,7 +11,9 @@ import tls from 'node:tls';
 import { parseAddr } from '../addr.js';
 import { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
-import { GatewayError, isErrorCode } from '../errors.js';
+import { GatewayError, isErrorCode, toGatewayError } from '../errors.js';
+import { decisionAttributes } from '../dial/select.js';
+import { envTraceContext, startHop, traceFields, tracingEnabled, type TraceContext } from '../trace.js';
 import { PING_PATH, type PingResponse } from '../wire/ping.js';
 import { FramedStream } from '../stream/framed.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
@@ -30,6 +32,8 @@ export interface ResourceTarget {
   login?: string;
   /** Ask the Proxy whether access would be allowed, without reaching the resource (the stream then ends). */
   check?: boolean;
+  /** The trace this connection belongs to; default: TRACEPARENT of the environment, else a new trace. */
+  trace?: TraceContext;
 }
 
 export async function fetchPing(profile: Profile, dialer: Dialer): Promise<PingResponse> {
@@ -61,6 +65,25 @@ export async function openResource(
   dialer: Dialer = new Dialer(),
   secureContext?: tls.SecureContext,
 ): Promise<Duplex> {
+  // The client's hop (src/trace.ts): the route and the Dialer's decision for the Proxy's address; its context
+  // goes to the Proxy in the route header.
+  const hop = startHop('gwsh.connect', {
+    kind: 'client',
+    parent: target.trace ?? envTraceContext(),
+    trusted: true,
+    ...(tracingEnabled() ? { attributes: { 'gateway.route': target.alpn, 'gateway.resource': target.resource, ...decisionAttributes(dialer.plan(address)) } } : {}),
+  });
+  try {
+    return await openTraced(profile, address, target, dialer, secureContext, hop.context);
+  } catch (err) {
+    hop.fail(toGatewayError(err).code);
+    throw err;
+  } finally {
+    hop.end();
+  }
+}
+
+async function openTraced(profile: Profile, address: string, target: ResourceTarget, dialer: Dialer, secureContext: tls.SecureContext | undefined, trace: TraceContext | undefined): Promise<Duplex> {
   const host = parseAddr(address).host;
   const credentials = secureContext ? { secureContext } : { ca: profile.hostCa, cert: profile.cert, key: profile.key };
   // The Proxy's certificate must say role proxy: an agent's host certificate chains to the same CA. Past a
@@ -80,6 +103,7 @@ export async function openResource(
     // Framed (src/stream/framed.ts): the Proxy's end of the bytes is said in the stream, so that a Proxy that dies
     // (its kernel sends a FIN, which TLS in Node reports as an end) is a break here, not a complete transfer.
     ...(target.check ? { check: true } : { framed: true }),
+    ...traceFields(trace),
   });
   const answer = await readJsonLine<DialAnswer>(socket, { what: "the Proxy's answer", timeoutMs: 60_000 });
   if (!answer.ok) {

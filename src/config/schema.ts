@@ -14,6 +14,7 @@ import { AddrError, dnsNameProblem, formatHostPort, isIpLiteral, normalizeHost, 
 import { formatDuration, parseDuration } from '../duration.js';
 import { defaultMaxConnections, defaultMaxConnectionsPerSource, readOpenFileLimit } from '../net/source.js';
 import { MAX_TRUSTED_SOURCES, parseTrustedSource } from '../mux/trust.js';
+import { parseHeaderList, TracingSettingsError } from '../trace.js';
 import {
   Dynamic,
   Invalid,
@@ -249,6 +250,39 @@ function exactlyOneSource(
 }
 
 /** A postgresql:// connection string the backend can use (src/backend/pgconn.ts); kept as written. */
+/** A share from 0 to 1 (a sampling ratio); unset: undefined, for the caller's fallback. */
+function ratio(doc: string, defaultDoc: string): Leaf<number | undefined> {
+  return leaf<number | undefined>({
+    doc,
+    type: 'number 0..1',
+    default: undefined,
+    defaultDoc,
+    example: '0.1',
+    render: (v) => (v === undefined ? '' : String(v)),
+    parse: (node) => {
+      if (!isScalar(node) || typeof node.value !== 'number') {
+        const quoted = isScalar(node) && typeof node.value === 'string' && Number.isFinite(Number(node.value));
+        throw new Invalid(`expected a number from 0 to 1, got ${describeNode(node)}`, 'GW_ERR_CONFIG_TYPE', quoted ? 'Write the number without quotes.' : undefined);
+      }
+      if (!Number.isFinite(node.value) || node.value < 0 || node.value > 1) {
+        throw new Invalid(`expected a number from 0 to 1, got ${describeNode(node)}`, 'GW_ERR_CONFIG_VALUE', 'Write a share such as 0.1 (one trace in ten) or 1 (every trace).');
+      }
+      return node.value;
+    },
+  });
+}
+
+/** OTLP headers as OTEL_EXPORTER_OTLP_HEADERS writes them; checked here so that a bad list fails at start. */
+function otlpHeaders(s: string): string {
+  try {
+    parseHeaderList(s);
+  } catch (err) {
+    if (err instanceof TracingSettingsError) throw new Invalid(err.message, 'GW_ERR_CONFIG_VALUE', 'Write key=value pairs separated by commas, values percent-encoded: "x-api-key=abc,x-team=ops".');
+    throw err;
+  }
+  return s;
+}
+
 function pgConnString(s: string): string {
   try {
     parsePgConnString(s);
@@ -356,6 +390,21 @@ export const SCHEMA = section('The gateway configuration file.', {
       check: absolutePath,
     }),
     diag_addr: listen("Health endpoints for a supervisor (Kubernetes probes), also --diag-addr: GET /healthz answers 200 while the process runs, GET /readyz 200 when every check of its roles passed (backend, Auth Service, listeners; an agent: its tunnel and resources), else 503, naming each check (docs/operations.md). Plain HTTP, no credentials: bind it to an address only the supervisor reaches, never a public listener's.", { port: 3000, defaultDoc: 'none (off)' }),
+    tracing: section('Traces over OTLP/HTTP (docs/operations.md, "Tracing"): off unless an endpoint is set here or in OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_TRACES_EXPORTER=none turns it off.', {
+      otlp_endpoint: str('The OTLP/HTTP traces URL of the collector (JSON is sent), as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: the whole URL, path included.', {
+        type: 'URL',
+        defaultDoc: 'none: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, else off',
+        example: 'http://otel-collector.internal:4318/v1/traces',
+        check: httpUrl,
+      }),
+      sample_ratio: ratio("The share of traces recorded, decided on the trace id; a trace a client started is sampled by this ratio too (its sampled flag is not trusted); a Proxy's decision is followed by the peer Proxy and the agent.", 'OTEL_TRACES_SAMPLER_ARG, else 1'),
+      headers: str('Headers sent with every export, as OTEL_EXPORTER_OTLP_HEADERS: key=value pairs separated by commas, values percent-encoded. Never logged.', {
+        type: 'key=value,...',
+        defaultDoc: 'OTEL_EXPORTER_OTLP_TRACES_HEADERS, else OTEL_EXPORTER_OTLP_HEADERS, else none',
+        example: 'x-api-key=abc123',
+        check: otlpHeaders,
+      }),
+    }),
     storage: section('Where the Auth Service keeps the cluster state (docs/backend.md).', {
       type: oneOf('sqlite: embedded, in <data_dir>/backend.sqlite; postgres: a PostgreSQL database that several Auth Services share.', ['sqlite', 'postgres'], 'sqlite'),
       conn_string: str('PostgreSQL connection string, postgres only: postgresql://user[:password]@host[:port]/database, parameters sslmode, host (socket directory), application_name, connect_timeout.', {

@@ -13,6 +13,7 @@
  */
 import type { HostPort, ParsedAddr } from '../addr.js';
 import type { LogFormat } from '../log.js';
+import type { TracingConfig } from '../trace.js';
 import type { DatabaseProtocol, ListenAddrKey, OptionalListenAddrKey, PublicAddrKey } from '../wire/protocols.js';
 
 export type LogSeverity = 'trace' | 'debug' | 'info' | 'warn' | 'error';
@@ -51,6 +52,8 @@ export interface ProcessConfig {
   readonly auth_server: readonly HostPort[];
   /** The root CA of a TLS-inspecting proxy (absolute path), for the upgrade transport (src/dial/upgrade.ts). */
   readonly proxy_ca_file: string | undefined;
+  /** Traces over OTLP (src/trace.ts tracingSettings); every field undefined: the environment decides. */
+  readonly tracing: TracingConfig;
   readonly storage: StorageConfig;
   readonly log: LogConfig;
   readonly limits: LimitsConfig;

@@ -89,6 +89,21 @@ function isProxyProtocol(p: string): p is ProxyProtocol {
   return Object.hasOwn(DEFAULT_PORTS, p);
 }
 
+/**
+ * A decision as span attributes (src/trace.ts): how (direct, proxy, pac), through which proxy (its display form:
+ * the password is "***"), and the reason `gateway dial-plan` prints. Never the proxy's credentials.
+ */
+export function decisionAttributes(decision: ProxyDecision): Record<string, string> {
+  const via = decision.pac ? 'pac' : decision.proxy ? 'proxy' : 'direct';
+  return {
+    'gateway.dial.via': via,
+    'gateway.dial.target': decision.target.text,
+    ...(decision.proxy ? { 'gateway.dial.proxy': decision.proxy.display } : {}),
+    ...(decision.source ? { 'gateway.dial.source': decision.source } : {}),
+    'gateway.dial.reason': decision.reason,
+  };
+}
+
 /** What a proxy is, for the reasons shown: "a SOCKS5 proxy (target names resolved by the proxy)". */
 export function describeProxyKind(protocol: ProxyProtocol): string {
   if (protocol === 'socks5h') return 'a SOCKS5 proxy (target names resolved by the proxy)';

@@ -54,6 +54,17 @@ export interface ConnInfo {
   upgraded?: boolean;
 }
 
+/**
+ * Why the connection took its route, in routes.ts's terms, for a span or a log line: "ALPN gateway-proxy-ssh",
+ * "TLS without a chosen ALPN (server name …)" (a server-name or no-ALPN route), "first bytes" (plain SSH or
+ * HTTP), with " (through /webapi/connectionupgrade)" when upgraded.
+ */
+export function routeReason(info: ConnInfo): string {
+  const tls = info.clientAlpn !== undefined;
+  const how = info.alpn ? `ALPN ${info.alpn}` : tls ? `TLS without a chosen ALPN${info.serverName ? ` (server name ${info.serverName})` : ''}` : 'first bytes';
+  return info.upgraded ? `${how} (through /webapi/connectionupgrade)` : how;
+}
+
 export type RouteHandler = (stream: Duplex, info: ConnInfo) => void;
 export type MuxRoute = Route<RouteHandler>;
 

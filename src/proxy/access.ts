@@ -32,11 +32,12 @@ import { canAccess, LABEL_FIELDS, type AccessKind } from '../auth/rbac.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, isGatewayError, toGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
-import type { ConnInfo } from '../mux/multiplexer.js';
+import { routeReason, type ConnInfo } from '../mux/multiplexer.js';
 import { connectionOf } from '../net/deadlines.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
+import { startHop, traceContextOf, traceFields, type HopSpan } from '../trace.js';
 import type { DatabaseGrant, DialAnswer } from '../tunnel/protocol.js';
 import type { AgentSource } from './router.js';
 import { startupPeek, type StartupPeek } from './dbstartup.js';
@@ -61,6 +62,9 @@ export interface RouteHeader {
    * the answer then says `framed`, and an end that is not that frame is a break (reset), never a clean end.
    */
   framed?: boolean;
+  /** W3C trace context of the client's span (src/trace.ts): validated, and its sampled flag not trusted. */
+  traceparent?: string;
+  tracestate?: string;
 }
 
 /** The route header is one JSON line of at most this many bytes. */
@@ -82,18 +86,26 @@ export function createAccessHandler(auth: ProxyAuth, agents: AgentSource, header
   const ctx: AccessContext = { auth, agents, headerTimeoutMs, log: logger('access'), audit };
   return (stream, info) => {
     const socket = stream as TLSSocket;
-    connect(ctx, socket, info).catch((err: unknown) => refuse(ctx, socket, info, err));
+    const hop = { span: undefined as HopSpan | undefined };
+    connect(ctx, socket, info, hop)
+      .catch((err: unknown) => {
+        hop.span?.fail(toGatewayError(err).code);
+        refuse(ctx, socket, info, err);
+      })
+      .finally(() => hop.span?.end());
   };
 }
 
 /** Steps 1 to 4 at the top of this file; a failure is thrown, and answered by refuse(). */
-async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): Promise<void> {
+async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo, hop: { span: HopSpan | undefined }): Promise<void> {
   const client = clientOf(info);
   const certified = peerIdentityOf(ctx.auth, socket);
   if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach resources');
   trackSession(ctx, socket, certified, info);
   const identity = await ctx.auth.resolveCaller(certified);
   const header = await readRouteHeader(socket, ctx.headerTimeoutMs);
+  // This hop's span, from the route header on (the client's context is not trusted: src/trace.ts).
+  hop.span = startHop('proxy.access', { kind: 'server', parent: traceContextOf(header), attributes: { 'gateway.route': info.route, 'gateway.route.reason': routeReason(info) } });
   const target = findTarget(ctx.agents.agents(), info.route, header);
   if (!target) {
     throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves ${describe(info.route)} "${header.resource}"`, {
@@ -101,6 +113,7 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): P
     });
   }
   if (target.service === 'ssh') checkLogin(identity, header.login);
+  hop.span.set({ 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId });
   await checkRoles(ctx.auth, identity, target, info.route, header.resource);
   if (header.check === true) {
     socket.end(`${JSON.stringify({ ok: true } satisfies DialAnswer)}\n`);
@@ -114,6 +127,7 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo): P
     client_dst: `${info.localAddress}:${info.localPort}`,
     user: identity.name,
     ...(target.service === 'db' ? { db_access: identity.db ?? NO_DATABASE_GRANT } : {}),
+    ...traceFields(hop.span.context),
   });
   const framed = header.framed === true;
   writeJsonLine(socket, (framed ? { ok: true, framed: true } : { ok: true }) satisfies DialAnswer);

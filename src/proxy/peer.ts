@@ -56,6 +56,7 @@ import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import { LineSplitter } from '../stream/splitter.js';
 import { databaseGrantOf, type DialRequest, type ProbeReport, type ServiceKind } from '../tunnel/protocol.js';
+import { startHop, traceContextOf, traceFields } from '../trace.js';
 import type { ClusterView } from './cluster.js';
 import type { LocalTunnels, PeerDialer } from './router.js';
 
@@ -276,8 +277,22 @@ export class PeerServer {
 
   /** A channel to the agent through this Proxy's own tunnel: never forwarded again (the asking Proxy tries the next holder). */
   private async dialLocal(hostId: string, request: DialRequest): Promise<Duplex> {
-    if (!this.options.tunnels.get(hostId)) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `Proxy ${this.options.cluster.selfId} holds no tunnel of agent ${hostId}`);
-    return this.options.tunnels.dial(hostId, request);
+    // This hop's span: a child of the asking Proxy's (its context is trusted: the caller is a live Proxy).
+    const hop = startHop('proxy.peer', {
+      kind: 'server',
+      parent: traceContextOf(request),
+      trusted: true,
+      attributes: { 'gateway.agent.host_id': hostId, 'gateway.service': request.service, 'gateway.router.via': 'local', 'gateway.router.reason': 'asked by a peer: answered from this Proxy\'s own tunnels only' },
+    });
+    try {
+      if (!this.options.tunnels.get(hostId)) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `Proxy ${this.options.cluster.selfId} holds no tunnel of agent ${hostId}`);
+      return await this.options.tunnels.dial(hostId, { ...request, ...traceFields(hop.context) });
+    } catch (err) {
+      hop.fail(toGatewayError(err).code);
+      throw err;
+    } finally {
+      hop.end();
+    }
   }
 
   private serveH2(socket: TLSSocket, client: string): void {
@@ -382,6 +397,7 @@ function dialRequestOf(value: unknown): DialRequest {
     ...(r.user === undefined ? {} : { user: r.user }),
     ...(r.probe === true ? { probe: true } : {}),
     ...(grant === undefined ? {} : { db_access: grant }),
+    ...traceFields(traceContextOf(r)),
   };
 }
 

@@ -17,6 +17,7 @@ import type { Duplex } from 'node:stream';
 import type { Presence, ProxyRecord } from '../auth/records.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
+import { startHop, traceContextOf, traceFields, tracingEnabled, type Attributes } from '../trace.js';
 import type { AgentResources, DialRequest, ServiceKind } from '../tunnel/protocol.js';
 import { DIRECT_PROXY_ID, type ClusterView } from './cluster.js';
 import type { ReachableAgent } from './resources.js';
@@ -49,6 +50,8 @@ export interface RouterOptions {
   peers?: PeerDialer;
   /** Agents joined directly (direct.ts). */
   direct?: (presence: Presence, request: DialRequest) => Promise<Duplex>;
+  /** The Dialer's decision for an address, as span attributes (src/dial/select.ts decisionAttributes). */
+  dialPlan?: (address: string) => Attributes;
 }
 
 /** What resources.ts looks resources up in. */
@@ -125,12 +128,17 @@ export class Router implements AgentSource {
           hint: "The agent may be offline, or its Proxy unreachable; 'gwctl get proxies' lists the live Proxies.",
         });
       }
+      // One span per way tried, with the decision and its reason: the next hop (the peer or the agent) is its child.
+      const hop = startHop('proxy.route', { kind: 'client', parent: traceContextOf(request), trusted: true, ...(tracingEnabled() ? { attributes: this.decisionAttributes(step, hostId) } : {}) });
       try {
-        const stream = await this.attempt(step, hostId, request);
+        const stream = await this.attempt(step, hostId, { ...request, ...traceFields(hop.context) });
         this.log.debug({ hostId, via: step.via, reason: step.reason, resource: request.resource }, 'agent reached');
+        hop.end();
         return stream;
       } catch (err) {
         last = toGatewayError(err);
+        hop.fail(last.code);
+        hop.end();
         failures.push(`${step.via}${step.via === 'peer' ? ` ${step.proxyId}` : ''}: ${last.message}`);
         this.log.info({ hostId, via: step.via, reason: step.reason, code: last.code, err: last.message }, 'cannot reach the agent this way; trying the next');
         // The agent answered and the resource failed: another way to the same agent would answer the same.
@@ -138,6 +146,11 @@ export class Router implements AgentSource {
       }
     }
     throw new GatewayError('GW_ERR_INTERNAL', 'the route plan has no last step');
+  }
+
+  private decisionAttributes(step: Exclude<Decision, { via: 'none' }>, hostId: string): Attributes {
+    const peer = step.via === 'peer' ? { 'gateway.router.peer_id': step.proxyId, ...this.options.dialPlan?.(step.peerAddr) } : {};
+    return { 'gateway.router.via': step.via, 'gateway.router.reason': step.reason, 'gateway.agent.host_id': hostId, ...peer };
   }
 
   private attempt(step: Exclude<Decision, { via: 'none' }>, hostId: string, request: DialRequest): Promise<Duplex> {

@@ -33,6 +33,7 @@ import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, appSessionRef, cookieValue
 import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
+import { startHop, traceContextOf, traceFields, type TraceContext } from '../trace.js';
 import { resetStream } from '../stream/reset.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { escapeHtml, guardHttpServer, type HttpDeadlines } from '../net/http.js';
@@ -123,11 +124,11 @@ export function createWebAppHandler(auth: ProxyAuth, agents: AgentSource, option
     }
     void (async () => {
       const { identity, appSession } = await appCaller(auth, target.name, key, req, (who, what) => trackRequest(auth, who, what, req, res), options.audit);
-      const { stream, meter, client } = await openApp(auth, agents, target, identity, req, appSession, options.audit);
+      const { stream, meter, client, trace } = await openApp(auth, agents, target, identity, req, appSession, options.audit);
       log.info({ user: identity.name, app: target.name, method: req.method, path: req.url }, 'app request');
       withoutGatewayCookies(req);
       // Nor does the app set them on its host: a nonce of the app's choosing would let its launch links bind.
-      relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name }, gatewayCookie, meter);
+      relay(req, res, stream, req.url ?? '/', { 'x-forwarded-for': client.address, 'x-forwarded-proto': 'https', 'x-forwarded-host': req.headers.host ?? host, 'x-gateway-user': identity.name, ...appTraceHeaders(req, trace) }, gatewayCookie, meter);
     })().catch((err: unknown) => sendWebError(res, err));
     return true;
   };
@@ -156,21 +157,47 @@ function misdirected(req: http.IncomingMessage, host: string, res: http.ServerRe
  * the app through its agent, and the audited session the request counts in (the app session's, else the
  * connection's).
  */
-export async function openApp(auth: ProxyAuth, agents: AgentSource, target: Target, identity: Identity, req: http.IncomingMessage, appSession?: string, audit?: SessionAudit): Promise<{ stream: Duplex; meter?: AuditedSession; client: { address: string; port: number } }> {
+export async function openApp(auth: ProxyAuth, agents: AgentSource, target: Target, identity: Identity, req: http.IncomingMessage, appSession?: string, audit?: SessionAudit): Promise<{ stream: Duplex; meter?: AuditedSession; client: { address: string; port: number }; trace?: TraceContext }> {
   if (identity.kind !== 'user' || !canAccess(await auth.rolesOf(identity.roles), target.access, target.labels)) {
     throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow app "${target.name}"`);
   }
   const client = clientAddress(req.socket);
-  const stream = await agents.dial(target.agent.hostId, {
-    service: target.service,
-    resource: target.name,
-    client_src: `${client.address}:${client.port}`,
-    client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
-    user: identity.name,
+  // This hop's span: the request's traceparent header gives the trace, not its sampled flag (src/trace.ts).
+  const hop = startHop('proxy.app', {
+    kind: 'server',
+    parent: traceContextOf({ traceparent: req.headers.traceparent, tracestate: req.headers.tracestate }),
+    attributes: { 'gateway.route': 'web', 'gateway.route.reason': 'HTTP request to an app\'s public address', 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId },
   });
+  let stream: Duplex;
+  try {
+    stream = await agents.dial(target.agent.hostId, {
+      service: target.service,
+      resource: target.name,
+      client_src: `${client.address}:${client.port}`,
+      client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
+      user: identity.name,
+      ...traceFields(hop.context),
+    });
+  } catch (err) {
+    hop.fail(toGatewayError(err).code);
+    throw err;
+  } finally {
+    hop.end();
+  }
   const fields = { user: identity.name, resource: target.name, node: target.agent.nodename, client: `${client.address}:${client.port}`, ...(appSession ? { app_session: appSession } : {}) };
   const meter = appSession ? audit?.httpRequest('app', `app:${appSession}`, fields, { startRecorded: true }) : audit?.httpRequest('app', `app:${target.name}`, fields, { connection: connectionOf(req) });
-  return { stream, client, ...(meter ? { meter } : {}) };
+  return { stream, client, ...(meter ? { meter } : {}), ...(hop.context ? { trace: hop.context } : {}) };
+}
+
+/**
+ * The trace headers the app gets: the Proxy's span's context (the app's own span is then its child), or, tracing
+ * off, the client's valid one passed on; a malformed or oversized one the client sent is replaced or removed.
+ */
+function appTraceHeaders(req: http.IncomingMessage, trace: TraceContext | undefined): http.OutgoingHttpHeaders {
+  if (!trace && req.headers.traceparent === undefined && req.headers.tracestate === undefined) return {};
+  delete req.headers.traceparent;
+  delete req.headers.tracestate;
+  return traceFields(trace);
 }
 
 /**

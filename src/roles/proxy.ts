@@ -14,6 +14,7 @@ import type { ProxyAuth } from '../auth/proxyauth.js';
 import type { Presence } from '../auth/records.js';
 import type { GatewayConfig, UpgradeChannelConfig } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
+import { decisionAttributes } from '../dial/select.js';
 import { GatewayError } from '../errors.js';
 import type { ConnectionLimits, LimitSettings } from '../net/deadlines.js';
 import { createAccessHandler } from '../proxy/access.js';
@@ -117,7 +118,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   const peering = await startPeering(options, cluster, tunnels, ownWebCert ? webTls : await clusterCertificate(options));
   // Agents that joined the Auth Service directly: their listeners, with a certificate naming this Proxy.
   const direct = options.direct ?? directDialer((key) => auth.issueServerCert(key, [config.gateway.nodename], options.proxyId), { dialer: options.dialer, hostCa: auth.host.tls.certPem, sessions: auth.sessions });
-  const router = new Router({ tunnels, cluster, peers: peering.client, direct });
+  const router = new Router({ tunnels, cluster, peers: peering.client, direct, dialPlan: (address) => decisionAttributes(options.dialer.plan(address)) });
   // The sessions this Proxy carries (registered first: their ends are recorded before the listeners close them).
   const audit = new SessionAudit({ proxyId: options.proxyId, report: (event) => auth.recordProxyEvent(options.proxyId, event) });
   options.lifecycle.onStop('proxy', () => audit.stop());

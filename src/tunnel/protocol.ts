@@ -264,6 +264,13 @@ export interface DialRequest {
   framed?: boolean;
   /** A probe: check the resource answers (connect and close), pass no byte of it; a ProbeReport line follows the answer. */
   probe?: boolean;
+  /**
+   * W3C trace context of the hop that dials (src/trace.ts): the agent's span is its child. Validated by the
+   * receiver (traceContextOf: exactly the 55 characters of version 00, ids not zero; a tracestate over 512 bytes
+   * dropped) and dropped when not valid; an agent of an earlier version ignores both.
+   */
+  traceparent?: string;
+  tracestate?: string;
 }
 
 /**

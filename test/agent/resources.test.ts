@@ -16,6 +16,8 @@ import { isGatewayError } from '../../src/errors.js';
 import type { DialRequest } from '../../src/tunnel/protocol.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { codeOf } from '../helpers/errors.js';
+import { startOtlpReceiver } from '../helpers/otlp.js';
+import { startTracing, stopTracing } from '../../src/trace.js';
 
 let pki: TestPki;
 let otherPki: TestPki;
@@ -114,6 +116,21 @@ describe('reaching a resource', () => {
     expect(await codeOf(connect(request('app', 'nope')))).toBe('GW_ERR_TUNNEL_NOT_FOUND');
     expect(await codeOf(connect(request('db', 'pg')))).toBe('GW_ERR_TUNNEL_NOT_FOUND');
     expect(await codeOf(connect(request('ssh', 'root@22')))).toBe('GW_ERR_TUNNEL_NOT_FOUND');
+  });
+
+  it("traced: the kube dial records the Dialer's plan (as gateway dial-plan prints it) on the agent's span", async () => {
+    const receiver = await startOtlpReceiver();
+    await startTracing({ url: receiver.url, sampleRatio: 1, headers: {}, serviceName: 'test' });
+    try {
+      const attributes: Record<string, unknown> = {};
+      const connect = resourceConnector(config(), ALL, new Dialer({ env: {} }), 'test');
+      const stream = await connect(request('kube', 'good'), { set: (a) => Object.assign(attributes, a) });
+      stream.destroy();
+      expect(attributes).toMatchObject({ 'gateway.dial.via': 'direct', 'gateway.dial.target': `127.0.0.1:${kubePort}`, 'gateway.dial.reason': expect.stringMatching(/./) });
+    } finally {
+      await stopTracing();
+      await receiver.close();
+    }
   });
 
   it('a Kubernetes API server over TLS through the Dialer, verified against its ca_file', async () => {

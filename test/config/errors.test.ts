@@ -89,6 +89,10 @@ const cases: Case[] = [
   ['key is missing', 'gateway:\n  : c\n', 'GW_ERR_CONFIG_TYPE', 'gateway', 2, 3],
 
   // --- bad values ----------------------------------------------------------------------------------------------
+  ['tracing ratio over 1', 'gateway:\n  tracing:\n    sample_ratio: 1.5\n', 'GW_ERR_CONFIG_VALUE', 'gateway.tracing.sample_ratio', 3, 19],
+  ['tracing ratio quoted', 'gateway:\n  tracing:\n    sample_ratio: "0.5"\n', 'GW_ERR_CONFIG_TYPE', 'gateway.tracing.sample_ratio', 3, 19],
+  ['tracing endpoint not http', 'gateway:\n  tracing:\n    otlp_endpoint: grpc://c:4317\n', 'GW_ERR_CONFIG_VALUE', 'gateway.tracing.otlp_endpoint', 3, 20],
+  ['tracing headers without =', 'gateway:\n  tracing:\n    headers: x-api-key\n', 'GW_ERR_CONFIG_VALUE', 'gateway.tracing.headers', 3, 14],
   ['bad severity', 'gateway:\n  log:\n    severity: loud\n', 'GW_ERR_CONFIG_VALUE', 'gateway.log.severity', 3, 15],
   ['bad log format', 'gateway:\n  log:\n    format: xml\n', 'GW_ERR_CONFIG_VALUE', 'gateway.log.format', 3, 13],
   ['relative log file', 'gateway:\n  log:\n    output: gateway.log\n', 'GW_ERR_CONFIG_VALUE', 'gateway.log.output', 3, 13],

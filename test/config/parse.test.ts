@@ -29,6 +29,7 @@ describe('defaults', () => {
       data_dir: defaultDataDir(),
       auth_server: [],
       storage: { type: 'sqlite', conn_string: undefined, ca_file: undefined, cert_file: undefined, key_file: undefined },
+      tracing: { otlp_endpoint: undefined, sample_ratio: undefined, headers: undefined },
       log: { output: 'stderr', severity: 'info', format: undefined },
       limits: {
         tls_handshake_timeout: 10_000,

@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { parseNoProxy, matchNoProxy } from '../../src/dial/noproxy.js';
-import { kubeApiAlias, kubeApiTarget, parseProxyValue, parseTarget, selectProxy } from '../../src/dial/select.js';
+import { decisionAttributes, kubeApiAlias, kubeApiTarget, parseProxyValue, parseTarget, selectProxy } from '../../src/dial/select.js';
 import { GatewayError } from '../../src/errors.js';
 
 type Env = Record<string, string>;
@@ -388,5 +388,15 @@ describe('SOCKS5 reasons', () => {
     const d = selectProxy('db.internal:5432', { ALL_PROXY: 'socks5h://dante:1080', NO_PROXY: '.internal' });
     expect(d.proxy).toBeNull();
     expect(d.source).toBe('NO_PROXY');
+  });
+});
+
+describe('decisionAttributes: a decision on a span', () => {
+  it('how, where, which variable and why, with the proxy password shown as ***', () => {
+    const through = decisionAttributes(selectProxy('proxy.example.com:443', { HTTPS_PROXY: 'http://u:secret@squid.corp:3128' }));
+    expect(through).toMatchObject({ 'gateway.dial.via': 'proxy', 'gateway.dial.target': 'proxy.example.com:443', 'gateway.dial.proxy': 'http://u:***@squid.corp:3128', 'gateway.dial.source': 'HTTPS_PROXY' });
+    expect(through['gateway.dial.reason']).toBe(selectProxy('proxy.example.com:443', { HTTPS_PROXY: 'http://u:secret@squid.corp:3128' }).reason);
+    expect(JSON.stringify(through)).not.toContain('secret');
+    expect(decisionAttributes(selectProxy('proxy.example.com:443', {}))).toMatchObject({ 'gateway.dial.via': 'direct' });
   });
 });

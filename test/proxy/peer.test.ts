@@ -373,6 +373,19 @@ describe('the dial request across peering', () => {
       expect(() => parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, db_access: bad } })), JSON.stringify(bad)?.slice(0, 60)).toThrow(/db_access/);
     }
   });
+
+  it('carries a W3C trace context to the Proxy that holds the tunnel (the agent\'s span is its child)', () => {
+    const traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+    expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, traceparent, tracestate: 'a=b' } })).request).toEqual({ ...request, traceparent, tracestate: 'a=b' });
+  });
+
+  it('hostile: a malformed traceparent is dropped (a new trace starts), a tracestate over 512 bytes dropped alone; the dial goes on', () => {
+    const good = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+    for (const traceparent of ['00-00000000000000000000000000000000-00f067aa0ba902b7-01', `${good}-00`, good.toUpperCase(), `01${good.slice(2)}`, 'x'.repeat(10_000), 7]) {
+      expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, traceparent, tracestate: 'a=b' } })).request, String(traceparent).slice(0, 60)).toEqual(request);
+    }
+    expect(parsePeerRequest(JSON.stringify({ hostId: 'h', request: { ...request, traceparent: good, tracestate: `a=${'b'.repeat(511)}` } })).request).toEqual({ ...request, traceparent: good });
+  });
 });
 
 describe('the link and the agent change', () => {
