@@ -269,17 +269,17 @@ describe("the agent's health endpoints (gateway.diag_addr, the chart's probes)",
 });
 
 describe('gwctl probe (through squid, as alice)', () => {
-  const probe = (args: string[]) => runCli('gwctl', ['probe', ...args], { env: userEnv });
+  const gwctlProbe = (args: string[]) => runCli('gwctl', ['probe', ...args], { env: userEnv });
   it('a Kubernetes cluster: the agent connects to its API server (through the Dialer) and closes; each hop timed', async () => {
-    const r = await probe(['kube', 'dev', '-f', 'json']);
+    const r = await gwctlProbe(['kube', 'dev', '-f', 'json']);
     expect(r.stderr).toBe('');
     const out = JSON.parse(r.stdout) as { via: string; agent: string; hops: Array<{ hop: string }> };
     expect(out).toMatchObject({ via: 'local', agent: 'agent-apps' });
     expect(out.hops.map((h) => h.hop)).toEqual(['find', 'tunnel', 'resource']);
   });
   it('an app her roles do not reach (env: prod) is not found, exactly as an app that does not exist', async () => {
-    const hidden = await probe(['app', 'prod-admin']);
-    const absent = await probe(['app', 'no-such-app']);
+    const hidden = await gwctlProbe(['app', 'prod-admin']);
+    const absent = await gwctlProbe(['app', 'no-such-app']);
     expect(hidden.stderr).toContain('code: GW_ERR_TUNNEL_NOT_FOUND');
     expect(hidden.stderr.replaceAll('prod-admin', 'X')).toBe(absent.stderr.replaceAll('no-such-app', 'X'));
   });
