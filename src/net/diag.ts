@@ -2,7 +2,9 @@
  * The health endpoints (gateway.diag_addr) a supervisor probes, Kubernetes' liveness and readiness above all:
  *   GET /healthz  200 {"status":"ok"} while the process's event loop answers (liveness);
  *   GET /readyz   200 {"status":"ready"} when ready() says so (an agent: its reverse tunnel is up), else 503
- *                 {"status":"not ready","reason":...} (readiness: the pod is not counted as serving).
+ *                 {"status":"not ready","reason":...} (readiness: the pod is not counted as serving);
+ *   GET /metrics  the process's metrics (src/metrics/) in Prometheus's text format, from prom-client, whose
+ *                 default process metrics start with this listener (docs/operations.md, "Metrics").
  * Nothing else is served (404; any method but GET and HEAD: 405), no credential is asked for and none is
  * shown: the answers say only whether the process is up. Every connection gets short deadlines (a probe is one
  * small request) and the server caps its connections, so a slow or flooding peer cannot hold it.
@@ -10,6 +12,8 @@
  */
 import http from 'node:http';
 import type { HostPort } from '../addr.js';
+import { registry } from '../metrics/registry.js';
+import { startProcessMetrics } from '../metrics/process.js';
 import { closeServer, listenOn } from './listen.js';
 
 export interface Readiness {
@@ -28,6 +32,7 @@ export interface DiagServer {
 const LIMITS = { headersTimeoutMs: 5_000, requestTimeoutMs: 5_000, idleMs: 5_000, maxConnections: 32, maxHeaderSize: 8 * 1024 };
 
 export async function startDiagServer(at: HostPort, ready: () => Readiness): Promise<DiagServer> {
+  startProcessMetrics();
   const server = http.createServer({ maxHeaderSize: LIMITS.maxHeaderSize, requestTimeout: LIMITS.requestTimeoutMs, connectionsCheckingInterval: 1_000 }, (req, res) => {
     const path = (req.url ?? '/').split('?')[0];
     const send = (status: number, body: Record<string, unknown>) => {
@@ -36,8 +41,9 @@ export async function startDiagServer(at: HostPort, ready: () => Readiness): Pro
       res.end(req.method === 'HEAD' ? undefined : text);
     };
     req.resume();
-    if (path !== '/healthz' && path !== '/readyz') return send(404, { status: 'not found', paths: ['/healthz', '/readyz'] });
+    if (path !== '/healthz' && path !== '/readyz' && path !== '/metrics') return send(404, { status: 'not found', paths: ['/healthz', '/readyz', '/metrics'] });
     if (req.method !== 'GET' && req.method !== 'HEAD') return send(405, { status: 'method not allowed' });
+    if (path === '/metrics') return void sendMetrics(req, res);
     if (path === '/healthz') return send(200, { status: 'ok' });
     const r = ready();
     return r.ready ? send(200, { status: 'ready' }) : send(503, { status: 'not ready', ...(r.reason ? { reason: r.reason } : {}) });
@@ -48,4 +54,18 @@ export async function startDiagServer(at: HostPort, ready: () => Readiness): Pro
   server.maxConnections = LIMITS.maxConnections;
   const address = await listenOn(server, at, 'gateway.diag_addr');
   return { address, close: () => closeServer(server) };
+}
+
+/** The registry in Prometheus's text format (prom-client renders it; its content type names the format's version). */
+async function sendMetrics(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+  let body: string;
+  try {
+    body = await registry.metrics();
+  } catch {
+    res.writeHead(500, { 'content-type': 'text/plain', connection: 'close' });
+    res.end(req.method === 'HEAD' ? undefined : 'metrics could not be collected\n');
+    return;
+  }
+  res.writeHead(200, { 'content-type': registry.contentType, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store', connection: 'close' });
+  res.end(req.method === 'HEAD' ? undefined : body);
 }
