@@ -69,6 +69,10 @@ declare -A NEED=(
   [winbindd]=winbind
   [wbinfo]=winbind
   [smbpasswd]=samba-common-bin
+  # the metrics tests (test/e2e/metrics.test.ts, test/metrics/rules.test.ts): Prometheus scrapes real daemons,
+  # promtool checks each /metrics body and unit-tests the alerting rules of deploy/prometheus/
+  [prometheus]=prometheus
+  [promtool]=prometheus
 )
 
 # file -> Debian package, for what the tests need that is not a command
@@ -139,6 +143,7 @@ if command -v service >/dev/null 2>&1; then
   service ssh stop >/dev/null 2>&1 || true   # the SSH tests and benchmarks start their own sshd
   service iperf3 stop >/dev/null 2>&1 || true  # bench:tunnel starts its own iperf3 -s
   service nginx stop >/dev/null 2>&1 || true   # bench:web starts its own nginx
+  service prometheus stop >/dev/null 2>&1 || true  # the metrics tests start their own, with their own storage
   # the Kerberos and NTLM labs start their own KDC and winbindd (in a mount namespace of its own)
   service krb5-kdc stop >/dev/null 2>&1 || true
   service krb5-admin-server stop >/dev/null 2>&1 || true

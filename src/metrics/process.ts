@@ -19,8 +19,16 @@ export const DEFAULT_LABELS: Readonly<Record<string, LabelSet>> = {
   major: { pattern: /^[0-9]{1,3}$/, max: 1, what: "Node.js's major version" },
   minor: { pattern: /^[0-9]{1,3}$/, max: 1, what: "Node.js's minor version" },
   patch: { pattern: /^[0-9]{1,3}$/, max: 1, what: "Node.js's patch version" },
-  type: { pattern: /^[A-Za-z]{1,40}$/, max: 64, what: 'a kind of libuv handle or request (Socket, Timer ...)' },
+  type: { pattern: /^[A-Za-z]{1,40}$/, max: 64, what: 'a kind of libuv handle or request (TCPSocketWrap, Timeout ...)' },
+  le: { pattern: /^(?:\+Inf|[0-9.e+-]{1,24})$/, max: 32, what: 'a bucket bound' },
 };
+
+/**
+ * prom-client adds three gauges named *_total (nodejs_active_handles_total, _requests_total, _resources_total),
+ * which promtool check metrics refuses (_total is for counters). They are sums of the gauges it keeps by type
+ * (nodejs_active_handles{type}, ...), so they are taken out: sum() in a query gives them back.
+ */
+const MISNAMED = ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total'];
 
 let started = false;
 
@@ -29,4 +37,5 @@ export function startProcessMetrics(): void {
   if (started) return;
   started = true;
   collectDefaultMetrics({ register: registry, prefix: PROCESS_PREFIX });
+  for (const name of MISNAMED) registry.removeSingleMetric(`${PROCESS_PREFIX}${name}`);
 }
