@@ -355,7 +355,7 @@ export const SCHEMA = section('The gateway configuration file.', {
       example: '/etc/gateway/corp-root.pem',
       check: absolutePath,
     }),
-    diag_addr: listen("Health endpoints for a supervisor (Kubernetes probes): GET /healthz answers 200 while the process runs, GET /readyz 200 once it serves (an agent: its reverse tunnel is up), else 503 with the reason. Plain HTTP, no credentials, nothing else served: bind it to an address only the supervisor reaches.", { port: 3000, defaultDoc: 'none (off)' }),
+    diag_addr: listen("Health endpoints for a supervisor (Kubernetes probes): GET /healthz answers 200 while the process runs, GET /readyz 200 once it serves (an agent: its reverse tunnel is up), else 503 with the reason. GET /metrics the process's metrics in Prometheus's format (docs/operations.md). Plain HTTP, no credentials, nothing else served: bind it to an address only the supervisor and the scraper reach.", { port: 3000, defaultDoc: 'none (off)' }),
     storage: section('Where the Auth Service keeps the cluster state (docs/backend.md).', {
       type: oneOf('sqlite: embedded, in <data_dir>/backend.sqlite; postgres: a PostgreSQL database that several Auth Services share.', ['sqlite', 'postgres'], 'sqlite'),
       conn_string: str('PostgreSQL connection string, postgres only: postgresql://user[:password]@host[:port]/database, parameters sslmode, host (socket directory), application_name, connect_timeout.', {

@@ -19,6 +19,8 @@ const agents = gauge({
   area: AREA,
   labels: { protocol: TUNNEL_PROTOCOLS },
   collect: () => {
+    agents.metric.reset();
+    if (servers.size === 0) return; // no Proxy in this process: no series
     const n = { v1: 0, v2: 0 };
     for (const read of servers) for (const p of read()) n[p === 1 ? 'v1' : 'v2']++;
     agents.set({ protocol: 'v1' }, n.v1);

@@ -26,7 +26,7 @@ const info = gauge({
   name: 'gateway_agent_upgrade_info',
   help: "An agent's running version (current), the version its upgrader last saw as the target (unknown before a run) and its channel; always 1.",
   area: AREA,
-  labels: { current: VERSION_SET, target: { ...VERSION_SET, pattern: /^(?:unknown|none|[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:-[0-9A-Za-z.]{1,32})?)$/ }, channel: CHANNEL },
+  labels: { current: VERSION_SET, target: { ...VERSION_SET, what: 'a version (x.y.z[-pre], none, or unknown before a run), at most 16', pattern: /^(?:unknown|none|[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:-[0-9A-Za-z.]{1,32})?)$/ }, channel: CHANNEL },
   collect: () => collectUpgrade(),
 });
 const result = gauge({ name: 'gateway_agent_upgrade_last_result', help: "The result of the upgrader's last run (1 for the result it had, 0 for the others).", area: AREA, labels: { result: UPGRADE_RESULTS } });

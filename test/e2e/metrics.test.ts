@@ -12,6 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { launchBrowser } from '../helpers/browser.js';
 import { curl } from '../helpers/curl.js';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { labelBoundViolations, parseExposition, sampleValue } from '../helpers/metrics.js';
@@ -120,6 +121,28 @@ describe('Prometheus scrapes the Proxy + Auth Service and the agent', () => {
       expect(sampleValue(samples, 'gateway_process_cpu_seconds_total')).toBeGreaterThan(0);
     }
   });
+
+  // Only with METRICS_SCREENSHOT=<file.png>: it makes the image of docs/operations.md, it checks nothing more.
+  it.skipIf(!process.env.METRICS_SCREENSHOT)("a screenshot of Prometheus's graph page with the tunnel and dial series (METRICS_SCREENSHOT)", async () => {
+    const browser = await launchBrowser({ suite: 'metrics', viewport: { width: 1280, height: 2360 } });
+    try {
+      // A few more scrapes, so that the graphs have a line to draw.
+      await new Promise((resolve) => setTimeout(resolve, 15_000));
+      const exprs = ['gateway_tunnel_agents_connected', 'gateway_agent_tunnels_up', 'gateway_dials_total{job="agent"}'];
+      const query = exprs.map((e, i) => `g${i}.expr=${encodeURIComponent(e)}&g${i}.tab=0&g${i}.range_input=1m`).join('&');
+      await browser.page.goto(`${prometheus.url}/graph?${query}`);
+      await browser.page.waitForLoadState('networkidle');
+      // The legend of the last graph shows once its data has come and is drawn.
+      await browser.page.waitForFunction(() => document.body.innerText.includes('outcome="ok"'), undefined, { timeout: 30_000 });
+      await browser.page.evaluate(() => {
+        (document.activeElement as HTMLElement | null)?.blur();
+        window.scrollTo(0, 0);
+      });
+      await browser.page.screenshot({ path: process.env.METRICS_SCREENSHOT! });
+    } finally {
+      await browser.close();
+    }
+  }, 90_000);
 
   it('the public port does not serve /metrics: the web address answers 404 as before', async () => {
     const r = await curl(['-k', '-o', '/dev/null', '-w', '%{http_code}', `https://${PROXY_IP}:${webPort}/metrics`]);

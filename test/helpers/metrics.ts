@@ -69,3 +69,23 @@ export function labelBoundViolations(samples: Sample[]): string[] {
   }
   return problems;
 }
+
+export const TABLE_START = '<!-- metrics-table:start (rendered from src/metrics/ by test/metrics/docs.test.ts) -->';
+export const TABLE_END = '<!-- metrics-table:end -->';
+
+function describeSet(set: LabelSet): string {
+  if (!Array.isArray(set)) return (set as { what: string }).what;
+  const codes = set.filter((v) => v.startsWith('GW_ERR_'));
+  const plain = set.filter((v) => !v.startsWith('GW_ERR_')).map((v) => `\`${v}\``);
+  if (codes.length > 0) return [...plain, 'an error code ([errors.md](errors.md))'].join(', ');
+  return plain.join(', ');
+}
+
+/** The metrics table of docs/operations.md, from the declarations (every area's file loaded by catalog.ts). */
+export function renderMetricsTable(): string {
+  const rows = DECLARED.filter((d) => !d.name.startsWith('gateway_test_')).map((d) => {
+    const labels = Object.entries(d.labels).map(([k, set]) => `\`${k}\`: ${describeSet(set)}`).join('; ') || '—';
+    return `| ${d.area} | \`${d.name}\` | ${d.type} | ${labels} | ${d.help.replaceAll('|', '\\|')} |`;
+  });
+  return [TABLE_START, '', '| area | metric | type | labels (their values) | what it says |', '|---|---|---|---|---|', ...rows, '', TABLE_END].join('\n');
+}
