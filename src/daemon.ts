@@ -26,6 +26,7 @@ import { enabledServices } from './config/index.js';
 import { Dialer } from './dial/dialer.js';
 import { GatewayError } from './errors.js';
 import { ConnectionLimits, limitSettings } from './net/deadlines.js';
+import { enableMetrics } from './metrics/define.js';
 import { startDiagServer } from './net/diag.js';
 import type { AgentRole, JoinFlags } from './roles/agent.js';
 import type { DaemonEnvironment } from './roles/environment.js';
@@ -101,6 +102,8 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
   const services = servicesFor(config, flags.roles);
   const runs = (service: ServiceName) => services.includes(service);
   const lifecycle = new Lifecycle();
+  // Metrics are recorded only where they can be read (docs/operations.md): before any role binds its recorders.
+  if (config.gateway.diag_addr) enableMetrics();
   const proxyCa = config.gateway.proxy_ca_file;
   const dialer = new Dialer({ env: environment.env, ...(proxyCa ? { inspectionRoots: [{ path: proxyCa, from: 'gateway.proxy_ca_file' }] } : {}) });
   const addresses: Record<string, string> = {};

@@ -5,7 +5,9 @@
  * counted as such; they are in the latency histogram with the rest.
  */
 import { ERROR_CODES } from '../errors.js';
-import { counter, histogram, secondsSince } from './define.js';
+import { counter, histogram, metricsEnabled, secondsSince } from './define.js';
+
+const NOTHING = (): void => undefined;
 
 export const BACKENDS = ['sqlite', 'postgres'] as const;
 export const BACKEND_OPERATIONS = ['get', 'range', 'put', 'create', 'update', 'compareAndSwap', 'delete', 'deleteRange', 'atomicWrite'] as const;
@@ -28,6 +30,7 @@ const errors = counter({
 
 /** An operation is starting; call the result with the error code it failed with, or undefined. */
 export function startBackendOp(backend: string, operation: string): (code?: string) => void {
+  if (!metricsEnabled()) return NOTHING;
   const t0 = performance.now();
   return (code) => {
     latency.observe({ backend, operation }, secondsSince(t0));

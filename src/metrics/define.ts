@@ -16,6 +16,24 @@
 import { Counter, Gauge, Histogram } from 'prom-client';
 import { registry } from './registry.js';
 
+/**
+ * Whether this process records: only one that serves its metrics (its diagnostics listener is configured; the
+ * daemon turns it on before the roles start). Elsewhere (the CLIs, a daemon nobody scrapes) every recorder is a
+ * no-op and a bound child is a shared one that does nothing: the metrics then cost nothing at all.
+ */
+let recording = false;
+
+export function enableMetrics(on = true): void {
+  recording = on;
+}
+
+export function metricsEnabled(): boolean {
+  return recording;
+}
+
+/** The child a recorder binds while recording is off: every update does nothing. */
+const NOOP = Object.freeze({ inc() {}, dec() {}, set() {}, observe() {}, setToCurrentTime() {}, startTimer: () => () => 0, remove() {} });
+
 /** The value a label takes when the one given is outside its set. */
 export const OTHER = 'other';
 
@@ -101,8 +119,10 @@ export function counter<L extends string = never>(o: Options<L>) {
   const b = declare({ name: o.name, help: o.help, type: 'counter', area: o.area, labels });
   const c = new Counter<L>({ name: o.name, help: o.help, labelNames: Object.keys(labels) as L[], registers: [registry], ...(o.collect ? { collect: o.collect } : {}) });
   return {
-    with: (values: Record<L, string>) => c.labels(b.all(values) as Record<L, string>),
-    inc: (values: Record<L, string>, by = 1) => c.inc(b.all(values) as Record<L, string>, by),
+    with: (values: Record<L, string>): Counter.Internal => (recording ? c.labels(b.all(values) as Record<L, string>) : (NOOP as unknown as Counter.Internal)),
+    inc: (values: Record<L, string>, by = 1) => {
+      if (recording) c.inc(b.all(values) as Record<L, string>, by);
+    },
     metric: c,
   };
 }
@@ -113,8 +133,10 @@ export function gauge<L extends string = never>(o: Options<L>) {
   const b = declare({ name: o.name, help: o.help, type: 'gauge', area: o.area, labels });
   const g = new Gauge<L>({ name: o.name, help: o.help, labelNames: Object.keys(labels) as L[], registers: [registry], ...(o.collect ? { collect: o.collect } : {}) });
   return {
-    with: (values: Record<L, string>) => g.labels(b.all(values) as Record<L, string>),
-    set: (values: Record<L, string>, v: number) => g.set(b.all(values) as Record<L, string>, v),
+    with: (values: Record<L, string>): Gauge.Internal<L> => (recording ? g.labels(b.all(values) as Record<L, string>) : (NOOP as unknown as Gauge.Internal<L>)),
+    set: (values: Record<L, string>, v: number) => {
+      if (recording) g.set(b.all(values) as Record<L, string>, v);
+    },
     bound: (values: Record<L, string>) => b.all(values) as Record<L, string>,
     metric: g,
   };
@@ -126,8 +148,10 @@ export function histogram<L extends string = never>(o: Options<L> & { buckets: r
   const b = declare({ name: o.name, help: o.help, type: 'histogram', area: o.area, labels, buckets: o.buckets });
   const h = new Histogram<L>({ name: o.name, help: o.help, labelNames: Object.keys(labels) as L[], buckets: [...o.buckets], registers: [registry] });
   return {
-    with: (values: Record<L, string>) => h.labels(b.all(values) as Record<L, string>),
-    observe: (values: Record<L, string>, v: number) => h.observe(b.all(values) as Record<L, string>, v),
+    with: (values: Record<L, string>): Histogram.Internal<L> => (recording ? h.labels(b.all(values) as Record<L, string>) : (NOOP as unknown as Histogram.Internal<L>)),
+    observe: (values: Record<L, string>, v: number) => {
+      if (recording) h.observe(b.all(values) as Record<L, string>, v);
+    },
     metric: h,
   };
 }

@@ -6,7 +6,9 @@
  * (src/dial/fallback.ts), by whether the operator trusts their root (then the tunnel goes through the upgrade).
  */
 import { ERROR_CODES } from '../errors.js';
-import { counter, histogram, secondsSince } from './define.js';
+import { counter, histogram, metricsEnabled, secondsSince } from './define.js';
+
+const NOTHING = (): void => undefined;
 
 export const DIAL_SCHEMES = ['direct', 'http', 'https', 'socks5', 'socks5h', 'pac'] as const;
 export const PROXY_AUTH = ['none', 'basic', 'digest', 'ntlm', 'negotiate'] as const;
@@ -35,6 +37,7 @@ const inspected = counter({
 
 /** A dial is starting with scheme; call the result with its outcome (ok with the auth scheme, or the error code). */
 export function startDial(scheme: string): (outcome: { ok: true; auth?: string | undefined } | { ok: false; code: string }) => void {
+  if (!metricsEnabled()) return NOTHING;
   const t0 = performance.now();
   return (o) => {
     duration.observe({ scheme, result: o.ok ? 'ok' : 'error' }, secondsSince(t0));

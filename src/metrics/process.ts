@@ -6,7 +6,7 @@
  * and Node's own closed sets (DEFAULT_LABELS, which the label-bound test checks them against).
  */
 import { collectDefaultMetrics } from 'prom-client';
-import type { LabelSet } from './define.js';
+import { enableMetrics, type LabelSet } from './define.js';
 import { registry } from './registry.js';
 
 export const PROCESS_PREFIX = 'gateway_';
@@ -36,6 +36,7 @@ let started = false;
 export function startProcessMetrics(): void {
   if (started) return;
   started = true;
+  enableMetrics();
   collectDefaultMetrics({ register: registry, prefix: PROCESS_PREFIX });
   for (const name of MISNAMED) registry.removeSingleMetric(`${PROCESS_PREFIX}${name}`);
 }

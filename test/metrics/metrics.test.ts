@@ -14,7 +14,7 @@ import { Counter } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Dialer } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
-import { counter, HOST_ID, OTHER } from '../../src/metrics/define.js';
+import { counter, enableMetrics, HOST_ID, OTHER } from '../../src/metrics/define.js';
 import { LISTENERS, refusalKind, ROUTES } from '../../src/metrics/listeners.js';
 import { registry } from '../../src/metrics/registry.js';
 import { guardedServer, closeServer, listenOn } from '../../src/net/listen.js';
@@ -23,6 +23,9 @@ import { PROTOCOLS } from '../../src/proxy/protocols.js';
 import { formatLastRun, LAST_RUN_MAX_BYTES, parseLastRun, readLastRun, recordingLastRun } from '../../src/upgrade/lastrun.js';
 import { waitUntil } from '../helpers/wait.js';
 import { labelBoundViolations, parseExposition, sampleValue } from '../helpers/metrics.js';
+
+// This process records, as a daemon with a diagnostics listener does.
+enableMetrics();
 
 async function scrape(name: string, labels: Record<string, string> = {}): Promise<number | undefined> {
   return sampleValue(parseExposition(await registry.metrics()), name, labels);
@@ -46,6 +49,18 @@ describe('label bounds (define.ts)', () => {
       { kind: OTHER, peer: OTHER },
     ]);
     expect(labelBoundViolations(samples)).toEqual([]);
+  });
+
+  it('records nothing while recording is off (a process without a diagnostics listener)', async () => {
+    enableMetrics(false);
+    try {
+      test.inc({ kind: 'a', peer: OTHER });
+      test.with({ kind: 'a', peer: OTHER }).inc();
+    } finally {
+      enableMetrics();
+    }
+    const samples = parseExposition(await registry.metrics()).filter((s) => s.name === 'gateway_test_bounds_total');
+    expect(sampleValue(samples, 'gateway_test_bounds_total', { kind: 'a', peer: OTHER })).toBeUndefined();
   });
 
   it('the label-bound check fails on a metric registered without a declaration (an unbounded label)', async () => {
