@@ -7,21 +7,27 @@
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { execFileSync } from 'node:child_process';
+import { X509Certificate } from 'node:crypto';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Counter } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AttemptLimiter, loginKey, reserveOrRefuse } from '../../src/auth/ratelimit.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
+import { createLogger } from '../../src/log.js';
+import { watchCertificate } from '../../src/metrics/certs.js';
 import { counter, enableMetrics, HOST_ID, OTHER } from '../../src/metrics/define.js';
 import { LISTENERS, refusalKind, ROUTES } from '../../src/metrics/listeners.js';
+import { recordPeerStream } from '../../src/metrics/peering.js';
 import { registry } from '../../src/metrics/registry.js';
 import { guardedServer, closeServer, listenOn } from '../../src/net/listen.js';
 import { ConnectionLimits } from '../../src/net/deadlines.js';
 import { PROTOCOLS } from '../../src/proxy/protocols.js';
 import { formatLastRun, LAST_RUN_MAX_BYTES, parseLastRun, readLastRun, recordingLastRun } from '../../src/upgrade/lastrun.js';
 import { waitUntil } from '../helpers/wait.js';
+import { makeTestPki } from '../helpers/tls.js';
 import { labelBoundViolations, parseExposition, sampleValue } from '../helpers/metrics.js';
 
 // This process records, as a daemon with a diagnostics listener does.
@@ -171,5 +177,42 @@ describe("the upgrader's last run (src/upgrade/lastrun.ts)", () => {
     } finally {
       await rm(fifoDir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('state read at the scrape, and the other hooks', () => {
+  it('a rate-limit refusal is counted by limit, the user and the address left out', async () => {
+    const before = (await scrape('gateway_rate_limit_hits_total', { limit: 'login' })) ?? 0;
+    const limiter = new AttemptLimiter({ maxFailures: 1 });
+    reserveOrRefuse(limiter, loginKey('alice', '10.0.0.7'), 'login', {}, createLogger({ level: 'silent' })).fail();
+    expect(() => reserveOrRefuse(limiter, loginKey('alice', '10.0.0.7'), 'login', {}, createLogger({ level: 'silent' }))).toThrow();
+    expect(await scrape('gateway_rate_limit_hits_total', { limit: 'login' })).toBe(before + 1);
+    expect(await registry.metrics()).not.toMatch(/alice|10\.0\.0\.7/);
+  });
+
+  it("a certificate's expiry is read from the one in use at each scrape (a renewed one shows at the next)", async () => {
+    const pki = await makeTestPki();
+    let pem: string | undefined = pki.caPem;
+    const stop = watchCertificate('agent_host', () => pem);
+    try {
+      const expected = Math.floor(Date.parse(new X509Certificate(pki.caPem).validTo) / 1000);
+      expect(await scrape('gateway_certificate_expiry_timestamp_seconds', { role: 'agent_host' })).toBe(expected);
+      pem = (await pki.serverCert({ names: ['node-1'], ips: [] })).certPem;
+      expect(await scrape('gateway_certificate_expiry_timestamp_seconds', { role: 'agent_host' })).toBe(Math.floor(Date.parse(new X509Certificate(pem).validTo) / 1000));
+      pem = 'not a certificate';
+      expect(await scrape('gateway_certificate_expiry_timestamp_seconds', { role: 'agent_host' })).toBeUndefined();
+    } finally {
+      stop();
+    }
+    expect(await scrape('gateway_certificate_expiry_timestamp_seconds', { role: 'agent_host' })).toBeUndefined();
+  });
+
+  it('a peer is named by its host ID; an address given in its place is other', async () => {
+    const id = '3b6f1a52-2a3c-4d6e-8f00-0123456789ab';
+    recordPeerStream(id, 'GW_ERR_PEER_UNREACHABLE');
+    recordPeerStream('10.0.0.9:3021', 'ok');
+    expect(await scrape('gateway_peer_streams_total', { peer: id, outcome: 'GW_ERR_PEER_UNREACHABLE' })).toBe(1);
+    expect(await scrape('gateway_peer_streams_total', { peer: OTHER, outcome: 'ok' })).toBeGreaterThanOrEqual(1);
+    expect(await registry.metrics()).not.toContain('10.0.0.9');
   });
 });
