@@ -12,6 +12,7 @@
  */
 import http from 'node:http';
 import type { HostPort } from '../addr.js';
+import { httpStatus, type ErrorCode } from '../errors.js';
 import { registry } from '../metrics/registry.js';
 import { startProcessMetrics } from '../metrics/process.js';
 import { closeServer, listenOn } from './listen.js';
@@ -62,8 +63,10 @@ async function sendMetrics(req: http.IncomingMessage, res: http.ServerResponse):
   try {
     body = await registry.metrics();
   } catch {
-    res.writeHead(500, { 'content-type': 'text/plain', connection: 'close' });
-    res.end(req.method === 'HEAD' ? undefined : 'metrics could not be collected\n');
+    // A collector that threw: a bug of ours, said with the stable code of one (nothing of the failure is shown).
+    const text = JSON.stringify({ status: 'error', code: 'GW_ERR_INTERNAL' satisfies ErrorCode });
+    res.writeHead(httpStatus('GW_ERR_INTERNAL'), { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), connection: 'close' });
+    res.end(req.method === 'HEAD' ? undefined : text);
     return;
   }
   res.writeHead(200, { 'content-type': registry.contentType, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store', connection: 'close' });

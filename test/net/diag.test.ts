@@ -6,6 +6,7 @@
 import { once } from 'node:events';
 import http from 'node:http';
 import net from 'node:net';
+import { Gauge } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseAddr } from '../../src/addr.js';
 import { registry } from '../../src/metrics/registry.js';
@@ -59,6 +60,16 @@ describe('gateway.diag_addr', () => {
     expect([head.status, head.body, head.headers['content-type']]).toEqual([200, '', registry.contentType]);
     expect((await get('/metrics', 'POST')).status).toBe(405);
     expect((await get('/metrics', 'DELETE')).status).toBe(405);
+  });
+
+  it('/metrics: a collector that throws is a 500 with GW_ERR_INTERNAL, nothing of the failure shown; the next scrape works', async () => {
+    new Gauge({ name: 'gateway_test_broken', help: 'test', registers: [registry], collect: () => { throw new Error('secret detail'); } });
+    try {
+      expect(await get('/metrics')).toEqual({ status: 500, body: '{"status":"error","code":"GW_ERR_INTERNAL"}' });
+    } finally {
+      registry.removeSingleMetric('gateway_test_broken');
+    }
+    expect((await get('/metrics')).status).toBe(200);
   });
 
   it('serves nothing else: other paths 404, other methods 405', async () => {
