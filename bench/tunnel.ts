@@ -50,7 +50,8 @@
  * read), BENCH_IPERF_SECONDS (3), BENCH_CONNECTS (50), BENCH_PROFILE (1),
  * BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the .cpuprofile files to, for Chrome DevTools),
  * BENCH_TUNNEL_ONLY (userpath: set up, run the user path and print it; idle: the idle-memory phase alone; neither is
- * recorded), BENCH_IDLE_PROFILE (a directory: the idle Proxy profiled while the last half of the agents connect),
+ * recorded; metrics: the cost of metrics on the data path, off and on in one run, recorded as the section tunnel-metrics,
+ * BENCH_METRICS_RUNS runs each, 5 by default: bench/tunnel/metrics.ts), BENCH_IDLE_PROFILE (a directory: the idle Proxy profiled while the last half of the agents connect),
  * BENCH_IDLE_HEAPSNAPSHOT (a directory: the idle Proxy's V8 heap snapshot after each of its full gcs),
  * BENCH_GWSH_BEFORE (another build's gwsh.js, e.g. a copy of dist/ kept inside the repository: run as a third path
  * of the user path, for before/after figures in one run; printed, not recorded), BENCH_GWSH_NODE_OPTIONS (NODE_OPTIONS of the user path's gwsh processes, e.g. a preload; printed runs), BENCH_DAEMON_NODE_OPTIONS (Node options for the data path's Proxy and
@@ -80,6 +81,7 @@ import { cpuDelta, cpuSnapshot, processTree } from './lib/proc.js';
 import { recordSection } from './record.js';
 import { measureTlsFloor } from './tlsfloor.js';
 import { profilerEnv, startAgent, startGwshProxy, stopGateway, type LocalProxy } from './tunnel/gateway.js';
+import { measureMetricsCost, metricsSection } from './tunnel/metrics.js';
 import { idleMemoryRows, idleMemoryText, measureIdleMemory, type IdleMemory } from './tunnel/idle.js';
 import { roundTrips, throughputOnce } from './tunnel/measure.js';
 import { cleanup, dataPaths, startEnds, startGatewayPath, startOpenSshPath, stopDaemons, type Ends, type GatewayPath, type OpenSshPath, type Rig } from './tunnel/paths.js';
@@ -248,6 +250,14 @@ async function idleMemoryPhase(rig: Rig, gw: GatewayPath): Promise<IdleMemory> {
   return mem;
 }
 
+/** BENCH_TUNNEL_ONLY=metrics: the gateway's path with metrics off and on (bench/tunnel/metrics.ts), recorded as its own section. */
+async function metricsPhase(rig: Rig, ends: Ends, gw: GatewayPath, load0: number): Promise<void> {
+  const cost = await measureMetricsCost(rig, ends, gw);
+  const text = metricsSection(cost, { before: load0, after: loadavg()[0]! });
+  process.stdout.write(`\n${text}\n`);
+  if (process.env.BENCH_RECORD !== '0') await recordSection('tunnel-metrics', text);
+}
+
 /** The whole bench, phase by phase (BENCH_TUNNEL_ONLY stops after the user path, or runs the idle phase alone). */
 async function main(): Promise<void> {
   const began = Date.now();
@@ -270,6 +280,7 @@ async function main(): Promise<void> {
     }
     const ends = await startEnds(rig);
     const gw = await startGatewayPath(rig, ends);
+    if (ONLY === 'metrics') return await metricsPhase(rig, ends, gw, load0);
     const ssh = await startOpenSshPath(rig, ends, cipher);
     const paths = dataPaths(rig, ends, gw, ssh);
     const { user, gwshProfile } = await userPathPhase(rig, gw, ssh);

@@ -77,6 +77,10 @@ declare -A NEED=(
   # the Ansible collection of deploy/ansible/ run against a real daemon (test/cli/ansible.test.ts)
   [ansible-playbook]=ansible-core
   [python3]=python3          # the interpreter the test gives Ansible for its modules (/usr/bin/python3, Debian's)
+  # the metrics tests (test/e2e/metrics.test.ts, test/metrics/rules.test.ts): Prometheus scrapes real daemons,
+  # promtool checks each /metrics body and unit-tests the alerting rules of deploy/prometheus/
+  [prometheus]=prometheus
+  [promtool]=prometheus
 )
 
 # file -> Debian package, for what the tests need that is not a command
@@ -147,6 +151,7 @@ if command -v service >/dev/null 2>&1; then
   service ssh stop >/dev/null 2>&1 || true   # the SSH tests and benchmarks start their own sshd
   service iperf3 stop >/dev/null 2>&1 || true  # bench:tunnel starts its own iperf3 -s
   service nginx stop >/dev/null 2>&1 || true   # bench:web starts its own nginx
+  service prometheus stop >/dev/null 2>&1 || true  # the metrics tests start their own, with their own storage
   # the Kerberos and NTLM labs start their own KDC and winbindd (in a mount namespace of its own)
   service krb5-kdc stop >/dev/null 2>&1 || true
   service krb5-admin-server stop >/dev/null 2>&1 || true

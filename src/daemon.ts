@@ -26,6 +26,7 @@ import { enabledServices } from './config/index.js';
 import { Dialer } from './dial/dialer.js';
 import { GatewayError } from './errors.js';
 import { ConnectionLimits, limitSettings } from './net/deadlines.js';
+import { enableMetrics } from './metrics/define.js';
 import { startDiagServer } from './net/diag.js';
 import { HEALTH_TIMEOUT_MS, HealthMonitor } from './net/health.js';
 import { checkDiagAddr, readinessChecks, reachTcp } from './roles/health.js';
@@ -105,6 +106,8 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
   checkDiagAddr(config, services);
   const runs = (service: ServiceName) => services.includes(service);
   const lifecycle = new Lifecycle();
+  // Metrics are recorded only where they can be read (docs/operations.md): before any role binds its recorders.
+  if (config.gateway.diag_addr) enableMetrics();
   const proxyCa = config.gateway.proxy_ca_file;
   const dialer = new Dialer({ env: environment.env, ...(proxyCa ? { inspectionRoots: [{ path: proxyCa, from: 'gateway.proxy_ca_file' }] } : {}) });
   const addresses: Record<string, string> = {};

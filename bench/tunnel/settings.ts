@@ -18,7 +18,10 @@ export const RTT_WARMUP = envNumber('BENCH_RTT_WARMUP', 5000, 0);
 export const STARTS = envNumber('BENCH_STARTS', 3);
 export const AGENTS = envNumber('BENCH_AGENTS', 10_000);
 export const AGENT_PROCS = envNumber('BENCH_AGENT_PROCS', 2);
-/** BENCH_TUNNEL_ONLY=idle: the idle-memory phase alone, printed and not recorded (for work on the Proxy's memory). */
+/**
+ * BENCH_TUNNEL_ONLY=idle: the idle-memory phase alone, printed and not recorded (for work on the Proxy's memory);
+ * userpath: the user path, printed; metrics: the cost of metrics (bench/tunnel/metrics.ts), recorded.
+ */
 export const ONLY = process.env.BENCH_TUNNEL_ONLY ?? '';
 /** Seconds the idle Proxy's CPU is read over once every agent is connected (three 20 s heartbeat rounds). */
 export const IDLE_CPU_SECS = envNumber('BENCH_IDLE_CPU_SECS', 60, 0);

@@ -49,6 +49,7 @@ import type { Dialer } from '../dial/dialer.js';
 import { tlsVerifyError, UNTRUSTED_HINTS } from '../dial/tlsverify.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
+import { recordAgentMissedHeartbeats, recordAgentReconnect, recordAgentTunnelUp } from '../metrics/tunnels.js';
 import { FIND_PATH, type FindResponse } from '../wire/ping.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
@@ -213,6 +214,8 @@ export class TunnelAgent extends EventEmitter {
   private stopped = false;
   private readonly retry: Backoff;
   private heartbeat: Heartbeat | undefined;
+  /** Ends this tunnel's count in gateway_agent_tunnels_up (set while it is connected). */
+  private tunnelUp: (() => void) | undefined;
   private readonly channels = new Set<Duplex>();
   private heartbeatIntervalMs: number;
   private heartbeatCountMax: number;
@@ -335,6 +338,8 @@ export class TunnelAgent extends EventEmitter {
   private setState(state: TunnelState): void {
     if (this.state === state) return;
     this.state = state;
+    this.tunnelUp?.();
+    this.tunnelUp = state === 'connected' ? recordAgentTunnelUp(this.rungInUse) : undefined;
     this.emit('state', state);
   }
 
@@ -347,6 +352,7 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     const delay = immediate ? 0 : this.retry.next();
+    recordAgentReconnect(this.rungInUse);
     this.setState('waiting');
     this.log.info({ retryInMs: delay }, 'reverse tunnel down; reconnecting');
     this.retry.schedule(() => void this.connect(), delay);
@@ -708,6 +714,7 @@ export class TunnelAgent extends EventEmitter {
       send: (seq) => send({ type: 'heartbeat', seq }),
       onSilent: (silentMs) => {
         this.log.warn({ silentMs }, 'the Proxy missed its heartbeats; reconnecting');
+        recordAgentMissedHeartbeats(this.rungInUse);
         drop();
       },
     });

@@ -13,6 +13,7 @@
  */
 import type { Backend } from '../backend/index.js';
 import { GatewayError } from '../errors.js';
+import { recordRateLimited } from '../metrics/ratelimit.js';
 import type { Identity } from './pki.js';
 import { KEYS } from './records.js';
 
@@ -124,6 +125,7 @@ export class AuditLog {
       this.proxyWindows.set(proxyId, window);
     }
     if (++window.count > PROXY_EVENTS_PER_MINUTE) {
+      recordRateLimited('audit');
       throw new GatewayError('GW_ERR_AUDIT_RATE_LIMITED', `Proxy ${proxyId} reported more than ${PROXY_EVENTS_PER_MINUTE} session events this minute`);
     }
   }

@@ -13,6 +13,7 @@
 import { GatewayError } from '../errors.js';
 import { sourceKey } from '../net/source.js';
 import type { Logger } from '../log.js';
+import { recordRateLimited } from '../metrics/ratelimit.js';
 
 export interface RateLimiterOptions {
   maxFailures?: number;
@@ -112,6 +113,7 @@ export function reserveOrRefuse(limiter: AttemptLimiter, key: string, what: 'log
   const reserved = limiter.reserve(key);
   if (reserved.ok) return reserved.reservation;
   const wait = Math.ceil(reserved.retryAfterMs / 1000);
+  recordRateLimited(what);
   log.warn({ ...fields }, `${what} refused: too many ${reserved.inFlight ? 'attempts in flight' : 'failed attempts'}`);
   const why = reserved.inFlight ? `${limiter.maxFailures} ${what}s${what === 'login' ? ' for this user' : ''} from this address are in flight already` : `too many failed ${what}s${what === 'login' ? ' for this user' : ''} from this address`;
   throw new GatewayError('GW_ERR_AUTH_RATE_LIMITED', `${why}; try again in ${wait} s`, {

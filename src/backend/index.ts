@@ -7,6 +7,7 @@ import path from 'node:path';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { PostgresBackend, PostgresBackendOptions } from './postgres.js';
+import { instrumentBackend } from './instrument.js';
 import { openSqliteBackend, SQLITE_BACKEND_FILE, type SqliteBackend } from './sqlite.js';
 import type { Backend, WatchEvent } from './types.js';
 
@@ -87,12 +88,12 @@ export async function openBackend(config: BackendConfig, options: OpenBackendOpt
     case 'sqlite': {
       const c = config as Extract<BackendConfig, { type: 'sqlite' }>;
       const backend: SqliteBackend = openSqliteBackend({ path: c.path, ...common });
-      return backend;
+      return instrumentBackend(backend, 'sqlite');
     }
     case 'postgres': {
       const { type: _type, sweepIntervalMs: _sweep, ...c } = config as Extract<BackendConfig, { type: 'postgres' }>;
       const backend: PostgresBackend = await openPostgresBackend({ ...c, ...common });
-      return backend;
+      return instrumentBackend(backend, 'postgres');
     }
     default:
       throw new GatewayError('GW_ERR_BACKEND_OPEN', `cannot open the backend: unknown backend type ${JSON.stringify(type)}`, {

@@ -5,6 +5,7 @@ import { Writable } from 'node:stream';
 import { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
 import { createLogger, setRootLogger, type LogLevel } from '../log.js';
+import { recordingLastRun } from '../upgrade/lastrun.js';
 import { resolveSettings } from '../upgrade/settings.js';
 import { dryRun, runUpgrade, setRepoChannel, showRepo, type UpgraderContext } from '../upgrade/upgrader.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
@@ -37,7 +38,8 @@ program
   .description('upgrade now if the versions differ and the release is critical or a maintenance window is open')
   .option('--update-repo', 'move a per-major repository (stable/v<N>) to the target major version when needed')
   .action(async (opts: { updateRepo?: boolean }) => {
-    await runUpgrade(context(), { updateRepo: opts.updateRepo === true });
+    const ctx = context();
+    await recordingLastRun(ctx.settings.etcDir, (onVersions) => runUpgrade(ctx, { updateRepo: opts.updateRepo === true, onVersions }));
   });
 
 formatOption(program

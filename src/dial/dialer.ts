@@ -17,7 +17,8 @@ import dns from 'node:dns';
 import net from 'node:net';
 import tls from 'node:tls';
 import { formatHostPort, type HostPort } from '../addr.js';
-import { GatewayError, type ErrorCode } from '../errors.js';
+import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { startDial } from '../metrics/dials.js';
 import { logger } from '../log.js';
 import { HAPPY_EYEBALLS_ATTEMPT_MS } from './family.js';
 import { connectThroughProxy, type ProxyAnswer } from './auth/handshake.js';
@@ -191,15 +192,26 @@ export class Dialer {
 
   /** Opens a connection to target, through the proxy the environment selects. */
   async dial(target: Target, options: DialOptions = {}): Promise<net.Socket> {
-    const real = toTarget(target);
-    const decision = this.plan(real, options.alias);
+    const decision = this.plan(toTarget(target), options.alias);
+    const done = startDial(decision.pac ? 'pac' : (decision.proxy?.protocol ?? 'direct'));
+    try {
+      const socket = await this.dialDecided(decision, options.signal);
+      done({ ok: true, auth: routes.get(socket)?.proxy?.auth });
+      return socket;
+    } catch (err) {
+      done({ ok: false, code: toGatewayError(err).code });
+      throw err;
+    }
+  }
+
+  private dialDecided(decision: ProxyDecision, signal: AbortSignal | undefined): Promise<net.Socket> {
     const t = decision.target;
-    if (decision.pac) return this.dialPac(decision.pac, t, options.signal);
+    if (decision.pac) return this.dialPac(decision.pac, t, signal);
     if (!decision.proxy) {
       this.log.debug({ target: formatHostPort(t.host, t.port), reason: decision.reason }, 'dialing directly');
-      return this.direct(t, options.signal);
+      return this.direct(t, signal);
     }
-    return this.through(t, decision.proxy, options.signal);
+    return this.through(t, decision.proxy, signal);
   }
 
   /** What the PAC answers for target and what each entry becomes (what `gateway dial-plan` prints); no dial. */

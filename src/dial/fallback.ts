@@ -19,6 +19,7 @@ import type tls from 'node:tls';
 import { X509Certificate } from 'node:crypto';
 import { parseAddr, formatHostPort } from '../addr.js';
 import { logger } from '../log.js';
+import { recordTlsInspected } from '../metrics/dials.js';
 import { connectTls, handshakeFailure, type PresentedCert } from '../stream/tls.js';
 import type { Dialer } from './dialer.js';
 import { chainRoot, issued, tlsVerifyError, type TlsPeer } from './tlsverify.js';
@@ -118,6 +119,7 @@ export async function connectClusterTls(
     const chain = handshakeFailure(err)?.chain;
     if (e?.code !== 'GW_ERR_TLS_INSPECTED' || !chain) throw err;
     const roots = operatorRoots(dialer);
+    recordTlsInspected(rootsTrust(roots, chain));
     if (!rootsTrust(roots, chain)) throw e;
     remember(addr);
     logger('dial').info(

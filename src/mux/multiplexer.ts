@@ -24,6 +24,7 @@ import type { Duplex } from 'node:stream';
 import type net from 'node:net';
 import { GatewayError, isGatewayError, type ErrorCode } from '../errors.js';
 import { logger, type Logger } from '../log.js';
+import { recordRouted } from '../metrics/listeners.js';
 import { connectionOf, type Connection } from '../net/deadlines.js';
 import { parseClientHello, DEFAULT_MAX_HELLO_BYTES } from './clienthello.js';
 import { setClientAddress } from '../stream/meta.js';
@@ -337,6 +338,7 @@ class Detection {
     const { name } = route;
     const { stats, log } = this.mux;
     stats.routed[name] = (stats.routed[name] ?? 0) + 1;
+    recordRouted(name);
     if (rest.length > 0) stream.unshift(rest);
     // Only a stream that is not the client's own socket needs the address recorded (clientAddress() falls back to
     // the socket's peer).
@@ -357,6 +359,7 @@ class Detection {
   refuse(reason: string, detail?: string, reply?: Buffer, code?: ErrorCode): void {
     if (!this.finish()) return;
     this.mux.stats.refused[reason] = (this.mux.stats.refused[reason] ?? 0) + 1;
+    this.conn.refusedBy(reason);
     this.mux.refusals.note(reason, this.client ?? (this.stream as Partial<net.Socket>), detail, code);
     if (reply) this.stream.end(reply);
     this.stream.destroy();

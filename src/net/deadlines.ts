@@ -24,6 +24,7 @@
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import { logger, type Logger } from '../log.js';
+import { ListenerMetrics, refusalKind } from '../metrics/listeners.js';
 import { connectionBudget, readOpenFileLimit, sourceKey } from './source.js';
 
 export type Phase =
@@ -215,6 +216,9 @@ export class Connection {
   private closed = false;
   /** The source key this connection is counted under for the per-source cap; undefined until known. */
   source: string | undefined;
+  /** The socket's bytes already added to the listener's byte counters (metrics). */
+  private countedIn = 0;
+  private countedOut = 0;
 
   constructor(
     readonly socket: Duplex,
@@ -268,6 +272,13 @@ export class Connection {
     this.guard?.counted(phase, this);
   }
 
+  /**
+   * Counts a refusal by the one port's multiplexer (its reason); a source over its cap was counted by attribute().
+   */
+  refusedBy(reason: string): void {
+    if (reason !== 'source-cap') this.guard?.metrics.refused(refusalKind(reason));
+  }
+
   /** Counts a close for a protocol cap the client broke (the protocol's code closes the connection). */
   closedFor(cap: ProtocolCap): void {
     this.guard?.closedFor(cap, this);
@@ -316,6 +327,16 @@ export class Connection {
     return sum;
   }
 
+  /** Adds the socket's bytes since the last call to the listener's counters (at close and at each scrape). */
+  flushBytes(metrics: ListenerMetrics): void {
+    const s = this.socket as Partial<net.Socket>;
+    const read = s.bytesRead ?? 0;
+    const written = s.bytesWritten ?? 0;
+    metrics.bytes(read - this.countedIn, written - this.countedOut);
+    this.countedIn = read;
+    this.countedOut = written;
+  }
+
   /** A layer closed: the connection is over, whatever the others think. */
   closeAll(): void {
     if (this.closed) return;
@@ -356,13 +377,27 @@ export class ListenerGuard {
   readonly stats: ListenerStats = { open: 0, accepted: 0, refused: { total: 0, per_source: 0 }, deadlines: {}, closed: {} };
   private readonly bySource = new Map<string, number>();
   private readonly capLog = new LogBudget(10);
+  readonly metrics: ListenerMetrics;
+  /** The open connections, for their bytes at each scrape. */
+  private readonly conns = new Set<Connection>();
+  private readonly stopFlush: () => void;
 
   constructor(
     readonly name: string,
     private readonly limits: ConnectionLimits,
     /** false when the client's address is only known later (a PROXY header): the mux calls attribute(). */
     private readonly sourceAtAccept: boolean,
-  ) {}
+  ) {
+    this.metrics = new ListenerMetrics(name);
+    this.stopFlush = ListenerMetrics.onScrape(() => {
+      for (const conn of this.conns) conn.flushBytes(this.metrics);
+    });
+  }
+
+  /** Stops adding this listener's open connections' bytes at each scrape (its ConnectionLimits closed). */
+  close(): void {
+    this.stopFlush();
+  }
 
   /** For a listener's 'connection' event: a Connection, or undefined when a cap refused (and closed) the socket. */
   admit(socket: net.Socket): Connection | undefined {
@@ -373,6 +408,7 @@ export class ListenerGuard {
     const conn = new Connection(socket, this, halfCloseLingerMs);
     this.stats.open++;
     this.stats.accepted++;
+    this.opened(conn);
     if (this.sourceAtAccept) this.hold(conn, key);
     return conn;
   }
@@ -392,6 +428,7 @@ export class ListenerGuard {
     const conn = new Connection(stream, this, this.limits.settings.halfCloseLingerMs);
     this.stats.open++;
     this.stats.accepted++;
+    this.opened(conn);
     return conn;
   }
 
@@ -416,9 +453,17 @@ export class ListenerGuard {
     this.bySource.set(key, (this.bySource.get(key) ?? 0) + 1);
   }
 
+  private opened(conn: Connection): void {
+    this.conns.add(conn);
+    this.metrics.admitted();
+  }
+
   /** For Connection: it closed. */
   release(conn: Connection): void {
     this.stats.open--;
+    this.conns.delete(conn);
+    conn.flushBytes(this.metrics);
+    this.metrics.released();
     if (conn.source === undefined) return;
     const left = (this.bySource.get(conn.source) ?? 1) - 1;
     if (left > 0) this.bySource.set(conn.source, left);
@@ -428,17 +473,20 @@ export class ListenerGuard {
   /** For Connection: a deadline passed. */
   counted(phase: Phase, conn: Connection): void {
     this.stats.deadlines[phase] = (this.stats.deadlines[phase] ?? 0) + 1;
+    this.metrics.closed(phase);
     this.limits.log.debug({ listener: this.name, phase, source: conn.source }, 'connection closed: deadline passed');
   }
 
   /** For Connection: a protocol cap closed it. */
   closedFor(cap: ProtocolCap, conn: Connection): void {
     this.stats.closed[cap] = (this.stats.closed[cap] ?? 0) + 1;
+    this.metrics.closed(cap);
     this.limits.log.debug({ listener: this.name, cap, source: conn.source }, 'connection closed: protocol cap');
   }
 
   private refuse(socket: Duplex, cap: CapKind, source: string): undefined {
     this.stats.refused[cap]++;
+    this.metrics.refused(cap === 'total' ? 'cap' : 'source_cap');
     const s = socket as Partial<net.Socket>;
     if (typeof s.resetAndDestroy === 'function' && s.readyState === 'open') s.resetAndDestroy();
     else socket.destroy();
@@ -518,5 +566,6 @@ export class ConnectionLimits {
 
   close(): void {
     if (this.summaryTimer) clearInterval(this.summaryTimer);
+    for (const guard of this.guards.values()) guard.close();
   }
 }

@@ -5,6 +5,8 @@
  *                 {"status":"not ready","checks":[{name, ok, detail, since}, ...]} (readiness: the pod is not
  *                 counted as serving). The checks are the role's (src/roles/health.ts), run on a schedule by
  *                 src/net/health.ts: this answer reads their last results and runs nothing.
+ *   GET /metrics  the process's metrics (src/metrics/) in Prometheus's text format, from prom-client, whose
+ *                 default process metrics start with this listener (docs/operations.md, "Metrics").
  * Nothing else is served (404; any method but GET and HEAD: 405), no credential is asked for and none is
  * shown: the answers say only whether the process is up. Every connection gets short deadlines (a probe is one
  * small request) and the server caps its connections, so a slow or flooding peer cannot hold it.
@@ -13,6 +15,9 @@
 import http from 'node:http';
 import type { HostPort } from '../addr.js';
 import type { ReadyReport } from './health.js';
+import { httpStatus, type ErrorCode } from '../errors.js';
+import { registry } from '../metrics/registry.js';
+import { startProcessMetrics } from '../metrics/process.js';
 import { closeServer, listenOn } from './listen.js';
 
 export interface DiagServer {
@@ -25,6 +30,7 @@ export interface DiagServer {
 const LIMITS = { headersTimeoutMs: 5_000, requestTimeoutMs: 5_000, idleMs: 5_000, maxConnections: 32, maxHeaderSize: 8 * 1024 };
 
 export async function startDiagServer(at: HostPort, ready: () => ReadyReport): Promise<DiagServer> {
+  startProcessMetrics();
   const server = http.createServer({ maxHeaderSize: LIMITS.maxHeaderSize, requestTimeout: LIMITS.requestTimeoutMs, connectionsCheckingInterval: 1_000 }, (req, res) => {
     const path = (req.url ?? '/').split('?')[0];
     const send = (status: number, body: object) => {
@@ -33,8 +39,9 @@ export async function startDiagServer(at: HostPort, ready: () => ReadyReport): P
       res.end(req.method === 'HEAD' ? undefined : text);
     };
     req.resume();
-    if (path !== '/healthz' && path !== '/readyz') return send(404, { status: 'not found', paths: ['/healthz', '/readyz'] });
+    if (path !== '/healthz' && path !== '/readyz' && path !== '/metrics') return send(404, { status: 'not found', paths: ['/healthz', '/readyz', '/metrics'] });
     if (req.method !== 'GET' && req.method !== 'HEAD') return send(405, { status: 'method not allowed' });
+    if (path === '/metrics') return void sendMetrics(req, res);
     if (path === '/healthz') return send(200, { status: 'ok' });
     const r = ready();
     return send(r.status === 'ready' ? 200 : 503, { status: r.status, checks: r.checks });
@@ -45,4 +52,20 @@ export async function startDiagServer(at: HostPort, ready: () => ReadyReport): P
   server.maxConnections = LIMITS.maxConnections;
   const address = await listenOn(server, at, 'gateway.diag_addr');
   return { address, close: () => closeServer(server) };
+}
+
+/** The registry in Prometheus's text format (prom-client renders it; its content type names the format's version). */
+async function sendMetrics(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+  let body: string;
+  try {
+    body = await registry.metrics();
+  } catch {
+    // A collector that threw: a bug of ours, said with the stable code of one (nothing of the failure is shown).
+    const text = JSON.stringify({ status: 'error', code: 'GW_ERR_INTERNAL' satisfies ErrorCode });
+    res.writeHead(httpStatus('GW_ERR_INTERNAL'), { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), connection: 'close' });
+    res.end(req.method === 'HEAD' ? undefined : text);
+    return;
+  }
+  res.writeHead(200, { 'content-type': registry.contentType, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store', connection: 'close' });
+  res.end(req.method === 'HEAD' ? undefined : body);
 }

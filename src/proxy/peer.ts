@@ -47,6 +47,7 @@ import type { ClusterTrust } from '../auth/proxyauth.js';
 import type { ProxyRecord } from '../auth/records.js';
 import { GatewayError, httpStatus, isErrorCode, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
+import { recordPeerStream, watchPeerClient } from '../metrics/peering.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
 import { connectionOf } from '../net/deadlines.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
@@ -435,6 +436,8 @@ export class PeerClient implements PeerDialer {
   private readonly sessions = new Map<string, Promise<http2.ClientHttp2Session>>();
   /** The streams carried through each peer now, by its host ID: dropDeparted resets them. */
   private readonly carried = new Map<string, Set<Duplex>>();
+  /** The streams carried per peer, at each scrape (gateway_peer_streams_open). */
+  private readonly unwatchMetrics = watchPeerClient(() => [...this.carried].map(([id, set]): [string, number] => [id, set.size]));
   private closed = false;
   /** Made once: a context per connection would parse the key, certificate and CA again each time. */
   private readonly context: tls.SecureContext;
@@ -446,7 +449,12 @@ export class PeerClient implements PeerDialer {
 
   async dial(proxy: ProxyRecord, hostId: string, request: DialRequest): Promise<Duplex> {
     if (this.closed) throw new GatewayError('GW_ERR_PEER_UNREACHABLE', 'this Proxy is shutting down');
-    return this.carry(proxy.id, await (this.transport === 'http2' ? this.dialH2(proxy, hostId, request) : this.dialTls(proxy, hostId, request)));
+    const stream = await (this.transport === 'http2' ? this.dialH2(proxy, hostId, request) : this.dialTls(proxy, hostId, request)).catch((err: unknown) => {
+      recordPeerStream(proxy.id, toGatewayError(err).code);
+      throw err;
+    });
+    recordPeerStream(proxy.id, 'ok');
+    return this.carry(proxy.id, stream);
   }
 
   /**
@@ -498,6 +506,7 @@ export class PeerClient implements PeerDialer {
   /** Drops every peer connection (their streams are reset). */
   close(): void {
     this.closed = true;
+    this.unwatchMetrics();
     for (const p of this.pools.values()) p.close();
     this.pools.clear();
     for (const s of this.sessions.values()) void s.then((session) => session.destroy(), () => undefined);

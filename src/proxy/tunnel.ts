@@ -62,6 +62,7 @@ import {
   TUNNEL_DRAIN_CAP_MS,
 } from '../tunnel/protocol.js';
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
+import { recordProxyMissedHeartbeats, watchTunnelServer } from '../metrics/tunnels.js';
 
 /** One agent's tunnel as the registry uses it, whichever protocol carries it. */
 export interface AgentLink {
@@ -169,6 +170,8 @@ export class TunnelServer extends EventEmitter {
   private sweepTimer: NodeJS.Timeout | undefined;
   private heartbeatSeq = 0;
   private sweeps = 0;
+  /** The agents connected, by protocol, at each scrape (gateway_tunnel_agents_connected). */
+  private readonly unwatchMetrics = watchTunnelServer(() => [...this.agents.values()].map((e) => e.agent.link.protocol));
 
   constructor(private readonly options: TunnelServerOptions) {
     super();
@@ -593,6 +596,7 @@ export class TunnelServer extends EventEmitter {
         continue;
       }
       this.log.warn({ hostId: entry.agent.hostId, nodename: entry.agent.nodename, silentMs }, 'agent missed its heartbeats; marking it offline');
+      recordProxyMissedHeartbeats(entry.agent.link.protocol);
       entry.gone();
       // The peer may be unreachable (no FIN will come): drop the transport now rather than wait for TCP.
       entry.agent.link.destroy();
@@ -683,6 +687,7 @@ export class TunnelServer extends EventEmitter {
     this.closing = true;
     this.stopSweep();
     this.unwatch();
+    this.unwatchMetrics();
     this.broadcast({ type: 'reconnect', reason: 'proxy shutting down' });
     await new Promise((r) => setTimeout(r, 50));
     for (const { agent } of this.draining.values()) agent.link.end();

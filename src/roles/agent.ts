@@ -29,6 +29,10 @@ import type { GatewayConfig, ServiceName } from '../config/index.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
 import { logger } from '../log.js';
+import { watchCertificate } from '../metrics/certs.js';
+import { watchUpgrade } from '../metrics/upgrade.js';
+import { readLastRun } from '../upgrade/lastrun.js';
+import { VERSION } from '../version.js';
 import { ConnectionLimits, limitSettings } from '../net/deadlines.js';
 import { AgentPool } from '../agent/pool.js';
 import { HostRenewal, type RenewAsk } from '../agent/renewal.js';
@@ -108,6 +112,7 @@ function agentHealth(options: AgentRoleOptions, identity: HostIdentity): AgentRo
 }
 
 async function startAgentParts(options: AgentRoleOptions, hostIdentity: HostIdentity, reach: ResourceReach): Promise<Omit<AgentRole, 'health'>> {
+  options.lifecycle.onStop('agents', watchCertificate('agent_host', () => hostIdentity.cert));
   // Joined the Auth Service directly: no tunnel (the Auth Service serves no /webapi/find); the Proxy dials its listeners.
   if (hostIdentity.joinedVia === 'auth') return { hostIdentity, ...(await startDirect(options, hostIdentity)) };
   // A locally issued identity's tunnel dials the web port of the Proxy in this same process.
@@ -264,6 +269,7 @@ async function exportSchedule(options: AgentRoleOptions, identity: HostIdentity,
   const upgraderDir = environment.upgraderDir();
   const { kubeScheduleFile, kubeScheduleSecret } = environment;
   if (!existsSync(upgraderDir) && !kubeScheduleFile && !kubeScheduleSecret) return;
+  options.lifecycle.onStop('agents', watchUpgrade(() => ({ current: VERSION, channel: upgradeSoftware(environment.env).channel, lastRun: readLastRun(upgraderDir) })));
   const { startScheduleExport } = await import('../upgrade/schedule.js');
   const api = identityClient(identity, { dialer });
   const exporter = startScheduleExport({

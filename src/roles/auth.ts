@@ -25,6 +25,7 @@ import type { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
 import { writePublicFile, writeSecretFile } from '../fsutil.js';
 import { logger } from '../log.js';
+import { watchCertificate } from '../metrics/certs.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
 import { guardHttpServer } from '../net/http.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
@@ -76,6 +77,7 @@ export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole>
   const keys = generateKeyPair();
   const cert = await auth.issueServerCert(keys.publicKeyPem, authServerNames(config));
   const server = authApiServer(options.limits, { key: keys.privateKeyPem, cert, ca: [auth.host.tls.certPem, auth.user.tls.certPem] }, api);
+  for (const [role, read] of [['host_ca', () => auth.host.tls.certPem], ['user_ca', () => auth.user.tls.certPem], ['auth_server', () => cert]] as const) lifecycle.onStop('auth', watchCertificate(role, read));
   lifecycle.onStop('auth', () => closeServer(server));
   const address = await listenOn(server, config.auth_service.listen_addr, 'auth_service.listen_addr');
   logger('gateway').info({ addr: address }, 'auth API listening');

@@ -39,6 +39,7 @@ import type { DialRequest } from '../tunnel/protocol.js';
 import type { Duplex } from 'node:stream';
 import { VERSION } from '../version.js';
 import { logger } from '../log.js';
+import { watchCertificate } from '../metrics/certs.js';
 import type { FindExtras } from '../wire/ping.js';
 import type { Lifecycle } from './lifecycle.js';
 import { webServerNames } from './names.js';
@@ -84,6 +85,7 @@ export interface ProxyRole {
 export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRole> {
   const { config, auth, limits } = options;
   const webTls = await webCertificate(config, () => clusterCertificate(options));
+  options.lifecycle.onStop('proxy', watchCertificate('proxy_web', () => webTls.cert));
   const tunnelKey = generateKeyPair();
   const hostKey = sshPrivateKey(tunnelKey.privateKeyPem);
   const publicWeb = config.proxy_service.public_addr[0];

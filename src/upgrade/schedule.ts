@@ -25,6 +25,7 @@ import { join } from 'node:path';
 import type { ClusterMaintenanceConfig } from '../auth/resources/types.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
+import { recordNextWindow } from '../metrics/upgrade.js';
 import { isoSeconds, nextWindows, type Window } from './windows.js';
 import { checkClusterVersion } from './enrollment.js';
 import { PUBLIC_DIR_MODE, writeFileAtomic } from '../fsutil.js';
@@ -347,6 +348,7 @@ export function startScheduleExport(options: ScheduleExportOptions): ScheduleExp
       if (options.dir !== undefined) await writeSchedule(options.dir, windows, { now, ...(options.fileUid === undefined ? {} : { uid: options.fileUid }), ...(options.fileGid === undefined ? {} : { gid: options.fileGid }) });
       if (options.kubeStatePath !== undefined) await writeKubeSchedule(options.kubeStatePath, windows, now);
       if (options.writeKubeState !== undefined) await options.writeKubeState(JSON.stringify(formatKubeSchedule(windows, now)));
+      recordNextWindow(options.dir !== undefined ? 'systemd' : 'kubernetes', windows[0]?.start);
       if (lastError !== undefined) log.info('maintenance schedule exported again');
       lastError = undefined;
       log.debug({ windows: windows.length, first: windows[0] ? isoSeconds(windows[0].start) : null }, 'maintenance schedule exported');

@@ -386,6 +386,8 @@ async function selfCheck(ctx: UpgraderContext, expected: string): Promise<string
 export interface RunOptions {
   /** Move a per-major repository to the target's major channel when needed ("updates it only when told to"). */
   updateRepo?: boolean;
+  /** Told the versions the run compares, once it knows them (its last-run record keeps them). */
+  onVersions?: (current: string, target: string) => void;
 }
 
 export type RunOutcome = 'up-to-date' | 'no-version' | 'waiting' | 'upgraded';
@@ -401,6 +403,7 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
     }
     const current = f.installed.version;
     const target = f.target.version;
+    options.onVersions?.(current, target);
     say(ctx, comparisonLine(current, target));
     if (sameVersion(current, target)) return 'up-to-date';
     if (!f.cluster.ok) throw tooOld(f.cluster);

@@ -12,6 +12,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { download } from '../../src/upgrade/download.js';
+import { readLastRun } from '../../src/upgrade/lastrun.js';
 import { progressBar, renderBar } from '../../src/upgrade/progress.js';
 import { writeSchedule } from '../../src/upgrade/schedule.js';
 import { runCli } from '../helpers/gateway.js';
@@ -32,6 +33,7 @@ let squid: Squid;
 let cdn: HttpTestServer;
 let proxy: HttpTestServer;
 let root: string;
+const LAST_RUN = 'etc/gateway-upgrade.d/last-run';
 let bin: string;
 let etc: string;
 let restartLog: string;
@@ -231,8 +233,13 @@ describe('gateway-upgrade run from a tarball', () => {
     expect(r.stderr).not.toContain('installed into');
     expect(await installed()).toBe('17.0.1');
     expect(await restarts()).toEqual([]);
-    // Files, links, modes under the whole root (the endpoint, the schedule, the binaries): all as they were.
-    expect(await snapshot(root)).toEqual(before);
+    // Files, links, modes under the whole root (the endpoint, the schedule, the binaries): all as they were, but for
+    // the record of this run the agent's metrics read (src/upgrade/lastrun.ts).
+    const { [LAST_RUN]: lastRun, ...after } = await snapshot(root);
+    const { [LAST_RUN]: _previous, ...beforeRest } = before;
+    expect(after).toEqual(beforeRest);
+    expect(lastRun).toMatch(/^file 644 /);
+    expect(readLastRun(join(root, 'etc', 'gateway-upgrade.d'))).toMatchObject({ result: 'failed', code: 'GW_ERR_UPGRADE_CHECKSUM', current: '17.0.1', target: '17.0.4' });
   });
 
   it('a build that does not come back: the previous binaries are put back and restarted', async () => {

@@ -15,6 +15,7 @@ import type { Backend } from '../../backend/index.js';
 import type { Dialer } from '../../dial/dialer.js';
 import { GatewayError } from '../../errors.js';
 import type { Logger } from '../../log.js';
+import { recordRateLimited } from '../../metrics/ratelimit.js';
 import { sourceKey } from '../../net/source.js';
 import type { AuditLog } from '../audit.js';
 import { checkRequestKeys, type Authorities, type CertBundle } from '../authorities.js';
@@ -167,6 +168,7 @@ export class SsoService {
   private limitStart(source: string): void {
     const r = this.starts.reserve(`start\u0000${sourceKey(source)}`);
     if (!r.ok) {
+      recordRateLimited('sso_start');
       throw new GatewayError('GW_ERR_AUTH_RATE_LIMITED', `too many sign-ins started from this address; try again in ${Math.ceil(r.retryAfterMs / 1000)} s`, {
         hint: `At most ${START_LIMIT.maxFailures} single sign-ons may start per address and minute.`,
         details: { retryAfterMs: r.retryAfterMs },
@@ -286,6 +288,7 @@ export class SsoService {
   private reserveFinish(source: string): Reservation {
     const r = this.finishes.reserve(`finish\u0000${sourceKey(source)}`);
     if (r.ok) return r.reservation;
+    recordRateLimited('sso_finish');
     throw new GatewayError('GW_ERR_AUTH_RATE_LIMITED', `too many failed single sign-ons from this address; try again in ${Math.ceil(r.retryAfterMs / 1000)} s`, {
       hint: `At most ${FINISH_LIMIT.maxFailures} failed sign-ins per address in ${FINISH_LIMIT.windowMs / 60_000} minutes; wait, then sign in again.`,
       details: { retryAfterMs: r.retryAfterMs },

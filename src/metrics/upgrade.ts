@@ -1,0 +1,62 @@
+/**
+ * Upgrade state on an agent: its running version, the target and the channel its upgrader last saw (an info-style
+ * gauge, always 1), the start of the next maintenance window the agent exported (Unix seconds; 0 when the cluster
+ * has none), and the upgrader's last run: its result as a one-hot gauge and when it ran. The versions and the
+ * channel are bounded by pattern and cap (define.ts), the result is the upgrader's closed set.
+ *
+ * The upgrader (gateway-upgrade, a timer's process) writes its last run to a file (src/upgrade/lastrun.ts); the
+ * agent registers a reader of it, read at each scrape.
+ */
+import { gauge, VERSION_SET, type PatternSet } from './define.js';
+
+/** up-to-date, waiting (outside a window), upgraded, failed; unknown: no run recorded yet. */
+export const UPGRADE_RESULTS = ['up-to-date', 'no-version', 'waiting', 'upgraded', 'failed', 'unknown'] as const;
+const CHANNEL: PatternSet = { pattern: /^[a-z0-9][a-z0-9._/-]{0,63}$/, max: 8, what: 'an upgrade channel (default, stable/v17, stable/rolling ...), at most 8' };
+
+export interface UpgradeState {
+  current: string;
+  channel: string;
+  /** What the upgrader last saw. */
+  lastRun?: { result: string; at: number; target?: string } | undefined;
+}
+
+const AREA = 'upgrades';
+const sources = new Set<() => UpgradeState>();
+const info = gauge({
+  name: 'gateway_agent_upgrade_info',
+  help: "An agent's running version (current), the version its upgrader last saw as the target (unknown before a run) and its channel; always 1.",
+  area: AREA,
+  labels: { current: VERSION_SET, target: { ...VERSION_SET, what: 'a version (x.y.z[-pre], none, or unknown before a run), at most 16', pattern: /^(?:unknown|none|[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:-[0-9A-Za-z.]{1,32})?)$/ }, channel: CHANNEL },
+  collect: () => collectUpgrade(),
+});
+const result = gauge({ name: 'gateway_agent_upgrade_last_result', help: "The result of the upgrader's last run (1 for the result it had, 0 for the others).", area: AREA, labels: { result: UPGRADE_RESULTS } });
+const lastRun = gauge({ name: 'gateway_agent_upgrade_last_run_timestamp_seconds', help: "When the upgrader last ran (Unix seconds), with its result; absent before a run.", area: AREA, labels: { result: UPGRADE_RESULTS } });
+const nextWindow = gauge({
+  name: 'gateway_agent_upgrade_next_window_timestamp_seconds',
+  help: 'Start of the next maintenance window the agent exported for its upgrader (Unix seconds; 0: the cluster has none).',
+  area: AREA,
+  labels: { upgrader: ['systemd', 'kubernetes'] },
+});
+
+function collectUpgrade(): void {
+  info.metric.reset();
+  result.metric.reset();
+  lastRun.metric.reset();
+  for (const read of sources) {
+    const s = read();
+    info.set({ current: s.current, target: s.lastRun?.target ?? 'unknown', channel: s.channel }, 1);
+    for (const r of UPGRADE_RESULTS) result.set({ result: r }, (s.lastRun?.result ?? 'unknown') === r ? 1 : 0);
+    if (s.lastRun) lastRun.set({ result: s.lastRun.result }, s.lastRun.at);
+  }
+}
+
+/** An agent's upgrade state, read at each scrape. Returns the unregister. */
+export function watchUpgrade(read: () => UpgradeState): () => void {
+  sources.add(read);
+  return () => sources.delete(read);
+}
+
+/** The agent exported its schedule for upgrader: the next window's start (undefined: none). */
+export function recordNextWindow(upgrader: 'systemd' | 'kubernetes', start: Date | undefined): void {
+  nextWindow.set({ upgrader }, start ? Math.floor(start.getTime() / 1000) : 0);
+}
