@@ -151,6 +151,7 @@ const COMMANDS: Array<[string, () => Runner, string[]]> = [
   ['gwsh', () => gwsh, ['apps', 'ls']],
   ['gwsh', () => gwsh, ['db', 'ls']],
   ['gwsh', () => gwsh, ['desktops', 'ls']],
+  ['gwsh', () => gwsh, ['kube', 'ls']],
   ['gateway-upgrade', () => (args) => runCli('gateway-upgrade', args, { env: upgradeEnv }), ['dry-run']],
   ['gateway-upgrade', () => (args) => runCli('gateway-upgrade', args, { env: upgradeEnv }), ['repo', 'show']],
   ['gateway-upgrade', () => (args) => runCli('gateway-upgrade', args, { env: upgradeEnv }), ['version']],
@@ -230,6 +231,8 @@ describe('the walk above covers every command that has the flag, and the flag is
     // Checked by their own tests below and above: dial-plan streams records, login needs a password on stdin.
     walked.add('gateway dial-plan');
     walked.add('gwsh login');
+    // kube login needs a Kubernetes cluster behind an agent: its -f json is checked in test/e2e/kube-upgrades.test.ts.
+    walked.add('gwsh kube login');
     // gwctl apply's -f is its file (as kubectl apply -f): --format only, checked below.
     walked.add('gwctl apply');
     const missing: string[] = [];

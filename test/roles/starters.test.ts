@@ -200,7 +200,8 @@ describe('role starters, each alone in this process', () => {
     expect(agent.tunnelAgent).toBeUndefined();
 
     await lifecycle.stop();
-    expect(phasesClosed(lifecycle.log)).toEqual(['auth', 'backend']);
+    // agents: the agent's certificate, a source of the expiry metric (src/metrics/certs.ts), unregistered; no tunnel.
+    expect(phasesClosed(lifecycle.log)).toEqual(['agents', 'auth', 'backend']);
   });
 
   it('agent with a local Auth Service and Proxy: its tunnel reaches the Proxy, and it stops before the Proxy, the Auth API and the Backend', async () => {
