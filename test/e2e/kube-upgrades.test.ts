@@ -391,6 +391,8 @@ describe('upgrades through the kube route', () => {
     const r = await refusal(await execSocket('bob', EXEC('echo')));
     expect(r.status).toBe(403);
     expect(JSON.parse(r.body)).toMatchObject({ error: { code: 'GW_ERR_KUBE_NO_IMPERSONATION' } });
+    // As a Kubernetes Status, so that kubectl prints the code and reason (docs/proxy.md).
+    expect(JSON.parse(r.body)).toMatchObject({ kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'Forbidden', code: 403, message: expect.stringMatching(/^GW_ERR_KUBE_NO_IMPERSONATION: /) });
     expect(seen.length).toBe(before);
   });
 
