@@ -14,7 +14,7 @@
  *   pki/ssh.ts       OpenSSH certificates
  */
 export { generateKeyPair, sameSshKey, sameSshLine, sshPrivateKeyPem, sshPublicKeyFromPem, type KeyPair } from './pki/keys.js';
-export { IDENTITY_EXTENSION_OID, type Identity } from './pki/identity.js';
+export { IDENTITY_EXTENSION_OID, LEGACY_IDENTITY_EXTENSION_OID, type Identity } from './pki/identity.js';
 export { presenceDigest, presenceProofRefusal, PRESENCE_PROOF_EVERY_MS, renewProofRefusal, RENEW_PROOF_SKEW_MS, signPresenceProof, signRenewProof, type PresenceClaim, type RenewProof } from './pki/proof.js';
 export {
   bearsIdentity,

@@ -42,12 +42,16 @@ export function addKubeLogin(kube: Command, requireProfile: () => Profile): void
     if (!ping.proxy.kube.enabled) throw new GatewayError('GW_ERR_KUBE_CLUSTER_NOT_FOUND', `the Proxy ${profile.proxy} serves no Kubernetes access`, { hint: 'Ask an administrator to enable Kubernetes on the Proxy (TLS routing, or kube_listen_addr).' });
     const address = ping.proxy.tls_routing_enabled || !ping.proxy.kube.public_addr ? profile.proxy : ping.proxy.kube.public_addr;
     const webHost = parseAddr(profile.proxy).host;
+    // The SNI names the Proxy's certificate, which carries its public DNS name's wildcard: a user who logged in by
+    // IP address (or by another name) to a Proxy with a public name gets that name, not the one they dialled.
+    const publicHost = publicDnsHost(ping.proxy.ssh.public_addr);
+    const sniHost = publicHost ?? webHost;
     const name = `${profile.cluster}-${cluster}`;
     const file = kubeconfigPath(opts.kubeconfig);
     const entry = {
       name,
       server: `https://${address}${KUBE_PATH_PREFIX}${encodeURIComponent(cluster)}`,
-      tlsServerName: isIP(webHost) === 0 ? `${KUBE_SNI_PREFIX}${webHost}` : KUBE_LOCAL_SNI,
+      tlsServerName: isIP(sniHost) === 0 ? `${KUBE_SNI_PREFIX}${sniHost}` : KUBE_LOCAL_SNI,
       caFile: join(profile.dir, 'host-ca.pem'),
       certFile: join(profile.dir, 'cert.pem'),
       keyFile: join(profile.dir, 'key.pem'),
@@ -56,4 +60,15 @@ export function addKubeLogin(kube: Command, requireProfile: () => Profile): void
     const result = { context: name, kubeconfig: written, server: entry.server, tls_server_name: entry.tlsServerName };
     process.stdout.write(render(format, result, () => `Logged into Kubernetes cluster "${cluster}": context ${name} in ${written} (now the current context).\nTry: kubectl version\n`));
   });
+}
+
+/** The host of the Proxy's public web address when it is a DNS name (undefined for none, an IP, or garble). */
+function publicDnsHost(publicAddr: string): string | undefined {
+  if (!publicAddr) return undefined;
+  try {
+    const { host } = parseAddr(publicAddr);
+    return isIP(host) === 0 && !host.startsWith('*') ? host : undefined;
+  } catch {
+    return undefined;
+  }
 }

@@ -27,7 +27,7 @@ import type { PeerCertificate } from 'node:tls';
 import { formatHostPort, isIpLiteral, isLoopbackHost, parseAddr } from '../addr.js';
 import { GatewayError } from '../errors.js';
 import { handshakeFailure, type PresentedCert } from '../stream/tls.js';
-import { IDENTITY_OID_DER } from '../wire/certs.js';
+import { IDENTITY_OIDS_DER } from '../wire/certs.js';
 import { dialRoute, type DialRoute } from './dialer.js';
 
 /** Who answered: decides which setting the hints name. */
@@ -221,7 +221,7 @@ export function chainRoot(chain: readonly PresentedCert[]): string | undefined {
 export function looksInspected(chain: readonly PresentedCert[], route: DialRoute | undefined): boolean {
   // A leaf that carries a gateway identity is a cluster's own certificate (another cluster's, or an old CA's):
   // inspecting proxies forge the name, not our extension. Searched as bytes: this only names the error.
-  return route?.proxy != null && chain.length > 0 && !chain[0]!.selfIssued && !chain[0]!.raw.includes(IDENTITY_OID_DER);
+  return route?.proxy != null && chain.length > 0 && !chain[0]!.selfIssued && !IDENTITY_OIDS_DER.some((o) => chain[0]!.raw.includes(o));
 }
 
 function inspectedHint(peer: TlsPeer, host: string, root: string): string {

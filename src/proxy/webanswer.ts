@@ -5,7 +5,7 @@
  */
 import type http from 'node:http';
 import type { Duplex } from 'node:stream';
-import { httpStatus, toGatewayError } from '../errors.js';
+import { httpStatus, toGatewayError, type GatewayError } from '../errors.js';
 import { resetStream } from '../stream/reset.js';
 
 /** A JSON answer of the web port (the Web UI's routes, ping, find, errors): never cached, never sniffed. */
@@ -21,6 +21,33 @@ export function sendWebError(res: http.ServerResponse, err: unknown): void {
   sendJson(res, httpStatus(e.code), { error: e.toJSON() });
 }
 
+/** Kubernetes' Status reasons by HTTP status (kubectl prints "Error from server (<reason>): <message>"). */
+const KUBE_REASONS: Record<number, string> = {
+  400: 'BadRequest', 401: 'Unauthorized', 403: 'Forbidden', 404: 'NotFound', 405: 'MethodNotAllowed', 409: 'Conflict',
+  413: 'RequestEntityTooLarge', 429: 'TooManyRequests', 503: 'ServiceUnavailable', 504: 'Timeout',
+};
+
+/**
+ * The Proxy's own refusal on the Kubernetes route, as a Kubernetes Status (kind Status, reason, code, message), so
+ * that kubectl prints the gateway's code, message and hint instead of "unknown"; the gateway's `error` object
+ * rides along for gateway clients (kubectl ignores fields it does not know).
+ */
+export function sendKubeError(res: http.ServerResponse, err: unknown): void {
+  const e = toGatewayError(err);
+  if (res.headersSent) return abortResponse(res);
+  sendJson(res, httpStatus(e.code), kubeStatus(e));
+}
+
+function kubeStatus(e: GatewayError): Record<string, unknown> {
+  const code = httpStatus(e.code);
+  return {
+    kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure',
+    message: `${e.code}: ${e.message}${e.hint ? ` (${e.hint})` : ''}`,
+    reason: KUBE_REASONS[code] ?? (code >= 500 ? 'InternalError' : 'BadRequest'), code,
+    error: e.toJSON(),
+  };
+}
+
 /**
  * Cuts a response whose head was sent, as a break and never as an end (docs/security.md, "A broken stream is
  * reset, never ended"): over HTTP/2 its stream gets RST_STREAM, over HTTP/1.1 its connection an RST (both by
@@ -34,10 +61,10 @@ export function abortResponse(res: http.ServerResponse): void {
   else res.destroy();
 }
 
-/** An HTTP/1.1 answer on a socket that was to be upgraded (nothing was upgraded): the error, then the close. */
-export function refuseUpgrade(socket: Duplex, err: unknown): void {
+/** An HTTP/1.1 answer on a socket that was to be upgraded (nothing was upgraded): the error (on the kube route a Kubernetes Status), then the close. */
+export function refuseUpgrade(socket: Duplex, err: unknown, kube = false): void {
   const e = toGatewayError(err);
-  const body = JSON.stringify({ error: e.toJSON() });
+  const body = JSON.stringify(kube ? kubeStatus(e) : { error: e.toJSON() });
   const status = httpStatus(e.code);
   if (!socket.destroyed) socket.end(`HTTP/1.1 ${status} Refused\r\ncontent-type: application/json\r\ncache-control: no-store\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }

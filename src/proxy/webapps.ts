@@ -42,7 +42,7 @@ import type { AgentSource } from './router.js';
 import { KUBE_SNI_PREFIX } from './protocols.js';
 import { findTarget, findWebApp, type Target } from './resources.js';
 import type { AuditedSession, Connection, SessionAudit } from './sessionaudit.js';
-import { abortResponse, refuseUpgrade, sendWebError } from './webanswer.js';
+import { abortResponse, refuseUpgrade, sendKubeError, sendWebError } from './webanswer.js';
 import { appSessionKey } from './webcredentials.js';
 
 
@@ -427,7 +427,7 @@ export function createKubeHandler(auth: ProxyAuth, agents: AgentSource, deadline
       const k = await openKube(auth, agents, req, (who) => trackRequest(auth, who, 'kube', req, res), audit);
       log.info({ user: k.user, cluster: k.cluster, method: req.method, path: k.path }, 'kubernetes request');
       relay(req, res, k.stream, k.path, k.headers, undefined, k.meter);
-    })().catch((err: unknown) => sendWebError(res, err));
+    })().catch((err: unknown) => sendKubeError(res, err));
   });
   server.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => kubeUpgrade(auth, agents, deadlines, req, socket, head, audit));
   // No idle deadline here: a watch (kubectl get -w) may stay silent for many minutes. Only authenticated users
@@ -467,6 +467,6 @@ function kubeUpgrade(auth: ProxyAuth, agents: AgentSource, deadlines: HttpDeadli
   })().catch((err: unknown) => {
     const e = toGatewayError(err);
     log.info({ code: e.code, err: e.message, upgrade: asked.join(',') }, 'kubernetes upgrade refused');
-    refuseUpgrade(socket, e);
+    refuseUpgrade(socket, e, true);
   });
 }

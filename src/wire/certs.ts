@@ -34,14 +34,24 @@ export const JOIN_ROLES = ['node', 'db', 'app', 'kube', 'desktop', 'proxy'] as c
 export type JoinRole = (typeof JOIN_ROLES)[number];
 
 /**
- * The X.509 extension that carries a gateway identity (src/auth/pki/identity.ts writes it; ITU-T X.667 UUID arc,
- * never changed: certificates in the field carry it). Shared so that a client can tell a gateway certificate
- * from another cluster apart from a TLS-inspecting proxy's forgery (src/dial/tlsverify.ts) without the Auth code.
+ * The X.509 extension that carries a gateway identity (src/auth/pki/identity.ts writes it). Shared so that a client
+ * can tell a gateway certificate from another cluster apart from a TLS-inspecting proxy's forgery
+ * (src/dial/tlsverify.ts) without the Auth code. An arc of the unassigned 1.3.9999 branch (not Teleport's .1/.2):
+ * every arc fits 31 bits, which Go's encoding/asn1 needs (docs/pki.md says why and how it will move to a PEN arc).
  */
-export const IDENTITY_EXTENSION_OID = '2.25.144055156550211512603578689614142843921';
+export const IDENTITY_EXTENSION_OID = '1.3.9999.77.1';
+
+/**
+ * The identity extension's first OID (2.25.<UUID as one 128-bit arc>): Go refuses any certificate carrying it.
+ * Read, never written: certificates issued before the move keep working until renewed.
+ */
+export const LEGACY_IDENTITY_EXTENSION_OID = '2.25.144055156550211512603578689614142843921';
 
 /** The OID's DER encoding (tag 06, length, base-128 arcs), as it appears in a certificate's extension list. */
 export const IDENTITY_OID_DER: Buffer = encodeOid(IDENTITY_EXTENSION_OID);
+export const LEGACY_IDENTITY_OID_DER: Buffer = encodeOid(LEGACY_IDENTITY_EXTENSION_OID);
+/** Every OID a reader takes the identity under. */
+export const IDENTITY_OIDS_DER: readonly Buffer[] = [IDENTITY_OID_DER, LEGACY_IDENTITY_OID_DER];
 
 function encodeOid(dotted: string): Buffer {
   const arcs = dotted.split('.').map((a) => BigInt(a));

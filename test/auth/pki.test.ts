@@ -24,6 +24,7 @@ import {
   bearsIdentity,
   identityFromCert,
   IDENTITY_EXTENSION_OID,
+  LEGACY_IDENTITY_EXTENSION_OID,
   issueSshCert,
   issueTlsCert,
   parseSshCert,
@@ -384,6 +385,41 @@ describe('identityFromCert', () => {
     // The same path accepts a well-formed identity: the check above is about content, not about openssl.
     const ok = await make('ASN1:UTF8String:{"kind":"user","name":"a","cluster":"c","roles":[],"extra":1}');
     expect(identityFromCert(ok)).toEqual({ kind: 'user', name: 'a', cluster: 'c', roles: [] });
+  });
+
+  describe('the OID migration (docs/pki.md, the identity extension)', () => {
+    const alice = '{"kind":"user","name":"alice","cluster":"c","roles":[]}';
+    const mallory = '{"kind":"admin","name":"mallory","cluster":"c","roles":[]}';
+    const make = async (exts: Array<[string, string]>) => {
+      const key = file(keys.privateKeyPem);
+      const lines = exts.map(([o, json]) => `${o}=ASN1:UTF8String:${json.replace(/"/g, '\\"')}`).join('\n');
+      const cnf = file(`[req]\ndistinguished_name=dn\n[dn]\n[ext]\n${lines}\n`);
+      return sh(`openssl req -x509 -new -key ${key} -subj /CN=alice -days 1 -config ${cnf} -extensions ext`);
+    };
+
+    it('writes the new OID only, every arc of which fits 31 bits (Go reads it)', async () => {
+      expect(IDENTITY_EXTENSION_OID).toBe('1.3.9999.77.1');
+      expect(IDENTITY_EXTENSION_OID.split('.').every((a) => Number(a) < 2 ** 31)).toBe(true);
+      const pem = await issueTlsCert(userCa, { publicKeyPem: keys.publicKeyPem, identity: userIdentity(), ttlMs: HOUR, usage: 'client' });
+      const text = await sh(`openssl x509 -in ${file(pem)} -noout -text`);
+      expect(text).toContain(`${IDENTITY_EXTENSION_OID}: \n`);
+      expect(text).not.toContain(LEGACY_IDENTITY_EXTENSION_OID);
+    });
+
+    it('still reads a certificate issued under the old OID', async () => {
+      const pem = await make([[LEGACY_IDENTITY_EXTENSION_OID, alice]]);
+      expect(identityFromCert(pem)).toEqual({ kind: 'user', name: 'alice', cluster: 'c', roles: [] });
+      expect(bearsIdentity(pem)).toBe(true);
+      expect(identityFromCert(await make([[IDENTITY_EXTENSION_OID, alice]])).name).toBe('alice');
+    });
+
+    it('refuses a certificate carrying both OIDs, with different identities or the same, rather than pick one', async () => {
+      for (const pair of [[alice, mallory], [mallory, alice], [alice, alice]]) {
+        const pem = await make([[IDENTITY_EXTENSION_OID, pair[0]!], [LEGACY_IDENTITY_EXTENSION_OID, pair[1]!]]);
+        expect(() => identityFromCert(pem)).toThrow(/two identities/);
+        expect(codeOfSync(() => identityFromCert(pem))).toBe('GW_ERR_AUTH_BAD_CERT');
+      }
+    });
   });
 
   const piece = fc.oneof(

@@ -12,7 +12,7 @@ import { ApiClient } from '../../src/client/api.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { certNames, chainRoot, looksInspected, tlsVerifyError } from '../../src/dial/tlsverify.js';
 import type { PresentedCert } from '../../src/stream/tls.js';
-import { IDENTITY_OID_DER } from '../../src/wire/certs.js';
+import { IDENTITY_OID_DER, LEGACY_IDENTITY_OID_DER } from '../../src/wire/certs.js';
 import { GatewayError } from '../../src/errors.js';
 import { failureOf } from '../helpers/errors.js';
 
@@ -160,6 +160,7 @@ describe('the inspection verdict (looksInspected, chainRoot: the judgement behin
     ['through a proxy, nothing presented', [], proxied, false],
     // Another cluster's Proxy behind a proxy that only tunnels: a gateway certificate, not an inspecting proxy's.
     ['through a proxy, a leaf that carries a gateway identity', [{ ...leaf, raw: Buffer.concat([Buffer.from('3082', 'hex'), IDENTITY_OID_DER, Buffer.from('0400', 'hex')]) }], proxied, false],
+    ['through a proxy, a leaf that carries a gateway identity under the old OID (issued before the move)', [{ ...leaf, raw: Buffer.concat([Buffer.from('3082', 'hex'), LEGACY_IDENTITY_OID_DER, Buffer.from('0400', 'hex')]) }], proxied, false],
   ] as const)('%s: %s', (_what, chain, route, expected) => {
     expect(looksInspected(chain, route)).toBe(expected);
   });

@@ -5,7 +5,7 @@
  *
  * Why not @peculiar/x509: its ASN.1 layer (asn1js 3.1) decodes an OID arc above 2^53 into a non-standard
  * "{hex}" form and X509CertificateGenerator re-parses every extension before encoding it, so the identity
- * extension under 2.25.<decimal UUID> came out as the OID "2.25". Encoding the certificate here is ~150 lines
+ * extension's first OID, 2.25.<decimal UUID> (still read: docs/pki.md), came out as "2.25". Encoding the certificate here is ~150 lines
  * and leaves nothing to chance; openssl, Node's TLS stack and node:crypto X509Certificate check the result.
  */
 

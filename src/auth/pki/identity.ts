@@ -40,12 +40,8 @@ export interface KubeGrant {
   groups: string[];
 }
 
-/**
- * OID of the identity extension: 2.25.<UUID 6c600393-2ad2-4189-8c6d-3da701bd2c11 as a decimal integer>
- * (ITU-T X.667: a UUID arc needs no registration). Generated once; never change it, certificates in the field
- * carry it.
- */
-export { IDENTITY_EXTENSION_OID } from '../../wire/certs.js';
+/** OID of the identity extension, and the one it had before (read only): src/wire/certs.ts, docs/pki.md. */
+export { IDENTITY_EXTENSION_OID, LEGACY_IDENTITY_EXTENSION_OID } from '../../wire/certs.js';
 
 export const IDENTITY_KINDS = ['user', 'host', 'admin'] as const;
 

@@ -30,7 +30,14 @@ import {
   utf8String,
   type CertParts,
 } from './der.js';
-import { badIdentityString, decodeIdentity, encodeIdentity, IDENTITY_EXTENSION_OID, type Identity } from './identity.js';
+import {
+  badIdentityString,
+  decodeIdentity,
+  encodeIdentity,
+  IDENTITY_EXTENSION_OID,
+  LEGACY_IDENTITY_EXTENSION_OID,
+  type Identity,
+} from './identity.js';
 import { generateKeyPair, loadPrivateKey, loadPublicKey } from './keys.js';
 
 export type CaType = 'host' | 'user';
@@ -76,7 +83,9 @@ const OID = {
   clientAuth: '1.3.6.1.5.5.7.3.2',
 } as const;
 
-const IDENTITY_OID_DER = oid(IDENTITY_EXTENSION_OID);
+/** Written: the new OID only. Read: either (docs/pki.md, the identity extension's migration). */
+const IDENTITY_OIDS_DER = [oid(IDENTITY_EXTENSION_OID), oid(LEGACY_IDENTITY_EXTENSION_OID)];
+const isIdentityOid = (o: Buffer): boolean => IDENTITY_OIDS_DER.some((d) => d.equals(o));
 const SKI_OID_DER = oid(OID.subjectKeyIdentifier);
 
 const badRequest = (reason: string): GatewayError => new GatewayError('GW_ERR_PKI_BAD_REQUEST', reason);
@@ -369,7 +378,9 @@ export async function issueTlsCert(ca: CertAuthority, options: IssueTlsCertOptio
  */
 export function identityFromCert(cert: string | Buffer | null | undefined): Identity {
   const { parts } = parseCertOrThrow(cert, 'the certificate');
-  const found = parts.extensions.filter((e) => e.oid.equals(IDENTITY_OID_DER));
+  // Under either OID, exactly one: a certificate with both (the same identity or not) is refused, never read by
+  // picking one, since a reader that picked differently would see another identity in the same certificate.
+  const found = parts.extensions.filter((e) => isIdentityOid(e.oid));
   if (found.length !== 1) {
     throw badCert(found.length === 0 ? 'the certificate carries no gateway identity' : 'the certificate carries two identities');
   }
@@ -396,10 +407,10 @@ export function bearsIdentity(cert: string | Buffer | null | undefined): boolean
   const der = typeof cert === 'string' ? certificateDer(cert) : cert;
   if (der === undefined || der === null) return false;
   try {
-    return parseCertificate(der).extensions.some((e) => e.oid.equals(IDENTITY_OID_DER));
+    return parseCertificate(der).extensions.some((e) => isIdentityOid(e.oid));
   } catch (err) {
     if (!(err instanceof DerError)) throw err;
-    return der.includes(IDENTITY_OID_DER);
+    return IDENTITY_OIDS_DER.some((d) => der.includes(d));
   }
 }
 
