@@ -30,6 +30,7 @@ import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import type { DialAnswer, DialRequest } from '../tunnel/protocol.js';
+import { startAgentDial } from './dialhop.js';
 import type { HostIdentity } from './identity.js';
 import type { SshService } from './ssh.js';
 import type { ResourceDialer } from './tunnel.js';
@@ -134,17 +135,23 @@ async function serve(socket: TLSSocket, options: DirectListenerOptions, settings
   }
   if (options.kind === 'ssh') {
     // As through a tunnel channel: the answer, then the user's SSH connection for the SSH Service.
+    startAgentDial(request, options.identity.hostId).end();
     writeJsonLine(socket, { ok: true } satisfies DialAnswer);
     options.ssh!.injectDirect(socket, settings.sshHandshakeMs, typeof request.client_src === 'string' ? request.client_src : undefined);
     return;
   }
+  // This hop's span (dialhop.ts): the one a tunnel's channel starts, timing the dial to the resource.
+  const hop = startAgentDial(request, options.identity.hostId);
   let target: Duplex;
   try {
-    target = await options.connect(request);
+    target = await options.connect(request, hop);
   } catch (err) {
     const e = toGatewayError(err);
+    hop.fail(e.code);
     log.warn({ service: request.service, resource: request.resource, code: e.code, err: e.message }, 'cannot reach the resource');
     return refuse(e.code, e.message);
+  } finally {
+    hop.end();
   }
   const framed = request.framed === true;
   writeJsonLine(socket, (framed ? { ok: true, framed: true } : { ok: true }) satisfies DialAnswer);

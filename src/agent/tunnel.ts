@@ -73,9 +73,10 @@ import {
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import { parseEndpoint } from '../upgrade/endpoint.js';
 import { resolveSettings } from '../upgrade/settings.js';
-import { startHop, traceContextOf, type HopSpan } from '../trace.js';
+import type { HopSpan } from '../trace.js';
 import { VERSION } from '../version.js';
 import { gateDatabase } from './dbgate.js';
+import { startAgentDial } from './dialhop.js';
 import type { HostIdentity } from './identity.js';
 import { fallReason, fallsThrough, Ladder, rungsOf, type Rung, type RungName } from './ladder.js';
 import { PendingRenewals, type RenewedCerts } from './renewal.js';
@@ -854,14 +855,8 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     if (request.probe === true && this.options.reachResource) return this.answerProbe(channel, request, this.options.reachResource);
-    // This hop's span: a child of the Proxy's (trusted: the tunnel's peer is the verified Proxy). It times the
-    // dial to the resource, not the session.
-    const hop = startHop('agent.dial', {
-      kind: 'server',
-      parent: traceContextOf(request),
-      trusted: true,
-      attributes: { 'gateway.service': String(request.service).slice(0, 16), 'gateway.resource': String(request.resource).slice(0, 256), 'gateway.agent.host_id': this.options.identity.hostId },
-    });
+    // This hop's span (dialhop.ts): a child of the Proxy's.
+    const hop = startAgentDial(request, this.options.identity.hostId);
     if (request.service === 'ssh' && this.options.serveSsh) {
       hop.end();
       writeJsonLine(channel, { ok: true } satisfies DialAnswer);

@@ -15,11 +15,13 @@ import { CLOCK_SKEW_MS } from '../auth/pki.js';
 import { canAccess } from '../auth/rbac.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
+import { toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
 import { relayChannel } from '../net/sshchannel.js';
 import { splice } from '../stream/splice.js';
+import { startHop, traceFields } from '../trace.js';
 import type { AgentSource } from './router.js';
 import { findTarget } from './resources.js';
 
@@ -74,13 +76,27 @@ export class SshJumpServer {
             this.log.info({ user, node, client }, 'SSH jump: the user’s roles do not allow this node');
             return reject();
           }
-          const channel = await this.agents.dial(target.agent.hostId, {
-            service: 'ssh',
-            resource: `@${target.agent.nodename}`,
-            client_src: client,
-            client_dst: `${dest.destIP}:${dest.destPort}`,
-            user,
+          // SSH carries no trace context: each channel starts a trace here (sampled by the Proxy's ratio).
+          const hop = startHop('proxy.ssh_jump', {
+            kind: 'server',
+            attributes: { 'gateway.route': 'ssh-jump', 'gateway.route.reason': 'SSH direct-tcpip channel to a node', 'gateway.service': 'ssh', 'gateway.resource': target.agent.nodename, 'gateway.agent.host_id': target.agent.hostId },
           });
+          let channel: Duplex;
+          try {
+            channel = await this.agents.dial(target.agent.hostId, {
+              service: 'ssh',
+              resource: `@${target.agent.nodename}`,
+              client_src: client,
+              client_dst: `${dest.destIP}:${dest.destPort}`,
+              user,
+              ...traceFields(hop.context),
+            });
+          } catch (err) {
+            hop.fail(toGatewayError(err).code);
+            throw err;
+          } finally {
+            hop.end();
+          }
           const accepted = relayChannel(accept());
           this.endpoint.channelOpened(conn, accepted);
           splice(accepted as unknown as Duplex, channel);

@@ -36,6 +36,7 @@ import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { connectionOf, type LimitSettings } from '../net/deadlines.js';
 import { clientAddress } from '../stream/meta.js';
+import { startHop, traceContextOf, traceFields } from '../trace.js';
 import type { AgentSource } from './router.js';
 import { findTarget, type Target } from './resources.js';
 import { refuseUpgrade } from './webanswer.js';
@@ -193,7 +194,7 @@ export class TerminalServer {
     });
     try {
       const target = await this.check(identity, request);
-      const channel = await this.openShell(ws, creds, identity, target, request, `${client.address}:${client.port}`, `${req.socket.localAddress}:${req.socket.localPort}`);
+      const channel = await this.openShell(ws, req, creds, identity, target, request, `${client.address}:${client.port}`, `${req.socket.localAddress}:${req.socket.localPort}`);
       if (ws.readyState !== ws.OPEN) return void channel.close();
       this.log.info({ user: identity.name, node: target.agent.nodename, login: request.login, client: client.address }, 'web terminal opened');
       pump(ws, channel, connectionOf(socket), this.options.limits.idleMs);
@@ -234,11 +235,26 @@ export class TerminalServer {
   }
 
   /** A key and certificate for this terminal, a stream to the node's SSH Service, SSH, a PTY and a shell. */
-  private async openShell(ws: WebSocket, creds: WebCredentials, identity: Identity, target: Target, request: Request, clientSrc: string, clientDst: string): Promise<ClientChannel> {
+  private async openShell(ws: WebSocket, req: http.IncomingMessage, creds: WebCredentials, identity: Identity, target: Target, request: Request, clientSrc: string, clientDst: string): Promise<ClientChannel> {
     const keys = generateKeyPair();
     const { ssh_cert: cert } = await this.options.auth.webSessionSshCert(creds.id, creds.bearer, keys.sshPublicKey);
     const hostKey = this.hostKeyOf(target);
-    const stream = await this.options.agents.dial(target.agent.hostId, { service: 'ssh', resource: `${request.login}@${target.agent.nodename}`, client_src: clientSrc, client_dst: clientDst, user: identity.name });
+    // This hop's span: the WebSocket request's traceparent header (the browser's) gives the trace, not its
+    // sampled flag; without one, a new trace starts here.
+    const hop = startHop('proxy.web_terminal', {
+      kind: 'server',
+      parent: traceContextOf({ traceparent: req.headers.traceparent, tracestate: req.headers.tracestate }),
+      attributes: { 'gateway.route': 'web-terminal', 'gateway.route.reason': `WebSocket ${TERMINAL_PATH}`, 'gateway.service': 'ssh', 'gateway.resource': target.agent.nodename, 'gateway.agent.host_id': target.agent.hostId },
+    });
+    let stream: Duplex;
+    try {
+      stream = await this.options.agents.dial(target.agent.hostId, { service: 'ssh', resource: `${request.login}@${target.agent.nodename}`, client_src: clientSrc, client_dst: clientDst, user: identity.name, ...traceFields(hop.context) });
+    } catch (err) {
+      hop.fail(toGatewayError(err).code);
+      throw err;
+    } finally {
+      hop.end();
+    }
     const conn = new ssh2.Client();
     const method: PublicKeyAuthMethod = { type: 'publickey', username: request.login, key: certifiedKey(keys.privateKeyPem, cert) };
     ws.once('close', () => {

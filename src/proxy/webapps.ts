@@ -400,16 +400,32 @@ async function openKube(auth: ProxyAuth, agents: AgentSource, req: http.Incoming
   });
   for (const h of Object.keys(req.headers)) if (h.startsWith('impersonate-')) delete req.headers[h];
   const client = clientAddress(req.socket);
-  const stream = await agents.dial(kube.agent.hostId, {
-    service: kube.service,
-    resource: cluster,
-    client_src: `${client.address}:${client.port}`,
-    client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
-    user: identity.name,
+  // This hop's span, as an app request's (openApp): a traceparent header gives the trace, not its sampled flag.
+  const hop = startHop('proxy.kube', {
+    kind: 'server',
+    parent: traceContextOf({ traceparent: req.headers.traceparent, tracestate: req.headers.tracestate }),
+    attributes: { 'gateway.route': 'kube', 'gateway.route.reason': `TLS SNI ${KUBE_SNI_PREFIX}*, path ${KUBE_PATH_PREFIX}${cluster.slice(0, 256)}`, 'gateway.service': kube.service, 'gateway.resource': cluster.slice(0, 256), 'gateway.agent.host_id': kube.agent.hostId },
   });
+  let stream: Duplex;
+  try {
+    stream = await agents.dial(kube.agent.hostId, {
+      service: kube.service,
+      resource: cluster,
+      client_src: `${client.address}:${client.port}`,
+      client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
+      user: identity.name,
+      ...traceFields(hop.context),
+    });
+  } catch (err) {
+    hop.fail(toGatewayError(err).code);
+    throw err;
+  } finally {
+    hop.end();
+  }
   const fields = { user: identity.name, resource: cluster, node: kube.agent.nodename, client: `${client.address}:${client.port}` };
   const meter = audit?.httpRequest('kube', `kube:${cluster}`, fields, { connection: connectionOf(req) });
-  const headers = { 'impersonate-user': as.user, ...(as.groups.length > 0 ? { 'impersonate-group': as.groups } : {}) };
+  // The API server's request carries this span as its parent (or, tracing off, the client's valid context).
+  const headers = { 'impersonate-user': as.user, ...(as.groups.length > 0 ? { 'impersonate-group': as.groups } : {}), ...appTraceHeaders(req, hop.context) };
   return { stream, path, headers, user: identity.name, cluster, ...(meter ? { meter } : {}) };
 }
 

@@ -39,7 +39,9 @@ import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { startProxyRole } from '../../src/roles/proxy.js';
 import { daemonEnvironment } from '../../src/roles/environment.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
+import { startTracing, stopTracing } from '../../src/trace.js';
 import type { DialRequest } from '../../src/tunnel/protocol.js';
+import { startOtlpReceiver } from '../helpers/otlp.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
 
@@ -208,6 +210,23 @@ describe.skipIf(!HOST_IP)('a direct-join agent', () => {
     const back = readAll(stream);
     stream.end(sent);
     expect((await back).equals(sent)).toBe(true);
+  });
+
+  it('traced: the dial request\'s traceparent gets an agent.dial span, its child, as through a tunnel (one helper: dialhop.ts)', async () => {
+    const receiver = await startOtlpReceiver();
+    await startTracing({ url: receiver.url, sampleRatio: 1, headers: {}, serviceName: 'test' });
+    try {
+      const trace = 'd'.repeat(31) + '7';
+      const stream = await dialDirect(presence, { ...request('desktop', 'win'), traceparent: `00-${trace}-${'e'.repeat(16)}-01` }, proxyDeps);
+      stream.destroy();
+      await stopTracing();
+      const span = receiver.spans.find((s) => s.traceId === trace);
+      expect(span).toMatchObject({ name: 'agent.dial', parentSpanId: 'e'.repeat(16), kind: 2 });
+      expect(span!.attributes).toMatchObject({ 'gateway.service': 'desktop', 'gateway.resource': 'win', 'gateway.agent.host_id': agent.hostIdentity.hostId });
+    } finally {
+      await stopTracing();
+      await receiver.close();
+    }
   });
 
   it('hostile: a resource that breaks mid-answer is a break at the Proxy too (framed: never a clean end of a short answer)', async () => {

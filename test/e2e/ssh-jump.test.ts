@@ -13,6 +13,8 @@ import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { separateListenLines } from '../helpers/listeners.js';
+import { startOtlpReceiver, type OtlpReceiver } from '../helpers/otlp.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const HOST = '127.0.0.9';
 const LOGIN = userInfo().username;
@@ -21,6 +23,7 @@ let cluster: RunningGateway;
 let agent: RunningGateway;
 let env: Record<string, string>;
 let sshPort: number;
+let collector: OtlpReceiver;
 
 function ssh(args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
@@ -42,12 +45,14 @@ beforeAll(async () => {
   const ports = await Promise.all(['web', 'ssh', 'tunnel'].map(() => getPort({ host: HOST })));
   const [webPort, sshP, tunnelPort] = ports as [number, number, number];
   sshPort = sshP;
+  collector = await startOtlpReceiver();
   cluster = await startGateway(
     [
       'gateway:',
       '  nodename: proxy-1',
       '  data_dir: DATA_DIR',
       '  log: { format: json }',
+      `  tracing: { otlp_endpoint: "${collector.url}" }`,
       'auth_service:',
       '  cluster_name: jump.example',
       '  listen_addr: 127.0.0.1:0',
@@ -63,7 +68,7 @@ beforeAll(async () => {
   const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
   const token = (JSON.parse((await admin(['tokens', 'add', '--type=node', '--format', 'json'])).stdout) as { token: string }).token;
   await admin(['users', 'add', 'alice', '--roles=access', `--logins=${LOGIN}`], 'correct horse battery\n');
-  agent = await startGateway(['gateway:', '  nodename: web-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'ssh_service:', '  enabled: yes', ''].join('\n'), {
+  agent = await startGateway(['gateway:', '  nodename: web-1', '  data_dir: DATA_DIR', '  log: { format: json }', `  tracing: { otlp_endpoint: "${collector.url}" }`, 'ssh_service:', '  enabled: yes', ''].join('\n'), {
     args: ['--token', token, '--ca-pin', pin, '--proxy', `${HOST}:${webPort}`],
   });
   await agent.waitForLog('reverse tunnel ready');
@@ -74,6 +79,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await agent?.stop();
   await cluster?.stop();
+  await collector?.close();
   await rm(dir, { recursive: true, force: true });
 });
 
@@ -91,6 +97,21 @@ describe('separate listeners: SSH through the jump host', () => {
     const r = await ssh(['-F', file, `${LOGIN}@web-1`, 'echo ok; exit 4']);
     expect(r.stdout).toBe('ok\n');
     expect(r.status).toBe(4);
+  });
+
+  it('traced: SSH carries no trace context, so each jump starts a trace at the Proxy (proxy.ssh_jump) that the agent continues', async () => {
+    await waitUntil('the jump span', () => collector.spans.some((s) => s.name === 'proxy.ssh_jump'), 30_000, 200);
+    const jump = collector.spans.find((s) => s.name === 'proxy.ssh_jump')!;
+    expect(jump.parentSpanId).toBe('');
+    expect(jump.attributes).toMatchObject({ 'gateway.route': 'ssh-jump', 'gateway.service': 'ssh', 'gateway.resource': 'web-1' });
+    // The chain: the jump, the router's way to the agent (its own tunnel here), the agent's dial.
+    const of = (name: string) => collector.spans.find((s) => s.traceId === jump.traceId && s.name === name);
+    await waitUntil('the router and agent spans of that trace', () => of('proxy.route') !== undefined && of('agent.dial') !== undefined, 30_000, 200);
+    expect(of('proxy.route')!.parentSpanId).toBe(jump.spanId);
+    expect(of('proxy.route')!.attributes).toMatchObject({ 'gateway.router.via': 'local' });
+    const dial = of('agent.dial')!;
+    expect(dial.parentSpanId).toBe(of('proxy.route')!.spanId);
+    expect(dial.resource['gateway.nodename']).toBe('web-1');
   });
 
   it('an unknown node is refused by the jump host', async () => {

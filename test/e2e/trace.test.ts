@@ -24,6 +24,8 @@ import { runCli, startGateway, startGatewayExpectingFailure, type RunResult, typ
 import { startPostgres, type PostgresServer } from '../helpers/databases.js';
 import { startOtlpReceiver, type OtlpReceiver, type ReceivedSpan } from '../helpers/otlp.js';
 import { curl } from '../helpers/curl.js';
+import { startHttpsServer, type HttpTestServer } from '../helpers/servers.js';
+import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
 import { rootSuite } from '../helpers/root.js';
 
@@ -35,6 +37,8 @@ let a: RunningGateway;
 let b: RunningGateway;
 let agent: RunningGateway;
 let app: http.Server;
+let pki: TestPki;
+let kubeApi: HttpTestServer;
 let webA: number;
 let peerB: number;
 let sshConfig: string;
@@ -108,6 +112,11 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
     pg = await startPostgres({ port: await getPort({ host: '127.0.0.1' }) });
     app = http.createServer((req, res) => res.end(`app saw traceparent ${req.headers.traceparent ?? 'none'}\n`));
     await new Promise<void>((r) => app.listen(0, '127.0.0.1', r));
+    // A stand-in Kubernetes API server: it answers with the traceparent its request carried.
+    pki = await makeTestPki();
+    const apiCert = await pki.serverCert({ names: ['localhost'], ips: ['127.0.0.1'] });
+    kubeApi = await startHttpsServer({ cert: apiCert.certPem, key: apiCert.keyPem }, (req, res) => res.end(`api server saw traceparent ${req.headers.traceparent ?? 'none'}\n`));
+    await writeFile(join(dir, 'kube-ca.pem'), pki.caPem);
     webA = await getPort({ host: '127.0.0.1' });
     const [webB, peerA] = [await getPort({ host: '127.0.0.1' }), await getPort({ host: '127.0.0.1' })];
     peerB = await getPort({ host: '127.0.0.1' });
@@ -115,8 +124,8 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
     b = await startGateway(proxyYaml('proxy-b', webB, peerB));
     const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', b.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
     const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
-    const token = (JSON.parse((await admin(['tokens', 'add', '--type=node,app', '--format', 'json'])).stdout) as { token: string }).token;
-    await admin(['users', 'add', 'alice', '--roles=access', '--logins=root'], 'correct horse battery\n');
+    const token = (JSON.parse((await admin(['tokens', 'add', '--type=node,app,kube', '--format', 'json'])).stdout) as { token: string }).token;
+    await admin(['users', 'add', 'alice', '--roles=access', '--logins=root', '--kubernetes-groups=viewers'], 'correct horse battery\n');
     const appPort = (app.address() as net.AddressInfo).port;
     agent = await startGateway(
       [
@@ -131,6 +140,10 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
         '  enabled: yes',
         '  apps:',
         `    - { name: web, uri: "http://127.0.0.1:${appPort}", public_addr: web.trace.test }`,
+        'kube_service:',
+        '  enabled: yes',
+        '  clusters:',
+        `    - { name: tk, api_server: "https://127.0.0.1:${kubeApi.port}", ca_file: ${join(dir, 'kube-ca.pem')} }`,
         '',
       ].join('\n'),
       { args: ['--token', token, '--ca-pin', pin, '--proxy', `localhost:${webB}`] },
@@ -150,6 +163,8 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
     await a?.stop();
     await b?.stop();
     app?.close();
+    await kubeApi?.close();
+    await pki?.cleanup();
     await pg?.stop();
     await collector?.close();
     await hanging?.close();
@@ -191,6 +206,22 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
     // The app's request carries the Proxy's span as its parent, so the app's own trace continues the chain.
     expect(r.stdout).toBe(`app saw traceparent 00-${trace}-${spans.get('proxy.app')!.spanId}-01\n`);
     expect(spans.get('agent.dial')!.attributes).toMatchObject({ 'gateway.service': 'app', 'gateway.resource': 'web' });
+  });
+
+  it('a Kubernetes request with a traceparent header: proxy.kube with the route decision, the same chain, the API server a child', async () => {
+    const trace = 'c'.repeat(31) + '3';
+    const home = userEnv.GWSH_HOME!;
+    const kubeHost = 'kube-gateway-proxy-alpn.trace.test';
+    const r = await curl(['--cert', join(home, 'cert.pem'), '--key', join(home, 'key.pem'), '--cacert', join(home, 'host-ca.pem'), '--resolve', `${kubeHost}:${webA}:127.0.0.1`, '-H', `traceparent: 00-${trace}-${PARENT}-01`, `https://${kubeHost}:${webA}/k8s/tk/api`]);
+    expect(r.stdout, r.stderr).toContain('api server saw traceparent');
+    const names = ['proxy.kube', 'proxy.route', 'proxy.peer', 'agent.dial'];
+    const spans = await traceOf(trace, names);
+    expect(spans.get('proxy.kube')!.parentSpanId).toBe(PARENT);
+    expectChain(spans, names, ['proxy-a', 'proxy-a', 'proxy-b', 'agent-t']);
+    expect(spans.get('proxy.kube')!.attributes).toMatchObject({ 'gateway.route': 'kube', 'gateway.route.reason': expect.stringContaining('/k8s/tk'), 'gateway.service': 'kube', 'gateway.resource': 'tk' });
+    // The agent's dial to the API server, decided by its Dialer; the API server's request a child of the Proxy's span.
+    expect(spans.get('agent.dial')!.attributes).toMatchObject({ 'gateway.service': 'kube', 'gateway.resource': 'tk', 'gateway.dial.via': 'direct' });
+    expect(r.stdout).toBe(`api server saw traceparent 00-${trace}-${spans.get('proxy.kube')!.spanId}-01\n`);
   });
 
   it('a malformed traceparent starts a new trace; a tracestate over 512 bytes is not carried', async () => {

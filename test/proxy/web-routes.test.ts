@@ -29,6 +29,8 @@ import { checkOrigin } from '../../src/proxy/webcredentials.js';
 import WebSocket from 'ws';
 import { joinCluster } from '../../src/agent/identity.js';
 import { connectRemoteAuth } from '../../src/roles/auth.js';
+import { startTracing, stopTracing } from '../../src/trace.js';
+import { startOtlpReceiver } from '../helpers/otlp.js';
 import { rootTest } from '../helpers/root.js';
 import { waitUntil } from '../helpers/wait.js';
 
@@ -189,6 +191,41 @@ describe('a Proxy in its own process (RemoteProxyAuth)', () => {
     expect(rows.find((a) => a.nodename === 'split-node')).toMatchObject({ online: false, version: null, outdated: false, services: [] });
     // A Proxy's own node record is not an agent.
     expect(rows.map((a) => a.nodename)).toEqual(['localhost', 'split-node']);
+  }, 60_000);
+});
+
+describe('the terminal, traced', () => {
+  // The shell runs as root on the in-process agent's SSH Service.
+  rootTest(['setuid'])("continues the browser's traceparent (proxy.web_terminal, then the router and the agent), else starts a trace", async () => {
+    const receiver = await startOtlpReceiver();
+    await startTracing({ url: receiver.url, sampleRatio: 1, headers: {}, serviceName: 'test' });
+    const open = async (headers: Record<string, string>) => {
+      const s = await auth.auth.webLogin('olga', PASSWORD, '127.0.0.1');
+      const ws = new WebSocket(`wss://${web}/webapi/terminal?node=localhost&login=root`, ['gateway-terminal', `bearer.${s.bearer}`], { ca, ...({ servername: 'localhost' } as object), headers: { cookie: `__Host-gw_session=${s.id}`, ...headers } });
+      let output = '';
+      ws.on('message', (data: Buffer, binary: boolean) => (binary ? (output += data.toString()) : undefined));
+      await new Promise<void>((resolve, reject) => ws.once('open', () => resolve()).once('error', reject));
+      ws.send(Buffer.from('echo traced-$((20+2))\n'), { binary: true });
+      await waitUntil('the echo', () => output.includes('traced-22'));
+      ws.close();
+    };
+    const trace = 'f'.repeat(31) + '5';
+    try {
+      await open({ traceparent: `00-${trace}-${'a'.repeat(16)}-01` });
+      await open({});
+    } finally {
+      await stopTracing();
+      await receiver.close();
+    }
+    const of = (traceId: string, name: string) => receiver.spans.find((x) => x.traceId === traceId && x.name === name);
+    const terminal = of(trace, 'proxy.web_terminal');
+    expect(terminal).toMatchObject({ parentSpanId: 'a'.repeat(16), attributes: { 'gateway.route': 'web-terminal', 'gateway.service': 'ssh', 'gateway.resource': 'localhost' } });
+    expect(of(trace, 'proxy.route')?.parentSpanId).toBe(terminal!.spanId);
+    expect(of(trace, 'agent.dial')?.parentSpanId).toBe(of(trace, 'proxy.route')!.spanId);
+    // Without a header: a trace of its own, rooted at the Proxy.
+    const root = receiver.spans.find((x) => x.name === 'proxy.web_terminal' && x.traceId !== trace);
+    expect(root?.parentSpanId).toBe('');
+    expect(of(root!.traceId, 'agent.dial')).toBeDefined();
   }, 60_000);
 });
 
