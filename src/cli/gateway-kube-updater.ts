@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // The Kubernetes agent updater (docs/kubernetes-updater.md): a controller that keeps the agent StatefulSet or
 // Deployment on its channel's version, inside the exported maintenance windows. The chart gateway-kube-agent
-// runs it as a Deployment next to the agent.
+// runs it as a Deployment next to the agent. With --diag-addr it serves /healthz, /readyz and /metrics (its last
+// reconciliation's result: src/metrics/upgrade.ts), since it has no agent beside it to export them.
 import { readFileSync } from 'node:fs';
 import { Dialer } from '../dial/dialer.js';
 import { GatewayError } from '../errors.js';
@@ -14,6 +15,9 @@ import { completeValues } from './cmdtree.js';
 import { addCompletionCommands } from './completion.js';
 import { PROXY_ENVIRONMENT } from './manpage.js';
 import { newProgram, runCli } from './run.js';
+import { diagAddrOf } from './diagaddr.js';
+import { enableMetrics } from '../metrics/define.js';
+import { startDiagServer } from '../net/diag.js';
 
 const program = newProgram('gateway-kube-updater', 'Keeps the Kubernetes agent on the version of its release channel, inside the maintenance windows.');
 
@@ -33,6 +37,7 @@ interface Options {
   once?: boolean;
   dryRun?: boolean;
   logLevel: string;
+  diagAddr?: string;
 }
 
 function kindOf(text: string): WorkloadKind {
@@ -69,6 +74,7 @@ program
   .option('--kubeconfig <file>', 'a kubeconfig; default: KUBECONFIG, ~/.kube/config, or the pod service account')
   .option('--once', 'reconcile once and exit (status 0 whatever the decision)')
   .option('--dry-run', 'decide and log, but never change the agent')
+  .option('--diag-addr <host:port>', 'serve /healthz, /readyz and /metrics (the last reconciliation\'s result) on this address (port 3000 when left out); off by default')
   .addOption(completeValues(new Option('--log-level <level>', `one of ${LOG_LEVELS.join(', ')}`).default('info'), LOG_LEVELS))
   .action(async (opts: Options) => {
     if (opts.agentName === undefined) throw new GatewayError('GW_ERR_USAGE', "required option '--agent-name <name>' not specified", { hint: "Run 'gateway-kube-updater --help' for usage." });
@@ -79,6 +85,9 @@ program
       throw new GatewayError('GW_ERR_USAGE', 'the version server is unknown', { hint: 'Give --proxy-addr host:port (the chart sets it from proxyAddr), or --version-url.' });
     }
     const baseUrl = opts.versionUrl ?? channelUrl(opts.proxyAddr!, opts.channel);
+    const diagAddr = opts.diagAddr === undefined ? undefined : diagAddrOf(opts.diagAddr);
+    // Recording is on only where the metrics are served (as the daemon's), before the first reconciliation.
+    if (diagAddr) enableMetrics();
     const namespace = namespaceOf(opts.namespace);
     const api = new ClientNodeKubeApi(loadKubeConfig(opts.kubeconfig ? { kubeconfig: opts.kubeconfig } : {}));
     const updater = new KubeUpdater({
@@ -101,6 +110,9 @@ program
       await updater.reconcile('manual');
       return;
     }
+    // Ready as soon as it serves: whether the agent is up to date is its metric's to say, not a reason to restart it.
+    const diag = diagAddr ? await startDiagServer(diagAddr, () => ({ status: 'ready', checks: [] })) : undefined;
+    if (diag) log.info({ diag_addr: diag.address }, 'diagnostics listener started');
     const stopped = new Promise<string>((resolve) => {
       process.once('SIGINT', () => resolve('SIGINT'));
       process.once('SIGTERM', () => resolve('SIGTERM'));
@@ -109,6 +121,7 @@ program
     const signal = await stopped;
     log.info({ signal }, 'stopping');
     updater.stop();
+    await diag?.close();
   });
 
 addCompletionCommands(program, {

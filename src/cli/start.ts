@@ -10,6 +10,7 @@ import { parseAddr, type AddrError } from '../addr.js';
 import { defaultConfig, loadConfigFile, type GatewayConfig } from '../config/index.js';
 import { servicesFor, startDaemon, type Daemon, type StartFlags } from '../daemon.js';
 import { GatewayError } from '../errors.js';
+import { diagAddrOf } from './diagaddr.js';
 import { ensurePrivateFile } from '../fsutil.js';
 import { createLogger, logger, outlivingDestination, setRootLogger, survivingOutput, type LogLevel } from '../log.js';
 import { acquireDataDirLock, acquirePidFile, channelsChanged, followLogLevel, installReload, trustedSourcesChanged, type PidFile } from '../reload.js';
@@ -52,18 +53,6 @@ function withFlags(config: GatewayConfig, opts: StartOptions): GatewayConfig {
   }
   if (opts.diagAddr !== undefined) out = { ...out, gateway: Object.freeze({ ...out.gateway, diag_addr: diagAddrOf(opts.diagAddr) }) };
   return Object.freeze(out);
-}
-
-/** --diag-addr: host:port (3000 when the port is left out, as gateway.diag_addr). */
-function diagAddrOf(value: string): { host: string; port: number } {
-  try {
-    const addr = parseAddr(value);
-    return { host: addr.host, port: addr.port ?? 3000 };
-  } catch (err) {
-    throw new GatewayError('GW_ERR_USAGE', `--diag-addr: "${value}" is not host:port (${(err as Error).message})`, {
-      hint: (err as AddrError).hint ?? 'Give an address only the supervisor reaches, e.g. --diag-addr=127.0.0.1:3000.',
-    });
-  }
 }
 
 /** Where logs meant for a standard stream go once it is gone (docs/configuration.md, gateway.log.output). */

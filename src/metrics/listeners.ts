@@ -1,6 +1,6 @@
 /**
  * Listener and route metrics: every guarded listener's connections (accepted, refused by reason, closed by a
- * deadline or a protocol cap, open) and bytes, and the one port's connections per route.
+ * deadline or a protocol cap, open) and bytes, and the one port's connections per route (routed, open, bytes).
  *
  * The listener names are the guards' (src/net/deadlines.ts ConnectionLimits.listener), the route names the rows of
  * the protocol table (src/wire/protocols.ts; a test checks that both lists below cover them), the reasons the
@@ -9,10 +9,13 @@
  *
  * Bytes are read from the sockets (bytesRead, bytesWritten: the kernel's count of what crossed the listener, TLS
  * included), never counted per chunk: when a connection closes, and at each scrape for the connections still open
- * (flushers registered by the guards), so a tunnel that stays up for days still shows its traffic.
+ * (flushers registered by the guards), so a tunnel that stays up for days still shows its traffic. A connection the
+ * one port routed adds the same amounts to its route's bytes, from its routing on (what a scrape flushed while it
+ * was still being detected, a few hundred bytes of hello, stays the listener's alone). Refusals have no route: a
+ * refused connection is one no route took, so they are counted per listener only.
  */
 import type { Counter, Gauge } from 'prom-client';
-import { counter, gauge } from './define.js';
+import { counter, gauge, metricsEnabled, OTHER } from './define.js';
 
 /** The guards' names: the protocol table's separate listeners, the one port, the Auth API, peering, agents'. */
 export const LISTENERS = [
@@ -66,6 +69,13 @@ const bytes = counter({
 });
 
 const routed = counter({ name: 'gateway_connections_routed_total', help: 'Connections the one port routed, by route (a row of the protocol table).', area: AREA, labels: { route: ROUTES } });
+const routeOpen = gauge({ name: 'gateway_route_connections_open', help: 'Connections the one port routed that are open now, by route.', area: AREA, labels: { route: ROUTES } });
+const routeBytes = counter({
+  name: 'gateway_route_bytes_total',
+  help: "Bytes received and sent on the connections of a route (the listener's socket counts from the routing on), counted at close and at each scrape.",
+  area: AREA,
+  labels: { route: ROUTES, direction: ['received', 'sent'] },
+});
 
 /** The multiplexer's refusal reasons (src/mux/multiplexer.ts, src/mux/trust.ts) as the kinds above. */
 export function refusalKind(reason: string): Refusal {
@@ -124,7 +134,49 @@ export class ListenerMetrics {
   }
 }
 
-/** The one port routed a connection. */
-export function recordRouted(route: string): void {
-  routed.inc({ route });
+/** One route's recorder: bound once per route name (the protocol table's, a closed set) and kept. */
+export class RouteMetrics {
+  private readonly routed: Counter.Internal;
+  private readonly open: Gauge.Internal<string>;
+  private readonly received: Counter.Internal;
+  private readonly sent: Counter.Internal;
+
+  constructor(route: string) {
+    this.routed = routed.with({ route });
+    this.open = routeOpen.with({ route });
+    this.received = routeBytes.with({ route, direction: 'received' });
+    this.sent = routeBytes.with({ route, direction: 'sent' });
+  }
+
+  admitted(): void {
+    this.routed.inc();
+    this.open.inc();
+  }
+
+  released(): void {
+    this.open.dec();
+  }
+
+  bytes(received: number, sent: number): void {
+    if (received > 0) this.received.inc(received);
+    if (sent > 0) this.sent.inc(sent);
+  }
+}
+
+const routeRecorders = new Map<string, RouteMetrics>();
+
+/**
+ * The one port routed a connection: its route's recorder, counted as routed and open (the connection releases it
+ * when it closes). Unknown names share `other`'s recorder, so the map holds at most the table's rows.
+ */
+export function recordRouted(route: string): RouteMetrics {
+  const name = (ROUTES as readonly string[]).includes(route) ? route : OTHER;
+  let m = routeRecorders.get(name);
+  if (!m) {
+    m = new RouteMetrics(name);
+    // Bound while recording is off, its children are no-ops: kept only once they count.
+    if (metricsEnabled()) routeRecorders.set(name, m);
+  }
+  m.admitted();
+  return m;
 }

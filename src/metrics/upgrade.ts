@@ -6,6 +6,10 @@
  *
  * The upgrader (gateway-upgrade, a timer's process) writes its last run to a file (src/upgrade/lastrun.ts); the
  * agent registers a reader of it, read at each scrape.
+ *
+ * The Kubernetes updater (gateway-kube-updater, a long-running controller) has no agent beside it to read a file:
+ * it serves its own /metrics (its --diag-addr) with its last reconciliation's result, in the same closed set, and
+ * the decision's reason (decide.ts's closed set, or `error` when the run failed before deciding).
  */
 import { gauge, VERSION_SET, type PatternSet } from './define.js';
 
@@ -59,4 +63,21 @@ export function watchUpgrade(read: () => UpgradeState): () => void {
 /** The agent exported its schedule for upgrader: the next window's start (undefined: none). */
 export function recordNextWindow(upgrader: 'systemd' | 'kubernetes', start: Date | undefined): void {
   nextWindow.set({ upgrader }, start ? Math.floor(start.getTime() / 1000) : 0);
+}
+
+/** decide.ts's decision reasons (update: in-window, critical; skip: the others), and error: no decision was made. */
+export const KUBE_UPDATER_REASONS = ['in-window', 'critical', 'suspended', 'no-container', 'unknown-current', 'no-target', 'no-new-version', 'no-schedule', 'outside-window', 'error'] as const;
+const kubeResult = gauge({ name: 'gateway_kube_updater_last_result', help: "The result of the Kubernetes updater's last reconciliation (1 for the result it had, 0 for the others; absent before one).", area: AREA, labels: { result: UPGRADE_RESULTS } });
+const kubeRun = gauge({
+  name: 'gateway_kube_updater_last_run_timestamp_seconds',
+  help: "When the Kubernetes updater last reconciled (Unix seconds), with its result and the decision's reason.",
+  area: AREA,
+  labels: { result: UPGRADE_RESULTS, reason: KUBE_UPDATER_REASONS },
+});
+
+/** The Kubernetes updater reconciled: result (UPGRADE_RESULTS), the decision's reason (or error), when. */
+export function recordKubeUpdaterRun(outcome: string, reason: string, at: Date): void {
+  kubeRun.metric.reset();
+  kubeRun.set({ result: outcome, reason }, Math.floor(at.getTime() / 1000));
+  for (const r of UPGRADE_RESULTS) kubeResult.set({ result: r }, r === outcome ? 1 : 0);
 }

@@ -338,7 +338,7 @@ class Detection {
     const { name } = route;
     const { stats, log } = this.mux;
     stats.routed[name] = (stats.routed[name] ?? 0) + 1;
-    recordRouted(name);
+    this.conn.routed(recordRouted(name));
     if (rest.length > 0) stream.unshift(rest);
     // Only a stream that is not the client's own socket needs the address recorded (clientAddress() falls back to
     // the socket's peer).

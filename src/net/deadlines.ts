@@ -24,7 +24,7 @@
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import { logger, type Logger } from '../log.js';
-import { ListenerMetrics, refusalKind } from '../metrics/listeners.js';
+import { ListenerMetrics, refusalKind, type RouteMetrics } from '../metrics/listeners.js';
 import { connectionBudget, readOpenFileLimit, sourceKey } from './source.js';
 
 export type Phase =
@@ -219,6 +219,8 @@ export class Connection {
   /** The socket's bytes already added to the listener's byte counters (metrics). */
   private countedIn = 0;
   private countedOut = 0;
+  /** The route the one port gave it (its bytes are added there too from then on), released when it closes. */
+  private route: RouteMetrics | undefined;
 
   constructor(
     readonly socket: Duplex,
@@ -333,8 +335,22 @@ export class Connection {
     const read = s.bytesRead ?? 0;
     const written = s.bytesWritten ?? 0;
     metrics.bytes(read - this.countedIn, written - this.countedOut);
+    this.route?.bytes(read - this.countedIn, written - this.countedOut);
     this.countedIn = read;
     this.countedOut = written;
+  }
+
+  /** The multiplexer routed it (once): its bytes count for the route too, its close releases the route's open. */
+  routed(route: RouteMetrics): void {
+    // Without a guard nobody releases it; closed or already routed, nothing will: not open, then.
+    if (!this.guard || this.route || this.closed) return route.released();
+    this.route = route;
+  }
+
+  /** For the guard at close: the route's open count goes down (its last bytes were flushed just before). */
+  releaseRoute(): void {
+    this.route?.released();
+    this.route = undefined;
   }
 
   /** A layer closed: the connection is over, whatever the others think. */
@@ -463,6 +479,7 @@ export class ListenerGuard {
     this.stats.open--;
     this.conns.delete(conn);
     conn.flushBytes(this.metrics);
+    conn.releaseRoute();
     this.metrics.released();
     if (conn.source === undefined) return;
     const left = (this.bySource.get(conn.source) ?? 1) - 1;

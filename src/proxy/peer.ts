@@ -47,7 +47,7 @@ import type { ClusterTrust } from '../auth/proxyauth.js';
 import type { ProxyRecord } from '../auth/records.js';
 import { GatewayError, httpStatus, isErrorCode, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
-import { recordPeerStream, watchPeerClient } from '../metrics/peering.js';
+import { recordPeerServed, recordPeerStream, watchPeerClient } from '../metrics/peering.js';
 import type { ConnectionLimits } from '../net/deadlines.js';
 import { connectionOf } from '../net/deadlines.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
@@ -249,6 +249,7 @@ export class PeerServer {
       } catch (err) {
         socket.off('data', onData);
         conn.leave('peer-request');
+        this.served(socket, 'GW_ERR_PEER_PROTOCOL');
         return void answerLine(socket, new GatewayError('GW_ERR_PEER_PROTOCOL', `bad peering request: ${(err as Error).message}`));
       }
       if (result.kind !== 'line') return;
@@ -256,7 +257,11 @@ export class PeerServer {
       socket.pause();
       conn.leave('peer-request');
       if (result.rest.length > 0) socket.unshift(result.rest);
-      this.onRequest(socket, result.line.toString('utf8'), client).catch((err: unknown) => answerLine(socket, toGatewayError(err)));
+      this.onRequest(socket, result.line.toString('utf8'), client).catch((err: unknown) => {
+        const e = toGatewayError(err);
+        this.served(socket, e.code);
+        answerLine(socket, e);
+      });
     };
     socket.on('data', onData);
   }
@@ -270,10 +275,16 @@ export class PeerServer {
       return;
     }
     socket.write(framed ? OK_FRAMED_LINE : OK_LINE);
+    socket.once('close', this.served(socket, 'ok'));
     const out = framed ? new FramedStream(socket) : socket;
     if (request.probe === true) out.write(peerTunnelLine(started));
     this.log.debug({ client, hostId, service: request.service, resource: request.resource }, 'peered stream opened');
     splice(out, channel);
+  }
+
+  /** Counts a stream served for the peer on socket (its host ID, checked at accept), by outcome; ok: open until the returned function. */
+  private served(socket: TLSSocket, outcome: string): () => void {
+    return recordPeerServed(this.open.get(socket)?.peer ?? '', outcome);
   }
 
   /** A channel to the agent through this Proxy's own tunnel: never forwarded again (the asking Proxy tries the next holder). */
@@ -322,17 +333,22 @@ export class PeerServer {
       const refused = this.refusal(socket);
       if (refused) {
         this.log.warn({ client, why: refused }, 'peer refused');
+        this.served(socket, 'GW_ERR_ACCESS_DENIED');
         answerH2Error(stream, new GatewayError('GW_ERR_ACCESS_DENIED', `peering refused: ${refused}`));
         session.close();
         return;
       }
-      this.onH2Stream(stream, headers, client).catch((err: unknown) => answerH2Error(stream, toGatewayError(err)));
+      this.onH2Stream(socket, stream, headers, client).catch((err: unknown) => {
+        const e = toGatewayError(err);
+        this.served(socket, e.code);
+        answerH2Error(stream, e);
+      });
     });
     session.on('error', (err) => this.log.debug({ client, err: err.message }, 'peering session error'));
     session.once('close', () => socket.destroy());
   }
 
-  private async onH2Stream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, client: string): Promise<void> {
+  private async onH2Stream(socket: TLSSocket, stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, client: string): Promise<void> {
     const { hostId, request } = parseStreamHeaders(headers);
     const started = performance.now();
     const channel = await this.dialLocal(hostId, request);
@@ -341,6 +357,7 @@ export class PeerServer {
       return;
     }
     stream.respond({ ':status': 200 });
+    stream.once('close', this.served(socket, 'ok'));
     if (request.probe === true) stream.write(peerTunnelLine(started));
     this.log.debug({ client, hostId, service: request.service, resource: request.resource }, 'peered stream opened (HTTP/2)');
     splice(stream, channel);

@@ -24,6 +24,7 @@ import { recordPeerStream } from '../../src/metrics/peering.js';
 import { registry } from '../../src/metrics/registry.js';
 import { guardedServer, closeServer, listenOn } from '../../src/net/listen.js';
 import { ConnectionLimits } from '../../src/net/deadlines.js';
+import { Multiplexer } from '../../src/mux/multiplexer.js';
 import { PROTOCOLS } from '../../src/proxy/protocols.js';
 import { formatLastRun, LAST_RUN_MAX_BYTES, parseLastRun, readLastRun, recordingLastRun } from '../../src/upgrade/lastrun.js';
 import { waitUntil } from '../helpers/wait.js';
@@ -126,6 +127,46 @@ describe('listener hooks (src/net/deadlines.ts)', () => {
     expect(await scrape('gateway_connections_refused_total', { listener: 'auth', reason: 'cap' })).toBe(before.refused + 1);
     a.end();
     await waitUntil('the connection released', async () => (await scrape('gateway_connections_open', { listener: 'auth' })) === 0);
+  });
+});
+
+describe('route hooks (src/mux/multiplexer.ts through src/net/deadlines.ts)', () => {
+  const limits = new ConnectionLimits({ tlsHandshakeMs: 5000, headerMs: 5000, requestMs: 5000, idleMs: 5000, sshHandshakeMs: 5000, halfCloseLingerMs: 5000, maxConnections: 10, maxConnectionsPerSource: 10 }, { openFiles: null });
+  const mux = new Multiplexer({
+    routes: [{ name: 'ssh', match: { sniffed: 'ssh' }, handler: (stream) => stream.on('data', (c: Buffer) => stream.write(c)).on('end', () => stream.end()) }],
+    proxyProtocol: false,
+    detectTimeoutMs: 5_000,
+  });
+  let server: net.Server;
+  let port: number;
+  beforeAll(async () => {
+    server = guardedServer(limits.listener('web'), mux.handleSocket);
+    port = Number((await listenOn(server, { host: '127.0.0.1', port: 0 }, 'test')).split(':').pop());
+  });
+  afterAll(async () => {
+    await closeServer(server);
+    limits.close();
+  });
+
+  it("counts a route's connections routed and open, and its bytes read from the socket (open, then closed)", async () => {
+    const route = { route: 'ssh' };
+    const before = { routed: (await scrape('gateway_connections_routed_total', route)) ?? 0, received: (await scrape('gateway_route_bytes_total', { ...route, direction: 'received' })) ?? 0 };
+    const a = net.connect(port, '127.0.0.1');
+    a.write('SSH-2.0-test\r\n');
+    await new Promise<void>((resolve) => a.once('data', () => resolve()));
+    a.write('y'.repeat(5000));
+    let echoed = 0;
+    await new Promise<void>((resolve) => a.on('data', (c: Buffer) => (echoed += c.length) >= 5000 && resolve()));
+    expect(await scrape('gateway_connections_routed_total', route)).toBe(before.routed + 1);
+    expect(await scrape('gateway_route_connections_open', route)).toBe(1);
+    // Still open: its bytes show at this scrape, both ways.
+    expect(await scrape('gateway_route_bytes_total', { ...route, direction: 'received' })).toBeGreaterThanOrEqual(before.received + 5000);
+    expect(await scrape('gateway_route_bytes_total', { ...route, direction: 'sent' })).toBeGreaterThanOrEqual(5000);
+    a.write('z'.repeat(3000));
+    a.end();
+    await waitUntil('the routed connection released', async () => (await scrape('gateway_route_connections_open', route)) === 0);
+    // What it sent after the scrape is counted at its close.
+    expect(await scrape('gateway_route_bytes_total', { ...route, direction: 'received' })).toBeGreaterThanOrEqual(before.received + 8000);
   });
 });
 

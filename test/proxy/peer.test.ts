@@ -23,6 +23,9 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { readLine } from '../../src/stream/lines.js';
 import { Router } from '../../src/proxy/router.js';
 import { waitUntil } from '../helpers/wait.js';
+import { enableMetrics } from '../../src/metrics/define.js';
+import { registry } from '../../src/metrics/registry.js';
+import { parseExposition, sampleValue } from '../helpers/metrics.js';
 import { echoDigest, sha256, splitAddr, startPeerCluster, type PeerCluster } from './peering-harness.js';
 
 setRootLogger(createLogger({ level: process.env.PEER_LOG === 'debug' ? 'debug' : 'silent' }));
@@ -331,6 +334,36 @@ describe('hostile peers on 3021 are refused', () => {
     await waitUntil('B no longer lists the Proxy', () => c.b.cluster.proxy(id) === undefined);
     expect(await ask()).not.toBe(404); // refused (403) or the session closed: nothing is served any more
     session.destroy();
+  });
+});
+
+describe('metrics on the serving side (gateway_peer_streams_served_*)', () => {
+  const scrape = async (name: string, labels: Record<string, string>) => sampleValue(parseExposition(await registry.metrics()), name, labels);
+  beforeAll(() => enableMetrics());
+  afterAll(() => enableMetrics(false));
+
+  it("B counts the streams it served for A by A's host ID and outcome, open while they last; no address in the scrape", async () => {
+    const peer = c.a.id;
+    const count = async (outcome: string) => (await scrape('gateway_peer_streams_served_total', { peer, outcome })) ?? 0;
+    const before = { ok: await count('ok'), bad: await count('GW_ERR_PEER_PROTOCOL'), missing: await count('GW_ERR_TUNNEL_NOT_FOUND'), open: (await scrape('gateway_peer_streams_served_open', { peer })) ?? 0 };
+    const cred = await liveProxyCert();
+    const client = new PeerClient({ tls: { ...cred, ca: c.auth.auth.host.tls.certPem }, clusterName: 'peering.example', dialer: new Dialer({ env: {} }), tlsHandshakeMs: 5000, dialTimeoutMs: 10_000, idleMs: 30_000, transport: 'tls' });
+    try {
+      const stream = await client.dial(c.a.cluster.proxy(c.b.id)!, c.agentIdentity.hostId, DIAL);
+      expect(await scrape('gateway_peer_streams_served_open', { peer })).toBe(before.open + 1);
+      const data = randomBytes(4096);
+      expect(await echoDigest(stream, data)).toBe(sha256(data));
+      await waitUntil('the served stream closed', async () => (await scrape('gateway_peer_streams_served_open', { peer })) === before.open);
+    } finally {
+      client.close();
+    }
+    expect(await peerAttempt(cred, 'not json\n')).toMatchObject({ answer: { ok: false } });
+    expect(await peerAttempt(cred, { hostId: 'ghost-host', request: DIAL })).toMatchObject({ answer: { ok: false, error: { code: 'GW_ERR_TUNNEL_NOT_FOUND' } } });
+    expect(await h2Attempt(cred)).toMatchObject({ status: 200 });
+    expect(await count('ok')).toBe(before.ok + 2);
+    expect(await count('GW_ERR_PEER_PROTOCOL')).toBe(before.bad + 1);
+    expect(await count('GW_ERR_TUNNEL_NOT_FOUND')).toBe(before.missing + 1);
+    expect(await registry.metrics()).not.toContain('127.0.0.1');
   });
 });
 

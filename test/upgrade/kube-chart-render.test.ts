@@ -119,6 +119,13 @@ describe('helm lint --strict and helm template, for each documented combination 
     const updater = objects.filter((o) => o.kind === 'Deployment' && o.metadata.name.endsWith('-updater'));
     if (values.includes('updater.enabled=true')) {
       expect(updater).toHaveLength(1);
+      // Its own health endpoints and /metrics (its last result), probed as the agent's are.
+      const u = (updater[0] as K8sObject & { spec: { template: { spec: { containers: Array<{ args: string[]; ports?: unknown; livenessProbe?: { httpGet: unknown }; readinessProbe?: { httpGet: unknown } }> } } } }).spec.template.spec.containers[0]!;
+      const port = values.includes('diagPort=8081') ? 8081 : 3000;
+      expect(u.args).toContain(`--diag-addr=0.0.0.0:${port}`);
+      expect(u.ports).toEqual([{ name: 'diag', containerPort: port }]);
+      expect(u.livenessProbe?.httpGet).toEqual({ path: '/healthz', port: 'diag' });
+      expect(u.readinessProbe?.httpGet).toEqual({ path: '/readyz', port: 'diag' });
       const role = one(objects, 'Role', 'agent-updater') as K8sObject & { rules: Rule[] };
       for (const verb of ['get', 'list', 'watch', 'patch']) expect(allows(role.rules, 'apps', agentKind === 'Deployment' ? 'deployments' : 'statefulsets', verb)).toBe(true);
       expect(allows(role.rules, '', 'secrets', 'get')).toBe(true);

@@ -5,7 +5,7 @@
  */
 import fc from 'fast-check';
 import semver from 'semver';
-import { describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Writable } from 'node:stream';
 import { createLogger } from '../../src/log.js';
 import type { KubeApi, WatchEventType, WorkloadRef } from '../../src/upgrade/kube/client.js';
@@ -20,9 +20,15 @@ import {
   imageVersion,
   nextReconcileDelay,
   parseImage,
+  resultOf,
   type AgentWorkload,
+  type Decision,
   type DecisionInput,
+  type SkipReason,
 } from '../../src/upgrade/kube/decide.js';
+import { enableMetrics } from '../../src/metrics/define.js';
+import { registry } from '../../src/metrics/registry.js';
+import { parseExposition, sampleValue } from '../helpers/metrics.js';
 import { formatKubeSchedule } from '../../src/upgrade/schedule.js';
 import type { Window } from '../../src/upgrade/windows.js';
 
@@ -406,5 +412,47 @@ describe('KubeUpdater', () => {
     await settle();
     expect(calls).toBe(2);
     u.stop();
+  });
+});
+
+describe("the updater's last result on /metrics (gateway_kube_updater_*)", () => {
+  const scrape = async () => parseExposition(await registry.metrics());
+  const oneHot = async () => (await scrape()).filter((s) => s.name === 'gateway_kube_updater_last_result' && s.value === 1).map((s) => s.labels.result);
+  beforeAll(() => enableMetrics());
+  afterAll(() => enableMetrics(false));
+
+  it('upgraded, then up-to-date at the resync, then failed when the API refuses the PATCH; each with its reason and time', async () => {
+    const kube = new FakeKube();
+    const { u, timers } = updater(kube);
+    await u.start();
+    expect(await oneHot()).toEqual(['upgraded']);
+    expect(sampleValue(await scrape(), 'gateway_kube_updater_last_run_timestamp_seconds', { result: 'upgraded', reason: 'in-window' })).toBe(Math.floor(IN_WINDOW.getTime() / 1000));
+    timers.fire(RESYNC_INTERVAL_MS);
+    await settle();
+    await settle();
+    expect(await oneHot()).toEqual(['up-to-date']);
+    kube.current = workload('registry.example.com/gateway/gateway:17.0.1');
+    kube.setImage = async () => {
+      throw new Error('403 Forbidden');
+    };
+    timers.fire(RESYNC_INTERVAL_MS);
+    await settle();
+    await settle();
+    expect(await oneHot()).toEqual(['failed']);
+    // One run's series at a time: the earlier run's timestamp is gone.
+    const runs = (await scrape()).filter((s) => s.name === 'gateway_kube_updater_last_run_timestamp_seconds');
+    expect(runs.map((s) => s.labels)).toEqual([{ result: 'failed', reason: 'in-window' }]);
+    u.stop();
+  });
+
+  it('maps every decision onto the upgraders\' closed set', () => {
+    const skip = (reason: SkipReason): Decision => ({ action: 'skip', reason, message: '' });
+    const update: Decision = { action: 'update', reason: 'in-window', message: '', current: 'v1.0.0', next: 'v1.0.1', container: 'gateway', image: 'x:1.0.1' };
+    const ok = { dryRun: false, threw: false };
+    expect(resultOf(update, ok)).toBe('upgraded');
+    expect(resultOf(update, { dryRun: true, threw: false })).toBe('waiting');
+    expect(resultOf(update, { dryRun: false, threw: true })).toBe('failed');
+    expect(resultOf(undefined, ok)).toBe('failed');
+    expect((['suspended', 'no-container', 'unknown-current', 'no-target', 'no-new-version', 'no-schedule', 'outside-window'] as const).map((r) => resultOf(skip(r), ok))).toEqual(['waiting', 'failed', 'failed', 'failed', 'up-to-date', 'failed', 'waiting']);
   });
 });

@@ -22,6 +22,7 @@ import { fetchThroughDialer } from '../../dial/agent.js';
 import type { Dialer } from '../../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../../errors.js';
 import { logger } from '../../log.js';
+import { recordKubeUpdaterRun } from '../../metrics/upgrade.js';
 import { isNoVersion, normalizeVersion, parseCritical } from '../../wire/versions.js';
 import { parseKubeSchedule } from '../schedule.js';
 import {
@@ -32,6 +33,7 @@ import {
   eventUrgency,
   isSuspended,
   nextReconcileDelay,
+  resultOf,
   type AgentWorkload,
   type Decision,
   type ScheduleInput,
@@ -174,13 +176,16 @@ export class KubeUpdater {
 
   private async runOnce(cause: ReconcileCause): Promise<Decision | undefined> {
     let decision: Decision | undefined;
+    let threw = false;
     try {
       decision = await this.decideNow(cause);
       await this.apply(decision);
     } catch (err) {
+      threw = true;
       const e = toGatewayError(err);
       this.log.error({ ...this.where, cause, code: e.code, err: e.message }, 'reconciliation failed; retrying at the next resync');
     }
+    recordKubeUpdaterRun(resultOf(decision, { dryRun: this.options.dryRun === true, threw }), decision?.reason ?? 'error', this.clock());
     if (decision) {
       this.decisions.push(decision);
       if (this.decisions.length > 50) this.decisions.shift();

@@ -77,6 +77,21 @@ export type Decision =
       retryAt?: Date;
     };
 
+/**
+ * A reconciliation's result in the upgraders' closed set (src/metrics/upgrade.ts UPGRADE_RESULTS), for its metric:
+ * an applied update is upgraded; a run that threw (or an update the API refused) failed; no new version is
+ * up-to-date (the version server's `none` included); a suspended resource, a closed window and a dry run's update
+ * are waiting; what needs an operator's fix (no container, no readable version, no channel answer, no schedule)
+ * failed.
+ */
+export function resultOf(d: Decision | undefined, o: { dryRun: boolean; threw: boolean }): 'upgraded' | 'up-to-date' | 'waiting' | 'failed' {
+  if (!d || o.threw) return 'failed';
+  if (d.action === 'update') return o.dryRun ? 'waiting' : 'upgraded';
+  if (d.reason === 'no-new-version') return 'up-to-date';
+  if (d.reason === 'suspended' || d.reason === 'outside-window') return 'waiting';
+  return 'failed';
+}
+
 // --- images -------------------------------------------------------------------------------------------------------
 
 export interface ImageRef {
