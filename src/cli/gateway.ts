@@ -28,7 +28,7 @@ program
   .option('--data-dir <dir>', "use this data directory instead of gateway.data_dir (every daemon on a machine needs its own)")
   .option('--public-addr <host:port>', "the Proxy's address as agents and users dial it (proxy_service.public_addr); its certificate names it")
   .option('--pid-file <file>', 'write the process id to this file and remove it on exit (the systemd unit uses /run/gateway.pid)')
-  .option('--diag-addr <host:port>', 'serve /healthz and /readyz (plain HTTP, no credentials) on this address (gateway.diag_addr); off by default, never on a public port')
+  .option('--diag-addr <host:port>', 'serve /healthz, /readyz and /metrics (plain HTTP, no credentials) on this address (gateway.diag_addr); off by default, never on a public port')
   // Loaded only here: what `start` runs (the daemon, its roles, configuration and logging) is most of the code.
   .action(async (opts: StartOptions) => (await import('./start.js')).runStart(opts, program.opts<{ debug?: boolean }>().debug === true));
 
