@@ -129,6 +129,12 @@ export async function startGateway(
       reject(Object.assign(new Error(`gateway exited with ${code}:\n${output}`), { output, code }));
     });
   });
+  // A daemon that exits before stop() says so with the end of its output, so that a test failing after it (a
+  // closed connection, a resource no longer known) shows why in the CI log.
+  let stopping = false;
+  child.once('exit', (code, signal) => {
+    if (!stopping) process.stderr.write(`startGateway: the daemon exited before stop() (code ${code}, signal ${signal}); its last output:\n${output.slice(-4096)}\n`);
+  });
   return {
     dir,
     dataDir,
@@ -150,6 +156,7 @@ export async function startGateway(
     process: child,
     async stop() {
       if (child.exitCode !== null) return child.exitCode;
+      stopping = true;
       const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
       child.kill('SIGTERM');
       const code = await exited;
