@@ -27,7 +27,7 @@
  * starts.
  */
 import type { Span, Tracer } from '@opentelemetry/api';
-import { GatewayError } from './errors.js';
+import { GatewayError, toGatewayError } from './errors.js';
 import { logger, type Logger } from './log.js';
 
 /** A trace context as it crosses a hop: the W3C header values. */
@@ -321,6 +321,21 @@ const NOOP: HopSpan = Object.freeze({ context: undefined, set() {}, fail() {}, e
 /** A hop that records nothing and passes the incoming context on (tracing off). */
 function passThrough(parent: TraceContext | undefined): HopSpan {
   return parent ? { context: parent, set() {}, fail() {}, end() {} } : NOOP;
+}
+
+/**
+ * Runs a hop's work (its dial) under the hop's span: the span ends when the work settles, marked failed with the
+ * error's stable code when it throws. Every hop that dials has this shape (the Proxy's routes, peering).
+ */
+export async function withinHop<T>(hop: HopSpan, work: () => Promise<T>): Promise<T> {
+  try {
+    return await work();
+  } catch (err) {
+    hop.fail(toGatewayError(err).code);
+    throw err;
+  } finally {
+    hop.end();
+  }
 }
 
 /**

@@ -57,7 +57,7 @@ import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import { LineSplitter } from '../stream/splitter.js';
 import { databaseGrantOf, type DialRequest, type ProbeReport, type ServiceKind } from '../tunnel/protocol.js';
-import { startHop, traceContextOf, traceFields } from '../trace.js';
+import { startHop, traceContextOf, traceFields, withinHop } from '../trace.js';
 import type { ClusterView } from './cluster.js';
 import type { LocalTunnels, PeerDialer } from './router.js';
 
@@ -296,15 +296,10 @@ export class PeerServer {
       trusted: true,
       attributes: { 'gateway.agent.host_id': hostId, 'gateway.service': request.service, 'gateway.router.via': 'local', 'gateway.router.reason': 'asked by a peer: answered from this Proxy\'s own tunnels only' },
     });
-    try {
+    return withinHop(hop, async () => {
       if (!this.options.tunnels.get(hostId)) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `Proxy ${this.options.cluster.selfId} holds no tunnel of agent ${hostId}`);
-      return await this.options.tunnels.dial(hostId, { ...request, ...traceFields(hop.context) });
-    } catch (err) {
-      hop.fail(toGatewayError(err).code);
-      throw err;
-    } finally {
-      hop.end();
-    }
+      return this.options.tunnels.dial(hostId, { ...request, ...traceFields(hop.context) });
+    });
   }
 
   private serveH2(socket: TLSSocket, client: string): void {

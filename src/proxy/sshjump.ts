@@ -15,13 +15,12 @@ import { CLOCK_SKEW_MS } from '../auth/pki.js';
 import { canAccess } from '../auth/rbac.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
-import { toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
 import { relayChannel } from '../net/sshchannel.js';
 import { splice } from '../stream/splice.js';
-import { startHop, traceFields } from '../trace.js';
+import { startHop, traceFields, withinHop } from '../trace.js';
 import type { AgentSource } from './router.js';
 import { findTarget } from './resources.js';
 
@@ -81,22 +80,16 @@ export class SshJumpServer {
             kind: 'server',
             attributes: { 'gateway.route': 'ssh-jump', 'gateway.route.reason': 'SSH direct-tcpip channel to a node', 'gateway.service': 'ssh', 'gateway.resource': target.agent.nodename, 'gateway.agent.host_id': target.agent.hostId },
           });
-          let channel: Duplex;
-          try {
-            channel = await this.agents.dial(target.agent.hostId, {
+          const channel = await withinHop(hop, () =>
+            this.agents.dial(target.agent.hostId, {
               service: 'ssh',
               resource: `@${target.agent.nodename}`,
               client_src: client,
               client_dst: `${dest.destIP}:${dest.destPort}`,
               user,
               ...traceFields(hop.context),
-            });
-          } catch (err) {
-            hop.fail(toGatewayError(err).code);
-            throw err;
-          } finally {
-            hop.end();
-          }
+            }),
+          );
           const accepted = relayChannel(accept());
           this.endpoint.channelOpened(conn, accepted);
           splice(accepted as unknown as Duplex, channel);

@@ -36,7 +36,7 @@ import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { connectionOf, type LimitSettings } from '../net/deadlines.js';
 import { clientAddress } from '../stream/meta.js';
-import { startHop, traceContextOf, traceFields } from '../trace.js';
+import { startHop, traceContextOf, traceFields, withinHop } from '../trace.js';
 import type { AgentSource } from './router.js';
 import { findTarget, type Target } from './resources.js';
 import { refuseUpgrade } from './webanswer.js';
@@ -246,15 +246,9 @@ export class TerminalServer {
       parent: traceContextOf({ traceparent: req.headers.traceparent, tracestate: req.headers.tracestate }),
       attributes: { 'gateway.route': 'web-terminal', 'gateway.route.reason': `WebSocket ${TERMINAL_PATH}`, 'gateway.service': 'ssh', 'gateway.resource': target.agent.nodename, 'gateway.agent.host_id': target.agent.hostId },
     });
-    let stream: Duplex;
-    try {
-      stream = await this.options.agents.dial(target.agent.hostId, { service: 'ssh', resource: `${request.login}@${target.agent.nodename}`, client_src: clientSrc, client_dst: clientDst, user: identity.name, ...traceFields(hop.context) });
-    } catch (err) {
-      hop.fail(toGatewayError(err).code);
-      throw err;
-    } finally {
-      hop.end();
-    }
+    const stream = await withinHop(hop, () =>
+      this.options.agents.dial(target.agent.hostId, { service: 'ssh', resource: `${request.login}@${target.agent.nodename}`, client_src: clientSrc, client_dst: clientDst, user: identity.name, ...traceFields(hop.context) }),
+    );
     const conn = new ssh2.Client();
     const method: PublicKeyAuthMethod = { type: 'publickey', username: request.login, key: certifiedKey(keys.privateKeyPem, cert) };
     ws.once('close', () => {

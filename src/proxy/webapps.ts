@@ -33,7 +33,7 @@ import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, appSessionRef, cookieValue
 import { GatewayError, httpStatus, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { clientAddress } from '../stream/meta.js';
-import { startHop, traceContextOf, traceFields, type TraceContext } from '../trace.js';
+import { startHop, type TraceContext, traceContextOf, traceFields, withinHop } from '../trace.js';
 import { resetStream } from '../stream/reset.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { escapeHtml, guardHttpServer, type HttpDeadlines } from '../net/http.js';
@@ -168,22 +168,16 @@ export async function openApp(auth: ProxyAuth, agents: AgentSource, target: Targ
     parent: traceContextOf({ traceparent: req.headers.traceparent, tracestate: req.headers.tracestate }),
     attributes: { 'gateway.route': 'web', 'gateway.route.reason': 'HTTP request to an app\'s public address', 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId },
   });
-  let stream: Duplex;
-  try {
-    stream = await agents.dial(target.agent.hostId, {
+  const stream = await withinHop(hop, () =>
+    agents.dial(target.agent.hostId, {
       service: target.service,
       resource: target.name,
       client_src: `${client.address}:${client.port}`,
       client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
       user: identity.name,
       ...traceFields(hop.context),
-    });
-  } catch (err) {
-    hop.fail(toGatewayError(err).code);
-    throw err;
-  } finally {
-    hop.end();
-  }
+    }),
+  );
   const fields = { user: identity.name, resource: target.name, node: target.agent.nodename, client: `${client.address}:${client.port}`, ...(appSession ? { app_session: appSession } : {}) };
   const meter = appSession ? audit?.httpRequest('app', `app:${appSession}`, fields, { startRecorded: true }) : audit?.httpRequest('app', `app:${target.name}`, fields, { connection: connectionOf(req) });
   return { stream, client, ...(meter ? { meter } : {}), ...(hop.context ? { trace: hop.context } : {}) };
@@ -406,22 +400,16 @@ async function openKube(auth: ProxyAuth, agents: AgentSource, req: http.Incoming
     parent: traceContextOf({ traceparent: req.headers.traceparent, tracestate: req.headers.tracestate }),
     attributes: { 'gateway.route': 'kube', 'gateway.route.reason': `TLS SNI ${KUBE_SNI_PREFIX}*, path ${KUBE_PATH_PREFIX}${cluster.slice(0, 256)}`, 'gateway.service': kube.service, 'gateway.resource': cluster.slice(0, 256), 'gateway.agent.host_id': kube.agent.hostId },
   });
-  let stream: Duplex;
-  try {
-    stream = await agents.dial(kube.agent.hostId, {
+  const stream = await withinHop(hop, () =>
+    agents.dial(kube.agent.hostId, {
       service: kube.service,
       resource: cluster,
       client_src: `${client.address}:${client.port}`,
       client_dst: `${req.socket.localAddress}:${req.socket.localPort}`,
       user: identity.name,
       ...traceFields(hop.context),
-    });
-  } catch (err) {
-    hop.fail(toGatewayError(err).code);
-    throw err;
-  } finally {
-    hop.end();
-  }
+    }),
+  );
   const fields = { user: identity.name, resource: cluster, node: kube.agent.nodename, client: `${client.address}:${client.port}` };
   const meter = audit?.httpRequest('kube', `kube:${cluster}`, fields, { connection: connectionOf(req) });
   // The API server's request carries this span as its parent (or, tracing off, the client's valid context).
