@@ -69,6 +69,15 @@ def plan_diff(result):
     return ''.join(e.get('diff', '') for e in result['plan'] if e['action'] != 'unchanged')
 
 
+def exit_applied(module, documents, apply_set):
+    """Applies the documents and exits the module with changed, the plan and, in diff mode, the plan's diffs."""
+    changed, result = apply(module, documents, apply_set)
+    out = dict(changed=changed, plan=result['plan'])
+    if module._diff and changed:
+        out['diff'] = dict(prepared=plan_diff(result))
+    module.exit_json(**out)
+
+
 def shown_name(kind, name):
     """How gwctl names a resource: a token by its id (the first 12 hex digits of its SHA-256), never itself."""
     if kind == 'token':

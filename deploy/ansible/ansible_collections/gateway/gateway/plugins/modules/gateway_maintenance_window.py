@@ -60,7 +60,7 @@ plan:
 '''
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gateway.gateway.plugins.module_utils.gwctl import CONNECTION_OPTIONS, apply, plan_diff, remove
+from ansible_collections.gateway.gateway.plugins.module_utils.gwctl import CONNECTION_OPTIONS, exit_applied, remove
 
 
 def main():
@@ -83,11 +83,7 @@ def main():
     if p['weekdays'] is not None:
         upgrades['weekdays'] = p['weekdays']
     doc = dict(kind='cluster_maintenance_config', version='v1', metadata=dict(name='cluster-maintenance-config'), spec=dict(agent_upgrades=upgrades))
-    changed, result = apply(module, [doc], p['apply_set'])
-    out = dict(changed=changed, plan=result['plan'])
-    if module._diff and changed:
-        out['diff'] = dict(prepared=plan_diff(result))
-    module.exit_json(**out)
+    exit_applied(module, [doc], p['apply_set'])
 
 
 if __name__ == '__main__':

@@ -79,7 +79,7 @@ plan:
 '''
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gateway.gateway.plugins.module_utils.gwctl import CONNECTION_OPTIONS, apply, plan_diff, remove
+from ansible_collections.gateway.gateway.plugins.module_utils.gwctl import CONNECTION_OPTIONS, exit_applied, remove
 
 
 def documents_of_src(module, path):
@@ -133,11 +133,7 @@ def main():
         absent(module)
     p = module.params
     docs = [p['resource']] if p['resource'] else documents_of_src(module, p['src'])
-    changed, result = apply(module, docs, p['apply_set'])
-    out = dict(changed=changed, plan=result['plan'])
-    if module._diff and changed:
-        out['diff'] = dict(prepared=plan_diff(result))
-    module.exit_json(**out)
+    exit_applied(module, docs, p['apply_set'])
 
 
 if __name__ == '__main__':
