@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto';
 import type { Backend, Item } from '../backend/index.js';
 import type { AgentResources } from '../tunnel/protocol.js';
 import { JOIN_ROLES, type JoinRole } from '../wire/certs.js';
+import type { AgentHealth } from '../wire/autoupdate.js';
 import type { UserResource } from './resources/index.js';
 
 /** The roles a join may ask for: the wire's list (src/wire/certs.ts), which agents and gwctl read too. */
@@ -91,6 +92,10 @@ export interface Presence {
   /** The agent's software version and upgrade channel, from its tunnel hello (absent for agents of earlier versions). */
   version?: string;
   channel?: string;
+  /** The agent's rollout group from its hello (absent: none). */
+  upgradeGroup?: string;
+  /** The agent's last health message through this Proxy (absent: none yet, or an agent of an earlier version). */
+  health?: AgentHealth;
   /**
    * From a Proxy: the agent's signature of this presence through it (src/auth/pki/proof.ts), checked by a remote
    * Auth Service (memberchecks.ts) and not stored from there.

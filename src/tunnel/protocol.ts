@@ -43,6 +43,7 @@
  *     Proxy closes the stream at once (src/proxy/probe.ts says "agent of an earlier version").
  */
 import type { DatabaseProtocol } from '../wire/protocols.js';
+import type { AgentHealth } from '../wire/autoupdate.js';
 
 /** The ALPN names of the two protocols on the one port (the wire table's tunnel row); an agent offers both, v2 first. */
 export { TUNNEL_ALPN_V1, TUNNEL_ALPN_V2 } from '../wire/protocols.js';
@@ -146,12 +147,25 @@ export interface HelloMessage {
    * (not before: a remote Auth Service refuses an unsigned presence of an agent that has signed before).
    */
   signs_presence?: boolean;
+  /**
+   * The agent's rollout group (issue 28: its config's gateway.upgrade_group, else its `upgrade-group` label); absent:
+   * none (the rollout's catch-all decides). At most HELLO_SOFTWARE_MAX characters, [a-z0-9-].
+   */
+  upgrade_group?: string;
 }
 /** The longest software_version / upgrade_channel a Proxy keeps from a hello (longer ones are dropped). */
 export const HELLO_SOFTWARE_MAX = 128;
 export interface HeartbeatMessage {
   type: 'heartbeat';
   seq: number;
+}
+/**
+ * Agent → proxy, after the welcome and whenever it changes (at most once per heartbeat interval): the agent's own
+ * measure of its health, which the Proxy keeps in its presence (bounded) for the rollout's canaries.
+ */
+export interface HealthMessage {
+  type: 'health';
+  health: AgentHealth;
 }
 export interface WelcomeMessage {
   type: 'welcome';
@@ -239,7 +253,8 @@ export type ControlMessage =
   | RenewMessage
   | RenewalMessage
   | HostCertMessage
-  | PresenceProofMessage;
+  | PresenceProofMessage
+  | HealthMessage;
 
 export interface DialRequest {
   service: ServiceKind;
