@@ -14,7 +14,7 @@
  * does for proxies behind load balancers).
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { chmod, chown, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -118,27 +118,49 @@ process.once('exit', () => {
   for (const child of running) child.kill('SIGKILL');
 });
 
-async function startKdc(env: NodeJS.ProcessEnv, host: string, port: number): Promise<ChildProcess> {
+async function startKdc(env: NodeJS.ProcessEnv, host: string, port: number, log: string): Promise<ChildProcess> {
   const child = spawn(KRB5KDC, ['-n', '-r', REALM], { env, stdio: ['ignore', 'ignore', 'pipe'] });
   running.add(child);
   child.once('exit', () => running.delete(child));
   let stderr = '';
   child.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
+  // krb5kdc writes why it stopped to its log file, not to stderr: the error carries both.
   const exited = new Promise<never>((_, reject) =>
-    child.once('exit', (code) => reject(new Error(`krb5kdc exited (${code}) during startup: ${stderr}`))),
+    child.once('exit', (code) => {
+      const logged = existsSync(log) ? readFileSync(log, 'utf8').slice(-2000) : '(no log file)';
+      reject(new Error(`krb5kdc exited (${code}) during startup on ${host}:${port}: ${stderr}\nkdc.log: ${logged}`));
+    }),
   );
   await Promise.race([waitForPort(host, port, 15_000), exited]);
   return child;
 }
 
+/**
+ * The KDC on a free port: get-port's port can be taken by another test's listener before krb5kdc binds it, so a
+ * KDC that exits during startup is tried again on another port (its configuration files rewritten), three times.
+ */
+async function startKdcOnFreePort(env: NodeJS.ProcessEnv, dir: string, host: string, files: { krb5: string; kdcProfile: string }): Promise<{ child: ChildProcess; port: number }> {
+  for (let attempt = 1; ; attempt++) {
+    const port = await getPort({ host });
+    await writeFile(files.krb5, krb5Conf(dir, host, port));
+    await writeFile(files.kdcProfile, kdcConf(dir, host, port));
+    try {
+      return { child: await startKdc(env, host, port, join(dir, 'kdc.log')), port };
+    } catch (err) {
+      if (attempt >= 3) throw err;
+      console.error(`kerberos lab: ${(err as Error).message}; trying another port`);
+    }
+  }
+}
+
 export async function startKerberosLab(o: KerberosLabOptions = {}): Promise<KerberosLab> {
   const host = o.host ?? '127.0.0.2';
   const dir = await mkdtemp(join(tmpdir(), 'gw-krb-'));
-  const port = await getPort({ host });
   const krb5 = join(dir, 'krb5.conf');
   const kdcProfile = join(dir, 'kdc.conf');
-  await writeFile(krb5, krb5Conf(dir, host, port));
-  await writeFile(kdcProfile, kdcConf(dir, host, port));
+  // The database is made before the KDC has a port: a placeholder until startKdcOnFreePort writes the real one.
+  await writeFile(krb5, krb5Conf(dir, host, 88));
+  await writeFile(kdcProfile, kdcConf(dir, host, 88));
   await writeFile(join(dir, 'kadm5.acl'), '');
   // The replay cache off: the helper's default (/var/tmp) is shared by every squid on the machine.
   const base = { PATH: process.env.PATH ?? '', KRB5_CONFIG: krb5, KRB5_KDC_PROFILE: kdcProfile, KRB5RCACHETYPE: 'none' };
@@ -154,7 +176,7 @@ export async function startKerberosLab(o: KerberosLabOptions = {}): Promise<Kerb
     await kadmin(`addprinc -randkey HTTP/${PROXY_HOST}`);
     const keytab = join(dir, 'squid.keytab');
     await kadmin(`ktadd -k ${keytab} HTTP/${PROXY_HOST}`);
-    const kdcChild = await startKdc(base, host, port);
+    const { child: kdcChild, port } = await startKdcOnFreePort(base, dir, host, { krb5, kdcProfile });
     steps.push(async () => {
       kdcChild.kill('SIGTERM');
       if (kdcChild.exitCode === null) await new Promise((r) => kdcChild.once('exit', r));
