@@ -78,7 +78,7 @@ describe('the agent exports the maintenance schedule for its upgrader', () => {
 });
 
 describe('a Kubernetes agent (docs/kubernetes-updater.md: the schedule Secret writer is wired)', () => {
-  it('with POD_NAMESPACE and GATEWAY_KUBE_SCHEDULE_SECRET, as the chart sets them, it patches the windows into the Secret', async () => {
+  it('with POD_NAMESPACE and GATEWAY_KUBE_SCHEDULE_SECRET, as the chart sets them, it patches the windows and its host id into the Secret', async () => {
     // A stand-in Kubernetes API server that records the agent's requests and answers a merge patch with the Secret.
     const requests: Array<{ method: string; path: string; type: string; body: string }> = [];
     const kube = http.createServer((req, res) => {
@@ -120,6 +120,8 @@ describe('a Kubernetes agent (docs/kubernetes-updater.md: the schedule Secret wr
       // The cluster_maintenance_config of the test above: every day at 04:00 UTC.
       expect(exported.windows.length).toBeGreaterThanOrEqual(7);
       for (const w of exported.windows) expect(new Date(w.start).getUTCHours()).toBe(4);
+      // Its host id in the same patch: the updater asks the managed rollout for this agent with it.
+      expect(Buffer.from(data['agent-host-id'] ?? '', 'base64').toString('utf8')).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
     } finally {
       await kubeAgent.stop();
       await new Promise<void>((resolve) => kube.close(() => resolve()));
