@@ -67,7 +67,7 @@ export function recordNextWindow(upgrader: 'systemd' | 'kubernetes', start: Date
 
 /**
  * decide.ts's decision reasons (update: in-window, critical, and a managed rollout's rollout, rollback; skip: the
- * others, rollout-waiting and instruction-unreadable the rollout's), and error: no decision was made.
+ * others, rollout-waiting, instruction-unreadable and unsafe-version the rollout's), and error: no decision was made.
  */
 export const KUBE_UPDATER_REASONS = [
   'in-window',
@@ -83,6 +83,7 @@ export const KUBE_UPDATER_REASONS = [
   'outside-window',
   'rollout-waiting',
   'instruction-unreadable',
+  'unsafe-version',
   'error',
 ] as const;
 /** The upgraders' set, and rolled-back: a managed rollout moved the release to a lower version (decide.ts). */

@@ -144,6 +144,14 @@ describe('decide under a managed rollout', () => {
         message: 'the rollout instruction is unreadable (GW_ERR_AUTOUPDATE_INSTRUCTION): https://proxy/v1/webapi/autoupdate/agent answered HTTP 500; nothing changes, and the channel is not asked instead',
       },
     ],
+    [
+      'two majors up: refused',
+      managed({ update: true, version: '19.0.0', group: 'dev', reason: 'r' }),
+      {},
+      { action: 'skip', reason: 'unsafe-version', message: 'the rollout names v19.0.0, more than one major version from v17.0.1: refused, an agent moves one major version at a time (r)' },
+    ],
+    ['two majors down: refused', managed({ update: true, version: '15.4.0', reason: 'r' }), {}, { action: 'skip', reason: 'unsafe-version', message: 'the rollout names v15.4.0, more than one major version from v17.0.1: refused, an agent moves one major version at a time (r)' }],
+    ['one major up: taken', managed({ update: true, version: '18.0.0', group: 'dev', reason: 'r' }), {}, { action: 'update', reason: 'rollout', image: 'registry.example.com/gateway/gateway:18.0.0', message: 'rollout v17.0.1 -> v18.0.0 (group dev): r' }],
     ['suspended wins over the rollout', managed({ update: true, version: '17.0.2' }), { workload: workload('17.0.1', { 'gateway.dev/skipreconcile': 'true' }) }, { action: 'skip', reason: 'suspended', message: 'reconciliation suspended: gateway.dev/skipreconcile is "true"' }],
   ])('%s', (_name, instruction, over, expected) => {
     expect(summary(decide(input(instruction, over)))).toEqual(expected);
@@ -156,6 +164,7 @@ describe('decide under a managed rollout', () => {
     expect(resultOf(rollback, { dryRun: true, threw: false })).toBe('waiting');
     expect(resultOf(decide(input(managed({ update: true, version: '17.0.2' }))), ok)).toBe('upgraded');
     expect(resultOf(decide(input(managed({ version: '17.0.2' }))), ok)).toBe('waiting');
+    expect(resultOf(decide(input(managed({ update: true, version: '19.0.0' }))), ok)).toBe('failed');
     const unreadable = decide(input({ error: 'x', code: 'GW_ERR_AUTOUPDATE_INSTRUCTION' }));
     expect(resultOf(unreadable, ok)).toBe('failed');
     expect(nextReconcileDelay(unreadable, IN_WINDOW)).toBe(MANAGED_RESYNC_MS);

@@ -10,7 +10,8 @@
  *                     m1. the instruction is unreadable                   → skip, with its code; the channel is NOT asked
  *                     m2. its version is the current one                  → skip "no new version"
  *                     m3. update: false                                   → skip "waiting: <the rollout's reason>"
- *                     m4. update: true                                    → update to its version, a lower one too
+ *                     m4. more than one major from the running version     → skip (refused: one major at a time)
+ *                     m5. update: true                                    → update to its version, a lower one too
  *                                                                           (a rollback); no window, no schedule: the
  *                                                                           rollout already placed the group's windows
  *                     3. the channel's version unknown (server down)      → skip, retried at the next resync
@@ -93,7 +94,8 @@ export type SkipReason =
   | 'no-schedule'
   | 'outside-window'
   | 'rollout-waiting'
-  | 'instruction-unreadable';
+  | 'instruction-unreadable'
+  | 'unsafe-version';
 /** in-window, critical: the channel's; rollout, rollback: the managed rollout's instruction (up, or down). */
 export type UpdateReason = 'in-window' | 'critical' | 'rollout' | 'rollback';
 
@@ -265,6 +267,18 @@ export function decideManaged(instruction: Exclude<InstructionInput, { unmanaged
   }
   if (!i.update || next === undefined) {
     return { action: 'skip', reason: 'rollout-waiting', message: `waiting: ${i.reason}`, current, ...(next ? { next } : {}), rollout };
+  }
+  if (Math.abs(semver.major(bare(next)) - semver.major(bare(current))) > 1) {
+    // The rollout's planner keeps this rule too (issue 28, safety rules); a release does not trust it blindly: two
+    // majors at once is never a step the agent's state and configuration were made for, up or down.
+    return {
+      action: 'skip',
+      reason: 'unsafe-version',
+      message: `the rollout names ${next}, more than one major version from ${current}: refused, an agent moves one major version at a time (${i.reason})`,
+      current,
+      next,
+      rollout,
+    };
   }
   const down = semver.lt(bare(next), bare(current));
   const who = `${rollout.canary ? 'canary of ' : ''}group ${rollout.group || '(none)'}${rollout.rollout_id ? `, rollout ${rollout.rollout_id}` : ''}`;
