@@ -2,15 +2,21 @@
  * The Kubernetes updater under a managed rollout (issue 28; docs/kubernetes-updater.md, "Managed rollouts"): the
  * instruction's parser, decide()'s managed rules as tables, and the controller end to end with its real pieces.
  *
- * The controller runs with the real @kubernetes/client-node client (ClientNodeKubeApi) against a small stateful
- * apps/v1 stand-in below (GET and strategic-merge PATCH of one Deployment, GET of the shared-state Secret), and asks
- * a real HTTPS server for the instruction through the real instructionSource (test PKI, the Dialer). That is the
- * closest real thing this machine runs: no Kubernetes API server can run here, and the project's stand-in API server
- * (test/helpers/kubeapiserver.ts) serves pods, exec and port-forward and stores nothing, so it cannot take a PATCH.
+ * The controller runs with the real @kubernetes/client-node client (ClientNodeKubeApi) and asks a real HTTPS server
+ * for the instruction through the real instructionSource (test PKI, the Dialer). Its API server is, first, a small
+ * stateful apps/v1 stand-in below (plain HTTP: GET and strategic-merge PATCH of one Deployment, GET of the
+ * shared-state Secret), for the hostile answers; then the project's stand-in API server (test/helpers/kubeapiserver.ts,
+ * the closest real thing this machine runs: no Kubernetes API server can run here) over HTTPS with a service-account
+ * token, storing the agent StatefulSet and its Secret, and authorizing every call by the Role the chart renders
+ * (helm template), so the chart's RBAC is shown to cover the managed rollout's calls (the host id read included).
  * The Proxy's real endpoint is the ROLL part's (src/proxy/); this server answers what the contract
  * (src/wire/autoupdate.ts) allows, and what a lying, oversized, malformed or slow peer would send instead.
  */
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import http from 'node:http';
+import { fileURLToPath } from 'node:url';
+import { parseAllDocuments } from 'yaml';
 import type { AddressInfo } from 'node:net';
 import { KubeConfig } from '@kubernetes/client-node';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -18,7 +24,7 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger } from '../../src/log.js';
 import { enableMetrics } from '../../src/metrics/define.js';
 import { registry } from '../../src/metrics/registry.js';
-import { ClientNodeKubeApi } from '../../src/upgrade/kube/client.js';
+import { ClientNodeKubeApi, loadKubeConfig } from '../../src/upgrade/kube/client.js';
 import { KubeUpdater, type ChannelAnswer } from '../../src/upgrade/kube/controller.js';
 import {
   MANAGED_RESYNC_MS,
@@ -34,6 +40,7 @@ import {
 import { instructionSource, instructionUrl } from '../../src/upgrade/kube/instruction.js';
 import { formatKubeSchedule } from '../../src/upgrade/schedule.js';
 import { AGENT_INSTRUCTION_MAX_BYTES, parseAgentInstruction, type AgentInstruction } from '../../src/wire/autoupdate.js';
+import { startKubeApiServer, type KubeApiServer, type PolicyRule } from '../helpers/kubeapiserver.js';
 import { parseExposition, sampleValue } from '../helpers/metrics.js';
 import { startHttpsServer, type HttpTestServer } from '../helpers/servers.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
@@ -400,5 +407,120 @@ describe('hostile instruction answers: nothing patched, the channel not asked, G
     const samples = await scrape();
     expect(sampleValue(samples, 'gateway_kube_updater_last_result', { result: 'failed' })).toBe(1);
     expect(samples.filter((s) => s.name === 'gateway_kube_updater_last_run_timestamp_seconds').map((s) => s.labels)).toEqual([{ result: 'failed', reason: 'instruction-unreadable' }]);
+  });
+});
+
+// --- against the project's stand-in API server, authorized by the chart's own Role ----------------------------------
+
+const CHART = fileURLToPath(new URL('../../deploy/gateway-kube-agent/', import.meta.url));
+const HELM = fileURLToPath(new URL('../../.cache/kubetools/helm', import.meta.url));
+const STS = '/apis/apps/v1/namespaces/gw/statefulsets/agent';
+const SECRET = '/api/v1/namespaces/gw/secrets/agent-shared-state';
+const SA = 'system:serviceaccount:gw:agent-updater';
+
+/** The updater's Role as `helm template` renders it for release "agent" in namespace gw. */
+function chartRole(): PolicyRule[] {
+  if (!existsSync(HELM)) throw new Error(`${HELM} is missing: run scripts/install-kubetools.sh (scripts/install-test-deps.sh runs it)`);
+  const values = ['proxyAddr=proxy.example.com:443', 'caPin=sha256:00', 'kubeClusterName=prod', 'authToken=t', 'updater.enabled=true'].flatMap((v) => ['--set', v]);
+  // helm's arguments in a variable: the test-deps scan would read "template" as a program.
+  const args = ['template', 'agent', CHART, '--namespace', 'gw', ...values];
+  const r = spawnSync(HELM, args, {
+    encoding: 'utf8',
+    timeout: 60_000,
+    env: { PATH: process.env.PATH ?? '', HOME: '/nonexistent', HELM_CACHE_HOME: '/tmp/helm-cache-test', HELM_CONFIG_HOME: '/tmp/helm-config-test', HELM_DATA_HOME: '/tmp/helm-data-test' },
+  });
+  expect(r.status, r.stderr).toBe(0);
+  const role = parseAllDocuments(r.stdout)
+    .map((d) => d.toJS() as { kind?: string; metadata?: { name?: string }; rules?: PolicyRule[] } | null)
+    .find((o) => o?.kind === 'Role' && o.metadata?.name === 'agent-updater');
+  return role!.rules!;
+}
+
+describe("the stand-in API server, the updater's service account and the chart's Role", () => {
+  let kube: KubeApiServer;
+  let rules: PolicyRule[];
+  const b64 = (s: string) => Buffer.from(s).toString('base64');
+
+  beforeAll(async () => {
+    rules = chartRole();
+    kube = await startKubeApiServer({
+      tokens: { 'updater-token': { user: SA, groups: ['system:serviceaccounts', 'system:serviceaccounts:gw', 'system:authenticated'] } },
+      bindings: [{ users: [SA], namespace: 'gw', rules }],
+      pods: [],
+      objects: {
+        [STS]: {
+          apiVersion: 'apps/v1',
+          kind: 'StatefulSet',
+          metadata: { name: 'agent', namespace: 'gw', resourceVersion: '7', annotations: {} },
+          spec: { replicas: 1, template: { spec: { containers: [{ name: 'gateway', image: 'registry.example.com/gateway/gateway:17.0.1', args: ['start'] }, { name: 'sidecar', image: 'busybox:1.36' }] } } },
+        },
+        [SECRET]: { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'agent-shared-state', namespace: 'gw' }, data: { 'agent-host-id': b64(HOST_ID), 'agent-maintenance-schedule': b64(JSON.stringify(formatKubeSchedule(WINDOWS, IN_WINDOW))) } },
+      },
+    });
+  });
+  afterAll(async () => {
+    await kube?.close();
+  });
+
+  async function updaterOnStandIn(): Promise<{ updater: KubeUpdater; channel: { calls: number } }> {
+    const kubeconfig = await kube.kubeconfig({ token: 'updater-token' }, 'updater');
+    const channel = { calls: 0 };
+    const updater = new KubeUpdater({
+      api: new ClientNodeKubeApi(loadKubeConfig({ kubeconfig })),
+      target: { kind: 'StatefulSet', namespace: 'gw', name: 'agent' },
+      channel: async (): Promise<ChannelAnswer> => {
+        channel.calls++;
+        return { version: 'v17.0.9', critical: true };
+      },
+      instruction: instructionSource({ url: instructionUrl(proxy.url), group: 'agent', dialer: new Dialer({ env: {} }), ca: pki.caPem }),
+      scheduleSecret: { name: 'agent-shared-state' },
+      clock: () => IN_WINDOW,
+      timers: { set: () => ({ cancel: () => {} }) },
+      log: createLogger({ level: 'silent' }),
+    });
+    return { updater, channel };
+  }
+  const image = () => (kube.objects.get(STS) as { spec: { template: { spec: { containers: Array<{ name: string; image: string; args?: string[] }> } } } }).spec.template.spec.containers;
+
+  it('a canary is updated and then rolled back; every call allowed by the Role, the other container and fields kept', async () => {
+    const { updater, channel } = await updaterOnStandIn();
+    asked.length = 0;
+    handler = instructionAnswer({ managed: true, version: '17.0.2', update: true, reason: 'canary of group agent', group: 'agent', canary: true });
+    expect(await updater.reconcile('manual')).toMatchObject({ action: 'update', reason: 'rollout' });
+    expect(image()).toEqual([{ name: 'gateway', image: 'registry.example.com/gateway/gateway:17.0.2', args: ['start'] }, { name: 'sidecar', image: 'busybox:1.36' }]);
+    handler = instructionAnswer({ managed: true, version: '17.0.1', update: true, reason: 'rollback: canary failed', group: 'agent', canary: true });
+    expect(await updater.reconcile('manual')).toMatchObject({ action: 'update', reason: 'rollback', current: 'v17.0.2', next: 'v17.0.1' });
+    expect(image()[0]!.image).toBe('registry.example.com/gateway/gateway:17.0.1');
+    expect(asked.map((q) => Object.fromEntries(q))).toEqual([{ host_id: HOST_ID, group: 'agent' }, { host_id: HOST_ID, group: 'agent' }]);
+    expect(channel.calls).toBe(0);
+    const calls = kube.seen.filter((r) => r.user?.name === SA);
+    expect(calls.map((r) => `${r.method} ${r.path} ${r.code}`)).toEqual([
+      `GET ${STS} 200`, `GET ${SECRET} 200`, `PATCH ${STS} 200`,
+      `GET ${STS} 200`, `GET ${SECRET} 200`, `PATCH ${STS} 200`,
+    ]);
+  });
+
+  it('without get on the Secret the host id is unknown: asked with the group only; without patch nothing changes (GW_ERR_KUBE_API, 403)', async () => {
+    const noSecret = rules.filter((r) => !(r.resources ?? []).includes('secrets'));
+    const noPatch = rules.map((r) => ({ ...r, verbs: r.verbs.filter((v) => v !== 'patch') }));
+    handler = instructionAnswer({ managed: true, version: '17.0.3', update: true, reason: 'group agent is active', group: 'agent' });
+    try {
+      kube.setBindings([{ users: [SA], namespace: 'gw', rules: noSecret }]);
+      let { updater } = await updaterOnStandIn();
+      asked.length = 0;
+      await updater.reconcile('manual');
+      expect(asked.map((q) => Object.fromEntries(q))).toEqual([{ group: 'agent' }]);
+      expect(image()[0]!.image).toBe('registry.example.com/gateway/gateway:17.0.3');
+      kube.setBindings([{ users: [SA], namespace: 'gw', rules: noPatch }]);
+      handler = instructionAnswer({ managed: true, version: '17.0.4', update: true, reason: 'group agent is active', group: 'agent' });
+      ({ updater } = await updaterOnStandIn());
+      // The run fails (the PATCH refused): the metric says failed, the object is as it was.
+      expect(await updater.reconcile('manual')).toMatchObject({ action: 'update', next: 'v17.0.4' });
+      expect(kube.seen.at(-1)).toMatchObject({ method: 'PATCH', path: STS, code: 403 });
+      expect(image()[0]!.image).toBe('registry.example.com/gateway/gateway:17.0.3');
+      expect(sampleValue(await scrape(), 'gateway_kube_updater_last_result', { result: 'failed' })).toBe(1);
+    } finally {
+      kube.setBindings([{ users: [SA], namespace: 'gw', rules }]);
+    }
   });
 });
