@@ -1,7 +1,7 @@
 /**
  * The Kubernetes updater's decisions, as pure functions.
  * Nothing here talks to Kubernetes or the network: controller.ts gathers the inputs and applies the result, and
- * test/upgrade/kube.test.ts checks every rule here directly.
+ * test/upgrade/kube.test.ts checks every rule here directly (the managed ones: test/upgrade/kube-rollout.test.ts).
  *
  *   decide()        one reconciliation of the agent StatefulSet / Deployment:
  *                     1. annotated <domain>/skipreconcile: "true"         → skip (suspended)
@@ -10,7 +10,7 @@
  *                     m1. the instruction is unreadable                   → skip, with its code; the channel is NOT asked
  *                     m2. its version is the current one                  → skip "no new version"
  *                     m3. update: false                                   → skip "waiting: <the rollout's reason>"
- *                     m4. more than one major from the running version     → skip (refused: one major at a time)
+ *                     m4. more than one major from the running version    → skip (refused: one major at a time)
  *                     m5. update: true                                    → update to its version, a lower one too
  *                                                                           (a rollback); no window, no schedule: the
  *                                                                           rollout already placed the group's windows
@@ -23,7 +23,7 @@
  *   eventUrgency()  an event on the resource: a change of debug.<domain>/trigger-event reconciles at once, any
  *                   other change after a short debounce (a rollout sends a burst of status updates).
  *   nextReconcileDelay()  when to look again without an event: the 30-minute resync, or earlier when the next
- *                   maintenance window opens before that.
+ *                   maintenance window opens before that; 5 minutes under a managed rollout.
  */
 import semver from 'semver';
 import type { AgentInstruction } from '../../wire/autoupdate.js';
