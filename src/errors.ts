@@ -1025,6 +1025,11 @@ export const ERROR_CODES = {
     summary: 'The agent StatefulSet or Deployment is not what the updater can update (no container of the expected name, or an image without a version tag).',
     hint: 'Point --container at the agent container, whose image must be tagged with its version (e.g. registry/gateway:17.0.1).',
   },
+  GW_ERR_AUTOUPDATE_INSTRUCTION: {
+    status: 502,
+    summary: "The Proxy's rollout instruction (GET /v1/webapi/autoupdate/agent) could not be read: no answer before the deadline, over its size limit, another status than 200 or 404, or a body that is not a valid instruction. The upgrader changes nothing and does not fall back to its channel.",
+    hint: 'Check that the Proxy is reachable from the upgrader (through HTTPS_PROXY if set) and runs the same version as the Auth Service; the instruction is asked again at the next run.',
+  },
 } as const satisfies Record<string, ErrorSpec>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

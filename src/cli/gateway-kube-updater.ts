@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The Kubernetes agent updater (docs/kubernetes-updater.md): a controller that keeps the agent StatefulSet or
-// Deployment on its channel's version, inside the exported maintenance windows. The chart gateway-kube-agent
+// Deployment on its channel's version, inside the exported maintenance windows, or, under a managed rollout, on
+// the version the Proxy's instruction names for its group (--group; src/upgrade/kube/instruction.ts). The chart gateway-kube-agent
 // runs it as a Deployment next to the agent. With --diag-addr it serves /healthz, /readyz and /metrics (its last
 // reconciliation's result: src/metrics/upgrade.ts), since it has no agent beside it to export them.
 import { readFileSync } from 'node:fs';
@@ -9,6 +10,8 @@ import { GatewayError } from '../errors.js';
 import { createLogger, logger, setRootLogger, LOG_LEVELS, type LogLevel } from '../log.js';
 import { ClientNodeKubeApi, loadKubeConfig } from '../upgrade/kube/client.js';
 import { KubeUpdater, SCHEDULE_SECRET_KEY, channelUrl, channelVersionSource } from '../upgrade/kube/controller.js';
+import { HOST_ID_SECRET_KEY, instructionSource, instructionUrl } from '../upgrade/kube/instruction.js';
+import { UPGRADE_GROUP_PATTERN } from '../wire/autoupdate.js';
 import { DEFAULT_CONTAINER, RESYNC_INTERVAL_MS, type WorkloadKind } from '../upgrade/kube/decide.js';
 import { Option } from 'commander';
 import { completeValues } from './cmdtree.js';
@@ -31,6 +34,8 @@ interface Options {
   versionUrl?: string;
   scheduleSecret?: string;
   scheduleKey: string;
+  group?: string;
+  hostIdKey: string;
   caFile?: string;
   insecureSkipVerify?: boolean;
   kubeconfig?: string;
@@ -45,6 +50,18 @@ function kindOf(text: string): WorkloadKind {
   if (t === 'statefulset' || t === 'sts') return 'StatefulSet';
   if (t === 'deployment' || t === 'deploy') return 'Deployment';
   throw new GatewayError('GW_ERR_USAGE', `--agent-kind: "${text}" is not statefulset or deployment`);
+}
+
+/**
+ * --group, else the agent's name with its dots as "-", cut to 32 characters (the chart's default is the release's name
+ * made so): a Kubernetes name is lowercase letters, digits, "-" and ".", so only a --group given can be refused.
+ */
+function groupOf(given: string | undefined, agentName: string): string {
+  const group = given ?? agentName.replaceAll('.', '-').slice(0, 32).replace(/-+$/, '');
+  if (!UPGRADE_GROUP_PATTERN.test(group)) {
+    throw new GatewayError('GW_ERR_USAGE', `--group: "${group}" is not a rollout group name ([a-z0-9-], 1 to 32 characters)`, { hint: 'Give --group (the chart: updater.group).' });
+  }
+  return group;
 }
 
 /** The pod's namespace: --namespace, POD_NAMESPACE (the chart sets it), or the service account's namespace file. */
@@ -69,6 +86,8 @@ program
   .option('--version-url <url>', 'the channel URL itself, instead of --proxy-addr and --channel (…/channel/<channel>, no /version)')
   .option('--schedule-secret <name>', 'the Secret holding the exported maintenance schedule (default: <agent-name>-shared-state)')
   .option('--schedule-key <key>', 'its key', SCHEDULE_SECRET_KEY)
+  .option('--group <name>', "this release's group in a managed rollout, [a-z0-9-]{1,32} (default: the agent's name, dots as -, cut to 32 characters; the chart: updater.group)")
+  .option('--host-id-key <key>', "the key of the schedule Secret where the agent exports its host id (asked for with the group)", HOST_ID_SECRET_KEY)
   .option('--ca-file <file>', "a PEM CA trusted for the Proxy's certificate (besides the system's)")
   .option('--insecure-skip-verify', "do not verify the Proxy's certificate (tests only)")
   .option('--kubeconfig <file>', 'a kubeconfig; default: KUBECONFIG, ~/.kube/config, or the pod service account')
@@ -85,27 +104,29 @@ program
       throw new GatewayError('GW_ERR_USAGE', 'the version server is unknown', { hint: 'Give --proxy-addr host:port (the chart sets it from proxyAddr), or --version-url.' });
     }
     const baseUrl = opts.versionUrl ?? channelUrl(opts.proxyAddr!, opts.channel);
+    const group = groupOf(opts.group, opts.agentName);
     const diagAddr = opts.diagAddr === undefined ? undefined : diagAddrOf(opts.diagAddr);
     // Recording is on only where the metrics are served (as the daemon's), before the first reconciliation.
     if (diagAddr) enableMetrics();
     const namespace = namespaceOf(opts.namespace);
     const api = new ClientNodeKubeApi(loadKubeConfig(opts.kubeconfig ? { kubeconfig: opts.kubeconfig } : {}));
+    const dialer = new Dialer();
+    const trust = {
+      ...(opts.caFile ? { ca: readFileSync(opts.caFile, 'utf8') } : {}),
+      ...(opts.insecureSkipVerify ? { rejectUnauthorized: false } : {}),
+    };
     const updater = new KubeUpdater({
       api,
       target: { kind: kindOf(opts.agentKind), namespace, name: opts.agentName },
       container: opts.container,
-      channel: channelVersionSource({
-        baseUrl,
-        dialer: new Dialer(),
-        ...(opts.caFile ? { ca: readFileSync(opts.caFile, 'utf8') } : {}),
-        ...(opts.insecureSkipVerify ? { rejectUnauthorized: false } : {}),
-      }),
-      scheduleSecret: { name: opts.scheduleSecret ?? `${opts.agentName}-shared-state`, key: opts.scheduleKey },
+      channel: channelVersionSource({ baseUrl, dialer, ...trust }),
+      instruction: instructionSource({ url: instructionUrl(opts.proxyAddr ?? baseUrl), group, dialer, ...trust }),
+      scheduleSecret: { name: opts.scheduleSecret ?? `${opts.agentName}-shared-state`, key: opts.scheduleKey, hostIdKey: opts.hostIdKey },
       dryRun: opts.dryRun === true,
       resyncMs: RESYNC_INTERVAL_MS,
     });
     const log = logger('kube-updater');
-    log.info({ version_url: baseUrl, channel: opts.channel }, 'asking the version server');
+    log.info({ version_url: baseUrl, channel: opts.channel, group }, "asking the Proxy's managed rollout, else the version server");
     if (opts.once) {
       await updater.reconcile('manual');
       return;

@@ -43,6 +43,7 @@ import {
   yamlString,
 } from './spec.js';
 import type { GatewayConfig, ServiceName } from './types.js';
+import { UPGRADE_GROUP_PATTERN } from '../wire/autoupdate.js';
 import { DATABASE_PROTOCOLS, listenerRows, type ListenAddrKey, type OptionalListenAddrKey, type PublicAddrKey } from '../wire/protocols.js';
 
 export const SERVICE_NAMES: readonly ServiceName[] = [
@@ -88,6 +89,11 @@ function name(what: string) {
     if (t === '' || /[\s\u0000-\u001f\u007f]/.test(t)) throw new Invalid(`expected a ${what} without spaces, got ${quote(s)}`);
     return t;
   };
+}
+
+function upgradeGroup(s: string): string {
+  if (!UPGRADE_GROUP_PATTERN.test(s)) throw new Invalid(`expected a group name (a-z, 0-9 and -, 1 to 32 characters), got ${quote(s)}`);
+  return s;
 }
 
 function absolutePath(s: string): string {
@@ -390,6 +396,12 @@ export const SCHEMA = section('The gateway configuration file.', {
       check: absolutePath,
     }),
     diag_addr: listen("Health endpoints for a supervisor (Kubernetes probes), also --diag-addr: GET /healthz answers 200 while the process runs, GET /readyz 200 when every check of its roles passed (backend, Auth Service, listeners; an agent: its tunnel and resources), else 503, naming each check; GET /metrics the process's metrics in Prometheus's format (docs/operations.md). Plain HTTP, no credentials: bind it to an address only the supervisor and the scraper reach, never a public listener's.", { port: 3000, defaultDoc: 'none (off)' }),
+    upgrade_group: str("This agent's group in a managed rollout (docs/upgrades.md): a-z, 0-9 and -, 1 to 32 characters. The Kubernetes chart sets it to its updater.group, the group its updater asks for.", {
+      type: 'group name',
+      defaultDoc: "none: the agent's upgrade-group label, else the rollout's catch-all group",
+      example: 'dev',
+      check: upgradeGroup,
+    }),
     tracing: section('Traces over OTLP/HTTP (docs/operations.md, "Tracing"): off unless an endpoint is set here or in OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_TRACES_EXPORTER=none turns it off.', {
       otlp_endpoint: str('The OTLP/HTTP traces URL of the collector (JSON is sent), as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: the whole URL, path included.', {
         type: 'URL',

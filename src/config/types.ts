@@ -52,6 +52,8 @@ export interface ProcessConfig {
   readonly auth_server: readonly HostPort[];
   /** The root CA of a TLS-inspecting proxy (absolute path), for the upgrade transport (src/dial/upgrade.ts). */
   readonly proxy_ca_file: string | undefined;
+  /** Its group in a managed rollout (src/wire/autoupdate.ts); undefined: its label, else the catch-all. */
+  readonly upgrade_group: string | undefined;
   /** Traces over OTLP (src/trace.ts tracingSettings); every field undefined: the environment decides. */
   readonly tracing: TracingConfig;
   readonly storage: StorageConfig;

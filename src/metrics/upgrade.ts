@@ -65,19 +65,52 @@ export function recordNextWindow(upgrader: 'systemd' | 'kubernetes', start: Date
   nextWindow.set({ upgrader }, start ? Math.floor(start.getTime() / 1000) : 0);
 }
 
-/** decide.ts's decision reasons (update: in-window, critical; skip: the others), and error: no decision was made. */
-export const KUBE_UPDATER_REASONS = ['in-window', 'critical', 'suspended', 'no-container', 'unknown-current', 'no-target', 'no-new-version', 'no-schedule', 'outside-window', 'error'] as const;
-const kubeResult = gauge({ name: 'gateway_kube_updater_last_result', help: "The result of the Kubernetes updater's last reconciliation (1 for the result it had, 0 for the others; absent before one).", area: AREA, labels: { result: UPGRADE_RESULTS } });
+/**
+ * decide.ts's decision reasons (update: in-window, critical, and a managed rollout's rollout, rollback; skip: the
+ * others, rollout-waiting, instruction-unreadable and unsafe-version the rollout's), and error: no decision was made.
+ */
+export const KUBE_UPDATER_REASONS = [
+  'in-window',
+  'critical',
+  'rollout',
+  'rollback',
+  'suspended',
+  'no-container',
+  'unknown-current',
+  'no-target',
+  'no-new-version',
+  'no-schedule',
+  'outside-window',
+  'rollout-waiting',
+  'instruction-unreadable',
+  'unsafe-version',
+  'error',
+] as const;
+/** The upgraders' set, and rolled-back: a managed rollout moved the release to a lower version (decide.ts). */
+export const KUBE_UPDATER_RESULTS = [...UPGRADE_RESULTS, 'rolled-back'] as const;
+const kubeResult = gauge({ name: 'gateway_kube_updater_last_result', help: "The result of the Kubernetes updater's last reconciliation (1 for the result it had, 0 for the others; absent before one).", area: AREA, labels: { result: KUBE_UPDATER_RESULTS } });
 const kubeRun = gauge({
   name: 'gateway_kube_updater_last_run_timestamp_seconds',
   help: "When the Kubernetes updater last reconciled (Unix seconds), with its result and the decision's reason.",
   area: AREA,
-  labels: { result: UPGRADE_RESULTS, reason: KUBE_UPDATER_REASONS },
+  labels: { result: KUBE_UPDATER_RESULTS, reason: KUBE_UPDATER_REASONS },
+});
+const kubeManaged = gauge({
+  name: 'gateway_kube_updater_rollout_managed',
+  help: "1 when the Kubernetes updater's last reconciliation followed a managed rollout's instruction (canary: 1 when the rollout made this release one of its group's canaries), 0 when it followed its channel.",
+  area: AREA,
+  labels: { canary: ['true', 'false'] },
 });
 
 /** The Kubernetes updater reconciled: result (UPGRADE_RESULTS), the decision's reason (or error), when. */
 export function recordKubeUpdaterRun(outcome: string, reason: string, at: Date): void {
   kubeRun.metric.reset();
   kubeRun.set({ result: outcome, reason }, Math.floor(at.getTime() / 1000));
-  for (const r of UPGRADE_RESULTS) kubeResult.set({ result: r }, r === outcome ? 1 : 0);
+  for (const r of KUBE_UPDATER_RESULTS) kubeResult.set({ result: r }, r === outcome ? 1 : 0);
+}
+
+/** Whether the last reconciliation followed a managed rollout (undefined: its channel), and as a canary. */
+export function recordKubeUpdaterRollout(rollout: { canary: boolean } | undefined): void {
+  kubeManaged.metric.reset();
+  kubeManaged.set({ canary: rollout?.canary ? 'true' : 'false' }, rollout ? 1 : 0);
 }

@@ -281,7 +281,8 @@ async function exportSchedule(options: AgentRoleOptions, identity: HostIdentity,
       ? {
           // In Kubernetes the chart sets these: the schedule goes into the Secret the updater pod reads. The client
           // library is loaded only there: it is large and other agents never need it.
-          writeKubeState: async (json: string) => (await import('../upgrade/kube/client.js')).kubeScheduleWriter({ ...kubeScheduleSecret, env: environment.env })(json),
+          // Its host id goes with it: the updater asks the managed rollout for this agent (a canary is one by host id).
+          writeKubeState: async (json: string) => (await import('../upgrade/kube/client.js')).kubeScheduleWriter({ ...kubeScheduleSecret, hostId: identity.hostId, env: environment.env })(json),
         }
       : {}),
   });

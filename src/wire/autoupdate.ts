@@ -13,6 +13,8 @@
  *
  * Pure: paths, shapes, bounds and the parser an upgrader applies to an answer (bounded, every field checked).
  */
+import { GatewayError } from '../errors.js';
+
 export const AUTOUPDATE_AGENT_PATH = '/v1/webapi/autoupdate/agent';
 export const AUTOUPDATE_AUTH_INSTRUCTION_PATH = '/v1/autoupdate/instruction';
 export const AUTOUPDATE_STATUS_PATH = '/v1/autoupdate/status';
@@ -88,3 +90,52 @@ export interface AgentHealth {
   upgrader?: { result: string; at: string; target?: string; code?: string };
 }
 export const AGENT_HEALTH_MAX_CHECKS = 32;
+
+/** A rollout group's name (an agent's gateway.upgrade_group, the chart's updater.group). */
+export const UPGRADE_GROUP_PATTERN = /^[a-z0-9-]{1,32}$/;
+/** A version as an instruction names it: x.y.z[-pre], no leading v (the metrics' version labels take the same). */
+const INSTRUCTION_VERSION = /^[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:-[0-9A-Za-z.]{1,32})?$/;
+const ROLLOUT_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+const REASON_MAX = 512;
+
+function instructionError(message: string): GatewayError {
+  return new GatewayError('GW_ERR_AUTOUPDATE_INSTRUCTION', `the rollout instruction is unreadable: ${message}`);
+}
+
+/**
+ * An upgrader's strict reading of an AgentInstruction (the body of a 200): bounded (AGENT_INSTRUCTION_MAX_BYTES),
+ * every field of the contract checked for its type and shape, fields it does not know ignored (a newer Proxy may add
+ * optional ones). A managed:false answer may not ask for an update, and update:true needs a version: an answer that
+ * would make an upgrader act without saying to what is refused. GW_ERR_AUTOUPDATE_INSTRUCTION names the field.
+ */
+export function parseAgentInstruction(text: string): AgentInstruction {
+  if (Buffer.byteLength(text) > AGENT_INSTRUCTION_MAX_BYTES) throw instructionError(`it is over ${AGENT_INSTRUCTION_MAX_BYTES} bytes`);
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch {
+    throw instructionError('it is not JSON');
+  }
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw instructionError('it is not a JSON object');
+  const o = raw as Record<string, unknown>;
+  const field = (name: string, ok: boolean, expected: string): void => {
+    if (!ok) throw instructionError(`${name} is ${JSON.stringify(o[name])?.slice(0, 40) ?? 'missing'}, not ${expected}`);
+  };
+  const optional = (name: string, check: (v: unknown) => boolean, expected: string): void => field(name, o[name] === undefined || check(o[name]), expected);
+  field('managed', typeof o.managed === 'boolean', 'a boolean');
+  field('update', typeof o.update === 'boolean', 'a boolean');
+  field('reason', typeof o.reason === 'string' && o.reason.length <= REASON_MAX, `a string of at most ${REASON_MAX} characters`);
+  optional('version', (v) => typeof v === 'string' && INSTRUCTION_VERSION.test(v), 'a version x.y.z[-pre] without a leading v');
+  optional('group', (v) => v === '' || (typeof v === 'string' && UPGRADE_GROUP_PATTERN.test(v)), 'a group name ([a-z0-9-]{1,32}) or ""');
+  optional('canary', (v) => typeof v === 'boolean', 'a boolean');
+  optional('critical', (v) => typeof v === 'boolean', 'a boolean');
+  optional('rollout_id', (v) => typeof v === 'string' && ROLLOUT_ID.test(v), 'a rollout id ([A-Za-z0-9._:-]{1,128})');
+  optional('issued_at', (v) => typeof v === 'string' && v.length <= 64 && !Number.isNaN(Date.parse(v)), 'an ISO 8601 time');
+  if (o.managed === false && o.update === true) throw instructionError('managed is false but update is true');
+  if (o.update === true && o.version === undefined) throw instructionError('update is true but no version is named');
+  const out: AgentInstruction = { managed: o.managed as boolean, update: o.update as boolean, reason: o.reason as string };
+  for (const k of ['version', 'group', 'canary', 'critical', 'rollout_id', 'issued_at'] as const) {
+    if (o[k] !== undefined) (out as unknown as Record<string, unknown>)[k] = o[k];
+  }
+  return out;
+}

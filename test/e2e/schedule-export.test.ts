@@ -1,7 +1,9 @@
 /**
  * An agent with the upgrader installed exports the cluster's maintenance windows for it: at start, and again
  * as soon as an admin changes cluster_maintenance_config (the Proxy tells connected agents over the tunnel's
- * control channel). Real daemons on loopback; the upgrader's directory sits under GATEWAY_UPGRADE_ROOT.
+ * control channel). Real daemons on loopback; the upgrader's directory sits under GATEWAY_UPGRADE_ROOT. A
+ * Kubernetes agent writes its host id beside its schedule, and the Kubernetes updater's instruction source, asking
+ * this real Proxy while no rollout is set, gets an unmanaged answer (so the channel decides, as the seed's).
  */
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
@@ -10,6 +12,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Dialer } from '../../src/dial/dialer.js';
+import { instructionSource, instructionUrl } from '../../src/upgrade/kube/instruction.js';
 import { waitUntil } from '../helpers/wait.js';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 
@@ -78,7 +82,7 @@ describe('the agent exports the maintenance schedule for its upgrader', () => {
 });
 
 describe('a Kubernetes agent (docs/kubernetes-updater.md: the schedule Secret writer is wired)', () => {
-  it('with POD_NAMESPACE and GATEWAY_KUBE_SCHEDULE_SECRET, as the chart sets them, it patches the windows into the Secret', async () => {
+  it('with POD_NAMESPACE and GATEWAY_KUBE_SCHEDULE_SECRET, as the chart sets them, it patches the windows and its host id into the Secret', async () => {
     // A stand-in Kubernetes API server that records the agent's requests and answers a merge patch with the Secret.
     const requests: Array<{ method: string; path: string; type: string; body: string }> = [];
     const kube = http.createServer((req, res) => {
@@ -120,9 +124,19 @@ describe('a Kubernetes agent (docs/kubernetes-updater.md: the schedule Secret wr
       // The cluster_maintenance_config of the test above: every day at 04:00 UTC.
       expect(exported.windows.length).toBeGreaterThanOrEqual(7);
       for (const w of exported.windows) expect(new Date(w.start).getUTCHours()).toBe(4);
+      // Its host id in the same patch: the updater asks the managed rollout for this agent with it.
+      expect(Buffer.from(data['agent-host-id'] ?? '', 'base64').toString('utf8')).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
     } finally {
       await kubeAgent.stop();
       await new Promise<void>((resolve) => kube.close(() => resolve()));
     }
+  });
+});
+
+describe("the Kubernetes updater asks this cluster's Proxy for a managed rollout (docs/kubernetes-updater.md)", () => {
+  it('with no rollout resources the answer is unmanaged (404 from a Proxy without the endpoint, else managed:false): the channel decides', async () => {
+    const ask = instructionSource({ url: instructionUrl(`localhost:${proxyPort}`), group: 'kube-agent', dialer: new Dialer({ env: {} }), rejectUnauthorized: false });
+    const answer = await ask('0b6f3c1e-8a2d-4f5b-9c7e-1d2e3f4a5b6c');
+    expect(answer).toHaveProperty('unmanaged');
   });
 });

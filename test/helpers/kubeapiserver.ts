@@ -13,7 +13,10 @@
  * (WebSocket v5/v4 channels and SPDY/3.1), port-forward (SPDY tunnelled in a WebSocket, and plain SPDY) to a TCP
  * server the test runs, and `logs -f` as a chunked stream.
  *
- * What it is NOT: no etcd (nothing is stored; writes answer 405), no scheduler, no kubelet or container runtime
+ * A few objects can be stored for the Kubernetes updater (`objects`, by path: test/helpers/kubeapi/objects.ts): GET
+ * answers them and PATCH applies a merge or strategic-merge patch to them, after the same authorization.
+ *
+ * What it is NOT: no etcd (nothing else is stored; other writes answer 405), no scheduler, no kubelet or container runtime
  * (exec runs the command on this machine, in a temp directory), a handful of resources (namespaces in discovery,
  * pods, their exec / log / portforward), no aggregated discovery or OpenAPI (404; kubectl falls back), no watch,
  * no admission, RBAC rules passed by the test (setBindings) rather than read from Role and Binding objects, no
@@ -36,6 +39,7 @@ import { WebSocketServer } from 'ws';
 import { CREATED, read, streamLog, type Pod, type PodSpec } from './kubeapi/api.js';
 import { identify, type TokenUser } from './kubeapi/authn.js';
 import { execOptions } from './kubeapi/exec.js';
+import { ObjectStore } from './kubeapi/objects.js';
 import { attributesOf, authorize, type Attributes, type Binding, type UserInfo } from './kubeapi/rbac.js';
 import { serveSpdyExec, serveSpdyPortForward, type StreamLimits } from './kubeapi/spdy.js';
 import { badRequest, failure, forbidden, notFound, TOO_LARGE, type Status } from './kubeapi/status.js';
@@ -68,6 +72,8 @@ export interface KubeApiServerOptions {
   host?: string;
   /** DNS names of the server certificate besides `localhost` (e.g. a name only squid resolves); its IP is `host`. */
   serverNames?: string[];
+  /** Objects kept by path (e.g. /apis/apps/v1/namespaces/gw/statefulsets/agent): GET and PATCH them (objects.ts). */
+  objects?: Record<string, object>;
 }
 
 /** One request as the server decided it (for assertions: who the server thinks asked, and the answer). */
@@ -88,6 +94,8 @@ export interface KubeApiServer {
   workDir: string;
   seen: Seen[];
   setBindings(bindings: Binding[]): void;
+  /** The stored objects (options.objects) as they are now. */
+  objects: ObjectStore;
   /** Replaces the token table (a rotated service-account token: the old one is refused from then on). */
   setTokens(tokens: Record<string, TokenUser>): void;
   /** How many `logs -f` streams are still writing (0 once every client has gone). */
@@ -100,10 +108,11 @@ export interface KubeApiServer {
 }
 
 interface Ctx {
-  o: Required<Omit<KubeApiServerOptions, 'pki' | 'tokens' | 'bindings' | 'pods' | 'host' | 'serverNames'>>;
+  o: Required<Omit<KubeApiServerOptions, 'pki' | 'tokens' | 'bindings' | 'pods' | 'host' | 'serverNames' | 'objects'>>;
   tokens: Record<string, TokenUser>;
   bindings: Binding[];
   pods: Pod[];
+  objects: ObjectStore;
   seen: Seen[];
   workDir: string;
   /** `logs -f` streams still writing. */
@@ -150,11 +159,12 @@ function gate(ctx: Ctx, req: IncomingMessage, websocket: boolean): Gate {
   return { ok: true, attrs, url };
 }
 
-function readBody(req: IncomingMessage, max: number, done: (tooLarge: boolean) => void): void {
+function readBody(req: IncomingMessage, max: number, body: string[], done: (tooLarge: boolean) => void): void {
   let n = 0;
   if (Number(req.headers['content-length'] ?? 0) > max) return done(true);
   req.on('data', (d: Buffer) => {
     n += d.length;
+    if (n <= max) body.push(d.toString());
     if (n > max) { req.removeAllListeners('data'); req.resume(); done(true); done = () => undefined; }
   });
   req.on('end', () => done(false));
@@ -164,13 +174,20 @@ function onRequest(ctx: Ctx, req: IncomingMessage, res: ServerResponse): void {
   const g = gate(ctx, req, false);
   if (!g.ok) return sendJson(res, g.status.code ?? 500, g.status);
   if (req.method !== 'GET' && req.method !== 'HEAD') {
-    return readBody(req, ctx.o.maxBodyBytes, (tooLarge) => {
+    const body: string[] = [];
+    return readBody(req, ctx.o.maxBodyBytes, body, (tooLarge) => {
       if (tooLarge) return sendJson(res, 413, TOO_LARGE);
       if (UPGRADABLE.test(g.url.pathname)) return sendJson(res, 400, badRequest('Upgrade request required'));
+      if (req.method === 'PATCH' && ctx.objects.has(g.url.pathname)) {
+        const a = ctx.objects.patch(g.url.pathname, String(req.headers['content-type'] ?? ''), body.join(''));
+        return 'json' in a ? sendJson(res, 200, a.json) : sendJson(res, a.status.code ?? 500, a.status);
+      }
       sendJson(res, 405, failure(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource'));
     });
   }
   if (UPGRADABLE.test(g.url.pathname)) return sendJson(res, 400, badRequest('Upgrade request required'));
+  const stored = ctx.objects.get(g.url.pathname);
+  if (stored) return sendJson(res, 200, stored);
   const a = read(g.url, String(req.headers.accept ?? ''), ctx.pods);
   if ('status' in a) return sendJson(res, a.status.code ?? 500, a.status);
   if ('json' in a) return sendJson(res, 200, a.json);
@@ -242,7 +259,7 @@ export async function startKubeApiServer(options: KubeApiServerOptions = {}): Pr
       maxHeaderBytes: options.maxHeaderBytes ?? 16 * 1024, maxBodyBytes: options.maxBodyBytes ?? 3 * 1024 * 1024, idleMs: options.idleMs ?? 300_000,
       headersTimeoutMs: options.headersTimeoutMs ?? 10_000,
     },
-    tokens: options.tokens ?? {}, bindings: options.bindings ?? [], pods, seen: [], workDir, logs: { count: 0 },
+    tokens: options.tokens ?? {}, bindings: options.bindings ?? [], pods, objects: new ObjectStore(options.objects), seen: [], workDir, logs: { count: 0 },
   };
   const server = https.createServer({
     key: cert.keyPem, cert: cert.certPem, ca: pki.caPem, requestCert: true, rejectUnauthorized: false,
@@ -258,7 +275,7 @@ export async function startKubeApiServer(options: KubeApiServerOptions = {}): Pr
   const port = (server.address() as AddressInfo).port;
   const url = `https://${host}:${port}`;
   return {
-    url, port, caPem: pki.caPem, pki, workDir, seen: ctx.seen,
+    url, port, caPem: pki.caPem, pki, workDir, seen: ctx.seen, objects: ctx.objects,
     setBindings: (b) => { ctx.bindings = b; },
     setTokens: (t) => { ctx.tokens = t; },
     openLogStreams: () => ctx.logs.count,

@@ -77,6 +77,7 @@ const COMBINATIONS: Array<[string, string[]]> = [
   ['a ClusterRole name of its own', ['authToken=t0ken', 'rbac.clusterRoleName=gateway-impersonator']],
   ['no RBAC created', ['authToken=t0ken', 'rbac.create=false']],
   ['another health port', ['authToken=t0ken', 'diagPort=8081']],
+  ['the updater in a rollout group of its own', ['authToken=t0ken', 'updater.enabled=true', 'updater.group=prod-eu']],
 ];
 
 describe('helm lint --strict and helm template, for each documented combination of values', () => {
@@ -114,6 +115,9 @@ describe('helm lint --strict and helm template, for each documented combination 
     expect(gateway.readinessProbe?.httpGet).toEqual({ path: '/readyz', port: 'diag' });
     expect(gateway.ports).toEqual([{ name: 'diag', containerPort: parsed.gateway.diag_addr!.port }]);
     expect(parsed.gateway.diag_addr).toEqual({ host: '0.0.0.0', port: values.includes('diagPort=8081') ? 8081 : 3000 });
+    // The agent says its rollout group; the updater asks for the same one (default: the release's name).
+    const group = values.find((v) => v.startsWith('updater.group='))?.split('=')[1] ?? 'agent';
+    expect(parsed.gateway.upgrade_group).toBe(group);
     expect(parsed.kube_service.clusters).toMatchObject([{ name: 'prod', api_server: 'https://kubernetes.default.svc', credentials: 'in_cluster', service_account_dir: '/var/run/secrets/kubernetes.io/serviceaccount' }]);
 
     const updater = objects.filter((o) => o.kind === 'Deployment' && o.metadata.name.endsWith('-updater'));
@@ -123,6 +127,7 @@ describe('helm lint --strict and helm template, for each documented combination 
       const u = (updater[0] as K8sObject & { spec: { template: { spec: { containers: Array<{ args: string[]; ports?: unknown; livenessProbe?: { httpGet: unknown }; readinessProbe?: { httpGet: unknown } }> } } } }).spec.template.spec.containers[0]!;
       const port = values.includes('diagPort=8081') ? 8081 : 3000;
       expect(u.args).toContain(`--diag-addr=0.0.0.0:${port}`);
+      expect(u.args).toContain(`--group=${group}`);
       expect(u.ports).toEqual([{ name: 'diag', containerPort: port }]);
       expect(u.livenessProbe?.httpGet).toEqual({ path: '/healthz', port: 'diag' });
       expect(u.readinessProbe?.httpGet).toEqual({ path: '/readyz', port: 'diag' });
@@ -137,11 +142,35 @@ describe('helm lint --strict and helm template, for each documented combination 
   });
 });
 
+describe("the rollout group's default: the release's name, dots as \"-\", cut to 32 characters", () => {
+  it('a release named longer than 32 characters gets its first 32, without a trailing "-"', () => {
+    const release = 'gateway-agent-of-the-eu-west-cluster-01';
+    const r = helm(['template', release, CHART, '--namespace', 'gw', ...sets(['authToken=t0ken', 'updater.enabled=true'])]);
+    expect(r.status, r.stderr).toBe(0);
+    const objects = parseAllDocuments(r.stdout).map((d) => d.toJS() as K8sObject | null).filter((o): o is K8sObject => o !== null);
+    const config = one(objects, 'ConfigMap', release) as K8sObject & { data: Record<string, string> };
+    expect(release.slice(0, 32)).toBe('gateway-agent-of-the-eu-west-clu');
+    expect(parseConfig(config.data['gateway.yaml']!, 'chart gateway.yaml').gateway.upgrade_group).toBe('gateway-agent-of-the-eu-west-clu');
+    // Cut where the 32nd character is a "-": the group ends before it.
+    const r2 = helm(['template', 'gateway-agent-of-the-eu-west-cl-x', CHART, '--namespace', 'gw', ...sets(['authToken=t0ken'])]);
+    expect(r2.status, r2.stderr).toBe(0);
+    expect(r2.stdout).toMatch(/^ {6}upgrade_group: gateway-agent-of-the-eu-west-cl$/m);
+    // Helm allows dots in a release's name; a group does not.
+    const r3 = helm(['template', 'agent.eu-west', CHART, '--namespace', 'gw', ...sets(['authToken=t0ken', 'updater.enabled=true'])]);
+    expect(r3.status, r3.stderr).toBe(0);
+    expect(r3.stdout).toMatch(/^ {6}upgrade_group: agent-eu-west$/m);
+    expect(r3.stdout).toContain('- --group=agent-eu-west\n');
+  });
+});
+
 describe('hostile values: helm refuses them with the reason', () => {
   it.each([
     ['an agentKind that is neither StatefulSet nor Deployment', ['authToken=t', 'agentKind=DaemonSet'], /agentKind must be StatefulSet or Deployment/],
     ['no proxyAddr', ['authToken=t', 'proxyAddr='], /proxyAddr is required/],
     ['no kubeClusterName', ['authToken=t', 'kubeClusterName='], /kubeClusterName is required/],
+    ['a group with capitals', ['authToken=t', 'updater.group=Prod'], /updater.group must be 1 to 32 characters of a-z, 0-9 and "-", not "Prod"/],
+    ['a group of 33 characters', ['authToken=t', `updater.group=${'g'.repeat(33)}`], /updater.group must be 1 to 32 characters/],
+    ['a group that would break out of the YAML', ['authToken=t', 'updater.group=a\nb: c'], /updater.group must be/],
   ])('%s', (_name, values, message) => {
     const r = helm(['template', 'agent', CHART, ...sets(values)]);
     expect(r.status).not.toBe(0);

@@ -85,6 +85,20 @@ describe('gateway-kube-updater --diag-addr', () => {
     expect(body).not.toContain(TOKEN);
   });
 
+  it.each([
+    ['--group with a capital', ['--agent-name', 'a', '--group', 'Prod'], '--group: "Prod" is not a rollout group name'],
+  ])('%s is a usage error, before anything starts', async (_name, args, message) => {
+    const r = await new Promise<{ status: number | null; stderr: string }>((resolve) => {
+      const c = spawn(process.execPath, [BIN, ...args, '--namespace', 'gw', '--version-url', 'https://127.0.0.1:1/x'], { env: { PATH: process.env.PATH ?? '' } });
+      let stderr = '';
+      c.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+      c.once('close', (status) => resolve({ status, stderr }));
+    });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain(message);
+    expect(r.stderr).toContain('code: GW_ERR_USAGE');
+  });
+
   it('a bad --diag-addr is a usage error, before anything starts', async () => {
     const r = await new Promise<{ status: number | null; stderr: string }>((resolve) => {
       const c = spawn(process.execPath, [BIN, '--agent-name', 'a', '--namespace', 'gw', '--version-url', 'https://127.0.0.1:1/x', '--diag-addr', '300.1.1.1:3000'], { env: { PATH: process.env.PATH ?? '' } });

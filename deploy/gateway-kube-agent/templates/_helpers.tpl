@@ -23,6 +23,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ .Values.updater.image.repository | default .Values.image.repository }}:{{ .Values.updater.image.tag | default .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/*
+The release's group in a managed rollout: updater.group, else the release's name (its dots as "-": Helm allows them
+in a release's name) cut to 32 characters. Checked here,
+so that a bad value fails the install rather than an agent's start.
+*/}}
+{{- define "gateway-kube-agent.upgradeGroup" -}}
+{{- $group := .Values.updater.group | default (.Release.Name | replace "." "-" | trunc 32 | trimSuffix "-") -}}
+{{- if not (regexMatch "^[a-z0-9-]{1,32}$" $group) -}}
+{{- fail (printf "updater.group must be 1 to 32 characters of a-z, 0-9 and \"-\", not %q" $group) -}}
+{{- end -}}
+{{- $group -}}
+{{- end -}}
+
 {{/* The Secret the agent exports its maintenance schedule to, and the updater reads. */}}
 {{- define "gateway-kube-agent.sharedState" -}}
 {{ include "gateway-kube-agent.fullname" . }}-shared-state

@@ -9,7 +9,8 @@
  *          {"spec":{"template":{"spec":{"containers":[{"name":"gateway","image":"<repo>:<tag>"}]}}}}
  *   GET    /api/v1/namespaces/<ns>/secrets/<name>                        readSecretKey (the exported schedule)
  *   PATCH  /api/v1/namespaces/<ns>/secrets/<name>  (merge patch; POST to create it when missing)  writeSecretKey:
- *          what a Kubernetes agent uses to export its schedule (kubeScheduleWriter)
+ *          what a Kubernetes agent uses to export its schedule and its host id (kubeScheduleWriter), which the
+ *          updater sends with its group when it asks the Proxy for the managed rollout's instruction
  *
  * Which API server: --kubeconfig / KUBECONFIG / ~/.kube/config when given, else the pod's service account
  * (KUBERNETES_SERVICE_HOST and /var/run/secrets/kubernetes.io/serviceaccount). The API server is reached
@@ -41,8 +42,11 @@ export interface KubeApi {
   setImage(ref: WorkloadRef, container: string, image: string): Promise<void>;
   /** One key of a Secret, decoded; undefined when the Secret or the key does not exist. */
   readSecretKey(namespace: string, name: string, key: string): Promise<string | undefined>;
-  /** Sets one key of a Secret (a merge patch; the Secret is created when missing). The agent's schedule export. */
-  writeSecretKey(namespace: string, name: string, key: string, value: string): Promise<void>;
+  /**
+   * Sets one key of a Secret, and the `extra` keys in the same merge patch (the Secret is created when missing). The
+   * agent's schedule export (extra: its host id).
+   */
+  writeSecretKey(namespace: string, name: string, key: string, value: string, extra?: Readonly<Record<string, string>>): Promise<void>;
   /**
    * Watches the one resource. onEvent gets each event (BOOKMARK events carry only a resourceVersion); onDone is
    * called once when the stream ends, with an error when it failed.
@@ -183,8 +187,9 @@ export class ClientNodeKubeApi implements KubeApi {
     }
   }
 
-  async writeSecretKey(namespace: string, name: string, key: string, value: string): Promise<void> {
-    const data = { [key]: Buffer.from(value, 'utf8').toString('base64') };
+  async writeSecretKey(namespace: string, name: string, key: string, value: string, extra: Readonly<Record<string, string>> = {}): Promise<void> {
+    const data: Record<string, string> = {};
+    for (const [k, v] of Object.entries({ ...extra, [key]: value })) data[k] = Buffer.from(v, 'utf8').toString('base64');
     try {
       await this.core.patchNamespacedSecret({ name, namespace, body: { data } }, setHeaderOptions('Content-Type', PatchStrategy.MergePatch));
       return;
@@ -227,14 +232,27 @@ export class ClientNodeKubeApi implements KubeApi {
   }
 }
 
+/** The key of the shared-state Secret holding the agent's host id (the updater asks the rollout with it). */
+export const HOST_ID_SECRET_KEY = 'agent-host-id';
+
 /**
  * For a Kubernetes agent's schedule export (startScheduleExport's writeKubeState in src/upgrade/schedule.ts):
- * writes the JSON into the Secret the updater reads. In the pod, with the chart's Role for the agent.
+ * writes the JSON into the Secret the updater reads, and with it the agent's host id (HOST_ID_SECRET_KEY) when
+ * given, so that the updater asks the managed rollout for this agent (a canary is picked by host id). In the pod,
+ * with the chart's Role for the agent.
  */
-export function kubeScheduleWriter(options: { namespace: string; secretName: string; key?: string; api?: KubeApi; env?: NodeJS.ProcessEnv }): (json: string) => Promise<void> {
+export function kubeScheduleWriter(options: {
+  namespace: string;
+  secretName: string;
+  key?: string;
+  hostId?: string;
+  api?: KubeApi;
+  env?: NodeJS.ProcessEnv;
+}): (json: string) => Promise<void> {
   let api = options.api;
+  const extra: Record<string, string> = options.hostId ? { [HOST_ID_SECRET_KEY]: options.hostId } : {};
   return async (json) => {
     api ??= new ClientNodeKubeApi(loadKubeConfig(options.env ? { env: options.env } : {}));
-    await api.writeSecretKey(options.namespace, options.secretName, options.key ?? 'agent-maintenance-schedule', json);
+    await api.writeSecretKey(options.namespace, options.secretName, options.key ?? 'agent-maintenance-schedule', json, extra);
   };
 }

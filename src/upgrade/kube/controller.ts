@@ -5,9 +5,11 @@
  *   triggers      at start; every resyncMs (30 minutes) after the last reconciliation, or earlier when the next
  *                 maintenance window opens before that; on every watch event of the resource (debounced, since a
  *                 rollout sends bursts of status updates), at once when debug.<domain>/trigger-event changed
- *   one run       GET the resource → (unless suspended) ask the channel for version + critical, read the
- *                 exported schedule Secret → decide() → PATCH the container image, or log why not ("already up
- *                 to date" with error "no new version (current: v, next: v)")
+ *   one run       GET the resource → (unless suspended) ask the Proxy for the managed rollout's instruction
+ *                 (instruction.ts, with the host id the agent exported) → when it is managed, decide() on it alone;
+ *                 else (404, managed:false, or no instruction source) ask the channel for version + critical and
+ *                 read the exported schedule Secret → decide() → PATCH the container image, or log why not
+ *                 ("already up to date" with error "no new version (current: v, next: v)")
  *   the watch     from the resourceVersion of the last GET; re-opened when the server ends it (normal every few
  *                 minutes), after WATCH_RETRY when it fails (src/backoff.ts); a 410 Gone starts again from a
  *                 fresh GET
@@ -22,7 +24,7 @@ import { fetchThroughDialer } from '../../dial/agent.js';
 import type { Dialer } from '../../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../../errors.js';
 import { logger } from '../../log.js';
-import { recordKubeUpdaterRun } from '../../metrics/upgrade.js';
+import { recordKubeUpdaterRollout, recordKubeUpdaterRun } from '../../metrics/upgrade.js';
 import { isNoVersion, normalizeVersion, parseCritical } from '../../wire/versions.js';
 import { parseKubeSchedule } from '../schedule.js';
 import {
@@ -36,10 +38,12 @@ import {
   resultOf,
   type AgentWorkload,
   type Decision,
+  type InstructionInput,
   type ScheduleInput,
   type TargetInput,
 } from './decide.js';
 import type { KubeApi, WatchHandle, WorkloadRef } from './client.js';
+import { HOST_ID_PATTERN, HOST_ID_SECRET_KEY, type InstructionSource } from './instruction.js';
 
 /** The key of the schedule Secret that holds the JSON the agent exports (src/upgrade/schedule.ts, Kubernetes form). */
 export const SCHEDULE_SECRET_KEY = 'agent-maintenance-schedule';
@@ -65,8 +69,13 @@ export interface KubeUpdaterOptions {
   container?: string;
   /** The channel's answer (channelVersionSource()). */
   channel: () => Promise<ChannelAnswer>;
-  /** The Secret (in the target's namespace) holding the exported schedule, and its key. */
-  scheduleSecret: { name: string; key?: string };
+  /**
+   * The managed rollout's instruction (instructionSource()); asked first at every run. Absent: the channel only, as
+   * the seed's updater.
+   */
+  instruction?: InstructionSource;
+  /** The Secret (in the target's namespace) holding the exported schedule, and its key; hostIdKey: the agent's host id. */
+  scheduleSecret: { name: string; key?: string; hostIdKey?: string };
   /** Decide and log, but never PATCH. */
   dryRun?: boolean;
   resyncMs?: number;
@@ -186,6 +195,7 @@ export class KubeUpdater {
       this.log.error({ ...this.where, cause, code: e.code, err: e.message }, 'reconciliation failed; retrying at the next resync');
     }
     recordKubeUpdaterRun(resultOf(decision, { dryRun: this.options.dryRun === true, threw }), decision?.reason ?? 'error', this.clock());
+    recordKubeUpdaterRollout(decision?.rollout);
     if (decision) {
       this.decisions.push(decision);
       if (this.decisions.length > 50) this.decisions.shift();
@@ -205,8 +215,33 @@ export class KubeUpdater {
     if (isSuspended(workload)) {
       return decide({ workload, container: this.container, target: { error: 'not asked' }, schedule: { error: 'not read' }, now: this.clock() });
     }
+    const instruction = await this.readInstruction();
+    if (instruction && !('unmanaged' in instruction)) {
+      // The rollout decides: neither the channel nor the exported windows are read (an unreadable instruction too).
+      return decide({ workload, container: this.container, target: { error: 'not asked' }, schedule: { error: 'not read' }, instruction, now: this.clock() });
+    }
+    if (instruction) this.log.debug({ ...this.where, why: instruction.unmanaged }, 'no managed rollout; following the channel');
     const [target, schedule] = await Promise.all([this.readTarget(), this.readSchedule()]);
     return decide({ workload, container: this.container, target, schedule, now: this.clock() });
+  }
+
+  private async readInstruction(): Promise<InstructionInput | undefined> {
+    if (!this.options.instruction) return undefined;
+    return this.options.instruction(await this.readHostId());
+  }
+
+  /** The agent's host id from the shared-state Secret, when it exported a well-formed one. */
+  private async readHostId(): Promise<string | undefined> {
+    const key = this.options.scheduleSecret.hostIdKey ?? HOST_ID_SECRET_KEY;
+    try {
+      const text = (await this.api.readSecretKey(this.target.namespace, this.options.scheduleSecret.name, key))?.trim();
+      if (text === undefined) return undefined;
+      if (HOST_ID_PATTERN.test(text)) return text;
+      this.log.warn({ ...this.where, key }, 'the exported host id is not a host id; asking the rollout with the group only');
+    } catch (err) {
+      this.log.debug({ ...this.where, key, err: toGatewayError(err).message }, 'cannot read the exported host id; asking the rollout with the group only');
+    }
+    return undefined;
   }
 
   private async readTarget(): Promise<TargetInput> {
@@ -231,7 +266,7 @@ export class KubeUpdater {
   }
 
   private async apply(d: Decision): Promise<void> {
-    const fields = { ...this.where, reason: d.reason, ...(d.current ? { current: d.current } : {}), ...(d.next ? { next: d.next } : {}) };
+    const fields = { ...this.where, reason: d.reason, ...(d.current ? { current: d.current } : {}), ...(d.next ? { next: d.next } : {}), ...(d.rollout ? { rollout: d.rollout } : {}) };
     if (d.action === 'update') {
       if (this.options.dryRun) {
         this.log.info({ ...fields, image: d.image, dry_run: true }, `would update the agent: ${d.message}`);
@@ -248,7 +283,11 @@ export class KubeUpdater {
         return;
       case 'suspended':
       case 'outside-window':
+      case 'rollout-waiting':
         this.log.info(fields, d.message);
+        return;
+      case 'instruction-unreadable':
+        this.log.warn({ ...fields, code: 'GW_ERR_AUTOUPDATE_INSTRUCTION' }, d.message);
         return;
       default:
         this.log.warn(fields, d.message);

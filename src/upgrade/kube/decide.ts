@@ -1,11 +1,19 @@
 /**
  * The Kubernetes updater's decisions, as pure functions.
  * Nothing here talks to Kubernetes or the network: controller.ts gathers the inputs and applies the result, and
- * test/upgrade/kube.test.ts checks every rule here directly.
+ * test/upgrade/kube.test.ts checks every rule here directly (the managed ones: test/upgrade/kube-rollout.test.ts).
  *
  *   decide()        one reconciliation of the agent StatefulSet / Deployment:
  *                     1. annotated <domain>/skipreconcile: "true"         → skip (suspended)
  *                     2. no agent container / its tag is not a version    → skip
+ *                    managed rollout (the Proxy's instruction, issue 28; absent, 404 or managed:false: the seed's 3-8):
+ *                     m1. the instruction is unreadable                   → skip, with its code; the channel is NOT asked
+ *                     m2. its version is the current one                  → skip "no new version"
+ *                     m3. update: false                                   → skip "waiting: <the rollout's reason>"
+ *                     m4. more than one major from the running version    → skip (refused: one major at a time)
+ *                     m5. update: true                                    → update to its version, a lower one too
+ *                                                                           (a rollback); no window, no schedule: the
+ *                                                                           rollout already placed the group's windows
  *                     3. the channel's version unknown (server down)      → skip, retried at the next resync
  *                     4. target <= current                                → skip "no new version (current: v, next: v)"
  *                     5. the channel marks the version critical           → update now, window or not
@@ -15,9 +23,10 @@
  *   eventUrgency()  an event on the resource: a change of debug.<domain>/trigger-event reconciles at once, any
  *                   other change after a short debounce (a rollout sends a burst of status updates).
  *   nextReconcileDelay()  when to look again without an event: the 30-minute resync, or earlier when the next
- *                   maintenance window opens before that.
+ *                   maintenance window opens before that; 5 minutes under a managed rollout.
  */
 import semver from 'semver';
+import type { AgentInstruction } from '../../wire/autoupdate.js';
 import { normalizeVersion } from '../../wire/versions.js';
 import { isoSeconds, nextWindowAfter, windowAt, type Window } from '../windows.js';
 
@@ -32,6 +41,11 @@ export const SKIP_RECONCILE_ANNOTATION = `${GATEWAY_DOMAIN}/skipreconcile`;
 export const TRIGGER_EVENT_ANNOTATION = `debug.${GATEWAY_DOMAIN}/trigger-event`;
 /** Seed, Limits: reconciliation every 30 minutes, or on a Kubernetes event. */
 export const RESYNC_INTERVAL_MS = 30 * 60 * 1000;
+/**
+ * Under a managed rollout the instruction is asked again after 5 minutes: a group's start, the canaries' turn and a
+ * rollback (`gwctl autoupdate rollback --now` above all) reach the release that soon, not after the seed's 30.
+ */
+export const MANAGED_RESYNC_MS = 5 * 60 * 1000;
 /** Events other than the trigger annotation are merged over this long. */
 export const EVENT_DEBOUNCE_MS = 2_000;
 /** The agent's container in the chart's pod template. */
@@ -51,6 +65,12 @@ export interface AgentWorkload {
 
 /** The channel's answer, or why there is none. */
 export type TargetInput = { version: string; critical: boolean } | { none: true } | { error: string };
+/**
+ * The Proxy's rollout instruction (controller.ts asks it before the channel): unmanaged (404 from an earlier Proxy,
+ * or managed:false) keeps the seed's behaviour; an instruction decides; an error (unreachable, slow, oversized,
+ * malformed) decides that nothing changes.
+ */
+export type InstructionInput = { unmanaged: string } | { instruction: AgentInstruction } | { error: string; code: string };
 /** The exported maintenance windows, or why there are none. */
 export type ScheduleInput = { windows: readonly Window[] } | { error: string };
 
@@ -60,16 +80,38 @@ export interface DecisionInput {
   container: string;
   target: TargetInput;
   schedule: ScheduleInput;
+  /** Absent: no rollout is asked (the seed's behaviour). */
+  instruction?: InstructionInput;
   now: Date;
 }
 
-export type SkipReason = 'suspended' | 'no-container' | 'unknown-current' | 'no-target' | 'no-new-version' | 'no-schedule' | 'outside-window';
+export type SkipReason =
+  | 'suspended'
+  | 'no-container'
+  | 'unknown-current'
+  | 'no-target'
+  | 'no-new-version'
+  | 'no-schedule'
+  | 'outside-window'
+  | 'rollout-waiting'
+  | 'instruction-unreadable'
+  | 'unsafe-version';
+/** in-window, critical: the channel's; rollout, rollback: the managed rollout's instruction (up, or down). */
+export type UpdateReason = 'in-window' | 'critical' | 'rollout' | 'rollback';
+
+/** What the rollout said of this release (for logs and metrics), when it is managed. */
+export interface RolloutNote {
+  group?: string;
+  canary: boolean;
+  rollout_id?: string;
+}
 
 export type Decision =
-  | { action: 'update'; reason: 'in-window' | 'critical'; message: string; current: string; next: string; container: string; image: string }
+  | { action: 'update'; reason: UpdateReason; message: string; current: string; next: string; container: string; image: string; rollout?: RolloutNote }
   | {
       action: 'skip';
       reason: SkipReason;
+      rollout?: RolloutNote;
       message: string;
       current?: string;
       next?: string;
@@ -84,11 +126,11 @@ export type Decision =
  * are waiting; what needs an operator's fix (no container, no readable version, no channel answer, no schedule)
  * failed.
  */
-export function resultOf(d: Decision | undefined, o: { dryRun: boolean; threw: boolean }): 'upgraded' | 'up-to-date' | 'waiting' | 'failed' {
+export function resultOf(d: Decision | undefined, o: { dryRun: boolean; threw: boolean }): 'upgraded' | 'rolled-back' | 'up-to-date' | 'waiting' | 'failed' {
   if (!d || o.threw) return 'failed';
-  if (d.action === 'update') return o.dryRun ? 'waiting' : 'upgraded';
+  if (d.action === 'update') return o.dryRun ? 'waiting' : d.reason === 'rollback' ? 'rolled-back' : 'upgraded';
   if (d.reason === 'no-new-version') return 'up-to-date';
-  if (d.reason === 'suspended' || d.reason === 'outside-window') return 'waiting';
+  if (d.reason === 'suspended' || d.reason === 'outside-window' || d.reason === 'rollout-waiting') return 'waiting';
   return 'failed';
 }
 
@@ -162,6 +204,7 @@ export function decide(input: DecisionInput): Decision {
   if (current === undefined) {
     return { action: 'skip', reason: 'unknown-current', message: `the image ${agent.image} has no version tag, so the current version is unknown` };
   }
+  if (input.instruction && !('unmanaged' in input.instruction)) return decideManaged(input.instruction, current, agent.image, container);
   if ('error' in target) {
     return { action: 'skip', reason: 'no-target', message: `the channel's version is unknown: ${target.error}`, current };
   }
@@ -203,13 +246,70 @@ export function decide(input: DecisionInput): Decision {
   return update('in-window', `update ${current} -> ${next} in the maintenance window ${isoSeconds(open.start)}..${isoSeconds(open.stop)}`);
 }
 
-/** How long until the next reconciliation without an event: the resync interval, or the next window if sooner. */
+/**
+ * A managed rollout's decision: the instruction alone (never the channel, nor the exported windows). A version lower
+ * than the running one is installed too: that is a rollback the rollout decided (the channel path never goes down).
+ */
+export function decideManaged(instruction: Exclude<InstructionInput, { unmanaged: string }>, current: string, image: string, container: string): Decision {
+  if ('error' in instruction) {
+    return {
+      action: 'skip',
+      reason: 'instruction-unreadable',
+      message: `the rollout instruction is unreadable (${instruction.code}): ${instruction.error}; nothing changes, and the channel is not asked instead`,
+      current,
+    };
+  }
+  const i = instruction.instruction;
+  const rollout: RolloutNote = { canary: i.canary === true, ...(i.group !== undefined ? { group: i.group } : {}), ...(i.rollout_id ? { rollout_id: i.rollout_id } : {}) };
+  const next = i.version === undefined ? undefined : normalizeVersion(i.version);
+  if (next !== undefined && semver.eq(bare(next), bare(current))) {
+    return { action: 'skip', reason: 'no-new-version', message: `${noNewVersionMessage(current, next)}: ${i.reason}`, current, next, rollout };
+  }
+  if (!i.update || next === undefined) {
+    return { action: 'skip', reason: 'rollout-waiting', message: `waiting: ${i.reason}`, current, ...(next ? { next } : {}), rollout };
+  }
+  if (Math.abs(semver.major(bare(next)) - semver.major(bare(current))) > 1) {
+    // The rollout's planner keeps this rule too (issue 28, safety rules); a release does not trust it blindly: two
+    // majors at once is never a step the agent's state and configuration were made for, up or down.
+    return {
+      action: 'skip',
+      reason: 'unsafe-version',
+      message: `the rollout names ${next}, more than one major version from ${current}: refused, an agent moves one major version at a time (${i.reason})`,
+      current,
+      next,
+      rollout,
+    };
+  }
+  const down = semver.lt(bare(next), bare(current));
+  const who = `${rollout.canary ? 'canary of ' : ''}group ${rollout.group || '(none)'}${rollout.rollout_id ? `, rollout ${rollout.rollout_id}` : ''}`;
+  return {
+    action: 'update',
+    reason: down ? 'rollback' : 'rollout',
+    message: `${down ? 'rollback' : 'rollout'} ${current} -> ${next} (${who}): ${i.reason}`,
+    current,
+    next,
+    container,
+    image: imageFor(image, next),
+    rollout,
+  };
+}
+
+/**
+ * How long until the next reconciliation without an event: the resync interval, or the next window if sooner; under
+ * a managed rollout MANAGED_RESYNC_MS when that is sooner.
+ */
 export function nextReconcileDelay(decision: Decision, now: Date, resyncMs: number = RESYNC_INTERVAL_MS): number {
+  if (managedDecision(decision)) return Math.min(resyncMs, MANAGED_RESYNC_MS);
   if (decision.action === 'skip' && decision.retryAt) {
     const until = decision.retryAt.getTime() - now.getTime();
     if (until >= 0 && until < resyncMs) return until;
   }
   return resyncMs;
+}
+
+/** Whether the decision came from the rollout's instruction (its reasons, or a note of the rollout). */
+export function managedDecision(d: Decision): boolean {
+  return d.rollout !== undefined || d.reason === 'instruction-unreadable';
 }
 
 // --- events -----------------------------------------------------------------------------------------------------
