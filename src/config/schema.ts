@@ -15,6 +15,7 @@ import { formatDuration, parseDuration } from '../duration.js';
 import { defaultMaxConnections, defaultMaxConnectionsPerSource, readOpenFileLimit } from '../net/source.js';
 import { MAX_TRUSTED_SOURCES, parseTrustedSource } from '../mux/trust.js';
 import { parseHeaderList, TracingSettingsError } from '../trace.js';
+import { UPGRADE_GROUP_PATTERN } from '../wire/autoupdate.js';
 import {
   Dynamic,
   Invalid,
@@ -88,6 +89,14 @@ function name(what: string) {
     if (t === '' || /[\s\u0000-\u001f\u007f]/.test(t)) throw new Invalid(`expected a ${what} without spaces, got ${quote(s)}`);
     return t;
   };
+}
+
+/** A rollout group's name (src/wire/autoupdate.ts UPGRADE_GROUP_PATTERN, what the Proxy keeps from a hello). */
+function upgradeGroup(s: string): string {
+  if (!UPGRADE_GROUP_PATTERN.test(s)) {
+    throw new Invalid(`expected a rollout group name of 1 to 32 of a-z, 0-9 and "-", got ${quote(s)}`, 'GW_ERR_CONFIG_VALUE', 'Name the group as the autoupdate_config lists it (lowercase letters, digits and "-", at most 32), such as prod or dev-eu.');
+  }
+  return s;
 }
 
 function absolutePath(s: string): string {
@@ -382,6 +391,13 @@ export const SCHEMA = section('The gateway configuration file.', {
       default: new Dynamic(`${SYSTEM_DATA_DIR} for root; $XDG_STATE_HOME/gateway (~/.local/state/gateway) for other users`, () => defaultDataDir()),
       check: absolutePath,
     }),
+    upgrade_group: str("An agent's rollout group (docs/upgrades.md, \"Managed rollouts\"), sent to the Proxy in its tunnel's hello: 1 to 32 of a-z, 0-9 and \"-\".", {
+      type: 'group name',
+      defaultDoc: 'the `upgrade-group` label of ssh_service.labels, else none (the rollout\'s catch-all group)',
+      example: 'prod',
+      check: upgradeGroup,
+    }),
+    upgrade_stale_after: duration("An agent's upgrader counts as stale when its last run (/etc/gateway-upgrade.d/last-run) is older than this, or there is none this long after start: the agent then says so in a warning, gateway_agent_upgrade_stale and its health's upgrader check.", '24h'),
     auth_server: addrs("Auth API address(es) (host or host:port, default port 3025) of a Proxy that runs without the Auth Service in its process; the Proxy fails over to the next one. --auth-server overrides it.", 3025),
     proxy_ca_file: str("PEM file with the root CA of a TLS-inspecting proxy on the way out (your organisation's): behind it, the cluster's TLS goes inside a WebSocket upgrade on the Proxy's web address, end to end (docs/dialing.md). Added to GATEWAY_PROXY_CA_FILE and NODE_EXTRA_CA_CERTS.", {
       type: 'absolute path',

@@ -81,3 +81,14 @@ export function recordKubeUpdaterRun(outcome: string, reason: string, at: Date):
   kubeRun.set({ result: outcome, reason }, Math.floor(at.getTime() / 1000));
   for (const r of UPGRADE_RESULTS) kubeResult.set({ result: r }, r === outcome ? 1 : 0);
 }
+
+const stale = gauge({
+  name: 'gateway_agent_upgrade_stale',
+  help: "1 when the agent's upgrader has not run for longer than gateway.upgrade_stale_after (or never since that long after start): check gateway-upgrade.timer; 0 when it runs. Absent when the host has no upgrader.",
+  area: AREA,
+});
+
+/** The agent's measure of its upgrader (src/agent/rollout.ts). */
+export function recordUpgradeStale(isStale: boolean): void {
+  stale.set({}, isStale ? 1 : 0);
+}
