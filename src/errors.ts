@@ -736,6 +736,11 @@ export const ERROR_CODES = {
     summary: 'The version server (https://<endpoint>/version) could not be asked, or answered something that is not a version.',
     hint: 'Check the endpoint file, that the Proxy is reachable from this host (through HTTPS_PROXY if set; NO_PROXY bypasses it) and that the channel exists.',
   },
+  GW_ERR_UPGRADE_INSTRUCTION: {
+    status: 502,
+    summary: "The managed rollout's instruction for this host (the Proxy's /v1/webapi/autoupdate/agent) could not be read: the Proxy was unreachable, slow, answered an error, or something that is not an instruction. Nothing was installed, and the channel was not used instead.",
+    hint: 'Check that the Proxy in the endpoint file is reachable from this host (through HTTPS_PROXY if set) and answers; the next run asks again.',
+  },
   GW_ERR_UPGRADE_CLUSTER_TOO_OLD: {
     status: 500,
     summary: 'The cluster (its /webapi/ping server_version) is older than automatic agent upgrades need: v14.3.7 on v14, v15.1.3 on v15 and later; or its version cannot be read.',

@@ -44,6 +44,7 @@ import { logger } from '../log.js';
 import { TUNNEL_DRAIN_CAP_MS, type DiscoveryMessage } from '../tunnel/protocol.js';
 import { climbReason, Ladder, type LadderOptions, type Rung, type RungName } from './ladder.js';
 import type { RenewedCerts } from './renewal.js';
+import type { AgentHealth } from '../wire/autoupdate.js';
 import { TunnelAgent, type TunnelAgentOptions, type TunnelState } from './tunnel.js';
 
 /** The most tunnels one agent keeps, whatever a discovery lists: more Proxies than this want proxy_peering. */
@@ -219,6 +220,11 @@ export class AgentPool extends EventEmitter {
       }
     }
     throw last;
+  }
+
+  /** The agent's health changed (src/agent/rollout.ts): every live tunnel's Proxy hears it. */
+  sendHealth(health: AgentHealth): void {
+    for (const slot of this.slots) slot.sendHealth(health);
   }
 
   /** The agent's SSH host certificate changed (a renewal): every live tunnel's Proxy hears it (protocol.ts host-cert). */

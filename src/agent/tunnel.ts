@@ -80,6 +80,7 @@ import { startAgentDial } from './dialhop.js';
 import type { HostIdentity } from './identity.js';
 import { fallReason, fallsThrough, Ladder, rungsOf, type Rung, type RungName } from './ladder.js';
 import { PendingRenewals, type RenewedCerts } from './renewal.js';
+import type { AgentHealth } from '../wire/autoupdate.js';
 
 /**
  * ssh2, loaded only for a tunnel that speaks SSH (v1: a Proxy of an earlier version, or raw SSH on 3024): v2 needs
@@ -139,6 +140,10 @@ export interface TunnelAgentOptions {
   streamWindow?: number;
   /** What the hello says of the agent's software: its version and upgrade channel (default: upgradeSoftware()). */
   software?: () => { version: string; channel: string };
+  /** The agent's rollout group, sent in every hello (src/agent/rollout.ts agentUpgradeGroup). */
+  upgradeGroup?: string;
+  /** The agent's last measured health (src/agent/rollout.ts HealthReporter), sent after every welcome. */
+  health?: () => AgentHealth | undefined;
   /** What the agent remembers of its transport ladder (the pool shares one); default: its own. */
   ladder?: Ladder;
   /** Only these rungs (a probe of the better ones); default every rung the Proxy offers. */
@@ -671,6 +676,11 @@ export class TunnelAgent extends EventEmitter {
   }
 
   /** Sends an audit event to the Proxy (queued, at most 1 000, while the tunnel is down). */
+  /** The agent's health changed: its Proxy hears it (not queued: the welcome sends the newest). */
+  sendHealth(health: AgentHealth): void {
+    if (this.control && this.state === 'connected') writeJsonLine(this.control, { type: 'health', health } satisfies ControlMessage);
+  }
+
   sendEvent(event: Record<string, unknown>): void {
     if (this.control && this.state === 'connected') {
       writeJsonLine(this.control, { type: 'event', event } satisfies ControlMessage);
@@ -707,6 +717,7 @@ export class TunnelAgent extends EventEmitter {
       ...(this.options.holds ? { holds: this.options.holds() } : {}),
       ...(this.probing ? { drain_previous: true } : {}),
       ...softwareFields((this.options.software ?? upgradeSoftware)()),
+      ...(this.options.upgradeGroup === undefined ? {} : { upgrade_group: this.options.upgradeGroup }),
       signs_presence: true,
     });
     // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
@@ -772,6 +783,9 @@ export class TunnelAgent extends EventEmitter {
         // Before the queued events: the Proxy relays them once the presence this proof backs is written.
         this.provePresence(this.heldProxy, side, send);
         for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
+        // The Proxy keeps the health of this tunnel only: a new one hears the last measure at once.
+        const health = this.options.health?.();
+        if (health) send({ type: 'health', health });
         this.log.info({ proxyId: this.heldProxy, rung: this.rungInUse, heartbeatMs: m.heartbeatIntervalMs }, 'reverse tunnel ready');
         // Whatever changed while the tunnel was down: treat a new connection as a possible change.
         this.emit('maintenance-changed');

@@ -167,6 +167,10 @@ export class AgentDirectory {
           joined_at: n.joinedAt,
           status: p ? 'online' : 'offline',
           ...(p ? { connected_since: p.connectedAt, last_heartbeat: p.lastHeartbeat, proxy: p.proxyId, proxies: p.proxies, services: p.services } : {}),
+          // What a managed rollout reads (docs/upgrades.md): the version from the hello, the group, the agent's health.
+          ...(p?.version ? { version: p.version } : {}),
+          ...(p?.upgradeGroup ? { upgrade_group: p.upgradeGroup } : {}),
+          ...(p?.health ? { health: p.health } : {}),
         },
       } as unknown as Resource;
     });

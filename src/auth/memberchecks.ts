@@ -21,6 +21,7 @@ import { GatewayError } from '../errors.js';
 import { presenceProofRefusal } from './pki/proof.js';
 import type { AgentResources, ServiceKind } from '../tunnel/protocol.js';
 import { DATABASE_PROTOCOLS } from '../wire/protocols.js';
+import { checkAgentHealth, UPGRADE_GROUP_PATTERN } from '../wire/autoupdate.js';
 import { NAME_PATTERN, type JoinRole, type NodeRecord, type Presence } from './records.js';
 
 /** How far a presence's times may be ahead of the Auth Service's clock, or before the agent joined. */
@@ -127,10 +128,20 @@ export function checkPresenceProof(value: Record<string, unknown>, node: NodeRec
   return true;
 }
 
-/** The hello's software fields, kept only when they are short printable strings. */
-function software(p: Record<string, unknown>): { version?: string; channel?: string } {
+/**
+ * The hello's software fields, kept only when they are short printable strings; the rollout group and the agent's
+ * health only when they pass the same checks as on the Proxy (src/wire/autoupdate.ts). Neither is in the agent's
+ * signed proof (docs/tunnels.md): a Proxy that lies about them can only delay its agents' own rollout.
+ */
+function software(p: Record<string, unknown>, now: number): Pick<Presence, 'version' | 'channel' | 'upgradeGroup' | 'health'> {
   const ok = (v: unknown): v is string => typeof v === 'string' && v.length > 0 && v.length <= 128 && /^[\x21-\x7e]+$/.test(v);
-  return { ...(ok(p.version) ? { version: p.version } : {}), ...(ok(p.channel) ? { channel: p.channel } : {}) };
+  const health = p.health === undefined ? undefined : checkAgentHealth(p.health, now);
+  return {
+    ...(ok(p.version) ? { version: p.version } : {}),
+    ...(ok(p.channel) ? { channel: p.channel } : {}),
+    ...(typeof p.upgradeGroup === 'string' && UPGRADE_GROUP_PATTERN.test(p.upgradeGroup) ? { upgradeGroup: p.upgradeGroup } : {}),
+    ...(health?.ok ? { health: health.health } : {}),
+  };
 }
 
 /**
@@ -149,6 +160,6 @@ export function proxyPresence(value: Record<string, unknown>, node: NodeRecord, 
     resources: servedResources(value.resources, node),
     connectedAt: isoTime(value.connectedAt, 'connectedAt', node, now),
     lastHeartbeat: isoTime(value.lastHeartbeat, 'lastHeartbeat', node, now),
-    ...software(value),
+    ...software(value, now),
   };
 }

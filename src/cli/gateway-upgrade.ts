@@ -26,7 +26,7 @@ function context(format: Format = 'text'): UpgraderContext {
 
 formatOption(program
   .command('dry-run')
-  .description('ask the version server and report whether an upgrade is available, and the maintenance window'))
+  .description("ask the Proxy's rollout (else the version server) and report whether an upgrade is available, and why or when"))
   .action(async (opts: FormatOptions) => {
     const format = formatOf(opts);
     const report = await dryRun(context(format));
@@ -35,11 +35,11 @@ formatOption(program
 
 program
   .command('run')
-  .description('upgrade now if the versions differ and the release is critical or a maintenance window is open')
+  .description("upgrade now if the Proxy's rollout says so; without a rollout, if the versions differ and the release is critical or a maintenance window is open")
   .option('--update-repo', 'move a per-major repository (stable/v<N>) to the target major version when needed')
   .action(async (opts: { updateRepo?: boolean }) => {
     const ctx = context();
-    await recordingLastRun(ctx.settings.etcDir, (onVersions) => runUpgrade(ctx, { updateRepo: opts.updateRepo === true, onVersions }));
+    await recordingLastRun(ctx.settings.etcDir, (onVersions, onRollout) => runUpgrade(ctx, { updateRepo: opts.updateRepo === true, onVersions, onRollout }));
   });
 
 formatOption(program
@@ -84,11 +84,14 @@ addCompletionCommands(program, {
     ['GATEWAY_UPGRADE_CA_FILE', 'Extra trusted CA files for the version server (colon-separated).'],
     ['GATEWAY_UPGRADE_PACKAGE_MANAGER', 'apt, yum, dnf, zypper or tarball, instead of detecting it.'],
     ['GATEWAY_UPGRADE_DOWNLOAD_URL', 'Where release tarballs are downloaded from.'],
+    ['GATEWAY_UPGRADE_DATA_DIR', 'The agent\'s data directory (its host ID, its cluster CA).'],
     ['GATEWAY_UPGRADE_*', 'The other settings: docs/upgrades.md, "Settings".'],
   ],
   files: [
     ['/etc/gateway-upgrade.d/endpoint', 'The version server: <host:port>/v1/webapi/automaticupgrades/channel/<channel>.'],
     ['/etc/gateway-upgrade.d/schedule', 'The maintenance windows the agent exports.'],
+    ['/etc/gateway-upgrade.d/group', 'Optional: the rollout group asked for this host (else the agent\'s own).'],
+    ['/var/lib/gateway/host/identity.json', 'The agent\'s identity: the host ID the rollout knows this host by.'],
     ['/etc/default/gateway', 'The environment of gateway-upgrade.service.'],
   ],
   seeAlso: ['gateway(1)', 'systemd.timer(5)'],

@@ -91,8 +91,11 @@ function name(what: string) {
   };
 }
 
+/** A rollout group's name (src/wire/autoupdate.ts UPGRADE_GROUP_PATTERN, what the Proxy keeps from a hello). */
 function upgradeGroup(s: string): string {
-  if (!UPGRADE_GROUP_PATTERN.test(s)) throw new Invalid(`expected a group name (a-z, 0-9 and -, 1 to 32 characters), got ${quote(s)}`);
+  if (!UPGRADE_GROUP_PATTERN.test(s)) {
+    throw new Invalid(`expected a rollout group name of 1 to 32 of a-z, 0-9 and "-", got ${quote(s)}`, 'GW_ERR_CONFIG_VALUE', 'Name the group as the autoupdate_config lists it (lowercase letters, digits and "-", at most 32), such as prod or dev-eu.');
+  }
   return s;
 }
 
@@ -388,6 +391,13 @@ export const SCHEMA = section('The gateway configuration file.', {
       default: new Dynamic(`${SYSTEM_DATA_DIR} for root; $XDG_STATE_HOME/gateway (~/.local/state/gateway) for other users`, () => defaultDataDir()),
       check: absolutePath,
     }),
+    upgrade_group: str("An agent's rollout group (docs/upgrades.md, \"Managed rollouts\"), sent to the Proxy in its tunnel's hello: 1 to 32 of a-z, 0-9 and \"-\".", {
+      type: 'group name',
+      defaultDoc: 'the `upgrade-group` label of ssh_service.labels, else none (the rollout\'s catch-all group)',
+      example: 'prod',
+      check: upgradeGroup,
+    }),
+    upgrade_stale_after: duration("An agent's upgrader counts as stale when its last run (/etc/gateway-upgrade.d/last-run) is older than this, or there is none this long after start: the agent then says so in a warning, gateway_agent_upgrade_stale and its health's upgrader check.", '24h'),
     auth_server: addrs("Auth API address(es) (host or host:port, default port 3025) of a Proxy that runs without the Auth Service in its process; the Proxy fails over to the next one. --auth-server overrides it.", 3025),
     proxy_ca_file: str("PEM file with the root CA of a TLS-inspecting proxy on the way out (your organisation's): behind it, the cluster's TLS goes inside a WebSocket upgrade on the Proxy's web address, end to end (docs/dialing.md). Added to GATEWAY_PROXY_CA_FILE and NODE_EXTRA_CA_CERTS.", {
       type: 'absolute path',
@@ -396,12 +406,6 @@ export const SCHEMA = section('The gateway configuration file.', {
       check: absolutePath,
     }),
     diag_addr: listen("Health endpoints for a supervisor (Kubernetes probes), also --diag-addr: GET /healthz answers 200 while the process runs, GET /readyz 200 when every check of its roles passed (backend, Auth Service, listeners; an agent: its tunnel and resources), else 503, naming each check; GET /metrics the process's metrics in Prometheus's format (docs/operations.md). Plain HTTP, no credentials: bind it to an address only the supervisor and the scraper reach, never a public listener's.", { port: 3000, defaultDoc: 'none (off)' }),
-    upgrade_group: str("This agent's group in a managed rollout (docs/upgrades.md): a-z, 0-9 and -, 1 to 32 characters. The Kubernetes chart sets it to its updater.group, the group its updater asks for.", {
-      type: 'group name',
-      defaultDoc: "none: the agent's upgrade-group label, else the rollout's catch-all group",
-      example: 'dev',
-      check: upgradeGroup,
-    }),
     tracing: section('Traces over OTLP/HTTP (docs/operations.md, "Tracing"): off unless an endpoint is set here or in OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_TRACES_EXPORTER=none turns it off.', {
       otlp_endpoint: str('The OTLP/HTTP traces URL of the collector (JSON is sent), as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: the whole URL, path included.', {
         type: 'URL',

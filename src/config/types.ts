@@ -48,12 +48,14 @@ export interface ProcessConfig {
   readonly diag_addr: HostPort | undefined;
   /** Absolute path. */
   readonly data_dir: string;
+  /** The agent's rollout group (hello.upgrade_group); undefined: its ssh_service `upgrade-group` label, else none. */
+  readonly upgrade_group: string | undefined;
+  /** Milliseconds after which the upgrader's last run counts as stale. */
+  readonly upgrade_stale_after: number;
   /** Auth API addresses of a Proxy-only process (docs/configuration.md). */
   readonly auth_server: readonly HostPort[];
   /** The root CA of a TLS-inspecting proxy (absolute path), for the upgrade transport (src/dial/upgrade.ts). */
   readonly proxy_ca_file: string | undefined;
-  /** Its group in a managed rollout (src/wire/autoupdate.ts); undefined: its label, else the catch-all. */
-  readonly upgrade_group: string | undefined;
   /** Traces over OTLP (src/trace.ts tracingSettings); every field undefined: the environment decides. */
   readonly tracing: TracingConfig;
   readonly storage: StorageConfig;

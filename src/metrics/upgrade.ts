@@ -114,3 +114,14 @@ export function recordKubeUpdaterRollout(rollout: { canary: boolean } | undefine
   kubeManaged.metric.reset();
   kubeManaged.set({ canary: rollout?.canary ? 'true' : 'false' }, rollout ? 1 : 0);
 }
+
+const stale = gauge({
+  name: 'gateway_agent_upgrade_stale',
+  help: "1 when the agent's upgrader has not run for longer than gateway.upgrade_stale_after (or never since that long after start): check gateway-upgrade.timer; 0 when it runs. Absent when the host has no upgrader.",
+  area: AREA,
+});
+
+/** The agent's measure of its upgrader (src/agent/rollout.ts). */
+export function recordUpgradeStale(isStale: boolean): void {
+  stale.set({}, isStale ? 1 : 0);
+}

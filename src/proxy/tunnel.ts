@@ -26,6 +26,9 @@
  * CHECKS_PER_INTERVAL times per interval and beats on every such sweep, so a dead agent is found within
  * deadTunnelBoundMs (src/tunnel/control.ts). The control channel is read
  * through src/tunnel/control.ts: a line over the cap closes the connection, unknown messages are ignored.
+ * Rollouts (docs/upgrades.md): the hello's upgrade_group and the agent's `health` messages are checked here
+ * (src/wire/autoupdate.ts checkAgentHealth; a bad one is ignored, logged once, the tunnel kept) and kept in the
+ * presence this Proxy writes, at most one write per heartbeat interval for a changed health.
  */
 import { randomUUID, X509Certificate } from 'node:crypto';
 import { EventEmitter } from 'node:events';
@@ -44,6 +47,7 @@ import { relayChannel } from '../net/sshchannel.js';
 import type { ClusterView } from './cluster.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
 import { CHECKS_PER_INTERVAL, parseControlMessage, readControl } from '../tunnel/control.js';
+import { checkAgentHealth, UPGRADE_GROUP_PATTERN, type AgentHealth } from '../wire/autoupdate.js';
 import {
   CONTROL_SUBSYSTEM,
   PROTOCOL_VERSION,
@@ -91,6 +95,10 @@ export interface ConnectedAgent {
   /** From the hello: the agent's software version and upgrade channel (agents of earlier versions send neither). */
   version?: string;
   channel?: string;
+  /** From the hello: the agent's rollout group (checked: UPGRADE_GROUP_PATTERN; anything else is dropped). */
+  upgradeGroup?: string;
+  /** The agent's last health message, checked (checkAgentHealth); kept in its presence for the rollout. */
+  health?: AgentHealth;
 }
 
 export interface TunnelServerOptions {
@@ -138,6 +146,10 @@ interface Registered {
   presenceFirst?: Promise<void>;
   /** The agent's newest proof of its presence through this Proxy (presence-proof), carried with every presence write. */
   proof?: { time: string; signature: string };
+  /** A health message was kept and not yet written (the sweep writes it once a heartbeat interval has passed). */
+  healthDirty?: boolean;
+  /** A bad health message was logged on this tunnel (once is enough). */
+  healthRefused?: boolean;
   /** The client streams this Proxy opened in the tunnel and that are still open (a drain waits for them). */
   inFlight: Set<Duplex>;
   /** While draining: called whenever one of them closes. */
@@ -465,6 +477,8 @@ export class TunnelServer extends EventEmitter {
       void this.renew(entry, m);
     } else if (m.type === 'host-cert') {
       void this.takeHostCert(entry, m.ssh_cert.trim());
+    } else if (m.type === 'health') {
+      this.takeHealth(entry, m.health);
     } else if (m.type === 'presence-proof' && m.proxyId === this.proxyId) {
       const first = entry.proof === undefined;
       entry.proof = { time: m.time, signature: m.signature };
@@ -472,6 +486,25 @@ export class TunnelServer extends EventEmitter {
       // Service refuses an agent that has signed before without it); the agent's events wait for this write.
       if (first) entry.presenceFirst = this.writePresence(entry);
     }
+  }
+
+  /**
+   * An agent's health (protocol.ts `health`): kept, and its presence written at once, when checkAgentHealth takes
+   * it; a bad one is ignored (the previous stays), logged once per tunnel, and the tunnel kept: a broken reporter
+   * must not cut an agent's users off. At most one write per heartbeat interval: a faster agent's messages only
+   * replace the one kept, which the next sweep writes.
+   */
+  private takeHealth(entry: Registered, value: unknown): void {
+    const checked = checkAgentHealth(value, Date.now());
+    if (!checked.ok) {
+      if (!entry.healthRefused) this.log.warn({ hostId: entry.agent.hostId, nodename: entry.agent.nodename, why: checked.why }, 'ignoring a bad health message from an agent (logged once per tunnel)');
+      entry.healthRefused = true;
+      return;
+    }
+    entry.agent.health = checked.health;
+    entry.healthDirty = true;
+    // An agent that signs its presence has it written with its first proof (presenceWrittenMs is 0 until then).
+    if (entry.presenceWrittenMs !== 0 && Date.now() - entry.presenceWrittenMs >= this.options.heartbeatIntervalMs) void this.writePresence(entry);
   }
 
   /**
@@ -592,7 +625,8 @@ export class TunnelServer extends EventEmitter {
       const silentMs = now - entry.lastHeardMs;
       if (silentMs <= silentAfterMs) {
         if (beats) entry.agent.link.control.write(beat);
-        if (now - entry.presenceWrittenMs >= refreshMs) void this.writePresence(entry);
+        const due = entry.healthDirty === true && entry.presenceWrittenMs !== 0 ? this.options.heartbeatIntervalMs : refreshMs;
+        if (now - entry.presenceWrittenMs >= due) void this.writePresence(entry);
         continue;
       }
       this.log.warn({ hostId: entry.agent.hostId, nodename: entry.agent.nodename, silentMs }, 'agent missed its heartbeats; marking it offline');
@@ -616,6 +650,7 @@ export class TunnelServer extends EventEmitter {
   private async writePresence(entry: Registered): Promise<void> {
     const { agent } = entry;
     entry.presenceWrittenMs = Date.now();
+    entry.healthDirty = false;
     try {
       await this.options.auth.setPresence(
         {
@@ -628,6 +663,8 @@ export class TunnelServer extends EventEmitter {
           lastHeartbeat: agent.lastHeartbeat.toISOString(),
           ...(agent.version === undefined ? {} : { version: agent.version }),
           ...(agent.channel === undefined ? {} : { channel: agent.channel }),
+          ...(agent.upgradeGroup === undefined ? {} : { upgradeGroup: agent.upgradeGroup }),
+          ...(agent.health === undefined ? {} : { health: agent.health }),
           ...(entry.proof === undefined ? {} : { proof: entry.proof }),
         },
         this.options.heartbeatIntervalMs * (PRESENCE_REFRESH_BEATS + this.options.heartbeatCountMax + 1),
@@ -813,7 +850,12 @@ function normalizeResources(r: Partial<AgentResources> | undefined): AgentResour
 export { PROTOCOL_VERSION };
 
 /** The hello's software fields, kept only when they are short printable strings (anything else is dropped). */
-function softwareOf(hello: HelloMessage): { version?: string; channel?: string } {
+function softwareOf(hello: HelloMessage): { version?: string; channel?: string; upgradeGroup?: string } {
   const ok = (v: unknown): v is string => typeof v === 'string' && v.length > 0 && v.length <= HELLO_SOFTWARE_MAX && /^[\x21-\x7e]+$/.test(v);
-  return { ...(ok(hello.software_version) ? { version: hello.software_version } : {}), ...(ok(hello.upgrade_channel) ? { channel: hello.upgrade_channel } : {}) };
+  const group = hello.upgrade_group;
+  return {
+    ...(ok(hello.software_version) ? { version: hello.software_version } : {}),
+    ...(ok(hello.upgrade_channel) ? { channel: hello.upgrade_channel } : {}),
+    ...(typeof group === 'string' && UPGRADE_GROUP_PATTERN.test(group) ? { upgradeGroup: group } : {}),
+  };
 }

@@ -37,6 +37,9 @@ import { ConnectionLimits, limitSettings } from '../net/deadlines.js';
 import { AgentPool } from '../agent/pool.js';
 import { HostRenewal, type RenewAsk } from '../agent/renewal.js';
 import { upgradeSoftware } from '../agent/tunnel.js';
+import { agentUpgradeGroup, HealthReporter } from '../agent/rollout.js';
+import { HEALTH_TIMEOUT_MS, HealthMonitor } from '../net/health.js';
+import { readinessChecks } from './health.js';
 import type { DialRequest, ServiceKind } from '../tunnel/protocol.js';
 import type { DaemonEnvironment } from './environment.js';
 import type { Lifecycle } from './lifecycle.js';
@@ -102,13 +105,16 @@ export async function startAgentRole(options: AgentRoleOptions): Promise<AgentRo
  * takes one client at a time counts it as a failed client). gwctl probe, asked for by an operator, checks any.
  */
 function agentHealth(options: AgentRoleOptions, identity: HostIdentity): AgentRole['health'] {
+  return { resources: checkedResources(options), reach: resourceReach(options.config, options.services, options.dialer, identity.cluster) };
+}
+
+function checkedResources(options: AgentRoleOptions): AgentRole['health']['resources'] {
   const r = agentResources(options.config, options.services);
-  const resources = [
+  return [
     ...r.databases.filter((d) => d.protocol !== 'mysql').map((d) => ({ kind: 'db' as const, name: d.name })),
     ...r.apps.filter((a) => a.kind !== 'tcp').map((a) => ({ kind: 'app' as const, name: a.name })),
     ...r.kube_clusters.map((k) => ({ kind: 'kube' as const, name: k.name })),
   ];
-  return { resources, reach: resourceReach(options.config, options.services, options.dialer, identity.cluster) };
 }
 
 async function startAgentParts(options: AgentRoleOptions, hostIdentity: HostIdentity, reach: ResourceReach): Promise<Omit<AgentRole, 'health'>> {
@@ -196,6 +202,9 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, st
   if (ssh) lifecycle.onStop('agents', () => ssh.close());
   const resources = agentResources(config, services);
   if (ssh) resources.node_host_cert = identity.sshCert;
+  const group = agentUpgradeGroup(config.gateway.upgrade_group, services.includes('ssh_service') ? config.ssh_service.labels : undefined);
+  if (group.problem) logger('gateway').warn(group.problem);
+  let reporter: HealthReporter | undefined;
   agent = new AgentPool({
     // An identity issued in this process dials the Proxy of this process: the only one it can reach.
     ...(identity.joinedVia === 'local' ? { maxLinks: 1 } : {}),
@@ -210,12 +219,15 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, st
     heartbeatCountMax: config.auth_service.keep_alive_count_max,
     // The hello's version and upgrade channel, from the daemon's environment (GATEWAY_UPGRADE_*).
     software: () => upgradeSoftware(options.environment.env),
+    ...(group.group === undefined ? {} : { upgradeGroup: group.group }),
+    health: () => reporter?.current(),
     // The ladder's last rung: the tunnel's TLS inside a WebSocket on the web address, past a TLS-inspecting proxy
     // whose root the operator gave (src/dial/upgrade.ts verifies the outer TLS against it or the cluster's CA).
     openUpgrade: (d, webAddr) => openUpgradeStream(d, webAddr, { roots: operatorRoots(d), clusterCa: identity.hostCa }),
   });
   const tunnelAgent = agent;
   lifecycle.onStop('agents', () => tunnelAgent.stop());
+  reporter = startHealthReporter(options, tunnelAgent, reach);
   const local = identity.joinedVia === 'local' && options.localAuth ? localAsk(options.localAuth, identity.hostId) : undefined;
   const renewal = startRenewal(options, identity, local ?? ((key: string) => tunnelAgent.requestRenewal(key)), () => {
     if (!ssh) return;
@@ -228,6 +240,33 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, st
   tunnelAgent.start();
   await exportSchedule(options, identity, tunnelAgent);
   return { tunnelAgent, renewal };
+}
+
+/**
+ * The agent's health for the rollout (src/agent/rollout.ts): the same checks /readyz runs (its tunnel, its
+ * resources), measured every heartbeat interval by a monitor of its own (the diagnostics listener may be off),
+ * and its upgrader's last run when the host has the upgrader.
+ */
+function startHealthReporter(options: AgentRoleOptions, pool: AgentPool, reach: ResourceReach): HealthReporter {
+  const { config, environment, lifecycle } = options;
+  const intervalMs = config.auth_service.keep_alive_interval;
+  const resources = checkedResources(options);
+  const monitor = new HealthMonitor(readinessChecks({ timeoutMs: Math.min(HEALTH_TIMEOUT_MS, intervalMs), tunnel: pool, resources, reach }), { intervalMs });
+  const upgraderDir = environment.upgraderDir();
+  const reporter = new HealthReporter({
+    measure: async () => {
+      await monitor.runRound();
+      return monitor.report().checks.map((c) => ({ name: c.name, ok: c.ok, ...(c.detail ? { detail: c.detail } : {}) }));
+    },
+    send: (h) => pool.sendHealth(h),
+    ...(existsSync(upgraderDir) ? { readLastRun: () => readLastRun(upgraderDir) } : {}),
+    staleAfterMs: config.gateway.upgrade_stale_after,
+    intervalMs,
+  });
+  pool.on('connected', () => void reporter.tick());
+  reporter.start();
+  lifecycle.onStop('agents', () => reporter.stop());
+  return reporter;
 }
 
 async function sshService(config: GatewayConfig, identity: HostIdentity, onEvent: (e: SessionEvent) => void): Promise<SshService> {

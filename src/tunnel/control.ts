@@ -38,8 +38,9 @@ const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
     isObject(m.resources) &&
     (m.holds === undefined || (Array.isArray(m.holds) && m.holds.every(isString))),
   heartbeat: (m) => isNumber(m.seq),
-  // The fields' bounds (AGENT_HEALTH_MAX_CHECKS, lengths) are checked where the Proxy keeps it.
-  health: (m) => isObject(m.health) && typeof m.health.ok === 'boolean' && Array.isArray(m.health.checks) && isString(m.health.measured_at),
+  // Only its shape here: the Proxy checks every field and bound where it keeps it (checkAgentHealth, src/wire/autoupdate.ts),
+  // so that a bad one is logged there (once per tunnel) rather than dropped unseen.
+  health: (m) => isObject(m.health),
   welcome: (m) => isString(m.proxyId) && isPositive(m.heartbeatIntervalMs) && isPositive(m.heartbeatCountMax),
   discovery: (m) => Array.isArray(m.proxies) && m.proxies.every((p) => isObject(p) && isString(p.id) && isString(p.addr)) && (m.strategy === undefined || isStrategy(m.strategy)),
   reconnect: (m) => isString(m.reason),

@@ -54,12 +54,21 @@ const UPGRADE_UNTRUSTED_HINT =
 /** A cluster certificate must be a Proxy's (an agent's under the Proxy's name is refused); a public one is taken on chain and name. */
 const proxyOrOutside = memberOrOutsideServerIdentity('proxy');
 
-async function get(url: string, deps: HttpDeps, maxBodyBytes: number): Promise<{ status: number; body: string; proxy?: string }> {
+/**
+ * One GET of a Proxy's upgrade endpoints (the identity rule above), bounded: maxBodyBytes, the socket's idle
+ * deadline, and the whole request's when `signal` is given.
+ */
+export async function getFromProxy(url: string, deps: HttpDeps, maxBodyBytes: number, signal?: AbortSignal): Promise<{ status: number; body: string; proxy?: string }> {
+  return get(url, deps, maxBodyBytes, signal);
+}
+
+async function get(url: string, deps: HttpDeps, maxBodyBytes: number, signal?: AbortSignal): Promise<{ status: number; body: string; proxy?: string }> {
   const ca = trustedCas(deps.ca);
   const r = await fetchThroughDialer(url, {
     dialer: deps.dialer,
     timeoutMs: deps.timeoutMs ?? 15_000,
     maxBodyBytes,
+    ...(signal ? { signal } : {}),
     headers: { accept: 'text/plain, application/json' },
     ...(ca ? { ca } : {}),
     tlsPeer: { server: 'proxy', untrustedHint: UPGRADE_UNTRUSTED_HINT, acceptsOperatorRoots: true },

@@ -6,7 +6,8 @@
  *   {"version":"v1","at":1767578400,"result":"failed","code":"GW_ERR_UPGRADE_HEALTH","current":"17.0.0","target":"17.1.0"}
  *
  * result is up-to-date, no-version (the version server advertises none), waiting, upgraded or failed (then code is
- * the error's stable code); current and target are the versions the run compared (absent when it failed before it knew them). The reader is bounded (at most
+ * the error's stable code); current and target are the versions the run compared (absent when it failed before it knew them);
+ * rollout_id and reason are a managed rollout's instruction's, when one decided the run. The reader is bounded (at most
  * LAST_RUN_MAX_BYTES read) and strict: a file it cannot read, not a regular file, too large or not this shape is no last run, never a
  * guess (the metric then says unknown).
  */
@@ -27,7 +28,12 @@ export interface LastRun {
   code?: string;
   current?: string;
   target?: string;
+  /** A managed rollout's instruction decided the run: its id and reason (at most LAST_RUN_REASON_MAX characters). */
+  rollout_id?: string;
+  reason?: string;
 }
+export const LAST_RUN_REASON_MAX = 512;
+const ROLLOUT_ID = /^[\x21-\x7e]{1,128}$/;
 
 export function formatLastRun(run: LastRun): string {
   return `${JSON.stringify({ version: 'v1', ...run })}\n`;
@@ -54,6 +60,14 @@ export function parseLastRun(text: string): LastRun | undefined {
     if (o[k] === undefined) continue;
     if (typeof o[k] !== 'string' || !VERSION.test(o[k])) return undefined;
     run[k] = o[k];
+  }
+  if (o.rollout_id !== undefined) {
+    if (typeof o.rollout_id !== 'string' || !ROLLOUT_ID.test(o.rollout_id)) return undefined;
+    run.rollout_id = o.rollout_id;
+  }
+  if (o.reason !== undefined) {
+    if (typeof o.reason !== 'string' || o.reason.length > LAST_RUN_REASON_MAX || /[\x00-\x1f\x7f]/.test(o.reason)) return undefined;
+    run.reason = o.reason;
   }
   return run;
 }
@@ -86,10 +100,10 @@ export function readLastRun(dir: string): LastRun | undefined {
  */
 export async function recordingLastRun<R extends Exclude<LastRun['result'], 'failed'>>(
   dir: string,
-  run: (onVersions: (current: string, target: string) => void) => Promise<R>,
+  run: (onVersions: (current: string, target: string) => void, onRollout: (rolloutId: string | undefined, reason: string) => void) => Promise<R>,
   now: () => number = Date.now,
 ): Promise<R> {
-  const versions: { current?: string; target?: string } = {};
+  const versions: { current?: string; target?: string; rollout_id?: string; reason?: string } = {};
   const record = (r: Pick<LastRun, 'result' | 'code'>) => {
     if (!existsSync(dir)) return;
     try {
@@ -99,7 +113,10 @@ export async function recordingLastRun<R extends Exclude<LastRun['result'], 'fai
     }
   };
   try {
-    const result = await run((current, target) => Object.assign(versions, { current, target }));
+    const result = await run(
+      (current, target) => Object.assign(versions, { current, target }),
+      (rolloutId, reason) => Object.assign(versions, { ...(rolloutId ? { rollout_id: rolloutId } : {}), reason: reason.slice(0, LAST_RUN_REASON_MAX) }),
+    );
     record({ result });
     return result;
   } catch (err) {

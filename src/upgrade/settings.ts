@@ -29,6 +29,10 @@ export interface UpgraderSettings {
   yumReposDir: string;
   zyppReposDir: string;
   lockFile: string;
+  /** The agent's data directory: its host identity (host/identity.json: the host ID a rollout knows it by) and CA. */
+  dataDir: string;
+  /** The whole deadline of the rollout instruction request (src/upgrade/instruction.ts). */
+  instructionTimeoutMs: number;
   /** The agent's systemd service. */
   service: string;
   /** 'auto' detects apt / dnf / yum / zypper from what installed the package, else a tarball install. */
@@ -139,7 +143,8 @@ export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettin
     throw new GatewayError('GW_ERR_UPGRADE_PACKAGE_MANAGER', `GATEWAY_UPGRADE_PACKAGE_MANAGER=${JSON.stringify(pm)} is not one the upgrader knows`);
   }
   const caFiles: string[] = [];
-  const agentCa = join(path('GATEWAY_UPGRADE_DATA_DIR', under('var/lib/gateway')), 'host', 'host-ca.pem');
+  const dataDir = path('GATEWAY_UPGRADE_DATA_DIR', under('var/lib/gateway'));
+  const agentCa = join(dataDir, 'host', 'host-ca.pem');
   if (existsSync(agentCa)) caFiles.push(agentCa);
   for (const f of (get('GATEWAY_UPGRADE_CA_FILE') ?? '').split(':').filter(Boolean)) caFiles.push(f);
   const duration = (k: string, dflt: number) => {
@@ -155,6 +160,8 @@ export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettin
     yumReposDir: path('GATEWAY_UPGRADE_YUM_REPOS_DIR', under('etc/yum.repos.d')),
     zyppReposDir: path('GATEWAY_UPGRADE_ZYPP_REPOS_DIR', under('etc/zypp/repos.d')),
     lockFile: path('GATEWAY_UPGRADE_LOCK_FILE', under('run/gateway-upgrade.lock')),
+    dataDir,
+    instructionTimeoutMs: duration('GATEWAY_UPGRADE_INSTRUCTION_TIMEOUT', 15_000),
     service,
     packageManager: pm as UpgraderSettings['packageManager'],
     versionCommand: get('GATEWAY_UPGRADE_VERSION_COMMAND') ?? 'gateway --version',

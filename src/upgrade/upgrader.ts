@@ -25,6 +25,8 @@ import { checkClusterVersion, type Enrollment } from './enrollment.js';
 import { readEndpointFile, type Endpoint } from './endpoint.js';
 import { describeExit, lastLines, runCommand, runShell, which } from './exec.js';
 import { acquireLock } from './lock.js';
+import { fetchInstruction, instructionLine, readGroupFile, readHostId } from './instruction.js';
+import type { AgentInstruction } from '../wire/autoupdate.js';
 import { detectPackageManager, explainFailure, FIPS_PACKAGE, installCommands, installEnv, installStep, PACKAGE, packageSpec, refreshWarning, type PackageManager } from './packages.js';
 import { channelHolds, movedLine, readRepo, repoPath, setChannel, ROLLING_CHANNEL, type RepoEntry } from './repo.js';
 import { invalidScheduleWarning, readSchedule, type ScheduleStatus } from './schedule.js';
@@ -198,11 +200,17 @@ export interface DryRunReport {
   critical: boolean;
   /** The Proxy that answered (behind a load balancer), when it says. */
   answered_by: string | null;
-  maintenance_window: { state: 'inside' | 'scheduled' | 'none' | 'unknown'; until?: string; next_start?: string };
+  /** managed: a rollout decides when, not the windows of the channel's schedule. */
+  maintenance_window: { state: 'inside' | 'scheduled' | 'none' | 'unknown' | 'managed'; until?: string; next_start?: string };
   /** How the upgrade would install, when one is available and the package manager is known. */
   install: { method: string; what: string } | null;
   /** The cluster's Auth and Proxy are too old for this agent to enroll: the version they need. */
   cluster_too_old: string | null;
+  /**
+   * The managed rollout's instruction for this host (managed true: it decided, not the channel), or why there is
+   * none (managed false: the Proxy's reason, or no identity / an earlier Proxy). Absent before the question is asked.
+   */
+  rollout: { managed: boolean; reason: string; version?: string; update?: boolean; group?: string; canary?: boolean; critical?: boolean; rollout_id?: string } | null;
 }
 
 function windowReport(f: Facts): DryRunReport['maintenance_window'] {
@@ -225,10 +233,67 @@ function noTargetReport(ctx: UpgraderContext, f: NoTargetFacts): DryRunReport {
     maintenance_window: { state: 'unknown' },
     install: null,
     cluster_too_old: null,
+    rollout: null,
   };
 }
 
+function rolloutReport(i: AgentInstruction): NonNullable<DryRunReport['rollout']> {
+  const { managed, reason, version, update, group, canary, critical, rollout_id } = i;
+  return { managed, reason, update, ...(version ? { version } : {}), ...(group !== undefined ? { group } : {}), ...(canary !== undefined ? { canary } : {}), ...(critical !== undefined ? { critical } : {}), ...(rollout_id ? { rollout_id } : {}) };
+}
+
+/** How `version` would install here (undefined when the package manager cannot be told). */
+async function installPlan(ctx: UpgraderContext, installed: Installed, version: string): Promise<DryRunReport['install']> {
+  const pkg = packageNameFor(ctx, installed);
+  const pm = await resolvePackageManager(ctx, pkg).catch((err: unknown) => {
+    warn(ctx, toGatewayError(err).message);
+    return undefined;
+  });
+  if (pm === undefined) return null;
+  const install = pm === 'tarball'
+    ? { method: 'tarball', what: `${ctx.settings.downloadUrl}/${tarballName(version, tarballArch(ctx.settings.arch), installed.fips)}` }
+    : { method: pm, what: packageSpec(pm, pkg, version) };
+  say(ctx, `install: ${install.method} ${install.what}`);
+  if (pm !== 'tarball') await announceRepoMove(ctx, pm, version);
+  return install;
+}
+
+/** dry-run under a managed rollout: the instruction, and what run would do with it. */
+async function managedDryRun(ctx: UpgraderContext, i: AgentInstruction): Promise<DryRunReport> {
+  const endpoint = await readEndpointFile(ctx.settings.endpointFile);
+  const installed = await installedVersion(ctx);
+  const d = managedDecision(i, installed.version);
+  say(ctx, instructionLine(i));
+  if (d.install === undefined) say(ctx, d.line);
+  else say(ctx, d.downgrade ? `a rollback is due (${installed.version} -> ${d.install})` : comparisonLine(installed.version, d.install));
+  const report: DryRunReport = {
+    installed_version: installed.version,
+    target_version: i.version ?? null,
+    upgrade_available: d.install !== undefined,
+    channel: endpoint.channel,
+    version_server: `${endpoint.host}:${endpoint.port}`,
+    critical: i.critical === true,
+    answered_by: null,
+    maintenance_window: { state: 'managed' },
+    install: null,
+    cluster_too_old: null,
+    rollout: rolloutReport(i),
+  };
+  if (d.install !== undefined) report.install = await installPlan(ctx, installed, d.install);
+  return report;
+}
+
 export async function dryRun(ctx: UpgraderContext): Promise<DryRunReport> {
+  const rollout = await askRollout(ctx);
+  if (rollout.managed) return managedDryRun(ctx, rollout.managed);
+  const report = await channelDryRun(ctx);
+  if (rollout.unmanaged) report.rollout = rolloutReport(rollout.unmanaged);
+  // Only when it was asked (this host has an identity): the output of a host in no rollout stays as it was.
+  if (rollout.asked) say(ctx, `rollout: none, the channel decides: ${rollout.channelBecause}`);
+  return report;
+}
+
+async function channelDryRun(ctx: UpgraderContext): Promise<DryRunReport> {
   const f = await gatherFacts(ctx);
   if ('none' in f) return noTargetReport(ctx, f);
   const report: DryRunReport = {
@@ -242,6 +307,7 @@ export async function dryRun(ctx: UpgraderContext): Promise<DryRunReport> {
     maintenance_window: windowReport(f),
     install: null,
     cluster_too_old: f.cluster.ok ? null : f.cluster.needed,
+    rollout: null,
   };
   say(ctx, comparisonLine(f.installed.version, f.target.version));
   say(ctx, `channel: ${f.endpoint.channel} at ${f.endpoint.host}:${f.endpoint.port} (critical: ${f.target.critical ? 'yes' : 'no'})`);
@@ -251,19 +317,7 @@ export async function dryRun(ctx: UpgraderContext): Promise<DryRunReport> {
   reportSchedule(ctx, f.schedule);
   if (!f.cluster.ok) warn(ctx, `${tooOld(f.cluster).message}; 'gateway-upgrade run' will not upgrade (needs ${f.cluster.needed})`);
   if (!report.upgrade_available) return report;
-  const pkg = packageNameFor(ctx, f.installed);
-  const pm = await resolvePackageManager(ctx, pkg).catch((err: unknown) => {
-    warn(ctx, toGatewayError(err).message);
-    return undefined;
-  });
-  if (pm === undefined) return report;
-  if (pm === 'tarball') {
-    report.install = { method: 'tarball', what: `${ctx.settings.downloadUrl}/${tarballName(f.target.version, tarballArch(ctx.settings.arch), f.installed.fips)}` };
-  } else {
-    report.install = { method: pm, what: packageSpec(pm, pkg, f.target.version) };
-  }
-  say(ctx, `install: ${report.install.method} ${report.install.what}`);
-  if (pm !== 'tarball') await announceRepoMove(ctx, pm, f.target.version);
+  report.install = await installPlan(ctx, f.installed, f.target.version);
   return report;
 }
 
@@ -383,19 +437,74 @@ async function selfCheck(ctx: UpgraderContext, expected: string): Promise<string
   }
 }
 
+// --- a managed rollout ----------------------------------------------------------------------------------------------
+
+/** What the Proxy's rollout says of this host: an instruction that decides (managed), else why the channel decides. */
+export interface RolloutAnswer {
+  managed?: AgentInstruction;
+  /** The channel decides: no host identity, an earlier Proxy (404), or managed:false (its reason). */
+  channelBecause?: string;
+  /** The managed:false answer itself, for dry-run's report. */
+  unmanaged?: AgentInstruction;
+  /** false: not asked (no host identity). */
+  asked: boolean;
+}
+
+/**
+ * Asks the Proxy of the endpoint file for this host's instruction (src/upgrade/instruction.ts). Throws
+ * GW_ERR_UPGRADE_INSTRUCTION when it cannot be read: the caller must then do nothing (never the channel).
+ */
+export async function askRollout(ctx: UpgraderContext): Promise<RolloutAnswer> {
+  const hostId = readHostId(ctx.settings.dataDir);
+  if (hostId === undefined) return { asked: false, channelBecause: `this host has no agent identity in ${ctx.settings.dataDir}/host, so it is in no rollout` };
+  const endpoint = await readEndpointFile(ctx.settings.endpointFile);
+  const group = readGroupFile(ctx.settings.etcDir);
+  const answer = await fetchInstruction(endpoint.origin, { hostId, ...(group ? { group } : {}) }, { ...httpDeps(ctx), deadlineMs: ctx.settings.instructionTimeoutMs });
+  if (answer.kind === 'none') return { asked: true, channelBecause: answer.why };
+  if (!answer.instruction.managed) return { asked: true, channelBecause: `no managed rollout (${answer.instruction.reason})`, unmanaged: answer.instruction };
+  return { asked: true, managed: answer.instruction };
+}
+
+/** What a managed run does with its instruction: the version it installs now, or why nothing. Pure. */
+export function managedDecision(i: AgentInstruction, current: string): { install: string; downgrade: boolean } | { install?: undefined; outcome: 'up-to-date' | 'waiting'; line: string } {
+  if (i.version === undefined) return { outcome: 'waiting', line: `not upgrading: the rollout names no version yet (${i.reason})` };
+  if (sameVersion(current, i.version)) return { outcome: 'up-to-date', line: comparisonLine(current, i.version) };
+  if (!i.update) return { outcome: 'waiting', line: `not upgrading to ${i.version} now: ${i.reason}` };
+  return { install: i.version, downgrade: semver.lt(i.version, current) };
+}
+
+/** run under a managed rollout: the instruction decides (no channel, no window); the install is the same as ever. */
+async function runManaged(ctx: UpgraderContext, i: AgentInstruction, options: RunOptions, work: { dir?: string }): Promise<RunOutcome> {
+  say(ctx, instructionLine(i));
+  options.onRollout?.(i.rollout_id, i.reason);
+  const installed = await installedVersion(ctx);
+  if (i.version !== undefined) options.onVersions?.(installed.version, i.version);
+  const d = managedDecision(i, installed.version);
+  if (d.install === undefined) {
+    say(ctx, d.line);
+    return d.outcome;
+  }
+  say(ctx, d.downgrade ? `the rollout moves this host back (${installed.version} -> ${d.install}): ${i.reason}` : comparisonLine(installed.version, d.install));
+  return installTarget(ctx, installed, d.install, options, work);
+}
+
 export interface RunOptions {
   /** Move a per-major repository to the target's major channel when needed ("updates it only when told to"). */
   updateRepo?: boolean;
   /** Told the versions the run compares, once it knows them (its last-run record keeps them). */
   onVersions?: (current: string, target: string) => void;
+  /** Told the managed rollout's id and reason when an instruction decides the run (its last-run record keeps them). */
+  onRollout?: (rolloutId: string | undefined, reason: string) => void;
 }
 
 export type RunOutcome = 'up-to-date' | 'no-version' | 'waiting' | 'upgraded';
 
 export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {}): Promise<RunOutcome> {
   const lock = await acquireLock(ctx.settings.lockFile);
-  let workDir: string | undefined;
+  const work: { dir?: string } = {};
   try {
+    const rollout = await askRollout(ctx);
+    if (rollout.managed) return await runManaged(ctx, rollout.managed, options, work);
     const f = await gatherFacts(ctx);
     if ('none' in f) {
       say(ctx, noVersionLine(f));
@@ -418,76 +527,85 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
       return 'waiting';
     }
 
-    const pkg = packageNameFor(ctx, f.installed);
-    const pm = await resolvePackageManager(ctx, pkg);
-    let installer: Installer;
-    let movedFrom: string | undefined;
-    let repo: RepoEntry | undefined;
-    if (pm === 'tarball') {
-      workDir = await mkdtemp(join(tmpdir(), 'gateway-upgrade-'));
-      installer = tarballInstaller(ctx, workDir, f.installed.fips);
-    } else {
-      repo = await readRepo(pm, ctx.settings);
-      if (!repo) {
-        throw new GatewayError('GW_ERR_UPGRADE_REPO', `the package repository is not registered: ${repoPath(pm, ctx.settings)} does not exist, and installing needs it`, {
-          hint: `Register it with 'gateway-upgrade repo set-channel stable/v${semver.major(current)}' (and the repository's signing key), as the install guide shows.`,
-        });
-      }
-      const holds = channelHolds(repo.channel, target);
-      if (!holds.ok) {
-        if (!options.updateRepo) throw repoMoveError(repo, target, holds.move);
-        movedFrom = repo.channel;
-        repo = await setChannel(pm, holds.move, ctx.settings);
-        say(ctx, `moved the repository ${repo.path} from ${movedFrom} to ${holds.move}`);
-      }
-      installer = packageInstaller(ctx, pm, pkg, repo);
-    }
-    const downgrade = semver.lt(target, current);
-    say(ctx, `installing ${installer.describe(target)}`);
-
-    const putBack = async (why: string, code: 'GW_ERR_UPGRADE_INSTALL' | 'GW_ERR_UPGRADE_HEALTH', cause?: unknown, restart = true): Promise<never> => {
-      let outcome: string;
-      try {
-        if (movedFrom !== undefined && pm !== 'tarball') {
-          repo = await setChannel(pm, movedFrom, ctx.settings);
-          installer = packageInstaller(ctx, pm, pkg, repo);
-        }
-        ctx.stderr.write(`rolling back to ${current}\n`);
-        await installer.rollback(current);
-        const back = restart ? await restartAndCheck(ctx, current) : await selfCheck(ctx, current);
-        outcome = back === undefined ? `the previous version ${current} was put back ${restart ? 'and is running' : '(the service was not restarted)'}` : `the previous version ${current} was put back, but ${back}`;
-      } catch (err) {
-        outcome = `putting the previous version ${current} back failed too (${toGatewayError(err).message}); this host needs attention`;
-      }
-      throw new GatewayError(code, `the upgrade ${current} -> ${target} failed: ${why}; ${outcome}`, { ...(cause === undefined ? {} : { cause }) });
-    };
-
-    try {
-      await installer.install(target, downgrade);
-    } catch (err) {
-      const e = toGatewayError(err);
-      // Tarballs: a checksum or download failure changed nothing, and a failed install script was undone already.
-      if (pm === 'tarball') throw e;
-      // A package manager may fail before or after it touched the files: check what is installed now.
-      const after = await installedVersion(ctx).catch(() => undefined);
-      if (after && sameVersion(after.version, current)) {
-        if (movedFrom !== undefined) await setChannel(pm, movedFrom, ctx.settings).catch(() => undefined);
-        const code = e.code === 'GW_ERR_UPGRADE_REPO' || e.code === 'GW_ERR_UPGRADE_CHECKSUM' ? e.code : 'GW_ERR_UPGRADE_INSTALL';
-        throw new GatewayError(code, `${e.message}; ${current} is still installed and the service was not restarted`, { cause: e, hint: e.hint });
-      }
-      return await putBack(e.message, 'GW_ERR_UPGRADE_INSTALL', e);
-    }
-    const broken = await selfCheck(ctx, target);
-    if (broken !== undefined) await putBack(`the new binary failed its self-check, before any restart: ${broken}`, 'GW_ERR_UPGRADE_HEALTH', undefined, false);
-    const problem = await restartAndCheck(ctx, target);
-    if (problem !== undefined) await putBack(problem, 'GW_ERR_UPGRADE_HEALTH');
-    await installer.finish?.();
-    say(ctx, `upgraded ${pkg} ${current} -> ${target}; the service is running ${target}`);
-    return 'upgraded';
+    return await installTarget(ctx, f.installed, target, options, work);
   } finally {
     await lock.release();
-    if (workDir) await rm(workDir, { recursive: true, force: true }).catch(() => undefined);
+    if (work.dir) await rm(work.dir, { recursive: true, force: true }).catch(() => undefined);
   }
+}
+
+/**
+ * Installs `target` over `installed` (an upgrade, or a downgrade for a rollout's rollback), with the self-check,
+ * the restart and health wait, and the local rollback on any failure. Throws GW_ERR_UPGRADE_* with what failed.
+ */
+async function installTarget(ctx: UpgraderContext, installed: Installed, target: string, options: RunOptions, work: { dir?: string }): Promise<'upgraded'> {
+  const current = installed.version;
+  const pkg = packageNameFor(ctx, installed);
+  const pm = await resolvePackageManager(ctx, pkg);
+  let installer: Installer;
+  let movedFrom: string | undefined;
+  let repo: RepoEntry | undefined;
+  if (pm === 'tarball') {
+    work.dir = await mkdtemp(join(tmpdir(), 'gateway-upgrade-'));
+    installer = tarballInstaller(ctx, work.dir, installed.fips);
+  } else {
+    repo = await readRepo(pm, ctx.settings);
+    if (!repo) {
+      throw new GatewayError('GW_ERR_UPGRADE_REPO', `the package repository is not registered: ${repoPath(pm, ctx.settings)} does not exist, and installing needs it`, {
+        hint: `Register it with 'gateway-upgrade repo set-channel stable/v${semver.major(current)}' (and the repository's signing key), as the install guide shows.`,
+      });
+    }
+    const holds = channelHolds(repo.channel, target);
+    if (!holds.ok) {
+      if (!options.updateRepo) throw repoMoveError(repo, target, holds.move);
+      movedFrom = repo.channel;
+      repo = await setChannel(pm, holds.move, ctx.settings);
+      say(ctx, `moved the repository ${repo.path} from ${movedFrom} to ${holds.move}`);
+    }
+    installer = packageInstaller(ctx, pm, pkg, repo);
+  }
+  const downgrade = semver.lt(target, current);
+  say(ctx, `installing ${installer.describe(target)}`);
+
+  const putBack = async (why: string, code: 'GW_ERR_UPGRADE_INSTALL' | 'GW_ERR_UPGRADE_HEALTH', cause?: unknown, restart = true): Promise<never> => {
+    let outcome: string;
+    try {
+      if (movedFrom !== undefined && pm !== 'tarball') {
+        repo = await setChannel(pm, movedFrom, ctx.settings);
+        installer = packageInstaller(ctx, pm, pkg, repo);
+      }
+      ctx.stderr.write(`rolling back to ${current}\n`);
+      await installer.rollback(current);
+      const back = restart ? await restartAndCheck(ctx, current) : await selfCheck(ctx, current);
+      outcome = back === undefined ? `the previous version ${current} was put back ${restart ? 'and is running' : '(the service was not restarted)'}` : `the previous version ${current} was put back, but ${back}`;
+    } catch (err) {
+      outcome = `putting the previous version ${current} back failed too (${toGatewayError(err).message}); this host needs attention`;
+    }
+    throw new GatewayError(code, `the upgrade ${current} -> ${target} failed: ${why}; ${outcome}`, { ...(cause === undefined ? {} : { cause }) });
+  };
+
+  try {
+    await installer.install(target, downgrade);
+  } catch (err) {
+    const e = toGatewayError(err);
+    // Tarballs: a checksum or download failure changed nothing, and a failed install script was undone already.
+    if (pm === 'tarball') throw e;
+    // A package manager may fail before or after it touched the files: check what is installed now.
+    const after = await installedVersion(ctx).catch(() => undefined);
+    if (after && sameVersion(after.version, current)) {
+      if (movedFrom !== undefined) await setChannel(pm, movedFrom, ctx.settings).catch(() => undefined);
+      const code = e.code === 'GW_ERR_UPGRADE_REPO' || e.code === 'GW_ERR_UPGRADE_CHECKSUM' ? e.code : 'GW_ERR_UPGRADE_INSTALL';
+      throw new GatewayError(code, `${e.message}; ${current} is still installed and the service was not restarted`, { cause: e, hint: e.hint });
+    }
+    return await putBack(e.message, 'GW_ERR_UPGRADE_INSTALL', e);
+  }
+  const broken = await selfCheck(ctx, target);
+  if (broken !== undefined) await putBack(`the new binary failed its self-check, before any restart: ${broken}`, 'GW_ERR_UPGRADE_HEALTH', undefined, false);
+  const problem = await restartAndCheck(ctx, target);
+  if (problem !== undefined) await putBack(problem, 'GW_ERR_UPGRADE_HEALTH');
+  await installer.finish?.();
+  say(ctx, `upgraded ${pkg} ${current} -> ${target}; the service is running ${target}`);
+  return 'upgraded';
 }
 
 /** `gateway-upgrade repo show`: the entry and its channel. */

@@ -91,51 +91,96 @@ export interface AgentHealth {
 }
 export const AGENT_HEALTH_MAX_CHECKS = 32;
 
-/** A rollout group's name (an agent's gateway.upgrade_group, the chart's updater.group). */
-export const UPGRADE_GROUP_PATTERN = /^[a-z0-9-]{1,32}$/;
-/** A version as an instruction names it: x.y.z[-pre], no leading v (the metrics' version labels take the same). */
-const INSTRUCTION_VERSION = /^[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(?:-[0-9A-Za-z.]{1,32})?$/;
-const ROLLOUT_ID = /^[A-Za-z0-9._:-]{1,128}$/;
-const REASON_MAX = 512;
+// --- the pure checks: an upgrader's parse of an instruction, a Proxy's check of an agent's health --------------------
 
-function instructionError(message: string): GatewayError {
-  return new GatewayError('GW_ERR_AUTOUPDATE_INSTRUCTION', `the rollout instruction is unreadable: ${message}`);
+/** A rollout group's name, as an agent's config or label gives it and the hello carries it. */
+export const UPGRADE_GROUP_PATTERN = /^[a-z0-9-]{1,32}$/;
+export const AGENT_HEALTH_NAME_MAX = 64;
+export const AGENT_HEALTH_DETAIL_MAX = 256;
+/** How far in the future an agent's measured_at may be (its clock against the Proxy's) before it is refused. */
+export const AGENT_HEALTH_FUTURE_SKEW_MS = 5 * 60_000;
+const VERSION_TEXT = /^[0-9]{1,9}\.[0-9]{1,9}\.[0-9]{1,9}(?:-[0-9A-Za-z.-]{1,64})?(?:\+[0-9A-Za-z.-]{1,64})?$/;
+const ROLLOUT_ID = /^[\x21-\x7e]{1,128}$/;
+const REASON_MAX = 512;
+const ISO_MAX = 40;
+
+type Fields = Record<string, unknown>;
+const isFields = (v: unknown): v is Fields => v !== null && typeof v === 'object' && !Array.isArray(v);
+/** Printable text without control characters (a peer's string ends in a terminal and a log). */
+const printable = (v: unknown, max: number): v is string => typeof v === 'string' && v.length <= max && !/[\x00-\x1f\x7f]/.test(v);
+const isoInstant = (v: unknown): v is string => typeof v === 'string' && v.length <= ISO_MAX && /^\d{4}-\d{2}-\d{2}T/.test(v) && Number.isFinite(Date.parse(v));
+
+/**
+ * An instruction's body → the AgentInstruction, or the reason it is not one (the upgrader then does nothing: it
+ * never guesses, and never falls back to the channel). Every field is checked for its type and bound; unknown
+ * fields (a newer Auth Service's) are ignored. A managed answer that says update must name the version.
+ */
+export function parseAgentInstruction(body: string): { ok: true; instruction: AgentInstruction } | { ok: false; why: string } {
+  if (body.length > AGENT_INSTRUCTION_MAX_BYTES) return { ok: false, why: `the answer is larger than ${AGENT_INSTRUCTION_MAX_BYTES} bytes` };
+  let o: unknown;
+  try {
+    o = JSON.parse(body);
+  } catch {
+    return { ok: false, why: 'the answer is not JSON' };
+  }
+  if (!isFields(o)) return { ok: false, why: 'the answer is not a JSON object' };
+  if (typeof o.managed !== 'boolean') return { ok: false, why: 'managed is not true or false' };
+  if (typeof o.update !== 'boolean') return { ok: false, why: 'update is not true or false' };
+  if (!printable(o.reason, REASON_MAX)) return { ok: false, why: `reason is not a line of text of at most ${REASON_MAX} characters` };
+  const out: AgentInstruction = { managed: o.managed, update: o.update, reason: o.reason };
+  if (o.version !== undefined) {
+    if (typeof o.version !== 'string' || !VERSION_TEXT.test(o.version)) return { ok: false, why: 'version is not a version number (x.y.z, no leading v)' };
+    out.version = o.version;
+  }
+  if (o.group !== undefined) {
+    if (typeof o.group !== 'string' || (o.group !== '' && !UPGRADE_GROUP_PATTERN.test(o.group))) return { ok: false, why: 'group is not a group name' };
+    out.group = o.group;
+  }
+  for (const k of ['canary', 'critical'] as const) {
+    if (o[k] === undefined) continue;
+    if (typeof o[k] !== 'boolean') return { ok: false, why: `${k} is not true or false` };
+    out[k] = o[k];
+  }
+  if (o.rollout_id !== undefined) {
+    if (typeof o.rollout_id !== 'string' || !ROLLOUT_ID.test(o.rollout_id)) return { ok: false, why: 'rollout_id is not a printable identifier of at most 128 characters' };
+    out.rollout_id = o.rollout_id;
+  }
+  if (o.issued_at !== undefined) {
+    if (!isoInstant(o.issued_at)) return { ok: false, why: 'issued_at is not an ISO 8601 time' };
+    out.issued_at = o.issued_at;
+  }
+  if (!out.managed && out.update) return { ok: false, why: 'managed is false but update is true' };
+  if (out.managed && out.update && out.version === undefined) return { ok: false, why: 'update is true and no version is named' };
+  return { ok: true, instruction: out };
 }
 
 /**
- * An upgrader's strict reading of an AgentInstruction (the body of a 200): bounded (AGENT_INSTRUCTION_MAX_BYTES),
- * every field of the contract checked for its type and shape, fields it does not know ignored (a newer Proxy may add
- * optional ones). A managed:false answer may not ask for an update, and update:true needs a version: an answer that
- * would make an upgrader act without saying to what is refused. GW_ERR_AUTOUPDATE_INSTRUCTION names the field.
+ * An agent's health message as a Proxy keeps it (pure): every field typed and bounded (AGENT_HEALTH_MAX_CHECKS
+ * checks, names ≤ AGENT_HEALTH_NAME_MAX, details ≤ AGENT_HEALTH_DETAIL_MAX, measured_at a time at most
+ * AGENT_HEALTH_FUTURE_SKEW_MS ahead of `now`), rebuilt from the known fields only; or the reason it is refused.
  */
-export function parseAgentInstruction(text: string): AgentInstruction {
-  if (Buffer.byteLength(text) > AGENT_INSTRUCTION_MAX_BYTES) throw instructionError(`it is over ${AGENT_INSTRUCTION_MAX_BYTES} bytes`);
-  let raw: unknown;
-  try {
-    raw = JSON.parse(text);
-  } catch {
-    throw instructionError('it is not JSON');
+export function checkAgentHealth(value: unknown, now: number): { ok: true; health: AgentHealth } | { ok: false; why: string } {
+  if (!isFields(value)) return { ok: false, why: 'health is not an object' };
+  if (typeof value.ok !== 'boolean') return { ok: false, why: 'ok is not true or false' };
+  if (!Array.isArray(value.checks)) return { ok: false, why: 'checks is not a list' };
+  if (value.checks.length > AGENT_HEALTH_MAX_CHECKS) return { ok: false, why: `${value.checks.length} checks, more than ${AGENT_HEALTH_MAX_CHECKS}` };
+  if (!isoInstant(value.measured_at)) return { ok: false, why: 'measured_at is not an ISO 8601 time' };
+  const measured = Date.parse(value.measured_at);
+  if (measured > now + AGENT_HEALTH_FUTURE_SKEW_MS) return { ok: false, why: `measured_at ${value.measured_at} is in the future` };
+  const checks: AgentHealth['checks'] = [];
+  for (const c of value.checks as unknown[]) {
+    if (!isFields(c) || typeof c.ok !== 'boolean') return { ok: false, why: 'a check is not {name, ok, detail}' };
+    if (!printable(c.name, AGENT_HEALTH_NAME_MAX) || c.name === '') return { ok: false, why: `a check's name is not text of 1 to ${AGENT_HEALTH_NAME_MAX} characters` };
+    if (c.detail !== undefined && !printable(c.detail, AGENT_HEALTH_DETAIL_MAX)) return { ok: false, why: `check ${c.name}: detail is not text of at most ${AGENT_HEALTH_DETAIL_MAX} characters` };
+    checks.push({ name: c.name, ok: c.ok, ...(c.detail === undefined ? {} : { detail: c.detail }) });
   }
-  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw instructionError('it is not a JSON object');
-  const o = raw as Record<string, unknown>;
-  const field = (name: string, ok: boolean, expected: string): void => {
-    if (!ok) throw instructionError(`${name} is ${JSON.stringify(o[name])?.slice(0, 40) ?? 'missing'}, not ${expected}`);
-  };
-  const optional = (name: string, check: (v: unknown) => boolean, expected: string): void => field(name, o[name] === undefined || check(o[name]), expected);
-  field('managed', typeof o.managed === 'boolean', 'a boolean');
-  field('update', typeof o.update === 'boolean', 'a boolean');
-  field('reason', typeof o.reason === 'string' && o.reason.length <= REASON_MAX, `a string of at most ${REASON_MAX} characters`);
-  optional('version', (v) => typeof v === 'string' && INSTRUCTION_VERSION.test(v), 'a version x.y.z[-pre] without a leading v');
-  optional('group', (v) => v === '' || (typeof v === 'string' && UPGRADE_GROUP_PATTERN.test(v)), 'a group name ([a-z0-9-]{1,32}) or ""');
-  optional('canary', (v) => typeof v === 'boolean', 'a boolean');
-  optional('critical', (v) => typeof v === 'boolean', 'a boolean');
-  optional('rollout_id', (v) => typeof v === 'string' && ROLLOUT_ID.test(v), 'a rollout id ([A-Za-z0-9._:-]{1,128})');
-  optional('issued_at', (v) => typeof v === 'string' && v.length <= 64 && !Number.isNaN(Date.parse(v)), 'an ISO 8601 time');
-  if (o.managed === false && o.update === true) throw instructionError('managed is false but update is true');
-  if (o.update === true && o.version === undefined) throw instructionError('update is true but no version is named');
-  const out: AgentInstruction = { managed: o.managed as boolean, update: o.update as boolean, reason: o.reason as string };
-  for (const k of ['version', 'group', 'canary', 'critical', 'rollout_id', 'issued_at'] as const) {
-    if (o[k] !== undefined) (out as unknown as Record<string, unknown>)[k] = o[k];
+  const health: AgentHealth = { ok: value.ok, checks, measured_at: new Date(measured).toISOString() };
+  if (value.upgrader !== undefined) {
+    const u = value.upgrader;
+    if (!isFields(u) || !printable(u.result, 32) || !isoInstant(u.at)) return { ok: false, why: 'upgrader is not {result, at, target, code}' };
+    if (u.target !== undefined && (typeof u.target !== 'string' || !VERSION_TEXT.test(u.target))) return { ok: false, why: 'upgrader.target is not a version' };
+    if (u.code !== undefined && (typeof u.code !== 'string' || !/^GW_ERR_[A-Z0-9_]{1,64}$/.test(u.code))) return { ok: false, why: 'upgrader.code is not an error code' };
+    health.upgrader = { result: u.result, at: u.at, ...(u.target === undefined ? {} : { target: u.target }), ...(u.code === undefined ? {} : { code: u.code }) };
   }
-  return out;
+  return { ok: true, health };
 }

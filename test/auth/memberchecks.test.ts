@@ -91,6 +91,20 @@ describe('proxyPresence', () => {
     expect(p.version).toBeUndefined();
     expect(p.channel).toBeUndefined();
   });
+
+  it("keeps a rollout group and an agent's health only when they pass the Proxy's own checks (issue 28)", () => {
+    const health = { ok: true, checks: [{ name: 'tunnel', ok: true }], measured_at: at(NOW - 500) };
+    expect(proxyPresence(sent({ upgradeGroup: 'prod', health }), node(['db']), 'proxy-1', NOW)).toMatchObject({ upgradeGroup: 'prod', health });
+    const bad = proxyPresence(
+      sent({ upgradeGroup: 'Prod Group', health: { ...health, checks: Array.from({ length: 10_000 }, (_, i) => ({ name: `c${i}`, ok: true })) } }),
+      node(['db']),
+      'proxy-1',
+      NOW,
+    );
+    expect(bad.upgradeGroup).toBeUndefined();
+    expect(bad.health).toBeUndefined();
+    expect(proxyPresence(sent({ health: { ...health, measured_at: at(NOW + 3_600_000) } }), node(['db']), 'proxy-1', NOW).health).toBeUndefined();
+  });
 });
 
 describe("checkPresenceProof (the agent's signature of its presence through one Proxy)", () => {

@@ -28,6 +28,7 @@ describe('defaults', () => {
       nodename: hostname(),
       data_dir: defaultDataDir(),
       auth_server: [],
+      upgrade_stale_after: 24 * 3_600_000,
       storage: { type: 'sqlite', conn_string: undefined, ca_file: undefined, cert_file: undefined, key_file: undefined },
       tracing: { otlp_endpoint: undefined, sample_ratio: undefined, headers: undefined },
       log: { output: 'stderr', severity: 'info', format: undefined },

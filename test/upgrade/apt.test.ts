@@ -13,11 +13,13 @@ import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { spawn } from 'node:child_process';
 import getPort from 'get-port';
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { startScheduleExport, writeSchedule } from '../../src/upgrade/schedule.js';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
-import { startHttpServer, type HttpTestServer } from '../helpers/servers.js';
+import { startHttpServer, startHttpsServer, type HttpTestServer } from '../helpers/servers.js';
+import { makeTestPki, type TestPki } from '../helpers/tls.js';
+import { AUTOUPDATE_AGENT_PATH } from '../../src/wire/autoupdate.js';
 import { makeAptLab, writeScript, type AptLab } from './helpers.js';
 
 setRootLogger(createLogger({ level: 'silent' }));
@@ -325,3 +327,62 @@ describe('gateway-upgrade run with apt', () => {
   });
 });
 
+
+/**
+ * Under a managed rollout (docs/upgrades.md, "Managed rollouts: the agent's side"): a small HTTPS Proxy of the
+ * test answers the instruction, apt installs. The per-major repository rule holds as for a channel's target, and a
+ * rollback is apt's downgrade; the window is closed throughout.
+ */
+describe('gateway-upgrade run with apt, told by a managed rollout', () => {
+  let pki: TestPki;
+  let proxy: HttpTestServer;
+  let instruction: Record<string, unknown>;
+  let managedEnv: Record<string, string>;
+  const identity = () => join(lab.root, 'var/lib/gateway/host/identity.json');
+
+  beforeAll(async () => {
+    pki = await makeTestPki();
+    const cert = await pki.serverCert({ names: ['proxy.gw.test'], ips: ['127.0.0.1'] });
+    proxy = await startHttpsServer({ cert: cert.certPem, key: cert.keyPem }, (req, res) => {
+      const ours = (req.url ?? '').startsWith(AUTOUPDATE_AGENT_PATH);
+      res.writeHead(ours ? 200 : 404, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(ours ? instruction : {}));
+    });
+    managedEnv = { ...env, GATEWAY_UPGRADE_CA_FILE: `${env.GATEWAY_UPGRADE_CA_FILE}:${pki.caCertPath}` };
+  });
+  afterAll(async () => {
+    await proxy?.close();
+    await pki?.cleanup();
+  });
+  beforeEach(async () => {
+    await mkdir(join(lab.root, 'var/lib/gateway/host'), { recursive: true });
+    await writeFile(identity(), JSON.stringify({ hostId: '5b0c1d2e-0000-4000-8000-00000000a002' }));
+    await writeFile(join(etc, 'endpoint'), `127.0.0.1:${proxy.port}/v1/webapi/automaticupgrades/channel/stable/v17\n`);
+    await writeSchedule(etc, later());
+  });
+  // The other tests' host has no identity: the instruction is not asked there.
+  afterEach(async () => rm(identity(), { force: true }));
+
+  it('a new major version on a per-major repository is refused the same way, and moves only with --update-repo', async () => {
+    instruction = { managed: true, version: '18.0.0', update: true, reason: 'group dev upgrades', group: 'dev', rollout_id: 'r-18' };
+    const refused = await runCli('gateway-upgrade', ['run'], { env: managedEnv, timeoutMs: 90_000 });
+    expect(refused.status).toBe(1);
+    expect(refused.stderr).toContain('code: GW_ERR_UPGRADE_REPO');
+    expect(refused.stderr).toContain('it must move to stable/v18 (or stable/rolling)');
+    expect(await lab.installed()).toBe('Gateway v17.0.1 git:test');
+    expect(await restarts()).toEqual([]);
+    const moved = await runCli('gateway-upgrade', ['run', '--update-repo'], { env: managedEnv, timeoutMs: 90_000 });
+    expect(moved.status, moved.stderr).toBe(0);
+    expect(await lab.installed()).toBe('Gateway v18.0.0 git:test');
+  });
+
+  it("a rollback is apt's downgrade, outside any window, with the same restart and health check", async () => {
+    await lab.install('17.0.2');
+    instruction = { managed: true, version: '17.0.1', update: true, reason: 'rollback of group dev to 17.0.1', group: 'dev', rollout_id: 'r-back' };
+    const r = await runCli('gateway-upgrade', ['run'], { env: managedEnv, timeoutMs: 90_000 });
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stdout).toContain('the rollout moves this host back (17.0.2 -> 17.0.1)');
+    expect(await lab.installed()).toBe('Gateway v17.0.1 git:test');
+    expect(await restarts()).toEqual(['restart Gateway v17.0.1 git:test']);
+  });
+});

@@ -65,8 +65,8 @@ const GOOD: AgentInstruction = {
 
 describe('parseAgentInstruction', () => {
   it('takes every field of the contract, and ignores fields it does not know', () => {
-    expect(parseAgentInstruction(JSON.stringify(GOOD))).toEqual(GOOD);
-    expect(parseAgentInstruction(JSON.stringify({ managed: false, update: false, reason: 'no rollout', future_field: [1] }))).toEqual({ managed: false, update: false, reason: 'no rollout' });
+    expect(parseAgentInstruction(JSON.stringify(GOOD))).toEqual({ ok: true, instruction: GOOD });
+    expect(parseAgentInstruction(JSON.stringify({ managed: false, update: false, reason: 'no rollout', future_field: [1] }))).toEqual({ ok: true, instruction: { managed: false, update: false, reason: 'no rollout' } });
   });
 
   it.each<[string, string]>([
@@ -89,8 +89,8 @@ describe('parseAgentInstruction', () => {
     ['managed:false asking for an update', JSON.stringify({ managed: false, update: true, reason: 'lie', version: '17.0.2' })],
     ['update without a version', JSON.stringify({ managed: true, update: true, reason: 'to what?' })],
     ['over the size limit', JSON.stringify({ ...GOOD, pad: 'x'.repeat(AGENT_INSTRUCTION_MAX_BYTES) })],
-  ])('refuses %s with GW_ERR_AUTOUPDATE_INSTRUCTION', (_name, text) => {
-    expect(() => parseAgentInstruction(text)).toThrow(expect.objectContaining({ code: 'GW_ERR_AUTOUPDATE_INSTRUCTION' }));
+  ])('refuses %s, saying why', (_name, text) => {
+    expect(parseAgentInstruction(text)).toMatchObject({ ok: false, why: expect.any(String) });
   });
 });
 
@@ -388,7 +388,7 @@ describe('hostile instruction answers: nothing patched, the channel not asked, G
     ['malformed JSON', instructionAnswer('{"managed": true, "update": tr'), /not JSON/],
     ['a lie: managed:false with update:true', instructionAnswer({ managed: false, update: true, version: '17.0.2', reason: 'lie' }), /managed is false but update is true/],
     ['update without a version', instructionAnswer({ managed: true, update: true, reason: 'to what?' }), /no version is named/],
-    ['an image reference for a version', instructionAnswer({ ...GOOD, version: 'evil.example.com/gateway:17.0.2' }), /version is "evil\.example\.com/],
+    ['an image reference for a version', instructionAnswer({ ...GOOD, version: 'evil.example.com/gateway:17.0.2' }), /version is not a version number/],
     ['a 500', instructionAnswer({ error: 'boom' }, 500), /answered HTTP 500/],
     ['a 302 to elsewhere', (_req, res) => res.writeHead(302, { location: 'https://evil.example.com/' }).end(), /answered HTTP 302/],
     ['slow: a byte at a time past the deadline', drip, /no answer within 1500 ms/],

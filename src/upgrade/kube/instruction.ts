@@ -69,7 +69,9 @@ export function instructionSource(options: {
       });
       if (r.status === 404) return { unmanaged: 'the Proxy does not serve managed rollouts (404)' };
       if (r.status !== 200) throw new GatewayError('GW_ERR_AUTOUPDATE_INSTRUCTION', `${options.url} answered HTTP ${r.status}`);
-      const instruction = parseAgentInstruction(r.body.toString('utf8'));
+      const parsed = parseAgentInstruction(r.body.toString('utf8'));
+      if (!parsed.ok) throw new GatewayError('GW_ERR_AUTOUPDATE_INSTRUCTION', parsed.why);
+      const instruction = parsed.instruction;
       if (!instruction.managed) return { unmanaged: `no managed rollout: ${instruction.reason}` };
       return { instruction };
     } catch (err) {
