@@ -29,6 +29,7 @@ import { detectPackageManager, explainFailure, FIPS_PACKAGE, installCommands, in
 import { channelHolds, movedLine, readRepo, repoPath, setChannel, ROLLING_CHANNEL, type RepoEntry } from './repo.js';
 import { invalidScheduleWarning, readSchedule, type ScheduleStatus } from './schedule.js';
 import { tarballArch, type PackageManagerName, type UpgraderSettings } from './settings.js';
+import { downloadUrl } from './artifacts.js';
 import { fetchVerifiedTarball, installTarball, tarballName, type TarballInstall } from './tarball.js';
 import { formatIn, isoSeconds, nextWindowAfter, windowAt, type Window } from './windows.js';
 
@@ -258,7 +259,7 @@ export async function dryRun(ctx: UpgraderContext): Promise<DryRunReport> {
   });
   if (pm === undefined) return report;
   if (pm === 'tarball') {
-    report.install = { method: 'tarball', what: `${ctx.settings.downloadUrl}/${tarballName(f.target.version, tarballArch(ctx.settings.arch), f.installed.fips)}` };
+    report.install = { method: 'tarball', what: `${downloadUrl(ctx.settings, f.endpoint)}/${tarballName(f.target.version, tarballArch(ctx.settings.arch), f.installed.fips)}` };
   } else {
     report.install = { method: pm, what: packageSpec(pm, pkg, f.target.version) };
   }
@@ -316,13 +317,13 @@ function packageInstaller(ctx: UpgraderContext, pm: PackageManager, pkg: string,
   };
 }
 
-function tarballInstaller(ctx: UpgraderContext, workDir: string, fips: boolean): Installer {
+function tarballInstaller(ctx: UpgraderContext, endpoint: Endpoint, workDir: string, fips: boolean): Installer {
   const ca = loadCaFiles(ctx.settings.caFiles);
   const deps = {
     dialer: ctx.dialer,
     ...(ca.length ? { ca } : {}),
     stderr: ctx.stderr,
-    downloadUrl: ctx.settings.downloadUrl,
+    downloadUrl: downloadUrl(ctx.settings, endpoint),
     arch: tarballArch(ctx.settings.arch),
     fips,
     binDir: ctx.settings.binDir,
@@ -425,7 +426,7 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
     let repo: RepoEntry | undefined;
     if (pm === 'tarball') {
       workDir = await mkdtemp(join(tmpdir(), 'gateway-upgrade-'));
-      installer = tarballInstaller(ctx, workDir, f.installed.fips);
+      installer = tarballInstaller(ctx, f.endpoint, workDir, f.installed.fips);
     } else {
       repo = await readRepo(pm, ctx.settings);
       if (!repo) {
