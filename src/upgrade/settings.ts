@@ -26,6 +26,10 @@ export interface UpgraderSettings {
   endpointFile: string;
   scheduleFile: string;
   aptSourcesDir: string;
+  /** /etc/apt/apt.conf.d: where `repo set-source proxy` tells apt which CA the Proxy's certificate chains to. */
+  aptConfDir: string;
+  /** The agent's stored cluster CA (<data_dir>/host/host-ca.pem), whether or not it exists yet. */
+  hostCaFile: string;
   yumReposDir: string;
   zyppReposDir: string;
   lockFile: string;
@@ -171,6 +175,8 @@ export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettin
     endpointFile: join(etcDir, 'endpoint'),
     scheduleFile: join(etcDir, 'schedule'),
     aptSourcesDir: path('GATEWAY_UPGRADE_APT_SOURCES_DIR', under('etc/apt/sources.list.d')),
+    aptConfDir: path('GATEWAY_UPGRADE_APT_CONF_DIR', under('etc/apt/apt.conf.d')),
+    hostCaFile: agentCa,
     yumReposDir: path('GATEWAY_UPGRADE_YUM_REPOS_DIR', under('etc/yum.repos.d')),
     zyppReposDir: path('GATEWAY_UPGRADE_ZYPP_REPOS_DIR', under('etc/zypp/repos.d')),
     lockFile: path('GATEWAY_UPGRADE_LOCK_FILE', under('run/gateway-upgrade.lock')),

@@ -29,7 +29,8 @@ import { detectPackageManager, explainFailure, FIPS_PACKAGE, installCommands, in
 import { channelHolds, movedLine, readRepo, repoPath, setChannel, ROLLING_CHANNEL, type RepoEntry } from './repo.js';
 import { invalidScheduleWarning, readSchedule, type ScheduleStatus } from './schedule.js';
 import { tarballArch, type PackageManagerName, type UpgraderSettings } from './settings.js';
-import { downloadUrl } from './artifacts.js';
+import { downloadUrl, proxyRepoUrl } from './artifacts.js';
+import { applySource, planSource, type RepoSource } from './reposource.js';
 import { fetchVerifiedTarball, installTarball, tarballName, type TarballInstall } from './tarball.js';
 import { formatIn, isoSeconds, nextWindowAfter, windowAt, type Window } from './windows.js';
 
@@ -507,8 +508,33 @@ export async function showRepo(ctx: UpgraderContext): Promise<{ path: string; re
 export async function setRepoChannel(ctx: UpgraderContext, channel: string): Promise<void> {
   const pm = await resolveRepoManager(ctx);
   const before = await readRepo(pm, ctx.settings);
-  const after = await setChannel(pm, channel, ctx.settings);
+  const s = ctx.settings.artifacts === 'proxy' && !before ? await throughProxy(ctx.settings) : ctx.settings;
+  const after = await setChannel(pm, channel, s);
   say(ctx, before ? `${after.path}: channel ${before.channel ?? 'unknown'} -> ${after.channel ?? channel}` : `${after.path}: created on channel ${after.channel ?? channel}`);
+}
+
+/**
+ * `gateway-upgrade repo set-source proxy|direct`: the entry fetches through the endpoint file's Proxy, or directly
+ * (reposource.ts). With --ca-file, that file is the CA apt or dnf trust for the Proxy instead of the agent's host CA.
+ */
+export async function setRepoSource(ctx: UpgraderContext, source: RepoSource, caFile?: string): Promise<void> {
+  const pm = await resolveRepoManager(ctx);
+  const entry = await readRepo(pm, ctx.settings);
+  if (!entry) {
+    throw new GatewayError('GW_ERR_UPGRADE_REPO', `the package repository is not registered: ${repoPath(pm, ctx.settings)} does not exist`, {
+      hint: "Run 'gateway-upgrade repo set-channel stable/v<major>' first (with GATEWAY_UPGRADE_ARTIFACTS=proxy it names the Proxy at once), or write the entry as the install guide shows.",
+    });
+  }
+  const endpoint = await readEndpointFile(ctx.settings.endpointFile);
+  const move = planSource(pm, entry, source, endpoint, ctx.settings, caFile);
+  await applySource(move);
+  say(ctx, `${move.path}: ${source === 'proxy' ? `through the Proxy ${endpoint.host}:${endpoint.port}` : 'direct'}${move.aptConf?.text !== undefined ? `; ${move.aptConf.path} trusts the cluster's CA for ${endpoint.host}` : ''}`);
+}
+
+/** The settings with the repository addresses of the endpoint file's Proxy (GATEWAY_UPGRADE_ARTIFACTS=proxy). */
+async function throughProxy(s: UpgraderContext['settings']): Promise<UpgraderContext['settings']> {
+  const url = proxyRepoUrl(await readEndpointFile(s.endpointFile));
+  return { ...s, aptRepoUrl: url, yumRepoUrl: url };
 }
 
 async function resolveRepoManager(ctx: UpgraderContext): Promise<PackageManager> {
