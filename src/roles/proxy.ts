@@ -90,8 +90,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   options.lifecycle.onStop('proxy', watchCertificate('proxy_web', () => webTls.cert));
   const tunnelKey = generateKeyPair();
   const hostKey = sshPrivateKey(tunnelKey.privateKeyPem);
-  const publicWeb = config.proxy_service.public_addr[0];
-  const publicAddr = publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename;
+  const publicAddr = ownPublicAddr(config);
   const heartbeatMs = config.auth_service.keep_alive_interval;
   const cluster = new ClusterView({
     directory: auth,
@@ -184,6 +183,12 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     setProxyProtocolTrusted: (sources) => frontDoor!.setProxyProtocolTrusted(sources),
     listening: () => frontDoor!.listening(),
   };
+}
+
+/** This Proxy's first public address (host:port), else its node name: what its Proxy record and the tunnels name. */
+function ownPublicAddr(config: GatewayConfig): string {
+  const publicWeb = config.proxy_service.public_addr[0];
+  return publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename;
 }
 
 /** proxy_service.autoupdate_artifacts: the relay of release tarballs and the package repository (src/proxy/artifacts.ts). */
