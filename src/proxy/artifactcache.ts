@@ -71,9 +71,10 @@ export class ArtifactCache {
       }
       this.removeFiles(hash);
     }
+    const keptHashes = new Set(kept.map((k) => fileName(k.key)));
     for (const name of readdirSync(this.dir)) {
       const hash = name.slice(0, -5);
-      if (name.endsWith('.json') && HASHED.test(hash) && !kept.some((k) => fileName(k.key) === hash)) rmSync(join(this.dir, name), { force: true });
+      if (name.endsWith('.json') && HASHED.test(hash) && !keptHashes.has(hash)) rmSync(join(this.dir, name), { force: true });
     }
     for (const { mtime: _m, ...e } of kept.sort((a, b) => a.mtime - b.mtime)) {
       this.entries.set(e.key, e);

@@ -49,7 +49,7 @@ export class ArtifactFetch {
   /** Resolves when the fetch has settled (done or failed), after the temporary file is closed. */
   readonly settled: Promise<void>;
   private fh: FileHandle | undefined;
-  private refs = 1; // the fetch's own, released when it settles
+  private refs = 0;
   private waiters: Array<() => void> = [];
   private resolveStarted!: () => void;
   private rejectStarted!: (err: GatewayError) => void;
@@ -69,15 +69,23 @@ export class ArtifactFetch {
     return new Promise((resolve) => this.waiters.push(resolve));
   }
 
-  /** A reader's hold on the temporary file: it stays open until every reader released it. */
-  acquire(): FileHandle | undefined {
-    if (!this.fh) return undefined;
+  /**
+   * A hold on the temporary file, taken synchronously by whoever finds this fetch (a reader, and the relay itself
+   * until it has committed the file and forgotten the fetch): the file stays open until every hold is released, so
+   * nobody who found the fetch can read a closed descriptor.
+   */
+  hold(): void {
     this.refs++;
-    return this.fh;
   }
 
   release(): void {
     if (--this.refs === 0) void this.fh?.close().catch(() => undefined);
+  }
+
+  /** The temporary file, once the body has started (started resolved). */
+  file(): FileHandle {
+    if (!this.fh) throw new GatewayError('GW_ERR_INTERNAL', 'an artifact fetch was read before its file was open');
+    return this.fh;
   }
 
   private notify(): void {
@@ -94,11 +102,14 @@ export class ArtifactFetch {
     if (before === 'headers') this.rejectStarted(err);
     void rm(this.spec.tmpPath, { force: true });
     this.notify();
-    this.release();
   }
 
   private async run(): Promise<void> {
-    this.fh = await open(this.spec.tmpPath, 'w+', 0o600);
+    try {
+      this.fh = await open(this.spec.tmpPath, 'w+', 0o600);
+    } catch (err) {
+      throw new GatewayError('GW_ERR_ARTIFACT_CACHE', `cannot create a file in the artifact cache for ${this.shown()} (${(err as NodeJS.ErrnoException).code ?? 'error'})`, { cause: err });
+    }
     const agent = new DialerAgent(this.spec.dialer);
     try {
       const res = await this.answer(agent);
@@ -116,7 +127,6 @@ export class ArtifactFetch {
       await this.body(res, max);
       this.state = 'done';
       this.notify();
-      this.release();
     } finally {
       agent.destroy();
     }

@@ -145,10 +145,14 @@ export class ArtifactRelay {
       }
       fetch = this.startFetch(key, p, `${base}/${upstreamPath(p.path)}`);
     }
-    await fetch.started;
-    const fh = fetch.acquire();
-    if (!fh) throw fetch.error ?? new GatewayError('GW_ERR_ARTIFACT_UPSTREAM', 'the fetch ended before it could be read');
-    return { kind, fetch, fh };
+    fetch.hold(); // before any await: the file stays open for this reader
+    try {
+      await fetch.started;
+    } catch (err) {
+      fetch.release();
+      throw err;
+    }
+    return { kind, fetch, fh: fetch.file() };
   }
 
   private startFetch(key: string, p: ArtifactPath, url: string): ArtifactFetch {
@@ -163,12 +167,14 @@ export class ArtifactRelay {
       ...(this.options.ca ? { ca: this.options.ca } : {}),
     });
     this.inflight.set(key, fetch);
+    fetch.hold(); // the relay's own, until the file is committed and the fetch forgotten
     void fetch.settled.then(async () => {
       try {
         if (fetch.state === 'done') await cache.commit(key, tmpPath, { size: fetch.written, type: fetch.type, immutable: p.immutable });
         else if (fetch.error && httpStatus(fetch.error.code) >= 500) log.warn({ code: fetch.error.code, route: p.route }, fetch.error.message);
       } finally {
         this.inflight.delete(key);
+        fetch.release();
       }
     });
     return fetch;

@@ -13,6 +13,7 @@ import http from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseConfig } from '../../src/config/parse.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { ArtifactRelay, CACHE_HEADER, type ArtifactRelayOptions } from '../../src/proxy/artifacts.js';
@@ -148,6 +149,32 @@ describe('the path grammar (src/wire/artifacts.ts)', () => {
   });
 });
 
+describe('proxy_service.autoupdate_artifacts', () => {
+  const parse = (body: string) => parseConfig(`proxy_service:\n  autoupdate_artifacts:\n${body}`, 'gateway.yaml').proxy_service.autoupdate_artifacts;
+
+  it('defaults: nothing relayed, an 8 GiB cache in the data directory, 30 s, 60 s, 16 fetches', () => {
+    expect(parse('    {}\n')).toEqual({ download_url: undefined, repo_url: undefined, cache_dir: undefined, cache_max_bytes: 8 * 1024 ** 3, fetch_timeout: 30_000, index_ttl: 60_000, max_fetches: 16 });
+    expect(parse('    download_url: https://CDN.example.com:443/\n    repo_url: http://mirror.example:8080/gateway\n').download_url).toBe('https://cdn.example.com');
+  });
+
+  it.each([
+    ['    download_url: https://user:secret@cdn.example.com\n', 'without a user name or password'],
+    ['    repo_url: ftp://mirror.example\n', 'an http:// or https:// URL'],
+    ['    repo_url: https://mirror.example/?token=x\n', 'without a query'],
+    ['    cache_max_bytes: 1000\n', '1048576'],
+    ['    cache_dir: relative/dir\n', 'absolute'],
+    ['    max_fetches: 0\n', '1 to 256'],
+  ])('refuses %s', (body, why) => {
+    expect(() => parse(body)).toThrow(why);
+    // The password never appears in the error.
+    try {
+      parse(body);
+    } catch (err) {
+      expect(String((err as Error).message)).not.toContain('secret');
+    }
+  });
+});
+
 describe('the relay, through squid to its upstream', () => {
   it('refuses hostile paths with GW_ERR_ARTIFACT_BAD_PATH before anything is fetched, and other methods with 405', async () => {
     const { web } = await mount();
@@ -232,6 +259,36 @@ describe('the relay, through squid to its upstream', () => {
     }
     expect(asked.get(`/releases/${name}`)).toBe(1);
     expect(got.filter((g) => g.headers[CACHE_HEADER] === 'miss')).toHaveLength(1);
+  });
+
+  it('a client that goes away mid-download does not stop the fetch: the whole file is cached for the next one', async () => {
+    const { relay, web } = await mount();
+    const body = pseudoRandomBytes(1024 * 1024, 12);
+    const name = 'gateway-ent-v17.0.9-linux-amd64-bin.tar.gz';
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    files.set(`/releases/${name}`, (res) => {
+      res.writeHead(200, { 'content-length': body.length });
+      res.write(body.subarray(0, 4096));
+      void gate.then(() => res.end(body.subarray(4096)));
+    });
+    await new Promise<void>((resolve, reject) => {
+      const req = http.get({ host: '127.0.0.1', port: web.port, path: `/v1/webapi/autoupdate/artifacts/${name}`, agent: false }, (res) => {
+        res.once('data', () => {
+          req.destroy(); // gone after the first bytes
+          resolve();
+        });
+      });
+      req.on('error', () => undefined);
+      req.on('close', () => resolve());
+      setTimeout(() => reject(new Error('no first bytes')), 10_000).unref();
+    });
+    release();
+    await waitUntil(() => relay.isCached('artifacts', name));
+    const next = await get(web, `/v1/webapi/autoupdate/artifacts/${name}`);
+    expect(next.headers[CACHE_HEADER]).toBe('hit');
+    expect(next.body.equals(body)).toBe(true);
+    expect(asked.get(`/releases/${name}`)).toBe(1);
   });
 
   it('an upstream that closes early: every client is cut, nothing is cached, the next request fetches again', async () => {
