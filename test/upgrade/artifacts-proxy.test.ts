@@ -13,6 +13,7 @@
  * - an agent's certificate at the download location is still refused (the relaxed check takes only a Proxy's).
  */
 import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import https from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
@@ -173,6 +174,38 @@ describe('release tarballs through the Proxy (agent side reaches only the Proxy;
     expect(r.stderr).toContain('code: GW_ERR_UPGRADE_CHECKSUM');
     expect(await installed()).toBe('17.0.1');
     expect(await restarts()).toEqual([]);
+  });
+
+  it('HOSTILE: the real front door refuses paths that climb, queries and names that are not releases, before anything is fetched', async () => {
+    const ca = await readFile(join(gw.dataDir, 'admin', 'host-ca.pem'), 'utf8');
+    const ask = (path: string, method = 'GET') =>
+      new Promise<{ status: number; body: string }>((resolve, reject) => {
+        const req = https.request({ host: PROXY_IP, port, path, method, servername: PROXY_NAME, ca, agent: false }, (res) => {
+          let body = '';
+          res.on('data', (c: Buffer) => (body += c.toString()));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+        });
+        req.on('error', reject);
+        req.end();
+      });
+    for (const path of [
+      '/v1/webapi/autoupdate/artifacts/..%2f..%2fetc%2fpasswd',
+      '/v1/webapi/autoupdate/artifacts/%2e%2e/gateway-ent-v17.0.2-linux-amd64-bin.tar.gz',
+      '/v1/webapi/autoupdate/artifacts/gateway-ent-v17.0.2-linux-amd64-bin.tar.gz?x=1',
+      '/v1/webapi/autoupdate/artifacts/install.sh',
+      '/v1/webapi/autoupdate/repo/../../admin/host-ca.pem',
+      `/v1/webapi/autoupdate/repo/${'a'.repeat(2000)}`,
+    ]) {
+      const r = await ask(path);
+      expect(r.status, path).toBe(400);
+      expect(r.body, path).toContain('GW_ERR_ARTIFACT_BAD_PATH');
+    }
+    expect((await ask(`/v1/webapi/autoupdate/artifacts/${name('17.0.2')}`, 'DELETE')).status).toBe(405);
+    // repo_url is not set on this Proxy: its route says so.
+    const off = await ask('/v1/webapi/autoupdate/repo/debian/dists/bookworm/InRelease');
+    expect(off.status).toBe(404);
+    expect(off.body).toContain('GW_ERR_ARTIFACT_DISABLED');
+    expect(requests).toEqual([]);
   });
 
   it('GATEWAY_UPGRADE_ARTIFACTS=proxy with GATEWAY_UPGRADE_DOWNLOAD_URL too: refused as ambiguous, nothing asked', async () => {
