@@ -748,8 +748,8 @@ export const ERROR_CODES = {
   },
   GW_ERR_ARTIFACT_UPSTREAM_TIMEOUT: {
     status: 504,
-    summary: 'The upstream did not answer, or stopped sending, within proxy_service.autoupdate_artifacts.fetch_timeout.',
-    hint: 'Check that the upstream and the corporate proxy on the way are up; raise fetch_timeout for a slow link.',
+    summary: 'The upstream did not answer, or stopped sending, within proxy_service.autoupdate_artifacts.fetch_timeout, or a whole fetch took longer than fetch_deadline.',
+    hint: 'Check that the upstream and the corporate proxy on the way are up; raise fetch_timeout (or fetch_deadline) for a slow link.',
   },
   GW_ERR_ARTIFACT_BUSY: {
     status: 503,

@@ -381,6 +381,7 @@ const autoupdateArtifacts = section("Release artifacts through this Proxy: agent
     default: 8 * 1024 ** 3,
   }),
   fetch_timeout: duration('How long the upstream may take to answer, and to send the next bytes of a file, before the fetch fails.', '30s'),
+  fetch_deadline: duration('The longest one fetch may take in all, however steadily the upstream trickles bytes.', '1h'),
   index_ttl: duration('How long a repository index (InRelease, Packages, repomd.xml ...) is served from the cache before it is fetched again; packages, tarballs and by-hash files are kept by name.', '60s'),
   max_fetches: int('How many different files may be fetched from the upstream at once; requests for a file already being fetched share that fetch.', { min: 1, max: 256, default: 16 }),
 });

@@ -95,6 +95,8 @@ export interface AutoupdateArtifactsConfig {
   /** Milliseconds. */
   readonly fetch_timeout: number;
   /** Milliseconds. */
+  readonly fetch_deadline: number;
+  /** Milliseconds. */
   readonly index_ttl: number;
   readonly max_fetches: number;
 }

@@ -6,7 +6,8 @@
  *
  * The upstream is asked through the Proxy's Dialer (so through its HTTPS_PROXY / NO_PROXY, the corporate proxy on its
  * side), with redirects followed up to 5 times and never from https:// to http://. One deadline, fetchTimeoutMs, holds
- * for the answer's headers and then for each next byte (the socket's idle timeout). The body is capped
+ * for the answer's headers and then for each next byte (the socket's idle timeout), and deadlineMs for the whole
+ * fetch (an upstream that trickles a byte now and then). The body is capped
  * (a Content-Length over the cap is refused before the body, a longer body is cut); a body that ends short of its
  * Content-Length, or a connection that closes before the end, fails the fetch: its readers' connections are cut (so a
  * client's own checksum or length check fails) and nothing is committed to the cache.
@@ -31,6 +32,8 @@ export interface FetchSpec {
   url: string;
   tmpPath: string;
   fetchTimeoutMs: number;
+  /** The longest the whole fetch may take (an upstream that trickles a byte now and then stays under fetchTimeoutMs). */
+  deadlineMs: number;
   maxBytes?: number;
   /** Extra CAs (PEM) for https upstreams besides the system's (tests). */
   ca?: string[];
@@ -51,6 +54,8 @@ export class ArtifactFetch {
   private fh: FileHandle | undefined;
   private refs = 0;
   private waiters: Array<() => void> = [];
+  /** The request, then the response, under way: what the overall deadline destroys. */
+  private current: { destroy(err?: Error): unknown } | undefined;
   private resolveStarted!: () => void;
   private rejectStarted!: (err: GatewayError) => void;
 
@@ -111,6 +116,7 @@ export class ArtifactFetch {
       throw new GatewayError('GW_ERR_ARTIFACT_CACHE', `cannot create a file in the artifact cache for ${this.shown()} (${(err as NodeJS.ErrnoException).code ?? 'error'})`, { cause: err });
     }
     const agent = new DialerAgent(this.spec.dialer);
+    const deadline = setTimeout(() => this.current?.destroy(this.timeout(`not complete within ${seconds(this.spec.deadlineMs)} (the fetch's overall deadline)`)), this.spec.deadlineMs);
     try {
       const res = await this.answer(agent);
       const max = this.spec.maxBytes ?? MAX_ARTIFACT_BYTES;
@@ -128,6 +134,7 @@ export class ArtifactFetch {
       this.state = 'done';
       this.notify();
     } finally {
+      clearTimeout(deadline);
       agent.destroy();
     }
   }
@@ -171,9 +178,11 @@ export class ArtifactFetch {
         (res) => {
           // From here on the socket's idle timeout is the body's deadline too.
           res.socket.setTimeout(this.spec.fetchTimeoutMs, () => res.destroy(this.timeout()));
+          this.current = res;
           resolve(res);
         },
       );
+      this.current = req;
       req.on('timeout', () => req.destroy(this.timeout()));
       req.on('error', (err) => {
         const e = toGatewayError(err);
@@ -225,9 +234,12 @@ export class ArtifactFetch {
     return new GatewayError('GW_ERR_ARTIFACT_UPSTREAM', `fetching ${this.shown()} failed: ${why}`, { details: { url: this.shown() }, ...(cause === undefined ? {} : { cause }) });
   }
 
-  private timeout(): GatewayError {
-    const s = this.spec.fetchTimeoutMs;
-    return new GatewayError('GW_ERR_ARTIFACT_UPSTREAM_TIMEOUT', `fetching ${this.shown()} failed: no answer or no data for ${s >= 1000 ? `${Math.round(s / 1000)} s` : `${s} ms`}`, { details: { url: this.shown() } });
+  private timeout(why = `no answer or no data for ${seconds(this.spec.fetchTimeoutMs)}`): GatewayError {
+    return new GatewayError('GW_ERR_ARTIFACT_UPSTREAM_TIMEOUT', `fetching ${this.shown()} failed: ${why}`, { details: { url: this.shown() } });
   }
+}
+
+function seconds(ms: number): string {
+  return ms >= 1000 ? `${Math.round(ms / 1000)} s` : `${ms} ms`;
 }
 

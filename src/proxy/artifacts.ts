@@ -33,6 +33,8 @@ export interface ArtifactRelayOptions {
   cacheDir: string;
   cacheMaxBytes: number;
   fetchTimeoutMs: number;
+  /** The longest one fetch may take in all. */
+  fetchDeadlineMs: number;
   indexTtlMs: number;
   maxFetches: number;
   dialer: Dialer;
@@ -163,6 +165,7 @@ export class ArtifactRelay {
       url,
       tmpPath,
       fetchTimeoutMs: this.options.fetchTimeoutMs,
+      deadlineMs: this.options.fetchDeadlineMs,
       ...(this.options.maxFileBytes === undefined ? {} : { maxBytes: this.options.maxFileBytes }),
       ...(this.options.ca ? { ca: this.options.ca } : {}),
     });

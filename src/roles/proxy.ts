@@ -200,6 +200,7 @@ function artifactRelay(config: GatewayConfig, dialer: Dialer): ArtifactRelay {
     cacheDir: a.cache_dir ?? join(config.gateway.data_dir, 'artifacts'),
     cacheMaxBytes: a.cache_max_bytes,
     fetchTimeoutMs: a.fetch_timeout,
+    fetchDeadlineMs: a.fetch_deadline,
     indexTtlMs: a.index_ttl,
     maxFetches: a.max_fetches,
     dialer,

@@ -71,6 +71,7 @@ async function mount(options: Partial<ArtifactRelayOptions> = {}): Promise<{ rel
     cacheDir,
     cacheMaxBytes: 64 * 1024 ** 2,
     fetchTimeoutMs: 10_000,
+    fetchDeadlineMs: 60_000,
     indexTtlMs: 60_000,
     maxFetches: 16,
     dialer: new Dialer({ env: { HTTPS_PROXY: squid.url, HTTP_PROXY: squid.url }, connectTimeoutMs: 5_000, proxyAnswerTimeoutMs: 5_000 }),
@@ -153,7 +154,7 @@ describe('proxy_service.autoupdate_artifacts', () => {
   const parse = (body: string) => parseConfig(`proxy_service:\n  autoupdate_artifacts:\n${body}`, 'gateway.yaml').proxy_service.autoupdate_artifacts;
 
   it('defaults: nothing relayed, an 8 GiB cache in the data directory, 30 s, 60 s, 16 fetches', () => {
-    expect(parse('    {}\n')).toEqual({ download_url: undefined, repo_url: undefined, cache_dir: undefined, cache_max_bytes: 8 * 1024 ** 3, fetch_timeout: 30_000, index_ttl: 60_000, max_fetches: 16 });
+    expect(parse('    {}\n')).toEqual({ download_url: undefined, repo_url: undefined, cache_dir: undefined, cache_max_bytes: 8 * 1024 ** 3, fetch_timeout: 30_000, fetch_deadline: 3_600_000, index_ttl: 60_000, max_fetches: 16 });
     expect(parse('    download_url: https://CDN.example.com:443/\n    repo_url: http://mirror.example:8080/gateway\n').download_url).toBe('https://cdn.example.com');
   });
 
@@ -328,6 +329,32 @@ describe('the relay, through squid to its upstream', () => {
     const g = await get(web, `/v1/webapi/autoupdate/artifacts/${name}`);
     expect(g.cut).toBe(true);
     expect(relay.isCached('artifacts', name)).toBe(false);
+  });
+
+  it('an upstream that trickles a byte now and then, never idle for fetch_timeout: cut at the overall deadline, nothing cached', async () => {
+    const { relay, web } = await mount({ fetchTimeoutMs: 5_000, fetchDeadlineMs: 800 });
+    const name = 'gateway-ent-v17.0.10-linux-amd64-bin.tar.gz';
+    const timers: NodeJS.Timeout[] = [];
+    files.set(`/releases/${name}`, (res) => {
+      res.writeHead(200, { 'content-length': 1_000 });
+      const t = setInterval(() => (res.destroyed ? clearInterval(t) : res.write('x')), 100);
+      timers.push(t);
+    });
+    const g = await get(web, `/v1/webapi/autoupdate/artifacts/${name}`);
+    for (const t of timers) clearInterval(t);
+    expect(g.cut).toBe(true);
+    expect(g.body.length).toBeLessThan(1_000);
+    expect(relay.isCached('artifacts', name)).toBe(false);
+  });
+
+  it('an upstream that trickles its headers: the overall deadline answers GW_ERR_ARTIFACT_UPSTREAM_TIMEOUT', async () => {
+    const { web } = await mount({ fetchTimeoutMs: 5_000, fetchDeadlineMs: 500 });
+    const name = 'gateway-ent-v17.0.11-linux-amd64-bin.tar.gz';
+    files.set(`/releases/${name}`, () => undefined);
+    const g = await get(web, `/v1/webapi/autoupdate/artifacts/${name}`);
+    expect(g.status).toBe(504);
+    expect(code(g)).toBe('GW_ERR_ARTIFACT_UPSTREAM_TIMEOUT');
+    expect(g.body.toString()).toContain("the fetch's overall deadline");
   });
 
   it('a body larger than an artifact may be is cut and not cached', async () => {
