@@ -10,7 +10,8 @@
  * at most MAX_RAW_PATH characters, at most MAX_SEGMENTS segments; each segment is percent-decoded once and must then
  * be made of the characters a repository's file names use (letters, digits, ".", "_", "-", "+", "~"), never empty,
  * never "." or "..", never starting with "." (so %2e%2e, %2f and dot files are refused as plainly as ".." is).
- * Whether a file may be kept by name (immutable) or must be revalidated (an index) is decided here too.
+ * Whether a file may be kept by name (immutable: tarballs, packages, apt's pool/ and by-hash, rpm's hashed metadata) or
+ * must be revalidated (an index) is decided here too.
  */
 
 export const ARTIFACTS_PATH = '/v1/webapi/autoupdate/artifacts';
@@ -44,6 +45,7 @@ export function isImmutable(route: ArtifactRoute, path: string): boolean {
   if (route === 'artifacts') return true;
   if (/\.(?:deb|udeb|rpm|drpm)$/.test(path)) return true;
   if (path.includes('/by-hash/')) return true;
+  if (/(?:^|\/)pool\//.test(path)) return true; // apt's pool: a file's name carries its version
   // createrepo_c names its metadata files after their checksum: repodata/<hex>-primary.xml.gz
   return /(?:^|\/)repodata\/[0-9a-f]{40,128}-[A-Za-z0-9_.-]+$/.test(path);
 }

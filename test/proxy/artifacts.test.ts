@@ -125,6 +125,8 @@ describe('the path grammar (src/wire/artifacts.ts)', () => {
     expect(parseArtifactPath('/v1/webapi/autoupdate/repo/debian/dists/bookworm/stable/v17/binary-amd64/by-hash/SHA256/' + 'a'.repeat(64))?.immutable).toBe(true);
     expect(parseArtifactPath('/v1/webapi/autoupdate/repo/rhel/9/repodata/' + 'b'.repeat(64) + '-primary.xml.gz')?.immutable).toBe(true);
     expect(parseArtifactPath('/v1/webapi/autoupdate/repo/rhel/9/repodata/repomd.xml')?.immutable).toBe(false);
+    expect(parseArtifactPath('/v1/webapi/autoupdate/repo/debian/pool/main/g/gateway/gateway_17.0.1.dsc')?.immutable).toBe(true);
+    expect(parseArtifactPath('/v1/webapi/autoupdate/repo/debian/dists/bookworm/stable/v17/binary-amd64/Packages.gz')?.immutable).toBe(false);
     expect(parseArtifactPath('/v1/webapi/autoupdate/agent')).toBeUndefined();
     expect(parseArtifactPath('/v1/webapi/autoupdate/artifactsX/a')).toBeUndefined();
   });
