@@ -161,6 +161,17 @@ describe('apt through the Proxy\'s repository route', () => {
     expect(await readFile(restartLog, 'utf8').catch(() => '')).toBe('');
   });
 
+  it('GATEWAY_UPGRADE_ARTIFACTS=proxy: the entry repo set-channel creates names the Proxy\'s route at once', async () => {
+    await rm(list, { force: true });
+    const r = await runCli('gateway-upgrade', ['repo', 'set-channel', 'stable/v17'], { env: { ...env, GATEWAY_UPGRADE_ARTIFACTS: 'proxy' }, timeoutMs: 30_000 });
+    expect(r.status, r.stderr).toBe(0);
+    expect(await readFile(list, 'utf8')).toContain(` https://${PROXY_NAME}:${port}/v1/webapi/autoupdate/repo/debian ${lab.codename} stable/v17\n`);
+    // Without it, the repository's own address, as before.
+    await rm(list, { force: true });
+    expect((await runCli('gateway-upgrade', ['repo', 'set-channel', 'stable/v17'], { env, timeoutMs: 30_000 })).status).toBe(0);
+    expect(await readFile(list, 'utf8')).toContain(` ${DIRECT}/debian ${lab.codename} stable/v17\n`);
+  });
+
   it('repo set-source direct: the entry back at the repository\'s own address, the CA file removed', async () => {
     await directEntry();
     expect((await runCli('gateway-upgrade', ['repo', 'set-source', 'proxy'], { env, timeoutMs: 30_000 })).status).toBe(0);
