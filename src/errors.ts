@@ -725,6 +725,43 @@ export const ERROR_CODES = {
     hint: 'Check that the upstream is up and reachable from the Proxy (through the proxy in HTTPS_PROXY, if set); agents retry later.',
   },
 
+  // --- release artifacts through the Proxy (src/proxy/artifacts.ts) ---------------------------------------------
+  GW_ERR_ARTIFACT_DISABLED: {
+    status: 404,
+    summary: 'This Proxy relays no release artifacts: proxy_service.autoupdate_artifacts names no download_url (tarballs) or repo_url (package repository).',
+    hint: 'Set proxy_service.autoupdate_artifacts.download_url and/or repo_url on every Proxy (docs/upgrades.md, "Artifacts through the Proxy"), or point the agent at the download site directly.',
+  },
+  GW_ERR_ARTIFACT_BAD_PATH: {
+    status: 400,
+    summary: 'An artifact or repository path the relay does not take: not a release tarball name (or its .sha256), a "..", "." or empty segment (also percent-encoded), characters file names of a repository do not use, a query, or too long.',
+    hint: 'Ask /v1/webapi/autoupdate/artifacts/gateway-ent-v<version>-linux-<arch>-bin.tar.gz (or .sha256), or /v1/webapi/autoupdate/repo/<path in the repository> without a query.',
+  },
+  GW_ERR_ARTIFACT_NOT_FOUND: {
+    status: 404,
+    summary: 'The upstream download site or repository has no such file (it answered 404 or 410).',
+    hint: "Check the version and architecture the agent asks for, and that the upstream (download_url / repo_url) has it; an index that is not there is normal for some package managers.",
+  },
+  GW_ERR_ARTIFACT_UPSTREAM: {
+    status: 502,
+    summary: 'Fetching an artifact from the upstream failed: unreachable, an error status, a redirect it may not follow, more bytes than allowed, or cut before the end; nothing partial is cached.',
+    hint: "Check download_url / repo_url and that the Proxy reaches them through its HTTPS_PROXY / NO_PROXY (gateway dial-plan <url> on the Proxy's host); the agent retries on its next run.",
+  },
+  GW_ERR_ARTIFACT_UPSTREAM_TIMEOUT: {
+    status: 504,
+    summary: 'The upstream did not answer, or stopped sending, within proxy_service.autoupdate_artifacts.fetch_timeout, or a whole fetch took longer than fetch_deadline.',
+    hint: 'Check that the upstream and the corporate proxy on the way are up; raise fetch_timeout (or fetch_deadline) for a slow link.',
+  },
+  GW_ERR_ARTIFACT_BUSY: {
+    status: 503,
+    summary: 'The Proxy is already fetching as many different artifacts as it allows at once; this one was not started.',
+    hint: 'Retry in a moment (the upgrader runs again on its timer); requests for a file already being fetched always share that fetch.',
+  },
+  GW_ERR_ARTIFACT_CACHE: {
+    status: 500,
+    summary: "The artifact cache directory cannot be created, read or written (proxy_service.autoupdate_artifacts.cache_dir).",
+    hint: 'Check that cache_dir exists or can be created, belongs to the user the Proxy runs as, and has free space.',
+  },
+
   // --- automatic agent upgrades: windows, schedule export, gateway-upgrade (src/upgrade) --------------------------
   GW_ERR_UPGRADE_ENDPOINT: {
     status: 500,

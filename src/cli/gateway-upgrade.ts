@@ -7,7 +7,7 @@ import { GatewayError } from '../errors.js';
 import { createLogger, setRootLogger, type LogLevel } from '../log.js';
 import { recordingLastRun } from '../upgrade/lastrun.js';
 import { resolveSettings } from '../upgrade/settings.js';
-import { dryRun, runUpgrade, setRepoChannel, showRepo, type UpgraderContext } from '../upgrade/upgrader.js';
+import { dryRun, runUpgrade, setRepoChannel, setRepoSource, showRepo, type UpgraderContext } from '../upgrade/upgrader.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { newProgram, runCli, VERSION } from './run.js';
 import { addCompletionCommands } from './completion.js';
@@ -68,11 +68,20 @@ repo
   .action(async (channel: string) => {
     await setRepoChannel(context(), channel);
   });
+repo
+  .command('set-source')
+  .description("fetch packages through the endpoint file's Proxy (proxy) or from the repository's own address (direct); apt and dnf then trust the cluster's CA for the Proxy only")
+  .argument('<source>', 'proxy or direct')
+  .option('--ca-file <path>', "the CA the Proxy's certificate chains to (default: the agent's host CA, <data_dir>/host/host-ca.pem)")
+  .action(async (source: string, opts: { caFile?: string }) => {
+    if (source !== 'proxy' && source !== 'direct') throw new GatewayError('GW_ERR_USAGE', `unknown source '${source}'`, { hint: 'Give proxy or direct.' });
+    await setRepoSource(context(), source, opts.caFile);
+  });
 
 // No subcommand: the usage, on standard output, status 0 (as before the subcommands existed).
 program.usage('[options] [command]').argument('[command]').action((command: string | undefined) => {
   if (command !== undefined) {
-    throw new GatewayError('GW_ERR_USAGE', `unknown command '${command}'`, { hint: "Commands: dry-run, run, version, repo show, repo set-channel, completion. Run 'gateway-upgrade --help'." });
+    throw new GatewayError('GW_ERR_USAGE', `unknown command '${command}'`, { hint: "Commands: dry-run, run, version, repo show, repo set-channel, repo set-source, completion. Run 'gateway-upgrade --help'." });
   }
   program.outputHelp();
 });
@@ -85,6 +94,7 @@ addCompletionCommands(program, {
     ['GATEWAY_UPGRADE_PACKAGE_MANAGER', 'apt, yum, dnf, zypper or tarball, instead of detecting it.'],
     ['GATEWAY_UPGRADE_DOWNLOAD_URL', 'Where release tarballs are downloaded from.'],
     ['GATEWAY_UPGRADE_DATA_DIR', 'The agent\'s data directory (its host ID, its cluster CA).'],
+    ['GATEWAY_UPGRADE_ARTIFACTS', "proxy: release tarballs (and new repository entries) through the endpoint file's Proxy; direct (default)."],
     ['GATEWAY_UPGRADE_*', 'The other settings: docs/upgrades.md, "Settings".'],
   ],
   files: [

@@ -163,6 +163,18 @@ export function outsideServerIdentity(what: string): (host: string, cert: PeerCe
 }
 
 /**
+ * For a server that is a cluster member only when it is a Proxy, and otherwise never one (the release download
+ * location, which a Proxy may be: its artifact route relays releases): a certificate of the cluster's CA passes when
+ * it is a Proxy's, chain, name and role (memberServerIdentity('proxy')); any other is outsideServerIdentity's, so an
+ * agent's certificate under that name is still refused with GW_ERR_TLS_WRONG_ROLE and `what` in the message.
+ */
+export function proxyOrOutsideServerIdentity(what: string): (host: string, cert: PeerCertificate) => Error | undefined {
+  const proxy = memberServerIdentity('proxy');
+  const outside = outsideServerIdentity(what);
+  return (host, cert) => (bearsIdentity(cert.raw) && proxy(host, cert) === undefined ? undefined : outside(host, cert));
+}
+
+/**
  * The server-certificate check for the Auth API: the name check Node makes, and then the certificate's identity
  * must be a host of the cluster with the role auth. Any host certificate (an agent's, a Proxy's) chains to the
  * same host CA, so without this an agent with a network position could answer as the Auth Service.

@@ -30,4 +30,5 @@ export type {
   StorageConfig,
   TunnelAgentConfig,
   UpgradeChannelConfig,
+  AutoupdateArtifactsConfig,
 } from './types.js';

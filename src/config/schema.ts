@@ -367,6 +367,34 @@ function protocolAddrFields() {
 }
 const PROTOCOL_ADDRS = protocolAddrFields();
 
+const artifactUpstream = uri(['http', 'https'], 'an http:// or https:// URL', 'Write https://host[:port][/path] of the download site or repository, without a user name, password or query.');
+
+/** Release artifacts relayed and cached by the Proxy for agents that reach only it (docs/upgrades.md, "Artifacts through the Proxy"). */
+const autoupdateArtifacts = section("Release artifacts through this Proxy: agents that reach only the Proxy fetch the release tarballs and the package repository from it; the Proxy fetches them through its HTTPS_PROXY and caches them. The agents still check every signature and checksum themselves.", {
+  download_url: str('Where release tarballs and their .sha256 files are (the agents\' GATEWAY_UPGRADE_DOWNLOAD_URL otherwise); served at /v1/webapi/autoupdate/artifacts/<name>.', {
+    type: 'URL',
+    defaultDoc: 'none: the tarball route answers GW_ERR_ARTIFACT_DISABLED',
+    example: 'https://cdn.gateway.example',
+    check: artifactUpstream,
+  }),
+  repo_url: str('The package repository (apt and rpm layouts below it); served at /v1/webapi/autoupdate/repo/<path>.', {
+    type: 'URL',
+    defaultDoc: 'none: the repository route answers GW_ERR_ARTIFACT_DISABLED',
+    example: 'https://apt.gateway.example',
+    check: artifactUpstream,
+  }),
+  cache_dir: str('Where fetched artifacts are kept.', { type: 'absolute path', defaultDoc: '<data_dir>/artifacts', check: absolutePath }),
+  cache_max_bytes: int('The most bytes the cache holds; beyond it the least recently used files go (a file larger than this is relayed, not kept).', {
+    min: 1024 * 1024,
+    max: 2 ** 50,
+    default: 8 * 1024 ** 3,
+  }),
+  fetch_timeout: duration('How long the upstream may take to answer, and to send the next bytes of a file, before the fetch fails.', '30s'),
+  fetch_deadline: duration('The longest one fetch may take in all, however steadily the upstream trickles bytes.', '1h'),
+  index_ttl: duration('How long a repository index (InRelease, Packages, repomd.xml ...) is served from the cache before it is fetched again; packages, tarballs and by-hash files are kept by name.', '60s'),
+  max_fetches: int('How many different files may be fetched from the upstream at once; requests for a file already being fetched share that fetch.', { min: 1, max: 256, default: 16 }),
+});
+
 const upgradeChannel = section(
   'One channel: exactly one of static_version and forward_url.',
   {
@@ -538,6 +566,7 @@ export const SCHEMA = section('The gateway configuration file.', {
         exampleItem: { cert_file: '/etc/gateway/tls/fullchain.pem', key_file: '/etc/gateway/tls/privkey.pem' },
       },
     ),
+    autoupdate_artifacts: autoupdateArtifacts,
     automatic_upgrades_channels: mapOf('Agent versions the version server serves, by channel name.', {
       type: 'map: channel name → channel',
       key: '<channel>',

@@ -89,6 +89,22 @@ export interface UpgradeChannelConfig {
   readonly forward_url: string | undefined;
 }
 
+/** proxy_service.autoupdate_artifacts: the relay of release artifacts (src/proxy/artifacts.ts). */
+export interface AutoupdateArtifactsConfig {
+  readonly download_url: string | undefined;
+  readonly repo_url: string | undefined;
+  /** undefined: <data_dir>/artifacts. */
+  readonly cache_dir: string | undefined;
+  readonly cache_max_bytes: number;
+  /** Milliseconds. */
+  readonly fetch_timeout: number;
+  /** Milliseconds. */
+  readonly fetch_deadline: number;
+  /** Milliseconds. */
+  readonly index_ttl: number;
+  readonly max_fetches: number;
+}
+
 /**
  * Each protocol's listen and public addresses in proxy_service, keyed as src/wire/protocols.ts declares them:
  * listeners bound unless off (kube_listen_addr: undefined when not set), public addresses as lists.
@@ -107,6 +123,7 @@ export interface ProxyServiceConfig extends ServiceConfig, ProtocolAddrsConfig {
   readonly detect_timeout: number;
   /** Empty or undefined: the cluster's host CA issues the web certificate. */
   readonly https_keypairs: readonly { readonly cert_file: string; readonly key_file: string }[];
+  readonly autoupdate_artifacts: AutoupdateArtifactsConfig;
   /** Channel name (may contain "/") → channel. The built-in `default` channel is not listed unless overridden. */
   readonly automatic_upgrades_channels: Readonly<Record<string, UpgradeChannelConfig>>;
 }

@@ -45,6 +45,7 @@ import { pingResponse } from './ping.js';
 import { muxMatchOf, PROTOCOLS, upgradeRouteFor, type Protocol, type ServiceKindOfRoute, type SeparateListener } from './protocols.js';
 import { StaticSite } from './static.js';
 import type { VersionServer } from './versions.js';
+import type { ArtifactRelay } from './artifacts.js';
 import { sendJson, sendWebError } from './webanswer.js';
 import { FIND_PATH, PING_PATH, UPGRADE_MAX_PAYLOAD, UPGRADE_PATH, UPGRADE_TRANSPORT, type FindExtras, type FindResponse } from '../wire/ping.js';
 
@@ -68,6 +69,8 @@ export interface FrontDoorOptions {
   /** The Auth API router (login, join, gwctl calls). */
   api: (req: http.IncomingMessage, res: http.ServerResponse) => void;
   versions: VersionServer;
+  /** Release artifacts and the package repository relayed for agents (artifacts.ts); returns false when a request is not theirs. */
+  artifacts?: Pick<ArtifactRelay, 'handle'>;
   services?: ProtocolServices;
   /** HTTP apps served under their own host names on the web port; returns false when a request is not theirs. */
   webApps?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
@@ -109,6 +112,7 @@ function webRequests(options: FrontDoorOptions, addresses: Record<string, string
     const path = (req.url ?? '/').split('?')[0]!;
     if (options.webApps?.(req, res)) return;
     if (options.versions.handle(req, res)) return;
+    if (options.artifacts?.handle(req, res)) return;
     if (path === PING_PATH || path === FIND_PATH) {
       if (req.method !== 'GET' && req.method !== 'HEAD') return sendWebError(res, new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`, { hint: 'Use GET.' }));
       // Every listener's bound address by its name (the table's), so that ping reports a port 0 as the one bound.

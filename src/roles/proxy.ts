@@ -7,6 +7,7 @@
  */
 import type http from 'node:http';
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { X509Certificate, createPrivateKey } from 'node:crypto';
 import { formatHostPort, parseAddr } from '../addr.js';
 import { generateKeyPair, sshPrivateKeyPem as sshPrivateKey } from '../auth/pki.js';
@@ -33,6 +34,7 @@ import { probeRoute } from '../proxy/probe.js';
 import { Router } from '../proxy/router.js';
 import { SessionAudit } from '../proxy/sessionaudit.js';
 import { createWebRoutes } from '../proxy/web.js';
+import { ArtifactRelay } from '../proxy/artifacts.js';
 import type { ClusterMaintenanceConfig } from '../auth/resources/index.js';
 import { nextWindows } from '../upgrade/windows.js';
 import type { DialRequest } from '../tunnel/protocol.js';
@@ -88,8 +90,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
   options.lifecycle.onStop('proxy', watchCertificate('proxy_web', () => webTls.cert));
   const tunnelKey = generateKeyPair();
   const hostKey = sshPrivateKey(tunnelKey.privateKeyPem);
-  const publicWeb = config.proxy_service.public_addr[0];
-  const publicAddr = publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename;
+  const publicAddr = ownPublicAddr(config);
   const heartbeatMs = config.auth_service.keep_alive_interval;
   const cluster = new ClusterView({
     directory: auth,
@@ -161,6 +162,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     authPreference: cachedAuthPreference(() => auth.authPreference()),
     limits,
     versions,
+    artifacts: artifactRelay(config, options.dialer),
   });
   const addresses: Record<string, string> = {};
   for (const [name, addr] of Object.entries(frontDoor.addresses)) addresses[name === 'web' ? 'web' : `proxy_${name}`] = addr;
@@ -181,6 +183,28 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     setProxyProtocolTrusted: (sources) => frontDoor!.setProxyProtocolTrusted(sources),
     listening: () => frontDoor!.listening(),
   };
+}
+
+/** This Proxy's first public address (host:port), else its node name: what its Proxy record and the tunnels name. */
+function ownPublicAddr(config: GatewayConfig): string {
+  const publicWeb = config.proxy_service.public_addr[0];
+  return publicWeb ? formatHostPort(publicWeb.host, publicWeb.port) : config.gateway.nodename;
+}
+
+/** proxy_service.autoupdate_artifacts: the relay of release tarballs and the package repository (src/proxy/artifacts.ts). */
+function artifactRelay(config: GatewayConfig, dialer: Dialer): ArtifactRelay {
+  const a = config.proxy_service.autoupdate_artifacts;
+  return new ArtifactRelay({
+    downloadUrl: a.download_url,
+    repoUrl: a.repo_url,
+    cacheDir: a.cache_dir ?? join(config.gateway.data_dir, 'artifacts'),
+    cacheMaxBytes: a.cache_max_bytes,
+    fetchTimeoutMs: a.fetch_timeout,
+    fetchDeadlineMs: a.fetch_deadline,
+    indexTtlMs: a.index_ttl,
+    maxFetches: a.max_fetches,
+    dialer,
+  });
 }
 
 /** The services behind the front door, by route kind: the protocol table (src/proxy/protocols.ts) says which protocols each serves. */

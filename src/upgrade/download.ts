@@ -4,14 +4,15 @@
  * up to 5 times, never from https:// to http://.
  *
  * The server is checked for chain and name against the same CAs as the version server (the agent's host CA among
- * them), and a certificate of the cluster's CA is refused: no member of the cluster serves releases, and an agent
- * may hold a certificate under the download location's name (releaseServerIdentity, every hop of a redirect).
+ * them). A certificate of the cluster's CA is accepted only when it is a Proxy's (the role proxy, as the version
+ * server's check: a Proxy relays releases at /v1/webapi/autoupdate/artifacts); any other member's is refused, since an
+ * agent may hold a certificate under the download location's name (releaseServerIdentity, every hop of a redirect).
  */
 import { createHash } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
-import { outsideServerIdentity } from '../client/api.js';
+import { proxyOrOutsideServerIdentity } from '../client/api.js';
 import { DialerAgent } from '../dial/agent.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../errors.js';
@@ -29,8 +30,11 @@ export interface DownloadOptions {
   onStart?: (total: number | undefined) => void;
 }
 
-/** The download location's certificate check: chain and name, never a cluster member's certificate. */
-export const releaseServerIdentity = outsideServerIdentity('the release download server');
+/**
+ * The download location's certificate check: chain and name; a certificate of the cluster's CA only when it is a
+ * Proxy's (the Proxy's artifact route), never another member's.
+ */
+export const releaseServerIdentity = proxyOrOutsideServerIdentity('the release download server (a Proxy relays releases; no other member of the cluster does)');
 
 /** A release tarball is well under this (the runtime, the app and its modules, compressed). */
 export const DEFAULT_MAX_DOWNLOAD_BYTES = 2 * 1024 ** 3;

@@ -26,6 +26,10 @@ export interface UpgraderSettings {
   endpointFile: string;
   scheduleFile: string;
   aptSourcesDir: string;
+  /** /etc/apt/apt.conf.d: where `repo set-source proxy` tells apt which CA the Proxy's certificate chains to. */
+  aptConfDir: string;
+  /** The agent's stored cluster CA (<data_dir>/host/host-ca.pem), whether or not it exists yet. */
+  hostCaFile: string;
   yumReposDir: string;
   zyppReposDir: string;
   lockFile: string;
@@ -48,8 +52,13 @@ export interface UpgraderSettings {
   healthPollMs: number;
   /** PEM files trusted for the version server and downloads, besides the system's. */
   caFiles: string[];
-  /** {download_url} for tarball installs. */
+  /** {download_url} for tarball installs (unless artifacts is proxy). */
   downloadUrl: string;
+  /**
+   * GATEWAY_UPGRADE_ARTIFACTS: direct (the download site and repository as set) or proxy (both through the endpoint
+   * file's Proxy: its /v1/webapi/autoupdate/artifacts and /repo routes; src/upgrade/artifacts.ts).
+   */
+  artifacts: 'direct' | 'proxy';
   /** Where a tarball install puts the binaries (handed to its install script as GATEWAY_BIN_DIR). */
   binDir: string;
   /** 'auto': FIPS when the version command's output says so. */
@@ -120,6 +129,20 @@ export function pmArgs(value: string | undefined): string[] {
   return value.split(/\s+/).filter(Boolean);
 }
 
+/** GATEWAY_UPGRADE_ARTIFACTS: direct (default) or proxy; proxy with GATEWAY_UPGRADE_DOWNLOAD_URL set too is ambiguous. */
+function artifactsSource(value: string | undefined, downloadUrl: string | undefined): 'direct' | 'proxy' {
+  const v = (value ?? 'direct').toLowerCase();
+  if (v !== 'direct' && v !== 'proxy') {
+    throw new GatewayError('GW_ERR_USAGE', `GATEWAY_UPGRADE_ARTIFACTS=${JSON.stringify(value)}: expected direct or proxy`, { hint: envHint('GATEWAY_UPGRADE_ARTIFACTS', 'proxy (releases through the Proxy in the endpoint file) or direct') });
+  }
+  if (v === 'proxy' && downloadUrl !== undefined) {
+    throw new GatewayError('GW_ERR_USAGE', 'GATEWAY_UPGRADE_ARTIFACTS=proxy and GATEWAY_UPGRADE_DOWNLOAD_URL are both set: the first takes releases from the Proxy, the second from elsewhere', {
+      hint: 'Unset GATEWAY_UPGRADE_DOWNLOAD_URL to fetch releases through the Proxy (or set it to https://<proxy>/v1/webapi/autoupdate/artifacts yourself), or unset GATEWAY_UPGRADE_ARTIFACTS.',
+    });
+  }
+  return v;
+}
+
 export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettings> {
   const get = (k: string): string | undefined => {
     const v = env[k];
@@ -157,6 +180,8 @@ export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettin
     endpointFile: join(etcDir, 'endpoint'),
     scheduleFile: join(etcDir, 'schedule'),
     aptSourcesDir: path('GATEWAY_UPGRADE_APT_SOURCES_DIR', under('etc/apt/sources.list.d')),
+    aptConfDir: path('GATEWAY_UPGRADE_APT_CONF_DIR', under('etc/apt/apt.conf.d')),
+    hostCaFile: agentCa,
     yumReposDir: path('GATEWAY_UPGRADE_YUM_REPOS_DIR', under('etc/yum.repos.d')),
     zyppReposDir: path('GATEWAY_UPGRADE_ZYPP_REPOS_DIR', under('etc/zypp/repos.d')),
     lockFile: path('GATEWAY_UPGRADE_LOCK_FILE', under('run/gateway-upgrade.lock')),
@@ -171,6 +196,7 @@ export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettin
     healthPollMs: duration('GATEWAY_UPGRADE_HEALTH_POLL', 1_000),
     caFiles,
     downloadUrl: (get('GATEWAY_UPGRADE_DOWNLOAD_URL') ?? DEFAULT_DOWNLOAD_URL).replace(/\/+$/, ''),
+    artifacts: artifactsSource(get('GATEWAY_UPGRADE_ARTIFACTS'), get('GATEWAY_UPGRADE_DOWNLOAD_URL')),
     binDir: path('GATEWAY_UPGRADE_BIN_DIR', under('usr/local/bin')),
     fips: bool('GATEWAY_UPGRADE_FIPS', get('GATEWAY_UPGRADE_FIPS') ?? 'auto'),
     arch: get('GATEWAY_UPGRADE_ARCH') ?? osArch(),

@@ -31,6 +31,8 @@ import { detectPackageManager, explainFailure, FIPS_PACKAGE, installCommands, in
 import { channelHolds, movedLine, readRepo, repoPath, setChannel, ROLLING_CHANNEL, type RepoEntry } from './repo.js';
 import { invalidScheduleWarning, readSchedule, type ScheduleStatus } from './schedule.js';
 import { tarballArch, type PackageManagerName, type UpgraderSettings } from './settings.js';
+import { downloadUrl, proxyRepoUrl } from './artifacts.js';
+import { applySource, planSource, type RepoSource } from './reposource.js';
 import { fetchVerifiedTarball, installTarball, tarballName, type TarballInstall } from './tarball.js';
 import { formatIn, isoSeconds, nextWindowAfter, windowAt, type Window } from './windows.js';
 
@@ -243,7 +245,7 @@ function rolloutReport(i: AgentInstruction): NonNullable<DryRunReport['rollout']
 }
 
 /** How `version` would install here (undefined when the package manager cannot be told). */
-async function installPlan(ctx: UpgraderContext, installed: Installed, version: string): Promise<DryRunReport['install']> {
+async function installPlan(ctx: UpgraderContext, endpoint: Endpoint, installed: Installed, version: string): Promise<DryRunReport['install']> {
   const pkg = packageNameFor(ctx, installed);
   const pm = await resolvePackageManager(ctx, pkg).catch((err: unknown) => {
     warn(ctx, toGatewayError(err).message);
@@ -251,7 +253,7 @@ async function installPlan(ctx: UpgraderContext, installed: Installed, version: 
   });
   if (pm === undefined) return null;
   const install = pm === 'tarball'
-    ? { method: 'tarball', what: `${ctx.settings.downloadUrl}/${tarballName(version, tarballArch(ctx.settings.arch), installed.fips)}` }
+    ? { method: 'tarball', what: `${downloadUrl(ctx.settings, endpoint)}/${tarballName(version, tarballArch(ctx.settings.arch), installed.fips)}` }
     : { method: pm, what: packageSpec(pm, pkg, version) };
   say(ctx, `install: ${install.method} ${install.what}`);
   if (pm !== 'tarball') await announceRepoMove(ctx, pm, version);
@@ -279,7 +281,7 @@ async function managedDryRun(ctx: UpgraderContext, i: AgentInstruction): Promise
     cluster_too_old: null,
     rollout: rolloutReport(i),
   };
-  if (d.install !== undefined) report.install = await installPlan(ctx, installed, d.install);
+  if (d.install !== undefined) report.install = await installPlan(ctx, endpoint, installed, d.install);
   return report;
 }
 
@@ -317,7 +319,7 @@ async function channelDryRun(ctx: UpgraderContext): Promise<DryRunReport> {
   reportSchedule(ctx, f.schedule);
   if (!f.cluster.ok) warn(ctx, `${tooOld(f.cluster).message}; 'gateway-upgrade run' will not upgrade (needs ${f.cluster.needed})`);
   if (!report.upgrade_available) return report;
-  report.install = await installPlan(ctx, f.installed, f.target.version);
+  report.install = await installPlan(ctx, f.endpoint, f.installed, f.target.version);
   return report;
 }
 
@@ -370,13 +372,13 @@ function packageInstaller(ctx: UpgraderContext, pm: PackageManager, pkg: string,
   };
 }
 
-function tarballInstaller(ctx: UpgraderContext, workDir: string, fips: boolean): Installer {
+function tarballInstaller(ctx: UpgraderContext, endpoint: Endpoint, workDir: string, fips: boolean): Installer {
   const ca = loadCaFiles(ctx.settings.caFiles);
   const deps = {
     dialer: ctx.dialer,
     ...(ca.length ? { ca } : {}),
     stderr: ctx.stderr,
-    downloadUrl: ctx.settings.downloadUrl,
+    downloadUrl: downloadUrl(ctx.settings, endpoint),
     arch: tarballArch(ctx.settings.arch),
     fips,
     binDir: ctx.settings.binDir,
@@ -485,7 +487,7 @@ async function runManaged(ctx: UpgraderContext, i: AgentInstruction, options: Ru
     return d.outcome;
   }
   say(ctx, d.downgrade ? `the rollout moves this host back (${installed.version} -> ${d.install}): ${i.reason}` : comparisonLine(installed.version, d.install));
-  return installTarget(ctx, installed, d.install, options, work);
+  return installTarget(ctx, await readEndpointFile(ctx.settings.endpointFile), installed, d.install, options, work);
 }
 
 export interface RunOptions {
@@ -527,7 +529,7 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
       return 'waiting';
     }
 
-    return await installTarget(ctx, f.installed, target, options, work);
+    return await installTarget(ctx, f.endpoint, f.installed, target, options, work);
   } finally {
     await lock.release();
     if (work.dir) await rm(work.dir, { recursive: true, force: true }).catch(() => undefined);
@@ -538,7 +540,7 @@ export async function runUpgrade(ctx: UpgraderContext, options: RunOptions = {})
  * Installs `target` over `installed` (an upgrade, or a downgrade for a rollout's rollback), with the self-check,
  * the restart and health wait, and the local rollback on any failure. Throws GW_ERR_UPGRADE_* with what failed.
  */
-async function installTarget(ctx: UpgraderContext, installed: Installed, target: string, options: RunOptions, work: { dir?: string }): Promise<'upgraded'> {
+async function installTarget(ctx: UpgraderContext, endpoint: Endpoint, installed: Installed, target: string, options: RunOptions, work: { dir?: string }): Promise<'upgraded'> {
   const current = installed.version;
   const pkg = packageNameFor(ctx, installed);
   const pm = await resolvePackageManager(ctx, pkg);
@@ -547,7 +549,7 @@ async function installTarget(ctx: UpgraderContext, installed: Installed, target:
   let repo: RepoEntry | undefined;
   if (pm === 'tarball') {
     work.dir = await mkdtemp(join(tmpdir(), 'gateway-upgrade-'));
-    installer = tarballInstaller(ctx, work.dir, installed.fips);
+    installer = tarballInstaller(ctx, endpoint, work.dir, installed.fips);
   } else {
     repo = await readRepo(pm, ctx.settings);
     if (!repo) {
@@ -624,8 +626,33 @@ export async function showRepo(ctx: UpgraderContext): Promise<{ path: string; re
 export async function setRepoChannel(ctx: UpgraderContext, channel: string): Promise<void> {
   const pm = await resolveRepoManager(ctx);
   const before = await readRepo(pm, ctx.settings);
-  const after = await setChannel(pm, channel, ctx.settings);
+  const s = ctx.settings.artifacts === 'proxy' && !before ? await throughProxy(ctx.settings) : ctx.settings;
+  const after = await setChannel(pm, channel, s);
   say(ctx, before ? `${after.path}: channel ${before.channel ?? 'unknown'} -> ${after.channel ?? channel}` : `${after.path}: created on channel ${after.channel ?? channel}`);
+}
+
+/**
+ * `gateway-upgrade repo set-source proxy|direct`: the entry fetches through the endpoint file's Proxy, or directly
+ * (reposource.ts). With --ca-file, that file is the CA apt or dnf trust for the Proxy instead of the agent's host CA.
+ */
+export async function setRepoSource(ctx: UpgraderContext, source: RepoSource, caFile?: string): Promise<void> {
+  const pm = await resolveRepoManager(ctx);
+  const entry = await readRepo(pm, ctx.settings);
+  if (!entry) {
+    throw new GatewayError('GW_ERR_UPGRADE_REPO', `the package repository is not registered: ${repoPath(pm, ctx.settings)} does not exist`, {
+      hint: "Run 'gateway-upgrade repo set-channel stable/v<major>' first (with GATEWAY_UPGRADE_ARTIFACTS=proxy it names the Proxy at once), or write the entry as the install guide shows.",
+    });
+  }
+  const endpoint = await readEndpointFile(ctx.settings.endpointFile);
+  const move = planSource(pm, entry, source, endpoint, ctx.settings, caFile);
+  await applySource(move);
+  say(ctx, `${move.path}: ${source === 'proxy' ? `through the Proxy ${endpoint.host}:${endpoint.port}` : 'direct'}${move.aptConf?.text !== undefined ? `; ${move.aptConf.path} trusts the cluster's CA for ${endpoint.host}` : ''}`);
+}
+
+/** The settings with the repository addresses of the endpoint file's Proxy (GATEWAY_UPGRADE_ARTIFACTS=proxy). */
+async function throughProxy(s: UpgraderContext['settings']): Promise<UpgraderContext['settings']> {
+  const url = proxyRepoUrl(await readEndpointFile(s.endpointFile));
+  return { ...s, aptRepoUrl: url, yumRepoUrl: url };
 }
 
 async function resolveRepoManager(ctx: UpgraderContext): Promise<PackageManager> {

@@ -115,7 +115,7 @@ describe('bash', () => {
     expect(bashComplete('gwctl', ['gwctl', '--data-dir', 'status', ''])).toEqual(bashComplete('gwctl', ['gwctl', '']));
     expect(bashComplete('gwctl', ['gwctl', '-d', '/tmp', 'users', ''])).toEqual(bashComplete('gwctl', ['gwctl', 'users', '']));
     expect(bashComplete('gateway', ['gateway', 'completion', ''])).toEqual(['bash', 'zsh', 'fish']);
-    expect(bashComplete('gateway-upgrade', ['gateway-upgrade', 'repo', '']).sort()).toEqual(['set-channel', 'show']);
+    expect(bashComplete('gateway-upgrade', ['gateway-upgrade', 'repo', '']).sort()).toEqual(['set-channel', 'set-source', 'show']);
     expect(bashComplete('gateway-kube-updater', ['gateway-kube-updater', '--agent-kind', ''])).toEqual(['statefulset', 'deployment']);
   });
 
@@ -168,7 +168,7 @@ describe('fish', () => {
     expect(fishComplete('gwctl', 'gwctl ').sort()).toEqual(helpCommands('gwctl').sort());
     expect(fishComplete('gwctl', 'gwctl status -f ').sort()).toEqual(['json', 'text', 'yaml']);
     expect(fishComplete('gwctl', 'gwctl status --format=j')).toEqual(['--format=json']);
-    expect(fishComplete('gateway-upgrade', 'gateway-upgrade repo ').sort()).toEqual(['set-channel', 'show']);
+    expect(fishComplete('gateway-upgrade', 'gateway-upgrade repo ').sort()).toEqual(['set-channel', 'set-source', 'show']);
     writeFileSync(join(dir, 'fishconf.yaml'), '');
     expect(fishComplete('gateway', `gateway start -c ${join(dir, 'fishconf')}`)).toEqual([join(dir, 'fishconf.yaml')]);
   });

@@ -52,6 +52,8 @@ let cdn: HttpTestServer;
 const cdnRequests: string[] = [];
 let rogueCdn: HttpTestServer;
 const rogueCdnRequests: string[] = [];
+let proxyCdn: HttpTestServer;
+const proxyCdnRequests: string[] = [];
 let root: string;
 let bin: string;
 let etc: string;
@@ -102,6 +104,13 @@ beforeAll(async () => {
     res.writeHead(body === undefined ? 404 : 200);
     res.end(body);
   });
+  // The same release from a Proxy's artifact route (src/proxy/artifacts.ts): a member, but a Proxy.
+  proxyCdn = await startHttpsServer({ cert: proxyCert.certPem, key: proxyCert.keyPem }, (req, res) => {
+    proxyCdnRequests.push(req.url ?? '');
+    const body = files.get((req.url ?? '').replace('/v1/webapi/autoupdate/artifacts', ''));
+    res.writeHead(body === undefined ? 404 : 200);
+    res.end(body);
+  });
 
   root = join(dir, 'root');
   bin = join(root, 'usr/local/bin');
@@ -130,7 +139,7 @@ beforeAll(async () => {
 }, 120_000);
 
 afterAll(async () => {
-  for (const s of [rogue?.server, proxy?.server, publicProxy?.server, cdn, rogueCdn]) await s?.close();
+  for (const s of [rogue?.server, proxy?.server, publicProxy?.server, cdn, rogueCdn, proxyCdn]) await s?.close();
   await pki?.cleanup();
   if (dir) await rm(dir, { recursive: true, force: true });
 });
@@ -141,6 +150,7 @@ beforeEach(async () => {
   await writeSchedule(etc, [{ start: new Date(Date.now() - 60_000), stop: new Date(Date.now() + 3_600_000) }]);
   cdnRequests.length = 0;
   rogueCdnRequests.length = 0;
+  proxyCdnRequests.length = 0;
   for (const h of [rogue, proxy, publicProxy]) h.requests.length = 0;
 });
 
@@ -198,6 +208,17 @@ describe('the release download location is never a member of the cluster', () =>
     expect(rogueCdnRequests).toEqual([]);
     expect(await installed()).toBe('17.0.1');
     expect(await restarts()).toEqual([]);
+  });
+
+  it("a Proxy's certificate at the download location (its artifact route): the release is taken and installed", async () => {
+    await endpoint(proxy);
+    const direct = await download(`https://${HOST}:${proxyCdn.port}/v1/webapi/autoupdate/artifacts/gateway-ent-v17.0.2-linux-amd64-bin.tar.gz`, join(dir, 'via-proxy.tar.gz'), { dialer: new Dialer({ env: {} }), ca: [cluster.caPem] });
+    expect(direct.bytes).toBeGreaterThan(0);
+    const viaUrl = await runCli('gateway-upgrade', ['run'], { env: { ...env, GATEWAY_UPGRADE_DOWNLOAD_URL: `https://${HOST}:${proxyCdn.port}/v1/webapi/autoupdate/artifacts` }, timeoutMs: 60_000 });
+    expect(viaUrl.status, viaUrl.stderr).toBe(0);
+    expect(viaUrl.stdout).toContain('upgraded gateway 17.0.1 -> 17.0.2');
+    expect(proxyCdnRequests).toContain('/v1/webapi/autoupdate/artifacts/gateway-ent-v17.0.2-linux-amd64-bin.tar.gz');
+    expect(await installed()).toBe('17.0.2');
   });
 
   it('HOSTILE: the tarball itself from that server (download, every redirect hop): refused before any byte', async () => {
