@@ -176,7 +176,10 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
     );
     if (predecessor) void tellReady(predecessor, daemon.tunnelAgent);
     const pool = daemon.tunnelAgent;
-    if (pool) handover = new Handover({ hold: (on) => pool.hold(on), release: () => daemon.releaseDiag(), startSuccessor: () => startSuccessor() });
+    if (pool) handover = new Handover({ hold: (on) => pool.hold(on), release: () => daemon.releaseDiag(), startSuccessor: () => {
+      log.info({ drain_limit_ms: config.gateway.drain_limit }, 'hand-over: starting the successor (the command as installed now)');
+      return startSuccessor();
+    } });
     const signal = await stopped;
     if (pool && (signal === 'SIGTERM' || signal === 'handover')) await drainSessions(pool, config.gateway.drain_limit, signal);
     log.info({ signal }, 'stopping');
@@ -204,7 +207,7 @@ async function askHandover(handover: Handover | undefined, onReady: () => void):
     log.warn({ code: 'GW_ERR_HANDOVER_BUSY' }, 'hand-over refused: this process runs no agent tunnel (or is still starting); nothing was started');
     return;
   }
-  log.info('hand-over asked (SIGUSR2): starting the successor');
+  log.info('hand-over asked (SIGUSR2)');
   const outcome = await handover.handOver();
   if (!outcome.ok) {
     log.warn({ code: outcome.error.code, hint: outcome.error.hint, err: outcome.error.message }, outcome.error.message);

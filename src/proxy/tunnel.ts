@@ -685,6 +685,10 @@ export class TunnelServer extends EventEmitter {
     }
     if (answer.ok) return stream;
     stream.destroy();
+    // A draining agent (stopping, or handing over to a successor not yet here) is not a path failure: its own code.
+    if (answer.error.code === 'GW_ERR_AGENT_DRAINING') {
+      throw new GatewayError('GW_ERR_AGENT_DRAINING', `agent "${agent.nodename}" is stopping: ${answer.error.message}`, { details: { agent: agent.nodename, hostId } });
+    }
     throw new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `agent "${agent.nodename}" cannot reach ${request.service} "${request.resource}": ${answer.error.message}`, {
       details: { agent: agent.nodename, hostId, resource: request.resource, agentCode: answer.error.code },
     });
