@@ -31,8 +31,8 @@ import { GatewayError, toGatewayError } from './errors.js';
 export const HANDOVER_FROM_ENV = 'GATEWAY_HANDOVER_FROM';
 /** The successor's readiness pipe (its fd 3). */
 export const HANDOVER_FD = 3;
-/** How long a successor may take to have every tunnel welcomed. */
-export const HANDOVER_READY_TIMEOUT_MS = 120_000;
+/** How long a successor may take to have every tunnel welcomed: below gateway-upgrade's health wait (60 s by default), so that a hand-over that fails has ended before the upgrader rolls back. */
+export const HANDOVER_READY_TIMEOUT_MS = 45_000;
 /** The most bytes read from a successor's pipe: it says "ready\n" and nothing else. */
 const READY_LINE_MAX = 64;
 
