@@ -1000,7 +1000,7 @@ export const ERROR_CODES = {
   },
   GW_ERR_HANDOVER_BUSY: {
     status: 409,
-    summary: 'A hand-over (SIGUSR2, `gateway handover`) was asked for while one is already in progress, or while the process drains; it is not started twice.',
+    summary: 'A hand-over (SIGUSR2) was asked for while one is already in progress, or while the process drains; it is not started twice.',
     hint: 'Wait for the first to finish (the log says when the successor is ready); one successor at a time.',
   },
   GW_ERR_HANDOVER_FAILED: {

@@ -2,8 +2,8 @@
  * Restarts that keep sessions (docs/upgrades.md, "Restarts that keep sessions"): a running agent hands over to a
  * successor process and drains, instead of being stopped and started again.
  *
- *   ask        SIGUSR2 to the daemon (`gateway handover --pid-file` sends it; SIGHUP stays the configuration
- *              reload). One at a time: a second ask while one runs, or while the process drains, is refused with
+ *   ask        SIGUSR2 to the daemon (gateway-upgrade's default restart: `systemctl kill --signal=SIGUSR2
+ *              --kill-whom=main gateway`; SIGHUP stays the configuration reload). One at a time: a second ask while one runs, or while the process drains, is refused with
  *              GW_ERR_HANDOVER_BUSY in the log (never two successors).
  *   successor  the command as installed now (process.execPath, its flags and this process's arguments: after an
  *              upgrade, the new version), the same environment plus GATEWAY_HANDOVER_FROM=<this pid>, and a
