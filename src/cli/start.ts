@@ -17,7 +17,7 @@ import { createLogger, logger, outlivingDestination, setRootLogger, survivingOut
 import { acquireDataDirLock, acquirePidFile, channelsChanged, followLogLevel, installReload, trustedSourcesChanged, type PidFile } from '../reload.js';
 import { daemonEnvironment } from '../roles/environment.js';
 import { startBanner } from './banner.js';
-import { Handover, predecessorOf, startSuccessor, type Predecessor } from '../handover.js';
+import { Handover, HANDOVER_FROM_ENV, predecessorOf, startSuccessor, type Predecessor } from '../handover.js';
 import type { AgentPool } from '../agent/pool.js';
 
 export interface StartOptions {
@@ -142,6 +142,7 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
   }));
   // A successor of a hand-over takes the lock and the pid file from its parent (src/handover.ts).
   const predecessor = predecessorOf(process.env, process.ppid);
+  delete process.env[HANDOVER_FROM_ENV]; // not for the sessions' programs, nor for this process's own successor
   const takeFrom = predecessor ? { takeFrom: predecessor.pid } : {};
   const dataLock = acquireDataDirLock(config.gateway.data_dir, takeFrom);
   let pidFile: PidFile | undefined;
