@@ -65,6 +65,11 @@ export interface Daemon {
    * nothing, when the channels are invalid. Listeners, tunnels and sessions are not touched.
    */
   reload(config: GatewayConfig, parts?: { channels: boolean; trustedSources: boolean }): void;
+  /**
+   * A hand-over (src/handover.ts): lets go of the diag listener (gateway.diag_addr) so that the successor binds
+   * it; undo() binds it again when the successor failed.
+   */
+  releaseDiag(): Promise<{ undo(): Promise<void> }>;
   stop(): Promise<void>;
 }
 
@@ -111,6 +116,8 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
   const proxyCa = config.gateway.proxy_ca_file;
   const dialer = new Dialer({ env: environment.env, ...(proxyCa ? { inspectionRoots: [{ path: proxyCa, from: 'gateway.proxy_ca_file' }] } : {}) });
   const addresses: Record<string, string> = {};
+  let diag: Awaited<ReturnType<typeof startDiagServer>> | undefined;
+  let reopenDiag: (() => Promise<void>) | undefined;
   try {
     await startDaemonTracing(config, services, environment.env, lifecycle);
     const remoteProxy = runs('proxy_service') && !runs('auth_service');
@@ -157,9 +164,13 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
       );
       lifecycle.onStop('backend', () => monitor.stop());
       void monitor.start();
-      const diag = await startDiagServer(config.gateway.diag_addr, () => monitor.report());
-      lifecycle.onStop('backend', () => diag.close());
+      const at = config.gateway.diag_addr;
+      diag = await startDiagServer(at, () => monitor.report());
+      lifecycle.onStop('backend', () => diag?.close());
       addresses.diag = diag.address;
+      reopenDiag = async () => {
+        diag = await startDiagServer(at, () => monitor.report());
+      };
     }
     return {
       services,
@@ -174,6 +185,12 @@ export async function startDaemon(config: GatewayConfig, flags: StartFlags, envi
         // Channels first: it is the step that can refuse the new values.
         if (parts.channels) proxy?.setChannels(next.proxy_service.automatic_upgrades_channels);
         if (parts.trustedSources) proxy?.setProxyProtocolTrusted(next.proxy_service.proxy_protocol_trusted_sources);
+      },
+      releaseDiag: async () => {
+        const open = diag;
+        diag = undefined;
+        await open?.close();
+        return { undo: async () => (open ? reopenDiag?.() : undefined) };
       },
       stop: () => lifecycle.stop(),
     };

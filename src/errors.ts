@@ -1030,6 +1030,26 @@ export const ERROR_CODES = {
   },
 
   // --- daemon under systemd: pid file, `gateway install systemd` (src/reload.ts, src/upgrade/systemd.ts) -------
+  GW_ERR_AGENT_DRAINING: {
+    status: 503,
+    summary: 'The agent is stopping or handing over to its successor: it finishes the sessions in flight and takes no new one.',
+    hint: 'Connect again: the successor (or the replacement pod) takes new sessions once its tunnel is up; if none comes, start the agent again (systemctl start gateway).',
+  },
+  GW_ERR_DRAIN_LIMIT: {
+    status: 503,
+    summary: 'A session outlived gateway.drain_limit in an agent that was handing over or stopping, and was closed.',
+    hint: "Reconnect: the new process serves it. Raise gateway.drain_limit (and the unit's TimeoutStopSec / the pod's terminationGracePeriodSeconds with it) if sessions must outlive restarts longer.",
+  },
+  GW_ERR_HANDOVER_BUSY: {
+    status: 409,
+    summary: 'A hand-over (SIGUSR2) was asked for while one is already in progress, or while the process drains; it is not started twice.',
+    hint: 'Wait for the first to finish (the log says when the successor is ready); one successor at a time.',
+  },
+  GW_ERR_HANDOVER_FAILED: {
+    status: 502,
+    summary: 'The successor of a hand-over did not become ready (it exited, or its tunnels were not welcomed before the deadline); the old process keeps serving.',
+    hint: "Read the successor's error in the log (the same journal): fix it (configuration, binary, identity) and hand over again; the upgrader rolls back by itself.",
+  },
   GW_ERR_PID_FILE_BUSY: {
     status: 409,
     summary: 'The pid file given with --pid-file belongs to a gateway that is still running; a second one does not start.',

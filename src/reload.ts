@@ -86,7 +86,7 @@ function pidWriteError(path: string, err: unknown): GatewayError {
  * Writes "<pid>\n" to path (mode 0644), replacing a stale file. Throws GW_ERR_PID_FILE_BUSY when a live gateway
  * holds it, GW_ERR_PID_FILE_WRITE when the file or its directory cannot be written.
  */
-export function acquirePidFile(path: string, options: { pid?: number; log?: Logger; recordStart?: boolean } = {}): PidFile {
+export function acquirePidFile(path: string, options: { pid?: number; log?: Logger; recordStart?: boolean; takeFrom?: number } = {}): PidFile {
   const pid = options.pid ?? process.pid;
   // A lock (not a pid file, which systemd reads as one number) also records when its process started: holderRuns.
   const started = options.recordStart ? processStartTime(pid) : undefined;
@@ -121,13 +121,15 @@ export function acquirePidFile(path: string, options: { pid?: number; log?: Logg
         throw pidWriteError(path, err);
       }
       const holder = parsePid(content);
-      if (holder !== undefined && holder !== pid && holderRuns(holder, parseStarted(content))) {
+      // takeFrom: a hand-over's successor takes the file from its parent, which goes on draining (src/handover.ts).
+      if (holder !== undefined && holder !== pid && holder !== options.takeFrom && holderRuns(holder, parseStarted(content))) {
         throw new GatewayError('GW_ERR_PID_FILE_BUSY', `the pid file ${path} belongs to a running gateway (pid ${holder})`, {
           hint: `Stop that gateway first (kill ${holder}, or systemctl stop gateway), or give this one another --pid-file.`,
           details: { path, pid: holder },
         });
       }
-      log.warn({ path, stale_pid: holder ?? null }, options.recordStart ? 'taking over a lock whose gateway is no longer running' : 'replacing a stale pid file');
+      if (holder !== undefined && holder === options.takeFrom) log.info({ path, from_pid: holder }, 'hand-over: taking the file from the process before');
+      else log.warn({ path, stale_pid: holder ?? null }, options.recordStart ? 'taking over a lock whose gateway is no longer running' : 'replacing a stale pid file');
       try {
         // Only the file we judged stale: if another starting gateway replaced it meanwhile, leave theirs alone.
         if (readFileSync(path, 'utf8') === content) unlinkSync(path);
@@ -165,7 +167,7 @@ export function acquirePidFile(path: string, options: { pid?: number; log?: Logg
  * line; a second daemon on a directory whose holder runs is refused with GW_ERR_DATA_DIR_IN_USE, never allowed to
  * share it.
  */
-export function acquireDataDirLock(dataDir: string, options: { pid?: number; log?: Logger } = {}): PidFile {
+export function acquireDataDirLock(dataDir: string, options: { pid?: number; log?: Logger; takeFrom?: number } = {}): PidFile {
   try {
     return acquirePidFile(join(dataDir, 'gateway.lock'), { ...options, recordStart: true });
   } catch (err) {

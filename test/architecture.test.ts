@@ -18,7 +18,7 @@ import { describe, expect, it } from 'vitest';
 
 const LAYERS: ReadonlyArray<{ layer: string; units: readonly string[]; why: string }> = [
   { layer: 'cli', units: ['cli'], why: 'the programs: argument parsing, output, exit codes' },
-  { layer: 'daemon', units: ['daemon', 'roles', 'reload'], why: 'one process running a set of roles: daemon.ts composes the role starters of roles/; pid file, locks and SIGHUP reload' },
+  { layer: 'daemon', units: ['daemon', 'roles', 'reload', 'handover'], why: 'one process running a set of roles: daemon.ts composes the role starters of roles/; pid file, locks and SIGHUP reload; the hand-over to a successor' },
   {
     layer: 'roles',
     units: ['auth', 'proxy', 'agent', 'client', 'upgrade'],

@@ -32,6 +32,12 @@
  *             tunnel holds (duplicate): the next probe after the backoff. No more than the ladder's moves per
  *             window. Each move and each failed probe is logged with its reason ('transport ladder').
  *
+ *   hand-over a new process's tunnels take over from the process before (options.takeOver: their first hello
+ *             drains, for the drain limit, the tunnel it replaces on each Proxy). The process before holds its
+ *             tunnels (hold(): they serve, but a closed one is not dialled again, so it cannot cut the successor's)
+ *             and, once the successor is ready, drains them all (drainAll: new dials refused, the streams in
+ *             flight finish, at most the drain limit). src/handover.ts drives both.
+ *
  * To its users (src/roles/agent.ts) the pool is what one TunnelAgent was: start, stop, getState ('connected'
  * while at least one tunnel is), sendEvent (over one live tunnel, queued while none is), requestRenewal (over one
  * live tunnel), and the events
@@ -149,6 +155,8 @@ export class AgentPool extends EventEmitter {
   private probeDue = false;
   /** Tunnels replaced by a move, draining. */
   private readonly draining = new Set<TunnelAgent>();
+  /** hold(): tunnels are not dialled again (a hand-over in progress). */
+  private held = false;
 
   constructor(private readonly options: AgentPoolOptions) {
     super();
@@ -180,6 +188,41 @@ export class AgentPool extends EventEmitter {
 
   getState(): TunnelState {
     return this.state;
+  }
+
+  /**
+   * A hand-over started (on) or failed (off): while held, no tunnel is added, probed or dialled again, and those
+   * up keep serving. Released, the pool dials what is down.
+   */
+  hold(on: boolean): void {
+    this.held = on;
+    if (on) {
+      this.ladder.probe.stop();
+      this.probeDue = false;
+      this.probe?.stop();
+      this.probe = undefined;
+    } else if (!this.stopped) {
+      this.ladder.probe.resume();
+    }
+    for (const slot of this.slots) slot.hold(on);
+    if (!on) this.reconcile();
+  }
+
+  /**
+   * Stops taking new streams and lets the ones in flight finish: every tunnel drains (refusing new dials with
+   * GW_ERR_AGENT_DRAINING) for at most limitMs, then closes with what is left. Resolves once all are closed.
+   */
+  async drainAll(limitMs: number, why: string): Promise<void> {
+    this.hold(true);
+    this.stopped = true;
+    const all = [...this.slots, ...this.draining];
+    await Promise.all(all.map((slot) => slot.drain(limitMs, { refuseNew: true, why })));
+    this.stop();
+  }
+
+  /** Sessions (streams) in flight on every tunnel, draining ones included. */
+  streams(): number {
+    return [...this.slots, ...this.draining].reduce((n, s) => n + s.streams, 0);
   }
 
   /** The Proxies (host IDs) this agent holds a tunnel to, sorted. */
@@ -243,6 +286,7 @@ export class AgentPool extends EventEmitter {
 
   private addSlot(): void {
     const slot: TunnelAgent = new TunnelAgent({ ...this.tunnelOptions(), holds: () => this.heldByOthers(slot) });
+    if (this.held) slot.hold(true);
     this.slots.push(slot);
     this.listen(slot);
     slot.start();
@@ -295,7 +339,7 @@ export class AgentPool extends EventEmitter {
 
   /** A live tunnel on a lower rung, and no probe planned or running: the next probe, after the ladder's backoff. */
   private planProbe(): void {
-    if (this.stopped || this.probe || this.probeDue) return;
+    if (this.stopped || this.held || this.probe || this.probeDue) return;
     if (!this.slots.some((s) => s.betterRungs().length > 0)) return;
     const delay = this.ladder.probe.next();
     this.log.info({ probeInMs: delay, rung: this.ladder.current }, 'transport ladder: a better rung will be probed');
@@ -316,8 +360,9 @@ export class AgentPool extends EventEmitter {
     }
     const better = old.betterRungs();
     const from = old.rung!;
+    const { takeOver: _first, ...options } = this.tunnelOptions(); // a probe drains its own tunnel, for the ladder's cap
     const probe: TunnelAgent = new TunnelAgent({
-      ...this.tunnelOptions(),
+      ...options,
       rungs: better.map((r) => r.name),
       probe: true,
       ...(old.findAnswer ? { find: old.findAnswer } : {}),
@@ -381,7 +426,7 @@ export class AgentPool extends EventEmitter {
 
   /** Drops tunnels to Proxies that left, then grows or shrinks the pool to what the view asks for. */
   private reconcile(): void {
-    if (this.stopped) return;
+    if (this.stopped || this.held) return;
     const view = this.view;
     if (view) {
       for (const [id, slot] of [...this.holders]) {

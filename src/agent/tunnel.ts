@@ -156,6 +156,12 @@ export interface TunnelAgentOptions {
   find?: FindResponse;
   /** The TLS handshake's deadline on the TLS rungs (default src/stream/tls.ts's, 30 s). */
   handshakeTimeoutMs?: number;
+  /**
+   * A new process's first tunnels (src/handover.ts): until the first welcome, the hello says drain_previous with
+   * drain_ms, so that the tunnel of the process before (a hand-over, a pod replaced) drains for that long on the
+   * Proxy instead of being cut with its sessions.
+   */
+  takeOver?: { drainMs: number };
 }
 
 /**
@@ -242,6 +248,14 @@ export class TunnelAgent extends EventEmitter {
   private onlyRungs: ReadonlyArray<RungName> | undefined;
   /** Set while draining: called whenever a stream of this tunnel closes. */
   private onChannelGone: (() => void) | undefined;
+  /** Until the first welcome: the hello drains the tunnel of the process before (options.takeOver). */
+  private takingOver: { drainMs: number } | undefined;
+  /** Held (a hand-over in progress): the tunnel serves, but once closed it is not dialled again until released. */
+  private held = false;
+  /** A close that was not followed by a dial because the tunnel was held. */
+  private heldDown = false;
+  /** Draining for a hand-over or a stop: dial requests are refused with GW_ERR_AGENT_DRAINING. */
+  private refusing = false;
 
   constructor(private readonly options: TunnelAgentOptions) {
     super();
@@ -253,6 +267,20 @@ export class TunnelAgent extends EventEmitter {
     this.onlyRungs = options.rungs;
     this.lastFind = options.find;
     if (this.probing) this.found = options.find;
+    this.takingOver = options.takeOver;
+  }
+
+  /**
+   * A hand-over started (src/handover.ts): the tunnel keeps serving, but a close is not followed by a dial (the
+   * successor's tunnels take this one's place; a redial would cut them). hold(false): the successor failed, the
+   * tunnel dials again if it is down.
+   */
+  hold(on: boolean): void {
+    this.held = on;
+    if (!on && this.heldDown) {
+      this.heldDown = false;
+      this.scheduleRetry(true);
+    }
   }
 
   /** The last /webapi/find answer this tunnel used (a probe starts from its tunnel's). */
@@ -287,10 +315,11 @@ export class TunnelAgent extends EventEmitter {
    * Drains this tunnel (another replaced it): no retry and no new attempt; it closes once the streams in flight
    * have closed, or after capMs with whatever is left. Resolves when it is closed.
    */
-  drain(capMs: number): Promise<void> {
+  drain(capMs: number, options: { refuseNew?: boolean; why?: string } = {}): Promise<void> {
     this.stopped = true;
     this.retry.stop();
-    this.log.info({ proxyId: this.heldProxy, rung: this.rungInUse, streams: this.channels.size, capMs }, 'draining the replaced tunnel');
+    if (options.refuseNew) this.refusing = true;
+    this.log.info({ proxyId: this.heldProxy, rung: this.rungInUse, streams: this.channels.size, capMs }, options.why ?? 'draining the replaced tunnel');
     return new Promise((resolve) => {
       const finish = () => {
         clearTimeout(cap);
@@ -299,7 +328,7 @@ export class TunnelAgent extends EventEmitter {
         resolve();
       };
       const cap = setTimeout(() => {
-        if (this.channels.size > 0) this.log.warn({ streams: this.channels.size, capMs }, 'drain cap reached; closing the replaced tunnel with its streams');
+        if (this.channels.size > 0) this.log.warn({ streams: this.channels.size, capMs, code: 'GW_ERR_DRAIN_LIMIT' }, `drain limit (${capMs} ms) reached; closing the tunnel with the ${this.channels.size} session(s) still in it`);
         finish();
       }, capMs);
       cap.unref();
@@ -312,6 +341,11 @@ export class TunnelAgent extends EventEmitter {
 
   getState(): TunnelState {
     return this.state;
+  }
+
+  /** The streams (sessions) in flight on this tunnel. */
+  get streams(): number {
+    return this.channels.size;
   }
 
   /** The host ID of the Proxy this tunnel is up to (from its welcome), or undefined while it is not up. */
@@ -351,6 +385,12 @@ export class TunnelAgent extends EventEmitter {
 
   private scheduleRetry(immediate = false): void {
     if (this.stopped) return;
+    if (this.held) {
+      this.heldDown = true;
+      this.setState('waiting');
+      this.log.info('reverse tunnel down during a hand-over; not dialling again (the successor holds this Proxy)');
+      return;
+    }
     if (this.probing) {
       // A probe tries once: the pool decides when to probe again (LADDER_PROBE).
       this.stop();
@@ -716,6 +756,7 @@ export class TunnelAgent extends EventEmitter {
       resources: this.options.resources,
       ...(this.options.holds ? { holds: this.options.holds() } : {}),
       ...(this.probing ? { drain_previous: true } : {}),
+      ...(this.takingOver ? { drain_previous: true, drain_ms: this.takingOver.drainMs } : {}),
       ...softwareFields((this.options.software ?? upgradeSoftware)()),
       ...(this.options.upgradeGroup === undefined ? {} : { upgrade_group: this.options.upgradeGroup }),
       signs_presence: true,
@@ -778,6 +819,7 @@ export class TunnelAgent extends EventEmitter {
         this.heartbeatCountMax = m.heartbeatCountMax;
         heartbeat.start(this.heartbeatIntervalMs, this.silentAfterMs());
         this.heldProxy = verified ?? m.proxyId;
+        this.takingOver = undefined; // the process before's tunnel here drains; later hellos are ordinary
         side.welcomed.open();
         this.setState('connected');
         // Before the queued events: the Proxy relays them once the presence this proof backs is written.
@@ -869,6 +911,14 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     if (request.probe === true && this.options.reachResource) return this.answerProbe(channel, request, this.options.reachResource);
+    if (this.refusing) {
+      // Draining (a stop, or a hand-over whose successor has not reached this Proxy): the sessions in flight go
+      // on, a new one is refused with a code the client prints.
+      const error = new GatewayError('GW_ERR_AGENT_DRAINING', 'this agent is stopping: it finishes the sessions in flight and takes no new one');
+      writeJsonLine(channel, { ok: false, error: { code: error.code, message: error.message } } satisfies DialAnswer);
+      channel.end();
+      return;
+    }
     // This hop's span (dialhop.ts): a child of the Proxy's.
     const hop = startAgentDial(request, this.options.identity.hostId);
     if (request.service === 'ssh' && this.options.serveSsh) {

@@ -2,6 +2,7 @@
 // The gateway daemon and its operator commands: start, configure, dial-plan (and the hidden sftp-server).
 import { homedir } from 'node:os';
 import { GatewayError } from '../errors.js';
+import { parseDuration } from '../duration.js';
 import type { DialPlanOptions } from './dialplan.js';
 import { formatOption, type FormatSpec } from './output.js';
 import { EXIT_FAILURE, newProgram, runCli } from './run.js';
@@ -50,9 +51,11 @@ install
   .option('-c, --config <file>', 'the configuration file the agent unit starts with', '/etc/gateway.yaml')
   .option('--pid-file <file>', 'the pid file of the agent unit', '/run/gateway.pid')
   .option('--env-file <file>', 'the optional environment file (HTTPS_PROXY, NO_PROXY, ...)', '/etc/default/gateway')
+  .option('--drain-limit <duration>', "the agent's gateway.drain_limit: TimeoutStopSec is it plus a minute", '30m')
   .option('--force', 'replace unit files that already exist')
-  .action((opts: { output?: string; unit?: string; binDir: string; config: string; pidFile: string; envFile: string; force?: boolean }) => {
-    let units = systemdUnits({ binDir: opts.binDir, configPath: opts.config, pidFile: opts.pidFile, environmentFile: opts.envFile });
+  .action((opts: { output?: string; unit?: string; binDir: string; config: string; pidFile: string; envFile: string; drainLimit: string; force?: boolean }) => {
+    const drainLimitMs = parseDuration(opts.drainLimit, '--drain-limit');
+    let units = systemdUnits({ binDir: opts.binDir, configPath: opts.config, pidFile: opts.pidFile, environmentFile: opts.envFile, drainLimitMs });
     if (opts.unit !== undefined) {
       if (!(UNIT_NAMES as readonly string[]).includes(opts.unit)) {
         throw new GatewayError('GW_ERR_USAGE', `--unit: "${opts.unit}" is not one of the units`, { hint: `Units: ${UNIT_NAMES.join(', ')}.` });

@@ -1,6 +1,7 @@
 /**
  * `gateway start`: the configuration with the command line's flags, logging, the data-directory lock, the pid file,
- * SIGHUP reloads, then the daemon (src/daemon.ts) until SIGINT / SIGTERM. src/cli/gateway.ts loads this module
+ * SIGHUP reloads, then the daemon (src/daemon.ts) until SIGINT / SIGTERM. An agent drains on SIGTERM and hands over
+ * to a successor on SIGUSR2 (src/handover.ts); a second SIGTERM / SIGINT exits at once. src/cli/gateway.ts loads this module
  * only when `start` runs: it and what it imports are most of the code, which no other command needs.
  */
 import { mkdirSync } from 'node:fs';
@@ -16,6 +17,8 @@ import { createLogger, logger, outlivingDestination, setRootLogger, survivingOut
 import { acquireDataDirLock, acquirePidFile, channelsChanged, followLogLevel, installReload, trustedSourcesChanged, type PidFile } from '../reload.js';
 import { daemonEnvironment } from '../roles/environment.js';
 import { startBanner } from './banner.js';
+import { Handover, HANDOVER_FROM_ENV, predecessorOf, startSuccessor, type Predecessor } from '../handover.js';
+import type { AgentPool } from '../agent/pool.js';
 
 export interface StartOptions {
   config?: string;
@@ -118,22 +121,33 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
   // Signals first, so that a stop request during start-up is not lost.
   let stopRequested: ((signal: string) => void) | undefined;
   const stopped = new Promise<string>((resolve) => (stopRequested = resolve));
-  // A second signal while stopping means "now": exit at once instead of waiting for the graceful stop.
+  // A second signal while stopping (or draining) means "now": exit at once instead of waiting for the graceful stop.
   let stopping = false;
+  let handover: Handover | undefined; // once the daemon runs an agent's tunnels
   const onSignal = (signal: string) => {
     if (stopping) {
       log.warn({ signal }, 'second stop signal: exiting now');
       process.exit(1);
     }
     stopping = true;
+    handover?.draining();
     stopRequested?.(signal);
   };
   process.on('SIGINT', () => onSignal('SIGINT'));
   process.on('SIGTERM', () => onSignal('SIGTERM'));
-  const dataLock = acquireDataDirLock(config.gateway.data_dir);
+  process.on('SIGUSR2', () => void askHandover(handover, () => {
+    if (stopping) return;
+    stopping = true;
+    stopRequested?.('handover');
+  }));
+  // A successor of a hand-over takes the lock and the pid file from its parent (src/handover.ts).
+  const predecessor = predecessorOf(process.env, process.ppid);
+  delete process.env[HANDOVER_FROM_ENV]; // not for the sessions' programs, nor for this process's own successor
+  const takeFrom = predecessor ? { takeFrom: predecessor.pid } : {};
+  const dataLock = acquireDataDirLock(config.gateway.data_dir, takeFrom);
   let pidFile: PidFile | undefined;
   try {
-    pidFile = run.pidFile ? acquirePidFile(run.pidFile) : undefined;
+    pidFile = run.pidFile ? acquirePidFile(run.pidFile, takeFrom) : undefined;
   } catch (err) {
     dataLock.release();
     throw err;
@@ -161,7 +175,14 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
       { nodename: config.gateway.nodename, data_dir: config.gateway.data_dir, services: daemon.services, addresses: daemon.addresses, host_id: daemon.hostIdentity?.hostId, pid_file: pidFile?.path },
       'gateway started',
     );
+    if (predecessor) void tellReady(predecessor, daemon.tunnelAgent);
+    const pool = daemon.tunnelAgent;
+    if (pool) handover = new Handover({ hold: (on) => pool.hold(on), release: () => daemon.releaseDiag(), startSuccessor: () => {
+      log.info({ drain_limit_ms: config.gateway.drain_limit }, 'hand-over: starting the successor (the command as installed now)');
+      return startSuccessor();
+    } });
     const signal = await stopped;
+    if (pool && (signal === 'SIGTERM' || signal === 'handover')) await drainSessions(pool, config.gateway.drain_limit, signal);
     log.info({ signal }, 'stopping');
     // Graceful, with a deadline: whatever still holds the process after it is logged and the process exits,
     // rather than waiting for a service manager's SIGKILL.
@@ -178,4 +199,50 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
     dataLock.release();
     clearInterval(alive);
   }
+}
+
+/** SIGUSR2: a hand-over (src/handover.ts); onReady once the successor is ready (this process then drains). */
+async function askHandover(handover: Handover | undefined, onReady: () => void): Promise<void> {
+  const log = logger('gateway');
+  if (!handover) {
+    log.warn({ code: 'GW_ERR_HANDOVER_BUSY' }, 'hand-over refused: this process runs no agent tunnel (or is still starting); nothing was started');
+    return;
+  }
+  log.info('hand-over asked (SIGUSR2)');
+  const outcome = await handover.handOver();
+  if (!outcome.ok) {
+    log.warn({ code: outcome.error.code, hint: outcome.error.hint, err: outcome.error.message }, outcome.error.message);
+    return;
+  }
+  log.info({ successor_pid: outcome.pid }, 'hand-over: the successor is ready; this process drains its sessions and exits');
+  onReady();
+}
+
+/** The successor's side: "ready" to the predecessor once every tunnel of the pool is welcomed (at once without one). */
+async function tellReady(predecessor: Predecessor, pool: AgentPool | undefined): Promise<void> {
+  if (pool) {
+    const up = () => pool.getState() === 'connected' && pool.links().length >= pool.size;
+    await new Promise<void>((resolve) => {
+      if (up()) return resolve();
+      const check = () => {
+        if (!up()) return;
+        pool.off('links', check);
+        pool.off('state', check);
+        resolve();
+      };
+      pool.on('links', check);
+      pool.on('state', check);
+    });
+  }
+  logger('gateway').info({ predecessor_pid: predecessor.pid }, 'hand-over: tunnels welcomed; telling the process before that this one is ready');
+  predecessor.ready();
+}
+
+/** SIGTERM or a finished hand-over: no new stream, the sessions in flight go on for at most limitMs. */
+async function drainSessions(pool: AgentPool, limitMs: number, signal: string): Promise<void> {
+  const log = logger('gateway');
+  const why = signal === 'handover' ? 'handed over to the successor' : `${signal}: stopping`;
+  log.info({ streams: pool.streams(), drain_limit_ms: limitMs }, `draining (${why}): the sessions in flight go on, new ones are refused; a second SIGTERM stops at once`);
+  await pool.drainAll(limitMs, `draining the tunnel (${why})`);
+  log.info('drained: every tunnel is closed');
 }

@@ -434,6 +434,7 @@ export const SCHEMA = section('The gateway configuration file.', {
       check: absolutePath,
     }),
     diag_addr: listen("Health endpoints for a supervisor (Kubernetes probes), also --diag-addr: GET /healthz answers 200 while the process runs, GET /readyz 200 when every check of its roles passed (backend, Auth Service, listeners; an agent: its tunnel and resources), else 503, naming each check; GET /metrics the process's metrics in Prometheus's format (docs/operations.md). Plain HTTP, no credentials: bind it to an address only the supervisor and the scraper reach, never a public listener's.", { port: 3000, defaultDoc: 'none (off)' }),
+    drain_limit: duration("Agents: how long the SSH, database, app and Kubernetes sessions in flight may go on in a process that is handing over to its successor (SIGUSR2, which gateway-upgrade's restart sends) or stopping on SIGTERM; once reached, what is left is closed with GW_ERR_DRAIN_LIMIT. A second SIGTERM stops at once (docs/upgrades.md, \"Restarts that keep sessions\").", '30m'),
     tracing: section('Traces over OTLP/HTTP (docs/operations.md, "Tracing"): off unless an endpoint is set here or in OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_TRACES_EXPORTER=none turns it off.', {
       otlp_endpoint: str('The OTLP/HTTP traces URL of the collector (JSON is sent), as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: the whole URL, path included.', {
         type: 'URL',

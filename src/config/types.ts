@@ -46,6 +46,8 @@ export interface ProcessConfig {
   readonly nodename: string;
   /** The health endpoints' listener (src/net/diag.ts); undefined: none. */
   readonly diag_addr: HostPort | undefined;
+  /** Agents: how long sessions in flight may go on in a process handing over or stopping (ms). */
+  readonly drain_limit: number;
   /** Absolute path. */
   readonly data_dir: string;
   /** The agent's rollout group (hello.upgrade_group); undefined: its ssh_service `upgrade-group` label, else none. */

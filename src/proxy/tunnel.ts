@@ -18,8 +18,11 @@
  * one is answered `duplicate` and closed. A hello with drain_previous (the agent moving to a better transport,
  * src/agent/ladder.ts) drains the one it replaces instead of closing it: new dials go to the new tunnel, the
  * streams in flight on the old one finish, and it closes when the last has (at the latest after drainCapMs,
- * TUNNEL_DRAIN_CAP_MS); it keeps its heartbeats meanwhile, and an agent has at most one draining tunnel here (a
- * second move closes the first at once). Only a tunnel of the same authenticated host replaces or drains one.
+ * TUNNEL_DRAIN_CAP_MS, or the hello's drain_ms within [1 s, TUNNEL_HANDOVER_DRAIN_MAX_MS]: a new process taking over
+ * from the one before, src/handover.ts); it keeps its heartbeats meanwhile, and an agent has at most
+ * TUNNEL_DRAINING_PER_AGENT_MAX draining tunnels here (beyond, the oldest is closed: a hand-over's successor that
+ * then climbs the ladder does not cut the old process's sessions). Only a tunnel of the same authenticated host
+ * replaces or drains one.
  * Liveness: the agent sends a heartbeat every interval; after countMax
  * intervals without one the proxy marks it offline and drops the connection. One timer of the TunnelServer
  * sends every agent its heartbeat and drops the silent ones (not one timer per agent): it sweeps
@@ -64,6 +67,8 @@ import {
   type RenewMessage,
   servicesRefusal,
   TUNNEL_DRAIN_CAP_MS,
+  TUNNEL_DRAINING_PER_AGENT_MAX,
+  TUNNEL_HANDOVER_DRAIN_MAX_MS,
 } from '../tunnel/protocol.js';
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import { recordProxyMissedHeartbeats, watchTunnelServer } from '../metrics/tunnels.js';
@@ -173,8 +178,8 @@ const DEFAULT_DEADLINES: SshDeadlines = { sshHandshakeMs: 30_000, idleMs: 300_00
 export class TunnelServer extends EventEmitter {
   readonly proxyId: string;
   private readonly agents = new Map<string, Registered>();
-  /** Tunnels replaced by a move (drain_previous), by host ID: at most one per agent. */
-  private readonly draining = new Map<string, Registered>();
+  /** Tunnels replaced by a move or a hand-over (drain_previous), oldest first: at most TUNNEL_DRAINING_PER_AGENT_MAX per agent. */
+  private readonly draining = new Set<Registered>();
   private readonly endpoint: SshEndpoint<TunnelMeta | undefined>;
   private readonly log = logger('tunnel');
   private closing = false;
@@ -429,7 +434,7 @@ export class TunnelServer extends EventEmitter {
       link.end();
       return;
     }
-    if (previous && hello.drain_previous === true) this.drain(previous);
+    if (previous && hello.drain_previous === true) this.drain(previous, drainCapOf(hello, this.options.drainCapMs ?? TUNNEL_DRAIN_CAP_MS));
     else if (previous) previous.agent.link.end(); // the agent reconnected: the new tunnel wins
     let gone = false;
     const entry: Registered = {
@@ -563,29 +568,32 @@ export class TunnelServer extends EventEmitter {
    * The agent moved this tunnel to a better transport: it leaves the registry (the caller registers the new one),
    * and closes once its streams in flight have closed, or at the drain cap. Heartbeats go on meanwhile (sweep).
    */
-  private drain(entry: Registered): void {
+  private drain(entry: Registered, capMs: number): void {
     const { hostId, nodename } = entry.agent;
-    const older = this.draining.get(hostId);
-    if (older && older !== entry) older.agent.link.end(); // one draining tunnel per agent: a second move ends the first
-    this.draining.set(hostId, entry);
+    const mine = [...this.draining].filter((e) => e.agent.hostId === hostId);
+    // A bounded number per agent: beyond it the oldest is closed (an agent that keeps moving cannot pile them up).
+    for (const older of mine.slice(0, Math.max(0, mine.length - TUNNEL_DRAINING_PER_AGENT_MAX + 1))) {
+      this.draining.delete(older);
+      older.agent.link.end();
+    }
+    this.draining.add(entry);
     let closed = false;
     const close = (why: string) => {
       if (closed) return;
       closed = true;
       clearTimeout(cap);
       entry.onStreamGone = undefined;
-      if (this.draining.get(hostId) === entry) this.draining.delete(hostId);
+      this.draining.delete(entry);
       this.log.info({ hostId, nodename, why, streams: entry.inFlight.size }, 'drained tunnel closed');
       entry.agent.link.end();
     };
-    const capMs = this.options.drainCapMs ?? TUNNEL_DRAIN_CAP_MS;
     const cap = setTimeout(() => close(`the drain cap (${capMs} ms) was reached`), capMs);
     cap.unref();
     entry.onStreamGone = () => {
       if (entry.inFlight.size === 0) close('its last stream closed');
     };
     entry.agent.link.onGone(() => close('the agent closed it'));
-    this.log.info({ hostId, nodename, streams: entry.inFlight.size, capMs }, 'agent moved to a better transport; draining its old tunnel');
+    this.log.info({ hostId, nodename, streams: entry.inFlight.size, capMs }, 'agent replaced its tunnel (a better transport, or a new process); draining the old one');
     if (entry.inFlight.size === 0) close('no stream was open');
   }
 
@@ -636,12 +644,12 @@ export class TunnelServer extends EventEmitter {
       entry.agent.link.destroy();
     }
     // Draining tunnels keep their heartbeats (the agent watches them too) and are dropped when silent.
-    for (const entry of [...this.draining.values()]) {
+    for (const entry of [...this.draining]) {
       if (now - entry.lastHeardMs <= silentAfterMs) {
         if (beats) entry.agent.link.control.write(beat);
         continue;
       }
-      this.draining.delete(entry.agent.hostId);
+      this.draining.delete(entry);
       entry.agent.link.destroy();
     }
   }
@@ -714,6 +722,10 @@ export class TunnelServer extends EventEmitter {
     }
     if (answer.ok) return stream;
     stream.destroy();
+    // A draining agent (stopping, or handing over to a successor not yet here) is not a path failure: its own code.
+    if (answer.error.code === 'GW_ERR_AGENT_DRAINING') {
+      throw new GatewayError('GW_ERR_AGENT_DRAINING', `agent "${agent.nodename}" is stopping: ${answer.error.message}`, { details: { agent: agent.nodename, hostId } });
+    }
     throw new GatewayError('GW_ERR_TUNNEL_DIAL_FAILED', `agent "${agent.nodename}" cannot reach ${request.service} "${request.resource}": ${answer.error.message}`, {
       details: { agent: agent.nodename, hostId, resource: request.resource, agentCode: answer.error.code },
     });
@@ -727,7 +739,7 @@ export class TunnelServer extends EventEmitter {
     this.unwatchMetrics();
     this.broadcast({ type: 'reconnect', reason: 'proxy shutting down' });
     await new Promise((r) => setTimeout(r, 50));
-    for (const { agent } of this.draining.values()) agent.link.end();
+    for (const { agent } of this.draining) agent.link.end();
     this.draining.clear();
     for (const { agent } of this.agents.values()) {
       agent.link.end();
@@ -858,4 +870,14 @@ function softwareOf(hello: HelloMessage): { version?: string; channel?: string; 
     ...(ok(hello.upgrade_channel) ? { channel: hello.upgrade_channel } : {}),
     ...(typeof group === 'string' && UPGRADE_GROUP_PATTERN.test(group) ? { upgradeGroup: group } : {}),
   };
+}
+
+/**
+ * How long the tunnel a hello replaces may drain: its drain_ms (a new process's gateway.drain_limit) kept within
+ * [1 s, TUNNEL_HANDOVER_DRAIN_MAX_MS], else the Proxy's cap. Pure.
+ */
+export function drainCapOf(hello: Pick<HelloMessage, 'drain_ms'>, fallbackMs: number): number {
+  const asked = hello.drain_ms;
+  if (typeof asked !== 'number' || !Number.isFinite(asked)) return fallbackMs;
+  return Math.min(Math.max(Math.floor(asked), 1_000), TUNNEL_HANDOVER_DRAIN_MAX_MS);
 }

@@ -221,6 +221,9 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, st
     software: () => upgradeSoftware(options.environment.env),
     ...(group.group === undefined ? {} : { upgradeGroup: group.group }),
     health: () => reporter?.current(),
+    // This process's first hello on each Proxy drains the tunnel of the process before it (a hand-over, a pod
+    // replaced, a restart) for the drain limit instead of cutting its sessions (src/handover.ts).
+    takeOver: { drainMs: config.gateway.drain_limit },
     // The ladder's last rung: the tunnel's TLS inside a WebSocket on the web address, past a TLS-inspecting proxy
     // whose root the operator gave (src/dial/upgrade.ts verifies the outer TLS against it or the cluster's CA).
     openUpgrade: (d, webAddr) => openUpgradeStream(d, webAddr, { roots: operatorRoots(d), clusterCa: identity.hostCa }),

@@ -84,6 +84,10 @@ export function servicesRefusal(roles: readonly string[], services: readonly str
  * in flight on it, on both ends; then it is closed with what is left.
  */
 export const TUNNEL_DRAIN_CAP_MS = 10 * 60_000;
+/** The longest drain a hello's drain_ms obtains (a day): a lying agent cannot keep its old tunnels for ever. */
+export const TUNNEL_HANDOVER_DRAIN_MAX_MS = 24 * 3600_000;
+/** The most tunnels of one agent a Proxy keeps draining at once; beyond it the oldest is closed. */
+export const TUNNEL_DRAINING_PER_AGENT_MAX = 4;
 
 export interface DatabaseInfo {
   name: string;
@@ -135,6 +139,12 @@ export interface HelloMessage {
    * have or after TUNNEL_DRAIN_CAP_MS. Absent: the old tunnel is closed at once, as before.
    */
   drain_previous?: boolean;
+  /**
+   * With drain_previous: how long the replaced tunnel may drain, in ms (a new process taking over from the one
+   * before: its gateway.drain_limit, src/handover.ts). The Proxy keeps it within [1 s, TUNNEL_HANDOVER_DRAIN_MAX_MS]
+   * and ignores anything that is not a number; absent: TUNNEL_DRAIN_CAP_MS.
+   */
+  drain_ms?: number;
   /** The agent's software version ("1.4.0", src/version.ts); absent from agents of earlier versions. */
   software_version?: string;
   /**

@@ -43,8 +43,18 @@ export interface UpgraderSettings {
   packageManager: PackageManagerName | 'auto';
   /** Shell command whose output carries the installed version (`gateway --version`). */
   versionCommand: string;
-  /** Shell command that restarts the agent. */
+  /**
+   * Shell command that restarts the agent: by default the hand-over (SIGUSR2 to the unit's main process, which
+   * starts its successor and drains: docs/upgrades.md, "Restarts that keep sessions"), a plain restart when the
+   * unit is not running.
+   */
   restartCommand: string;
+  /**
+   * The agent's pid file (gateway start --pid-file): after the restart, the health wait wants a live process other
+   * than the one it named before, so that the old process, still draining, is not taken for the new one. No file
+   * before the restart: not checked.
+   */
+  pidFile: string;
   /** Shell command that exits 0 when the agent is up. */
   healthCommand: string;
   /** How long the agent has to come back after a restart. */
@@ -190,7 +200,8 @@ export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettin
     service,
     packageManager: pm as UpgraderSettings['packageManager'],
     versionCommand: get('GATEWAY_UPGRADE_VERSION_COMMAND') ?? 'gateway --version',
-    restartCommand: get('GATEWAY_UPGRADE_RESTART_COMMAND') ?? `systemctl restart ${service}`,
+    restartCommand: get('GATEWAY_UPGRADE_RESTART_COMMAND') ?? defaultRestart(service),
+    pidFile: path('GATEWAY_UPGRADE_PID_FILE', under('run/gateway.pid')),
     healthCommand: get('GATEWAY_UPGRADE_HEALTH_COMMAND') ?? `systemctl is-active --quiet ${service}`,
     healthTimeoutMs: duration('GATEWAY_UPGRADE_HEALTH_TIMEOUT', 60_000),
     healthPollMs: duration('GATEWAY_UPGRADE_HEALTH_POLL', 1_000),
@@ -207,4 +218,12 @@ export function resolveSettings(env: Env = process.env): Readonly<UpgraderSettin
     pmArgs: pmArgs(get('GATEWAY_UPGRADE_PM_ARGS')),
   };
   return Object.freeze(settings);
+}
+
+/**
+ * The hand-over when the unit runs (systemd re-reads PIDFile= when the main process exits, so it follows the
+ * successor), else a plain restart. `service` goes into the shell as the operator gave it, as before.
+ */
+export function defaultRestart(service: string): string {
+  return `if systemctl is-active --quiet ${service}; then systemctl kill --signal=SIGUSR2 --kill-whom=main ${service}; else systemctl restart ${service}; fi`;
 }

@@ -4,7 +4,11 @@
  *
  *   gateway.service          the agent: EnvironmentFile=-/etc/default/gateway (HTTPS_PROXY, NO_PROXY, ...),
  *                            Restart=always, RestartSec=5, LimitNOFILE=524288, PIDFile=/run/gateway.pid written by
- *                            `gateway start --pid-file`, reload = SIGHUP to the pid in that file
+ *                            `gateway start --pid-file`, reload = SIGHUP to the pid in that file; restarts that
+ *                            keep sessions (docs/upgrades.md): SIGUSR2 to the main process hands over to a
+ *                            successor, which rewrites the pid file, and systemd re-reads PIDFile= when the old
+ *                            main process exits; KillMode=mixed (SIGTERM to the main process alone, which drains;
+ *                            SIGKILL to what is left at the end), TimeoutStopSec = the drain limit + a margin
  *   gateway-upgrade.service  one run of `gateway-upgrade run` (same environment file, so the upgrader goes
  *                            through the same proxy)
  *   gateway-upgrade.timer    starts the upgrader every 30 minutes (so every 1-hour maintenance window sees at
@@ -39,6 +43,10 @@ export const SYSTEMD_DEFAULTS = Object.freeze({
   /** Every 30 minutes, on the hour and the half hour. */
   onCalendar: '*:0/30',
   randomizedDelaySec: '5min',
+  /** gateway.drain_limit's default: TimeoutStopSec is this plus stopMarginSec. */
+  drainLimitMs: 30 * 60_000,
+  /** What a stop may take beyond the drain: closing what is left, the pid file, the log. */
+  stopMarginSec: 60,
 });
 
 export interface UnitOptions {
@@ -50,9 +58,11 @@ export interface UnitOptions {
   pidFile?: string;
   /** Optional environment file (leading `-` in the unit: a missing file is fine). Default /etc/default/gateway. */
   environmentFile?: string;
+  /** The agent's gateway.drain_limit (ms), which TimeoutStopSec covers. Default 30 minutes. */
+  drainLimitMs?: number;
 }
 
-function resolved(options: UnitOptions): Required<UnitOptions> {
+function resolved(options: UnitOptions): Required<Omit<UnitOptions, 'drainLimitMs'>> {
   const o = {
     binDir: options.binDir ?? SYSTEMD_DEFAULTS.binDir,
     configPath: options.configPath ?? SYSTEMD_DEFAULTS.configPath,
@@ -88,7 +98,13 @@ export function agentUnit(options: UnitOptions = {}): string {
     `ExecStart=${o.binDir === '/' ? '' : o.binDir}/gateway start -c ${o.configPath} --pid-file=${o.pidFile}`,
     '# Reload = SIGHUP to the pid in the pid file: the gateway re-reads its configuration and keeps its tunnels.',
     `ExecReload=/bin/sh -c 'kill -HUP "$$(cat ${o.pidFile})"'`,
+    '# systemd re-reads the pid file when the main process exits: after a hand-over (SIGUSR2) the successor, which',
+    '# wrote its pid there, becomes the main process and the unit stays active (docs/upgrades.md).',
     `PIDFile=${o.pidFile}`,
+    '# Stop: SIGTERM to the main process alone, which drains its sessions (up to gateway.drain_limit); whatever is',
+    '# left (a process still draining from a hand-over, session shells) gets SIGKILL after TimeoutStopSec.',
+    'KillMode=mixed',
+    `TimeoutStopSec=${stopTimeoutSec(options.drainLimitMs)}`,
     'Restart=always',
     `RestartSec=${SYSTEMD_DEFAULTS.restartSec}`,
     `LimitNOFILE=${SYSTEMD_DEFAULTS.limitNofile}`,
@@ -97,6 +113,14 @@ export function agentUnit(options: UnitOptions = {}): string {
     'WantedBy=multi-user.target',
     '',
   ].join('\n');
+}
+
+/** TimeoutStopSec for a drain limit: the drain and a margin, in whole seconds. */
+export function stopTimeoutSec(drainLimitMs: number = SYSTEMD_DEFAULTS.drainLimitMs): number {
+  if (!Number.isFinite(drainLimitMs) || drainLimitMs <= 0) {
+    throw new GatewayError('GW_ERR_USAGE', `drain limit: ${drainLimitMs} ms is not a positive duration`, { hint: 'Give the agent\'s gateway.drain_limit, e.g. --drain-limit=30m.' });
+  }
+  return Math.ceil(drainLimitMs / 1000) + SYSTEMD_DEFAULTS.stopMarginSec;
 }
 
 /** One run of the upgrader, started by the timer (or by hand: `systemctl start gateway-upgrade.service`). */

@@ -12,14 +12,17 @@
  *   package manager that installed the gateway (apt, dnf, yum, zypper) or from the release tarball, restart the
  *   service, and wait until it is healthy and reports the target version. Any failure puts the previous version
  *   back (reinstall it, or restore the tarball's binaries), restarts it, and reports what failed: never a
- *   half-upgrade.
+ *   half-upgrade. The restart is by default a hand-over (the old process drains while its successor serves): the
+ *   health wait wants the pid file to name a new, live process, not the old one still running.
  */
+import { readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import semver from 'semver';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError } from '../errors.js';
+import { processAlive } from '../proc.js';
 import { fetchClusterVersion, fetchTarget, loadCaFiles, sameVersion, versionInOutput, type NoTarget, type Target } from './client.js';
 import { checkClusterVersion, type Enrollment } from './enrollment.js';
 import { readEndpointFile, type Endpoint } from './endpoint.js';
@@ -406,6 +409,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** Restarts the service and waits until it is healthy and reports `expected`. Resolves with the reason on failure. */
 async function restartAndCheck(ctx: UpgraderContext, expected: string): Promise<string | undefined> {
   const s = ctx.settings;
+  // A hand-over leaves the old process running (draining): the new one must be another pid (docs/upgrades.md).
+  const before = pidIn(s.pidFile);
   ctx.stderr.write(`+ ${s.restartCommand}\n`);
   const r = await runShell(s.restartCommand, { env: env(ctx), timeoutMs: s.healthTimeoutMs + 30_000, echo: ctx.stderr });
   if (r.code !== 0) return `the restart command \`${s.restartCommand}\` failed (${describeExit('sh', r)}): ${lastLines(r, 3) || 'no output'}`;
@@ -413,7 +418,10 @@ async function restartAndCheck(ctx: UpgraderContext, expected: string): Promise<
   let why = 'no check ran';
   for (;;) {
     const h = await runShell(s.healthCommand, { env: env(ctx), timeoutMs: 30_000 });
-    if (h.code === 0) {
+    const moved = before === undefined ? undefined : newMainProcess(s.pidFile, before);
+    if (moved !== undefined) {
+      why = moved;
+    } else if (h.code === 0) {
       try {
         const v = (await installedVersion(ctx)).version;
         if (sameVersion(v, expected)) return undefined;
@@ -427,6 +435,24 @@ async function restartAndCheck(ctx: UpgraderContext, expected: string): Promise<
     if (Date.now() >= deadline) return `the service did not come back with ${expected} within ${Math.round(s.healthTimeoutMs / 1000)} s: ${why}`;
     await sleep(s.healthPollMs);
   }
+}
+
+/** The pid a pid file names, if it names one. */
+function pidIn(path: string): number | undefined {
+  try {
+    const t = readFileSync(path, 'utf8').split('\n', 1)[0]!.trim();
+    return /^\d{1,10}$/.test(t) && Number(t) > 0 ? Number(t) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Why the service's main process is not yet a new one (the pid file names `before`, none, or a dead pid), or undefined. */
+function newMainProcess(path: string, before: number): string | undefined {
+  const now = pidIn(path);
+  if (now === undefined) return `the pid file ${path} names no process yet`;
+  if (now === before) return `the service's main process is still pid ${before} (${path}): no successor has taken over`;
+  return processAlive(now) ? undefined : `the pid file ${path} names pid ${now}, which is not running`;
 }
 
 /** The installed binary's own check (the version command reports `expected`) before the service is restarted. */

@@ -6,7 +6,11 @@
  *   drain          the old tunnel's stream goes on, new dials go to the new tunnel, the old one closes when its
  *                  stream has
  *   control        a plain reconnect (no drain_previous) cuts the old tunnel's stream, as it always did
- *   one at a time  a second move while one tunnel drains closes the draining one at once
+ *   several        a second move while one tunnel drains leaves it draining (a hand-over's successor that climbs
+ *                  the ladder does not cut the old process's sessions); beyond TUNNEL_DRAINING_PER_AGENT_MAX
+ *                  draining tunnels of one agent the oldest is closed at once
+ *   hand-over      a new process's first hello (takeOver) drains the tunnel of the process before for its
+ *                  drain_ms, and drainCapOf keeps a lying drain_ms within bounds
  *   cap            a stream that never ends is closed with its tunnel at the drain cap
  *   another host   a drain_previous from another host leaves this host's tunnel alone
  */
@@ -26,7 +30,8 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
 import { startFrontDoor, type FrontDoor } from '../../src/proxy/frontdoor.js';
-import { TunnelServer, type AgentLink } from '../../src/proxy/tunnel.js';
+import { drainCapOf, TunnelServer, type AgentLink } from '../../src/proxy/tunnel.js';
+import { TUNNEL_DRAINING_PER_AGENT_MAX, TUNNEL_HANDOVER_DRAIN_MAX_MS } from '../../src/tunnel/protocol.js';
 import { VersionServer } from '../../src/proxy/versions.js';
 import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
@@ -150,20 +155,57 @@ describe('an agent moving to a better transport (drain_previous)', () => {
     await waitUntil('the old stream is closed', () => stream.destroyed);
   });
 
-  it('hostile: a second move while one tunnel drains closes the draining one at once (one per agent)', async () => {
+  it('a second move while one tunnel drains leaves it draining, with its stream (a successor climbing the ladder)', async () => {
     const identity = await joinHost();
     // The agents whose tunnels the Proxy closes must not dial again during the test (a pool would have stopped
-    // them): otherwise three agents of one identity replace each other's tunnels and the third never settles.
+    // them): otherwise agents of one identity replace each other's tunnels and the last never settles.
     const noRedial = { backoff: { firstMs: 120_000, maxMs: 120_000, jitter: 'none' as const } };
     const first = await up(identity, noRedial);
     const stream = await open(identity.hostId);
     const firstGone = gone(first.link);
-    await up(identity, { probe: true, ...noRedial });
-    expect(await echoes(stream, 'draining')).toBe(true);
+    await up(identity, { takeOver: { drainMs: 60_000 }, ...noRedial });
     await up(identity, { probe: true });
-    // Well within the drain cap (20 s): closed by the one-per-agent rule, not by the cap.
-    await waitUntil('the first draining tunnel is closed', firstGone, DRAIN_CAP_MS / 2);
+    expect(await echoes(stream, 'still draining')).toBe(true);
+    expect(firstGone()).toBe(false);
+  });
+
+  it(`hostile: beyond ${TUNNEL_DRAINING_PER_AGENT_MAX} draining tunnels of one agent (each with a stream) the oldest is closed at once`, async () => {
+    const identity = await joinHost();
+    const noRedial = { backoff: { firstMs: 120_000, maxMs: 120_000, jitter: 'none' as const } };
+    const streams: Duplex[] = [];
+    const links: AgentLink[] = [];
+    for (let i = 0; i <= TUNNEL_DRAINING_PER_AGENT_MAX; i++) {
+      const { link } = await up(identity, { ...(i > 0 ? { probe: true } : {}), ...noRedial });
+      links.push(link);
+      streams.push(await open(identity.hostId));
+    }
+    const oldestGone = gone(links[0]!);
+    await up(identity, { probe: true });
+    // Well within the drain cap (20 s): closed by the per-agent rule, not by the cap.
+    await waitUntil('the oldest draining tunnel is closed', oldestGone, DRAIN_CAP_MS / 2);
+    await waitUntil('with its stream', () => streams[0]!.destroyed);
+    for (const s of streams.slice(1)) expect(await echoes(s, 'the others drain on')).toBe(true);
+  });
+
+  it("a new process's first hello (takeOver) drains the old tunnel for its drain_ms, not the Proxy's cap", async () => {
+    const identity = await joinHost();
+    const first = await up(identity, { backoff: { firstMs: 120_000, maxMs: 120_000, jitter: 'none' as const } });
+    const stream = await open(identity.hostId);
+    const firstGone = gone(first.link);
+    await up(identity, { takeOver: { drainMs: 1_000 } });
+    expect(await echoes(stream, 'drains')).toBe(true);
+    await waitUntil('closed at the asked drain (1 s), well before the cap (20 s)', firstGone, DRAIN_CAP_MS / 2);
     await waitUntil('with its stream', () => stream.destroyed);
+  });
+
+  it('hostile: drainCapOf keeps a drain_ms within [1 s, a day] and ignores what is not a number', () => {
+    expect(drainCapOf({}, 600_000)).toBe(600_000);
+    expect(drainCapOf({ drain_ms: 1_800_000 }, 600_000)).toBe(1_800_000);
+    expect(drainCapOf({ drain_ms: 1e15 }, 600_000)).toBe(TUNNEL_HANDOVER_DRAIN_MAX_MS);
+    expect(drainCapOf({ drain_ms: -5 }, 600_000)).toBe(1_000);
+    expect(drainCapOf({ drain_ms: Number.NaN }, 600_000)).toBe(600_000);
+    expect(drainCapOf({ drain_ms: Infinity }, 600_000)).toBe(600_000);
+    expect(drainCapOf({ drain_ms: '99999999' as unknown as number }, 600_000)).toBe(600_000);
   });
 
   it('hostile: a stream that never ends is closed with the drained tunnel at the drain cap', { timeout: 60_000 }, async () => {

@@ -163,6 +163,28 @@ describe("the rollout group's default: the release's name, dots as \"-\", cut to
   });
 });
 
+describe('restarts that keep sessions (docs/upgrades.md)', () => {
+  type Workload = K8sObject & { spec: { strategy?: unknown; updateStrategy?: unknown; template: { spec: { terminationGracePeriodSeconds: number } } } };
+  const drainOf = (objects: K8sObject[]) => parseConfig((one(objects, 'ConfigMap', 'agent') as K8sObject & { data: Record<string, string> }).data['gateway.yaml']!, 'chart').gateway.drain_limit;
+
+  it('a Deployment surges (maxSurge 1, maxUnavailable 0) and gives the old pod the drain limit and a minute to drain', () => {
+    const objects = render(['authToken=t0ken', 'agentKind=Deployment']);
+    const agent = one(objects, 'Deployment', 'agent') as Workload;
+    expect(agent.spec.strategy).toEqual({ type: 'RollingUpdate', rollingUpdate: { maxSurge: 1, maxUnavailable: 0 } });
+    expect(drainOf(objects)).toBe(1800_000);
+    expect(agent.spec.template.spec.terminationGracePeriodSeconds).toBe(1860);
+  });
+
+  it('a StatefulSet (one volume: no surge) rolls one pod at a time, with the same grace period; drainLimitSeconds sets both', () => {
+    const objects = render(['authToken=t0ken', 'drainLimitSeconds=600']);
+    const agent = one(objects, 'StatefulSet', 'agent') as Workload;
+    expect(agent.spec.updateStrategy).toEqual({ type: 'RollingUpdate' });
+    expect(agent.spec.strategy).toBeUndefined();
+    expect(drainOf(objects)).toBe(600_000);
+    expect(agent.spec.template.spec.terminationGracePeriodSeconds).toBe(660);
+  });
+});
+
 describe('hostile values: helm refuses them with the reason', () => {
   it.each([
     ['an agentKind that is neither StatefulSet nor Deployment', ['authToken=t', 'agentKind=DaemonSet'], /agentKind must be StatefulSet or Deployment/],
@@ -171,6 +193,10 @@ describe('hostile values: helm refuses them with the reason', () => {
     ['a group with capitals', ['authToken=t', 'updater.group=Prod'], /updater.group must be 1 to 32 characters of a-z, 0-9 and "-", not "Prod"/],
     ['a group of 33 characters', ['authToken=t', `updater.group=${'g'.repeat(33)}`], /updater.group must be 1 to 32 characters/],
     ['a group that would break out of the YAML', ['authToken=t', 'updater.group=a\nb: c'], /updater.group must be/],
+    ['a drain limit of 0', ['authToken=t', 'drainLimitSeconds=0'], /drainLimitSeconds must be a whole number of seconds above 0/],
+    ['a negative drain limit', ['authToken=t', 'drainLimitSeconds=-5'], /drainLimitSeconds must be a whole number/],
+    ['a fraction of a second', ['authToken=t', 'drainLimitSeconds=1.5'], /drainLimitSeconds must be a whole number/],
+    ['a drain limit that is no number', ['authToken=t', 'drainLimitSeconds=forever'], /drainLimitSeconds must be a whole number/],
   ])('%s', (_name, values, message) => {
     const r = helm(['template', 'agent', CHART, ...sets(values)]);
     expect(r.status).not.toBe(0);

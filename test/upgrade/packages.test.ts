@@ -268,7 +268,9 @@ describe('settings', () => {
       yumReposDir: '/tmp/r/etc/yum.repos.d',
       lockFile: '/tmp/l.lock',
       binDir: '/tmp/r/usr/local/bin',
-      restartCommand: 'systemctl restart gateway',
+      // The hand-over while the unit runs (the old process drains), a plain restart when it does not.
+      restartCommand: 'if systemctl is-active --quiet gateway; then systemctl kill --signal=SIGUSR2 --kill-whom=main gateway; else systemctl restart gateway; fi',
+      pidFile: '/tmp/r/run/gateway.pid',
       healthCommand: 'systemctl is-active --quiet gateway',
       versionCommand: 'gateway --version',
       healthTimeoutMs: 90_000,

@@ -53,6 +53,29 @@ describe('the units', () => {
     }
   });
 
+  it('gateway.service keeps sessions over a restart: KillMode=mixed, TimeoutStopSec from the drain limit, PIDFile followed', () => {
+    // What systemd does with them cannot run here (no systemd as PID 1 in the test machine): systemd re-reads
+    // PIDFile= when the main process exits (src/core/service.c, service_sigchld_event: "Forking services may
+    // occasionally move to a new PID. As long as they update the PID file before exiting the old PID, they're
+    // fine."), so the successor of a hand-over becomes the main process; docs/upgrades.md says so too.
+    const unit = lines(agentUnit());
+    expect(unit).toContain('KillMode=mixed');
+    expect(unit).toContain('TimeoutStopSec=1860'); // 30 min of drain + 60 s
+    expect(lines(agentUnit({ drainLimitMs: 5 * 60_000 }))).toContain('TimeoutStopSec=360');
+    expect(() => agentUnit({ drainLimitMs: -1 })).toThrow(expect.objectContaining({ code: 'GW_ERR_USAGE' }));
+    const service = unit.slice(unit.indexOf('[Service]'), unit.indexOf('[Install]'));
+    for (const key of ['KillMode', 'TimeoutStopSec']) expect(service.filter((l) => l.startsWith(`${key}=`))).toHaveLength(1);
+  });
+
+  it('gateway install systemd --drain-limit sets TimeoutStopSec; a bad one is a usage error', async () => {
+    const r = await runCli('gateway', ['install', 'systemd', '--unit', 'gateway.service', '--drain-limit', '2h']);
+    expect(r.status, r.stderr).toBe(0);
+    expect(lines(r.stdout)).toContain('TimeoutStopSec=7260');
+    const bad = await runCli('gateway', ['install', 'systemd', '--drain-limit', 'forever']);
+    expect(bad.status).toBe(2);
+    expect(bad.stderr).toContain('GW_ERR_USAGE');
+  });
+
   it('gateway-upgrade.service runs `gateway-upgrade run` once, with the same environment file', () => {
     const unit = lines(upgradeServiceUnit());
     expect(unit).toContain('Type=oneshot');

@@ -4,6 +4,7 @@
  * while the version server (in-process, behind https) is reached directly through NO_PROXY. A bad checksum is
  * refused before anything is extracted; a build that does not come back gets the previous binaries back.
  */
+import { spawn } from 'node:child_process';
 import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -250,6 +251,39 @@ describe('gateway-upgrade run from a tarball', () => {
     expect(r.stderr).toContain('the previous version 17.0.1 was put back and is running');
     expect(await installed()).toBe('17.0.1');
     expect(await restarts()).toEqual(['restart Gateway v17.0.5 git:test', 'restart Gateway v17.0.1 git:test']);
+  });
+
+  it('a hand-over whose successor never takes over (the pid file still names the old process): GW_ERR_UPGRADE_HEALTH, put back', async () => {
+    await endpoint('default');
+    const pidFile = join(root, 'run/gateway.pid');
+    await mkdir(join(root, 'run'), { recursive: true });
+    await writeFile(pidFile, `${process.pid}\n`); // alive, and the restart (restart.sh) leaves it as it is
+    try {
+      const r = await runCli('gateway-upgrade', ['run'], { env, timeoutMs: 60_000 });
+      expect(r.status).toBe(1);
+      expect(r.stderr).toContain('code: GW_ERR_UPGRADE_HEALTH');
+      expect(r.stderr).toContain(`the service's main process is still pid ${process.pid}`);
+      expect(await installed()).toBe('17.0.1');
+    } finally {
+      await rm(pidFile, { force: true });
+    }
+  });
+
+  it('a hand-over whose successor takes over (a new live pid in the pid file): upgraded', async () => {
+    await endpoint('default');
+    const pidFile = join(root, 'run/gateway.pid');
+    await mkdir(join(root, 'run'), { recursive: true });
+    await writeFile(pidFile, `${process.pid}\n`);
+    const successor = spawn('sleep', ['60'], { stdio: 'ignore' });
+    try {
+      // The restart writes the successor's pid, as a successor of a hand-over does.
+      const r = await runCli('gateway-upgrade', ['run'], { env: { ...env, GATEWAY_UPGRADE_RESTART_COMMAND: `echo ${successor.pid} > ${pidFile}` }, timeoutMs: 60_000 });
+      expect(r.status, r.stderr).toBe(0);
+      expect(await installed()).toBe('17.0.2');
+    } finally {
+      successor.kill('SIGKILL');
+      await rm(pidFile, { force: true });
+    }
   });
 
   it('a release missing on the server is a download error naming the URL', async () => {

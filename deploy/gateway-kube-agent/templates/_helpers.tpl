@@ -46,6 +46,15 @@ so that a bad value fails the install rather than an agent's start.
 {{- end -}}
 
 {{/* The agent's pod template, shared by the StatefulSet and the Deployment. */}}
+{{- define "gateway-kube-agent.drainLimitSeconds" -}}
+{{- $d := .Values.drainLimitSeconds -}}
+{{- /* A number from values.yaml is a float64, one from --set an int64; a string or a fraction is refused. */ -}}
+{{- if not (and (or (kindIs "float64" $d) (kindIs "int64" $d) (kindIs "int" $d)) (eq (float64 (int $d)) (float64 $d)) (gt (int $d) 0)) -}}
+{{- fail (printf "drainLimitSeconds must be a whole number of seconds above 0, not %v" $d) -}}
+{{- end -}}
+{{- int $d -}}
+{{- end }}
+
 {{- define "gateway-kube-agent.podTemplate" -}}
 metadata:
   labels:
@@ -57,6 +66,8 @@ metadata:
     {{- end }}
 spec:
   serviceAccountName: {{ include "gateway-kube-agent.fullname" . }}
+  # SIGTERM drains the sessions in flight for drainLimitSeconds; a minute more to close what is left.
+  terminationGracePeriodSeconds: {{ add (include "gateway-kube-agent.drainLimitSeconds" . | int) 60 }}
   containers:
     - name: gateway
       image: {{ include "gateway-kube-agent.image" . }}
