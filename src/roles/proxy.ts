@@ -24,6 +24,7 @@ import { SshJumpServer } from '../proxy/sshjump.js';
 import { createWebAppUpgradeHandler } from '../proxy/appupgrade.js';
 import { createKubeHandler, createWebAppHandler } from '../proxy/webapps.js';
 import { ReloadableVersionServer } from '../reload.js';
+import { AutoupdateEndpoint } from '../proxy/autoupdate.js';
 import { TunnelServer } from '../proxy/tunnel.js';
 import { ClusterView } from '../proxy/cluster.js';
 import { watchChannelDrift } from '../proxy/drift.js';
@@ -161,6 +162,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     authPreference: cachedAuthPreference(() => auth.authPreference()),
     limits,
     versions,
+    ...(auth.autoupdateInstruction ? { autoupdate: new AutoupdateEndpoint({ instruction: (hostId, group) => auth.autoupdateInstruction!(hostId, group) }) } : {}),
   });
   const addresses: Record<string, string> = {};
   for (const [name, addr] of Object.entries(frontDoor.addresses)) addresses[name === 'web' ? 'web' : `proxy_${name}`] = addr;
