@@ -41,6 +41,11 @@ export class AutoupdateEndpoint {
   /** Calls made to the Auth Service (tests read it to see the cache work). */
   calls = 0;
 
+  /** Hosts in the cache now (at most maxEntries). */
+  get cachedHosts(): number {
+    return this.cache.size;
+  }
+
   constructor(options: AutoupdateEndpointOptions) {
     this.o = { ...AUTOUPDATE_ENDPOINT_DEFAULTS, clock: Date.now, ...options };
   }
