@@ -424,7 +424,7 @@ export const ERROR_CODES = {
   GW_ERR_RESOURCE_KIND: {
     status: 400,
     summary: 'A resource kind that gwctl does not manage.',
-    hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node, proxy, event (each also in the plural).',
+    hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, autoupdate_config, autoupdate_version, autoupdate_agent_rollout, node, proxy, event (each also in the plural).',
   },
   GW_ERR_RESOURCE_INVALID: {
     status: 400,
