@@ -4,14 +4,19 @@
  * autoupdate_config itself (at most 16 groups, each named [a-z0-9-]{1,32}), and the state by the closed set of
  * src/wire/autoupdate.ts. Set from the controller's last status, read at each scrape.
  */
-import type { GroupState, RolloutStatus } from '../wire/autoupdate.js';
 import { counter, gauge, type PatternSet } from './define.js';
 
 const AREA = 'managed rollouts';
-export const GROUP_STATES: readonly GroupState[] = ['unstarted', 'canary', 'active', 'done', 'halted', 'rolledback'];
+/** src/wire/autoupdate.ts's GroupState (a leaf may not import the wire: the Auth Service passes its status in). */
+export const GROUP_STATES = ['unstarted', 'canary', 'active', 'done', 'halted', 'rolledback'] as const;
+
+/** What the gauges read of the rollout's status (RolloutStatus, src/wire/autoupdate.ts). */
+export interface RolloutGauges {
+  groups: ReadonlyArray<{ name: string; state: string; stale: readonly unknown[] }>;
+}
 const GROUP: PatternSet = { pattern: /^[a-z0-9-]{1,32}$/, max: 16, what: "a rollout group's name (autoupdate_config declares at most 16)" };
 
-let last: RolloutStatus | undefined;
+let last: RolloutGauges | undefined;
 
 const groupState = gauge({
   name: 'gateway_autoupdate_group_state',
@@ -33,7 +38,7 @@ function collect(): void {
 }
 
 /** The controller's newest status, shown at the next scrape. */
-export function recordRolloutStatus(status: RolloutStatus | undefined): void {
+export function recordRolloutStatus(status: RolloutGauges | undefined): void {
   last = status;
 }
 

@@ -161,8 +161,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     api: probeRoute(auth, router, options.api),
     authPreference: cachedAuthPreference(() => auth.authPreference()),
     limits,
-    versions,
-    ...(auth.autoupdateInstruction ? { autoupdate: new AutoupdateEndpoint({ instruction: (hostId, group) => auth.autoupdateInstruction!(hostId, group) }) } : {}),
+    versions, ...autoupdateOf(auth),
   });
   const addresses: Record<string, string> = {};
   for (const [name, addr] of Object.entries(frontDoor.addresses)) addresses[name === 'web' ? 'web' : `proxy_${name}`] = addr;
@@ -333,4 +332,10 @@ async function webCertificate(config: GatewayConfig, issue: () => Promise<{ key:
     });
   }
   return { key, cert };
+}
+
+/** The managed rollout's answer to upgraders, when the Auth Service behind this Proxy gives instructions (404 otherwise). */
+function autoupdateOf(auth: ProxyAuth): { autoupdate?: AutoupdateEndpoint } {
+  const ask = auth.autoupdateInstruction?.bind(auth);
+  return ask ? { autoupdate: new AutoupdateEndpoint({ instruction: ask }) } : {};
 }
