@@ -203,7 +203,9 @@ function freshHealth(a: RolloutAgent): boolean {
 }
 
 function failedChecks(h: AgentHealth): string {
-  const failed = h.checks.filter((c) => !c.ok).slice(0, 3).map((c) => `${c.name}${c.detail ? `: ${c.detail}` : ''}`);
+  // What an agent says is bounded where its message is read (src/wire/autoupdate.ts); cut again here, since the
+  // sentence is stored, audited and printed.
+  const failed = h.checks.filter((c) => !c.ok).slice(0, 3).map((c) => `${c.name.slice(0, 64)}${c.detail ? `: ${c.detail.slice(0, 256)}` : ''}`);
   return failed.length > 0 ? `failed check ${failed.join('; ')}` : 'health not ok';
 }
 

@@ -93,6 +93,12 @@ describe('the rollout controller', () => {
     expect((await backend.get('/autoupdate/version'))?.value).toBe(before?.value);
   });
 
+  it('gwctl apply refuses a target above the control plane too, applying nothing', async () => {
+    const resources = parseManifest(CONFIG + '---\n' + VERSION.replace('17.1.0', '18.0.0'), 'm.yaml');
+    expect(await codeOf(auth.applyResources(admin, resources, { dryRun: false, prune: false, set: 'default' }))).toBe('GW_ERR_AUTOUPDATE_MAJOR');
+    expect(await backend.get('/autoupdate/config')).toBeUndefined();
+  });
+
   it('autoupdate_agent_rollout cannot be removed', async () => {
     expect(await codeOf(auth.removeResource(admin, 'autoupdate_agent_rollout', 'autoupdate-agent-rollout'))).toBe('GW_ERR_AUTOUPDATE_READ_ONLY');
   });

@@ -97,6 +97,29 @@ describe('the default and the resources', () => {
   });
 });
 
+describe('what an asker says', () => {
+  it('a connected agent is placed by its presence, never by the group its upgrader names in the query', () => {
+    const w = new World({ config: config([group('canaries', { canary_count: 0 }), group('prod', { start_hour: 12 })]), version: version({ schedule: 'regular' }), agents: [agent(1, '17.0.0', { upgradeGroup: 'prod' })], controlPlane: '17.2.0', now: T0 });
+    w.step();
+    const lying = instructionFor({ ...w.input, state: w.state }, uuid(1), 'canaries');
+    expect(lying).toMatchObject({ group: 'prod', update: false });
+    // An agent without presence (not connected yet) gets the answer of the group it names, and moves nothing.
+    expect(instructionFor({ ...w.input, state: w.state }, uuid(9), 'canaries')).toMatchObject({ group: 'canaries', update: true });
+    expect(step({ ...w.input, state: w.state }).state).toEqual(w.state);
+  });
+
+  it('a canary\'s oversized check detail is cut in the halt\'s reason', () => {
+    const w = new World({ config: config([group('dev', { canary_count: 1 })]), version: version(), agents: [agent(1, '17.0.0')], controlPlane: '17.2.0', now: T0 });
+    w.step();
+    const a = upgraded(agent(1, '17.0.0'), '17.1.0', T0 + MIN, false);
+    a.health!.checks[1]!.detail = 'x'.repeat(100_000);
+    w.input = { ...w.input, agents: [a] };
+    w.step(T0 + 2 * MIN);
+    expect(w.groupState('dev')).toBe('halted');
+    expect(w.state!.groups[0]!.reason.length).toBeLessThan(1000);
+  });
+});
+
 describe('groups, canaries and halting', () => {
   it('canaries first, then the group, then the next group', () => {
     const agents = [1, 2, 3, 4].map((n) => agent(n, '17.0.0', { upgradeGroup: 'dev' })).concat([agent(5, '17.0.0', { upgradeGroup: 'prod' })]);
