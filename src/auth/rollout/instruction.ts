@@ -60,6 +60,6 @@ function waitReason(input: PlanInput, group: string): string {
   const e = earliestStart(g, state, rules.groups[i]!, i > 0 ? state.groups[i - 1] : undefined, input.now);
   if (e.at === undefined) return e.waits ?? g.reason;
   const skip = input.version!.agents.schedule === 'immediate' || input.version!.agents.critical;
-  const at = startAt(rules.groups[i]!, e.at, rules.windowMs, skip);
+  const at = startAt(rules.groups[i]!, Math.max(e.at, input.now), rules.windowMs, skip);
   return at === undefined ? 'its days list no window' : `its next start is ${new Date(at).toISOString()} (${rules.groups[i]!.time_zone})`;
 }

@@ -155,7 +155,8 @@ function tryStart(g: GroupRecord, ctx: GroupCtx): void {
     return;
   }
   const skip = ctx.skipWindows || g.forced === true || g.now === true;
-  const at = startAt(ctx.spec, e.at, ctx.rules.windowMs, skip);
+  // From now on: a window that opened and closed while the group waited is not one it may still start in.
+  const at = startAt(ctx.spec, Math.max(e.at, ctx.now), ctx.rules.windowMs, skip);
   if (at === undefined || at > ctx.now) {
     g.reason = at === undefined ? 'its days list no window' : `waits for its window (${new Date(at).toISOString()}, ${ctx.spec.time_zone})`;
     return;

@@ -56,7 +56,7 @@ function nextStart(input: PlanInput, rules: Rules, i: number): number | undefine
   const skip = input.version!.agents.schedule === 'immediate' || input.version!.agents.critical;
   if (rules.strategy === 'time-based') return startAt(spec, input.now, rules.windowMs, skip);
   const e = earliestStart(state.groups[i]!, state, spec, i > 0 ? state.groups[i - 1] : undefined, input.now);
-  return e.at === undefined ? undefined : startAt(spec, e.at, rules.windowMs, skip);
+  return e.at === undefined ? undefined : startAt(spec, Math.max(e.at, input.now), rules.windowMs, skip);
 }
 
 function countVersions(agents: readonly RolloutAgent[]): Record<string, number> {

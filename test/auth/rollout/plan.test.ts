@@ -222,6 +222,16 @@ describe('windows in each group\'s time zone', () => {
     expect(w.groupState('prod')).toBe('active');
   });
 
+  it('a window that closed while the group waited is not one it starts in: the next one is', () => {
+    const w = new World({ config: config([group('dev', { start_hour: 8 })]), version: version({ schedule: 'regular' }), agents: [agent(1, '17.0.0')], controlPlane: '17.2.0', now: T0 });
+    w.step();
+    w.step(T0 + 10 * HOUR); // no step ran in 08:00..09:00
+    expect(w.groupState('dev')).toBe('unstarted');
+    expect(statusOf({ ...w.input, state: w.state }).groups[0]!.next_start).toBe('2030-03-05T08:00:00.000Z');
+    w.step(T0 + 32 * HOUR + MIN);
+    expect(w.groupState('dev')).toBe('active');
+  });
+
   it.each([
     // Europe/Paris goes forward on 2030-03-31 (02:00 → 03:00) and back on 2030-10-27 (03:00 → 02:00).
     ['Europe/Paris', 2, '2030-03-30T12:00:00Z', '2030-03-31T01:00:00Z'], // 02:00 does not exist: opens at 03:00 CEST
