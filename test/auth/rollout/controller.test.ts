@@ -9,7 +9,12 @@ import type { Identity } from '../../../src/auth/pki.js';
 import type { Presence } from '../../../src/auth/records.js';
 import { parseManifest } from '../../../src/auth/resources/index.js';
 import { AuthService } from '../../../src/auth/service.js';
+import { enableMetrics } from '../../../src/metrics/define.js';
+import { registry } from '../../../src/metrics/registry.js';
 import { codeOf } from '../../helpers/errors.js';
+import { parseExposition, sampleValue } from '../../helpers/metrics.js';
+
+enableMetrics();
 
 let now = Date.parse('2030-03-04T10:00:00Z');
 const clock = () => now;
@@ -81,6 +86,11 @@ describe('the rollout controller', () => {
     expect(halted.groups[0]!.reason).toContain('db answers nothing');
     expect(await auth.autoupdateInstruction(canary.host_id)).toMatchObject({ update: true, version: '17.0.0', canary: true });
     expect(await events()).toEqual(['autoupdate.group_started', 'autoupdate.halted']);
+    // The metrics say so too: the group's state, one-hot, and the halt counted.
+    const scrape = parseExposition(await registry.metrics());
+    expect(sampleValue(scrape, 'gateway_autoupdate_group_state', { group: 'dev', state: 'halted' })).toBe(1);
+    expect(sampleValue(scrape, 'gateway_autoupdate_group_state', { group: 'dev', state: 'canary' })).toBe(0);
+    expect(sampleValue(scrape, 'gateway_autoupdate_halts_total', {})).toBe(1);
     // gwctl get autoupdate_agent_rollout shows the same.
     const [r] = await auth.getResources(admin, 'autoupdate_agent_rollout', undefined, false);
     expect((r!.spec as { groups: Array<{ state: string }> }).groups[0]!.state).toBe('halted');
