@@ -12,6 +12,7 @@ import { AuthService } from '../../../src/auth/service.js';
 import { enableMetrics } from '../../../src/metrics/define.js';
 import { registry } from '../../../src/metrics/registry.js';
 import { codeOf } from '../../helpers/errors.js';
+import { waitUntil } from '../../helpers/wait.js';
 import { parseExposition, sampleValue } from '../../helpers/metrics.js';
 
 enableMetrics();
@@ -125,6 +126,16 @@ describe('the rollout controller', () => {
     expect(s.mode).toBe('suspended');
     expect(await codeOf(auth.autoupdateCommand(admin, { command: 'start', group: 'nope' }))).toBe('GW_ERR_AUTOUPDATE_GROUP');
     expect(await events()).toContain('autoupdate.suspended');
+  });
+
+  it('started, it steps after a change of the resources or the presence, not only at its interval', async () => {
+    for (const n of [1, 2]) await presence(n);
+    auth.startRollout(3600_000);
+    await auth.createResources(admin, parseManifest(CONFIG + '---\n' + VERSION, 'm.yaml'), false);
+    await waitUntil('the watch steps the new rollout', async () => (await auth.autoupdateStatus(admin)).groups[0]?.state === 'canary');
+    const canary = (await auth.autoupdateStatus(admin)).groups[0]!.canaries[0]!;
+    await presence(Number(canary.host_id.slice(-12)), { version: '17.1.0', health: { ok: false, checks: [], measured_at: new Date(now + 1).toISOString() } });
+    await waitUntil('the watch steps after the presence changed', async () => (await auth.autoupdateStatus(admin)).groups[0]?.state === 'halted');
   });
 
   it('two Auth Services on one backend step the rollout once: the conditioned write refuses the second', async () => {
