@@ -38,11 +38,28 @@ export interface WindowRule {
   time_zone: string;
 }
 
+/**
+ * Answers by rule and grid instant: the controller asks again at every step (every few seconds, and after each
+ * presence change) for the same quarter of an hour, and a walk is up to 768 Intl readings. Bounded; cleared whole.
+ */
+const answers = new Map<string, number | undefined>();
+const MAX_ANSWERS = 1024;
+
 /** The first window start at or after fromMs (on the 15-minute grid); undefined when the days list none. */
 export function nextWindowStart(rule: WindowRule, fromMs: number): number | undefined {
+  const start = Math.ceil(fromMs / STEP_MS) * STEP_MS;
+  const key = `${rule.time_zone}|${rule.start_hour}|${rule.days.join(',')}|${start}`;
+  if (answers.has(key)) return answers.get(key);
+  if (answers.size >= MAX_ANSWERS) answers.clear();
+  const found = walk(rule, start);
+  answers.set(key, found);
+  return found;
+}
+
+function walk(rule: WindowRule, start: number): number | undefined {
   if (rule.days.length === 0) return undefined;
   const target = rule.start_hour * 60;
-  let t = Math.ceil(fromMs / STEP_MS) * STEP_MS;
+  let t = start;
   let before = localTime(t - STEP_MS, rule.time_zone);
   for (let i = 0; i <= MAX_STEPS; i++, t += STEP_MS) {
     const now = localTime(t, rule.time_zone);
