@@ -19,7 +19,8 @@ export function instructionFor(input: PlanInput, hostId: string, queryGroup?: st
   if (!config && !version) return { managed: false, update: false, reason: NOT_MANAGED_REASON, issued_at };
   const rules = rulesOf(config);
   if (rules.mode === 'disabled') return { managed: false, update: false, reason: "autoupdate_config's mode is disabled: the channels and maintenance windows apply", issued_at };
-  if (!version || !state) return { managed: true, update: false, reason: 'nothing upgrades until an operator sets a target (autoupdate_version)', issued_at };
+  if (!version) return { managed: true, update: false, reason: 'nothing upgrades until an operator sets a target (autoupdate_version)', issued_at };
+  if (!state) return { managed: true, update: false, reason: 'the Auth Service has not planned the new target yet: ask again shortly', issued_at };
   const agent = input.agents.find((a) => a.hostId === hostId);
   const group = groupOf(rules, agent ? agent.upgradeGroup : queryGroup);
   const base = { managed: true, rollout_id: state.rollout_id, issued_at, ...(version.agents.critical ? { critical: true } : {}) };
