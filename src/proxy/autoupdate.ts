@@ -9,7 +9,8 @@
  * group for CACHE_MS, concurrent asks for the same one share one call, at most MAX_IN_FLIGHT calls to the Auth
  * Service run at once and the cache holds at most MAX_ENTRIES, so a flood reaches the Auth Service at most once
  * per host a cache period and never piles up; each call has a deadline. An Auth Service that does not answer in
- * time, or at all, is 503 GW_ERR_AUTOUPDATE_UNAVAILABLE: the upgrader keeps what it runs and asks again.
+ * time, or at all, is 503 GW_ERR_AUTOUPDATE_UNAVAILABLE: the upgrader keeps what it runs and asks again. An Auth
+ * Service of an earlier version (no such route) is 404, as a Proxy of an earlier version: the channels apply.
  */
 import type http from 'node:http';
 import { GatewayError, isGatewayError } from '../errors.js';
@@ -93,7 +94,9 @@ export class AutoupdateEndpoint {
     try {
       return await Promise.race([this.o.instruction(hostId, group), deadline]);
     } catch (err) {
-      if (isGatewayError(err, 'GW_ERR_AUTOUPDATE_UNAVAILABLE') || isGatewayError(err, 'GW_ERR_AUTOUPDATE_QUERY')) throw err;
+      // An Auth Service of an earlier version has no such route: 404 as from an earlier Proxy, so that the upgrader
+      // keeps the channels' behaviour instead of waiting for a rollout nobody plans.
+      if (isGatewayError(err, 'GW_ERR_AUTOUPDATE_UNAVAILABLE') || isGatewayError(err, 'GW_ERR_AUTOUPDATE_QUERY') || isGatewayError(err, 'GW_ERR_API_NOT_FOUND')) throw err;
       throw new GatewayError('GW_ERR_AUTOUPDATE_UNAVAILABLE', `the Auth Service could not be asked: ${(err as Error).message.slice(0, 200)}`, { cause: err });
     } finally {
       clearTimeout(timer);

@@ -8,6 +8,7 @@ import type { AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { AutoupdateEndpoint } from '../../src/proxy/autoupdate.js';
 import type { AgentInstruction } from '../../src/wire/autoupdate.js';
+import { GatewayError } from '../../src/errors.js';
 import { codeOf } from '../helpers/errors.js';
 
 const HOST = '3f1c2b7a-1111-4222-8333-444455556666';
@@ -49,6 +50,11 @@ describe('AutoupdateEndpoint', () => {
     expect(await codeOf(e.answer(`host_id=${HOST}`))).toBe('GW_ERR_AUTOUPDATE_UNAVAILABLE');
     expect(await codeOf(e.answer(`host_id=${HOST}`))).toBe('GW_ERR_AUTOUPDATE_UNAVAILABLE');
     expect(e.calls).toBe(2);
+  });
+
+  it('an Auth Service of an earlier version (no such route) is 404, as an earlier Proxy: the channels apply', async () => {
+    const e = new AutoupdateEndpoint({ instruction: async () => Promise.reject(new GatewayError('GW_ERR_API_NOT_FOUND', 'no route GET /v1/autoupdate/instruction')) });
+    expect(await codeOf(e.answer(`host_id=${HOST}`))).toBe('GW_ERR_API_NOT_FOUND');
   });
 
   it('an unreachable Auth Service is 503', async () => {
