@@ -108,9 +108,14 @@ describe('a managed rollout on a real cluster', () => {
     }, 'the group starts with its canary');
     const canary = s.groups[0]!.canaries[0]!;
     expect(s.groups[0]!.versions).toEqual({ '17.0.0-dev': 3 });
-    expect(await instruction(canary.host_id)).toMatchObject({ managed: true, update: true, canary: true, version: '17.0.1', group: 'fleet' });
+    // Answers asked before the resources existed are kept a second or two by the Proxy (the flood above): poll.
+    const managed = (hostId: string) => waitFor(async () => {
+      const i = await instruction(hostId);
+      return i.managed ? i : undefined;
+    }, 'the Proxy answers with the rollout');
+    expect(await managed(canary.host_id)).toMatchObject({ managed: true, update: true, canary: true, version: '17.0.1', group: 'fleet' });
     const other = agents.map((a) => a.hostId!).find((h) => h !== canary.host_id)!;
-    expect(await instruction(other)).toMatchObject({ managed: true, update: false, version: '17.0.0-dev' });
+    expect(await managed(other)).toMatchObject({ managed: true, update: false, version: '17.0.0-dev' });
 
     // The canary comes back on the target and reports a failed check: its Proxy writes that into its presence.
     const backend = openSqliteBackend({ path: join(cluster.dataDir, 'backend.sqlite'), sweepIntervalMs: 0 });
