@@ -424,7 +424,7 @@ export const ERROR_CODES = {
   GW_ERR_RESOURCE_KIND: {
     status: 400,
     summary: 'A resource kind that gwctl does not manage.',
-    hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node, proxy, event (each also in the plural).',
+    hint: 'Kinds: role, user, token, github, saml, oidc, cluster_maintenance_config, lock, autoupdate_config, autoupdate_version, autoupdate_agent_rollout, node, proxy, event (each also in the plural).',
   },
   GW_ERR_RESOURCE_INVALID: {
     status: 400,
@@ -1069,6 +1069,58 @@ export const ERROR_CODES = {
     status: 409,
     summary: '`gateway install systemd --output` would replace unit files that already exist; nothing was written.',
     hint: 'Add --force to replace them, or choose another --output.',
+  },
+
+  // --- managed rollouts (src/auth/rollout, autoupdate_config / autoupdate_version) ------------------------------
+  GW_ERR_AUTOUPDATE_SCHEDULE: {
+    status: 400,
+    summary: 'An autoupdate_config field is not allowed: a group name, a duplicate group, more than 16 groups, a start hour, a canary count, a duration, or a catch_all naming no group; nothing was stored.',
+    hint: 'Fix the field named in the problem; docs/upgrades.md ("Managed rollouts") lists every field and its bounds.',
+  },
+  GW_ERR_AUTOUPDATE_TIME_ZONE: {
+    status: 400,
+    summary: "A group's time_zone is not an IANA time zone name this Node.js knows; nothing was stored.",
+    hint: 'Write a name of the IANA database such as Europe/Paris, America/New_York or UTC (not an abbreviation such as CET or PST).',
+  },
+  GW_ERR_AUTOUPDATE_VERSION: {
+    status: 400,
+    summary: 'An autoupdate_version version is not a semantic version (x.y.z, an optional leading v); nothing was stored.',
+    hint: 'Write start_version and target_version as released versions such as 17.0.2.',
+  },
+  GW_ERR_AUTOUPDATE_MAJOR: {
+    status: 400,
+    summary: "A rollout target whose major version is above the control plane's (the Auth Service's), or more than one major above start_version: agents never run it; nothing was stored.",
+    hint: 'Upgrade the Auth Service and the Proxies first, then roll agents out one major version at a time.',
+  },
+  GW_ERR_AUTOUPDATE_READ_ONLY: {
+    status: 405,
+    summary: 'autoupdate_agent_rollout is what the Auth Service computed: it cannot be created, applied or removed.',
+    hint: "Change autoupdate_config or autoupdate_version instead, or steer the rollout with 'gwctl autoupdate start|suspend|resume|mark-done|rollback'.",
+  },
+  GW_ERR_AUTOUPDATE_NOT_CONFIGURED: {
+    status: 404,
+    summary: 'A rollout command with no rollout to act on: no autoupdate_version sets a target.',
+    hint: "Create an autoupdate_version with start_version and target_version ('gwctl create -f'), then steer it.",
+  },
+  GW_ERR_AUTOUPDATE_GROUP: {
+    status: 404,
+    summary: 'A rollout command named a group that autoupdate_config does not declare.',
+    hint: "List the groups with 'gwctl autoupdate status'.",
+  },
+  GW_ERR_AUTOUPDATE_CONFLICT: {
+    status: 409,
+    summary: "The rollout's stored state was changed by another Auth Service between the read and the write, several times over; nothing of this step was written.",
+    hint: 'Run the command again: it acts on the state the other Auth Service wrote.',
+  },
+  GW_ERR_AUTOUPDATE_QUERY: {
+    status: 400,
+    summary: "An agent's instruction was asked with a bad query: host_id missing or not a host ID, group not [a-z0-9-]{1,32}, or the query too long.",
+    hint: 'Ask GET /v1/webapi/autoupdate/agent?host_id=<the host ID in /var/lib/gateway>&group=<group>; gateway-upgrade does.',
+  },
+  GW_ERR_AUTOUPDATE_UNAVAILABLE: {
+    status: 503,
+    summary: "The Proxy could not get an agent's instruction from the Auth Service in time; the upgrader keeps the version it runs and asks again.",
+    hint: "Check that the Proxy reaches the Auth Service ('gwctl status' on the Proxy's host, its log); nothing needs doing on the agent.",
   },
 
   // --- Kubernetes updater (src/upgrade/kube) ---------------------------------------------------------------------

@@ -14,6 +14,9 @@
  *                                              GET    /v1/resources/:kind[/:name][?with_secrets=1]
  *                                              DELETE /v1/resources/:kind/:name
  *                                              POST   /v1/locks            DELETE /v1/locks[/:name][?user=|role=|node=]
+ *                                              GET    /v1/autoupdate/instruction?host_id=&group=  (a Proxy)
+ *                                              GET    /v1/autoupdate/status
+ *                                              POST   /v1/autoupdate/{start,suspend,resume,mark-done,rollback}
  *
  * Every authenticated request is made by the caller as it stands now (AuthService.resolveCaller): a removed
  * user or agent, or a locked one, is refused whatever its certificate says, and only the roles the user still
@@ -42,6 +45,9 @@ import { clusterStatus } from './drift.js';
 import type { Verb } from './rbac.js';
 import { DEFAULT_APPLY_SET, MAX_APPLY_BYTES, MAX_APPLY_FILES, parseManifest, parseManifestFiles, RESOURCE_KINDS, type LockTarget } from './resources/index.js';
 import { proxyRoutes, requireProxy, STREAMED } from './proxyapi.js';
+import { ROLLOUT_COMMANDS, type RolloutCommand } from './rollout/commands.js';
+import { AUTOUPDATE_AUTH_INSTRUCTION_PATH, AUTOUPDATE_STATUS_PATH } from '../wire/autoupdate.js';
+import { parseInstructionQuery } from '../wire/autoupdatequery.js';
 import { JOIN_ROLES, type AuthService, type JoinRole } from './service.js';
 import { SAML_ACS_PATH, ssoRoutes } from './ssoapi.js';
 import { bearerOf, clearedCookie, cookieValue, originRefusal, WEB_SESSION_COOKIE, type WebSessionView } from './websessions.js';
@@ -271,6 +277,26 @@ function identityRoutes(auth: AuthService): Route[] {
   ];
 }
 
+/** The managed rollout (src/auth/rollout/): a Proxy asks for its upgraders, users read and steer it. */
+function autoupdateRoutes(auth: AuthService): Route[] {
+  return [
+    route('GET', AUTOUPDATE_AUTH_INSTRUCTION_PATH, async ({ caller, req }) => {
+      requireProxy(await caller());
+      const q = parseInstructionQuery((req.url ?? '').split('?')[1] ?? '');
+      return auth.autoupdateInstruction(q.hostId, q.group);
+    }),
+    route('GET', AUTOUPDATE_STATUS_PATH, async ({ caller }) => auth.autoupdateStatus(await caller())),
+    route('POST', '/v1/autoupdate/:command', async ({ caller, body, params }) => {
+      const command = params.command as RolloutCommand;
+      if (!(ROLLOUT_COMMANDS as readonly string[]).includes(command)) throw bad(`unknown rollout command; one of ${ROLLOUT_COMMANDS.join(', ')}`);
+      const b = await body();
+      const group = str(b, 'group', { optional: true, max: 64 });
+      if (b.now !== undefined && typeof b.now !== 'boolean') throw bad('"now" must be true or false');
+      return auth.autoupdateCommand(await caller(), { command, ...(group ? { group } : {}), ...(b.now === true ? { now: true } : {}) });
+    }, { maxBody: BODY.small, before: (auth, caller) => auth.authorizeAny(caller, ['autoupdate_version', 'autoupdate_agent_rollout'], ['update']) }),
+  ];
+}
+
 /** Resources from manifests, and locks. */
 function resourceRoutes(auth: AuthService): Route[] {
   return [
@@ -467,6 +493,7 @@ export function createApiHandler(auth: AuthService, options: ApiOptions = {}): (
     ...publicRoutes(auth),
     ...identityRoutes(auth),
     ...resourceRoutes(auth),
+    ...autoupdateRoutes(auth),
     ...agentRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody })),
     ...ssoRoutes(auth).map((r) => route(r.method, r.path, r.handler, { maxBody: r.maxBody })),
     ...proxyApiRoutes(auth, options.streamKeepAliveMs ?? 5000),

@@ -27,6 +27,7 @@ import {
   MAX_APPLY_RESOURCES,
   canonical,
   inApplySet,
+  isSingleton,
   planDiff,
   withApplyLabels,
   type AnyResource,
@@ -58,6 +59,8 @@ const PRUNE_PREFIXES: Readonly<Record<ResourceKind, string>> = {
   saml: KEYS.connector('saml', ''),
   oidc: KEYS.connector('oidc', ''),
   cluster_maintenance_config: KEYS.maintenance,
+  autoupdate_config: KEYS.autoupdateConfig,
+  autoupdate_version: KEYS.autoupdateVersion,
   lock: LOCKS_PREFIX,
 };
 
@@ -144,7 +147,7 @@ export class Applier {
   private async planPrune(caller: Identity, set: string, keep: ReadonlySet<string>): Promise<Change[]> {
     const out: Change[] = [];
     for (const [kind, prefix] of Object.entries(PRUNE_PREFIXES) as Array<[ResourceKind, string]>) {
-      const items = kind === 'cluster_maintenance_config' ? [await this.deps.backend.get(prefix)].filter((i) => i !== undefined) : await this.deps.backend.range(prefix);
+      const items = isSingleton(kind) ? [await this.deps.backend.get(prefix)].filter((i) => i !== undefined) : await this.deps.backend.range(prefix);
       for (const item of items) {
         if (keep.has(item.key)) continue;
         const view = storedView(kind, item.value);

@@ -15,7 +15,10 @@ import type { LockStore } from './locks.js';
 import type { Identity } from './pki.js';
 import { PRESET_ROLES } from './rbac.js';
 import { KEYS, readJson } from './records.js';
-import { GET_KINDS, getKindOf, withoutSecrets, type GetKind, type LockResource, type Resource, type RoleResource, type TokenResource, type UserResource } from './resources/index.js';
+import { VERSION } from '../version.js';
+import type { RolloutStatus } from '../wire/autoupdate.js';
+import { checkVersionResource } from './rollout/safety.js';
+import { AUTOUPDATE_AGENT_ROLLOUT_NAME, GET_KINDS, getKindOf, isSingleton, withoutSecrets, type AutoupdateVersion, type GetKind, type LockResource, type Resource, type RoleResource, type TokenResource, type UserResource } from './resources/index.js';
 import type { Users } from './users.js';
 
 export interface ManifestsDeps {
@@ -27,6 +30,8 @@ export interface ManifestsDeps {
   lockAdmin: LockAdmin;
   locks: LockStore;
   agents: AgentDirectory;
+  /** The rollout as the controller computed it (autoupdate_agent_rollout, read-only). */
+  rollout: { status(): Promise<RolloutStatus> };
 }
 
 export interface Stored {
@@ -93,6 +98,14 @@ export class Manifests {
         return { key: KEYS.connector(resource.kind, resource.metadata.name), value: JSON.stringify(resource), rbacKind: resource.kind };
       case 'cluster_maintenance_config':
         return { key: KEYS.maintenance, value: JSON.stringify(resource), rbacKind: 'cluster_maintenance_config' };
+      case 'autoupdate_config':
+        return { key: KEYS.autoupdateConfig, value: JSON.stringify(resource), rbacKind: 'autoupdate_config' };
+      case 'autoupdate_version': {
+        // The safety rules refuse what no agent may ever run (src/auth/rollout/safety.ts); the planner holds the rest.
+        const agents = (resource as AutoupdateVersion).spec.agents;
+        checkVersionResource(agents.start_version, agents.target_version, VERSION);
+        return { key: KEYS.autoupdateVersion, value: JSON.stringify(resource), rbacKind: 'autoupdate_version' };
+      }
       default:
         throw new GatewayError('GW_ERR_RESOURCE_INVALID', `resources of kind "${resource.kind}" cannot be created with gwctl`);
     }
@@ -101,8 +114,8 @@ export class Manifests {
   /** Reads resources of a kind (all, or one by name; the kind singular or plural). Secrets only with withSecrets. */
   async getResources(caller: Identity, kindText: string, name: string | undefined, withSecrets: boolean): Promise<Resource[]> {
     const kind = knownKind(kindText);
-    // cluster_maintenance_config is a singleton: getting it is a read, never a list.
-    const singleton = kind === 'cluster_maintenance_config';
+    // A singleton (cluster_maintenance_config, the rollout's kinds): getting it is a read, never a list.
+    const singleton = isSingleton(kind) || kind === 'autoupdate_agent_rollout';
     await this.deps.callers.authorize(caller, kind, name === undefined && !singleton ? 'list' : 'read');
     // Tokens are stored hashed: they are listed by id, never by value, so there is nothing more to strip.
     let found = kind === 'token' ? await this.tokenResources() : await this.read(kind);
@@ -133,6 +146,15 @@ export class Manifests {
       case 'cluster_maintenance_config': {
         const item = await readJson<Resource>(backend, KEYS.maintenance);
         return item ? [item] : [];
+      }
+      case 'autoupdate_config':
+      case 'autoupdate_version': {
+        const item = await readJson<Resource>(backend, kind === 'autoupdate_config' ? KEYS.autoupdateConfig : KEYS.autoupdateVersion);
+        return item ? [item] : [];
+      }
+      case 'autoupdate_agent_rollout': {
+        const status = await this.deps.rollout.status();
+        return status.managed && status.target_version ? [{ kind, version: 'v1', metadata: { name: AUTOUPDATE_AGENT_ROLLOUT_NAME }, spec: status }] : [];
       }
       case 'event':
         return (await this.deps.audit.list()).map(({ name, event }) => ({ kind: 'event', version: 'v1', metadata: { name }, spec: event }) as unknown as Resource);
@@ -172,6 +194,14 @@ export class Manifests {
       case 'cluster_maintenance_config':
         key = KEYS.maintenance;
         break;
+      case 'autoupdate_config':
+        key = KEYS.autoupdateConfig;
+        break;
+      case 'autoupdate_version':
+        key = KEYS.autoupdateVersion;
+        break;
+      case 'autoupdate_agent_rollout':
+        throw new GatewayError('GW_ERR_AUTOUPDATE_READ_ONLY', 'autoupdate_agent_rollout is what the Auth Service computed: it cannot be removed');
       default:
         throw new GatewayError('GW_ERR_RESOURCE_KIND', `resources of kind "${kind}" cannot be removed with gwctl`);
     }

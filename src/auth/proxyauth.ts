@@ -5,6 +5,7 @@
  * Auth Service implementing the same, so nothing here may hand out a private key.
  */
 import type { GatewayError } from '../errors.js';
+import type { AgentInstruction } from '../wire/autoupdate.js';
 import type { CertBundle } from './authorities.js';
 import type { RenewRequest } from './joining.js';
 import type { Identity } from './pki.js';
@@ -65,6 +66,11 @@ export interface AgentRecords {
   watchMaintenance(onChange: () => void): () => void;
   /** The cluster_maintenance_config resource, or undefined when none is set (the Web UI's agents view). */
   maintenanceConfig(): Promise<Resource | undefined>;
+  /**
+   * What a host should run in the managed rollout (src/auth/rollout/), for the Proxy's public answer to upgraders.
+   * Optional: without it the Proxy does not serve that path (404, as a Proxy of an earlier version).
+   */
+  autoupdateInstruction?(hostId: string, group?: string): Promise<AgentInstruction>;
 }
 
 /** A change of an agent's presence on one Proxy. */

@@ -24,6 +24,10 @@ export const KEYS = {
   token: (id: string) => `/tokens/${id}`,
   connector: (kind: string, name: string) => `/connectors/${kind}/${name}`,
   maintenance: '/cluster_maintenance_config',
+  /** The managed rollout (src/auth/rollout/): its two resources, and the state the controller computed (one key). */
+  autoupdateConfig: '/autoupdate/config',
+  autoupdateVersion: '/autoupdate/version',
+  autoupdateRollout: '/autoupdate/rollout',
   node: (hostId: string) => `/nodes/${hostId}`,
   /** One record per agent and Proxy: an agent keeps a tunnel to several Proxies (agent_mesh, proxy_peering). */
   presence: (hostId: string, proxyId: string) => `/presence/${hostId}/${proxyId}`,

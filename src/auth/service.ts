@@ -11,6 +11,7 @@
  *   websessions.ts  the browser's sessions, the web terminal's SSH certificates, app launches and app sessions
  *   manifests.ts    resources through gwctl (create -f, get, rm), stored by the module that owns each kind
  *   apply.ts        gwctl apply: the plan against what is stored, and its one conditioned write
+ *   rollout/        the managed rollout: its pure planner, its controller, the agents' instructions
  *
  * Transport-agnostic: api.ts exposes these methods over HTTPS (mutual TLS on 3025, and the public subset on the
  * Proxy's web port); proxyauth.ts names what the Proxy uses of it.
@@ -28,6 +29,7 @@ import { LockAdmin } from './lockadmin.js';
 import { LockStore } from './locks.js';
 import { Manifests } from './manifests.js';
 import { Applier } from './apply.js';
+import { RolloutController } from './rollout/controller.js';
 import type { CertAuthority, Identity } from './pki.js';
 import type { ProxyAuth } from './proxyauth.js';
 import type { NodeRecord } from './records.js';
@@ -57,6 +59,8 @@ export interface AuthServiceOptions {
   memberNames?: readonly MemberName[];
   /** auth_service.authentication: what /webapi/ping and the login page offer first. */
   authentication?: { type: 'local' | 'oidc' | 'saml' | 'github'; connector_name: string };
+  /** The control plane's version for the rollout's safety rules: this build's (src/version.ts) unless a test says otherwise. */
+  controlPlaneVersion?: string;
 }
 
 interface Parts {
@@ -71,6 +75,7 @@ interface Parts {
   applier: Applier;
   sso: SsoService;
   webSessions: WebSessions;
+  rollout: RolloutController;
 }
 
 export class AuthService implements ProxyAuth {
@@ -102,7 +107,8 @@ export class AuthService implements ProxyAuth {
     const joining = new Joining({ backend, clock, callers, authorities, audit, log, ...(options.memberNames ? { memberNames: options.memberNames } : {}) });
     const lockAdmin = new LockAdmin({ backend, clock, callers, audit, store: locks, log });
     const agents = new AgentDirectory(backend, options.clusterName, callers);
-    const manifests = new Manifests({ backend, callers, audit, users, joining, lockAdmin, locks, agents });
+    const rollout = new RolloutController({ backend, agents, audit, callers, clock, controlPlane: options.controlPlaneVersion ?? VERSION, log: logger('autoupdate') });
+    const manifests = new Manifests({ backend, callers, audit, users, joining, lockAdmin, locks, agents, rollout: { status: () => rollout.status() } });
     const applier = new Applier({ backend, callers, audit, manifests });
     const webSessions = new WebSessions({ backend, clock, callers, authorities, audit, log, userCertTtlMs: options.userCertTtlMs ?? DEFAULT_USER_CERT_TTL_MS });
     const sso = new SsoService({
@@ -112,7 +118,7 @@ export class AuthService implements ProxyAuth {
       webSessions,
       ...(options.dialer ? { dialer: options.dialer } : {}),
     });
-    const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests, applier, sso, webSessions }, options.proxyPublicAddr);
+    const service = new AuthService({ authorities, callers, users, joining, lockAdmin, agents, audit, manifests, applier, sso, webSessions, rollout }, options.proxyPublicAddr);
     callers.watchRevocations(service.sessions);
     // A lock on a Proxy, or its removal, also takes its record out of the cluster's list (agents.ts).
     callers.watchRevocationScopes((why, scope) => {
@@ -207,6 +213,17 @@ export class AuthService implements ProxyAuth {
   /** For the Proxy (ProxyAuth): read with this process's own authority, as agents read it. */
   maintenanceConfig() { return this.parts.agents.maintenanceForAgent({ kind: 'admin', name: 'proxy', cluster: this.clusterName, roles: [] }); }
   recordAgentEvent(...a: Parameters<AuditLog['recordAgentEvent']>) { return this.parts.audit.recordAgentEvent(...a); }
+
+  // --- the managed rollout (rollout/) ------------------------------------------------------------------------------
+  /** Steps the rollout every intervalMs and after every change (until closeRollout). */
+  startRollout(intervalMs?: number): void { this.parts.rollout.start(intervalMs); }
+  closeRollout(): Promise<void> { return this.parts.rollout.stop(); }
+  /** What a host should run now (ProxyAuth: the Proxy answers its upgraders with it). */
+  autoupdateInstruction(hostId: string, group?: string) { return this.parts.rollout.instruction(hostId, group); }
+  autoupdateStatus(...a: Parameters<RolloutController['status']>) { return this.parts.rollout.status(...a); }
+  autoupdateCommand(...a: Parameters<RolloutController['command']>) { return this.parts.rollout.command(...a); }
+  /** One step now (tests; the controller steps by itself once started). */
+  stepRollout() { return this.parts.rollout.tick(); }
   recordProxyEvent(...a: Parameters<AuditLog['recordProxyEvent']>) { return this.parts.audit.recordProxyEvent(...a); }
 
   // --- the web: sessions of the browser, the web terminal, app launches (websessions.ts) ---------------------------

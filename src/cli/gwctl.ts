@@ -5,6 +5,7 @@ import { writeSecretFile } from '../fsutil.js';
 import type { Resource } from '../auth/resources/index.js';
 import { DEFAULT_APPLY_SET, getKindOf, hasChanges, planText, toJson, toYaml, type ApplyResult } from '../auth/resources/index.js';
 import { readApplyFiles } from './apply.js';
+import { addAutoupdateCommands } from './autoupdate.js';
 import type { ApiClient } from '../client/api.js';
 import { formatDuration, parseDuration } from '../duration.js';
 import { GatewayError } from '../errors.js';
@@ -110,6 +111,8 @@ const AGENT_CONFIG = '/etc/gateway.yaml';
 const AGENT_DATA_DIR = '/var/lib/gateway-agent';
 /** And for a Proxy that runs without the Auth Service in its process. */
 const PROXY_DATA_DIR = '/var/lib/gateway-proxy';
+
+addAutoupdateCommands(program, client, out);
 
 const tokens = program.command('tokens').description('join tokens for agents');
 formatOption(tokens
@@ -278,7 +281,7 @@ function resourceRef(ref: string, second: string | undefined): { kind: string; n
 formatOption(program
   .command('get')
   .description('print resources: KIND (all of them), KIND NAME or KIND/NAME; text tables, or yaml (the default, which gwctl create reads back) and json')
-  .argument('<kind>', 'role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node, proxy, event (singular or plural), or KIND/NAME')
+  .argument('<kind>', 'role, user, token, github, saml, oidc, cluster_maintenance_config, lock, autoupdate_config, autoupdate_version, autoupdate_agent_rollout, node, proxy, event (singular or plural), or KIND/NAME')
   .argument('[name]', 'one resource of the kind')
   .option('--with-secrets', "include secrets such as a connector's signing_key_pair.private_key")
   .option('-o, --output <file>', 'write to this file (mode 0600, replaced atomically) instead of standard output'), GET_FORMAT)

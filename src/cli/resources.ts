@@ -50,6 +50,15 @@ const COLUMNS: Record<string, { head: string[]; row: (r: Resource, spec: Spec) =
     head: ['Name', 'Target', 'Message', 'Expires', 'Created by'],
     row: (r, s) => [r.metadata.name, Object.entries((s.target as Record<string, unknown> | undefined) ?? {}).map(([k, v]) => `${k}=${cell(v)}`).join(','), s.message, s.expires ?? 'never', s.created_by],
   },
+  autoupdate_config: {
+    head: ['Mode', 'Strategy', 'Groups (time zone, canaries)'],
+    row: (_r, s) => [at(s.agents, 'mode'), at(s.agents, 'strategy'), ((at(at(s.agents, 'schedules'), 'regular') as Spec[] | undefined) ?? []).map((g) => `${cell(g.name)} (${cell(g.time_zone)}, ${cell(g.canary_count)})`).join(', ')],
+  },
+  autoupdate_version: { head: ['Start', 'Target', 'Schedule', 'Mode', 'Critical'], row: (_r, s) => [at(s.agents, 'start_version'), at(s.agents, 'target_version'), at(s.agents, 'schedule'), at(s.agents, 'mode'), at(s.agents, 'critical')] },
+  autoupdate_agent_rollout: {
+    head: ['Rollout', 'Versions', 'Groups'],
+    row: (_r, s) => [s.rollout_id, `${cell(s.start_version)} -> ${cell(s.target_version)}`, ((s.groups as Spec[] | undefined) ?? []).map((g) => `${cell(g.name)}: ${cell(g.state)}`).join(', ')],
+  },
   node: {
     head: ['Host ID', 'Hostname', 'Status', 'Services', 'Labels', 'Connected since'],
     row: (r, s) => [r.metadata.name, s.hostname, s.status, s.services ?? s.roles, labels(r.metadata.labels), s.connected_since],

@@ -16,6 +16,8 @@
  *               open.
  */
 import https from 'node:https';
+import { AUTOUPDATE_AUTH_INSTRUCTION_PATH, type AgentInstruction } from '../wire/autoupdate.js';
+import { instructionQuery } from '../wire/autoupdatequery.js';
 import type { IncomingMessage } from 'node:http';
 import { formatHostPort, normalizeHost, parseAddr } from '../addr.js';
 import { Backoff, type BackoffDeps, type BackoffPolicy } from '../backoff.js';
@@ -286,6 +288,10 @@ export class RemoteProxyAuth implements ProxyAuth {
 
   maintenanceConfig(): Promise<Resource | undefined> {
     return this.call<{ config: Resource | null }>('GET', '/v1/proxy/maintenance').then((r) => r.config ?? undefined);
+  }
+
+  autoupdateInstruction(hostId: string, group?: string): Promise<AgentInstruction> {
+    return this.call<AgentInstruction>('GET', `${AUTOUPDATE_AUTH_INSTRUCTION_PATH}?${instructionQuery({ hostId, ...(group === undefined ? {} : { group }) })}`);
   }
 
   watchCluster(handlers: ClusterWatchHandlers): () => void {

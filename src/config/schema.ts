@@ -537,6 +537,7 @@ export const SCHEMA = section('The gateway configuration file.', {
       ),
       connector_name: str('The connector offered by default (oidc, saml, github); empty: the first of that kind.', { default: '' }),
     }),
+    autoupdate_interval: duration('How often the managed rollout is stepped (besides after every change of its resources or of the agents\' presence): docs/upgrades.md, "Managed rollouts".', '15s'),
   }),
 
   proxy_service: service('proxy_service', 'Proxy Service: the public entry point (web, tunnels, protocols).', publicAddr(443, 'the web UI and API'), {

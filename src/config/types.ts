@@ -83,6 +83,8 @@ export interface AuthServiceConfig extends ServiceConfig {
   readonly tunnel_strategy: { readonly type: 'agent_mesh' | 'proxy_peering'; readonly agent_connection_count: number };
   /** How users sign in (docs/sso.md): local, or the connector of that kind named connector_name ('' = the first). */
   readonly authentication: { readonly type: 'local' | 'oidc' | 'saml' | 'github'; readonly connector_name: string };
+  /** Milliseconds between two steps of the managed rollout's controller (src/auth/rollout/controller.ts). */
+  readonly autoupdate_interval: number;
 }
 
 /** Exactly one of the two is set. static_version keeps its leading "v". */

@@ -12,6 +12,7 @@ import './ratelimit.js';
 import './tunnels.js';
 import './upgrade.js';
 import './artifacts.js';
+import './autoupdate.js';
 
 export { DECLARED, inSet, OTHER, type LabelSet, type MetricSpec, type PatternSet } from './define.js';
 export { DEFAULT_LABELS, PROCESS_PREFIX } from './process.js';

@@ -71,6 +71,8 @@ export interface FrontDoorOptions {
   versions: VersionServer;
   /** Release artifacts and the package repository relayed for agents (artifacts.ts); returns false when a request is not theirs. */
   artifacts?: Pick<ArtifactRelay, 'handle'>;
+  /** The managed rollout's answer to upgraders (autoupdate.ts); absent: that path is the API's (404). */
+  autoupdate?: { handle(req: http.IncomingMessage, res: http.ServerResponse): boolean };
   services?: ProtocolServices;
   /** HTTP apps served under their own host names on the web port; returns false when a request is not theirs. */
   webApps?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
@@ -113,6 +115,7 @@ function webRequests(options: FrontDoorOptions, addresses: Record<string, string
     if (options.webApps?.(req, res)) return;
     if (options.versions.handle(req, res)) return;
     if (options.artifacts?.handle(req, res)) return;
+    if (options.autoupdate?.handle(req, res)) return;
     if (path === PING_PATH || path === FIND_PATH) {
       if (req.method !== 'GET' && req.method !== 'HEAD') return sendWebError(res, new GatewayError('GW_ERR_API_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`, { hint: 'Use GET.' }));
       // Every listener's bound address by its name (the table's), so that ping reports a port 0 as the one bound.

@@ -72,6 +72,8 @@ export async function startAuthRole(options: AuthRoleOptions): Promise<AuthRole>
   await auth.setTunnelStrategy(config.auth_service.tunnel_strategy.type === 'proxy_peering'
     ? { type: 'proxy_peering', agent_connection_count: config.auth_service.tunnel_strategy.agent_connection_count }
     : { type: 'agent_mesh' });
+  auth.startRollout(config.auth_service.autoupdate_interval);
+  lifecycle.onStop('auth', () => auth.closeRollout());
   // The Proxies' event streams send a keep-alive line well within the listener's idle timeout.
   const api = createApiHandler(auth, { streamKeepAliveMs: Math.max(250, Math.min(5000, Math.floor(options.limits.settings.idleMs / 3))) });
   const keys = generateKeyPair();

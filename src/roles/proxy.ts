@@ -25,6 +25,7 @@ import { SshJumpServer } from '../proxy/sshjump.js';
 import { createWebAppUpgradeHandler } from '../proxy/appupgrade.js';
 import { createKubeHandler, createWebAppHandler } from '../proxy/webapps.js';
 import { ReloadableVersionServer } from '../reload.js';
+import { AutoupdateEndpoint } from '../proxy/autoupdate.js';
 import { TunnelServer } from '../proxy/tunnel.js';
 import { ClusterView } from '../proxy/cluster.js';
 import { watchChannelDrift } from '../proxy/drift.js';
@@ -161,7 +162,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     api: probeRoute(auth, router, options.api),
     authPreference: cachedAuthPreference(() => auth.authPreference()),
     limits,
-    versions,
+    versions, ...autoupdateOf(auth),
     artifacts: artifactRelay(config, options.dialer),
   });
   const addresses: Record<string, string> = {};
@@ -355,4 +356,10 @@ async function webCertificate(config: GatewayConfig, issue: () => Promise<{ key:
     });
   }
   return { key, cert };
+}
+
+/** The managed rollout's answer to upgraders, when the Auth Service behind this Proxy gives instructions (404 otherwise). */
+function autoupdateOf(auth: ProxyAuth): { autoupdate?: AutoupdateEndpoint } {
+  const ask = auth.autoupdateInstruction?.bind(auth);
+  return ask ? { autoupdate: new AutoupdateEndpoint({ instruction: ask }) } : {};
 }

@@ -377,3 +377,37 @@ describe('the router', () => {
     });
   });
 });
+
+describe('the managed rollout routes (src/auth/rollout/)', () => {
+  const HOST = '3f1c2b7a-1111-4222-8333-444455556666';
+  beforeEach(async () => {
+    backend = openSqliteBackend({ path: ':memory:', sweepIntervalMs: 0 });
+    auth = await AuthService.open({ backend, clusterName: 'api.example' });
+    calls = [];
+    overrides = {};
+    handler = createApiHandler(observed(auth));
+    admin = peerOf(await auth.issueAdminCert(keys.publicKeyPem), auth.user.tls.certPem);
+    await auth.addUser(auth.adminIdentity(), 'alice', ['access'], PASSWORD);
+    alice = await loginCert('alice');
+  });
+  afterEach(async () => backend.close());
+
+  it('an instruction is for Proxies (and the local admin) only, with a bounded query', async () => {
+    expectError(await send({ method: 'GET', path: `/v1/autoupdate/instruction?host_id=${HOST}`, peer: alice }), 403, 'GW_ERR_ACCESS_DENIED');
+    const ok = await send({ method: 'GET', path: `/v1/autoupdate/instruction?host_id=${HOST}&group=dev`, peer: admin });
+    expect(ok.status).toBe(200);
+    expect(ok.body).toMatchObject({ managed: false, update: false });
+    expectError(await send({ method: 'GET', path: '/v1/autoupdate/instruction?host_id=../x', peer: admin }), 400, 'GW_ERR_AUTOUPDATE_QUERY');
+  });
+
+  it('commands: refused before the body is read without the right, a bad command or body is 400, no target is 404', async () => {
+    expectError(await send({ method: 'POST', path: '/v1/autoupdate/suspend', peer: alice, body: '{}' }), 403, 'GW_ERR_ACCESS_DENIED');
+    expect(calls).not.toContain('body read');
+    expectError(await send({ method: 'GET', path: '/v1/autoupdate/status', peer: alice }), 403, 'GW_ERR_ACCESS_DENIED');
+    expectError(await send({ method: 'POST', path: '/v1/autoupdate/explode', peer: admin, body: '{}' }), 400, 'GW_ERR_API_BAD_REQUEST');
+    expectError(await send({ method: 'POST', path: '/v1/autoupdate/rollback', peer: admin, body: '{"now":"yes"}' }), 400, 'GW_ERR_API_BAD_REQUEST');
+    expectError(await send({ method: 'POST', path: '/v1/autoupdate/suspend', peer: admin, body: '{}' }), 404, 'GW_ERR_AUTOUPDATE_NOT_CONFIGURED');
+    const status = await send({ method: 'GET', path: '/v1/autoupdate/status', peer: admin });
+    expect(status.body).toEqual({ managed: false, groups: [] });
+  });
+});

@@ -233,6 +233,18 @@ describe('the /v1/proxy/ routes', () => {
     }
   });
 
+  it("answer a Proxy's ask for an agent's rollout instruction (RemoteProxyAuth), and nobody else's", async () => {
+    const remote = await RemoteProxyAuth.connect({ addresses: [role.address], credentials: { ...proxyCreds(), hostCa: proxy.hostCa, hostId: proxy.hostId }, dialer });
+    try {
+      expect(await remote.autoupdateInstruction(agent.hostId, 'dev')).toMatchObject({ managed: false, update: false });
+    } finally {
+      remote.close();
+    }
+    const path = `/v1/autoupdate/instruction?host_id=${agent.hostId}`;
+    expect((await request(role.address, { path, creds: { cert: agent.cert, key: agent.key }, ca })).body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
+    expect((await request(role.address, { path, creds: alice, ca })).body.error?.code).toBe('GW_ERR_ACCESS_DENIED');
+  });
+
   it('refuse a body over the bound', async () => {
     const big = await request(role.address, { method: 'POST', path: '/v1/proxy/roles', creds: proxyCreds(), ca, body: { names: ['x'.repeat(200_000)] } });
     expect(big.body.error?.code).toBe('GW_ERR_API_TOO_LARGE');

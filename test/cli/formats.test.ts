@@ -19,8 +19,8 @@ import { runCli, startGateway, type RunningGateway, type RunResult } from '../he
 
 const PASSWORD = 'correct horse battery';
 const SNAKE = /^[a-z0-9]+(_[a-z0-9]+)*$/;
-/** Maps whose keys are the user's data, not the output's schema. */
-const USER_MAPS = /(^|_)labels$|^traits$/;
+/** Maps whose keys are the user's data, not the output's schema (a rollout group's agents are counted by version). */
+const USER_MAPS = /(^|_)labels$|^traits$|^versions$/;
 
 /** Every key of value that is not snake_case, as a path. */
 function notSnake(value: unknown, path = '$'): string[] {
@@ -85,6 +85,12 @@ beforeAll(async () => {
       'version: v1',
       'metadata: { name: cluster-maintenance-config }',
       'spec: { agent_upgrades: { utc_start_hour: 2, weekdays: [Mon] } }',
+      '---',
+      'kind: autoupdate_config',
+      'spec: { agents: { schedules: { regular: [ { name: dev, time_zone: Europe/Paris, canary_count: 1 }, { name: prod } ] } } }',
+      '---',
+      'kind: autoupdate_version',
+      'spec: { agents: { start_version: 17.0.0, target_version: 17.0.2 } }',
       '',
     ].join('\n'),
   );
@@ -142,10 +148,12 @@ const COMMANDS: Array<[string, () => Runner, string[]]> = [
   ['gwctl', () => gwctl, ['tokens', 'ls']],
   ['gwctl', () => gwctl, ['users', 'ls']],
   ['gwctl', () => gwctl, ['lock', '--user', 'eve', '--ttl', '1h']],
-  ...['roles', 'role/auditor', 'users', 'user', 'tokens', 'github', 'saml', 'oidc', 'cluster_maintenance_config', 'locks', 'nodes', 'proxies', 'events'].map(
+  ...['roles', 'role/auditor', 'users', 'user', 'tokens', 'github', 'saml', 'oidc', 'cluster_maintenance_config', 'locks', 'nodes', 'proxies', 'events', 'autoupdate_config', 'autoupdate_version', 'autoupdate_agent_rollout'].map(
     (kind) => ['gwctl', () => gwctl, ['get', kind]] as [string, () => Runner, string[]],
   ),
   ['gwctl', () => gwctl, ['get', 'role', 'access']],
+  // In this order: start needs a group not done, which mark-done ends.
+  ...[['status'], ['suspend'], ['resume'], ['rollback', '--now'], ['start'], ['mark-done', '--group', 'dev']].map((a) => ['gwctl', () => gwctl, ['autoupdate', ...a]] as [string, () => Runner, string[]]),
   ['gwsh', () => gwsh, ['status']],
   ['gwsh', () => gwsh, ['ls']],
   ['gwsh', () => gwsh, ['apps', 'ls']],
@@ -174,7 +182,7 @@ describe('-f json and -f yaml on every command that prints data', () => {
       const fromYaml = yamlData(args, yaml.stdout);
       expect(notSnake(fromYaml)).toEqual([]);
       // The same data both ways (commands that create something, or read a clock, differ in those values only).
-      if (!['tokens add', 'lock --user', 'dry-run', 'get events', 'get nodes', 'get proxies', 'status', 'get locks', 'get tokens', 'tokens ls', 'probe'].some((c) => args.join(' ').startsWith(c))) {
+      if (!['tokens add', 'lock --user', 'dry-run', 'get events', 'get nodes', 'get proxies', 'status', 'get locks', 'get tokens', 'tokens ls', 'probe', 'autoupdate', 'get autoupdate_agent_rollout'].some((c) => args.join(' ').startsWith(c))) {
         expect(fromYaml).toEqual(data);
       } else {
         expect(typeof fromYaml).toBe(typeof data);
@@ -366,7 +374,7 @@ describe('gwctl get for every kind gwctl create accepts', () => {
       expect(r.status).toBe(1);
       expect(r.stdout).toBe('');
       expect(r.stderr).toContain('code: GW_ERR_RESOURCE_KIND');
-      expect(r.stderr).toContain('role, user, token, github, saml, oidc, cluster_maintenance_config, lock, node, proxy, event');
+      expect(r.stderr).toContain('role, user, token, github, saml, oidc, cluster_maintenance_config, lock, autoupdate_config, autoupdate_version, node, proxy, event, autoupdate_agent_rollout');
     }
   });
 });

@@ -45,6 +45,7 @@ describe('defaults', () => {
     });
     expect(c.auth_service).toEqual({
       enabled: true,
+      autoupdate_interval: 15_000,
       public_addr: [],
       cluster_name: hostname(),
       listen_addr: { host: '0.0.0.0', port: 3025 },

@@ -35,6 +35,6 @@ describe('deploy/prometheus/gateway-rules.yaml', () => {
     const declared = new Set(DECLARED.map((d) => d.name));
     const base = (n: string) => n.replace(/_(bucket|sum|count)$/, '');
     expect([...names].filter((n) => !declared.has(base(n)))).toEqual([]);
-    for (const alert of ['GatewayAgentTunnelDown', 'GatewayCertificateExpiringSoon', 'GatewayUpgradeFailed', 'GatewayKubeUpdaterFailed', 'GatewayPeerUnreachable']) expect(text).toContain(`alert: ${alert}`);
+    for (const alert of ['GatewayAgentTunnelDown', 'GatewayCertificateExpiringSoon', 'GatewayUpgradeFailed', 'GatewayKubeUpdaterFailed', 'GatewayPeerUnreachable', 'GatewayRolloutHalted', 'GatewayRolloutStaleAgents']) expect(text).toContain(`alert: ${alert}`);
   });
 });

@@ -11,7 +11,7 @@ import { LineCounter, isAlias, isMap, isScalar, parseAllDocuments, stringify, ty
 import { Ctx, nearest, type Issue } from '../../config/spec.js';
 import { GatewayError, type ErrorCode } from '../../errors.js';
 import { DOCUMENTS, KEY_INDEXES, isNullish } from './schema.js';
-import { CLUSTER_MAINTENANCE_CONFIG_NAME, RESOURCE_KINDS, type AnyResource, type Resource, type ResourceKind } from './types.js';
+import { RESOURCE_KINDS, SINGLETON_NAMES, type AnyResource, type Resource, type ResourceKind } from './types.js';
 
 /** The non-secret id of a join token: the first 12 hex digits of its SHA-256. */
 export function tokenId(token: string): string {
@@ -148,7 +148,7 @@ function parseDocument(doc: Document.Parsed, index: number, text: string, lines:
         ? namePeek.value === undefined
           ? undefined
           : tokenId(namePeek.value)
-        : (namePeek.value ?? (known === 'cluster_maintenance_config' ? CLUSTER_MAINTENANCE_CONFIG_NAME : undefined));
+        : (namePeek.value ?? SINGLETON_NAMES[known]);
   const ctx = new ManifestCtx(text, doc, lines, known ? KEY_INDEXES[known] : new Map());
   const out: Parsed = { index, kind, name: safeName, issues: ctx.issues, nameOffset };
 
@@ -164,7 +164,9 @@ function parseDocument(doc: Document.Parsed, index: number, text: string, lines:
   }
   if (known === undefined) {
     const kinds = RESOURCE_KINDS.join(', ');
-    if (kindPeek.node === undefined) {
+    if (kind === 'autoupdate_agent_rollout' && kindPeek.node !== undefined) {
+      ctx.report('GW_ERR_AUTOUPDATE_READ_ONLY', 'kind', kindPeek.node, 'autoupdate_agent_rollout is what the Auth Service computed: it cannot be created or applied', "Change autoupdate_config or autoupdate_version, or steer the rollout with 'gwctl autoupdate'.");
+    } else if (kindPeek.node === undefined) {
       ctx.report('GW_ERR_CONFIG_VALUE', 'kind', root, 'missing required key `kind`', `Known kinds: ${kinds}.`);
     } else if (kind === undefined) {
       ctx.report('GW_ERR_CONFIG_TYPE', 'kind', kindPeek.node, `expected a kind, got ${describe(kindPeek.node)}`, `Known kinds: ${kinds}.`);

@@ -17,15 +17,24 @@ import {
   str,
   type AnySpec,
   httpUrl,
+  oneOf,
   type Ctx,
   type Infer,
   type Leaf,
   type Spec,
 } from '../../config/spec.js';
+import type { ErrorCode } from '../../errors.js';
+import { normalizeVersion } from '../../wire/versions.js';
 import { TEMPLATE, patternProblem } from './match.js';
 import {
-  CLUSTER_MAINTENANCE_CONFIG_NAME,
+  AUTOUPDATE_GROUP_NAME,
+  AUTOUPDATE_MAX_CANARIES,
+  AUTOUPDATE_MAX_GROUPS,
+  AUTOUPDATE_MODES,
+  AUTOUPDATE_STRATEGIES,
   RESOURCE_KINDS,
+  SINGLETON_NAMES,
+  isSingleton,
   RESOURCE_VERSIONS,
   RULE_RESOURCES,
   TOKEN_ROLES,
@@ -604,6 +613,155 @@ const lockSpec = checked(
   },
 );
 
+// --- managed rollouts (docs/upgrades.md, "Managed rollouts") ----------------------------------------------------
+// Every problem of these two kinds carries a GW_ERR_AUTOUPDATE_* code, so a script tells a bad time zone from a bad
+// version without reading the message.
+
+/** An integer in [min, max] whose problems carry code (int() reports GW_ERR_CONFIG_*). */
+function rolloutInt(doc: string, min: number, max: number, def: number, code: ErrorCode = 'GW_ERR_AUTOUPDATE_SCHEDULE'): Spec<number> {
+  return leaf<number>({
+    doc,
+    type: `integer ${min}..${max}`,
+    default: def,
+    render: String,
+    parse: (node) => {
+      if (!isScalar(node) || typeof node.value !== 'number' || !Number.isInteger(node.value) || node.value < min || node.value > max) {
+        throw new Invalid(`expected an integer from ${min} to ${max}, got ${describeNode(node)}`, code);
+      }
+      return node.value;
+    },
+  });
+}
+
+/** A duration (1h, 30m, 10s) of at least minMs. */
+function rolloutDuration(doc: string, def: string, minMs: number): Spec<string> {
+  return str(doc, {
+    type: 'duration',
+    default: def,
+    check: (s) => {
+      const ms = durationMs(s);
+      if (ms === undefined || ms < minMs) {
+        throw new Invalid(`expected a duration of at least ${minMs / 1000}s such as ${def}, got ${quote(s.slice(0, 64))}`, 'GW_ERR_AUTOUPDATE_SCHEDULE', 'Durations are written 30s, 5m, 1h, 1h30m or 7d.');
+      }
+      return s;
+    },
+  });
+}
+
+/** Whether this Node.js knows name as an IANA time zone (Intl refuses the others). */
+export function isTimeZone(name: string): boolean {
+  if (name.length === 0 || name.length > 64) return false;
+  try {
+    new Intl.DateTimeFormat('en-US', { timeZone: name });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+const rolloutGroup = section(
+  'One rollout group.',
+  {
+    name: str('The group\'s name, [a-z0-9-]{1,32}: what agents say (their configuration or label) and status shows.', {
+      check: (s) => {
+        if (!AUTOUPDATE_GROUP_NAME.test(s)) throw new Invalid(`expected a group name of 1 to 32 lowercase letters, digits or -, got ${quote(s.slice(0, 64))}`, 'GW_ERR_AUTOUPDATE_SCHEDULE');
+        return s;
+      },
+    }),
+    days: weekdays,
+    start_hour: rolloutInt('Local hour (in time_zone) at which the group\'s window opens.', 0, 23, 0),
+    time_zone: str('IANA time zone of start_hour and days (Europe/Paris); DST as the zone has it.', {
+      default: 'UTC',
+      check: (s) => {
+        if (!isTimeZone(s)) throw new Invalid(`expected an IANA time zone name such as Europe/Paris, got ${quote(s.slice(0, 64))}`, 'GW_ERR_AUTOUPDATE_TIME_ZONE');
+        return s;
+      },
+    }),
+    wait_hours: rolloutInt('halt-on-error: hours after the previous group is done before this one may start.', 0, 24 * 14, 0),
+    canary_count: rolloutInt('Agents upgraded first, whose health decides whether the group goes on.', 0, AUTOUPDATE_MAX_CANARIES, 0),
+  },
+  { required: ['name'], expected: 'a group (a mapping with name, days, start_hour, time_zone, wait_hours, canary_count)' },
+);
+
+const rolloutGroups = listOf('The groups, in the order they upgrade (1 to 16).', rolloutGroup, {
+  type: 'list of groups',
+  expected: 'a list of groups',
+  min: 1,
+  max: AUTOUPDATE_MAX_GROUPS,
+  unique: (g) => g.name ?? '',
+});
+
+const autoupdateAgents = section(
+  'How agents upgrade.',
+  {
+    mode: oneOf('enabled: the rollout runs; suspended: nothing new starts; disabled: the seed\'s channels decide.', AUTOUPDATE_MODES, 'enabled'),
+    strategy: oneOf('halt-on-error: groups one after the other, each halting on a failed canary; time-based: each group in its own window.', AUTOUPDATE_STRATEGIES, 'halt-on-error'),
+    maintenance_window_duration: rolloutDuration('How long a group\'s window stays open.', '1h', 60_000),
+    canary_healthy_for: rolloutDuration('How long every canary stays healthy on the target before its group goes on.', '5m', 10_000),
+    canary_deadline: rolloutDuration('A canary not healthy on the target this long after it was chosen halts its group.', '30m', 60_000),
+    stale_after: rolloutDuration('An agent whose upgrader has not run for this long is listed as stale.', '24h', 60_000),
+    catch_all: str('The group of agents in none: a group\'s name, or disabled (they never upgrade). Default: the last group.', {
+      check: (s) => {
+        if (s !== 'disabled' && !AUTOUPDATE_GROUP_NAME.test(s)) throw new Invalid(`expected a group's name or disabled, got ${quote(s.slice(0, 64))}`, 'GW_ERR_AUTOUPDATE_SCHEDULE');
+        return s;
+      },
+    }),
+    schedules: section('The schedules.', { regular: rolloutGroups }, { required: ['regular'] }),
+  },
+  { required: ['schedules'] },
+);
+
+const autoupdateConfigSpec = section(
+  'The managed rollout\'s groups and rules.',
+  {
+    agents: checked(autoupdateAgents, (v, node, path, ctx) => {
+      const names = (v.schedules.regular ?? []).map((g) => g.name);
+      if (v.catch_all !== undefined && v.catch_all !== 'disabled' && !names.includes(v.catch_all)) {
+        ctx.report('GW_ERR_AUTOUPDATE_SCHEDULE', join(path, 'catch_all'), keyOf(node, 'catch_all'), `catch_all names ${quote(v.catch_all)}, which is not one of the groups (${names.join(', ')})`, 'Name one of the groups, or write disabled.');
+      }
+    }),
+  },
+  { required: ['agents'] },
+);
+
+/** A semantic version, stored without a leading v. */
+const rolloutVersion = (doc: string) =>
+  str(doc, {
+    type: 'version',
+    check: (s) => {
+      const v = normalizeVersion(s);
+      if (v === undefined) throw new Invalid(`expected a version such as 17.0.2, got ${quote(s.slice(0, 64))}`, 'GW_ERR_AUTOUPDATE_VERSION');
+      return v.slice(1);
+    },
+  });
+
+const autoupdateVersionSpec = section(
+  'The versions of the managed rollout.',
+  {
+    agents: section(
+      'What agents run.',
+      {
+        start_version: rolloutVersion('What agents run before the rollout, and go back to on a rollback.'),
+        target_version: rolloutVersion('What the rollout installs.'),
+        schedule: oneOf('regular: each group in its windows; immediate: windows skipped, canaries still first.', ['regular', 'immediate'] as const, 'regular'),
+        mode: oneOf('enabled, suspended (nothing new starts) or disabled (no agent is told to update).', AUTOUPDATE_MODES, 'enabled'),
+        critical: leaf<boolean>({
+          doc: 'A critical release skips windows (canaries still first).',
+          type: 'boolean',
+          default: false,
+          render: String,
+          parse: (node) => {
+            if (isScalar(node) && typeof node.value === 'boolean') return node.value;
+            throw new Invalid(`expected true or false, got ${describeNode(node)}`, 'GW_ERR_AUTOUPDATE_VERSION');
+          },
+        }),
+      },
+      { required: ['start_version', 'target_version'] },
+    ),
+  },
+  { required: ['agents'] },
+);
+
 // --- documents ---------------------------------------------------------------------------------------------------
 
 function versionOf(kind: ResourceKind) {
@@ -632,20 +790,8 @@ function metadataOf(kind: ResourceKind) {
           if (SPACE_OR_CONTROL.test(s)) throw new Invalid('expected a token without spaces or control characters');
           if (s.length > 1024) throw new Invalid('expected a token of at most 1024 characters');
         })
-      : kind === 'cluster_maintenance_config'
-        ? str('Always cluster-maintenance-config (a singleton).', {
-            default: CLUSTER_MAINTENANCE_CONFIG_NAME,
-            check: (s) => {
-              if (s !== CLUSTER_MAINTENANCE_CONFIG_NAME) {
-                throw new Invalid(
-                  `cluster_maintenance_config is a singleton named ${quote(CLUSTER_MAINTENANCE_CONFIG_NAME)}, got ${quote(s)}`,
-                  'GW_ERR_CONFIG_VALUE',
-                  'Leave metadata.name out, or write cluster-maintenance-config.',
-                );
-              }
-              return s;
-            },
-          })
+      : isSingleton(kind)
+        ? singletonName(kind, SINGLETON_NAMES[kind]!)
         : str(`Name of the ${kind}.`, { check: name(`${kind} name`) });
   return section(
     'Name, description, labels, expiry.',
@@ -664,8 +810,19 @@ function metadataOf(kind: ResourceKind) {
       ),
       expires: str('When the resource expires (RFC 3339).', { type: 'RFC 3339 time', check: checkRfc3339 }),
     },
-    kind === 'cluster_maintenance_config' ? {} : { required: ['name'] },
+    isSingleton(kind) ? {} : { required: ['name'] },
   );
+}
+
+/** The one name of a singleton kind: left out, it is that name; any other is refused. */
+function singletonName(kind: ResourceKind, only: string) {
+  return str(`Always ${only} (a singleton).`, {
+    default: only,
+    check: (s) => {
+      if (s !== only) throw new Invalid(`${kind} is a singleton named ${quote(only)}, got ${quote(s)}`, 'GW_ERR_CONFIG_VALUE', `Leave metadata.name out, or write ${only}.`);
+      return s;
+    },
+  });
 }
 
 /** The spec table of each kind, with its own value type (for the check against types.ts at the end). */
@@ -678,6 +835,8 @@ const KIND_SPECS = {
   oidc: oidcSpec,
   cluster_maintenance_config: maintenanceSpec,
   lock: lockSpec,
+  autoupdate_config: autoupdateConfigSpec,
+  autoupdate_version: autoupdateVersionSpec,
 };
 const SPECS: Record<ResourceKind, Spec<unknown>> = KIND_SPECS;
 
@@ -685,7 +844,7 @@ const SPECS: Record<ResourceKind, Spec<unknown>> = KIND_SPECS;
 const SPEC_OPTIONAL: ReadonlySet<ResourceKind> = new Set(['role', 'user']);
 
 function documentOf(kind: ResourceKind) {
-  const singleton = kind === 'cluster_maintenance_config';
+  const singleton = isSingleton(kind);
   return section(
     `A ${kind} resource.`,
     {

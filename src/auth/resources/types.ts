@@ -14,13 +14,18 @@ export const RESOURCE_VERSIONS = {
   oidc: 'v3',
   cluster_maintenance_config: 'v1',
   lock: 'v2',
+  autoupdate_config: 'v1',
+  autoupdate_version: 'v1',
 } as const;
 
 export type ResourceKind = keyof typeof RESOURCE_VERSIONS;
 export const RESOURCE_KINDS = Object.keys(RESOURCE_VERSIONS) as ResourceKind[];
 
-/** Kinds `gwctl get` reads: every kind a manifest holds, and what the cluster reports (agents, Proxies, audit). */
-export const GET_KINDS = [...RESOURCE_KINDS, 'node', 'proxy', 'event'] as const;
+/**
+ * Kinds `gwctl get` reads: every kind a manifest holds, and what the cluster reports (agents, Proxies, audit, the
+ * managed rollout as the Auth Service computed it: read-only).
+ */
+export const GET_KINDS = [...RESOURCE_KINDS, 'node', 'proxy', 'event', 'autoupdate_agent_rollout'] as const;
 export type GetKind = (typeof GET_KINDS)[number];
 
 /** A kind as a user writes it, singular or plural (`roles`, `proxies`); undefined when there is no such kind. */
@@ -50,6 +55,9 @@ export const RULE_RESOURCES = [
   'event',
   'lock',
   'proxy',
+  'autoupdate_config',
+  'autoupdate_version',
+  'autoupdate_agent_rollout',
   '*',
 ] as const;
 export type RuleResource = (typeof RULE_RESOURCES)[number];
@@ -64,6 +72,21 @@ export type Weekday = (typeof WEEKDAYS)[number];
 
 /** cluster_maintenance_config is a singleton: this is its only name. */
 export const CLUSTER_MAINTENANCE_CONFIG_NAME = 'cluster-maintenance-config';
+export const AUTOUPDATE_CONFIG_NAME = 'autoupdate-config';
+export const AUTOUPDATE_VERSION_NAME = 'autoupdate-version';
+export const AUTOUPDATE_AGENT_ROLLOUT_NAME = 'autoupdate-agent-rollout';
+
+/** Kinds of which one resource exists at most, under this one name (left out of a manifest, it is this). */
+export const SINGLETON_NAMES: Readonly<Partial<Record<ResourceKind, string>>> = {
+  cluster_maintenance_config: CLUSTER_MAINTENANCE_CONFIG_NAME,
+  autoupdate_config: AUTOUPDATE_CONFIG_NAME,
+  autoupdate_version: AUTOUPDATE_VERSION_NAME,
+};
+
+/** Whether a kind is a singleton (SINGLETON_NAMES). */
+export function isSingleton(kind: string): kind is keyof typeof SINGLETON_NAMES {
+  return Object.hasOwn(SINGLETON_NAMES, kind);
+}
 
 // --- the resources ---------------------------------------------------------------------------------------------
 
@@ -293,6 +316,73 @@ export interface LockResource extends Resource<LockSpec> {
   version: 'v2';
 }
 
+/** The managed rollout's modes and strategies (docs/upgrades.md, "Managed rollouts"). */
+export const AUTOUPDATE_MODES = ['enabled', 'disabled', 'suspended'] as const;
+export type AutoupdateMode = (typeof AUTOUPDATE_MODES)[number];
+export const AUTOUPDATE_STRATEGIES = ['halt-on-error', 'time-based'] as const;
+export type AutoupdateStrategy = (typeof AUTOUPDATE_STRATEGIES)[number];
+/** The most groups one autoupdate_config declares (bounds the metrics' group label, too). */
+export const AUTOUPDATE_MAX_GROUPS = 16;
+export const AUTOUPDATE_MAX_CANARIES = 5;
+/** A group's name: what agents say in their hello and upgraders in their query. */
+export const AUTOUPDATE_GROUP_NAME = /^[a-z0-9-]{1,32}$/;
+
+/** One rollout group: its window (days and start hour in its own time zone), its wait and its canaries. */
+export interface AutoupdateGroup {
+  name: string;
+  /** Normalised as cluster_maintenance_config's weekdays; left out: every day. */
+  days: Weekday[];
+  /** 0..23, local time in time_zone. */
+  start_hour: number;
+  /** An IANA name (Europe/Paris); default UTC. */
+  time_zone: string;
+  /** halt-on-error: hours after the previous group is done before this one may start. */
+  wait_hours: number;
+  /** 0..5 agents upgraded first. */
+  canary_count: number;
+}
+
+export interface AutoupdateConfigSpec {
+  agents: {
+    mode: AutoupdateMode;
+    strategy: AutoupdateStrategy;
+    /** How long a group's window stays open (a duration: 1h). */
+    maintenance_window_duration: string;
+    /** How long every canary stays healthy on the target before its group goes on (≥ 10s). */
+    canary_healthy_for: string;
+    /** A canary not healthy on the target this long after it was chosen is a failure. */
+    canary_deadline: string;
+    /** An agent whose upgrader has not run for this long is listed as stale. */
+    stale_after: string;
+    /** The group of agents in none: a group's name, or disabled; left out: the last group. */
+    catch_all?: string;
+    schedules: { regular: AutoupdateGroup[] };
+  };
+}
+
+export interface AutoupdateConfig extends Resource<AutoupdateConfigSpec> {
+  kind: 'autoupdate_config';
+  version: 'v1';
+}
+
+export interface AutoupdateVersionSpec {
+  agents: {
+    /** What agents run before the rollout, and return to on a rollback (x.y.z, no leading v). */
+    start_version: string;
+    target_version: string;
+    /** regular: each group in its windows; immediate: windows skipped (canaries still first). */
+    schedule: 'regular' | 'immediate';
+    mode: AutoupdateMode;
+    /** A critical release skips windows (canaries still first). */
+    critical: boolean;
+  };
+}
+
+export interface AutoupdateVersion extends Resource<AutoupdateVersionSpec> {
+  kind: 'autoupdate_version';
+  version: 'v1';
+}
+
 export type AnyResource =
   | RoleResource
   | UserResource
@@ -301,4 +391,6 @@ export type AnyResource =
   | SamlConnector
   | OidcConnector
   | ClusterMaintenanceConfig
-  | LockResource;
+  | LockResource
+  | AutoupdateConfig
+  | AutoupdateVersion;
