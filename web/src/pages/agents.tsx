@@ -1,4 +1,7 @@
-/** Every agent: online or not, its version against its upgrade channel's target, and its next maintenance window. */
+/**
+ * Every agent: online or not, its version against its upgrade channel's target, and its next maintenance window;
+ * above them the managed rollout when there is one (rollout.tsx).
+ */
 import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
 import { Badge, Empty, ErrorBox, PageHeader, Spinner, TableBox } from '../components/ui.js';
@@ -6,6 +9,7 @@ import { filterItems } from '../lib/filter.js';
 import { formatWindow, relative, WEEKDAYS } from '../lib/time.js';
 import type { AgentRow, Agents } from '../types.js';
 import { FilterBox, useUrlState } from './filterbox.js';
+import { RolloutPanel } from './rollout.js';
 
 function Summary({ agents, now }: { agents: AgentRow[]; now: number }) {
   const online = agents.filter((a) => a.online).length;
@@ -33,7 +37,12 @@ function schedule(m: Agents['maintenance']): string {
 }
 
 export function AgentsPage() {
-  const { data, error, loading, reload } = useLoad(() => api.agents());
+  const { data, error, loading, reload: reloadAgents } = useLoad(() => api.agents());
+  const rollout = useLoad(() => api.rollout());
+  const reload = () => {
+    reloadAgents();
+    rollout.reload();
+  };
   const [query, setQuery] = useUrlState('q');
   const now = Date.now();
   const agents = data?.agents ?? [];
@@ -45,6 +54,7 @@ export function AgentsPage() {
       </PageHeader>
       <ErrorBox error={error} testid="agents-error" />
       {data ? <Summary agents={agents} now={now} /> : null}
+      <RolloutPanel status={rollout.data} error={rollout.error} now={now} />
       <div class={error && !data ? 'hidden' : 'card card-table'}>
         <div class="toolbar"><FilterBox value={query} onChange={setQuery} placeholder="Filter by name, version, channel or 'outdated'" /></div>
         {loading && !data ? <Spinner /> : null}
