@@ -70,6 +70,9 @@ describe('the rollout panel', () => {
     expect(rolloutAlerts(status({ rollback: { since: '2026-11-29T09:00:00Z', now: true, group: 'prod' } }))[0]!.text).toContain('group prod goes back to 17.0.0 at once (--now)');
     expect(rolloutAlerts(status({ mode: 'suspended', groups: [] })).map((a) => a.testid)).toEqual(['rollout-suspended']);
     expect(rolloutAlerts(status({ groups: [] }))).toEqual([]);
+    const two = status().groups.map((g) => ({ ...g, stale: [{ host_id: 'x', nodename: 'x' }] }));
+    expect(rolloutAlerts(status({ groups: two })).find((a) => a.testid === 'rollout-stale')!.text).toBe('3 agents have not run their upgrader for too long: they will not upgrade until it runs again.');
+    expect(alerts[2]!.text).toBe('1 agent has not run its upgrader for too long: it will not upgrade until the upgrader runs again.');
   });
 
   it('summarizes the versions, the strategy and the groups; no target says nothing upgrades', () => {

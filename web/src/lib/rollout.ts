@@ -89,7 +89,7 @@ export function rolloutAlerts(status: RolloutStatus): Array<{ kind: 'warning' | 
   if (status.mode === 'suspended') out.push({ kind: 'info', testid: 'rollout-suspended', text: 'The rollout is suspended: no agent starts an upgrade until it is resumed (gwctl autoupdate resume).' });
   if (status.mode === 'disabled') out.push({ kind: 'info', testid: 'rollout-disabled', text: 'Automatic updates are disabled: no agent upgrades (autoupdate_config mode: disabled).' });
   const stale = groups.reduce((n, g) => n + (Array.isArray(g.stale) ? g.stale.length : 0), 0);
-  if (stale > 0) out.push({ kind: 'warning', testid: 'rollout-stale', text: `${stale} agent${stale === 1 ? '' : 's'} have not run their upgrader for too long: they will not upgrade until it runs again.` });
+  if (stale > 0) out.push({ kind: 'warning', testid: 'rollout-stale', text: stale === 1 ? '1 agent has not run its upgrader for too long: it will not upgrade until the upgrader runs again.' : `${stale} agents have not run their upgrader for too long: they will not upgrade until it runs again.` });
   return out;
 }
 
