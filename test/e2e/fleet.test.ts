@@ -5,6 +5,8 @@
  * seed's channel mode (docs/upgrades.md):
  *
  * - every agent joins through squid, and a connection that bypasses squid fails;
+ * - N+1-broken (the real N+1 whose database check fails from the start, the agent itself running) installed on one
+ *   agent: its upgrader's health check (the agent's /readyz) fails, and N is put back and running;
  * - the channel moves to N+1 (the Proxy's configuration, reloaded with SIGHUP): inside the maintenance window every
  *   agent's own `gateway-upgrade run`, run as its timer would, installs N+1 (apt through squid from the repository,
  *   the tarball through squid from the release server), restarts its agent, and the agent is back on its tunnel;
@@ -16,19 +18,19 @@
  *      zones and one canary each, strategy halt-on-error) and autoupdate_version (start N, target N+1);
  *   2. a loop that runs `fleet.upgrade(agent)` on every agent until `gwctl autoupdate status -f json` says every
  *      group is done (the timer's role: the upgrader follows the Proxy's instruction, AGENT's part);
- *   3. N+1-broken (`brokenRelease` below: the release whose database service fails at start, the agent still
- *      running and reporting itself unhealthy) served as N+1 for one group: its canary halts the group, is rolled
+ *   3. N+1-broken (`brokenTarball`, as in the test below; for the apt agents the same patch repacked with
+ *      dpkg-deb into the group's repository) served as N+1 for one group: its canary halts the group, is rolled
  *      back, and the status names the canary and the failed check;
  *   4. `gwctl autoupdate rollback` and the same loop bring every agent back to N;
  *   5. an SSH session and a psql session opened through the Proxy to one agent before its upgrade end normally
  *      after it (DRAIN's part keeps them in the old process).
  * Each of these is one `it` using `fleet` and the helpers here, with the cluster's config gaining the rollout.
  */
-import { writeFile } from 'node:fs/promises';
+import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { inBatches, PROXY_NAME, startFleet, type Fleet, type FleetAgent } from '../helpers/fleet.js';
+import { brokenTarball, inBatches, PROXY_NAME, serveTarball, startFleet, type Fleet, type FleetAgent } from '../helpers/fleet.js';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { buildPackages, type BuiltPackages } from '../helpers/packages.js';
 import { rootSuite } from '../helpers/root.js';
@@ -87,6 +89,19 @@ const timed = async <T>(step: string, fn: () => Promise<T>): Promise<T> => {
 /** Every agent's upgrader, PARALLEL at a time; the results by agent. */
 const upgradeAll = () => inBatches(fleet.agents, PARALLEL, async (a) => ({ a, r: await fleet.upgrade(a) }));
 
+const restartsBefore = new Map<FleetAgent, number>();
+async function countRestarts(): Promise<void> {
+  for (const a of fleet.agents) restartsBefore.set(a, await a.restarts());
+}
+
+async function waitFor(what: string, ok: () => Promise<boolean>, timeoutMs = 30_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await ok().catch(() => false))) {
+    if (Date.now() > deadline) throw new Error(`${what}: not after ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}
+
 async function expectAllAt(version: string): Promise<void> {
   for (const a of fleet.agents) expect(await fleet.version(a), a.name).toContain(version);
 }
@@ -120,7 +135,7 @@ rootSuite(['netns'])(`a fleet of ${SIZE} agents in three groups, upgraded by the
     configYaml = (version) => yaml(version).replaceAll('DATA_DIR', dataDir);
     await openWindow();
     const pin = /CA pin:\s+(\S+)/.exec(await gwctl(['status']))![1]!;
-    const token = (JSON.parse(await gwctl(['tokens', 'add', '--type=node', '--uses=0', '--format', 'json'])) as { token: string }).token;
+    const token = (JSON.parse(await gwctl(['tokens', 'add', '--type=node,db', '--uses=0', '--format', 'json'])) as { token: string }).token;
     fleet = await timed('fleet', () => startFleet({ size: SIZE, groups: FLEET_GROUPS, n: built.n, n1: built.n1, proxyPort: port, join: ['--token', token, '--ca-pin', pin], channel: 'default', pki }));
   }, 900_000);
 
@@ -139,45 +154,69 @@ rootSuite(['netns'])(`a fleet of ${SIZE} agents in three groups, upgraded by the
     await expectAllAt(N);
     // Squid logs a CONNECT when its tunnel closes: the agents' tunnels show there once their restarts closed them.
     for (const a of fleet.agents) expect(await fleet.bypassFails(a), `${a.name} cannot reach the Proxy without squid`).toBe(true);
+    // Each is ready: its tunnel and its database answer (what the health command asks).
+    for (const a of fleet.agents) await waitFor(`${a.name} ready`, async () => JSON.parse(await fleet.readiness(a)).status === 'ready');
   });
+
+  it(`${N1}-broken (its database check fails from the start, the agent runs): the upgrader's health check fails and ${N} is put back, running`, async () => {
+    const a = fleet.agents.find((x) => x.kind === 'tarball')!;
+    serveTarball(fleet.releases, N1, await timed('broken build', () => brokenTarball(built.n1.tarballs.default.tarball)));
+    await pinChannel(N1);
+    const r = await timed('broken', () => fleet.upgrade(a, ['run'], { GATEWAY_UPGRADE_HEALTH_TIMEOUT: '20s' }));
+    serveTarball(fleet.releases, N1, await readFile(built.n1.tarballs.default.tarball));
+    expect(r.code, `${r.stdout}\n${r.stderr}`).toBe(1);
+    expect(r.stderr).toContain(`the upgrade ${N} -> ${N1} failed: the service did not come back with ${N1}`);
+    expect(r.stderr).toContain(`the previous version ${N} was put back and is running`);
+    expect(r.stderr).toContain('code: GW_ERR_UPGRADE_HEALTH');
+    // N+1-broken ran (it was restarted into, then out of) and said why it was not ready: the health command's
+    // output is /readyz's answer, naming the database check.
+    expect(r.stderr).toMatch(/"not ready".*db orders-db/);
+    expect(await a.restarts()).toBe(2);
+    expect(await fleet.version(a)).toContain(N);
+    await everyAgentBack([a]);
+    await waitFor(`${a.name} ready again on ${N}`, async () => JSON.parse(await fleet.readiness(a)).status === 'ready');
+  }, 300_000);
 
   it(`the channel moves to ${N1}: inside the window every agent upgrades itself, apt and tarball through squid`, async () => {
     await pinChannel(N1);
+    await countRestarts();
+    const asked = fleet.releaseRequests.length;
     const results = await timed('upgrade', upgradeAll);
     for (const { a, r } of results) {
       expect(r.code, `${a.name} (${a.kind}): ${r.stdout}\n${r.stderr}`).toBe(0);
       expect(r.stdout, a.name).toContain(`upgraded gateway ${N} -> ${N1}; the service is running ${N1}`);
     }
     await expectAllAt(N1);
-    for (const a of fleet.agents) expect(await a.restarts(), a.name).toBe(1);
-    await everyAgentBack(fleet.agents, 1);
+    for (const a of fleet.agents) expect(await a.restarts(), a.name).toBe(restartsBefore.get(a)! + 1);
+    await everyAgentBack(fleet.agents);
     const log = await fleet.squid.readAccessLog();
     for (const a of fleet.agents) expect(log.some((l) => l.includes(` ${a.host.ip} CONNECT ${PROXY_NAME}:`)), `${a.name}'s tunnel and upgrader went through squid`).toBe(true);
     const apt = fleet.agents.filter((a) => a.kind === 'apt');
     const tarball = fleet.agents.filter((a) => a.kind === 'tarball');
     for (const a of apt) expect(log.some((l) => l.includes(` ${a.host.ip} GET http://apt.fleet.test:`) && l.includes(`gateway_${N1}_`)), `${a.name}'s package came through squid`).toBe(true);
     for (const a of tarball) expect(log.some((l) => l.includes(` ${a.host.ip} CONNECT cdn.fleet.test:`)), `${a.name}'s tarball came through squid`).toBe(true);
-    expect(fleet.releaseRequests.filter((p) => p === `/gateway-ent-v${N1}-linux-amd64-bin.tar.gz`)).toHaveLength(tarball.length);
+    expect(fleet.releaseRequests.slice(asked).filter((p) => p === `/gateway-ent-v${N1}-linux-amd64-bin.tar.gz`)).toHaveLength(tarball.length);
   }, 600_000);
 
   it(`the channel is pinned back to ${N}: every agent is downgraded the same way`, async () => {
     await pinChannel(N);
+    await countRestarts();
     const results = await timed('downgrade', upgradeAll);
     for (const { a, r } of results) {
       expect(r.code, `${a.name} (${a.kind}): ${r.stdout}\n${r.stderr}`).toBe(0);
       expect(r.stdout, a.name).toContain(`upgraded gateway ${N1} -> ${N}; the service is running ${N}`);
     }
     await expectAllAt(N);
-    for (const a of fleet.agents) expect(await a.restarts(), a.name).toBe(2);
-    await everyAgentBack(fleet.agents, 2);
+    for (const a of fleet.agents) expect(await a.restarts(), a.name).toBe(restartsBefore.get(a)! + 1);
+    await everyAgentBack(fleet.agents);
   }, 600_000);
 });
 
 /** Each agent restarted by its upgrader is on its tunnel again: a "reverse tunnel ready" after its last stop. */
-async function everyAgentBack(agents: FleetAgent[], stops: number): Promise<void> {
+async function everyAgentBack(agents: FleetAgent[]): Promise<void> {
   for (const a of agents) {
     const log = await a.log();
-    expect(log.split('"msg":"stopping"').length - 1, `${a.name} was stopped by its restart command`).toBe(stops);
+    expect(log.split('"msg":"stopping"').length - 1, `${a.name} was stopped by its restart command, and only by it`).toBe(await a.restarts());
     await fleet.waitForLog(a, 'reverse tunnel ready', { from: log.lastIndexOf('"msg":"stopping"') });
   }
 }

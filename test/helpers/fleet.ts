@@ -29,10 +29,15 @@
  * Two kinds, alternating: `apt` (gateway and gateway-ent-updater installed by apt-get from a signed repository the
  * helper builds, served over HTTP through squid) and `tarball` (release N extracted and installed by its own
  * `install` script, as the install guide says; the upgrader downloads others through squid from the release server).
+ *
+ * Each agent also serves a database (db_service, `orders-db`: a TCP listener in its namespace), which its readiness
+ * checks (/readyz: src/roles/health.ts). `brokenTarball` makes N+1-broken from the real N+1: the same release with
+ * one file patched so that the database check fails from the start while the agent itself runs, its tunnel up and
+ * its version N+1: what a canary must catch, and what the upgrader's health check rolls back.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createReadStream } from 'node:fs';
-import { appendFile, chmod, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { appendFile, chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, normalize, sep } from 'node:path';
 import { promisify } from 'node:util';
@@ -53,6 +58,8 @@ export const CDN_NAME = 'cdn.fleet.test';
 const CDN_IP = '127.0.0.3';
 /** The agent's diagnostics port inside its namespace (each namespace has its own loopback). */
 const DIAG_PORT = 3000;
+/** The database each agent serves, a listener inside its namespace (its readiness connects to it). */
+const DB_PORT = 5432;
 const UPDATER = 'gateway-ent-updater';
 
 export type AgentKind = 'apt' | 'tarball';
@@ -106,7 +113,9 @@ export interface Fleet {
   /** Seconds each setup step took (for the budget: docs/upgrades.md, "How this is tested"). */
   seconds: Record<string, number>;
   /** Runs the agent's `gateway-upgrade <args>` inside its namespace, as its timer would. */
-  upgrade(agent: FleetAgent, args?: string[]): Promise<{ code: number | null; stdout: string; stderr: string }>;
+  upgrade(agent: FleetAgent, args?: string[], env?: Record<string, string>): Promise<{ code: number | null; stdout: string; stderr: string }>;
+  /** The agent's /readyz body (JSON: status and checks), asked inside its namespace. */
+  readiness(agent: FleetAgent): Promise<string>;
   /** What the installed `gateway --version` says. */
   version(agent: FleetAgent): Promise<string>;
   /** Resolves once the agent's log has `text` (after `from` characters). */
@@ -208,7 +217,8 @@ async function installAgent(s: Shared, i: number, host: TestHost): Promise<Fleet
     const keyring = join(lab.root, 'usr/share/keyrings/gateway-archive-keyring.asc');
     // The install guide's line, over http through squid (the lab's own line is a file: one).
     await writeFile(join(lab.root, 'etc/apt/sources.list.d/gateway.list'), `deb [signed-by=${keyring}] http://${APT_NAME}:${s.aptPort}/${name} ${lab.codename} stable/v17\n`);
-    await appendFile(join(lab.root, 'etc/apt/apt.conf'), `Acquire::http::Proxy "${squidUrl}";\n`);
+    // dpkg without an fsync per file: the roots are thrown away, and on 2 shared cores the syncs were the cost.
+    await appendFile(join(lab.root, 'etc/apt/apt.conf'), `Acquire::http::Proxy "${squidUrl}";\nDPkg::Options:: "--force-unsafe-io";\n`);
     root = lab.root;
     gateway = join(root, 'usr/bin/gateway');
     upgrader = join(root, 'usr/bin/gateway-upgrade');
@@ -227,14 +237,16 @@ async function installAgent(s: Shared, i: number, host: TestHost): Promise<Fleet
   }
   const dir = join(s.base, name, 'run');
   await mkdir(dir, { recursive: true });
+  await host.startEcho(DB_PORT);
   await mkdir(join(root, 'etc/gateway-upgrade.d'), { recursive: true });
   await writeFile(join(root, 'etc/gateway-upgrade.d/endpoint'), `${PROXY_NAME}:${s.o.proxyPort}/v1/webapi/automaticupgrades/channel/${s.o.channel}\n`);
   await writeFile(
     join(dir, 'agent.yaml'),
-    ['gateway:', `  nodename: ${name}`, `  data_dir: ${join(root, 'var/lib/gateway')}`, '  log: { format: json, severity: info }', 'ssh_service:', '  enabled: yes', '  listen_addr: 127.0.0.1:3022', `  labels: { upgrade-group: ${group}, fleet: "yes" }`, ''].join('\n'),
+    ['gateway:', `  nodename: ${name}`, `  data_dir: ${join(root, 'var/lib/gateway')}`, '  log: { format: json, severity: info }', 'ssh_service:', '  enabled: yes', '  listen_addr: 127.0.0.1:3022', `  labels: { upgrade-group: ${group}, fleet: "yes" }`, 'db_service:', '  databases:', `    - { name: orders-db, protocol: postgres, uri: "${host.ip}:${DB_PORT}" }`, ''].join('\n'),
   );
   const restart = await writeScript(join(dir, 'restart.sh'), restartScript(dir));
-  const health = await writeScript(join(dir, 'health.sh'), `curl -sf --max-time 2 http://127.0.0.1:${DIAG_PORT}/readyz >/dev/null`);
+  // On failure it prints what /readyz said (the check that failed), which the upgrader shows.
+  const health = await writeScript(join(dir, 'health.sh'), `curl -sf --max-time 2 http://127.0.0.1:${DIAG_PORT}/readyz >/dev/null || { curl -s --max-time 2 http://127.0.0.1:${DIAG_PORT}/readyz >&2; exit 1; }`);
   await writeScript(join(dir, 'supervisor.sh'), supervisorScript(dir, gateway, [...s.o.join, '--proxy', `${PROXY_NAME}:${s.o.proxyPort}`]));
   const upgradeEnv: Record<string, string> = {
     PATH: process.env.PATH ?? '',
@@ -262,6 +274,41 @@ async function installAgent(s: Shared, i: number, host: TestHost): Promise<Fleet
     log: () => readFile(join(dir, 'agent.log'), 'utf8').catch(() => ''),
     restarts: async () => (await readFile(join(dir, 'restarts.log'), 'utf8').catch(() => '')).split('\n').filter(Boolean).length,
   };
+}
+
+/** The line N+1-broken breaks: the agent's reach of its resources (src/agent/resources.ts, in dist/ and its bundle). */
+const BROKEN_AT = 'const found = addressOf(service, name);';
+
+/**
+ * N+1-broken: the release tarball `tarball` with its database reach made to fail, so that the agent starts, holds
+ * its tunnel and reports its version, and its readiness says `db orders-db` failed. The line is patched wherever the
+ * release holds it (dist/agent/resources.js and the bundle chunk `gateway start` loads). Returns the new tarball.
+ */
+export async function brokenTarball(tarball: string): Promise<Buffer> {
+  const work = await mkdtemp(join(tmpdir(), 'gw-fleet-broken-'));
+  try {
+    await run('tar', ['-xzf', tarball, '-C', work]);
+    const dist = join(work, 'gateway/lib/dist');
+    let patched = 0;
+    for (const name of (await readdir(dist, { recursive: true })).filter((f) => f.endsWith('.js'))) {
+      const text = await readFile(join(dist, name), 'utf8');
+      if (!text.includes(BROKEN_AT)) continue;
+      await writeFile(join(dist, name), text.replace(BROKEN_AT, `if (service === 'db') throw new Error('N+1-broken: the database service was made to fail at start'); ${BROKEN_AT}`));
+      patched++;
+    }
+    if (patched === 0) throw new Error(`no file of ${tarball} has "${BROKEN_AT}": update brokenTarball with the release's code`);
+    await run('tar', ['-I', 'gzip -1', '-cf', join(work, 'broken.tar.gz'), '-C', work, 'gateway']);
+    return await readFile(join(work, 'broken.tar.gz'));
+  } finally {
+    await rm(work, { recursive: true, force: true });
+  }
+}
+
+/** Serves `body` as the release tarball of `version` (and its .sha256) on the release server. */
+export function serveTarball(releases: Map<string, Buffer | string>, version: string, body: Buffer): void {
+  const name = `gateway-ent-v${version}-linux-amd64-bin.tar.gz`;
+  releases.set(`/${name}`, body);
+  releases.set(`/${name}.sha256`, `${sha256(body)}  ${name}\n`);
 }
 
 /** Starts the agent's supervisor inside its namespace (the agent gets only PATH, HTTPS_PROXY and its root). */
@@ -306,13 +353,7 @@ async function startServices(o: FleetOptions, base: string, releases: Map<string
   const squid = await startSquid({ host: '0.0.0.0', clients: ['198.18.0.0/15'], extraConfig: [`hosts_file ${join(base, 'hosts')}`] });
   const aptRepos = new Map<string, string>();
   const apt = await startAptServer(aptRepos);
-  for (const p of [o.n, o.n1]) {
-    const t = p.tarballs.default;
-    const name = t.tarball.split('/').pop()!;
-    const body = await readFile(t.tarball);
-    releases.set(`/${name}`, body);
-    releases.set(`/${name}.sha256`, `${sha256(body)}  ${name}\n`);
-  }
+  for (const p of [o.n, o.n1]) serveTarball(releases, p.version, await readFile(p.tarballs.default.tarball));
   const cdn = await startReleaseServer(o.pki, CDN_NAME, CDN_IP, { files: releases, requests: releaseRequests });
   return { squid, apt, aptRepos, cdn };
 }
@@ -376,7 +417,8 @@ export async function startFleet(o: FleetOptions): Promise<Fleet> {
     releases,
     releaseRequests,
     seconds,
-    upgrade: (a, args = ['run']) => inNamespace(a.host.ns, a.upgrader, args, a.upgradeEnv, 300_000),
+    upgrade: (a, args = ['run'], env = {}) => inNamespace(a.host.ns, a.upgrader, args, { ...a.upgradeEnv, ...env }, 300_000),
+    readiness: async (a) => (await inNamespace(a.host.ns, 'curl', ['-s', '--max-time', '3', `http://127.0.0.1:${DIAG_PORT}/readyz`], { PATH: process.env.PATH ?? '' }, 10_000)).stdout,
     version: async (a) => (await run(a.gateway, ['--version'])).stdout.trim(),
     waitForLog,
     async bypassFails(a) {
