@@ -27,6 +27,7 @@
  * Each of these is one `it` using `fleet` and the helpers here, with the cluster's config gaining the rollout.
  */
 import { readFile, writeFile } from 'node:fs/promises';
+import https from 'node:https';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -48,10 +49,13 @@ let cluster: RunningGateway;
 let configYaml: (version: string) => string;
 let fleet: Fleet;
 let built: { n: BuiltPackages; n1: BuiltPackages };
+let proxyPort: number;
+let clusterCa: string;
+const PASSWORD = 'correct horse battery';
 const timings: Record<string, number> = {};
 
-const gwctl = async (args: string[]) => {
-  const r = await runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: cluster.dir } });
+const gwctl = async (args: string[], input?: string) => {
+  const r = await runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: cluster.dir }, ...(input === undefined ? {} : { input }) });
   if (r.status !== 0) throw new Error(`gwctl ${args.join(' ')}: ${r.status}\n${r.stderr}`);
   return r.stdout;
 };
@@ -68,13 +72,29 @@ async function pinChannel(version: string): Promise<void> {
   }
 }
 
-/** A maintenance window open now (every day from this UTC hour); near the hour's end, waits for the next one. */
+let windowHour = -1;
+
+/**
+ * A maintenance window open now and for the next round of upgrades (every day from this UTC hour; a window is the
+ * hour): in its last 3 minutes, waits for the next hour, whose window is then made; the agents export it (at start,
+ * and after every change of the resource) and every one's schedule covers now before this returns.
+ */
 async function openWindow(): Promise<void> {
   const now = new Date();
   if (now.getUTCMinutes() >= 57) await new Promise((r) => setTimeout(r, (60 - now.getUTCMinutes()) * 60_000 - now.getUTCSeconds() * 1000 + 1000));
+  const hour = new Date().getUTCHours();
+  if (hour === windowHour) return;
   const file = join(cluster.dir, 'window.yaml');
-  await writeFile(file, `kind: cluster_maintenance_config\nversion: v1\nspec:\n  agent_upgrades:\n    utc_start_hour: ${new Date().getUTCHours()}\n    weekdays: ["*"]\n`);
-  await gwctl(['create', '-f', file]);
+  await writeFile(file, `kind: cluster_maintenance_config\nversion: v1\nspec:\n  agent_upgrades:\n    utc_start_hour: ${hour}\n    weekdays: ["*"]\n`);
+  await gwctl(['create', '--force', file]);
+  windowHour = hour;
+  for (const a of fleet?.agents ?? []) {
+    await waitFor(`${a.name}'s exported schedule covers now`, async () => {
+      const t = Date.now() / 1000;
+      const text = await readFile(join(a.root, 'etc/gateway-upgrade.d/schedule'), 'utf8');
+      return text.split('\n').some((l) => /^\d+ \d+$/.test(l) && Number(l.split(' ')[0]) <= t && t < Number(l.split(' ')[1]));
+    });
+  }
 }
 
 const timed = async <T>(step: string, fn: () => Promise<T>): Promise<T> => {
@@ -102,8 +122,37 @@ async function waitFor(what: string, ok: () => Promise<boolean>, timeoutMs = 30_
   }
 }
 
+/** One HTTPS request to the Proxy's web port (by its name, as the agents reach it), the answer as JSON. */
+function web(method: string, path: string, headers: Record<string, string>, body?: unknown): Promise<{ status: number; json: any; cookie?: string }> {
+  return new Promise((resolve, reject) => {
+    const req = https.request({ host: '127.0.0.1', port: proxyPort, servername: PROXY_NAME, method, path, ca: clusterCa, agent: false, headers: { host: `${PROXY_NAME}:${proxyPort}`, 'content-type': 'application/json', ...headers } }, (res) => {
+      let text = '';
+      res.on('data', (c: Buffer) => (text += c.toString()));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, json: text ? JSON.parse(text) : {}, cookie: res.headers['set-cookie']?.[0]?.split(';')[0] }));
+    });
+    req.on('error', reject);
+    req.end(body === undefined ? undefined : JSON.stringify(body));
+  });
+}
+
+/** The versions the Proxy sees each fleet agent run (its tunnel hello), as the Web UI's agents page reads them. */
+async function versionsSeenByProxy(): Promise<Record<string, string | null>> {
+  const login = await web('POST', '/webapi/sessions', {}, { user: 'fleet-admin', password: PASSWORD });
+  expect(login.status, JSON.stringify(login.json)).toBe(200);
+  const agents = await web('GET', '/webapi/agents', { cookie: login.cookie!, authorization: `Bearer ${login.json.token as string}` });
+  expect(agents.status, JSON.stringify(agents.json)).toBe(200);
+  const rows = (agents.json.agents as Array<{ nodename: string; version: string | null; online: boolean }>).filter((r) => r.online);
+  return Object.fromEntries(rows.map((r) => [r.nodename, r.version]));
+}
+
+/** Every agent's installed release says `version`, and the Proxy sees every agent connected and running it. */
 async function expectAllAt(version: string): Promise<void> {
   for (const a of fleet.agents) expect(await fleet.version(a), a.name).toContain(version);
+  const want = Object.fromEntries(fleet.agents.map((a) => [a.name, version]));
+  let seen = '';
+  await waitFor(`the Proxy sees every agent on ${version}`, async () => (seen = JSON.stringify(await versionsSeenByProxy())) === JSON.stringify(want)).catch((err: Error) => {
+    throw new Error(`${err.message}: it sees ${seen}`);
+  });
 }
 
 rootSuite(['netns'])(`a fleet of ${SIZE} agents in three groups, upgraded by their own gateway-upgrade through squid`, () => {
@@ -111,6 +160,7 @@ rootSuite(['netns'])(`a fleet of ${SIZE} agents in three groups, upgraded by the
     built = await timed('packages', async () => ({ n: await buildPackages({ version: N }), n1: await buildPackages({ version: N1 }) }));
     pki = await makeTestPki();
     const port = await getPort({ host: '127.0.0.1' });
+    proxyPort = port;
     configYaml = (version) =>
       [
         'gateway:',
@@ -134,6 +184,8 @@ rootSuite(['netns'])(`a fleet of ${SIZE} agents in three groups, upgraded by the
     const yaml = configYaml;
     configYaml = (version) => yaml(version).replaceAll('DATA_DIR', dataDir);
     await openWindow();
+    clusterCa = await readFile(join(dataDir, 'admin', 'host-ca.pem'), 'utf8');
+    await gwctl(['users', 'add', 'fleet-admin', '--roles=editor'], `${PASSWORD}\n`);
     const pin = /CA pin:\s+(\S+)/.exec(await gwctl(['status']))![1]!;
     const token = (JSON.parse(await gwctl(['tokens', 'add', '--type=node,db', '--uses=0', '--format', 'json'])) as { token: string }).token;
     fleet = await timed('fleet', () => startFleet({ size: SIZE, groups: FLEET_GROUPS, n: built.n, n1: built.n1, proxyPort: port, join: ['--token', token, '--ca-pin', pin], channel: 'default', pki }));
@@ -161,6 +213,7 @@ rootSuite(['netns'])(`a fleet of ${SIZE} agents in three groups, upgraded by the
   it(`${N1}-broken (its database check fails from the start, the agent runs): the upgrader's health check fails and ${N} is put back, running`, async () => {
     const a = fleet.agents.find((x) => x.kind === 'tarball')!;
     serveTarball(fleet.releases, N1, await timed('broken build', () => brokenTarball(built.n1.tarballs.default.tarball)));
+    await openWindow();
     await pinChannel(N1);
     const r = await timed('broken', () => fleet.upgrade(a, ['run'], { GATEWAY_UPGRADE_HEALTH_TIMEOUT: '20s' }));
     serveTarball(fleet.releases, N1, await readFile(built.n1.tarballs.default.tarball));
@@ -178,6 +231,7 @@ rootSuite(['netns'])(`a fleet of ${SIZE} agents in three groups, upgraded by the
   }, 300_000);
 
   it(`the channel moves to ${N1}: inside the window every agent upgrades itself, apt and tarball through squid`, async () => {
+    await openWindow();
     await pinChannel(N1);
     await countRestarts();
     const asked = fleet.releaseRequests.length;
@@ -199,6 +253,7 @@ rootSuite(['netns'])(`a fleet of ${SIZE} agents in three groups, upgraded by the
   }, 600_000);
 
   it(`the channel is pinned back to ${N}: every agent is downgraded the same way`, async () => {
+    await openWindow();
     await pinChannel(N);
     await countRestarts();
     const results = await timed('downgrade', upgradeAll);
