@@ -13,6 +13,8 @@ export interface Acl {
   events: { list: boolean };
   /** Whether the agents page is offered (node list or read); absent from older servers: offered, the server decides. */
   agents?: { list: boolean };
+  /** Whether the agents page asks for the rollout (autoupdate_agent_rollout read); absent from older servers: it asks. */
+  rollout?: { read: boolean };
 }
 
 export interface CurrentSession {

@@ -7,7 +7,7 @@ import { useLoad } from '../components/load.js';
 import { Badge, Empty, ErrorBox, PageHeader, Spinner, TableBox } from '../components/ui.js';
 import { filterItems } from '../lib/filter.js';
 import { formatWindow, relative, WEEKDAYS } from '../lib/time.js';
-import type { AgentRow, Agents } from '../types.js';
+import type { AgentRow, Agents, CurrentSession } from '../types.js';
 import { FilterBox, useUrlState } from './filterbox.js';
 import { RolloutPanel } from './rollout.js';
 
@@ -36,9 +36,11 @@ function schedule(m: Agents['maintenance']): string {
   return `Maintenance window: ${days.join(', ') || 'no day'} at ${String(u.utc_start_hour).padStart(2, '0')}:00 UTC for one hour.`;
 }
 
-export function AgentsPage() {
+export function AgentsPage({ session }: { session: CurrentSession }) {
   const { data, error, loading, reload: reloadAgents } = useLoad(() => api.agents());
-  const rollout = useLoad(() => api.rollout());
+  // Asked only of a user who may read it (a refusal would be one more error on every visit of the page).
+  const mayReadRollout = session.acl?.rollout?.read !== false;
+  const rollout = useLoad(() => (mayReadRollout ? api.rollout() : Promise.resolve({ managed: false, groups: [] })));
   const reload = () => {
     reloadAgents();
     rollout.reload();
