@@ -127,6 +127,8 @@ export interface WebAcl {
   events: { list: boolean };
   /** The agents view (src/proxy/web.ts): the node rule's list or read, as `gwctl get nodes`. */
   agents: { list: boolean };
+  /** The agents page's rollout panel (GET /webapi/autoupdate/status): the rule autoupdate_agent_rollout with read. */
+  rollout: { read: boolean };
 }
 
 export interface WebSessionsDeps {
@@ -457,6 +459,7 @@ export class WebSessions {
       tokens: { list: may('token', 'list'), create: may('token', 'create'), delete: may('token', 'delete') },
       events: { list: may('event', 'list') },
       agents: { list: may('node', 'list') || may('node', 'read') },
+      rollout: { read: may('autoupdate_agent_rollout', 'read') },
     };
   }
 }

@@ -8,6 +8,9 @@
  *
  *   GET  /webapi/resources          what the user's roles reach, with labels (access.ts's canAccess)
  *   GET  /webapi/agents             every agent: version against its channel's target, online, next window
+ *   GET  /webapi/autoupdate/status  the managed rollout (RolloutStatus, src/wire/autoupdate.ts) for a user whose
+ *                                   roles may read autoupdate_agent_rollout; asked of the Auth Service with the
+ *                                   user's identity (rolloutStatus); {managed: false} where none is wired
  *   POST /webapi/apps/:name/launch  {state, addr?}: a one-use launch URL on the app's own host, its token bound
  *                                   to state, the nonce that host set in this browser (webapps.ts redeems it)
  *   GET  /webapi/terminal           WebSocket: a shell on a node (terminal.ts)
@@ -30,6 +33,7 @@ import { bearerOf, isLaunchNonce, launchUnbound, type WebSessionView } from '../
 import { readBoundedBody } from '../net/http.js';
 import type { AgentSource } from './router.js';
 import { TerminalServer } from './terminal.js';
+import type { RolloutStatus } from '../wire/autoupdate.js';
 import { sendJson, sendWebError } from './webanswer.js';
 import { appSessionKey, checkOrigin, credentialsOf, type WebCredentials } from './webcredentials.js';
 
@@ -44,6 +48,11 @@ export interface WebRoutesOptions {
   nextWindow: (config: Resource, now: Date) => { start: Date; end: Date } | undefined;
   limits: LimitSettings;
   clock?: () => number;
+  /**
+   * The managed rollout as the Auth Service tells this user (GET /v1/autoupdate/status, the user's identity: it
+   * checks the roles again). Absent: this Proxy has no rollout to ask about, and the page shows the channels.
+   */
+  rolloutStatus?: (identity: Identity) => Promise<RolloutStatus>;
 }
 
 export interface WebRoutes {
@@ -63,6 +72,7 @@ export function createWebRoutes(options: WebRoutesOptions): WebRoutes {
   const routes: Record<string, { method: string; run: (req: http.IncomingMessage, session: WebSessionView, creds: WebCredentials) => Promise<unknown> }> = {
     '/webapi/resources': { method: 'GET', run: async (_req, session) => resourcesOf(options, session.identity) },
     '/webapi/agents': { method: 'GET', run: async (_req, session) => agentsOf(options, maintenance, session.identity) },
+    '/webapi/autoupdate/status': { method: 'GET', run: async (_req, session) => rolloutOf(options, session.identity) },
   };
   return {
     handle(req, res) {
@@ -205,6 +215,19 @@ async function agentsOf(options: WebRoutesOptions, maintenance: MaintenanceCache
   }
   agents.sort((a, b) => a.nodename.localeCompare(b.nodename) || a.host_id.localeCompare(b.host_id));
   return { agents, maintenance: config ? ((config as { spec?: unknown }).spec ?? null) : null };
+}
+
+// --- /webapi/autoupdate/status -----------------------------------------------------------------------------------
+
+/** The rollout is an operator's view: the rule autoupdate_agent_rollout with read (as `gwctl autoupdate status`). */
+async function rolloutOf(options: WebRoutesOptions, identity: Identity): Promise<RolloutStatus> {
+  const roles = await options.auth.rolesOf(identity.roles);
+  if (!checkAccess(roles, 'autoupdate_agent_rollout', 'read').allowed) {
+    throw new GatewayError('GW_ERR_ACCESS_DENIED', `access denied to user "${identity.name}": none of its roles allows "read" on "autoupdate_agent_rollout"`, {
+      hint: 'Ask an administrator for a role with rules: [{resources: [autoupdate_agent_rollout], verbs: [read]}].',
+    });
+  }
+  return options.rolloutStatus ? options.rolloutStatus(identity) : { managed: false, groups: [] };
 }
 
 /** An agent is out of date when its version is older than its channel's target (unknown versions are not). */

@@ -188,7 +188,7 @@ describe('the session on every request', () => {
       user: { name: 'alice', roles: ['access', 'editor'], logins: ['alice', 'root'] },
       expires_at: new Date(now + 12 * 3600_000).toISOString(),
       // An editor (access,editor, as the README's first admin) may not read the window, but may grant its role.
-      acl: { maintenance: { read: false, update: false, grant: true }, tokens: { list: true, create: true, delete: true }, events: { list: true }, agents: { list: true } },
+      acl: { maintenance: { read: false, update: false, grant: true }, tokens: { list: true, create: true, delete: true }, events: { list: true }, agents: { list: true }, rollout: { read: false } },
     });
     const created = await call('POST', '/v1/tokens', { headers: creds(alice, { origin: `https://${host}` }), body: { roles: ['node'] } });
     expect(created.status, JSON.stringify(created.body)).toBe(200);
@@ -202,6 +202,7 @@ describe('the session on every request', () => {
       tokens: { list: false, create: false, delete: false },
       events: { list: false },
       agents: { list: false },
+      rollout: { read: false },
     });
     expectCode(await call('GET', '/v1/tokens', { headers: creds(bob) }), 403, 'GW_ERR_ACCESS_DENIED');
   });

@@ -24,7 +24,12 @@ import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { startProxyRole } from '../../src/roles/proxy.js';
 import { launchPageAddr } from '../../src/proxy/webapps.js';
 import { terminalRequest } from '../../src/proxy/terminal.js';
-import { isOutdated } from '../../src/proxy/web.js';
+import { createWebRoutes, isOutdated } from '../../src/proxy/web.js';
+import type { Identity } from '../../src/auth/pki.js';
+import type { RolloutStatus } from '../../src/wire/autoupdate.js';
+import { GatewayError } from '../../src/errors.js';
+import { createServer, request as httpRequest, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { checkOrigin } from '../../src/proxy/webcredentials.js';
 import WebSocket from 'ws';
 import { joinCluster } from '../../src/agent/identity.js';
@@ -227,6 +232,84 @@ describe('the terminal, traced', () => {
     expect(root?.parentSpanId).toBe('');
     expect(of(root!.traceId, 'agent.dial')).toBeDefined();
   }, 60_000);
+});
+
+describe('/webapi/autoupdate/status', () => {
+  const ROLLOUT: RolloutStatus = {
+    managed: true,
+    mode: 'enabled',
+    strategy: 'halt-on-error',
+    start_version: '17.0.0',
+    target_version: '17.0.1',
+    groups: [{ name: 'dev', state: 'halted', reason: 'canary dev-1 failed: db orders did not answer', canaries: [{ host_id: 'h1', nodename: 'dev-1', state: 'failed' }], versions: { '17.0.0': 3 }, stale: [] }],
+  };
+  let reader: Record<string, string>;
+
+  beforeAll(async () => {
+    // A role that reads every resource: the rollout's rule (autoupdate_agent_rollout) is among them.
+    await auth.auth.createResources(ADMIN, parseManifest('kind: role\nversion: v7\nmetadata: { name: reads-all }\nspec:\n  allow:\n    rules: [{ resources: ["*"], verbs: [read] }]\n', 'r.yaml'), true);
+    await auth.auth.addUser(auth.auth.adminIdentity(), 'rita', ['reads-all'], PASSWORD, ['root']);
+    reader = await session('rita');
+  });
+
+  it('a user whose roles may not read autoupdate_agent_rollout is refused, by its code, before anything is asked', async () => {
+    const answer = await call('GET', '/webapi/autoupdate/status', await session('olga'));
+    expect([answer.status, answer.json.error.code]).toEqual([403, 'GW_ERR_ACCESS_DENIED']);
+    expect(answer.json.error.message).toContain('"read" on "autoupdate_agent_rollout"');
+    expect((await call('GET', '/webapi/autoupdate/status')).status).toBe(401);
+    expect((await call('POST', '/webapi/autoupdate/status', reader)).json.error.code).toBe('GW_ERR_API_METHOD_NOT_ALLOWED');
+  });
+
+  it('a Proxy with no rollout wired answers managed: false (the page shows the channels)', async () => {
+    const answer = await call('GET', '/webapi/autoupdate/status', reader);
+    expect(answer.status, JSON.stringify(answer.json)).toBe(200);
+    expect(answer.json).toEqual({ managed: false, groups: [] });
+  });
+
+  it("forwards the Auth Service's status for the user's identity, and its refusal by its code", async () => {
+    const asked: Identity[] = [];
+    let fail = false;
+    const routes = createWebRoutes({
+      auth: auth.auth,
+      agents: { agents: () => [], dial: () => Promise.reject(new Error('no agent')) },
+      presence: () => [],
+      targetVersion: () => Promise.resolve('v1.0.0'),
+      nextWindow: () => undefined,
+      limits: limitSettings(parseConfig('gateway:\n  nodename: x\n', 'limits')),
+      rolloutStatus: (identity) => {
+        asked.push(identity);
+        return fail ? Promise.reject(new GatewayError('GW_ERR_ACCESS_DENIED', 'the Auth Service refused', { hint: 'x' })) : Promise.resolve(ROLLOUT);
+      },
+    });
+    const server: Server = createServer((req, res) => void (routes.handle(req, res) || res.writeHead(404).end()));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const port = (server.address() as AddressInfo).port;
+      const get = (headers: Record<string, string>) =>
+        new Promise<Answer>((resolve, reject) => {
+          const req = httpRequest({ host: '127.0.0.1', port, path: '/webapi/autoupdate/status', headers }, (res) => {
+            let text = '';
+            res.on('data', (c: Buffer) => (text += c.toString()));
+            res.on('end', () => resolve({ status: res.statusCode ?? 0, json: text ? (JSON.parse(text) as Record<string, any>) : {} }));
+          });
+          req.on('error', reject);
+          req.end();
+        });
+      const ok = await get(reader);
+      expect(ok.status, JSON.stringify(ok.json)).toBe(200);
+      expect(ok.json).toEqual(ROLLOUT);
+      expect(asked.map((i) => i.name)).toEqual(['rita']);
+      // Refused users never reach the Auth Service.
+      expect((await get(await session('olga'))).status).toBe(403);
+      expect(asked).toHaveLength(1);
+      fail = true;
+      const refused = await get(reader);
+      expect([refused.status, refused.json.error.code]).toEqual([403, 'GW_ERR_ACCESS_DENIED']);
+    } finally {
+      routes.close();
+      await new Promise((r) => server.close(r));
+    }
+  });
 });
 
 describe('hostile and malformed requests', () => {

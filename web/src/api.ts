@@ -6,7 +6,7 @@
  */
 import { BearerStore } from './lib/bearer.js';
 import { ApiError, failureFrom, signInReason, unreachable } from './lib/errors.js';
-import type { Agents, AuditRow, Connector, CurrentSession, Ping, Resources, SessionCreated, TokenCreated, TokenRow } from './types.js';
+import type { Agents, AuditRow, Connector, CurrentSession, Ping, Resources, RolloutStatus, SessionCreated, TokenCreated, TokenRow } from './types.js';
 
 function sessionStore(): Storage | undefined {
   try {
@@ -73,6 +73,8 @@ export const api = {
   signOut: () => call<unknown>('DELETE', '/webapi/sessions'),
   resources: () => call<Resources>('GET', '/webapi/resources'),
   agents: () => call<Agents>('GET', '/webapi/agents'),
+  /** The managed rollout (managed: false when there is none: the channels apply). */
+  rollout: () => call<RolloutStatus>('GET', '/webapi/autoupdate/status'),
   /** A launch URL for app at addr, its token bound to state (the nonce the app's host set in this browser). */
   launchApp: (name: string, state: string, addr: string) => call<{ url: string }>('POST', `/webapi/apps/${encodeURIComponent(name)}/launch`, { state, addr }),
   maintenance: () => call<{ resources: unknown[] }>('GET', '/v1/resources/cluster_maintenance_config'),

@@ -120,7 +120,7 @@ function Body({ page, params, session, ping }: { page: Page; params: Record<stri
     case 'launch':
       return <LaunchPage />;
     case 'agents':
-      return <AgentsPage />;
+      return <AgentsPage session={session} />;
     case 'terminal':
       return <LazyTerminal node={params.node ?? ''} session={session} />;
     case 'maintenance':

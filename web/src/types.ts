@@ -13,6 +13,8 @@ export interface Acl {
   events: { list: boolean };
   /** Whether the agents page is offered (node list or read); absent from older servers: offered, the server decides. */
   agents?: { list: boolean };
+  /** Whether the agents page asks for the rollout (autoupdate_agent_rollout read); absent from older servers: it asks. */
+  rollout?: { read: boolean };
 }
 
 export interface CurrentSession {
@@ -121,4 +123,35 @@ export interface TokenCreated {
 export interface AuditRow {
   name: string;
   event: Record<string, unknown>;
+}
+
+/**
+ * GET /webapi/autoupdate/status: the managed rollout (src/wire/autoupdate.ts RolloutStatus, which the Proxy forwards
+ * as it is; test/web/rollout.test.ts checks that the two stay assignable).
+ */
+export type RolloutGroupState = 'unstarted' | 'canary' | 'active' | 'done' | 'halted' | 'rolledback';
+export type CanaryState = 'pending' | 'upgrading' | 'healthy' | 'failed' | 'rolledback' | 'gone';
+
+export interface RolloutGroup {
+  name: string;
+  state: RolloutGroupState;
+  reason: string;
+  since?: string;
+  next_start?: string;
+  time_zone?: string;
+  canaries: Array<{ host_id: string; nodename: string; state: CanaryState; detail?: string }>;
+  versions: Record<string, number>;
+  stale: Array<{ host_id: string; nodename: string; last_run?: string }>;
+}
+
+export interface RolloutStatus {
+  managed: boolean;
+  mode?: 'enabled' | 'disabled' | 'suspended';
+  strategy?: 'halt-on-error' | 'time-based';
+  start_version?: string;
+  target_version?: string;
+  rollout_id?: string;
+  rollback?: { since: string; now: boolean; group?: string };
+  groups: RolloutGroup[];
+  ungrouped?: number;
 }

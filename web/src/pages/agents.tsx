@@ -1,11 +1,15 @@
-/** Every agent: online or not, its version against its upgrade channel's target, and its next maintenance window. */
+/**
+ * Every agent: online or not, its version against its upgrade channel's target, and its next maintenance window;
+ * above them the managed rollout when there is one (rollout.tsx).
+ */
 import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
 import { Badge, Empty, ErrorBox, PageHeader, Spinner, TableBox } from '../components/ui.js';
 import { filterItems } from '../lib/filter.js';
 import { formatWindow, relative, WEEKDAYS } from '../lib/time.js';
-import type { AgentRow, Agents } from '../types.js';
+import type { AgentRow, Agents, CurrentSession } from '../types.js';
 import { FilterBox, useUrlState } from './filterbox.js';
+import { RolloutPanel } from './rollout.js';
 
 function Summary({ agents, now }: { agents: AgentRow[]; now: number }) {
   const online = agents.filter((a) => a.online).length;
@@ -32,8 +36,15 @@ function schedule(m: Agents['maintenance']): string {
   return `Maintenance window: ${days.join(', ') || 'no day'} at ${String(u.utc_start_hour).padStart(2, '0')}:00 UTC for one hour.`;
 }
 
-export function AgentsPage() {
-  const { data, error, loading, reload } = useLoad(() => api.agents());
+export function AgentsPage({ session }: { session: CurrentSession }) {
+  const { data, error, loading, reload: reloadAgents } = useLoad(() => api.agents());
+  // Asked only of a user who may read it (a refusal would be one more error on every visit of the page).
+  const mayReadRollout = session.acl?.rollout?.read !== false;
+  const rollout = useLoad(() => (mayReadRollout ? api.rollout() : Promise.resolve({ managed: false, groups: [] })));
+  const reload = () => {
+    reloadAgents();
+    rollout.reload();
+  };
   const [query, setQuery] = useUrlState('q');
   const now = Date.now();
   const agents = data?.agents ?? [];
@@ -45,6 +56,7 @@ export function AgentsPage() {
       </PageHeader>
       <ErrorBox error={error} testid="agents-error" />
       {data ? <Summary agents={agents} now={now} /> : null}
+      <RolloutPanel status={rollout.data} error={rollout.error} now={now} />
       <div class={error && !data ? 'hidden' : 'card card-table'}>
         <div class="toolbar"><FilterBox value={query} onChange={setQuery} placeholder="Filter by name, version, channel or 'outdated'" /></div>
         {loading && !data ? <Spinner /> : null}
