@@ -285,7 +285,12 @@ function autoupdateRoutes(auth: AuthService): Route[] {
       const q = parseInstructionQuery((req.url ?? '').split('?')[1] ?? '');
       return auth.autoupdateInstruction(q.hostId, q.group);
     }),
-    route('GET', AUTOUPDATE_STATUS_PATH, async ({ caller }) => auth.autoupdateStatus(await caller())),
+    // A Proxy asks for the Web UI's rollout panel after checking its user's rule (src/proxy/web.ts); anyone else is
+    // checked here for reading autoupdate_agent_rollout.
+    route('GET', AUTOUPDATE_STATUS_PATH, async ({ caller }) => {
+      const c = await caller();
+      return auth.autoupdateStatus(c.kind === 'host' && c.roles.includes('proxy') ? undefined : c);
+    }),
     route('POST', '/v1/autoupdate/:command', async ({ caller, body, params }) => {
       const command = params.command as RolloutCommand;
       if (!(ROLLOUT_COMMANDS as readonly string[]).includes(command)) throw bad(`unknown rollout command; one of ${ROLLOUT_COMMANDS.join(', ')}`);

@@ -5,7 +5,7 @@
  * Auth Service implementing the same, so nothing here may hand out a private key.
  */
 import type { GatewayError } from '../errors.js';
-import type { AgentInstruction } from '../wire/autoupdate.js';
+import type { AgentInstruction, RolloutStatus } from '../wire/autoupdate.js';
 import type { CertBundle } from './authorities.js';
 import type { RenewRequest } from './joining.js';
 import type { Identity } from './pki.js';
@@ -71,6 +71,11 @@ export interface AgentRecords {
    * Optional: without it the Proxy does not serve that path (404, as a Proxy of an earlier version).
    */
   autoupdateInstruction?(hostId: string, group?: string): Promise<AgentInstruction>;
+  /**
+   * The managed rollout for the Web UI's panel, asked after the Proxy checked its user's rule: in process with the
+   * user's identity (checked again), through the Auth API as the Proxy. Absent: an Auth Service of an earlier version.
+   */
+  autoupdateStatus?(caller?: Identity): Promise<RolloutStatus>;
 }
 
 /** A change of an agent's presence on one Proxy. */

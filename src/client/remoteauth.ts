@@ -16,7 +16,7 @@
  *               open.
  */
 import https from 'node:https';
-import { AUTOUPDATE_AUTH_INSTRUCTION_PATH, type AgentInstruction } from '../wire/autoupdate.js';
+import { AUTOUPDATE_AUTH_INSTRUCTION_PATH, AUTOUPDATE_STATUS_PATH, type AgentInstruction, type RolloutStatus } from '../wire/autoupdate.js';
 import { instructionQuery } from '../wire/autoupdatequery.js';
 import type { IncomingMessage } from 'node:http';
 import { formatHostPort, normalizeHost, parseAddr } from '../addr.js';
@@ -292,6 +292,11 @@ export class RemoteProxyAuth implements ProxyAuth {
 
   autoupdateInstruction(hostId: string, group?: string): Promise<AgentInstruction> {
     return this.call<AgentInstruction>('GET', `${AUTOUPDATE_AUTH_INSTRUCTION_PATH}?${instructionQuery({ hostId, ...(group === undefined ? {} : { group }) })}`);
+  }
+
+  /** As this Proxy (the route that asks checked its user's rule first): GET /v1/autoupdate/status. */
+  autoupdateStatus(): Promise<RolloutStatus> {
+    return this.call<RolloutStatus>('GET', AUTOUPDATE_STATUS_PATH);
   }
 
   watchCluster(handlers: ClusterWatchHandlers): () => void {

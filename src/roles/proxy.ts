@@ -44,6 +44,8 @@ import { VERSION } from '../version.js';
 import { logger } from '../log.js';
 import { watchCertificate } from '../metrics/certs.js';
 import type { FindExtras } from '../wire/ping.js';
+import type { RolloutStatus } from '../wire/autoupdate.js';
+import type { Identity } from '../auth/pki.js';
 import type { Lifecycle } from './lifecycle.js';
 import { webServerNames } from './names.js';
 
@@ -146,7 +148,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
       const next = nextWindows(maintenance as ClusterMaintenanceConfig, now, 1)[0];
       return next ? { start: next.start, end: next.stop } : undefined;
     },
-    limits: limits.settings,
+    limits: limits.settings, ...rolloutStatusOf(auth),
   });
   options.lifecycle.onStop('proxy', () => web.close());
   frontDoor = await startFrontDoor({
@@ -359,6 +361,12 @@ async function webCertificate(config: GatewayConfig, issue: () => Promise<{ key:
 }
 
 /** The managed rollout's answer to upgraders, when the Auth Service behind this Proxy gives instructions (404 otherwise). */
+/** The Web UI's rollout panel asks the Auth Service, in process or through its API (ProxyAuth.autoupdateStatus). */
+function rolloutStatusOf(auth: ProxyAuth): { rolloutStatus?: (identity: Identity) => Promise<RolloutStatus> } {
+  const status = auth.autoupdateStatus?.bind(auth);
+  return status ? { rolloutStatus: (identity) => status(identity) } : {};
+}
+
 function autoupdateOf(auth: ProxyAuth): { autoupdate?: AutoupdateEndpoint } {
   const ask = auth.autoupdateInstruction?.bind(auth);
   return ask ? { autoupdate: new AutoupdateEndpoint({ instruction: ask }) } : {};
