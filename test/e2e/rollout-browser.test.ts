@@ -238,10 +238,16 @@ describe('the rollout panel of the agents page, on a real rollout', () => {
   it('a Proxy in its own process shows the same rollout, asked of the Auth Service through its API', async () => {
     const { context, page } = await browser.newPage();
     await signIn(page, splitOrigin, 'alice');
+    const answer = page.waitForResponse((r) => r.url().endsWith('/webapi/autoupdate/status'));
     await browser.step(page, 'split-proxy', async () => {
       await page.goto(`${splitOrigin}/web/agents`);
-      await page.getByTestId('rollout-panel').waitFor();
+      await page.getByTestId('agent-row-fleet-01').waitFor();
     });
+    const res = await answer;
+    expect(res.status()).toBe(200);
+    // A Proxy that could not ask its remote Auth Service would answer managed: false (no panel).
+    expect(await res.json()).toMatchObject({ managed: true, target_version: TARGET });
+    await page.getByTestId('rollout-panel').waitFor();
     expect(await page.getByTestId('rollout-state-prod-us').innerText()).toBe('halted');
     expect(await page.getByTestId('rollout-halted-prod-us').innerText()).toContain('orders-db');
     expect(await page.getByTestId('rollout-next-prod-eu').innerText()).toContain('Europe/Berlin');
