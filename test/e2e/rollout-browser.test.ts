@@ -176,6 +176,7 @@ describe('the rollout panel of the agents page, on a real rollout', () => {
     expect(await res.json()).toMatchObject({ managed: false, groups: [] });
     expect(await page.getByTestId('rollout-panel').count()).toBe(0);
     expect(await page.getByTestId('rollout-error').count()).toBe(0);
+    expect(await page.locator('.page-header p').innerText()).toContain('No maintenance window');
   });
 
   it('a canary whose database does not answer on the target halts its group by itself; the page shows it first, with the waiting group and the stale agent', async () => {
@@ -218,6 +219,8 @@ describe('the rollout panel of the agents page, on a real rollout', () => {
       await page.getByTestId('agent-row-fleet-04').waitFor();
     });
     expect(await page.getByTestId('rollout-summary').innerText()).toContain(`${START} → ${TARGET}, halt-on-error, 3 groups`);
+    // The seed's weekly window no longer decides, and the subtitle says so (instead of "No maintenance window").
+    expect(await page.locator('.page-header p').innerText()).toContain('Upgrades follow the managed rollout below');
     const alert = await page.getByTestId('rollout-halted-prod-us').innerText();
     expect(alert).toContain(`Group prod-us halted: canary ${canary.nodename}`);
     expect(alert).toContain('orders-db');
@@ -227,7 +230,7 @@ describe('the rollout panel of the agents page, on a real rollout', () => {
     expect(await page.getByTestId('rollout-state-prod-us').innerText()).toBe('halted');
     expect(await page.getByTestId('rollout-group-prod-us').getAttribute('data-state')).toBe('halted');
     expect(await page.getByTestId(`rollout-canary-${canary.nodename}`).innerText()).toContain('failed');
-    expect(await page.getByTestId('rollout-next-prod-eu').innerText()).toMatch(/next start: .* Europe\/Berlin \(in (11|12) h/);
+    expect(await page.getByTestId('rollout-next-prod-eu').innerText()).toMatch(/next start: .* Europe\/Berlin \(in 1[0-3] h/);
     expect(await page.getByTestId('rollout-versions-dev').innerText()).toContain(`${TARGET} × 1`);
     expect(await page.getByTestId('rollout-versions-prod-us').innerText()).toMatch(new RegExp(`${START.replaceAll('.', '\\.')} × 1[\\s\\S]*${TARGET.replaceAll('.', '\\.')} × 1|${TARGET.replaceAll('.', '\\.')} × 1[\\s\\S]*${START.replaceAll('.', '\\.')} × 1`));
     expect(await page.getByTestId('rollout-stale-prod-eu').innerText()).toContain('fleet-02');
