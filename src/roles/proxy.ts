@@ -360,13 +360,13 @@ async function webCertificate(config: GatewayConfig, issue: () => Promise<{ key:
   return { key, cert };
 }
 
-/** The managed rollout's answer to upgraders, when the Auth Service behind this Proxy gives instructions (404 otherwise). */
 /** The Web UI's rollout panel asks the Auth Service, in process or through its API (ProxyAuth.autoupdateStatus). */
 function rolloutStatusOf(auth: ProxyAuth): { rolloutStatus?: (identity: Identity) => Promise<RolloutStatus> } {
   const status = auth.autoupdateStatus?.bind(auth);
   return status ? { rolloutStatus: (identity) => status(identity) } : {};
 }
 
+/** The managed rollout's answer to upgraders, when the Auth Service behind this Proxy gives instructions (404 otherwise). */
 function autoupdateOf(auth: ProxyAuth): { autoupdate?: AutoupdateEndpoint } {
   const ask = auth.autoupdateInstruction?.bind(auth);
   return ask ? { autoupdate: new AutoupdateEndpoint({ instruction: ask }) } : {};

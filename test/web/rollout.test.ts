@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { RolloutStatus as WireStatus } from '../../src/wire/autoupdate.js';
-import { canaryBadge, capped, clip, groupBadge, inZone, MAX_LISTED, MAX_TEXT, rolloutAlerts, rolloutSummary, shownGroups, versionCounts } from '../../web/src/lib/rollout.js';
+import { canaryBadge, capped, clip, groupBadge, inZone, MAX_LISTED, MAX_TEXT, rolloutAlerts, rolloutSubtitle, rolloutSummary, shownGroups, versionCounts } from '../../web/src/lib/rollout.js';
 import type { RolloutStatus } from '../../web/src/types.js';
 
 // The page's copy of the contract and the contract stay assignable both ways (a change to one fails the type check).
@@ -78,6 +78,15 @@ describe('the rollout panel', () => {
   it('summarizes the versions, the strategy and the groups; no target says nothing upgrades', () => {
     expect(rolloutSummary(status())).toBe('17.0.0 → 17.0.1, halt-on-error, 3 groups');
     expect(rolloutSummary(status({ target_version: undefined, groups: [], ungrouped: 2 }))).toBe('no target version set: nothing upgrades, halt-on-error, 0 groups, 2 agents in no group');
+  });
+
+  it("the page's subtitle says the rollout decides while it is managed and not disabled; otherwise the window does", () => {
+    expect(rolloutSubtitle(status())).toContain('Upgrades follow the managed rollout below');
+    expect(rolloutSubtitle(status({ mode: 'suspended' }))).toContain('Upgrades follow the managed rollout below');
+    expect(rolloutSubtitle(status({ mode: 'disabled' }))).toBeUndefined();
+    expect(rolloutSubtitle({ managed: false, groups: [] })).toBeUndefined();
+    expect(rolloutSubtitle(undefined)).toBeUndefined();
+    expect(rolloutSubtitle({ managed: 'yes', groups: [] } as unknown as RolloutStatus)).toBeUndefined();
   });
 
   it('hostile statuses: huge lists and texts are capped, wrong types do not throw', () => {

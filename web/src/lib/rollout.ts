@@ -104,3 +104,13 @@ export function rolloutSummary(status: RolloutStatus): string {
 export function shownGroups(status: RolloutStatus): RolloutGroup[] {
   return (Array.isArray(status.groups) ? status.groups : []).filter((g) => g && typeof g === 'object').slice(0, MAX_GROUPS);
 }
+
+/**
+ * The agents page's subtitle while a managed rollout decides upgrades (managed, not disabled): the seed's one weekly
+ * window then no longer does, and saying it would mislead. undefined when the channels decide (the page says their
+ * window as before).
+ */
+export function rolloutSubtitle(status: RolloutStatus | undefined): string | undefined {
+  if (!status || status.managed !== true || status.mode === 'disabled') return undefined;
+  return 'Upgrades follow the managed rollout below, each group in its own window and time zone; the channels, targets and maintenance windows in the table do not apply.';
+}

@@ -1,6 +1,7 @@
 /**
  * Every agent: online or not, its version against its upgrade channel's target, and its next maintenance window;
- * above them the managed rollout when there is one (rollout.tsx).
+ * above them the managed rollout when there is one (rollout.tsx), and then the subtitle says that the rollout, not
+ * the maintenance window, decides.
  */
 import { api } from '../api.js';
 import { useLoad } from '../components/load.js';
@@ -8,6 +9,7 @@ import { Badge, Empty, ErrorBox, PageHeader, Spinner, TableBox } from '../compon
 import { filterItems } from '../lib/filter.js';
 import { formatWindow, relative, WEEKDAYS } from '../lib/time.js';
 import type { AgentRow, Agents, CurrentSession } from '../types.js';
+import { rolloutSubtitle } from '../lib/rollout.js';
 import { FilterBox, useUrlState } from './filterbox.js';
 import { RolloutPanel } from './rollout.js';
 
@@ -51,7 +53,7 @@ export function AgentsPage({ session }: { session: CurrentSession }) {
   const rows = filterItems(agents.map((a) => ({ a, name: a.nodename, text: [a.host_id, a.version ?? '', a.channel ?? '', a.services.join(' '), a.outdated ? 'outdated' : ''] })), query).map((x) => x.a);
   return (
     <>
-      <PageHeader title="Agents" subtitle={data ? schedule(data.maintenance) : 'Versions, upgrade channels and maintenance windows.'}>
+      <PageHeader title="Agents" subtitle={rolloutSubtitle(rollout.data) ?? (data ? schedule(data.maintenance) : 'Versions, upgrade channels and maintenance windows.')}>
         <button type="button" class="btn" onClick={reload} data-testid="agents-refresh">Refresh</button>
       </PageHeader>
       <ErrorBox error={error} testid="agents-error" />
