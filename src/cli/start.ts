@@ -1,6 +1,7 @@
 /**
  * `gateway start`: the configuration with the command line's flags, logging, the data-directory lock, the pid file,
- * SIGHUP reloads, then the daemon (src/daemon.ts) until SIGINT / SIGTERM. An agent drains on SIGTERM and hands over
+ * SIGHUP reloads, then the daemon (src/daemon.ts) until SIGINT / SIGTERM. An agent drains on SIGTERM (with
+ * gateway.drain_on_stop) and hands over
  * to a successor on SIGUSR2 (src/handover.ts); a second SIGTERM / SIGINT exits at once. src/cli/gateway.ts loads this module
  * only when `start` runs: it and what it imports are most of the code, which no other command needs.
  */
@@ -182,7 +183,7 @@ async function start(config: GatewayConfig, flags: StartFlags, run: RunOptions =
       return startSuccessor();
     } });
     const signal = await stopped;
-    if (pool && (signal === 'SIGTERM' || signal === 'handover')) await drainSessions(pool, config.gateway.drain_limit, signal);
+    if (pool && ((signal === 'SIGTERM' && config.gateway.drain_on_stop) || signal === 'handover')) await drainSessions(pool, config.gateway.drain_limit, signal);
     log.info({ signal }, 'stopping');
     // Graceful, with a deadline: whatever still holds the process after it is logged and the process exits,
     // rather than waiting for a service manager's SIGKILL.

@@ -48,6 +48,8 @@ export interface ProcessConfig {
   readonly diag_addr: HostPort | undefined;
   /** Agents: how long sessions in flight may go on in a process handing over or stopping (ms). */
   readonly drain_limit: number;
+  /** SIGTERM drains an agent's sessions before it stops (the chart's Deployment); else it stops at once. */
+  readonly drain_on_stop: boolean;
   /** Absolute path. */
   readonly data_dir: string;
   /** The agent's rollout group (hello.upgrade_group); undefined: its ssh_service `upgrade-group` label, else none. */

@@ -7,7 +7,8 @@
  *                            `gateway start --pid-file`, reload = SIGHUP to the pid in that file; restarts that
  *                            keep sessions (docs/upgrades.md): SIGUSR2 to the main process hands over to a
  *                            successor, which rewrites the pid file, and systemd re-reads PIDFile= when the old
- *                            main process exits; KillMode=mixed (SIGTERM to the main process alone, which drains;
+ *                            main process exits; KillMode=mixed (SIGTERM to the main process alone, which drains
+ *                            only with gateway.drain_on_stop;
  *                            SIGKILL to what is left at the end), TimeoutStopSec = the drain limit + a margin
  *   gateway-upgrade.service  one run of `gateway-upgrade run` (same environment file, so the upgrader goes
  *                            through the same proxy)
@@ -101,7 +102,7 @@ export function agentUnit(options: UnitOptions = {}): string {
     '# systemd re-reads the pid file when the main process exits: after a hand-over (SIGUSR2) the successor, which',
     '# wrote its pid there, becomes the main process and the unit stays active (docs/upgrades.md).',
     `PIDFile=${o.pidFile}`,
-    '# Stop: SIGTERM to the main process alone, which drains its sessions (up to gateway.drain_limit); whatever is',
+    '# Stop: SIGTERM to the main process alone (which drains its sessions first only with gateway.drain_on_stop); whatever is',
     '# left (a process still draining from a hand-over, session shells) gets SIGKILL after TimeoutStopSec.',
     'KillMode=mixed',
     `TimeoutStopSec=${stopTimeoutSec(options.drainLimitMs)}`,

@@ -47,7 +47,7 @@ const conn = () => `host=127.0.0.1 port=${port} user=${pg.user} dbname=${pg.user
 const psql = (sql: string) => runProgram('psql', [conn(), '-X', '-At', '-c', sql], { env: { HOME: dir, PGPASSWORD: pg.password } });
 
 const agentConfig = (drain: string, extra = '') =>
-  ['gateway:', '  nodename: db-agent', '  data_dir: DATA_DIR', '  log: { format: json }', `  drain_limit: ${drain}`, 'db_service:', '  enabled: yes', '  databases:',
+  ['gateway:', '  nodename: db-agent', '  data_dir: DATA_DIR', '  log: { format: json }', `  drain_limit: ${drain}`, '  drain_on_stop: yes', 'db_service:', '  enabled: yes', '  databases:',
     `    - { name: pg, protocol: postgres, uri: 127.0.0.1:${pgPort} }`, extra].join('\n');
 
 /** An interactive psql: send() types a line, and waitFor() the text it prints. */

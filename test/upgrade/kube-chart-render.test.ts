@@ -165,13 +165,16 @@ describe("the rollout group's default: the release's name, dots as \"-\", cut to
 
 describe('restarts that keep sessions (docs/upgrades.md)', () => {
   type Workload = K8sObject & { spec: { strategy?: unknown; updateStrategy?: unknown; template: { spec: { terminationGracePeriodSeconds: number } } } };
-  const drainOf = (objects: K8sObject[]) => parseConfig((one(objects, 'ConfigMap', 'agent') as K8sObject & { data: Record<string, string> }).data['gateway.yaml']!, 'chart').gateway.drain_limit;
+  const gatewayOf = (objects: K8sObject[]) => parseConfig((one(objects, 'ConfigMap', 'agent') as K8sObject & { data: Record<string, string> }).data['gateway.yaml']!, 'chart').gateway;
+  const drainOf = (objects: K8sObject[]) => gatewayOf(objects).drain_limit;
 
   it('a Deployment surges (maxSurge 1, maxUnavailable 0) and gives the old pod the drain limit and a minute to drain', () => {
     const objects = render(['authToken=t0ken', 'agentKind=Deployment']);
     const agent = one(objects, 'Deployment', 'agent') as Workload;
     expect(agent.spec.strategy).toEqual({ type: 'RollingUpdate', rollingUpdate: { maxSurge: 1, maxUnavailable: 0 } });
     expect(drainOf(objects)).toBe(1800_000);
+    // Its old pod drains on SIGTERM; a StatefulSet's (below) stops at once, its new pod waiting for it.
+    expect(gatewayOf(objects).drain_on_stop).toBe(true);
     expect(agent.spec.template.spec.terminationGracePeriodSeconds).toBe(1860);
   });
 
@@ -181,6 +184,7 @@ describe('restarts that keep sessions (docs/upgrades.md)', () => {
     expect(agent.spec.updateStrategy).toEqual({ type: 'RollingUpdate' });
     expect(agent.spec.strategy).toBeUndefined();
     expect(drainOf(objects)).toBe(600_000);
+    expect(gatewayOf(objects).drain_on_stop).toBe(false);
     expect(agent.spec.template.spec.terminationGracePeriodSeconds).toBe(660);
   });
 });
