@@ -262,7 +262,7 @@ describeAsRoot('the transport ladder', () => {
     const moved = since(mark).find((l) => l.msg === 'transport ladder: moved')!;
     expect(moved).toMatchObject({ from: 'tunnel-port', to: 'alpn' });
     expect(moved.reason).toBe(`alpn (TLS with ALPN on the web address, ${NAME}:443) works again: moving the tunnel up from tunnel-port; the old tunnel drains`);
-    expect(since(mark).some((l) => l.msg === 'agent moved to a better transport; draining its old tunnel' && l.hostId === identity.hostId)).toBe(true);
+    expect(since(mark).some((l) => l.msg === 'agent replaced its tunnel (a better transport, or a new process); draining the old one' && l.hostId === identity.hostId)).toBe(true);
     // The stream goes on over the drained tunnel after the move, then ends whole.
     const atMove = stream.received();
     await waitUntil('bytes still flow after the move', () => stream.received() > atMove + 64 * 1024);
