@@ -13,7 +13,6 @@
  *
  * Pure: paths, shapes, bounds and the parser an upgrader applies to an answer (bounded, every field checked).
  */
-import { GatewayError } from '../errors.js';
 
 export const AUTOUPDATE_AGENT_PATH = '/v1/webapi/autoupdate/agent';
 export const AUTOUPDATE_AUTH_INSTRUCTION_PATH = '/v1/autoupdate/instruction';
