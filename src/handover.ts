@@ -5,8 +5,9 @@
  *   ask        SIGUSR2 to the daemon (gateway-upgrade's default restart: `systemctl kill --signal=SIGUSR2
  *              --kill-whom=main gateway`; SIGHUP stays the configuration reload). One at a time: a second ask while one runs, or while the process drains, is refused with
  *              GW_ERR_HANDOVER_BUSY in the log (never two successors).
- *   successor  the command as installed now (process.execPath, its flags and this process's arguments: after an
- *              upgrade, the new version), the same environment plus GATEWAY_HANDOVER_FROM=<this pid>, and a
+ *   successor  the command as installed now (the bin wrapper that started this process, GATEWAY_LAUNCHER, with
+ *              this process's arguments: after an upgrade, the new version; without a wrapper, process.execPath,
+ *              its flags and this process's arguments), the same environment plus GATEWAY_HANDOVER_FROM=<this pid>, and a
  *              readiness pipe on its fd 3. It takes the data directory's lock and the pid file from that pid
  *              (src/reload.ts takeFrom: only from its parent), and its tunnels' first hellos drain this process's
  *              tunnels on each Proxy for gateway.drain_limit (src/agent/pool.ts takeOver). It writes "ready" to
@@ -66,6 +67,23 @@ export function predecessorOf(env: Record<string, string | undefined>, ppid: num
   };
 }
 
+/** The path of the bin wrapper that started this process (the packages' wrappers export it: scripts/package/stage.mjs). */
+export const LAUNCHER_ENV = 'GATEWAY_LAUNCHER';
+
+/**
+ * What a successor runs: the command as installed now. A packaged gateway is started by its bin wrapper, which
+ * runs the Node.js and the dist/ of one app directory; a tarball install keeps one app directory per version, so
+ * after an upgrade this process's execPath and script are still the old version's, and only the wrapper (rewritten
+ * by the install) names the new one. The wrapper exports its own path: when it is there (absolute), the successor
+ * is the wrapper with this process's arguments; otherwise (a development checkout, `node dist/cli/gateway.js`),
+ * this process's own command. Pure: a launcher that is gone fails the spawn, which fails the hand-over.
+ */
+export function successorCommand(env: Record<string, string | undefined>, execPath: string, execArgv: readonly string[], argv: readonly string[]): { command: string; args: string[] } {
+  const launcher = env[LAUNCHER_ENV];
+  if (launcher !== undefined && launcher.startsWith('/')) return { command: launcher, args: argv.slice(2) };
+  return { command: execPath, args: [...execArgv, ...argv.slice(1)] };
+}
+
 export interface SuccessorOptions {
   command?: string;
   args?: string[];
@@ -78,8 +96,9 @@ export interface SuccessorOptions {
  * successor killed) when it exits, closes the pipe, says anything else, or is not ready within the deadline.
  */
 export function startSuccessor(options: SuccessorOptions = {}): Promise<ChildProcess> {
-  const command = options.command ?? process.execPath;
-  const args = options.args ?? [...process.execArgv, ...process.argv.slice(1)];
+  const chosen = successorCommand(options.env ?? process.env, process.execPath, process.execArgv, process.argv);
+  const command = options.command ?? chosen.command;
+  const args = options.args ?? (options.command === undefined ? chosen.args : [...process.execArgv, ...process.argv.slice(1)]);
   const env = { ...(options.env ?? process.env), [HANDOVER_FROM_ENV]: String(process.pid) };
   const timeoutMs = options.readyTimeoutMs ?? HANDOVER_READY_TIMEOUT_MS;
   return new Promise((resolve, reject) => {

@@ -6,12 +6,12 @@
  */
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { GatewayError } from '../src/errors.js';
-import { Handover, HANDOVER_FROM_ENV, predecessorOf, startSuccessor } from '../src/handover.js';
+import { Handover, HANDOVER_FROM_ENV, LAUNCHER_ENV, predecessorOf, startSuccessor, successorCommand } from '../src/handover.js';
 import { acquirePidFile } from '../src/reload.js';
 
 /** A successor stand-in: runs `body` with fd 3 being the readiness pipe. */
@@ -46,6 +46,28 @@ describe('startSuccessor', () => {
     const e = await refusal(successor('setInterval(() => {}, 1000);', 500));
     expect(e.code).toBe('GW_ERR_HANDOVER_FAILED');
     expect(e.message).toContain('not ready within 500 ms');
+  });
+});
+
+describe('successorCommand: the command as installed now', () => {
+  const argv = ['/opt/gw/lib/gateway/17.0.0/node', '/opt/gw/lib/gateway/17.0.0/dist/cli/gateway.js', 'start', '-c', '/etc/gateway.yaml'];
+  it('a packaged gateway: its bin wrapper (which names the new version after an upgrade), with the arguments', () => {
+    expect(successorCommand({ [LAUNCHER_ENV]: '/usr/local/bin/gateway' }, argv[0]!, ['--enable-fips'], argv)).toEqual({ command: '/usr/local/bin/gateway', args: ['start', '-c', '/etc/gateway.yaml'] });
+  });
+  it('no wrapper, or a relative one: this process\'s own command, its flags first', () => {
+    for (const env of [{}, { [LAUNCHER_ENV]: 'bin/gateway' }, { [LAUNCHER_ENV]: '' }]) {
+      expect(successorCommand(env, argv[0]!, ['--enable-fips'], argv)).toEqual({ command: argv[0], args: ['--enable-fips', ...argv.slice(1)] });
+    }
+  });
+  it('startSuccessor runs the launcher the environment names', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'gw-launcher-'));
+    const launcher = join(dir, 'launcher.sh');
+    await writeFile(launcher, '#!/bin/sh\necho "$GATEWAY_HANDOVER_FROM" > "$0.ran"\necho ready >&3\nsleep 30\n', { mode: 0o755 });
+    const child = await startSuccessor({ env: { PATH: process.env.PATH ?? '', [LAUNCHER_ENV]: launcher } });
+    child.kill('SIGKILL');
+    const ran = readFileSync(`${launcher}.ran`, 'utf8').trim();
+    await rm(dir, { recursive: true, force: true });
+    expect(ran).toBe(String(process.pid));
   });
 });
 

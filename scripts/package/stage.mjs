@@ -162,6 +162,9 @@ export function wrapper({ command, app, entry, fips, fipsMode, nodePath }) {
     'here=${self%/*}',
     `app=${app}`,
   ];
+  // The daemon's hand-over starts its successor through this wrapper (src/handover.ts successorCommand): after an
+  // upgrade it names the new version's app directory, which the running process's own paths do not.
+  if (command === 'gateway') lines.push('case $0 in /*) GATEWAY_LAUNCHER=$0 ;; *) GATEWAY_LAUNCHER=$PWD/$0 ;; esac', 'export GATEWAY_LAUNCHER');
   if (nodePath) lines.push(`NODE_PATH="${nodePath}\${NODE_PATH:+:$NODE_PATH}"`, 'export NODE_PATH');
   const flag = fips && fipsMode ? ' --enable-fips' : '';
   if (fips && command !== 'gateway-upgrade') {

@@ -21,9 +21,10 @@
  * and one squid for all, which every namespace reaches at its own end of its link.
  *
  * Each agent: its root (GATEWAY_UPGRADE_ROOT: the endpoint, the schedule the agent exports, the lock, the last run,
- * its data directory under var/lib/gateway, apt's state for the apt agents), a supervisor that restarts the agent
- * whenever it exits (systemd's Restart=always: the restart command kills the agent and waits for the supervisor to
- * start the new binary), the health command asking the agent's /readyz inside its namespace. Its rollout group is
+ * its data directory under var/lib/gateway, its pid file under run/, apt's state for the apt agents), a supervisor
+ * that runs it as the unit does (Restart=always and PIDFile=: it follows a hand-over's successor, see
+ * supervisorScript), the unit's restart command (SIGUSR2: the hand-over to the binary as installed now), the health
+ * command asking the agent's /readyz inside its namespace. Its rollout group is
  * the `upgrade-group` label of its SSH Service (the agent's config key gateway.upgrade_group is the other way).
  *
  * Two kinds, alternating: `apt` (gateway and gateway-ent-updater installed by apt-get from a signed repository the
@@ -31,7 +32,7 @@
  * `install` script, as the install guide says; the upgrader downloads others through squid from the release server).
  *
  * Each agent also serves a database (db_service, `orders-db`: a TCP listener in its namespace), which its readiness
- * checks (/readyz: src/roles/health.ts). `brokenTarball` makes N+1-broken from the real N+1: the same release with
+ * checks (/readyz: src/roles/health.ts). `brokenTarball` (and `brokenDeb`) make N+1-broken from the real N+1: the same release with
  * one file patched so that the database check fails from the start while the agent itself runs, its tunnel up and
  * its version N+1: what a canary must catch, and what the upgrader's health check rolls back.
  */
@@ -39,7 +40,7 @@ import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createReadStream } from 'node:fs';
 import { appendFile, chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join, normalize, sep } from 'node:path';
+import { basename, join, normalize, sep } from 'node:path';
 import { promisify } from 'node:util';
 import type { BuiltPackages } from './packages.js';
 import { createTestHost, type TestHost } from './netns.js';
@@ -71,8 +72,10 @@ export interface FleetAgent {
   host: TestHost;
   /** GATEWAY_UPGRADE_ROOT: everything of this agent lives under it. */
   root: string;
-  /** The supervisor's files: agent.yaml, agent.log, agent.pid, restarts.log. */
+  /** The supervisor's files: agent.yaml, agent.log, restarts.log. */
   dir: string;
+  /** The agent's pid file (`gateway start --pid-file`; the upgrader's default GATEWAY_UPGRADE_PID_FILE under its root). */
+  pidFile: string;
   /** The installed `gateway` and `gateway-upgrade`. */
   gateway: string;
   upgrader: string;
@@ -82,6 +85,10 @@ export interface FleetAgent {
   log(): Promise<string>;
   /** How many times the restart command restarted it. */
   restarts(): Promise<number>;
+  /** Its host ID (the rollout knows it by this), from its data directory's identity. */
+  hostId(): Promise<string>;
+  /** The pid its pid file names now. */
+  mainPid(): Promise<number>;
 }
 
 export interface FleetOptions {
@@ -101,6 +108,8 @@ export interface FleetOptions {
   pki: TestPki;
   /** How many agents are installed or started at once (2 cores: 4 keeps the machine responsive). */
   parallel?: number;
+  /** More PostgreSQL databases an agent serves, by agent name (their servers are the test's, in its namespace). */
+  postgres?: Record<string, Array<{ name: string; uri: string }>>;
 }
 
 export interface Fleet {
@@ -120,6 +129,13 @@ export interface Fleet {
   version(agent: FleetAgent): Promise<string>;
   /** Resolves once the agent's log has `text` (after `from` characters). */
   waitForLog(agent: FleetAgent, text: string, options?: { from?: number; timeoutMs?: number }): Promise<void>;
+  /**
+   * Serves N+1-broken as N+1 to `agent`: for a tarball agent the release server's N+1 tarball (every tarball agent
+   * would get it: only the agents a rollout tells to update ask), for an apt agent its repository's gateway package
+   * of N+1, indexed and signed again with its key. `mendN1` serves the genuine N+1 again everywhere.
+   */
+  breakN1(agent: FleetAgent): Promise<void>;
+  mendN1(): Promise<void>;
   /** Whether a connection from inside the agent's namespace to the Proxy without squid fails (it must). */
   bypassFails(agent: FleetAgent): Promise<boolean>;
   stop(): Promise<void>;
@@ -161,28 +177,35 @@ async function startAptServer(repos: Map<string, string>): Promise<HttpTestServe
   });
 }
 
-/** systemd's Restart=always for one agent: starts it again whenever it exits, until `stopped` exists. */
-function supervisorScript(dir: string, gateway: string, join_: string[]): string {
+/**
+ * The agent's unit, as systemd runs it (Restart=always, PIDFile=): the agent writes its pid file; when the process
+ * the supervisor started exits, the supervisor reads the pid file, and while it names another live process (the
+ * successor a hand-over started, which took the pid file over) follows that one instead of starting a second agent,
+ * as systemd does for PIDFile= when the main process exits (docs/upgrades.md, "Restarts that keep sessions"). Only
+ * when the agent really ended (the pid file removed, or naming no live process) does it start the agent again.
+ * The started process is waited for first: a zombie child answers kill -0.
+ */
+function supervisorScript(dir: string, pidFile: string, gateway: string, join_: string[]): string {
   const quoted = join_.map((a) => `'${a.replaceAll("'", "'\\''")}'`).join(' ');
   return [
     `while [ ! -e ${dir}/stopped ]; do`,
-    `  ${gateway} start -c ${dir}/agent.yaml --diag-addr 127.0.0.1:${DIAG_PORT} ${quoted} >> ${dir}/agent.log 2>&1 &`,
-    `  echo $! > ${dir}/agent.pid`,
+    `  ${gateway} start -c ${dir}/agent.yaml --pid-file ${pidFile} --diag-addr 127.0.0.1:${DIAG_PORT} ${quoted} >> ${dir}/agent.log 2>&1 &`,
     '  wait $!',
+    `  while main=$(cat ${pidFile} 2>/dev/null) && [ -n "$main" ] && kill -0 "$main" 2>/dev/null; do`,
+    '    while kill -0 "$main" 2>/dev/null; do sleep 0.2; done',
+    '  done',
     '  sleep 0.2',
     'done',
   ].join('\n');
 }
 
-/** The restart command: ends the running agent and waits until the supervisor has started the (new) binary. */
-function restartScript(dir: string): string {
-  return [
-    `old=$(cat ${dir}/agent.pid)`,
-    'kill "$old"',
-    'while kill -0 "$old" 2>/dev/null; do sleep 0.1; done',
-    `while [ "$(cat ${dir}/agent.pid)" = "$old" ]; do sleep 0.1; done`,
-    `echo restarted >> ${dir}/restarts.log`,
-  ].join('\n');
+/**
+ * The restart command, as the unit's: SIGUSR2 to the main process (`systemctl kill --signal=SIGUSR2
+ * --kill-whom=main gateway`), a hand-over to the binary as installed now. It returns at once: the upgrader's health
+ * wait is what wants a new live pid in the pid file, the health command passing and the target version.
+ */
+function restartScript(dir: string, pidFile: string): string {
+  return [`kill -USR2 "$(cat ${pidFile})"`, `echo restarted >> ${dir}/restarts.log`].join('\n');
 }
 
 interface Shared {
@@ -193,6 +216,8 @@ interface Shared {
   aptRepos: Map<string, string>;
   cdnPort: number;
   labs: AptLab[];
+  /** Each apt agent's lab, by agent name. */
+  labOf: Map<string, AptLab>;
   supervisors: ChildProcess[];
 }
 
@@ -212,6 +237,7 @@ async function installAgent(s: Shared, i: number, host: TestHost): Promise<Fleet
       { version: s.o.n1.version, files: [s.o.n1.debs.gateway, s.o.n1.debs[UPDATER]] },
     ]);
     s.labs.push(lab);
+    s.labOf.set(name, lab);
     await lab.install(s.o.n.version, ['gateway', UPDATER]);
     s.aptRepos.set(name, lab.repo);
     const keyring = join(lab.root, 'usr/share/keyrings/gateway-archive-keyring.asc');
@@ -242,12 +268,14 @@ async function installAgent(s: Shared, i: number, host: TestHost): Promise<Fleet
   await writeFile(join(root, 'etc/gateway-upgrade.d/endpoint'), `${PROXY_NAME}:${s.o.proxyPort}/v1/webapi/automaticupgrades/channel/${s.o.channel}\n`);
   await writeFile(
     join(dir, 'agent.yaml'),
-    ['gateway:', `  nodename: ${name}`, `  data_dir: ${join(root, 'var/lib/gateway')}`, '  log: { format: json, severity: info }', 'ssh_service:', '  enabled: yes', '  listen_addr: 127.0.0.1:3022', `  labels: { upgrade-group: ${group}, fleet: "yes" }`, 'db_service:', '  databases:', `    - { name: orders-db, protocol: postgres, uri: "${host.ip}:${DB_PORT}" }`, ''].join('\n'),
+    ['gateway:', `  nodename: ${name}`, `  data_dir: ${join(root, 'var/lib/gateway')}`, '  log: { format: json, severity: info }', 'ssh_service:', '  enabled: yes', '  listen_addr: 127.0.0.1:3022', `  labels: { upgrade-group: ${group}, fleet: "yes" }`, 'db_service:', '  databases:', `    - { name: orders-db, protocol: postgres, uri: "${host.ip}:${DB_PORT}" }`, ...(s.o.postgres?.[name] ?? []).map((d) => `    - { name: ${d.name}, protocol: postgres, uri: "${d.uri}" }`), ''].join('\n'),
   );
-  const restart = await writeScript(join(dir, 'restart.sh'), restartScript(dir));
+  const pidFile = join(root, 'run/gateway.pid');
+  await mkdir(join(root, 'run'), { recursive: true });
+  const restart = await writeScript(join(dir, 'restart.sh'), restartScript(dir, pidFile));
   // On failure it prints what /readyz said (the check that failed), which the upgrader shows.
   const health = await writeScript(join(dir, 'health.sh'), `curl -sf --max-time 2 http://127.0.0.1:${DIAG_PORT}/readyz >/dev/null || { curl -s --max-time 2 http://127.0.0.1:${DIAG_PORT}/readyz >&2; exit 1; }`);
-  await writeScript(join(dir, 'supervisor.sh'), supervisorScript(dir, gateway, [...s.o.join, '--proxy', `${PROXY_NAME}:${s.o.proxyPort}`]));
+  await writeScript(join(dir, 'supervisor.sh'), supervisorScript(dir, pidFile, gateway, [...s.o.join, '--proxy', `${PROXY_NAME}:${s.o.proxyPort}`]));
   const upgradeEnv: Record<string, string> = {
     PATH: process.env.PATH ?? '',
     ...managerEnv,
@@ -268,11 +296,14 @@ async function installAgent(s: Shared, i: number, host: TestHost): Promise<Fleet
     host,
     root,
     dir,
+    pidFile,
     gateway,
     upgrader,
     upgradeEnv,
     log: () => readFile(join(dir, 'agent.log'), 'utf8').catch(() => ''),
     restarts: async () => (await readFile(join(dir, 'restarts.log'), 'utf8').catch(() => '')).split('\n').filter(Boolean).length,
+    hostId: async () => (JSON.parse(await readFile(join(root, 'var/lib/gateway/host/identity.json'), 'utf8')) as { hostId: string }).hostId,
+    mainPid: async () => Number((await readFile(pidFile, 'utf8')).trim()),
   };
 }
 
@@ -288,20 +319,38 @@ export async function brokenTarball(tarball: string): Promise<Buffer> {
   const work = await mkdtemp(join(tmpdir(), 'gw-fleet-broken-'));
   try {
     await run('tar', ['-xzf', tarball, '-C', work]);
-    const dist = join(work, 'gateway/lib/dist');
-    let patched = 0;
-    for (const name of (await readdir(dist, { recursive: true })).filter((f) => f.endsWith('.js'))) {
-      const text = await readFile(join(dist, name), 'utf8');
-      if (!text.includes(BROKEN_AT)) continue;
-      await writeFile(join(dist, name), text.replace(BROKEN_AT, `if (service === 'db') throw new Error('N+1-broken: the database service was made to fail at start'); ${BROKEN_AT}`));
-      patched++;
-    }
-    if (patched === 0) throw new Error(`no file of ${tarball} has "${BROKEN_AT}": update brokenTarball with the release's code`);
+    await breakTree(join(work, 'gateway/lib/dist'), tarball);
     await run('tar', ['-I', 'gzip -1', '-cf', join(work, 'broken.tar.gz'), '-C', work, 'gateway']);
     return await readFile(join(work, 'broken.tar.gz'));
   } finally {
     await rm(work, { recursive: true, force: true });
   }
+}
+
+/** Patches BROKEN_AT in every .js file under dir that has it (at least one must). */
+async function breakTree(dir: string, what: string): Promise<void> {
+  let patched = 0;
+  for (const name of (await readdir(dir, { recursive: true })).filter((f) => f.endsWith('.js'))) {
+    const text = await readFile(join(dir, name), 'utf8');
+    if (!text.includes(BROKEN_AT)) continue;
+    await writeFile(join(dir, name), text.replace(BROKEN_AT, `if (service === 'db') throw new Error('N+1-broken: the database service was made to fail at start'); ${BROKEN_AT}`));
+    patched++;
+  }
+  if (patched === 0) throw new Error(`no file of ${what} has "${BROKEN_AT}": update brokenTarball with the release's code`);
+}
+
+/**
+ * N+1-broken as a .deb: the real `gateway` package of N+1 unpacked (dpkg-deb -R keeps its control files and
+ * scripts), patched as brokenTarball patches the tarball, and built again under the same name and version. Returns
+ * the new file (in a directory the caller removes).
+ */
+export async function brokenDeb(deb: string, work: string): Promise<string> {
+  const tree = join(work, 'tree');
+  await run('dpkg-deb', ['-R', deb, tree]);
+  await breakTree(tree, deb);
+  const out = join(work, basename(deb));
+  await run('dpkg-deb', ['-Zgzip', '-z1', '--root-owner-group', '-b', tree, out]);
+  return out;
 }
 
 /** Serves `body` as the release tarball of `version` (and its .sha256) on the release server. */
@@ -373,14 +422,14 @@ export async function startFleet(o: FleetOptions): Promise<Fleet> {
   const releases = new Map<string, Buffer | string>();
   const releaseRequests: string[] = [];
   const services = await timed('services', () => startServices(o, base, releases, releaseRequests));
-  const s: Shared = { o, base, squid: services.squid, aptPort: services.apt.port, aptRepos: services.aptRepos, cdnPort: services.cdn.port, labs: [], supervisors: [] };
+  const s: Shared = { o, base, squid: services.squid, aptPort: services.apt.port, aptRepos: services.aptRepos, cdnPort: services.cdn.port, labs: [], labOf: new Map(), supervisors: [] };
   const hosts: TestHost[] = [];
   const agents: FleetAgent[] = [];
   const stop = async () => {
     for (const a of agents) await writeFile(join(a.dir, 'stopped'), '').catch(() => undefined);
     await Promise.all(
       agents.map(async (a) => {
-        const pid = Number(await readFile(join(a.dir, 'agent.pid'), 'utf8').catch(() => 'NaN'));
+        const pid = await a.mainPid().catch(() => NaN);
         if (Number.isInteger(pid)) {
           try {
             process.kill(pid, 'SIGTERM');
@@ -411,6 +460,8 @@ export async function startFleet(o: FleetOptions): Promise<Fleet> {
     await stop().catch(() => undefined);
     throw err;
   }
+  const n1Channel = `stable/v${o.n1.version.split('.')[0]}`;
+  const brokenLabs = new Set<AptLab>();
   return {
     agents,
     squid: services.squid,
@@ -421,6 +472,23 @@ export async function startFleet(o: FleetOptions): Promise<Fleet> {
     readiness: async (a) => (await inNamespace(a.host.ns, 'curl', ['-s', '--max-time', '3', `http://127.0.0.1:${DIAG_PORT}/readyz`], { PATH: process.env.PATH ?? '' }, 10_000)).stdout,
     version: async (a) => (await run(a.gateway, ['--version'])).stdout.trim(),
     waitForLog,
+    async breakN1(a) {
+      const lab = s.labOf.get(a.name);
+      if (!lab) return serveTarball(releases, o.n1.version, await brokenTarball(o.n1.tarballs.default.tarball));
+      const work = await mkdtemp(join(tmpdir(), 'gw-fleet-broken-deb-'));
+      try {
+        await lab.replacePackage(n1Channel, await brokenDeb(o.n1.debs.gateway, work));
+        brokenLabs.add(lab);
+      } finally {
+        await rm(work, { recursive: true, force: true });
+      }
+    },
+    async mendN1() {
+      serveTarball(releases, o.n1.version, await readFile(o.n1.tarballs.default.tarball));
+      // Indexed and signed again, not restored: apt ignores a Release older than the one it already has.
+      for (const lab of brokenLabs) await lab.replacePackage(n1Channel, o.n1.debs.gateway);
+      brokenLabs.clear();
+    },
     async bypassFails(a) {
       // The Proxy's port at the host's end of the link, and at the namespace's own loopback: neither answers.
       const direct = await Promise.all(

@@ -68,6 +68,11 @@ export interface AptLab {
   install(version: string, pkgs?: string[]): Promise<void>;
   /** What `<root>/usr/bin/gateway --version` says. */
   installed(): Promise<string>;
+  /**
+   * Puts `file` in a channel's pool in place of the package of the same name (a new file, never written through a
+   * hard link), indexed and signed again with the lab's own key: a rebuilt package the repository serves as genuine.
+   */
+  replacePackage(channel: string, file: string): Promise<void>;
   /** Flips the last byte of a .deb on a channel: same size, another checksum than the Packages index says. */
   tamperPackage(channel: string, version: string): Promise<void>;
   /** Overwrites a channel's Packages index with garbage (its checksum in Release no longer matches). */
@@ -175,25 +180,33 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
     const pool = join(repo, 'pool', ch);
     await mkdir(pool, { recursive: true });
     for (const p of pkgs) await placePackage(pool, p, `gateway_${p.version}_all.deb`, (out) => buildDeb(out, join(dir, 'build'), p));
-    const bin = join(repo, 'dists', codename, ch, `binary-${arch}`);
-    await mkdir(bin, { recursive: true });
-    const { stdout } = await run('apt-ftparchive', ['packages', join('pool', ch)], { cwd: repo });
-    await writeFile(join(bin, 'Packages'), stdout);
   }
-  const { stdout: release } = await run(
-    'apt-ftparchive',
-    [
-      '-o', `APT::FTPArchive::Release::Suite=${codename}`,
-      '-o', `APT::FTPArchive::Release::Codename=${codename}`,
-      '-o', `APT::FTPArchive::Release::Components=${[...channels.keys()].join(' ')}`,
-      '-o', `APT::FTPArchive::Release::Architectures=${arch}`,
-      'release', join('dists', codename),
-    ],
-    { cwd: repo },
-  );
-  await writeFile(join(repo, 'dists', codename, 'Release'), release);
   const signer = await makeSigningKey(join(dir, 'gpg'));
-  await signer.clearsign(join(repo, 'dists', codename, 'Release'), join(repo, 'dists', codename, 'InRelease'));
+  /** Indexes every channel's pool and signs the Release with the lab's key (at build, and after a package is replaced). */
+  const index = async () => {
+    for (const ch of channels.keys()) {
+      const bin = join(repo, 'dists', codename, ch, `binary-${arch}`);
+      await mkdir(bin, { recursive: true });
+      const { stdout } = await run('apt-ftparchive', ['packages', join('pool', ch)], { cwd: repo });
+      await replaceFile(join(bin, 'Packages'), stdout);
+    }
+    const { stdout: release } = await run(
+      'apt-ftparchive',
+      [
+        '-o', `APT::FTPArchive::Release::Suite=${codename}`,
+        '-o', `APT::FTPArchive::Release::Codename=${codename}`,
+        '-o', `APT::FTPArchive::Release::Components=${[...channels.keys()].join(' ')}`,
+        '-o', `APT::FTPArchive::Release::Architectures=${arch}`,
+        'release', join('dists', codename),
+      ],
+      { cwd: repo },
+    );
+    await replaceFile(join(repo, 'dists', codename, 'Release'), release);
+    const inRelease = join(repo, 'dists', codename, 'InRelease');
+    await signer.clearsign(join(repo, 'dists', codename, 'Release'), `${inRelease}.new`);
+    await rename(`${inRelease}.new`, inRelease);
+  };
+  await index();
   await linkTree(repo, `${repo}.orig`);
 
   for (const d of ['etc/apt/sources.list.d', 'etc/apt/apt.conf.d', 'etc/apt/preferences.d', 'var/lib/dpkg/info', 'var/lib/dpkg/updates', 'var/lib/apt/lists/partial', 'var/cache/apt/archives/partial', 'var/log/apt']) {
@@ -243,6 +256,12 @@ export async function makeAptLab(packages: TestPackage[], codename = 'bookworm')
     },
     async installed() {
       return (await run(binary, ['--version'])).stdout.trim();
+    },
+    async replacePackage(channel, file) {
+      const dest = join(repo, 'pool', channel, basename(file));
+      await copyFile(file, `${dest}.new`);
+      await rename(`${dest}.new`, dest);
+      await index();
     },
     tamperPackage: (channel, version) => flipLastByte(join(repo, 'pool', channel, `gateway_${version}_all.deb`)),
     async resignWithOtherKey() {
