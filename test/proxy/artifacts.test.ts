@@ -380,7 +380,12 @@ describe('the relay, through squid to its upstream', () => {
     const { relay, web } = await mount({ cacheMaxBytes: 1024 * 1024 });
     const names = ['a', 'b', 'c', 'd'].map((x, i) => `gateway-ent-v17.1.${i}-linux-amd64-bin.tar.gz`);
     for (const [i, name] of names.entries()) serveBytes(`/releases/${name}`, pseudoRandomBytes(400 * 1024, 20 + i));
-    const fetch = (i: number) => get(web, `/v1/webapi/autoupdate/artifacts/${names[i]}`);
+    // The relay commits a finished fetch just after its last byte went out: wait for that before looking.
+    const fetch = async (i: number) => {
+      const r = await get(web, `/v1/webapi/autoupdate/artifacts/${names[i]}`);
+      for (const end = Date.now() + 10_000; !relay.isCached('artifacts', names[i]!) && Date.now() < end; ) await new Promise((ok) => setTimeout(ok, 10));
+      return r;
+    };
     await fetch(0);
     await fetch(1);
     await fetch(2); // 1.2 MB: a goes
