@@ -18,7 +18,7 @@
  *   supervisor follows the pid file as systemd's PIDFile= does);
  * - `gwctl autoupdate rollback --now` and the same loop: all 12 back on N.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import https from 'node:https';
 import { join } from 'node:path';
@@ -27,6 +27,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AgentInstruction, RolloutStatus } from '../../src/wire/autoupdate.js';
 import { inBatches, PROXY_NAME, startFleet, type Fleet, type FleetAgent } from '../helpers/fleet.js';
 import { startPostgres, type PostgresServer } from '../helpers/databases.js';
+import { openInteractive } from '../helpers/interactive.js';
 import { BIN, runCli, runProgram, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startGwshProxy } from '../helpers/gwshproxy.js';
 import { buildPackages, type BuiltPackages } from '../helpers/packages.js';
@@ -60,21 +61,8 @@ const gwshEnv = () => ({ HOME: cluster.dir, GWSH_HOME: join(cluster.dir, 'gwsh-a
 const conn = () => `host=127.0.0.1 port=${psqlPort} user=${pg.user} dbname=${pg.user} sslmode=disable connect_timeout=10`;
 const psql = (sql: string) => runProgram('psql', [conn(), '-X', '-At', '-c', sql], { env: { HOME: cluster.dir, PGPASSWORD: pg.password } });
 
-/** An interactive program: send() types a line, waitFor() the text it prints. */
-function openSession(what: string, command: string, args: string[], env: Record<string, string>) {
-  const child = spawn(command, args, { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['pipe', 'pipe', 'pipe'] });
-  children.push(child);
-  let out = '';
-  child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-  child.stderr.on('data', (c: Buffer) => (out += c.toString()));
-  child.stdin.on('error', () => undefined);
-  const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
-  return {
-    send: (line: string) => child.stdin.write(`${line}\n`),
-    waitFor: (text: string) => waitUntil(`${what} prints ${text} (got ${JSON.stringify(out.slice(-300))})`, () => out.includes(text), 30_000),
-    exited,
-  };
-}
+/** An interactive program (test/helpers/interactive.ts), stopped with the fleet's other children. */
+const openSession = (what: string, command: string, args: string[], env: Record<string, string>) => openInteractive(what, command, args, env, children);
 
 /** A psql session through `gwsh proxy db`. */
 const openPsql = () => openSession('psql', 'psql', [conn(), '-X', '-At'], { HOME: cluster.dir, PGPASSWORD: pg.password });

@@ -15,7 +15,7 @@
  *
  * Nothing here asserts how fast anything happens (log lines and outputs are waited for with generous deadlines).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -25,6 +25,7 @@ import { startPostgres, type PostgresServer } from '../helpers/databases.js';
 import { runCli, runProgram, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { rootSuite } from '../helpers/root.js';
 import { waitUntil } from '../helpers/wait.js';
+import { openInteractive } from '../helpers/interactive.js';
 import { startGwshProxy } from '../helpers/gwshproxy.js';
 
 const describeAsRoot = rootSuite(['dbUsers']);
@@ -50,22 +51,8 @@ const agentConfig = (drain: string, extra = '') =>
   ['gateway:', '  nodename: db-agent', '  data_dir: DATA_DIR', '  log: { format: json }', `  drain_limit: ${drain}`, '  drain_on_stop: yes', 'db_service:', '  enabled: yes', '  databases:',
     `    - { name: pg, protocol: postgres, uri: 127.0.0.1:${pgPort} }`, extra].join('\n');
 
-/** An interactive psql: send() types a line, and waitFor() the text it prints. */
-function openPsql() {
-  const child = spawn('psql', [conn(), '-X', '-At'], { env: { PATH: process.env.PATH ?? '', HOME: dir, PGPASSWORD: pg.password }, stdio: ['pipe', 'pipe', 'pipe'] });
-  children.push(child);
-  let out = '';
-  child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-  child.stderr.on('data', (c: Buffer) => (out += c.toString()));
-  child.stdin.on('error', () => undefined);
-  const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
-  return {
-    send: (line: string) => child.stdin.write(`${line}\n`),
-    waitFor: (text: string) => waitUntil(`psql prints ${text} (got ${JSON.stringify(out.slice(-300))})`, () => out.includes(text), 30_000),
-    output: () => out,
-    exited,
-  };
-}
+/** An interactive psql (test/helpers/interactive.ts): send() types a line, and waitFor() the text it prints. */
+const openPsql = () => openInteractive('psql', 'psql', [conn(), '-X', '-At'], { HOME: dir, PGPASSWORD: pg.password }, children);
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-handover-'));
