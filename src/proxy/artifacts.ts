@@ -55,6 +55,7 @@ type Source = { kind: 'hit'; entry: CacheEntry; fh: FileHandle } | { kind: 'miss
 export class ArtifactRelay {
   private readonly cache: ArtifactCache | undefined;
   private readonly inflight = new Map<string, ArtifactFetch>();
+  private readonly commits = new Set<Promise<void>>();
 
   constructor(private readonly options: ArtifactRelayOptions) {
     // The cache directory is made only when there is something to relay.
@@ -171,16 +172,26 @@ export class ArtifactRelay {
     });
     this.inflight.set(key, fetch);
     fetch.hold(); // the relay's own, until the file is committed and the fetch forgotten
-    void fetch.settled.then(async () => {
+    const committed: Promise<void> = fetch.settled.then(async () => {
       try {
         if (fetch.state === 'done') await cache.commit(key, tmpPath, { size: fetch.written, type: fetch.type, immutable: p.immutable });
         else if (fetch.error && httpStatus(fetch.error.code) >= 500) log.warn({ code: fetch.error.code, route: p.route }, fetch.error.message);
       } finally {
         this.inflight.delete(key);
+        this.commits.delete(committed);
         fetch.release();
       }
     });
+    this.commits.add(committed);
     return fetch;
+  }
+
+  /**
+   * Resolves once every fetch started so far is committed to the cache or dropped. A client has its last byte before
+   * the relay commits the file, so whoever asks the cache right after a download (tests, a drain) waits on this.
+   */
+  async settled(): Promise<void> {
+    while (this.commits.size > 0) await Promise.allSettled([...this.commits]);
   }
 
   /** What is cached now (tests, and the docs' example). */

@@ -220,6 +220,7 @@ describe('the relay, through squid to its upstream', () => {
     expect(head.status).toBe(200);
     expect(head.headers['content-length']).toBe(String(body.length));
     expect(asked.get(`/releases/${name}`)).toBe(1);
+    await relay.settled(); // the relay commits a fetch just after its last byte went out
     expect(relay.isCached('artifacts', name)).toBe(true);
     // The upstream was reached through squid (its access log names the CONNECT), never directly.
     expect((await squid.readAccessLog()).some((l) => l.includes(`${UPSTREAM}:${upstream.port}`))).toBe(true);
@@ -230,6 +231,7 @@ describe('the relay, through squid to its upstream', () => {
     const g = await get(web, '/v1/webapi/autoupdate/artifacts/gateway-ent-v99.0.0-linux-amd64-bin.tar.gz');
     expect(g.status).toBe(404);
     expect(code(g)).toBe('GW_ERR_ARTIFACT_NOT_FOUND');
+    await relay.settled(); // the relay commits a fetch just after its last byte went out
     expect(relay.isCached('artifacts', 'gateway-ent-v99.0.0-linux-amd64-bin.tar.gz')).toBe(false);
   });
 
@@ -305,6 +307,7 @@ describe('the relay, through squid to its upstream', () => {
     expect(g.status).toBe(200);
     expect(g.cut).toBe(true);
     expect(g.body.length).toBeLessThan(1_000_000);
+    await relay.settled(); // the relay commits a fetch just after its last byte went out
     expect(relay.isCached('artifacts', name)).toBe(false);
     await waitUntil(async () => (await readdir(join(cacheDir, 'tmp'))).length === 0);
     expect((await readdir(cacheDir)).filter((f) => f !== 'tmp')).toEqual([]);
@@ -330,6 +333,7 @@ describe('the relay, through squid to its upstream', () => {
     });
     const g = await get(web, `/v1/webapi/autoupdate/artifacts/${name}`);
     expect(g.cut).toBe(true);
+    await relay.settled(); // the relay commits a fetch just after its last byte went out
     expect(relay.isCached('artifacts', name)).toBe(false);
   });
 
@@ -346,6 +350,7 @@ describe('the relay, through squid to its upstream', () => {
     for (const t of timers) clearInterval(t);
     expect(g.cut).toBe(true);
     expect(g.body.length).toBeLessThan(1_000);
+    await relay.settled(); // the relay commits a fetch just after its last byte went out
     expect(relay.isCached('artifacts', name)).toBe(false);
   });
 
@@ -373,6 +378,7 @@ describe('the relay, through squid to its upstream', () => {
     });
     const g = await get(web, `/v1/webapi/autoupdate/artifacts/${chunked}`);
     expect(g.cut).toBe(true);
+    await relay.settled(); // the relay commits a fetch just after its last byte went out
     expect(relay.isCached('artifacts', chunked)).toBe(false);
   });
 
@@ -380,10 +386,10 @@ describe('the relay, through squid to its upstream', () => {
     const { relay, web } = await mount({ cacheMaxBytes: 1024 * 1024 });
     const names = ['a', 'b', 'c', 'd'].map((x, i) => `gateway-ent-v17.1.${i}-linux-amd64-bin.tar.gz`);
     for (const [i, name] of names.entries()) serveBytes(`/releases/${name}`, pseudoRandomBytes(400 * 1024, 20 + i));
-    // The relay commits a finished fetch just after its last byte went out: wait for that before looking.
+    // The relay commits a finished fetch just after its last byte went out: wait for that before the next.
     const fetch = async (i: number) => {
       const r = await get(web, `/v1/webapi/autoupdate/artifacts/${names[i]}`);
-      for (const end = Date.now() + 10_000; !relay.isCached('artifacts', names[i]!) && Date.now() < end; ) await new Promise((ok) => setTimeout(ok, 10));
+      await relay.settled();
       return r;
     };
     await fetch(0);
@@ -417,11 +423,13 @@ describe('the relay, through squid to its upstream', () => {
   });
 
   it('a restart keeps immutable files and drops indices', async () => {
-    const { web, cacheDir } = await mount();
+    const { relay, web, cacheDir } = await mount();
     serveBytes('/repo/debian/dists/x/InRelease', Buffer.from('index'));
     serveBytes('/repo/debian/pool/x/gateway_17.0.9_amd64.deb', Buffer.from('deb bytes'));
     await get(web, '/v1/webapi/autoupdate/repo/debian/dists/x/InRelease');
     await get(web, '/v1/webapi/autoupdate/repo/debian/pool/x/gateway_17.0.9_amd64.deb');
+    await relay.settled(); // the relay commits a fetch just after its last byte went out
+    expect(relay.isCached('repo', 'debian/dists/x/InRelease')).toBe(true); // cached before the restart, dropped by it
     const again = await mount({ cacheDir });
     expect(again.relay.isCached('repo', 'debian/pool/x/gateway_17.0.9_amd64.deb')).toBe(true);
     expect(again.relay.isCached('repo', 'debian/dists/x/InRelease')).toBe(false);
