@@ -32,8 +32,12 @@ import { BIN, runCli, runProgram, startGateway, type RunningGateway } from '../h
 import { startGwshProxy } from '../helpers/gwshproxy.js';
 import { buildPackages, type BuiltPackages } from '../helpers/packages.js';
 import { rootSuite } from '../helpers/root.js';
+import { sessionLogin } from '../helpers/sessionlogin.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
+
+/** The OS account sessions log in as (see test/helpers/sessionlogin.ts: not root's own dotfiles). */
+const LOGIN = sessionLogin();
 
 const N = '17.0.0-dev';
 const N1 = '17.0.1';
@@ -68,7 +72,7 @@ const openSession = (what: string, command: string, args: string[], env: Record<
 const openPsql = () => openSession('psql', 'psql', [conn(), '-X', '-At'], { HOME: cluster.dir, PGPASSWORD: pg.password });
 /** An SSH session through the Proxy (`gwsh ssh`, the agent's own SSH Service) running a shell that reads its stdin. */
 const openSsh = (node: string) =>
-  openSession('gwsh ssh', process.execPath, [BIN('gwsh'), 'ssh', `root@${node}`, 'sh', '-c', "'echo ssh-before; read line; echo ssh-after-$line'"], gwshEnv());
+  openSession('gwsh ssh', process.execPath, [BIN('gwsh'), 'ssh', `${LOGIN}@${node}`, 'sh', '-c', "'echo ssh-before; read line; echo ssh-after-$line'"], gwshEnv());
 
 const gwctl = async (args: string[], input?: string) => {
   const r = await runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: cluster.dir }, ...(input === undefined ? {} : { input }) });
@@ -250,7 +254,7 @@ rootSuite(['netns', 'dbUsers'])(`a fleet of ${SIZE} agents in three groups, upgr
     for (const a of fleet.agents) runs.set(a, N);
     pg = await startPostgres({ port: PG_PORT, netns: fleet.agents.find((a) => a.name === PSQL_AGENT)!.host.ns });
     // root: every namespace shares the machine's accounts, and the agent runs as root.
-    await gwctl(['users', 'add', 'alice', '--roles=access', '--logins=root', `--db-users=${pg.user}`, `--db-names=${pg.user}`], `${PASSWORD}\n`);
+    await gwctl(['users', 'add', 'alice', '--roles=access', `--logins=${LOGIN}`, `--db-users=${pg.user}`, `--db-names=${pg.user}`], `${PASSWORD}\n`);
     const login = await runCli('gwsh', ['login', `--proxy=127.0.0.1:${port}`, '--user=alice', `--ca-pin=${pin}`], { env: gwshEnv(), input: `${PASSWORD}\n` });
     expect(login.status, login.stderr).toBe(0);
   }, 900_000);

@@ -14,10 +14,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import getPort from 'get-port';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sessionLogin } from '../helpers/sessionlogin.js';
 import { rootTest } from '../helpers/root.js';
 import { waitUntil } from '../helpers/wait.js';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startEchoServer, type EchoServer } from '../helpers/servers.js';
+
+/** The OS account sessions log in as (see test/helpers/sessionlogin.ts: not root's own dotfiles). */
+const LOGIN = sessionLogin();
 
 const PROXY_IP = '127.0.0.3';
 const PASSWORD = 'correct horse battery';
@@ -110,7 +114,7 @@ beforeAll(async () => {
     ].join('\n'),
   );
   pin = /CA pin:\s+(\S+)/.exec((await gwctl(['status'])).stdout)![1]!;
-  for (const user of ['bob', 'dave']) expect((await gwctl(['users', 'add', user, '--roles=access', '--logins=root'], `${PASSWORD}\n`)).status).toBe(0);
+  for (const user of ['bob', 'dave']) expect((await gwctl(['users', 'add', user, '--roles=access', `--logins=${LOGIN}`], `${PASSWORD}\n`)).status).toBe(0);
   const token = (JSON.parse((await gwctl(['tokens', 'add', '--type=node,app', '--format', 'json'])).stdout) as { token: string }).token;
   agent = await startGateway(
     [
@@ -149,7 +153,7 @@ describe('gwctl lock --user closes what the user has open', () => {
   rootTest(['setuid'])('an app stream and an SSH session are closed, new ones refused with the lock named; unlock restores', async () => {
     const proxy = await appProxy('bob');
     const stream = await openStream(proxy.port);
-    const session = start('ssh', ['-F', join(dir, 'ssh_config-bob'), '-o', 'BatchMode=yes', `root@${NODE}`, 'echo session-open; exec cat'], { HOME: dir });
+    const session = start('ssh', ['-F', join(dir, 'ssh_config-bob'), '-o', 'BatchMode=yes', `${LOGIN}@${NODE}`, 'echo session-open; exec cat'], { HOME: dir });
     await waitUntil('the SSH session to start', () => session.output().includes('session-open') || session.exited(), 30_000);
     expect(session.output()).toContain('session-open');
 
@@ -184,7 +188,7 @@ describe('gwctl lock --user closes what the user has open', () => {
     expect(unlock.stdout).toContain(name);
     const after = await openStream(proxy.port);
     after.socket.destroy();
-    const ssh = start('ssh', ['-F', join(dir, 'ssh_config-bob'), '-o', 'BatchMode=yes', `root@${NODE}`, 'echo back'], { HOME: dir });
+    const ssh = start('ssh', ['-F', join(dir, 'ssh_config-bob'), '-o', 'BatchMode=yes', `${LOGIN}@${NODE}`, 'echo back'], { HOME: dir });
     expect(await within(ssh.exit, 30_000)).toBe(true);
     expect(ssh.output()).toContain('back');
   });

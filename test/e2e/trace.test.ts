@@ -27,7 +27,11 @@ import { curl } from '../helpers/curl.js';
 import { startHttpsServer, type HttpTestServer } from '../helpers/servers.js';
 import { makeTestPki, type TestPki } from '../helpers/tls.js';
 import { waitUntil } from '../helpers/wait.js';
+import { sessionLogin } from '../helpers/sessionlogin.js';
 import { rootSuite } from '../helpers/root.js';
+
+/** The OS account sessions log in as (see test/helpers/sessionlogin.ts: not root's own dotfiles). */
+const LOGIN = sessionLogin();
 
 let dir: string;
 let pg: PostgresServer;
@@ -86,7 +90,7 @@ function run(command: string, args: string[], env: Record<string, string>): Prom
   });
 }
 
-const ssh = (env: Record<string, string>) => run('ssh', ['-F', sshConfig, '-o', 'BatchMode=yes', 'root@agent-t', 'echo', 'traced'], { ...userEnv, ...env });
+const ssh = (env: Record<string, string>) => run('ssh', ['-F', sshConfig, '-o', 'BatchMode=yes', `${LOGIN}@agent-t`, 'echo', 'traced'], { ...userEnv, ...env });
 
 /** The spans of one trace, once every name in `names` has arrived. */
 async function traceOf(traceId: string, names: string[]): Promise<Map<string, ReceivedSpan>> {
@@ -125,7 +129,7 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
     const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', b.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
     const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
     const token = (JSON.parse((await admin(['tokens', 'add', '--type=node,app,kube', '--format', 'json'])).stdout) as { token: string }).token;
-    await admin(['users', 'add', 'alice', '--roles=access', '--logins=root', '--kubernetes-groups=viewers'], 'correct horse battery\n');
+    await admin(['users', 'add', 'alice', '--roles=access', `--logins=${LOGIN}`, '--kubernetes-groups=viewers'], 'correct horse battery\n');
     const appPort = (app.address() as net.AddressInfo).port;
     agent = await startGateway(
       [

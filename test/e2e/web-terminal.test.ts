@@ -28,6 +28,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import { runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { rootTest } from '../helpers/root.js';
+import { sessionLogin } from '../helpers/sessionlogin.js';
 import { startHttpServer, type HttpTestServer } from '../helpers/servers.js';
 import { waitUntil } from '../helpers/wait.js';
 
@@ -38,6 +39,8 @@ const APP_HOST = 'grafana.web.test';
 const OTHER_APP_HOST = 'admin.web.test';
 const PASSWORD = 'correct horse battery';
 const NODE = 'web-node';
+/** The OS account terminals log in as (see test/helpers/sessionlogin.ts: not root's own dotfiles). */
+const LOGIN = sessionLogin();
 
 let dir: string;
 let cluster: RunningGateway;
@@ -179,11 +182,11 @@ beforeAll(async () => {
   const pin = /CA pin:\s+(\S+)/.exec((await gwctl(['status'])).stdout)![1]!;
   await writeFile(
     join(dir, 'roles.yaml'),
-    ['kind: role', 'version: v7', 'metadata: {name: prod-only}', 'spec:', '  allow:', '    logins: [root]', '    node_labels: {env: prod}', '    app_labels: {env: prod}', ''].join('\n'),
+    ['kind: role', 'version: v7', 'metadata: {name: prod-only}', 'spec:', '  allow:', `    logins: [${LOGIN}]`, '    node_labels: {env: prod}', '    app_labels: {env: prod}', ''].join('\n'),
   );
   expect((await gwctl(['create', join(dir, 'roles.yaml')])).status).toBe(0);
   for (const [user, roles] of [['alice', 'access'], ['lena', 'access'], ['bob', 'prod-only'], ['olga', 'editor,access']] as const) {
-    expect((await gwctl(['users', 'add', user, `--roles=${roles}`, '--logins=root'], `${PASSWORD}\n`)).status).toBe(0);
+    expect((await gwctl(['users', 'add', user, `--roles=${roles}`, `--logins=${LOGIN}`], `${PASSWORD}\n`)).status).toBe(0);
   }
   await writeFile(join(dir, 'maintenance.yaml'), ['kind: cluster_maintenance_config', 'version: v1', 'spec:', '  agent_upgrades:', '    utc_start_hour: 3', '    weekdays: ["*"]', ''].join('\n'));
   expect((await gwctl(['create', join(dir, 'maintenance.yaml')])).status).toBe(0);
@@ -264,7 +267,7 @@ describe('resources and agents', () => {
 describe('the terminal', () => {
   rootTest(['setuid'])('runs a command, resizes, reports the exit status; the SSH Service audits it', async () => {
     const alice = await webLogin('alice');
-    const term = await openTerminal(alice, `node=${NODE}&login=root&cols=100&rows=30`);
+    const term = await openTerminal(alice, `node=${NODE}&login=${LOGIN}&cols=100&rows=30`);
     expect(term.refused).toBeUndefined();
     const n = randomInt(1_000_000);
     term.type(`echo hello-$((${n}+1))\n`);
@@ -281,13 +284,13 @@ describe('the terminal', () => {
       return events.includes('session.end') && events.includes('"alice"');
     });
     const events = JSON.parse((await gwctl(['get', 'events', '--format', 'json'])).stdout) as Array<{ spec: Record<string, unknown> }>;
-    expect(events.map((e) => e.spec)).toContainEqual(expect.objectContaining({ event: 'session.start', user: 'alice', login: 'root', kind: 'shell' }));
+    expect(events.map((e) => e.spec)).toContainEqual(expect.objectContaining({ event: 'session.start', user: 'alice', login: LOGIN, kind: 'shell' }));
   }, 60_000);
 
   it('refuses: no cookie, no bearer, another bearer, another Origin, a node the roles do not allow, a login not allowed', async () => {
     const alice = await webLogin('alice');
     const bob = await webLogin('bob');
-    const q = `node=${NODE}&login=root`;
+    const q = `node=${NODE}&login=${LOGIN}`;
     expect((await openTerminal(undefined, q, { bearer: alice.bearer })).refused).toMatchObject({ status: 401, body: { error: { code: 'GW_ERR_WEB_SESSION_MISSING' } } });
     expect((await openTerminal(alice, q, { bearer: null })).refused).toMatchObject({ status: 401, body: { error: { code: 'GW_ERR_WEB_SESSION_INVALID' } } });
     expect((await openTerminal(alice, q, { bearer: bob.bearer })).refused).toMatchObject({ status: 401, body: { error: { code: 'GW_ERR_WEB_SESSION_INVALID' } } });
@@ -299,12 +302,12 @@ describe('the terminal', () => {
     const badLogin = await openTerminal(alice, `node=${NODE}&login=postgres`);
     await badLogin.closed;
     expect(badLogin.messages[0]).toMatchObject({ type: 'error', code: 'GW_ERR_ACCESS_DENIED', message: expect.stringContaining('postgres') });
-    expect((await openTerminal(alice, 'node=../etc&login=root')).refused).toMatchObject({ status: 400 });
+    expect((await openTerminal(alice, `node=../etc&login=${LOGIN}`)).refused).toMatchObject({ status: 400 });
   });
 
   rootTest(['setuid'])('a lock on the user closes an open terminal, with the lock named', async () => {
     const lena = await webLogin('lena');
-    const term = await openTerminal(lena, `node=${NODE}&login=root`);
+    const term = await openTerminal(lena, `node=${NODE}&login=${LOGIN}`);
     term.type('echo ready-$((1+1))\n');
     await term.waitFor(/ready-2/, 'the shell');
     const lock = await gwctl(['lock', '--user', 'lena', '--message', 'incident 7', '--format', 'json']);
@@ -317,7 +320,7 @@ describe('the terminal', () => {
 
   rootTest(['setuid'])('signing out of the web session closes its open terminals', async () => {
     const alice = await webLogin('alice');
-    const term = await openTerminal(alice, `node=${NODE}&login=root`);
+    const term = await openTerminal(alice, `node=${NODE}&login=${LOGIN}`);
     term.type('echo still-$((5+5))\n');
     await term.waitFor(/still-10/, 'the shell');
     expect((await call('DELETE', '/webapi/sessions', { headers: creds(alice, { origin: ORIGIN() }) })).status).toBe(200);
@@ -328,7 +331,7 @@ describe('the terminal', () => {
 
   rootTest(['setuid'])('hostile: a message over 64 KiB closes the socket (1009)', async () => {
     const alice = await webLogin('alice');
-    const term = await openTerminal(alice, `node=${NODE}&login=root`);
+    const term = await openTerminal(alice, `node=${NODE}&login=${LOGIN}`);
     term.type('echo up-$((2+2))\n');
     await term.waitFor(/up-4/, 'the shell');
     term.ws.send(Buffer.alloc(65 * 1024, 0x61), { binary: true });
@@ -344,7 +347,7 @@ describe('the terminal', () => {
     const key = Buffer.from('0123456789abcdef').toString('base64');
     socket.write(
       [
-        `GET /webapi/terminal?node=${NODE}&login=root HTTP/1.1`,
+        `GET /webapi/terminal?node=${NODE}&login=${LOGIN} HTTP/1.1`,
         `Host: ${PROXY_NAME}:${webPort}`,
         'Upgrade: websocket',
         'Connection: Upgrade',
@@ -389,7 +392,7 @@ describe('the terminal', () => {
 
   rootTest(['setuid'])('hostile: 100 terminals opened at once: the session cap refuses the excess by its code, the rest work, then a new one opens', async () => {
     const alice = await webLogin('alice');
-    const terms = await Promise.all(Array.from({ length: 100 }, () => openTerminal(alice, `node=${NODE}&login=root`)));
+    const terms = await Promise.all(Array.from({ length: 100 }, () => openTerminal(alice, `node=${NODE}&login=${LOGIN}`)));
     const refused = terms.filter((t) => t.refused);
     const opened = terms.filter((t) => !t.refused);
     expect(opened.length).toBeGreaterThan(0);
@@ -402,7 +405,7 @@ describe('the terminal', () => {
     await Promise.all(opened.map((t, i) => t.waitFor(new RegExp(`many-${i + 6}\\b`), `open terminal ${i}`)));
     for (const t of opened) t.ws.close();
     await Promise.all(opened.map((t) => t.closed));
-    const again = await openTerminal(alice, `node=${NODE}&login=root`);
+    const again = await openTerminal(alice, `node=${NODE}&login=${LOGIN}`);
     expect(again.refused).toBeUndefined();
     again.type('echo again-$((4+4))\n');
     await again.waitFor(/again-8/, 'a new terminal after the others closed');
