@@ -258,7 +258,8 @@ class Detection {
           if (!this.takeProxyHeader(view)) return;
           continue;
         case 'ssh':
-        case 'http': {
+        case 'http':
+        case 'gwdata': {
           const route = this.mux.routes.forSniffed(sniffed.kind, this.upgrade?.route);
           if (!route) return this.refuse(`${sniffed.kind}-not-served`);
           return this.route(route, undefined, view);

@@ -28,7 +28,7 @@ export interface AlpnProtocol {
 /** Which connections a route takes. */
 export type RouteMatch =
   /** Not TLS: SSH's identification line, or an HTTP request line. */
-  | { sniffed: 'ssh' | 'http' }
+  | { sniffed: 'ssh' | 'http' | 'gwdata' }
   /** TLS whose server name starts with this prefix, whatever its ALPN. */
   | { serverNamePrefix: string }
   /** TLS offering one of these ALPN protocols; with noAlpn, also TLS offering none. */
@@ -91,7 +91,7 @@ export class RouteTable<H> {
   }
 
   /** The route for a non-TLS protocol; `only`: the route a connection upgrade named. */
-  forSniffed(kind: 'ssh' | 'http', only?: string): Route<H> | undefined {
+  forSniffed(kind: 'ssh' | 'http' | 'gwdata', only?: string): Route<H> | undefined {
     const route = this.sniffed.get(kind);
     return route && (only === undefined || route.name === only) ? route : undefined;
   }

@@ -45,7 +45,12 @@ export type RouteKind =
   /** TLS ends here; then a route header and a resource through its agent's tunnel (access.ts). */
   | 'resource'
   /** Raw SSH: the SSH jump host (sshjump.ts). */
-  | 'ssh';
+  | 'ssh'
+  /** TLS ends here; then grant requests for end-to-end streams (e2egrants.ts). */
+  | 'grant'
+  /** TLS passed through unopened to an agent's data connection (e2erelay.ts); and those data connections. */
+  | 'e2e'
+  | 'data';
 
 /** The kinds served by a service the daemon plugs in (the front door serves web and redirect itself). */
 export type ServiceKindOfRoute = Exclude<RouteKind, 'web' | 'redirect'>;
@@ -82,6 +87,10 @@ const FACTS: Record<Exclude<WireName, DatabaseRouteName>, ProxyFacts> = {
   // On one agent an app wins over a desktop of the same name, unless the route header asks for a desktop.
   'gateway-tcp': { kind: 'resource', access: ['app', 'windows_desktop'] },
   http: { kind: 'redirect', access: [] },
+  // A grant names a resource of any kind a resource route reaches; the route the client names says which.
+  'gateway-grant': { kind: 'grant', access: [] },
+  'gateway-e2e': { kind: 'e2e', access: [] },
+  'gateway-data': { kind: 'data', access: [] },
 };
 
 /** A database route: its resources are databases speaking the row's protocol. */

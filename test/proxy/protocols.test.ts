@@ -45,6 +45,9 @@ const WIRE_ALPNS = [
   'gateway-redis-ping',
   'gateway-tcp',
   'gateway-tcp-ping',
+  // End-to-end streams (docs/tunnels.md): added by issue 29, the grant session and the stream passed through.
+  'gateway-grant-v1',
+  'gateway-e2e-v1',
 ];
 
 const tableAlpns = (table: readonly Protocol[]) => table.flatMap(alpnNames).map((a) => a.protocol);

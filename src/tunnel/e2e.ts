@@ -1,0 +1,288 @@
+/**
+ * End-to-end streams: the wire contract between the client (gwsh), the Proxy and the agent. docs/tunnels.md
+ * ("End-to-end streams") is the prose; this file is what each end builds and checks.
+ *
+ *   client ──TLS 1.3 (ALPN gateway-e2e-v1, server name <grant id>.e2e.gateway.invalid, user cert)──────────► agent
+ *            │ raw TCP to the Proxy's one port              │ the Proxy splices raw bytes │ a data connection the
+ *            │ (the mux routes the ClientHello unopened)    ▼                             │ agent dialled out (GWDATA1)
+ *
+ * 1. Grant. The client asks the Proxy for a grant on a grant session: TLS to the Proxy with the user certificate,
+ *    ALPN `gateway-grant-v1`, JSON lines (GrantRequest → GrantAnswer). The Proxy authorizes the route exactly as
+ *    it authorizes a classic route (identity, locks, the resource, roles) and signs an E2EGrant with its own host
+ *    key (ECDSA P-256, SHA-256): short-lived (GRANT_TTL_MS), single-use, naming the user, the SHA-256 of the
+ *    user's certificate public key, the resource and the agent's host ID.
+ * 2. Stream. The client opens a raw TCP connection to the Proxy's one port and starts TLS with the *agent*: ALPN
+ *    E2E_ALPN, server name e2eServerName(grant id), its user certificate as client certificate; it verifies the
+ *    agent's certificate against the cluster's host CA, requires the host ID the grant answer named and the
+ *    service's system role. The Proxy's multiplexer routes that ClientHello by its ALPN without terminating it,
+ *    takes the grant by the id in the server name (single-use), and splices the bytes onto a data connection of
+ *    the agent, after telling the agent on the tunnel's control stream (E2EOpenMessage) which data connection
+ *    carries which grant.
+ * 3. Data connections. An agent with a v2 tunnel keeps `pool` idle data connections to the same Proxy, dialled
+ *    like the tunnel (through HTTPS_PROXY). Each begins with one line, `GWDATA1 <kid> <n> <mac>\n`, then carries
+ *    nothing until the Proxy assigns it; kid and mac come from the tunnel's TLS keying material (RFC 5705
+ *    exporter), so only the agent at the other end of that tunnel can make one, and n is never used twice.
+ *    After the line the Proxy relays bytes both ways untouched: the TLS records between client and agent.
+ * 4. The agent takes the E2EOpenMessage, checks the grant (signature by the Proxy at the other end of the tunnel,
+ *    its own host ID, a resource it serves, not expired, not used before), terminates the client's TLS with its
+ *    host certificate, requires a user certificate of this cluster whose identity is the grant's user, whose
+ *    public key is the grant's key and whose roles include the grant's roles, and checks its locks. Then it
+ *    writes one DialAnswer line inside the TLS ({"ok":true} or the error) and relays the resource.
+ *
+ * Caps: a grant token at most GRANT_TOKEN_MAX_BYTES; a grant request or answer line at most GRANT_LINE_MAX_BYTES;
+ * a data preamble at most DATA_PREAMBLE_MAX_BYTES.
+ */
+import { createHash, createHmac, createPublicKey, sign, timingSafeEqual, verify, X509Certificate, type KeyObject } from 'node:crypto';
+import type { TLSSocket } from 'node:tls';
+import { DATA_MAGIC } from '../wire/protocols.js';
+import type { DatabaseGrant, ServiceKind } from './protocol.js';
+
+export { E2E_ALPN, GRANT_ALPN, DATA_MAGIC } from '../wire/protocols.js';
+/** The RFC 5705 exporter label both ends of a v2 tunnel derive the data connections' key with. */
+export const DATA_EXPORTER_LABEL = 'EXPORTER-gateway-e2e-data';
+export const DATA_KEY_BYTES = 32;
+
+/** A grant is good for this long after it is issued: the client uses it at once. */
+export const GRANT_TTL_MS = 30_000;
+/** How far ahead of the checker's clock a grant's issue time may be (the Proxy's clock against the agent's). */
+export const GRANT_CLOCK_SKEW_MS = 60_000;
+export const GRANT_TOKEN_MAX_BYTES = 8 * 1024;
+export const GRANT_LINE_MAX_BYTES = 16 * 1024;
+/** Grants a Proxy holds unused at once (each expires after GRANT_TTL_MS), in all and per user. */
+export const GRANTS_PENDING_MAX = 10_000;
+export const GRANTS_PENDING_PER_USER_MAX = 256;
+/** Grant requests in flight on one grant session. */
+export const GRANT_SESSION_INFLIGHT_MAX = 16;
+/** A grant session with no request for this long is closed by the Proxy. */
+export const GRANT_SESSION_IDLE_MS = 5 * 60_000;
+
+export const DATA_PREAMBLE_MAX_BYTES = 128;
+/** A data connection must send its preamble within this long of its first byte's sniff. */
+export const DATA_PREAMBLE_TIMEOUT_MS = 10_000;
+/** The agent's default count of idle data connections per tunnel, and the most a Proxy keeps for one tunnel. */
+export const DATA_POOL_DEFAULT = 2;
+export const DATA_POOL_MAX = 8;
+/**
+ * An idle data connection is replaced by the agent after this long: load balancers and proxies commonly cut a
+ * connection idle for 60 s, and an idle data connection carries no heartbeat.
+ */
+export const DATA_IDLE_MAX_MS = 45_000;
+/** The Proxy waits this long for an idle data connection of the agent when none is there. */
+export const DATA_WAIT_MS = 10_000;
+/** The agent waits this long, after a data connection's first byte, for the E2EOpenMessage that assigns it. */
+export const DATA_OPEN_WAIT_MS = 10_000;
+
+/** What a grant says: everything the agent needs to check the stream again. */
+export interface E2EGrant {
+  v: 1;
+  /** 32 lowercase hex characters (16 random bytes). */
+  id: string;
+  /** The issuing Proxy's host ID. */
+  iss: string;
+  /** The user's name (the user certificate's identity). */
+  sub: string;
+  /** base64url SHA-256 of the user certificate's SubjectPublicKeyInfo (DER): spkiHash. */
+  key: string;
+  /** The roles the Proxy authorized with (the user certificate must carry each). */
+  roles: string[];
+  service: ServiceKind;
+  /** Database, app, desktop or kube cluster name; for ssh, "<login>@<port>" as DialRequest.resource. */
+  resource: string;
+  /** The agent's host ID. */
+  agent: string;
+  /** Database users and names the roles allow now (service db), as DialRequest.db_access. */
+  db_access?: DatabaseGrant;
+  /** Issued at and expires at, ms since the epoch (the Proxy's clock). */
+  iat: number;
+  exp: number;
+}
+
+/** Client → Proxy on a grant session, one JSON line each. */
+export interface GrantRequest {
+  /** The client's number for the request; the answer carries it (answers may come in any order). */
+  id: number;
+  resource: string;
+  /** The route the classic path would take: a database protocol's route, gateway-tcp, gateway-proxy-ssh. */
+  route: string;
+  /** gateway-tcp: which kind of resource. */
+  kind?: 'app' | 'desktop';
+  /** gateway-proxy-ssh: the OS login. */
+  login?: string;
+  traceparent?: string;
+  tracestate?: string;
+}
+
+/**
+ * Proxy → client. `ok: true`: the grant, with the agent the stream goes to and the server name to send. `ok:
+ * false` with `classic`: no end-to-end stream for this resource (its agent is of an earlier version, on another
+ * Proxy, or has no data connection): the client uses the classic route, unless it requires end-to-end. `ok:
+ * false` with `error`: refused, as the classic route would refuse it.
+ */
+export type GrantAnswer =
+  | { id: number; ok: true; grant: string; agent: string; server_name: string; expires: number }
+  | { id: number; ok: false; classic: true; reason: string }
+  | { id: number; ok: false; error: { code: string; message: string; hint?: string } };
+
+/** Proxy → agent on the control stream: data connection `conn` now carries the stream of `grant`. */
+export interface E2EOpenMessage {
+  type: 'e2e-open';
+  /** The n of the data connection's preamble. */
+  conn: number;
+  grant: string;
+  /** The client's address as the Proxy saw it, "ip:port", and the address it connected to. */
+  client_src: string;
+  client_dst: string;
+  traceparent?: string;
+  tracestate?: string;
+}
+
+/** The hello's capability: the agent takes end-to-end streams and keeps this many idle data connections. */
+export interface E2ECapability {
+  v: 1;
+  pool: number;
+}
+
+/** The server name a client sends for a grant (the `.invalid` TLD: never a real host). */
+export function e2eServerName(grantId: string): string {
+  return `${grantId}.e2e.gateway.invalid`;
+}
+
+const GRANT_ID = /^[0-9a-f]{32}$/;
+/** The grant id a server name carries, or undefined. */
+export function grantIdOfServerName(serverName: string | undefined): string | undefined {
+  if (!serverName) return undefined;
+  const m = /^([0-9a-f]{32})\.e2e\.gateway\.invalid$/.exec(serverName);
+  return m?.[1];
+}
+
+/** base64url SHA-256 of a certificate's SubjectPublicKeyInfo (DER). */
+export function spkiHash(cert: X509Certificate | Buffer | string): string {
+  const x = cert instanceof X509Certificate ? cert : new X509Certificate(cert);
+  const spki = x.publicKey.export({ type: 'spki', format: 'der' });
+  return createHash('sha256').update(spki).digest('base64url');
+}
+
+/** The token: base64url(JSON of the grant) "." base64url(ECDSA-SHA256 signature of the first part). */
+export function signGrant(grant: E2EGrant, privateKey: KeyObject | string): string {
+  const body = Buffer.from(JSON.stringify(grant)).toString('base64url');
+  const sig = sign('sha256', Buffer.from(body), privateKey).toString('base64url');
+  return `${body}.${sig}`;
+}
+
+export type GrantCheck = { ok: true; grant: E2EGrant } | { ok: false; why: string };
+
+/** The grant's fields without checking its signature (the Proxy reading its own; a log). Bounded. */
+export function decodeGrant(token: string): GrantCheck {
+  if (typeof token !== 'string' || token.length > GRANT_TOKEN_MAX_BYTES) return { ok: false, why: 'the grant is not a string of at most 8 KiB' };
+  const dot = token.indexOf('.');
+  if (dot <= 0 || dot !== token.lastIndexOf('.')) return { ok: false, why: 'the grant is not two base64url parts' };
+  let value: unknown;
+  try {
+    value = JSON.parse(Buffer.from(token.slice(0, dot), 'base64url').toString('utf8'));
+  } catch {
+    return { ok: false, why: 'the grant is not JSON' };
+  }
+  const why = badGrant(value);
+  return why ? { ok: false, why } : { ok: true, grant: value as E2EGrant };
+}
+
+/**
+ * Checks a token: its signature by `issuer` (the Proxy's certificate or public key), its fields, and its time
+ * against `now` (expired, or issued too far ahead). Single use and the grant's binding are the caller's.
+ */
+export function verifyGrant(token: string, issuer: X509Certificate | KeyObject, now: number): GrantCheck {
+  const decoded = decodeGrant(token);
+  if (!decoded.ok) return decoded;
+  const dot = token.indexOf('.');
+  const key = issuer instanceof X509Certificate ? issuer.publicKey : createPublicKey(issuer);
+  let good = false;
+  try {
+    good = verify('sha256', Buffer.from(token.slice(0, dot)), key, Buffer.from(token.slice(dot + 1), 'base64url'));
+  } catch {
+    good = false;
+  }
+  if (!good) return { ok: false, why: "the grant's signature is not the issuing Proxy's" };
+  const g = decoded.grant;
+  if (g.exp <= now) return { ok: false, why: 'the grant has expired' };
+  if (g.iat > now + GRANT_CLOCK_SKEW_MS) return { ok: false, why: 'the grant is issued in the future (check the clocks)' };
+  return decoded;
+}
+
+const SERVICES: readonly ServiceKind[] = ['ssh', 'db', 'app', 'desktop', 'kube'];
+const str = (v: unknown, max: number) => typeof v === 'string' && v.length > 0 && v.length <= max && !/[\u0000-\u001f\u007f]/.test(v);
+
+/** Why a decoded value is not an E2EGrant, or undefined. */
+export function badGrant(v: unknown): string | undefined {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) return 'the grant is not an object';
+  const g = v as Record<string, unknown>;
+  if (g.v !== 1) return 'the grant is not version 1';
+  if (typeof g.id !== 'string' || !GRANT_ID.test(g.id)) return "the grant's id is not 32 hex characters";
+  for (const f of ['iss', 'sub', 'key', 'resource', 'agent'] as const) if (!str(g[f], 1024)) return `the grant's ${f} is not a printable string`;
+  if (!SERVICES.includes(g.service as ServiceKind)) return "the grant's service is not one the agents serve";
+  if (!Array.isArray(g.roles) || g.roles.length > 256 || !g.roles.every((r) => str(r, 256))) return "the grant's roles are not a list of names";
+  if (!Number.isSafeInteger(g.iat) || !Number.isSafeInteger(g.exp) || (g.exp as number) <= (g.iat as number)) return "the grant's times are not an interval";
+  return undefined;
+}
+
+/** The key both ends of a v2 tunnel derive for its data connections (the TLS session's exporter). */
+export function dataKeyOf(tunnel: TLSSocket): Buffer {
+  return tunnel.exportKeyingMaterial(DATA_KEY_BYTES, DATA_EXPORTER_LABEL, Buffer.from('v1'));
+}
+
+/** A data key's public id: the first 8 bytes of its SHA-256, hex. */
+export function dataKeyId(key: Buffer): string {
+  return createHash('sha256').update(key).digest('hex').slice(0, 16);
+}
+
+function dataMac(key: Buffer, n: number): string {
+  return createHmac('sha256', key).update(`gateway-e2e-data ${n}`).digest('hex');
+}
+
+/** The preamble of data connection `n` (n ≥ 1, never reused on a tunnel). */
+export function dataPreamble(key: Buffer, n: number): Buffer {
+  return Buffer.from(`${DATA_MAGIC}${dataKeyId(key)} ${n} ${dataMac(key, n)}\n`, 'latin1');
+}
+
+export interface DataPreamble {
+  kid: string;
+  n: number;
+  mac: string;
+  /** Bytes the preamble took (the rest of the buffer is the stream's). */
+  length: number;
+}
+
+export type DataPreambleParse = { kind: 'need-more' } | { kind: 'bad'; why: string } | ({ kind: 'ok' } & DataPreamble);
+
+/** Parses a data connection's first bytes (pure, bounded: at most DATA_PREAMBLE_MAX_BYTES are looked at). */
+export function parseDataPreamble(buf: Buffer): DataPreambleParse {
+  const head = buf.subarray(0, DATA_PREAMBLE_MAX_BYTES);
+  const nl = head.indexOf(0x0a);
+  if (nl < 0) return head.length >= DATA_PREAMBLE_MAX_BYTES ? { kind: 'bad', why: 'the data preamble is longer than 128 bytes' } : { kind: 'need-more' };
+  const m = /^GWDATA1 ([0-9a-f]{16}) ([1-9][0-9]{0,15}) ([0-9a-f]{64})$/.exec(head.subarray(0, nl).toString('latin1'));
+  if (!m) return { kind: 'bad', why: 'the data preamble is not "GWDATA1 <kid> <n> <mac>"' };
+  const n = Number(m[2]);
+  if (!Number.isSafeInteger(n)) return { kind: 'bad', why: "the data preamble's number is too large" };
+  return { kind: 'ok', kid: m[1]!, n, mac: m[3]!, length: nl + 1 };
+}
+
+/** Whether a parsed preamble was made with `key`. */
+export function checkDataPreamble(key: Buffer, p: DataPreamble): boolean {
+  if (p.kid !== dataKeyId(key)) return false;
+  return timingSafeEqual(Buffer.from(dataMac(key, p.n), 'latin1'), Buffer.from(p.mac, 'latin1'));
+}
+
+/** Why a control message is not an E2EOpenMessage, or undefined. */
+export function badE2EOpen(v: Record<string, unknown>): string | undefined {
+  if (!Number.isSafeInteger(v.conn) || (v.conn as number) < 1) return 'conn is not a data connection number';
+  if (typeof v.grant !== 'string' || v.grant.length > GRANT_TOKEN_MAX_BYTES) return 'grant is not a token';
+  if (!str(v.client_src, 256) || !str(v.client_dst, 256)) return 'client_src/client_dst are not addresses';
+  return undefined;
+}
+
+/** The hello's e2e field, when it is one this version understands. */
+export function e2eCapabilityOf(v: unknown): E2ECapability | undefined {
+  if (typeof v !== 'object' || v === null) return undefined;
+  const c = v as Record<string, unknown>;
+  if (c.v !== 1 || !Number.isSafeInteger(c.pool) || (c.pool as number) < 1) return undefined;
+  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX) };
+}
