@@ -194,7 +194,7 @@ export function verifyGrant(token: string, issuer: X509Certificate | KeyObject, 
   const decoded = decodeGrant(token);
   if (!decoded.ok) return decoded;
   const dot = token.indexOf('.');
-  const key = issuer instanceof X509Certificate ? issuer.publicKey : createPublicKey(issuer);
+  const key = issuer instanceof X509Certificate ? issuer.publicKey : issuer.type === 'public' ? issuer : createPublicKey(issuer);
   let good = false;
   try {
     good = verify('sha256', Buffer.from(token.slice(0, dot)), key, Buffer.from(token.slice(dot + 1), 'base64url'));

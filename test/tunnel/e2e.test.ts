@@ -1,0 +1,149 @@
+/**
+ * The end-to-end streams' contract (src/tunnel/e2e.ts): the grant's token, its server name, the data connections'
+ * preamble and key, the hello's capability. Each check is shown refusing what it must refuse.
+ */
+import { generateKeyPairSync, X509Certificate } from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  badE2EOpen,
+  checkDataPreamble,
+  dataKeyId,
+  dataPreamble,
+  DATA_POOL_MAX,
+  DATA_PREAMBLE_MAX_BYTES,
+  decodeGrant,
+  e2eCapabilityOf,
+  e2eServerName,
+  grantIdOfServerName,
+  parseDataPreamble,
+  signGrant,
+  spkiHash,
+  verifyGrant,
+  type E2EGrant,
+} from '../../src/tunnel/e2e.js';
+import { makeTestPki, type TestPki } from '../helpers/tls.js';
+
+const ec = () => generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
+const NOW = 1_800_000_000_000;
+
+function grant(over: Partial<E2EGrant> = {}): E2EGrant {
+  return {
+    v: 1,
+    id: '0123456789abcdef0123456789abcdef',
+    iss: '11111111-2222-3333-4444-555555555555',
+    sub: 'alice',
+    key: 'A'.repeat(43),
+    roles: ['access'],
+    service: 'app',
+    resource: 'iperf',
+    agent: '66666666-7777-8888-9999-000000000000',
+    iat: NOW - 1000,
+    exp: NOW + 29_000,
+    ...over,
+  };
+}
+
+describe('the grant token', () => {
+  const proxy = ec();
+  const other = ec();
+
+  it('verifies with the issuing key and gives back every field', () => {
+    const token = signGrant(grant({ db_access: { users: { allow: ['app'], deny: [] }, names: { allow: ['*'], deny: [] } } }), proxy.privateKey);
+    const r = verifyGrant(token, proxy.publicKey, NOW);
+    expect(r).toEqual({ ok: true, grant: expect.objectContaining({ sub: 'alice', resource: 'iperf', db_access: { users: { allow: ['app'], deny: [] }, names: { allow: ['*'], deny: [] } } }) });
+  });
+
+  it("refuses another key's signature, an altered body, an expired grant and one issued too far ahead", () => {
+    const token = signGrant(grant(), proxy.privateKey);
+    expect(verifyGrant(token, other.publicKey, NOW)).toEqual({ ok: false, why: "the grant's signature is not the issuing Proxy's" });
+    const [body, sig] = token.split('.');
+    const altered = Buffer.from(JSON.stringify({ ...grant(), sub: 'mallory' })).toString('base64url');
+    expect(verifyGrant(`${altered}.${sig}`, proxy.publicKey, NOW)).toMatchObject({ ok: false, why: expect.stringContaining('signature') });
+    expect(verifyGrant(`${body}.${'A'.repeat(10)}`, proxy.publicKey, NOW)).toMatchObject({ ok: false });
+    expect(verifyGrant(token, proxy.publicKey, NOW + 29_000)).toEqual({ ok: false, why: 'the grant has expired' });
+    const ahead = signGrant(grant({ iat: NOW + 120_000, exp: NOW + 150_000 }), proxy.privateKey);
+    expect(verifyGrant(ahead, proxy.publicKey, NOW)).toMatchObject({ ok: false, why: expect.stringContaining('future') });
+  });
+
+  it('refuses tokens that are not grants: shape, size, fields', () => {
+    const enc = (v: unknown) => `${Buffer.from(JSON.stringify(v)).toString('base64url')}.sig`;
+    expect(decodeGrant('x'.repeat(9000))).toMatchObject({ ok: false, why: expect.stringContaining('8 KiB') });
+    expect(decodeGrant('nodot')).toMatchObject({ ok: false });
+    expect(decodeGrant('a.b.c')).toMatchObject({ ok: false });
+    expect(decodeGrant(`${Buffer.from('not json').toString('base64url')}.x`)).toEqual({ ok: false, why: 'the grant is not JSON' });
+    expect(decodeGrant(enc([1]))).toMatchObject({ ok: false, why: 'the grant is not an object' });
+    expect(decodeGrant(enc({ ...grant(), v: 2 }))).toMatchObject({ ok: false, why: expect.stringContaining('version') });
+    expect(decodeGrant(enc({ ...grant(), id: 'ABC' }))).toMatchObject({ ok: false, why: expect.stringContaining('id') });
+    expect(decodeGrant(enc({ ...grant(), sub: 'al\nice' }))).toMatchObject({ ok: false, why: expect.stringContaining('sub') });
+    expect(decodeGrant(enc({ ...grant(), service: 'ftp' }))).toMatchObject({ ok: false, why: expect.stringContaining('service') });
+    expect(decodeGrant(enc({ ...grant(), roles: 'access' }))).toMatchObject({ ok: false, why: expect.stringContaining('roles') });
+    expect(decodeGrant(enc({ ...grant(), exp: NOW - 5000 }))).toMatchObject({ ok: false, why: expect.stringContaining('interval') });
+    expect(decodeGrant(enc(grant()))).toMatchObject({ ok: true });
+  });
+});
+
+describe('the server name', () => {
+  it('carries the grant id and nothing else is taken for one', () => {
+    const id = '0123456789abcdef0123456789abcdef';
+    expect(grantIdOfServerName(e2eServerName(id))).toBe(id);
+    for (const name of [undefined, '', 'proxy.example.com', `${id}.e2e.gateway.invalid.evil.com`, `x${id}.e2e.gateway.invalid`, `${id.toUpperCase()}.e2e.gateway.invalid`, `${id.slice(1)}.e2e.gateway.invalid`]) {
+      expect(grantIdOfServerName(name)).toBeUndefined();
+    }
+  });
+});
+
+describe("a certificate's key hash", () => {
+  let pki: TestPki;
+  beforeAll(async () => (pki = await makeTestPki()));
+  afterAll(async () => pki.cleanup());
+
+  it('is the same for the PEM and the parsed certificate, and differs between two keys', async () => {
+    const a = await pki.clientCert({ cn: 'alice' });
+    const b = await pki.clientCert({ cn: 'alice' });
+    expect(spkiHash(a.certPem)).toBe(spkiHash(new X509Certificate(a.certPem)));
+    expect(spkiHash(a.certPem)).toMatch(/^[A-Za-z0-9_-]{43}$/);
+    expect(spkiHash(a.certPem)).not.toBe(spkiHash(b.certPem));
+  });
+});
+
+describe('the data preamble', () => {
+  const key = Buffer.alloc(32, 7);
+  const otherKey = Buffer.alloc(32, 8);
+
+  it('parses incrementally and checks against the key it was made with', () => {
+    const line = dataPreamble(key, 42);
+    const whole = Buffer.concat([line, Buffer.from([0x16, 0x03, 0x01])]);
+    for (let i = 0; i < line.length; i++) expect(parseDataPreamble(whole.subarray(0, i))).toEqual({ kind: 'need-more' });
+    const p = parseDataPreamble(whole);
+    expect(p).toMatchObject({ kind: 'ok', kid: dataKeyId(key), n: 42, length: line.length });
+    if (p.kind !== 'ok') throw new Error('unreachable');
+    expect(checkDataPreamble(key, p)).toBe(true);
+    expect(checkDataPreamble(otherKey, p)).toBe(false);
+    expect(checkDataPreamble(key, { ...p, n: 43 })).toBe(false);
+  });
+
+  it('refuses what is not a preamble, and a line over its cap without waiting for more', () => {
+    expect(parseDataPreamble(Buffer.from('GWDATA1 zz 1 00\n'))).toMatchObject({ kind: 'bad' });
+    expect(parseDataPreamble(Buffer.from(`GWDATA1 ${'a'.repeat(16)} 0 ${'b'.repeat(64)}\n`))).toMatchObject({ kind: 'bad' });
+    expect(parseDataPreamble(Buffer.from(`GWDATA1 ${'a'.repeat(16)} 99999999999999999 ${'b'.repeat(64)}\n`))).toMatchObject({ kind: 'bad' });
+    expect(parseDataPreamble(Buffer.alloc(DATA_PREAMBLE_MAX_BYTES, 0x41))).toMatchObject({ kind: 'bad', why: expect.stringContaining('128') });
+    expect(parseDataPreamble(Buffer.alloc(DATA_PREAMBLE_MAX_BYTES - 1, 0x41))).toEqual({ kind: 'need-more' });
+  });
+});
+
+describe('control messages and the capability', () => {
+  it('e2e-open: a data connection number, a token, the addresses', () => {
+    const good = { type: 'e2e-open', conn: 3, grant: 'a.b', client_src: '10.0.0.1:5000', client_dst: '10.0.0.2:443' };
+    expect(badE2EOpen(good)).toBeUndefined();
+    expect(badE2EOpen({ ...good, conn: 0 })).toBeDefined();
+    expect(badE2EOpen({ ...good, conn: 1.5 })).toBeDefined();
+    expect(badE2EOpen({ ...good, grant: 'x'.repeat(9000) })).toBeDefined();
+    expect(badE2EOpen({ ...good, client_src: '' })).toBeDefined();
+  });
+
+  it("the hello's e2e field: version 1 with a pool, capped", () => {
+    expect(e2eCapabilityOf({ v: 1, pool: 2 })).toEqual({ v: 1, pool: 2 });
+    expect(e2eCapabilityOf({ v: 1, pool: 1000 })).toEqual({ v: 1, pool: DATA_POOL_MAX });
+    for (const bad of [undefined, null, 'yes', { v: 2, pool: 2 }, { v: 1, pool: 0 }, { v: 1, pool: '2' }]) expect(e2eCapabilityOf(bad)).toBeUndefined();
+  });
+});
