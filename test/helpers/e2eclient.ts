@@ -18,6 +18,9 @@ import { E2E_ALPN, e2eServerName, GRANT_ALPN, GRANT_TTL_MS, grantIdOfServerName,
 import type { ServiceKind } from '../../src/tunnel/protocol.js';
 import { makeClusterPki, type ClusterPki, type IssuedCert } from './members.js';
 
+/** A name of the Proxy that is not loopback to the Dialer (so HTTPS_PROXY applies); a hosts file maps it for squid. */
+export const PROXY_NAME = 'proxy.e2e.test';
+
 export interface E2EPki {
   host: ClusterPki;
   /** Another cluster's host CA. */
@@ -31,7 +34,7 @@ export interface E2EPki {
 
 export async function makeE2EPki(): Promise<E2EPki> {
   const [host, other, userCa] = await Promise.all([makeClusterPki('test'), makeClusterPki('other'), generateAuthority('user', 'test')]);
-  const proxy = await host.issue({ name: 'proxy-1', roles: ['proxy'], ips: ['127.0.0.1'], dns: ['localhost'] });
+  const proxy = await host.issue({ name: 'proxy-1', roles: ['proxy'], ips: ['127.0.0.1'], dns: ['localhost', PROXY_NAME] });
   const keys = generateKeyPair();
   const userPem = await issueTlsCert(userCa, { publicKeyPem: keys.publicKeyPem, identity: { kind: 'user', name: 'alice', cluster: 'test', roles: ['dev'] }, ttlMs: 3600_000, usage: 'client' });
   return { host, other, userCa, proxy, user: { certPem: userPem, keyPem: keys.privateKeyPem }, proxyKeyPem: generateKeyPair().privateKeyPem };
