@@ -311,14 +311,14 @@ export class GrantSession {
         return await Promise.race([conn.send({ id, ...req }), expired]);
       } catch (err) {
         conn.forget(id);
+        // An ended session is replaced by the next session() call (it looks at `ended`), not cleared here: another
+        // request may already have opened its successor.
         if (err instanceof SessionEnded) {
-          if (this.conn && conn.ended) this.conn = undefined;
           if (err.why.retryable && !fresh && attempt === 0) continue;
           throw new Classic(err.why.reason);
         }
         // Our deadline: a Proxy that does not answer is not asked again on this connection.
         conn.end({ reason: (err as Error).message, retryable: false });
-        this.conn = undefined;
         throw err;
       }
     }

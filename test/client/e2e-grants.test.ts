@@ -6,7 +6,7 @@
  */
 import tls from 'node:tls';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { e2eModeOf, GrantSession, serviceOfTarget, type GrantOutcome } from '../../src/client/e2e.js';
+import { e2eModeOf, GRANT_QUEUE_MAX, GrantSession, serviceOfTarget, type GrantOutcome } from '../../src/client/e2e.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { GatewayError } from '../../src/errors.js';
 import { writeJsonLine } from '../../src/stream/lines.js';
@@ -223,6 +223,17 @@ describe('grant session', () => {
     );
     expect(all.every((o) => o.kind === 'grant')).toBe(true);
     expect(most).toBe(GRANT_SESSION_INFLIGHT_MAX);
+  });
+
+  it(`a Proxy that holds every request: at most ${GRANT_SESSION_INFLIGHT_MAX} sent, ${GRANT_QUEUE_MAX} waiting, the next goes classic at once`, async () => {
+    const { proxy, session } = await setup({ onGrant: () => undefined }, 2_000);
+    const all = Array.from({ length: GRANT_SESSION_INFLIGHT_MAX + GRANT_QUEUE_MAX }, () => ask(session));
+    const extra = await ask(session);
+    expect(extra.kind === 'classic' && extra.reason).toMatch(/more than 256 grant requests are waiting/);
+    const settled = await Promise.all(all);
+    expect(settled.every((o) => o.kind === 'classic')).toBe(true);
+    // Only the first 16 reached the Proxy: the rest waited for a slot until their deadline.
+    expect(proxy.requests.length).toBeLessThanOrEqual(GRANT_SESSION_INFLIGHT_MAX * 2);
   });
 
   it('after close() no session is opened', async () => {
