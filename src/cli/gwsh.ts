@@ -219,7 +219,8 @@ const E2E_FLAG = ['--e2e <mode>', `end-to-end encryption with the agent: auto (w
 
 /** gwsh --debug: a line on standard error (the path each connection took). */
 function debugLine(line: string): void {
-  if (program.opts<{ debug?: boolean }>().debug) process.stderr.write(`gwsh: ${line}\n`);
+  // As runCli reads it: --debug anywhere on the command line.
+  if (process.argv.includes('--debug')) process.stderr.write(`gwsh: ${line}\n`);
 }
 
 /** The streams of one command: end-to-end or classic per connection as mode says (src/client/e2e.ts). */
