@@ -82,12 +82,15 @@ export function e2eModeOf(flag: string | undefined, env: NodeJS.ProcessEnv = pro
   });
 }
 
-/** The service a classic route reaches, as grants and system roles name it. */
-export function serviceOfTarget(target: Pick<ResourceTarget, 'alpn' | 'kind'>): ServiceKind {
+/**
+ * The service a classic route reaches, as grants and system roles name it; undefined for a route this version
+ * does not know (a database protocol of a newer Proxy, which gwsh reaches by the classic route only).
+ */
+export function serviceOfTarget(target: Pick<ResourceTarget, 'alpn' | 'kind'>): ServiceKind | undefined {
   if (target.alpn === 'gateway-proxy-ssh') return 'ssh';
   if (target.alpn === 'gateway-tcp') return target.kind === 'desktop' ? 'desktop' : 'app';
   if (wireRowOfAlpn(target.alpn)?.database) return 'db';
-  throw new GatewayError('GW_ERR_USAGE', `the route ${printable(target.alpn, 64)} carries no end-to-end stream`);
+  return undefined;
 }
 
 /** Text from a peer, for a terminal: at most max characters, control characters as '?'. */
@@ -509,6 +512,7 @@ export class E2EStreams {
     };
     if (!this.session) return classic();
     const service = serviceOfTarget(target);
+    if (!service) return classic(`this version of gwsh has no end-to-end streams for the route ${printable(target.alpn, 64)}`);
     const outcome = await this.session.request({
       resource: target.resource,
       route: target.alpn,

@@ -11,6 +11,7 @@ import type { Duplex } from 'node:stream';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { E2EStreams, connectE2E, type E2EMode, type GrantOk } from '../../src/client/e2e.js';
 import { Dialer } from '../../src/dial/dialer.js';
+import { FramedStream } from '../../src/stream/framed.js';
 import { writeJsonLine } from '../../src/stream/lines.js';
 import { failureOf } from '../helpers/errors.js';
 import { grantAnswerFor, makeE2EPki, profileFor, startFakeProxy, type E2EPki, type FakeProxy, type FakeProxyOptions } from '../helpers/e2eclient.js';
@@ -90,6 +91,20 @@ describe('connectE2E', () => {
     const address = `127.0.0.1:${(server.address() as net.AddressInfo).port}`;
     const r = await connectE2E(profileFor(pki, address), dialer(), address, grantOf(), 'app');
     expect(r.ok).toBe(false);
+  });
+
+  it('a peer that takes the TCP connection and never answers the ClientHello: a reason to fall back, at the deadline', async () => {
+    const held: net.Socket[] = [];
+    const server = net.createServer((s) => held.push(s));
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    closers.push(() => {
+      for (const s of held) s.destroy();
+      server.close();
+    });
+    const address = `127.0.0.1:${(server.address() as net.AddressInfo).port}`;
+    const r = await connectE2E(profileFor(pki, address), dialer(), address, grantOf(), 'app', { handshakeTimeoutMs: 300 });
+    expect(r.ok).toBe(false);
+    expect(!r.ok && r.reason).toMatch(/did not complete within 300 ms/);
   });
 
   it("the agent's refusal in its DialAnswer is an error with the agent's code", async () => {
@@ -188,6 +203,39 @@ describe('E2EStreams: end-to-end or classic per connection', () => {
     const denied = await open('auto', { onGrant: (req, s) => writeJsonLine(s, { id: req.id, ok: false, error: { code: 'GW_ERR_ACCESS_DENIED', message: 'no' } }) });
     expect((await failureOf(denied.open())).code).toBe('GW_ERR_ACCESS_DENIED');
     expect(denied.p.counts.classic).toBe(0);
+  });
+
+  it('a route this version has no end-to-end stream for: classic under auto, GW_ERR_E2E_UNAVAILABLE under require', async () => {
+    const p = await proxyWith({ agentCert: () => agent1 });
+    const make = (mode: E2EMode) => {
+      const s = new E2EStreams({ profile: profileFor(pki, p.address), dialer: dialer(), mode, classicAddress: p.address, e2eAddress: p.address });
+      closers.push(() => s.close());
+      return s;
+    };
+    // The fake Proxy's classic route takes only gateway-tcp: the auto case is checked by what it tried first.
+    const err = await failureOf(make('require').open({ alpn: 'gateway-cassandra', resource: 'c1' }));
+    expect(err.code).toBe('GW_ERR_E2E_UNAVAILABLE');
+    expect(err.message).toMatch(/no end-to-end streams for the route gateway-cassandra/);
+    await make('auto').open({ alpn: 'gateway-cassandra', resource: 'c1' }).then((o) => o.stream.destroy(), () => undefined);
+    expect(p.counts.grant).toBe(0);
+  });
+
+  it("the agent's DialAnswer with framed: true: the stream is read as frames (the agent's end is said in the stream)", async () => {
+    // Without frames a FIN the Proxy sends (killed, or hostile) would read as the agent's clean end.
+    const p = await proxyWith({
+      agentCert: () => agent1,
+      onE2E: (s) => {
+        writeJsonLine(s, { ok: true, framed: true });
+        // One data frame ("hi"), then the end frame (length 0): src/stream/framed.ts.
+        s.write(Buffer.concat([Buffer.from([0, 0, 0, 2]), Buffer.from('hi'), Buffer.alloc(4)]));
+      },
+    });
+    const r = await connectE2E(profileFor(pki, p.address), dialer(), p.address, grantOf(), 'app');
+    if (!r.ok) throw new Error(r.reason);
+    closers.push(() => r.stream.destroy());
+    const [chunk] = (await once(r.stream, 'data')) as [Buffer];
+    expect(chunk.toString()).toBe('hi');
+    expect(r.stream).toBeInstanceOf(FramedStream);
   });
 
   it('off: never asks for a grant', async () => {

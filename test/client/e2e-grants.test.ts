@@ -4,6 +4,7 @@
  * closed session opened again, hostile answers (oversized, not JSON, lying, never) each ending in the classic
  * route's reason within the request's deadline, the in-flight cap; and --e2e / GWSH_E2E.
  */
+import net from 'node:net';
 import tls from 'node:tls';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { e2eModeOf, GRANT_QUEUE_MAX, GrantSession, serviceOfTarget, type GrantOutcome } from '../../src/client/e2e.js';
@@ -236,6 +237,24 @@ describe('grant session', () => {
     expect(proxy.requests.length).toBeLessThanOrEqual(GRANT_SESSION_INFLIGHT_MAX * 2);
   });
 
+  it('a Proxy that takes the TCP connection and never starts TLS: the request ends at its deadline', async () => {
+    const silent = net.createServer(() => undefined);
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    const held: net.Socket[] = [];
+    silent.on('connection', (s) => held.push(s));
+    const address = `127.0.0.1:${(silent.address() as net.AddressInfo).port}`;
+    const session = new GrantSession({ profile: profileFor(pki, address), dialer: new Dialer({ env: {} }), address, timeoutMs: 300 });
+    sessions.push(session);
+    try {
+      const o = await ask(session);
+      expect(o.kind === 'classic' && o.reason).toMatch(/within 300 ms/);
+      expect(session.noE2E).toBeUndefined();
+    } finally {
+      for (const s of held) s.destroy();
+      silent.close();
+    }
+  });
+
   it('after close() no session is opened', async () => {
     const { proxy, session } = await setup();
     session.close();
@@ -275,5 +294,7 @@ describe('--e2e and GWSH_E2E', () => {
     expect(serviceOfTarget({ alpn: 'gateway-tcp', kind: 'app' })).toBe('app');
     expect(serviceOfTarget({ alpn: 'gateway-postgres' })).toBe('db');
     expect(serviceOfTarget({ alpn: 'gateway-redis' })).toBe('db');
+    // A database protocol of a newer Proxy: no end-to-end stream from this version (the classic route serves it).
+    expect(serviceOfTarget({ alpn: 'gateway-cassandra' })).toBeUndefined();
   });
 });
