@@ -247,6 +247,8 @@ class Classic extends Error {}
 /** The grant session of this process (one per Proxy address). */
 export class GrantSession {
   private conn: Promise<SessionConn> | undefined;
+  /** The session conn resolved to, once open. */
+  private live: SessionConn | undefined;
   private unavailable: string | undefined;
   private nextId = 1;
   private inflight = 0;
@@ -307,7 +309,8 @@ export class GrantSession {
   /** Sends on the open session (opening one if needed); once more on a new session when a reused one closed under it. */
   private async ask(req: Omit<GrantRequest, 'id'>, expired: Promise<never>, deadline: number): Promise<GrantAnswer> {
     for (let attempt = 0; ; attempt++) {
-      const fresh = this.conn === undefined;
+      // Reused: a session already open before this request (an idle close of the Proxy's may cross it).
+      const reused = this.live !== undefined && !this.live.ended;
       const conn = await Promise.race([this.session(deadline), expired]);
       const id = this.nextId++;
       try {
@@ -317,7 +320,7 @@ export class GrantSession {
         // An ended session is replaced by the next session() call (it looks at `ended`), not cleared here: another
         // request may already have opened its successor.
         if (err instanceof SessionEnded) {
-          if (err.why.retryable && !fresh && attempt === 0) continue;
+          if (err.why.retryable && reused && attempt === 0) continue;
           throw new Classic(err.why.reason);
         }
         // Our deadline: a Proxy that does not answer is not asked again on this connection.
@@ -362,7 +365,8 @@ export class GrantSession {
       socket.destroy();
       throw this.remember(`the Proxy at ${address} does not take grant requests (it chose ALPN ${printable(socket.alpnProtocol || 'none', 64)}): an earlier version`);
     }
-    return new SessionConn(socket);
+    this.live = new SessionConn(socket);
+    return this.live;
   }
 
   private remember(reason: string): Classic {

@@ -126,6 +126,15 @@ describe('grant session', () => {
     expect(proxy.requests).toHaveLength(3);
   });
 
+  it('a Proxy that ends every session unanswered (no grant service behind the route): one session per request, no retry', async () => {
+    const { proxy, session } = await setup({ onGrant: (_req, socket) => socket.end() });
+    for (let i = 0; i < 3; i++) {
+      const o = await ask(session);
+      expect(o.kind === 'classic' && o.reason).toMatch(/closed the grant session/);
+    }
+    expect(proxy.counts.grant).toBe(3);
+  });
+
   it('an answer line over 16 KiB ends the session: this request goes classic, the next opens a new session', async () => {
     let n = 0;
     const { proxy, session } = await setup({
