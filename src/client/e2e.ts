@@ -29,7 +29,7 @@
  */
 import type { Duplex } from 'node:stream';
 import type tls from 'node:tls';
-import type { PeerCertificate } from 'node:tls';
+import { createSecureContext, type PeerCertificate } from 'node:tls';
 import { parseAddr } from '../addr.js';
 import { identityFromCert } from '../auth/pki.js';
 import { connectClusterTls } from '../dial/fallback.js';
@@ -393,7 +393,13 @@ export class GrantSession {
 /** The end-to-end connection: the stream, or why it failed before any certificate was checked (fallback-able). */
 export type E2EConnect = { ok: true; stream: Duplex } | { ok: false; reason: string };
 
+/** The user's credentials and the host CA for end-to-end streams: TLS 1.3 only (a context's own setting). */
+export function e2eTlsContext(profile: Profile): tls.SecureContext {
+  return createSecureContext({ ca: profile.hostCa, cert: profile.cert, key: profile.key, minVersion: 'TLSv1.3' });
+}
+
 export interface E2EConnectOptions {
+  /** Made by e2eTlsContext (a context made otherwise may allow TLS 1.2: minVersion is the context's, not the call's). */
   secureContext?: tls.SecureContext;
   handshakeTimeoutMs?: number;
   answerTimeoutMs?: number;
@@ -406,15 +412,14 @@ export interface E2EConnectOptions {
  */
 export async function connectE2E(profile: Profile, dialer: Dialer, address: string, grant: GrantOk, service: ServiceKind, options: E2EConnectOptions = {}): Promise<E2EConnect> {
   const host = parseAddr(address).host;
-  const credentials = options.secureContext ? { secureContext: options.secureContext } : { ca: profile.hostCa, cert: profile.cert, key: profile.key };
+  const secureContext = options.secureContext ?? e2eTlsContext(profile);
   const check = agentServerIdentity({ cluster: profile.cluster, agent: grant.agent, service });
   let checked = false;
   const tlsOptions = {
     ALPNProtocols: [E2E_ALPN],
-    ...credentials,
+    secureContext,
     host,
     servername: grant.server_name,
-    minVersion: 'TLSv1.3' as const,
     checkServerIdentity: (name: string, cert: PeerCertificate) => {
       checked = true;
       return check(name, cert);
@@ -487,6 +492,7 @@ export interface E2EStreamsOptions {
   /** Where the classic route goes (routeAddress), and the Proxy's one port for grants and end-to-end streams. */
   classicAddress: string;
   e2eAddress: string;
+  /** The classic routes' context (resourceTlsContext), for the grant session and the classic route; end-to-end streams make their own. */
   secureContext?: tls.SecureContext;
   /** Where a line about each connection's path goes (gwsh --debug). */
   debug?: (line: string) => void;
@@ -497,10 +503,13 @@ export interface E2EStreamsOptions {
 /** Each connection of a gwsh command: end-to-end or classic, as the mode says (the one place that decides). */
 export class E2EStreams {
   private readonly session: GrantSession | undefined;
+  /** The end-to-end streams' own context: the classic routes' allows TLS 1.2. */
+  private readonly e2eContext: tls.SecureContext | undefined;
 
   constructor(private readonly options: E2EStreamsOptions) {
     const { profile, dialer, e2eAddress, secureContext, grantTimeoutMs } = options;
     if (options.mode !== 'off') {
+      this.e2eContext = e2eTlsContext(profile);
       this.session = new GrantSession({ profile, dialer, address: e2eAddress, ...(secureContext ? { secureContext } : {}), ...(grantTimeoutMs ? { timeoutMs: grantTimeoutMs } : {}) });
     }
   }
@@ -526,7 +535,7 @@ export class E2EStreams {
       ...traceFields(target.trace ?? envTraceContext()),
     });
     if (outcome.kind === 'classic') return classic(outcome.reason);
-    const connected = await connectE2E(profile, dialer, this.options.e2eAddress, outcome.grant, service, { ...this.options.connect, ...(secureContext ? { secureContext } : {}) });
+    const connected = await connectE2E(profile, dialer, this.options.e2eAddress, outcome.grant, service, { ...this.options.connect, ...(this.e2eContext ? { secureContext: this.e2eContext } : {}) });
     if (!connected.ok) return classic(connected.reason);
     this.options.debug?.(`${target.resource}: end-to-end to agent ${outcome.grant.agent}`);
     return { stream: connected.stream, e2e: true, agent: outcome.grant.agent };

@@ -10,6 +10,7 @@ import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { E2EStreams, connectE2E, type E2EMode, type GrantOk } from '../../src/client/e2e.js';
+import { resourceTlsContext } from '../../src/client/resources.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { FramedStream } from '../../src/stream/framed.js';
 import { writeJsonLine } from '../../src/stream/lines.js';
@@ -236,6 +237,17 @@ describe('E2EStreams: end-to-end or classic per connection', () => {
     const [chunk] = (await once(r.stream, 'data')) as [Buffer];
     expect(chunk.toString()).toBe('hi');
     expect(r.stream).toBeInstanceOf(FramedStream);
+  });
+
+  it('an agent end that offers only TLS 1.2: no end-to-end stream, even with the classic routes\' context (which allows 1.2)', async () => {
+    const p = await proxyWith({ agentCert: () => agent1, maxVersion: 'TLSv1.2' });
+    const profile = profileFor(pki, p.address);
+    const streams = new E2EStreams({ profile, dialer: dialer(), mode: 'require', classicAddress: p.address, e2eAddress: p.address, secureContext: resourceTlsContext(profile) });
+    closers.push(() => streams.close());
+    const err = await failureOf(streams.open({ alpn: 'gateway-tcp', resource: 'echo', kind: 'app' }));
+    expect(err.code).toBe('GW_ERR_E2E_UNAVAILABLE');
+    expect(err.message).toMatch(/before the agent answered.*(protocol|version)/i);
+    expect(p.counts.e2e).toBe(0);
   });
 
   it('off: never asks for a grant', async () => {

@@ -80,6 +80,8 @@ export interface FakeProxyOptions {
   onGrant?: (req: GrantRequest, socket: tls.TLSSocket) => void;
   /** The agent's certificate for an end-to-end stream; undefined: the handshake is refused (before any certificate). */
   agentCert?: () => IssuedCert | undefined;
+  /** The port's highest TLS version (the agent's too: version bounds are the first context's); default TLS 1.3. */
+  maxVersion?: tls.SecureVersion;
   /** What the agent does once TLS is up; default: {"ok":true}, then echo. */
   onE2E?: (socket: tls.TLSSocket) => void;
 }
@@ -96,6 +98,7 @@ export async function startFakeProxy(pki: E2EPki, options: FakeProxyOptions = {}
     requestCert: true,
     rejectUnauthorized: false,
     ALPNProtocols: options.alpn ?? [GRANT_ALPN, E2E_ALPN, 'gateway-tcp'],
+    ...(options.maxVersion ? { maxVersion: options.maxVersion } : {}),
     SNICallback: (name, cb) => {
       if (!grantIdOfServerName(name)) return cb(null, undefined);
       const cert = options.agentCert?.();
