@@ -451,7 +451,7 @@ function handshakeRefused(err: unknown, address: string, agent: string): E2EConn
   // same proxy and says what to do about it.
   if (presented && presented.length > 0 && verdict?.code !== 'GW_ERR_TLS_INSPECTED') {
     const issuer = presented[0]!.issuer || 'an unknown issuer';
-    throw new GatewayError('GW_ERR_E2E_AGENT', `the end-to-end stream reached a certificate the cluster's host CA did not sign (issued by ${printable(issuer, 200)}: ${printable(verdict?.message ?? (err as Error).message)}), not the agent ${printable(agent, 64)}; nothing was sent to it`, {
+    throw new GatewayError('GW_ERR_E2E_AGENT', `the end-to-end stream reached a certificate that did not pass the check against the cluster's host CA (issued by ${printable(issuer, 200)}: ${printable(verdict?.message ?? (err as Error).message)}), not the agent ${printable(agent, 64)}; nothing was sent to it`, {
       details: { expected_agent: agent },
     });
   }

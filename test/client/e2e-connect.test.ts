@@ -64,9 +64,9 @@ describe('connectE2E', () => {
     ['another host ID', () => pki.host.issue({ name: 'agent-2', roles: ['node', 'app'] }), /host certificate of "agent-2"/],
     ["a host without the service's role", () => pki.host.issue({ name: 'agent-1', roles: ['db'] }), /roles db/],
     ['a Proxy of the cluster', () => pki.host.issue({ name: 'agent-1', roles: ['proxy'] }), /roles proxy/],
-    ["another cluster's host CA", () => pki.other.issue({ name: 'agent-1', roles: ['app'] }), /host CA did not sign/],
+    ["another cluster's host CA", () => pki.other.issue({ name: 'agent-1', roles: ['app'] }), /did not pass the check against the cluster's host CA/],
     ['a user certificate of the host CA', () => pki.host.issue({ name: 'agent-1', roles: ['app'], kind: 'user' }), /a user certificate/],
-    ['a user certificate of the user CA', async () => pki.user, /host CA did not sign/],
+    ['a user certificate of the user CA', async () => pki.user, /did not pass the check against the cluster's host CA/],
   ];
   it.each(hostile)('%s is GW_ERR_E2E_AGENT; nothing is sent', async (_what, make, message) => {
     const cert = await make();
