@@ -588,7 +588,7 @@ export const ERROR_CODES = {
   },
   GW_ERR_E2E_AGENT: {
     status: 502,
-    summary: "The server at the other end of an end-to-end stream is not the agent the grant names: its certificate is not signed by the cluster's host CA, is not a host certificate of this cluster, names another host ID, or lacks the service's system role (node, db, app). Nothing was sent to it, and gwsh did not fall back to the classic route.",
+    summary: "The server at the other end of an end-to-end stream is not the agent the grant names: its certificate is not signed by the cluster's host CA or not valid now, is not a host certificate of this cluster, names another host ID, or lacks the service's system role (node, db, app). Nothing was sent to it, and gwsh did not fall back to the classic route.",
     hint: "Something on the path (the Proxy itself, or what is between it and the agent) routed the stream to another host: report it to the cluster's administrators with the host ID in the message; 'gwctl get nodes' lists the agents' host IDs.",
   },
   GW_ERR_AGENT_IDENTITY: {
