@@ -11,13 +11,15 @@
  *                  next request; a request sent on a reused session that closes unanswered (the Proxy's idle close
  *                  crossing it) is sent once more on a new one.
  *   connectE2E     raw TCP to the Proxy's address through the Dialer (as the classic routes: HTTPS_PROXY, the
- *                  connection upgrade past an inspecting proxy), TLS 1.3 with the *agent*: ALPN gateway-e2e-v1, the
- *                  grant's server name, the user certificate, trust = the cluster's host CA only, and instead of a
- *                  name check agentServerIdentity: a host certificate of this cluster whose host ID is the grant
- *                  answer's agent and whose roles include the service's system role. Then one DialAnswer line.
+ *                  connection upgrade past an inspecting proxy), TLS with the *agent*: ALPN gateway-e2e-v1, the
+ *                  grant's server name, the user certificate, TLS 1.3 only (a context of its own: e2eTlsContext),
+ *                  trust = the cluster's host CA only, and instead of a name check agentServerIdentity: a host
+ *                  certificate of this cluster whose host ID is the grant answer's agent and whose roles include
+ *                  the service's system role. Then one DialAnswer line (framed: true → read as frames).
  *   E2EStreams     per connection, by mode: off → the classic route; auto → a grant, then the end-to-end
- *                  connection, the classic route when the Proxy says `classic`, takes no grant requests, or the
- *                  connection fails BEFORE a certificate was presented and checked; require → those are
+ *                  connection, the classic route when the Proxy says `classic`, takes no grant requests, the
+ *                  route is one this version has no end-to-end stream for (a newer Proxy's database protocol),
+ *                  or the connection fails BEFORE a certificate was presented and checked; require → those are
  *                  GW_ERR_E2E_UNAVAILABLE instead. A refused grant, a certificate that is not the agent's
  *                  (GW_ERR_E2E_AGENT) and anything after the agent's certificate passed (its refusal in the
  *                  DialAnswer, a broken stream) are errors, never a fallback: the fallback is for Proxies and
