@@ -581,6 +581,16 @@ export const ERROR_CODES = {
     summary: 'gwctl found neither a gwsh profile nor a readable local admin identity.',
     hint: "Sign in with 'gwsh login', or run gwctl on the Auth Service's machine (--data-dir if not /var/lib/gateway).",
   },
+  GW_ERR_E2E_UNAVAILABLE: {
+    status: 503,
+    summary: "gwsh was asked for end-to-end streams only (--e2e require, GWSH_E2E=require) and this connection could not have one: the Proxy answered that the resource's agent takes none (an earlier version, a v1 tunnel, its tunnel on another Proxy), the Proxy does not take grant requests (an earlier version), or the end-to-end connection failed before the agent's certificate was checked; the message names which. Nothing went the classic way.",
+    hint: "Upgrade the Proxy and the agent to a version with end-to-end streams and let the agent's tunnel reach this Proxy, or run with --e2e auto to use the classic route (the Proxy then sees the stream) when no end-to-end stream can be had.",
+  },
+  GW_ERR_E2E_AGENT: {
+    status: 502,
+    summary: "The server at the other end of an end-to-end stream is not the agent the grant names: its certificate is not signed by the cluster's host CA or not valid now, is not a host certificate of this cluster, names another host ID, or lacks the service's system role (node, db, app). Nothing was sent to it, and gwsh did not fall back to the classic route.",
+    hint: "Something on the path (the Proxy itself, or what is between it and the agent) routed the stream to another host: report it to the cluster's administrators with the host ID in the message; 'gwctl get nodes' lists the agents' host IDs.",
+  },
   GW_ERR_AGENT_IDENTITY: {
     status: 500,
     summary: "An agent has no usable host identity: it never joined, its stored identity is damaged, or it now runs services it did not join for.",

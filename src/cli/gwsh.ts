@@ -18,11 +18,12 @@ import { fileURLToPath } from 'node:url';
 import { parseSshCert } from '../auth/pki.js';
 import { Dialer } from '../dial/dialer.js';
 import { fetchPing, openResource, resourceTlsContext, routeAddress, type ResourceTarget } from '../client/resources.js';
+import { E2E_ENV, E2EStreams, e2eModeOf, type E2EMode } from '../client/e2e.js';
 import { splice } from '../stream/splice.js';
 import { endedCleanly, resetStream } from '../stream/reset.js';
 import { isErrorCode, toGatewayError } from '../errors.js';
 import { GatewayError } from '../errors.js';
-import { databaseRoute } from '../wire/protocols.js';
+import { databaseRoute, GRANT_ALPN } from '../wire/protocols.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
 import { positionalOptions } from './cmdtree.js';
@@ -213,21 +214,46 @@ for (const [name, kind, column, description] of [
 
 addKubeLogin(program.commands.find((c) => c.name() === 'kube')!, requireProfile);
 
+/** The --e2e flag of the commands that carry streams (docs/cli.md, "End-to-end streams"). */
+const E2E_FLAG = ['--e2e <mode>', `end-to-end encryption with the agent: auto (when the Proxy and the agent can, else the classic route), require (refuse the classic route) or off; default: $${E2E_ENV}, else auto`] as const;
+
+/** gwsh --debug: a line on standard error (the path each connection took). */
+function debugLine(line: string): void {
+  // As runCli reads it: --debug anywhere on the command line.
+  if (process.argv.includes('--debug')) process.stderr.write(`gwsh: ${line}\n`);
+}
+
+/** The streams of one command: end-to-end or classic per connection as mode says (src/client/e2e.ts). */
+function streamsFor(profile: ReturnType<typeof requireProfile>, dialer: Dialer, ping: Awaited<ReturnType<typeof fetchPing>>, target: ResourceTarget, mode: E2EMode, context?: ReturnType<typeof resourceTlsContext>): E2EStreams {
+  return new E2EStreams({
+    profile,
+    dialer,
+    mode,
+    classicAddress: routeAddress(profile, ping, target.alpn),
+    // Grants and end-to-end streams go to the one port (the web address), whatever the listener mode.
+    e2eAddress: routeAddress(profile, ping, GRANT_ALPN),
+    ...(context ? { secureContext: context } : {}),
+    debug: debugLine,
+  });
+}
+
 /** A local listener whose every connection is carried to the resource through the Proxy. */
-async function localProxy(target: ResourceTarget, port: string, what: string): Promise<void> {
+async function localProxy(target: ResourceTarget, port: string, what: string, mode: E2EMode = 'off'): Promise<void> {
   const profile = requireProfile();
   // One Dialer, one ping and one TLS context for every connection this listener carries.
   const dialer = new Dialer();
   const context = resourceTlsContext(profile);
   const ping = await fetchPing(profile, dialer);
   const address = routeAddress(profile, ping, target.alpn);
+  const streams = streamsFor(profile, dialer, ping, target, mode, context);
   // Fail now, not at the first client connection, when the resource is unknown or not allowed. Only the Proxy
   // is asked: the resource itself sees no connection until a client makes one.
   (await openResource(profile, address, { ...target, check: true }, dialer, context)).destroy();
   if (!/^\d{1,5}$/.test(port) || Number(port) > 65535) throw new GatewayError('GW_ERR_USAGE', `--port: "${port}" is not a port number`);
   const server = net.createServer({ allowHalfOpen: true, noDelay: true }, (local) => {
-    openResource(profile, address, target, dialer, context)
-      .then((remote) => splice(local, remote))
+    streams
+      .open(target)
+      .then((opened) => splice(local, opened.stream))
       .catch((err: unknown) => {
         const e = toGatewayError(err);
         process.stderr.write(`error: ${e.message}\ncode: ${e.code}\n`);
@@ -242,12 +268,13 @@ async function localProxy(target: ResourceTarget, port: string, what: string): P
     server.listen(Number(port), '127.0.0.1', () => resolve());
   });
   const bound = (server.address() as net.AddressInfo).port;
-  process.stdout.write(`Started a local proxy for ${what} on 127.0.0.1:${bound}\n`);
+  process.stdout.write(`Started a local proxy for ${what} on 127.0.0.1:${bound} (end-to-end: ${mode})\n`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
   });
   server.close();
+  streams.close();
 }
 
 const proxyCmd = program.command('proxy').description('local listeners that carry connections to resources through the Proxy');
@@ -256,28 +283,35 @@ proxyCmd
   .description('listen on 127.0.0.1:PORT and carry each connection to the database (psql, mysql, redis-cli connect there)')
   .argument('<name>', 'database name (see gwsh db ls)')
   .option('--port <port>', 'local port (0 picks a free one)', '0')
-  .action(async (name: string, opts: { port: string }) => {
+  .option(...E2E_FLAG)
+  .action(async (name: string, opts: { port: string; e2e?: string }) => {
+    const mode = e2eModeOf(opts.e2e);
     const profile = requireProfile();
     const { items } = await apiFor(profile).call<{ items: InventoryItem[] }>('GET', '/v1/inventory/db');
     const db = items.find((i) => i.name === name);
     if (!db) {
       throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no database "${name}" that you may reach is connected`, { hint: "List them with 'gwsh db ls'." });
     }
-    await localProxy({ alpn: databaseRoute(String(db.protocol)), resource: name }, opts.port, `${db.protocol} database "${name}"`);
+    await localProxy({ alpn: databaseRoute(String(db.protocol)), resource: name }, opts.port, `${db.protocol} database "${name}"`, mode);
   });
-for (const [kind, use] of [
-  ['app', 'the app (TCP, or HTTP spoken by a local client)'],
-  ['desktop', 'the desktop (point an RDP client there)'],
-] as const) {
-  proxyCmd
-    .command(kind)
-    .description(`listen on 127.0.0.1:PORT and carry each connection to ${use}`)
-    .argument('<name>', `${kind} name (see gwsh ${kind}s ls)`)
-    .option('--port <port>', 'local port (0 picks a free one)', '0')
-    .action(async (name: string, opts: { port: string }) => {
-      await localProxy({ alpn: 'gateway-tcp', resource: name, kind }, opts.port, `${kind} "${name}"`);
-    });
-}
+proxyCmd
+  .command('app')
+  .description('listen on 127.0.0.1:PORT and carry each connection to the app (TCP, or HTTP spoken by a local client)')
+  .argument('<name>', 'app name (see gwsh apps ls)')
+  .option('--port <port>', 'local port (0 picks a free one)', '0')
+  .option(...E2E_FLAG)
+  .action(async (name: string, opts: { port: string; e2e?: string }) => {
+    await localProxy({ alpn: 'gateway-tcp', resource: name, kind: 'app' }, opts.port, `app "${name}"`, e2eModeOf(opts.e2e));
+  });
+// Desktops keep the classic route in this version (end-to-end streams cover TCP apps, databases and SSH).
+proxyCmd
+  .command('desktop')
+  .description('listen on 127.0.0.1:PORT and carry each connection to the desktop (point an RDP client there)')
+  .argument('<name>', 'desktop name (see gwsh desktops ls)')
+  .option('--port <port>', 'local port (0 picks a free one)', '0')
+  .action(async (name: string, opts: { port: string }) => {
+    await localProxy({ alpn: 'gateway-tcp', resource: name, kind: 'desktop' }, opts.port, `desktop "${name}"`);
+  });
 
 /** "[login@]node[:port]" → parts; the login defaults to the local user name. */
 function parseSshTarget(text: string): { login: string; node: string } {
@@ -292,12 +326,14 @@ proxyCmd
   .command('ssh')
   .description("carry SSH to a node on standard input/output (OpenSSH's ProxyCommand)")
   .argument('<target>', '[login@]node[:port]')
-  .action(async (targetText: string) => {
+  .option(...E2E_FLAG)
+  .action(async (targetText: string, opts: { e2e?: string }) => {
+    const mode = e2eModeOf(opts.e2e);
     // Under `gwsh ssh`, a failure is handed to it (PROXY_ERROR_ENV) to be printed after OpenSSH's own lines.
     const errorFile = process.env[PROXY_ERROR_ENV];
-    if (!errorFile) return proxySsh(targetText);
+    if (!errorFile) return proxySsh(targetText, mode);
     try {
-      await proxySsh(targetText);
+      await proxySsh(targetText, mode);
     } catch (err) {
       const e = toGatewayError(err);
       writeSecretFile(errorFile, JSON.stringify({ code: e.code, message: e.message, hint: e.hint }));
@@ -313,12 +349,15 @@ proxyCmd
 const PROXY_ERROR_ENV = 'GWSH_PROXY_ERROR_FILE';
 
 /** The ProxyCommand's work: the SSH stream to the node on standard input/output. */
-async function proxySsh(targetText: string): Promise<void> {
+async function proxySsh(targetText: string, mode: E2EMode): Promise<void> {
   const profile = requireProfile();
   const { login, node } = parseSshTarget(targetText);
   const dialer = new Dialer();
   const ping = await fetchPing(profile, dialer);
-  const stream = await openResource(profile, routeAddress(profile, ping, 'gateway-proxy-ssh'), { alpn: 'gateway-proxy-ssh', resource: node, login }, dialer);
+  const target: ResourceTarget = { alpn: 'gateway-proxy-ssh', resource: node, login };
+  const streams = streamsFor(profile, dialer, ping, target, mode);
+  // One stream per process: the grant session is not kept past it.
+  const stream = await streams.open(target).then((opened) => opened.stream).finally(() => streams.close());
   process.stdin.pipe(stream);
   stream.pipe(process.stdout);
   await new Promise<void>((resolve) => {
@@ -431,9 +470,12 @@ program
   .description('run a command on a node, or open an interactive shell (OpenSSH with the gateway configuration: every ssh flag works)')
   .argument('<target>', '[login@]node')
   .argument('[command...]', 'command to run')
+  .option(...E2E_FLAG)
   .allowUnknownOption(true)
   .passThroughOptions(true)
-  .action(async (target: string, command: string[], _opts: unknown, cmd: { args: string[] }) => {
+  .action(async (target: string, command: string[], opts: { e2e?: string }, cmd: { args: string[] }) => {
+    // Checked here, handed to the ProxyCommand ssh runs (gwsh proxy ssh) through the environment.
+    const mode = e2eModeOf(opts.e2e);
     const profile = requireProfile();
     const configFile = join(profile.dir, 'ssh_config');
     writeSecretFile(configFile, await sshConfigFor(profile)); // atomic: another gwsh ssh may be reading it
@@ -441,7 +483,7 @@ program
     void target;
     void command;
     const errorFile = join(profile.dir, `.proxy-error-${randomBytes(6).toString('hex')}`);
-    const child = spawnChild('ssh', args, { stdio: 'inherit', env: { ...process.env, [PROXY_ERROR_ENV]: errorFile } });
+    const child = spawnChild('ssh', args, { stdio: 'inherit', env: { ...process.env, [PROXY_ERROR_ENV]: errorFile, [E2E_ENV]: mode } });
     const code = await new Promise<number>((resolve) => child.once('exit', (c, sig) => resolve(c ?? (sig ? 255 : 0))));
     const failure = takeProxyError(errorFile);
     if (failure) throw failure; // the real error, after OpenSSH's lines; exit status 1
@@ -503,6 +545,7 @@ addCompletionCommands(program, {
   environment: [
     ...PROXY_ENVIRONMENT,
     ['GWSH_HOME', 'The profile directory instead of ~/.gwsh.'],
+    [E2E_ENV, 'End-to-end streams with the agent when --e2e is not given: auto (the default), require or off.'],
   ],
   files: [['~/.gwsh', 'The profile: profile.json, the key and certificates of the last login (key.pem, cert.pem, ssh-key, ssh-key-cert.pub), the cluster CAs trusted per Proxy address (known_cas.json).']],
   seeAlso: ['gateway(1)', 'gwctl(1)', 'ssh(1)'],
