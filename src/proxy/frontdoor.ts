@@ -239,6 +239,8 @@ class RouteHandlers {
       case 'redirect':
         return this.redirectRoute;
       case 'ssh':
+      case 'e2e': // the client's TLS with the agent passes through unopened (e2erelay.ts)
+      case 'data': // an agent's data connection: not TLS (e2edata.ts)
         return this.raw(row.name, row);
       default:
         return this.terminate(row.name, this.services[row.kind], row.kind === 'tunnel' ? this.tunnelContext : this.secureContext);
