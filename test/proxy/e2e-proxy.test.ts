@@ -7,8 +7,8 @@
  *
  *   grants     allowed: a grant bound to the user's key, the agent and the resource, signed with the Proxy's
  *              tunnel key; forbidden: the same code as the classic route; classic for an agent without the
- *              capability and for a v1 tunnel; a line over the cap ends the session; 10 000 requests leave the
- *              store within its caps
+ *              capability and for a v1 tunnel; a line over the cap ends the session, and so does its idle
+ *              deadline; a host certificate gets no session; 10 000 requests leave the store within its caps
  *   relay      the bytes of a client TLS with the agent are spliced onto a data connection and audited (e2e: true);
  *              a grant used twice, expired, unknown, or a server name that is no grant: TLS alert access_denied;
  *              no idle data connection: alert internal_error; a lock closes the stream
@@ -67,6 +67,8 @@ import { waitUntil } from '../helpers/wait.js';
 setRootLogger(createLogger({ level: process.env.E2E_LOG ? 'debug' : 'silent', format: 'json' }));
 
 const CLUSTER = 'e2e.example';
+/** The grant sessions' idle deadline here (GRANT_SESSION_IDLE_MS is minutes). */
+const GRANT_IDLE_MS = 2_000;
 const PROXY_ID = 'e2e-proxy';
 const PASSWORD = 'correct horse battery staple';
 let dir: string;
@@ -119,7 +121,7 @@ beforeAll(async () => {
     services: {
       tunnel: tunnels.handle,
       resource: createAccessHandler(auth.auth, router),
-      grant: createGrantHandler({ auth: auth.auth, agents: router, tunnels: grantTunnels, data, signer: { key: createPrivateKey(keys.privateKeyPem), iss: PROXY_ID }, store }),
+      grant: createGrantHandler({ auth: auth.auth, agents: router, tunnels: grantTunnels, data, signer: { key: createPrivateKey(keys.privateKeyPem), iss: PROXY_ID }, store, idleMs: GRANT_IDLE_MS }),
       e2e: createE2ERelay({ auth: auth.auth, store, data, audit, dataWaitMs: 300, now: () => Date.now() + skewMs }),
       data: data.handle,
     },
@@ -303,8 +305,16 @@ async function okGrant(user: string, resource = 'echo'): Promise<Extract<GrantAn
   return a;
 }
 
-function closed(s: net.Socket): Promise<void> {
-  return s.destroyed ? Promise.resolve() : once(s, 'close').then(() => undefined);
+/** The socket closes (the Proxy closed it); bounded, so that a connection the Proxy keeps fails the test clearly. */
+function closed(s: net.Socket, what = 'the Proxy closes the connection'): Promise<void> {
+  if (s.destroyed) return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`not within 15 s: ${what}`)), 15_000);
+    s.once('close', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
 }
 
 // --- grants ------------------------------------------------------------------------------------------------------------
@@ -373,6 +383,17 @@ describe('grant sessions (gateway-grant)', () => {
     s.socket.write(Buffer.alloc(GRANT_LINE_MAX_BYTES + 10, 'x'));
     await closed(s.socket);
     expect(s.answers[1]).toMatchObject({ ok: false, error: { code: 'GW_ERR_TUNNEL_PROTOCOL' } });
+  });
+
+  it('a session without a request for its idle deadline is closed; a host certificate gets no session', async () => {
+    const s = await grantSession('bob');
+    await closed(s.socket, 'the idle grant session is closed');
+    const agent = await agentUp();
+    const host = tls.connect({ host: '127.0.0.1', port, servername: 'localhost', ca: auth.auth.host.tls.certPem, key: agent.identity.key, cert: agent.identity.cert, ALPNProtocols: [GRANT_ALPN] });
+    host.on('error', () => undefined);
+    const line = JSON.parse(await readLine(host, { what: 'refusal', timeoutMs: 10_000 })) as GrantAnswer;
+    expect(line).toMatchObject({ ok: false, error: { code: 'GW_ERR_ACCESS_DENIED' } });
+    await closed(host);
   });
 
   it('10 000 grant requests of one user leave the store within its per-user cap', async () => {
