@@ -177,6 +177,8 @@ function serveSession(ctx: GrantContext, socket: TLSSocket, s: Session): void {
   const idleMs = ctx.idleMs ?? GRANT_SESSION_IDLE_MS;
   let inflight = 0;
   let rest: Buffer | undefined;
+  /** The client ended its side: the Proxy ends its own once every answer is written. */
+  let ended = false;
   let idle = setTimeout(() => socket.destroy(), idleMs);
   socket.once('close', () => clearTimeout(idle));
   const answer = (a: GrantAnswer) => {
@@ -207,6 +209,7 @@ function serveSession(ctx: GrantContext, socket: TLSSocket, s: Session): void {
       return void socket.end();
     }
     if (rest) socket.pause();
+    else if (ended && inflight === 0) socket.end();
     else if (socket.isPaused()) socket.resume();
   };
   const onData = (chunk: Buffer) => {
@@ -214,7 +217,10 @@ function serveSession(ctx: GrantContext, socket: TLSSocket, s: Session): void {
     pump();
   };
   socket.on('data', onData);
-  socket.on('end', () => socket.end());
+  socket.on('end', () => {
+    ended = true;
+    pump();
+  });
   socket.on('error', () => socket.destroy());
 }
 

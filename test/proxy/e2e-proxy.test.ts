@@ -53,6 +53,7 @@ import {
   e2eServerName,
   GRANT_ALPN,
   GRANT_LINE_MAX_BYTES,
+  GRANT_SESSION_INFLIGHT_MAX,
   GRANTS_PENDING_PER_USER_MAX,
   spkiHash,
   verifyGrant,
@@ -86,6 +87,21 @@ const seenAsV1 = new Set<string>();
 const audited: Array<Record<string, unknown>> = [];
 let audit: SessionAudit;
 const users: Record<string, { key: string; cert: string }> = {};
+/** While set, the grant route's identity checks wait for it (requests held in flight). */
+let gate: Promise<void> | undefined;
+/** resolveCaller calls the grant route has started. */
+let resolving = 0;
+
+/** The Auth Service as the grant route sees it: resolveCaller waits for the gate, if any. */
+function gatedAuth(real: AuthRole['auth']): AuthRole['auth'] {
+  return new Proxy(real, {
+    get(target, prop) {
+      if (prop === 'resolveCaller') return async (caller: Parameters<typeof real.resolveCaller>[0]) => (resolving++, await gate, target.resolveCaller(caller));
+      const v = Reflect.get(target, prop, target) as unknown;
+      return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+    },
+  });
+}
 
 const RESOURCES: AgentResources = {
   databases: [],
@@ -121,7 +137,7 @@ beforeAll(async () => {
     services: {
       tunnel: tunnels.handle,
       resource: createAccessHandler(auth.auth, router),
-      grant: createGrantHandler({ auth: auth.auth, agents: router, tunnels: grantTunnels, data, signer: { key: createPrivateKey(keys.privateKeyPem), iss: PROXY_ID }, store, idleMs: GRANT_IDLE_MS }),
+      grant: createGrantHandler({ auth: gatedAuth(auth.auth), agents: router, tunnels: grantTunnels, data, signer: { key: createPrivateKey(keys.privateKeyPem), iss: PROXY_ID }, store, idleMs: GRANT_IDLE_MS }),
       e2e: createE2ERelay({ auth: auth.auth, store, data, audit, dataWaitMs: 300, now: () => Date.now() + skewMs }),
       data: data.handle,
     },
@@ -383,6 +399,46 @@ describe('grant sessions (gateway-grant)', () => {
     s.socket.write(Buffer.alloc(GRANT_LINE_MAX_BYTES + 10, 'x'));
     await closed(s.socket);
     expect(s.answers[1]).toMatchObject({ ok: false, error: { code: 'GW_ERR_TUNNEL_PROTOCOL' } });
+  });
+
+  it('at most GRANT_SESSION_INFLIGHT_MAX requests of a session are in flight; the rest wait, and all are answered', async () => {
+    await agentUp();
+    const s = await grantSession('bob');
+    const ids = Array.from({ length: 3 * GRANT_SESSION_INFLIGHT_MAX }, (_, i) => i + 1);
+    let open!: () => void;
+    gate = new Promise((r) => (open = r));
+    const before = resolving;
+    try {
+      s.socket.write(`${ids.map((id) => JSON.stringify({ id, route: 'gateway-tcp', kind: 'app', resource: 'echo' })).join('\n')}\n`);
+      await waitUntil('the first requests are in flight', () => resolving - before === GRANT_SESSION_INFLIGHT_MAX);
+      await new Promise((r) => setTimeout(r, 300)); // room for more to start, were there no cap
+      expect(resolving - before).toBe(GRANT_SESSION_INFLIGHT_MAX);
+    } finally {
+      open();
+      gate = undefined;
+    }
+    await waitUntil('every request is answered', () => s.answers.length === ids.length);
+    s.socket.destroy();
+  });
+
+  it('a client that ends its side still gets every answer, then the end', async () => {
+    await agentUp();
+    const s = await grantSession('bob');
+    const ids = [1, 2, 3];
+    const lines = ids.map((id) => JSON.stringify({ id, route: 'gateway-tcp', kind: 'app', resource: id === 2 ? 'vault' : 'echo' }));
+    // The requests are held in flight until the client's end has reached the Proxy (a pause, not an assertion).
+    let open!: () => void;
+    gate = new Promise((r) => (open = r));
+    try {
+      s.socket.end(`${lines.join('\n')}\n`);
+      await new Promise((r) => setTimeout(r, 300));
+    } finally {
+      open();
+      gate = undefined;
+    }
+    await closed(s.socket);
+    expect(s.answers.map((a) => a.id).sort((x, y) => x - y)).toEqual(ids);
+    expect(s.answers.find((a) => a.id === 2)).toMatchObject({ ok: false, error: { code: 'GW_ERR_ACCESS_DENIED' } });
   });
 
   it('a session without a request for its idle deadline is closed; a host certificate gets no session', async () => {
