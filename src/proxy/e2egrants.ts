@@ -36,6 +36,7 @@ import { recordGrant } from '../metrics/e2e.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { writeJsonLine } from '../stream/lines.js';
 import { LineSplitter } from '../stream/splitter.js';
+import { startHop, traceContextOf, traceFields, type HopSpan } from '../trace.js';
 import {
   e2eServerName,
   GRANT_LINE_MAX_BYTES,
@@ -64,6 +65,8 @@ export interface HeldGrant {
   nodename: string;
   /** The target's label-selected kind (audit: db, app, desktop). */
   access: string;
+  /** The grant request's span (src/trace.ts), carried to the agent in e2e-open as the stream's parent. */
+  trace: { traceparent?: string; tracestate?: string };
 }
 
 export class GrantStore {
@@ -227,18 +230,25 @@ function serveSession(ctx: GrantContext, socket: TLSSocket, s: Session): void {
 /** Steps 3 to 5 for one request line: the answer, never a throw. */
 async function answerLine(ctx: GrantContext, s: Session, line: Buffer): Promise<GrantAnswer> {
   let id = 0;
+  let span: HopSpan | undefined;
   try {
     const request = parseRequest(line);
     id = request.id;
-    const answer = await grantFor(ctx, s, request);
+    // This hop's span, from the request on (the client's context is not trusted: src/trace.ts).
+    span = startHop('proxy.e2e.grant', { kind: 'server', parent: traceContextOf(request), attributes: { 'gateway.route': request.route } });
+    const answer = await grantFor(ctx, s, request, span);
     recordGrant(answer.ok ? 'ok' : 'classic' in answer ? 'classic' : 'refused');
+    span.set({ 'gateway.e2e.outcome': answer.ok ? 'ok' : 'classic' });
     return answer;
   } catch (err) {
     const e = toGatewayError(err);
+    span?.fail(e.code);
     if (id === 0 && Number.isSafeInteger(e.details.id)) id = e.details.id as number;
     recordGrant('refused');
     s.log.info({ user: s.certified.name, client: s.client, code: e.code, err: e.message }, 'grant refused');
     return { id, ok: false, error: { code: e.code, message: e.message, ...(e.hint ? { hint: e.hint } : {}) } };
+  } finally {
+    span?.end();
   }
 }
 
@@ -258,7 +268,7 @@ function parseRequest(line: Buffer): GrantRequest {
   return r as GrantRequest;
 }
 
-async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest): Promise<GrantAnswer> {
+async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, span: HopSpan): Promise<GrantAnswer> {
   const { id } = request;
   const identity = await ctx.auth.resolveCaller(s.certified);
   const target = await authorizeRoute(ctx.auth, ctx.agents, identity, request.route, {
@@ -267,6 +277,7 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest): P
     ...(request.kind === 'app' || request.kind === 'desktop' ? { kind: request.kind } : {}),
   });
   const hostId = target.agent.hostId;
+  span.set({ 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': hostId });
   const local = ctx.tunnels.get(hostId);
   const classic = (reason: string): GrantAnswer => ({ id, ok: false, classic: true, reason });
   if (!local) return classic(`agent "${target.agent.nodename}" holds no tunnel to this Proxy (reached over peering or directly): this version carries end-to-end streams only through the Proxy that holds the tunnel`);
@@ -288,7 +299,7 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest): P
     exp: now + GRANT_TTL_MS,
   };
   const token = signGrant(grant, ctx.signer.key);
-  if (!ctx.store.put({ grant, token, identity: s.certified, nodename: target.agent.nodename, access: target.access }, now)) {
+  if (!ctx.store.put({ grant, token, identity: s.certified, nodename: target.agent.nodename, access: target.access, trace: traceFields(span.context) }, now)) {
     return classic(`this Proxy holds ${ctx.store.max} unused grants, its most`);
   }
   s.log.debug({ user: identity.name, client: s.client, route: request.route, resource: request.resource, agent: target.agent.nodename }, 'grant issued');

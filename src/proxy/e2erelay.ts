@@ -95,7 +95,7 @@ async function route(ctx: RelayContext, stream: Duplex, info: ConnInfo, held: He
     conn.stream.destroy();
     return 'opened';
   }
-  const open: E2EOpenMessage = { type: 'e2e-open', conn: conn.n, grant: held.token, client_src: clientOf(info), client_dst: `${info.localAddress}:${info.localPort}` };
+  const open: E2EOpenMessage = { type: 'e2e-open', conn: conn.n, grant: held.token, client_src: clientOf(info), client_dst: `${info.localAddress}:${info.localPort}`, ...held.trace };
   tunnel.send(open);
   recordE2EStream('opened');
   const counters = e2eByteCounters();

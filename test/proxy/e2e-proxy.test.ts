@@ -313,9 +313,9 @@ async function failure(p: Promise<unknown>): Promise<string> {
   return 'no failure';
 }
 
-async function okGrant(user: string, resource = 'echo'): Promise<Extract<GrantAnswer, { ok: true }>> {
+async function okGrant(user: string, resource = 'echo', extra: Record<string, unknown> = {}): Promise<Extract<GrantAnswer, { ok: true }>> {
   const s = await grantSession(user);
-  const a = await s.ask({ resource });
+  const a = await s.ask({ resource, ...extra });
   s.socket.destroy();
   if (!a.ok) throw new Error(`no grant: ${JSON.stringify(a)}`);
   return a;
@@ -480,6 +480,7 @@ describe('GrantStore caps', () => {
     identity: { kind: 'user', name: user, cluster: CLUSTER, roles: [] },
     nodename: 'n',
     access: 'app',
+    trace: {},
   });
 
   it('never holds more than its caps, in all and per user; a full store refuses; expired grants are swept and never taken', () => {
@@ -507,7 +508,8 @@ describe('the pass-through route (gateway-e2e)', () => {
     const agent = await agentUp();
     await agent.dial(1);
     await waitUntil('the data connection is idle at the Proxy', () => tunnels.data.idleOf(agent.identity.hostId) === 1);
-    const a = await okGrant('alice');
+    const traceparent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+    const a = await okGrant('alice', 'echo', { traceparent });
     const { socket, answer } = await e2eStream('alice', a.server_name, agent.identity.hostId);
     expect(answer).toBe('{"ok":true}');
     const peer = socket.getPeerX509Certificate()!.fingerprint256;
@@ -517,7 +519,8 @@ describe('the pass-through route (gateway-e2e)', () => {
     const [echoed] = (await once(socket, 'data')) as [Buffer];
     expect(echoed.toString()).toBe('agent:hello');
     expect(agent.opens).toHaveLength(1);
-    expect(agent.opens[0]).toMatchObject({ type: 'e2e-open', conn: 1, grant: a.grant });
+    // The grant request's trace context reaches the agent (passed on as it came: tracing is off here).
+    expect(agent.opens[0]).toMatchObject({ type: 'e2e-open', conn: 1, grant: a.grant, traceparent });
     expect(agent.opens[0]!.client_src).toMatch(/^127\.0\.0\.1:\d+$/);
     socket.end();
     await closed(socket);
