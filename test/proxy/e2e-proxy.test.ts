@@ -531,6 +531,11 @@ describe('the pass-through route (gateway-e2e)', () => {
     const start = audited.find((e) => e.event === 'app.session.start' && e.user === 'alice');
     expect(start).toMatchObject({ resource: 'echo', node: agent.identity.nodename, e2e: true });
     expect(start).not.toHaveProperty('db_user');
+    // The bytes relayed, both ways: TLS records, so more than the 5 bytes of payload each way.
+    const end = audited.find((e) => e.event === 'app.session.end' && e.user === 'alice')!;
+    expect(end).toMatchObject({ e2e: true });
+    expect(end.bytes_in as number).toBeGreaterThan(5);
+    expect(end.bytes_out as number).toBeGreaterThan('agent:hello'.length);
   });
 
   it('a grant is single-use: the second stream with it gets the TLS alert access_denied', async () => {
