@@ -30,6 +30,8 @@ import { parseManifest } from '../../src/auth/resources/index.js';
 import { parseConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
+import { enableMetrics } from '../../src/metrics/define.js';
+import { registry } from '../../src/metrics/registry.js';
 import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
 import { createAccessHandler } from '../../src/proxy/access.js';
 import { DataConnections } from '../../src/proxy/e2edata.js';
@@ -63,9 +65,12 @@ import {
 import { PROTOCOL_VERSION, TUNNEL_ALPN_V2, type AgentResources } from '../../src/tunnel/protocol.js';
 import { TunnelSession } from '../../src/tunnel/session.js';
 import { VERSION } from '../../src/version.js';
+import { labelBoundViolations, parseExposition, sampleValue } from '../helpers/metrics.js';
 import { waitUntil } from '../helpers/wait.js';
 
 setRootLogger(createLogger({ level: process.env.E2E_LOG ? 'debug' : 'silent', format: 'json' }));
+// This process records, as a daemon with a diagnostics listener does (the last test reads the counters).
+enableMetrics();
 
 const CLUSTER = 'e2e.example';
 /** The grant sessions' idle deadline here (GRANT_SESSION_IDLE_MS is minutes). */
@@ -643,5 +648,25 @@ describe('data connections (gateway-data)', () => {
     const eager = await agent.dial(1, Buffer.concat([dataPreamble(agent.key, 1), Buffer.from('\x16\x03\x01')]));
     await closed(eager);
     expect(tunnels.data.idleOf(agent.identity.hostId)).toBe(0);
+  });
+});
+
+// --- metrics (after the tests above: the counters hold what they did) -------------------------------------------------
+
+describe('metrics of end-to-end streams', () => {
+  it('count grants, streams and bytes by outcome, refused data connections by reason, and the idle ones; labels bounded', async () => {
+    const agent = await agentUp();
+    await agent.dial(1);
+    await waitUntil('an idle data connection', () => tunnels.data.idleOf(agent.identity.hostId) === 1);
+    const samples = parseExposition(await registry.metrics());
+    const value = (name: string, labels: Record<string, string> = {}) => sampleValue(samples, name, labels) ?? 0;
+    for (const outcome of ['ok', 'classic', 'refused']) expect(value('gateway_e2e_grants_total', { outcome }), outcome).toBeGreaterThan(0);
+    for (const outcome of ['opened', 'grant', 'no-data']) expect(value('gateway_e2e_streams_total', { outcome }), outcome).toBeGreaterThan(0);
+    for (const direction of ['in', 'out']) expect(value('gateway_e2e_bytes_total', { direction }), direction).toBeGreaterThan(0);
+    for (const reason of ['bad-preamble', 'timeout', 'unknown-tunnel', 'bad-mac', 'reused', 'pool-full', 'bytes-while-idle']) {
+      expect(value('gateway_e2e_data_refused_total', { reason }), reason).toBeGreaterThan(0);
+    }
+    expect(value('gateway_e2e_data_idle')).toBeGreaterThanOrEqual(1);
+    expect(labelBoundViolations(samples)).toEqual([]);
   });
 });
