@@ -209,7 +209,8 @@ function serveSession(ctx: GrantContext, socket: TLSSocket, s: Session): void {
       answer({ id: 0, ok: false, error: { code: e.code, message: e.message } });
       rest = undefined;
       socket.off('data', onData);
-      return void socket.end();
+      // Closed once the answer is out, whether or not the client closes its side.
+      return void socket.destroySoon();
     }
     if (rest) socket.pause();
     else if (ended && inflight === 0) socket.end();
