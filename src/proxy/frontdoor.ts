@@ -7,7 +7,9 @@
  *              API, ping, find, version server, the Web UI's files (static.ts), connection upgrade
  *   redirect   plain HTTP: a redirect to https://
  *   ssh        the raw stream, to the ssh service (the SSH jump host)
- *   kube, tunnel, resource
+ *   e2e, data  the raw stream too (the ClientHello pushed back, unopened), to the relay of end-to-end streams
+ *              and the agents' data connections (e2erelay.ts, e2edata.ts): the Proxy holds no key of these
+ *   kube, tunnel, resource, grant
  *              TLS ends here, with the ALPN the client chose, then the service of that kind
  *
  *   multiplex (TLS routing, default): one listener on web_listen_addr; the Multiplexer routes each connection
