@@ -199,8 +199,9 @@ function connectRaw(): Promise<net.Socket> {
 }
 
 /** A v2 tunnel with a hello (e2e: the capability, or none), welcomed; each e2e-open is served as an echo over TLS. */
-async function agentUp(e2e: { v: 1; pool: number } | null = { v: 1, pool: 2 }): Promise<TestAgent> {
-  const identity = await joinHost();
+async function agentUp(e2e: { v: 1; pool: number } | null = { v: 1, pool: 2 }, again?: HostIdentity): Promise<TestAgent> {
+  const identity = again ?? (await joinHost());
+  const before = tunnels.get(identity.hostId)?.link;
   const tunnel = tls.connect({ host: '127.0.0.1', port, servername: 'localhost', ca: identity.hostCa, cert: identity.cert, key: identity.key, ALPNProtocols: [TUNNEL_ALPN_V2] });
   tunnel.on('error', () => undefined);
   await once(tunnel, 'secureConnect');
@@ -232,7 +233,7 @@ async function agentUp(e2e: { v: 1; pool: number } | null = { v: 1, pool: 2 }): 
     }
   });
   agents.push(agent);
-  await waitUntil('the tunnel is registered', () => tunnels.get(identity.hostId) !== undefined);
+  await waitUntil('the tunnel is registered', () => tunnels.get(identity.hostId) !== undefined && tunnels.get(identity.hostId)!.link !== before);
   return agent;
 }
 
@@ -578,6 +579,23 @@ describe('the pass-through route (gateway-e2e)', () => {
     const a = await okGrant('bob');
     expect(await failure(e2eStream('bob', a.server_name))).toMatch(/internal error/i);
     expect(await failure(e2eStream('bob', a.server_name))).toMatch(/access denied/i);
+  });
+
+  it('an agent that reconnected after the grant: the stream goes to its new tunnel; the old tunnel’s idle data connections are closed', async () => {
+    const first = await agentUp();
+    const stale = await first.dial(1);
+    await waitUntil('an idle data connection', () => tunnels.data.idleOf(first.identity.hostId) === 1);
+    const a = await okGrant('alice');
+    const second = await agentUp({ v: 1, pool: 2 }, first.identity);
+    await closed(stale, "the replaced tunnel's idle data connection is closed");
+    // The new tunnel's numbers start again at 1: another key, another tunnel.
+    await second.dial(1);
+    await waitUntil('an idle data connection of the new tunnel', () => tunnels.data.idleOf(first.identity.hostId) === 1);
+    const { socket, answer } = await e2eStream('alice', a.server_name, first.identity.hostId);
+    expect(answer).toBe('{"ok":true}');
+    expect(second.opens).toHaveLength(1);
+    expect(first.opens).toHaveLength(0);
+    socket.destroy();
   });
 
   it('a lock on the user closes the stream at the Proxy', async () => {
