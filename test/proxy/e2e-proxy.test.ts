@@ -29,7 +29,6 @@ import { generateKeyPair, identityFromCert, sshPrivateKeyPem } from '../../src/a
 import { parseManifest } from '../../src/auth/resources/index.js';
 import { parseConfig } from '../../src/config/index.js';
 import { Dialer } from '../../src/dial/dialer.js';
-import { createLogger, setRootLogger } from '../../src/log.js';
 import { enableMetrics } from '../../src/metrics/define.js';
 import { registry } from '../../src/metrics/registry.js';
 import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
@@ -65,10 +64,12 @@ import {
 import { PROTOCOL_VERSION, TUNNEL_ALPN_V2, type AgentResources } from '../../src/tunnel/protocol.js';
 import { TunnelSession } from '../../src/tunnel/session.js';
 import { VERSION } from '../../src/version.js';
+import { captureLogs } from '../helpers/logs.js';
 import { labelBoundViolations, parseExposition, sampleValue } from '../helpers/metrics.js';
 import { waitUntil } from '../helpers/wait.js';
 
-setRootLogger(createLogger({ level: process.env.E2E_LOG ? 'debug' : 'silent', format: 'json' }));
+/** Every log line of this process: the last test checks what was logged, and what never was. */
+const logLines = captureLogs();
 // This process records, as a daemon with a diagnostics listener does (the last test reads the counters).
 enableMetrics();
 
@@ -191,6 +192,8 @@ interface TestAgent {
   close(): void;
 }
 const agents: TestAgent[] = [];
+/** Every grant token the Proxy issued here (none may appear in a log line). */
+const tokens = new Set<string>();
 
 function connectRaw(): Promise<net.Socket> {
   const s = net.connect(port, '127.0.0.1');
@@ -269,6 +272,7 @@ async function grantSession(user: string): Promise<{ socket: tls.TLSSocket; ask(
   socket.on('data', (chunk: Buffer) => {
     for (const line of splitter.lines(chunk)) {
       const a = JSON.parse(line.toString()) as GrantAnswer;
+      if (a.ok) tokens.add(a.grant);
       answers.push(a);
       waiting.get(a.id)?.(a);
       waiting.delete(a.id);
@@ -686,5 +690,22 @@ describe('metrics of end-to-end streams', () => {
     }
     expect(value('gateway_e2e_data_idle')).toBeGreaterThanOrEqual(1);
     expect(labelBoundViolations(samples)).toEqual([]);
+  });
+});
+
+describe('logs of end-to-end streams', () => {
+  it('refusals are logged with their code at a limited rate; no grant token, data key or MAC is ever logged', () => {
+    const grantRefusals = logLines.filter((l) => l.includes('"GW_ERR_E2E_GRANT"'));
+    const dataRefusals = logLines.filter((l) => l.includes('"GW_ERR_E2E_DATA"'));
+    expect(grantRefusals.length).toBeGreaterThan(0);
+    expect(dataRefusals.length).toBeGreaterThan(0);
+    // Several grant refusals happened above within seconds: one line per 10 s; data: one per reason per 10 s.
+    expect(grantRefusals.length).toBeLessThanOrEqual(2);
+    expect(dataRefusals.length).toBeLessThanOrEqual(2 * 7);
+    expect(tokens.size).toBeGreaterThan(0);
+    const secrets = [...tokens].flatMap((t) => t.split('.'));
+    for (const a of agents) secrets.push(a.key.toString('hex'), a.key.toString('base64'), dataPreamble(a.key, 1).toString('latin1').split(' ')[3]!.trim());
+    const leaks = logLines.filter((l) => secrets.some((secret) => l.includes(secret)));
+    expect(leaks).toEqual([]);
   });
 });
