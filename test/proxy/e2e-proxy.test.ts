@@ -699,8 +699,9 @@ describe('logs of end-to-end streams', () => {
     const dataRefusals = logLines.filter((l) => l.includes('"GW_ERR_E2E_DATA"'));
     expect(grantRefusals.length).toBeGreaterThan(0);
     expect(dataRefusals.length).toBeGreaterThan(0);
-    // Several grant refusals happened above within seconds: one line per 10 s; data: one per reason per 10 s.
-    expect(grantRefusals.length).toBeLessThanOrEqual(2);
+    // Five grant refusals happened above, three of them back to back (the expired/unknown/no-grant test): one line
+    // per 10 s leaves out at least two, however slow the machine. Data: at most one line per reason per 10 s.
+    expect(grantRefusals.length).toBeLessThan(5);
     expect(dataRefusals.length).toBeLessThanOrEqual(2 * 7);
     expect(tokens.size).toBeGreaterThan(0);
     const secrets = [...tokens].flatMap((t) => t.split('.'));
