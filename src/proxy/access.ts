@@ -106,8 +106,7 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo, ho
   const header = await readRouteHeader(socket, ctx.headerTimeoutMs);
   // This hop's span, from the route header on (the client's context is not trusted: src/trace.ts).
   hop.span = startHop('proxy.access', { kind: 'server', parent: traceContextOf(header), attributes: { 'gateway.route': info.route, 'gateway.route.reason': routeReason(info) } });
-  const target = await authorizeRoute(ctx.auth, ctx.agents, identity, info.route, header);
-  hop.span.set({ 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId });
+  const target = await authorizeRoute(ctx.auth, ctx.agents, identity, info.route, header, hop.span);
   if (header.check === true) {
     socket.end(`${JSON.stringify({ ok: true } satisfies DialAnswer)}\n`);
     ctx.log.debug({ user: identity.name, route: info.route, resource: header.resource, client }, 'access check answered');
@@ -131,11 +130,11 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo, ho
 }
 
 /**
- * Steps 3's checks, the one place that decides whether a resolved identity may take a route to a resource: the
+ * Step 3's checks, the one place that decides whether a resolved identity may take a route to a resource: the
  * target among the agents, the login for a node, the roles against its labels. A refusal is thrown (the classic
  * route answers it; the grant session, e2egrants.ts, answers it with the same code).
  */
-export async function authorizeRoute(auth: ProxyAuth, agents: AgentSource, identity: Identity, route: string, wanted: Pick<RouteHeader, 'resource' | 'login' | 'kind'>): Promise<Target> {
+export async function authorizeRoute(auth: ProxyAuth, agents: AgentSource, identity: Identity, route: string, wanted: Pick<RouteHeader, 'resource' | 'login' | 'kind'>, span?: HopSpan): Promise<Target> {
   const target = findTarget(agents.agents(), route, wanted);
   if (!target) {
     throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves ${describe(route)} "${wanted.resource}"`, {
@@ -143,6 +142,8 @@ export async function authorizeRoute(auth: ProxyAuth, agents: AgentSource, ident
     });
   }
   if (target.service === 'ssh') checkLogin(identity, wanted.login);
+  // On the span before the roles are checked: a refusal's span names what was refused.
+  span?.set({ 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId });
   await checkRoles(auth, identity, target, route, wanted.resource);
   return target;
 }

@@ -276,9 +276,8 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, sp
     resource: request.resource,
     ...(typeof request.login === 'string' ? { login: request.login } : {}),
     ...(request.kind === 'app' || request.kind === 'desktop' ? { kind: request.kind } : {}),
-  });
+  }, span);
   const hostId = target.agent.hostId;
-  span.set({ 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': hostId });
   const local = ctx.tunnels.get(hostId);
   const classic = (reason: string): GrantAnswer => ({ id, ok: false, classic: true, reason });
   if (!local) return classic(`agent "${target.agent.nodename}" holds no tunnel to this Proxy (reached over peering or directly): this version carries end-to-end streams only through the Proxy that holds the tunnel`);
