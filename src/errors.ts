@@ -911,6 +911,16 @@ export const ERROR_CODES = {
     summary: 'The agent could not connect to the resource behind it; the message names the resource, the agent and why.',
     hint: "Check that the resource runs and that the address in the agent's configuration is right.",
   },
+  GW_ERR_E2E_GRANT: {
+    status: 403,
+    summary: "An end-to-end stream's grant was refused by the Proxy: its server name names no grant this Proxy holds, or the grant has expired, was used already, or is another user's.",
+    hint: "Grants are single-use and live 30 s: let gwsh ask for a new one (run the command again); a client that reuses a grant or sends a server name of its own is not gwsh, or its clock and the Proxy's disagree by more than the grant's life.",
+  },
+  GW_ERR_E2E_DATA: {
+    status: 400,
+    summary: "An agent's data connection for end-to-end streams was refused by the Proxy: its preamble is malformed, over 128 bytes or late, names no tunnel of this Proxy, carries a wrong MAC or a number used before, or it sent bytes while idle.",
+    hint: "An agent dials its data connections after its v2 tunnel is welcomed, from that tunnel's keys: check that the agent is of this version and that nothing between it and the Proxy (a TLS-inspecting proxy, a load balancer sending its connections to another Proxy) rewrites or reroutes the connections; the agent reconnects its tunnel on its own.",
+  },
   GW_ERR_KUBE_CREDENTIALS: {
     status: 502,
     summary: "The Kubernetes Service could not read its credential for the API server: the service-account token or CA (credentials: in_cluster) or the kubeconfig's context, user, token or certificate (credentials: kubeconfig) is missing, empty, oversized or malformed; the message names the file.",

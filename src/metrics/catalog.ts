@@ -13,6 +13,7 @@ import './tunnels.js';
 import './upgrade.js';
 import './artifacts.js';
 import './autoupdate.js';
+import './e2e.js';
 
 export { DECLARED, inSet, OTHER, type LabelSet, type MetricSpec, type PatternSet } from './define.js';
 export { DEFAULT_LABELS, PROCESS_PREFIX } from './process.js';

@@ -27,6 +27,7 @@ const DB_ROUTES = ['gateway-mysql', 'gateway-postgres', 'gateway-mongodb', 'gate
 /** The protocol table's route names, with the -ping route of those that answer pings. */
 export const ROUTES = [
   'web', 'ssh', 'gateway-reversetunnel', 'kube', 'gateway-proxy-ssh', 'gateway-tcp', 'gateway-tcp-ping', 'http',
+  'gateway-grant', 'gateway-e2e', 'gateway-data',
   ...DB_ROUTES, ...DB_ROUTES.map((r) => `${r}-ping`),
 ] as const;
 

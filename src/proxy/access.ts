@@ -106,15 +106,7 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo, ho
   const header = await readRouteHeader(socket, ctx.headerTimeoutMs);
   // This hop's span, from the route header on (the client's context is not trusted: src/trace.ts).
   hop.span = startHop('proxy.access', { kind: 'server', parent: traceContextOf(header), attributes: { 'gateway.route': info.route, 'gateway.route.reason': routeReason(info) } });
-  const target = findTarget(ctx.agents.agents(), info.route, header);
-  if (!target) {
-    throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves ${describe(info.route)} "${header.resource}"`, {
-      hint: "List what is reachable with 'gwsh ls', 'gwsh db ls' or 'gwsh apps ls'; the agent that serves it may be offline.",
-    });
-  }
-  if (target.service === 'ssh') checkLogin(identity, header.login);
-  hop.span.set({ 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId });
-  await checkRoles(ctx.auth, identity, target, info.route, header.resource);
+  const target = await authorizeRoute(ctx.auth, ctx.agents, identity, info.route, header, hop.span);
   if (header.check === true) {
     socket.end(`${JSON.stringify({ ok: true } satisfies DialAnswer)}\n`);
     ctx.log.debug({ user: identity.name, route: info.route, resource: header.resource, client }, 'access check answered');
@@ -126,7 +118,7 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo, ho
     client_src: client,
     client_dst: `${info.localAddress}:${info.localPort}`,
     user: identity.name,
-    ...(target.service === 'db' ? { db_access: identity.db ?? NO_DATABASE_GRANT } : {}),
+    ...(target.service === 'db' ? { db_access: dbAccessOf(identity) } : {}),
     ...traceFields(hop.span.context),
   });
   const framed = header.framed === true;
@@ -135,6 +127,30 @@ async function connect(ctx: AccessContext, socket: TLSSocket, info: ConnInfo, ho
   const stream = framed ? new FramedStream(socket) : socket;
   auditSession(ctx, { client: stream, socket }, channel, { user: identity.name, target, route: info.route, client });
   splice(stream, channel);
+}
+
+/**
+ * Step 3's checks, the one place that decides whether a resolved identity may take a route to a resource: the
+ * target among the agents, the login for a node, the roles against its labels. A refusal is thrown (the classic
+ * route answers it; the grant session, e2egrants.ts, answers it with the same code).
+ */
+export async function authorizeRoute(auth: ProxyAuth, agents: AgentSource, identity: Identity, route: string, wanted: Pick<RouteHeader, 'resource' | 'login' | 'kind'>, span?: HopSpan): Promise<Target> {
+  const target = findTarget(agents.agents(), route, wanted);
+  if (!target) {
+    throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves ${describe(route)} "${wanted.resource}"`, {
+      hint: "List what is reachable with 'gwsh ls', 'gwsh db ls' or 'gwsh apps ls'; the agent that serves it may be offline.",
+    });
+  }
+  if (target.service === 'ssh') checkLogin(identity, wanted.login);
+  // On the span before the roles are checked: a refusal's span names what was refused.
+  span?.set({ 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId });
+  await checkRoles(auth, identity, target, route, wanted.resource);
+  return target;
+}
+
+/** The database users and names a resolved identity's roles allow now (DialRequest.db_access). */
+export function dbAccessOf(identity: Identity): DatabaseGrant {
+  return identity.db ?? NO_DATABASE_GRANT;
 }
 
 /** What a user without a resolved grant may use of a database: nothing (the agent refuses every user and name). */

@@ -7,7 +7,9 @@
  *              API, ping, find, version server, the Web UI's files (static.ts), connection upgrade
  *   redirect   plain HTTP: a redirect to https://
  *   ssh        the raw stream, to the ssh service (the SSH jump host)
- *   kube, tunnel, resource
+ *   e2e, data  the raw stream too (the ClientHello pushed back, unopened), to the relay of end-to-end streams
+ *              and the agents' data connections (e2erelay.ts, e2edata.ts): the Proxy holds no key of these
+ *   kube, tunnel, resource, grant
  *              TLS ends here, with the ALPN the client chose, then the service of that kind
  *
  *   multiplex (TLS routing, default): one listener on web_listen_addr; the Multiplexer routes each connection
@@ -239,6 +241,8 @@ class RouteHandlers {
       case 'redirect':
         return this.redirectRoute;
       case 'ssh':
+      case 'e2e': // the client's TLS with the agent passes through unopened (e2erelay.ts)
+      case 'data': // an agent's data connection: not TLS (e2edata.ts)
         return this.raw(row.name, row);
       default:
         return this.terminate(row.name, this.services[row.kind], row.kind === 'tunnel' ? this.tunnelContext : this.secureContext);

@@ -71,7 +71,8 @@ export interface SessionFields {
   /** The agent that serves the resource (its nodename), as SSH session events name their node. */
   node?: string;
   client: string;
-  [extra: string]: string | number | undefined;
+  /** e2e: true on an end-to-end stream (the Proxy saw only its TLS records: no db_user or db_name). */
+  [extra: string]: string | number | boolean | undefined;
 }
 
 export interface SessionEnd {
@@ -143,7 +144,7 @@ interface Coalesced {
 
 interface Open {
   kind: SessionKind;
-  fields: Record<string, string | number | undefined>;
+  fields: Record<string, string | number | boolean | undefined>;
   start: number;
   bytesIn: number;
   bytesOut: number;

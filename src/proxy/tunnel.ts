@@ -72,6 +72,8 @@ import {
 } from '../tunnel/protocol.js';
 import { TunnelSession, type TunnelStream } from '../tunnel/session.js';
 import { recordProxyMissedHeartbeats, watchTunnelServer } from '../metrics/tunnels.js';
+import { e2eCapabilityOf } from '../tunnel/e2e.js';
+import { DataConnections } from './e2edata.js';
 
 /** One agent's tunnel as the registry uses it, whichever protocol carries it. */
 export interface AgentLink {
@@ -125,6 +127,8 @@ export interface TunnelServerOptions {
   streamWindow?: number;
   /** How long a tunnel an agent replaced with drain_previous may drain (default TUNNEL_DRAIN_CAP_MS). */
   drainCapMs?: number;
+  /** The agents' data connections for end-to-end streams (e2edata.ts); default: a registry of its own. */
+  data?: DataConnections;
 }
 
 /** What the front door knows about a tunnel stream: where it came from and the TLS client certificate, if any. */
@@ -189,10 +193,13 @@ export class TunnelServer extends EventEmitter {
   private sweeps = 0;
   /** The agents connected, by protocol, at each scrape (gateway_tunnel_agents_connected). */
   private readonly unwatchMetrics = watchTunnelServer(() => [...this.agents.values()].map((e) => e.agent.link.protocol));
+  /** The data connections of the v2 tunnels that take end-to-end streams (e2edata.ts). */
+  readonly data: DataConnections;
 
   constructor(private readonly options: TunnelServerOptions) {
     super();
     this.proxyId = options.proxyId ?? randomUUID();
+    this.data = options.data ?? new DataConnections();
     this.endpoint = new SshEndpoint({
       hostKeys: [options.hostKey],
       ident: 'gateway-tunnel',
@@ -453,6 +460,7 @@ export class TunnelServer extends EventEmitter {
     this.log.info({ hostId: agent.hostId, nodename: agent.nodename, services: agent.services, remote, protocol: link.protocol }, 'agent connected');
     this.emit('agent', agent);
     const send = (m: ControlMessage) => writeJsonLine(link.control, m);
+    this.attachData(link, hello, agent);
     send({ type: 'welcome', proxyId: this.proxyId, heartbeatIntervalMs: this.options.heartbeatIntervalMs, heartbeatCountMax: this.options.heartbeatCountMax });
     send(this.discovery());
     // An agent that signs its presence sends its first proof right after the welcome: its presence is written with
@@ -595,6 +603,14 @@ export class TunnelServer extends EventEmitter {
     entry.agent.link.onGone(() => close('the agent closed it'));
     this.log.info({ hostId, nodename, streams: entry.inFlight.size, capMs }, 'agent replaced its tunnel (a better transport, or a new process); draining the old one');
     if (entry.inFlight.size === 0) close('no stream was open');
+  }
+
+  /** A v2 tunnel whose hello offers end-to-end streams: its data connections are registered (e2edata.ts). */
+  private attachData(link: AgentLink, hello: HelloMessage, agent: ConnectedAgent): void {
+    // The hello's e2e field is read as unknown: e2eCapabilityOf keeps only a capability this version understands.
+    const capability = e2eCapabilityOf((hello as { e2e?: unknown }).e2e);
+    if (!(link instanceof SessionLink) || !capability) return;
+    this.data.attach({ hostId: agent.hostId, nodename: agent.nodename, socket: link.socket, capability, send: (m) => writeJsonLine(link.control, m), onGone: (fn) => link.onGone(fn) });
   }
 
   private unregister(entry: Registered): void {
@@ -746,6 +762,7 @@ export class TunnelServer extends EventEmitter {
       await this.options.auth.clearPresence(agent.hostId, this.proxyId, agent.connectedAt.toISOString()).catch(() => undefined);
     }
     this.agents.clear();
+    this.data.close();
     this.version++;
   }
 }
@@ -787,7 +804,7 @@ class SessionLink implements AgentLink {
   private readonly session: TunnelSession;
   private goneFns: Array<() => void> | undefined = [];
 
-  constructor(socket: TLSSocket, window: number | undefined, onProtocolError: (err: GatewayError | undefined) => void) {
+  constructor(readonly socket: TLSSocket, window: number | undefined, onProtocolError: (err: GatewayError | undefined) => void) {
     this.session = new TunnelSession(socket, {
       role: 'proxy',
       ...(window ? { window } : {}),

@@ -19,6 +19,7 @@ import { decisionAttributes } from '../dial/select.js';
 import { GatewayError } from '../errors.js';
 import type { ConnectionLimits, LimitSettings } from '../net/deadlines.js';
 import { createAccessHandler } from '../proxy/access.js';
+import { e2eServices } from '../proxy/e2erelay.js';
 import { startFrontDoor, type FrontDoor, type ProtocolServices } from '../proxy/frontdoor.js';
 import { cachedAuthPreference } from '../proxy/ping.js';
 import { SshJumpServer } from '../proxy/sshjump.js';
@@ -157,7 +158,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     web,
     webApps: createWebAppHandler(auth, router, { webAddrs: () => webAddrs(config, frontDoor?.addresses.web), audit }),
     webAppUpgrades: createWebAppUpgradeHandler(auth, router, { deadlines: limits.settings, audit }),
-    services: services(auth, router, tunnels, jump, limits.settings, audit),
+    services: { ...services(auth, router, tunnels, jump, limits.settings, audit), ...e2eServices({ auth, agents: router, tunnels, tlsKey: webTls.key, proxyId: options.proxyId, audit }) },
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
     findExtras: () => findExtras(options.proxyId, tunnelKey.sshPublicKey, cluster),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },

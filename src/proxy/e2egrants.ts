@@ -1,0 +1,307 @@
+/**
+ * Grant sessions for end-to-end streams, at the Proxy (the contract: src/tunnel/e2e.ts; the prose: docs/tunnels.md,
+ * "End-to-end streams: the Proxy"). The route gateway-grant arrives from the front door with TLS terminated and the
+ * user's client certificate checked, as the resource routes do (access.ts). Then:
+ *
+ *   1. the certificate must be a user's of this cluster (peerIdentityOf); the session is tracked in auth.sessions
+ *      from here on, so a lock or a deletion closes it;
+ *   2. GrantRequest lines, read incrementally (LineSplitter: at most GRANT_LINE_MAX_BYTES each; a longer line ends
+ *      the session), at most GRANT_SESSION_INFLIGHT_MAX in flight (the socket is paused beyond), the session closed
+ *      after GRANT_SESSION_IDLE_MS without a request;
+ *   3. each request is authorized exactly as the classic route would authorize it (access.ts authorizeRoute, with
+ *      the identity resolved again for each: a role taken away since the last request counts), and refused with
+ *      the same code;
+ *   4. an allowed request gets a grant only when the agent's tunnel is on this Proxy, is v2 and offered the e2e
+ *      capability (its data connections are registered: e2edata.ts); otherwise the answer is `classic` with the
+ *      reason (an agent of an earlier version, a v1 tunnel, reached over peering or directly);
+ *   5. the grant is signed with this Proxy's own TLS key (the key of the certificate its tunnels see, so that the
+ *      agent checks it with the tunnel's peer certificate), bound to the user's certificate key (spkiHash), the
+ *      roles that authorized, the resource and the agent, good for GRANT_TTL_MS, and kept in GrantStore until the
+ *      pass-through route (e2erelay.ts) takes it, once.
+ *
+ * GrantStore is bounded: at most GRANTS_PENDING_MAX unused grants in all (beyond, the answer is `classic`: the
+ * client still gets its connection, through the classic route) and GRANTS_PENDING_PER_USER_MAX per user (beyond,
+ * that user's oldest is dropped: a client that leaks grants only loses its own). Expired grants are swept at each
+ * put, oldest first (grants are kept in the order they were issued, and all live equally long).
+ */
+import { randomBytes, type KeyObject } from 'node:crypto';
+import type { Duplex } from 'node:stream';
+import type { TLSSocket } from 'node:tls';
+import { peerIdentityOf } from '../auth/peeridentity.js';
+import type { Identity } from '../auth/pki.js';
+import type { ProxyAuth } from '../auth/proxyauth.js';
+import { GatewayError, toGatewayError } from '../errors.js';
+import { logger, type Logger } from '../log.js';
+import { recordGrant } from '../metrics/e2e.js';
+import type { ConnInfo } from '../mux/multiplexer.js';
+import { writeJsonLine } from '../stream/lines.js';
+import { LineSplitter } from '../stream/splitter.js';
+import { startHop, traceContextOf, traceFields, type HopSpan } from '../trace.js';
+import {
+  e2eServerName,
+  GRANT_LINE_MAX_BYTES,
+  GRANT_SESSION_IDLE_MS,
+  GRANT_SESSION_INFLIGHT_MAX,
+  GRANT_TTL_MS,
+  GRANTS_PENDING_MAX,
+  GRANTS_PENDING_PER_USER_MAX,
+  signGrant,
+  spkiHash,
+  type E2EGrant,
+  type GrantAnswer,
+  type GrantRequest,
+} from '../tunnel/e2e.js';
+import { authorizeRoute, dbAccessOf } from './access.js';
+import { protocolNamed } from './protocols.js';
+import type { AgentSource } from './router.js';
+
+/** A grant the Proxy issued and holds until it is used once or expires. */
+export interface HeldGrant {
+  grant: E2EGrant;
+  token: string;
+  /** The user's certified identity: the relayed stream is tracked under it (a lock closes it). */
+  identity: Identity;
+  /** The agent's node name (audit, logs). */
+  nodename: string;
+  /** The target's label-selected kind (audit: db, app, desktop). */
+  access: string;
+  /** The grant request's span (src/trace.ts), carried to the agent in e2e-open as the stream's parent. */
+  trace: { traceparent?: string; tracestate?: string };
+}
+
+export class GrantStore {
+  /** By grant id, in the order issued. */
+  private readonly grants = new Map<string, HeldGrant>();
+  private readonly byUser = new Map<string, string[]>();
+
+  constructor(
+    readonly max = GRANTS_PENDING_MAX,
+    readonly perUserMax = GRANTS_PENDING_PER_USER_MAX,
+  ) {}
+
+  get size(): number {
+    return this.grants.size;
+  }
+
+  /** Keeps a grant; false when the store is full (of grants not yet expired). */
+  put(held: HeldGrant, now: number): boolean {
+    this.sweep(now);
+    const user = held.grant.sub;
+    const mine = this.byUser.get(user) ?? [];
+    if (mine.length >= this.perUserMax) this.delete(mine[0]!);
+    if (this.grants.size >= this.max) return false;
+    this.grants.set(held.grant.id, held);
+    const list = this.byUser.get(user);
+    if (list) list.push(held.grant.id);
+    else this.byUser.set(user, [held.grant.id]);
+    return true;
+  }
+
+  /** The grant with this id, taken out (single use); undefined when there is none or it has expired. */
+  take(id: string | undefined, now: number): HeldGrant | undefined {
+    if (id === undefined) return undefined;
+    const held = this.grants.get(id);
+    if (!held) return undefined;
+    this.delete(id);
+    return held.grant.exp > now ? held : undefined;
+  }
+
+  private sweep(now: number): void {
+    for (const [id, held] of this.grants) {
+      if (held.grant.exp > now) return;
+      this.delete(id);
+    }
+  }
+
+  private delete(id: string): void {
+    const held = this.grants.get(id);
+    if (!held) return;
+    this.grants.delete(id);
+    const list = this.byUser.get(held.grant.sub);
+    if (!list) return;
+    const i = list.indexOf(id);
+    if (i >= 0) list.splice(i, 1);
+    if (list.length === 0) this.byUser.delete(held.grant.sub);
+  }
+}
+
+/** What the grant route needs of the Proxy. */
+export interface GrantContext {
+  auth: ProxyAuth;
+  agents: AgentSource;
+  /** This Proxy's own tunnels (tunnel.ts TunnelServer): whether the agent's is here, and its protocol. */
+  tunnels: { get(hostId: string): { link: { readonly protocol: 1 | 2 } } | undefined };
+  /** The tunnels that take end-to-end streams (e2edata.ts DataConnections). */
+  data: { tunnelOf(hostId: string): unknown };
+  /** This Proxy's TLS private key (its tunnels' certificate's) and host ID. */
+  signer: { key: KeyObject; iss: string };
+  store: GrantStore;
+  idleMs?: number;
+  now?: () => number;
+}
+
+/** The route gateway-grant's service: one grant session per connection. */
+export function createGrantHandler(ctx: GrantContext): (stream: Duplex, info: ConnInfo) => void {
+  const log = logger('e2e-grants');
+  return (stream, info) => {
+    const socket = stream as TLSSocket;
+    const client = `${info.remoteAddress}:${info.remotePort}`;
+    let certified: Identity;
+    let key: string;
+    try {
+      certified = peerIdentityOf(ctx.auth, socket);
+      if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may ask for grants');
+      key = spkiHash(socket.getPeerX509Certificate()!);
+    } catch (err) {
+      const e = toGatewayError(err);
+      log.info({ client, code: e.code, err: e.message }, 'grant session refused');
+      return void socket.end(`${JSON.stringify({ id: 0, ok: false, error: { code: e.code, message: e.message, ...(e.hint ? { hint: e.hint } : {}) } } satisfies GrantAnswer)}\n`);
+    }
+    const untrack = ctx.auth.sessions.track(certified, `gateway-grant ${client}`, (why) => {
+      log.info({ user: certified.name, client, code: why.code }, 'grant session closed: identity revoked');
+      socket.destroy();
+    });
+    socket.once('close', untrack);
+    if (socket.destroyed) untrack();
+    serveSession(ctx, socket, { certified, key, client, log });
+  };
+}
+
+interface Session {
+  certified: Identity;
+  key: string;
+  client: string;
+  log: Logger;
+}
+
+/** Step 2: the request lines, bounded, a few at a time, until the client ends or idles out. */
+function serveSession(ctx: GrantContext, socket: TLSSocket, s: Session): void {
+  const splitter = new LineSplitter(GRANT_LINE_MAX_BYTES, 'grant request');
+  const idleMs = ctx.idleMs ?? GRANT_SESSION_IDLE_MS;
+  let inflight = 0;
+  let rest: Buffer | undefined;
+  /** The client ended its side: the Proxy ends its own once every answer is written. */
+  let ended = false;
+  let idle = setTimeout(() => socket.destroy(), idleMs);
+  socket.once('close', () => clearTimeout(idle));
+  const answer = (a: GrantAnswer) => {
+    if (!socket.destroyed && socket.writable) writeJsonLine(socket, a);
+  };
+  const pump = (): void => {
+    try {
+      while (rest && inflight < GRANT_SESSION_INFLIGHT_MAX) {
+        const r = splitter.feed(rest);
+        if (r.kind === 'need-more') rest = undefined;
+        else {
+          rest = r.rest.length > 0 ? r.rest : undefined;
+          clearTimeout(idle);
+          idle = setTimeout(() => socket.destroy(), idleMs);
+          inflight++;
+          void answerLine(ctx, s, r.line).then(answer).finally(() => {
+            inflight--;
+            pump();
+          });
+        }
+      }
+    } catch (err) {
+      // A line over the cap: answered once, then the session ends (nothing more of it is read).
+      const e = toGatewayError(err);
+      answer({ id: 0, ok: false, error: { code: e.code, message: e.message } });
+      rest = undefined;
+      socket.off('data', onData);
+      // Closed once the answer is out, whether or not the client closes its side.
+      return void socket.destroySoon();
+    }
+    if (rest) socket.pause();
+    else if (ended && inflight === 0) socket.end();
+    else if (socket.isPaused()) socket.resume();
+  };
+  const onData = (chunk: Buffer) => {
+    rest = rest ? Buffer.concat([rest, chunk]) : chunk;
+    pump();
+  };
+  socket.on('data', onData);
+  socket.on('end', () => {
+    ended = true;
+    pump();
+  });
+  socket.on('error', () => socket.destroy());
+}
+
+/** Steps 3 to 5 for one request line: the answer, never a throw. */
+async function answerLine(ctx: GrantContext, s: Session, line: Buffer): Promise<GrantAnswer> {
+  let id = 0;
+  let span: HopSpan | undefined;
+  try {
+    const request = parseRequest(line);
+    id = request.id;
+    // This hop's span, from the request on (the client's context is not trusted: src/trace.ts).
+    span = startHop('proxy.e2e.grant', { kind: 'server', parent: traceContextOf(request), attributes: { 'gateway.route': request.route } });
+    const answer = await grantFor(ctx, s, request, span);
+    recordGrant(answer.ok ? 'ok' : 'classic' in answer ? 'classic' : 'refused');
+    span.set({ 'gateway.e2e.outcome': answer.ok ? 'ok' : 'classic' });
+    return answer;
+  } catch (err) {
+    const e = toGatewayError(err);
+    span?.fail(e.code);
+    if (id === 0 && Number.isSafeInteger(e.details.id)) id = e.details.id as number;
+    recordGrant('refused');
+    s.log.info({ user: s.certified.name, client: s.client, code: e.code, err: e.message }, 'grant refused');
+    return { id, ok: false, error: { code: e.code, message: e.message, ...(e.hint ? { hint: e.hint } : {}) } };
+  } finally {
+    span?.end();
+  }
+}
+
+function parseRequest(line: Buffer): GrantRequest {
+  let v: unknown;
+  try {
+    v = JSON.parse(line.toString('utf8'));
+  } catch {
+    throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the grant request is not JSON');
+  }
+  const r = v as Partial<GrantRequest> | null;
+  if (typeof r !== 'object' || r === null || !Number.isSafeInteger(r.id)) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the grant request has no numeric id');
+  if (typeof r.resource !== 'string' || r.resource === '') throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the grant request names no resource', { details: { id: r.id } });
+  if (typeof r.route !== 'string' || protocolNamed(r.route)?.kind !== 'resource') {
+    throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', `the grant request's route ${JSON.stringify(r.route)} is not a resource route (a database's, gateway-tcp or gateway-proxy-ssh)`, { details: { id: r.id } });
+  }
+  return r as GrantRequest;
+}
+
+async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, span: HopSpan): Promise<GrantAnswer> {
+  const { id } = request;
+  const identity = await ctx.auth.resolveCaller(s.certified);
+  const target = await authorizeRoute(ctx.auth, ctx.agents, identity, request.route, {
+    resource: request.resource,
+    ...(typeof request.login === 'string' ? { login: request.login } : {}),
+    ...(request.kind === 'app' || request.kind === 'desktop' ? { kind: request.kind } : {}),
+  }, span);
+  const hostId = target.agent.hostId;
+  const local = ctx.tunnels.get(hostId);
+  const classic = (reason: string): GrantAnswer => ({ id, ok: false, classic: true, reason });
+  if (!local) return classic(`agent "${target.agent.nodename}" holds no tunnel to this Proxy (reached over peering or directly): this version carries end-to-end streams only through the Proxy that holds the tunnel`);
+  if (local.link.protocol !== 2) return classic(`agent "${target.agent.nodename}" holds a v1 (SSH) tunnel here: end-to-end streams need a v2 tunnel`);
+  if (!ctx.data.tunnelOf(hostId)) return classic(`agent "${target.agent.nodename}" does not offer end-to-end streams (an earlier version, or turned off)`);
+  const now = (ctx.now ?? Date.now)();
+  const grant: E2EGrant = {
+    v: 1,
+    id: randomBytes(16).toString('hex'),
+    iss: ctx.signer.iss,
+    sub: identity.name,
+    key: s.key,
+    roles: [...identity.roles],
+    service: target.service,
+    resource: target.service === 'ssh' ? `${request.login}@${target.agent.nodename}` : request.resource,
+    agent: hostId,
+    ...(target.service === 'db' ? { db_access: dbAccessOf(identity) } : {}),
+    iat: now,
+    exp: now + GRANT_TTL_MS,
+  };
+  const token = signGrant(grant, ctx.signer.key);
+  if (!ctx.store.put({ grant, token, identity: s.certified, nodename: target.agent.nodename, access: target.access, trace: traceFields(span.context) }, now)) {
+    return classic(`this Proxy holds ${ctx.store.max} unused grants, its most`);
+  }
+  s.log.debug({ user: identity.name, client: s.client, route: request.route, resource: request.resource, agent: target.agent.nodename }, 'grant issued');
+  return { id, ok: true, grant: token, agent: hostId, server_name: e2eServerName(grant.id), expires: grant.exp };
+}
