@@ -98,6 +98,8 @@ interface DataConn {
 const dataConns: DataConn[] = [];
 const arrivals = new EventEmitter();
 let refusedData = 0;
+/** Set by a test: the Proxy cuts every data connection of this kid as soon as it arrives (a path that drops them). */
+let cutKid: string | undefined;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-agent-'));
@@ -197,6 +199,11 @@ function takeData(client: net.Socket, first: Buffer): void {
       return true;
     }
     if (buf.length > p.length) client.unshift(buf.subarray(p.length));
+    if (p.kid === cutKid) {
+      client.destroy();
+      arrivals.emit('cut', p.n);
+      return true;
+    }
     const conn: DataConn = { kid: p.kid, n: p.n, socket: client, used: false };
     dataConns.push(conn);
     arrivals.emit('data', conn);
@@ -412,7 +419,8 @@ describe('end-to-end streams at the agent', () => {
   });
 
   it('ignores an e2e-open for a data connection it does not hold, and closes one whose e2e-open never comes', async () => {
-    const { identity } = await startAgent();
+    // Idle connections are not replaced during the test: only the e2e-open deadline can close this one.
+    const { identity } = await startAgent({ e2e: { pool: 2, data: { backoff: { firstMs: 50, maxMs: 200 }, openWaitMs: 1_000, idleMaxMs: 600_000 } } });
     const kid = await poolReady(identity.hostId);
     const { socket, data } = await openStream(identity.hostId, kid, grantFor(identity).token, alice, { conn: 999 });
     // The client's ClientHello reached data connection n, which no e2e-open assigned: it is closed at the deadline.
@@ -447,6 +455,31 @@ describe('end-to-end streams at the agent', () => {
     expect(Math.max(...idleOf(kid).map((c) => c.n))).toBe(3);
     expect(agent.getState()).toBe('connected');
     expect(agent.dataConnections.length).toBe(2);
+  });
+});
+
+describe('a path that drops every data connection', () => {
+  it('redials each one only after the backoff, never in a loop, and the tunnel stays', async () => {
+    const delays: number[] = [];
+    const { agent, identity } = await startAgent({
+      e2e: { pool: 2, data: { backoff: { firstMs: 50, maxMs: 200 }, backoffDeps: { setTimer: (fn, ms) => (delays.push(ms), setTimeout(fn, ms)), clearTimer: (h) => clearTimeout(h as NodeJS.Timeout) } } },
+    });
+    const kid = await poolReady(identity.hostId);
+    let cut = 0;
+    arrivals.on('cut', () => cut++);
+    cutKid = kid;
+    try {
+      for (const c of idleOf(kid)) c.socket.destroy();
+      await waitUntil('six data connections cut', () => cut >= 6, 15_000);
+    } finally {
+      cutKid = undefined;
+    }
+    // Every redial after a cut waited for the backoff (equal jitter: at least half of 50 ms, doubling to 200).
+    expect(delays.length).toBeGreaterThanOrEqual(6);
+    expect(delays.every((d) => d >= 25 && d <= 200)).toBe(true);
+    expect(Math.max(...delays)).toBeGreaterThanOrEqual(100);
+    expect(agent.getState()).toBe('connected');
+    await poolReady(identity.hostId, 2); // the path is good again: the pool is whole
   });
 });
 
