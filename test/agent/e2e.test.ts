@@ -14,7 +14,11 @@
  *     replayed, a client certificate of another CA, none at all
  *   - an e2e-open naming a data connection the agent does not hold is ignored, and a connection whose e2e-open
  *     never comes is closed at the deadline (the client is not left hanging)
+ *   - a client that never starts TLS is closed at the handshake deadline; one that sends 1 MiB that is not TLS, at once
+ *   - a database stream: the grant's db_access is what the agent's gate checks the startup against, and the session
+ *     is reported with its database user and name
  *   - a lock: the Proxy's revocation tells the agent (locks), which closes the open stream and refuses new ones
+ *   - a path that drops every data connection is redialled only after the backoff, never in a loop
  *   - the pool refills after a stream takes a connection, and replaces one the path cut, the tunnel untouched
  *   - with HTTPS_PROXY the data connections go through squid (CONNECT in its log), and a stream works
  */
@@ -251,8 +255,8 @@ afterEach(() => {
 });
 
 /** An app agent serving the echo server as the TCP app "echo", end-to-end streams on (pool 2, quick retries). */
-async function startAgent(extra: Partial<TunnelAgentOptions> = {}): Promise<{ agent: TunnelAgent; identity: HostIdentity }> {
-  const identity = await joinHost();
+async function startAgent(extra: Partial<TunnelAgentOptions> = {}, roles: Array<'app' | 'db'> = ['app']): Promise<{ agent: TunnelAgent; identity: HostIdentity }> {
+  const identity = await joinHost(roles);
   const agent = new TunnelAgent({
     identity,
     dialer: new Dialer({ env: {}, lookup }),
@@ -455,6 +459,75 @@ describe('end-to-end streams at the agent', () => {
     expect(Math.max(...idleOf(kid).map((c) => c.n))).toBe(3);
     expect(agent.getState()).toBe('connected');
     expect(agent.dataConnections.length).toBe(2);
+  });
+});
+
+describe('hostile and slow clients on a data connection', () => {
+  /** Takes an idle data connection and assigns it with a good grant, as the Proxy would; the test then plays the client raw. */
+  async function assigned(): Promise<{ data: DataConn; identity: HostIdentity }> {
+    const { identity } = await startAgent();
+    const kid = await poolReady(identity.hostId);
+    const data = idleOf(kid)[0]!;
+    data.used = true;
+    writeJsonLine(tunnels.get(identity.hostId)!.link.control, { type: 'e2e-open', conn: data.n, grant: grantFor(identity).token, client_src: '192.0.2.7:40000', client_dst: frontAddr });
+    return { data, identity };
+  }
+
+  it('closes a stream whose client never starts TLS, at the handshake deadline', async () => {
+    const { data } = await assigned();
+    // No idle replacement and no other timer can close it: only the handshake deadline (2 s in these agents).
+    await new Promise((resolve) => data.socket.once('close', resolve));
+    expect(agents[0]!.getState()).toBe('connected');
+  });
+
+  it('closes a stream whose client sends 1 MiB of something that is not TLS, keeping none of it', async () => {
+    const { data } = await assigned();
+    const closed = new Promise((resolve) => data.socket.once('close', resolve));
+    data.socket.on('error', () => undefined);
+    data.socket.write(Buffer.concat([Buffer.from('GET / HTTP/1.1\r\nHost: x\r\n\r\n'), randomBytes(1024 * 1024)]));
+    await closed;
+    expect(agents[0]!.getState()).toBe('connected');
+  });
+});
+
+describe('a database end to end', () => {
+  function pgStartup(params: Array<[string, string]>): Buffer {
+    const body = Buffer.concat([...params.map(([k, v]) => Buffer.from(`${k}\0${v}\0`)), Buffer.alloc(1)]);
+    const head = Buffer.alloc(8);
+    head.writeUInt32BE(body.length + 8, 0);
+    head.writeUInt32BE(0x00030000, 4);
+    return Buffer.concat([head, body]);
+  }
+  const dbAccess = { users: { allow: ['alice'], deny: [] }, names: { allow: ['shop'], deny: [] } };
+
+  it("checks the client's startup against the grant's db_access and reports the session with the database user and name", async () => {
+    const { identity } = await startAgent(
+      { services: ['db'], resources: { databases: [{ name: 'pg', protocol: 'postgres', labels: {} }], apps: [], desktops: [], kube_clusters: [] } },
+      ['db'],
+    );
+    const kid = await poolReady(identity.hostId);
+    const { token, grant } = grantFor(identity, { service: 'db', resource: 'pg', db_access: dbAccess });
+    const { socket } = await openStream(identity.hostId, kid, token, alice);
+    expect(await answerOf(socket)).toEqual({ ok: true });
+    const startup = pgStartup([['user', 'alice'], ['database', 'shop']]);
+    // The "database" is the echo server: the startup it got comes back byte for byte.
+    expect((await echoes(socket, startup)).equals(startup)).toBe(true);
+    socket.end();
+    await waitUntil('the agent reported the database session', async () => (await auth.auth.listEvents(auth.auth.adminIdentity(), 50)).some((e) => e.event.event === 'db.session.end' && e.event.grant === grant.id), 10_000);
+    const start = (await auth.auth.listEvents(auth.auth.adminIdentity(), 50)).map((e) => e.event).find((e) => e.event === 'db.session.start' && e.grant === grant.id);
+    expect(start).toMatchObject({ e2e: true, user: 'alice', resource: 'pg', db_user: 'alice', db_name: 'shop', protocol: 'postgres' });
+
+    // A database user the grant does not allow: the gate's own refusal (a PostgreSQL ErrorResponse), nothing relayed.
+    await poolReady(identity.hostId, 1);
+    const other = await openStream(identity.hostId, kid, grantFor(identity, { service: 'db', resource: 'pg', db_access: dbAccess }).token, alice);
+    expect(await answerOf(other.socket)).toEqual({ ok: true });
+    const got: Buffer[] = [];
+    other.socket.on('data', (c: Buffer) => got.push(c));
+    other.socket.write(pgStartup([['user', 'postgres'], ['database', 'shop']]));
+    await new Promise((resolve) => other.socket.once('close', resolve));
+    const reply = Buffer.concat(got);
+    expect(reply[0]).toBe('E'.charCodeAt(0));
+    expect(reply.toString('latin1')).toContain('postgres');
   });
 });
 
