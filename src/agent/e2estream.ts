@@ -82,6 +82,14 @@ interface OpenStream {
 /** Why a check refused, as the DialAnswer's message. */
 class Refusal extends Error {}
 
+/**
+ * A check's refusal, or anything else a hostile input made a check throw (a certificate no parser takes): refused
+ * too, never an exception out of a control message or a TLS event.
+ */
+function whyOf(err: unknown): string {
+  return err instanceof Refusal ? err.message : `a check failed: ${(err as Error)?.message ?? String(err)}`;
+}
+
 export class E2EStreams {
   /** Grant id → its exp: single use. */
   private readonly seen = new Map<string, number>();
@@ -112,8 +120,7 @@ export class E2EStreams {
     try {
       grant = this.checkGrant(m.grant, tunnel);
     } catch (err) {
-      if (!(err instanceof Refusal)) throw err;
-      refusal = err.message;
+      refusal = whyOf(err);
     }
     this.handshake(socket, (tlsSocket) => {
       try {
@@ -121,8 +128,7 @@ export class E2EStreams {
         this.checkUser(tlsSocket, grant!);
         if (this.isLocked(grant!.sub)) throw new Refusal(`user "${grant!.sub}" is locked (the Proxy said so on this tunnel)`);
       } catch (err) {
-        if (!(err instanceof Refusal)) throw err;
-        return this.refuse(tlsSocket, err.message, m, grant);
+        return this.refuse(tlsSocket, whyOf(err), m, grant);
       }
       this.serve(tlsSocket, m, grant!, tunnel);
     });

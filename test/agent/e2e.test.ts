@@ -255,7 +255,7 @@ afterEach(() => {
 });
 
 /** An app agent serving the echo server as the TCP app "echo", end-to-end streams on (pool 2, quick retries). */
-async function startAgent(extra: Partial<TunnelAgentOptions> = {}, roles: Array<'app' | 'db'> = ['app']): Promise<{ agent: TunnelAgent; identity: HostIdentity }> {
+async function startAgent(extra: Partial<TunnelAgentOptions> = {}, roles: Array<'app' | 'db' | 'node'> = ['app']): Promise<{ agent: TunnelAgent; identity: HostIdentity }> {
   const identity = await joinHost(roles);
   const agent = new TunnelAgent({
     identity,
@@ -303,11 +303,14 @@ function grantFor(identity: HostIdentity, over: Partial<E2EGrant> = {}, signer =
  * Plays the Proxy and the client for one stream: takes an idle data connection of the tunnel (kid), sends e2e-open
  * for it (or for `conn`), and starts TLS with the agent on it as the client would through the Proxy's splice.
  */
-async function openStream(hostId: string, kid: string, token: string, creds: Creds | undefined, options: { conn?: number } = {}): Promise<{ socket: TLSSocket; data: DataConn }> {
+async function openStream(hostId: string, kid: string, token: string, creds: Creds | undefined, options: { conn?: number; openAfterMs?: number } = {}): Promise<{ socket: TLSSocket; data: DataConn }> {
   const data = idleOf(kid)[0]!;
   data.used = true;
   const grantId = (JSON.parse(Buffer.from(token.split('.')[0]!, 'base64url').toString('utf8')) as E2EGrant).id;
-  writeJsonLine(tunnels.get(hostId)!.link.control, { type: 'e2e-open', conn: options.conn ?? data.n, grant: token, client_src: '192.0.2.7:40000', client_dst: frontAddr });
+  const open = () => writeJsonLine(tunnels.get(hostId)!.link.control, { type: 'e2e-open', conn: options.conn ?? data.n, grant: token, client_src: '192.0.2.7:40000', client_dst: frontAddr });
+  // openAfterMs: the client's ClientHello is sent first (a Proxy may splice before its e2e-open reaches the agent).
+  if (options.openAfterMs === undefined) open();
+  else setTimeout(open, options.openAfterMs);
   const socket = tls.connect({
     socket: data.socket,
     servername: e2eServerName(grantId),
@@ -387,6 +390,16 @@ describe('end-to-end streams at the agent', () => {
     const events = (await auth.auth.listEvents(auth.auth.adminIdentity(), 50)).map((e) => e.event).filter((e) => e.grant === grant.id);
     expect(events.map((e) => e.event).sort()).toEqual(['app.session.end', 'app.session.start']);
     expect(events[0]).toMatchObject({ e2e: true, user: 'alice', resource: 'echo', client: '192.0.2.7:40000' });
+  });
+
+  it('takes a ClientHello that reached the data connection before its e2e-open', async () => {
+    const { identity } = await startAgent();
+    const kid = await poolReady(identity.hostId);
+    const { socket } = await openStream(identity.hostId, kid, grantFor(identity).token, alice, { openAfterMs: 300 });
+    expect(await answerOf(socket)).toEqual({ ok: true });
+    const bytes = randomBytes(4096);
+    expect((await echoes(socket, bytes)).equals(bytes)).toBe(true);
+    socket.destroy();
   });
 
   it('refuses, inside the TLS with GW_ERR_E2E_REFUSED, every grant or client that does not pass a check', async () => {
@@ -531,6 +544,35 @@ describe('a database end to end', () => {
   });
 });
 
+describe('SSH end to end', () => {
+  it("hands the stream to the SSH Service with the grant's login@port and user, after {\"ok\":true}; an agent without one refuses", async () => {
+    const seen: Array<{ resource: string; user?: string; client: string }> = [];
+    const { identity } = await startAgent(
+      {
+        services: ['app', 'ssh'],
+        serveSsh: (channel, request) => {
+          seen.push({ resource: request.resource, ...(request.user ? { user: request.user } : {}), client: request.client_src });
+          channel.end('SSH-2.0-test\r\n');
+        },
+      },
+      ['app', 'node'],
+    );
+    const kid = await poolReady(identity.hostId);
+    const { socket } = await openStream(identity.hostId, kid, grantFor(identity, { service: 'ssh', resource: 'root@22' }).token, alice);
+    expect(await answerOf(socket)).toEqual({ ok: true });
+    const [banner] = (await new Promise((resolve) => socket.once('data', (c: Buffer) => resolve([c])))) as [Buffer];
+    expect(banner.toString()).toBe('SSH-2.0-test\r\n');
+    expect(seen).toEqual([{ resource: 'root@22', user: 'alice', client: '192.0.2.7:40000' }]);
+    socket.destroy();
+  });
+
+  it('refuses an ssh grant on an agent that runs no SSH Service', async () => {
+    const { identity } = await startAgent();
+    const kid = await poolReady(identity.hostId);
+    expect(await refusal(identity.hostId, kid, grantFor(identity, { service: 'ssh', resource: 'root@22' }).token, alice)).toContain('does not serve ssh');
+  });
+});
+
 describe('a path that drops every data connection', () => {
   it('redials each one only after the backoff, never in a loop, and the tunnel stays', async () => {
     const delays: number[] = [];
@@ -571,7 +613,8 @@ describe('end-to-end streams through a corporate proxy', () => {
   it('dials the data connections through HTTPS_PROXY, as the tunnel, and a stream works through them', async () => {
     const { agent, identity } = await startAgent({ dialer: new Dialer({ env: { HTTPS_PROXY: squid.url } }) });
     const kid = await poolReady(identity.hostId);
-    const { socket } = await openStream(identity.hostId, kid, grantFor(identity).token, alice);
+    // The ClientHello first, as in the case above, on a connection the Dialer got through squid's CONNECT.
+    const { socket } = await openStream(identity.hostId, kid, grantFor(identity).token, alice, { openAfterMs: 300 });
     expect(await answerOf(socket)).toEqual({ ok: true });
     const bytes = randomBytes(64 * 1024);
     expect((await echoes(socket, bytes)).equals(bytes)).toBe(true);
