@@ -973,7 +973,7 @@ export class TunnelAgent extends EventEmitter {
    */
   private tunnelClosed(reason: string, current: boolean): void {
     this.heartbeat?.stop();
-    this.dataPool?.stop();
+    if (current) this.dataPool?.stop();
     for (const ch of this.channels) ch.destroy();
     this.channels.clear();
     if (current) {
@@ -1101,6 +1101,7 @@ export class TunnelAgent extends EventEmitter {
     this.stopped = true;
     this.retry.stop();
     this.heartbeat?.stop();
+    this.dataPool?.stop();
     this.client?.end();
     this.session?.end();
     this.heldProxy = undefined;

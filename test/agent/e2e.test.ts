@@ -463,7 +463,7 @@ describe('end-to-end streams at the agent', () => {
     expect(await refusal(identity.hostId, kid, carolGrant(), carol)).toContain('user "carol" is locked');
   });
 
-  it('replaces a data connection the path cut, and the tunnel stays', async () => {
+  it('replaces a data connection the path cut, the tunnel untouched; the tunnel stopping closes them all', async () => {
     const { agent, identity } = await startAgent();
     const kid = await poolReady(identity.hostId);
     const victim = idleOf(kid)[0]!;
@@ -472,6 +472,10 @@ describe('end-to-end streams at the agent', () => {
     expect(Math.max(...idleOf(kid).map((c) => c.n))).toBe(3);
     expect(agent.getState()).toBe('connected');
     expect(agent.dataConnections.length).toBe(2);
+    // The tunnel stops: so do its data connections.
+    agent.stop();
+    await waitUntil('the idle data connections closed with the tunnel', () => idleOf(kid).length === 0, 10_000);
+    expect(agent.dataConnections).toEqual([]);
   });
 });
 
