@@ -366,6 +366,24 @@ describe('end-to-end streams at the agent', () => {
     expect(refusedData).toBe(0);
   });
 
+  it('keeps at most 8 (what a Proxy keeps per tunnel), whatever it is given', async () => {
+    const { identity } = await startAgent({ e2e: { pool: 100 } });
+    await poolReady(identity.hostId, 8);
+    expect(hellos.find((h) => h.hostId === identity.hostId)?.e2e).toEqual({ v: 1, pool: 8 });
+    expect(agents[0]!.dataConnections.length).toBe(8);
+  });
+
+  it('replaces a connection idle for its whole idle time with a new number, not counted as a failure', async () => {
+    const delays: number[] = [];
+    const backoffDeps = { setTimer: (fn: () => void, ms: number) => (delays.push(ms), setTimeout(fn, ms)), clearTimer: (h: unknown) => clearTimeout(h as NodeJS.Timeout) };
+    const { identity } = await startAgent({ e2e: { pool: 2, data: { idleMaxMs: 300, backoffDeps } } });
+    const kid = await poolReady(identity.hostId);
+    const first = idleOf(kid);
+    await waitUntil('both replaced', () => first.every((c) => c.socket.destroyed) && idleOf(kid).length === 2, 10_000);
+    expect(Math.min(...idleOf(kid).map((c) => c.n))).toBeGreaterThan(2);
+    expect(delays).toEqual([]); // no backoff: an idle replacement is not a failure
+  });
+
   it('with pool 0 says nothing of e2e and dials no data connection', async () => {
     const { identity } = await startAgent({ e2e: { pool: 0 } });
     const hello = hellos.find((h) => h.hostId === identity.hostId);
