@@ -79,7 +79,7 @@ import { VERSION } from '../version.js';
 import { gateDatabase } from './dbgate.js';
 import { DataPool, type DataPoolOptions } from './e2edata.js';
 import { E2EStreams, type E2ETunnel } from './e2estream.js';
-import { dataKeyOf } from '../tunnel/e2e.js';
+import { DATA_POOL_MAX, dataKeyOf } from '../tunnel/e2e.js';
 import { startAgentDial } from './dialhop.js';
 import type { HostIdentity } from './identity.js';
 import { fallReason, fallsThrough, Ladder, rungsOf, type Rung, type RungName } from './ladder.js';
@@ -605,7 +605,7 @@ export class TunnelAgent extends EventEmitter {
       },
       proxyId: () => proxyId,
       welcomed,
-      ...(dataAddr !== undefined && (this.options.e2e?.pool ?? 0) > 0 ? { e2e: { socket: socket as TLSSocket, addr: dataAddr } } : {}),
+      ...(dataAddr !== undefined && this.e2ePool > 0 ? { e2e: { socket: socket as TLSSocket, addr: dataAddr } } : {}),
     });
   }
 
@@ -730,6 +730,11 @@ export class TunnelAgent extends EventEmitter {
   /** The data connections of the tunnel up, when it takes end-to-end streams. */
   private dataPool: DataPool | undefined;
 
+  /** The data connections each tunnel keeps: options.e2e.pool, within what a Proxy keeps (DATA_POOL_MAX). */
+  private get e2ePool(): number {
+    return Math.max(0, Math.min(this.options.e2e?.pool ?? 0, DATA_POOL_MAX));
+  }
+
   /** The numbers of the idle data connections of the tunnel up (none: no end-to-end streams on it). */
   get dataConnections(): number[] {
     return this.dataPool?.numbers ?? [];
@@ -752,7 +757,7 @@ export class TunnelAgent extends EventEmitter {
       this.log.warn({ err: (err as Error).message }, 'cannot derive the data connections\' key; no end-to-end streams on this tunnel');
       return;
     }
-    const pool = new DataPool({ dialer: this.options.dialer, addr: e2e.addr, key, size: this.options.e2e!.pool, log: this.log, ...this.options.e2e!.data });
+    const pool = new DataPool({ dialer: this.options.dialer, addr: e2e.addr, key, size: this.e2ePool, log: this.log, ...this.options.e2e!.data });
     this.dataPool = pool;
     side.e2eTunnel = {
       proxyId,
@@ -836,7 +841,7 @@ export class TunnelAgent extends EventEmitter {
       ...(this.takingOver ? { drain_previous: true, drain_ms: this.takingOver.drainMs } : {}),
       ...softwareFields((this.options.software ?? upgradeSoftware)()),
       ...(this.options.upgradeGroup === undefined ? {} : { upgrade_group: this.options.upgradeGroup }),
-      ...(side.e2e ? { e2e: { v: 1, pool: this.options.e2e!.pool } } : {}),
+      ...(side.e2e ? { e2e: { v: 1, pool: this.e2ePool } } : {}),
       signs_presence: true,
     });
     // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
