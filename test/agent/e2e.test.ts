@@ -17,7 +17,8 @@
  *   - a client that never starts TLS is closed at the handshake deadline; one that sends 1 MiB that is not TLS, at once
  *   - a database stream: the grant's db_access is what the agent's gate checks the startup against, and the session
  *     is reported with its database user and name
- *   - a lock: the Proxy's revocation tells the agent (locks), which closes the open stream and refuses new ones
+ *   - a lock: the Proxy's revocation tells the agent (locks), which closes the open stream and refuses new ones,
+ *     and forgets the user after LOCKED_USER_HOLD_MS (the agent's clock injected)
  *   - a path that drops every data connection is redialled only after the backoff, never in a loop
  *   - the pool refills after a stream takes a connection, and replaces one the path cut, the tunnel untouched
  *   - with HTTPS_PROXY the data connections go through squid (CONNECT in its log), and a stream works
@@ -33,6 +34,7 @@ import tls, { type TLSSocket } from 'node:tls';
 import getPort from 'get-port';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { loadHostIdentity, saveHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
+import { E2EStreams, LOCKED_USER_HOLD_MS } from '../../src/agent/e2estream.js';
 import { TunnelAgent, type TunnelAgentOptions } from '../../src/agent/tunnel.js';
 import { generateAuthority, generateKeyPair, identityFromCert, issueTlsCert, sshPrivateKeyPem } from '../../src/auth/pki.js';
 import { parseConfig, type GatewayConfig } from '../../src/config/index.js';
@@ -256,9 +258,8 @@ afterEach(() => {
 
 /** An app agent serving the echo server as the TCP app "echo", end-to-end streams on (pool 2, quick retries). */
 async function startAgent(extra: Partial<TunnelAgentOptions> = {}, roles: Array<'app' | 'db' | 'node'> = ['app']): Promise<{ agent: TunnelAgent; identity: HostIdentity }> {
-  const identity = await joinHost(roles);
+  const identity = extra.identity ?? (await joinHost(roles));
   const agent = new TunnelAgent({
-    identity,
     dialer: new Dialer({ env: {}, lookup }),
     services: ['app'],
     resources: { databases: [], apps: [{ name: 'echo', kind: 'tcp', labels: {} }], desktops: [], kube_clusters: [] },
@@ -266,6 +267,7 @@ async function startAgent(extra: Partial<TunnelAgentOptions> = {}, roles: Array<
     backoff: { firstMs: 50, maxMs: 200 },
     e2e: { pool: 2, data: { backoff: { firstMs: 50, maxMs: 200 }, openWaitMs: 1_000 }, handshakeTimeoutMs: 2_000 },
     ...extra,
+    identity,
   });
   agents.push(agent);
   agent.start();
@@ -479,6 +481,29 @@ describe('end-to-end streams at the agent', () => {
     untrack();
     await poolReady(identity.hostId, 1);
     expect(await refusal(identity.hostId, kid, carolGrant(), carol)).toContain('user "carol" is locked');
+  });
+
+  it("forgets a locked user after LOCKED_USER_HOLD_MS (an honest Proxy signs no grant while the lock lasts; one lifted is not held against the user)", async () => {
+    let offset = 0;
+    const now = () => Date.now() + offset;
+    const identity0 = await joinHost();
+    const streams = new E2EStreams({ identity: identity0, services: ['app'], resources: { databases: [], apps: [{ name: 'echo', kind: 'tcp', labels: {} }], desktops: [], kube_clusters: [] }, ssh: false, log: createLogger({ level: 'silent' }), now });
+    const { identity } = await startAgent({ identity: identity0, e2e: { pool: 2, streams } });
+    const kid = await poolReady(identity.hostId);
+    const grant = () => grantFor(identity, { sub: 'bob', key: spkiHash(bob.cert), iat: now(), exp: now() + GRANT_TTL_MS }).token;
+    writeJsonLine(tunnels.get(identity.hostId)!.link.control, { type: 'locks', users: ['bob'], reason: 'test' });
+    await waitUntil('the lock taken', async () => {
+      await poolReady(identity.hostId, 1);
+      const { socket } = await openStream(identity.hostId, kid, grant(), bob);
+      const answer = await answerOf(socket);
+      socket.destroy();
+      return !answer.ok && answer.error.message.includes('locked');
+    }, 10_000);
+    offset = LOCKED_USER_HOLD_MS + 1_000;
+    await poolReady(identity.hostId, 1);
+    const { socket } = await openStream(identity.hostId, kid, grant(), bob);
+    expect(await answerOf(socket)).toEqual({ ok: true });
+    socket.destroy();
   });
 
   it('replaces a data connection the path cut, the tunnel untouched; the tunnel stopping closes them all', async () => {
