@@ -122,16 +122,25 @@ export class E2EStreams {
     } catch (err) {
       refusal = whyOf(err);
     }
-    this.handshake(socket, (tlsSocket) => {
-      try {
-        if (refusal !== undefined) throw new Refusal(refusal);
-        this.checkUser(tlsSocket, grant!);
-        if (this.isLocked(grant!.sub)) throw new Refusal(`user "${grant!.sub}" is locked (the Proxy said so on this tunnel)`);
-      } catch (err) {
-        return this.refuse(tlsSocket, whyOf(err), m, grant);
-      }
-      this.serve(tlsSocket, m, grant!, tunnel);
-    });
+    try {
+      this.handshake(socket, (tlsSocket) => this.decide(tlsSocket, m, tunnel, grant, refusal));
+    } catch (err) {
+      // No TLS to answer in (the host certificate or key unusable): the stream is closed, the tunnel kept.
+      this.options.log.error({ err: (err as Error).message }, 'cannot start TLS for an end-to-end stream; closing it');
+      socket.destroy();
+    }
+  }
+
+  /** After the handshake: the refusal found before, or the user's checks; then served or refused. */
+  private decide(tlsSocket: TLSSocket, m: E2EOpenMessage, tunnel: E2ETunnel, grant: E2EGrant | undefined, refusal: string | undefined): void {
+    try {
+      if (refusal !== undefined) throw new Refusal(refusal);
+      this.checkUser(tlsSocket, grant!);
+      if (this.isLocked(grant!.sub)) throw new Refusal(`user "${grant!.sub}" is locked (the Proxy said so on this tunnel)`);
+    } catch (err) {
+      return this.refuse(tlsSocket, whyOf(err), m, grant);
+    }
+    this.serve(tlsSocket, m, grant!, tunnel);
   }
 
   /** The Proxy found these users revoked: their open streams close, their grants are refused for LOCKED_USER_HOLD_MS. */
