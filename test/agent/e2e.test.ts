@@ -474,11 +474,20 @@ describe('end-to-end streams at the agent', () => {
     const carolGrant = (over: Partial<E2EGrant> = {}) => grantFor(identity, { sub: 'carol', key: spkiHash(carol.cert), ...over }).token;
     const { socket } = await openStream(identity.hostId, kid, carolGrant(), carol);
     expect(await answerOf(socket)).toEqual({ ok: true });
+    await poolReady(identity.hostId, 1);
+    const bystander = await openStream(identity.hostId, kid, grantFor(identity).token, alice);
+    expect(await answerOf(bystander.socket)).toEqual({ ok: true });
     const untrack = tunnels.trackE2E(identity.hostId, await auth.auth.resolveCaller(identityFromCert(carol.cert)));
+    const untrackAlice = tunnels.trackE2E(identity.hostId, await auth.auth.resolveCaller(identityFromCert(alice.cert)));
     const closed = new Promise((resolve) => socket.once('close', resolve));
     await auth.auth.createLock(auth.auth.adminIdentity(), { target: { user: 'carol' }, name: 'lock-carol' });
     await closed;
     untrack();
+    untrackAlice();
+    // Another user's stream on the same agent goes on.
+    const bytes = randomBytes(1024);
+    expect((await echoes(bystander.socket, bytes)).equals(bytes)).toBe(true);
+    bystander.socket.destroy();
     await poolReady(identity.hostId, 1);
     expect(await refusal(identity.hostId, kid, carolGrant(), carol)).toContain('user "carol" is locked');
   });
