@@ -971,6 +971,11 @@ export const ERROR_CODES = {
     summary: 'The Proxy refused an agent (unknown host, wrong key, certificate from another cluster), or the agent refused the Proxy.',
     hint: 'Join the agent again with a new token if its host identity was removed or belongs to another cluster.',
   },
+  GW_ERR_E2E_REFUSED: {
+    status: 403,
+    summary: "The agent refused an end-to-end stream: the grant (its signature by the tunnel's Proxy, this agent, the resource, single use, expiry), the user certificate (this cluster's user CA, the grant's user, key and roles) or a lock the Proxy told it of did not pass; the message says which check.",
+    hint: "Connect again (a grant is single-use and lives 30 s); if it is refused again, run 'gwsh login' for a fresh certificate (its key and roles must be the ones the Proxy authorized), check the locks (gwctl get locks) and that the Proxy and the agent agree on the time.",
+  },
   GW_ERR_TUNNEL_DOWN: {
     status: 502,
     summary: 'The reverse tunnel to the Proxy is not connected (the agent is reconnecting).',

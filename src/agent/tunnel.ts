@@ -40,6 +40,7 @@ import { X509Certificate } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { readFileSync } from 'node:fs';
 import type { Duplex } from 'node:stream';
+import type { TLSSocket } from 'node:tls';
 import type ssh2 from 'ssh2';
 import { parseAddr } from '../addr.js';
 import { Backoff, type BackoffDeps, type BackoffPolicy } from '../backoff.js';
@@ -76,6 +77,9 @@ import { resolveSettings } from '../upgrade/settings.js';
 import type { HopSpan } from '../trace.js';
 import { VERSION } from '../version.js';
 import { gateDatabase } from './dbgate.js';
+import { DataPool, type DataPoolOptions } from './e2edata.js';
+import { E2EStreams, type E2ETunnel } from './e2estream.js';
+import { DATA_POOL_MAX, dataKeyOf } from '../tunnel/e2e.js';
 import { startAgentDial } from './dialhop.js';
 import type { HostIdentity } from './identity.js';
 import { fallReason, fallsThrough, Ladder, rungsOf, type Rung, type RungName } from './ladder.js';
@@ -162,6 +166,12 @@ export interface TunnelAgentOptions {
    * Proxy instead of being cut with its sessions.
    */
   takeOver?: { drainMs: number };
+  /**
+   * End-to-end streams (src/agent/e2edata.ts, e2estream.ts): `pool` idle data connections per v2 tunnel on the alpn
+   * rung (0 or absent: off, and the hello says nothing of it); `streams`, the agent's one E2EStreams that its pool's
+   * tunnels share (default: one of this tunnel's own); `data`, the pool's deadlines and backoff (tests shorten them).
+   */
+  e2e?: { pool: number; streams?: E2EStreams; data?: Pick<DataPoolOptions, 'idleMaxMs' | 'openWaitMs' | 'backoff' | 'backoffDeps'>; handshakeTimeoutMs?: number };
 }
 
 /**
@@ -201,6 +211,10 @@ interface ControlSide {
   proxyId(): string | undefined;
   /** Settled by the welcome: streams are served only once it came and named the verified Proxy. */
   welcomed: Gate;
+  /** A v2 tunnel on the alpn rung: its TLS socket and the address it dialled (where its data connections go). */
+  e2e?: { socket: TLSSocket; addr: string };
+  /** Once welcomed, with e2e: what an e2e-open on this tunnel uses (startDataPool). */
+  e2eTunnel?: E2ETunnel;
 }
 
 /** A promise settled once from outside: streams wait on it before they are served. */
@@ -268,6 +282,16 @@ export class TunnelAgent extends EventEmitter {
     this.lastFind = options.find;
     if (this.probing) this.found = options.find;
     this.takingOver = options.takeOver;
+    this.e2eStreams =
+      options.e2e?.streams ??
+      new E2EStreams({
+        identity: options.identity,
+        services: options.services,
+        resources: options.resources,
+        ssh: options.serveSsh !== undefined,
+        log: this.log,
+        ...(options.e2e?.handshakeTimeoutMs ? { handshakeTimeoutMs: options.e2e.handshakeTimeoutMs } : {}),
+      });
   }
 
   /**
@@ -440,14 +464,14 @@ export class TunnelAgent extends EventEmitter {
    * from its best), on to the next rung after a failure that means the path does not work from here, logged with
    * its reason; any other failure ends the attempt.
    */
-  private async openTransport(find: FindResponse): Promise<{ transport: Duplex; v2: boolean; overTls: boolean; proxyId?: string; rung: RungName }> {
+  private async openTransport(find: FindResponse): Promise<{ transport: Duplex; v2: boolean; overTls: boolean; proxyId?: string; rung: RungName; addr: string }> {
     const rungs = this.offered(find);
     if (rungs.length === 0) throw new GatewayError('GW_ERR_TUNNEL_DOWN', 'the Proxy advertises no reverse-tunnel transport this agent can use');
     for (let i = this.probing ? 0 : this.ladder.startAt(rungs); ; i++) {
       const rung = rungs[i]!;
       this.rungInUse = rung.name;
       try {
-        return { ...(await this.openRung(rung)), rung: rung.name };
+        return { ...(await this.openRung(rung)), rung: rung.name, addr: rung.addr };
       } catch (err) {
         const e = toGatewayError(err);
         const next = rungs[i + 1];
@@ -503,6 +527,8 @@ export class TunnelAgent extends EventEmitter {
     let overTls: boolean;
     let proxyId: string | undefined;
     let find: FindResponse;
+    let rung: RungName;
+    let addr: string;
     let aborted = false;
     this.closeCurrent = () => (aborted = true);
     try {
@@ -510,7 +536,7 @@ export class TunnelAgent extends EventEmitter {
       // that alternated find and tunnel connections would send the tunnels to every other Proxy only).
       find = this.found ?? (await this.findOrLast());
       this.found = find;
-      ({ transport, v2, overTls, proxyId } = await this.openTransport(find));
+      ({ transport, v2, overTls, proxyId, rung, addr } = await this.openTransport(find));
       if (!v2) sshModule ??= (await import('ssh2')).default;
     } catch (err) {
       this.found = undefined;
@@ -526,12 +552,14 @@ export class TunnelAgent extends EventEmitter {
       if (!this.stopped) this.scheduleRetry();
       return;
     }
-    if (v2) this.openSession(find, transport, proxyId);
+    // End-to-end streams' data connections are dialled as the alpn rung's tunnel is (the upgrade rung's path
+    // inspects TLS: a data connection's own bytes would not pass it).
+    if (v2) this.openSession(find, transport, proxyId, rung === 'alpn' ? addr : undefined);
     else this.openSsh(find, transport, proxyId, overTls);
   }
 
   /** v2: a TunnelSession on the TLS connection; the Proxy's streams are served as SSH channels are. */
-  private openSession(find: FindResponse, socket: Duplex, proxyId: string | undefined): void {
+  private openSession(find: FindResponse, socket: Duplex, proxyId: string | undefined, dataAddr: string | undefined): void {
     let closed = false;
     const welcomed = gate();
     const onClosed = (reason: string) => {
@@ -549,11 +577,7 @@ export class TunnelAgent extends EventEmitter {
       role: 'agent',
       ...(this.options.streamWindow ? { window: this.options.streamWindow } : {}),
       onStream: (stream: TunnelStream) => {
-        this.channels.add(stream);
-        stream.once('close', () => {
-          this.channels.delete(stream);
-          this.onChannelGone?.();
-        });
+        this.trackChannel(stream);
         void this.serveChannel(stream, welcomed.promise);
       },
       onClose: (err) => {
@@ -581,6 +605,7 @@ export class TunnelAgent extends EventEmitter {
       },
       proxyId: () => proxyId,
       welcomed,
+      ...(dataAddr !== undefined && this.e2ePool > 0 ? { e2e: { socket: socket as TLSSocket, addr: dataAddr } } : {}),
     });
   }
 
@@ -700,6 +725,63 @@ export class TunnelAgent extends EventEmitter {
   /** The failure of the last attempt (what a probe that failed reports). */
   private lastFailure: GatewayError | undefined;
   private readonly renewals = new PendingRenewals();
+  /** End-to-end streams: the checks, used grants and locks (shared by a pool's tunnels when options.e2e.streams). */
+  private readonly e2eStreams: E2EStreams;
+  /** The data connections of the tunnel up, when it takes end-to-end streams. */
+  private dataPool: DataPool | undefined;
+
+  /** The data connections each tunnel keeps: options.e2e.pool, within what a Proxy keeps (DATA_POOL_MAX). */
+  private get e2ePool(): number {
+    return Math.max(0, Math.min(this.options.e2e?.pool ?? 0, DATA_POOL_MAX));
+  }
+
+  /** The numbers of the idle data connections of the tunnel up (none: no end-to-end streams on it). */
+  get dataConnections(): number[] {
+    return this.dataPool?.numbers ?? [];
+  }
+
+  /**
+   * After a welcome on a tunnel that offered end-to-end streams (side.e2e): its data connections, keyed by the
+   * tunnel's TLS session (dataKeyOf), stopped when its control stream closes; and what an e2e-open on it uses. A
+   * failure here costs end-to-end streams only, never the tunnel.
+   */
+  private startDataPool(side: ControlSide): void {
+    const e2e = side.e2e;
+    const proxyId = side.proxyId();
+    const cert = e2e?.socket.getPeerX509Certificate();
+    if (!e2e || !proxyId || !cert || side.e2eTunnel) return;
+    let key: Buffer;
+    try {
+      key = dataKeyOf(e2e.socket);
+    } catch (err) {
+      this.log.warn({ err: (err as Error).message }, 'cannot derive the data connections\' key; no end-to-end streams on this tunnel');
+      return;
+    }
+    const pool = new DataPool({ dialer: this.options.dialer, addr: e2e.addr, key, size: this.e2ePool, log: this.log, ...this.options.e2e!.data });
+    this.dataPool = pool;
+    side.e2eTunnel = {
+      proxyId,
+      proxyCert: cert,
+      take: (n) => pool.take(n),
+      track: (stream) => this.trackChannel(stream),
+      serve: (channel, request, onOpen) => void this.serveDial(channel, request, onOpen),
+      sendEvent: (event) => this.sendEvent(event),
+    };
+    side.control.once('close', () => {
+      pool.stop();
+      if (this.dataPool === pool) this.dataPool = undefined;
+    });
+    pool.start();
+  }
+
+  /** A stream of this tunnel (a forwarded one, or an end-to-end one): its close, and the drain that waits for it. */
+  private trackChannel(stream: Duplex): void {
+    this.channels.add(stream);
+    stream.once('close', () => {
+      this.channels.delete(stream);
+      this.onChannelGone?.();
+    });
+  }
 
   /** Tells the Proxy of this tunnel, if it is up, the agent's renewed SSH host certificate (the next hello carries it too). */
   announceHostCert(sshCert: string): void {
@@ -759,6 +841,7 @@ export class TunnelAgent extends EventEmitter {
       ...(this.takingOver ? { drain_previous: true, drain_ms: this.takingOver.drainMs } : {}),
       ...softwareFields((this.options.software ?? upgradeSoftware)()),
       ...(this.options.upgradeGroup === undefined ? {} : { upgrade_group: this.options.upgradeGroup }),
+      ...(side.e2e ? { e2e: { v: 1, pool: this.e2ePool } } : {}),
       signs_presence: true,
     });
     // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
@@ -824,6 +907,7 @@ export class TunnelAgent extends EventEmitter {
         this.setState('connected');
         // Before the queued events: the Proxy relays them once the presence this proof backs is written.
         this.provePresence(this.heldProxy, side, send);
+        this.startDataPool(side);
         for (const event of this.pendingEvents.splice(0)) send({ type: 'event', event });
         // The Proxy keeps the health of this tunnel only: a new one hears the last measure at once.
         const health = this.options.health?.();
@@ -856,6 +940,13 @@ export class TunnelAgent extends EventEmitter {
       case 'renewal':
         this.renewals.answer(m);
         return;
+      case 'e2e-open':
+        if (side.e2eTunnel) this.e2eStreams.onOpen(m, side.e2eTunnel);
+        else this.log.warn({ conn: m.conn }, 'an e2e-open on a tunnel that takes no end-to-end streams; ignored');
+        return;
+      case 'locks':
+        this.e2eStreams.onLocks(m);
+        return;
       default:
         return; // hello and event go the other way; the Proxy's heartbeats matter only as data (heard above)
     }
@@ -887,6 +978,7 @@ export class TunnelAgent extends EventEmitter {
    */
   private tunnelClosed(reason: string, current: boolean): void {
     this.heartbeat?.stop();
+    if (current) this.dataPool?.stop();
     for (const ch of this.channels) ch.destroy();
     this.channels.clear();
     if (current) {
@@ -911,6 +1003,15 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     if (request.probe === true && this.options.reachResource) return this.answerProbe(channel, request, this.options.reachResource);
+    return this.serveDial(channel, request);
+  }
+
+  /**
+   * A dial request (a tunnel stream's first line, or the one an end-to-end grant implies: src/agent/e2estream.ts)
+   * answered with its DialAnswer line and served. onOpen, once the session runs (a database's after its gate, with
+   * the user and database it asked for; never for SSH, whose sessions the SSH Service reports).
+   */
+  private async serveDial(channel: Duplex, request: DialRequest, onOpen?: (fields: Record<string, unknown>) => void): Promise<void> {
     if (this.refusing) {
       // Draining (a stop, or a hand-over whose successor has not reached this Proxy): the sessions in flight go
       // on, a new one is refused with a code the client prints.
@@ -946,7 +1047,10 @@ export class TunnelAgent extends EventEmitter {
     }
     hop.end();
     writeJsonLine(channel, { ok: true } satisfies DialAnswer);
-    if (request.service !== 'db') return splice(channel, target);
+    if (request.service !== 'db') {
+      onOpen?.({});
+      return splice(channel, target);
+    }
     const protocol = this.options.resources.databases.find((d) => d.name === request.resource)?.protocol;
     if (!protocol) {
       // Connected, yet not among the databases of the hello: nothing says how to check it, so it is not served.
@@ -955,7 +1059,7 @@ export class TunnelAgent extends EventEmitter {
       channel.destroy();
       return;
     }
-    this.serveDatabase(channel, target, request, protocol);
+    this.serveDatabase(channel, target, request, protocol, onOpen);
   }
 
   /**
@@ -982,11 +1086,12 @@ export class TunnelAgent extends EventEmitter {
   }
 
   /** The database access rules (dbgate.ts), then the splice; a refusal is answered there and logged here. */
-  private serveDatabase(channel: Duplex, target: Duplex, request: DialRequest, protocol: DatabaseInfo['protocol']): void {
+  private serveDatabase(channel: Duplex, target: Duplex, request: DialRequest, protocol: DatabaseInfo['protocol'], onOpen?: (fields: Record<string, unknown>) => void): void {
     const who = { user: request.user, client: request.client_src, database: request.resource, protocol };
     gateDatabase(channel, target, { protocol, grant: request.db_access, timeoutMs: DATABASE_STARTUP_TIMEOUT_MS }).then(
       ({ startup, client }) => {
         this.log.info({ ...who, dbUser: startup.user, dbName: startup.database }, 'database session opened');
+        onOpen?.({ protocol, db_user: startup.user, db_name: startup.database });
         splice(client, target);
       },
       (err: unknown) => {
@@ -1001,6 +1106,7 @@ export class TunnelAgent extends EventEmitter {
     this.stopped = true;
     this.retry.stop();
     this.heartbeat?.stop();
+    this.dataPool?.stop();
     this.client?.end();
     this.session?.end();
     this.heldProxy = undefined;

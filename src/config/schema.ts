@@ -15,6 +15,7 @@ import { formatDuration, parseDuration } from '../duration.js';
 import { defaultMaxConnections, defaultMaxConnectionsPerSource, readOpenFileLimit } from '../net/source.js';
 import { MAX_TRUSTED_SOURCES, parseTrustedSource } from '../mux/trust.js';
 import { parseHeaderList, TracingSettingsError } from '../trace.js';
+import { DATA_POOL_DEFAULT, DATA_POOL_MAX } from '../tunnel/e2e.js';
 import {
   Dynamic,
   Invalid,
@@ -435,6 +436,7 @@ export const SCHEMA = section('The gateway configuration file.', {
     }),
     diag_addr: listen("Health endpoints for a supervisor (Kubernetes probes), also --diag-addr: GET /healthz answers 200 while the process runs, GET /readyz 200 when every check of its roles passed (backend, Auth Service, listeners; an agent: its tunnel and resources), else 503, naming each check; GET /metrics the process's metrics in Prometheus's format (docs/operations.md). Plain HTTP, no credentials: bind it to an address only the supervisor and the scraper reach, never a public listener's.", { port: 3000, defaultDoc: 'none (off)' }),
     drain_limit: duration("Agents: how long the SSH, database, app and Kubernetes sessions in flight may go on in a process that is handing over to its successor (SIGUSR2, which gateway-upgrade's restart sends), or stopping on SIGTERM when drain_on_stop is yes; once reached, what is left is closed with GW_ERR_DRAIN_LIMIT. A second SIGTERM stops at once (docs/upgrades.md, \"Restarts that keep sessions\").", '30m'),
+    e2e_pool: int(`Agents: how many idle data connections each v2 tunnel keeps to its Proxy for end-to-end streams (docs/tunnels.md, "End-to-end streams: the agent"), dialled like the tunnel (through HTTPS_PROXY); 0 turns end-to-end streams off for this agent (the Proxy then routes its streams the classic way). At most ${DATA_POOL_MAX}, what a Proxy keeps per tunnel.`, { min: 0, max: DATA_POOL_MAX, default: DATA_POOL_DEFAULT }),
     drain_on_stop: flag("Agents: SIGTERM drains the sessions in flight (up to drain_limit) before stopping, instead of stopping at once. The Kubernetes chart sets it for a Deployment, whose new pod serves before the old one gets SIGTERM; on a systemd host an upgrade hands over with SIGUSR2 and needs none, so `systemctl stop` stays quick.", false),
     tracing: section('Traces over OTLP/HTTP (docs/operations.md, "Tracing"): off unless an endpoint is set here or in OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_TRACES_EXPORTER=none turns it off.', {
       otlp_endpoint: str('The OTLP/HTTP traces URL of the collector (JSON is sent), as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: the whole URL, path included.', {

@@ -49,6 +49,8 @@ export interface ProcessConfig {
   /** Agents: how long sessions in flight may go on in a process handing over or stopping (ms). */
   readonly drain_limit: number;
   /** SIGTERM drains an agent's sessions before it stops (the chart's Deployment); else it stops at once. */
+  /** Idle data connections per v2 tunnel for end-to-end streams (0: off). */
+  readonly e2e_pool: number;
   readonly drain_on_stop: boolean;
   /** Absolute path. */
   readonly data_dir: string;

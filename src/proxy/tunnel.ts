@@ -246,6 +246,19 @@ export class TunnelServer extends EventEmitter {
     return this.agents.get(hostId)?.agent;
   }
 
+  /**
+   * An end-to-end stream of `identity` runs to agent hostId (the e2e route calls this once it splices): tracked in
+   * auth.sessions, so that a lock or a removal that closes the user's sessions here also tells the agent, on its
+   * tunnel's control stream (`locks`, protocol.ts), to close the user's end-to-end streams and refuse its grants.
+   * Returns the untrack function: call it when the stream ends.
+   */
+  trackE2E(hostId: string, identity: Identity): () => void {
+    return this.options.auth.sessions.track(identity, `end-to-end stream to agent ${hostId}`, (reason) => {
+      const entry = this.agents.get(hostId);
+      if (entry) writeJsonLine(entry.agent.link.control, { type: 'locks', users: [identity.name], reason: reason.message.slice(0, 1024) } satisfies ControlMessage);
+    });
+  }
+
   /** How many agents hold a tunnel of each protocol (tests, benchmarks). */
   protocols(): { v1: number; v2: number } {
     let v2 = 0;

@@ -35,6 +35,7 @@ import { readLastRun } from '../upgrade/lastrun.js';
 import { VERSION } from '../version.js';
 import { ConnectionLimits, limitSettings } from '../net/deadlines.js';
 import { AgentPool } from '../agent/pool.js';
+import { E2EStreams } from '../agent/e2estream.js';
 import { HostRenewal, type RenewAsk } from '../agent/renewal.js';
 import { upgradeSoftware } from '../agent/tunnel.js';
 import { agentUpgradeGroup, HealthReporter } from '../agent/rollout.js';
@@ -224,6 +225,8 @@ async function startTunnel(options: AgentRoleOptions, identity: HostIdentity, st
     // This process's first hello on each Proxy drains the tunnel of the process before it (a hand-over, a pod
     // replaced, a restart) for the drain limit instead of cutting its sessions (src/handover.ts).
     takeOver: { drainMs: config.gateway.drain_limit },
+    // End-to-end streams (docs/tunnels.md): one set of checks, used grants and locks for every tunnel of the pool.
+    ...(config.gateway.e2e_pool > 0 ? { e2e: { pool: config.gateway.e2e_pool, streams: new E2EStreams({ identity, services: agentServices(services), resources, ssh: ssh !== undefined, log: logger('e2e') }) } } : {}),
     // The ladder's last rung: the tunnel's TLS inside a WebSocket on the web address, past a TLS-inspecting proxy
     // whose root the operator gave (src/dial/upgrade.ts verifies the outer TLS against it or the cluster's CA).
     openUpgrade: (d, webAddr) => openUpgradeStream(d, webAddr, { roots: operatorRoots(d), clusterCa: identity.hostCa }),

@@ -15,7 +15,8 @@
 import type { Readable } from 'node:stream';
 import type { GatewayError } from '../errors.js';
 import { LineSplitter } from '../stream/splitter.js';
-import { CONTROL_MAX_LINE_BYTES, HOST_CERT_MAX, RENEW_KEY_MAX, type ControlMessage } from './protocol.js';
+import { badE2EOpen } from './e2e.js';
+import { CONTROL_MAX_LINE_BYTES, HOST_CERT_MAX, LOCKS_MESSAGE_MAX_USERS, RENEW_KEY_MAX, type ControlMessage } from './protocol.js';
 
 type Fields = Record<string, unknown>;
 
@@ -38,6 +39,8 @@ const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
     isObject(m.resources) &&
     (m.holds === undefined || (Array.isArray(m.holds) && m.holds.every(isString))),
   heartbeat: (m) => isNumber(m.seq),
+  'e2e-open': (m) => badE2EOpen(m) === undefined,
+  locks: (m) => Array.isArray(m.users) && m.users.length <= LOCKS_MESSAGE_MAX_USERS && m.users.every((u) => isString(u) && u.length > 0 && u.length <= 1024) && (m.reason === undefined || (isString(m.reason) && m.reason.length <= 1024)),
   // Only its shape here: the Proxy checks every field and bound where it keeps it (checkAgentHealth, src/wire/autoupdate.ts),
   // so that a bad one is logged there (once per tunnel) rather than dropped unseen.
   health: (m) => isObject(m.health),

@@ -35,7 +35,7 @@
 import { createHash, createHmac, createPublicKey, sign, timingSafeEqual, verify, X509Certificate, type KeyObject } from 'node:crypto';
 import type { TLSSocket } from 'node:tls';
 import { DATA_MAGIC } from '../wire/protocols.js';
-import type { DatabaseGrant, ServiceKind } from './protocol.js';
+import type { DatabaseGrant, E2ECapability, ServiceKind } from './protocol.js';
 
 export { E2E_ALPN, GRANT_ALPN, DATA_MAGIC } from '../wire/protocols.js';
 /** The RFC 5705 exporter label both ends of a v2 tunnel derive the data connections' key with. */
@@ -123,24 +123,12 @@ export type GrantAnswer =
   | { id: number; ok: false; classic: true; reason: string }
   | { id: number; ok: false; error: { code: string; message: string; hint?: string } };
 
-/** Proxy → agent on the control stream: data connection `conn` now carries the stream of `grant`. */
-export interface E2EOpenMessage {
-  type: 'e2e-open';
-  /** The n of the data connection's preamble. */
-  conn: number;
-  grant: string;
-  /** The client's address as the Proxy saw it, "ip:port", and the address it connected to. */
-  client_src: string;
-  client_dst: string;
-  traceparent?: string;
-  tracestate?: string;
-}
-
-/** The hello's capability: the agent takes end-to-end streams and keeps this many idle data connections. */
-export interface E2ECapability {
-  v: 1;
-  pool: number;
-}
+/**
+ * Proxy → agent on the control stream (E2EOpenMessage: data connection `conn` now carries the stream of `grant`),
+ * and the hello's capability (E2ECapability): declared in protocol.ts with the other control messages, whose file
+ * this one imports.
+ */
+export type { E2ECapability, E2EOpenMessage } from './protocol.js';
 
 /** The server name a client sends for a grant (the `.invalid` TLD: never a real host). */
 export function e2eServerName(grantId: string): string {

@@ -162,6 +162,11 @@ export interface HelloMessage {
    * none (the rollout's catch-all decides). At most HELLO_SOFTWARE_MAX characters, [a-z0-9-].
    */
   upgrade_group?: string;
+  /**
+   * The agent takes end-to-end streams (src/tunnel/e2e.ts) and keeps `pool` idle data connections to this Proxy.
+   * Only on a v2 tunnel; absent: an agent of an earlier version, or one with gateway.e2e_pool 0.
+   */
+  e2e?: E2ECapability;
 }
 /** The longest software_version / upgrade_channel a Proxy keeps from a hello (longer ones are dropped). */
 export const HELLO_SOFTWARE_MAX = 128;
@@ -250,8 +255,42 @@ export interface RenewalMessage {
   certs?: { tls_cert: string; ssh_cert: string };
   error?: { code: string; message: string; hint?: string };
 }
+/** The hello's capability: the agent takes end-to-end streams and keeps this many idle data connections. */
+export interface E2ECapability {
+  v: 1;
+  pool: number;
+}
+/**
+ * Proxy → agent on the control stream: data connection `conn` now carries the stream of `grant` (declared here
+ * with the other control messages; src/tunnel/e2e.ts is its contract and checks it: badE2EOpen).
+ */
+export interface E2EOpenMessage {
+  type: 'e2e-open';
+  /** The n of the data connection's preamble. */
+  conn: number;
+  grant: string;
+  /** The client's address as the Proxy saw it, "ip:port", and the address it connected to. */
+  client_src: string;
+  client_dst: string;
+  traceparent?: string;
+  tracestate?: string;
+}
+/**
+ * Proxy → agent: users whose identity the Proxy found revoked (a lock on the user or one of its roles, the user
+ * removed) while they had an end-to-end stream to this agent: the agent closes their open end-to-end streams and
+ * refuses their grants for LOCKED_USER_HOLD_MS (src/agent/e2estream.ts). At most LOCKS_MESSAGE_MAX_USERS names.
+ */
+export interface LocksMessage {
+  type: 'locks';
+  users: string[];
+  /** Why, as the Proxy's revocation said it (for the agent's log). */
+  reason?: string;
+}
+export const LOCKS_MESSAGE_MAX_USERS = 1024;
 export type ControlMessage =
   | HelloMessage
+  | E2EOpenMessage
+  | LocksMessage
   | HeartbeatMessage
   | WelcomeMessage
   | DiscoveryMessage

@@ -30,6 +30,7 @@ describe('defaults', () => {
       auth_server: [],
       upgrade_stale_after: 24 * 3_600_000,
       drain_limit: 30 * 60_000,
+      e2e_pool: 2,
       drain_on_stop: false,
       storage: { type: 'sqlite', conn_string: undefined, ca_file: undefined, cert_file: undefined, key_file: undefined },
       tracing: { otlp_endpoint: undefined, sample_ratio: undefined, headers: undefined },

@@ -24,6 +24,9 @@ const EXAMPLES: ControlMessage[] = [
   { type: 'renewal', id: 2, error: { code: 'GW_ERR_HOST_RENEW_TOO_SOON', message: 'renewed at ...', hint: 'nothing to do' } },
   { type: 'host-cert', ssh_cert: 'ecdsa-sha2-nistp256-cert-v01@openssh.com AAAA...' },
   { type: 'presence-proof', proxyId: 'p-1', time: '2030-01-01T00:00:00.000Z', signature: 'c2ln' },
+  { type: 'e2e-open', conn: 3, grant: 'eyJ2IjoxfQ.c2ln', client_src: '192.0.2.7:40000', client_dst: 'proxy.example.com:443' },
+  { type: 'locks', users: ['alice', 'bob'], reason: 'lock lock-alice' },
+  { type: 'locks', users: [] },
   { type: 'hello', version: 1, hostId: 'h-1', nodename: 'web-1', services: [], resources: { databases: [], apps: [], desktops: [], kube_clusters: [] }, holds: ['p-1', 'p-2'] },
 ];
 
@@ -63,6 +66,12 @@ describe('parseControlMessage', () => {
     ['a host-cert that is not a string', '{"type":"host-cert","ssh_cert":{}}'],
     ['a presence-proof without its signature', '{"type":"presence-proof","proxyId":"p","time":"t"}'],
     ['a presence-proof with a signature over 1 KiB', JSON.stringify({ type: 'presence-proof', proxyId: 'p', time: 't', signature: 's'.repeat(1025) })],
+    ['an e2e-open with no data connection number', '{"type":"e2e-open","conn":0,"grant":"g","client_src":"a:1","client_dst":"b:2"}'],
+    ['an e2e-open whose grant is over 8 KiB', JSON.stringify({ type: 'e2e-open', conn: 1, grant: 'g'.repeat(8 * 1024 + 1), client_src: 'a:1', client_dst: 'b:2' })],
+    ['an e2e-open without addresses', '{"type":"e2e-open","conn":1,"grant":"g"}'],
+    ['a locks whose users are not names', '{"type":"locks","users":[1]}'],
+    ['a locks naming more than 1024 users', JSON.stringify({ type: 'locks', users: Array.from({ length: 1025 }, (_, i) => `u${i}`) })],
+    ['a locks with an empty user name', '{"type":"locks","users":[""]}'],
   ])('ignores %s', (_what, text) => {
     expect(parseControlMessage(text)).toBeUndefined();
   });
