@@ -265,6 +265,8 @@ export class E2EStreams {
       client_src: m.client_src,
       client_dst: m.client_dst,
       user: g.sub,
+      // Inside the end-to-end TLS the end is said in frames: a Proxy that cuts the stream is a break at both ends.
+      framed: true,
       ...(g.db_access ? { db_access: g.db_access } : {}),
       ...(m.traceparent ? { traceparent: m.traceparent } : {}),
       ...(m.tracestate ? { tracestate: m.tracestate } : {}),

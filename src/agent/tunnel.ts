@@ -53,6 +53,7 @@ import { logger } from '../log.js';
 import { recordAgentMissedHeartbeats, recordAgentReconnect, recordAgentTunnelUp } from '../metrics/tunnels.js';
 import { FIND_PATH, type FindResponse } from '../wire/ping.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
+import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import { relayChannel } from '../net/sshchannel.js';
 import { connectTls } from '../stream/tls.js';
@@ -1024,7 +1025,7 @@ export class TunnelAgent extends EventEmitter {
     const hop = startAgentDial(request, this.options.identity.hostId);
     if (request.service === 'ssh' && this.options.serveSsh) {
       hop.end();
-      writeJsonLine(channel, { ok: true } satisfies DialAnswer);
+      channel = answerOk(channel, request);
       // SSH has no half-close: the user's connection ending its side ends the session (ssh2 would wait for ever
       // on a v2 stream, which keeps the other half open; a v1 channel closed whole).
       channel.once('end', () => {
@@ -1046,7 +1047,7 @@ export class TunnelAgent extends EventEmitter {
       return;
     }
     hop.end();
-    writeJsonLine(channel, { ok: true } satisfies DialAnswer);
+    channel = answerOk(channel, request);
     if (request.service !== 'db') {
       onOpen?.({});
       return splice(channel, target);
@@ -1160,4 +1161,18 @@ function proxyOfHostKey(find: FindResponse, key: Buffer): string | undefined {
     if (!(parsed instanceof Error) && !Array.isArray(parsed) && parsed.getPublicSSH().equals(key)) return p.proxy_id;
   }
   return undefined;
+}
+
+/**
+ * The ok answer, and the stream the session then runs on: in frames that say their end (src/stream/framed.ts) when
+ * the request asked for them (an end-to-end stream: inside its TLS a FIN without close_notify would read as a clean
+ * end, so a Proxy that cuts the stream could pass a truncated transfer for a whole one).
+ */
+function answerOk(channel: Duplex, request: DialRequest): Duplex {
+  if (request.framed !== true) {
+    writeJsonLine(channel, { ok: true } satisfies DialAnswer);
+    return channel;
+  }
+  writeJsonLine(channel, { ok: true, framed: true } satisfies DialAnswer);
+  return new FramedStream(channel);
 }

@@ -45,6 +45,8 @@ export interface RelayContext {
   store: GrantStore;
   data: DataConnections;
   audit?: SessionAudit;
+  /** Tells the agent when the stream's user is locked or removed (TunnelServer.trackE2E): it closes its end too. */
+  tellAgent?: Pick<TunnelServer, 'trackE2E'>;
   dataWaitMs?: number;
   now?: () => number;
 }
@@ -76,9 +78,13 @@ export function createE2ERelay(ctx: RelayContext): (stream: Duplex, info: ConnIn
       stream.destroy();
     });
     stream.once('close', untrack);
+    // The agent closes its end of a revoked user's streams too, and refuses the user's grants for a while.
+    const untrackAgent = ctx.tellAgent?.trackE2E(held.grant.agent, held.identity);
+    if (untrackAgent) stream.once('close', untrackAgent);
     void route(ctx, stream, info, held, () => revoked).then((outcome) => {
       if (outcome === 'opened') return;
       untrack();
+      untrackAgent?.();
       refuse(stream, info, outcome, INTERNAL_ERROR_ALERT, `agent ${held.grant.agent}: ${outcome === 'no-tunnel' ? 'no tunnel to this Proxy now' : 'no idle data connection in time'}`);
     });
   };
@@ -137,7 +143,7 @@ export function e2eServices(w: E2EWiring): { grant: (stream: Duplex, info: ConnI
   const grants: GrantContext = { auth: w.auth, agents: w.agents, tunnels: w.tunnels, data: w.tunnels.data, signer: { key: createPrivateKey(w.tlsKey), iss: w.proxyId }, store };
   return {
     grant: createGrantHandler(grants),
-    e2e: createE2ERelay({ auth: w.auth, store, data: w.tunnels.data, ...(w.audit ? { audit: w.audit } : {}) }),
+    e2e: createE2ERelay({ auth: w.auth, store, data: w.tunnels.data, tellAgent: w.tunnels, ...(w.audit ? { audit: w.audit } : {}) }),
     data: w.tunnels.data.handle,
   };
 }

@@ -23,6 +23,7 @@
  *   - the pool refills after a stream takes a connection, and replaces one the path cut, the tunnel untouched
  *   - with HTTPS_PROXY the data connections go through squid (CONNECT in its log), and a stream works
  */
+import type { Duplex } from 'node:stream';
 import { randomBytes, X509Certificate } from 'node:crypto';
 import dns from 'node:dns';
 import { EventEmitter } from 'node:events';
@@ -46,6 +47,7 @@ import { TunnelServer } from '../../src/proxy/tunnel.js';
 import { VersionServer } from '../../src/proxy/versions.js';
 import { startAuthRole, type AuthRole } from '../../src/roles/auth.js';
 import { Lifecycle } from '../../src/roles/lifecycle.js';
+import { FramedStream } from '../../src/stream/framed.js';
 import { readJsonLine, writeJsonLine } from '../../src/stream/lines.js';
 import {
   checkDataPreamble,
@@ -328,6 +330,12 @@ async function openStream(hostId: string, kid: string, token: string, creds: Cre
   return { socket, data };
 }
 
+/** The stream after the agent's {"ok":true,"framed":true}: its bytes in frames that say their end (src/stream/framed.ts). */
+async function okFramed(socket: TLSSocket): Promise<FramedStream> {
+  expect(await answerOf(socket)).toEqual({ ok: true, framed: true });
+  return new FramedStream(socket);
+}
+
 async function answerOf(socket: TLSSocket): Promise<DialAnswer> {
   return readJsonLine<DialAnswer>(socket, { what: 'dial answer', timeoutMs: 10_000 });
 }
@@ -342,7 +350,7 @@ async function refusal(hostId: string, kid: string, token: string, creds: Creds 
   return answer.error.message;
 }
 
-async function echoes(socket: TLSSocket, bytes: Buffer): Promise<Buffer> {
+async function echoes(socket: Duplex, bytes: Buffer): Promise<Buffer> {
   const got: Buffer[] = [];
   let n = 0;
   const done = new Promise<void>((resolve, reject) => {
@@ -399,13 +407,13 @@ describe('end-to-end streams at the agent', () => {
     const kid = await poolReady(identity.hostId);
     const { token, grant } = grantFor(identity);
     const { socket } = await openStream(identity.hostId, kid, token, alice);
-    expect(await answerOf(socket)).toEqual({ ok: true });
+    const fsocket = await okFramed(socket);
     const bytes = randomBytes(256 * 1024);
-    expect((await echoes(socket, bytes)).equals(bytes)).toBe(true);
+    expect((await echoes(fsocket, bytes)).equals(bytes)).toBe(true);
     // The taken connection is replaced: two idle again, the new one with the next number.
     await poolReady(identity.hostId, 2);
     expect(Math.max(...idleOf(kid).map((c) => c.n))).toBe(3);
-    socket.end();
+    fsocket.end();
     await waitUntil('the agent reported the session', async () => (await auth.auth.listEvents(auth.auth.adminIdentity(), 50)).some((e) => e.event.event === 'app.session.end' && e.event.grant === grant.id), 10_000);
     const events = (await auth.auth.listEvents(auth.auth.adminIdentity(), 50)).map((e) => e.event).filter((e) => e.grant === grant.id);
     expect(events.map((e) => e.event).sort()).toEqual(['app.session.end', 'app.session.start']);
@@ -416,10 +424,10 @@ describe('end-to-end streams at the agent', () => {
     const { identity } = await startAgent();
     const kid = await poolReady(identity.hostId);
     const { socket } = await openStream(identity.hostId, kid, grantFor(identity).token, alice, { openAfterMs: 300 });
-    expect(await answerOf(socket)).toEqual({ ok: true });
+    const fsocket = await okFramed(socket);
     const bytes = randomBytes(4096);
-    expect((await echoes(socket, bytes)).equals(bytes)).toBe(true);
-    socket.destroy();
+    expect((await echoes(fsocket, bytes)).equals(bytes)).toBe(true);
+    fsocket.destroy();
   });
 
   it('refuses, inside the TLS with GW_ERR_E2E_REFUSED, every grant or client that does not pass a check', async () => {
@@ -442,8 +450,8 @@ describe('end-to-end streams at the agent', () => {
     // Replayed: the first use opens the stream, the second is refused.
     const once1 = grantFor(identity);
     const first = await openStream(identity.hostId, await next(), once1.token, alice);
-    expect(await answerOf(first.socket)).toEqual({ ok: true });
-    first.socket.destroy();
+    const ffirst_socket = await okFramed(first.socket);
+    ffirst_socket.destroy();
     expect(await refusal(identity.hostId, await next(), once1.token, alice)).toContain('used before');
     // A certificate of another user CA (same cluster name, user and key): not this cluster's.
     const foreignCa = await generateAuthority('user', CLUSTER);
@@ -473,21 +481,21 @@ describe('end-to-end streams at the agent', () => {
     const kid = await poolReady(identity.hostId);
     const carolGrant = (over: Partial<E2EGrant> = {}) => grantFor(identity, { sub: 'carol', key: spkiHash(carol.cert), ...over }).token;
     const { socket } = await openStream(identity.hostId, kid, carolGrant(), carol);
-    expect(await answerOf(socket)).toEqual({ ok: true });
+    const fsocket = await okFramed(socket);
     await poolReady(identity.hostId, 1);
     const bystander = await openStream(identity.hostId, kid, grantFor(identity).token, alice);
-    expect(await answerOf(bystander.socket)).toEqual({ ok: true });
+    const fbystander_socket = await okFramed(bystander.socket);
     const untrack = tunnels.trackE2E(identity.hostId, await auth.auth.resolveCaller(identityFromCert(carol.cert)));
     const untrackAlice = tunnels.trackE2E(identity.hostId, await auth.auth.resolveCaller(identityFromCert(alice.cert)));
-    const closed = new Promise((resolve) => socket.once('close', resolve));
+    const closed = new Promise((resolve) => fsocket.once('close', resolve));
     await auth.auth.createLock(auth.auth.adminIdentity(), { target: { user: 'carol' }, name: 'lock-carol' });
     await closed;
     untrack();
     untrackAlice();
     // Another user's stream on the same agent goes on.
     const bytes = randomBytes(1024);
-    expect((await echoes(bystander.socket, bytes)).equals(bytes)).toBe(true);
-    bystander.socket.destroy();
+    expect((await echoes(fbystander_socket, bytes)).equals(bytes)).toBe(true);
+    fbystander_socket.destroy();
     await poolReady(identity.hostId, 1);
     expect(await refusal(identity.hostId, kid, carolGrant(), carol)).toContain('user "carol" is locked');
   });
@@ -511,8 +519,8 @@ describe('end-to-end streams at the agent', () => {
     offset = LOCKED_USER_HOLD_MS + 1_000;
     await poolReady(identity.hostId, 1);
     const { socket } = await openStream(identity.hostId, kid, grant(), bob);
-    expect(await answerOf(socket)).toEqual({ ok: true });
-    socket.destroy();
+    const fsocket = await okFramed(socket);
+    fsocket.destroy();
   });
 
   it('replaces a data connection the path cut, the tunnel untouched; the tunnel stopping closes them all', async () => {
@@ -577,11 +585,11 @@ describe('a database end to end', () => {
     const kid = await poolReady(identity.hostId);
     const { token, grant } = grantFor(identity, { service: 'db', resource: 'pg', db_access: dbAccess });
     const { socket } = await openStream(identity.hostId, kid, token, alice);
-    expect(await answerOf(socket)).toEqual({ ok: true });
+    const fsocket = await okFramed(socket);
     const startup = pgStartup([['user', 'alice'], ['database', 'shop']]);
     // The "database" is the echo server: the startup it got comes back byte for byte.
-    expect((await echoes(socket, startup)).equals(startup)).toBe(true);
-    socket.end();
+    expect((await echoes(fsocket, startup)).equals(startup)).toBe(true);
+    fsocket.end();
     await waitUntil('the agent reported the database session', async () => (await auth.auth.listEvents(auth.auth.adminIdentity(), 50)).some((e) => e.event.event === 'db.session.end' && e.event.grant === grant.id), 10_000);
     const start = (await auth.auth.listEvents(auth.auth.adminIdentity(), 50)).map((e) => e.event).find((e) => e.event === 'db.session.start' && e.grant === grant.id);
     expect(start).toMatchObject({ e2e: true, user: 'alice', resource: 'pg', db_user: 'alice', db_name: 'shop', protocol: 'postgres' });
@@ -589,11 +597,11 @@ describe('a database end to end', () => {
     // A database user the grant does not allow: the gate's own refusal (a PostgreSQL ErrorResponse), nothing relayed.
     await poolReady(identity.hostId, 1);
     const other = await openStream(identity.hostId, kid, grantFor(identity, { service: 'db', resource: 'pg', db_access: dbAccess }).token, alice);
-    expect(await answerOf(other.socket)).toEqual({ ok: true });
+    const fother_socket = await okFramed(other.socket);
     const got: Buffer[] = [];
-    other.socket.on('data', (c: Buffer) => got.push(c));
-    other.socket.write(pgStartup([['user', 'postgres'], ['database', 'shop']]));
-    await new Promise((resolve) => other.socket.once('close', resolve));
+    fother_socket.on('data', (c: Buffer) => got.push(c));
+    fother_socket.write(pgStartup([['user', 'postgres'], ['database', 'shop']]));
+    await new Promise((resolve) => fother_socket.once('end', resolve));
     const reply = Buffer.concat(got);
     expect(reply[0]).toBe('E'.charCodeAt(0));
     expect(reply.toString('latin1')).toContain('postgres');
@@ -615,11 +623,11 @@ describe('SSH end to end', () => {
     );
     const kid = await poolReady(identity.hostId);
     const { socket } = await openStream(identity.hostId, kid, grantFor(identity, { service: 'ssh', resource: 'root@22' }).token, alice);
-    expect(await answerOf(socket)).toEqual({ ok: true });
-    const [banner] = (await new Promise((resolve) => socket.once('data', (c: Buffer) => resolve([c])))) as [Buffer];
+    const fsocket = await okFramed(socket);
+    const [banner] = (await new Promise((resolve) => fsocket.once('data', (c: Buffer) => resolve([c])))) as [Buffer];
     expect(banner.toString()).toBe('SSH-2.0-test\r\n');
     expect(seen).toEqual([{ resource: 'root@22', user: 'alice', client: '192.0.2.7:40000' }]);
-    socket.destroy();
+    fsocket.destroy();
   });
 
   it('refuses an ssh grant on an agent that runs no SSH Service', async () => {
@@ -671,10 +679,10 @@ describe('end-to-end streams through a corporate proxy', () => {
     const kid = await poolReady(identity.hostId);
     // The ClientHello first, as in the case above, on a connection the Dialer got through squid's CONNECT.
     const { socket } = await openStream(identity.hostId, kid, grantFor(identity).token, alice, { openAfterMs: 300 });
-    expect(await answerOf(socket)).toEqual({ ok: true });
+    const fsocket = await okFramed(socket);
     const bytes = randomBytes(64 * 1024);
-    expect((await echoes(socket, bytes)).equals(bytes)).toBe(true);
-    socket.destroy();
+    expect((await echoes(fsocket, bytes)).equals(bytes)).toBe(true);
+    fsocket.destroy();
     agent.stop();
     // Squid writes a CONNECT line when its tunnel closes: the tunnel's, and one per data connection.
     await waitUntil('squid logged the CONNECTs', async () => (await squid.readAccessLog()).filter((l) => l.includes(`CONNECT ${frontAddr}`)).length >= 3, 15_000);
