@@ -133,8 +133,11 @@ export interface GrantContext {
   tunnels: { get(hostId: string): { link: { readonly protocol: 1 | 2 } } | undefined };
   /** The tunnels that take end-to-end streams (e2edata.ts DataConnections). */
   data: { tunnelOf(hostId: string): unknown };
-  /** This Proxy's TLS private key (its tunnels' certificate's) and host ID. */
-  signer: { key: KeyObject; iss: string };
+  /**
+   * This Proxy's TLS private key (its tunnels' certificate's) and host ID; none when the one port serves the
+   * operator's certificate (proxy_service.https_keypairs), which names no host an agent could check a grant against.
+   */
+  signer?: { key: KeyObject; iss: string };
   store: GrantStore;
   idleMs?: number;
   now?: () => number;
@@ -283,11 +286,13 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, sp
   if (!local) return classic(`agent "${target.agent.nodename}" holds no tunnel to this Proxy (reached over peering or directly): this version carries end-to-end streams only through the Proxy that holds the tunnel`);
   if (local.link.protocol !== 2) return classic(`agent "${target.agent.nodename}" holds a v1 (SSH) tunnel here: end-to-end streams need a v2 tunnel`);
   if (!ctx.data.tunnelOf(hostId)) return classic(`agent "${target.agent.nodename}" does not offer end-to-end streams (an earlier version, or turned off)`);
+  if (!ctx.signer) return classic("this Proxy serves the operator's web certificate (proxy_service.https_keypairs), which names no host: an agent could not check its grants");
+  const signer = ctx.signer;
   const now = (ctx.now ?? Date.now)();
   const grant: E2EGrant = {
     v: 1,
     id: randomBytes(16).toString('hex'),
-    iss: ctx.signer.iss,
+    iss: signer.iss,
     sub: identity.name,
     key: s.key,
     roles: [...identity.roles],
@@ -298,7 +303,7 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, sp
     iat: now,
     exp: now + GRANT_TTL_MS,
   };
-  const token = signGrant(grant, ctx.signer.key);
+  const token = signGrant(grant, signer.key);
   if (!ctx.store.put({ grant, token, identity: s.certified, nodename: target.agent.nodename, access: target.access, trace: traceFields(span.context) }, now)) {
     return classic(`this Proxy holds ${ctx.store.max} unused grants, its most`);
   }

@@ -132,15 +132,15 @@ export interface E2EWiring {
   auth: ProxyAuth;
   agents: AgentSource;
   tunnels: TunnelServer;
-  /** This Proxy's TLS private key (PEM: the certificate its tunnels are served with) and host ID. */
-  tlsKey: string;
+  /** This Proxy's TLS private key (PEM: the certificate its tunnels are served with), unless that is the operator's, and host ID. */
+  tlsKey: string | undefined;
   proxyId: string;
   audit?: SessionAudit;
 }
 
 export function e2eServices(w: E2EWiring): { grant: (stream: Duplex, info: ConnInfo) => void; e2e: (stream: Duplex, info: ConnInfo) => void; data: (stream: Duplex, info: ConnInfo) => void } {
   const store = new GrantStore();
-  const grants: GrantContext = { auth: w.auth, agents: w.agents, tunnels: w.tunnels, data: w.tunnels.data, signer: { key: createPrivateKey(w.tlsKey), iss: w.proxyId }, store };
+  const grants: GrantContext = { auth: w.auth, agents: w.agents, tunnels: w.tunnels, data: w.tunnels.data, ...(w.tlsKey ? { signer: { key: createPrivateKey(w.tlsKey), iss: w.proxyId } } : {}), store };
   return {
     grant: createGrantHandler(grants),
     e2e: createE2ERelay({ auth: w.auth, store, data: w.tunnels.data, tellAgent: w.tunnels, ...(w.audit ? { audit: w.audit } : {}) }),
