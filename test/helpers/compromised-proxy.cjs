@@ -3,35 +3,41 @@
  * end-to-end streams (test/e2e/e2e-streams.test.ts): it sees what the Proxy's own code sees, nothing more, and does
  * what an attacker holding the Proxy's process could do with it.
  *
- *   GW_TEST_RECORD=<file>        every chunk any socket of the process delivers is appended to the file: for a TLS
- *                                socket the Proxy terminates, the plaintext (its keys are the process's); for a raw
- *                                socket, the bytes as they came. That is everything the Proxy relays.
- *   GW_TEST_ALTER_AFTER=<bytes>  on every socket that is not TLS, the byte at that offset of what it received is
- *                                flipped before the Proxy's code sees it: the Proxy altering a relayed stream.
+ *   GW_TEST_RECORD=<dir>         every chunk any socket of the process delivers to JavaScript is appended to a file
+ *                                of that socket in the directory (NNNN-tls.bin: the plaintext of a TLS connection the
+ *                                Proxy terminates, with the Proxy's own keys; NNNN-raw.bin: the bytes of a connection
+ *                                it does not). That is everything the Proxy relays, as the Proxy holds it.
+ *   GW_TEST_ALTER_AFTER=<n>      on a raw connection whose first bytes are a ClientHello for an end-to-end stream
+ *                                (it names a grant: ".e2e.gateway.invalid"), the byte at offset n of what it received
+ *                                is flipped before the Proxy's code sees it: the Proxy altering a relayed stream.
  *
  * It patches net.Socket.prototype.push (the one place a socket hands received bytes to JavaScript): a test-only
  * preload, never loaded by the product.
  */
 'use strict';
 const fs = require('node:fs');
+const path = require('node:path');
 const net = require('node:net');
 
-const record = process.env.GW_TEST_RECORD;
+const recordDir = process.env.GW_TEST_RECORD;
 const alterAfter = process.env.GW_TEST_ALTER_AFTER ? Number(process.env.GW_TEST_ALTER_AFTER) : undefined;
-const received = new WeakMap();
+const state = new WeakMap();
+let sockets = 0;
 const push = net.Socket.prototype.push;
 
 net.Socket.prototype.push = function patchedPush(chunk, encoding) {
   if (Buffer.isBuffer(chunk) && chunk.length > 0) {
-    if (alterAfter !== undefined && !this.encrypted) {
-      const before = received.get(this) ?? 0;
-      received.set(this, before + chunk.length);
-      if (before <= alterAfter && alterAfter < before + chunk.length) {
-        chunk = Buffer.from(chunk);
-        chunk[alterAfter - before] ^= 0x01;
-      }
+    let s = state.get(this);
+    if (!s) {
+      s = { n: ++sockets, received: 0, target: !this.encrypted && chunk.includes('.e2e.gateway.invalid') };
+      state.set(this, s);
     }
-    if (record) fs.appendFileSync(record, chunk);
+    if (alterAfter !== undefined && s.target && s.received <= alterAfter && alterAfter < s.received + chunk.length) {
+      chunk = Buffer.from(chunk);
+      chunk[alterAfter - s.received] ^= 0x01;
+    }
+    s.received += chunk.length;
+    if (recordDir) fs.appendFileSync(path.join(recordDir, `${String(s.n).padStart(4, '0')}-${this.encrypted ? 'tls' : 'raw'}.bin`), chunk);
   }
   return push.call(this, chunk, encoding);
 };
