@@ -194,7 +194,8 @@ export class E2EStreams {
     const names: Record<ServiceKind, () => boolean> = {
       ssh: () => this.options.ssh,
       db: () => r.databases.some((d) => d.name === resource),
-      app: () => r.apps.some((a) => a.name === resource && a.kind === 'tcp'),
+      // Any app, as the classic gateway-tcp route serves it: bytes to its host and port (an HTTP app's are the client's HTTP).
+      app: () => r.apps.some((a) => a.name === resource),
       desktop: () => r.desktops.some((d) => d.name === resource),
       kube: () => r.kube_clusters.some((k) => k.name === resource),
     };
