@@ -1,8 +1,8 @@
 /**
  * gwsh's --e2e modes with the real binaries: a cluster (auth + proxy) and an agent serving a TCP app and SSH,
  * `gwsh --debug proxy app` and `gwsh ssh` (real OpenSSH, ProxyCommand `gwsh proxy ssh`) in each mode. Whichever
- * path this cluster gives (end to end when its Proxy and agent take end-to-end streams, else the classic route),
- * the modes must agree with it: auto carries the stream and says which path with the agent's host ID; require
+ * path this cluster gives (end to end: its Proxy and agent are of this version; the classic route's branches stay
+ * for a cluster that gives that), the modes must agree with it: auto carries the stream and says which path with the agent's host ID; require
  * carries it end to end or refuses with GW_ERR_E2E_UNAVAILABLE and the same reason auto printed (for `gwsh ssh`
  * too: the mode reaches its ProxyCommand); off carries it by the classic route without asking.
  */
@@ -89,6 +89,8 @@ describe('gwsh --e2e against a real cluster', () => {
     const e2e = new RegExp(`^gwsh: echo-tcp: end-to-end to agent ${agent.hostId}$`, 'm').test(r.output);
     const classic = /^gwsh: echo-tcp: the classic route \(the Proxy sees the stream\): (.+)$/m.exec(r.output);
     expect(e2e !== (classic !== null), r.output).toBe(true);
+    // This cluster's Proxy and agent are of this version, directly connected: the stream goes end to end.
+    expect(e2e, r.output).toBe(true);
     path = e2e ? { e2e: true } : { e2e: false, reason: classic![1]! };
   });
 
