@@ -11,6 +11,7 @@ import { splice } from '../../src/stream/splice.js';
 import type { DatabaseGrant } from '../../src/tunnel/protocol.js';
 import { frame, opMsg, opQuery, scramFirst } from '../helpers/mongowire.js';
 import { waitUntil } from '../helpers/wait.js';
+import { pgStartup } from '../helpers/pgwire.js';
 
 const ALICE: DatabaseGrant = { users: { allow: ['alice'], deny: [] }, names: { allow: ['shop'], deny: [] } };
 
@@ -61,13 +62,6 @@ async function gate(protocol: 'postgres' | 'mysql' | 'redis' | 'mongodb', grant:
   return { client, db, fromDb, toDb, result };
 }
 
-function pgStartup(params: Array<[string, string]>): Buffer {
-  const body = Buffer.concat([...params.map(([k, v]) => Buffer.from(`${k}\0${v}\0`)), Buffer.alloc(1)]);
-  const head = Buffer.alloc(8);
-  head.writeUInt32BE(body.length + 8, 0);
-  head.writeUInt32BE(0x00030000, 4);
-  return Buffer.concat([head, body]);
-}
 
 describe('PostgreSQL', () => {
   it('an allowed startup reaches the database byte for byte, with what the client pipelined after it', async () => {

@@ -65,6 +65,7 @@ import type { DialAnswer, HelloMessage } from '../../src/tunnel/protocol.js';
 import { VERSION } from '../../src/version.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
 import { waitUntil } from '../helpers/wait.js';
+import { pgStartup } from '../helpers/pgwire.js';
 
 setRootLogger(createLogger({ level: (process.env.TUNNEL_LOG as 'debug' | undefined) ?? 'silent' }));
 
@@ -568,13 +569,6 @@ describe('hostile and slow clients on a data connection', () => {
 });
 
 describe('a database end to end', () => {
-  function pgStartup(params: Array<[string, string]>): Buffer {
-    const body = Buffer.concat([...params.map(([k, v]) => Buffer.from(`${k}\0${v}\0`)), Buffer.alloc(1)]);
-    const head = Buffer.alloc(8);
-    head.writeUInt32BE(body.length + 8, 0);
-    head.writeUInt32BE(0x00030000, 4);
-    return Buffer.concat([head, body]);
-  }
   const dbAccess = { users: { allow: ['alice'], deny: [] }, names: { allow: ['shop'], deny: [] } };
 
   it("checks the client's startup against the grant's db_access and reports the session with the database user and name", async () => {
