@@ -338,8 +338,8 @@ describeAsRoot('commands', () => {
     expect(r.stderr).toBe('');
     expect(r.stdout).toBe('ok\n');
     expect(r.status).toBe(0);
-    // It went through the Proxy's SSH route to the agent.
-    await proxy.waitForLog('"route":"gateway-proxy-ssh"');
+    // It went through the Proxy to the agent end to end (gwsh's default): the agent took the stream's grant.
+    await agent.waitForLog('end-to-end stream opened');
     await agent.waitForLog('"SSH login"');
   });
 
