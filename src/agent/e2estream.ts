@@ -17,8 +17,9 @@
  * end: the client prints a code, never a reset. A stream that passes is served by the code that serves tunnel
  * streams (src/agent/tunnel.ts serveDial), which writes the DialAnswer itself, with the DialRequest the grant
  * implies. Locks: the Proxy names, on the control stream (`locks`), the users it found revoked while they had an
- * end-to-end stream here; their open streams are closed and their grants refused for LOCKED_USER_HOLD_MS (past
- * it, any grant issued before the lock has expired, and the Proxy checks locks before it signs one). Audit: the
+ * end-to-end stream here; their open streams are closed, and for LOCKED_USER_HOLD_MS (past it, any grant issued
+ * before the lock has expired) their grants issued until the Proxy's `at` are refused: one issued after it was
+ * signed by a Proxy that checked the locks again, so an unlock takes effect at once. Audit: the
  * start and end of each app, database, desktop and Kubernetes stream are reported as the tunnel reports events,
  * with e2e: true and the grant id; SSH sessions are the SSH Service's to report.
  */
@@ -94,7 +95,8 @@ export class E2EStreams {
   /** Grant id → its exp: single use. */
   private readonly seen = new Map<string, number>();
   /** User → until when it is refused here. */
-  private readonly locked = new Map<string, number>();
+  /** Locked users: until when (this agent's clock) and the Proxy's time of the lock (grants' iat clock), if it said. */
+  private readonly locked = new Map<string, { until: number; at: number | undefined }>();
   private readonly open = new Set<OpenStream>();
   private context: { cert: string; ctx: SecureContext } | undefined;
   private readonly now: () => number;
@@ -136,7 +138,7 @@ export class E2EStreams {
     try {
       if (refusal !== undefined) throw new Refusal(refusal);
       this.checkUser(tlsSocket, grant!);
-      if (this.isLocked(grant!.sub)) throw new Refusal(`user "${grant!.sub}" is locked (the Proxy said so on this tunnel)`);
+      if (this.isLocked(grant!.sub, grant!.iat)) throw new Refusal(`user "${grant!.sub}" is locked (the Proxy said so on this tunnel)`);
     } catch (err) {
       return this.refuse(tlsSocket, whyOf(err), m, grant);
     }
@@ -148,7 +150,7 @@ export class E2EStreams {
     const until = this.now() + LOCKED_USER_HOLD_MS;
     for (const user of m.users) {
       this.locked.delete(user);
-      this.locked.set(user, until);
+      this.locked.set(user, { until, at: m.at });
       if (this.locked.size > LOCKED_USERS_MAX) this.locked.delete(this.locked.keys().next().value!);
     }
     const names = new Set(m.users);
@@ -160,12 +162,14 @@ export class E2EStreams {
     }
   }
 
-  private isLocked(user: string): boolean {
-    const until = this.locked.get(user);
-    if (until === undefined) return false;
-    if (until > this.now()) return true;
-    this.locked.delete(user);
-    return false;
+  private isLocked(user: string, iat: number): boolean {
+    const lock = this.locked.get(user);
+    if (lock === undefined) return false;
+    if (lock.until <= this.now()) {
+      this.locked.delete(user);
+      return false;
+    }
+    return lock.at === undefined || iat <= lock.at;
   }
 
   /** The grant's checks (see the file comment); marks it used. Throws Refusal. */

@@ -255,7 +255,7 @@ export class TunnelServer extends EventEmitter {
   trackE2E(hostId: string, identity: Identity): () => void {
     return this.options.auth.sessions.track(identity, `end-to-end stream to agent ${hostId}`, (reason) => {
       const entry = this.agents.get(hostId);
-      if (entry) writeJsonLine(entry.agent.link.control, { type: 'locks', users: [identity.name], reason: reason.message.slice(0, 1024) } satisfies ControlMessage);
+      if (entry) writeJsonLine(entry.agent.link.control, { type: 'locks', users: [identity.name], reason: reason.message.slice(0, 1024), at: Date.now() } satisfies ControlMessage);
     });
   }
 

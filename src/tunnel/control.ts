@@ -40,7 +40,7 @@ const VALID: Record<ControlMessage['type'], (m: Fields) => boolean> = {
     (m.holds === undefined || (Array.isArray(m.holds) && m.holds.every(isString))),
   heartbeat: (m) => isNumber(m.seq),
   'e2e-open': (m) => badE2EOpen(m) === undefined,
-  locks: (m) => Array.isArray(m.users) && m.users.length <= LOCKS_MESSAGE_MAX_USERS && m.users.every((u) => isString(u) && u.length > 0 && u.length <= 1024) && (m.reason === undefined || (isString(m.reason) && m.reason.length <= 1024)),
+  locks: (m) => Array.isArray(m.users) && m.users.length <= LOCKS_MESSAGE_MAX_USERS && m.users.every((u) => isString(u) && u.length > 0 && u.length <= 1024) && (m.reason === undefined || (isString(m.reason) && m.reason.length <= 1024)) && (m.at === undefined || Number.isSafeInteger(m.at)),
   // Only its shape here: the Proxy checks every field and bound where it keeps it (checkAgentHealth, src/wire/autoupdate.ts),
   // so that a bad one is logged there (once per tunnel) rather than dropped unseen.
   health: (m) => isObject(m.health),

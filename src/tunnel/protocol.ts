@@ -285,6 +285,11 @@ export interface LocksMessage {
   users: string[];
   /** Why, as the Proxy's revocation said it (for the agent's log). */
   reason?: string;
+  /**
+   * When the Proxy found them revoked (ms, the Proxy's clock: the one grants' `iat` is on). The agent refuses their
+   * grants issued until then; a grant issued after it was signed by a Proxy that checked the locks again (unlocked).
+   */
+  at?: number;
 }
 export const LOCKS_MESSAGE_MAX_USERS = 1024;
 export type ControlMessage =

@@ -489,6 +489,7 @@ describe('end-to-end streams at the agent', () => {
     const untrack = tunnels.trackE2E(identity.hostId, await auth.auth.resolveCaller(identityFromCert(carol.cert)));
     const untrackAlice = tunnels.trackE2E(identity.hostId, await auth.auth.resolveCaller(identityFromCert(alice.cert)));
     const closed = new Promise((resolve) => fsocket.once('close', resolve));
+    const signedBefore = Date.now();
     await auth.auth.createLock(auth.auth.adminIdentity(), { target: { user: 'carol' }, name: 'lock-carol' });
     await closed;
     untrack();
@@ -498,7 +499,8 @@ describe('end-to-end streams at the agent', () => {
     expect((await echoes(fbystander_socket, bytes)).equals(bytes)).toBe(true);
     fbystander_socket.destroy();
     await poolReady(identity.hostId, 1);
-    expect(await refusal(identity.hostId, kid, carolGrant(), carol)).toContain('user "carol" is locked');
+    // A grant signed before the lock (a compromised or slow Proxy's) is refused.
+    expect(await refusal(identity.hostId, kid, carolGrant({ iat: signedBefore - 1_000, exp: signedBefore + GRANT_TTL_MS }), carol)).toContain('user "carol" is locked');
   });
 
   it("forgets a locked user after LOCKED_USER_HOLD_MS (an honest Proxy signs no grant while the lock lasts; one lifted is not held against the user)", async () => {
@@ -522,6 +524,24 @@ describe('end-to-end streams at the agent', () => {
     const { socket } = await openStream(identity.hostId, kid, grant(), bob);
     const fsocket = await okFramed(socket);
     fsocket.destroy();
+  });
+
+  it("a lock with the Proxy's time refuses the user's grants issued until then, and takes one issued after (an unlock) at once", async () => {
+    const { identity } = await startAgent();
+    const kid = await poolReady(identity.hostId);
+    const at = Date.now();
+    const grant = (iat: number) => grantFor(identity, { sub: 'bob', key: spkiHash(bob.cert), iat, exp: iat + GRANT_TTL_MS }).token;
+    writeJsonLine(tunnels.get(identity.hostId)!.link.control, { type: 'locks', users: ['bob'], reason: 'test', at });
+    await waitUntil('the lock taken', async () => {
+      await poolReady(identity.hostId, 1);
+      const { socket } = await openStream(identity.hostId, kid, grant(at - 1_000), bob);
+      const answer = await answerOf(socket);
+      socket.destroy();
+      return !answer.ok && answer.error.message.includes('locked');
+    }, 10_000);
+    await poolReady(identity.hostId, 1);
+    const { socket } = await openStream(identity.hostId, kid, grant(at + 1), bob);
+    (await okFramed(socket)).destroy();
   });
 
   it('replaces a data connection the path cut, the tunnel untouched; the tunnel stopping closes them all', async () => {
