@@ -79,7 +79,7 @@ export function createE2ERelay(ctx: RelayContext): (stream: Duplex, info: ConnIn
     });
     stream.once('close', untrack);
     // The agent closes its end of a revoked user's streams too, and refuses the user's grants for a while.
-    const untrackAgent = ctx.tellAgent?.trackE2E(held.grant.agent, held.identity);
+    const untrackAgent = ctx.tellAgent?.trackE2E(held.grant.agent, held.identity, stream);
     if (untrackAgent) stream.once('close', untrackAgent);
     void route(ctx, stream, info, held, () => revoked).then((outcome) => {
       if (outcome === 'opened') return;

@@ -252,7 +252,18 @@ export class TunnelServer extends EventEmitter {
    * tunnel's control stream (`locks`, protocol.ts), to close the user's end-to-end streams and refuse its grants.
    * Returns the untrack function: call it when the stream ends.
    */
-  trackE2E(hostId: string, identity: Identity): () => void {
+  trackE2E(hostId: string, identity: Identity, stream?: Duplex): () => void {
+    // The stream counts as in flight on the agent's tunnel here, as a tunnel stream does: a tunnel the agent replaces
+    // (a hand-over, a better transport) drains until it ends instead of closing at once, which would close the
+    // agent's end of it (an end-to-end stream is served by the process whose tunnel carried its e2e-open).
+    const entry = this.agents.get(hostId);
+    if (entry && stream && !stream.destroyed) {
+      entry.inFlight.add(stream);
+      stream.once('close', () => {
+        entry.inFlight.delete(stream);
+        entry.onStreamGone?.();
+      });
+    }
     return this.options.auth.sessions.track(identity, `end-to-end stream to agent ${hostId}`, (reason) => {
       const entry = this.agents.get(hostId);
       if (entry) writeJsonLine(entry.agent.link.control, { type: 'locks', users: [identity.name], reason: reason.message.slice(0, 1024), at: Date.now() } satisfies ControlMessage);
