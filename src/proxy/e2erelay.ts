@@ -21,7 +21,7 @@
 import { createPrivateKey } from 'node:crypto';
 import type { Duplex } from 'node:stream';
 import type { ProxyAuth } from '../auth/proxyauth.js';
-import { logger } from '../log.js';
+import { logger, type Logger } from '../log.js';
 import { e2eByteCounters, recordE2EStream, type StreamOutcome } from '../metrics/e2e.js';
 import type { ConnInfo } from '../mux/multiplexer.js';
 import { splice } from '../stream/splice.js';
@@ -49,14 +49,16 @@ export interface RelayContext {
   tellAgent?: Pick<TunnelServer, 'trackE2E'>;
   dataWaitMs?: number;
   now?: () => number;
+  log?: Logger;
 }
 
 /** The audit kind of a target's sessions; SSH (node) sessions are the agent's (as access.ts). */
 const AUDIT_KIND: Record<string, SessionKind> = { db: 'db', app: 'app', windows_desktop: 'desktop' };
 
 /** The route gateway-e2e's service. */
-export function createE2ERelay(ctx: RelayContext): (stream: Duplex, info: ConnInfo) => void {
-  const log = logger('e2e-relay');
+export function createE2ERelay(options: RelayContext): (stream: Duplex, info: ConnInfo) => void {
+  const log = options.log ?? logger('e2e-relay');
+  const ctx: RelayContext = { ...options, log };
   const logged = new Map<StreamOutcome, number>();
   const refuse = (stream: Duplex, info: ConnInfo, outcome: StreamOutcome, alert: Buffer, why: string) => {
     recordE2EStream(outcome);
@@ -104,6 +106,7 @@ async function route(ctx: RelayContext, stream: Duplex, info: ConnInfo, held: He
   const open: E2EOpenMessage = { type: 'e2e-open', conn: conn.n, grant: held.token, client_src: clientOf(info), client_dst: `${info.localAddress}:${info.localPort}`, ...held.trace };
   tunnel.send(open);
   recordE2EStream('opened');
+  ctx.log?.info({ user: held.grant.sub, resource: held.grant.resource, agent: held.nodename, client: clientOf(info), grant: held.grant.id }, 'end-to-end stream routed');
   const counters = e2eByteCounters();
   stream.on('data', (chunk: Buffer) => counters.in.inc(chunk.length));
   conn.stream.on('data', (chunk: Buffer) => counters.out.inc(chunk.length));

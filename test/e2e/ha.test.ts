@@ -159,7 +159,8 @@ async function byteExact(port: number, size = 256 * KiB): Promise<void> {
 
 /** Which running Proxy logged the client connection of transfer id (its "connection to a resource opened" line). */
 function proxyServing(since: Map<NsGateway, number>): NsGateway | undefined {
-  return running().find((p) => p.logs().slice(since.get(p) ?? 0).includes('connection to a resource opened'));
+  // The classic route's line, or an end-to-end stream's (gwsh's default).
+  return running().find((p) => /connection to a resource opened|end-to-end stream routed/.test(p.logs().slice(since.get(p) ?? 0)));
 }
 
 beforeAll(async () => {

@@ -156,7 +156,10 @@ beforeAll(async () => {
     { args: ['--token', token, '--ca-pin', pin, '--proxy', `${PROXY_NAME}:${webPort}`], env: { HTTPS_PROXY: squid.url } },
   );
   await agent.waitForLog('reverse tunnel ready');
-  userEnv = { HOME: dir, GWSH_HOME: join(dir, 'alice'), HTTPS_PROXY: squid.url };
+  // This file is the Proxy's audit of the classic route (the database user and name from the protocol's startup,
+  // the plaintext bytes both ways), so gwsh takes that route here; end-to-end streams, which the Proxy cannot read,
+  // are audited at both ends: test/e2e/e2e-streams.test.ts and test/agent/e2e.test.ts.
+  userEnv = { HOME: dir, GWSH_HOME: join(dir, 'alice'), HTTPS_PROXY: squid.url, GWSH_E2E: 'off' };
   const login = await runCli('gwsh', ['login', `--proxy=${PROXY_NAME}:${webPort}`, '--user=alice', `--ca-pin=${pin}`], { env: userEnv, input: `${PASSWORD}\n` });
   expect(login.status, login.stderr).toBe(0);
 }, 120_000);

@@ -207,7 +207,8 @@ rootSuite(['dbUsers'])('Auth Services and a Proxy in separate processes', () => 
     await waitUntil('the Proxy-reported app.session.end of bob', async () => {
       const r = await gwctlAt(authB, ['get', 'events', '--format', 'json']);
       const events = (JSON.parse(r.stdout) as Array<{ spec: Record<string, unknown> }>).map((e) => e.spec);
-      const end = events.find((e) => e.event === 'app.session.end' && e.user === 'bob');
+      // The Proxy's own (an end-to-end stream's end is reported by the agent too, through the Proxy: `via`).
+      const end = events.find((e) => e.event === 'app.session.end' && e.user === 'bob' && (e.reported_by as { proxy_id?: string } | undefined)?.proxy_id !== undefined);
       if (!end) return false;
       expect(end).toMatchObject({ resource: 'echo-tcp', reported_by: { proxy_id: proxy.hostId }, error: 'identity revoked: GW_ERR_ACCESS_LOCKED' });
       expect(end.bytes_in).toBeGreaterThanOrEqual(payload.length);
