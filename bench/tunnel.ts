@@ -47,7 +47,7 @@
  *
  * Settings (environment): BENCH_MIB (512), BENCH_RUNS (3), BENCH_STREAMS (8), BENCH_RTTS (5000), BENCH_RTT_WARMUP (5000), BENCH_STARTS (3),
  * BENCH_AGENTS (10000), BENCH_AGENT_PROCS (2), BENCH_IDLE_CPU_SECS (60: the idle Proxy's CPU over this long, 0: not
- * read), BENCH_IPERF_SECONDS (3), BENCH_CONNECTS (50), BENCH_PROFILE (1),
+ * read), BENCH_IPERF_SECONDS (10, iperf3's default), BENCH_CONNECTS (50), BENCH_PROFILE (1),
  * BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the .cpuprofile files to, for Chrome DevTools),
  * BENCH_TUNNEL_ONLY (userpath: set up, run the user path and print it; idle: the idle-memory phase alone; neither is
  * recorded; metrics: the cost of metrics on the data path, off and on in one run, recorded as the section tunnel-metrics,
