@@ -307,7 +307,8 @@ export function renderChart(spec: ChartSpec): string {
 /** The "## name" sections of RESULTS.md, in order: name -> text from the heading to the next one. */
 export function splitSections(results: string): Map<string, string> {
   const out = new Map<string, string>();
-  const re = /^## (\S+)[^\n]*\n[\s\S]*?(?=\n## |$(?![\s\S]))/gm;
+  // The name ends at a space or a colon ("## tunnel-metrics: the cost of ...").
+  const re = /^## ([^\s:]+)[^\n]*\n[\s\S]*?(?=\n## |$(?![\s\S]))/gm;
   for (const m of results.matchAll(re)) out.set(m[1]!, m[0]);
   return out;
 }

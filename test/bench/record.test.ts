@@ -204,6 +204,10 @@ describe('bench/record: RESULTS.md and the README', () => {
     expect(existsSync(join(dir, 'plain.svg'))).toBe(false);
   });
 
+  it('names a section by its heading up to a space or a colon, so a titled heading gets name.svg, not name:.svg', () => {
+    expect([...splitSections('## tunnel-metrics: the cost of metrics (2026-11-29)\n\ntext\n## issue29: goals\n\nmore\n').keys()]).toEqual(['tunnel-metrics', 'issue29']);
+  });
+
   it("puts bench:userpath's by-hand figures beside bench:tunnel's user path, and names its run", () => {
     const userpath = [
       '## userpath',
