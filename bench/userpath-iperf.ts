@@ -14,7 +14,10 @@
  * bench:tunnel starts them (bench/tunnel/paths.ts: the same configurations, addresses and names squid alone
  * resolves); nothing else of that bench is used.
  *
- * Settings: BENCH_USERPATH_SECONDS (iperf3's -t; unset: iperf3's default, 10 s), BENCH_RECORD (0: print only).
+ * Settings: BENCH_USERPATH_SECONDS (iperf3's -t; unset: iperf3's default, 10 s), BENCH_RECORD (0: print only),
+ * BENCH_USERPATH_E2E_ONLY=1 (the end-to-end path alone, printed, never recorded; with BENCH_DAEMON_NODE_OPTIONS="--require
+ * <bench/lib/cpuprofile.ts's PROFILER_PRELOAD with its directory written in>", the Proxy is sent SIGUSR2 before and after
+ * that path's two runs: its profile is of them alone).
  * Writes the section "userpath" of bench/RESULTS.md. Runs as root (sshd).
  */
 import { spawn, spawnSync } from 'node:child_process';
@@ -134,10 +137,14 @@ async function main(): Promise<void> {
     if (login.status !== 0) throw new Error(`gwsh login: ${login.stderr}`);
     const results = new Map<string, number>();
     const lines: string[] = [];
+    const e2eOnly = process.env.BENCH_USERPATH_E2E_ONLY === '1';
     for (const [name, env] of [['gateway end to end', {}], ['gateway classic', { GWSH_E2E: 'off' }]] as const) {
+      if (e2eOnly && name !== 'gateway end to end') return;
       const g: LocalProxy = await startGwshProxy(userHome, dir, 'iperf', env);
       rig.gwshProxies.push(g);
+      if (e2eOnly) rig.proxy!.process.kill('SIGUSR2');
       await measure(name, '127.0.0.1', g.port, results, lines);
+      if (e2eOnly) rig.proxy!.process.kill('SIGUSR2');
       const want = name === 'gateway end to end' ? 'e2e' : 'classic';
       if (routeTaken(g.output()) !== want) throw new Error(`${name}: gwsh took another route:\n${g.output().slice(-3000)}`);
     }
