@@ -307,7 +307,8 @@ export function renderChart(spec: ChartSpec): string {
 /** The "## name" sections of RESULTS.md, in order: name -> text from the heading to the next one. */
 export function splitSections(results: string): Map<string, string> {
   const out = new Map<string, string>();
-  const re = /^## (\S+)[^\n]*\n[\s\S]*?(?=\n## |$(?![\s\S]))/gm;
+  // The name ends at a space or a colon ("## tunnel-metrics: the cost of ...").
+  const re = /^## ([^\s:]+)[^\n]*\n[\s\S]*?(?=\n## |$(?![\s\S]))/gm;
   for (const m of results.matchAll(re)) out.set(m[1]!, m[0]);
   return out;
 }
@@ -325,6 +326,14 @@ const HEADLINES: Headline[] = [
   { figure: 'tunnel throughput, 1 stream (MiB/s, higher is better)', section: 'tunnel', row: /^throughput, 1 stream/, ours: /^gateway$/, peers: [/openssh/i] },
   { figure: 'tunnel 64-byte round trip p50 (µs, lower is better)', section: 'tunnel', row: /^64-byte round trip p50/, ours: /^gateway$/, peers: [/openssh/i] },
   { figure: 'Proxy memory per idle agent (KiB, lower is better)', section: 'tunnel', row: /^Proxy memory per idle/, ours: /^gateway$/, peers: [/openssh/i] },
+  // The user path (issue 29): bench:tunnel's own figures (gwsh's default route, end to end) and, beside them, the
+  // same path measured by hand with plain iperf3 (bench:userpath).
+  { figure: 'user path iperf3, 1 stream, bench:tunnel (MiB/s, higher is better)', section: 'tunnel', row: /^user path: iperf3 throughput, 1 stream/, ours: /^gateway$/, peers: [/openssh/i] },
+  { figure: 'user path iperf3, 1 stream, by hand: bench:userpath (Gbit/s, higher is better)', section: 'userpath', row: /^iperf3 1 stream/, ours: /^gateway$/, peers: [/openssh/i] },
+  { figure: 'user path iperf3, 8 streams, bench:tunnel (MiB/s, higher is better)', section: 'tunnel', row: /^user path: iperf3 throughput, \d+ streams/, ours: /^gateway$/, peers: [/openssh/i] },
+  { figure: 'user path iperf3, -P 8, by hand: bench:userpath (Gbit/s, higher is better)', section: 'userpath', row: /^iperf3 -P 8/, ours: /^gateway$/, peers: [/openssh/i] },
+  { figure: "user path: the Proxy's CPU seconds per GiB (goal <= 1.0)", section: 'tunnel', row: /^user path: the Proxy daemon's CPU/, ours: /^gateway$/, peers: [/openssh/i] },
+  { figure: 'user path: new connection + first echo (ms, lower is better)', section: 'tunnel', row: /^user path: new connection/, ours: /^gateway$/, peers: [/openssh/i] },
   { figure: 'multiplexer throughput, one TLS stream (MiB/s, higher is better)', section: 'mux', row: /^throughput, one TLS stream/, ours: /^multiplexer$/, peers: [/haproxy/i] },
   { figure: 'multiplexer 64-byte round trip p50 (µs, lower is better)', section: 'mux', row: /^64-byte round trip p50/, ours: /^multiplexer$/, peers: [/haproxy/i] },
   { figure: 'multiplexer new connections per second (higher is better)', section: 'mux', row: /^new connections per second/, ours: /^multiplexer$/, peers: [/haproxy/i] },
@@ -369,7 +378,8 @@ export function headlineTable(results: string): string {
   const sections = splitSections(results);
   const rows = HEADLINES.map((h) => [...headlineRow(h, sections.get(h.section)), h.section]);
   rows.splice(2, 0, [...cpuRow(sections.get('tunnel')), 'tunnel']);
-  const dates = ['tunnel', 'mux', 'ssh'].map((s) => `${s} ${/Run (\d{4}-\d\d-\d\d)/.exec(sections.get(s) ?? '')?.[1] ?? '(not run)'}`);
+  // bench:userpath's run is named when RESULTS.md has it (older files do not).
+  const dates = ['tunnel', ...(sections.has('userpath') ? ['userpath'] : []), 'mux', 'ssh'].map((s) => `${s} ${/Run (\d{4}-\d\d-\d\d)/.exec(sections.get(s) ?? '')?.[1] ?? '(not run)'}`);
   return [
     '| figure | gateway | peer | gateway / peer | chart |',
     '|---|---|---|---|---|',

@@ -47,7 +47,7 @@
  *
  * Settings (environment): BENCH_MIB (512), BENCH_RUNS (3), BENCH_STREAMS (8), BENCH_RTTS (5000), BENCH_RTT_WARMUP (5000), BENCH_STARTS (3),
  * BENCH_AGENTS (10000), BENCH_AGENT_PROCS (2), BENCH_IDLE_CPU_SECS (60: the idle Proxy's CPU over this long, 0: not
- * read), BENCH_IPERF_SECONDS (3), BENCH_CONNECTS (50), BENCH_PROFILE (1),
+ * read), BENCH_IPERF_SECONDS (10, iperf3's default), BENCH_CONNECTS (50), BENCH_PROFILE (1),
  * BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the .cpuprofile files to, for Chrome DevTools),
  * BENCH_TUNNEL_ONLY (userpath: set up, run the user path and print it; idle: the idle-memory phase alone; neither is
  * recorded; metrics: the cost of metrics on the data path, off and on in one run, recorded as the section tunnel-metrics,
@@ -77,7 +77,7 @@ import { createLogger, setRootLogger } from '../src/log.js';
 import { runCli, startGateway } from '../test/helpers/gateway.js';
 import { median, sleep } from './common.js';
 import { newestProfile, PROFILER_PRELOAD, summarizeProfile, type ProfileSummary } from './lib/cpuprofile.js';
-import { cpuDelta, cpuSnapshot, processTree } from './lib/proc.js';
+import { cpuDelta, cpuSnapshot, processTree, type CpuProbe } from './lib/proc.js';
 import { recordSection } from './record.js';
 import { measureTlsFloor } from './tlsfloor.js';
 import { profilerEnv, startAgent, startGwshProxy, stopGateway, type LocalProxy } from './tunnel/gateway.js';
@@ -88,7 +88,7 @@ import { cleanup, dataPaths, startEnds, startGatewayPath, startOpenSshPath, stop
 import { runIperf3, type CountingSink } from './tunnel/peers.js';
 import { tunnelSection, type DataPathFigures, type PathName } from './tunnel/report.js';
 import { AGENTS, GWSH_BEFORE, IPERF_SECONDS, MIB, ONLY, PASSWORD, PROFILE, PROFILE_MIB, PROXY_IP, PROXY_NAME, RTTS, RUNS, SSHD_IP, SSHD_NAME, STREAMS, TLS_FLOOR_CONNECTIONS } from './tunnel/settings.js';
-import { GW_USER, measureUserPath, userPathRows, userPathText, type UserPathFigures, type UserPathName, type UserPathRoute } from './tunnel/userpath.js';
+import { CLASSIC_USER, GW_USER, measureUserPath, routeTaken, userPathRows, userPathText, type UserPathFigures, type UserPathName, type UserPathRoute } from './tunnel/userpath.js';
 
 // The agents of the memory test log errors only (1 000 "reverse tunnel ready" and "closed" lines otherwise).
 setRootLogger(createLogger({ level: 'error' }));
@@ -105,19 +105,20 @@ async function userPathPhase(rig: Rig, gw: GatewayPath, ssh: OpenSshPath): Promi
   if (userLogin.status !== 0) throw new Error(`gwsh login: ${userLogin.stderr}`);
   const gwshIperf = await startGwshProxy(userHome, dir, 'iperf');
   const gwshEcho = await startGwshProxy(userHome, dir, 'echo');
-  rig.gwshProxies.push(gwshIperf, gwshEcho);
+  const classic = [await startGwshProxy(userHome, dir, 'iperf', { GWSH_E2E: 'off' }), await startGwshProxy(userHome, dir, 'echo', { GWSH_E2E: 'off' })] as const;
+  rig.gwshProxies.push(gwshIperf, gwshEcho, ...classic);
   const userRoutes: UserPathRoute[] = [
     {
       name: 'gateway (gwsh proxy app)',
       iperf: { host: '127.0.0.1', port: gwshIperf.port },
       echo: { host: '127.0.0.1', port: gwshEcho.port },
-      cpu: {
-        gwsh: () => [gwshIperf.process.pid!, gwshEcho.process.pid!],
-        'Proxy daemon': () => [rig.proxy!.process.pid!],
-        squid: () => [rig.squid!.pid],
-        'agent daemon': () => [rig.agent!.process.pid!],
-        'iperf3 -s': () => [rig.iperf!.pid],
-      },
+      cpu: { ...gatewayCpu(rig), gwsh: () => [gwshIperf.process.pid!, gwshEcho.process.pid!] },
+    },
+    {
+      name: CLASSIC_USER,
+      iperf: { host: '127.0.0.1', port: classic[0].port },
+      echo: { host: '127.0.0.1', port: classic[1].port },
+      cpu: { ...gatewayCpu(rig), gwsh: () => classic.map((g) => g.process.pid!) },
     },
     {
       name: 'OpenSSH ssh -R',
@@ -138,10 +139,35 @@ async function userPathPhase(rig: Rig, gw: GatewayPath, ssh: OpenSshPath): Promi
     });
   }
   const user = await measureUserPath(userRoutes, rig.say);
+  checkRoutes({ e2e: [gwshIperf, gwshEcho], classic: [...classic] }, rig.say);
   if (GWSH_BEFORE) sayBeforeAfter(user, rig.say);
   const gwshProfile = PROFILE ? await profileGwsh(rig, gwshIperf, userHome) : undefined;
   for (const g of rig.gwshProxies.splice(0)) await g.stop();
   return { user, gwshProfile };
+}
+
+/** The CPU probes of the gateway's user path but gwsh's. */
+function gatewayCpu(rig: Rig): CpuProbe {
+  return {
+    'Proxy daemon': () => [rig.proxy!.process.pid!],
+    squid: () => [rig.squid!.pid],
+    'agent daemon': () => [rig.agent!.process.pid!],
+    'iperf3 -s': () => [rig.iperf!.pid],
+  };
+}
+
+/**
+ * Each gwsh's connections took the route its row names (its --debug lines): a fallback to the classic route under
+ * gwsh's default would pass classic figures for end-to-end ones. Throws with gwsh's own words (the reason) if not.
+ */
+function checkRoutes(gwsh: { e2e: LocalProxy[]; classic: LocalProxy[] }, say: (s: string) => void): void {
+  for (const [want, procs] of [['e2e', gwsh.e2e], ['classic', gwsh.classic]] as const) {
+    for (const g of procs) {
+      const got = routeTaken(g.output());
+      if (got !== want) throw new Error(`the user path's ${want} gwsh took the ${got} route:\n${g.output().slice(-3000)}`);
+    }
+  }
+  say('user path routes: every end-to-end gwsh connection said "end-to-end to agent", no GWSH_E2E=off one did');
 }
 
 /** BENCH_GWSH_BEFORE: this build's gwsh against the other one, printed. */

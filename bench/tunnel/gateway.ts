@@ -120,12 +120,18 @@ export function profilerEnv(preload: string, dir: string): Record<string, string
 export interface LocalProxy {
   process: ChildProcess;
   port: number;
+  /** Its output so far (the last 8 000 characters of standard error): with --debug, the route each connection took. */
+  output(): string;
   stop(): Promise<void>;
 }
 
-/** A real `gwsh proxy app <name> --port 0` with the given profile directory; resolves once it listens. */
+/**
+ * A real `gwsh --debug proxy app <name> --port 0` with the given profile directory and GWSH_E2E as the caller
+ * sets it in env (unset: gwsh's default, auto); resolves once it listens. --debug prints one line per connection
+ * naming its route ("end-to-end to agent ..." or "the classic route ...: <reason>"): the bench checks it.
+ */
 export async function startGwshProxy(gwshHome: string, home: string, app: string, env: Record<string, string> = {}, bin = BIN('gwsh')): Promise<LocalProxy> {
-  const child = spawn(process.execPath, [bin, 'proxy', 'app', app, '--port', '0'], {
+  const child = spawn(process.execPath, [bin, '--debug', 'proxy', 'app', app, '--port', '0'], {
     env: { PATH: process.env.PATH ?? '', HOME: home, GWSH_HOME: gwshHome, ...(GWSH_NODE_OPTIONS ? { NODE_OPTIONS: GWSH_NODE_OPTIONS } : {}), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -153,5 +159,5 @@ export async function startGwshProxy(gwshHome: string, home: string, app: string
     await exited(child);
     clearTimeout(killer);
   };
-  return { process: child, port, stop };
+  return { process: child, port, output: () => out, stop };
 }

@@ -11,8 +11,12 @@ import { connectAndEcho, roundTrips, type Connect } from './measure.js';
 import { runIperf3 } from './peers.js';
 import { CONNECTS, IPERF_SECONDS, PROXY_IP, RTTS, RUNS, SSHD_IP, STREAMS, TARGET_IP } from './settings.js';
 
-/** The two paths, and with BENCH_GWSH_BEFORE a third: the same gateway through another build of gwsh. */
-export type UserPathName = 'gateway (gwsh proxy app)' | 'OpenSSH ssh -R' | 'gateway (BENCH_GWSH_BEFORE)';
+/**
+ * The three paths: gwsh's default (end to end with the agent: the Proxy splices the TLS bytes onto a data connection
+ * of the agent), the same gwsh with GWSH_E2E=off (the classic route: the Proxy terminates the client's TLS and frames
+ * the stream into the tunnel's TLS), OpenSSH; with BENCH_GWSH_BEFORE a fourth: gwsh's default from another build.
+ */
+export type UserPathName = 'gateway (gwsh proxy app)' | 'gateway classic (GWSH_E2E=off)' | 'OpenSSH ssh -R' | 'gateway (BENCH_GWSH_BEFORE)';
 
 export interface UserPathRoute {
   name: UserPathName;
@@ -85,9 +89,21 @@ export async function measureUserPath(routes: UserPathRoute[], say: (s: string) 
   return { seconds: IPERF_SECONDS, runs: RUNS, rates, cpuPerGiB, rtt, connect, connectCpu };
 }
 
-/** The two paths every user-path row compares. */
+/** The paths every user-path row compares. */
 export const GW_USER: UserPathName = 'gateway (gwsh proxy app)';
+export const CLASSIC_USER: UserPathName = 'gateway classic (GWSH_E2E=off)';
 export const SSH_USER: UserPathName = 'OpenSSH ssh -R';
+
+/**
+ * The route gwsh --debug says its connections took, from its output: 'e2e' when every one went end to end (a line
+ * "end-to-end to agent" and no other), 'classic' when none did (under --e2e off gwsh prints no line; under auto a
+ * fallback prints "the classic route ...: <reason>"), else 'mixed'.
+ */
+export function routeTaken(gwshOutput: string): 'e2e' | 'classic' | 'mixed' {
+  const e2e = /: end-to-end to agent /.test(gwshOutput);
+  const other = /: the classic route /.test(gwshOutput) || /error: /.test(gwshOutput);
+  return e2e && other ? 'mixed' : e2e ? 'e2e' : 'classic';
+}
 
 /** The user path's rows of the tunnel table (raw TCP and gateway / raw do not apply). */
 export function userPathRows(u: UserPathFigures): string[] {
@@ -101,7 +117,16 @@ export function userPathRows(u: UserPathFigures): string[] {
     [`user path: new connection + first 64-byte echo (ms, median of ${u.connect.get(GW_USER)!.length})`, (p) => median(u.connect.get(p)!), 2],
     ['user path: CPU seconds per GiB, every process of the path (1 stream)', total, 2],
   ];
-  return rows.map(([label, get, digits]) => `| ${label} | – | ${get(GW_USER).toFixed(digits)} | ${get(SSH_USER).toFixed(digits)} | ${(get(GW_USER) / get(SSH_USER)).toFixed(2)}x | – |`);
+  const proxy = (p: UserPathName) => u.cpuPerGiB.get(p)!['Proxy daemon'] ?? 0;
+  const row = (label: string, p: UserPathName, get: (p: UserPathName) => number, digits: number) =>
+    `| ${label} | – | ${get(p).toFixed(digits)} | ${get(SSH_USER).toFixed(digits)} | ${(get(p) / get(SSH_USER)).toFixed(2)}x | – |`;
+  return [
+    // The end-to-end rows keep the labels bench/record.ts and earlier runs used: gwsh's default route.
+    ...rows.map(([label, get, digits]) => row(label, GW_USER, get, digits)),
+    `| user path: the Proxy daemon's CPU seconds per GiB (1 stream; goal <= 1.0) | – | ${proxy(GW_USER).toFixed(2)} | – | – | – |`,
+    ...rows.map(([label, get, digits]) => row(label.replace('user path: ', 'user path, classic route (GWSH_E2E=off): '), CLASSIC_USER, get, digits)),
+    `| user path, classic route (GWSH_E2E=off): the Proxy daemon's CPU seconds per GiB (1 stream) | – | ${proxy(CLASSIC_USER).toFixed(2)} | – | – | – |`,
+  ];
 }
 
 /** The user path's paragraph: what runs, the CPU split, the gwsh profile. */
@@ -121,16 +146,19 @@ export function userPathText(u: UserPathFigures, gwsh: ProfileSummary | undefine
         .map(([k, v]) => `${k} ${(v * 100).toFixed(0)}%`)
         .join(', ')
     : '';
+  const three = (f: (p: UserPathName) => string) => `end to end ${f(GW_USER)}; classic ${f(CLASSIC_USER)}; OpenSSH ${f(SSH_USER)}`;
   return (
-    `- User path (what a user runs): \`iperf3 -c 127.0.0.1 -p <port> -J -t ${u.seconds}\` -> a real \`gwsh proxy app iperf --port 0\` process (signed in to the Proxy's ` +
-    `listen address ${PROXY_IP}) -> the Proxy daemon -> the reverse tunnel through squid -> the agent daemon -> \`iperf3 -s\` on ${TARGET_IP} (a tcp:// app); ` +
-    `peer: the same iperf3 client -> a third forward of the same \`ssh -R\` on ${SSHD_IP} -> a second \`iperf3 -s\` on ${TARGET_IP} (one server per path: a test waits for none of the other path's). ` +
-    `Throughput is iperf3's sum_received; runs alternate gateway / OpenSSH, 1 stream then ${STREAMS} (\`-P ${STREAMS}\`); each run's MiB/s: ` +
-    `1 stream gateway ${each(1, GW_USER)}, OpenSSH ${each(1, SSH_USER)}; ${STREAMS} streams gateway ${each(STREAMS, GW_USER)}, OpenSSH ${each(STREAMS, SSH_USER)}. ` +
-    `iperf3 opens its control connection first, through the same path. Round trips: a second \`gwsh proxy app echo\` against ssh -R's echo forward, one connection; ` +
-    `new connection: connect, one 64-byte echo, close, alternating paths (for gwsh: a TCP and TLS connection to the Proxy and a route per accepted connection). ` +
-    `CPU seconds per GiB received, single-stream runs, by process: gateway ${components(GW_USER)}; OpenSSH ${components(SSH_USER)}. ` +
-    `CPU ms per new connection (from /proc, 10 ms ticks averaged over ${CONNECTS}): gateway ${perConnection(GW_USER)}; OpenSSH ${perConnection(SSH_USER)}.` +
+    `- User path (what a user runs): \`iperf3 -c 127.0.0.1 -p <port> -J -t ${u.seconds}\` -> a real \`gwsh --debug proxy app iperf --port 0\` process (signed in to the Proxy's ` +
+    `listen address ${PROXY_IP}) -> the Proxy daemon -> the agent through squid -> \`iperf3 -s\` on ${TARGET_IP} (a tcp:// app), by two routes: ` +
+    `**end to end** (gwsh's default, --e2e auto: a grant from the Proxy on gateway-grant-v1, TLS with the agent through the Proxy's one port, which splices the bytes onto a data connection the agent dialled through squid; ` +
+    `each connection's --debug line said "end-to-end to agent", checked by the bench) and **classic** (a second gwsh with GWSH_E2E=off: TLS to the Proxy, which frames the stream into the agent's tunnel TLS; it printed no "end-to-end" line); ` +
+    `peer: the same iperf3 client -> a third forward of the same \`ssh -R\` on ${SSHD_IP} -> its own \`iperf3 -s\` on ${TARGET_IP} (one server per path: a test waits for none of the other path's). ` +
+    `Throughput is iperf3's sum_received; runs alternate end to end / classic / OpenSSH, 1 stream then ${STREAMS} (\`-P ${STREAMS}\`); each run's MiB/s, 1 stream: ${three((p) => each(1, p))}; ` +
+    `${STREAMS} streams: ${three((p) => each(STREAMS, p))}. ` +
+    `iperf3 opens its control connection first, through the same path. Round trips: another \`gwsh proxy app echo\` per gateway route against ssh -R's echo forward, one connection; ` +
+    `new connection: connect, one 64-byte echo, close, alternating paths (end to end: a grant on gwsh's open grant session, a TCP connection to the Proxy and TLS with the agent; classic: a TCP and TLS connection to the Proxy and a route). ` +
+    `CPU seconds per GiB received, single-stream runs, by process: ${three(components)}. ` +
+    `CPU ms per new connection (from /proc, 10 ms ticks averaged over ${CONNECTS}): ${three(perConnection)}.` +
     (gwsh
       ? ` gwsh under \`--cpu-prof\` (one ${u.seconds} s single-stream run, shares of its busy time): ${gwsh.top
           .slice(0, 5)

@@ -204,6 +204,28 @@ describe('bench/record: RESULTS.md and the README', () => {
     expect(existsSync(join(dir, 'plain.svg'))).toBe(false);
   });
 
+  it('names a section by its heading up to a space or a colon, so a titled heading gets name.svg, not name:.svg', () => {
+    expect([...splitSections('## tunnel-metrics: the cost of metrics (2026-11-29)\n\ntext\n## issue29: goals\n\nmore\n').keys()]).toEqual(['tunnel-metrics', 'issue29']);
+  });
+
+  it("puts bench:userpath's by-hand figures beside bench:tunnel's user path, and names its run", () => {
+    const userpath = [
+      '## userpath',
+      '',
+      'Run 2026-11-29T22:00:32.427Z with `npm run bench:userpath`.',
+      '',
+      '| figure | gateway | gateway classic | OpenSSH ssh -R (peer) | gateway / OpenSSH | gateway classic / OpenSSH |',
+      '|---|---|---|---|---|---|',
+      '| iperf3 1 stream (Gbit/s, receiver) | 1.97 | 0.50 | 1.89 | 1.04x | 0.26x |',
+      '| iperf3 -P 8 (Gbit/s, receiver) | 1.67 | 0.76 | 1.61 | 1.04x | 0.47x |',
+      '',
+    ].join('\n');
+    const table = headlineTable([TUNNEL, userpath, MUX, SSH].join('\n'));
+    expect(table.split('\n')).toContain('| user path iperf3, 1 stream, by hand: bench:userpath (Gbit/s, higher is better) | 1.97 | 1.89 (OpenSSH ssh -R) | 1.04x | [userpath](bench/userpath.svg) |');
+    expect(table.split('\n')).toContain('| user path iperf3, -P 8, by hand: bench:userpath (Gbit/s, higher is better) | 1.67 | 1.61 (OpenSSH ssh -R) | 1.04x | [userpath](bench/userpath.svg) |');
+    expect(table).toContain('runs: tunnel 2026-11-24, userpath 2026-11-29, mux 2026-11-24, ssh 2026-11-25');
+  });
+
   it('builds the headline table from RESULTS.md, preferring ssh -J as the keystroke peer', () => {
     const table = headlineTable([TUNNEL, MUX, SSH].join('\n'));
     const lines = table.split('\n');
