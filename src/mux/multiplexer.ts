@@ -33,8 +33,21 @@ import { RouteTable, type Route } from './routes.js';
 import { sniffProtocol } from './sniff.js';
 import { decideProxyHeader, proxyHeaderPolicy, type ProxyHeaderPolicy } from './trust.js';
 
-/** TLS 1.2-framed fatal alert 120 (no_application_protocol), valid before any handshake message from us. */
-export const NO_APPLICATION_PROTOCOL_ALERT = Buffer.from([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x78]);
+/**
+ * A TLS 1.2-framed fatal alert record (RFC 8446 section 6: level 2, the description), valid before any handshake
+ * message from us, which every TLS version reads: what a route that takes no TLS of its own answers a ClientHello.
+ */
+export function fatalTlsAlert(description: number): Buffer {
+  return Buffer.from([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, description]);
+}
+
+/** Fatal alert 120 (no_application_protocol). */
+export const NO_APPLICATION_PROTOCOL_ALERT = fatalTlsAlert(120);
+
+/** The client's address of a routed connection, "ip:port", as logs and audit name it. */
+export function clientOf(info: Pick<ConnInfo, 'remoteAddress' | 'remotePort'>): string {
+  return `${info.remoteAddress}:${info.remotePort}`;
+}
 
 export interface ConnInfo {
   /** The client's address: from the PROXY header when one was accepted, else the socket's peer. */

@@ -32,7 +32,7 @@ import { canAccess, LABEL_FIELDS, type AccessKind } from '../auth/rbac.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, isGatewayError, toGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
-import { routeReason, type ConnInfo } from '../mux/multiplexer.js';
+import { clientOf, routeReason, type ConnInfo } from '../mux/multiplexer.js';
 import { connectionOf } from '../net/deadlines.js';
 import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { FramedStream } from '../stream/framed.js';
@@ -235,10 +235,6 @@ function refuse(ctx: AccessContext, socket: TLSSocket, info: ConnInfo, err: unkn
   ctx.log.info({ route: info.route, client: clientOf(info), code: e.code, err: e.message }, 'connection to a resource refused');
   const answer: DialAnswer = { ok: false, error: { code: e.code, message: e.message } };
   socket.end(`${JSON.stringify(answer)}\n`);
-}
-
-function clientOf(info: ConnInfo): string {
-  return `${info.remoteAddress}:${info.remotePort}`;
 }
 
 const NOUN: Record<AccessKind, string> = { node: 'node', db: 'database', app: 'app', windows_desktop: 'desktop', kube_cluster: 'Kubernetes cluster' };

@@ -20,7 +20,7 @@
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import { logger, type Logger } from '../log.js';
-import type { ConnInfo } from '../mux/multiplexer.js';
+import { clientOf, type ConnInfo } from '../mux/multiplexer.js';
 import { recordDataRefused, watchIdleData, type DataRefusal } from '../metrics/e2e.js';
 import {
   checkDataPreamble,
@@ -252,7 +252,7 @@ export class DataConnections {
     const now = Date.now();
     if ((this.lastLogged.get(reason) ?? -Infinity) > now - DATA_LOG_GAP_MS) return;
     this.lastLogged.set(reason, now);
-    this.log.warn({ code: 'GW_ERR_E2E_DATA', reason, client: `${info.remoteAddress}:${info.remotePort}`, why }, 'data connection refused (logged once per 10 s per reason)');
+    this.log.warn({ code: 'GW_ERR_E2E_DATA', reason, client: clientOf(info), why }, 'data connection refused (logged once per 10 s per reason)');
   }
 
   close(): void {

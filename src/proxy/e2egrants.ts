@@ -33,7 +33,7 @@ import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import { recordGrant } from '../metrics/e2e.js';
-import type { ConnInfo } from '../mux/multiplexer.js';
+import { clientOf, type ConnInfo } from '../mux/multiplexer.js';
 import { writeJsonLine } from '../stream/lines.js';
 import { LineSplitter } from '../stream/splitter.js';
 import { startHop, traceContextOf, traceFields, type HopSpan } from '../trace.js';
@@ -148,7 +148,7 @@ export function createGrantHandler(ctx: GrantContext): (stream: Duplex, info: Co
   const log = logger('e2e-grants');
   return (stream, info) => {
     const socket = stream as TLSSocket;
-    const client = `${info.remoteAddress}:${info.remotePort}`;
+    const client = clientOf(info);
     let certified: Identity;
     let key: string;
     try {

@@ -23,7 +23,7 @@ import type { Duplex } from 'node:stream';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { logger, type Logger } from '../log.js';
 import { e2eByteCounters, recordE2EStream, type StreamOutcome } from '../metrics/e2e.js';
-import type { ConnInfo } from '../mux/multiplexer.js';
+import { clientOf, fatalTlsAlert, type ConnInfo } from '../mux/multiplexer.js';
 import { splice } from '../stream/splice.js';
 import { DATA_WAIT_MS, grantIdOfServerName, type E2EOpenMessage } from '../tunnel/e2e.js';
 import type { DataConnections } from './e2edata.js';
@@ -32,9 +32,9 @@ import type { AgentSource } from './router.js';
 import type { SessionAudit, SessionKind } from './sessionaudit.js';
 import type { TunnelServer } from './tunnel.js';
 
-/** TLS alert records (TLS 1.2 framing, as every TLS version reads them before a handshake): fatal access_denied (49) and internal_error (80). */
-export const ACCESS_DENIED_ALERT = Buffer.from([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31]);
-export const INTERNAL_ERROR_ALERT = Buffer.from([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50]);
+/** Fatal TLS alerts: access_denied (49) and internal_error (80). */
+export const ACCESS_DENIED_ALERT = fatalTlsAlert(49);
+export const INTERNAL_ERROR_ALERT = fatalTlsAlert(80);
 /** How long a refused stream may take to read its alert before it is dropped. */
 const ALERT_LINGER_MS = 2_000;
 /** A refusal of each kind is logged at most once per this long. */
@@ -124,10 +124,6 @@ function sendAlert(stream: Duplex, alert: Buffer): void {
   stream.end(alert);
   stream.resume(); // what else the client sent is read and dropped, so that the close is a FIN, not a reset
   setTimeout(() => stream.destroy(), ALERT_LINGER_MS).unref();
-}
-
-function clientOf(info: ConnInfo): string {
-  return `${info.remoteAddress}:${info.remotePort}`;
 }
 
 /** What the Proxy role plugs into the front door for the three routes of end-to-end streams. */

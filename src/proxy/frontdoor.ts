@@ -33,7 +33,7 @@ import { formatHostPort } from '../addr.js';
 import type { GatewayConfig } from '../config/index.js';
 import { GatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
-import { Multiplexer, type ConnInfo, type MuxRoute, type RouteHandler } from '../mux/multiplexer.js';
+import { clientOf, Multiplexer, type ConnInfo, type MuxRoute, type RouteHandler } from '../mux/multiplexer.js';
 import { anySourceBelieved } from '../mux/trust.js';
 import { ConnectionLimits, limitSettings, type ListenerGuard } from '../net/deadlines.js';
 import { guardHttpServer } from '../net/http.js';
@@ -289,7 +289,7 @@ class RouteHandlers {
   }
 
   private absent(name: string, info: ConnInfo): void {
-    this.log.info({ route: name, client: `${info.remoteAddress}:${info.remotePort}` }, `no ${name} service runs behind this proxy yet; closing`);
+    this.log.info({ route: name, client: clientOf(info) }, `no ${name} service runs behind this proxy yet; closing`);
   }
 }
 

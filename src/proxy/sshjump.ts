@@ -16,7 +16,7 @@ import { canAccess } from '../auth/rbac.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { checkUserCertAuth } from '../auth/sshauth.js';
 import { logger } from '../log.js';
-import type { ConnInfo } from '../mux/multiplexer.js';
+import { clientOf, type ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
 import { relayChannel } from '../net/sshchannel.js';
 import { splice } from '../stream/splice.js';
@@ -38,7 +38,7 @@ export class SshJumpServer {
   }
 
   handle = (stream: Duplex, info: ConnInfo): void => {
-    this.endpoint.inject(stream, `${info.remoteAddress}:${info.remotePort}`);
+    this.endpoint.inject(stream, clientOf(info));
   };
 
   private onConnection(conn: Connection, client: string): void {

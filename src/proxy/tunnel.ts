@@ -44,7 +44,7 @@ import type { ProxyAuth } from '../auth/proxyauth.js';
 import type { NodeRecord } from '../auth/records.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
-import type { ConnInfo } from '../mux/multiplexer.js';
+import { clientOf, type ConnInfo } from '../mux/multiplexer.js';
 import { SshEndpoint, type SshDeadlines } from '../net/ssh.js';
 import { relayChannel } from '../net/sshchannel.js';
 import type { ClusterView } from './cluster.js';
@@ -280,7 +280,7 @@ export class TunnelServer extends EventEmitter {
   // --- v2: frames over mutual TLS ------------------------------------------------------------------------------
 
   private acceptV2(socket: TLSSocket, info: ConnInfo): void {
-    const remote = `${info.remoteAddress}:${info.remotePort}`;
+    const remote = clientOf(info);
     const link = new SessionLink(socket, this.options.streamWindow, (err) => {
       if (err) this.log.warn({ remote, err: err.message }, 'agent broke the tunnel protocol; closing');
     });
