@@ -26,6 +26,7 @@ import { GatewayError } from '../errors.js';
 import { databaseRoute, GRANT_ALPN } from '../wire/protocols.js';
 import { readPassword } from './prompt.js';
 import { newProgram, runCli } from './run.js';
+import type { Command } from 'commander';
 import { positionalOptions } from './cmdtree.js';
 import { addCompletionCommands } from './completion.js';
 import { PROXY_ENVIRONMENT } from './manpage.js';
@@ -556,5 +557,19 @@ program.hook('preAction', async () => {
   const settings = tracingSettings(undefined, process.env, 'gwsh');
   if (settings) await startTracing({ ...settings, exportDelayMs: 0 });
 });
+debugOnEveryCommand(program);
 await runCli(program);
+
+/**
+ * --debug after the subcommand too (`gwsh proxy app X --debug`, as users type it): gwsh's positional options take the
+ * program's own options only before a subcommand, so each command but `ssh` (whose flags are OpenSSH's) declares it
+ * again. debugLine and runCli read it from the whole command line either way.
+ */
+function debugOnEveryCommand(parent: Command): void {
+  for (const cmd of parent.commands) {
+    if (cmd.name() === 'ssh' && parent === program) continue;
+    if (!cmd.options.some((o) => o.long === '--debug')) cmd.option('--debug', 'print stack traces and the path each connection took');
+    debugOnEveryCommand(cmd);
+  }
+}
 await stopTracing();

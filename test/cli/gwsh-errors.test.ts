@@ -74,3 +74,17 @@ describe('gwsh ssh when its ProxyCommand fails', () => {
     expect(r.stderr.split('no connected agent serves').length).toBe(2);
   });
 });
+
+describe('--debug after the subcommand', () => {
+  it('gwsh proxy app X --debug is the same command as gwsh --debug proxy app X: its real error with the stack, not a usage error', async () => {
+    expect((await login()).status).toBe(0);
+    const before = await gwsh(['--debug', 'proxy', 'app', 'no-such-app', '--port', '0']);
+    const after = await gwsh(['proxy', 'app', 'no-such-app', '--port', '0', '--debug']);
+    for (const r of [before, after]) {
+      expect(r.stderr).not.toContain('GW_ERR_USAGE');
+      expect(r.stderr).toMatch(/\n\s+at /); // the stack trace --debug asks for
+    }
+    const code = (r: { stderr: string }) => /code: (\S+)/.exec(r.stderr)?.[1];
+    expect(code(after)).toBe(code(before));
+  });
+});
