@@ -109,7 +109,7 @@ function userSideThroughTheProxy(o: { name: string; squid: () => Squid; env: () 
   });
 
   it('4 MiB each way byte-exact through gwsh proxy app, both ends through the proxy', async () => {
-    const app = await startGwshProxy(['app', 'bulk'], gwshEnv(), children, wrap());
+    const app = await startGwshProxy(['app', 'bulk', '--e2e', 'require'], gwshEnv(), children, wrap());
     const r = await transfer('127.0.0.1', app.port, { id: 1, upload: 4 * MiB, download: 4 * MiB, seed: 7, timeoutMs: 60_000 });
     expect(r.server.received).toEqual(r.sent);
     expect(r.received.bytes).toBe(4 * MiB);

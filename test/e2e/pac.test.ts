@@ -151,7 +151,7 @@ describeAsRoot('an agent behind a PAC file', () => {
   });
 
   it('a stream flows byte-exact through gwsh proxy app, over the tunnel the PAC chose', async () => {
-    const local = await startGwshProxy(['app', 'bulk'], aliceEnv, children);
+    const local = await startGwshProxy(['app', 'bulk', '--e2e', 'require'], aliceEnv, children);
     const r = await transfer('127.0.0.1', local.port, { id: 1, upload: 4 << 20, download: 4 << 20, seed: 7, timeoutMs: 60_000 });
     expect(r.server.received.sha256).toBe(r.sent.sha256);
     expect(r.received.sha256).toBe(expectedDownloadSha256(4 << 20, 7));

@@ -108,7 +108,7 @@ describeAsRoot('an agent behind a proxy that asks for Digest (or Basic)', () => 
   });
 
   it('a byte stream goes through gwsh proxy app, byte-exact', async () => {
-    const gp = await startGwshProxy(['app', 'echo'], aliceEnv, children);
+    const gp = await startGwshProxy(['app', 'echo', '--e2e', 'require'], aliceEnv, children);
     const payload = randomBytes(4 * 1024 * 1024);
     const socket = net.connect(gp.port, '127.0.0.1');
     const received: Buffer[] = [];

@@ -127,7 +127,7 @@ describeAsRoot('an agent behind a SOCKS5 proxy (Dante, username/password)', () =
   });
 
   it('16 MiB each way byte-exact through gwsh proxy app, both ends through danted', async () => {
-    const app = await startGwshProxy(['app', 'bulk'], aliceEnv, children);
+    const app = await startGwshProxy(['app', 'bulk', '--e2e', 'require'], aliceEnv, children);
     appPort = app.port;
     const r = await transfer('127.0.0.1', app.port, { id: 1, upload: 16 * MiB, download: 16 * MiB, seed: 5, timeoutMs: 120_000 });
     expect(r.server.received).toEqual(r.sent);
