@@ -913,8 +913,8 @@ export const ERROR_CODES = {
   },
   GW_ERR_E2E_GRANT: {
     status: 403,
-    summary: "An end-to-end stream's grant was refused by the Proxy: its server name names no grant this Proxy holds, or the grant has expired, was used already, or is another user's.",
-    hint: "Grants are single-use and live 30 s: let gwsh ask for a new one (run the command again); a client that reuses a grant or sends a server name of its own is not gwsh, or its clock and the Proxy's disagree by more than the grant's life.",
+    summary: "An end-to-end stream's grant was refused by the Proxy: its line (GWE2E1) carries no grant, or a grant that is forged, expired or routed by this Proxy already, or whose issuer certificate is not a live Proxy's of this cluster.",
+    hint: "Grants are single-use and live 30 s: let gwsh ask for a new one (run the command again). A client that reuses a grant or sends a line of its own is not gwsh; otherwise the Proxy that signed it may have left the cluster since ('gwctl get proxies'), or the clocks of the Proxies disagree by more than the grant's life.",
   },
   GW_ERR_E2E_DATA: {
     status: 400,

@@ -9,8 +9,10 @@
  *
  *   - the hello of a v2 tunnel carries e2e {v: 1, pool}; with pool 0 it carries none and nothing is dialled
  *   - a good stream reaches the echo app byte-exact after {"ok":true}; the agent reports its start with e2e: true
+ *   - a grant another Proxy issued (behind a load balancer the stream comes on another Proxy's tunnel) is checked
+ *     with the certificate of the agent's tunnel to that Proxy; with none, refused
  *   - hostile grants and clients, each refused inside the TLS with GW_ERR_E2E_REFUSED naming the check: signed by
- *     another key, for another agent, for another user, bound to another key, roles the certificate lacks, expired,
+ *     another key, for another agent, issued by a Proxy the agent holds no tunnel to, for another user, bound to another key, roles the certificate lacks, expired,
  *     replayed, a client certificate of another CA, none at all
  *   - an e2e-open naming a data connection the agent does not hold is ignored, and a connection whose e2e-open
  *     never comes is closed at the deadline (the client is not left hanging)
@@ -441,7 +443,7 @@ describe('end-to-end streams at the agent', () => {
     const other = generateKeyPair().privateKeyPem;
     expect(await refusal(identity.hostId, await next(), grantFor(identity, {}, other).token, alice)).toContain("signature is not the issuing Proxy's");
     expect(await refusal(identity.hostId, await next(), grantFor(identity, { agent: '00000000-0000-4000-8000-00000000ffff' }).token, alice)).toContain('not this one');
-    expect(await refusal(identity.hostId, await next(), grantFor(identity, { iss: 'another-proxy' }).token, alice)).toContain('not by the Proxy of this tunnel');
+    expect(await refusal(identity.hostId, await next(), grantFor(identity, { iss: 'another-proxy' }).token, alice)).toContain('to which this agent holds no tunnel');
     expect(await refusal(identity.hostId, await next(), grantFor(identity, { resource: 'not-served' }).token, alice)).toContain('does not serve app "not-served"');
     expect(await refusal(identity.hostId, await next(), grantFor(identity, { sub: 'bob', key: spkiHash(bob.cert) }).token, alice)).toContain('the grant is for user "bob", the certificate names "alice"');
     expect(await refusal(identity.hostId, await next(), grantFor(identity, { key: spkiHash(bob.cert) }).token, alice)).toContain('key is not the one the grant is bound to');
@@ -501,6 +503,26 @@ describe('end-to-end streams at the agent', () => {
     await poolReady(identity.hostId, 1);
     // A grant signed before the lock (a compromised or slow Proxy's) is refused.
     expect(await refusal(identity.hostId, kid, carolGrant({ iat: signedBefore - 1_000, exp: signedBefore + GRANT_TTL_MS }), carol)).toContain('user "carol" is locked');
+  });
+
+  it("takes a grant of another Proxy it holds a tunnel to, checked with that tunnel's certificate; refuses it once that tunnel is gone", async () => {
+    const identity0 = await joinHost();
+    const streams = new E2EStreams({ identity: identity0, services: ['app'], resources: { databases: [], apps: [{ name: 'echo', kind: 'tcp', labels: {} }], desktops: [], kube_clusters: [] }, ssh: false, log: createLogger({ level: 'silent' }) });
+    const { identity } = await startAgent({ identity: identity0, e2e: { pool: 2, streams } });
+    const kid = await poolReady(identity.hostId);
+    // Proxy B: its certificate as the agent's tunnel to it would have verified it (registerProxy is what a tunnel does).
+    const b = generateKeyPair();
+    const bCert = new X509Certificate(await auth.auth.issueServerCert(b.publicKeyPem, ['localhost'], 'proxy-b'));
+    const forget = streams.registerProxy('proxy-b', bCert);
+    const { socket } = await openStream(identity.hostId, kid, grantFor(identity, { iss: 'proxy-b' }, b.privateKeyPem).token, alice);
+    const fsocket = await okFramed(socket);
+    const bytes = randomBytes(1024);
+    expect((await echoes(fsocket, bytes)).equals(bytes)).toBe(true);
+    fsocket.destroy();
+    // Signed by B's key but naming this tunnel's Proxy: checked with this tunnel's certificate, refused.
+    expect(await refusal(identity.hostId, await poolReady(identity.hostId, 1), grantFor(identity, {}, b.privateKeyPem).token, alice)).toContain("signature is not the issuing Proxy's");
+    forget();
+    expect(await refusal(identity.hostId, await poolReady(identity.hostId, 1), grantFor(identity, { iss: 'proxy-b' }, b.privateKeyPem).token, alice)).toContain('to which this agent holds no tunnel');
   });
 
   it("forgets a locked user after LOCKED_USER_HOLD_MS (an honest Proxy signs no grant while the lock lasts; one lifted is not held against the user)", async () => {

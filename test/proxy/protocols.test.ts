@@ -45,9 +45,9 @@ const WIRE_ALPNS = [
   'gateway-redis-ping',
   'gateway-tcp',
   'gateway-tcp-ping',
-  // End-to-end streams (docs/tunnels.md): added by issue 29, the grant session and the stream passed through.
+  // End-to-end streams (docs/tunnels.md): added by issue 29, the grant session. The stream to the agent is routed by
+  // its first bytes (GWE2E1, its grant line), not by its ALPN gateway-e2e-v1, which only the agent reads.
   'gateway-grant-v1',
-  'gateway-e2e-v1',
 ];
 
 const tableAlpns = (table: readonly Protocol[]) => table.flatMap(alpnNames).map((a) => a.protocol);
