@@ -10,7 +10,8 @@
  *   - the hello of a v2 tunnel carries e2e {v: 1, pool}; with pool 0 it carries none and nothing is dialled
  *   - a good stream reaches the echo app byte-exact after {"ok":true}; the agent reports its start with e2e: true
  *   - a grant another Proxy issued (behind a load balancer the stream comes on another Proxy's tunnel) is checked
- *     with the certificate of the agent's tunnel to that Proxy; with none, refused
+ *     with the certificate of the agent's tunnel to that Proxy; with none, refused; routed again by that Proxy, it
+ *     is refused as used (the agent's single use is what holds across Proxies)
  *   - hostile grants and clients, each refused inside the TLS with GW_ERR_E2E_REFUSED naming the check: signed by
  *     another key, for another agent, issued by a Proxy the agent holds no tunnel to, for another user, bound to another key, roles the certificate lacks, expired,
  *     replayed, a client certificate of another CA, none at all
@@ -28,7 +29,7 @@
 import type { Duplex } from 'node:stream';
 import { randomBytes, X509Certificate } from 'node:crypto';
 import dns from 'node:dns';
-import { EventEmitter } from 'node:events';
+import { EventEmitter, once } from 'node:events';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
@@ -364,6 +365,34 @@ async function refusal(hostId: string, kid: string, token: string, creds: Creds 
   return answer.error.message;
 }
 
+/**
+ * An e2e-open of `token` on a stand-in for the agent's tunnel to another Proxy (its data connection a loopback
+ * pair), with alice's TLS on the far end; answers the agent's refusal message.
+ */
+async function replayOn(streams: E2EStreams, proxyId: string, proxyCert: X509Certificate, token: string): Promise<string> {
+  const server = net.createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const accepted = once(server, 'connection') as Promise<[net.Socket]>;
+  const near = net.connect((server.address() as net.AddressInfo).port, '127.0.0.1');
+  const [far] = await accepted;
+  server.close();
+  streams.onOpen({ type: 'e2e-open', conn: 1, grant: token, client_src: '192.0.2.8:40000', client_dst: frontAddr }, {
+    proxyId,
+    proxyCert,
+    take: (n) => (n === 1 ? far : undefined),
+    track: () => undefined,
+    serve: () => far.destroy(),
+    sendEvent: () => undefined,
+  });
+  const socket = tls.connect({ socket: near, servername: 'localhost', ALPNProtocols: [E2E_ALPN], ca: auth.auth.host.tls.certPem, cert: alice.cert, key: alice.key, checkServerIdentity: () => undefined });
+  socket.on('error', () => undefined);
+  const answer = await answerOf(socket);
+  socket.destroy();
+  expect(answer.ok).toBe(false);
+  return answer.ok ? '' : `${answer.error.code} ${answer.error.message}`;
+}
+
 async function echoes(socket: Duplex, bytes: Buffer): Promise<Buffer> {
   const got: Buffer[] = [];
   let n = 0;
@@ -525,11 +554,15 @@ describe('end-to-end streams at the agent', () => {
     const b = generateKeyPair();
     const bCert = new X509Certificate(await auth.auth.issueServerCert(b.publicKeyPem, ['localhost'], 'proxy-b'));
     const forget = streams.registerProxy('proxy-b', bCert);
-    const { socket } = await openStream(identity.hostId, kid, grantFor(identity, { iss: 'proxy-b' }, b.privateKeyPem).token, alice);
+    const grantOfB = grantFor(identity, { iss: 'proxy-b' }, b.privateKeyPem).token;
+    const { socket } = await openStream(identity.hostId, kid, grantOfB, alice);
     const fsocket = await okFramed(socket);
     const bytes = randomBytes(1024);
     expect((await echoes(fsocket, bytes)).equals(bytes)).toBe(true);
     fsocket.destroy();
+    // The same grant routed again by Proxy B itself (on the agent's tunnel to B, here a stand-in): each Proxy takes
+    // a grant once, so across Proxies it is the agent's single use that refuses it.
+    expect(await replayOn(streams, 'proxy-b', bCert, grantOfB)).toMatch(/^GW_ERR_E2E_REFUSED .*used before/);
     // Signed by B's key but naming this tunnel's Proxy: checked with this tunnel's certificate, refused.
     expect(await refusal(identity.hostId, await poolReady(identity.hostId, 1), grantFor(identity, {}, b.privateKeyPem).token, alice)).toContain("signature is not the issuing Proxy's");
     forget();
