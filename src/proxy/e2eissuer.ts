@@ -12,7 +12,7 @@
  *   4. grant.iss is a live Proxy of the cluster now (ClusterView.proxy): a Proxy that left signs no more grants;
  *   5. verifyGrant with that certificate: the signature, not expired, not issued in the future.
  *
- * Steps 2 and 3 follow from the certificate's bytes and the host CA alone: their result is kept by fingerprint
+ * Steps 2 and 3 follow from the certificate's bytes and the host CA alone: their result is kept by those bytes
  * (at most ISSUER_CACHE_MAX, all forgotten when the host CA changes), as the peering server keeps its peers'. Its
  * validity period, the liveness and the signature are checked every time. Single use is the relay's (e2erelay.ts).
  */
@@ -79,14 +79,15 @@ export class GrantIssuers {
       this.known.clear();
       this.knownCa = ca;
     }
+    // Keyed by the certificate's own text (at most a few KiB, as decodeGrant bounds it): a hit parses nothing.
+    const cached = this.known.get(x5c);
+    if (cached) return cached;
     let cert: X509Certificate;
     try {
       cert = new X509Certificate(Buffer.from(x5c, 'base64url'));
     } catch {
       throw new Error('is not a certificate');
     }
-    const cached = this.known.get(cert.fingerprint256);
-    if (cached) return cached;
     const caCert = new X509Certificate(ca);
     if (!cert.checkIssued(caCert) || !cert.verify(caCert.publicKey)) throw new Error("was not signed by this cluster's host CA");
     let identity: Identity;
@@ -97,7 +98,7 @@ export class GrantIssuers {
     }
     if (identity.cluster !== this.options.trust.clusterName) throw new Error(`is for cluster "${identity.cluster}"`);
     const known = { cert, identity };
-    this.known.set(cert.fingerprint256, known);
+    this.known.set(x5c, known);
     return known;
   }
 }
