@@ -134,6 +134,9 @@ describe('the multiplexer routes what the table lists, and nothing else', () => 
     const d = await door(PROTOCOLS);
     expect(d.mux!.routes.alpnProtocols().sort()).toEqual(tableAlpns(PROTOCOLS).sort());
     expect(tableAlpns(PROTOCOLS).sort()).toEqual([...WIRE_ALPNS].sort());
+    // Routed by their first bytes, not TLS: end-to-end streams (their grant line) and the agents' data connections.
+    expect(d.mux!.routes.forSniffed('gwe2e')?.name).toBe('gateway-e2e');
+    expect(d.mux!.routes.forSniffed('gwdata')?.name).toBe('gateway-data');
   });
 
   it('a row added to the table is routed (its -ping too), reaches its kind’s service and can be upgraded to', async () => {
