@@ -913,13 +913,13 @@ export const ERROR_CODES = {
   },
   GW_ERR_E2E_GRANT: {
     status: 403,
-    summary: "An end-to-end stream's grant was refused by the Proxy: its server name names no grant this Proxy holds, or the grant has expired, was used already, or is another user's.",
-    hint: "Grants are single-use and live 30 s: let gwsh ask for a new one (run the command again); a client that reuses a grant or sends a server name of its own is not gwsh, or its clock and the Proxy's disagree by more than the grant's life.",
+    summary: "An end-to-end stream's grant was refused by the Proxy: its line (GWE2E1) carries no grant, or a grant that is forged, expired or routed by this Proxy already, or whose issuer certificate is not a live Proxy's of this cluster.",
+    hint: "Grants are single-use and live 30 s: let gwsh ask for a new one (run the command again). A client that reuses a grant or sends a line of its own is not gwsh; otherwise the Proxy that signed it may have left the cluster since ('gwctl get proxies'), or the clocks of the Proxies disagree by more than the grant's life.",
   },
   GW_ERR_E2E_DATA: {
     status: 400,
     summary: "An agent's data connection for end-to-end streams was refused by the Proxy: its preamble is malformed, over 128 bytes or late, names no tunnel of this Proxy, carries a wrong MAC or a number used before, or it sent bytes while idle.",
-    hint: "An agent dials its data connections after its v2 tunnel is welcomed, from that tunnel's keys: check that the agent is of this version and that nothing between it and the Proxy (a TLS-inspecting proxy, a load balancer sending its connections to another Proxy) rewrites or reroutes the connections; the agent reconnects its tunnel on its own.",
+    hint: "An agent dials its data connections after its v2 tunnel is welcomed, from that tunnel's keys: check that the agent is of this version and that nothing between it and the Proxy (a TLS-inspecting proxy) rewrites the connections; one that names no tunnel here is routine behind a load balancer (it reached another Proxy: the agent is told and dials again at once, logged at debug); the agent reconnects its tunnel on its own.",
   },
   GW_ERR_KUBE_CREDENTIALS: {
     status: 502,

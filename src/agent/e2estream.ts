@@ -4,10 +4,14 @@
  * (src/agent/e2edata.ts) to a client's TLS, which the agent terminates itself. It decides, in this order, and the
  * first check that fails is the refusal's message:
  *
- *   grant     verifyGrant against the certificate of the Proxy at the other end of this tunnel (its signature, not
- *             expired, not issued in the future); grant.iss is that Proxy's host ID, grant.agent this agent's; the
+ *   grant     verifyGrant against the certificate of the Proxy that issued it, grant.iss: any Proxy this agent holds
+ *             a tunnel to (registerProxy: the certificate its tunnel's TLS verified), not only the one whose tunnel
+ *             the e2e-open came on (behind a load balancer the grant session and the stream reach different
+ *             Proxies); no tunnel to grant.iss: refused. Its signature, not expired, not issued in the future;
+ *             grant.agent this agent's; the
  *             resource is one this agent serves for grant.service; the id was not used before (kept until exp,
- *             at most GRANTS_SEEN_MAX: beyond, refused rather than forgotten); the user is not locked here
+ *             at most GRANTS_SEEN_MAX: beyond, refused rather than forgotten): each Proxy routes a grant once,
+ *             and this makes it once across Proxies; the user is not locked here
  *   TLS       TLS 1.3 with the host certificate, the cluster's user CA as the only client CA, ALPN E2E_ALPN, within
  *             E2E_HANDSHAKE_TIMEOUT_MS; a handshake that fails or times out is closed (nothing to answer on)
  *   user      the client certificate verified against the user CA, a user identity of this cluster named
@@ -32,7 +36,7 @@ import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { recordClientVerification, serverSecureContext } from '../net/tls.js';
 import { writeJsonLine } from '../stream/lines.js';
-import { badE2EOpen, E2E_ALPN, GRANT_TTL_MS, GRANT_CLOCK_SKEW_MS, spkiHash, verifyGrant, type E2EGrant } from '../tunnel/e2e.js';
+import { badE2EOpen, decodeGrant, E2E_ALPN, GRANT_TTL_MS, GRANT_CLOCK_SKEW_MS, spkiHash, verifyGrant, type E2EGrant } from '../tunnel/e2e.js';
 import type { AgentResources, DialAnswer, DialRequest, E2EOpenMessage, LocksMessage, ServiceKind } from '../tunnel/protocol.js';
 import type { HostIdentity } from './identity.js';
 
@@ -98,6 +102,8 @@ export class E2EStreams {
   /** Locked users: until when (this agent's clock) and the Proxy's time of the lock (grants' iat clock), if it said. */
   private readonly locked = new Map<string, { until: number; at: number | undefined }>();
   private readonly open = new Set<OpenStream>();
+  /** Proxy host ID → the certificates of this agent's tunnels to it (each as its tunnel's TLS verified it). */
+  private readonly proxies = new Map<string, X509Certificate[]>();
   private context: { cert: string; ctx: SecureContext } | undefined;
   private readonly now: () => number;
 
@@ -108,6 +114,25 @@ export class E2EStreams {
   /** The end-to-end streams open now. */
   get count(): number {
     return this.open.size;
+  }
+
+  /**
+   * A tunnel to Proxy `proxyId` is up, whose TLS presented `cert`: grants that Proxy issued are checked with it,
+   * whichever tunnel their e2e-open comes on. The returned function forgets it (the tunnel closed).
+   */
+  registerProxy(proxyId: string, cert: X509Certificate): () => void {
+    const list = this.proxies.get(proxyId) ?? [];
+    list.push(cert);
+    this.proxies.set(proxyId, list);
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      const now = this.proxies.get(proxyId);
+      const i = now?.indexOf(cert) ?? -1;
+      if (i >= 0) now!.splice(i, 1);
+      if (now && now.length === 0) this.proxies.delete(proxyId);
+    };
   }
 
   /** An e2e-open from the Proxy of `tunnel`: unknown data connection numbers are logged and ignored. */
@@ -175,10 +200,16 @@ export class E2EStreams {
   /** The grant's checks (see the file comment); marks it used. Throws Refusal. */
   private checkGrant(token: string, tunnel: E2ETunnel): E2EGrant {
     const now = this.now();
-    const checked = verifyGrant(token, tunnel.proxyCert, now);
+    const decoded = decodeGrant(token);
+    if (!decoded.ok) throw new Refusal(decoded.why);
+    const iss = decoded.grant.iss;
+    // The tunnel the e2e-open came on counts even before its registration (a test's tunnel, a race at its start).
+    const certs = [...(this.proxies.get(iss) ?? []), ...(iss === tunnel.proxyId ? [tunnel.proxyCert] : [])];
+    if (certs.length === 0) throw new Refusal(`the grant was issued by Proxy ${iss}, to which this agent holds no tunnel (it has no certificate of that Proxy to check the grant with; routed by Proxy ${tunnel.proxyId})`);
+    let checked = verifyGrant(token, certs[0]!, now);
+    for (const cert of certs.slice(1)) if (!checked.ok) checked = verifyGrant(token, cert, now);
     if (!checked.ok) throw new Refusal(checked.why);
     const g = checked.grant;
-    if (g.iss !== tunnel.proxyId) throw new Refusal(`the grant was issued by Proxy ${g.iss}, not by the Proxy of this tunnel (${tunnel.proxyId})`);
     if (g.agent !== this.options.identity.hostId) throw new Refusal(`the grant is for agent ${g.agent}, not this one (${this.options.identity.hostId})`);
     const why = this.notServed(g.service, g.resource);
     if (why) throw new Refusal(why);

@@ -768,7 +768,10 @@ export class TunnelAgent extends EventEmitter {
       serve: (channel, request, onOpen) => void this.serveDial(channel, request, onOpen),
       sendEvent: (event) => this.sendEvent(event),
     };
+    // Grants this Proxy issued are checked with its certificate, whichever tunnel of this agent routes them.
+    const unregister = this.e2eStreams.registerProxy(proxyId, cert);
     side.control.once('close', () => {
+      unregister();
       pool.stop();
       if (this.dataPool === pool) this.dataPool = undefined;
     });

@@ -11,8 +11,9 @@
  *                  next request; a request sent on a reused session that closes unanswered (the Proxy's idle close
  *                  crossing it) is sent once more on a new one.
  *   connectE2E     raw TCP to the Proxy's address through the Dialer (as the classic routes: HTTPS_PROXY, the
- *                  connection upgrade past an inspecting proxy), TLS with the *agent*: ALPN gateway-e2e-v1, the
- *                  grant's server name, the user certificate, TLS 1.3 only (a context of its own: e2eTlsContext),
+ *                  connection upgrade past an inspecting proxy), the stream line `GWE2E1 <grant>` (any Proxy of
+ *                  the cluster routes it: behind a load balancer the stream need not land on the grant's Proxy),
+ *                  then TLS with the *agent*: ALPN gateway-e2e-v1, the grant's server name, the user certificate, TLS 1.3 only (a context of its own: e2eTlsContext),
  *                  trust = the cluster's host CA only, and instead of a name check agentServerIdentity: a host
  *                  certificate of this cluster whose host ID is the grant answer's agent and whose roles include
  *                  the service's system role. Then one DialAnswer line (framed: true → read as frames).
@@ -46,6 +47,7 @@ import { envTraceContext, traceFields } from '../trace.js';
 import {
   decodeGrant,
   E2E_ALPN,
+  e2eLine,
   GRANT_ALPN,
   GRANT_LINE_MAX_BYTES,
   GRANT_SESSION_INFLIGHT_MAX,
@@ -430,7 +432,13 @@ export async function connectE2E(profile: Profile, dialer: Dialer, address: stri
   };
   let socket: tls.TLSSocket;
   try {
-    socket = await connectClusterTls(dialer, address, tlsOptions, { peer: { server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(address) }, clusterCa: profile.hostCa, webAddress: profile.proxy });
+    socket = await connectClusterTls(dialer, address, tlsOptions, {
+      peer: { server: 'proxy', untrustedHint: UNTRUSTED_HINTS.clusterCa(address) },
+      clusterCa: profile.hostCa,
+      webAddress: profile.proxy,
+      // The grant ahead of the TLS: whichever Proxy of the cluster the connection lands on routes it by this line.
+      preface: e2eLine(grant.grant),
+    });
   } catch (err) {
     return handshakeRefused(err, address, grant.agent);
   }

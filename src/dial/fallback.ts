@@ -40,6 +40,11 @@ export interface ClusterTlsOptions {
   signal?: AbortSignal;
   /** Where the upgrade is served: the Proxy's web address (the address itself unless said: a separate listener's is not). */
   webAddress?: string;
+  /**
+   * Bytes written on the stream before the TLS starts, whichever path it takes (an end-to-end stream's grant line,
+   * src/tunnel/e2e.ts: the Proxy routes it by that line, ahead of a TLS it does not terminate).
+   */
+  preface?: Buffer;
 }
 
 /** Whether one of roots vouches for the chain a proxy presented: it is in the chain, or it issued one of it. */
@@ -102,6 +107,7 @@ export async function connectClusterTls(
       ...(options.clusterCa === undefined ? {} : { clusterCa: options.clusterCa }),
       ...(options.signal ? { signal: options.signal } : {}),
     });
+    if (options.preface) stream.write(options.preface);
     return connectTls(stream, tlsOptions);
   };
   if (remembered(addr)) {
@@ -111,6 +117,7 @@ export async function connectClusterTls(
     });
   }
   const raw = await dialer.dial(addr, options.signal ? { signal: options.signal } : {});
+  if (options.preface) raw.write(options.preface);
   try {
     return await connectTls(raw, tlsOptions);
   } catch (err) {

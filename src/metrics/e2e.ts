@@ -16,12 +16,12 @@ const grants = counter({
   labels: { outcome: ['ok', 'classic', 'refused'] },
 });
 
-export type StreamOutcome = 'opened' | 'grant' | 'no-tunnel' | 'no-data';
+export type StreamOutcome = 'opened' | 'grant' | 'revoked' | 'no-tunnel' | 'no-data';
 const streams = counter({
   name: 'gateway_e2e_streams_total',
-  help: "End-to-end streams on the pass-through route, by outcome: opened (spliced onto an agent's data connection), grant (no such grant, used or expired: GW_ERR_E2E_GRANT), no-tunnel (the grant's agent has no tunnel here now), no-data (no idle data connection of the agent within the wait).",
+  help: "End-to-end streams on the pass-through route, by outcome: opened (spliced onto an agent's data connection), grant (a bad line, a grant forged, expired or routed before, an issuer that is no live Proxy: GW_ERR_E2E_GRANT), revoked (the grant's user is locked or removed now), no-tunnel (the grant's agent has no tunnel here now), no-data (no idle data connection of the agent within the wait).",
   area: AREA,
-  labels: { outcome: ['opened', 'grant', 'no-tunnel', 'no-data'] },
+  labels: { outcome: ['opened', 'grant', 'revoked', 'no-tunnel', 'no-data'] },
 });
 
 const bytes = counter({
@@ -34,7 +34,7 @@ const bytes = counter({
 export type DataRefusal = 'bad-preamble' | 'timeout' | 'unknown-tunnel' | 'bad-mac' | 'reused' | 'pool-full' | 'bytes-while-idle';
 const dataRefused = counter({
   name: 'gateway_e2e_data_refused_total',
-  help: "Agents' data connections this Proxy closed, by reason (GW_ERR_E2E_DATA): bad-preamble, timeout (no preamble within its deadline), unknown-tunnel, bad-mac, reused (a number used before on the tunnel), pool-full (more idle than the tunnel's pool), bytes-while-idle.",
+  help: "Agents' data connections this Proxy closed, by reason (GW_ERR_E2E_DATA): bad-preamble, timeout (no preamble within its deadline), unknown-tunnel (a key of no tunnel here: routine behind a load balancer, the agent is told and dials again), bad-mac, reused (a number used before on the tunnel), pool-full (more idle than the tunnel's pool), bytes-while-idle.",
   area: AREA,
   labels: { reason: ['bad-preamble', 'timeout', 'unknown-tunnel', 'bad-mac', 'reused', 'pool-full', 'bytes-while-idle'] },
 });

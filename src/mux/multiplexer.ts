@@ -11,6 +11,7 @@
  *           bytes through untouched
  *   SSH  ─► the route that takes sniffed ssh
  *   HTTP ─► the route that takes sniffed http
+ *   GWDATA1 / GWE2E1 ─► the routes that take them (end-to-end streams' data connections and client streams)
  *   else ─► closed, logged at a limited rate
  *
  * The multiplexer knows no protocol by name: which ALPN, server name or first bytes lead where is the caller's
@@ -272,7 +273,8 @@ class Detection {
           continue;
         case 'ssh':
         case 'http':
-        case 'gwdata': {
+        case 'gwdata':
+        case 'gwe2e': {
           const route = this.mux.routes.forSniffed(sniffed.kind, this.upgrade?.route);
           if (!route) return this.refuse(`${sniffed.kind}-not-served`);
           return this.route(route, undefined, view);

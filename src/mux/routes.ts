@@ -19,6 +19,9 @@
  */
 import { GatewayError } from '../errors.js';
 
+/** The sniffed kinds a route may take (sniff.ts): the PROXY headers are the multiplexer's own. */
+export type SniffedRoute = 'ssh' | 'http' | 'gwdata' | 'gwe2e';
+
 /** One ALPN protocol a route takes; `ping`: the client asks for keep-alive pings inside the stream. */
 export interface AlpnProtocol {
   protocol: string;
@@ -27,8 +30,8 @@ export interface AlpnProtocol {
 
 /** Which connections a route takes. */
 export type RouteMatch =
-  /** Not TLS: SSH's identification line, or an HTTP request line. */
-  | { sniffed: 'ssh' | 'http' | 'gwdata' }
+  /** Not TLS: SSH's identification line, an HTTP request line, or a magic line of end-to-end streams. */
+  | { sniffed: SniffedRoute }
   /** TLS whose server name starts with this prefix, whatever its ALPN. */
   | { serverNamePrefix: string }
   /** TLS offering one of these ALPN protocols; with noAlpn, also TLS offering none. */
@@ -91,7 +94,7 @@ export class RouteTable<H> {
   }
 
   /** The route for a non-TLS protocol; `only`: the route a connection upgrade named. */
-  forSniffed(kind: 'ssh' | 'http' | 'gwdata', only?: string): Route<H> | undefined {
+  forSniffed(kind: SniffedRoute, only?: string): Route<H> | undefined {
     const route = this.sniffed.get(kind);
     return route && (only === undefined || route.name === only) ? route : undefined;
   }

@@ -13,15 +13,16 @@
  *   proxy-v1  "PROXY "
  *   proxy-v2  the 12-byte signature \r\n\r\n\0\r\nQUIT\n
  *   gwdata    "GWDATA1 ": an agent's data connection for end-to-end streams (src/tunnel/e2e.ts)
+ *   gwe2e     "GWE2E1 ": a client's end-to-end stream, its grant line ahead of its TLS (src/tunnel/e2e.ts)
  *
  * Matching is case-sensitive (methods and the PROXY keyword are upper case on the wire).
  */
 
-export type SniffedKind = 'tls' | 'ssh' | 'http' | 'proxy-v1' | 'proxy-v2' | 'gwdata';
+export type SniffedKind = 'tls' | 'ssh' | 'http' | 'proxy-v1' | 'proxy-v2' | 'gwdata' | 'gwe2e';
 
 export type SniffResult = { kind: 'need-more' } | { kind: SniffedKind } | { kind: 'unknown' };
 
-import { DATA_MAGIC } from '../wire/protocols.js';
+import { DATA_MAGIC, E2E_MAGIC } from '../wire/protocols.js';
 
 /** The PROXY protocol v2 signature. */
 export const PROXY_V2_SIGNATURE: Buffer = Buffer.from([
@@ -56,6 +57,7 @@ const PATTERNS: readonly Pattern[] = [
   literal('proxy-v1', 'PROXY '),
   literal('proxy-v2', PROXY_V2_SIGNATURE),
   literal('gwdata', DATA_MAGIC),
+  literal('gwe2e', E2E_MAGIC),
 ];
 
 /** The longest pattern: once this many bytes are in, the answer is never 'need-more'. */

@@ -16,13 +16,10 @@
  *      reason (an agent of an earlier version, a v1 tunnel, reached over peering or directly);
  *   5. the grant is signed with this Proxy's own TLS key (the key of the certificate its tunnels see, so that the
  *      agent checks it with the tunnel's peer certificate), bound to the user's certificate key (spkiHash), the
- *      roles that authorized, the resource and the agent, good for GRANT_TTL_MS, and kept in GrantStore until the
- *      pass-through route (e2erelay.ts) takes it, once.
- *
- * GrantStore is bounded: at most GRANTS_PENDING_MAX unused grants in all (beyond, the answer is `classic`: the
- * client still gets its connection, through the classic route) and GRANTS_PENDING_PER_USER_MAX per user (beyond,
- * that user's oldest is dropped: a client that leaks grants only loses its own). Expired grants are swept at each
- * put, oldest first (grants are kept in the order they were issued, and all live equally long).
+ *      roles that authorized, the resource and the agent, good for GRANT_TTL_MS, and carries this Proxy's
+ *      certificate (x5c) and the request's span. Nothing of it is kept here: the stream may land on any Proxy of
+ *      the cluster (behind a load balancer), which checks the grant by itself (e2eissuer.ts) and takes it once
+ *      (e2erelay.ts); the agent takes it once across all Proxies.
  */
 import { randomBytes, type KeyObject } from 'node:crypto';
 import type { Duplex } from 'node:stream';
@@ -43,8 +40,6 @@ import {
   GRANT_SESSION_IDLE_MS,
   GRANT_SESSION_INFLIGHT_MAX,
   GRANT_TTL_MS,
-  GRANTS_PENDING_MAX,
-  GRANTS_PENDING_PER_USER_MAX,
   signGrant,
   spkiHash,
   type E2EGrant,
@@ -55,76 +50,6 @@ import { authorizeRoute, dbAccessOf } from './access.js';
 import { protocolNamed } from './protocols.js';
 import type { AgentSource } from './router.js';
 
-/** A grant the Proxy issued and holds until it is used once or expires. */
-export interface HeldGrant {
-  grant: E2EGrant;
-  token: string;
-  /** The user's certified identity: the relayed stream is tracked under it (a lock closes it). */
-  identity: Identity;
-  /** The agent's node name (audit, logs). */
-  nodename: string;
-  /** The target's label-selected kind (audit: db, app, desktop). */
-  access: string;
-  /** The grant request's span (src/trace.ts), carried to the agent in e2e-open as the stream's parent. */
-  trace: { traceparent?: string; tracestate?: string };
-}
-
-export class GrantStore {
-  /** By grant id, in the order issued. */
-  private readonly grants = new Map<string, HeldGrant>();
-  private readonly byUser = new Map<string, string[]>();
-
-  constructor(
-    readonly max = GRANTS_PENDING_MAX,
-    readonly perUserMax = GRANTS_PENDING_PER_USER_MAX,
-  ) {}
-
-  get size(): number {
-    return this.grants.size;
-  }
-
-  /** Keeps a grant; false when the store is full (of grants not yet expired). */
-  put(held: HeldGrant, now: number): boolean {
-    this.sweep(now);
-    const user = held.grant.sub;
-    const mine = this.byUser.get(user) ?? [];
-    if (mine.length >= this.perUserMax) this.delete(mine[0]!);
-    if (this.grants.size >= this.max) return false;
-    this.grants.set(held.grant.id, held);
-    const list = this.byUser.get(user);
-    if (list) list.push(held.grant.id);
-    else this.byUser.set(user, [held.grant.id]);
-    return true;
-  }
-
-  /** The grant with this id, taken out (single use); undefined when there is none or it has expired. */
-  take(id: string | undefined, now: number): HeldGrant | undefined {
-    if (id === undefined) return undefined;
-    const held = this.grants.get(id);
-    if (!held) return undefined;
-    this.delete(id);
-    return held.grant.exp > now ? held : undefined;
-  }
-
-  private sweep(now: number): void {
-    for (const [id, held] of this.grants) {
-      if (held.grant.exp > now) return;
-      this.delete(id);
-    }
-  }
-
-  private delete(id: string): void {
-    const held = this.grants.get(id);
-    if (!held) return;
-    this.grants.delete(id);
-    const list = this.byUser.get(held.grant.sub);
-    if (!list) return;
-    const i = list.indexOf(id);
-    if (i >= 0) list.splice(i, 1);
-    if (list.length === 0) this.byUser.delete(held.grant.sub);
-  }
-}
-
 /** What the grant route needs of the Proxy. */
 export interface GrantContext {
   auth: ProxyAuth;
@@ -134,11 +59,11 @@ export interface GrantContext {
   /** The tunnels that take end-to-end streams (e2edata.ts DataConnections). */
   data: { tunnelOf(hostId: string): unknown };
   /**
-   * This Proxy's TLS private key (its tunnels' certificate's) and host ID; none when the one port serves the
-   * operator's certificate (proxy_service.https_keypairs), which names no host an agent could check a grant against.
+   * This Proxy's TLS private key, its certificate (DER, base64url: the grant's x5c) and host ID; none when the one
+   * port serves the operator's certificate (proxy_service.https_keypairs), which names no host an agent could check
+   * a grant against.
    */
-  signer?: { key: KeyObject; iss: string };
-  store: GrantStore;
+  signer?: { key: KeyObject; x5c: string; iss: string };
   idleMs?: number;
   now?: () => number;
 }
@@ -302,11 +227,10 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, sp
     ...(target.service === 'db' ? { db_access: dbAccessOf(identity) } : {}),
     iat: now,
     exp: now + GRANT_TTL_MS,
+    x5c: signer.x5c,
+    ...traceFields(span.context),
   };
   const token = signGrant(grant, signer.key);
-  if (!ctx.store.put({ grant, token, identity: s.certified, nodename: target.agent.nodename, access: target.access, trace: traceFields(span.context) }, now)) {
-    return classic(`this Proxy holds ${ctx.store.max} unused grants, its most`);
-  }
   s.log.debug({ user: identity.name, client: s.client, route: request.route, resource: request.resource, agent: target.agent.nodename }, 'grant issued');
   return { id, ok: true, grant: token, agent: hostId, server_name: e2eServerName(grant.id), expires: grant.exp };
 }

@@ -1,33 +1,43 @@
 /**
  * The pass-through route of end-to-end streams, at the Proxy (the contract: src/tunnel/e2e.ts; the prose:
- * docs/tunnels.md, "End-to-end streams: the Proxy"). The route gateway-e2e is NOT terminated: the multiplexer parsed
- * the ClientHello (its server name is in ConnInfo.serverName) and pushed it back onto the stream. Then:
+ * docs/tunnels.md, "End-to-end streams: the Proxy"). The route gateway-e2e takes a connection whose first bytes
+ * are `GWE2E1 ` (the multiplexer sniffed them); nothing of it is terminated here. Then:
  *
- *   1. the grant: grantIdOfServerName(server name) taken from the GrantStore (e2egrants.ts): single use (taken
- *      out), not expired. None (unknown, used, expired, a server name that is no grant): the TLS alert
- *      access_denied, the close, GW_ERR_E2E_GRANT logged at most once per E2E_LOG_GAP_MS;
- *   2. the stream is tracked in auth.sessions under the grant's user from here on (a lock or a removal closes it
- *      at the Proxy, as for the classic routes);
- *   3. the agent's current tunnel here (by host ID: it may have reconnected since the grant) and an idle data
+ *   1. the stream line, `GWE2E1 <grant token>\n`, read incrementally (parseE2ELine: at most E2E_LINE_MAX_BYTES,
+ *      within E2E_LINE_TIMEOUT_MS); what follows it is the client's TLS with the agent, kept for the agent;
+ *   2. the grant, checked by this Proxy whether or not it issued it (e2eissuer.ts: its issuer certificate chains to
+ *      the host CA and is a live Proxy's, its signature, not expired), for an agent of this cluster, and not
+ *      routed by this Proxy before (`routed`: kept until its exp, at most ROUTED_GRANTS_MAX; beyond, refused
+ *      rather than forgotten). Each Proxy takes a grant once; across Proxies the agent does (it keeps every id
+ *      it served until its exp). A bad line, a bad or used grant: the TLS alert access_denied (the client waits
+ *      for TLS: an alert record is what it reads), the close, GW_ERR_E2E_GRANT logged at most once per
+ *      E2E_LOG_GAP_MS;
+ *   3. the user the grant names, as it stands now (auth.resolveCaller: a lock or a removal since the grant was
+ *      signed refuses it, access_denied); the stream is tracked in auth.sessions under the grant's identity from
+ *      here on (a lock or a removal closes it, as for the classic routes), and the agent is told the same;
+ *   4. the agent's current tunnel here (by host ID: it may have reconnected since the grant) and an idle data
  *      connection of it (e2edata.ts take, waiting up to DATA_WAIT_MS); none: the TLS alert internal_error;
- *   4. the E2EOpenMessage on the tunnel's control stream, naming the data connection, the grant and the client's
- *      addresses; then the buffered ClientHello and everything after it are spliced both ways (src/stream/splice.ts:
- *      a break is a reset). The Proxy holds no key of the stream: it relays TLS records between client and agent;
- *   5. audit: the route it authorized and the bytes it relayed, as db/app/desktop session events with e2e: true
+ *   5. the E2EOpenMessage on the tunnel's control stream, naming the data connection, the grant and the client's
+ *      addresses; then the ClientHello and everything after it are spliced both ways (src/stream/splice.ts: a
+ *      break is a reset). The Proxy holds no key of the stream: it relays TLS records between client and agent;
+ *   6. audit: the route it authorized and the bytes it relayed, as db/app/desktop session events with e2e: true
  *      (no db_user or db_name: it cannot see them); SSH sessions are the agent's to audit, as on the classic route.
  *
  * e2eServices() wires the three routes (grant, e2e, data) for the Proxy role.
  */
-import { createPrivateKey } from 'node:crypto';
+import { createPrivateKey, X509Certificate } from 'node:crypto';
 import type { Duplex } from 'node:stream';
+import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
+import { toGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import { e2eByteCounters, recordE2EStream, type StreamOutcome } from '../metrics/e2e.js';
 import { clientOf, fatalTlsAlert, type ConnInfo } from '../mux/multiplexer.js';
 import { splice } from '../stream/splice.js';
-import { DATA_WAIT_MS, grantIdOfServerName, type E2EOpenMessage } from '../tunnel/e2e.js';
+import { DATA_WAIT_MS, E2E_LINE_TIMEOUT_MS, parseE2ELine, type E2EGrant, type E2EOpenMessage, type GrantCheck } from '../tunnel/e2e.js';
 import type { DataConnections } from './e2edata.js';
-import { createGrantHandler, GrantStore, type GrantContext, type HeldGrant } from './e2egrants.js';
+import { createGrantHandler, type GrantContext } from './e2egrants.js';
+import { GrantIssuers } from './e2eissuer.js';
 import type { AgentSource } from './router.js';
 import type { SessionAudit, SessionKind } from './sessionaudit.js';
 import type { TunnelServer } from './tunnel.js';
@@ -39,62 +49,153 @@ export const INTERNAL_ERROR_ALERT = fatalTlsAlert(80);
 const ALERT_LINGER_MS = 2_000;
 /** A refusal of each kind is logged at most once per this long. */
 export const E2E_LOG_GAP_MS = 10_000;
+/** Grant ids a Proxy remembers as routed (each until its exp); a grant beyond this many unexpired ones is refused. */
+export const ROUTED_GRANTS_MAX = 100_000;
 
 export interface RelayContext {
-  auth: Pick<ProxyAuth, 'sessions'>;
-  store: GrantStore;
+  auth: Pick<ProxyAuth, 'sessions' | 'resolveCaller' | 'clusterName'>;
+  /** Checks a grant's issuer and signature (e2eissuer.ts GrantIssuers). */
+  issuers: { check(token: string, now: number): GrantCheck };
   data: DataConnections;
   audit?: SessionAudit;
   /** Tells the agent when the stream's user is locked or removed (TunnelServer.trackE2E): it closes its end too. */
   tellAgent?: Pick<TunnelServer, 'trackE2E'>;
   dataWaitMs?: number;
+  lineTimeoutMs?: number;
+  routedMax?: number;
   now?: () => number;
   log?: Logger;
 }
 
-/** The audit kind of a target's sessions; SSH (node) sessions are the agent's (as access.ts). */
-const AUDIT_KIND: Record<string, SessionKind> = { db: 'db', app: 'app', windows_desktop: 'desktop' };
+/** The audit kind of a grant's service; SSH (node) and Kubernetes sessions are the agent's (as access.ts). */
+const AUDIT_KIND: Partial<Record<E2EGrant['service'], SessionKind>> = { db: 'db', app: 'app', desktop: 'desktop' };
+
+/** Grant ids this Proxy routed, until their exp: each is routed once here. */
+export class RoutedGrants {
+  private readonly ids = new Map<string, number>();
+  constructor(private readonly max: number) {}
+
+  /** Marks the grant routed; why not, when it was before or too many are held. */
+  take(g: E2EGrant, now: number): string | undefined {
+    for (const [id, exp] of this.ids) {
+      if (exp > now) break; // in the order taken, all equally long-lived (GRANT_TTL_MS): the first unexpired ends the sweep
+      this.ids.delete(id);
+    }
+    if (this.ids.has(g.id)) return 'the grant was routed by this Proxy before (a grant opens one stream)';
+    if (this.ids.size >= this.max) return `this Proxy holds ${this.max} routed grants not yet expired, its most`;
+    this.ids.set(g.id, g.exp);
+    return undefined;
+  }
+}
 
 /** The route gateway-e2e's service. */
 export function createE2ERelay(options: RelayContext): (stream: Duplex, info: ConnInfo) => void {
   const log = options.log ?? logger('e2e-relay');
   const ctx: RelayContext = { ...options, log };
+  const routed = new RoutedGrants(options.routedMax ?? ROUTED_GRANTS_MAX);
   const logged = new Map<StreamOutcome, number>();
-  const refuse = (stream: Duplex, info: ConnInfo, outcome: StreamOutcome, alert: Buffer, why: string) => {
+  const refuse = (stream: Duplex, info: ConnInfo, outcome: StreamOutcome, alert: Buffer, why: string, code?: string) => {
     recordE2EStream(outcome);
     sendAlert(stream, alert);
     const now = Date.now();
     if ((logged.get(outcome) ?? -Infinity) > now - E2E_LOG_GAP_MS) return;
     logged.set(outcome, now);
-    const code = outcome === 'grant' ? 'GW_ERR_E2E_GRANT' : 'GW_ERR_TUNNEL_NOT_FOUND';
-    log.info({ code, client: clientOf(info), server_name: info.serverName?.slice(0, 80), why }, 'end-to-end stream refused (logged once per 10 s per reason)');
+    const logCode = code ?? (outcome === 'grant' ? 'GW_ERR_E2E_GRANT' : 'GW_ERR_TUNNEL_NOT_FOUND');
+    log.info({ code: logCode, client: clientOf(info), why }, 'end-to-end stream refused (logged once per 10 s per reason)');
   };
   return (stream, info) => {
     stream.on('error', () => stream.destroy());
-    const held = ctx.store.take(grantIdOfServerName(info.serverName), (ctx.now ?? Date.now)());
-    if (!held) return refuse(stream, info, 'grant', ACCESS_DENIED_ALERT, 'the server name names no grant this Proxy holds (unknown, used or expired)');
-    let revoked: string | undefined;
-    const untrack = ctx.auth.sessions.track(held.identity, `gateway-e2e ${clientOf(info)}`, (why) => {
-      log.info({ user: held.grant.sub, client: clientOf(info), code: why.code }, 'end-to-end stream closed: identity revoked');
-      revoked = `identity revoked: ${why.code}`;
-      stream.destroy();
-    });
-    stream.once('close', untrack);
-    // The agent closes its end of a revoked user's streams too, and refuses the user's grants for a while.
-    const untrackAgent = ctx.tellAgent?.trackE2E(held.grant.agent, held.identity, stream);
-    if (untrackAgent) stream.once('close', untrackAgent);
-    void route(ctx, stream, info, held, () => revoked).then((outcome) => {
-      if (outcome === 'opened') return;
-      untrack();
-      untrackAgent?.();
-      refuse(stream, info, outcome, INTERNAL_ERROR_ALERT, `agent ${held.grant.agent}: ${outcome === 'no-tunnel' ? 'no tunnel to this Proxy now' : 'no idle data connection in time'}`);
+    readLine(stream, ctx.lineTimeoutMs ?? E2E_LINE_TIMEOUT_MS, (read) => {
+      if (!read.ok) return refuse(stream, info, 'grant', ACCESS_DENIED_ALERT, read.why);
+      const now = (ctx.now ?? Date.now)();
+      const checked = ctx.issuers.check(read.token, now);
+      if (!checked.ok) return refuse(stream, info, 'grant', ACCESS_DENIED_ALERT, checked.why);
+      const g = checked.grant;
+      const used = routed.take(g, now);
+      if (used) return refuse(stream, info, 'grant', ACCESS_DENIED_ALERT, used);
+      const identity: Identity = { kind: 'user', name: g.sub, cluster: ctx.auth.clusterName, roles: [...g.roles] };
+      void admit(ctx, stream, info, identity, g, read.token).then((refusal) => {
+        if (refusal) refuse(stream, info, refusal.outcome, refusal.alert, refusal.why, refusal.code);
+      });
     });
   };
 }
 
-/** Steps 3 to 5; the outcome when it did not open. */
-async function route(ctx: RelayContext, stream: Duplex, info: ConnInfo, held: HeldGrant, revoked: () => string | undefined): Promise<StreamOutcome> {
-  const tunnel = ctx.data.tunnelOf(held.grant.agent);
+type LineRead = { ok: true; token: string } | { ok: false; why: string };
+
+/** Step 1: the stream line within its deadline; the bytes after it are put back for the agent. */
+function readLine(stream: Duplex, timeoutMs: number, done: (read: LineRead) => void): void {
+  let buf = Buffer.alloc(0);
+  let finished = false;
+  const finish = (read: LineRead, rest?: Buffer) => {
+    if (finished) return;
+    finished = true;
+    clearTimeout(timer);
+    stream.off('data', onData);
+    stream.off('close', onClose);
+    stream.pause();
+    // Put back only once this reader is off the stream (unshift may emit at once).
+    if (rest && rest.length > 0) stream.unshift(rest);
+    done(read);
+  };
+  const timer = setTimeout(() => finish({ ok: false, why: `no whole stream line within ${timeoutMs} ms` }), timeoutMs);
+  const onClose = () => finish({ ok: false, why: 'the client closed before its stream line ended' });
+  const onData = (chunk: Buffer) => {
+    // The whole chunk is kept (its tail is the ClientHello): at most E2E_LINE_MAX_BYTES and one chunk (the parser
+    // says bad past the cap).
+    buf = Buffer.concat([buf, chunk]);
+    const parsed = parseE2ELine(buf);
+    if (parsed.kind === 'need-more') return;
+    if (parsed.kind === 'bad') return finish({ ok: false, why: parsed.why });
+    // The line is only ever followed by TLS: at most a ClientHello (the client waits for the agent's answer).
+    finish({ ok: true, token: parsed.token }, buf.subarray(parsed.length));
+  };
+  stream.on('data', onData);
+  stream.once('close', onClose);
+}
+
+interface Refusal {
+  outcome: StreamOutcome;
+  alert: Buffer;
+  why: string;
+  code?: string;
+}
+
+/** Step 3 on: the user as it stands, tracking, then the route; a refusal when it did not open. */
+async function admit(ctx: RelayContext, stream: Duplex, info: ConnInfo, identity: Identity, g: E2EGrant, token: string): Promise<Refusal | undefined> {
+  const log = ctx.log!;
+  let revoked: string | undefined;
+  // Tracked before the check: a lock that lands while it runs still closes the stream.
+  const untrack = ctx.auth.sessions.track(identity, `gateway-e2e ${clientOf(info)}`, (why) => {
+    log.info({ user: g.sub, client: clientOf(info), code: why.code }, 'end-to-end stream closed: identity revoked');
+    revoked = `identity revoked: ${why.code}`;
+    stream.destroy();
+  });
+  stream.once('close', untrack);
+  try {
+    await ctx.auth.resolveCaller(identity);
+  } catch (err) {
+    untrack();
+    const e = toGatewayError(err);
+    return { outcome: 'revoked', alert: ACCESS_DENIED_ALERT, why: `user ${g.sub}: ${e.message}`, code: e.code };
+  }
+  if (stream.destroyed) {
+    untrack();
+    return undefined;
+  }
+  // The agent closes its end of a revoked user's streams too, and refuses the user's grants for a while.
+  const untrackAgent = ctx.tellAgent?.trackE2E(g.agent, identity, stream);
+  if (untrackAgent) stream.once('close', untrackAgent);
+  const outcome = await route(ctx, stream, info, g, token, () => revoked);
+  if (outcome === 'opened') return undefined;
+  untrack();
+  untrackAgent?.();
+  return { outcome, alert: INTERNAL_ERROR_ALERT, why: `agent ${g.agent}: ${outcome === 'no-tunnel' ? 'no tunnel to this Proxy now' : 'no idle data connection in time'}` };
+}
+
+/** Steps 4 to 6; the outcome when it did not open. */
+async function route(ctx: RelayContext, stream: Duplex, info: ConnInfo, g: E2EGrant, token: string, revoked: () => string | undefined): Promise<StreamOutcome> {
+  const tunnel = ctx.data.tunnelOf(g.agent);
   if (!tunnel) return 'no-tunnel';
   const conn = await ctx.data.take(tunnel, ctx.dataWaitMs ?? DATA_WAIT_MS);
   if (!conn) return 'no-data';
@@ -103,16 +204,17 @@ async function route(ctx: RelayContext, stream: Duplex, info: ConnInfo, held: He
     conn.stream.destroy();
     return 'opened';
   }
-  const open: E2EOpenMessage = { type: 'e2e-open', conn: conn.n, grant: held.token, client_src: clientOf(info), client_dst: `${info.localAddress}:${info.localPort}`, ...held.trace };
+  const trace = { ...(g.traceparent ? { traceparent: g.traceparent } : {}), ...(g.tracestate ? { tracestate: g.tracestate } : {}) };
+  const open: E2EOpenMessage = { type: 'e2e-open', conn: conn.n, grant: token, client_src: clientOf(info), client_dst: `${info.localAddress}:${info.localPort}`, ...trace };
   tunnel.send(open);
   recordE2EStream('opened');
-  ctx.log?.info({ user: held.grant.sub, resource: held.grant.resource, agent: held.nodename, client: clientOf(info), grant: held.grant.id }, 'end-to-end stream routed');
+  ctx.log?.info({ user: g.sub, resource: g.resource, agent: tunnel.nodename, client: clientOf(info), grant: g.id, issuer: g.iss }, 'end-to-end stream routed');
   const counters = e2eByteCounters();
   stream.on('data', (chunk: Buffer) => counters.in.inc(chunk.length));
   conn.stream.on('data', (chunk: Buffer) => counters.out.inc(chunk.length));
-  const kind = AUDIT_KIND[held.access];
+  const kind = AUDIT_KIND[g.service];
   if (ctx.audit && kind) {
-    const session = ctx.audit.start(kind, { user: held.grant.sub, resource: held.grant.resource, node: held.nodename, client: clientOf(info), e2e: true });
+    const session = ctx.audit.start(kind, { user: g.sub, resource: g.resource, node: tunnel.nodename, client: clientOf(info), e2e: true });
     ctx.audit.spliced(session, stream, conn.stream, revoked);
   }
   splice(stream, conn.stream);
@@ -131,18 +233,21 @@ export interface E2EWiring {
   auth: ProxyAuth;
   agents: AgentSource;
   tunnels: TunnelServer;
-  /** This Proxy's TLS private key (PEM: the certificate its tunnels are served with), unless that is the operator's, and host ID. */
-  tlsKey: string | undefined;
+  /** This Proxy's TLS key and certificate (PEM: what its tunnels are served with), unless that is the operator's, and host ID. */
+  tls: { key: string; cert: string } | undefined;
   proxyId: string;
+  /** The cluster's live Proxies (ClusterView): a grant's issuer must be one. */
+  cluster: { proxy(id: string): unknown };
   audit?: SessionAudit;
 }
 
 export function e2eServices(w: E2EWiring): { grant: (stream: Duplex, info: ConnInfo) => void; e2e: (stream: Duplex, info: ConnInfo) => void; data: (stream: Duplex, info: ConnInfo) => void } {
-  const store = new GrantStore();
-  const grants: GrantContext = { auth: w.auth, agents: w.agents, tunnels: w.tunnels, data: w.tunnels.data, ...(w.tlsKey ? { signer: { key: createPrivateKey(w.tlsKey), iss: w.proxyId } } : {}), store };
+  const signer = w.tls ? { key: createPrivateKey(w.tls.key), x5c: new X509Certificate(w.tls.cert).raw.toString('base64url'), iss: w.proxyId } : undefined;
+  const grants: GrantContext = { auth: w.auth, agents: w.agents, tunnels: w.tunnels, data: w.tunnels.data, ...(signer ? { signer } : {}) };
+  const issuers = new GrantIssuers({ trust: w.auth, live: (id) => w.cluster.proxy(id) !== undefined });
   return {
     grant: createGrantHandler(grants),
-    e2e: createE2ERelay({ auth: w.auth, store, data: w.tunnels.data, tellAgent: w.tunnels, ...(w.audit ? { audit: w.audit } : {}) }),
+    e2e: createE2ERelay({ auth: w.auth, issuers, data: w.tunnels.data, tellAgent: w.tunnels, ...(w.audit ? { audit: w.audit } : {}) }),
     data: w.tunnels.data.handle,
   };
 }

@@ -158,7 +158,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     web,
     webApps: createWebAppHandler(auth, router, { webAddrs: () => webAddrs(config, frontDoor?.addresses.web), audit }),
     webAppUpgrades: createWebAppUpgradeHandler(auth, router, { deadlines: limits.settings, audit }),
-    services: { ...services(auth, router, tunnels, jump, limits.settings, audit), ...e2eServices({ auth, agents: router, tunnels, tlsKey: ownWebCert ? webTls.key : undefined, proxyId: options.proxyId, audit }) },
+    services: { ...services(auth, router, tunnels, jump, limits.settings, audit), ...e2eServices({ auth, agents: router, tunnels, tls: ownWebCert ? webTls : undefined, proxyId: options.proxyId, cluster, audit }) },
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
     findExtras: () => findExtras(options.proxyId, tunnelKey.sshPublicKey, cluster),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },

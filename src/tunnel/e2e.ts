@@ -2,42 +2,45 @@
  * End-to-end streams: the wire contract between the client (gwsh), the Proxy and the agent. docs/tunnels.md
  * ("End-to-end streams") is the prose; this file is what each end builds and checks.
  *
- *   client ──TLS 1.3 (ALPN gateway-e2e-v1, server name <grant id>.e2e.gateway.invalid, user cert)──────────► agent
+ *   client ──"GWE2E1 <grant>\n", then TLS 1.3 (ALPN gateway-e2e-v1, server name <grant id>.e2e.gateway.invalid)──► agent
  *            │ raw TCP to the Proxy's one port              │ the Proxy splices raw bytes │ a data connection the
- *            │ (the mux routes the ClientHello unopened)    ▼                             │ agent dialled out (GWDATA1)
+ *            │ (any Proxy of the cluster: a load balancer)  ▼                             │ agent dialled out (GWDATA1)
  *
  * 1. Grant. The client asks the Proxy for a grant on a grant session: TLS to the Proxy with the user certificate,
  *    ALPN `gateway-grant-v1`, JSON lines (GrantRequest → GrantAnswer). The Proxy authorizes the route exactly as
  *    it authorizes a classic route (identity, locks, the resource, roles) and signs an E2EGrant with its own host
  *    key (ECDSA P-256, SHA-256): short-lived (GRANT_TTL_MS), single-use, naming the user, the SHA-256 of the
- *    user's certificate public key, the resource and the agent's host ID.
- * 2. Stream. The client opens a raw TCP connection to the Proxy's one port and starts TLS with the *agent*: ALPN
- *    E2E_ALPN, server name e2eServerName(grant id), its user certificate as client certificate; it verifies the
- *    agent's certificate against the cluster's host CA, requires the host ID the grant answer named and the
- *    service's system role. The Proxy's multiplexer routes that ClientHello by its ALPN without terminating it,
- *    takes the grant by the id in the server name (single-use), and splices the bytes onto a data connection of
- *    the agent, after telling the agent on the tunnel's control stream (E2EOpenMessage) which data connection
- *    carries which grant.
+ *    user's certificate public key, the resource and the agent's host ID, and carrying the Proxy's own certificate
+ *    (x5c). The Proxy keeps nothing of it.
+ * 2. Stream. The client opens a raw TCP connection to the Proxy's one port, writes the stream line
+ *    `GWE2E1 <grant token>\n` (e2eLine) and starts TLS with the *agent*: ALPN E2E_ALPN, server name
+ *    e2eServerName(grant id), its user certificate as client certificate; it verifies the agent's certificate
+ *    against the cluster's host CA, requires the host ID the grant answer named and the service's system role.
+ *    Whichever Proxy the connection lands on (behind a load balancer, most often not the grant's) routes it by
+ *    the line: it checks the grant by itself (its x5c chains to the host CA and names a live Proxy, grant.iss; the
+ *    signature; not expired; not routed by it before) and splices the bytes onto a data connection of the agent,
+ *    after telling the agent on the tunnel's control stream (E2EOpenMessage) which data connection carries which
+ *    grant. The token is no secret: it opens nothing without the user's key, and the agent takes it once.
  * 3. Data connections. An agent with a v2 tunnel keeps `pool` idle data connections to the same Proxy, dialled
  *    like the tunnel (through HTTPS_PROXY). Each begins with one line, `GWDATA1 <kid> <n> <mac>\n`, then carries
  *    nothing until the Proxy assigns it; kid and mac come from the tunnel's TLS keying material (RFC 5705
  *    exporter), so only the agent at the other end of that tunnel can make one, and n is never used twice.
  *    After the line the Proxy relays bytes both ways untouched: the TLS records between client and agent.
- * 4. The agent takes the E2EOpenMessage, checks the grant (signature by the Proxy at the other end of the tunnel,
- *    its own host ID, a resource it serves, not expired, not used before), terminates the client's TLS with its
+ * 4. The agent takes the E2EOpenMessage, checks the grant (signature by grant.iss, checked with the certificate of
+ *    the agent's own tunnel to that Proxy, which need not be the tunnel the message came on; its own host ID, a resource it serves, not expired, not used before), terminates the client's TLS with its
  *    host certificate, requires a user certificate of this cluster whose identity is the grant's user, whose
  *    public key is the grant's key and whose roles include the grant's roles, and checks its locks. Then it
  *    writes one DialAnswer line inside the TLS ({"ok":true} or the error) and relays the resource.
  *
  * Caps: a grant token at most GRANT_TOKEN_MAX_BYTES; a grant request or answer line at most GRANT_LINE_MAX_BYTES;
- * a data preamble at most DATA_PREAMBLE_MAX_BYTES.
+ * a stream line at most E2E_LINE_MAX_BYTES; a data preamble at most DATA_PREAMBLE_MAX_BYTES.
  */
 import { createHash, createHmac, createPublicKey, sign, timingSafeEqual, verify, X509Certificate, type KeyObject } from 'node:crypto';
 import type { TLSSocket } from 'node:tls';
-import { DATA_MAGIC } from '../wire/protocols.js';
+import { DATA_MAGIC, E2E_MAGIC } from '../wire/protocols.js';
 import type { DatabaseGrant, E2ECapability, ServiceKind } from './protocol.js';
 
-export { E2E_ALPN, GRANT_ALPN, DATA_MAGIC } from '../wire/protocols.js';
+export { E2E_ALPN, GRANT_ALPN, DATA_MAGIC, E2E_MAGIC } from '../wire/protocols.js';
 /** The RFC 5705 exporter label both ends of a v2 tunnel derive the data connections' key with. */
 export const DATA_EXPORTER_LABEL = 'EXPORTER-gateway-e2e-data';
 export const DATA_KEY_BYTES = 32;
@@ -48,9 +51,6 @@ export const GRANT_TTL_MS = 30_000;
 export const GRANT_CLOCK_SKEW_MS = 60_000;
 export const GRANT_TOKEN_MAX_BYTES = 8 * 1024;
 export const GRANT_LINE_MAX_BYTES = 16 * 1024;
-/** Grants a Proxy holds unused at once (each expires after GRANT_TTL_MS), in all and per user. */
-export const GRANTS_PENDING_MAX = 10_000;
-export const GRANTS_PENDING_PER_USER_MAX = 256;
 /** Grant requests in flight on one grant session. */
 export const GRANT_SESSION_INFLIGHT_MAX = 16;
 /** A grant session with no request for this long is closed by the Proxy. */
@@ -95,6 +95,16 @@ export interface E2EGrant {
   /** Issued at and expires at, ms since the epoch (the Proxy's clock). */
   iat: number;
   exp: number;
+  /**
+   * The issuing Proxy's TLS certificate (DER, base64url): the key the grant is signed with. Any Proxy of the
+   * cluster checks it (it chains to the host CA, names a live Proxy `iss`) and then the grant, so the stream may
+   * land on another Proxy than the grant session did (behind a load balancer). The agent does not read it: it
+   * checks the grant with the certificate of its own tunnel to `iss`.
+   */
+  x5c?: string;
+  /** The grant request's span (src/trace.ts), the stream's parent at the agent, whichever Proxy routes it. */
+  traceparent?: string;
+  tracestate?: string;
 }
 
 /** Client → Proxy on a grant session, one JSON line each. */
@@ -209,7 +219,41 @@ export function badGrant(v: unknown): string | undefined {
   if (!SERVICES.includes(g.service as ServiceKind)) return "the grant's service is not one the agents serve";
   if (!Array.isArray(g.roles) || g.roles.length > 256 || !g.roles.every((r) => str(r, 256))) return "the grant's roles are not a list of names";
   if (!Number.isSafeInteger(g.iat) || !Number.isSafeInteger(g.exp) || (g.exp as number) <= (g.iat as number)) return "the grant's times are not an interval";
+  if (g.x5c !== undefined && (typeof g.x5c !== 'string' || !/^[A-Za-z0-9_-]{1,6000}$/.test(g.x5c))) return "the grant's x5c is not a base64url certificate";
+  for (const f of ['traceparent', 'tracestate'] as const) if (g[f] !== undefined && !str(g[f], 512)) return `the grant's ${f} is not a printable string`;
   return undefined;
+}
+
+/**
+ * The stream line: what a client's end-to-end stream starts with, ahead of its TLS, `GWE2E1 <grant token>\n`. The
+ * token is no secret (it opens nothing without the user's key, which the agent checks, and the agent takes it once),
+ * so it travels in clear as the grant's id did in the server name.
+ */
+export function e2eLine(token: string): Buffer {
+  return Buffer.from(`${E2E_MAGIC}${token}\n`, 'latin1');
+}
+
+/** The stream line's cap: the magic, a token at its largest, the newline. */
+export const E2E_LINE_MAX_BYTES = E2E_MAGIC.length + GRANT_TOKEN_MAX_BYTES + 1;
+/** A stream must send its whole line within this long of being routed (as a data connection its preamble). */
+export const E2E_LINE_TIMEOUT_MS = DATA_PREAMBLE_TIMEOUT_MS;
+
+export type E2ELineParse = { kind: 'need-more' } | { kind: 'bad'; why: string } | { kind: 'ok'; token: string; length: number };
+
+/**
+ * Parses a stream's first bytes (pure, bounded: at most E2E_LINE_MAX_BYTES are looked at). `length` is what the
+ * line took; the rest of the buffer is the client's TLS. The token's fields are verifyGrant's to check.
+ */
+export function parseE2ELine(buf: Buffer): E2ELineParse {
+  const head = buf.subarray(0, E2E_LINE_MAX_BYTES);
+  const magic = Buffer.from(E2E_MAGIC, 'latin1');
+  const prefix = head.subarray(0, magic.length);
+  if (!magic.subarray(0, prefix.length).equals(prefix)) return { kind: 'bad', why: `the stream does not start with "${E2E_MAGIC.trim()} "` };
+  const nl = head.indexOf(0x0a);
+  if (nl < 0) return head.length >= E2E_LINE_MAX_BYTES ? { kind: 'bad', why: `the stream line is longer than ${E2E_LINE_MAX_BYTES} bytes` } : { kind: 'need-more' };
+  const token = head.subarray(magic.length, nl).toString('latin1');
+  if (!/^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$/.test(token)) return { kind: 'bad', why: 'the stream line is not "GWE2E1 <grant token>"' };
+  return { kind: 'ok', token, length: nl + 1 };
 }
 
 /** The key both ends of a v2 tunnel derive for its data connections (the TLS session's exporter). */
@@ -240,6 +284,14 @@ export interface DataPreamble {
 }
 
 export type DataPreambleParse = { kind: 'need-more' } | { kind: 'bad'; why: string } | ({ kind: 'ok' } & DataPreamble);
+
+/**
+ * The Proxy's one answer on a data connection: its key names no tunnel of this Proxy, so it landed on another Proxy
+ * than its tunnel's (a load balancer spreads the agent's connections over all of them). The agent dials again at
+ * once, a bounded number of times (src/agent/e2edata.ts), instead of taking the close for a broken path. It is not
+ * a secret and proves nothing: a path that forges it makes the agent dial a few more times, then back off.
+ */
+export const DATA_ELSEWHERE = 'GWDATA1 elsewhere\n';
 
 /** Parses a data connection's first bytes (pure, bounded: at most DATA_PREAMBLE_MAX_BYTES are looked at). */
 export function parseDataPreamble(buf: Buffer): DataPreambleParse {

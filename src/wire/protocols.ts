@@ -27,7 +27,7 @@
  */
 
 /** How the one port tells a row apart. */
-export type WireMatch = { readonly alpn: readonly string[]; readonly noAlpn?: true } | { readonly serverNamePrefix: string } | { readonly sniffed: 'ssh' | 'http' | 'gwdata' };
+export type WireMatch = { readonly alpn: readonly string[]; readonly noAlpn?: true } | { readonly serverNamePrefix: string } | { readonly sniffed: 'ssh' | 'http' | 'gwdata' | 'gwe2e' };
 
 export interface WireListener {
   /** Its name in the front door's addresses ("postgres"); the start banner shows it as proxy_<name>. */
@@ -59,12 +59,15 @@ export const TUNNEL_ALPN_V1 = 'gateway-reversetunnel';
 export const TUNNEL_ALPN_V2 = 'gateway-reversetunnel-v2';
 
 /**
- * End-to-end streams (src/tunnel/e2e.ts): a client's TLS with the agent, routed by this ALPN and passed through
- * unopened; the grant session a client asks the Proxy for grants on; the first bytes of an agent's data connection.
+ * End-to-end streams (src/tunnel/e2e.ts): the ALPN of a client's TLS with the agent (the agent's to check: the Proxy
+ * passes it through unopened); the grant session a client asks the Proxy for grants on; the first bytes of an
+ * agent's data connection; the first bytes of a client's end-to-end stream (its grant line, ahead of its TLS: any
+ * Proxy of the cluster routes it by the grant it carries).
  */
 export const E2E_ALPN = 'gateway-e2e-v1';
 export const GRANT_ALPN = 'gateway-grant-v1';
 export const DATA_MAGIC = 'GWDATA1 ';
+export const E2E_MAGIC = 'GWE2E1 ';
 
 export const PING_SUFFIX = '-ping';
 /** Kubernetes is routed by server name: kubectl's server is https://kube-gateway-proxy-alpn.<proxy host>/... */
@@ -130,10 +133,11 @@ export const WIRE_PROTOCOLS = Object.freeze([
   },
   { name: 'gateway-proxy-ssh', on: { alpn: ['gateway-proxy-ssh'] }, ping: false },
   { name: 'gateway-tcp', on: { alpn: ['gateway-tcp'] }, ping: true },
-  // End-to-end streams: the client's grant session (terminated here), its TLS with the agent (passed through
-  // unopened) and the agent's data connections (not TLS: their first bytes), src/tunnel/e2e.ts.
+  // End-to-end streams: the client's grant session (terminated here), its stream to the agent (its grant line, then
+  // its TLS with the agent, passed through unopened) and the agent's data connections (not TLS: their first
+  // bytes), src/tunnel/e2e.ts.
   { name: 'gateway-grant', on: { alpn: [GRANT_ALPN] }, ping: false },
-  { name: 'gateway-e2e', on: { alpn: [E2E_ALPN] }, ping: false },
+  { name: 'gateway-e2e', on: { sniffed: 'gwe2e' }, ping: false },
   { name: 'gateway-data', on: { sniffed: 'gwdata' }, ping: false },
   { name: 'http', on: { sniffed: 'http' }, ping: false },
 ] as const satisfies readonly WireProtocol[]);

@@ -9,8 +9,11 @@
  *
  *   - the hello of a v2 tunnel carries e2e {v: 1, pool}; with pool 0 it carries none and nothing is dialled
  *   - a good stream reaches the echo app byte-exact after {"ok":true}; the agent reports its start with e2e: true
+ *   - a grant another Proxy issued (behind a load balancer the stream comes on another Proxy's tunnel) is checked
+ *     with the certificate of the agent's tunnel to that Proxy; with none, refused; routed again by that Proxy, it
+ *     is refused as used (the agent's single use is what holds across Proxies)
  *   - hostile grants and clients, each refused inside the TLS with GW_ERR_E2E_REFUSED naming the check: signed by
- *     another key, for another agent, for another user, bound to another key, roles the certificate lacks, expired,
+ *     another key, for another agent, issued by a Proxy the agent holds no tunnel to, for another user, bound to another key, roles the certificate lacks, expired,
  *     replayed, a client certificate of another CA, none at all
  *   - an e2e-open naming a data connection the agent does not hold is ignored, and a connection whose e2e-open
  *     never comes is closed at the deadline (the client is not left hanging)
@@ -26,7 +29,7 @@
 import type { Duplex } from 'node:stream';
 import { randomBytes, X509Certificate } from 'node:crypto';
 import dns from 'node:dns';
-import { EventEmitter } from 'node:events';
+import { EventEmitter, once } from 'node:events';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
@@ -35,6 +38,7 @@ import tls, { type TLSSocket } from 'node:tls';
 import getPort from 'get-port';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { loadHostIdentity, saveHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
+import { ELSEWHERE_FAST_MAX } from '../../src/agent/e2edata.js';
 import { E2EStreams, LOCKED_USER_HOLD_MS } from '../../src/agent/e2estream.js';
 import { TunnelAgent, type TunnelAgentOptions } from '../../src/agent/tunnel.js';
 import { generateAuthority, generateKeyPair, identityFromCert, issueTlsCert, sshPrivateKeyPem } from '../../src/auth/pki.js';
@@ -55,6 +59,7 @@ import {
   dataKeyOf,
   E2E_ALPN,
   e2eServerName,
+  DATA_ELSEWHERE,
   GRANT_TTL_MS,
   parseDataPreamble,
   signGrant,
@@ -109,6 +114,9 @@ const arrivals = new EventEmitter();
 let refusedData = 0;
 /** Set by a test: the Proxy cuts every data connection of this kid as soon as it arrives (a path that drops them). */
 let cutKid: string | undefined;
+/** How many more data connections (of any kid) the front answers DATA_ELSEWHERE, as another Proxy would. */
+let elsewhereLeft = 0;
+let elsewhereSent = 0;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-agent-'));
@@ -208,6 +216,12 @@ function takeData(client: net.Socket, first: Buffer): void {
       return true;
     }
     if (buf.length > p.length) client.unshift(buf.subarray(p.length));
+    if (elsewhereLeft > 0) {
+      elsewhereLeft--;
+      elsewhereSent++;
+      client.end(DATA_ELSEWHERE);
+      return true;
+    }
     if (p.kid === cutKid) {
       client.destroy();
       arrivals.emit('cut', p.n);
@@ -351,6 +365,34 @@ async function refusal(hostId: string, kid: string, token: string, creds: Creds 
   return answer.error.message;
 }
 
+/**
+ * An e2e-open of `token` on a stand-in for the agent's tunnel to another Proxy (its data connection a loopback
+ * pair), with alice's TLS on the far end; answers the agent's refusal message.
+ */
+async function replayOn(streams: E2EStreams, proxyId: string, proxyCert: X509Certificate, token: string): Promise<string> {
+  const server = net.createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const accepted = once(server, 'connection') as Promise<[net.Socket]>;
+  const near = net.connect((server.address() as net.AddressInfo).port, '127.0.0.1');
+  const [far] = await accepted;
+  server.close();
+  streams.onOpen({ type: 'e2e-open', conn: 1, grant: token, client_src: '192.0.2.8:40000', client_dst: frontAddr }, {
+    proxyId,
+    proxyCert,
+    take: (n) => (n === 1 ? far : undefined),
+    track: () => undefined,
+    serve: () => far.destroy(),
+    sendEvent: () => undefined,
+  });
+  const socket = tls.connect({ socket: near, servername: 'localhost', ALPNProtocols: [E2E_ALPN], ca: auth.auth.host.tls.certPem, cert: alice.cert, key: alice.key, checkServerIdentity: () => undefined });
+  socket.on('error', () => undefined);
+  const answer = await answerOf(socket);
+  socket.destroy();
+  expect(answer.ok).toBe(false);
+  return answer.ok ? '' : `${answer.error.code} ${answer.error.message}`;
+}
+
 async function echoes(socket: Duplex, bytes: Buffer): Promise<Buffer> {
   const got: Buffer[] = [];
   let n = 0;
@@ -441,7 +483,7 @@ describe('end-to-end streams at the agent', () => {
     const other = generateKeyPair().privateKeyPem;
     expect(await refusal(identity.hostId, await next(), grantFor(identity, {}, other).token, alice)).toContain("signature is not the issuing Proxy's");
     expect(await refusal(identity.hostId, await next(), grantFor(identity, { agent: '00000000-0000-4000-8000-00000000ffff' }).token, alice)).toContain('not this one');
-    expect(await refusal(identity.hostId, await next(), grantFor(identity, { iss: 'another-proxy' }).token, alice)).toContain('not by the Proxy of this tunnel');
+    expect(await refusal(identity.hostId, await next(), grantFor(identity, { iss: 'another-proxy' }).token, alice)).toContain('to which this agent holds no tunnel');
     expect(await refusal(identity.hostId, await next(), grantFor(identity, { resource: 'not-served' }).token, alice)).toContain('does not serve app "not-served"');
     expect(await refusal(identity.hostId, await next(), grantFor(identity, { sub: 'bob', key: spkiHash(bob.cert) }).token, alice)).toContain('the grant is for user "bob", the certificate names "alice"');
     expect(await refusal(identity.hostId, await next(), grantFor(identity, { key: spkiHash(bob.cert) }).token, alice)).toContain('key is not the one the grant is bound to');
@@ -501,6 +543,30 @@ describe('end-to-end streams at the agent', () => {
     await poolReady(identity.hostId, 1);
     // A grant signed before the lock (a compromised or slow Proxy's) is refused.
     expect(await refusal(identity.hostId, kid, carolGrant({ iat: signedBefore - 1_000, exp: signedBefore + GRANT_TTL_MS }), carol)).toContain('user "carol" is locked');
+  });
+
+  it("takes a grant of another Proxy it holds a tunnel to, checked with that tunnel's certificate; refuses it once that tunnel is gone", async () => {
+    const identity0 = await joinHost();
+    const streams = new E2EStreams({ identity: identity0, services: ['app'], resources: { databases: [], apps: [{ name: 'echo', kind: 'tcp', labels: {} }], desktops: [], kube_clusters: [] }, ssh: false, log: createLogger({ level: 'silent' }) });
+    const { identity } = await startAgent({ identity: identity0, e2e: { pool: 2, streams } });
+    const kid = await poolReady(identity.hostId);
+    // Proxy B: its certificate as the agent's tunnel to it would have verified it (registerProxy is what a tunnel does).
+    const b = generateKeyPair();
+    const bCert = new X509Certificate(await auth.auth.issueServerCert(b.publicKeyPem, ['localhost'], 'proxy-b'));
+    const forget = streams.registerProxy('proxy-b', bCert);
+    const grantOfB = grantFor(identity, { iss: 'proxy-b' }, b.privateKeyPem).token;
+    const { socket } = await openStream(identity.hostId, kid, grantOfB, alice);
+    const fsocket = await okFramed(socket);
+    const bytes = randomBytes(1024);
+    expect((await echoes(fsocket, bytes)).equals(bytes)).toBe(true);
+    fsocket.destroy();
+    // The same grant routed again by Proxy B itself (on the agent's tunnel to B, here a stand-in): each Proxy takes
+    // a grant once, so across Proxies it is the agent's single use that refuses it.
+    expect(await replayOn(streams, 'proxy-b', bCert, grantOfB)).toMatch(/^GW_ERR_E2E_REFUSED .*used before/);
+    // Signed by B's key but naming this tunnel's Proxy: checked with this tunnel's certificate, refused.
+    expect(await refusal(identity.hostId, await poolReady(identity.hostId, 1), grantFor(identity, {}, b.privateKeyPem).token, alice)).toContain("signature is not the issuing Proxy's");
+    forget();
+    expect(await refusal(identity.hostId, await poolReady(identity.hostId, 1), grantFor(identity, { iss: 'proxy-b' }, b.privateKeyPem).token, alice)).toContain('to which this agent holds no tunnel');
   });
 
   it("forgets a locked user after LOCKED_USER_HOLD_MS (an honest Proxy signs no grant while the lock lasts; one lifted is not held against the user)", async () => {
@@ -673,6 +739,40 @@ describe('a path that drops every data connection', () => {
     expect(Math.max(...delays)).toBeGreaterThanOrEqual(100);
     expect(agent.getState()).toBe('connected');
     await poolReady(identity.hostId, 2); // the path is good again: the pool is whole
+  });
+});
+
+describe('a data connection that landed on another Proxy (behind a load balancer)', () => {
+  const recorded = (delays: number[]) => ({ setTimer: (fn: () => void, ms: number) => (delays.push(ms), setTimeout(fn, ms)), clearTimer: (h: unknown) => clearTimeout(h as NodeJS.Timeout) });
+
+  it('is replaced at once on the answer DATA_ELSEWHERE, not after the backoff', async () => {
+    const delays: number[] = [];
+    elsewhereLeft = 5;
+    elsewhereSent = 0;
+    try {
+      const { identity } = await startAgent({ e2e: { pool: 2, data: { backoff: { firstMs: 60_000, maxMs: 60_000 }, backoffDeps: recorded(delays) } } });
+      await poolReady(identity.hostId, 2);
+    } finally {
+      elsewhereLeft = 0;
+    }
+    expect(elsewhereSent).toBe(5);
+    expect(delays).toEqual([]);
+  });
+
+  it('a path that answers it to every connection gets ELSEWHERE_FAST_MAX quick redials, then the backoff', async () => {
+    const delays: number[] = [];
+    elsewhereLeft = Number.POSITIVE_INFINITY;
+    elsewhereSent = 0;
+    try {
+      await startAgent({ e2e: { pool: 2, data: { backoff: { firstMs: 60_000, maxMs: 60_000 }, backoffDeps: recorded(delays) } } });
+      await waitUntil('the pool backs off', () => delays.length >= 1, 15_000);
+      // One dial at a time, but a kept connection lets the next dial start before its answer: at most the pool's
+      // size of answers beyond the quick ones, then nothing until the backoff (60 s here).
+      expect(elsewhereSent).toBeGreaterThan(ELSEWHERE_FAST_MAX);
+      expect(elsewhereSent).toBeLessThanOrEqual(ELSEWHERE_FAST_MAX + 2);
+    } finally {
+      elsewhereLeft = 0;
+    }
   });
 });
 

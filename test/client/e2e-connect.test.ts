@@ -52,12 +52,15 @@ async function roundTrip(stream: Duplex, text: string): Promise<string> {
 const dialer = () => new Dialer({ env: {} });
 
 describe('connectE2E', () => {
-  it("the grant's agent with the service's role: the DialAnswer, then the stream", async () => {
+  it("the grant line, then the grant's agent with the service's role: the DialAnswer, then the stream", async () => {
     const p = await proxyWith({ agentCert: () => agent1 });
-    const r = await connectE2E(profileFor(pki, p.address), dialer(), p.address, grantOf(), 'app');
+    const grant = grantOf();
+    const r = await connectE2E(profileFor(pki, p.address), dialer(), p.address, grant, 'app');
     if (!r.ok) throw new Error(r.reason);
     closers.push(() => r.stream.destroy());
     expect(await roundTrip(r.stream, 'ping')).toBe('ping');
+    // Ahead of its TLS the stream said which grant it carries: any Proxy of the cluster routes it by that line.
+    expect(p.lines).toEqual([grant.grant]);
   });
 
   const hostile: Array<[string, () => Promise<IssuedCert>, RegExp]> = [

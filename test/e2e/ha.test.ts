@@ -9,6 +9,8 @@
  *   └──────────────────┘      └──────────────────────┘      │ Auth A :3025, Auth B :3125 ─► PostgreSQL  │
  *                                                           └───────────────────────────────────────────┘
  *
+ * Every transfer is byte-exact and an end-to-end stream (a Proxy logged it routed), though gwsh's grant session and
+ * its streams land on different Proxies (round robin): any Proxy routes a grant another signed.
  * Faults, each checked with bytes end to end: kill -9 of the Proxy a client streams through (the client's next
  * connection goes through HAProxy to another Proxy, which reaches the agent on its own tunnel); kill -9 of an
  * Auth Service; a PostgreSQL restart (a lock made afterwards still closes a session on every Proxy, so every
@@ -150,11 +152,34 @@ async function gwshProxy(port: number): Promise<void> {
   }, 20_000);
 }
 
+/** The end-to-end streams the running Proxies routed since `since`: which Proxy routed each, and which signed its grant. */
+function routedSince(since: Map<NsGateway, number>): Array<{ proxy: string; issuer: string | undefined }> {
+  return running().flatMap((p) =>
+    p
+      .logs()
+      .slice(since.get(p) ?? 0)
+      .split('\n')
+      .filter((line) => line.includes('end-to-end stream routed'))
+      .map((line) => ({ proxy: p.hostId!, issuer: /"issuer":"([^"]+)"/.exec(line)?.[1] })),
+  );
+}
+
 let nextId = 1;
-async function byteExact(port: number, size = 256 * KiB): Promise<void> {
+/**
+ * One transfer through `gwsh proxy app`, byte-exact both ways, and end to end: some Proxy routed it as an end-to-end
+ * stream (gwsh falls back to the classic route silently under --e2e auto, so the bytes alone would not say).
+ */
+async function byteExact(port: number, size = 256 * KiB): Promise<Array<{ proxy: string; issuer: string | undefined }>> {
   const id = nextId++;
+  const since = new Map(running().map((p) => [p, p.logs().length]));
   const r = await transfer('127.0.0.1', port, { id, upload: size, download: size, seed: id, timeoutMs: 20_000 });
   if (r.server.received.sha256 !== r.sent.sha256 || r.received.sha256 !== expectedDownloadSha256(size, id)) throw new Error(`transfer ${id} was not byte-exact`);
+  const routed = routedSince(since);
+  if (routed.length === 0) {
+    const refusals = running().flatMap((p) => p.logs().slice(since.get(p) ?? 0).split('\n').filter((l) => /end-to-end|grant/.test(l)));
+    throw new Error(`transfer ${id} was not end to end: no Proxy logged 'end-to-end stream routed' (gwsh took the classic route); the Proxies logged: ${refusals.join('\n').slice(0, 3000)}`);
+  }
+  return routed;
 }
 
 /** Which running Proxy logged the client connection of transfer id (its "connection to a resource opened" line). */
@@ -223,9 +248,13 @@ describeAsRoot('2 Auth Services on PostgreSQL, 3 Proxies behind HAProxy, an agen
     expect(new Set(connects.map((e) => e.url))).toEqual(new Set([lbAddr()]));
   });
 
-  it('a client streams through the balancer, byte-exact', async () => {
+  it('a client streams through the balancer, byte-exact and end to end, whichever Proxy signed the grant', async () => {
     await gwshProxy(17001);
-    for (let i = 0; i < 6; i++) await byteExact(17001);
+    const routed: Array<{ proxy: string; issuer: string | undefined }> = [];
+    for (let i = 0; i < 6; i++) routed.push(...(await byteExact(17001)));
+    // gwsh's one grant session stays on one Proxy; round robin sends its streams to the others too, which route
+    // grants they did not sign (the grant carries its issuer's certificate).
+    expect(routed.some((r) => r.issuer !== undefined && r.issuer !== r.proxy)).toBe(true);
   });
 
   it('kill -9 of the Proxy a client streams through: the next connection reaches the agent through another Proxy', async () => {

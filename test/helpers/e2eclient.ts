@@ -1,20 +1,22 @@
 /**
  * The far side of gwsh's end-to-end streams, written from the contract (src/tunnel/e2e.ts) for the client's tests:
  * one TLS port that, as the Proxy's one port does, answers grant sessions (ALPN gateway-grant-v1, the Proxy's host
- * certificate) and classic routes (gateway-tcp: route header, answer, echo), and hands a ClientHello whose server
- * name is a grant's to an "agent" (its host certificate chosen by the server name: SNICallback), which answers a
+ * certificate) and classic routes (gateway-tcp: route header, answer, echo), takes an end-to-end stream's line
+ * (GWE2E1 <grant>, recorded in `lines`) and hands the ClientHello behind it, whose server name is the grant's, to an
+ * "agent" (its host certificate chosen by the server name: SNICallback), which answers a
  * DialAnswer line and echoes. Each behaviour (how grants are answered, which certificate the agent presents, what
  * it answers) is the test's to set; every connection of each kind is counted.
  */
 import { once } from 'node:events';
+import { Duplex } from 'node:stream';
 import { randomBytes } from 'node:crypto';
-import type net from 'node:net';
+import net from 'node:net';
 import tls from 'node:tls';
 import { generateAuthority, generateKeyPair, issueTlsCert, type CertAuthority } from '../../src/auth/pki.js';
 import type { Profile } from '../../src/client/profile.js';
 import { readJsonLine, writeJsonLine } from '../../src/stream/lines.js';
 import { LineSplitter } from '../../src/stream/splitter.js';
-import { E2E_ALPN, e2eServerName, GRANT_ALPN, GRANT_TTL_MS, grantIdOfServerName, signGrant, type E2EGrant, type GrantRequest } from '../../src/tunnel/e2e.js';
+import { E2E_ALPN, e2eServerName, GRANT_ALPN, GRANT_TTL_MS, grantIdOfServerName, parseE2ELine, signGrant, type E2EGrant, type GrantRequest } from '../../src/tunnel/e2e.js';
 import type { ServiceKind } from '../../src/tunnel/protocol.js';
 import { makeClusterPki, type ClusterPki, type IssuedCert } from './members.js';
 
@@ -70,6 +72,8 @@ export interface FakeProxy {
   counts: { grant: number; e2e: number; classic: number };
   /** Grant requests received, in order. */
   requests: GrantRequest[];
+  /** The grant tokens end-to-end streams' lines carried, in order. */
+  lines: string[];
   close(): Promise<void>;
 }
 
@@ -84,6 +88,32 @@ export interface FakeProxyOptions {
   maxVersion?: tls.SecureVersion;
   /** What the agent does once TLS is up; default: {"ok":true}, then echo. */
   onE2E?: (socket: tls.TLSSocket) => void;
+}
+
+/**
+ * The socket as a stream that starts with `head` (what was read to look at it): a TLS server given a net.Socket
+ * reads its handle directly and would miss bytes put back with unshift.
+ */
+function rejoined(s: net.Socket, head: Buffer): Duplex {
+  const d = new Duplex({
+    read: () => void s.resume(),
+    write: (chunk: Buffer, _enc, cb) => void s.write(chunk, cb),
+    final: (cb) => {
+      s.end();
+      cb();
+    },
+    destroy: (err, cb) => {
+      s.destroy();
+      cb(err);
+    },
+  });
+  if (head.length > 0) d.push(head);
+  s.on('data', (c: Buffer) => {
+    if (!d.push(c)) s.pause();
+  });
+  s.on('end', () => d.push(null));
+  s.on('close', () => d.destroy());
+  return d;
 }
 
 /** The test's one port. */
@@ -106,9 +136,27 @@ export async function startFakeProxy(pki: E2EPki, options: FakeProxyOptions = {}
       cb(null, tls.createSecureContext({ cert: cert.certPem, key: cert.keyPem, ca: pki.userCa.tls.certPem }));
     },
   });
-  server.on('connection', (s: net.Socket) => {
+  // The one port: an end-to-end stream's line is taken off (parseE2ELine) before the TLS server sees the rest.
+  const lines: string[] = [];
+  const front = net.createServer((s) => {
     sockets.add(s);
     s.once('close', () => sockets.delete(s));
+    s.on('error', () => undefined);
+    let buf = Buffer.alloc(0);
+    const onData = (chunk: Buffer) => {
+      buf = Buffer.concat([buf, chunk]);
+      let rest = buf;
+      if (buf[0] === 0x47) {
+        const parsed = parseE2ELine(buf);
+        if (parsed.kind === 'need-more') return;
+        if (parsed.kind === 'bad') return void s.destroy();
+        lines.push(parsed.token);
+        rest = buf.subarray(parsed.length);
+      }
+      s.off('data', onData);
+      server.emit('connection', rejoined(s, rest));
+    };
+    s.on('data', onData);
   });
   server.on('tlsClientError', () => undefined);
   server.on('secureConnection', (socket: tls.TLSSocket) => {
@@ -141,17 +189,18 @@ export async function startFakeProxy(pki: E2EPki, options: FakeProxyOptions = {}
       );
     }
   });
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const address = `127.0.0.1:${(server.address() as net.AddressInfo).port}`;
+  front.listen(0, '127.0.0.1');
+  await once(front, 'listening');
+  const address = `127.0.0.1:${(front.address() as net.AddressInfo).port}`;
   return {
     address,
     server,
     counts,
     requests,
+    lines,
     close: async () => {
       for (const s of sockets) s.destroy();
-      await new Promise((resolve) => server.close(resolve));
+      await new Promise((resolve) => front.close(resolve));
     },
   };
 }

@@ -16,6 +16,8 @@ describe('sniffProtocol', () => {
     ['bare PROXY v2 signature', PROXY_V2_SIGNATURE, 'proxy-v2'],
     ...HTTP_METHODS.map((m): [string, Buffer, string] => [`HTTP ${m}`, b(`${m} / HTTP/1.1\r\n`), 'http']),
     ['HTTP method and space only', b('GET '), 'http'],
+    ["an agent's data connection", b('GWDATA1 0123456789abcdef 1 '), 'gwdata'],
+    ["a client's end-to-end stream line", b('GWE2E1 eyJ2IjoxfQ.c2ln\n'), 'gwe2e'],
   ];
   it.each(complete)('%s → %s', (_name, buf, kind) => {
     expect(sniffProtocol(buf)).toEqual({ kind });
@@ -34,6 +36,8 @@ describe('sniffProtocol', () => {
     ['P (POST, PUT, PATCH, PROXY)', 'P'],
     ['PRO', 'PRO'],
     ['PROXY', 'PROXY'],
+    ['GW (GWDATA1, GWE2E1)', 'GW'],
+    ['GWE2E1 without its space', 'GWE2E1'],
     ['G', 'G'],
     ['OPTIONS', 'OPTIONS'],
     ['CONNEC', 'CONNEC'],
@@ -54,6 +58,7 @@ describe('sniffProtocol', () => {
     ['TLS with record version 0x0201', '\x16\x02\x01'],
     ['SSH lowercase', 'ssh-2.0'],
     ['PROXY without space', 'PROXY\r\n'],
+    ['GWE2E2 (another version of the line)', 'GWE2E2 '],
     ['PROXY lowercase', 'proxy TCP4'],
     ['almost the v2 signature', '\r\n\r\n\x00\r\nQUIT\r'],
     ['HTTP/2 preface', 'PRI * HTTP/2.0\r\n'],

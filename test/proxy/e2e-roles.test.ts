@@ -5,9 +5,9 @@
  *   peering   a grant asked of A for the agent's app: `classic` (this version carries end-to-end streams only
  *             through the Proxy that holds the tunnel), never a grant A cannot route
  *   wiring    B answers a grant request (a grant signed with the key of the certificate its tunnels see, naming
- *             B, or `classic` when the agent's hello offers no e2e); the one port passes an e2e ClientHello with
- *             no grant to the relay (alert access_denied, not no_application_protocol) and closes a data
- *             connection whose key is no tunnel's
+ *             B, or `classic` when the agent's hello offers no e2e); the one port passes a stream whose line
+ *             carries no grant to the relay (alert access_denied, not a close for an unknown protocol) and
+ *             closes a data connection whose key is no tunnel's
  */
 import { X509Certificate } from 'node:crypto';
 import { once } from 'node:events';
@@ -16,7 +16,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { readLine } from '../../src/stream/lines.js';
-import { dataPreamble, E2E_ALPN, e2eServerName, GRANT_ALPN, verifyGrant, type GrantAnswer } from '../../src/tunnel/e2e.js';
+import { DATA_ELSEWHERE, dataPreamble, E2E_ALPN, e2eLine, e2eServerName, GRANT_ALPN, verifyGrant, type GrantAnswer } from '../../src/tunnel/e2e.js';
 import { waitUntil } from '../helpers/wait.js';
 import { splitAddr, startPeerCluster, type PeerCluster } from './peering-harness.js';
 
@@ -66,16 +66,24 @@ describe('end-to-end streams in the Proxy role', () => {
     expect(refused).toMatchObject({ answer: { ok: false, error: { code: 'GW_ERR_TUNNEL_NOT_FOUND' } } });
   });
 
-  it('the one port routes an e2e ClientHello to the relay (no grant: access_denied) and a data connection to the registry', async () => {
+  it('the one port routes an end-to-end stream to the relay (no grant: access_denied) and a data connection to the registry', async () => {
     const { host, port } = splitAddr(c.b.addresses.web!);
-    const e2e = tls.connect({ host, port, servername: e2eServerName('0'.repeat(32)), ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [E2E_ALPN] });
+    const raw = net.connect(port, host);
+    raw.on('error', () => undefined);
+    await once(raw, 'connect');
+    raw.write(e2eLine('aaaa.bbbb'));
+    const e2e = tls.connect({ socket: raw, servername: e2eServerName('0'.repeat(32)), ca: c.auth.auth.host.tls.certPem, ALPNProtocols: [E2E_ALPN] });
     const err = await new Promise<Error>((resolve) => e2e.once('error', resolve));
     expect(err.message).toMatch(/access denied/i);
     const data = net.connect(port, host);
     data.on('error', () => undefined);
     await once(data, 'connect');
+    const said: Buffer[] = [];
+    data.on('data', (c: Buffer) => said.push(c));
     data.write(dataPreamble(Buffer.alloc(32, 7), 1));
     await once(data, 'close');
+    // Its key is no tunnel's here: another Proxy's, as far as this one can tell (behind a balancer, the agent redials).
+    expect(Buffer.concat(said).toString('latin1')).toBe(DATA_ELSEWHERE);
     expect(c.b.tunnels.data.idleCount()).toBe(0);
   });
 });

@@ -45,9 +45,9 @@ const WIRE_ALPNS = [
   'gateway-redis-ping',
   'gateway-tcp',
   'gateway-tcp-ping',
-  // End-to-end streams (docs/tunnels.md): added by issue 29, the grant session and the stream passed through.
+  // End-to-end streams (docs/tunnels.md): added by issue 29, the grant session. The stream to the agent is routed by
+  // its first bytes (GWE2E1, its grant line), not by its ALPN gateway-e2e-v1, which only the agent reads.
   'gateway-grant-v1',
-  'gateway-e2e-v1',
 ];
 
 const tableAlpns = (table: readonly Protocol[]) => table.flatMap(alpnNames).map((a) => a.protocol);
@@ -134,6 +134,9 @@ describe('the multiplexer routes what the table lists, and nothing else', () => 
     const d = await door(PROTOCOLS);
     expect(d.mux!.routes.alpnProtocols().sort()).toEqual(tableAlpns(PROTOCOLS).sort());
     expect(tableAlpns(PROTOCOLS).sort()).toEqual([...WIRE_ALPNS].sort());
+    // Routed by their first bytes, not TLS: end-to-end streams (their grant line) and the agents' data connections.
+    expect(d.mux!.routes.forSniffed('gwe2e')?.name).toBe('gateway-e2e');
+    expect(d.mux!.routes.forSniffed('gwdata')?.name).toBe('gateway-data');
   });
 
   it('a row added to the table is routed (its -ping too), reaches its kind’s service and can be upgraded to', async () => {

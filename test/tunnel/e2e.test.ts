@@ -13,6 +13,10 @@ import {
   DATA_PREAMBLE_MAX_BYTES,
   decodeGrant,
   e2eCapabilityOf,
+  e2eLine,
+  E2E_LINE_MAX_BYTES,
+  GRANT_TOKEN_MAX_BYTES,
+  parseE2ELine,
   e2eServerName,
   grantIdOfServerName,
   parseDataPreamble,
@@ -128,6 +132,47 @@ describe('the data preamble', () => {
     expect(parseDataPreamble(Buffer.from(`GWDATA1 ${'a'.repeat(16)} 99999999999999999 ${'b'.repeat(64)}\n`))).toMatchObject({ kind: 'bad' });
     expect(parseDataPreamble(Buffer.alloc(DATA_PREAMBLE_MAX_BYTES, 0x41))).toMatchObject({ kind: 'bad', why: expect.stringContaining('128') });
     expect(parseDataPreamble(Buffer.alloc(DATA_PREAMBLE_MAX_BYTES - 1, 0x41))).toEqual({ kind: 'need-more' });
+  });
+});
+
+describe('the stream line (GWE2E1)', () => {
+  const proxy = ec();
+
+  it('parses incrementally; what follows the line is the TLS, left for the agent', () => {
+    const token = signGrant(grant(), proxy.privateKey);
+    const line = e2eLine(token);
+    expect(line.toString('latin1')).toBe(`GWE2E1 ${token}\n`);
+    const whole = Buffer.concat([line, Buffer.from([0x16, 0x03, 0x01])]);
+    for (let i = 0; i < line.length; i++) expect(parseE2ELine(whole.subarray(0, i))).toEqual({ kind: 'need-more' });
+    expect(parseE2ELine(whole)).toEqual({ kind: 'ok', token, length: line.length });
+  });
+
+  it('takes a token of exactly GRANT_TOKEN_MAX_BYTES; refuses a longer line at the cap without waiting for its newline', () => {
+    const biggest = `${'a'.repeat(GRANT_TOKEN_MAX_BYTES - 2)}.b`;
+    expect(parseE2ELine(e2eLine(biggest))).toMatchObject({ kind: 'ok', token: biggest, length: E2E_LINE_MAX_BYTES });
+    const over = e2eLine(`${'a'.repeat(GRANT_TOKEN_MAX_BYTES - 1)}.b`);
+    expect(parseE2ELine(over)).toMatchObject({ kind: 'bad', why: expect.stringContaining(String(E2E_LINE_MAX_BYTES)) });
+    // No newline, ever: refused once the cap is in, with what is buffered bounded by it.
+    const endless = Buffer.concat([Buffer.from('GWE2E1 '), Buffer.alloc(E2E_LINE_MAX_BYTES, 0x61)]);
+    expect(parseE2ELine(endless.subarray(0, E2E_LINE_MAX_BYTES - 1))).toEqual({ kind: 'need-more' });
+    expect(parseE2ELine(endless.subarray(0, E2E_LINE_MAX_BYTES))).toMatchObject({ kind: 'bad' });
+    expect(parseE2ELine(endless)).toMatchObject({ kind: 'bad' });
+  });
+
+  it('refuses bad characters, a token not of two parts, another magic, and says so at the first wrong byte', () => {
+    for (const bad of ['GWE2E1 a.b c\n', 'GWE2E1 a.b\r\n', 'GWE2E1 ab\n', 'GWE2E1 a.b.c\n', 'GWE2E1 \n', 'GWE2E1 a.b\u0000\n', 'GWE2E1 a+b.c\n']) {
+      expect(parseE2ELine(Buffer.from(bad, 'latin1')), JSON.stringify(bad)).toMatchObject({ kind: 'bad' });
+    }
+    expect(parseE2ELine(Buffer.from('GWDATA1 '))).toMatchObject({ kind: 'bad' });
+    expect(parseE2ELine(Buffer.from('GWX'))).toMatchObject({ kind: 'bad' });
+    expect(parseE2ELine(Buffer.from('GWE2'))).toEqual({ kind: 'need-more' });
+  });
+
+  it("a grant's x5c and trace fields are bounded and printable", () => {
+    expect(decodeGrant(signGrant(grant({ x5c: 'AAAA', traceparent: '00-aa-bb-01' }), proxy.privateKey)).ok).toBe(true);
+    expect(decodeGrant(signGrant(grant({ x5c: 'not base64url!' }), proxy.privateKey))).toMatchObject({ ok: false, why: expect.stringContaining('x5c') });
+    expect(decodeGrant(signGrant(grant({ x5c: 'A'.repeat(6001) }), proxy.privateKey))).toMatchObject({ ok: false });
+    expect(decodeGrant(signGrant(grant({ traceparent: 'a\nb' }), proxy.privateKey))).toMatchObject({ ok: false, why: expect.stringContaining('traceparent') });
   });
 });
 
