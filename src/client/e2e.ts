@@ -16,7 +16,8 @@
  *                  trust = the cluster's host CA only, and instead of a name check agentServerIdentity: a host
  *                  certificate of this cluster whose host ID is the grant answer's agent and whose roles include
  *                  the service's system role. Then one DialAnswer line (framed: true → read as frames).
- *   E2EStreams     per connection, by mode: off → the classic route; auto → a grant, then the end-to-end
+ *   E2EStreams     per connection, by mode: off → the classic route (openResource's route header, or the
+ *                  caller's own opener: gwsh proxy kube's TLS to the kube route, src/client/kubeproxy.ts); auto → a grant, then the end-to-end
  *                  connection, the classic route when the Proxy says `classic`, takes no grant requests, the
  *                  route is one this version has no end-to-end stream for (a newer Proxy's database protocol),
  *                  or the connection fails BEFORE a certificate was presented and checked; require → those are
@@ -84,6 +85,9 @@ export function e2eModeOf(flag: string | undefined, env: NodeJS.ProcessEnv = pro
   });
 }
 
+/** The kube route's name (src/wire/protocols.ts): a ResourceTarget's `alpn` for Kubernetes (routed by server name, not ALPN). */
+export const KUBE_ROUTE = 'kube';
+
 /**
  * The service a classic route reaches, as grants and system roles name it; undefined for a route this version
  * does not know (a database protocol of a newer Proxy, which gwsh reaches by the classic route only).
@@ -91,6 +95,7 @@ export function e2eModeOf(flag: string | undefined, env: NodeJS.ProcessEnv = pro
 export function serviceOfTarget(target: Pick<ResourceTarget, 'alpn' | 'kind'>): ServiceKind | undefined {
   if (target.alpn === 'gateway-proxy-ssh') return 'ssh';
   if (target.alpn === 'gateway-tcp') return target.kind === 'desktop' ? 'desktop' : 'app';
+  if (target.alpn === KUBE_ROUTE) return 'kube';
   if (wireRowOfAlpn(target.alpn)?.database) return 'db';
   return undefined;
 }
@@ -500,6 +505,11 @@ export interface E2EStreamsOptions {
   debug?: (line: string) => void;
   grantTimeoutMs?: number;
   connect?: E2EConnectOptions;
+  /**
+   * How the classic route is opened, when it is not openResource's (a route header after TLS with the route's
+   * ALPN): gwsh proxy kube's, TLS to the Proxy's kube route by its server name (src/client/kubeproxy.ts).
+   */
+  classic?: (target: ResourceTarget) => Promise<Duplex>;
 }
 
 /** Each connection of a gwsh command: end-to-end or classic, as the mode says (the one place that decides). */
@@ -523,7 +533,8 @@ export class E2EStreams {
         throw new GatewayError('GW_ERR_E2E_UNAVAILABLE', `no end-to-end stream to ${printable(target.resource, 128)} (--e2e require): ${reason}`);
       }
       if (reason !== undefined) this.options.debug?.(`${target.resource}: the classic route (the Proxy sees the stream): ${reason}`);
-      return { stream: await openResource(profile, classicAddress, target, dialer, secureContext), e2e: false, ...(reason !== undefined ? { reason } : {}) };
+      const stream = this.options.classic ? await this.options.classic(target) : await openResource(profile, classicAddress, target, dialer, secureContext);
+      return { stream, e2e: false, ...(reason !== undefined ? { reason } : {}) };
     };
     if (!this.session) return classic();
     const service = serviceOfTarget(target);

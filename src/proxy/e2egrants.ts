@@ -8,9 +8,10 @@
  *   2. GrantRequest lines, read incrementally (LineSplitter: at most GRANT_LINE_MAX_BYTES each; a longer line ends
  *      the session), at most GRANT_SESSION_INFLIGHT_MAX in flight (the socket is paused beyond), the session closed
  *      after GRANT_SESSION_IDLE_MS without a request;
- *   3. each request is authorized exactly as the classic route would authorize it (access.ts authorizeRoute, with
- *      the identity resolved again for each: a role taken away since the last request counts), and refused with
- *      the same code;
+ *   3. each request is authorized exactly as the classic route would authorize it (access.ts authorizeRoute; for
+ *      the kube route webapps.ts authorizeKube, whose Kubernetes users and groups the grant carries as kube_access
+ *      for the agent to impersonate from), with the identity resolved again for each (a role taken away since
+ *      the last request counts), and refused with the same code;
  *   4. an allowed request gets a grant only when the agent's tunnel is on this Proxy, is v2 and offered the e2e
  *      capability (its data connections are registered: e2edata.ts); otherwise the answer is `classic` with the
  *      reason (an agent of an earlier version, a v1 tunnel, reached over peering or directly);
@@ -53,6 +54,9 @@ import {
 } from '../tunnel/e2e.js';
 import { authorizeRoute, dbAccessOf } from './access.js';
 import { protocolNamed } from './protocols.js';
+import type { Target } from './resources.js';
+import { authorizeKube } from './webapps.js';
+import type { KubeAccess } from '../wire/kubeimpersonate.js';
 import type { AgentSource } from './router.js';
 
 /** A grant the Proxy issued and holds until it is used once or expires. */
@@ -266,20 +270,34 @@ function parseRequest(line: Buffer): GrantRequest {
   const r = v as Partial<GrantRequest> | null;
   if (typeof r !== 'object' || r === null || !Number.isSafeInteger(r.id)) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the grant request has no numeric id');
   if (typeof r.resource !== 'string' || r.resource === '') throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the grant request names no resource', { details: { id: r.id } });
-  if (typeof r.route !== 'string' || protocolNamed(r.route)?.kind !== 'resource') {
-    throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', `the grant request's route ${JSON.stringify(r.route)} is not a resource route (a database's, gateway-tcp or gateway-proxy-ssh)`, { details: { id: r.id } });
+  if (typeof r.route !== 'string' || !['resource', 'kube'].includes(protocolNamed(r.route)?.kind ?? '')) {
+    throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', `the grant request's route ${JSON.stringify(r.route)} is not a resource route (a database's, gateway-tcp, gateway-proxy-ssh or kube)`, { details: { id: r.id } });
   }
   return r as GrantRequest;
 }
 
-async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, span: HopSpan): Promise<GrantAnswer> {
-  const { id } = request;
-  const identity = await ctx.auth.resolveCaller(s.certified);
+/**
+ * Step 3: the route's own authorization, reused (one file decides each): access.ts authorizeRoute for the resource
+ * routes, webapps.ts authorizeKube for the kube route (with the Kubernetes users and groups the grant carries).
+ */
+async function authorizeGrant(ctx: GrantContext, identity: Identity, request: GrantRequest, span: HopSpan): Promise<{ target: Target; kube?: KubeAccess }> {
+  if (protocolNamed(request.route)?.kind === 'kube') {
+    const { target, access } = await authorizeKube(ctx.auth, ctx.agents, identity, request.resource);
+    span.set({ 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId });
+    return { target, kube: { users: [...access.users], groups: [...access.groups] } };
+  }
   const target = await authorizeRoute(ctx.auth, ctx.agents, identity, request.route, {
     resource: request.resource,
     ...(typeof request.login === 'string' ? { login: request.login } : {}),
     ...(request.kind === 'app' || request.kind === 'desktop' ? { kind: request.kind } : {}),
   }, span);
+  return { target };
+}
+
+async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, span: HopSpan): Promise<GrantAnswer> {
+  const { id } = request;
+  const identity = await ctx.auth.resolveCaller(s.certified);
+  const { target, kube } = await authorizeGrant(ctx, identity, request, span);
   const hostId = target.agent.hostId;
   const local = ctx.tunnels.get(hostId);
   const classic = (reason: string): GrantAnswer => ({ id, ok: false, classic: true, reason });
@@ -300,6 +318,7 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, sp
     resource: target.service === 'ssh' ? `${request.login}@${target.agent.nodename}` : request.resource,
     agent: hostId,
     ...(target.service === 'db' ? { db_access: dbAccessOf(identity) } : {}),
+    ...(kube ? { kube_access: kube } : {}),
     iat: now,
     exp: now + GRANT_TTL_MS,
   };

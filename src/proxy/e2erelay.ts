@@ -13,7 +13,7 @@
  *   4. the E2EOpenMessage on the tunnel's control stream, naming the data connection, the grant and the client's
  *      addresses; then the buffered ClientHello and everything after it are spliced both ways (src/stream/splice.ts:
  *      a break is a reset). The Proxy holds no key of the stream: it relays TLS records between client and agent;
- *   5. audit: the route it authorized and the bytes it relayed, as db/app/desktop session events with e2e: true
+ *   5. audit: the route it authorized and the bytes it relayed, as db/app/desktop/kube session events with e2e: true
  *      (no db_user or db_name: it cannot see them); SSH sessions are the agent's to audit, as on the classic route.
  *
  * e2eServices() wires the three routes (grant, e2e, data) for the Proxy role.
@@ -53,7 +53,7 @@ export interface RelayContext {
 }
 
 /** The audit kind of a target's sessions; SSH (node) sessions are the agent's (as access.ts). */
-const AUDIT_KIND: Record<string, SessionKind> = { db: 'db', app: 'app', windows_desktop: 'desktop' };
+const AUDIT_KIND: Record<string, SessionKind> = { db: 'db', app: 'app', windows_desktop: 'desktop', kube_cluster: 'kube' };
 
 /** The route gateway-e2e's service. */
 export function createE2ERelay(options: RelayContext): (stream: Duplex, info: ConnInfo) => void {

@@ -34,6 +34,7 @@
  */
 import { createHash, createHmac, createPublicKey, sign, timingSafeEqual, verify, X509Certificate, type KeyObject } from 'node:crypto';
 import type { TLSSocket } from 'node:tls';
+import { badKubeAccess, type KubeAccess } from '../wire/kubeimpersonate.js';
 import { DATA_MAGIC } from '../wire/protocols.js';
 import type { DatabaseGrant, E2ECapability, ServiceKind } from './protocol.js';
 
@@ -92,6 +93,11 @@ export interface E2EGrant {
   agent: string;
   /** Database users and names the roles allow now (service db), as DialRequest.db_access. */
   db_access?: DatabaseGrant;
+  /**
+   * Service kube (required there): the Kubernetes users and groups the roles allow now, as the Proxy's kube route
+   * computes them; the agent impersonates from them (src/wire/kubeimpersonate.ts), as DialRequest.kube_access.
+   */
+  kube_access?: KubeAccess;
   /** Issued at and expires at, ms since the epoch (the Proxy's clock). */
   iat: number;
   exp: number;
@@ -102,7 +108,7 @@ export interface GrantRequest {
   /** The client's number for the request; the answer carries it (answers may come in any order). */
   id: number;
   resource: string;
-  /** The route the classic path would take: a database protocol's route, gateway-tcp, gateway-proxy-ssh. */
+  /** The route the classic path would take: a database protocol's route, gateway-tcp, gateway-proxy-ssh, kube. */
   route: string;
   /** gateway-tcp: which kind of resource. */
   kind?: 'app' | 'desktop';
@@ -209,7 +215,14 @@ export function badGrant(v: unknown): string | undefined {
   if (!SERVICES.includes(g.service as ServiceKind)) return "the grant's service is not one the agents serve";
   if (!Array.isArray(g.roles) || g.roles.length > 256 || !g.roles.every((r) => str(r, 256))) return "the grant's roles are not a list of names";
   if (!Number.isSafeInteger(g.iat) || !Number.isSafeInteger(g.exp) || (g.exp as number) <= (g.iat as number)) return "the grant's times are not an interval";
-  return undefined;
+  return badGrantKube(g);
+}
+
+/** A kube grant must say whom the agent may impersonate (without it the client's own headers would decide); others say nothing of it. */
+function badGrantKube(g: Record<string, unknown>): string | undefined {
+  if (g.service !== 'kube') return g.kube_access === undefined ? undefined : "the grant's kube_access is for a kube grant only";
+  const why = badKubeAccess(g.kube_access);
+  return why ? `the grant's kube_access ${why}` : undefined;
 }
 
 /** The key both ends of a v2 tunnel derive for its data connections (the TLS session's exporter). */
