@@ -12,7 +12,8 @@
  * system:admin is not honoured (refused, nothing reaches the API server); a user whose roles allow no Kubernetes
  * user or group is refused at the grant with the classic route's code; --e2e require against an agent that takes no
  * end-to-end streams (e2e_pool: 0, as an earlier version) fails with GW_ERR_E2E_UNAVAILABLE, and auto takes the
- * classic route there (the Proxy's kube route then logs the request).
+ * classic route there (the Proxy's kube route then logs the request), as --e2e off does everywhere; a request outside
+ * the grant's cluster is refused at the agent; both ends audit the sessions.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -217,6 +218,23 @@ describe('gwsh proxy kube: kubectl end to end with the agent', () => {
     expect(api.seen.at(-1)!.user).not.toHaveProperty('extra');
   });
 
+  it("hostile: a request outside the grant's cluster (another cluster's prefix, none) is refused at the agent, nothing sent", async () => {
+    const before = api.seen.length;
+    const port = Number(/127\.0\.0\.1:(\d+)/.exec(alice.output())![1]);
+    for (const path of ['/k8s/old/api/v1/namespaces/default/pods', '/api/v1/namespaces/default/pods', '/k8s/%E0%A4%A/api']) {
+      const answer = await new Promise<string>((resolve, reject) => {
+        const s = net.connect(port, '127.0.0.1', () => s.write(`GET ${path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
+        let out = '';
+        s.on('data', (d: Buffer) => (out += d.toString()));
+        s.on('end', () => resolve(out));
+        s.on('error', reject);
+      });
+      expect(answer, path).toMatch(/^HTTP\/1\.1 404/);
+      expect(answer, path).toContain('GW_ERR_API_NOT_FOUND');
+    }
+    expect(api.seen.length).toBe(before);
+  });
+
   it('both ends audit the kube sessions: the Proxy its route and bytes, the agent the grant it checked', async () => {
     const kubeEvents = async () =>
       (JSON.parse((await runCli('gwctl', ['--data-dir', cluster.dataDir, 'get', 'events', '-f', 'json'], { env: { HOME: dir } })).stdout) as Array<{ spec: Record<string, unknown> }>)
@@ -265,5 +283,19 @@ describe('gwsh proxy kube: refusals and the classic route', () => {
     expect(auto.output()).toMatch(/old: the classic route \(the Proxy sees the stream\): .*does not offer end-to-end streams/);
     expect(kubeRouteLines().length).toBeGreaterThan(before);
     auto.child.kill();
+  });
+
+  it('off: the classic route without asking for a grant, also where end to end was possible', async () => {
+    const before = kubeRouteLines().length;
+    const routed = routedLines().length;
+    const off = await proxyKube('alice', 'dev', 'off');
+    const r = await kubectl(off.kubeconfig, ['get', 'pods']);
+    expect(r.stderr).toBe('');
+    expect(r.stdout).toMatch(/^web\s+1\/1\s+Running/m);
+    expect(last('/pods')).toMatchObject({ code: 200, user: { name: 'alice-k8s' } });
+    expect(off.output()).toContain('(end-to-end: off)');
+    expect(kubeRouteLines().length).toBeGreaterThan(before);
+    expect(routedLines().length).toBe(routed);
+    off.child.kill();
   });
 });
