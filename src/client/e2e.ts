@@ -17,10 +17,12 @@
  *                  certificate of this cluster whose host ID is the grant answer's agent and whose roles include
  *                  the service's system role. Then one DialAnswer line (framed: true → read as frames).
  *   E2EStreams     per connection, by mode: off → the classic route (openResource's route header, or the
- *                  caller's own opener: gwsh proxy kube's TLS to the kube route, src/client/kubeproxy.ts); auto → a grant, then the end-to-end
- *                  connection, the classic route when the Proxy says `classic`, takes no grant requests, the
- *                  route is one this version has no end-to-end stream for (a newer Proxy's database protocol),
- *                  or the connection fails BEFORE a certificate was presented and checked; require → those are
+ *                  caller's own opener: gwsh proxy kube's TLS to the kube route, src/client/kubeproxy.ts);
+ *                  auto → a grant, then the end-to-end connection, the classic route when the Proxy says
+ *                  `classic`, takes no grant requests, answers the request GW_ERR_TUNNEL_PROTOCOL (an earlier
+ *                  version's answer to a route it gives no grants for: the kube route), the route is one this
+ *                  version has no end-to-end stream for (a newer Proxy's database protocol), or the connection
+ *                  fails BEFORE a certificate was presented and checked; require → those are
  *                  GW_ERR_E2E_UNAVAILABLE instead. A refused grant, a certificate that is not the agent's
  *                  (GW_ERR_E2E_AGENT) and anything after the agent's certificate passed (its refusal in the
  *                  DialAnswer, a broken stream) are errors, never a fallback: the fallback is for Proxies and
@@ -309,6 +311,9 @@ export class GrantSession {
   private outcome(answer: GrantAnswer): GrantOutcome {
     if (answer.ok) return { kind: 'grant', grant: { grant: answer.grant, agent: answer.agent, server_name: answer.server_name, expires: answer.expires } };
     if ('classic' in answer) return { kind: 'classic', reason: `the Proxy answered: ${printable(answer.reason)}` };
+    // The Proxy takes grant requests but not for this route (an earlier version: grants for Kubernetes came later):
+    // the classic route carries it, as for a Proxy that takes no grant requests at all.
+    if (answer.error.code === 'GW_ERR_TUNNEL_PROTOCOL') return { kind: 'classic', reason: `the Proxy gives no grants for this route (an earlier version): ${printable(answer.error.message)}` };
     const code = isErrorCode(answer.error.code) ? answer.error.code : 'GW_ERR_TUNNEL_DIAL_FAILED';
     throw new GatewayError(code, printable(answer.error.message, 1000), answer.error.hint ? { hint: printable(answer.error.hint, 1000) } : {});
   }
