@@ -57,6 +57,7 @@ import { protocolNamed } from './protocols.js';
 import type { Target } from './resources.js';
 import { authorizeKube } from './webapps.js';
 import type { KubeAccess } from '../wire/kubeimpersonate.js';
+import type { E2ECapability, ServiceKind } from '../tunnel/protocol.js';
 import type { AgentSource } from './router.js';
 
 /** A grant the Proxy issued and holds until it is used once or expires. */
@@ -134,7 +135,7 @@ export interface GrantContext {
   auth: ProxyAuth;
   agents: AgentSource;
   /** This Proxy's own tunnels (tunnel.ts TunnelServer): whether the agent's is here, and its protocol. */
-  tunnels: { get(hostId: string): { link: { readonly protocol: 1 | 2 } } | undefined };
+  tunnels: { get(hostId: string): { link: { readonly protocol: 1 | 2 }; e2e?: E2ECapability } | undefined };
   /** The tunnels that take end-to-end streams (e2edata.ts DataConnections). */
   data: { tunnelOf(hostId: string): unknown };
   /**
@@ -277,6 +278,16 @@ function parseRequest(line: Buffer): GrantRequest {
 }
 
 /**
+ * Why an agent whose hello offers end-to-end streams still gets no grant for this service, or undefined: a kube grant
+ * needs an agent that impersonates from it (the capability's `kube`); the agents of the version before took kube
+ * grants and served them with their own credential, kubectl's own Impersonate-* headers passing through.
+ */
+export function e2eServiceGap(service: ServiceKind, capability: E2ECapability | undefined, nodename: string): string | undefined {
+  if (service === 'kube' && capability?.kube !== true) return `agent "${nodename}" does not take end-to-end Kubernetes streams (an earlier version: it would not impersonate from the grant)`;
+  return undefined;
+}
+
+/**
  * Step 3: the route's own authorization, reused (one file decides each): access.ts authorizeRoute for the resource
  * routes, webapps.ts authorizeKube for the kube route (with the Kubernetes users and groups the grant carries).
  */
@@ -304,6 +315,8 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, sp
   if (!local) return classic(`agent "${target.agent.nodename}" holds no tunnel to this Proxy (reached over peering or directly): this version carries end-to-end streams only through the Proxy that holds the tunnel`);
   if (local.link.protocol !== 2) return classic(`agent "${target.agent.nodename}" holds a v1 (SSH) tunnel here: end-to-end streams need a v2 tunnel`);
   if (!ctx.data.tunnelOf(hostId)) return classic(`agent "${target.agent.nodename}" does not offer end-to-end streams (an earlier version, or turned off)`);
+  const unserved = e2eServiceGap(target.service, local.e2e, target.agent.nodename);
+  if (unserved) return classic(unserved);
   if (!ctx.signer) return classic("this Proxy serves the operator's web certificate (proxy_service.https_keypairs), which names no host: an agent could not check its grants");
   const signer = ctx.signer;
   const now = (ctx.now ?? Date.now)();

@@ -285,5 +285,5 @@ export function e2eCapabilityOf(v: unknown): E2ECapability | undefined {
   if (typeof v !== 'object' || v === null) return undefined;
   const c = v as Record<string, unknown>;
   if (c.v !== 1 || !Number.isSafeInteger(c.pool) || (c.pool as number) < 1) return undefined;
-  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX) };
+  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX), ...(c.kube === true ? { kube: true } : {}) };
 }

@@ -260,6 +260,13 @@ export interface RenewalMessage {
 export interface E2ECapability {
   v: 1;
   pool: number;
+  /**
+   * The agent serves end-to-end Kubernetes streams as they must be served: reading the HTTP itself and setting the
+   * impersonation from the grant's kube_access (src/agent/kubeapi.ts). A Proxy gives kube grants only to an agent
+   * that says so: an agent of the version before would serve one with its own credential and the client's own
+   * Impersonate-* headers.
+   */
+  kube?: true;
 }
 /**
  * Proxy → agent on the control stream: data connection `conn` now carries the stream of `grant` (declared here
