@@ -8,7 +8,9 @@
  * system:admin, and the stand-in's record of whom it served shows whose impersonation reached it.
  *
  * Shown: get, exec -i over WebSocket with an exit code, port-forward; the Proxy logs the streams as routed end to
- * end and its kube route (which reads HTTP) logs none of these requests. Hostile: kubectl's own Impersonate-User
+ * end and its kube route (which reads HTTP) logs none of these requests; the Proxy runs with the recorder of
+ * test/helpers/compromised-proxy.cjs, and an exec's input and path appear nowhere in what it held (while on the
+ * classic route they do: the recorder works). Hostile: kubectl's own Impersonate-User
  * system:admin is not honoured (refused, nothing reaches the API server); a user whose roles allow no Kubernetes
  * user or group is refused at the grant with the classic route's code; --e2e require against an agent that takes no
  * end-to-end streams (e2e_pool: 0, as an earlier version) fails with GW_ERR_E2E_UNAVAILABLE, and auto takes the
@@ -17,7 +19,8 @@
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -33,6 +36,8 @@ const KUBECTL = fileURLToPath(new URL('../../.cache/kubetools/kubectl', import.m
 const PROXY_NAME = 'proxy.gwe2e.test';
 const PASSWORD = 'correct horse battery';
 const NOKUBE = 'nora';
+/** The Proxy records every chunk its sockets hand its code (test/helpers/compromised-proxy.cjs, as e2e-streams.test.ts). */
+const PRELOAD = new URL('../helpers/compromised-proxy.cjs', import.meta.url).pathname;
 const SA = { user: 'system:serviceaccount:gw:agent', groups: ['system:serviceaccounts', 'system:serviceaccounts:gw'] };
 
 let dir: string;
@@ -46,6 +51,15 @@ let echo: net.Server;
 const children: ChildProcess[] = [];
 
 const home = (user: string) => join(dir, user);
+const recordDir = () => join(dir, 'record');
+/** Whether any byte sequence the Proxy held (plaintext of what it terminates, raw bytes of what it relays) has marker. */
+async function proxyHeld(marker: string, kind: 'tls' | 'raw' | 'any' = 'any'): Promise<boolean> {
+  for (const name of await readdir(recordDir())) {
+    if (kind !== 'any' && !name.endsWith(`-${kind}.bin`)) continue;
+    if ((await readFile(join(recordDir(), name))).includes(marker)) return true;
+  }
+  return false;
+}
 
 beforeAll(async () => {
   if (!existsSync(KUBECTL)) throw new Error(`${KUBECTL} is missing: run scripts/install-kubetools.sh (scripts/install-test-deps.sh runs it)`);
@@ -69,9 +83,11 @@ beforeAll(async () => {
     ],
   });
   webPort = await getPort({ host: '127.0.0.1' });
+  await mkdir(recordDir());
   cluster = await startGateway(
     ['gateway:', '  nodename: proxy-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'auth_service:', '  cluster_name: kube-e2e.example',
       '  listen_addr: 127.0.0.1:0', 'proxy_service:', `  web_listen_addr: 127.0.0.1:${webPort}`, `  public_addr: ${PROXY_NAME}:${webPort}`, ''].join('\n'),
+    { env: { NODE_OPTIONS: `--require ${PRELOAD}`, GW_TEST_RECORD: recordDir() } },
   );
   const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
   const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
@@ -161,9 +177,13 @@ describe('gwsh proxy kube: kubectl end to end with the agent', () => {
     expect(kubeRouteLines().length).toBe(before);
   });
 
-  it('exec -i over WebSocket: stdin through, output back, the exit code carried', async () => {
-    const r = await kubectl(alice.kubeconfig, ['exec', '-i', 'web', '--', 'cat'], { input: 'typed into kubectl\n' });
-    expect(r).toEqual({ code: 0, stdout: 'typed into kubectl\n', stderr: '' });
+  it('exec -i over WebSocket: stdin through, output back, the exit code carried; the Proxy held none of it', async () => {
+    const marker = `exec-secret-${randomBytes(12).toString('hex')}`;
+    const r = await kubectl(alice.kubeconfig, ['exec', '-i', 'web', '--', 'cat'], { input: `${marker}\n` });
+    expect(r).toEqual({ code: 0, stdout: `${marker}\n`, stderr: '' });
+    expect(await proxyHeld(marker)).toBe(false);
+    // Nor the request: its path (the pod and command) is inside the end-to-end TLS too.
+    expect(await proxyHeld('/pods/web/exec')).toBe(false);
     expect(last('/pods/web/exec')).toMatchObject({ method: 'GET', code: 200, user: { name: 'alice-k8s' } });
     const failing = await kubectl(alice.kubeconfig, ['exec', 'web', '--', 'sh', '-c', 'echo out; exit 3']);
     expect(failing).toMatchObject({ code: 3, stdout: 'out\n' });
@@ -279,6 +299,10 @@ describe('gwsh proxy kube: refusals and the classic route', () => {
     const r = await kubectl(auto.kubeconfig, ['get', 'pods']);
     expect(r.stderr).toBe('');
     expect(r.stdout).toMatch(/^web\s+1\/1\s+Running/m);
+    // The recorder sees what the Proxy decrypts: on this route the exec's bytes (its absence above means something).
+    const marker = `classic-exec-${randomBytes(12).toString('hex')}`;
+    expect(await kubectl(auto.kubeconfig, ['exec', '-i', 'web', '--', 'cat'], { input: `${marker}\n` })).toMatchObject({ code: 0, stdout: `${marker}\n` });
+    expect(await proxyHeld(marker, 'tls')).toBe(true);
     expect(last('/pods')).toMatchObject({ code: 200, user: { name: 'alice-k8s' }, impersonatedBy: { name: SA.user } });
     expect(auto.output()).toMatch(/old: the classic route \(the Proxy sees the stream\): .*does not offer end-to-end streams/);
     expect(kubeRouteLines().length).toBeGreaterThan(before);
