@@ -177,7 +177,7 @@ describe('gwsh proxy kube: kubectl end to end with the agent', () => {
     expect(kubeRouteLines().length).toBe(before);
   });
 
-  it('exec -i over WebSocket: stdin through, output back, the exit code carried; the Proxy held none of it', async () => {
+  it('exec -i over WebSocket (and SPDY): stdin through, output back, the exit code carried; the Proxy held none of it', async () => {
     const marker = `exec-secret-${randomBytes(12).toString('hex')}`;
     const r = await kubectl(alice.kubeconfig, ['exec', '-i', 'web', '--', 'cat'], { input: `${marker}\n` });
     expect(r).toEqual({ code: 0, stdout: `${marker}\n`, stderr: '' });
@@ -187,6 +187,10 @@ describe('gwsh proxy kube: kubectl end to end with the agent', () => {
     expect(last('/pods/web/exec')).toMatchObject({ method: 'GET', code: 200, user: { name: 'alice-k8s' } });
     const failing = await kubectl(alice.kubeconfig, ['exec', 'web', '--', 'sh', '-c', 'echo out; exit 3']);
     expect(failing).toMatchObject({ code: 3, stdout: 'out\n' });
+    // And over SPDY/3.1 (kubectl's other transport: a POST upgrade), as the grant's user too.
+    const spdy = await kubectl(alice.kubeconfig, ['exec', '-i', 'web', '--', 'cat'], { input: 'over spdy\n', env: { KUBECTL_REMOTE_COMMAND_WEBSOCKETS: 'false' } });
+    expect(spdy).toEqual({ code: 0, stdout: 'over spdy\n', stderr: '' });
+    expect(last('/pods/web/exec')).toMatchObject({ method: 'POST', code: 200, user: { name: 'alice-k8s' } });
   });
 
   it("port-forward: bytes round-trip to the pod's port", async () => {
