@@ -563,12 +563,12 @@ export const ERROR_CODES = {
   },
   GW_ERR_CLIENT_KUBECONFIG: {
     status: 400,
-    summary: "The kubeconfig gwsh kube login would merge into is not one: not YAML, not a mapping, its clusters, users or contexts not lists, or larger than 4 MiB; it was left as it was.",
+    summary: "The kubeconfig gwsh kube login (or gwsh proxy kube --kubeconfig) would merge into is not one: not YAML, not a mapping, its clusters, users or contexts not lists, or larger than 4 MiB; it was left as it was.",
     hint: 'Fix the file (kubectl config view shows what kubectl reads of it), or write to another one with --kubeconfig FILE (or KUBECONFIG=FILE).',
   },
   GW_ERR_CLIENT_KUBECONFIG_WRITE: {
     status: 500,
-    summary: 'gwsh kube login cannot write the kubeconfig (its directory or the file is not writable, or the disk is full); the file was left as it was.',
+    summary: 'gwsh kube login (or gwsh proxy kube --kubeconfig) cannot write the kubeconfig (its directory or the file is not writable, or the disk is full); the file was left as it was.',
     hint: 'Check the permissions of the file and of its directory, or write to another one with --kubeconfig FILE (or KUBECONFIG=FILE).',
   },
   GW_ERR_CLIENT_PROFILE: {

@@ -304,6 +304,8 @@ export class E2EStreams {
       // Inside the end-to-end TLS the end is said in frames: a Proxy that cuts the stream is a break at both ends.
       framed: true,
       ...(g.db_access ? { db_access: g.db_access } : {}),
+      // A kube stream is served as HTTP here, impersonating from the grant (src/agent/kubeapi.ts).
+      ...(g.kube_access ? { kube_access: g.kube_access } : {}),
       ...(m.traceparent ? { traceparent: m.traceparent } : {}),
       ...(m.tracestate ? { tracestate: m.tracestate } : {}),
     };

@@ -115,12 +115,14 @@ export function resourceConnector(config: GatewayConfig, services: readonly Serv
             );
           });
         };
-        // No credential: the stream is the API server's TLS connection itself. With one, the agent serves the
-        // stream as HTTP and adds it to each request (kubeapi.ts).
-        if (cluster.credentials === 'none') return connect(cluster.ca_file ? { ca: readFileSync(cluster.ca_file, 'utf8') } : {});
+        // No credential (the classic route): the stream is the API server's TLS connection itself. With one, or on
+        // an end-to-end stream (kube_access: the agent impersonates, so it must read the HTTP), the agent serves
+        // the stream as HTTP and adds the credential and impersonation to each request (kubeapi.ts).
+        const e2e = request.kube_access ? { cluster: cluster.name, user: request.user ?? '', access: request.kube_access } : undefined;
+        if (cluster.credentials === 'none' && !e2e) return connect(cluster.ca_file ? { ca: readFileSync(cluster.ca_file, 'utf8') } : {});
         let creds = kubeCreds.get(cluster.name);
         if (!creds) kubeCreds.set(cluster.name, (creds = kubeCredentials(cluster)));
-        return kubeFront(creds, connect);
+        return kubeFront(creds, connect, e2e ? { e2e } : {});
       }
       default:
         throw notServed();

@@ -845,7 +845,8 @@ export class TunnelAgent extends EventEmitter {
       ...(this.takingOver ? { drain_previous: true, drain_ms: this.takingOver.drainMs } : {}),
       ...softwareFields((this.options.software ?? upgradeSoftware)()),
       ...(this.options.upgradeGroup === undefined ? {} : { upgrade_group: this.options.upgradeGroup }),
-      ...(side.e2e ? { e2e: { v: 1, pool: this.e2ePool } } : {}),
+      // kube: this agent impersonates on end-to-end kube streams (src/agent/kubeapi.ts), so it may be given kube grants.
+      ...(side.e2e ? { e2e: { v: 1, pool: this.e2ePool, kube: true } } : {}),
       signs_presence: true,
     });
     // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,

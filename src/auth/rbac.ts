@@ -5,7 +5,7 @@
  *   cluster_maintenance_config, `*`), which gate `gwctl` and the Auth Service API: checkAccess();
  * - label selectors: which nodes, databases, apps, Kubernetes clusters and desktops the user reaches: canAccess();
  * - logins (and database names and users), with `{{internal.<trait>}}` templates: allowedLogins();
- * - the Kubernetes users and groups the Proxy impersonates: kubeGrant(), kubeImpersonation().
+ * - the Kubernetes users and groups a user may act as: kubeGrant() (kubeImpersonation, which applies them, is src/wire/kubeimpersonate.ts, re-exported here).
  *
  * Across all roles, deny wins over allow: one matching deny in any role refuses, whatever the others allow.
  * docs/resources.md describes the semantics for administrators.
@@ -15,7 +15,6 @@ import { durationMs } from './resources/schema.js';
 import type { Labels, RoleConditions, RoleResource, Rule, Traits, Verb } from './resources/types.js';
 import type { DatabaseGrant } from '../tunnel/protocol.js';
 import type { KubeGrant } from './pki/identity.js';
-import { GatewayError } from '../errors.js';
 
 export type { Verb } from './resources/types.js';
 export type Role = RoleResource;
@@ -208,31 +207,5 @@ export function kubeGrant(roles: readonly Role[], traits: Readonly<Traits>): Kub
   return { users: allowedValues(roles, 'kubernetes_users', traits), groups: allowedValues(roles, 'kubernetes_groups', traits) };
 }
 
-/**
- * Who the Proxy asks the API server to act as (Impersonate-User, Impersonate-Group), as upstream decides it:
- * the user the client asked for (kubectl --as) if the roles allow it, else the one kubernetes_users entry, else
- * (no kubernetes_users) the gateway user's own name; the groups the client asked for (--as-group) if each is
- * allowed, else every allowed group. Refused (GW_ERR_KUBE_NO_IMPERSONATION) when the roles allow no user and no
- * group, when the client asks for one they do not allow, or when several users are allowed and none was asked.
- */
-export function kubeImpersonation(grant: KubeGrant | undefined, name: string, asked: { user?: string | undefined; groups?: readonly string[] }): { user: string; groups: string[] } {
-  const users = grant?.users ?? [];
-  const groups = grant?.groups ?? [];
-  const refuse = (message: string) => new GatewayError('GW_ERR_KUBE_NO_IMPERSONATION', message);
-  if (users.length === 0 && groups.length === 0) {
-    throw refuse(`your roles allow no Kubernetes user or group (kubernetes_users and kubernetes_groups are empty for "${name}")`);
-  }
-  let user: string;
-  if (asked.user !== undefined) {
-    if (!users.includes(asked.user)) throw refuse(`your roles do not allow acting as the Kubernetes user "${asked.user}" (allowed: ${users.join(', ') || 'none'})`);
-    user = asked.user;
-  } else if (users.length > 1) {
-    throw refuse(`your roles allow several Kubernetes users (${users.join(', ')}): pick one with kubectl --as`);
-  } else {
-    user = users[0] ?? name;
-  }
-  const chosen = asked.groups && asked.groups.length > 0 ? [...new Set(asked.groups)] : groups;
-  const foreign = chosen.filter((g) => !groups.includes(g));
-  if (foreign.length > 0) throw refuse(`your roles do not allow acting in the Kubernetes group(s) ${foreign.join(', ')} (allowed: ${groups.join(', ') || 'none'})`);
-  return { user, groups: chosen };
-}
+/** Whom a Kubernetes request acts as: one function for the Proxy's kube route and the agent's end-to-end kube streams. */
+export { kubeImpersonation } from '../wire/kubeimpersonate.js';

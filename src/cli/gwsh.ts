@@ -18,7 +18,7 @@ import { fileURLToPath } from 'node:url';
 import { parseSshCert } from '../auth/pki.js';
 import { Dialer } from '../dial/dialer.js';
 import { fetchPing, openResource, resourceTlsContext, routeAddress, type ResourceTarget } from '../client/resources.js';
-import { E2E_ENV, E2EStreams, e2eModeOf, type E2EMode } from '../client/e2e.js';
+import { E2E_ENV, E2EStreams, e2eModeOf, KUBE_ROUTE, type E2EMode } from '../client/e2e.js';
 import { splice } from '../stream/splice.js';
 import { endedCleanly, resetStream } from '../stream/reset.js';
 import { isErrorCode, toGatewayError } from '../errors.js';
@@ -32,7 +32,10 @@ import { addCompletionCommands } from './completion.js';
 import { PROXY_ENVIRONMENT } from './manpage.js';
 import { formatOf, formatOption, render, type Format, type FormatOptions } from './output.js';
 import { table } from './table.js';
-import { addKubeLogin } from './kubelogin.js';
+import { addKubeLogin, checkKubeCluster, kubeProxyStarted } from './kubelogin.js';
+import { kubeClassicOpener, kubeRefusal, kubeRoute } from '../client/kubeproxy.js';
+import type { PingResponse } from '../wire/ping.js';
+import type { Duplex } from 'node:stream';
 import { startTracing, stopTracing, tracingSettings } from '../trace.js';
 
 const program = positionalOptions(newProgram('gwsh', 'Client CLI: log in and reach servers, databases, apps and clusters through the gateway.'));
@@ -225,8 +228,9 @@ function debugLine(line: string): void {
 }
 
 /** The streams of one command: end-to-end or classic per connection as mode says (src/client/e2e.ts). */
-function streamsFor(profile: ReturnType<typeof requireProfile>, dialer: Dialer, ping: Awaited<ReturnType<typeof fetchPing>>, target: ResourceTarget, mode: E2EMode, context?: ReturnType<typeof resourceTlsContext>): E2EStreams {
+function streamsFor(profile: ReturnType<typeof requireProfile>, dialer: Dialer, ping: Awaited<ReturnType<typeof fetchPing>>, target: ResourceTarget, mode: E2EMode, context?: ReturnType<typeof resourceTlsContext>, classic?: LocalProxyHooks['classic']): E2EStreams {
   return new E2EStreams({
+    ...(classic ? { classic } : {}),
     profile,
     dialer,
     mode,
@@ -238,18 +242,32 @@ function streamsFor(profile: ReturnType<typeof requireProfile>, dialer: Dialer, 
   });
 }
 
+/** What a local listener of a route other than the resource routes (gwsh proxy kube) does its own way. */
+interface LocalProxyHooks {
+  /** Checks before listening, in place of asking the Proxy with the route header's check. */
+  check: (ping: PingResponse, dialer: Dialer, context: ReturnType<typeof resourceTlsContext>) => Promise<void>;
+  /** The classic route's connection (E2EStreams' classic). */
+  classic: (target: ResourceTarget) => Promise<Duplex>;
+  /** What is printed once listening on port, after the line every listener prints. */
+  started: (port: number) => string;
+  /** A connection that gets no stream, answered in the client's protocol (default: reset). */
+  refuse?: (local: net.Socket, e: GatewayError) => void;
+}
+
 /** A local listener whose every connection is carried to the resource through the Proxy. */
-async function localProxy(target: ResourceTarget, port: string, what: string, mode: E2EMode = 'off'): Promise<void> {
+async function localProxy(target: ResourceTarget, port: string, what: string, mode: E2EMode = 'off', hooks?: (ping: PingResponse, dialer: Dialer, context: ReturnType<typeof resourceTlsContext>) => LocalProxyHooks): Promise<void> {
   const profile = requireProfile();
   // One Dialer, one ping and one TLS context for every connection this listener carries.
   const dialer = new Dialer();
   const context = resourceTlsContext(profile);
   const ping = await fetchPing(profile, dialer);
   const address = routeAddress(profile, ping, target.alpn);
-  const streams = streamsFor(profile, dialer, ping, target, mode, context);
+  const own = hooks?.(ping, dialer, context);
+  const streams = streamsFor(profile, dialer, ping, target, mode, context, own?.classic);
   // Fail now, not at the first client connection, when the resource is unknown or not allowed. Only the Proxy
   // is asked: the resource itself sees no connection until a client makes one.
-  (await openResource(profile, address, { ...target, check: true }, dialer, context)).destroy();
+  if (own) await own.check(ping, dialer, context);
+  else (await openResource(profile, address, { ...target, check: true }, dialer, context)).destroy();
   if (!/^\d{1,5}$/.test(port) || Number(port) > 65535) throw new GatewayError('GW_ERR_USAGE', `--port: "${port}" is not a port number`);
   const server = net.createServer({ allowHalfOpen: true, noDelay: true }, (local) => {
     streams
@@ -258,8 +276,10 @@ async function localProxy(target: ResourceTarget, port: string, what: string, mo
       .catch((err: unknown) => {
         const e = toGatewayError(err);
         process.stderr.write(`error: ${e.message}\ncode: ${e.code}\n`);
-        // Reset, not ended: a client that reads to the end must not take "nothing" for a complete answer.
-        resetStream(local);
+        // Reset, not ended: a client that reads to the end must not take "nothing" for a complete answer. Unless
+        // the route answers in its client's protocol (kubectl gets an HTTP answer naming the code).
+        if (own?.refuse) own.refuse(local, e);
+        else resetStream(local);
       });
   });
   await new Promise<void>((resolve, reject) => {
@@ -269,7 +289,15 @@ async function localProxy(target: ResourceTarget, port: string, what: string, mo
     server.listen(Number(port), '127.0.0.1', () => resolve());
   });
   const bound = (server.address() as net.AddressInfo).port;
-  process.stdout.write(`Started a local proxy for ${what} on 127.0.0.1:${bound} (end-to-end: ${mode})\n`);
+  let more = '';
+  try {
+    more = own ? own.started(bound) : '';
+  } catch (err) {
+    server.close();
+    streams.close();
+    throw err;
+  }
+  process.stdout.write(`Started a local proxy for ${what} on 127.0.0.1:${bound} (end-to-end: ${mode})\n${more}`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', resolve);
     process.once('SIGTERM', resolve);
@@ -303,6 +331,24 @@ proxyCmd
   .option(...E2E_FLAG)
   .action(async (name: string, opts: { port: string; e2e?: string }) => {
     await localProxy({ alpn: 'gateway-tcp', resource: name, kind: 'app' }, opts.port, `app "${name}"`, e2eModeOf(opts.e2e));
+  });
+proxyCmd
+  .command('kube')
+  .description('listen on 127.0.0.1:PORT for kubectl (plain HTTP on loopback) and carry each connection to the Kubernetes cluster, end to end with its agent when it can')
+  .argument('<cluster>', "the Kubernetes cluster's name (gwsh kube ls lists them)")
+  .option('--port <port>', 'local port (0 picks a free one)', '0')
+  .option('--kubeconfig <file>', "also merge a context for the listener into this kubeconfig and make it the current one (as gwsh kube login's)")
+  .option(...E2E_FLAG)
+  .action(async (cluster: string, opts: { port: string; kubeconfig?: string; e2e?: string }) => {
+    const mode = e2eModeOf(opts.e2e);
+    const profile = requireProfile();
+    await localProxy({ alpn: KUBE_ROUTE, resource: cluster }, opts.port, `Kubernetes cluster "${cluster}"`, mode, (ping, dialer, context) => ({
+      check: () => checkKubeCluster(apiFor(profile), cluster),
+      // The classic route's address is known only when it is needed (a Proxy without it may still carry end to end).
+      classic: () => kubeClassicOpener(profile, dialer, kubeRoute(profile, ping), context)(),
+      started: (port) => kubeProxyStarted(profile, cluster, port, opts.kubeconfig),
+      refuse: kubeRefusal,
+    }));
   });
 // Desktops keep the classic route in this version (end-to-end streams cover TCP apps, databases and SSH).
 proxyCmd

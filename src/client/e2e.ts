@@ -17,10 +17,13 @@
  *                  trust = the cluster's host CA only, and instead of a name check agentServerIdentity: a host
  *                  certificate of this cluster whose host ID is the grant answer's agent and whose roles include
  *                  the service's system role. Then one DialAnswer line (framed: true → read as frames).
- *   E2EStreams     per connection, by mode: off → the classic route; auto → a grant, then the end-to-end
- *                  connection, the classic route when the Proxy says `classic`, takes no grant requests, the
- *                  route is one this version has no end-to-end stream for (a newer Proxy's database protocol),
- *                  or the connection fails BEFORE a certificate was presented and checked; require → those are
+ *   E2EStreams     per connection, by mode: off → the classic route (openResource's route header, or the
+ *                  caller's own opener: gwsh proxy kube's TLS to the kube route, src/client/kubeproxy.ts);
+ *                  auto → a grant, then the end-to-end connection, the classic route when the Proxy says
+ *                  `classic`, takes no grant requests, answers the request GW_ERR_TUNNEL_PROTOCOL (an earlier
+ *                  version's answer to a route it gives no grants for: the kube route), the route is one this
+ *                  version has no end-to-end stream for (a newer Proxy's database protocol), or the connection
+ *                  fails BEFORE a certificate was presented and checked; require → those are
  *                  GW_ERR_E2E_UNAVAILABLE instead. A refused grant, a certificate that is not the agent's
  *                  (GW_ERR_E2E_AGENT) and anything after the agent's certificate passed (its refusal in the
  *                  DialAnswer, a broken stream) are errors, never a fallback: the fallback is for Proxies and
@@ -86,6 +89,9 @@ export function e2eModeOf(flag: string | undefined, env: NodeJS.ProcessEnv = pro
   });
 }
 
+/** The kube route's name (src/wire/protocols.ts): a ResourceTarget's `alpn` for Kubernetes (routed by server name, not ALPN). */
+export const KUBE_ROUTE = 'kube';
+
 /**
  * The service a classic route reaches, as grants and system roles name it; undefined for a route this version
  * does not know (a database protocol of a newer Proxy, which gwsh reaches by the classic route only).
@@ -93,6 +99,7 @@ export function e2eModeOf(flag: string | undefined, env: NodeJS.ProcessEnv = pro
 export function serviceOfTarget(target: Pick<ResourceTarget, 'alpn' | 'kind'>): ServiceKind | undefined {
   if (target.alpn === 'gateway-proxy-ssh') return 'ssh';
   if (target.alpn === 'gateway-tcp') return target.kind === 'desktop' ? 'desktop' : 'app';
+  if (target.alpn === KUBE_ROUTE) return 'kube';
   if (wireRowOfAlpn(target.alpn)?.database) return 'db';
   return undefined;
 }
@@ -306,6 +313,9 @@ export class GrantSession {
   private outcome(answer: GrantAnswer): GrantOutcome {
     if (answer.ok) return { kind: 'grant', grant: { grant: answer.grant, agent: answer.agent, server_name: answer.server_name, expires: answer.expires } };
     if ('classic' in answer) return { kind: 'classic', reason: `the Proxy answered: ${printable(answer.reason)}` };
+    // The Proxy takes grant requests but not for this route (an earlier version: grants for Kubernetes came later):
+    // the classic route carries it, as for a Proxy that takes no grant requests at all.
+    if (answer.error.code === 'GW_ERR_TUNNEL_PROTOCOL') return { kind: 'classic', reason: `the Proxy gives no grants for this route (an earlier version): ${printable(answer.error.message)}` };
     const code = isErrorCode(answer.error.code) ? answer.error.code : 'GW_ERR_TUNNEL_DIAL_FAILED';
     throw new GatewayError(code, printable(answer.error.message, 1000), answer.error.hint ? { hint: printable(answer.error.hint, 1000) } : {});
   }
@@ -508,6 +518,11 @@ export interface E2EStreamsOptions {
   debug?: (line: string) => void;
   grantTimeoutMs?: number;
   connect?: E2EConnectOptions;
+  /**
+   * How the classic route is opened, when it is not openResource's (a route header after TLS with the route's
+   * ALPN): gwsh proxy kube's, TLS to the Proxy's kube route by its server name (src/client/kubeproxy.ts).
+   */
+  classic?: (target: ResourceTarget) => Promise<Duplex>;
 }
 
 /** Each connection of a gwsh command: end-to-end or classic, as the mode says (the one place that decides). */
@@ -531,7 +546,8 @@ export class E2EStreams {
         throw new GatewayError('GW_ERR_E2E_UNAVAILABLE', `no end-to-end stream to ${printable(target.resource, 128)} (--e2e require): ${reason}`);
       }
       if (reason !== undefined) this.options.debug?.(`${target.resource}: the classic route (the Proxy sees the stream): ${reason}`);
-      return { stream: await openResource(profile, classicAddress, target, dialer, secureContext), e2e: false, ...(reason !== undefined ? { reason } : {}) };
+      const stream = this.options.classic ? await this.options.classic(target) : await openResource(profile, classicAddress, target, dialer, secureContext);
+      return { stream, e2e: false, ...(reason !== undefined ? { reason } : {}) };
     };
     if (!this.session) return classic();
     const service = serviceOfTarget(target);

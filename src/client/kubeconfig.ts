@@ -1,5 +1,5 @@
 /**
- * What `gwsh kube login CLUSTER` writes: one cluster, user and context in a kubeconfig, merged into the file
+ * What `gwsh kube login CLUSTER` (and `gwsh proxy kube CLUSTER --kubeconfig FILE`) writes: one cluster, user and context in a kubeconfig, merged into the file
  * kubectl reads (--kubeconfig FILE, else the first file of $KUBECONFIG, as kubectl writes there too, else
  * ~/.kube/config), as upstream's `tsh kube login` does. Every other entry, comment and setting of the file is
  * kept (the yaml package's document API edits the parsed document in place); an entry of the same name is
@@ -15,7 +15,9 @@
  *    is that listener's public address, the name the same.
  *  - the user's certificate and key, and the cluster CA, by path in the gwsh profile (0600 there), not copied: a
  *    new `gwsh login` renews them for kubectl too, and no second copy of the key is left behind by a logout.
- *  - entries are named <gateway cluster>-<kube cluster>.
+ *  - entries are named <gateway cluster>-<kube cluster>; gwsh proxy kube's <gateway cluster>-<kube cluster>-proxy,
+ *    whose server is http://127.0.0.1:<port>/k8s/<cluster> and whose user holds nothing (gwsh holds the
+ *    credentials: src/client/kubeproxy.ts).
  *
  * Bad input loses nothing: a file that is not YAML, not a mapping, whose clusters, users or contexts are not
  * lists, or larger than MAX_KUBECONFIG_BYTES, is refused (GW_ERR_CLIENT_KUBECONFIG) before anything is written;
@@ -38,10 +40,8 @@ export interface KubeLoginEntry {
   /** The entries' name (cluster, user and context alike). */
   name: string;
   server: string;
-  tlsServerName: string;
-  caFile: string;
-  certFile: string;
-  keyFile: string;
+  /** TLS to the Proxy (gwsh kube login); none for gwsh proxy kube's http:// listener on loopback (no credential either). */
+  tls?: { tlsServerName: string; caFile: string; certFile: string; keyFile: string };
 }
 
 /** The file to write: --kubeconfig, else the first file of $KUBECONFIG, else ~/.kube/config. */
@@ -88,8 +88,9 @@ export function mergeKubeconfig(text: string | undefined, file: string, entry: K
   const clusters = listOf(doc, 'clusters', file);
   const users = listOf(doc, 'users', file);
   const contexts = listOf(doc, 'contexts', file);
-  put(doc, clusters, entry.name, { name: entry.name, cluster: { server: entry.server, 'tls-server-name': entry.tlsServerName, 'certificate-authority': entry.caFile } });
-  put(doc, users, entry.name, { name: entry.name, user: { 'client-certificate': entry.certFile, 'client-key': entry.keyFile } });
+  const t = entry.tls;
+  put(doc, clusters, entry.name, { name: entry.name, cluster: { server: entry.server, ...(t ? { 'tls-server-name': t.tlsServerName, 'certificate-authority': t.caFile } : {}) } });
+  put(doc, users, entry.name, { name: entry.name, user: t ? { 'client-certificate': t.certFile, 'client-key': t.keyFile } : {} });
   put(doc, contexts, entry.name, { name: entry.name, context: { cluster: entry.name, user: entry.name } });
   doc.set('current-context', entry.name);
   return doc.toString();

@@ -8,9 +8,10 @@
  *   2. GrantRequest lines, read incrementally (LineSplitter: at most GRANT_LINE_MAX_BYTES each; a longer line ends
  *      the session), at most GRANT_SESSION_INFLIGHT_MAX in flight (the socket is paused beyond), the session closed
  *      after GRANT_SESSION_IDLE_MS without a request;
- *   3. each request is authorized exactly as the classic route would authorize it (access.ts authorizeRoute, with
- *      the identity resolved again for each: a role taken away since the last request counts), and refused with
- *      the same code;
+ *   3. each request is authorized exactly as the classic route would authorize it (access.ts authorizeRoute; for
+ *      the kube route webapps.ts authorizeKube, whose Kubernetes users and groups the grant carries as kube_access
+ *      for the agent to impersonate from), with the identity resolved again for each (a role taken away since
+ *      the last request counts), and refused with the same code;
  *   4. an allowed request gets a grant only when the agent's tunnel is on this Proxy, is v2 and offered the e2e
  *      capability (its data connections are registered: e2edata.ts); otherwise the answer is `classic` with the
  *      reason (an agent of an earlier version, a v1 tunnel, reached over peering or directly);
@@ -48,6 +49,10 @@ import {
 } from '../tunnel/e2e.js';
 import { authorizeRoute, dbAccessOf } from './access.js';
 import { protocolNamed } from './protocols.js';
+import type { Target } from './resources.js';
+import { authorizeKube } from './webapps.js';
+import type { KubeAccess } from '../wire/kubeimpersonate.js';
+import type { E2ECapability, ServiceKind } from '../tunnel/protocol.js';
 import type { AgentSource } from './router.js';
 
 /** What the grant route needs of the Proxy. */
@@ -55,7 +60,7 @@ export interface GrantContext {
   auth: ProxyAuth;
   agents: AgentSource;
   /** This Proxy's own tunnels (tunnel.ts TunnelServer): whether the agent's is here, and its protocol. */
-  tunnels: { get(hostId: string): { link: { readonly protocol: 1 | 2 } } | undefined };
+  tunnels: { get(hostId: string): { link: { readonly protocol: 1 | 2 }; e2e?: E2ECapability } | undefined };
   /** The tunnels that take end-to-end streams (e2edata.ts DataConnections). */
   data: { tunnelOf(hostId: string): unknown };
   /**
@@ -191,26 +196,52 @@ function parseRequest(line: Buffer): GrantRequest {
   const r = v as Partial<GrantRequest> | null;
   if (typeof r !== 'object' || r === null || !Number.isSafeInteger(r.id)) throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the grant request has no numeric id');
   if (typeof r.resource !== 'string' || r.resource === '') throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', 'the grant request names no resource', { details: { id: r.id } });
-  if (typeof r.route !== 'string' || protocolNamed(r.route)?.kind !== 'resource') {
-    throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', `the grant request's route ${JSON.stringify(r.route)} is not a resource route (a database's, gateway-tcp or gateway-proxy-ssh)`, { details: { id: r.id } });
+  if (typeof r.route !== 'string' || !['resource', 'kube'].includes(protocolNamed(r.route)?.kind ?? '')) {
+    throw new GatewayError('GW_ERR_TUNNEL_PROTOCOL', `the grant request's route ${JSON.stringify(r.route)} is not a resource route (a database's, gateway-tcp, gateway-proxy-ssh or kube)`, { details: { id: r.id } });
   }
   return r as GrantRequest;
 }
 
-async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, span: HopSpan): Promise<GrantAnswer> {
-  const { id } = request;
-  const identity = await ctx.auth.resolveCaller(s.certified);
+/**
+ * Why an agent whose hello offers end-to-end streams still gets no grant for this service, or undefined: a kube grant
+ * needs an agent that impersonates from it (the capability's `kube`); the agents of the version before took kube
+ * grants and served them with their own credential, kubectl's own Impersonate-* headers passing through.
+ */
+export function e2eServiceGap(service: ServiceKind, capability: E2ECapability | undefined, nodename: string): string | undefined {
+  if (service === 'kube' && capability?.kube !== true) return `agent "${nodename}" does not take end-to-end Kubernetes streams (an earlier version: it would not impersonate from the grant)`;
+  return undefined;
+}
+
+/**
+ * Step 3: the route's own authorization, reused (one file decides each): access.ts authorizeRoute for the resource
+ * routes, webapps.ts authorizeKube for the kube route (with the Kubernetes users and groups the grant carries).
+ */
+async function authorizeGrant(ctx: GrantContext, identity: Identity, request: GrantRequest, span: HopSpan): Promise<{ target: Target; kube?: KubeAccess }> {
+  if (protocolNamed(request.route)?.kind === 'kube') {
+    const { target, access } = await authorizeKube(ctx.auth, ctx.agents, identity, request.resource);
+    span.set({ 'gateway.service': target.service, 'gateway.resource': target.name, 'gateway.agent.host_id': target.agent.hostId });
+    return { target, kube: { users: [...access.users], groups: [...access.groups] } };
+  }
   const target = await authorizeRoute(ctx.auth, ctx.agents, identity, request.route, {
     resource: request.resource,
     ...(typeof request.login === 'string' ? { login: request.login } : {}),
     ...(request.kind === 'app' || request.kind === 'desktop' ? { kind: request.kind } : {}),
   }, span);
+  return { target };
+}
+
+async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, span: HopSpan): Promise<GrantAnswer> {
+  const { id } = request;
+  const identity = await ctx.auth.resolveCaller(s.certified);
+  const { target, kube } = await authorizeGrant(ctx, identity, request, span);
   const hostId = target.agent.hostId;
   const local = ctx.tunnels.get(hostId);
   const classic = (reason: string): GrantAnswer => ({ id, ok: false, classic: true, reason });
   if (!local) return classic(`agent "${target.agent.nodename}" holds no tunnel to this Proxy (reached over peering or directly): this version carries end-to-end streams only through the Proxy that holds the tunnel`);
   if (local.link.protocol !== 2) return classic(`agent "${target.agent.nodename}" holds a v1 (SSH) tunnel here: end-to-end streams need a v2 tunnel`);
   if (!ctx.data.tunnelOf(hostId)) return classic(`agent "${target.agent.nodename}" does not offer end-to-end streams (an earlier version, or turned off)`);
+  const unserved = e2eServiceGap(target.service, local.e2e, target.agent.nodename);
+  if (unserved) return classic(unserved);
   if (!ctx.signer) return classic("this Proxy serves the operator's web certificate (proxy_service.https_keypairs), which names no host: an agent could not check its grants");
   const signer = ctx.signer;
   const now = (ctx.now ?? Date.now)();
@@ -225,6 +256,7 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, sp
     resource: target.service === 'ssh' ? `${request.login}@${target.agent.nodename}` : request.resource,
     agent: hostId,
     ...(target.service === 'db' ? { db_access: dbAccessOf(identity) } : {}),
+    ...(kube ? { kube_access: kube } : {}),
     iat: now,
     exp: now + GRANT_TTL_MS,
     x5c: signer.x5c,

@@ -20,7 +20,7 @@
  *   5. the E2EOpenMessage on the tunnel's control stream, naming the data connection, the grant and the client's
  *      addresses; then the ClientHello and everything after it are spliced both ways (src/stream/splice.ts: a
  *      break is a reset). The Proxy holds no key of the stream: it relays TLS records between client and agent;
- *   6. audit: the route it authorized and the bytes it relayed, as db/app/desktop session events with e2e: true
+ *   6. audit: the route it authorized and the bytes it relayed, as db/app/desktop/kube session events with e2e: true
  *      (no db_user or db_name: it cannot see them); SSH sessions are the agent's to audit, as on the classic route.
  *
  * e2eServices() wires the three routes (grant, e2e, data) for the Proxy role.
@@ -67,8 +67,8 @@ export interface RelayContext {
   log?: Logger;
 }
 
-/** The audit kind of a grant's service; SSH (node) and Kubernetes sessions are the agent's (as access.ts). */
-const AUDIT_KIND: Partial<Record<E2EGrant['service'], SessionKind>> = { db: 'db', app: 'app', desktop: 'desktop' };
+/** The audit kind of a grant's service; SSH (node) sessions are the agent's (as access.ts). */
+const AUDIT_KIND: Partial<Record<E2EGrant['service'], SessionKind>> = { db: 'db', app: 'app', desktop: 'desktop', kube: 'kube' };
 
 /** Grant ids this Proxy routed, until their exp: each is routed once here. */
 export class RoutedGrants {

@@ -60,6 +60,7 @@ import {
   type ControlMessage,
   type DialAnswer,
   type DialRequest,
+  type E2ECapability,
   HELLO_SOFTWARE_MAX,
   type HelloMessage,
   type ServiceKind,
@@ -106,6 +107,8 @@ export interface ConnectedAgent {
   upgradeGroup?: string;
   /** The agent's last health message, checked (checkAgentHealth); kept in its presence for the rollout. */
   health?: AgentHealth;
+  /** From the hello of a v2 tunnel: the end-to-end capability this version understands of it (e2eCapabilityOf). */
+  e2e?: E2ECapability;
 }
 
 export interface TunnelServerOptions {
@@ -634,6 +637,7 @@ export class TunnelServer extends EventEmitter {
     // The hello's e2e field is read as unknown: e2eCapabilityOf keeps only a capability this version understands.
     const capability = e2eCapabilityOf((hello as { e2e?: unknown }).e2e);
     if (!(link instanceof SessionLink) || !capability) return;
+    agent.e2e = capability;
     this.data.attach({ hostId: agent.hostId, nodename: agent.nodename, socket: link.socket, capability, send: (m) => writeJsonLine(link.control, m), onGone: (fn) => link.onGone(fn) });
   }
 

@@ -5,8 +5,9 @@
  */
 import type http from 'node:http';
 import type { Duplex } from 'node:stream';
-import { httpStatus, toGatewayError, type GatewayError } from '../errors.js';
+import { httpStatus, toGatewayError } from '../errors.js';
 import { resetStream } from '../stream/reset.js';
+import { kubeStatus } from '../wire/kubeimpersonate.js';
 
 /** A JSON answer of the web port (the Web UI's routes, ping, find, errors): never cached, never sniffed. */
 export function sendJson(res: http.ServerResponse, status: number, body: unknown): void {
@@ -21,31 +22,14 @@ export function sendWebError(res: http.ServerResponse, err: unknown): void {
   sendJson(res, httpStatus(e.code), { error: e.toJSON() });
 }
 
-/** Kubernetes' Status reasons by HTTP status (kubectl prints "Error from server (<reason>): <message>"). */
-const KUBE_REASONS: Record<number, string> = {
-  400: 'BadRequest', 401: 'Unauthorized', 403: 'Forbidden', 404: 'NotFound', 405: 'MethodNotAllowed', 409: 'Conflict',
-  413: 'RequestEntityTooLarge', 429: 'TooManyRequests', 503: 'ServiceUnavailable', 504: 'Timeout',
-};
-
 /**
- * The Proxy's own refusal on the Kubernetes route, as a Kubernetes Status (kind Status, reason, code, message), so
- * that kubectl prints the gateway's code, message and hint instead of "unknown"; the gateway's `error` object
- * rides along for gateway clients (kubectl ignores fields it does not know).
+ * The Proxy's own refusal on the Kubernetes route, as a Kubernetes Status (src/wire/kubeimpersonate.ts kubeStatus,
+ * which the agent answers an end-to-end kube stream's refusals with too).
  */
 export function sendKubeError(res: http.ServerResponse, err: unknown): void {
   const e = toGatewayError(err);
   if (res.headersSent) return abortResponse(res);
   sendJson(res, httpStatus(e.code), kubeStatus(e));
-}
-
-function kubeStatus(e: GatewayError): Record<string, unknown> {
-  const code = httpStatus(e.code);
-  return {
-    kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure',
-    message: `${e.code}: ${e.message}${e.hint ? ` (${e.hint})` : ''}`,
-    reason: KUBE_REASONS[code] ?? (code >= 500 ? 'InternalError' : 'BadRequest'), code,
-    error: e.toJSON(),
-  };
 }
 
 /**

@@ -8,9 +8,10 @@
  *    prefix, https://kube-gateway-proxy-alpn.<proxy host>:443/k8s/<cluster>; the Proxy authenticates the user by
  *    certificate, checks kubernetes_labels, and forwards the request through the agent (which holds the TLS
  *    connection to the API server and its credential) with Impersonate-User / Impersonate-Group set to what the
- *    roles' kubernetes_users / kubernetes_groups allow (rbac.ts kubeImpersonation: a client's own Impersonate-*
- *    headers, kubectl --as / --as-group, only pick among those); roles that allow none are refused before the
- *    agent is dialled. Impersonate-* headers are then removed and only the Proxy's are sent.
+ *    roles' kubernetes_users / kubernetes_groups allow (src/wire/kubeimpersonate.ts, which the agent applies too
+ *    to an end-to-end kube stream: a client's own Impersonate-* headers, kubectl --as / --as-group, only pick
+ *    among those); roles that allow none are refused before the agent is dialled (authorizeKube, which an
+ *    end-to-end kube grant is decided by too). Impersonate-* headers are then removed and only the Proxy's are sent.
  *
  * Both are audited per session, not per request (sessionaudit.ts httpRequest): a connection with a client
  * certificate is one session per resource it reaches (app.session.* or kube.session.*, start at its first request,
@@ -26,7 +27,8 @@ import http from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import { peerIdentityOf } from '../auth/peeridentity.js';
-import { canAccess, kubeImpersonation } from '../auth/rbac.js';
+import { canAccess } from '../auth/rbac.js';
+import { impersonate, KUBE_PATH_PREFIX, kubePathOf, requireKubeAccess, type KubeAccess } from '../wire/kubeimpersonate.js';
 import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { APP_LAUNCH_NONCE_COOKIE, APP_SESSION_COOKIE, appSessionRef, cookieValue, isLaunchNonce, launchUnbound, WEB_SESSION_COOKIE } from '../auth/websessions.js';
@@ -348,7 +350,7 @@ function trackRequest(auth: ProxyAuth, identity: Identity, what: string, req: ht
   if (res.writableFinished || req.socket.destroyed) untrack();
 }
 
-export const KUBE_PATH_PREFIX = '/k8s/';
+export { KUBE_PATH_PREFIX } from '../wire/kubeimpersonate.js';
 /** The protocol table's row for Kubernetes: which clusters its requests may reach. */
 const KUBE_ROUTE = 'kube';
 
@@ -363,6 +365,20 @@ interface KubeOpened {
 }
 
 /**
+ * Whether a user may reach a Kubernetes cluster at all, and as whom: the agent that serves it, the roles'
+ * kubernetes_labels, and the Kubernetes users and groups the roles allow (none: refused). The one decision of the
+ * kube route, for each of its requests (openKube) and for an end-to-end kube stream's grant (e2egrants.ts).
+ */
+export async function authorizeKube(auth: ProxyAuth, agents: AgentSource, identity: Identity, cluster: string): Promise<{ target: Target; access: KubeAccess }> {
+  const target = findTarget(agents.agents(), KUBE_ROUTE, { resource: cluster });
+  if (!target) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves the Kubernetes cluster "${cluster}"`);
+  if (!canAccess(await auth.rolesOf(identity.roles), target.access, target.labels)) {
+    throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow the Kubernetes cluster "${cluster}"`);
+  }
+  return { target, access: requireKubeAccess(identity.kube, identity.name) };
+}
+
+/**
  * The checks of every Kubernetes request, a plain one or an upgrade (kubectl exec, attach, port-forward): one path
  * for both. track: how the caller is tracked in auth.sessions (until the answer is done, or for as long as the
  * upgraded connection is open). The client's Impersonate-* headers are removed from req; headers are the Proxy's.
@@ -372,27 +388,17 @@ async function openKube(auth: ProxyAuth, agents: AgentSource, req: http.Incoming
   if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may reach Kubernetes clusters');
   track(certified);
   const identity = await auth.resolveCaller(certified);
-  const url = req.url ?? '/';
-  if (!url.startsWith(KUBE_PATH_PREFIX)) {
+  const parsed = kubePathOf(req.url ?? '/');
+  if (!parsed) {
     throw new GatewayError('GW_ERR_API_NOT_FOUND', `Kubernetes requests go to ${KUBE_PATH_PREFIX}<cluster>/...`, {
       hint: `Set the kubeconfig server to https://${KUBE_SNI_PREFIX}<proxy host>:<port>${KUBE_PATH_PREFIX}<cluster> ('gwsh kube login <cluster>' writes it).`,
     });
   }
-  const rest = url.slice(KUBE_PATH_PREFIX.length);
-  const slash = rest.indexOf('/');
-  const cluster = decodeURIComponent(slash < 0 ? rest : rest.slice(0, slash));
-  const path = slash < 0 ? '/' : rest.slice(slash);
-  const kube = findTarget(agents.agents(), KUBE_ROUTE, { resource: cluster });
-  if (!kube) throw new GatewayError('GW_ERR_TUNNEL_NOT_FOUND', `no connected agent serves the Kubernetes cluster "${cluster}"`);
-  if (!canAccess(await auth.rolesOf(identity.roles), kube.access, kube.labels)) {
-    throw new GatewayError('GW_ERR_ACCESS_DENIED', `your roles do not allow the Kubernetes cluster "${cluster}"`);
-  }
-  // Who the API server acts as: from the roles, refused before anything is dialled (kubectl --as asks).
-  const as = kubeImpersonation(identity.kube, identity.name, {
-    user: req.headersDistinct['impersonate-user']?.[0],
-    groups: req.headersDistinct['impersonate-group'] ?? [],
-  });
-  for (const h of Object.keys(req.headers)) if (h.startsWith('impersonate-')) delete req.headers[h];
+  const { cluster, path } = parsed;
+  const { target: kube, access } = await authorizeKube(auth, agents, identity, cluster);
+  // Who the API server acts as: from the roles, refused before anything is dialled (kubectl --as asks); the
+  // client's Impersonate-* headers are removed from req (src/wire/kubeimpersonate.ts, the agent's rule too).
+  const as = impersonate(req, access, identity.name);
   const client = clientAddress(req.socket);
   // This hop's span, as an app request's (openApp): a traceparent header gives the trace, not its sampled flag.
   const hop = startHop('proxy.kube', {
@@ -413,7 +419,7 @@ async function openKube(auth: ProxyAuth, agents: AgentSource, req: http.Incoming
   const fields = { user: identity.name, resource: cluster, node: kube.agent.nodename, client: `${client.address}:${client.port}` };
   const meter = audit?.httpRequest('kube', `kube:${cluster}`, fields, { connection: connectionOf(req) });
   // The API server's request carries this span as its parent (or, tracing off, the client's valid context).
-  const headers = { 'impersonate-user': as.user, ...(as.groups.length > 0 ? { 'impersonate-group': as.groups } : {}), ...appTraceHeaders(req, hop.context) };
+  const headers = { ...as.headers, ...appTraceHeaders(req, hop.context) };
   return { stream, path, headers, user: identity.name, cluster, ...(meter ? { meter } : {}) };
 }
 

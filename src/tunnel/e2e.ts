@@ -37,6 +37,7 @@
  */
 import { createHash, createHmac, createPublicKey, sign, timingSafeEqual, verify, X509Certificate, type KeyObject } from 'node:crypto';
 import type { TLSSocket } from 'node:tls';
+import { badKubeAccess, type KubeAccess } from '../wire/kubeimpersonate.js';
 import { DATA_MAGIC, E2E_MAGIC } from '../wire/protocols.js';
 import type { DatabaseGrant, E2ECapability, ServiceKind } from './protocol.js';
 
@@ -92,6 +93,11 @@ export interface E2EGrant {
   agent: string;
   /** Database users and names the roles allow now (service db), as DialRequest.db_access. */
   db_access?: DatabaseGrant;
+  /**
+   * Service kube (required there): the Kubernetes users and groups the roles allow now, as the Proxy's kube route
+   * computes them; the agent impersonates from them (src/wire/kubeimpersonate.ts), as DialRequest.kube_access.
+   */
+  kube_access?: KubeAccess;
   /** Issued at and expires at, ms since the epoch (the Proxy's clock). */
   iat: number;
   exp: number;
@@ -112,7 +118,7 @@ export interface GrantRequest {
   /** The client's number for the request; the answer carries it (answers may come in any order). */
   id: number;
   resource: string;
-  /** The route the classic path would take: a database protocol's route, gateway-tcp, gateway-proxy-ssh. */
+  /** The route the classic path would take: a database protocol's route, gateway-tcp, gateway-proxy-ssh, kube. */
   route: string;
   /** gateway-tcp: which kind of resource. */
   kind?: 'app' | 'desktop';
@@ -221,7 +227,14 @@ export function badGrant(v: unknown): string | undefined {
   if (!Number.isSafeInteger(g.iat) || !Number.isSafeInteger(g.exp) || (g.exp as number) <= (g.iat as number)) return "the grant's times are not an interval";
   if (g.x5c !== undefined && (typeof g.x5c !== 'string' || !/^[A-Za-z0-9_-]{1,6000}$/.test(g.x5c))) return "the grant's x5c is not a base64url certificate";
   for (const f of ['traceparent', 'tracestate'] as const) if (g[f] !== undefined && !str(g[f], 512)) return `the grant's ${f} is not a printable string`;
-  return undefined;
+  return badGrantKube(g);
+}
+
+/** A kube grant must say whom the agent may impersonate (without it the client's own headers would decide); others say nothing of it. */
+function badGrantKube(g: Record<string, unknown>): string | undefined {
+  if (g.service !== 'kube') return g.kube_access === undefined ? undefined : "the grant's kube_access is for a kube grant only";
+  const why = badKubeAccess(g.kube_access);
+  return why ? `the grant's kube_access ${why}` : undefined;
 }
 
 /**
@@ -324,5 +337,5 @@ export function e2eCapabilityOf(v: unknown): E2ECapability | undefined {
   if (typeof v !== 'object' || v === null) return undefined;
   const c = v as Record<string, unknown>;
   if (c.v !== 1 || !Number.isSafeInteger(c.pool) || (c.pool as number) < 1) return undefined;
-  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX) };
+  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX), ...(c.kube === true ? { kube: true } : {}) };
 }

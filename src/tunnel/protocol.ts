@@ -44,6 +44,7 @@
  */
 import type { DatabaseProtocol } from '../wire/protocols.js';
 import type { AgentHealth } from '../wire/autoupdate.js';
+import type { KubeAccess } from '../wire/kubeimpersonate.js';
 
 /** The ALPN names of the two protocols on the one port (the wire table's tunnel row); an agent offers both, v2 first. */
 export { TUNNEL_ALPN_V1, TUNNEL_ALPN_V2 } from '../wire/protocols.js';
@@ -259,6 +260,13 @@ export interface RenewalMessage {
 export interface E2ECapability {
   v: 1;
   pool: number;
+  /**
+   * The agent serves end-to-end Kubernetes streams as they must be served: reading the HTTP itself and setting the
+   * impersonation from the grant's kube_access (src/agent/kubeapi.ts). A Proxy gives kube grants only to an agent
+   * that says so: an agent of the version before would serve one with its own credential and the client's own
+   * Impersonate-* headers.
+   */
+  kube?: true;
 }
 /**
  * Proxy → agent on the control stream: data connection `conn` now carries the stream of `grant` (declared here
@@ -326,6 +334,13 @@ export interface DialRequest {
    * protocol's own startup against it (src/agent/dbgate.ts); a db dial without it is refused.
    */
   db_access?: DatabaseGrant;
+  /**
+   * service kube, end-to-end streams only (src/agent/e2estream.ts, from the grant): the Kubernetes users and groups
+   * the roles allow. With it the agent serves the stream as HTTP itself, takes requests under /k8s/<resource>/ (the
+   * path gwsh proxy kube's kubeconfig gives), and sets Impersonate-User/-Group from it (src/wire/kubeimpersonate.ts)
+   * in place of any the client sent; without it (the classic route) the Proxy has done that.
+   */
+  kube_access?: KubeAccess;
   /**
    * A direct-join listener only: the Proxy asks for the bytes in frames that say their end (src/stream/framed.ts);
    * an agent that takes it answers `framed` too. A tunnel channel needs none: its own end and reset are frames.

@@ -17,10 +17,12 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 const entry = (name = 'gw-dev'): KubeLoginEntry => ({
   name,
   server: 'https://proxy.example.com:443/k8s/dev',
-  tlsServerName: 'kube-gateway-proxy-alpn.proxy.example.com',
-  caFile: '/home/a/.gwsh/host-ca.pem',
-  certFile: '/home/a/.gwsh/cert.pem',
-  keyFile: '/home/a/.gwsh/key.pem',
+  tls: {
+    tlsServerName: 'kube-gateway-proxy-alpn.proxy.example.com',
+    caFile: '/home/a/.gwsh/host-ca.pem',
+    certFile: '/home/a/.gwsh/cert.pem',
+    keyFile: '/home/a/.gwsh/key.pem',
+  },
 });
 
 type Doc = { 'current-context': string; clusters: Array<{ name: string; cluster: Record<string, string> }>; users: Array<{ name: string; user: Record<string, string> }>; contexts: Array<{ name: string; context: Record<string, string> }> };
@@ -34,6 +36,13 @@ describe('mergeKubeconfig', () => {
     expect(doc.clusters).toEqual([{ name: 'gw-dev', cluster: { server: 'https://proxy.example.com:443/k8s/dev', 'tls-server-name': 'kube-gateway-proxy-alpn.proxy.example.com', 'certificate-authority': '/home/a/.gwsh/host-ca.pem' } }]);
     expect(doc.users).toEqual([{ name: 'gw-dev', user: { 'client-certificate': '/home/a/.gwsh/cert.pem', 'client-key': '/home/a/.gwsh/key.pem' } }]);
     expect(doc.contexts).toEqual([{ name: 'gw-dev', context: { cluster: 'gw-dev', user: 'gw-dev' } }]);
+  });
+
+  it("gwsh proxy kube's entry: an http:// server on loopback, no TLS settings, a user holding nothing", () => {
+    const doc = parse(mergeKubeconfig(undefined, 'f', { name: 'gw-dev-proxy', server: 'http://127.0.0.1:8443/k8s/dev' })) as Doc;
+    expect(doc.clusters).toEqual([{ name: 'gw-dev-proxy', cluster: { server: 'http://127.0.0.1:8443/k8s/dev' } }]);
+    expect(doc.users).toEqual([{ name: 'gw-dev-proxy', user: {} }]);
+    expect(doc['current-context']).toBe('gw-dev-proxy');
   });
 
   it('an existing file: its entries, settings and comments kept, ours added; a second login replaces ours', () => {

@@ -1,0 +1,329 @@
+/**
+ * Kubernetes through `gwsh proxy kube`, end to end (issue 29; docs/kubernetes.md "End to end: gwsh proxy kube"): the
+ * real kubectl talks plain HTTP to gwsh on loopback, gwsh carries each of its connections as an end-to-end stream
+ * (TLS with the agent, the Proxy splicing bytes it cannot read) to the agent, which reads the HTTP itself, sets
+ * Impersonate-User/-Group from the grant (dropping the client's) and adds its own credential. The API server is the
+ * stand-in (test/helpers/kubeapiserver.ts: what it is not is said at its top), whose RBAC lets the agent's service
+ * account do anything, impersonating anyone included: only the gateway's impersonation stands between kubectl and
+ * system:admin, and the stand-in's record of whom it served shows whose impersonation reached it.
+ *
+ * Shown: get, exec -i over WebSocket with an exit code, port-forward; the Proxy logs the streams as routed end to
+ * end and its kube route (which reads HTTP) logs none of these requests; the Proxy runs with the recorder of
+ * test/helpers/compromised-proxy.cjs, and an exec's input and path appear nowhere in what it held (while on the
+ * classic route they do: the recorder works). Hostile: kubectl's own Impersonate-User
+ * system:admin is not honoured (refused, nothing reaches the API server); a user whose roles allow no Kubernetes
+ * user or group is refused at the grant with the classic route's code; --e2e require against an agent that takes no
+ * end-to-end streams (e2e_pool: 0, as an earlier version) fails with GW_ERR_E2E_UNAVAILABLE, and auto takes the
+ * classic route there (the Proxy's kube route then logs the request), as --e2e off does everywhere; a request outside
+ * the grant's cluster is refused at the agent; both ends audit the sessions.
+ */
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import getPort from 'get-port';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
+import { startKubeApiServer, type KubeApiServer } from '../helpers/kubeapiserver.js';
+import { startSquid, type Squid } from '../helpers/squid.js';
+import { waitUntil } from '../helpers/wait.js';
+
+const KUBECTL = fileURLToPath(new URL('../../.cache/kubetools/kubectl', import.meta.url));
+const PROXY_NAME = 'proxy.gwe2e.test';
+const PASSWORD = 'correct horse battery';
+const NOKUBE = 'nora';
+/** The Proxy records every chunk its sockets hand its code (test/helpers/compromised-proxy.cjs, as e2e-streams.test.ts). */
+const PRELOAD = new URL('../helpers/compromised-proxy.cjs', import.meta.url).pathname;
+const SA = { user: 'system:serviceaccount:gw:agent', groups: ['system:serviceaccounts', 'system:serviceaccounts:gw'] };
+
+let dir: string;
+let squid: Squid;
+let api: KubeApiServer;
+let cluster: RunningGateway;
+let agent: RunningGateway;
+let oldAgent: RunningGateway;
+let webPort: number;
+let echo: net.Server;
+const children: ChildProcess[] = [];
+
+const home = (user: string) => join(dir, user);
+const recordDir = () => join(dir, 'record');
+/** Whether any byte sequence the Proxy held (plaintext of what it terminates, raw bytes of what it relays) has marker. */
+async function proxyHeld(marker: string, kind: 'tls' | 'raw' | 'any' = 'any'): Promise<boolean> {
+  for (const name of await readdir(recordDir())) {
+    if (kind !== 'any' && !name.endsWith(`-${kind}.bin`)) continue;
+    if ((await readFile(join(recordDir(), name))).includes(marker)) return true;
+  }
+  return false;
+}
+
+beforeAll(async () => {
+  if (!existsSync(KUBECTL)) throw new Error(`${KUBECTL} is missing: run scripts/install-kubetools.sh (scripts/install-test-deps.sh runs it)`);
+  dir = await mkdtemp(join(tmpdir(), 'gw-e2e-kube-e2e-'));
+  await chmod(dir, 0o755);
+  await writeFile(join(dir, 'hosts'), `127.0.0.1 ${PROXY_NAME}\n`, { mode: 0o644 });
+  squid = await startSquid({ extraConfig: [`hosts_file ${join(dir, 'hosts')}`] });
+  echo = net.createServer((s) => s.on('error', () => undefined).pipe(s));
+  await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
+  api = await startKubeApiServer({
+    pods: [{ name: 'web', ports: { 80: (echo.address() as net.AddressInfo).port } }],
+    tokens: { 'agent-sa-token': SA },
+    bindings: [
+      // The agent's service account may do anything, impersonate anyone included: a request that reached the API
+      // server with the client's impersonation (system:admin) would be served, so a refusal below is the gateway's.
+      { users: [SA.user], rules: [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'] }] },
+      { users: ['alice-k8s'], namespace: 'default', rules: [
+        { verbs: ['get', 'list'], apiGroups: [''], resources: ['pods'] },
+        { verbs: ['get', 'create'], apiGroups: [''], resources: ['pods/exec', 'pods/portforward'] },
+      ] },
+    ],
+  });
+  webPort = await getPort({ host: '127.0.0.1' });
+  await mkdir(recordDir());
+  cluster = await startGateway(
+    ['gateway:', '  nodename: proxy-1', '  data_dir: DATA_DIR', '  log: { format: json }', 'auth_service:', '  cluster_name: kube-e2e.example',
+      '  listen_addr: 127.0.0.1:0', 'proxy_service:', `  web_listen_addr: 127.0.0.1:${webPort}`, `  public_addr: ${PROXY_NAME}:${webPort}`, ''].join('\n'),
+    { env: { NODE_OPTIONS: `--require ${PRELOAD}`, GW_TEST_RECORD: recordDir() } },
+  );
+  const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
+  const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
+  await writeFile(join(dir, 'role.yaml'), ['kind: role', 'version: v7', 'metadata: {name: k8s-dev}', 'spec:', '  allow:', '    kubernetes_labels: {env: dev}',
+    "    kubernetes_users: ['{{internal.kubernetes_users}}']", "    kubernetes_groups: ['{{internal.kubernetes_groups}}']", ''].join('\n'));
+  expect((await admin(['create', join(dir, 'role.yaml')])).status).toBe(0);
+  expect((await admin(['users', 'add', 'alice', '--roles=k8s-dev', '--kubernetes-users=alice-k8s', '--kubernetes-groups=devs'], `${PASSWORD}\n`)).status).toBe(0);
+  expect((await admin(['users', 'add', NOKUBE, '--roles=k8s-dev'], `${PASSWORD}\n`)).status).toBe(0);
+  const caFile = join(dir, 'k8s-ca.pem');
+  await writeFile(caFile, api.caPem);
+  const kubeconfig = await api.kubeconfig({ token: 'agent-sa-token' }, 'agent');
+  const start = async (nodename: string, name: string, extra: string[]) => {
+    const token = (JSON.parse((await admin(['tokens', 'add', '--type=kube', '--format', 'json'])).stdout) as { token: string }).token;
+    const started = await startGateway(
+      ['gateway:', `  nodename: ${nodename}`, '  data_dir: DATA_DIR', '  log: { format: json }', ...extra, 'kube_service:', '  enabled: yes', '  clusters:',
+        `    - { name: ${name}, api_server: "${api.url}", ca_file: ${caFile}, credentials: kubeconfig, kubeconfig: ${kubeconfig}, labels: {env: dev} }`, ''].join('\n'),
+      { args: ['--token', token, '--ca-pin', pin, '--proxy', `127.0.0.1:${webPort}`], env: { HTTPS_PROXY: squid.url } },
+    );
+    await started.waitForLog('reverse tunnel ready', 20_000).catch((err: Error) => { throw new Error(`${err.message}\n${started.logs()}`); });
+    return started;
+  };
+  agent = await start('agent-kube', 'dev', []);
+  // An agent that offers no end-to-end streams: what the Proxy sees of an agent of an earlier version.
+  oldAgent = await start('agent-old', 'old', ['  e2e_pool: 0']);
+  for (const user of ['alice', NOKUBE]) {
+    const login = await runCli('gwsh', ['login', `--proxy=127.0.0.1:${webPort}`, `--user=${user}`, `--ca-pin=${pin}`], { env: { HOME: dir, GWSH_HOME: home(user) }, input: `${PASSWORD}\n` });
+    expect(login.status, login.stderr).toBe(0);
+  }
+}, 120_000);
+
+afterAll(async () => {
+  for (const c of children) c.kill('SIGKILL');
+  await oldAgent?.stop();
+  await agent?.stop();
+  await cluster?.stop();
+  await api?.close();
+  await squid?.stop();
+  await new Promise((r) => (echo ? echo.close(r) : r(undefined)));
+  if (dir) await rm(dir, { recursive: true, force: true });
+});
+
+/** `gwsh --debug proxy kube CLUSTER --kubeconfig FILE`, listening: its output so far and the kubeconfig it wrote. */
+async function proxyKube(user: string, kubeCluster: string, mode: string): Promise<{ kubeconfig: string; output: () => string; child: ChildProcess }> {
+  const kubeconfig = join(home(user), `kubeconfig-${kubeCluster}-${mode}.yaml`);
+  const child = spawn(process.execPath, [BIN('gwsh'), '--debug', 'proxy', 'kube', kubeCluster, '--port', '0', '--e2e', mode, '--kubeconfig', kubeconfig], {
+    env: { PATH: process.env.PATH ?? '', HOME: home(user), GWSH_HOME: home(user) },
+  });
+  children.push(child);
+  let output = '';
+  child.stdout!.on('data', (c: Buffer) => (output += c.toString()));
+  child.stderr!.on('data', (c: Buffer) => (output += c.toString()));
+  await waitUntil(`gwsh proxy kube to listen (${output})`, () => /now the current context/.test(output) || child.exitCode !== null, 20_000);
+  expect(child.exitCode, output).toBeNull();
+  return { kubeconfig, output: () => output, child };
+}
+
+function kubectl(kubeconfig: string, args: string[], opts: { env?: Record<string, string>; input?: string } = {}): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = execFile(KUBECTL, ['--kubeconfig', kubeconfig, '--request-timeout=20s', ...args], { env: { PATH: process.env.PATH ?? '', HOME: dir, ...opts.env }, timeout: 60_000 }, (err, stdout, stderr) =>
+      resolve({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+    );
+    child.stdin!.end(opts.input ?? '');
+  });
+}
+
+const last = (suffix: string) => api.seen.filter((s) => s.path.endsWith(suffix)).at(-1);
+/** The Proxy's kube route's request lines (it logs each request it reads: src/proxy/webapps.ts). */
+const kubeRouteLines = () => cluster.logs().split('\n').filter((l) => /"msg":"kubernetes (request|upgrade request)"/.test(l));
+const routedLines = () => cluster.logs().split('\n').filter((l) => l.includes('"msg":"end-to-end stream routed"') && l.includes('"resource":"dev"'));
+
+describe('gwsh proxy kube: kubectl end to end with the agent', () => {
+  let alice: Awaited<ReturnType<typeof proxyKube>>;
+
+  beforeAll(async () => {
+    alice = await proxyKube('alice', 'dev', 'auto');
+  }, 30_000);
+
+  it('get pods: the grant\'s impersonation reached the API server; the Proxy routed streams and read no request', async () => {
+    const before = kubeRouteLines().length;
+    const r = await kubectl(alice.kubeconfig, ['get', 'pods']);
+    expect(r.stderr).toBe('');
+    expect(r.stdout).toMatch(/^web\s+1\/1\s+Running/m);
+    expect(last('/pods')).toMatchObject({ method: 'GET', code: 200, user: { name: 'alice-k8s', groups: ['devs', 'system:authenticated'] }, impersonatedBy: { name: SA.user } });
+    expect(alice.output()).toMatch(/dev: end-to-end to agent [0-9a-f-]+/);
+    expect(alice.output()).not.toContain('classic route');
+    await waitUntil('the Proxy to log the routed streams', () => routedLines().length > 0);
+    expect(kubeRouteLines().length).toBe(before);
+  });
+
+  it('exec -i over WebSocket (and SPDY): stdin through, output back, the exit code carried; the Proxy held none of it', async () => {
+    const marker = `exec-secret-${randomBytes(12).toString('hex')}`;
+    const r = await kubectl(alice.kubeconfig, ['exec', '-i', 'web', '--', 'cat'], { input: `${marker}\n` });
+    expect(r).toEqual({ code: 0, stdout: `${marker}\n`, stderr: '' });
+    expect(await proxyHeld(marker)).toBe(false);
+    // Nor the request: its path (the pod and command) is inside the end-to-end TLS too.
+    expect(await proxyHeld('/pods/web/exec')).toBe(false);
+    expect(last('/pods/web/exec')).toMatchObject({ method: 'GET', code: 200, user: { name: 'alice-k8s' } });
+    const failing = await kubectl(alice.kubeconfig, ['exec', 'web', '--', 'sh', '-c', 'echo out; exit 3']);
+    expect(failing).toMatchObject({ code: 3, stdout: 'out\n' });
+    // And over SPDY/3.1 (kubectl's other transport: a POST upgrade), as the grant's user too.
+    const spdy = await kubectl(alice.kubeconfig, ['exec', '-i', 'web', '--', 'cat'], { input: 'over spdy\n', env: { KUBECTL_REMOTE_COMMAND_WEBSOCKETS: 'false' } });
+    expect(spdy).toEqual({ code: 0, stdout: 'over spdy\n', stderr: '' });
+    expect(last('/pods/web/exec')).toMatchObject({ method: 'POST', code: 200, user: { name: 'alice-k8s' } });
+  });
+
+  it("port-forward: bytes round-trip to the pod's port", async () => {
+    const port = await getPort({ host: '127.0.0.1' });
+    const child = spawn(KUBECTL, ['--kubeconfig', alice.kubeconfig, 'port-forward', '--address', '127.0.0.1', 'pod/web', `${port}:80`], { env: { PATH: process.env.PATH ?? '', HOME: dir } });
+    children.push(child);
+    let output = '';
+    child.stdout.on('data', (d: Buffer) => (output += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (output += d.toString()));
+    try {
+      await waitUntil(`kubectl port-forward listening (${output})`, () => output.includes('Forwarding from'), 30_000);
+      const bytes = Buffer.alloc(128 * 1024, 9);
+      const back = await new Promise<Buffer>((resolve, reject) => {
+        const chunks: Buffer[] = [];
+        const s = net.connect(port, '127.0.0.1', () => s.end(bytes));
+        s.on('data', (d: Buffer) => chunks.push(d));
+        s.on('end', () => resolve(Buffer.concat(chunks)));
+        s.on('error', reject);
+      });
+      expect(back.equals(bytes), output).toBe(true);
+      expect(last('/pods/web/portforward')).toMatchObject({ code: 200, user: { name: 'alice-k8s' } });
+    } finally {
+      child.kill();
+    }
+  });
+
+  it("hostile: kubectl's own Impersonate-User system:admin is not honoured: refused at the agent, nothing reaches the API server", async () => {
+    const before = api.seen.length;
+    const r = await kubectl(alice.kubeconfig, ['--as', 'system:admin', 'get', '--raw', '/k8s/dev/api/v1/namespaces/default/pods']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/Error from server \(Forbidden\): GW_ERR_KUBE_NO_IMPERSONATION: your roles do not allow acting as the Kubernetes user "system:admin"/);
+    const groups = await kubectl(alice.kubeconfig, ['--as', 'alice-k8s', '--as-group', 'system:masters', 'get', '--raw', '/k8s/dev/api/v1/namespaces/default/pods']);
+    expect(groups.stderr).toMatch(/GW_ERR_KUBE_NO_IMPERSONATION: your roles do not allow acting in the Kubernetes group\(s\) system:masters/);
+    expect(api.seen.length).toBe(before);
+    // A raw Impersonate-Uid / -Extra the client adds is dropped: the API server serves the grant's user.
+    const raw = await new Promise<string>((resolve, reject) => {
+      const port = Number(/127\.0\.0\.1:(\d+)/.exec(alice.output())![1]);
+      const s = net.connect(port, '127.0.0.1', () =>
+        s.write('GET /k8s/dev/api/v1/namespaces/default/pods HTTP/1.1\r\nHost: x\r\nImpersonate-Uid: 0\r\nImpersonate-Extra-Scopes: all\r\nConnection: close\r\n\r\n'),
+      );
+      let out = '';
+      s.on('data', (d: Buffer) => (out += d.toString()));
+      s.on('end', () => resolve(out));
+      s.on('error', reject);
+    });
+    expect(raw).toMatch(/^HTTP\/1\.1 200/);
+    expect(api.seen.at(-1)).toMatchObject({ code: 200, user: { name: 'alice-k8s' }, impersonatedBy: { name: SA.user } });
+    expect(api.seen.at(-1)!.user).not.toHaveProperty('uid');
+    expect(api.seen.at(-1)!.user).not.toHaveProperty('extra');
+  });
+
+  it("hostile: a request outside the grant's cluster (another cluster's prefix, none) is refused at the agent, nothing sent", async () => {
+    const before = api.seen.length;
+    const port = Number(/127\.0\.0\.1:(\d+)/.exec(alice.output())![1]);
+    for (const path of ['/k8s/old/api/v1/namespaces/default/pods', '/api/v1/namespaces/default/pods', '/k8s/%E0%A4%A/api']) {
+      const answer = await new Promise<string>((resolve, reject) => {
+        const s = net.connect(port, '127.0.0.1', () => s.write(`GET ${path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
+        let out = '';
+        s.on('data', (d: Buffer) => (out += d.toString()));
+        s.on('end', () => resolve(out));
+        s.on('error', reject);
+      });
+      expect(answer, path).toMatch(/^HTTP\/1\.1 404/);
+      expect(answer, path).toContain('GW_ERR_API_NOT_FOUND');
+    }
+    expect(api.seen.length).toBe(before);
+  });
+
+  it('both ends audit the kube sessions: the Proxy its route and bytes, the agent the grant it checked', async () => {
+    const kubeEvents = async () =>
+      (JSON.parse((await runCli('gwctl', ['--data-dir', cluster.dataDir, 'get', 'events', '-f', 'json'], { env: { HOME: dir } })).stdout) as Array<{ spec: Record<string, unknown> }>)
+        .map((e) => e.spec)
+        .filter((e) => e.e2e === true && e.resource === 'dev' && e.user === 'alice');
+    await waitUntil('an end-to-end kube session ended at both ends', async () => {
+      const ends = (await kubeEvents()).filter((e) => e.event === 'kube.session.end');
+      return ends.some((e) => typeof e.grant === 'string') && ends.some((e) => e.grant === undefined);
+    }, 30_000);
+    const starts = (await kubeEvents()).filter((e) => e.event === 'kube.session.start');
+    expect(starts.some((e) => typeof e.grant === 'string' && e.node === 'agent-kube')).toBe(true);
+    expect(starts.some((e) => e.grant === undefined && e.node === 'agent-kube')).toBe(true);
+  }, 60_000);
+});
+
+describe('gwsh proxy kube: refusals and the classic route', () => {
+  it('a user whose roles allow no Kubernetes user or group is refused at the grant, with the classic route\'s code', async () => {
+    const before = api.seen.length;
+    const nora = await proxyKube(NOKUBE, 'dev', 'auto');
+    const r = await kubectl(nora.kubeconfig, ['get', '--raw', '/k8s/dev/api/v1/namespaces/default/pods']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/Error from server \(Forbidden\): GW_ERR_KUBE_NO_IMPERSONATION: your roles allow no Kubernetes user or group/);
+    expect(nora.output()).toContain('code: GW_ERR_KUBE_NO_IMPERSONATION');
+    expect(api.seen.length).toBe(before);
+    nora.child.kill();
+  });
+
+  it('--e2e require against an agent that takes no end-to-end streams: GW_ERR_E2E_UNAVAILABLE, nothing sent', async () => {
+    const before = api.seen.length;
+    const required = await proxyKube('alice', 'old', 'require');
+    const r = await kubectl(required.kubeconfig, ['get', '--raw', '/k8s/old/api/v1/namespaces/default/pods']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('GW_ERR_E2E_UNAVAILABLE');
+    expect(required.output()).toMatch(/code: GW_ERR_E2E_UNAVAILABLE/);
+    expect(api.seen.length).toBe(before);
+    required.child.kill();
+  });
+
+  it('auto against that agent: the classic route (the Proxy reads the request and impersonates), said with --debug', async () => {
+    const before = kubeRouteLines().length;
+    const auto = await proxyKube('alice', 'old', 'auto');
+    const r = await kubectl(auto.kubeconfig, ['get', 'pods']);
+    expect(r.stderr).toBe('');
+    expect(r.stdout).toMatch(/^web\s+1\/1\s+Running/m);
+    // The recorder sees what the Proxy decrypts: on this route the exec's bytes (its absence above means something).
+    const marker = `classic-exec-${randomBytes(12).toString('hex')}`;
+    expect(await kubectl(auto.kubeconfig, ['exec', '-i', 'web', '--', 'cat'], { input: `${marker}\n` })).toMatchObject({ code: 0, stdout: `${marker}\n` });
+    expect(await proxyHeld(marker, 'tls')).toBe(true);
+    expect(last('/pods')).toMatchObject({ code: 200, user: { name: 'alice-k8s' }, impersonatedBy: { name: SA.user } });
+    expect(auto.output()).toMatch(/old: the classic route \(the Proxy sees the stream\): .*does not offer end-to-end streams/);
+    expect(kubeRouteLines().length).toBeGreaterThan(before);
+    auto.child.kill();
+  });
+
+  it('off: the classic route without asking for a grant, also where end to end was possible', async () => {
+    const before = kubeRouteLines().length;
+    const routed = routedLines().length;
+    const off = await proxyKube('alice', 'dev', 'off');
+    const r = await kubectl(off.kubeconfig, ['get', 'pods']);
+    expect(r.stderr).toBe('');
+    expect(r.stdout).toMatch(/^web\s+1\/1\s+Running/m);
+    expect(last('/pods')).toMatchObject({ code: 200, user: { name: 'alice-k8s' } });
+    expect(off.output()).toContain('(end-to-end: off)');
+    expect(kubeRouteLines().length).toBeGreaterThan(before);
+    expect(routedLines().length).toBe(routed);
+    off.child.kill();
+  });
+});
