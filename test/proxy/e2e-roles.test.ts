@@ -16,7 +16,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { readLine } from '../../src/stream/lines.js';
-import { DATA_ELSEWHERE, dataPreamble, E2E_ALPN, e2eLine, e2eServerName, GRANT_ALPN, verifyGrant, type GrantAnswer } from '../../src/tunnel/e2e.js';
+import { dataPreamble, E2E_ALPN, e2eLine, e2eServerName, GRANT_ALPN, verifyGrant, type GrantAnswer } from '../../src/tunnel/e2e.js';
 import { waitUntil } from '../helpers/wait.js';
 import { splitAddr, startPeerCluster, type PeerCluster } from './peering-harness.js';
 
@@ -78,12 +78,8 @@ describe('end-to-end streams in the Proxy role', () => {
     const data = net.connect(port, host);
     data.on('error', () => undefined);
     await once(data, 'connect');
-    const said: Buffer[] = [];
-    data.on('data', (c: Buffer) => said.push(c));
     data.write(dataPreamble(Buffer.alloc(32, 7), 1));
     await once(data, 'close');
-    // Its key is no tunnel's here: another Proxy's, as far as this one can tell (behind a balancer, the agent redials).
-    expect(Buffer.concat(said).toString('latin1')).toBe(DATA_ELSEWHERE);
     expect(c.b.tunnels.data.idleCount()).toBe(0);
   });
 });
