@@ -919,7 +919,7 @@ export const ERROR_CODES = {
   GW_ERR_E2E_DATA: {
     status: 400,
     summary: "An agent's data connection for end-to-end streams was refused by the Proxy: its preamble is malformed, over 128 bytes or late, names no tunnel of this Proxy, carries a wrong MAC or a number used before, or it sent bytes while idle.",
-    hint: "An agent dials its data connections after its v2 tunnel is welcomed, from that tunnel's keys: check that the agent is of this version and that nothing between it and the Proxy (a TLS-inspecting proxy) rewrites the connections; one that names no tunnel here is routine behind a load balancer (it reached another Proxy: the agent is told and dials again at once, logged at debug); the agent reconnects its tunnel on its own.",
+    hint: "An agent dials its data connections after its v2 tunnel is welcomed, from that tunnel's keys: check that the agent is of this version and that nothing between it and the Proxy (a TLS-inspecting proxy, a load balancer sending its connections to another Proxy) rewrites or reroutes the connections; the agent reconnects its tunnel on its own.",
   },
   GW_ERR_KUBE_CREDENTIALS: {
     status: 502,

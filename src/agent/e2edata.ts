@@ -13,11 +13,6 @@
  *   early     the client's first bytes may reach a connection before its e2e-open: they stay unread in the
  *             stream (at most its high-water mark, which holds a ClientHello); without an e2e-open within
  *             DATA_OPEN_WAIT_MS of them the connection is closed (and replaced)
- *   elsewhere behind a load balancer a data connection lands on any Proxy; one that reached another Proxy than
- *             the tunnel's is answered DATA_ELSEWHERE and closed: it is dialled again at once, not after the
- *             backoff, up to ELSEWHERE_FAST_MAX times in a row (a connection taken or idle its full time starts
- *             the count again); past that, after the backoff, as any failure (a path that forges the answer gets
- *             no loop out of the agent)
  *   stop      with the tunnel: every idle connection closed, no more dials. Nothing here ever touches the tunnel
  *             itself: a data connection's failure costs that connection only.
  */
@@ -26,19 +21,13 @@ import { Backoff, type BackoffDeps, type BackoffPolicy } from '../backoff.js';
 import type { Dialer } from '../dial/dialer.js';
 import { toGatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { DATA_ELSEWHERE, DATA_IDLE_MAX_MS, DATA_OPEN_WAIT_MS, dataPreamble } from '../tunnel/e2e.js';
+import { DATA_IDLE_MAX_MS, DATA_OPEN_WAIT_MS, dataPreamble } from '../tunnel/e2e.js';
 
 /**
  * The retry of a data connection that failed to dial, or was closed by the path while idle (docs/retries.md): the
  * first within 0.5-1 s, doubling, capped at 30 s, equal jitter; a connection that stayed idle 10 s resets it.
  */
 export const DATA_RETRY: BackoffPolicy = { firstMs: 1_000, maxMs: 30_000, jitter: 'equal', resetAfterMs: 10_000 };
-
-/**
- * Data connections answered DATA_ELSEWHERE that are dialled again at once, in a row. Behind a balancer over P
- * Proxies a dial lands on the tunnel's with probability 1/P: 32 misses in a row are unlikely below a dozen Proxies.
- */
-export const ELSEWHERE_FAST_MAX = 32;
 
 export interface DataPoolOptions {
   dialer: Pick<Dialer, 'dial'>;
@@ -68,8 +57,6 @@ export class DataPool {
   private readonly idle = new Map<number, Idle>();
   private dialling = false;
   private stopped = false;
-  /** Answers DATA_ELSEWHERE in a row (see the file comment). */
-  private elsewhere = 0;
   private readonly retry: Backoff;
 
   constructor(private readonly options: DataPoolOptions) {
@@ -97,7 +84,6 @@ export class DataPool {
     if (!entry) return undefined;
     this.forget(n, entry);
     this.retry.up();
-    this.elsewhere = 0;
     this.fill();
     return entry.socket;
   }
@@ -154,7 +140,6 @@ export class DataPool {
       if (!entry || entry.early) return;
       // 'readable' with nothing buffered is the end of the stream: read() lets 'end' out (onGone).
       if (socket.readableLength === 0) return void socket.read();
-      if (this.landedElsewhere(n, entry, socket)) return;
       // The client's bytes came before their e2e-open: kept unread, for DATA_OPEN_WAIT_MS at most.
       entry.early = setTimeout(() => {
         if (this.idle.get(n) !== entry) return;
@@ -171,7 +156,6 @@ export class DataPool {
       this.forget(n, entry);
       socket.destroy();
       this.retry.up(); // it lived its full idle time: not a failure
-      this.elsewhere = 0;
       this.fill();
     }, this.options.idleMaxMs ?? DATA_IDLE_MAX_MS);
     timer.unref();
@@ -188,26 +172,6 @@ export class DataPool {
       socket.on('error', () => undefined);
     };
     this.idle.set(n, { socket, timer, release });
-  }
-
-  /**
-   * Whether the Proxy answered DATA_ELSEWHERE (the first bytes a Proxy sends; a client's are TLS, 0x16): then the
-   * connection is replaced at once, within ELSEWHERE_FAST_MAX in a row.
-   */
-  private landedElsewhere(n: number, entry: Idle, socket: Duplex): boolean {
-    const head = socket.read(Math.min(socket.readableLength, DATA_ELSEWHERE.length)) as Buffer | null;
-    if (!head) return false;
-    // Anything else is put back untouched (a client's early bytes). An answer split across reads is taken for such
-    // bytes too: the close that follows it is then replaced after the backoff, as any other.
-    if (head.toString('latin1') !== DATA_ELSEWHERE) {
-      socket.unshift(head);
-      return false;
-    }
-    this.forget(n, entry);
-    socket.destroy();
-    if (++this.elsewhere <= ELSEWHERE_FAST_MAX) this.fill();
-    else this.retryLater();
-    return true;
   }
 
   private forget(n: number, entry: Idle): void {

@@ -11,9 +11,7 @@
  *              MAC (checkDataPreamble), n not used before on that tunnel (a window of DATA_N_WINDOW numbers below
  *              the highest seen; anything older is refused too), and room in the tunnel's pool (at most
  *              min(capability pool, DATA_POOL_MAX) idle). Any refusal closes the connection, is counted, and is
- *              logged (GW_ERR_E2E_DATA) at most once per DATA_LOG_GAP_MS per reason. A key of no tunnel here is
- *              answered DATA_ELSEWHERE first: behind a load balancer an agent's data connection lands on any Proxy,
- *              and the agent redials at once on that answer.
+ *              logged (GW_ERR_E2E_DATA) at most once per DATA_LOG_GAP_MS per reason.
  *   idle       nothing is read from an idle data connection for the stream: it is watched only for bytes or an
  *              end; bytes while idle close it (the agent sends nothing before it is assigned), an end drops it.
  *   take       the relay (e2erelay.ts) takes the oldest idle data connection of an agent's current tunnel, waiting
@@ -28,7 +26,6 @@ import {
   checkDataPreamble,
   dataKeyId,
   dataKeyOf,
-  DATA_ELSEWHERE,
   DATA_POOL_MAX,
   DATA_PREAMBLE_MAX_BYTES,
   DATA_PREAMBLE_TIMEOUT_MS,
@@ -83,9 +80,6 @@ interface Entry extends DataTunnel {
 export interface DataConnectionsOptions {
   preambleTimeoutMs?: number;
 }
-
-/** How long a data connection answered DATA_ELSEWHERE may take to read it before it is dropped. */
-const DATA_ELSEWHERE_LINGER_MS = 2_000;
 
 export class DataConnections {
   private readonly byKid = new Map<string, Entry>();
@@ -193,12 +187,7 @@ export class DataConnections {
 
   private admit(stream: Duplex, info: ConnInfo, kid: string, n: number, mac: string): void {
     const entry = this.byKid.get(kid);
-    if (!entry || entry.gone) {
-      // Behind a load balancer, the normal fate of most of an agent's data connections: said, so that it redials.
-      stream.end(DATA_ELSEWHERE);
-      setTimeout(() => stream.destroy(), DATA_ELSEWHERE_LINGER_MS).unref();
-      return this.refuse(stream, info, 'unknown-tunnel', `no tunnel of this Proxy has the data key ${kid} (the connection landed on another Proxy than its tunnel's)`);
-    }
+    if (!entry || entry.gone) return this.refuse(stream, info, 'unknown-tunnel', `no tunnel of this Proxy has the data key ${kid}`);
     if (!checkDataPreamble(entry.key, { kid, n, mac, length: 0 })) return this.refuse(stream, info, 'bad-mac', `the data preamble's MAC is not the tunnel's (agent ${entry.hostId})`);
     if (entry.used.has(n) || n <= entry.highest - DATA_N_WINDOW) return this.refuse(stream, info, 'reused', `data connection ${n} of agent ${entry.hostId} was used before`);
     this.remember(entry, n);
@@ -259,12 +248,11 @@ export class DataConnections {
 
   private refuse(stream: Duplex, info: ConnInfo, reason: DataRefusal, why: string): void {
     recordDataRefused(reason);
-    if (reason !== 'unknown-tunnel') stream.destroy();
+    stream.destroy();
     const now = Date.now();
     if ((this.lastLogged.get(reason) ?? -Infinity) > now - DATA_LOG_GAP_MS) return;
     this.lastLogged.set(reason, now);
-    // Another Proxy's connection (behind a load balancer) is routine: debug; the rest may be an attack or a bug.
-    this.log[reason === 'unknown-tunnel' ? 'debug' : 'warn']({ code: 'GW_ERR_E2E_DATA', reason, client: clientOf(info), why }, 'data connection refused (logged once per 10 s per reason)');
+    this.log.warn({ code: 'GW_ERR_E2E_DATA', reason, client: clientOf(info), why }, 'data connection refused (logged once per 10 s per reason)');
   }
 
   close(): void {

@@ -298,14 +298,6 @@ export interface DataPreamble {
 
 export type DataPreambleParse = { kind: 'need-more' } | { kind: 'bad'; why: string } | ({ kind: 'ok' } & DataPreamble);
 
-/**
- * The Proxy's one answer on a data connection: its key names no tunnel of this Proxy, so it landed on another Proxy
- * than its tunnel's (a load balancer spreads the agent's connections over all of them). The agent dials again at
- * once, a bounded number of times (src/agent/e2edata.ts), instead of taking the close for a broken path. It is not
- * a secret and proves nothing: a path that forges it makes the agent dial a few more times, then back off.
- */
-export const DATA_ELSEWHERE = 'GWDATA1 elsewhere\n';
-
 /** Parses a data connection's first bytes (pure, bounded: at most DATA_PREAMBLE_MAX_BYTES are looked at). */
 export function parseDataPreamble(buf: Buffer): DataPreambleParse {
   const head = buf.subarray(0, DATA_PREAMBLE_MAX_BYTES);

@@ -38,7 +38,6 @@ import tls, { type TLSSocket } from 'node:tls';
 import getPort from 'get-port';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { loadHostIdentity, saveHostIdentity, type HostIdentity } from '../../src/agent/identity.js';
-import { ELSEWHERE_FAST_MAX } from '../../src/agent/e2edata.js';
 import { E2EStreams, LOCKED_USER_HOLD_MS } from '../../src/agent/e2estream.js';
 import { TunnelAgent, type TunnelAgentOptions } from '../../src/agent/tunnel.js';
 import { generateAuthority, generateKeyPair, identityFromCert, issueTlsCert, sshPrivateKeyPem } from '../../src/auth/pki.js';
@@ -59,7 +58,6 @@ import {
   dataKeyOf,
   E2E_ALPN,
   e2eServerName,
-  DATA_ELSEWHERE,
   GRANT_TTL_MS,
   parseDataPreamble,
   signGrant,
@@ -114,9 +112,6 @@ const arrivals = new EventEmitter();
 let refusedData = 0;
 /** Set by a test: the Proxy cuts every data connection of this kid as soon as it arrives (a path that drops them). */
 let cutKid: string | undefined;
-/** How many more data connections (of any kid) the front answers DATA_ELSEWHERE, as another Proxy would. */
-let elsewhereLeft = 0;
-let elsewhereSent = 0;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-agent-'));
@@ -216,12 +211,6 @@ function takeData(client: net.Socket, first: Buffer): void {
       return true;
     }
     if (buf.length > p.length) client.unshift(buf.subarray(p.length));
-    if (elsewhereLeft > 0) {
-      elsewhereLeft--;
-      elsewhereSent++;
-      client.end(DATA_ELSEWHERE);
-      return true;
-    }
     if (p.kid === cutKid) {
       client.destroy();
       arrivals.emit('cut', p.n);
@@ -739,40 +728,6 @@ describe('a path that drops every data connection', () => {
     expect(Math.max(...delays)).toBeGreaterThanOrEqual(100);
     expect(agent.getState()).toBe('connected');
     await poolReady(identity.hostId, 2); // the path is good again: the pool is whole
-  });
-});
-
-describe('a data connection that landed on another Proxy (behind a load balancer)', () => {
-  const recorded = (delays: number[]) => ({ setTimer: (fn: () => void, ms: number) => (delays.push(ms), setTimeout(fn, ms)), clearTimer: (h: unknown) => clearTimeout(h as NodeJS.Timeout) });
-
-  it('is replaced at once on the answer DATA_ELSEWHERE, not after the backoff', async () => {
-    const delays: number[] = [];
-    elsewhereLeft = 5;
-    elsewhereSent = 0;
-    try {
-      const { identity } = await startAgent({ e2e: { pool: 2, data: { backoff: { firstMs: 60_000, maxMs: 60_000 }, backoffDeps: recorded(delays) } } });
-      await poolReady(identity.hostId, 2);
-    } finally {
-      elsewhereLeft = 0;
-    }
-    expect(elsewhereSent).toBe(5);
-    expect(delays).toEqual([]);
-  });
-
-  it('a path that answers it to every connection gets ELSEWHERE_FAST_MAX quick redials, then the backoff', async () => {
-    const delays: number[] = [];
-    elsewhereLeft = Number.POSITIVE_INFINITY;
-    elsewhereSent = 0;
-    try {
-      await startAgent({ e2e: { pool: 2, data: { backoff: { firstMs: 60_000, maxMs: 60_000 }, backoffDeps: recorded(delays) } } });
-      await waitUntil('the pool backs off', () => delays.length >= 1, 15_000);
-      // One dial at a time, but a kept connection lets the next dial start before its answer: at most the pool's
-      // size of answers beyond the quick ones, then nothing until the backoff (60 s here).
-      expect(elsewhereSent).toBeGreaterThan(ELSEWHERE_FAST_MAX);
-      expect(elsewhereSent).toBeLessThanOrEqual(ELSEWHERE_FAST_MAX + 2);
-    } finally {
-      elsewhereLeft = 0;
-    }
   });
 });
 

@@ -49,7 +49,6 @@ import { Lifecycle } from '../../src/roles/lifecycle.js';
 import { readLine } from '../../src/stream/lines.js';
 import { LineSplitter } from '../../src/stream/splitter.js';
 import {
-  DATA_ELSEWHERE,
   dataKeyId,
   dataKeyOf,
   dataPreamble,
@@ -687,11 +686,7 @@ describe('data connections (gateway-data)', () => {
     const unknown = await agent.dial(8, dataPreamble(otherKey, 8));
     const oversized = await agent.dial(9, Buffer.from(`GWDATA1 ${'a'.repeat(200)}`));
     const trickle = await agent.dial(10, Buffer.from('GWDATA1 '));
-    const unknownSaid: Buffer[] = [];
-    unknown.on('data', (c: Buffer) => unknownSaid.push(c));
     await Promise.all([closed(badMac), closed(unknown), closed(oversized), closed(trickle)]);
-    // A key of no tunnel here: told so (behind a balancer the agent dials again at once), then closed.
-    expect(Buffer.concat(unknownSaid).toString('latin1')).toBe(DATA_ELSEWHERE);
     expect(tunnels.data.idleOf(agent.identity.hostId)).toBe(0);
     await agent.dial(3);
     await waitUntil('data connection 3 is idle', () => tunnels.data.idleOf(agent.identity.hostId) === 1);
