@@ -56,6 +56,7 @@ import {
   E2E_ALPN,
   e2eServerName,
   GRANT_TTL_MS,
+  dataAnswer,
   parseDataPreamble,
   signGrant,
   spkiHash,
@@ -201,19 +202,23 @@ function takeData(client: net.Socket, first: Buffer): void {
   const attempt = (): boolean => {
     const p = parseDataPreamble(buf);
     if (p.kind === 'need-more') return false;
-    const key = p.kind === 'ok' ? tunnelSockets.filter((s) => !s.destroyed).map((s) => dataKeyOf(s)).find((k) => dataKeyId(k) === p.kid) : undefined;
+    // The first pair that names a live tunnel here, as the Proxy takes it (src/proxy/e2edata.ts).
+    const keys = tunnelSockets.filter((s) => !s.destroyed).map((s) => dataKeyOf(s));
+    const key = p.kind === 'ok' ? p.pairs.map((pair) => keys.find((k) => dataKeyId(k) === pair.kid)).find((k) => k !== undefined) : undefined;
     if (p.kind !== 'ok' || !key || !checkDataPreamble(key, p)) {
       refusedData++;
       client.destroy();
       return true;
     }
+    const kid = dataKeyId(key);
     if (buf.length > p.length) client.unshift(buf.subarray(p.length));
-    if (p.kid === cutKid) {
+    if (kid === cutKid) {
       client.destroy();
       arrivals.emit('cut', p.n);
       return true;
     }
-    const conn: DataConn = { kid: p.kid, n: p.n, socket: client, used: false };
+    client.write(dataAnswer({ ok: true, proxy: PROXY_ID }));
+    const conn: DataConn = { kid, n: p.n, socket: client, used: false };
     dataConns.push(conn);
     arrivals.emit('data', conn);
     return true;
