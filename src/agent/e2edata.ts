@@ -14,8 +14,8 @@
  *             the address has fewer than `size` connections waiting at its Proxy. One that lands where `size`
  *             already wait is a SPARE (so is one at a Proxy no tunnel here reaches): kept, and usable there. The
  *             spares are at most the largest `size`: at that bound, while a Proxy is still short, the oldest
- *             spare is closed after the backoff (DATA_RETRY, as a failure) and the next dial may land where one is
- *             missing. So at most (tunnels + 1) × size connections per address, and no dial loop whatever the
+ *             spare is closed after a backoff (DATA_RETRY's, its own: reset whenever a dial lands where one was
+ *             missing) and the next dial may land where one is missing. So at most (tunnels + 1) × size connections per address, and no dial loop whatever the
  *             balancer does: one that always picks the same Proxy is dialled at the backoff's pace (at most once
  *             per 30 s once it is at its cap) until a connection is used.
  *   retry     a refusal (`GWDATA1 no <reason>`), a bad or missing answer, a failed dial, or an idle connection the
@@ -147,6 +147,8 @@ export class AddressPool {
   private recycling = false;
   private stopped = false;
   private readonly retry: Backoff;
+  /** The pace of closing spares to redial (recycleLater); reset when a dial lands where one was missing. */
+  private readonly recycle: Backoff;
   /** Dials started (tests: no loop). */
   dials = 0;
 
@@ -156,6 +158,7 @@ export class AddressPool {
     private readonly onStopped: () => void,
   ) {
     this.retry = new Backoff({ ...DATA_RETRY, ...options.backoff }, { unref: true, ...options.backoffDeps });
+    this.recycle = new Backoff({ ...DATA_RETRY, ...options.backoff }, { unref: true, ...options.backoffDeps });
   }
 
   add(tunnel: Attached): void {
@@ -199,6 +202,11 @@ export class AddressPool {
     return spares;
   }
 
+  private shortAt(proxyId: string): boolean {
+    const count = this.waiting.get(proxyId) ?? 0;
+    return this.tunnels.some((t) => t.proxyId === proxyId && count < t.size);
+  }
+
   private get needy(): boolean {
     const waiting = this.waiting;
     return this.tunnels.some((t) => (waiting.get(t.proxyId) ?? 0) < t.size);
@@ -231,6 +239,7 @@ export class AddressPool {
     if (this.stopped) return;
     this.stopped = true;
     this.retry.stop();
+    this.recycle.stop();
     for (const [n, entry] of [...this.idle]) {
       this.forget(n, entry);
       entry.socket.destroy();
@@ -270,6 +279,8 @@ export class AddressPool {
       this.settle(n, socket, undefined);
       return this.retryLater();
     }
+    // Progress: it landed where one was missing, so a spare closed to make room is redialled at the first pace.
+    if (this.shortAt(answer.proxy)) this.recycle.reset();
     this.settle(n, socket, this.keep(n, socket, answer.proxy));
     this.fill();
   }
@@ -317,14 +328,15 @@ export class AddressPool {
   }
 
   /**
-   * Spares at their bound while a Proxy is short: after the backoff (as a failure: a balancer that keeps sending
-   * them to the same Proxy is dialled ever more slowly, never in a loop), the oldest spare is closed and the next
-   * dial may land where one is missing. One at a time.
+   * Spares at their bound while a Proxy is short: after a backoff of its own (DATA_RETRY, reset each time a dial
+   * lands where one was missing: a balancer that keeps sending them to the same Proxy is dialled ever more slowly,
+   * never in a loop; one that spreads them fills the Proxies at the first pace), the oldest spare is closed and the
+   * next dial may land where one is missing. One at a time.
    */
   private recycleLater(): void {
     if (this.recycling || this.stopped) return;
     this.recycling = true;
-    this.retry.schedule(() => {
+    this.recycle.schedule(() => {
       this.recycling = false;
       const spare = this.oldestSpare();
       if (spare) {
@@ -347,7 +359,6 @@ export class AddressPool {
   /** After a failure: the next dial after the backoff (one pending retry at a time). */
   private retryLater(): void {
     if (this.stopped) return;
-    this.recycling = false; // the one pending retry replaces a pending recycle; its fill() recycles again if need be
     this.retry.schedule(() => this.fill());
   }
 

@@ -28,7 +28,8 @@
  *    end), so the agent knows where the connection waits: only that Proxy may assign it. Then the connection
  *    carries nothing until the Proxy assigns it, and after that the Proxy relays bytes both ways untouched: the
  *    TLS records between client and agent.
- * 4. The agent takes the E2EOpenMessage, checks the grant (signature by the Proxy at the other end of the tunnel,
+ * 4. The agent takes the E2EOpenMessage (data connection n only if the Proxy's answer on n named the Proxy of the
+ *    tunnel the message came on), checks the grant (signature by the Proxy at the other end of the tunnel,
  *    its own host ID, a resource it serves, not expired, not used before), terminates the client's TLS with its
  *    host certificate, requires a user certificate of this cluster whose identity is the grant's user, whose
  *    public key is the grant's key and whose roles include the grant's roles, and checks its locks. Then it

@@ -148,6 +148,24 @@ describe('data connections through one address to several Proxies', () => {
     expect(proxies[1]!.conns.size + proxies[2]!.conns.size).toBe(0);
   });
 
+  it('closing spares slows down while dials keep landing at the same Proxy, and starts again at the first pace once one lands where one was missing', async () => {
+    const delays: Array<{ ms: number; dials: number }> = [];
+    const proxies = ['p-a', 'p-b', 'p-c'].map(fakeProxy);
+    const b = balancer(proxies, (i) => (i < 7 || i === 8 ? 0 : i % 2 ? 1 : 2));
+    const backoffDeps = { setTimer: (fn: () => void, ms: number) => (delays.push({ ms, dials: b.dials.length }), setTimeout(fn, ms)), clearTimer: (h: unknown) => clearTimeout(h as NodeJS.Timeout) };
+    const pools = new DataPools();
+    for (const p of proxies) attach(pools, b, p, { backoffDeps, backoff: { firstMs: 20, maxMs: 2_000 } });
+    await waitUntil('every Proxy holds 2', () => proxies.every((p) => p.conns.size >= 2), 20_000);
+    // Dials 1-4 at once, then one spare closed before each of dials 5-8, each wait longer (equal jitter: at least
+    // half of 20, 40, 80, 160 ms); dial 8 lands at p-b, where one was missing, so dial 9 follows at once (a spare
+    // fewer) and lands at p-a again: the wait before dial 10 is at the first pace.
+    const before = delays.filter((d) => d.dials <= 7);
+    expect(before.map((d) => d.dials)).toEqual([4, 5, 6, 7]);
+    expect(before[3]!.ms).toBeGreaterThanOrEqual(80);
+    expect(delays.find((d) => d.dials === 8)).toBeUndefined();
+    expect(delays.find((d) => d.dials === 9)!.ms).toBeLessThanOrEqual(20);
+  });
+
   it('a refusal backs off before the next dial; the pool fills once the Proxy takes them again', async () => {
     const delays: number[] = [];
     const backoffDeps = { setTimer: (fn: () => void, ms: number) => (delays.push(ms), setTimeout(fn, ms)), clearTimer: (h: unknown) => clearTimeout(h as NodeJS.Timeout) };
