@@ -218,6 +218,8 @@ export class AddressPool {
 
   take(proxyId: string, n: number): Duplex | undefined | Promise<Duplex | undefined> {
     const waiters = this.pending.get(n);
+    // At most one claim per tunnel can be honest: more e2e-opens for one pending connection are refused, not kept.
+    if (waiters && waiters.length >= DATA_TUNNELS_MAX) return undefined;
     if (waiters) return new Promise((resolve) => waiters.push((idle) => resolve(idle ? this.takeIdle(proxyId, n) : undefined)));
     return this.takeIdle(proxyId, n);
   }

@@ -10,7 +10,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { DataPools, type DataTunnelHandle, type DataTunnelSpec } from '../../src/agent/e2edata.js';
 import { logger } from '../../src/log.js';
 import { duplexPair } from '../../src/stream/pair.js';
-import { checkDataPreamble, dataAnswer, parseDataPreamble } from '../../src/tunnel/e2e.js';
+import { checkDataPreamble, dataAnswer, DATA_TUNNELS_MAX, parseDataPreamble } from '../../src/tunnel/e2e.js';
 import { waitUntil } from '../helpers/wait.js';
 
 interface FakeProxy {
@@ -20,6 +20,8 @@ interface FakeProxy {
   conns: Map<number, Duplex>;
   /** Answer `no` with this reason instead of admitting. */
   refuse?: string;
+  /** Answer this instead (a hostile or broken Proxy), or nothing at all. */
+  lie?: Buffer | 'silent';
   /** Hold the answer until this resolves (an e2e-open that overtakes it). */
   hold?: Promise<void>;
   /** Numbers it saw (each one's pairs checked). */
@@ -41,6 +43,8 @@ function serve(proxy: FakeProxy, side: Duplex): void {
     if (p.kind !== 'ok' || !checkDataPreamble(proxy.key, p)) return void side.end(dataAnswer({ ok: false, reason: 'unknown-tunnel' }));
     proxy.seen.push(p.n);
     const answer = () => {
+      if (proxy.lie === 'silent') return;
+      if (proxy.lie) return void side.write(proxy.lie);
       if (proxy.refuse) return void side.end(dataAnswer({ ok: false, reason: proxy.refuse }));
       side.write(dataAnswer({ ok: true, proxy: proxy.id }));
       proxy.conns.set(p.n, side);
@@ -182,6 +186,23 @@ describe('data connections through one address to several Proxies', () => {
     await waitUntil('the pool is whole', () => proxy.conns.size === 2);
   });
 
+  it('a Proxy that answers nothing, garbage or an endless line: each connection closed at its bound or deadline, then the backoff; none kept', async () => {
+    for (const lie of ['silent', Buffer.from('HTTP/1.1 200 OK\r\n\r\n'), Buffer.alloc(64 * 1024, 0x41), Buffer.from('GWDATA1 ok two words\n')] as const) {
+      const delays: number[] = [];
+      const backoffDeps = { setTimer: (fn: () => void, ms: number) => (delays.push(ms), setTimeout(fn, ms)), clearTimer: (h: unknown) => clearTimeout(h as NodeJS.Timeout) };
+      const proxy = fakeProxy('p-a');
+      proxy.lie = lie;
+      const b = balancer([proxy], () => 0);
+      const pools = new DataPools();
+      const h = attach(pools, b, proxy, { backoffDeps, answerTimeoutMs: 100 });
+      await waitUntil('three dials', () => b.dials.length >= 3);
+      expect(delays.length, String(lie)).toBeGreaterThanOrEqual(b.dials.length - 1);
+      expect(h.numbers).toEqual([]);
+      expect(pools.poolOf('lb.example:443')!.waiting.size).toBe(0);
+      h.detach();
+    }
+  });
+
   it('an e2e-open from another Proxy’s tunnel cannot take a connection that waits elsewhere; its own Proxy’s can', async () => {
     const proxies = ['p-a', 'p-b'].map(fakeProxy);
     const b = balancer(proxies, (i) => i);
@@ -210,9 +231,13 @@ describe('data connections through one address to several Proxies', () => {
     const fromB = hb.take(n);
     const fromA = ha.take(n);
     expect(fromA).toBeInstanceOf(Promise);
+    // A flood of claims on the pending connection is bounded (one per tunnel at most can be honest).
+    const flood = Array.from({ length: 100 }, () => hb.take(n));
+    expect(flood.filter((f) => f === undefined).length).toBeGreaterThanOrEqual(100 - DATA_TUNNELS_MAX);
     release();
     expect(await fromB).toBeUndefined();
     expect(await fromA).toBeDefined();
+    expect((await Promise.all(flood)).every((f) => f === undefined)).toBe(true);
   });
 
   it('tunnels to Proxies at distinct addresses: one pool each, each preamble with the one pair of its tunnel', async () => {
