@@ -300,7 +300,7 @@ export class AddressPool {
   private awaitAnswer(socket: Duplex, done: (answer: DataAnswer | undefined, why?: string) => void): void {
     let buf = Buffer.alloc(0);
     let over = false;
-    const finish = (answer: DataAnswer | undefined, why?: string) => {
+    const finish = (answer: DataAnswer | undefined, why?: string, rest?: Buffer) => {
       if (over) return;
       over = true;
       clearTimeout(timer);
@@ -308,6 +308,8 @@ export class AddressPool {
       socket.off('close', onClose);
       socket.off('end', onClose);
       socket.pause();
+      // Only once nothing listens for 'data' any more: unshifted bytes are not this reader's to see again.
+      if (rest && rest.length > 0) socket.unshift(rest);
       done(answer, why);
     };
     const onData = (chunk: Buffer) => {
@@ -315,9 +317,8 @@ export class AddressPool {
       const parsed = parseDataAnswer(buf.subarray(0, DATA_ANSWER_MAX_BYTES));
       if (parsed.kind === 'need-more') return;
       if (parsed.kind === 'bad') return finish(undefined, parsed.why);
-      // The client's first bytes may follow at once (the Proxy assigned it to a waiting stream).
-      if (buf.length > parsed.length) socket.unshift(buf.subarray(parsed.length));
-      finish(parsed.answer);
+      // The client's first bytes may follow at once (the Proxy assigned it to a waiting stream): left unread.
+      finish(parsed.answer, undefined, buf.subarray(parsed.length));
     };
     const onClose = () => finish(undefined, 'the connection closed before the Proxy answered');
     const timeoutMs = this.options.answerTimeoutMs ?? DATA_ANSWER_TIMEOUT_MS;

@@ -5,6 +5,7 @@
  * test/e2e/ha.test.ts.
  */
 import { randomBytes } from 'node:crypto';
+import { once } from 'node:events';
 import type { Duplex } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DataPools, type DataTunnelHandle, type DataTunnelSpec } from '../../src/agent/e2edata.js';
@@ -20,6 +21,8 @@ interface FakeProxy {
   conns: Map<number, Duplex>;
   /** Answer `no` with this reason instead of admitting. */
   refuse?: string;
+  /** Bytes written with the answer, in the same chunk (a client's ClientHello right behind it). */
+  after?: Buffer;
   /** Answer this instead (a hostile or broken Proxy), or nothing at all. */
   lie?: Buffer | 'silent';
   /** Hold the answer until this resolves (an e2e-open that overtakes it). */
@@ -46,7 +49,7 @@ function serve(proxy: FakeProxy, side: Duplex): void {
       if (proxy.lie === 'silent') return;
       if (proxy.lie) return void side.write(proxy.lie);
       if (proxy.refuse) return void side.end(dataAnswer({ ok: false, reason: proxy.refuse }));
-      side.write(dataAnswer({ ok: true, proxy: proxy.id }));
+      side.write(Buffer.concat([dataAnswer({ ok: true, proxy: proxy.id }), proxy.after ?? Buffer.alloc(0)]));
       proxy.conns.set(p.n, side);
       side.once('close', () => proxy.conns.delete(p.n));
     };
@@ -201,6 +204,20 @@ describe('data connections through one address to several Proxies', () => {
       expect(pools.poolOf('lb.example:443')!.waiting.size).toBe(0);
       h.detach();
     }
+  });
+
+  it("bytes right behind the answer, in its chunk, are the stream's: left unread for the e2e-open's taker", async () => {
+    const proxy = fakeProxy('p-a');
+    proxy.after = Buffer.from('\x16\x03\x01 a ClientHello');
+    const b = balancer([proxy], () => 0);
+    const pools = new DataPools();
+    const h = attach(pools, b, proxy, { size: 1 });
+    await waitUntil('one waits', () => h.numbers.length === 1);
+    const socket = h.take(h.numbers[0]!) as Duplex;
+    const got = once(socket, 'data');
+    socket.resume();
+    const [first] = (await got) as [Buffer];
+    expect(first.toString('latin1')).toBe('\x16\x03\x01 a ClientHello');
   });
 
   it('an e2e-open from another Proxy’s tunnel cannot take a connection that waits elsewhere; its own Proxy’s can', async () => {
