@@ -918,8 +918,8 @@ export const ERROR_CODES = {
   },
   GW_ERR_E2E_DATA: {
     status: 400,
-    summary: "An agent's data connection for end-to-end streams was refused by the Proxy: its preamble is malformed, over 128 bytes or late, names no tunnel of this Proxy, carries a wrong MAC or a number used before, or it sent bytes while idle.",
-    hint: "An agent dials its data connections after its v2 tunnel is welcomed, from that tunnel's keys: check that the agent is of this version and that nothing between it and the Proxy (a TLS-inspecting proxy, a load balancer sending its connections to another Proxy) rewrites or reroutes the connections; the agent reconnects its tunnel on its own.",
+    summary: "An agent's data connection for end-to-end streams was refused by the Proxy: its preamble is malformed, over its cap or late, names no tunnel of this Proxy, carries a wrong MAC or a number used before, or it sent bytes while idle, or the tunnel already has twice its pool idle here. The agent is answered GWDATA1 no <reason> and retries after its backoff.",
+    hint: "An agent dials its data connections after its v2 tunnels are welcomed, with one proof per tunnel it holds through that address: check that the agent is of this version, that it holds a tunnel to this Proxy through the same address (behind a load balancer: agent_mesh, and the balancer in front of every Proxy), and that nothing between it and the Proxy (a TLS-inspecting proxy) rewrites the connections; the agent reconnects its tunnels on its own.",
   },
   GW_ERR_KUBE_CREDENTIALS: {
     status: 502,

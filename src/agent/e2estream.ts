@@ -70,7 +70,8 @@ export interface E2ETunnel {
   proxyId: string;
   /** That certificate (the grant's signer). */
   proxyCert: X509Certificate;
-  take(n: number): Duplex | undefined;
+  /** Data connection n if it waits at this tunnel's Proxy; a promise while the Proxy's answer to it is awaited. */
+  take(n: number): Duplex | undefined | Promise<Duplex | undefined>;
   /** Registers a stream with the tunnel (its drain waits for it; the tunnel's close closes it). */
   track(stream: Duplex): void;
   /** The tunnel's serving of a stream (src/agent/tunnel.ts serveDial). */
@@ -139,8 +140,17 @@ export class E2EStreams {
   onOpen(m: E2EOpenMessage, tunnel: E2ETunnel): void {
     const bad = badE2EOpen(m as unknown as Record<string, unknown>);
     if (bad) return void this.options.log.warn({ why: bad }, 'ignoring a malformed e2e-open');
-    const socket = tunnel.take(m.conn);
-    if (!socket) return void this.options.log.warn({ conn: m.conn, proxyId: tunnel.proxyId }, 'an e2e-open names a data connection this agent does not hold idle; ignored');
+    const taken = tunnel.take(m.conn);
+    if (taken instanceof Promise) void taken.then((socket) => this.opened(m, tunnel, socket));
+    else this.opened(m, tunnel, taken);
+  }
+
+  /**
+   * The data connection the e2e-open names, once the pool has it (the e2e-open may overtake the Proxy's answer on
+   * the data connection: src/agent/e2edata.ts take).
+   */
+  private opened(m: E2EOpenMessage, tunnel: E2ETunnel, socket: Duplex | undefined): void {
+    if (!socket) return void this.options.log.warn({ conn: m.conn, proxyId: tunnel.proxyId }, 'an e2e-open names a data connection this agent does not hold idle at that Proxy; ignored');
     tunnel.track(socket);
     let grant: E2EGrant | undefined;
     let refusal: string | undefined;

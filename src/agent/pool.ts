@@ -52,6 +52,7 @@ import { climbReason, Ladder, type LadderOptions, type Rung, type RungName } fro
 import type { RenewedCerts } from './renewal.js';
 import type { AgentHealth } from '../wire/autoupdate.js';
 import { TunnelAgent, type TunnelAgentOptions, type TunnelState } from './tunnel.js';
+import { DataPools } from './e2edata.js';
 
 /** The most tunnels one agent keeps, whatever a discovery lists: more Proxies than this want proxy_peering. */
 export const MAX_POOL_LINKS = 32;
@@ -157,12 +158,15 @@ export class AgentPool extends EventEmitter {
   private readonly draining = new Set<TunnelAgent>();
   /** hold(): tunnels are not dialled again (a hand-over in progress). */
   private held = false;
+  /** The data connections for end-to-end streams, per dialled address, of all the tunnels (options.e2e). */
+  private readonly dataPools: DataPools;
 
   constructor(private readonly options: AgentPoolOptions) {
     super();
     this.ladder = new Ladder(options.ladderOptions);
     this.maxLinks = Math.max(1, Math.min(options.maxLinks ?? MAX_POOL_LINKS, MAX_POOL_LINKS));
     this.gate = new DialGate(options.dialsPerSecond ?? 4, options.dialBurst ?? 4);
+    this.dataPools = options.e2e?.pools ?? new DataPools();
   }
 
   start(): void {
@@ -276,7 +280,10 @@ export class AgentPool extends EventEmitter {
   }
 
   private tunnelOptions(): TunnelAgentOptions {
-    return { ...this.options, ladder: this.ladder, gate: () => this.gate.wait() };
+    const e2e = this.options.e2e;
+    // One DataPools for every tunnel: behind a load balancer they dialled one address, whose data connections land
+    // on any of their Proxies (src/agent/e2edata.ts).
+    return { ...this.options, ladder: this.ladder, gate: () => this.gate.wait(), ...(e2e ? { e2e: { ...e2e, pools: this.dataPools } } : {}) };
   }
 
   /** The Proxies the other tunnels hold (what `slot`'s hello says), for a tunnel or the probe that stands for it. */

@@ -78,7 +78,7 @@ import { resolveSettings } from '../upgrade/settings.js';
 import type { HopSpan } from '../trace.js';
 import { VERSION } from '../version.js';
 import { gateDatabase } from './dbgate.js';
-import { DataPool, type DataPoolOptions } from './e2edata.js';
+import { DataPools, type DataPoolOptions, type DataTunnelHandle } from './e2edata.js';
 import { E2EStreams, type E2ETunnel } from './e2estream.js';
 import { DATA_POOL_MAX, dataKeyOf } from '../tunnel/e2e.js';
 import { startAgentDial } from './dialhop.js';
@@ -170,9 +170,11 @@ export interface TunnelAgentOptions {
   /**
    * End-to-end streams (src/agent/e2edata.ts, e2estream.ts): `pool` idle data connections per v2 tunnel on the alpn
    * rung (0 or absent: off, and the hello says nothing of it); `streams`, the agent's one E2EStreams that its pool's
-   * tunnels share (default: one of this tunnel's own); `data`, the pool's deadlines and backoff (tests shorten them).
+   * tunnels share (default: one of this tunnel's own); `pools`, the agent's one DataPools, which dials per address
+   * for every tunnel through it (default: one of this tunnel's own); `data`, the pools' deadlines and backoff
+   * (tests shorten them).
    */
-  e2e?: { pool: number; streams?: E2EStreams; data?: Pick<DataPoolOptions, 'idleMaxMs' | 'openWaitMs' | 'backoff' | 'backoffDeps'>; handshakeTimeoutMs?: number };
+  e2e?: { pool: number; streams?: E2EStreams; pools?: DataPools; data?: DataPoolOptions; handshakeTimeoutMs?: number };
 }
 
 /**
@@ -293,6 +295,7 @@ export class TunnelAgent extends EventEmitter {
         log: this.log,
         ...(options.e2e?.handshakeTimeoutMs ? { handshakeTimeoutMs: options.e2e.handshakeTimeoutMs } : {}),
       });
+    this.dataPools = options.e2e?.pools ?? new DataPools();
   }
 
   /**
@@ -728,23 +731,26 @@ export class TunnelAgent extends EventEmitter {
   private readonly renewals = new PendingRenewals();
   /** End-to-end streams: the checks, used grants and locks (shared by a pool's tunnels when options.e2e.streams). */
   private readonly e2eStreams: E2EStreams;
-  /** The data connections of the tunnel up, when it takes end-to-end streams. */
-  private dataPool: DataPool | undefined;
+  /** The data connections of the tunnel up, when it takes end-to-end streams (its share of its address's pool). */
+  private dataPool: DataTunnelHandle | undefined;
+  /** options.e2e.pools, or this tunnel's own. */
+  private readonly dataPools: DataPools;
 
   /** The data connections each tunnel keeps: options.e2e.pool, within what a Proxy keeps (DATA_POOL_MAX). */
   private get e2ePool(): number {
     return Math.max(0, Math.min(this.options.e2e?.pool ?? 0, DATA_POOL_MAX));
   }
 
-  /** The numbers of the idle data connections of the tunnel up (none: no end-to-end streams on it). */
+  /** The numbers of the idle data connections waiting at the Proxy of the tunnel up (none: no end-to-end streams on it). */
   get dataConnections(): number[] {
     return this.dataPool?.numbers ?? [];
   }
 
   /**
-   * After a welcome on a tunnel that offered end-to-end streams (side.e2e): its data connections, keyed by the
-   * tunnel's TLS session (dataKeyOf), stopped when its control stream closes; and what an e2e-open on it uses. A
-   * failure here costs end-to-end streams only, never the tunnel.
+   * After a welcome on a tunnel that offered end-to-end streams (side.e2e): the tunnel joins the data connections'
+   * pool of the address it dialled (its key from its TLS session, dataKeyOf; its Proxy's host ID), leaves it when
+   * its control stream closes; and what an e2e-open on it uses. A failure here costs end-to-end streams only, never
+   * the tunnel.
    */
   private startDataPool(side: ControlSide): void {
     const e2e = side.e2e;
@@ -758,7 +764,7 @@ export class TunnelAgent extends EventEmitter {
       this.log.warn({ err: (err as Error).message }, 'cannot derive the data connections\' key; no end-to-end streams on this tunnel');
       return;
     }
-    const pool = new DataPool({ dialer: this.options.dialer, addr: e2e.addr, key, size: this.e2ePool, log: this.log, ...this.options.e2e!.data });
+    const pool = this.dataPools.attach({ dialer: this.options.dialer, addr: e2e.addr, proxyId, key, size: this.e2ePool, log: this.log, ...this.options.e2e!.data });
     this.dataPool = pool;
     side.e2eTunnel = {
       proxyId,
@@ -772,10 +778,9 @@ export class TunnelAgent extends EventEmitter {
     const unregister = this.e2eStreams.registerProxy(proxyId, cert);
     side.control.once('close', () => {
       unregister();
-      pool.stop();
+      pool.detach();
       if (this.dataPool === pool) this.dataPool = undefined;
     });
-    pool.start();
   }
 
   /** A stream of this tunnel (a forwarded one, or an end-to-end one): its close, and the drain that waits for it. */
@@ -983,7 +988,7 @@ export class TunnelAgent extends EventEmitter {
    */
   private tunnelClosed(reason: string, current: boolean): void {
     this.heartbeat?.stop();
-    if (current) this.dataPool?.stop();
+    if (current) this.dataPool?.detach();
     for (const ch of this.channels) ch.destroy();
     this.channels.clear();
     if (current) {
@@ -1111,7 +1116,7 @@ export class TunnelAgent extends EventEmitter {
     this.stopped = true;
     this.retry.stop();
     this.heartbeat?.stop();
-    this.dataPool?.stop();
+    this.dataPool?.detach();
     this.client?.end();
     this.session?.end();
     this.heldProxy = undefined;

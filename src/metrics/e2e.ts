@@ -34,7 +34,7 @@ const bytes = counter({
 export type DataRefusal = 'bad-preamble' | 'timeout' | 'unknown-tunnel' | 'bad-mac' | 'reused' | 'pool-full' | 'bytes-while-idle';
 const dataRefused = counter({
   name: 'gateway_e2e_data_refused_total',
-  help: "Agents' data connections this Proxy closed, by reason (GW_ERR_E2E_DATA): bad-preamble, timeout (no preamble within its deadline), unknown-tunnel, bad-mac, reused (a number used before on the tunnel), pool-full (more idle than the tunnel's pool), bytes-while-idle.",
+  help: "Agents' data connections this Proxy closed, by reason (GW_ERR_E2E_DATA): bad-preamble, timeout (no preamble within its deadline), unknown-tunnel (no pair of the preamble names a tunnel here: an agent holds no tunnel to this Proxy through the address it dialled), bad-mac, reused (a number used before on the tunnel), pool-full (twice the tunnel's pool idle here already: its pool and a balancer's spares), bytes-while-idle.",
   area: AREA,
   labels: { reason: ['bad-preamble', 'timeout', 'unknown-tunnel', 'bad-mac', 'reused', 'pool-full', 'bytes-while-idle'] },
 });

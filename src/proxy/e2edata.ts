@@ -7,11 +7,17 @@
  *              (kid) and by its agent's host ID (the newest tunnel of an agent wins); when it closes, it leaves
  *              both and its idle data connections are closed.
  *   handle     the route gateway-data (sniffed `GWDATA1 `, not TLS): the preamble line is read incrementally,
- *              at most DATA_PREAMBLE_MAX_BYTES and within DATA_PREAMBLE_TIMEOUT_MS; then the tunnel by kid, the
- *              MAC (checkDataPreamble), n not used before on that tunnel (a window of DATA_N_WINDOW numbers below
- *              the highest seen; anything older is refused too), and room in the tunnel's pool (at most
- *              min(capability pool, DATA_POOL_MAX) idle). Any refusal closes the connection, is counted, and is
- *              logged (GW_ERR_E2E_DATA) at most once per DATA_LOG_GAP_MS per reason.
+ *              at most DATA_PREAMBLE_MAX_BYTES and within DATA_PREAMBLE_TIMEOUT_MS; then the first of its pairs
+ *              whose kid is a tunnel of this Proxy (behind a load balancer the agent cannot know which Proxy it
+ *              reaches, so it sends one pair per tunnel), that pair's MAC (checkDataPreamble), n not used before on
+ *              that tunnel (n is the agent's one counter, so per tunnel increasing but sparse: a window of
+ *              DATA_N_WINDOW numbers below the highest seen, anything older refused too), and room in the
+ *              tunnel's pool (at most min(2 × capability pool, DATA_POOL_MAX) idle: the agent's pool and the
+ *              spares a balancer sends). Admitted, it is answered `GWDATA1 ok <this Proxy's host ID>` before
+ *              anything else is written on it (the agent then knows where it waits); refused, `GWDATA1 no
+ *              <reason>` (when a preamble came) and the end. A refusal is counted and logged (GW_ERR_E2E_DATA) at
+ *              most once per DATA_LOG_GAP_MS per reason. The answer goes to the agent only: a client's stream is
+ *              spliced onto the connection after it.
  *   idle       nothing is read from an idle data connection for the stream: it is watched only for bytes or an
  *              end; bytes while idle close it (the agent sends nothing before it is assigned), an end drops it.
  *   take       the relay (e2erelay.ts) takes the oldest idle data connection of an agent's current tunnel, waiting
@@ -29,13 +35,17 @@ import {
   DATA_POOL_MAX,
   DATA_PREAMBLE_MAX_BYTES,
   DATA_PREAMBLE_TIMEOUT_MS,
+  dataAnswer,
   parseDataPreamble,
+  type DataPreamble,
   type E2ECapability,
   type E2EOpenMessage,
 } from '../tunnel/e2e.js';
 
 /** How far below the highest number seen on a tunnel a data connection's number is still remembered. */
 export const DATA_N_WINDOW = 4096;
+/** A refused data connection's answer line gets this long to reach the agent before the connection is cut. */
+export const DATA_REFUSE_FLUSH_MS = 1_000;
 /** A refusal reason is logged at most once per this long (a flood costs a counter, not a log line each). */
 export const DATA_LOG_GAP_MS = 10_000;
 
@@ -78,6 +88,8 @@ interface Entry extends DataTunnel {
 }
 
 export interface DataConnectionsOptions {
+  /** This Proxy's host ID: the answer to an admitted data connection names it. */
+  proxyId: string;
   preambleTimeoutMs?: number;
 }
 
@@ -89,7 +101,10 @@ export class DataConnections {
   private readonly preambleTimeoutMs: number;
   private readonly unwatch: () => void;
 
-  constructor(options: DataConnectionsOptions = {}) {
+  private readonly proxyId: string;
+
+  constructor(options: DataConnectionsOptions) {
+    this.proxyId = options.proxyId;
     this.preambleTimeoutMs = options.preambleTimeoutMs ?? DATA_PREAMBLE_TIMEOUT_MS;
     this.unwatch = watchIdleData(() => this.idleCount());
   }
@@ -102,7 +117,7 @@ export class DataConnections {
       nodename: spec.nodename,
       kid: dataKeyId(key),
       key,
-      pool: Math.min(spec.capability.pool, DATA_POOL_MAX),
+      pool: Math.min(2 * spec.capability.pool, DATA_POOL_MAX),
       send: spec.send,
       idle: [],
       used: new Set(),
@@ -163,7 +178,7 @@ export class DataConnections {
     };
     const timer = setTimeout(() => {
       done();
-      this.refuse(stream, info, 'timeout', `no data preamble within ${this.preambleTimeoutMs} ms`);
+      this.refuse(stream, info, 'timeout', `no data preamble within ${this.preambleTimeoutMs} ms`, false);
     }, this.preambleTimeoutMs);
     const onClose = () => done();
     const onData = (chunk: Buffer) => {
@@ -173,31 +188,34 @@ export class DataConnections {
       if (parsed.kind === 'need-more') return;
       done();
       stream.pause();
-      if (parsed.kind === 'bad') return this.refuse(stream, info, 'bad-preamble', parsed.why);
+      if (parsed.kind === 'bad') return this.refuse(stream, info, 'bad-preamble', parsed.why, true);
       // Bytes behind the preamble: the agent sent before it was assigned.
       if (buf.length > parsed.length) {
-        return this.refuse(stream, info, 'bytes-while-idle', 'the data connection sent bytes behind its preamble before it was assigned');
+        return this.refuse(stream, info, 'bytes-while-idle', 'the data connection sent bytes behind its preamble before it was assigned', true);
       }
-      this.admit(stream, info, parsed.kid, parsed.n, parsed.mac);
+      this.admit(stream, info, parsed);
     };
     stream.on('data', onData);
     stream.once('close', onClose);
     stream.on('error', () => stream.destroy());
   };
 
-  private admit(stream: Duplex, info: ConnInfo, kid: string, n: number, mac: string): void {
-    const entry = this.byKid.get(kid);
-    if (!entry || entry.gone) return this.refuse(stream, info, 'unknown-tunnel', `no tunnel of this Proxy has the data key ${kid}`);
-    if (!checkDataPreamble(entry.key, { kid, n, mac, length: 0 })) return this.refuse(stream, info, 'bad-mac', `the data preamble's MAC is not the tunnel's (agent ${entry.hostId})`);
-    if (entry.used.has(n) || n <= entry.highest - DATA_N_WINDOW) return this.refuse(stream, info, 'reused', `data connection ${n} of agent ${entry.hostId} was used before`);
-    this.remember(entry, n);
+  /** The first pair that names a tunnel of this Proxy decides; the others are other Proxies' (not checked here). */
+  private admit(stream: Duplex, info: ConnInfo, p: DataPreamble): void {
+    const n = p.n;
+    const entry = p.pairs.map((pair) => this.byKid.get(pair.kid)).find((e) => e !== undefined && !e.gone);
+    if (!entry) return this.refuse(stream, info, 'unknown-tunnel', `no tunnel of this Proxy has any of the data keys ${p.pairs.map((pair) => pair.kid).join(', ')}`, true);
+    if (!checkDataPreamble(entry.key, p)) return this.refuse(stream, info, 'bad-mac', `the data preamble's MAC is not the tunnel's (agent ${entry.hostId})`, true);
+    if (entry.used.has(n) || n <= entry.highest - DATA_N_WINDOW) return this.refuse(stream, info, 'reused', `data connection ${n} of agent ${entry.hostId} was used before`, true);
     const waiter = entry.waiters.shift();
+    if (!waiter && entry.idle.length >= entry.pool) {
+      return this.refuse(stream, info, 'pool-full', `agent ${entry.hostId} already has ${entry.pool} idle data connections here`, true);
+    }
+    this.remember(entry, n);
+    // The answer is the first byte the agent reads; a client's stream is spliced on after it.
+    stream.write(dataAnswer({ ok: true, proxy: this.proxyId }));
     const idle = this.watch(entry, n, stream, info);
     if (waiter) return waiter(idle);
-    if (entry.idle.length >= entry.pool) {
-      idle.unwatch();
-      return this.refuse(stream, info, 'pool-full', `agent ${entry.hostId} already has ${entry.pool} idle data connections here`);
-    }
     entry.idle.push(idle);
   }
 
@@ -217,7 +235,7 @@ export class DataConnections {
     const onReadable = () => {
       unwatch();
       drop();
-      if (stream.readableLength > 0) return this.refuse(stream, info, 'bytes-while-idle', `data connection ${n} of agent ${entry.hostId} sent bytes while idle`);
+      if (stream.readableLength > 0) return this.refuse(stream, info, 'bytes-while-idle', `data connection ${n} of agent ${entry.hostId} sent bytes while idle`, false);
       stream.destroy();
     };
     const onClose = () => {
@@ -246,9 +264,16 @@ export class DataConnections {
     for (const w of entry.waiters.splice(0)) w(undefined);
   }
 
-  private refuse(stream: Duplex, info: ConnInfo, reason: DataRefusal, why: string): void {
+  /** `answer`: the agent sent a preamble and waits for the answer line (then the end; cut after DATA_REFUSE_FLUSH_MS). */
+  private refuse(stream: Duplex, info: ConnInfo, reason: DataRefusal, why: string, answer: boolean): void {
     recordDataRefused(reason);
-    stream.destroy();
+    if (answer && !stream.destroyed) {
+      const cut = setTimeout(() => stream.destroy(), DATA_REFUSE_FLUSH_MS);
+      cut.unref();
+      stream.once('close', () => clearTimeout(cut));
+      stream.end(dataAnswer({ ok: false, reason }));
+      stream.resume(); // whatever else it sends is discarded until the end
+    } else stream.destroy();
     const now = Date.now();
     if ((this.lastLogged.get(reason) ?? -Infinity) > now - DATA_LOG_GAP_MS) return;
     this.lastLogged.set(reason, now);

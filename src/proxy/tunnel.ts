@@ -202,7 +202,7 @@ export class TunnelServer extends EventEmitter {
   constructor(private readonly options: TunnelServerOptions) {
     super();
     this.proxyId = options.proxyId ?? randomUUID();
-    this.data = options.data ?? new DataConnections();
+    this.data = options.data ?? new DataConnections({ proxyId: this.proxyId });
     this.endpoint = new SshEndpoint({
       hostKeys: [options.hostKey],
       ident: 'gateway-tunnel',

@@ -21,19 +21,26 @@
  *    signature; not expired; not routed by it before) and splices the bytes onto a data connection of the agent,
  *    after telling the agent on the tunnel's control stream (E2EOpenMessage) which data connection carries which
  *    grant. The token is no secret: it opens nothing without the user's key, and the agent takes it once.
- * 3. Data connections. An agent with a v2 tunnel keeps `pool` idle data connections to the same Proxy, dialled
- *    like the tunnel (through HTTPS_PROXY). Each begins with one line, `GWDATA1 <kid> <n> <mac>\n`, then carries
- *    nothing until the Proxy assigns it; kid and mac come from the tunnel's TLS keying material (RFC 5705
- *    exporter), so only the agent at the other end of that tunnel can make one, and n is never used twice.
- *    After the line the Proxy relays bytes both ways untouched: the TLS records between client and agent.
- * 4. The agent takes the E2EOpenMessage, checks the grant (signature by grant.iss, checked with the certificate of
- *    the agent's own tunnel to that Proxy, which need not be the tunnel the message came on; its own host ID, a resource it serves, not expired, not used before), terminates the client's TLS with its
- *    host certificate, requires a user certificate of this cluster whose identity is the grant's user, whose
+ * 3. Data connections. An agent with v2 tunnels keeps `pool` idle data connections per tunnel, dialled like the
+ *    tunnel (through HTTPS_PROXY) to the address the tunnel dialled. Each begins with one line, `GWDATA1 <n>
+ *    <kid>:<mac>...\n`: n is the agent process's counter (never used twice), and there is one pair per v2 tunnel
+ *    the agent holds through that address (behind a load balancer, one per Proxy there; at most
+ *    DATA_TUNNELS_MAX); kid and mac come from that tunnel's TLS keying material (RFC 5705 exporter), so only the
+ *    agent at the other end of a tunnel can make its pair. The Proxy the connection lands on takes the pair of one
+ *    of its own tunnels and answers one line, `GWDATA1 ok <its host ID>\n` (or `GWDATA1 no <reason>\n` and the
+ *    end), so the agent knows where the connection waits: only that Proxy may assign it. Then the connection
+ *    carries nothing until the Proxy assigns it, and after that the Proxy relays bytes both ways untouched: the
+ *    TLS records between client and agent.
+ * 4. The agent takes the E2EOpenMessage (data connection n only if the Proxy's answer on n named the Proxy of the
+ *    tunnel the message came on), checks the grant (signature by grant.iss, checked with the certificate of the
+ *    agent's own tunnel to that Proxy, which need not be the tunnel the message came on; its own host ID, a
+ *    resource it serves, not expired, not used before), terminates the client's TLS with its host certificate, requires a user certificate of this cluster whose identity is the grant's user, whose
  *    public key is the grant's key and whose roles include the grant's roles, and checks its locks. Then it
  *    writes one DialAnswer line inside the TLS ({"ok":true} or the error) and relays the resource.
  *
  * Caps: a grant token at most GRANT_TOKEN_MAX_BYTES; a grant request or answer line at most GRANT_LINE_MAX_BYTES;
- * a stream line at most E2E_LINE_MAX_BYTES; a data preamble at most DATA_PREAMBLE_MAX_BYTES.
+ * a stream line at most E2E_LINE_MAX_BYTES; a data preamble at most DATA_PREAMBLE_MAX_BYTES (DATA_TUNNELS_MAX
+ * pairs); the Proxy's answer at most DATA_ANSWER_MAX_BYTES.
  */
 import { createHash, createHmac, createPublicKey, sign, timingSafeEqual, verify, X509Certificate, type KeyObject } from 'node:crypto';
 import type { TLSSocket } from 'node:tls';
@@ -57,10 +64,21 @@ export const GRANT_SESSION_INFLIGHT_MAX = 16;
 /** A grant session with no request for this long is closed by the Proxy. */
 export const GRANT_SESSION_IDLE_MS = 5 * 60_000;
 
-export const DATA_PREAMBLE_MAX_BYTES = 128;
+/**
+ * A data preamble carries one pair per v2 tunnel the agent holds through the address it dials (behind a load
+ * balancer, one per Proxy there): at most this many, and the preamble at most its fixed part and that many pairs.
+ */
+export const DATA_TUNNELS_MAX = 16;
+export const DATA_PREAMBLE_MAX_BYTES = 8 + 16 + DATA_TUNNELS_MAX * (1 + 16 + 1 + 64) + 1;
+/** The Proxy's answer line to a preamble, at most this long; the agent waits for it this long. */
+export const DATA_ANSWER_MAX_BYTES = 256;
+export const DATA_ANSWER_TIMEOUT_MS = 10_000;
 /** A data connection must send its preamble within this long of its first byte's sniff. */
 export const DATA_PREAMBLE_TIMEOUT_MS = 10_000;
-/** The agent's default count of idle data connections per tunnel, and the most a Proxy keeps for one tunnel. */
+/**
+ * The agent's default count of idle data connections per tunnel, and the most a Proxy keeps for one tunnel (it
+ * keeps min(2 × the agent's pool, DATA_POOL_MAX): the agent's pool and the spares a balancer sent it).
+ */
 export const DATA_POOL_DEFAULT = 2;
 export const DATA_POOL_MAX = 8;
 /**
@@ -283,37 +301,94 @@ function dataMac(key: Buffer, n: number): string {
   return createHmac('sha256', key).update(`gateway-e2e-data ${n}`).digest('hex');
 }
 
-/** The preamble of data connection `n` (n ≥ 1, never reused on a tunnel). */
-export function dataPreamble(key: Buffer, n: number): Buffer {
-  return Buffer.from(`${DATA_MAGIC}${dataKeyId(key)} ${n} ${dataMac(key, n)}\n`, 'latin1');
+/** One tunnel's proof in a data preamble: its key's id and the MAC of the connection's number with its key. */
+export interface DataPair {
+  kid: string;
+  mac: string;
+}
+
+/**
+ * The preamble of data connection `n` (n ≥ 1, one counter per agent process, never reused): one `<kid>:<mac>` pair
+ * per key, i.e. per v2 tunnel the agent holds through the address it dials (1 to DATA_TUNNELS_MAX), so that
+ * whichever of those Proxies a load balancer sends it to finds its own tunnel's pair.
+ */
+export function dataPreamble(keys: readonly Buffer[], n: number): Buffer {
+  if (keys.length < 1 || keys.length > DATA_TUNNELS_MAX) throw new RangeError(`a data preamble carries 1 to ${DATA_TUNNELS_MAX} keys, not ${keys.length}`);
+  const pairs = keys.map((k) => `${dataKeyId(k)}:${dataMac(k, n)}`).join(' ');
+  return Buffer.from(`${DATA_MAGIC}${n} ${pairs}\n`, 'latin1');
 }
 
 export interface DataPreamble {
-  kid: string;
   n: number;
-  mac: string;
+  pairs: DataPair[];
   /** Bytes the preamble took (the rest of the buffer is the stream's). */
   length: number;
 }
 
 export type DataPreambleParse = { kind: 'need-more' } | { kind: 'bad'; why: string } | ({ kind: 'ok' } & DataPreamble);
 
-/** Parses a data connection's first bytes (pure, bounded: at most DATA_PREAMBLE_MAX_BYTES are looked at). */
+const DATA_PAIR = /^([0-9a-f]{16}):([0-9a-f]{64})$/;
+
+/**
+ * Parses a data connection's first bytes, `GWDATA1 <n> <kid>:<mac>[ <kid>:<mac>]...\n` (pure, bounded: at most
+ * DATA_PREAMBLE_MAX_BYTES are looked at, at most DATA_TUNNELS_MAX pairs taken).
+ */
 export function parseDataPreamble(buf: Buffer): DataPreambleParse {
   const head = buf.subarray(0, DATA_PREAMBLE_MAX_BYTES);
   const nl = head.indexOf(0x0a);
-  if (nl < 0) return head.length >= DATA_PREAMBLE_MAX_BYTES ? { kind: 'bad', why: 'the data preamble is longer than 128 bytes' } : { kind: 'need-more' };
-  const m = /^GWDATA1 ([0-9a-f]{16}) ([1-9][0-9]{0,15}) ([0-9a-f]{64})$/.exec(head.subarray(0, nl).toString('latin1'));
-  if (!m) return { kind: 'bad', why: 'the data preamble is not "GWDATA1 <kid> <n> <mac>"' };
-  const n = Number(m[2]);
+  if (nl < 0) return head.length >= DATA_PREAMBLE_MAX_BYTES ? { kind: 'bad', why: `the data preamble is longer than ${DATA_PREAMBLE_MAX_BYTES} bytes` } : { kind: 'need-more' };
+  const line = head.subarray(0, nl).toString('latin1');
+  const fields = line.startsWith(DATA_MAGIC) ? line.slice(DATA_MAGIC.length).split(' ') : [];
+  if (fields.length < 2 || !/^[1-9][0-9]{0,15}$/.test(fields[0]!)) return { kind: 'bad', why: 'the data preamble is not "GWDATA1 <n> <kid>:<mac>..."' };
+  if (fields.length - 1 > DATA_TUNNELS_MAX) return { kind: 'bad', why: `the data preamble carries more than ${DATA_TUNNELS_MAX} tunnels' pairs` };
+  const n = Number(fields[0]);
   if (!Number.isSafeInteger(n)) return { kind: 'bad', why: "the data preamble's number is too large" };
-  return { kind: 'ok', kid: m[1]!, n, mac: m[3]!, length: nl + 1 };
+  const pairs: DataPair[] = [];
+  for (const f of fields.slice(1)) {
+    const m = DATA_PAIR.exec(f);
+    if (!m) return { kind: 'bad', why: 'a pair of the data preamble is not "<16 hex>:<64 hex>"' };
+    pairs.push({ kid: m[1]!, mac: m[2]! });
+  }
+  return { kind: 'ok', n, pairs, length: nl + 1 };
 }
 
-/** Whether a parsed preamble was made with `key`. */
+/** The pair of a parsed preamble that `key` would make (its kid), if the preamble carries one. */
+export function dataPairOf(key: Buffer, p: DataPreamble): DataPair | undefined {
+  const kid = dataKeyId(key);
+  return p.pairs.find((pair) => pair.kid === kid);
+}
+
+/** Whether a parsed preamble carries a pair made with `key` for its number (its kid, and a MAC that matches). */
 export function checkDataPreamble(key: Buffer, p: DataPreamble): boolean {
-  if (p.kid !== dataKeyId(key)) return false;
-  return timingSafeEqual(Buffer.from(dataMac(key, p.n), 'latin1'), Buffer.from(p.mac, 'latin1'));
+  const pair = dataPairOf(key, p);
+  if (!pair) return false;
+  return timingSafeEqual(Buffer.from(dataMac(key, p.n), 'latin1'), Buffer.from(pair.mac, 'latin1'));
+}
+
+/** The Proxy's answer to a data preamble: `ok` with its host ID (the connection waits there), or `no` and why. */
+export type DataAnswer = { ok: true; proxy: string } | { ok: false; reason: string };
+
+const DATA_ANSWER_PROXY = /^[\x21-\x7e]{1,200}$/;
+const DATA_ANSWER_REASON = /^[a-z][a-z-]{0,63}$/;
+
+/** `GWDATA1 ok <host ID>\n` or `GWDATA1 no <reason>\n` (the reason one of the Proxy's refusal names). */
+export function dataAnswer(a: DataAnswer): Buffer {
+  if (a.ok && !DATA_ANSWER_PROXY.test(a.proxy)) throw new RangeError('a host ID in a data answer is printable ASCII without spaces, at most 200 characters');
+  if (!a.ok && !DATA_ANSWER_REASON.test(a.reason)) throw new RangeError('a data answer\'s reason is a lowercase word');
+  return Buffer.from(a.ok ? `${DATA_MAGIC}ok ${a.proxy}\n` : `${DATA_MAGIC}no ${a.reason}\n`, 'latin1');
+}
+
+export type DataAnswerParse = { kind: 'need-more' } | { kind: 'bad'; why: string } | ({ kind: 'answer'; length: number } & { answer: DataAnswer });
+
+/** Parses the Proxy's answer line (pure, bounded: at most DATA_ANSWER_MAX_BYTES are looked at). */
+export function parseDataAnswer(buf: Buffer): DataAnswerParse {
+  const head = buf.subarray(0, DATA_ANSWER_MAX_BYTES);
+  const nl = head.indexOf(0x0a);
+  if (nl < 0) return head.length >= DATA_ANSWER_MAX_BYTES ? { kind: 'bad', why: `the data answer is longer than ${DATA_ANSWER_MAX_BYTES} bytes` } : { kind: 'need-more' };
+  const m = /^GWDATA1 (ok|no) (\S+)$/.exec(head.subarray(0, nl).toString('latin1'));
+  if (m?.[1] === 'ok' && DATA_ANSWER_PROXY.test(m[2]!)) return { kind: 'answer', length: nl + 1, answer: { ok: true, proxy: m[2]! } };
+  if (m?.[1] === 'no' && DATA_ANSWER_REASON.test(m[2]!)) return { kind: 'answer', length: nl + 1, answer: { ok: false, reason: m[2]! } };
+  return { kind: 'bad', why: 'the data answer is not "GWDATA1 ok <host ID>" or "GWDATA1 no <reason>"' };
 }
 
 /** Why a control message is not an E2EOpenMessage, or undefined. */

@@ -59,6 +59,7 @@ import {
   E2E_ALPN,
   e2eServerName,
   GRANT_TTL_MS,
+  dataAnswer,
   parseDataPreamble,
   signGrant,
   spkiHash,
@@ -112,6 +113,8 @@ const arrivals = new EventEmitter();
 let refusedData = 0;
 /** Set by a test: the Proxy cuts every data connection of this kid as soon as it arrives (a path that drops them). */
 let cutKid: string | undefined;
+/** While set, the fake Proxy's answers to data connections wait here (an e2e-open that overtakes its answer). */
+let heldAnswers: Array<() => void> | undefined;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'gw-e2e-agent-'));
@@ -204,19 +207,25 @@ function takeData(client: net.Socket, first: Buffer): void {
   const attempt = (): boolean => {
     const p = parseDataPreamble(buf);
     if (p.kind === 'need-more') return false;
-    const key = p.kind === 'ok' ? tunnelSockets.filter((s) => !s.destroyed).map((s) => dataKeyOf(s)).find((k) => dataKeyId(k) === p.kid) : undefined;
+    // The first pair that names a live tunnel here, as the Proxy takes it (src/proxy/e2edata.ts).
+    const keys = tunnelSockets.filter((s) => !s.destroyed).map((s) => dataKeyOf(s));
+    const key = p.kind === 'ok' ? p.pairs.map((pair) => keys.find((k) => dataKeyId(k) === pair.kid)).find((k) => k !== undefined) : undefined;
     if (p.kind !== 'ok' || !key || !checkDataPreamble(key, p)) {
       refusedData++;
       client.destroy();
       return true;
     }
+    const kid = dataKeyId(key);
     if (buf.length > p.length) client.unshift(buf.subarray(p.length));
-    if (p.kid === cutKid) {
+    if (kid === cutKid) {
       client.destroy();
       arrivals.emit('cut', p.n);
       return true;
     }
-    const conn: DataConn = { kid: p.kid, n: p.n, socket: client, used: false };
+    const answer = () => client.write(dataAnswer({ ok: true, proxy: PROXY_ID }));
+    if (heldAnswers) heldAnswers.push(answer);
+    else answer();
+    const conn: DataConn = { kid, n: p.n, socket: client, used: false };
     dataConns.push(conn);
     arrivals.emit('data', conn);
     return true;
@@ -311,7 +320,7 @@ function grantFor(identity: HostIdentity, over: Partial<E2EGrant> = {}, signer =
  * Plays the Proxy and the client for one stream: takes an idle data connection of the tunnel (kid), sends e2e-open
  * for it (or for `conn`), and starts TLS with the agent on it as the client would through the Proxy's splice.
  */
-async function openStream(hostId: string, kid: string, token: string, creds: Creds | undefined, options: { conn?: number; openAfterMs?: number } = {}): Promise<{ socket: TLSSocket; data: DataConn }> {
+async function openStream(hostId: string, kid: string, token: string, creds: Creds | undefined, options: { conn?: number; openAfterMs?: number; beforeTls?: () => Promise<void> } = {}): Promise<{ socket: TLSSocket; data: DataConn }> {
   const data = idleOf(kid)[0]!;
   data.used = true;
   const grantId = (JSON.parse(Buffer.from(token.split('.')[0]!, 'base64url').toString('utf8')) as E2EGrant).id;
@@ -319,6 +328,7 @@ async function openStream(hostId: string, kid: string, token: string, creds: Cre
   // openAfterMs: the client's ClientHello is sent first (a Proxy may splice before its e2e-open reaches the agent).
   if (options.openAfterMs === undefined) open();
   else setTimeout(open, options.openAfterMs);
+  await options.beforeTls?.();
   const socket = tls.connect({
     socket: data.socket,
     servername: e2eServerName(grantId),
@@ -450,6 +460,29 @@ describe('end-to-end streams at the agent', () => {
     const events = (await auth.auth.listEvents(auth.auth.adminIdentity(), 50)).map((e) => e.event).filter((e) => e.grant === grant.id);
     expect(events.map((e) => e.event).sort()).toEqual(['app.session.end', 'app.session.start']);
     expect(events[0]).toMatchObject({ e2e: true, user: 'alice', resource: 'echo', client: '192.0.2.7:40000' });
+  });
+
+  it("takes an e2e-open that overtook the Proxy's answer on its data connection, once the answer comes", async () => {
+    heldAnswers = [];
+    try {
+      const { identity } = await startAgent();
+      const kid = await poolReady(identity.hostId, 1);
+      expect(agents[0]!.dataConnections).toEqual([]); // its answer is held: not yet idle at a known Proxy
+      // The e2e-open goes first; the answer (which a Proxy writes before a client's byte) is let out after a pause.
+      const release = async () => {
+        await new Promise((r) => setTimeout(r, 300));
+        const held = heldAnswers ?? [];
+        heldAnswers = undefined;
+        for (const answer of held) answer();
+      };
+      const { socket } = await openStream(identity.hostId, kid, grantFor(identity).token, alice, { beforeTls: release });
+      const fsocket = await okFramed(socket);
+      const bytes = randomBytes(4096);
+      expect((await echoes(fsocket, bytes)).equals(bytes)).toBe(true);
+      fsocket.destroy();
+    } finally {
+      heldAnswers = undefined;
+    }
   });
 
   it('takes a ClientHello that reached the data connection before its e2e-open', async () => {

@@ -28,6 +28,7 @@ import { startPostgres, type PostgresServer } from '../helpers/databases.js';
 import { createFirewall, startGatewayIn, startRestartableSquid, type Firewall, type NsGateway, type RestartableSquid } from '../helpers/firewall.js';
 import { BIN, runCli } from '../helpers/gateway.js';
 import { startBalancer, type Balancer } from '../helpers/haproxy.js';
+import { parseExposition, sampleValue } from '../helpers/metrics.js';
 import { rootSuite } from '../helpers/root.js';
 import { parseAccessLogLine } from '../helpers/squid.js';
 import { eventually } from '../helpers/wait.js';
@@ -81,6 +82,7 @@ const proxyConfig = (n: number) =>
     'gateway:',
     `  nodename: proxy-${n}`,
     '  data_dir: DATA_DIR',
+    `  diag_addr: ${fw.proxyIp}:${9100 + n}`,
     '  log: { format: json }',
     `  auth_server: [${fw.proxyIp}:${AUTH_PORTS.a}, ${fw.proxyIp}:${AUTH_PORTS.b}]`,
     'auth_service: { enabled: no }',
@@ -134,6 +136,14 @@ async function liveProxies(): Promise<string[]> {
   const r = await gwctl(['get', 'proxies', '--format', 'json']);
   if (r.status !== 0) throw new Error(r.stderr);
   return (JSON.parse(r.stdout) as Array<{ metadata: { name: string } }>).map((p) => p.metadata.name).sort();
+}
+
+/** A Proxy's metric (its diag_addr /metrics, from the root namespace, which reaches P.2); 0 when absent. */
+async function proxyMetric(p: NsGateway, name: string, labels: Record<string, string> = {}): Promise<number> {
+  const n = proxies.indexOf(p) + 1;
+  const r = await fetch(`http://${fw.proxyIp}:${9100 + n}/metrics`);
+  if (!r.ok) throw new Error(`proxy-${n} /metrics: ${r.status}`);
+  return sampleValue(parseExposition(await r.text()), name, labels) ?? 0;
 }
 
 const running = () => proxies.filter((p) => p.hostId !== undefined && p.pid > 0 && !stopped.has(p));
@@ -256,6 +266,26 @@ describeAsRoot('2 Auth Services on PostgreSQL, 3 Proxies behind HAProxy, an agen
     // grants they did not sign (the grant carries its issuer's certificate).
     expect(routed.some((r) => r.issuer !== undefined && r.issuer !== r.proxy)).toBe(true);
   });
+
+  it("every Proxy's pool of the agent's data connections fills through the balancer; a stream meeting its grant's Proxy goes end to end without waiting for one", async () => {
+    // The agent's data connections go through squid to the balancer's one address and land on any Proxy: each
+    // carries a proof for every tunnel of the agent, so each Proxy keeps those that reach it (src/agent/e2edata.ts).
+    await eventually("every Proxy holds the agent's idle data connections (its pool, 2)", async () => {
+      for (const p of running()) expect(await proxyMetric(p, 'gateway_e2e_data_idle'), p.hostId).toBeGreaterThanOrEqual(2);
+    }, 90_000);
+    const noData = async () => (await Promise.all(running().map((p) => proxyMetric(p, 'gateway_e2e_streams_total', { outcome: 'no-data' })))).reduce((a, b) => a + b, 0);
+    const before = await noData();
+    const since = new Map(running().map((p) => [p, p.logs().length]));
+    // gwsh's grant comes from the Proxy of its grant session; a stream the balancer sends to another Proxy finds
+    // no grant there and takes the classic route (a grant held by every Proxy is another change): repeat until
+    // one meets its grant's Proxy.
+    await eventually('a stream routed end to end', async () => {
+      await byteExact(17001);
+      if (!running().some((p) => p.logs().slice(since.get(p) ?? 0).includes('end-to-end stream routed'))) throw new Error("every stream so far reached another Proxy than its grant's");
+    }, 120_000);
+    // No stream waited DATA_WAIT_MS for a data connection and gave up.
+    expect(await noData()).toBe(before);
+   }, 240_000);
 
   it('kill -9 of the Proxy a client streams through: the next connection reaches the agent through another Proxy', async () => {
     const since = new Map(running().map((p) => [p, p.logs().length]));

@@ -52,6 +52,7 @@ import {
   dataKeyId,
   dataKeyOf,
   dataPreamble,
+  DATA_PREAMBLE_MAX_BYTES,
   decodeGrant,
   E2E_ALPN,
   E2E_LINE_MAX_BYTES,
@@ -136,7 +137,7 @@ beforeAll(async () => {
   const limits = new ConnectionLimits(limitSettings(config));
   authLife.onStop('backend', () => limits.close());
   auth = await startAuthRole({ config, limits, lifecycle: authLife });
-  const data = new DataConnections({ preambleTimeoutMs: 300 });
+  const data = new DataConnections({ proxyId: PROXY_ID, preambleTimeoutMs: 300 });
   tunnels = new TunnelServer({ auth: auth.auth, hostKey: sshPrivateKeyPem(generateKeyPair().privateKeyPem), heartbeatIntervalMs: 20_000, heartbeatCountMax: 3, publicAddr: 'e2e', proxyId: PROXY_ID, data });
   const router = new Router({ tunnels });
   const keys = generateKeyPair();
@@ -196,6 +197,8 @@ interface TestAgent {
   opens: E2EOpenMessage[];
   /** The agent's data connections by number. */
   conns: Map<number, net.Socket>;
+  /** The Proxy's answer line to each (without its newline; '' when it closed without one). */
+  answers: Map<number, Promise<string>>;
   /** Dials data connection n with this preamble (default: the right one). */
   dial(n: number, preamble?: Buffer): Promise<net.Socket>;
   close(): void;
@@ -229,10 +232,12 @@ async function agentUp(e2e: { v: 1; pool: number } | null = { v: 1, pool: 2 }, a
     tunnel,
     opens: [],
     conns: new Map(),
-    async dial(n, preamble = dataPreamble(key, n)) {
+    answers: new Map(),
+    async dial(n, preamble = dataPreamble([key], n)) {
       const s = await connectRaw();
       s.write(preamble);
       agent.conns.set(n, s);
+      agent.answers.set(n, answerLine(s));
       return s;
     },
     close: () => tunnel.destroy(),
@@ -254,6 +259,29 @@ function serveOpen(agent: TestAgent, m: E2EOpenMessage): void {
   agent.opens.push(m);
   const conn = agent.conns.get(m.conn);
   if (!conn) return;
+  // The Proxy's answer line comes first on a data connection; the client's TLS after it.
+  void agent.answers.get(m.conn)!.then((answer) => (answer === `GWDATA1 ok ${PROXY_ID}` ? serveTls(agent, m, conn) : conn.destroy()));
+}
+
+/** The Proxy's answer line on a data connection; the bytes behind it are left in the socket. */
+function answerLine(s: net.Socket): Promise<string> {
+  return new Promise((resolve) => {
+    let buf = Buffer.alloc(0);
+    const onData = (chunk: Buffer) => {
+      buf = Buffer.concat([buf, chunk]);
+      const nl = buf.indexOf(0x0a);
+      if (nl < 0) return;
+      s.off('data', onData);
+      s.pause();
+      if (buf.length > nl + 1) s.unshift(buf.subarray(nl + 1));
+      resolve(buf.subarray(0, nl).toString('latin1'));
+    };
+    s.on('data', onData);
+    s.once('close', () => resolve(''));
+  });
+}
+
+function serveTls(agent: TestAgent, m: E2EOpenMessage, conn: net.Socket): void {
   const iss = decodeGrant(m.grant);
   const checked = verifyGrant(m.grant, (iss.ok && otherProxies.get(iss.grant.iss)) || agent.tunnel.getPeerX509Certificate()!, Date.now());
   if (!checked.ok || checked.grant.agent !== agent.identity.hostId) return void conn.destroy();
@@ -681,28 +709,62 @@ describe('data connections (gateway-data)', () => {
   it('a bad MAC, an unknown kid, a reused number, an oversized line and a trickle are each closed and never kept', async () => {
     const agent = await agentUp();
     const kid = dataKeyId(agent.key);
-    const badMac = await agent.dial(7, Buffer.from(`GWDATA1 ${kid} 7 ${'0'.repeat(64)}\n`));
+    const badMac = await agent.dial(7, Buffer.from(`GWDATA1 7 ${kid}:${'0'.repeat(64)}\n`));
     const otherKey = randomBytes(32);
-    const unknown = await agent.dial(8, dataPreamble(otherKey, 8));
-    const oversized = await agent.dial(9, Buffer.from(`GWDATA1 ${'a'.repeat(200)}`));
+    const unknown = await agent.dial(8, dataPreamble([otherKey], 8));
+    const oversized = await agent.dial(9, Buffer.from(`GWDATA1 ${'a'.repeat(DATA_PREAMBLE_MAX_BYTES)}`));
     const trickle = await agent.dial(10, Buffer.from('GWDATA1 '));
     await Promise.all([closed(badMac), closed(unknown), closed(oversized), closed(trickle)]);
+    // Each refusal after a preamble is answered with its reason (the agent backs off); a trickle gets no answer.
+    expect(await agent.answers.get(7)).toBe('GWDATA1 no bad-mac');
+    expect(await agent.answers.get(8)).toBe('GWDATA1 no unknown-tunnel');
+    expect(await agent.answers.get(9)).toBe('GWDATA1 no bad-preamble');
+    expect(await agent.answers.get(10)).toBe('');
     expect(tunnels.data.idleOf(agent.identity.hostId)).toBe(0);
     await agent.dial(3);
+    expect(await agent.answers.get(3)).toBe(`GWDATA1 ok ${PROXY_ID}`);
     await waitUntil('data connection 3 is idle', () => tunnels.data.idleOf(agent.identity.hostId) === 1);
     const again = await agent.dial(3);
     await closed(again);
+    expect(await agent.answers.get(3)).toBe('GWDATA1 no reused');
     expect(tunnels.data.idleOf(agent.identity.hostId)).toBe(1);
   });
 
-  it('at most the pool idle per tunnel: a connection beyond it is closed', async () => {
+  it("takes the pair of its own tunnel wherever it stands in the list, answering its host ID; a pair list without one is answered no", async () => {
+    const agent = await agentUp();
+    const others = [randomBytes(32), randomBytes(32)];
+    await agent.dial(5, dataPreamble([others[0]!, agent.key, others[1]!], 5));
+    expect(await agent.answers.get(5)).toBe(`GWDATA1 ok ${PROXY_ID}`);
+    await waitUntil('data connection 5 is idle', () => tunnels.data.idleOf(agent.identity.hostId) === 1);
+    const none = await agent.dial(6, dataPreamble(others, 6));
+    expect(await agent.answers.get(6)).toBe('GWDATA1 no unknown-tunnel');
+    await closed(none);
+    // Another tunnel's pair carried before its own with a MAC for another number: its own pair is the one checked.
+    const forged = dataPreamble([agent.key], 8).toString('latin1').trim().split(' ')[2]!;
+    await agent.dial(7, Buffer.from(`GWDATA1 7 ${dataPreamble([others[0]!], 7).toString('latin1').trim().split(' ')[2]} ${forged}\n`));
+    expect(await agent.answers.get(7)).toBe('GWDATA1 no bad-mac');
+    expect(tunnels.data.idleOf(agent.identity.hostId)).toBe(1);
+  });
+
+  it("numbers are the agent's one counter: sparse ones are taken, a replay of an older one is not", async () => {
+    const agent = await agentUp({ v: 1, pool: 4 });
+    for (const n of [3, 40, 17]) {
+      await agent.dial(n);
+      expect(await agent.answers.get(n), `n=${n}`).toBe(`GWDATA1 ok ${PROXY_ID}`);
+    }
+    await agent.dial(40);
+    expect(await agent.answers.get(40)).toBe('GWDATA1 no reused');
+    expect(tunnels.data.idleOf(agent.identity.hostId)).toBe(3);
+  });
+
+  it('at most twice the pool idle per tunnel (its pool and the spares a balancer sent): one beyond is answered no and closed', async () => {
     const agent = await agentUp({ v: 1, pool: 2 });
-    await agent.dial(1);
-    await agent.dial(2);
-    await waitUntil('two idle', () => tunnels.data.idleOf(agent.identity.hostId) === 2);
-    const third = await agent.dial(3);
-    await closed(third);
-    expect(tunnels.data.idleOf(agent.identity.hostId)).toBe(2);
+    for (const n of [1, 2, 3, 4]) await agent.dial(n);
+    await waitUntil('four idle', () => tunnels.data.idleOf(agent.identity.hostId) === 4);
+    const fifth = await agent.dial(5);
+    expect(await agent.answers.get(5)).toBe('GWDATA1 no pool-full');
+    await closed(fifth);
+    expect(tunnels.data.idleOf(agent.identity.hostId)).toBe(4);
   });
 
   it('bytes sent on an idle data connection close it; a closed one leaves the pool; the tunnel’s end closes the rest', async () => {
@@ -722,7 +784,7 @@ describe('data connections (gateway-data)', () => {
 
   it('bytes behind the preamble in its first packet: closed', async () => {
     const agent = await agentUp();
-    const eager = await agent.dial(1, Buffer.concat([dataPreamble(agent.key, 1), Buffer.from('\x16\x03\x01')]));
+    const eager = await agent.dial(1, Buffer.concat([dataPreamble([agent.key], 1), Buffer.from('\x16\x03\x01')]));
     await closed(eager);
     expect(tunnels.data.idleOf(agent.identity.hostId)).toBe(0);
   });
@@ -760,7 +822,7 @@ describe('logs of end-to-end streams', () => {
     expect(dataRefusals.length).toBeLessThanOrEqual(2 * 7);
     expect(tokens.size).toBeGreaterThan(0);
     const secrets = [...tokens].flatMap((t) => t.split('.'));
-    for (const a of agents) secrets.push(a.key.toString('hex'), a.key.toString('base64'), dataPreamble(a.key, 1).toString('latin1').split(' ')[3]!.trim());
+    for (const a of agents) secrets.push(a.key.toString('hex'), a.key.toString('base64'), dataPreamble([a.key], 1).toString('latin1').trim().split(':')[1]!);
     const leaks = logLines.filter((l) => secrets.some((secret) => l.includes(secret)));
     expect(leaks).toEqual([]);
   });

@@ -78,8 +78,11 @@ describe('end-to-end streams in the Proxy role', () => {
     const data = net.connect(port, host);
     data.on('error', () => undefined);
     await once(data, 'connect');
-    data.write(dataPreamble(Buffer.alloc(32, 7), 1));
+    data.write(dataPreamble([Buffer.alloc(32, 7)], 1));
+    let answer = '';
+    data.on('data', (chunk: Buffer) => (answer += chunk.toString('latin1')));
     await once(data, 'close');
+    expect(answer).toBe('GWDATA1 no unknown-tunnel\n');
     expect(c.b.tunnels.data.idleCount()).toBe(0);
   });
 });

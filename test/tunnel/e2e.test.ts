@@ -7,10 +7,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   badE2EOpen,
   checkDataPreamble,
+  dataAnswer,
   dataKeyId,
+  dataPairOf,
   dataPreamble,
+  DATA_ANSWER_MAX_BYTES,
   DATA_POOL_MAX,
   DATA_PREAMBLE_MAX_BYTES,
+  DATA_TUNNELS_MAX,
   decodeGrant,
   e2eCapabilityOf,
   e2eLine,
@@ -19,6 +23,7 @@ import {
   parseE2ELine,
   e2eServerName,
   grantIdOfServerName,
+  parseDataAnswer,
   parseDataPreamble,
   signGrant,
   spkiHash,
@@ -113,24 +118,59 @@ describe("a certificate's key hash", () => {
 describe('the data preamble', () => {
   const key = Buffer.alloc(32, 7);
   const otherKey = Buffer.alloc(32, 8);
+  const keys = Array.from({ length: DATA_TUNNELS_MAX }, (_, i) => Buffer.alloc(32, 20 + i));
 
   it('parses incrementally and checks against the key it was made with', () => {
-    const line = dataPreamble(key, 42);
+    const line = dataPreamble([key], 42);
     const whole = Buffer.concat([line, Buffer.from([0x16, 0x03, 0x01])]);
     for (let i = 0; i < line.length; i++) expect(parseDataPreamble(whole.subarray(0, i))).toEqual({ kind: 'need-more' });
     const p = parseDataPreamble(whole);
-    expect(p).toMatchObject({ kind: 'ok', kid: dataKeyId(key), n: 42, length: line.length });
+    expect(p).toMatchObject({ kind: 'ok', pairs: [{ kid: dataKeyId(key) }], n: 42, length: line.length });
     if (p.kind !== 'ok') throw new Error('unreachable');
     expect(checkDataPreamble(key, p)).toBe(true);
     expect(checkDataPreamble(otherKey, p)).toBe(false);
     expect(checkDataPreamble(key, { ...p, n: 43 })).toBe(false);
   });
 
+  it('carries one pair per tunnel: each key finds its own, in any position, and none is good for another key or number', () => {
+    const p = parseDataPreamble(dataPreamble([otherKey, key, keys[0]!], 7));
+    if (p.kind !== 'ok') throw new Error(`not parsed: ${JSON.stringify(p)}`);
+    expect(p.pairs.map((x) => x.kid)).toEqual([dataKeyId(otherKey), dataKeyId(key), dataKeyId(keys[0]!)]);
+    for (const k of [otherKey, key, keys[0]!]) expect(checkDataPreamble(k, p)).toBe(true);
+    expect(checkDataPreamble(keys[1]!, p)).toBe(false);
+    expect(dataPairOf(keys[1]!, p)).toBeUndefined();
+    // The kid of one key with the MAC another key made: refused (a Proxy cannot pass one tunnel's pair off as another's).
+    const swapped = { ...p, pairs: [{ kid: dataKeyId(key), mac: p.pairs[0]!.mac }] };
+    expect(checkDataPreamble(key, swapped)).toBe(false);
+    expect(checkDataPreamble(key, { ...p, n: 8 })).toBe(false);
+  });
+
+  it('fits DATA_TUNNELS_MAX pairs with the largest number in its cap; more pairs are refused, by the maker and the parser', () => {
+    const line = dataPreamble(keys, 2 ** 53 - 1);
+    expect(line.length).toBe(DATA_PREAMBLE_MAX_BYTES);
+    const p = parseDataPreamble(line);
+    expect(p).toMatchObject({ kind: 'ok', n: 2 ** 53 - 1 });
+    if (p.kind !== 'ok') throw new Error('unreachable');
+    expect(p.pairs).toHaveLength(DATA_TUNNELS_MAX);
+    expect(checkDataPreamble(keys[DATA_TUNNELS_MAX - 1]!, p)).toBe(true);
+    expect(() => dataPreamble([...keys, key], 1)).toThrow(RangeError);
+    expect(() => dataPreamble([], 1)).toThrow(RangeError);
+    const pair = dataPreamble([key], 1).toString('latin1').trim().split(' ')[2]!;
+    const over = Buffer.from(`GWDATA1 1 ${Array.from({ length: DATA_TUNNELS_MAX + 1 }, () => pair).join(' ')}\n`, 'latin1');
+    // DATA_TUNNELS_MAX + 1 pairs never fit the byte cap, whatever the number: refused without waiting for the end.
+    expect(parseDataPreamble(over)).toMatchObject({ kind: 'bad' });
+    expect(parseDataPreamble(over.subarray(0, DATA_PREAMBLE_MAX_BYTES))).toMatchObject({ kind: 'bad' });
+  });
+
   it('refuses what is not a preamble, and a line over its cap without waiting for more', () => {
+    const pair = `${'a'.repeat(16)}:${'b'.repeat(64)}`;
     expect(parseDataPreamble(Buffer.from('GWDATA1 zz 1 00\n'))).toMatchObject({ kind: 'bad' });
-    expect(parseDataPreamble(Buffer.from(`GWDATA1 ${'a'.repeat(16)} 0 ${'b'.repeat(64)}\n`))).toMatchObject({ kind: 'bad' });
-    expect(parseDataPreamble(Buffer.from(`GWDATA1 ${'a'.repeat(16)} 99999999999999999 ${'b'.repeat(64)}\n`))).toMatchObject({ kind: 'bad' });
-    expect(parseDataPreamble(Buffer.alloc(DATA_PREAMBLE_MAX_BYTES, 0x41))).toMatchObject({ kind: 'bad', why: expect.stringContaining('128') });
+    expect(parseDataPreamble(Buffer.from(`GWDATA1 0 ${pair}\n`))).toMatchObject({ kind: 'bad' });
+    expect(parseDataPreamble(Buffer.from(`GWDATA1 99999999999999999 ${pair}\n`))).toMatchObject({ kind: 'bad' });
+    expect(parseDataPreamble(Buffer.from('GWDATA1 5\n'))).toMatchObject({ kind: 'bad' });
+    expect(parseDataPreamble(Buffer.from(`GWDATA1 5 ${pair}  ${pair}\n`))).toMatchObject({ kind: 'bad' });
+    expect(parseDataPreamble(Buffer.from(`GWDATA1 5 ${'a'.repeat(16)} ${'b'.repeat(64)}\n`))).toMatchObject({ kind: 'bad' });
+    expect(parseDataPreamble(Buffer.alloc(DATA_PREAMBLE_MAX_BYTES, 0x41))).toMatchObject({ kind: 'bad', why: expect.stringContaining(String(DATA_PREAMBLE_MAX_BYTES)) });
     expect(parseDataPreamble(Buffer.alloc(DATA_PREAMBLE_MAX_BYTES - 1, 0x41))).toEqual({ kind: 'need-more' });
   });
 });
@@ -173,6 +213,27 @@ describe('the stream line (GWE2E1)', () => {
     expect(decodeGrant(signGrant(grant({ x5c: 'not base64url!' }), proxy.privateKey))).toMatchObject({ ok: false, why: expect.stringContaining('x5c') });
     expect(decodeGrant(signGrant(grant({ x5c: 'A'.repeat(6001) }), proxy.privateKey))).toMatchObject({ ok: false });
     expect(decodeGrant(signGrant(grant({ traceparent: 'a\nb' }), proxy.privateKey))).toMatchObject({ ok: false, why: expect.stringContaining('traceparent') });
+  });
+});
+
+describe("the Proxy's answer to a data preamble", () => {
+  it('is "GWDATA1 ok <host ID>" or "GWDATA1 no <reason>", parsed incrementally; the bytes behind it are not its', () => {
+    const ok = dataAnswer({ ok: true, proxy: '5c0ffee0-0000-4000-8000-000000000001' });
+    expect(ok.toString('latin1')).toBe('GWDATA1 ok 5c0ffee0-0000-4000-8000-000000000001\n');
+    const whole = Buffer.concat([ok, Buffer.from([0x16, 0x03, 0x01])]);
+    for (let i = 0; i < ok.length; i++) expect(parseDataAnswer(whole.subarray(0, i))).toEqual({ kind: 'need-more' });
+    expect(parseDataAnswer(whole)).toEqual({ kind: 'answer', length: ok.length, answer: { ok: true, proxy: '5c0ffee0-0000-4000-8000-000000000001' } });
+    expect(parseDataAnswer(dataAnswer({ ok: false, reason: 'pool-full' }))).toMatchObject({ answer: { ok: false, reason: 'pool-full' } });
+  });
+
+  it('refuses anything else, and a line over its cap without waiting for more', () => {
+    for (const bad of ['GWDATA1 ok\n', 'GWDATA1 ok a b\n', 'GWDATA1 yes p\n', 'GWDATA1 no Pool_Full\n', 'HTTP/1.1 200 OK\n', 'GWDATA1 ok \u00e9\n']) {
+      expect(parseDataAnswer(Buffer.from(bad, 'latin1'))).toMatchObject({ kind: 'bad' });
+    }
+    expect(parseDataAnswer(Buffer.alloc(DATA_ANSWER_MAX_BYTES, 0x41))).toMatchObject({ kind: 'bad' });
+    expect(parseDataAnswer(Buffer.alloc(DATA_ANSWER_MAX_BYTES - 1, 0x41))).toEqual({ kind: 'need-more' });
+    expect(() => dataAnswer({ ok: true, proxy: 'a b' })).toThrow(RangeError);
+    expect(() => dataAnswer({ ok: false, reason: 'no\nGWDATA1 ok x' })).toThrow(RangeError);
   });
 });
 
