@@ -7,9 +7,10 @@
  *                                of that socket in the directory (NNNN-tls.bin: the plaintext of a TLS connection the
  *                                Proxy terminates, with the Proxy's own keys; NNNN-raw.bin: the bytes of a connection
  *                                it does not). That is everything the Proxy relays, as the Proxy holds it.
- *   GW_TEST_ALTER_AFTER=<n>      on a raw connection whose first bytes are a ClientHello for an end-to-end stream
- *                                (it names a grant: ".e2e.gateway.invalid"), the byte at offset n of what it received
- *                                is flipped before the Proxy's code sees it: the Proxy altering a relayed stream.
+ *   GW_TEST_ALTER_AFTER=<n>      on a raw connection that is a client's end-to-end stream (its first bytes are the
+ *                                stream line, "GWE2E1 "), the byte at offset n of what it received is flipped before
+ *                                the Proxy's code sees it: the Proxy altering a relayed stream. (The line and the
+ *                                ClientHello may arrive in one chunk or two: the line's magic is what names it.)
  *
  * It patches net.Socket.prototype.push (the one place a socket hands received bytes to JavaScript): a test-only
  * preload, never loaded by the product.
@@ -29,7 +30,7 @@ net.Socket.prototype.push = function patchedPush(chunk, encoding) {
   if (Buffer.isBuffer(chunk) && chunk.length > 0) {
     let s = state.get(this);
     if (!s) {
-      s = { n: ++sockets, received: 0, target: !this.encrypted && chunk.includes('.e2e.gateway.invalid') };
+      s = { n: ++sockets, received: 0, target: !this.encrypted && chunk.subarray(0, 7).toString('latin1') === 'GWE2E1 ' };
       state.set(this, s);
     }
     if (alterAfter !== undefined && s.target && s.received <= alterAfter && alterAfter < s.received + chunk.length) {
