@@ -7,14 +7,16 @@
  * stream). The link between A and B's peering port runs through a relay B publishes as its peer_public_addr: cut
  * (new connections through A fail with a clear error; a transfer under way is reset at the client, never ended) and
  * restored (they work again). These go the classic way (gwsh --e2e off); end to end (--e2e require), the stream
- * goes through A raw to B's peering listener (A logs it forwarded, B routed, B records the session with e2e: true).
+ * goes through A raw to B's peering listener (A logs it forwarded, B routed, B records the session with e2e: true),
+ * and A, run as a compromised Proxy (test/helpers/compromised-proxy.cjs records every byte its sockets deliver),
+ * holds none of the stream's bytes, where it holds the classic route's.
  * B's peering port refuses a
  * client without a certificate on either transport (gateway-peer, gateway-peer-tls) and garbage; the in-process
  * suite (test/proxy/peer.test.ts) has every other hostile case.
  */
 import { type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -72,6 +74,13 @@ class PeerLink {
 }
 
 let link: PeerLink;
+
+const PRELOAD = new URL('../helpers/compromised-proxy.cjs', import.meta.url).pathname;
+const recordDir = () => join(dir, 'record-a');
+/** Everything A's process held, one file per socket (-tls.bin: plaintext A decrypted; -raw.bin: bytes it did not). */
+async function recordedAtA(): Promise<Array<{ name: string; bytes: Buffer }>> {
+  return Promise.all((await readdir(recordDir())).sort().map(async (name) => ({ name, bytes: await readFile(join(recordDir(), name)) })));
+}
 
 const proxyYaml = (name: string, web: number, peer: number, conn: string, peerPublic?: number) =>
   [
@@ -155,7 +164,9 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
     peerPortB = await getPort({ host: '127.0.0.1' });
     link = new PeerLink(await getPort({ host: '127.0.0.1' }), () => peerPortB);
     await link.restore();
-    a = await startGateway(proxyYaml('proxy-a', webA, peerA, pg.url()));
+    // A runs with the compromised-Proxy recorder (test/helpers/compromised-proxy.cjs): every chunk its sockets deliver.
+    await mkdir(recordDir(), { recursive: true });
+    a = await startGateway(proxyYaml('proxy-a', webA, peerA, pg.url()), { env: { NODE_OPTIONS: `--require ${PRELOAD}`, GW_TEST_RECORD: recordDir() } });
     b = await startGateway(proxyYaml('proxy-b', webB, peerPortB, pg.url(), link.port));
     const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', b.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
     const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
@@ -193,6 +204,8 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
     it('8 MiB come back byte for byte, and A carried them over peering', async () => {
       const data = randomBytes(8 * 1024 * 1024);
       expect(await echoThrough(data)).toBe(sha256(data));
+      // The recorder's control: on the classic route A decrypts the stream, and holds its bytes.
+      expect((await recordedAtA()).some((f) => f.name.endsWith('-tls.bin') && f.bytes.includes(data.subarray(1_000_003, 1_000_051)))).toBe(true);
       expect(a.logs()).not.toContain('"msg":"agent connected"');
       expect(b.logs()).toContain('peered stream opened');
       // One emitter per session: A, where the client is, records it; B, which only carried it to the agent, does not.
@@ -228,6 +241,12 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
       await waitUntil('gwsh proxy app --e2e require through A', async () => (port = await echoProxy(userEnv, 'require').catch(() => undefined)) !== undefined, 30_000, 250);
       const data = randomBytes(4 * 1024 * 1024);
       expect(await echoThrough(data, port)).toBe(sha256(data));
+      // A, compromised, held none of it: no slice of the random bytes in anything its sockets delivered, while the
+      // stream's line did pass through it raw (and the classic route's bytes, decrypted, are in its -tls.bin files).
+      const held = await recordedAtA();
+      const slices = [0, 1_000_003, 3_000_017].map((at) => data.subarray(at, at + 48));
+      expect(held.filter((f) => slices.some((x) => f.bytes.includes(x))).map((f) => f.name)).toEqual([]);
+      expect(held.some((f) => f.name.endsWith('-raw.bin') && f.bytes.includes('GWE2E1 '))).toBe(true);
       await waitUntil('A logs the stream forwarded', () => a.logs().includes('end-to-end stream forwarded'));
       const forwarded = a.logs().split('\n').find((l) => l.includes('end-to-end stream forwarded'))!;
       expect(JSON.parse(forwarded)).toMatchObject({ user: 'alice', resource: 'echo', peer: idOf('proxy-b') });
