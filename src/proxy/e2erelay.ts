@@ -49,6 +49,8 @@ export const INTERNAL_ERROR_ALERT = fatalTlsAlert(80);
 const ALERT_LINGER_MS = 2_000;
 /** A refusal of each kind is logged at most once per this long. */
 export const E2E_LOG_GAP_MS = 10_000;
+/** How long the Proxy may take to reach a peer's peering listener with a stream it relays there (Proxy peering). */
+export const E2E_FORWARD_DIAL_MS = 10_000;
 /** Grant ids a Proxy remembers as routed (each until its exp); a grant beyond this many unexpired ones is refused. */
 export const ROUTED_GRANTS_MAX = 100_000;
 

@@ -19,7 +19,7 @@ import { decisionAttributes } from '../dial/select.js';
 import { GatewayError } from '../errors.js';
 import type { ConnectionLimits, LimitSettings } from '../net/deadlines.js';
 import { createAccessHandler } from '../proxy/access.js';
-import { e2eServices, type E2EWiring } from '../proxy/e2erelay.js';
+import { E2E_FORWARD_DIAL_MS, e2eServices, type E2EWiring } from '../proxy/e2erelay.js';
 import { startFrontDoor, type FrontDoor, type ProtocolServices } from '../proxy/frontdoor.js';
 import { cachedAuthPreference } from '../proxy/ping.js';
 import { SshJumpServer } from '../proxy/sshjump.js';
@@ -194,7 +194,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
  * relayed raw (through the Dialer) to that peer's listener, which takes such streams (peered: never relayed again).
  */
 function endToEnd(options: ProxyRoleOptions, peering: PeeringControl, wiring: Omit<E2EWiring, 'peering'>, router: Router): ReturnType<typeof e2eServices> {
-  const e2e = e2eServices({ ...wiring, peering: { router, dial: (addr) => options.dialer.dial(addr) } });
+  const e2e = e2eServices({ ...wiring, peering: { router, dial: (addr) => options.dialer.dial(addr, { signal: AbortSignal.timeout(E2E_FORWARD_DIAL_MS) }) } });
   peering.server.serveE2E(e2e.e2e.peered);
   return e2e;
 }

@@ -12,6 +12,8 @@
  *     (tls-handshake), a first byte that is neither: closed; a grant used once at B is refused there again
  *   - a stream that came in on A's 3021 for the agent A holds no tunnel of is refused (TLS alert internal_error),
  *     never relayed again
+ *   - the relay alone (fakes around it): the stream line and the client's bytes reach the peer as they were sent,
+ *     past a peer that cannot be reached; no peer reachable: internal_error; `peered`: never relayed
  */
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
@@ -19,12 +21,14 @@ import { Writable } from 'node:stream';
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { agentServerIdentity } from '../../src/client/e2e.js';
+import type { DataConnections } from '../../src/proxy/e2edata.js';
+import { createE2ERelay, INTERNAL_ERROR_ALERT, type RelayContext } from '../../src/proxy/e2erelay.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { enableMetrics } from '../../src/metrics/define.js';
 import { registry } from '../../src/metrics/registry.js';
 import { FramedStream } from '../../src/stream/framed.js';
 import { readJsonLine } from '../../src/stream/lines.js';
-import { E2E_ALPN, E2E_LINE_MAX_BYTES, e2eLine, GRANT_ALPN, type GrantAnswer } from '../../src/tunnel/e2e.js';
+import { E2E_ALPN, E2E_LINE_MAX_BYTES, e2eLine, GRANT_ALPN, GRANT_TTL_MS, type E2EGrant, type GrantAnswer } from '../../src/tunnel/e2e.js';
 import type { DialAnswer } from '../../src/tunnel/protocol.js';
 import { parseExposition, sampleValue } from '../helpers/metrics.js';
 import { waitUntil } from '../helpers/wait.js';
@@ -198,5 +202,76 @@ describe("B's peering listener", () => {
     expect(await streamsTotal('forwarded')).toBe(forwardedBefore);
     expect(await streamsTotal('no-tunnel')).toBe(noTunnelBefore + 1);
     expect(logs.slice(from).some((l) => l.msg === 'end-to-end stream forwarded' || l.msg === 'end-to-end stream routed')).toBe(false);
+  });
+});
+
+describe('the relay to a peer, alone', () => {
+  const grant: E2EGrant = { v: 1, id: 'cd'.repeat(16), iss: 'proxy-x', sub: 'alice', key: 'k', roles: ['access'], service: 'app', resource: 'echo', agent: 'agent-1', iat: Date.now(), exp: Date.now() + GRANT_TTL_MS };
+  const token = 'eyJ2IjoxfQ.c2ln';
+
+  /** A relay with no tunnel of the agent here, whose peers are `peers`; `dial` refuses the address "down:1". */
+  function relay(peers: Array<{ proxyId: string; peerAddr: string }>, dialed: string[]) {
+    const ctx: RelayContext = {
+      auth: { sessions: { track: () => () => undefined } as never, resolveCaller: async (id) => id as never, clusterName: 'peering.example' },
+      issuers: { check: () => ({ ok: true, grant }) },
+      data: { tunnelOf: () => undefined } as unknown as DataConnections,
+      forward: {
+        peers: () => peers,
+        dial: async (addr) => {
+          dialed.push(addr);
+          if (addr === 'down:1') throw new Error('connection refused');
+          const { host, port } = splitAddr(addr);
+          return net.connect(port, host);
+        },
+      },
+      lineTimeoutMs: 1_000,
+    };
+    return createE2ERelay(ctx);
+  }
+
+  /** Serves one connection with `handler` and sends it `bytes`; resolves with what the client read until the close. */
+  async function through(handler: (s: net.Socket, info: never) => void, bytes: Buffer): Promise<Buffer> {
+    const server = net.createServer((s) => handler(s, { remoteAddress: '192.0.2.9', remotePort: 4000, localAddress: '127.0.0.1', localPort: 443, route: 'gateway-e2e' } as never));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const client = net.connect((server.address() as net.AddressInfo).port, '127.0.0.1');
+    client.on('error', () => undefined);
+    client.write(bytes);
+    const got: Buffer[] = [];
+    client.on('data', (c: Buffer) => {
+      got.push(c);
+      if (Buffer.concat(got).includes('PEER-END')) client.end();
+    });
+    await new Promise((r) => client.once('close', r));
+    server.close();
+    return Buffer.concat(got);
+  }
+
+  it('relays the line and the bytes after it as sent, to the first peer that takes the connection', async () => {
+    const received: Buffer[] = [];
+    const peer = net.createServer((s) => {
+      s.on('data', (c: Buffer) => {
+        received.push(c);
+        if (Buffer.concat(received).includes('CLIENT-HELLO')) s.end('PEER-END');
+      });
+    });
+    await new Promise<void>((r) => peer.listen(0, '127.0.0.1', r));
+    const dialed: string[] = [];
+    const addr = `127.0.0.1:${(peer.address() as net.AddressInfo).port}`;
+    const sent = Buffer.concat([e2eLine(token), Buffer.from('CLIENT-HELLO')]);
+    const answer = await through(relay([{ proxyId: 'p-down', peerAddr: 'down:1' }, { proxyId: 'p-up', peerAddr: addr }], dialed), sent);
+    peer.close();
+    expect(dialed).toEqual(['down:1', addr]);
+    expect(Buffer.concat(received).equals(sent)).toBe(true);
+    expect(answer.toString()).toBe('PEER-END');
+  });
+
+  it('hostile: no peer reachable is the TLS alert internal_error; a stream that came over peering is never relayed', async () => {
+    const sent = Buffer.concat([e2eLine(token), Buffer.from('CLIENT-HELLO')]);
+    const dialed: string[] = [];
+    expect((await through(relay([{ proxyId: 'p-down', peerAddr: 'down:1' }], dialed), sent)).equals(INTERNAL_ERROR_ALERT)).toBe(true);
+    expect(dialed).toEqual(['down:1']);
+    const never: string[] = [];
+    expect((await through(relay([{ proxyId: 'p-down', peerAddr: 'down:1' }], never).peered, sent)).equals(INTERNAL_ERROR_ALERT)).toBe(true);
+    expect(never).toEqual([]);
   });
 });
