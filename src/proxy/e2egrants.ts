@@ -247,11 +247,13 @@ function localCapability(ctx: GrantContext, local: LocalTunnel, hostId: string, 
  * An agent with no tunnel here: the capability its tunnel to a peer offers, by the presence that peer wrote
  * (router.ts e2ePeers; the stream is relayed to that peer raw, e2erelay.ts), or why none does.
  */
-function peeredCapability(ctx: GrantContext, hostId: string, nodename: string): E2ECapability | string {
+export function peeredCapability(ctx: Pick<GrantContext, 'peering'>, hostId: string, nodename: string): E2ECapability | string {
   const via = ctx.peering?.e2ePeers(hostId);
   if (!via) return `agent "${nodename}" holds no tunnel to this Proxy, and this Proxy does not peer: end-to-end streams go through a Proxy that holds the tunnel`;
   const first = via.peers[0];
   if (!first) return `agent "${nodename}" holds no tunnel to this Proxy, and no peer offers end-to-end streams to it: ${via.reason}`;
+  // An agent of the version before checks grants only with its own tunnels' certificates: it would refuse this one.
+  if (first.capability.peered !== true) return `agent "${nodename}" holds no tunnel to this Proxy and takes no grant of a Proxy it holds no tunnel to (an earlier version)`;
   return first.capability;
 }
 

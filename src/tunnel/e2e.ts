@@ -34,7 +34,7 @@
  *    With Proxy peering, a Proxy that holds no tunnel of the agent relays the stream raw (plain TCP: no second
  *    layer) to the peering listener of the peer that does, the stream line first; that peer routes it as above and
  *    never relays it again. The grant is given for such an agent when its presence, written by that peer, carries
- *    the tunnel's capability (Presence.e2e).
+ *    the tunnel's capability (Presence.e2e) with `peered` (the agent checks a grant by its x5c).
  * 4. The agent takes the E2EOpenMessage (data connection n only if the Proxy's answer on n named the Proxy of the
  *    tunnel the message came on), checks the grant (signature by grant.iss, checked with the certificate of the
  *    agent's own tunnel to that Proxy, which need not be the tunnel the message came on, or with none, with the
@@ -410,5 +410,5 @@ export function e2eCapabilityOf(v: unknown): E2ECapability | undefined {
   if (typeof v !== 'object' || v === null) return undefined;
   const c = v as Record<string, unknown>;
   if (c.v !== 1 || !Number.isSafeInteger(c.pool) || (c.pool as number) < 1) return undefined;
-  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX), ...(c.kube === true ? { kube: true } : {}) };
+  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX), ...(c.kube === true ? { kube: true } : {}), ...(c.peered === true ? { peered: true } : {}) };
 }

@@ -7,7 +7,7 @@
  * tunnel whose kid it names); the test then sends e2e-open on that tunnel's control stream, signs grants with the
  * Proxy's key, and plays the client with a real TLS client (user certificates from the Auth Service's login).
  *
- *   - the hello of a v2 tunnel carries e2e {v: 1, pool, kube: true} (kube: it impersonates on end-to-end kube streams); with pool 0 it carries none and nothing is dialled
+ *   - the hello of a v2 tunnel carries e2e {v: 1, pool, kube: true, peered: true} (kube: it impersonates on end-to-end kube streams; peered: it takes grants of a Proxy it holds no tunnel to); with pool 0 it carries none and nothing is dialled
  *   - a good stream reaches the echo app byte-exact after {"ok":true}; the agent reports its start with e2e: true
  *   - a grant another Proxy issued (behind a load balancer the stream comes on another Proxy's tunnel) is checked
  *     with the certificate of the agent's tunnel to that Proxy; with none, by the grant's x5c (Proxy peering: the
@@ -414,7 +414,7 @@ describe('end-to-end streams at the agent', () => {
     const { identity } = await startAgent();
     const kid = await poolReady(identity.hostId);
     const hello = hellos.find((h) => h.hostId === identity.hostId);
-    expect(hello?.e2e).toEqual({ v: 1, pool: 2, kube: true });
+    expect(hello?.e2e).toEqual({ v: 1, pool: 2, kube: true, peered: true });
     expect(idleOf(kid).map((c) => c.n).sort()).toEqual([1, 2]);
     expect(refusedData).toBe(0);
   });
@@ -422,7 +422,7 @@ describe('end-to-end streams at the agent', () => {
   it('keeps at most 8 (what a Proxy keeps per tunnel), whatever it is given', async () => {
     const { identity } = await startAgent({ e2e: { pool: 100 } });
     await poolReady(identity.hostId, 8);
-    expect(hellos.find((h) => h.hostId === identity.hostId)?.e2e).toEqual({ v: 1, pool: 8, kube: true });
+    expect(hellos.find((h) => h.hostId === identity.hostId)?.e2e).toEqual({ v: 1, pool: 8, kube: true, peered: true });
     expect(agents[0]!.dataConnections.length).toBe(8);
   });
 

@@ -12,6 +12,8 @@
  *     (tls-handshake), a first byte that is neither: closed; a grant used once at B is refused there again
  *   - a stream that came in on A's 3021 for the agent A holds no tunnel of is refused (TLS alert internal_error),
  *     never relayed again
+ *   - a peer's agent of the version before (its capability without `peered`: it would refuse a grant of a Proxy
+ *     it holds no tunnel to, inside the TLS, where the client cannot fall back) is answered classic
  *   - the relay alone (fakes around it): the stream line and the client's bytes reach the peer as they were sent,
  *     past a peer that cannot be reached; no peer reachable: internal_error; `peered`: never relayed
  */
@@ -22,6 +24,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { agentServerIdentity } from '../../src/client/e2e.js';
 import type { DataConnections } from '../../src/proxy/e2edata.js';
+import { peeredCapability } from '../../src/proxy/e2egrants.js';
 import { createE2ERelay, INTERNAL_ERROR_ALERT, type RelayContext } from '../../src/proxy/e2erelay.js';
 import { createLogger, setRootLogger } from '../../src/log.js';
 import { enableMetrics } from '../../src/metrics/define.js';
@@ -273,5 +276,15 @@ describe('the relay to a peer, alone', () => {
     const never: string[] = [];
     expect((await through(relay([{ proxyId: 'p-down', peerAddr: 'down:1' }], never).peered, sent)).equals(INTERNAL_ERROR_ALERT)).toBe(true);
     expect(never).toEqual([]);
+  });
+});
+
+describe('the grant for an agent reached over peering', () => {
+  const via = (capability: { v: 1; pool: number; peered?: true }) => ({ peering: { e2ePeers: () => ({ peers: [{ proxyId: 'p-b', peerAddr: 'b:3021', capability }], reason: 'Proxy p-b holds its tunnel' }) } });
+
+  it('is given when the agent takes grants of Proxies it holds no tunnel to, and classic for an agent of the version before', () => {
+    expect(peeredCapability(via({ v: 1, pool: 2, peered: true }), 'h', 'agent-b')).toEqual({ v: 1, pool: 2, peered: true });
+    expect(peeredCapability(via({ v: 1, pool: 2 }), 'h', 'agent-b')).toContain('an earlier version');
+    expect(peeredCapability({}, 'h', 'agent-b')).toContain('this Proxy does not peer');
   });
 });

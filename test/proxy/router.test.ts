@@ -132,7 +132,7 @@ describe('Router', () => {
   });
 
   it("end-to-end streams: lists the peers whose presence offers them (with the capability), in plan order; else why none", async () => {
-    const e2e = { v: 1 as const, pool: 2 };
+    const e2e = { v: 1 as const, pool: 2, peered: true as const };
     const cluster = await view(
       [proxy('p1', 'p1:3021'), proxy('p2', 'p2:3021'), proxy('p3')],
       [presence('h', 'p1'), presence('h', 'p2', undefined, { e2e }), presence('h', 'p3', undefined, { e2e }), presence('old', 'p1'), presence('d', DIRECT_PROXY_ID)],
