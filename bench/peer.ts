@@ -23,7 +23,10 @@
  * view listing its location (p50/p99 over the agents B holds), and the process's heap + external memory per
  * agent after a GC (with --expose-gc; it includes the agents' own ends, so it is an upper bound for a Proxy).
  * Settings: BENCH_MIB (256), BENCH_RUNS (3), BENCH_RTTS (3000), BENCH_OPENS (200), BENCH_AGENTS (1000; 0 skips
- * the scale part), BENCH_MODES (daemons,inprocess), BENCH_PEER_TRANSPORTS (tls,http2), BENCH_RECORD (0: print only).
+ * the scale part), BENCH_MODES (daemons,inprocess), BENCH_PEER_TRANSPORTS (tls,http2), BENCH_E2E (1; 0 skips the
+ * end-to-end paths), BENCH_RECORD (0: print only).
+ * End-to-end streams (issue 29; real daemons only): gwsh's own client (--e2e require) through B, and through the
+ * first A, which relays the stream raw to B's peering listener (no TLS of its own); goal: peered >= 0.9x of direct.
  */
 import { cpus, loadavg, totalmem } from 'node:os';
 import { mkdirSync, readFileSync } from 'node:fs';
@@ -37,6 +40,7 @@ import { tmpdir } from 'node:os';
 import getPort from 'get-port';
 import { loadProfile } from '../src/client/profile.js';
 import { openResource } from '../src/client/resources.js';
+import { E2EStreams } from '../src/client/e2e.js';
 import { startPostgres } from '../test/helpers/databases.js';
 import { runCli, startGateway } from '../test/helpers/gateway.js';
 import { startEchoServer, startSinkServer } from '../test/helpers/servers.js';
@@ -169,8 +173,11 @@ interface Setup {
   /** How the paths were run, for the section. */
   label: string;
   open: Opener;
-  /** The paths measured, interleaved: the direct one first, each ratio is against it. */
-  paths: Array<{ name: string; web: string }>;
+  /**
+   * The paths measured, interleaved: the direct one first, each ratio is against it, or against path `base`; a path
+   * with its own `open` (end-to-end streams) opens its streams with it.
+   */
+  paths: Array<{ name: string; web: string; open?: Opener; base?: number }>;
   stop(): Promise<void>;
   cluster?: PeerCluster;
   /** The daemons' process IDs, for CPU seconds per GiB; the bench process is measured as "bench". */
@@ -180,6 +187,8 @@ interface Setup {
 interface Figures {
   label: string;
   paths: string[];
+  /** Per path: the index of the path its ratios are against (0: the direct one). */
+  bases: number[];
   tp: number[][];
   rtt: number[][];
   open: number[][];
@@ -188,40 +197,46 @@ interface Figures {
 }
 
 const DIRECT = 'direct (client -> B -> agent)';
+const E2E_DIRECT = 'end to end, direct (client -> B -> agent: TLS between client and agent, B splices)';
+const E2E_PEERED = 'end to end, peered (client -> A -> 3021 raw -> B -> agent: the same TLS, A and B splice)';
 const peeredPath = (transport: 'tls' | 'http2', a = 'A') => `peered, ${transport === 'tls' ? 'TLS per stream' : 'HTTP/2'} (client -> ${a} -> 3021 -> B -> agent)`;
 
 async function measure(setup: Setup): Promise<Figures> {
   const webs = setup.paths.map((p) => p.web);
+  const openers = setup.paths.map((p) => p.open ?? setup.open);
   say(`measuring: ${setup.label.split(' (')[0]}`);
-  // Warm-up: JIT, the peering connection.
-  for (const web of webs) (await setup.open(web)).destroy();
+  // Warm-up: JIT, the peering connection, the grant session.
+  for (const [i, web] of webs.entries()) (await openers[i]!(web)).destroy();
   const tp = webs.map(() => [] as number[]);
   const procs: Record<string, number | undefined> = { ...(setup.pids ?? {}), bench: undefined };
   const cpu = webs.map(() => Object.fromEntries(Object.keys(procs).map((k) => [k, 0])) as Record<string, number>);
   for (let run = 0; run < RUNS; run++) {
     for (const [i, web] of webs.entries()) {
       const before = Object.entries(procs).map(([k, pid]) => [k, cpuSeconds(pid)] as const);
-      tp[i]!.push(await throughput(setup.open, web));
+      tp[i]!.push(await throughput(openers[i]!, web));
       for (const [k, t] of before) cpu[i]![k]! += (cpuSeconds(procs[k]) - t) / ((RUNS * MIB) / 1024);
     }
   }
   const rtt: number[][] = [];
-  for (const web of webs) {
-    const s = await setup.open(web);
+  for (const [i, web] of webs.entries()) {
+    const s = await openers[i]!(web);
     rtt.push(await roundTrips(s));
     s.destroy();
   }
   const open: number[][] = [];
-  for (const web of webs) open.push(await opens(setup.open, web));
-  return { label: setup.label, paths: setup.paths.map((p) => p.name), tp, rtt, open, ...(setup.pids ? { cpu } : {}) };
+  for (const [i, web] of webs.entries()) open.push(await opens(openers[i]!, web));
+  return { label: setup.label, paths: setup.paths.map((p) => p.name), bases: setup.paths.map((p) => p.base ?? 0), tp, rtt, open, ...(setup.pids ? { cpu } : {}) };
 }
 
 function table(f: Figures): string[] {
   const ratios = f.paths.slice(1).map((name, j) => {
     const i = j + 1;
-    const ratioTp = median(f.tp[i]!) / median(f.tp[0]!);
-    const ratioRtt = pct(f.rtt[i]!, 50) / pct(f.rtt[0]!, 50);
-    return `- ${name.split(' (')[0]} / direct: throughput ${ratioTp.toFixed(2)}x (goal >= 0.8x: ${ratioTp >= 0.8 ? 'met' : 'not met'}), round trip p50 ${ratioRtt.toFixed(2)}x (goal <= 1.3x: ${ratioRtt <= 1.3 ? 'met' : 'not met'}), stream open p50 ${(pct(f.open[i]!, 50) / pct(f.open[0]!, 50)).toFixed(2)}x.`;
+    const b = f.bases[i] ?? 0;
+    const ratioTp = median(f.tp[i]!) / median(f.tp[b]!);
+    const ratioRtt = pct(f.rtt[i]!, 50) / pct(f.rtt[b]!, 50);
+    // Issue 13's goals for a peered path against its direct one; issue 29's for end-to-end streams over peering (0.9x).
+    const goal = name.startsWith('end to end, peered') ? 0.9 : 0.8;
+    return `- ${name.split(' (')[0]} / ${f.paths[b]!.split(' (')[0]}: throughput ${ratioTp.toFixed(2)}x (goal >= ${goal}x: ${ratioTp >= goal ? 'met' : 'not met'}), round trip p50 ${ratioRtt.toFixed(2)}x (goal <= 1.3x: ${ratioRtt <= 1.3 ? 'met' : 'not met'}), stream open p50 ${(pct(f.open[i]!, 50) / pct(f.open[b]!, 50)).toFixed(2)}x.`;
   });
   return [
     `### ${f.label}`,
@@ -329,7 +344,19 @@ async function daemons(): Promise<Setup> {
     for (const a of as) await waitUntil('A reaches the agent B holds', () => open(`localhost:${a.web}`).then((s) => (s.destroy(), true), () => false), 60_000, 250);
     const pids = { B: b.process.pid!, agent: agent.process.pid!, ...Object.fromEntries(as.map((a) => [`A ${a.transport}`, a.pid])) };
     const label = `real daemons (B, one A per peering transport (${as.map((a) => TRANSPORT_NAMES[a.transport]).join('; ')}) and the agent each a \`gateway start\` process sharing one PostgreSQL; the client, sink and echo in the bench process)`;
-    const paths = [{ name: DIRECT, web: `localhost:${webB}` }, ...as.map((a) => ({ name: peeredPath(a.transport, `A ${a.transport}`), web: `localhost:${a.web}` }))];
+    const paths: Setup['paths'] = [{ name: DIRECT, web: `localhost:${webB}` }, ...as.map((a) => ({ name: peeredPath(a.transport, `A ${a.transport}`), web: `localhost:${a.web}` }))];
+    if (process.env.BENCH_E2E !== '0') {
+      // End-to-end streams (gwsh's own client, --e2e require): through B, and through the first A raw over 3021.
+      const sessions = new Map<string, E2EStreams>();
+      stops.push(async () => sessions.forEach((e) => e.close()));
+      const e2eOpen: Opener = async (web, resource = 'echo') => {
+        let e = sessions.get(web);
+        if (!e) sessions.set(web, (e = new E2EStreams({ profile, dialer, mode: 'require', classicAddress: web, e2eAddress: web })));
+        return (await e.open({ alpn: 'gateway-tcp', resource, kind: 'app' })).stream;
+      };
+      for (const web of [`localhost:${webB}`, `localhost:${webA}`]) await waitUntil(`an end-to-end stream through ${web}`, () => e2eOpen(web).then((s) => (s.destroy(), true), () => false), 60_000, 250);
+      paths.push({ name: E2E_DIRECT, web: `localhost:${webB}`, open: e2eOpen }, { name: E2E_PEERED, web: `localhost:${webA}`, open: e2eOpen, base: paths.length });
+    }
     return { label, open, paths, stop, pids };
   } catch (err) {
     await stop();

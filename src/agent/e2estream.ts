@@ -7,7 +7,11 @@
  *   grant     verifyGrant against the certificate of the Proxy that issued it, grant.iss: any Proxy this agent holds
  *             a tunnel to (registerProxy: the certificate its tunnel's TLS verified), not only the one whose tunnel
  *             the e2e-open came on (behind a load balancer the grant session and the stream reach different
- *             Proxies); no tunnel to grant.iss: refused. Its signature, not expired, not issued in the future;
+ *             Proxies); no tunnel to grant.iss (Proxy peering: the agent holds tunnels to some Proxies only):
+ *             the grant's own issuer certificate (x5c), checked as any Proxy checks it (src/auth/grantissuer.ts:
+ *             the host CA, valid now, a host of this cluster with role proxy named grant.iss; the agent cannot
+ *             tell whether that Proxy is live: the Proxy that routed the stream did). Its signature, not expired,
+ *             not issued in the future;
  *             grant.agent this agent's; the
  *             resource is one this agent serves for grant.service; the id was not used before (kept until exp,
  *             at most GRANTS_SEEN_MAX: beyond, refused rather than forgotten): each Proxy routes a grant once,
@@ -31,6 +35,7 @@ import { X509Certificate } from 'node:crypto';
 import type net from 'node:net';
 import type { Duplex } from 'node:stream';
 import tls, { type SecureContext, type TLSSocket } from 'node:tls';
+import { checkGrantIssuer } from '../auth/grantissuer.js';
 import { identityFromCert, type Identity } from '../auth/pki.js';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
@@ -215,7 +220,14 @@ export class E2EStreams {
     const iss = decoded.grant.iss;
     // The tunnel the e2e-open came on counts even before its registration (a test's tunnel, a race at its start).
     const certs = [...(this.proxies.get(iss) ?? []), ...(iss === tunnel.proxyId ? [tunnel.proxyCert] : [])];
-    if (certs.length === 0) throw new Refusal(`the grant was issued by Proxy ${iss}, to which this agent holds no tunnel (it has no certificate of that Proxy to check the grant with; routed by Proxy ${tunnel.proxyId})`);
+    if (certs.length === 0) {
+      // No tunnel to the issuer (Proxy peering: the stream came through a Proxy that holds this agent's tunnel from
+      // one that does not): its certificate is the grant's x5c, checked against the host CA as any Proxy checks it.
+      const { identity } = this.options;
+      const issuer = checkGrantIssuer(decoded.grant, identity.hostCa, identity.cluster, now);
+      if (!issuer.ok) throw new Refusal(`the grant was issued by Proxy ${iss}, to which this agent holds no tunnel, and ${issuer.why} (routed by Proxy ${tunnel.proxyId})`);
+      certs.push(issuer.cert);
+    }
     let checked = verifyGrant(token, certs[0]!, now);
     for (const cert of certs.slice(1)) if (!checked.ok) checked = verifyGrant(token, cert, now);
     if (!checked.ok) throw new Refusal(checked.why);

@@ -851,7 +851,7 @@ export class TunnelAgent extends EventEmitter {
       ...softwareFields((this.options.software ?? upgradeSoftware)()),
       ...(this.options.upgradeGroup === undefined ? {} : { upgrade_group: this.options.upgradeGroup }),
       // kube: this agent impersonates on end-to-end kube streams (src/agent/kubeapi.ts), so it may be given kube grants.
-      ...(side.e2e ? { e2e: { v: 1, pool: this.e2ePool, kube: true } } : {}),
+      ...(side.e2e ? { e2e: { v: 1, pool: this.e2ePool, kube: true, peered: true } } : {}),
       signs_presence: true,
     });
     // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,

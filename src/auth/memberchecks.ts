@@ -19,6 +19,7 @@
  */
 import { GatewayError } from '../errors.js';
 import { presenceProofRefusal } from './pki/proof.js';
+import { e2eCapabilityOf } from '../tunnel/e2e.js';
 import type { AgentResources, ServiceKind } from '../tunnel/protocol.js';
 import { DATABASE_PROTOCOLS } from '../wire/protocols.js';
 import { checkAgentHealth, UPGRADE_GROUP_PATTERN } from '../wire/autoupdate.js';
@@ -161,5 +162,12 @@ export function proxyPresence(value: Record<string, unknown>, node: NodeRecord, 
     connectedAt: isoTime(value.connectedAt, 'connectedAt', node, now),
     lastHeartbeat: isoTime(value.lastHeartbeat, 'lastHeartbeat', node, now),
     ...software(value, now),
+    // A Proxy that lies about it can only send streams that the agent then refuses (it checks every grant itself).
+    ...e2eOf(value.e2e),
   };
+}
+
+function e2eOf(v: unknown): Pick<Presence, 'e2e'> {
+  const capability = e2eCapabilityOf(v);
+  return capability ? { e2e: capability } : {};
 }

@@ -5,7 +5,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { Backend, Item } from '../backend/index.js';
-import type { AgentResources } from '../tunnel/protocol.js';
+import type { AgentResources, E2ECapability } from '../tunnel/protocol.js';
 import { JOIN_ROLES, type JoinRole } from '../wire/certs.js';
 import type { AgentHealth } from '../wire/autoupdate.js';
 import type { UserResource } from './resources/index.js';
@@ -105,6 +105,13 @@ export interface Presence {
    * Auth Service (memberchecks.ts) and not stored from there.
    */
   proof?: { time: string; signature: string };
+  /**
+   * The end-to-end capability of the agent's v2 tunnel to this Proxy (its hello's, as e2eCapabilityOf keeps it),
+   * written only by a Proxy that takes end-to-end streams for that tunnel on its peering listener as well (raw, the
+   * `GWE2E1` line first): another Proxy grants end-to-end streams for an agent it reaches over peering only when
+   * the record says so. Absent: a v1 tunnel, an agent or a Proxy of an earlier version: the classic route.
+   */
+  e2e?: E2ECapability;
 }
 
 /** The proxyId of the presence record a direct-join agent writes itself: it has no tunnel to any Proxy. */

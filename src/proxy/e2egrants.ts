@@ -13,8 +13,10 @@
  *      for the agent to impersonate from), with the identity resolved again for each (a role taken away since
  *      the last request counts), and refused with the same code;
  *   4. an allowed request gets a grant only when the agent's tunnel is on this Proxy, is v2 and offered the e2e
- *      capability (its data connections are registered: e2edata.ts); otherwise the answer is `classic` with the
- *      reason (an agent of an earlier version, a v1 tunnel, reached over peering or directly);
+ *      capability (its data connections are registered: e2edata.ts), or, with no tunnel here, when a live peer
+ *      holds one whose presence offers the capability (router.ts e2ePeers: the stream is relayed to that peer raw
+ *      over its peering listener, e2erelay.ts); otherwise the answer is `classic` with the reason (an agent or a
+ *      Proxy of an earlier version, a v1 tunnel, peering off, an agent that joined directly);
  *   5. the grant is signed with this Proxy's own TLS key (the key of the certificate its tunnels see, so that the
  *      agent checks it with the tunnel's peer certificate), bound to the user's certificate key (spkiHash), the
  *      roles that authorized, the resource and the agent, good for GRANT_TTL_MS, and carries this Proxy's
@@ -53,7 +55,7 @@ import type { Target } from './resources.js';
 import { authorizeKube } from './webapps.js';
 import type { KubeAccess } from '../wire/kubeimpersonate.js';
 import type { E2ECapability, ServiceKind } from '../tunnel/protocol.js';
-import type { AgentSource } from './router.js';
+import type { AgentSource, Router } from './router.js';
 
 /** What the grant route needs of the Proxy. */
 export interface GrantContext {
@@ -61,6 +63,8 @@ export interface GrantContext {
   agents: AgentSource;
   /** This Proxy's own tunnels (tunnel.ts TunnelServer): whether the agent's is here, and its protocol. */
   tunnels: { get(hostId: string): { link: { readonly protocol: 1 | 2 }; e2e?: E2ECapability } | undefined };
+  /** The peers that hold a tunnel of an agent with none here (router.ts Router); without it, such an agent is classic. */
+  peering?: Pick<Router, 'e2ePeers'>;
   /** The tunnels that take end-to-end streams (e2edata.ts DataConnections). */
   data: { tunnelOf(hostId: string): unknown };
   /**
@@ -230,6 +234,29 @@ async function authorizeGrant(ctx: GrantContext, identity: Identity, request: Gr
   return { target };
 }
 
+type LocalTunnel = NonNullable<ReturnType<GrantContext['tunnels']['get']>>;
+
+/** The end-to-end capability of the agent's tunnel here, or why it takes none. */
+function localCapability(ctx: GrantContext, local: LocalTunnel, hostId: string, nodename: string): E2ECapability | undefined | string {
+  if (local.link.protocol !== 2) return `agent "${nodename}" holds a v1 (SSH) tunnel here: end-to-end streams need a v2 tunnel`;
+  if (!ctx.data.tunnelOf(hostId)) return `agent "${nodename}" does not offer end-to-end streams (an earlier version, or turned off)`;
+  return local.e2e;
+}
+
+/**
+ * An agent with no tunnel here: the capability its tunnel to a peer offers, by the presence that peer wrote
+ * (router.ts e2ePeers; the stream is relayed to that peer raw, e2erelay.ts), or why none does.
+ */
+export function peeredCapability(ctx: Pick<GrantContext, 'peering'>, hostId: string, nodename: string): E2ECapability | string {
+  const via = ctx.peering?.e2ePeers(hostId);
+  if (!via) return `agent "${nodename}" holds no tunnel to this Proxy, and this Proxy does not peer: end-to-end streams go through a Proxy that holds the tunnel`;
+  const first = via.peers[0];
+  if (!first) return `agent "${nodename}" holds no tunnel to this Proxy, and no peer offers end-to-end streams to it: ${via.reason}`;
+  // An agent of the version before checks grants only with its own tunnels' certificates: it would refuse this one.
+  if (first.capability.peered !== true) return `agent "${nodename}" holds no tunnel to this Proxy and takes no grant of a Proxy it holds no tunnel to (an earlier version)`;
+  return first.capability;
+}
+
 async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, span: HopSpan): Promise<GrantAnswer> {
   const { id } = request;
   const identity = await ctx.auth.resolveCaller(s.certified);
@@ -237,10 +264,9 @@ async function grantFor(ctx: GrantContext, s: Session, request: GrantRequest, sp
   const hostId = target.agent.hostId;
   const local = ctx.tunnels.get(hostId);
   const classic = (reason: string): GrantAnswer => ({ id, ok: false, classic: true, reason });
-  if (!local) return classic(`agent "${target.agent.nodename}" holds no tunnel to this Proxy (reached over peering or directly): this version carries end-to-end streams only through the Proxy that holds the tunnel`);
-  if (local.link.protocol !== 2) return classic(`agent "${target.agent.nodename}" holds a v1 (SSH) tunnel here: end-to-end streams need a v2 tunnel`);
-  if (!ctx.data.tunnelOf(hostId)) return classic(`agent "${target.agent.nodename}" does not offer end-to-end streams (an earlier version, or turned off)`);
-  const unserved = e2eServiceGap(target.service, local.e2e, target.agent.nodename);
+  const capability = local ? localCapability(ctx, local, hostId, target.agent.nodename) : peeredCapability(ctx, hostId, target.agent.nodename);
+  if (typeof capability === 'string') return classic(capability);
+  const unserved = e2eServiceGap(target.service, capability, target.agent.nodename);
   if (unserved) return classic(unserved);
   if (!ctx.signer) return classic("this Proxy serves the operator's web certificate (proxy_service.https_keypairs), which names no host: an agent could not check its grants");
   const signer = ctx.signer;

@@ -12,19 +12,18 @@
  *   4. grant.iss is a live Proxy of the cluster now (ClusterView.proxy): a Proxy that left signs no more grants;
  *   5. verifyGrant with that certificate: the signature, not expired, not issued in the future.
  *
- * Steps 2 and 3 follow from the certificate's bytes and the host CA alone: their result is kept by those bytes
+ * Steps 1 to 3 are src/auth/grantissuer.ts's (the agent makes them too, for a grant from a Proxy it holds no tunnel
+ * to). Steps 2 and 3 follow from the certificate's bytes and the host CA alone: their result is kept by those bytes
  * (at most ISSUER_CACHE_MAX, all forgotten when the host CA changes), as the peering server keeps its peers'. Its
  * validity period, the liveness and the signature are checked every time. Single use is the relay's (e2erelay.ts).
  */
-import { X509Certificate } from 'node:crypto';
 import type { ClusterTrust } from '../auth/proxyauth.js';
-import { identityFromCert, type Identity } from '../auth/pki.js';
+import { issuerCertificate, issuerRefusal, ISSUER_ROLE, type GrantIssuer } from '../auth/grantissuer.js';
 import { decodeGrant, verifyGrant, type GrantCheck } from '../tunnel/e2e.js';
 
+export { ISSUER_ROLE };
 /** Issuer certificates whose chain and identity are remembered; beyond, the cache starts again. */
 export const ISSUER_CACHE_MAX = 256;
-/** The system role a grant's issuer must hold (the peering servers' PEER_ROLE: the Proxies'). */
-export const ISSUER_ROLE = 'proxy';
 
 export interface IssuerOptions {
   trust: Pick<ClusterTrust, 'clusterName' | 'host'>;
@@ -32,13 +31,8 @@ export interface IssuerOptions {
   live(proxyId: string): boolean;
 }
 
-interface Known {
-  cert: X509Certificate;
-  identity: Identity;
-}
-
 export class GrantIssuers {
-  private readonly known = new Map<string, Known>();
+  private readonly known = new Map<string, GrantIssuer>();
   private knownCa: string | undefined;
 
   constructor(private readonly options: IssuerOptions) {}
@@ -54,26 +48,20 @@ export class GrantIssuers {
     if (!decoded.ok) return decoded;
     const g = decoded.grant;
     if (g.x5c === undefined) return { ok: false, why: "the grant carries no issuer certificate (x5c): a Proxy of an earlier version signed it" };
-    let issuer: Known;
+    let issuer: GrantIssuer;
     try {
       issuer = this.certificate(g.x5c);
     } catch (err) {
       return { ok: false, why: `the grant's issuer certificate ${(err as Error).message}` };
     }
-    if (now < Date.parse(issuer.cert.validFrom) || now > Date.parse(issuer.cert.validTo)) {
-      return { ok: false, why: `the grant's issuer certificate is valid from ${issuer.cert.validFrom} to ${issuer.cert.validTo}` };
-    }
-    const id = issuer.identity;
-    if (id.kind !== 'host' || !id.roles.includes(ISSUER_ROLE)) {
-      return { ok: false, why: `the grant's issuer certificate is a ${id.kind} certificate of ${id.name} with roles ${id.roles.join(', ') || 'none'}, not a Proxy's` };
-    }
-    if (id.name !== g.iss) return { ok: false, why: `the grant names Proxy ${g.iss}, its certificate names ${id.name}` };
+    const why = issuerRefusal(issuer, g, now);
+    if (why) return { ok: false, why };
     if (!this.options.live(g.iss)) return { ok: false, why: `Proxy ${g.iss} is not a live Proxy of this cluster` };
     return verifyGrant(token, issuer.cert, now);
   }
 
-  /** Steps 2 and 3's facts of a certificate, from the cache or checked now; throws with the why. */
-  private certificate(x5c: string): Known {
+  /** Steps 2 and 3's facts of a certificate (src/auth/grantissuer.ts), from the cache or checked now; throws with the why. */
+  private certificate(x5c: string): GrantIssuer {
     const ca = this.options.trust.host.tls.certPem;
     if (ca !== this.knownCa || this.known.size >= ISSUER_CACHE_MAX) {
       this.known.clear();
@@ -82,22 +70,7 @@ export class GrantIssuers {
     // Keyed by the certificate's own text (at most a few KiB, as decodeGrant bounds it): a hit parses nothing.
     const cached = this.known.get(x5c);
     if (cached) return cached;
-    let cert: X509Certificate;
-    try {
-      cert = new X509Certificate(Buffer.from(x5c, 'base64url'));
-    } catch {
-      throw new Error('is not a certificate');
-    }
-    const caCert = new X509Certificate(ca);
-    if (!cert.checkIssued(caCert) || !cert.verify(caCert.publicKey)) throw new Error("was not signed by this cluster's host CA");
-    let identity: Identity;
-    try {
-      identity = identityFromCert(cert.raw);
-    } catch (err) {
-      throw new Error(`carries no identity (${(err as Error).message})`);
-    }
-    if (identity.cluster !== this.options.trust.clusterName) throw new Error(`is for cluster "${identity.cluster}"`);
-    const known = { cert, identity };
+    const known = issuerCertificate(x5c, ca, this.options.trust.clusterName);
     this.known.set(x5c, known);
     return known;
   }

@@ -34,11 +34,11 @@ import { logger, type Logger } from '../log.js';
 import { e2eByteCounters, recordE2EStream, type StreamOutcome } from '../metrics/e2e.js';
 import { clientOf, fatalTlsAlert, type ConnInfo } from '../mux/multiplexer.js';
 import { splice } from '../stream/splice.js';
-import { DATA_WAIT_MS, E2E_LINE_TIMEOUT_MS, parseE2ELine, type E2EGrant, type E2EOpenMessage, type GrantCheck } from '../tunnel/e2e.js';
+import { DATA_WAIT_MS, E2E_LINE_TIMEOUT_MS, e2eLine, parseE2ELine, type E2EGrant, type E2EOpenMessage, type GrantCheck } from '../tunnel/e2e.js';
 import type { DataConnections } from './e2edata.js';
 import { createGrantHandler, type GrantContext } from './e2egrants.js';
 import { GrantIssuers } from './e2eissuer.js';
-import type { AgentSource } from './router.js';
+import type { AgentSource, E2EPeer, Router } from './router.js';
 import type { SessionAudit, SessionKind } from './sessionaudit.js';
 import type { TunnelServer } from './tunnel.js';
 
@@ -49,6 +49,8 @@ export const INTERNAL_ERROR_ALERT = fatalTlsAlert(80);
 const ALERT_LINGER_MS = 2_000;
 /** A refusal of each kind is logged at most once per this long. */
 export const E2E_LOG_GAP_MS = 10_000;
+/** How long the Proxy may take to reach a peer's peering listener with a stream it relays there (Proxy peering). */
+export const E2E_FORWARD_DIAL_MS = 10_000;
 /** Grant ids a Proxy remembers as routed (each until its exp); a grant beyond this many unexpired ones is refused. */
 export const ROUTED_GRANTS_MAX = 100_000;
 
@@ -60,6 +62,11 @@ export interface RelayContext {
   audit?: SessionAudit;
   /** Tells the agent when the stream's user is locked or removed (TunnelServer.trackE2E): it closes its end too. */
   tellAgent?: Pick<TunnelServer, 'trackE2E'>;
+  /**
+   * Relaying to a peer that holds the agent's tunnel (Proxy peering) when this Proxy holds none: the peers
+   * (router.ts e2ePeers) and the Dialer that reaches their peering address. Without it, such a stream is refused.
+   */
+  forward?: { peers(hostId: string): readonly Pick<E2EPeer, 'proxyId' | 'peerAddr'>[]; dial(addr: string): Promise<Duplex> };
   dataWaitMs?: number;
   lineTimeoutMs?: number;
   routedMax?: number;
@@ -88,8 +95,13 @@ export class RoutedGrants {
   }
 }
 
-/** The route gateway-e2e's service. */
-export function createE2ERelay(options: RelayContext): (stream: Duplex, info: ConnInfo) => void {
+/**
+ * The route gateway-e2e's service; `peered` serves the streams a peer relayed to this Proxy's peering listener
+ * (peer.ts): the same checks, but never forwarded again (no loops).
+ */
+export type E2ERelay = ((stream: Duplex, info: ConnInfo) => void) & { peered: (stream: Duplex, info: ConnInfo) => void };
+
+export function createE2ERelay(options: RelayContext): E2ERelay {
   const log = options.log ?? logger('e2e-relay');
   const ctx: RelayContext = { ...options, log };
   const routed = new RoutedGrants(options.routedMax ?? ROUTED_GRANTS_MAX);
@@ -103,7 +115,7 @@ export function createE2ERelay(options: RelayContext): (stream: Duplex, info: Co
     const logCode = code ?? (outcome === 'grant' ? 'GW_ERR_E2E_GRANT' : 'GW_ERR_TUNNEL_NOT_FOUND');
     log.info({ code: logCode, client: clientOf(info), why }, 'end-to-end stream refused (logged once per 10 s per reason)');
   };
-  return (stream, info) => {
+  const serve = (stream: Duplex, info: ConnInfo, peered: boolean) => {
     stream.on('error', () => stream.destroy());
     readLine(stream, ctx.lineTimeoutMs ?? E2E_LINE_TIMEOUT_MS, (read) => {
       if (!read.ok) return refuse(stream, info, 'grant', ACCESS_DENIED_ALERT, read.why);
@@ -114,11 +126,12 @@ export function createE2ERelay(options: RelayContext): (stream: Duplex, info: Co
       const used = routed.take(g, now);
       if (used) return refuse(stream, info, 'grant', ACCESS_DENIED_ALERT, used);
       const identity: Identity = { kind: 'user', name: g.sub, cluster: ctx.auth.clusterName, roles: [...g.roles] };
-      void admit(ctx, stream, info, identity, g, read.token).then((refusal) => {
+      void admit(ctx, stream, info, identity, g, read.token, peered).then((refusal) => {
         if (refusal) refuse(stream, info, refusal.outcome, refusal.alert, refusal.why, refusal.code);
       });
     });
   };
+  return Object.assign((stream: Duplex, info: ConnInfo) => serve(stream, info, false), { peered: (stream: Duplex, info: ConnInfo) => serve(stream, info, true) });
 }
 
 type LineRead = { ok: true; token: string } | { ok: false; why: string };
@@ -162,7 +175,7 @@ interface Refusal {
 }
 
 /** Step 3 on: the user as it stands, tracking, then the route; a refusal when it did not open. */
-async function admit(ctx: RelayContext, stream: Duplex, info: ConnInfo, identity: Identity, g: E2EGrant, token: string): Promise<Refusal | undefined> {
+async function admit(ctx: RelayContext, stream: Duplex, info: ConnInfo, identity: Identity, g: E2EGrant, token: string, peered: boolean): Promise<Refusal | undefined> {
   const log = ctx.log!;
   let revoked: string | undefined;
   // Tracked before the check: a lock that lands while it runs still closes the stream.
@@ -186,11 +199,46 @@ async function admit(ctx: RelayContext, stream: Duplex, info: ConnInfo, identity
   // The agent closes its end of a revoked user's streams too, and refuses the user's grants for a while.
   const untrackAgent = ctx.tellAgent?.trackE2E(g.agent, identity, stream);
   if (untrackAgent) stream.once('close', untrackAgent);
-  const outcome = await route(ctx, stream, info, g, token, () => revoked);
-  if (outcome === 'opened') return undefined;
+  const local = ctx.data.tunnelOf(g.agent);
+  const outcome = local || peered || !ctx.forward ? await route(ctx, stream, info, g, token, () => revoked) : await forward(ctx, stream, info, g, token);
+  if (outcome === 'opened' || outcome === 'forwarded') return undefined;
   untrack();
   untrackAgent?.();
-  return { outcome, alert: INTERNAL_ERROR_ALERT, why: `agent ${g.agent}: ${outcome === 'no-tunnel' ? 'no tunnel to this Proxy now' : 'no idle data connection in time'}` };
+  const why = outcome === 'no-data' ? 'no idle data connection in time' : peered ? 'no tunnel to this Proxy now (a stream relayed by a peer is never relayed again)' : ctx.forward ? 'no tunnel to this Proxy now, and no peer that holds one took the stream' : 'no tunnel to this Proxy now';
+  return { outcome, alert: INTERNAL_ERROR_ALERT, why: `agent ${g.agent}: ${why}` };
+}
+
+/**
+ * No tunnel of the agent here: the stream goes to a peer that holds one, raw (the stream is end-to-end TLS
+ * already: no second layer), to its peering listener, which sniffs the stream line and routes it as this route
+ * does, never further. The stream line again, then the client's bytes as they come (its ClientHello was put back).
+ * The first peer that takes the connection carries it; the peer checks the grant itself and records the session.
+ */
+async function forward(ctx: RelayContext, stream: Duplex, info: ConnInfo, g: E2EGrant, token: string): Promise<StreamOutcome> {
+  const log = ctx.log!;
+  for (const peer of ctx.forward!.peers(g.agent)) {
+    let socket: Duplex;
+    try {
+      socket = await ctx.forward!.dial(peer.peerAddr);
+    } catch (err) {
+      log.info({ agent: g.agent, peer: peer.proxyId, peerAddr: peer.peerAddr, err: (err as Error).message }, 'cannot reach a peer for an end-to-end stream; trying the next');
+      continue;
+    }
+    if (stream.destroyed) {
+      socket.destroy();
+      return 'forwarded';
+    }
+    socket.on('error', () => socket.destroy());
+    socket.write(e2eLine(token));
+    recordE2EStream('forwarded');
+    log.info({ user: g.sub, resource: g.resource, agent: g.agent, peer: peer.proxyId, client: clientOf(info), grant: g.id, issuer: g.iss }, 'end-to-end stream forwarded');
+    const counters = e2eByteCounters();
+    stream.on('data', (chunk: Buffer) => counters.in.inc(chunk.length));
+    socket.on('data', (chunk: Buffer) => counters.out.inc(chunk.length));
+    splice(stream, socket);
+    return 'forwarded';
+  }
+  return 'no-tunnel';
 }
 
 /** Steps 4 to 6; the outcome when it did not open. */
@@ -239,15 +287,19 @@ export interface E2EWiring {
   /** The cluster's live Proxies (ClusterView): a grant's issuer must be one. */
   cluster: { proxy(id: string): unknown };
   audit?: SessionAudit;
+  /** Proxy peering: the peers that hold an agent's tunnel, and the Dialer to their peering listeners. */
+  peering?: { router: Pick<Router, 'e2ePeers'>; dial(addr: string): Promise<Duplex> };
 }
 
-export function e2eServices(w: E2EWiring): { grant: (stream: Duplex, info: ConnInfo) => void; e2e: (stream: Duplex, info: ConnInfo) => void; data: (stream: Duplex, info: ConnInfo) => void } {
+export function e2eServices(w: E2EWiring): { grant: (stream: Duplex, info: ConnInfo) => void; e2e: E2ERelay; data: (stream: Duplex, info: ConnInfo) => void } {
   const signer = w.tls ? { key: createPrivateKey(w.tls.key), x5c: new X509Certificate(w.tls.cert).raw.toString('base64url'), iss: w.proxyId } : undefined;
-  const grants: GrantContext = { auth: w.auth, agents: w.agents, tunnels: w.tunnels, data: w.tunnels.data, ...(signer ? { signer } : {}) };
+  const peering = w.peering;
+  const grants: GrantContext = { auth: w.auth, agents: w.agents, tunnels: w.tunnels, data: w.tunnels.data, ...(signer ? { signer } : {}), ...(peering ? { peering: peering.router } : {}) };
+  const forward = peering ? { forward: { peers: (hostId: string) => peering.router.e2ePeers(hostId).peers, dial: (addr: string) => peering.dial(addr) } } : {};
   const issuers = new GrantIssuers({ trust: w.auth, live: (id) => w.cluster.proxy(id) !== undefined });
   return {
     grant: createGrantHandler(grants),
-    e2e: createE2ERelay({ auth: w.auth, issuers, data: w.tunnels.data, tellAgent: w.tunnels, ...(w.audit ? { audit: w.audit } : {}) }),
+    e2e: createE2ERelay({ auth: w.auth, issuers, data: w.tunnels.data, tellAgent: w.tunnels, ...forward, ...(w.audit ? { audit: w.audit } : {}) }),
     data: w.tunnels.data.handle,
   };
 }

@@ -23,6 +23,14 @@
  *   a probe     a DialRequest with probe: true (gwctl probe, probe.ts): after the answer this Proxy writes one line of
  *               its own, {"hop":"peer-tunnel","ms"}, its tunnel dial's time, before the agent's report (protocol.ts).
  *   no loops    the server answers from this Proxy's own tunnels only, never over peering again.
+ *   end to end  the listener also takes end-to-end streams (src/tunnel/e2e.ts) that a Proxy holding no tunnel of
+ *               the agent relays here: raw TCP, no TLS of its own (the stream is TLS between client and agent
+ *               already), starting with the stream line `GWE2E1 <grant>`. The first byte sorts them (accept: 0x16
+ *               TLS, `G` the line, read whole within peer-request and its cap, anything else closed, the first
+ *               byte within tls-handshake); the relay (e2erelay.ts
+ *               `peered`) checks the grant itself and routes only to this Proxy's own tunnels. Such a connection
+ *               is not authenticated as a Proxy: it opens nothing the one port would not (the grant and the
+ *               user's key do), and it is relayed no further.
  *   deadlines   tls-handshake; gateway-peer-tls: peer-idle (idle_timeout) until the request's first byte (a
  *               pooled connection waits here), peer-request (header_timeout) until its line is whole;
  *               gateway-peer: peer-request until the first stream, then peer-idle whenever no stream is open. The dial answer
@@ -57,9 +65,15 @@ import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import { LineSplitter } from '../stream/splitter.js';
 import { databaseGrantOf, type DialRequest, type ProbeReport, type ServiceKind } from '../tunnel/protocol.js';
+import { E2E_MAGIC } from '../wire/protocols.js';
+import { parseE2ELine } from '../tunnel/e2e.js';
+import type { ConnInfo } from '../mux/multiplexer.js';
 import { startHop, traceContextOf, traceFields, withinHop } from '../trace.js';
 import type { ClusterView } from './cluster.js';
 import type { LocalTunnels, PeerDialer } from './router.js';
+
+/** The first byte of a TLS connection (a handshake record): the peering listener's sniff. */
+const TLS_HANDSHAKE_RECORD = 0x16;
 
 /** HTTP/2, one connection per pair of Proxies (GATEWAY_PEER_TRANSPORT=http2). */
 export const PEER_ALPN = 'gateway-peer';
@@ -132,6 +146,7 @@ export class PeerServer {
   /** Identities already read from peers' certificates (by SHA-256 fingerprint), for the host CA they were checked against. */
   private readonly identities = new Map<string, Identity>();
   private identitiesCa = '';
+  private e2e: ((stream: Duplex, info: ConnInfo) => void) | undefined;
 
   constructor(private readonly options: PeerServerOptions) {
     this.terminate = tlsTerminator({
@@ -181,7 +196,62 @@ export class PeerServer {
     this.server = undefined;
   }
 
+  /**
+   * End-to-end streams a peer relays here raw (e2erelay.ts `peered`: checked as on the one port, routed only to
+   * this Proxy's own tunnels). Until set, a connection that does not start TLS is closed.
+   */
+  serveE2E(handler: (stream: Duplex, info: ConnInfo) => void): void {
+    this.e2e = handler;
+  }
+
+  /**
+   * The first byte decides, within the TLS handshake's deadline (tls-handshake): a TLS record (0x16) peers as
+   * always; `G` starts the stream line of an end-to-end stream (`GWE2E1 <grant>`), read whole here within
+   * header_timeout (peer-request) and at most E2E_LINE_MAX_BYTES (parseE2ELine), then handed with everything after
+   * it to the relay; any other byte, a line that is not one, or too long, or late: closed.
+   */
   private accept(socket: net.Socket): void {
+    const conn = connectionOf(socket);
+    const { tlsHandshakeMs, headerMs } = this.options.limits.settings;
+    conn.enter('tls-handshake', tlsHandshakeMs);
+    let buf = Buffer.alloc(0);
+    const client = () => `${socket.remoteAddress}:${socket.remotePort}`;
+    const onData = (chunk: Buffer) => {
+      if (buf.length === 0) {
+        if (chunk[0] === TLS_HANDSHAKE_RECORD) {
+          socket.off('data', onData);
+          socket.pause();
+          socket.unshift(chunk);
+          return this.acceptTls(socket);
+        }
+        if (chunk[0] !== E2E_MAGIC.charCodeAt(0) || !this.e2e) {
+          this.log.debug({ client: client(), first: chunk[0] }, 'peering connection is neither TLS nor an end-to-end stream; closed');
+          return void socket.destroy();
+        }
+        conn.enter('peer-request', headerMs);
+      }
+      // At most the line's cap and one chunk: parseE2ELine says bad past the cap.
+      buf = Buffer.concat([buf, chunk]);
+      const parsed = parseE2ELine(buf);
+      if (parsed.kind === 'need-more') return;
+      socket.off('data', onData);
+      if (parsed.kind === 'bad') {
+        this.log.debug({ client: client(), why: parsed.why }, 'peering connection: not an end-to-end stream line; closed');
+        return void socket.destroy();
+      }
+      conn.leave('peer-request');
+      socket.pause();
+      socket.unshift(buf);
+      const info: ConnInfo = { remoteAddress: socket.remoteAddress ?? '', remotePort: socket.remotePort ?? 0, localAddress: socket.localAddress ?? '', localPort: socket.localPort ?? 0, route: 'gateway-e2e' };
+      this.e2e!(socket, info);
+      // The relay reads the line again from here (it listens for data: a paused socket would never give it).
+      socket.resume();
+    };
+    socket.on('data', onData);
+    socket.on('error', () => socket.destroy());
+  }
+
+  private acceptTls(socket: net.Socket): void {
     const client = `${socket.remoteAddress}:${socket.remotePort}`;
     this.terminate(
       socket,

@@ -12,13 +12,14 @@
  *   direct   the agent joined directly and publishes its own addresses: the direct dialer (direct.ts)
  *   none     GW_ERR_TUNNEL_NOT_FOUND naming the agent, with every reason above
  * A peer that is asked never routes further: it answers from its own tunnels only (peer.ts), so no loop.
+ * End-to-end streams (e2ePeers) take the peer steps only, and only a peer whose presence offers them.
  */
 import type { Duplex } from 'node:stream';
 import type { Presence, ProxyRecord } from '../auth/records.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger } from '../log.js';
 import { startHop, traceContextOf, traceFields, tracingEnabled, type Attributes } from '../trace.js';
-import type { AgentResources, DialRequest, ServiceKind } from '../tunnel/protocol.js';
+import type { AgentResources, DialRequest, E2ECapability, ServiceKind } from '../tunnel/protocol.js';
 import { DIRECT_PROXY_ID, type ClusterView } from './cluster.js';
 import type { ReachableAgent } from './resources.js';
 import type { ConnectedAgent } from './tunnel.js';
@@ -28,6 +29,13 @@ export type Decision =
   | { via: 'peer'; proxyId: string; peerAddr: string; reason: string }
   | { via: 'direct'; presence: Presence; reason: string }
   | { via: 'none'; reason: string };
+
+/** A peer Proxy that holds an agent's tunnel offering end-to-end streams (Router.e2ePeers). */
+export interface E2EPeer {
+  proxyId: string;
+  peerAddr: string;
+  capability: E2ECapability;
+}
 
 /** What the router needs of the tunnel server. */
 export interface LocalTunnels {
@@ -115,6 +123,26 @@ export class Router implements AgentSource {
     if (!cluster?.locations(hostId).some((id) => id !== cluster.selfId) && !joined) skipped.push('no other live Proxy holds a tunnel of it');
     steps.push({ via: 'none', reason: skipped.join('; ') || 'every way was tried' });
     return steps;
+  }
+
+  /**
+   * End-to-end streams to an agent whose tunnel this Proxy does not hold: the live peers (in plan() order) that
+   * hold a tunnel of it offering end-to-end streams, by the presence each wrote (its `e2e` capability: written only
+   * by a Proxy whose peering listener takes them raw, peer.ts), with their peering address; else why none.
+   */
+  e2ePeers(hostId: string): { peers: E2EPeer[]; reason: string } {
+    const peers: E2EPeer[] = [];
+    const skipped: string[] = [];
+    for (const step of this.plan(hostId)) {
+      if (step.via === 'local') skipped.push('this Proxy holds a tunnel of it');
+      else if (step.via === 'direct') skipped.push('it joined directly (no tunnel)');
+      else if (step.via === 'peer') {
+        const capability = this.options.cluster?.presenceOf(hostId, step.proxyId)?.e2e;
+        if (capability) peers.push({ proxyId: step.proxyId, peerAddr: step.peerAddr, capability });
+        else skipped.push(`its tunnel to Proxy ${step.proxyId} offers no end-to-end streams (a v1 tunnel, or an agent or Proxy of an earlier version)`);
+      } else if (peers.length === 0) skipped.push(step.reason);
+    }
+    return { peers, reason: peers.length > 0 ? `Proxy ${peers.map((p) => p.proxyId).join(', ')} holds its tunnel (peering)` : skipped.join('; ') };
   }
 
   /** A stream to the resource the request names, through the agent, by the first way of plan() that works. */

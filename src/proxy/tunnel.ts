@@ -718,6 +718,8 @@ export class TunnelServer extends EventEmitter {
           ...(agent.upgradeGroup === undefined ? {} : { upgradeGroup: agent.upgradeGroup }),
           ...(agent.health === undefined ? {} : { health: agent.health }),
           ...(entry.proof === undefined ? {} : { proof: entry.proof }),
+          // Written by a Proxy whose peering listener takes end-to-end streams (peer.ts): other Proxies may grant them.
+          ...(agent.e2e === undefined ? {} : { e2e: agent.e2e }),
         },
         this.options.heartbeatIntervalMs * (PRESENCE_REFRESH_BEATS + this.options.heartbeatCountMax + 1),
       );

@@ -19,7 +19,7 @@ import { decisionAttributes } from '../dial/select.js';
 import { GatewayError } from '../errors.js';
 import type { ConnectionLimits, LimitSettings } from '../net/deadlines.js';
 import { createAccessHandler } from '../proxy/access.js';
-import { e2eServices } from '../proxy/e2erelay.js';
+import { E2E_FORWARD_DIAL_MS, e2eServices, type E2EWiring } from '../proxy/e2erelay.js';
 import { startFrontDoor, type FrontDoor, type ProtocolServices } from '../proxy/frontdoor.js';
 import { cachedAuthPreference } from '../proxy/ping.js';
 import { SshJumpServer } from '../proxy/sshjump.js';
@@ -158,7 +158,7 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     web,
     webApps: createWebAppHandler(auth, router, { webAddrs: () => webAddrs(config, frontDoor?.addresses.web), audit }),
     webAppUpgrades: createWebAppUpgradeHandler(auth, router, { deadlines: limits.settings, audit }),
-    services: { ...services(auth, router, tunnels, jump, limits.settings, audit), ...e2eServices({ auth, agents: router, tunnels, tls: ownWebCert ? webTls : undefined, proxyId: options.proxyId, cluster, audit }) },
+    services: { ...services(auth, router, tunnels, jump, limits.settings, audit), ...endToEnd(options, peering, { auth, agents: router, tunnels, tls: ownWebCert ? webTls : undefined, proxyId: options.proxyId, cluster, audit }, router) },
     // Every live Proxy's tunnel key: behind a balancer, the agent's raw SSH tunnel may land on any of them.
     findExtras: () => findExtras(options.proxyId, tunnelKey.sshPublicKey, cluster),
     tls: { ...webTls, ca: [auth.host.tls.certPem, auth.user.tls.certPem] },
@@ -187,6 +187,16 @@ export async function startProxyRole(options: ProxyRoleOptions): Promise<ProxyRo
     setProxyProtocolTrusted: (sources) => frontDoor!.setProxyProtocolTrusted(sources),
     listening: () => frontDoor!.listening(),
   };
+}
+
+/**
+ * The routes of end-to-end streams (e2erelay.ts); over peering, a stream for an agent whose tunnel a peer holds is
+ * relayed raw (through the Dialer) to that peer's listener, which takes such streams (peered: never relayed again).
+ */
+function endToEnd(options: ProxyRoleOptions, peering: PeeringControl, wiring: Omit<E2EWiring, 'peering'>, router: Router): ReturnType<typeof e2eServices> {
+  const e2e = e2eServices({ ...wiring, peering: { router, dial: (addr) => options.dialer.dial(addr, { signal: AbortSignal.timeout(E2E_FORWARD_DIAL_MS) }) } });
+  peering.server.serveE2E(e2e.e2e.peered);
+  return e2e;
 }
 
 /** This Proxy's first public address (host:port), else its node name: what its Proxy record and the tunnels name. */

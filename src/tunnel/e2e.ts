@@ -31,9 +31,14 @@
  *    end), so the agent knows where the connection waits: only that Proxy may assign it. Then the connection
  *    carries nothing until the Proxy assigns it, and after that the Proxy relays bytes both ways untouched: the
  *    TLS records between client and agent.
+ *    With Proxy peering, a Proxy that holds no tunnel of the agent relays the stream raw (plain TCP: no second
+ *    layer) to the peering listener of the peer that does, the stream line first; that peer routes it as above and
+ *    never relays it again. The grant is given for such an agent when its presence, written by that peer, carries
+ *    the tunnel's capability (Presence.e2e) with `peered` (the agent checks a grant by its x5c).
  * 4. The agent takes the E2EOpenMessage (data connection n only if the Proxy's answer on n named the Proxy of the
  *    tunnel the message came on), checks the grant (signature by grant.iss, checked with the certificate of the
- *    agent's own tunnel to that Proxy, which need not be the tunnel the message came on; its own host ID, a
+ *    agent's own tunnel to that Proxy, which need not be the tunnel the message came on, or with none, with the
+ *    grant's x5c checked as the Proxies check it; its own host ID, a
  *    resource it serves, not expired, not used before), terminates the client's TLS with its host certificate, requires a user certificate of this cluster whose identity is the grant's user, whose
  *    public key is the grant's key and whose roles include the grant's roles, and checks its locks. Then it
  *    writes one DialAnswer line inside the TLS ({"ok":true} or the error) and relays the resource.
@@ -122,8 +127,9 @@ export interface E2EGrant {
   /**
    * The issuing Proxy's TLS certificate (DER, base64url): the key the grant is signed with. Any Proxy of the
    * cluster checks it (it chains to the host CA, names a live Proxy `iss`) and then the grant, so the stream may
-   * land on another Proxy than the grant session did (behind a load balancer). The agent does not read it: it
-   * checks the grant with the certificate of its own tunnel to `iss`.
+   * land on another Proxy than the grant session did (behind a load balancer). The agent checks the grant with the
+   * certificate of its own tunnel to `iss`, and with this one (checked the same way: src/auth/grantissuer.ts) when
+   * it holds none (Proxy peering).
    */
   x5c?: string;
   /** The grant request's span (src/trace.ts), the stream's parent at the agent, whichever Proxy routes it. */
@@ -404,5 +410,5 @@ export function e2eCapabilityOf(v: unknown): E2ECapability | undefined {
   if (typeof v !== 'object' || v === null) return undefined;
   const c = v as Record<string, unknown>;
   if (c.v !== 1 || !Number.isSafeInteger(c.pool) || (c.pool as number) < 1) return undefined;
-  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX), ...(c.kube === true ? { kube: true } : {}) };
+  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX), ...(c.kube === true ? { kube: true } : {}), ...(c.peered === true ? { peered: true } : {}) };
 }

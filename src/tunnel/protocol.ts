@@ -267,6 +267,12 @@ export interface E2ECapability {
    * Impersonate-* headers.
    */
   kube?: true;
+  /**
+   * The agent takes a grant of a Proxy it holds no tunnel to, by the grant's own issuer certificate (Proxy peering:
+   * src/auth/grantissuer.ts). A Proxy grants for an agent it reaches over peering only when it says so: an agent of
+   * the version before would refuse such a grant inside the TLS, which the client could not fall back from.
+   */
+  peered?: true;
 }
 /**
  * Proxy → agent on the control stream: data connection `conn` now carries the stream of `grant` (declared here

@@ -7,10 +7,11 @@
  * tunnel whose kid it names); the test then sends e2e-open on that tunnel's control stream, signs grants with the
  * Proxy's key, and plays the client with a real TLS client (user certificates from the Auth Service's login).
  *
- *   - the hello of a v2 tunnel carries e2e {v: 1, pool, kube: true} (kube: it impersonates on end-to-end kube streams); with pool 0 it carries none and nothing is dialled
+ *   - the hello of a v2 tunnel carries e2e {v: 1, pool, kube: true, peered: true} (kube: it impersonates on end-to-end kube streams; peered: it takes grants of a Proxy it holds no tunnel to); with pool 0 it carries none and nothing is dialled
  *   - a good stream reaches the echo app byte-exact after {"ok":true}; the agent reports its start with e2e: true
  *   - a grant another Proxy issued (behind a load balancer the stream comes on another Proxy's tunnel) is checked
- *     with the certificate of the agent's tunnel to that Proxy; with none, refused; routed again by that Proxy, it
+ *     with the certificate of the agent's tunnel to that Proxy; with none, by the grant's x5c (Proxy peering: the
+ *     host CA, role proxy, the name grant.iss), refused without one; routed again by that Proxy, it
  *     is refused as used (the agent's single use is what holds across Proxies)
  *   - hostile grants and clients, each refused inside the TLS with GW_ERR_E2E_REFUSED naming the check: signed by
  *     another key, for another agent, issued by a Proxy the agent holds no tunnel to, for another user, bound to another key, roles the certificate lacks, expired,
@@ -413,7 +414,7 @@ describe('end-to-end streams at the agent', () => {
     const { identity } = await startAgent();
     const kid = await poolReady(identity.hostId);
     const hello = hellos.find((h) => h.hostId === identity.hostId);
-    expect(hello?.e2e).toEqual({ v: 1, pool: 2, kube: true });
+    expect(hello?.e2e).toEqual({ v: 1, pool: 2, kube: true, peered: true });
     expect(idleOf(kid).map((c) => c.n).sort()).toEqual([1, 2]);
     expect(refusedData).toBe(0);
   });
@@ -421,7 +422,7 @@ describe('end-to-end streams at the agent', () => {
   it('keeps at most 8 (what a Proxy keeps per tunnel), whatever it is given', async () => {
     const { identity } = await startAgent({ e2e: { pool: 100 } });
     await poolReady(identity.hostId, 8);
-    expect(hellos.find((h) => h.hostId === identity.hostId)?.e2e).toEqual({ v: 1, pool: 8, kube: true });
+    expect(hellos.find((h) => h.hostId === identity.hostId)?.e2e).toEqual({ v: 1, pool: 8, kube: true, peered: true });
     expect(agents[0]!.dataConnections.length).toBe(8);
   });
 
@@ -589,6 +590,34 @@ describe('end-to-end streams at the agent', () => {
     expect(await refusal(identity.hostId, await poolReady(identity.hostId, 1), grantFor(identity, {}, b.privateKeyPem).token, alice)).toContain("signature is not the issuing Proxy's");
     forget();
     expect(await refusal(identity.hostId, await poolReady(identity.hostId, 1), grantFor(identity, { iss: 'proxy-b' }, b.privateKeyPem).token, alice)).toContain('to which this agent holds no tunnel');
+  });
+
+  it("takes a grant of a Proxy it holds no tunnel to (Proxy peering) by the grant's own issuer certificate, and refuses another CA's, a non-Proxy host's, another name's", async () => {
+    const { identity } = await startAgent({ e2e: { pool: 4, data: { backoff: { firstMs: 50, maxMs: 200 } }, handshakeTimeoutMs: 2_000 } });
+    const kid = await poolReady(identity.hostId, 2);
+    const next = () => poolReady(identity.hostId, 1).then(() => kid);
+    // Proxy C: a Proxy of this cluster the agent holds no tunnel to; its certificate travels in the grant (x5c).
+    const c = generateKeyPair();
+    const cX5c = new X509Certificate(await auth.auth.issueServerCert(c.publicKeyPem, ['localhost'], 'proxy-c')).raw.toString('base64url');
+    const ofC = grantFor(identity, { iss: 'proxy-c', x5c: cX5c }, c.privateKeyPem).token;
+    const { socket } = await openStream(identity.hostId, await next(), ofC, alice);
+    const framed = await okFramed(socket);
+    const bytes = randomBytes(2048);
+    expect((await echoes(framed, bytes)).equals(bytes)).toBe(true);
+    framed.destroy();
+    // The same name and role from another host CA.
+    const foreignCa = await generateAuthority('host', CLUSTER);
+    const f = generateKeyPair();
+    const fX5c = new X509Certificate(await issueTlsCert(foreignCa, { publicKeyPem: f.publicKeyPem, identity: { kind: 'host', name: 'proxy-c', cluster: CLUSTER, roles: ['proxy'] }, ttlMs: 3600_000, usage: 'both' })).raw.toString('base64url');
+    expect(await refusal(identity.hostId, await next(), grantFor(identity, { iss: 'proxy-c', x5c: fX5c }, f.privateKeyPem).token, alice)).toContain("was not signed by this cluster's host CA");
+    // An agent's host certificate of this cluster (no role proxy) signing for itself.
+    const other = await joinHost();
+    const agentX5c = new X509Certificate(other.cert).raw.toString('base64url');
+    expect(await refusal(identity.hostId, await next(), grantFor(identity, { iss: other.hostId, x5c: agentX5c }, other.key).token, alice)).toContain("not a Proxy's");
+    // Proxy C's certificate and key, naming another Proxy as the issuer.
+    expect(await refusal(identity.hostId, await next(), grantFor(identity, { iss: 'proxy-d', x5c: cX5c }, c.privateKeyPem).token, alice)).toContain('the grant names Proxy proxy-d, its certificate names proxy-c');
+    // Carried by C but signed by another key: the signature is still checked.
+    expect(await refusal(identity.hostId, await next(), grantFor(identity, { iss: 'proxy-c', x5c: cX5c }, generateKeyPair().privateKeyPem).token, alice)).toContain("signature is not the issuing Proxy's");
   });
 
   it("forgets a locked user after LOCKED_USER_HOLD_MS (an honest Proxy signs no grant while the lock lasts; one lifted is not held against the user)", async () => {

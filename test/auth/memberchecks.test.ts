@@ -105,6 +105,14 @@ describe('proxyPresence', () => {
     expect(bad.health).toBeUndefined();
     expect(proxyPresence(sent({ health: { ...health, measured_at: at(NOW + 3_600_000) } }), node(['db']), 'proxy-1', NOW).health).toBeUndefined();
   });
+
+  it("keeps the tunnel's end-to-end capability (other Proxies grant over peering by it) only as e2eCapabilityOf reads it", () => {
+    expect(proxyPresence(sent({ e2e: { v: 1, pool: 2, kube: true, peered: true } }), node(['db']), 'proxy-1', NOW).e2e).toEqual({ v: 1, pool: 2, kube: true, peered: true });
+    expect(proxyPresence(sent({ e2e: { v: 1, pool: 1000, extra: 'x'.repeat(10_000) } }), node(['db']), 'proxy-1', NOW).e2e).toEqual({ v: 1, pool: 8 });
+    for (const bad of [{ v: 2, pool: 2 }, { v: 1, pool: 0 }, 'yes', null, [1]]) {
+      expect(proxyPresence(sent({ e2e: bad }), node(['db']), 'proxy-1', NOW), JSON.stringify(bad)).not.toHaveProperty('e2e');
+    }
+  });
 });
 
 describe("checkPresenceProof (the agent's signature of its presence through one Proxy)", () => {

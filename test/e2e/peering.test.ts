@@ -6,13 +6,17 @@
  * checked end to end, one large transfer and many concurrent streams (the default transport, a TLS connection per
  * stream). The link between A and B's peering port runs through a relay B publishes as its peer_public_addr: cut
  * (new connections through A fail with a clear error; a transfer under way is reset at the client, never ended) and
- * restored (they work again). B's peering port refuses a
+ * restored (they work again). These go the classic way (gwsh --e2e off); end to end (--e2e require), the stream
+ * goes through A raw to B's peering listener (A logs it forwarded, B routed, B records the session with e2e: true),
+ * and A, run as a compromised Proxy (test/helpers/compromised-proxy.cjs records every byte its sockets deliver),
+ * holds none of the stream's bytes, where it holds the classic route's.
+ * B's peering port refuses a
  * client without a certificate on either transport (gateway-peer, gateway-peer-tls) and garbage; the in-process
  * suite (test/proxy/peer.test.ts) has every other hostile case.
  */
 import { type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -32,6 +36,7 @@ let b: RunningGateway;
 let agent: RunningGateway;
 let echo: net.Server;
 let localPort: number;
+let userEnv: Record<string, string>;
 let peerPortB: number;
 const children: ChildProcess[] = [];
 
@@ -70,6 +75,13 @@ class PeerLink {
 
 let link: PeerLink;
 
+const PRELOAD = new URL('../helpers/compromised-proxy.cjs', import.meta.url).pathname;
+const recordDir = () => join(dir, 'record-a');
+/** Everything A's process held, one file per socket (-tls.bin: plaintext A decrypted; -raw.bin: bytes it did not). */
+async function recordedAtA(): Promise<Array<{ name: string; bytes: Buffer }>> {
+  return Promise.all((await readdir(recordDir())).sort().map(async (name) => ({ name, bytes: await readFile(join(recordDir(), name)) })));
+}
+
 const proxyYaml = (name: string, web: number, peer: number, conn: string, peerPublic?: number) =>
   [
     'gateway:',
@@ -91,11 +103,11 @@ const proxyYaml = (name: string, web: number, peer: number, conn: string, peerPu
   ].join('\n');
 
 /** Sends `data` through a fresh connection to gwsh's local listener and resolves with the sha256 of the echo. */
-function echoThrough(data: Buffer): Promise<string> {
+function echoThrough(data: Buffer, port = localPort): Promise<string> {
   return new Promise((resolve, reject) => {
     const hash = createHash('sha256');
     let got = 0;
-    const s = net.connect({ port: localPort, host: '127.0.0.1' }, () => s.write(data));
+    const s = net.connect({ port, host: '127.0.0.1' }, () => s.write(data));
     s.on('data', (c: Buffer) => {
       hash.update(c);
       got += c.length;
@@ -109,9 +121,12 @@ function echoThrough(data: Buffer): Promise<string> {
   });
 }
 
-/** gwsh proxy app echo in its own process: resolves with its local port, rejects when it exits (not reachable yet). */
-async function echoProxy(env: Record<string, string>): Promise<number> {
-  return (await startGwshProxy(['app', 'echo'], env, children)).port;
+/**
+ * gwsh proxy app echo in its own process: resolves with its local port, rejects when it exits (not reachable yet).
+ * The classic route (--e2e off) unless said: the agent offers end-to-end streams, which go over peering raw.
+ */
+async function echoProxy(env: Record<string, string>, e2e: 'off' | 'require' = 'off'): Promise<number> {
+  return (await startGwshProxy(['app', 'echo', '--e2e', e2e], env, children)).port;
 }
 
 const sha256 = (d: Buffer) => createHash('sha256').update(d).digest('hex');
@@ -149,7 +164,9 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
     peerPortB = await getPort({ host: '127.0.0.1' });
     link = new PeerLink(await getPort({ host: '127.0.0.1' }), () => peerPortB);
     await link.restore();
-    a = await startGateway(proxyYaml('proxy-a', webA, peerA, pg.url()));
+    // A runs with the compromised-Proxy recorder (test/helpers/compromised-proxy.cjs): every chunk its sockets deliver.
+    await mkdir(recordDir(), { recursive: true });
+    a = await startGateway(proxyYaml('proxy-a', webA, peerA, pg.url()), { env: { NODE_OPTIONS: `--require ${PRELOAD}`, GW_TEST_RECORD: recordDir() } });
     b = await startGateway(proxyYaml('proxy-b', webB, peerPortB, pg.url(), link.port));
     const admin = (args: string[], input?: string) => runCli('gwctl', ['--data-dir', b.dataDir, ...args], { env: { HOME: dir }, ...(input ? { input } : {}) });
     const pin = /CA pin:\s+(\S+)/.exec((await admin(['status'])).stdout)![1]!;
@@ -162,6 +179,7 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
     );
     await agent.waitForLog('reverse tunnel ready');
     const env = { HOME: dir, GWSH_HOME: join(dir, 'alice') };
+    userEnv = env;
     expect((await runCli('gwsh', ['login', `--proxy=localhost:${webA}`, '--user=alice', `--ca-pin=${pin}`], { env, input: 'correct horse battery\n' })).status).toBe(0);
     // A learns from the shared backend that B holds the agent's tunnel; until then gwsh's start check is refused.
     await waitUntil('gwsh proxy app reaches the app through A', async () => {
@@ -186,6 +204,8 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
     it('8 MiB come back byte for byte, and A carried them over peering', async () => {
       const data = randomBytes(8 * 1024 * 1024);
       expect(await echoThrough(data)).toBe(sha256(data));
+      // The recorder's control: on the classic route A decrypts the stream, and holds its bytes.
+      expect((await recordedAtA()).some((f) => f.name.endsWith('-tls.bin') && f.bytes.includes(data.subarray(1_000_003, 1_000_051)))).toBe(true);
       expect(a.logs()).not.toContain('"msg":"agent connected"');
       expect(b.logs()).toContain('peered stream opened');
       // One emitter per session: A, where the client is, records it; B, which only carried it to the agent, does not.
@@ -210,6 +230,35 @@ rootSuite(['dbUsers'])('Proxy peering between two daemons on one PostgreSQL', ()
       );
       expect(results.every(Boolean)).toBe(true);
     }, 60_000);
+  });
+
+  describe('end to end through A (gwsh proxy app --e2e require): raw over 3021, no second encryption', () => {
+    it("4 MiB come back byte for byte; A forwarded the stream to B, B routed it to the agent's data connection and recorded it", async () => {
+      const proxies = JSON.parse((await runCli('gwctl', ['--data-dir', b.dataDir, 'get', 'proxies', '--format', 'json'], { env: { HOME: dir } })).stdout) as Array<{ metadata: { name: string }; spec: { hostname: string } }>;
+      const idOf = (host: string) => proxies.find((p) => p.spec.hostname === host)?.metadata.name;
+      // A grants once it sees B's presence of the agent with the e2e capability (the backend is shared).
+      let port: number | undefined;
+      await waitUntil('gwsh proxy app --e2e require through A', async () => (port = await echoProxy(userEnv, 'require').catch(() => undefined)) !== undefined, 30_000, 250);
+      const data = randomBytes(4 * 1024 * 1024);
+      expect(await echoThrough(data, port)).toBe(sha256(data));
+      // A, compromised, held none of it: no slice of the random bytes in anything its sockets delivered, while the
+      // stream's line did pass through it raw (and the classic route's bytes, decrypted, are in its -tls.bin files).
+      const held = await recordedAtA();
+      const slices = [0, 1_000_003, 3_000_017].map((at) => data.subarray(at, at + 48));
+      expect(held.filter((f) => slices.some((x) => f.bytes.includes(x))).map((f) => f.name)).toEqual([]);
+      expect(held.some((f) => f.name.endsWith('-raw.bin') && f.bytes.includes('GWE2E1 '))).toBe(true);
+      await waitUntil('A logs the stream forwarded', () => a.logs().includes('end-to-end stream forwarded'));
+      const forwarded = a.logs().split('\n').find((l) => l.includes('end-to-end stream forwarded'))!;
+      expect(JSON.parse(forwarded)).toMatchObject({ user: 'alice', resource: 'echo', peer: idOf('proxy-b') });
+      expect(b.logs()).toContain('end-to-end stream routed');
+      expect(a.logs()).not.toContain('end-to-end stream routed');
+      // The session is B's to record (it routed it to the agent), with e2e: true; and the agent's own.
+      await waitUntil('the 4 MiB end-to-end session recorded by B', async () => {
+        const r = await runCli('gwctl', ['--data-dir', b.dataDir, 'get', 'events', '--format', 'json'], { env: { HOME: dir } });
+        const ends = (JSON.parse(r.stdout) as Array<{ spec: Record<string, unknown> }>).map((e) => e.spec).filter((e) => e.event === 'app.session.end' && e.e2e === true && (e.reported_by as { proxy_id?: string } | undefined)?.proxy_id === idOf('proxy-b'));
+        return ends.some((e) => (e.bytes_in as number) >= data.length);
+      }, 30_000);
+    }, 90_000);
   });
 
   describe('the 3021 link between A and B', () => {

@@ -153,7 +153,9 @@ rootSuite(['dbUsers'])('traces from gwsh and an HTTP request through Proxy, peer
       { args: ['--token', token, '--ca-pin', pin, '--proxy', `localhost:${webB}`] },
     );
     await agent.waitForLog('reverse tunnel ready');
-    userEnv = { GWSH_HOME: join(dir, 'alice'), OTEL_EXPORTER_OTLP_ENDPOINT: collector.url.replace(/\/v1\/traces$/, '') };
+    // The classic route (GWSH_E2E=off): its chain through A's route and B's peering hop is what is traced here; an
+    // end-to-end stream goes over peering raw, with no proxy.access or proxy.peer span (docs/tunnels.md).
+    userEnv = { GWSH_HOME: join(dir, 'alice'), GWSH_E2E: 'off', OTEL_EXPORTER_OTLP_ENDPOINT: collector.url.replace(/\/v1\/traces$/, '') };
     expect((await runCli('gwsh', ['login', `--proxy=localhost:${webA}`, '--user=alice', `--ca-pin=${pin}`], { env: { HOME: dir, ...userEnv }, input: 'correct horse battery\n' })).status).toBe(0);
     const config = await runCli('gwsh', ['config'], { env: { HOME: dir, ...userEnv } });
     sshConfig = join(dir, 'ssh_config');

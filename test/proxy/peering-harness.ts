@@ -46,6 +46,8 @@ export interface PeerClusterOptions {
   limits?: string[];
   /** auth_service.keep_alive_interval: Proxy records' and agents' heartbeats (1s for tests: quick TTLs). */
   keepAlive?: string;
+  /** The agent's idle data connections per tunnel (end-to-end streams); 0 (none) unless given. */
+  e2ePool?: number;
 }
 
 export const splitAddr = (addr: string): { host: string; port: number } => {
@@ -131,6 +133,7 @@ export async function startPeerCluster(options: PeerClusterOptions = {}): Promis
         s.once('error', reject);
       }),
     heartbeatIntervalMs: config.auth_service.keep_alive_interval,
+    ...(options.e2ePool ? { e2e: { pool: options.e2ePool } } : {}),
   });
   lifecycle.onStop('agents', () => agent.stop());
   const connected = new Promise<void>((r) => agent.once('connected', () => r()));

@@ -131,6 +131,27 @@ describe('Router', () => {
     await cluster.close();
   });
 
+  it("end-to-end streams: lists the peers whose presence offers them (with the capability), in plan order; else why none", async () => {
+    const e2e = { v: 1 as const, pool: 2, peered: true as const };
+    const cluster = await view(
+      [proxy('p1', 'p1:3021'), proxy('p2', 'p2:3021'), proxy('p3')],
+      [presence('h', 'p1'), presence('h', 'p2', undefined, { e2e }), presence('h', 'p3', undefined, { e2e }), presence('old', 'p1'), presence('d', DIRECT_PROXY_ID)],
+    );
+    const r = new Router({ tunnels: localTunnels([{ hostId: 'local' }]), cluster, peers: { dial: () => stream() }, direct: () => stream() });
+    expect(r.e2ePeers('h').peers).toEqual([{ proxyId: 'p2', peerAddr: 'p2:3021', capability: e2e }]);
+    // A peer that does not say it (an earlier version) is no way for end-to-end streams; nor is a direct join.
+    const none = r.e2ePeers('old');
+    expect(none.peers).toEqual([]);
+    expect(none.reason).toContain('its tunnel to Proxy p1 offers no end-to-end streams');
+    expect(r.e2ePeers('d').peers).toEqual([]);
+    expect(r.e2ePeers('d').reason).toContain('joined directly');
+    // Peering off on this Proxy: no peer step at all.
+    const off = new Router({ tunnels: localTunnels(), cluster });
+    expect(off.e2ePeers('h').peers).toEqual([]);
+    expect(off.e2ePeers('h').reason).toContain('peering is off on this Proxy');
+    await cluster.close();
+  });
+
   it('a failing holder is skipped for the next one; the stream comes from the one that answered', async () => {
     const cluster = await view([proxy('p1', 'p1:3021'), proxy('p2', 'p2:3021')], [presence('h', 'p1'), presence('h', 'p2')]);
     const asked: string[] = [];
