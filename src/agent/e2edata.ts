@@ -33,7 +33,6 @@
  */
 import type { Duplex } from 'node:stream';
 import { Backoff, type BackoffDeps, type BackoffPolicy } from '../backoff.js';
-import type { Dialer } from '../dial/dialer.js';
 import { toGatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import {
@@ -63,10 +62,16 @@ export interface DataPoolOptions {
   backoffDeps?: BackoffDeps;
 }
 
+/** What opens a data connection (a Dialer is one). */
+export interface DataDialer {
+  dial(addr: string): Promise<Duplex>;
+}
+
 /** A welcomed v2 tunnel that takes end-to-end streams. */
 export interface DataTunnelSpec extends DataPoolOptions {
-  dialer: Pick<Dialer, 'dial'>;
-  /** The address the tunnel dialled (host:port). */
+  /** Opens one data connection: the tunnel's Dialer, or a connection upgrade on the upgrade rung (tunnel.ts dataPathOf). */
+  dialer: DataDialer;
+  /** The address the tunnel dialled (host:port; with " (connection upgrade)" on the upgrade rung). */
   addr: string;
   /** The host ID of the tunnel's Proxy (its verified certificate). */
   proxyId: string;

@@ -78,7 +78,7 @@ import { resolveSettings } from '../upgrade/settings.js';
 import type { HopSpan } from '../trace.js';
 import { VERSION } from '../version.js';
 import { gateDatabase } from './dbgate.js';
-import { DataPools, type DataPoolOptions, type DataTunnelHandle } from './e2edata.js';
+import { DataPools, type DataDialer, type DataPoolOptions, type DataTunnelHandle } from './e2edata.js';
 import { E2EStreams, type E2ETunnel } from './e2estream.js';
 import { DATA_POOL_MAX, dataKeyOf } from '../tunnel/e2e.js';
 import { startAgentDial } from './dialhop.js';
@@ -198,6 +198,12 @@ function softwareFields(s: { version: string; channel: string }): { software_ver
 }
 
 /** The tunnel that is up, as the control protocol drives it (SSH or v2). */
+/** Where a tunnel's data connections go, and how each is opened (dataPathOf). */
+interface DataPath {
+  addr: string;
+  dialer: DataDialer;
+}
+
 interface ControlSide {
   control: Duplex;
   /** Drop the transport (a dead path sends no FIN); the retry follows the close. */
@@ -215,7 +221,7 @@ interface ControlSide {
   /** Settled by the welcome: streams are served only once it came and named the verified Proxy. */
   welcomed: Gate;
   /** A v2 tunnel on the alpn rung: its TLS socket and the address it dialled (where its data connections go). */
-  e2e?: { socket: TLSSocket; addr: string };
+  e2e?: { socket: TLSSocket } & DataPath;
   /** Once welcomed, with e2e: what an e2e-open on this tunnel uses (startDataPool). */
   e2eTunnel?: E2ETunnel;
 }
@@ -556,14 +562,26 @@ export class TunnelAgent extends EventEmitter {
       if (!this.stopped) this.scheduleRetry();
       return;
     }
-    // End-to-end streams' data connections are dialled as the alpn rung's tunnel is (the upgrade rung's path
-    // inspects TLS: a data connection's own bytes would not pass it).
-    if (v2) this.openSession(find, transport, proxyId, rung === 'alpn' ? addr : undefined);
+    if (v2) this.openSession(find, transport, proxyId, this.dataPathOf(rung, addr));
     else this.openSsh(find, transport, proxyId, overTls);
   }
 
+  /**
+   * How end-to-end streams' data connections reach the Proxy: the way the tunnel's rung does. On the alpn rung each
+   * is dialled as the tunnel was; on the upgrade rung (a proxy that inspects TLS: a data connection's own first bytes
+   * would not pass it) each rides a connection upgrade of its own, as the tunnel does, and the one port routes it by
+   * its first bytes inside. Its key is still the tunnel's: the tunnel's mutual TLS runs inside the upgrade, with the
+   * Proxy. The pool's address names the way, so that tunnels of the two rungs never share a pool.
+   */
+  private dataPathOf(rung: RungName, addr: string): DataPath | undefined {
+    const { dialer, openUpgrade } = this.options;
+    if (rung === 'alpn') return { addr, dialer };
+    if (rung === 'upgrade' && openUpgrade) return { addr: `${addr} (connection upgrade)`, dialer: { dial: () => openUpgrade(dialer, addr) } };
+    return undefined;
+  }
+
   /** v2: a TunnelSession on the TLS connection; the Proxy's streams are served as SSH channels are. */
-  private openSession(find: FindResponse, socket: Duplex, proxyId: string | undefined, dataAddr: string | undefined): void {
+  private openSession(find: FindResponse, socket: Duplex, proxyId: string | undefined, data: DataPath | undefined): void {
     let closed = false;
     const welcomed = gate();
     const onClosed = (reason: string) => {
@@ -609,7 +627,7 @@ export class TunnelAgent extends EventEmitter {
       },
       proxyId: () => proxyId,
       welcomed,
-      ...(dataAddr !== undefined && this.e2ePool > 0 ? { e2e: { socket: socket as TLSSocket, addr: dataAddr } } : {}),
+      ...(data !== undefined && this.e2ePool > 0 ? { e2e: { socket: socket as TLSSocket, ...data } } : {}),
     });
   }
 
@@ -764,7 +782,7 @@ export class TunnelAgent extends EventEmitter {
       this.log.warn({ err: (err as Error).message }, 'cannot derive the data connections\' key; no end-to-end streams on this tunnel');
       return;
     }
-    const pool = this.dataPools.attach({ dialer: this.options.dialer, addr: e2e.addr, proxyId, key, size: this.e2ePool, log: this.log, ...this.options.e2e!.data });
+    const pool = this.dataPools.attach({ dialer: e2e.dialer, addr: e2e.addr, proxyId, key, size: this.e2ePool, log: this.log, ...this.options.e2e!.data });
     this.dataPool = pool;
     side.e2eTunnel = {
       proxyId,

@@ -204,7 +204,7 @@ describe('the transport through inspection: the corporate root given, a bumping 
       await agent.waitForLog('reverse tunnel ready', 45_000);
       expect(agent.logs()).toContain(`inspected by ${CORP_ROOT}, whose root the operator gave`);
       const home = join(dir, 'upgraded');
-      const local = await startGwshProxy(['app', 'bulk'], { HOME: dir, GWSH_HOME: home, ...corpEnv() }, children);
+      const local = await startGwshProxy(['app', 'bulk', '--e2e', 'require'], { HOME: dir, GWSH_HOME: home, ...corpEnv() }, children);
       const r = await transfer('127.0.0.1', local.port, { id: 1, upload: 4 << 20, download: 4 << 20, seed: 11, timeoutMs: 60_000 });
       expect(r.server.received.sha256).toBe(r.sent.sha256);
       expect(r.received.sha256).toBe(expectedDownloadSha256(4 << 20, 11));
