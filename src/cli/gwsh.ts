@@ -228,9 +228,8 @@ function debugLine(line: string): void {
 }
 
 /** The streams of one command: end-to-end or classic per connection as mode says (src/client/e2e.ts). */
-function streamsFor(profile: ReturnType<typeof requireProfile>, dialer: Dialer, ping: Awaited<ReturnType<typeof fetchPing>>, target: ResourceTarget, mode: E2EMode, context?: ReturnType<typeof resourceTlsContext>, classic?: LocalProxyHooks['classic'], prefetch = false): E2EStreams {
+function streamsFor(profile: ReturnType<typeof requireProfile>, dialer: Dialer, ping: Awaited<ReturnType<typeof fetchPing>>, target: ResourceTarget, mode: E2EMode, context?: ReturnType<typeof resourceTlsContext>, classic?: LocalProxyHooks['classic']): E2EStreams {
   return new E2EStreams({
-    prefetch,
     ...(classic ? { classic } : {}),
     profile,
     dialer,
@@ -264,8 +263,7 @@ async function localProxy(target: ResourceTarget, port: string, what: string, mo
   const ping = await fetchPing(profile, dialer);
   const address = routeAddress(profile, ping, target.alpn);
   const own = hooks?.(ping, dialer, context);
-  // A listener's connections come one after another: each finds its grant asked for already.
-  const streams = streamsFor(profile, dialer, ping, target, mode, context, own?.classic, true);
+  const streams = streamsFor(profile, dialer, ping, target, mode, context, own?.classic);
   // Fail now, not at the first client connection, when the resource is unknown or not allowed. Only the Proxy
   // is asked: the resource itself sees no connection until a client makes one.
   if (own) await own.check(ping, dialer, context);

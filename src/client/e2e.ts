@@ -54,7 +54,6 @@ import {
   GRANT_ALPN,
   GRANT_LINE_MAX_BYTES,
   GRANT_SESSION_INFLIGHT_MAX,
-  GRANT_TTL_MS,
   GRANT_TOKEN_MAX_BYTES,
   grantIdOfServerName,
   type GrantAnswer,
@@ -524,31 +523,13 @@ export interface E2EStreamsOptions {
    * ALPN): gwsh proxy kube's, TLS to the Proxy's kube route by its server name (src/client/kubeproxy.ts).
    */
   classic?: (target: ResourceTarget) => Promise<Duplex>;
-  /**
-   * Keep one grant asked ahead for the next connection to the same target (local listeners, whose connections come
-   * one after another): a connection's set-up then starts at the stream, not at the grant's round trip.
-   */
-  prefetch?: boolean;
 }
-
-/**
- * A grant asked ahead is used only this soon after its answer came (half its life, by this machine's clock, so that
- * a clock apart from the Proxy's cannot make it one that has expired there); after that a new one is asked for.
- */
-export const GRANT_AHEAD_FRESH_MS = GRANT_TTL_MS / 2;
-/** Targets a command keeps a grant ahead for (a listener has one). */
-export const GRANTS_AHEAD_MAX = 16;
-
-/** A grant asked ahead: its answer (undefined when the request failed) and when it came. */
-type Ahead = Promise<{ outcome: GrantOutcome; at: number } | undefined>;
 
 /** Each connection of a gwsh command: end-to-end or classic, as the mode says (the one place that decides). */
 export class E2EStreams {
   private readonly session: GrantSession | undefined;
   /** The end-to-end streams' own context: the classic routes' allows TLS 1.2. */
   private readonly e2eContext: tls.SecureContext | undefined;
-  /** With prefetch: the grant asked ahead per request (its JSON). */
-  private readonly ahead = new Map<string, Ahead>();
 
   constructor(private readonly options: E2EStreamsOptions) {
     const { profile, dialer, e2eAddress, secureContext, grantTimeoutMs } = options;
@@ -571,18 +552,14 @@ export class E2EStreams {
     if (!this.session) return classic();
     const service = serviceOfTarget(target);
     if (!service) return classic(`this version of gwsh has no end-to-end streams for the route ${printable(target.alpn, 64)}`);
-    const outcome = await this.grantFor(
-      {
-        resource: target.resource,
-        route: target.alpn,
-        ...(target.kind ? { kind: target.kind } : {}),
-        ...(target.login ? { login: target.login } : {}),
-        // The trace the classic route would carry in its route header (src/trace.ts); the agent gets it from the Proxy.
-        ...traceFields(target.trace ?? envTraceContext()),
-      },
-      // A connection's own trace makes its request one of a kind: nothing to ask ahead for.
-      this.options.prefetch === true && target.trace === undefined,
-    );
+    const outcome = await this.session.request({
+      resource: target.resource,
+      route: target.alpn,
+      ...(target.kind ? { kind: target.kind } : {}),
+      ...(target.login ? { login: target.login } : {}),
+      // The trace the classic route would carry in its route header (src/trace.ts); the agent gets it from the Proxy.
+      ...traceFields(target.trace ?? envTraceContext()),
+    });
     if (outcome.kind === 'classic') return classic(outcome.reason);
     const connected = await connectE2E(profile, dialer, this.options.e2eAddress, outcome.grant, service, { ...this.options.connect, ...(this.e2eContext ? { secureContext: this.e2eContext } : {}) });
     if (!connected.ok) return classic(connected.reason);
@@ -590,28 +567,7 @@ export class E2EStreams {
     return { stream: connected.stream, e2e: true, agent: outcome.grant.agent };
   }
 
-  /**
-   * The grant for a request: the one asked ahead when it came fresh enough (GRANT_AHEAD_FRESH_MS) and was a grant,
-   * else asked now. With ahead, once this one is a grant the next is asked for at once. Only a grant is kept: a
-   * classic answer or a refusal is asked again at the next connection (the Proxy's answer of that moment).
-   * A grant asked ahead weakens nothing: any grant is good for GRANT_TTL_MS after the Proxy authorized it, and the
-   * Proxy that routes the stream and the agent check the user's locks when it is used.
-   */
-  private async grantFor(req: Omit<GrantRequest, 'id'>, ahead: boolean): Promise<GrantOutcome> {
-    const key = JSON.stringify(req);
-    const early = this.ahead.get(key);
-    this.ahead.delete(key);
-    const got = early ? await early : undefined;
-    const fresh = got?.outcome.kind === 'grant' && Date.now() - got.at < GRANT_AHEAD_FRESH_MS;
-    const outcome = fresh ? got.outcome : await this.session!.request(req);
-    if (ahead && outcome.kind === 'grant' && this.ahead.size < GRANTS_AHEAD_MAX) {
-      this.ahead.set(key, this.session!.request(req).then((o) => ({ outcome: o, at: Date.now() }), () => undefined));
-    }
-    return outcome;
-  }
-
   close(): void {
-    this.ahead.clear();
     this.session?.close();
   }
 }

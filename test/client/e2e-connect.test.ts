@@ -8,15 +8,14 @@
 import { once } from 'node:events';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
-import { afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
-import { E2EStreams, GRANT_AHEAD_FRESH_MS, connectE2E, type E2EMode, type GrantOk } from '../../src/client/e2e.js';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { E2EStreams, connectE2E, type E2EMode, type GrantOk } from '../../src/client/e2e.js';
 import { resourceTlsContext } from '../../src/client/resources.js';
 import { Dialer } from '../../src/dial/dialer.js';
 import { FramedStream } from '../../src/stream/framed.js';
 import { writeJsonLine } from '../../src/stream/lines.js';
 import { failureOf } from '../helpers/errors.js';
 import { grantAnswerFor, makeE2EPki, profileFor, startFakeProxy, type E2EPki, type FakeProxy, type FakeProxyOptions } from '../helpers/e2eclient.js';
-import { waitUntil } from '../helpers/wait.js';
 import type { IssuedCert } from '../helpers/members.js';
 
 let pki: E2EPki;
@@ -260,57 +259,5 @@ describe('E2EStreams: end-to-end or classic per connection', () => {
     closers.push(() => o.stream.destroy());
     expect(o.e2e).toBe(false);
     expect(t.p.counts).toEqual({ grant: 0, e2e: 0, classic: 1 });
-  });
-});
-
-describe('E2EStreams with prefetch (a local listener: its connections come one after another)', () => {
-  const target = { alpn: 'gateway-tcp', resource: 'echo', kind: 'app' } as const;
-  const settle = () => new Promise((r) => setTimeout(r, 200)); // room for a request that should not come
-  async function streamsOn(prefetch: boolean) {
-    const p = await proxyWith({ agentCert: () => agent1 });
-    const streams = new E2EStreams({ profile: profileFor(pki, p.address), dialer: dialer(), mode: 'require', classicAddress: p.address, e2eAddress: p.address, grantTimeoutMs: 5000, prefetch });
-    closers.push(() => streams.close());
-    const openOne = async () => {
-      const o = await streams.open(target);
-      closers.push(() => o.stream.destroy());
-      expect(o.e2e).toBe(true);
-      expect(await roundTrip(o.stream, 'x')).toBe('x');
-    };
-    return { p, openOne };
-  }
-
-  it('each connection finds its grant asked for already, and asks for the next; a grant opens one stream', async () => {
-    const t = await streamsOn(true);
-    await t.openOne();
-    await waitUntil('the next grant is asked for ahead', () => t.p.requests.length === 2);
-    await t.openOne();
-    await waitUntil('and the one after it', () => t.p.requests.length === 3);
-    await settle();
-    expect(t.p.requests).toHaveLength(3); // the second connection asked for nothing of its own
-    expect(t.p.lines).toHaveLength(2);
-    expect(new Set(t.p.lines).size).toBe(2);
-  });
-
-  it('without it (gwsh proxy ssh: one connection a process): one request per connection, none ahead', async () => {
-    const t = await streamsOn(false);
-    await t.openOne();
-    await t.openOne();
-    await settle();
-    expect(t.p.requests).toHaveLength(2);
-  });
-
-  it(`a grant asked ahead more than ${GRANT_AHEAD_FRESH_MS / 1000} s before is not used: a new one is asked for`, async () => {
-    const t = await streamsOn(true);
-    await t.openOne();
-    await waitUntil('the next grant is asked for ahead', () => t.p.requests.length === 2);
-    const later = Date.now() + GRANT_AHEAD_FRESH_MS + 1_000;
-    const clock = vi.spyOn(Date, 'now').mockImplementation(() => later);
-    try {
-      await t.openOne();
-    } finally {
-      clock.mockRestore();
-    }
-    // The stale one dropped, a new one for this connection, and the next asked ahead.
-    await waitUntil('a fresh grant and the next one ahead', () => t.p.requests.length === 4);
   });
 });
