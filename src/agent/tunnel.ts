@@ -56,6 +56,7 @@ import { readJsonLine, writeJsonLine } from '../stream/lines.js';
 import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
 import { relayChannel } from '../net/sshchannel.js';
+import { peerX509 } from '../net/tls.js';
 import { connectTls } from '../stream/tls.js';
 import { Heartbeat, readControl } from '../tunnel/control.js';
 import {
@@ -773,7 +774,7 @@ export class TunnelAgent extends EventEmitter {
   private startDataPool(side: ControlSide): void {
     const e2e = side.e2e;
     const proxyId = side.proxyId();
-    const cert = e2e?.socket.getPeerX509Certificate();
+    const cert = e2e ? peerX509(e2e.socket) : undefined;
     if (!e2e || !proxyId || !cert || side.e2eTunnel) return;
     let key: Buffer;
     try {

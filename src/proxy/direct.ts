@@ -25,6 +25,7 @@ import type { DirectAddrs, Presence } from '../auth/records.js';
 import type { SessionRegistry } from '../auth/sessions.js';
 import type { Dialer } from '../dial/dialer.js';
 import { GatewayError, toGatewayError, type ErrorCode } from '../errors.js';
+import { peerX509 } from '../net/tls.js';
 import { FramedStream } from '../stream/framed.js';
 import { readLine, writeJsonLine } from '../stream/lines.js';
 import { connectTls } from '../stream/tls.js';
@@ -123,7 +124,7 @@ export function dialDirect(presence: Presence, request: DialRequest, deps: Direc
 /** Tracks an accepted stream under the agent's certificate (checked by handshake) until it closes. */
 function trackAgentStream(tls: TLSSocket, request: DialRequest, deps: DirectDialDeps): void {
   if (!deps.sessions) return;
-  const identity = identityFromCert(tls.getPeerX509Certificate()!.raw);
+  const identity = identityFromCert(peerX509(tls)!.raw);
   const untrack = deps.sessions.track(identity, `direct ${request.service} ${request.resource} for ${request.client_src}`, () => tls.destroy());
   tls.once('close', untrack);
   if (tls.destroyed) untrack();

@@ -32,6 +32,7 @@ import type { Identity } from '../auth/pki.js';
 import type { ProxyAuth } from '../auth/proxyauth.js';
 import { GatewayError, toGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
+import { peerX509 } from '../net/tls.js';
 import { recordGrant } from '../metrics/e2e.js';
 import { clientOf, type ConnInfo } from '../mux/multiplexer.js';
 import { writeJsonLine } from '../stream/lines.js';
@@ -88,7 +89,7 @@ export function createGrantHandler(ctx: GrantContext): (stream: Duplex, info: Co
     try {
       certified = peerIdentityOf(ctx.auth, socket);
       if (certified.kind !== 'user') throw new GatewayError('GW_ERR_ACCESS_DENIED', 'only user certificates may ask for grants');
-      key = spkiHash(socket.getPeerX509Certificate()!);
+      key = spkiHash(peerX509(socket)!);
     } catch (err) {
       const e = toGatewayError(err);
       log.info({ client, code: e.code, err: e.message }, 'grant session refused');

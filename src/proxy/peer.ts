@@ -59,7 +59,7 @@ import { recordPeerServed, recordPeerStream, watchPeerClient } from '../metrics/
 import type { ConnectionLimits } from '../net/deadlines.js';
 import { connectionOf } from '../net/deadlines.js';
 import { closeServer, guardedServer, listenOn } from '../net/listen.js';
-import { tlsTerminator } from '../net/tls.js';
+import { peerX509, tlsTerminator } from '../net/tls.js';
 import { readLine } from '../stream/lines.js';
 import { FramedStream } from '../stream/framed.js';
 import { splice } from '../stream/splice.js';
@@ -297,7 +297,7 @@ export class PeerServer {
       this.identities.clear();
       this.identitiesCa = ca;
     }
-    const fingerprint = socket.authorized ? socket.getPeerX509Certificate()?.fingerprint256 : undefined;
+    const fingerprint = socket.authorized ? peerX509(socket)?.fingerprint256 : undefined;
     const known = fingerprint ? this.identities.get(fingerprint) : undefined;
     if (known) return known;
     const id = peerIdentityOf(this.options.trust, socket);
