@@ -168,6 +168,10 @@ export class AddressPool {
 
   add(tunnel: Attached): void {
     this.tunnels.push(tunnel);
+    // A Proxy that just joined is short: spares are closed for it at the first pace again, not at the pace a
+    // balancer that kept sending them elsewhere had reached (a pending slow step is replaced).
+    this.recycle.reset();
+    this.recycling = false;
     this.fill();
   }
 

@@ -151,6 +151,19 @@ export class E2EStreams {
   }
 
   /**
+   * An e2e-open that is the first line of a stream of `tunnel` (conn E2E_CONN_TUNNEL: no data connection waited at
+   * its Proxy): that stream carries the client's TLS, checked and served exactly as on a data connection.
+   */
+  onTunnelStream(m: E2EOpenMessage, tunnel: E2ETunnel, channel: Duplex): void {
+    const bad = badE2EOpen(m as unknown as Record<string, unknown>, 'tunnel-stream');
+    if (bad) {
+      this.options.log.warn({ why: bad }, 'closing a tunnel stream with a malformed e2e-open');
+      return void channel.destroy();
+    }
+    this.opened(m, tunnel, channel);
+  }
+
+  /**
    * The data connection the e2e-open names, once the pool has it (the e2e-open may overtake the Proxy's answer on
    * the data connection: src/agent/e2edata.ts take).
    */

@@ -70,6 +70,7 @@ import {
   type DatabaseInfo,
   type DialAnswer,
   type DialRequest,
+  type E2EOpenMessage,
   type ProbeReport,
   type ServiceKind,
 } from '../tunnel/protocol.js';
@@ -752,6 +753,8 @@ export class TunnelAgent extends EventEmitter {
   private readonly e2eStreams: E2EStreams;
   /** The data connections of the tunnel up, when it takes end-to-end streams (its share of its address's pool). */
   private dataPool: DataTunnelHandle | undefined;
+  /** What an end-to-end stream on the tunnel up is served with (set with its data pool). */
+  private e2eTunnel: E2ETunnel | undefined;
   /** options.e2e.pools, or this tunnel's own. */
   private readonly dataPools: DataPools;
 
@@ -774,7 +777,7 @@ export class TunnelAgent extends EventEmitter {
   private startDataPool(side: ControlSide): void {
     const e2e = side.e2e;
     const proxyId = side.proxyId();
-    const cert = e2e ? peerX509(e2e.socket) : undefined;
+    const cert = (e2e ? peerX509(e2e.socket) : undefined);
     if (!e2e || !proxyId || !cert || side.e2eTunnel) return;
     let key: Buffer;
     try {
@@ -785,25 +788,28 @@ export class TunnelAgent extends EventEmitter {
     }
     const pool = this.dataPools.attach({ dialer: e2e.dialer, addr: e2e.addr, proxyId, key, size: this.e2ePool, log: this.log, ...this.options.e2e!.data });
     this.dataPool = pool;
-    side.e2eTunnel = {
+    const e2eTunnel: E2ETunnel = (side.e2eTunnel = {
       proxyId,
       proxyCert: cert,
       take: (n) => pool.take(n),
       track: (stream) => this.trackChannel(stream),
       serve: (channel, request, onOpen) => void this.serveDial(channel, request, onOpen),
       sendEvent: (event) => this.sendEvent(event),
-    };
+    });
+    this.e2eTunnel = e2eTunnel;
     // Grants this Proxy issued are checked with its certificate, whichever tunnel of this agent routes them.
     const unregister = this.e2eStreams.registerProxy(proxyId, cert);
     side.control.once('close', () => {
       unregister();
       pool.detach();
       if (this.dataPool === pool) this.dataPool = undefined;
+      if (this.e2eTunnel === e2eTunnel) this.e2eTunnel = undefined;
     });
   }
 
   /** A stream of this tunnel (a forwarded one, or an end-to-end one): its close, and the drain that waits for it. */
   private trackChannel(stream: Duplex): void {
+    if (this.channels.has(stream)) return;
     this.channels.add(stream);
     stream.once('close', () => {
       this.channels.delete(stream);
@@ -870,7 +876,7 @@ export class TunnelAgent extends EventEmitter {
       ...softwareFields((this.options.software ?? upgradeSoftware)()),
       ...(this.options.upgradeGroup === undefined ? {} : { upgrade_group: this.options.upgradeGroup }),
       // kube: this agent impersonates on end-to-end kube streams (src/agent/kubeapi.ts), so it may be given kube grants.
-      ...(side.e2e ? { e2e: { v: 1, pool: this.e2ePool, kube: true, peered: true } } : {}),
+      ...(side.e2e ? { e2e: { v: 1, pool: this.e2ePool, kube: true, peered: true, stream: true } } : {}),
       signs_presence: true,
     });
     // The Proxy heartbeats too: when it has been silent for the whole window the path is dead (a cut link,
@@ -1024,15 +1030,29 @@ export class TunnelAgent extends EventEmitter {
       channel.destroy();
       return;
     }
-    let request: DialRequest;
+    let request: DialRequest | E2EOpenMessage;
     try {
-      request = await readJsonLine<DialRequest>(channel, { what: 'dial request', timeoutMs: 15_000 });
+      request = await readJsonLine<DialRequest | E2EOpenMessage>(channel, { what: 'dial request', timeoutMs: 15_000 });
     } catch {
       channel.destroy();
       return;
     }
+    if ((request as Partial<E2EOpenMessage>).type === 'e2e-open') return this.serveE2EStream(channel, request as E2EOpenMessage);
+    request = request as DialRequest;
     if (request.probe === true && this.options.reachResource) return this.answerProbe(channel, request, this.options.reachResource);
     return this.serveDial(channel, request);
+  }
+
+  /**
+   * An end-to-end stream on a stream of this tunnel (no data connection waited at the Proxy: src/tunnel/e2e.ts
+   * E2E_CONN_TUNNEL): checked and served as one on a data connection, by the tunnel that takes end-to-end streams.
+   */
+  private serveE2EStream(channel: Duplex, m: E2EOpenMessage): void {
+    if (!this.e2eTunnel) {
+      this.log.warn('an end-to-end stream on a tunnel that takes none; closed');
+      return void channel.destroy();
+    }
+    this.e2eStreams.onTunnelStream(m, this.e2eTunnel, channel);
   }
 
   /**

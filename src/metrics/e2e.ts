@@ -16,12 +16,12 @@ const grants = counter({
   labels: { outcome: ['ok', 'classic', 'refused'] },
 });
 
-export type StreamOutcome = 'opened' | 'forwarded' | 'grant' | 'revoked' | 'no-tunnel' | 'no-data';
+export type StreamOutcome = 'opened' | 'tunnel-stream' | 'forwarded' | 'grant' | 'revoked' | 'no-tunnel' | 'no-data';
 const streams = counter({
   name: 'gateway_e2e_streams_total',
-  help: "End-to-end streams on the pass-through route, by outcome: opened (spliced onto an agent's data connection), forwarded (relayed raw to the peering listener of a peer Proxy that holds the agent's tunnel: Proxy peering), grant (a bad line, a grant forged, expired or routed before, an issuer that is no live Proxy: GW_ERR_E2E_GRANT), revoked (the grant's user is locked or removed now), no-tunnel (the grant's agent has no tunnel here now), no-data (no idle data connection of the agent within the wait).",
+  help: "End-to-end streams on the pass-through route, by outcome: opened (spliced onto an agent's data connection), tunnel-stream (none waited here: spliced onto a stream of the agent's tunnel, end to end all the same), forwarded (relayed raw to the peering listener of a peer Proxy that holds the agent's tunnel: Proxy peering), grant (a bad line, a grant forged, expired or routed before, an issuer that is no live Proxy: GW_ERR_E2E_GRANT), revoked (the grant's user is locked or removed now), no-tunnel (the grant's agent has no tunnel here now), no-data (no idle data connection within the wait, for an agent that takes no stream on its tunnel).",
   area: AREA,
-  labels: { outcome: ['opened', 'forwarded', 'grant', 'revoked', 'no-tunnel', 'no-data'] },
+  labels: { outcome: ['opened', 'tunnel-stream', 'forwarded', 'grant', 'revoked', 'no-tunnel', 'no-data'] },
 });
 
 const bytes = counter({

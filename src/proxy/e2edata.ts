@@ -21,7 +21,8 @@
  *   idle       nothing is read from an idle data connection for the stream: it is watched only for bytes or an
  *              end; bytes while idle close it (the agent sends nothing before it is assigned), an end drops it.
  *   take       the relay (e2erelay.ts) takes the oldest idle data connection of an agent's current tunnel, waiting
- *              up to a deadline for one to arrive; the caller then sends the tunnel's control message and splices.
+ *              up to a deadline for one to arrive (none for an agent that takes streams on its tunnel: the relay
+ *              opens a tunnel stream at once); the caller then sends the tunnel's control message and splices.
  */
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
@@ -57,6 +58,8 @@ export interface DataTunnelSpec {
   capability: E2ECapability;
   /** Writes one control message on the tunnel's control stream. */
   send(message: E2EOpenMessage): void;
+  /** Opens a stream of the tunnel (what carries an end-to-end stream when no data connection waits: capability.stream). */
+  openStream(): Promise<Duplex>;
   /** fn runs once the tunnel is gone. */
   onGone(fn: () => void): void;
 }
@@ -66,7 +69,10 @@ export interface DataTunnel {
   readonly hostId: string;
   readonly nodename: string;
   readonly kid: string;
+  /** The agent takes an end-to-end stream on a tunnel stream (its hello's e2e.stream). */
+  readonly tunnelStreams: boolean;
   send(message: E2EOpenMessage): void;
+  openStream(): Promise<Duplex>;
 }
 
 interface Idle {
@@ -118,7 +124,9 @@ export class DataConnections {
       kid: dataKeyId(key),
       key,
       pool: Math.min(2 * spec.capability.pool, DATA_POOL_MAX),
+      tunnelStreams: spec.capability.stream === true,
       send: spec.send,
+      openStream: spec.openStream,
       idle: [],
       used: new Set(),
       highest: 0,
@@ -147,14 +155,16 @@ export class DataConnections {
   }
 
   /**
-   * The oldest idle data connection of `tunnel`, or the first to arrive within waitMs; undefined when none did
-   * (or the tunnel closed meanwhile). The stream is no longer watched: the caller splices it at once.
+   * The oldest idle data connection of `tunnel`, or the first to arrive within waitMs (0: only one idle now);
+   * undefined when none did (or the tunnel closed meanwhile). The stream is no longer watched: the caller splices
+   * it at once.
    */
   take(tunnel: DataTunnel, waitMs: number): Promise<{ n: number; stream: Duplex } | undefined> {
     const entry = this.byKid.get(tunnel.kid);
     if (!entry || entry.gone) return Promise.resolve(undefined);
     const ready = entry.idle.shift();
     if (ready) return Promise.resolve(handOut(ready));
+    if (waitMs <= 0) return Promise.resolve(undefined);
     return new Promise((resolve) => {
       const timer = setTimeout(() => {
         entry.waiters = entry.waiters.filter((w) => w !== waiter);

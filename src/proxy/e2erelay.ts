@@ -16,10 +16,13 @@
  *      signed refuses it, access_denied); the stream is tracked in auth.sessions under the grant's identity from
  *      here on (a lock or a removal closes it, as for the classic routes), and the agent is told the same;
  *   4. the agent's current tunnel here (by host ID: it may have reconnected since the grant) and an idle data
- *      connection of it (e2edata.ts take, waiting up to DATA_WAIT_MS); none: the TLS alert internal_error;
- *   5. the E2EOpenMessage on the tunnel's control stream, naming the data connection, the grant and the client's
- *      addresses; then the ClientHello and everything after it are spliced both ways (src/stream/splice.ts: a
- *      break is a reset). The Proxy holds no key of the stream: it relays TLS records between client and agent;
+ *      connection of it (e2edata.ts take); none idle and the agent takes streams on its tunnel (hello e2e.stream):
+ *      a new stream of that tunnel, at once (carrierOf); otherwise one within DATA_WAIT_MS, else the TLS alert
+ *      internal_error;
+ *   5. the E2EOpenMessage naming the data connection, the grant and the client's addresses, on the tunnel's
+ *      control stream (or as the tunnel stream's first line, conn E2E_CONN_TUNNEL); then the ClientHello and
+ *      everything after it are spliced both ways (src/stream/splice.ts: a break is a reset). The Proxy holds no
+ *      key of the stream: it relays TLS records between client and agent;
  *   6. audit: the route it authorized and the bytes it relayed, as db/app/desktop/kube session events with e2e: true
  *      (no db_user or db_name: it cannot see them); SSH sessions are the agent's to audit, as on the classic route.
  *
@@ -33,9 +36,10 @@ import { toGatewayError } from '../errors.js';
 import { logger, type Logger } from '../log.js';
 import { e2eByteCounters, recordE2EStream, type StreamOutcome } from '../metrics/e2e.js';
 import { clientOf, fatalTlsAlert, type ConnInfo } from '../mux/multiplexer.js';
+import { writeJsonLine } from '../stream/lines.js';
 import { splice } from '../stream/splice.js';
-import { DATA_WAIT_MS, E2E_LINE_TIMEOUT_MS, e2eLine, parseE2ELine, type E2EGrant, type E2EOpenMessage, type GrantCheck } from '../tunnel/e2e.js';
-import type { DataConnections } from './e2edata.js';
+import { DATA_WAIT_MS, E2E_CONN_TUNNEL, E2E_LINE_TIMEOUT_MS, e2eLine, parseE2ELine, type E2EGrant, type E2EOpenMessage, type GrantCheck } from '../tunnel/e2e.js';
+import type { DataConnections, DataTunnel } from './e2edata.js';
 import { createGrantHandler, type GrantContext } from './e2egrants.js';
 import { GrantIssuers } from './e2eissuer.js';
 import type { AgentSource, E2EPeer, Router } from './router.js';
@@ -245,18 +249,21 @@ async function forward(ctx: RelayContext, stream: Duplex, info: ConnInfo, g: E2E
 async function route(ctx: RelayContext, stream: Duplex, info: ConnInfo, g: E2EGrant, token: string, revoked: () => string | undefined): Promise<StreamOutcome> {
   const tunnel = ctx.data.tunnelOf(g.agent);
   if (!tunnel) return 'no-tunnel';
-  const conn = await ctx.data.take(tunnel, ctx.dataWaitMs ?? DATA_WAIT_MS);
-  if (!conn) return 'no-data';
+  const carrier = await carrierOf(ctx, tunnel);
+  if (carrier === 'no-tunnel' || carrier === 'no-data') return carrier;
+  const conn = carrier.conn;
   if (stream.destroyed) {
-    // The client left (or was revoked) while the Proxy waited: the data connection carries nothing of it.
+    // The client left (or was revoked) while the Proxy waited: the carrier carries nothing of it.
     conn.stream.destroy();
     return 'opened';
   }
   const trace = { ...(g.traceparent ? { traceparent: g.traceparent } : {}), ...(g.tracestate ? { tracestate: g.tracestate } : {}) };
   const open: E2EOpenMessage = { type: 'e2e-open', conn: conn.n, grant: token, client_src: clientOf(info), client_dst: `${info.localAddress}:${info.localPort}`, ...trace };
-  tunnel.send(open);
-  recordE2EStream('opened');
-  ctx.log?.info({ user: g.sub, resource: g.resource, agent: tunnel.nodename, client: clientOf(info), grant: g.id, issuer: g.iss }, 'end-to-end stream routed');
+  // On a data connection the control stream names it; on a tunnel stream the line is that stream's first.
+  if (carrier.via === 'data') tunnel.send(open);
+  else writeJsonLine(conn.stream, open);
+  recordE2EStream(carrier.via === 'data' ? 'opened' : 'tunnel-stream');
+  ctx.log?.info({ user: g.sub, resource: g.resource, agent: tunnel.nodename, client: clientOf(info), grant: g.id, issuer: g.iss, via: carrier.via }, 'end-to-end stream routed');
   const counters = e2eByteCounters();
   stream.on('data', (chunk: Buffer) => counters.in.inc(chunk.length));
   conn.stream.on('data', (chunk: Buffer) => counters.out.inc(chunk.length));
@@ -267,6 +274,24 @@ async function route(ctx: RelayContext, stream: Duplex, info: ConnInfo, g: E2EGr
   }
   splice(stream, conn.stream);
   return 'opened';
+}
+
+/**
+ * What carries the stream to the agent: an idle data connection of its tunnel here; none waiting and the agent takes
+ * streams on its tunnel (its hello's e2e.stream): a stream of that tunnel, at once (a data connection is faster, but
+ * one may be long in coming: a Proxy that just joined, a balancer that sends them all elsewhere); otherwise a data
+ * connection within the wait.
+ */
+async function carrierOf(ctx: RelayContext, tunnel: DataTunnel): Promise<{ via: 'data' | 'tunnel'; conn: { n: number; stream: Duplex } } | 'no-data' | 'no-tunnel'> {
+  const conn = await ctx.data.take(tunnel, tunnel.tunnelStreams ? 0 : (ctx.dataWaitMs ?? DATA_WAIT_MS));
+  if (conn) return { via: 'data', conn };
+  if (!tunnel.tunnelStreams) return 'no-data';
+  try {
+    return { via: 'tunnel', conn: { n: E2E_CONN_TUNNEL, stream: await tunnel.openStream() } };
+  } catch (err) {
+    ctx.log?.info({ agent: tunnel.nodename, err: (err as Error).message }, 'cannot open a stream on the agent\'s tunnel for an end-to-end stream');
+    return 'no-tunnel';
+  }
 }
 
 function sendAlert(stream: Duplex, alert: Buffer): void {

@@ -638,7 +638,7 @@ export class TunnelServer extends EventEmitter {
     const capability = e2eCapabilityOf((hello as { e2e?: unknown }).e2e);
     if (!(link instanceof SessionLink) || !capability) return;
     agent.e2e = capability;
-    this.data.attach({ hostId: agent.hostId, nodename: agent.nodename, socket: link.socket, capability, send: (m) => writeJsonLine(link.control, m), onGone: (fn) => link.onGone(fn) });
+    this.data.attach({ hostId: agent.hostId, nodename: agent.nodename, socket: link.socket, capability, send: (m) => writeJsonLine(link.control, m), openStream: () => link.open(), onGone: (fn) => link.onGone(fn) });
   }
 
   private unregister(entry: Registered): void {

@@ -31,6 +31,11 @@
  *    end), so the agent knows where the connection waits: only that Proxy may assign it. Then the connection
  *    carries nothing until the Proxy assigns it, and after that the Proxy relays bytes both ways untouched: the
  *    TLS records between client and agent.
+ *    When none waits at the Proxy the stream reached (a Proxy the balancer has sent none to yet, one that just
+ *    joined, a balancer that sends them all to one Proxy) and the agent's hello said e2e.stream, the Proxy opens a
+ *    stream of the agent's tunnel instead, whose first line is the E2EOpenMessage with conn E2E_CONN_TUNNEL, and
+ *    relays the same bytes on it: end to end all the same, at the tunnel's flow control rather than a connection
+ *    of its own. An agent without e2e.stream: the Proxy waits up to DATA_WAIT_MS for a data connection.
  *    With Proxy peering, a Proxy that holds no tunnel of the agent relays the stream raw (plain TCP: no second
  *    layer) to the peering listener of the peer that does, the stream line first; that peer routes it as above and
  *    never relays it again. The grant is given for such an agent when its presence, written by that peer, carries
@@ -93,6 +98,12 @@ export const DATA_POOL_MAX = 8;
 export const DATA_IDLE_MAX_MS = 45_000;
 /** The Proxy waits this long for an idle data connection of the agent when none is there. */
 export const DATA_WAIT_MS = 10_000;
+/**
+ * The conn of an E2EOpenMessage that is the first line of a tunnel stream (v2): that stream carries the client's
+ * TLS with the agent, when no data connection of the agent waits at the Proxy and its hello said e2e.stream.
+ */
+export const E2E_CONN_TUNNEL = 0;
+
 /** The agent waits this long, after a data connection's first byte, for the E2EOpenMessage that assigns it. */
 export const DATA_OPEN_WAIT_MS = 10_000;
 
@@ -398,8 +409,10 @@ export function parseDataAnswer(buf: Buffer): DataAnswerParse {
 }
 
 /** Why a control message is not an E2EOpenMessage, or undefined. */
-export function badE2EOpen(v: Record<string, unknown>): string | undefined {
-  if (!Number.isSafeInteger(v.conn) || (v.conn as number) < 1) return 'conn is not a data connection number';
+export function badE2EOpen(v: Record<string, unknown>, on: 'control' | 'tunnel-stream' = 'control'): string | undefined {
+  if (on === 'tunnel-stream') {
+    if (v.conn !== E2E_CONN_TUNNEL) return `conn is not ${E2E_CONN_TUNNEL} (the tunnel stream that carries it)`;
+  } else if (!Number.isSafeInteger(v.conn) || (v.conn as number) < 1) return 'conn is not a data connection number';
   if (typeof v.grant !== 'string' || v.grant.length > GRANT_TOKEN_MAX_BYTES) return 'grant is not a token';
   if (!str(v.client_src, 256) || !str(v.client_dst, 256)) return 'client_src/client_dst are not addresses';
   return undefined;
@@ -410,5 +423,11 @@ export function e2eCapabilityOf(v: unknown): E2ECapability | undefined {
   if (typeof v !== 'object' || v === null) return undefined;
   const c = v as Record<string, unknown>;
   if (c.v !== 1 || !Number.isSafeInteger(c.pool) || (c.pool as number) < 1) return undefined;
-  return { v: 1, pool: Math.min(c.pool as number, DATA_POOL_MAX), ...(c.kube === true ? { kube: true } : {}), ...(c.peered === true ? { peered: true } : {}) };
+  return {
+    v: 1,
+    pool: Math.min(c.pool as number, DATA_POOL_MAX),
+    ...(c.kube === true ? { kube: true } : {}),
+    ...(c.peered === true ? { peered: true } : {}),
+    ...(c.stream === true ? { stream: true } : {}),
+  };
 }

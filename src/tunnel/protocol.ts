@@ -273,6 +273,14 @@ export interface E2ECapability {
    * the version before would refuse such a grant inside the TLS, which the client could not fall back from.
    */
   peered?: true;
+  /**
+   * The agent takes an end-to-end stream on a stream of its tunnel, whose first line is an E2EOpenMessage with conn
+   * E2E_CONN_TUNNEL (src/tunnel/e2e.ts): what the Proxy does when no data connection of the agent waits there (a
+   * Proxy the balancer has not sent one to yet, a sticky balancer). The bytes stay the client's TLS with the agent.
+   * An agent of the version before would read that line as a dial request and refuse it: the Proxy waits for a data
+   * connection instead.
+   */
+  stream?: true;
 }
 /**
  * Proxy → agent on the control stream: data connection `conn` now carries the stream of `grant` (declared here
@@ -280,7 +288,7 @@ export interface E2ECapability {
  */
 export interface E2EOpenMessage {
   type: 'e2e-open';
-  /** The n of the data connection's preamble. */
+  /** The n of the data connection's preamble; E2E_CONN_TUNNEL (0): the tunnel stream whose first line this is. */
   conn: number;
   grant: string;
   /** The client's address as the Proxy saw it, "ip:port", and the address it connected to. */

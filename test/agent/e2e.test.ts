@@ -414,7 +414,7 @@ describe('end-to-end streams at the agent', () => {
     const { identity } = await startAgent();
     const kid = await poolReady(identity.hostId);
     const hello = hellos.find((h) => h.hostId === identity.hostId);
-    expect(hello?.e2e).toEqual({ v: 1, pool: 2, kube: true, peered: true });
+    expect(hello?.e2e).toEqual({ v: 1, pool: 2, kube: true, peered: true, stream: true });
     expect(idleOf(kid).map((c) => c.n).sort()).toEqual([1, 2]);
     expect(refusedData).toBe(0);
   });
@@ -422,7 +422,7 @@ describe('end-to-end streams at the agent', () => {
   it('keeps at most 8 (what a Proxy keeps per tunnel), whatever it is given', async () => {
     const { identity } = await startAgent({ e2e: { pool: 100 } });
     await poolReady(identity.hostId, 8);
-    expect(hellos.find((h) => h.hostId === identity.hostId)?.e2e).toEqual({ v: 1, pool: 8, kube: true, peered: true });
+    expect(hellos.find((h) => h.hostId === identity.hostId)?.e2e).toEqual({ v: 1, pool: 8, kube: true, peered: true, stream: true });
     expect(agents[0]!.dataConnections.length).toBe(8);
   });
 
@@ -674,6 +674,76 @@ describe('end-to-end streams at the agent', () => {
     agent.stop();
     await waitUntil('the idle data connections closed with the tunnel', () => idleOf(kid).length === 0, 10_000);
     expect(agent.dataConnections).toEqual([]);
+  });
+});
+
+/**
+ * Plays a Proxy with no data connection of the agent waiting: opens a stream of the agent's tunnel, writes `first`
+ * (the e2e-open with conn 0 by default) as its first line, and starts the client's TLS with the agent on it.
+ */
+async function tunnelStreamTls(hostId: string, token: string, creds: Creds, first?: Record<string, unknown>): Promise<{ stream: Duplex; socket: TLSSocket }> {
+  const stream = await tunnels.get(hostId)!.link.open('192.0.2.9', 40000);
+  stream.on('error', () => undefined);
+  writeJsonLine(stream, first ?? { type: 'e2e-open', conn: 0, grant: token, client_src: '192.0.2.9:40000', client_dst: frontAddr });
+  const grantId = (JSON.parse(Buffer.from(token.split('.')[0]!, 'base64url').toString('utf8')) as E2EGrant).id;
+  const socket = tls.connect({
+    socket: stream,
+    servername: e2eServerName(grantId),
+    ALPNProtocols: [E2E_ALPN],
+    ca: auth.auth.host.tls.certPem,
+    cert: creds.cert,
+    key: creds.key,
+    checkServerIdentity: (_host, cert) => {
+      const id = identityFromCert(cert.raw);
+      return id.kind === 'host' && id.name === hostId ? undefined : new Error(`not agent ${hostId}`);
+    },
+  });
+  socket.on('error', () => undefined);
+  return { stream, socket };
+}
+
+describe('an end-to-end stream on a stream of the tunnel (no data connection waited at the Proxy)', () => {
+  it('is checked and served as on a data connection, and its grant is spent for both', async () => {
+    const { agent, identity } = await startAgent();
+    const kid = await poolReady(identity.hostId);
+    const { token, grant } = grantFor(identity);
+    const { socket } = await tunnelStreamTls(identity.hostId, token, alice);
+    const fsocket = await okFramed(socket);
+    const bytes = randomBytes(256 * 1024);
+    expect((await echoes(fsocket, bytes)).equals(bytes)).toBe(true);
+    // No data connection was taken for it.
+    expect(idleOf(kid)).toHaveLength(2);
+    fsocket.end();
+    await waitUntil('the agent reported the session', async () => (await auth.auth.listEvents(auth.auth.adminIdentity(), 50)).some((e) => e.event.event === 'app.session.end' && e.event.grant === grant.id), 10_000);
+    // The same grant again, on a data connection this time: used.
+    expect(await refusal(identity.hostId, kid, token, alice)).toContain('used before');
+    // And a grant the checks refuse is refused on a tunnel stream inside the TLS, as on a data connection.
+    const refused = await tunnelStreamTls(identity.hostId, grantFor(identity, { resource: 'not-served' }).token, alice);
+    const answer = await answerOf(refused.socket);
+    expect(answer.ok).toBe(false);
+    if (!answer.ok) expect(answer.error).toMatchObject({ code: 'GW_ERR_E2E_REFUSED', message: expect.stringContaining('does not serve app "not-served"') });
+    refused.socket.destroy();
+    expect(agent.getState()).toBe('connected');
+  });
+
+  it('hostile: a tunnel stream whose e2e-open names a data connection, or carries no grant, is closed before any TLS; the tunnel stays', async () => {
+    const { agent, identity } = await startAgent();
+    const kid = await poolReady(identity.hostId);
+    const { token } = grantFor(identity);
+    for (const first of [
+      { type: 'e2e-open', conn: 1, grant: token, client_src: '192.0.2.9:40000', client_dst: frontAddr },
+      { type: 'e2e-open', conn: 0, grant: 42, client_src: '192.0.2.9:40000', client_dst: frontAddr },
+    ]) {
+      const { stream, socket } = await tunnelStreamTls(identity.hostId, token, alice, first);
+      await new Promise((resolve) => socket.once('close', resolve));
+      expect(socket.authorized).toBe(false);
+      expect(stream.destroyed).toBe(true);
+    }
+    // Data connection 1 was not taken by the stream that named it, and the grant was not spent.
+    expect(idleOf(kid)).toHaveLength(2);
+    const { socket } = await tunnelStreamTls(identity.hostId, token, alice);
+    (await okFramed(socket)).destroy();
+    expect(agent.getState()).toBe('connected');
   });
 });
 

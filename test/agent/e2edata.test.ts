@@ -173,6 +173,48 @@ describe('data connections through one address to several Proxies', () => {
     expect(delays.find((d) => d.dials === 9)!.ms).toBeLessThanOrEqual(20);
   });
 
+  it('a Proxy that joins puts the closing of spares back at the first pace, whatever pace the balancer had driven it to', async () => {
+    // Timers the test fires itself: which ones the pool schedules and cancels is what is checked, not how long they take.
+    const timers: Array<{ fn: () => void; ms: number; cleared: boolean }> = [];
+    const backoffDeps = {
+      setTimer: (fn: () => void, ms: number) => {
+        const t = { fn, ms, cleared: false };
+        timers.push(t);
+        return t;
+      },
+      clearTimer: (h: unknown) => void ((h as { cleared: boolean }).cleared = true),
+    };
+    const proxies = ['p-a', 'p-b', 'p-c'].map(fakeProxy);
+    let target = 0;
+    const b = balancer(proxies, () => target);
+    const pools = new DataPools();
+    const options = { backoffDeps, backoff: { firstMs: 20, maxMs: 60_000 } };
+    attach(pools, b, proxies[0]!, options);
+    attach(pools, b, proxies[1]!, options);
+    // Every dial lands at p-a: each spare is closed a step slower than the one before.
+    for (let step = 0; step < 6; step++) {
+      await settled();
+      const pending = timers.filter((t) => !t.cleared).at(-1)!;
+      pending.cleared = true;
+      pending.fn();
+    }
+    await settled();
+    const slow = timers.filter((t) => !t.cleared).at(-1)!;
+    expect(slow.ms).toBeGreaterThan(20 * 2 ** 4 / 2); // equal jitter: at least half of the sixth step's 640 ms
+    // p-c joins, and the balancer now sends there: the slow step is replaced by one at the first pace.
+    target = 2;
+    attach(pools, b, proxies[2]!, options);
+    await settled();
+    expect(slow.cleared).toBe(true);
+    const next = timers.filter((t) => !t.cleared).at(-1)!;
+    expect(next).not.toBe(slow);
+    expect(next.ms).toBeLessThanOrEqual(20);
+    next.cleared = true;
+    next.fn();
+    await settled();
+    expect(proxies[2]!.conns.size).toBeGreaterThanOrEqual(1);
+  });
+
   it('a refusal backs off before the next dial; the pool fills once the Proxy takes them again', async () => {
     const delays: number[] = [];
     const backoffDeps = { setTimer: (fn: () => void, ms: number) => (delays.push(ms), setTimeout(fn, ms)), clearTimer: (h: unknown) => clearTimeout(h as NodeJS.Timeout) };

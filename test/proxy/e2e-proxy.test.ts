@@ -12,7 +12,8 @@
  *   relay      the stream line, then the bytes of a client TLS with the agent, spliced onto a data connection and
  *              audited (e2e: true); a grant of another live Proxy of the cluster is routed as this one's; a grant
  *              used twice, expired, forged, of a Proxy that is not live, a user locked since, a line that is no
- *              grant, over its cap or never ended: TLS alert access_denied; no idle data connection: alert
+ *              grant, over its cap or never ended: TLS alert access_denied; no idle data connection: a tunnel stream for
+ *              an agent whose hello says e2e.stream, else the alert
  *              internal_error; a lock closes the stream
  *   data       bad MAC, unknown kid, reused n, an oversized line, a trickle past the deadline, more idle than the
  *              pool, bytes sent while idle: each closed, nothing kept
@@ -21,6 +22,7 @@ import { createPrivateKey, randomBytes, X509Certificate } from 'node:crypto';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
+import type { Duplex } from 'node:stream';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import tls from 'node:tls';
@@ -34,6 +36,7 @@ import { Dialer } from '../../src/dial/dialer.js';
 import { enableMetrics } from '../../src/metrics/define.js';
 import { registry } from '../../src/metrics/registry.js';
 import { ConnectionLimits, limitSettings } from '../../src/net/deadlines.js';
+import { peerX509 } from '../../src/net/tls.js';
 import { createAccessHandler } from '../../src/proxy/access.js';
 import { DataConnections } from '../../src/proxy/e2edata.js';
 import { createGrantHandler } from '../../src/proxy/e2egrants.js';
@@ -194,6 +197,8 @@ interface TestAgent {
   identity: HostIdentity;
   key: Buffer;
   tunnel: tls.TLSSocket;
+  /** The Proxy's certificate as the tunnel's TLS verified it (what its grants are checked with). */
+  proxyCert: X509Certificate;
   opens: E2EOpenMessage[];
   /** The agent's data connections by number. */
   conns: Map<number, net.Socket>;
@@ -214,13 +219,15 @@ function connectRaw(): Promise<net.Socket> {
 }
 
 /** A v2 tunnel with a hello (e2e: the capability, or none), welcomed; each e2e-open is served as an echo over TLS. */
-async function agentUp(e2e: { v: 1; pool: number } | null = { v: 1, pool: 2 }, again?: HostIdentity): Promise<TestAgent> {
+async function agentUp(e2e: { v: 1; pool: number; stream?: true } | null = { v: 1, pool: 2 }, again?: HostIdentity): Promise<TestAgent> {
   const identity = again ?? (await joinHost());
   const before = tunnels.get(identity.hostId)?.link;
   const tunnel = tls.connect({ host: '127.0.0.1', port, servername: 'localhost', ca: identity.hostCa, cert: identity.cert, key: identity.key, ALPNProtocols: [TUNNEL_ALPN_V2] });
   tunnel.on('error', () => undefined);
   await once(tunnel, 'secureConnect');
-  const session = new TunnelSession(tunnel, { role: 'agent' });
+  // A stream the Proxy opens on the tunnel: an end-to-end stream when its first line is an e2e-open (conn 0).
+  let served: TestAgent | undefined;
+  const session = new TunnelSession(tunnel, { role: 'agent', onStream: (s) => void serveTunnelStream(() => served, s) });
   const hello = { type: 'hello', version: PROTOCOL_VERSION, hostId: identity.hostId, nodename: identity.nodename, services: ['app'], resources: RESOURCES, ...(e2e ? { e2e } : {}) };
   session.control.write(`${JSON.stringify(hello)}\n`);
   const welcome = JSON.parse(await readLine(session.control, { what: 'welcome', timeoutMs: 10_000 })) as { type: string };
@@ -230,6 +237,7 @@ async function agentUp(e2e: { v: 1; pool: number } | null = { v: 1, pool: 2 }, a
     identity,
     key,
     tunnel,
+    proxyCert: peerX509(tunnel)!,
     opens: [],
     conns: new Map(),
     answers: new Map(),
@@ -249,6 +257,7 @@ async function agentUp(e2e: { v: 1; pool: number } | null = { v: 1, pool: 2 }, a
       if (m.type === 'e2e-open') serveOpen(agent, m as E2EOpenMessage);
     }
   });
+  served = agent;
   agents.push(agent);
   await waitUntil('the tunnel is registered', () => tunnels.get(identity.hostId) !== undefined && tunnels.get(identity.hostId)!.link !== before);
   return agent;
@@ -261,6 +270,18 @@ function serveOpen(agent: TestAgent, m: E2EOpenMessage): void {
   if (!conn) return;
   // The Proxy's answer line comes first on a data connection; the client's TLS after it.
   void agent.answers.get(m.conn)!.then((answer) => (answer === `GWDATA1 ok ${PROXY_ID}` ? serveTls(agent, m, conn) : conn.destroy()));
+}
+
+/** A tunnel stream the Proxy opened: its first line, an e2e-open with conn 0, then the client's TLS on it. */
+async function serveTunnelStream(agentOf: () => TestAgent | undefined, s: Duplex): Promise<void> {
+  s.on('error', () => undefined);
+  const agent = agentOf();
+  const line = await readLine(s, { what: 'e2e-open', timeoutMs: 10_000 }).catch(() => undefined);
+  const m = line === undefined ? undefined : (JSON.parse(line) as E2EOpenMessage);
+  if (!agent || m?.type !== 'e2e-open') return void s.destroy();
+  agent.opens.push(m);
+  if (m.conn !== 0) return void s.destroy();
+  serveTls(agent, m, s);
 }
 
 /** The Proxy's answer line on a data connection; the bytes behind it are left in the socket. */
@@ -281,9 +302,9 @@ function answerLine(s: net.Socket): Promise<string> {
   });
 }
 
-function serveTls(agent: TestAgent, m: E2EOpenMessage, conn: net.Socket): void {
+function serveTls(agent: TestAgent, m: E2EOpenMessage, conn: Duplex): void {
   const iss = decodeGrant(m.grant);
-  const checked = verifyGrant(m.grant, (iss.ok && otherProxies.get(iss.grant.iss)) || agent.tunnel.getPeerX509Certificate()!, Date.now());
+  const checked = verifyGrant(m.grant, (iss.ok && otherProxies.get(iss.grant.iss)) || agent.proxyCert, Date.now());
   if (!checked.ok || checked.grant.agent !== agent.identity.hostId) return void conn.destroy();
   const server = new tls.TLSSocket(conn, { isServer: true, key: agent.identity.key, cert: agent.identity.cert, ca: agent.identity.userCa, requestCert: true, rejectUnauthorized: true, ALPNProtocols: [E2E_ALPN] });
   server.on('error', () => undefined);
@@ -661,7 +682,33 @@ describe('the pass-through route (gateway-e2e)', () => {
     expect(await endlessRead).toEqual(alert);
   });
 
-  it('no idle data connection within the wait: the TLS alert internal_error, and the grant is spent', async () => {
+  it('no idle data connection, an agent that takes streams on its tunnel: the stream rides a tunnel stream, end to end, at once', async () => {
+    const agent = await agentUp({ v: 1, pool: 2, stream: true });
+    const a = await okGrant('carol');
+    const { socket, answer } = await e2eStream('carol', a.grant, agent.identity.hostId);
+    expect(answer).toBe('{"ok":true}');
+    // The agent's certificate, never the Proxy's: the tunnel stream carries the client's TLS with the agent.
+    expect(socket.getPeerX509Certificate()!.fingerprint256).toBe(new X509Certificate(agent.identity.cert).fingerprint256);
+    socket.write('over the tunnel');
+    const [echoed] = (await once(socket, 'data')) as [Buffer];
+    expect(echoed.toString()).toBe('agent:over the tunnel');
+    expect(agent.opens).toEqual([expect.objectContaining({ type: 'e2e-open', conn: 0, grant: a.grant })]);
+    const routed = logLines.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === 'end-to-end stream routed' && l.user === 'carol');
+    expect(routed).toMatchObject({ via: 'tunnel', resource: 'echo' });
+    socket.destroy();
+    // The grant is spent as on a data connection.
+    expect(await failure(e2eStream('carol', a.grant))).toMatch(/access denied/i);
+    // A data connection idle there is preferred: it is faster than the tunnel's flow control.
+    await agent.dial(1);
+    await waitUntil('an idle data connection', () => tunnels.data.idleOf(agent.identity.hostId) === 1);
+    const b = await okGrant('carol');
+    const second = await e2eStream('carol', b.grant, agent.identity.hostId);
+    expect(second.answer).toBe('{"ok":true}');
+    expect(agent.opens.at(-1)).toMatchObject({ conn: 1, grant: b.grant });
+    second.socket.destroy();
+  });
+
+  it('no idle data connection within the wait, an agent that takes no stream on its tunnel (an earlier version): the TLS alert internal_error, and the grant is spent', async () => {
     await agentUp();
     const a = await okGrant('bob');
     expect(await failure(e2eStream('bob', a.grant))).toMatch(/internal error/i);
@@ -800,7 +847,7 @@ describe('metrics of end-to-end streams', () => {
     const samples = parseExposition(await registry.metrics());
     const value = (name: string, labels: Record<string, string> = {}) => sampleValue(samples, name, labels) ?? 0;
     for (const outcome of ['ok', 'classic', 'refused']) expect(value('gateway_e2e_grants_total', { outcome }), outcome).toBeGreaterThan(0);
-    for (const outcome of ['opened', 'grant', 'revoked', 'no-data']) expect(value('gateway_e2e_streams_total', { outcome }), outcome).toBeGreaterThan(0);
+    for (const outcome of ['opened', 'tunnel-stream', 'grant', 'revoked', 'no-data']) expect(value('gateway_e2e_streams_total', { outcome }), outcome).toBeGreaterThan(0);
     for (const direction of ['in', 'out']) expect(value('gateway_e2e_bytes_total', { direction }), direction).toBeGreaterThan(0);
     for (const reason of ['bad-preamble', 'timeout', 'unknown-tunnel', 'bad-mac', 'reused', 'pool-full', 'bytes-while-idle']) {
       expect(value('gateway_e2e_data_refused_total', { reason }), reason).toBeGreaterThan(0);
