@@ -20,8 +20,29 @@ export interface ExecIo {
   stderr?: Writable;
   /** Called by the transport for each terminal size the client sends. */
   onResize(cb: (cols: number, rows: number) => void): void;
-  /** The Status for the error channel; the transport sends it and closes. */
+  /** The Status for the error channel; the transport sends it after the output (endOutputs) and closes. */
   finish(status: Status): void;
+}
+
+/**
+ * Ends the output streams and calls `then` once each has flushed (or is gone): what was written to them has
+ * then been handed to the connection, so the Status and the close the transport sends next come after it on
+ * the wire, as the kubelet's (it writes the Status once the exec's copies have returned). Before, the Status
+ * could overtake output still queued in a writer, and the close then dropped that output.
+ */
+export function endOutputs(outputs: Array<Writable | undefined>, then: () => void): void {
+  const open = outputs.filter((w): w is Writable => w !== undefined && !w.destroyed && !(w as { _writableState?: { finished?: boolean } })._writableState?.finished);
+  let left = open.length + 1;
+  const one = () => { if (--left === 0) then(); };
+  for (const w of open) {
+    let done = false;
+    const once = () => { if (!done) { done = true; one(); } };
+    w.once('finish', once);
+    w.once('close', once);
+    w.once('error', once);
+    w.end();
+  }
+  one();
 }
 
 export interface ExecRequest {

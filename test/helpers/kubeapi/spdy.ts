@@ -19,7 +19,7 @@ import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import transport, { type SpdyConnection, type SpdyStream } from 'spdy-transport';
 import type { Pod } from './api.js';
-import { runCommand, type ExecIo } from './exec.js';
+import { endOutputs, runCommand, type ExecIo } from './exec.js';
 import type { Status } from './status.js';
 
 export interface StreamLimits {
@@ -72,35 +72,52 @@ export interface SpdyExec {
   cwd: string;
 }
 
+/**
+ * Answers a stream (SYN_REPLY) and calls `ready` once the reply is queued on the connection, as the kubelet's
+ * waitStreamReply: spdy-transport compresses the reply's headers asynchronously, so a reply not waited for can be
+ * written after frames queued later (the command's Status, GOAWAY). kubectl creates its streams one by one,
+ * each waiting for its reply, and its spdystream stops reading at GOAWAY: a reply behind GOAWAY never arrives,
+ * and kubectl hangs in CreateStream, its frame worker blocked on the Status nobody reads yet (the flake this fixed).
+ */
+function answer(s: SpdyStream, ready: () => void): void {
+  s.respond(200, {}, () => ready());
+}
+
 /** Exec over SPDY: waits for the streams the options ask for, runs the command, reports on the error stream. */
 export function serveSpdyExec(socket: Duplex, o: SpdyExec, limits: StreamLimits): void {
   const conn = spdyServer(socket, limits);
   const want = ['error', ...(o.stdin ? ['stdin'] : []), ...(o.stdout ? ['stdout'] : []), ...(o.stderr && !o.tty ? ['stderr'] : []), ...(o.tty ? ['resize'] : [])];
   const got = new Map<string, SpdyStream>();
+  let replied = 0;
   let kill: (() => void) | undefined;
+  let closed = false;
   const wait = setTimeout(() => socket.destroy(), limits.streamWaitMs);
-  conn.on('close', () => { clearTimeout(wait); kill?.(); });
-  conn.on('stream', (s) => {
-    s.respond(200, {});
-    s.on('error', () => undefined);
-    const type = streamType(s);
-    if (!want.includes(type) || got.has(type)) return s.abort();
-    got.set(type, s);
-    if (got.size < want.length) return;
+  conn.on('close', () => { closed = true; clearTimeout(wait); kill?.(); });
+  const start = () => {
     clearTimeout(wait);
     let resize: (cols: number, rows: number) => void = () => undefined;
     const resizeStream = got.get('resize');
     if (resizeStream) readResizes(resizeStream, (c, r) => resize(c, r));
+    const stdout = got.get('stdout');
+    const stderr = got.get('stderr');
     const io: ExecIo = {
-      stdin: got.get('stdin'), stdout: got.get('stdout'), stderr: got.get('stderr'),
+      stdin: got.get('stdin'), stdout, stderr,
       onResize: (cb) => { resize = cb; },
-      finish: (status: Status) => {
-        got.get('stdout')?.end();
-        got.get('stderr')?.end();
-        got.get('error')!.end(JSON.stringify(status), () => conn.end());
-      },
+      // The output, then the Status, then GOAWAY (kubectl's spdystream reads nothing after GOAWAY).
+      finish: (status: Status) => endOutputs([stdout, stderr], () => got.get('error')!.end(JSON.stringify(status), () => conn.end())),
     };
     kill = runCommand({ command: o.command, tty: o.tty, cwd: o.cwd }, io);
+  };
+  conn.on('stream', (s) => {
+    s.on('error', () => undefined);
+    const type = streamType(s);
+    if (!want.includes(type) || got.has(type)) {
+      s.respond(200, {});
+      return s.abort();
+    }
+    got.set(type, s);
+    // Runs once every stream the exec needs has been answered, not merely received.
+    answer(s, () => { if (++replied === want.length && !closed) start(); });
   });
 }
 

@@ -11,7 +11,7 @@
 import { PassThrough, Writable } from 'node:stream';
 import { createWebSocketStream, type WebSocket } from 'ws';
 import type { Pod } from './api.js';
-import { runCommand } from './exec.js';
+import { endOutputs, runCommand } from './exec.js';
 import { serveSpdyPortForward, type StreamLimits } from './spdy.js';
 import type { Status } from './status.js';
 
@@ -24,13 +24,16 @@ export function pickProtocol(offered: Set<string>, path: string): string | false
   return EXEC_PROTOCOLS.find((p) => offered.has(p)) ?? false;
 }
 
+/** A channel's output: each write is done once ws has written its message (back-pressure, and the order endOutputs relies on). */
 function channelWriter(ws: WebSocket, channel: number): Writable {
-  return new Writable({
+  const w = new Writable({
     write(chunk: Buffer, _enc, cb) {
       if (ws.readyState !== ws.OPEN) return cb();
       ws.send(Buffer.concat([Buffer.from([channel]), chunk]), (err) => cb(err ?? undefined));
     },
   });
+  w.on('error', () => undefined); // a write after the end (a pty's last bytes) or to a gone client: dropped
+  return w;
 }
 
 export interface WsExec {
@@ -58,15 +61,16 @@ export function serveWsExec(ws: WebSocket, o: WsExec): void {
       } catch { /* ignored, as the real server logs it */ }
     } else if (channel === 255 && v5 && body[0] === 0) stdin?.end();
   });
+  const stdout = o.stdout ? channelWriter(ws, 1) : undefined;
+  const stderr = o.stderr && !o.tty ? channelWriter(ws, 2) : undefined;
   const kill = runCommand({ command: o.command, tty: o.tty, cwd: o.cwd }, {
-    stdin,
-    stdout: o.stdout ? channelWriter(ws, 1) : undefined,
-    stderr: o.stderr && !o.tty ? channelWriter(ws, 2) : undefined,
+    stdin, stdout, stderr,
     onResize: (cb) => { resize = cb; },
-    finish: (status: Status) => {
+    // The output, then the Status on channel 3, then the close: kubectl reads nothing after the close.
+    finish: (status: Status) => endOutputs([stdout, stderr], () => {
       if (ws.readyState !== ws.OPEN) return;
       ws.send(Buffer.concat([Buffer.from([3]), Buffer.from(JSON.stringify(status))]), () => ws.close(1000));
-    },
+    }),
   });
   ws.on('close', () => { stdin?.end(); kill(); });
 }
