@@ -7,7 +7,9 @@
  * account do anything, impersonating anyone included: only the gateway's impersonation stands between kubectl and
  * system:admin, and the stand-in's record of whom it served shows whose impersonation reached it.
  *
- * Shown: get, exec -i over WebSocket with an exit code, port-forward; the Proxy logs the streams as routed end to
+ * Shown: get, exec -i over WebSocket with an exit code, exec -it under a pseudo-terminal (a TTY, typed input, the
+ * exit code), port-forward over SPDY in a WebSocket and over plain SPDY (KUBECTL_PORT_FORWARD_WEBSOCKETS=false, which
+ * kubectl 1.33 honours: the stand-in saw a POST); the Proxy logs the streams as routed end to
  * end and its kube route (which reads HTTP) logs none of these requests; the Proxy runs with the recorder of
  * test/helpers/compromised-proxy.cjs, and an exec's input and path appear nowhere in what it held (while on the
  * classic route they do: the recorder works). Hostile: kubectl's own Impersonate-User
@@ -26,6 +28,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import getPort from 'get-port';
+import * as nodePty from 'node-pty';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startKubeApiServer, type KubeApiServer } from '../helpers/kubeapiserver.js';
@@ -130,8 +133,8 @@ afterAll(async () => {
 });
 
 /** `gwsh --debug proxy kube CLUSTER --kubeconfig FILE`, listening: its output so far and the kubeconfig it wrote. */
-async function proxyKube(user: string, kubeCluster: string, mode: string): Promise<{ kubeconfig: string; output: () => string; child: ChildProcess }> {
-  const kubeconfig = join(home(user), `kubeconfig-${kubeCluster}-${mode}.yaml`);
+async function proxyKube(user: string, kubeCluster: string, mode: string, tag = ''): Promise<{ kubeconfig: string; output: () => string; child: ChildProcess }> {
+  const kubeconfig = join(home(user), `kubeconfig-${kubeCluster}-${mode}${tag}.yaml`);
   const child = spawn(process.execPath, [BIN('gwsh'), '--debug', 'proxy', 'kube', kubeCluster, '--port', '0', '--e2e', mode, '--kubeconfig', kubeconfig], {
     env: { PATH: process.env.PATH ?? '', HOME: home(user), GWSH_HOME: home(user) },
   });
@@ -152,6 +155,53 @@ function kubectl(kubeconfig: string, args: string[], opts: { env?: Record<string
     child.stdin!.end(opts.input ?? '');
   });
 }
+
+/** kubectl under a pseudo-terminal (so that -t gives a TTY; as kubeapiserver.test.ts): what it printed and its exit code. */
+function kubectlPty(kubeconfig: string, args: string[], typed: string, until: RegExp): Promise<{ output: string; code: number }> {
+  return new Promise((resolve) => {
+    const pty = nodePty.spawn(KUBECTL, ['--kubeconfig', kubeconfig, '--request-timeout=20s', ...args], { cols: 100, rows: 30, env: { PATH: process.env.PATH ?? '', HOME: dir, TERM: 'xterm' } });
+    let output = '';
+    let typedYet = false;
+    pty.onData((d) => {
+      output += d;
+      if (!typedYet && until.test(output)) {
+        typedYet = true;
+        pty.write(typed);
+      }
+    });
+    const kill = setTimeout(() => pty.kill(), 60_000);
+    pty.onExit(({ exitCode }) => { clearTimeout(kill); resolve({ output, code: exitCode }); });
+  });
+}
+
+/** `kubectl port-forward pod/web LOCAL:80` until it forwards; its output and the child. */
+async function portForward(kubeconfig: string, env: Record<string, string> = {}): Promise<{ port: number; child: ChildProcess; output: () => string }> {
+  const port = await getPort({ host: '127.0.0.1' });
+  const child = spawn(KUBECTL, ['--kubeconfig', kubeconfig, 'port-forward', '--address', '127.0.0.1', 'pod/web', `${port}:80`], { env: { PATH: process.env.PATH ?? '', HOME: dir, ...env } });
+  children.push(child);
+  let output = '';
+  child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
+  child.stderr!.on('data', (d: Buffer) => (output += d.toString()));
+  await waitUntil(`kubectl port-forward listening (${output})`, () => output.includes('Forwarding from') || child.exitCode !== null, 30_000);
+  return { port, child, output: () => output };
+}
+
+function roundTrip(port: number, bytes: Buffer): Promise<Buffer> {
+  return new Promise<Buffer>((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    const s = net.connect(port, '127.0.0.1', () => s.end(bytes));
+    s.on('data', (d: Buffer) => chunks.push(d));
+    s.on('end', () => resolve(Buffer.concat(chunks)));
+    s.on('error', reject);
+  });
+}
+
+
+const gwctl = (args: string[]) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir } });
+const kubeEvents = async (user = 'alice') =>
+  (JSON.parse((await gwctl(['get', 'events', '-f', 'json'])).stdout) as Array<{ spec: Record<string, unknown> }>)
+    .map((e) => e.spec)
+    .filter((e) => e.e2e === true && e.resource === 'dev' && e.user === user);
 
 const last = (suffix: string) => api.seen.filter((s) => s.path.endsWith(suffix)).at(-1);
 /** The Proxy's kube route's request lines (it logs each request it reads: src/proxy/webapps.ts). */
@@ -194,26 +244,45 @@ describe('gwsh proxy kube: kubectl end to end with the agent', () => {
   });
 
   it("port-forward: bytes round-trip to the pod's port", async () => {
-    const port = await getPort({ host: '127.0.0.1' });
-    const child = spawn(KUBECTL, ['--kubeconfig', alice.kubeconfig, 'port-forward', '--address', '127.0.0.1', 'pod/web', `${port}:80`], { env: { PATH: process.env.PATH ?? '', HOME: dir } });
-    children.push(child);
-    let output = '';
-    child.stdout.on('data', (d: Buffer) => (output += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (output += d.toString()));
+    const pf = await portForward(alice.kubeconfig);
     try {
-      await waitUntil(`kubectl port-forward listening (${output})`, () => output.includes('Forwarding from'), 30_000);
       const bytes = Buffer.alloc(128 * 1024, 9);
-      const back = await new Promise<Buffer>((resolve, reject) => {
-        const chunks: Buffer[] = [];
-        const s = net.connect(port, '127.0.0.1', () => s.end(bytes));
-        s.on('data', (d: Buffer) => chunks.push(d));
-        s.on('end', () => resolve(Buffer.concat(chunks)));
-        s.on('error', reject);
-      });
-      expect(back.equals(bytes), output).toBe(true);
+      expect((await roundTrip(pf.port, bytes)).equals(bytes), pf.output()).toBe(true);
       expect(last('/pods/web/portforward')).toMatchObject({ code: 200, user: { name: 'alice-k8s' } });
     } finally {
-      child.kill();
+      pf.child.kill();
+    }
+  });
+
+  it('exec -it: a real terminal, typed input read, the exit code back; routed end to end, the Proxy read no request', async () => {
+    const before = { route: kubeRouteLines().length, routed: routedLines().length };
+    const typed = `tty-secret-${randomBytes(12).toString('hex')}`;
+    const r = await kubectlPty(alice.kubeconfig, ['exec', '-it', 'web', '--', 'sh', '-c', 'tty; read x; echo "got $x"; exit 5'], `${typed}\r`, /\/dev\/pts\/\d+\r?\n/);
+    expect(r.output).toMatch(/\/dev\/pts\/\d+/);
+    expect(r.output).toContain(`got ${typed}`);
+    expect(r.code, r.output).toBe(5);
+    // The WebSocket exec (GET) reached the API server as the grant's user, over a stream the Proxy routed end to end.
+    expect(last('/pods/web/exec')).toMatchObject({ method: 'GET', code: 200, user: { name: 'alice-k8s' }, impersonatedBy: { name: SA.user } });
+    await waitUntil('the Proxy to log the exec\'s stream as routed', () => routedLines().length > before.routed);
+    // Hostile: the Proxy's kube route read no request, and what was typed is nowhere in what the Proxy held.
+    expect(kubeRouteLines().length).toBe(before.route);
+    expect(await proxyHeld(typed)).toBe(false);
+  });
+
+  it('port-forward over plain SPDY (KUBECTL_PORT_FORWARD_WEBSOCKETS=false): bytes round-trip end to end', async () => {
+    const before = { route: kubeRouteLines().length, routed: routedLines().length };
+    const pf = await portForward(alice.kubeconfig, { KUBECTL_PORT_FORWARD_WEBSOCKETS: 'false' });
+    try {
+      const marker = Buffer.from(`pf-secret-${randomBytes(12).toString('hex')}\n`);
+      const bytes = Buffer.concat([marker, randomBytes(256 * 1024), marker]);
+      expect((await roundTrip(pf.port, bytes)).equals(bytes), pf.output()).toBe(true);
+      // kubectl 1.33 honours the variable: a POST with Upgrade: SPDY/3.1 (the WebSocket tunnel would be a GET).
+      expect(last('/pods/web/portforward')).toMatchObject({ method: 'POST', code: 200, user: { name: 'alice-k8s' }, impersonatedBy: { name: SA.user } });
+      expect(routedLines().length).toBeGreaterThan(before.routed);
+      expect(kubeRouteLines().length).toBe(before.route);
+      expect(await proxyHeld(marker.toString().trim())).toBe(false);
+    } finally {
+      pf.child.kill();
     }
   });
 
@@ -260,10 +329,6 @@ describe('gwsh proxy kube: kubectl end to end with the agent', () => {
   });
 
   it('both ends audit the kube sessions: the Proxy its route and bytes, the agent the grant it checked', async () => {
-    const kubeEvents = async () =>
-      (JSON.parse((await runCli('gwctl', ['--data-dir', cluster.dataDir, 'get', 'events', '-f', 'json'], { env: { HOME: dir } })).stdout) as Array<{ spec: Record<string, unknown> }>)
-        .map((e) => e.spec)
-        .filter((e) => e.e2e === true && e.resource === 'dev' && e.user === 'alice');
     await waitUntil('an end-to-end kube session ended at both ends', async () => {
       const ends = (await kubeEvents()).filter((e) => e.event === 'kube.session.end');
       return ends.some((e) => typeof e.grant === 'string') && ends.some((e) => e.grant === undefined);
