@@ -17,7 +17,11 @@
  * user or group is refused at the grant with the classic route's code; --e2e require against an agent that takes no
  * end-to-end streams (e2e_pool: 0, as an earlier version) fails with GW_ERR_E2E_UNAVAILABLE, and auto takes the
  * classic route there (the Proxy's kube route then logs the request), as --e2e off does everywhere; a request outside
- * the grant's cluster is refused at the agent; both ends audit the sessions.
+ * the grant's cluster is refused at the agent; both ends audit the sessions. A lock on the user while an exec is
+ * open closes it (the Proxy cuts it and tells the agent, which closes its end if still open): kubectl exits
+ * non-zero, the command in the pod is gone (its file holds what it read before the lock only); the next request is
+ * refused with GW_ERR_ACCESS_LOCKED, nothing of it reaching the API server; after the unlock the next is served; both
+ * ends audit the stream's end.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -196,12 +200,13 @@ function roundTrip(port: number, bytes: Buffer): Promise<Buffer> {
   });
 }
 
-
 const gwctl = (args: string[]) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir } });
 const kubeEvents = async (user = 'alice') =>
   (JSON.parse((await gwctl(['get', 'events', '-f', 'json'])).stdout) as Array<{ spec: Record<string, unknown> }>)
     .map((e) => e.spec)
     .filter((e) => e.e2e === true && e.resource === 'dev' && e.user === user);
+/** Whether a process is still there (the stand-in runs exec's command on this machine). */
+const alive = (pid: number) => { try { process.kill(pid, 0); return true; } catch { return false; } };
 
 const last = (suffix: string) => api.seen.filter((s) => s.path.endsWith(suffix)).at(-1);
 /** The Proxy's kube route's request lines (it logs each request it reads: src/proxy/webapps.ts). */
@@ -391,4 +396,63 @@ describe('gwsh proxy kube: refusals and the classic route', () => {
     expect(routedLines().length).toBe(routed);
     off.child.kill();
   });
+});
+
+describe('gwsh proxy kube: a lock on the user', () => {
+  it('closes an open end-to-end exec at the agent, refuses the next request while locked, and the unlock restores', async () => {
+    const lockee = await proxyKube('alice', 'dev', 'auto', '-lock');
+    const routed = routedLines().length;
+    // The command writes each line it reads to a file and says its pid: what runs in the pod is watched from here.
+    const file = `lock-${randomBytes(6).toString('hex')}`;
+    const exec = spawn(KUBECTL, ['--kubeconfig', lockee.kubeconfig, 'exec', '-i', 'web', '--', 'sh', '-c', `echo $$; while read l; do echo "$l" >> ${file}; echo "wrote $l"; done`], {
+      env: { PATH: process.env.PATH ?? '', HOME: dir },
+    });
+    children.push(exec);
+    let out = '';
+    exec.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    exec.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+    exec.stdin!.on('error', () => undefined);
+    await waitUntil(`the exec to start (${out})`, () => /^\d+\n/.test(out) || exec.exitCode !== null, 30_000);
+    const pid = Number(/^(\d+)\n/.exec(out)![1]);
+    exec.stdin!.write('before\n');
+    await waitUntil(`the line before the lock written (${out})`, () => out.includes('wrote before'), 20_000);
+    await waitUntil('the exec\'s stream routed end to end', () => routedLines().length > routed);
+    expect(last('/pods/web/exec')).toMatchObject({ code: 200, user: { name: 'alice-k8s' } });
+
+    const routedAtLock = routedLines().length;
+    const lock = await gwctl(['lock', '--user', 'alice', '--message', 'kube incident']);
+    expect(lock.status, lock.stderr).toBe(0);
+    try {
+      // kubectl's stream is cut: it exits non-zero, and the command in the pod went with it.
+      await waitUntil(`kubectl exec to end after the lock (${out})`, () => exec.exitCode !== null || exec.signalCode !== null, 30_000);
+      expect(exec.exitCode ?? 0, out).toBeGreaterThan(0);
+      await waitUntil('the agent or the Proxy to log the stream closed by the lock', () =>
+        agent.logs().includes('end-to-end stream closed: the user is locked') || cluster.logs().includes('end-to-end stream closed: identity revoked'), 20_000);
+      await waitUntil(`exec process ${pid} gone`, () => !alive(pid), 20_000);
+      // Hostile: nothing runs after the lock; the file holds what was written before it only.
+      expect(await readFile(join(api.workDir, 'web', file), 'utf8')).toBe('before\n');
+      // The next kubectl request is refused while locked, and nothing of it reaches the API server.
+      const seen = api.seen.length;
+      const refused = await kubectl(lockee.kubeconfig, ['get', 'pods']);
+      expect(refused.code, refused.stderr).not.toBe(0);
+      expect(refused.stderr).toMatch(/Error from server \(Forbidden\): GW_ERR_ACCESS_LOCKED: user "alice" is locked .*kube incident/);
+      expect(api.seen.length).toBe(seen);
+    } finally {
+      // Whatever failed above, what follows runs with alice unlocked.
+      expect((await gwctl(['unlock', '--user', 'alice'])).status).toBe(0);
+    }
+    const after = await kubectl(lockee.kubeconfig, ['get', 'pods']);
+    expect(after.stderr).toBe('');
+    expect(after.stdout).toMatch(/^web\s+1\/1\s+Running/m);
+    expect(last('/pods')).toMatchObject({ code: 200, user: { name: 'alice-k8s' } });
+
+    // Audit: that stream's kube.session.end is recorded, by the Proxy (the revocation as its error) and by the agent
+    // (each grant routed for the exec before the lock, its end with the grant id).
+    const grants = routedLines().slice(routed, routedAtLock).map((l) => (JSON.parse(l) as { grant: string }).grant);
+    await waitUntil('the ends of the exec\'s streams recorded at both ends', async () => {
+      const ends = (await kubeEvents()).filter((e) => e.event === 'kube.session.end');
+      return ends.some((e) => e.grant === undefined && /identity revoked/.test(String(e.error))) && grants.every((g) => ends.some((e) => e.grant === g));
+    }, 30_000);
+    lockee.child.kill();
+  }, 120_000);
 });
