@@ -7,7 +7,9 @@
  * account do anything, impersonating anyone included: only the gateway's impersonation stands between kubectl and
  * system:admin, and the stand-in's record of whom it served shows whose impersonation reached it.
  *
- * Shown: get, exec -i over WebSocket with an exit code, port-forward; the Proxy logs the streams as routed end to
+ * Shown: get, exec -i over WebSocket with an exit code, exec -it under a pseudo-terminal (a TTY, typed input, the
+ * exit code), port-forward over SPDY in a WebSocket and over plain SPDY (KUBECTL_PORT_FORWARD_WEBSOCKETS=false, which
+ * kubectl 1.33 honours: the stand-in saw a POST); the Proxy logs the streams as routed end to
  * end and its kube route (which reads HTTP) logs none of these requests; the Proxy runs with the recorder of
  * test/helpers/compromised-proxy.cjs, and an exec's input and path appear nowhere in what it held (while on the
  * classic route they do: the recorder works). Hostile: kubectl's own Impersonate-User
@@ -15,7 +17,11 @@
  * user or group is refused at the grant with the classic route's code; --e2e require against an agent that takes no
  * end-to-end streams (e2e_pool: 0, as an earlier version) fails with GW_ERR_E2E_UNAVAILABLE, and auto takes the
  * classic route there (the Proxy's kube route then logs the request), as --e2e off does everywhere; a request outside
- * the grant's cluster is refused at the agent; both ends audit the sessions.
+ * the grant's cluster is refused at the agent; both ends audit the sessions. A lock on the user while an exec is
+ * open closes it (the Proxy cuts it and tells the agent, which closes its end if still open): kubectl exits
+ * non-zero, the command in the pod is gone (its file holds what it read before the lock only); the next request is
+ * refused with GW_ERR_ACCESS_LOCKED, nothing of it reaching the API server; after the unlock the next is served; both
+ * ends audit the stream's end.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -26,6 +32,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import getPort from 'get-port';
+import * as nodePty from 'node-pty';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startKubeApiServer, type KubeApiServer } from '../helpers/kubeapiserver.js';
@@ -130,8 +137,8 @@ afterAll(async () => {
 });
 
 /** `gwsh --debug proxy kube CLUSTER --kubeconfig FILE`, listening: its output so far and the kubeconfig it wrote. */
-async function proxyKube(user: string, kubeCluster: string, mode: string): Promise<{ kubeconfig: string; output: () => string; child: ChildProcess }> {
-  const kubeconfig = join(home(user), `kubeconfig-${kubeCluster}-${mode}.yaml`);
+async function proxyKube(user: string, kubeCluster: string, mode: string, tag = ''): Promise<{ kubeconfig: string; output: () => string; child: ChildProcess }> {
+  const kubeconfig = join(home(user), `kubeconfig-${kubeCluster}-${mode}${tag}.yaml`);
   const child = spawn(process.execPath, [BIN('gwsh'), '--debug', 'proxy', 'kube', kubeCluster, '--port', '0', '--e2e', mode, '--kubeconfig', kubeconfig], {
     env: { PATH: process.env.PATH ?? '', HOME: home(user), GWSH_HOME: home(user) },
   });
@@ -152,6 +159,54 @@ function kubectl(kubeconfig: string, args: string[], opts: { env?: Record<string
     child.stdin!.end(opts.input ?? '');
   });
 }
+
+/** kubectl under a pseudo-terminal (so that -t gives a TTY; as kubeapiserver.test.ts): what it printed and its exit code. */
+function kubectlPty(kubeconfig: string, args: string[], typed: string, until: RegExp): Promise<{ output: string; code: number }> {
+  return new Promise((resolve) => {
+    const pty = nodePty.spawn(KUBECTL, ['--kubeconfig', kubeconfig, '--request-timeout=20s', ...args], { cols: 100, rows: 30, env: { PATH: process.env.PATH ?? '', HOME: dir, TERM: 'xterm' } });
+    let output = '';
+    let typedYet = false;
+    pty.onData((d) => {
+      output += d;
+      if (!typedYet && until.test(output)) {
+        typedYet = true;
+        pty.write(typed);
+      }
+    });
+    const kill = setTimeout(() => pty.kill(), 60_000);
+    pty.onExit(({ exitCode }) => { clearTimeout(kill); resolve({ output, code: exitCode }); });
+  });
+}
+
+/** `kubectl port-forward pod/web LOCAL:80` until it forwards; its output and the child. */
+async function portForward(kubeconfig: string, env: Record<string, string> = {}): Promise<{ port: number; child: ChildProcess; output: () => string }> {
+  const port = await getPort({ host: '127.0.0.1' });
+  const child = spawn(KUBECTL, ['--kubeconfig', kubeconfig, 'port-forward', '--address', '127.0.0.1', 'pod/web', `${port}:80`], { env: { PATH: process.env.PATH ?? '', HOME: dir, ...env } });
+  children.push(child);
+  let output = '';
+  child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
+  child.stderr!.on('data', (d: Buffer) => (output += d.toString()));
+  await waitUntil(`kubectl port-forward listening (${output})`, () => output.includes('Forwarding from') || child.exitCode !== null, 30_000);
+  return { port, child, output: () => output };
+}
+
+function roundTrip(port: number, bytes: Buffer): Promise<Buffer> {
+  return new Promise<Buffer>((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    const s = net.connect(port, '127.0.0.1', () => s.end(bytes));
+    s.on('data', (d: Buffer) => chunks.push(d));
+    s.on('end', () => resolve(Buffer.concat(chunks)));
+    s.on('error', reject);
+  });
+}
+
+const gwctl = (args: string[]) => runCli('gwctl', ['--data-dir', cluster.dataDir, ...args], { env: { HOME: dir } });
+const kubeEvents = async (user = 'alice') =>
+  (JSON.parse((await gwctl(['get', 'events', '-f', 'json'])).stdout) as Array<{ spec: Record<string, unknown> }>)
+    .map((e) => e.spec)
+    .filter((e) => e.e2e === true && e.resource === 'dev' && e.user === user);
+/** Whether a process is still there (the stand-in runs exec's command on this machine). */
+const alive = (pid: number) => { try { process.kill(pid, 0); return true; } catch { return false; } };
 
 const last = (suffix: string) => api.seen.filter((s) => s.path.endsWith(suffix)).at(-1);
 /** The Proxy's kube route's request lines (it logs each request it reads: src/proxy/webapps.ts). */
@@ -194,26 +249,45 @@ describe('gwsh proxy kube: kubectl end to end with the agent', () => {
   });
 
   it("port-forward: bytes round-trip to the pod's port", async () => {
-    const port = await getPort({ host: '127.0.0.1' });
-    const child = spawn(KUBECTL, ['--kubeconfig', alice.kubeconfig, 'port-forward', '--address', '127.0.0.1', 'pod/web', `${port}:80`], { env: { PATH: process.env.PATH ?? '', HOME: dir } });
-    children.push(child);
-    let output = '';
-    child.stdout.on('data', (d: Buffer) => (output += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (output += d.toString()));
+    const pf = await portForward(alice.kubeconfig);
     try {
-      await waitUntil(`kubectl port-forward listening (${output})`, () => output.includes('Forwarding from'), 30_000);
       const bytes = Buffer.alloc(128 * 1024, 9);
-      const back = await new Promise<Buffer>((resolve, reject) => {
-        const chunks: Buffer[] = [];
-        const s = net.connect(port, '127.0.0.1', () => s.end(bytes));
-        s.on('data', (d: Buffer) => chunks.push(d));
-        s.on('end', () => resolve(Buffer.concat(chunks)));
-        s.on('error', reject);
-      });
-      expect(back.equals(bytes), output).toBe(true);
+      expect((await roundTrip(pf.port, bytes)).equals(bytes), pf.output()).toBe(true);
       expect(last('/pods/web/portforward')).toMatchObject({ code: 200, user: { name: 'alice-k8s' } });
     } finally {
-      child.kill();
+      pf.child.kill();
+    }
+  });
+
+  it('exec -it: a real terminal, typed input read, the exit code back; routed end to end, the Proxy read no request', async () => {
+    const before = { route: kubeRouteLines().length, routed: routedLines().length };
+    const typed = `tty-secret-${randomBytes(12).toString('hex')}`;
+    const r = await kubectlPty(alice.kubeconfig, ['exec', '-it', 'web', '--', 'sh', '-c', 'tty; read x; echo "got $x"; exit 5'], `${typed}\r`, /\/dev\/pts\/\d+\r?\n/);
+    expect(r.output).toMatch(/\/dev\/pts\/\d+/);
+    expect(r.output).toContain(`got ${typed}`);
+    expect(r.code, r.output).toBe(5);
+    // The WebSocket exec (GET) reached the API server as the grant's user, over a stream the Proxy routed end to end.
+    expect(last('/pods/web/exec')).toMatchObject({ method: 'GET', code: 200, user: { name: 'alice-k8s' }, impersonatedBy: { name: SA.user } });
+    await waitUntil('the Proxy to log the exec\'s stream as routed', () => routedLines().length > before.routed);
+    // Hostile: the Proxy's kube route read no request, and what was typed is nowhere in what the Proxy held.
+    expect(kubeRouteLines().length).toBe(before.route);
+    expect(await proxyHeld(typed)).toBe(false);
+  });
+
+  it('port-forward over plain SPDY (KUBECTL_PORT_FORWARD_WEBSOCKETS=false): bytes round-trip end to end', async () => {
+    const before = { route: kubeRouteLines().length, routed: routedLines().length };
+    const pf = await portForward(alice.kubeconfig, { KUBECTL_PORT_FORWARD_WEBSOCKETS: 'false' });
+    try {
+      const marker = Buffer.from(`pf-secret-${randomBytes(12).toString('hex')}\n`);
+      const bytes = Buffer.concat([marker, randomBytes(256 * 1024), marker]);
+      expect((await roundTrip(pf.port, bytes)).equals(bytes), pf.output()).toBe(true);
+      // kubectl 1.33 honours the variable: a POST with Upgrade: SPDY/3.1 (the WebSocket tunnel would be a GET).
+      expect(last('/pods/web/portforward')).toMatchObject({ method: 'POST', code: 200, user: { name: 'alice-k8s' }, impersonatedBy: { name: SA.user } });
+      expect(routedLines().length).toBeGreaterThan(before.routed);
+      expect(kubeRouteLines().length).toBe(before.route);
+      expect(await proxyHeld(marker.toString().trim())).toBe(false);
+    } finally {
+      pf.child.kill();
     }
   });
 
@@ -260,10 +334,6 @@ describe('gwsh proxy kube: kubectl end to end with the agent', () => {
   });
 
   it('both ends audit the kube sessions: the Proxy its route and bytes, the agent the grant it checked', async () => {
-    const kubeEvents = async () =>
-      (JSON.parse((await runCli('gwctl', ['--data-dir', cluster.dataDir, 'get', 'events', '-f', 'json'], { env: { HOME: dir } })).stdout) as Array<{ spec: Record<string, unknown> }>)
-        .map((e) => e.spec)
-        .filter((e) => e.e2e === true && e.resource === 'dev' && e.user === 'alice');
     await waitUntil('an end-to-end kube session ended at both ends', async () => {
       const ends = (await kubeEvents()).filter((e) => e.event === 'kube.session.end');
       return ends.some((e) => typeof e.grant === 'string') && ends.some((e) => e.grant === undefined);
@@ -326,4 +396,63 @@ describe('gwsh proxy kube: refusals and the classic route', () => {
     expect(routedLines().length).toBe(routed);
     off.child.kill();
   });
+});
+
+describe('gwsh proxy kube: a lock on the user', () => {
+  it('closes an open end-to-end exec at the agent, refuses the next request while locked, and the unlock restores', async () => {
+    const lockee = await proxyKube('alice', 'dev', 'auto', '-lock');
+    const routed = routedLines().length;
+    // The command writes each line it reads to a file and says its pid: what runs in the pod is watched from here.
+    const file = `lock-${randomBytes(6).toString('hex')}`;
+    const exec = spawn(KUBECTL, ['--kubeconfig', lockee.kubeconfig, 'exec', '-i', 'web', '--', 'sh', '-c', `echo $$; while read l; do echo "$l" >> ${file}; echo "wrote $l"; done`], {
+      env: { PATH: process.env.PATH ?? '', HOME: dir },
+    });
+    children.push(exec);
+    let out = '';
+    exec.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    exec.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+    exec.stdin!.on('error', () => undefined);
+    await waitUntil(`the exec to start (${out})`, () => /^\d+\n/.test(out) || exec.exitCode !== null, 30_000);
+    const pid = Number(/^(\d+)\n/.exec(out)![1]);
+    exec.stdin!.write('before\n');
+    await waitUntil(`the line before the lock written (${out})`, () => out.includes('wrote before'), 20_000);
+    await waitUntil('the exec\'s stream routed end to end', () => routedLines().length > routed);
+    expect(last('/pods/web/exec')).toMatchObject({ code: 200, user: { name: 'alice-k8s' } });
+
+    const routedAtLock = routedLines().length;
+    const lock = await gwctl(['lock', '--user', 'alice', '--message', 'kube incident']);
+    expect(lock.status, lock.stderr).toBe(0);
+    try {
+      // kubectl's stream is cut: it exits non-zero, and the command in the pod went with it.
+      await waitUntil(`kubectl exec to end after the lock (${out})`, () => exec.exitCode !== null || exec.signalCode !== null, 30_000);
+      expect(exec.exitCode ?? 0, out).toBeGreaterThan(0);
+      await waitUntil('the agent or the Proxy to log the stream closed by the lock', () =>
+        agent.logs().includes('end-to-end stream closed: the user is locked') || cluster.logs().includes('end-to-end stream closed: identity revoked'), 20_000);
+      await waitUntil(`exec process ${pid} gone`, () => !alive(pid), 20_000);
+      // Hostile: nothing runs after the lock; the file holds what was written before it only.
+      expect(await readFile(join(api.workDir, 'web', file), 'utf8')).toBe('before\n');
+      // The next kubectl request is refused while locked, and nothing of it reaches the API server.
+      const seen = api.seen.length;
+      const refused = await kubectl(lockee.kubeconfig, ['get', 'pods']);
+      expect(refused.code, refused.stderr).not.toBe(0);
+      expect(refused.stderr).toMatch(/Error from server \(Forbidden\): GW_ERR_ACCESS_LOCKED: user "alice" is locked .*kube incident/);
+      expect(api.seen.length).toBe(seen);
+    } finally {
+      // Whatever failed above, what follows runs with alice unlocked.
+      expect((await gwctl(['unlock', '--user', 'alice'])).status).toBe(0);
+    }
+    const after = await kubectl(lockee.kubeconfig, ['get', 'pods']);
+    expect(after.stderr).toBe('');
+    expect(after.stdout).toMatch(/^web\s+1\/1\s+Running/m);
+    expect(last('/pods')).toMatchObject({ code: 200, user: { name: 'alice-k8s' } });
+
+    // Audit: that stream's kube.session.end is recorded, by the Proxy (the revocation as its error) and by the agent
+    // (each grant routed for the exec before the lock, its end with the grant id).
+    const grants = routedLines().slice(routed, routedAtLock).map((l) => (JSON.parse(l) as { grant: string }).grant);
+    await waitUntil('the ends of the exec\'s streams recorded at both ends', async () => {
+      const ends = (await kubeEvents()).filter((e) => e.event === 'kube.session.end');
+      return ends.some((e) => e.grant === undefined && /identity revoked/.test(String(e.error))) && grants.every((g) => ends.some((e) => e.grant === g));
+    }, 30_000);
+    lockee.child.kill();
+  }, 120_000);
 });
