@@ -46,9 +46,11 @@
  *                     frames of each are recorded. Its figures are not the measured ones.
  *   profiled runs     (BENCH_PROFILE=DIR) after the user path's measured runs, the Proxy, the agent and gwsh
  *                     restarted as `node --cpu-prof --cpu-prof-dir DIR/<run>/<role>` for one single-stream iperf3
- *                     run (DIR/userpath) and for BENCH_CONNECTS new connections (DIR/connects), each window timed
- *                     into DIR/<run>/run.json with every process's CPU from /proc (bench/tunnel/profiled.ts); read
- *                     them with `npx tsx bench/profile-summary.ts DIR`. Printed, not recorded.
+ *                     run (DIR/userpath), for BENCH_CONNECTS new connections (DIR/connects) and for 2 000 round
+ *                     trips on one connection (DIR/roundtrips), each window timed into DIR/<run>/run.json with
+ *                     every process's user and system CPU from /proc, then the same work through OpenSSH's forward
+ *                     (bench/tunnel/profiled.ts); read them with `npx tsx bench/profile-summary.ts DIR`. Printed,
+ *                     not recorded.
  *
  * Settings (environment): BENCH_MIB (512), BENCH_RUNS (3), BENCH_STREAMS (8), BENCH_RTTS (5000), BENCH_RTT_WARMUP (5000), BENCH_STARTS (3),
  * BENCH_AGENTS (10000), BENCH_AGENT_PROCS (2), BENCH_IDLE_CPU_SECS (60: the idle Proxy's CPU over this long, 0: not
@@ -148,7 +150,7 @@ async function userPathPhase(rig: Rig, ends: Ends, gw: GatewayPath, ssh: OpenSsh
   checkRoutes({ e2e: [gwshIperf, gwshEcho], classic: [...classic] }, rig.say);
   if (GWSH_BEFORE) sayBeforeAfter(user, rig.say);
   const gwshProfile = PROFILE ? await profileGwsh(rig, gwshIperf, userHome) : undefined;
-  if (PROFILE_DIR) await profiledRuns(rig, ends, gw, userHome, PROFILE_DIR, user);
+  if (PROFILE_DIR) await profiledRuns(rig, ends, gw, ssh, userHome, PROFILE_DIR, user);
   for (const g of rig.gwshProxies.splice(0)) await g.stop();
   return { user, gwshProfile };
 }

@@ -1,7 +1,9 @@
 /**
  * A .cpuprofile (what `node --cpu-prof` writes) read into what bench/profile-summary.ts prints: the heaviest
  * self-time frames and a rollup by category, optionally clipped to a time window the bench wrote (profile times
- * and process.hrtime are the same monotonic clock, in µs). Pure: it takes the parsed JSON, never a path, and it is
+ * and process.hrtime are the same monotonic clock, in µs), frames of a bundle put back at their source file and line
+ * by a resolver (bench/profile-summary.ts reads the bundles' .map files). Pure: it takes the parsed JSON and the
+ * resolver, never a path, and it is
  * bounded (a profile past MAX_NODES nodes or MAX_SAMPLES samples is refused, parent chains are walked at most
  * MAX_DEPTH frames, at most `top` frames and TOP_FILES files come out).
  */
@@ -15,7 +17,11 @@ interface CallFrame {
   functionName: string;
   url: string;
   lineNumber: number;
+  columnNumber?: number;
 }
+
+/** Maps a bundled position (0-based line and column) to its source file and line, e.g. from the bundle's .map. */
+export type Resolve = (url: string, line: number, column: number) => { url: string; line: number } | undefined;
 
 interface Node_ {
   id: number;
@@ -83,7 +89,7 @@ export function sourceOf(url: string): { kind: 'ours' | 'dep' | 'node' | 'none' 
     const rest = url.slice(nm + 14).split('/');
     return { kind: 'dep', name: rest[0]!.startsWith('@') ? `${rest[0]}/${rest[1]}` : rest[0]! };
   }
-  const m = /\/(?:dist|src)\/(.+?)\.[cm]?[jt]s$/.exec(url);
+  const m = /(?:^|\/)(?:dist|src)\/(.+?)\.[cm]?[jt]s$/.exec(url);
   if (m) return { kind: 'ours', name: `src/${m[1]}.ts` };
   return { kind: 'other', name: url };
 }
@@ -118,15 +124,22 @@ function frameName(f: CallFrame): string {
   return `${f.functionName || '(anonymous)'}${file ? ` (${file}:${f.lineNumber + 1})` : ' (native)'}`;
 }
 
+/** The frame at its source position when resolve knows the bundle (our dist/ files have .map files), else as it is. */
+function mapped(f: CallFrame, resolve: Resolve | undefined): CallFrame {
+  if (!resolve || !f.url || f.url.startsWith('node:') || f.lineNumber < 0) return f;
+  const to = resolve(f.url, f.lineNumber, f.columnNumber ?? 0);
+  return to ? { ...f, url: to.url, lineNumber: to.line } : f;
+}
+
 /**
  * Self time per frame, per category and per file of ours, of the samples within [fromUs, toUs] (the whole profile
  * without a window). A sample's time is its time delta, as Chrome DevTools counts it.
  */
-export function summarize(profile: unknown, opts: { fromUs?: number; toUs?: number; top?: number } = {}): Summary {
+export function summarize(profile: unknown, opts: { fromUs?: number; toUs?: number; top?: number; resolve?: Resolve } = {}): Summary {
   check(profile);
   const top = Math.max(1, Math.min(opts.top ?? 15, 100));
   const byId = new Map<number, Node_>();
-  for (const n of profile.nodes) byId.set(n.id, n);
+  for (const n of profile.nodes) byId.set(n.id, { ...n, callFrame: mapped(n.callFrame, opts.resolve) });
   const self = new Map<number, number>();
   let t = profile.startTime;
   let windowUs = 0;
@@ -172,12 +185,12 @@ export function summarize(profile: unknown, opts: { fromUs?: number; toUs?: numb
  * Busy time of the sampled thread whose stack holds a frame of `file` (inclusive, each sample once), e.g. how much
  * of the native writes our relay starts. Walks at most MAX_DEPTH parents per sample node.
  */
-export function inclusiveByOurFile(profile: unknown, opts: { fromUs?: number; toUs?: number } = {}): Map<string, number> {
+export function inclusiveByOurFile(profile: unknown, opts: { fromUs?: number; toUs?: number; resolve?: Resolve } = {}): Map<string, number> {
   check(profile);
   const byId = new Map<number, Node_>();
   const parent = new Map<number, number>();
   for (const n of profile.nodes) {
-    byId.set(n.id, n);
+    byId.set(n.id, { ...n, callFrame: mapped(n.callFrame, opts.resolve) });
     for (const c of n.children ?? []) parent.set(c, n.id);
   }
   const filesOf = new Map<number, Set<string>>();

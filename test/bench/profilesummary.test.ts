@@ -66,8 +66,14 @@ describe('profile summary', () => {
     const text = summaryText('gwsh', s, inclusiveByOurFile(profile())).join('\n');
     expect(text).toContain('gwsh: 6 samples');
     expect(text).toContain('src/tunnel/e2e.ts  (inclusive 50.0%)');
-    const cpu = cpuText({ run: 'userpath', what: '', fromUs: 0, toUs: 1, load: { before: [], after: [] }, gib: 2, cpuSeconds: { gwsh: 3 }, measured: { ssh: { sshd: 1 } }, measuredUnit: 'CPU s/GiB' });
-    expect(cpu[0]).toContain('gwsh 1.50');
+    const split = (user: number, sys: number, main: number) => ({ user, sys, mainUser: main, mainSys: 0 });
+    const cpu = cpuText({
+      run: 'userpath', what: 'iperf3', fromUs: 0, toUs: 1, load: { before: [], after: [] }, gib: 2, cpu: { gwsh: split(1, 2, 1.5) },
+      peer: { what: 'ssh', gib: 1, cpu: { sshd: split(1, 1, 2) } }, measured: { ssh: { sshd: 1 } }, measuredUnit: 'CPU s/GiB',
+    });
+    expect(cpu[0]).toContain('gwsh 1.50 (user 0.50, system 1.00; main thread 50%)');
+    expect(cpu[1]).toContain('sshd 2.00 (user 1.00, system 1.00)'); // one thread: no main-thread share
+    expect(cpu[2]).toContain('measured run without profiler, ssh: sshd 1.00');
   });
 
   it('refuses what is not a profile, a damaged one, and one past the bounds', () => {
