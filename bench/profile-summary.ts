@@ -36,6 +36,8 @@ export interface RunInfo extends PathWindow {
   load: { before: number[]; after: number[] };
   /** The same work through OpenSSH's ssh -R forward, right after (not profiled). */
   peer?: PathWindow;
+  /** connects: medians (ms) of new connections taken in turns with a pause after each, both paths. */
+  paced?: { gateway: number; openssh: number; pauseMs: number; count: number };
   /** The measured (unprofiled) run's CPU per GiB or ms per connection, by process, per path. */
   measured: Record<string, Record<string, number>>;
   measuredUnit: string;
@@ -49,7 +51,7 @@ export function summaryText(label: string, s: Summary, inclusive: Map<string, nu
   const busyShare = s.windowUs > 0 ? s.busyUs / s.windowUs : 0;
   const lines = [`  ${label}: ${s.samples} samples, window ${(s.windowUs / 1e6).toFixed(2)} s, main thread busy (wall time outside idle) ${(s.busyUs / 1e6).toFixed(2)} s (${pct(busyShare).trim()})`];
   lines.push('    top self time (share of busy):');
-  for (const t of s.top) lines.push(`      ${pct(t.share)} ${ms(t.us)}  ${t.frame}`);
+  for (const t of s.top) lines.push(`      ${pct(t.share)} ${ms(t.us)}  ${t.frame}${t.via ? `  <- ${t.via}` : ''}`);
   lines.push('    by category (share of busy; idle: of the window):');
   for (const c of s.categories) if (c.us > 0) lines.push(`      ${pct(c.share)} ${ms(c.us)}  ${c.category}`);
   if (s.ourFiles.length) {
@@ -80,6 +82,7 @@ export function cpuText(info: RunInfo): string[] {
   return [
     windowText('gateway, profiled', info),
     ...(info.peer ? [windowText('OpenSSH, same work right after (not profiled)', info.peer)] : []),
+    ...(info.paced ? [`  paced: ${info.paced.count} new connections per path, taking turns, ${info.paced.pauseMs} ms after each: median gateway ${info.paced.gateway.toFixed(2)} ms, OpenSSH ${info.paced.openssh.toFixed(2)} ms`] : []),
     ...Object.entries(info.measured).map(([path, r]) => `  ${info.measuredUnit}, measured run without profiler, ${path}: ${row(r)}`),
   ];
 }

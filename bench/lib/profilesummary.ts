@@ -63,7 +63,8 @@ export interface Summary {
   windowUs: number;
   busyUs: number;
   samples: number;
-  top: Array<{ frame: string; us: number; share: number }>;
+  /** via: the nearest frame of our code on the stack of most of that frame's time (a native write: who wrote). */
+  top: Array<{ frame: string; us: number; share: number; via?: string }>;
   /** µs by category (shares are of busy time; idle's of the window). */
   categories: Array<{ category: Category; us: number; share: number }>;
   /** Our code by file (self time), heaviest first, at most TOP_FILES, the rest in one row. */
@@ -139,7 +140,19 @@ export function summarize(profile: unknown, opts: { fromUs?: number; toUs?: numb
   check(profile);
   const top = Math.max(1, Math.min(opts.top ?? 15, 100));
   const byId = new Map<number, Node_>();
-  for (const n of profile.nodes) byId.set(n.id, { ...n, callFrame: mapped(n.callFrame, opts.resolve) });
+  const parent = new Map<number, number>();
+  for (const n of profile.nodes) {
+    byId.set(n.id, { ...n, callFrame: mapped(n.callFrame, opts.resolve) });
+    for (const c of n.children ?? []) parent.set(c, n.id);
+  }
+  const ours = (id: number): string | undefined => {
+    let c: number | undefined = id;
+    for (let depth = 0; c !== undefined && depth < MAX_DEPTH; depth++, c = parent.get(c)) {
+      const f = byId.get(c)?.callFrame;
+      if (f && sourceOf(f.url).kind === 'ours') return frameName(f);
+    }
+    return undefined;
+  };
   const self = new Map<number, number>();
   let t = profile.startTime;
   let windowUs = 0;
@@ -155,6 +168,7 @@ export function summarize(profile: unknown, opts: { fromUs?: number; toUs?: numb
     samples++;
   }
   const frames = new Map<string, number>();
+  const via = new Map<string, Map<string, number>>();
   const cats = new Map<Category, number>(CATEGORIES.map((c) => [c, 0]));
   const files = new Map<string, number>();
   for (const [id, us] of self) {
@@ -164,6 +178,12 @@ export function summarize(profile: unknown, opts: { fromUs?: number; toUs?: numb
     if (c === 'idle') continue;
     const name = frameName(f);
     frames.set(name, (frames.get(name) ?? 0) + us);
+    const by = ours(id);
+    if (by && by !== name) {
+      const m = via.get(name) ?? new Map<string, number>();
+      m.set(by, (m.get(by) ?? 0) + us);
+      via.set(name, m);
+    }
     const src = sourceOf(f.url);
     if (src.kind === 'ours') files.set(src.name, (files.get(src.name) ?? 0) + us);
   }
@@ -175,7 +195,10 @@ export function summarize(profile: unknown, opts: { fromUs?: number; toUs?: numb
     windowUs,
     busyUs,
     samples,
-    top: [...frames.entries()].sort((a, b) => b[1] - a[1]).slice(0, top).map(([frame, us]) => ({ frame, us, share: share(us) })),
+    top: [...frames.entries()].sort((a, b) => b[1] - a[1]).slice(0, top).map(([frame, us]) => {
+      const v = [...(via.get(frame) ?? new Map<string, number>()).entries()].sort((a, b) => b[1] - a[1])[0];
+      return { frame, us, share: share(us), ...(v ? { via: `${v[0]} ${((v[1] / us) * 100).toFixed(0)}%` } : {}) };
+    }),
     categories: CATEGORIES.map((category) => ({ category, us: cats.get(category)!, share: category === 'idle' ? (windowUs > 0 ? cats.get(category)! / windowUs : 0) : share(cats.get(category)!) })),
     ourFiles: [...sorted.slice(0, TOP_FILES).map(([file, us]) => ({ file, us, share: share(us) })), ...(rest > 0 ? [{ file: `(${sorted.length - TOP_FILES} other files)`, us: rest, share: share(rest) }] : [])],
   };

@@ -7,7 +7,8 @@
  * (not profiled: sshd, ssh + socat and squid from /proc), and the measured run's CPU figures of both paths:
  *
  *   userpath   one single-stream `iperf3 -c` run of BENCH_IPERF_SECONDS through `gwsh proxy app iperf` (end to end)
- *   connects   BENCH_CONNECTS new connections through `gwsh proxy app echo` (connect, one 64-byte echo, close)
+ *   connects   BENCH_CONNECTS new connections through `gwsh proxy app echo` (connect, one 64-byte echo, close),
+ *              then 50 more on each path, taking turns with 100 ms after each (medians only: paced)
  *   roundtrips 2 000 64-byte round trips on one connection through `gwsh proxy app echo`, after 2 000 unmeasured
  *              (the keystroke's chain of processes without ssh and sshd: bench:ssh has no profiler hook)
  *
@@ -102,6 +103,26 @@ async function window(run: RunInfo['run'], through: string, host: string, port: 
   }
 }
 
+const PACED = 50;
+const PACE_MS = 100;
+
+/**
+ * New connections with a pause after each, the two paths taking turns (PACED each): what a connection costs when
+ * it starts on a quiet path, next to the back-to-back figures (OpenSSH's connect + echo there can stall for tens of
+ * ms, bench/RESULTS.md, issue 29's profiles). Medians in ms.
+ */
+async function pacedConnects(gwshPort: number, sshEcho: number): Promise<{ gateway: number; openssh: number; pauseMs: number; count: number }> {
+  const gateway: number[] = [];
+  const openssh: number[] = [];
+  for (let i = 0; i < PACED; i++) {
+    gateway.push(await connectAndEcho('127.0.0.1', gwshPort));
+    await sleep(PACE_MS);
+    openssh.push(await connectAndEcho(SSHD_IP, sshEcho));
+    await sleep(PACE_MS);
+  }
+  return { gateway: median(gateway), openssh: median(openssh), pauseMs: PACE_MS, count: PACED };
+}
+
 /** One run: the processes started under the profiler, the gateway's window, OpenSSH's, run.json; then ours stopped. */
 async function profiledRun(rig: Rig, ends: Ends, gw: GatewayPath, ssh: OpenSshPath, userHome: string, runDir: string, run: RunInfo['run'], measured: RunInfo['measured']): Promise<void> {
   await restartDaemons(rig, ends, gw, runDir);
@@ -123,7 +144,8 @@ async function profiledRun(rig: Rig, ends: Ends, gw: GatewayPath, ssh: OpenSshPa
           ...(run === 'userpath' ? { 'iperf3 -s': [rig.iperfSsh!.pid] } : {}),
         })
       : undefined;
-    const full: RunInfo = { run, ...ours, load: { before: load0, after: loadavg() }, measured, measuredUnit: run === 'userpath' ? 'CPU s/GiB' : 'CPU ms per connection', ...(peer ? { peer } : {}) };
+    const paced = run === 'connects' && peer ? { paced: await pacedConnects(gwsh.port, ssh.fwd.echo) } : {};
+    const full: RunInfo = { run, ...ours, load: { before: load0, after: loadavg() }, measured, measuredUnit: run === 'userpath' ? 'CPU s/GiB' : 'CPU ms per connection', ...(peer ? { peer } : {}), ...paced };
     await writeFile(join(runDir, 'run.json'), JSON.stringify(full, null, 1));
     rig.say(`profiled ${run}: ${full.what}${peer ? `; ${peer.what}` : ''}`);
   } finally {

@@ -39,6 +39,8 @@ describe('profile summary', () => {
     expect(cat['stream plumbing (node:internal/streams)']).toBe(100);
     expect(cat['our code (src/)']).toBe(100);
     expect(s.ourFiles).toEqual([{ file: 'src/tunnel/e2e.ts', us: 100, share: 0.25 }]);
+    expect(s.top[0]!.via).toBe('relay (src/tunnel/e2e.ts:10) 100%'); // who made the native write
+    expect(s.top[1]!.via).toBeUndefined(); // a frame of ours is not its own caller
   });
 
   it('keeps only the samples inside the window', () => {
@@ -74,6 +76,8 @@ describe('profile summary', () => {
     expect(cpu[0]).toContain('gwsh 1.50 (user 0.50, system 1.00; main thread 50%)');
     expect(cpu[1]).toContain('sshd 2.00 (user 1.00, system 1.00)'); // one thread: no main-thread share
     expect(cpu[2]).toContain('measured run without profiler, ssh: sshd 1.00');
+    const paced = cpuText({ run: 'connects', what: 'c', fromUs: 0, toUs: 1, load: { before: [], after: [] }, connects: 10, connectMsMedian: 5, cpu: {}, paced: { gateway: 12, openssh: 1.3, pauseMs: 100, count: 50 }, measured: {}, measuredUnit: 'CPU ms per connection' });
+    expect(paced[1]).toBe('  paced: 50 new connections per path, taking turns, 100 ms after each: median gateway 12.00 ms, OpenSSH 1.30 ms');
   });
 
   it('refuses what is not a profile, a damaged one, and one past the bounds', () => {
