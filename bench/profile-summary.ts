@@ -109,6 +109,9 @@ export function sourceMapResolver(): Resolve {
   };
 }
 
+/** The processes bench/tunnel/profiled.ts starts under the profiler, by their directory's name. */
+const ROLES = ['agent', 'gwsh', 'proxy'];
+
 /** The .cpuprofile files under dir/<role>/, by role. */
 function profilesOf(dir: string): Array<{ role: string; file: string }> {
   const out: Array<{ role: string; file: string }> = [];
@@ -141,7 +144,9 @@ function main(argv: string[]): void {
       const fmt = (l: number[]) => l.map((n) => n.toFixed(2)).join('/');
       out.push(`${info.run}: ${info.what}; load average ${fmt(info.load.before)} before, ${fmt(info.load.after)} after`);
       out.push(...cpuText(info));
-      for (const { role, file } of profilesOf(run)) {
+      const profiles = profilesOf(run);
+      for (const role of ROLES) if (!profiles.some((p) => p.role === role)) out.push(`  ${role}: no profile (node --cpu-prof writes it when the process exits; this one did not exit by itself)`);
+      for (const { role, file } of profiles) {
         const p: unknown = JSON.parse(readFileSync(file, 'utf8'));
         const win = { fromUs: info.fromUs, toUs: info.toUs, resolve };
         out.push(...summaryText(`${role} (${file.split('/').at(-1)})`, summarize(p, { ...win, top }), inclusiveByOurFile(p, win)));
