@@ -44,11 +44,18 @@
  *                     profiler (what --cpu-prof uses; started by a preload, see PROFILER_PRELOAD), one
  *                     single-stream run of BENCH_PROFILE_MIB MiB and 2 000 round trips; the heaviest self-time
  *                     frames of each are recorded. Its figures are not the measured ones.
+ *   profiled runs     (BENCH_PROFILE=DIR) after the user path's measured runs, the Proxy, the agent and gwsh
+ *                     restarted as `node --cpu-prof --cpu-prof-dir DIR/<run>/<role>` for one single-stream iperf3
+ *                     run (DIR/userpath), for BENCH_CONNECTS new connections (DIR/connects) and for 2 000 round
+ *                     trips on one connection (DIR/roundtrips), each window timed into DIR/<run>/run.json with
+ *                     every process's user and system CPU from /proc, then the same work through OpenSSH's forward
+ *                     (bench/tunnel/profiled.ts); read them with `npx tsx bench/profile-summary.ts DIR`. Printed,
+ *                     not recorded.
  *
  * Settings (environment): BENCH_MIB (512), BENCH_RUNS (3), BENCH_STREAMS (8), BENCH_RTTS (5000), BENCH_RTT_WARMUP (5000), BENCH_STARTS (3),
  * BENCH_AGENTS (10000), BENCH_AGENT_PROCS (2), BENCH_IDLE_CPU_SECS (60: the idle Proxy's CPU over this long, 0: not
- * read), BENCH_IPERF_SECONDS (10, iperf3's default), BENCH_CONNECTS (50), BENCH_PROFILE (1),
- * BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the .cpuprofile files to, for Chrome DevTools),
+ * read), BENCH_IPERF_SECONDS (10, iperf3's default), BENCH_CONNECTS (50),
+ * BENCH_PROFILE (1; 0: no profiles; a directory DIR: also the user path's profiled runs, below), BENCH_PROFILE_MIB (256), BENCH_PROFILE_KEEP (a directory to copy the .cpuprofile files to, for Chrome DevTools),
  * BENCH_TUNNEL_ONLY (userpath: set up, run the user path and print it; idle: the idle-memory phase alone; neither is
  * recorded; metrics: the cost of metrics on the data path, off and on in one run, recorded as the section tunnel-metrics,
  * BENCH_METRICS_RUNS runs each, 5 by default: bench/tunnel/metrics.ts), BENCH_IDLE_PROFILE (a directory: the idle Proxy profiled while the last half of the agents connect),
@@ -81,13 +88,14 @@ import { cpuDelta, cpuSnapshot, processTree, type CpuProbe } from './lib/proc.js
 import { recordSection } from './record.js';
 import { measureTlsFloor } from './tlsfloor.js';
 import { profilerEnv, startAgent, startGwshProxy, stopGateway, type LocalProxy } from './tunnel/gateway.js';
+import { profiledRuns } from './tunnel/profiled.js';
 import { measureMetricsCost, metricsSection } from './tunnel/metrics.js';
 import { idleMemoryRows, idleMemoryText, measureIdleMemory, type IdleMemory } from './tunnel/idle.js';
 import { roundTrips, throughputOnce } from './tunnel/measure.js';
 import { cleanup, dataPaths, startEnds, startGatewayPath, startOpenSshPath, stopDaemons, type Ends, type GatewayPath, type OpenSshPath, type Rig } from './tunnel/paths.js';
 import { runIperf3, type CountingSink } from './tunnel/peers.js';
 import { tunnelSection, type DataPathFigures, type PathName } from './tunnel/report.js';
-import { AGENTS, GWSH_BEFORE, IPERF_SECONDS, MIB, ONLY, PASSWORD, PROFILE, PROFILE_MIB, PROXY_IP, PROXY_NAME, RTTS, RUNS, SSHD_IP, SSHD_NAME, STREAMS, TLS_FLOOR_CONNECTIONS } from './tunnel/settings.js';
+import { AGENTS, GWSH_BEFORE, IPERF_SECONDS, MIB, ONLY, PASSWORD, PROFILE, PROFILE_DIR, PROFILE_MIB, PROXY_IP, PROXY_NAME, RTTS, RUNS, SSHD_IP, SSHD_NAME, STREAMS, TLS_FLOOR_CONNECTIONS } from './tunnel/settings.js';
 import { CLASSIC_USER, GW_USER, measureUserPath, routeTaken, userPathRows, userPathText, type UserPathFigures, type UserPathName, type UserPathRoute } from './tunnel/userpath.js';
 
 // The agents of the memory test log errors only (1 000 "reverse tunnel ready" and "closed" lines otherwise).
@@ -98,7 +106,7 @@ setRootLogger(createLogger({ level: 'error' }));
  * listen address (its certificate names it), as a user on the Proxy's network would: the client leg goes straight
  * to the Proxy, as ssh -R's client leg goes straight to sshd's forward.
  */
-async function userPathPhase(rig: Rig, gw: GatewayPath, ssh: OpenSshPath): Promise<{ user: UserPathFigures; gwshProfile: ProfileSummary | undefined }> {
+async function userPathPhase(rig: Rig, ends: Ends, gw: GatewayPath, ssh: OpenSshPath): Promise<{ user: UserPathFigures; gwshProfile: ProfileSummary | undefined }> {
   const { dir } = rig;
   const userHome = join(dir, 'gwsh-user');
   const userLogin = await runCli('gwsh', ['login', `--proxy=${PROXY_IP}:${gw.webPort}`, '--user=bench', `--ca-pin=${gw.pin}`], { env: { HOME: dir, GWSH_HOME: userHome }, input: `${PASSWORD}\n` });
@@ -142,6 +150,7 @@ async function userPathPhase(rig: Rig, gw: GatewayPath, ssh: OpenSshPath): Promi
   checkRoutes({ e2e: [gwshIperf, gwshEcho], classic: [...classic] }, rig.say);
   if (GWSH_BEFORE) sayBeforeAfter(user, rig.say);
   const gwshProfile = PROFILE ? await profileGwsh(rig, gwshIperf, userHome) : undefined;
+  if (PROFILE_DIR) await profiledRuns(rig, ends, gw, ssh, userHome, PROFILE_DIR, user);
   for (const g of rig.gwshProxies.splice(0)) await g.stop();
   return { user, gwshProfile };
 }
@@ -309,7 +318,7 @@ async function main(): Promise<void> {
     if (ONLY === 'metrics') return await metricsPhase(rig, ends, gw, load0);
     const ssh = await startOpenSshPath(rig, ends, cipher);
     const paths = dataPaths(rig, ends, gw, ssh);
-    const { user, gwshProfile } = await userPathPhase(rig, gw, ssh);
+    const { user, gwshProfile } = await userPathPhase(rig, ends, gw, ssh);
     if (ONLY === 'userpath') {
       process.stdout.write(`\n${[...userPathRows(user), '', userPathText(user, gwshProfile)].join('\n')}\n`);
       return;

@@ -45,6 +45,43 @@ export function cpuSeconds(pid: number | 'self'): number {
   }
 }
 
+/** User and system CPU seconds of a process so far, all its threads, and of its main thread alone (tid = pid). */
+export interface CpuSplit {
+  user: number;
+  sys: number;
+  mainUser: number;
+  mainSys: number;
+}
+
+function userSys(statPath: string): [number, number] {
+  try {
+    const stat = readFileSync(statPath, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return [Number(fields[11]) / CLK_TCK, Number(fields[12]) / CLK_TCK];
+  } catch {
+    return [0, 0]; // gone
+  }
+}
+
+/** The split of several processes together (their main threads summed). */
+export function cpuSplit(pids: number[]): CpuSplit {
+  const out: CpuSplit = { user: 0, sys: 0, mainUser: 0, mainSys: 0 };
+  for (const pid of pids) {
+    const [u, s] = userSys(`/proc/${pid}/stat`);
+    const [mu, ms] = userSys(`/proc/${pid}/task/${pid}/stat`);
+    out.user += u;
+    out.sys += s;
+    out.mainUser += mu;
+    out.mainSys += ms;
+  }
+  return out;
+}
+
+/** b - a, field by field. */
+export function splitDelta(a: CpuSplit, b: CpuSplit): CpuSplit {
+  return { user: b.user - a.user, sys: b.sys - a.sys, mainUser: b.mainUser - a.mainUser, mainSys: b.mainSys - a.mainSys };
+}
+
 /** Named components of a path, each the pids to read now ('self': this process). */
 export type CpuProbe = Record<string, () => number[] | 'self'>;
 

@@ -78,10 +78,10 @@ export interface AgentStart {
   protocol: string;
 }
 
-export async function startAgent(proxy: RunningGateway, yaml: string, dataDir: string, squid: Squid, env: Record<string, string> = {}): Promise<AgentStart> {
+export async function startAgent(proxy: RunningGateway, yaml: string, dataDir: string, squid: Squid, env: Record<string, string> = {}, nodeArgs: string[] = []): Promise<AgentStart> {
   const from = proxy.logs().length;
   const t0 = Date.now();
-  const agent = await startGateway(yaml, { dataDir, env: { HTTPS_PROXY: squid.url, ...env } });
+  const agent = await startGateway(yaml, { dataDir, env: { HTTPS_PROXY: squid.url, ...env }, nodeArgs });
   const ready = await agent.waitForLog('reverse tunnel ready', 30_000).catch(async (err: unknown) => {
     await stopGateway(agent);
     throw new Error(`${(err as Error).message}\n${agent.logs()}`);
@@ -127,11 +127,11 @@ export interface LocalProxy {
 
 /**
  * A real `gwsh --debug proxy app <name> --port 0` with the given profile directory and GWSH_E2E as the caller
- * sets it in env (unset: gwsh's default, auto); resolves once it listens. --debug prints one line per connection
+ * sets it in env (unset: gwsh's default, auto), node started with nodeArgs (e.g. --cpu-prof); resolves once it listens. --debug prints one line per connection
  * naming its route ("end-to-end to agent ..." or "the classic route ...: <reason>"): the bench checks it.
  */
-export async function startGwshProxy(gwshHome: string, home: string, app: string, env: Record<string, string> = {}, bin = BIN('gwsh')): Promise<LocalProxy> {
-  const child = spawn(process.execPath, [bin, '--debug', 'proxy', 'app', app, '--port', '0'], {
+export async function startGwshProxy(gwshHome: string, home: string, app: string, env: Record<string, string> = {}, bin = BIN('gwsh'), nodeArgs: string[] = []): Promise<LocalProxy> {
+  const child = spawn(process.execPath, [...nodeArgs, bin, '--debug', 'proxy', 'app', app, '--port', '0'], {
     env: { PATH: process.env.PATH ?? '', HOME: home, GWSH_HOME: gwshHome, ...(GWSH_NODE_OPTIONS ? { NODE_OPTIONS: GWSH_NODE_OPTIONS } : {}), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -27,7 +27,13 @@ export const ONLY = process.env.BENCH_TUNNEL_ONLY ?? '';
 export const IDLE_CPU_SECS = envNumber('BENCH_IDLE_CPU_SECS', 60, 0);
 /** A directory: the idle Proxy writes a V8 heap snapshot there after each full gc (compare two checkpoints). */
 export const HEAP_DIR = process.env.BENCH_IDLE_HEAPSNAPSHOT;
-export const PROFILE = envNumber('BENCH_PROFILE', 1, 0) > 0;
+/**
+ * BENCH_PROFILE: 1 (the default) or 0 for the sampled profiles after the measured runs; a directory (anything not a
+ * number) for those and the user path's two runs under `node --cpu-prof` into it (bench/tunnel/profiled.ts).
+ */
+const PROFILE_RAW = process.env.BENCH_PROFILE?.trim() ?? '';
+export const PROFILE_DIR = PROFILE_RAW !== '' && !/^\d+$/.test(PROFILE_RAW) ? PROFILE_RAW : '';
+export const PROFILE = PROFILE_DIR !== '' || envNumber('BENCH_PROFILE', 1, 0) > 0;
 export const PROFILE_MIB = envNumber('BENCH_PROFILE_MIB', 256);
 /** Bytes of each round trip's message. */
 export const MSG = 64;

@@ -101,13 +101,15 @@ export async function startGateway(
     openFiles?: number;
     /** Another build's gateway.js (default: this tree's dist/cli/gateway.js), e.g. one that says another version. */
     bin?: string;
+    /** Options of node itself before the script, e.g. --cpu-prof (which NODE_OPTIONS may not carry). */
+    nodeArgs?: string[];
   } = {},
 ): Promise<RunningGateway> {
   const dir = await mkdtemp(join(tmpdir(), 'gw-daemon-'));
   const dataDir = options.dataDir ?? join(dir, 'data');
   const configPath = join(dir, 'gateway.yaml');
   await writeFile(configPath, configYaml.replaceAll('DATA_DIR', dataDir));
-  const argv = [process.execPath, options.bin ?? BIN('gateway'), 'start', '-c', configPath, ...(options.args ?? [])];
+  const argv = [process.execPath, ...(options.nodeArgs ?? []), options.bin ?? BIN('gateway'), 'start', '-c', configPath, ...(options.args ?? [])];
   const [command, ...args] = options.openFiles === undefined ? argv : ['sh', '-c', `ulimit -n ${options.openFiles} && exec "$@"`, 'sh', ...argv];
   const child = spawn(command!, args, {
     env: { PATH: process.env.PATH ?? '', ...(options.env ?? {}) },
