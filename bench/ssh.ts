@@ -481,7 +481,7 @@ function formatSection(m: Measured, run: RunInfo, traced: string[]): string {
       `tunnel's TLS (protocol v2: frames over mutual TLS); ssh -J adds the outer SSH connection to the jump host.`,
     `- Session start includes, for the gateway, starting gwsh (Node) for the ProxyCommand and again for the KnownHostsCommand, and a ping of the Proxy; for ssh -J, a second ssh process and two SSH handshakes one after the other.`,
     `- One-off profiles (2026-11-25, load 2-3, not rerun by this script): \`perf sched record -a\` over 1000 traced keystrokes per path, ` +
-      `and the V8 CPU profiler (bench:tunnel's preload, started by SIGUSR2) in gwsh, the Proxy and the agent over 2000. CPU of the main thread ` +
+      `and the V8 CPU profiler (bench:tunnel's preload, started by a signal) in gwsh, the Proxy and the agent over 2000. CPU of the main thread ` +
       `per keystroke (both ways): Proxy ~127 µs, agent ~141, gwsh ~95, plus ~25-50 in each one's other threads (V8's GC and compiler, ` +
       `libuv), against ~50 for each sshd and ~44 for each ssh of ssh -J; so the Node processes keep a core busy well after they have passed ` +
       `the bytes on (the traced "in X" is only from read to write). Of it, 50-60% is native socket writes (the TLS record and the write ` +

@@ -16,7 +16,7 @@
  *
  * Settings: BENCH_USERPATH_SECONDS (iperf3's -t; unset: iperf3's default, 10 s), BENCH_RECORD (0: print only),
  * BENCH_USERPATH_E2E_ONLY=1 (the end-to-end path alone, printed, never recorded; with BENCH_DAEMON_NODE_OPTIONS="--require
- * <bench/lib/cpuprofile.ts's PROFILER_PRELOAD with its directory written in>", the Proxy is sent SIGUSR2 before and after
+ * <bench/lib/cpuprofile.ts's PROFILER_PRELOAD with its directory written in>", the Proxy is sent PROFILER_SIGNAL before and after
  * that path's two runs: its profile is of them alone).
  * Writes the section "userpath" of bench/RESULTS.md. Runs as root (sshd).
  */
@@ -30,6 +30,7 @@ import { exited, sleep } from './common.js';
 import { recordSection } from './record.js';
 import { startGwshProxy, type LocalProxy } from './tunnel/gateway.js';
 import { startSshd } from './tunnel/peers.js';
+import { PROFILER_SIGNAL } from './lib/cpuprofile.js';
 import { cleanup, startEnds, startGatewayPath, type Rig } from './tunnel/paths.js';
 import { PASSWORD, PROXY_IP, PROXY_NAME, SSHD_IP, SSHD_NAME, TARGET_IP } from './tunnel/settings.js';
 import { routeTaken } from './tunnel/userpath.js';
@@ -142,9 +143,9 @@ async function main(): Promise<void> {
       if (e2eOnly && name !== 'gateway end to end') return;
       const g: LocalProxy = await startGwshProxy(userHome, dir, 'iperf', env);
       rig.gwshProxies.push(g);
-      if (e2eOnly) rig.proxy!.process.kill('SIGUSR2');
+      if (e2eOnly) rig.proxy!.process.kill(PROFILER_SIGNAL);
       await measure(name, '127.0.0.1', g.port, results, lines);
-      if (e2eOnly) rig.proxy!.process.kill('SIGUSR2');
+      if (e2eOnly) rig.proxy!.process.kill(PROFILER_SIGNAL);
       const want = name === 'gateway end to end' ? 'e2e' : 'classic';
       if (routeTaken(g.output()) !== want) throw new Error(`${name}: gwsh took another route:\n${g.output().slice(-3000)}`);
     }

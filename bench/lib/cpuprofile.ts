@@ -84,10 +84,17 @@ export function summarizeProfile(path: string): {
 
 /**
  * A preload (NODE_OPTIONS=--require; Node 20 refuses --cpu-prof there, and the daemons are started by the test
- * helper) that starts the inspector's CPU profiler (the sampler --cpu-prof uses) on SIGUSR2, so start-up is left
- * out, and writes $BENCH_CPU_PROF_DIR/<pid>.cpuprofile on the next SIGUSR2 or when the process exits, whichever
+ * helper) that starts the inspector's CPU profiler (the sampler --cpu-prof uses) on PROFILER_SIGNAL, so start-up is
+ * left out, and writes $BENCH_CPU_PROF_DIR/<pid>.cpuprofile on the next one or when the process exits, whichever
  * comes first (gwsh proxy app may be kept alive by a connection the Proxy lets linger).
  */
+/**
+ * Not SIGUSR2: an agent daemon takes that as a hand-over to a successor (src/cli/start.ts), so profiling an agent with
+ * it profiled a process that was handing over, and left two agents running. SIGURG's default is to ignore it, and
+ * neither the daemons nor gwsh handle it (SIGWINCH would resize gwsh ssh's terminal).
+ */
+export const PROFILER_SIGNAL = 'SIGURG';
+
 export const PROFILER_PRELOAD = `
 const { Session } = require('node:inspector');
 const { mkdirSync, writeFileSync } = require('node:fs');
@@ -106,7 +113,7 @@ const write = () => {
     writeFileSync(dir + '/' + process.pid + '.cpuprofile', JSON.stringify(res.profile));
   });
 };
-process.on('SIGUSR2', () => {
+process.on('SIGURG', () => {
   if (state !== 'idle') return write();
   state = 'started';
   session.post('Profiler.start');

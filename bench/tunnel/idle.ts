@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import getPort from 'get-port';
 import { runCli, startGateway, type RunningGateway } from '../../test/helpers/gateway.js';
 import { sleep, stopChild } from '../common.js';
-import { PROFILER_PRELOAD } from '../lib/cpuprofile.js';
+import { PROFILER_PRELOAD, PROFILER_SIGNAL } from '../lib/cpuprofile.js';
 import { cpuSeconds, hardOpenFileLimit, processTree, rssKiB } from '../lib/proc.js';
 import type { TlsFloor } from '../tlsfloor.js';
 import { proxyConfig, stopGateway } from './gateway.js';
@@ -178,7 +178,7 @@ export async function measureIdleMemory(dir: string, adminEnv: Record<string, st
   let have = 0;
   let allUp = true;
   for (const target of checkpoints) {
-    if (profDir && target === AGENTS) memProxy.process.kill('SIGUSR2');
+    if (profDir && target === AGENTS) memProxy.process.kill(PROFILER_SIGNAL);
     const t0 = Date.now();
     const answers = await Promise.all(track.holders.map((h, c) => h.ask({ op: 'connect', count: share(c, target) - share(c, have), concurrency: 32 })));
     connectSecs += (Date.now() - t0) / 1000;

@@ -453,8 +453,8 @@ export async function connectE2E(profile: Profile, dialer: Dialer, address: stri
     return handshakeRefused(err, address, grant.agent);
   }
   // Node skips the identity check on a resumed session; none is offered here, but the stream is only used checked.
-  const leaf = socket.getPeerCertificate();
-  const again = checked ? undefined : check(grant.server_name, leaf);
+  // (The certificate is read again only then: getPeerCertificate builds the whole object, a profile's top item.)
+  const again = checked ? undefined : check(grant.server_name, socket.getPeerCertificate());
   if (again) {
     socket.destroy();
     throw again;
