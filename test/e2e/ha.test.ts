@@ -290,8 +290,11 @@ describeAsRoot('2 Auth Services on PostgreSQL, 3 Proxies behind HAProxy, an agen
   it('kill -9 of the Proxy a client streams through: the next connection reaches the agent through another Proxy', async () => {
     const since = new Map(running().map((p) => [p, p.logs().length]));
     const id = nextId++;
+    // Held after its first MiB until the Proxy is killed: under way then, however fast the path.
+    let release!: () => void;
+    const hold = new Promise<void>((r) => (release = r));
     // Settled at once into a value, so that its rejection (expected) is never unhandled meanwhile.
-    const big = transfer('127.0.0.1', 17001, { id, upload: 64 * 1024 * KiB, download: 0, seed: id, timeoutMs: 60_000 }).then(() => 'completed', (err: Error) => err);
+    const big = transfer('127.0.0.1', 17001, { id, upload: 64 * 1024 * KiB, download: 0, seed: id, timeoutMs: 60_000, holdAt: 1024 * KiB, hold }).then(() => 'completed', (err: Error) => err);
     const victim = await eventually('a Proxy carries the stream', async () => {
       const p = proxyServing(since);
       if (!p) throw new Error('no Proxy logged the connection yet');
@@ -299,6 +302,7 @@ describeAsRoot('2 Auth Services on PostgreSQL, 3 Proxies behind HAProxy, an agen
     });
     await victim.kill();
     stopped.add(victim);
+    release();
     expect(await big).toBeInstanceOf(Error);
     // Not acknowledged, so lost; what follows must arrive whole, through a survivor.
     await eventually('new connections work through the survivors', () => byteExact(17001), 60_000);
@@ -328,7 +332,10 @@ describeAsRoot('2 Auth Services on PostgreSQL, 3 Proxies behind HAProxy, an agen
     // never acknowledged); service must come back by itself.
     await eventually('new connections work again after the restart', () => byteExact(17001), 60_000);
     const id = nextId++;
-    const open = transfer('127.0.0.1', 17001, { id, upload: 256 * 1024 * KiB, download: 0, seed: id, timeoutMs: 120_000 }).then(() => 'completed', (err: Error) => err);
+    // Held after its first MiB until the lock is made: the lock closes a stream under way.
+    let release!: () => void;
+    const hold = new Promise<void>((r) => (release = r));
+    const open = transfer('127.0.0.1', 17001, { id, upload: 256 * 1024 * KiB, download: 0, seed: id, timeoutMs: 120_000, holdAt: 1024 * KiB, hold }).then(() => 'completed', (err: Error) => err);
     const since = new Map(running().map((p) => [p, p.logs().length]));
     const carrier = await eventually('a Proxy carries the stream', async () => {
       const p = proxyServing(since);
@@ -339,10 +346,12 @@ describeAsRoot('2 Auth Services on PostgreSQL, 3 Proxies behind HAProxy, an agen
     const e2e = carrier.logs().slice(since.get(carrier)).includes('end-to-end stream routed');
     expect((await gwctlOn(auths.b!, ['lock', '--user', 'alice', '--message', 'ha test'])).status).toBe(0);
     try {
-      expect(await open).toBeInstanceOf(Error);
-      // Closed by the lock (through the Auth Service's event stream to that Proxy), not by anything else.
+      // Closed by the lock (through the Auth Service's event stream to that Proxy), not by anything else, while the
+      // upload is held: nothing else could end it.
       await carrier.waitForLog(e2e ? 'end-to-end stream closed: identity revoked' : 'connection closed: identity revoked', 10_000, since.get(carrier));
+      expect(await open).toBeInstanceOf(Error);
     } finally {
+      release();
       // Whatever failed above, the tests after this one run with alice unlocked.
       expect((await gwctlOn(auths.a!, ['unlock', '--user', 'alice'])).status).toBe(0);
     }

@@ -114,8 +114,16 @@ export function expectedDownloadSha256(n: number, seed: number): string {
   return h.digest('hex');
 }
 
-/** One transfer through host:port (e.g. a `gwsh proxy app` listener); rejects after timeoutMs. */
-export function transfer(host: string, port: number, o: { id: number; upload: number; download: number; seed: number; timeoutMs?: number }): Promise<TransferResult> {
+/**
+ * One transfer through host:port (e.g. a `gwsh proxy app` listener); rejects after timeoutMs. With `hold`, the
+ * upload stops once `holdAt` bytes are sent until hold resolves: a test that cuts the path mid-transfer cuts it
+ * while the transfer is surely under way, however fast the path is.
+ */
+export function transfer(
+  host: string,
+  port: number,
+  o: { id: number; upload: number; download: number; seed: number; timeoutMs?: number; holdAt?: number; hold?: Promise<unknown> },
+): Promise<TransferResult> {
   return new Promise((resolve, reject) => {
     const socket = net.connect({ host, port, noDelay: true });
     const hout = createHash('sha256');
@@ -160,8 +168,14 @@ export function transfer(host: string, port: number, o: { id: number; upload: nu
     socket.once('connect', () => {
       socket.write(`${JSON.stringify({ id: o.id, upload: o.upload, download: o.download, seed: o.seed })}\n`);
       const next = keystream(o.seed);
+      let held = false;
       const pump = () => {
         while (sent < o.upload && !settled) {
+          if (o.hold && !held && sent >= (o.holdAt ?? 0)) {
+            held = true;
+            void o.hold.then(pump);
+            return;
+          }
           const chunk = next(Math.min(CHUNK, o.upload - sent));
           hout.update(chunk);
           sent += chunk.length;
