@@ -24,7 +24,10 @@
  * agent after a GC (with --expose-gc; it includes the agents' own ends, so it is an upper bound for a Proxy).
  * Settings: BENCH_MIB (256), BENCH_RUNS (3), BENCH_RTTS (3000), BENCH_OPENS (200), BENCH_AGENTS (1000; 0 skips
  * the scale part), BENCH_MODES (daemons,inprocess), BENCH_PEER_TRANSPORTS (tls,http2), BENCH_E2E (1; 0 skips the
- * end-to-end paths), BENCH_RECORD (0: print only).
+ * end-to-end paths), BENCH_RECORD (0: print only), BENCH_PROFILE=DIR (the daemons under node --cpu-prof and one
+ * profiled window per end-to-end path after the measured runs: bench/peerprofiled.ts; read with
+ * `npm run -s bench:profile-summary -- DIR`) with BENCH_PROFILE_PUSHES (3 streams per window), BENCH_DAEMON_NODE_ARGS (node's
+ * options for the daemons, e.g. V8 flags).
  * End-to-end streams (issue 29; real daemons only): gwsh's own client (--e2e require) through B, and through the
  * first A, which relays the stream raw to B's peering listener (no TLS of its own); goal: peered >= 0.9x of direct.
  */
@@ -49,6 +52,7 @@ import { createLogger, setRootLogger } from '../src/log.js';
 import { startPeerCluster, type PeerCluster } from '../test/proxy/peering-harness.js';
 import { waitUntil } from '../test/helpers/wait.js';
 import { envNumber, echoOnce, pushToSink, withTimeout } from './common.js';
+import { linkProfiles, PROFILE_ROOT, profileArgs, profiledWindows, type ProfiledPath } from './peerprofiled.js';
 import { recordSection } from './record.js';
 
 const MIB = envNumber('BENCH_MIB', 256);
@@ -182,6 +186,8 @@ interface Setup {
   cluster?: PeerCluster;
   /** The daemons' process IDs, for CPU seconds per GiB; the bench process is measured as "bench". */
   pids?: Record<string, number>;
+  /** With BENCH_PROFILE=DIR: the profiled daemons' directory names (bench/peerprofiled.ts). */
+  roles?: string[];
 }
 
 interface Figures {
@@ -316,12 +322,12 @@ async function daemons(): Promise<Setup> {
     stops.push(async () => sink.close(), async () => echo.close());
     const port = () => getPort({ host: '127.0.0.1' });
     const webB = await port();
-    const b = await startGateway(proxyYaml('proxy-b', webB, await port(), pg.url()));
+    const b = await startGateway(proxyYaml('proxy-b', webB, await port(), pg.url()), { nodeArgs: profileArgs('B') });
     stops.push(() => b.stop());
     const as: Array<{ transport: 'tls' | 'http2'; web: number; pid: number }> = [];
     for (const transport of TRANSPORTS) {
       const web = await port();
-      const a = await startGateway(proxyYaml(`proxy-a-${transport}`, web, await port(), pg.url()), { env: { GATEWAY_PEER_TRANSPORT: transport } });
+      const a = await startGateway(proxyYaml(`proxy-a-${transport}`, web, await port(), pg.url()), { env: { GATEWAY_PEER_TRANSPORT: transport }, nodeArgs: profileArgs(`A-${transport}`) });
       stops.push(() => a.stop());
       as.push({ transport, web, pid: a.process.pid! });
     }
@@ -331,7 +337,7 @@ async function daemons(): Promise<Setup> {
     const token = (JSON.parse((await admin(['tokens', 'add', '--type=app', '--format', 'json'])).stdout) as { token: string }).token;
     await admin(['users', 'add', 'alice', '--roles=access'], 'correct horse battery\n');
     const apps = ['app_service:', '  enabled: yes', '  apps:', `    - { name: sink, uri: "tcp://127.0.0.1:${sink.port}" }`, `    - { name: echo, uri: "tcp://127.0.0.1:${echo.port}" }`];
-    const agent = await startGateway(['gateway:', '  nodename: agent-b', '  data_dir: DATA_DIR', '  log: { format: json }', ...apps, ''].join('\n'), { args: ['--token', token, '--ca-pin', pin, '--proxy', `localhost:${webB}`] });
+    const agent = await startGateway(['gateway:', '  nodename: agent-b', '  data_dir: DATA_DIR', '  log: { format: json }', ...apps, ''].join('\n'), { args: ['--token', token, '--ca-pin', pin, '--proxy', `localhost:${webB}`], nodeArgs: profileArgs('agent') });
     stops.push(() => agent.stop());
     await agent.waitForLog('reverse tunnel ready');
     const gwshHome = join(dir, 'alice');
@@ -357,11 +363,23 @@ async function daemons(): Promise<Setup> {
       for (const web of [`localhost:${webB}`, `localhost:${webA}`]) await waitUntil(`an end-to-end stream through ${web}`, () => e2eOpen(web).then((s) => (s.destroy(), true), () => false), 60_000, 250);
       paths.push({ name: E2E_DIRECT, web: `localhost:${webB}`, open: e2eOpen }, { name: E2E_PEERED, web: `localhost:${webA}`, open: e2eOpen, base: paths.length });
     }
-    return { label, open, paths, stop, pids };
+    return { label, open, paths, stop, pids, roles: ['B', 'agent', ...as.map((a) => `A-${a.transport}`)] };
   } catch (err) {
     await stop();
     throw err;
   }
+}
+
+/** The end-to-end paths of a real-daemon setup, for BENCH_PROFILE's windows, with their measured CPU per GiB. */
+function e2ePaths(setup: Setup, f: Figures): ProfiledPath[] {
+  const out: ProfiledPath[] = [];
+  for (const [run, name] of [['e2e-direct', E2E_DIRECT], ['e2e-peered', E2E_PEERED]] as const) {
+    const i = setup.paths.findIndex((p) => p.name === name);
+    if (i < 0) continue;
+    const p = setup.paths[i]!;
+    out.push({ run, name, push: () => throughput(p.open ?? setup.open, p.web), measured: f.cpu?.[i] ?? {} });
+  }
+  return out;
 }
 
 async function main(): Promise<void> {
@@ -376,9 +394,11 @@ async function main(): Promise<void> {
       const setup = transport === 'all' ? await daemons() : await inProcess(transport);
       try {
         figures.push(await measure(setup));
+        if (PROFILE_ROOT && setup.roles) await profiledWindows(e2ePaths(setup, figures.at(-1)!), MIB, setup.pids!, setup.roles, say);
         if (setup.cluster && AGENTS > 0 && !sc) sc = await scale(setup.cluster);
       } finally {
         await setup.stop();
+        if (setup.roles) linkProfiles(say);
       }
     }
   }

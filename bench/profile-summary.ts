@@ -1,5 +1,6 @@
 /**
- * bench:profile-summary — prints what the profiles of a `BENCH_PROFILE=DIR` run of bench:tunnel say, as text:
+ * bench:profile-summary — prints what the profiles of a `BENCH_PROFILE=DIR` run of bench:tunnel (or of bench:peer:
+ * DIR/e2e-direct, DIR/e2e-peered, with the processes A, B and agent: bench/peerprofiled.ts) say, as text:
  * per profiled run (DIR/userpath, DIR/connects, DIR/roundtrips) and per process (DIR/<run>/<role>/*.cpuprofile, written by
  * `node --cpu-prof`), the top self-time frames and the rollup by category (bench/lib/profilesummary.ts), clipped to
  * the run's measured window (DIR/<run>/run.json, written by bench/tunnel/profiled.ts); and the user and system CPU
@@ -15,7 +16,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { SourceMap } from 'node:module';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { CpuSplit } from './lib/proc.js';
+import type { CpuSplit, SyscallIo } from './lib/proc.js';
 import { inclusiveByOurFile, summarize, type Resolve, type Summary } from './lib/profilesummary.js';
 
 /** One path's window: what ran, and the user / system CPU seconds of each process over it (bench/lib/proc.ts). */
@@ -26,11 +27,16 @@ export interface PathWindow {
   connects?: number;
   connectMsMedian?: number;
   cpu: Record<string, CpuSplit>;
+  /** The read and write syscalls of each process over the window (bench:peer's windows record them). */
+  io?: Record<string, SyscallIo>;
 }
 
 /** What bench/tunnel/profiled.ts writes beside the profiles of one run: our path's window (profiled), OpenSSH's. */
 export interface RunInfo extends PathWindow {
-  run: 'userpath' | 'connects' | 'roundtrips';
+  /** bench:tunnel's runs (bench/tunnel/profiled.ts), or bench:peer's end-to-end throughput windows (bench/peerprofiled.ts). */
+  run: 'userpath' | 'connects' | 'roundtrips' | 'e2e-direct' | 'e2e-peered';
+  /** The processes profiled, by their directory's name (default: bench:tunnel's agent, gwsh and proxy). */
+  roles?: string[];
   fromUs: number;
   toUs: number;
   load: { before: number[]; after: number[] };
@@ -40,6 +46,8 @@ export interface RunInfo extends PathWindow {
   paced?: { gateway: number; openssh: number; pauseMs: number; count: number };
   /** The measured (unprofiled) run's CPU per GiB or ms per connection, by process, per path. */
   measured: Record<string, Record<string, number>>;
+  /** How the measured runs were taken, when not as bench:tunnel's (without the profiler). */
+  measuredHow?: string;
   measuredUnit: string;
 }
 
@@ -70,7 +78,16 @@ export function windowText(label: string, w: PathWindow): string {
     return `${k} ${(total / per.d).toFixed(2)}${main}`;
   });
   const sum = Object.values(w.cpu).reduce((a, c) => a + c.user + c.sys, 0) / per.d;
-  return `  ${label}: ${w.what}. ${per.unit}: ${each.join(', ')}; all ${sum.toFixed(2)}`;
+  const line = `  ${label}: ${w.what}. ${per.unit}: ${each.join(', ')}; all ${sum.toFixed(2)}`;
+  return w.io ? `${line}\n${ioText(w.io, per)}` : line;
+}
+
+/** Syscalls per unit and their mean size: how many pieces each process moved the bytes in. */
+function ioText(io: Record<string, SyscallIo>, per: { d: number; unit: string }): string {
+  const kib = (bytes: number, n: number) => (n > 0 ? (bytes / n / 1024).toFixed(1) : '-');
+  const each = Object.entries(io).map(([k, v]) => `${k} ${(v.reads / per.d / 1000).toFixed(1)}k reads of ${kib(v.readBytes, v.reads)} KiB, ${(v.writes / per.d / 1000).toFixed(1)}k writes of ${kib(v.writeBytes, v.writes)} KiB`);
+  const unit = per.unit === 'CPU s/GiB' ? 'GiB' : per.unit.replace(/^CPU ms per /, '');
+  return `  syscalls per ${unit} (read(2)/write(2) families, /proc/<pid>/io; mean size): ${each.join('; ')}`;
 }
 
 /** The CPU lines of one run: ours over the profiled window, OpenSSH's right after, the measured run's per path. */
@@ -83,7 +100,7 @@ export function cpuText(info: RunInfo): string[] {
     windowText('gateway, profiled', info),
     ...(info.peer ? [windowText('OpenSSH, same work right after (not profiled)', info.peer)] : []),
     ...(info.paced ? [`  paced: ${info.paced.count} new connections per path, taking turns, ${info.paced.pauseMs} ms after each: median gateway ${info.paced.gateway.toFixed(2)} ms, OpenSSH ${info.paced.openssh.toFixed(2)} ms`] : []),
-    ...Object.entries(info.measured).map(([path, r]) => `  ${info.measuredUnit}, measured run without profiler, ${path}: ${row(r)}`),
+    ...Object.entries(info.measured).map(([path, r]) => `  ${info.measuredUnit}, ${info.measuredHow ?? 'measured run without profiler'}, ${path}: ${row(r)}`),
   ];
 }
 
@@ -109,7 +126,7 @@ export function sourceMapResolver(): Resolve {
   };
 }
 
-/** The processes bench/tunnel/profiled.ts starts under the profiler, by their directory's name. */
+/** The processes bench/tunnel/profiled.ts starts under the profiler, by their directory's name (run.json may say others). */
 const ROLES = ['agent', 'gwsh', 'proxy'];
 
 /** The .cpuprofile files under dir/<role>/, by role. */
@@ -145,7 +162,7 @@ function main(argv: string[]): void {
       out.push(`${info.run}: ${info.what}; load average ${fmt(info.load.before)} before, ${fmt(info.load.after)} after`);
       out.push(...cpuText(info));
       const profiles = profilesOf(run);
-      for (const role of ROLES) if (!profiles.some((p) => p.role === role)) out.push(`  ${role}: no profile (node --cpu-prof writes it when the process exits; this one did not exit by itself)`);
+      for (const role of info.roles ?? ROLES) if (!profiles.some((p) => p.role === role)) out.push(`  ${role}: no profile (node --cpu-prof writes it when the process exits; this one did not exit by itself)`);
       for (const { role, file } of profiles) {
         const p: unknown = JSON.parse(readFileSync(file, 'utf8'));
         const win = { fromUs: info.fromUs, toUs: info.toUs, resolve };

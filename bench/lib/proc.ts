@@ -63,6 +63,28 @@ function userSys(statPath: string): [number, number] {
   }
 }
 
+/** A process's read and write syscalls so far (all threads; sockets and pipes count too): /proc/<pid>/io. */
+export interface SyscallIo {
+  reads: number;
+  writes: number;
+  readBytes: number;
+  writeBytes: number;
+}
+
+export function syscallIo(pid: number): SyscallIo {
+  try {
+    const f = Object.fromEntries(readFileSync(`/proc/${pid}/io`, 'utf8').trim().split('\n').map((l) => l.split(/:\s*/) as [string, string]));
+    return { reads: Number(f.syscr), writes: Number(f.syscw), readBytes: Number(f.rchar), writeBytes: Number(f.wchar) };
+  } catch {
+    return { reads: 0, writes: 0, readBytes: 0, writeBytes: 0 }; // gone, or not ours to read
+  }
+}
+
+/** b - a, field by field. */
+export function ioDelta(a: SyscallIo, b: SyscallIo): SyscallIo {
+  return { reads: b.reads - a.reads, writes: b.writes - a.writes, readBytes: b.readBytes - a.readBytes, writeBytes: b.writeBytes - a.writeBytes };
+}
+
 /** The split of several processes together (their main threads summed). */
 export function cpuSplit(pids: number[]): CpuSplit {
   const out: CpuSplit = { user: 0, sys: 0, mainUser: 0, mainSys: 0 };

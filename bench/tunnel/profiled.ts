@@ -29,6 +29,9 @@ import { runIperf3 } from './peers.js';
 import { CONNECTS, IPERF_SECONDS, SSHD_IP } from './settings.js';
 import { GW_USER, SSH_USER, type UserPathFigures } from './userpath.js';
 
+/** bench:tunnel's profiled runs (RunInfo names bench:peer's too). */
+type TunnelRun = 'userpath' | 'connects' | 'roundtrips';
+
 const hrUs = () => Number(process.hrtime.bigint() / 1000n);
 const cpuProf = (dir: string) => ['--cpu-prof', '--cpu-prof-dir', dir];
 
@@ -64,14 +67,14 @@ function connected(host: string, port: number): Promise<net.Socket> {
 }
 
 /** What comes before the window: one 1 s iperf3 run, 20 new connections, or ROUND_TRIPS round trips. */
-async function warmUp(run: RunInfo['run'], host: string, port: number, echo: net.Socket | undefined): Promise<void> {
+async function warmUp(run: TunnelRun, host: string, port: number, echo: net.Socket | undefined): Promise<void> {
   if (run === 'userpath') await runIperf3(host, port, 1, 1);
   else if (run === 'connects') for (let i = 0; i < 20; i++) await connectAndEcho(host, port);
   else for (let i = 0; i < ROUND_TRIPS; i++) await echoOnce(echo!);
 }
 
 /** The window's work, through `through` (gwsh proxy app, or ssh -R's forward), and its words. */
-async function measureWindow(run: RunInfo['run'], through: string, host: string, port: number, echo: net.Socket | undefined): Promise<Pick<RunInfo, 'what' | 'gib' | 'connects' | 'connectMsMedian'>> {
+async function measureWindow(run: TunnelRun, through: string, host: string, port: number, echo: net.Socket | undefined): Promise<Pick<RunInfo, 'what' | 'gib' | 'connects' | 'connectMsMedian'>> {
   if (run === 'userpath') {
     const res = await runIperf3(host, port, 1, IPERF_SECONDS);
     return { what: `one single-stream iperf3 run of ${IPERF_SECONDS} s through ${through}, ${(res.bitsPerSecond / 8 / 2 ** 20).toFixed(0)} MiB/s`, gib: res.bytes / 2 ** 30 };
@@ -87,7 +90,7 @@ async function measureWindow(run: RunInfo['run'], through: string, host: string,
 }
 
 /** A warm-up, then the window: its figures and the user / system CPU of each named set of processes over it. */
-async function window(run: RunInfo['run'], through: string, host: string, port: number, procs: Record<string, number[]>): Promise<PathWindow & { fromUs: number; toUs: number }> {
+async function window(run: TunnelRun, through: string, host: string, port: number, procs: Record<string, number[]>): Promise<PathWindow & { fromUs: number; toUs: number }> {
   const echo = run === 'roundtrips' ? await connected(host, port) : undefined;
   try {
     await warmUp(run, host, port, echo);
@@ -124,7 +127,7 @@ async function pacedConnects(gwshPort: number, sshEcho: number): Promise<{ gatew
 }
 
 /** One run: the processes started under the profiler, the gateway's window, OpenSSH's, run.json; then ours stopped. */
-async function profiledRun(rig: Rig, ends: Ends, gw: GatewayPath, ssh: OpenSshPath, userHome: string, runDir: string, run: RunInfo['run'], measured: RunInfo['measured']): Promise<void> {
+async function profiledRun(rig: Rig, ends: Ends, gw: GatewayPath, ssh: OpenSshPath, userHome: string, runDir: string, run: TunnelRun, measured: RunInfo['measured']): Promise<void> {
   await restartDaemons(rig, ends, gw, runDir);
   const gwsh = await startGwshProxy(userHome, rig.dir, run === 'userpath' ? 'iperf' : 'echo', {}, undefined, cpuProf(join(runDir, 'gwsh')));
   try {

@@ -80,6 +80,14 @@ describe('profile summary', () => {
     expect(paced[1]).toBe('  paced: 50 new connections per path, taking turns, 100 ms after each: median gateway 12.00 ms, OpenSSH 1.30 ms');
   });
 
+  it('says how many pieces each process moved a GiB in, and how the measured runs were taken', () => {
+    const split = { user: 1, sys: 1, mainUser: 2, mainSys: 0 };
+    const io = { A: { reads: 32_000, writes: 16_000, readBytes: 32_000 * 32 * 1024, writeBytes: 16_000 * 64 * 1024 }, gone: { reads: 0, writes: 0, readBytes: 0, writeBytes: 0 } };
+    const text = cpuText({ run: 'e2e-peered', roles: ['A'], what: 'w', fromUs: 0, toUs: 1, load: { before: [], after: [] }, gib: 2, cpu: { A: split }, io, measured: { peered: { A: 1.5 } }, measuredUnit: 'CPU s/GiB', measuredHow: 'measured runs, daemons under the profiler' });
+    expect(text[0]).toContain('\n  syscalls per GiB (read(2)/write(2) families, /proc/<pid>/io; mean size): A 16.0k reads of 32.0 KiB, 8.0k writes of 64.0 KiB; gone 0.0k reads of - KiB, 0.0k writes of - KiB');
+    expect(text[1]).toBe('  CPU s/GiB, measured runs, daemons under the profiler, peered: A 1.50');
+  });
+
   it('refuses what is not a profile, a damaged one, and one past the bounds', () => {
     expect(() => summarize({ nodes: 'x' })).toThrow(/not a .cpuprofile/);
     expect(() => summarize({ ...profile(), timeDeltas: [1] })).toThrow(/damaged/);
