@@ -32,11 +32,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import getPort from 'get-port';
-import * as nodePty from 'node-pty';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BIN, runCli, startGateway, type RunningGateway } from '../helpers/gateway.js';
 import { startKubeApiServer, type KubeApiServer } from '../helpers/kubeapiserver.js';
 import { startSquid, type Squid } from '../helpers/squid.js';
+import { kubectlPty } from '../helpers/kubectlpty.js';
 import { waitUntil } from '../helpers/wait.js';
 
 const KUBECTL = fileURLToPath(new URL('../../.cache/kubetools/kubectl', import.meta.url));
@@ -160,23 +160,6 @@ function kubectl(kubeconfig: string, args: string[], opts: { env?: Record<string
   });
 }
 
-/** kubectl under a pseudo-terminal (so that -t gives a TTY; as kubeapiserver.test.ts): what it printed and its exit code. */
-function kubectlPty(kubeconfig: string, args: string[], typed: string, until: RegExp): Promise<{ output: string; code: number }> {
-  return new Promise((resolve) => {
-    const pty = nodePty.spawn(KUBECTL, ['--kubeconfig', kubeconfig, '--request-timeout=20s', ...args], { cols: 100, rows: 30, env: { PATH: process.env.PATH ?? '', HOME: dir, TERM: 'xterm' } });
-    let output = '';
-    let typedYet = false;
-    pty.onData((d) => {
-      output += d;
-      if (!typedYet && until.test(output)) {
-        typedYet = true;
-        pty.write(typed);
-      }
-    });
-    const kill = setTimeout(() => pty.kill(), 60_000);
-    pty.onExit(({ exitCode }) => { clearTimeout(kill); resolve({ output, code: exitCode }); });
-  });
-}
 
 /** `kubectl port-forward pod/web LOCAL:80` until it forwards; its output and the child. */
 async function portForward(kubeconfig: string, env: Record<string, string> = {}): Promise<{ port: number; child: ChildProcess; output: () => string }> {
@@ -262,7 +245,7 @@ describe('gwsh proxy kube: kubectl end to end with the agent', () => {
   it('exec -it: a real terminal, typed input read, the exit code back; routed end to end, the Proxy read no request', async () => {
     const before = { route: kubeRouteLines().length, routed: routedLines().length };
     const typed = `tty-secret-${randomBytes(12).toString('hex')}`;
-    const r = await kubectlPty(alice.kubeconfig, ['exec', '-it', 'web', '--', 'sh', '-c', 'tty; read x; echo "got $x"; exit 5'], `${typed}\r`, /\/dev\/pts\/\d+\r?\n/);
+    const r = await kubectlPty(['--request-timeout=20s', 'exec', '-it', 'web', '--', 'sh', '-c', 'tty; read x; echo "got $x"; exit 5'], { kubectl: KUBECTL, kubeconfig: alice.kubeconfig, home: dir, typed: `${typed}\r`, until: /\/dev\/pts\/\d+\r?\n/, timeoutMs: 60_000 });
     expect(r.output).toMatch(/\/dev\/pts\/\d+/);
     expect(r.output).toContain(`got ${typed}`);
     expect(r.code, r.output).toBe(5);

@@ -16,10 +16,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import tls from 'node:tls';
 import { fileURLToPath } from 'node:url';
-import * as nodePty from 'node-pty';
 import transport from 'spdy-transport';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
+import { kubectlPty } from './kubectlpty.js';
 import { startKubeApiServer, type Binding, type KubeApiServer } from './kubeapiserver.js';
 import { startEchoServer, type EchoServer } from './servers.js';
 import { waitUntil } from './wait.js';
@@ -203,23 +203,6 @@ describe('impersonation against RBAC', () => {
   });
 });
 
-/** kubectl under a pseudo-terminal (so that -t gives a TTY): what it printed and its exit code. */
-function kubectlPty(kubeconfig: string, args: string[], env: Record<string, string>, typed: string, until: RegExp): Promise<{ output: string; code: number }> {
-  return new Promise((resolve) => {
-    const pty = nodePty.spawn(KUBECTL, ['--kubeconfig', kubeconfig, ...args], { cols: 100, rows: 30, env: { PATH: process.env.PATH ?? '', HOME: home, TERM: 'xterm', ...env } });
-    let output = '';
-    let typedYet = false;
-    pty.onData((d) => {
-      output += d;
-      if (!typedYet && until.test(output)) {
-        typedYet = true;
-        pty.write(typed);
-      }
-    });
-    const kill = setTimeout(() => pty.kill(), 30_000);
-    pty.onExit(({ exitCode }) => { clearTimeout(kill); resolve({ output, code: exitCode }); });
-  });
-}
 
 const TRANSPORTS: Array<[string, Record<string, string>, string]> = [
   ['WebSocket (v5.channel.k8s.io)', {}, 'GET'],
@@ -243,7 +226,7 @@ describe.each(TRANSPORTS)('kubectl exec over %s', (_name, env, method) => {
   it('-it: a real terminal (tty says so), typed input read by the shell, the exit code of the shell', async () => {
     // stty size after the typed line: kubectl sends its terminal's size when the session opens, on the same
     // connection before anything typed, so by then the size has reached the terminal (before, it may not have).
-    const r = await kubectlPty(agent, ['--as', 'alice', 'exec', '-it', 'web', '--', 'sh', '-c', 'tty; read x; echo "got $x"; stty size; exit 5'], env, 'typed\r', /\/dev\/pts\/\d+\r?\n/);
+    const r = await kubectlPty(['--as', 'alice', 'exec', '-it', 'web', '--', 'sh', '-c', 'tty; read x; echo "got $x"; stty size; exit 5'], { kubectl: KUBECTL, kubeconfig: agent, home, env, typed: 'typed\r', until: /\/dev\/pts\/\d+\r?\n/ });
     expect(r.output).toMatch(/\/dev\/pts\/\d+/);
     expect(r.output).toContain('30 100'); // rows cols of kubectl's own pty
     expect(r.output).toContain('got typed');
