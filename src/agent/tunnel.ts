@@ -199,13 +199,13 @@ function softwareFields(s: { version: string; channel: string }): { software_ver
   return { software_version: s.version, upgrade_channel: s.channel };
 }
 
-/** The tunnel that is up, as the control protocol drives it (SSH or v2). */
 /** Where a tunnel's data connections go, and how each is opened (dataPathOf). */
 interface DataPath {
   addr: string;
   dialer: DataDialer;
 }
 
+/** The tunnel that is up, as the control protocol drives it (SSH or v2). */
 interface ControlSide {
   control: Duplex;
   /** Drop the transport (a dead path sends no FIN); the retry follows the close. */
@@ -602,7 +602,8 @@ export class TunnelAgent extends EventEmitter {
       ...(this.options.streamWindow ? { window: this.options.streamWindow } : {}),
       onStream: (stream: TunnelStream) => {
         this.trackChannel(stream);
-        void this.serveChannel(stream, welcomed.promise);
+        // An end-to-end stream on it is served with this session's own e2e side (set once it was welcomed).
+        void this.serveChannel(stream, welcomed.promise, () => side.e2eTunnel);
       },
       onClose: (err) => {
         if (err) {
@@ -614,7 +615,7 @@ export class TunnelAgent extends EventEmitter {
     });
     this.session = session;
     this.closeCurrent = (reason = 'dropped by the agent') => onClosed(reason);
-    this.runControl({
+    const side: ControlSide = {
       control: session.control,
       drop: () => session.destroy(),
       reconnect: (reason) => {
@@ -630,7 +631,8 @@ export class TunnelAgent extends EventEmitter {
       proxyId: () => proxyId,
       welcomed,
       ...(data !== undefined && this.e2ePool > 0 ? { e2e: { socket: socket as TLSSocket, ...data } } : {}),
-    });
+    };
+    this.runControl(side);
   }
 
   /** SSH over the transport, then the forward and the control channel; a retry is scheduled when it closes. */
@@ -753,8 +755,6 @@ export class TunnelAgent extends EventEmitter {
   private readonly e2eStreams: E2EStreams;
   /** The data connections of the tunnel up, when it takes end-to-end streams (its share of its address's pool). */
   private dataPool: DataTunnelHandle | undefined;
-  /** What an end-to-end stream on the tunnel up is served with (set with its data pool). */
-  private e2eTunnel: E2ETunnel | undefined;
   /** options.e2e.pools, or this tunnel's own. */
   private readonly dataPools: DataPools;
 
@@ -777,7 +777,7 @@ export class TunnelAgent extends EventEmitter {
   private startDataPool(side: ControlSide): void {
     const e2e = side.e2e;
     const proxyId = side.proxyId();
-    const cert = (e2e ? peerX509(e2e.socket) : undefined);
+    const cert = e2e ? peerX509(e2e.socket) : undefined;
     if (!e2e || !proxyId || !cert || side.e2eTunnel) return;
     let key: Buffer;
     try {
@@ -788,22 +788,20 @@ export class TunnelAgent extends EventEmitter {
     }
     const pool = this.dataPools.attach({ dialer: e2e.dialer, addr: e2e.addr, proxyId, key, size: this.e2ePool, log: this.log, ...this.options.e2e!.data });
     this.dataPool = pool;
-    const e2eTunnel: E2ETunnel = (side.e2eTunnel = {
+    side.e2eTunnel = {
       proxyId,
       proxyCert: cert,
       take: (n) => pool.take(n),
       track: (stream) => this.trackChannel(stream),
       serve: (channel, request, onOpen) => void this.serveDial(channel, request, onOpen),
       sendEvent: (event) => this.sendEvent(event),
-    });
-    this.e2eTunnel = e2eTunnel;
+    };
     // Grants this Proxy issued are checked with its certificate, whichever tunnel of this agent routes them.
     const unregister = this.e2eStreams.registerProxy(proxyId, cert);
     side.control.once('close', () => {
       unregister();
       pool.detach();
       if (this.dataPool === pool) this.dataPool = undefined;
-      if (this.e2eTunnel === e2eTunnel) this.e2eTunnel = undefined;
     });
   }
 
@@ -1024,8 +1022,11 @@ export class TunnelAgent extends EventEmitter {
     this.scheduleRetry(reason === 'reconnect notice');
   }
 
-  /** A stream the Proxy opened: served once the tunnel's welcome named the verified Proxy (welcomed), else closed. */
-  private async serveChannel(channel: Duplex, welcomed: Promise<boolean>): Promise<void> {
+  /**
+   * A stream the Proxy opened: served once the tunnel's welcome named the verified Proxy (welcomed), else closed. An
+   * end-to-end stream on it (its first line an e2e-open) goes to its own tunnel's e2e side (e2eOf: v2 only).
+   */
+  private async serveChannel(channel: Duplex, welcomed: Promise<boolean>, e2eOf: () => E2ETunnel | undefined = () => undefined): Promise<void> {
     if (!(await welcomed)) {
       channel.destroy();
       return;
@@ -1037,7 +1038,7 @@ export class TunnelAgent extends EventEmitter {
       channel.destroy();
       return;
     }
-    if ((request as Partial<E2EOpenMessage>).type === 'e2e-open') return this.serveE2EStream(channel, request as E2EOpenMessage);
+    if ((request as Partial<E2EOpenMessage>).type === 'e2e-open') return this.serveE2EStream(channel, request as E2EOpenMessage, e2eOf());
     request = request as DialRequest;
     if (request.probe === true && this.options.reachResource) return this.answerProbe(channel, request, this.options.reachResource);
     return this.serveDial(channel, request);
@@ -1047,12 +1048,12 @@ export class TunnelAgent extends EventEmitter {
    * An end-to-end stream on a stream of this tunnel (no data connection waited at the Proxy: src/tunnel/e2e.ts
    * E2E_CONN_TUNNEL): checked and served as one on a data connection, by the tunnel that takes end-to-end streams.
    */
-  private serveE2EStream(channel: Duplex, m: E2EOpenMessage): void {
-    if (!this.e2eTunnel) {
+  private serveE2EStream(channel: Duplex, m: E2EOpenMessage, e2eTunnel: E2ETunnel | undefined): void {
+    if (!e2eTunnel) {
       this.log.warn('an end-to-end stream on a tunnel that takes none; closed');
       return void channel.destroy();
     }
-    this.e2eStreams.onTunnelStream(m, this.e2eTunnel, channel);
+    this.e2eStreams.onTunnelStream(m, e2eTunnel, channel);
   }
 
   /**
